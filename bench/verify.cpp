@@ -1,0 +1,437 @@
+// dyngrad-verify: the main job. Runs every op of the op table (ops/op_table.cpp) on every one of
+// its cases through the checks and prints one row per check, then a summary:
+//   finite_diff  float64 analytic gradients vs central differences on the CPU     (tolerance 1e-6)
+//   f32_vs_f64   float32 CPU output and gradients vs float64                       (tolerance 1e-5)
+//   gpu_vs_cpu   float32 on cuda:0 vs the float64 CPU replay, timed on both sides  (tolerance 1e-5)
+//                only when a CUDA device is present
+// Exit status: 0 when every check passed, 1 when any failed, 2 for a usage error.
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dyngrad/dyngrad.h"
+
+namespace {
+
+using namespace dyngrad;
+
+constexpr std::uint64_t kDefaultSeed = 1234;
+constexpr double kFiniteDiffTolerance = 1e-6;
+constexpr double kFloat32Tolerance = 1e-5;
+constexpr double kGpuTolerance = 1e-5;
+
+const char* const kUsage =
+    "usage: dyngrad-verify [--op NAME[,NAME...]]... [--json FILE] [--seed N] [--list] [--help]\n"
+    "\n"
+    "Checks every op of the op table on each of its cases:\n"
+    "  finite_diff  float64 gradients vs central differences (CPU), tolerance 1e-6\n"
+    "  f32_vs_f64   float32 output and gradients vs float64 (CPU), tolerance 1e-5\n"
+    "  gpu_vs_cpu   float32 on cuda:0 vs the float64 CPU replay, tolerance 1e-5 (with a CUDA device)\n"
+    "\n"
+    "  --op NAME    only these ops (repeatable or comma-separated; --list shows the names)\n"
+    "  --json FILE  also write every result and the summary to FILE as JSON\n"
+    "  --seed N     seed of the random inputs (default 1234); each op/case/check draws from its own\n"
+    "               generator, so a run filtered with --op reproduces the numbers of a full run\n"
+    "  --list       list the ops and their cases, then exit\n"
+    "\n"
+    "Exit status: 0 when every check passed, 1 when any failed, 2 for a usage error.\n";
+
+class UsageError : public std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+struct Options {
+    std::set<std::string> ops;  // empty: every op
+    std::string json_path;
+    std::uint64_t seed = kDefaultSeed;
+    bool list = false;
+    bool help = false;
+};
+
+struct Row {
+    CheckResult result;
+    bool gpu = false;  // a gpu_vs_cpu row: carries timings
+};
+
+// ---- command line ----
+
+// Rows of the op table that have cases (the leaf row has none).
+std::vector<const OpDef*> checkable_ops() {
+    std::vector<const OpDef*> ops;
+    for (const OpDef& def : op_table())
+        if (!def.cases().empty()) ops.push_back(&def);
+    return ops;
+}
+
+std::string op_names() {
+    std::string names;
+    for (const OpDef* def : checkable_ops()) names += str(names.empty() ? "" : ", ", def->name);
+    return names;
+}
+
+void add_op_names(Options& options, std::string_view list) {
+    std::size_t start = 0;
+    while (start <= list.size()) {
+        const std::size_t comma = std::min(list.find(',', start), list.size());
+        const std::string name(list.substr(start, comma - start));
+        if (!name.empty()) {
+            const OpDef* def = find_op(name);
+            if (!def || def->cases().empty())
+                throw UsageError(str("unknown op '", name, "'; valid ops: ", op_names()));
+            options.ops.insert(name);
+        }
+        start = comma + 1;
+    }
+}
+
+std::uint64_t parse_seed(const std::string& text) {
+    std::uint64_t seed = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), seed);
+    if (ec != std::errc() || end != text.data() + text.size() || text.empty())
+        throw UsageError(str("--seed needs a non-negative integer, got '", text, "'"));
+    return seed;
+}
+
+Options parse_args(int argc, char** argv) {
+    Options options;
+    for (int i = 1; i < argc; ++i) {
+        std::string arg = argv[i];
+        std::string value;
+        bool has_value = false;
+        if (const auto eq = arg.find('='); arg.starts_with("--") && eq != std::string::npos) {
+            value = arg.substr(eq + 1);
+            arg = arg.substr(0, eq);
+            has_value = true;
+        }
+        const auto take_value = [&]() -> std::string {
+            if (has_value) return value;
+            if (i + 1 >= argc) throw UsageError(str(arg, " needs a value"));
+            return argv[++i];
+        };
+        if (arg == "--op") {
+            add_op_names(options, take_value());
+        } else if (arg == "--json") {
+            options.json_path = take_value();
+            if (options.json_path.empty()) throw UsageError("--json needs a file name");
+        } else if (arg == "--seed") {
+            options.seed = parse_seed(take_value());
+        } else if (arg == "--list" && !has_value) {
+            options.list = true;
+        } else if ((arg == "--help" || arg == "-h") && !has_value) {
+            options.help = true;
+        } else {
+            throw UsageError(str("unknown argument '", argv[i], "'"));
+        }
+    }
+    return options;
+}
+
+// ---- running the checks ----
+
+// FNV-1a: a hash that is the same on every platform (std::hash is not), for reproducible seeds.
+std::uint64_t fnv1a(std::string_view text) {
+    std::uint64_t hash = 14695981039346656037ull;
+    for (const char c : text) {
+        hash ^= static_cast<unsigned char>(c);
+        hash *= 1099511628211ull;
+    }
+    return hash;
+}
+
+// Each (op, case, check) draws from its own generator: results do not depend on which ops run.
+Generator generator_for(std::uint64_t seed, const OpDef& def, const OpCase& op_case, std::string_view check) {
+    return Generator(seed ^ fnv1a(str(def.name, '/', op_case.label, '/', check)));
+}
+
+std::vector<Row> run_checks(const OpDef& def, const OpCase& op_case, std::uint64_t seed, bool gpu) {
+    std::vector<Row> rows;
+    Generator fd_gen = generator_for(seed, def, op_case, "finite_diff");
+    rows.push_back({finite_difference_check(def, op_case, fd_gen, kFiniteDiffTolerance), false});
+    Generator f32_gen = generator_for(seed, def, op_case, "f32_vs_f64");
+    rows.push_back({float32_check(def, op_case, f32_gen, kFloat32Tolerance), false});
+    if (gpu) {
+        Generator gpu_gen = generator_for(seed, def, op_case, "gpu_vs_cpu");
+        rows.push_back({gpu_vs_cpu_check(def, op_case, gpu_gen, kGpuTolerance), true});
+    }
+    return rows;
+}
+
+// ---- the table ----
+
+void print_header(bool gpu) {
+    std::printf("%-13s %-20s %-20s %-11s %11s", "op", "case", "shapes", "check", "max_rel_err");
+    if (gpu) std::printf(" %10s %10s %8s", "gpu ms", "cpu ms", "speedup");
+    std::printf("  result\n");
+}
+
+void print_row(const Row& row, bool gpu) {
+    const CheckResult& r = row.result;
+    std::printf("%-13s %-20s %-20s %-11s %11.2e", r.op.c_str(), r.case_label.c_str(), r.shapes.c_str(),
+                r.check.c_str(), r.max_rel_err);
+    if (gpu && row.gpu)
+        std::printf(" %10.3f %10.3f %7.1fx", r.gpu_ms, r.cpu_ms, r.gpu_ms > 0 ? r.cpu_ms / r.gpu_ms : 0.0);
+    else if (gpu)
+        std::printf(" %10s %10s %8s", "", "", "");
+    std::printf("  %s\n", r.pass ? "PASS" : "FAIL");
+    if (!r.pass && !r.detail.empty()) std::printf("    %s\n", r.detail.c_str());
+    std::fflush(stdout);
+}
+
+// ---- the summary ----
+
+struct Worst {
+    std::string check;
+    const CheckResult* result = nullptr;
+};
+
+struct GpuSummary {
+    int rows = 0;
+    double avg_rel_err = 0, max_rel_err = 0, max_abs_err = 0;
+    double gpu_ms = 0, cpu_ms = 0;
+    double speedup() const { return gpu_ms > 0 ? cpu_ms / gpu_ms : 0.0; }
+};
+
+struct Summary {
+    int ops = 0;
+    int checks = 0;
+    int passed = 0;
+    std::vector<Worst> worst;  // one per check type, in order of first appearance
+    GpuSummary gpu;
+    double seconds = 0;
+    int failed() const { return checks - passed; }
+};
+
+Summary summarize(const std::vector<Row>& rows, int ops, double seconds) {
+    Summary s;
+    s.ops = ops;
+    s.seconds = seconds;
+    for (const Row& row : rows) {
+        const CheckResult& r = row.result;
+        ++s.checks;
+        s.passed += r.pass ? 1 : 0;
+        auto it = std::find_if(s.worst.begin(), s.worst.end(), [&](const Worst& w) { return w.check == r.check; });
+        if (it == s.worst.end()) it = s.worst.insert(s.worst.end(), Worst{r.check, &r});
+        // `!(a <= b)` also picks a NaN error as the worst.
+        if (!(r.max_rel_err <= it->result->max_rel_err)) it->result = &r;
+        if (!row.gpu) continue;
+        GpuSummary& g = s.gpu;
+        ++g.rows;
+        g.avg_rel_err += r.max_rel_err;
+        g.max_rel_err = std::max(g.max_rel_err, r.max_rel_err);
+        g.max_abs_err = std::max(g.max_abs_err, r.max_abs_err);
+        g.gpu_ms += r.gpu_ms;
+        g.cpu_ms += r.cpu_ms;
+    }
+    if (s.gpu.rows > 0) s.gpu.avg_rel_err /= s.gpu.rows;
+    return s;
+}
+
+void print_summary(const Summary& s) {
+    std::printf("\n%d ops, %d checks: %d passed, %d failed (%.1f s)\n", s.ops, s.checks, s.passed, s.failed(),
+                s.seconds);
+    for (const Worst& w : s.worst)
+        std::printf("  worst %-11s %.2e  (%s / %s)\n", w.check.c_str(), w.result->max_rel_err,
+                    w.result->op.c_str(), w.result->case_label.c_str());
+    const GpuSummary& g = s.gpu;
+    if (g.rows > 0) {
+        std::printf("GPU vs CPU over %d checks: average difference %.2e, max difference %.2e (relative norm), "
+                    "max abs %.2e\n",
+                    g.rows, g.avg_rel_err, g.max_rel_err, g.max_abs_err);
+        std::printf("GPU %.3f ms, CPU (float64 replay) %.3f ms: overall speedup %.1fx\n", g.gpu_ms, g.cpu_ms,
+                    g.speedup());
+    }
+    std::printf("%s\n", s.failed() == 0 ? "ALL PASS" : "FAILED");
+}
+
+// ---- JSON ----
+
+std::string json_string(std::string_view text) {
+    std::string out = "\"";
+    for (const char c : text) {
+        switch (c) {
+            case '"': out += "\\\""; break;
+            case '\\': out += "\\\\"; break;
+            case '\n': out += "\\n"; break;
+            case '\r': out += "\\r"; break;
+            case '\t': out += "\\t"; break;
+            default:
+                if (static_cast<unsigned char>(c) < 0x20) {
+                    char escaped[8];
+                    std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(c));
+                    out += escaped;
+                } else {
+                    out += c;
+                }
+        }
+    }
+    return out + "\"";
+}
+
+// Shortest text that reads back as the same double; JSON has no NaN or Inf, so those become null.
+std::string json_number(double value) {
+    if (!std::isfinite(value)) return "null";
+    char text[32];
+    const auto [end, ec] = std::to_chars(text, text + sizeof text, value);
+    return std::string(text, end);
+}
+
+const char* json_bool(bool value) { return value ? "true" : "false"; }
+
+void write_result(std::ostream& out, const Row& row) {
+    const CheckResult& r = row.result;
+    out << "{\"op\": " << json_string(r.op) << ", \"case\": " << json_string(r.case_label)
+        << ", \"shapes\": " << json_string(r.shapes) << ", \"check\": " << json_string(r.check)
+        << ", \"max_rel_err\": " << json_number(r.max_rel_err) << ", \"max_abs_err\": " << json_number(r.max_abs_err)
+        << ", \"tolerance\": " << json_number(r.tolerance) << ", \"pass\": " << json_bool(r.pass);
+    if (row.gpu)
+        out << ", \"gpu_ms\": " << json_number(r.gpu_ms) << ", \"cpu_ms\": " << json_number(r.cpu_ms)
+            << ", \"speedup\": " << json_number(r.gpu_ms > 0 ? r.cpu_ms / r.gpu_ms : 0.0);
+    out << ", \"detail\": " << json_string(r.detail) << "}";
+}
+
+void write_summary(std::ostream& out, const Summary& s) {
+    out << "{\"ops\": " << s.ops << ", \"checks\": " << s.checks << ", \"passed\": " << s.passed
+        << ", \"failed\": " << s.failed() << ", \"pass\": " << json_bool(s.failed() == 0)
+        << ", \"seconds\": " << json_number(s.seconds) << ",\n    \"worst\": {";
+    for (std::size_t i = 0; i < s.worst.size(); ++i) {
+        const CheckResult& r = *s.worst[i].result;
+        out << (i ? ", " : "") << json_string(s.worst[i].check) << ": {\"max_rel_err\": " << json_number(r.max_rel_err)
+            << ", \"op\": " << json_string(r.op) << ", \"case\": " << json_string(r.case_label) << "}";
+    }
+    out << "}";
+    const GpuSummary& g = s.gpu;
+    if (g.rows > 0)
+        out << ",\n    \"gpu_vs_cpu\": {\"checks\": " << g.rows << ", \"avg_rel_err\": " << json_number(g.avg_rel_err)
+            << ", \"max_rel_err\": " << json_number(g.max_rel_err) << ", \"max_abs_err\": "
+            << json_number(g.max_abs_err) << ", \"gpu_ms\": " << json_number(g.gpu_ms)
+            << ", \"cpu_ms\": " << json_number(g.cpu_ms) << ", \"speedup\": " << json_number(g.speedup()) << "}";
+    out << "}";
+}
+
+struct RunInfo {
+    std::string device;
+    std::string cpu;
+    bool cuda = false;
+    std::uint64_t seed = 0;
+};
+
+void write_json(std::ostream& out, const RunInfo& info, const std::vector<Row>& rows, const Summary& s) {
+    out << "{\n  \"device\": " << json_string(info.device) << ",\n  \"cpu\": " << json_string(info.cpu)
+        << ",\n  \"dyngrad_version\": " << json_string(DYNGRAD_VERSION_STRING)
+        << ",\n  \"cuda\": " << json_bool(info.cuda) << ",\n  \"seed\": " << info.seed << ",\n  \"results\": [";
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+        out << (i ? ",\n    " : "\n    ");
+        write_result(out, rows[i]);
+    }
+    out << "\n  ],\n  \"summary\": ";
+    write_summary(out, s);
+    out << "\n}\n";
+}
+
+// ---- devices ----
+
+// The "model name" line of /proc/cpuinfo.
+std::string cpu_name() {
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(cpuinfo, line)) {
+        if (!line.starts_with("model name")) continue;
+        const auto colon = line.find(':');
+        if (colon == std::string::npos) break;
+        const auto start = line.find_first_not_of(" \t", colon + 1);
+        return start == std::string::npos ? std::string("unknown CPU") : line.substr(start);
+    }
+    return "unknown CPU";
+}
+
+// The runtime API (cuda/runtime.h) has no device-name query yet: the GPU is named by its index.
+std::string gpu_name() { return Device::cuda(0).to_string(); }
+
+int run(const Options& options) {
+    const std::vector<const OpDef*> ops = checkable_ops();
+    if (options.list) {
+        for (const OpDef* def : ops) {
+            std::printf("%-13s", def->name);
+            const std::vector<OpCase> cases = def->cases();
+            for (std::size_t i = 0; i < cases.size(); ++i) std::printf("%s%s", i ? ", " : "  ", cases[i].label.c_str());
+            std::printf("\n");
+        }
+        return 0;
+    }
+
+    // Open the JSON file first: a bad path fails before the checks run, not after.
+    std::ofstream json;
+    if (!options.json_path.empty()) {
+        json.open(options.json_path);
+        if (!json) throw UsageError(str("cannot write '", options.json_path, "'"));
+    }
+
+    RunInfo info;
+    info.cuda = cuda_device_count() > 0;
+    info.cpu = cpu_name();
+    info.device = info.cuda ? gpu_name() : info.cpu;
+    info.seed = options.seed;
+    std::printf("dyngrad-verify %s  seed %llu\n", DYNGRAD_VERSION_STRING, static_cast<unsigned long long>(options.seed));
+    if (info.cuda)
+        std::printf("device: %s  cpu: %s\n", info.device.c_str(), info.cpu.c_str());
+    else
+        std::printf("device: %s  (no CUDA device: %s; gpu_vs_cpu checks skipped)\n", info.cpu.c_str(),
+                    cuda_compiled() ? "none found" : "CUDA backend not compiled in");
+    std::printf("\n");
+
+    const auto start = std::chrono::steady_clock::now();
+    print_header(info.cuda);
+    std::vector<Row> rows;
+    int ops_run = 0;
+    for (const OpDef* def : ops) {
+        if (!options.ops.empty() && !options.ops.contains(def->name)) continue;
+        ++ops_run;
+        for (const OpCase& op_case : def->cases()) {
+            for (Row& row : run_checks(*def, op_case, options.seed, info.cuda)) {
+                print_row(row, info.cuda);
+                rows.push_back(std::move(row));
+            }
+        }
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const Summary summary = summarize(rows, ops_run, seconds);
+    print_summary(summary);
+
+    if (json.is_open()) {
+        write_json(json, info, rows, summary);
+        json.close();
+        if (!json) throw std::runtime_error(str("writing '", options.json_path, "' failed"));
+        std::printf("results written to %s\n", options.json_path.c_str());
+    }
+    return summary.failed() == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        const Options options = parse_args(argc, argv);
+        if (options.help) {
+            std::fputs(kUsage, stdout);
+            return 0;
+        }
+        return run(options);
+    } catch (const UsageError& e) {
+        std::fprintf(stderr, "dyngrad-verify: %s\n(--help shows the usage)\n", e.what());
+        return 2;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "dyngrad-verify: error: %s\n", e.what());
+        return 1;
+    }
+}

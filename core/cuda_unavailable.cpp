@@ -1,0 +1,27 @@
+// The CUDA runtime API (cuda/runtime.h) in a build without the CUDA backend: every call that needs a
+// device throws DeviceError, queries report no device, so user code links and fails clearly.
+#if !DYNGRAD_WITH_CUDA
+#include "dyngrad/core/error.h"
+#include "dyngrad/cuda/runtime.h"
+
+namespace dyngrad::cuda {
+
+namespace {
+[[noreturn]] void unavailable(const char* what) {
+    throw DeviceError(str(what, ": this build of dyngrad has no CUDA backend (configure with -DDYNGRAD_CUDA=ON)"));
+}
+}  // namespace
+
+void* allocate(std::size_t, int) { unavailable("cuda::allocate"); }
+void deallocate(void*, std::size_t, int) noexcept {}
+void copy(void*, Device, const void*, Device, std::size_t) { unavailable("cuda::copy"); }
+void fill(void*, std::int64_t, double, DType, int) { unavailable("cuda::fill"); }
+int device_count() { return 0; }
+MemoryStats memory_stats(int) { unavailable("cuda::memory_stats"); }
+void reset_peak_memory(int) { unavailable("cuda::reset_peak_memory"); }
+void synchronize(int) { unavailable("cuda::synchronize"); }
+void set_allow_tf32(bool) {}
+bool allow_tf32() { return false; }
+
+}  // namespace dyngrad::cuda
+#endif

@@ -1,0 +1,28 @@
+// Where a tensor's storage lives.
+#pragma once
+#include <string>
+
+namespace dyngrad {
+
+enum class DeviceKind : unsigned char { cpu, cuda };
+
+struct Device {
+    DeviceKind kind = DeviceKind::cpu;
+    int index = 0;
+
+    static constexpr Device cpu() { return {DeviceKind::cpu, 0}; }
+    static constexpr Device cuda(int index = 0) { return {DeviceKind::cuda, index}; }
+    constexpr bool is_cpu() const { return kind == DeviceKind::cpu; }
+    constexpr bool is_cuda() const { return kind == DeviceKind::cuda; }
+    friend constexpr bool operator==(Device, Device) = default;
+    std::string to_string() const {
+        return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
+    }
+};
+
+// True when this build of dyngrad has the CUDA backend compiled in.
+bool cuda_compiled();
+// Number of usable CUDA devices (0 when CUDA is not compiled in or no device/driver is present).
+int cuda_device_count();
+
+}  // namespace dyngrad

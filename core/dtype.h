@@ -1,0 +1,49 @@
+// Element types. f32/f64 are differentiable; i64 holds indices such as class labels.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "dyngrad/core/error.h"
+
+namespace dyngrad {
+
+enum class DType : std::uint8_t { f32, f64, i64 };
+
+constexpr std::string_view dtype_name(DType dtype) {
+    switch (dtype) {
+        case DType::f32: return "float32";
+        case DType::f64: return "float64";
+        case DType::i64: return "int64";
+    }
+    return "unknown";
+}
+
+inline std::size_t dtype_size(DType dtype) {
+    switch (dtype) {
+        case DType::f32: return 4;
+        case DType::f64: return 8;
+        case DType::i64: return 8;
+    }
+    throw DTypeError(str("unknown dtype code ", static_cast<int>(dtype)));
+}
+
+constexpr bool is_floating(DType dtype) { return dtype == DType::f32 || dtype == DType::f64; }
+
+template <typename T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::f32; }
+template <> constexpr DType dtype_of<double>() { return DType::f64; }
+template <> constexpr DType dtype_of<std::int64_t>() { return DType::i64; }
+
+// Calls fn.template operator()<T>() with T = float or double; `what` names the caller in the error.
+template <typename Fn>
+decltype(auto) dispatch_floating(DType dtype, std::string_view what, Fn&& fn) {
+    switch (dtype) {
+        case DType::f32: return fn.template operator()<float>();
+        case DType::f64: return fn.template operator()<double>();
+        default: break;
+    }
+    throw DTypeError(str(what, ": expects float32 or float64, got ", dtype_name(dtype)));
+}
+
+}  // namespace dyngrad

@@ -1,0 +1,123 @@
+// Tensor: a cheap-to-copy handle to contiguous row-major storage on one device.
+// Copies of a Tensor share storage; clone() makes an independent copy.
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <iosfwd>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "dyngrad/core/device.h"
+#include "dyngrad/core/dtype.h"
+#include "dyngrad/core/shape.h"
+
+namespace dyngrad {
+
+// A block of bytes on one device; freed through that device's allocator.
+class Storage {
+public:
+    Storage(std::size_t bytes, Device device);
+    ~Storage();
+    Storage(const Storage&) = delete;
+    Storage& operator=(const Storage&) = delete;
+
+    void* data() const { return data_; }
+    std::size_t bytes() const { return bytes_; }
+    Device device() const { return device_; }
+
+private:
+    void* data_ = nullptr;
+    std::size_t bytes_ = 0;
+    Device device_;
+};
+
+// Explicit, seeded source of randomness for the random factories.
+class Generator {
+public:
+    explicit Generator(std::uint64_t seed) : engine_(seed) {}
+    std::mt19937_64& engine() { return engine_; }
+
+private:
+    std::mt19937_64 engine_;
+};
+
+class Tensor {
+public:
+    Tensor() = default;  // undefined: defined() is false
+
+    // Factories. Uninitialised contents for empty(); everything else is filled.
+    static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
+    static Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
+    static Tensor ones(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
+    static Tensor full(const Shape& shape, double value, DType dtype = DType::f32,
+                       Device device = Device::cpu());
+    // [start, stop) in steps of `step` (rank 1).
+    static Tensor arange(double start, double stop, double step = 1.0, DType dtype = DType::f32,
+                         Device device = Device::cpu());
+    // `values.size()` must equal numel(shape) (ValueError otherwise).
+    static Tensor from_vector(const std::vector<double>& values, const Shape& shape,
+                              DType dtype = DType::f32, Device device = Device::cpu());
+    static Tensor from_vector(const std::vector<float>& values, const Shape& shape,
+                              Device device = Device::cpu());
+    static Tensor from_vector(const std::vector<std::int64_t>& values, const Shape& shape,
+                              Device device = Device::cpu());
+    // Rank-1 tensor from a list, e.g. Tensor::of({1, 2, 3}).
+    static Tensor of(std::initializer_list<double> values, DType dtype = DType::f32);
+    static Tensor uniform(const Shape& shape, double low, double high, Generator& gen,
+                          DType dtype = DType::f32, Device device = Device::cpu());
+    static Tensor normal(const Shape& shape, double mean, double stddev, Generator& gen,
+                         DType dtype = DType::f32, Device device = Device::cpu());
+
+    bool defined() const { return storage_ != nullptr; }
+    const Shape& shape() const { return shape_; }
+    std::size_t rank() const { return shape_.size(); }
+    std::int64_t size(std::int64_t axis) const;  // negative axes count from the end
+    std::int64_t numel() const { return numel_; }
+    DType dtype() const { return dtype_; }
+    Device device() const;
+    std::size_t nbytes() const { return static_cast<std::size_t>(numel_) * dtype_size(dtype_); }
+
+    // Typed pointer to the first element (on the tensor's device); DTypeError if T does not match.
+    template <typename T> T* data() const {
+        check_dtype(dtype_of<T>());
+        return static_cast<T*>(raw_data());
+    }
+    void* raw_data() const;
+
+    // Element access on CPU tensors (DeviceError otherwise); IndexError when out of range.
+    double at(const std::vector<std::int64_t>& index) const;
+    void set(const std::vector<std::int64_t>& index, double value);
+    double item() const;  // the value of a one-element tensor
+    std::vector<double> to_vector() const;  // copies through the CPU when needed
+
+    Tensor to(Device device) const;  // shares storage when already there
+    Tensor to(DType dtype) const;    // shares storage when already that dtype
+    Tensor clone() const;
+    // Same storage, new shape of the same numel (ShapeError otherwise).
+    Tensor reshaped(const Shape& shape) const;
+    // True when both handles point at the same storage.
+    bool shares_storage_with(const Tensor& other) const { return storage_ == other.storage_; }
+    // True when no other handle holds this storage, so it may be updated in place safely.
+    bool owns_storage_exclusively() const { return storage_.use_count() == 1; }
+
+    // Copies `src` (same shape; any device; same dtype) into this tensor's storage.
+    void copy_from(const Tensor& src);
+    void fill(double value);
+
+private:
+    void check_dtype(DType expected) const;
+    std::size_t flat_index(const std::vector<std::int64_t>& index) const;
+
+    std::shared_ptr<Storage> storage_;
+    Shape shape_;
+    std::int64_t numel_ = 0;
+    DType dtype_ = DType::f32;
+};
+
+// Prints shape, dtype, device and (for CPU tensors, up to a limit) the values.
+std::ostream& operator<<(std::ostream& out, const Tensor& tensor);
+// "(64,784) float32 cuda:0"
+std::string describe(const Tensor& tensor);
+
+}  // namespace dyngrad

@@ -1,0 +1,447 @@
+// Elementwise kernels: unary math and activations, binary ops with NumPy broadcasting, and the engine's
+// gradient accumulation. The scalar formulas are ops/elementwise_math.h, shared with the CPU kernels
+// (ops/elementwise.cpp); this file only adds indexing and launches.
+//
+// Contiguous operands go through 16-byte vector accesses (float4 / double2 width) with a scalar tail.
+// Pool allocations are 256-byte aligned and tensors are never offset views, so the vector path always
+// applies; pack_count() still checks, and falls back to the scalar loop for anything unaligned.
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "dyngrad/cuda/context.h"
+#include "dyngrad/ops/elementwise_math.h"
+#include "dyngrad/ops/kernels.h"
+
+namespace dyngrad::cuda {
+
+namespace {
+
+constexpr unsigned kThreads = 256;
+constexpr int kMaxRank = 8;  // broadcast rank after merging dims (see broadcast_layout)
+
+// 16 bytes of T moved as one vector load/store.
+template <typename T>
+struct alignas(16) Pack {
+    static constexpr int width = 16 / sizeof(T);
+    T v[width];
+};
+
+template <typename T>
+__device__ __forceinline__ Pack<T> load_pack(const T* p, std::int64_t pack) {
+    return reinterpret_cast<const Pack<T>*>(p)[pack];
+}
+template <typename T>
+__device__ __forceinline__ void store_pack(T* p, std::int64_t pack, const Pack<T>& value) {
+    reinterpret_cast<Pack<T>*>(p)[pack] = value;
+}
+
+__device__ __forceinline__ std::int64_t thread_index() {
+    return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ std::int64_t thread_count() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
+
+// Whole packs the vector loop covers: n / width when every pointer is 16-byte aligned, else 0.
+template <typename T>
+std::int64_t pack_count(std::int64_t n, std::initializer_list<const void*> pointers) {
+    for (const void* p : pointers)
+        if (p != nullptr && reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return 0;
+    return n / Pack<T>::width;
+}
+
+// Blocks for a vectorized grid-stride launch: one thread per pack, or per element without packs.
+unsigned vector_blocks(const DeviceContext& ctx, std::int64_t n, std::int64_t packs) {
+    return grid_size(ctx, packs > 0 ? packs : n, kThreads);
+}
+
+// ---- unary: x, y, dy, dx all (n) ----
+
+// y = Op(x; s)
+template <typename T, typename Op>
+__global__ void unary_forward_kernel(const T* __restrict__ x, T* __restrict__ y, std::int64_t n, std::int64_t packs,
+                                     T s) {
+    constexpr int W = Pack<T>::width;
+    for (std::int64_t p = thread_index(); p < packs; p += thread_count()) {
+        const Pack<T> xv = load_pack(x, p);
+        Pack<T> yv;
+#pragma unroll
+        for (int k = 0; k < W; ++k) yv.v[k] = Op::forward(xv.v[k], s);
+        store_pack(y, p, yv);
+    }
+    for (std::int64_t i = packs * W + thread_index(); i < n; i += thread_count()) y[i] = Op::forward(x[i], s);
+}
+
+// dx = dy * Op'(x, y; s)
+template <typename T, typename Op>
+__global__ void unary_backward_kernel(const T* __restrict__ x, const T* __restrict__ y, const T* __restrict__ dy,
+                                      T* __restrict__ dx, std::int64_t n, std::int64_t packs, T s) {
+    constexpr int W = Pack<T>::width;
+    for (std::int64_t p = thread_index(); p < packs; p += thread_count()) {
+        const Pack<T> xv = load_pack(x, p);
+        const Pack<T> yv = load_pack(y, p);
+        const Pack<T> dyv = load_pack(dy, p);
+        Pack<T> dxv;
+#pragma unroll
+        for (int k = 0; k < W; ++k) dxv.v[k] = dyv.v[k] * Op::derivative(xv.v[k], yv.v[k], s);
+        store_pack(dx, p, dxv);
+    }
+    for (std::int64_t i = packs * W + thread_index(); i < n; i += thread_count())
+        dx[i] = dy[i] * Op::derivative(x[i], y[i], s);
+}
+
+// ---- binary, same shapes: a, b, y, dy, da, db all (n) ----
+
+// y = Op(a, b)
+template <typename T, typename Op>
+__global__ void binary_forward_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ y,
+                                      std::int64_t n, std::int64_t packs) {
+    constexpr int W = Pack<T>::width;
+    for (std::int64_t p = thread_index(); p < packs; p += thread_count()) {
+        const Pack<T> av = load_pack(a, p);
+        const Pack<T> bv = load_pack(b, p);
+        Pack<T> yv;
+#pragma unroll
+        for (int k = 0; k < W; ++k) yv.v[k] = Op::forward(av.v[k], bv.v[k]);
+        store_pack(y, p, yv);
+    }
+    for (std::int64_t i = packs * W + thread_index(); i < n; i += thread_count()) y[i] = Op::forward(a[i], b[i]);
+}
+
+// da = dy * dOp/da, db = dy * dOp/db; a null da or db is not computed
+template <typename T, typename Op>
+__global__ void binary_backward_kernel(const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ dy,
+                                       T* __restrict__ da, T* __restrict__ db, std::int64_t n, std::int64_t packs) {
+    constexpr int W = Pack<T>::width;
+    for (std::int64_t p = thread_index(); p < packs; p += thread_count()) {
+        const Pack<T> av = load_pack(a, p);
+        const Pack<T> bv = load_pack(b, p);
+        const Pack<T> dyv = load_pack(dy, p);
+        Pack<T> g;
+        if (da != nullptr) {
+#pragma unroll
+            for (int k = 0; k < W; ++k) g.v[k] = dyv.v[k] * Op::d_a(av.v[k], bv.v[k]);
+            store_pack(da, p, g);
+        }
+        if (db != nullptr) {
+#pragma unroll
+            for (int k = 0; k < W; ++k) g.v[k] = dyv.v[k] * Op::d_b(av.v[k], bv.v[k]);
+            store_pack(db, p, g);
+        }
+    }
+    for (std::int64_t i = packs * W + thread_index(); i < n; i += thread_count()) {
+        if (da != nullptr) da[i] = dy[i] * Op::d_a(a[i], b[i]);
+        if (db != nullptr) db[i] = dy[i] * Op::d_b(a[i], b[i]);
+    }
+}
+
+// ---- binary with broadcasting ----
+
+// Output dims with the element strides of a and b (0 along broadcast dims), innermost dim first,
+// passed by value to the kernels. 32-bit Index when every offset fits (fast division).
+template <typename Index>
+struct BroadcastIndex {
+    int rank;
+    Index dims[kMaxRank];
+    Index a_strides[kMaxRank];
+    Index b_strides[kMaxRank];
+};
+
+// Offsets into a and b of output element i. Constant-index loop so the struct stays in registers.
+template <typename Index>
+__device__ __forceinline__ void broadcast_offsets(const BroadcastIndex<Index>& bi, Index i, Index& ia, Index& ib) {
+    ia = 0;
+    ib = 0;
+#pragma unroll
+    for (int d = 0; d < kMaxRank; ++d) {
+        if (d + 1 >= bi.rank) {  // the outermost dim takes what is left of i
+            ia += i * bi.a_strides[d];
+            ib += i * bi.b_strides[d];
+            break;
+        }
+        const Index coord = i % bi.dims[d];
+        i /= bi.dims[d];
+        ia += coord * bi.a_strides[d];
+        ib += coord * bi.b_strides[d];
+    }
+}
+
+// y (out) = Op(a, b) with a, b read through broadcast strides
+template <typename T, typename Op, typename Index>
+__global__ void binary_forward_broadcast_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ y,
+                                                Index n, BroadcastIndex<Index> bi) {
+    const Index stride = static_cast<Index>(gridDim.x) * blockDim.x;
+    for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+        Index ia, ib;
+        broadcast_offsets(bi, i, ia, ib);
+        y[i] = Op::forward(a[ia], b[ib]);
+    }
+}
+
+// da, db, dy (out): da = dy * dOp/da, db = dy * dOp/db (the engine sums them to the input shapes)
+template <typename T, typename Op, typename Index>
+__global__ void binary_backward_broadcast_kernel(const T* __restrict__ a, const T* __restrict__ b,
+                                                 const T* __restrict__ dy, T* __restrict__ da, T* __restrict__ db,
+                                                 Index n, BroadcastIndex<Index> bi) {
+    const Index stride = static_cast<Index>(gridDim.x) * blockDim.x;
+    for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+        Index ia, ib;
+        broadcast_offsets(bi, i, ia, ib);
+        const T av = a[ia];
+        const T bv = b[ib];
+        if (da != nullptr) da[i] = dy[i] * Op::d_a(av, bv);
+        if (db != nullptr) db[i] = dy[i] * Op::d_b(av, bv);
+    }
+}
+
+// The broadcast of a and b to `out`, innermost dim first: size-1 output dims dropped, and neighbouring
+// dims merged wherever both inputs step through them as one dim (e.g. (N,C,H,W) + (1,C,1,1) becomes
+// HW x C x N), which keeps the per-element index arithmetic short.
+struct BroadcastLayout {
+    std::vector<std::int64_t> dims, a_strides, b_strides;
+};
+
+BroadcastLayout broadcast_layout(const Shape& out, const Shape& a, const Shape& b) {
+    const std::size_t rank = out.size();
+    // Element strides of an input aligned to the output's axes; 0 where it is broadcast.
+    auto aligned_strides = [rank](const Shape& in) {
+        std::vector<std::int64_t> strides(rank, 0);
+        std::int64_t stride = 1;
+        for (std::size_t k = 0; k < in.size(); ++k) {
+            const std::size_t in_axis = in.size() - 1 - k;
+            if (in[in_axis] != 1) strides[rank - 1 - k] = stride;
+            stride *= in[in_axis];
+        }
+        return strides;
+    };
+    const std::vector<std::int64_t> sa = aligned_strides(a);
+    const std::vector<std::int64_t> sb = aligned_strides(b);
+    BroadcastLayout layout;
+    for (std::size_t k = 0; k < rank; ++k) {
+        const std::size_t axis = rank - 1 - k;
+        if (out[axis] == 1) continue;
+        if (!layout.dims.empty()) {
+            const std::int64_t inner = layout.dims.back();
+            if (sa[axis] == layout.a_strides.back() * inner && sb[axis] == layout.b_strides.back() * inner) {
+                layout.dims.back() *= out[axis];
+                continue;
+            }
+        }
+        layout.dims.push_back(out[axis]);
+        layout.a_strides.push_back(sa[axis]);
+        layout.b_strides.push_back(sb[axis]);
+    }
+    if (layout.dims.empty()) {  // every dim is 1: one element
+        layout.dims.push_back(1);
+        layout.a_strides.push_back(0);
+        layout.b_strides.push_back(0);
+    }
+    if (layout.dims.size() > static_cast<std::size_t>(kMaxRank))
+        throw ShapeError(str("broadcast of ", to_string(a), " and ", to_string(b), " needs ", layout.dims.size(),
+                             " distinct dims; the CUDA kernels support ", kMaxRank));
+    return layout;
+}
+
+template <typename Index>
+BroadcastIndex<Index> to_index(const BroadcastLayout& layout) {
+    BroadcastIndex<Index> bi{};
+    bi.rank = static_cast<int>(layout.dims.size());
+    for (std::size_t d = 0; d < layout.dims.size(); ++d) {
+        bi.dims[d] = static_cast<Index>(layout.dims[d]);
+        bi.a_strides[d] = static_cast<Index>(layout.a_strides[d]);
+        bi.b_strides[d] = static_cast<Index>(layout.b_strides[d]);
+    }
+    return bi;
+}
+
+// 32-bit indexing when every index and offset (all bounded by n, as inputs are never larger than the
+// output) fits with room for the grid-stride increment.
+bool fits_32_bit(std::int64_t n) { return n <= (std::int64_t{1} << 30); }
+
+template <typename T, typename Op>
+void launch_binary_forward_broadcast(const DeviceContext& ctx, const T* a, const T* b, T* y, std::int64_t n,
+                                     const BroadcastLayout& layout) {
+    const unsigned blocks = grid_size(ctx, n, kThreads);
+    if (fits_32_bit(n))
+        binary_forward_broadcast_kernel<T, Op, std::uint32_t><<<blocks, kThreads, 0, ctx.stream>>>(
+            a, b, y, static_cast<std::uint32_t>(n), to_index<std::uint32_t>(layout));
+    else
+        binary_forward_broadcast_kernel<T, Op, std::int64_t>
+            <<<blocks, kThreads, 0, ctx.stream>>>(a, b, y, n, to_index<std::int64_t>(layout));
+    DG_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, typename Op>
+void launch_binary_backward_broadcast(const DeviceContext& ctx, const T* a, const T* b, const T* dy, T* da, T* db,
+                                      std::int64_t n, const BroadcastLayout& layout) {
+    const unsigned blocks = grid_size(ctx, n, kThreads);
+    if (fits_32_bit(n))
+        binary_backward_broadcast_kernel<T, Op, std::uint32_t><<<blocks, kThreads, 0, ctx.stream>>>(
+            a, b, dy, da, db, static_cast<std::uint32_t>(n), to_index<std::uint32_t>(layout));
+    else
+        binary_backward_broadcast_kernel<T, Op, std::int64_t>
+            <<<blocks, kThreads, 0, ctx.stream>>>(a, b, dy, da, db, n, to_index<std::int64_t>(layout));
+    DG_CUDA_CHECK_LAUNCH();
+}
+
+// ---- accumulation: dst, src (n) ----
+
+// dst += src (no __restrict__: the engine may pass a src that shares storage with dst)
+template <typename T>
+__global__ void add_into_kernel(T* dst, const T* src, std::int64_t n, std::int64_t packs) {
+    constexpr int W = Pack<T>::width;
+    for (std::int64_t p = thread_index(); p < packs; p += thread_count()) {
+        Pack<T> d = load_pack(static_cast<const T*>(dst), p);
+        const Pack<T> s = load_pack(src, p);
+#pragma unroll
+        for (int k = 0; k < W; ++k) d.v[k] += s.v[k];
+        store_pack(dst, p, d);
+    }
+    for (std::int64_t i = packs * W + thread_index(); i < n; i += thread_count()) dst[i] += src[i];
+}
+
+}  // namespace
+
+Tensor unary_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const DeviceContext& ctx = context_for(x);
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    const std::int64_t n = x.numel();
+    if (n == 0) return y;
+    dispatch_floating(x.dtype(), "unary_forward", [&]<typename T>() {
+        math::visit_unary(args.op, [&](auto op) {
+            const T* xp = x.data<T>();
+            T* yp = y.data<T>();
+            const std::int64_t packs = pack_count<T>(n, {xp, yp});
+            unary_forward_kernel<T, decltype(op)><<<vector_blocks(ctx, n, packs), kThreads, 0, ctx.stream>>>(
+                xp, yp, n, packs, static_cast<T>(args.attrs.scalar));
+            DG_CUDA_CHECK_LAUNCH();
+        });
+    });
+    return y;
+}
+
+std::vector<Tensor> unary_backward(const BackwardArgs& args) {
+    std::vector<Tensor> grads(1);
+    if (!args.needs_grad[0]) return grads;
+    const Tensor& x = args.inputs[0];
+    const Tensor& dy = args.grad_output;
+    const DeviceContext& ctx = context_for(x);
+    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+    const std::int64_t n = x.numel();
+    if (n > 0) {
+        dispatch_floating(x.dtype(), "unary_backward", [&]<typename T>() {
+            math::visit_unary(args.op, [&](auto op) {
+                const T* xp = x.data<T>();
+                const T* yp = args.output.data<T>();
+                const T* dyp = dy.data<T>();
+                T* dxp = dx.data<T>();
+                const std::int64_t packs = pack_count<T>(n, {xp, yp, dyp, dxp});
+                unary_backward_kernel<T, decltype(op)><<<vector_blocks(ctx, n, packs), kThreads, 0, ctx.stream>>>(
+                    xp, yp, dyp, dxp, n, packs, static_cast<T>(args.attrs.scalar));
+                DG_CUDA_CHECK_LAUNCH();
+            });
+        });
+    }
+    grads[0] = std::move(dx);
+    return grads;
+}
+
+Tensor binary_forward(const ForwardArgs& args) {
+    const Tensor& a = args.inputs[0];
+    const Tensor& b = args.inputs[1];
+    const DeviceContext& ctx = context_for(a);
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, a.device());
+    const std::int64_t n = y.numel();
+    if (n == 0) return y;
+    dispatch_floating(a.dtype(), "binary_forward", [&]<typename T>() {
+        math::visit_binary(args.op, [&](auto op) {
+            using Op = decltype(op);
+            const T* ap = a.data<T>();
+            const T* bp = b.data<T>();
+            T* yp = y.data<T>();
+            if (a.shape() == b.shape()) {
+                const std::int64_t packs = pack_count<T>(n, {ap, bp, yp});
+                binary_forward_kernel<T, Op>
+                    <<<vector_blocks(ctx, n, packs), kThreads, 0, ctx.stream>>>(ap, bp, yp, n, packs);
+                DG_CUDA_CHECK_LAUNCH();
+            } else {
+                launch_binary_forward_broadcast<T, Op>(ctx, ap, bp, yp, n,
+                                                       broadcast_layout(y.shape(), a.shape(), b.shape()));
+            }
+        });
+    });
+    return y;
+}
+
+// Gradients come back in the output's shape; the engine sums each to its input's shape (sum_to).
+std::vector<Tensor> binary_backward(const BackwardArgs& args) {
+    const Tensor& a = args.inputs[0];
+    const Tensor& b = args.inputs[1];
+    const Tensor& dy = args.grad_output;
+    std::vector<Tensor> grads(2);
+    bool need_a = args.needs_grad[0];
+    bool need_b = args.needs_grad[1];
+    // dy itself is the gradient of a for add and sub, and of b for add: alias it (allowed by the
+    // contract, graph/op_def.h) instead of launching a copy.
+    if (need_a && (args.op == OpType::Add || args.op == OpType::Sub)) {
+        grads[0] = dy;
+        need_a = false;
+    }
+    if (need_b && args.op == OpType::Add) {
+        grads[1] = dy;
+        need_b = false;
+    }
+    if (!need_a && !need_b) return grads;
+
+    const DeviceContext& ctx = context_for(a);
+    Tensor da = need_a ? Tensor::empty(dy.shape(), dy.dtype(), dy.device()) : Tensor();
+    Tensor db = need_b ? Tensor::empty(dy.shape(), dy.dtype(), dy.device()) : Tensor();
+    const std::int64_t n = dy.numel();
+    if (n > 0) {
+        dispatch_floating(a.dtype(), "binary_backward", [&]<typename T>() {
+            math::visit_binary(args.op, [&](auto op) {
+                using Op = decltype(op);
+                const T* ap = a.data<T>();
+                const T* bp = b.data<T>();
+                const T* dyp = dy.data<T>();
+                T* dap = need_a ? da.data<T>() : nullptr;
+                T* dbp = need_b ? db.data<T>() : nullptr;
+                if (a.shape() == b.shape()) {
+                    const std::int64_t packs = pack_count<T>(n, {ap, bp, dyp, dap, dbp});
+                    binary_backward_kernel<T, Op>
+                        <<<vector_blocks(ctx, n, packs), kThreads, 0, ctx.stream>>>(ap, bp, dyp, dap, dbp, n, packs);
+                    DG_CUDA_CHECK_LAUNCH();
+                } else {
+                    launch_binary_backward_broadcast<T, Op>(ctx, ap, bp, dyp, dap, dbp, n,
+                                                            broadcast_layout(dy.shape(), a.shape(), b.shape()));
+                }
+            });
+        });
+    }
+    if (need_a) grads[0] = std::move(da);
+    if (need_b) grads[1] = std::move(db);
+    return grads;
+}
+
+void accumulate_into(Tensor& dst, const Tensor& src) {
+    if (dst.dtype() != src.dtype() || dst.device() != src.device()) {
+        const std::string message = str("accumulate ", describe(src), " into ", describe(dst));
+        if (dst.dtype() != src.dtype()) throw DTypeError(message);
+        throw DeviceError(message);
+    }
+    if (dst.shape() != src.shape())
+        throw ShapeError(str("accumulate ", to_string(src.shape()), " into ", to_string(dst.shape())));
+    const DeviceContext& ctx = context_for(dst);
+    const std::int64_t n = dst.numel();
+    if (n == 0) return;
+    dispatch_floating(dst.dtype(), "accumulate_into", [&]<typename T>() {
+        T* d = dst.data<T>();
+        const T* s = src.data<T>();
+        const std::int64_t packs = pack_count<T>(n, {d, s});
+        add_into_kernel<T><<<vector_blocks(ctx, n, packs), kThreads, 0, ctx.stream>>>(d, s, n, packs);
+        DG_CUDA_CHECK_LAUNCH();
+    });
+}
+
+}  // namespace dyngrad::cuda

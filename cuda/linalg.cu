@@ -1,0 +1,319 @@
+// Matrix products and layout on the GPU: matmul and linear through cuBLAS GEMMs, transpose through
+// tiled and strided copy kernels. CPU reference: ops/linalg.cpp (same names in namespace cpu).
+//
+// cuBLAS is column-major; a row-major buffer read column-major is the transpose of the matrix. So a
+// row-major C = op(A)·op(B) is computed as the column-major Cᵀ = op(B)ᵀ·op(A)ᵀ, i.e. with the two
+// operands swapped and no copies.
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "dyngrad/cuda/context.h"
+#include "dyngrad/cuda/runtime.h"
+#include "dyngrad/ops/kernels.h"
+
+namespace dyngrad::cuda {
+
+namespace {
+
+constexpr unsigned kThreads = 256;
+
+int cublas_dim(std::int64_t value, const char* what) {
+    if (value > INT_MAX) throw ValueError(str(what, ": dimension ", value, " exceeds the int range of cuBLAS"));
+    return static_cast<int>(value);
+}
+
+// One row-major GEMM operand: `transposed` when the buffer holds op(X)ᵀ rather than op(X);
+// `stride` is the distance in elements between consecutive matrices of a batch.
+struct Operand {
+    const void* data;
+    bool transposed;
+    std::int64_t stride;
+};
+
+// Row-major c (m,n) = op(a) (m,k) · op(b) (k,n), plus c itself when `accumulate` (c is written with
+// '=' otherwise), for `batch` matrices; c's matrices are m·n apart.
+void gemm(DeviceContext& ctx, DType dtype, const char* what, std::int64_t batch, std::int64_t m, std::int64_t n,
+          std::int64_t k, Operand a, Operand b, void* c, bool accumulate) {
+    if (!is_floating(dtype)) throw DTypeError(str(what, ": expects float32 or float64, got ", dtype_name(dtype)));
+    if (batch == 0 || m == 0 || n == 0) return;
+    if (k == 0) {  // an empty sum: c = 0 (+ c)
+        if (!accumulate)
+            DG_CUDA_CHECK(cudaMemsetAsync(c, 0, static_cast<std::size_t>(batch * m * n) * dtype_size(dtype), ctx.stream));
+        return;
+    }
+    // Column-major view: cᵀ (n,m) = op(b)ᵀ (n,k) · op(a)ᵀ (k,m). A row-major buffer's leading
+    // dimension is its number of columns.
+    const int cm = cublas_dim(n, what);
+    const int cn = cublas_dim(m, what);
+    const int ck = cublas_dim(k, what);
+    const int ldb = b.transposed ? ck : cm;
+    const int lda = a.transposed ? cn : ck;
+    const cublasOperation_t op_b = b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_a = a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+
+    const bool f64 = dtype == DType::f64;
+    const float alpha32 = 1.0f, beta32 = accumulate ? 1.0f : 0.0f;
+    const double alpha64 = 1.0, beta64 = accumulate ? 1.0 : 0.0;
+    const void* alpha = f64 ? static_cast<const void*>(&alpha64) : static_cast<const void*>(&alpha32);
+    const void* beta = f64 ? static_cast<const void*>(&beta64) : static_cast<const void*>(&beta32);
+    const cudaDataType_t type = f64 ? CUDA_R_64F : CUDA_R_32F;
+    const cublasComputeType_t compute =
+        f64 ? CUBLAS_COMPUTE_64F : (allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
+
+    if (batch == 1) {
+        DG_CUBLAS_CHECK(cublasGemmEx(ctx.cublas, op_b, op_a, cm, cn, ck, alpha, b.data, type, ldb, a.data, type, lda,
+                                     beta, c, type, cm, compute, CUBLAS_GEMM_DEFAULT));
+    } else {
+        DG_CUBLAS_CHECK(cublasGemmStridedBatchedEx(ctx.cublas, op_b, op_a, cm, cn, ck, alpha, b.data, type, ldb,
+                                                   b.stride, a.data, type, lda, a.stride, beta, c, type, cm, m * n,
+                                                   cublas_dim(batch, what), compute, CUBLAS_GEMM_DEFAULT));
+    }
+}
+
+// (B,M,K)@(B,K,N); B = 1 for 2-D operands (infer::matmul admits only these two forms).
+struct MatmulDims {
+    std::int64_t batch, m, k, n;
+};
+
+MatmulDims matmul_dims(const Tensor& a, const Tensor& b) {
+    const Shape& sa = a.shape();
+    const Shape& sb = b.shape();
+    const std::size_t r = sa.size();
+    return {r == 3 ? sa[0] : 1, sa[r - 2], sa[r - 1], sb[r - 1]};
+}
+
+// y (N,out) = b broadcast over rows: the GEMM then adds x·wᵀ with beta = 1.
+template <typename T>
+__global__ void bias_rows_kernel(const T* __restrict__ b, T* __restrict__ y, std::int64_t n, std::int64_t out) {
+    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+        y[i] = b[i % out];
+}
+
+// ---- transpose ----
+
+// A tensor around the two swapped axes lo < hi: x (outer, d0, mid, d1, inner) -> y (outer, d1, mid, d0, inner).
+struct SwapSplit {
+    std::int64_t outer = 1, d0 = 1, mid = 1, d1 = 1, inner = 1;
+};
+
+SwapSplit split_for_swap(const Shape& shape, const std::vector<std::int64_t>& axes) {
+    if (axes.size() != 2) throw ValueError(str("transpose: expects 2 axes to swap, got ", axes.size()));
+    int lo = normalize_axis(axes[0], shape.size());
+    int hi = normalize_axis(axes[1], shape.size());
+    if (lo > hi) std::swap(lo, hi);
+    SwapSplit s;
+    if (lo == hi) {  // nothing moves: one block of contiguous elements
+        s.inner = numel(shape);
+        return s;
+    }
+    for (int i = 0; i < lo; ++i) s.outer *= shape[i];
+    s.d0 = shape[lo];
+    for (int i = lo + 1; i < hi; ++i) s.mid *= shape[i];
+    s.d1 = shape[hi];
+    for (std::size_t i = hi + 1; i < shape.size(); ++i) s.inner *= shape[i];
+    return s;
+}
+
+constexpr int kTile = 32;
+constexpr int kTileRows = 8;  // a 32×8 block moves a 32×32 tile, 4 elements per thread
+
+// inner == 1: for each of the outer·mid pairs (o, m), x holds a d0×d1 matrix with row stride mid·d1
+// and y its d1×d0 transpose with row stride mid·d0. Tiles go through shared memory so that both the
+// reads and the writes are coalesced; the +1 column keeps the transposed reads off a single bank.
+// E is an unsigned integer of the element's size: the kernel only moves bytes.
+template <typename E>
+__global__ void transpose_tiled_kernel(const E* __restrict__ x, E* __restrict__ y, std::int64_t batches,
+                                       std::int64_t mid, std::int64_t d0, std::int64_t d1) {
+    __shared__ E tile[kTile][kTile + 1];
+    const std::int64_t tiles_d0 = (d0 + kTile - 1) / kTile;
+    const std::int64_t tiles_d1 = (d1 + kTile - 1) / kTile;
+    const std::int64_t x_row_stride = mid * d1;
+    const std::int64_t y_row_stride = mid * d0;
+    for (std::int64_t z = blockIdx.z; z < batches; z += gridDim.z) {
+        const std::int64_t o = z / mid;
+        const std::int64_t m = z % mid;
+        const E* xz = x + (o * d0 * mid + m) * d1;
+        E* yz = y + (o * d1 * mid + m) * d0;
+        for (std::int64_t ti = blockIdx.y; ti < tiles_d0; ti += gridDim.y) {
+            for (std::int64_t tj = blockIdx.x; tj < tiles_d1; tj += gridDim.x) {
+                const std::int64_t j = tj * kTile + threadIdx.x;
+                for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+                    const std::int64_t i = ti * kTile + r;
+                    if (i < d0 && j < d1) tile[r][threadIdx.x] = xz[i * x_row_stride + j];
+                }
+                __syncthreads();
+                const std::int64_t i = ti * kTile + threadIdx.x;
+                for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+                    const std::int64_t jj = tj * kTile + r;
+                    if (jj < d1 && i < d0) yz[jj * y_row_stride + i] = tile[threadIdx.x][r];
+                }
+                __syncthreads();  // the tile is refilled by the next iteration
+            }
+        }
+    }
+}
+
+// inner > 1: one thread per output element; runs of `inner` elements stay contiguous on both sides,
+// so neighbouring threads read and write neighbouring addresses.
+template <typename E>
+__global__ void transpose_strided_kernel(const E* __restrict__ x, E* __restrict__ y, std::int64_t n, SwapSplit s) {
+    for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; idx < n;
+         idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+        // idx = (((o·d1 + j)·mid + m)·d0 + i)·inner + c
+        std::int64_t rest = idx;
+        const std::int64_t c = rest % s.inner;
+        rest /= s.inner;
+        const std::int64_t i = rest % s.d0;
+        rest /= s.d0;
+        const std::int64_t m = rest % s.mid;
+        rest /= s.mid;
+        const std::int64_t j = rest % s.d1;
+        const std::int64_t o = rest / s.d1;
+        y[idx] = x[(((o * s.d0 + i) * s.mid + m) * s.d1 + j) * s.inner + c];
+    }
+}
+
+template <typename E>
+void launch_swap_axes(DeviceContext& ctx, const void* x, void* y, const SwapSplit& s, std::int64_t n) {
+    const E* src = static_cast<const E*>(x);
+    E* dst = static_cast<E*>(y);
+    if (s.inner == 1) {
+        const std::int64_t batches = s.outer * s.mid;
+        const dim3 block(kTile, kTileRows);
+        // The kernel strides over tiles and batches, so the grid is capped at the hardware limits.
+        const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>((s.d1 + kTile - 1) / kTile, INT_MAX)),
+                        static_cast<unsigned>(std::min<std::int64_t>((s.d0 + kTile - 1) / kTile, 65535)),
+                        static_cast<unsigned>(std::min<std::int64_t>(batches, 65535)));
+        transpose_tiled_kernel<E><<<grid, block, 0, ctx.stream>>>(src, dst, batches, s.mid, s.d0, s.d1);
+    } else {
+        transpose_strided_kernel<E><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(src, dst, n, s);
+    }
+    DG_CUDA_CHECK_LAUNCH();
+}
+
+// y = x with two axes swapped; `s` describes x around the axes.
+void swap_axes(DeviceContext& ctx, const Tensor& x, Tensor& y, const SwapSplit& s) {
+    const std::int64_t n = x.numel();
+    if (n == 0) return;
+    // When at most one of d0, mid, d1 exceeds 1 the swap leaves the memory order unchanged.
+    const int moved = (s.d0 > 1) + (s.mid > 1) + (s.d1 > 1);
+    if (moved <= 1) {
+        DG_CUDA_CHECK(cudaMemcpyAsync(y.raw_data(), x.raw_data(), x.nbytes(), cudaMemcpyDeviceToDevice, ctx.stream));
+        return;
+    }
+    if (dtype_size(x.dtype()) == 4)
+        launch_swap_axes<std::uint32_t>(ctx, x.raw_data(), y.raw_data(), s, n);
+    else
+        launch_swap_axes<std::uint64_t>(ctx, x.raw_data(), y.raw_data(), s, n);
+}
+
+}  // namespace
+
+// a (M,K)  b (K,N)  y (M,N);  batched: a (B,M,K)  b (B,K,N)  y (B,M,N)
+Tensor matmul_forward(const ForwardArgs& args) {
+    const Tensor& a = args.inputs[0];
+    const Tensor& b = args.inputs[1];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, a.device());
+    const MatmulDims d = matmul_dims(a, b);
+    gemm(context_for(a), a.dtype(), "matmul", d.batch, d.m, d.n, d.k, {a.raw_data(), false, d.m * d.k},
+         {b.raw_data(), false, d.k * d.n}, y.raw_data(), false);
+    return y;
+}
+
+// dy (M,N) -> da = dy·bᵀ (M,K), db = aᵀ·dy (K,N); per batch when batched
+std::vector<Tensor> matmul_backward(const BackwardArgs& args) {
+    const Tensor& a = args.inputs[0];
+    const Tensor& b = args.inputs[1];
+    const Tensor& dy = args.grad_output;
+    DeviceContext& ctx = context_for(a);
+    const MatmulDims d = matmul_dims(a, b);
+    std::vector<Tensor> grads(2);
+    if (args.needs_grad[0]) {
+        grads[0] = Tensor::empty(a.shape(), a.dtype(), a.device());
+        gemm(ctx, a.dtype(), "matmul backward", d.batch, d.m, d.k, d.n, {dy.raw_data(), false, d.m * d.n},
+             {b.raw_data(), true, d.k * d.n}, grads[0].raw_data(), false);
+    }
+    if (args.needs_grad[1]) {
+        grads[1] = Tensor::empty(b.shape(), b.dtype(), b.device());
+        gemm(ctx, a.dtype(), "matmul backward", d.batch, d.k, d.n, d.m, {a.raw_data(), true, d.m * d.k},
+             {dy.raw_data(), false, d.m * d.n}, grads[1].raw_data(), false);
+    }
+    return grads;
+}
+
+// x (N,in)  w (out,in)  b (out)  y (N,out) = x·wᵀ + b
+// The bias is written into y first and the GEMM accumulates onto it (beta = 1). cuBLASLt's BIAS
+// epilogue would fuse the two, but it needs a heuristic query, a workspace and a plan cache, and its
+// epilogues are not offered for every type (float64); a broadcast write of y costs one pass over y,
+// small next to the GEMM, and keeps float32 and float64 on one path.
+Tensor linear_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& w = args.inputs[1];
+    const Tensor& b = args.inputs[2];
+    DeviceContext& ctx = context_for(x);
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    const std::int64_t rows = x.size(0), in = x.size(1), out = w.size(0);
+    if (y.numel() == 0) return y;
+    dispatch_floating(x.dtype(), "linear", [&]<typename T>() {
+        bias_rows_kernel<T><<<grid_size(ctx, y.numel(), kThreads), kThreads, 0, ctx.stream>>>(
+            b.data<T>(), y.data<T>(), y.numel(), out);
+        DG_CUDA_CHECK_LAUNCH();
+    });
+    gemm(ctx, x.dtype(), "linear", 1, rows, out, in, {x.raw_data(), false, 0}, {w.raw_data(), true, 0}, y.raw_data(),
+         true);
+    return y;
+}
+
+// dy (N,out) -> dx = dy·w (N,in), dw = dyᵀ·x (out,in), db = column sums of dy (out)
+std::vector<Tensor> linear_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& w = args.inputs[1];
+    const Tensor& b = args.inputs[2];
+    const Tensor& dy = args.grad_output;
+    DeviceContext& ctx = context_for(x);
+    const std::int64_t rows = x.size(0), in = x.size(1), out = w.size(0);
+    std::vector<Tensor> grads(3);
+    if (args.needs_grad[0]) {
+        grads[0] = Tensor::empty(x.shape(), x.dtype(), x.device());
+        gemm(ctx, x.dtype(), "linear backward", 1, rows, in, out, {dy.raw_data(), false, 0}, {w.raw_data(), false, 0},
+             grads[0].raw_data(), false);
+    }
+    if (args.needs_grad[1]) {
+        grads[1] = Tensor::empty(w.shape(), w.dtype(), w.device());
+        gemm(ctx, x.dtype(), "linear backward", 1, out, in, rows, {dy.raw_data(), true, 0}, {x.raw_data(), false, 0},
+             grads[1].raw_data(), false);
+    }
+    if (args.needs_grad[2]) {
+        if (rows == 0) {
+            grads[2] = Tensor::zeros(b.shape(), b.dtype(), b.device());
+        } else {
+            const int batch_axis[] = {0};
+            grads[2] = sum_over(dy, batch_axis).reshaped(b.shape());
+        }
+    }
+    return grads;
+}
+
+// x (..., d0, ..., d1, ...) -> y (..., d1, ..., d0, ...), axes in attrs.axes
+Tensor transpose_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    swap_axes(context_for(x), x, y, split_for_swap(x.shape(), args.attrs.axes));
+    return y;
+}
+
+// A swap of two axes is its own inverse: dx is dy with the same axes swapped back.
+std::vector<Tensor> transpose_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& dy = args.grad_output;
+    if (!args.needs_grad[0]) return {Tensor()};
+    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+    swap_axes(context_for(x), dy, dx, split_for_swap(dy.shape(), args.attrs.axes));
+    return {dx};
+}
+
+}  // namespace dyngrad::cuda

@@ -1,0 +1,525 @@
+// Reductions on the GPU: sum and mean over a set of axes, max over one axis, and the engine's sum_over
+// (broadcast gradients). Same semantics as the CPU kernels in ops/reduce.cpp.
+//
+// A sum first sees x as runs (size-1 axes dropped, neighbouring axes of the same kind merged), then:
+//  - nothing reduced          -> a device copy;
+//  - everything reduced       -> cub::DeviceReduce::Sum;
+//  - one reduced run with kept axes after it, x (outer, rows, inner) -> column sums, coalesced along inner;
+//  - anything else (rows of a matrix, NCHW per-channel sums) -> one warp or block per output, reading the
+//    reduced elements through strides.
+// Accumulation is in the input type (float for float32, no double arithmetic on the GPU). To keep float32
+// sums accurate (16M elements well within 1e-5 relative of a float64 reference), no thread adds more than
+// kMaxChain elements in sequence: longer reductions are cut into partial sums that a second pass reduces,
+// and everything above a thread is a tree (warp shuffles, cub::BlockReduce, shared memory, CUB's device
+// reduction).
+#include <cub/block/block_reduce.cuh>
+#include <cub/device/device_reduce.cuh>
+#include <cub/warp/warp_reduce.cuh>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "dyngrad/cuda/context.h"
+#include "dyngrad/ops/kernels.h"
+
+namespace dyngrad::cuda {
+
+namespace {
+
+constexpr unsigned kThreads = 256;
+constexpr unsigned kWarp = 32;
+constexpr int kMaxRank = 8;
+constexpr std::int64_t kMaxChain = 256;        // most elements one thread adds in sequence
+constexpr std::int64_t kMinChain = 16;         // fewest, when splitting only to occupy the GPU
+constexpr std::int64_t kWarpReduceMax = 1024;  // reductions up to this length: one warp per output
+constexpr unsigned kColumnWidth = 32;          // column sums: block of 32 columns x 8 row lanes
+constexpr unsigned kColumnRows = 8;
+constexpr std::int64_t kMaxGridYZ = 65535;
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+__device__ __forceinline__ std::int64_t thread_index() {
+    return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ std::int64_t thread_count() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
+
+// A strided view of some of x's dims, innermost first, passed by value to kernels.
+struct StridedDims {
+    int rank;
+    std::int64_t dims[kMaxRank];
+    std::int64_t strides[kMaxRank];
+};
+
+// Element offset of the i-th index (row-major over dims). Constant-index loop: the struct stays in
+// registers instead of being copied to local memory.
+__device__ __forceinline__ std::int64_t offset_of(const StridedDims& sd, std::int64_t i) {
+    std::int64_t offset = 0;
+#pragma unroll
+    for (int d = 0; d < kMaxRank; ++d) {
+        if (d + 1 >= sd.rank) {  // the outermost dim takes what is left of i
+            offset += i * sd.strides[d];
+            break;
+        }
+        offset += (i % sd.dims[d]) * sd.strides[d];
+        i /= sd.dims[d];
+    }
+    return offset;
+}
+
+// ---- the shape of a reduction (as in ops/reduce.cpp) ----
+
+// The axes a sum/mean reduces: `axes` (negative counting from the end), empty = all.
+std::vector<bool> reduced_axes(const Shape& shape, const std::vector<std::int64_t>& axes) {
+    std::vector<bool> reduced(shape.size(), axes.empty());
+    for (const std::int64_t axis : axes) {
+        const int a = normalize_axis(axis, shape.size());
+        if (reduced[a]) throw ShapeError(str("axis ", axis, " is listed twice in axes"));
+        reduced[a] = true;
+    }
+    return reduced;
+}
+
+std::int64_t reduced_count(const Shape& shape, const std::vector<bool>& reduced) {
+    std::int64_t count = 1;
+    for (std::size_t i = 0; i < shape.size(); ++i)
+        if (reduced[i]) count *= shape[i];
+    return count;
+}
+
+// x's axes with size-1 axes dropped and neighbouring axes of the same kind merged, outermost first:
+// (2,3,4,5) over axes {0,2,3} -> [2 reduced][3 kept][20 reduced].
+struct Run {
+    std::int64_t size;
+    bool reduced;
+};
+
+std::vector<Run> reduction_runs(const Shape& shape, const std::vector<bool>& reduced) {
+    std::vector<Run> runs;
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+        if (shape[i] == 1) continue;
+        if (!runs.empty() && runs.back().reduced == reduced[i])
+            runs.back().size *= shape[i];
+        else
+            runs.push_back({shape[i], static_cast<bool>(reduced[i])});
+    }
+    return runs;
+}
+
+void push_dim(StridedDims& sd, std::int64_t dim, std::int64_t stride) {
+    if (sd.rank == kMaxRank)
+        throw ShapeError(
+            str("reduction needs more than ", kMaxRank, " strided dims; the CUDA kernels support ", kMaxRank));
+    sd.dims[sd.rank] = dim;
+    sd.strides[sd.rank] = stride;
+    ++sd.rank;
+}
+
+// The kept and the reduced runs with their strides in x (contiguous), innermost first.
+void split_runs(const std::vector<Run>& runs, StridedDims& kept, StridedDims& red) {
+    kept = StridedDims{};
+    red = StridedDims{};
+    std::int64_t stride = 1;
+    for (std::size_t k = runs.size(); k-- > 0;) {
+        push_dim(runs[k].reduced ? red : kept, runs[k].size, stride);
+        stride *= runs[k].size;
+    }
+}
+
+StridedDims row_dims(std::int64_t dim, std::int64_t stride) {
+    StridedDims sd{};
+    push_dim(sd, dim, stride);
+    return sd;
+}
+
+// ---- sum kernels ----
+
+// y[o] = (sum over j < n_red of x[kept(o) + red(j)]) / divisor; one warp per output (short reductions)
+template <typename T>
+__global__ void warp_sum_kernel(const T* __restrict__ x, T* __restrict__ y, StridedDims kept, StridedDims red,
+                                std::int64_t n_out, std::int64_t n_red, T divisor) {
+    using WarpReduce = cub::WarpReduce<T>;
+    constexpr unsigned kWarps = kThreads / kWarp;
+    __shared__ typename WarpReduce::TempStorage temp[kWarps];
+    const unsigned warp = threadIdx.x / kWarp;
+    const unsigned lane = threadIdx.x % kWarp;
+    for (std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * kWarps + warp; o < n_out;
+         o += static_cast<std::int64_t>(gridDim.x) * kWarps) {
+        const T* base = x + offset_of(kept, o);
+        T acc = T(0);
+        for (std::int64_t j = lane; j < n_red; j += kWarp) acc += base[offset_of(red, j)];
+        const T total = WarpReduce(temp[warp]).Sum(acc);
+        if (lane == 0) y[o] = total / divisor;
+        __syncwarp();  // temp[warp] is reused by the next output
+    }
+}
+
+// One block per item = (output o, split s): y[item] = (sum over j in [s*chunk, (s+1)*chunk) ∩ [0, n_red)
+// of x[kept(o) + red(j)]) / divisor, item = o*splits + s. With splits > 1, y holds partial sums.
+template <typename T>
+__global__ void block_sum_kernel(const T* __restrict__ x, T* __restrict__ y, StridedDims kept, StridedDims red,
+                                 std::int64_t items, std::int64_t splits, std::int64_t chunk, std::int64_t n_red,
+                                 T divisor) {
+    using BlockReduce = cub::BlockReduce<T, kThreads>;
+    __shared__ typename BlockReduce::TempStorage temp;
+    for (std::int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+        const std::int64_t o = item / splits;
+        const std::int64_t begin = (item - o * splits) * chunk;
+        const std::int64_t end = begin + chunk < n_red ? begin + chunk : n_red;
+        const T* base = x + offset_of(kept, o);
+        T acc = T(0);
+        for (std::int64_t j = begin + threadIdx.x; j < end; j += kThreads) acc += base[offset_of(red, j)];
+        const T total = BlockReduce(temp).Sum(acc);
+        if (threadIdx.x == 0) y[item] = total / divisor;
+        __syncthreads();  // temp is reused by the next item
+    }
+}
+
+// x (outer, rows, inner) -> y (outer, inner) = column sums / divisor. Block (32, 8): threadIdx.x walks
+// inner (coalesced), threadIdx.y strides over the rows, a shared-memory tree adds the 8 row lanes.
+// Split over gridDim.z: slice z sums rows [z*rows_per_split, ...) into the partials y + z*outer*inner.
+template <typename T>
+__global__ void column_sum_kernel(const T* __restrict__ x, T* __restrict__ y, std::int64_t outer, std::int64_t rows,
+                                  std::int64_t inner, std::int64_t rows_per_split, T divisor) {
+    __shared__ T lanes[kColumnRows][kColumnWidth];
+    const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kColumnWidth + threadIdx.x;
+    const std::int64_t row_begin = static_cast<std::int64_t>(blockIdx.z) * rows_per_split;
+    const std::int64_t row_end = row_begin + rows_per_split < rows ? row_begin + rows_per_split : rows;
+    T* out = y + static_cast<std::int64_t>(blockIdx.z) * outer * inner;
+    for (std::int64_t o = blockIdx.y; o < outer; o += gridDim.y) {  // uniform per block: barriers are safe
+        T acc = T(0);
+        if (i < inner) {
+            const T* column = x + o * rows * inner + i;
+            for (std::int64_t r = row_begin + threadIdx.y; r < row_end; r += kColumnRows) acc += column[r * inner];
+        }
+        lanes[threadIdx.y][threadIdx.x] = acc;
+        __syncthreads();
+#pragma unroll
+        for (unsigned half = kColumnRows / 2; half > 0; half /= 2) {
+            if (threadIdx.y < half) lanes[threadIdx.y][threadIdx.x] += lanes[threadIdx.y + half][threadIdx.x];
+            __syncthreads();
+        }
+        if (threadIdx.y == 0 && i < inner) out[o * inner + i] = lanes[0][threadIdx.x] / divisor;
+        __syncthreads();  // lanes is reused by the next o
+    }
+}
+
+template <typename T>
+__global__ void divide_kernel(T* y, T divisor) {
+    y[0] /= divisor;
+}
+
+// How many pieces to cut each of `items` reductions of `length` elements into, when `lanes` threads share
+// a piece: enough that no thread adds more than kMaxChain elements in sequence, and more while the GPU
+// would be short of blocks (down to kMinChain elements per thread).
+std::int64_t choose_splits(DeviceContext& ctx, std::int64_t items, std::int64_t length, std::int64_t lanes) {
+    std::int64_t splits = ceil_div(length, lanes * kMaxChain);
+    const std::int64_t wanted_blocks = 4 * static_cast<std::int64_t>(std::max(ctx.multiprocessors, 1));
+    if (items * splits < wanted_blocks)
+        splits = std::max(splits, std::min(ceil_div(wanted_blocks, items), ceil_div(length, lanes * kMinChain)));
+    return splits;
+}
+
+// y (kept dims) = sums of x over the reduced dims / divisor, one warp or block per output; long
+// reductions go through partial sums and a second pass over them.
+template <typename T>
+void strided_sums(DeviceContext& ctx, const T* x, T* y, const StridedDims& kept, const StridedDims& red,
+                  std::int64_t n_out, std::int64_t n_red, T divisor) {
+    if (n_red <= kWarpReduceMax) {
+        const unsigned blocks = grid_size(ctx, n_out * kWarp, kThreads);  // a warp per output
+        warp_sum_kernel<T><<<blocks, kThreads, 0, ctx.stream>>>(x, y, kept, red, n_out, n_red, divisor);
+        DG_CUDA_CHECK_LAUNCH();
+        return;
+    }
+    const std::int64_t chunk = ceil_div(n_red, choose_splits(ctx, n_out, n_red, kThreads));
+    const std::int64_t splits = ceil_div(n_red, chunk);  // no empty pieces
+    const std::int64_t items = n_out * splits;
+    const unsigned blocks = grid_size(ctx, items * kThreads, kThreads);  // a block per item
+    if (splits == 1) {
+        block_sum_kernel<T><<<blocks, kThreads, 0, ctx.stream>>>(x, y, kept, red, items, 1, chunk, n_red, divisor);
+        DG_CUDA_CHECK_LAUNCH();
+        return;
+    }
+    Workspace partial(ctx, static_cast<std::size_t>(items) * sizeof(T));  // (n_out, splits)
+    T* partial_sums = static_cast<T*>(partial.data());
+    block_sum_kernel<T>
+        <<<blocks, kThreads, 0, ctx.stream>>>(x, partial_sums, kept, red, items, splits, chunk, n_red, T(1));
+    DG_CUDA_CHECK_LAUNCH();
+    strided_sums(ctx, static_cast<const T*>(partial_sums), y, row_dims(n_out, splits), row_dims(splits, 1), n_out,
+                 splits, divisor);
+}
+
+// x (outer, rows, inner) -> y (outer, inner) = column sums / divisor, with partial sums over row
+// slices and a second pass when the rows are long.
+template <typename T>
+void column_sums(DeviceContext& ctx, const T* x, T* y, std::int64_t outer, std::int64_t rows, std::int64_t inner,
+                 T divisor) {
+    const std::int64_t column_blocks = ceil_div(inner, kColumnWidth);
+    const std::int64_t splits_wanted =
+        std::min(choose_splits(ctx, column_blocks * outer, rows, kColumnRows), kMaxGridYZ);
+    const std::int64_t rows_per_split = ceil_div(rows, splits_wanted);
+    const std::int64_t splits = ceil_div(rows, rows_per_split);  // no empty slices
+    const dim3 block(kColumnWidth, kColumnRows);
+    const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(std::min(outer, kMaxGridYZ)),
+                    static_cast<unsigned>(splits));
+    if (splits == 1) {
+        column_sum_kernel<T><<<grid, block, 0, ctx.stream>>>(x, y, outer, rows, inner, rows_per_split, divisor);
+        DG_CUDA_CHECK_LAUNCH();
+        return;
+    }
+    Workspace partial(ctx, static_cast<std::size_t>(splits * outer * inner) * sizeof(T));  // (splits, outer*inner)
+    T* partial_sums = static_cast<T*>(partial.data());
+    column_sum_kernel<T><<<grid, block, 0, ctx.stream>>>(x, partial_sums, outer, rows, inner, rows_per_split, T(1));
+    DG_CUDA_CHECK_LAUNCH();
+    column_sums(ctx, static_cast<const T*>(partial_sums), y, 1, splits, outer * inner, divisor);
+}
+
+// y = sum of all n elements of x / divisor
+template <typename T>
+void full_sum(DeviceContext& ctx, const T* x, T* y, std::int64_t n, T divisor) {
+    std::size_t temp_bytes = 0;
+    DG_CUDA_CHECK(cub::DeviceReduce::Sum(nullptr, temp_bytes, x, y, n, ctx.stream));
+    Workspace temp(ctx, temp_bytes);
+    DG_CUDA_CHECK(cub::DeviceReduce::Sum(temp.data(), temp_bytes, x, y, n, ctx.stream));
+    DG_CUDA_CHECK_LAUNCH();
+    if (divisor != T(1)) {
+        divide_kernel<T><<<1, 1, 0, ctx.stream>>>(y, divisor);
+        DG_CUDA_CHECK_LAUNCH();
+    }
+}
+
+// y (the kept axes, in order) = x summed over the `reduced` axes, divided by `divisor` ('=').
+template <typename T>
+void reduce_sum(DeviceContext& ctx, const Tensor& x, Tensor& y, const std::vector<bool>& reduced, T divisor) {
+    if (y.numel() == 0) return;
+    if (x.numel() == 0) {  // a reduced axis is empty: sums are 0, means 0/0
+        y.fill(static_cast<double>(T(0) / divisor));
+        return;
+    }
+    const std::vector<Run> runs = reduction_runs(x.shape(), reduced);
+    std::int64_t n_out = 1;
+    std::int64_t n_red = 1;
+    for (const Run& run : runs) (run.reduced ? n_red : n_out) *= run.size;
+    const T* xp = x.data<T>();
+    T* yp = y.data<T>();
+    if (n_red == 1) {  // every reduced axis has size 1, so the divisor is 1 as well
+        DG_CUDA_CHECK(
+            cudaMemcpyAsync(yp, xp, static_cast<std::size_t>(n_out) * sizeof(T), cudaMemcpyDeviceToDevice, ctx.stream));
+        return;
+    }
+    if (n_out == 1) return full_sum(ctx, xp, yp, n_red, divisor);
+    const auto reduced_runs = std::count_if(runs.begin(), runs.end(), [](const Run& r) { return r.reduced; });
+    if (reduced_runs == 1 && !runs.back().reduced) {
+        std::int64_t outer = 1;
+        std::size_t k = 0;
+        for (; !runs[k].reduced; ++k) outer *= runs[k].size;
+        return column_sums(ctx, xp, yp, outer, runs[k].size, n_out / outer, divisor);
+    }
+    StridedDims kept;
+    StridedDims red;
+    split_runs(runs, kept, red);
+    strided_sums(ctx, xp, yp, kept, red, n_out, n_red, divisor);
+}
+
+// dx[i] = dy[src(i)] * scale: dy broadcast back over the reduced axes (src has stride 0 along them)
+template <typename T>
+__global__ void expand_kernel(const T* __restrict__ dy, T* __restrict__ dx, std::int64_t n, StridedDims src, T scale) {
+    for (std::int64_t i = thread_index(); i < n; i += thread_count()) dx[i] = dy[offset_of(src, i)] * scale;
+}
+
+// x's runs, innermost first, with the stride each steps through dy (the kept axes, contiguous).
+StridedDims expand_dims(const std::vector<Run>& runs) {
+    StridedDims sd{};
+    std::int64_t stride = 1;
+    for (std::size_t k = runs.size(); k-- > 0;) {
+        push_dim(sd, runs[k].size, runs[k].reduced ? 0 : stride);
+        if (!runs[k].reduced) stride *= runs[k].size;
+    }
+    if (sd.rank == 0) push_dim(sd, 1, 0);  // one element
+    return sd;
+}
+
+// ---- max over one axis: x (outer, len, inner) ----
+
+// The CPU kernel scans with a strict '>' from element 0: the first maximal element wins, a NaN at
+// index 0 is the result, and any other NaN is never chosen. The parallel scans below reproduce that.
+template <typename T>
+struct ArgMax {
+    T value;
+    std::int64_t index;  // < 0: no candidate yet
+};
+
+template <typename T>
+__device__ __forceinline__ ArgMax<T> better_of(const ArgMax<T>& a, const ArgMax<T>& b) {
+    if (b.index < 0) return a;
+    if (a.index < 0) return b;
+    return (b.value > a.value || (b.value == a.value && b.index < a.index)) ? b : a;
+}
+
+// inner == 1: y[o], argmax[o] over the row x[o, :]; one warp per row
+template <typename T>
+__global__ void max_rows_kernel(const T* __restrict__ x, T* __restrict__ y, std::int64_t* __restrict__ argmax,
+                                std::int64_t outer, std::int64_t len) {
+    constexpr unsigned kWarps = kThreads / kWarp;
+    const unsigned lane = threadIdx.x % kWarp;
+    for (std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarp; o < outer;
+         o += static_cast<std::int64_t>(gridDim.x) * kWarps) {
+        const T* row = x + o * len;
+        ArgMax<T> best{T(0), -1};
+        for (std::int64_t r = lane; r < len; r += kWarp) {
+            const T v = row[r];
+            if (v == v) best = better_of(best, ArgMax<T>{v, r});  // NaN: see ArgMax
+        }
+#pragma unroll
+        for (unsigned offset = kWarp / 2; offset > 0; offset /= 2) {
+            const ArgMax<T> other{__shfl_down_sync(0xffffffffu, best.value, offset),
+                                  __shfl_down_sync(0xffffffffu, best.index, offset)};
+            best = better_of(best, other);
+        }
+        if (lane == 0) {
+            const T first = row[0];
+            if (first != first) best = ArgMax<T>{first, 0};
+            y[o] = best.value;
+            argmax[o] = best.index;
+        }
+    }
+}
+
+// inner > 1: y[o, i], argmax[o, i] over x[o, :, i]; one thread per (o, i), coalesced along i
+template <typename T>
+__global__ void max_columns_kernel(const T* __restrict__ x, T* __restrict__ y, std::int64_t* __restrict__ argmax,
+                                   std::int64_t outer, std::int64_t len, std::int64_t inner) {
+    for (std::int64_t k = thread_index(); k < outer * inner; k += thread_count()) {
+        const std::int64_t o = k / inner;
+        const T* column = x + o * len * inner + (k - o * inner);
+        T best = column[0];
+        std::int64_t best_r = 0;
+        for (std::int64_t r = 1; r < len; ++r) {
+            const T v = column[r * inner];
+            if (v > best) {
+                best = v;
+                best_r = r;
+            }
+        }
+        y[k] = best;
+        argmax[k] = best_r;
+    }
+}
+
+// dx[o, r, i] = r == argmax[o, i] ? dy[o, i] : 0    dy, argmax (outer, inner)  dx (outer, len, inner)
+template <typename T>
+__global__ void max_backward_kernel(const T* __restrict__ dy, const std::int64_t* __restrict__ argmax,
+                                    T* __restrict__ dx, std::int64_t n, std::int64_t len, std::int64_t inner) {
+    for (std::int64_t k = thread_index(); k < n; k += thread_count()) {
+        const std::int64_t t = k / inner;
+        const std::int64_t o = t / len;
+        const std::int64_t j = o * inner + (k - t * inner);
+        dx[k] = argmax[j] == t - o * len ? dy[j] : T(0);
+    }
+}
+
+// The (outer, len, inner) view of a shape around one axis.
+struct AxisView {
+    std::int64_t outer = 1, len = 1, inner = 1;
+};
+
+AxisView axis_view(const Shape& shape, int axis) {
+    AxisView v;
+    for (int i = 0; i < axis; ++i) v.outer *= shape[i];
+    v.len = shape[axis];
+    for (std::size_t i = static_cast<std::size_t>(axis) + 1; i < shape.size(); ++i) v.inner *= shape[i];
+    return v;
+}
+
+}  // namespace
+
+// x -> y: x summed (mean: averaged) over the reduced axes; y holds the kept axes in order
+Tensor reduce_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    DeviceContext& ctx = context_for(x);
+    const std::vector<bool> reduced = reduced_axes(x.shape(), args.attrs.axes);
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    dispatch_floating(x.dtype(), "reduce_forward", [&]<typename T>() {
+        const T divisor = args.op == OpType::Mean ? static_cast<T>(reduced_count(x.shape(), reduced)) : T(1);
+        reduce_sum<T>(ctx, x, y, reduced, divisor);
+    });
+    return y;
+}
+
+// dy (kept axes) -> dx (x's shape): dy repeated along the reduced axes (mean: divided by their count)
+std::vector<Tensor> reduce_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    if (!args.needs_grad[0]) return {Tensor()};
+    DeviceContext& ctx = context_for(x);
+    const std::vector<bool> reduced = reduced_axes(x.shape(), args.attrs.axes);
+    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+    const std::int64_t n = x.numel();
+    if (n == 0) return {dx};
+    dispatch_floating(x.dtype(), "reduce_backward", [&]<typename T>() {
+        // scale = 1/count as on the CPU, so both backends round alike
+        const T scale = args.op == OpType::Mean ? T(1) / static_cast<T>(reduced_count(x.shape(), reduced)) : T(1);
+        expand_kernel<T><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(
+            args.grad_output.data<T>(), dx.data<T>(), n, expand_dims(reduction_runs(x.shape(), reduced)), scale);
+        DG_CUDA_CHECK_LAUNCH();
+    });
+    return {dx};
+}
+
+// x (outer, len, inner) -> y (outer, inner); saved[0]: argmax (outer, inner) int64, the first maximal index
+Tensor max_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    DeviceContext& ctx = context_for(x);
+    const AxisView v = axis_view(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
+    if (v.len == 0) throw ShapeError(str("axis ", args.attrs.axis, " of ", to_string(x.shape()), " is empty"));
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    Tensor argmax = Tensor::empty(args.out.shape, DType::i64, x.device());
+    const std::int64_t n_out = v.outer * v.inner;
+    if (n_out > 0) {
+        dispatch_floating(x.dtype(), "max_forward", [&]<typename T>() {
+            if (v.inner == 1)
+                max_rows_kernel<T><<<grid_size(ctx, n_out * kWarp, kThreads), kThreads, 0, ctx.stream>>>(
+                    x.data<T>(), y.data<T>(), argmax.data<std::int64_t>(), v.outer, v.len);
+            else
+                max_columns_kernel<T><<<grid_size(ctx, n_out, kThreads), kThreads, 0, ctx.stream>>>(
+                    x.data<T>(), y.data<T>(), argmax.data<std::int64_t>(), v.outer, v.len, v.inner);
+            DG_CUDA_CHECK_LAUNCH();
+        });
+    }
+    args.saved.push_back(argmax);
+    return y;
+}
+
+// dy (outer, inner) -> dx (outer, len, inner): dy at each slice's argmax, zero elsewhere
+std::vector<Tensor> max_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    if (!args.needs_grad[0]) return {Tensor()};
+    if (args.saved.empty()) throw GraphError("max: the argmax saved by the forward is missing");
+    DeviceContext& ctx = context_for(x);
+    const AxisView v = axis_view(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
+    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+    const std::int64_t n = x.numel();
+    if (n == 0) return {dx};
+    dispatch_floating(x.dtype(), "max_backward", [&]<typename T>() {
+        max_backward_kernel<T><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(
+            args.grad_output.data<T>(), args.saved[0].data<std::int64_t>(), dx.data<T>(), n, v.len, v.inner);
+        DG_CUDA_CHECK_LAUNCH();
+    });
+    return {dx};
+}
+
+// x -> x summed over `axes`, which stay as size 1
+Tensor sum_over(const Tensor& x, std::span<const int> axes) {
+    DeviceContext& ctx = context_for(x);
+    std::vector<bool> reduced(x.rank(), false);
+    Shape shape = x.shape();
+    for (const int axis : axes) {
+        const int a = normalize_axis(axis, x.rank());
+        reduced[a] = true;
+        shape[a] = 1;
+    }
+    Tensor y = Tensor::empty(shape, x.dtype(), x.device());
+    dispatch_floating(x.dtype(), "sum_over", [&]<typename T>() { reduce_sum<T>(ctx, x, y, reduced, T(1)); });
+    return y;
+}
+
+}  // namespace dyngrad::cuda

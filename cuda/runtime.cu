@@ -1,0 +1,482 @@
+// CUDA runtime: per-device contexts (stream, cuBLAS/cuBLASLt/cuDNN handles, memory pool, device error
+// record), the stream-ordered allocator, copies, fills, device queries and the checked-call errors.
+// Public API: cuda/runtime.h (plain C++); kernel-side API: cuda/context.h.
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <string_view>
+#include <utility>
+
+#include "dyngrad/cuda/context.h"
+#include "dyngrad/cuda/runtime.h"
+
+namespace dyngrad::cuda {
+
+namespace {
+
+constexpr int kMaxDevices = 64;
+// Host<->device copies above this size go through the context's pinned staging buffers: a pageable
+// copy is staged by the driver anyway, and reusing our own pinned chunks avoids its extra sync.
+constexpr std::size_t kStagingThreshold = std::size_t{1} << 20;
+constexpr std::size_t kStagingChunk = std::size_t{4} << 20;  // two chunks: 8 MiB pinned per device
+constexpr unsigned kFillThreads = 256;
+
+std::atomic<bool> g_allow_tf32{false};
+// The device this thread last made current, so context() skips redundant cudaSetDevice calls.
+// (Code outside dyngrad that calls cudaSetDevice itself defeats the cache; dyngrad never does.)
+thread_local int tls_current_device = -1;
+
+// Owns a handle released by `destroy`. Non-copyable; a move nulls the source; the destructor ignores
+// the status because it must not throw and has no one to report to.
+template <typename T, auto destroy>
+class UniqueHandle {
+public:
+    UniqueHandle() = default;
+    explicit UniqueHandle(T handle) : handle_(handle) {}
+    ~UniqueHandle() { reset(); }
+    UniqueHandle(UniqueHandle&& other) noexcept : handle_(std::exchange(other.handle_, T{})) {}
+    UniqueHandle& operator=(UniqueHandle&& other) noexcept {
+        if (this != &other) {
+            reset();
+            handle_ = std::exchange(other.handle_, T{});
+        }
+        return *this;
+    }
+    UniqueHandle(const UniqueHandle&) = delete;
+    UniqueHandle& operator=(const UniqueHandle&) = delete;
+
+    T get() const { return handle_; }
+    void reset() noexcept {
+        if (handle_) static_cast<void>(destroy(handle_));
+        handle_ = T{};
+    }
+
+private:
+    T handle_{};
+};
+
+using StreamHandle = UniqueHandle<cudaStream_t, cudaStreamDestroy>;
+using EventHandle = UniqueHandle<cudaEvent_t, cudaEventDestroy>;
+using CublasHandle = UniqueHandle<cublasHandle_t, cublasDestroy>;
+using CublasLtHandle = UniqueHandle<cublasLtHandle_t, cublasLtDestroy>;
+using CudnnHandle = UniqueHandle<cudnnHandle_t, cudnnDestroy>;
+using PinnedBuffer = UniqueHandle<void*, cudaFreeHost>;
+
+void make_current(int device) {
+    if (tls_current_device == device) return;
+    DG_CUDA_CHECK(cudaSetDevice(device));
+    tls_current_device = device;
+}
+
+// An event on the current device, for ordering only (no timing).
+EventHandle make_event() {
+    cudaEvent_t event = nullptr;
+    DG_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    return EventHandle(event);
+}
+
+// One half of the double-buffered staging area: `done` is recorded after the last stream operation
+// that touches `buffer`, so the host waits on it before reusing the buffer.
+struct StagingSlot {
+    PinnedBuffer buffer;
+    EventHandle done;
+};
+
+// Everything one device's context owns. The public DeviceContext holds the raw handles kernels use;
+// the RAII members here release them if construction fails half-way.
+struct ContextOwner {
+    explicit ContextOwner(int device);
+    void ensure_staging();  // call with staging_mutex held
+
+    DeviceContext ctx;
+    StreamHandle stream;
+    CublasHandle cublas;
+    CublasLtHandle cublas_lt;
+    CudnnHandle cudnn;
+    UniqueHandle<DeviceErrorRecord*, cudaFreeHost> error_record;
+    std::atomic<std::size_t> bytes_in_use{0};
+    std::atomic<std::size_t> peak_bytes_in_use{0};
+    std::mutex staging_mutex;  // one host thread at a time uses the staging slots
+    std::array<StagingSlot, 2> staging;
+};
+
+ContextOwner::ContextOwner(int device) {
+    make_current(device);
+    ctx.device = device;
+
+    cudaStream_t raw_stream = nullptr;
+    DG_CUDA_CHECK(cudaStreamCreateWithFlags(&raw_stream, cudaStreamNonBlocking));
+    stream = StreamHandle(raw_stream);
+    ctx.stream = raw_stream;
+
+    cublasHandle_t raw_cublas = nullptr;
+    DG_CUBLAS_CHECK(cublasCreate(&raw_cublas));
+    cublas = CublasHandle(raw_cublas);
+    DG_CUBLAS_CHECK(cublasSetStream(raw_cublas, raw_stream));
+    DG_CUBLAS_CHECK(cublasSetPointerMode(raw_cublas, CUBLAS_POINTER_MODE_HOST));
+    ctx.cublas = raw_cublas;
+
+    cublasLtHandle_t raw_lt = nullptr;
+    DG_CUBLAS_CHECK(cublasLtCreate(&raw_lt));
+    cublas_lt = CublasLtHandle(raw_lt);
+    ctx.cublas_lt = raw_lt;
+
+    cudnnHandle_t raw_cudnn = nullptr;
+    DG_CUDNN_CHECK(cudnnCreate(&raw_cudnn));
+    cudnn = CudnnHandle(raw_cudnn);
+    DG_CUDNN_CHECK(cudnnSetStream(raw_cudnn, raw_stream));
+    ctx.cudnn = raw_cudnn;
+
+    // Freed blocks stay in the pool (no release at stream syncs): steady-state training allocates nothing
+    // from the driver after the first step.
+    DG_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&ctx.pool, device));
+    std::uint64_t keep_everything = std::numeric_limits<std::uint64_t>::max();
+    DG_CUDA_CHECK(cudaMemPoolSetAttribute(ctx.pool, cudaMemPoolAttrReleaseThreshold, &keep_everything));
+
+    DG_CUDA_CHECK(cudaDeviceGetAttribute(&ctx.multiprocessors, cudaDevAttrMultiProcessorCount, device));
+
+    void* record = nullptr;
+    DG_CUDA_CHECK(cudaHostAlloc(&record, sizeof(DeviceErrorRecord), cudaHostAllocMapped));
+    error_record = UniqueHandle<DeviceErrorRecord*, cudaFreeHost>(static_cast<DeviceErrorRecord*>(record));
+    *error_record.get() = DeviceErrorRecord{};
+    void* record_device = nullptr;
+    DG_CUDA_CHECK(cudaHostGetDevicePointer(&record_device, record, 0));
+    ctx.error_record = error_record.get();
+    ctx.error_record_device = static_cast<DeviceErrorRecord*>(record_device);
+}
+
+void ContextOwner::ensure_staging() {
+    if (staging[0].buffer.get()) return;
+    for (StagingSlot& slot : staging) {
+        void* buffer = nullptr;
+        DG_CUDA_CHECK(cudaHostAlloc(&buffer, kStagingChunk, cudaHostAllocDefault));
+        slot.buffer = PinnedBuffer(buffer);
+        slot.done = make_event();
+    }
+}
+
+// Contexts are created once and deliberately never destroyed: at process exit, static destructors
+// (including Tensors held in static objects, which free into the pool) may run after the CUDA runtime
+// has begun unloading, and destroying streams or library handles then is undefined. The driver
+// reclaims everything when the process ends.
+std::array<std::atomic<ContextOwner*>, kMaxDevices> g_contexts{};
+std::mutex g_contexts_mutex;
+
+int query_device_count() {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        static_cast<void>(cudaGetLastError());  // no driver or no device: not an error for the caller
+        return 0;
+    }
+    return std::min(count, kMaxDevices);
+}
+
+// The owner of `device`'s context, created on first use; makes `device` current on this thread.
+ContextOwner& owner(int device) {
+    const int count = device_count();
+    if (device < 0 || device >= count)
+        throw DeviceError(
+            str("cuda:", device, " does not exist (", count, " CUDA device", count == 1 ? "" : "s", " available)"));
+    ContextOwner* found = g_contexts[device].load(std::memory_order_acquire);
+    if (!found) {
+        const std::lock_guard lock(g_contexts_mutex);
+        found = g_contexts[device].load(std::memory_order_relaxed);
+        if (!found) {
+            found = new ContextOwner(device);  // never deleted: see g_contexts
+            g_contexts[device].store(found, std::memory_order_release);
+        }
+    }
+    make_current(device);
+    return *found;
+}
+
+void note_allocation(ContextOwner& o, std::size_t bytes) {
+    const std::size_t now = o.bytes_in_use.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    std::size_t peak = o.peak_bytes_in_use.load(std::memory_order_relaxed);
+    while (now > peak && !o.peak_bytes_in_use.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+}
+
+std::size_t pool_reserved_bytes(cudaMemPool_t pool) {
+    std::uint64_t reserved = 0;
+    DG_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+    return static_cast<std::size_t>(reserved);
+}
+
+std::string_view file_name(const char* path) {
+    const std::string_view p(path);
+    const auto slash = p.find_last_of('/');
+    return slash == std::string_view::npos ? p : p.substr(slash + 1);
+}
+
+std::string call_site(const char* expr, const char* file, int line) {
+    return str(expr, " failed at ", file_name(file), ":", line);
+}
+
+// Host -> device on the device's stream. The host buffer may be reused as soon as this returns: small
+// pageable copies are staged by the driver before cudaMemcpyAsync returns, large ones by us.
+void copy_to_device(void* dst, int device, const void* src, std::size_t bytes) {
+    ContextOwner& o = owner(device);
+    const cudaStream_t stream = o.ctx.stream;
+    if (bytes <= kStagingThreshold) {
+        DG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+        return;
+    }
+    const std::lock_guard lock(o.staging_mutex);
+    o.ensure_staging();
+    auto* out = static_cast<char*>(dst);
+    const auto* in = static_cast<const char*>(src);
+    for (std::size_t offset = 0, chunk = 0; offset < bytes; offset += kStagingChunk, ++chunk) {
+        StagingSlot& slot = o.staging[chunk % 2];
+        const std::size_t n = std::min(kStagingChunk, bytes - offset);
+        DG_CUDA_CHECK(cudaEventSynchronize(slot.done.get()));  // the slot's previous copy has read it
+        std::memcpy(slot.buffer.get(), in + offset, n);
+        DG_CUDA_CHECK(cudaMemcpyAsync(out + offset, slot.buffer.get(), n, cudaMemcpyHostToDevice, stream));
+        DG_CUDA_CHECK(cudaEventRecord(slot.done.get(), stream));
+    }
+}
+
+// Device -> host: waits for the stream (the caller reads the bytes next), then raises kernel errors.
+void copy_to_host(void* dst, const void* src, int device, std::size_t bytes) {
+    ContextOwner& o = owner(device);
+    const cudaStream_t stream = o.ctx.stream;
+    if (bytes <= kStagingThreshold) {
+        DG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream));
+    } else {
+        const std::lock_guard lock(o.staging_mutex);
+        o.ensure_staging();
+        auto* out = static_cast<char*>(dst);
+        const auto* in = static_cast<const char*>(src);
+        const std::size_t chunks = (bytes + kStagingChunk - 1) / kStagingChunk;
+        auto chunk_bytes = [&](std::size_t chunk) { return std::min(kStagingChunk, bytes - chunk * kStagingChunk); };
+        auto issue = [&](std::size_t chunk) {
+            StagingSlot& slot = o.staging[chunk % 2];
+            DG_CUDA_CHECK(cudaMemcpyAsync(slot.buffer.get(), in + chunk * kStagingChunk, chunk_bytes(chunk),
+                                          cudaMemcpyDeviceToHost, stream));
+            DG_CUDA_CHECK(cudaEventRecord(slot.done.get(), stream));
+        };
+        // Double buffering: chunk c+1 streams into the other slot while the host drains chunk c. That
+        // slot was drained by the host in the previous iteration, so it is free to overwrite.
+        issue(0);
+        for (std::size_t chunk = 0; chunk < chunks; ++chunk) {
+            if (chunk + 1 < chunks) issue(chunk + 1);
+            StagingSlot& slot = o.staging[chunk % 2];
+            DG_CUDA_CHECK(cudaEventSynchronize(slot.done.get()));
+            std::memcpy(out + chunk * kStagingChunk, slot.buffer.get(), chunk_bytes(chunk));
+        }
+    }
+    DG_CUDA_CHECK(cudaStreamSynchronize(stream));
+    raise_device_error(o.ctx);
+}
+
+// Between two devices: the copy runs on the destination's stream once the source's queued work (which
+// produced `src`) is done, and the source's stream then waits for the copy, so that a later
+// stream-ordered free of `src` cannot overtake it. Without peer access the driver stages through the host.
+void copy_between_devices(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes) {
+    ContextOwner& from = owner(src_device);
+    const EventHandle produced = make_event();  // events belong to the device current at creation
+    DG_CUDA_CHECK(cudaEventRecord(produced.get(), from.ctx.stream));
+
+    ContextOwner& to = owner(dst_device);
+    const EventHandle copied = make_event();
+    DG_CUDA_CHECK(cudaStreamWaitEvent(to.ctx.stream, produced.get(), 0));
+    DG_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, to.ctx.stream));
+    DG_CUDA_CHECK(cudaEventRecord(copied.get(), to.ctx.stream));
+    DG_CUDA_CHECK(cudaStreamWaitEvent(from.ctx.stream, copied.get(), 0));
+}
+
+// dst[i] = value for i < n (grid-stride)
+template <typename T>
+__global__ void fill_kernel(T* __restrict__ dst, std::int64_t n, T value) {
+    const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+        dst[i] = value;
+}
+
+template <typename T>
+void launch_fill(const DeviceContext& ctx, void* dst, std::int64_t n, double value) {
+    const unsigned blocks = grid_size(ctx, n, kFillThreads);
+    fill_kernel<T><<<blocks, kFillThreads, 0, ctx.stream>>>(static_cast<T*>(dst), n, static_cast<T>(value));
+    DG_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+// ---- errors ----
+
+[[noreturn]] void throw_cuda_error(cudaError_t status, const char* expr, const char* file, int line) {
+    // Clear a non-sticky error so the next launch check does not report it a second time.
+    static_cast<void>(cudaGetLastError());
+    const std::string message =
+        str(call_site(expr, file, line), ": ", cudaGetErrorName(status), " (", cudaGetErrorString(status), ")");
+    if (status == cudaErrorMemoryAllocation) throw OutOfMemory(message);
+    throw CudaError(message);
+}
+
+[[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* expr, const char* file, int line) {
+    const std::string message =
+        str(call_site(expr, file, line), ": ", cublasGetStatusName(status), " (", cublasGetStatusString(status), ")");
+    if (status == CUBLAS_STATUS_ALLOC_FAILED) throw OutOfMemory(message);
+    throw CudaError(message);
+}
+
+[[noreturn]] void throw_cudnn_error(cudnnStatus_t status, const char* expr, const char* file, int line) {
+    std::array<char, 512> detail{};
+    cudnnGetLastErrorString(detail.data(), detail.size());
+    std::string message = str(call_site(expr, file, line), ": ", cudnnGetErrorString(status));
+    if (detail[0] != '\0') message += str(" (", detail.data(), ")");
+    if (status == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED ||
+        status == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED)
+        throw OutOfMemory(message);
+    throw CudaError(message);
+}
+
+void raise_device_error(DeviceContext& ctx) {
+    // The record is mapped host memory that kernels write; volatile keeps the reads real.
+    volatile DeviceErrorRecord* record = ctx.error_record;
+    if (record == nullptr || record->code == static_cast<int>(DeviceErrorCode::none)) return;
+    const int code = record->code;
+    const long long index = record->index;
+    const long long value = record->value;
+    const long long bound = record->bound;
+    record->index = 0;
+    record->value = 0;
+    record->bound = 0;
+    record->code = static_cast<int>(DeviceErrorCode::none);
+    if (code == static_cast<int>(DeviceErrorCode::label_out_of_range))
+        throw IndexError(str("cross_entropy: label ", value, " at row ", index, " is out of range [0, ", bound, ")"));
+    throw CudaError(str("cuda:", ctx.device, ": a kernel reported unknown error code ", code));
+}
+
+// ---- contexts ----
+
+DeviceContext& context(int device) { return owner(device).ctx; }
+
+DeviceContext& context_for(const Tensor& t) {
+    if (!t.defined() || !t.device().is_cuda())
+        throw DeviceError(str("expected a tensor on a CUDA device, got ", describe(t)));
+    return context(t.device().index);
+}
+
+Workspace::Workspace(DeviceContext& ctx, std::size_t bytes)
+    : ctx_(ctx), data_(allocate(bytes, ctx.device)), bytes_(bytes) {}
+
+Workspace::~Workspace() { deallocate(data_, bytes_, ctx_.device); }
+
+unsigned grid_size(const DeviceContext& ctx, std::int64_t n, unsigned threads) {
+    // Grid-stride loops: one block per `threads` elements, capped at 32 blocks per SM (several waves of
+    // full occupancy); past that each thread loops, which costs nothing for memory-bound kernels.
+    const std::int64_t wanted = n <= 0 ? 1 : (n + threads - 1) / threads;
+    const std::int64_t cap = static_cast<std::int64_t>(std::max(ctx.multiprocessors, 1)) * 32;
+    return static_cast<unsigned>(std::clamp<std::int64_t>(wanted, 1, cap));
+}
+
+// ---- runtime.h ----
+
+void* allocate(std::size_t bytes, int device) {
+    ContextOwner& o = owner(device);
+    // Zero-byte requests still get a real (1-byte) block, so every Storage holds a valid, unique pointer.
+    const std::size_t request = std::max<std::size_t>(bytes, 1);
+    void* ptr = nullptr;
+    cudaError_t status = cudaMallocFromPoolAsync(&ptr, request, o.ctx.pool, o.ctx.stream);
+    if (status == cudaErrorMemoryAllocation) {
+        static_cast<void>(cudaGetLastError());
+        // Failure path only: let pending frees complete, hand the pool's unused memory back to the
+        // driver (other allocators and fragmentation may then fit the request) and retry once.
+        DG_CUDA_CHECK(cudaStreamSynchronize(o.ctx.stream));
+        DG_CUDA_CHECK(cudaMemPoolTrimTo(o.ctx.pool, 0));
+        status = cudaMallocFromPoolAsync(&ptr, request, o.ctx.pool, o.ctx.stream);
+    }
+    if (status == cudaErrorMemoryAllocation) {
+        static_cast<void>(cudaGetLastError());
+        throw OutOfMemory(str("cuda:", device, ": out of memory allocating ", bytes, " bytes (",
+                              o.bytes_in_use.load(std::memory_order_relaxed), " bytes in use by dyngrad, ",
+                              pool_reserved_bytes(o.ctx.pool), " reserved by the pool)"));
+    }
+    if (status != cudaSuccess) throw_cuda_error(status, "cudaMallocFromPoolAsync", __FILE__, __LINE__);
+    note_allocation(o, bytes);
+    return ptr;
+}
+
+void deallocate(void* ptr, std::size_t bytes, int device) noexcept {
+    if (ptr == nullptr) return;
+    try {
+        // A tensor of another device may die in the middle of an op: free on its device, then switch
+        // back so the op's next launch still runs on the op's device.
+        const int previous = tls_current_device;
+        ContextOwner& o = owner(device);
+        o.bytes_in_use.fetch_sub(bytes, std::memory_order_relaxed);
+        // A failure here (typically the runtime unloading at process exit) has no one to report to;
+        // clear it so a later launch check does not pick it up.
+        if (cudaFreeAsync(ptr, o.ctx.stream) != cudaSuccess) static_cast<void>(cudaGetLastError());
+        if (previous >= 0) make_current(previous);
+    } catch (...) {
+        // A device switch failed: deallocation runs in destructors and must not throw.
+    }
+}
+
+void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) {
+    if (bytes == 0) return;
+    if (dst_device.is_cpu() && src_device.is_cpu()) {
+        std::memcpy(dst, src, bytes);
+    } else if (src_device.is_cpu()) {
+        copy_to_device(dst, dst_device.index, src, bytes);
+    } else if (dst_device.is_cpu()) {
+        copy_to_host(dst, src, src_device.index, bytes);
+    } else if (dst_device.index == src_device.index) {
+        const DeviceContext& ctx = context(dst_device.index);
+        DG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx.stream));
+    } else {
+        copy_between_devices(dst, dst_device.index, src, src_device.index, bytes);
+    }
+}
+
+void fill(void* dst, std::int64_t n, double value, DType dtype, int device) {
+    if (n <= 0) return;
+    const DeviceContext& ctx = context(device);
+    if (value == 0.0 && !std::signbit(value)) {  // +0 is all-zero bytes in every dtype
+        DG_CUDA_CHECK(cudaMemsetAsync(dst, 0, static_cast<std::size_t>(n) * dtype_size(dtype), ctx.stream));
+        return;
+    }
+    switch (dtype) {
+        case DType::f32: return launch_fill<float>(ctx, dst, n, value);
+        case DType::f64: return launch_fill<double>(ctx, dst, n, value);
+        case DType::i64: return launch_fill<std::int64_t>(ctx, dst, n, value);
+    }
+    throw DTypeError(str("fill: unknown dtype code ", static_cast<int>(dtype)));
+}
+
+int device_count() {
+    static const int count = query_device_count();
+    return count;
+}
+
+MemoryStats memory_stats(int device) {
+    ContextOwner& o = owner(device);
+    MemoryStats stats;
+    stats.bytes_in_use = o.bytes_in_use.load(std::memory_order_relaxed);
+    stats.peak_bytes_in_use = o.peak_bytes_in_use.load(std::memory_order_relaxed);
+    stats.pool_reserved_bytes = pool_reserved_bytes(o.ctx.pool);
+    return stats;
+}
+
+void reset_peak_memory(int device) {
+    ContextOwner& o = owner(device);
+    o.peak_bytes_in_use.store(o.bytes_in_use.load(std::memory_order_relaxed), std::memory_order_relaxed);
+}
+
+void synchronize(int device) {
+    ContextOwner& o = owner(device);
+    DG_CUDA_CHECK(cudaStreamSynchronize(o.ctx.stream));
+    raise_device_error(o.ctx);
+}
+
+void set_allow_tf32(bool allow) { g_allow_tf32.store(allow, std::memory_order_relaxed); }
+bool allow_tf32() { return g_allow_tf32.load(std::memory_order_relaxed); }
+
+}  // namespace dyngrad::cuda

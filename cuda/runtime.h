@@ -1,0 +1,41 @@
+// The CUDA runtime seen from plain C++ (no CUDA headers): memory, copies, device queries.
+// Implemented in cuda/runtime.cu when dyngrad is built with CUDA; core/ calls it only in that build.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "dyngrad/core/device.h"
+#include "dyngrad/core/dtype.h"
+
+namespace dyngrad::cuda {
+
+// Stream-ordered allocation from the device's memory pool; throws OutOfMemory when the pool cannot grow.
+void* allocate(std::size_t bytes, int device);
+// Returns memory to the pool, ordered on the device's stream. Never throws.
+void deallocate(void* ptr, std::size_t bytes, int device) noexcept;
+// Any direction that involves a CUDA device; ordered on the device's stream. Device-to-host copies
+// wait for the stream to finish (the caller reads the bytes right after) and then raise any error a
+// kernel reported through the device error record (see cuda/context.h).
+void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes);
+// Fills n elements of `dtype` with `value`.
+void fill(void* dst, std::int64_t n, double value, DType dtype, int device);
+// Number of CUDA devices usable by the runtime (0 when there is no driver or device).
+int device_count();
+
+struct MemoryStats {
+    std::size_t bytes_in_use = 0;  // bytes handed out by dyngrad and not yet returned
+    std::size_t peak_bytes_in_use = 0;
+    std::size_t pool_reserved_bytes = 0;  // what the pool holds from the driver
+};
+MemoryStats memory_stats(int device = 0);
+void reset_peak_memory(int device = 0);
+// Waits for all work queued on the device's stream, then raises any error a kernel reported.
+void synchronize(int device = 0);
+
+}  // namespace dyngrad::cuda
+
+namespace dyngrad::cuda {
+// TF32 tensor-core math for float32 GEMMs: off by default (full float32 precision).
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+}  // namespace dyngrad::cuda

@@ -1,0 +1,186 @@
+#include "dyngrad/graph/gradcheck.h"
+
+#include <cmath>
+#include <limits>
+
+#include "dyngrad/graph/graph.h"
+
+namespace dyngrad {
+
+namespace {
+
+std::string shapes_text(const OpCase& c) {
+    std::string out;
+    for (std::size_t i = 0; i < c.shapes.size(); ++i) out += i ? " " : "";
+        out += to_string(c.shapes[i]);
+    return out;
+}
+
+CheckResult start_result(const OpDef& def, const OpCase& c, const char* check, double tolerance) {
+    CheckResult r;
+    r.op = def.name;
+    r.case_label = c.label;
+    r.shapes = shapes_text(c);
+    r.check = check;
+    r.tolerance = tolerance;
+    return r;
+}
+
+// Folds one compared tensor into the result, remembering the worst.
+void compare_into(CheckResult& r, const std::string& what, const Tensor& actual, const Tensor& reference) {
+    const double rel = relative_norm_error(actual, reference);
+    const double abs_err = max_abs_error(actual, reference);
+    if (r.detail.empty() || !(rel <= r.max_rel_err)) r.detail = str("worst: ", what);
+    r.max_rel_err = std::max(r.max_rel_err, std::isnan(rel) ? std::numeric_limits<double>::infinity() : rel);
+    r.max_abs_err = std::max(r.max_abs_err, std::isnan(abs_err) ? std::numeric_limits<double>::infinity() : abs_err);
+}
+
+double weighted_sum(const Tensor& output, const Tensor& weights) {
+    const std::vector<double> y = output.to_vector();
+    const std::vector<double> w = weights.to_vector();
+    double total = 0;
+    for (std::size_t i = 0; i < y.size(); ++i) total += y[i] * w[i];
+    return total;
+}
+
+}  // namespace
+
+double relative_norm_error(const Tensor& actual, const Tensor& reference) {
+    if (actual.shape() != reference.shape()) return std::numeric_limits<double>::infinity();
+    const std::vector<double> a = actual.to_vector();
+    const std::vector<double> b = reference.to_vector();
+    double diff = 0, norm = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return std::numeric_limits<double>::infinity();
+        diff += (a[i] - b[i]) * (a[i] - b[i]);
+        norm += b[i] * b[i];
+    }
+    constexpr double kTiny = 1e-30;
+    return std::sqrt(diff) / std::max(std::sqrt(norm), kTiny);
+}
+
+double max_abs_error(const Tensor& actual, const Tensor& reference) {
+    if (actual.shape() != reference.shape()) return std::numeric_limits<double>::infinity();
+    const std::vector<double> a = actual.to_vector();
+    const std::vector<double> b = reference.to_vector();
+    double worst = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        const double d = std::fabs(a[i] - b[i]);
+        if (!std::isfinite(d)) return std::numeric_limits<double>::infinity();
+        worst = std::max(worst, d);
+    }
+    return worst;
+}
+
+std::vector<Tensor> make_case_inputs(const OpCase& c, DType dtype, Generator& gen, Device device) {
+    std::vector<Tensor> inputs;
+    for (std::size_t i = 0; i < c.shapes.size(); ++i) {
+        const Shape& shape = c.shapes[i];
+        const InputDomain domain = i < c.domains.size() ? c.domains[i] : InputDomain::Any;
+        const auto n = static_cast<std::size_t>(numel(shape));
+        std::vector<double> values(n);
+        switch (domain) {
+            case InputDomain::Any: {
+                std::normal_distribution<double> dist(0.0, 1.0);
+                for (auto& v : values) v = dist(gen.engine());
+                break;
+            }
+            case InputDomain::Positive: {
+                std::uniform_real_distribution<double> dist(0.5, 2.0);
+                for (auto& v : values) v = dist(gen.engine());
+                break;
+            }
+            case InputDomain::AwayFromZero: {
+                std::uniform_real_distribution<double> dist(0.2, 2.0);
+                std::bernoulli_distribution sign(0.5);
+                for (auto& v : values) v = sign(gen.engine()) ? dist(gen.engine()) : -dist(gen.engine());
+                break;
+            }
+            case InputDomain::Labels: {
+                if (c.shapes.empty() || c.shapes[0].size() < 2)
+                    throw ValueError(str("case '", c.label, "': Labels need input 0 of rank >= 2 (N,C)"));
+                std::uniform_int_distribution<std::int64_t> dist(0, c.shapes[0][1] - 1);
+                std::vector<std::int64_t> labels(n);
+                for (auto& v : labels) v = dist(gen.engine());
+                inputs.push_back(Tensor::from_vector(labels, shape, device));
+                continue;
+            }
+        }
+        inputs.push_back(Tensor::from_vector(values, shape, dtype, device));
+    }
+    return inputs;
+}
+
+OpRun run_op(const OpDef& def, const OpAttrs& attrs, const std::vector<Tensor>& inputs, const Tensor& grad_output) {
+    ComputeGraph graph;
+    std::vector<Var> vars;
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+        vars.push_back(graph.input(inputs[i], str("input", i), is_floating(inputs[i].dtype())));
+    Var y = graph.record(def.op, vars, attrs, std::source_location::current());
+    OpRun run;
+    run.output = y.value();
+    if (!grad_output.defined()) return run;
+    graph.backward(y, grad_output);
+    for (const Var& v : vars) run.grads.push_back(v.requires_grad() ? v.grad() : Tensor());
+    return run;
+}
+
+CheckResult finite_difference_check(const OpDef& def, const OpCase& c, Generator& gen, double tolerance) {
+    CheckResult r = start_result(def, c, "finite_diff", tolerance);
+    try {
+        std::vector<Tensor> inputs = make_case_inputs(c, DType::f64, gen);
+        const Tensor probe = run_op(def, c.attrs, inputs, Tensor()).output;
+        // L = Σ w·y with random w: every output element matters (Σ softmax alone would be constant).
+        const Tensor weights = Tensor::normal(probe.shape(), 0.0, 1.0, gen, DType::f64);
+        const OpRun analytic = run_op(def, c.attrs, inputs, weights);
+        constexpr double kStep = 1e-6;
+        for (std::size_t i = 0; i < inputs.size(); ++i) {
+            if (!is_floating(inputs[i].dtype())) continue;
+            Tensor numeric = Tensor::zeros(inputs[i].shape(), DType::f64);
+            double* x = inputs[i].data<double>();
+            for (std::int64_t k = 0; k < inputs[i].numel(); ++k) {
+                const double saved = x[k];
+                x[k] = saved + kStep;
+                const double plus = weighted_sum(run_op(def, c.attrs, inputs, Tensor()).output, weights);
+                x[k] = saved - kStep;
+                const double minus = weighted_sum(run_op(def, c.attrs, inputs, Tensor()).output, weights);
+                x[k] = saved;
+                numeric.data<double>()[k] = (plus - minus) / (2 * kStep);
+            }
+            compare_into(r, str("d input", i), analytic.grads[i], numeric);
+        }
+        r.pass = r.max_rel_err <= tolerance;
+    } catch (const std::exception& e) {
+        r.pass = false;
+        r.max_rel_err = std::numeric_limits<double>::infinity();
+        r.detail = str("threw: ", e.what());
+    }
+    return r;
+}
+
+CheckResult float32_check(const OpDef& def, const OpCase& c, Generator& gen, double tolerance) {
+    CheckResult r = start_result(def, c, "f32_vs_f64", tolerance);
+    try {
+        const std::vector<Tensor> inputs64 = make_case_inputs(c, DType::f64, gen);
+        std::vector<Tensor> inputs32;
+        for (const Tensor& t : inputs64) inputs32.push_back(is_floating(t.dtype()) ? t.to(DType::f32) : t);
+        // Round through float32 first so both runs see identical input values.
+        std::vector<Tensor> reference_inputs;
+        for (const Tensor& t : inputs32) reference_inputs.push_back(is_floating(t.dtype()) ? t.to(DType::f64) : t);
+        const Tensor probe = run_op(def, c.attrs, reference_inputs, Tensor()).output;
+        const Tensor weights64 = Tensor::normal(probe.shape(), 0.0, 1.0, gen, DType::f32).to(DType::f64);
+        const OpRun reference = run_op(def, c.attrs, reference_inputs, weights64);
+        const OpRun single = run_op(def, c.attrs, inputs32, weights64.to(DType::f32));
+        compare_into(r, "output", single.output, reference.output);
+        for (std::size_t i = 0; i < inputs32.size(); ++i)
+            if (reference.grads[i].defined()) compare_into(r, str("d input", i), single.grads[i], reference.grads[i]);
+        r.pass = r.max_rel_err <= tolerance;
+    } catch (const std::exception& e) {
+        r.pass = false;
+        r.max_rel_err = std::numeric_limits<double>::infinity();
+        r.detail = str("threw: ", e.what());
+    }
+    return r;
+}
+
+}  // namespace dyngrad

@@ -1,0 +1,48 @@
+// Checks an op (a row of the op table) on one of its cases:
+//  - finite_difference: float64 analytic gradients vs central differences (CPU);
+//  - float32_vs_float64: the float32 CPU forward and gradients vs the float64 ones.
+// Shared by the tests and dyngrad-verify; usable on user-defined graphs' ops as well.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "dyngrad/core/tensor.h"
+#include "dyngrad/graph/op_def.h"
+
+namespace dyngrad {
+
+struct CheckResult {
+    std::string op;
+    std::string case_label;
+    std::string shapes;  // "(3,4) (4)"
+    std::string check;   // "finite_diff", "f32_vs_f64", "gpu_vs_cpu"
+    double max_rel_err = 0;  // worst relative-norm error over the output and every gradient
+    double max_abs_err = 0;
+    double tolerance = 0;
+    bool pass = false;
+    std::string detail;  // which tensor was worst, or why the check failed
+    double gpu_ms = 0;   // gpu_vs_cpu only: forward+backward on the GPU
+    double cpu_ms = 0;   // gpu_vs_cpu only: forward+backward of the float64 CPU replay
+};
+
+// Error measures. relative_norm_error = ‖a − b‖ / max(‖b‖, tiny); NaN or Inf anywhere → +inf.
+double relative_norm_error(const Tensor& actual, const Tensor& reference);
+double max_abs_error(const Tensor& actual, const Tensor& reference);
+
+// Fresh random inputs for a case in `dtype` (labels stay int64), following its InputDomains.
+std::vector<Tensor> make_case_inputs(const OpCase& op_case, DType dtype, Generator& gen,
+                                     Device device = Device::cpu());
+
+// Output and gradients of one op applied to `inputs`, back-propagating `grad_output`
+// (grads[i] is undefined for inputs that are not float).
+struct OpRun {
+    Tensor output;
+    std::vector<Tensor> grads;
+};
+OpRun run_op(const OpDef& def, const OpAttrs& attrs, const std::vector<Tensor>& inputs, const Tensor& grad_output);
+
+CheckResult finite_difference_check(const OpDef& def, const OpCase& op_case, Generator& gen,
+                                    double tolerance = 1e-6);
+CheckResult float32_check(const OpDef& def, const OpCase& op_case, Generator& gen, double tolerance = 1e-5);
+
+}  // namespace dyngrad

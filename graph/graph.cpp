@@ -1,0 +1,298 @@
+#include "dyngrad/graph/graph.h"
+
+#include <atomic>
+#include <filesystem>
+
+#include "dyngrad/ops/kernels.h"
+
+namespace dyngrad {
+
+namespace {
+thread_local bool tls_grad_enabled = true;
+
+// Each graph and each clear() gets a fresh generation, so stale handles are recognised even when
+// a new graph reuses the address of a destroyed one.
+std::uint64_t next_generation() {
+    static std::atomic<std::uint64_t> counter{1};
+    return counter.fetch_add(1, std::memory_order_relaxed);
+}
+
+std::string site(const std::source_location& where) {
+    return str(std::filesystem::path(where.file_name()).filename().string(), ":", where.line());
+}
+
+std::string describe_inputs(std::span<const Tensor> inputs) {
+    std::string out;
+    for (std::size_t i = 0; i < inputs.size(); ++i) out += str(i ? ", " : "", describe(inputs[i]));
+    return out;
+}
+
+const BackendKernels& kernels_for(const OpDef& def, Device device) {
+    return device.is_cpu() ? def.cpu : def.cuda;
+}
+}  // namespace
+
+bool grad_enabled() { return tls_grad_enabled; }
+NoGradGuard::NoGradGuard() : previous_(tls_grad_enabled) { tls_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { tls_grad_enabled = previous_; }
+
+// ---- Parameter ----
+Parameter::Parameter(Tensor value, std::string name)
+    : state_(std::make_shared<State>(State{std::move(value), Tensor(), std::move(name)})) {
+    if (!state_->value.defined()) throw ValueError(str("Parameter '", state_->name, "': value is undefined"));
+    if (!is_floating(state_->value.dtype()))
+        throw DTypeError(str("Parameter '", state_->name, "': needs float32 or float64, got ",
+                             dtype_name(state_->value.dtype())));
+}
+const Tensor& Parameter::value() const {
+    if (!state_) throw ValueError("Parameter is undefined");
+    return state_->value;
+}
+Tensor& Parameter::value() {
+    if (!state_) throw ValueError("Parameter is undefined");
+    return state_->value;
+}
+const Tensor& Parameter::grad() const { return const_cast<Parameter*>(this)->grad_slot(); }
+Tensor& Parameter::grad_slot() {
+    if (!state_) throw ValueError("Parameter is undefined");
+    return state_->grad;
+}
+void Parameter::zero_grad() {
+    if (state_) state_->grad = Tensor();
+}
+const std::string& Parameter::name() const {
+    static const std::string none;
+    return state_ ? state_->name : none;
+}
+
+// ---- Var ----
+void Var::check_alive() const {
+    if (!graph_) throw GraphError("Var is undefined (default-constructed)");
+    if (graph_->generation_ != generation_ || id_ >= graph_->nodes_.size())
+        throw GraphError(str("Var #", id_, " belongs to a graph that was cleared or destroyed"));
+}
+ComputeGraph& Var::graph() const {
+    check_alive();
+    return *graph_;
+}
+const ComputeNode& Var::node() const {
+    check_alive();
+    return *graph_->nodes_[id_];
+}
+const Tensor& Var::value() const { return node().value; }
+const Tensor& Var::grad() const {
+    const ComputeNode& n = node();
+    if (!n.grad.defined())
+        throw GraphError(str(graph_->describe_node(id_), " has no gradient: it needs none, backward has not ",
+                             "reached it, or it is an intermediate and retain_grads was off"));
+    return n.grad;
+}
+bool Var::requires_grad() const { return node().requires_grad; }
+Var& Var::name(const std::string& debug_name) {
+    check_alive();
+    graph_->nodes_[id_]->name = debug_name;
+    return *this;
+}
+
+// ---- ComputeGraph ----
+ComputeGraph::ComputeGraph() : generation_(next_generation()) {}
+ComputeGraph::~ComputeGraph() = default;
+
+std::string ComputeGraph::describe_node(NodeId id) const {
+    const ComputeNode& n = node(id);
+    std::string out = str(op_def(n.op).name, " #", id);
+    if (!n.name.empty()) out += str(" '", n.name, "'");
+    return out + str(" (", site(n.where), ")");
+}
+
+const ComputeNode& ComputeGraph::node(NodeId id) const {
+    if (id >= nodes_.size()) throw GraphError(str("node #", id, " does not exist (graph has ", nodes_.size(), ")"));
+    return *nodes_[id];
+}
+
+Var ComputeGraph::handle(NodeId id) {
+    node(id);
+    return Var(this, id, generation_);
+}
+
+Var ComputeGraph::add_leaf(const Tensor& value, bool requires_grad, Parameter parameter, const std::string& name,
+                           std::source_location where) {
+    if (!value.defined()) throw ValueError(str("leaf '", name, "' at ", site(where), ": tensor is undefined"));
+    if (requires_grad && !is_floating(value.dtype()))
+        throw DTypeError(str("leaf '", name, "' at ", site(where), ": only float tensors can require grad, got ",
+                             dtype_name(value.dtype())));
+    if (nodes_.size() >= std::numeric_limits<NodeId>::max()) throw GraphError("graph is full");
+    auto n = std::make_unique<ComputeNode>();
+    n->value = value;
+    n->requires_grad = requires_grad;
+    n->parameter = std::move(parameter);
+    n->name = name;
+    n->where = where;
+    nodes_.push_back(std::move(n));
+    return Var(this, static_cast<NodeId>(nodes_.size() - 1), generation_);
+}
+
+Var ComputeGraph::input(const Tensor& value, const std::string& name, bool requires_grad, std::source_location where) {
+    return add_leaf(value, requires_grad, Parameter(), name, where);
+}
+Var ComputeGraph::parameter(const Parameter& p, std::source_location where) {
+    return add_leaf(p.value(), grad_enabled(), p, p.name(), where);
+}
+Var ComputeGraph::constant(const Tensor& value, std::source_location where) {
+    return add_leaf(value, false, Parameter(), "", where);
+}
+
+Var ComputeGraph::record(OpType op, std::initializer_list<Var> inputs, const OpAttrs& attrs,
+                         std::source_location where) {
+    return record(op, std::vector<Var>(inputs), attrs, where);
+}
+
+Var ComputeGraph::record(OpType op, const std::vector<Var>& inputs, const OpAttrs& attrs, std::source_location where) {
+    const OpDef& def = op_def(op);
+    const std::string at = str(def.name, " (new node #", nodes_.size(), " at ", site(where), ")");
+    if (static_cast<int>(inputs.size()) != def.arity)
+        throw GraphError(str(at, ": takes ", def.arity, " inputs, got ", inputs.size()));
+
+    std::vector<Tensor> values;
+    values.reserve(inputs.size());
+    bool any_requires_grad = false;
+    for (const Var& in : inputs) {
+        if (in.graph_ != this)
+            throw GraphError(str(at, ": an input belongs to ", in.graph_ ? "another graph" : "no graph (undefined Var)"));
+        in.check_alive();
+        const ComputeNode& n = *nodes_[in.id_];
+        values.push_back(n.value);
+        any_requires_grad = any_requires_grad || n.requires_grad;
+    }
+    for (const Tensor& v : values)
+        if (v.device() != values.front().device())
+            throw DeviceError(str(at, ": inputs on different devices: ", describe_inputs(values)));
+
+    OutputSpec spec;
+    Tensor out;
+    std::vector<Tensor> saved;
+    try {
+        spec = def.infer(op, values, attrs);
+        const BackendKernels& k = kernels_for(def, values.front().device());
+        if (!k.forward)
+            throw DeviceError(str("no forward kernel on ", values.front().device().to_string()));
+        out = k.forward(ForwardArgs{op, values, attrs, spec, saved});
+    } catch (...) {
+        rethrow_with_context(str(at, " with inputs ", describe_inputs(values)));
+    }
+
+    if (!grad_enabled()) return add_leaf(out, false, Parameter(), "", where);
+    if (nodes_.size() >= std::numeric_limits<NodeId>::max()) throw GraphError("graph is full");
+    auto n = std::make_unique<ComputeNode>();
+    n->op = op;
+    n->inputs.reserve(inputs.size());
+    for (const Var& in : inputs) n->inputs.push_back(in.id_);
+    n->attrs = attrs;
+    n->value = std::move(out);
+    n->saved = std::move(saved);
+    n->requires_grad = any_requires_grad;
+    n->where = where;
+    nodes_.push_back(std::move(n));
+    return Var(this, static_cast<NodeId>(nodes_.size() - 1), generation_);
+}
+
+void ComputeGraph::backward(const Var& loss, const BackwardOptions& options) {
+    if (loss.graph_ != this) throw GraphError("backward: the loss belongs to another graph");
+    const Tensor& value = loss.value();
+    if (value.numel() != 1)
+        throw GraphError(str("backward: ", describe_node(loss.id_), " has shape ", to_string(value.shape()),
+                             "; a non-scalar output needs an explicit gradient: backward(output, grad_output)"));
+    run_backward(loss.id_, Tensor::ones(value.shape(), value.dtype(), value.device()), options);
+}
+
+void ComputeGraph::backward(const Var& output, const Tensor& grad_output, const BackwardOptions& options) {
+    if (output.graph_ != this) throw GraphError("backward: the output belongs to another graph");
+    const Tensor& value = output.value();
+    if (!grad_output.defined() || grad_output.shape() != value.shape() || grad_output.dtype() != value.dtype() ||
+        grad_output.device() != value.device())
+        throw GraphError(str("backward: gradient ", describe(grad_output), " does not match ",
+                             describe_node(output.id_), " of ", describe(value)));
+    run_backward(output.id_, grad_output, options);
+}
+
+void ComputeGraph::run_backward(NodeId root, Tensor seed, const BackwardOptions& options) {
+    if (saved_released_)
+        throw GraphError("backward: this graph was already back-propagated and its saved tensors were released; "
+                         "pass BackwardOptions{.retain_graph = true} to the earlier backward to run it again");
+    if (!nodes_[root]->requires_grad)
+        throw GraphError(str("backward: ", describe_node(root), " does not require grad (no input or parameter ",
+                             "that requires grad reaches it)"));
+
+    // Mark what the sweep must visit: nodes reachable from the root that require grad.
+    std::vector<char> needed(root + 1, 0);
+    needed[root] = 1;
+    for (NodeId id = root + 1; id-- > 0;) {
+        if (!needed[id]) continue;
+        for (NodeId in : nodes_[id]->inputs)
+            if (nodes_[in]->requires_grad) needed[in] = 1;
+    }
+    // Gradients of earlier retained passes belong to those passes; leaves keep accumulating.
+    for (NodeId id = 0; id <= root; ++id)
+        if (needed[id] && nodes_[id]->op != OpType::Leaf) nodes_[id]->grad = Tensor();
+
+    accumulate_into(nodes_[root]->grad, seed);
+
+    std::vector<Tensor> input_values;
+    std::vector<char> needs_grad_storage;
+    for (NodeId id = root + 1; id-- > 0;) {
+        ComputeNode& n = *nodes_[id];
+        if (!needed[id] || !n.grad.defined()) continue;
+        if (n.op == OpType::Leaf) {
+            if (n.parameter.defined()) accumulate_into(n.parameter.grad_slot(), n.grad);
+            continue;
+        }
+        const OpDef& def = op_def(n.op);
+        input_values.clear();
+        needs_grad_storage.assign(n.inputs.size(), 0);
+        for (std::size_t i = 0; i < n.inputs.size(); ++i) {
+            input_values.push_back(nodes_[n.inputs[i]]->value);
+            needs_grad_storage[i] = needed[n.inputs[i]];
+        }
+        std::vector<Tensor> grads;
+        try {
+            const BackendKernels& k = kernels_for(def, n.value.device());
+            if (!k.backward) throw DeviceError(str("no backward kernel on ", n.value.device().to_string()));
+            const std::span<const bool> needs_grad(reinterpret_cast<const bool*>(needs_grad_storage.data()),
+                                                   needs_grad_storage.size());
+            grads = k.backward(BackwardArgs{n.op, input_values, n.value, n.grad, n.attrs, n.saved, needs_grad});
+            if (grads.size() != n.inputs.size())
+                throw GraphError(str("backward returned ", grads.size(), " gradients for ", n.inputs.size(), " inputs"));
+            for (std::size_t i = 0; i < n.inputs.size(); ++i) {
+                if (!needs_grad_storage[i]) continue;
+                Tensor& g = grads[i];
+                const Tensor& in = input_values[i];
+                if (!g.defined()) throw GraphError(str("backward returned no gradient for input ", i));
+                if (g.dtype() != in.dtype() || g.device() != in.device())
+                    throw GraphError(str("gradient ", describe(g), " for input ", i, " does not match the input ",
+                                         describe(in)));
+                // Broadcast gradients are reduced here, once, for every op and backend.
+                if (g.shape() != in.shape()) g = sum_to(g, in.shape());
+                accumulate_into(nodes_[n.inputs[i]]->grad, g);
+            }
+        } catch (...) {
+            rethrow_with_context(str("backward of ", describe_node(id), " with inputs ", describe_inputs(input_values),
+                                     " and output gradient ", describe(n.grad)));
+        }
+        if (!options.retain_grads) n.grad = Tensor();
+        if (!options.retain_graph) n.saved.clear();
+    }
+    if (!options.retain_graph) saved_released_ = true;
+}
+
+void ComputeGraph::clear() {
+    // Destroy back to front: no recursion is involved, nodes only hold ids.
+    while (!nodes_.empty()) nodes_.pop_back();
+    generation_ = next_generation();
+    saved_released_ = false;
+}
+
+Var detach(const Var& x, std::source_location where) {
+    return x.graph().constant(x.value(), where);
+}
+
+}  // namespace dyngrad

@@ -1,0 +1,163 @@
+// ComputeGraph records ComputeNodes while user code runs the forward pass; backward(loss) walks the
+// nodes reachable from `loss` in reverse topological order. Vars are light handles (graph + node id).
+//
+// Node ids grow in creation order and every input id is smaller than its consumer's id, so creation
+// order is a topological order: backward is one reverse sweep over ids, no recursion, no sort.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <source_location>
+#include <string>
+#include <vector>
+
+#include "dyngrad/core/tensor.h"
+#include "dyngrad/graph/op_def.h"
+
+namespace dyngrad {
+
+class ComputeGraph;
+using NodeId = std::uint32_t;
+
+// A tensor that outlives graphs (a model weight). Its gradient accumulates over backward calls
+// until zero_grad(). Copies of a Parameter share state.
+class Parameter {
+public:
+    Parameter() = default;
+    explicit Parameter(Tensor value, std::string name = "");
+
+    bool defined() const { return state_ != nullptr; }
+    const Tensor& value() const;
+    Tensor& value();
+    // Undefined until a backward reaches this parameter.
+    const Tensor& grad() const;
+    void zero_grad();  // drops the gradient (the next backward starts from zero)
+    const std::string& name() const;
+    // Internal: the engine accumulates into the gradient.
+    Tensor& grad_slot();
+
+private:
+    struct State {
+        Tensor value;
+        Tensor grad;
+        std::string name;
+    };
+    std::shared_ptr<State> state_;
+};
+
+struct ComputeNode {
+    OpType op = OpType::Leaf;
+    std::vector<NodeId> inputs;
+    OpAttrs attrs;
+    Tensor value;
+    Tensor grad;                 // filled by backward
+    std::vector<Tensor> saved;   // extras saved by the forward for the backward
+    bool requires_grad = false;
+    Parameter parameter;         // set on parameter leaves
+    std::string name;
+    std::source_location where;
+
+    ComputeNode() = default;
+    ComputeNode(const ComputeNode&) = delete;
+    ComputeNode& operator=(const ComputeNode&) = delete;
+};
+
+// Handle to one node of one graph. Valid until the graph is cleared or destroyed; using a handle
+// from a cleared graph throws GraphError.
+class Var {
+public:
+    Var() = default;
+
+    bool defined() const { return graph_ != nullptr; }
+    ComputeGraph& graph() const;
+    NodeId id() const { return id_; }
+    const ComputeNode& node() const;
+
+    const Tensor& value() const;
+    // The gradient backward computed for this node; GraphError when it has none.
+    const Tensor& grad() const;
+    const Shape& shape() const { return value().shape(); }
+    DType dtype() const { return value().dtype(); }
+    Device device() const { return value().device(); }
+    bool requires_grad() const;
+    double item() const { return value().item(); }
+    // Sets the debug name used in error messages and reports; returns *this for chaining.
+    Var& name(const std::string& debug_name);
+
+private:
+    friend class ComputeGraph;
+    Var(ComputeGraph* graph, NodeId id, std::uint64_t generation)
+        : graph_(graph), id_(id), generation_(generation) {}
+    void check_alive() const;
+
+    ComputeGraph* graph_ = nullptr;
+    NodeId id_ = 0;
+    std::uint64_t generation_ = 0;
+};
+
+struct BackwardOptions {
+    // Keep saved tensors so backward may run again over the same graph.
+    bool retain_graph = false;
+    // Keep the gradient of every node, not only of leaves (verification reads them all).
+    bool retain_grads = false;
+};
+
+class ComputeGraph {
+public:
+    ComputeGraph();
+    ~ComputeGraph();
+    ComputeGraph(const ComputeGraph&) = delete;
+    ComputeGraph& operator=(const ComputeGraph&) = delete;
+
+    // Leaves. An input that requires grad gets a gradient readable through Var::grad().
+    Var input(const Tensor& value, const std::string& name = "", bool requires_grad = false,
+              std::source_location where = std::source_location::current());
+    Var parameter(const Parameter& parameter, std::source_location where = std::source_location::current());
+    Var constant(const Tensor& value, std::source_location where = std::source_location::current());
+
+    // Records one op node: checks inputs (same graph, device, dtype), infers the output, runs the
+    // forward on the inputs' backend. Called by the op functions in ops/.
+    Var record(OpType op, std::initializer_list<Var> inputs, const OpAttrs& attrs, std::source_location where);
+    Var record(OpType op, const std::vector<Var>& inputs, const OpAttrs& attrs, std::source_location where);
+
+    // Seeds a one-element `loss` with 1 and back-propagates.
+    void backward(const Var& loss, const BackwardOptions& options = {});
+    // Back-propagates an explicit gradient of `output`'s shape, dtype and device.
+    void backward(const Var& output, const Tensor& grad_output, const BackwardOptions& options = {});
+
+    // Drops every node; handles into the graph become stale. Parameters keep their gradients.
+    void clear();
+    std::size_t size() const { return nodes_.size(); }
+    const ComputeNode& node(NodeId id) const;
+    Var handle(NodeId id);
+
+    // "relu #12 'h1' (model.cpp:42)"
+    std::string describe_node(NodeId id) const;
+
+private:
+    friend class Var;
+    Var add_leaf(const Tensor& value, bool requires_grad, Parameter parameter, const std::string& name,
+                 std::source_location where);
+    void run_backward(NodeId root, Tensor seed, const BackwardOptions& options);
+
+    std::vector<std::unique_ptr<ComputeNode>> nodes_;
+    std::uint64_t generation_;
+    bool saved_released_ = false;  // a backward without retain_graph has run
+};
+
+// While alive on this thread, ops record leaves holding their values and no history.
+class NoGradGuard {
+public:
+    NoGradGuard();
+    ~NoGradGuard();
+    NoGradGuard(const NoGradGuard&) = delete;
+    NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+private:
+    bool previous_;
+};
+bool grad_enabled();
+
+// A leaf holding x's value (shared storage) that no gradient flows through.
+Var detach(const Var& x, std::source_location where = std::source_location::current());
+
+}  // namespace dyngrad

@@ -1,0 +1,27 @@
+// OpType: the tag every ComputeNode carries. Each value has exactly one row in the op table
+// (ops/op_table.cpp), which static_asserts that rows and tags line up.
+#pragma once
+#include <cstdint>
+
+namespace dyngrad {
+
+enum class OpType : std::uint16_t {
+    Leaf,  // inputs, parameters and constants: no forward, no backward
+    // binary elementwise with NumPy broadcasting (ops/elementwise)
+    Add, Sub, Mul, Div,
+    // unary elementwise (ops/elementwise); scalar operand in OpAttrs::scalar where there is one
+    Neg, AddScalar, MulScalar, Exp, Log, Sqrt, PowScalar, Abs,
+    // activations (ops/elementwise)
+    Relu, LeakyRelu, Elu, ClippedRelu, Sigmoid, Tanh, Softplus,
+    // linear algebra and layout (ops/linalg)
+    Matmul, Linear, Transpose, Reshape,
+    // reductions (ops/reduce)
+    Sum, Mean, Max,
+    // normalised exponentials and losses (ops/loss)
+    Softmax, LogSoftmax, CrossEntropy, MseLoss,
+    Count_  // number of tags; keep last
+};
+
+constexpr std::size_t kOpTypeCount = static_cast<std::size_t>(OpType::Count_);
+
+}  // namespace dyngrad

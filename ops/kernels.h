@@ -1,0 +1,94 @@
+// Internal: every kernel entry point the op table (ops/op_table.cpp) and the engine dispatch to.
+// CPU kernels (Eigen) live in ops/<family>.cpp, CUDA kernels in cuda/<family>.cu, with the same
+// names in namespaces dyngrad::cpu and dyngrad::cuda. Contract: graph/op_def.h.
+#pragma once
+#include <span>
+
+#include "dyngrad/graph/op_def.h"
+
+namespace dyngrad {
+
+// Shape/dtype rules (ops/<family>.cpp). They throw ShapeError/DTypeError with a short message; the
+// engine adds the op, node and input descriptions.
+namespace infer {
+OutputSpec same_as_first(OpType, std::span<const Tensor>, const OpAttrs&);  // unary elementwise
+OutputSpec broadcast(OpType, std::span<const Tensor>, const OpAttrs&);      // binary elementwise
+OutputSpec matmul(OpType, std::span<const Tensor>, const OpAttrs&);
+OutputSpec linear(OpType, std::span<const Tensor>, const OpAttrs&);
+OutputSpec transpose(OpType, std::span<const Tensor>, const OpAttrs&);
+OutputSpec reshape(OpType, std::span<const Tensor>, const OpAttrs&);
+OutputSpec reduce_axes(OpType, std::span<const Tensor>, const OpAttrs&);  // sum, mean
+OutputSpec reduce_axis(OpType, std::span<const Tensor>, const OpAttrs&);  // max
+OutputSpec along_axis(OpType, std::span<const Tensor>, const OpAttrs&);   // softmax, log_softmax
+OutputSpec cross_entropy(OpType, std::span<const Tensor>, const OpAttrs&);
+OutputSpec mse_loss(OpType, std::span<const Tensor>, const OpAttrs&);
+}  // namespace infer
+
+// Reshape is metadata only: the same functions serve every backend.
+Tensor reshape_forward(const ForwardArgs& args);
+std::vector<Tensor> reshape_backward(const BackwardArgs& args);
+
+// Axes of `from` that must be summed to reach `to` under broadcasting (leading extra axes and
+// axes where `to` has 1). Shared by the broadcast-gradient reductions of every backend.
+std::vector<int> broadcast_reduction_axes(const Shape& from, const Shape& to);
+
+// The same entry points per backend (keep the two lists identical).
+namespace cpu {
+Tensor unary_forward(const ForwardArgs&);
+std::vector<Tensor> unary_backward(const BackwardArgs&);
+Tensor binary_forward(const ForwardArgs&);
+std::vector<Tensor> binary_backward(const BackwardArgs&);
+Tensor matmul_forward(const ForwardArgs&);
+std::vector<Tensor> matmul_backward(const BackwardArgs&);
+Tensor linear_forward(const ForwardArgs&);
+std::vector<Tensor> linear_backward(const BackwardArgs&);
+Tensor transpose_forward(const ForwardArgs&);
+std::vector<Tensor> transpose_backward(const BackwardArgs&);
+Tensor reduce_forward(const ForwardArgs&); /* sum, mean */
+std::vector<Tensor> reduce_backward(const BackwardArgs&);
+Tensor max_forward(const ForwardArgs&);
+std::vector<Tensor> max_backward(const BackwardArgs&);
+Tensor softmax_forward(const ForwardArgs&); /* softmax, log_softmax */
+std::vector<Tensor> softmax_backward(const BackwardArgs&);
+Tensor cross_entropy_forward(const ForwardArgs&);
+std::vector<Tensor> cross_entropy_backward(const BackwardArgs&);
+Tensor mse_loss_forward(const ForwardArgs&);
+std::vector<Tensor> mse_loss_backward(const BackwardArgs&);
+// engine helpers: x summed over `axes` (kept as size 1); dst += src (same shape)
+Tensor sum_over(const Tensor& x, std::span<const int> axes);
+void accumulate_into(Tensor& dst, const Tensor& src);
+}  // namespace cpu
+
+#if DYNGRAD_WITH_CUDA
+namespace cuda {
+Tensor unary_forward(const ForwardArgs&);
+std::vector<Tensor> unary_backward(const BackwardArgs&);
+Tensor binary_forward(const ForwardArgs&);
+std::vector<Tensor> binary_backward(const BackwardArgs&);
+Tensor matmul_forward(const ForwardArgs&);
+std::vector<Tensor> matmul_backward(const BackwardArgs&);
+Tensor linear_forward(const ForwardArgs&);
+std::vector<Tensor> linear_backward(const BackwardArgs&);
+Tensor transpose_forward(const ForwardArgs&);
+std::vector<Tensor> transpose_backward(const BackwardArgs&);
+Tensor reduce_forward(const ForwardArgs&); /* sum, mean */
+std::vector<Tensor> reduce_backward(const BackwardArgs&);
+Tensor max_forward(const ForwardArgs&);
+std::vector<Tensor> max_backward(const BackwardArgs&);
+Tensor softmax_forward(const ForwardArgs&); /* softmax, log_softmax */
+std::vector<Tensor> softmax_backward(const BackwardArgs&);
+Tensor cross_entropy_forward(const ForwardArgs&);
+std::vector<Tensor> cross_entropy_backward(const BackwardArgs&);
+Tensor mse_loss_forward(const ForwardArgs&);
+std::vector<Tensor> mse_loss_backward(const BackwardArgs&);
+// engine helpers: x summed over `axes` (kept as size 1); dst += src (same shape)
+Tensor sum_over(const Tensor& x, std::span<const int> axes);
+void accumulate_into(Tensor& dst, const Tensor& src);
+}  // namespace cuda
+#endif
+
+// Backend dispatch for the engine's helpers.
+Tensor sum_to(const Tensor& grad, const Shape& shape);  // reduce a broadcast gradient to `shape`
+void accumulate_into(Tensor& dst, const Tensor& src);
+
+}  // namespace dyngrad

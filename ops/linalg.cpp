@@ -1,0 +1,322 @@
+// Matrix products and layout: user functions, shape rules, reshape (every backend) and the CPU
+// kernels (Eigen GEMM on row-major maps). GPU: cuda/linalg.cu.
+#include "dyngrad/ops/linalg.h"
+
+#include <algorithm>
+#include <utility>
+
+#include <Eigen/Core>
+
+#include "dyngrad/ops/kernels.h"
+
+namespace dyngrad {
+
+// ---- user functions ----
+Var matmul(const Var& a, const Var& b, std::source_location where) {
+    return a.graph().record(OpType::Matmul, {a, b}, {}, where);
+}
+
+Var linear(const Var& x, const Var& weight, const Var& bias, std::source_location where) {
+    if (!bias.defined()) return linear(x, weight, where);
+    return x.graph().record(OpType::Linear, {x, weight, bias}, {}, where);
+}
+
+// No Linear node without a bias: the composite records existing ops and needs no kernel of its own.
+Var linear(const Var& x, const Var& weight, std::source_location where) {
+    return matmul(x, transpose(weight, -2, -1, where), where);
+}
+
+Var transpose(const Var& x, std::int64_t axis0, std::int64_t axis1, std::source_location where) {
+    OpAttrs attrs;
+    attrs.axes = {axis0, axis1};
+    return x.graph().record(OpType::Transpose, {x}, attrs, where);
+}
+
+Var reshape(const Var& x, const Shape& shape, std::source_location where) {
+    OpAttrs attrs;
+    attrs.shape = shape;
+    return x.graph().record(OpType::Reshape, {x}, attrs, where);
+}
+
+Var flatten(const Var& x, std::source_location where) {
+    const Shape& shape = x.shape();
+    if (shape.size() < 2)
+        throw ShapeError(str("flatten: needs a tensor of rank >= 2 (N, ...), got shape ", to_string(shape)));
+    // The rest is computed, not inferred with -1, so N = 0 still works.
+    return reshape(x, {shape[0], numel(Shape(shape.begin() + 1, shape.end()))}, where);
+}
+
+// ---- shape rules ----
+namespace {
+
+void require_float(const Tensor& t, const char* role) {
+    if (!is_floating(t.dtype()))
+        throw DTypeError(str(role, " must be float32 or float64, got ", dtype_name(t.dtype())));
+}
+
+void require_same_dtype(const Tensor& a, const Tensor& b, const char* role_a, const char* role_b) {
+    if (a.dtype() != b.dtype())
+        throw DTypeError(str(role_a, " is ", dtype_name(a.dtype()), " but ", role_b, " is ", dtype_name(b.dtype())));
+}
+
+}  // namespace
+
+namespace infer {
+
+OutputSpec matmul(OpType, std::span<const Tensor> inputs, const OpAttrs&) {
+    const Tensor& a = inputs[0];
+    const Tensor& b = inputs[1];
+    require_float(a, "a");
+    require_same_dtype(a, b, "a", "b");
+    if (a.rank() != b.rank() || (a.rank() != 2 && a.rank() != 3))
+        throw ShapeError(str("expects two 2-D or two 3-D operands, got ", to_string(a.shape()), " and ",
+                             to_string(b.shape())));
+    const std::size_t r = a.rank();
+    if (a.shape()[r - 1] != b.shape()[r - 2])
+        throw ShapeError(str("inner dims ", a.shape()[r - 1], " vs ", b.shape()[r - 2]));
+    if (r == 2) return {{a.shape()[0], b.shape()[1]}, a.dtype()};
+    if (a.shape()[0] != b.shape()[0])
+        throw ShapeError(str("batch dims ", a.shape()[0], " vs ", b.shape()[0]));
+    return {{a.shape()[0], a.shape()[1], b.shape()[2]}, a.dtype()};
+}
+
+OutputSpec linear(OpType, std::span<const Tensor> inputs, const OpAttrs&) {
+    const Tensor& x = inputs[0];
+    const Tensor& weight = inputs[1];
+    const Tensor& bias = inputs[2];
+    require_float(x, "x");
+    require_same_dtype(x, weight, "x", "weight");
+    require_same_dtype(x, bias, "x", "bias");
+    if (x.rank() != 2 || weight.rank() != 2 || bias.rank() != 1)
+        throw ShapeError(str("expects x (N,in), weight (out,in), bias (out), got ", to_string(x.shape()), ", ",
+                             to_string(weight.shape()), ", ", to_string(bias.shape())));
+    if (x.shape()[1] != weight.shape()[1])
+        throw ShapeError(str("in features ", x.shape()[1], " vs ", weight.shape()[1]));
+    if (bias.shape()[0] != weight.shape()[0])
+        throw ShapeError(str("bias of ", bias.shape()[0], " for ", weight.shape()[0], " out features"));
+    return {{x.shape()[0], weight.shape()[0]}, x.dtype()};
+}
+
+OutputSpec transpose(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const Tensor& x = inputs[0];
+    require_float(x, "x");
+    if (attrs.axes.size() != 2) throw ValueError(str("expects 2 axes to swap, got ", attrs.axes.size()));
+    Shape shape = x.shape();
+    std::swap(shape[normalize_axis(attrs.axes[0], x.rank())], shape[normalize_axis(attrs.axes[1], x.rank())]);
+    return {shape, x.dtype()};
+}
+
+OutputSpec reshape(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const Tensor& x = inputs[0];
+    Shape shape = attrs.shape;
+    std::size_t inferred = shape.size();
+    std::int64_t known = 1;
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+        if (shape[i] == -1) {
+            if (inferred != shape.size()) throw ValueError(str("target ", to_string(attrs.shape), " has more than one -1"));
+            inferred = i;
+        } else if (shape[i] < 0) {
+            throw ValueError(str("target ", to_string(attrs.shape), " has a negative dimension"));
+        } else {
+            known *= shape[i];
+        }
+    }
+    if (inferred != shape.size()) {
+        if (known == 0 || x.numel() % known != 0)
+            throw ShapeError(str("cannot reshape ", to_string(x.shape()), " (", x.numel(), " elements) to ",
+                                 to_string(attrs.shape)));
+        shape[inferred] = x.numel() / known;
+    } else if (known != x.numel()) {
+        throw ShapeError(str("cannot reshape ", to_string(x.shape()), " (", x.numel(), " elements) to ",
+                             to_string(shape), " (", known, " elements)"));
+    }
+    return {shape, x.dtype()};
+}
+
+}  // namespace infer
+
+// ---- reshape: metadata only, the same on every backend ----
+Tensor reshape_forward(const ForwardArgs& args) { return args.inputs[0].reshaped(args.out.shape); }
+
+std::vector<Tensor> reshape_backward(const BackwardArgs& args) {
+    if (!args.needs_grad[0]) return {Tensor()};
+    return {args.grad_output.reshaped(args.inputs[0].shape())};
+}
+
+// ---- CPU kernels ----
+namespace cpu {
+
+namespace {
+
+template <typename T> using MatrixRM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <typename T> using ConstMatrixMap = Eigen::Map<const MatrixRM<T>>;
+template <typename T> using MatrixMap = Eigen::Map<MatrixRM<T>>;
+template <typename T> using RowVector = Eigen::Matrix<T, 1, Eigen::Dynamic>;
+
+// (B,M,K)@(B,K,N); B = 1 for 2-D operands.
+struct MatmulDims {
+    std::int64_t batch, m, k, n;
+};
+
+MatmulDims matmul_dims(const Tensor& a, const Tensor& b) {
+    const Shape& sa = a.shape();
+    const Shape& sb = b.shape();
+    const std::size_t r = sa.size();
+    return {r == 3 ? sa[0] : 1, sa[r - 2], sa[r - 1], sb[r - 1]};
+}
+
+// Copies x into y with axes `axis0` and `axis1` swapped. x is viewed as (outer, d0, mid, d1, inner)
+// around the two axes and y as (outer, d1, mid, d0, inner).
+template <typename T>
+void swap_axes(const Tensor& x, int axis0, int axis1, Tensor& y) {
+    const T* src = x.data<T>();
+    T* dst = y.data<T>();
+    const Shape& shape = x.shape();
+    const int lo = std::min(axis0, axis1);
+    const int hi = std::max(axis0, axis1);
+    if (lo == hi) {
+        std::copy_n(src, x.numel(), dst);
+        return;
+    }
+    const auto product = [&](int begin, int end) { return numel(Shape(shape.begin() + begin, shape.begin() + end)); };
+    const std::int64_t outer = product(0, lo);
+    const std::int64_t d0 = shape[lo];
+    const std::int64_t mid = product(lo + 1, hi);
+    const std::int64_t d1 = shape[hi];
+    const std::int64_t inner = product(hi + 1, static_cast<int>(shape.size()));
+    if (inner == 1) {
+        // Each (o, m) is a strided d0×d1 matrix: let Eigen transpose it.
+        using Strided = Eigen::OuterStride<>;
+        for (std::int64_t o = 0; o < outer; ++o)
+            for (std::int64_t m = 0; m < mid; ++m) {
+                Eigen::Map<const MatrixRM<T>, 0, Strided> from(src + (o * d0 * mid + m) * d1, d0, d1,
+                                                               Strided(mid * d1));
+                Eigen::Map<MatrixRM<T>, 0, Strided> to(dst + (o * d1 * mid + m) * d0, d1, d0, Strided(mid * d0));
+                to = from.transpose();
+            }
+        return;
+    }
+    // Contiguous runs of `inner` elements move as blocks.
+    for (std::int64_t o = 0; o < outer; ++o)
+        for (std::int64_t i = 0; i < d0; ++i)
+            for (std::int64_t m = 0; m < mid; ++m)
+                for (std::int64_t j = 0; j < d1; ++j)
+                    std::copy_n(src + (((o * d0 + i) * mid + m) * d1 + j) * inner, inner,
+                                dst + (((o * d1 + j) * mid + m) * d0 + i) * inner);
+}
+
+}  // namespace
+
+// a (M,K)  b (K,N)  y (M,N);  batched: a (B,M,K)  b (B,K,N)  y (B,M,N)
+Tensor matmul_forward(const ForwardArgs& args) {
+    const Tensor& a = args.inputs[0];
+    const Tensor& b = args.inputs[1];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, a.device());
+    const MatmulDims d = matmul_dims(a, b);
+    dispatch_floating(y.dtype(), "matmul", [&]<typename T>() {
+        for (std::int64_t i = 0; i < d.batch; ++i) {
+            const ConstMatrixMap<T> A(a.data<T>() + i * d.m * d.k, d.m, d.k);
+            const ConstMatrixMap<T> B(b.data<T>() + i * d.k * d.n, d.k, d.n);
+            MatrixMap<T> Y(y.data<T>() + i * d.m * d.n, d.m, d.n);
+            Y.noalias() = A * B;
+        }
+    });
+    return y;
+}
+
+// dy (M,N) -> da = dy·bᵀ (M,K), db = aᵀ·dy (K,N); per batch when batched
+std::vector<Tensor> matmul_backward(const BackwardArgs& args) {
+    const Tensor& a = args.inputs[0];
+    const Tensor& b = args.inputs[1];
+    const Tensor& dy = args.grad_output;
+    std::vector<Tensor> grads(2);
+    if (args.needs_grad[0]) grads[0] = Tensor::empty(a.shape(), a.dtype(), a.device());
+    if (args.needs_grad[1]) grads[1] = Tensor::empty(b.shape(), b.dtype(), b.device());
+    const MatmulDims d = matmul_dims(a, b);
+    dispatch_floating(a.dtype(), "matmul backward", [&]<typename T>() {
+        for (std::int64_t i = 0; i < d.batch; ++i) {
+            const ConstMatrixMap<T> A(a.data<T>() + i * d.m * d.k, d.m, d.k);
+            const ConstMatrixMap<T> B(b.data<T>() + i * d.k * d.n, d.k, d.n);
+            const ConstMatrixMap<T> dY(dy.data<T>() + i * d.m * d.n, d.m, d.n);
+            if (grads[0].defined()) {
+                MatrixMap<T> dA(grads[0].data<T>() + i * d.m * d.k, d.m, d.k);
+                dA.noalias() = dY * B.transpose();
+            }
+            if (grads[1].defined()) {
+                MatrixMap<T> dB(grads[1].data<T>() + i * d.k * d.n, d.k, d.n);
+                dB.noalias() = A.transpose() * dY;
+            }
+        }
+    });
+    return grads;
+}
+
+// x (N,in)  w (out,in)  b (out)  y (N,out) = x·wᵀ + b
+Tensor linear_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& w = args.inputs[1];
+    const Tensor& b = args.inputs[2];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    dispatch_floating(y.dtype(), "linear", [&]<typename T>() {
+        const ConstMatrixMap<T> X(x.data<T>(), x.size(0), x.size(1));
+        const ConstMatrixMap<T> W(w.data<T>(), w.size(0), w.size(1));
+        const Eigen::Map<const RowVector<T>> bias(b.data<T>(), b.size(0));
+        MatrixMap<T> Y(y.data<T>(), y.size(0), y.size(1));
+        Y.noalias() = X * W.transpose();
+        Y.rowwise() += bias;
+    });
+    return y;
+}
+
+// dy (N,out) -> dx = dy·w (N,in), dw = dyᵀ·x (out,in), db = column sums of dy (out)
+std::vector<Tensor> linear_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& w = args.inputs[1];
+    const Tensor& b = args.inputs[2];
+    const Tensor& dy = args.grad_output;
+    std::vector<Tensor> grads(3);
+    dispatch_floating(x.dtype(), "linear backward", [&]<typename T>() {
+        const ConstMatrixMap<T> X(x.data<T>(), x.size(0), x.size(1));
+        const ConstMatrixMap<T> W(w.data<T>(), w.size(0), w.size(1));
+        const ConstMatrixMap<T> dY(dy.data<T>(), dy.size(0), dy.size(1));
+        if (args.needs_grad[0]) {
+            grads[0] = Tensor::empty(x.shape(), x.dtype(), x.device());
+            MatrixMap<T>(grads[0].data<T>(), x.size(0), x.size(1)).noalias() = dY * W;
+        }
+        if (args.needs_grad[1]) {
+            grads[1] = Tensor::empty(w.shape(), w.dtype(), w.device());
+            MatrixMap<T>(grads[1].data<T>(), w.size(0), w.size(1)).noalias() = dY.transpose() * X;
+        }
+        if (args.needs_grad[2]) {
+            grads[2] = Tensor::empty(b.shape(), b.dtype(), b.device());
+            Eigen::Map<RowVector<T>>(grads[2].data<T>(), b.size(0)) = dY.colwise().sum();
+        }
+    });
+    return grads;
+}
+
+// x (..., d0, ..., d1, ...) -> y (..., d1, ..., d0, ...), axes in attrs.axes
+Tensor transpose_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    const int axis0 = normalize_axis(args.attrs.axes[0], x.rank());
+    const int axis1 = normalize_axis(args.attrs.axes[1], x.rank());
+    dispatch_floating(x.dtype(), "transpose", [&]<typename T>() { swap_axes<T>(x, axis0, axis1, y); });
+    return y;
+}
+
+// A swap of two axes is its own inverse: dx is dy with the same axes swapped back.
+std::vector<Tensor> transpose_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& dy = args.grad_output;
+    if (!args.needs_grad[0]) return {Tensor()};
+    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+    const int axis0 = normalize_axis(args.attrs.axes[0], x.rank());
+    const int axis1 = normalize_axis(args.attrs.axes[1], x.rank());
+    dispatch_floating(x.dtype(), "transpose backward", [&]<typename T>() { swap_axes<T>(dy, axis0, axis1, dx); });
+    return {dx};
+}
+
+}  // namespace cpu
+
+}  // namespace dyngrad

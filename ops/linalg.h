@@ -1,0 +1,23 @@
+// Matrix products and layout. CPU: ops/linalg.cpp (Eigen). GPU: cuda/linalg.cu (cuBLAS).
+#pragma once
+#include <source_location>
+
+#include "dyngrad/graph/graph.h"
+
+namespace dyngrad {
+
+// (M,K)@(K,N) -> (M,N); batched (B,M,K)@(B,K,N) -> (B,M,N).
+Var matmul(const Var& a, const Var& b, std::source_location where = std::source_location::current());
+// x (N,in) · weight (out,in)ᵀ + bias (out) -> (N,out); bias may be an undefined Var (no bias).
+Var linear(const Var& x, const Var& weight, const Var& bias,
+           std::source_location where = std::source_location::current());
+Var linear(const Var& x, const Var& weight, std::source_location where = std::source_location::current());
+// Swaps two axes (default: the last two).
+Var transpose(const Var& x, std::int64_t axis0 = -2, std::int64_t axis1 = -1,
+              std::source_location where = std::source_location::current());
+// Same elements, new shape; one dimension may be -1 (inferred).
+Var reshape(const Var& x, const Shape& shape, std::source_location where = std::source_location::current());
+// Composite: (N, ...) -> (N, prod(...)).
+Var flatten(const Var& x, std::source_location where = std::source_location::current());
+
+}  // namespace dyngrad

@@ -1,0 +1,221 @@
+// The op table: one row per OpType, in tag order (checked at compile time below).
+// A row names the op, its arity, shape rule, CPU and CUDA kernels, and the cases every check
+// (tests/test_gradcheck.cpp, tests/test_gpu_vs_cpu.cpp, dyngrad-verify) runs it on.
+#include <array>
+
+#include "dyngrad/ops/kernels.h"
+
+namespace dyngrad {
+
+namespace {
+
+#if DYNGRAD_WITH_CUDA
+#define DG_CUDA_KERNELS(forward, backward) BackendKernels{cuda::forward, cuda::backward}
+#else
+#define DG_CUDA_KERNELS(forward, backward) \
+    BackendKernels {}
+#endif
+
+using D = InputDomain;
+
+OpAttrs scalar_attr(double s) {
+    OpAttrs a;
+    a.scalar = s;
+    return a;
+}
+OpAttrs axes_attr(std::vector<std::int64_t> axes, bool keepdim) {
+    OpAttrs a;
+    a.axes = std::move(axes);
+    a.keepdim = keepdim;
+    return a;
+}
+OpAttrs axis_attr(std::int64_t axis, bool keepdim = false) {
+    OpAttrs a;
+    a.axis = axis;
+    a.keepdim = keepdim;
+    return a;
+}
+OpAttrs shape_attr(Shape shape) {
+    OpAttrs a;
+    a.shape = std::move(shape);
+    return a;
+}
+
+std::vector<OpCase> no_cases() { return {}; }
+
+std::vector<OpCase> binary_cases() {
+    return {
+        {"same shape", {{3, 4}, {3, 4}}, {}, {D::Any, D::Positive}},
+        {"row broadcast", {{5, 3}, {3}}, {}, {D::Any, D::Positive}},
+        {"column broadcast", {{4, 1}, {1, 6}}, {}, {D::Any, D::Positive}},
+        {"channel bias NCHW", {{2, 3, 4, 5}, {1, 3, 1, 1}}, {}, {D::Any, D::Positive}},
+        {"scalar operand", {{7}, {}}, {}, {D::Any, D::Positive}},
+        {"odd sizes", {{1, 13}, {11, 1}}, {}, {D::Any, D::Positive}},
+    };
+}
+
+std::vector<OpCase> unary_cases(D domain, OpAttrs attrs = {}) {
+    return {
+        {"vector", {{17}}, attrs, {domain}},
+        {"matrix", {{4, 9}}, attrs, {domain}},
+        {"NCHW", {{2, 3, 4, 5}}, attrs, {domain}},
+        {"scalar", {{}}, attrs, {domain}},
+    };
+}
+
+std::vector<OpCase> neg_cases() { return unary_cases(D::Any); }
+std::vector<OpCase> add_scalar_cases() { return unary_cases(D::Any, scalar_attr(2.5)); }
+std::vector<OpCase> mul_scalar_cases() { return unary_cases(D::Any, scalar_attr(-1.75)); }
+std::vector<OpCase> exp_cases() { return unary_cases(D::Any); }
+std::vector<OpCase> positive_cases() { return unary_cases(D::Positive); }
+std::vector<OpCase> pow_cases() {
+    auto cases = unary_cases(D::Positive, scalar_attr(2.5));
+    cases.push_back({"negative exponent", {{3, 5}}, scalar_attr(-1.5), {D::Positive}});
+    return cases;
+}
+std::vector<OpCase> kink_cases() { return unary_cases(D::AwayFromZero); }
+std::vector<OpCase> leaky_relu_cases() { return unary_cases(D::AwayFromZero, scalar_attr(0.1)); }
+std::vector<OpCase> elu_cases() { return unary_cases(D::AwayFromZero, scalar_attr(1.3)); }
+std::vector<OpCase> clipped_relu_cases() { return unary_cases(D::AwayFromZero, scalar_attr(1.1)); }
+std::vector<OpCase> smooth_cases() { return unary_cases(D::Any); }
+
+std::vector<OpCase> matmul_cases() {
+    return {
+        {"2-D", {{4, 3}, {3, 5}}, {}, {}},
+        {"2-D odd", {{1, 7}, {7, 9}}, {}, {}},
+        {"batched 3-D", {{3, 4, 5}, {3, 5, 2}}, {}, {}},
+    };
+}
+std::vector<OpCase> linear_cases() {
+    return {
+        {"with bias", {{5, 4}, {3, 4}, {3}}, {}, {}},
+        {"batch 1", {{1, 7}, {6, 7}, {6}}, {}, {}},
+    };
+}
+std::vector<OpCase> transpose_cases() {
+    OpAttrs first_last;
+    first_last.axes = {0, 2};
+    OpAttrs last_two;
+    last_two.axes = {-2, -1};
+    return {
+        {"2-D", {{3, 5}}, last_two, {}},
+        {"3-D axes 0,2", {{2, 3, 4}}, first_last, {}},
+    };
+}
+std::vector<OpCase> reshape_cases() {
+    return {
+        {"flatten NCHW", {{2, 3, 4, 5}}, shape_attr({2, 60}), {}},
+        {"inferred dim", {{6, 4}}, shape_attr({3, -1, 2}), {}},
+    };
+}
+std::vector<OpCase> reduce_cases() {
+    return {
+        {"all", {{3, 4}}, axes_attr({}, false), {}},
+        {"axis 0", {{3, 4}}, axes_attr({0}, false), {}},
+        {"axis -1 keepdim", {{2, 3, 5}}, axes_attr({-1}, true), {}},
+        {"axes 0,2 NCHW", {{2, 3, 4, 5}}, axes_attr({0, 2, 3}, false), {}},
+    };
+}
+std::vector<OpCase> max_cases() {
+    return {
+        {"axis 1", {{4, 7}}, axis_attr(1), {}},
+        {"axis 0 keepdim", {{5, 3}}, axis_attr(0, true), {}},
+        {"3-D middle axis", {{2, 6, 3}}, axis_attr(1), {}},
+    };
+}
+std::vector<OpCase> softmax_cases() {
+    return {
+        {"rows", {{4, 10}}, axis_attr(-1), {}},
+        {"axis 0", {{5, 3}}, axis_attr(0), {}},
+        {"3-D middle axis", {{2, 7, 3}}, axis_attr(1), {}},
+    };
+}
+std::vector<OpCase> cross_entropy_cases() {
+    return {
+        {"batch 8, 10 classes", {{8, 10}, {8}}, {}, {D::Any, D::Labels}},
+        {"batch 1", {{1, 5}, {1}}, {}, {D::Any, D::Labels}},
+    };
+}
+std::vector<OpCase> mse_cases() {
+    return {
+        {"matrix", {{4, 6}, {4, 6}}, {}, {}},
+        {"vector", {{13}, {13}}, {}, {}},
+    };
+}
+
+constexpr BackendKernels kCpuUnary{cpu::unary_forward, cpu::unary_backward};
+constexpr BackendKernels kCpuBinary{cpu::binary_forward, cpu::binary_backward};
+constexpr BackendKernels kCpuReduce{cpu::reduce_forward, cpu::reduce_backward};
+constexpr BackendKernels kCpuSoftmax{cpu::softmax_forward, cpu::softmax_backward};
+constexpr BackendKernels kCudaUnary = DG_CUDA_KERNELS(unary_forward, unary_backward);
+constexpr BackendKernels kCudaBinary = DG_CUDA_KERNELS(binary_forward, binary_backward);
+constexpr BackendKernels kCudaReduce = DG_CUDA_KERNELS(reduce_forward, reduce_backward);
+constexpr BackendKernels kCudaSoftmax = DG_CUDA_KERNELS(softmax_forward, softmax_backward);
+constexpr BackendKernels kReshape{reshape_forward, reshape_backward};
+
+constexpr std::array<OpDef, kOpTypeCount> kTable = {{
+    {OpType::Leaf, "leaf", 0, nullptr, {}, {}, no_cases},
+    {OpType::Add, "add", 2, infer::broadcast, kCpuBinary, kCudaBinary, binary_cases},
+    {OpType::Sub, "sub", 2, infer::broadcast, kCpuBinary, kCudaBinary, binary_cases},
+    {OpType::Mul, "mul", 2, infer::broadcast, kCpuBinary, kCudaBinary, binary_cases},
+    {OpType::Div, "div", 2, infer::broadcast, kCpuBinary, kCudaBinary, binary_cases},
+    {OpType::Neg, "neg", 1, infer::same_as_first, kCpuUnary, kCudaUnary, neg_cases},
+    {OpType::AddScalar, "add_scalar", 1, infer::same_as_first, kCpuUnary, kCudaUnary, add_scalar_cases},
+    {OpType::MulScalar, "mul_scalar", 1, infer::same_as_first, kCpuUnary, kCudaUnary, mul_scalar_cases},
+    {OpType::Exp, "exp", 1, infer::same_as_first, kCpuUnary, kCudaUnary, exp_cases},
+    {OpType::Log, "log", 1, infer::same_as_first, kCpuUnary, kCudaUnary, positive_cases},
+    {OpType::Sqrt, "sqrt", 1, infer::same_as_first, kCpuUnary, kCudaUnary, positive_cases},
+    {OpType::PowScalar, "pow", 1, infer::same_as_first, kCpuUnary, kCudaUnary, pow_cases},
+    {OpType::Abs, "abs", 1, infer::same_as_first, kCpuUnary, kCudaUnary, kink_cases},
+    {OpType::Relu, "relu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, kink_cases},
+    {OpType::LeakyRelu, "leaky_relu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, leaky_relu_cases},
+    {OpType::Elu, "elu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, elu_cases},
+    {OpType::ClippedRelu, "clipped_relu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, clipped_relu_cases},
+    {OpType::Sigmoid, "sigmoid", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases},
+    {OpType::Tanh, "tanh", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases},
+    {OpType::Softplus, "softplus", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases},
+    {OpType::Matmul, "matmul", 2, infer::matmul, {cpu::matmul_forward, cpu::matmul_backward},
+     DG_CUDA_KERNELS(matmul_forward, matmul_backward), matmul_cases},
+    {OpType::Linear, "linear", 3, infer::linear, {cpu::linear_forward, cpu::linear_backward},
+     DG_CUDA_KERNELS(linear_forward, linear_backward), linear_cases},
+    {OpType::Transpose, "transpose", 1, infer::transpose, {cpu::transpose_forward, cpu::transpose_backward},
+     DG_CUDA_KERNELS(transpose_forward, transpose_backward), transpose_cases},
+    {OpType::Reshape, "reshape", 1, infer::reshape, kReshape, kReshape, reshape_cases},
+    {OpType::Sum, "sum", 1, infer::reduce_axes, kCpuReduce, kCudaReduce, reduce_cases},
+    {OpType::Mean, "mean", 1, infer::reduce_axes, kCpuReduce, kCudaReduce, reduce_cases},
+    {OpType::Max, "max", 1, infer::reduce_axis, {cpu::max_forward, cpu::max_backward},
+     DG_CUDA_KERNELS(max_forward, max_backward), max_cases},
+    {OpType::Softmax, "softmax", 1, infer::along_axis, kCpuSoftmax, kCudaSoftmax, softmax_cases},
+    {OpType::LogSoftmax, "log_softmax", 1, infer::along_axis, kCpuSoftmax, kCudaSoftmax, softmax_cases},
+    {OpType::CrossEntropy, "cross_entropy", 2, infer::cross_entropy,
+     {cpu::cross_entropy_forward, cpu::cross_entropy_backward},
+     DG_CUDA_KERNELS(cross_entropy_forward, cross_entropy_backward), cross_entropy_cases},
+    {OpType::MseLoss, "mse_loss", 2, infer::mse_loss, {cpu::mse_loss_forward, cpu::mse_loss_backward},
+     DG_CUDA_KERNELS(mse_loss_forward, mse_loss_backward), mse_cases},
+}};
+
+// Every tag has a row, in tag order.
+constexpr bool rows_in_tag_order() {
+    for (std::size_t i = 0; i < kTable.size(); ++i)
+        if (static_cast<std::size_t>(kTable[i].op) != i) return false;
+    return true;
+}
+static_assert(rows_in_tag_order(), "op table: list every OpType once, in tag order");
+
+}  // namespace
+
+const OpDef& op_def(OpType op) {
+    const auto i = static_cast<std::size_t>(op);
+    if (i >= kTable.size() || kTable[i].op != op) throw Error(str("internal: op table has no row for tag ", i));
+    return kTable[i];
+}
+
+std::span<const OpDef> op_table() { return kTable; }
+
+const OpDef* find_op(std::string_view name) {
+    for (const OpDef& def : kTable)
+        if (name == def.name) return &def;
+    return nullptr;
+}
+
+}  // namespace dyngrad

@@ -1,0 +1,382 @@
+// Reductions: sum and mean over a set of axes, max over one axis. The user functions, shape rules and
+// Eigen kernels, plus the engine's backend dispatchers sum_to and accumulate_into (ops/kernels.h).
+#include "dyngrad/ops/reduce.h"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "dyngrad/ops/kernels.h"
+
+namespace dyngrad {
+
+namespace {
+
+template <typename T>
+using Array1 = Eigen::Array<T, Eigen::Dynamic, 1>;
+template <typename T>
+using Array2 = Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic>;  // column-major
+
+template <typename T>
+Eigen::Map<const Array1<T>> in(const T* data, std::int64_t n) {
+    return {data, n};
+}
+template <typename T>
+Eigen::Map<Array1<T>> out(T* data, std::int64_t n) {
+    return {data, n};
+}
+
+Var record_reduction(OpType op, const Var& x, OpAttrs attrs, std::source_location where) {
+    return x.graph().record(op, {x}, attrs, where);
+}
+
+void check_floating(const Tensor& x) {
+    if (!is_floating(x.dtype())) throw DTypeError(str("expects float32 or float64, got ", dtype_name(x.dtype())));
+}
+
+// The axes of `shape` that a sum/mean reduces: `axes` (negative counting from the end), empty = all.
+std::vector<bool> reduced_axes(const Shape& shape, const std::vector<std::int64_t>& axes) {
+    std::vector<bool> reduced(shape.size(), axes.empty());
+    for (const std::int64_t axis : axes) {
+        const int a = normalize_axis(axis, shape.size());
+        if (reduced[a]) throw ShapeError(str("axis ", axis, " is listed twice in axes"));
+        reduced[a] = true;
+    }
+    return reduced;
+}
+
+Shape reduced_shape(const Shape& shape, const std::vector<bool>& reduced, bool keepdim) {
+    Shape out;
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+        if (!reduced[i])
+            out.push_back(shape[i]);
+        else if (keepdim)
+            out.push_back(1);
+    }
+    return out;
+}
+
+std::int64_t reduced_count(const Shape& shape, const std::vector<bool>& reduced) {
+    std::int64_t count = 1;
+    for (std::size_t i = 0; i < shape.size(); ++i)
+        if (reduced[i]) count *= shape[i];
+    return count;
+}
+
+// A shape as a reduction sees it: size-1 axes dropped, neighbouring axes of the same kind merged.
+// (2,3,4,5) over axes {0,2,3} -> [2 reduced][3 kept][20 reduced].
+struct Run {
+    std::int64_t size;
+    bool reduced;
+};
+
+std::vector<Run> reduction_runs(const Shape& shape, const std::vector<bool>& reduced) {
+    std::vector<Run> runs;
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+        if (shape[i] == 1) continue;
+        if (!runs.empty() && runs.back().reduced == reduced[i])
+            runs.back().size *= shape[i];
+        else
+            runs.push_back({shape[i], static_cast<bool>(reduced[i])});
+    }
+    return runs;
+}
+
+std::int64_t runs_numel(const std::vector<Run>& runs, std::size_t begin, std::size_t end) {
+    std::int64_t n = 1;
+    for (std::size_t i = begin; i < end; ++i) n *= runs[i].size;
+    return n;
+}
+
+// x (outer, reduced, inner) -> y (outer, inner), summing the middle axis ('=').
+template <typename T>
+void sum_middle(const T* x, T* y, std::int64_t outer, std::int64_t reduced, std::int64_t inner) {
+    if (inner == 1) {
+        // slice o is column o of the column-major (reduced, outer) view
+        out(y, outer) = Eigen::Map<const Array2<T>>(x, reduced, outer).colwise().sum().transpose();
+        return;
+    }
+    // slice o is `reduced` contiguous rows of `inner`: add them row by row (Eigen's rowwise().sum() over
+    // the column-major view walks across rows and is several times slower)
+    for (std::int64_t o = 0; o < outer; ++o) {
+        const T* slice = x + o * reduced * inner;
+        auto total = out(y + o * inner, inner);
+        total.setZero();
+        for (std::int64_t r = 0; r < reduced; ++r) total += in(slice + r * inner, inner);
+    }
+}
+
+// y = x summed over the reduced runs ('='); y holds the kept runs, in order. One (outer, reduced, inner)
+// pass per reduced run, innermost first, through scratch buffers.
+template <typename T>
+void sum_runs(const T* x, T* y, std::vector<Run> runs) {
+    const auto passes = std::count_if(runs.begin(), runs.end(), [](const Run& r) { return r.reduced; });
+    if (passes == 0) {
+        std::memcpy(y, x, static_cast<std::size_t>(runs_numel(runs, 0, runs.size())) * sizeof(T));
+        return;
+    }
+    std::vector<T> scratch[2];
+    const T* src = x;
+    for (std::ptrdiff_t p = 0; p < passes; ++p) {
+        const auto last = std::find_if(runs.rbegin(), runs.rend(), [](const Run& r) { return r.reduced; });
+        const auto j = static_cast<std::size_t>(runs.rend() - last) - 1;
+        const std::int64_t outer = runs_numel(runs, 0, j);
+        const std::int64_t inner = runs_numel(runs, j + 1, runs.size());
+        T* dst = y;
+        if (p + 1 < passes) {
+            scratch[p % 2].resize(static_cast<std::size_t>(outer * inner));
+            dst = scratch[p % 2].data();
+        }
+        sum_middle(src, dst, outer, runs[j].size, inner);
+        runs.erase(runs.begin() + static_cast<std::ptrdiff_t>(j));
+        src = dst;
+    }
+}
+
+// dx = scale * dy broadcast over the reduced runs ('='); dy holds the kept runs, in order. Walks dx one
+// innermost run at a time, stepping dy with an odometer over the outer runs.
+template <typename T>
+void expand_runs(const T* dy, T* dx, const std::vector<Run>& runs, T scale) {
+    if (runs.empty()) {
+        dx[0] = scale * dy[0];
+        return;
+    }
+    if (runs_numel(runs, 0, runs.size()) == 0) return;
+    std::vector<std::int64_t> dy_stride(runs.size(), 0);  // 0 along reduced runs
+    std::int64_t stride = 1;
+    for (std::size_t i = runs.size(); i-- > 0;) {
+        if (runs[i].reduced) continue;
+        dy_stride[i] = stride;
+        stride *= runs[i].size;
+    }
+    const std::size_t outer_rank = runs.size() - 1;
+    const Run inner = runs.back();
+    const std::int64_t outer = runs_numel(runs, 0, outer_rank);
+    std::vector<std::int64_t> index(outer_rank, 0);
+    std::int64_t j = 0;
+    for (std::int64_t k = 0; k < outer; ++k) {
+        auto run = out(dx + k * inner.size, inner.size);
+        if (inner.reduced)
+            run.setConstant(scale * dy[j]);
+        else
+            run = scale * in(dy + j, inner.size);
+        for (std::size_t d = outer_rank; d-- > 0;) {
+            if (++index[d] < runs[d].size) {
+                j += dy_stride[d];
+                break;
+            }
+            index[d] = 0;
+            j -= dy_stride[d] * (runs[d].size - 1);
+        }
+    }
+}
+
+// The (outer, n, inner) view of a shape around one axis.
+struct AxisView {
+    std::int64_t outer = 1, n = 1, inner = 1;
+};
+
+AxisView axis_view(const Shape& shape, int axis) {
+    AxisView v;
+    for (int i = 0; i < axis; ++i) v.outer *= shape[i];
+    v.n = shape[axis];
+    for (std::size_t i = static_cast<std::size_t>(axis) + 1; i < shape.size(); ++i) v.inner *= shape[i];
+    return v;
+}
+
+}  // namespace
+
+// ---- user functions ----
+Var sum(const Var& x, const std::vector<std::int64_t>& axes, bool keepdim, std::source_location where) {
+    OpAttrs attrs;
+    attrs.axes = axes;
+    attrs.keepdim = keepdim;
+    return record_reduction(OpType::Sum, x, attrs, where);
+}
+
+Var mean(const Var& x, const std::vector<std::int64_t>& axes, bool keepdim, std::source_location where) {
+    OpAttrs attrs;
+    attrs.axes = axes;
+    attrs.keepdim = keepdim;
+    return record_reduction(OpType::Mean, x, attrs, where);
+}
+
+Var max(const Var& x, std::int64_t axis, bool keepdim, std::source_location where) {
+    OpAttrs attrs;
+    attrs.axis = axis;
+    attrs.keepdim = keepdim;
+    return record_reduction(OpType::Max, x, attrs, where);
+}
+
+// ---- shape rules ----
+namespace infer {
+
+OutputSpec reduce_axes(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const Tensor& x = inputs[0];
+    check_floating(x);
+    return {reduced_shape(x.shape(), reduced_axes(x.shape(), attrs.axes), attrs.keepdim), x.dtype()};
+}
+
+OutputSpec reduce_axis(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const Tensor& x = inputs[0];
+    check_floating(x);
+    const int axis = normalize_axis(attrs.axis, x.rank());
+    if (x.shape()[axis] == 0) throw ShapeError(str("axis ", attrs.axis, " of ", to_string(x.shape()), " is empty"));
+    std::vector<bool> reduced(x.rank(), false);
+    reduced[axis] = true;
+    return {reduced_shape(x.shape(), reduced, attrs.keepdim), x.dtype()};
+}
+
+}  // namespace infer
+
+// ---- CPU kernels ----
+namespace cpu {
+
+// x -> y: x summed (mean: averaged) over the reduced axes; y holds the kept axes in order
+Tensor reduce_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const std::vector<bool> reduced = reduced_axes(x.shape(), args.attrs.axes);
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    dispatch_floating(x.dtype(), "reduce_forward", [&]<typename T>() {
+        sum_runs(x.data<T>(), y.data<T>(), reduction_runs(x.shape(), reduced));
+        if (args.op == OpType::Mean) out(y.data<T>(), y.numel()) /= static_cast<T>(reduced_count(x.shape(), reduced));
+    });
+    return y;
+}
+
+// dy (kept axes) -> dx (x's shape): dy repeated along the reduced axes (mean: divided by their count)
+std::vector<Tensor> reduce_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    if (!args.needs_grad[0]) return {Tensor()};
+    const std::vector<bool> reduced = reduced_axes(x.shape(), args.attrs.axes);
+    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+    dispatch_floating(x.dtype(), "reduce_backward", [&]<typename T>() {
+        const T scale = args.op == OpType::Mean ? T(1) / static_cast<T>(reduced_count(x.shape(), reduced)) : T(1);
+        expand_runs(args.grad_output.data<T>(), dx.data<T>(), reduction_runs(x.shape(), reduced), scale);
+    });
+    return {dx};
+}
+
+// x (outer, n, inner) -> y (outer, inner); saved[0]: argmax (outer, inner) int64. NaN counts as the
+// maximum (as in NumPy and PyTorch); ties go to the first index.
+Tensor max_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const AxisView v = axis_view(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    Tensor argmax = Tensor::empty(args.out.shape, DType::i64, x.device());
+    dispatch_floating(x.dtype(), "max_forward", [&]<typename T>() {
+        const T* xp = x.data<T>();
+        T* yp = y.data<T>();
+        std::int64_t* ip = argmax.data<std::int64_t>();
+        if (v.inner == 1) {
+            // contiguous slices: a vectorised max, then the first element equal to it
+            for (std::int64_t o = 0; o < v.outer; ++o) {
+                const T* slice = xp + o * v.n;
+                const T m = in(slice, v.n).template maxCoeff<Eigen::PropagateNaN>();
+                const T* first = std::isnan(m) ? std::find_if(slice, slice + v.n, [](T e) { return std::isnan(e); })
+                                               : std::find(slice, slice + v.n, m);
+                yp[o] = m;
+                ip[o] = first - slice;
+            }
+            return;
+        }
+        // running max down the n rows of `inner` of each slice (branch-free; strict '>' keeps the first)
+        for (std::int64_t o = 0; o < v.outer; ++o) {
+            const T* slice = xp + o * v.n * v.inner;
+            T* best = yp + o * v.inner;
+            std::int64_t* arg = ip + o * v.inner;
+            std::copy(slice, slice + v.inner, best);
+            std::fill(arg, arg + v.inner, 0);
+            for (std::int64_t r = 1; r < v.n; ++r) {
+                const T* row = slice + r * v.inner;
+                for (std::int64_t i = 0; i < v.inner; ++i) {
+                    const T e = row[i];
+                    const T b = best[i];
+                    const bool wins = e > b || (std::isnan(e) && !std::isnan(b));
+                    best[i] = wins ? e : b;
+                    arg[i] = wins ? r : arg[i];
+                }
+            }
+        }
+    });
+    args.saved.push_back(argmax);
+    return y;
+}
+
+// dy (outer, inner) -> dx (outer, n, inner): dy at each slice's argmax, zero elsewhere
+std::vector<Tensor> max_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    if (!args.needs_grad[0]) return {Tensor()};
+    if (args.saved.empty()) throw GraphError("max: the argmax saved by the forward is missing");
+    const AxisView v = axis_view(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
+    const std::int64_t* argmax = args.saved[0].data<std::int64_t>();
+    Tensor dx = Tensor::zeros(x.shape(), x.dtype(), x.device());
+    dispatch_floating(x.dtype(), "max_backward", [&]<typename T>() {
+        const T* dy = args.grad_output.data<T>();
+        T* dxp = dx.data<T>();
+        for (std::int64_t o = 0; o < v.outer; ++o)
+            for (std::int64_t i = 0; i < v.inner; ++i) {
+                const std::int64_t k = o * v.inner + i;
+                dxp[(o * v.n + argmax[k]) * v.inner + i] = dy[k];
+            }
+    });
+    return {dx};
+}
+
+// x -> x summed over `axes`, which stay as size 1
+Tensor sum_over(const Tensor& x, std::span<const int> axes) {
+    std::vector<bool> reduced(x.rank(), false);
+    for (const int axis : axes) reduced[normalize_axis(axis, x.rank())] = true;
+    Tensor y = Tensor::empty(reduced_shape(x.shape(), reduced, true), x.dtype(), x.device());
+    dispatch_floating(x.dtype(), "sum_over", [&]<typename T>() {
+        sum_runs(x.data<T>(), y.data<T>(), reduction_runs(x.shape(), reduced));
+    });
+    return y;
+}
+
+}  // namespace cpu
+
+// ---- engine helpers, dispatched by device ----
+std::vector<int> broadcast_reduction_axes(const Shape& from, const Shape& to) {
+    if (to.size() > from.size())
+        throw ShapeError(str("shape ", to_string(to), " does not broadcast to ", to_string(from)));
+    const std::size_t lead = from.size() - to.size();
+    std::vector<int> axes;
+    for (std::size_t i = 0; i < from.size(); ++i) {
+        const std::int64_t target = i < lead ? 1 : to[i - lead];
+        if (target == from[i]) continue;  // size-1 axes need no sum either
+        if (target != 1) throw ShapeError(str("shape ", to_string(to), " does not broadcast to ", to_string(from)));
+        axes.push_back(static_cast<int>(i));
+    }
+    return axes;
+}
+
+Tensor sum_to(const Tensor& grad, const Shape& shape) {
+    const std::vector<int> axes = broadcast_reduction_axes(grad.shape(), shape);
+    if (axes.empty()) return grad.reshaped(shape);
+#if DYNGRAD_WITH_CUDA
+    if (grad.device().is_cuda()) return cuda::sum_over(grad, axes).reshaped(shape);
+#endif
+    return cpu::sum_over(grad, axes).reshaped(shape);
+}
+
+void accumulate_into(Tensor& dst, const Tensor& src) {
+    if (!dst.defined()) {
+        dst = src;
+        return;
+    }
+    if (dst.device() != src.device())
+        throw DeviceError(str("accumulate ", describe(src), " into ", describe(dst)));
+    // Gradients may share storage with values or other gradients (kernels may return aliases).
+    if (!dst.owns_storage_exclusively()) dst = dst.clone();
+#if DYNGRAD_WITH_CUDA
+    if (dst.device().is_cuda()) {
+        cuda::accumulate_into(dst, src);
+        return;
+    }
+#endif
+    cpu::accumulate_into(dst, src);
+}
+
+}  // namespace dyngrad

@@ -1,0 +1,14 @@
+// The Catch2 runner, compiled once for all test executables. With Catch2 2.x this translation unit
+// also holds the whole framework implementation (CATCH_CONFIG_RUNNER); 3.x ships it as a library.
+#if DYNGRAD_CATCH2_V3
+#include <catch2/catch_session.hpp>
+#else
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+#endif
+
+#include "catch.h"
+
+namespace dgtest {
+int run_session(int argc, char* argv[]) { return Catch::Session().run(argc, argv); }
+}  // namespace dgtest

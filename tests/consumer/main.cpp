@@ -1,0 +1,29 @@
+// Builds a tiny graph through the installed headers and library and checks one gradient:
+// loss = Σ (x·x/2 + x), so dloss/dx = x + 1.
+#include <dyngrad/dyngrad.h>
+
+#include <cmath>
+#include <cstdio>
+
+int main() {
+    using namespace dyngrad;
+    try {
+        ComputeGraph graph;
+        Var x = graph.input(Tensor::of({1.0, 2.0, 3.0}, DType::f64), "x", true);
+        Var loss = sum(x * x * 0.5 + x);
+        graph.backward(loss);
+        const std::vector<double> grad = x.grad().to_vector();
+        const std::vector<double> expected = {2.0, 3.0, 4.0};
+        for (std::size_t i = 0; i < expected.size(); ++i) {
+            if (std::fabs(grad[i] - expected[i]) > 1e-12) {
+                std::fprintf(stderr, "consumer: dloss/dx[%zu] = %g, expected %g\n", i, grad[i], expected[i]);
+                return 1;
+            }
+        }
+        std::printf("consumer: loss %g, gradient ok\n", loss.item());
+        return 0;
+    } catch (const Error& e) {
+        std::fprintf(stderr, "consumer: %s\n", e.what());
+        return 1;
+    }
+}

@@ -1,0 +1,226 @@
+// GPU tests: every op-table case and large cases of the same ops against the float64 CPU replay
+// (graph/verify.h), verify() on a small MLP, and the device's failure modes: out of memory, memory
+// accounting, mixed devices and errors reported by kernels.
+//
+// Without a CUDA device (or in a CPU-only build) the executable prints why and exits 77, which CTest
+// counts as skipped (SKIP_RETURN_CODE in tests/CMakeLists.txt).
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <string>
+
+#include "catch.h"
+#include "dyngrad/dyngrad.h"
+
+using namespace dyngrad;
+using dgtest::MessageHas;
+
+namespace {
+
+constexpr double kTolerance = 1e-5;
+constexpr std::uint64_t kSeedBase = 7'000'000;
+const Device kGpu = Device::cuda(0);
+
+std::string describe_result(const CheckResult& r) {
+    return str(r.check, " of ", r.op, " '", r.case_label, "' shapes ", r.shapes, ": max rel err ", r.max_rel_err,
+               " (tolerance ", r.tolerance, "), max abs err ", r.max_abs_err, ", gpu ", r.gpu_ms, " ms, cpu ",
+               r.cpu_ms, " ms, ", r.detail);
+}
+
+OpAttrs axes_attr(std::vector<std::int64_t> axes) {
+    OpAttrs attrs;
+    attrs.axes = std::move(axes);
+    return attrs;
+}
+OpAttrs axis_attr(std::int64_t axis) {
+    OpAttrs attrs;
+    attrs.axis = axis;
+    return attrs;
+}
+
+struct LargeCase {
+    const char* op;
+    OpCase op_case;
+};
+
+// Sizes that cover many blocks, grid-stride loops, ragged tails and big reductions.
+std::vector<LargeCase> large_cases() {
+    constexpr std::int64_t k16M = 1 << 24;
+    constexpr std::int64_t kOdd = 1'000'003;
+    using D = InputDomain;
+    return {
+        {"add", {"16M", {{k16M}, {k16M}}, {}, {}}},
+        {"add", {"1,000,003", {{kOdd}, {kOdd}}, {}, {}}},
+        {"add", {"row broadcast (4096,4099)", {{4096, 4099}, {4099}}, {}, {}}},
+        {"mul", {"16M", {{k16M}, {k16M}}, {}, {}}},
+        {"mul", {"1,000,003", {{kOdd}, {kOdd}}, {}, {}}},
+        {"relu", {"16M", {{k16M}}, {}, {D::AwayFromZero}}},
+        {"relu", {"1,000,003", {{kOdd}}, {}, {D::AwayFromZero}}},
+        {"sigmoid", {"16M", {{k16M}}, {}, {}}},
+        {"sigmoid", {"1,000,003", {{kOdd}}, {}, {}}},
+        {"matmul", {"2048x2048x2048", {{2048, 2048}, {2048, 2048}}, {}, {}}},
+        {"matmul", {"batched 16x(257,384)x(384,200)", {{16, 257, 384}, {16, 384, 200}}, {}, {}}},
+        {"sum", {"(4096,4096) axis 0", {{4096, 4096}}, axes_attr({0}), {}}},
+        {"sum", {"(4096,4096) axis 1", {{4096, 4096}}, axes_attr({1}), {}}},
+        {"sum", {"(4096,4096) all", {{4096, 4096}}, axes_attr({}), {}}},
+        {"mean", {"(1000,4097) axis 1", {{1000, 4097}}, axes_attr({1}), {}}},
+        {"mean", {"(64,3,224,224) axes 0,2,3", {{64, 3, 224, 224}}, axes_attr({0, 2, 3}), {}}},
+        {"max", {"(4096,1000) axis 1", {{4096, 1000}}, axis_attr(1), {}}},
+        {"softmax", {"(4096,1000)", {{4096, 1000}}, axis_attr(-1), {}}},
+        {"log_softmax", {"(4096,1000)", {{4096, 1000}}, axis_attr(-1), {}}},
+        {"cross_entropy", {"(4096,1000)", {{4096, 1000}, {4096}}, {}, {D::Any, D::Labels}}},
+        {"transpose", {"(1025,2049)", {{1025, 2049}}, axes_attr({0, 1}), {}}},
+    };
+}
+
+// Fills `values` with labels in [0, classes).
+Tensor random_labels(std::int64_t n, std::int64_t classes, Generator& gen, Device device) {
+    std::uniform_int_distribution<std::int64_t> dist(0, classes - 1);
+    std::vector<std::int64_t> values(static_cast<std::size_t>(n));
+    for (auto& v : values) v = dist(gen.engine());
+    return Tensor::from_vector(values, {n}, device);
+}
+
+}  // namespace
+
+TEST_CASE("every op-table case matches the CPU on the GPU", "[gpu][table]") {
+    const std::span<const OpDef> table = op_table();
+    for (std::size_t index = 0; index < table.size(); ++index) {
+        const OpDef& def = table[index];
+        for (const OpCase& op_case : def.cases()) {
+            DYNAMIC_SECTION(def.name << ": " << op_case.label) {
+                const std::uint64_t seed = kSeedBase + index;
+                Generator gen(seed);
+                const CheckResult r = gpu_vs_cpu_check(def, op_case, gen, kTolerance);
+                INFO("seed " << seed << ": " << describe_result(r));
+                CHECK(r.pass);
+            }
+        }
+    }
+}
+
+TEST_CASE("large cases match the CPU on the GPU", "[gpu][large]") {
+    CHECK_FALSE(cuda::allow_tf32());  // float32 GEMMs at full precision by default
+    const std::vector<LargeCase> cases = large_cases();
+    for (std::size_t index = 0; index < cases.size(); ++index) {
+        const LargeCase& large = cases[index];
+        DYNAMIC_SECTION(large.op << ": " << large.op_case.label) {
+            const OpDef* def = find_op(large.op);
+            REQUIRE(def != nullptr);
+            const std::uint64_t seed = kSeedBase + 1000 + index;
+            Generator gen(seed);
+            const CheckResult r = gpu_vs_cpu_check(*def, large.op_case, gen, kTolerance);
+            INFO("seed " << seed << ": " << describe_result(r));
+            CHECK(r.pass);
+        }
+    }
+}
+
+TEST_CASE("verify() replays a small MLP built on the GPU", "[gpu][verify]") {
+    Generator gen(kSeedBase + 2000);
+    Parameter w1(Tensor::normal({32, 20}, 0.0, 0.3, gen, DType::f32, kGpu), "w1");
+    Parameter b1(Tensor::normal({32}, 0.0, 0.1, gen, DType::f32, kGpu), "b1");
+    Parameter w2(Tensor::normal({10, 32}, 0.0, 0.3, gen, DType::f32, kGpu), "w2");
+    Parameter b2(Tensor::normal({10}, 0.0, 0.1, gen, DType::f32, kGpu), "b2");
+
+    ComputeGraph graph;
+    Var x = graph.input(Tensor::normal({64, 20}, 0.0, 1.0, gen, DType::f32, kGpu), "x");
+    Var y = graph.input(random_labels(64, 10, gen, kGpu), "labels");
+    Var h = relu(linear(x, graph.parameter(w1), graph.parameter(b1)));
+    h.name("h");
+    Var logits = linear(h, graph.parameter(w2), graph.parameter(b2));
+    Var loss = cross_entropy(logits, y);
+    CHECK(loss.device() == kGpu);
+
+    SECTION("after a backward with retain_grads") {
+        graph.backward(loss, BackwardOptions{.retain_grads = true});
+        const VerifyReport report = verify(graph, loss);
+        INFO(report.summary() << "\n" << report.table());
+        CHECK(report.pass);
+        CHECK(report.first_divergence == -1);
+        CHECK(report.tolerance == kTolerance);
+        CHECK(report.nodes.size() == 10);
+        for (const NodeCheck& node : report.nodes) {
+            INFO(node.name);
+            CHECK(node.pass);
+        }
+        CHECK(w1.grad().device() == kGpu);
+        CHECK(w1.grad().shape() == Shape{32, 20});
+    }
+    SECTION("verify runs the backward itself") {
+        const VerifyReport report = verify(graph, loss);
+        INFO(report.summary());
+        CHECK(report.pass);
+        CHECK(h.grad().shape() == Shape{64, 32});
+    }
+}
+
+TEST_CASE("out of memory is an exception and the device stays usable", "[gpu][memory]") {
+    CHECK_THROWS_AS(Tensor::empty({1LL << 40}, DType::f32, kGpu), OutOfMemory);
+    CHECK_THROWS_AS(Tensor::zeros({1LL << 38, 4}, DType::f64, kGpu), OutOfMemory);
+
+    ComputeGraph graph;
+    Var a = graph.input(Tensor::of({1, 2, 3}).to(kGpu), "a", true);
+    Var b = graph.input(Tensor::of({4, 5, 6}).to(kGpu), "b");
+    Var loss = sum(relu(a * b));
+    CHECK(loss.item() == 32);
+    graph.backward(loss);
+    CHECK(a.grad().to_vector() == std::vector<double>{4, 5, 6});
+}
+
+TEST_CASE("memory in use returns to its earlier value", "[gpu][memory]") {
+    auto workload = [] {
+        Generator gen(kSeedBase + 3000);
+        ComputeGraph graph;
+        Var x = graph.input(Tensor::normal({256, 512}, 0.0, 1.0, gen, DType::f32, kGpu), "x", true);
+        Var w = graph.input(Tensor::normal({128, 512}, 0.0, 1.0, gen, DType::f32, kGpu), "w", true);
+        Var y = graph.input(random_labels(256, 128, gen, kGpu), "labels");
+        Var loss = cross_entropy(softmax(tanh(linear(x, w)), -1), y) + sum(x * x);
+        graph.backward(loss);
+        return loss.item();
+    };
+    workload();  // first use creates handles and plans
+    cuda::synchronize(0);
+    const std::size_t before = cuda::memory_stats(0).bytes_in_use;
+    {
+        const Tensor big = Tensor::zeros({1 << 22}, DType::f32, kGpu);
+        CHECK(cuda::memory_stats(0).bytes_in_use >= before + big.nbytes());
+        CHECK(cuda::memory_stats(0).peak_bytes_in_use >= before + big.nbytes());
+        CHECK(std::isfinite(workload()));
+    }
+    cuda::synchronize(0);
+    CHECK(cuda::memory_stats(0).bytes_in_use == before);
+    cuda::reset_peak_memory(0);
+    CHECK(cuda::memory_stats(0).peak_bytes_in_use == cuda::memory_stats(0).bytes_in_use);
+}
+
+TEST_CASE("inputs on different devices are a DeviceError", "[gpu][device]") {
+    ComputeGraph graph;
+    Var on_cpu = graph.input(Tensor::of({1, 2}), "on_cpu");
+    Var on_gpu = graph.input(Tensor::of({3, 4}).to(kGpu), "on_gpu");
+    CHECK_THROWS_MATCHES(add(on_cpu, on_gpu), DeviceError, MessageHas({"add", "cpu", "cuda:0"}));
+    CHECK_THROWS_MATCHES(mul(on_gpu, on_cpu), DeviceError, MessageHas({"mul", "cpu", "cuda:0"}));
+    CHECK(add(on_gpu, on_gpu).value().to_vector() == std::vector<double>{6, 8});
+}
+
+TEST_CASE("a label out of range on the GPU raises IndexError at the next sync", "[gpu][device]") {
+    ComputeGraph graph;
+    Var logits = graph.input(Tensor::zeros({4, 5}, DType::f32, kGpu), "logits", true);
+    Var bad = graph.input(Tensor::from_vector(std::vector<std::int64_t>{0, 1, 9, 2}, {4}, kGpu), "labels");
+    // The kernel records the error; the host sees it when it waits for the stream (reading the loss).
+    CHECK_THROWS_MATCHES(cross_entropy(logits, bad).item(), IndexError, MessageHas({"9"}));
+
+    // The error record was cleared: the next ops run normally.
+    Var good = graph.input(Tensor::from_vector(std::vector<std::int64_t>{0, 1, 4, 2}, {4}, kGpu), "labels");
+    Var loss = cross_entropy(logits, good);
+    CHECK(loss.item() == dgtest::Approx(std::log(5.0)).epsilon(1e-6));
+    CHECK_NOTHROW(cuda::synchronize(0));
+}
+
+int main(int argc, char* argv[]) {
+    if (cuda_device_count() == 0) {
+        std::cout << "dyngrad: no CUDA device: GPU tests skipped" << std::endl;
+        return 77;
+    }
+    return dgtest::run_session(argc, argv);
+}

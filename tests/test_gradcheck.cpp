@@ -1,0 +1,148 @@
+// Table-driven gradient checks: every case of every op-table row passes the float64 finite-difference
+// check and the float32-vs-float64 check on the CPU. A new row is picked up here without a new test.
+//
+// Inputs are random but reproducible: op number i draws from seed base + i. The base is printed;
+// DYNGRAD_TEST_SEED=<n> replaces it to try other inputs.
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <iostream>
+#include <set>
+#include <string>
+
+#include "catch.h"
+#include "dyngrad/dyngrad.h"
+
+using namespace dyngrad;
+
+namespace {
+
+constexpr double kFiniteDifferenceTolerance = 1e-6;
+constexpr double kFloat32Tolerance = 1e-5;
+
+std::uint64_t seed_base() {
+    static const std::uint64_t base = [] {
+        const char* env = std::getenv("DYNGRAD_TEST_SEED");
+        const std::uint64_t value = env ? std::strtoull(env, nullptr, 10) : 20240611;
+        std::cout << "test_gradcheck: seed base " << value << " (op i uses base + i; set DYNGRAD_TEST_SEED to change)"
+                  << std::endl;
+        return value;
+    }();
+    return base;
+}
+
+std::string describe_result(const CheckResult& r) {
+    return str(r.check, " of ", r.op, " '", r.case_label, "' shapes ", r.shapes, ": max rel err ", r.max_rel_err,
+               " (tolerance ", r.tolerance, "), max abs err ", r.max_abs_err, ", ", r.detail);
+}
+
+}  // namespace
+
+TEST_CASE("every op-table case passes finite differences and the float32 check", "[gradcheck]") {
+    const std::span<const OpDef> table = op_table();
+    for (std::size_t index = 0; index < table.size(); ++index) {
+        const OpDef& def = table[index];
+        for (const OpCase& op_case : def.cases()) {
+            DYNAMIC_SECTION(def.name << ": " << op_case.label) {
+                const std::uint64_t seed = seed_base() + index;
+                INFO("op " << def.name << ", case '" << op_case.label << "', seed " << seed);
+
+                Generator fd_gen(seed);
+                const CheckResult fd = finite_difference_check(def, op_case, fd_gen, kFiniteDifferenceTolerance);
+                INFO(describe_result(fd));
+                CHECK(fd.pass);
+                CHECK(fd.check == "finite_diff");
+
+                Generator f32_gen(seed);
+                const CheckResult single = float32_check(def, op_case, f32_gen, kFloat32Tolerance);
+                INFO(describe_result(single));
+                CHECK(single.pass);
+                CHECK(single.check == "f32_vs_f64");
+            }
+        }
+    }
+}
+
+TEST_CASE("the op table covers every op with cases and CPU kernels", "[gradcheck][table]") {
+    const std::span<const OpDef> table = op_table();
+    REQUIRE(table.size() == kOpTypeCount);
+    std::size_t with_cases = 0;
+    std::set<std::string> names;
+    for (std::size_t index = 0; index < table.size(); ++index) {
+        const OpDef& def = table[index];
+        INFO("row " << index << " '" << def.name << "'");
+        CHECK(static_cast<std::size_t>(def.op) == index);
+        CHECK(names.insert(def.name).second);
+        const std::vector<OpCase> cases = def.cases();
+        if (def.op == OpType::Leaf) {
+            CHECK(std::string(def.name) == "leaf");
+            CHECK(cases.empty());
+            continue;
+        }
+        CHECK_FALSE(cases.empty());
+        CHECK(def.arity >= 1);
+        CHECK(def.infer != nullptr);
+        CHECK(def.cpu.forward != nullptr);
+        CHECK(def.cpu.backward != nullptr);
+        if (cuda_compiled()) {
+            CHECK(def.cuda.forward != nullptr);
+            CHECK(def.cuda.backward != nullptr);
+        }
+        for (const OpCase& op_case : cases) {
+            INFO("case '" << op_case.label << "'");
+            CHECK(static_cast<int>(op_case.shapes.size()) == def.arity);
+            CHECK((op_case.domains.empty() || op_case.domains.size() == op_case.shapes.size()));
+        }
+        if (!cases.empty()) ++with_cases;
+    }
+    CHECK(with_cases >= 30);
+}
+
+TEST_CASE("find_op and op_def look rows up", "[gradcheck][table]") {
+    for (const OpDef& def : op_table()) {
+        INFO(def.name);
+        CHECK(find_op(def.name) == &def);
+        CHECK(&op_def(def.op) == &def);
+    }
+    REQUIRE(find_op("relu") != nullptr);
+    CHECK(find_op("relu")->op == OpType::Relu);
+    CHECK(find_op("cross_entropy")->arity == 2);
+    CHECK(find_op("linear")->arity == 3);
+    CHECK(find_op("no_such_op") == nullptr);
+    CHECK(find_op("") == nullptr);
+    CHECK(find_op("Relu") == nullptr);
+}
+
+TEST_CASE("case inputs follow their domains", "[gradcheck][inputs]") {
+    const OpCase op_case{"domains", {{50, 7}, {50}, {40}, {40}}, {},
+                         {InputDomain::Any, InputDomain::Labels, InputDomain::Positive, InputDomain::AwayFromZero}};
+    Generator gen(seed_base());
+    const std::vector<Tensor> inputs = make_case_inputs(op_case, DType::f64, gen);
+    REQUIRE(inputs.size() == 4);
+    CHECK(inputs[0].dtype() == DType::f64);
+    CHECK(inputs[1].dtype() == DType::i64);
+    for (double label : inputs[1].to_vector()) {
+        CHECK(label >= 0);
+        CHECK(label < 7);
+    }
+    for (double v : inputs[2].to_vector()) {
+        CHECK(v >= 0.5);
+        CHECK(v <= 2.0);
+    }
+    for (double v : inputs[3].to_vector()) CHECK(std::abs(v) >= 0.2);
+
+    Generator again(seed_base());
+    CHECK(make_case_inputs(op_case, DType::f64, again)[0].to_vector() == inputs[0].to_vector());
+}
+
+TEST_CASE("error measures", "[gradcheck][measures]") {
+    const Tensor reference = Tensor::of({3, 4}, DType::f64);
+    CHECK(relative_norm_error(reference, reference) == 0);
+    CHECK(relative_norm_error(Tensor::of({3, 5}, DType::f64), reference) == dgtest::Approx(0.2));
+    CHECK(max_abs_error(Tensor::of({3, 5}, DType::f64), reference) == dgtest::Approx(1.0));
+    const Tensor nan = Tensor::of({std::nan(""), 4}, DType::f64);
+    CHECK(std::isinf(relative_norm_error(nan, reference)));
+    CHECK(std::isinf(relative_norm_error(reference, nan)));
+    CHECK(std::isinf(max_abs_error(nan, reference)));
+    CHECK(std::isinf(relative_norm_error(Tensor::of({3}, DType::f64), reference)));
+}
