@@ -356,7 +356,7 @@ std::string cpu_name() {
 }
 
 // The runtime API (cuda/runtime.h) has no device-name query yet: the GPU is named by its index.
-std::string gpu_name() { return Device::cuda(0).to_string(); }
+std::string gpu_name() { return cuda::device_name(0); }
 
 int run(const Options& options) {
     const std::vector<const OpDef*> ops = checkable_ops();

@@ -12,11 +12,16 @@ namespace {
 }
 }  // namespace
 
-void* allocate(std::size_t, int) { unavailable("cuda::allocate"); }
+void* allocate(std::size_t, int device) { unavailable(str("a tensor on ", Device::cuda(device).to_string()).c_str()); }
 void deallocate(void*, std::size_t, int) noexcept {}
-void copy(void*, Device, const void*, Device, std::size_t) { unavailable("cuda::copy"); }
-void fill(void*, std::int64_t, double, DType, int) { unavailable("cuda::fill"); }
+void copy(void*, Device dst, const void*, Device src, std::size_t) {
+    unavailable(str("copy from ", src.to_string(), " to ", dst.to_string()).c_str());
+}
+void fill(void*, std::int64_t, double, DType, int device) {
+    unavailable(str("fill on ", Device::cuda(device).to_string()).c_str());
+}
 int device_count() { return 0; }
+std::string device_name(int) { unavailable("cuda::device_name"); }
 MemoryStats memory_stats(int) { unavailable("cuda::memory_stats"); }
 void reset_peak_memory(int) { unavailable("cuda::reset_peak_memory"); }
 void synchronize(int) { unavailable("cuda::synchronize"); }

@@ -14,11 +14,6 @@ namespace dyngrad {
 namespace {
 constexpr std::size_t kCpuAlignment = 64;  // cache line; lets Eigen use aligned vector loads
 
-[[noreturn]] void no_cuda(Device device) {
-    throw DeviceError(str("device ", device.to_string(),
-                          " requested, but this build of dyngrad has no CUDA backend"));
-}
-
 template <typename T>
 void fill_cpu(void* data, std::int64_t n, double value) {
     auto* p = static_cast<T*>(data);
@@ -48,11 +43,7 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
         std::memcpy(dst, src, bytes);
         return;
     }
-#if DYNGRAD_WITH_CUDA
     cuda::copy(dst, dst_device, src, src_device, bytes);
-#else
-    no_cuda(dst_device.is_cuda() ? dst_device : src_device);
-#endif
 }
 
 void validate_shape(const Shape& shape) {
@@ -63,24 +54,14 @@ void validate_shape(const Shape& shape) {
 
 bool cuda_compiled() { return DYNGRAD_WITH_CUDA != 0; }
 
-int cuda_device_count() {
-#if DYNGRAD_WITH_CUDA
-    return cuda::device_count();
-#else
-    return 0;
-#endif
-}
+int cuda_device_count() { return cuda::device_count(); }
 
 Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
     if (device.is_cpu()) {
         data_ = ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t{kCpuAlignment});
         return;
     }
-#if DYNGRAD_WITH_CUDA
     data_ = cuda::allocate(bytes, device.index);
-#else
-    no_cuda(device);
-#endif
 }
 
 Storage::~Storage() {
@@ -88,9 +69,7 @@ Storage::~Storage() {
         ::operator delete(data_, std::align_val_t{kCpuAlignment});
         return;
     }
-#if DYNGRAD_WITH_CUDA
     cuda::deallocate(data_, bytes_, device_.index);
-#endif
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
@@ -275,11 +254,7 @@ void Tensor::fill(double value) {
         fill_cpu(raw_data(), numel_, value, dtype_);
         return;
     }
-#if DYNGRAD_WITH_CUDA
     cuda::fill(raw_data(), numel_, value, dtype_, device().index);
-#else
-    no_cuda(device());
-#endif
 }
 
 std::string describe(const Tensor& t) {

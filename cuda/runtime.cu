@@ -151,7 +151,7 @@ ContextOwner::ContextOwner(int device) {
 }
 
 void ContextOwner::ensure_staging() {
-    if (staging[0].buffer.get()) return;
+    if (staging.back().done.get()) return;  // the last thing created: a failed attempt is redone whole
     for (StagingSlot& slot : staging) {
         void* buffer = nullptr;
         DG_CUDA_CHECK(cudaHostAlloc(&buffer, kStagingChunk, cudaHostAllocDefault));
@@ -454,6 +454,18 @@ void fill(void* dst, std::int64_t n, double value, DType dtype, int device) {
 int device_count() {
     static const int count = query_device_count();
     return count;
+}
+
+std::string device_name(int device) {
+    cudaDeviceProp prop{};
+    DG_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    int driver = 0, runtime = 0, cublas = 0;
+    DG_CUDA_CHECK(cudaDriverGetVersion(&driver));
+    DG_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+    DG_CUBLAS_CHECK(cublasGetVersion(context(device).cublas, &cublas));
+    return str(prop.name, " (sm_", prop.major, prop.minor, ", CUDA driver ", driver / 1000, ".", driver % 1000 / 10,
+               ", runtime ", runtime / 1000, ".", runtime % 1000 / 10, ", cuBLAS ", cublas, ", cuDNN ",
+               cudnnGetVersion(), ")");
 }
 
 MemoryStats memory_stats(int device) {

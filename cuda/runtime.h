@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "dyngrad/core/device.h"
 #include "dyngrad/core/dtype.h"
@@ -21,6 +22,10 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, std:
 void fill(void* dst, std::int64_t n, double value, DType dtype, int device);
 // Number of CUDA devices usable by the runtime (0 when there is no driver or device).
 int device_count();
+
+// "NVIDIA H100 80GB HBM3 (sm_90, driver 13.0, runtime 13.0, cuBLAS 130100, cuDNN 91400)": the device and the
+// library versions in use, for reports.
+std::string device_name(int device = 0);
 
 struct MemoryStats {
     std::size_t bytes_in_use = 0;  // bytes handed out by dyngrad and not yet returned

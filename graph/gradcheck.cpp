@@ -11,8 +11,10 @@ namespace {
 
 std::string shapes_text(const OpCase& c) {
     std::string out;
-    for (std::size_t i = 0; i < c.shapes.size(); ++i) out += i ? " " : "";
+    for (std::size_t i = 0; i < c.shapes.size(); ++i) {
+        out += i ? " " : "";
         out += to_string(c.shapes[i]);
+    }
     return out;
 }
 
