@@ -25,6 +25,20 @@ std::string device_name(int) { unavailable("cuda::device_name"); }
 MemoryStats memory_stats(int) { unavailable("cuda::memory_stats"); }
 void reset_peak_memory(int) { unavailable("cuda::reset_peak_memory"); }
 void synchronize(int) { unavailable("cuda::synchronize"); }
+void* allocate_pinned(std::size_t) { unavailable("cuda::allocate_pinned"); }
+void free_pinned(void*) noexcept {}
+void copy_to_device_async(void*, int device, const void*, std::size_t) {
+    unavailable(str("copy to ", Device::cuda(device).to_string()).c_str());
+}
+
+StreamEvent::StreamEvent(int device) : device_(device) {
+    unavailable(str("an event on ", Device::cuda(device).to_string()).c_str());
+}
+StreamEvent::~StreamEvent() = default;
+StreamEvent::StreamEvent(StreamEvent&& other) noexcept : event_(other.event_), device_(other.device_) {}
+StreamEvent& StreamEvent::operator=(StreamEvent&&) noexcept = default;
+void StreamEvent::record() { unavailable("cuda::StreamEvent::record"); }
+void StreamEvent::wait() { unavailable("cuda::StreamEvent::wait"); }
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
 

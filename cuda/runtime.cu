@@ -488,6 +488,54 @@ void synchronize(int device) {
     raise_device_error(o.ctx);
 }
 
+void* allocate_pinned(std::size_t bytes) {
+    void* ptr = nullptr;
+    DG_CUDA_CHECK(cudaHostAlloc(&ptr, std::max<std::size_t>(bytes, 1), cudaHostAllocDefault));
+    return ptr;
+}
+
+void free_pinned(void* ptr) noexcept {
+    // Runs in destructors: a failure (the runtime unloading at exit) is cleared, not reported.
+    if (ptr != nullptr && cudaFreeHost(ptr) != cudaSuccess) static_cast<void>(cudaGetLastError());
+}
+
+void copy_to_device_async(void* dst, int device, const void* src, std::size_t bytes) {
+    if (bytes == 0) return;
+    const DeviceContext& ctx = context(device);
+    DG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx.stream));
+}
+
+StreamEvent::StreamEvent(int device) : device_(device) {
+    static_cast<void>(owner(device));  // events belong to the device current at creation
+    cudaEvent_t event = nullptr;
+    DG_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    event_ = event;
+}
+
+StreamEvent::~StreamEvent() {
+    if (event_ != nullptr && cudaEventDestroy(static_cast<cudaEvent_t>(event_)) != cudaSuccess)
+        static_cast<void>(cudaGetLastError());
+}
+
+StreamEvent::StreamEvent(StreamEvent&& other) noexcept
+    : event_(std::exchange(other.event_, nullptr)), device_(other.device_) {}
+
+StreamEvent& StreamEvent::operator=(StreamEvent&& other) noexcept {
+    if (this != &other) {
+        const StreamEvent previous(std::move(*this));  // releases this event at the end of the scope
+        event_ = std::exchange(other.event_, nullptr);
+        device_ = other.device_;
+    }
+    return *this;
+}
+
+void StreamEvent::record() {
+    const DeviceContext& ctx = context(device_);
+    DG_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), ctx.stream));
+}
+
+void StreamEvent::wait() { DG_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_))); }
+
 void set_allow_tf32(bool allow) { g_allow_tf32.store(allow, std::memory_order_relaxed); }
 bool allow_tf32() { return g_allow_tf32.load(std::memory_order_relaxed); }
 

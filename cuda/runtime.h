@@ -40,6 +40,37 @@ void synchronize(int device = 0);
 }  // namespace dyngrad::cuda
 
 namespace dyngrad::cuda {
+// Pinned (page-locked) host memory, for staging host-to-device copies that run asynchronously.
+// Throws OutOfMemory when the host cannot pin that much.
+void* allocate_pinned(std::size_t bytes);
+void free_pinned(void* ptr) noexcept;
+// Queues a copy of `bytes` from pinned host memory `src` to `dst` on `device` (e.g. a tensor's
+// raw_data()) on the device's stream and returns at once. `src` must stay unchanged until the copy has
+// run: record a StreamEvent after the copy and wait() on it before rewriting the buffer.
+void copy_to_device_async(void* dst, int device, const void* src, std::size_t bytes);
+
+// A point in a device's stream the host can wait for. Non-copyable; a move empties the source.
+class StreamEvent {
+public:
+    explicit StreamEvent(int device);
+    ~StreamEvent();
+    StreamEvent(StreamEvent&& other) noexcept;
+    StreamEvent& operator=(StreamEvent&& other) noexcept;
+    StreamEvent(const StreamEvent&) = delete;
+    StreamEvent& operator=(const StreamEvent&) = delete;
+
+    // Marks the work queued on the device's stream so far.
+    void record();
+    // Blocks until the work marked by the last record() has run; returns at once when never recorded.
+    void wait();
+
+private:
+    void* event_ = nullptr;  // cudaEvent_t
+    int device_ = 0;
+};
+}  // namespace dyngrad::cuda
+
+namespace dyngrad::cuda {
 // TF32 tensor-core math for float32 GEMMs: off by default (full float32 precision).
 void set_allow_tf32(bool allow);
 bool allow_tf32();

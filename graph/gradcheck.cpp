@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "dyngrad/graph/custom_op.h"
 #include "dyngrad/graph/graph.h"
 
 namespace dyngrad {
@@ -87,7 +88,8 @@ std::vector<Tensor> make_case_inputs(const OpCase& c, DType dtype, Generator& ge
                 for (auto& v : values) v = dist(gen.engine());
                 break;
             }
-            case InputDomain::Positive: {
+            case InputDomain::Positive:
+            case InputDomain::Constant: {
                 std::uniform_real_distribution<double> dist(0.5, 2.0);
                 for (auto& v : values) v = dist(gen.engine());
                 break;
@@ -113,11 +115,18 @@ std::vector<Tensor> make_case_inputs(const OpCase& c, DType dtype, Generator& ge
     return inputs;
 }
 
-OpRun run_op(const OpDef& def, const OpAttrs& attrs, const std::vector<Tensor>& inputs, const Tensor& grad_output) {
+bool gradient_checked(const OpCase& c, std::size_t input, const Tensor& value) {
+    const InputDomain domain = input < c.domains.size() ? c.domains[input] : InputDomain::Any;
+    return is_floating(value.dtype()) && domain != InputDomain::Labels && domain != InputDomain::Constant;
+}
+
+OpRun run_op(const OpDef& def, const OpCase& c, const std::vector<Tensor>& inputs, const Tensor& grad_output) {
     ComputeGraph graph;
     std::vector<Var> vars;
     for (std::size_t i = 0; i < inputs.size(); ++i)
-        vars.push_back(graph.input(inputs[i], str("input", i), is_floating(inputs[i].dtype())));
+        vars.push_back(graph.input(inputs[i], str("input", i), gradient_checked(c, i, inputs[i])));
+    OpAttrs attrs = c.attrs;
+    if (def.op == OpType::Custom) attrs.custom_id = custom_op_id(def);
     Var y = graph.record(def.op, vars, attrs, std::source_location::current());
     OpRun run;
     run.output = y.value();
@@ -131,21 +140,21 @@ CheckResult finite_difference_check(const OpDef& def, const OpCase& c, Generator
     CheckResult r = start_result(def, c, "finite_diff", tolerance);
     try {
         std::vector<Tensor> inputs = make_case_inputs(c, DType::f64, gen);
-        const Tensor probe = run_op(def, c.attrs, inputs, Tensor()).output;
+        const Tensor probe = run_op(def, c, inputs, Tensor()).output;
         // L = Σ w·y with random w: every output element matters (Σ softmax alone would be constant).
         const Tensor weights = Tensor::normal(probe.shape(), 0.0, 1.0, gen, DType::f64);
-        const OpRun analytic = run_op(def, c.attrs, inputs, weights);
+        const OpRun analytic = run_op(def, c, inputs, weights);
         constexpr double kStep = 1e-6;
         for (std::size_t i = 0; i < inputs.size(); ++i) {
-            if (!is_floating(inputs[i].dtype())) continue;
+            if (!gradient_checked(c, i, inputs[i])) continue;
             Tensor numeric = Tensor::zeros(inputs[i].shape(), DType::f64);
             double* x = inputs[i].data<double>();
             for (std::int64_t k = 0; k < inputs[i].numel(); ++k) {
                 const double saved = x[k];
                 x[k] = saved + kStep;
-                const double plus = weighted_sum(run_op(def, c.attrs, inputs, Tensor()).output, weights);
+                const double plus = weighted_sum(run_op(def, c, inputs, Tensor()).output, weights);
                 x[k] = saved - kStep;
-                const double minus = weighted_sum(run_op(def, c.attrs, inputs, Tensor()).output, weights);
+                const double minus = weighted_sum(run_op(def, c, inputs, Tensor()).output, weights);
                 x[k] = saved;
                 numeric.data<double>()[k] = (plus - minus) / (2 * kStep);
             }
@@ -169,10 +178,10 @@ CheckResult float32_check(const OpDef& def, const OpCase& c, Generator& gen, dou
         // Round through float32 first so both runs see identical input values.
         std::vector<Tensor> reference_inputs;
         for (const Tensor& t : inputs32) reference_inputs.push_back(is_floating(t.dtype()) ? t.to(DType::f64) : t);
-        const Tensor probe = run_op(def, c.attrs, reference_inputs, Tensor()).output;
+        const Tensor probe = run_op(def, c, reference_inputs, Tensor()).output;
         const Tensor weights64 = Tensor::normal(probe.shape(), 0.0, 1.0, gen, DType::f32).to(DType::f64);
-        const OpRun reference = run_op(def, c.attrs, reference_inputs, weights64);
-        const OpRun single = run_op(def, c.attrs, inputs32, weights64.to(DType::f32));
+        const OpRun reference = run_op(def, c, reference_inputs, weights64);
+        const OpRun single = run_op(def, c, inputs32, weights64.to(DType::f32));
         compare_into(r, "output", single.output, reference.output);
         for (std::size_t i = 0; i < inputs32.size(); ++i)
             if (reference.grads[i].defined()) compare_into(r, str("d input", i), single.grads[i], reference.grads[i]);

@@ -39,7 +39,9 @@ struct OpRun {
     Tensor output;
     std::vector<Tensor> grads;
 };
-OpRun run_op(const OpDef& def, const OpAttrs& attrs, const std::vector<Tensor>& inputs, const Tensor& grad_output);
+// Inputs whose gradient is checked: float inputs whose domain is not Labels or Constant.
+bool gradient_checked(const OpCase& op_case, std::size_t input, const Tensor& value);
+OpRun run_op(const OpDef& def, const OpCase& op_case, const std::vector<Tensor>& inputs, const Tensor& grad_output);
 
 CheckResult finite_difference_check(const OpDef& def, const OpCase& op_case, Generator& gen,
                                     double tolerance = 1e-6);

@@ -64,6 +64,10 @@ const std::string& Parameter::name() const {
     static const std::string none;
     return state_ ? state_->name : none;
 }
+void Parameter::set_name(std::string name) {
+    if (!state_) throw ValueError("Parameter is undefined");
+    state_->name = std::move(name);
+}
 
 // ---- Var ----
 void Var::check_alive() const {
@@ -100,7 +104,7 @@ ComputeGraph::~ComputeGraph() = default;
 
 std::string ComputeGraph::describe_node(NodeId id) const {
     const ComputeNode& n = node(id);
-    std::string out = str(op_def(n.op).name, " #", id);
+    std::string out = str(op_def(n.op, n.attrs).name, " #", id);
     if (!n.name.empty()) out += str(" '", n.name, "'");
     return out + str(" (", site(n.where), ")");
 }
@@ -148,10 +152,12 @@ Var ComputeGraph::record(OpType op, std::initializer_list<Var> inputs, const OpA
 }
 
 Var ComputeGraph::record(OpType op, const std::vector<Var>& inputs, const OpAttrs& attrs, std::source_location where) {
-    const OpDef& def = op_def(op);
+    const OpDef& def = op_def(op, attrs);
     const std::string at = str(def.name, " (new node #", nodes_.size(), " at ", site(where), ")");
-    if (static_cast<int>(inputs.size()) != def.arity)
-        throw GraphError(str(at, ": takes ", def.arity, " inputs, got ", inputs.size()));
+    const auto given = static_cast<int>(inputs.size());
+    if (given > def.arity || given < def.arity - def.optional_inputs)
+        throw GraphError(str(at, ": takes ", def.optional_inputs ? str(def.arity - def.optional_inputs, " to ") : "",
+                             def.arity, " inputs, got ", inputs.size()));
 
     std::vector<Tensor> values;
     values.reserve(inputs.size());
@@ -246,7 +252,7 @@ void ComputeGraph::run_backward(NodeId root, Tensor seed, const BackwardOptions&
             if (n.parameter.defined()) accumulate_into(n.parameter.grad_slot(), n.grad);
             continue;
         }
-        const OpDef& def = op_def(n.op);
+        const OpDef& def = op_def(n.op, n.attrs);
         input_values.clear();
         needs_grad_storage.assign(n.inputs.size(), 0);
         for (std::size_t i = 0; i < n.inputs.size(); ++i) {

@@ -32,6 +32,8 @@ public:
     const Tensor& grad() const;
     void zero_grad();  // drops the gradient (the next backward starts from zero)
     const std::string& name() const;
+    // Renames every copy (Module registration sets the dotted path, e.g. "fc1.weight").
+    void set_name(std::string name);
     // Internal: the engine accumulates into the gradient.
     Tensor& grad_slot();
 

@@ -6,6 +6,7 @@
 //           engine alone accumulates at fan-out and reduces broadcast gradients, the same way on every
 //           backend, so no kernel decides between '=' and '+='.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -23,6 +24,17 @@ struct OpAttrs {
     std::int64_t axis = -1;           // max, softmax, log_softmax
     bool keepdim = false;             // sum/mean/max
     Shape shape;                      // reshape target
+    // conv2d and pooling: (height, width) pairs
+    std::array<std::int64_t, 2> kernel{1, 1};    // pooling window
+    std::array<std::int64_t, 2> stride{1, 1};
+    std::array<std::int64_t, 2> padding{0, 0};
+    std::array<std::int64_t, 2> dilation{1, 1};  // conv2d
+    std::int64_t groups = 1;                     // conv2d
+    bool training = false;                       // batch_norm (batch statistics, update running ones), dropout
+    double eps = 1e-5;                           // batch_norm
+    double momentum = 0.1;                       // batch_norm: running = (1 - momentum)·running + momentum·batch
+    std::uint64_t seed = 0;                      // dropout: counter-based mask, identical on every backend
+    std::uint32_t custom_id = 0;                 // Custom: which registered op
 };
 
 struct OutputSpec {
@@ -63,6 +75,7 @@ enum class InputDomain : std::uint8_t {
     Positive,      // uniform [0.5, 2]  (log, sqrt, pow, div denominators)
     AwayFromZero,  // |x| in [0.2, 2], random sign (kinks at 0: abs, relu family)
     Labels,        // int64 class indices in [0, inputs[0].shape[1])
+    Constant,      // no gradient is checked for it (e.g. batch_norm running statistics); uniform [0.5, 2]
 };
 
 // One case of an op's checks: shapes, attributes and input domains.
@@ -76,15 +89,18 @@ struct OpCase {
 struct OpDef {
     OpType op;
     const char* name;
-    int arity;  // number of inputs
+    int arity;  // number of inputs (the last `optional_inputs` of them may be left out)
     InferFn infer;
     BackendKernels cpu;
     BackendKernels cuda;
     std::vector<OpCase> (*cases)();  // test cases picked up by tests and dyngrad-verify
+    int optional_inputs = 0;         // e.g. conv2d's bias
 };
 
-// The row for `op` (never null for a valid tag).
+// The row for `op` (never null for a valid tag). For OpType::Custom this is the trampoline row;
+// op_def(op, attrs) returns the registered op's own definition.
 const OpDef& op_def(OpType op);
+const OpDef& op_def(OpType op, const OpAttrs& attrs);
 std::span<const OpDef> op_table();
 // Looks a row up by name; nullptr when there is none.
 const OpDef* find_op(std::string_view name);

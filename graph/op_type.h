@@ -19,6 +19,12 @@ enum class OpType : std::uint16_t {
     Sum, Mean, Max,
     // normalised exponentials and losses (ops/loss)
     Softmax, LogSoftmax, CrossEntropy, MseLoss,
+    // convolution and pooling, NCHW (ops/conv, ops/pool)
+    Conv2d, MaxPool2d, AvgPool2d,
+    // normalisation and regularisation (ops/norm)
+    BatchNorm, Dropout,
+    // user-defined ops registered at run time (graph/custom_op.h); OpAttrs::custom_id picks one
+    Custom,
     Count_  // number of tags; keep last
 };
 

@@ -22,6 +22,10 @@ OutputSpec reduce_axis(OpType, std::span<const Tensor>, const OpAttrs&);  // max
 OutputSpec along_axis(OpType, std::span<const Tensor>, const OpAttrs&);   // softmax, log_softmax
 OutputSpec cross_entropy(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec mse_loss(OpType, std::span<const Tensor>, const OpAttrs&);
+OutputSpec conv2d(OpType, std::span<const Tensor>, const OpAttrs&);
+OutputSpec pool2d(OpType, std::span<const Tensor>, const OpAttrs&);      // max_pool2d, avg_pool2d
+OutputSpec batch_norm(OpType, std::span<const Tensor>, const OpAttrs&);
+OutputSpec dropout(OpType, std::span<const Tensor>, const OpAttrs&);
 }  // namespace infer
 
 // Reshape is metadata only: the same functions serve every backend.
@@ -54,6 +58,14 @@ Tensor cross_entropy_forward(const ForwardArgs&);
 std::vector<Tensor> cross_entropy_backward(const BackwardArgs&);
 Tensor mse_loss_forward(const ForwardArgs&);
 std::vector<Tensor> mse_loss_backward(const BackwardArgs&);
+Tensor conv2d_forward(const ForwardArgs&);
+std::vector<Tensor> conv2d_backward(const BackwardArgs&);
+Tensor pool2d_forward(const ForwardArgs&); /* max_pool2d, avg_pool2d */
+std::vector<Tensor> pool2d_backward(const BackwardArgs&);
+Tensor batch_norm_forward(const ForwardArgs&);
+std::vector<Tensor> batch_norm_backward(const BackwardArgs&);
+Tensor dropout_forward(const ForwardArgs&);
+std::vector<Tensor> dropout_backward(const BackwardArgs&);
 // engine helpers: x summed over `axes` (kept as size 1); dst += src (same shape)
 Tensor sum_over(const Tensor& x, std::span<const int> axes);
 void accumulate_into(Tensor& dst, const Tensor& src);
@@ -81,6 +93,14 @@ Tensor cross_entropy_forward(const ForwardArgs&);
 std::vector<Tensor> cross_entropy_backward(const BackwardArgs&);
 Tensor mse_loss_forward(const ForwardArgs&);
 std::vector<Tensor> mse_loss_backward(const BackwardArgs&);
+Tensor conv2d_forward(const ForwardArgs&);
+std::vector<Tensor> conv2d_backward(const BackwardArgs&);
+Tensor pool2d_forward(const ForwardArgs&); /* max_pool2d, avg_pool2d */
+std::vector<Tensor> pool2d_backward(const BackwardArgs&);
+Tensor batch_norm_forward(const ForwardArgs&);
+std::vector<Tensor> batch_norm_backward(const BackwardArgs&);
+Tensor dropout_forward(const ForwardArgs&);
+std::vector<Tensor> dropout_backward(const BackwardArgs&);
 // engine helpers: x summed over `axes` (kept as size 1); dst += src (same shape)
 Tensor sum_over(const Tensor& x, std::span<const int> axes);
 void accumulate_into(Tensor& dst, const Tensor& src);

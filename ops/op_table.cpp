@@ -3,6 +3,7 @@
 // (tests/test_gradcheck.cpp, tests/test_gpu_vs_cpu.cpp, dyngrad-verify) runs it on.
 #include <array>
 
+#include "dyngrad/graph/custom_op.h"
 #include "dyngrad/ops/kernels.h"
 
 namespace dyngrad {
@@ -143,6 +144,69 @@ std::vector<OpCase> mse_cases() {
     };
 }
 
+OpAttrs conv_attr(std::array<std::int64_t, 2> stride, std::array<std::int64_t, 2> padding,
+                  std::array<std::int64_t, 2> dilation, std::int64_t groups) {
+    OpAttrs a;
+    a.stride = stride;
+    a.padding = padding;
+    a.dilation = dilation;
+    a.groups = groups;
+    return a;
+}
+std::vector<OpCase> conv2d_cases() {
+    return {
+        {"3x3 pad 1 bias", {{2, 3, 7, 6}, {4, 3, 3, 3}, {4}}, conv_attr({1, 1}, {1, 1}, {1, 1}, 1), {}},
+        {"stride 2 no bias", {{2, 2, 9, 8}, {3, 2, 3, 2}}, conv_attr({2, 2}, {0, 0}, {1, 1}, 1), {}},
+        {"dilation 2 pad 2", {{1, 2, 9, 9}, {2, 2, 3, 3}, {2}}, conv_attr({1, 1}, {2, 2}, {2, 2}, 1), {}},
+        {"groups 2", {{2, 4, 6, 5}, {6, 2, 3, 3}, {6}}, conv_attr({1, 1}, {1, 0}, {1, 1}, 2), {}},
+        {"5x5 lenet", {{2, 1, 12, 12}, {3, 1, 5, 5}, {3}}, conv_attr({1, 1}, {0, 0}, {1, 1}, 1), {}},
+    };
+}
+OpAttrs pool_attr(std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
+                  std::array<std::int64_t, 2> padding) {
+    OpAttrs a;
+    a.kernel = kernel;
+    a.stride = stride;
+    a.padding = padding;
+    return a;
+}
+std::vector<OpCase> pool2d_cases() {
+    return {
+        {"2x2 stride 2", {{2, 3, 6, 8}}, pool_attr({2, 2}, {2, 2}, {0, 0}), {}},
+        {"3x3 stride 2 pad 1", {{1, 2, 7, 7}}, pool_attr({3, 3}, {2, 2}, {1, 1}), {}},
+        {"3x2 stride 1", {{2, 1, 5, 6}}, pool_attr({3, 2}, {1, 1}, {0, 0}), {}},
+    };
+}
+OpAttrs norm_attr(bool training) {
+    OpAttrs a;
+    a.training = training;
+    a.eps = 1e-5;
+    a.momentum = 0.1;
+    return a;
+}
+std::vector<OpCase> batch_norm_cases() {
+    const std::vector<D> domains = {D::Any, D::Any, D::Any, D::Constant, D::Constant};
+    return {
+        {"train NCHW", {{4, 3, 3, 2}, {3}, {3}, {3}, {3}}, norm_attr(true), domains},
+        {"train (N,C)", {{6, 5}, {5}, {5}, {5}, {5}}, norm_attr(true), domains},
+        {"eval NCHW", {{2, 3, 2, 4}, {3}, {3}, {3}, {3}}, norm_attr(false), domains},
+    };
+}
+OpAttrs dropout_attr(double p, bool training, std::uint64_t seed) {
+    OpAttrs a;
+    a.scalar = p;
+    a.training = training;
+    a.seed = seed;
+    return a;
+}
+std::vector<OpCase> dropout_cases() {
+    return {
+        {"p 0.3 train", {{4, 5}}, dropout_attr(0.3, true, 7), {}},
+        {"p 0.5 train NCHW", {{2, 3, 4, 5}}, dropout_attr(0.5, true, 11), {}},
+        {"eval", {{3, 7}}, dropout_attr(0.5, false, 3), {}},
+    };
+}
+
 constexpr BackendKernels kCpuUnary{cpu::unary_forward, cpu::unary_backward};
 constexpr BackendKernels kCpuBinary{cpu::binary_forward, cpu::binary_backward};
 constexpr BackendKernels kCpuReduce{cpu::reduce_forward, cpu::reduce_backward};
@@ -152,6 +216,8 @@ constexpr BackendKernels kCudaBinary = DG_CUDA_KERNELS(binary_forward, binary_ba
 constexpr BackendKernels kCudaReduce = DG_CUDA_KERNELS(reduce_forward, reduce_backward);
 constexpr BackendKernels kCudaSoftmax = DG_CUDA_KERNELS(softmax_forward, softmax_backward);
 constexpr BackendKernels kReshape{reshape_forward, reshape_backward};
+constexpr BackendKernels kCpuPool{cpu::pool2d_forward, cpu::pool2d_backward};
+constexpr BackendKernels kCudaPool = DG_CUDA_KERNELS(pool2d_forward, pool2d_backward);
 
 constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::Leaf, "leaf", 0, nullptr, {}, {}, no_cases},
@@ -192,6 +258,16 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      DG_CUDA_KERNELS(cross_entropy_forward, cross_entropy_backward), cross_entropy_cases},
     {OpType::MseLoss, "mse_loss", 2, infer::mse_loss, {cpu::mse_loss_forward, cpu::mse_loss_backward},
      DG_CUDA_KERNELS(mse_loss_forward, mse_loss_backward), mse_cases},
+    {OpType::Conv2d, "conv2d", 3, infer::conv2d, {cpu::conv2d_forward, cpu::conv2d_backward},
+     DG_CUDA_KERNELS(conv2d_forward, conv2d_backward), conv2d_cases, /*optional_inputs=*/1},
+    {OpType::MaxPool2d, "max_pool2d", 1, infer::pool2d, kCpuPool, kCudaPool, pool2d_cases},
+    {OpType::AvgPool2d, "avg_pool2d", 1, infer::pool2d, kCpuPool, kCudaPool, pool2d_cases},
+    {OpType::BatchNorm, "batch_norm", 5, infer::batch_norm, {cpu::batch_norm_forward, cpu::batch_norm_backward},
+     DG_CUDA_KERNELS(batch_norm_forward, batch_norm_backward), batch_norm_cases},
+    {OpType::Dropout, "dropout", 1, infer::dropout, {cpu::dropout_forward, cpu::dropout_backward},
+     DG_CUDA_KERNELS(dropout_forward, dropout_backward), dropout_cases},
+    // Custom ops carry their own definitions (graph/custom_op.h); op_def(op, attrs) finds them.
+    {OpType::Custom, "custom", 0, nullptr, {}, {}, no_cases},
 }};
 
 // Every tag has a row, in tag order.
@@ -208,6 +284,10 @@ const OpDef& op_def(OpType op) {
     const auto i = static_cast<std::size_t>(op);
     if (i >= kTable.size() || kTable[i].op != op) throw Error(str("internal: op table has no row for tag ", i));
     return kTable[i];
+}
+
+const OpDef& op_def(OpType op, const OpAttrs& attrs) {
+    return op == OpType::Custom ? custom_op_def(attrs.custom_id) : op_def(op);
 }
 
 std::span<const OpDef> op_table() { return kTable; }

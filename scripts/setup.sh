@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepares a fresh Debian/Ubuntu machine and builds dyngrad:
-#   1. installs the build dependencies that are missing, with apt-get (as root, or through sudo);
+#   1. installs the build dependencies and the Fashion-MNIST data set (dyngrad-train's default) that are
+#      missing, with apt-get (as root, or through sudo);
 #   2. configures (Release) and builds into build/.
 # The CUDA backend is compiled when nvcc and cuDNN are found; without them the build is CPU-only.
 # Environment (all optional):
@@ -11,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 
-packages=(build-essential cmake libeigen3-dev catch2 zlib1g-dev pkg-config)
+packages=(build-essential cmake libeigen3-dev catch2 zlib1g-dev pkg-config dataset-fashion-mnist)
 
 if ! command -v dpkg-query >/dev/null || ! command -v apt-get >/dev/null; then
     echo "setup.sh: this script needs Debian or Ubuntu (dpkg-query and apt-get);" \

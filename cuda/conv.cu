@@ -1,0 +1,259 @@
+// 2-D convolution on the GPU through cuDNN. CPU reference: ops/conv.cpp (same names in namespace cpu).
+//
+// Per shape key (x and weight shapes, stride, padding, dilation, groups, dtype, device, TF32 setting)
+// one plan holds the tensor/filter descriptors and, per pass (forward, backward data, backward filter),
+// a convolution descriptor and the algorithm cudnnFind*AlgorithmEx timed fastest on the first call that
+// runs that pass, with the call's own buffers. Later calls look the plan up and run: no descriptor
+// creation, no search, no device sync; the per-call workspace comes from the device's pool.
+//
+// Precision: float32 runs at full precision (CUDNN_FMA_MATH) unless cuda::allow_tf32(). CUDNN_DEFAULT_MATH
+// is not enough for that: on Ampere and later it lets cuDNN use TF32 tensor cores for float data. With
+// TF32 allowed the plan uses CUDNN_TENSOR_OP_MATH (TF32, not the fp16 down-conversion of
+// CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION). float64 uses CUDNN_DEFAULT_MATH (its tensor-core paths are exact
+// float64).
+//
+// The legacy convolution API is marked deprecated in cuDNN 9 (the graph API succeeds it) but is supported.
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "dyngrad/cuda/context.h"
+#include "dyngrad/cuda/cudnn_plans.h"
+#include "dyngrad/cuda/runtime.h"
+#include "dyngrad/ops/kernels.h"
+
+namespace dyngrad::cuda {
+
+namespace {
+
+// Algorithms that need more scratch memory than this are not considered; the search gets this much.
+constexpr std::size_t kWorkspaceLimit = std::size_t{256} << 20;
+
+struct ConvKey {
+    std::array<std::int64_t, 4> x, w;
+    std::array<std::int64_t, 2> stride, padding, dilation;
+    std::int64_t groups;
+    DType dtype;
+    int device;
+    bool tf32;
+    auto operator<=>(const ConvKey&) const = default;
+};
+
+// One pass's convolution descriptor and algorithm. Searched once, on the first call that runs the pass
+// (the search needs that pass's buffers); read-only afterwards. A failed search leaves `searched` unset,
+// so the next call tries again.
+template <typename Algo>
+struct PassPlan {
+    std::once_flag searched;
+    ConvolutionDescriptor conv;  // set to the chosen algorithm's math type (see choose())
+    Algo algo{};
+    std::size_t workspace_bytes = 0;
+};
+
+struct ConvPlan {
+    bool fma_only = false;  // float32 without TF32: no tensor cores
+    TensorDescriptor x, y, bias;
+    FilterDescriptor w;
+    PassPlan<cudnnConvolutionFwdAlgo_t> forward;
+    PassPlan<cudnnConvolutionBwdDataAlgo_t> backward_data;
+    PassPlan<cudnnConvolutionBwdFilterAlgo_t> backward_filter;
+};
+
+ConvKey conv_key(const Tensor& x, const Tensor& w, const OpAttrs& attrs) {
+    ConvKey key{};
+    for (int i = 0; i < 4; ++i) {
+        key.x[i] = x.shape()[i];
+        key.w[i] = w.shape()[i];
+    }
+    key.stride = attrs.stride;
+    key.padding = attrs.padding;
+    key.dilation = attrs.dilation;
+    key.groups = attrs.groups;
+    key.dtype = x.dtype();
+    key.device = x.device().index;
+    key.tf32 = x.dtype() == DType::f32 && allow_tf32();
+    return key;
+}
+
+void set_conv_descriptor(cudnnConvolutionDescriptor_t desc, const ConvKey& key, cudnnDataType_t type,
+                         cudnnMathType_t math) {
+    constexpr const char* what = "conv2d";
+    DG_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+        desc, cudnn_dim(key.padding[0], what), cudnn_dim(key.padding[1], what), cudnn_dim(key.stride[0], what),
+        cudnn_dim(key.stride[1], what), cudnn_dim(key.dilation[0], what), cudnn_dim(key.dilation[1], what),
+        CUDNN_CROSS_CORRELATION, type));
+    DG_CUDNN_CHECK(cudnnSetConvolutionGroupCount(desc, cudnn_dim(key.groups, what)));
+    DG_CUDNN_CHECK(cudnnSetConvolutionMathType(desc, math));
+}
+
+std::shared_ptr<ConvPlan> make_plan(const ConvKey& key, const Shape& y_shape) {
+    constexpr const char* what = "conv2d";
+    auto plan = std::make_shared<ConvPlan>();
+    const cudnnDataType_t type = cudnn_dtype(key.dtype, what);
+    // What the search may use (see the top of this file).
+    const cudnnMathType_t math =
+        key.dtype == DType::f64 ? CUDNN_DEFAULT_MATH : key.tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+    plan->fma_only = key.dtype == DType::f32 && !key.tf32;
+    const auto set_4d = [&](cudnnTensorDescriptor_t desc, std::int64_t n, std::int64_t c, std::int64_t h,
+                            std::int64_t w) {
+        DG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(desc, CUDNN_TENSOR_NCHW, type, cudnn_dim(n, what),
+                                                  cudnn_dim(c, what), cudnn_dim(h, what), cudnn_dim(w, what)));
+    };
+    set_4d(plan->x.get(), key.x[0], key.x[1], key.x[2], key.x[3]);
+    set_4d(plan->y.get(), y_shape[0], y_shape[1], y_shape[2], y_shape[3]);
+    set_4d(plan->bias.get(), 1, key.w[0], 1, 1);
+    DG_CUDNN_CHECK(cudnnSetFilter4dDescriptor(plan->w.get(), type, CUDNN_TENSOR_NCHW, cudnn_dim(key.w[0], what),
+                                              cudnn_dim(key.w[1], what), cudnn_dim(key.w[2], what),
+                                              cudnn_dim(key.w[3], what)));
+    for (cudnnConvolutionDescriptor_t desc :
+         {plan->forward.conv.get(), plan->backward_data.conv.get(), plan->backward_filter.conv.get()})
+        set_conv_descriptor(desc, key, type, math);
+
+    // cuDNN's output shape must be the one infer::conv2d gave the engine.
+    std::array<int, 4> dims{};
+    DG_CUDNN_CHECK(cudnnGetConvolutionNdForwardOutputDim(plan->forward.conv.get(), plan->x.get(), plan->w.get(), 4,
+                                                         dims.data()));
+    for (int i = 0; i < 4; ++i)
+        if (dims[i] != y_shape[i])
+            throw Error(str("internal: cuDNN's conv2d output (", dims[0], ",", dims[1], ",", dims[2], ",", dims[3],
+                            ") differs from the inferred ", to_string(y_shape)));
+    return plan;
+}
+
+// The plan for this call's shapes, built on first use.
+std::shared_ptr<ConvPlan> plan_for(const Tensor& x, const Tensor& w, const OpAttrs& attrs, const Shape& y_shape) {
+    // Leaked on purpose: plans hold cuDNN descriptors, which must not be destroyed while the libraries unload
+    // at process exit (see the contexts in cuda/runtime.cu).
+    static auto& cache = *new PlanCache<ConvKey, ConvPlan>();
+    const ConvKey key = conv_key(x, w, attrs);
+    return cache.get(key, [&] { return make_plan(key, y_shape); });
+}
+
+// Stores the fastest successful result of a search (results come sorted by time) that fits the workspace
+// limit and the precision policy: never fp16 down-conversion; for float32 without TF32 no tensor-core
+// algorithm, and the pass keeps its CUDNN_FMA_MATH descriptor whatever math type cuDNN reports for the
+// algorithm (the descriptor's math type is what governs the run). Otherwise the pass runs with the math
+// type the algorithm was timed with, as cuDNN requires.
+template <typename Algo, typename Perf>
+void choose(PassPlan<Algo>& pass, const ConvPlan& plan, const Perf* results, int count, const char* pass_name) {
+    for (int i = 0; i < count; ++i) {
+        const Perf& r = results[i];
+        if (r.status != CUDNN_STATUS_SUCCESS || r.memory > kWorkspaceLimit) continue;
+        if (r.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) continue;
+        if (plan.fma_only && r.mathType == CUDNN_TENSOR_OP_MATH) continue;
+        pass.algo = r.algo;
+        pass.workspace_bytes = r.memory;
+        if (!plan.fma_only) DG_CUDNN_CHECK(cudnnSetConvolutionMathType(pass.conv.get(), r.mathType));
+        return;
+    }
+    throw CudaError(str("conv2d ", pass_name, ": cuDNN found no algorithm for this shape within a ",
+                        kWorkspaceLimit >> 20, " MiB workspace", plan.fma_only ? " at full float32 precision" : ""));
+}
+
+void search_forward(DeviceContext& ctx, ConvPlan& plan, const Tensor& x, const Tensor& w, Tensor& y) {
+    int max_count = 0;
+    DG_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(ctx.cudnn, &max_count));
+    std::vector<cudnnConvolutionFwdAlgoPerf_t> results(static_cast<std::size_t>(max_count));
+    int count = 0;
+    Workspace search(ctx, kWorkspaceLimit);
+    DG_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
+        ctx.cudnn, plan.x.get(), x.raw_data(), plan.w.get(), w.raw_data(), plan.forward.conv.get(), plan.y.get(),
+        y.raw_data(), max_count, &count, results.data(), search.data(), search.bytes()));
+    choose(plan.forward, plan, results.data(), count, "forward");
+}
+
+void search_backward_data(DeviceContext& ctx, ConvPlan& plan, const Tensor& w, const Tensor& dy, Tensor& dx) {
+    int max_count = 0;
+    DG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(ctx.cudnn, &max_count));
+    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> results(static_cast<std::size_t>(max_count));
+    int count = 0;
+    Workspace search(ctx, kWorkspaceLimit);
+    DG_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
+        ctx.cudnn, plan.w.get(), w.raw_data(), plan.y.get(), dy.raw_data(), plan.backward_data.conv.get(),
+        plan.x.get(), dx.raw_data(), max_count, &count, results.data(), search.data(), search.bytes()));
+    choose(plan.backward_data, plan, results.data(), count, "backward data");
+}
+
+void search_backward_filter(DeviceContext& ctx, ConvPlan& plan, const Tensor& x, const Tensor& dy, Tensor& dw) {
+    int max_count = 0;
+    DG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(ctx.cudnn, &max_count));
+    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> results(static_cast<std::size_t>(max_count));
+    int count = 0;
+    Workspace search(ctx, kWorkspaceLimit);
+    DG_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+        ctx.cudnn, plan.x.get(), x.raw_data(), plan.y.get(), dy.raw_data(), plan.backward_filter.conv.get(),
+        plan.w.get(), dw.raw_data(), max_count, &count, results.data(), search.data(), search.bytes()));
+    choose(plan.backward_filter, plan, results.data(), count, "backward filter");
+}
+
+}  // namespace
+
+// x (N,C,H,W)  w (K,C/groups,R,S)  b (K)  y (N,K,P,Q) = conv(x, w) + b
+Tensor conv2d_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& w = args.inputs[1];
+    DeviceContext& ctx = context_for(x);
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    if (y.numel() == 0) return y;  // an empty batch: cuDNN rejects zero-sized descriptors
+    const std::shared_ptr<ConvPlan> plan = plan_for(x, w, args.attrs, y.shape());
+    std::call_once(plan->forward.searched, [&] { search_forward(ctx, *plan, x, w, y); });
+    const Scaling scaling(x.dtype());
+    Workspace workspace(ctx, plan->forward.workspace_bytes);
+    DG_CUDNN_CHECK(cudnnConvolutionForward(ctx.cudnn, scaling.one(), plan->x.get(), x.raw_data(), plan->w.get(),
+                                           w.raw_data(), plan->forward.conv.get(), plan->forward.algo,
+                                           workspace.data(), workspace.bytes(), scaling.zero(), plan->y.get(),
+                                           y.raw_data()));
+    if (args.inputs.size() == 3)  // y += b broadcast over N, P, Q
+        DG_CUDNN_CHECK(cudnnAddTensor(ctx.cudnn, scaling.one(), plan->bias.get(), args.inputs[2].raw_data(),
+                                      scaling.one(), plan->y.get(), y.raw_data()));
+    return y;
+}
+
+// dy (N,K,P,Q) -> dx (N,C,H,W) by cuDNN backward data, dw (K,C/groups,R,S) by backward filter,
+// db = Σ of dy over N, P, Q (K)
+std::vector<Tensor> conv2d_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& w = args.inputs[1];
+    const Tensor& dy = args.grad_output;
+    DeviceContext& ctx = context_for(x);
+    std::vector<Tensor> grads(args.inputs.size());
+    if (dy.numel() == 0) {  // an empty batch: dx is empty, dw and db are empty sums
+        for (std::size_t i = 0; i < grads.size(); ++i)
+            if (args.needs_grad[i]) grads[i] = Tensor::zeros(args.inputs[i].shape(), x.dtype(), x.device());
+        return grads;
+    }
+    const std::shared_ptr<ConvPlan> plan = plan_for(x, w, args.attrs, dy.shape());
+    const Scaling scaling(x.dtype());
+    if (args.needs_grad[0]) {
+        Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+        PassPlan<cudnnConvolutionBwdDataAlgo_t>& pass = plan->backward_data;
+        std::call_once(pass.searched, [&] { search_backward_data(ctx, *plan, w, dy, dx); });
+        Workspace workspace(ctx, pass.workspace_bytes);
+        DG_CUDNN_CHECK(cudnnConvolutionBackwardData(ctx.cudnn, scaling.one(), plan->w.get(), w.raw_data(),
+                                                    plan->y.get(), dy.raw_data(), pass.conv.get(), pass.algo,
+                                                    workspace.data(), workspace.bytes(), scaling.zero(),
+                                                    plan->x.get(), dx.raw_data()));
+        grads[0] = std::move(dx);
+    }
+    if (args.needs_grad[1]) {
+        Tensor dw = Tensor::empty(w.shape(), w.dtype(), w.device());
+        PassPlan<cudnnConvolutionBwdFilterAlgo_t>& pass = plan->backward_filter;
+        std::call_once(pass.searched, [&] { search_backward_filter(ctx, *plan, x, dy, dw); });
+        Workspace workspace(ctx, pass.workspace_bytes);
+        DG_CUDNN_CHECK(cudnnConvolutionBackwardFilter(ctx.cudnn, scaling.one(), plan->x.get(), x.raw_data(),
+                                                      plan->y.get(), dy.raw_data(), pass.conv.get(), pass.algo,
+                                                      workspace.data(), workspace.bytes(), scaling.zero(),
+                                                      plan->w.get(), dw.raw_data()));
+        grads[1] = std::move(dw);
+    }
+    if (args.inputs.size() == 3 && args.needs_grad[2]) {
+        // The reduction of cuda/reduce.cu that linear's bias gradient uses too.
+        const int axes[] = {0, 2, 3};
+        grads[2] = sum_over(dy, axes).reshaped(args.inputs[2].shape());
+    }
+    return grads;
+}
+
+}  // namespace dyngrad::cuda

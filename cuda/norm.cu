@@ -1,0 +1,397 @@
+// Batch norm and dropout on the GPU. CPU reference: ops/norm.cpp.
+//
+// Batch norm views x as (N, C, HW) and reduces each channel's M = N·HW values in chunks: a grid of
+// (C, chunks) blocks, each reducing its chunk with cub::BlockReduce into a workspace, then one thread
+// per channel combining its chunks in a fixed order. Small C with large M still fills the GPU, and
+// the result does not depend on scheduling (no atomics). Statistics are accumulated in the tensor's
+// dtype: float with tree reductions for float32, double for float64. No host synchronisation: the
+// running statistics are updated on the device, in place.
+//
+// Dropout draws its mask from ops/dropout_mask.h, the formula the CPU kernels use, so both backends
+// drop the same elements; the backward recomputes it.
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include <cub/block/block_reduce.cuh>
+
+#include "dyngrad/cuda/context.h"
+#include "dyngrad/ops/dropout_mask.h"
+#include "dyngrad/ops/kernels.h"
+
+namespace dyngrad::cuda {
+
+namespace {
+
+constexpr unsigned kThreads = 256;
+// Splitting a channel into more chunks than this many values each costs more in partials than it gains.
+constexpr std::int64_t kMinChunk = 4096;
+// Target for the reduction grid: enough blocks to keep every SM busy.
+constexpr std::int64_t kBlocksPerSm = 8;
+constexpr std::int64_t kMaxChunks = 65535;  // gridDim.y limit
+
+__device__ __forceinline__ std::int64_t thread_index() {
+    return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ std::int64_t thread_count() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
+
+__device__ __forceinline__ float device_sqrt(float v) { return sqrtf(v); }
+__device__ __forceinline__ double device_sqrt(double v) { return sqrt(v); }
+
+// x viewed as (N, C, HW): HW = H·W for (N,C,H,W), 1 for (N,C).
+struct ChannelLayout {
+    std::int64_t n = 0, c = 0, hw = 1;
+    __host__ __device__ std::int64_t per_channel() const { return n * hw; }
+};
+
+ChannelLayout channel_layout(const Shape& shape) {
+    ChannelLayout l;
+    l.n = shape[0];
+    l.c = shape[1];
+    for (std::size_t i = 2; i < shape.size(); ++i) l.hw *= shape[i];
+    return l;
+}
+
+// How each channel's M values are split over blockIdx.y: `chunks` chunks of `chunk` values (the last
+// may be shorter, none is empty).
+struct Chunking {
+    std::int64_t chunk = 1, chunks = 1;
+};
+
+Chunking chunking(const DeviceContext& ctx, const ChannelLayout& l) {
+    const std::int64_t m = std::max<std::int64_t>(l.per_channel(), 1);
+    const std::int64_t target_blocks = static_cast<std::int64_t>(std::max(ctx.multiprocessors, 1)) * kBlocksPerSm;
+    std::int64_t chunks = (target_blocks + l.c - 1) / std::max<std::int64_t>(l.c, 1);
+    chunks = std::clamp<std::int64_t>(std::min(chunks, (m + kMinChunk - 1) / kMinChunk), 1, kMaxChunks);
+    Chunking k;
+    k.chunk = (m + chunks - 1) / chunks;
+    k.chunks = (m + k.chunk - 1) / k.chunk;
+    return k;
+}
+
+// Visits positions j, j + step, ... of channel c's values (j = n·HW + s) with one division up front
+// instead of one per element.
+class ChannelWalk {
+public:
+    __device__ ChannelWalk(const ChannelLayout& l, std::int64_t c, std::int64_t j, std::int64_t step)
+        : l_(l), c_(c), n_(j / l.hw), s_(j % l.hw), step_n_(step / l.hw), step_s_(step % l.hw) {}
+    __device__ std::int64_t offset() const { return (n_ * l_.c + c_) * l_.hw + s_; }
+    __device__ void advance() {
+        n_ += step_n_;
+        s_ += step_s_;
+        if (s_ >= l_.hw) {
+            s_ -= l_.hw;
+            ++n_;
+        }
+    }
+
+private:
+    ChannelLayout l_;
+    std::int64_t c_, n_, s_, step_n_, step_s_;
+};
+
+// The moments of one chunk of a channel: count, mean and Σ(x − mean)².
+template <typename T>
+struct Moments {
+    std::int64_t count;
+    T mean;
+    T m2;
+};
+
+// x (N,C,HW) -> partials (C, chunks): each block takes chunk blockIdx.y of channel blockIdx.x, two
+// passes over it (the second about the chunk's own mean, which does not cancel like Σx² − M·mean²).
+template <typename T>
+__global__ void batch_norm_moments_kernel(const T* __restrict__ x, ChannelLayout l, std::int64_t chunk,
+                                          Moments<T>* __restrict__ partials) {
+    using BlockReduce = cub::BlockReduce<T, kThreads>;
+    __shared__ typename BlockReduce::TempStorage temp;
+    __shared__ T chunk_mean;
+    const std::int64_t c = blockIdx.x;
+    const std::int64_t begin = blockIdx.y * chunk;
+    const std::int64_t end = std::min(begin + chunk, l.per_channel());
+    T sum = 0;
+    ChannelWalk walk(l, c, begin + threadIdx.x, blockDim.x);
+    for (std::int64_t j = begin + threadIdx.x; j < end; j += blockDim.x, walk.advance()) sum += x[walk.offset()];
+    sum = BlockReduce(temp).Sum(sum);
+    if (threadIdx.x == 0) chunk_mean = sum / static_cast<T>(end - begin);
+    __syncthreads();  // publishes chunk_mean; temp may be reused
+    const T mean = chunk_mean;
+    T m2 = 0;
+    ChannelWalk again(l, c, begin + threadIdx.x, blockDim.x);
+    for (std::int64_t j = begin + threadIdx.x; j < end; j += blockDim.x, again.advance()) {
+        const T d = x[again.offset()] - mean;
+        m2 += d * d;
+    }
+    m2 = BlockReduce(temp).Sum(m2);
+    if (threadIdx.x == 0) partials[c * gridDim.y + blockIdx.y] = Moments<T>{end - begin, mean, m2};
+}
+
+// partials (C, chunks) -> mean, invstd (C); running_mean, running_var (C) updated in place with the
+// unbiased variance. One thread per channel combines its chunks in order (Chan, Golub, LeVeque).
+template <typename T>
+__global__ void batch_norm_train_stats_kernel(const Moments<T>* __restrict__ partials, std::int64_t channels,
+                                              std::int64_t chunks, double momentum, T eps,
+                                              T* __restrict__ running_mean, T* __restrict__ running_var,
+                                              T* __restrict__ mean, T* __restrict__ invstd) {
+    for (std::int64_t c = thread_index(); c < channels; c += thread_count()) {
+        const Moments<T>* part = partials + c * chunks;
+        Moments<T> total = part[0];
+        for (std::int64_t p = 1; p < chunks; ++p) {
+            const Moments<T> b = part[p];
+            const std::int64_t count = total.count + b.count;
+            const T delta = b.mean - total.mean;
+            const T weight = static_cast<T>(b.count) / static_cast<T>(count);
+            total.mean += delta * weight;
+            total.m2 += b.m2 + delta * delta * static_cast<T>(total.count) * weight;
+            total.count = count;
+        }
+        const T var = total.m2 / static_cast<T>(total.count);
+        mean[c] = total.mean;
+        invstd[c] = T(1) / device_sqrt(var + eps);
+        const double unbiased = static_cast<double>(total.count) / static_cast<double>(total.count - 1);
+        running_mean[c] = static_cast<T>((1 - momentum) * static_cast<double>(running_mean[c]) +
+                                         momentum * static_cast<double>(total.mean));
+        running_var[c] = static_cast<T>((1 - momentum) * static_cast<double>(running_var[c]) +
+                                        momentum * static_cast<double>(var) * unbiased);
+    }
+}
+
+// running_mean, running_var (C) -> mean, invstd (C), the statistics of eval mode
+template <typename T>
+__global__ void batch_norm_eval_stats_kernel(const T* __restrict__ running_mean, const T* __restrict__ running_var,
+                                             std::int64_t channels, T eps, T* __restrict__ mean,
+                                             T* __restrict__ invstd) {
+    for (std::int64_t c = thread_index(); c < channels; c += thread_count()) {
+        mean[c] = running_mean[c];
+        invstd[c] = T(1) / device_sqrt(running_var[c] + eps);
+    }
+}
+
+// x, y (N,C,HW): y = (x − mean)·(gamma·invstd) + beta
+template <typename T>
+__global__ void batch_norm_normalize_kernel(const T* __restrict__ x, const T* __restrict__ mean,
+                                            const T* __restrict__ invstd, const T* __restrict__ gamma,
+                                            const T* __restrict__ beta, ChannelLayout l, std::int64_t n,
+                                            T* __restrict__ y) {
+    for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
+        const std::int64_t c = (i / l.hw) % l.c;
+        y[i] = (x[i] - mean[c]) * (gamma[c] * invstd[c]) + beta[c];
+    }
+}
+
+// x, dy (N,C,HW) -> partial_dy, partial_dy_xhat (C, chunks): Σ dy and Σ dy·x̂ over each chunk,
+// x̂ = (x − mean)·invstd.
+template <typename T>
+__global__ void batch_norm_backward_partials_kernel(const T* __restrict__ x, const T* __restrict__ dy,
+                                                    const T* __restrict__ mean, const T* __restrict__ invstd,
+                                                    ChannelLayout l, std::int64_t chunk, T* __restrict__ partial_dy,
+                                                    T* __restrict__ partial_dy_xhat) {
+    using BlockReduce = cub::BlockReduce<T, kThreads>;
+    __shared__ typename BlockReduce::TempStorage temp;
+    const std::int64_t c = blockIdx.x;
+    const std::int64_t begin = blockIdx.y * chunk;
+    const std::int64_t end = std::min(begin + chunk, l.per_channel());
+    const T mu = mean[c];
+    const T inv = invstd[c];
+    T sum_dy = 0, sum_dy_xhat = 0;
+    ChannelWalk walk(l, c, begin + threadIdx.x, blockDim.x);
+    for (std::int64_t j = begin + threadIdx.x; j < end; j += blockDim.x, walk.advance()) {
+        const std::int64_t i = walk.offset();
+        sum_dy += dy[i];
+        sum_dy_xhat += dy[i] * ((x[i] - mu) * inv);
+    }
+    sum_dy = BlockReduce(temp).Sum(sum_dy);
+    __syncthreads();  // temp is reused
+    sum_dy_xhat = BlockReduce(temp).Sum(sum_dy_xhat);
+    if (threadIdx.x == 0) {
+        partial_dy[c * gridDim.y + blockIdx.y] = sum_dy;
+        partial_dy_xhat[c * gridDim.y + blockIdx.y] = sum_dy_xhat;
+    }
+}
+
+// partials (C, chunks) -> sum_dy = dbeta, sum_dy_xhat = dgamma (C); chunks summed in order.
+template <typename T>
+__global__ void batch_norm_backward_sums_kernel(const T* __restrict__ partial_dy, const T* __restrict__ partial_dy_xhat,
+                                                std::int64_t channels, std::int64_t chunks, T* __restrict__ sum_dy,
+                                                T* __restrict__ sum_dy_xhat) {
+    for (std::int64_t c = thread_index(); c < channels; c += thread_count()) {
+        T a = 0, b = 0;
+        for (std::int64_t p = 0; p < chunks; ++p) {
+            a += partial_dy[c * chunks + p];
+            b += partial_dy_xhat[c * chunks + p];
+        }
+        sum_dy[c] = a;
+        sum_dy_xhat[c] = b;
+    }
+}
+
+// x, dy, dx (N,C,HW); per channel k = gamma·invstd:
+//   training: dx = k·(dy − Σdy/M − x̂·Σ(dy·x̂)/M)     eval (sums null): dx = k·dy
+template <typename T>
+__global__ void batch_norm_dx_kernel(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ mean,
+                                     const T* __restrict__ invstd, const T* __restrict__ gamma,
+                                     const T* __restrict__ sum_dy, const T* __restrict__ sum_dy_xhat, T inv_count,
+                                     ChannelLayout l, std::int64_t n, T* __restrict__ dx) {
+    for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
+        const std::int64_t c = (i / l.hw) % l.c;
+        const T k = gamma[c] * invstd[c];
+        if (sum_dy == nullptr) {
+            dx[i] = dy[i] * k;
+        } else {
+            const T xhat = (x[i] - mean[c]) * invstd[c];
+            dx[i] = (dy[i] - sum_dy[c] * inv_count - xhat * (sum_dy_xhat[c] * inv_count)) * k;
+        }
+    }
+}
+
+// out = in · mask, mask = 1/(1 − p) or 0 per element (dropout forward: x -> y, backward: dy -> dx)
+template <typename T>
+__global__ void dropout_kernel(const T* __restrict__ in, std::int64_t n, std::uint64_t seed, double p, T scale,
+                               T* __restrict__ out) {
+    for (std::int64_t i = thread_index(); i < n; i += thread_count())
+        out[i] = in[i] * (math::dropout_keep(seed, static_cast<std::uint64_t>(i), p) ? scale : T(0));
+}
+
+bool dropout_is_identity(const OpAttrs& attrs) { return !attrs.training || attrs.scalar == 0.0; }
+
+template <typename T>
+void launch_dropout(const Tensor& in, const OpAttrs& attrs, Tensor& out) {
+    const std::int64_t n = in.numel();
+    if (n == 0) return;
+    DeviceContext& ctx = context_for(in);
+    const T scale = static_cast<T>(1.0 / (1.0 - attrs.scalar));
+    dropout_kernel<T><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(in.data<T>(), n, attrs.seed,
+                                                                                attrs.scalar, scale, out.data<T>());
+    DG_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+// x (N,C[,H,W])  gamma, beta, running_mean, running_var (C)  ->  y like x
+// Saves mean and invstd = 1/sqrt(var + eps) (C) as used: the batch's in training (the running ones
+// updated in place on the device), the running ones in eval.
+Tensor batch_norm_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& running_mean = args.inputs[3];
+    const Tensor& running_var = args.inputs[4];
+    const ChannelLayout l = channel_layout(x.shape());
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    Tensor mean = Tensor::empty({l.c}, x.dtype(), x.device());
+    Tensor invstd = Tensor::empty({l.c}, x.dtype(), x.device());
+    args.saved.push_back(mean);
+    args.saved.push_back(invstd);
+    if (l.c == 0) return y;
+    DeviceContext& ctx = context_for(x);
+    const OpAttrs& a = args.attrs;
+    const std::int64_t n = x.numel();
+    dispatch_floating(x.dtype(), "batch_norm", [&]<typename T>() {
+        const T eps = static_cast<T>(a.eps);
+        const unsigned channel_blocks = grid_size(ctx, l.c, kThreads);
+        if (a.training) {
+            const Chunking k = chunking(ctx, l);
+            Workspace partials(ctx, static_cast<std::size_t>(l.c * k.chunks) * sizeof(Moments<T>));
+            auto* partials_data = static_cast<Moments<T>*>(partials.data());
+            batch_norm_moments_kernel<T><<<dim3(static_cast<unsigned>(l.c), static_cast<unsigned>(k.chunks)),
+                                          kThreads, 0, ctx.stream>>>(x.data<T>(), l, k.chunk, partials_data);
+            DG_CUDA_CHECK_LAUNCH();
+            batch_norm_train_stats_kernel<T><<<channel_blocks, kThreads, 0, ctx.stream>>>(
+                partials_data, l.c, k.chunks, a.momentum, eps, running_mean.data<T>(), running_var.data<T>(),
+                mean.data<T>(), invstd.data<T>());
+            DG_CUDA_CHECK_LAUNCH();
+        } else {
+            batch_norm_eval_stats_kernel<T><<<channel_blocks, kThreads, 0, ctx.stream>>>(
+                running_mean.data<T>(), running_var.data<T>(), l.c, eps, mean.data<T>(), invstd.data<T>());
+            DG_CUDA_CHECK_LAUNCH();
+        }
+        if (n == 0) return;
+        batch_norm_normalize_kernel<T><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(
+            x.data<T>(), mean.data<T>(), invstd.data<T>(), args.inputs[1].data<T>(), args.inputs[2].data<T>(), l, n,
+            y.data<T>());
+        DG_CUDA_CHECK_LAUNCH();
+    });
+    return y;
+}
+
+// dy like x  ->  with x̂ = (x − mean)·invstd, per channel over N,H,W (M values):
+//   dgamma = Σ dy·x̂,  dbeta = Σ dy
+//   training: dx = gamma·invstd·(dy − Σdy/M − x̂·Σ(dy·x̂)/M)   (through the batch statistics)
+//   eval:     dx = gamma·invstd·dy
+// The running statistics get no gradient.
+std::vector<Tensor> batch_norm_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& dy = args.grad_output;
+    std::vector<Tensor> grads(args.inputs.size());
+    const bool need_dx = args.needs_grad[0], need_dgamma = args.needs_grad[1], need_dbeta = args.needs_grad[2];
+    if (!need_dx && !need_dgamma && !need_dbeta) return grads;
+    if (args.saved.size() != 2) throw Error("internal: batch_norm backward needs the forward's mean and invstd");
+    const Tensor& mean = args.saved[0];
+    const Tensor& invstd = args.saved[1];
+    const ChannelLayout l = channel_layout(x.shape());
+    const bool training = args.attrs.training;
+    const bool need_sums = need_dgamma || need_dbeta || (training && need_dx);
+    // The sums are dbeta and dgamma: computed into the gradients themselves (the dx kernel reads them).
+    Tensor sum_dy, sum_dy_xhat;
+    if (need_sums) {
+        sum_dy = Tensor::empty({l.c}, x.dtype(), x.device());
+        sum_dy_xhat = Tensor::empty({l.c}, x.dtype(), x.device());
+    }
+    if (need_dx) grads[0] = Tensor::empty(x.shape(), x.dtype(), x.device());
+    if (need_dgamma) grads[1] = sum_dy_xhat;
+    if (need_dbeta) grads[2] = sum_dy;
+    if (l.c == 0) return grads;
+    DeviceContext& ctx = context_for(x);
+    const std::int64_t n = x.numel();
+    dispatch_floating(x.dtype(), "batch_norm backward", [&]<typename T>() {
+        if (need_sums) {
+            if (n == 0) {  // eval on an empty batch: nothing to sum
+                sum_dy.fill(0.0);
+                sum_dy_xhat.fill(0.0);
+            } else {
+                const Chunking k = chunking(ctx, l);
+                Workspace partials(ctx, 2 * static_cast<std::size_t>(l.c * k.chunks) * sizeof(T));
+                T* partial_dy = static_cast<T*>(partials.data());
+                T* partial_dy_xhat = partial_dy + l.c * k.chunks;
+                batch_norm_backward_partials_kernel<T>
+                    <<<dim3(static_cast<unsigned>(l.c), static_cast<unsigned>(k.chunks)), kThreads, 0, ctx.stream>>>(
+                        x.data<T>(), dy.data<T>(), mean.data<T>(), invstd.data<T>(), l, k.chunk, partial_dy,
+                        partial_dy_xhat);
+                DG_CUDA_CHECK_LAUNCH();
+                batch_norm_backward_sums_kernel<T><<<grid_size(ctx, l.c, kThreads), kThreads, 0, ctx.stream>>>(
+                    partial_dy, partial_dy_xhat, l.c, k.chunks, sum_dy.data<T>(), sum_dy_xhat.data<T>());
+                DG_CUDA_CHECK_LAUNCH();
+            }
+        }
+        if (!need_dx || n == 0) return;
+        batch_norm_dx_kernel<T><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(
+            x.data<T>(), dy.data<T>(), mean.data<T>(), invstd.data<T>(), args.inputs[1].data<T>(),
+            training ? sum_dy.data<T>() : nullptr, training ? sum_dy_xhat.data<T>() : nullptr,
+            static_cast<T>(1.0 / static_cast<double>(std::max<std::int64_t>(l.per_channel(), 1))), l, n,
+            grads[0].data<T>());
+        DG_CUDA_CHECK_LAUNCH();
+    });
+    return grads;
+}
+
+// x (any shape) -> y like x: x · mask, mask = 1/(1 − p) or 0 per element (identity in eval or at p = 0)
+Tensor dropout_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    if (dropout_is_identity(args.attrs)) {
+        y.copy_from(x);
+        return y;
+    }
+    dispatch_floating(x.dtype(), "dropout", [&]<typename T>() { launch_dropout<T>(x, args.attrs, y); });
+    return y;
+}
+
+// dy -> dx = dy · mask, the forward's mask recomputed from (seed, index)
+std::vector<Tensor> dropout_backward(const BackwardArgs& args) {
+    if (!args.needs_grad[0]) return {Tensor()};
+    const Tensor& dy = args.grad_output;
+    if (dropout_is_identity(args.attrs)) return {dy};
+    Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+    dispatch_floating(dy.dtype(), "dropout backward", [&]<typename T>() { launch_dropout<T>(dy, args.attrs, dx); });
+    return {dx};
+}
+
+}  // namespace dyngrad::cuda

@@ -1,0 +1,239 @@
+// 2-D convolution: the user functions, the shape rule and the CPU kernels. The CPU path lowers each
+// (image, group) pair to one GEMM over an im2col matrix; backward runs the same lowering in reverse
+// (col2im). GPU: cuda/conv.cu (cuDNN).
+//
+// Shapes: x (N,C,H,W)  w (K,Cg,R,S)  b (K)  y (N,K,P,Q) with Cg = C/groups, Kg = K/groups;
+// an im2col matrix col (Cg·R·S, P·Q) holds, for output pixel (p,q), the input pixels its window covers:
+// col[(c·R + r)·S + s][p·Q + q] = x[c][p·sh - ph + r·dh][q·sw - pw + s·dw] (0 in the padding).
+#include "dyngrad/ops/conv.h"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <vector>
+
+#include "dyngrad/ops/kernels.h"
+
+namespace dyngrad {
+
+// ---- user functions ----
+Var conv2d(const Var& x, const Var& weight, const Var& bias, Conv2dOptions options, std::source_location where) {
+    OpAttrs attrs;
+    attrs.stride = options.stride;
+    attrs.padding = options.padding;
+    attrs.dilation = options.dilation;
+    attrs.groups = options.groups;
+    if (!bias.defined()) return x.graph().record(OpType::Conv2d, {x, weight}, attrs, where);
+    return x.graph().record(OpType::Conv2d, {x, weight, bias}, attrs, where);
+}
+
+Var conv2d(const Var& x, const Var& weight, Conv2dOptions options, std::source_location where) {
+    return conv2d(x, weight, Var(), options, where);
+}
+
+namespace {
+
+// Everything the kernels need, read once from the inputs and attributes.
+struct ConvDims {
+    std::int64_t n, c, h, w;              // x (N,C,H,W)
+    std::int64_t k, r, s;                 // weight (K,Cg,R,S)
+    std::int64_t p, q;                    // y (N,K,P,Q)
+    std::int64_t groups, cg, kg;          // Cg = C/groups, Kg = K/groups
+    std::int64_t sh, sw, ph, pw, dh, dw;  // stride, padding, dilation (height, width)
+};
+
+ConvDims conv_dims(const Tensor& x, const Tensor& weight, const OpAttrs& attrs, const Shape& y_shape) {
+    const Shape& xs = x.shape();
+    const Shape& ws = weight.shape();
+    return {.n = xs[0], .c = xs[1], .h = xs[2], .w = xs[3],
+            .k = ws[0], .r = ws[2], .s = ws[3],
+            .p = y_shape[2], .q = y_shape[3],
+            .groups = attrs.groups, .cg = ws[1], .kg = ws[0] / attrs.groups,
+            .sh = attrs.stride[0], .sw = attrs.stride[1],
+            .ph = attrs.padding[0], .pw = attrs.padding[1],
+            .dh = attrs.dilation[0], .dw = attrs.dilation[1]};
+}
+
+}  // namespace
+
+// ---- shape rule ----
+namespace infer {
+
+OutputSpec conv2d(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const Tensor& x = inputs[0];
+    const Tensor& weight = inputs[1];
+    if (!is_floating(x.dtype())) throw DTypeError(str("x must be float32 or float64, got ", dtype_name(x.dtype())));
+    for (std::size_t i = 1; i < inputs.size(); ++i)
+        if (inputs[i].dtype() != x.dtype())
+            throw DTypeError(str("x is ", dtype_name(x.dtype()), " but ", i == 1 ? "weight" : "bias", " is ",
+                                 dtype_name(inputs[i].dtype())));
+    if (x.rank() != 4 || weight.rank() != 4)
+        throw ShapeError(str("expects x (N,C,H,W) and weight (K,C/groups,R,S), got ", to_string(x.shape()), " and ",
+                             to_string(weight.shape())));
+    const auto pair = [](const std::array<std::int64_t, 2>& v) { return str("(", v[0], ",", v[1], ")"); };
+    if (attrs.stride[0] <= 0 || attrs.stride[1] <= 0)
+        throw ValueError(str("stride ", pair(attrs.stride), " must be positive"));
+    if (attrs.dilation[0] <= 0 || attrs.dilation[1] <= 0)
+        throw ValueError(str("dilation ", pair(attrs.dilation), " must be positive"));
+    if (attrs.padding[0] < 0 || attrs.padding[1] < 0)
+        throw ValueError(str("padding ", pair(attrs.padding), " must not be negative"));
+    const std::int64_t groups = attrs.groups;
+    if (groups <= 0) throw ValueError(str("groups must be positive, got ", groups));
+    const Shape& xs = x.shape();
+    const Shape& ws = weight.shape();
+    if (xs[1] == 0 || ws[0] == 0 || ws[2] == 0 || ws[3] == 0)
+        throw ShapeError(str("needs at least one channel and a non-empty window, got x ", to_string(xs), " and weight ",
+                             to_string(ws)));
+    if (xs[1] != ws[1] * groups)
+        throw ShapeError(
+            str("input has ", xs[1], " channels, weight expects ", ws[1] * groups, " (groups ", groups, ")"));
+    if (ws[0] % groups != 0)
+        throw ShapeError(str(ws[0], " output channels do not split into ", groups, " groups"));
+    if (inputs.size() == 3 && (inputs[2].rank() != 1 || inputs[2].shape()[0] != ws[0]))
+        throw ShapeError(str("bias ", to_string(inputs[2].shape()), " for ", ws[0], " output channels"));
+    Shape y{xs[0], ws[0], 0, 0};
+    for (int i = 0; i < 2; ++i) {
+        const std::int64_t padded = xs[2 + i] + 2 * attrs.padding[i];
+        const std::int64_t window = attrs.dilation[i] * (ws[2 + i] - 1) + 1;
+        if (window > padded)
+            throw ShapeError(str(i == 0 ? "height" : "width", ": window ", window, " (kernel ", ws[2 + i],
+                                 ", dilation ", attrs.dilation[i], ") is larger than the padded input ", padded));
+        y[2 + i] = (padded - window) / attrs.stride[i] + 1;
+    }
+    return {y, x.dtype()};
+}
+
+}  // namespace infer
+
+// ---- CPU kernels ----
+namespace cpu {
+
+namespace {
+
+template <typename T> using MatrixRM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <typename T> using ConstMatrixMap = Eigen::Map<const MatrixRM<T>>;
+template <typename T> using MatrixMap = Eigen::Map<MatrixRM<T>>;
+template <typename T> using Vector = Eigen::Matrix<T, Eigen::Dynamic, 1>;
+
+// Output positions o in [0, out) whose input index o·stride + offset lies in [0, size), as [lo, hi).
+// Outside it the window reads padding.
+struct Span {
+    std::int64_t lo, hi;
+};
+Span valid_outputs(std::int64_t offset, std::int64_t stride, std::int64_t size, std::int64_t out) {
+    const std::int64_t lo = offset >= 0 ? 0 : (-offset + stride - 1) / stride;
+    const std::int64_t hi = size - offset <= 0 ? 0 : (size - offset + stride - 1) / stride;
+    return {std::min(lo, out), std::clamp(hi, std::min(lo, out), out)};
+}
+
+// x: one group of one image (Cg,H,W) -> col (Cg·R·S, P·Q), written with '='
+template <typename T>
+void im2col(const T* x, const ConvDims& d, T* col) {
+    for (std::int64_t c = 0; c < d.cg; ++c)
+        for (std::int64_t r = 0; r < d.r; ++r)
+            for (std::int64_t s = 0; s < d.s; ++s) {
+                T* row = col + ((c * d.r + r) * d.s + s) * d.p * d.q;
+                const std::int64_t h_offset = r * d.dh - d.ph;
+                const std::int64_t w_offset = s * d.dw - d.pw;
+                const Span ps = valid_outputs(h_offset, d.sh, d.h, d.p);
+                const Span qs = valid_outputs(w_offset, d.sw, d.w, d.q);
+                std::fill(row, row + ps.lo * d.q, T(0));
+                for (std::int64_t p = ps.lo; p < ps.hi; ++p) {
+                    const T* x_row = x + (c * d.h + p * d.sh + h_offset) * d.w + w_offset;
+                    T* out = row + p * d.q;
+                    std::fill(out, out + qs.lo, T(0));
+                    for (std::int64_t q = qs.lo; q < qs.hi; ++q) out[q] = x_row[q * d.sw];
+                    std::fill(out + qs.hi, out + d.q, T(0));
+                }
+                std::fill(row + ps.hi * d.q, row + d.p * d.q, T(0));
+            }
+}
+
+// col (Cg·R·S, P·Q) -> dx: one group of one image (Cg,H,W), accumulated with '+=' (windows overlap)
+template <typename T>
+void col2im_add(const T* col, const ConvDims& d, T* dx) {
+    for (std::int64_t c = 0; c < d.cg; ++c)
+        for (std::int64_t r = 0; r < d.r; ++r)
+            for (std::int64_t s = 0; s < d.s; ++s) {
+                const T* row = col + ((c * d.r + r) * d.s + s) * d.p * d.q;
+                const std::int64_t h_offset = r * d.dh - d.ph;
+                const std::int64_t w_offset = s * d.dw - d.pw;
+                const Span ps = valid_outputs(h_offset, d.sh, d.h, d.p);
+                const Span qs = valid_outputs(w_offset, d.sw, d.w, d.q);
+                for (std::int64_t p = ps.lo; p < ps.hi; ++p) {
+                    T* dx_row = dx + (c * d.h + p * d.sh + h_offset) * d.w + w_offset;
+                    const T* in = row + p * d.q;
+                    for (std::int64_t q = qs.lo; q < qs.hi; ++q) dx_row[q * d.sw] += in[q];
+                }
+            }
+}
+
+}  // namespace
+
+// x (N,C,H,W)  w (K,Cg,R,S)  b (K)  y (N,K,P,Q): y[n, group g] = w_g (Kg, Cg·R·S) · col(x[n, g]) + b_g
+Tensor conv2d_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& w = args.inputs[1];
+    const bool has_bias = args.inputs.size() == 3;
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    const ConvDims d = conv_dims(x, w, args.attrs, y.shape());
+    const std::int64_t pq = d.p * d.q;
+    const std::int64_t rows = d.cg * d.r * d.s;
+    dispatch_floating(x.dtype(), "conv2d", [&]<typename T>() {
+        std::vector<T> col(static_cast<std::size_t>(rows * pq));
+        for (std::int64_t n = 0; n < d.n; ++n)
+            for (std::int64_t g = 0; g < d.groups; ++g) {
+                im2col(x.data<T>() + (n * d.c + g * d.cg) * d.h * d.w, d, col.data());
+                const ConstMatrixMap<T> W(w.data<T>() + g * d.kg * rows, d.kg, rows);
+                const ConstMatrixMap<T> Col(col.data(), rows, pq);
+                MatrixMap<T> Y(y.data<T>() + (n * d.k + g * d.kg) * pq, d.kg, pq);
+                Y.noalias() = W * Col;
+                if (has_bias) Y.colwise() += Eigen::Map<const Vector<T>>(args.inputs[2].data<T>() + g * d.kg, d.kg);
+            }
+    });
+    return y;
+}
+
+// dy (N,K,P,Q) -> dx = col2im(w_gᵀ · dy[n, g]) (N,C,H,W), dw_g = Σ_n dy[n, g] · col(x[n, g])ᵀ (K,Cg,R,S),
+// db = Σ of dy over N, P, Q (K)
+std::vector<Tensor> conv2d_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& w = args.inputs[1];
+    const Tensor& dy = args.grad_output;
+    std::vector<Tensor> grads(args.inputs.size());
+    const ConvDims d = conv_dims(x, w, args.attrs, dy.shape());
+    const std::int64_t pq = d.p * d.q;
+    const std::int64_t rows = d.cg * d.r * d.s;
+    dispatch_floating(x.dtype(), "conv2d backward", [&]<typename T>() {
+        if (args.needs_grad[0]) grads[0] = Tensor::zeros(x.shape(), x.dtype(), x.device());
+        if (args.needs_grad[1]) grads[1] = Tensor::zeros(w.shape(), w.dtype(), w.device());
+        std::vector<T> col(static_cast<std::size_t>(rows * pq));
+        for (std::int64_t n = 0; n < d.n; ++n)
+            for (std::int64_t g = 0; g < d.groups; ++g) {
+                const ConstMatrixMap<T> dY(dy.data<T>() + (n * d.k + g * d.kg) * pq, d.kg, pq);
+                MatrixMap<T> Col(col.data(), rows, pq);
+                if (grads[0].defined()) {
+                    const ConstMatrixMap<T> W(w.data<T>() + g * d.kg * rows, d.kg, rows);
+                    Col.noalias() = W.transpose() * dY;
+                    col2im_add(col.data(), d, grads[0].data<T>() + (n * d.c + g * d.cg) * d.h * d.w);
+                }
+                if (grads[1].defined()) {
+                    im2col(x.data<T>() + (n * d.c + g * d.cg) * d.h * d.w, d, col.data());
+                    MatrixMap<T> dW(grads[1].data<T>() + g * d.kg * rows, d.kg, rows);
+                    dW.noalias() += dY * Col.transpose();
+                }
+            }
+        if (args.inputs.size() == 3 && args.needs_grad[2]) {
+            const Tensor& b = args.inputs[2];
+            grads[2] = Tensor::empty(b.shape(), b.dtype(), b.device());
+            // dy viewed as (N·K, P·Q): per-(image, channel) sums, then summed over images.
+            const Vector<T> plane_sums = ConstMatrixMap<T>(dy.data<T>(), d.n * d.k, pq).rowwise().sum();
+            Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(grads[2].data<T>(), d.k) =
+                ConstMatrixMap<T>(plane_sums.data(), d.n, d.k).colwise().sum();
+        }
+    });
+    return grads;
+}
+
+}  // namespace cpu
+
+}  // namespace dyngrad

@@ -1,0 +1,199 @@
+// 2-D pooling (OpType::MaxPool2d, OpType::AvgPool2d): the user functions, the shared shape rule and the
+// CPU kernels. GPU: cuda/pool.cu (cuDNN).
+//
+// Shapes: x (N,C,H,W)  y (N,C,P,Q); output pixel (p,q) pools the window of rows [p·sh - ph, +kh) and
+// columns [q·sw - pw, +kw). Windows never lie wholly in the padding (padding <= kernel/2, floor mode).
+#include "dyngrad/ops/pool.h"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+
+#include "dyngrad/ops/kernels.h"
+
+namespace dyngrad {
+
+// ---- user functions ----
+namespace {
+
+Var record_pool(OpType op, const Var& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
+                std::array<std::int64_t, 2> padding, std::source_location where) {
+    OpAttrs attrs;
+    attrs.kernel = kernel;
+    for (int i = 0; i < 2; ++i) attrs.stride[i] = stride[i] == 0 ? kernel[i] : stride[i];
+    attrs.padding = padding;
+    return x.graph().record(op, {x}, attrs, where);
+}
+
+}  // namespace
+
+Var max_pool2d(const Var& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
+               std::array<std::int64_t, 2> padding, std::source_location where) {
+    return record_pool(OpType::MaxPool2d, x, kernel, stride, padding, where);
+}
+
+Var avg_pool2d(const Var& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
+               std::array<std::int64_t, 2> padding, std::source_location where) {
+    return record_pool(OpType::AvgPool2d, x, kernel, stride, padding, where);
+}
+
+// ---- shape rule (max_pool2d and avg_pool2d) ----
+namespace infer {
+
+OutputSpec pool2d(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const Tensor& x = inputs[0];
+    if (!is_floating(x.dtype())) throw DTypeError(str("x must be float32 or float64, got ", dtype_name(x.dtype())));
+    if (x.rank() != 4) throw ShapeError(str("expects x (N,C,H,W), got ", to_string(x.shape())));
+    const auto pair = [](const std::array<std::int64_t, 2>& v) { return str("(", v[0], ",", v[1], ")"); };
+    if (attrs.kernel[0] <= 0 || attrs.kernel[1] <= 0)
+        throw ValueError(str("kernel ", pair(attrs.kernel), " must be positive"));
+    if (attrs.stride[0] <= 0 || attrs.stride[1] <= 0)
+        throw ValueError(str("stride ", pair(attrs.stride), " must be positive"));
+    for (int i = 0; i < 2; ++i)
+        if (attrs.padding[i] < 0 || attrs.padding[i] > attrs.kernel[i] / 2)
+            throw ValueError(str("padding ", pair(attrs.padding), " must lie in [0, kernel/2] for kernel ",
+                                 pair(attrs.kernel)));
+    Shape y = x.shape();
+    for (int i = 0; i < 2; ++i) {
+        const std::int64_t padded = x.shape()[2 + i] + 2 * attrs.padding[i];
+        if (attrs.kernel[i] > padded)
+            throw ShapeError(str(i == 0 ? "height" : "width", ": window ", attrs.kernel[i],
+                                 " is larger than the padded input ", padded));
+        y[2 + i] = (padded - attrs.kernel[i]) / attrs.stride[i] + 1;
+    }
+    return {y, x.dtype()};
+}
+
+}  // namespace infer
+
+// ---- CPU kernels ----
+namespace cpu {
+
+namespace {
+
+template <typename T> using MatrixRM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+struct PoolDims {
+    std::int64_t planes, h, w, p, q;  // planes = N·C
+    std::int64_t kh, kw, sh, sw, ph, pw;
+};
+
+PoolDims pool_dims(const Shape& x, const Shape& y, const OpAttrs& a) {
+    return {.planes = x[0] * x[1], .h = x[2], .w = x[3], .p = y[2], .q = y[3],
+            .kh = a.kernel[0], .kw = a.kernel[1], .sh = a.stride[0], .sw = a.stride[1],
+            .ph = a.padding[0], .pw = a.padding[1]};
+}
+
+// The part of output pixel (p,q)'s window that lies inside the input: rows [h0, h1), columns [w0, w1).
+struct Window {
+    std::int64_t h0, h1, w0, w1;
+};
+Window window(const PoolDims& d, std::int64_t p, std::int64_t q) {
+    const std::int64_t h = p * d.sh - d.ph;
+    const std::int64_t w = q * d.sw - d.pw;
+    return {std::max<std::int64_t>(h, 0), std::min(h + d.kh, d.h), std::max<std::int64_t>(w, 0),
+            std::min(w + d.kw, d.w)};
+}
+
+// Index within the (H,W) plane of the window's first maximal element in row-major order; a NaN counts
+// as maximal, so it propagates to the output as in PyTorch. Padding is not part of the scan.
+template <typename T>
+std::int64_t window_argmax(const T* plane, std::int64_t width, const Window& win) {
+    std::int64_t best = win.h0 * width + win.w0;
+    for (std::int64_t h = win.h0; h < win.h1; ++h)
+        for (std::int64_t w = win.w0; w < win.w1; ++w) {
+            const T v = plane[h * width + w];
+            if (v > plane[best] || (std::isnan(v) && !std::isnan(plane[best]))) best = h * width + w;
+        }
+    return best;
+}
+
+template <typename T>
+void max_pool_forward(const T* x, const PoolDims& d, T* y) {
+    for (std::int64_t i = 0; i < d.planes; ++i) {
+        const T* plane = x + i * d.h * d.w;
+        T* out = y + i * d.p * d.q;
+        for (std::int64_t p = 0; p < d.p; ++p)
+            for (std::int64_t q = 0; q < d.q; ++q) out[p * d.q + q] = plane[window_argmax(plane, d.w, window(d, p, q))];
+    }
+}
+
+// dx written with '+=' (windows may overlap); the caller zeroes it.
+template <typename T>
+void max_pool_backward(const T* x, const T* dy, const PoolDims& d, T* dx) {
+    for (std::int64_t i = 0; i < d.planes; ++i) {
+        const T* plane = x + i * d.h * d.w;
+        const T* grad = dy + i * d.p * d.q;
+        T* dplane = dx + i * d.h * d.w;
+        for (std::int64_t p = 0; p < d.p; ++p)
+            for (std::int64_t q = 0; q < d.q; ++q)
+                dplane[window_argmax(plane, d.w, window(d, p, q))] += grad[p * d.q + q];
+    }
+}
+
+// Padding counts as zeros: every window divides by kh·kw.
+template <typename T>
+void avg_pool_forward(const T* x, const PoolDims& d, T* y) {
+    const T scale = T(1) / static_cast<T>(d.kh * d.kw);
+    for (std::int64_t i = 0; i < d.planes; ++i) {
+        const Eigen::Map<const MatrixRM<T>> plane(x + i * d.h * d.w, d.h, d.w);
+        T* out = y + i * d.p * d.q;
+        for (std::int64_t p = 0; p < d.p; ++p)
+            for (std::int64_t q = 0; q < d.q; ++q) {
+                const Window win = window(d, p, q);
+                out[p * d.q + q] = plane.block(win.h0, win.w0, win.h1 - win.h0, win.w1 - win.w0).sum() * scale;
+            }
+    }
+}
+
+// dx written with '+=' (windows may overlap); the caller zeroes it.
+template <typename T>
+void avg_pool_backward(const T* dy, const PoolDims& d, T* dx) {
+    const T scale = T(1) / static_cast<T>(d.kh * d.kw);
+    for (std::int64_t i = 0; i < d.planes; ++i) {
+        Eigen::Map<MatrixRM<T>> dplane(dx + i * d.h * d.w, d.h, d.w);
+        const T* grad = dy + i * d.p * d.q;
+        for (std::int64_t p = 0; p < d.p; ++p)
+            for (std::int64_t q = 0; q < d.q; ++q) {
+                const Window win = window(d, p, q);
+                dplane.block(win.h0, win.w0, win.h1 - win.h0, win.w1 - win.w0).array() += grad[p * d.q + q] * scale;
+            }
+    }
+}
+
+}  // namespace
+
+// x (N,C,H,W) -> y (N,C,P,Q): max or mean of each window
+Tensor pool2d_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    const PoolDims d = pool_dims(x.shape(), y.shape(), args.attrs);
+    dispatch_floating(x.dtype(), "pool2d", [&]<typename T>() {
+        if (args.op == OpType::MaxPool2d)
+            max_pool_forward(x.data<T>(), d, y.data<T>());
+        else
+            avg_pool_forward(x.data<T>(), d, y.data<T>());
+    });
+    return y;
+}
+
+// dy (N,C,P,Q) -> dx (N,C,H,W): max sends each dy to its window's first maximal element (recomputed
+// from x rather than saved, so the node holds no index tensor); average spreads dy/(kh·kw) over the window
+std::vector<Tensor> pool2d_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& dy = args.grad_output;
+    if (!args.needs_grad[0]) return {Tensor()};
+    Tensor dx = Tensor::zeros(x.shape(), x.dtype(), x.device());
+    const PoolDims d = pool_dims(x.shape(), dy.shape(), args.attrs);
+    dispatch_floating(x.dtype(), "pool2d backward", [&]<typename T>() {
+        if (args.op == OpType::MaxPool2d)
+            max_pool_backward(x.data<T>(), dy.data<T>(), d, dx.data<T>());
+        else
+            avg_pool_backward(dy.data<T>(), d, dx.data<T>());
+    });
+    return {dx};
+}
+
+}  // namespace cpu
+
+}  // namespace dyngrad

@@ -1,0 +1,443 @@
+// dyngrad-train: trains a classic network on Fashion-MNIST (or any MNIST-format directory) on the CPU
+// or a GPU, with a progress bar, per-epoch test accuracy, a CSV learning curve and, on request, shadow
+// verification of every k-th step against the float64 CPU replay.
+//
+//   dyngrad-train --model lenet --epochs 10 --device cuda --csv lenet.csv
+//   dyngrad-train --model mlp --epochs 1 --limit 2000 --device cpu
+//
+// The last line is `test_accuracy=0.XXXX`. Run with --help for every option.
+#include <dyngrad/dyngrad.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+using namespace dyngrad;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kUsage = R"(usage: dyngrad-train [options]
+  --model NAME        lenet5 | lenet | simplecnn | mlp                       (default lenet)
+  --epochs N          passes over the training set                           (default 10)
+  --batch N           mini-batch size                                        (default 64)
+  --lr X              learning rate               (default 0.001 for adam/adamw, 0.01 for sgd)
+  --optimizer NAME    sgd | adam | adamw                                     (default adam)
+  --momentum X        sgd momentum                                           (default 0.9)
+  --weight-decay X    L2 for sgd/adam, decoupled for adamw     (default 0; 0.01 for adamw)
+  --schedule NAME     none | cosine: learning rate per epoch                (default cosine)
+  --device NAME       cpu | cuda | cuda:N                                    (default cpu)
+  --resident          cuda: keep the data sets on the GPU, batches sliced there
+  --seed N            initialisation and shuffling                           (default 0)
+  --limit N           use only the first N samples of each split
+  --data DIR          MNIST-format directory    (default /usr/share/datasets/fashion-mnist)
+  --save FILE         save the parameters after training (safetensors)
+  --load FILE         load parameters before training (with --epochs 0: evaluate only)
+  --csv FILE          write the learning curve, one row per epoch
+  --shadow K          verify every K-th step against the float64 CPU replay
+  --log-every N       read loss and accuracy back every N batches (a host sync on a GPU)
+                      (default 1 on the CPU, 50 on a GPU)
+)";
+
+struct Options {
+    std::string model = "lenet";
+    std::int64_t epochs = 10;
+    std::int64_t batch = 64;
+    std::optional<double> lr;
+    std::string optimizer = "adam";
+    double momentum = 0.9;
+    std::optional<double> weight_decay;
+    std::string schedule = "cosine";
+    Device device = Device::cpu();
+    bool resident = false;
+    std::uint64_t seed = 0;
+    std::int64_t limit = -1;
+    std::string data = kDefaultMnistDirectory;
+    std::string save, load, csv;
+    std::int64_t shadow = 0;
+    std::int64_t log_every = 0;  // 0: by device
+};
+
+// A command-line mistake: usage goes to stderr, exit status 2.
+struct UsageError {
+    std::string message;
+};
+
+std::int64_t parse_int(const std::string& option, const std::string& text, std::int64_t min) {
+    std::size_t used = 0;
+    std::int64_t value = 0;
+    try {
+        value = std::stoll(text, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    if (used != text.size() || text.empty()) throw UsageError{option + ": '" + text + "' is not an integer"};
+    if (value < min) throw UsageError{option + ": " + text + " is below " + std::to_string(min)};
+    return value;
+}
+
+double parse_double(const std::string& option, const std::string& text) {
+    std::size_t used = 0;
+    double value = 0;
+    try {
+        value = std::stod(text, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    if (used != text.size() || text.empty() || !(value >= 0)) throw UsageError{option + ": '" + text + "' is not a number >= 0"};
+    return value;
+}
+
+Device parse_device(const std::string& text) {
+    if (text == "cpu") return Device::cpu();
+    if (text == "cuda") return Device::cuda(0);
+    if (text.rfind("cuda:", 0) == 0) return Device::cuda(static_cast<int>(parse_int("--device", text.substr(5), 0)));
+    throw UsageError{"--device: '" + text + "' is not cpu, cuda or cuda:N"};
+}
+
+std::string one_of(const std::string& option, const std::string& text, std::initializer_list<const char*> names) {
+    for (const char* name : names)
+        if (text == name) return text;
+    std::string list;
+    for (const char* name : names) list += (list.empty() ? "" : " | ") + std::string(name);
+    throw UsageError{option + ": '" + text + "' is not one of " + list};
+}
+
+// Accepts `--name value` and `--name=value`.
+Options parse_options(int argc, char** argv) {
+    Options o;
+    for (int i = 1; i < argc; ++i) {
+        std::string name = argv[i];
+        std::optional<std::string> inline_value;
+        if (const auto eq = name.find('='); name.rfind("--", 0) == 0 && eq != std::string::npos) {
+            inline_value = name.substr(eq + 1);
+            name.resize(eq);
+        }
+        auto value = [&]() -> std::string {
+            if (inline_value) return *inline_value;
+            if (i + 1 >= argc) throw UsageError{name + " needs a value"};
+            return argv[++i];
+        };
+        if (name == "--model") o.model = one_of(name, value(), {"lenet5", "lenet", "simplecnn", "mlp"});
+        else if (name == "--epochs") o.epochs = parse_int(name, value(), 0);
+        else if (name == "--batch") o.batch = parse_int(name, value(), 1);
+        else if (name == "--lr") o.lr = parse_double(name, value());
+        else if (name == "--optimizer") o.optimizer = one_of(name, value(), {"sgd", "adam", "adamw"});
+        else if (name == "--momentum") o.momentum = parse_double(name, value());
+        else if (name == "--weight-decay") o.weight_decay = parse_double(name, value());
+        else if (name == "--schedule") o.schedule = one_of(name, value(), {"none", "cosine"});
+        else if (name == "--device") o.device = parse_device(value());
+        else if (name == "--resident" && !inline_value) o.resident = true;
+        else if (name == "--seed") o.seed = static_cast<std::uint64_t>(parse_int(name, value(), 0));
+        else if (name == "--limit") o.limit = parse_int(name, value(), 1);
+        else if (name == "--data") o.data = value();
+        else if (name == "--save") o.save = value();
+        else if (name == "--load") o.load = value();
+        else if (name == "--csv") o.csv = value();
+        else if (name == "--shadow") o.shadow = parse_int(name, value(), 0);
+        else if (name == "--log-every") o.log_every = parse_int(name, value(), 1);
+        else throw UsageError{"unknown option '" + std::string(argv[i]) + "'"};
+    }
+    if (o.log_every == 0) o.log_every = o.device.is_cpu() ? 1 : 50;
+    return o;
+}
+
+// ---- models (as issue 4 defines them), for 1-channel images of height × width ----
+
+Var relu_layer(const Var& x) { return relu(x); }
+Var pool_layer(const Var& x) { return max_pool2d(x, {2, 2}); }
+Var flatten_layer(const Var& x) { return flatten(x); }
+
+Sequential make_model(const std::string& name, std::int64_t height, std::int64_t width, Generator& gen) {
+    const std::int64_t classes = kMnistClasses;
+    // Spatial size after a valid 5×5 convolution and a 2×2 max-pool, twice.
+    const std::int64_t h2 = ((height - 4) / 2 - 4) / 2, w2 = ((width - 4) / 2 - 4) / 2;
+    Sequential model;
+    if (name == "lenet5") {
+        model.add(Conv2d(1, 6, {5, 5}, {}, true, gen)).add(relu_layer).add(pool_layer);
+        model.add(Conv2d(6, 16, {5, 5}, {}, true, gen)).add(relu_layer).add(pool_layer).add(flatten_layer);
+        model.add(Linear(16 * h2 * w2, 120, true, gen)).add(relu_layer).add(Linear(120, classes, true, gen));
+    } else if (name == "lenet") {
+        model.add(Conv2d(1, 20, {5, 5}, {}, true, gen)).add(pool_layer);
+        model.add(Conv2d(20, 50, {5, 5}, {}, true, gen)).add(pool_layer).add(flatten_layer);
+        model.add(Linear(50 * h2 * w2, 500, true, gen)).add(relu_layer).add(Linear(500, classes, true, gen));
+    } else if (name == "simplecnn") {
+        model.add(Conv2d(1, 16, {3, 3}, {.padding = {1, 1}}, true, gen)).add(relu_layer).add(pool_layer);
+        model.add(flatten_layer).add(Linear(16 * (height / 2) * (width / 2), classes, true, gen));
+    } else {  // mlp
+        model.add(flatten_layer).add(Linear(height * width, 500, true, gen)).add(relu_layer);
+        model.add(Linear(500, classes, true, gen));
+    }
+    return model;
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const Options& o, const std::vector<Parameter>& parameters) {
+    if (o.optimizer == "sgd")
+        return std::make_unique<SGD>(parameters, SgdOptions{.lr = o.lr.value_or(0.01), .momentum = o.momentum,
+                                                            .weight_decay = o.weight_decay.value_or(0.0)});
+    if (o.optimizer == "adamw")
+        return std::make_unique<AdamW>(parameters,
+                                       AdamOptions{.lr = o.lr.value_or(1e-3), .weight_decay = o.weight_decay.value_or(0.01)});
+    return std::make_unique<Adam>(parameters, AdamOptions{.lr = o.lr.value_or(1e-3), .weight_decay = o.weight_decay.value_or(0.0)});
+}
+
+// ---- metrics ----
+
+// Rows of `logits` (N,C) whose largest entry is at the label's index (first maximum on ties).
+std::int64_t count_correct(const Tensor& logits, const Tensor& labels) {
+    const Tensor scores = logits.to(Device::cpu());
+    const Tensor truth = labels.to(Device::cpu());
+    const std::int64_t rows = scores.size(0), classes = scores.size(1);
+    const float* s = scores.data<float>();
+    const std::int64_t* y = truth.data<std::int64_t>();
+    std::int64_t correct = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+        const float* row = s + r * classes;
+        correct += (std::max_element(row, row + classes) - row) == y[r];
+    }
+    return correct;
+}
+
+struct Metrics {
+    double loss = 0;
+    double accuracy = 0;
+};
+
+// Mean loss and accuracy over a whole split, in eval mode and without recording history.
+Metrics evaluate(Sequential& model, BatchLoader& loader) {
+    model.eval();
+    const NoGradGuard no_grad;
+    double loss_sum = 0;
+    std::int64_t correct = 0, seen = 0;
+    Batch batch;
+    loader.start_epoch(0);
+    while (loader.next(batch)) {
+        ComputeGraph graph;
+        const Var logits = model(graph.input(batch.images, "images"));
+        const Var loss = cross_entropy(logits, graph.input(batch.labels, "labels"));
+        loss_sum += loss.item() * static_cast<double>(batch.size());
+        correct += count_correct(logits.value(), batch.labels);
+        seen += batch.size();
+    }
+    model.train();
+    return {loss_sum / static_cast<double>(std::max<std::int64_t>(seen, 1)),
+            static_cast<double>(correct) / static_cast<double>(std::max<std::int64_t>(seen, 1))};
+}
+
+// ---- progress ----
+
+std::string clock_time(double seconds) {
+    const auto s = static_cast<long long>(std::max(0.0, std::round(seconds)));
+    char text[32];
+    if (s >= 3600)
+        std::snprintf(text, sizeof text, "%lld:%02lld:%02lld", s / 3600, s / 60 % 60, s % 60);
+    else
+        std::snprintf(text, sizeof text, "%lld:%02lld", s / 60, s % 60);
+    return text;
+}
+
+// Training progress of one epoch: a redrawn bar on a terminal, about ten plain lines otherwise.
+// Loss and accuracy are running means over the batches read back so far (every --log-every batches).
+class Progress {
+public:
+    Progress(std::int64_t epoch, std::int64_t epochs, std::int64_t batches, bool terminal)
+        : epoch_(epoch), epochs_(epochs), batches_(batches), terminal_(terminal),
+          line_every_(std::max<std::int64_t>(1, (batches + 9) / 10)), start_(Clock::now()) {}
+
+    // True when batch `index` (from 0) should be read back for the display or the plain log.
+    bool wants(std::int64_t index, std::int64_t log_every) const {
+        return (index + 1) % log_every == 0 || (index + 1) % line_every_ == 0 || index + 1 == batches_;
+    }
+
+    void add(std::int64_t index, double loss, std::int64_t correct, std::int64_t size, std::int64_t images_done) {
+        loss_sum_ += loss * static_cast<double>(size);
+        correct_ += correct;
+        sampled_ += size;
+        const double elapsed = seconds();
+        const bool last = index + 1 == batches_;
+        if (terminal_) {
+            if (!last && elapsed - drawn_at_ < 0.1) return;  // redraw at most ten times a second
+            drawn_at_ = elapsed;
+            constexpr int kWidth = 24;
+            const int filled = static_cast<int>(kWidth * (index + 1) / batches_);
+            std::printf("\r\x1b[Kepoch %lld/%lld [%s%s] %lld/%lld  %s", static_cast<long long>(epoch_ + 1),
+                        static_cast<long long>(epochs_), std::string(filled, '#').c_str(),
+                        std::string(kWidth - filled, '.').c_str(), static_cast<long long>(index + 1),
+                        static_cast<long long>(batches_), status(index, images_done, elapsed).c_str());
+        } else if ((index + 1) % line_every_ == 0 || last) {
+            std::printf("epoch %lld/%lld batch %lld/%lld  %s\n", static_cast<long long>(epoch_ + 1),
+                        static_cast<long long>(epochs_), static_cast<long long>(index + 1),
+                        static_cast<long long>(batches_), status(index, images_done, elapsed).c_str());
+        }
+        std::fflush(stdout);
+    }
+
+    // The bar's line is reused by the epoch summary.
+    void finish() const {
+        if (terminal_) std::printf("\r\x1b[K");
+    }
+    double seconds() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+    Metrics train_metrics() const {
+        const auto n = static_cast<double>(std::max<std::int64_t>(sampled_, 1));
+        return {loss_sum_ / n, static_cast<double>(correct_) / n};
+    }
+
+private:
+    std::string status(std::int64_t index, std::int64_t images_done, double elapsed) const {
+        const Metrics m = train_metrics();
+        const double rate = static_cast<double>(images_done) / std::max(elapsed, 1e-9);
+        const double eta = elapsed / static_cast<double>(index + 1) * static_cast<double>(batches_ - index - 1);
+        char text[128];
+        std::snprintf(text, sizeof text, "loss %.4f  acc %.2f%%  %.0f img/s  ETA %s", m.loss, 100 * m.accuracy, rate,
+                      clock_time(eta).c_str());
+        return text;
+    }
+
+    std::int64_t epoch_, epochs_, batches_;
+    bool terminal_;
+    std::int64_t line_every_;
+    Clock::time_point start_;
+    double drawn_at_ = -1;
+    double loss_sum_ = 0;
+    std::int64_t correct_ = 0, sampled_ = 0;
+};
+
+int run(const Options& o) {
+    if (o.device.is_cuda() && o.device.index >= cuda_device_count())
+        throw DeviceError(str("--device ", o.device.to_string(), ": ",
+                              cuda_compiled() ? str(cuda_device_count(), " CUDA device(s) found")
+                                              : std::string("this build of dyngrad has no CUDA backend")));
+    std::ofstream csv;
+    if (!o.csv.empty()) {
+        csv.open(o.csv);
+        if (!csv) throw IoError(str("--csv: cannot write '", o.csv, "'"));
+        csv << "epoch,train_loss,train_accuracy,test_loss,test_accuracy,lr,train_seconds,images_per_second\n";
+    }
+
+    const auto load_start = Clock::now();
+    MnistData data = load_mnist(o.data);
+    if (o.limit > 0) {
+        data.train = data.train.head(o.limit);
+        data.test = data.test.head(o.limit);
+    }
+    const std::int64_t height = data.train.images.size(2), width = data.train.images.size(3);
+    std::printf("data: %s, %lld training and %lld test images of %lldx%lld (pixel mean %.4f, std %.4f), %.1f s\n",
+                o.data.c_str(), static_cast<long long>(data.train.size()), static_cast<long long>(data.test.size()),
+                static_cast<long long>(height), static_cast<long long>(width), data.normalization.mean,
+                data.normalization.stddev, std::chrono::duration<double>(Clock::now() - load_start).count());
+
+    Generator gen(o.seed);
+    Sequential model = make_model(o.model, height, width, gen);
+    model.to(o.device);
+    if (!o.load.empty()) {
+        load_parameters(model, o.load);
+        std::printf("loaded parameters from %s\n", o.load.c_str());
+    }
+    std::int64_t parameter_count = 0;
+    for (const Parameter& p : model.parameters()) parameter_count += p.value().numel();
+
+    const std::unique_ptr<Optimizer> optimizer = make_optimizer(o, model.parameters());
+    std::optional<CosineAnnealingLR> cosine;
+    if (o.schedule == "cosine" && o.epochs > 0) cosine.emplace(*optimizer, o.epochs);
+    std::printf("model: %s, %lld parameters | %s lr %g, %s schedule | batch %lld | %lld epoch%s | %s%s | seed %llu\n",
+                o.model.c_str(), static_cast<long long>(parameter_count), o.optimizer.c_str(), optimizer->lr(),
+                o.schedule.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.epochs),
+                o.epochs == 1 ? "" : "s", o.device.to_string().c_str(),
+                o.device.is_cuda() ? (o.resident ? " (data resident on the GPU)" : " (pinned, asynchronous batches)") : "",
+                static_cast<unsigned long long>(o.seed));
+    if (o.device.is_cuda()) std::printf("device: %s\n", cuda::device_name(o.device.index).c_str());
+
+    BatchLoader train_loader(data.train, {.batch_size = o.batch, .shuffle = true, .seed = o.seed, .device = o.device,
+                                          .resident = o.resident});
+    BatchLoader test_loader(data.test, {.batch_size = 1000, .shuffle = false, .device = o.device, .resident = o.resident});
+    ShadowVerifier shadow(o.shadow);
+    const bool terminal = ::isatty(STDOUT_FILENO) != 0;
+
+    Metrics test{};
+    double train_seconds_total = 0;
+    std::int64_t step = 0;
+    for (std::int64_t epoch = 0; epoch < o.epochs; ++epoch) {
+        const double lr = optimizer->lr();
+        Progress progress(epoch, o.epochs, train_loader.batches_per_epoch(), terminal);
+        train_loader.start_epoch(epoch);  // counted in the epoch's time: with --resident it uploads the epoch's order
+        std::int64_t images_done = 0;
+        Batch batch;
+        while (train_loader.next(batch)) {
+            ComputeGraph graph;
+            const Var logits = model(graph.input(batch.images, "images"));
+            const Var loss = cross_entropy(logits, graph.input(batch.labels, "labels"));
+            optimizer->zero_grad();
+            graph.backward(loss, shadow.backward_options(step));
+            if (shadow.due(step)) shadow.check(graph, loss);  // throws GraphError naming the first diverging node
+            optimizer->step();
+            images_done += batch.size();
+            ++step;
+            if (progress.wants(batch.index, o.log_every))
+                progress.add(batch.index, loss.item(), count_correct(logits.value(), batch.labels), batch.size(),
+                             images_done);
+        }
+        if (o.device.is_cuda()) cuda::synchronize(o.device.index);
+        const double seconds = progress.seconds();
+        train_seconds_total += seconds;
+        progress.finish();
+        if (cosine) cosine->step();
+
+        test = evaluate(model, test_loader);
+        const Metrics train = progress.train_metrics();
+        const double rate = static_cast<double>(images_done) / seconds;
+        std::printf("epoch %lld/%lld  train loss %.4f acc %.2f%%  test loss %.4f acc %.2f%%  %.1f s (%.0f img/s)  lr %.3g\n",
+                    static_cast<long long>(epoch + 1), static_cast<long long>(o.epochs), train.loss,
+                    100 * train.accuracy, test.loss, 100 * test.accuracy, seconds, rate, lr);
+        std::fflush(stdout);
+        if (csv.is_open())
+            csv << epoch + 1 << ',' << train.loss << ',' << train.accuracy << ',' << test.loss << ',' << test.accuracy
+                << ',' << lr << ',' << seconds << ',' << rate << std::endl;
+    }
+    if (o.epochs == 0) test = evaluate(model, test_loader);
+    else
+        std::printf("trained %lld epoch%s in %.1f s (%.1f s per epoch)\n", static_cast<long long>(o.epochs),
+                    o.epochs == 1 ? "" : "s", train_seconds_total, train_seconds_total / static_cast<double>(o.epochs));
+    if (o.shadow > 0)
+        std::printf("shadow verification: %lld of %lld steps checked against the float64 CPU replay, all passed\n",
+                    static_cast<long long>(shadow.checks()), static_cast<long long>(step));
+    if (!o.save.empty()) {
+        save_parameters(model, o.save);
+        std::printf("saved parameters to %s\n", o.save.c_str());
+    }
+    std::printf("test_accuracy=%.4f\n", test.accuracy);
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Options options;
+    try {
+        for (int i = 1; i < argc; ++i) {
+            if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+                std::fputs(kUsage, stdout);
+                return 0;
+            }
+        }
+        options = parse_options(argc, argv);
+    } catch (const UsageError& error) {
+        std::fprintf(stderr, "dyngrad-train: %s\n%s", error.message.c_str(), kUsage);
+        return 2;
+    }
+    try {
+        return run(options);
+    } catch (const std::exception& error) {
+        std::fflush(stdout);
+        // On a terminal the progress bar's line is still open.
+        std::fprintf(stderr, "%sdyngrad-train: error: %s\n", ::isatty(STDOUT_FILENO) ? "\n" : "", error.what());
+        return 1;
+    }
+}
