@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # On a machine with a CUDA device: build with the CUDA backend, run every test, the verification bench,
-# the matmul_relu demo and the performance floor; logs go to $1 (default gpu-results/).
-# Used for the records in docs/verification.md (the lent GPU has no apt: dependencies must be present).
+# the samples (matmul_relu, custom_op, lenet_step), the performance floor and the Fashion-MNIST training
+# runs; logs go to $1 (default gpu-results/), at most 8 files. DATA (default
+# /usr/share/datasets/fashion-mnist) names the data set. The records in docs/verification.md and
+# docs/training.md come from this script. The lent GPU has no apt: dependencies must be present.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$root/gpu-results}
+data=${DATA:-/usr/share/datasets/fashion-mnist}
 mkdir -p "$out"
 build=${DYNGRAD_BUILD_DIR:-$root/build-gpu}
 {
@@ -13,13 +16,28 @@ build=${DYNGRAD_BUILD_DIR:-$root/build-gpu}
   nvcc --version | tail -2
 } > "$out/env.txt" 2>&1
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDYNGRAD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-  > "$out/build.log" 2>&1 && cmake --build "$build" -j"$(nproc)" >> "$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
+  > "$build.log" 2>&1 && cmake --build "$build" -j"$(nproc)" >> "$build.log" 2>&1 || { tail -60 "$build.log"; exit 1; }
+grep -E "CUDA backend|Catch2" "$build.log" >> "$out/env.txt"
 status=0
 ctest --test-dir "$build" --output-on-failure -j4 > "$out/ctest.log" 2>&1 || status=1
-tail -15 "$out/ctest.log"
+tail -12 "$out/ctest.log"
 "$build/bench/dyngrad-verify" --json "$out/verify.json" > "$out/verify.txt" 2>&1 || status=1
-tail -12 "$out/verify.txt"
-{ "$build/samples/matmul_relu"; "$build/bench/dyngrad-perf-floor" --json "$out/perf_floor.json"; } \
-  > "$out/demo_and_floor.txt" 2>&1 || status=1
-cat "$out/demo_and_floor.txt" | tail -30
+tail -8 "$out/verify.txt"
+{
+  echo "== matmul_relu"; "$build/samples/matmul_relu"
+  echo "== custom_op --device cuda"; "$build/samples/custom_op" --device cuda
+  echo "== lenet_step --device cuda"; "$build/samples/lenet_step" --device cuda --data "$data"
+  echo "== dyngrad-perf-floor"; "$build/bench/dyngrad-perf-floor" --json "$out/perf_floor.json"
+} > "$out/samples.txt" 2>&1 || status=1
+grep -E "^==|Speedup|final loss|loss after|floor|GB/s|cuBLAS" "$out/samples.txt"
+train="$build/samples/dyngrad-train"
+{
+  echo "== lenet, 10 epochs, cuda"
+  timeout 240 "$train" --model lenet --epochs 10 --device cuda --data "$data" --csv "$out/lenet_curve.csv"
+  echo "== mlp, 10 epochs, cuda"
+  timeout 120 "$train" --model mlp --epochs 10 --device cuda --data "$data"
+  echo "== lenet, 1 epoch, cuda, shadow verification every 100 steps"
+  timeout 120 "$train" --model lenet --epochs 1 --device cuda --data "$data" --shadow 100
+} > "$out/training.txt" 2>&1 || status=1
+grep -E "^==|test_accuracy|epoch .*acc|shadow" "$out/training.txt" | tail -40
 exit $status
