@@ -41,6 +41,8 @@ void StreamEvent::record() { unavailable("cuda::StreamEvent::record"); }
 void StreamEvent::wait() { unavailable("cuda::StreamEvent::wait"); }
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
+void set_deterministic(bool) {}
+bool deterministic() { return false; }
 
 }  // namespace dyngrad::cuda
 #endif

@@ -38,6 +38,7 @@ struct ConvKey {
     DType dtype;
     int device;
     bool tf32;
+    bool deterministic;  // only algorithms cuDNN reports as deterministic
     auto operator<=>(const ConvKey&) const = default;
 };
 
@@ -53,7 +54,8 @@ struct PassPlan {
 };
 
 struct ConvPlan {
-    bool fma_only = false;  // float32 without TF32: no tensor cores
+    bool fma_only = false;       // float32 without TF32: no tensor cores
+    bool deterministic = false;  // deterministic mode: only deterministic algorithms
     TensorDescriptor x, y, bias;
     FilterDescriptor w;
     PassPlan<cudnnConvolutionFwdAlgo_t> forward;
@@ -74,6 +76,7 @@ ConvKey conv_key(const Tensor& x, const Tensor& w, const OpAttrs& attrs) {
     key.dtype = x.dtype();
     key.device = x.device().index;
     key.tf32 = x.dtype() == DType::f32 && allow_tf32();
+    key.deterministic = cuda::deterministic();
     return key;
 }
 
@@ -96,6 +99,7 @@ std::shared_ptr<ConvPlan> make_plan(const ConvKey& key, const Shape& y_shape) {
     const cudnnMathType_t math =
         key.dtype == DType::f64 ? CUDNN_DEFAULT_MATH : key.tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
     plan->fma_only = key.dtype == DType::f32 && !key.tf32;
+    plan->deterministic = key.deterministic;
     const auto set_4d = [&](cudnnTensorDescriptor_t desc, std::int64_t n, std::int64_t c, std::int64_t h,
                             std::int64_t w) {
         DG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(desc, CUDNN_TENSOR_NCHW, type, cudnn_dim(n, what),
@@ -142,6 +146,7 @@ void choose(PassPlan<Algo>& pass, const ConvPlan& plan, const Perf* results, int
         const Perf& r = results[i];
         if (r.status != CUDNN_STATUS_SUCCESS || r.memory > kWorkspaceLimit) continue;
         if (r.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) continue;
+        if (plan.deterministic && r.determinism != CUDNN_DETERMINISTIC) continue;
         if (plan.fma_only && r.mathType == CUDNN_TENSOR_OP_MATH) continue;
         pass.algo = r.algo;
         pass.workspace_bytes = r.memory;
@@ -149,7 +154,8 @@ void choose(PassPlan<Algo>& pass, const ConvPlan& plan, const Perf* results, int
         return;
     }
     throw CudaError(str("conv2d ", pass_name, ": cuDNN found no algorithm for this shape within a ",
-                        kWorkspaceLimit >> 20, " MiB workspace", plan.fma_only ? " at full float32 precision" : ""));
+                        kWorkspaceLimit >> 20, " MiB workspace", plan.fma_only ? " at full float32 precision" : "",
+                        plan.deterministic ? " among deterministic algorithms" : ""));
 }
 
 void search_forward(DeviceContext& ctx, ConvPlan& plan, const Tensor& x, const Tensor& w, Tensor& y) {

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "dyngrad/cuda/context.h"
 #include "dyngrad/cuda/runtime.h"
@@ -27,6 +28,7 @@ constexpr std::size_t kStagingChunk = std::size_t{4} << 20;  // two chunks: 8 Mi
 constexpr unsigned kFillThreads = 256;
 
 std::atomic<bool> g_allow_tf32{false};
+std::atomic<bool> g_deterministic{false};
 // The device this thread last made current, so context() skips redundant cudaSetDevice calls.
 // (Code outside dyngrad that calls cudaSetDevice itself defeats the cache; dyngrad never does.)
 thread_local int tls_current_device = -1;
@@ -92,12 +94,17 @@ struct StagingSlot {
 struct ContextOwner {
     explicit ContextOwner(int device);
     void ensure_staging();  // call with staging_mutex held
+    // A cuDNN handle bound to `stream` for one host thread, and its return when the thread ends.
+    cudnnHandle_t acquire_cudnn();
+    void release_cudnn(cudnnHandle_t handle) noexcept;
 
-    DeviceContext ctx;
+    DeviceContext ctx;  // cudnn stays null here: each thread has its own (ThreadContexts)
     StreamHandle stream;
     CublasHandle cublas;
     CublasLtHandle cublas_lt;
-    CudnnHandle cudnn;
+    CudnnHandle cudnn;  // the first handle, created with the context
+    std::mutex cudnn_mutex;
+    std::vector<cudnnHandle_t> spare_cudnn;  // bound to `stream`, not in use by any thread
     UniqueHandle<DeviceErrorRecord*, cudaFreeHost> error_record;
     std::atomic<std::size_t> bytes_in_use{0};
     std::atomic<std::size_t> peak_bytes_in_use{0};
@@ -130,7 +137,7 @@ ContextOwner::ContextOwner(int device) {
     DG_CUDNN_CHECK(cudnnCreate(&raw_cudnn));
     cudnn = CudnnHandle(raw_cudnn);
     DG_CUDNN_CHECK(cudnnSetStream(raw_cudnn, raw_stream));
-    ctx.cudnn = raw_cudnn;
+    spare_cudnn.push_back(raw_cudnn);  // created synchronously before any other, as cuDNN's guide recommends
 
     // Freed blocks stay in the pool (no release at stream syncs): steady-state training allocates nothing
     // from the driver after the first step.
@@ -148,6 +155,32 @@ ContextOwner::ContextOwner(int device) {
     DG_CUDA_CHECK(cudaHostGetDevicePointer(&record_device, record, 0));
     ctx.error_record = error_record.get();
     ctx.error_record_device = static_cast<DeviceErrorRecord*>(record_device);
+}
+
+cudnnHandle_t ContextOwner::acquire_cudnn() {
+    const std::lock_guard lock(cudnn_mutex);
+    if (!spare_cudnn.empty()) {
+        const cudnnHandle_t handle = spare_cudnn.back();
+        spare_cudnn.pop_back();
+        return handle;
+    }
+    make_current(ctx.device);
+    cudnnHandle_t handle = nullptr;
+    DG_CUDNN_CHECK(cudnnCreate(&handle));
+    if (const cudnnStatus_t status = cudnnSetStream(handle, ctx.stream); status != CUDNN_STATUS_SUCCESS) {
+        static_cast<void>(cudnnDestroy(handle));
+        throw_cudnn_error(status, "cudnnSetStream(handle, stream)", __FILE__, __LINE__);
+    }
+    return handle;
+}
+
+void ContextOwner::release_cudnn(cudnnHandle_t handle) noexcept {
+    try {
+        const std::lock_guard lock(cudnn_mutex);
+        spare_cudnn.push_back(handle);
+    } catch (...) {
+        // No memory to list it: the handle is lost to reuse, nothing else (the driver reclaims it at exit).
+    }
 }
 
 void ContextOwner::ensure_staging() {
@@ -194,6 +227,39 @@ ContextOwner& owner(int device) {
     make_current(device);
     return *found;
 }
+
+// Thread safety of the libraries: a cuDNN handle must not be used by two host threads at the same time
+// (cuDNN developer guide, "Thread Safety", which recommends one handle per thread for the thread's
+// lifetime), while a cuBLAS handle may be shared by threads as long as its configuration does not
+// change (cuBLAS guide, "Thread Safety"): ours are configured once, when the context is created, and
+// math precision is chosen per call. So every host thread sees a device's context through its own
+// DeviceContext: the same stream, pool, cuBLAS handles and error record, and a cuDNN handle of its own
+// bound to that same stream, so the work of all threads stays in one stream order. When a thread ends,
+// its handles go back to their contexts for the next thread (never destroyed, like the contexts).
+class ThreadContexts {
+public:
+    ThreadContexts() = default;
+    ThreadContexts(const ThreadContexts&) = delete;
+    ThreadContexts& operator=(const ThreadContexts&) = delete;
+    ~ThreadContexts() {
+        for (const DeviceContext& view : views_)
+            if (view.cudnn) g_contexts[view.device].load(std::memory_order_acquire)->release_cudnn(view.cudnn);
+    }
+
+    DeviceContext& get(ContextOwner& o) {
+        DeviceContext& view = views_[o.ctx.device];
+        if (!view.cudnn) {
+            const cudnnHandle_t handle = o.acquire_cudnn();
+            view = o.ctx;
+            view.cudnn = handle;
+        }
+        return view;
+    }
+
+private:
+    std::array<DeviceContext, kMaxDevices> views_{};
+};
+thread_local ThreadContexts tls_contexts;
 
 void note_allocation(ContextOwner& o, std::size_t bytes) {
     const std::size_t now = o.bytes_in_use.fetch_add(bytes, std::memory_order_relaxed) + bytes;
@@ -355,7 +421,7 @@ void raise_device_error(DeviceContext& ctx) {
 
 // ---- contexts ----
 
-DeviceContext& context(int device) { return owner(device).ctx; }
+DeviceContext& context(int device) { return tls_contexts.get(owner(device)); }
 
 DeviceContext& context_for(const Tensor& t) {
     if (!t.defined() || !t.device().is_cuda())
@@ -537,6 +603,8 @@ void StreamEvent::record() {
 void StreamEvent::wait() { DG_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_))); }
 
 void set_allow_tf32(bool allow) { g_allow_tf32.store(allow, std::memory_order_relaxed); }
+void set_deterministic(bool deterministic) { g_deterministic.store(deterministic, std::memory_order_relaxed); }
+bool deterministic() { return g_deterministic.load(std::memory_order_relaxed); }
 bool allow_tf32() { return g_allow_tf32.load(std::memory_order_relaxed); }
 
 }  // namespace dyngrad::cuda

@@ -74,4 +74,9 @@ namespace dyngrad::cuda {
 // TF32 tensor-core math for float32 GEMMs: off by default (full float32 precision).
 void set_allow_tf32(bool allow);
 bool allow_tf32();
+// Deterministic mode: off by default. When on, cuDNN convolution passes use only algorithms cuDNN
+// reports as deterministic (chosen per shape and mode), so two runs give bitwise-identical gradients.
+// dyngrad's own kernels never depend on scheduling (no floating-point atomics), in either mode.
+void set_deterministic(bool deterministic);
+bool deterministic();
 }  // namespace dyngrad::cuda

@@ -61,7 +61,7 @@ namespace infer {
 OutputSpec conv2d(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
     const Tensor& x = inputs[0];
     const Tensor& weight = inputs[1];
-    if (!is_floating(x.dtype())) throw DTypeError(str("x must be float32 or float64, got ", dtype_name(x.dtype())));
+    require_float(x, "x");
     for (std::size_t i = 1; i < inputs.size(); ++i)
         if (inputs[i].dtype() != x.dtype())
             throw DTypeError(str("x is ", dtype_name(x.dtype()), " but ", i == 1 ? "weight" : "bias", " is ",

@@ -4,9 +4,16 @@
 #pragma once
 #include <span>
 
+#include "dyngrad/graph/anomaly.h"
 #include "dyngrad/graph/op_def.h"
 
 namespace dyngrad {
+
+// Shape rules' dtype check: DTypeError "<role> must be float32 or float64, got int64".
+inline void require_float(const Tensor& t, const char* role) {
+    if (!is_floating(t.dtype()))
+        throw DTypeError(str(role, " must be float32 or float64, got ", dtype_name(t.dtype())));
+}
 
 // Shape/dtype rules (ops/<family>.cpp). They throw ShapeError/DTypeError with a short message; the
 // engine adds the op, node and input descriptions.
@@ -69,6 +76,8 @@ std::vector<Tensor> dropout_backward(const BackwardArgs&);
 // engine helpers: x summed over `axes` (kept as size 1); dst += src (same shape)
 Tensor sum_over(const Tensor& x, std::span<const int> axes);
 void accumulate_into(Tensor& dst, const Tensor& src);
+// anomaly mode (graph/anomaly.h): min/max/NaN/Inf counts of any tensor (ops/tensor_stats.cpp)
+TensorStats tensor_stats(const Tensor& x);
 }  // namespace cpu
 
 #if DYNGRAD_WITH_CUDA
@@ -104,6 +113,8 @@ std::vector<Tensor> dropout_backward(const BackwardArgs&);
 // engine helpers: x summed over `axes` (kept as size 1); dst += src (same shape)
 Tensor sum_over(const Tensor& x, std::span<const int> axes);
 void accumulate_into(Tensor& dst, const Tensor& src);
+// anomaly mode (graph/anomaly.h): min/max/NaN/Inf counts of any tensor, read back to the host (cuda/tensor_stats.cu)
+TensorStats tensor_stats(const Tensor& x);
 }  // namespace cuda
 #endif
 

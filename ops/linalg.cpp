@@ -49,11 +49,6 @@ Var flatten(const Var& x, std::source_location where) {
 // ---- shape rules ----
 namespace {
 
-void require_float(const Tensor& t, const char* role) {
-    if (!is_floating(t.dtype()))
-        throw DTypeError(str(role, " must be float32 or float64, got ", dtype_name(t.dtype())));
-}
-
 void require_same_dtype(const Tensor& a, const Tensor& b, const char* role_a, const char* role_b) {
     if (a.dtype() != b.dtype())
         throw DTypeError(str(role_a, " is ", dtype_name(a.dtype()), " but ", role_b, " is ", dtype_name(b.dtype())));

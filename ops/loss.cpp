@@ -30,15 +30,6 @@ Var mse_loss(const Var& prediction, const Var& target, std::source_location wher
 }
 
 // ---- shape rules ----
-namespace {
-
-void require_float(const Tensor& t, const char* role) {
-    if (!is_floating(t.dtype()))
-        throw DTypeError(str(role, " must be float32 or float64, got ", dtype_name(t.dtype())));
-}
-
-}  // namespace
-
 namespace infer {
 
 OutputSpec along_axis(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {

@@ -32,15 +32,6 @@ Var dropout(const Var& x, double p, bool training, std::uint64_t seed, std::sour
 }
 
 // ---- shape rules ----
-namespace {
-
-void require_float(const Tensor& t, const char* role) {
-    if (!is_floating(t.dtype()))
-        throw DTypeError(str(role, " must be float32 or float64, got ", dtype_name(t.dtype())));
-}
-
-}  // namespace
-
 namespace infer {
 
 OutputSpec batch_norm(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
@@ -62,6 +53,9 @@ OutputSpec batch_norm(OpType, std::span<const Tensor> inputs, const OpAttrs& att
     if (!(attrs.momentum >= 0 && attrs.momentum <= 1))
         throw ValueError(str("momentum must be in [0, 1], got ", attrs.momentum));
     const std::int64_t per_channel = channels == 0 ? 0 : x.numel() / channels;
+    // An empty batch has no statistics (like the mean of the losses); one value per channel has no variance.
+    if (attrs.training && per_channel == 0)
+        throw ShapeError(str("training needs a non-empty batch for the batch statistics, got x ", to_string(x.shape())));
     if (attrs.training && per_channel <= 1)
         throw ValueError(str("training needs N·H·W > 1 for the batch variance, got ", per_channel));
     return {x.shape(), x.dtype()};

@@ -42,7 +42,7 @@ namespace infer {
 
 OutputSpec pool2d(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
     const Tensor& x = inputs[0];
-    if (!is_floating(x.dtype())) throw DTypeError(str("x must be float32 or float64, got ", dtype_name(x.dtype())));
+    require_float(x, "x");
     if (x.rank() != 4) throw ShapeError(str("expects x (N,C,H,W), got ", to_string(x.shape())));
     const auto pair = [](const std::array<std::int64_t, 2>& v) { return str("(", v[0], ",", v[1], ")"); };
     if (attrs.kernel[0] <= 0 || attrs.kernel[1] <= 0)

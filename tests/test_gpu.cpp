@@ -217,6 +217,45 @@ TEST_CASE("a label out of range on the GPU raises IndexError at the next sync", 
     CHECK_NOTHROW(cuda::synchronize(0));
 }
 
+namespace {
+
+// One training-style step of a small CNN (conv, batch_norm, relu, pools, linear, cross_entropy);
+// returns every parameter gradient, copied to the CPU.
+std::vector<std::vector<double>> cnn_gradients(std::uint64_t seed) {
+    Generator gen(seed);
+    auto on_gpu = [&](const Shape& shape) { return Tensor::normal(shape, 0.0, 0.5, gen).to(kGpu); };
+    const Parameter conv_w(on_gpu({8, 3, 3, 3}), "conv.w"), conv_b(on_gpu({8}), "conv.b");
+    const Parameter gamma(on_gpu({8}), "bn.gamma"), beta(on_gpu({8}), "bn.beta");
+    const Parameter fc_w(on_gpu({10, 8 * 4 * 4}), "fc.w"), fc_b(on_gpu({10}), "fc.b");
+    Tensor running_mean = Tensor::zeros({8}, DType::f32, kGpu), running_var = Tensor::ones({8}, DType::f32, kGpu);
+    const Tensor images = on_gpu({32, 3, 16, 16});
+    const Tensor labels = random_labels(32, 10, gen, kGpu);
+    ComputeGraph graph;
+    Var h = conv2d(graph.input(images), graph.parameter(conv_w), graph.parameter(conv_b), {.padding = {1, 1}});
+    h = relu(batch_norm(h, graph.parameter(gamma), graph.parameter(beta), running_mean, running_var, true));
+    h = avg_pool2d(max_pool2d(h, {2, 2}), {2, 2});
+    Var loss = cross_entropy(linear(flatten(h), graph.parameter(fc_w), graph.parameter(fc_b)), graph.input(labels));
+    graph.backward(loss);
+    std::vector<std::vector<double>> grads;
+    for (const Parameter* p : {&conv_w, &conv_b, &gamma, &beta, &fc_w, &fc_b}) grads.push_back(p->grad().to_vector());
+    return grads;
+}
+
+}  // namespace
+
+TEST_CASE("deterministic mode gives bitwise-identical gradients over two runs", "[gpu][deterministic]") {
+    const bool previous = cuda::deterministic();
+    cuda::set_deterministic(true);
+    const auto first = cnn_gradients(77);
+    const auto second = cnn_gradients(77);
+    cuda::set_deterministic(previous);
+    REQUIRE(first.size() == second.size());
+    for (std::size_t i = 0; i < first.size(); ++i) {
+        INFO("parameter " << i);
+        CHECK(first[i] == second[i]);  // exact equality: bit for bit
+    }
+}
+
 int main(int argc, char* argv[]) {
     if (cuda_device_count() == 0) {
         std::cout << "dyngrad: no CUDA device: GPU tests skipped" << std::endl;
