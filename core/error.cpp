@@ -26,6 +26,8 @@ namespace dyngrad {
         throw ValueError(prefix + e.what());
     } catch (const IoError& e) {
         throw IoError(prefix + e.what());
+    } catch (const NumericalError& e) {
+        throw NumericalError(prefix + e.what());
     } catch (const Error& e) {
         throw Error(prefix + e.what());
     } catch (const std::bad_alloc&) {

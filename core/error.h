@@ -31,6 +31,8 @@ class CudaError : public Error { using Error::Error; };
 class OutOfMemory : public CudaError { using CudaError::CudaError; };
 // Files: missing, truncated or malformed.
 class IoError : public Error { using Error::Error; };
+// A NaN or Inf found by anomaly mode (graph/anomaly.h) in a node's value or gradient.
+class NumericalError : public Error { using Error::Error; };
 
 // Concatenates its arguments with operator<< into one message.
 template <typename... Args>

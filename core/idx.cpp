@@ -24,6 +24,8 @@ constexpr std::uint32_t kUnsignedByte = 0x08;
 constexpr std::int64_t kMaxPayloadBytes = std::int64_t{1} << 32;
 // gzread takes an unsigned count and returns an int: read in pieces far below INT_MAX.
 constexpr std::size_t kReadChunk = std::size_t{1} << 26;
+// The payload buffer's first size; it doubles from there as the data comes in.
+constexpr std::size_t kFirstChunk = std::size_t{1} << 20;
 
 std::string hex(std::uint32_t value, int digits) {
     std::ostringstream out;
@@ -120,10 +122,19 @@ IdxArray read_idx(const std::string& path, int rank) {
         payload *= dim;
     }
 
-    array.data.resize(static_cast<std::size_t>(payload));
-    if (const std::size_t got = in.read(array.data.data(), array.data.size()); got < array.data.size())
-        in.fail_truncated(str("truncated payload: dims ", to_string(array.dims), " announce ", payload,
-                              " bytes, the file holds ", got));
+    // The buffer grows with the bytes actually read (doubling), so a corrupt 16-byte header announcing
+    // gigabytes fails as truncated instead of allocating what the file does not hold.
+    const auto wanted = static_cast<std::size_t>(payload);
+    std::size_t got = 0;
+    while (got < wanted) {
+        array.data.resize(std::min(wanted, std::max(2 * got, kFirstChunk)));
+        const std::size_t asked = array.data.size() - got;
+        const std::size_t read = in.read(array.data.data() + got, asked);
+        got += read;
+        if (read < asked)
+            in.fail_truncated(str("truncated payload: dims ", to_string(array.dims), " announce ", payload,
+                                  " bytes, the file holds ", got));
+    }
     std::array<std::uint8_t, 4096> rest{};
     std::size_t trailing = 0;
     while (const std::size_t got = in.read(rest.data(), rest.size())) trailing += got;

@@ -1,5 +1,6 @@
 #include "dyngrad/core/tensor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <iomanip>
@@ -131,7 +132,7 @@ Tensor Tensor::from_vector(const std::vector<std::int64_t>& values, const Shape&
     if (static_cast<std::int64_t>(values.size()) != dyngrad::numel(shape))
         throw ValueError(str("from_vector: ", values.size(), " values do not fill shape ", to_string(shape)));
     Tensor host = empty(shape, DType::i64, Device::cpu());
-    std::memcpy(host.raw_data(), values.data(), values.size() * sizeof(std::int64_t));
+    std::copy(values.begin(), values.end(), host.data<std::int64_t>());  // memcpy from an empty vector's null is UB
     return host.to(device);
 }
 

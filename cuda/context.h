@@ -1,6 +1,7 @@
 // Internal (CUDA translation units only): the per-device context every GPU kernel runs in, and the
-// checked-call macros. One stream per device; cuBLAS and cuDNN handles created once per device and
-// bound to that stream; scratch memory (workspaces) from the device's stream-ordered pool.
+// checked-call macros. One stream per device; cuBLAS handles created once per device, cuDNN handles one
+// per host thread (cuDNN forbids sharing one between threads), all bound to that stream; scratch memory
+// (workspaces) from the device's stream-ordered pool.
 #pragma once
 #include <cstddef>
 
@@ -55,7 +56,7 @@ struct DeviceContext {
     cudaStream_t stream = nullptr;
     cublasHandle_t cublas = nullptr;      // bound to `stream`; math mode per the TF32 setting
     cublasLtHandle_t cublas_lt = nullptr;
-    cudnnHandle_t cudnn = nullptr;        // bound to `stream`
+    cudnnHandle_t cudnn = nullptr;        // this host thread's own, bound to `stream`
     cudaMemPool_t pool = nullptr;
     int multiprocessors = 0;
     DeviceErrorRecord* error_record = nullptr;         // mapped pinned memory: host reads and resets it
@@ -66,7 +67,8 @@ struct DeviceContext {
 // Call only after the stream has been synchronised.
 void raise_device_error(DeviceContext& ctx);
 
-// The context of `device`, created on first use (makes `device` current on this thread).
+// The context of `device` as this host thread sees it (its own cuDNN handle, everything else shared),
+// created on first use (makes `device` current on this thread). Use it on this thread only.
 DeviceContext& context(int device);
 // The context of a tensor's device (DeviceError when the tensor is not on a CUDA device).
 DeviceContext& context_for(const Tensor& t);

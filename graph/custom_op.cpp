@@ -42,7 +42,7 @@ CustomOp CustomOp::define(const CustomOpSpec& spec) {
 
 Var CustomOp::operator()(const std::vector<Var>& inputs, OpAttrs attrs, std::source_location where) const {
     if (inputs.empty() || !inputs.front().defined())
-        throw GraphError(str("custom op '", def().name, "': needs defined inputs"));
+        throw GraphError(str("custom op '", def().name, "' at ", describe_site(where), ": needs defined inputs"));
     attrs.custom_id = id_;
     return inputs.front().graph().record(OpType::Custom, inputs, attrs, where);
 }

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <filesystem>
 
+#include "dyngrad/graph/anomaly.h"
 #include "dyngrad/ops/kernels.h"
 
 namespace dyngrad {
@@ -17,10 +18,6 @@ std::uint64_t next_generation() {
     return counter.fetch_add(1, std::memory_order_relaxed);
 }
 
-std::string site(const std::source_location& where) {
-    return str(std::filesystem::path(where.file_name()).filename().string(), ":", where.line());
-}
-
 std::string describe_inputs(std::span<const Tensor> inputs) {
     std::string out;
     for (std::size_t i = 0; i < inputs.size(); ++i) out += str(i ? ", " : "", describe(inputs[i]));
@@ -30,15 +27,37 @@ std::string describe_inputs(std::span<const Tensor> inputs) {
 const BackendKernels& kernels_for(const OpDef& def, Device device) {
     return device.is_cpu() ? def.cpu : def.cuda;
 }
+
+// Anomaly mode's report of some tensors: "; input 0 (3) float64 cpu: min -1 max 2, 1 NaN, 0 Inf (of 3)".
+std::string stats_of(const std::string& role, const Tensor& t) {
+    return str("; ", role, " ", describe(t), ": ", to_string(tensor_stats(t)));
+}
+std::string stats_of_inputs(std::span<const Tensor> inputs) {
+    std::string out;
+    for (std::size_t i = 0; i < inputs.size(); ++i) out += stats_of(str("input ", i), inputs[i]);
+    return out;
+}
+
+// Anomaly mode, right after a forward: NumericalError when the new value holds a NaN or Inf.
+void check_forward_value(std::span<const Tensor> inputs, const Tensor& out) {
+    const TensorStats stats = tensor_stats(out);
+    if (stats.all_finite()) return;
+    throw NumericalError(str("anomaly mode: the output holds NaN/Inf", stats_of("output", out),
+                             stats_of_inputs(inputs)));
+}
 }  // namespace
 
 bool grad_enabled() { return tls_grad_enabled; }
 NoGradGuard::NoGradGuard() : previous_(tls_grad_enabled) { tls_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { tls_grad_enabled = previous_; }
 
+std::string describe_site(const std::source_location& where) {
+    return str(std::filesystem::path(where.file_name()).filename().string(), ":", where.line());
+}
+
 // ---- Parameter ----
 Parameter::Parameter(Tensor value, std::string name)
-    : state_(std::make_shared<State>(State{std::move(value), Tensor(), std::move(name)})) {
+    : state_(std::make_shared<State>(State{std::move(value), Tensor(), std::move(name), nullptr, {}})) {
     if (!state_->value.defined()) throw ValueError(str("Parameter '", state_->name, "': value is undefined"));
     if (!is_floating(state_->value.dtype()))
         throw DTypeError(str("Parameter '", state_->name, "': needs float32 or float64, got ",
@@ -100,13 +119,13 @@ Var& Var::name(const std::string& debug_name) {
 
 // ---- ComputeGraph ----
 ComputeGraph::ComputeGraph() : generation_(next_generation()) {}
-ComputeGraph::~ComputeGraph() = default;
+ComputeGraph::~ComputeGraph() { release_parameters(); }
 
 std::string ComputeGraph::describe_node(NodeId id) const {
     const ComputeNode& n = node(id);
     std::string out = str(op_def(n.op, n.attrs).name, " #", id);
     if (!n.name.empty()) out += str(" '", n.name, "'");
-    return out + str(" (", site(n.where), ")");
+    return out + str(" (", describe_site(n.where), ")");
 }
 
 const ComputeNode& ComputeGraph::node(NodeId id) const {
@@ -121,9 +140,10 @@ Var ComputeGraph::handle(NodeId id) {
 
 Var ComputeGraph::add_leaf(const Tensor& value, bool requires_grad, Parameter parameter, const std::string& name,
                            std::source_location where) {
-    if (!value.defined()) throw ValueError(str("leaf '", name, "' at ", site(where), ": tensor is undefined"));
+    if (!value.defined()) throw ValueError(str("leaf '", name, "' at ", describe_site(where), ": tensor is undefined"));
     if (requires_grad && !is_floating(value.dtype()))
-        throw DTypeError(str("leaf '", name, "' at ", site(where), ": only float tensors can require grad, got ",
+        throw DTypeError(str("leaf '", name, "' at ", describe_site(where),
+                             ": only float tensors can require grad, got ",
                              dtype_name(value.dtype())));
     if (nodes_.size() >= std::numeric_limits<NodeId>::max()) throw GraphError("graph is full");
     auto n = std::make_unique<ComputeNode>();
@@ -140,7 +160,22 @@ Var ComputeGraph::input(const Tensor& value, const std::string& name, bool requi
     return add_leaf(value, requires_grad, Parameter(), name, where);
 }
 Var ComputeGraph::parameter(const Parameter& p, std::source_location where) {
-    return add_leaf(p.value(), grad_enabled(), p, p.name(), where);
+    if (!p.defined()) throw ValueError(str("parameter at ", describe_site(where), ": the Parameter is undefined"));
+    const Tensor& value = p.value();
+    const bool binds = grad_enabled();
+    Parameter::State& state = *p.state_;
+    if (binds && state.graph != nullptr && state.graph != this)
+        throw GraphError(str("parameter '", p.name(), "' ", describe(value), " at ", describe_site(where),
+                             ": still part of another graph's pending forward pass (recorded there at ",
+                             describe_site(state.bound_at),
+                             "); release it there first: backward(), clear() or destroy that graph"));
+    Var var = add_leaf(value, binds, p, p.name(), where);
+    if (binds && state.graph == nullptr) {
+        bound_.push_back(p);  // first, so that a bound parameter is always in the list that releases it
+        state.graph = this;
+        state.bound_at = where;
+    }
+    return var;
 }
 Var ComputeGraph::constant(const Tensor& value, std::source_location where) {
     return add_leaf(value, false, Parameter(), "", where);
@@ -153,7 +188,7 @@ Var ComputeGraph::record(OpType op, std::initializer_list<Var> inputs, const OpA
 
 Var ComputeGraph::record(OpType op, const std::vector<Var>& inputs, const OpAttrs& attrs, std::source_location where) {
     const OpDef& def = op_def(op, attrs);
-    const std::string at = str(def.name, " (new node #", nodes_.size(), " at ", site(where), ")");
+    const std::string at = str(def.name, " (new node #", nodes_.size(), " at ", describe_site(where), ")");
     const auto given = static_cast<int>(inputs.size());
     if (given > def.arity || given < def.arity - def.optional_inputs)
         throw GraphError(str(at, ": takes ", def.optional_inputs ? str(def.arity - def.optional_inputs, " to ") : "",
@@ -162,10 +197,13 @@ Var ComputeGraph::record(OpType op, const std::vector<Var>& inputs, const OpAttr
     std::vector<Tensor> values;
     values.reserve(inputs.size());
     bool any_requires_grad = false;
-    for (const Var& in : inputs) {
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+        const Var& in = inputs[i];
         if (in.graph_ != this)
-            throw GraphError(str(at, ": an input belongs to ", in.graph_ ? "another graph" : "no graph (undefined Var)"));
-        in.check_alive();
+            throw GraphError(str(at, ": input ", i, " belongs to ",
+                                 in.graph_ ? "another graph" : "no graph (undefined Var)"));
+        if (in.generation_ != generation_ || in.id_ >= nodes_.size())
+            throw GraphError(str(at, ": input ", i, " (Var #", in.id_, ") is from before this graph was cleared"));
         const ComputeNode& n = *nodes_[in.id_];
         values.push_back(n.value);
         any_requires_grad = any_requires_grad || n.requires_grad;
@@ -183,6 +221,7 @@ Var ComputeGraph::record(OpType op, const std::vector<Var>& inputs, const OpAttr
         if (!k.forward)
             throw DeviceError(str("no forward kernel on ", values.front().device().to_string()));
         out = k.forward(ForwardArgs{op, values, attrs, spec, saved});
+        if (anomaly_mode_enabled()) check_forward_value(values, out);
     } catch (...) {
         rethrow_with_context(str(at, " with inputs ", describe_inputs(values)));
     }
@@ -202,8 +241,16 @@ Var ComputeGraph::record(OpType op, const std::vector<Var>& inputs, const OpAttr
     return Var(this, static_cast<NodeId>(nodes_.size() - 1), generation_);
 }
 
+void ComputeGraph::check_own(const Var& var, const char* role) const {
+    if (var.graph_ != this)
+        throw GraphError(
+            str("backward: the ", role, " belongs to ", var.graph_ ? "another graph" : "no graph (undefined Var)"));
+    if (var.generation_ != generation_ || var.id_ >= nodes_.size())
+        throw GraphError(str("backward: the ", role, " (Var #", var.id_, ") is from before this graph was cleared"));
+}
+
 void ComputeGraph::backward(const Var& loss, const BackwardOptions& options) {
-    if (loss.graph_ != this) throw GraphError("backward: the loss belongs to another graph");
+    check_own(loss, "loss");
     const Tensor& value = loss.value();
     if (value.numel() != 1)
         throw GraphError(str("backward: ", describe_node(loss.id_), " has shape ", to_string(value.shape()),
@@ -212,7 +259,7 @@ void ComputeGraph::backward(const Var& loss, const BackwardOptions& options) {
 }
 
 void ComputeGraph::backward(const Var& output, const Tensor& grad_output, const BackwardOptions& options) {
-    if (output.graph_ != this) throw GraphError("backward: the output belongs to another graph");
+    check_own(output, "output");
     const Tensor& value = output.value();
     if (!grad_output.defined() || grad_output.shape() != value.shape() || grad_output.dtype() != value.dtype() ||
         grad_output.device() != value.device())
@@ -223,8 +270,9 @@ void ComputeGraph::backward(const Var& output, const Tensor& grad_output, const 
 
 void ComputeGraph::run_backward(NodeId root, Tensor seed, const BackwardOptions& options) {
     if (saved_released_)
-        throw GraphError("backward: this graph was already back-propagated and its saved tensors were released; "
-                         "pass BackwardOptions{.retain_graph = true} to the earlier backward to run it again");
+        throw GraphError(str("backward from ", describe_node(root), ": this graph was already back-propagated and ",
+                             "its saved tensors were released; pass BackwardOptions{.retain_graph = true} to the ",
+                             "earlier backward to run it again"));
     if (!nodes_[root]->requires_grad)
         throw GraphError(str("backward: ", describe_node(root), " does not require grad (no input or parameter ",
                              "that requires grad reaches it)"));
@@ -241,6 +289,9 @@ void ComputeGraph::run_backward(NodeId root, Tensor seed, const BackwardOptions&
     for (NodeId id = 0; id <= root; ++id)
         if (needed[id] && nodes_[id]->op != OpType::Leaf) nodes_[id]->grad = Tensor();
 
+    if (anomaly_mode_enabled() && !tensor_stats(seed).all_finite())
+        throw NumericalError(str("anomaly mode: the gradient seeding the backward of ", describe_node(root),
+                                 " holds NaN/Inf", stats_of("gradient", seed)));
     accumulate_into(nodes_[root]->grad, seed);
 
     std::vector<Tensor> input_values;
@@ -278,6 +329,11 @@ void ComputeGraph::run_backward(NodeId root, Tensor seed, const BackwardOptions&
                                          describe(in)));
                 // Broadcast gradients are reduced here, once, for every op and backend.
                 if (g.shape() != in.shape()) g = sum_to(g, in.shape());
+                if (anomaly_mode_enabled() && !tensor_stats(g).all_finite())
+                    throw NumericalError(str("anomaly mode: the gradient for input ", i, " (",
+                                             describe_node(n.inputs[i]), ") holds NaN/Inf", stats_of("gradient", g),
+                                             stats_of("output gradient", n.grad), stats_of("output", n.value),
+                                             stats_of_inputs(input_values)));
                 accumulate_into(nodes_[n.inputs[i]]->grad, g);
             }
         } catch (...) {
@@ -287,7 +343,10 @@ void ComputeGraph::run_backward(NodeId root, Tensor seed, const BackwardOptions&
         if (!options.retain_grads) n.grad = Tensor();
         if (!options.retain_graph) n.saved.clear();
     }
-    if (!options.retain_graph) saved_released_ = true;
+    if (!options.retain_graph) {
+        saved_released_ = true;
+        release_parameters();
+    }
 }
 
 void ComputeGraph::clear() {
@@ -295,6 +354,13 @@ void ComputeGraph::clear() {
     while (!nodes_.empty()) nodes_.pop_back();
     generation_ = next_generation();
     saved_released_ = false;
+    release_parameters();
+}
+
+void ComputeGraph::release_parameters() noexcept {
+    for (const Parameter& p : bound_)
+        if (p.state_->graph == this) p.state_->graph = nullptr;
+    bound_.clear();
 }
 
 Var detach(const Var& x, std::source_location where) {

@@ -20,6 +20,11 @@ using NodeId = std::uint32_t;
 
 // A tensor that outlives graphs (a model weight). Its gradient accumulates over backward calls
 // until zero_grad(). Copies of a Parameter share state.
+//
+// A parameter belongs to one pending forward pass at a time: a graph that records it with grad enabled
+// binds it until that graph runs a backward without retain_graph, is cleared, or is destroyed. Recording
+// it in a second graph meanwhile throws GraphError (its gradient would mix two passes); the same graph
+// may record it any number of times, and recording under NoGradGuard does not bind.
 class Parameter {
 public:
     Parameter() = default;
@@ -38,10 +43,13 @@ public:
     Tensor& grad_slot();
 
 private:
+    friend class ComputeGraph;
     struct State {
         Tensor value;
         Tensor grad;
         std::string name;
+        const ComputeGraph* graph = nullptr;  // the graph whose pending forward pass holds it
+        std::source_location bound_at;         // where that graph first recorded it
     };
     std::shared_ptr<State> state_;
 };
@@ -126,7 +134,8 @@ public:
     // Back-propagates an explicit gradient of `output`'s shape, dtype and device.
     void backward(const Var& output, const Tensor& grad_output, const BackwardOptions& options = {});
 
-    // Drops every node; handles into the graph become stale. Parameters keep their gradients.
+    // Drops every node; handles into the graph become stale. Parameters keep their gradients and are
+    // released (free to be recorded by another graph).
     void clear();
     std::size_t size() const { return nodes_.size(); }
     const ComputeNode& node(NodeId id) const;
@@ -140,8 +149,11 @@ private:
     Var add_leaf(const Tensor& value, bool requires_grad, Parameter parameter, const std::string& name,
                  std::source_location where);
     void run_backward(NodeId root, Tensor seed, const BackwardOptions& options);
+    void check_own(const Var& var, const char* role) const;
+    void release_parameters() noexcept;
 
     std::vector<std::unique_ptr<ComputeNode>> nodes_;
+    std::vector<Parameter> bound_;  // parameters this graph's pending forward pass holds
     std::uint64_t generation_;
     bool saved_released_ = false;  // a backward without retain_graph has run
 };
@@ -158,6 +170,9 @@ private:
     bool previous_;
 };
 bool grad_enabled();
+
+// A creation site as error messages print it: "model.cpp:42".
+std::string describe_site(const std::source_location& where);
 
 // A leaf holding x's value (shared storage) that no gradient flows through.
 Var detach(const Var& x, std::source_location where = std::source_location::current());

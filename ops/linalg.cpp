@@ -41,7 +41,8 @@ Var reshape(const Var& x, const Shape& shape, std::source_location where) {
 Var flatten(const Var& x, std::source_location where) {
     const Shape& shape = x.shape();
     if (shape.size() < 2)
-        throw ShapeError(str("flatten: needs a tensor of rank >= 2 (N, ...), got shape ", to_string(shape)));
+        throw ShapeError(str("flatten at ", describe_site(where), ": needs a tensor of rank >= 2 (N, ...), got shape ",
+                             to_string(shape)));
     // The rest is computed, not inferred with -1, so N = 0 still works.
     return reshape(x, {shape[0], numel(Shape(shape.begin() + 1, shape.end()))}, where);
 }

@@ -55,7 +55,8 @@ OutputSpec batch_norm(OpType, std::span<const Tensor> inputs, const OpAttrs& att
     const std::int64_t per_channel = channels == 0 ? 0 : x.numel() / channels;
     // An empty batch has no statistics (like the mean of the losses); one value per channel has no variance.
     if (attrs.training && per_channel == 0)
-        throw ShapeError(str("training needs a non-empty batch for the batch statistics, got x ", to_string(x.shape())));
+        throw ShapeError(
+            str("training needs a non-empty batch for the batch statistics, got x ", to_string(x.shape())));
     if (attrs.training && per_channel <= 1)
         throw ValueError(str("training needs N·H·W > 1 for the batch variance, got ", per_channel));
     return {x.shape(), x.dtype()};

@@ -59,6 +59,9 @@ OutputSpec pool2d(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) 
         if (attrs.kernel[i] > padded)
             throw ShapeError(str(i == 0 ? "height" : "width", ": window ", attrs.kernel[i],
                                  " is larger than the padded input ", padded));
+        // An empty plane with padding would give windows of padding alone, with no element to pool.
+        if (x.shape()[2 + i] == 0)
+            throw ShapeError(str(i == 0 ? "height" : "width", " is 0: no window would hold an input element"));
         y[2 + i] = (padded - attrs.kernel[i]) / attrs.stride[i] + 1;
     }
     return {y, x.dtype()};

@@ -212,10 +212,16 @@ Var max(const Var& x, std::int64_t axis, bool keepdim, std::source_location wher
 // ---- shape rules ----
 namespace infer {
 
-OutputSpec reduce_axes(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+OutputSpec reduce_axes(OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs) {
     const Tensor& x = inputs[0];
     check_floating(x);
-    return {reduced_shape(x.shape(), reduced_axes(x.shape(), attrs.axes), attrs.keepdim), x.dtype()};
+    const std::vector<bool> reduced = reduced_axes(x.shape(), attrs.axes);
+    // A sum over nothing is 0; a mean over nothing is undefined (as for the losses' means).
+    if (op == OpType::Mean && reduced_count(x.shape(), reduced) == 0)
+        throw ShapeError(str("the mean over ",
+                             attrs.axes.empty() ? std::string("all axes") : str("axes ", to_string(attrs.axes)), " of ",
+                             to_string(x.shape()), " averages zero elements"));
+    return {reduced_shape(x.shape(), reduced, attrs.keepdim), x.dtype()};
 }
 
 OutputSpec reduce_axis(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {

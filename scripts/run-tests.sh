@@ -1,10 +1,38 @@
 #!/usr/bin/env bash
-# Builds dyngrad (scripts/setup.sh: dependencies, configure, build) and runs the test suite with CTest.
-# GPU tests skip themselves on a machine without a CUDA device. Exit status: CTest's.
-set -euo pipefail
+# The test suite, in three stages (all of them run; see README.md):
+#   1. scripts/setup.sh (dependencies, Release build in build/), then every test through CTest; GPU tests
+#      skip themselves on a machine without a CUDA device;
+#   2. scripts/run-sanitized-tests.sh: the CPU tests again under ASan + UBSan with leak detection, and a
+#      CPU soak of lenet (build-asan/);
+#   3. scripts/run-fuzz.sh 60: each libFuzzer target for 60 s from its seed corpus (build-fuzz/).
+# Exit status: 0 when every stage passed, 1 otherwise.
+set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-"$root/scripts/setup.sh"
 
 build_dir=${DYNGRAD_BUILD_DIR:-build}
 [[ "$build_dir" == /* ]] || build_dir="$root/$build_dir"
-exec ctest --test-dir "$build_dir" --output-on-failure -j"${DYNGRAD_JOBS:-$(nproc)}"
+
+passed=0
+failed=0
+stage() {
+    local name=$1
+    shift
+    local start=$SECONDS
+    echo "===== stage: $name"
+    if "$@"; then
+        passed=$((passed + 1))
+        echo "===== $name: passed ($((SECONDS - start)) s)"
+    else
+        failed=$((failed + 1))
+        echo "===== $name: FAILED ($((SECONDS - start)) s)"
+    fi
+}
+tests() {
+    "$root/scripts/setup.sh" && ctest --test-dir "$build_dir" --output-on-failure -j"${DYNGRAD_JOBS:-$(nproc)}"
+}
+
+stage "tests" tests
+stage "sanitized tests" "$root/scripts/run-sanitized-tests.sh"
+stage "fuzz smoke run" "$root/scripts/run-fuzz.sh" 60
+echo "stages: $passed passed, $failed failed"
+((failed == 0))

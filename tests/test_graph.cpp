@@ -314,3 +314,74 @@ TEST_CASE("nodes carry debug names and creation sites", "[graph][names]") {
     CHECK_THROWS_AS(graph.describe_node(1000), GraphError);
     CHECK(graph.handle(h.id()).value().shares_storage_with(h.value()));
 }
+
+TEST_CASE("a parameter belongs to one pending forward pass at a time", "[graph][parameter][binding]") {
+    Parameter w(f64({1, 2}), "w");
+    ComputeGraph first, second;
+    Var a = first.parameter(w);
+    const int first_line = __LINE__ - 1;
+
+    SECTION("a second graph is refused, naming the parameter and the first recording") {
+        const std::size_t nodes = second.size();
+        CHECK_THROWS_MATCHES(second.parameter(w), GraphError,
+                             MessageHas({"parameter 'w'", "another graph's pending forward pass",
+                                         str("test_graph.cpp:", first_line), "backward()", "clear()", "destroy"}));
+        CHECK(second.size() == nodes);
+        // Copies share the binding.
+        Parameter alias = w;
+        CHECK_THROWS_AS(second.parameter(alias), GraphError);
+    }
+    SECTION("the same graph may record it again") {
+        Var b = first.parameter(w);
+        first.backward(sum(a * b));  // d/dw (w·w) = 2w
+        CHECK_THAT(w.grad().to_vector(), ApproxVector({2, 4}));
+    }
+    SECTION("recording under no_grad does not bind") {
+        NoGradGuard no_grad;
+        CHECK(second.parameter(w).value().shares_storage_with(w.value()));
+    }
+    SECTION("a backward without retain_graph releases it") {
+        first.backward(sum(a));
+        Var b = second.parameter(w);
+        // Now bound to the second graph: the first may not record it again until that one is done.
+        CHECK_THROWS_MATCHES(first.parameter(w), GraphError, MessageHas({"'w'", "another graph"}));
+        second.backward(sum(b * 2.0));
+        CHECK_THAT(w.grad().to_vector(), ApproxVector({3, 3}));
+        CHECK_NOTHROW(first.parameter(w));
+    }
+    SECTION("a backward with retain_graph keeps it bound") {
+        Var loss = sum(a * a);
+        first.backward(loss, BackwardOptions{.retain_graph = true});
+        CHECK_THROWS_AS(second.parameter(w), GraphError);
+        first.backward(loss);
+        CHECK_NOTHROW(second.parameter(w));
+    }
+    SECTION("clear() releases it") {
+        first.clear();
+        CHECK_NOTHROW(second.parameter(w));
+    }
+    SECTION("destroying the graph releases it") {
+        first.clear();
+        {
+            ComputeGraph scoped;
+            scoped.parameter(w);
+            CHECK_THROWS_MATCHES(second.parameter(w), GraphError, MessageHas({"another graph"}));
+        }
+        CHECK_NOTHROW(second.parameter(w));
+    }
+}
+
+TEST_CASE("a parameter recorded by no graph with grad is free everywhere", "[graph][parameter][binding]") {
+    Parameter w(f64({1}), "w");
+    {
+        NoGradGuard no_grad;
+        ComputeGraph first;
+        first.parameter(w);
+        ComputeGraph second;
+        second.parameter(w);  // neither binds
+    }
+    ComputeGraph graph;
+    Var v = graph.parameter(w);
+    graph.backward(sum(v * 5.0));
+    CHECK(w.grad().item() == 5);
+}

@@ -1,0 +1,99 @@
+// dyngrad-anomaly-cost: what anomaly mode (graph/anomaly.h) costs on one training step of an MLP
+// (784-256-128-10, relu, cross_entropy, SGD; float32). Blocks of steps run alternately without and with
+// AnomalyModeGuard; the median block of each gives the time per step. Recorded in docs/reliability.md.
+//
+//   dyngrad-anomaly-cost [--device cpu|cuda:N] [--batch N] [--steps N] [--repeats N]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <dyngrad/dyngrad.h>
+
+using namespace dyngrad;
+
+namespace {
+
+struct Options {
+    Device device = Device::cpu();
+    std::int64_t batch = 64;
+    int steps = 20;    // per timed block
+    int repeats = 7;   // blocks of each kind
+};
+
+Options parse(int argc, char** argv) {
+    Options o;
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        if (i + 1 >= argc) throw ValueError(str("missing value after ", arg));
+        const std::string value = argv[++i];
+        if (arg == "--device")
+            o.device = value == "cpu" ? Device::cpu() : Device::cuda(value.size() > 5 ? std::stoi(value.substr(5)) : 0);
+        else if (arg == "--batch")
+            o.batch = std::stoll(value);
+        else if (arg == "--steps")
+            o.steps = std::stoi(value);
+        else if (arg == "--repeats")
+            o.repeats = std::stoi(value);
+        else
+            throw ValueError(str("unknown option ", arg));
+    }
+    return o;
+}
+
+double median(std::vector<double> values) {
+    std::sort(values.begin(), values.end());
+    return values[values.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+    const Options o = parse(argc, argv);
+    Generator gen(0);
+    Sequential model;
+    model.add(Linear(784, 256, true, gen)).add([](const Var& h) { return relu(h); });
+    model.add(Linear(256, 128, true, gen)).add([](const Var& h) { return relu(h); });
+    model.add(Linear(128, 10, true, gen));
+    model.to(o.device);
+    SGD optimizer(model.parameters(), {.lr = 0.01});
+    const Tensor images = Tensor::uniform({o.batch, 784}, 0.0, 1.0, gen, DType::f32, o.device);
+    std::vector<std::int64_t> label_values(static_cast<std::size_t>(o.batch));
+    for (std::size_t i = 0; i < label_values.size(); ++i) label_values[i] = static_cast<std::int64_t>(i % 10);
+    const Tensor labels = Tensor::from_vector(label_values, {o.batch}, o.device);
+
+    const auto step = [&] {
+        ComputeGraph graph;
+        const Var loss = cross_entropy(model(graph.input(images, "images")), graph.input(labels, "labels"));
+        optimizer.zero_grad();
+        graph.backward(loss);
+        optimizer.step();
+    };
+    const auto block_ms = [&](bool anomaly) {
+        const AnomalyModeGuard guard(anomaly);
+        if (o.device.is_cuda()) cuda::synchronize(o.device.index);
+        const auto start = std::chrono::steady_clock::now();
+        for (int i = 0; i < o.steps; ++i) step();
+        if (o.device.is_cuda()) cuda::synchronize(o.device.index);
+        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / o.steps;
+    };
+
+    block_ms(false);  // warm-up: allocations, caches
+    block_ms(true);
+    std::vector<double> plain, checked;
+    for (int r = 0; r < o.repeats; ++r) {
+        plain.push_back(block_ms(false));
+        checked.push_back(block_ms(true));
+    }
+    const double off = median(plain), on = median(checked);
+    std::printf("MLP 784-256-128-10 float32, batch %lld, %s: %d blocks of %d steps each\n",
+                static_cast<long long>(o.batch), o.device.to_string().c_str(), o.repeats, o.steps);
+    std::printf("  anomaly mode off: %8.3f ms/step\n", off);
+    std::printf("  anomaly mode on:  %8.3f ms/step  (x%.2f, +%.0f%%)\n", on, on / off, 100.0 * (on / off - 1.0));
+    return 0;
+} catch (const std::exception& e) {
+    std::fprintf(stderr, "dyngrad-anomaly-cost: %s\n", e.what());
+    return 1;
+}

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets of tests/fuzz (fuzz_graph, fuzz_idx, fuzz_safetensors) with clang 14 in
+# build-fuzz/ (CPU only; the library too is built with coverage, ASan and UBSan) and runs each for
+# SECONDS (default 60), starting from its seed corpus tests/fuzz/corpus/<target>/. New inputs go to
+# build-fuzz/corpus/<target>/, never into the repository; a crash, sanitizer finding, leak or timeout
+# stops that target, leaves the input in build-fuzz/artifacts/ and fails the run.
+# Usage: scripts/run-fuzz.sh [SECONDS]   Full logs: build-fuzz/<target>.log.
+# Environment (optional): DYNGRAD_FUZZ_BUILD_DIR (default build-fuzz), DYNGRAD_JOBS (default nproc).
+# Exit status: 0 when every target ran its time without a finding.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+seconds=${1:-60}
+DYNGRAD_EXTRA_PACKAGES="clang-14 libclang-rt-14-dev" "$root/scripts/setup.sh" --deps-only
+
+build_dir=${DYNGRAD_FUZZ_BUILD_DIR:-build-fuzz}
+jobs=${DYNGRAD_JOBS:-$(nproc)}
+echo "==> configuring $build_dir (clang 14, libFuzzer + ASan + UBSan, CPU only)"
+cmake -S . -B "$build_dir" -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g -DNDEBUG" -DDYNGRAD_CUDA=OFF -DDYNGRAD_FUZZ=ON \
+      -DBUILD_SHARED_LIBS=OFF -DDYNGRAD_BUILD_TESTS=OFF -DDYNGRAD_BUILD_BENCH=OFF -DDYNGRAD_BUILD_SAMPLES=OFF
+echo "==> building $build_dir"
+cmake --build "$build_dir" --parallel "$jobs"
+
+export ASAN_OPTIONS=detect_leaks=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+status=0
+for target in fuzz_graph fuzz_idx fuzz_safetensors; do
+    echo "==> $target for $seconds s"
+    mkdir -p "$build_dir/corpus/$target" "$build_dir/artifacts"
+    log="$build_dir/$target.log"
+    if "$build_dir/tests/fuzz/$target" -max_total_time="$seconds" -timeout=60 -rss_limit_mb=2048 \
+           -print_final_stats=1 -artifact_prefix="$build_dir/artifacts/$target-" \
+           "$build_dir/corpus/$target" "tests/fuzz/corpus/$target" > "$log" 2>&1; then
+        # "#N DONE cov: ... corp: ..." and the run's totals
+        grep -E "^#[0-9]+ +DONE|stat::number_of_executed_units|stat::peak_rss_mb" "$log" || true
+    else
+        status=1
+        echo "$target FAILED (log: $log, input: $build_dir/artifacts/):"
+        tail -n 60 "$log"
+    fi
+done
+exit $status

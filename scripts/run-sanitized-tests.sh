@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The CPU test suite under AddressSanitizer + UndefinedBehaviorSanitizer with leak detection:
+#   1. configures and builds build-asan/ (CPU only, RelWithDebInfo at -O1, -DDYNGRAD_SANITIZE=address,undefined:
+#      the library and every test, bench and sample are instrumented);
+#   2. runs every CPU test through CTest, except install_consumer (it would build an uninstrumented consumer
+#      against the instrumented library);
+#   3. trains lenet for 300 steps with dyngrad-soak on the CPU: heap in use after step 100 and after the
+#      last step must be equal, and LeakSanitizer checks for leaks at exit.
+# Any sanitizer finding fails the test or program that triggered it. Dependencies: scripts/setup.sh.
+# Environment (optional): DYNGRAD_ASAN_BUILD_DIR (default build-asan), DYNGRAD_JOBS (default nproc),
+# DYNGRAD_SOAK_STEPS (default 300). Exit status: 0 when everything passed.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+"$root/scripts/setup.sh" --deps-only
+
+build_dir=${DYNGRAD_ASAN_BUILD_DIR:-build-asan}
+jobs=${DYNGRAD_JOBS:-$(nproc)}
+ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1
+export ASAN_OPTIONS=$ASAN_OPTIONS:strict_string_checks=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
+echo "==> configuring $build_dir (AddressSanitizer + UndefinedBehaviorSanitizer, CPU only)"
+cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g -DNDEBUG" \
+      -DDYNGRAD_CUDA=OFF -DDYNGRAD_SANITIZE=address,undefined
+echo "==> building $build_dir"
+cmake --build "$build_dir" --parallel "$jobs"
+
+echo "==> CPU tests under ASan + UBSan"
+status=0
+ctest --test-dir "$build_dir" --output-on-failure -j"$jobs" -L cpu -E '^install_consumer$' || status=1
+
+echo "==> dyngrad-soak on the CPU under ASan + UBSan"
+"$build_dir/bench/dyngrad-soak" --device cpu --steps "${DYNGRAD_SOAK_STEPS:-300}" || status=1
+exit $status

@@ -1,0 +1,397 @@
+// libFuzzer target: bytes -> a random graph of op-table ops on small float64 CPU tensors (random shapes,
+// attributes and operands, some invalid on purpose), then forward and backward. Every misuse must come
+// out as a dyngrad::Error: any other exception, a crash, a sanitizer finding or a leak fails the run.
+// On graphs that build, the gradient of L = Σ w·y along random directions v of the inputs must match
+// central differences of L(x + t·v), else __builtin_trap().
+//
+// Finite differences are only judged where they can be: never across a kink or a singularity (the
+// "region" of every kink/singular op input, and the argmax pattern of max and max_pool2d, must be the
+// same at every evaluation point), never on non-finite or huge values, and only once they converge
+// (two step sizes agree with each other better than with the analytic value).
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <source_location>
+#include <vector>
+
+#include "dyngrad/core/error.h"
+#include "dyngrad/core/tensor.h"
+#include "dyngrad/graph/graph.h"
+#include "dyngrad/graph/op_def.h"
+
+using namespace dyngrad;
+
+namespace {
+
+// Reads the input front to back; past its end every byte reads as 0, so any input decodes.
+class Bytes {
+public:
+    Bytes(const std::uint8_t* data, std::size_t size) : data_(data), size_(size) {}
+    std::uint8_t next() { return pos_ < size_ ? data_[pos_++] : 0; }
+    int pick(int n) { return next() % n; }  // in [0, n)
+    bool one_in(int n) { return pick(n) == 0; }
+    template <typename T, std::size_t N>
+    T from(const std::array<T, N>& values) { return values[static_cast<std::size_t>(pick(static_cast<int>(N)))]; }
+    std::uint32_t u32() {
+        std::uint32_t value = 0;
+        for (int i = 0; i < 4; ++i) value = (value << 8) | next();
+        return value;
+    }
+
+private:
+    const std::uint8_t* data_;
+    std::size_t size_;
+    std::size_t pos_ = 0;
+};
+
+// What a program's value k is: a leaf (the tensor is cloned into every graph built from the program, so
+// in-place updates of batch_norm's running statistics never leak from one evaluation into the next) or
+// the output of an op applied to earlier values.
+struct Item {
+    bool is_leaf = true;
+    Tensor leaf;
+    bool requires_grad = false;  // float leaves: the inputs whose gradients are checked
+    bool constant = false;       // batch_norm running statistics
+    OpType op = OpType::Leaf;
+    std::vector<int> inputs;
+    OpAttrs attrs;
+    bool built = true;  // false for an op that threw (invalid): evaluations leave it out too
+};
+using Program = std::vector<Item>;
+
+const std::vector<const OpDef*>& fuzzed_ops() {
+    static const std::vector<const OpDef*> ops = [] {
+        std::vector<const OpDef*> out;
+        for (const OpDef& def : op_table())
+            if (def.op != OpType::Leaf && def.op != OpType::Custom) out.push_back(&def);
+        return out;
+    }();
+    return ops;
+}
+
+// ---- decoding: shapes, values, attributes ----
+
+constexpr std::array<double, 10> kScalars = {0.5, 2.0, -1.5, 3.0, 0.0, 1e-3, -0.7, 2.5, 1.0, -2.0};
+
+Shape random_shape(Bytes& in) {
+    Shape shape(static_cast<std::size_t>(in.pick(5)));
+    for (auto& d : shape) d = in.one_in(8) ? 0 : 1 + in.pick(4);
+    return shape;
+}
+
+Tensor random_values(const Shape& shape, Bytes& in, Generator& gen) {
+    const DType dtype = in.one_in(32) ? DType::f32 : DType::f64;  // a dtype mismatch on purpose
+    Tensor t = Tensor::normal(shape, 0.0, 1.0, gen, DType::f64);
+    if (t.numel() > 0 && in.one_in(16)) {
+        constexpr std::array<double, 6> kSpecial = {NAN, INFINITY, -INFINITY, 0.0, 1e300, -1e-300};
+        t.data<double>()[in.pick(static_cast<int>(std::min<std::int64_t>(t.numel(), 256)))] = in.from(kSpecial);
+    }
+    return dtype == DType::f64 ? t : t.to(dtype);
+}
+
+// A shape for operand `slot` of `op` that mostly fits the shapes of the operands before it.
+Shape fitting_shape(OpType op, int slot, const std::vector<Shape>& before, Bytes& in) {
+    const Shape& x = before.front();
+    const std::size_t r = x.size();
+    switch (op) {
+        case OpType::Add: case OpType::Sub: case OpType::Mul: case OpType::Div: {
+            Shape s(x.begin() + in.pick(static_cast<int>(r) + 1), x.end());  // drop leading axes
+            for (auto& d : s)
+                if (in.one_in(3)) d = 1;
+            return s;
+        }
+        case OpType::Matmul:
+            if (r == 2) return {x[1], 1 + in.pick(4)};
+            if (r == 3) return {x[0], x[2], 1 + in.pick(4)};
+            break;
+        case OpType::Linear:
+            if (slot == 1 && r >= 1) return {1 + in.pick(4), x[r - 1]};
+            if (slot == 2 && before.size() > 1 && !before[1].empty()) return {before[1][0]};
+            break;
+        case OpType::Conv2d:
+            if (slot == 1 && r == 4) {
+                const std::int64_t groups = x[1] % 2 == 0 && in.one_in(3) ? 2 : 1;
+                return {groups * (1 + in.pick(2)), x[1] / groups, 1 + in.pick(3), 1 + in.pick(3)};
+            }
+            if (slot == 2 && before.size() > 1 && !before[1].empty()) return {before[1][0]};
+            break;
+        case OpType::BatchNorm:
+            if (r >= 2) return {x[1]};
+            break;
+        default:
+            break;
+    }
+    return x;
+}
+
+// Attributes for `op`, mostly valid.
+OpAttrs random_attrs(OpType op, const Shape& x, Bytes& in) {
+    OpAttrs a;
+    switch (op) {
+        case OpType::PowScalar: a.scalar = in.from(std::array{2.0, 3.0, 0.5, -1.0, 2.5, -1.5}); break;
+        case OpType::Dropout: a.scalar = in.from(std::array{0.0, 0.3, 0.5, 0.9, 1.0, -0.1}); break;
+        default: a.scalar = in.from(kScalars); break;
+    }
+    for (int n = in.pick(3); n > 0; --n) a.axes.push_back(in.pick(9) - 4);
+    if (op == OpType::Transpose && !in.one_in(8)) a.axes = {in.pick(5) - 2, in.pick(5) - 2};
+    a.axis = in.pick(9) - 4;
+    a.keepdim = in.pick(2) == 1;
+    const std::int64_t n = numel(x);
+    switch (in.pick(5)) {
+        case 0: a.shape = {n}; break;
+        case 1: a.shape = {-1}; break;
+        case 2: a.shape = {1, n, 1}; break;
+        case 3: a.shape = {n > 0 && n % 2 == 0 ? 2 : 1, -1}; break;
+        default: a.shape = random_shape(in); break;
+    }
+    const auto pair = [&](int low, int spread) {
+        return std::array<std::int64_t, 2>{low + in.pick(spread), low + in.pick(spread)};
+    };
+    a.kernel = in.one_in(16) ? pair(-1, 2) : pair(1, 3);
+    a.stride = in.one_in(16) ? pair(-1, 2) : pair(op == OpType::Conv2d ? 1 : 0, 3);
+    a.padding = in.one_in(16) ? pair(-1, 2) : pair(0, 2);
+    a.dilation = in.one_in(16) ? pair(-1, 2) : pair(1, 2);
+    if (in.one_in(8)) a.groups = in.pick(4) - 1;
+    a.training = in.pick(2) == 1;
+    a.eps = in.from(std::array{1e-5, 1e-3, 0.0, -1.0});
+    a.momentum = in.from(std::array{0.1, 0.5, 1.0});
+    a.seed = in.u32();
+    return a;
+}
+
+// ---- building ----
+
+Var add_leaf(ComputeGraph& graph, const Item& item, const Tensor& value) {
+    if (item.constant) return graph.constant(value);
+    return graph.input(value, "", item.requires_grad);
+}
+
+// Decodes the program while building it into `graph` (one Var per item in `vars`, undefined where an op
+// threw): each op is recorded at once, so later ops pick their operands among values that exist.
+Program decode(Bytes& in, ComputeGraph& graph, std::vector<Var>& vars, Generator& gen) {
+    Program program;
+    std::vector<int> available;  // items with a value
+    const auto leaf = [&](Tensor value, bool constant) {
+        Item item;
+        item.leaf = value;
+        item.constant = constant;
+        item.requires_grad = !constant && is_floating(value.dtype());
+        vars.push_back(add_leaf(graph, item, value.clone()));
+        program.push_back(std::move(item));
+        available.push_back(static_cast<int>(program.size() - 1));
+        return available.back();
+    };
+    for (int n = 1 + in.pick(3); n > 0; --n) leaf(random_values(random_shape(in), in, gen), false);
+
+    const auto& ops = fuzzed_ops();
+    for (int steps = in.pick(10); steps > 0; --steps) {
+        const OpDef& def = *ops[static_cast<std::size_t>(in.pick(static_cast<int>(ops.size())))];
+        int arity = def.arity - (def.optional_inputs > 0 && in.pick(2) == 1 ? def.optional_inputs : 0);
+        if (in.one_in(32)) arity = in.pick(4);  // a wrong number of inputs on purpose
+        std::vector<int> inputs;
+        std::vector<Shape> shapes;
+        for (int slot = 0; slot < arity; ++slot) {
+            int value = -1;
+            const Shape* first = shapes.empty() ? nullptr : &shapes.front();
+            if (def.op == OpType::CrossEntropy && slot == 1 && first) {
+                // labels (N) in [0, C), now and then one out of range
+                const std::int64_t rows = first->empty() ? 1 : (*first)[0];
+                const std::int64_t classes = first->size() < 2 ? 1 : (*first)[1];
+                std::vector<std::int64_t> labels(static_cast<std::size_t>(std::max<std::int64_t>(rows, 0)));
+                const int valid = static_cast<int>(std::max<std::int64_t>(classes, 1));
+                for (auto& l : labels) l = in.one_in(32) ? classes : in.pick(valid);
+                value = leaf(Tensor::from_vector(labels, {static_cast<std::int64_t>(labels.size())}), false);
+            } else if (def.op == OpType::BatchNorm && slot >= 3 && first) {
+                const Shape channels = fitting_shape(def.op, slot, shapes, in);
+                value = leaf(Tensor::uniform(channels, 0.5, 2.0, gen, DType::f64), true);
+            } else if (const int mode = in.pick(4); mode < 2) {
+                value = available[static_cast<std::size_t>(in.pick(static_cast<int>(available.size())))];
+            } else {
+                const Shape shape = mode == 2 && first ? fitting_shape(def.op, slot, shapes, in) : random_shape(in);
+                value = leaf(random_values(shape, in, gen), false);
+            }
+            inputs.push_back(value);
+            shapes.push_back(vars[static_cast<std::size_t>(value)].shape());
+        }
+        Item item;
+        item.is_leaf = false;
+        item.op = def.op;
+        item.inputs = inputs;
+        item.attrs = random_attrs(def.op, shapes.empty() ? Shape{} : shapes.front(), in);
+        std::vector<Var> operands;
+        for (const int i : inputs) operands.push_back(vars[static_cast<std::size_t>(i)]);
+        Var out;
+        try {
+            out = graph.record(def.op, operands, item.attrs, std::source_location::current());
+        } catch (const Error&) {
+            item.built = false;  // invalid on purpose (or by chance): the op is left out
+        }
+        vars.push_back(out);
+        program.push_back(std::move(item));
+        if (out.defined()) available.push_back(static_cast<int>(program.size() - 1));
+    }
+    return program;
+}
+
+// ---- finite differences ----
+
+// Which side of each kink or singularity the inputs of op node `id` lie on, appended to `pattern`.
+void append_pattern(const ComputeGraph& graph, NodeId id, std::vector<double>& pattern) {
+    const ComputeNode& n = graph.node(id);
+    const auto regions = [&](std::size_t input, std::initializer_list<double> kinks) {
+        for (const double x : graph.node(n.inputs[input]).value.to_vector())
+            for (const double kink : kinks) pattern.push_back(x < kink ? -1 : x > kink ? 1 : 0);
+    };
+    switch (n.op) {
+        case OpType::Abs: case OpType::Relu: case OpType::LeakyRelu: case OpType::Elu:
+        case OpType::Log: case OpType::Sqrt: case OpType::PowScalar:
+            regions(0, {0.0});
+            break;
+        case OpType::ClippedRelu: regions(0, {0.0, n.attrs.scalar}); break;
+        case OpType::Div: regions(1, {0.0}); break;
+        case OpType::Max: case OpType::MaxPool2d: {
+            // where the gradient goes: the (first) maximum of every window
+            ComputeGraph probe;
+            const Var x = probe.input(graph.node(n.inputs[0]).value, "", true);
+            const Var y = probe.record(n.op, {x}, n.attrs, std::source_location::current());
+            probe.backward(y, Tensor::ones(y.shape(), y.dtype()));
+            const std::vector<double> routed = x.grad().to_vector();
+            pattern.insert(pattern.end(), routed.begin(), routed.end());
+            break;
+        }
+        default: break;
+    }
+}
+
+struct Evaluation {
+    double loss = 0;              // Σ w·y
+    std::vector<double> pattern;  // kink sides and argmax routing of every op node
+    double largest = 0;           // largest |value| of any node
+    bool finite = true;
+};
+
+// Builds `program` with every gradient-checked leaf moved by t·direction and evaluates it; nullopt when
+// an op that built when decoded fails now.
+std::optional<Evaluation> evaluate(const Program& program, int output, const std::vector<Tensor>& directions,
+                                   double t, const Tensor& weights) {
+    ComputeGraph graph;
+    std::vector<Var> vars(program.size());
+    Evaluation e;
+    for (std::size_t k = 0; k <= static_cast<std::size_t>(output); ++k) {
+        const Item& item = program[k];
+        if (item.is_leaf) {
+            Tensor value = item.leaf.clone();
+            if (directions[k].defined()) {
+                double* x = value.data<double>();
+                const double* v = directions[k].data<double>();
+                for (std::int64_t i = 0; i < value.numel(); ++i) x[i] += t * v[i];
+            }
+            vars[k] = add_leaf(graph, item, value);
+            continue;
+        }
+        if (!item.built) continue;
+        std::vector<Var> operands;
+        for (const int i : item.inputs) operands.push_back(vars[static_cast<std::size_t>(i)]);
+        try {
+            vars[k] = graph.record(item.op, operands, item.attrs, std::source_location::current());
+        } catch (const Error&) {
+            return std::nullopt;
+        }
+        append_pattern(graph, vars[k].id(), e.pattern);
+    }
+    for (NodeId id = 0; id < graph.size(); ++id)
+        for (const double x : graph.node(id).value.to_vector()) {
+            e.finite = e.finite && std::isfinite(x);
+            e.largest = std::max(e.largest, std::fabs(x));
+        }
+    const std::vector<double> y = vars[static_cast<std::size_t>(output)].value().to_vector();
+    const std::vector<double> w = weights.to_vector();
+    for (std::size_t i = 0; i < y.size(); ++i) e.loss += w[i] * y[i];
+    return e;
+}
+
+// Compares the analytic directional derivative with central differences at two step sizes.
+void check_gradients(const Program& program, int output, const Tensor& weights, const std::vector<Var>& vars,
+                     Generator& gen) {
+    std::vector<Tensor> directions(program.size());
+    double analytic = 0;
+    for (std::size_t k = 0; k <= static_cast<std::size_t>(output); ++k) {
+        const Item& item = program[k];
+        if (!item.is_leaf || !item.requires_grad || item.leaf.dtype() != DType::f64) continue;
+        directions[k] = Tensor::normal(item.leaf.shape(), 0.0, 1.0, gen, DType::f64);
+        const Tensor& grad = vars[k].node().grad;
+        if (!grad.defined()) continue;  // no path to the output: a zero gradient
+        const std::vector<double> g = grad.to_vector();
+        const std::vector<double> v = directions[k].to_vector();
+        for (std::size_t i = 0; i < g.size(); ++i) analytic += g[i] * v[i];
+    }
+
+    constexpr double kStep = 1e-5;
+    const std::array<double, 5> points = {0.0, kStep, -kStep, kStep / 4, -kStep / 4};
+    std::array<Evaluation, points.size()> at;
+    for (std::size_t p = 0; p < points.size(); ++p) {
+        std::optional<Evaluation> e = evaluate(program, output, directions, points[p], weights);
+        if (!e || !e->finite) return;
+        if (p > 0 && e->pattern != at[0].pattern) return;  // a kink or singularity lies in between
+        at[p] = std::move(*e);
+    }
+    // Values this large leave central differences at the mercy of rounding.
+    if (at[0].largest > 1e6 || !std::isfinite(analytic)) return;
+
+    const double coarse = (at[1].loss - at[2].loss) / (2 * kStep);
+    const double fine = (at[3].loss - at[4].loss) / (2 * (kStep / 4));
+    double weight_sum = 0;
+    for (const double w : weights.to_vector()) weight_sum += std::fabs(w);
+    // Rounding of L (a few ulps of the largest value per output weight) divided by the step.
+    const double noise = 256 * 2.3e-16 * std::max(at[0].largest, 1.0) * weight_sum / (2 * (kStep / 4));
+    const double tolerance = 1e-5 * std::max(std::fabs(analytic), std::fabs(fine)) + noise;
+    const double error = std::fabs(fine - analytic);
+    if (error <= tolerance || std::fabs(coarse - analytic) <= tolerance) return;
+    if (std::fabs(coarse - fine) > 0.25 * error) return;  // not converged: truncation error, no verdict
+    __builtin_trap();  // the differences agree with each other, not with the analytic gradient
+}
+
+void run(Bytes& in) {
+    Generator gen(in.u32());
+    ComputeGraph graph;
+    std::vector<Var> vars;
+    const Program program = decode(in, graph, vars, gen);
+
+    int output = -1;
+    for (int k = static_cast<int>(program.size()) - 1; k >= 0 && output < 0; --k)
+        if (!program[static_cast<std::size_t>(k)].is_leaf && program[static_cast<std::size_t>(k)].built) output = k;
+    if (output < 0) return;
+    const Var y = vars[static_cast<std::size_t>(output)];
+    if (!y.requires_grad() || !is_floating(y.dtype())) return;
+
+    const Tensor weights = Tensor::normal(y.shape(), 0.0, 1.0, gen, y.dtype());
+    const bool retain = in.one_in(4);
+    graph.backward(y, weights, {.retain_graph = retain});
+    if (y.dtype() == DType::f64) check_gradients(program, output, weights, vars, gen);
+
+    // Misuse after a backward: each throws a dyngrad::Error (or, where allowed, works).
+    try {
+        switch (in.pick(4)) {
+            case 0: graph.backward(y, weights); break;  // a second backward (GraphError unless retained)
+            case 1: graph.backward(y); break;           // non-scalar without a gradient (unless one element)
+            case 2: graph.clear(); static_cast<void>(y.value()); break;  // a handle from a cleared graph
+            default: break;
+        }
+    } catch (const Error&) {
+    }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+    Bytes in(data, size);
+    try {
+        run(in);
+    } catch (const Error&) {
+        // every misuse the library detects: the only exception type allowed out of it
+    }
+    return 0;
+}
