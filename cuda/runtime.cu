@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -193,12 +194,31 @@ void ContextOwner::ensure_staging() {
     }
 }
 
-// Contexts are created once and deliberately never destroyed: at process exit, static destructors
-// (including Tensors held in static objects, which free into the pool) may run after the CUDA runtime
-// has begun unloading, and destroying streams or library handles then is undefined. The driver
-// reclaims everything when the process ends.
+// Contexts are created once and released at process exit by release_contexts(), registered with
+// std::atexit after the first context has initialised the CUDA runtime: exit handlers run in reverse
+// order of registration, so ours runs while the runtime is still loaded (destroying handles in a static
+// destructor could run after it unloads). Memory freed after that (a Tensor held by a static object)
+// is left to the driver, which reclaims everything when the process ends.
 std::array<std::atomic<ContextOwner*>, kMaxDevices> g_contexts{};
 std::mutex g_contexts_mutex;
+std::atomic<bool> g_released{false};
+
+void release_contexts() noexcept {
+    const std::lock_guard lock(g_contexts_mutex);
+    g_released.store(true, std::memory_order_release);
+    for (int device = 0; device < kMaxDevices; ++device) {
+        ContextOwner* o = g_contexts[device].exchange(nullptr, std::memory_order_acq_rel);
+        if (!o) continue;
+        if (cudaSetDevice(device) == cudaSuccess && cudaStreamSynchronize(o->ctx.stream) == cudaSuccess) {
+            // Handles that threads gave back; the first one is also owned by o->cudnn.
+            for (const cudnnHandle_t handle : o->spare_cudnn)
+                if (handle != o->cudnn.get()) static_cast<void>(cudnnDestroy(handle));
+            static_cast<void>(cudaMemPoolTrimTo(o->ctx.pool, 0));
+            delete o;  // its RAII members destroy the handles, the stream, the staging and error buffers
+        }
+        static_cast<void>(cudaGetLastError());
+    }
+}
 
 int query_device_count() {
     int count = 0;
@@ -220,8 +240,12 @@ ContextOwner& owner(int device) {
         const std::lock_guard lock(g_contexts_mutex);
         found = g_contexts[device].load(std::memory_order_relaxed);
         if (!found) {
-            found = new ContextOwner(device);  // never deleted: see g_contexts
+            if (g_released.load(std::memory_order_acquire))
+                throw DeviceError(str("cuda:", device, ": dyngrad's CUDA contexts were released at process exit"));
+            found = new ContextOwner(device);  // deleted by release_contexts() at exit
             g_contexts[device].store(found, std::memory_order_release);
+            static std::once_flag registered;
+            std::call_once(registered, [] { std::atexit(release_contexts); });
         }
     }
     make_current(device);
@@ -242,8 +266,11 @@ public:
     ThreadContexts(const ThreadContexts&) = delete;
     ThreadContexts& operator=(const ThreadContexts&) = delete;
     ~ThreadContexts() {
-        for (const DeviceContext& view : views_)
-            if (view.cudnn) g_contexts[view.device].load(std::memory_order_acquire)->release_cudnn(view.cudnn);
+        for (const DeviceContext& view : views_) {
+            if (!view.cudnn) continue;
+            // After release_contexts() (a thread ending during exit) the handle is the driver's to reclaim.
+            if (ContextOwner* o = g_contexts[view.device].load(std::memory_order_acquire)) o->release_cudnn(view.cudnn);
+        }
     }
 
     DeviceContext& get(ContextOwner& o) {
@@ -470,7 +497,7 @@ void* allocate(std::size_t bytes, int device) {
 }
 
 void deallocate(void* ptr, std::size_t bytes, int device) noexcept {
-    if (ptr == nullptr) return;
+    if (ptr == nullptr || g_released.load(std::memory_order_acquire)) return;  // after exit's release: the driver's
     try {
         // A tensor of another device may die in the middle of an op: free on its device, then switch
         // back so the op's next launch still runs on the op's device.
