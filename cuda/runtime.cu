@@ -259,7 +259,7 @@ ContextOwner& owner(int device) {
 // math precision is chosen per call. So every host thread sees a device's context through its own
 // DeviceContext: the same stream, pool, cuBLAS handles and error record, and a cuDNN handle of its own
 // bound to that same stream, so the work of all threads stays in one stream order. When a thread ends,
-// its handles go back to their contexts for the next thread (never destroyed, like the contexts).
+// its handles go back to their contexts for the next thread; release_contexts() destroys them at exit.
 class ThreadContexts {
 public:
     ThreadContexts() = default;

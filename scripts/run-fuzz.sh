@@ -33,7 +33,7 @@ for target in fuzz_graph fuzz_idx fuzz_safetensors; do
            -print_final_stats=1 -artifact_prefix="$build_dir/artifacts/$target-" \
            "$build_dir/corpus/$target" "tests/fuzz/corpus/$target" > "$log" 2>&1; then
         # "#N DONE cov: ... corp: ..." and the run's totals
-        grep -E "^#[0-9]+ +DONE|stat::number_of_executed_units|stat::peak_rss_mb" "$log" || true
+        grep -E "^#[0-9]+[[:space:]]+DONE|stat::number_of_executed_units|stat::peak_rss_mb" "$log" || true
     else
         status=1
         echo "$target FAILED (log: $log, input: $build_dir/artifacts/):"

@@ -173,7 +173,9 @@ Var add_leaf(ComputeGraph& graph, const Item& item, const Tensor& value) {
 // threw): each op is recorded at once, so later ops pick their operands among values that exist.
 Program decode(Bytes& in, ComputeGraph& graph, std::vector<Var>& vars, Generator& gen) {
     Program program;
-    std::vector<int> available;  // items with a value
+    // Items other ops may take as operands. Not batch_norm's running statistics: updated in place by a
+    // forward in training mode, they would carry a dependence on its input that no gradient follows.
+    std::vector<int> available;
     const auto leaf = [&](Tensor value, bool constant) {
         Item item;
         item.leaf = value;
@@ -181,8 +183,9 @@ Program decode(Bytes& in, ComputeGraph& graph, std::vector<Var>& vars, Generator
         item.requires_grad = !constant && is_floating(value.dtype());
         vars.push_back(add_leaf(graph, item, value.clone()));
         program.push_back(std::move(item));
-        available.push_back(static_cast<int>(program.size() - 1));
-        return available.back();
+        const int index = static_cast<int>(program.size() - 1);
+        if (!constant) available.push_back(index);
+        return index;
     };
     for (int n = 1 + in.pick(3); n > 0; --n) leaf(random_values(random_shape(in), in, gen), false);
 
