@@ -2,6 +2,7 @@
 // device throws DeviceError, queries report no device, so user code links and fails clearly.
 #if !DYNGRAD_WITH_CUDA
 #include "dyngrad/core/error.h"
+#include "dyngrad/cuda/capture.h"
 #include "dyngrad/cuda/runtime.h"
 
 namespace dyngrad::cuda {
@@ -39,6 +40,14 @@ StreamEvent::StreamEvent(StreamEvent&& other) noexcept : event_(other.event_), d
 StreamEvent& StreamEvent::operator=(StreamEvent&&) noexcept = default;
 void StreamEvent::record() { unavailable("cuda::StreamEvent::record"); }
 void StreamEvent::wait() { unavailable("cuda::StreamEvent::wait"); }
+struct CapturedStep::Impl {
+    StepFn step;
+};
+CapturedStep::CapturedStep(StepFn step) : impl_(std::make_unique<Impl>(Impl{std::move(step)})) {}
+CapturedStep::~CapturedStep() = default;
+Tensor CapturedStep::run(std::span<const Tensor>) { unavailable("cuda::CapturedStep::run"); }
+std::size_t CapturedStep::variants() const { return 0; }
+
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
 void set_deterministic(bool) {}

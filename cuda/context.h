@@ -92,4 +92,48 @@ private:
 // Number of blocks for a grid-stride loop over n elements at `threads` per block.
 unsigned grid_size(const DeviceContext& ctx, std::int64_t n, unsigned threads);
 
+// ---- CUDA graph capture (cuda::CapturedStep, cuda/capture.cu; the mechanics live in cuda/runtime.cu) ----
+//
+// While a thread captures a device's stream, every allocation it makes on that device is served from a
+// CapturePool private to the graph being captured (device memory reserved outside the graph), so the graph
+// holds no memory nodes and its buffers keep their addresses over replays. Blocks freed during the capture
+// are reused later in the same capture (one stream orders all of it). Ordinary memory freed during the
+// capture is held by the pool until the pool is released: a replay may still read it. Calls that make the
+// host wait for the stream throw GraphError (throw_if_capturing) before CUDA would invalidate the capture.
+struct CapturePool;
+
+// Owns one capture pool on `device`. Destroying the owner retires the pool; its device memory goes back to
+// the driver once every block it handed out has been returned too (a tensor may outlive its graph).
+class CapturePoolOwner {
+public:
+    explicit CapturePoolOwner(int device);
+    ~CapturePoolOwner();
+    CapturePoolOwner(CapturePoolOwner&& other) noexcept;
+    CapturePoolOwner& operator=(CapturePoolOwner&& other) noexcept;
+    CapturePoolOwner(const CapturePoolOwner&) = delete;
+    CapturePoolOwner& operator=(const CapturePoolOwner&) = delete;
+
+    CapturePool& get() const { return *pool_; }
+
+private:
+    CapturePool* pool_ = nullptr;
+};
+
+// Begins capturing `pool`'s device stream on this thread (cudaStreamCaptureModeThreadLocal: unsafe calls of
+// this thread invalidate the capture, other threads' calls do not), serving this thread's allocations on
+// that device from `pool`. GraphError when this thread is already capturing.
+void begin_capture(CapturePool& pool);
+// Ends this thread's capture, whatever happened inside it. Returns cudaStreamEndCapture's status; *graph is
+// the captured graph on success (the caller destroys it), null otherwise.
+cudaError_t end_capture(cudaGraph_t* graph) noexcept;
+// Whether this thread is capturing `device`'s stream.
+bool capturing(int device) noexcept;
+// GraphError naming `what` (e.g. "cuda::synchronize()") and `why` when this thread is capturing `device`'s
+// stream. Called where the runtime would make the host wait for the stream, before CUDA invalidates the capture.
+void throw_if_capturing(int device, const char* what, const char* why);
+// Device memory holding a copy of `bytes` of `host`, made now (outside the graph), that lives as long as the
+// pool of the graph this thread is capturing: replays read it without copying (e.g. a kernel's argument
+// table). GraphError when this thread is not capturing.
+const void* capture_constant(const void* host, std::size_t bytes);
+
 }  // namespace dyngrad::cuda

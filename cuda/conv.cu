@@ -4,7 +4,8 @@
 // one plan holds the tensor/filter descriptors and, per pass (forward, backward data, backward filter),
 // a convolution descriptor and the algorithm cudnnFind*AlgorithmEx timed fastest on the first call that
 // runs that pass, with the call's own buffers. Later calls look the plan up and run: no descriptor
-// creation, no search, no device sync; the per-call workspace comes from the device's pool.
+// creation, no search, no device sync; the per-call workspace comes from the device's pool. A search
+// inside a CUDA graph capture throws GraphError (cuda/capture.h).
 //
 // Precision: float32 runs at full precision (CUDNN_FMA_MATH) unless cuda::allow_tf32(). CUDNN_DEFAULT_MATH
 // is not enough for that: on Ampere and later it lets cuDNN use TF32 tensor cores for float data. With
@@ -30,6 +31,12 @@ namespace {
 
 // Algorithms that need more scratch memory than this are not considered; the search gets this much.
 constexpr std::size_t kWorkspaceLimit = std::size_t{256} << 20;
+// A search times kernels from the host, which a CUDA graph capture cannot do; CapturedStep runs each input
+// key eagerly first, so its capture finds every plan searched.
+constexpr const char* kSearchWhat = "conv2d: cuDNN's algorithm search for a new shape or setting";
+constexpr const char* kSearchWhy =
+    "the search times kernels on the host; run the step eagerly once with these shapes before capturing "
+    "(CapturedStep does), and keep the TF32 and deterministic settings of that run";
 
 struct ConvKey {
     std::array<std::int64_t, 4> x, w;
@@ -159,6 +166,7 @@ void choose(PassPlan<Algo>& pass, const ConvPlan& plan, const Perf* results, int
 }
 
 void search_forward(DeviceContext& ctx, ConvPlan& plan, const Tensor& x, const Tensor& w, Tensor& y) {
+    throw_if_capturing(ctx.device, kSearchWhat, kSearchWhy);
     int max_count = 0;
     DG_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(ctx.cudnn, &max_count));
     std::vector<cudnnConvolutionFwdAlgoPerf_t> results(static_cast<std::size_t>(max_count));
@@ -171,6 +179,7 @@ void search_forward(DeviceContext& ctx, ConvPlan& plan, const Tensor& x, const T
 }
 
 void search_backward_data(DeviceContext& ctx, ConvPlan& plan, const Tensor& w, const Tensor& dy, Tensor& dx) {
+    throw_if_capturing(ctx.device, kSearchWhat, kSearchWhy);
     int max_count = 0;
     DG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(ctx.cudnn, &max_count));
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> results(static_cast<std::size_t>(max_count));
@@ -183,6 +192,7 @@ void search_backward_data(DeviceContext& ctx, ConvPlan& plan, const Tensor& w, c
 }
 
 void search_backward_filter(DeviceContext& ctx, ConvPlan& plan, const Tensor& x, const Tensor& dy, Tensor& dw) {
+    throw_if_capturing(ctx.device, kSearchWhat, kSearchWhy);
     int max_count = 0;
     DG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(ctx.cudnn, &max_count));
     std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> results(static_cast<std::size_t>(max_count));

@@ -1,5 +1,6 @@
 // Matrix products and layout on the GPU: matmul and linear through cuBLAS GEMMs, transpose through
-// tiled and strided copy kernels. CPU reference: ops/linalg.cpp (same names in namespace cpu).
+// tiled and strided copy kernels, narrow and concat through a row-block copy kernel. CPU reference:
+// ops/linalg.cpp (same names in namespace cpu).
 //
 // cuBLAS is column-major; a row-major buffer read column-major is the transpose of the matrix. So a
 // row-major C = op(A)·op(B) is computed as the column-major Cᵀ = op(B)ᵀ·op(A)ᵀ, i.e. with the two
@@ -211,6 +212,48 @@ void swap_axes(DeviceContext& ctx, const Tensor& x, Tensor& y, const SwapSplit& 
         launch_swap_axes<std::uint64_t>(ctx, x.raw_data(), y.raw_data(), s, n);
 }
 
+// ---- narrow and concat: strided copies of row blocks ----
+
+// For each of `rows` rows: `block` elements from src + row·src_stride to dst + row·dst_stride. One
+// thread per element; neighbouring threads move neighbouring elements of a row.
+template <typename E>
+__global__ void copy_rows_kernel(const E* __restrict__ src, std::int64_t src_stride, E* __restrict__ dst,
+                                 std::int64_t dst_stride, std::int64_t rows, std::int64_t block) {
+    const std::int64_t n = rows * block;
+    for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; idx < n;
+         idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+        const std::int64_t r = idx / block;
+        const std::int64_t j = idx - r * block;
+        dst[r * dst_stride + j] = src[r * src_stride + j];
+    }
+}
+
+// The same copy as ops/linalg.cpp's copy_rows, in element units of `element_size` (4 or 8) bytes.
+void copy_rows(DeviceContext& ctx, const void* src, std::int64_t src_stride, void* dst, std::int64_t dst_stride,
+               std::int64_t rows, std::int64_t block, std::size_t element_size) {
+    const std::int64_t n = rows * block;
+    if (n == 0) return;
+    if (rows == 1 || (src_stride == block && dst_stride == block)) {  // one contiguous run
+        DG_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * element_size, cudaMemcpyDeviceToDevice,
+                                      ctx.stream));
+        return;
+    }
+    const unsigned grid = grid_size(ctx, n, kThreads);
+    using W4 = std::uint32_t;
+    using W8 = std::uint64_t;
+    if (element_size == 4)
+        copy_rows_kernel<W4><<<grid, kThreads, 0, ctx.stream>>>(static_cast<const W4*>(src), src_stride,
+                                                                 static_cast<W4*>(dst), dst_stride, rows, block);
+    else
+        copy_rows_kernel<W8><<<grid, kThreads, 0, ctx.stream>>>(static_cast<const W8*>(src), src_stride,
+                                                                 static_cast<W8*>(dst), dst_stride, rows, block);
+    DG_CUDA_CHECK_LAUNCH();
+}
+
+unsigned char* bytes_at(const Tensor& t, std::int64_t element) {
+    return static_cast<unsigned char*>(t.raw_data()) + static_cast<std::size_t>(element) * dtype_size(t.dtype());
+}
+
 }  // namespace
 
 // a (M,K)  b (K,N)  y (M,N);  batched: a (B,M,K)  b (B,K,N)  y (B,M,N)
@@ -314,6 +357,68 @@ std::vector<Tensor> transpose_backward(const BackwardArgs& args) {
     Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
     swap_axes(context_for(x), dy, dx, split_for_swap(dy.shape(), args.attrs.axes));
     return {dx};
+}
+
+// x (outer, n, inner) -> y (outer, length, inner) = x[:, start:start+length, :], around attrs.axis
+Tensor narrow_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    const AxisSplit s = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
+    const std::int64_t block = args.attrs.length * s.inner;
+    copy_rows(context_for(x), bytes_at(x, args.attrs.start * s.inner), s.size * s.inner, y.raw_data(), block, s.outer,
+              block, dtype_size(x.dtype()));
+    return y;
+}
+
+// dy (outer, length, inner) -> dx (outer, n, inner): dy in the window, zeros elsewhere
+std::vector<Tensor> narrow_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& dy = args.grad_output;
+    if (!args.needs_grad[0]) return {Tensor()};
+    Tensor dx = Tensor::zeros(x.shape(), x.dtype(), x.device());
+    const AxisSplit s = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
+    const std::int64_t block = args.attrs.length * s.inner;
+    copy_rows(context_for(x), dy.raw_data(), block, bytes_at(dx, args.attrs.start * s.inner), s.size * s.inner,
+              s.outer, block, dtype_size(x.dtype()));
+    return {dx};
+}
+
+// xs[k] (outer, n_k, inner) -> y (outer, Σ n_k, inner), in input order along attrs.axis; one copy per input
+Tensor concat_forward(const ForwardArgs& args) {
+    const Tensor& first = args.inputs[0];
+    DeviceContext& ctx = context_for(first);
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, first.device());
+    const int axis = normalize_axis(args.attrs.axis, first.rank());
+    const AxisSplit ys = split_at_axis(y.shape(), axis);
+    std::int64_t offset = 0;
+    for (const Tensor& x : args.inputs) {
+        const AxisSplit s = split_at_axis(x.shape(), axis);
+        copy_rows(ctx, x.raw_data(), s.size * s.inner, bytes_at(y, offset), ys.size * ys.inner, s.outer,
+                  s.size * s.inner, dtype_size(x.dtype()));
+        offset += s.size * s.inner;
+    }
+    return y;
+}
+
+// dy (outer, Σ n_k, inner) -> dxs[k] (outer, n_k, inner): each input's slab of dy
+std::vector<Tensor> concat_backward(const BackwardArgs& args) {
+    const Tensor& dy = args.grad_output;
+    DeviceContext& ctx = context_for(dy);
+    const int axis = normalize_axis(args.attrs.axis, dy.rank());
+    const AxisSplit ys = split_at_axis(dy.shape(), axis);
+    std::vector<Tensor> grads(args.inputs.size());
+    std::int64_t offset = 0;
+    for (std::size_t i = 0; i < args.inputs.size(); ++i) {
+        const Tensor& x = args.inputs[i];
+        const AxisSplit s = split_at_axis(x.shape(), axis);
+        if (args.needs_grad[i]) {
+            grads[i] = Tensor::empty(x.shape(), x.dtype(), x.device());
+            copy_rows(ctx, bytes_at(dy, offset), ys.size * ys.inner, grads[i].raw_data(), s.size * s.inner, s.outer,
+                      s.size * s.inner, dtype_size(x.dtype()));
+        }
+        offset += s.size * s.inner;
+    }
+    return grads;
 }
 
 }  // namespace dyngrad::cuda

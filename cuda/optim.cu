@@ -2,6 +2,7 @@
 // (ops/optim.cpp) hand over every CUDA parameter of one device at once; the tensors are cut into chunks
 // of at most kStepChunk elements, the chunk table lives on the device (StepTable, ops/optim_kernels.h),
 // and one kernel launch updates every chunk of one (dtype, Adam step) group, one block per chunk.
+// In a captured step the hyper-parameters (lr, ...) are frozen into the graph's kernel arguments.
 // The formulas and their order match the Eigen updates in ops/optim.cpp, which are the reference.
 #include <algorithm>
 #include <cmath>
@@ -142,6 +143,10 @@ StepTable::~StepTable() {
 }
 
 const StepChunk* StepTable::upload(const std::vector<StepChunk>& chunks) {
+    // In a captured step (cuda/capture.h) the kernels of every replay read the table this capture built,
+    // while eager steps may rewrite table_: the capture gets a copy of its own for the graph's lifetime.
+    if (capturing(device_))
+        return static_cast<const StepChunk*>(capture_constant(chunks.data(), chunks.size() * sizeof(StepChunk)));
     if (chunks == uploaded_) return static_cast<const StepChunk*>(table_.raw_data());
     uploaded_.clear();  // until the new upload is queued, the device table matches nothing
     if (chunks.size() > pinned_capacity_) {
@@ -182,6 +187,9 @@ void sgd_step(StepTable& table, std::span<const StepOperands> tensors, const Sgd
 }
 
 void adam_step(StepTable& table, std::span<const StepOperands> tensors, const AdamHyper& hyper) {
+    throw_if_capturing(table.device(), hyper.decoupled ? "AdamW::step()" : "Adam::step()",
+                       "its bias corrections depend on the step count, which a replay cannot advance; capture "
+                       "steps that use SGD, or run Adam steps eagerly");
     DeviceContext& ctx = context(table.device());
     for_each_group(table, tensors, true, [&](const Group& group, const StepChunk* chunks) {
         const AdamScalars s = adam_scalars(hyper, group.step);

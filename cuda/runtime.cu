@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string_view>
 #include <utility>
@@ -19,6 +21,27 @@
 
 namespace dyngrad::cuda {
 
+// A capture pool (cuda/context.h): chunks of device memory from cudaMalloc, cut into blocks by best fit;
+// adjacent free blocks of one chunk merge. Guarded by the capture registry's mutex.
+struct CapturePool {
+    struct Block {
+        std::size_t size;
+        bool free;
+        char* chunk;  // blocks merge only within their chunk
+    };
+    explicit CapturePool(int device) : device(device) {}
+
+    int device;
+    std::map<char*, Block> blocks;                    // every block of every chunk, by address
+    std::multimap<std::size_t, char*> free_blocks;    // the free ones, by size
+    std::vector<char*> chunks;                        // cudaMalloc'd, listed in the registry
+    std::vector<void*> constants;                     // capture_constant() copies, cudaMalloc'd
+    std::vector<std::pair<void*, std::size_t>> held;  // ordinary memory freed during the capture
+    std::size_t reserved_bytes = 0;                   // chunks and constants
+    std::size_t live_blocks = 0;                      // handed out and not returned
+    bool retired = false;                             // its owner is gone
+};
+
 namespace {
 
 constexpr int kMaxDevices = 64;
@@ -27,6 +50,14 @@ constexpr int kMaxDevices = 64;
 constexpr std::size_t kStagingThreshold = std::size_t{1} << 20;
 constexpr std::size_t kStagingChunk = std::size_t{4} << 20;  // two chunks: 8 MiB pinned per device
 constexpr unsigned kFillThreads = 256;
+// The fixed cuBLAS workspace per device: the sizes the cuBLAS guide recommends (Hopper and later, earlier).
+constexpr std::size_t kCublasWorkspaceHopper = std::size_t{32} << 20;
+constexpr std::size_t kCublasWorkspace = std::size_t{4} << 20;
+// Capture pools: blocks are multiples of kCaptureAlign bytes cut from chunks of at least kCaptureChunk.
+constexpr std::size_t kCaptureAlign = 512;
+constexpr std::size_t kCaptureChunk = std::size_t{2} << 20;
+constexpr const char* kWaitsForGraph =
+    "the host would wait for work that runs only when the graph is launched; read results after run() returns";
 
 std::atomic<bool> g_allow_tf32{false};
 std::atomic<bool> g_deterministic{false};
@@ -69,6 +100,7 @@ using CublasHandle = UniqueHandle<cublasHandle_t, cublasDestroy>;
 using CublasLtHandle = UniqueHandle<cublasLtHandle_t, cublasLtDestroy>;
 using CudnnHandle = UniqueHandle<cudnnHandle_t, cudnnDestroy>;
 using PinnedBuffer = UniqueHandle<void*, cudaFreeHost>;
+using DeviceBuffer = UniqueHandle<void*, cudaFree>;
 
 void make_current(int device) {
     if (tls_current_device == device) return;
@@ -101,6 +133,7 @@ struct ContextOwner {
 
     DeviceContext ctx;  // cudnn stays null here: each thread has its own (ThreadContexts)
     StreamHandle stream;
+    DeviceBuffer cublas_workspace;  // released after the handle that uses it
     CublasHandle cublas;
     CublasLtHandle cublas_lt;
     CudnnHandle cudnn;  // the first handle, created with the context
@@ -127,6 +160,16 @@ ContextOwner::ContextOwner(int device) {
     cublas = CublasHandle(raw_cublas);
     DG_CUBLAS_CHECK(cublasSetStream(raw_cublas, raw_stream));
     DG_CUBLAS_CHECK(cublasSetPointerMode(raw_cublas, CUBLAS_POINTER_MODE_HOST));
+    // Without a workspace of ours cuBLAS allocates its own, inside a CUDA graph capture too (memory nodes of
+    // the graph). One fixed workspace serves every thread: they all queue on the one stream, which orders
+    // the GEMMs that use it. Set after cublasSetStream, which resets the workspace.
+    int major = 0;
+    DG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    const std::size_t workspace_bytes = major >= 9 ? kCublasWorkspaceHopper : kCublasWorkspace;
+    void* raw_workspace = nullptr;
+    DG_CUDA_CHECK(cudaMalloc(&raw_workspace, workspace_bytes));
+    cublas_workspace = DeviceBuffer(raw_workspace);
+    DG_CUBLAS_CHECK(cublasSetWorkspace(raw_cublas, raw_workspace, workspace_bytes));
     ctx.cublas = raw_cublas;
 
     cublasLtHandle_t raw_lt = nullptr;
@@ -301,6 +344,196 @@ std::size_t pool_reserved_bytes(cudaMemPool_t pool) {
     return static_cast<std::size_t>(reserved);
 }
 
+// ---- capture pools (see cuda/context.h) ----
+
+// Every live capture pool, and the pool of each chunk, so that deallocate() can return a block to its pool
+// from any thread, after the capture and after the pool's owner is gone.
+struct CaptureRegistry {
+    std::mutex mutex;
+    std::map<char*, std::pair<CapturePool*, std::size_t>> chunks;  // chunk base -> pool, chunk bytes
+    std::vector<CapturePool*> pools;
+};
+CaptureRegistry& capture_registry() {
+    static auto& registry = *new CaptureRegistry();  // leaked on purpose: deallocate() may run during exit
+    return registry;
+}
+// Live pools: while there are none, deallocate() does not look at the registry.
+std::atomic<std::size_t> g_capture_pools{0};
+
+// This thread's capture, between begin_capture() and end_capture().
+struct CaptureState {
+    CapturePool* pool;
+    cudaStream_t stream;
+    std::vector<CapturePool*> to_release;  // pools emptied during the capture: cudaFree would invalidate it
+};
+thread_local CaptureState* tls_capture = nullptr;
+
+// Sets this thread's capture mode to relaxed for the enclosed calls: a pool's own cudaMalloc and cudaMemcpy
+// are not stream work and must not invalidate the capture in progress (PyTorch's allocator does the same).
+class RelaxedCaptureMode {
+public:
+    RelaxedCaptureMode() { DG_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode_)); }
+    ~RelaxedCaptureMode() { static_cast<void>(cudaThreadExchangeStreamCaptureMode(&mode_)); }
+    RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+    RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+private:
+    cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
+std::size_t round_up(std::size_t n, std::size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// The helpers below run with the registry's mutex held.
+
+void erase_free_block(CapturePool& pool, std::size_t size, char* address) {
+    const auto [first, last] = pool.free_blocks.equal_range(size);
+    for (auto it = first; it != last; ++it)
+        if (it->second == address) {
+            pool.free_blocks.erase(it);
+            return;
+        }
+}
+
+// Adds a free chunk of at least `bytes` to the pool.
+void grow_capture_pool(CaptureRegistry& registry, CapturePool& pool, ContextOwner& o, std::size_t bytes) {
+    const std::size_t chunk_bytes = round_up(bytes, kCaptureChunk);
+    void* raw = nullptr;
+    cudaError_t status = cudaSuccess;
+    {
+        const RelaxedCaptureMode relaxed;
+        status = cudaMalloc(&raw, chunk_bytes);
+    }
+    if (status == cudaErrorMemoryAllocation) {
+        static_cast<void>(cudaGetLastError());
+        throw OutOfMemory(str("cuda:", pool.device, ": out of memory reserving ", chunk_bytes,
+                              " bytes for a captured step's private pool (",
+                              o.bytes_in_use.load(std::memory_order_relaxed), " bytes in use by dyngrad, ",
+                              pool.reserved_bytes, " reserved by this pool)"));
+    }
+    if (status != cudaSuccess) throw_cuda_error(status, "cudaMalloc (capture pool)", __FILE__, __LINE__);
+    char* base = static_cast<char*>(raw);
+    pool.chunks.push_back(base);  // first: whatever fails next, the pool's release frees the chunk
+    pool.reserved_bytes += chunk_bytes;
+    registry.chunks.emplace(base, std::pair(&pool, chunk_bytes));
+    pool.blocks.emplace(base, CapturePool::Block{chunk_bytes, true, base});
+    pool.free_blocks.emplace(chunk_bytes, base);
+}
+
+// Removes an emptied pool from the registry; release_capture_pool() then frees it without the lock.
+void unregister_capture_pool(CaptureRegistry& registry, CapturePool& pool) noexcept {
+    for (char* chunk : pool.chunks) registry.chunks.erase(chunk);
+    std::erase(registry.pools, &pool);
+    g_capture_pools.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+// Returns a block; true when that emptied a retired pool.
+bool free_capture_block(CapturePool& pool, char* address) {
+    auto it = pool.blocks.find(address);
+    it->second.free = true;
+    --pool.live_blocks;
+    if (const auto next = std::next(it);
+        next != pool.blocks.end() && next->second.free && next->second.chunk == it->second.chunk) {
+        erase_free_block(pool, next->second.size, next->first);
+        it->second.size += next->second.size;
+        pool.blocks.erase(next);
+    }
+    if (it != pool.blocks.begin()) {
+        if (const auto previous = std::prev(it); previous->second.free && previous->second.chunk == it->second.chunk) {
+            erase_free_block(pool, previous->second.size, previous->first);
+            previous->second.size += it->second.size;
+            pool.blocks.erase(it);
+            it = previous;
+        }
+    }
+    pool.free_blocks.emplace(it->second.size, it->first);
+    return pool.retired && pool.live_blocks == 0;
+}
+
+// The end of an unregistered pool: waits for the device's stream (a last replay may still use the memory),
+// then frees the chunks, the constants and the ordinary memory the pool held.
+void release_capture_pool(CapturePool* pool) noexcept {
+    ContextOwner* o = g_released.load(std::memory_order_acquire)
+                          ? nullptr
+                          : g_contexts[pool->device].load(std::memory_order_acquire);
+    if (o != nullptr && cudaSetDevice(pool->device) == cudaSuccess) {
+        static_cast<void>(cudaStreamSynchronize(o->ctx.stream));
+        for (char* chunk : pool->chunks) static_cast<void>(cudaFree(chunk));
+        for (void* constant : pool->constants) static_cast<void>(cudaFree(constant));
+        for (const auto& [ptr, bytes] : pool->held) {
+            o->bytes_in_use.fetch_sub(bytes, std::memory_order_relaxed);
+            static_cast<void>(cudaFreeAsync(ptr, o->ctx.stream));
+        }
+        static_cast<void>(cudaGetLastError());
+        if (tls_current_device >= 0) static_cast<void>(cudaSetDevice(tls_current_device));
+    }
+    delete pool;  // after exit's release_contexts(): the memory is the driver's to reclaim
+}
+
+// Releases an emptied pool now, or when this thread's capture ends (cudaFree would invalidate it).
+void release_or_defer(CapturePool* pool) noexcept {
+    if (tls_capture != nullptr) {
+        try {
+            tls_capture->to_release.push_back(pool);
+            return;
+        } catch (...) {
+            return;  // no memory to list it: the pool leaks, which is safe
+        }
+    }
+    release_capture_pool(pool);
+}
+
+void* allocate_in_capture(CapturePool& pool, ContextOwner& o, std::size_t bytes) {
+    const std::size_t size = round_up(std::max<std::size_t>(bytes, 1), kCaptureAlign);
+    CaptureRegistry& registry = capture_registry();
+    const std::lock_guard lock(registry.mutex);
+    auto fit = pool.free_blocks.lower_bound(size);  // best fit: the smallest free block that holds `size`
+    if (fit == pool.free_blocks.end()) {
+        grow_capture_pool(registry, pool, o, size);
+        fit = pool.free_blocks.lower_bound(size);
+    }
+    char* address = fit->second;
+    pool.free_blocks.erase(fit);
+    CapturePool::Block& block = pool.blocks.at(address);
+    if (block.size > size) {  // the tail (a multiple of kCaptureAlign) stays free
+        pool.blocks.emplace(address + size, CapturePool::Block{block.size - size, true, block.chunk});
+        pool.free_blocks.emplace(block.size - size, address + size);
+        block.size = size;
+    }
+    block.free = false;
+    ++pool.live_blocks;
+    note_allocation(o, bytes);
+    return address;
+}
+
+// deallocate() of a block some capture pool handed out; false when `ptr` is not from a capture pool.
+bool free_to_capture_pool(void* ptr, std::size_t bytes) {
+    CaptureRegistry& registry = capture_registry();
+    auto* address = static_cast<char*>(ptr);
+    CapturePool* emptied = nullptr;
+    {
+        const std::lock_guard lock(registry.mutex);
+        auto chunk = registry.chunks.upper_bound(address);
+        if (chunk == registry.chunks.begin()) return false;
+        --chunk;
+        if (address >= chunk->first + chunk->second.second) return false;
+        CapturePool& pool = *chunk->second.first;
+        if (ContextOwner* o = g_contexts[pool.device].load(std::memory_order_acquire))
+            o->bytes_in_use.fetch_sub(bytes, std::memory_order_relaxed);
+        if (free_capture_block(pool, address)) {
+            unregister_capture_pool(registry, pool);
+            emptied = &pool;
+        }
+    }
+    if (emptied != nullptr) release_or_defer(emptied);
+    return true;
+}
+
+// deallocate() of ordinary memory while this thread captures its device: the pool holds it (context.h).
+void hold_during_capture(void* ptr, std::size_t bytes) {
+    const std::lock_guard lock(capture_registry().mutex);
+    tls_capture->pool->held.emplace_back(ptr, bytes);
+}
+
 std::string_view file_name(const char* path) {
     const std::string_view p(path);
     const auto slash = p.find_last_of('/');
@@ -314,6 +547,9 @@ std::string call_site(const char* expr, const char* file, int line) {
 // Host -> device on the device's stream. The host buffer may be reused as soon as this returns: small
 // pageable copies are staged by the driver before cudaMemcpyAsync returns, large ones by us.
 void copy_to_device(void* dst, int device, const void* src, std::size_t bytes) {
+    throw_if_capturing(device, "a host-to-device copy",
+                       "each replay would read the host memory again, which may be gone by then; copy it to the "
+                       "device first and pass it as an input of run()");
     ContextOwner& o = owner(device);
     const cudaStream_t stream = o.ctx.stream;
     if (bytes <= kStagingThreshold) {
@@ -336,6 +572,7 @@ void copy_to_device(void* dst, int device, const void* src, std::size_t bytes) {
 
 // Device -> host: waits for the stream (the caller reads the bytes next), then raises kernel errors.
 void copy_to_host(void* dst, const void* src, int device, std::size_t bytes) {
+    throw_if_capturing(device, "a device-to-host copy (item(), to_vector(), to(cpu))", kWaitsForGraph);
     ContextOwner& o = owner(device);
     const cudaStream_t stream = o.ctx.stream;
     if (bytes <= kStagingThreshold) {
@@ -371,6 +608,8 @@ void copy_to_host(void* dst, const void* src, int device, std::size_t bytes) {
 // produced `src`) is done, and the source's stream then waits for the copy, so that a later
 // stream-ordered free of `src` cannot overtake it. Without peer access the driver stages through the host.
 void copy_between_devices(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes) {
+    for (const int device : {src_device, dst_device})
+        throw_if_capturing(device, "a copy between devices", "a captured step runs on the stream of one device");
     ContextOwner& from = owner(src_device);
     const EventHandle produced = make_event();  // events belong to the device current at creation
     DG_CUDA_CHECK(cudaEventRecord(produced.get(), from.ctx.stream));
@@ -473,6 +712,8 @@ unsigned grid_size(const DeviceContext& ctx, std::int64_t n, unsigned threads) {
 
 void* allocate(std::size_t bytes, int device) {
     ContextOwner& o = owner(device);
+    if (tls_capture != nullptr && tls_capture->pool->device == device)
+        return allocate_in_capture(*tls_capture->pool, o, bytes);
     // Zero-byte requests still get a real (1-byte) block, so every Storage holds a valid, unique pointer.
     const std::size_t request = std::max<std::size_t>(bytes, 1);
     void* ptr = nullptr;
@@ -499,6 +740,8 @@ void* allocate(std::size_t bytes, int device) {
 void deallocate(void* ptr, std::size_t bytes, int device) noexcept {
     if (ptr == nullptr || g_released.load(std::memory_order_acquire)) return;  // after exit's release: the driver's
     try {
+        if (g_capture_pools.load(std::memory_order_acquire) > 0 && free_to_capture_pool(ptr, bytes)) return;
+        if (tls_capture != nullptr && tls_capture->pool->device == device) return hold_during_capture(ptr, bytes);
         // A tensor of another device may die in the middle of an op: free on its device, then switch
         // back so the op's next launch still runs on the op's device.
         const int previous = tls_current_device;
@@ -567,6 +810,10 @@ MemoryStats memory_stats(int device) {
     stats.bytes_in_use = o.bytes_in_use.load(std::memory_order_relaxed);
     stats.peak_bytes_in_use = o.peak_bytes_in_use.load(std::memory_order_relaxed);
     stats.pool_reserved_bytes = pool_reserved_bytes(o.ctx.pool);
+    CaptureRegistry& registry = capture_registry();
+    const std::lock_guard lock(registry.mutex);
+    for (const CapturePool* pool : registry.pools)
+        if (pool->device == device) stats.capture_reserved_bytes += pool->reserved_bytes;
     return stats;
 }
 
@@ -576,6 +823,7 @@ void reset_peak_memory(int device) {
 }
 
 void synchronize(int device) {
+    throw_if_capturing(device, "cuda::synchronize()", kWaitsForGraph);
     ContextOwner& o = owner(device);
     DG_CUDA_CHECK(cudaStreamSynchronize(o.ctx.stream));
     raise_device_error(o.ctx);
@@ -623,11 +871,103 @@ StreamEvent& StreamEvent::operator=(StreamEvent&& other) noexcept {
 }
 
 void StreamEvent::record() {
+    throw_if_capturing(device_, "StreamEvent::record()", kWaitsForGraph);
     const DeviceContext& ctx = context(device_);
     DG_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), ctx.stream));
 }
 
-void StreamEvent::wait() { DG_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_))); }
+void StreamEvent::wait() {
+    throw_if_capturing(device_, "StreamEvent::wait()", kWaitsForGraph);
+    DG_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));
+}
+
+// ---- capture (cuda/context.h) ----
+
+CapturePoolOwner::CapturePoolOwner(int device) {
+    static_cast<void>(owner(device));
+    auto pool = std::make_unique<CapturePool>(device);
+    CaptureRegistry& registry = capture_registry();
+    const std::lock_guard lock(registry.mutex);
+    registry.pools.push_back(pool.get());
+    g_capture_pools.fetch_add(1, std::memory_order_acq_rel);
+    pool_ = pool.release();
+}
+
+CapturePoolOwner::~CapturePoolOwner() {
+    if (pool_ == nullptr) return;
+    CaptureRegistry& registry = capture_registry();
+    bool emptied = false;
+    {
+        const std::lock_guard lock(registry.mutex);
+        pool_->retired = true;
+        if (pool_->live_blocks == 0) {
+            unregister_capture_pool(registry, *pool_);
+            emptied = true;
+        }
+    }
+    if (emptied) release_or_defer(pool_);
+}
+
+CapturePoolOwner::CapturePoolOwner(CapturePoolOwner&& other) noexcept : pool_(std::exchange(other.pool_, nullptr)) {}
+
+CapturePoolOwner& CapturePoolOwner::operator=(CapturePoolOwner&& other) noexcept {
+    if (this != &other) {
+        const CapturePoolOwner previous(std::move(*this));  // retires this pool at the end of the scope
+        pool_ = std::exchange(other.pool_, nullptr);
+    }
+    return *this;
+}
+
+void begin_capture(CapturePool& pool) {
+    if (tls_capture != nullptr)
+        throw GraphError("this thread is already capturing a CUDA graph (captures do not nest)");
+    ContextOwner& o = owner(pool.device);
+    auto state = std::make_unique<CaptureState>(CaptureState{&pool, o.ctx.stream, {}});
+    DG_CUDA_CHECK(cudaStreamBeginCapture(o.ctx.stream, cudaStreamCaptureModeThreadLocal));
+    tls_capture = state.release();
+}
+
+cudaError_t end_capture(cudaGraph_t* graph) noexcept {
+    *graph = nullptr;
+    CaptureState* state = std::exchange(tls_capture, nullptr);
+    if (state == nullptr) return cudaErrorIllegalState;
+    const cudaError_t status = cudaStreamEndCapture(state->stream, graph);
+    if (status != cudaSuccess) {
+        static_cast<void>(cudaGetLastError());
+        if (*graph != nullptr) static_cast<void>(cudaGraphDestroy(*graph));
+        *graph = nullptr;
+    }
+    for (CapturePool* pool : state->to_release) release_capture_pool(pool);
+    delete state;
+    return status;
+}
+
+bool capturing(int device) noexcept { return tls_capture != nullptr && tls_capture->pool->device == device; }
+
+void throw_if_capturing(int device, const char* what, const char* why) {
+    if (!capturing(device)) return;
+    throw GraphError(str(what, " inside a step being captured into a CUDA graph (cuda::CapturedStep on cuda:", device,
+                         "): ", why));
+}
+
+const void* capture_constant(const void* host, std::size_t bytes) {
+    if (tls_capture == nullptr) throw GraphError("capture_constant(): this thread is not capturing a CUDA graph");
+    CapturePool& pool = *tls_capture->pool;
+    static_cast<void>(owner(pool.device));
+    void* copy = nullptr;
+    {
+        const RelaxedCaptureMode relaxed;
+        DG_CUDA_CHECK(cudaMalloc(&copy, std::max<std::size_t>(bytes, 1)));
+        if (const cudaError_t status = cudaMemcpy(copy, host, bytes, cudaMemcpyHostToDevice); status != cudaSuccess) {
+            static_cast<void>(cudaFree(copy));
+            throw_cuda_error(status, "cudaMemcpy(copy, host, bytes, cudaMemcpyHostToDevice)", __FILE__, __LINE__);
+        }
+    }
+    const std::lock_guard lock(capture_registry().mutex);
+    pool.constants.push_back(copy);
+    pool.reserved_bytes += bytes;
+    return copy;
+}
 
 void set_allow_tf32(bool allow) { g_allow_tf32.store(allow, std::memory_order_relaxed); }
 void set_deterministic(bool deterministic) { g_deterministic.store(deterministic, std::memory_order_relaxed); }

@@ -31,6 +31,9 @@ struct MemoryStats {
     std::size_t bytes_in_use = 0;  // bytes handed out by dyngrad and not yet returned
     std::size_t peak_bytes_in_use = 0;
     std::size_t pool_reserved_bytes = 0;  // what the pool holds from the driver
+    // Device memory of captured steps' private pools (cuda/capture.h): the working memory of their graphs.
+    // Blocks of it that tensors hold count in bytes_in_use too.
+    std::size_t capture_reserved_bytes = 0;
 };
 MemoryStats memory_stats(int device = 0);
 void reset_peak_memory(int device = 0);

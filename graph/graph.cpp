@@ -1,9 +1,11 @@
 #include "dyngrad/graph/graph.h"
 
+#include <array>
 #include <atomic>
 #include <filesystem>
 
 #include "dyngrad/graph/anomaly.h"
+#include "dyngrad/graph/profiling.h"
 #include "dyngrad/ops/kernels.h"
 
 namespace dyngrad {
@@ -27,6 +29,25 @@ std::string describe_inputs(std::span<const Tensor> inputs) {
 const BackendKernels& kernels_for(const OpDef& def, Device device) {
     return device.is_cpu() ? def.cpu : def.cuda;
 }
+
+// The input values of one node for its kernels: inline for up to four inputs (every op but a long
+// concat), on the heap beyond, so recording a node allocates no list of them.
+class InputValues {
+public:
+    explicit InputValues(std::size_t count) : count_(count) {
+        if (count > inline_.size()) heap_.resize(count);
+    }
+    Tensor& operator[](std::size_t i) { return count_ > inline_.size() ? heap_[i] : inline_[i]; }
+    std::span<const Tensor> span() const {
+        if (count_ > inline_.size()) return heap_;
+        return {inline_.data(), count_};
+    }
+
+private:
+    std::array<Tensor, 4> inline_;
+    std::vector<Tensor> heap_;
+    std::size_t count_;
+};
 
 // Anomaly mode's report of some tensors: "; input 0 (3) float64 cpu: min -1 max 2, 1 NaN, 0 Inf (of 3)".
 std::string stats_of(const std::string& role, const Tensor& t) {
@@ -183,47 +204,54 @@ Var ComputeGraph::constant(const Tensor& value, std::source_location where) {
 
 Var ComputeGraph::record(OpType op, std::initializer_list<Var> inputs, const OpAttrs& attrs,
                          std::source_location where) {
-    return record(op, std::vector<Var>(inputs), attrs, where);
+    return record_inputs(op, std::span<const Var>(inputs.begin(), inputs.size()), attrs, where);
 }
 
 Var ComputeGraph::record(OpType op, const std::vector<Var>& inputs, const OpAttrs& attrs, std::source_location where) {
-    const OpDef& def = op_def(op, attrs);
-    const std::string at = str(def.name, " (new node #", nodes_.size(), " at ", describe_site(where), ")");
-    const auto given = static_cast<int>(inputs.size());
-    if (given > def.arity || given < def.arity - def.optional_inputs)
-        throw GraphError(str(at, ": takes ", def.optional_inputs ? str(def.arity - def.optional_inputs, " to ") : "",
-                             def.arity, " inputs, got ", inputs.size()));
+    return record_inputs(op, inputs, attrs, where);
+}
 
-    std::vector<Tensor> values;
-    values.reserve(inputs.size());
+// The hot path of every op: no string is built and nothing is allocated beyond the output, the node and
+// its input list unless something fails (error messages are composed on the throwing paths only).
+Var ComputeGraph::record_inputs(OpType op, std::span<const Var> inputs, const OpAttrs& attrs,
+                                std::source_location where) {
+    const OpDef& def = op_def(op, attrs);
+    // "relu (new node #12 at model.cpp:42)": the prefix of every error of this call.
+    const auto at = [&] { return str(def.name, " (new node #", nodes_.size(), " at ", describe_site(where), ")"); };
+    if (!takes_input_count(def, static_cast<int>(inputs.size())))
+        throw GraphError(str(at(), ": takes ", input_count_text(def), " inputs, got ", inputs.size()));
+
+    InputValues values(inputs.size());
     bool any_requires_grad = false;
     for (std::size_t i = 0; i < inputs.size(); ++i) {
         const Var& in = inputs[i];
         if (in.graph_ != this)
-            throw GraphError(str(at, ": input ", i, " belongs to ",
+            throw GraphError(str(at(), ": input ", i, " belongs to ",
                                  in.graph_ ? "another graph" : "no graph (undefined Var)"));
         if (in.generation_ != generation_ || in.id_ >= nodes_.size())
-            throw GraphError(str(at, ": input ", i, " (Var #", in.id_, ") is from before this graph was cleared"));
+            throw GraphError(str(at(), ": input ", i, " (Var #", in.id_, ") is from before this graph was cleared"));
         const ComputeNode& n = *nodes_[in.id_];
-        values.push_back(n.value);
+        values[i] = n.value;
         any_requires_grad = any_requires_grad || n.requires_grad;
     }
-    for (const Tensor& v : values)
-        if (v.device() != values.front().device())
-            throw DeviceError(str(at, ": inputs on different devices: ", describe_inputs(values)));
+    const std::span<const Tensor> input_values = values.span();
+    const Device device = input_values.front().device();
+    for (const Tensor& v : input_values)
+        if (v.device() != device)
+            throw DeviceError(str(at(), ": inputs on different devices: ", describe_inputs(input_values)));
 
     OutputSpec spec;
     Tensor out;
     std::vector<Tensor> saved;
     try {
-        spec = def.infer(op, values, attrs);
-        const BackendKernels& k = kernels_for(def, values.front().device());
-        if (!k.forward)
-            throw DeviceError(str("no forward kernel on ", values.front().device().to_string()));
-        out = k.forward(ForwardArgs{op, values, attrs, spec, saved});
-        if (anomaly_mode_enabled()) check_forward_value(values, out);
+        spec = def.infer(op, input_values, attrs);
+        const BackendKernels& k = kernels_for(def, device);
+        if (!k.forward) throw DeviceError(str("no forward kernel on ", device.to_string()));
+        const ProfilingRange range(ProfilingRange::Pass::Forward, def.name, nodes_.size());
+        out = k.forward(ForwardArgs{op, input_values, attrs, spec, saved});
+        if (anomaly_mode_enabled()) check_forward_value(input_values, out);
     } catch (...) {
-        rethrow_with_context(str(at, " with inputs ", describe_inputs(values)));
+        rethrow_with_context(str(at(), " with inputs ", describe_inputs(input_values)));
     }
 
     if (!grad_enabled()) return add_leaf(out, false, Parameter(), "", where);
@@ -316,7 +344,10 @@ void ComputeGraph::run_backward(NodeId root, Tensor seed, const BackwardOptions&
             if (!k.backward) throw DeviceError(str("no backward kernel on ", n.value.device().to_string()));
             const std::span<const bool> needs_grad(reinterpret_cast<const bool*>(needs_grad_storage.data()),
                                                    needs_grad_storage.size());
-            grads = k.backward(BackwardArgs{n.op, input_values, n.value, n.grad, n.attrs, n.saved, needs_grad});
+            {
+                const ProfilingRange range(ProfilingRange::Pass::Backward, def.name, id);
+                grads = k.backward(BackwardArgs{n.op, input_values, n.value, n.grad, n.attrs, n.saved, needs_grad});
+            }
             if (grads.size() != n.inputs.size())
                 throw GraphError(str("backward returned ", grads.size(), " gradients for ", n.inputs.size(), " inputs"));
             for (std::size_t i = 0; i < n.inputs.size(); ++i) {

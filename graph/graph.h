@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <source_location>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -148,6 +149,7 @@ private:
     friend class Var;
     Var add_leaf(const Tensor& value, bool requires_grad, Parameter parameter, const std::string& name,
                  std::source_location where);
+    Var record_inputs(OpType op, std::span<const Var> inputs, const OpAttrs& attrs, std::source_location where);
     void run_backward(NodeId root, Tensor seed, const BackwardOptions& options);
     void check_own(const Var& var, const char* role) const;
     void release_parameters() noexcept;

@@ -17,11 +17,20 @@
 
 namespace dyngrad {
 
+// The cell of a recurrent layer (ops/rnn.h), as in cuDNN's cudnnRNNMode_t.
+enum class RnnMode : std::uint8_t { Lstm, Gru, RnnTanh, RnnRelu };
+
+// An activation fused into the op that produces its input (linear, conv2d): one node and fewer kernel
+// launches instead of two nodes, and the pre-activation is never stored.
+enum class Activation : std::uint8_t { None, Relu };
+
 // Attributes of a node. Each op reads the fields its table row documents.
 struct OpAttrs {
     double scalar = 0.0;              // add/mul scalar operand, pow exponent, leaky slope, elu alpha, clip ceiling
     std::vector<std::int64_t> axes;   // sum/mean axes (empty: all); transpose: the two axes swapped
-    std::int64_t axis = -1;           // max, softmax, log_softmax
+    std::int64_t axis = -1;           // max, softmax, log_softmax, narrow, concat
+    std::int64_t start = 0;           // narrow: first index along `axis`
+    std::int64_t length = 0;          // narrow: number of indices taken
     bool keepdim = false;             // sum/mean/max
     Shape shape;                      // reshape target
     // conv2d and pooling: (height, width) pairs
@@ -35,6 +44,12 @@ struct OpAttrs {
     double momentum = 0.1;                       // batch_norm: running = (1 - momentum)·running + momentum·batch
     std::uint64_t seed = 0;                      // dropout: counter-based mask, identical on every backend
     std::uint32_t custom_id = 0;                 // Custom: which registered op
+    Activation activation = Activation::None;    // linear, conv2d: applied to the output
+    // rnn (ops/rnn.h)
+    RnnMode rnn_mode = RnnMode::Lstm;
+    std::int64_t hidden_size = 0;
+    std::int64_t num_layers = 1;
+    bool bidirectional = false;
 };
 
 struct OutputSpec {
@@ -86,16 +101,30 @@ struct OpCase {
     std::vector<InputDomain> domains;  // empty: all Any
 };
 
+// OpDef::arity of an op that takes one or more inputs (concat).
+inline constexpr int kVariadic = -1;
+
 struct OpDef {
     OpType op;
     const char* name;
-    int arity;  // number of inputs (the last `optional_inputs` of them may be left out)
+    int arity;  // number of inputs (the last `optional_inputs` of them may be left out), or kVariadic
     InferFn infer;
     BackendKernels cpu;
     BackendKernels cuda;
     std::vector<OpCase> (*cases)();  // test cases picked up by tests and dyngrad-verify
     int optional_inputs = 0;         // e.g. conv2d's bias
 };
+
+// Whether `def` takes `count` inputs, and how many it takes in words ("2", "2 to 3", "1 or more").
+inline bool takes_input_count(const OpDef& def, int count) {
+    if (def.arity == kVariadic) return count >= 1;
+    return count <= def.arity && count >= def.arity - def.optional_inputs;
+}
+inline std::string input_count_text(const OpDef& def) {
+    if (def.arity == kVariadic) return "1 or more";
+    if (def.optional_inputs == 0) return std::to_string(def.arity);
+    return std::to_string(def.arity - def.optional_inputs) + " to " + std::to_string(def.arity);
+}
 
 // The row for `op` (never null for a valid tag). For OpType::Custom this is the trampoline row;
 // op_def(op, attrs) returns the registered op's own definition.

@@ -25,6 +25,12 @@ enum class OpType : std::uint16_t {
     BatchNorm, Dropout,
     // user-defined ops registered at run time (graph/custom_op.h); OpAttrs::custom_id picks one
     Custom,
+    // Appended after Custom so that the earlier tags keep their numbers (the table-driven tests seed
+    // each row's inputs with its index).
+    // layout (ops/linalg): a slice along one axis, and the joining of several tensors along one axis
+    Narrow, Concat,
+    // recurrent networks, cuDNN's four cell modes (ops/rnn)
+    Rnn,
     Count_  // number of tags; keep last
 };
 

@@ -33,11 +33,21 @@ OutputSpec conv2d(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec pool2d(OpType, std::span<const Tensor>, const OpAttrs&);      // max_pool2d, avg_pool2d
 OutputSpec batch_norm(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec dropout(OpType, std::span<const Tensor>, const OpAttrs&);
+OutputSpec narrow(OpType, std::span<const Tensor>, const OpAttrs&);
+OutputSpec concat(OpType, std::span<const Tensor>, const OpAttrs&);
+OutputSpec rnn(OpType, std::span<const Tensor>, const OpAttrs&);
 }  // namespace infer
 
 // Reshape is metadata only: the same functions serve every backend.
 Tensor reshape_forward(const ForwardArgs& args);
 std::vector<Tensor> reshape_backward(const BackwardArgs& args);
+
+// A tensor seen around one axis as (outer, size, inner): narrow and concat move runs of `inner`
+// contiguous elements (ops/linalg.cpp).
+struct AxisSplit {
+    std::int64_t outer = 1, size = 1, inner = 1;
+};
+AxisSplit split_at_axis(const Shape& shape, int axis);
 
 // Axes of `from` that must be summed to reach `to` under broadcasting (leading extra axes and
 // axes where `to` has 1). Shared by the broadcast-gradient reductions of every backend.
@@ -73,6 +83,12 @@ Tensor batch_norm_forward(const ForwardArgs&);
 std::vector<Tensor> batch_norm_backward(const BackwardArgs&);
 Tensor dropout_forward(const ForwardArgs&);
 std::vector<Tensor> dropout_backward(const BackwardArgs&);
+Tensor narrow_forward(const ForwardArgs&);
+std::vector<Tensor> narrow_backward(const BackwardArgs&);
+Tensor concat_forward(const ForwardArgs&);
+std::vector<Tensor> concat_backward(const BackwardArgs&);
+Tensor rnn_forward(const ForwardArgs&);
+std::vector<Tensor> rnn_backward(const BackwardArgs&);
 // engine helpers: x summed over `axes` (kept as size 1); dst += src (same shape)
 Tensor sum_over(const Tensor& x, std::span<const int> axes);
 void accumulate_into(Tensor& dst, const Tensor& src);
@@ -110,6 +126,12 @@ Tensor batch_norm_forward(const ForwardArgs&);
 std::vector<Tensor> batch_norm_backward(const BackwardArgs&);
 Tensor dropout_forward(const ForwardArgs&);
 std::vector<Tensor> dropout_backward(const BackwardArgs&);
+Tensor narrow_forward(const ForwardArgs&);
+std::vector<Tensor> narrow_backward(const BackwardArgs&);
+Tensor concat_forward(const ForwardArgs&);
+std::vector<Tensor> concat_backward(const BackwardArgs&);
+Tensor rnn_forward(const ForwardArgs&);
+std::vector<Tensor> rnn_backward(const BackwardArgs&);
 // engine helpers: x summed over `axes` (kept as size 1); dst += src (same shape)
 Tensor sum_over(const Tensor& x, std::span<const int> axes);
 void accumulate_into(Tensor& dst, const Tensor& src);

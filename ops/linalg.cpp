@@ -3,6 +3,7 @@
 #include "dyngrad/ops/linalg.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include <Eigen/Core>
@@ -45,6 +46,29 @@ Var flatten(const Var& x, std::source_location where) {
                              to_string(shape)));
     // The rest is computed, not inferred with -1, so N = 0 still works.
     return reshape(x, {shape[0], numel(Shape(shape.begin() + 1, shape.end()))}, where);
+}
+
+Var narrow(const Var& x, std::int64_t axis, std::int64_t start, std::int64_t length, std::source_location where) {
+    OpAttrs attrs;
+    attrs.axis = axis;
+    attrs.start = start;
+    attrs.length = length;
+    return x.graph().record(OpType::Narrow, {x}, attrs, where);
+}
+
+Var concat(const std::vector<Var>& xs, std::int64_t axis, std::source_location where) {
+    if (xs.empty()) throw ValueError(str("concat at ", describe_site(where), ": needs at least one tensor"));
+    OpAttrs attrs;
+    attrs.axis = axis;
+    return xs.front().graph().record(OpType::Concat, xs, attrs, where);
+}
+
+AxisSplit split_at_axis(const Shape& shape, int axis) {
+    AxisSplit s;
+    for (int i = 0; i < axis; ++i) s.outer *= shape[i];
+    s.size = shape[axis];
+    for (std::size_t i = axis + 1; i < shape.size(); ++i) s.inner *= shape[i];
+    return s;
 }
 
 // ---- shape rules ----
@@ -129,6 +153,40 @@ OutputSpec reshape(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs)
     return {shape, x.dtype()};
 }
 
+OutputSpec narrow(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const Tensor& x = inputs[0];
+    const int axis = normalize_axis(attrs.axis, x.rank());
+    if (attrs.length < 0) throw ValueError(str("length ", attrs.length, " is negative"));
+    const std::int64_t size = x.shape()[axis];
+    if (attrs.start < 0 || attrs.start + attrs.length > size)
+        throw IndexError(str("indices [", attrs.start, ", ", attrs.start + attrs.length, ") are outside axis ", axis,
+                             " of size ", size));
+    Shape shape = x.shape();
+    shape[axis] = attrs.length;
+    return {shape, x.dtype()};
+}
+
+OutputSpec concat(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const Tensor& first = inputs[0];
+    const int axis = normalize_axis(attrs.axis, first.rank());
+    Shape shape = first.shape();
+    shape[axis] = 0;
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+        const Tensor& x = inputs[i];
+        if (x.dtype() != first.dtype())
+            throw DTypeError(
+                str("input ", i, " is ", dtype_name(x.dtype()), " but input 0 is ", dtype_name(first.dtype())));
+        bool fits = x.rank() == first.rank();
+        for (std::size_t k = 0; fits && k < x.rank(); ++k)
+            fits = static_cast<int>(k) == axis || x.shape()[k] == first.shape()[k];
+        if (!fits)
+            throw ShapeError(str("input ", i, " of shape ", to_string(x.shape()), " does not fit input 0 of shape ",
+                                 to_string(first.shape()), " outside axis ", axis));
+        shape[axis] += x.shape()[axis];
+    }
+    return {shape, first.dtype()};
+}
+
 }  // namespace infer
 
 // ---- reshape: metadata only, the same on every backend ----
@@ -199,6 +257,23 @@ void swap_axes(const Tensor& x, int axis0, int axis1, Tensor& y) {
                 for (std::int64_t j = 0; j < d1; ++j)
                     std::copy_n(src + (((o * d0 + i) * mid + m) * d1 + j) * inner, inner,
                                 dst + (((o * d1 + j) * mid + m) * d0 + i) * inner);
+}
+
+// For each of `rows` rows: `block` elements from src + row·src_stride to dst + row·dst_stride (element
+// units of `element_size` bytes). Narrow, concat and their gradients are all such copies.
+void copy_rows(const void* src, std::int64_t src_stride, void* dst, std::int64_t dst_stride, std::int64_t rows,
+               std::int64_t block, std::size_t element_size) {
+    if (block == 0) return;
+    const auto* from = static_cast<const unsigned char*>(src);
+    auto* to = static_cast<unsigned char*>(dst);
+    const auto bytes = static_cast<std::size_t>(block) * element_size;
+    for (std::int64_t r = 0; r < rows; ++r)
+        std::memcpy(to + static_cast<std::size_t>(r * dst_stride) * element_size,
+                    from + static_cast<std::size_t>(r * src_stride) * element_size, bytes);
+}
+
+unsigned char* bytes_at(const Tensor& t, std::int64_t element) {
+    return static_cast<unsigned char*>(t.raw_data()) + static_cast<std::size_t>(element) * dtype_size(t.dtype());
 }
 
 }  // namespace
@@ -311,6 +386,67 @@ std::vector<Tensor> transpose_backward(const BackwardArgs& args) {
     const int axis1 = normalize_axis(args.attrs.axes[1], x.rank());
     dispatch_floating(x.dtype(), "transpose backward", [&]<typename T>() { swap_axes<T>(dy, axis0, axis1, dx); });
     return {dx};
+}
+
+// x (outer, n, inner) -> y (outer, length, inner) = x[:, start:start+length, :], around attrs.axis
+Tensor narrow_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    const AxisSplit s = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
+    const std::int64_t block = args.attrs.length * s.inner;
+    copy_rows(bytes_at(x, args.attrs.start * s.inner), s.size * s.inner, y.raw_data(), block, s.outer, block,
+              dtype_size(x.dtype()));
+    return y;
+}
+
+// dy (outer, length, inner) -> dx (outer, n, inner): dy in the window, zeros elsewhere
+std::vector<Tensor> narrow_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& dy = args.grad_output;
+    if (!args.needs_grad[0]) return {Tensor()};
+    Tensor dx = Tensor::zeros(x.shape(), x.dtype(), x.device());
+    const AxisSplit s = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
+    const std::int64_t block = args.attrs.length * s.inner;
+    copy_rows(dy.raw_data(), block, bytes_at(dx, args.attrs.start * s.inner), s.size * s.inner, s.outer, block,
+              dtype_size(x.dtype()));
+    return {dx};
+}
+
+// xs[k] (outer, n_k, inner) -> y (outer, Σ n_k, inner), in input order along attrs.axis
+Tensor concat_forward(const ForwardArgs& args) {
+    const Tensor& first = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, first.device());
+    const int axis = normalize_axis(args.attrs.axis, first.rank());
+    const AxisSplit ys = split_at_axis(y.shape(), axis);
+    const std::int64_t y_row = ys.size * ys.inner;
+    std::int64_t offset = 0;
+    for (const Tensor& x : args.inputs) {
+        const AxisSplit s = split_at_axis(x.shape(), axis);
+        copy_rows(x.raw_data(), s.size * s.inner, bytes_at(y, offset), y_row, s.outer, s.size * s.inner,
+                  dtype_size(x.dtype()));
+        offset += s.size * s.inner;
+    }
+    return y;
+}
+
+// dy (outer, Σ n_k, inner) -> dxs[k] (outer, n_k, inner): each input's slab of dy
+std::vector<Tensor> concat_backward(const BackwardArgs& args) {
+    const Tensor& dy = args.grad_output;
+    const int axis = normalize_axis(args.attrs.axis, dy.rank());
+    const AxisSplit ys = split_at_axis(dy.shape(), axis);
+    std::vector<Tensor> grads(args.inputs.size());
+    std::int64_t offset = 0;
+    for (std::size_t i = 0; i < args.inputs.size(); ++i) {
+        const Tensor& x = args.inputs[i];
+        const AxisSplit s = split_at_axis(x.shape(), axis);
+        if (args.needs_grad[i]) {
+            grads[i] = Tensor::empty(x.shape(), x.dtype(), x.device());
+            copy_rows(bytes_at(dy, offset), ys.size * ys.inner, grads[i].raw_data(), s.size * s.inner, s.outer,
+                      s.size * s.inner, dtype_size(x.dtype()));
+        }
+        offset += s.size * s.inner;
+    }
+    return grads;
 }
 
 }  // namespace cpu

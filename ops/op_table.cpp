@@ -5,6 +5,7 @@
 
 #include "dyngrad/graph/custom_op.h"
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/rnn.h"
 
 namespace dyngrad {
 
@@ -207,6 +208,59 @@ std::vector<OpCase> dropout_cases() {
     };
 }
 
+OpAttrs narrow_attr(std::int64_t axis, std::int64_t start, std::int64_t length) {
+    OpAttrs a;
+    a.axis = axis;
+    a.start = start;
+    a.length = length;
+    return a;
+}
+std::vector<OpCase> narrow_cases() {
+    return {
+        {"axis 1 middle", {{3, 5}}, narrow_attr(1, 1, 3), {}},
+        {"axis 0 of 3-D", {{4, 2, 3}}, narrow_attr(0, 2, 2), {}},
+        {"last axis whole", {{2, 3, 4}}, narrow_attr(-1, 0, 4), {}},
+        {"empty window", {{3, 4}}, narrow_attr(1, 2, 0), {}},
+    };
+}
+std::vector<OpCase> concat_cases() {
+    return {
+        {"axis 0, three inputs", {{2, 3}, {1, 3}, {4, 3}}, axis_attr(0), {}},
+        {"channels of NCHW", {{2, 3, 2, 2}, {2, 1, 2, 2}}, axis_attr(1), {}},
+        {"last axis", {{3, 2}, {3, 5}, {3, 1}}, axis_attr(-1), {}},
+        {"one input", {{4, 2}}, axis_attr(0), {}},
+    };
+}
+
+// x (T,N,I) = (3,2,3); w flat; h0, c0 (L·D,N,H) where the label says so.
+OpCase rnn_case(const char* label, RnnMode mode, std::int64_t hidden, std::int64_t layers, bool bidirectional,
+                int states) {
+    constexpr std::int64_t kSteps = 3, kBatch = 2, kInput = 3;
+    const RnnOptions options{hidden, layers, bidirectional};
+    OpAttrs a;
+    a.rnn_mode = mode;
+    a.hidden_size = hidden;
+    a.num_layers = layers;
+    a.bidirectional = bidirectional;
+    std::vector<Shape> shapes{{kSteps, kBatch, kInput}, {rnn_weight_size(mode, options, kInput)}};
+    for (int i = 0; i < states; ++i) shapes.push_back({layers * (bidirectional ? 2 : 1), kBatch, hidden});
+    return {label, shapes, a, {}};
+}
+std::vector<OpCase> rnn_cases() {
+    using M = RnnMode;
+    return {
+        rnn_case("lstm 1 layer", M::Lstm, 2, 1, false, 0),
+        rnn_case("lstm h0 only", M::Lstm, 3, 1, false, 1),
+        rnn_case("lstm 2 layers bidir h0 c0", M::Lstm, 2, 2, true, 2),
+        rnn_case("gru 1 layer h0", M::Gru, 3, 1, false, 1),
+        rnn_case("gru 2 layers bidir", M::Gru, 2, 2, true, 0),
+        rnn_case("rnn_tanh 2 layers h0", M::RnnTanh, 3, 2, false, 1),
+        rnn_case("rnn_tanh bidir", M::RnnTanh, 2, 1, true, 0),
+        rnn_case("rnn_relu 1 layer h0", M::RnnRelu, 3, 1, false, 1),
+        rnn_case("rnn_relu 2 layers bidir", M::RnnRelu, 2, 2, true, 0),
+    };
+}
+
 constexpr BackendKernels kCpuUnary{cpu::unary_forward, cpu::unary_backward};
 constexpr BackendKernels kCpuBinary{cpu::binary_forward, cpu::binary_backward};
 constexpr BackendKernels kCpuReduce{cpu::reduce_forward, cpu::reduce_backward};
@@ -268,6 +322,12 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      DG_CUDA_KERNELS(dropout_forward, dropout_backward), dropout_cases},
     // Custom ops carry their own definitions (graph/custom_op.h); op_def(op, attrs) finds them.
     {OpType::Custom, "custom", 0, nullptr, {}, {}, no_cases},
+    {OpType::Narrow, "narrow", 1, infer::narrow, {cpu::narrow_forward, cpu::narrow_backward},
+     DG_CUDA_KERNELS(narrow_forward, narrow_backward), narrow_cases},
+    {OpType::Concat, "concat", kVariadic, infer::concat, {cpu::concat_forward, cpu::concat_backward},
+     DG_CUDA_KERNELS(concat_forward, concat_backward), concat_cases},
+    {OpType::Rnn, "rnn", 4, infer::rnn, {cpu::rnn_forward, cpu::rnn_backward},
+     DG_CUDA_KERNELS(rnn_forward, rnn_backward), rnn_cases, /*optional_inputs=*/2},
 }};
 
 // Every tag has a row, in tag order.

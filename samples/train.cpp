@@ -1,11 +1,15 @@
-// dyngrad-train: trains a classic network on Fashion-MNIST (or any MNIST-format directory) on the CPU
-// or a GPU, with a progress bar, per-epoch test accuracy, a CSV learning curve and, on request, shadow
+// dyngrad-train: trains a classic network or an LSTM on Fashion-MNIST (or any MNIST-format directory) on
+// the CPU or a GPU, with a progress bar, per-epoch test accuracy, a CSV learning curve and, on request, shadow
 // verification of every k-th step against the float64 CPU replay.
 //
 //   dyngrad-train --model lenet --epochs 10 --device cuda --csv lenet.csv
 //   dyngrad-train --model mlp --epochs 1 --limit 2000 --device cpu
+//   dyngrad-train --model lstm --epochs 2 --limit 4000 --device cpu
+//   dyngrad-train --model lenet --device cuda --resident --schedule none --target-accuracy 0.9 --epochs 30
 //
-// The last line is `test_accuracy=0.XXXX`. Run with --help for every option.
+// The last line is `test_accuracy=0.XXXX`; with --target-accuracy the lines `epochs_to_target=N` (0 when
+// the target was not reached), `time_to_target_s=S` (training seconds of those epochs, evaluation excluded)
+// and `evaluation_s=S` come before it. Run with --help for every option.
 #include <dyngrad/dyngrad.h>
 #include <unistd.h>
 
@@ -19,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "models.h"
+
 using namespace dyngrad;
 
 namespace {
@@ -26,7 +32,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kUsage = R"(usage: dyngrad-train [options]
-  --model NAME        lenet5 | lenet | simplecnn | mlp                       (default lenet)
+  --model NAME        lenet5 | lenet | simplecnn | mlp | lstm                (default lenet)
   --epochs N          passes over the training set                           (default 10)
   --batch N           mini-batch size                                        (default 64)
   --lr X              learning rate               (default 0.001 for adam/adamw, 0.01 for sgd)
@@ -47,6 +53,8 @@ constexpr const char* kUsage = R"(usage: dyngrad-train [options]
                       weight gradient sums ~10^4-10^5 products and loses ~1e-4 to cancellation)
   --log-every N       read loss and accuracy back every N batches (a host sync on a GPU)
                       (default 1 on the CPU, 50 on a GPU)
+  --target-accuracy X stop after the first epoch whose test accuracy reaches X (0 to 1) and print
+                      time_to_target_s: the training seconds up to then, evaluation excluded
 )";
 
 struct Options {
@@ -67,6 +75,7 @@ struct Options {
     std::int64_t shadow = 0;
     double shadow_tolerance = 1e-3;
     std::int64_t log_every = 0;  // 0: by device
+    std::optional<double> target_accuracy;
 };
 
 // A command-line mistake: usage goes to stderr, exit status 2.
@@ -129,7 +138,7 @@ Options parse_options(int argc, char** argv) {
             if (i + 1 >= argc) throw UsageError{name + " needs a value"};
             return argv[++i];
         };
-        if (name == "--model") o.model = one_of(name, value(), {"lenet5", "lenet", "simplecnn", "mlp"});
+        if (name == "--model") o.model = one_of(name, value(), {"lenet5", "lenet", "simplecnn", "mlp", "lstm"});
         else if (name == "--epochs") o.epochs = parse_int(name, value(), 0);
         else if (name == "--batch") o.batch = parse_int(name, value(), 1);
         else if (name == "--lr") o.lr = parse_double(name, value());
@@ -148,39 +157,14 @@ Options parse_options(int argc, char** argv) {
         else if (name == "--shadow") o.shadow = parse_int(name, value(), 0);
         else if (name == "--shadow-tolerance") o.shadow_tolerance = parse_double(name, value());
         else if (name == "--log-every") o.log_every = parse_int(name, value(), 1);
+        else if (name == "--target-accuracy") {
+            o.target_accuracy = parse_double(name, value());
+            if (*o.target_accuracy > 1) throw UsageError{name + ": " + std::to_string(*o.target_accuracy) + " is above 1"};
+        }
         else throw UsageError{"unknown option '" + std::string(argv[i]) + "'"};
     }
     if (o.log_every == 0) o.log_every = o.device.is_cpu() ? 1 : 50;
     return o;
-}
-
-// ---- models (as issue 4 defines them), for 1-channel images of height × width ----
-
-Var relu_layer(const Var& x) { return relu(x); }
-Var pool_layer(const Var& x) { return max_pool2d(x, {2, 2}); }
-Var flatten_layer(const Var& x) { return flatten(x); }
-
-Sequential make_model(const std::string& name, std::int64_t height, std::int64_t width, Generator& gen) {
-    const std::int64_t classes = kMnistClasses;
-    // Spatial size after a valid 5×5 convolution and a 2×2 max-pool, twice.
-    const std::int64_t h2 = ((height - 4) / 2 - 4) / 2, w2 = ((width - 4) / 2 - 4) / 2;
-    Sequential model;
-    if (name == "lenet5") {
-        model.add(Conv2d(1, 6, {5, 5}, {}, true, gen)).add(relu_layer).add(pool_layer);
-        model.add(Conv2d(6, 16, {5, 5}, {}, true, gen)).add(relu_layer).add(pool_layer).add(flatten_layer);
-        model.add(Linear(16 * h2 * w2, 120, true, gen)).add(relu_layer).add(Linear(120, classes, true, gen));
-    } else if (name == "lenet") {
-        model.add(Conv2d(1, 20, {5, 5}, {}, true, gen)).add(pool_layer);
-        model.add(Conv2d(20, 50, {5, 5}, {}, true, gen)).add(pool_layer).add(flatten_layer);
-        model.add(Linear(50 * h2 * w2, 500, true, gen)).add(relu_layer).add(Linear(500, classes, true, gen));
-    } else if (name == "simplecnn") {
-        model.add(Conv2d(1, 16, {3, 3}, {.padding = {1, 1}}, true, gen)).add(relu_layer).add(pool_layer);
-        model.add(flatten_layer).add(Linear(16 * (height / 2) * (width / 2), classes, true, gen));
-    } else {  // mlp
-        model.add(flatten_layer).add(Linear(height * width, 500, true, gen)).add(relu_layer);
-        model.add(Linear(500, classes, true, gen));
-    }
-    return model;
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const Options& o, const std::vector<Parameter>& parameters) {
@@ -339,7 +323,7 @@ int run(const Options& o) {
                 data.normalization.stddev, std::chrono::duration<double>(Clock::now() - load_start).count());
 
     Generator gen(o.seed);
-    Sequential model = make_model(o.model, height, width, gen);
+    Sequential model = models::make_model(o.model, height, width, gen);
     model.to(o.device);
     if (!o.load.empty()) {
         load_parameters(model, o.load);
@@ -367,9 +351,9 @@ int run(const Options& o) {
     const bool terminal = ::isatty(STDOUT_FILENO) != 0;
 
     Metrics test{};
-    double train_seconds_total = 0;
-    std::int64_t step = 0;
-    for (std::int64_t epoch = 0; epoch < o.epochs; ++epoch) {
+    double train_seconds_total = 0, evaluation_seconds_total = 0;
+    std::int64_t step = 0, epochs_done = 0, epochs_to_target = 0;
+    for (std::int64_t epoch = 0; epoch < o.epochs && epochs_to_target == 0; ++epoch) {
         const double lr = optimizer->lr();
         Progress progress(epoch, o.epochs, train_loader.batches_per_epoch(), terminal);
         train_loader.start_epoch(epoch);  // counted in the epoch's time: with --resident it uploads the epoch's order
@@ -401,7 +385,11 @@ int run(const Options& o) {
         progress.finish();
         if (cosine) cosine->step();
 
+        const auto evaluation_start = Clock::now();
         test = evaluate(model, test_loader);
+        evaluation_seconds_total += std::chrono::duration<double>(Clock::now() - evaluation_start).count();
+        ++epochs_done;
+        if (o.target_accuracy && test.accuracy >= *o.target_accuracy) epochs_to_target = epochs_done;
         const Metrics train = progress.train_metrics();
         const double rate = static_cast<double>(images_done) / seconds;
         std::printf("epoch %lld/%lld  train loss %.4f acc %.2f%%  test loss %.4f acc %.2f%%  %.1f s (%.0f img/s)  lr %.3g\n",
@@ -414,8 +402,9 @@ int run(const Options& o) {
     }
     if (o.epochs == 0) test = evaluate(model, test_loader);
     else
-        std::printf("trained %lld epoch%s in %.1f s (%.1f s per epoch)\n", static_cast<long long>(o.epochs),
-                    o.epochs == 1 ? "" : "s", train_seconds_total, train_seconds_total / static_cast<double>(o.epochs));
+        std::printf("trained %lld epoch%s in %.1f s (%.1f s per epoch)\n", static_cast<long long>(epochs_done),
+                    epochs_done == 1 ? "" : "s", train_seconds_total,
+                    train_seconds_total / static_cast<double>(epochs_done));
     if (o.shadow > 0)
         std::printf("shadow verification: %lld of %lld steps checked against the float64 CPU replay, all passed "
                     "(tolerance %.0e; worst value error %.2e, worst gradient error %.2e)\n",
@@ -424,6 +413,17 @@ int run(const Options& o) {
     if (!o.save.empty()) {
         save_parameters(model, o.save);
         std::printf("saved parameters to %s\n", o.save.c_str());
+    }
+    if (o.target_accuracy) {
+        if (epochs_to_target > 0)
+            std::printf("test accuracy %.4f reached the target %.4f after %lld epoch%s\n", test.accuracy,
+                        *o.target_accuracy, static_cast<long long>(epochs_to_target), epochs_to_target == 1 ? "" : "s");
+        else
+            std::printf("target test accuracy %.4f not reached in %lld epoch%s\n", *o.target_accuracy,
+                        static_cast<long long>(epochs_done), epochs_done == 1 ? "" : "s");
+        std::printf("epochs_to_target=%lld\ntime_to_target_s=%.3f\nevaluation_s=%.3f\n",
+                    static_cast<long long>(epochs_to_target), epochs_to_target > 0 ? train_seconds_total : 0.0,
+                    evaluation_seconds_total);
     }
     std::printf("test_accuracy=%.4f\n", test.accuracy);
     return 0;

@@ -1,6 +1,6 @@
 // GPU tests: every op-table case and large cases of the same ops against the float64 CPU replay
-// (graph/verify.h), verify() on a small MLP, and the device's failure modes: out of memory, memory
-// accounting, mixed devices and errors reported by kernels.
+// (graph/verify.h), verify() on a small MLP, the device's failure modes (out of memory, memory
+// accounting, mixed devices, errors reported by kernels) and captured steps (cuda::CapturedStep).
 //
 // Without a CUDA device (or in a CPU-only build) the executable prints why and exits 77, which CTest
 // counts as skipped (SKIP_RETURN_CODE in tests/CMakeLists.txt).
@@ -254,6 +254,193 @@ TEST_CASE("deterministic mode gives bitwise-identical gradients over two runs", 
         INFO("parameter " << i);
         CHECK(first[i] == second[i]);  // exact equality: bit for bit
     }
+}
+
+namespace {
+
+// A small model trained with SGD (momentum) on the GPU. Built twice from one seed, it is stepped eagerly
+// once and through a cuda::CapturedStep once, and the two must agree.
+std::vector<Parameter> model_parameters(bool cnn, std::uint64_t seed) {
+    Generator gen(seed);
+    auto t = [&](const Shape& shape) { return Tensor::normal(shape, 0.0, 0.3, gen).to(kGpu); };
+    if (cnn) return {Parameter(t({4, 3, 3, 3}), "conv.w"), Parameter(t({4}), "conv.b"),
+                     Parameter(t({10, 4 * 4 * 4}), "fc.w"), Parameter(t({10}), "fc.b")};
+    return {Parameter(t({32, 20}), "w1"), Parameter(t({32}), "b1"), Parameter(t({10, 32}), "w2"),
+            Parameter(t({10}), "b2")};
+}
+
+struct Model {
+    bool cnn;
+    std::vector<Parameter> params;
+    SGD optimizer;
+
+    Model(bool cnn, std::uint64_t seed)
+        : cnn(cnn), params(model_parameters(cnn, seed)), optimizer(params, {.lr = 0.05, .momentum = 0.9}) {}
+
+    // x (N,20) or (N,3,8,8) -> logits (N,10)
+    Var forward(ComputeGraph& graph, const Var& x) const {
+        auto p = [&](std::size_t i) { return graph.parameter(params[i]); };
+        if (!cnn) return linear(relu(linear(x, p(0), p(1))), p(2), p(3));
+        Var h = max_pool2d(relu(conv2d(x, p(0), p(1), {.padding = {1, 1}})), {2, 2});
+        return linear(flatten(h), p(2), p(3));
+    }
+    // The training step: forward, loss, backward, update; returns the loss.
+    Tensor step(std::span<const Tensor> in) {
+        ComputeGraph graph;
+        Var loss = cross_entropy(forward(graph, graph.input(in[0])), graph.input(in[1]));
+        graph.backward(loss);
+        optimizer.step();
+        optimizer.zero_grad();
+        return loss.value();
+    }
+};
+
+std::vector<Tensor> model_batch(bool cnn, std::int64_t rows, std::uint64_t seed) {
+    Generator gen(seed);
+    const Shape x_shape = cnn ? Shape{rows, 3, 8, 8} : Shape{rows, 20};
+    return {Tensor::normal(x_shape, 0.0, 1.0, gen).to(kGpu), random_labels(rows, 10, gen, kGpu)};
+}
+
+double max_abs_difference(const Tensor& a, const Tensor& b) {
+    const std::vector<double> x = a.to_vector(), y = b.to_vector();
+    REQUIRE(x.size() == y.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]));
+    return worst;
+}
+
+}  // namespace
+
+namespace {
+
+void check_captured_matches_eager(bool cnn) {
+    Model eager(cnn, 11), captured(cnn, 11);
+    cuda::CapturedStep step([&](std::span<const Tensor> in) { return captured.step(in); });
+    // Shape 64 warms up, is captured, then replays; shape 32 gets its own variant on the way.
+    const std::int64_t rows[] = {64, 64, 64, 32, 32, 64, 32, 64, 32, 64};
+    for (std::size_t i = 0; i < std::size(rows); ++i) {
+        const std::vector<Tensor> batch = model_batch(cnn, rows[i], 500 + i);
+        const double eager_loss = eager.step(batch).item();
+        const Tensor loss = step.run({{batch[0], batch[1]}});
+        INFO("step " << i << " rows " << rows[i]);
+        CHECK(loss.numel() == 1);
+        CHECK(loss.item() == dgtest::Approx(eager_loss).epsilon(1e-6));
+    }
+    CHECK(step.variants() == 2);
+    for (std::size_t i = 0; i < eager.params.size(); ++i) {
+        INFO(eager.params[i].name());
+        CHECK(max_abs_difference(eager.params[i].value(), captured.params[i].value()) <= 1e-6);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("a captured training step matches the eager step, per batch shape", "[gpu][capture]") {
+    SECTION("MLP (linear, relu, cross_entropy, SGD)") { check_captured_matches_eager(false); }
+    SECTION("CNN (cuDNN conv2d and max_pool2d)") { check_captured_matches_eager(true); }
+}
+
+TEST_CASE("a host synchronisation inside a captured step is a GraphError; the device stays usable",
+          "[gpu][capture]") {
+    Model model(false, 12);
+    const std::vector<Tensor> batch = model_batch(false, 16, 600);
+    const std::vector<double> before = model.params[0].value().to_vector();
+    SECTION("item()") {
+        cuda::CapturedStep step([&](std::span<const Tensor> in) {
+            Tensor loss = model.step(in);
+            static_cast<void>(loss.item());  // not inside CHECK: Catch would swallow the exception
+            return loss;
+        });
+        CHECK_NOTHROW(step.run(batch));  // the eager warm-up may read values
+        CHECK_THROWS_MATCHES(step.run(batch), GraphError, MessageHas({"item()", "captured", "cuda:0"}));
+        CHECK(step.variants() == 0);
+    }
+    SECTION("cuda::synchronize()") {
+        cuda::CapturedStep step([&](std::span<const Tensor> in) {
+            Tensor loss = model.step(in);
+            cuda::synchronize(0);
+            return loss;
+        });
+        step.run(batch);
+        CHECK_THROWS_MATCHES(step.run(batch), GraphError, MessageHas({"cuda::synchronize()", "captured"}));
+    }
+    SECTION("an Adam step") {
+        Adam adam(model.params);
+        cuda::CapturedStep step([&](std::span<const Tensor> in) {
+            ComputeGraph graph;
+            Var loss = cross_entropy(model.forward(graph, graph.input(in[0])), graph.input(in[1]));
+            graph.backward(loss);
+            adam.step();
+            adam.zero_grad();
+            return loss.value();
+        });
+        step.run(batch);
+        CHECK_THROWS_MATCHES(step.run(batch), GraphError, MessageHas({"Adam::step()", "step count"}));
+    }
+    // The capture was ended: eager work runs and syncs as before, and the failed capture changed nothing.
+    ComputeGraph graph;
+    Var a = graph.input(Tensor::of({1, 2, 3}).to(kGpu), "a", true);
+    Var loss = sum(a * a);
+    CHECK(loss.item() == 14);
+    graph.backward(loss);
+    CHECK(a.grad().to_vector() == std::vector<double>{2, 4, 6});
+    CHECK_NOTHROW(cuda::synchronize(0));
+    CHECK(model.params[0].value().to_vector() != before);  // the warm-up step did update
+}
+
+TEST_CASE("replays of a captured step allocate nothing", "[gpu][capture]") {
+    Model model(false, 13);
+    cuda::CapturedStep step([&](std::span<const Tensor> in) { return model.step(in); });
+    const std::vector<Tensor> batch = model_batch(false, 64, 700);
+    step.run(batch);
+    step.run(batch);  // captured and launched
+    cuda::synchronize(0);
+    const cuda::MemoryStats after_two = cuda::memory_stats(0);
+    CHECK(after_two.capture_reserved_bytes > 0);
+    double last = 0;
+    for (int i = 0; i < 100; ++i) last = step.run(batch).item();
+    CHECK(std::isfinite(last));
+    const cuda::MemoryStats after_102 = cuda::memory_stats(0);
+    CHECK(after_102.bytes_in_use == after_two.bytes_in_use);
+    CHECK(after_102.capture_reserved_bytes == after_two.capture_reserved_bytes);
+    CHECK(after_102.pool_reserved_bytes == after_two.pool_reserved_bytes);
+}
+
+TEST_CASE("a tensor returned by a captured step outlives the CapturedStep", "[gpu][capture]") {
+    cuda::synchronize(0);
+    const cuda::MemoryStats before = cuda::memory_stats(0);
+    Tensor loss;
+    std::vector<double> value;
+    {
+        Model model(false, 14);
+        cuda::CapturedStep step([&](std::span<const Tensor> in) { return model.step(in); });
+        const std::vector<Tensor> batch = model_batch(false, 8, 800);
+        step.run(batch);
+        loss = step.run(batch);
+        value = loss.to_vector();
+        CHECK(cuda::memory_stats(0).capture_reserved_bytes > before.capture_reserved_bytes);
+    }
+    // The step, its graph and the model are gone; the loss's block of the private pool is still held.
+    CHECK(cuda::memory_stats(0).capture_reserved_bytes > before.capture_reserved_bytes);
+    CHECK(loss.to_vector() == value);
+    {
+        ComputeGraph graph;
+        CHECK(mul_scalar(graph.input(loss), 2.0).item() == dgtest::Approx(2 * value[0]));
+    }
+    loss = Tensor();  // the last block returns: the pool goes back to the driver
+    cuda::synchronize(0);
+    CHECK(cuda::memory_stats(0).capture_reserved_bytes == before.capture_reserved_bytes);
+    CHECK(cuda::memory_stats(0).bytes_in_use == before.bytes_in_use);
+}
+
+TEST_CASE("NVTX ranges around op dispatches can be switched on and off", "[gpu][nvtx]") {
+    const bool previous = profiling_ranges();
+    set_profiling_ranges(true);
+    CHECK(profiling_ranges());
+    Model model(false, 15);
+    const double loss = model.step(model_batch(false, 16, 900)).item();  // every forward and backward in a range
+    set_profiling_ranges(previous);
+    CHECK(std::isfinite(loss));
 }
 
 int main(int argc, char* argv[]) {

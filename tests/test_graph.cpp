@@ -385,3 +385,22 @@ TEST_CASE("a parameter recorded by no graph with grad is free everywhere", "[gra
     graph.backward(sum(v * 5.0));
     CHECK(w.grad().item() == 5);
 }
+
+TEST_CASE("profiling ranges switch on and off without changing results", "[graph][profiling]") {
+    const bool previous = profiling_ranges();
+    auto run = [] {
+        ComputeGraph graph;
+        Var x = graph.input(Tensor::of({1, -2, 3}), "x", true);
+        graph.backward(sum(relu(x) * x));
+        return x.grad().to_vector();
+    };
+    const std::vector<double> plain = run();
+    set_profiling_ranges(true);
+    CHECK(profiling_ranges());
+    const std::vector<double> ranged = run();
+    set_profiling_ranges(false);
+    CHECK_FALSE(profiling_ranges());
+    set_profiling_ranges(previous);
+    CHECK(ranged == plain);
+    CHECK(plain == std::vector<double>{2, 0, 6});
+}

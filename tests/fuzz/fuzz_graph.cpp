@@ -139,6 +139,10 @@ OpAttrs random_attrs(OpType op, const Shape& x, Bytes& in) {
     if (op == OpType::Transpose && !in.one_in(8)) a.axes = {in.pick(5) - 2, in.pick(5) - 2};
     a.axis = in.pick(9) - 4;
     a.keepdim = in.pick(2) == 1;
+    if (op == OpType::Narrow) {
+        a.start = in.one_in(16) ? -1 : in.pick(3);
+        a.length = in.pick(3);
+    }
     const std::int64_t n = numel(x);
     switch (in.pick(5)) {
         case 0: a.shape = {n}; break;
@@ -192,7 +196,8 @@ Program decode(Bytes& in, ComputeGraph& graph, std::vector<Var>& vars, Generator
     const auto& ops = fuzzed_ops();
     for (int steps = in.pick(10); steps > 0; --steps) {
         const OpDef& def = *ops[static_cast<std::size_t>(in.pick(static_cast<int>(ops.size())))];
-        int arity = def.arity - (def.optional_inputs > 0 && in.pick(2) == 1 ? def.optional_inputs : 0);
+        int arity = def.arity == kVariadic ? 1 + in.pick(3)
+                                           : def.arity - (def.optional_inputs > 0 && in.pick(2) == 1 ? def.optional_inputs : 0);
         if (in.one_in(32)) arity = in.pick(4);  // a wrong number of inputs on purpose
         std::vector<int> inputs;
         std::vector<Shape> shapes;

@@ -1,0 +1,506 @@
+// dyngrad-perf: training steps timed on the GPU, eager and captured, for the side-by-side comparison with
+// PyTorch of issue 7. bench/torch_reference.py runs the same workloads with the same measurement,
+// bench/compare_perf.py prints the table, scripts/run-perf.sh runs all three.
+//
+// Workloads (names shared with torch_reference.py):
+//   lenet5_b1, lenet5_b64, lenet_b256   samples/models.h's lenet5 / lenet on (N,1,28,28)
+//   mlp784_b64                          784→256→256→10 with ReLU, (64,784)
+//   mlp4096_fp32, mlp4096_tf32          4096→4096→4096→4096→4096 with ReLU, (4096,4096), 4096 classes;
+//                                       float32, then TF32 GEMMs (cuda::set_allow_tf32)
+//   matmul_relu                         x (100,100) @ w (100,50), ReLU, sum, backward: dx, dw (no optimizer)
+//   mul64m                              y = a·b of two 64M-element float32 vectors, backward from a given dy
+// A training step is forward, cross-entropy, backward, SGD update (lr 0.01, no momentum) on random inputs
+// and labels resident on the GPU. Modes:
+//   eager     the graph is recorded anew every step (the dynamic case);
+//   captured  the same step function through cuda::CapturedStep: run() copies the inputs into the
+//             variant's static buffers and replays the CUDA graph captured on the second run. mul64m
+//             reads a, b, dy from the closure (their addresses never change; copying 768 MB per step would
+//             swamp what is measured) and passes a 1-element input only to key the variant.
+//
+// Timing (torch_reference.py does exactly the same): W warm-up steps; a probe of 3 steps sizes K, the
+// steps of one repetition, so that a repetition lasts at least 20 ms (K in [10, 200]); R repetitions,
+// each timed by the host clock from a synchronised device to the return of cudaDeviceSynchronize() after
+// its K steps (torch.cuda.synchronize() is the same call), so both sides time the host's recording and
+// dispatch and the GPU's work of K whole steps. The figure: median over R of (repetition time / K).
+// Memory: cudaDeviceSynchronize, reset_peak_memory, one step, cudaDeviceSynchronize, then the allocator's
+// peak_bytes_in_use: ABSOLUTE, i.e. parameters, optimizer state, inputs and static buffers included,
+// like PyTorch's max_memory_allocated() after reset_peak_memory_stats(). A replay allocates nothing, so in
+// captured mode both sides count the tensors alive across the step; the graph's working memory sits in
+// its private pool (reported apart: capture_reserved_bytes; PyTorch's lies in memory_reserved()).
+// Host overhead: see host_overhead() below.
+//
+// Usage: dyngrad-perf [--json FILE] [--only NAME[,NAME...]] [--quick] [--list]
+// Exit status: 0 all measured, 1 a workload failed (its row carries the error), 2 usage or setup error,
+// 77 no CUDA device.
+#include <dyngrad/dyngrad.h>
+#include <dyngrad/cuda/capture.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <span>
+#include <tuple>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "models.h"
+
+cudaError_t launch_empty_kernels(int count, cudaStream_t stream);  // bench/perf_launch.cu
+
+using namespace dyngrad;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+#define BENCH_CHECK(expr)                                                                   \
+    do {                                                                                    \
+        if ((expr) != 0) throw Error(str("bench: ", #expr, " failed at line ", __LINE__)); \
+    } while (0)
+
+struct Settings {
+    int warmup = 5;
+    int repetitions = 7;
+    double min_repetition_ms = 20;
+    int min_steps = 10;
+    int max_steps = 200;
+    int probe_steps = 3;
+    int chain = 2000;              // host overhead: ops per chain
+    int chain_repetitions = 9;
+};
+
+Settings quick_settings() {
+    return {.warmup = 3, .repetitions = 3, .min_repetition_ms = 5, .min_steps = 3, .max_steps = 20, .probe_steps = 2,
+            .chain = 500, .chain_repetitions = 3};
+}
+
+void device_sync() { BENCH_CHECK(cudaDeviceSynchronize()); }
+
+double ms_since(Clock::time_point start) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+double median(std::vector<double> values) {
+    std::sort(values.begin(), values.end());
+    return values[values.size() / 2];
+}
+
+struct Timing {
+    double ms = 0;  // per step: the median over repetitions
+    int steps = 0;  // K
+    std::vector<double> samples_ms;
+};
+
+// See the top of the file.
+Timing time_steps(const std::function<void()>& body, const Settings& s) {
+    for (int i = 0; i < s.warmup; ++i) body();
+    device_sync();
+    auto start = Clock::now();
+    for (int i = 0; i < s.probe_steps; ++i) body();
+    device_sync();
+    const double estimate = std::max(ms_since(start) / s.probe_steps, 1e-6);
+    Timing t;
+    t.steps = std::clamp(static_cast<int>(std::ceil(s.min_repetition_ms / estimate)), s.min_steps, s.max_steps);
+    for (int r = 0; r < s.repetitions; ++r) {
+        start = Clock::now();
+        for (int i = 0; i < t.steps; ++i) body();
+        device_sync();
+        t.samples_ms.push_back(ms_since(start) / t.steps);
+    }
+    t.ms = median(t.samples_ms);
+    return t;
+}
+
+struct Memory {
+    std::size_t before_bytes = 0, peak_bytes = 0, reserved_bytes = 0;
+    std::size_t capture_reserved_bytes = 0;  // captured steps' private pools (their graphs' working memory)
+};
+
+Memory step_memory(const std::function<void()>& body) {
+    device_sync();
+    Memory m;
+    m.before_bytes = cuda::memory_stats(0).bytes_in_use;
+    cuda::reset_peak_memory(0);
+    body();
+    device_sync();
+    const cuda::MemoryStats stats = cuda::memory_stats(0);
+    m.peak_bytes = stats.peak_bytes_in_use;
+    m.reserved_bytes = stats.pool_reserved_bytes;
+    m.capture_reserved_bytes = stats.capture_reserved_bytes;
+    return m;
+}
+
+// ---- workloads ----
+
+using StepFn = std::function<Tensor(std::span<const Tensor>)>;
+
+// A workload ready to run: the step on `inputs`, holding its model, optimizer and data.
+struct Prepared {
+    std::vector<Tensor> inputs;
+    StepFn step;
+};
+
+struct Workload {
+    std::string name;
+    std::string description;
+    std::function<Prepared()> prepare;
+    bool tf32 = false;
+    double bytes_per_step = 0;  // > 0: report bandwidth over these minimum bytes
+};
+
+const Device kGpu = Device::cuda(0);
+
+// Random inputs of `input_shape` in [-1, 1) and labels in [0, classes), on the GPU.
+Prepared training(Sequential model, const Shape& input_shape, std::int64_t classes) {
+    model.to(kGpu);
+    auto optimizer = std::make_shared<SGD>(model.parameters(), SgdOptions{.lr = 0.01});
+    Generator gen(7);
+    const Tensor x = Tensor::uniform(input_shape, -1, 1, gen).to(kGpu);
+    std::vector<std::int64_t> labels(static_cast<std::size_t>(input_shape[0]));
+    for (std::int64_t& label : labels) label = static_cast<std::int64_t>(gen.engine()() % static_cast<std::uint64_t>(classes));
+    const Tensor y = Tensor::from_vector(labels, {input_shape[0]}).to(kGpu);
+    StepFn step = [model, optimizer](std::span<const Tensor> in) {
+        ComputeGraph graph;
+        const Var loss = cross_entropy(model(graph.input(in[0], "x")), graph.input(in[1], "labels"));
+        graph.backward(loss);
+        optimizer->step();
+        optimizer->zero_grad();
+        return loss.value();
+    };
+    return {{x, y}, step};
+}
+
+Prepared matmul_relu() {
+    Generator gen(42);
+    const Tensor x = Tensor::uniform({100, 100}, 0, 1, gen).to(kGpu);
+    const Tensor w = Tensor::uniform({100, 50}, 0, 1, gen).to(kGpu);
+    StepFn step = [](std::span<const Tensor> in) {
+        ComputeGraph graph;
+        const Var x = graph.input(in[0], "x", true);
+        const Var w = graph.input(in[1], "w", true);
+        const Var loss = sum(relu(matmul(x, w)));
+        graph.backward(loss);  // dx (100,100), dw (100,50)
+        return loss.value();
+    };
+    return {{x, w}, step};
+}
+
+constexpr std::int64_t kMulElements = 64LL << 20;
+
+Prepared mul64m() {
+    Generator gen(1);
+    const Tensor a = Tensor::uniform({kMulElements}, -1, 1, gen).to(kGpu);
+    const Tensor b = Tensor::uniform({kMulElements}, -1, 1, gen).to(kGpu);
+    const Tensor dy = Tensor::uniform({kMulElements}, -1, 1, gen).to(kGpu);
+    StepFn step = [a, b, dy](std::span<const Tensor>) {
+        ComputeGraph graph;
+        const Var va = graph.input(a, "a", true);
+        const Var vb = graph.input(b, "b", true);
+        const Var y = mul(va, vb);
+        graph.backward(y, dy);  // da = dy·b, db = dy·a
+        return y.value();
+    };
+    return {{Tensor::zeros({1}, DType::f32, kGpu)}, step};
+}
+
+std::vector<Workload> workloads() {
+    auto model = [](const char* name, std::int64_t batch) {
+        return [name, batch] {
+            Generator gen(0);
+            return training(models::make_model(name, 28, 28, gen), {batch, 1, 28, 28}, kMnistClasses);
+        };
+    };
+    auto mlp = [](std::vector<std::int64_t> widths, std::int64_t batch) {
+        return [widths, batch] {
+            Generator gen(0);
+            return training(models::make_mlp(widths, gen), {batch, widths.front()}, widths.back());
+        };
+    };
+    const std::vector<std::int64_t> wide = {4096, 4096, 4096, 4096, 4096};
+    // fwd reads a, b, writes y; bwd reads dy, a, b, writes da, db: 8 vectors of 4 bytes.
+    const double mul_bytes = 8.0 * 4.0 * static_cast<double>(kMulElements);
+    return {
+        {"lenet5_b1", "lenet5, batch 1, SGD step", model("lenet5", 1)},
+        {"lenet5_b64", "lenet5, batch 64, SGD step", model("lenet5", 64)},
+        {"lenet_b256", "lenet, batch 256, SGD step", model("lenet", 256)},
+        {"mlp784_b64", "MLP 784-256-256-10, batch 64, SGD step", mlp({784, 256, 256, 10}, 64)},
+        {"mlp4096_fp32", "MLP 4096x4 layers, batch 4096, float32, SGD step", mlp(wide, 4096)},
+        {"mlp4096_tf32", "MLP 4096x4 layers, batch 4096, TF32 GEMMs, SGD step", mlp(wide, 4096), true},
+        {"matmul_relu", "x 100x100 @ w 100x50, ReLU, sum, backward (dx, dw)", matmul_relu},
+        {"mul64m", "a*b of 64M floats, forward + backward", mul64m, false, mul_bytes},
+    };
+}
+
+struct Row {
+    std::string workload, mode, description;
+    Timing timing;
+    Memory memory;
+    double gbs = 0, copy_fraction = 0;  // mul64m only
+    std::string error;
+};
+
+// Device-to-device copy bandwidth (read + write) of a 64M-float buffer, timed like a step.
+double copy_bandwidth_gbs(const Settings& s) {
+    const Tensor src = Tensor::zeros({kMulElements}, DType::f32, kGpu);
+    Tensor dst = Tensor::empty({kMulElements}, DType::f32, kGpu);
+    const Timing t = time_steps([&] {
+        BENCH_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), src.nbytes(), cudaMemcpyDeviceToDevice, nullptr));
+    }, s);
+    return 2.0 * static_cast<double>(src.nbytes()) / (t.ms * 1e6);
+}
+
+Row measure(const Workload& w, bool captured, const Settings& s, double copy_gbs) {
+    Row row{w.name, captured ? "captured" : "eager", w.description, {}, {}, 0, 0, ""};
+    cuda::set_allow_tf32(w.tf32);
+    try {
+        Prepared p = w.prepare();
+        std::unique_ptr<cuda::CapturedStep> capture;
+        if (captured) capture = std::make_unique<cuda::CapturedStep>(p.step);
+        const std::function<void()> body = captured ? std::function<void()>([&] { capture->run(p.inputs); })
+                                                    : std::function<void()>([&] { p.step(p.inputs); });
+        row.timing = time_steps(body, s);
+        row.memory = step_memory(body);
+        cuda::synchronize(0);  // raises any error a kernel reported
+        if (w.bytes_per_step > 0) {
+            row.gbs = w.bytes_per_step / (row.timing.ms * 1e6);
+            row.copy_fraction = copy_gbs > 0 ? row.gbs / copy_gbs : 0;
+        }
+    } catch (const std::exception& e) {
+        row.error = e.what();
+    }
+    cuda::set_allow_tf32(false);
+    return row;
+}
+
+// ---- host overhead ----
+
+struct HostOverhead {
+    int chain = 0;
+    double cpu_record_us = 0, cpu_backward_us = 0;  // per op / per node, 1-element CPU tensors
+    double cuda_record_us = 0, cuda_backward_us = 0;  // host time only, 1-element CUDA tensors
+    double launch_us = 0;  // one bare launch of an empty kernel
+};
+
+// A chain x ← add(x, c) of s.chain ops on 1-element tensors: host µs per recorded op (forward: record,
+// infer, allocate, run or launch the kernel) and per node of the backward sweep. On a GPU the clock
+// stops before the device is synchronised: the launches are asynchronous, so this is host time alone.
+std::pair<double, double> chain_us(Device device, const Settings& s) {
+    const Tensor one = Tensor::ones({1}, DType::f32, device);
+    std::vector<double> record, backward;
+    for (int r = 0; r <= s.chain_repetitions; ++r) {  // repetition 0 warms up
+        ComputeGraph graph;
+        Var x = graph.input(one, "x", true);
+        const Var c = graph.input(one, "c");
+        auto start = Clock::now();
+        for (int i = 0; i < s.chain; ++i) x = add(x, c);
+        const double record_ms = ms_since(start);
+        if (device.is_cuda()) device_sync();
+        start = Clock::now();
+        graph.backward(x);
+        const double backward_ms = ms_since(start);
+        if (device.is_cuda()) device_sync();
+        if (r == 0) continue;
+        record.push_back(1e3 * record_ms / s.chain);
+        backward.push_back(1e3 * backward_ms / s.chain);
+    }
+    return {median(record), median(backward)};
+}
+
+double launch_us(const Settings& s) {
+    cudaStream_t stream = nullptr;
+    BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    std::vector<double> samples;
+    for (int r = 0; r <= s.chain_repetitions; ++r) {
+        const auto start = Clock::now();
+        const cudaError_t status = launch_empty_kernels(s.chain, stream);
+        const double ms = ms_since(start);
+        BENCH_CHECK(status);
+        BENCH_CHECK(cudaStreamSynchronize(stream));
+        if (r > 0) samples.push_back(1e3 * ms / s.chain);
+    }
+    BENCH_CHECK(cudaStreamDestroy(stream));
+    return median(samples);
+}
+
+HostOverhead host_overhead(const Settings& s) {
+    HostOverhead h;
+    h.chain = s.chain;
+    std::tie(h.cpu_record_us, h.cpu_backward_us) = chain_us(Device::cpu(), s);
+    std::tie(h.cuda_record_us, h.cuda_backward_us) = chain_us(kGpu, s);
+    h.launch_us = launch_us(s);
+    return h;
+}
+
+void print_host_overhead(const HostOverhead& h) {
+    std::printf("\nhost overhead (chain of %d adds on 1-element tensors, median):\n", h.chain);
+    std::printf("  (a) CPU tensors:  record + dispatch %.3f us/op, backward %.3f us/node\n", h.cpu_record_us,
+                h.cpu_backward_us);
+    std::printf("  (b) CUDA tensors: record + dispatch %.3f us/op, backward %.3f us/node (host time, GPU work "
+                "excluded)\n", h.cuda_record_us, h.cuda_backward_us);
+    std::printf("      of which one bare kernel launch costs %.3f us; (b) minus one launch: %.3f us/op\n", h.launch_us,
+                h.cuda_record_us - h.launch_us);
+    std::printf("  The <= 1 us/op target is (a): the engine's own cost to record and dispatch a node. (b) adds the\n"
+                "  CUDA driver's launch (and the stream-ordered allocation) every GPU op pays in any framework;\n"
+                "  (b) minus one launch is the engine's share on the GPU path.\n");
+}
+
+// ---- output ----
+
+std::string json_string(const std::string& text) {
+    std::string out = "\"";
+    for (const char c : text) {
+        if (c == '"' || c == '\\') out += {'\\', c};
+        else if (static_cast<unsigned char>(c) < 0x20) {
+            char escaped[8];
+            std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
+            out += escaped;
+        } else out += c;
+    }
+    return out + "\"";
+}
+
+void write_json(const std::string& path, const std::vector<Row>& rows, const Settings& s, double copy_gbs,
+                const HostOverhead* host) {
+    std::ofstream out(path);
+    if (!out) throw IoError(str("--json: cannot write '", path, "'"));
+    out.precision(9);
+    out << "{\n  \"tool\": \"dyngrad-perf\",\n  \"device\": " << json_string(cuda::device_name(0)) << ",\n"
+        << "  \"timing\": \"median over repetitions of the mean ms per step; each repetition timed on the host clock "
+           "from a synchronised device to the end of cudaDeviceSynchronize after K steps\",\n"
+        << "  \"memory\": \"peak bytes in use during one step after reset_peak_memory, absolute (parameters, "
+           "optimizer state, inputs and static buffers included)\",\n"
+        << "  \"settings\": {\"warmup\": " << s.warmup << ", \"repetitions\": " << s.repetitions
+        << ", \"min_repetition_ms\": " << s.min_repetition_ms << ", \"min_steps\": " << s.min_steps
+        << ", \"max_steps\": " << s.max_steps << "},\n";
+    if (copy_gbs > 0) out << "  \"copy_bandwidth_gbs\": " << copy_gbs << ",\n";
+    if (host)
+        out << "  \"host_overhead\": {\"chain\": " << host->chain << ", \"cpu_record_us_per_op\": " << host->cpu_record_us
+            << ", \"cpu_backward_us_per_node\": " << host->cpu_backward_us
+            << ", \"cuda_record_host_us_per_op\": " << host->cuda_record_us
+            << ", \"cuda_backward_host_us_per_node\": " << host->cuda_backward_us
+            << ", \"cuda_empty_launch_us\": " << host->launch_us
+            << ", \"target_refers_to\": \"cpu_record_us_per_op\"},\n";
+    out << "  \"rows\": [";
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+        const Row& r = rows[i];
+        out << (i ? "," : "") << "\n    {\"workload\": " << json_string(r.workload) << ", \"mode\": " << json_string(r.mode)
+            << ", \"description\": " << json_string(r.description);
+        if (!r.error.empty()) {
+            out << ", \"error\": " << json_string(r.error) << "}";
+            continue;
+        }
+        out << ", \"ms\": " << r.timing.ms << ", \"steps_per_repetition\": " << r.timing.steps << ", \"samples_ms\": [";
+        for (std::size_t k = 0; k < r.timing.samples_ms.size(); ++k) out << (k ? ", " : "") << r.timing.samples_ms[k];
+        out << "], \"before_bytes\": " << r.memory.before_bytes << ", \"peak_bytes\": " << r.memory.peak_bytes
+            << ", \"reserved_bytes\": " << r.memory.reserved_bytes
+            << ", \"capture_reserved_bytes\": " << r.memory.capture_reserved_bytes;
+        if (r.gbs > 0) out << ", \"gbs\": " << r.gbs << ", \"copy_fraction\": " << r.copy_fraction;
+        out << "}";
+    }
+    out << "\n  ]\n}\n";
+}
+
+std::vector<std::string> split(const std::string& text) {
+    std::vector<std::string> parts;
+    std::stringstream in(text);
+    for (std::string part; std::getline(in, part, ',');)
+        if (!part.empty()) parts.push_back(part);
+    return parts;
+}
+
+constexpr const char* kUsage =
+    "usage: dyngrad-perf [--json FILE] [--only NAME[,NAME...]] [--quick] [--list]\n"
+    "  --only   workloads to run (see --list); 'host' is the host-overhead figure\n"
+    "  --quick  fewer, shorter repetitions (smoke runs; not for reported numbers)\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::string json_path;
+    std::vector<std::string> only;
+    Settings settings;
+    bool list = false;
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        if (arg == "--json" && i + 1 < argc) json_path = argv[++i];
+        else if (arg == "--only" && i + 1 < argc) only = split(argv[++i]);
+        else if (arg == "--quick") settings = quick_settings();
+        else if (arg == "--list") list = true;
+        else {
+            std::fprintf(stderr, "dyngrad-perf: unknown argument '%s'\n%s", arg.c_str(), kUsage);
+            return 2;
+        }
+    }
+    const std::vector<Workload> all = workloads();
+    if (list) {
+        for (const Workload& w : all) std::printf("%-14s %s\n", w.name.c_str(), w.description.c_str());
+        std::printf("%-14s %s\n", "host", "host overhead per recorded op");
+        return 0;
+    }
+    const auto wanted = [&](const std::string& name) {
+        return only.empty() || std::find(only.begin(), only.end(), name) != only.end();
+    };
+    for (const std::string& name : only) {
+        if (name != "host" && std::none_of(all.begin(), all.end(), [&](const Workload& w) { return w.name == name; })) {
+            std::fprintf(stderr, "dyngrad-perf: --only: unknown workload '%s' (see --list)\n", name.c_str());
+            return 2;
+        }
+    }
+    try {
+        if (cuda_device_count() == 0) {
+            std::printf("dyngrad-perf: no CUDA device; nothing to measure\n");
+            return 77;
+        }
+        std::printf("dyngrad-perf on %s\n", cuda::device_name(0).c_str());
+        std::printf("ms per step: median of %d repetitions of K steps (>= %.0f ms each), after %d warm-up steps; "
+                    "peak = absolute peak bytes in use during one step\n\n",
+                    settings.repetitions, settings.min_repetition_ms, settings.warmup);
+        double copy_gbs = 0;
+        if (wanted("mul64m")) {
+            copy_gbs = copy_bandwidth_gbs(settings);
+            std::printf("device-to-device copy bandwidth: %.1f GB/s (read + write)\n\n", copy_gbs);
+        }
+        std::printf("%-14s %-9s %10s %5s %12s  %s\n", "workload", "mode", "ms/step", "K", "peak MiB", "");
+        std::vector<Row> rows;
+        bool failed = false;
+        for (const Workload& w : all) {
+            if (!wanted(w.name)) continue;
+            for (const bool captured : {false, true}) {
+                Row row = measure(w, captured, settings, copy_gbs);
+                if (!row.error.empty()) {
+                    failed = true;
+                    std::printf("%-14s %-9s FAILED: %s\n", row.workload.c_str(), row.mode.c_str(), row.error.c_str());
+                } else {
+                    std::printf("%-14s %-9s %10.4f %5d %12.1f", row.workload.c_str(), row.mode.c_str(), row.timing.ms,
+                                row.timing.steps, static_cast<double>(row.memory.peak_bytes) / (1 << 20));
+                    if (row.gbs > 0)
+                        std::printf("  %.1f GB/s = %.1f%% of copy", row.gbs, 100 * row.copy_fraction);
+                    std::printf("\n");
+                }
+                std::fflush(stdout);
+                rows.push_back(std::move(row));
+            }
+        }
+        std::unique_ptr<HostOverhead> host;
+        if (wanted("host")) {
+            host = std::make_unique<HostOverhead>(host_overhead(settings));
+            print_host_overhead(*host);
+        }
+        if (!json_path.empty()) {
+            write_json(json_path, rows, settings, copy_gbs, host.get());
+            std::printf("\nwrote %s\n", json_path.c_str());
+        }
+        return failed ? 1 : 0;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "dyngrad-perf: %s\n", e.what());
+        return 2;
+    }
+}

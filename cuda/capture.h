@@ -1,0 +1,61 @@
+// CapturedStep: a whole training step (forward, loss, backward, optimizer update) captured once into a
+// CUDA graph and replayed, so a step costs one graph launch instead of one host dispatch per op.
+//
+//   cuda::CapturedStep step([&](std::span<const Tensor> in) {
+//       ComputeGraph graph;
+//       Var loss = cross_entropy(model(graph, graph.input(in[0])), graph.input(in[1]));
+//       graph.backward(loss);
+//       optimizer.step();
+//       optimizer.zero_grad();
+//       return loss.value();
+//   });
+//   for (auto& [x, y] : batches) Tensor loss = step.run({{x, y}});   // loss.item() syncs when read
+//
+// Variants are keyed by the inputs' shapes, dtypes and device: the first run() of a new key runs the step
+// eagerly (a warm-up that lets cuDNN/cuBLAS pick and cache algorithms and lets parameters and optimizer
+// state reach their steady shapes), the second captures it, later runs replay it. run() copies the inputs
+// into the variant's static input buffers first, so callers may pass any tensors of the key's shapes.
+//
+// What a captured step must respect (run() throws GraphError when it can tell, e.g. a host
+// synchronisation such as item(), a host-to-device copy, an Adam step or a cuDNN algorithm search inside
+// the step; the capture is then ended and the device stays usable): the host code of the step runs only
+// while capturing, so it must not branch on values computed on the GPU, and host values it passes to
+// kernels (the learning rate, dropout seeds) are frozen into the graph: random ops replay the masks of the
+// captured step. The step should end with optimizer.zero_grad(), so that every replay starts from the
+// same state. No other host thread may queue work on the device while a step is being captured.
+// Memory the step allocates while being captured comes from a pool private to its variant and keeps
+// its addresses across replays (cuda::memory_stats().capture_reserved_bytes); the returned tensor is
+// overwritten by the next run() of that variant and stays valid after the CapturedStep is destroyed.
+// The graph is captured in cudaStreamCaptureModeThreadLocal mode on the device's stream. Not thread-safe:
+// use a CapturedStep from one thread at a time.
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <span>
+
+#include "dyngrad/core/tensor.h"
+
+namespace dyngrad::cuda {
+
+class CapturedStep {
+public:
+    using StepFn = std::function<Tensor(std::span<const Tensor> inputs)>;
+
+    explicit CapturedStep(StepFn step);
+    ~CapturedStep();
+    CapturedStep(const CapturedStep&) = delete;
+    CapturedStep& operator=(const CapturedStep&) = delete;
+
+    // Runs the step on `inputs` (at least one; all CUDA tensors on one device, else DeviceError); returns
+    // the step's output tensor. Queues the work and returns without waiting for the GPU.
+    Tensor run(std::span<const Tensor> inputs);
+    // Number of captured variants (distinct input keys) held.
+    std::size_t variants() const;
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dyngrad::cuda

@@ -1,0 +1,485 @@
+// Recurrent layers (ops/rnn.h): user functions, the weight layout, the shape rule, the layers and the
+// CPU kernels (Eigen; backpropagation through time over activations saved by the forward).
+// GPU: cuda/rnn.cu.
+#include "dyngrad/ops/rnn.h"
+
+#include <cmath>
+
+#include <Eigen/Core>
+
+#include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/linalg.h"
+
+namespace dyngrad {
+
+namespace {
+
+std::int64_t gate_count(RnnMode mode) {
+    switch (mode) {
+        case RnnMode::Lstm: return 4;
+        case RnnMode::Gru: return 3;
+        case RnnMode::RnnTanh:
+        case RnnMode::RnnRelu: return 1;
+    }
+    throw ValueError(str("unknown rnn mode ", static_cast<int>(mode)));
+}
+
+std::vector<const char*> gate_names(RnnMode mode) {
+    switch (mode) {
+        case RnnMode::Lstm: return {"i", "f", "g", "o"};
+        case RnnMode::Gru: return {"r", "z", "n"};
+        case RnnMode::RnnTanh:
+        case RnnMode::RnnRelu: return {nullptr};
+    }
+    throw ValueError(str("unknown rnn mode ", static_cast<int>(mode)));
+}
+
+void check_options(RnnMode mode, const RnnOptions& options, std::int64_t input_size) {
+    gate_count(mode);
+    if (options.hidden_size <= 0) throw ValueError(str("hidden size must be positive, got ", options.hidden_size));
+    if (options.num_layers <= 0) throw ValueError(str("number of layers must be positive, got ", options.num_layers));
+    if (input_size <= 0) throw ValueError(str("input size must be positive, got ", input_size));
+}
+
+RnnOptions options_of(const OpAttrs& attrs) {
+    return {attrs.hidden_size, attrs.num_layers, attrs.bidirectional};
+}
+
+// Sizes of one rnn call; offsets into the flat weight and the packed output.
+struct RnnDims {
+    RnnMode mode;
+    std::int64_t gates, dirs, layers, hidden, steps, batch, input;
+
+    RnnDims(RnnMode mode, const RnnOptions& options, std::int64_t steps, std::int64_t batch, std::int64_t input)
+        : mode(mode), gates(gate_count(mode)), dirs(options.bidirectional ? 2 : 1), layers(options.num_layers),
+          hidden(options.hidden_size), steps(steps), batch(batch), input(input) {}
+
+    std::int64_t layer_input(std::int64_t layer) const { return layer == 0 ? input : dirs * hidden; }
+    // Where pseudo-layer p = l·D + d's W_ih (then its W_hh) and its b_ih (then b_hh) start: all matrices
+    // come first, then all biases.
+    std::int64_t matrix_offset(std::int64_t p) const {
+        std::int64_t offset = 0;
+        for (std::int64_t q = 0; q < p; ++q) offset += gates * hidden * (layer_input(q / dirs) + hidden);
+        return offset;
+    }
+    std::int64_t bias_offset(std::int64_t p) const { return matrix_offset(layers * dirs) + 2 * gates * hidden * p; }
+    std::int64_t weight_size() const { return bias_offset(layers * dirs); }
+    std::int64_t output_size() const { return steps * batch * dirs * hidden; }
+    std::int64_t state_size() const { return layers * dirs * batch * hidden; }
+    std::int64_t packed_size() const { return output_size() + state_size() * (mode == RnnMode::Lstm ? 2 : 1); }
+};
+
+std::string describe_config(RnnMode mode, const RnnOptions& options, std::int64_t input_size) {
+    return str(rnn_mode_name(mode), " with input ", input_size, ", hidden ", options.hidden_size, ", ",
+               options.num_layers, " layer(s), ", options.bidirectional ? "bidirectional" : "unidirectional");
+}
+
+}  // namespace
+
+std::string_view rnn_mode_name(RnnMode mode) {
+    switch (mode) {
+        case RnnMode::Lstm: return "lstm";
+        case RnnMode::Gru: return "gru";
+        case RnnMode::RnnTanh: return "rnn_tanh";
+        case RnnMode::RnnRelu: return "rnn_relu";
+    }
+    return "unknown";
+}
+
+std::vector<RnnWeightEntry> rnn_weight_layout(RnnMode mode, const RnnOptions& options, std::int64_t input_size) {
+    check_options(mode, options, input_size);
+    const RnnDims d(mode, options, 0, 0, input_size);
+    const std::int64_t H = d.hidden;
+    std::vector<RnnWeightEntry> entries;
+    std::int64_t offset = 0;
+    const auto add = [&](std::int64_t p, const char* what, const Shape& shape) {
+        const std::string prefix = str("l", p / d.dirs, p % d.dirs == 0 ? ".fwd." : ".bwd.");
+        for (const char* gate : gate_names(mode)) {
+            entries.push_back({gate ? str(prefix, what, ".", gate) : prefix + what, offset, shape});
+            offset += numel(shape);
+        }
+    };
+    for (std::int64_t p = 0; p < d.layers * d.dirs; ++p) {
+        add(p, "W_ih", {H, d.layer_input(p / d.dirs)});
+        add(p, "W_hh", {H, H});
+    }
+    for (std::int64_t p = 0; p < d.layers * d.dirs; ++p) {
+        add(p, "b_ih", {H});
+        add(p, "b_hh", {H});
+    }
+    return entries;
+}
+
+std::int64_t rnn_weight_size(RnnMode mode, const RnnOptions& options, std::int64_t input_size) {
+    check_options(mode, options, input_size);
+    return RnnDims(mode, options, 0, 0, input_size).weight_size();
+}
+
+// ---- user functions ----
+
+RnnResult rnn(RnnMode mode, const Var& x, const Var& w, const RnnOptions& options, std::optional<Var> h0,
+              std::optional<Var> c0, std::source_location where) {
+    const std::string at = str(rnn_mode_name(mode), " at ", describe_site(where));
+    if (c0 && mode != RnnMode::Lstm) throw ValueError(str(at, ": c0 is for lstm only (no cell state)"));
+    if (c0 && !h0) throw ValueError(str(at, ": c0 needs h0 (pass zeros for a zero initial hidden state)"));
+    OpAttrs attrs;
+    attrs.rnn_mode = mode;
+    attrs.hidden_size = options.hidden_size;
+    attrs.num_layers = options.num_layers;
+    attrs.bidirectional = options.bidirectional;
+    std::vector<Var> inputs{x, w};
+    if (h0) inputs.push_back(*h0);
+    if (c0) inputs.push_back(*c0);
+    const Var packed = x.graph().record(OpType::Rnn, inputs, attrs, where);
+
+    // The shape rule accepted x as (T,N,I): slice the packed value into its parts.
+    const Shape& xs = x.shape();
+    const RnnDims d(mode, options, xs[0], xs[1], xs[2]);
+    const Shape state_shape{d.layers * d.dirs, d.batch, d.hidden};
+    RnnResult result;
+    result.output = reshape(narrow(packed, 0, 0, d.output_size(), where), {d.steps, d.batch, d.dirs * d.hidden}, where);
+    result.h_n = reshape(narrow(packed, 0, d.output_size(), d.state_size(), where), state_shape, where);
+    if (mode == RnnMode::Lstm)
+        result.c_n = reshape(narrow(packed, 0, d.output_size() + d.state_size(), d.state_size(), where), state_shape,
+                             where);
+    return result;
+}
+
+RnnResult lstm(const Var& x, const Var& w, const RnnOptions& options, std::optional<Var> h0, std::optional<Var> c0,
+               std::source_location where) {
+    return rnn(RnnMode::Lstm, x, w, options, std::move(h0), std::move(c0), where);
+}
+RnnResult gru(const Var& x, const Var& w, const RnnOptions& options, std::optional<Var> h0,
+              std::source_location where) {
+    return rnn(RnnMode::Gru, x, w, options, std::move(h0), {}, where);
+}
+RnnResult rnn_tanh(const Var& x, const Var& w, const RnnOptions& options, std::optional<Var> h0,
+                   std::source_location where) {
+    return rnn(RnnMode::RnnTanh, x, w, options, std::move(h0), {}, where);
+}
+RnnResult rnn_relu(const Var& x, const Var& w, const RnnOptions& options, std::optional<Var> h0,
+                   std::source_location where) {
+    return rnn(RnnMode::RnnRelu, x, w, options, std::move(h0), {}, where);
+}
+
+// ---- layers ----
+
+Recurrent::Recurrent(RnnMode mode, std::int64_t input_size, const RnnOptions& options, Generator& gen)
+    : mode(mode), input_size(input_size), options(options) {
+    const std::int64_t size = rnn_weight_size(mode, options, input_size);
+    const double bound = 1.0 / std::sqrt(static_cast<double>(options.hidden_size));
+    weight = register_parameter("weight", Tensor::uniform({size}, -bound, bound, gen));
+}
+
+RnnResult Recurrent::operator()(const Var& x, std::optional<Var> h0, std::optional<Var> c0,
+                                std::source_location where) const {
+    return rnn(mode, x, x.graph().parameter(weight, where), options, std::move(h0), std::move(c0), where);
+}
+
+// ---- shape rule ----
+
+namespace infer {
+
+// x (T,N,I), w (weight size), h0, c0 (L·D,N,H) -> [output (T,N,D·H) | h_n (L·D,N,H) | c_n (L·D,N,H)]
+OutputSpec rnn(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const Tensor& x = inputs[0];
+    const Tensor& w = inputs[1];
+    require_float(x, "x");
+    if (x.rank() != 3) throw ShapeError(str("x must be (T,N,I), got shape ", to_string(x.shape())));
+    const RnnOptions options = options_of(attrs);
+    check_options(attrs.rnn_mode, options, x.size(2));
+    if (x.size(0) < 1 || x.size(1) < 1)
+        throw ShapeError(str("x (T,N,I) needs at least one step and one sequence, got shape ", to_string(x.shape())));
+    const RnnDims d(attrs.rnn_mode, options, x.size(0), x.size(1), x.size(2));
+    const char* roles[] = {"x", "w", "h0", "c0"};
+    for (std::size_t i = 1; i < inputs.size(); ++i)
+        if (inputs[i].dtype() != x.dtype())
+            throw DTypeError(str(roles[i], " is ", dtype_name(inputs[i].dtype()), " but x is ", dtype_name(x.dtype())));
+    if (w.rank() != 1 || w.numel() != d.weight_size())
+        throw ShapeError(str("w has shape ", to_string(w.shape()), "; ",
+                             describe_config(attrs.rnn_mode, options, d.input), " needs a flat weight of (",
+                             d.weight_size(), ") (see rnn_weight_layout)"));
+    if (inputs.size() > 3 && attrs.rnn_mode != RnnMode::Lstm)
+        throw ValueError(str("c0 is for lstm only, ", rnn_mode_name(attrs.rnn_mode), " has no cell state"));
+    const Shape state{d.layers * d.dirs, d.batch, d.hidden};
+    for (std::size_t i = 2; i < inputs.size(); ++i)
+        if (inputs[i].shape() != state)
+            throw ShapeError(str(roles[i], " has shape ", to_string(inputs[i].shape()), ", expected ", to_string(state),
+                                 " = (layers·directions, N, hidden)"));
+    return {{d.packed_size()}, x.dtype()};
+}
+
+}  // namespace infer
+
+// ---- CPU kernels ----
+
+namespace cpu {
+
+namespace {
+
+template <typename T> using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <typename T> using ConstMatMap = Eigen::Map<const Mat<T>>;
+template <typename T> using MatMap = Eigen::Map<Mat<T>>;
+template <typename T> using RowVec = Eigen::Matrix<T, 1, Eigen::Dynamic>;
+
+// saved[l] (l < L): layer l's outputs (T,N,D·H); then per pseudo-layer p two tensors: the gate
+// activations (T,N,G·H) and, for lstm, the cell states c_t (T,N,H), for gru R_n·h_{t-1} + b_Rn (T,N,H)
+// (empty for the single-gate cells).
+std::size_t gates_slot(const RnnDims& d, std::int64_t p) { return static_cast<std::size_t>(d.layers + 2 * p); }
+std::size_t extra_slot(const RnnDims& d, std::int64_t p) { return gates_slot(d, p) + 1; }
+
+// Pseudo-layer p's matrices and biases in the flat weight.
+template <typename T>
+struct CellWeights {
+    CellWeights(const RnnDims& d, const T* w, std::int64_t p)
+        : in(d.layer_input(p / d.dirs)),
+          w_ih(w + d.matrix_offset(p), d.gates * d.hidden, in),
+          w_hh(w_ih.data() + d.gates * d.hidden * in, d.gates * d.hidden, d.hidden),
+          b_ih(w + d.bias_offset(p), d.gates * d.hidden),
+          b_hh(b_ih.data() + d.gates * d.hidden, d.gates * d.hidden) {}
+    std::int64_t in;
+    ConstMatMap<T> w_ih, w_hh;
+    Eigen::Map<const RowVec<T>> b_ih, b_hh;
+};
+
+// The same offsets in a gradient buffer.
+template <typename T>
+struct CellGrads {
+    CellGrads(const RnnDims& d, T* dw, std::int64_t p)
+        : in(d.layer_input(p / d.dirs)),
+          w_ih(dw + d.matrix_offset(p), d.gates * d.hidden, in),
+          w_hh(w_ih.data() + d.gates * d.hidden * in, d.gates * d.hidden, d.hidden),
+          b_ih(dw + d.bias_offset(p), d.gates * d.hidden),
+          b_hh(b_ih.data() + d.gates * d.hidden, d.gates * d.hidden) {}
+    std::int64_t in;
+    MatMap<T> w_ih, w_hh;
+    Eigen::Map<RowVec<T>> b_ih, b_hh;
+};
+
+template <typename T> T logistic(T v) { return T(1) / (T(1) + std::exp(-v)); }
+
+// State p of an optional (L·D,N,H) input, or zeros.
+template <typename T>
+Mat<T> initial_state(const Tensor* state, const RnnDims& d, std::int64_t p) {
+    if (!state) return Mat<T>::Zero(d.batch, d.hidden);
+    return ConstMatMap<T>(state->data<T>() + p * d.batch * d.hidden, d.batch, d.hidden);
+}
+
+template <typename T>
+void forward_impl(const RnnDims& d, std::span<const Tensor> inputs, Tensor& out, std::vector<Tensor>& saved) {
+    const std::int64_t H = d.hidden, N = d.batch, TN = d.steps * d.batch, GH = d.gates * d.hidden;
+    const Tensor* h0 = inputs.size() > 2 ? &inputs[2] : nullptr;
+    const Tensor* c0 = inputs.size() > 3 ? &inputs[3] : nullptr;
+    const T* w = inputs[1].data<T>();
+    T* h_n = out.data<T>() + d.output_size();
+    T* c_n = h_n + d.state_size();
+    const DType dtype = dtype_of<T>();
+    saved.assign(static_cast<std::size_t>(d.layers + 2 * d.layers * d.dirs), Tensor());
+    const bool has_extra = d.mode == RnnMode::Lstm || d.mode == RnnMode::Gru;
+    for (std::int64_t l = 0; l < d.layers; ++l) {
+        const Tensor& layer_in = l == 0 ? inputs[0] : saved[l - 1];
+        const ConstMatMap<T> X(layer_in.data<T>(), TN, d.layer_input(l));
+        saved[l] = Tensor::empty({d.steps, N, d.dirs * H}, dtype);
+        MatMap<T> Y(saved[l].data<T>(), TN, d.dirs * H);
+        for (std::int64_t dir = 0; dir < d.dirs; ++dir) {
+            const std::int64_t p = l * d.dirs + dir;
+            const CellWeights<T> cw(d, w, p);
+            Tensor& gates = saved[gates_slot(d, p)] = Tensor::empty({d.steps, N, GH}, dtype);
+            Tensor& extra = saved[extra_slot(d, p)] = Tensor::empty({has_extra ? d.steps : 0, N, H}, dtype);
+            MatMap<T> A(gates.data<T>(), TN, GH);
+            MatMap<T> E(extra.data<T>(), extra.size(0) * N, H);
+            // Input projections of every step in one GEMM; each step turns its rows into activations.
+            A.noalias() = X * cw.w_ih.transpose();
+            A.rowwise() += cw.b_ih;
+            Mat<T> h = initial_state<T>(h0, d, p);
+            Mat<T> c = d.mode == RnnMode::Lstm ? initial_state<T>(c0, d, p) : Mat<T>();
+            Mat<T> rec(N, GH);
+            for (std::int64_t s = 0; s < d.steps; ++s) {
+                const std::int64_t t = dir == 0 ? s : d.steps - 1 - s;
+                rec.noalias() = h * cw.w_hh.transpose();
+                rec.rowwise() += cw.b_hh;
+                auto a = A.middleRows(t * N, N);
+                // Pre-activations of gates [first, first + count): input side (in a) + recurrent side.
+                const auto pre = [&](std::int64_t first, std::int64_t count) {
+                    return a.middleCols(first * H, count * H).array() + rec.middleCols(first * H, count * H).array();
+                };
+                switch (d.mode) {
+                    case RnnMode::RnnTanh:
+                        a.array() = pre(0, 1).tanh();
+                        h = a;
+                        break;
+                    case RnnMode::RnnRelu:
+                        a.array() = pre(0, 1).max(T(0));
+                        h = a;
+                        break;
+                    case RnnMode::Lstm: {
+                        a.leftCols(2 * H).array() = pre(0, 2).unaryExpr(&logistic<T>);
+                        a.middleCols(2 * H, H).array() = pre(2, 1).tanh();
+                        a.rightCols(H).array() = pre(3, 1).unaryExpr(&logistic<T>);
+                        const auto i = a.leftCols(H).array();
+                        const auto f = a.middleCols(H, H).array();
+                        const auto g = a.middleCols(2 * H, H).array();
+                        const auto o = a.rightCols(H).array();
+                        c.array() = f * c.array() + i * g;
+                        E.middleRows(t * N, N) = c;
+                        h.array() = o * c.array().tanh();
+                        break;
+                    }
+                    case RnnMode::Gru: {
+                        a.leftCols(2 * H).array() = pre(0, 2).unaryExpr(&logistic<T>);
+                        E.middleRows(t * N, N) = rec.rightCols(H);
+                        const auto r = a.leftCols(H).array();
+                        const auto z = a.middleCols(H, H).array();
+                        a.rightCols(H).array() = (a.rightCols(H).array() + r * rec.rightCols(H).array()).tanh();
+                        const auto n = a.rightCols(H).array();
+                        h.array() = (T(1) - z) * n + z * h.array();
+                        break;
+                    }
+                }
+                Y.block(t * N, dir * H, N, H) = h;
+            }
+            MatMap<T>(h_n + p * N * H, N, H) = h;
+            if (d.mode == RnnMode::Lstm) MatMap<T>(c_n + p * N * H, N, H) = c;
+        }
+    }
+    MatMap<T>(out.data<T>(), TN, d.dirs * H) = ConstMatMap<T>(saved[d.layers - 1].data<T>(), TN, d.dirs * H);
+}
+
+template <typename T>
+std::vector<Tensor> backward_impl(const RnnDims& d, const BackwardArgs& args) {
+    const std::int64_t H = d.hidden, N = d.batch, TN = d.steps * d.batch, GH = d.gates * d.hidden;
+    const std::span<const Tensor> inputs = args.inputs;
+    const std::span<const Tensor> saved = args.saved;
+    const Tensor* h0 = inputs.size() > 2 ? &inputs[2] : nullptr;
+    const Tensor* c0 = inputs.size() > 3 ? &inputs[3] : nullptr;
+    const T* w = inputs[1].data<T>();
+    const T* dh_n = args.grad_output.data<T>() + d.output_size();
+    const T* dc_n = dh_n + d.state_size();
+    std::vector<Tensor> grads(inputs.size());
+    for (std::size_t i = 1; i < inputs.size(); ++i)
+        if (args.needs_grad[i]) grads[i] = Tensor::zeros(inputs[i].shape(), inputs[i].dtype());
+    T* dw = grads[1].defined() ? grads[1].data<T>() : nullptr;
+
+    // dY: the gradient of the current layer's outputs, from the top layer down.
+    Mat<T> dY = ConstMatMap<T>(args.grad_output.data<T>(), TN, d.dirs * H);
+    for (std::int64_t l = d.layers - 1; l >= 0; --l) {
+        const Tensor& layer_in = l == 0 ? inputs[0] : saved[l - 1];
+        const ConstMatMap<T> X(layer_in.data<T>(), TN, d.layer_input(l));
+        const ConstMatMap<T> Y(saved[l].data<T>(), TN, d.dirs * H);
+        const bool need_dx = l > 0 || args.needs_grad[0];
+        Mat<T> dX = need_dx ? Mat<T>::Zero(TN, d.layer_input(l)) : Mat<T>();
+        for (std::int64_t dir = 0; dir < d.dirs; ++dir) {
+            const std::int64_t p = l * d.dirs + dir;
+            const CellWeights<T> cw(d, w, p);
+            const ConstMatMap<T> A(saved[gates_slot(d, p)].data<T>(), TN, GH);
+            const ConstMatMap<T> E(saved[extra_slot(d, p)].data<T>(), saved[extra_slot(d, p)].size(0) * N, H);
+            Mat<T> dA_in(TN, GH);  // gradients of the gates' pre-activations, input side
+            Mat<T> dA_rec(N, GH);  // the same on the recurrent side at one step (gru's n gate differs)
+            Mat<T> dh = ConstMatMap<T>(dh_n + p * N * H, N, H);
+            Mat<T> dc = d.mode == RnnMode::Lstm ? Mat<T>(ConstMatMap<T>(dc_n + p * N * H, N, H)) : Mat<T>();
+            Mat<T> h_prev(N, H), c_prev, dh_prev(N, H);
+            for (std::int64_t s = d.steps - 1; s >= 0; --s) {
+                const std::int64_t t = dir == 0 ? s : d.steps - 1 - s;
+                const std::int64_t t_prev = dir == 0 ? t - 1 : t + 1;
+                if (s == 0) {
+                    h_prev = initial_state<T>(h0, d, p);
+                    if (d.mode == RnnMode::Lstm) c_prev = initial_state<T>(c0, d, p);
+                } else {
+                    h_prev = Y.block(t_prev * N, dir * H, N, H);
+                    if (d.mode == RnnMode::Lstm) c_prev = E.middleRows(t_prev * N, N);
+                }
+                dh += dY.block(t * N, dir * H, N, H);
+                const auto a = A.middleRows(t * N, N);
+                auto din = dA_in.middleRows(t * N, N);
+                switch (d.mode) {
+                    case RnnMode::RnnTanh:
+                        din.array() = dh.array() * (T(1) - a.array().square());
+                        dA_rec = din;
+                        break;
+                    case RnnMode::RnnRelu:
+                        din.array() = dh.array() * (a.array() > T(0)).template cast<T>();
+                        dA_rec = din;
+                        break;
+                    case RnnMode::Lstm: {
+                        const auto i = a.leftCols(H).array();
+                        const auto f = a.middleCols(H, H).array();
+                        const auto g = a.middleCols(2 * H, H).array();
+                        const auto o = a.rightCols(H).array();
+                        using Array = Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic>;
+                        const Array tc = E.middleRows(t * N, N).array().tanh();
+                        dc.array() += dh.array() * o * (T(1) - tc.square());
+                        din.leftCols(H).array() = dc.array() * g * i * (T(1) - i);
+                        din.middleCols(H, H).array() = dc.array() * c_prev.array() * f * (T(1) - f);
+                        din.middleCols(2 * H, H).array() = dc.array() * i * (T(1) - g.square());
+                        din.rightCols(H).array() = dh.array() * tc * o * (T(1) - o);
+                        dc.array() *= f;
+                        dA_rec = din;
+                        break;
+                    }
+                    case RnnMode::Gru: {
+                        const auto r = a.leftCols(H).array();
+                        const auto z = a.middleCols(H, H).array();
+                        const auto n = a.rightCols(H).array();
+                        const auto hn = E.middleRows(t * N, N).array();
+                        din.rightCols(H).array() = dh.array() * (T(1) - z) * (T(1) - n.square());
+                        din.leftCols(H).array() = din.rightCols(H).array() * hn * r * (T(1) - r);
+                        din.middleCols(H, H).array() = dh.array() * (h_prev.array() - n) * z * (T(1) - z);
+                        dA_rec.leftCols(2 * H) = din.leftCols(2 * H);
+                        dA_rec.rightCols(H).array() = din.rightCols(H).array() * r;
+                        break;
+                    }
+                }
+                if (dw) {
+                    CellGrads<T> cg(d, dw, p);
+                    cg.w_hh.noalias() += dA_rec.transpose() * h_prev;
+                    cg.b_hh += dA_rec.colwise().sum();
+                }
+                dh_prev.noalias() = dA_rec * cw.w_hh;
+                if (d.mode == RnnMode::Gru) dh_prev.array() += dh.array() * a.middleCols(H, H).array();
+                dh.swap(dh_prev);
+            }
+            if (grads.size() > 2 && grads[2].defined()) MatMap<T>(grads[2].data<T>() + p * N * H, N, H) = dh;
+            if (grads.size() > 3 && grads[3].defined()) MatMap<T>(grads[3].data<T>() + p * N * H, N, H) = dc;
+            if (dw) {
+                CellGrads<T> cg(d, dw, p);
+                cg.w_ih.noalias() = dA_in.transpose() * X;
+                cg.b_ih = dA_in.colwise().sum();
+            }
+            if (need_dx) dX.noalias() += dA_in * cw.w_ih;
+        }
+        if (l > 0) {
+            dY = std::move(dX);
+        } else if (args.needs_grad[0]) {
+            grads[0] = Tensor::empty(inputs[0].shape(), inputs[0].dtype());
+            MatMap<T>(grads[0].data<T>(), TN, d.input) = dX;
+        }
+    }
+    return grads;
+}
+
+RnnDims dims_of(const Tensor& x, const OpAttrs& attrs) {
+    return RnnDims(attrs.rnn_mode, options_of(attrs), x.size(0), x.size(1), x.size(2));
+}
+
+}  // namespace
+
+// x (T,N,I)  w (flat)  h0, c0 (L·D,N,H) -> [y (T,N,D·H) | h_n | c_n]; saves every layer's outputs and
+// gate activations for the backward
+Tensor rnn_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor out = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    const RnnDims d = dims_of(x, args.attrs);
+    dispatch_floating(x.dtype(), "rnn", [&]<typename T>() { forward_impl<T>(d, args.inputs, out, args.saved); });
+    return out;
+}
+
+// d[y | h_n | c_n] -> dx, dw, dh0, dc0 by backpropagation through time, layer by layer from the top
+std::vector<Tensor> rnn_backward(const BackwardArgs& args) {
+    const RnnDims d = dims_of(args.inputs[0], args.attrs);
+    return dispatch_floating(args.inputs[0].dtype(), "rnn backward",
+                             [&]<typename T>() { return backward_impl<T>(d, args); });
+}
+
+}  // namespace cpu
+
+}  // namespace dyngrad

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Issue 7's benchmark in one command, on a machine with a CUDA device and PyTorch:
+#   1. builds dyngrad-perf and dyngrad-train with the CUDA backend (Release) into $DYNGRAD_BUILD_DIR
+#      (default build-perf/), first installing build tools that are absent (cmake, a C++ compiler, Eigen,
+#      zlib) with apt-get where that is possible (Debian/Ubuntu, as root or through sudo; skipped otherwise,
+#      and a failed install is not fatal: the configure step then names what is missing);
+#   2. runs dyngrad-perf and bench/torch_reference.py on the same workloads (JSON + logs);
+#   3. runs the time-to-accuracy pair (lenet on Fashion-MNIST to 90%, Adam 1e-3, batch 64, data on the GPU,
+#      the same epoch order and the same initial weights) when the data set is there;
+#   4. writes the side-by-side report of bench/compare_perf.py.
+#
+#   scripts/run-perf.sh [OUT_DIR] [--quick] [--only NAME[,NAME...]] [--no-tta]
+#
+# OUT_DIR (default perf-results/) receives at most 8 files: env.txt, dyngrad.txt, dyngrad.json, torch.txt,
+# torch.json, tta_dyngrad.txt, tta_torch.json, report.md. Environment: DATA (MNIST-format directory;
+# default /usr/share/datasets/fashion-mnist, else .data/fashion-mnist in the repository), PYTHON (default
+# python3), DYNGRAD_JOBS (default nproc), TARGET_ACCURACY (default 0.90), MAX_EPOCHS (default 30).
+# Exit status: 0 when every step ran (targets are judged in report.md), 1 otherwise.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+
+out=""
+perf_args=()
+tta=1
+while (($# > 0)); do
+    case "$1" in
+        --quick) perf_args+=(--quick) ;;
+        --only) perf_args+=(--only "$2"); shift ;;
+        --no-tta) tta=0 ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -*) echo "run-perf.sh: unknown option $1" >&2; exit 2 ;;
+        *) out=$1 ;;
+    esac
+    shift
+done
+out=${out:-$root/perf-results}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+python=${PYTHON:-python3}
+build=${DYNGRAD_BUILD_DIR:-build-perf}
+[[ "$build" == /* ]] || build="$root/$build"
+data=${DATA:-/usr/share/datasets/fashion-mnist}
+[[ -n "${DATA:-}" || -d "$data" || ! -d "$root/.data/fashion-mnist" ]] || data="$root/.data/fashion-mnist"
+
+# ---- 1. dependencies and build ----
+# Packages only for what is absent (the lent GPU machines have the tools but no network for apt).
+missing=()
+command -v cmake >/dev/null || missing+=(cmake)
+command -v c++ >/dev/null || missing+=(build-essential)
+[[ -f /usr/include/eigen3/Eigen/Core ]] || pkg-config --exists eigen3 2>/dev/null || missing+=(libeigen3-dev)
+[[ -f /usr/include/zlib.h ]] || missing+=(zlib1g-dev)
+if ((${#missing[@]} > 0)); then
+    sudo=()
+    [[ $(id -u) -eq 0 ]] || ! command -v sudo >/dev/null || sudo=(sudo)
+    if ! command -v apt-get >/dev/null; then
+        echo "==> missing ${missing[*]} and no apt-get (not Debian/Ubuntu): install them; continuing"
+    elif [[ $(id -u) -ne 0 && ${#sudo[@]} -eq 0 ]]; then
+        echo "==> missing ${missing[*]} and no root or sudo to install them; continuing"
+    else
+        echo "==> installing ${missing[*]}"
+        { "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q &&
+          "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"; } ||
+            echo "==> apt-get failed; continuing with what is installed"
+    fi
+fi
+
+{
+    date -u
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
+    nvcc --version 2>&1 | tail -2
+    "$python" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version())' 2>&1
+    echo "commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null)$(git -C "$root" diff --quiet HEAD 2>/dev/null || echo ' (with local changes)')"
+    echo "command: scripts/run-perf.sh ${perf_args[*]}"
+} > "$out/env.txt"
+cat "$out/env.txt"
+
+echo "==> building dyngrad-perf and dyngrad-train in $build"
+if ! { cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDYNGRAD_CUDA=ON -DDYNGRAD_BUILD_TESTS=OFF \
+           -DDYNGRAD_BUILD_BENCH=ON -DDYNGRAD_BUILD_SAMPLES=ON &&
+       cmake --build "$build" --target dyngrad-perf dyngrad-train -j"${DYNGRAD_JOBS:-$(nproc)}"; } > "$build.log" 2>&1; then
+    tail -40 "$build.log"
+    echo "run-perf.sh: build failed (log: $build.log)" >&2
+    exit 1
+fi
+
+# ---- 2. the workloads, both sides ----
+status=0
+echo "==> dyngrad-perf"
+"$build/bench/dyngrad-perf" --json "$out/dyngrad.json" "${perf_args[@]}" 2>&1 | tee "$out/dyngrad.txt" || status=1
+echo "==> torch_reference.py"
+PYTHONUNBUFFERED=1 "$python" "$root/bench/torch_reference.py" --json "$out/torch.json" "${perf_args[@]}" 2>&1 |
+    tee "$out/torch.txt" || status=1
+
+# ---- 3. time to accuracy ----
+tta_args=()
+if ((tta)) && [[ -d "$data" ]]; then
+    target=${TARGET_ACCURACY:-0.90}
+    epochs=${MAX_EPOCHS:-30}
+    # Both sides start from the same weights: dyngrad-train's initial lenet (seed 0), saved untrained.
+    init="$build/lenet_init.safetensors"
+    "$build/samples/dyngrad-train" --model lenet --seed 0 --epochs 0 --device cuda --data "$data" --save "$init" \
+        > /dev/null || status=1
+    echo "==> time to $target: dyngrad-train"
+    "$build/samples/dyngrad-train" --model lenet --optimizer adam --lr 0.001 --batch 64 --schedule none \
+        --device cuda --resident --seed 0 --epochs "$epochs" --target-accuracy "$target" --data "$data" \
+        --load "$init" > "$out/tta_dyngrad.txt" 2>&1 || status=1
+    grep -E "^epoch [0-9]+/|_to_target|evaluation_s|test_accuracy" "$out/tta_dyngrad.txt"
+    echo "==> time to $target: torch_reference.py --time-to-accuracy"
+    rm -f "$out/tta_torch.json"
+    PYTHONUNBUFFERED=1 "$python" "$root/bench/torch_reference.py" --time-to-accuracy --data "$data" --seed 0 \
+        --batch 64 --lr 0.001 --max-epochs "$epochs" --target-accuracy "$target" --init-from "$init" \
+        --json "$out/tta_torch.json" 2>&1 |
+        tee -a "$out/torch.txt" || status=1
+    [[ -f "$out/tta_torch.json" ]] && grep -q "^time_to_target_s=" "$out/tta_dyngrad.txt" &&
+        tta_args=(--tta-dyngrad "$out/tta_dyngrad.txt" --tta-torch "$out/tta_torch.json")
+elif ((tta)); then
+    echo "==> time to accuracy skipped: no data set at $data (set DATA)"
+fi
+
+# ---- 4. the report ----
+echo "==> report"
+if [[ -f "$out/dyngrad.json" && -f "$out/torch.json" ]]; then
+    "$python" "$root/bench/compare_perf.py" "$out/dyngrad.json" "$out/torch.json" "${tta_args[@]}" \
+        --out "$out/report.md" || status=1
+else
+    echo "run-perf.sh: a side wrote no JSON; no report" >&2
+    status=1
+fi
+exit $status

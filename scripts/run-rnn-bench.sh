@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Issue 6's benchmark in one command, on a machine with a CUDA device and PyTorch: builds
+# dyngrad-rnn-bench (Release, CUDA) into $DYNGRAD_BUILD_DIR (default build-perf/), runs it and
+# bench/torch_lstm.py on the same LSTM workload (sequence 512, 4 layers, hidden 512, input 512,
+# batch 32..256 step 32, forward + backward), and prints the side-by-side table.
+#
+#   scripts/run-rnn-bench.sh [OUT_DIR] [extra dyngrad-rnn-bench options, e.g. --batches 32,64]
+#
+# OUT_DIR (default rnn-results/) receives rnn.txt, rnn.json, rnn_tf32.txt, rnn_tf32.json, torch_lstm.txt,
+# torch_lstm.json and report.md. Environment: PYTHON (default python3), DYNGRAD_JOBS (default nproc).
+# The build tools must be installed (scripts/setup.sh installs them on Debian/Ubuntu).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-$root/rnn-results}
+shift || true
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+python=${PYTHON:-python3}
+build=${DYNGRAD_BUILD_DIR:-build-perf}
+[[ "$build" == /* ]] || build="$root/$build"
+
+echo "==> building dyngrad-rnn-bench in $build"
+if ! { cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDYNGRAD_CUDA=ON -DDYNGRAD_BUILD_TESTS=OFF \
+           -DDYNGRAD_BUILD_BENCH=ON &&
+       cmake --build "$build" --target dyngrad-rnn-bench -j"${DYNGRAD_JOBS:-$(nproc)}"; } > "$build.log" 2>&1; then
+    tail -40 "$build.log"
+    echo "run-rnn-bench.sh: build failed (log: $build.log)" >&2
+    exit 1
+fi
+status=0
+echo "==> dyngrad-rnn-bench (float32)"
+"$build/bench/dyngrad-rnn-bench" --json "$out/rnn.json" "$@" 2>&1 | tee "$out/rnn.txt" || status=1
+echo "==> dyngrad-rnn-bench (TF32 allowed, cuDNN lstm only)"
+"$build/bench/dyngrad-rnn-bench" --tf32 --skip-composed --json "$out/rnn_tf32.json" "$@" 2>&1 |
+    tee "$out/rnn_tf32.txt" || status=1
+echo "==> bench/torch_lstm.py"
+batches=$(grep -oE -- "--batches [0-9,]+" <<<"$*" | cut -d' ' -f2)
+PYTHONUNBUFFERED=1 "$python" "$root/bench/torch_lstm.py" --json "$out/torch_lstm.json" \
+    ${batches:+--batches "$batches"} 2>&1 | tee "$out/torch_lstm.txt" || status=1
+
+"$python" - "$out" <<'PY' | tee "$out/report.md" || status=1
+import json, sys
+out = sys.argv[1]
+ours = json.load(open(f"{out}/rnn.json"))
+tf32 = {r["batch"]: r for r in json.load(open(f"{out}/rnn_tf32.json"))["rows"]}
+torch = json.load(open(f"{out}/torch_lstm.json"))
+theirs = {r["batch"]: r for r in torch["rows"]}
+print(f"dyngrad: {ours['device']}; torch {torch['torch']}, cuDNN {torch['cudnn']}")
+print(f"LSTM sequence {ours['seq']}, {ours['layers']} layers, hidden {ours['hidden']}, input {ours['input']}, "
+      f"forward + backward; composed-vs-cuDNN check: max relative difference {ours['composed_check']:.1e}\n")
+print("| batch | (a) lstm ms | GFLOP/s | (b) composed ms | GFLOP/s | (a)/(b) time | torch ms | (a)/torch | "
+      "(a) TF32 ms | torch default (TF32) ms | (a) TF32/torch |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for r in ours["rows"]:
+    b, g = r["batch"], r["gflop"]
+    t = theirs.get(b)
+    s = tf32.get(b)
+    comp = r["composed_ms"]
+    cells = [b, f"{r['cudnn_ms']:.2f}", f"{g / (r['cudnn_ms'] * 1e-3):.0f}",
+             f"{comp:.2f}" if comp else "-", f"{g / (comp * 1e-3):.0f}" if comp else "-",
+             f"{r['cudnn_ms'] / comp:.3f}" if comp else "-",
+             f"{t['torch_ms']:.2f}" if t else "-", f"{r['cudnn_ms'] / t['torch_ms']:.3f}" if t else "-",
+             f"{s['cudnn_ms']:.2f}" if s else "-", f"{t['torch_tf32_ms']:.2f}" if t else "-",
+             f"{s['cudnn_ms'] / t['torch_tf32_ms']:.3f}" if s and t else "-"]
+    print("| " + " | ".join(str(c) for c in cells) + " |")
+PY
+exit $status
