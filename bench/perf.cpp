@@ -170,7 +170,8 @@ Prepared training(Sequential model, const Shape& input_shape, std::int64_t class
     StepFn step = [model, optimizer](std::span<const Tensor> in) {
         ComputeGraph graph;
         const Var loss = cross_entropy(model(graph.input(in[0], "x")), graph.input(in[1], "labels"));
-        graph.backward(loss);
+        // Activations are released as the sweep passes them, as PyTorch's backward frees saved tensors.
+        graph.backward(loss, {.free_values = true});
         optimizer->step();
         optimizer->zero_grad();
         return loss.value();

@@ -56,11 +56,16 @@ struct DeviceContext {
     cudaStream_t stream = nullptr;
     cublasHandle_t cublas = nullptr;      // bound to `stream`; math mode per the TF32 setting
     cublasLtHandle_t cublas_lt = nullptr;
+    void* gemm_workspace = nullptr;       // the fixed workspace cuBLAS and cuBLASLt share (both on `stream`)
+    std::size_t gemm_workspace_bytes = 0;
     cudnnHandle_t cudnn = nullptr;        // this host thread's own, bound to `stream`
     cudaMemPool_t pool = nullptr;
     int multiprocessors = 0;
     DeviceErrorRecord* error_record = nullptr;         // mapped pinned memory: host reads and resets it
     DeviceErrorRecord* error_record_device = nullptr;  // the same record as kernels address it
+    // Zero between kernels: a kernel whose last block to finish combines the others' partial results counts
+    // finished blocks here and resets it (cuda/conv.cu). The one stream orders every such kernel.
+    unsigned* block_counter = nullptr;
 };
 
 // Throws (IndexError for label_out_of_range) and clears the record if a kernel reported an error.

@@ -14,15 +14,28 @@
 // float64).
 //
 // The legacy convolution API is marked deprecated in cuDNN 9 (the graph API succeeds it) but is supported.
+//
+// Bias and activation (OpAttrs::activation) are kernels of ours around cuDNN's: forward, one launch adds the
+// bias and applies the activation to cuDNN's output in place; backward, one launch computes dz (dy masked
+// with y > 0 under Relu) together with the bias gradient db = Σ dz over N, P, Q, and cuDNN's backward data
+// and filter read dz. cudnnConvolutionBiasActivationForward would fold the forward epilogue into cuDNN's
+// call, but cuDNN runs it with CUDNN_ACTIVATION_RELU only for the IMPLICIT_PRECOMP_GEMM algorithm, which
+// would override the algorithm the search timed fastest; our epilogue costs the one launch that
+// cudnnAddTensor cost before.
+#include <cub/block/block_reduce.cuh>
+
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "dyngrad/cuda/context.h"
 #include "dyngrad/cuda/cudnn_plans.h"
 #include "dyngrad/cuda/runtime.h"
+#include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
 
 namespace dyngrad::cuda {
@@ -63,7 +76,7 @@ struct PassPlan {
 struct ConvPlan {
     bool fma_only = false;       // float32 without TF32: no tensor cores
     bool deterministic = false;  // deterministic mode: only deterministic algorithms
-    TensorDescriptor x, y, bias;
+    TensorDescriptor x, y;
     FilterDescriptor w;
     PassPlan<cudnnConvolutionFwdAlgo_t> forward;
     PassPlan<cudnnConvolutionBwdDataAlgo_t> backward_data;
@@ -114,7 +127,6 @@ std::shared_ptr<ConvPlan> make_plan(const ConvKey& key, const Shape& y_shape) {
     };
     set_4d(plan->x.get(), key.x[0], key.x[1], key.x[2], key.x[3]);
     set_4d(plan->y.get(), y_shape[0], y_shape[1], y_shape[2], y_shape[3]);
-    set_4d(plan->bias.get(), 1, key.w[0], 1, 1);
     DG_CUDNN_CHECK(cudnnSetFilter4dDescriptor(plan->w.get(), type, CUDNN_TENSOR_NCHW, cudnn_dim(key.w[0], what),
                                               cudnn_dim(key.w[1], what), cudnn_dim(key.w[2], what),
                                               cudnn_dim(key.w[3], what)));
@@ -204,9 +216,142 @@ void search_backward_filter(DeviceContext& ctx, ConvPlan& plan, const Tensor& x,
     choose(plan.backward_filter, plan, results.data(), count, "backward filter");
 }
 
+// ---- bias and activation ----
+
+constexpr unsigned kThreads = 256;
+constexpr std::int64_t kMaxChain = 256;           // most values one thread adds in sequence (as cuda/reduce.cu)
+constexpr std::int64_t kMinChunk = 8 * kThreads;  // fewest values a block of the backward kernel takes
+constexpr std::int64_t kBlocksPerSm = 4;          // blocks the backward kernel aims for
+constexpr std::int64_t kMaxChunks = 65535;        // gridDim.y
+
+// y (N,K,HW) in place: y = relu(y + b[k]) with Relu, y + b[k] without; no bias when b is null.
+template <typename T, bool Relu>
+__global__ void conv2d_bias_activation_kernel(T* __restrict__ y, const T* __restrict__ b, std::int64_t n,
+                                              std::int64_t channels, std::int64_t hw) {
+    const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+        T v = y[i];
+        if (b != nullptr) v += b[(i / hw) % channels];
+        if constexpr (Relu) v = math::ReluOp::forward(v, T(0));
+        y[i] = v;
+    }
+}
+
+// dy, y (N,K,HW) -> dz (N,K,HW) = dy where y > 0, else 0 (Relu; written with '=' unless dz is null) and
+// db (K) = Σ over N, HW of dz (of dy without Relu; written with '=' unless db is null).
+// Grid (K, chunks): block (k, c) takes chunk c of channel k's N·HW values (j = n·HW + s). With one chunk
+// per channel the block writes db[k]. Otherwise it writes partials[k·chunks + c], and the last block to
+// finish, counted on `counter` (which it leaves 0 again), adds each channel's partials in chunk order: one
+// launch, and sums that do not depend on which block finishes when (the memory-fence example of the CUDA
+// C++ Programming Guide; only the integer counter is atomic).
+template <typename T, bool Relu>
+__global__ void conv2d_activation_backward_kernel(const T* __restrict__ dy, const T* __restrict__ y,
+                                                  T* __restrict__ dz, T* __restrict__ db, T* __restrict__ partials,
+                                                  unsigned* __restrict__ counter, std::int64_t images,
+                                                  std::int64_t channels, std::int64_t hw, std::int64_t chunk) {
+    using BlockReduce = cub::BlockReduce<T, kThreads>;
+    __shared__ typename BlockReduce::TempStorage temp;
+    __shared__ bool last;
+    const std::int64_t k = blockIdx.x;
+    const std::int64_t begin = blockIdx.y * chunk + threadIdx.x;
+    const std::int64_t chunk_end = (blockIdx.y + 1) * chunk;
+    const std::int64_t end = chunk_end < images * hw ? chunk_end : images * hw;
+    // j's image and position, advanced without a division per value
+    std::int64_t image = begin / hw, position = begin % hw;
+    const std::int64_t step_image = kThreads / hw, step_position = kThreads % hw;
+    T sum = 0;
+    for (std::int64_t j = begin; j < end; j += kThreads) {
+        const std::int64_t offset = (image * channels + k) * hw + position;
+        T g = dy[offset];
+        if constexpr (Relu) {
+            g = y[offset] > T(0) ? g : T(0);
+            if (dz != nullptr) dz[offset] = g;
+        }
+        sum += g;
+        image += step_image;
+        position += step_position;
+        if (position >= hw) {
+            position -= hw;
+            ++image;
+        }
+    }
+    if (db == nullptr) return;  // the same for every thread of the block
+    sum = BlockReduce(temp).Sum(sum);
+    if (gridDim.y == 1) {
+        if (threadIdx.x == 0) db[k] = sum;
+        return;
+    }
+    if (threadIdx.x == 0) {
+        partials[k * gridDim.y + blockIdx.y] = sum;
+        __threadfence();  // the partial is visible to every block before this block counts itself done
+        last = atomicAdd(counter, 1u) == gridDim.x * gridDim.y - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    for (std::int64_t c = threadIdx.x; c < channels; c += kThreads) {
+        T total = 0;
+        for (unsigned i = 0; i < gridDim.y; ++i) total += __ldcg(partials + c * gridDim.y + i);  // from L2
+        db[c] = total;
+    }
+    if (threadIdx.x == 0) *counter = 0;
+}
+
+// y (N,K,P,Q) in place: y = act(y + b); b may be null (no bias).
+void bias_activation_forward(DeviceContext& ctx, const Tensor& y, const Tensor* b, Activation activation) {
+    const std::int64_t n = y.numel(), channels = y.shape()[1], hw = y.shape()[2] * y.shape()[3];
+    const unsigned blocks = grid_size(ctx, n, kThreads);
+    dispatch_floating(y.dtype(), "conv2d", [&]<typename T>() {
+        const T* bias = b != nullptr ? b->data<T>() : nullptr;
+        if (activation == Activation::Relu)
+            conv2d_bias_activation_kernel<T, true>
+                <<<blocks, kThreads, 0, ctx.stream>>>(y.data<T>(), bias, n, channels, hw);
+        else
+            conv2d_bias_activation_kernel<T, false>
+                <<<blocks, kThreads, 0, ctx.stream>>>(y.data<T>(), bias, n, channels, hw);
+        DG_CUDA_CHECK_LAUNCH();
+    });
+}
+
+// dy, y (N,K,P,Q) -> dz (N,K,P,Q) under Relu, unless dz is undefined, and db (K) unless db is undefined;
+// without activation the kernel only sums dy into db.
+void activation_backward(DeviceContext& ctx, const Tensor& dy, const Tensor& y, Activation activation,
+                         const Tensor& dz, const Tensor& db) {
+    const std::int64_t images = dy.shape()[0], channels = dy.shape()[1], hw = dy.shape()[2] * dy.shape()[3];
+    const std::int64_t per_channel = images * hw;
+    if (channels > INT32_MAX) throw ValueError(str("conv2d: ", channels, " output channels exceed the grid"));
+    // Chunks per channel: enough blocks for the GPU, each of at least kMinChunk values, and no thread adding
+    // more than kMaxChain values in sequence. Without db, one chunk (nothing to combine).
+    std::int64_t chunks = 1;
+    if (db.defined()) {
+        const std::int64_t wanted = std::max<std::int64_t>(ctx.multiprocessors, 1) * kBlocksPerSm;
+        const std::int64_t longest = kThreads * kMaxChain;
+        chunks = std::min((wanted + channels - 1) / channels, (per_channel + kMinChunk - 1) / kMinChunk);
+        chunks = std::clamp<std::int64_t>(std::max(chunks, (per_channel + longest - 1) / longest), 1, kMaxChunks);
+    }
+    const std::int64_t chunk = (per_channel + chunks - 1) / chunks;
+    chunks = (per_channel + chunk - 1) / chunk;  // no empty chunks
+    const dim3 grid(static_cast<unsigned>(channels), static_cast<unsigned>(chunks));
+    dispatch_floating(dy.dtype(), "conv2d backward", [&]<typename T>() {
+        std::optional<Workspace> partials;
+        if (chunks > 1) partials.emplace(ctx, static_cast<std::size_t>(channels * chunks) * sizeof(T));
+        T* partial_sums = partials ? static_cast<T*>(partials->data()) : nullptr;
+        T* dz_data = dz.defined() ? dz.data<T>() : nullptr;
+        T* db_data = db.defined() ? db.data<T>() : nullptr;
+        if (activation == Activation::Relu)
+            conv2d_activation_backward_kernel<T, true><<<grid, kThreads, 0, ctx.stream>>>(
+                dy.data<T>(), y.data<T>(), dz_data, db_data, partial_sums, ctx.block_counter, images, channels, hw,
+                chunk);
+        else
+            conv2d_activation_backward_kernel<T, false><<<grid, kThreads, 0, ctx.stream>>>(
+                dy.data<T>(), nullptr, nullptr, db_data, partial_sums, ctx.block_counter, images, channels, hw,
+                chunk);
+        DG_CUDA_CHECK_LAUNCH();
+    });
+}
+
 }  // namespace
 
-// x (N,C,H,W)  w (K,C/groups,R,S)  b (K)  y (N,K,P,Q) = conv(x, w) + b
+// x (N,C,H,W)  w (K,C/groups,R,S)  b (K)  y (N,K,P,Q) = act(conv(x, w) + b)
 Tensor conv2d_forward(const ForwardArgs& args) {
     const Tensor& x = args.inputs[0];
     const Tensor& w = args.inputs[1];
@@ -221,14 +366,15 @@ Tensor conv2d_forward(const ForwardArgs& args) {
                                            w.raw_data(), plan->forward.conv.get(), plan->forward.algo,
                                            workspace.data(), workspace.bytes(), scaling.zero(), plan->y.get(),
                                            y.raw_data()));
-    if (args.inputs.size() == 3)  // y += b broadcast over N, P, Q
-        DG_CUDNN_CHECK(cudnnAddTensor(ctx.cudnn, scaling.one(), plan->bias.get(), args.inputs[2].raw_data(),
-                                      scaling.one(), plan->y.get(), y.raw_data()));
+    const bool has_bias = args.inputs.size() == 3;
+    if (has_bias || args.attrs.activation != Activation::None)
+        bias_activation_forward(ctx, y, has_bias ? &args.inputs[2] : nullptr, args.attrs.activation);
     return y;
 }
 
-// dy (N,K,P,Q) -> dx (N,C,H,W) by cuDNN backward data, dw (K,C/groups,R,S) by backward filter,
-// db = Σ of dy over N, P, Q (K)
+// dy (N,K,P,Q) -> dz = dy masked with y > 0 under Relu (dy itself without activation) and db = Σ of dz
+// over N, P, Q (K) in one launch of ours; dx (N,C,H,W) by cuDNN backward data and dw (K,C/groups,R,S) by
+// backward filter, both from dz
 std::vector<Tensor> conv2d_backward(const BackwardArgs& args) {
     const Tensor& x = args.inputs[0];
     const Tensor& w = args.inputs[1];
@@ -242,13 +388,24 @@ std::vector<Tensor> conv2d_backward(const BackwardArgs& args) {
     }
     const std::shared_ptr<ConvPlan> plan = plan_for(x, w, args.attrs, dy.shape());
     const Scaling scaling(x.dtype());
+    const bool relu = args.attrs.activation == Activation::Relu;
+    // dz is written only when cuDNN reads it, db only when wanted.
+    const bool write_dz = relu && (args.needs_grad[0] || args.needs_grad[1]);
+    const Tensor dz = write_dz ? Tensor::empty(dy.shape(), dy.dtype(), dy.device()) : dy;
+    const Tensor db = args.inputs.size() == 3 && args.needs_grad[2]
+                          ? Tensor::empty(args.inputs[2].shape(), x.dtype(), x.device())
+                          : Tensor();
+    if (write_dz || db.defined()) {
+        activation_backward(ctx, dy, args.output, args.attrs.activation, write_dz ? dz : Tensor(), db);
+        if (db.defined()) grads[2] = db;
+    }
     if (args.needs_grad[0]) {
         Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
         PassPlan<cudnnConvolutionBwdDataAlgo_t>& pass = plan->backward_data;
-        std::call_once(pass.searched, [&] { search_backward_data(ctx, *plan, w, dy, dx); });
+        std::call_once(pass.searched, [&] { search_backward_data(ctx, *plan, w, dz, dx); });
         Workspace workspace(ctx, pass.workspace_bytes);
         DG_CUDNN_CHECK(cudnnConvolutionBackwardData(ctx.cudnn, scaling.one(), plan->w.get(), w.raw_data(),
-                                                    plan->y.get(), dy.raw_data(), pass.conv.get(), pass.algo,
+                                                    plan->y.get(), dz.raw_data(), pass.conv.get(), pass.algo,
                                                     workspace.data(), workspace.bytes(), scaling.zero(),
                                                     plan->x.get(), dx.raw_data()));
         grads[0] = std::move(dx);
@@ -256,18 +413,13 @@ std::vector<Tensor> conv2d_backward(const BackwardArgs& args) {
     if (args.needs_grad[1]) {
         Tensor dw = Tensor::empty(w.shape(), w.dtype(), w.device());
         PassPlan<cudnnConvolutionBwdFilterAlgo_t>& pass = plan->backward_filter;
-        std::call_once(pass.searched, [&] { search_backward_filter(ctx, *plan, x, dy, dw); });
+        std::call_once(pass.searched, [&] { search_backward_filter(ctx, *plan, x, dz, dw); });
         Workspace workspace(ctx, pass.workspace_bytes);
         DG_CUDNN_CHECK(cudnnConvolutionBackwardFilter(ctx.cudnn, scaling.one(), plan->x.get(), x.raw_data(),
-                                                      plan->y.get(), dy.raw_data(), pass.conv.get(), pass.algo,
+                                                      plan->y.get(), dz.raw_data(), pass.conv.get(), pass.algo,
                                                       workspace.data(), workspace.bytes(), scaling.zero(),
                                                       plan->w.get(), dw.raw_data()));
         grads[1] = std::move(dw);
-    }
-    if (args.inputs.size() == 3 && args.needs_grad[2]) {
-        // The reduction of cuda/reduce.cu that linear's bias gradient uses too.
-        const int axes[] = {0, 2, 3};
-        grads[2] = sum_over(dy, axes).reshaped(args.inputs[2].shape());
     }
     return grads;
 }

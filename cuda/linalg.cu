@@ -1,17 +1,23 @@
-// Matrix products and layout on the GPU: matmul and linear through cuBLAS GEMMs, transpose through
-// tiled and strided copy kernels, narrow and concat through a row-block copy kernel. CPU reference:
-// ops/linalg.cpp (same names in namespace cpu).
+// Matrix products and layout on the GPU: matmul through cuBLAS GEMMs; linear through cuBLASLt GEMMs with
+// fused epilogues in float32 (bias, bias + ReLU, weight and bias gradients in one GEMM) and cuBLAS plus
+// small kernels otherwise; transpose through tiled and strided copy kernels, narrow and concat through a
+// row-block copy kernel. CPU reference: ops/linalg.cpp (same names in namespace cpu).
 //
 // cuBLAS is column-major; a row-major buffer read column-major is the transpose of the matrix. So a
 // row-major C = op(A)·op(B) is computed as the column-major Cᵀ = op(B)ᵀ·op(A)ᵀ, i.e. with the two
 // operands swapped and no copies.
 #include <algorithm>
+#include <array>
 #include <climits>
+#include <compare>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <utility>
 #include <vector>
 
 #include "dyngrad/cuda/context.h"
+#include "dyngrad/cuda/cudnn_plans.h"
 #include "dyngrad/cuda/runtime.h"
 #include "dyngrad/ops/kernels.h"
 
@@ -86,12 +92,190 @@ MatmulDims matmul_dims(const Tensor& a, const Tensor& b) {
     return {r == 3 ? sa[0] : 1, sa[r - 2], sa[r - 1], sb[r - 1]};
 }
 
-// y (N,out) = b broadcast over rows: the GEMM then adds x·wᵀ with beta = 1.
+// ---- linear ----
+
+// y (N,out) = b broadcast over rows: the GEMM then adds x·wᵀ with beta = 1 (the cuBLAS path).
 template <typename T>
 __global__ void bias_rows_kernel(const T* __restrict__ b, T* __restrict__ y, std::int64_t n, std::int64_t out) {
     for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
         y[i] = b[i % out];
+}
+
+// y = relu(y) in place: the fused activation on the cuBLAS path. Written as ReluOp (ops/elementwise_math.h)
+// is, so NaN maps to 0 as on the CPU.
+template <typename T>
+__global__ void relu_in_place_kernel(T* __restrict__ y, std::int64_t n) {
+    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+        y[i] = y[i] > T(0) ? y[i] : T(0);
+}
+
+// dz = dy where y > 0, else 0: the fused ReLU's gradient taken from the output, which is positive exactly
+// where the pre-activation is (so the pre-activation is never stored).
+template <typename T>
+__global__ void relu_gradient_kernel(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dz,
+                                     std::int64_t n) {
+    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+        dz[i] = y[i] > T(0) ? dy[i] : T(0);
+}
+
+// Owns one cuBLASLt descriptor. Non-copyable; a move nulls the source; the destructor ignores the status
+// because it must not throw and has no one to report to.
+template <typename T, cublasStatus_t (*destroy)(T)>
+class LtDescriptor {
+public:
+    explicit LtDescriptor(T desc) : desc_(desc) {}
+    ~LtDescriptor() {
+        if (desc_) static_cast<void>(destroy(desc_));
+    }
+    LtDescriptor(LtDescriptor&& other) noexcept : desc_(std::exchange(other.desc_, nullptr)) {}
+    LtDescriptor& operator=(LtDescriptor&& other) noexcept {
+        if (this != &other) {
+            if (desc_) static_cast<void>(destroy(desc_));
+            desc_ = std::exchange(other.desc_, nullptr);
+        }
+        return *this;
+    }
+    LtDescriptor(const LtDescriptor&) = delete;
+    LtDescriptor& operator=(const LtDescriptor&) = delete;
+
+    T get() const { return desc_; }
+
+private:
+    T desc_ = nullptr;
+};
+
+using LtMatmulDesc = LtDescriptor<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
+using LtLayout = LtDescriptor<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
+using LtPreference = LtDescriptor<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
+
+// A float32 cuBLASLt GEMM in column-major terms, D (m,n) = op(A) (m,k) · op(B) (k,n) with an epilogue,
+// on packed operands (leading dimensions follow from the transposes). The algorithm depends on the
+// pointers' alignments too (A, B, D, bias), so they are part of the key.
+struct LtGemmKey {
+    int device;
+    int m, n, k;
+    bool transpose_a, transpose_b;
+    std::uint32_t epilogue;  // cublasLtEpilogue_t
+    bool tf32;
+    std::array<std::uint32_t, 4> alignment;
+    auto operator<=>(const LtGemmKey&) const = default;
+};
+
+// Descriptors and the heuristic's algorithm for one key. The bias pointer is an attribute of the matmul
+// descriptor, so a call sets it and enqueues the GEMM under `mutex` (threads share the plan).
+struct LtGemmPlan {
+    LtMatmulDesc matmul{nullptr};
+    LtLayout a{nullptr}, b{nullptr}, d{nullptr};
+    cublasLtMatmulAlgo_t algo{};
+    bool supported = false;  // cuBLASLt offered an algorithm: otherwise the caller takes the cuBLAS path
+    std::mutex mutex;
+};
+
+PlanCache<LtGemmKey, LtGemmPlan>& lt_plans() {
+    static PlanCache<LtGemmKey, LtGemmPlan> cache;
+    return cache;
+}
+
+// The largest power of two up to 256 (cuBLASLt's default assumption) that divides the address.
+std::uint32_t pointer_alignment(const void* p) {
+    const auto address = reinterpret_cast<std::uintptr_t>(p);
+    std::uint32_t alignment = 256;
+    while (alignment > 4 && address % alignment != 0) alignment /= 2;
+    return alignment;
+}
+
+LtLayout lt_layout(std::uint64_t rows, std::uint64_t cols) {
+    cublasLtMatrixLayout_t layout = nullptr;
+    DG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, CUDA_R_32F, rows, cols, static_cast<std::int64_t>(rows)));
+    return LtLayout(layout);
+}
+
+std::shared_ptr<LtGemmPlan> make_lt_plan(DeviceContext& ctx, const LtGemmKey& key, void* bias) {
+    auto plan = std::make_shared<LtGemmPlan>();
+    cublasLtMatmulDesc_t matmul = nullptr;
+    DG_CUBLAS_CHECK(
+        cublasLtMatmulDescCreate(&matmul, key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    plan->matmul = LtMatmulDesc(matmul);
+    const cublasOperation_t op_a = key.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_b = key.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const auto epilogue = static_cast<cublasLtEpilogue_t>(key.epilogue);
+    DG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(matmul, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+    DG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(matmul, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    DG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(matmul, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    // The heuristic reads the bias pointer's alignment from here; calls overwrite it with their own.
+    DG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(matmul, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    const auto m = static_cast<std::uint64_t>(key.m), n = static_cast<std::uint64_t>(key.n),
+               k = static_cast<std::uint64_t>(key.k);
+    plan->a = key.transpose_a ? lt_layout(k, m) : lt_layout(m, k);
+    plan->b = key.transpose_b ? lt_layout(n, k) : lt_layout(k, n);
+    plan->d = lt_layout(m, n);
+
+    cublasLtMatmulPreference_t raw_preference = nullptr;
+    DG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw_preference));
+    const LtPreference preference(raw_preference);
+    const std::uint64_t workspace = ctx.gemm_workspace_bytes;
+    DG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                         &workspace, sizeof(workspace)));
+    const cublasLtMatmulPreferenceAttributes_t alignment_attributes[] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    const std::uint32_t alignments[] = {key.alignment[0], key.alignment[1], key.alignment[2], key.alignment[2]};
+    for (int i = 0; i < 4; ++i)
+        DG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_preference, alignment_attributes[i], &alignments[i],
+                                                             sizeof(alignments[i])));
+
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(ctx.cublas_lt, matmul, plan->a.get(), plan->b.get(),
+                                                                 plan->d.get(), plan->d.get(), raw_preference, 1,
+                                                                 &result, &found);
+    if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED)
+        throw_cublas_error(status, "cublasLtMatmulAlgoGetHeuristic(...)", __FILE__, __LINE__);
+    plan->supported = status == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+    if (plan->supported) plan->algo = result.algo;
+    return plan;
+}
+
+// Enqueues the column-major float32 GEMM d (m,n) = op(a) (m,k) · op(b) (k,n) with `epilogue` (d written
+// with '='): BIAS and RELU_BIAS read `bias` (m), BGRADB writes `bias` (n) = Σ over k of op(b). Plans are
+// cached per key; no allocation, no sync (the workspace is the context's fixed one). Returns false, having
+// enqueued nothing, when cuBLASLt offers no algorithm for the key.
+bool lt_gemm(DeviceContext& ctx, const char* what, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
+             bool transpose_a, const void* b, bool transpose_b, void* d, cublasLtEpilogue_t epilogue, void* bias) {
+    const LtGemmKey key{ctx.device,
+                        cublas_dim(m, what),
+                        cublas_dim(n, what),
+                        cublas_dim(k, what),
+                        transpose_a,
+                        transpose_b,
+                        static_cast<std::uint32_t>(epilogue),
+                        allow_tf32(),
+                        {pointer_alignment(a), pointer_alignment(b), pointer_alignment(d), pointer_alignment(bias)}};
+    const std::shared_ptr<LtGemmPlan> plan = lt_plans().get(key, [&] { return make_lt_plan(ctx, key, bias); });
+    if (!plan->supported) return false;
+    const float alpha = 1.0f, beta = 0.0f;
+    const std::lock_guard lock(plan->mutex);
+    DG_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan->matmul.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    DG_CUBLAS_CHECK(cublasLtMatmul(ctx.cublas_lt, plan->matmul.get(), &alpha, a, plan->a.get(), b, plan->b.get(), &beta,
+                                   d, plan->d.get(), d, plan->d.get(), &plan->algo, ctx.gemm_workspace,
+                                   ctx.gemm_workspace_bytes, ctx.stream));
+    return true;
+}
+
+// dz = dy ⊙ (y > 0) with a fused ReLU, dy itself otherwise.
+Tensor activation_gradient(DeviceContext& ctx, const Tensor& dy, const Tensor& y, Activation activation) {
+    if (activation == Activation::None || dy.numel() == 0) return dy;
+    Tensor dz = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+    dispatch_floating(dy.dtype(), "linear backward", [&]<typename T>() {
+        relu_gradient_kernel<T><<<grid_size(ctx, dy.numel(), kThreads), kThreads, 0, ctx.stream>>>(
+            dy.data<T>(), y.data<T>(), dz.data<T>(), dy.numel());
+        DG_CUDA_CHECK_LAUNCH();
+    });
+    return dz;
 }
 
 // ---- transpose ----
@@ -288,19 +472,23 @@ std::vector<Tensor> matmul_backward(const BackwardArgs& args) {
     return grads;
 }
 
-// x (N,in)  w (out,in)  b (out)  y (N,out) = x·wᵀ + b
-// The bias is written into y first and the GEMM accumulates onto it (beta = 1). cuBLASLt's BIAS
-// epilogue would fuse the two, but it needs a heuristic query, a workspace and a plan cache, and its
-// epilogues are not offered for every type (float64); a broadcast write of y costs one pass over y,
-// small next to the GEMM, and keeps float32 and float64 on one path.
+// x (N,in)  w (out,in)  b (out)  y (N,out) = act(x·wᵀ + b), act per attrs.activation (None or ReLU)
+// float32: one cuBLASLt GEMM, yᵀ (out,N) = w · xᵀ in column-major terms with the BIAS or RELU_BIAS epilogue.
+// float64 (cuBLASLt offers no epilogues for it), an empty inner dimension, or a key without a cuBLASLt
+// algorithm: the bias is written into y, a cuBLAS GEMM accumulates x·wᵀ onto it (beta = 1), then the ReLU.
 Tensor linear_forward(const ForwardArgs& args) {
     const Tensor& x = args.inputs[0];
     const Tensor& w = args.inputs[1];
     const Tensor& b = args.inputs[2];
+    const bool relu = args.attrs.activation == Activation::Relu;
     DeviceContext& ctx = context_for(x);
     Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
     const std::int64_t rows = x.size(0), in = x.size(1), out = w.size(0);
     if (y.numel() == 0) return y;
+    if (x.dtype() == DType::f32 && in > 0 &&
+        lt_gemm(ctx, "linear", out, rows, in, w.raw_data(), true, x.raw_data(), false, y.raw_data(),
+                relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS, b.raw_data()))
+        return y;
     dispatch_floating(x.dtype(), "linear", [&]<typename T>() {
         bias_rows_kernel<T><<<grid_size(ctx, y.numel(), kThreads), kThreads, 0, ctx.stream>>>(
             b.data<T>(), y.data<T>(), y.numel(), out);
@@ -308,34 +496,50 @@ Tensor linear_forward(const ForwardArgs& args) {
     });
     gemm(ctx, x.dtype(), "linear", 1, rows, out, in, {x.raw_data(), false, 0}, {w.raw_data(), true, 0}, y.raw_data(),
          true);
+    if (relu) {
+        dispatch_floating(x.dtype(), "linear", [&]<typename T>() {
+            relu_in_place_kernel<T><<<grid_size(ctx, y.numel(), kThreads), kThreads, 0, ctx.stream>>>(y.data<T>(),
+                                                                                                      y.numel());
+            DG_CUDA_CHECK_LAUNCH();
+        });
+    }
     return y;
 }
 
-// dy (N,out) -> dx = dy·w (N,in), dw = dyᵀ·x (out,in), db = column sums of dy (out)
+// dy (N,out) -> dz = dy ⊙ (y > 0) with the fused ReLU (dy otherwise); dx = dz·w (N,in), dw = dzᵀ·x (out,in),
+// db = column sums of dz (out).
+// float32 with both dw and db wanted: one cuBLASLt GEMM, dwᵀ (in,out) = xᵀ (in,N) · dz (N,out) in
+// column-major terms, whose BGRADB epilogue sums op(B) = dz over k = N: db. cuBLASLt's DRELU epilogues do
+// not fit: they mask a GEMM's output with a mask stored by the forward, while here dz feeds both GEMMs.
 std::vector<Tensor> linear_backward(const BackwardArgs& args) {
     const Tensor& x = args.inputs[0];
     const Tensor& w = args.inputs[1];
     const Tensor& b = args.inputs[2];
-    const Tensor& dy = args.grad_output;
     DeviceContext& ctx = context_for(x);
+    const Tensor dz = activation_gradient(ctx, args.grad_output, args.output, args.attrs.activation);
     const std::int64_t rows = x.size(0), in = x.size(1), out = w.size(0);
     std::vector<Tensor> grads(3);
     if (args.needs_grad[0]) {
         grads[0] = Tensor::empty(x.shape(), x.dtype(), x.device());
-        gemm(ctx, x.dtype(), "linear backward", 1, rows, in, out, {dy.raw_data(), false, 0}, {w.raw_data(), false, 0},
+        gemm(ctx, x.dtype(), "linear backward", 1, rows, in, out, {dz.raw_data(), false, 0}, {w.raw_data(), false, 0},
              grads[0].raw_data(), false);
     }
-    if (args.needs_grad[1]) {
-        grads[1] = Tensor::empty(w.shape(), w.dtype(), w.device());
-        gemm(ctx, x.dtype(), "linear backward", 1, out, in, rows, {dy.raw_data(), true, 0}, {x.raw_data(), false, 0},
-             grads[1].raw_data(), false);
+    if (args.needs_grad[1]) grads[1] = Tensor::empty(w.shape(), w.dtype(), w.device());
+    bool fused = false;
+    if (args.needs_grad[1] && args.needs_grad[2] && x.dtype() == DType::f32 && rows > 0 && in > 0 && out > 0) {
+        grads[2] = Tensor::empty(b.shape(), b.dtype(), b.device());
+        fused = lt_gemm(ctx, "linear backward", in, out, rows, x.raw_data(), false, dz.raw_data(), true,
+                        grads[1].raw_data(), CUBLASLT_EPILOGUE_BGRADB, grads[2].raw_data());
     }
-    if (args.needs_grad[2]) {
+    if (args.needs_grad[1] && !fused)
+        gemm(ctx, x.dtype(), "linear backward", 1, out, in, rows, {dz.raw_data(), true, 0}, {x.raw_data(), false, 0},
+             grads[1].raw_data(), false);
+    if (args.needs_grad[2] && !fused) {
         if (rows == 0) {
             grads[2] = Tensor::zeros(b.shape(), b.dtype(), b.device());
         } else {
             const int batch_axis[] = {0};
-            grads[2] = sum_over(dy, batch_axis).reshaped(b.shape());
+            grads[2] = sum_over(dz, batch_axis).reshaped(b.shape());
         }
     }
     return grads;

@@ -140,6 +140,7 @@ struct ContextOwner {
     std::mutex cudnn_mutex;
     std::vector<cudnnHandle_t> spare_cudnn;  // bound to `stream`, not in use by any thread
     UniqueHandle<DeviceErrorRecord*, cudaFreeHost> error_record;
+    DeviceBuffer block_counter;
     std::atomic<std::size_t> bytes_in_use{0};
     std::atomic<std::size_t> peak_bytes_in_use{0};
     std::mutex staging_mutex;  // one host thread at a time uses the staging slots
@@ -162,7 +163,7 @@ ContextOwner::ContextOwner(int device) {
     DG_CUBLAS_CHECK(cublasSetPointerMode(raw_cublas, CUBLAS_POINTER_MODE_HOST));
     // Without a workspace of ours cuBLAS allocates its own, inside a CUDA graph capture too (memory nodes of
     // the graph). One fixed workspace serves every thread: they all queue on the one stream, which orders
-    // the GEMMs that use it. Set after cublasSetStream, which resets the workspace.
+    // the GEMMs that use it (cuBLASLt's too: cuda/linalg.cu). Set after cublasSetStream, which resets it.
     int major = 0;
     DG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     const std::size_t workspace_bytes = major >= 9 ? kCublasWorkspaceHopper : kCublasWorkspace;
@@ -171,6 +172,8 @@ ContextOwner::ContextOwner(int device) {
     cublas_workspace = DeviceBuffer(raw_workspace);
     DG_CUBLAS_CHECK(cublasSetWorkspace(raw_cublas, raw_workspace, workspace_bytes));
     ctx.cublas = raw_cublas;
+    ctx.gemm_workspace = raw_workspace;
+    ctx.gemm_workspace_bytes = workspace_bytes;
 
     cublasLtHandle_t raw_lt = nullptr;
     DG_CUBLAS_CHECK(cublasLtCreate(&raw_lt));
@@ -199,6 +202,12 @@ ContextOwner::ContextOwner(int device) {
     DG_CUDA_CHECK(cudaHostGetDevicePointer(&record_device, record, 0));
     ctx.error_record = error_record.get();
     ctx.error_record_device = static_cast<DeviceErrorRecord*>(record_device);
+
+    void* counter = nullptr;
+    DG_CUDA_CHECK(cudaMalloc(&counter, sizeof(unsigned)));
+    block_counter = DeviceBuffer(counter);
+    DG_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(unsigned), raw_stream));
+    ctx.block_counter = static_cast<unsigned*>(counter);
 }
 
 cudnnHandle_t ContextOwner::acquire_cudnn() {

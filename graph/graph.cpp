@@ -123,7 +123,13 @@ const ComputeNode& Var::node() const {
     check_alive();
     return *graph_->nodes_[id_];
 }
-const Tensor& Var::value() const { return node().value; }
+const Tensor& Var::value() const {
+    const ComputeNode& n = node();
+    if (!n.value.defined())
+        throw GraphError(str(graph_->describe_node(id_), ": its value was released by a backward with ",
+                             "BackwardOptions{.free_values = true}; read it before that backward"));
+    return n.value;
+}
 const Tensor& Var::grad() const {
     const ComputeNode& n = node();
     if (!n.grad.defined())
@@ -231,6 +237,9 @@ Var ComputeGraph::record_inputs(OpType op, std::span<const Var> inputs, const Op
         if (in.generation_ != generation_ || in.id_ >= nodes_.size())
             throw GraphError(str(at(), ": input ", i, " (Var #", in.id_, ") is from before this graph was cleared"));
         const ComputeNode& n = *nodes_[in.id_];
+        if (!n.value.defined())
+            throw GraphError(str(at(), ": input ", i, " (", describe_node(in.id_), ") had its value released by a ",
+                                 "backward with free_values"));
         values[i] = n.value;
         any_requires_grad = any_requires_grad || n.requires_grad;
     }
@@ -373,6 +382,7 @@ void ComputeGraph::run_backward(NodeId root, Tensor seed, const BackwardOptions&
         }
         if (!options.retain_grads) n.grad = Tensor();
         if (!options.retain_graph) n.saved.clear();
+        if (options.free_values && !options.retain_graph && id != root) n.value = Tensor();
     }
     if (!options.retain_graph) {
         saved_released_ = true;

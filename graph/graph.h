@@ -110,6 +110,12 @@ struct BackwardOptions {
     bool retain_graph = false;
     // Keep the gradient of every node, not only of leaves (verification reads them all).
     bool retain_grads = false;
+    // Release each intermediate node's value as soon as the sweep no longer needs it (after the node's own
+    // backward; its consumers' ran before), as PyTorch frees saved activations during backward. Lowers the
+    // step's peak memory by the activations; reading such a value afterwards throws GraphError. Leaves, the
+    // node back-propagated from, and nodes the sweep does not visit keep their values. Ignored with
+    // retain_graph.
+    bool free_values = false;
 };
 
 class ComputeGraph {

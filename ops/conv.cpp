@@ -2,6 +2,10 @@
 // (image, group) pair to one GEMM over an im2col matrix; backward runs the same lowering in reverse
 // (col2im). GPU: cuda/conv.cu (cuDNN).
 //
+// A fused activation (OpAttrs::activation, Relu) is applied to conv(x, w) + b in place; backward first
+// masks dy with y > 0 (the same as the pre-activation > 0) and runs the plain convolution backward on
+// that masked gradient dz.
+//
 // Shapes: x (N,C,H,W)  w (K,Cg,R,S)  b (K)  y (N,K,P,Q) with Cg = C/groups, Kg = K/groups;
 // an im2col matrix col (Cg·R·S, P·Q) holds, for output pixel (p,q), the input pixels its window covers:
 // col[(c·R + r)·S + s][p·Q + q] = x[c][p·sh - ph + r·dh][q·sw - pw + s·dw] (0 in the padding).
@@ -11,6 +15,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
 
 namespace dyngrad {
@@ -22,6 +27,7 @@ Var conv2d(const Var& x, const Var& weight, const Var& bias, Conv2dOptions optio
     attrs.padding = options.padding;
     attrs.dilation = options.dilation;
     attrs.groups = options.groups;
+    attrs.activation = options.activation;
     if (!bias.defined()) return x.graph().record(OpType::Conv2d, {x, weight}, attrs, where);
     return x.graph().record(OpType::Conv2d, {x, weight, bias}, attrs, where);
 }
@@ -76,6 +82,8 @@ OutputSpec conv2d(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) 
         throw ValueError(str("dilation ", pair(attrs.dilation), " must be positive"));
     if (attrs.padding[0] < 0 || attrs.padding[1] < 0)
         throw ValueError(str("padding ", pair(attrs.padding), " must not be negative"));
+    if (attrs.activation != Activation::None && attrs.activation != Activation::Relu)
+        throw ValueError(str("unknown activation ", static_cast<int>(attrs.activation)));
     const std::int64_t groups = attrs.groups;
     if (groups <= 0) throw ValueError(str("groups must be positive, got ", groups));
     const Shape& xs = x.shape();
@@ -169,7 +177,7 @@ void col2im_add(const T* col, const ConvDims& d, T* dx) {
 
 }  // namespace
 
-// x (N,C,H,W)  w (K,Cg,R,S)  b (K)  y (N,K,P,Q): y[n, group g] = w_g (Kg, Cg·R·S) · col(x[n, g]) + b_g
+// x (N,C,H,W)  w (K,Cg,R,S)  b (K)  y (N,K,P,Q): y[n, group g] = act(w_g (Kg, Cg·R·S) · col(x[n, g]) + b_g)
 Tensor conv2d_forward(const ForwardArgs& args) {
     const Tensor& x = args.inputs[0];
     const Tensor& w = args.inputs[1];
@@ -188,19 +196,39 @@ Tensor conv2d_forward(const ForwardArgs& args) {
                 MatrixMap<T> Y(y.data<T>() + (n * d.k + g * d.kg) * pq, d.kg, pq);
                 Y.noalias() = W * Col;
                 if (has_bias) Y.colwise() += Eigen::Map<const Vector<T>>(args.inputs[2].data<T>() + g * d.kg, d.kg);
+                if (args.attrs.activation == Activation::Relu)
+                    Y = Y.unaryExpr([](T v) { return math::ReluOp::forward(v, T(0)); });
             }
     });
     return y;
 }
 
-// dy (N,K,P,Q) -> dx = col2im(w_gᵀ · dy[n, g]) (N,C,H,W), dw_g = Σ_n dy[n, g] · col(x[n, g])ᵀ (K,Cg,R,S),
-// db = Σ of dy over N, P, Q (K)
+namespace {
+
+// dy, y (N,K,P,Q) -> the gradient of the convolution's own output: dy masked with y > 0 under a fused
+// Relu (y > 0 exactly where the pre-activation is), dy itself without activation.
+Tensor activation_backward(const BackwardArgs& args) {
+    const Tensor& dy = args.grad_output;
+    if (args.attrs.activation == Activation::None) return dy;
+    Tensor dz = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+    dispatch_floating(dy.dtype(), "conv2d backward", [&]<typename T>() {
+        const std::int64_t n = dy.numel();
+        MatrixMap<T>(dz.data<T>(), 1, n).array() = (ConstMatrixMap<T>(args.output.data<T>(), 1, n).array() > T(0))
+                                                       .select(ConstMatrixMap<T>(dy.data<T>(), 1, n).array(), T(0));
+    });
+    return dz;
+}
+
+}  // namespace
+
+// dy (N,K,P,Q) -> dz = activation_backward(dy) (N,K,P,Q), then dx = col2im(w_gᵀ · dz[n, g]) (N,C,H,W),
+// dw_g = Σ_n dz[n, g] · col(x[n, g])ᵀ (K,Cg,R,S), db = Σ of dz over N, P, Q (K)
 std::vector<Tensor> conv2d_backward(const BackwardArgs& args) {
     const Tensor& x = args.inputs[0];
     const Tensor& w = args.inputs[1];
-    const Tensor& dy = args.grad_output;
+    const Tensor dz = activation_backward(args);
     std::vector<Tensor> grads(args.inputs.size());
-    const ConvDims d = conv_dims(x, w, args.attrs, dy.shape());
+    const ConvDims d = conv_dims(x, w, args.attrs, dz.shape());
     const std::int64_t pq = d.p * d.q;
     const std::int64_t rows = d.cg * d.r * d.s;
     dispatch_floating(x.dtype(), "conv2d backward", [&]<typename T>() {
@@ -209,24 +237,24 @@ std::vector<Tensor> conv2d_backward(const BackwardArgs& args) {
         std::vector<T> col(static_cast<std::size_t>(rows * pq));
         for (std::int64_t n = 0; n < d.n; ++n)
             for (std::int64_t g = 0; g < d.groups; ++g) {
-                const ConstMatrixMap<T> dY(dy.data<T>() + (n * d.k + g * d.kg) * pq, d.kg, pq);
+                const ConstMatrixMap<T> dZ(dz.data<T>() + (n * d.k + g * d.kg) * pq, d.kg, pq);
                 MatrixMap<T> Col(col.data(), rows, pq);
                 if (grads[0].defined()) {
                     const ConstMatrixMap<T> W(w.data<T>() + g * d.kg * rows, d.kg, rows);
-                    Col.noalias() = W.transpose() * dY;
+                    Col.noalias() = W.transpose() * dZ;
                     col2im_add(col.data(), d, grads[0].data<T>() + (n * d.c + g * d.cg) * d.h * d.w);
                 }
                 if (grads[1].defined()) {
                     im2col(x.data<T>() + (n * d.c + g * d.cg) * d.h * d.w, d, col.data());
                     MatrixMap<T> dW(grads[1].data<T>() + g * d.kg * rows, d.kg, rows);
-                    dW.noalias() += dY * Col.transpose();
+                    dW.noalias() += dZ * Col.transpose();
                 }
             }
         if (args.inputs.size() == 3 && args.needs_grad[2]) {
             const Tensor& b = args.inputs[2];
             grads[2] = Tensor::empty(b.shape(), b.dtype(), b.device());
-            // dy viewed as (N·K, P·Q): per-(image, channel) sums, then summed over images.
-            const Vector<T> plane_sums = ConstMatrixMap<T>(dy.data<T>(), d.n * d.k, pq).rowwise().sum();
+            // dz viewed as (N·K, P·Q): per-(image, channel) sums, then summed over images.
+            const Vector<T> plane_sums = ConstMatrixMap<T>(dz.data<T>(), d.n * d.k, pq).rowwise().sum();
             Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(grads[2].data<T>(), d.k) =
                 ConstMatrixMap<T>(plane_sums.data(), d.n, d.k).colwise().sum();
         }

@@ -8,6 +8,7 @@
 
 #include <Eigen/Core>
 
+#include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/kernels.h"
 
 namespace dyngrad {
@@ -18,8 +19,17 @@ Var matmul(const Var& a, const Var& b, std::source_location where) {
 }
 
 Var linear(const Var& x, const Var& weight, const Var& bias, std::source_location where) {
-    if (!bias.defined()) return linear(x, weight, where);
-    return x.graph().record(OpType::Linear, {x, weight, bias}, {}, where);
+    return linear(x, weight, bias, Activation::None, where);
+}
+
+Var linear(const Var& x, const Var& weight, const Var& bias, Activation activation, std::source_location where) {
+    if (!bias.defined()) {
+        const Var y = linear(x, weight, where);
+        return activation == Activation::Relu ? relu(y, where) : y;
+    }
+    OpAttrs attrs;
+    attrs.activation = activation;
+    return x.graph().record(OpType::Linear, {x, weight, bias}, attrs, where);
 }
 
 // No Linear node without a bias: the composite records existing ops and needs no kernel of its own.
@@ -100,7 +110,9 @@ OutputSpec matmul(OpType, std::span<const Tensor> inputs, const OpAttrs&) {
     return {{a.shape()[0], a.shape()[1], b.shape()[2]}, a.dtype()};
 }
 
-OutputSpec linear(OpType, std::span<const Tensor> inputs, const OpAttrs&) {
+OutputSpec linear(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    if (attrs.activation != Activation::None && attrs.activation != Activation::Relu)
+        throw ValueError(str("unknown activation ", static_cast<int>(attrs.activation)));
     const Tensor& x = inputs[0];
     const Tensor& weight = inputs[1];
     const Tensor& bias = inputs[2];
@@ -322,7 +334,7 @@ std::vector<Tensor> matmul_backward(const BackwardArgs& args) {
     return grads;
 }
 
-// x (N,in)  w (out,in)  b (out)  y (N,out) = x·wᵀ + b
+// x (N,in)  w (out,in)  b (out)  y (N,out) = act(x·wᵀ + b), act per attrs.activation (None or ReLU)
 Tensor linear_forward(const ForwardArgs& args) {
     const Tensor& x = args.inputs[0];
     const Tensor& w = args.inputs[1];
@@ -335,11 +347,14 @@ Tensor linear_forward(const ForwardArgs& args) {
         MatrixMap<T> Y(y.data<T>(), y.size(0), y.size(1));
         Y.noalias() = X * W.transpose();
         Y.rowwise() += bias;
+        // As ReluOp (ops/elementwise_math.h) writes it, so NaN maps to 0 as the relu op does.
+        if (args.attrs.activation == Activation::Relu) Y = (Y.array() > T(0)).select(Y, T(0));
     });
     return y;
 }
 
-// dy (N,out) -> dx = dy·w (N,in), dw = dyᵀ·x (out,in), db = column sums of dy (out)
+// dy (N,out) -> dz = dy ⊙ (y > 0) with the fused ReLU (dy otherwise: y > 0 exactly where the
+// pre-activation is), dx = dz·w (N,in), dw = dzᵀ·x (out,in), db = column sums of dz (out)
 std::vector<Tensor> linear_backward(const BackwardArgs& args) {
     const Tensor& x = args.inputs[0];
     const Tensor& w = args.inputs[1];
@@ -349,18 +364,25 @@ std::vector<Tensor> linear_backward(const BackwardArgs& args) {
     dispatch_floating(x.dtype(), "linear backward", [&]<typename T>() {
         const ConstMatrixMap<T> X(x.data<T>(), x.size(0), x.size(1));
         const ConstMatrixMap<T> W(w.data<T>(), w.size(0), w.size(1));
-        const ConstMatrixMap<T> dY(dy.data<T>(), dy.size(0), dy.size(1));
+        MatrixRM<T> masked;
+        const T* dz = dy.data<T>();
+        if (args.attrs.activation == Activation::Relu) {
+            const ConstMatrixMap<T> Y(args.output.data<T>(), dy.size(0), dy.size(1));
+            masked = (Y.array() > T(0)).select(ConstMatrixMap<T>(dz, dy.size(0), dy.size(1)), T(0));
+            dz = masked.data();
+        }
+        const ConstMatrixMap<T> dZ(dz, dy.size(0), dy.size(1));
         if (args.needs_grad[0]) {
             grads[0] = Tensor::empty(x.shape(), x.dtype(), x.device());
-            MatrixMap<T>(grads[0].data<T>(), x.size(0), x.size(1)).noalias() = dY * W;
+            MatrixMap<T>(grads[0].data<T>(), x.size(0), x.size(1)).noalias() = dZ * W;
         }
         if (args.needs_grad[1]) {
             grads[1] = Tensor::empty(w.shape(), w.dtype(), w.device());
-            MatrixMap<T>(grads[1].data<T>(), w.size(0), w.size(1)).noalias() = dY.transpose() * X;
+            MatrixMap<T>(grads[1].data<T>(), w.size(0), w.size(1)).noalias() = dZ.transpose() * X;
         }
         if (args.needs_grad[2]) {
             grads[2] = Tensor::empty(b.shape(), b.dtype(), b.device());
-            Eigen::Map<RowVector<T>>(grads[2].data<T>(), b.size(0)) = dY.colwise().sum();
+            Eigen::Map<RowVector<T>>(grads[2].data<T>(), b.size(0)) = dZ.colwise().sum();
         }
     });
     return grads;

@@ -1,4 +1,4 @@
-// Matrix products and layout. CPU: ops/linalg.cpp (Eigen). GPU: cuda/linalg.cu (cuBLAS).
+// Matrix products and layout. CPU: ops/linalg.cpp (Eigen). GPU: cuda/linalg.cu (cuBLAS, cuBLASLt).
 #pragma once
 #include <source_location>
 #include <vector>
@@ -11,6 +11,10 @@ namespace dyngrad {
 Var matmul(const Var& a, const Var& b, std::source_location where = std::source_location::current());
 // x (N,in) · weight (out,in)ᵀ + bias (out) -> (N,out); bias may be an undefined Var (no bias).
 Var linear(const Var& x, const Var& weight, const Var& bias,
+           std::source_location where = std::source_location::current());
+// The same followed by `activation`, fused into the linear node (graph/op_def.h): relu(x·weightᵀ + bias) is
+// one node whose backward needs only its output. Without a bias: the composite relu(matmul(x, weightᵀ)).
+Var linear(const Var& x, const Var& weight, const Var& bias, Activation activation,
            std::source_location where = std::source_location::current());
 Var linear(const Var& x, const Var& weight, std::source_location where = std::source_location::current());
 // Swaps two axes (default: the last two).

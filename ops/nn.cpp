@@ -186,7 +186,9 @@ void check_positive(const char* layer, const char* what, std::int64_t value) {
 }
 }  // namespace
 
-Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool with_bias, Generator& gen) {
+Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool with_bias, Generator& gen,
+               Activation fused_activation)
+    : activation(fused_activation) {
     check_positive("Linear", "in_features", in_features);
     check_positive("Linear", "out_features", out_features);
     weight = register_parameter("weight", kaiming_uniform({out_features, in_features}, gen));
@@ -196,8 +198,7 @@ Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool with_bi
 Var Linear::operator()(const Var& x, std::source_location where) const {
     ComputeGraph& graph = x.graph();
     const Var w = graph.parameter(weight, where);
-    if (!bias.defined()) return linear(x, w, where);
-    return linear(x, w, graph.parameter(bias, where), where);
+    return linear(x, w, bias.defined() ? graph.parameter(bias, where) : Var(), activation, where);
 }
 
 Conv2d::Conv2d(std::int64_t in_channels, std::int64_t out_channels, std::array<std::int64_t, 2> kernel,
@@ -250,9 +251,14 @@ Var Dropout::operator()(const Var& x, std::source_location where) const {
     return dropout(x, p, true, math::splitmix64_mix(seed_ + call * math::kSplitMixGamma), where);
 }
 
+Sequential& Sequential::skip_index() {
+    ++layers_->next_index;
+    return *this;
+}
+
 Var Sequential::operator()(const Var& x, std::source_location where) const {
     Var y = x;
-    for (const LayerFn& layer : *layers_) y = layer(y, where);
+    for (const LayerFn& layer : layers_->calls) y = layer(y, where);
     return y;
 }
 

@@ -101,19 +101,25 @@ private:
 
 // ---- layers: call them like functions, layer(x); `where` is the caller's line in error messages ----
 
-// y = x · weightᵀ + bias.  x (N,in), weight (out,in), bias (out) -> y (N,out).
-// weight: kaiming_uniform (ReLU gain); bias: zeros.
+// y = activation(x · weightᵀ + bias).  x (N,in), weight (out,in), bias (out) -> y (N,out).
+// weight: kaiming_uniform (ReLU gain); bias: zeros. An activation is fused into the linear node (see
+// linear, ops/linalg.h); in a Sequential, leave the index of the activation layer it replaces unused
+// (Sequential::skip_index) to keep the names of the layers after it.
 class Linear : public Module {
 public:
-    Linear(std::int64_t in_features, std::int64_t out_features, bool bias, Generator& gen);
+    Linear(std::int64_t in_features, std::int64_t out_features, bool bias, Generator& gen,
+           Activation activation = Activation::None);
     Var operator()(const Var& x, std::source_location where = std::source_location::current()) const;
 
     Parameter weight;
     Parameter bias;  // undefined without bias
+    Activation activation;
 };
 
 // x (N,C,H,W), weight (K, C/groups, R, S), bias (K) -> y (N,K,P,Q); see conv2d (ops/conv.h).
-// weight: kaiming_uniform (ReLU gain); bias: zeros.
+// weight: kaiming_uniform (ReLU gain); bias: zeros. options.activation fuses an activation into the conv2d
+// node ({.activation = Activation::Relu}); in a Sequential, skip_index() after it keeps the names of later
+// layers as they are with a separate activation layer.
 class Conv2d : public Module {
 public:
     Conv2d(std::int64_t in_channels, std::int64_t out_channels, std::array<std::int64_t, 2> kernel,
@@ -162,23 +168,33 @@ class Sequential : public Module {
 public:
     template <typename Layer>
     Sequential& add(Layer layer);
+    // Leaves the next index unused, for an activation fused into the layer before it
+    // (Linear(..., Activation::Relu) in place of Linear then ReLU): the layers after it keep the names
+    // they have with the separate activation, as PyTorch's nn.Sequential numbers them ("0", "2", ...).
+    Sequential& skip_index();
     Var operator()(const Var& x, std::source_location where = std::source_location::current()) const;
-    std::size_t size() const { return layers_->size(); }
+    std::size_t size() const { return layers_->calls.size(); }  // layers added (skipped indices not counted)
 
 private:
     using LayerFn = std::function<Var(const Var&, std::source_location)>;
-    std::shared_ptr<std::vector<LayerFn>> layers_ = std::make_shared<std::vector<LayerFn>>();
+    struct Layers {
+        std::vector<LayerFn> calls;
+        std::size_t next_index = 0;  // layers added plus indices skipped
+    };
+    std::shared_ptr<Layers> layers_ = std::make_shared<Layers>();
 };
 
 template <typename Layer>
 Sequential& Sequential::add(Layer layer) {
-    if constexpr (std::is_base_of_v<Module, Layer>) register_module(std::to_string(layers_->size()), layer);
+    if constexpr (std::is_base_of_v<Module, Layer>) register_module(std::to_string(layers_->next_index), layer);
     if constexpr (std::is_invocable_r_v<Var, Layer&, const Var&, std::source_location>) {
-        layers_->push_back([layer](const Var& x, std::source_location where) mutable { return layer(x, where); });
+        layers_->calls.push_back(
+            [layer](const Var& x, std::source_location where) mutable { return layer(x, where); });
     } else {
         static_assert(std::is_invocable_r_v<Var, Layer&, const Var&>, "Sequential::add: needs Var(const Var&)");
-        layers_->push_back([layer](const Var& x, std::source_location) mutable { return layer(x); });
+        layers_->calls.push_back([layer](const Var& x, std::source_location) mutable { return layer(x); });
     }
+    ++layers_->next_index;
     return *this;
 }
 

@@ -89,9 +89,15 @@ std::vector<OpCase> matmul_cases() {
     };
 }
 std::vector<OpCase> linear_cases() {
+    OpAttrs relu;
+    relu.activation = Activation::Relu;
+    // The ReLU cases draw every input from normal(0, 1): pre-activations of about half the outputs are
+    // positive, and each lies within the finite-difference step (1e-6) of the kink with probability ~1e-6.
     return {
         {"with bias", {{5, 4}, {3, 4}, {3}}, {}, {}},
         {"batch 1", {{1, 7}, {6, 7}, {6}}, {}, {}},
+        {"relu", {{7, 13}, {5, 13}, {5}}, relu, {}},
+        {"relu batch 1", {{1, 9}, {11, 9}, {11}}, relu, {}},
     };
 }
 std::vector<OpCase> transpose_cases() {
@@ -146,21 +152,28 @@ std::vector<OpCase> mse_cases() {
 }
 
 OpAttrs conv_attr(std::array<std::int64_t, 2> stride, std::array<std::int64_t, 2> padding,
-                  std::array<std::int64_t, 2> dilation, std::int64_t groups) {
+                  std::array<std::int64_t, 2> dilation, std::int64_t groups, Activation activation = Activation::None) {
     OpAttrs a;
     a.stride = stride;
     a.padding = padding;
     a.dilation = dilation;
     a.groups = groups;
+    a.activation = activation;
     return a;
 }
 std::vector<OpCase> conv2d_cases() {
+    constexpr Activation relu = Activation::Relu;
     return {
         {"3x3 pad 1 bias", {{2, 3, 7, 6}, {4, 3, 3, 3}, {4}}, conv_attr({1, 1}, {1, 1}, {1, 1}, 1), {}},
         {"stride 2 no bias", {{2, 2, 9, 8}, {3, 2, 3, 2}}, conv_attr({2, 2}, {0, 0}, {1, 1}, 1), {}},
         {"dilation 2 pad 2", {{1, 2, 9, 9}, {2, 2, 3, 3}, {2}}, conv_attr({1, 1}, {2, 2}, {2, 2}, 1), {}},
         {"groups 2", {{2, 4, 6, 5}, {6, 2, 3, 3}, {6}}, conv_attr({1, 1}, {1, 0}, {1, 1}, 2), {}},
         {"5x5 lenet", {{2, 1, 12, 12}, {3, 1, 5, 5}, {3}}, conv_attr({1, 1}, {0, 0}, {1, 1}, 1), {}},
+        // Fused Relu: random inputs leave pre-activations within the finite-difference step of 0 rarely enough.
+        {"relu 3x3 pad 1 bias", {{2, 3, 7, 6}, {4, 3, 3, 3}, {4}}, conv_attr({1, 1}, {1, 1}, {1, 1}, 1, relu), {}},
+        {"relu stride 2 no bias", {{2, 2, 9, 8}, {3, 2, 3, 2}}, conv_attr({2, 2}, {0, 0}, {1, 1}, 1, relu), {}},
+        {"relu groups 2 pad 1,0", {{2, 4, 6, 5}, {6, 2, 3, 3}, {6}}, conv_attr({1, 1}, {1, 0}, {1, 1}, 2, relu), {}},
+        {"relu 5x5 lenet", {{3, 1, 12, 12}, {3, 1, 5, 5}, {3}}, conv_attr({1, 1}, {0, 0}, {1, 1}, 1, relu), {}},
     };
 }
 OpAttrs pool_attr(std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,

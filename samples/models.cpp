@@ -4,7 +4,6 @@ namespace dyngrad::models {
 
 namespace {
 
-Var relu_layer(const Var& x) { return relu(x); }
 Var pool_layer(const Var& x) { return max_pool2d(x, {2, 2}); }
 Var flatten_layer(const Var& x) { return flatten(x); }
 
@@ -33,8 +32,11 @@ public:
 void add_mlp(Sequential& model, const std::vector<std::int64_t>& widths, Generator& gen) {
     if (widths.size() < 2) throw ValueError(str("add_mlp: needs at least two widths, got ", widths.size()));
     for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
-        if (i > 0) model.add(relu_layer);
-        model.add(Linear(widths[i], widths[i + 1], true, gen));
+        if (i + 2 == widths.size()) {
+            model.add(Linear(widths[i], widths[i + 1], true, gen));
+        } else {
+            model.add(Linear(widths[i], widths[i + 1], true, gen, Activation::Relu)).skip_index();
+        }
     }
 }
 
@@ -50,16 +52,19 @@ Sequential make_model(const std::string& name, std::int64_t height, std::int64_t
     const std::int64_t h2 = ((height - 4) / 2 - 4) / 2, w2 = ((width - 4) / 2 - 4) / 2;
     Sequential model;
     if (name == "lenet5") {
-        model.add(Conv2d(1, 6, {5, 5}, {}, true, gen)).add(relu_layer).add(pool_layer);
-        model.add(Conv2d(6, 16, {5, 5}, {}, true, gen)).add(relu_layer).add(pool_layer).add(flatten_layer);
-        model.add(Linear(16 * h2 * w2, 120, true, gen)).add(relu_layer).add(Linear(120, classes, true, gen));
+        model.add(Conv2d(1, 6, {5, 5}, {.activation = Activation::Relu}, true, gen)).skip_index().add(pool_layer);
+        model.add(Conv2d(6, 16, {5, 5}, {.activation = Activation::Relu}, true, gen)).skip_index();
+        model.add(pool_layer).add(flatten_layer);
+        model.add(Linear(16 * h2 * w2, 120, true, gen, Activation::Relu)).skip_index();
+        model.add(Linear(120, classes, true, gen));
     } else if (name == "lenet") {
         model.add(Conv2d(1, 20, {5, 5}, {}, true, gen)).add(pool_layer);
         model.add(Conv2d(20, 50, {5, 5}, {}, true, gen)).add(pool_layer).add(flatten_layer);
-        model.add(Linear(50 * h2 * w2, 500, true, gen)).add(relu_layer).add(Linear(500, classes, true, gen));
+        model.add(Linear(50 * h2 * w2, 500, true, gen, Activation::Relu)).skip_index();
+        model.add(Linear(500, classes, true, gen));
     } else if (name == "simplecnn") {
-        model.add(Conv2d(1, 16, {3, 3}, {.padding = {1, 1}}, true, gen)).add(relu_layer).add(pool_layer);
-        model.add(flatten_layer).add(Linear(16 * (height / 2) * (width / 2), classes, true, gen));
+        model.add(Conv2d(1, 16, {3, 3}, {.padding = {1, 1}, .activation = Activation::Relu}, true, gen)).skip_index();
+        model.add(pool_layer).add(flatten_layer).add(Linear(16 * (height / 2) * (width / 2), classes, true, gen));
     } else if (name == "mlp") {
         model.add(flatten_layer);
         add_mlp(model, {height * width, 500, classes}, gen);

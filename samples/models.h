@@ -9,6 +9,10 @@
 //   lstm:      the image read row by row (28 steps of 28 pixels), LSTM of 2 layers × 128 hidden units, the
 //              top layer's final hidden state (128), linear 128→10
 //
+// A ReLU after a linear or convolution layer is fused into it (Linear(..., Activation::Relu),
+// Conv2d(..., {.activation = Activation::Relu}), one node); the index the separate ReLU had stays unused
+// (Sequential::skip_index), so parameter names ("7.weight") match PyTorch's.
+//
 // Weights: kaiming_uniform with the ReLU gain (bound √(6 / fan_in)); biases: zeros (ops/nn.h). The LSTM's
 // one flat weight, biases included: uniform(±1/√128) (ops/rnn.h).
 #pragma once
@@ -27,7 +31,7 @@ inline const std::vector<std::string> kModelNames = {"lenet5", "lenet", "simplec
 Sequential make_model(const std::string& name, std::int64_t height, std::int64_t width, Generator& gen);
 
 // Appends linear layers widths[0]→widths[1]→…→widths.back() with a ReLU between two of them (none after
-// the last) to `model`. ValueError for fewer than two widths.
+// the last; each fused into the layer before it) to `model`. ValueError for fewer than two widths.
 void add_mlp(Sequential& model, const std::vector<std::int64_t>& widths, Generator& gen);
 
 // A model of add_mlp's layers alone, for inputs (N, widths[0]).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with a CUDA device: build with the CUDA backend, run every test, the verification bench,
 # the samples (matmul_relu, custom_op, lenet_step), the performance floor and the Fashion-MNIST training
-# runs; logs go to $1 (default gpu-results/), at most 8 files. DATA (default
+# runs (lenet, mlp, lstm); logs go to $1 (default gpu-results/), at most 8 files. DATA (default
 # /usr/share/datasets/fashion-mnist) names the data set. The records in docs/verification.md and
 # docs/training.md come from this script. The lent GPU has no apt: dependencies must be present.
 set -uo pipefail
@@ -36,6 +36,8 @@ train="$build/samples/dyngrad-train"
   timeout 240 "$train" --model lenet --epochs 10 --device cuda --data "$data" --csv "$out/lenet_curve.csv"
   echo "== mlp, 10 epochs, cuda"
   timeout 120 "$train" --model mlp --epochs 10 --device cuda --data "$data"
+  echo "== lstm, 10 epochs, cuda"
+  timeout 120 "$train" --model lstm --epochs 10 --device cuda --resident --data "$data"
   echo "== lenet, 1 epoch, cuda, shadow verification every 100 steps"
   timeout 120 "$train" --model lenet --epochs 1 --device cuda --data "$data" --shadow 100
 } > "$out/training.txt" 2>&1 || status=1

@@ -164,6 +164,31 @@ TEST_CASE("backward twice needs retain_graph", "[graph][retain_graph]") {
     }
 }
 
+TEST_CASE("free_values releases intermediate values during backward", "[graph][free_values]") {
+    auto run = [](bool free_values, std::vector<double>& dx, Tensor& h_value_after) {
+        ComputeGraph graph;
+        Var x = graph.input(f64({0.5, -1.5, 2}), "x", true);
+        Var h = exp(x * 2.0).name("h");
+        Var loss = sum(h * x);
+        graph.backward(loss, BackwardOptions{.free_values = free_values});
+        dx = x.grad().to_vector();
+        CHECK(loss.item() == Approx(0.5 * std::exp(1.0) - 1.5 * std::exp(-3.0) + 2 * std::exp(4.0)));
+        CHECK(x.value().numel() == 3);  // leaves keep their values
+        if (free_values) {
+            CHECK_THROWS_MATCHES(h.value(), GraphError, MessageHas({"'h'", "free_values"}));
+            CHECK_THROWS_MATCHES(h + 1.0, GraphError, MessageHas({"input 0", "'h'", "free_values"}));
+        } else {
+            h_value_after = h.value();
+        }
+    };
+    std::vector<double> kept, freed;
+    Tensor h_value;
+    run(false, kept, h_value);
+    run(true, freed, h_value);
+    CHECK(freed == kept);  // the same gradients, bit for bit
+    CHECK(h_value.numel() == 3);
+}
+
 TEST_CASE("retain_grads keeps intermediate gradients", "[graph][retain_grads]") {
     ComputeGraph graph;
     Var x = graph.input(f64({1, -2}), "x", true);

@@ -246,6 +246,40 @@ TEST_CASE("layers compute what their ops compute", "[training][module]") {
         alias.add([](const Var& x) { return sigmoid(x); });
         CHECK(seq.size() == 4);
     }
+    SECTION("a ReLU fused into Linear computes relu(linear) and skip_index keeps the later names") {
+        Sequential fused;
+        fused.add(Linear(4, 3, true, gen, Activation::Relu)).skip_index().add(Linear(3, 2, true, gen));
+        CHECK(fused.size() == 2);
+        std::vector<std::string> names;
+        for (const Parameter& p : fused.parameters()) names.push_back(p.name());
+        CHECK(names == std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"});
+        const std::vector<Parameter> params = fused.parameters();
+        Var x = graph.input(Tensor::normal({5, 4}, 0.0, 1.0, gen), "x");
+        const Var separate = linear(relu(linear(x, graph.parameter(params[0]), graph.parameter(params[1]))),
+                                    graph.parameter(params[2]), graph.parameter(params[3]));
+        CHECK(fused(x).value().to_vector() == separate.value().to_vector());
+    }
+    SECTION("a ReLU fused into conv2d computes relu(conv2d), gradients included; Conv2d takes it as an option") {
+        const Tensor x = Tensor::normal({2, 2, 5, 6}, 0.0, 1.0, gen), w = Tensor::normal({3, 2, 3, 3}, 0.0, 1.0, gen);
+        const Tensor b = Tensor::normal({3}, 0.0, 1.0, gen), dy = Tensor::normal({2, 3, 5, 6}, 0.0, 1.0, gen);
+        std::vector<std::vector<double>> results[2];  // [fused]: y, dx, dw, db
+        for (const bool fused : {false, true}) {
+            ComputeGraph g;
+            const Var vx = g.input(x, "x", true), vw = g.input(w, "w", true), vb = g.input(b, "b", true);
+            const Var y = fused ? conv2d(vx, vw, vb, {.padding = {1, 1}, .activation = Activation::Relu})
+                                : relu(conv2d(vx, vw, vb, {.padding = {1, 1}}));
+            g.backward(y, dy);
+            results[fused] = {y.value().to_vector(), vx.grad().to_vector(), vw.grad().to_vector(),
+                              vb.grad().to_vector()};
+        }
+        CHECK(results[1] == results[0]);
+        Sequential model;
+        model.add(Conv2d(2, 3, {3, 3}, {.activation = Activation::Relu}, true, gen)).skip_index();
+        model.add(Conv2d(3, 1, {1, 1}, {}, true, gen));
+        std::vector<std::string> names;
+        for (const Parameter& p : model.parameters()) names.push_back(p.name());
+        CHECK(names == std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"});
+    }
     SECTION("Conv2d + BatchNorm: shapes, parameters, buffers and running statistics") {
         Conv2d conv(2, 4, {3, 3}, {.padding = {1, 1}}, true, gen);
         BatchNorm bn(4);
