@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -143,6 +144,10 @@ struct ContextOwner {
     DeviceBuffer block_counter;
     std::atomic<std::size_t> bytes_in_use{0};
     std::atomic<std::size_t> peak_bytes_in_use{0};
+    // Freed small blocks by size class, handed out again without a CUDA call (see allocate()).
+    std::mutex cache_mutex;
+    std::unordered_map<std::size_t, std::vector<void*>> cached_blocks;
+    std::size_t cached_bytes = 0;
     std::mutex staging_mutex;  // one host thread at a time uses the staging slots
     std::array<StagingSlot, 2> staging;
 };
@@ -255,6 +260,8 @@ std::array<std::atomic<ContextOwner*>, kMaxDevices> g_contexts{};
 std::mutex g_contexts_mutex;
 std::atomic<bool> g_released{false};
 
+void empty_block_cache(ContextOwner& o) noexcept;
+
 void release_contexts() noexcept {
     const std::lock_guard lock(g_contexts_mutex);
     g_released.store(true, std::memory_order_release);
@@ -265,6 +272,8 @@ void release_contexts() noexcept {
             // Handles that threads gave back; the first one is also owned by o->cudnn.
             for (const cudnnHandle_t handle : o->spare_cudnn)
                 if (handle != o->cudnn.get()) static_cast<void>(cudnnDestroy(handle));
+            empty_block_cache(*o);
+            static_cast<void>(cudaStreamSynchronize(o->ctx.stream));
             static_cast<void>(cudaMemPoolTrimTo(o->ctx.pool, 0));
             delete o;  // its RAII members destroy the handles, the stream, the staging and error buffers
         }
@@ -339,6 +348,31 @@ private:
     std::array<DeviceContext, kMaxDevices> views_{};
 };
 thread_local ThreadContexts tls_contexts;
+
+// The block cache: cudaMallocFromPoolAsync and cudaFreeAsync cost about a microsecond of host time each,
+// and an eager training step allocates and frees every activation and gradient, so freed blocks of up to
+// kCachedBlockLimit bytes are kept per size class and handed out again directly. That is safe without any
+// event: all of a device's work runs on its one stream, so the kernels that used a block are ordered
+// before those of its next owner, exactly as for the pool's own stream-ordered reuse. At most
+// kCacheLimit bytes are held; the rest goes back to the pool, and an allocation that fails empties the
+// cache before it retries.
+constexpr std::size_t kCacheGranule = 512;
+constexpr std::size_t kCachedBlockLimit = std::size_t{4} << 20;
+constexpr std::size_t kCacheLimit = std::size_t{256} << 20;
+
+std::size_t cache_size_class(std::size_t bytes) {
+    return (std::max<std::size_t>(bytes, 1) + kCacheGranule - 1) / kCacheGranule * kCacheGranule;
+}
+
+// Returns every cached block to the pool, ordered on the stream.
+void empty_block_cache(ContextOwner& o) noexcept {
+    const std::lock_guard lock(o.cache_mutex);
+    for (auto& [size, blocks] : o.cached_blocks)
+        for (void* block : blocks)
+            if (cudaFreeAsync(block, o.ctx.stream) != cudaSuccess) static_cast<void>(cudaGetLastError());
+    o.cached_blocks.clear();
+    o.cached_bytes = 0;
+}
 
 void note_allocation(ContextOwner& o, std::size_t bytes) {
     const std::size_t now = o.bytes_in_use.fetch_add(bytes, std::memory_order_relaxed) + bytes;
@@ -723,14 +757,29 @@ void* allocate(std::size_t bytes, int device) {
     ContextOwner& o = owner(device);
     if (tls_capture != nullptr && tls_capture->pool->device == device)
         return allocate_in_capture(*tls_capture->pool, o, bytes);
-    // Zero-byte requests still get a real (1-byte) block, so every Storage holds a valid, unique pointer.
-    const std::size_t request = std::max<std::size_t>(bytes, 1);
+    // Zero-byte requests still get a real block, so every Storage holds a valid, unique pointer.
+    const std::size_t size_class = cache_size_class(bytes);
+    const bool cacheable = size_class <= kCachedBlockLimit;
+    if (cacheable) {
+        const std::lock_guard lock(o.cache_mutex);
+        const auto found = o.cached_blocks.find(size_class);
+        if (found != o.cached_blocks.end() && !found->second.empty()) {
+            void* ptr = found->second.back();
+            found->second.pop_back();
+            o.cached_bytes -= size_class;
+            note_allocation(o, bytes);
+            return ptr;
+        }
+    }
+    // A cacheable block is allocated at its class's size, so that it can serve any request of the class.
+    const std::size_t request = cacheable ? size_class : bytes;
     void* ptr = nullptr;
     cudaError_t status = cudaMallocFromPoolAsync(&ptr, request, o.ctx.pool, o.ctx.stream);
     if (status == cudaErrorMemoryAllocation) {
         static_cast<void>(cudaGetLastError());
-        // Failure path only: let pending frees complete, hand the pool's unused memory back to the
-        // driver (other allocators and fragmentation may then fit the request) and retry once.
+        // Failure path only: give the cache back, let pending frees complete, hand the pool's unused memory
+        // back to the driver (other allocators and fragmentation may then fit the request) and retry once.
+        empty_block_cache(o);
         DG_CUDA_CHECK(cudaStreamSynchronize(o.ctx.stream));
         DG_CUDA_CHECK(cudaMemPoolTrimTo(o.ctx.pool, 0));
         status = cudaMallocFromPoolAsync(&ptr, request, o.ctx.pool, o.ctx.stream);
@@ -756,9 +805,18 @@ void deallocate(void* ptr, std::size_t bytes, int device) noexcept {
         const int previous = tls_current_device;
         ContextOwner& o = owner(device);
         o.bytes_in_use.fetch_sub(bytes, std::memory_order_relaxed);
+        bool cached = false;
+        if (const std::size_t size_class = cache_size_class(bytes); size_class <= kCachedBlockLimit) {
+            const std::lock_guard lock(o.cache_mutex);
+            if (o.cached_bytes + size_class <= kCacheLimit) {
+                o.cached_blocks[size_class].push_back(ptr);
+                o.cached_bytes += size_class;
+                cached = true;
+            }
+        }
         // A failure here (typically the runtime unloading at process exit) has no one to report to;
         // clear it so a later launch check does not pick it up.
-        if (cudaFreeAsync(ptr, o.ctx.stream) != cudaSuccess) static_cast<void>(cudaGetLastError());
+        if (!cached && cudaFreeAsync(ptr, o.ctx.stream) != cudaSuccess) static_cast<void>(cudaGetLastError());
         if (previous >= 0) make_current(previous);
     } catch (...) {
         // A device switch failed: deallocation runs in destructors and must not throw.

@@ -6,15 +6,16 @@
 #      and a failed install is not fatal: the configure step then names what is missing);
 #   2. runs dyngrad-perf and bench/torch_reference.py on the same workloads (JSON + logs);
 #   3. runs the time-to-accuracy pair (lenet on Fashion-MNIST to 90%, Adam 1e-3, batch 64, data on the GPU,
-#      the same epoch order and the same initial weights) when the data set is there;
+#      the same epoch order and the same initial weights, one pair per seed) when the data set is there;
 #   4. writes the side-by-side report of bench/compare_perf.py.
 #
 #   scripts/run-perf.sh [OUT_DIR] [--quick] [--only NAME[,NAME...]] [--no-tta]
 #
-# OUT_DIR (default perf-results/) receives at most 8 files: env.txt, dyngrad.txt, dyngrad.json, torch.txt,
-# torch.json, tta_dyngrad.txt, tta_torch.json, report.md. Environment: DATA (MNIST-format directory;
-# default /usr/share/datasets/fashion-mnist, else .data/fashion-mnist in the repository), PYTHON (default
-# python3), DYNGRAD_JOBS (default nproc), TARGET_ACCURACY (default 0.90), MAX_EPOCHS (default 30).
+# OUT_DIR (default perf-results/) receives env.txt, dyngrad.txt, dyngrad.json, torch.txt, torch.json,
+# report.md and tta/ (one dyngrad log and one torch JSON per seed). Environment: DATA (MNIST-format
+# directory; default /usr/share/datasets/fashion-mnist, else .data/fashion-mnist in the repository), PYTHON
+# (default python3), DYNGRAD_JOBS (default nproc), TARGET_ACCURACY (default 0.90), MAX_EPOCHS (default 30),
+# TTA_SEEDS (default "0 1 2").
 # Exit status: 0 when every step ran (targets are judged in report.md), 1 otherwise.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -92,27 +93,33 @@ PYTHONUNBUFFERED=1 "$python" "$root/bench/torch_reference.py" --json "$out/torch
     tee "$out/torch.txt" || status=1
 
 # ---- 3. time to accuracy ----
+# One pair of runs per seed in TTA_SEEDS: per seed both sides start from dyngrad-train's untrained lenet of
+# that seed (saved, then loaded by both) and see the same epoch order; report.md judges the median time.
 tta_args=()
 if ((tta)) && [[ -d "$data" ]]; then
     target=${TARGET_ACCURACY:-0.90}
     epochs=${MAX_EPOCHS:-30}
-    # Both sides start from the same weights: dyngrad-train's initial lenet (seed 0), saved untrained.
-    init="$build/lenet_init.safetensors"
-    "$build/samples/dyngrad-train" --model lenet --seed 0 --epochs 0 --device cuda --data "$data" --save "$init" \
-        > /dev/null || status=1
-    echo "==> time to $target: dyngrad-train"
-    "$build/samples/dyngrad-train" --model lenet --optimizer adam --lr 0.001 --batch 64 --schedule none \
-        --device cuda --resident --seed 0 --epochs "$epochs" --target-accuracy "$target" --data "$data" \
-        --load "$init" > "$out/tta_dyngrad.txt" 2>&1 || status=1
-    grep -E "^epoch [0-9]+/|_to_target|evaluation_s|test_accuracy" "$out/tta_dyngrad.txt"
-    echo "==> time to $target: torch_reference.py --time-to-accuracy"
-    rm -f "$out/tta_torch.json"
-    PYTHONUNBUFFERED=1 "$python" "$root/bench/torch_reference.py" --time-to-accuracy --data "$data" --seed 0 \
-        --batch 64 --lr 0.001 --max-epochs "$epochs" --target-accuracy "$target" --init-from "$init" \
-        --json "$out/tta_torch.json" 2>&1 |
-        tee -a "$out/torch.txt" || status=1
-    [[ -f "$out/tta_torch.json" ]] && grep -q "^time_to_target_s=" "$out/tta_dyngrad.txt" &&
-        tta_args=(--tta-dyngrad "$out/tta_dyngrad.txt" --tta-torch "$out/tta_torch.json")
+    mkdir -p "$out/tta"
+    for seed in ${TTA_SEEDS:-0 1 2}; do
+        init="$build/lenet_init_seed$seed.safetensors"
+        "$build/samples/dyngrad-train" --model lenet --seed "$seed" --epochs 0 --device cuda --data "$data" \
+            --save "$init" > /dev/null || status=1
+        echo "==> time to $target, seed $seed: dyngrad-train"
+        "$build/samples/dyngrad-train" --model lenet --optimizer adam --lr 0.001 --batch 64 --schedule none \
+            --device cuda --resident --seed "$seed" --epochs "$epochs" --target-accuracy "$target" --data "$data" \
+            --load "$init" > "$out/tta/dyngrad_seed$seed.txt" 2>&1 || status=1
+        grep -E "_to_target|evaluation_s" "$out/tta/dyngrad_seed$seed.txt"
+        echo "==> time to $target, seed $seed: torch_reference.py --time-to-accuracy"
+        rm -f "$out/tta/torch_seed$seed.json"
+        PYTHONUNBUFFERED=1 "$python" "$root/bench/torch_reference.py" --time-to-accuracy --data "$data" \
+            --seed "$seed" --batch 64 --lr 0.001 --max-epochs "$epochs" --target-accuracy "$target" \
+            --init-from "$init" --json "$out/tta/torch_seed$seed.json" 2>&1 | tee -a "$out/torch.txt" || status=1
+        if [[ -f "$out/tta/torch_seed$seed.json" ]] && grep -q "^time_to_target_s=" "$out/tta/dyngrad_seed$seed.txt"; then
+            tta_args+=(--tta-dyngrad "$out/tta/dyngrad_seed$seed.txt" --tta-torch "$out/tta/torch_seed$seed.json")
+        else
+            status=1
+        fi
+    done
 elif ((tta)); then
     echo "==> time to accuracy skipped: no data set at $data (set DATA)"
 fi
