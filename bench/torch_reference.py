@@ -158,7 +158,9 @@ def init_like_dyngrad(model):
     return model
 
 
-def make_model(name, height=28, width=28, classes=10):
+def make_model(name, height=28, width=28, classes=10, default_init=False):
+    """The network, initialised like dyngrad (init_like_dyngrad); default_init=True: its layers as PyTorch
+    initialised them (a list, for nn.Sequential)."""
     nn = torch.nn
     h2, w2 = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
     if name == "lenet5":
@@ -171,7 +173,7 @@ def make_model(name, height=28, width=28, classes=10):
         layers = [nn.Flatten(), *mlp_layers([height * width, 500, classes])]
     else:
         raise ValueError(f"unknown model {name!r}")
-    return init_like_dyngrad(nn.Sequential(*layers))
+    return layers if default_init else init_like_dyngrad(nn.Sequential(*layers))
 
 
 def mlp_layers(widths):
@@ -552,6 +554,30 @@ def load_initial_weights(model, path):
     model.load_state_dict(state, strict=True)
 
 
+def write_safetensors(path, tensors):
+    """Writes {name: float32 CPU tensor} in the format read_safetensors() reads (and dyngrad's --load)."""
+    header, blobs, offset = {}, [], 0
+    for name, tensor in tensors.items():
+        raw = bytes(tensor.detach().to("cpu", torch.float32).contiguous().view(torch.uint8).flatten().tolist())
+        header[name] = {"dtype": "F32", "shape": list(tensor.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def save_default_init(args):
+    """lenet as PyTorch initialises it by default (torch.manual_seed(seed); kaiming_uniform(a=√5) weights,
+    uniform ±1/√fan_in biases), saved for dyngrad-train --load and --init-from alike."""
+    torch.manual_seed(args.seed)
+    model = torch.nn.Sequential(*make_model("lenet", default_init=True))
+    write_safetensors(args.save_default_init, dict(model.state_dict()))
+    print(f"saved PyTorch's default lenet initialisation (seed {args.seed}) to {args.save_default_init}")
+    return 0
+
+
 def time_to_accuracy(args):
     torch.backends.cudnn.benchmark = not args.no_cudnn_benchmark
     set_tf32(False)
@@ -634,6 +660,8 @@ def main():
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0, help="epoch order (dyngrad-train --seed) and weights")
     parser.add_argument("--init-from", help="initial lenet weights (safetensors from dyngrad-train --save)")
+    parser.add_argument("--save-default-init", metavar="FILE",
+                        help="save lenet with PyTorch's default initialisation for --seed to FILE, then exit")
     parser.add_argument("--log-every", type=int, default=50, help="as dyngrad-train --log-every (GPU default 50)")
     args = parser.parse_args()
     if args.list:
@@ -646,6 +674,8 @@ def main():
     if not torch.cuda.is_available():
         print("torch_reference.py: no CUDA device; nothing to measure")
         return 77
+    if args.save_default_init:
+        return save_default_init(args)
     return time_to_accuracy(args) if args.time_to_accuracy else run_workloads(args)
 
 
