@@ -3,7 +3,7 @@
 //
 // A sum first sees x as runs (size-1 axes dropped, neighbouring axes of the same kind merged), then:
 //  - nothing reduced          -> a device copy;
-//  - everything reduced       -> one block up to kSingleBlockSumMax elements, else cub::DeviceReduce::Sum;
+//  - everything reduced       -> cub::DeviceReduce::Sum;
 //  - one reduced run with kept axes after it, x (outer, rows, inner) -> column sums, coalesced along inner;
 //  - anything else (rows of a matrix, NCHW per-channel sums) -> one warp or block per output, reading the
 //    reduced elements through strides.
@@ -274,19 +274,9 @@ void column_sums(DeviceContext& ctx, const T* x, T* y, std::int64_t outer, std::
     column_sums(ctx, static_cast<const T*>(partial_sums), y, 1, splits, outer * inner, divisor);
 }
 
-// Up to this many elements a full sum is one block (at most 64 elements per thread in sequence): one launch
-// and no temporary storage, where CUB's device reduction takes two kernels and a workspace above its single
-// tile — what dominates a small loss such as sum(relu(x·w)).
-constexpr std::int64_t kSingleBlockSumMax = kThreads * 64;
-
 // y = sum of all n elements of x / divisor
 template <typename T>
 void full_sum(DeviceContext& ctx, const T* x, T* y, std::int64_t n, T divisor) {
-    if (n <= kSingleBlockSumMax) {
-        block_sum_kernel<T><<<1, kThreads, 0, ctx.stream>>>(x, y, row_dims(1, n), row_dims(n, 1), 1, 1, n, n, divisor);
-        DG_CUDA_CHECK_LAUNCH();
-        return;
-    }
     std::size_t temp_bytes = 0;
     DG_CUDA_CHECK(cub::DeviceReduce::Sum(nullptr, temp_bytes, x, y, n, ctx.stream));
     Workspace temp(ctx, temp_bytes);

@@ -261,6 +261,7 @@ std::mutex g_contexts_mutex;
 std::atomic<bool> g_released{false};
 
 void empty_block_cache(ContextOwner& o) noexcept;
+void release_capture_pools_at_exit(ContextOwner& o) noexcept;
 
 void release_contexts() noexcept {
     const std::lock_guard lock(g_contexts_mutex);
@@ -273,6 +274,7 @@ void release_contexts() noexcept {
             for (const cudnnHandle_t handle : o->spare_cudnn)
                 if (handle != o->cudnn.get()) static_cast<void>(cudnnDestroy(handle));
             empty_block_cache(*o);
+            release_capture_pools_at_exit(*o);
             static_cast<void>(cudaStreamSynchronize(o->ctx.stream));
             static_cast<void>(cudaMemPoolTrimTo(o->ctx.pool, 0));
             delete o;  // its RAII members destroy the handles, the stream, the staging and error buffers
@@ -460,6 +462,24 @@ void grow_capture_pool(CaptureRegistry& registry, CapturePool& pool, ContextOwne
     registry.chunks.emplace(base, std::pair(&pool, chunk_bytes));
     pool.blocks.emplace(base, CapturePool::Block{chunk_bytes, true, base});
     pool.free_blocks.emplace(chunk_bytes, base);
+}
+
+// At exit, with the contexts: the memory of capture pools that are still alive (a block of theirs was never
+// returned, e.g. a tensor held by a static object) and the ordinary memory they held. The pool objects
+// stay: a later deallocate() finds g_released set and returns before it would look them up.
+void release_capture_pools_at_exit(ContextOwner& o) noexcept {
+    CaptureRegistry& registry = capture_registry();
+    const std::lock_guard lock(registry.mutex);
+    for (CapturePool* pool : registry.pools) {
+        if (pool->device != o.ctx.device) continue;
+        for (char* chunk : pool->chunks) static_cast<void>(cudaFree(chunk));
+        for (void* constant : pool->constants) static_cast<void>(cudaFree(constant));
+        for (const auto& [ptr, bytes] : pool->held) static_cast<void>(cudaFreeAsync(ptr, o.ctx.stream));
+        pool->chunks.clear();
+        pool->constants.clear();
+        pool->held.clear();
+    }
+    static_cast<void>(cudaGetLastError());
 }
 
 // Removes an emptied pool from the registry; release_capture_pool() then frees it without the lock.
