@@ -65,6 +65,21 @@ TEST_CASE("verify replays a float32 CPU graph in float64 and passes", "[verify]"
     CHECK(w1.grad().defined());
 }
 
+TEST_CASE("verify follows the recorded run's choice where float32 rounding ties a max", "[verify]") {
+    // p = x·s: in float64 p1 = 3·float(1/3) = 1.0000000298 beats p0 = 1, in float32 both round to 1 and the
+    // first wins. The replay must route the gradient as the recorded run did; it still checks p's values.
+    ComputeGraph graph;
+    Var x = graph.input(Tensor::from_vector(std::vector<float>{1.0f, 3.0f}, {1, 1, 1, 2}), "x");
+    Var s = graph.input(Tensor::from_vector(std::vector<float>{1.0f, 1.0f / 3.0f}, {1, 1, 1, 2}), "s", true);
+    Var p = x * s;
+    REQUIRE(p.value().to_vector() == std::vector<double>{1.0, 1.0});
+    Var loss = sum(max_pool2d(p, {1, 2}));
+    const VerifyReport report = verify(graph, loss);
+    INFO(report.summary());
+    CHECK(report.pass);
+    CHECK(s.grad().to_vector() == std::vector<double>{1.0, 0.0});  // the first of the tied pair
+}
+
 TEST_CASE("verify names the first node whose gradient diverges", "[verify]") {
     static const CustomOp wrong_square = CustomOp::define(
         {.name = "wrong_square", .arity = 1, .infer = same_shape, .cpu = {square_forward, square_backward<3>}});
