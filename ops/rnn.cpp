@@ -4,6 +4,7 @@
 #include "dyngrad/ops/rnn.h"
 
 #include <cmath>
+#include <type_traits>
 
 #include <Eigen/Core>
 
@@ -228,33 +229,23 @@ template <typename T> using RowVec = Eigen::Matrix<T, 1, Eigen::Dynamic>;
 std::size_t gates_slot(const RnnDims& d, std::int64_t p) { return static_cast<std::size_t>(d.layers + 2 * p); }
 std::size_t extra_slot(const RnnDims& d, std::int64_t p) { return gates_slot(d, p) + 1; }
 
-// Pseudo-layer p's matrices and biases in the flat weight.
-template <typename T>
-struct CellWeights {
-    CellWeights(const RnnDims& d, const T* w, std::int64_t p)
+// Pseudo-layer p's matrices and biases in a flat buffer of the weight's layout: the weight itself
+// (E = const T) or its gradient (E = T).
+template <typename E>
+struct CellBlocks {
+    using T = std::remove_const_t<E>;
+    CellBlocks(const RnnDims& d, E* w, std::int64_t p)
         : in(d.layer_input(p / d.dirs)),
           w_ih(w + d.matrix_offset(p), d.gates * d.hidden, in),
           w_hh(w_ih.data() + d.gates * d.hidden * in, d.gates * d.hidden, d.hidden),
           b_ih(w + d.bias_offset(p), d.gates * d.hidden),
           b_hh(b_ih.data() + d.gates * d.hidden, d.gates * d.hidden) {}
     std::int64_t in;
-    ConstMatMap<T> w_ih, w_hh;
-    Eigen::Map<const RowVec<T>> b_ih, b_hh;
+    Eigen::Map<std::conditional_t<std::is_const_v<E>, const Mat<T>, Mat<T>>> w_ih, w_hh;
+    Eigen::Map<std::conditional_t<std::is_const_v<E>, const RowVec<T>, RowVec<T>>> b_ih, b_hh;
 };
-
-// The same offsets in a gradient buffer.
-template <typename T>
-struct CellGrads {
-    CellGrads(const RnnDims& d, T* dw, std::int64_t p)
-        : in(d.layer_input(p / d.dirs)),
-          w_ih(dw + d.matrix_offset(p), d.gates * d.hidden, in),
-          w_hh(w_ih.data() + d.gates * d.hidden * in, d.gates * d.hidden, d.hidden),
-          b_ih(dw + d.bias_offset(p), d.gates * d.hidden),
-          b_hh(b_ih.data() + d.gates * d.hidden, d.gates * d.hidden) {}
-    std::int64_t in;
-    MatMap<T> w_ih, w_hh;
-    Eigen::Map<RowVec<T>> b_ih, b_hh;
-};
+template <typename T> using CellWeights = CellBlocks<const T>;
+template <typename T> using CellGrads = CellBlocks<T>;
 
 template <typename T> T logistic(T v) { return T(1) / (T(1) + std::exp(-v)); }
 
