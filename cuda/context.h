@@ -94,6 +94,10 @@ private:
     std::size_t bytes_ = 0;
 };
 
+// Call after a library call that may have loaded shared objects (cuDNN loads its engine libraries on first
+// use): keeps the release of the contexts at exit ahead of those libraries' finalizers (cuda/runtime.cu).
+void release_contexts_before_new_libraries() noexcept;
+
 // Number of blocks for a grid-stride loop over n elements at `threads` per block.
 unsigned grid_size(const DeviceContext& ctx, std::int64_t n, unsigned threads);
 

@@ -193,6 +193,16 @@ void choose(PassPlan<Algo>& pass, const ConvPlan& plan, const Perf* results, int
                         plan.deterministic ? " among deterministic algorithms" : ""));
 }
 
+// Some algorithms cudnnFind*AlgorithmEx times read the workspace or the result buffer before they write
+// it (compute-sanitizer's initcheck counted about 350,000 such reads over the [conv_relu] tests, in
+// implicit_convolve_dgemm among others). The values they read are overwritten, so the results were right,
+// but a search on uninitialised memory is not reproducible under the tools: both buffers are zeroed first.
+// A search runs once per shape, never in a captured step, so the two memsets cost nothing per step.
+void initialise_search_buffers(DeviceContext& ctx, const Workspace& search, Tensor& result) {
+    DG_CUDA_CHECK(cudaMemsetAsync(search.data(), 0, search.bytes(), ctx.stream));
+    DG_CUDA_CHECK(cudaMemsetAsync(result.raw_data(), 0, result.nbytes(), ctx.stream));
+}
+
 void search_forward(DeviceContext& ctx, ConvPlan& plan, const Tensor& x, const Tensor& w, Tensor& y) {
     throw_if_capturing(ctx.device, kSearchWhat, kSearchWhy);
     int max_count = 0;
@@ -200,6 +210,7 @@ void search_forward(DeviceContext& ctx, ConvPlan& plan, const Tensor& x, const T
     std::vector<cudnnConvolutionFwdAlgoPerf_t> results(static_cast<std::size_t>(max_count));
     int count = 0;
     Workspace search(ctx, kWorkspaceLimit);
+    initialise_search_buffers(ctx, search, y);
     DG_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
         ctx.cudnn, plan.x.get(), x.raw_data(), plan.w.get(), w.raw_data(), plan.forward.conv.get(), plan.y.get(),
         y.raw_data(), max_count, &count, results.data(), search.data(), search.bytes()));
@@ -213,6 +224,7 @@ void search_backward_data(DeviceContext& ctx, ConvPlan& plan, const Tensor& w, c
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> results(static_cast<std::size_t>(max_count));
     int count = 0;
     Workspace search(ctx, kWorkspaceLimit);
+    initialise_search_buffers(ctx, search, dx);
     DG_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
         ctx.cudnn, plan.w.get(), w.raw_data(), plan.y.get(), dy.raw_data(), plan.backward_data.conv.get(),
         plan.x.get(), dx.raw_data(), max_count, &count, results.data(), search.data(), search.bytes()));
@@ -226,6 +238,7 @@ void search_backward_filter(DeviceContext& ctx, ConvPlan& plan, const Tensor& x,
     std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> results(static_cast<std::size_t>(max_count));
     int count = 0;
     Workspace search(ctx, kWorkspaceLimit);
+    initialise_search_buffers(ctx, search, dw);
     DG_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
         ctx.cudnn, plan.x.get(), x.raw_data(), plan.y.get(), dy.raw_data(), plan.backward_filter.conv.get(),
         plan.w.get(), dw.raw_data(), max_count, &count, results.data(), search.data(), search.bytes()));

@@ -85,6 +85,7 @@ Tensor pool2d_forward(const ForwardArgs& args) {
     const Scaling scaling(x.dtype());
     DG_CUDNN_CHECK(cudnnPoolingForward(ctx.cudnn, plan->pool.get(), scaling.one(), plan->x.get(), x.raw_data(),
                                        scaling.zero(), plan->y.get(), y.raw_data()));
+    release_contexts_before_new_libraries();  // cuDNN may have loaded its engines for this call
     return y;
 }
 
@@ -101,6 +102,7 @@ std::vector<Tensor> pool2d_backward(const BackwardArgs& args) {
     DG_CUDNN_CHECK(cudnnPoolingBackward(ctx.cudnn, plan->pool.get(), scaling.one(), plan->y.get(),
                                         args.output.raw_data(), plan->y.get(), dy.raw_data(), plan->x.get(),
                                         x.raw_data(), scaling.zero(), plan->x.get(), dx.raw_data()));
+    release_contexts_before_new_libraries();
     return {dx};
 }
 
