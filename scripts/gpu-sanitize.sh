@@ -23,7 +23,8 @@ run_tool() {
             --error-exitcode 3 "$test_gpu" "$tag" > "$log" 2>&1
         local rc=$?
         local errors leaked
-        errors=$(grep -o 'ERROR SUMMARY: [0-9]* error' "$log" | head -1 | grep -o '[0-9]*')
+        # racecheck reports "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)"
+        errors=$(grep -oE 'ERROR SUMMARY: [0-9]+ error|RACECHECK SUMMARY: [0-9]+ hazard' "$log" | head -1 | grep -oE '[0-9]+')
         leaked=$(grep -o 'LEAK SUMMARY: [0-9]* bytes' "$log" | grep -o '[0-9]*')
         local tests
         tests=$(grep -E "^(All tests passed|test cases:)" "$log" | tail -1)
