@@ -1,0 +1,281 @@
+#!/usr/bin/env python3
+"""Independent references for every op-table case: PyTorch in float64 (torch only; no dyngrad code).
+
+Reads the cases written by dyngrad-export-cases (one <op>.safetensors per op-table row: inputs "<k>.x<i>",
+output weight "<k>.w", metadata "op", "cases" = JSON [{label, grad, attrs}], "count", "<k>.label") and
+writes OUT/<op>.safetensors with the same tensors and metadata ("reference" added) plus, per case k,
+    "<k>.y"        the op's output computed by PyTorch,
+    "<k>.g<i>"     dL/d input i for every input whose "grad" is true, L = sum(w * y) (torch.autograd.grad),
+    "<k>.after<i>" batch_norm only: the running statistics (inputs 3, 4) after the forward.
+tests/test_golden.cpp runs dyngrad on the stored inputs and compares with these.
+
+Reproduce (from the repository root; torch and safetensors installed):
+    cmake --build build-cpu --target dyngrad-export-cases
+    build-cpu/bench/dyngrad-export-cases /tmp/dyngrad-cases
+    python bench/make_goldens.py /tmp/dyngrad-cases tests/goldens
+The goldens hold their inputs, so they can also be recomputed from themselves (same result, bit for bit):
+    python bench/make_goldens.py tests/goldens tests/goldens
+
+Every op is mapped to PyTorch by hand below. An op this script does not know is an error: a new op-table
+row needs its reference here before tests/test_golden.cpp can pass.
+"""
+import json
+import pathlib
+import sys
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+
+torch.set_default_dtype(torch.float64)
+
+
+def unary(fn):
+    return lambda xs, a: fn(xs[0], a)
+
+
+def binary(fn):
+    return lambda xs, a: fn(xs[0], xs[1])
+
+
+def reduce_axes(fn):
+    def apply(xs, a):
+        x = xs[0]
+        dims = a["axes"] if a["axes"] else list(range(x.dim()))
+        if x.dim() == 0:
+            return fn(x)
+        return fn(x, dim=dims, keepdim=a["keepdim"])
+    return apply
+
+
+def maybe_relu(y, a):
+    if a["activation"] == "relu":
+        return torch.relu(y)
+    if a["activation"] != "none":
+        raise SystemExit(f"make_goldens: unknown activation {a['activation']!r}")
+    return y
+
+
+def linear(xs, a):
+    return maybe_relu(F.linear(xs[0], xs[1], xs[2]), a)
+
+
+def conv2d(xs, a):
+    bias = xs[2] if len(xs) > 2 else None
+    y = F.conv2d(xs[0], xs[1], bias, stride=a["stride"], padding=a["padding"], dilation=a["dilation"],
+                 groups=a["groups"])
+    return maybe_relu(y, a)
+
+
+def max_pool2d(xs, a):
+    return F.max_pool2d(xs[0], a["kernel"], a["stride"], a["padding"], ceil_mode=False)
+
+
+def avg_pool2d(xs, a):
+    # dyngrad's average pooling divides every window by kh·kw, padding included (PyTorch's default).
+    return F.avg_pool2d(xs[0], a["kernel"], a["stride"], a["padding"], ceil_mode=False, count_include_pad=True)
+
+
+def batch_norm(xs, a):
+    # Inputs 3 and 4 are the running mean and variance: updated in training, used in eval, never differentiated.
+    x, gamma, beta, running_mean, running_var = xs
+    return F.batch_norm(x, running_mean, running_var, gamma, beta, training=a["training"], momentum=a["momentum"],
+                        eps=a["eps"])
+
+
+# Dropout's keep mask is dyngrad's own convention (ops/dropout_mask.h documents it: element i keeps when the
+# top 53 bits of SplitMix64's (i+1)-th output for `seed`, as a uniform in [0, 1), are >= p), written here
+# again from that description with Python integers; the scaling by 1/(1 - p) is PyTorch's.
+MASK64 = (1 << 64) - 1
+SPLITMIX_GAMMA = 0x9E3779B97F4A7C15
+
+
+def splitmix64_uniform(seed, index):
+    z = (seed + (index + 1) * SPLITMIX_GAMMA) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    z ^= z >> 31
+    return (z >> 11) * 2.0 ** -53
+
+
+def dropout(xs, a):
+    x, p = xs[0], a["scalar"]
+    if not a["training"] or p == 0:
+        return F.dropout(x, p, training=False)
+    seed = int(a["seed"])
+    keep = torch.tensor([splitmix64_uniform(seed, i) >= p for i in range(x.numel())]).reshape(x.shape)
+    return x * keep.to(x.dtype) / (1 - p)
+
+
+RNN_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+
+
+def rnn(xs, a):
+    """torch.nn.LSTM / GRU / RNN with its weights taken from dyngrad's flat cuDNN-ordered weight (ops/rnn.h):
+    the matrices W_ih (G·H, in_l), W_hh (G·H, H) of every pseudo-layer p = l·D + d in turn, then the biases
+    b_ih, b_hh (G·H) of every pseudo-layer in turn; gates in PyTorch's order. Output: the flattened
+    [output (T,N,D·H) | h_n (L·D,N,H) | c_n (lstm)]."""
+    mode, hidden, layers, bidir = a["rnn_mode"], a["hidden_size"], a["num_layers"], a["bidirectional"]
+    x, flat = xs[0], xs[1]
+    steps, batch, inputs = x.shape
+    directions = 2 if bidir else 1
+    if mode == "lstm":
+        module = torch.nn.LSTM(inputs, hidden, layers, bidirectional=bidir)
+    elif mode == "gru":
+        module = torch.nn.GRU(inputs, hidden, layers, bidirectional=bidir)
+    elif mode in ("rnn_tanh", "rnn_relu"):
+        module = torch.nn.RNN(inputs, hidden, layers, nonlinearity=mode[4:], bidirectional=bidir)
+    else:
+        raise SystemExit(f"make_goldens: unknown rnn mode {mode!r}")
+    rows = RNN_GATES[mode] * hidden
+    params, offset = {}, 0
+
+    def take(name, shape):
+        nonlocal offset
+        count = 1
+        for s in shape:
+            count *= s
+        params[name] = flat[offset:offset + count].reshape(shape)
+        offset += count
+
+    pseudo = [(l, d) for l in range(layers) for d in range(directions)]
+    suffix = lambda l, d: f"_l{l}" + ("_reverse" if d else "")
+    for l, d in pseudo:
+        take("weight_ih" + suffix(l, d), (rows, inputs if l == 0 else directions * hidden))
+        take("weight_hh" + suffix(l, d), (rows, hidden))
+    for l, d in pseudo:
+        take("bias_ih" + suffix(l, d), (rows,))
+        take("bias_hh" + suffix(l, d), (rows,))
+    if offset != flat.numel():
+        raise SystemExit(f"make_goldens: rnn weight has {flat.numel()} elements, the layout needs {offset}")
+    if set(params) != {name for name, _ in module.named_parameters()}:
+        raise SystemExit("make_goldens: rnn weight names do not match torch's")
+    state_shape = (layers * directions, batch, hidden)
+    h0 = xs[2] if len(xs) > 2 else torch.zeros(state_shape)
+    if mode == "lstm":
+        c0 = xs[3] if len(xs) > 3 else torch.zeros(state_shape)
+        output, (h_n, c_n) = torch.func.functional_call(module, params, (x, (h0, c0)))
+        return torch.cat([output.reshape(-1), h_n.reshape(-1), c_n.reshape(-1)])
+    output, h_n = torch.func.functional_call(module, params, (x, h0))
+    return torch.cat([output.reshape(-1), h_n.reshape(-1)])
+
+
+REFERENCES = {
+    "add": binary(torch.add),
+    "sub": binary(torch.sub),
+    "mul": binary(torch.mul),
+    "div": binary(torch.div),
+    "neg": unary(lambda x, a: torch.neg(x)),
+    "add_scalar": unary(lambda x, a: x + a["scalar"]),
+    "mul_scalar": unary(lambda x, a: x * a["scalar"]),
+    "exp": unary(lambda x, a: torch.exp(x)),
+    "log": unary(lambda x, a: torch.log(x)),
+    "sqrt": unary(lambda x, a: torch.sqrt(x)),
+    "pow": unary(lambda x, a: torch.pow(x, a["scalar"])),
+    "abs": unary(lambda x, a: torch.abs(x)),
+    "relu": unary(lambda x, a: torch.relu(x)),
+    "leaky_relu": unary(lambda x, a: F.leaky_relu(x, negative_slope=a["scalar"])),
+    "elu": unary(lambda x, a: F.elu(x, alpha=a["scalar"])),
+    "clipped_relu": unary(lambda x, a: F.hardtanh(x, 0.0, a["scalar"])),
+    "sigmoid": unary(lambda x, a: torch.sigmoid(x)),
+    "tanh": unary(lambda x, a: torch.tanh(x)),
+    "softplus": unary(lambda x, a: F.softplus(x)),
+    "matmul": binary(torch.matmul),
+    "linear": linear,
+    "transpose": unary(lambda x, a: torch.transpose(x, a["axes"][0], a["axes"][1])),
+    "reshape": unary(lambda x, a: torch.reshape(x, a["shape"])),
+    "sum": reduce_axes(torch.sum),
+    "mean": reduce_axes(torch.mean),
+    "max": unary(lambda x, a: torch.max(x, dim=a["axis"], keepdim=a["keepdim"]).values),
+    "softmax": unary(lambda x, a: torch.softmax(x, dim=a["axis"])),
+    "log_softmax": unary(lambda x, a: torch.log_softmax(x, dim=a["axis"])),
+    "cross_entropy": binary(lambda logits, labels: F.cross_entropy(logits, labels, reduction="mean")),
+    "mse_loss": binary(lambda prediction, target: F.mse_loss(prediction, target, reduction="mean")),
+    "conv2d": conv2d,
+    "max_pool2d": max_pool2d,
+    "avg_pool2d": avg_pool2d,
+    "batch_norm": batch_norm,
+    "dropout": dropout,
+    "narrow": unary(lambda x, a: torch.narrow(x, a["axis"], a["start"], a["length"])),
+    "concat": lambda xs, a: torch.cat(xs, dim=a["axis"]),
+    "rnn": rnn,
+}
+
+
+def golden_for(path):
+    with safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata()
+        tensors = {name: f.get_tensor(name) for name in f.keys()}
+    op = metadata.get("op")
+    if op not in REFERENCES:
+        raise SystemExit(f"make_goldens: {path}: op {op!r} has no PyTorch reference; map it in {__file__}")
+    cases = json.loads(metadata["cases"])
+    out = {}
+    for k, case in enumerate(cases):
+        grad = case["grad"]
+        xs = []
+        for i, wants_grad in enumerate(grad):
+            x = tensors[f"{k}.x{i}"].clone()
+            if wants_grad:
+                if not x.is_floating_point():
+                    raise SystemExit(f"make_goldens: {op} / {case['label']}: input {i} is not float")
+                x.requires_grad_(True)
+            xs.append(x)
+            out[f"{k}.x{i}"] = tensors[f"{k}.x{i}"]
+        w = tensors[f"{k}.w"]
+        out[f"{k}.w"] = w
+        y = REFERENCES[op](xs, case["attrs"])
+        if y.shape != w.shape:
+            raise SystemExit(f"make_goldens: {op} / {case['label']}: output {tuple(y.shape)}, w {tuple(w.shape)}")
+        out[f"{k}.y"] = y.detach().clone()
+        checked = [i for i, wants_grad in enumerate(grad) if wants_grad]
+        if checked:
+            loss = (w * y).sum()
+            grads = torch.autograd.grad(loss, [xs[i] for i in checked])
+            for i, g in zip(checked, grads):
+                out[f"{k}.g{i}"] = g.detach().clone()
+        if op == "batch_norm":
+            out[f"{k}.after3"] = xs[3].detach().clone()
+            out[f"{k}.after4"] = xs[4].detach().clone()
+    return op, len(cases), out, {**metadata, "reference": f"torch {torch.__version__} float64"}
+
+
+SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.int64: "I64"}
+
+
+def save_sorted(tensors, path, metadata):
+    """Writes a safetensors file with its keys in sorted order, so the same goldens give the same bytes
+    (safetensors.torch.save_file orders the metadata by hash). Read back with safe_open to check it."""
+    header, blobs, offset = {"__metadata__": dict(sorted(metadata.items()))}, [], 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous()
+        blob = t.numpy().astype(t.numpy().dtype.newbyteorder("<")).tobytes()
+        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text + b"".join(blobs))
+    with safe_open(str(path), framework="pt") as f:
+        if f.metadata() != metadata or any(not torch.equal(f.get_tensor(n), tensors[n]) for n in tensors):
+            raise SystemExit(f"make_goldens: {path} does not read back as written")
+
+
+def main(argv):
+    if len(argv) != 3:
+        raise SystemExit("usage: make_goldens.py CASES_DIR OUT_DIR")
+    source, target = pathlib.Path(argv[1]), pathlib.Path(argv[2])
+    files = sorted(source.glob("*.safetensors"))
+    if not files:
+        raise SystemExit(f"make_goldens: no .safetensors files in {source}")
+    target.mkdir(parents=True, exist_ok=True)
+    results = [golden_for(path) for path in files]  # everything computed before anything is written
+    for op, _, tensors, metadata in results:
+        save_sorted(tensors, target / f"{op}.safetensors", metadata)
+    print(f"{len(results)} ops, {sum(r[1] for r in results)} cases -> {target}")
+
+
+if __name__ == "__main__":
+    main(sys.argv)
