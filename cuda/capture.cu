@@ -1,5 +1,5 @@
 // CapturedStep (cuda/capture.h): a training step captured into a CUDA graph per input key and replayed.
-// The allocator side of capture (private pools, deferred frees, sync checks) is in cuda/runtime.cu.
+// The allocator side of capture (private pools, deferred frees, sync checks) is in cuda/capture_pool.cu.
 #include "dyngrad/cuda/capture.h"
 
 #include <map>

@@ -95,13 +95,13 @@ private:
 };
 
 // Call after a library call that may have loaded shared objects (cuDNN loads its engine libraries on first
-// use): keeps the release of the contexts at exit ahead of those libraries' finalizers (cuda/runtime.cu).
+// use): keeps the release of the contexts at exit ahead of those libraries' finalizers (cuda/context.cu).
 void release_contexts_before_new_libraries() noexcept;
 
 // Number of blocks for a grid-stride loop over n elements at `threads` per block.
 unsigned grid_size(const DeviceContext& ctx, std::int64_t n, unsigned threads);
 
-// ---- CUDA graph capture (cuda::CapturedStep, cuda/capture.cu; the mechanics live in cuda/runtime.cu) ----
+// ---- CUDA graph capture (cuda::CapturedStep, cuda/capture.cu; the mechanics live in cuda/capture_pool.cu) ----
 //
 // While a thread captures a device's stream, every allocation it makes on that device is served from a
 // CapturePool private to the graph being captured (device memory reserved outside the graph), so the graph

@@ -1,7 +1,7 @@
 // Concurrency: two threads, each training its own small model (its own graphs, Parameters, optimizer and
 // data, seeded like a sequential run), must produce bit-identical losses and weights to the same two runs
 // made one after the other. On the CPU, and on cuda:0 when there is one (both threads then share the
-// device's stream and cuBLAS handle, each with its own cuDNN handle: cuda/runtime.cu, ThreadContexts).
+// device's stream and cuBLAS handle, each with its own cuDNN handle: cuda/context.cu, ThreadContexts).
 #include <cstdint>
 #include <exception>
 #include <thread>
