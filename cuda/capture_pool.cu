@@ -271,32 +271,21 @@ CapturePoolOwner::CapturePoolOwner(int device) {
     const std::lock_guard lock(registry.mutex);
     registry.pools.push_back(pool.get());
     g_capture_pools.fetch_add(1, std::memory_order_acq_rel);
-    pool_ = pool.release();
+    pool_ = UniqueHandle<CapturePool*, retire_capture_pool>(pool.release());
 }
 
-CapturePoolOwner::~CapturePoolOwner() {
-    if (pool_ == nullptr) return;
+void retire_capture_pool(CapturePool* pool) noexcept {
     CaptureRegistry& registry = capture_registry();
     bool emptied = false;
     {
         const std::lock_guard lock(registry.mutex);
-        pool_->retired = true;
-        if (pool_->live_blocks == 0) {
-            unregister_capture_pool(registry, *pool_);
+        pool->retired = true;
+        if (pool->live_blocks == 0) {
+            unregister_capture_pool(registry, *pool);
             emptied = true;
         }
     }
-    if (emptied) release_or_defer(pool_);
-}
-
-CapturePoolOwner::CapturePoolOwner(CapturePoolOwner&& other) noexcept : pool_(std::exchange(other.pool_, nullptr)) {}
-
-CapturePoolOwner& CapturePoolOwner::operator=(CapturePoolOwner&& other) noexcept {
-    if (this != &other) {
-        const CapturePoolOwner previous(std::move(*this));  // retires this pool at the end of the scope
-        pool_ = std::exchange(other.pool_, nullptr);
-    }
-    return *this;
+    if (emptied) release_or_defer(pool);
 }
 
 void begin_capture(CapturePool& pool) {
@@ -315,8 +304,7 @@ cudaError_t end_capture(cudaGraph_t* graph) noexcept {
     const cudaError_t status = cudaStreamEndCapture(state->stream, graph);
     if (status != cudaSuccess) {
         static_cast<void>(cudaGetLastError());
-        if (*graph != nullptr) static_cast<void>(cudaGraphDestroy(*graph));
-        *graph = nullptr;
+        const GraphHandle discarded(std::exchange(*graph, nullptr));
     }
     for (CapturePool* pool : state->to_release) release_capture_pool(pool);
     delete state;

@@ -12,6 +12,7 @@
 
 #include "dyngrad/core/error.h"
 #include "dyngrad/core/tensor.h"
+#include "dyngrad/cuda/handle.h"
 
 namespace dyngrad::cuda {
 
@@ -110,22 +111,20 @@ unsigned grid_size(const DeviceContext& ctx, std::int64_t n, unsigned threads);
 // capture is held by the pool until the pool is released: a replay may still read it. Calls that make the
 // host wait for the stream throw GraphError (throw_if_capturing) before CUDA would invalidate the capture.
 struct CapturePool;
+// What destroying a CapturePoolOwner does to its pool.
+void retire_capture_pool(CapturePool* pool) noexcept;
 
 // Owns one capture pool on `device`. Destroying the owner retires the pool; its device memory goes back to
 // the driver once every block it handed out has been returned too (a tensor may outlive its graph).
+// Non-copyable; a move empties the source (UniqueHandle).
 class CapturePoolOwner {
 public:
     explicit CapturePoolOwner(int device);
-    ~CapturePoolOwner();
-    CapturePoolOwner(CapturePoolOwner&& other) noexcept;
-    CapturePoolOwner& operator=(CapturePoolOwner&& other) noexcept;
-    CapturePoolOwner(const CapturePoolOwner&) = delete;
-    CapturePoolOwner& operator=(const CapturePoolOwner&) = delete;
 
-    CapturePool& get() const { return *pool_; }
+    CapturePool& get() const { return *pool_.get(); }
 
 private:
-    CapturePool* pool_ = nullptr;
+    UniqueHandle<CapturePool*, retire_capture_pool> pool_;
 };
 
 // Begins capturing `pool`'s device stream on this thread (cudaStreamCaptureModeThreadLocal: unsafe calls of

@@ -184,18 +184,14 @@ StreamEvent::StreamEvent(int device) : device_(device) {
     event_ = event;
 }
 
-StreamEvent::~StreamEvent() {
-    if (event_ != nullptr && cudaEventDestroy(static_cast<cudaEvent_t>(event_)) != cudaSuccess)
-        static_cast<void>(cudaGetLastError());
-}
+StreamEvent::~StreamEvent() { const EventHandle released(static_cast<cudaEvent_t>(event_)); }
 
 StreamEvent::StreamEvent(StreamEvent&& other) noexcept
     : event_(std::exchange(other.event_, nullptr)), device_(other.device_) {}
 
 StreamEvent& StreamEvent::operator=(StreamEvent&& other) noexcept {
     if (this != &other) {
-        const StreamEvent previous(std::move(*this));  // releases this event at the end of the scope
-        event_ = std::exchange(other.event_, nullptr);
+        const EventHandle released(static_cast<cudaEvent_t>(std::exchange(event_, std::exchange(other.event_, nullptr))));
         device_ = other.device_;
     }
     return *this;
