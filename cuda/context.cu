@@ -361,6 +361,14 @@ unsigned grid_size(const DeviceContext& ctx, std::int64_t n, unsigned threads) {
     return static_cast<unsigned>(std::clamp<std::int64_t>(wanted, 1, cap));
 }
 
+// ---- user_kernels.h ----
+
+cudaStream_t current_stream(int device) { return context(device).stream; }
+
+cudaStream_t current_stream_for(const Tensor& t) { return context_for(t).stream; }
+
+unsigned grid_size(int device, std::int64_t n, unsigned threads) { return grid_size(context(device), n, threads); }
+
 int device_count() {
     static const int count = query_device_count();
     return count;

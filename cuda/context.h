@@ -13,19 +13,15 @@
 #include "dyngrad/core/error.h"
 #include "dyngrad/core/tensor.h"
 #include "dyngrad/cuda/handle.h"
+#include "dyngrad/cuda/user_kernels.h"
 
 namespace dyngrad::cuda {
 
-// Throw CudaError (OutOfMemory for allocation failures) naming the call, file:line and status.
-[[noreturn]] void throw_cuda_error(cudaError_t status, const char* expr, const char* file, int line);
+// Throw CudaError (OutOfMemory for allocation failures) naming the call, file:line and status (the CUDA
+// runtime's throw_cuda_error, DG_CUDA_CHECK and DG_CUDA_CHECK_LAUNCH: cuda/user_kernels.h).
 [[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* expr, const char* file, int line);
 [[noreturn]] void throw_cudnn_error(cudnnStatus_t status, const char* expr, const char* file, int line);
 
-#define DG_CUDA_CHECK(expr)                                                                       \
-    do {                                                                                          \
-        const cudaError_t dg_status_ = (expr);                                                    \
-        if (dg_status_ != cudaSuccess) ::dyngrad::cuda::throw_cuda_error(dg_status_, #expr, __FILE__, __LINE__); \
-    } while (0)
 #define DG_CUBLAS_CHECK(expr)                                                                     \
     do {                                                                                          \
         const cublasStatus_t dg_status_ = (expr);                                                 \
@@ -38,8 +34,6 @@ namespace dyngrad::cuda {
         if (dg_status_ != CUDNN_STATUS_SUCCESS)                                                   \
             ::dyngrad::cuda::throw_cudnn_error(dg_status_, #expr, __FILE__, __LINE__);            \
     } while (0)
-// After every kernel launch: launch-configuration errors surface here, at the op that caused them.
-#define DG_CUDA_CHECK_LAUNCH() DG_CUDA_CHECK(cudaGetLastError())
 
 // Errors found by kernels (e.g. a label out of range) without a device sync inside the op: the first
 // kernel to fail claims the record (atomicCAS on `code` from 0); the runtime raises it as an exception
