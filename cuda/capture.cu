@@ -1,5 +1,5 @@
 // CapturedStep (cuda/capture.h): a training step captured into a CUDA graph per input key and replayed.
-// The allocator side of capture (private pools, deferred frees, sync checks) is in cuda/runtime.cu.
+// The allocator side of capture (private pools, deferred frees, sync checks) is in cuda/capture_pool.cu.
 #include "dyngrad/cuda/capture.h"
 
 #include <map>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dyngrad/cuda/context.h"
+#include "dyngrad/cuda/handle.h"
 
 namespace dyngrad::cuda {
 
@@ -37,37 +38,32 @@ InputKey input_key(std::span<const Tensor> inputs) {
     return key;
 }
 
+// An executable graph and the stream it is launched on.
+struct LaunchedGraph {
+    cudaGraphExec_t exec = nullptr;
+    cudaStream_t stream = nullptr;
+    explicit operator bool() const { return exec != nullptr; }
+};
+
+// Waits for the graph's last launch, then destroys it (UniqueHandle drops a failure: the device is lost or
+// the runtime is unloading).
+cudaError_t destroy_after_last_launch(LaunchedGraph graph) noexcept {
+    const cudaError_t synchronized = cudaStreamSynchronize(graph.stream);
+    const cudaError_t destroyed = cudaGraphExecDestroy(graph.exec);
+    return synchronized != cudaSuccess ? synchronized : destroyed;
+}
+
 // The executable graph of one variant; destroying it waits for its last launch.
 class GraphExec {
 public:
     GraphExec() = default;
-    GraphExec(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
-    ~GraphExec() {
-        if (exec_ == nullptr) return;
-        // A destructor must not throw; a failure here means the device is lost or the runtime is unloading.
-        static_cast<void>(cudaStreamSynchronize(stream_));
-        static_cast<void>(cudaGraphExecDestroy(exec_));
-        static_cast<void>(cudaGetLastError());
-    }
-    GraphExec(GraphExec&& other) noexcept
-        : exec_(std::exchange(other.exec_, nullptr)), stream_(std::exchange(other.stream_, nullptr)) {}
-    GraphExec& operator=(GraphExec&& other) noexcept {
-        if (this != &other) {
-            GraphExec previous(std::move(*this));
-            exec_ = std::exchange(other.exec_, nullptr);
-            stream_ = std::exchange(other.stream_, nullptr);
-        }
-        return *this;
-    }
-    GraphExec(const GraphExec&) = delete;
-    GraphExec& operator=(const GraphExec&) = delete;
+    GraphExec(cudaGraphExec_t exec, cudaStream_t stream) : graph_(LaunchedGraph{exec, stream}) {}
 
-    bool defined() const { return exec_ != nullptr; }
-    void launch() const { DG_CUDA_CHECK(cudaGraphLaunch(exec_, stream_)); }
+    bool defined() const { return static_cast<bool>(graph_); }
+    void launch() const { DG_CUDA_CHECK(cudaGraphLaunch(graph_.get().exec, graph_.get().stream)); }
 
 private:
-    cudaGraphExec_t exec_ = nullptr;
-    cudaStream_t stream_ = nullptr;
+    UniqueHandle<LaunchedGraph, destroy_after_last_launch> graph_;
 };
 
 // One input key's state: warmed up (eager run done), then captured. Members are destroyed bottom-up: the
@@ -105,17 +101,19 @@ Tensor CapturedStep::Impl::capture(Variant& v, std::span<const Tensor> inputs) {
         output = step(std::span<const Tensor>(v.inputs));
     } catch (...) {
         cudaGraph_t partial = nullptr;
-        if (end_capture(&partial) == cudaSuccess) static_cast<void>(cudaGraphDestroy(partial));
+        static_cast<void>(end_capture(&partial));
+        const GraphHandle discarded(partial);
         throw;
     }
-    cudaGraph_t graph = nullptr;
-    if (const cudaError_t status = end_capture(&graph); status != cudaSuccess)
-        throw GraphError(str("CapturedStep: capturing the step failed: ", cudaGetErrorName(status), " (",
-                             cudaGetErrorString(status), "); an operation of the step is not allowed in a CUDA graph ",
+    cudaGraph_t raw_graph = nullptr;
+    const cudaError_t captured = end_capture(&raw_graph);
+    const GraphHandle graph(raw_graph);
+    if (captured != cudaSuccess)
+        throw GraphError(str("CapturedStep: capturing the step failed: ", cudaGetErrorName(captured), " (",
+                             cudaGetErrorString(captured), "); an operation of the step is not allowed in a CUDA graph ",
                              "(a host synchronisation or allocation outside dyngrad?)"));
     cudaGraphExec_t exec = nullptr;
-    const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
-    static_cast<void>(cudaGraphDestroy(graph));
+    const cudaError_t status = cudaGraphInstantiate(&exec, graph.get(), 0);
     if (status != cudaSuccess) throw_cuda_error(status, "cudaGraphInstantiate(&exec, graph, 0)", __FILE__, __LINE__);
     v.graph = GraphExec(exec, ctx.stream);
     v.output = std::move(output);

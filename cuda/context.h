@@ -12,19 +12,16 @@
 
 #include "dyngrad/core/error.h"
 #include "dyngrad/core/tensor.h"
+#include "dyngrad/cuda/handle.h"
+#include "dyngrad/cuda/user_kernels.h"
 
 namespace dyngrad::cuda {
 
-// Throw CudaError (OutOfMemory for allocation failures) naming the call, file:line and status.
-[[noreturn]] void throw_cuda_error(cudaError_t status, const char* expr, const char* file, int line);
+// Throw CudaError (OutOfMemory for allocation failures) naming the call, file:line and status (the CUDA
+// runtime's throw_cuda_error, DG_CUDA_CHECK and DG_CUDA_CHECK_LAUNCH: cuda/user_kernels.h).
 [[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* expr, const char* file, int line);
 [[noreturn]] void throw_cudnn_error(cudnnStatus_t status, const char* expr, const char* file, int line);
 
-#define DG_CUDA_CHECK(expr)                                                                       \
-    do {                                                                                          \
-        const cudaError_t dg_status_ = (expr);                                                    \
-        if (dg_status_ != cudaSuccess) ::dyngrad::cuda::throw_cuda_error(dg_status_, #expr, __FILE__, __LINE__); \
-    } while (0)
 #define DG_CUBLAS_CHECK(expr)                                                                     \
     do {                                                                                          \
         const cublasStatus_t dg_status_ = (expr);                                                 \
@@ -37,8 +34,6 @@ namespace dyngrad::cuda {
         if (dg_status_ != CUDNN_STATUS_SUCCESS)                                                   \
             ::dyngrad::cuda::throw_cudnn_error(dg_status_, #expr, __FILE__, __LINE__);            \
     } while (0)
-// After every kernel launch: launch-configuration errors surface here, at the op that caused them.
-#define DG_CUDA_CHECK_LAUNCH() DG_CUDA_CHECK(cudaGetLastError())
 
 // Errors found by kernels (e.g. a label out of range) without a device sync inside the op: the first
 // kernel to fail claims the record (atomicCAS on `code` from 0); the runtime raises it as an exception
@@ -95,13 +90,13 @@ private:
 };
 
 // Call after a library call that may have loaded shared objects (cuDNN loads its engine libraries on first
-// use): keeps the release of the contexts at exit ahead of those libraries' finalizers (cuda/runtime.cu).
+// use): keeps the release of the contexts at exit ahead of those libraries' finalizers (cuda/context.cu).
 void release_contexts_before_new_libraries() noexcept;
 
 // Number of blocks for a grid-stride loop over n elements at `threads` per block.
 unsigned grid_size(const DeviceContext& ctx, std::int64_t n, unsigned threads);
 
-// ---- CUDA graph capture (cuda::CapturedStep, cuda/capture.cu; the mechanics live in cuda/runtime.cu) ----
+// ---- CUDA graph capture (cuda::CapturedStep, cuda/capture.cu; the mechanics live in cuda/capture_pool.cu) ----
 //
 // While a thread captures a device's stream, every allocation it makes on that device is served from a
 // CapturePool private to the graph being captured (device memory reserved outside the graph), so the graph
@@ -110,22 +105,20 @@ unsigned grid_size(const DeviceContext& ctx, std::int64_t n, unsigned threads);
 // capture is held by the pool until the pool is released: a replay may still read it. Calls that make the
 // host wait for the stream throw GraphError (throw_if_capturing) before CUDA would invalidate the capture.
 struct CapturePool;
+// What destroying a CapturePoolOwner does to its pool.
+void retire_capture_pool(CapturePool* pool) noexcept;
 
 // Owns one capture pool on `device`. Destroying the owner retires the pool; its device memory goes back to
 // the driver once every block it handed out has been returned too (a tensor may outlive its graph).
+// Non-copyable; a move empties the source (UniqueHandle).
 class CapturePoolOwner {
 public:
     explicit CapturePoolOwner(int device);
-    ~CapturePoolOwner();
-    CapturePoolOwner(CapturePoolOwner&& other) noexcept;
-    CapturePoolOwner& operator=(CapturePoolOwner&& other) noexcept;
-    CapturePoolOwner(const CapturePoolOwner&) = delete;
-    CapturePoolOwner& operator=(const CapturePoolOwner&) = delete;
 
-    CapturePool& get() const { return *pool_; }
+    CapturePool& get() const { return *pool_.get(); }
 
 private:
-    CapturePool* pool_ = nullptr;
+    UniqueHandle<CapturePool*, retire_capture_pool> pool_;
 };
 
 // Begins capturing `pool`'s device stream on this thread (cudaStreamCaptureModeThreadLocal: unsafe calls of

@@ -147,11 +147,8 @@ std::shared_ptr<ConvPlan> make_plan(const ConvKey& key, const Shape& y_shape) {
 
 // The plan for this call's shapes, built on first use.
 std::shared_ptr<ConvPlan> plan_for(const Tensor& x, const Tensor& w, const OpAttrs& attrs, const Shape& y_shape) {
-    // Leaked on purpose: plans hold cuDNN descriptors, which must not be destroyed while the libraries unload
-    // at process exit (see the contexts in cuda/runtime.cu).
-    static auto& cache = *new PlanCache<ConvKey, ConvPlan>();
     const ConvKey key = conv_key(x, w, attrs);
-    return cache.get(key, [&] { return make_plan(key, y_shape); });
+    return plan_cache<ConvKey, ConvPlan>().get(key, [&] { return make_plan(key, y_shape); });
 }
 
 // FFT and Winograd algorithms compute in a transformed domain whose float32 rounding is far above direct

@@ -1,44 +1,29 @@
-// Internal (CUDA translation units only): RAII cuDNN descriptors and the shape-keyed plan cache that
-// cuda/conv.cu and cuda/pool.cu keep their descriptors (and chosen algorithms) in, so an op builds them
-// once per shape and its later calls only look them up.
+// Internal (CUDA translation units only): RAII cuDNN descriptors and helpers for the cuDNN plans that
+// cuda/conv.cu, cuda/pool.cu and cuda/rnn.cu keep in plan caches (cuda/plan_cache.h).
 #pragma once
-#include <cstddef>
 #include <cstdint>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <utility>
 
 #include <cudnn.h>
 
 #include "dyngrad/cuda/context.h"
+#include "dyngrad/cuda/handle.h"
+#include "dyngrad/cuda/plan_cache.h"
 
 namespace dyngrad::cuda {
 
-// Owns one cuDNN descriptor. Non-copyable; a move nulls the source; the destructor ignores the status
-// because it must not throw and has no one to report to.
+// Owns one cuDNN descriptor, created on construction (CudaError when cuDNN cannot); UniqueHandle's
+// ownership rules otherwise.
 template <typename T, cudnnStatus_t (*create)(T*), cudnnStatus_t (*destroy)(T)>
-class CudnnDescriptor {
+class CudnnDescriptor : public UniqueHandle<T, destroy> {
 public:
-    CudnnDescriptor() { DG_CUDNN_CHECK(create(&desc_)); }
-    ~CudnnDescriptor() {
-        if (desc_) static_cast<void>(destroy(desc_));
-    }
-    CudnnDescriptor(CudnnDescriptor&& other) noexcept : desc_(std::exchange(other.desc_, nullptr)) {}
-    CudnnDescriptor& operator=(CudnnDescriptor&& other) noexcept {
-        if (this != &other) {
-            if (desc_) static_cast<void>(destroy(desc_));
-            desc_ = std::exchange(other.desc_, nullptr);
-        }
-        return *this;
-    }
-    CudnnDescriptor(const CudnnDescriptor&) = delete;
-    CudnnDescriptor& operator=(const CudnnDescriptor&) = delete;
-
-    T get() const { return desc_; }
+    CudnnDescriptor() : UniqueHandle<T, destroy>(created()) {}
 
 private:
-    T desc_ = nullptr;
+    static T created() {
+        T desc = nullptr;
+        DG_CUDNN_CHECK(create(&desc));
+        return desc;
+    }
 };
 
 using TensorDescriptor =
@@ -77,30 +62,6 @@ private:
     bool f64_;
     float one32_ = 1.0f, zero32_ = 0.0f;
     double one64_ = 1.0, zero64_ = 0.0;
-};
-
-// Plans (descriptors, chosen algorithms) by shape key. A plan is immutable once built, or guards its own
-// lazily filled parts; callers hold a shared_ptr, so eviction never frees a plan in use. When the cache is
-// full it is emptied: workloads cycle through few shapes, and a rebuild costs one first call.
-template <typename Key, typename Plan>
-class PlanCache {
-public:
-    static constexpr std::size_t kCapacity = 256;
-
-    // The plan for `key`; on a miss `make()` builds it (host-side descriptor setup, under the lock).
-    template <typename Make>
-    std::shared_ptr<Plan> get(const Key& key, Make&& make) {
-        const std::lock_guard lock(mutex_);
-        if (const auto found = plans_.find(key); found != plans_.end()) return found->second;
-        if (plans_.size() >= kCapacity) plans_.clear();
-        std::shared_ptr<Plan> plan = make();
-        plans_.emplace(key, plan);
-        return plan;
-    }
-
-private:
-    std::mutex mutex_;
-    std::map<Key, std::shared_ptr<Plan>> plans_;
 };
 
 }  // namespace dyngrad::cuda

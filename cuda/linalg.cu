@@ -17,7 +17,8 @@
 #include <vector>
 
 #include "dyngrad/cuda/context.h"
-#include "dyngrad/cuda/cudnn_plans.h"
+#include "dyngrad/cuda/handle.h"
+#include "dyngrad/cuda/plan_cache.h"
 #include "dyngrad/cuda/runtime.h"
 #include "dyngrad/ops/kernels.h"
 
@@ -121,35 +122,9 @@ __global__ void relu_gradient_kernel(const T* __restrict__ dy, const T* __restri
         dz[i] = y[i] > T(0) ? dy[i] : T(0);
 }
 
-// Owns one cuBLASLt descriptor. Non-copyable; a move nulls the source; the destructor ignores the status
-// because it must not throw and has no one to report to.
-template <typename T, cublasStatus_t (*destroy)(T)>
-class LtDescriptor {
-public:
-    explicit LtDescriptor(T desc) : desc_(desc) {}
-    ~LtDescriptor() {
-        if (desc_) static_cast<void>(destroy(desc_));
-    }
-    LtDescriptor(LtDescriptor&& other) noexcept : desc_(std::exchange(other.desc_, nullptr)) {}
-    LtDescriptor& operator=(LtDescriptor&& other) noexcept {
-        if (this != &other) {
-            if (desc_) static_cast<void>(destroy(desc_));
-            desc_ = std::exchange(other.desc_, nullptr);
-        }
-        return *this;
-    }
-    LtDescriptor(const LtDescriptor&) = delete;
-    LtDescriptor& operator=(const LtDescriptor&) = delete;
-
-    T get() const { return desc_; }
-
-private:
-    T desc_ = nullptr;
-};
-
-using LtMatmulDesc = LtDescriptor<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
-using LtLayout = LtDescriptor<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
-using LtPreference = LtDescriptor<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
+using LtMatmulDesc = UniqueHandle<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
+using LtLayout = UniqueHandle<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
+using LtPreference = UniqueHandle<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
 
 // A float32 cuBLASLt GEMM in column-major terms, D (m,n) = op(A) (m,k) · op(B) (k,n) with an epilogue,
 // on packed operands (leading dimensions follow from the transposes). The algorithm depends on the
@@ -174,10 +149,7 @@ struct LtGemmPlan {
     std::mutex mutex;
 };
 
-PlanCache<LtGemmKey, LtGemmPlan>& lt_plans() {
-    static PlanCache<LtGemmKey, LtGemmPlan> cache;
-    return cache;
-}
+PlanCache<LtGemmKey, LtGemmPlan>& lt_plans() { return plan_cache<LtGemmKey, LtGemmPlan>(); }
 
 // The largest power of two up to 256 (cuBLASLt's default assumption) that divides the address.
 std::uint32_t pointer_alignment(const void* p) {

@@ -59,9 +59,6 @@ std::shared_ptr<PoolPlan> make_plan(const PoolKey& key, const Shape& y_shape) {
 
 // The plan for this call's shapes, built on first use.
 std::shared_ptr<PoolPlan> plan_for(OpType op, const Tensor& x, const OpAttrs& attrs, const Shape& y_shape) {
-    // Leaked on purpose: plans hold cuDNN descriptors, which must not be destroyed while the libraries unload
-    // at process exit (see the contexts in cuda/runtime.cu).
-    static auto& cache = *new PlanCache<PoolKey, PoolPlan>();
     PoolKey key{};
     for (int i = 0; i < 4; ++i) key.x[i] = x.shape()[i];
     key.kernel = attrs.kernel;
@@ -70,7 +67,7 @@ std::shared_ptr<PoolPlan> plan_for(OpType op, const Tensor& x, const OpAttrs& at
     key.op = op;
     key.dtype = x.dtype();
     key.device = x.device().index;
-    return cache.get(key, [&] { return make_plan(key, y_shape); });
+    return plan_cache<PoolKey, PoolPlan>().get(key, [&] { return make_plan(key, y_shape); });
 }
 
 }  // namespace

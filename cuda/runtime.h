@@ -1,5 +1,5 @@
 // The CUDA runtime seen from plain C++ (no CUDA headers): memory, copies, device queries.
-// Implemented in cuda/runtime.cu when dyngrad is built with CUDA; core/ calls it only in that build.
+// Implemented in cuda/context.cu, allocator.cu and copy.cu when dyngrad is built with CUDA; core/ calls it only in that build.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -15,8 +15,10 @@ build=${DYNGRAD_BUILD_DIR:-$root/build-gpu}
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   nvcc --version | tail -2
 } > "$out/env.txt" 2>&1
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDYNGRAD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-  > "$build.log" 2>&1 && cmake --build "$build" -j"$(nproc)" >> "$build.log" 2>&1 || { tail -60 "$build.log"; exit 1; }
+. "$root/scripts/lib.sh"
+cuda_architectures=$(dg_cuda_architectures_arg)
+dg_configure_and_build "$build" --log "$build.log" -- -DCMAKE_BUILD_TYPE=Release -DDYNGRAD_CUDA=ON \
+  ${cuda_architectures:+"$cuda_architectures"} || exit 1
 grep -E "CUDA backend|Catch2" "$build.log" >> "$out/env.txt"
 status=0
 ctest --test-dir "$build" --output-on-failure -j4 > "$out/ctest.log" 2>&1 || status=1

@@ -9,8 +9,10 @@ out=${1:-$root/gpu-results}
 data=${DATA:-/usr/share/datasets/fashion-mnist}
 mkdir -p "$out"
 build=${DYNGRAD_BUILD_DIR:-$root/build-gpu}
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDYNGRAD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-  > "$build.log" 2>&1 && cmake --build "$build" -j"$(nproc)" >> "$build.log" 2>&1 || { tail -60 "$build.log"; exit 1; }
+. "$root/scripts/lib.sh"
+cuda_architectures=$(dg_cuda_architectures_arg)
+dg_configure_and_build "$build" --log "$build.log" -- -DCMAKE_BUILD_TYPE=Release -DDYNGRAD_CUDA=ON \
+  ${cuda_architectures:+"$cuda_architectures"} || exit 1
 status=0
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; compute-sanitizer --version | tail -1; } \
   > "$out/sanitizer.txt" 2>&1

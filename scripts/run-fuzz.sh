@@ -10,17 +10,15 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+. "$root/scripts/lib.sh"
 seconds=${1:-60}
 DYNGRAD_EXTRA_PACKAGES="clang-14 libclang-rt-14-dev" "$root/scripts/setup.sh" --deps-only
 
 build_dir=${DYNGRAD_FUZZ_BUILD_DIR:-build-fuzz}
-jobs=${DYNGRAD_JOBS:-$(nproc)}
-echo "==> configuring $build_dir (clang 14, libFuzzer + ASan + UBSan, CPU only)"
-cmake -S . -B "$build_dir" -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+echo "==> $build_dir: clang 14, libFuzzer + ASan + UBSan, CPU only"
+dg_configure_and_build "$build_dir" -- -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g -DNDEBUG" -DDYNGRAD_CUDA=OFF -DDYNGRAD_FUZZ=ON \
       -DBUILD_SHARED_LIBS=OFF -DDYNGRAD_BUILD_TESTS=OFF -DDYNGRAD_BUILD_BENCH=OFF -DDYNGRAD_BUILD_SAMPLES=OFF
-echo "==> building $build_dir"
-cmake --build "$build_dir" --parallel "$jobs"
 
 export ASAN_OPTIONS=detect_leaks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

@@ -51,19 +51,9 @@ command -v cmake >/dev/null || missing+=(cmake)
 command -v c++ >/dev/null || missing+=(build-essential)
 [[ -f /usr/include/eigen3/Eigen/Core ]] || pkg-config --exists eigen3 2>/dev/null || missing+=(libeigen3-dev)
 [[ -f /usr/include/zlib.h ]] || missing+=(zlib1g-dev)
+. "$root/scripts/lib.sh"
 if ((${#missing[@]} > 0)); then
-    sudo=()
-    [[ $(id -u) -eq 0 ]] || ! command -v sudo >/dev/null || sudo=(sudo)
-    if ! command -v apt-get >/dev/null; then
-        echo "==> missing ${missing[*]} and no apt-get (not Debian/Ubuntu): install them; continuing"
-    elif [[ $(id -u) -ne 0 && ${#sudo[@]} -eq 0 ]]; then
-        echo "==> missing ${missing[*]} and no root or sudo to install them; continuing"
-    else
-        echo "==> installing ${missing[*]}"
-        { "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q &&
-          "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"; } ||
-            echo "==> apt-get failed; continuing with what is installed"
-    fi
+    dg_install_packages "${missing[@]}" || echo "==> could not install ${missing[*]}; continuing with what is installed"
 fi
 
 {
@@ -77,10 +67,10 @@ fi
 cat "$out/env.txt"
 
 echo "==> building dyngrad-perf and dyngrad-train in $build"
-if ! { cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDYNGRAD_CUDA=ON -DDYNGRAD_BUILD_TESTS=OFF \
-           -DDYNGRAD_BUILD_BENCH=ON -DDYNGRAD_BUILD_SAMPLES=ON &&
-       cmake --build "$build" --target dyngrad-perf dyngrad-train -j"${DYNGRAD_JOBS:-$(nproc)}"; } > "$build.log" 2>&1; then
-    tail -40 "$build.log"
+cuda_architectures=$(dg_cuda_architectures_arg)
+if ! dg_configure_and_build "$build" --log "$build.log" --target dyngrad-perf --target dyngrad-train -- \
+         -DCMAKE_BUILD_TYPE=Release -DDYNGRAD_CUDA=ON -DDYNGRAD_BUILD_TESTS=OFF -DDYNGRAD_BUILD_BENCH=ON \
+         -DDYNGRAD_BUILD_SAMPLES=ON ${cuda_architectures:+"$cuda_architectures"}; then
     echo "run-perf.sh: build failed (log: $build.log)" >&2
     exit 1
 fi

@@ -20,10 +20,10 @@ build=${DYNGRAD_BUILD_DIR:-build-perf}
 [[ "$build" == /* ]] || build="$root/$build"
 
 echo "==> building dyngrad-rnn-bench in $build"
-if ! { cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDYNGRAD_CUDA=ON -DDYNGRAD_BUILD_TESTS=OFF \
-           -DDYNGRAD_BUILD_BENCH=ON &&
-       cmake --build "$build" --target dyngrad-rnn-bench -j"${DYNGRAD_JOBS:-$(nproc)}"; } > "$build.log" 2>&1; then
-    tail -40 "$build.log"
+. "$root/scripts/lib.sh"
+cuda_architectures=$(dg_cuda_architectures_arg)
+if ! dg_configure_and_build "$build" --log "$build.log" --target dyngrad-rnn-bench -- -DCMAKE_BUILD_TYPE=Release \
+         -DDYNGRAD_CUDA=ON -DDYNGRAD_BUILD_TESTS=OFF -DDYNGRAD_BUILD_BENCH=ON ${cuda_architectures:+"$cuda_architectures"}; then
     echo "run-rnn-bench.sh: build failed (log: $build.log)" >&2
     exit 1
 fi

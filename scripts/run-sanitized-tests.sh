@@ -12,6 +12,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+. "$root/scripts/lib.sh"
 "$root/scripts/setup.sh" --deps-only
 
 build_dir=${DYNGRAD_ASAN_BUILD_DIR:-build-asan}
@@ -20,11 +21,9 @@ ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1:check_initialization
 export ASAN_OPTIONS=$ASAN_OPTIONS:strict_string_checks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-echo "==> configuring $build_dir (AddressSanitizer + UndefinedBehaviorSanitizer, CPU only)"
-cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g -DNDEBUG" \
-      -DDYNGRAD_CUDA=OFF -DDYNGRAD_SANITIZE=address,undefined
-echo "==> building $build_dir"
-cmake --build "$build_dir" --parallel "$jobs"
+echo "==> $build_dir: AddressSanitizer + UndefinedBehaviorSanitizer, CPU only"
+dg_configure_and_build "$build_dir" -- -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g -DNDEBUG" -DDYNGRAD_CUDA=OFF -DDYNGRAD_SANITIZE=address,undefined
 
 echo "==> CPU tests under ASan + UBSan"
 status=0

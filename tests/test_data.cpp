@@ -277,9 +277,7 @@ TEST_CASE("broken MNIST-format directories name the file", "[data][mnist][errors
 
 TEST_CASE("the installed Fashion-MNIST loads", "[data][mnist][fashion]") {
     if (!fs::exists(kDefaultMnistDirectory)) {
-        std::printf("note: %s is not installed (apt-get install dataset-fashion-mnist): skipped\n",
-                    kDefaultMnistDirectory);
-        return;
+        DG_SKIP(kDefaultMnistDirectory << " is not installed (apt-get install dataset-fashion-mnist)");
     }
     const MnistData data = load_mnist();
     CHECK(data.train.images.shape() == Shape{60000, 1, 28, 28});
@@ -364,10 +362,7 @@ TEST_CASE("batch loader arguments are checked", "[data][loader][errors]") {
 }
 
 TEST_CASE("GPU batches, streamed and resident, equal the CPU ones", "[data][loader][gpu]") {
-    if (cuda_device_count() == 0) {
-        std::printf("note: no CUDA device: the GPU batch loader test is skipped\n");
-        return;
-    }
+    if (cuda_device_count() == 0) DG_SKIP("no CUDA device: the GPU batch loader test");
     const Dataset data = numbered_dataset(1000);
     BatchLoader on_cpu(data, {.batch_size = 64, .seed = 3});
     BatchLoader streamed(data, {.batch_size = 64, .seed = 3, .device = Device::cuda(0)});

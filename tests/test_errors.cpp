@@ -178,14 +178,14 @@ TEST_CASE("empty tensors flow through ops", "[errors][empty]") {
 }
 
 TEST_CASE("CUDA tensors in a CPU-only build", "[errors][device]") {
-    if (cuda_compiled()) return;  // only meaningful without the CUDA backend
+    if (cuda_compiled()) DG_SKIP("only meaningful in a build without the CUDA backend");
     CHECK_THROWS_MATCHES(Tensor::zeros({2, 2}, DType::f32, Device::cuda(0)), DeviceError,
                          MessageHas({"cuda:0", "CUDA"}));
     CHECK_THROWS_AS(randn({2}).to(Device::cuda(0)), DeviceError);
 }
 
 TEST_CASE("inputs on different devices", "[errors][device]") {
-    if (cuda_device_count() == 0) return;  // needs a GPU
+    if (cuda_device_count() == 0) DG_SKIP("needs a CUDA device");
     ComputeGraph graph;
     Var a = graph.input(randn({2, 2}), "a");
     Var b = graph.input(randn({2, 2}).to(Device::cuda(0)), "b");
@@ -458,7 +458,7 @@ TEST_CASE("empty tensors through conv, pool, batch_norm and dropout", "[errors][
 }
 
 TEST_CASE("empty tensors on the GPU", "[errors][empty][device]") {
-    if (cuda_device_count() == 0) return;  // needs a GPU
+    if (cuda_device_count() == 0) DG_SKIP("needs a CUDA device");
     check_empty_batch_network(Device::cuda(0), DType::f32);
 }
 
@@ -562,7 +562,7 @@ TEST_CASE("a parameter used in two graphs at once", "[errors][graph]") {
 // ---- devices ----
 
 TEST_CASE("CPU tensors into GPU ops", "[errors][device]") {
-    if (cuda_device_count() == 0) return;  // needs a GPU
+    if (cuda_device_count() == 0) DG_SKIP("needs a CUDA device");
     const Device gpu = Device::cuda(0);
     ComputeGraph graph;
     Var x = graph.input(randn({2, 3, 6, 6}).to(gpu), "x");

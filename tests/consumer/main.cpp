@@ -1,9 +1,14 @@
 // Builds a tiny graph through the installed headers and library and checks one gradient:
-// loss = Σ (x·x/2 + x), so dloss/dx = x + 1.
+// loss = Σ (x·x/2 + x), so dloss/dx = x + 1. Built with CONSUMER_CUDA, also runs its own kernel (kernel.cu)
+// on a GPU when there is one.
 #include <dyngrad/dyngrad.h>
 
 #include <cmath>
 #include <cstdio>
+
+#if CONSUMER_CUDA
+#include "kernel.h"
+#endif
 
 int main() {
     using namespace dyngrad;
@@ -21,6 +26,20 @@ int main() {
             }
         }
         std::printf("consumer: loss %g, gradient ok\n", loss.item());
+#if CONSUMER_CUDA
+        if (cuda_device_count() == 0) {
+            std::printf("consumer: SKIPPED running the user kernel: no CUDA device (it compiled)\n");
+            return 0;
+        }
+        const std::vector<double> shifted = add_one_on_gpu(x.value().to(Device::cuda())).to_vector();
+        for (std::size_t i = 0; i < expected.size(); ++i) {
+            if (shifted[i] != expected[i]) {
+                std::fprintf(stderr, "consumer: user kernel gave %g at %zu, expected %g\n", shifted[i], i, expected[i]);
+                return 1;
+            }
+        }
+        std::printf("consumer: user kernel ok\n");
+#endif
         return 0;
     } catch (const Error& e) {
         std::fprintf(stderr, "consumer: %s\n", e.what());

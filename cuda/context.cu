@@ -1,0 +1,401 @@
+// The device runtime's contexts: per device one stream, cuBLAS/cuBLASLt handles with their workspace, a memory
+// pool and a device error record, and per host thread a cuDNN handle; their release at exit; the checked-call
+// errors; device queries and settings. Public API: cuda/runtime.h (plain C++); kernel-side API: cuda/context.h.
+// The allocator is in cuda/allocator.cu, capture pools in cuda/capture_pool.cu, copies in cuda/copy.cu.
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <link.h>
+#include <limits>
+#include <mutex>
+#include <string_view>
+#include <utility>
+
+#include "dyngrad/cuda/context_owner.h"
+#include "dyngrad/cuda/runtime.h"
+
+namespace dyngrad::cuda {
+
+namespace {
+
+// The fixed cuBLAS workspace per device: the sizes the cuBLAS guide recommends (Hopper and later, earlier).
+constexpr std::size_t kCublasWorkspaceHopper = std::size_t{32} << 20;
+constexpr std::size_t kCublasWorkspace = std::size_t{4} << 20;
+
+std::atomic<bool> g_allow_tf32{false};
+std::atomic<bool> g_deterministic{false};
+// The device this thread last made current, so context() skips redundant cudaSetDevice calls.
+// (Code outside dyngrad that calls cudaSetDevice itself defeats the cache; dyngrad never does.)
+thread_local int tls_current_device = -1;
+
+}  // namespace
+
+void make_current(int device) {
+    if (tls_current_device == device) return;
+    DG_CUDA_CHECK(cudaSetDevice(device));
+    tls_current_device = device;
+}
+
+// An event on the current device, for ordering only (no timing).
+EventHandle make_event() {
+    cudaEvent_t event = nullptr;
+    DG_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    return EventHandle(event);
+}
+
+int thread_current_device() noexcept { return tls_current_device; }
+
+ContextOwner::ContextOwner(int device) {
+    make_current(device);
+    ctx.device = device;
+
+    cudaStream_t raw_stream = nullptr;
+    DG_CUDA_CHECK(cudaStreamCreateWithFlags(&raw_stream, cudaStreamNonBlocking));
+    stream = StreamHandle(raw_stream);
+    ctx.stream = raw_stream;
+
+    cublasHandle_t raw_cublas = nullptr;
+    DG_CUBLAS_CHECK(cublasCreate(&raw_cublas));
+    cublas = CublasHandle(raw_cublas);
+    DG_CUBLAS_CHECK(cublasSetStream(raw_cublas, raw_stream));
+    DG_CUBLAS_CHECK(cublasSetPointerMode(raw_cublas, CUBLAS_POINTER_MODE_HOST));
+    // Without a workspace of ours cuBLAS allocates its own, inside a CUDA graph capture too (memory nodes of
+    // the graph). One fixed workspace serves every thread: they all queue on the one stream, which orders
+    // the GEMMs that use it (cuBLASLt's too: cuda/linalg.cu). Set after cublasSetStream, which resets it.
+    int major = 0;
+    DG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    const std::size_t workspace_bytes = major >= 9 ? kCublasWorkspaceHopper : kCublasWorkspace;
+    void* raw_workspace = nullptr;
+    DG_CUDA_CHECK(cudaMalloc(&raw_workspace, workspace_bytes));
+    cublas_workspace = DeviceBuffer(raw_workspace);
+    DG_CUBLAS_CHECK(cublasSetWorkspace(raw_cublas, raw_workspace, workspace_bytes));
+    ctx.cublas = raw_cublas;
+    ctx.gemm_workspace = raw_workspace;
+    ctx.gemm_workspace_bytes = workspace_bytes;
+
+    cublasLtHandle_t raw_lt = nullptr;
+    DG_CUBLAS_CHECK(cublasLtCreate(&raw_lt));
+    cublas_lt = CublasLtHandle(raw_lt);
+    ctx.cublas_lt = raw_lt;
+
+    cudnnHandle_t raw_cudnn = nullptr;
+    DG_CUDNN_CHECK(cudnnCreate(&raw_cudnn));
+    cudnn = CudnnHandle(raw_cudnn);
+    DG_CUDNN_CHECK(cudnnSetStream(raw_cudnn, raw_stream));
+    spare_cudnn.push_back(raw_cudnn);  // created synchronously before any other, as cuDNN's guide recommends
+
+    // Freed blocks stay in the pool (no release at stream syncs): steady-state training allocates nothing
+    // from the driver after the first step.
+    DG_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&ctx.pool, device));
+    std::uint64_t keep_everything = std::numeric_limits<std::uint64_t>::max();
+    DG_CUDA_CHECK(cudaMemPoolSetAttribute(ctx.pool, cudaMemPoolAttrReleaseThreshold, &keep_everything));
+
+    DG_CUDA_CHECK(cudaDeviceGetAttribute(&ctx.multiprocessors, cudaDevAttrMultiProcessorCount, device));
+
+    void* record = nullptr;
+    DG_CUDA_CHECK(cudaHostAlloc(&record, sizeof(DeviceErrorRecord), cudaHostAllocMapped));
+    error_record = ErrorRecordBuffer(static_cast<DeviceErrorRecord*>(record));
+    *error_record.get() = DeviceErrorRecord{};
+    void* record_device = nullptr;
+    DG_CUDA_CHECK(cudaHostGetDevicePointer(&record_device, record, 0));
+    ctx.error_record = error_record.get();
+    ctx.error_record_device = static_cast<DeviceErrorRecord*>(record_device);
+
+    void* counter = nullptr;
+    DG_CUDA_CHECK(cudaMalloc(&counter, sizeof(unsigned)));
+    block_counter = DeviceBuffer(counter);
+    DG_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(unsigned), raw_stream));
+    ctx.block_counter = static_cast<unsigned*>(counter);
+}
+
+cudnnHandle_t ContextOwner::acquire_cudnn() {
+    const std::lock_guard lock(cudnn_mutex);
+    if (!spare_cudnn.empty()) {
+        const cudnnHandle_t handle = spare_cudnn.back();
+        spare_cudnn.pop_back();
+        return handle;
+    }
+    make_current(ctx.device);
+    cudnnHandle_t handle = nullptr;
+    DG_CUDNN_CHECK(cudnnCreate(&handle));
+    if (const cudnnStatus_t status = cudnnSetStream(handle, ctx.stream); status != CUDNN_STATUS_SUCCESS) {
+        static_cast<void>(cudnnDestroy(handle));
+        throw_cudnn_error(status, "cudnnSetStream(handle, stream)", __FILE__, __LINE__);
+    }
+    return handle;
+}
+
+void ContextOwner::release_cudnn(cudnnHandle_t handle) noexcept {
+    try {
+        const std::lock_guard lock(cudnn_mutex);
+        spare_cudnn.push_back(handle);
+    } catch (...) {
+        // No memory to list it: the handle is lost to reuse, nothing else (the driver reclaims it at exit).
+    }
+}
+
+namespace {
+
+// Contexts are created once and released at process exit by release_contexts(), registered with
+// std::atexit after the first context has initialised the CUDA runtime: exit handlers run in reverse
+// order of registration, so ours runs while the runtime is still loaded (destroying handles in a static
+// destructor could run after it unloads). Memory freed after that (a Tensor held by a static object)
+// is left to the driver, which reclaims everything when the process ends.
+std::array<std::atomic<ContextOwner*>, kMaxDevices> g_contexts{};
+std::mutex g_contexts_mutex;
+std::atomic<bool> g_released{false};
+
+void release_contexts() noexcept {
+    const std::lock_guard lock(g_contexts_mutex);
+    g_released.store(true, std::memory_order_release);
+    for (int device = 0; device < kMaxDevices; ++device) {
+        ContextOwner* o = g_contexts[device].exchange(nullptr, std::memory_order_acq_rel);
+        if (!o) continue;
+        if (cudaSetDevice(device) == cudaSuccess && cudaStreamSynchronize(o->ctx.stream) == cudaSuccess) {
+            // Handles that threads gave back; the first one is also owned by o->cudnn.
+            for (const cudnnHandle_t handle : o->spare_cudnn)
+                if (handle != o->cudnn.get()) static_cast<void>(cudnnDestroy(handle));
+            empty_block_cache(*o);
+            release_capture_pools_at_exit(*o);
+            static_cast<void>(cudaStreamSynchronize(o->ctx.stream));
+            static_cast<void>(cudaMemPoolTrimTo(o->ctx.pool, 0));
+            delete o;  // its RAII members destroy the handles, the stream, the staging and error buffers
+        }
+        static_cast<void>(cudaGetLastError());
+    }
+}
+
+// exit() runs handlers in reverse order of registration, and a library loaded with dlopen registers its
+// finalizers when it is loaded. cuDNN 9 loads its engine libraries on its first execution, after our
+// handler was registered, so their finalizers ran first and left the context unusable to
+// release_contexts(): compute-sanitizer then reported every block of the block cache as leaked (32 MB in
+// 172 allocations over the [conv_relu] tests; none with cuDNN preloaded). So whenever the loader has added
+// objects since our last registration, register the (idempotent) handler again: it then runs before the
+// finalizers of everything loaded so far. glibc counts additions in dlpi_adds, read from the first object
+// without walking the list, so the check costs a loader-lock round trip.
+std::uint64_t loaded_object_additions() noexcept {
+    std::uint64_t adds = 0;
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, std::size_t size, void* out) {
+            if (size >= offsetof(dl_phdr_info, dlpi_adds) + sizeof(info->dlpi_adds))
+                *static_cast<std::uint64_t*>(out) = info->dlpi_adds;
+            return 1;  // the counter is global: the first object is enough
+        },
+        &adds);
+    return adds;
+}
+
+}  // namespace
+
+void release_contexts_before_new_libraries() noexcept {
+    static std::mutex mutex;
+    static std::uint64_t registered_at = 0;  // loader additions when the handler was last registered
+    const std::uint64_t adds = loaded_object_additions();
+    const std::lock_guard lock(mutex);
+    if (registered_at != 0 && adds == registered_at) return;
+    if (std::atexit(release_contexts) == 0) registered_at = adds;
+}
+
+namespace {
+
+int query_device_count() {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        static_cast<void>(cudaGetLastError());  // no driver or no device: not an error for the caller
+        return 0;
+    }
+    return std::min(count, kMaxDevices);
+}
+
+}  // namespace
+
+// The owner of `device`'s context, created on first use; makes `device` current on this thread.
+ContextOwner& owner(int device) {
+    const int count = device_count();
+    if (device < 0 || device >= count)
+        throw DeviceError(
+            str("cuda:", device, " does not exist (", count, " CUDA device", count == 1 ? "" : "s", " available)"));
+    ContextOwner* found = g_contexts[device].load(std::memory_order_acquire);
+    if (!found) {
+        const std::lock_guard lock(g_contexts_mutex);
+        found = g_contexts[device].load(std::memory_order_relaxed);
+        if (!found) {
+            if (g_released.load(std::memory_order_acquire))
+                throw DeviceError(str("cuda:", device, ": dyngrad's CUDA contexts were released at process exit"));
+            found = new ContextOwner(device);  // deleted by release_contexts() at exit
+            g_contexts[device].store(found, std::memory_order_release);
+            release_contexts_before_new_libraries();
+        }
+    }
+    make_current(device);
+    return *found;
+}
+
+ContextOwner* existing_owner(int device) noexcept {
+    return g_released.load(std::memory_order_acquire) ? nullptr : g_contexts[device].load(std::memory_order_acquire);
+}
+
+bool contexts_released() noexcept { return g_released.load(std::memory_order_acquire); }
+
+namespace {
+
+// Thread safety of the libraries: a cuDNN handle must not be used by two host threads at the same time
+// (cuDNN developer guide, "Thread Safety", which recommends one handle per thread for the thread's
+// lifetime), while a cuBLAS handle may be shared by threads as long as its configuration does not
+// change (cuBLAS guide, "Thread Safety"): ours are configured once, when the context is created, and
+// math precision is chosen per call. So every host thread sees a device's context through its own
+// DeviceContext: the same stream, pool, cuBLAS handles and error record, and a cuDNN handle of its own
+// bound to that same stream, so the work of all threads stays in one stream order. When a thread ends,
+// its handles go back to their contexts for the next thread; release_contexts() destroys them at exit.
+class ThreadContexts {
+public:
+    ThreadContexts() = default;
+    ThreadContexts(const ThreadContexts&) = delete;
+    ThreadContexts& operator=(const ThreadContexts&) = delete;
+    ~ThreadContexts() {
+        for (const DeviceContext& view : views_) {
+            if (!view.cudnn) continue;
+            // After release_contexts() (a thread ending during exit) the handle is the driver's to reclaim.
+            if (ContextOwner* o = g_contexts[view.device].load(std::memory_order_acquire)) o->release_cudnn(view.cudnn);
+        }
+    }
+
+    DeviceContext& get(ContextOwner& o) {
+        DeviceContext& view = views_[o.ctx.device];
+        if (!view.cudnn) {
+            const cudnnHandle_t handle = o.acquire_cudnn();
+            view = o.ctx;
+            view.cudnn = handle;
+        }
+        return view;
+    }
+
+private:
+    std::array<DeviceContext, kMaxDevices> views_{};
+};
+thread_local ThreadContexts tls_contexts;
+
+std::string_view file_name(const char* path) {
+    const std::string_view p(path);
+    const auto slash = p.find_last_of('/');
+    return slash == std::string_view::npos ? p : p.substr(slash + 1);
+}
+
+std::string call_site(const char* expr, const char* file, int line) {
+    return str(expr, " failed at ", file_name(file), ":", line);
+}
+
+}  // namespace
+
+// ---- errors ----
+
+[[noreturn]] void throw_cuda_error(cudaError_t status, const char* expr, const char* file, int line) {
+    // Clear a non-sticky error so the next launch check does not report it a second time.
+    static_cast<void>(cudaGetLastError());
+    const std::string message =
+        str(call_site(expr, file, line), ": ", cudaGetErrorName(status), " (", cudaGetErrorString(status), ")");
+    if (status == cudaErrorMemoryAllocation) throw OutOfMemory(message);
+    throw CudaError(message);
+}
+
+[[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* expr, const char* file, int line) {
+    const std::string message =
+        str(call_site(expr, file, line), ": ", cublasGetStatusName(status), " (", cublasGetStatusString(status), ")");
+    if (status == CUBLAS_STATUS_ALLOC_FAILED) throw OutOfMemory(message);
+    throw CudaError(message);
+}
+
+[[noreturn]] void throw_cudnn_error(cudnnStatus_t status, const char* expr, const char* file, int line) {
+    std::array<char, 512> detail{};
+    cudnnGetLastErrorString(detail.data(), detail.size());
+    std::string message = str(call_site(expr, file, line), ": ", cudnnGetErrorString(status));
+    if (detail[0] != '\0') message += str(" (", detail.data(), ")");
+    if (status == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED ||
+        status == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED)
+        throw OutOfMemory(message);
+    throw CudaError(message);
+}
+
+void raise_device_error(DeviceContext& ctx) {
+    // The record is mapped host memory that kernels write; volatile keeps the reads real.
+    volatile DeviceErrorRecord* record = ctx.error_record;
+    if (record == nullptr || record->code == static_cast<int>(DeviceErrorCode::none)) return;
+    const int code = record->code;
+    const long long index = record->index;
+    const long long value = record->value;
+    const long long bound = record->bound;
+    record->index = 0;
+    record->value = 0;
+    record->bound = 0;
+    record->code = static_cast<int>(DeviceErrorCode::none);
+    if (code == static_cast<int>(DeviceErrorCode::label_out_of_range))
+        throw IndexError(str("cross_entropy: label ", value, " at row ", index, " is out of range [0, ", bound, ")"));
+    throw CudaError(str("cuda:", ctx.device, ": a kernel reported unknown error code ", code));
+}
+
+// ---- contexts ----
+
+DeviceContext& context(int device) { return tls_contexts.get(owner(device)); }
+
+DeviceContext& context_for(const Tensor& t) {
+    if (!t.defined() || !t.device().is_cuda())
+        throw DeviceError(str("expected a tensor on a CUDA device, got ", describe(t)));
+    return context(t.device().index);
+}
+
+Workspace::Workspace(DeviceContext& ctx, std::size_t bytes)
+    : ctx_(ctx), data_(allocate(bytes, ctx.device)), bytes_(bytes) {}
+
+Workspace::~Workspace() {
+    deallocate(data_, bytes_, ctx_.device);
+    release_contexts_before_new_libraries();  // the library call that used it may have loaded its engines
+}
+
+unsigned grid_size(const DeviceContext& ctx, std::int64_t n, unsigned threads) {
+    // Grid-stride loops: one block per `threads` elements, capped at 32 blocks per SM (several waves of
+    // full occupancy); past that each thread loops, which costs nothing for memory-bound kernels.
+    const std::int64_t wanted = n <= 0 ? 1 : (n + threads - 1) / threads;
+    const std::int64_t cap = static_cast<std::int64_t>(std::max(ctx.multiprocessors, 1)) * 32;
+    return static_cast<unsigned>(std::clamp<std::int64_t>(wanted, 1, cap));
+}
+
+// ---- user_kernels.h ----
+
+cudaStream_t current_stream(int device) { return context(device).stream; }
+
+cudaStream_t current_stream_for(const Tensor& t) { return context_for(t).stream; }
+
+unsigned grid_size(int device, std::int64_t n, unsigned threads) { return grid_size(context(device), n, threads); }
+
+int device_count() {
+    static const int count = query_device_count();
+    return count;
+}
+
+std::string device_name(int device) {
+    cudaDeviceProp prop{};
+    DG_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    int driver = 0, runtime = 0, cublas = 0;
+    DG_CUDA_CHECK(cudaDriverGetVersion(&driver));
+    DG_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+    DG_CUBLAS_CHECK(cublasGetVersion(context(device).cublas, &cublas));
+    return str(prop.name, " (sm_", prop.major, prop.minor, ", CUDA driver ", driver / 1000, ".", driver % 1000 / 10,
+               ", runtime ", runtime / 1000, ".", runtime % 1000 / 10, ", cuBLAS ", cublas, ", cuDNN ",
+               cudnnGetVersion(), ")");
+}
+
+void synchronize(int device) {
+    throw_if_capturing(device, "cuda::synchronize()", kWaitsForGraph);
+    ContextOwner& o = owner(device);
+    DG_CUDA_CHECK(cudaStreamSynchronize(o.ctx.stream));
+    raise_device_error(o.ctx);
+}
+
+void set_allow_tf32(bool allow) { g_allow_tf32.store(allow, std::memory_order_relaxed); }
+void set_deterministic(bool deterministic) { g_deterministic.store(deterministic, std::memory_order_relaxed); }
+bool deterministic() { return g_deterministic.load(std::memory_order_relaxed); }
+bool allow_tf32() { return g_allow_tf32.load(std::memory_order_relaxed); }
+
+}  // namespace dyngrad::cuda

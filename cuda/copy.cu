@@ -1,0 +1,211 @@
+// The device runtime's copies and fills: host<->device through pinned staging buffers, between devices, on a
+// device; pinned host memory and stream events for asynchronous input pipelines (cuda/runtime.h).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <utility>
+
+#include "dyngrad/cuda/context_owner.h"
+#include "dyngrad/cuda/runtime.h"
+
+namespace dyngrad::cuda {
+
+namespace {
+
+// Host<->device copies above this size go through the context's pinned staging buffers: a pageable
+// copy is staged by the driver anyway, and reusing our own pinned chunks avoids its extra sync.
+constexpr std::size_t kStagingThreshold = std::size_t{1} << 20;
+constexpr std::size_t kStagingChunk = std::size_t{4} << 20;  // two chunks: 8 MiB pinned per device
+constexpr unsigned kFillThreads = 256;
+
+}  // namespace
+
+void ContextOwner::ensure_staging() {
+    if (staging.back().done.get()) return;  // the last thing created: a failed attempt is redone whole
+    for (StagingSlot& slot : staging) {
+        void* buffer = nullptr;
+        DG_CUDA_CHECK(cudaHostAlloc(&buffer, kStagingChunk, cudaHostAllocDefault));
+        slot.buffer = PinnedBuffer(buffer);
+        slot.done = make_event();
+    }
+}
+
+namespace {
+
+// Host -> device on the device's stream. The host buffer may be reused as soon as this returns: small
+// pageable copies are staged by the driver before cudaMemcpyAsync returns, large ones by us.
+void copy_to_device(void* dst, int device, const void* src, std::size_t bytes) {
+    throw_if_capturing(device, "a host-to-device copy",
+                       "each replay would read the host memory again, which may be gone by then; copy it to the "
+                       "device first and pass it as an input of run()");
+    ContextOwner& o = owner(device);
+    const cudaStream_t stream = o.ctx.stream;
+    if (bytes <= kStagingThreshold) {
+        DG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+        return;
+    }
+    const std::lock_guard lock(o.staging_mutex);
+    o.ensure_staging();
+    auto* out = static_cast<char*>(dst);
+    const auto* in = static_cast<const char*>(src);
+    for (std::size_t offset = 0, chunk = 0; offset < bytes; offset += kStagingChunk, ++chunk) {
+        StagingSlot& slot = o.staging[chunk % 2];
+        const std::size_t n = std::min(kStagingChunk, bytes - offset);
+        DG_CUDA_CHECK(cudaEventSynchronize(slot.done.get()));  // the slot's previous copy has read it
+        std::memcpy(slot.buffer.get(), in + offset, n);
+        DG_CUDA_CHECK(cudaMemcpyAsync(out + offset, slot.buffer.get(), n, cudaMemcpyHostToDevice, stream));
+        DG_CUDA_CHECK(cudaEventRecord(slot.done.get(), stream));
+    }
+}
+
+// Device -> host: waits for the stream (the caller reads the bytes next), then raises kernel errors.
+void copy_to_host(void* dst, const void* src, int device, std::size_t bytes) {
+    throw_if_capturing(device, "a device-to-host copy (item(), to_vector(), to(cpu))", kWaitsForGraph);
+    ContextOwner& o = owner(device);
+    const cudaStream_t stream = o.ctx.stream;
+    if (bytes <= kStagingThreshold) {
+        DG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream));
+    } else {
+        const std::lock_guard lock(o.staging_mutex);
+        o.ensure_staging();
+        auto* out = static_cast<char*>(dst);
+        const auto* in = static_cast<const char*>(src);
+        const std::size_t chunks = (bytes + kStagingChunk - 1) / kStagingChunk;
+        auto chunk_bytes = [&](std::size_t chunk) { return std::min(kStagingChunk, bytes - chunk * kStagingChunk); };
+        auto issue = [&](std::size_t chunk) {
+            StagingSlot& slot = o.staging[chunk % 2];
+            DG_CUDA_CHECK(cudaMemcpyAsync(slot.buffer.get(), in + chunk * kStagingChunk, chunk_bytes(chunk),
+                                          cudaMemcpyDeviceToHost, stream));
+            DG_CUDA_CHECK(cudaEventRecord(slot.done.get(), stream));
+        };
+        // Double buffering: chunk c+1 streams into the other slot while the host drains chunk c. That
+        // slot was drained by the host in the previous iteration, so it is free to overwrite.
+        issue(0);
+        for (std::size_t chunk = 0; chunk < chunks; ++chunk) {
+            if (chunk + 1 < chunks) issue(chunk + 1);
+            StagingSlot& slot = o.staging[chunk % 2];
+            DG_CUDA_CHECK(cudaEventSynchronize(slot.done.get()));
+            std::memcpy(out + chunk * kStagingChunk, slot.buffer.get(), chunk_bytes(chunk));
+        }
+    }
+    DG_CUDA_CHECK(cudaStreamSynchronize(stream));
+    raise_device_error(o.ctx);
+}
+
+// Between two devices: the copy runs on the destination's stream once the source's queued work (which
+// produced `src`) is done, and the source's stream then waits for the copy, so that a later
+// stream-ordered free of `src` cannot overtake it. Without peer access the driver stages through the host.
+void copy_between_devices(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes) {
+    for (const int device : {src_device, dst_device})
+        throw_if_capturing(device, "a copy between devices", "a captured step runs on the stream of one device");
+    ContextOwner& from = owner(src_device);
+    const EventHandle produced = make_event();  // events belong to the device current at creation
+    DG_CUDA_CHECK(cudaEventRecord(produced.get(), from.ctx.stream));
+
+    ContextOwner& to = owner(dst_device);
+    const EventHandle copied = make_event();
+    DG_CUDA_CHECK(cudaStreamWaitEvent(to.ctx.stream, produced.get(), 0));
+    DG_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, to.ctx.stream));
+    DG_CUDA_CHECK(cudaEventRecord(copied.get(), to.ctx.stream));
+    DG_CUDA_CHECK(cudaStreamWaitEvent(from.ctx.stream, copied.get(), 0));
+}
+
+// dst[i] = value for i < n (grid-stride)
+template <typename T>
+__global__ void fill_kernel(T* __restrict__ dst, std::int64_t n, T value) {
+    const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+        dst[i] = value;
+}
+
+template <typename T>
+void launch_fill(const DeviceContext& ctx, void* dst, std::int64_t n, double value) {
+    const unsigned blocks = grid_size(ctx, n, kFillThreads);
+    fill_kernel<T><<<blocks, kFillThreads, 0, ctx.stream>>>(static_cast<T*>(dst), n, static_cast<T>(value));
+    DG_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) {
+    if (bytes == 0) return;
+    if (dst_device.is_cpu() && src_device.is_cpu()) {
+        std::memcpy(dst, src, bytes);
+    } else if (src_device.is_cpu()) {
+        copy_to_device(dst, dst_device.index, src, bytes);
+    } else if (dst_device.is_cpu()) {
+        copy_to_host(dst, src, src_device.index, bytes);
+    } else if (dst_device.index == src_device.index) {
+        const DeviceContext& ctx = context(dst_device.index);
+        DG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx.stream));
+    } else {
+        copy_between_devices(dst, dst_device.index, src, src_device.index, bytes);
+    }
+}
+
+void fill(void* dst, std::int64_t n, double value, DType dtype, int device) {
+    if (n <= 0) return;
+    const DeviceContext& ctx = context(device);
+    if (value == 0.0 && !std::signbit(value)) {  // +0 is all-zero bytes in every dtype
+        DG_CUDA_CHECK(cudaMemsetAsync(dst, 0, static_cast<std::size_t>(n) * dtype_size(dtype), ctx.stream));
+        return;
+    }
+    switch (dtype) {
+        case DType::f32: return launch_fill<float>(ctx, dst, n, value);
+        case DType::f64: return launch_fill<double>(ctx, dst, n, value);
+        case DType::i64: return launch_fill<std::int64_t>(ctx, dst, n, value);
+    }
+    throw DTypeError(str("fill: unknown dtype code ", static_cast<int>(dtype)));
+}
+
+void* allocate_pinned(std::size_t bytes) {
+    void* ptr = nullptr;
+    DG_CUDA_CHECK(cudaHostAlloc(&ptr, std::max<std::size_t>(bytes, 1), cudaHostAllocDefault));
+    return ptr;
+}
+
+void free_pinned(void* ptr) noexcept {
+    // Runs in destructors: a failure (the runtime unloading at exit) is cleared, not reported.
+    if (ptr != nullptr && cudaFreeHost(ptr) != cudaSuccess) static_cast<void>(cudaGetLastError());
+}
+
+void copy_to_device_async(void* dst, int device, const void* src, std::size_t bytes) {
+    if (bytes == 0) return;
+    const DeviceContext& ctx = context(device);
+    DG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx.stream));
+}
+
+StreamEvent::StreamEvent(int device) : device_(device) {
+    static_cast<void>(owner(device));  // events belong to the device current at creation
+    cudaEvent_t event = nullptr;
+    DG_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    event_ = event;
+}
+
+StreamEvent::~StreamEvent() { const EventHandle released(static_cast<cudaEvent_t>(event_)); }
+
+StreamEvent::StreamEvent(StreamEvent&& other) noexcept
+    : event_(std::exchange(other.event_, nullptr)), device_(other.device_) {}
+
+StreamEvent& StreamEvent::operator=(StreamEvent&& other) noexcept {
+    if (this != &other) {
+        const EventHandle released(static_cast<cudaEvent_t>(std::exchange(event_, std::exchange(other.event_, nullptr))));
+        device_ = other.device_;
+    }
+    return *this;
+}
+
+void StreamEvent::record() {
+    throw_if_capturing(device_, "StreamEvent::record()", kWaitsForGraph);
+    const DeviceContext& ctx = context(device_);
+    DG_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), ctx.stream));
+}
+
+void StreamEvent::wait() {
+    throw_if_capturing(device_, "StreamEvent::wait()", kWaitsForGraph);
+    DG_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));
+}
+
+}  // namespace dyngrad::cuda

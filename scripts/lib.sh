@@ -1,0 +1,72 @@
+# Shared by the scripts of this folder (source it: . "$(dirname "$0")/lib.sh"): the package-install block
+# and the configure/build block they would otherwise each repeat, and the CUDA architecture choice.
+
+# Installs the Debian/Ubuntu packages among "$@" that are not installed yet, with apt-get (as root, or
+# through sudo). Fails (exit status 1, with a message) without dpkg-query/apt-get or without root.
+dg_install_packages() {
+    if ! command -v dpkg-query >/dev/null || ! command -v apt-get >/dev/null; then
+        echo "$(basename "$0"): this script needs Debian or Ubuntu (dpkg-query and apt-get);" \
+             "elsewhere install g++ >= 12, CMake >= 3.24, Eigen 3.4, Catch2, zlib and pkg-config yourself" >&2
+        return 1
+    fi
+    local package status missing=()
+    for package in "$@"; do
+        status=$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null || true)
+        [[ "$status" == "install ok installed" ]] || missing+=("$package")
+    done
+    if ((${#missing[@]} == 0)); then
+        echo "==> build dependencies present: $*"
+        return 0
+    fi
+    local as_root=()
+    if [[ $(id -u) -ne 0 ]]; then
+        if ! command -v sudo >/dev/null; then
+            echo "$(basename "$0"): installing ${missing[*]} needs root: run as root or install sudo" >&2
+            return 1
+        fi
+        as_root=(sudo)
+    fi
+    echo "==> installing ${missing[*]}"
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update &&
+        "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+}
+
+# The CMake argument that picks the CUDA architectures: DYNGRAD_CUDA_ARCHITECTURES when set, else "native"
+# (the GPUs of this machine) when nvidia-smi sees one; else nothing, and CMakeLists.txt's default applies.
+dg_cuda_architectures_arg() {
+    if [[ -n "${DYNGRAD_CUDA_ARCHITECTURES:-}" ]]; then
+        echo "-DCMAKE_CUDA_ARCHITECTURES=$DYNGRAD_CUDA_ARCHITECTURES"
+    elif command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+        echo "-DCMAKE_CUDA_ARCHITECTURES=native"
+    fi
+}
+
+# Configures and builds one build directory:
+#   dg_configure_and_build BUILD_DIR [--log FILE] [--target T]... -- CMAKE_ARGUMENTS...
+# Source directory: the repository root. Jobs: DYNGRAD_JOBS (default nproc). Without --log it announces
+# each step and CMake prints as it goes; with --log the output goes to FILE, and on failure its last 60
+# lines are shown. Exit status: CMake's (0 when both steps succeeded).
+dg_configure_and_build() {
+    local build_dir=$1 log="" targets=()
+    shift
+    while (($# > 0)) && [[ "$1" != "--" ]]; do
+        case "$1" in
+            --log) log=$2; shift 2 ;;
+            --target) targets+=(--target "$2"); shift 2 ;;
+            *) echo "dg_configure_and_build: unknown option $1" >&2; return 2 ;;
+        esac
+    done
+    [[ "${1:-}" == "--" ]] && shift
+    local root
+    root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+    local configure=(cmake -S "$root" -B "$build_dir" "$@")
+    local build=(cmake --build "$build_dir" "${targets[@]}" --parallel "${DYNGRAD_JOBS:-$(nproc)}")
+    if [[ -z "$log" ]]; then
+        echo "==> configuring $build_dir"
+        "${configure[@]}" || return
+        echo "==> building $build_dir"
+        "${build[@]}"
+    else
+        { "${configure[@]}" && "${build[@]}"; } > "$log" 2>&1 || { local rc=$?; tail -60 "$log"; return $rc; }
+    fi
+}
