@@ -12,6 +12,8 @@
 
 #include <dyngrad/dyngrad.h>
 
+#include "../samples/command_line.h"
+
 using namespace dyngrad;
 
 namespace {
@@ -23,23 +25,18 @@ struct Options {
     int repeats = 7;   // blocks of each kind
 };
 
+// Every argument is checked before the first step (samples/command_line.h).
 Options parse(int argc, char** argv) {
-    Options o;
-    for (int i = 1; i < argc; ++i) {
-        const std::string arg = argv[i];
-        if (i + 1 >= argc) throw ValueError(str("missing value after ", arg));
-        const std::string value = argv[++i];
-        if (arg == "--device")
-            o.device = value == "cpu" ? Device::cpu() : Device::cuda(value.size() > 5 ? std::stoi(value.substr(5)) : 0);
-        else if (arg == "--batch")
-            o.batch = std::stoll(value);
-        else if (arg == "--steps")
-            o.steps = std::stoi(value);
-        else if (arg == "--repeats")
-            o.repeats = std::stoi(value);
-        else
-            throw ValueError(str("unknown option ", arg));
+    const cli::Arguments args(argc, argv, {.options = {"--device", "--batch", "--steps", "--repeats"}});
+    if (args.help()) {
+        std::puts("usage: dyngrad-anomaly-cost [--device cpu|cuda:N] [--batch N] [--steps N] [--repeats N]");
+        std::exit(0);
     }
+    Options o;
+    if (auto v = args.value("--device")) o.device = cli::parse_device("--device", *v);
+    if (auto v = args.value("--batch")) o.batch = cli::parse_int("--batch", *v, 1, 1 << 24);
+    if (auto v = args.value("--steps")) o.steps = static_cast<int>(cli::parse_int("--steps", *v, 1, 1 << 30));
+    if (auto v = args.value("--repeats")) o.repeats = static_cast<int>(cli::parse_int("--repeats", *v, 1, 1 << 20));
     return o;
 }
 
@@ -93,6 +90,9 @@ int main(int argc, char** argv) try {
     std::printf("  anomaly mode off: %8.3f ms/step\n", off);
     std::printf("  anomaly mode on:  %8.3f ms/step  (x%.2f, +%.0f%%)\n", on, on / off, 100.0 * (on / off - 1.0));
     return 0;
+} catch (const cli::UsageError& e) {
+    std::fprintf(stderr, "dyngrad-anomaly-cost: %s (--help shows the usage)\n", e.what());
+    return 2;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "dyngrad-anomaly-cost: %s\n", e.what());
     return 1;

@@ -51,6 +51,7 @@
 #include <string>
 #include <vector>
 
+#include "../samples/command_line.h"
 #include "models.h"
 
 cudaError_t launch_empty_kernels(int count, cudaStream_t stream);  // bench/perf_launch.cu
@@ -429,16 +430,23 @@ int main(int argc, char** argv) {
     std::vector<std::string> only;
     Settings settings;
     bool list = false;
-    for (int i = 1; i < argc; ++i) {
-        const std::string arg = argv[i];
-        if (arg == "--json" && i + 1 < argc) json_path = argv[++i];
-        else if (arg == "--only" && i + 1 < argc) only = split(argv[++i]);
-        else if (arg == "--quick") settings = quick_settings();
-        else if (arg == "--list") list = true;
-        else {
-            std::fprintf(stderr, "dyngrad-perf: unknown argument '%s'\n%s", arg.c_str(), kUsage);
-            return 2;
+    try {  // every argument is checked before anything runs (samples/command_line.h)
+        const cli::Arguments args(argc, argv, {.flags = {"--quick", "--list"}, .options = {"--json", "--only"}});
+        if (args.help()) {
+            std::fputs(kUsage, stdout);
+            return 0;
         }
+        if (auto v = args.value("--json")) json_path = cli::output_file("--json", *v);
+        if (auto v = args.value("--only")) {
+            only = split(*v);
+            if (only.empty() || std::count(v->begin(), v->end(), ',') + 1 != static_cast<std::ptrdiff_t>(only.size()))
+                throw cli::UsageError(str("--only: empty workload name in '", *v, "'"));
+        }
+        if (args.has("--quick")) settings = quick_settings();
+        list = args.has("--list");
+    } catch (const cli::UsageError& e) {
+        std::fprintf(stderr, "dyngrad-perf: %s\n%s", e.what(), kUsage);
+        return 2;
     }
     const std::vector<Workload> all = workloads();
     if (list) {

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "../samples/command_line.h"
+
 using namespace dyngrad;
 
 namespace {
@@ -132,8 +134,17 @@ Row gemm_row(int batch, int m, int k, int n) {
 int main(int argc, char** argv) {
     try {
         std::string json_path;
-        for (int i = 1; i < argc; ++i)
-            if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json_path = argv[++i];
+        try {  // every argument is checked before anything runs (samples/command_line.h)
+            const cli::Arguments args(argc, argv, {.options = {"--json"}});
+            if (args.help()) {
+                std::puts("usage: dyngrad-perf-floor [--json FILE]");
+                return 0;
+            }
+            if (auto v = args.value("--json")) json_path = cli::output_file("--json", *v);
+        } catch (const cli::UsageError& e) {
+            std::fprintf(stderr, "dyngrad-perf-floor: %s\nusage: dyngrad-perf-floor [--json FILE]\n", e.what());
+            return 2;
+        }
         if (cuda_device_count() == 0) {
             std::printf("dyngrad-perf-floor: no CUDA device; nothing to measure\n");
             return 77;

@@ -15,6 +15,8 @@
 //                          [--repetitions R] [--tf32] [--skip-composed] [--json FILE]
 #include <dyngrad/dyngrad.h>
 
+#include "../samples/command_line.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -39,33 +41,39 @@ struct Options {
     std::string json;
 };
 
+// "32,64,96": each a whole positive integer.
 std::vector<std::int64_t> parse_list(const std::string& text) {
     std::vector<std::int64_t> values;
-    std::stringstream stream(text);
-    for (std::string item; std::getline(stream, item, ',');) values.push_back(std::stoll(item));
-    if (values.empty()) throw ValueError(str("--batches: no values in '", text, "'"));
+    std::size_t start = 0;
+    while (start <= text.size()) {
+        const std::size_t comma = std::min(text.find(',', start), text.size());
+        values.push_back(cli::parse_int("--batches", std::string_view(text).substr(start, comma - start), 1, 1 << 20));
+        start = comma + 1;
+    }
     return values;
 }
 
+// Every argument is checked before anything runs (samples/command_line.h).
 Options parse(int argc, char** argv) {
-    Options o;
-    for (int i = 1; i < argc; ++i) {
-        const std::string name = argv[i];
-        auto value = [&]() -> std::string {
-            if (i + 1 >= argc) throw ValueError(str(name, " needs a value"));
-            return argv[++i];
-        };
-        if (name == "--batches") o.batches = parse_list(value());
-        else if (name == "--seq") o.seq = std::stoll(value());
-        else if (name == "--layers") o.layers = std::stoll(value());
-        else if (name == "--hidden") o.hidden = std::stoll(value());
-        else if (name == "--input") o.input = std::stoll(value());
-        else if (name == "--repetitions") o.repetitions = std::stoi(value());
-        else if (name == "--tf32") o.tf32 = true;
-        else if (name == "--skip-composed") o.composed = false;
-        else if (name == "--json") o.json = value();
-        else throw ValueError(str("unknown option ", name, " (see the header of bench/rnn_bench.cpp)"));
+    const cli::Arguments args(argc, argv,
+                              {.flags = {"--tf32", "--skip-composed"},
+                               .options = {"--batches", "--seq", "--layers", "--hidden", "--input", "--repetitions",
+                                           "--json"}});
+    if (args.help()) {
+        std::puts("usage: dyngrad-rnn-bench [--batches 32,64,...] [--seq T] [--layers L] [--hidden H] [--input I]\n"
+                  "                         [--repetitions R] [--tf32] [--skip-composed] [--json FILE]");
+        std::exit(0);
     }
+    Options o;
+    if (auto v = args.value("--batches")) o.batches = parse_list(*v);
+    if (auto v = args.value("--seq")) o.seq = cli::parse_int("--seq", *v, 1, 1 << 20);
+    if (auto v = args.value("--layers")) o.layers = cli::parse_int("--layers", *v, 1, 1024);
+    if (auto v = args.value("--hidden")) o.hidden = cli::parse_int("--hidden", *v, 1, 1 << 20);
+    if (auto v = args.value("--input")) o.input = cli::parse_int("--input", *v, 1, 1 << 20);
+    if (auto v = args.value("--repetitions")) o.repetitions = static_cast<int>(cli::parse_int("--repetitions", *v, 1, 1 << 20));
+    o.tf32 = args.has("--tf32");
+    o.composed = !args.has("--skip-composed");
+    if (auto v = args.value("--json")) o.json = cli::output_file("--json", *v);
     return o;
 }
 

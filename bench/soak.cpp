@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "dyngrad/dyngrad.h"
+#include "../samples/command_line.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define DG_SOAK_ASAN 1
@@ -61,35 +62,23 @@ struct Options {
     std::string data;  // empty: random batches
 };
 
-std::int64_t parse_count(std::string_view name, std::string_view text) {
-    std::int64_t value = 0;
-    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (error != std::errc() || end != text.data() + text.size() || value < 1)
-        throw ValueError(str(name, ": expected a positive integer, got '", text, "'"));
-    return value;
-}
-
+// Every argument is checked before the first step (samples/command_line.h).
 Options parse(int argc, char* argv[]) {
-    Options o;
-    for (int i = 1; i < argc; ++i) {
-        const std::string_view name = argv[i];
-        if (name == "--help" || name == "-h") {
-            std::fputs(kUsage, stdout);
-            std::exit(0);
-        }
-        if (i + 1 >= argc) throw ValueError(str(name, ": missing value (--help lists the options)"));
-        const std::string_view value = argv[++i];
-        if (name == "--steps") o.steps = parse_count(name, value);
-        else if (name == "--check-at") o.check_at = parse_count(name, value);
-        else if (name == "--batch") o.batch = parse_count(name, value);
-        else if (name == "--seed") o.seed = static_cast<std::uint64_t>(parse_count(name, value));
-        else if (name == "--data") o.data = value;
-        else if (name == "--device" && value == "cpu") o.device = Device::cpu();
-        else if (name == "--device" && value == "cuda") o.device = Device::cuda(0);
-        else throw ValueError(str("unknown option or value: ", name, " ", value, " (--help lists the options)"));
+    const cli::Arguments args(argc, argv,
+                              {.options = {"--steps", "--check-at", "--batch", "--seed", "--data", "--device"}});
+    if (args.help()) {
+        std::fputs(kUsage, stdout);
+        std::exit(0);
     }
+    Options o;
+    if (auto v = args.value("--steps")) o.steps = cli::parse_int("--steps", *v, 1);
+    if (auto v = args.value("--check-at")) o.check_at = cli::parse_int("--check-at", *v, 1);
+    if (auto v = args.value("--batch")) o.batch = cli::parse_int("--batch", *v, 1, 1 << 24);
+    if (auto v = args.value("--seed")) o.seed = static_cast<std::uint64_t>(cli::parse_int("--seed", *v, 0));
+    if (auto v = args.value("--data")) o.data = cli::existing_directory("--data", *v);
+    if (auto v = args.value("--device")) o.device = cli::parse_device("--device", *v, {"cpu", "cuda"});
     if (o.check_at >= o.steps)
-        throw ValueError(str("--check-at ", o.check_at, " must come before the last step ", o.steps));
+        throw cli::UsageError(str("--check-at ", o.check_at, " must come before the last step ", o.steps));
     return o;
 }
 
@@ -241,6 +230,9 @@ int soak(const Options& o) {
 int main(int argc, char* argv[]) {
     try {
         return soak(parse(argc, argv));
+    } catch (const cli::UsageError& e) {
+        std::fprintf(stderr, "dyngrad-soak: %s\n%s", e.what(), kUsage);
+        return 2;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "dyngrad-soak: %s\n", e.what());
         return 2;

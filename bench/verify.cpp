@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "dyngrad/dyngrad.h"
+#include "../samples/command_line.h"
 
 namespace {
 
@@ -47,9 +48,7 @@ const char* const kUsage =
     "\n"
     "Exit status: 0 when every check passed, 1 when any failed, 2 for a usage error.\n";
 
-class UsageError : public std::runtime_error {
-    using std::runtime_error::runtime_error;
-};
+using cli::UsageError;
 
 struct Options {
     std::set<std::string> ops;  // empty: every op
@@ -80,60 +79,31 @@ std::string op_names() {
     return names;
 }
 
+// Every comma-separated name must be a checkable op: an empty or unknown name is an error, never "all".
 void add_op_names(Options& options, std::string_view list) {
     std::size_t start = 0;
     while (start <= list.size()) {
         const std::size_t comma = std::min(list.find(',', start), list.size());
         const std::string name(list.substr(start, comma - start));
-        if (!name.empty()) {
-            const OpDef* def = find_op(name);
-            if (!def || def->cases().empty())
-                throw UsageError(str("unknown op '", name, "'; valid ops: ", op_names()));
-            options.ops.insert(name);
-        }
+        if (name.empty())
+            throw UsageError(str("--op: empty op name in '", list, "'; valid ops: ", op_names()));
+        const OpDef* def = find_op(name);
+        if (!def || def->cases().empty()) throw UsageError(str("--op: unknown op '", name, "'; valid ops: ", op_names()));
+        options.ops.insert(name);
         start = comma + 1;
     }
 }
 
-std::uint64_t parse_seed(const std::string& text) {
-    std::uint64_t seed = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), seed);
-    if (ec != std::errc() || end != text.data() + text.size() || text.empty())
-        throw UsageError(str("--seed needs a non-negative integer, got '", text, "'"));
-    return seed;
-}
-
 Options parse_args(int argc, char** argv) {
+    const cli::Arguments args(argc, argv, {.flags = {"--list"}, .options = {"--op", "--json", "--seed"},
+                                           .repeatable = {"--op"}});
     Options options;
-    for (int i = 1; i < argc; ++i) {
-        std::string arg = argv[i];
-        std::string value;
-        bool has_value = false;
-        if (const auto eq = arg.find('='); arg.starts_with("--") && eq != std::string::npos) {
-            value = arg.substr(eq + 1);
-            arg = arg.substr(0, eq);
-            has_value = true;
-        }
-        const auto take_value = [&]() -> std::string {
-            if (has_value) return value;
-            if (i + 1 >= argc) throw UsageError(str(arg, " needs a value"));
-            return argv[++i];
-        };
-        if (arg == "--op") {
-            add_op_names(options, take_value());
-        } else if (arg == "--json") {
-            options.json_path = take_value();
-            if (options.json_path.empty()) throw UsageError("--json needs a file name");
-        } else if (arg == "--seed") {
-            options.seed = parse_seed(take_value());
-        } else if (arg == "--list" && !has_value) {
-            options.list = true;
-        } else if ((arg == "--help" || arg == "-h") && !has_value) {
-            options.help = true;
-        } else {
-            throw UsageError(str("unknown argument '", argv[i], "'"));
-        }
-    }
+    for (const std::string& list : args.values("--op")) add_op_names(options, list);
+    if (const auto json = args.value("--json")) options.json_path = cli::output_file("--json", *json);
+    if (const auto seed = args.value("--seed"))
+        options.seed = static_cast<std::uint64_t>(cli::parse_int("--seed", *seed, 0));
+    options.list = args.has("--list");
+    options.help = args.help();
     return options;
 }
 

@@ -263,7 +263,7 @@ __global__ void conv2d_bias_activation_kernel(T* __restrict__ y, const T* __rest
     }
 }
 
-// dy, y (N,K,HW) -> dz (N,K,HW) = dy where y > 0, else 0 (Relu; written with '=' unless dz is null) and
+// dy, y (N,K,HW) -> dz (N,K,HW) = ReluOp::masked_gradient(y, dy) (Relu; written with '=' unless dz is null) and
 // db (K) = Σ over N, HW of dz (of dy without Relu; written with '=' unless db is null).
 // Grid (K, chunks): block (k, c) takes chunk c of channel k's N·HW values (j = n·HW + s). With one chunk
 // per channel the block writes db[k]. Otherwise it writes partials[k·chunks + c], and the last block to
@@ -290,7 +290,7 @@ __global__ void conv2d_activation_backward_kernel(const T* __restrict__ dy, cons
         const std::int64_t offset = (image * channels + k) * hw + position;
         T g = dy[offset];
         if constexpr (Relu) {
-            g = y[offset] > T(0) ? g : T(0);
+            g = math::ReluOp::masked_gradient(y[offset], g);
             if (dz != nullptr) dz[offset] = g;
         }
         sum += g;

@@ -1,6 +1,6 @@
 // Matrix products and layout on the GPU: matmul through cuBLAS GEMMs; linear through cuBLASLt GEMMs with
-// fused epilogues in float32 (bias, bias + ReLU, weight and bias gradients in one GEMM) and cuBLAS plus
-// small kernels otherwise; transpose through tiled and strided copy kernels, narrow and concat through a
+// fused epilogues in float32 (bias, weight and bias gradients in one GEMM; the ReLU is a kernel of ours, see
+// linear_forward) and cuBLAS plus small kernels otherwise; transpose through tiled and strided copy kernels, narrow and concat through a
 // row-block copy kernel. CPU reference: ops/linalg.cpp (same names in namespace cpu).
 //
 // cuBLAS is column-major; a row-major buffer read column-major is the transpose of the matrix. So a
@@ -20,6 +20,7 @@
 #include "dyngrad/cuda/handle.h"
 #include "dyngrad/cuda/plan_cache.h"
 #include "dyngrad/cuda/runtime.h"
+#include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
 
 namespace dyngrad::cuda {
@@ -103,23 +104,23 @@ __global__ void bias_rows_kernel(const T* __restrict__ b, T* __restrict__ y, std
         y[i] = b[i % out];
 }
 
-// y = relu(y) in place: the fused activation on the cuBLAS path. Written as ReluOp (ops/elementwise_math.h)
-// is, so NaN maps to 0 as on the CPU.
+// y = relu(y) in place: the fused activation after the GEMM, with ReluOp's formula (ops/elementwise_math.h),
+// so NaN propagates as on the CPU.
 template <typename T>
 __global__ void relu_in_place_kernel(T* __restrict__ y, std::int64_t n) {
     for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-        y[i] = y[i] > T(0) ? y[i] : T(0);
+        y[i] = math::ReluOp::forward(y[i], T(0));
 }
 
-// dz = dy where y > 0, else 0: the fused ReLU's gradient taken from the output, which is positive exactly
-// where the pre-activation is (so the pre-activation is never stored).
+// dz = ReluOp::masked_gradient(y, dy): the fused ReLU's gradient taken from the output, which is <= 0
+// exactly where the pre-activation is (so the pre-activation is never stored).
 template <typename T>
 __global__ void relu_gradient_kernel(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dz,
                                      std::int64_t n) {
     for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-        dz[i] = y[i] > T(0) ? dy[i] : T(0);
+        dz[i] = math::ReluOp::masked_gradient(y[i], dy[i]);
 }
 
 using LtMatmulDesc = UniqueHandle<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
@@ -212,7 +213,7 @@ std::shared_ptr<LtGemmPlan> make_lt_plan(DeviceContext& ctx, const LtGemmKey& ke
 }
 
 // Enqueues the column-major float32 GEMM d (m,n) = op(a) (m,k) · op(b) (k,n) with `epilogue` (d written
-// with '='): BIAS and RELU_BIAS read `bias` (m), BGRADB writes `bias` (n) = Σ over k of op(b). Plans are
+// with '='): BIAS reads `bias` (m), BGRADB writes `bias` (n) = Σ over k of op(b). Plans are
 // cached per key; no allocation, no sync (the workspace is the context's fixed one). Returns false, having
 // enqueued nothing, when cuBLASLt offers no algorithm for the key.
 bool lt_gemm(DeviceContext& ctx, const char* what, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
@@ -445,9 +446,14 @@ std::vector<Tensor> matmul_backward(const BackwardArgs& args) {
 }
 
 // x (N,in)  w (out,in)  b (out)  y (N,out) = act(x·wᵀ + b), act per attrs.activation (None or ReLU)
-// float32: one cuBLASLt GEMM, yᵀ (out,N) = w · xᵀ in column-major terms with the BIAS or RELU_BIAS epilogue.
+// float32: one cuBLASLt GEMM, yᵀ (out,N) = w · xᵀ in column-major terms with the BIAS epilogue.
 // float64 (cuBLASLt offers no epilogues for it), an empty inner dimension, or a key without a cuBLASLt
-// algorithm: the bias is written into y, a cuBLAS GEMM accumulates x·wᵀ onto it (beta = 1), then the ReLU.
+// algorithm: the bias is written into y, a cuBLAS GEMM accumulates x·wᵀ onto it (beta = 1).
+// The ReLU is always our own in-place kernel, never cuBLASLt's RELU_BIAS epilogue: what that epilogue does
+// with NaN depends on the algorithm the heuristic picks (on an H100 with cuBLAS 13, four of the five
+// float32 algorithms for an 8×8×8 GEMM propagated NaN and the fifth wrote 0; the documentation promises
+// neither), and the relu op propagates NaN. One extra elementwise pass over y is the cheapest path that is
+// right for every algorithm (checking x, w and b for NaN instead would read more than y).
 Tensor linear_forward(const ForwardArgs& args) {
     const Tensor& x = args.inputs[0];
     const Tensor& w = args.inputs[1];
@@ -457,17 +463,18 @@ Tensor linear_forward(const ForwardArgs& args) {
     Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
     const std::int64_t rows = x.size(0), in = x.size(1), out = w.size(0);
     if (y.numel() == 0) return y;
-    if (x.dtype() == DType::f32 && in > 0 &&
-        lt_gemm(ctx, "linear", out, rows, in, w.raw_data(), true, x.raw_data(), false, y.raw_data(),
-                relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS, b.raw_data()))
-        return y;
-    dispatch_floating(x.dtype(), "linear", [&]<typename T>() {
-        bias_rows_kernel<T><<<grid_size(ctx, y.numel(), kThreads), kThreads, 0, ctx.stream>>>(
-            b.data<T>(), y.data<T>(), y.numel(), out);
-        DG_CUDA_CHECK_LAUNCH();
-    });
-    gemm(ctx, x.dtype(), "linear", 1, rows, out, in, {x.raw_data(), false, 0}, {w.raw_data(), true, 0}, y.raw_data(),
-         true);
+    const bool fused = x.dtype() == DType::f32 && in > 0 &&
+                       lt_gemm(ctx, "linear", out, rows, in, w.raw_data(), true, x.raw_data(), false, y.raw_data(),
+                               CUBLASLT_EPILOGUE_BIAS, b.raw_data());
+    if (!fused) {
+        dispatch_floating(x.dtype(), "linear", [&]<typename T>() {
+            bias_rows_kernel<T><<<grid_size(ctx, y.numel(), kThreads), kThreads, 0, ctx.stream>>>(
+                b.data<T>(), y.data<T>(), y.numel(), out);
+            DG_CUDA_CHECK_LAUNCH();
+        });
+        gemm(ctx, x.dtype(), "linear", 1, rows, out, in, {x.raw_data(), false, 0}, {w.raw_data(), true, 0},
+             y.raw_data(), true);
+    }
     if (relu) {
         dispatch_floating(x.dtype(), "linear", [&]<typename T>() {
             relu_in_place_kernel<T><<<grid_size(ctx, y.numel(), kThreads), kThreads, 0, ctx.stream>>>(y.data<T>(),

@@ -59,11 +59,57 @@ std::string stats_of_inputs(std::span<const Tensor> inputs) {
     return out;
 }
 
-// Anomaly mode, right after a forward: NumericalError when the new value holds a NaN or Inf.
-void check_forward_value(std::span<const Tensor> inputs, const Tensor& out) {
+// "custom op 'square'" or "op 'relu'": who broke the kernel contract (graph/op_def.h), for its messages.
+std::string op_label(const OpDef& def) {
+    return str(def.op == OpType::Custom ? "custom op '" : "op '", def.name, "'");
+}
+
+// The contract checks at the one place every op's shape rule and forward are called, so a user op that
+// breaks its own rule is stopped here instead of being recorded (and blamed on something else later).
+void check_output_spec(const OpDef& def, const OutputSpec& spec) {
+    for (const std::int64_t d : spec.shape)
+        if (d < 0)
+            throw ShapeError(str(op_label(def), ": its shape rule returned shape ", to_string(spec.shape),
+                                 ", which has a negative dimension"));
+}
+void check_forward_output(const OpDef& def, const OutputSpec& spec, Device device, const Tensor& out) {
+    if (!out.defined())
+        throw GraphError(str(op_label(def), ": its forward returned an undefined tensor; it must return the ",
+                             to_string(spec.shape), " ", dtype_name(spec.dtype), " ", device.to_string(),
+                             " tensor its shape rule describes"));
+    if (out.shape() != spec.shape || out.dtype() != spec.dtype || out.device() != device)
+        throw GraphError(str(op_label(def), ": its forward returned ", describe(out), ", but its shape rule gave ",
+                             to_string(spec.shape), " ", dtype_name(spec.dtype), " on the inputs' device ",
+                             device.to_string(), "; a forward must return exactly what its shape rule describes"));
+}
+
+// Inside a catch block around an op's shape rule or kernels: rethrow_with_context for std exceptions;
+// anything else (`throw 42` in a user's op) becomes dyngrad::Error naming the op and what threw it.
+[[noreturn]] void rethrow_op_failure(const std::string& context, const OpDef& def, const char* stage) {
+    try {
+        throw;
+    } catch (const std::exception&) {
+        rethrow_with_context(context);
+    } catch (...) {
+        throw Error(str(context, ": ", op_label(def), ": its ", stage, " threw something that is not a ",
+                        "std::exception (such as `throw 42`); an op must throw a dyngrad::Error or a std::exception"));
+    }
+}
+
+// Anomaly mode, right after a forward: NumericalError when the new value holds a NaN or Inf. When an
+// input already held one (a weight, the data), the message names that input's node, a parameter by its
+// name: the node that reports is only the first to consume it (e.g. linear's internal transpose).
+template <typename DescribeInput>
+void check_forward_value(std::span<const Tensor> inputs, const Tensor& out, const DescribeInput& describe_input) {
     const TensorStats stats = tensor_stats(out);
     if (stats.all_finite()) return;
-    throw NumericalError(str("anomaly mode: the output holds NaN/Inf", stats_of("output", out),
+    std::string source = "; its inputs are finite, so this op made it";
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+        if (!tensor_stats(inputs[i]).all_finite()) {
+            source = str("; it comes from input ", i, ", ", describe_input(i), ", which already held NaN/Inf");
+            break;
+        }
+    throw NumericalError(str("anomaly mode: the output holds NaN/Inf", source, stats_of("output", out),
                              stats_of_inputs(inputs)));
 }
 }  // namespace
@@ -252,15 +298,24 @@ Var ComputeGraph::record_inputs(OpType op, std::span<const Var> inputs, const Op
     OutputSpec spec;
     Tensor out;
     std::vector<Tensor> saved;
+    const char* stage = "shape rule";
     try {
         spec = def.infer(op, input_values, attrs);
+        check_output_spec(def, spec);
         const BackendKernels& k = kernels_for(def, device);
         if (!k.forward) throw DeviceError(str("no forward kernel on ", device.to_string()));
         const ProfilingRange range(ProfilingRange::Pass::Forward, def.name, nodes_.size());
+        stage = "forward";
         out = k.forward(ForwardArgs{op, input_values, attrs, spec, saved});
-        if (anomaly_mode_enabled()) check_forward_value(input_values, out);
+        check_forward_output(def, spec, device, out);
+        if (anomaly_mode_enabled())
+            check_forward_value(input_values, out, [&](std::size_t i) {
+                const ComputeNode& n = *nodes_[inputs[i].id_];
+                if (!n.parameter.defined()) return describe_node(inputs[i].id_);
+                return str("parameter '", n.parameter.name(), "' (", describe_node(inputs[i].id_), ")");
+            });
     } catch (...) {
-        rethrow_with_context(str(at(), " with inputs ", describe_inputs(input_values)));
+        rethrow_op_failure(str(at(), " with inputs ", describe_inputs(input_values)), def, stage);
     }
 
     if (!grad_enabled()) return add_leaf(out, false, Parameter(), "", where);
@@ -368,7 +423,16 @@ void ComputeGraph::run_backward(NodeId root, Tensor seed, const BackwardOptions&
                     throw GraphError(str("gradient ", describe(g), " for input ", i, " does not match the input ",
                                          describe(in)));
                 // Broadcast gradients are reduced here, once, for every op and backend.
-                if (g.shape() != in.shape()) g = sum_to(g, in.shape());
+                if (g.shape() != in.shape()) {
+                    try {
+                        g = sum_to(g, in.shape());
+                    } catch (const ShapeError&) {
+                        throw ShapeError(str(op_label(def), ": its backward returned a gradient of shape ",
+                                             to_string(g.shape()), " for input ", i, " of shape ",
+                                             to_string(in.shape()), "; a gradient must have its input's shape ",
+                                             "(or one the input broadcasts to, which the engine sums back)"));
+                    }
+                }
                 if (anomaly_mode_enabled() && !tensor_stats(g).all_finite())
                     throw NumericalError(str("anomaly mode: the gradient for input ", i, " (",
                                              describe_node(n.inputs[i]), ") holds NaN/Inf", stats_of("gradient", g),
@@ -377,8 +441,9 @@ void ComputeGraph::run_backward(NodeId root, Tensor seed, const BackwardOptions&
                 accumulate_into(nodes_[n.inputs[i]]->grad, g);
             }
         } catch (...) {
-            rethrow_with_context(str("backward of ", describe_node(id), " with inputs ", describe_inputs(input_values),
-                                     " and output gradient ", describe(n.grad)));
+            rethrow_op_failure(str("backward of ", describe_node(id), " with inputs ", describe_inputs(input_values),
+                                   " and output gradient ", describe(n.grad)),
+                               def, "backward");
         }
         if (!options.retain_grads) n.grad = Tensor();
         if (!options.retain_graph) n.saved.clear();

@@ -84,12 +84,19 @@ VerifyReport verify(ComputeGraph& graph, const Var& output, const Tensor& grad_o
                                  to_string(out_node.value.shape()), "; pass the gradient to seed backward with"));
         seed = Tensor::ones(out_node.value.shape(), out_node.value.dtype(), out_node.value.device());
     }
+    // The seed seeds both the graph's backward and the replay's: a wrong one is the caller's argument.
+    if (seed.shape() != out_node.value.shape() || seed.dtype() != out_node.value.dtype() ||
+        seed.device() != out_node.value.device())
+        throw GraphError(str("verify: the output gradient grad_output ", describe(seed), " does not match the output ",
+                             graph.describe_node(root), " of ", describe(out_node.value),
+                             "; it needs the output's shape, dtype and device"));
     if (out_node.requires_grad && !out_node.grad.defined()) {
         try {
             graph.backward(output, seed, BackwardOptions{.retain_graph = false, .retain_grads = true});
         } catch (...) {
-            rethrow_with_context("verify: needs every node's gradient: run backward with "
-                                 "BackwardOptions{.retain_grads = true}, or no backward and let verify run it");
+            rethrow_with_context(str("verify: the backward it runs from ", graph.describe_node(root), " failed (it ",
+                                     "compares gradients of a graph not yet back-propagated, or of a backward run ",
+                                     "with BackwardOptions{.retain_grads = true})"));
         }
     }
 

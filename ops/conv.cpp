@@ -2,9 +2,9 @@
 // (image, group) pair to one GEMM over an im2col matrix; backward runs the same lowering in reverse
 // (col2im). GPU: cuda/conv.cu (cuDNN).
 //
-// A fused activation (OpAttrs::activation, Relu) is applied to conv(x, w) + b in place; backward first
-// masks dy with y > 0 (the same as the pre-activation > 0) and runs the plain convolution backward on
-// that masked gradient dz.
+// A fused activation (OpAttrs::activation, Relu) is applied to conv(x, w) + b in place (NaN propagates, as
+// in the relu op); backward first masks dy where y <= 0 (exactly where the pre-activation is) and runs the
+// plain convolution backward on that masked gradient dz.
 //
 // Shapes: x (N,C,H,W)  w (K,Cg,R,S)  b (K)  y (N,K,P,Q) with Cg = C/groups, Kg = K/groups;
 // an im2col matrix col (Cg·R·S, P·Q) holds, for output pixel (p,q), the input pixels its window covers:
@@ -205,16 +205,16 @@ Tensor conv2d_forward(const ForwardArgs& args) {
 
 namespace {
 
-// dy, y (N,K,P,Q) -> the gradient of the convolution's own output: dy masked with y > 0 under a fused
-// Relu (y > 0 exactly where the pre-activation is), dy itself without activation.
+// dy, y (N,K,P,Q) -> the gradient of the convolution's own output: ReluOp::masked_gradient(y, dy) under a
+// fused Relu, dy itself without activation.
 Tensor activation_backward(const BackwardArgs& args) {
     const Tensor& dy = args.grad_output;
     if (args.attrs.activation == Activation::None) return dy;
     Tensor dz = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
     dispatch_floating(dy.dtype(), "conv2d backward", [&]<typename T>() {
         const std::int64_t n = dy.numel();
-        MatrixMap<T>(dz.data<T>(), 1, n).array() = (ConstMatrixMap<T>(args.output.data<T>(), 1, n).array() > T(0))
-                                                       .select(ConstMatrixMap<T>(dy.data<T>(), 1, n).array(), T(0));
+        MatrixMap<T>(dz.data<T>(), 1, n) = ConstMatrixMap<T>(args.output.data<T>(), 1, n).binaryExpr(
+            ConstMatrixMap<T>(dy.data<T>(), 1, n), [](T yv, T g) { return math::ReluOp::masked_gradient(yv, g); });
     });
     return dz;
 }

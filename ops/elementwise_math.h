@@ -4,6 +4,14 @@
 //
 // Unary op:  forward(x, s) -> y;          derivative(x, y, s) -> dy/dx    (s: OpAttrs::scalar)
 // Binary op: forward(a, b) -> y;          d_a(a, b) -> dy/da, d_b(a, b) -> dy/db
+//
+// NaN: every forward propagates a NaN input (as PyTorch does), so anomaly mode sees it at the op that
+// consumes it. The ReLU family is written `x <= 0 ? 0 : x` for that reason (`x > 0 ? x : 0` maps NaN to 0);
+// its derivative `x <= 0 ? 0 : 1` then passes dy through at a NaN, as PyTorch's threshold_backward
+// (`x <= threshold ? 0 : dy`) and hardtanh_backward do.
+// Precision: a derivative that is small where the output saturates (elu, sigmoid, tanh for large |x|) is
+// computed from x, never as a difference of two numbers near 1 (y + alpha, 1 - y, 1 - y²), which float32
+// rounds to 0 (elu at x = -20: exactly 0 instead of 2e-9).
 #pragma once
 #include <cmath>
 
@@ -20,6 +28,7 @@ namespace dyngrad::math {
 
 // Unqualified calls below pick the float or double overload on host and device alike.
 using std::exp;
+using std::expm1;
 using std::log;
 using std::log1p;
 using std::pow;
@@ -60,21 +69,26 @@ struct AbsOp {  // derivative at 0 taken as 0 (subgradient)
         return x > T(0) ? T(1) : (x < T(0) ? T(-1) : T(0));
     }
 };
-struct ReluOp {
-    template <typename T> DG_HOST_DEVICE static T forward(T x, T) { return x > T(0) ? x : T(0); }
-    template <typename T> DG_HOST_DEVICE static T derivative(T x, T, T) { return x > T(0) ? T(1) : T(0); }
+struct ReluOp {  // NaN propagates; the fused ReLU of linear and conv2d uses these two as well
+    template <typename T> DG_HOST_DEVICE static T forward(T x, T) { return x <= T(0) ? T(0) : x; }
+    template <typename T> DG_HOST_DEVICE static T derivative(T x, T, T) { return x <= T(0) ? T(0) : T(1); }
+    // The fused ReLU's dz from its output y (y <= 0 exactly where the pre-activation is, NaN where it is
+    // NaN): a select, not dy·derivative, so an Inf dy at an inactive unit gives 0, as PyTorch does.
+    template <typename T> DG_HOST_DEVICE static T masked_gradient(T y, T dy) { return y <= T(0) ? T(0) : dy; }
 };
 struct LeakyReluOp {  // s: negative slope
     template <typename T> DG_HOST_DEVICE static T forward(T x, T s) { return x > T(0) ? x : s * x; }
     template <typename T> DG_HOST_DEVICE static T derivative(T x, T, T s) { return x > T(0) ? T(1) : s; }
 };
-struct EluOp {  // s: alpha
-    template <typename T> DG_HOST_DEVICE static T forward(T x, T s) { return x > T(0) ? x : s * (exp(x) - T(1)); }
-    template <typename T> DG_HOST_DEVICE static T derivative(T x, T y, T s) { return x > T(0) ? T(1) : y + s; }
+struct EluOp {  // s: alpha. expm1 keeps small |x| exact; the derivative is alpha·e^x, not y + alpha
+    template <typename T> DG_HOST_DEVICE static T forward(T x, T s) { return x > T(0) ? x : s * expm1(x); }
+    template <typename T> DG_HOST_DEVICE static T derivative(T x, T, T s) { return x <= T(0) ? s * exp(x) : T(1); }
 };
-struct ClippedReluOp {  // min(max(x, 0), s), as cuDNN's CLIPPED_RELU with coef s
-    template <typename T> DG_HOST_DEVICE static T forward(T x, T s) { return x > T(0) ? (x < s ? x : s) : T(0); }
-    template <typename T> DG_HOST_DEVICE static T derivative(T x, T, T s) { return (x > T(0) && x < s) ? T(1) : T(0); }
+struct ClippedReluOp {  // min(max(x, 0), s), as cuDNN's CLIPPED_RELU with coef s; NaN propagates
+    template <typename T> DG_HOST_DEVICE static T forward(T x, T s) { return x <= T(0) ? T(0) : (x >= s ? s : x); }
+    template <typename T> DG_HOST_DEVICE static T derivative(T x, T, T s) {
+        return (x <= T(0) || x >= s) ? T(0) : T(1);
+    }
 };
 struct SigmoidOp {  // split by sign so exp never overflows
     template <typename T> DG_HOST_DEVICE static T forward(T x, T) {
@@ -82,11 +96,19 @@ struct SigmoidOp {  // split by sign so exp never overflows
         const T e = exp(x);
         return e / (T(1) + e);
     }
-    template <typename T> DG_HOST_DEVICE static T derivative(T, T y, T) { return y * (T(1) - y); }
+    // σ(x)·σ(-x) = e/(1 + e)² with e = e^-|x|: y·(1 - y) rounds 1 - y to 0 for large x
+    template <typename T> DG_HOST_DEVICE static T derivative(T x, T, T) {
+        const T e = exp(x < T(0) ? x : -x);
+        return e / ((T(1) + e) * (T(1) + e));
+    }
 };
 struct TanhOp {
     template <typename T> DG_HOST_DEVICE static T forward(T x, T) { return tanh(x); }
-    template <typename T> DG_HOST_DEVICE static T derivative(T, T y, T) { return T(1) - y * y; }
+    // sech²(x) = 4e/(1 + e)² with e = e^-2|x|: 1 - y² rounds to 0 for large |x|
+    template <typename T> DG_HOST_DEVICE static T derivative(T x, T, T) {
+        const T e = exp(T(-2) * (x < T(0) ? -x : x));
+        return T(4) * e / ((T(1) + e) * (T(1) + e));
+    }
 };
 struct SoftplusOp {  // log(1 + e^x) = max(x, 0) + log1p(e^-|x|), stable for large |x|
     template <typename T> DG_HOST_DEVICE static T forward(T x, T) {

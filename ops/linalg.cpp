@@ -9,6 +9,7 @@
 #include <Eigen/Core>
 
 #include "dyngrad/ops/elementwise.h"
+#include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
 
 namespace dyngrad {
@@ -347,14 +348,13 @@ Tensor linear_forward(const ForwardArgs& args) {
         MatrixMap<T> Y(y.data<T>(), y.size(0), y.size(1));
         Y.noalias() = X * W.transpose();
         Y.rowwise() += bias;
-        // As ReluOp (ops/elementwise_math.h) writes it, so NaN maps to 0 as the relu op does.
-        if (args.attrs.activation == Activation::Relu) Y = (Y.array() > T(0)).select(Y, T(0));
+        // ReluOp's formula (ops/elementwise_math.h): NaN propagates, as in the relu op.
+        if (args.attrs.activation == Activation::Relu) Y = Y.unaryExpr([](T v) { return math::ReluOp::forward(v, T(0)); });
     });
     return y;
 }
 
-// dy (N,out) -> dz = dy ⊙ (y > 0) with the fused ReLU (dy otherwise: y > 0 exactly where the
-// pre-activation is), dx = dz·w (N,in), dw = dzᵀ·x (out,in), db = column sums of dz (out)
+// dy (N,out) -> dz = ReluOp::masked_gradient(y, dy) with the fused ReLU (dy otherwise), dx = dz·w (N,in), dw = dzᵀ·x (out,in), db = column sums of dz (out)
 std::vector<Tensor> linear_backward(const BackwardArgs& args) {
     const Tensor& x = args.inputs[0];
     const Tensor& w = args.inputs[1];
@@ -368,7 +368,8 @@ std::vector<Tensor> linear_backward(const BackwardArgs& args) {
         const T* dz = dy.data<T>();
         if (args.attrs.activation == Activation::Relu) {
             const ConstMatrixMap<T> Y(args.output.data<T>(), dy.size(0), dy.size(1));
-            masked = (Y.array() > T(0)).select(ConstMatrixMap<T>(dz, dy.size(0), dy.size(1)), T(0));
+            masked = Y.binaryExpr(ConstMatrixMap<T>(dz, dy.size(0), dy.size(1)),
+                                  [](T yv, T g) { return math::ReluOp::masked_gradient(yv, g); });
             dz = masked.data();
         }
         const ConstMatrixMap<T> dZ(dz, dy.size(0), dy.size(1));

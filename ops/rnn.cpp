@@ -174,6 +174,10 @@ Recurrent::Recurrent(RnnMode mode, std::int64_t input_size, const RnnOptions& op
 
 RnnResult Recurrent::operator()(const Var& x, std::optional<Var> h0, std::optional<Var> c0,
                                 std::source_location where) const {
+    const Shape& xs = x.shape();
+    if (xs.size() == 3 && xs[2] != input_size)
+        throw ShapeError(str(rnn_mode_name(mode), " layer at ", describe_site(where), ": x ", to_string(xs), " has ",
+                             xs[2], " features (x is (T,N,I)), but the layer was built for input size ", input_size));
     return rnn(mode, x, x.graph().parameter(weight, where), options, std::move(h0), std::move(c0), where);
 }
 
@@ -196,10 +200,21 @@ OutputSpec rnn(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
     for (std::size_t i = 1; i < inputs.size(); ++i)
         if (inputs[i].dtype() != x.dtype())
             throw DTypeError(str(roles[i], " is ", dtype_name(inputs[i].dtype()), " but x is ", dtype_name(x.dtype())));
-    if (w.rank() != 1 || w.numel() != d.weight_size())
+    if (w.rank() != 1 || w.numel() != d.weight_size()) {
+        // Only layer 0's W_ih depends on the input size I, so weight_size is const + per_feature·I: a weight
+        // made for another I means x has the wrong number of features, not that w is wrong.
+        const RnnDims no_input(attrs.rnn_mode, options, 0, 0, 0);
+        const std::int64_t per_feature = d.gates * d.hidden * d.dirs;
+        const std::int64_t rest = w.numel() - no_input.weight_size();
+        if (w.rank() == 1 && rest > 0 && rest % per_feature == 0)
+            throw ShapeError(str("x ", to_string(x.shape()), " has ", d.input, " features (x is (T,N,I)), but w ",
+                                 to_string(w.shape()), " is the flat weight of ",
+                                 describe_config(attrs.rnn_mode, options, rest / per_feature),
+                                 ": feed x with ", rest / per_feature, " features, or make the weight for ", d.input));
         throw ShapeError(str("w has shape ", to_string(w.shape()), "; ",
                              describe_config(attrs.rnn_mode, options, d.input), " needs a flat weight of (",
                              d.weight_size(), ") (see rnn_weight_layout)"));
+    }
     if (inputs.size() > 3 && attrs.rnn_mode != RnnMode::Lstm)
         throw ValueError(str("c0 is for lstm only, ", rnn_mode_name(attrs.rnn_mode), " has no cell state"));
     const Shape state{d.layers * d.dirs, d.batch, d.hidden};

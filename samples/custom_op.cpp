@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "command_line.h"
 #include "custom_op_kernels.h"
 
 using namespace dyngrad;
@@ -74,10 +75,13 @@ const CustomOp& sum_of_squares() {
 
 int main(int argc, char** argv) {
     try {
+        const cli::Arguments args(argc, argv, {.options = {"--device"}});
+        if (args.help()) {
+            std::puts("usage: custom_op [--device cpu|cuda]");
+            return 0;
+        }
         Device device = Device::cpu();
-        for (int i = 1; i < argc; ++i)
-            if (std::strcmp(argv[i], "--device") == 0 && i + 1 < argc && std::strcmp(argv[i + 1], "cuda") == 0)
-                device = Device::cuda(0);
+        if (auto v = args.value("--device")) device = cli::parse_device("--device", *v, {"cpu", "cuda"});
         if (device.is_cuda() && !custom_op_cuda_kernels().forward)
             throw DeviceError("--device cuda: this sample was built without CUDA");
 
@@ -113,6 +117,9 @@ int main(int argc, char** argv) {
         }
         std::printf("final loss %.3g on %s\n", loss_value, device.to_string().c_str());
         return loss_value < 1e-3 ? 0 : 1;
+    } catch (const cli::UsageError& e) {
+        std::fprintf(stderr, "custom_op: %s (--help shows the usage)\n", e.what());
+        return 2;
     } catch (const dyngrad::Error& e) {
         std::fprintf(stderr, "custom_op: %s\n", e.what());
         return 1;

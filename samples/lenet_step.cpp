@@ -10,7 +10,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <string>
+
+#include "command_line.h"
 
 using namespace dyngrad;
 
@@ -123,24 +126,20 @@ int main(int argc, char** argv) {
     Device device = Device::cpu();
     std::string directory = kDefaultMnistDirectory;
     double lr = 0.01;
-    for (int i = 1; i < argc; ++i) {
-        const std::string arg = argv[i];
-        const bool has_value = i + 1 < argc;
-        if (arg == "--device" && has_value) {
-            const std::string name = argv[++i];
-            if (name != "cpu" && name != "cuda") {
-                std::fprintf(stderr, "lenet_step: --device takes cpu or cuda, not '%s'\n", name.c_str());
-                return 2;
-            }
-            device = name == "cuda" ? Device::cuda(0) : Device::cpu();
-        } else if (arg == "--data" && has_value) {
-            directory = argv[++i];
-        } else if (arg == "--lr" && has_value) {
-            lr = std::atof(argv[++i]);
-        } else {
-            std::fprintf(stderr, "usage: lenet_step [--device cpu|cuda] [--data DIR] [--lr X]\n");
-            return 2;
+    const char* const usage = "usage: lenet_step [--device cpu|cuda] [--data DIR] [--lr X]\n";
+    try {  // every argument is checked before the data is read (command_line.h)
+        const cli::Arguments args(argc, argv, {.options = {"--device", "--data", "--lr"}});
+        if (args.help()) {
+            std::fputs(usage, stdout);
+            return 0;
         }
+        if (auto v = args.value("--device")) device = cli::parse_device("--device", *v, {"cpu", "cuda"});
+        if (auto v = args.value("--lr")) lr = cli::parse_real("--lr", *v, 0, std::numeric_limits<double>::max());
+        // Without --data a missing default directory means a random image; a named one must exist.
+        if (auto v = args.value("--data")) directory = cli::existing_directory("--data", *v);
+    } catch (const cli::UsageError& e) {
+        std::fprintf(stderr, "lenet_step: %s\n%s", e.what(), usage);
+        return 2;
     }
     try {
         return run(device, directory, lr);

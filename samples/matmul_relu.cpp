@@ -11,6 +11,8 @@
 #include <cstring>
 #include <string>
 
+#include "command_line.h"
+
 using namespace dyngrad;
 
 namespace {
@@ -72,7 +74,12 @@ void print_result(const char* title, const Result& r) {
 
 int main(int argc, char** argv) {
     try {
-        const bool cpu_only = argc > 1 && std::strcmp(argv[1], "--cpu") == 0;
+        const cli::Arguments args(argc, argv, {.flags = {"--cpu"}});
+        if (args.help()) {
+            std::puts("usage: matmul_relu [--cpu]");
+            return 0;
+        }
+        const bool cpu_only = args.has("--cpu");
         Generator gen(42);
         const Tensor x = Tensor::uniform({kBatch, kRows, kCols}, 0.0, 1.0, gen);
         const Tensor w = Tensor::uniform({kCols, kOut}, 0.0, 1.0, gen);
@@ -97,6 +104,9 @@ int main(int argc, char** argv) {
         std::printf("CPU computation time: %.3f ms (best of 3)\n", cpu.ms);
         std::printf("Speedup: %.1fx\n", cpu.ms / gpu.ms);
         return 0;
+    } catch (const cli::UsageError& e) {
+        std::fprintf(stderr, "matmul_relu: %s (--help shows the usage)\n", e.what());
+        return 2;
     } catch (const dyngrad::Error& e) {
         std::fprintf(stderr, "matmul_relu: %s\n", e.what());
         return 1;

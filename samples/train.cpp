@@ -18,11 +18,13 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "command_line.h"
 #include "models.h"
 
 using namespace dyngrad;
@@ -78,91 +80,41 @@ struct Options {
     std::optional<double> target_accuracy;
 };
 
-// A command-line mistake: usage goes to stderr, exit status 2.
-struct UsageError {
-    std::string message;
-};
+using cli::UsageError;
 
-std::int64_t parse_int(const std::string& option, const std::string& text, std::int64_t min) {
-    std::size_t used = 0;
-    std::int64_t value = 0;
-    try {
-        value = std::stoll(text, &used);
-    } catch (const std::exception&) {
-        used = 0;
-    }
-    if (used != text.size() || text.empty()) throw UsageError{option + ": '" + text + "' is not an integer"};
-    if (value < min) throw UsageError{option + ": " + text + " is below " + std::to_string(min)};
-    return value;
-}
-
-double parse_double(const std::string& option, const std::string& text) {
-    std::size_t used = 0;
-    double value = 0;
-    try {
-        value = std::stod(text, &used);
-    } catch (const std::exception&) {
-        used = 0;
-    }
-    if (used != text.size() || text.empty() || !(value >= 0)) throw UsageError{option + ": '" + text + "' is not a number >= 0"};
-    return value;
-}
-
-Device parse_device(const std::string& text) {
-    if (text == "cpu") return Device::cpu();
-    if (text == "cuda") return Device::cuda(0);
-    if (text.rfind("cuda:", 0) == 0) return Device::cuda(static_cast<int>(parse_int("--device", text.substr(5), 0)));
-    throw UsageError{"--device: '" + text + "' is not cpu, cuda or cuda:N"};
-}
-
-std::string one_of(const std::string& option, const std::string& text, std::initializer_list<const char*> names) {
-    for (const char* name : names)
-        if (text == name) return text;
-    std::string list;
-    for (const char* name : names) list += (list.empty() ? "" : " | ") + std::string(name);
-    throw UsageError{option + ": '" + text + "' is not one of " + list};
-}
-
-// Accepts `--name value` and `--name=value`.
+// Every argument is checked here, before the data is read or a step is taken (samples/command_line.h).
 Options parse_options(int argc, char** argv) {
+    const cli::Arguments args(
+        argc, argv,
+        {.flags = {"--resident"},
+         .options = {"--model", "--epochs", "--batch", "--lr", "--optimizer", "--momentum", "--weight-decay",
+                     "--schedule", "--device", "--seed", "--limit", "--data", "--save", "--load", "--csv", "--shadow",
+                     "--shadow-tolerance", "--log-every", "--target-accuracy"}});
+    constexpr double kMax = std::numeric_limits<double>::max();
     Options o;
-    for (int i = 1; i < argc; ++i) {
-        std::string name = argv[i];
-        std::optional<std::string> inline_value;
-        if (const auto eq = name.find('='); name.rfind("--", 0) == 0 && eq != std::string::npos) {
-            inline_value = name.substr(eq + 1);
-            name.resize(eq);
-        }
-        auto value = [&]() -> std::string {
-            if (inline_value) return *inline_value;
-            if (i + 1 >= argc) throw UsageError{name + " needs a value"};
-            return argv[++i];
-        };
-        if (name == "--model") o.model = one_of(name, value(), {"lenet5", "lenet", "simplecnn", "mlp", "lstm"});
-        else if (name == "--epochs") o.epochs = parse_int(name, value(), 0);
-        else if (name == "--batch") o.batch = parse_int(name, value(), 1);
-        else if (name == "--lr") o.lr = parse_double(name, value());
-        else if (name == "--optimizer") o.optimizer = one_of(name, value(), {"sgd", "adam", "adamw"});
-        else if (name == "--momentum") o.momentum = parse_double(name, value());
-        else if (name == "--weight-decay") o.weight_decay = parse_double(name, value());
-        else if (name == "--schedule") o.schedule = one_of(name, value(), {"none", "cosine"});
-        else if (name == "--device") o.device = parse_device(value());
-        else if (name == "--resident" && !inline_value) o.resident = true;
-        else if (name == "--seed") o.seed = static_cast<std::uint64_t>(parse_int(name, value(), 0));
-        else if (name == "--limit") o.limit = parse_int(name, value(), 1);
-        else if (name == "--data") o.data = value();
-        else if (name == "--save") o.save = value();
-        else if (name == "--load") o.load = value();
-        else if (name == "--csv") o.csv = value();
-        else if (name == "--shadow") o.shadow = parse_int(name, value(), 0);
-        else if (name == "--shadow-tolerance") o.shadow_tolerance = parse_double(name, value());
-        else if (name == "--log-every") o.log_every = parse_int(name, value(), 1);
-        else if (name == "--target-accuracy") {
-            o.target_accuracy = parse_double(name, value());
-            if (*o.target_accuracy > 1) throw UsageError{name + ": " + std::to_string(*o.target_accuracy) + " is above 1"};
-        }
-        else throw UsageError{"unknown option '" + std::string(argv[i]) + "'"};
-    }
+    const auto given = [&](const char* name) { return args.value(name); };
+    if (auto v = given("--model")) o.model = cli::parse_choice("--model", *v, {"lenet5", "lenet", "simplecnn", "mlp", "lstm"});
+    if (auto v = given("--epochs")) o.epochs = cli::parse_int("--epochs", *v, 0, 1'000'000);
+    if (auto v = given("--batch")) o.batch = cli::parse_int("--batch", *v, 1, 1 << 24);
+    if (auto v = given("--lr")) o.lr = cli::parse_real("--lr", *v, 0, kMax);
+    if (auto v = given("--optimizer")) o.optimizer = cli::parse_choice("--optimizer", *v, {"sgd", "adam", "adamw"});
+    if (auto v = given("--momentum")) o.momentum = cli::parse_real("--momentum", *v, 0, 1);
+    if (auto v = given("--weight-decay")) o.weight_decay = cli::parse_real("--weight-decay", *v, 0, kMax);
+    if (auto v = given("--schedule")) o.schedule = cli::parse_choice("--schedule", *v, {"none", "cosine"});
+    if (auto v = given("--device")) o.device = cli::parse_device("--device", *v);
+    o.resident = args.has("--resident");
+    if (auto v = given("--seed")) o.seed = static_cast<std::uint64_t>(cli::parse_int("--seed", *v, 0));
+    if (auto v = given("--limit")) o.limit = cli::parse_int("--limit", *v, 1);
+    if (auto v = given("--save")) o.save = cli::output_file("--save", *v);
+    if (auto v = given("--load")) o.load = cli::existing_file("--load", *v);
+    if (auto v = given("--csv")) o.csv = cli::output_file("--csv", *v);
+    if (auto v = given("--shadow")) o.shadow = cli::parse_int("--shadow", *v, 0);
+    if (auto v = given("--shadow-tolerance"))
+        o.shadow_tolerance = cli::parse_real("--shadow-tolerance", *v, 0, kMax, /*min_exclusive=*/true);
+    if (auto v = given("--log-every")) o.log_every = cli::parse_int("--log-every", *v, 1);
+    if (auto v = given("--target-accuracy")) o.target_accuracy = cli::parse_real("--target-accuracy", *v, 0, 1);
+    // Last, so that a mistake in another argument is reported without the data set installed.
+    o.data = cli::existing_directory(given("--data") ? "--data" : "--data (default)", given("--data").value_or(o.data));
     if (o.log_every == 0) o.log_every = o.device.is_cpu() ? 1 : 50;
     return o;
 }
@@ -442,7 +394,7 @@ int main(int argc, char** argv) {
         }
         options = parse_options(argc, argv);
     } catch (const UsageError& error) {
-        std::fprintf(stderr, "dyngrad-train: %s\n%s", error.message.c_str(), kUsage);
+        std::fprintf(stderr, "dyngrad-train: %s\n%s", error.what(), kUsage);
         return 2;
     }
     try {

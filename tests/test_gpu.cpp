@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <string>
+#include <utility>
 
 #include "catch.h"
 #include "dyngrad/dyngrad.h"
@@ -648,4 +650,59 @@ int main(int argc, char* argv[]) {
         return 77;
     }
     return dgtest::run_session(argc, argv);
+}
+
+// Issue 11 class 7: NaN propagates through relu, clipped_relu and the fused ReLU of linear (float32: the
+// BIAS epilogue and our ReLU kernel, never cuBLASLt's RELU_BIAS) and conv2d, as on the CPU; the gradient
+// passes dy at a NaN (PyTorch's threshold_backward).
+TEST_CASE("every ReLU variant propagates NaN on the GPU as on the CPU", "[gpu][nan]") {
+    constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+    Generator gen(kSeedBase + 5000);
+    for (const DType dtype : {DType::f32, DType::f64}) {
+        DYNAMIC_SECTION(dtype_name(dtype)) {
+            // Runs y = f(inputs) and dinputs[0] for dy = 1 on `device`; returns y and dx on the CPU.
+            const auto run = [&](Device device, const std::vector<Tensor>& values, auto f) {
+                ComputeGraph g;
+                std::vector<Var> vars;
+                for (const Tensor& v : values) vars.push_back(g.input(v.to(device), "", true));
+                Var y = f(vars);
+                g.backward(sum(y));
+                return std::pair{y.value().to(Device::cpu()), vars[0].grad().to(Device::cpu())};
+            };
+            const auto same_nan_and_values = [](const Tensor& gpu, const Tensor& cpu) {
+                const std::vector<double> a = gpu.to_vector(), b = cpu.to_vector();
+                REQUIRE(a.size() == b.size());
+                std::int64_t nan = 0;
+                for (std::size_t i = 0; i < a.size(); ++i) {
+                    CHECK(std::isnan(a[i]) == std::isnan(b[i]));
+                    nan += std::isnan(a[i]);
+                    if (!std::isnan(b[i])) CHECK(std::abs(a[i] - b[i]) <= 1e-4 * (1 + std::abs(b[i])));
+                }
+                return nan;
+            };
+            Tensor x = Tensor::normal({4, 33}, 0, 1, gen, dtype);
+            x.set({1, 7}, kNaN);
+            x.set({3, 30}, kNaN);
+            const auto relus = [](const std::vector<Var>& v) { return add(relu(v[0]), clipped_relu(v[0], 0.5)); };
+            const auto [y_gpu, dx_gpu] = run(kGpu, {x}, relus);
+            const auto [y_cpu, dx_cpu] = run(Device::cpu(), {x}, relus);
+            CHECK(same_nan_and_values(y_gpu, y_cpu) == 2);
+            CHECK(same_nan_and_values(dx_gpu, dx_cpu) == 0);
+            CHECK(dx_gpu.at({1, 7}) == 2);  // dy passes through both at a NaN
+
+            const Tensor w = Tensor::normal({40, 33}, 0, 1, gen, dtype), b = Tensor::normal({40}, 0, 1, gen, dtype);
+            const auto fused = [](const std::vector<Var>& v) { return linear(v[0], v[1], v[2], Activation::Relu); };
+            CHECK(same_nan_and_values(run(kGpu, {x, w, b}, fused).first, run(Device::cpu(), {x, w, b}, fused).first) ==
+                  80);
+
+            Tensor image = Tensor::normal({2, 3, 9, 9}, 0, 1, gen, dtype);
+            image.set({1, 2, 4, 4}, kNaN);
+            const Tensor k = Tensor::normal({5, 3, 3, 3}, 0, 1, gen, dtype), kb = Tensor::normal({5}, 0, 1, gen, dtype);
+            const auto conv = [](const std::vector<Var>& v) {
+                return conv2d(v[0], v[1], v[2], {.padding = {1, 1}, .activation = Activation::Relu});
+            };
+            CHECK(same_nan_and_values(run(kGpu, {image, k, kb}, conv).first,
+                                      run(Device::cpu(), {image, k, kb}, conv).first) == 45);
+        }
+    }
 }

@@ -334,8 +334,11 @@ TEST_CASE("bad rnn, narrow and concat inputs are typed errors", "[rnn][errors]")
     const Var h0 = input({2, 2, 2});
 
     CHECK_NOTHROW(lstm(x, w, two_layers, h0, h0));
+    // x with 4 features for a weight made for 3: the message blames x's features, not the weight.
     CHECK_THROWS_MATCHES(lstm(input({3, 2, 4}), w, two_layers), ShapeError,
-                         MessageHas({"rnn", "w has shape", "input 4", "needs a flat weight"}));
+                         MessageHas({"rnn", "x (3,2,4) has 4 features", "flat weight of lstm with input 3"}));
+    CHECK_THROWS_MATCHES(lstm(x, input({7}), two_layers), ShapeError,
+                         MessageHas({"rnn", "w has shape (7)", "input 3", "needs a flat weight"}));
     CHECK_THROWS_MATCHES(lstm(x, w, two_layers, input({1, 2, 2})), ShapeError,
                          MessageHas({"h0 has shape (1,2,2), expected (2,2,2)"}));
     CHECK_THROWS_MATCHES(lstm(x, w, two_layers, h0, input({2, 3, 2})), ShapeError,
