@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "dyngrad/graph/graph.h"
-#include "dyngrad/ops/nn.h"
+#include "dyngrad/nn/layers.h"
 
 namespace dyngrad {
 

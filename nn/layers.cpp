@@ -1,5 +1,5 @@
 // Initialisation, Modules, layers and model save/load (ops/nn.h). Layers only compose op functions.
-#include "dyngrad/ops/nn.h"
+#include "dyngrad/nn/layers.h"
 
 #include <algorithm>
 #include <cmath>

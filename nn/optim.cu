@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "dyngrad/cuda/context.h"
-#include "dyngrad/ops/optim_kernels.h"
+#include "dyngrad/nn/optim_kernels.h"
 
 namespace dyngrad::cuda {
 

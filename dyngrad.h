@@ -2,7 +2,7 @@
 // The one header an application includes.
 #pragma once
 
-#include "dyngrad/core/dataset.h"
+#include "dyngrad/nn/dataset.h"
 #include "dyngrad/core/device.h"
 #include "dyngrad/core/dtype.h"
 #include "dyngrad/core/error.h"
@@ -25,9 +25,9 @@
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/linalg.h"
 #include "dyngrad/ops/loss.h"
-#include "dyngrad/ops/nn.h"
+#include "dyngrad/nn/layers.h"
 #include "dyngrad/ops/norm.h"
-#include "dyngrad/ops/optim.h"
+#include "dyngrad/nn/optim.h"
 #include "dyngrad/ops/pool.h"
 #include "dyngrad/ops/reduce.h"
 #include "dyngrad/ops/rnn.h"
