@@ -5,6 +5,7 @@
 #include <span>
 
 #include "dyngrad/graph/anomaly.h"
+#include "dyngrad/graph/backend.h"
 #include "dyngrad/graph/op_def.h"
 
 namespace dyngrad {
@@ -140,8 +141,6 @@ TensorStats tensor_stats(const Tensor& x);
 }  // namespace cuda
 #endif
 
-// Backend dispatch for the engine's helpers.
-Tensor sum_to(const Tensor& grad, const Shape& shape);  // reduce a broadcast gradient to `shape`
-void accumulate_into(Tensor& dst, const Tensor& src);
+// The backend dispatch of the engine's helpers (sum_to, accumulate_into) is declared in graph/backend.h.
 
 }  // namespace dyngrad
