@@ -1,5 +1,5 @@
 // Internal (CUDA translation units only): RAII cuDNN descriptors and the shape-keyed plan cache that
-// cuda/conv.cu and cuda/pool.cu keep their descriptors (and chosen algorithms) in, so an op builds them
+// ops/conv.cu and ops/pool.cu keep their descriptors (and chosen algorithms) in, so an op builds them
 // once per shape and its later calls only look them up.
 #pragma once
 #include <cstddef>

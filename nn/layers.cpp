@@ -1,4 +1,4 @@
-// Initialisation, Modules, layers and model save/load (ops/nn.h). Layers only compose op functions.
+// Initialisation, Modules, layers and model save/load (nn/layers.h). Layers only compose op functions.
 #include "dyngrad/nn/layers.h"
 
 #include <algorithm>

@@ -1,7 +1,7 @@
-// Optimizers and learning-rate schedules (ops/optim.h). CPU parameters are updated here with Eigen,
+// Optimizers and learning-rate schedules (nn/optim.h). CPU parameters are updated here with Eigen,
 // one tensor at a time; CUDA parameters are gathered per device and updated by the fused multi-tensor
-// kernels of cuda/optim.cu. Both backends apply the same formulas in the same order
-// (ops/optim_kernels.h holds the per-step scalars they share).
+// kernels of nn/optim.cu. Both backends apply the same formulas in the same order
+// (nn/optim_kernels.h holds the per-step scalars they share).
 #include "dyngrad/nn/optim.h"
 
 #include <Eigen/Core>

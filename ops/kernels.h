@@ -136,7 +136,7 @@ std::vector<Tensor> rnn_backward(const BackwardArgs&);
 // engine helpers: x summed over `axes` (kept as size 1); dst += src (same shape)
 Tensor sum_over(const Tensor& x, std::span<const int> axes);
 void accumulate_into(Tensor& dst, const Tensor& src);
-// anomaly mode (graph/anomaly.h): min/max/NaN/Inf counts of any tensor, read back to the host (cuda/tensor_stats.cu)
+// anomaly mode (graph/anomaly.h): min/max/NaN/Inf counts of any tensor, read back to the host (ops/tensor_stats.cu)
 TensorStats tensor_stats(const Tensor& x);
 }  // namespace cuda
 #endif

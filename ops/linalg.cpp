@@ -1,5 +1,5 @@
 // Matrix products and layout: user functions, shape rules, reshape (every backend) and the CPU
-// kernels (Eigen GEMM on row-major maps). GPU: cuda/linalg.cu.
+// kernels (Eigen GEMM on row-major maps). GPU: ops/linalg.cu.
 #include "dyngrad/ops/linalg.h"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Matrix products and layout. CPU: ops/linalg.cpp (Eigen). GPU: cuda/linalg.cu (cuBLAS, cuBLASLt).
+// Matrix products and layout. CPU: ops/linalg.cpp (Eigen). GPU: ops/linalg.cu (cuBLAS, cuBLASLt).
 #pragma once
 #include <source_location>
 #include <vector>

@@ -208,7 +208,7 @@ std::shared_ptr<RnnPlan> make_plan(DeviceContext& ctx, const RnnKey& key, const 
 
 // The plan for this call's configuration, built on first use.
 std::shared_ptr<RnnPlan> plan_for(DeviceContext& ctx, const Tensor& x, const Tensor& w, const OpAttrs& attrs) {
-    // Leaked on purpose, like cuda/conv.cu's plans: cuDNN descriptors must not be destroyed while the
+    // Leaked on purpose, like ops/conv.cu's plans: cuDNN descriptors must not be destroyed while the
     // libraries unload at process exit.
     static auto& cache = *new PlanCache<RnnKey, RnnPlan>();
     const RnnKey key = rnn_key(x, attrs);
