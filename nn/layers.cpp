@@ -7,6 +7,7 @@
 
 #include "dyngrad/core/safetensors.h"
 #include "dyngrad/ops/dropout_mask.h"
+#include "dyngrad/ops/layout.h"
 #include "dyngrad/ops/linalg.h"
 #include "dyngrad/ops/norm.h"
 

@@ -44,7 +44,7 @@ Tensor reshape_forward(const ForwardArgs& args);
 std::vector<Tensor> reshape_backward(const BackwardArgs& args);
 
 // A tensor seen around one axis as (outer, size, inner): narrow and concat move runs of `inner`
-// contiguous elements (ops/linalg.cpp).
+// contiguous elements (ops/layout.cpp).
 struct AxisSplit {
     std::int64_t outer = 1, size = 1, inner = 1;
 };

@@ -9,6 +9,7 @@
 #include <Eigen/Core>
 
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/layout.h"
 #include "dyngrad/ops/linalg.h"
 
 namespace dyngrad {
