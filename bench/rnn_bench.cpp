@@ -1,6 +1,6 @@
 // dyngrad-rnn-bench: an LSTM forward + backward on the GPU, two ways, side by side with PyTorch's
 // nn.LSTM (bench/torch_lstm.py, run by scripts/run-rnn-bench.sh):
-//   (a) `lstm`: one recorded node, cuDNN's persistent RNN kernels (cuda/rnn.cu);
+//   (a) `lstm`: one recorded node, cuDNN's persistent RNN kernels (ops/rnn.cu);
 //   (b) the same LSTM composed from dyngrad's own ops, recorded in the graph: per layer one GEMM for the
 //       input projections of all time steps, then per step a recurrent GEMM (linear), the gate slices
 //       (narrow) and the elementwise gate arithmetic; the layer's outputs joined with concat.

@@ -29,7 +29,7 @@ Settings that make the two sides compute the same thing: float32 without TF32 fo
 (except mlp4096_tf32, TF32 for both); cudnn.benchmark on by default because dyngrad times cuDNN's algorithms
 too (cudnnFind*AlgorithmEx) and caches the fastest per shape (--no-cudnn-benchmark: PyTorch's heuristics).
 Weights: kaiming_uniform with the ReLU gain (bound sqrt(6 / fan_in)) and zero biases, dyngrad's own
-initialisation family (ops/nn.h); the values differ, the random generators do. For the time-to-accuracy run,
+initialisation family (nn/layers.h); the values differ, the random generators do. For the time-to-accuracy run,
 --init-from FILE loads the exact initial weights `dyngrad-train --epochs 0 --save FILE` wrote (safetensors,
 read here without third-party packages; scripts/run-perf.sh does this), so both sides start from the same
 point and differ only in floating-point rounding (cuDNN's algorithms differ).

@@ -109,19 +109,9 @@ Options parse_args(int argc, char** argv) {
 
 // ---- running the checks ----
 
-// FNV-1a: a hash that is the same on every platform (std::hash is not), for reproducible seeds.
-std::uint64_t fnv1a(std::string_view text) {
-    std::uint64_t hash = 14695981039346656037ull;
-    for (const char c : text) {
-        hash ^= static_cast<unsigned char>(c);
-        hash *= 1099511628211ull;
-    }
-    return hash;
-}
-
 // Each (op, case, check) draws from its own generator: results do not depend on which ops run.
 Generator generator_for(std::uint64_t seed, const OpDef& def, const OpCase& op_case, std::string_view check) {
-    return Generator(seed ^ fnv1a(str(def.name, '/', op_case.label, '/', check)));
+    return Generator(seed_for_name(seed, str(def.name, '/', op_case.label, '/', check)));
 }
 
 std::vector<Row> run_checks(const OpDef& def, const OpCase& op_case, std::uint64_t seed, bool gpu) {

@@ -6,7 +6,7 @@
 //   then the tensors' raw little-endian bytes; offsets count from the end of the header and cover the
 //   data exactly (no gaps, no overlaps).
 // Names are written in sorted order; the data is laid out widest dtype first, then by name, so every
-// tensor is aligned to its element size. Model-level helpers: save_parameters / load_parameters (ops/nn.h).
+// tensor is aligned to its element size. Model-level helpers: save_parameters / load_parameters (nn/layers.h).
 #pragma once
 #include <filesystem>
 #include <map>

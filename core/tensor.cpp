@@ -8,7 +8,7 @@
 #include <ostream>
 
 #include "dyngrad/core/error.h"
-#include "dyngrad/cuda/runtime.h"
+#include "dyngrad/core/device_memory.h"
 
 namespace dyngrad {
 
@@ -44,7 +44,7 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
         std::memcpy(dst, src, bytes);
         return;
     }
-    cuda::copy(dst, dst_device, src, src_device, bytes);
+    device_memory::copy(dst, dst_device, src, src_device, bytes);
 }
 
 void validate_shape(const Shape& shape) {
@@ -55,14 +55,14 @@ void validate_shape(const Shape& shape) {
 
 bool cuda_compiled() { return DYNGRAD_WITH_CUDA != 0; }
 
-int cuda_device_count() { return cuda::device_count(); }
+int cuda_device_count() { return device_memory::device_count(); }
 
 Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
     if (device.is_cpu()) {
         data_ = ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t{kCpuAlignment});
         return;
     }
-    data_ = cuda::allocate(bytes, device.index);
+    data_ = device_memory::allocate(bytes, device.index);
 }
 
 Storage::~Storage() {
@@ -70,7 +70,7 @@ Storage::~Storage() {
         ::operator delete(data_, std::align_val_t{kCpuAlignment});
         return;
     }
-    cuda::deallocate(data_, bytes_, device_.index);
+    device_memory::deallocate(data_, bytes_, device_.index);
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
@@ -255,7 +255,7 @@ void Tensor::fill(double value) {
         fill_cpu(raw_data(), numel_, value, dtype_);
         return;
     }
-    cuda::fill(raw_data(), numel_, value, dtype_, device().index);
+    device_memory::fill(raw_data(), numel_, value, dtype_, device().index);
 }
 
 std::string describe(const Tensor& t) {

@@ -63,7 +63,7 @@ ContextOwner::ContextOwner(int device) {
     DG_CUBLAS_CHECK(cublasSetPointerMode(raw_cublas, CUBLAS_POINTER_MODE_HOST));
     // Without a workspace of ours cuBLAS allocates its own, inside a CUDA graph capture too (memory nodes of
     // the graph). One fixed workspace serves every thread: they all queue on the one stream, which orders
-    // the GEMMs that use it (cuBLASLt's too: cuda/linalg.cu). Set after cublasSetStream, which resets it.
+    // the GEMMs that use it (cuBLASLt's too: ops/linalg.cu). Set after cublasSetStream, which resets it.
     int major = 0;
     DG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     const std::size_t workspace_bytes = major >= 9 ? kCublasWorkspaceHopper : kCublasWorkspace;

@@ -59,7 +59,7 @@ struct DeviceContext {
     DeviceErrorRecord* error_record = nullptr;         // mapped pinned memory: host reads and resets it
     DeviceErrorRecord* error_record_device = nullptr;  // the same record as kernels address it
     // Zero between kernels: a kernel whose last block to finish combines the others' partial results counts
-    // finished blocks here and resets it (cuda/conv.cu). The one stream orders every such kernel.
+    // finished blocks here and resets it (ops/conv.cu). The one stream orders every such kernel.
     unsigned* block_counter = nullptr;
 };
 

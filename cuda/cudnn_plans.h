@@ -1,5 +1,5 @@
 // Internal (CUDA translation units only): RAII cuDNN descriptors and helpers for the cuDNN plans that
-// cuda/conv.cu, cuda/pool.cu and cuda/rnn.cu keep in plan caches (cuda/plan_cache.h).
+// ops/conv.cu, ops/pool.cu and ops/rnn.cu keep in plan caches (cuda/plan_cache.h).
 #pragma once
 #include <cstdint>
 

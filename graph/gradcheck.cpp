@@ -75,6 +75,15 @@ double max_abs_error(const Tensor& actual, const Tensor& reference) {
     return worst;
 }
 
+std::uint64_t seed_for_name(std::uint64_t base, std::string_view name) {
+    std::uint64_t hash = 14695981039346656037ull;  // FNV-1a, 64 bits
+    for (const char c : name) {
+        hash ^= static_cast<unsigned char>(c);
+        hash *= 1099511628211ull;
+    }
+    return base ^ hash;
+}
+
 std::vector<Tensor> make_case_inputs(const OpCase& c, DType dtype, Generator& gen, Device device) {
     std::vector<Tensor> inputs;
     for (std::size_t i = 0; i < c.shapes.size(); ++i) {

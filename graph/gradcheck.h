@@ -4,6 +4,7 @@
 // Shared by the tests and dyngrad-verify; usable on user-defined graphs' ops as well.
 #pragma once
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dyngrad/core/tensor.h"
@@ -30,6 +31,11 @@ double relative_norm_error(const Tensor& actual, const Tensor& reference);
 double max_abs_error(const Tensor& actual, const Tensor& reference);
 
 // Fresh random inputs for a case in `dtype` (labels stay int64), following its InputDomains.
+// A reproducible seed for random inputs keyed by a name: base XOR the FNV-1a hash of `name` (the same on
+// every platform, unlike std::hash). Seeding by op name instead of table position lets a new OpType sit
+// with its family in the enum without changing any other op's inputs.
+std::uint64_t seed_for_name(std::uint64_t base, std::string_view name);
+
 std::vector<Tensor> make_case_inputs(const OpCase& op_case, DType dtype, Generator& gen,
                                      Device device = Device::cpu());
 

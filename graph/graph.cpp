@@ -5,8 +5,8 @@
 #include <filesystem>
 
 #include "dyngrad/graph/anomaly.h"
+#include "dyngrad/graph/backend.h"
 #include "dyngrad/graph/profiling.h"
-#include "dyngrad/ops/kernels.h"
 
 namespace dyngrad {
 

@@ -50,6 +50,9 @@ struct OpAttrs {
     std::int64_t hidden_size = 0;
     std::int64_t num_layers = 1;
     bool bidirectional = false;
+    // rnn: keep what backward needs (cuDNN's reserve space). The op function sets it from grad_enabled(),
+    // so that kernels receive what to save instead of reading engine state.
+    bool save_for_backward = true;
 };
 
 struct OutputSpec {

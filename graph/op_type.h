@@ -25,8 +25,8 @@ enum class OpType : std::uint16_t {
     BatchNorm, Dropout,
     // user-defined ops registered at run time (graph/custom_op.h); OpAttrs::custom_id picks one
     Custom,
-    // Appended after Custom so that the earlier tags keep their numbers (the table-driven tests seed
-    // each row's inputs with its index).
+    // (Narrow, Concat and Rnn were appended after Custom when the tests seeded by table index; they now
+    // seed by op name (seed_for_name, graph/gradcheck.h), so a new tag goes with its family.)
     // layout (ops/linalg): a slice along one axis, and the joining of several tensors along one axis
     Narrow, Concat,
     // recurrent networks, cuDNN's four cell modes (ops/rnn)

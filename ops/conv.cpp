@@ -1,6 +1,6 @@
 // 2-D convolution: the user functions, the shape rule and the CPU kernels. The CPU path lowers each
 // (image, group) pair to one GEMM over an im2col matrix; backward runs the same lowering in reverse
-// (col2im). GPU: cuda/conv.cu (cuDNN).
+// (col2im). GPU: ops/conv.cu (cuDNN).
 //
 // A fused activation (OpAttrs::activation, Relu) is applied to conv(x, w) + b in place (NaN propagates, as
 // in the relu op); backward first masks dy where y <= 0 (exactly where the pre-activation is) and runs the

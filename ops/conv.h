@@ -1,4 +1,4 @@
-// 2-D convolution, NCHW. CPU: ops/conv.cpp (im2col + Eigen GEMM). GPU: cuda/conv.cu (cuDNN).
+// 2-D convolution, NCHW. CPU: ops/conv.cpp (im2col + Eigen GEMM). GPU: ops/conv.cu (cuDNN).
 #pragma once
 #include <array>
 #include <cstdint>

@@ -1,5 +1,5 @@
 // Dropout's keep mask as a pure function of (seed, element index), shared by the Eigen kernels
-// (ops/norm.cpp) and the CUDA kernels (cuda/norm.cu): both backends drop exactly the same elements,
+// (ops/norm.cpp) and the CUDA kernels (ops/norm.cu): both backends drop exactly the same elements,
 // the backward recomputes the mask instead of saving it, and no generator state is carried between
 // calls. Element i draws the (i+1)-th output of a SplitMix64 stream seeded with `seed`
 // (Steele, Lea, Flood: "Fast splittable pseudorandom number generators", 2014); only integer

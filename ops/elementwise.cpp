@@ -1,5 +1,5 @@
 // Elementwise ops: the user functions, their shape rules and the Eigen kernels. The scalar formulas
-// live in ops/elementwise_math.h, shared with cuda/elementwise.cu.
+// live in ops/elementwise_math.h, shared with ops/elementwise.cu.
 #include "dyngrad/ops/elementwise.h"
 
 #include <Eigen/Core>

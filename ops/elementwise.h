@@ -1,5 +1,5 @@
 // Elementwise ops: binary with NumPy broadcasting, unary math and activations.
-// Formulas: ops/elementwise_math.h. CPU: ops/elementwise.cpp. GPU: cuda/elementwise.cu.
+// Formulas: ops/elementwise_math.h. CPU: ops/elementwise.cpp. GPU: ops/elementwise.cu.
 #pragma once
 #include <source_location>
 

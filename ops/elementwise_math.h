@@ -1,5 +1,5 @@
 // Scalar formulas of the elementwise ops, shared by the Eigen kernels (ops/elementwise.cpp) and
-// the CUDA kernels (cuda/elementwise.cu). The formulas are proven by the float64 finite-difference
+// the CUDA kernels (ops/elementwise.cu). The formulas are proven by the float64 finite-difference
 // checks on the CPU; the GPU comparison then proves the GPU indexing and launch code.
 //
 // Unary op:  forward(x, s) -> y;          derivative(x, y, s) -> dy/dx    (s: OpAttrs::scalar)

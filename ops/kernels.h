@@ -5,6 +5,7 @@
 #include <span>
 
 #include "dyngrad/graph/anomaly.h"
+#include "dyngrad/graph/backend.h"
 #include "dyngrad/graph/op_def.h"
 
 namespace dyngrad {
@@ -43,7 +44,7 @@ Tensor reshape_forward(const ForwardArgs& args);
 std::vector<Tensor> reshape_backward(const BackwardArgs& args);
 
 // A tensor seen around one axis as (outer, size, inner): narrow and concat move runs of `inner`
-// contiguous elements (ops/linalg.cpp).
+// contiguous elements (ops/layout.cpp).
 struct AxisSplit {
     std::int64_t outer = 1, size = 1, inner = 1;
 };
@@ -135,13 +136,11 @@ std::vector<Tensor> rnn_backward(const BackwardArgs&);
 // engine helpers: x summed over `axes` (kept as size 1); dst += src (same shape)
 Tensor sum_over(const Tensor& x, std::span<const int> axes);
 void accumulate_into(Tensor& dst, const Tensor& src);
-// anomaly mode (graph/anomaly.h): min/max/NaN/Inf counts of any tensor, read back to the host (cuda/tensor_stats.cu)
+// anomaly mode (graph/anomaly.h): min/max/NaN/Inf counts of any tensor, read back to the host (ops/tensor_stats.cu)
 TensorStats tensor_stats(const Tensor& x);
 }  // namespace cuda
 #endif
 
-// Backend dispatch for the engine's helpers.
-Tensor sum_to(const Tensor& grad, const Shape& shape);  // reduce a broadcast gradient to `shape`
-void accumulate_into(Tensor& dst, const Tensor& src);
+// The backend dispatch of the engine's helpers (sum_to, accumulate_into) is declared in graph/backend.h.
 
 }  // namespace dyngrad

@@ -1,5 +1,5 @@
 // Softmax family and losses: user functions, shape rules and the CPU kernels (Eigen).
-// GPU: cuda/loss.cu.
+// GPU: ops/loss.cu.
 #include "dyngrad/ops/loss.h"
 
 #include <Eigen/Core>

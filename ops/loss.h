@@ -1,4 +1,4 @@
-// Softmax family and losses. CPU: ops/loss.cpp. GPU: cuda/loss.cu.
+// Softmax family and losses. CPU: ops/loss.cpp. GPU: ops/loss.cu.
 #pragma once
 #include <source_location>
 

@@ -1,5 +1,5 @@
 // Normalisation and regularisation: batch_norm and dropout. The user functions, shape rules and the
-// CPU kernels (Eigen). GPU: cuda/norm.cu. Dropout's mask formula: ops/dropout_mask.h.
+// CPU kernels (Eigen). GPU: ops/norm.cu. Dropout's mask formula: ops/dropout_mask.h.
 #include "dyngrad/ops/norm.h"
 
 #include <Eigen/Core>

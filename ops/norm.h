@@ -1,4 +1,4 @@
-// Normalisation and regularisation: batch_norm and dropout. CPU: ops/norm.cpp. GPU: cuda/norm.cu.
+// Normalisation and regularisation: batch_norm and dropout. CPU: ops/norm.cpp. GPU: ops/norm.cu.
 #pragma once
 #include <cstdint>
 #include <source_location>

@@ -1,5 +1,5 @@
 // 2-D pooling (OpType::MaxPool2d, OpType::AvgPool2d): the user functions, the shared shape rule and the
-// CPU kernels. GPU: cuda/pool.cu (cuDNN).
+// CPU kernels. GPU: ops/pool.cu (cuDNN).
 //
 // Shapes: x (N,C,H,W)  y (N,C,P,Q); output pixel (p,q) pools the window of rows [p·sh - ph, +kh) and
 // columns [q·sw - pw, +kw). Windows never lie wholly in the padding (padding <= kernel/2, floor mode).

@@ -1,4 +1,4 @@
-// Reductions. CPU: ops/reduce.cpp. GPU: cuda/reduce.cu.
+// Reductions. CPU: ops/reduce.cpp. GPU: ops/reduce.cu.
 #pragma once
 #include <source_location>
 #include <vector>

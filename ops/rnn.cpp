@@ -1,6 +1,6 @@
-// Recurrent layers (ops/rnn.h): user functions, the weight layout, the shape rule, the layers and the
-// CPU kernels (Eigen; backpropagation through time over activations saved by the forward).
-// GPU: cuda/rnn.cu.
+// Recurrent ops (ops/rnn.h): user functions, the weight layout, the shape rule and the CPU kernels
+// (Eigen; backpropagation through time over activations saved by the forward). GPU: ops/rnn.cu.
+// The layers: nn/recurrent.cpp.
 #include "dyngrad/ops/rnn.h"
 
 #include <cmath>
@@ -9,6 +9,7 @@
 #include <Eigen/Core>
 
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/layout.h"
 #include "dyngrad/ops/linalg.h"
 
 namespace dyngrad {
@@ -128,6 +129,7 @@ RnnResult rnn(RnnMode mode, const Var& x, const Var& w, const RnnOptions& option
     attrs.hidden_size = options.hidden_size;
     attrs.num_layers = options.num_layers;
     attrs.bidirectional = options.bidirectional;
+    attrs.save_for_backward = grad_enabled();
     std::vector<Var> inputs{x, w};
     if (h0) inputs.push_back(*h0);
     if (c0) inputs.push_back(*c0);
@@ -161,24 +163,6 @@ RnnResult rnn_tanh(const Var& x, const Var& w, const RnnOptions& options, std::o
 RnnResult rnn_relu(const Var& x, const Var& w, const RnnOptions& options, std::optional<Var> h0,
                    std::source_location where) {
     return rnn(RnnMode::RnnRelu, x, w, options, std::move(h0), {}, where);
-}
-
-// ---- layers ----
-
-Recurrent::Recurrent(RnnMode mode, std::int64_t input_size, const RnnOptions& options, Generator& gen)
-    : mode(mode), input_size(input_size), options(options) {
-    const std::int64_t size = rnn_weight_size(mode, options, input_size);
-    const double bound = 1.0 / std::sqrt(static_cast<double>(options.hidden_size));
-    weight = register_parameter("weight", Tensor::uniform({size}, -bound, bound, gen));
-}
-
-RnnResult Recurrent::operator()(const Var& x, std::optional<Var> h0, std::optional<Var> c0,
-                                std::source_location where) const {
-    const Shape& xs = x.shape();
-    if (xs.size() == 3 && xs[2] != input_size)
-        throw ShapeError(str(rnn_mode_name(mode), " layer at ", describe_site(where), ": x ", to_string(xs), " has ",
-                             xs[2], " features (x is (T,N,I)), but the layer was built for input size ", input_size));
-    return rnn(mode, x, x.graph().parameter(weight, where), options, std::move(h0), std::move(c0), where);
 }
 
 // ---- shape rule ----

@@ -1,5 +1,5 @@
-// Recurrent layers: cuDNN's four cells (LSTM, GRU, tanh and ReLU RNN), multi-layer, uni- or
-// bidirectional. CPU: ops/rnn.cpp (Eigen, backpropagation through time). GPU: cuda/rnn.cu (cuDNN's
+// Recurrent ops: cuDNN's four cells (LSTM, GRU, tanh and ReLU RNN), multi-layer, uni- or
+// bidirectional. CPU: ops/rnn.cpp (Eigen, backpropagation through time). GPU: ops/rnn.cu (cuDNN's
 // cudnnRNNForward / cudnnRNNBackwardData_v8 / cudnnRNNBackwardWeights_v8).
 //
 // Shapes: T time steps, N sequences, I input features, H hidden units, L layers, D directions (2 when
@@ -16,7 +16,7 @@
 //   gru:  r, z = σ(·); n = tanh(W_n x + b_Wn + r ⊙ (R_n h + b_Rn)); h' = (1 − z) ⊙ n + z ⊙ h
 //
 // The weights are ONE flat 1-D tensor in cuDNN's weight-space order, so the GPU hands it to cuDNN as
-// is (cuda/rnn.cu checks every offset against cuDNN's cudnnGetRNNWeightParams once per configuration).
+// is (ops/rnn.cu checks every offset against cuDNN's cudnnGetRNNWeightParams once per configuration).
 // With pseudo-layers p = l·D + d and in_l = I for l = 0, D·H above: first the matrices of every
 // pseudo-layer in turn,
 //   W_ih (G·H, in_l)  the input matrices of the G gates, one (H, in_l) block per gate, stacked
@@ -38,7 +38,6 @@
 #include <vector>
 
 #include "dyngrad/graph/graph.h"
-#include "dyngrad/ops/nn.h"
 
 namespace dyngrad {
 
@@ -81,38 +80,6 @@ std::vector<RnnWeightEntry> rnn_weight_layout(RnnMode mode, const RnnOptions& op
 // Number of elements of the flat weight.
 std::int64_t rnn_weight_size(RnnMode mode, const RnnOptions& options, std::int64_t input_size);
 
-// ---- layers (ops/nn.h conventions): one flat Parameter "weight", uniform(±1/√H) like PyTorch ----
-
-class Recurrent : public Module {
-public:
-    Recurrent(RnnMode mode, std::int64_t input_size, const RnnOptions& options, Generator& gen);
-    // x (T,N,I); h0 (and c0 for LSTM) (L·D,N,H) or left out.
-    RnnResult operator()(const Var& x, std::optional<Var> h0 = {}, std::optional<Var> c0 = {},
-                         std::source_location where = std::source_location::current()) const;
-
-    Parameter weight;
-    RnnMode mode;
-    std::int64_t input_size;
-    RnnOptions options;
-};
-
-class LSTM : public Recurrent {
-public:
-    LSTM(std::int64_t input_size, const RnnOptions& options, Generator& gen)
-        : Recurrent(RnnMode::Lstm, input_size, options, gen) {}
-};
-
-class GRU : public Recurrent {
-public:
-    GRU(std::int64_t input_size, const RnnOptions& options, Generator& gen)
-        : Recurrent(RnnMode::Gru, input_size, options, gen) {}
-};
-
-// The Elman RNN: h' = tanh(...) or, with relu, max(..., 0).
-class RNN : public Recurrent {
-public:
-    RNN(std::int64_t input_size, const RnnOptions& options, bool relu, Generator& gen)
-        : Recurrent(relu ? RnnMode::RnnRelu : RnnMode::RnnTanh, input_size, options, gen) {}
-};
+// The layers (LSTM, GRU, RNN) on top of these functions: nn/recurrent.h.
 
 }  // namespace dyngrad

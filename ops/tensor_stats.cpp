@@ -1,5 +1,5 @@
 // Tensor statistics for anomaly mode (graph/anomaly.h): min/max over the finite elements and NaN/Inf
-// counts. CPU: Eigen, here. GPU: cuda/tensor_stats.cu.
+// counts. CPU: Eigen, here. GPU: ops/tensor_stats.cu. The backend dispatch (tensor_stats) is at the end.
 #include <Eigen/Core>
 #include <cmath>
 #include <limits>
@@ -43,3 +43,17 @@ TensorStats tensor_stats(const Tensor& x) {
 }
 
 }  // namespace dyngrad::cpu
+
+namespace dyngrad {
+
+TensorStats tensor_stats(const Tensor& tensor) {
+    if (!tensor.defined()) throw ValueError("tensor_stats: tensor is undefined");
+    if (tensor.device().is_cpu()) return cpu::tensor_stats(tensor);
+#if DYNGRAD_WITH_CUDA
+    return cuda::tensor_stats(tensor);
+#else
+    throw DeviceError(str("tensor_stats: ", tensor.device().to_string(), " needs the CUDA backend"));
+#endif
+}
+
+}  // namespace dyngrad

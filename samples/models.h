@@ -13,7 +13,7 @@
 // Conv2d(..., {.activation = Activation::Relu}), one node); the index the separate ReLU had stays unused
 // (Sequential::skip_index), so parameter names ("7.weight") match PyTorch's.
 //
-// Weights: kaiming_uniform with the ReLU gain (bound √(6 / fan_in)); biases: zeros (ops/nn.h). The LSTM's
+// Weights: kaiming_uniform with the ReLU gain (bound √(6 / fan_in)); biases: zeros (nn/layers.h). The LSTM's
 // one flat weight, biases included: uniform(±1/√128) (ops/rnn.h).
 #pragma once
 #include <cstdint>

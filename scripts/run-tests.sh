@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test suite, in three stages (all of them run; see README.md):
+# The test suite, in four stages (all of them run; see README.md):
+#   0. scripts/check-layers.sh: no file includes a folder above its own (docs/architecture.md);
 #   1. scripts/setup.sh (dependencies, Release build in build/), then every test through CTest; GPU tests
 #      skip themselves on a machine without a CUDA device;
 #   2. scripts/run-sanitized-tests.sh: the CPU tests again under ASan + UBSan with leak detection, and a
@@ -31,6 +32,7 @@ tests() {
     "$root/scripts/setup.sh" && ctest --test-dir "$build_dir" --output-on-failure -j"${DYNGRAD_JOBS:-$(nproc)}"
 }
 
+stage "layer check" "$root/scripts/check-layers.sh"
 stage "tests" tests
 stage "sanitized tests" "$root/scripts/run-sanitized-tests.sh"
 stage "fuzz smoke run" "$root/scripts/run-fuzz.sh" 60

@@ -1,6 +1,6 @@
 // Building blocks for models: seeded weight initialisation, Modules (parameters, buffers, train/eval
 // mode, device moves) and the standard layers, plus saving and loading a model's tensors.
-// Implemented in ops/nn.cpp on top of the op functions; layers have no kernels of their own.
+// Implemented in nn/layers.cpp on top of the op functions; layers have no kernels of their own.
 //
 // Modules are handles, like Tensor and Parameter: a copy shares the parameters, buffers and mode of
 // the original, so a layer can be a member of a model struct, be registered with it, and be copied
@@ -93,7 +93,7 @@ public:
     // Drops every parameter's gradient.
     void zero_grad();
 
-    struct State;  // internal (ops/nn.cpp): the registry all copies share
+    struct State;  // internal (nn/layers.cpp): the registry all copies share
 
 private:
     std::shared_ptr<State> state_;

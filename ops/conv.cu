@@ -245,7 +245,7 @@ void search_backward_filter(DeviceContext& ctx, ConvPlan& plan, const Tensor& x,
 // ---- bias and activation ----
 
 constexpr unsigned kThreads = 256;
-constexpr std::int64_t kMaxChain = 256;           // most values one thread adds in sequence (as cuda/reduce.cu)
+constexpr std::int64_t kMaxChain = 256;           // most values one thread adds in sequence (as ops/reduce.cu)
 constexpr std::int64_t kMinChunk = 8 * kThreads;  // fewest values a block of the backward kernel takes
 constexpr std::int64_t kBlocksPerSm = 4;          // blocks the backward kernel aims for
 constexpr std::int64_t kMaxChunks = 65535;        // gridDim.y

@@ -1,5 +1,5 @@
-// Initialisation, Modules, layers and model save/load (ops/nn.h). Layers only compose op functions.
-#include "dyngrad/ops/nn.h"
+// Initialisation, Modules, layers and model save/load (nn/layers.h). Layers only compose op functions.
+#include "dyngrad/nn/layers.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,6 +7,7 @@
 
 #include "dyngrad/core/safetensors.h"
 #include "dyngrad/ops/dropout_mask.h"
+#include "dyngrad/ops/layout.h"
 #include "dyngrad/ops/linalg.h"
 #include "dyngrad/ops/norm.h"
 

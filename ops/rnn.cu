@@ -11,10 +11,11 @@
 // Every sequence of a batch has the full length T, so the packed sequence-major layout
 // (CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED, no padded I/O) is exactly our (T,N,·) tensors.
 //
-// While gradients are recorded (grad_enabled()) the forward runs in training mode and keeps cuDNN's
-// reserve space in the node's saved tensors; otherwise it runs in inference mode. cuDNN documents the
-// reserve space as an input and output of cudnnRNNBackwardData_v8, so a second backward over the same
-// node (BackwardOptions::retain_graph) first rebuilds it with a training forward.
+// While gradients are recorded (OpAttrs::save_for_backward, which ops/rnn.cpp sets from grad_enabled())
+// the forward runs in training mode and keeps cuDNN's reserve space in the node's saved tensors;
+// otherwise it runs in inference mode. cuDNN documents the reserve space as an input and output of
+// cudnnRNNBackwardData_v8, so a second backward over the same node (BackwardOptions::retain_graph) first
+// rebuilds it with a training forward.
 //
 // Precision: float32 at full precision (CUDNN_FMA_MATH) unless cuda::allow_tf32(); float64 with
 // CUDNN_DEFAULT_MATH. cuDNN reports a cell/dtype combination it does not implement as
@@ -27,7 +28,6 @@
 #include "dyngrad/cuda/context.h"
 #include "dyngrad/cuda/cudnn_plans.h"
 #include "dyngrad/cuda/runtime.h"
-#include "dyngrad/graph/graph.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/rnn.h"
 
@@ -261,7 +261,7 @@ Tensor rnn_forward(const ForwardArgs& args) {
     const std::shared_ptr<RnnPlan> plan = plan_for(ctx, in.x, in.w, args.attrs);
     Tensor out = Tensor::empty(args.out.shape, args.out.dtype, in.x.device());
     const bool lstm = args.attrs.rnn_mode == RnnMode::Lstm;
-    if (!grad_enabled()) {
+    if (!args.attrs.save_for_backward) {
         run_forward(ctx, *plan, CUDNN_FWD_MODE_INFERENCE, in, lstm, out.raw_data(), nullptr);
         return out;
     }

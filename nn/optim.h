@@ -1,5 +1,5 @@
 // Optimizers over a list of Parameters, and learning-rate schedules.
-// CPU: ops/optim.cpp (Eigen). GPU: cuda/optim.cu (fused multi-tensor kernels, ops/optim_kernels.h).
+// CPU: nn/optim.cpp (Eigen). GPU: nn/optim.cu (fused multi-tensor kernels, nn/optim_kernels.h).
 //
 //   SGD opt(model.parameters(), {.lr = 0.1, .momentum = 0.9});
 //   for each batch: opt.zero_grad(); graph.backward(loss); opt.step(); graph.clear();
@@ -38,7 +38,7 @@ protected:
     Optimizer(std::vector<Parameter> parameters, double lr);
     // Indices of the parameters that have a gradient; ValueError when one does not match its parameter.
     std::vector<std::size_t> with_grad() const;
-    // Internal: the per-device tables of the fused GPU steps (ops/optim.cpp).
+    // Internal: the per-device tables of the fused GPU steps (nn/optim.cpp).
     struct DeviceTables;
 
     std::vector<Parameter> parameters_;

@@ -1,4 +1,4 @@
-#include "dyngrad/core/dataset.h"
+#include "dyngrad/nn/dataset.h"
 
 #include <algorithm>
 #include <array>

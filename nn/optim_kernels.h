@@ -1,4 +1,4 @@
-// Internal: what the optimizers (ops/optim.cpp) share with their fused CUDA steps (cuda/optim.cu):
+// Internal: what the optimizers (nn/optim.cpp) share with their fused CUDA steps (nn/optim.cu):
 // the hyper-parameters, the per-step scalars both backends derive from them in the same way, and the
 // GPU entry points with the cached device table of update chunks.
 #pragma once

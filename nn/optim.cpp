@@ -1,8 +1,8 @@
-// Optimizers and learning-rate schedules (ops/optim.h). CPU parameters are updated here with Eigen,
+// Optimizers and learning-rate schedules (nn/optim.h). CPU parameters are updated here with Eigen,
 // one tensor at a time; CUDA parameters are gathered per device and updated by the fused multi-tensor
-// kernels of cuda/optim.cu. Both backends apply the same formulas in the same order
-// (ops/optim_kernels.h holds the per-step scalars they share).
-#include "dyngrad/ops/optim.h"
+// kernels of nn/optim.cu. Both backends apply the same formulas in the same order
+// (nn/optim_kernels.h holds the per-step scalars they share).
+#include "dyngrad/nn/optim.h"
 
 #include <Eigen/Core>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include <numbers>
 #include <set>
 
-#include "dyngrad/ops/optim_kernels.h"
+#include "dyngrad/nn/optim_kernels.h"
 
 namespace dyngrad {
 

@@ -1,9 +1,9 @@
 // Fused multi-tensor optimizer steps: SGD (momentum, Nesterov, L2) and Adam / AdamW. The optimizers
-// (ops/optim.cpp) hand over every CUDA parameter of one device at once; the tensors are cut into chunks
-// of at most kStepChunk elements, the chunk table lives on the device (StepTable, ops/optim_kernels.h),
+// (nn/optim.cpp) hand over every CUDA parameter of one device at once; the tensors are cut into chunks
+// of at most kStepChunk elements, the chunk table lives on the device (StepTable, nn/optim_kernels.h),
 // and one kernel launch updates every chunk of one (dtype, Adam step) group, one block per chunk.
 // In a captured step the hyper-parameters (lr, ...) are frozen into the graph's kernel arguments.
-// The formulas and their order match the Eigen updates in ops/optim.cpp, which are the reference.
+// The formulas and their order match the Eigen updates in nn/optim.cpp, which are the reference.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "dyngrad/cuda/context.h"
-#include "dyngrad/ops/optim_kernels.h"
+#include "dyngrad/nn/optim_kernels.h"
 
 namespace dyngrad::cuda {
 

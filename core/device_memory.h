@@ -1,0 +1,25 @@
+// What core/ needs from a device runtime: memory, copies, fills and the device count. Declared here and
+// implemented by cuda/ (cuda/device_memory.cpp), so that core/ includes nothing above it (dependency
+// inversion: the layer order is in docs/architecture.md). A build without CUDA links cuda/'s stubs,
+// which throw DeviceError.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "dyngrad/core/device.h"
+#include "dyngrad/core/dtype.h"
+
+namespace dyngrad::device_memory {
+
+// Stream-ordered allocation on `device`; throws OutOfMemory when the device cannot provide it.
+void* allocate(std::size_t bytes, int device);
+// Returns memory to the device's pool. Never throws.
+void deallocate(void* ptr, std::size_t bytes, int device) noexcept;
+// Any copy that involves a device (host-to-host copies never reach here).
+void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes);
+// Fills n elements of `dtype` on `device` with `value`.
+void fill(void* dst, std::int64_t n, double value, DType dtype, int device);
+// Number of usable devices (0 when there is no driver, no device or no backend).
+int device_count();
+
+}  // namespace dyngrad::device_memory

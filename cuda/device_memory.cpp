@@ -1,0 +1,19 @@
+// core/'s device-memory hooks (core/device_memory.h), served by the CUDA runtime (cuda/runtime.h).
+// Plain C++: built with and without the CUDA backend (without it the runtime is cuda/cuda_unavailable.cpp).
+#include "dyngrad/core/device_memory.h"
+
+#include "dyngrad/cuda/runtime.h"
+
+namespace dyngrad::device_memory {
+
+void* allocate(std::size_t bytes, int device) { return cuda::allocate(bytes, device); }
+void deallocate(void* ptr, std::size_t bytes, int device) noexcept { cuda::deallocate(ptr, bytes, device); }
+void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) {
+    cuda::copy(dst, dst_device, src, src_device, bytes);
+}
+void fill(void* dst, std::int64_t n, double value, DType dtype, int device) {
+    cuda::fill(dst, n, value, dtype, device);
+}
+int device_count() { return cuda::device_count(); }
+
+}  // namespace dyngrad::device_memory

@@ -1,0 +1,294 @@
+// Layout ops (ops/layout.h): user functions, shape rules, reshape (every backend) and the CPU kernels
+// (axis swaps and strided row copies). GPU: ops/layout.cu.
+#include "dyngrad/ops/layout.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include <Eigen/Core>
+
+#include "dyngrad/ops/kernels.h"
+
+namespace dyngrad {
+
+// ---- user functions ----
+Var transpose(const Var& x, std::int64_t axis0, std::int64_t axis1, std::source_location where) {
+    OpAttrs attrs;
+    attrs.axes = {axis0, axis1};
+    return x.graph().record(OpType::Transpose, {x}, attrs, where);
+}
+
+Var reshape(const Var& x, const Shape& shape, std::source_location where) {
+    OpAttrs attrs;
+    attrs.shape = shape;
+    return x.graph().record(OpType::Reshape, {x}, attrs, where);
+}
+
+Var flatten(const Var& x, std::source_location where) {
+    const Shape& shape = x.shape();
+    if (shape.size() < 2)
+        throw ShapeError(str("flatten at ", describe_site(where), ": needs a tensor of rank >= 2 (N, ...), got shape ",
+                             to_string(shape)));
+    // The rest is computed, not inferred with -1, so N = 0 still works.
+    return reshape(x, {shape[0], numel(Shape(shape.begin() + 1, shape.end()))}, where);
+}
+
+Var narrow(const Var& x, std::int64_t axis, std::int64_t start, std::int64_t length, std::source_location where) {
+    OpAttrs attrs;
+    attrs.axis = axis;
+    attrs.start = start;
+    attrs.length = length;
+    return x.graph().record(OpType::Narrow, {x}, attrs, where);
+}
+
+Var concat(const std::vector<Var>& xs, std::int64_t axis, std::source_location where) {
+    if (xs.empty()) throw ValueError(str("concat at ", describe_site(where), ": needs at least one tensor"));
+    OpAttrs attrs;
+    attrs.axis = axis;
+    return xs.front().graph().record(OpType::Concat, xs, attrs, where);
+}
+
+AxisSplit split_at_axis(const Shape& shape, int axis) {
+    AxisSplit s;
+    for (int i = 0; i < axis; ++i) s.outer *= shape[i];
+    s.size = shape[axis];
+    for (std::size_t i = axis + 1; i < shape.size(); ++i) s.inner *= shape[i];
+    return s;
+}
+
+// ---- shape rules ----
+namespace infer {
+
+OutputSpec transpose(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const Tensor& x = inputs[0];
+    require_float(x, "x");
+    if (attrs.axes.size() != 2) throw ValueError(str("expects 2 axes to swap, got ", attrs.axes.size()));
+    Shape shape = x.shape();
+    std::swap(shape[normalize_axis(attrs.axes[0], x.rank())], shape[normalize_axis(attrs.axes[1], x.rank())]);
+    return {shape, x.dtype()};
+}
+
+OutputSpec reshape(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const Tensor& x = inputs[0];
+    Shape shape = attrs.shape;
+    std::size_t inferred = shape.size();
+    std::int64_t known = 1;
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+        if (shape[i] == -1) {
+            if (inferred != shape.size()) throw ValueError(str("target ", to_string(attrs.shape), " has more than one -1"));
+            inferred = i;
+        } else if (shape[i] < 0) {
+            throw ValueError(str("target ", to_string(attrs.shape), " has a negative dimension"));
+        } else {
+            known *= shape[i];
+        }
+    }
+    if (inferred != shape.size()) {
+        if (known == 0 || x.numel() % known != 0)
+            throw ShapeError(str("cannot reshape ", to_string(x.shape()), " (", x.numel(), " elements) to ",
+                                 to_string(attrs.shape)));
+        shape[inferred] = x.numel() / known;
+    } else if (known != x.numel()) {
+        throw ShapeError(str("cannot reshape ", to_string(x.shape()), " (", x.numel(), " elements) to ",
+                             to_string(shape), " (", known, " elements)"));
+    }
+    return {shape, x.dtype()};
+}
+
+OutputSpec narrow(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const Tensor& x = inputs[0];
+    const int axis = normalize_axis(attrs.axis, x.rank());
+    if (attrs.length < 0) throw ValueError(str("length ", attrs.length, " is negative"));
+    const std::int64_t size = x.shape()[axis];
+    if (attrs.start < 0 || attrs.start + attrs.length > size)
+        throw IndexError(str("indices [", attrs.start, ", ", attrs.start + attrs.length, ") are outside axis ", axis,
+                             " of size ", size));
+    Shape shape = x.shape();
+    shape[axis] = attrs.length;
+    return {shape, x.dtype()};
+}
+
+OutputSpec concat(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const Tensor& first = inputs[0];
+    const int axis = normalize_axis(attrs.axis, first.rank());
+    Shape shape = first.shape();
+    shape[axis] = 0;
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+        const Tensor& x = inputs[i];
+        if (x.dtype() != first.dtype())
+            throw DTypeError(
+                str("input ", i, " is ", dtype_name(x.dtype()), " but input 0 is ", dtype_name(first.dtype())));
+        bool fits = x.rank() == first.rank();
+        for (std::size_t k = 0; fits && k < x.rank(); ++k)
+            fits = static_cast<int>(k) == axis || x.shape()[k] == first.shape()[k];
+        if (!fits)
+            throw ShapeError(str("input ", i, " of shape ", to_string(x.shape()), " does not fit input 0 of shape ",
+                                 to_string(first.shape()), " outside axis ", axis));
+        shape[axis] += x.shape()[axis];
+    }
+    return {shape, first.dtype()};
+}
+
+}  // namespace infer
+
+// ---- reshape: metadata only, the same on every backend ----
+Tensor reshape_forward(const ForwardArgs& args) { return args.inputs[0].reshaped(args.out.shape); }
+
+std::vector<Tensor> reshape_backward(const BackwardArgs& args) {
+    if (!args.needs_grad[0]) return {Tensor()};
+    return {args.grad_output.reshaped(args.inputs[0].shape())};
+}
+
+// ---- CPU kernels ----
+namespace cpu {
+
+namespace {
+
+template <typename T> using MatrixRM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// Copies x into y with axes `axis0` and `axis1` swapped. x is viewed as (outer, d0, mid, d1, inner)
+// around the two axes and y as (outer, d1, mid, d0, inner).
+template <typename T>
+void swap_axes(const Tensor& x, int axis0, int axis1, Tensor& y) {
+    const T* src = x.data<T>();
+    T* dst = y.data<T>();
+    const Shape& shape = x.shape();
+    const int lo = std::min(axis0, axis1);
+    const int hi = std::max(axis0, axis1);
+    if (lo == hi) {
+        std::copy_n(src, x.numel(), dst);
+        return;
+    }
+    const auto product = [&](int begin, int end) { return numel(Shape(shape.begin() + begin, shape.begin() + end)); };
+    const std::int64_t outer = product(0, lo);
+    const std::int64_t d0 = shape[lo];
+    const std::int64_t mid = product(lo + 1, hi);
+    const std::int64_t d1 = shape[hi];
+    const std::int64_t inner = product(hi + 1, static_cast<int>(shape.size()));
+    if (inner == 1) {
+        // Each (o, m) is a strided d0×d1 matrix: let Eigen transpose it.
+        using Strided = Eigen::OuterStride<>;
+        for (std::int64_t o = 0; o < outer; ++o)
+            for (std::int64_t m = 0; m < mid; ++m) {
+                Eigen::Map<const MatrixRM<T>, 0, Strided> from(src + (o * d0 * mid + m) * d1, d0, d1,
+                                                               Strided(mid * d1));
+                Eigen::Map<MatrixRM<T>, 0, Strided> to(dst + (o * d1 * mid + m) * d0, d1, d0, Strided(mid * d0));
+                to = from.transpose();
+            }
+        return;
+    }
+    // Contiguous runs of `inner` elements move as blocks.
+    for (std::int64_t o = 0; o < outer; ++o)
+        for (std::int64_t i = 0; i < d0; ++i)
+            for (std::int64_t m = 0; m < mid; ++m)
+                for (std::int64_t j = 0; j < d1; ++j)
+                    std::copy_n(src + (((o * d0 + i) * mid + m) * d1 + j) * inner, inner,
+                                dst + (((o * d1 + j) * mid + m) * d0 + i) * inner);
+}
+
+// For each of `rows` rows: `block` elements from src + row·src_stride to dst + row·dst_stride (element
+// units of `element_size` bytes). Narrow, concat and their gradients are all such copies.
+void copy_rows(const void* src, std::int64_t src_stride, void* dst, std::int64_t dst_stride, std::int64_t rows,
+               std::int64_t block, std::size_t element_size) {
+    if (block == 0) return;
+    const auto* from = static_cast<const unsigned char*>(src);
+    auto* to = static_cast<unsigned char*>(dst);
+    const auto bytes = static_cast<std::size_t>(block) * element_size;
+    for (std::int64_t r = 0; r < rows; ++r)
+        std::memcpy(to + static_cast<std::size_t>(r * dst_stride) * element_size,
+                    from + static_cast<std::size_t>(r * src_stride) * element_size, bytes);
+}
+
+unsigned char* bytes_at(const Tensor& t, std::int64_t element) {
+    return static_cast<unsigned char*>(t.raw_data()) + static_cast<std::size_t>(element) * dtype_size(t.dtype());
+}
+
+}  // namespace
+
+// x (..., d0, ..., d1, ...) -> y (..., d1, ..., d0, ...), axes in attrs.axes
+Tensor transpose_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    const int axis0 = normalize_axis(args.attrs.axes[0], x.rank());
+    const int axis1 = normalize_axis(args.attrs.axes[1], x.rank());
+    dispatch_floating(x.dtype(), "transpose", [&]<typename T>() { swap_axes<T>(x, axis0, axis1, y); });
+    return y;
+}
+
+// A swap of two axes is its own inverse: dx is dy with the same axes swapped back.
+std::vector<Tensor> transpose_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& dy = args.grad_output;
+    if (!args.needs_grad[0]) return {Tensor()};
+    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+    const int axis0 = normalize_axis(args.attrs.axes[0], x.rank());
+    const int axis1 = normalize_axis(args.attrs.axes[1], x.rank());
+    dispatch_floating(x.dtype(), "transpose backward", [&]<typename T>() { swap_axes<T>(dy, axis0, axis1, dx); });
+    return {dx};
+}
+
+// x (outer, n, inner) -> y (outer, length, inner) = x[:, start:start+length, :], around attrs.axis
+Tensor narrow_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    const AxisSplit s = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
+    const std::int64_t block = args.attrs.length * s.inner;
+    copy_rows(bytes_at(x, args.attrs.start * s.inner), s.size * s.inner, y.raw_data(), block, s.outer, block,
+              dtype_size(x.dtype()));
+    return y;
+}
+
+// dy (outer, length, inner) -> dx (outer, n, inner): dy in the window, zeros elsewhere
+std::vector<Tensor> narrow_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& dy = args.grad_output;
+    if (!args.needs_grad[0]) return {Tensor()};
+    Tensor dx = Tensor::zeros(x.shape(), x.dtype(), x.device());
+    const AxisSplit s = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
+    const std::int64_t block = args.attrs.length * s.inner;
+    copy_rows(dy.raw_data(), block, bytes_at(dx, args.attrs.start * s.inner), s.size * s.inner, s.outer, block,
+              dtype_size(x.dtype()));
+    return {dx};
+}
+
+// xs[k] (outer, n_k, inner) -> y (outer, Σ n_k, inner), in input order along attrs.axis
+Tensor concat_forward(const ForwardArgs& args) {
+    const Tensor& first = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, first.device());
+    const int axis = normalize_axis(args.attrs.axis, first.rank());
+    const AxisSplit ys = split_at_axis(y.shape(), axis);
+    const std::int64_t y_row = ys.size * ys.inner;
+    std::int64_t offset = 0;
+    for (const Tensor& x : args.inputs) {
+        const AxisSplit s = split_at_axis(x.shape(), axis);
+        copy_rows(x.raw_data(), s.size * s.inner, bytes_at(y, offset), y_row, s.outer, s.size * s.inner,
+                  dtype_size(x.dtype()));
+        offset += s.size * s.inner;
+    }
+    return y;
+}
+
+// dy (outer, Σ n_k, inner) -> dxs[k] (outer, n_k, inner): each input's slab of dy
+std::vector<Tensor> concat_backward(const BackwardArgs& args) {
+    const Tensor& dy = args.grad_output;
+    const int axis = normalize_axis(args.attrs.axis, dy.rank());
+    const AxisSplit ys = split_at_axis(dy.shape(), axis);
+    std::vector<Tensor> grads(args.inputs.size());
+    std::int64_t offset = 0;
+    for (std::size_t i = 0; i < args.inputs.size(); ++i) {
+        const Tensor& x = args.inputs[i];
+        const AxisSplit s = split_at_axis(x.shape(), axis);
+        if (args.needs_grad[i]) {
+            grads[i] = Tensor::empty(x.shape(), x.dtype(), x.device());
+            copy_rows(bytes_at(dy, offset), ys.size * ys.inner, grads[i].raw_data(), s.size * s.inner, s.outer,
+                      s.size * s.inner, dtype_size(x.dtype()));
+        }
+        offset += s.size * s.inner;
+    }
+    return grads;
+}
+
+}  // namespace cpu
+
+}  // namespace dyngrad

@@ -1,0 +1,261 @@
+// Layout ops on the GPU (ops/layout.h): tiled and strided axis swaps, strided copies of row blocks for
+// narrow and concat. CPU: ops/layout.cpp.
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "dyngrad/cuda/context.h"
+#include "dyngrad/cuda/runtime.h"
+#include "dyngrad/ops/kernels.h"
+
+namespace dyngrad::cuda {
+
+namespace {
+
+constexpr unsigned kThreads = 256;
+
+// ---- transpose ----
+
+// A tensor around the two swapped axes lo < hi: x (outer, d0, mid, d1, inner) -> y (outer, d1, mid, d0, inner).
+struct SwapSplit {
+    std::int64_t outer = 1, d0 = 1, mid = 1, d1 = 1, inner = 1;
+};
+
+SwapSplit split_for_swap(const Shape& shape, const std::vector<std::int64_t>& axes) {
+    if (axes.size() != 2) throw ValueError(str("transpose: expects 2 axes to swap, got ", axes.size()));
+    int lo = normalize_axis(axes[0], shape.size());
+    int hi = normalize_axis(axes[1], shape.size());
+    if (lo > hi) std::swap(lo, hi);
+    SwapSplit s;
+    if (lo == hi) {  // nothing moves: one block of contiguous elements
+        s.inner = numel(shape);
+        return s;
+    }
+    for (int i = 0; i < lo; ++i) s.outer *= shape[i];
+    s.d0 = shape[lo];
+    for (int i = lo + 1; i < hi; ++i) s.mid *= shape[i];
+    s.d1 = shape[hi];
+    for (std::size_t i = hi + 1; i < shape.size(); ++i) s.inner *= shape[i];
+    return s;
+}
+
+constexpr int kTile = 32;
+constexpr int kTileRows = 8;  // a 32×8 block moves a 32×32 tile, 4 elements per thread
+
+// inner == 1: for each of the outer·mid pairs (o, m), x holds a d0×d1 matrix with row stride mid·d1
+// and y its d1×d0 transpose with row stride mid·d0. Tiles go through shared memory so that both the
+// reads and the writes are coalesced; the +1 column keeps the transposed reads off a single bank.
+// E is an unsigned integer of the element's size: the kernel only moves bytes.
+template <typename E>
+__global__ void transpose_tiled_kernel(const E* __restrict__ x, E* __restrict__ y, std::int64_t batches,
+                                       std::int64_t mid, std::int64_t d0, std::int64_t d1) {
+    __shared__ E tile[kTile][kTile + 1];
+    const std::int64_t tiles_d0 = (d0 + kTile - 1) / kTile;
+    const std::int64_t tiles_d1 = (d1 + kTile - 1) / kTile;
+    const std::int64_t x_row_stride = mid * d1;
+    const std::int64_t y_row_stride = mid * d0;
+    for (std::int64_t z = blockIdx.z; z < batches; z += gridDim.z) {
+        const std::int64_t o = z / mid;
+        const std::int64_t m = z % mid;
+        const E* xz = x + (o * d0 * mid + m) * d1;
+        E* yz = y + (o * d1 * mid + m) * d0;
+        for (std::int64_t ti = blockIdx.y; ti < tiles_d0; ti += gridDim.y) {
+            for (std::int64_t tj = blockIdx.x; tj < tiles_d1; tj += gridDim.x) {
+                const std::int64_t j = tj * kTile + threadIdx.x;
+                for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+                    const std::int64_t i = ti * kTile + r;
+                    if (i < d0 && j < d1) tile[r][threadIdx.x] = xz[i * x_row_stride + j];
+                }
+                __syncthreads();
+                const std::int64_t i = ti * kTile + threadIdx.x;
+                for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+                    const std::int64_t jj = tj * kTile + r;
+                    if (jj < d1 && i < d0) yz[jj * y_row_stride + i] = tile[threadIdx.x][r];
+                }
+                __syncthreads();  // the tile is refilled by the next iteration
+            }
+        }
+    }
+}
+
+// inner > 1: one thread per output element; runs of `inner` elements stay contiguous on both sides,
+// so neighbouring threads read and write neighbouring addresses.
+template <typename E>
+__global__ void transpose_strided_kernel(const E* __restrict__ x, E* __restrict__ y, std::int64_t n, SwapSplit s) {
+    for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; idx < n;
+         idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+        // idx = (((o·d1 + j)·mid + m)·d0 + i)·inner + c
+        std::int64_t rest = idx;
+        const std::int64_t c = rest % s.inner;
+        rest /= s.inner;
+        const std::int64_t i = rest % s.d0;
+        rest /= s.d0;
+        const std::int64_t m = rest % s.mid;
+        rest /= s.mid;
+        const std::int64_t j = rest % s.d1;
+        const std::int64_t o = rest / s.d1;
+        y[idx] = x[(((o * s.d0 + i) * s.mid + m) * s.d1 + j) * s.inner + c];
+    }
+}
+
+template <typename E>
+void launch_swap_axes(DeviceContext& ctx, const void* x, void* y, const SwapSplit& s, std::int64_t n) {
+    const E* src = static_cast<const E*>(x);
+    E* dst = static_cast<E*>(y);
+    if (s.inner == 1) {
+        const std::int64_t batches = s.outer * s.mid;
+        const dim3 block(kTile, kTileRows);
+        // The kernel strides over tiles and batches, so the grid is capped at the hardware limits.
+        const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>((s.d1 + kTile - 1) / kTile, INT_MAX)),
+                        static_cast<unsigned>(std::min<std::int64_t>((s.d0 + kTile - 1) / kTile, 65535)),
+                        static_cast<unsigned>(std::min<std::int64_t>(batches, 65535)));
+        transpose_tiled_kernel<E><<<grid, block, 0, ctx.stream>>>(src, dst, batches, s.mid, s.d0, s.d1);
+    } else {
+        transpose_strided_kernel<E><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(src, dst, n, s);
+    }
+    DG_CUDA_CHECK_LAUNCH();
+}
+
+// y = x with two axes swapped; `s` describes x around the axes.
+void swap_axes(DeviceContext& ctx, const Tensor& x, Tensor& y, const SwapSplit& s) {
+    const std::int64_t n = x.numel();
+    if (n == 0) return;
+    // When at most one of d0, mid, d1 exceeds 1 the swap leaves the memory order unchanged.
+    const int moved = (s.d0 > 1) + (s.mid > 1) + (s.d1 > 1);
+    if (moved <= 1) {
+        DG_CUDA_CHECK(cudaMemcpyAsync(y.raw_data(), x.raw_data(), x.nbytes(), cudaMemcpyDeviceToDevice, ctx.stream));
+        return;
+    }
+    if (dtype_size(x.dtype()) == 4)
+        launch_swap_axes<std::uint32_t>(ctx, x.raw_data(), y.raw_data(), s, n);
+    else
+        launch_swap_axes<std::uint64_t>(ctx, x.raw_data(), y.raw_data(), s, n);
+}
+
+// ---- narrow and concat: strided copies of row blocks ----
+
+// For each of `rows` rows: `block` elements from src + row·src_stride to dst + row·dst_stride. One
+// thread per element; neighbouring threads move neighbouring elements of a row.
+template <typename E>
+__global__ void copy_rows_kernel(const E* __restrict__ src, std::int64_t src_stride, E* __restrict__ dst,
+                                 std::int64_t dst_stride, std::int64_t rows, std::int64_t block) {
+    const std::int64_t n = rows * block;
+    for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; idx < n;
+         idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+        const std::int64_t r = idx / block;
+        const std::int64_t j = idx - r * block;
+        dst[r * dst_stride + j] = src[r * src_stride + j];
+    }
+}
+
+// The same copy as ops/linalg.cpp's copy_rows, in element units of `element_size` (4 or 8) bytes.
+void copy_rows(DeviceContext& ctx, const void* src, std::int64_t src_stride, void* dst, std::int64_t dst_stride,
+               std::int64_t rows, std::int64_t block, std::size_t element_size) {
+    const std::int64_t n = rows * block;
+    if (n == 0) return;
+    if (rows == 1 || (src_stride == block && dst_stride == block)) {  // one contiguous run
+        DG_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * element_size, cudaMemcpyDeviceToDevice,
+                                      ctx.stream));
+        return;
+    }
+    const unsigned grid = grid_size(ctx, n, kThreads);
+    using W4 = std::uint32_t;
+    using W8 = std::uint64_t;
+    if (element_size == 4)
+        copy_rows_kernel<W4><<<grid, kThreads, 0, ctx.stream>>>(static_cast<const W4*>(src), src_stride,
+                                                                 static_cast<W4*>(dst), dst_stride, rows, block);
+    else
+        copy_rows_kernel<W8><<<grid, kThreads, 0, ctx.stream>>>(static_cast<const W8*>(src), src_stride,
+                                                                 static_cast<W8*>(dst), dst_stride, rows, block);
+    DG_CUDA_CHECK_LAUNCH();
+}
+
+unsigned char* bytes_at(const Tensor& t, std::int64_t element) {
+    return static_cast<unsigned char*>(t.raw_data()) + static_cast<std::size_t>(element) * dtype_size(t.dtype());
+}
+
+}  // namespace
+
+// x (..., d0, ..., d1, ...) -> y (..., d1, ..., d0, ...), axes in attrs.axes
+Tensor transpose_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    swap_axes(context_for(x), x, y, split_for_swap(x.shape(), args.attrs.axes));
+    return y;
+}
+
+// A swap of two axes is its own inverse: dx is dy with the same axes swapped back.
+std::vector<Tensor> transpose_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& dy = args.grad_output;
+    if (!args.needs_grad[0]) return {Tensor()};
+    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+    swap_axes(context_for(x), dy, dx, split_for_swap(dy.shape(), args.attrs.axes));
+    return {dx};
+}
+
+// x (outer, n, inner) -> y (outer, length, inner) = x[:, start:start+length, :], around attrs.axis
+Tensor narrow_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    const AxisSplit s = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
+    const std::int64_t block = args.attrs.length * s.inner;
+    copy_rows(context_for(x), bytes_at(x, args.attrs.start * s.inner), s.size * s.inner, y.raw_data(), block, s.outer,
+              block, dtype_size(x.dtype()));
+    return y;
+}
+
+// dy (outer, length, inner) -> dx (outer, n, inner): dy in the window, zeros elsewhere
+std::vector<Tensor> narrow_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& dy = args.grad_output;
+    if (!args.needs_grad[0]) return {Tensor()};
+    Tensor dx = Tensor::zeros(x.shape(), x.dtype(), x.device());
+    const AxisSplit s = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
+    const std::int64_t block = args.attrs.length * s.inner;
+    copy_rows(context_for(x), dy.raw_data(), block, bytes_at(dx, args.attrs.start * s.inner), s.size * s.inner,
+              s.outer, block, dtype_size(x.dtype()));
+    return {dx};
+}
+
+// xs[k] (outer, n_k, inner) -> y (outer, Σ n_k, inner), in input order along attrs.axis; one copy per input
+Tensor concat_forward(const ForwardArgs& args) {
+    const Tensor& first = args.inputs[0];
+    DeviceContext& ctx = context_for(first);
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, first.device());
+    const int axis = normalize_axis(args.attrs.axis, first.rank());
+    const AxisSplit ys = split_at_axis(y.shape(), axis);
+    std::int64_t offset = 0;
+    for (const Tensor& x : args.inputs) {
+        const AxisSplit s = split_at_axis(x.shape(), axis);
+        copy_rows(ctx, x.raw_data(), s.size * s.inner, bytes_at(y, offset), ys.size * ys.inner, s.outer,
+                  s.size * s.inner, dtype_size(x.dtype()));
+        offset += s.size * s.inner;
+    }
+    return y;
+}
+
+// dy (outer, Σ n_k, inner) -> dxs[k] (outer, n_k, inner): each input's slab of dy
+std::vector<Tensor> concat_backward(const BackwardArgs& args) {
+    const Tensor& dy = args.grad_output;
+    DeviceContext& ctx = context_for(dy);
+    const int axis = normalize_axis(args.attrs.axis, dy.rank());
+    const AxisSplit ys = split_at_axis(dy.shape(), axis);
+    std::vector<Tensor> grads(args.inputs.size());
+    std::int64_t offset = 0;
+    for (std::size_t i = 0; i < args.inputs.size(); ++i) {
+        const Tensor& x = args.inputs[i];
+        const AxisSplit s = split_at_axis(x.shape(), axis);
+        if (args.needs_grad[i]) {
+            grads[i] = Tensor::empty(x.shape(), x.dtype(), x.device());
+            copy_rows(ctx, bytes_at(dy, offset), ys.size * ys.inner, grads[i].raw_data(), s.size * s.inner, s.outer,
+                      s.size * s.inner, dtype_size(x.dtype()));
+        }
+        offset += s.size * s.inner;
+    }
+    return grads;
+}
+
+}  // namespace dyngrad::cuda
