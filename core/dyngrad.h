@@ -2,6 +2,7 @@
 // The one header an application includes.
 #pragma once
 
+#include "dyngrad/core/checked.h"
 #include "dyngrad/core/dataset.h"
 #include "dyngrad/core/device.h"
 #include "dyngrad/core/dtype.h"

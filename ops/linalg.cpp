@@ -8,6 +8,7 @@
 
 #include <Eigen/Core>
 
+#include "dyngrad/core/checked.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/kernels.h"
 
@@ -104,10 +105,12 @@ OutputSpec matmul(OpType, std::span<const Tensor> inputs, const OpAttrs&) {
     const std::size_t r = a.rank();
     if (a.shape()[r - 1] != b.shape()[r - 2])
         throw ShapeError(str("inner dims ", a.shape()[r - 1], " vs ", b.shape()[r - 2]));
-    if (r == 2) return {{a.shape()[0], b.shape()[1]}, a.dtype()};
-    if (a.shape()[0] != b.shape()[0])
+    if (r == 3 && a.shape()[0] != b.shape()[0])
         throw ShapeError(str("batch dims ", a.shape()[0], " vs ", b.shape()[0]));
-    return {{a.shape()[0], a.shape()[1], b.shape()[2]}, a.dtype()};
+    Shape out = r == 2 ? Shape{a.shape()[0], b.shape()[1]} : Shape{a.shape()[0], a.shape()[1], b.shape()[2]};
+    // With an empty inner dim the operands hold nothing, yet (M,N) can have more elements than int64 counts.
+    checked_numel(out, "output");
+    return {std::move(out), a.dtype()};
 }
 
 OutputSpec linear(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
@@ -142,17 +145,18 @@ OutputSpec reshape(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs)
     const Tensor& x = inputs[0];
     Shape shape = attrs.shape;
     std::size_t inferred = shape.size();
-    std::int64_t known = 1;
     for (std::size_t i = 0; i < shape.size(); ++i) {
         if (shape[i] == -1) {
             if (inferred != shape.size()) throw ValueError(str("target ", to_string(attrs.shape), " has more than one -1"));
             inferred = i;
         } else if (shape[i] < 0) {
             throw ValueError(str("target ", to_string(attrs.shape), " has a negative dimension"));
-        } else {
-            known *= shape[i];
         }
     }
+    // The product of the known dims, checked: a target such as (6,7,7905747460161236407) wraps to 6.
+    Shape known_dims = shape;
+    if (inferred != shape.size()) known_dims[inferred] = 1;
+    const std::int64_t known = checked_numel(known_dims, "target");
     if (inferred != shape.size()) {
         if (known == 0 || x.numel() % known != 0)
             throw ShapeError(str("cannot reshape ", to_string(x.shape()), " (", x.numel(), " elements) to ",
@@ -170,9 +174,10 @@ OutputSpec narrow(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) 
     const int axis = normalize_axis(attrs.axis, x.rank());
     if (attrs.length < 0) throw ValueError(str("length ", attrs.length, " is negative"));
     const std::int64_t size = x.shape()[axis];
-    if (attrs.start < 0 || attrs.start + attrs.length > size)
-        throw IndexError(str("indices [", attrs.start, ", ", attrs.start + attrs.length, ") are outside axis ", axis,
-                             " of size ", size));
+    // start > size - length rather than start + length > size, which wraps for a start near INT64_MAX.
+    if (attrs.start < 0 || attrs.start > size - attrs.length)
+        throw IndexError(str("indices [", attrs.start, ", ", attrs.start, " + ", attrs.length, ") are outside axis ",
+                             axis, " of size ", size));
     Shape shape = x.shape();
     shape[axis] = attrs.length;
     return {shape, x.dtype()};
@@ -194,8 +199,9 @@ OutputSpec concat(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) 
         if (!fits)
             throw ShapeError(str("input ", i, " of shape ", to_string(x.shape()), " does not fit input 0 of shape ",
                                  to_string(first.shape()), " outside axis ", axis));
-        shape[axis] += x.shape()[axis];
+        shape[axis] = checked_add(shape[axis], x.shape()[axis], "size of the joined axis");
     }
+    checked_numel(shape, "output");
     return {shape, first.dtype()};
 }
 
