@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include <Eigen/Core>
@@ -175,9 +176,11 @@ OutputSpec narrow(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) 
     if (attrs.length < 0) throw ValueError(str("length ", attrs.length, " is negative"));
     const std::int64_t size = x.shape()[axis];
     // start > size - length rather than start + length > size, which wraps for a start near INT64_MAX.
-    if (attrs.start < 0 || attrs.start > size - attrs.length)
-        throw IndexError(str("indices [", attrs.start, ", ", attrs.start, " + ", attrs.length, ") are outside axis ",
-                             axis, " of size ", size));
+    if (attrs.start < 0 || attrs.start > size - attrs.length) {
+        const bool end_fits = attrs.start <= std::numeric_limits<std::int64_t>::max() - attrs.length;
+        const std::string end = end_fits ? str(attrs.start + attrs.length) : str(attrs.start, " + ", attrs.length);
+        throw IndexError(str("indices [", attrs.start, ", ", end, ") are outside axis ", axis, " of size ", size));
+    }
     Shape shape = x.shape();
     shape[axis] = attrs.length;
     return {shape, x.dtype()};

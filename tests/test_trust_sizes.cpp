@@ -208,6 +208,28 @@ TEST_CASE("pooling with extreme attributes", "[trust][sizes][pool]") {
     }
 }
 
+TEST_CASE("extreme strides and dilations on the GPU agree with the CPU", "[trust][sizes][gpu]") {
+    if (cuda_device_count() == 0) return;  // CPU-only machine: the CPU cases above cover the shape rules
+    const Tensor xt = randn({2, 3, 6, 7}, 35);
+    const Tensor wt = randn({4, 3, 3, 1}, 36);
+    const auto run = [&](Device device) {
+        ComputeGraph g;
+        const Var x = g.input(xt.to(device), "x");
+        const Var w = g.input(wt.to(device), "w");
+        // stride INT64_MAX: one output row (cuDNN takes int strides); dilation INT64_MAX on a kernel of width 1.
+        const Var c = conv2d(x, w, {.stride = {kMax, 1}, .padding = {1, 0}, .dilation = {1, kMax}});
+        const Var p = max_pool2d(x, {2, 3}, {kMax, kMax});
+        const Var a = avg_pool2d(x, {3, 2}, {kMax, 1}, {1, 1});
+        return std::vector<std::vector<double>>{c.value().to_vector(), p.value().to_vector(), a.value().to_vector()};
+    };
+    const auto cpu = run(Device::cpu());
+    const auto gpu = run(Device::cuda(0));
+    for (std::size_t i = 0; i < cpu.size(); ++i) {
+        REQUIRE(cpu[i].size() == gpu[i].size());
+        for (std::size_t k = 0; k < cpu[i].size(); ++k) CHECK(gpu[i][k] == Approx(cpu[i][k]).epsilon(1e-5).margin(1e-6));
+    }
+}
+
 TEST_CASE("recurrent weight sizes that overflow are refused", "[trust][sizes][rnn]") {
     // 4·2^32·(1 + 2^32) wrapped to 2^34: a plausible size for an impossible weight.
     CHECK_THROWS_MATCHES(rnn_weight_size(RnnMode::Lstm, {.hidden_size = k2p32}, 1), ShapeError,
