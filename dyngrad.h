@@ -3,6 +3,7 @@
 #pragma once
 
 // core: tensors, shapes, dtypes, devices, errors, file formats
+#include "dyngrad/core/checked.h"
 #include "dyngrad/core/device.h"
 #include "dyngrad/core/dtype.h"
 #include "dyngrad/core/error.h"

@@ -12,7 +12,7 @@
 
 #include <dyngrad/dyngrad.h>
 
-#include "../samples/command_line.h"
+#include "../cli/command_line.h"
 
 using namespace dyngrad;
 
@@ -25,7 +25,7 @@ struct Options {
     int repeats = 7;   // blocks of each kind
 };
 
-// Every argument is checked before the first step (samples/command_line.h).
+// Every argument is checked before the first step (cli/command_line.h).
 Options parse(int argc, char** argv) {
     const cli::Arguments args(argc, argv, {.options = {"--device", "--batch", "--steps", "--repeats"}});
     if (args.help()) {

@@ -51,7 +51,7 @@
 #include <string>
 #include <vector>
 
-#include "../samples/command_line.h"
+#include "../cli/command_line.h"
 #include "models.h"
 
 cudaError_t launch_empty_kernels(int count, cudaStream_t stream);  // bench/perf_launch.cu
@@ -430,7 +430,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> only;
     Settings settings;
     bool list = false;
-    try {  // every argument is checked before anything runs (samples/command_line.h)
+    try {  // every argument is checked before anything runs (cli/command_line.h)
         const cli::Arguments args(argc, argv, {.flags = {"--quick", "--list"}, .options = {"--json", "--only"}});
         if (args.help()) {
             std::fputs(kUsage, stdout);

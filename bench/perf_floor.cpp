@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "../samples/command_line.h"
+#include "../cli/command_line.h"
 
 using namespace dyngrad;
 
@@ -134,7 +134,7 @@ Row gemm_row(int batch, int m, int k, int n) {
 int main(int argc, char** argv) {
     try {
         std::string json_path;
-        try {  // every argument is checked before anything runs (samples/command_line.h)
+        try {  // every argument is checked before anything runs (cli/command_line.h)
             const cli::Arguments args(argc, argv, {.options = {"--json"}});
             if (args.help()) {
                 std::puts("usage: dyngrad-perf-floor [--json FILE]");

@@ -15,7 +15,7 @@
 //                          [--repetitions R] [--tf32] [--skip-composed] [--json FILE]
 #include <dyngrad/dyngrad.h>
 
-#include "../samples/command_line.h"
+#include "../cli/command_line.h"
 
 #include <algorithm>
 #include <chrono>
@@ -53,7 +53,7 @@ std::vector<std::int64_t> parse_list(const std::string& text) {
     return values;
 }
 
-// Every argument is checked before anything runs (samples/command_line.h).
+// Every argument is checked before anything runs (cli/command_line.h).
 Options parse(int argc, char** argv) {
     const cli::Arguments args(argc, argv,
                               {.flags = {"--tf32", "--skip-composed"},

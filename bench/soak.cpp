@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "dyngrad/dyngrad.h"
-#include "../samples/command_line.h"
+#include "../cli/command_line.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define DG_SOAK_ASAN 1
@@ -62,7 +62,7 @@ struct Options {
     std::string data;  // empty: random batches
 };
 
-// Every argument is checked before the first step (samples/command_line.h).
+// Every argument is checked before the first step (cli/command_line.h).
 Options parse(int argc, char* argv[]) {
     const cli::Arguments args(argc, argv,
                               {.options = {"--steps", "--check-at", "--batch", "--seed", "--data", "--device"}});

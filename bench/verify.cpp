@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "dyngrad/dyngrad.h"
-#include "../samples/command_line.h"
+#include "../cli/command_line.h"
 
 namespace {
 

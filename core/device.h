@@ -15,8 +15,11 @@ struct Device {
     constexpr bool is_cpu() const { return kind == DeviceKind::cpu; }
     constexpr bool is_cuda() const { return kind == DeviceKind::cuda; }
     friend constexpr bool operator==(Device, Device) = default;
+    // "cpu", "cuda:1"; a kind outside the enum (a corrupt or cast value) says so instead of posing as cuda.
     std::string to_string() const {
-        return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
+        if (is_cpu()) return "cpu";
+        if (is_cuda()) return "cuda:" + std::to_string(index);
+        return "invalid device kind " + std::to_string(static_cast<int>(kind));
     }
 };
 

@@ -102,6 +102,9 @@ std::string magic_problem(std::uint32_t magic, int rank) {
 }  // namespace
 
 IdxArray read_idx(const std::string& path, int rank) {
+    // The header stores the rank in one byte: any other value is a caller's mistake, not the file's.
+    if (rank < 1 || rank > 255)
+        throw ValueError(str("read_idx('", path, "'): rank ", rank, " is outside 1 to 255 (one header byte)"));
     GzReader in(path);
     std::array<std::uint8_t, 4> word{};
     if (const std::size_t got = in.read(word.data(), word.size()); got < word.size())

@@ -19,7 +19,7 @@ struct IdxArray {
 // Reads an unsigned-byte IDX file of rank `rank`. Throws IoError naming `path` and the problem: missing
 // or unreadable file, corrupt gzip stream, wrong magic (not IDX, element type other than unsigned byte,
 // rank other than `rank`), a zero or oversized dimension, a payload shorter than the dims announce, or
-// bytes after it.
+// bytes after it. ValueError, before the file is opened, for a rank outside 1..255.
 IdxArray read_idx(const std::string& path, int rank);
 
 }  // namespace dyngrad

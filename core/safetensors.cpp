@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "dyngrad/core/checked.h"
 #include "dyngrad/core/error.h"
 
 namespace dyngrad {
@@ -311,18 +312,14 @@ DType parse_dtype(const Entry& e, const std::string& context) {
     throw IoError(str(context, "tensor '", e.name, "' has dtype '", e.dtype, "'; supported: F32, F64, I64"));
 }
 
-// Bytes of a tensor; IoError when the element count or byte size overflows.
-std::int64_t checked_bytes(const Entry& e, DType dtype, const std::string& context) {
-    constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
-    std::int64_t n = 1;
-    for (const std::int64_t d : e.shape) {
-        if (d != 0 && n > kMax / d) throw IoError(str(context, "tensor '", e.name, "': shape ", to_string(e.shape),
-                                                      " is too large"));
-        n *= d;
-    }
-    const auto width = static_cast<std::int64_t>(dtype_size(dtype));
-    if (n > kMax / width) throw IoError(str(context, "tensor '", e.name, "': shape ", to_string(e.shape), " is too large"));
-    return n * width;
+// Bytes of a tensor; IoError when the element count or byte size overflows (core/checked.h's rule: the
+// product of the non-zero dims must fit, so a (0, 2^62, 4) shape is refused too).
+std::int64_t entry_bytes(const Entry& e, DType dtype, const std::string& context) {
+    const std::int64_t n = try_numel(e.shape);
+    std::int64_t bytes = 0;
+    if (n < 0 || __builtin_mul_overflow(n, static_cast<std::int64_t>(dtype_size(dtype)), &bytes))
+        throw IoError(str(context, "tensor '", e.name, "': shape ", to_string(e.shape), " is too large"));
+    return bytes;
 }
 
 // Offsets within the data section: each tensor's range has its exact byte size, and the ranges tile
@@ -333,7 +330,7 @@ void check_offsets(const std::vector<Entry>& entries, const std::vector<DType>& 
     for (std::size_t i = 0; i < entries.size(); ++i) {
         const Entry& e = entries[i];
         order[i] = i;
-        const std::int64_t bytes = checked_bytes(e, dtypes[i], context);
+        const std::int64_t bytes = entry_bytes(e, dtypes[i], context);
         if (e.begin > e.end)
             throw IoError(str(context, "tensor '", e.name, "': data_offsets [", e.begin, ", ", e.end, "] are reversed"));
         if (e.end > data_bytes)

@@ -1,14 +1,11 @@
 #include "dyngrad/core/shape.h"
 
+#include "dyngrad/core/checked.h"
 #include "dyngrad/core/error.h"
 
 namespace dyngrad {
 
-std::int64_t numel(const Shape& shape) {
-    std::int64_t n = 1;
-    for (auto d : shape) n *= d;
-    return n;
-}
+std::int64_t numel(const Shape& shape) { return checked_numel(shape, "numel"); }
 
 std::string to_string(const Shape& shape) {
     std::string out = "(";
@@ -24,7 +21,7 @@ std::vector<std::int64_t> contiguous_strides(const Shape& shape) {
     std::int64_t stride = 1;
     for (std::size_t i = shape.size(); i-- > 0;) {
         strides[i] = stride;
-        stride *= shape[i];
+        stride = checked_mul(stride, shape[i], "contiguous_strides");
     }
     return strides;
 }
@@ -39,6 +36,9 @@ Shape broadcast_shapes(const Shape& a, const Shape& b) {
             throw ShapeError(str("shapes ", to_string(a), " and ", to_string(b), " do not broadcast"));
         out[i] = da == 1 ? db : da;
     }
+    // Two empty inputs can broadcast to a shape whose non-zero dims no int64 can count.
+    if (try_numel(out) < 0)
+        checked_numel(out, str("shapes ", to_string(a), " and ", to_string(b), " broadcast to ", to_string(out)));
     return out;
 }
 

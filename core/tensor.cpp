@@ -6,7 +6,10 @@
 #include <iomanip>
 #include <new>
 #include <ostream>
+#include <string_view>
+#include <type_traits>
 
+#include "dyngrad/core/checked.h"
 #include "dyngrad/core/error.h"
 #include "dyngrad/core/device_memory.h"
 
@@ -15,18 +18,49 @@ namespace dyngrad {
 namespace {
 constexpr std::size_t kCpuAlignment = 64;  // cache line; lets Eigen use aligned vector loads
 
-template <typename T>
-void fill_cpu(void* data, std::int64_t n, double value) {
-    auto* p = static_cast<T*>(data);
-    for (std::int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(value);
+template <typename Fn>
+void dispatch_any(DType dtype, Fn&& fn) {
+    switch (dtype) {
+        case DType::f32: return fn.template operator()<float>();
+        case DType::f64: return fn.template operator()<double>();
+        case DType::i64: return fn.template operator()<std::int64_t>();
+    }
+    throw DTypeError(str("unknown dtype code ", static_cast<int>(dtype)));
 }
 
-void fill_cpu(void* data, std::int64_t n, double value, DType dtype) {
+// `value` as element type T; an int64 element must be a finite double within int64's range (ValueError
+// naming `what` and the value, where a plain cast would give INT64_MIN).
+template <typename T>
+T to_element(double value, std::string_view what) {
+    if constexpr (std::is_same_v<T, std::int64_t>)
+        return checked_to_int64(value, what);
+    else
+        return static_cast<T>(value);
+}
+
+template <typename T>
+void fill_cpu(void* data, std::int64_t n, double value, std::string_view what) {
+    const T element = to_element<T>(value, what);
+    auto* p = static_cast<T*>(data);
+    for (std::int64_t i = 0; i < n; ++i) p[i] = element;
+}
+
+void fill_cpu(void* data, std::int64_t n, double value, DType dtype, std::string_view what) {
     switch (dtype) {
-        case DType::f32: return fill_cpu<float>(data, n, value);
-        case DType::f64: return fill_cpu<double>(data, n, value);
-        case DType::i64: return fill_cpu<std::int64_t>(data, n, value);
+        case DType::f32: return fill_cpu<float>(data, n, value, what);
+        case DType::f64: return fill_cpu<double>(data, n, value, what);
+        case DType::i64: return fill_cpu<std::int64_t>(data, n, value, what);
     }
+}
+
+// Writes values(i) to element i of a CPU tensor, i in [0, numel), converting as fill_cpu does.
+template <typename Values>
+void write_cpu(Tensor& host, Values&& values, std::string_view what) {
+    const std::int64_t n = host.numel();
+    dispatch_any(host.dtype(), [&]<typename T>() {
+        T* p = host.data<T>();
+        for (std::int64_t i = 0; i < n; ++i) p[i] = to_element<T>(values(i), what);
+    });
 }
 
 double read_cpu(const void* data, std::size_t i, DType dtype) {
@@ -47,10 +81,6 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
     device_memory::copy(dst, dst_device, src, src_device, bytes);
 }
 
-void validate_shape(const Shape& shape) {
-    for (auto d : shape)
-        if (d < 0) throw ValueError(str("shape ", to_string(shape), " has a negative dimension"));
-}
 }  // namespace
 
 bool cuda_compiled() { return DYNGRAD_WITH_CUDA != 0; }
@@ -59,9 +89,16 @@ int cuda_device_count() { return device_memory::device_count(); }
 
 Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
     if (device.is_cpu()) {
-        data_ = ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t{kCpuAlignment});
+        // The one host allocation point of tensors: a request the system cannot meet is OutOfMemory like a
+        // device's, not std::bad_alloc.
+        try {
+            data_ = ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t{kCpuAlignment});
+        } catch (const std::bad_alloc&) {
+            throw OutOfMemory(str("cannot allocate ", bytes, " bytes on cpu"));
+        }
         return;
     }
+    if (!device.is_cuda()) throw DeviceError(str("cannot allocate ", bytes, " bytes on ", device.to_string()));
     data_ = device_memory::allocate(bytes, device.index);
 }
 
@@ -73,13 +110,15 @@ Storage::~Storage() {
     device_memory::deallocate(data_, bytes_, device_.index);
 }
 
+// Every tensor is made here (or by reshaped, with the same element count): its shape's element count and
+// byte size are checked once, which makes any product of its own dims safe everywhere else (core/checked.h).
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-    validate_shape(shape);
     Tensor t;
+    t.numel_ = checked_numel(shape, "Tensor::empty");
+    const std::size_t bytes = checked_bytes(t.numel_, dtype_size(dtype), "Tensor::empty");
     t.shape_ = shape;
-    t.numel_ = dyngrad::numel(shape);
     t.dtype_ = dtype;
-    t.storage_ = std::make_shared<Storage>(static_cast<std::size_t>(t.numel_) * dtype_size(dtype), device);
+    t.storage_ = std::make_shared<Storage>(bytes, device);
     return t;
 }
 
@@ -92,34 +131,33 @@ Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) {
 }
 
 Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
+    if (dtype == DType::i64) checked_to_int64(value, "Tensor::full");  // before allocating
     Tensor t = empty(shape, dtype, device);
     t.fill(value);
     return t;
 }
 
 Tensor Tensor::arange(double start, double stop, double step, DType dtype, Device device) {
+    if (!std::isfinite(start) || !std::isfinite(stop) || !std::isfinite(step))
+        throw ValueError(str("arange: start ", start, ", stop ", stop, " and step ", step, " must be finite"));
     if (step == 0) throw ValueError("arange: step must be non-zero");
-    const double span = (stop - start) / step;
-    const auto n = span > 0 ? static_cast<std::int64_t>(std::ceil(span)) : 0;
-    std::vector<double> values(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) values[static_cast<std::size_t>(i)] = start + static_cast<double>(i) * step;
-    return from_vector(values, {n}, dtype, device);
+    // Finite bounds can still span more steps than int64 counts (or overflow to inf): ValueError, not a wrap.
+    const double count = std::ceil((stop - start) / step);
+    const std::int64_t n =
+        count > 0 ? checked_to_int64(count, str("arange: the count of [", start, ", ", stop, ") in steps of ", step))
+                  : 0;
+    Tensor host = empty({n}, dtype, Device::cpu());
+    write_cpu(host, [&](std::int64_t i) { return start + static_cast<double>(i) * step; }, "arange");
+    return host.to(device);
 }
 
 Tensor Tensor::from_vector(const std::vector<double>& values, const Shape& shape, DType dtype, Device device) {
-    validate_shape(shape);
-    if (static_cast<std::int64_t>(values.size()) != dyngrad::numel(shape))
+    const std::int64_t n = checked_numel(shape, "from_vector");
+    if (static_cast<std::int64_t>(values.size()) != n)
         throw ValueError(str("from_vector: ", values.size(), " values do not fill shape ", to_string(shape),
-                             " (", dyngrad::numel(shape), " elements)"));
+                             " (", n, " elements)"));
     Tensor host = empty(shape, dtype, Device::cpu());
-    void* p = host.raw_data();
-    for (std::size_t i = 0; i < values.size(); ++i) {
-        switch (dtype) {
-            case DType::f32: static_cast<float*>(p)[i] = static_cast<float>(values[i]); break;
-            case DType::f64: static_cast<double*>(p)[i] = values[i]; break;
-            case DType::i64: static_cast<std::int64_t*>(p)[i] = static_cast<std::int64_t>(values[i]); break;
-        }
-    }
+    write_cpu(host, [&](std::int64_t i) { return values[static_cast<std::size_t>(i)]; }, "from_vector");
     return host.to(device);
 }
 
@@ -128,8 +166,7 @@ Tensor Tensor::from_vector(const std::vector<float>& values, const Shape& shape,
 }
 
 Tensor Tensor::from_vector(const std::vector<std::int64_t>& values, const Shape& shape, Device device) {
-    validate_shape(shape);
-    if (static_cast<std::int64_t>(values.size()) != dyngrad::numel(shape))
+    if (static_cast<std::int64_t>(values.size()) != checked_numel(shape, "from_vector"))
         throw ValueError(str("from_vector: ", values.size(), " values do not fill shape ", to_string(shape)));
     Tensor host = empty(shape, DType::i64, Device::cpu());
     std::copy(values.begin(), values.end(), host.data<std::int64_t>());  // memcpy from an empty vector's null is UB
@@ -143,20 +180,27 @@ Tensor Tensor::of(std::initializer_list<double> values, DType dtype) {
 Tensor Tensor::uniform(const Shape& shape, double low, double high, Generator& gen, DType dtype, Device device) {
     if (!(low < high)) throw ValueError(str("uniform: need low < high, got ", low, " and ", high));
     std::uniform_real_distribution<double> dist(low, high);
-    std::vector<double> values(static_cast<std::size_t>(dyngrad::numel(shape)));
-    for (auto& v : values) v = dist(gen.engine());
-    return from_vector(values, shape, dtype, device);
+    Tensor host = empty(shape, dtype, Device::cpu());
+    write_cpu(host, [&](std::int64_t) { return dist(gen.engine()); }, "uniform");
+    return host.to(device);
 }
 
 Tensor Tensor::normal(const Shape& shape, double mean, double stddev, Generator& gen, DType dtype, Device device) {
     if (!(stddev > 0)) throw ValueError(str("normal: stddev must be positive, got ", stddev));
     std::normal_distribution<double> dist(mean, stddev);
-    std::vector<double> values(static_cast<std::size_t>(dyngrad::numel(shape)));
-    for (auto& v : values) v = dist(gen.engine());
-    return from_vector(values, shape, dtype, device);
+    Tensor host = empty(shape, dtype, Device::cpu());
+    write_cpu(host, [&](std::int64_t) { return dist(gen.engine()); }, "normal");
+    return host.to(device);
 }
 
-std::int64_t Tensor::size(std::int64_t axis) const { return shape_[normalize_axis(axis, shape_.size())]; }
+std::int64_t Tensor::size(std::int64_t axis) const {
+    require_defined("size()");
+    return shape_[normalize_axis(axis, shape_.size())];
+}
+
+void Tensor::require_defined(const char* what) const {
+    if (!storage_) throw ValueError(str(what, ": tensor is undefined (default-constructed)"));
+}
 
 Device Tensor::device() const { return storage_ ? storage_->device() : Device::cpu(); }
 
@@ -171,6 +215,7 @@ void Tensor::check_dtype(DType expected) const {
 }
 
 std::size_t Tensor::flat_index(const std::vector<std::int64_t>& index) const {
+    require_defined("element access");
     if (index.size() != shape_.size())
         throw IndexError(str("index of rank ", index.size(), " into tensor of shape ", to_string(shape_)));
     std::size_t flat = 0;
@@ -193,15 +238,17 @@ void Tensor::set(const std::vector<std::int64_t>& index, double value) {
     const std::size_t flat = flat_index(index);
     if (!device().is_cpu())
         throw DeviceError(str("set(): element access needs a CPU tensor, this one is on ", device().to_string()));
-    fill_cpu(static_cast<char*>(raw_data()) + flat * dtype_size(dtype_), 1, value, dtype_);
+    fill_cpu(static_cast<char*>(raw_data()) + flat * dtype_size(dtype_), 1, value, dtype_, "set()");
 }
 
 double Tensor::item() const {
+    require_defined("item()");
     if (numel_ != 1) throw ShapeError(str("item(): tensor of shape ", to_string(shape_), " is not one element"));
     return to(Device::cpu()).at(Shape(shape_.size(), 0));
 }
 
 std::vector<double> Tensor::to_vector() const {
+    require_defined("to_vector()");
     const Tensor host = to(Device::cpu());
     std::vector<double> out(static_cast<std::size_t>(numel_));
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = read_cpu(host.raw_data(), i, dtype_);
@@ -222,39 +269,45 @@ Tensor Tensor::to(DType target) const {
     const Device where = device();
     const Tensor host = to(Device::cpu());
     Tensor converted = empty(shape_, target, Device::cpu());
-    for (std::int64_t i = 0; i < numel_; ++i)
-        fill_cpu(static_cast<char*>(converted.raw_data()) + static_cast<std::size_t>(i) * dtype_size(target), 1,
-                 read_cpu(host.raw_data(), static_cast<std::size_t>(i), dtype_), target);
+    const std::string what = str("to(", dtype_name(target), ")");
+    write_cpu(converted, [&](std::int64_t i) { return read_cpu(host.raw_data(), static_cast<std::size_t>(i), dtype_); },
+              what);
     return converted.to(where);
 }
 
 Tensor Tensor::clone() const {
+    require_defined("clone()");
     Tensor out = empty(shape_, dtype_, device());
     out.copy_from(*this);
     return out;
 }
 
 Tensor Tensor::reshaped(const Shape& shape) const {
-    validate_shape(shape);
-    if (dyngrad::numel(shape) != numel_)
+    require_defined("reshaped()");
+    const std::int64_t n = checked_numel(shape, "reshaped()");
+    if (n != numel_)
         throw ShapeError(str("cannot reshape ", to_string(shape_), " (", numel_, " elements) to ", to_string(shape),
-                             " (", dyngrad::numel(shape), " elements)"));
+                             " (", n, " elements)"));
     Tensor out = *this;
     out.shape_ = shape;
     return out;
 }
 
 void Tensor::copy_from(const Tensor& src) {
+    require_defined("copy_from: destination");
+    src.require_defined("copy_from: source");
     if (src.shape_ != shape_ || src.dtype_ != dtype_)
         throw ShapeError(str("copy_from: destination ", describe(*this), " does not match source ", describe(src)));
     copy_bytes(raw_data(), device(), src.raw_data(), src.device(), nbytes());
 }
 
 void Tensor::fill(double value) {
+    require_defined("fill");
     if (device().is_cpu()) {
-        fill_cpu(raw_data(), numel_, value, dtype_);
+        fill_cpu(raw_data(), numel_, value, dtype_, "fill");
         return;
     }
+    if (dtype_ == DType::i64) checked_to_int64(value, "fill");  // the device kernel converts unchecked
     device_memory::fill(raw_data(), numel_, value, dtype_, device().index);
 }
 

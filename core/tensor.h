@@ -107,6 +107,8 @@ public:
 
 private:
     void check_dtype(DType expected) const;
+    // ValueError "<what>: tensor is undefined" (rather than describing it as a shape-() tensor).
+    void require_defined(const char* what) const;
     std::size_t flat_index(const std::vector<std::int64_t>& index) const;
 
     std::shared_ptr<Storage> storage_;

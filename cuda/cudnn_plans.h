@@ -51,6 +51,19 @@ inline int cudnn_dim(std::int64_t value, const char* what) {
     return static_cast<int>(value);
 }
 
+// cuDNN takes int strides and dilations, but valid extremes exceed that range: an axis with one output
+// position reads one window whatever the stride (stride INT64_MAX on a small input gives output size 1, as
+// the shape rule computes), and a kernel of extent 1 spans one element whatever the dilation. Both become
+// the smallest value with the same result, so such a key also shares the plan of its ordinary twin.
+inline void cudnn_window_args(std::int64_t size, std::int64_t kernel, std::int64_t padding, std::int64_t& stride,
+                              std::int64_t& dilation) {
+    if (kernel == 1) dilation = 1;
+    // (size + 2·padding) − window, exact in 128 bits (the shape rule already checked it is >= 0).
+    const __int128 span = static_cast<__int128>(size) + 2 * static_cast<__int128>(padding) -
+                          (static_cast<__int128>(dilation) * (kernel - 1) + 1);
+    if (span < stride) stride = static_cast<std::int64_t>(span) + 1;
+}
+
 // cuDNN's alpha/beta scaling factors: float for float data, double for double data.
 class Scaling {
 public:

@@ -162,6 +162,7 @@ struct BatchLoader::Staging {
 };
 
 std::vector<std::int64_t> epoch_permutation(std::int64_t n, std::uint64_t seed, std::int64_t epoch) {
+    if (n < 0) throw ValueError(str("epoch_permutation: sample count ", n, " is negative"));
     std::vector<std::int64_t> order(static_cast<std::size_t>(n));
     std::iota(order.begin(), order.end(), std::int64_t{0});
     const auto e = static_cast<std::uint64_t>(epoch);

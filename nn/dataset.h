@@ -107,7 +107,7 @@ private:
 
 // Row order of epoch `epoch` for `n` samples: a Fisher-Yates shuffle driven by a mt19937_64 seeded from
 // (seed, epoch) through std::seed_seq; both are fully specified by the standard, so the order is the same
-// with every compiler and standard library.
+// with every compiler and standard library. ValueError for a negative n.
 std::vector<std::int64_t> epoch_permutation(std::int64_t n, std::uint64_t seed, std::int64_t epoch);
 
 }  // namespace dyngrad

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <set>
 
+#include "dyngrad/core/checked.h"
 #include "dyngrad/core/safetensors.h"
 #include "dyngrad/ops/dropout_mask.h"
 #include "dyngrad/ops/layout.h"
@@ -18,16 +19,17 @@ namespace dyngrad {
 Fans compute_fans(const Shape& shape) {
     if (shape.size() < 2)
         throw ShapeError(str("fans need a weight of rank 2 or more, got shape ", to_string(shape)));
+    // The shape is a requested weight's, not yet a tensor's: its products are checked (core/checked.h).
     std::int64_t receptive = 1;
-    for (std::size_t i = 2; i < shape.size(); ++i) receptive *= shape[i];
-    return {shape[1] * receptive, shape[0] * receptive};
+    for (std::size_t i = 2; i < shape.size(); ++i) receptive = checked_mul(receptive, shape[i], "fans: receptive field");
+    return {checked_mul(shape[1], receptive, "fan_in"), checked_mul(shape[0], receptive, "fan_out")};
 }
 
 namespace {
 // fan_in, or fan_in + fan_out, of `shape`; ValueError when it is 0 (an empty weight has no scale).
 double fan_for(const char* what, const Shape& shape, bool both) {
     const Fans fans = compute_fans(shape);
-    const std::int64_t fan = both ? fans.in + fans.out : fans.in;
+    const std::int64_t fan = both ? checked_add(fans.in, fans.out, "fan_in + fan_out") : fans.in;
     if (fan <= 0) throw ValueError(str(what, ": shape ", to_string(shape), " has no fan-in"));
     return static_cast<double>(fan);
 }

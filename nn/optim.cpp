@@ -34,8 +34,12 @@ Eigen::Map<const Array1<T>> map_const(const Tensor& t) {
     return {t.data<T>(), t.numel()};
 }
 
+// The one check of every optimizer's and schedule's hyperparameters (lr, momentum, weight decay, eps,
+// gamma, eta_min; set_lr too, so a schedule cannot step to an lr of inf): NaN and ±inf are refused with
+// the negative values. Betas are checked against [0, 1), which refuses them as well.
 void check_non_negative(const char* optimizer, const char* what, double value) {
-    if (!(value >= 0)) throw ValueError(str(optimizer, ": ", what, " must be non-negative, got ", value));
+    if (!(value >= 0) || !std::isfinite(value))
+        throw ValueError(str(optimizer, ": ", what, " must be finite and non-negative, got ", value));
 }
 
 // The optimizer state of one parameter: zeros on first use; it follows the parameter when that moved or

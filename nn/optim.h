@@ -30,7 +30,7 @@ public:
     void zero_grad();
 
     double lr() const { return lr_; }
-    void set_lr(double lr);  // ValueError when negative
+    void set_lr(double lr);  // ValueError when negative, NaN or infinite
     const std::vector<Parameter>& parameters() const { return parameters_; }
 
 protected:

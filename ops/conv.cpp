@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "dyngrad/core/checked.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
 
@@ -91,22 +92,22 @@ OutputSpec conv2d(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) 
     if (xs[1] == 0 || ws[0] == 0 || ws[2] == 0 || ws[3] == 0)
         throw ShapeError(str("needs at least one channel and a non-empty window, got x ", to_string(xs), " and weight ",
                              to_string(ws)));
-    if (xs[1] != ws[1] * groups)
+    const std::int64_t expected_channels = checked_mul(ws[1], groups, "weight channels · groups");
+    if (xs[1] != expected_channels)
         throw ShapeError(
-            str("input has ", xs[1], " channels, weight expects ", ws[1] * groups, " (groups ", groups, ")"));
+            str("input has ", xs[1], " channels, weight expects ", expected_channels, " (groups ", groups, ")"));
     if (ws[0] % groups != 0)
         throw ShapeError(str(ws[0], " output channels do not split into ", groups, " groups"));
     if (inputs.size() == 3 && (inputs[2].rank() != 1 || inputs[2].shape()[0] != ws[0]))
         throw ShapeError(str("bias ", to_string(inputs[2].shape()), " for ", ws[0], " output channels"));
     Shape y{xs[0], ws[0], 0, 0};
-    for (int i = 0; i < 2; ++i) {
-        const std::int64_t padded = xs[2 + i] + 2 * attrs.padding[i];
-        const std::int64_t window = attrs.dilation[i] * (ws[2 + i] - 1) + 1;
-        if (window > padded)
-            throw ShapeError(str(i == 0 ? "height" : "width", ": window ", window, " (kernel ", ws[2 + i],
-                                 ", dilation ", attrs.dilation[i], ") is larger than the padded input ", padded));
-        y[2 + i] = (padded - window) / attrs.stride[i] + 1;
-    }
+    for (int i = 0; i < 2; ++i)
+        y[2 + i] = sliding_window_output(xs[2 + i], ws[2 + i], attrs.stride[i], attrs.padding[i], attrs.dilation[i],
+                                         i == 0 ? "height" : "width");
+    // An empty batch holds nothing, yet K·P·Q can exceed int64 with a huge padding; the kernels multiply it.
+    checked_numel(y, "output");
+    // The CPU kernels' im2col buffer (Cg·R·S, P·Q) combines the weight's dims with the output's.
+    checked_numel({ws[1], ws[2], ws[3], y[2], y[3]}, "im2col buffer");
     return {y, x.dtype()};
 }
 
@@ -127,9 +128,12 @@ template <typename T> using Vector = Eigen::Matrix<T, Eigen::Dynamic, 1>;
 struct Span {
     std::int64_t lo, hi;
 };
+// ceil(a / b) for a >= 0, b > 0, without the a + b - 1 that overflows for a stride near INT64_MAX.
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return a / b + (a % b != 0); }
 Span valid_outputs(std::int64_t offset, std::int64_t stride, std::int64_t size, std::int64_t out) {
-    const std::int64_t lo = offset >= 0 ? 0 : (-offset + stride - 1) / stride;
-    const std::int64_t hi = size - offset <= 0 ? 0 : (size - offset + stride - 1) / stride;
+    // offset >= -padding and size + padding fits int64 (the shape rule checked it), so size - offset fits.
+    const std::int64_t lo = offset >= 0 ? 0 : ceil_div(-offset, stride);
+    const std::int64_t hi = size - offset <= 0 ? 0 : ceil_div(size - offset, stride);
     return {std::min(lo, out), std::clamp(hi, std::min(lo, out), out)};
 }
 
@@ -175,6 +179,12 @@ void col2im_add(const T* col, const ConvDims& d, T* dx) {
             }
 }
 
+// One group of one image's col (Cg·R·S, P·Q), from the tensor allocator (a request that cannot be met is
+// OutOfMemory); none for an empty batch, whose P·Q may be huge.
+Tensor im2col_buffer(const ConvDims& d, DType dtype) {
+    return Tensor::empty({d.n == 0 ? 0 : d.cg * d.r * d.s * d.p * d.q}, dtype);
+}
+
 }  // namespace
 
 // x (N,C,H,W)  w (K,Cg,R,S)  b (K)  y (N,K,P,Q): y[n, group g] = act(w_g (Kg, Cg·R·S) · col(x[n, g]) + b_g)
@@ -186,13 +196,14 @@ Tensor conv2d_forward(const ForwardArgs& args) {
     const ConvDims d = conv_dims(x, w, args.attrs, y.shape());
     const std::int64_t pq = d.p * d.q;
     const std::int64_t rows = d.cg * d.r * d.s;
+    const Tensor col_buffer = im2col_buffer(d, x.dtype());
     dispatch_floating(x.dtype(), "conv2d", [&]<typename T>() {
-        std::vector<T> col(static_cast<std::size_t>(rows * pq));
+        T* col = col_buffer.data<T>();
         for (std::int64_t n = 0; n < d.n; ++n)
             for (std::int64_t g = 0; g < d.groups; ++g) {
-                im2col(x.data<T>() + (n * d.c + g * d.cg) * d.h * d.w, d, col.data());
+                im2col(x.data<T>() + (n * d.c + g * d.cg) * d.h * d.w, d, col);
                 const ConstMatrixMap<T> W(w.data<T>() + g * d.kg * rows, d.kg, rows);
-                const ConstMatrixMap<T> Col(col.data(), rows, pq);
+                const ConstMatrixMap<T> Col(col, rows, pq);
                 MatrixMap<T> Y(y.data<T>() + (n * d.k + g * d.kg) * pq, d.kg, pq);
                 Y.noalias() = W * Col;
                 if (has_bias) Y.colwise() += Eigen::Map<const Vector<T>>(args.inputs[2].data<T>() + g * d.kg, d.kg);
@@ -231,21 +242,22 @@ std::vector<Tensor> conv2d_backward(const BackwardArgs& args) {
     const ConvDims d = conv_dims(x, w, args.attrs, dz.shape());
     const std::int64_t pq = d.p * d.q;
     const std::int64_t rows = d.cg * d.r * d.s;
+    const Tensor col_buffer = im2col_buffer(d, x.dtype());
     dispatch_floating(x.dtype(), "conv2d backward", [&]<typename T>() {
         if (args.needs_grad[0]) grads[0] = Tensor::zeros(x.shape(), x.dtype(), x.device());
         if (args.needs_grad[1]) grads[1] = Tensor::zeros(w.shape(), w.dtype(), w.device());
-        std::vector<T> col(static_cast<std::size_t>(rows * pq));
+        T* col = col_buffer.data<T>();
         for (std::int64_t n = 0; n < d.n; ++n)
             for (std::int64_t g = 0; g < d.groups; ++g) {
                 const ConstMatrixMap<T> dZ(dz.data<T>() + (n * d.k + g * d.kg) * pq, d.kg, pq);
-                MatrixMap<T> Col(col.data(), rows, pq);
+                MatrixMap<T> Col(col, rows, pq);
                 if (grads[0].defined()) {
                     const ConstMatrixMap<T> W(w.data<T>() + g * d.kg * rows, d.kg, rows);
                     Col.noalias() = W.transpose() * dZ;
-                    col2im_add(col.data(), d, grads[0].data<T>() + (n * d.c + g * d.cg) * d.h * d.w);
+                    col2im_add(col, d, grads[0].data<T>() + (n * d.c + g * d.cg) * d.h * d.w);
                 }
                 if (grads[1].defined()) {
-                    im2col(x.data<T>() + (n * d.c + g * d.cg) * d.h * d.w, d, col.data());
+                    im2col(x.data<T>() + (n * d.c + g * d.cg) * d.h * d.w, d, col);
                     MatrixMap<T> dW(grads[1].data<T>() + g * d.kg * rows, d.kg, rows);
                     dW.noalias() += dZ * Col.transpose();
                 }

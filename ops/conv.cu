@@ -92,6 +92,8 @@ ConvKey conv_key(const Tensor& x, const Tensor& w, const OpAttrs& attrs) {
     key.stride = attrs.stride;
     key.padding = attrs.padding;
     key.dilation = attrs.dilation;
+    for (int i = 0; i < 2; ++i)
+        cudnn_window_args(key.x[2 + i], key.w[2 + i], key.padding[i], key.stride[i], key.dilation[i]);
     key.groups = attrs.groups;
     key.dtype = x.dtype();
     key.device = x.device().index;

@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <string>
 #include <utility>
 
 #include <Eigen/Core>
 
+#include "dyngrad/core/checked.h"
 #include "dyngrad/ops/kernels.h"
 
 namespace dyngrad {
@@ -73,17 +76,18 @@ OutputSpec reshape(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs)
     const Tensor& x = inputs[0];
     Shape shape = attrs.shape;
     std::size_t inferred = shape.size();
-    std::int64_t known = 1;
     for (std::size_t i = 0; i < shape.size(); ++i) {
         if (shape[i] == -1) {
             if (inferred != shape.size()) throw ValueError(str("target ", to_string(attrs.shape), " has more than one -1"));
             inferred = i;
         } else if (shape[i] < 0) {
             throw ValueError(str("target ", to_string(attrs.shape), " has a negative dimension"));
-        } else {
-            known *= shape[i];
         }
     }
+    // The product of the known dims, checked: a target such as (6,7,7905747460161236407) wraps to 6.
+    Shape known_dims = shape;
+    if (inferred != shape.size()) known_dims[inferred] = 1;
+    const std::int64_t known = checked_numel(known_dims, "target");
     if (inferred != shape.size()) {
         if (known == 0 || x.numel() % known != 0)
             throw ShapeError(str("cannot reshape ", to_string(x.shape()), " (", x.numel(), " elements) to ",
@@ -101,9 +105,12 @@ OutputSpec narrow(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) 
     const int axis = normalize_axis(attrs.axis, x.rank());
     if (attrs.length < 0) throw ValueError(str("length ", attrs.length, " is negative"));
     const std::int64_t size = x.shape()[axis];
-    if (attrs.start < 0 || attrs.start + attrs.length > size)
-        throw IndexError(str("indices [", attrs.start, ", ", attrs.start + attrs.length, ") are outside axis ", axis,
-                             " of size ", size));
+    // start > size - length rather than start + length > size, which wraps for a start near INT64_MAX.
+    if (attrs.start < 0 || attrs.start > size - attrs.length) {
+        const bool end_fits = attrs.start <= std::numeric_limits<std::int64_t>::max() - attrs.length;
+        const std::string end = end_fits ? str(attrs.start + attrs.length) : str(attrs.start, " + ", attrs.length);
+        throw IndexError(str("indices [", attrs.start, ", ", end, ") are outside axis ", axis, " of size ", size));
+    }
     Shape shape = x.shape();
     shape[axis] = attrs.length;
     return {shape, x.dtype()};
@@ -125,8 +132,9 @@ OutputSpec concat(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) 
         if (!fits)
             throw ShapeError(str("input ", i, " of shape ", to_string(x.shape()), " does not fit input 0 of shape ",
                                  to_string(first.shape()), " outside axis ", axis));
-        shape[axis] += x.shape()[axis];
+        shape[axis] = checked_add(shape[axis], x.shape()[axis], "size of the joined axis");
     }
+    checked_numel(shape, "output");
     return {shape, first.dtype()};
 }
 

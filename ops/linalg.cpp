@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include <Eigen/Core>
 
+#include "dyngrad/core/checked.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
@@ -62,10 +64,12 @@ OutputSpec matmul(OpType, std::span<const Tensor> inputs, const OpAttrs&) {
     const std::size_t r = a.rank();
     if (a.shape()[r - 1] != b.shape()[r - 2])
         throw ShapeError(str("inner dims ", a.shape()[r - 1], " vs ", b.shape()[r - 2]));
-    if (r == 2) return {{a.shape()[0], b.shape()[1]}, a.dtype()};
-    if (a.shape()[0] != b.shape()[0])
+    if (r == 3 && a.shape()[0] != b.shape()[0])
         throw ShapeError(str("batch dims ", a.shape()[0], " vs ", b.shape()[0]));
-    return {{a.shape()[0], a.shape()[1], b.shape()[2]}, a.dtype()};
+    Shape out = r == 2 ? Shape{a.shape()[0], b.shape()[1]} : Shape{a.shape()[0], a.shape()[1], b.shape()[2]};
+    // With an empty inner dim the operands hold nothing, yet (M,N) can have more elements than int64 counts.
+    checked_numel(out, "output");
+    return {std::move(out), a.dtype()};
 }
 
 OutputSpec linear(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {

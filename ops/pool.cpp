@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "dyngrad/core/checked.h"
 #include "dyngrad/ops/kernels.h"
 
 namespace dyngrad {
@@ -55,14 +56,10 @@ OutputSpec pool2d(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) 
                                  pair(attrs.kernel)));
     Shape y = x.shape();
     for (int i = 0; i < 2; ++i) {
-        const std::int64_t padded = x.shape()[2 + i] + 2 * attrs.padding[i];
-        if (attrs.kernel[i] > padded)
-            throw ShapeError(str(i == 0 ? "height" : "width", ": window ", attrs.kernel[i],
-                                 " is larger than the padded input ", padded));
+        const char* axis = i == 0 ? "height" : "width";
+        y[2 + i] = sliding_window_output(x.shape()[2 + i], attrs.kernel[i], attrs.stride[i], attrs.padding[i], 1, axis);
         // An empty plane with padding would give windows of padding alone, with no element to pool.
-        if (x.shape()[2 + i] == 0)
-            throw ShapeError(str(i == 0 ? "height" : "width", " is 0: no window would hold an input element"));
-        y[2 + i] = (padded - attrs.kernel[i]) / attrs.stride[i] + 1;
+        if (x.shape()[2 + i] == 0) throw ShapeError(str(axis, " is 0: no window would hold an input element"));
     }
     return {y, x.dtype()};
 }
@@ -134,10 +131,17 @@ void max_pool_backward(const T* x, const T* dy, const PoolDims& d, T* dx) {
     }
 }
 
+// 1 / (kh·kw), the product taken in floating point: a window larger than the input (all padding but one
+// element) can have kh·kw beyond int64.
+template <typename T>
+T window_scale(const PoolDims& d) {
+    return T(1) / (static_cast<T>(d.kh) * static_cast<T>(d.kw));
+}
+
 // Padding counts as zeros: every window divides by kh·kw.
 template <typename T>
 void avg_pool_forward(const T* x, const PoolDims& d, T* y) {
-    const T scale = T(1) / static_cast<T>(d.kh * d.kw);
+    const T scale = window_scale<T>(d);
     for (std::int64_t i = 0; i < d.planes; ++i) {
         const Eigen::Map<const MatrixRM<T>> plane(x + i * d.h * d.w, d.h, d.w);
         T* out = y + i * d.p * d.q;
@@ -152,7 +156,7 @@ void avg_pool_forward(const T* x, const PoolDims& d, T* y) {
 // dx written with '+=' (windows may overlap); the caller zeroes it.
 template <typename T>
 void avg_pool_backward(const T* dy, const PoolDims& d, T* dx) {
-    const T scale = T(1) / static_cast<T>(d.kh * d.kw);
+    const T scale = window_scale<T>(d);
     for (std::int64_t i = 0; i < d.planes; ++i) {
         Eigen::Map<MatrixRM<T>> dplane(dx + i * d.h * d.w, d.h, d.w);
         const T* grad = dy + i * d.p * d.q;

@@ -64,6 +64,10 @@ std::shared_ptr<PoolPlan> plan_for(OpType op, const Tensor& x, const OpAttrs& at
     key.kernel = attrs.kernel;
     key.stride = attrs.stride;
     key.padding = attrs.padding;
+    for (int i = 0; i < 2; ++i) {
+        std::int64_t no_dilation = 1;
+        cudnn_window_args(key.x[2 + i], key.kernel[i], key.padding[i], key.stride[i], no_dilation);
+    }
     key.op = op;
     key.dtype = x.dtype();
     key.device = x.device().index;

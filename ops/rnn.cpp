@@ -3,11 +3,13 @@
 // The layers: nn/recurrent.cpp.
 #include "dyngrad/ops/rnn.h"
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
 #include <Eigen/Core>
 
+#include "dyngrad/core/checked.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/layout.h"
 #include "dyngrad/ops/linalg.h"
@@ -36,13 +38,6 @@ std::vector<const char*> gate_names(RnnMode mode) {
     throw ValueError(str("unknown rnn mode ", static_cast<int>(mode)));
 }
 
-void check_options(RnnMode mode, const RnnOptions& options, std::int64_t input_size) {
-    gate_count(mode);
-    if (options.hidden_size <= 0) throw ValueError(str("hidden size must be positive, got ", options.hidden_size));
-    if (options.num_layers <= 0) throw ValueError(str("number of layers must be positive, got ", options.num_layers));
-    if (input_size <= 0) throw ValueError(str("input size must be positive, got ", input_size));
-}
-
 RnnOptions options_of(const OpAttrs& attrs) {
     return {attrs.hidden_size, attrs.num_layers, attrs.bidirectional};
 }
@@ -56,24 +51,51 @@ struct RnnDims {
         : mode(mode), gates(gate_count(mode)), dirs(options.bidirectional ? 2 : 1), layers(options.num_layers),
           hidden(options.hidden_size), steps(steps), batch(batch), input(input) {}
 
-    std::int64_t layer_input(std::int64_t layer) const { return layer == 0 ? input : dirs * hidden; }
+    // Checked arithmetic throughout (core/checked.h): hidden sizes and layer counts are user attributes.
+    static std::int64_t product(std::initializer_list<std::int64_t> factors) {
+        std::int64_t out = 1;
+        for (const std::int64_t f : factors) out = checked_mul(out, f, "rnn sizes");
+        return out;
+    }
+    std::int64_t layer_input(std::int64_t layer) const { return layer == 0 ? input : product({dirs, hidden}); }
     // Where pseudo-layer p = l·D + d's W_ih (then its W_hh) and its b_ih (then b_hh) start: all matrices
     // come first, then all biases.
+    // Closed form (a loop would run num_layers times just to find that it overflows): the D pseudo-layers of
+    // layer 0 hold G·H·(I + H) each, every later one G·H·(D·H + H).
     std::int64_t matrix_offset(std::int64_t p) const {
-        std::int64_t offset = 0;
-        for (std::int64_t q = 0; q < p; ++q) offset += gates * hidden * (layer_input(q / dirs) + hidden);
-        return offset;
+        const std::int64_t first = std::min(p, dirs);
+        const std::int64_t later = p - first;
+        return checked_add(product({first, gates, hidden, checked_add(input, hidden, "rnn sizes")}),
+                           product({later, gates, hidden, checked_add(layer_input(1), hidden, "rnn sizes")}),
+                           "rnn sizes");
     }
-    std::int64_t bias_offset(std::int64_t p) const { return matrix_offset(layers * dirs) + 2 * gates * hidden * p; }
-    std::int64_t weight_size() const { return bias_offset(layers * dirs); }
-    std::int64_t output_size() const { return steps * batch * dirs * hidden; }
-    std::int64_t state_size() const { return layers * dirs * batch * hidden; }
-    std::int64_t packed_size() const { return output_size() + state_size() * (mode == RnnMode::Lstm ? 2 : 1); }
+    std::int64_t bias_offset(std::int64_t p) const {
+        return checked_add(matrix_offset(product({layers, dirs})), product({2, gates, hidden, p}), "rnn sizes");
+    }
+    std::int64_t weight_size() const { return bias_offset(product({layers, dirs})); }
+    std::int64_t output_size() const { return product({steps, batch, dirs, hidden}); }
+    std::int64_t state_size() const { return product({layers, dirs, batch, hidden}); }
+    std::int64_t packed_size() const {
+        return checked_add(output_size(), product({state_size(), mode == RnnMode::Lstm ? 2 : 1}), "rnn sizes");
+    }
 };
 
 std::string describe_config(RnnMode mode, const RnnOptions& options, std::int64_t input_size) {
     return str(rnn_mode_name(mode), " with input ", input_size, ", hidden ", options.hidden_size, ", ",
                options.num_layers, " layer(s), ", options.bidirectional ? "bidirectional" : "unidirectional");
+}
+
+void check_options(RnnMode mode, const RnnOptions& options, std::int64_t input_size) {
+    gate_count(mode);
+    if (options.hidden_size <= 0) throw ValueError(str("hidden size must be positive, got ", options.hidden_size));
+    if (options.num_layers <= 0) throw ValueError(str("number of layers must be positive, got ", options.num_layers));
+    if (input_size <= 0) throw ValueError(str("input size must be positive, got ", input_size));
+    // A hidden size or layer count whose flat weight int64 cannot count (4·2^32·(1 + 2^32) wraps to 2^34).
+    try {
+        RnnDims(mode, options, 0, 0, input_size).weight_size();
+    } catch (const ShapeError& e) {
+        throw ShapeError(str(describe_config(mode, options, input_size), ": the flat weight's size: ", e.what()));
+    }
 }
 
 }  // namespace

@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "command_line.h"
+#include "../cli/command_line.h"
 #include "custom_op_kernels.h"
 
 using namespace dyngrad;

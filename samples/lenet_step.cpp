@@ -13,7 +13,7 @@
 #include <limits>
 #include <string>
 
-#include "command_line.h"
+#include "../cli/command_line.h"
 
 using namespace dyngrad;
 

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <string>
 
-#include "command_line.h"
+#include "../cli/command_line.h"
 
 using namespace dyngrad;
 

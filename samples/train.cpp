@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "command_line.h"
+#include "../cli/command_line.h"
 #include "models.h"
 
 using namespace dyngrad;
@@ -82,7 +82,7 @@ struct Options {
 
 using cli::UsageError;
 
-// Every argument is checked here, before the data is read or a step is taken (samples/command_line.h).
+// Every argument is checked here, before the data is read or a step is taken (cli/command_line.h).
 Options parse_options(int argc, char** argv) {
     const cli::Arguments args(
         argc, argv,

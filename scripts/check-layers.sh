@@ -7,8 +7,9 @@
 set -uo pipefail
 
 # The order, bottom to top. `dyngrad.h` (the umbrella header at the top of the tree) sits above every
-# library folder; the tools sit above it and may include anything of the library, but not each other.
-LAYERS=(core cuda graph ops nn dyngrad.h)
+# library folder; cli/ (the command-line parser every program shares) sits above that; the tools sit on
+# top and may include anything below them, but not each other.
+LAYERS=(core cuda graph ops nn dyngrad.h cli)
 TOOLS=(tests bench samples)
 
 root=${1:-$(cd "$(dirname "$0")/.." && pwd)}

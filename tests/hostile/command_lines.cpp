@@ -1,10 +1,10 @@
-// Hostile command lines, in process: the parser every sample and bench program uses (samples/command_line.h).
+// Hostile command lines, in process: the parser every sample and bench program uses (cli/command_line.h).
 // The programs themselves are run with bad arguments by CTest (dyngrad_bad_arguments_test in
 // tests/CMakeLists.txt, cases in bench/ and samples/CMakeLists.txt).
 #include <string>
 #include <vector>
 
-#include "../../samples/command_line.h"
+#include "../../cli/command_line.h"
 #include "dyngrad/dyngrad.h"
 #include "hostile.h"
 
