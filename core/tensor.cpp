@@ -239,6 +239,7 @@ void Tensor::set(const std::vector<std::int64_t>& index, double value) {
     if (!device().is_cpu())
         throw DeviceError(str("set(): element access needs a CPU tensor, this one is on ", device().to_string()));
     fill_cpu(static_cast<char*>(raw_data()) + flat * dtype_size(dtype_), 1, value, dtype_, "set()");
+    bump_version();
 }
 
 double Tensor::item() const {
@@ -299,16 +300,18 @@ void Tensor::copy_from(const Tensor& src) {
     if (src.shape_ != shape_ || src.dtype_ != dtype_)
         throw ShapeError(str("copy_from: destination ", describe(*this), " does not match source ", describe(src)));
     copy_bytes(raw_data(), device(), src.raw_data(), src.device(), nbytes());
+    bump_version();
 }
 
 void Tensor::fill(double value) {
     require_defined("fill");
     if (device().is_cpu()) {
         fill_cpu(raw_data(), numel_, value, dtype_, "fill");
-        return;
+    } else {
+        if (dtype_ == DType::i64) checked_to_int64(value, "fill");  // the device kernel converts unchecked
+        device_memory::fill(raw_data(), numel_, value, dtype_, device().index);
     }
-    if (dtype_ == DType::i64) checked_to_int64(value, "fill");  // the device kernel converts unchecked
-    device_memory::fill(raw_data(), numel_, value, dtype_, device().index);
+    bump_version();
 }
 
 std::string describe(const Tensor& t) {

@@ -1,6 +1,7 @@
 // Tensor: a cheap-to-copy handle to contiguous row-major storage on one device.
 // Copies of a Tensor share storage; clone() makes an independent copy.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 #include <iosfwd>
@@ -26,10 +27,17 @@ public:
     std::size_t bytes() const { return bytes_; }
     Device device() const { return device_; }
 
+    // How many in-place writes this storage has had (Tensor::bump_version). The graph remembers it for the
+    // values a backward will read and refuses to run on a value changed since (docs/architecture.md,
+    // "In-place writes and the version counter"). Relaxed: it orders nothing, it only has to count.
+    std::uint32_t version() const { return version_.load(std::memory_order_relaxed); }
+    void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+
 private:
     void* data_ = nullptr;
     std::size_t bytes_ = 0;
     Device device_;
+    std::atomic<std::uint32_t> version_{0};
 };
 
 // Explicit, seeded source of randomness for the random factories.
@@ -79,6 +87,8 @@ public:
     std::size_t nbytes() const { return static_cast<std::size_t>(numel_) * dtype_size(dtype_); }
 
     // Typed pointer to the first element (on the tensor's device); DTypeError if T does not match.
+    // Raw access does not count as an in-place write (kernels write fresh outputs through it); code that
+    // writes into an existing tensor's storage through it calls bump_version() (as the optimizers do).
     template <typename T> T* data() const {
         check_dtype(dtype_of<T>());
         return static_cast<T*>(raw_data());
@@ -101,9 +111,17 @@ public:
     // True when no other handle holds this storage, so it may be updated in place safely.
     bool owns_storage_exclusively() const { return storage_.use_count() == 1; }
 
+    // In-place writes. Each bumps the storage's version, so a recorded graph whose backward still needs the
+    // old contents throws GraphError instead of using the new ones.
     // Copies `src` (same shape; any device; same dtype) into this tensor's storage.
     void copy_from(const Tensor& src);
     void fill(double value);
+    // The storage's in-place write count (0 for an undefined tensor), and its bump for writers that go
+    // through data<T>() / raw_data(); shared by every handle of the storage.
+    std::uint32_t version() const { return storage_ ? storage_->version() : 0; }
+    void bump_version() const {
+        if (storage_) storage_->bump_version();
+    }
 
 private:
     void check_dtype(DType expected) const;

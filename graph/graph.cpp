@@ -3,6 +3,7 @@
 #include <array>
 #include <atomic>
 #include <filesystem>
+#include <mutex>
 
 #include "dyngrad/graph/anomaly.h"
 #include "dyngrad/graph/backend.h"
@@ -10,14 +11,56 @@
 
 namespace dyngrad {
 
+namespace detail {
+// What a Var holds instead of the graph: anchors are never freed (a graph's destructor returns its anchor
+// to a free list for the next graph), so a handle from a destroyed graph can always read one and find its
+// generation changed, without touching the graph's freed memory. Generations are unique over the process.
+struct GraphAnchor {
+    std::atomic<std::uint64_t> generation{0};  // of the live graph; 0 while on the free list
+    ComputeGraph* graph = nullptr;             // valid while `generation` matches a handle's
+    GraphAnchor* next_free = nullptr;
+};
+}  // namespace detail
+
 namespace {
 thread_local bool tls_grad_enabled = true;
 
 // Each graph and each clear() gets a fresh generation, so stale handles are recognised even when
-// a new graph reuses the address of a destroyed one.
+// a new graph reuses the anchor of a destroyed one.
 std::uint64_t next_generation() {
     static std::atomic<std::uint64_t> counter{1};
     return counter.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Anchors of destroyed graphs, reused by new ones. Leaked on purpose (a graph may be destroyed during
+// static destruction); every anchor stays reachable from here or from a live graph.
+struct AnchorPool {
+    std::mutex mutex;
+    detail::GraphAnchor* free = nullptr;
+};
+AnchorPool& anchor_pool() {
+    static AnchorPool* pool = new AnchorPool;
+    return *pool;
+}
+detail::GraphAnchor* acquire_anchor() {
+    AnchorPool& pool = anchor_pool();
+    {
+        const std::lock_guard lock(pool.mutex);
+        if (detail::GraphAnchor* anchor = pool.free) {
+            pool.free = anchor->next_free;
+            anchor->next_free = nullptr;
+            return anchor;
+        }
+    }
+    return new detail::GraphAnchor;
+}
+void release_anchor(detail::GraphAnchor* anchor) noexcept {
+    anchor->generation.store(0, std::memory_order_release);
+    anchor->graph = nullptr;
+    AnchorPool& pool = anchor_pool();
+    const std::lock_guard lock(pool.mutex);
+    anchor->next_free = pool.free;
+    pool.free = anchor;
 }
 
 std::string describe_inputs(std::span<const Tensor> inputs) {
@@ -114,6 +157,34 @@ void check_forward_value(std::span<const Tensor> inputs, const Tensor& out, cons
 }
 }  // namespace
 
+// ---- one thread at a time ----
+class ComputeGraph::Use {
+public:
+    Use(const ComputeGraph& graph, const char* activity) : graph_(graph) {
+        const std::thread::id me = std::this_thread::get_id();
+        std::thread::id holder{};
+        if (graph.user_.compare_exchange_strong(holder, me, std::memory_order_acquire, std::memory_order_relaxed)) {
+            owner_ = true;
+            graph.user_activity_.store(activity, std::memory_order_relaxed);
+            return;
+        }
+        if (holder == me) return;  // a nested call of the same thread
+        const char* other = graph.user_activity_.load(std::memory_order_relaxed);
+        throw GraphError(str(activity, ": the graph is in use by another thread (", other ? other : "a call",
+                             "); a ComputeGraph is used by one thread at a time: give each thread its own graph, ",
+                             "or let one finish before another starts (docs/architecture.md, Threads)"));
+    }
+    ~Use() {
+        if (owner_) graph_.user_.store(std::thread::id{}, std::memory_order_release);
+    }
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+
+private:
+    const ComputeGraph& graph_;
+    bool owner_ = false;
+};
+
 bool grad_enabled() { return tls_grad_enabled; }
 NoGradGuard::NoGradGuard() : previous_(tls_grad_enabled) { tls_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { tls_grad_enabled = previous_; }
@@ -123,8 +194,9 @@ std::string describe_site(const std::source_location& where) {
 }
 
 // ---- Parameter ----
-Parameter::Parameter(Tensor value, std::string name)
-    : state_(std::make_shared<State>(State{std::move(value), Tensor(), std::move(name), nullptr, {}})) {
+Parameter::Parameter(Tensor value, std::string name) : state_(std::make_shared<State>()) {
+    state_->value = std::move(value);
+    state_->name = std::move(name);
     if (!state_->value.defined()) throw ValueError(str("Parameter '", state_->name, "': value is undefined"));
     if (!is_floating(state_->value.dtype()))
         throw DTypeError(str("Parameter '", state_->name, "': needs float32 or float64, got ",
@@ -156,45 +228,67 @@ void Parameter::set_name(std::string name) {
 }
 
 // ---- Var ----
-void Var::check_alive() const {
-    if (!graph_) throw GraphError("Var is undefined (default-constructed)");
-    if (graph_->generation_ != generation_ || id_ >= graph_->nodes_.size())
+// Reads only the anchor until the generation matches: a destroyed graph's memory is never touched. The
+// generation matching also means id_ exists (ids only grow until the next clear()).
+ComputeGraph& Var::live_graph() const {
+    if (!anchor_) throw GraphError("Var is undefined (default-constructed)");
+    if (anchor_->generation.load(std::memory_order_acquire) != generation_)
         throw GraphError(str("Var #", id_, " belongs to a graph that was cleared or destroyed"));
+    return *anchor_->graph;
 }
-ComputeGraph& Var::graph() const {
-    check_alive();
-    return *graph_;
-}
+ComputeGraph& Var::graph() const { return live_graph(); }
 const ComputeNode& Var::node() const {
-    check_alive();
-    return *graph_->nodes_[id_];
+    const ComputeGraph& g = live_graph();
+    const ComputeGraph::Use use(g, "reading a Var");
+    return *g.nodes_[id_];
 }
 const Tensor& Var::value() const {
-    const ComputeNode& n = node();
+    const ComputeGraph& g = live_graph();
+    const ComputeGraph::Use use(g, "reading a Var's value");
+    const ComputeNode& n = *g.nodes_[id_];
     if (!n.value.defined())
-        throw GraphError(str(graph_->describe_node(id_), ": its value was released by a backward with ",
+        throw GraphError(str(g.describe_node(id_), ": its value was released by a backward with ",
                              "BackwardOptions{.free_values = true}; read it before that backward"));
     return n.value;
 }
 const Tensor& Var::grad() const {
-    const ComputeNode& n = node();
+    const ComputeGraph& g = live_graph();
+    const ComputeGraph::Use use(g, "reading a Var's gradient");
+    const ComputeNode& n = *g.nodes_[id_];
     if (!n.grad.defined())
-        throw GraphError(str(graph_->describe_node(id_), " has no gradient: it needs none, backward has not ",
+        throw GraphError(str(g.describe_node(id_), " has no gradient: it needs none, backward has not ",
                              "reached it, or it is an intermediate and retain_grads was off"));
     return n.grad;
 }
 bool Var::requires_grad() const { return node().requires_grad; }
 Var& Var::name(const std::string& debug_name) {
-    check_alive();
-    graph_->nodes_[id_]->name = debug_name;
+    ComputeGraph& g = live_graph();
+    const ComputeGraph::Use use(g, "naming a Var");
+    g.nodes_[id_]->name = debug_name;
     return *this;
 }
 
 // ---- ComputeGraph ----
-ComputeGraph::ComputeGraph() : generation_(next_generation()) {}
-ComputeGraph::~ComputeGraph() { release_parameters(); }
+ComputeGraph::ComputeGraph() : anchor_(acquire_anchor()), generation_(next_generation()) {
+    anchor_->graph = this;
+    anchor_->generation.store(generation_, std::memory_order_release);
+}
+ComputeGraph::~ComputeGraph() {
+    release_anchor(anchor_);  // first: from here on every handle into this graph throws
+    release_parameters();
+}
+
+const char* ComputeGraph::foreign_reason(const Var& var) const {
+    if (var.anchor_ == anchor_ && var.generation_ == generation_) return nullptr;
+    if (!var.anchor_) return "belongs to no graph (undefined Var)";
+    if (var.anchor_ == anchor_) return "is from before this graph was cleared";
+    if (var.anchor_->generation.load(std::memory_order_acquire) != var.generation_)
+        return "belongs to a graph that was cleared or destroyed";
+    return "belongs to another graph";
+}
 
 std::string ComputeGraph::describe_node(NodeId id) const {
+    const Use use(*this, "describe_node()");
     const ComputeNode& n = node(id);
     std::string out = str(op_def(n.op, n.attrs).name, " #", id);
     if (!n.name.empty()) out += str(" '", n.name, "'");
@@ -202,13 +296,14 @@ std::string ComputeGraph::describe_node(NodeId id) const {
 }
 
 const ComputeNode& ComputeGraph::node(NodeId id) const {
+    const Use use(*this, "node()");
     if (id >= nodes_.size()) throw GraphError(str("node #", id, " does not exist (graph has ", nodes_.size(), ")"));
     return *nodes_[id];
 }
 
 Var ComputeGraph::handle(NodeId id) {
     node(id);
-    return Var(this, id, generation_);
+    return Var(anchor_, id, generation_);
 }
 
 Var ComputeGraph::add_leaf(const Tensor& value, bool requires_grad, Parameter parameter, const std::string& name,
@@ -226,24 +321,28 @@ Var ComputeGraph::add_leaf(const Tensor& value, bool requires_grad, Parameter pa
     n->name = name;
     n->where = where;
     nodes_.push_back(std::move(n));
-    return Var(this, static_cast<NodeId>(nodes_.size() - 1), generation_);
+    return Var(anchor_, static_cast<NodeId>(nodes_.size() - 1), generation_);
 }
 
 Var ComputeGraph::input(const Tensor& value, const std::string& name, bool requires_grad, std::source_location where) {
+    const Use use(*this, "input()");
     return add_leaf(value, requires_grad, Parameter(), name, where);
 }
 Var ComputeGraph::parameter(const Parameter& p, std::source_location where) {
+    const Use use(*this, "parameter()");
     if (!p.defined()) throw ValueError(str("parameter at ", describe_site(where), ": the Parameter is undefined"));
     const Tensor& value = p.value();
-    const bool binds = grad_enabled();
+    if (!grad_enabled()) return add_leaf(value, false, p, p.name(), where);
     Parameter::State& state = *p.state_;
-    if (binds && state.graph != nullptr && state.graph != this)
+    // Check and bind under the parameter's lock: two graphs on two threads cannot both take it.
+    const std::lock_guard lock(state.binding);
+    if (state.graph != nullptr && state.graph != this)
         throw GraphError(str("parameter '", p.name(), "' ", describe(value), " at ", describe_site(where),
                              ": still part of another graph's pending forward pass (recorded there at ",
                              describe_site(state.bound_at),
                              "); release it there first: backward(), clear() or destroy that graph"));
-    Var var = add_leaf(value, binds, p, p.name(), where);
-    if (binds && state.graph == nullptr) {
+    Var var = add_leaf(value, true, p, p.name(), where);
+    if (state.graph == nullptr) {
         bound_.push_back(p);  // first, so that a bound parameter is always in the list that releases it
         state.graph = this;
         state.bound_at = where;
@@ -251,6 +350,7 @@ Var ComputeGraph::parameter(const Parameter& p, std::source_location where) {
     return var;
 }
 Var ComputeGraph::constant(const Tensor& value, std::source_location where) {
+    const Use use(*this, "constant()");
     return add_leaf(value, false, Parameter(), "", where);
 }
 
@@ -268,6 +368,7 @@ Var ComputeGraph::record(OpType op, const std::vector<Var>& inputs, const OpAttr
 Var ComputeGraph::record_inputs(OpType op, std::span<const Var> inputs, const OpAttrs& attrs,
                                 std::source_location where) {
     const OpDef& def = op_def(op, attrs);
+    const Use use(*this, def.name);
     // "relu (new node #12 at model.cpp:42)": the prefix of every error of this call.
     const auto at = [&] { return str(def.name, " (new node #", nodes_.size(), " at ", describe_site(where), ")"); };
     if (!takes_input_count(def, static_cast<int>(inputs.size())))
@@ -277,11 +378,8 @@ Var ComputeGraph::record_inputs(OpType op, std::span<const Var> inputs, const Op
     bool any_requires_grad = false;
     for (std::size_t i = 0; i < inputs.size(); ++i) {
         const Var& in = inputs[i];
-        if (in.graph_ != this)
-            throw GraphError(str(at(), ": input ", i, " belongs to ",
-                                 in.graph_ ? "another graph" : "no graph (undefined Var)"));
-        if (in.generation_ != generation_ || in.id_ >= nodes_.size())
-            throw GraphError(str(at(), ": input ", i, " (Var #", in.id_, ") is from before this graph was cleared"));
+        if (const char* reason = foreign_reason(in))
+            throw GraphError(str(at(), ": input ", i, " (Var #", in.id_, ") ", reason));
         const ComputeNode& n = *nodes_[in.id_];
         if (!n.value.defined())
             throw GraphError(str(at(), ": input ", i, " (", describe_node(in.id_), ") had its value released by a ",
@@ -322,26 +420,31 @@ Var ComputeGraph::record_inputs(OpType op, std::span<const Var> inputs, const Op
     if (nodes_.size() >= std::numeric_limits<NodeId>::max()) throw GraphError("graph is full");
     auto n = std::make_unique<ComputeNode>();
     n->op = op;
+    // The versions of everything the backward may read, taken after the forward (a forward that updates an
+    // input in place, as batch_norm's running statistics, counts as part of the recording).
     n->inputs.reserve(inputs.size());
-    for (const Var& in : inputs) n->inputs.push_back(in.id_);
+    for (std::size_t i = 0; i < inputs.size(); ++i) n->inputs.push_back({inputs[i].id_, input_values[i].version()});
     n->attrs = attrs;
+    n->value_version = out.version();
     n->value = std::move(out);
+    if (!saved.empty()) {  // only the few ops that save extras, which allocate them anyway
+        n->saved_versions.reserve(saved.size());
+        for (const Tensor& t : saved) n->saved_versions.push_back(t.version());
+    }
     n->saved = std::move(saved);
     n->requires_grad = any_requires_grad;
     n->where = where;
     nodes_.push_back(std::move(n));
-    return Var(this, static_cast<NodeId>(nodes_.size() - 1), generation_);
+    return Var(anchor_, static_cast<NodeId>(nodes_.size() - 1), generation_);
 }
 
 void ComputeGraph::check_own(const Var& var, const char* role) const {
-    if (var.graph_ != this)
-        throw GraphError(
-            str("backward: the ", role, " belongs to ", var.graph_ ? "another graph" : "no graph (undefined Var)"));
-    if (var.generation_ != generation_ || var.id_ >= nodes_.size())
-        throw GraphError(str("backward: the ", role, " (Var #", var.id_, ") is from before this graph was cleared"));
+    if (const char* reason = foreign_reason(var))
+        throw GraphError(str("backward: the ", role, " (Var #", var.id_, ") ", reason));
 }
 
 void ComputeGraph::backward(const Var& loss, const BackwardOptions& options) {
+    const Use use(*this, "backward()");
     check_own(loss, "loss");
     const Tensor& value = loss.value();
     if (value.numel() != 1)
@@ -351,6 +454,7 @@ void ComputeGraph::backward(const Var& loss, const BackwardOptions& options) {
 }
 
 void ComputeGraph::backward(const Var& output, const Tensor& grad_output, const BackwardOptions& options) {
+    const Use use(*this, "backward()");
     check_own(output, "output");
     const Tensor& value = output.value();
     if (!grad_output.defined() || grad_output.shape() != value.shape() || grad_output.dtype() != value.dtype() ||
@@ -377,10 +481,67 @@ void ComputeGraph::run_backward(NodeId root, Tensor seed, const BackwardOptions&
         for (NodeId in : nodes_[id]->inputs)
             if (nodes_[in]->requires_grad) needed[in] = 1;
     }
-    // Gradients of earlier retained passes belong to those passes; leaves keep accumulating.
-    for (NodeId id = 0; id <= root; ++id)
-        if (needed[id] && nodes_[id]->op != OpType::Leaf) nodes_[id]->grad = Tensor();
+    // Every slot the sweep fills starts empty, so it holds exactly this pass's gradient: intermediates drop
+    // the gradients of earlier retained passes, leaves set theirs aside and get them back (plus this pass's)
+    // after the sweep. A parameter leaf adds only this pass's gradient into the Parameter: adding the slot
+    // with the earlier passes in it counted them again (issue 11, class 1).
+    std::vector<std::pair<NodeId, Tensor>> earlier_leaf_grads;
+    for (NodeId id = 0; id <= root; ++id) {
+        if (!needed[id]) continue;
+        ComputeNode& n = *nodes_[id];
+        if (n.op == OpType::Leaf && n.grad.defined()) earlier_leaf_grads.emplace_back(id, std::move(n.grad));
+        n.grad = Tensor();
+    }
+    try {
+        sweep(root, std::move(seed), needed, options);
+    } catch (...) {
+        restore_leaf_grads(earlier_leaf_grads);
+        throw;
+    }
+    restore_leaf_grads(earlier_leaf_grads);
+    if (!options.retain_graph) {
+        saved_released_ = true;
+        release_parameters();
+    }
+}
 
+void ComputeGraph::restore_leaf_grads(std::vector<std::pair<NodeId, Tensor>>& earlier) {
+    for (auto& [id, grad] : earlier) {
+        Tensor& slot = nodes_[id]->grad;
+        if (slot.defined()) accumulate_into(grad, slot);  // out of place when `grad` is shared (a Parameter's)
+        slot = std::move(grad);
+    }
+}
+
+// Throws GraphError when the storage behind something node `id`'s backward reads was written in place since
+// the node was recorded (Storage::version): the backward would mix the forward's values with newer ones.
+void ComputeGraph::check_versions(NodeId id, std::span<const Tensor> input_values) const {
+    const ComputeNode& n = *nodes_[id];
+    const auto fail = [&](const std::string& what, std::uint32_t then, std::uint32_t now) {
+        throw GraphError(str(what, " was modified in place after ", describe_node(id), " recorded it (storage ",
+                             "version ", then, " then, ", now, " now), and this backward needs the value the forward ",
+                             "used. An in-place write (an optimizer step(), copy_from(), fill(), set(), ",
+                             "load_parameters()) ran between the forward and its backward: run backward() first, ",
+                             "or record the forward again"));
+    };
+    for (std::size_t i = 0; i < n.inputs.size(); ++i) {
+        const Tensor& value = input_values[i];
+        if (!value.defined() || value.version() == n.inputs[i].version) continue;
+        const ComputeNode& in = *nodes_[n.inputs[i].id];
+        fail(in.parameter.defined()  // a Parameter's name is what the user knows it by
+                 ? str("parameter '", in.parameter.name(), "' (input ", i, ", ", describe_node(n.inputs[i].id), ")")
+                 : str("input ", i, " (", describe_node(n.inputs[i].id), ")"),
+             n.inputs[i].version, value.version());
+    }
+    if (n.value.defined() && n.value.version() != n.value_version)
+        fail(str("the output of ", describe_node(id)), n.value_version, n.value.version());
+    for (std::size_t i = 0; i < n.saved_versions.size(); ++i)
+        if (n.saved[i].version() != n.saved_versions[i])
+            fail(str("saved tensor ", i), n.saved_versions[i], n.saved[i].version());
+}
+
+// The reverse sweep over the marked nodes, from the seeded root.
+void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed, const BackwardOptions& options) {
     if (anomaly_mode_enabled() && !tensor_stats(seed).all_finite())
         throw NumericalError(str("anomaly mode: the gradient seeding the backward of ", describe_node(root),
                                  " holds NaN/Inf", stats_of("gradient", seed)));
@@ -404,6 +565,7 @@ void ComputeGraph::run_backward(NodeId root, Tensor seed, const BackwardOptions&
         }
         std::vector<Tensor> grads;
         try {
+            check_versions(id, input_values);
             const BackendKernels& k = kernels_for(def, n.value.device());
             if (!k.backward) throw DeviceError(str("no backward kernel on ", n.value.device().to_string()));
             const std::span<const bool> needs_grad(reinterpret_cast<const bool*>(needs_grad_storage.data()),
@@ -446,26 +608,29 @@ void ComputeGraph::run_backward(NodeId root, Tensor seed, const BackwardOptions&
                                def, "backward");
         }
         if (!options.retain_grads) n.grad = Tensor();
-        if (!options.retain_graph) n.saved.clear();
+        if (!options.retain_graph) {
+            n.saved.clear();
+            n.saved_versions.clear();
+        }
         if (options.free_values && !options.retain_graph && id != root) n.value = Tensor();
-    }
-    if (!options.retain_graph) {
-        saved_released_ = true;
-        release_parameters();
     }
 }
 
 void ComputeGraph::clear() {
+    const Use use(*this, "clear()");
+    generation_ = next_generation();  // first: the old handles are stale before their nodes go
+    anchor_->generation.store(generation_, std::memory_order_release);
     // Destroy back to front: no recursion is involved, nodes only hold ids.
     while (!nodes_.empty()) nodes_.pop_back();
-    generation_ = next_generation();
     saved_released_ = false;
     release_parameters();
 }
 
 void ComputeGraph::release_parameters() noexcept {
-    for (const Parameter& p : bound_)
+    for (const Parameter& p : bound_) {
+        const std::lock_guard lock(p.state_->binding);
         if (p.state_->graph == this) p.state_->graph = nullptr;
+    }
     bound_.clear();
 }
 

@@ -4,11 +4,15 @@
 // Node ids grow in creation order and every input id is smaller than its consumer's id, so creation
 // order is a topological order: backward is one reverse sweep over ids, no recursion, no sort.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <source_location>
 #include <span>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "dyngrad/core/tensor.h"
@@ -18,6 +22,9 @@ namespace dyngrad {
 
 class ComputeGraph;
 using NodeId = std::uint32_t;
+namespace detail {
+struct GraphAnchor;  // a graph's liveness record; outlives the graph (graph.cpp)
+}
 
 // A tensor that outlives graphs (a model weight). Its gradient accumulates over backward calls
 // until zero_grad(). Copies of a Parameter share state.
@@ -25,7 +32,8 @@ using NodeId = std::uint32_t;
 // A parameter belongs to one pending forward pass at a time: a graph that records it with grad enabled
 // binds it until that graph runs a backward without retain_graph, is cleared, or is destroyed. Recording
 // it in a second graph meanwhile throws GraphError (its gradient would mix two passes); the same graph
-// may record it any number of times, and recording under NoGradGuard does not bind.
+// may record it any number of times, and recording under NoGradGuard does not bind. Binding is atomic: of
+// two threads recording one parameter into two graphs at once, exactly one succeeds.
 class Parameter {
 public:
     Parameter() = default;
@@ -49,19 +57,31 @@ private:
         Tensor value;
         Tensor grad;
         std::string name;
+        std::mutex binding;                    // guards graph and bound_at: graphs on other threads bind too
         const ComputeGraph* graph = nullptr;  // the graph whose pending forward pass holds it
         std::source_location bound_at;         // where that graph first recorded it
     };
     std::shared_ptr<State> state_;
 };
 
+// One input of a node: its id, and the version of its value's storage when the node was recorded
+// (Storage::version), which the backward checks before it reads the value. Reads as the id.
+struct NodeInput {
+    NodeId id;
+    std::uint32_t version;
+    operator NodeId() const { return id; }
+};
+
 struct ComputeNode {
     OpType op = OpType::Leaf;
-    std::vector<NodeId> inputs;
+    std::vector<NodeInput> inputs;
     OpAttrs attrs;
     Tensor value;
-    Tensor grad;                 // filled by backward
+    Tensor grad;                 // filled by backward; on a leaf, the sum over this graph's backward passes
     std::vector<Tensor> saved;   // extras saved by the forward for the backward
+    // Storage versions of `value` and of each saved extra when recorded (empty when nothing is saved).
+    std::uint32_t value_version = 0;
+    std::vector<std::uint32_t> saved_versions;
     bool requires_grad = false;
     Parameter parameter;         // set on parameter leaves
     std::string name;
@@ -73,18 +93,21 @@ struct ComputeNode {
 };
 
 // Handle to one node of one graph. Valid until the graph is cleared or destroyed; using a handle
-// from a cleared graph throws GraphError.
+// from a cleared or destroyed graph throws GraphError. It holds no reference count: liveness is checked
+// through the graph's anchor, which outlives the graph (docs/architecture.md).
 class Var {
 public:
     Var() = default;
 
-    bool defined() const { return graph_ != nullptr; }
+    bool defined() const { return anchor_ != nullptr; }
     ComputeGraph& graph() const;
     NodeId id() const { return id_; }
     const ComputeNode& node() const;
 
     const Tensor& value() const;
-    // The gradient backward computed for this node; GraphError when it has none.
+    // The gradient backward computed for this node; GraphError when it has none. On a leaf it is the sum
+    // over this graph's backward passes (a retained graph run twice gives twice the gradient), as PyTorch's
+    // .grad of a leaf; a Parameter's own grad() sums over every graph until zero_grad().
     const Tensor& grad() const;
     const Shape& shape() const { return value().shape(); }
     DType dtype() const { return value().dtype(); }
@@ -96,11 +119,12 @@ public:
 
 private:
     friend class ComputeGraph;
-    Var(ComputeGraph* graph, NodeId id, std::uint64_t generation)
-        : graph_(graph), id_(id), generation_(generation) {}
-    void check_alive() const;
+    Var(detail::GraphAnchor* anchor, NodeId id, std::uint64_t generation)
+        : anchor_(anchor), id_(id), generation_(generation) {}
+    // The live graph this handle belongs to; GraphError for an undefined or stale handle.
+    ComputeGraph& live_graph() const;
 
-    ComputeGraph* graph_ = nullptr;
+    detail::GraphAnchor* anchor_ = nullptr;
     NodeId id_ = 0;
     std::uint64_t generation_ = 0;
 };
@@ -118,6 +142,9 @@ struct BackwardOptions {
     bool free_values = false;
 };
 
+// Threads: a graph is used by one thread at a time (recording, backward, clear, reading its Vars);
+// different graphs on different threads are fine. A call that finds the graph in use by another thread
+// throws GraphError instead of touching it (docs/architecture.md, "Threads").
 class ComputeGraph {
 public:
     ComputeGraph();
@@ -153,17 +180,28 @@ public:
 
 private:
     friend class Var;
+    // Held by every call that reads or changes the nodes: takes the graph for this thread (nested calls on
+    // the same thread pass), throws GraphError when another thread holds it.
+    class Use;
+    // Why `var` cannot be used in this graph ("belongs to another graph", ...); nullptr when it can.
+    const char* foreign_reason(const Var& var) const;
     Var add_leaf(const Tensor& value, bool requires_grad, Parameter parameter, const std::string& name,
                  std::source_location where);
     Var record_inputs(OpType op, std::span<const Var> inputs, const OpAttrs& attrs, std::source_location where);
     void run_backward(NodeId root, Tensor seed, const BackwardOptions& options);
+    void sweep(NodeId root, Tensor seed, std::span<const char> needed, const BackwardOptions& options);
+    void restore_leaf_grads(std::vector<std::pair<NodeId, Tensor>>& earlier);
+    void check_versions(NodeId id, std::span<const Tensor> input_values) const;
     void check_own(const Var& var, const char* role) const;
     void release_parameters() noexcept;
 
     std::vector<std::unique_ptr<ComputeNode>> nodes_;
     std::vector<Parameter> bound_;  // parameters this graph's pending forward pass holds
-    std::uint64_t generation_;
+    detail::GraphAnchor* anchor_;   // Vars reach the graph through it; it learns of clear() and destruction
+    std::uint64_t generation_;      // the anchor's generation while this graph lives (a copy, for the hot path)
     bool saved_released_ = false;  // a backward without retain_graph has run
+    mutable std::atomic<std::thread::id> user_{};       // the thread inside a Use; none when idle
+    mutable std::atomic<const char*> user_activity_{};  // what that thread does, for the error message
 };
 
 // While alive on this thread, ops record leaves holding their values and no history.

@@ -155,6 +155,9 @@ void SGD::step() {
         const Tensor& value = parameters_[i].value();
         const Tensor& grad = parameters_[i].grad();
         const Tensor& buffer = buffers[i];
+        // An in-place write (here on the CPU, in the fused launch below on a GPU): a recorded graph whose
+        // backward still needs the old value now refuses to run (Tensor::bump_version).
+        value.bump_version();
         if (value.device().is_cpu()) {
             dispatch_floating(value.dtype(), "SGD", [&]<typename T>() { sgd_update<T>(value, grad, buffer, hyper); });
             continue;
@@ -203,6 +206,7 @@ void Adam::step() {
         const Tensor& value = parameters_[i].value();
         const Tensor& grad = parameters_[i].grad();
         const std::int64_t step = ++steps_[i];
+        value.bump_version();
         if (value.device().is_cpu()) {
             const AdamScalars scalars = adam_scalars(hyper, step);
             dispatch_floating(value.dtype(), decoupled_ ? "AdamW" : "Adam", [&]<typename T>() {

@@ -471,11 +471,17 @@ TEST_CASE("labels out of range name the node, in forward and in backward", "[err
     CHECK_THROWS_MATCHES(cross_entropy(logits, graph.input(label_values, "labels")), IndexError,
                          MessageHas({"cross_entropy", "label 7 at row 1", "3 classes", "test_errors.cpp",
                                      "(2,3) float32 cpu", "(2) int64 cpu"}));
-    // Labels are read again in the backward: a label changed after the forward is caught there.
+    // A label changed in place after the forward is an in-place write the backward refuses (version counter)...
     Tensor changing = labels({0, 2});
     Var loss = cross_entropy(logits, graph.input(changing, "labels"));
     changing.set({1}, 3);
-    CHECK_THROWS_MATCHES(graph.backward(loss), IndexError,
+    CHECK_THROWS_MATCHES(graph.backward(loss), GraphError,
+                         MessageHas({"backward of cross_entropy", "'labels'", "modified in place"}));
+    // ...and the backward still checks the labels it reads: one written through a raw pointer is caught there.
+    changing.data<std::int64_t>()[1] = 2;
+    Var raw_loss = cross_entropy(logits, graph.input(changing, "labels"));
+    changing.data<std::int64_t>()[1] = 3;
+    CHECK_THROWS_MATCHES(graph.backward(raw_loss), IndexError,
                          MessageHas({"backward of cross_entropy", "test_errors.cpp", "label 3 at row 1"}));
     // The GPU kernels report the same through the device error record: tests/test_gpu.cpp.
 }
