@@ -3,9 +3,11 @@
 #include <array>
 #include <atomic>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 
 #include "dyngrad/graph/anomaly.h"
+#include "dyngrad/graph/eager.h"
 #include "dyngrad/graph/backend.h"
 #include "dyngrad/graph/profiling.h"
 
@@ -156,6 +158,51 @@ void check_forward_value(std::span<const Tensor> inputs, const Tensor& out, cons
                              stats_of_inputs(inputs)));
 }
 }  // namespace
+
+namespace detail {
+
+// The one checked path from inputs to an op's output, shared by recording and eager calls: shape rule,
+// contract checks, the backend's forward, anomaly mode; every failure rethrown with `context()` in front.
+Tensor run_forward(const OpDef& def, OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs,
+                   std::vector<Tensor>& saved, std::size_t profiling_id, const std::function<std::string()>& context,
+                   const std::function<std::string(std::size_t)>& describe_input) {
+    const Device device = inputs.front().device();
+    const char* stage = "shape rule";
+    try {
+        const OutputSpec spec = def.infer(op, inputs, attrs);
+        check_output_spec(def, spec);
+        const BackendKernels& k = kernels_for(def, device);
+        if (!k.forward) throw DeviceError(str("no forward kernel on ", device.to_string()));
+        const ProfilingRange range(ProfilingRange::Pass::Forward, def.name, profiling_id);
+        stage = "forward";
+        Tensor out = k.forward(ForwardArgs{op, inputs, attrs, spec, saved});
+        check_forward_output(def, spec, device, out);
+        if (anomaly_mode_enabled()) check_forward_value(inputs, out, describe_input);
+        return out;
+    } catch (...) {
+        rethrow_op_failure(context(), def, stage);
+    }
+}
+
+}  // namespace detail
+
+Tensor eager(OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs, std::source_location where) {
+    const OpDef& def = op_def(op, attrs);
+    // "relu (eager at model.cpp:42)": the prefix of every error of this call.
+    const auto at = [&] { return str(def.name, " (eager at ", describe_site(where), ")"); };
+    if (!takes_input_count(def, static_cast<int>(inputs.size())))
+        throw GraphError(str(at(), ": takes ", input_count_text(def), " inputs, got ", inputs.size()));
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+        if (!inputs[i].defined()) throw ValueError(str(at(), ": input ", i, " is an undefined tensor"));
+    const Device device = inputs.front().device();
+    for (const Tensor& v : inputs)
+        if (v.device() != device)
+            throw DeviceError(str(at(), ": inputs on different devices: ", describe_inputs(inputs)));
+    std::vector<Tensor> saved;  // no backward will read them
+    return detail::run_forward(
+        def, op, inputs, attrs, saved, 0, [&] { return str(at(), " with inputs ", describe_inputs(inputs)); },
+        [](std::size_t i) { return str("input ", i); });
+}
 
 // ---- one thread at a time ----
 class ComputeGraph::Use {
@@ -393,28 +440,14 @@ Var ComputeGraph::record_inputs(OpType op, std::span<const Var> inputs, const Op
         if (v.device() != device)
             throw DeviceError(str(at(), ": inputs on different devices: ", describe_inputs(input_values)));
 
-    OutputSpec spec;
-    Tensor out;
     std::vector<Tensor> saved;
-    const char* stage = "shape rule";
-    try {
-        spec = def.infer(op, input_values, attrs);
-        check_output_spec(def, spec);
-        const BackendKernels& k = kernels_for(def, device);
-        if (!k.forward) throw DeviceError(str("no forward kernel on ", device.to_string()));
-        const ProfilingRange range(ProfilingRange::Pass::Forward, def.name, nodes_.size());
-        stage = "forward";
-        out = k.forward(ForwardArgs{op, input_values, attrs, spec, saved});
-        check_forward_output(def, spec, device, out);
-        if (anomaly_mode_enabled())
-            check_forward_value(input_values, out, [&](std::size_t i) {
-                const ComputeNode& n = *nodes_[inputs[i].id_];
-                if (!n.parameter.defined()) return describe_node(inputs[i].id_);
-                return str("parameter '", n.parameter.name(), "' (", describe_node(inputs[i].id_), ")");
-            });
-    } catch (...) {
-        rethrow_op_failure(str(at(), " with inputs ", describe_inputs(input_values)), def, stage);
-    }
+    Tensor out = detail::run_forward(def, op, input_values, attrs, saved, nodes_.size(), [&] {
+        return str(at(), " with inputs ", describe_inputs(input_values));
+    }, [&](std::size_t i) {
+        const ComputeNode& n = *nodes_[inputs[i].id_];
+        if (!n.parameter.defined()) return describe_node(inputs[i].id_);
+        return str("parameter '", n.parameter.name(), "' (", describe_node(inputs[i].id_), ")");
+    });
 
     if (!grad_enabled()) return add_leaf(out, false, Parameter(), "", where);
     if (nodes_.size() >= std::numeric_limits<NodeId>::max()) throw GraphError("graph is full");
