@@ -34,6 +34,15 @@ Eigen::Map<const Array1<T>> map_const(const Tensor& t) {
     return {t.data<T>(), t.numel()};
 }
 
+// The state of parameter i, for the state accessors.
+template <typename State>
+const State& state_at(const std::vector<State>& states, std::size_t i, const char* optimizer) {
+    if (i >= states.size())
+        throw IndexError(str(optimizer, ": parameter index ", i, " is out of range for ", states.size(),
+                             " parameters"));
+    return states[i];
+}
+
 // The one check of every optimizer's and schedule's hyperparameters (lr, momentum, weight decay, eps,
 // gamma, eta_min; set_lr too, so a schedule cannot step to an lr of inf): NaN and ±inf are refused with
 // the negative values. Betas are checked against [0, 1), which refuses them as well.
@@ -173,6 +182,8 @@ void SGD::step() {
 #endif
 }
 
+const Tensor& SGD::momentum_buffer(std::size_t i) const { return state_at(momentum_buffers_, i, "SGD"); }
+
 // ---- Adam / AdamW ----
 
 Adam::Adam(std::vector<Parameter> parameters, const AdamOptions& options)
@@ -224,6 +235,12 @@ void Adam::step() {
     for (const auto& [device, tensors] : on_gpu) cuda::adam_step(tables_->on(device), tensors, hyper);
 #endif
 }
+
+const Tensor& Adam::exp_avg(std::size_t i) const { return state_at(exp_avg_, i, decoupled_ ? "AdamW" : "Adam"); }
+const Tensor& Adam::exp_avg_sq(std::size_t i) const {
+    return state_at(exp_avg_sq_, i, decoupled_ ? "AdamW" : "Adam");
+}
+std::int64_t Adam::step_count(std::size_t i) const { return state_at(steps_, i, decoupled_ ? "AdamW" : "Adam"); }
 
 AdamW::AdamW(std::vector<Parameter> parameters, const AdamOptions& options)
     : Adam(std::move(parameters), options, true) {}

@@ -60,6 +60,8 @@ public:
     SGD(std::vector<Parameter> parameters, const SgdOptions& options = {});
     void step() override;
     const SgdOptions& options() const { return options_; }
+    // Parameter i's momentum buffer: undefined until its first update with momentum (IndexError past the end).
+    const Tensor& momentum_buffer(std::size_t i) const;
 
 private:
     SgdOptions options_;
@@ -82,6 +84,11 @@ public:
     Adam(std::vector<Parameter> parameters, const AdamOptions& options = {});
     void step() override;
     const AdamOptions& options() const { return options_; }
+    // Parameter i's state: the moments m and v (undefined until its first update) and how many updates it
+    // had, which sets its bias corrections (IndexError past the end).
+    const Tensor& exp_avg(std::size_t i) const;
+    const Tensor& exp_avg_sq(std::size_t i) const;
+    std::int64_t step_count(std::size_t i) const;
 
 protected:
     Adam(std::vector<Parameter> parameters, const AdamOptions& options, bool decoupled_weight_decay);

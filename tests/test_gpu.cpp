@@ -10,11 +10,14 @@
 #include <cstdlib>
 #include <iostream>
 #include <limits>
+#include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "catch.h"
 #include "dyngrad/dyngrad.h"
+#include "input_subsets.h"
 
 using namespace dyngrad;
 using dgtest::MessageHas;
@@ -640,6 +643,237 @@ TEST_CASE("conv2d with a fused ReLU matches the CPU, bias gradient included", "[
                     }
                 }
             }
+}
+
+namespace {
+
+// ---- fused optimizer steps against the CPU updates ----
+
+// cuda/optim.cu's kStepChunk: one block updates at most this many elements of one tensor.
+constexpr std::int64_t kOptimizerChunk = std::int64_t{1} << 15;
+
+struct TwinSpec {
+    const char* name;
+    Shape shape;
+    DType dtype;
+};
+// f32 and f64 mixed in one optimizer (one launch group per dtype), most larger than one chunk, with ragged
+// tails, one of exactly one chunk and one far below.
+const TwinSpec kTwinSpecs[] = {
+    {"f32 3 chunks + 123", {3 * kOptimizerChunk + 123}, DType::f32},
+    {"f64 (250,300)", {250, 300}, DType::f64},
+    {"f32 one chunk", {kOptimizerChunk}, DType::f32},
+    {"f64 small", {7}, DType::f64},
+    {"f32 late", {kOptimizerChunk + 1}, DType::f32},
+    {"f64 skipping", {2 * kOptimizerChunk + 5}, DType::f64},
+};
+constexpr int kOptimizerSteps = 7;
+
+// Whether parameter i gets a gradient at step s: the optimizer skips a parameter without one, so the
+// parameters reach different step counts (Adam launches one group per (dtype, step count)): "late" first
+// gets one at step 3, "skipping" misses every third step, "small" every other one.
+bool gets_gradient(std::size_t i, int step) {
+    switch (i) {
+        case 3: return step % 2 == 0;
+        case 4: return step >= 3;
+        case 5: return step % 3 != 1;
+        default: return true;
+    }
+}
+
+// max |gpu − cpu| over max(1, max |cpu|): both tensors on the same scale; +inf for NaN or a shape mismatch.
+double scaled_difference(const Tensor& gpu, const Tensor& cpu) {
+    const std::vector<double> reference = cpu.to_vector();
+    double scale = 1;
+    for (const double v : reference) scale = std::max(scale, std::abs(v));
+    return max_abs_error(gpu.to(Device::cpu()), cpu) / scale;
+}
+
+// Both backends apply the same formulas in the same order and precision, with the per-step scalars computed
+// in double on the host and cast identically (ops/optim_kernels.h); they differ only where nvcc contracts
+// a·b + c into one FMA (one rounding instead of two): about one ulp of the largest term per operation, five
+// operations per update, over seven steps ~40 ulps of the tensor's largest magnitude (momentum buffers reach
+// ~10× the gradient; Adam's m/√v is bounded by 1/√(1−β2)). The bounds leave a few times that; a wrong
+// formula, step count or weight decay moves values by ≥ 1e-4 of their scale (lr·wd per step alone is 5e-4).
+double optimizer_tolerance(DType dtype) { return dtype == DType::f32 ? 2e-5 : 1e-13; }
+
+// The gradient g of p, through a backward of Σ p·g (exact: the seed is 1, and 1·g = g on both backends).
+void give_gradient(const Parameter& p, const Tensor& g) {
+    ComputeGraph graph;
+    graph.backward(sum(mul(graph.parameter(p), graph.input(g))));
+}
+
+struct OptimizerPair {
+    std::vector<Parameter> cpu, gpu;
+    std::unique_ptr<Optimizer> on_cpu, on_gpu;
+};
+
+// Runs kOptimizerSteps steps on identical copies, the same gradients on both, and returns them for comparison.
+template <typename Make>
+OptimizerPair run_twin_optimizers(std::uint64_t seed, Make make) {
+    Generator gen(seed);
+    OptimizerPair pair;
+    for (const TwinSpec& spec : kTwinSpecs) {
+        const Tensor value = Tensor::normal(spec.shape, 0.0, 1.0, gen, spec.dtype);
+        pair.cpu.emplace_back(value.clone(), spec.name);
+        pair.gpu.emplace_back(value.to(kGpu), spec.name);
+    }
+    pair.on_cpu = make(pair.cpu);
+    pair.on_gpu = make(pair.gpu);
+    for (int step = 0; step < kOptimizerSteps; ++step) {
+        pair.on_cpu->zero_grad();
+        pair.on_gpu->zero_grad();
+        for (std::size_t i = 0; i < pair.cpu.size(); ++i) {
+            if (!gets_gradient(i, step)) continue;
+            const Tensor g = Tensor::normal(kTwinSpecs[i].shape, 0.0, 1.0, gen, kTwinSpecs[i].dtype);
+            give_gradient(pair.cpu[i], g);
+            give_gradient(pair.gpu[i], g.to(kGpu));
+        }
+        pair.on_cpu->step();
+        pair.on_gpu->step();
+    }
+    return pair;
+}
+
+int gradient_steps(std::size_t i) {
+    int count = 0;
+    for (int step = 0; step < kOptimizerSteps; ++step) count += gets_gradient(i, step) ? 1 : 0;
+    return count;
+}
+
+// Parameters (and, where defined, each state tensor from `states`) of the two runs agree; every parameter moved.
+template <typename States>
+void check_twins(const OptimizerPair& pair, States states) {
+    for (std::size_t i = 0; i < pair.cpu.size(); ++i) {
+        const TwinSpec& spec = kTwinSpecs[i];
+        INFO("parameter '" << spec.name << "' " << to_string(spec.shape) << " " << dtype_name(spec.dtype) << ", "
+                           << gradient_steps(i) << " steps with a gradient");
+        const double tolerance = optimizer_tolerance(spec.dtype);
+        CHECK(pair.gpu[i].value().device() == kGpu);
+        CHECK(pair.gpu[i].value().dtype() == spec.dtype);
+        CHECK(scaled_difference(pair.gpu[i].value(), pair.cpu[i].value()) <= tolerance);
+        const std::vector<std::pair<Tensor, Tensor>> state_pairs = states(i);
+        for (std::size_t k = 0; k < state_pairs.size(); ++k) {
+            INFO("state " << k);
+            const auto& [on_gpu, on_cpu] = state_pairs[k];
+            REQUIRE(on_cpu.defined());
+            REQUIRE(on_gpu.defined());
+            CHECK(on_gpu.device() == kGpu);
+            CHECK(scaled_difference(on_gpu, on_cpu) <= tolerance);
+        }
+    }
+}
+
+}  // namespace
+
+TEST_CASE("fused optimizer steps match the CPU updates over many chunks and step counts", "[gpu][optim]") {
+    std::uint64_t seed = kSeedBase + 5000;
+    struct SgdMode {
+        const char* name;
+        SgdOptions options;
+    };
+    const SgdMode sgd_modes[] = {
+        {"plain with weight decay", {.lr = 0.05, .weight_decay = 0.01}},
+        {"momentum", {.lr = 0.05, .momentum = 0.9}},
+        {"Nesterov with weight decay", {.lr = 0.05, .momentum = 0.9, .nesterov = true, .weight_decay = 0.01}},
+    };
+    for (const SgdMode& mode : sgd_modes) {
+        ++seed;
+        DYNAMIC_SECTION("SGD " << mode.name) {
+            const OptimizerPair pair = run_twin_optimizers(seed, [&](const std::vector<Parameter>& params) {
+                return std::unique_ptr<Optimizer>(new SGD(params, mode.options));
+            });
+            const auto& cpu = dynamic_cast<const SGD&>(*pair.on_cpu);
+            const auto& gpu = dynamic_cast<const SGD&>(*pair.on_gpu);
+            check_twins(pair, [&](std::size_t i) {
+                std::vector<std::pair<Tensor, Tensor>> states;
+                if (mode.options.momentum == 0) {
+                    CHECK_FALSE(cpu.momentum_buffer(i).defined());
+                    CHECK_FALSE(gpu.momentum_buffer(i).defined());
+                } else {
+                    states.emplace_back(gpu.momentum_buffer(i), cpu.momentum_buffer(i));
+                }
+                return states;
+            });
+        }
+    }
+    struct AdamMode {
+        const char* name;
+        bool decoupled;
+        AdamOptions options;
+    };
+    const AdamMode adam_modes[] = {
+        {"Adam", false, {.lr = 1e-2}},
+        {"Adam with L2 weight decay", false, {.lr = 1e-2, .weight_decay = 0.05}},
+        {"AdamW", true, {.lr = 1e-2, .weight_decay = 0.05}},
+    };
+    for (const AdamMode& mode : adam_modes) {
+        ++seed;
+        DYNAMIC_SECTION(mode.name) {
+            const OptimizerPair pair = run_twin_optimizers(seed, [&](const std::vector<Parameter>& params) {
+                if (mode.decoupled) return std::unique_ptr<Optimizer>(new AdamW(params, mode.options));
+                return std::unique_ptr<Optimizer>(new Adam(params, mode.options));
+            });
+            const auto& cpu = dynamic_cast<const Adam&>(*pair.on_cpu);
+            const auto& gpu = dynamic_cast<const Adam&>(*pair.on_gpu);
+            check_twins(pair, [&](std::size_t i) {
+                CHECK(cpu.step_count(i) == gradient_steps(i));
+                CHECK(gpu.step_count(i) == gradient_steps(i));
+                return std::vector<std::pair<Tensor, Tensor>>{{gpu.exp_avg(i), cpu.exp_avg(i)},
+                                                              {gpu.exp_avg_sq(i), cpu.exp_avg_sq(i)}};
+            });
+        }
+    }
+}
+
+// The GPU twin of test_gradcheck's [subsets] test: each non-empty proper subset of a case's differentiable
+// inputs requires grad in turn, on the GPU in float32, and those inputs' gradients must equal the GPU's
+// all-inputs run (which the [table] test compares with the float64 CPU) while the others get none.
+TEST_CASE("every op-table case gives an input subset the all-inputs gradients on the GPU", "[gpu][subsets]") {
+    // Same kernels on the same float32 inputs: they differ at most by the order of atomic or split
+    // reductions (cuDNN's weight gradients, our chunked sums), a few ulps of a sum's terms; a skipped or extra
+    // term is an O(1) relative error.
+    constexpr double kSubsetTolerance = 1e-5;
+    const std::span<const OpDef> table = op_table();
+    for (std::size_t index = 0; index < table.size(); ++index) {
+        const OpDef& def = table[index];
+        for (const OpCase& op_case : def.cases()) {
+            Generator gen(kSeedBase + 6000 + index);
+            std::vector<Tensor> inputs;
+            for (const Tensor& t : make_case_inputs(op_case, DType::f32, gen)) inputs.push_back(t.to(kGpu));
+            const std::vector<std::size_t> differentiable = dgtest::differentiable_inputs(op_case, inputs);
+            if (differentiable.size() < 2) continue;
+            DYNAMIC_SECTION(def.name << ": " << op_case.label) {
+                INFO("seed " << kSeedBase + 6000 + index);
+                Tensor weights;
+                {
+                    ComputeGraph probe;
+                    std::vector<Var> vars;
+                    for (const Tensor& t : inputs) vars.push_back(probe.input(t));
+                    const Var y = probe.record(def.op, vars, op_case.attrs, std::source_location::current());
+                    weights = Tensor::normal(y.shape(), 0.0, 1.0, gen, DType::f32).to(kGpu);
+                }
+                std::vector<std::vector<bool>> subsets = dgtest::grad_subsets(inputs.size(), differentiable);
+                const dgtest::SubsetRun reference =
+                    dgtest::run_with_grad_subset(def, op_case, inputs, subsets.back(), weights);
+                for (const std::size_t i : differentiable) REQUIRE(reference.has_grad[i]);
+                subsets.pop_back();  // the full set: the reference
+                for (const std::vector<bool>& wants : subsets) {
+                    const dgtest::SubsetRun run = dgtest::run_with_grad_subset(def, op_case, inputs, wants, weights);
+                    for (const std::size_t i : differentiable) {
+                        INFO("input " << i << (wants[i] ? " requires grad" : " does not") << "; with it: "
+                                      << std::count(wants.begin(), wants.end(), true) << " inputs requiring grad");
+                        CHECK(run.requires_grad[i] == wants[i]);
+                        CHECK(run.has_grad[i] == wants[i]);
+                        if (wants[i] && run.has_grad[i]) {
+                            CHECK(run.grads[i].device() == kGpu);
+                            CHECK(relative_norm_error(run.grads[i], reference.grads[i]) <= kSubsetTolerance);
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 int main(int argc, char* argv[]) {

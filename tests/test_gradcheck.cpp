@@ -13,6 +13,7 @@
 
 #include "catch.h"
 #include "dyngrad/dyngrad.h"
+#include "input_subsets.h"
 
 using namespace dyngrad;
 
@@ -146,4 +147,51 @@ TEST_CASE("error measures", "[gradcheck][measures]") {
     CHECK(std::isinf(relative_norm_error(reference, nan)));
     CHECK(std::isinf(max_abs_error(nan, reference)));
     CHECK(std::isinf(relative_norm_error(Tensor::of({3}, DType::f64), reference)));
+}
+
+// A backward kernel receives needs_grad per input; one that skips work an input it must still serve depends
+// on (or writes a gradient where none was asked) would pass the all-inputs checks above. For every case with
+// at least two differentiable inputs, each non-empty proper subset of them requires grad in turn.
+TEST_CASE("every op-table case gives an input subset the all-inputs gradients", "[gradcheck][subsets]") {
+    // The same float64 kernels on the same inputs: a subset may change which products are formed, never
+    // their values beyond rounding (a few ulps of the gradient's norm); a kernel that drops or adds a term
+    // is off by O(1) relatively.
+    constexpr double kSubsetTolerance = 1e-13;
+    const std::span<const OpDef> table = op_table();
+    std::size_t cases_run = 0;
+    for (std::size_t index = 0; index < table.size(); ++index) {
+        const OpDef& def = table[index];
+        for (const OpCase& op_case : def.cases()) {
+            Generator gen(seed_base() + index);
+            const std::vector<Tensor> inputs = make_case_inputs(op_case, DType::f64, gen);
+            const std::vector<std::size_t> differentiable = dgtest::differentiable_inputs(op_case, inputs);
+            if (differentiable.size() < 2) continue;
+            ++cases_run;
+            DYNAMIC_SECTION(def.name << ": " << op_case.label) {
+                INFO("op " << def.name << ", case '" << op_case.label << "', seed " << seed_base() + index);
+                const Tensor probe = run_op(def, op_case, inputs, Tensor()).output;
+                const Tensor weights = Tensor::normal(probe.shape(), 0.0, 1.0, gen, DType::f64);
+                std::vector<std::vector<bool>> subsets = dgtest::grad_subsets(inputs.size(), differentiable);
+                const dgtest::SubsetRun reference =
+                    dgtest::run_with_grad_subset(def, op_case, inputs, subsets.back(), weights);
+                for (const std::size_t i : differentiable) REQUIRE(reference.has_grad[i]);
+                subsets.pop_back();  // the full set: the reference
+                for (const std::vector<bool>& wants : subsets) {
+                    std::string which;
+                    for (const std::size_t i : differentiable)
+                        if (wants[i]) which += str(which.empty() ? "" : ",", "input", i);
+                    INFO("inputs requiring grad: " << which);
+                    const dgtest::SubsetRun run = dgtest::run_with_grad_subset(def, op_case, inputs, wants, weights);
+                    for (const std::size_t i : differentiable) {
+                        INFO("input " << i);
+                        CHECK(run.requires_grad[i] == wants[i]);
+                        CHECK(run.has_grad[i] == wants[i]);
+                        if (wants[i] && run.has_grad[i])
+                            CHECK(relative_norm_error(run.grads[i], reference.grads[i]) <= kSubsetTolerance);
+                    }
+                }
+            }
+        }
+    }
+    CHECK(cases_run >= 40);  // every binary op, linear, conv2d, batch_norm, concat, rnn, mse_loss
 }
