@@ -142,11 +142,11 @@ TEST_CASE("conv2d output sizes with extreme attributes", "[trust][sizes][conv]")
         double expected = 0;
         for (std::int64_t r = 0; r < 3; ++r)
             for (std::int64_t s = 0; s < 3; ++s) expected += xt.at({0, 0, r, s}) * wt.at({0, 0, r, s});
-        CHECK(y.value().item() == Approx(expected).epsilon(1e-12));
+        CHECK(y.value().item() == dgtest::Approx(expected).epsilon(1e-12));
         // With padding the one window starts in the padding.
         const Var yp = conv2d(x, w, {.stride = {kMax, kMax}, .padding = {2, 2}});
         REQUIRE(yp.shape() == Shape{1, 1, 1, 1});
-        CHECK(yp.value().item() == Approx(xt.at({0, 0, 0, 0}) * wt.at({0, 0, 2, 2})).epsilon(1e-12));
+        CHECK(yp.value().item() == dgtest::Approx(xt.at({0, 0, 0, 0}) * wt.at({0, 0, 2, 2})).epsilon(1e-12));
     }
     SECTION("dilation INT64_MAX with a kernel of extent 1 is the same as dilation 1") {
         const Var w1 = g.input(randn({1, 1, 1, 3}, 23, DType::f64), "w1");
@@ -191,9 +191,9 @@ TEST_CASE("pooling with extreme attributes", "[trust][sizes][pool]") {
         const Var y = avg_pool2d(one, {k2p40, k2p40}, {0, 0}, {k2p40 / 2, k2p40 / 2});
         REQUIRE(y.shape() == Shape{1, 1, 1, 1});
         const double scale = std::ldexp(1.0, -80);
-        CHECK(y.value().item() == Approx(one.value().item() * scale).epsilon(1e-12));
+        CHECK(y.value().item() == dgtest::Approx(one.value().item() * scale).epsilon(1e-12));
         g.backward(sum(y));
-        CHECK(one.grad().item() == Approx(scale).epsilon(1e-12));
+        CHECK(one.grad().item() == dgtest::Approx(scale).epsilon(1e-12));
     }
     SECTION("kernel INT64_MAX with padding kernel/2: exact, no wrapped padded size") {
         const Var y = max_pool2d(x, {kMax, 1}, {0, 1}, {kMax / 2, 0});
@@ -226,7 +226,7 @@ TEST_CASE("extreme strides and dilations on the GPU agree with the CPU", "[trust
     const auto gpu = run(Device::cuda(0));
     for (std::size_t i = 0; i < cpu.size(); ++i) {
         REQUIRE(cpu[i].size() == gpu[i].size());
-        for (std::size_t k = 0; k < cpu[i].size(); ++k) CHECK(gpu[i][k] == Approx(cpu[i][k]).epsilon(1e-5).margin(1e-6));
+        for (std::size_t k = 0; k < cpu[i].size(); ++k) CHECK(gpu[i][k] == dgtest::Approx(cpu[i][k]).epsilon(1e-5).margin(1e-6));
     }
 }
 
