@@ -4,8 +4,10 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <string>
 #include <unistd.h>
+#include <vector>
 
 #include "dyngrad/dyngrad.h"
 #include "hostile.h"
@@ -217,6 +219,54 @@ const bool added = hostile::add(
                            [] { Module().register_parameter("@x", Tensor::zeros({1})); }),
         expect<ValueError>("save_parameters of a parameter named '@w'", {"save_parameters", "'@w'"},
                            [] { save_parameters({param("@w")}, "/nonexistent/x.safetensors"); }),
+        // ---- DataLoader ----
+        expect<ValueError>("DataLoader of a null data set", {"DataLoader", "null"}, [] { DataLoader(nullptr, {}); }),
+        expect<ValueError>("DataLoader batch size 0", {"DataLoader", "batch size 0"}, [] {
+            DataLoader(std::make_shared<TensorDataset>(std::vector<Tensor>{Tensor::zeros({4, 2})}), {.batch_size = 0});
+        }),
+        expect<ValueError>("DataLoader shard 3 of 3", {"DataLoader", "shard 3 of 3"}, [] {
+            DataLoader(std::make_shared<TensorDataset>(std::vector<Tensor>{Tensor::zeros({4})}),
+                       {.num_shards = 3, .shard = 3});
+        }),
+        expect<ValueError>("DataLoader 0 shards", {"DataLoader", "0 shards"}, [] {
+            DataLoader(std::make_shared<TensorDataset>(std::vector<Tensor>{Tensor::zeros({4})}), {.num_shards = 0});
+        }),
+        expect<ValueError>("DataLoader negative shard", {"DataLoader", "shard -1"}, [] {
+            DataLoader(std::make_shared<TensorDataset>(std::vector<Tensor>{Tensor::zeros({4})}), {.shard = -1});
+        }),
+        expect<ValueError>("DataLoader prefetch -2", {"DataLoader", "prefetch -2"}, [] {
+            DataLoader(std::make_shared<TensorDataset>(std::vector<Tensor>{Tensor::zeros({4})}), {.prefetch = -2});
+        }),
+        expect<DeviceError>("DataLoader on cuda:64", {"DataLoader", "cuda:64"}, [] {
+            DataLoader(std::make_shared<TensorDataset>(std::vector<Tensor>{Tensor::zeros({4})}),
+                       {.device = Device::cuda(64)});
+        }),
+        expect<ValueError>("TensorDataset of no tensors", {"TensorDataset", "no tensors"}, [] { TensorDataset({}); }),
+        expect<ValueError>("TensorDataset with an undefined tensor", {"TensorDataset", "tensor 1", "undefined"},
+                           [] { TensorDataset({Tensor::zeros({3}), Tensor()}); }),
+        expect<ShapeError>("TensorDataset first dimensions 5 and 4", {"TensorDataset", "(5,2)", "(4)"},
+                           [] { TensorDataset({Tensor::zeros({5, 2}), Tensor::zeros({4})}); }),
+        expect<ShapeError>("TensorDataset of a 0-d tensor", {"TensorDataset", "first"},
+                           [] { TensorDataset({Tensor::zeros({})}); }),
+        expect<IndexError>("TensorDataset get(7) of 3", {"TensorDataset", "sample 7", "0..2"},
+                           [] { TensorDataset({Tensor::zeros({3})}).get(7); }),
+        expect<ValueError>("stack_samples of no samples", {"stack_samples", "no samples"}, [] { stack_samples({}); }),
+        expect<ValueError>("stack_samples with field counts 1 and 2", {"stack_samples", "sample 1", "2 tensors"},
+                           [] { stack_samples({{Tensor::zeros({2})}, {Tensor::zeros({2}), Tensor::zeros({1})}}); }),
+        expect<DTypeError>("stack_samples of float32 and int64", {"stack_samples", "int64", "float32"},
+                           [] { stack_samples({{Tensor::zeros({2})}, {Tensor::zeros({2}, DType::i64)}}); }),
+        expect<ShapeError>("stack_samples of (2) and (3)", {"stack_samples", "sample 1", "(3)", "collate"},
+                           [] { stack_samples({{Tensor::zeros({2})}, {Tensor::zeros({3})}}); }),
+        expect<ValueError>("stack_samples with an undefined tensor", {"stack_samples", "undefined"},
+                           [] { stack_samples({{Tensor()}}); }),
+        expect<ValueError>("a collate returning an undefined tensor", {"DataLoader", "collate", "undefined"}, [] {
+            DataLoader loader(std::make_shared<TensorDataset>(std::vector<Tensor>{Tensor::zeros({4})}),
+                              {.prefetch = 1, .collate = [](const std::vector<std::vector<Tensor>>&) {
+                                   return std::vector<Tensor>{Tensor()};
+                               }});
+            std::vector<Tensor> batch;
+            loader.next(batch);
+        }),
         // ---- init ----
         expect<ValueError>("Linear with an Init that does not exist", {"Init", "9"}, [] {
             Generator gen(1);
