@@ -273,6 +273,11 @@ void Parameter::set_name(std::string name) {
     if (!state_) throw ValueError("Parameter is undefined");
     state_->name = std::move(name);
 }
+bool Parameter::requires_grad() const { return state_ && state_->requires_grad; }
+void Parameter::set_requires_grad(bool requires_grad) {
+    if (!state_) throw ValueError("Parameter is undefined");
+    state_->requires_grad = requires_grad;
+}
 
 // ---- Var ----
 // Reads only the anchor until the generation matches: a destroyed graph's memory is never touched. The
@@ -379,7 +384,8 @@ Var ComputeGraph::parameter(const Parameter& p, std::source_location where) {
     const Use use(*this, "parameter()");
     if (!p.defined()) throw ValueError(str("parameter at ", describe_site(where), ": the Parameter is undefined"));
     const Tensor& value = p.value();
-    if (!grad_enabled()) return add_leaf(value, false, p, p.name(), where);
+    // Frozen, or recorded without grad: a constant leaf that binds to no graph.
+    if (!grad_enabled() || !p.requires_grad()) return add_leaf(value, false, p, p.name(), where);
     Parameter::State& state = *p.state_;
     // Check and bind under the parameter's lock: two graphs on two threads cannot both take it.
     const std::lock_guard lock(state.binding);

@@ -34,6 +34,10 @@ struct GraphAnchor;  // a graph's liveness record; outlives the graph (graph.cpp
 // it in a second graph meanwhile throws GraphError (its gradient would mix two passes); the same graph
 // may record it any number of times, and recording under NoGradGuard does not bind. Binding is atomic: of
 // two threads recording one parameter into two graphs at once, exactly one succeeds.
+//
+// A frozen parameter (set_requires_grad(false)) is recorded as a constant leaf: no gradient reaches it,
+// it binds to no graph, and optimizers and clip_grad_norm skip it. Freezing takes effect at the next
+// recording; it keeps a gradient it already has (zero_grad() drops it).
 class Parameter {
 public:
     Parameter() = default;
@@ -48,6 +52,9 @@ public:
     const std::string& name() const;
     // Renames every copy (Module registration sets the dotted path, e.g. "fc1.weight").
     void set_name(std::string name);
+    // Trainable (the default) or frozen; shared by every copy.
+    bool requires_grad() const;
+    void set_requires_grad(bool requires_grad);
     // Internal: the engine accumulates into the gradient.
     Tensor& grad_slot();
 
@@ -57,6 +64,7 @@ private:
         Tensor value;
         Tensor grad;
         std::string name;
+        bool requires_grad = true;
         std::mutex binding;                    // guards graph and bound_at: graphs on other threads bind too
         const ComputeGraph* graph = nullptr;  // the graph whose pending forward pass holds it
         std::source_location bound_at;         // where that graph first recorded it

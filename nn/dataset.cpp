@@ -3,10 +3,15 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <exception>
 #include <filesystem>
+#include <mutex>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include "dyngrad/core/error.h"
 #include "dyngrad/core/idx.h"
@@ -115,6 +120,15 @@ Tensor slice_rows(const Tensor& src, std::int64_t begin, std::int64_t count) {
     return out;
 }
 
+// DeviceError for a CUDA device this build or machine lacks.
+void check_loader_device(const char* loader, const Device& device) {
+    if (device.is_cuda() && (device.index < 0 || device.index >= cuda_device_count()))
+        throw DeviceError(str(loader, ": ", device.to_string(), " does not exist (",
+                              cuda_compiled() ? str(cuda_device_count(), " CUDA devices")
+                                              : std::string("this build of dyngrad has no CUDA backend"),
+                              ")"));
+}
+
 // Uniform in [0, n) without modulo bias: rejects the low 2^64 mod n draws.
 std::uint64_t bounded(std::mt19937_64& engine, std::uint64_t n) {
     const std::uint64_t threshold = (0 - n) % n;
@@ -183,11 +197,7 @@ BatchLoader::BatchLoader(const Dataset& data, const LoaderOptions& options) : da
     if (data.labels.rank() != 1 || data.images.rank() < 1 || data.images.size(0) != data.labels.size(0))
         throw ShapeError(str("BatchLoader: images ", describe(data.images), " and labels ", describe(data.labels),
                              " do not pair up (need labels (N) and images (N,...))"));
-    if (options.device.is_cuda() && (options.device.index < 0 || options.device.index >= cuda_device_count()))
-        throw DeviceError(str("BatchLoader: ", options.device.to_string(), " does not exist (",
-                              cuda_compiled() ? str(cuda_device_count(), " CUDA devices")
-                                              : std::string("this build of dyngrad has no CUDA backend"),
-                              ")"));
+    check_loader_device("BatchLoader", options.device);
     if (options.device.is_cuda() && !options.resident) {
         staging_ = std::make_unique<Staging>();
         const auto batch = static_cast<std::size_t>(options.batch_size);
@@ -251,6 +261,281 @@ bool BatchLoader::next(Batch& batch) {
     }
     batch.index = batch_index_++;
     cursor_ += count;
+    return true;
+}
+
+// ---- TensorDataset, stack_samples ----
+
+TensorDataset::TensorDataset(std::vector<Tensor> tensors) : tensors_(std::move(tensors)) {
+    if (tensors_.empty()) throw ValueError("TensorDataset: no tensors");
+    for (std::size_t f = 0; f < tensors_.size(); ++f) {
+        const Tensor& t = tensors_[f];
+        if (!t.defined()) throw ValueError(str("TensorDataset: tensor ", f, " is undefined"));
+        if (!t.device().is_cpu())
+            throw DeviceError(str("TensorDataset: tensor ", f, " ", describe(t), " must be on the CPU"));
+        if (t.rank() == 0 || t.size(0) != tensors_[0].size(0))
+            throw ShapeError(str("TensorDataset: tensor ", f, " ", describe(t), " does not share the first (sample) ",
+                                 "dimension of tensor 0 ", describe(tensors_[0])));
+    }
+}
+
+std::int64_t TensorDataset::size() const { return tensors_[0].size(0); }
+
+std::vector<Tensor> TensorDataset::get(std::int64_t index) const {
+    if (index < 0 || index >= size())
+        throw IndexError(str("TensorDataset: sample ", index, " is outside 0..", size() - 1));
+    std::vector<Tensor> sample;
+    for (const Tensor& t : tensors_) {
+        const Shape shape(t.shape().begin() + 1, t.shape().end());
+        sample.push_back(slice_rows(t, index, 1).reshaped(shape));
+    }
+    return sample;
+}
+
+std::vector<Tensor> stack_samples(const std::vector<std::vector<Tensor>>& samples) {
+    if (samples.empty()) throw ValueError("stack_samples: no samples");
+    const std::vector<Tensor>& first = samples[0];
+    for (std::size_t s = 0; s < samples.size(); ++s) {
+        if (samples[s].size() != first.size())
+            throw ValueError(str("stack_samples: sample ", s, " has ", samples[s].size(), " tensors, sample 0 has ",
+                                 first.size()));
+        for (std::size_t f = 0; f < first.size(); ++f) {
+            const Tensor& t = samples[s][f];
+            if (!t.defined()) throw ValueError(str("stack_samples: tensor ", f, " of sample ", s, " is undefined"));
+            if (!t.device().is_cpu())
+                throw DeviceError(str("stack_samples: tensor ", f, " of sample ", s, " ", describe(t),
+                                      " must be on the CPU"));
+            if (t.dtype() != first[f].dtype())
+                throw DTypeError(str("stack_samples: tensor ", f, " of sample ", s, " is ", dtype_name(t.dtype()),
+                                     ", of sample 0 ", dtype_name(first[f].dtype())));
+            if (t.shape() != first[f].shape())
+                throw ShapeError(str("stack_samples: tensor ", f, " of sample ", s, " has shape ", to_string(t.shape()),
+                                     ", of sample 0 ", to_string(first[f].shape()),
+                                     " (pass a collate function to batch samples of different shapes)"));
+        }
+    }
+    std::vector<Tensor> batch;
+    for (std::size_t f = 0; f < first.size(); ++f) {
+        Shape shape = first[f].shape();
+        shape.insert(shape.begin(), static_cast<std::int64_t>(samples.size()));
+        Tensor out = Tensor::empty(shape, first[f].dtype());
+        const std::size_t bytes = first[f].nbytes();
+        auto* to = static_cast<char*>(out.raw_data());
+        for (std::size_t s = 0; s < samples.size(); ++s) std::memcpy(to + s * bytes, samples[s][f].raw_data(), bytes);
+        batch.push_back(std::move(out));
+    }
+    return batch;
+}
+
+// ---- DataLoader ----
+
+struct DataLoader::Worker {
+    // A pinned buffer a prepared GPU batch waits in; reused after the copy that read it has run.
+    struct Staging {
+        void* pinned = nullptr;
+        std::size_t capacity = 0;
+        cuda::StreamEvent copied;
+    };
+    struct Ready {
+        std::vector<Tensor> host;          // the collated batch
+        int staging = -1;                  // GPU: its buffer, fields at `offsets`
+        std::vector<std::size_t> offsets;
+        std::exception_ptr error;          // get() or collate threw
+    };
+
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::deque<Ready> queue;
+    std::vector<Staging> staging;
+    std::vector<int> free_staging;
+    bool stop = false;
+    std::thread thread;
+
+    ~Worker() {
+        halt();
+        for (Staging& s : staging) {
+            // A queued copy may still read the buffer; a failed wait means the device is lost, and a
+            // destructor must not throw.
+            try {
+                s.copied.wait();
+            } catch (const Error&) {
+            }
+            cuda::free_pinned(s.pinned);
+        }
+    }
+
+    // Stops the thread and drops what it prepared.
+    void halt() {
+        {
+            const std::lock_guard lock(mutex);
+            stop = true;
+        }
+        changed.notify_all();
+        if (thread.joinable()) thread.join();
+        stop = false;
+        queue.clear();
+        free_staging.clear();
+        for (std::size_t i = 0; i < staging.size(); ++i) free_staging.push_back(static_cast<int>(i));
+    }
+
+    // Copies a collated batch into a free pinned buffer (growing it when too small); false when stopped.
+    bool stage(Ready& ready) {
+        {
+            std::unique_lock lock(mutex);
+            changed.wait(lock, [&] { return stop || !free_staging.empty(); });
+            if (stop) return false;
+            ready.staging = free_staging.back();
+            free_staging.pop_back();
+        }
+        Staging& s = staging[static_cast<std::size_t>(ready.staging)];
+        s.copied.wait();  // the copy that last read this buffer has run
+        std::size_t bytes = 0;
+        for (const Tensor& t : ready.host) {
+            ready.offsets.push_back(bytes);
+            bytes += (t.nbytes() + 255) / 256 * 256;  // each field aligned for the copy engine
+        }
+        if (bytes > s.capacity) {
+            cuda::free_pinned(std::exchange(s.pinned, nullptr));
+            s.capacity = 0;
+            s.pinned = cuda::allocate_pinned(bytes);
+            s.capacity = bytes;
+        }
+        for (std::size_t f = 0; f < ready.host.size(); ++f)
+            std::memcpy(static_cast<char*>(s.pinned) + ready.offsets[f], ready.host[f].raw_data(),
+                        ready.host[f].nbytes());
+        return true;
+    }
+
+    void start(const DataLoader& loader) {
+        thread = std::thread([this, &loader] {
+            const std::int64_t batches = loader.batches_per_epoch();
+            const auto ahead = static_cast<std::size_t>(loader.options_.prefetch);
+            for (std::int64_t b = 0; b < batches; ++b) {
+                {
+                    std::unique_lock lock(mutex);
+                    changed.wait(lock, [&] { return stop || queue.size() < ahead; });
+                    if (stop) return;
+                }
+                Ready ready;
+                try {
+                    ready.host = loader.make_batch(b);
+                    if (loader.options_.device.is_cuda() && !stage(ready)) return;
+                } catch (...) {
+                    ready.error = std::current_exception();
+                }
+                const bool failed = ready.error != nullptr;
+                {
+                    const std::lock_guard lock(mutex);
+                    queue.push_back(std::move(ready));
+                }
+                changed.notify_all();
+                if (failed) return;
+            }
+        });
+    }
+};
+
+DataLoader::DataLoader(std::shared_ptr<const SampleDataset> data, DataLoaderOptions options)
+    : data_(std::move(data)), options_(std::move(options)) {
+    if (!data_) throw ValueError("DataLoader: the data set is null");
+    if (data_->size() < 0) throw ValueError(str("DataLoader: the data set's size ", data_->size(), " is negative"));
+    if (options_.batch_size < 1) throw ValueError(str("DataLoader: batch size ", options_.batch_size, " is below 1"));
+    if (options_.num_shards < 1 || options_.shard < 0 || options_.shard >= options_.num_shards)
+        throw ValueError(str("DataLoader: shard ", options_.shard, " of ", options_.num_shards,
+                             " shards (need 0 <= shard < num_shards)"));
+    if (options_.prefetch < 0) throw ValueError(str("DataLoader: prefetch ", options_.prefetch, " is negative"));
+    check_loader_device("DataLoader", options_.device);
+    if (!options_.collate) options_.collate = stack_samples;
+    if (options_.prefetch > 0) {
+        worker_ = std::make_unique<Worker>();
+        if (options_.device.is_cuda())
+            for (std::int64_t i = 0; i <= options_.prefetch; ++i)
+                worker_->staging.push_back({nullptr, 0, cuda::StreamEvent(options_.device.index)});
+    }
+    start_epoch(0);
+}
+
+DataLoader::~DataLoader() = default;
+
+void DataLoader::start_epoch(std::int64_t epoch) {
+    if (worker_) worker_->halt();
+    const std::int64_t n = data_->size();
+    std::vector<std::int64_t> all;
+    if (options_.shuffle) {
+        all = epoch_permutation(n, options_.seed, epoch);
+    } else {
+        all.resize(static_cast<std::size_t>(n));
+        std::iota(all.begin(), all.end(), std::int64_t{0});
+    }
+    order_.clear();
+    for (std::size_t i = static_cast<std::size_t>(options_.shard); i < all.size();
+         i += static_cast<std::size_t>(options_.num_shards))
+        order_.push_back(all[i]);
+    next_batch_ = 0;
+    if (worker_) worker_->start(*this);
+}
+
+std::int64_t DataLoader::batches_per_epoch() const {
+    const auto n = static_cast<std::int64_t>(order_.size());
+    return options_.drop_last ? n / options_.batch_size : (n + options_.batch_size - 1) / options_.batch_size;
+}
+
+std::vector<Tensor> DataLoader::make_batch(std::int64_t batch_index) const {
+    const std::int64_t begin = batch_index * options_.batch_size;
+    const std::int64_t end = std::min(begin + options_.batch_size, static_cast<std::int64_t>(order_.size()));
+    std::vector<std::vector<Tensor>> samples;
+    for (std::int64_t k = begin; k < end; ++k) samples.push_back(data_->get(order_[static_cast<std::size_t>(k)]));
+    std::vector<Tensor> batch = options_.collate(samples);
+    for (std::size_t f = 0; f < batch.size(); ++f) {
+        if (!batch[f].defined()) throw ValueError(str("DataLoader: collate returned an undefined tensor ", f));
+        if (!batch[f].device().is_cpu())
+            throw DeviceError(str("DataLoader: collate returned tensor ", f, " ", describe(batch[f]),
+                                  "; it must return CPU tensors (the loader moves them)"));
+    }
+    return batch;
+}
+
+bool DataLoader::next(std::vector<Tensor>& batch) {
+    if (next_batch_ >= batches_per_epoch()) return false;
+    if (!worker_) {
+        std::vector<Tensor> host = make_batch(next_batch_);
+        ++next_batch_;
+        batch.clear();
+        for (Tensor& t : host) batch.push_back(t.to(options_.device));
+        return true;
+    }
+    Worker::Ready ready;
+    {
+        std::unique_lock lock(worker_->mutex);
+        worker_->changed.wait(lock, [&] { return !worker_->queue.empty(); });
+        ready = std::move(worker_->queue.front());
+        worker_->queue.pop_front();
+    }
+    worker_->changed.notify_all();
+    if (ready.error) {
+        next_batch_ = batches_per_epoch();  // the worker has stopped: this epoch ends here
+        std::rethrow_exception(ready.error);
+    }
+    ++next_batch_;
+    batch.clear();
+    if (ready.staging < 0) {
+        batch = std::move(ready.host);
+        return true;
+    }
+    Worker::Staging& staging = worker_->staging[static_cast<std::size_t>(ready.staging)];
+    for (std::size_t f = 0; f < ready.host.size(); ++f) {
+        const Tensor& host = ready.host[f];
+        Tensor t = Tensor::empty(host.shape(), host.dtype(), options_.device);
+        cuda::copy_to_device_async(t.raw_data(), options_.device.index,
+                                   static_cast<const char*>(staging.pinned) + ready.offsets[f], host.nbytes());
+        batch.push_back(std::move(t));
+    }
+    staging.copied.record();
+    {
+        const std::lock_guard lock(worker_->mutex);
+        worker_->free_staging.push_back(ready.staging);
+    }
+    worker_->changed.notify_all();
     return true;
 }
 

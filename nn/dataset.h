@@ -1,4 +1,6 @@
-// Classification data in memory, and shuffled mini-batches from it on the CPU or a GPU.
+// Classification data in memory, and shuffled mini-batches from it on the CPU or a GPU; and a general
+// DataLoader over any data set of tensors (user data sets, regression targets, sequences), with a collate
+// step and background prefetch (bottom of this file).
 //
 // load_mnist() reads an MNIST-format directory (MNIST, Fashion-MNIST and their kin) into two Datasets.
 // BatchLoader walks one Dataset in an order drawn from (seed, epoch): every sample exactly once per epoch,
@@ -18,6 +20,7 @@
 //   without shuffling the split is uploaded once. Needs the split's size in device memory.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -109,5 +112,86 @@ private:
 // (seed, epoch) through std::seed_seq; both are fully specified by the standard, so the order is the same
 // with every compiler and standard library. ValueError for a negative n.
 std::vector<std::int64_t> epoch_permutation(std::int64_t n, std::uint64_t seed, std::int64_t epoch);
+
+// ---- any tensors: a user data set, a collate step, background prefetch ----
+
+// A data set of `size()` samples; get(i) returns sample i as CPU tensors (e.g. {features, target}), the same
+// number of them with the same shapes and dtypes for every i under the default collate. get() is called
+// from the loader's worker thread (one at a time), so it must not touch state the training thread changes.
+class SampleDataset {
+public:
+    virtual ~SampleDataset() = default;
+    virtual std::int64_t size() const = 0;
+    virtual std::vector<Tensor> get(std::int64_t index) const = 0;
+};
+
+// Tensors sharing a first (sample) dimension, on the CPU: sample i is row i of each (a (N) tensor gives a 0-d
+// row). ValueError for no or undefined tensors, ShapeError for first dimensions that differ (or rank 0),
+// DeviceError for a tensor that is not on the CPU.
+class TensorDataset : public SampleDataset {
+public:
+    explicit TensorDataset(std::vector<Tensor> tensors);
+    std::int64_t size() const override;
+    std::vector<Tensor> get(std::int64_t index) const override;  // copies; IndexError out of range
+    const std::vector<Tensor>& tensors() const { return tensors_; }
+
+private:
+    std::vector<Tensor> tensors_;
+};
+
+// Makes one batch from its samples (in batch order). The default, stack_samples, stacks field f of every
+// sample along a new first dimension: samples of shape S give a batch (B, S...). ShapeError/DTypeError/
+// DeviceError name the sample and field that differ from sample 0 or is not on the CPU.
+using Collate = std::function<std::vector<Tensor>(const std::vector<std::vector<Tensor>>& samples)>;
+std::vector<Tensor> stack_samples(const std::vector<std::vector<Tensor>>& samples);
+
+struct DataLoaderOptions {
+    std::int64_t batch_size = 64;
+    bool shuffle = true;     // order of epoch e: epoch_permutation(size, seed, e); false: 0, 1, 2, ...
+    std::uint64_t seed = 0;
+    bool drop_last = false;  // leave out an epoch's last batch when it is partial
+    // This loader sees positions shard, shard + num_shards, ... of each epoch's order (one loader per
+    // process or device; together the shards cover every sample once).
+    std::int64_t num_shards = 1;
+    std::int64_t shard = 0;
+    // Batches a worker thread prepares ahead of next() (get, collate and, for a GPU, the copy into pinned host
+    // memory); 0: everything on the caller's thread.
+    std::int64_t prefetch = 2;
+    Device device = Device::cpu();  // a CUDA device: batches are copied there on dyngrad's stream
+    Collate collate = {};           // empty: stack_samples
+};
+
+// Walks a SampleDataset in batches. On a CUDA device next() only queues the copies of a batch the worker
+// already staged in pinned memory and returns: the GPU never waits on the host's get() and collate, and a
+// staging buffer is reused only after the copy that read it has run (an event per buffer). An exception
+// thrown by get() or collate on the worker reaches the caller from next(), unchanged.
+class DataLoader {
+public:
+    // ValueError for a null data set or bad options; DeviceError for a CUDA device this build or machine lacks.
+    DataLoader(std::shared_ptr<const SampleDataset> data, DataLoaderOptions options);
+    ~DataLoader();
+    DataLoader(const DataLoader&) = delete;
+    DataLoader& operator=(const DataLoader&) = delete;
+
+    // Rewinds to the first batch of `epoch` (the constructor starts epoch 0).
+    void start_epoch(std::int64_t epoch);
+    // Fills `batch` with the next batch of the current epoch (on the loader's device); false after the last.
+    bool next(std::vector<Tensor>& batch);
+
+    std::int64_t batches_per_epoch() const;
+    // This shard's sample order in the current epoch (indices into the data set).
+    const std::vector<std::int64_t>& order() const { return order_; }
+
+private:
+    struct Worker;  // the prefetch thread, its queue and the pinned staging buffers (nn/dataset.cpp)
+
+    std::vector<Tensor> make_batch(std::int64_t batch_index) const;
+
+    std::shared_ptr<const SampleDataset> data_;
+    DataLoaderOptions options_;
+    std::vector<std::int64_t> order_;
+    std::int64_t next_batch_ = 0;
+    std::unique_ptr<Worker> worker_;
+};
 
 }  // namespace dyngrad

@@ -55,6 +55,22 @@ Tensor xavier_normal(const Shape& shape, Generator& gen, double gain, DType dtyp
     return Tensor::normal(shape, 0.0, stddev, gen, dtype, device);
 }
 
+double leaky_relu_gain(double negative_slope) { return std::sqrt(2.0 / (1.0 + negative_slope * negative_slope)); }
+
+namespace {
+// The weight and (when `with_bias`) bias of a Linear or Conv2d, drawn in PyTorch's order: weight, then bias.
+std::pair<Tensor, Tensor> layer_init(const Shape& weight_shape, bool with_bias, Generator& gen, Init init) {
+    if (init != Init::Torch && init != Init::KaimingRelu)
+        throw ValueError(str("layer init: ", static_cast<int>(init), " is not an Init (Torch or KaimingRelu)"));
+    if (init == Init::KaimingRelu)
+        return {kaiming_uniform(weight_shape, gen), with_bias ? Tensor::zeros({weight_shape[0]}) : Tensor()};
+    Tensor weight = kaiming_uniform(weight_shape, gen, leaky_relu_gain(std::sqrt(5.0)));
+    if (!with_bias) return {weight, Tensor()};
+    const double bound = 1.0 / std::sqrt(fan_for("bias init", weight_shape, false));
+    return {weight, Tensor::uniform({weight_shape[0]}, -bound, bound, gen)};
+}
+}  // namespace
+
 // ---- Module ----
 
 struct Module::State {
@@ -91,8 +107,9 @@ bool reaches(State& from, const State& target) {
 }
 
 void check_new_name(const State& state, const std::string& name, const char* what) {
-    if (name.empty() || name.find('.') != std::string::npos)
-        throw ValueError(str(what, ": name '", name, "' must be non-empty and contain no '.'"));
+    if (name.empty() || name.find('.') != std::string::npos || name.starts_with('@'))
+        throw ValueError(str(what, ": name '", name, "' must be non-empty, contain no '.' and not start with '@' ",
+                             "(kept for a checkpoint's optimizer state)"));
     const auto taken = [&](const auto& entries) {
         return std::any_of(entries.begin(), entries.end(), [&](const auto& entry) { return entry.first == name; });
     };
@@ -190,12 +207,13 @@ void check_positive(const char* layer, const char* what, std::int64_t value) {
 }  // namespace
 
 Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool with_bias, Generator& gen,
-               Activation fused_activation)
+               Activation fused_activation, Init init)
     : activation(fused_activation) {
     check_positive("Linear", "in_features", in_features);
     check_positive("Linear", "out_features", out_features);
-    weight = register_parameter("weight", kaiming_uniform({out_features, in_features}, gen));
-    if (with_bias) bias = register_parameter("bias", Tensor::zeros({out_features}));
+    auto [w, b] = layer_init({out_features, in_features}, with_bias, gen, init);
+    weight = register_parameter("weight", std::move(w));
+    if (with_bias) bias = register_parameter("bias", std::move(b));
 }
 
 Var Linear::operator()(const Var& x, std::source_location where) const {
@@ -205,7 +223,7 @@ Var Linear::operator()(const Var& x, std::source_location where) const {
 }
 
 Conv2d::Conv2d(std::int64_t in_channels, std::int64_t out_channels, std::array<std::int64_t, 2> kernel,
-               Conv2dOptions conv_options, bool with_bias, Generator& gen)
+               Conv2dOptions conv_options, bool with_bias, Generator& gen, Init init)
     : options(conv_options) {
     check_positive("Conv2d", "in_channels", in_channels);
     check_positive("Conv2d", "out_channels", out_channels);
@@ -215,9 +233,9 @@ Conv2d::Conv2d(std::int64_t in_channels, std::int64_t out_channels, std::array<s
     if (in_channels % options.groups != 0 || out_channels % options.groups != 0)
         throw ValueError(str("Conv2d: ", in_channels, " input and ", out_channels,
                              " output channels do not split into ", options.groups, " groups"));
-    weight = register_parameter(
-        "weight", kaiming_uniform({out_channels, in_channels / options.groups, kernel[0], kernel[1]}, gen));
-    if (with_bias) bias = register_parameter("bias", Tensor::zeros({out_channels}));
+    auto [w, b] = layer_init({out_channels, in_channels / options.groups, kernel[0], kernel[1]}, with_bias, gen, init);
+    weight = register_parameter("weight", std::move(w));
+    if (with_bias) bias = register_parameter("bias", std::move(b));
 }
 
 Var Conv2d::operator()(const Var& x, std::source_location where) const {
@@ -286,6 +304,8 @@ Targets parameter_targets(const std::vector<Parameter>& parameters, const char* 
         if (p.name().empty()) throw ValueError(str(what, ": a parameter of shape ", to_string(p.value().shape()),
                                                    " has no name"));
         if (!names.insert(p.name()).second) throw ValueError(str(what, ": two parameters are named '", p.name(), "'"));
+        if (p.name().starts_with('@'))
+            throw ValueError(str(what, ": parameter name '", p.name(), "' starts with '@', kept for checkpoint state"));
         targets.emplace_back(p.name(), p.value());
     }
     return targets;
@@ -298,22 +318,22 @@ void save_targets(const Targets& targets, const std::filesystem::path& path) {
 }
 
 // Everything is read, matched and converted before the first destination is written.
-void load_targets(const Targets& targets, const std::filesystem::path& path) {
-    TensorMap file = load_safetensors(path);
+void load_targets(const Targets& targets, TensorMap file, const std::string& source_name) {
+    std::erase_if(file, [](const auto& entry) { return entry.first.starts_with('@'); });  // not the model's
     std::vector<Tensor> sources;
     sources.reserve(targets.size());
     for (const auto& [name, target] : targets) {
         const auto found = file.find(name);
-        if (found == file.end()) throw IoError(str("'", path.string(), "' has no tensor '", name, "'"));
+        if (found == file.end()) throw IoError(str("'", source_name, "' has no tensor '", name, "'"));
         const Tensor& source = found->second;
         if (source.shape() != target.shape())
-            throw ShapeError(str("tensor '", name, "' in '", path.string(), "' has shape ", to_string(source.shape()),
+            throw ShapeError(str("tensor '", name, "' in '", source_name, "' has shape ", to_string(source.shape()),
                                  ", the destination ", to_string(target.shape())));
         sources.push_back(source.to(target.dtype()));
         file.erase(found);
     }
     if (!file.empty())
-        throw IoError(str("'", path.string(), "' has tensor '", file.begin()->first, "' that the destination lacks (",
+        throw IoError(str("'", source_name, "' has tensor '", file.begin()->first, "' that the destination lacks (",
                           file.size(), " unexpected in all)"));
     for (std::size_t i = 0; i < targets.size(); ++i) {
         Tensor destination = targets[i].second;
@@ -330,10 +350,22 @@ void save_parameters(const std::vector<Parameter>& parameters, const std::filesy
     save_targets(parameter_targets(parameters, "save_parameters"), path);
 }
 
-void load_parameters(Module& module, const std::filesystem::path& path) { load_targets(module_targets(module), path); }
+void load_parameters(Module& module, const std::filesystem::path& path) {
+    load_targets(module_targets(module), load_safetensors(path), path.string());
+}
 
 void load_parameters(const std::vector<Parameter>& parameters, const std::filesystem::path& path) {
-    load_targets(parameter_targets(parameters, "load_parameters"), path);
+    load_targets(parameter_targets(parameters, "load_parameters"), load_safetensors(path), path.string());
+}
+
+void load_parameters(Module& module, const TensorMap& tensors, const std::string& source) {
+    load_targets(module_targets(module), tensors, source);
+}
+
+TensorMap named_tensors(const Module& module) {
+    TensorMap tensors;
+    for (const auto& [name, value] : module_targets(module)) tensors.emplace(name, value);
+    return tensors;
 }
 
 }  // namespace dyngrad

@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "dyngrad/core/safetensors.h"
 #include "dyngrad/graph/graph.h"
 #include "dyngrad/ops/conv.h"
 
@@ -55,6 +56,19 @@ Tensor xavier_uniform(const Shape& shape, Generator& gen, double gain = 1.0, DTy
 Tensor xavier_normal(const Shape& shape, Generator& gen, double gain = 1.0, DType dtype = DType::f32,
                      Device device = Device::cpu());
 // (Zeros: Tensor::zeros.)
+
+// The gain of kaiming init for a leaky ReLU of negative slope a: √(2 / (1 + a²)) (a = 0: kReluGain).
+double leaky_relu_gain(double negative_slope);
+
+// How Linear and Conv2d initialise their weight and bias (drawn from the Generator in that order).
+enum class Init {
+    // PyTorch's default (torch.nn.Linear / Conv2d reset_parameters): weight kaiming_uniform with
+    // a = √5, i.e. uniform(±1/√fan_in), and bias uniform(±1/√fan_in).
+    Torch,
+    // dyngrad's default before PyTorch's: weight kaiming_uniform with the ReLU gain, uniform(±√(6/fan_in)),
+    // and bias zeros. Steeper; the training records up to this change were measured with it.
+    KaimingRelu,
+};
 
 // ---- Module: the registry every layer and model derives from ----
 
@@ -102,13 +116,13 @@ private:
 // ---- layers: call them like functions, layer(x); `where` is the caller's line in error messages ----
 
 // y = activation(x · weightᵀ + bias).  x (N,in), weight (out,in), bias (out) -> y (N,out).
-// weight: kaiming_uniform (ReLU gain); bias: zeros. An activation is fused into the linear node (see
+// weight and bias: PyTorch's init, uniform(±1/√in) (Init::Torch); Init::KaimingRelu for the earlier scheme. An activation is fused into the linear node (see
 // linear, ops/linalg.h); in a Sequential, leave the index of the activation layer it replaces unused
 // (Sequential::skip_index) to keep the names of the layers after it.
 class Linear : public Module {
 public:
     Linear(std::int64_t in_features, std::int64_t out_features, bool bias, Generator& gen,
-           Activation activation = Activation::None);
+           Activation activation = Activation::None, Init init = Init::Torch);
     Var operator()(const Var& x, std::source_location where = std::source_location::current()) const;
 
     Parameter weight;
@@ -117,13 +131,14 @@ public:
 };
 
 // x (N,C,H,W), weight (K, C/groups, R, S), bias (K) -> y (N,K,P,Q); see conv2d (ops/conv.h).
-// weight: kaiming_uniform (ReLU gain); bias: zeros. options.activation fuses an activation into the conv2d
+// weight and bias: PyTorch's init, uniform(±1/√fan_in) with fan_in = C/groups·R·S (Init::Torch); Init::KaimingRelu
+// for the earlier scheme. options.activation fuses an activation into the conv2d
 // node ({.activation = Activation::Relu}); in a Sequential, skip_index() after it keeps the names of later
 // layers as they are with a separate activation layer.
 class Conv2d : public Module {
 public:
     Conv2d(std::int64_t in_channels, std::int64_t out_channels, std::array<std::int64_t, 2> kernel,
-           Conv2dOptions options, bool bias, Generator& gen);
+           Conv2dOptions options, bool bias, Generator& gen, Init init = Init::Torch);
     Var operator()(const Var& x, std::source_location where = std::source_location::current()) const;
 
     Parameter weight;
@@ -208,7 +223,13 @@ void save_parameters(const std::vector<Parameter>& parameters, const std::filesy
 // Copies the file's tensors into the existing ones, in place (their device; converted to their dtype).
 // The file must hold exactly the expected names (IoError otherwise) with matching shapes (ShapeError
 // naming the tensor). Everything is checked before anything is written: on error nothing has changed.
+// Entries whose name starts with '@' (a checkpoint's optimizer and schedule state, nn/optim.h) are not
+// the model's: loading ignores them, and no module or parameter name may start with '@'.
 void load_parameters(Module& module, const std::filesystem::path& path);
 void load_parameters(const std::vector<Parameter>& parameters, const std::filesystem::path& path);
+// The same from tensors already read (a checkpoint's); `source` names them in messages.
+void load_parameters(Module& module, const TensorMap& tensors, const std::string& source);
+// A module's parameters and buffers under their dotted paths: what save_parameters writes.
+TensorMap named_tensors(const Module& module);
 
 }  // namespace dyngrad

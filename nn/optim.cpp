@@ -1,11 +1,13 @@
-// Optimizers and learning-rate schedules (nn/optim.h). CPU parameters are updated here with Eigen,
-// one tensor at a time; CUDA parameters are gathered per device and updated by the fused multi-tensor
-// kernels of nn/optim.cu. Both backends apply the same formulas in the same order
+// Optimizers, schedules, gradient clipping and checkpoints (nn/optim.h). CPU parameters are updated here
+// with Eigen, one tensor at a time; CUDA parameters are gathered per device and updated by the fused
+// multi-tensor kernels of nn/optim.cu. Both backends apply the same formulas in the same order
 // (nn/optim_kernels.h holds the per-step scalars they share).
 #include "dyngrad/nn/optim.h"
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <numbers>
 #include <set>
@@ -46,9 +48,9 @@ const State& state_at(const std::vector<State>& states, std::size_t i, const cha
 // The one check of every optimizer's and schedule's hyperparameters (lr, momentum, weight decay, eps,
 // gamma, eta_min; set_lr too, so a schedule cannot step to an lr of inf): NaN and ±inf are refused with
 // the negative values. Betas are checked against [0, 1), which refuses them as well.
-void check_non_negative(const char* optimizer, const char* what, double value) {
+void check_non_negative(const std::string& who, const char* what, double value) {
     if (!(value >= 0) || !std::isfinite(value))
-        throw ValueError(str(optimizer, ": ", what, " must be finite and non-negative, got ", value));
+        throw ValueError(str(who, ": ", what, " must be finite and non-negative, got ", value));
 }
 
 // The optimizer state of one parameter: zeros on first use; it follows the parameter when that moved or
@@ -67,10 +69,9 @@ Tensor& state_for(Tensor& state, const Parameter& p) {
     return state;
 }
 
-// param, grad, buffer (n). g = grad + wd·p; buffer = momentum·buffer + g; g = nesterov ? g + momentum·buffer
-// : buffer; p -= lr·g.  `buffer` is undefined without momentum.
+// param, grad, buffer (n): the formulas of SgdScalars. `buffer` is undefined without momentum.
 template <typename T>
-void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& buffer, const SgdHyper& h) {
+void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& buffer, const SgdScalars& h) {
     auto p = map<T>(param);
     Array1<T> g = map_const<T>(grad);
     if (h.weight_decay != 0) g += static_cast<T>(h.weight_decay) * p;
@@ -78,7 +79,7 @@ void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& buffer, c
         auto b = map<T>(buffer);
         const auto momentum = static_cast<T>(h.momentum);
         b = momentum * b + g;
-        if (h.nesterov) g += momentum * b;
+        if (h.nesterov != 0) g += momentum * b;
         else g = b;
     }
     p -= static_cast<T>(h.lr) * g;
@@ -99,30 +100,134 @@ void adam_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
     p -= static_cast<T>(s.step_size) * m / (v.sqrt() / static_cast<T>(s.bias2_sqrt) + static_cast<T>(s.eps));
 }
 
+#if DYNGRAD_WITH_CUDA
+template <typename Scalars>
+std::array<double, kStepScalars> as_array(const Scalars& s) {
+    std::array<double, kStepScalars> out{};
+    std::memcpy(out.data(), &s, sizeof(Scalars));
+    return out;
+}
+#endif
+
+// ---- checkpoint entries ----
+
+constexpr const char* kOptimizerPrefix = "@optimizer.";
+constexpr const char* kSchedulePrefix = "@schedule.";
+constexpr const char* kOptimizerType = "dyngrad.optimizer";
+constexpr const char* kScheduleType = "dyngrad.schedule";
+// Columns of "@optimizer.settings", one row per group.
+constexpr std::int64_t kSettingColumns = 7;
+
+std::vector<double> settings_row(const GroupSettings& s) {
+    return {s.lr, s.weight_decay, s.momentum, s.nesterov ? 1.0 : 0.0, s.beta1, s.beta2, s.eps};
+}
+
+GroupSettings settings_from_row(const double* row) {
+    return {.lr = row[0], .weight_decay = row[1], .momentum = row[2], .nesterov = row[3] != 0,
+            .beta1 = row[4], .beta2 = row[5], .eps = row[6]};
+}
+
+// The entry `key` of a checkpoint, with the dtype and shape it must have.
+const Tensor& entry(const TensorMap& tensors, const std::string& key, DType dtype, const Shape& shape,
+                    const std::string& source) {
+    const auto found = tensors.find(key);
+    if (found == tensors.end()) throw IoError(str("checkpoint '", source, "' has no tensor '", key, "'"));
+    const Tensor& t = found->second;
+    if (t.dtype() != dtype)
+        throw DTypeError(str("checkpoint '", source, "': tensor '", key, "' is ", dtype_name(t.dtype()), ", expected ",
+                             dtype_name(dtype)));
+    if (t.shape() != shape)
+        throw ShapeError(str("checkpoint '", source, "': tensor '", key, "' has shape ", to_string(t.shape()),
+                             ", expected ", to_string(shape)));
+    return t;
+}
+
+// IoError for an entry under `prefix` that was not read (`used`): a checkpoint of another model or optimizer.
+void check_no_extra(const TensorMap& tensors, const std::string& prefix, const std::set<std::string>& used,
+                    const std::string& source) {
+    for (const auto& [key, value] : tensors)
+        if (key.starts_with(prefix) && !used.contains(key))
+            throw IoError(str("checkpoint '", source, "' has tensor '", key,
+                              "' that this optimizer or schedule does not have"));
+}
+
+const std::string& type_entry(const SafetensorsMetadata& metadata, const char* key, const char* what,
+                              const std::string& source) {
+    const auto found = metadata.find(key);
+    if (found == metadata.end())
+        throw IoError(str("checkpoint '", source, "' holds no ", what, " state (no metadata '", key, "')"));
+    return found->second;
+}
+
 }  // namespace
 
 // ---- Optimizer ----
 
-Optimizer::Optimizer(std::vector<Parameter> parameters, double lr)
-    : parameters_(std::move(parameters)), lr_(lr), tables_(std::make_unique<DeviceTables>()) {
-    check_non_negative("optimizer", "lr", lr);
+Optimizer::Optimizer(std::vector<ParamGroup> groups, const GroupSettings& defaults, const char* who,
+                     std::span<const char* const> settable)
+    : tables_(std::make_unique<DeviceTables>()) {
+    const auto allowed = [&](const char* setting) {
+        return std::any_of(settable.begin(), settable.end(), [&](const char* s) { return std::strcmp(s, setting) == 0; });
+    };
     std::set<const Tensor*> seen;  // a Parameter's identity: the address of its shared value
-    for (std::size_t i = 0; i < parameters_.size(); ++i) {
-        const Parameter& p = parameters_[i];
-        if (!p.defined()) throw ValueError(str("optimizer: parameter ", i, " is undefined"));
-        if (!seen.insert(&p.value()).second)
-            throw ValueError(str("optimizer: parameter '", p.name(), "' (number ", i, ") is listed twice"));
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+        ParamGroup& group = groups[g];
+        GroupSettings settings = defaults;
+        const auto take = [&](const char* setting, const auto& value, auto& into) {
+            if (!value.has_value()) return;
+            if (!allowed(setting))
+                throw ValueError(str(who, ": parameter group ", g, " sets ", setting, ", which ", who, " does not have"));
+            into = *value;
+        };
+        take("lr", group.lr, settings.lr);
+        take("weight_decay", group.weight_decay, settings.weight_decay);
+        take("momentum", group.momentum, settings.momentum);
+        take("nesterov", group.nesterov, settings.nesterov);
+        take("beta1", group.beta1, settings.beta1);
+        take("beta2", group.beta2, settings.beta2);
+        take("eps", group.eps, settings.eps);
+        groups_.push_back({parameters_.size(), parameters_.size() + group.parameters.size(), settings});
+        for (Parameter& p : group.parameters) {
+            const std::size_t i = parameters_.size();
+            if (!p.defined()) throw ValueError(str(who, ": parameter ", i, " is undefined"));
+            if (!seen.insert(&p.value()).second)
+                throw ValueError(str(who, ": parameter '", p.name(), "' (number ", i, ") is listed twice"));
+            parameters_.push_back(std::move(p));
+            group_of_.push_back(g);
+        }
     }
+    steps_.assign(parameters_.size(), 0);
+    state_.resize(parameters_.size());
 }
 
 Optimizer::~Optimizer() = default;
+
+std::string Optimizer::group_name(std::size_t group) const {
+    return groups_.size() == 1 ? std::string(name()) : str(name(), " group ", group);
+}
+
+void Optimizer::check_groups() const {
+    for (std::size_t g = 0; g < groups_.size(); ++g) check_settings(groups_[g].settings, group_name(g));
+}
+
+const GroupSettings& Optimizer::settings(std::size_t group) const {
+    if (group >= groups_.size())
+        throw IndexError(str(name(), ": parameter group ", group, " does not exist (", groups_.size(), " groups)"));
+    return groups_[group].settings;
+}
+
+std::span<const Parameter> Optimizer::group_parameters(std::size_t group) const {
+    settings(group);  // the index check
+    return std::span<const Parameter>(parameters_).subspan(groups_[group].begin,
+                                                           groups_[group].end - groups_[group].begin);
+}
 
 std::vector<std::size_t> Optimizer::with_grad() const {
     std::vector<std::size_t> ready;
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
         const Parameter& p = parameters_[i];
         const Tensor& grad = p.grad();
-        if (!grad.defined()) continue;
+        if (!grad.defined() || !p.requires_grad()) continue;
         const Tensor& value = p.value();
         if (grad.shape() != value.shape() || grad.dtype() != value.dtype() || grad.device() != value.device())
             throw ValueError(str("optimizer: parameter '", p.name(), "' ", describe(value), " has a gradient ",
@@ -137,102 +242,242 @@ void Optimizer::zero_grad() {
 }
 
 void Optimizer::set_lr(double lr) {
-    check_non_negative("optimizer", "lr", lr);
-    lr_ = lr;
+    check_non_negative(name(), "lr", lr);
+    for (Group& group : groups_) group.settings.lr = lr;
+}
+
+void Optimizer::set_lr(std::size_t group, double lr) {
+    settings(group);
+    check_non_negative(group_name(group), "lr", lr);
+    groups_[group].settings.lr = lr;
+}
+
+void Optimizer::save_state(TensorMap& tensors, SafetensorsMetadata& metadata) const {
+    const auto groups = static_cast<std::int64_t>(groups_.size());
+    std::vector<std::int64_t> sizes;
+    std::vector<double> rows;
+    for (const Group& group : groups_) {
+        sizes.push_back(static_cast<std::int64_t>(group.end - group.begin));
+        const std::vector<double> row = settings_row(group.settings);
+        rows.insert(rows.end(), row.begin(), row.end());
+    }
+    const std::string prefix = kOptimizerPrefix;
+    metadata[kOptimizerType] = name();
+    tensors[prefix + "group_sizes"] = Tensor::from_vector(sizes, {groups});
+    tensors[prefix + "settings"] = Tensor::from_vector(rows, {groups, kSettingColumns}, DType::f64);
+    tensors[prefix + "steps"] = Tensor::from_vector(steps_, {static_cast<std::int64_t>(steps_.size())});
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+        if (steps_[i] == 0) continue;
+        const std::vector<const char*> names = state_names(groups_[group_of_[i]].settings);
+        for (std::size_t k = 0; k < names.size(); ++k)
+            if (state_[i][k].defined()) tensors[str(prefix, "state.", i, ".", names[k])] = state_[i][k];
+    }
+}
+
+std::function<void()> Optimizer::stage_state(const TensorMap& tensors, const SafetensorsMetadata& metadata,
+                                             const std::string& source) {
+    const std::string& type = type_entry(metadata, kOptimizerType, "optimizer", source);
+    if (type != name())
+        throw ValueError(str("checkpoint '", source, "' holds the state of a ", type, " optimizer, not of ", name()));
+    const std::string prefix = kOptimizerPrefix;
+    std::set<std::string> used;
+    const auto read = [&](const std::string& key, DType dtype, const Shape& shape) -> const Tensor& {
+        used.insert(key);
+        return entry(tensors, key, dtype, shape, source);
+    };
+    const auto groups = static_cast<std::int64_t>(groups_.size());
+    const Tensor& sizes = read(prefix + "group_sizes", DType::i64, {groups});
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+        const std::int64_t saved = sizes.data<std::int64_t>()[g];
+        const auto here = static_cast<std::int64_t>(groups_[g].end - groups_[g].begin);
+        if (saved != here)
+            throw ValueError(str("checkpoint '", source, "': ", name(), " parameter group ", g, " holds ", saved,
+                                 " parameters there and ", here, " here"));
+    }
+    std::vector<Group> new_groups = groups_;
+    const Tensor& rows = read(prefix + "settings", DType::f64, {groups, kSettingColumns});
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+        new_groups[g].settings = settings_from_row(rows.data<double>() + g * kSettingColumns);
+        check_non_negative(str("checkpoint '", source, "': ", group_name(g)), "lr", new_groups[g].settings.lr);
+        check_settings(new_groups[g].settings, str("checkpoint '", source, "': ", group_name(g)));
+    }
+    const Tensor& steps = read(prefix + "steps", DType::i64, {static_cast<std::int64_t>(parameters_.size())});
+    std::vector<std::int64_t> new_steps(steps.data<std::int64_t>(), steps.data<std::int64_t>() + steps.numel());
+    std::vector<std::array<Tensor, 2>> new_state(parameters_.size());
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+        if (new_steps[i] < 0)
+            throw ValueError(str("checkpoint '", source, "': parameter ", i, " has step count ", new_steps[i]));
+        if (new_steps[i] == 0) continue;
+        const Tensor& value = parameters_[i].value();
+        const std::vector<const char*> names = state_names(new_groups[group_of_[i]].settings);
+        for (std::size_t k = 0; k < names.size(); ++k) {
+            const std::string key = str(prefix, "state.", i, ".", names[k]);
+            used.insert(key);
+            const auto found = tensors.find(key);
+            if (found == tensors.end())
+                throw IoError(str("checkpoint '", source, "' has no tensor '", key, "' (state of parameter '",
+                                  parameters_[i].name(), "', updated ", new_steps[i], " times)"));
+            if (found->second.shape() != value.shape())
+                throw ShapeError(str("checkpoint '", source, "': tensor '", key, "' has shape ",
+                                     to_string(found->second.shape()), ", parameter '", parameters_[i].name(), "' ",
+                                     to_string(value.shape())));
+            if (!is_floating(found->second.dtype()))
+                throw DTypeError(str("checkpoint '", source, "': tensor '", key, "' is ",
+                                     dtype_name(found->second.dtype()), ", optimizer state must be floating"));
+            new_state[i][k] = found->second.to(value.dtype()).to(value.device()).clone();
+        }
+    }
+    check_no_extra(tensors, prefix, used, source);
+    return [this, new_groups = std::move(new_groups), new_steps = std::move(new_steps),
+            new_state = std::move(new_state)]() mutable {
+        groups_ = std::move(new_groups);
+        steps_ = std::move(new_steps);
+        state_ = std::move(new_state);
+    };
+}
+
+void Optimizer::load_state(const TensorMap& tensors, const SafetensorsMetadata& metadata, const std::string& source) {
+    stage_state(tensors, metadata, source)();
 }
 
 // ---- SGD ----
 
+namespace {
+constexpr std::array<const char*, 4> kSgdSettings = {"lr", "weight_decay", "momentum", "nesterov"};
+constexpr std::array<const char*, 5> kAdamSettings = {"lr", "weight_decay", "beta1", "beta2", "eps"};
+
+GroupSettings sgd_defaults(const SgdOptions& o) {
+    return {.lr = o.lr, .weight_decay = o.weight_decay, .momentum = o.momentum, .nesterov = o.nesterov};
+}
+GroupSettings adam_defaults(const AdamOptions& o) {
+    return {.lr = o.lr, .weight_decay = o.weight_decay, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps};
+}
+std::vector<ParamGroup> one_group(std::vector<Parameter> parameters) {
+    std::vector<ParamGroup> groups(1);
+    groups[0].parameters = std::move(parameters);
+    return groups;
+}
+}  // namespace
+
 SGD::SGD(std::vector<Parameter> parameters, const SgdOptions& options)
-    : Optimizer(std::move(parameters), options.lr), options_(options), momentum_buffers_(parameters_.size()) {
-    check_non_negative("SGD", "momentum", options.momentum);
-    check_non_negative("SGD", "weight_decay", options.weight_decay);
-    if (options.nesterov && options.momentum == 0) throw ValueError("SGD: nesterov needs a momentum above 0");
+    : SGD(one_group(std::move(parameters)), options) {}
+
+SGD::SGD(std::vector<ParamGroup> groups, const SgdOptions& defaults)
+    : Optimizer(std::move(groups), sgd_defaults(defaults), "SGD", kSgdSettings) {
+    check_groups();
+}
+
+void SGD::check_settings(const GroupSettings& s, const std::string& who) const {
+    check_non_negative(who, "lr", s.lr);
+    check_non_negative(who, "momentum", s.momentum);
+    check_non_negative(who, "weight_decay", s.weight_decay);
+    if (s.nesterov && s.momentum == 0) throw ValueError(str(who, ": nesterov needs a momentum above 0"));
+}
+
+std::vector<const char*> SGD::state_names(const GroupSettings& s) const {
+    if (s.momentum == 0) return {};
+    return {"momentum_buffer"};
+}
+
+SgdOptions SGD::options(std::size_t group) const {
+    const GroupSettings& s = settings(group);
+    return {.lr = s.lr, .momentum = s.momentum, .nesterov = s.nesterov, .weight_decay = s.weight_decay};
 }
 
 void SGD::step() {
-    const SgdHyper hyper{lr_, options_.momentum, options_.weight_decay, options_.nesterov};
     // Everything that can throw happens before the first update: an error leaves every parameter as it was.
     const std::vector<std::size_t> ready = with_grad();
-    std::vector<Tensor> buffers(parameters_.size());
-    if (hyper.momentum != 0)
-        for (const std::size_t i : ready) buffers[i] = state_for(momentum_buffers_[i], parameters_[i]);
+    for (const std::size_t i : ready)
+        if (groups_[group_of_[i]].settings.momentum != 0) state_for(state_[i][0], parameters_[i]);
 #if DYNGRAD_WITH_CUDA
     std::map<int, std::vector<cuda::StepOperands>> on_gpu;
 #endif
     for (const std::size_t i : ready) {
+        const GroupSettings& s = groups_[group_of_[i]].settings;
+        const SgdScalars scalars{s.lr, s.momentum, s.weight_decay, s.nesterov ? 1.0 : 0.0};
         const Tensor& value = parameters_[i].value();
         const Tensor& grad = parameters_[i].grad();
-        const Tensor& buffer = buffers[i];
+        const Tensor buffer = s.momentum != 0 ? state_[i][0] : Tensor();
+        ++steps_[i];
         // An in-place write (here on the CPU, in the fused launch below on a GPU): a recorded graph whose
         // backward still needs the old value now refuses to run (Tensor::bump_version).
         value.bump_version();
         if (value.device().is_cpu()) {
-            dispatch_floating(value.dtype(), "SGD", [&]<typename T>() { sgd_update<T>(value, grad, buffer, hyper); });
+            dispatch_floating(value.dtype(), "SGD", [&]<typename T>() { sgd_update<T>(value, grad, buffer, scalars); });
             continue;
         }
 #if DYNGRAD_WITH_CUDA
         on_gpu[value.device().index].push_back({value.dtype(), value.raw_data(), grad.raw_data(),
                                                 buffer.defined() ? buffer.raw_data() : nullptr, nullptr,
-                                                value.numel(), 0});
+                                                value.numel(), as_array(scalars)});
 #endif
     }
 #if DYNGRAD_WITH_CUDA
-    for (const auto& [device, tensors] : on_gpu) cuda::sgd_step(tables_->on(device), tensors, hyper);
+    for (const auto& [device, tensors] : on_gpu) cuda::sgd_step(tables_->on(device), tensors);
 #endif
 }
+
+std::int64_t Optimizer::step_count(std::size_t parameter) const { return state_at(steps_, parameter, name()); }
 
 const Tensor& SGD::momentum_buffer(std::size_t i) const { return state_at(momentum_buffers_, i, "SGD"); }
 
 // ---- Adam / AdamW ----
 
 Adam::Adam(std::vector<Parameter> parameters, const AdamOptions& options)
-    : Adam(std::move(parameters), options, false) {}
+    : Adam(one_group(std::move(parameters)), options, false) {}
 
-Adam::Adam(std::vector<Parameter> parameters, const AdamOptions& options, bool decoupled_weight_decay)
-    : Optimizer(std::move(parameters), options.lr),
-      options_(options),
-      decoupled_(decoupled_weight_decay),
-      exp_avg_(parameters_.size()),
-      exp_avg_sq_(parameters_.size()),
-      steps_(parameters_.size(), 0) {
-    const char* name = decoupled_ ? "AdamW" : "Adam";
-    if (!(options.beta1 >= 0 && options.beta1 < 1) || !(options.beta2 >= 0 && options.beta2 < 1))
-        throw ValueError(str(name, ": betas must be in [0, 1), got ", options.beta1, " and ", options.beta2));
-    check_non_negative(name, "eps", options.eps);
-    check_non_negative(name, "weight_decay", options.weight_decay);
+Adam::Adam(std::vector<ParamGroup> groups, const AdamOptions& defaults) : Adam(std::move(groups), defaults, false) {}
+
+Adam::Adam(std::vector<ParamGroup> groups, const AdamOptions& defaults, bool decoupled_weight_decay)
+    : Optimizer(std::move(groups), adam_defaults(defaults), decoupled_weight_decay ? "AdamW" : "Adam", kAdamSettings),
+      decoupled_(decoupled_weight_decay) {
+    check_groups();
+}
+
+void Adam::check_settings(const GroupSettings& s, const std::string& who) const {
+    check_non_negative(who, "lr", s.lr);
+    if (!(s.beta1 >= 0 && s.beta1 < 1) || !(s.beta2 >= 0 && s.beta2 < 1))
+        throw ValueError(str(who, ": betas must be in [0, 1), got ", s.beta1, " and ", s.beta2));
+    check_non_negative(who, "eps", s.eps);
+    check_non_negative(who, "weight_decay", s.weight_decay);
+}
+
+std::vector<const char*> Adam::state_names(const GroupSettings&) const { return {"exp_avg", "exp_avg_sq"}; }
+
+AdamOptions Adam::options(std::size_t group) const {
+    const GroupSettings& s = settings(group);
+    return {.lr = s.lr, .beta1 = s.beta1, .beta2 = s.beta2, .eps = s.eps, .weight_decay = s.weight_decay};
 }
 
 void Adam::step() {
-    const AdamHyper hyper{lr_, options_.beta1, options_.beta2, options_.eps, options_.weight_decay, decoupled_};
     const std::vector<std::size_t> ready = with_grad();
     for (const std::size_t i : ready) {
-        state_for(exp_avg_[i], parameters_[i]);
-        state_for(exp_avg_sq_[i], parameters_[i]);
+        state_for(state_[i][0], parameters_[i]);
+        state_for(state_[i][1], parameters_[i]);
     }
 #if DYNGRAD_WITH_CUDA
     std::map<int, std::vector<cuda::StepOperands>> on_gpu;
 #endif
     for (const std::size_t i : ready) {
+        const GroupSettings& s = groups_[group_of_[i]].settings;
         const Tensor& value = parameters_[i].value();
         const Tensor& grad = parameters_[i].grad();
-        const std::int64_t step = ++steps_[i];
+        const AdamScalars scalars = adam_scalars(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, decoupled_, ++steps_[i]);
         value.bump_version();
         if (value.device().is_cpu()) {
-            const AdamScalars scalars = adam_scalars(hyper, step);
-            dispatch_floating(value.dtype(), decoupled_ ? "AdamW" : "Adam", [&]<typename T>() {
-                adam_update<T>(value, grad, exp_avg_[i], exp_avg_sq_[i], scalars);
+            dispatch_floating(value.dtype(), name(), [&]<typename T>() {
+                adam_update<T>(value, grad, state_[i][0], state_[i][1], scalars);
             });
             continue;
         }
 #if DYNGRAD_WITH_CUDA
         on_gpu[value.device().index].push_back({value.dtype(), value.raw_data(), grad.raw_data(),
-                                                exp_avg_[i].raw_data(), exp_avg_sq_[i].raw_data(), value.numel(),
-                                                step});
+                                                state_[i][0].raw_data(), state_[i][1].raw_data(), value.numel(),
+                                                as_array(scalars)});
 #endif
     }
 #if DYNGRAD_WITH_CUDA
-    for (const auto& [device, tensors] : on_gpu) cuda::adam_step(tables_->on(device), tensors, hyper);
+    for (const auto& [device, tensors] : on_gpu) cuda::adam_step(tables_->on(device), tensors, decoupled_);
 #endif
 }
 
@@ -240,36 +485,205 @@ const Tensor& Adam::exp_avg(std::size_t i) const { return state_at(exp_avg_, i, 
 const Tensor& Adam::exp_avg_sq(std::size_t i) const {
     return state_at(exp_avg_sq_, i, decoupled_ ? "AdamW" : "Adam");
 }
-std::int64_t Adam::step_count(std::size_t i) const { return state_at(steps_, i, decoupled_ ? "AdamW" : "Adam"); }
 
 AdamW::AdamW(std::vector<Parameter> parameters, const AdamOptions& options)
-    : Adam(std::move(parameters), options, true) {}
+    : Adam(one_group(std::move(parameters)), options, true) {}
+
+AdamW::AdamW(std::vector<ParamGroup> groups, const AdamOptions& defaults) : Adam(std::move(groups), defaults, true) {}
 
 // ---- schedules ----
 
+LRScheduler::LRScheduler(Optimizer& optimizer) : optimizer_(optimizer) {
+    for (std::size_t g = 0; g < optimizer.group_count(); ++g) base_lrs_.push_back(optimizer.lr(g));
+}
+
+LRScheduler::~LRScheduler() = default;
+
+double LRScheduler::lr_at(std::int64_t epoch, std::size_t group) const {
+    if (group >= base_lrs_.size())
+        throw IndexError(str(name(), ": parameter group ", group, " does not exist (", base_lrs_.size(), " groups)"));
+    return lr_for(base_lrs_[group], epoch);
+}
+
+void LRScheduler::step() {
+    ++epoch_;
+    for (std::size_t g = 0; g < base_lrs_.size(); ++g) optimizer_.set_lr(g, lr_for(base_lrs_[g], epoch_));
+}
+
+void LRScheduler::save_state(TensorMap& tensors, SafetensorsMetadata& metadata) const {
+    const std::string prefix = kSchedulePrefix;
+    metadata[kScheduleType] = name();
+    tensors[prefix + "epoch"] = Tensor::from_vector(std::vector<std::int64_t>{epoch_}, {1});
+    tensors[prefix + "base_lrs"] =
+        Tensor::from_vector(base_lrs_, {static_cast<std::int64_t>(base_lrs_.size())}, DType::f64);
+}
+
+std::function<void()> LRScheduler::stage_state(const TensorMap& tensors, const SafetensorsMetadata& metadata,
+                                               const std::string& source) {
+    const std::string& type = type_entry(metadata, kScheduleType, "schedule", source);
+    if (type != name())
+        throw ValueError(str("checkpoint '", source, "' holds the state of a ", type, " schedule, not of ", name()));
+    const std::string prefix = kSchedulePrefix;
+    const std::int64_t epoch = entry(tensors, prefix + "epoch", DType::i64, {1}, source).data<std::int64_t>()[0];
+    if (epoch < 0) throw ValueError(str("checkpoint '", source, "': ", name(), " epoch ", epoch, " is negative"));
+    const Tensor& bases = entry(tensors, prefix + "base_lrs", DType::f64,
+                                {static_cast<std::int64_t>(base_lrs_.size())}, source);
+    std::vector<double> new_bases(bases.data<double>(), bases.data<double>() + bases.numel());
+    for (const double base : new_bases) check_non_negative(str("checkpoint '", source, "': ", name()), "base lr", base);
+    check_no_extra(tensors, prefix, {prefix + "epoch", prefix + "base_lrs"}, source);
+    return [this, epoch, new_bases = std::move(new_bases)]() mutable {
+        epoch_ = epoch;
+        base_lrs_ = std::move(new_bases);
+    };
+}
+
+void LRScheduler::load_state(const TensorMap& tensors, const SafetensorsMetadata& metadata,
+                             const std::string& source) {
+    stage_state(tensors, metadata, source)();
+}
+
 StepLR::StepLR(Optimizer& optimizer, std::int64_t step_size, double gamma)
-    : optimizer_(optimizer), step_size_(step_size), gamma_(gamma), base_lr_(optimizer.lr()) {
+    : LRScheduler(optimizer), step_size_(step_size), gamma_(gamma) {
     if (step_size <= 0) throw ValueError(str("StepLR: step_size must be positive, got ", step_size));
     check_non_negative("StepLR", "gamma", gamma);
 }
 
-double StepLR::lr_at(std::int64_t epoch) const {
-    return base_lr_ * std::pow(gamma_, static_cast<double>(epoch / step_size_));
+double StepLR::lr_for(double base_lr, std::int64_t epoch) const {
+    return base_lr * std::pow(gamma_, static_cast<double>(epoch / step_size_));
 }
 
-void StepLR::step() { optimizer_.set_lr(lr_at(++epoch_)); }
-
 CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, std::int64_t t_max, double eta_min)
-    : optimizer_(optimizer), t_max_(t_max), eta_min_(eta_min), base_lr_(optimizer.lr()) {
+    : LRScheduler(optimizer), t_max_(t_max), eta_min_(eta_min) {
     if (t_max <= 0) throw ValueError(str("CosineAnnealingLR: T_max must be positive, got ", t_max));
     check_non_negative("CosineAnnealingLR", "eta_min", eta_min);
 }
 
-double CosineAnnealingLR::lr_at(std::int64_t epoch) const {
+double CosineAnnealingLR::lr_for(double base_lr, std::int64_t epoch) const {
     const double phase = std::numbers::pi * static_cast<double>(epoch) / static_cast<double>(t_max_);
-    return eta_min_ + (base_lr_ - eta_min_) * (1 + std::cos(phase)) / 2;
+    return eta_min_ + (base_lr - eta_min_) * (1 + std::cos(phase)) / 2;
 }
 
-void CosineAnnealingLR::step() { optimizer_.set_lr(lr_at(++epoch_)); }
+// ---- gradient clipping ----
+
+namespace {
+// The gradients clipping acts on: trainable parameters that have one, made exclusive (a gradient may share
+// storage with a graph's values or another gradient) so that scaling it in place touches nothing else.
+std::vector<Tensor*> clip_targets(const std::vector<Parameter>& parameters, const char* what) {
+    std::vector<Tensor*> grads;
+    for (std::size_t i = 0; i < parameters.size(); ++i) {
+        const Parameter& p = parameters[i];
+        if (!p.defined()) throw ValueError(str(what, ": parameter ", i, " is undefined"));
+        if (!p.requires_grad() || !p.grad().defined()) continue;
+        const Tensor& grad = p.grad();
+        if (grad.shape() != p.value().shape() || grad.dtype() != p.value().dtype())
+            throw ValueError(str(what, ": parameter '", p.name(), "' ", describe(p.value()), " has a gradient ",
+                                 describe(grad), "; call zero_grad() after changing a parameter"));
+        if (!grads.empty() && grad.device() != grads.front()->device())
+            throw DeviceError(str(what, ": gradients on several devices (", describe(*grads.front()), " and '",
+                                  p.name(), "' ", describe(grad), "); clip each device's parameters separately"));
+        grads.push_back(&const_cast<Parameter&>(p).grad_slot());
+    }
+    for (Tensor* grad : grads)
+        if (!grad->owns_storage_exclusively()) *grad = grad->clone();
+    return grads;
+}
+
+#if DYNGRAD_WITH_CUDA
+std::vector<cuda::GradOperand> operands(const std::vector<Tensor*>& grads) {
+    std::vector<cuda::GradOperand> out;
+    for (Tensor* grad : grads) out.push_back({grad->dtype(), grad->raw_data(), grad->numel()});
+    return out;
+}
+#endif
+}  // namespace
+
+Tensor clip_grad_norm(const std::vector<Parameter>& parameters, double max_norm, double norm_type, double eps) {
+    if (!(max_norm >= 0)) throw ValueError(str("clip_grad_norm: max_norm must be non-negative, got ", max_norm));
+    if (!(norm_type > 0)) throw ValueError(str("clip_grad_norm: norm_type must be positive, got ", norm_type));
+    if (!(eps >= 0) || !std::isfinite(eps))
+        throw ValueError(str("clip_grad_norm: eps must be finite and non-negative, got ", eps));
+    const std::vector<Tensor*> grads = clip_targets(parameters, "clip_grad_norm");
+    if (grads.empty()) return Tensor::zeros({});
+    const bool any_f64 = std::any_of(grads.begin(), grads.end(), [](const Tensor* g) { return g->dtype() == DType::f64; });
+    const DType norm_dtype = any_f64 ? DType::f64 : DType::f32;
+    [[maybe_unused]] const Device device = grads.front()->device();
+#if DYNGRAD_WITH_CUDA
+    if (device.is_cuda()) {
+        Tensor norm = Tensor::empty({}, norm_dtype, device);
+        cuda::clip_norm(device.index, operands(grads), max_norm, norm_type, eps, norm);
+        return norm;
+    }
+#endif
+    const bool infinity = std::isinf(norm_type);
+    double total = 0;  // Σ|g|^p, or max |g| (NaN propagates, as in PyTorch)
+    for (const Tensor* grad : grads)
+        dispatch_floating(grad->dtype(), "clip_grad_norm", [&]<typename T>() {
+            const T* g = grad->data<T>();
+            for (std::int64_t i = 0; i < grad->numel(); ++i) {
+                const double a = std::abs(static_cast<double>(g[i]));
+                if (infinity) total = (a > total || std::isnan(a)) ? a : total;
+                else if (norm_type == 2) total += a * a;
+                else if (norm_type == 1) total += a;
+                else total += std::pow(a, norm_type);
+            }
+        });
+    const double norm = infinity ? total : norm_type == 2 ? std::sqrt(total) : std::pow(total, 1 / norm_type);
+    const double coefficient = max_norm / (norm + eps);
+    if (coefficient < 1 || std::isnan(coefficient))
+        for (Tensor* grad : grads) {
+            grad->bump_version();
+            dispatch_floating(grad->dtype(), "clip_grad_norm",
+                              [&]<typename T>() { map<T>(*grad) *= static_cast<T>(coefficient); });
+        }
+    return Tensor::full({}, norm, norm_dtype);
+}
+
+void clip_grad_value(const std::vector<Parameter>& parameters, double clip_value) {
+    if (!(clip_value >= 0)) throw ValueError(str("clip_grad_value: clip_value must be non-negative, got ", clip_value));
+    const std::vector<Tensor*> grads = clip_targets(parameters, "clip_grad_value");
+    if (grads.empty()) return;
+    for (Tensor* grad : grads) grad->bump_version();
+#if DYNGRAD_WITH_CUDA
+    if (grads.front()->device().is_cuda()) {
+        cuda::clip_value(grads.front()->device().index, operands(grads), clip_value);
+        return;
+    }
+#endif
+    for (Tensor* grad : grads)
+        dispatch_floating(grad->dtype(), "clip_grad_value", [&]<typename T>() {
+            const auto bound = static_cast<T>(clip_value);
+            map<T>(*grad) = map<T>(*grad).max(-bound).min(bound);
+        });
+}
+
+// ---- checkpoints ----
+
+void save_checkpoint(const std::filesystem::path& path, const Module& model, const Optimizer& optimizer,
+                     const LRScheduler* schedule) {
+    if (schedule != nullptr && &schedule->optimizer() != &optimizer)
+        throw ValueError(str("save_checkpoint: the ", schedule->name(), " schedule drives another optimizer than the ",
+                             optimizer.name(), " given"));
+    TensorMap tensors = named_tensors(model);
+    SafetensorsMetadata metadata;
+    optimizer.save_state(tensors, metadata);
+    if (schedule != nullptr) schedule->save_state(tensors, metadata);
+    save_safetensors(path, tensors, metadata);
+}
+
+void load_checkpoint(const std::filesystem::path& path, Module& model, Optimizer& optimizer, LRScheduler* schedule) {
+    if (schedule != nullptr && &schedule->optimizer() != &optimizer)
+        throw ValueError(str("load_checkpoint: the ", schedule->name(), " schedule drives another optimizer than the ",
+                             optimizer.name(), " given"));
+    SafetensorsMetadata metadata;
+    const TensorMap tensors = load_safetensors(path, &metadata);
+    const std::string source = path.string();
+    // Optimizer and schedule are checked first, the model is checked and written, then the rest is applied.
+    const std::function<void()> apply_optimizer = optimizer.stage_state(tensors, metadata, source);
+    const std::function<void()> apply_schedule =
+        schedule != nullptr ? schedule->stage_state(tensors, metadata, source) : std::function<void()>([] {});
+    load_parameters(model, tensors, source);
+    apply_optimizer();
+    apply_schedule();
+}
 
 }  // namespace dyngrad

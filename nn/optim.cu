@@ -1,8 +1,10 @@
 // Fused multi-tensor optimizer steps: SGD (momentum, Nesterov, L2) and Adam / AdamW. The optimizers
 // (nn/optim.cpp) hand over every CUDA parameter of one device at once; the tensors are cut into chunks
 // of at most kStepChunk elements, the chunk table lives on the device (StepTable, nn/optim_kernels.h),
-// and one kernel launch updates every chunk of one (dtype, Adam step) group, one block per chunk.
-// In a captured step the hyper-parameters (lr, ...) are frozen into the graph's kernel arguments.
+// and one kernel launch updates every chunk of one dtype, one block per chunk. Each chunk carries its
+// parameter's scalars (its group's lr and weight decay, its own Adam step's bias corrections).
+// In a captured step the table, and with it the hyper-parameters (lr, ...), is frozen into the graph.
+// Gradient clipping (clip_norm, clip_value) is here too.
 // The formulas and their order match the Eigen updates in nn/optim.cpp, which are the reference.
 #include <algorithm>
 #include <cmath>
@@ -26,55 +28,51 @@ static_assert(sizeof(StepChunk) % sizeof(std::int64_t) == 0, "the table is store
 
 using std::sqrt;
 
-// The hyper-parameters as kernel arguments, in the element type.
+// chunks[blockIdx.x]: param, grad, momentum buffer (null without momentum), all (n); scalars: SgdScalars.
 template <typename T>
-struct SgdArgs {
-    T lr, momentum, weight_decay;
-    bool nesterov;
-};
-template <typename T>
-struct AdamArgs {
-    T beta1, one_minus_beta1, beta2, one_minus_beta2, eps, l2, decay, step_size, bias2_sqrt;
-};
-
-// chunks[blockIdx.x]: param, grad, momentum buffer (null without momentum), all (n).
-template <typename T>
-__global__ void sgd_kernel(const StepChunk* __restrict__ chunks, SgdArgs<T> a) {
-    const StepChunk c = chunks[blockIdx.x];
+__global__ void sgd_kernel(const StepChunk* __restrict__ chunks) {
+    const StepChunk& c = chunks[blockIdx.x];
+    const T lr = static_cast<T>(c.scalars[0]), momentum = static_cast<T>(c.scalars[1]),
+            weight_decay = static_cast<T>(c.scalars[2]);
+    const bool nesterov = c.scalars[3] != 0;
     T* __restrict__ p = static_cast<T*>(c.param);
     const T* __restrict__ g = static_cast<const T*>(c.grad);
     T* __restrict__ buffer = static_cast<T*>(c.state1);
     for (std::int64_t i = threadIdx.x; i < c.n; i += blockDim.x) {
         const T w = p[i];
         T d = g[i];
-        if (a.weight_decay != T(0)) d = d + a.weight_decay * w;
+        if (weight_decay != T(0)) d = d + weight_decay * w;
         if (buffer != nullptr) {
-            const T b = a.momentum * buffer[i] + d;
+            const T b = momentum * buffer[i] + d;
             buffer[i] = b;
-            d = a.nesterov ? d + a.momentum * b : b;
+            d = nesterov ? d + momentum * b : b;
         }
-        p[i] = w - a.lr * d;
+        p[i] = w - lr * d;
     }
 }
 
-// chunks[blockIdx.x]: param, grad, m, v, all (n).
+// chunks[blockIdx.x]: param, grad, m, v, all (n); scalars: AdamScalars in their order.
 template <typename T>
-__global__ void adam_kernel(const StepChunk* __restrict__ chunks, AdamArgs<T> a) {
-    const StepChunk c = chunks[blockIdx.x];
+__global__ void adam_kernel(const StepChunk* __restrict__ chunks) {
+    const StepChunk& c = chunks[blockIdx.x];
+    const T beta1 = static_cast<T>(c.scalars[0]), one_minus_beta1 = static_cast<T>(c.scalars[1]),
+            beta2 = static_cast<T>(c.scalars[2]), one_minus_beta2 = static_cast<T>(c.scalars[3]),
+            eps = static_cast<T>(c.scalars[4]), l2 = static_cast<T>(c.scalars[5]), decay = static_cast<T>(c.scalars[6]),
+            step_size = static_cast<T>(c.scalars[7]), bias2_sqrt = static_cast<T>(c.scalars[8]);
     T* __restrict__ p = static_cast<T*>(c.param);
     const T* __restrict__ g = static_cast<const T*>(c.grad);
     T* __restrict__ m = static_cast<T*>(c.state1);
     T* __restrict__ v = static_cast<T*>(c.state2);
     for (std::int64_t i = threadIdx.x; i < c.n; i += blockDim.x) {
         T w = p[i];
-        if (a.decay != T(1)) w = w * a.decay;
+        if (decay != T(1)) w = w * decay;
         T d = g[i];
-        if (a.l2 != T(0)) d = d + a.l2 * w;
-        const T mi = a.beta1 * m[i] + a.one_minus_beta1 * d;
-        const T vi = a.beta2 * v[i] + a.one_minus_beta2 * (d * d);
+        if (l2 != T(0)) d = d + l2 * w;
+        const T mi = beta1 * m[i] + one_minus_beta1 * d;
+        const T vi = beta2 * v[i] + one_minus_beta2 * (d * d);
         m[i] = mi;
         v[i] = vi;
-        p[i] = w - a.step_size * mi / (sqrt(vi) / a.bias2_sqrt + a.eps);
+        p[i] = w - step_size * mi / (sqrt(vi) / bias2_sqrt + eps);
     }
 }
 
@@ -84,36 +82,35 @@ P* advance(P* base, std::int64_t bytes) {
     return base == nullptr ? nullptr : reinterpret_cast<P*>(reinterpret_cast<Byte*>(base) + bytes);
 }
 
-// A run of consecutive table chunks that share a dtype and (for Adam) a step count.
+// A run of consecutive table chunks that share a dtype.
 struct Group {
     DType dtype;
-    std::int64_t step;
     std::size_t first;
     std::size_t count;
 };
 
-// Cuts the tensors into chunks grouped by (dtype, step; step ignored unless by_step), uploads the
-// table and calls launch(group, device chunks of the group) for each non-empty group.
+// Cuts the tensors into chunks grouped by dtype, uploads the table and calls launch(group, device chunks
+// of the group) for each non-empty group.
 template <typename Launch>
-void for_each_group(StepTable& table, std::span<const StepOperands> tensors, bool by_step, Launch launch) {
-    const auto key = [&](std::size_t i) {
-        return std::pair(static_cast<int>(tensors[i].dtype), by_step ? tensors[i].step : 0);
-    };
+void for_each_group(StepTable& table, std::span<const StepOperands> tensors, Launch launch) {
     std::vector<std::size_t> order(tensors.size());
     std::iota(order.begin(), order.end(), std::size_t{0});
-    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return key(a) < key(b); });
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+        return static_cast<int>(tensors[a].dtype) < static_cast<int>(tensors[b].dtype);
+    });
 
     std::vector<StepChunk> chunks;
     std::vector<Group> groups;
     for (const std::size_t i : order) {
         const StepOperands& t = tensors[i];
-        if (groups.empty() || groups.back().dtype != t.dtype || (by_step && groups.back().step != t.step))
-            groups.push_back({t.dtype, t.step, chunks.size(), 0});
+        if (groups.empty() || groups.back().dtype != t.dtype) groups.push_back({t.dtype, chunks.size(), 0});
         const auto width = static_cast<std::int64_t>(dtype_size(t.dtype));
         for (std::int64_t offset = 0; offset < t.numel; offset += kStepChunk) {
             const std::int64_t bytes = offset * width;
-            chunks.push_back({advance(t.param, bytes), advance(t.grad, bytes), advance(t.state1, bytes),
-                              advance(t.state2, bytes), std::min(kStepChunk, t.numel - offset)});
+            StepChunk chunk{advance(t.param, bytes), advance(t.grad, bytes), advance(t.state1, bytes),
+                            advance(t.state2, bytes), std::min(kStepChunk, t.numel - offset), {}};
+            std::copy(t.scalars.begin(), t.scalars.end(), chunk.scalars);
+            chunks.push_back(chunk);
         }
         groups.back().count = chunks.size() - groups.back().first;
     }
@@ -174,32 +171,187 @@ const StepChunk* StepTable::upload(const std::vector<StepChunk>& chunks) {
 
 // ---- steps ----
 
-void sgd_step(StepTable& table, std::span<const StepOperands> tensors, const SgdHyper& hyper) {
+void sgd_step(StepTable& table, std::span<const StepOperands> tensors) {
     DeviceContext& ctx = context(table.device());
-    for_each_group(table, tensors, false, [&](const Group& group, const StepChunk* chunks) {
+    for_each_group(table, tensors, [&](const Group& group, const StepChunk* chunks) {
         dispatch_floating(group.dtype, "SGD", [&]<typename T>() {
-            const SgdArgs<T> args{static_cast<T>(hyper.lr), static_cast<T>(hyper.momentum),
-                                  static_cast<T>(hyper.weight_decay), hyper.nesterov};
-            sgd_kernel<T><<<static_cast<unsigned>(group.count), kThreads, 0, ctx.stream>>>(chunks, args);
+            sgd_kernel<T><<<static_cast<unsigned>(group.count), kThreads, 0, ctx.stream>>>(chunks);
             DG_CUDA_CHECK_LAUNCH();
         });
     });
 }
 
-void adam_step(StepTable& table, std::span<const StepOperands> tensors, const AdamHyper& hyper) {
-    throw_if_capturing(table.device(), hyper.decoupled ? "AdamW::step()" : "Adam::step()",
+void adam_step(StepTable& table, std::span<const StepOperands> tensors, bool decoupled) {
+    throw_if_capturing(table.device(), decoupled ? "AdamW::step()" : "Adam::step()",
                        "its bias corrections depend on the step count, which a replay cannot advance; capture "
                        "steps that use SGD, or run Adam steps eagerly");
     DeviceContext& ctx = context(table.device());
-    for_each_group(table, tensors, true, [&](const Group& group, const StepChunk* chunks) {
-        const AdamScalars s = adam_scalars(hyper, group.step);
-        dispatch_floating(group.dtype, hyper.decoupled ? "AdamW" : "Adam", [&]<typename T>() {
-            const AdamArgs<T> args{static_cast<T>(s.beta1), static_cast<T>(s.one_minus_beta1),
-                                   static_cast<T>(s.beta2), static_cast<T>(s.one_minus_beta2),
-                                   static_cast<T>(s.eps),   static_cast<T>(s.l2),
-                                   static_cast<T>(s.decay), static_cast<T>(s.step_size),
-                                   static_cast<T>(s.bias2_sqrt)};
-            adam_kernel<T><<<static_cast<unsigned>(group.count), kThreads, 0, ctx.stream>>>(chunks, args);
+    for_each_group(table, tensors, [&](const Group& group, const StepChunk* chunks) {
+        dispatch_floating(group.dtype, decoupled ? "AdamW" : "Adam", [&]<typename T>() {
+            adam_kernel<T><<<static_cast<unsigned>(group.count), kThreads, 0, ctx.stream>>>(chunks);
+            DG_CUDA_CHECK_LAUNCH();
+        });
+    });
+}
+
+// ---- gradient clipping ----
+
+namespace {
+
+// Up to kClipBatch chunks of gradients, passed by value as a kernel argument (no table to upload, so
+// nothing waits on the host and a captured step keeps its own copy).
+constexpr int kClipBatch = 64;
+struct ClipBatch {
+    void* data[kClipBatch];
+    std::int64_t n[kClipBatch];
+    std::int64_t first_partial;  // index of this batch's first chunk in the partial sums
+};
+
+enum class NormKind { One, Two, Infinity, Other };
+
+template <typename T>
+__device__ double norm_term(T value, NormKind kind, double p) {
+    const double a = fabs(static_cast<double>(value));
+    switch (kind) {
+        case NormKind::One: return a;
+        case NormKind::Two: return a * a;
+        case NormKind::Infinity: return a;
+        default: return pow(a, p);
+    }
+}
+
+__device__ double combine(double a, double b, NormKind kind) {
+    if (kind != NormKind::Infinity) return a + b;
+    return (b > a || isnan(b)) ? b : a;  // max with NaN propagation
+}
+
+// Reduces the block's `value` in a fixed order (deterministic); thread 0 gets the result.
+__device__ double block_reduce(double value, NormKind kind) {
+    __shared__ double lanes[kThreads];
+    lanes[threadIdx.x] = value;
+    __syncthreads();
+    for (unsigned stride = kThreads / 2; stride > 0; stride /= 2) {
+        if (threadIdx.x < stride) lanes[threadIdx.x] = combine(lanes[threadIdx.x], lanes[threadIdx.x + stride], kind);
+        __syncthreads();
+    }
+    return lanes[0];
+}
+
+// Block b: Σ|g|^p (or max |g|) over chunk b of the batch into partials[first_partial + b].
+template <typename T>
+__global__ void norm_partials_kernel(ClipBatch batch, NormKind kind, double p, double* __restrict__ partials) {
+    const T* __restrict__ g = static_cast<const T*>(batch.data[blockIdx.x]);
+    double acc = 0;
+    for (std::int64_t i = threadIdx.x; i < batch.n[blockIdx.x]; i += blockDim.x) acc = combine(acc, norm_term(g[i], kind, p), kind);
+    acc = block_reduce(acc, kind);
+    if (threadIdx.x == 0) partials[batch.first_partial + blockIdx.x] = acc;
+}
+
+// One block: the total over every partial (fixed order), the norm (into `norm`, of type N) and the clip
+// coefficient min(1, max_norm / (norm + eps)) (NaN propagates) into *coefficient.
+template <typename N>
+__global__ void norm_total_kernel(const double* __restrict__ partials, std::int64_t count, NormKind kind, double p,
+                                  double max_norm, double eps, N* __restrict__ norm, double* __restrict__ coefficient) {
+    double acc = 0;
+    for (std::int64_t i = threadIdx.x; i < count; i += blockDim.x) acc = combine(acc, partials[i], kind);
+    acc = block_reduce(acc, kind);
+    if (threadIdx.x != 0) return;
+    const double total = kind == NormKind::Infinity || kind == NormKind::One ? acc
+                         : kind == NormKind::Two                           ? sqrt(acc)
+                                                                           : pow(acc, 1 / p);
+    *norm = static_cast<N>(total);
+    const double c = max_norm / (total + eps);
+    *coefficient = (c < 1 || isnan(c)) ? c : 1.0;
+}
+
+template <typename T>
+__global__ void scale_kernel(ClipBatch batch, const double* __restrict__ coefficient) {
+    const double c = *coefficient;
+    if (c == 1.0) return;
+    T* __restrict__ g = static_cast<T*>(batch.data[blockIdx.x]);
+    const T scale = static_cast<T>(c);
+    for (std::int64_t i = threadIdx.x; i < batch.n[blockIdx.x]; i += blockDim.x) g[i] = g[i] * scale;
+}
+
+template <typename T>
+__global__ void clamp_kernel(ClipBatch batch, T bound) {
+    T* __restrict__ g = static_cast<T*>(batch.data[blockIdx.x]);
+    for (std::int64_t i = threadIdx.x; i < batch.n[blockIdx.x]; i += blockDim.x) {
+        const T v = g[i];
+        g[i] = v < -bound ? -bound : (v > bound ? bound : v);  // NaN stays NaN, as torch.clamp
+    }
+}
+
+// Calls launch(dtype, batch, blocks) over batches of chunks of at most kStepChunk elements of one dtype.
+template <typename Launch>
+std::int64_t for_each_batch(std::span<const GradOperand> grads, Launch launch) {
+    std::int64_t chunks = 0;
+    for (const DType dtype : {DType::f32, DType::f64}) {
+        ClipBatch batch{};
+        int filled = 0;
+        const auto flush = [&] {
+            if (filled == 0) return;
+            launch(dtype, batch, filled);
+            chunks += filled;
+            filled = 0;
+        };
+        for (const GradOperand& g : grads) {
+            if (g.dtype != dtype) continue;
+            const auto width = static_cast<std::int64_t>(dtype_size(dtype));
+            for (std::int64_t offset = 0; offset < g.numel; offset += kStepChunk) {
+                if (filled == 0) batch.first_partial = chunks;
+                batch.data[filled] = static_cast<char*>(g.data) + offset * width;
+                batch.n[filled] = std::min(kStepChunk, g.numel - offset);
+                if (++filled == kClipBatch) flush();
+            }
+        }
+        flush();
+    }
+    return chunks;
+}
+
+}  // namespace
+
+void clip_norm(int device, std::span<const GradOperand> grads, double max_norm, double norm_type, double eps,
+               Tensor& norm) {
+    DeviceContext& ctx = context(device);
+    const NormKind kind = std::isinf(norm_type) ? NormKind::Infinity
+                          : norm_type == 1      ? NormKind::One
+                          : norm_type == 2      ? NormKind::Two
+                                                : NormKind::Other;
+    std::int64_t chunks = 0;
+    for (const GradOperand& g : grads) chunks += (g.numel + kStepChunk - 1) / kStepChunk;
+    // Pool memory, stream-ordered: freed when these tensors go, after the kernels queued below.
+    const Tensor partials = Tensor::empty({std::max<std::int64_t>(chunks, 1)}, DType::f64, Device::cuda(device));
+    const Tensor coefficient = Tensor::empty({}, DType::f64, Device::cuda(device));
+    auto* partial_sums = static_cast<double*>(partials.raw_data());
+    for_each_batch(grads, [&](DType dtype, const ClipBatch& batch, int blocks) {
+        dispatch_floating(dtype, "clip_grad_norm", [&]<typename T>() {
+            norm_partials_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream>>>(batch, kind, norm_type,
+                                                                                                 partial_sums);
+            DG_CUDA_CHECK_LAUNCH();
+        });
+    });
+    auto* c = static_cast<double*>(coefficient.raw_data());
+    dispatch_floating(norm.dtype(), "clip_grad_norm", [&]<typename N>() {
+        norm_total_kernel<N><<<1, kThreads, 0, ctx.stream>>>(partial_sums, chunks, kind, norm_type, max_norm, eps,
+                                                             static_cast<N*>(norm.raw_data()), c);
+        DG_CUDA_CHECK_LAUNCH();
+    });
+    for_each_batch(grads, [&](DType dtype, const ClipBatch& batch, int blocks) {
+        dispatch_floating(dtype, "clip_grad_norm", [&]<typename T>() {
+            scale_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream>>>(batch, c);
+            DG_CUDA_CHECK_LAUNCH();
+        });
+    });
+}
+
+void clip_value(int device, std::span<const GradOperand> grads, double clip_value) {
+    DeviceContext& ctx = context(device);
+    for_each_batch(grads, [&](DType dtype, const ClipBatch& batch, int blocks) {
+        dispatch_floating(dtype, "clip_grad_value", [&]<typename T>() {
+            clamp_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream>>>(batch,
+                                                                                         static_cast<T>(clip_value));
             DG_CUDA_CHECK_LAUNCH();
         });
     });

@@ -1,22 +1,64 @@
-// Optimizers over a list of Parameters, and learning-rate schedules.
+// Optimizers over groups of Parameters, learning-rate schedules, gradient clipping and checkpoints.
 // CPU: nn/optim.cpp (Eigen). GPU: nn/optim.cu (fused multi-tensor kernels, nn/optim_kernels.h).
 //
 //   SGD opt(model.parameters(), {.lr = 0.1, .momentum = 0.9});
-//   for each batch: opt.zero_grad(); graph.backward(loss); opt.step(); graph.clear();
+//   for each batch: opt.zero_grad(); graph.backward(loss); clip_grad_norm(params, 1.0); opt.step(); graph.clear();
+//
+// Parameter groups, as PyTorch's param_groups: each group's unset settings take the optimizer's options.
+//   AdamW opt({{.parameters = body.parameters()}, {.parameters = head.parameters(), .lr = 1e-2, .weight_decay = 0}},
+//             {.lr = 1e-3, .weight_decay = 0.01});
+// A group may set only the settings its optimizer has (ValueError otherwise: beta1 for SGD, momentum for Adam).
 //
 // The update rules are PyTorch's (torch.optim.SGD / Adam / AdamW with their default flags).
-// step() skips parameters without a gradient. State (momentum buffers, Adam moments) is created on
-// the first step that updates a parameter, on that parameter's device, and follows the parameter if
-// it moves. On a GPU one step over all parameters of one dtype is one fused kernel launch (a few when
-// parameters differ in Adam step counts), with no device synchronisation.
+// step() skips parameters without a gradient and frozen ones (Parameter::set_requires_grad(false)).
+// State (momentum buffers, Adam moments) is created on the first step that updates a parameter, on that
+// parameter's device, and follows the parameter if it moves. On a GPU one step over all parameters of
+// one dtype is one fused kernel launch, whatever their groups and Adam step counts (each chunk of the
+// device table carries its own scalars), with no device synchronisation.
+//
+// Checkpoints: save_checkpoint() writes the model's tensors, the optimizer's state (per-group settings,
+// per-parameter step counts and moments) and a schedule's epoch and base lrs into one safetensors file;
+// load_checkpoint() restores all three so that a resumed run continues bit for bit as an uninterrupted one.
 #pragma once
+#include <array>
 #include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <limits>
 #include <memory>
+#include <optional>
+#include <span>
+#include <string>
 #include <vector>
 
+#include "dyngrad/core/safetensors.h"
 #include "dyngrad/graph/graph.h"
+#include "dyngrad/nn/layers.h"
 
 namespace dyngrad {
+
+// One group of parameters and its settings; unset ones take the optimizer's options.
+struct ParamGroup {
+    std::vector<Parameter> parameters = {};
+    std::optional<double> lr = std::nullopt;
+    std::optional<double> weight_decay = std::nullopt;
+    std::optional<double> momentum = std::nullopt;   // SGD
+    std::optional<bool> nesterov = std::nullopt;     // SGD
+    std::optional<double> beta1 = std::nullopt;      // Adam, AdamW
+    std::optional<double> beta2 = std::nullopt;      // Adam, AdamW
+    std::optional<double> eps = std::nullopt;        // Adam, AdamW
+};
+
+// The resolved settings of one group (each optimizer reads those it has).
+struct GroupSettings {
+    double lr = 0;
+    double weight_decay = 0;
+    double momentum = 0;
+    bool nesterov = false;
+    double beta1 = 0;
+    double beta2 = 0;
+    double eps = 0;
+};
 
 class Optimizer {
 public:
@@ -24,25 +66,65 @@ public:
     Optimizer(const Optimizer&) = delete;
     Optimizer& operator=(const Optimizer&) = delete;
 
-    // Updates every parameter that has a gradient, in place.
+    // Updates every trainable parameter that has a gradient, in place.
     virtual void step() = 0;
     // Drops every parameter's gradient (the next backward starts from zero).
     void zero_grad();
+    // "SGD", "Adam", "AdamW": also the optimizer type recorded in a checkpoint.
+    virtual const char* name() const = 0;
 
-    double lr() const { return lr_; }
-    void set_lr(double lr);  // ValueError when negative, NaN or infinite
+    std::size_t group_count() const { return groups_.size(); }
+    const GroupSettings& settings(std::size_t group = 0) const;  // IndexError for a group that does not exist
+    double lr(std::size_t group = 0) const { return settings(group).lr; }
+    void set_lr(double lr);  // every group; ValueError when negative, NaN or infinite
+    void set_lr(std::size_t group, double lr);
+    // All parameters, group after group; group_parameters(g) is group g's run of them.
     const std::vector<Parameter>& parameters() const { return parameters_; }
+    std::span<const Parameter> group_parameters(std::size_t group) const;
+    // How many updates parameter i (an index into parameters()) has had (IndexError past the end).
+    std::int64_t step_count(std::size_t parameter) const;
+
+    // Checkpoint state under "@optimizer.": the settings of every group, the step counts and the state
+    // tensors (on the CPU), and the optimizer type in the metadata.
+    void save_state(TensorMap& tensors, SafetensorsMetadata& metadata) const;
+    // Restores what save_state wrote, into an optimizer over parameters of the same shapes in groups of the
+    // same sizes. Checks everything first and changes nothing on error: ValueError for another optimizer type,
+    // other group sizes or invalid settings; IoError for missing or unexpected "@optimizer." entries;
+    // ShapeError/DTypeError for a tensor that does not fit. `source` names the file in messages.
+    void load_state(const TensorMap& tensors, const SafetensorsMetadata& metadata, const std::string& source);
+    // load_state in two phases: everything is checked now, and the returned function (which cannot throw)
+    // applies it. load_checkpoint uses it to change nothing unless the model, optimizer and schedule all fit.
+    std::function<void()> stage_state(const TensorMap& tensors, const SafetensorsMetadata& metadata,
+                                      const std::string& source);
 
 protected:
-    // ValueError for an undefined or repeated parameter.
-    Optimizer(std::vector<Parameter> parameters, double lr);
-    // Indices of the parameters that have a gradient; ValueError when one does not match its parameter.
+    // ValueError for an undefined or repeated parameter, an unknown setting or an invalid value.
+    // `who` names the optimizer in messages; `settable` lists the ParamGroup settings it has.
+    Optimizer(std::vector<ParamGroup> groups, const GroupSettings& defaults, const char* who,
+              std::span<const char* const> settable);
+    // Indices of the trainable parameters that have a gradient; ValueError when one does not match its
+    // parameter.
     std::vector<std::size_t> with_grad() const;
+    // The settings a group of this optimizer may set, and the check of their values (ValueError).
+    // `who` names the optimizer and group in messages ("SGD group 1").
+    virtual void check_settings(const GroupSettings& settings, const std::string& who) const = 0;
+    // The names of the state tensors parameter i keeps once updated (per slot of state_).
+    virtual std::vector<const char*> state_names(const GroupSettings& settings) const = 0;
+    // Checks every group's settings (derived constructors call it: it calls check_settings).
+    void check_groups() const;
+    std::string group_name(std::size_t group) const;
     // Internal: the per-device tables of the fused GPU steps (nn/optim.cpp).
     struct DeviceTables;
 
+    struct Group {
+        std::size_t begin = 0, end = 0;  // the run of parameters_
+        GroupSettings settings;
+    };
     std::vector<Parameter> parameters_;
-    double lr_;
+    std::vector<std::size_t> group_of_;   // per parameter
+    std::vector<Group> groups_;
+    std::vector<std::int64_t> steps_;     // per parameter
+    std::vector<std::array<Tensor, 2>> state_;  // per parameter: SGD momentum buffer; Adam m, v
     std::unique_ptr<DeviceTables> tables_;
 };
 
@@ -58,14 +140,16 @@ struct SgdOptions {
 class SGD : public Optimizer {
 public:
     SGD(std::vector<Parameter> parameters, const SgdOptions& options = {});
+    SGD(std::vector<ParamGroup> groups, const SgdOptions& defaults = {});
     void step() override;
-    const SgdOptions& options() const { return options_; }
+    const char* name() const override { return "SGD"; }
+    SgdOptions options(std::size_t group = 0) const;
     // Parameter i's momentum buffer: undefined until its first update with momentum (IndexError past the end).
     const Tensor& momentum_buffer(std::size_t i) const;
 
-private:
-    SgdOptions options_;
-    std::vector<Tensor> momentum_buffers_;  // one per parameter; undefined until its first update
+protected:
+    void check_settings(const GroupSettings& settings, const std::string& who) const override;
+    std::vector<const char*> state_names(const GroupSettings& settings) const override;
 };
 
 struct AdamOptions {
@@ -82,23 +166,22 @@ struct AdamOptions {
 class Adam : public Optimizer {
 public:
     Adam(std::vector<Parameter> parameters, const AdamOptions& options = {});
+    Adam(std::vector<ParamGroup> groups, const AdamOptions& defaults = {});
     void step() override;
-    const AdamOptions& options() const { return options_; }
-    // Parameter i's state: the moments m and v (undefined until its first update) and how many updates it
-    // had, which sets its bias corrections (IndexError past the end).
+    const char* name() const override { return decoupled_ ? "AdamW" : "Adam"; }
+    AdamOptions options(std::size_t group = 0) const;
+    // Parameter i's moments m and v: undefined until its first update (IndexError past the end); its update
+    // count, which sets its bias corrections, is step_count(i).
     const Tensor& exp_avg(std::size_t i) const;
     const Tensor& exp_avg_sq(std::size_t i) const;
-    std::int64_t step_count(std::size_t i) const;
 
 protected:
-    Adam(std::vector<Parameter> parameters, const AdamOptions& options, bool decoupled_weight_decay);
+    Adam(std::vector<ParamGroup> groups, const AdamOptions& defaults, bool decoupled_weight_decay);
+    void check_settings(const GroupSettings& settings, const std::string& who) const override;
+    std::vector<const char*> state_names(const GroupSettings& settings) const override;
 
 private:
-    AdamOptions options_;
     bool decoupled_;
-    std::vector<Tensor> exp_avg_;     // m, one per parameter
-    std::vector<Tensor> exp_avg_sq_;  // v
-    std::vector<std::int64_t> steps_;
 };
 
 // Adam with decoupled weight decay (Loshchilov & Hutter): p *= 1 - lr·wd before the Adam update.
@@ -106,42 +189,93 @@ private:
 class AdamW : public Adam {
 public:
     AdamW(std::vector<Parameter> parameters, const AdamOptions& options = {});
+    AdamW(std::vector<ParamGroup> groups, const AdamOptions& defaults = {});
 };
 
 // ---- learning-rate schedules: call step() once per epoch, after that epoch's optimizer steps ----
-// Both record the optimizer's lr at construction as the base lr and set the optimizer's lr for the
-// next epoch; lr_at(epoch) is the closed form (epoch 0: the base lr).
+// A schedule records every group's lr at construction as that group's base lr and sets each group's lr
+// for the next epoch from its own base; lr_at(epoch, group) is the closed form (epoch 0: the base lr).
 
-// lr = base · gamma^floor(epoch / step_size)
-class StepLR {
+class LRScheduler {
 public:
-    StepLR(Optimizer& optimizer, std::int64_t step_size, double gamma = 0.1);
+    virtual ~LRScheduler();
+    LRScheduler(const LRScheduler&) = delete;
+    LRScheduler& operator=(const LRScheduler&) = delete;
+
     void step();
-    double lr_at(std::int64_t epoch) const;
+    double lr_at(std::int64_t epoch, std::size_t group = 0) const;
     std::int64_t epoch() const { return epoch_; }
+    const std::vector<double>& base_lrs() const { return base_lrs_; }
+    const Optimizer& optimizer() const { return optimizer_; }
+    virtual const char* name() const = 0;  // "StepLR", "CosineAnnealingLR": recorded in a checkpoint
+
+    // Checkpoint state under "@schedule.": the epoch and the base lrs, and the schedule type in the
+    // metadata. (Its own settings, step_size or T_max, come from its constructor.)
+    void save_state(TensorMap& tensors, SafetensorsMetadata& metadata) const;
+    void load_state(const TensorMap& tensors, const SafetensorsMetadata& metadata, const std::string& source);
+    std::function<void()> stage_state(const TensorMap& tensors, const SafetensorsMetadata& metadata,
+                                      const std::string& source);
+
+protected:
+    explicit LRScheduler(Optimizer& optimizer);
+    virtual double lr_for(double base_lr, std::int64_t epoch) const = 0;
 
 private:
     Optimizer& optimizer_;
+    std::vector<double> base_lrs_;
+    std::int64_t epoch_ = 0;
+};
+
+// lr = base · gamma^floor(epoch / step_size)
+class StepLR : public LRScheduler {
+public:
+    StepLR(Optimizer& optimizer, std::int64_t step_size, double gamma = 0.1);
+    const char* name() const override { return "StepLR"; }
+
+protected:
+    double lr_for(double base_lr, std::int64_t epoch) const override;
+
+private:
     std::int64_t step_size_;
     double gamma_;
-    double base_lr_;
-    std::int64_t epoch_ = 0;
 };
 
 // lr = eta_min + (base − eta_min) · (1 + cos(π · epoch / T_max)) / 2   (a cosine period of 2·T_max)
-class CosineAnnealingLR {
+class CosineAnnealingLR : public LRScheduler {
 public:
     CosineAnnealingLR(Optimizer& optimizer, std::int64_t t_max, double eta_min = 0.0);
-    void step();
-    double lr_at(std::int64_t epoch) const;
-    std::int64_t epoch() const { return epoch_; }
+    const char* name() const override { return "CosineAnnealingLR"; }
+
+protected:
+    double lr_for(double base_lr, std::int64_t epoch) const override;
 
 private:
-    Optimizer& optimizer_;
     std::int64_t t_max_;
     double eta_min_;
-    double base_lr_;
-    std::int64_t epoch_ = 0;
 };
+
+// ---- gradient clipping (call between backward and step) ----
+
+// Scales the gradients of the trainable parameters that have one by min(1, max_norm / (norm + eps)), where
+// norm is the norm_type-norm of all those gradients together (norm_type = infinity: the largest |g|).
+// Returns that norm (before clipping) as a 0-d tensor on the gradients' device, float64 when any gradient
+// is float64, float32 otherwise (0 when no parameter has a gradient). On a GPU the norm stays on the device:
+// no host synchronisation (the scale is applied by a kernel reading it). Accumulation is in float64.
+// ValueError: max_norm negative/NaN, norm_type not positive; DeviceError: gradients on several devices.
+Tensor clip_grad_norm(const std::vector<Parameter>& parameters, double max_norm, double norm_type = 2.0,
+                      double eps = 1e-6);
+// Clamps every gradient element into [-clip_value, clip_value]. ValueError: clip_value negative or NaN.
+void clip_grad_value(const std::vector<Parameter>& parameters, double clip_value);
+
+// ---- checkpoints: model, optimizer and schedule in one safetensors file ----
+
+// The model's tensors under their names (as save_parameters), the optimizer's and schedule's state under
+// "@optimizer." and "@schedule.". load_parameters reads the model's part of such a file.
+void save_checkpoint(const std::filesystem::path& path, const Module& model, const Optimizer& optimizer,
+                     const LRScheduler* schedule = nullptr);
+// Restores all three; checks everything first, so on error nothing has changed (the errors of
+// load_parameters and Optimizer/LRScheduler::load_state; ValueError for a schedule of another optimizer).
+void load_checkpoint(const std::filesystem::path& path, Module& model, Optimizer& optimizer,
+                     LRScheduler* schedule = nullptr);
 
 }  // namespace dyngrad

@@ -15,20 +15,13 @@
 
 namespace dyngrad {
 
-struct SgdHyper {
+// The scalars of one SGD update of one parameter (its group's settings):
+//   g = grad + weight_decay·p;  buf = momentum·buf + g;  g = nesterov ? g + momentum·buf : buf;  p -= lr·g
+struct SgdScalars {
     double lr = 0;
     double momentum = 0;      // 0: no momentum buffer
     double weight_decay = 0;  // L2
-    bool nesterov = false;
-};
-
-struct AdamHyper {
-    double lr = 0;
-    double beta1 = 0;
-    double beta2 = 0;
-    double eps = 0;
-    double weight_decay = 0;
-    bool decoupled = false;  // AdamW
+    double nesterov = 0;      // 1: Nesterov (a double, so that the scalars are one array of doubles)
 };
 
 // The scalars of one Adam update at step t (from 1), with the bias corrections folded in:
@@ -42,24 +35,29 @@ struct AdamScalars {
     double bias2_sqrt;  // √(1 - β2^t)
 };
 
-inline AdamScalars adam_scalars(const AdamHyper& h, std::int64_t step) {
+inline AdamScalars adam_scalars(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                bool decoupled, std::int64_t step) {
     const auto t = static_cast<double>(step);
-    return {h.beta1,
-            1 - h.beta1,
-            h.beta2,
-            1 - h.beta2,
-            h.eps,
-            h.decoupled ? 0.0 : h.weight_decay,
-            h.decoupled ? 1 - h.lr * h.weight_decay : 1.0,
-            h.lr / (1 - std::pow(h.beta1, t)),
-            std::sqrt(1 - std::pow(h.beta2, t))};
+    return {beta1,
+            1 - beta1,
+            beta2,
+            1 - beta2,
+            eps,
+            decoupled ? 0.0 : weight_decay,
+            decoupled ? 1 - lr * weight_decay : 1.0,
+            lr / (1 - std::pow(beta1, t)),
+            std::sqrt(1 - std::pow(beta2, t))};
 }
+
+// Every chunk of the GPU table carries its parameter's scalars (SgdScalars or AdamScalars, as doubles).
+inline constexpr int kStepScalars = 9;
+static_assert(sizeof(AdamScalars) == kStepScalars * sizeof(double) && sizeof(SgdScalars) <= sizeof(AdamScalars));
 
 #if DYNGRAD_WITH_CUDA
 namespace cuda {
 
 // One tensor's update: param, grad and state (null where the rule keeps none) of `numel` elements of
-// `dtype`, all on the same device; `step` is Adam's per-parameter step count (SGD ignores it).
+// `dtype`, all on the same device, with the scalars of its update.
 struct StepOperands {
     DType dtype;
     void* param;
@@ -67,7 +65,7 @@ struct StepOperands {
     void* state1;  // SGD: momentum buffer; Adam: m
     void* state2;  // Adam: v
     std::int64_t numel;
-    std::int64_t step;
+    std::array<double, kStepScalars> scalars;
 };
 
 // A slice of at most kStepChunk elements of one tensor, as the kernels read it from the device table.
@@ -77,6 +75,7 @@ struct StepChunk {
     void* state1;
     void* state2;
     std::int64_t n;
+    double scalars[kStepScalars];
     friend bool operator==(const StepChunk&, const StepChunk&) = default;
 };
 
@@ -107,9 +106,21 @@ private:
     int next_slot_ = 0;
 };
 
-// Fused steps over every operand (on the table's device): one kernel launch per (dtype, step) group.
-void sgd_step(StepTable& table, std::span<const StepOperands> tensors, const SgdHyper& hyper);
-void adam_step(StepTable& table, std::span<const StepOperands> tensors, const AdamHyper& hyper);
+// Fused steps over every operand (on the table's device): one kernel launch per dtype.
+void sgd_step(StepTable& table, std::span<const StepOperands> tensors);
+void adam_step(StepTable& table, std::span<const StepOperands> tensors, bool decoupled);
+
+// Gradient clipping on one device, queued on its stream with no host synchronisation. `grads` are
+// (pointer, numel, dtype) triples. clip_norm: the norm of all grads (into `norm`, a 0-d tensor of its
+// dtype on the device) and grads *= min(1, max_norm / (norm + eps)) read from the device.
+struct GradOperand {
+    DType dtype;
+    void* data;
+    std::int64_t numel;
+};
+void clip_norm(int device, std::span<const GradOperand> grads, double max_norm, double norm_type, double eps,
+               Tensor& norm);
+void clip_value(int device, std::span<const GradOperand> grads, double clip_value);
 
 }  // namespace cuda
 #endif

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
+#include <memory>
 #include <iostream>
 #include <limits>
 #include <memory>
@@ -937,4 +939,127 @@ TEST_CASE("every ReLU variant propagates NaN on the GPU as on the CPU", "[gpu][n
                                       run(Device::cpu(), {image, k, kb}, conv).first) == 45);
         }
     }
+}
+
+// ---- issue 13: parameter groups in the fused optimizer steps, gradient clipping on the device ----
+
+namespace {
+// Parameters on `device` from one seed: float32 and float64, one larger than a fused-step chunk (32768).
+std::vector<Parameter> group_test_parameters(Device device) {
+    Generator gen(4242);
+    const auto make = [&](const Shape& shape, DType dtype, const char* name) {
+        return Parameter(Tensor::normal(shape, 0, 1, gen, dtype).to(device), name);
+    };
+    return {make({70001}, DType::f32, "big"), make({33, 5}, DType::f32, "w"), make({7}, DType::f64, "b64"),
+            make({129}, DType::f32, "tail")};
+}
+// loss = Σ c·w² with fixed random c (one graph per dtype): gradients 2·c·w; parameter 3 is left out of
+// every second step.
+void group_test_step(Optimizer& opt, std::int64_t step) {
+    Generator gen(900 + static_cast<std::uint64_t>(step));
+    const std::vector<Parameter>& params = opt.parameters();
+    const Device device = params[0].value().device();
+    opt.zero_grad();
+    for (const DType dtype : {DType::f32, DType::f64}) {
+        ComputeGraph graph;
+        Var loss;
+        for (std::size_t i = 0; i < params.size(); ++i) {
+            if ((i == 3 && step % 2 == 1) || params[i].value().dtype() != dtype) continue;
+            Var w = graph.parameter(params[i]);
+            const Tensor c = Tensor::uniform(params[i].value().shape(), 0.5, 1.5, gen, dtype).to(device);
+            Var term = sum(graph.input(c) * w * w);
+            loss = loss.defined() ? loss + term : term;
+        }
+        if (loss.defined()) graph.backward(loss);
+    }
+    opt.step();
+}
+}  // namespace
+
+TEST_CASE("fused optimizer steps with parameter groups and mixed step counts match the CPU", "[gpu][optim]") {
+    using Make = std::function<std::unique_ptr<Optimizer>(const std::vector<Parameter>&)>;
+    const auto groups = [](const std::vector<Parameter>& p, ParamGroup second) {
+        second.parameters = {p[2], p[3]};
+        return std::vector<ParamGroup>{{.parameters = {p[0], p[1]}}, std::move(second)};
+    };
+    const std::vector<std::pair<const char*, Make>> cases = {
+        {"SGD", [&](const std::vector<Parameter>& p) {
+             return std::make_unique<SGD>(groups(p, {.lr = 0.01, .weight_decay = 0.1, .nesterov = false}),
+                                          SgdOptions{.lr = 0.05, .momentum = 0.9, .nesterov = true});
+         }},
+        {"Adam", [&](const std::vector<Parameter>& p) {
+             return std::make_unique<Adam>(groups(p, {.lr = 0.02, .beta1 = 0.5}), AdamOptions{.lr = 0.01});
+         }},
+        {"AdamW", [&](const std::vector<Parameter>& p) {
+             return std::make_unique<AdamW>(groups(p, {.weight_decay = 0.3}), AdamOptions{.lr = 0.01, .weight_decay = 0.01});
+         }},
+    };
+    for (const auto& [name, make] : cases) {
+        INFO(name);
+        const std::vector<Parameter> gpu = group_test_parameters(kGpu), cpu = group_test_parameters(Device::cpu());
+        auto gpu_opt = make(gpu);
+        auto cpu_opt = make(cpu);
+        StepLR gpu_schedule(*gpu_opt, 1, 0.8), cpu_schedule(*cpu_opt, 1, 0.8);
+        for (std::int64_t step = 0; step < 4; ++step) {
+            group_test_step(*gpu_opt, step);
+            group_test_step(*cpu_opt, step);
+            gpu_schedule.step();
+            cpu_schedule.step();
+        }
+        CHECK(gpu_opt->step_count(3) == 2);
+        for (std::size_t i = 0; i < gpu.size(); ++i) {
+            INFO(gpu[i].name());
+            const std::vector<double> g = gpu[i].value().to_vector(), c = cpu[i].value().to_vector();
+            for (std::size_t k = 0; k < g.size(); ++k) REQUIRE(std::abs(g[k] - c[k]) <= 1e-5 * (1 + std::abs(c[k])));
+        }
+    }
+}
+
+TEST_CASE("clip_grad_norm and clip_grad_value on the GPU match the CPU", "[gpu][clip]") {
+    for (const double norm_type : {2.0, 1.0, 3.0, std::numeric_limits<double>::infinity()}) {
+        INFO("norm_type " << norm_type);
+        const std::vector<Parameter> gpu = group_test_parameters(kGpu), cpu = group_test_parameters(Device::cpu());
+        SGD gpu_opt(gpu, {.lr = 0}), cpu_opt(cpu, {.lr = 0});  // lr 0: the steps only make gradients
+        group_test_step(gpu_opt, 0);
+        group_test_step(cpu_opt, 0);
+        const Tensor cpu_norm = clip_grad_norm(cpu, 0.5, norm_type);
+        const Tensor gpu_norm = clip_grad_norm(gpu, 0.5, norm_type);
+        CHECK(gpu_norm.device() == kGpu);
+        CHECK(gpu_norm.dtype() == DType::f64);  // one gradient is float64
+        CHECK(gpu_norm.item() == dgtest::Approx(cpu_norm.item()).epsilon(1e-9));
+        for (std::size_t i = 0; i < gpu.size(); ++i) {
+            const std::vector<double> g = gpu[i].grad().to_vector(), c = cpu[i].grad().to_vector();
+            for (std::size_t k = 0; k < g.size(); ++k) REQUIRE(std::abs(g[k] - c[k]) <= 1e-6 * (1 + std::abs(c[k])));
+        }
+        clip_grad_value(gpu, 1e-3);
+        clip_grad_value(cpu, 1e-3);
+        for (std::size_t i = 0; i < gpu.size(); ++i) {
+            const std::vector<double> g = gpu[i].grad().to_vector(), c = cpu[i].grad().to_vector();
+            for (std::size_t k = 0; k < g.size(); ++k) {
+                REQUIRE(std::abs(g[k]) <= 1e-3 * (1 + 1e-7));
+                REQUIRE(std::abs(g[k] - c[k]) <= 1e-6 * (1 + std::abs(c[k])));
+            }
+        }
+    }
+}
+
+TEST_CASE("clip_grad_norm needs no host synchronisation: it runs inside a captured step", "[gpu][clip][capture]") {
+    Model eager(false, 21), captured(false, 21);
+    const auto step = [](Model& model, std::span<const Tensor> in) {
+        ComputeGraph graph;
+        Var loss = cross_entropy(model.forward(graph, graph.input(in[0])), graph.input(in[1]));
+        graph.backward(loss);
+        clip_grad_norm(model.params, 0.05);  // small: it clips
+        model.optimizer.step();
+        model.optimizer.zero_grad();
+        return loss.value();
+    };
+    cuda::CapturedStep captured_step([&](std::span<const Tensor> in) { return step(captured, in); });
+    for (int i = 0; i < 4; ++i) {
+        const std::vector<Tensor> batch = model_batch(false, 32, 800 + i);
+        step(eager, batch);
+        REQUIRE_NOTHROW(captured_step.run(batch));
+    }
+    for (std::size_t i = 0; i < eager.params.size(); ++i)
+        CHECK(max_abs_difference(eager.params[i].value(), captured.params[i].value()) <= 1e-6);
 }
