@@ -37,6 +37,9 @@ private:
 
 // The process's cache of `Plan`s by `Key`. Leaked on purpose: plans hold library descriptors, which must not
 // be destroyed while the libraries unload at process exit (see the release of the contexts in cuda/context.cu).
+// So a plan must own no device memory: nothing would ever return it (the exit release empties only the block
+// cache and the capture pools), and memory allocated while a step is captured belongs to that step's pool.
+// Device buffers an op needs go in per-call Workspaces (e.g. cuDNN RNN's sequence lengths, ops/rnn.cu).
 template <typename Key, typename Plan>
 PlanCache<Key, Plan>& plan_cache() {
     static auto& cache = *new PlanCache<Key, Plan>();

@@ -3,10 +3,11 @@
 //
 // Per configuration (cell, sizes, dtype, device, TF32 setting) one plan holds the RNN descriptor (with
 // a dropout descriptor of probability 0: no dropout between layers), the x/y sequence descriptors, the
-// h/c tensor descriptor, the weight-, work- and reserve-space sizes and the device array of sequence
-// lengths the calls take. It is built on the first call, after checking that cuDNN's weight space is
-// exactly the canonical layout of ops/rnn.h: the flat weight tensor is then cuDNN's weight space, with
-// no copy. Later calls look the plan up and run; workspaces come from the device's pool; no device sync.
+// h/c tensor descriptor and the weight-, work- and reserve-space sizes: no device memory (DeviceSeqLengths
+// says why). It is built on the first call, after checking that cuDNN's weight space is exactly the
+// canonical layout of ops/rnn.h: the flat weight tensor is then cuDNN's weight space, with no copy. Later
+// calls look the plan up and run; workspaces and the device array of sequence lengths come from the
+// device's pool per call; no device sync.
 //
 // Every sequence of a batch has the full length T, so the packed sequence-major layout
 // (CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED, no padded I/O) is exactly our (T,N,·) tensors.
@@ -51,21 +52,6 @@ struct RnnKey {
     auto operator<=>(const RnnKey&) const = default;
 };
 
-// Device memory from the pool that lives as long as its plan (returned stream-ordered, never throws).
-class DeviceBuffer {
-public:
-    DeviceBuffer(std::size_t bytes, int device) : data_(allocate(bytes, device)), bytes_(bytes), device_(device) {}
-    ~DeviceBuffer() { deallocate(data_, bytes_, device_); }
-    DeviceBuffer(const DeviceBuffer&) = delete;
-    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-    void* data() const { return data_; }
-
-private:
-    void* data_;
-    std::size_t bytes_;
-    int device_;
-};
-
 struct RnnPlan {
     DropoutDescriptor dropout;
     RnnDescriptor rnn;
@@ -73,7 +59,7 @@ struct RnnPlan {
     TensorDescriptor state;  // h and c: (L·D, N, H)
     std::size_t weight_bytes = 0;
     std::size_t inference_workspace = 0, training_workspace = 0, reserve_bytes = 0;
-    std::unique_ptr<DeviceBuffer> seq_lengths;  // N int32 values, all T
+    int steps = 0, batch = 0;
     std::int64_t output_elements = 0, state_elements = 0;
 };
 
@@ -82,6 +68,25 @@ __global__ void fill_int_kernel(std::int32_t* out, std::int64_t n, std::int32_t 
          i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
         out[i] = value;
 }
+
+// The device array of sequence lengths (N int32 values, all T) that every cuDNN RNN call takes and reads
+// asynchronously: a Workspace per op call, filled and freed in stream order like the call's other scratch.
+// Not kept in the plan: plans live in a cache leaked on purpose (cuda/plan_cache.h), so a buffer there was
+// never returned (compute-sanitizer's leak check reported one per configuration at exit), and one built
+// inside a captured step would have come from that step's capture pool.
+class DeviceSeqLengths {
+public:
+    DeviceSeqLengths(DeviceContext& ctx, const RnnPlan& plan)
+        : buffer_(ctx, static_cast<std::size_t>(plan.batch) * sizeof(std::int32_t)) {
+        fill_int_kernel<<<1, 256, 0, ctx.stream>>>(static_cast<std::int32_t*>(buffer_.data()), plan.batch,
+                                                   plan.steps);
+        DG_CUDA_CHECK_LAUNCH();
+    }
+    const std::int32_t* data() const { return static_cast<const std::int32_t*>(buffer_.data()); }
+
+private:
+    Workspace buffer_;
+};
 
 RnnKey rnn_key(const Tensor& x, const OpAttrs& attrs) {
     return {attrs.rnn_mode,  x.size(0),          x.size(1), x.size(2), attrs.hidden_size, attrs.num_layers,
@@ -198,9 +203,8 @@ std::shared_ptr<RnnPlan> make_plan(DeviceContext& ctx, const RnnKey& key, const 
                                                &plan->training_workspace, &plan->reserve_bytes),
                      key);
 
-    plan->seq_lengths = std::make_unique<DeviceBuffer>(lengths.size() * sizeof(std::int32_t), key.device);
-    fill_int_kernel<<<1, 256, 0, ctx.stream>>>(static_cast<std::int32_t*>(plan->seq_lengths->data()), batch, steps);
-    DG_CUDA_CHECK_LAUNCH();
+    plan->steps = steps;
+    plan->batch = batch;
     plan->output_elements = key.steps * key.batch * dirs * key.hidden;
     plan->state_elements = key.layers * dirs * key.batch * key.hidden;
     return plan;
@@ -237,9 +241,9 @@ void run_forward(DeviceContext& ctx, const RnnPlan& plan, cudnnForwardMode_t mod
     unsigned char* c_n = lstm ? h_n + static_cast<std::size_t>(plan.state_elements) * element : nullptr;
     const std::size_t workspace_bytes =
         mode == CUDNN_FWD_MODE_TRAINING ? plan.training_workspace : plan.inference_workspace;
+    const DeviceSeqLengths seq_lengths(ctx, plan);
     Workspace workspace(ctx, workspace_bytes);
-    DG_CUDNN_CHECK(cudnnRNNForward(ctx.cudnn, plan.rnn.get(), mode,
-                                   static_cast<const std::int32_t*>(plan.seq_lengths->data()), plan.x.get(),
+    DG_CUDNN_CHECK(cudnnRNNForward(ctx.cudnn, plan.rnn.get(), mode, seq_lengths.data(), plan.x.get(),
                                    in.x.raw_data(), plan.y.get(), y, plan.state.get(), at(in.h0), h_n,
                                    plan.state.get(), at(in.c0), c_n, plan.weight_bytes, in.w.raw_data(),
                                    workspace.bytes(), workspace.data(),
@@ -298,21 +302,20 @@ std::vector<Tensor> rnn_backward(const BackwardArgs& args) {
     const Tensor dx = grads[0].defined() ? grads[0] : Tensor::empty(in.x.shape(), in.x.dtype(), in.x.device());
     const Tensor dh0 = grads.size() > 2 ? grads[2] : Tensor();
     const Tensor dc0 = grads.size() > 3 ? grads[3] : Tensor();
-    const auto* seq_lengths = static_cast<const std::int32_t*>(plan->seq_lengths->data());
+    const DeviceSeqLengths seq_lengths(ctx, *plan);
     Workspace workspace(ctx, plan->training_workspace);
     DG_CUDNN_CHECK(cudnnRNNBackwardData_v8(
-        ctx.cudnn, plan->rnn.get(), seq_lengths, plan->y.get(), args.output.raw_data(), at(dout), plan->x.get(),
-        dx.raw_data(), plan->state.get(), at(in.h0), at(dout, plan->output_elements), at(dh0), plan->state.get(),
-        at(in.c0), lstm ? at(dout, plan->output_elements + plan->state_elements) : nullptr, at(dc0),
-        plan->weight_bytes, in.w.raw_data(), workspace.bytes(), workspace.data(), plan->reserve_bytes,
+        ctx.cudnn, plan->rnn.get(), seq_lengths.data(), plan->y.get(), args.output.raw_data(), at(dout),
+        plan->x.get(), dx.raw_data(), plan->state.get(), at(in.h0), at(dout, plan->output_elements), at(dh0),
+        plan->state.get(), at(in.c0), lstm ? at(dout, plan->output_elements + plan->state_elements) : nullptr,
+        at(dc0), plan->weight_bytes, in.w.raw_data(), workspace.bytes(), workspace.data(), plan->reserve_bytes,
         reserve.raw_data()));
     if (grads[1].defined()) {
         DG_CUDA_CHECK(cudaMemsetAsync(grads[1].raw_data(), 0, grads[1].nbytes(), ctx.stream));
-        DG_CUDNN_CHECK(cudnnRNNBackwardWeights_v8(ctx.cudnn, plan->rnn.get(), CUDNN_WGRAD_MODE_ADD, seq_lengths,
-                                                  plan->x.get(), in.x.raw_data(), plan->state.get(), at(in.h0),
-                                                  plan->y.get(), args.output.raw_data(), plan->weight_bytes,
-                                                  grads[1].raw_data(), workspace.bytes(), workspace.data(),
-                                                  plan->reserve_bytes, reserve.raw_data()));
+        DG_CUDNN_CHECK(cudnnRNNBackwardWeights_v8(
+            ctx.cudnn, plan->rnn.get(), CUDNN_WGRAD_MODE_ADD, seq_lengths.data(), plan->x.get(), in.x.raw_data(),
+            plan->state.get(), at(in.h0), plan->y.get(), args.output.raw_data(), plan->weight_bytes,
+            grads[1].raw_data(), workspace.bytes(), workspace.data(), plan->reserve_bytes, reserve.raw_data()));
     }
     return grads;
 }
