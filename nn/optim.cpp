@@ -419,7 +419,7 @@ void SGD::step() {
 
 std::int64_t Optimizer::step_count(std::size_t parameter) const { return state_at(steps_, parameter, name()); }
 
-const Tensor& SGD::momentum_buffer(std::size_t i) const { return state_at(momentum_buffers_, i, "SGD"); }
+const Tensor& SGD::momentum_buffer(std::size_t i) const { return state_at(state_, i, "SGD")[0]; }
 
 // ---- Adam / AdamW ----
 
@@ -481,9 +481,9 @@ void Adam::step() {
 #endif
 }
 
-const Tensor& Adam::exp_avg(std::size_t i) const { return state_at(exp_avg_, i, decoupled_ ? "AdamW" : "Adam"); }
+const Tensor& Adam::exp_avg(std::size_t i) const { return state_at(state_, i, name())[0]; }
 const Tensor& Adam::exp_avg_sq(std::size_t i) const {
-    return state_at(exp_avg_sq_, i, decoupled_ ? "AdamW" : "Adam");
+    return state_at(state_, i, name())[1];
 }
 
 AdamW::AdamW(std::vector<Parameter> parameters, const AdamOptions& options)

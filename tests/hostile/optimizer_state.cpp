@@ -25,7 +25,7 @@ const bool added = hostile::add(
         hostile::expect<IndexError>("SGD momentum_buffer at SIZE_MAX", {"SGD", "18446744073709551615"},
                                     [] { SGD(two_parameters()).momentum_buffer(kHuge); }),
         hostile::expect<IndexError>("SGD over no parameters, momentum_buffer(0)", {"SGD", "0 parameters"},
-                                    [] { SGD({}, {.momentum = 0.5}).momentum_buffer(0); }),
+                                    [] { SGD(std::vector<Parameter>{}, {.momentum = 0.5}).momentum_buffer(0); }),
         hostile::expect<IndexError>("Adam exp_avg one past the last parameter", {"Adam", "2", "2 parameters"},
                                     [] { Adam(two_parameters()).exp_avg(2); }),
         hostile::expect<IndexError>("Adam exp_avg_sq far past the end", {"Adam", "1000"},
@@ -35,7 +35,7 @@ const bool added = hostile::add(
         hostile::expect<IndexError>("AdamW exp_avg one past the last parameter", {"AdamW", "2 parameters"},
                                     [] { AdamW(two_parameters(), {.weight_decay = 0.01}).exp_avg(2); }),
         hostile::expect<IndexError>("AdamW step_count over no parameters", {"AdamW", "0 parameters"},
-                                    [] { AdamW({}).step_count(0); }),
+                                    [] { AdamW(std::vector<Parameter>{}).step_count(0); }),
     });
 
 }  // namespace
