@@ -124,12 +124,13 @@ std::vector<std::pair<std::int64_t, std::int64_t>> sized_pieces(std::int64_t axi
                                                                 std::source_location where) {
     std::vector<std::pair<std::int64_t, std::int64_t>> pieces;
     std::int64_t start = 0;
+    const std::string total = str("split_with_sizes at ", describe_site(where), ": sum of the split sizes");
     for (std::size_t i = 0; i < sizes.size(); ++i) {
         if (sizes[i] < 0)
             throw ValueError(str("split_with_sizes at ", describe_site(where), ": size ", i, " is negative (",
                                  sizes[i], ")"));
         pieces.emplace_back(start, sizes[i]);
-        start = checked_add(start, sizes[i], "sum of the split sizes");
+        start = checked_add(start, sizes[i], total);
     }
     if (start != axis_size)
         throw ShapeError(str("split_with_sizes at ", describe_site(where), ": sizes ", to_string(sizes),
