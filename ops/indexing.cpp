@@ -7,6 +7,7 @@
 #include "dyngrad/core/checked.h"
 #include "dyngrad/graph/eager.h"
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/select_gradients.h"
 
 namespace dyngrad {
 
@@ -430,25 +431,12 @@ Tensor select_forward(const ForwardArgs& args) {
     return y;
 }
 
-// where (condition, a, b): da = dy where c, db = dy where not c; masked_fill (x, mask): dx = dy where not m.
-// The condition or mask gets zeros (the op is flat in it) when a gradient is asked for.
+// where: da = dy where c, db = dy where not c; masked_fill: dx = dy where not m (select_gradients).
 std::vector<Tensor> select_backward(const BackwardArgs& args) {
-    const Tensor& dy = args.grad_output;
-    std::vector<Tensor> grads(args.inputs.size());
-    const bool is_where = args.op == OpType::Where;
-    const std::size_t condition = is_where ? 0 : 1;
-    dispatch_floating(dy.dtype(), "where / masked_fill backward", [&]<typename T>() {
-        const Tensor& c = args.inputs[condition];
-        if (is_where) {
-            if (args.needs_grad[1]) grads[1] = routed<T>(dy, c, true);
-            if (args.needs_grad[2]) grads[2] = routed<T>(dy, c, false);
-        } else if (args.needs_grad[0]) {
-            grads[0] = routed<T>(dy, c, false);
-        }
+    return select_gradients(args, [](const Tensor& dy, const Tensor& condition, bool when_true) {
+        return dispatch_floating(dy.dtype(), "where / masked_fill backward",
+                                 [&]<typename T>() { return routed<T>(dy, condition, when_true); });
     });
-    if (args.needs_grad[condition])
-        grads[condition] = Tensor::zeros(args.inputs[condition].shape(), dy.dtype(), dy.device());
-    return grads;
 }
 
 }  // namespace cpu
