@@ -28,6 +28,7 @@
 // ops: the op families
 #include "dyngrad/ops/conv.h"
 #include "dyngrad/ops/elementwise.h"
+#include "dyngrad/ops/indexing.h"
 #include "dyngrad/ops/layout.h"
 #include "dyngrad/ops/linalg.h"
 #include "dyngrad/ops/loss.h"

@@ -72,6 +72,7 @@ std::string attrs_json(const OpAttrs& a) {
         << ", \"activation\": " << quoted(a.activation == Activation::Relu ? "relu" : "none")
         << ", \"rnn_mode\": " << quoted(rnn_mode_name(a.rnn_mode)) << ", \"hidden_size\": " << a.hidden_size
         << ", \"num_layers\": " << a.num_layers << ", \"bidirectional\": " << (a.bidirectional ? "true" : "false")
+        << ", \"padding_idx\": " << a.padding_idx
         << "}";
     return out.str();
 }

@@ -160,6 +160,12 @@ def rnn(xs, a):
     return torch.cat([output.reshape(-1), h_n.reshape(-1)])
 
 
+def embedding(xs, a):
+    # dyngrad's inputs are (weight, indices); padding_idx -1 means none.
+    padding = a["padding_idx"] if a["padding_idx"] >= 0 else None
+    return F.embedding(xs[1], xs[0], padding_idx=padding)
+
+
 REFERENCES = {
     "add": binary(torch.add),
     "sub": binary(torch.sub),
@@ -199,6 +205,15 @@ REFERENCES = {
     "narrow": unary(lambda x, a: torch.narrow(x, a["axis"], a["start"], a["length"])),
     "concat": lambda xs, a: torch.cat(xs, dim=a["axis"]),
     "rnn": rnn,
+    "permute": unary(lambda x, a: x.permute(a["axes"])),
+    "expand": unary(lambda x, a: x.expand(a["shape"])),
+    "embedding": embedding,
+    "gather": lambda xs, a: torch.gather(xs[0], a["axis"], xs[1]),
+    "index_select": lambda xs, a: torch.index_select(xs[0], a["axis"], xs[1]),
+    "scatter_add": lambda xs, a: torch.scatter_add(xs[0], a["axis"], xs[1], xs[2]),
+    # dyngrad's conditions and masks are float 0/1 tensors; PyTorch's are bool.
+    "where": lambda xs, a: torch.where(xs[0] != 0, xs[1], xs[2]),
+    "masked_fill": lambda xs, a: xs[0].masked_fill(xs[1] != 0, a["scalar"]),
 }
 
 

@@ -326,12 +326,17 @@ void raise_device_error(DeviceContext& ctx) {
     const long long index = record->index;
     const long long value = record->value;
     const long long bound = record->bound;
+    const char* what = record->what;
     record->index = 0;
     record->value = 0;
     record->bound = 0;
+    record->what = nullptr;
     record->code = static_cast<int>(DeviceErrorCode::none);
     if (code == static_cast<int>(DeviceErrorCode::label_out_of_range))
         throw IndexError(str("cross_entropy: label ", value, " at row ", index, " is out of range [0, ", bound, ")"));
+    if (code == static_cast<int>(DeviceErrorCode::index_out_of_range))
+        throw IndexError(str(what ? what : "an indexing op", ": index ", value, " at position ", index,
+                             " is out of range [0, ", bound, ") (reported by a GPU kernel)"));
     throw CudaError(str("cuda:", ctx.device, ": a kernel reported unknown error code ", code));
 }
 

@@ -38,12 +38,15 @@ namespace dyngrad::cuda {
 // Errors found by kernels (e.g. a label out of range) without a device sync inside the op: the first
 // kernel to fail claims the record (atomicCAS on `code` from 0); the runtime raises it as an exception
 // at the next point where the host waits for the stream (device-to-host copy, synchronize()).
-enum class DeviceErrorCode : int { none = 0, label_out_of_range = 1 };
+// index_out_of_range (indexing ops, ops/indexing.cu) names its op through `what`: the address of a host
+// string literal that the launching code passes to the kernel, which only copies the pointer.
+enum class DeviceErrorCode : int { none = 0, label_out_of_range = 1, index_out_of_range = 2 };
 struct DeviceErrorRecord {
     int code;                // DeviceErrorCode
     long long index;         // e.g. the row of the bad label
     long long value;         // e.g. the bad label
     long long bound;         // e.g. the number of classes
+    const char* what;        // index_out_of_range: the op ("embedding"), a string literal; else null
 };
 
 struct DeviceContext {
@@ -63,7 +66,7 @@ struct DeviceContext {
     unsigned* block_counter = nullptr;
 };
 
-// Throws (IndexError for label_out_of_range) and clears the record if a kernel reported an error.
+// Throws (IndexError for label_out_of_range and index_out_of_range) and clears the record if a kernel reported an error.
 // Call only after the stream has been synchronised.
 void raise_device_error(DeviceContext& ctx);
 

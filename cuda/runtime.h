@@ -78,8 +78,10 @@ namespace dyngrad::cuda {
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 // Deterministic mode: off by default. When on, cuDNN convolution passes use only algorithms cuDNN
-// reports as deterministic (chosen per shape and mode), so two runs give bitwise-identical gradients.
-// dyngrad's own kernels never depend on scheduling (no floating-point atomics), in either mode.
+// reports as deterministic (chosen per shape and mode), and the indexing ops that add many values into one
+// (embedding, index_select and gather backward, scatter_add; ops/indexing.h) sort the destinations (CUB) and
+// sum each in index order instead of using floating-point atomics, so two runs give bitwise-identical
+// gradients. dyngrad's other kernels never depend on scheduling (no floating-point atomics), in either mode.
 void set_deterministic(bool deterministic);
 bool deterministic();
 }  // namespace dyngrad::cuda

@@ -118,6 +118,22 @@ std::vector<Tensor> make_case_inputs(const OpCase& c, DType dtype, Generator& ge
                 inputs.push_back(Tensor::from_vector(labels, shape, device));
                 continue;
             }
+            case InputDomain::Indices: {
+                if (c.shapes.empty() || c.shapes[0].empty())
+                    throw ValueError(str("case '", c.label, "': Indices need input 0 of rank >= 1"));
+                const std::int64_t size = c.shapes[0][normalize_axis(c.attrs.axis, c.shapes[0].size())];
+                if (size < 1) throw ValueError(str("case '", c.label, "': Indices need a non-empty axis of input 0"));
+                std::uniform_int_distribution<std::int64_t> dist(0, size - 1);
+                std::vector<std::int64_t> indices(n);
+                for (auto& v : indices) v = dist(gen.engine());
+                inputs.push_back(Tensor::from_vector(indices, shape, device));
+                continue;
+            }
+            case InputDomain::Mask: {
+                std::bernoulli_distribution coin(0.5);
+                for (auto& v : values) v = coin(gen.engine()) ? 1.0 : 0.0;
+                break;
+            }
         }
         inputs.push_back(Tensor::from_vector(values, shape, dtype, device));
     }
@@ -126,7 +142,8 @@ std::vector<Tensor> make_case_inputs(const OpCase& c, DType dtype, Generator& ge
 
 bool gradient_checked(const OpCase& c, std::size_t input, const Tensor& value) {
     const InputDomain domain = input < c.domains.size() ? c.domains[input] : InputDomain::Any;
-    return is_floating(value.dtype()) && domain != InputDomain::Labels && domain != InputDomain::Constant;
+    return is_floating(value.dtype()) && domain != InputDomain::Labels && domain != InputDomain::Constant &&
+           domain != InputDomain::Indices && domain != InputDomain::Mask;
 }
 
 OpRun run_op(const OpDef& def, const OpCase& c, const std::vector<Tensor>& inputs, const Tensor& grad_output) {

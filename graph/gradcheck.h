@@ -45,7 +45,7 @@ struct OpRun {
     Tensor output;
     std::vector<Tensor> grads;
 };
-// Inputs whose gradient is checked: float inputs whose domain is not Labels or Constant.
+// Inputs whose gradient is checked: float inputs whose domain is not Labels, Constant, Indices or Mask.
 bool gradient_checked(const OpCase& op_case, std::size_t input, const Tensor& value);
 OpRun run_op(const OpDef& def, const OpCase& op_case, const std::vector<Tensor>& inputs, const Tensor& grad_output);
 

@@ -44,6 +44,7 @@ struct OpAttrs {
     double momentum = 0.1;                       // batch_norm: running = (1 - momentum)·running + momentum·batch
     std::uint64_t seed = 0;                      // dropout: counter-based mask, identical on every backend
     std::uint32_t custom_id = 0;                 // Custom: which registered op
+    std::int64_t padding_idx = -1;               // embedding: the row that gets no gradient; -1: none
     Activation activation = Activation::None;    // linear, conv2d: applied to the output
     // rnn (ops/rnn.h)
     RnnMode rnn_mode = RnnMode::Lstm;
@@ -94,6 +95,10 @@ enum class InputDomain : std::uint8_t {
     AwayFromZero,  // |x| in [0.2, 2], random sign (kinks at 0: abs, relu family)
     Labels,        // int64 class indices in [0, inputs[0].shape[1])
     Constant,      // no gradient is checked for it (e.g. batch_norm running statistics); uniform [0.5, 2]
+    Indices,       // int64 in [0, n), n = size of axis attrs.axis of input 0 (gather, index_select, scatter_add;
+                   // embedding's cases set axis 0: the weight's rows); no gradient
+    Mask,          // 0 or 1 (fair coin) in the case's float dtype (where's condition, masked_fill's mask); no
+                   // gradient: the op is flat in it, and a step of 1e-6 at 0 would flip the selection
 };
 
 // One case of an op's checks: shapes, attributes and input domains.

@@ -27,8 +27,12 @@ enum class OpType : std::uint16_t {
     Custom,
     // (Narrow, Concat and Rnn were appended after Custom when the tests seeded by table index; they now
     // seed by op name (seed_for_name, graph/gradcheck.h), so a new tag goes with its family.)
-    // layout (ops/linalg): a slice along one axis, and the joining of several tensors along one axis
-    Narrow, Concat,
+    // layout (ops/layout): a slice along one axis, and the joining of several tensors along one axis;
+    // an axis permutation, and a broadcast to a larger shape
+    Narrow, Concat, Permute, Expand,
+    // indexing (ops/indexing): rows by index (embedding, index_select), elements by index along an axis
+    // (gather, scatter_add), selection by a 0/1 condition (where, masked_fill)
+    Embedding, Gather, IndexSelect, ScatterAdd, Where, MaskedFill,
     // recurrent networks, cuDNN's four cell modes (ops/rnn)
     Rnn,
     Count_  // number of tags; keep last

@@ -8,6 +8,7 @@
 #include "dyngrad/core/checked.h"
 #include "dyngrad/core/safetensors.h"
 #include "dyngrad/ops/dropout_mask.h"
+#include "dyngrad/ops/indexing.h"
 #include "dyngrad/ops/layout.h"
 #include "dyngrad/ops/linalg.h"
 #include "dyngrad/ops/norm.h"
@@ -270,6 +271,25 @@ Var Dropout::operator()(const Var& x, std::source_location where) const {
     // The n-th output of a SplitMix64 stream seeded with seed_: distinct calls get unrelated masks.
     const std::uint64_t call = ++*calls_;
     return dropout(x, p, true, math::splitmix64_mix(seed_ + call * math::kSplitMixGamma), where);
+}
+
+Embedding::Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim, Generator& gen,
+                     std::optional<std::int64_t> padding) {
+    check_positive("Embedding", "num_embeddings", num_embeddings);
+    check_positive("Embedding", "embedding_dim", embedding_dim);
+    if (padding) {
+        if (*padding < -num_embeddings || *padding >= num_embeddings)
+            throw IndexError(str("Embedding: padding_idx ", *padding, " is outside [", -num_embeddings, ", ",
+                                 num_embeddings, ") for ", num_embeddings, " embeddings"));
+        padding_idx = *padding < 0 ? *padding + num_embeddings : *padding;
+    }
+    Tensor w = Tensor::normal({num_embeddings, embedding_dim}, 0.0, 1.0, gen);
+    if (padding_idx) std::fill_n(w.data<float>() + *padding_idx * embedding_dim, embedding_dim, 0.0f);
+    weight = register_parameter("weight", std::move(w));
+}
+
+Var Embedding::operator()(const Var& indices, std::source_location where) const {
+    return embedding(indices, indices.graph().parameter(weight, where), padding_idx, where);
 }
 
 Sequential& Sequential::skip_index() {

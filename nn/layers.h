@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <source_location>
 #include <string>
 #include <type_traits>
@@ -175,6 +176,19 @@ public:
 private:
     std::uint64_t seed_;
     std::shared_ptr<std::uint64_t> calls_;
+};
+
+// indices (any shape, int64 in [0, num_embeddings)) -> (indices..., embedding_dim): rows of `weight`
+// (embedding, ops/indexing.h). weight (num_embeddings, embedding_dim) ~ normal(0, 1), PyTorch's default;
+// the padding_idx row (negative counts from num_embeddings) starts at zero and gets no gradient.
+class Embedding : public Module {
+public:
+    Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim, Generator& gen,
+              std::optional<std::int64_t> padding_idx = std::nullopt);
+    Var operator()(const Var& indices, std::source_location where = std::source_location::current()) const;
+
+    Parameter weight;
+    std::optional<std::int64_t> padding_idx;  // in [0, num_embeddings) when set
 };
 
 // Applies its layers in order. add() takes a Module (registered under its index, "0", "1", ...) or any

@@ -7,6 +7,7 @@
 #include "dyngrad/graph/anomaly.h"
 #include "dyngrad/graph/backend.h"
 #include "dyngrad/graph/op_def.h"
+#include "dyngrad/ops/strided.h"
 
 namespace dyngrad {
 
@@ -36,6 +37,14 @@ OutputSpec batch_norm(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec dropout(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec narrow(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec concat(OpType, std::span<const Tensor>, const OpAttrs&);
+OutputSpec permute(OpType, std::span<const Tensor>, const OpAttrs&);
+OutputSpec expand(OpType, std::span<const Tensor>, const OpAttrs&);
+OutputSpec embedding(OpType, std::span<const Tensor>, const OpAttrs&);
+OutputSpec gather(OpType, std::span<const Tensor>, const OpAttrs&);
+OutputSpec index_select(OpType, std::span<const Tensor>, const OpAttrs&);
+OutputSpec scatter_add(OpType, std::span<const Tensor>, const OpAttrs&);
+OutputSpec where(OpType, std::span<const Tensor>, const OpAttrs&);
+OutputSpec masked_fill(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec rnn(OpType, std::span<const Tensor>, const OpAttrs&);
 }  // namespace infer
 
@@ -49,6 +58,25 @@ struct AxisSplit {
     std::int64_t outer = 1, size = 1, inner = 1;
 };
 AxisSplit split_at_axis(const Shape& shape, int axis);
+
+// permute's geometry (ops/layout.cpp), shared by both backends: `dims` checked and normalised (ShapeError for
+// a wrong count or an axis out of range, ValueError for a repeat); the walk that reads x in y's order; the
+// inverse permutation (the backward's).
+std::vector<int> permutation_of(const std::vector<std::int64_t>& dims, std::size_t rank);
+StridedWalk<1> permute_walk(const Shape& x, const std::vector<int>& perm);
+std::vector<int> inverse_permutation(const std::vector<int>& perm);
+// expand's backward returns dy (y's shape); the engine sums it to x's shape. Every backend.
+std::vector<Tensor> expand_backward(const BackwardArgs& args);
+
+// Indexing geometry (ops/indexing.cpp), shared by both backends. gather and scatter_add read index-shaped
+// operands: `element` walks the index's shape with the strides of the indexed tensor (0 along `axis`, where
+// the index supplies the coordinate), and `axis_stride` is that tensor's stride along `axis`.
+struct IndexedWalk {
+    StridedWalk<1> element;
+    std::int64_t axis_stride = 1;
+    std::int64_t axis_size = 1;  // valid indices: [0, axis_size)
+};
+IndexedWalk indexed_walk(const Shape& indexed, const Shape& index, int axis);
 
 // Axes of `from` that must be summed to reach `to` under broadcasting (leading extra axes and
 // axes where `to` has 1). Shared by the broadcast-gradient reductions of every backend.
@@ -90,6 +118,19 @@ Tensor concat_forward(const ForwardArgs&);
 std::vector<Tensor> concat_backward(const BackwardArgs&);
 Tensor rnn_forward(const ForwardArgs&);
 std::vector<Tensor> rnn_backward(const BackwardArgs&);
+Tensor permute_forward(const ForwardArgs&);
+std::vector<Tensor> permute_backward(const BackwardArgs&);
+Tensor expand_forward(const ForwardArgs&);
+Tensor embedding_forward(const ForwardArgs&);
+std::vector<Tensor> embedding_backward(const BackwardArgs&);
+Tensor gather_forward(const ForwardArgs&);
+std::vector<Tensor> gather_backward(const BackwardArgs&);
+Tensor index_select_forward(const ForwardArgs&);
+std::vector<Tensor> index_select_backward(const BackwardArgs&);
+Tensor scatter_add_forward(const ForwardArgs&);
+std::vector<Tensor> scatter_add_backward(const BackwardArgs&);
+Tensor select_forward(const ForwardArgs&); /* where, masked_fill */
+std::vector<Tensor> select_backward(const BackwardArgs&);
 // engine helpers: x summed over `axes` (kept as size 1); dst += src (same shape)
 Tensor sum_over(const Tensor& x, std::span<const int> axes);
 void accumulate_into(Tensor& dst, const Tensor& src);
@@ -133,6 +174,19 @@ Tensor concat_forward(const ForwardArgs&);
 std::vector<Tensor> concat_backward(const BackwardArgs&);
 Tensor rnn_forward(const ForwardArgs&);
 std::vector<Tensor> rnn_backward(const BackwardArgs&);
+Tensor permute_forward(const ForwardArgs&);
+std::vector<Tensor> permute_backward(const BackwardArgs&);
+Tensor expand_forward(const ForwardArgs&);
+Tensor embedding_forward(const ForwardArgs&);
+std::vector<Tensor> embedding_backward(const BackwardArgs&);
+Tensor gather_forward(const ForwardArgs&);
+std::vector<Tensor> gather_backward(const BackwardArgs&);
+Tensor index_select_forward(const ForwardArgs&);
+std::vector<Tensor> index_select_backward(const BackwardArgs&);
+Tensor scatter_add_forward(const ForwardArgs&);
+std::vector<Tensor> scatter_add_backward(const BackwardArgs&);
+Tensor select_forward(const ForwardArgs&); /* where, masked_fill */
+std::vector<Tensor> select_backward(const BackwardArgs&);
 // engine helpers: x summed over `axes` (kept as size 1); dst += src (same shape)
 Tensor sum_over(const Tensor& x, std::span<const int> axes);
 void accumulate_into(Tensor& dst, const Tensor& src);

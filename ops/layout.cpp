@@ -11,7 +11,9 @@
 #include <Eigen/Core>
 
 #include "dyngrad/core/checked.h"
+#include "dyngrad/graph/eager.h"
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/strided.h"
 
 namespace dyngrad {
 
@@ -37,12 +39,18 @@ Var flatten(const Var& x, std::source_location where) {
     return reshape(x, {shape[0], numel(Shape(shape.begin() + 1, shape.end()))}, where);
 }
 
-Var narrow(const Var& x, std::int64_t axis, std::int64_t start, std::int64_t length, std::source_location where) {
+namespace {
+OpAttrs narrow_attrs(std::int64_t axis, std::int64_t start, std::int64_t length) {
     OpAttrs attrs;
     attrs.axis = axis;
     attrs.start = start;
     attrs.length = length;
-    return x.graph().record(OpType::Narrow, {x}, attrs, where);
+    return attrs;
+}
+}  // namespace
+
+Var narrow(const Var& x, std::int64_t axis, std::int64_t start, std::int64_t length, std::source_location where) {
+    return x.graph().record(OpType::Narrow, {x}, narrow_attrs(axis, start, length), where);
 }
 
 Var concat(const std::vector<Var>& xs, std::int64_t axis, std::source_location where) {
@@ -50,6 +58,131 @@ Var concat(const std::vector<Var>& xs, std::int64_t axis, std::source_location w
     OpAttrs attrs;
     attrs.axis = axis;
     return xs.front().graph().record(OpType::Concat, xs, attrs, where);
+}
+
+Var permute(const Var& x, const std::vector<std::int64_t>& dims, std::source_location where) {
+    OpAttrs attrs;
+    attrs.axes = dims;
+    return x.graph().record(OpType::Permute, {x}, attrs, where);
+}
+Tensor permute(const Tensor& x, const std::vector<std::int64_t>& dims, std::source_location where) {
+    OpAttrs attrs;
+    attrs.axes = dims;
+    return eager(OpType::Permute, {x}, attrs, where);
+}
+
+Var expand(const Var& x, const Shape& shape, std::source_location where) {
+    OpAttrs attrs;
+    attrs.shape = shape;
+    return x.graph().record(OpType::Expand, {x}, attrs, where);
+}
+Tensor expand(const Tensor& x, const Shape& shape, std::source_location where) {
+    OpAttrs attrs;
+    attrs.shape = shape;
+    return eager(OpType::Expand, {x}, attrs, where);
+}
+
+namespace {
+
+// The axis of a composite (stack, split) in [0, rank), or ShapeError naming the composite and its call site.
+int composite_axis(const char* op, std::int64_t axis, std::size_t rank, std::source_location where) {
+    try {
+        return normalize_axis(axis, rank);
+    } catch (const ShapeError& e) {
+        throw ShapeError(str(op, " at ", describe_site(where), ": ", e.what()));
+    }
+}
+
+// stack's checks: at least one input, all of input 0's shape. Returns each input's shape with a 1 at `axis`.
+template <typename Item, typename ShapeOf>
+Shape stack_piece_shape(const std::vector<Item>& xs, std::int64_t axis, std::source_location where, ShapeOf shape_of) {
+    if (xs.empty()) throw ValueError(str("stack at ", describe_site(where), ": needs at least one tensor"));
+    const Shape& first = shape_of(xs.front());
+    for (std::size_t i = 1; i < xs.size(); ++i)
+        if (shape_of(xs[i]) != first)
+            throw ShapeError(str("stack at ", describe_site(where), ": input ", i, " has shape ",
+                                 to_string(shape_of(xs[i])), " but input 0 has ", to_string(first),
+                                 " (stacked tensors share one shape)"));
+    Shape piece = first;
+    piece.insert(piece.begin() + composite_axis("stack", axis, first.size() + 1, where), 1);
+    return piece;
+}
+
+// split's pieces as (start, length) along the axis.
+std::vector<std::pair<std::int64_t, std::int64_t>> split_pieces(std::int64_t axis_size, std::int64_t size,
+                                                                std::source_location where) {
+    if (size < 1) throw ValueError(str("split at ", describe_site(where), ": the piece size must be >= 1, got ", size));
+    std::vector<std::pair<std::int64_t, std::int64_t>> pieces;
+    for (std::int64_t start = 0; start < axis_size; start += std::min(size, axis_size - start))
+        pieces.emplace_back(start, std::min(size, axis_size - start));
+    if (pieces.empty()) pieces.emplace_back(0, 0);  // PyTorch: an empty axis splits into one empty piece
+    return pieces;
+}
+
+std::vector<std::pair<std::int64_t, std::int64_t>> sized_pieces(std::int64_t axis_size,
+                                                                const std::vector<std::int64_t>& sizes,
+                                                                std::source_location where) {
+    std::vector<std::pair<std::int64_t, std::int64_t>> pieces;
+    std::int64_t start = 0;
+    const std::string total = str("split_with_sizes at ", describe_site(where), ": sum of the split sizes");
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+        if (sizes[i] < 0)
+            throw ValueError(str("split_with_sizes at ", describe_site(where), ": size ", i, " is negative (",
+                                 sizes[i], ")"));
+        pieces.emplace_back(start, sizes[i]);
+        start = checked_add(start, sizes[i], total);
+    }
+    if (start != axis_size)
+        throw ShapeError(str("split_with_sizes at ", describe_site(where), ": sizes ", to_string(sizes),
+                             " add up to ", start, " but the axis has size ", axis_size));
+    return pieces;
+}
+
+}  // namespace
+
+Var stack(const std::vector<Var>& xs, std::int64_t axis, std::source_location where) {
+    const Shape piece = stack_piece_shape(xs, axis, where, [](const Var& v) -> const Shape& { return v.shape(); });
+    std::vector<Var> pieces;
+    for (const Var& x : xs) pieces.push_back(reshape(x, piece, where));
+    return concat(pieces, normalize_axis(axis, piece.size()), where);
+}
+Tensor stack(const std::vector<Tensor>& xs, std::int64_t axis, std::source_location where) {
+    const Shape piece = stack_piece_shape(xs, axis, where, [](const Tensor& t) -> const Shape& { return t.shape(); });
+    std::vector<Tensor> pieces;
+    for (const Tensor& x : xs) pieces.push_back(x.reshaped(piece));
+    OpAttrs attrs;
+    attrs.axis = normalize_axis(axis, piece.size());
+    return eager(OpType::Concat, pieces, attrs, where);
+}
+
+std::vector<Var> split(const Var& x, std::int64_t size, std::int64_t axis, std::source_location where) {
+    const int a = composite_axis("split", axis, x.shape().size(), where);
+    std::vector<Var> out;
+    for (const auto& [start, length] : split_pieces(x.shape()[a], size, where)) out.push_back(narrow(x, a, start, length, where));
+    return out;
+}
+std::vector<Tensor> split(const Tensor& x, std::int64_t size, std::int64_t axis, std::source_location where) {
+    const int a = composite_axis("split", axis, x.rank(), where);
+    std::vector<Tensor> out;
+    for (const auto& [start, length] : split_pieces(x.shape()[a], size, where))
+        out.push_back(eager(OpType::Narrow, {x}, narrow_attrs(a, start, length), where));
+    return out;
+}
+
+std::vector<Var> split_with_sizes(const Var& x, const std::vector<std::int64_t>& sizes, std::int64_t axis,
+                                  std::source_location where) {
+    const int a = composite_axis("split_with_sizes", axis, x.shape().size(), where);
+    std::vector<Var> out;
+    for (const auto& [start, length] : sized_pieces(x.shape()[a], sizes, where)) out.push_back(narrow(x, a, start, length, where));
+    return out;
+}
+std::vector<Tensor> split_with_sizes(const Tensor& x, const std::vector<std::int64_t>& sizes, std::int64_t axis,
+                                     std::source_location where) {
+    const int a = composite_axis("split_with_sizes", axis, x.rank(), where);
+    std::vector<Tensor> out;
+    for (const auto& [start, length] : sized_pieces(x.shape()[a], sizes, where))
+        out.push_back(eager(OpType::Narrow, {x}, narrow_attrs(a, start, length), where));
+    return out;
 }
 
 AxisSplit split_at_axis(const Shape& shape, int axis) {
@@ -138,7 +271,70 @@ OutputSpec concat(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) 
     return {shape, first.dtype()};
 }
 
+OutputSpec permute(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const Tensor& x = inputs[0];
+    const std::vector<int> perm = permutation_of(attrs.axes, x.rank());
+    Shape shape(x.rank());
+    for (std::size_t i = 0; i < perm.size(); ++i) shape[i] = x.shape()[perm[i]];
+    return {shape, x.dtype()};
+}
+
+OutputSpec expand(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const Tensor& x = inputs[0];
+    require_strided_rank(attrs.shape, "target");
+    if (attrs.shape.size() < x.rank())
+        throw ShapeError(str("target ", to_string(attrs.shape), " has fewer dims than x ", to_string(x.shape())));
+    const std::size_t lead = attrs.shape.size() - x.rank();
+    Shape shape = attrs.shape;
+    for (std::size_t d = 0; d < shape.size(); ++d) {
+        if (shape[d] == -1) {
+            if (d < lead)
+                throw ValueError(str("target ", to_string(attrs.shape), ": -1 (keep the size) at new axis ", d,
+                                     ", which x does not have"));
+            shape[d] = x.shape()[d - lead];
+        } else if (shape[d] < 0) {
+            throw ValueError(str("target ", to_string(attrs.shape), " has a negative dimension"));
+        } else if (d >= lead && x.shape()[d - lead] != 1 && x.shape()[d - lead] != shape[d]) {
+            throw ShapeError(str("cannot expand x ", to_string(x.shape()), " to ", to_string(attrs.shape), ": axis ",
+                                 d - lead, " of x has size ", x.shape()[d - lead], ", neither 1 nor ", shape[d]));
+        }
+    }
+    checked_numel(shape, "output");
+    return {shape, x.dtype()};
+}
+
 }  // namespace infer
+
+std::vector<int> permutation_of(const std::vector<std::int64_t>& dims, std::size_t rank) {
+    require_strided_rank(Shape(rank, 1), "x");
+    if (dims.size() != rank)
+        throw ShapeError(str("dims ", to_string(dims), " name ", dims.size(), " axes, x has ", rank));
+    std::vector<int> perm(rank);
+    std::vector<bool> seen(rank, false);
+    for (std::size_t i = 0; i < rank; ++i) {
+        perm[i] = normalize_axis(dims[i], rank);
+        if (seen[perm[i]]) throw ValueError(str("dims ", to_string(dims), " name axis ", perm[i], " twice"));
+        seen[perm[i]] = true;
+    }
+    return perm;
+}
+
+StridedWalk<1> permute_walk(const Shape& x, const std::vector<int>& perm) {
+    const std::vector<std::int64_t> x_strides = contiguous_strides(x);
+    StridedWalk<1> walk;
+    walk.rank = static_cast<int>(perm.size());
+    for (std::size_t i = 0; i < perm.size(); ++i) {
+        walk.sizes[i] = x[perm[i]];
+        walk.strides[0][i] = x_strides[perm[i]];
+    }
+    return walk;
+}
+
+std::vector<int> inverse_permutation(const std::vector<int>& perm) {
+    std::vector<int> inverse(perm.size());
+    for (std::size_t i = 0; i < perm.size(); ++i) inverse[perm[i]] = static_cast<int>(i);
+    return inverse;
+}
 
 // ---- reshape: metadata only, the same on every backend ----
 Tensor reshape_forward(const ForwardArgs& args) { return args.inputs[0].reshaped(args.out.shape); }
@@ -297,6 +493,59 @@ std::vector<Tensor> concat_backward(const BackwardArgs& args) {
     return grads;
 }
 
+namespace {
+// y[i] = x[walk offset of i]: permute and expand, in element units of the dtype's size (any dtype).
+template <typename E>
+void strided_copy(const E* x, E* y, std::int64_t n, const StridedWalk<1>& walk) {
+    std::int64_t offset[1];
+    for (std::int64_t i = 0; i < n; ++i) {
+        walk.offsets(i, offset);
+        y[i] = x[offset[0]];
+    }
+}
+void strided_copy(const Tensor& x, Tensor& y, const StridedWalk<1>& walk) {
+    if (dtype_size(x.dtype()) == 4)
+        strided_copy(static_cast<const std::uint32_t*>(x.raw_data()), static_cast<std::uint32_t*>(y.raw_data()),
+                     y.numel(), walk);
+    else
+        strided_copy(static_cast<const std::uint64_t*>(x.raw_data()), static_cast<std::uint64_t*>(y.raw_data()),
+                     y.numel(), walk);
+}
+}  // namespace
+
+// x -> y (x.shape[perm[0]], x.shape[perm[1]], ...), perm from attrs.axes
+Tensor permute_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    strided_copy(x, y, permute_walk(x.shape(), permutation_of(args.attrs.axes, x.rank())));
+    return y;
+}
+
+// dx = dy permuted back by the inverse permutation
+std::vector<Tensor> permute_backward(const BackwardArgs& args) {
+    const Tensor& dy = args.grad_output;
+    if (!args.needs_grad[0]) return {Tensor()};
+    Tensor dx = Tensor::empty(args.inputs[0].shape(), dy.dtype(), dy.device());
+    strided_copy(dy, dx, permute_walk(dy.shape(), inverse_permutation(permutation_of(args.attrs.axes, dy.rank()))));
+    return {dx};
+}
+
+// x broadcast to y's shape (attrs.shape with -1 resolved)
+Tensor expand_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    const Shape operands[1] = {x.shape()};
+    strided_copy(x, y, broadcast_walk(args.out.shape, operands));
+    return y;
+}
+
 }  // namespace cpu
+
+// expand's gradient is dy itself, in y's shape: the engine sums it back to x's shape (sum_to), the one place
+// broadcasting is undone. The same on every backend.
+std::vector<Tensor> expand_backward(const BackwardArgs& args) {
+    if (!args.needs_grad[0]) return {Tensor()};
+    return {args.grad_output};
+}
 
 }  // namespace dyngrad

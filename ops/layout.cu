@@ -1,5 +1,5 @@
 // Layout ops on the GPU (ops/layout.h): tiled and strided axis swaps, strided copies of row blocks for
-// narrow and concat. CPU: ops/layout.cpp.
+// narrow and concat, strided copies for permute and expand. CPU: ops/layout.cpp.
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -176,6 +176,32 @@ unsigned char* bytes_at(const Tensor& t, std::int64_t element) {
     return static_cast<unsigned char*>(t.raw_data()) + static_cast<std::size_t>(element) * dtype_size(t.dtype());
 }
 
+// ---- permute and expand: y[i] = x[walk offset of i] ----
+
+// One thread per output element: writes are coalesced, reads follow x's strides (permuted or broadcast).
+template <typename E>
+__global__ void strided_copy_kernel(const E* __restrict__ x, E* __restrict__ y, std::int64_t n, StridedWalk<1> walk) {
+    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+        std::int64_t offset[1];
+        walk.offsets(i, offset);
+        y[i] = x[offset[0]];
+    }
+}
+
+void strided_copy(DeviceContext& ctx, const Tensor& x, Tensor& y, const StridedWalk<1>& walk) {
+    const std::int64_t n = y.numel();
+    if (n == 0) return;
+    const unsigned grid = grid_size(ctx, n, kThreads);
+    if (dtype_size(x.dtype()) == 4)
+        strided_copy_kernel<std::uint32_t><<<grid, kThreads, 0, ctx.stream>>>(
+            static_cast<const std::uint32_t*>(x.raw_data()), static_cast<std::uint32_t*>(y.raw_data()), n, walk);
+    else
+        strided_copy_kernel<std::uint64_t><<<grid, kThreads, 0, ctx.stream>>>(
+            static_cast<const std::uint64_t*>(x.raw_data()), static_cast<std::uint64_t*>(y.raw_data()), n, walk);
+    DG_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 // x (..., d0, ..., d1, ...) -> y (..., d1, ..., d0, ...), axes in attrs.axes
@@ -256,6 +282,33 @@ std::vector<Tensor> concat_backward(const BackwardArgs& args) {
         offset += s.size * s.inner;
     }
     return grads;
+}
+
+// x -> y (x.shape[perm[0]], x.shape[perm[1]], ...), perm from attrs.axes
+Tensor permute_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    strided_copy(context_for(x), x, y, permute_walk(x.shape(), permutation_of(args.attrs.axes, x.rank())));
+    return y;
+}
+
+// dx = dy permuted back by the inverse permutation
+std::vector<Tensor> permute_backward(const BackwardArgs& args) {
+    const Tensor& dy = args.grad_output;
+    if (!args.needs_grad[0]) return {Tensor()};
+    Tensor dx = Tensor::empty(args.inputs[0].shape(), dy.dtype(), dy.device());
+    strided_copy(context_for(dy), dy, dx,
+                 permute_walk(dy.shape(), inverse_permutation(permutation_of(args.attrs.axes, dy.rank()))));
+    return {dx};
+}
+
+// x broadcast to y's shape (the backward, dy summed back by the engine, is shared: ops/layout.cpp)
+Tensor expand_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    const Shape operands[1] = {x.shape()};
+    strided_copy(context_for(x), x, y, broadcast_walk(args.out.shape, operands));
+    return y;
 }
 
 }  // namespace dyngrad::cuda

@@ -13,8 +13,12 @@ namespace {
 
 #if DYNGRAD_WITH_CUDA
 #define DG_CUDA_KERNELS(forward, backward) BackendKernels{cuda::forward, cuda::backward}
+// A CUDA forward with a backward shared by every backend (in namespace dyngrad).
+#define DG_CUDA_KERNELS_FORWARD(forward, backward) BackendKernels{cuda::forward, backward}
 #else
 #define DG_CUDA_KERNELS(forward, backward) \
+    BackendKernels {}
+#define DG_CUDA_KERNELS_FORWARD(forward, backward) \
     BackendKernels {}
 #endif
 
@@ -245,6 +249,79 @@ std::vector<OpCase> concat_cases() {
     };
 }
 
+std::vector<OpCase> permute_cases() {
+    OpAttrs rotate, nchw_to_nhwc, negative, identity;
+    rotate.axes = {2, 0, 1};
+    nchw_to_nhwc.axes = {0, 2, 3, 1};
+    negative.axes = {-1, 0};
+    identity.axes = {0, 1};
+    return {
+        {"3-D rotate (2,0,1)", {{2, 3, 4}}, rotate, {}},
+        {"NCHW to NHWC", {{2, 3, 4, 5}}, nchw_to_nhwc, {}},
+        {"negative dims", {{3, 5}}, negative, {}},
+        {"identity", {{4, 3}}, identity, {}},
+    };
+}
+std::vector<OpCase> expand_cases() {
+    return {
+        {"row to matrix", {{1, 4}}, shape_attr({3, 4}), {}},
+        {"new leading axes", {{3, 1}}, shape_attr({2, 3, 5}), {}},
+        {"-1 keeps sizes", {{2, 1, 3}}, shape_attr({-1, 4, -1}), {}},
+        {"scalar", {{}}, shape_attr({3, 2}), {}},
+    };
+}
+
+// Index inputs draw from [0, size of axis `attrs.axis` of input 0) (InputDomain::Indices), so small axes
+// with many indices repeat some: the backward's accumulation of repeats is checked too.
+std::vector<OpCase> embedding_cases() {
+    // Cases without padding_idx: a padding row's gradient is 0 by definition, not the derivative, so finite
+    // differences cannot check it (tests/test_indexing.cpp does).
+    const OpAttrs rows = axis_attr(0);
+    return {
+        {"(10,4) weight, (3,5) indices", {{10, 4}, {3, 5}}, rows, {D::Any, D::Indices}},
+        {"3 rows, 12 indices", {{3, 6}, {12}}, rows, {D::Any, D::Indices}},
+        {"scalar index", {{7, 3}, {}}, rows, {D::Any, D::Indices}},
+    };
+}
+std::vector<OpCase> gather_cases() {
+    return {
+        {"axis 1", {{3, 5}, {3, 4}}, axis_attr(1), {D::Any, D::Indices}},
+        {"axis 0, index smaller along 1", {{4, 3}, {6, 2}}, axis_attr(0), {D::Any, D::Indices}},
+        {"3-D last axis", {{2, 3, 4}, {2, 2, 7}}, axis_attr(-1), {D::Any, D::Indices}},
+    };
+}
+std::vector<OpCase> index_select_cases() {
+    return {
+        {"axis 0", {{5, 3}, {7}}, axis_attr(0), {D::Any, D::Indices}},
+        {"axis 1 of 3-D", {{2, 4, 3}, {5}}, axis_attr(1), {D::Any, D::Indices}},
+        {"last axis", {{3, 4}, {2}}, axis_attr(-1), {D::Any, D::Indices}},
+    };
+}
+std::vector<OpCase> scatter_add_cases() {
+    const std::vector<D> domains = {D::Any, D::Indices, D::Any};
+    return {
+        {"axis 0", {{4, 3}, {6, 3}, {6, 3}}, axis_attr(0), domains},
+        {"axis 1, index smaller along 0", {{3, 5}, {2, 7}, {2, 7}}, axis_attr(1), domains},
+        {"3-D middle axis", {{2, 3, 4}, {2, 5, 3}, {2, 5, 3}}, axis_attr(1), domains},
+    };
+}
+std::vector<OpCase> where_cases() {
+    const std::vector<D> domains = {D::Mask, D::Any, D::Any};
+    return {
+        {"same shape", {{3, 4}, {3, 4}, {3, 4}}, {}, domains},
+        {"all three broadcast", {{3, 1}, {1, 4}, {4}}, {}, domains},
+        {"scalar branch", {{2, 3}, {2, 3}, {}}, {}, domains},
+    };
+}
+std::vector<OpCase> masked_fill_cases() {
+    const std::vector<D> domains = {D::Any, D::Mask};
+    return {
+        {"same shape", {{3, 4}, {3, 4}}, scalar_attr(-2.5), domains},
+        {"row mask", {{2, 3, 4}, {4}}, scalar_attr(-2.5), domains},
+        {"column mask", {{3, 5}, {3, 1}}, scalar_attr(3.0), domains},
+    };
+}
+
 // x (T,N,I) = (3,2,3); w flat; h0, c0 (L·D,N,H) where the label says so.
 OpCase rnn_case(const char* label, RnnMode mode, std::int64_t hidden, std::int64_t layers, bool bidirectional,
                 int states) {
@@ -284,6 +361,8 @@ constexpr BackendKernels kCudaReduce = DG_CUDA_KERNELS(reduce_forward, reduce_ba
 constexpr BackendKernels kCudaSoftmax = DG_CUDA_KERNELS(softmax_forward, softmax_backward);
 constexpr BackendKernels kReshape{reshape_forward, reshape_backward};
 constexpr BackendKernels kCpuPool{cpu::pool2d_forward, cpu::pool2d_backward};
+constexpr BackendKernels kCpuSelect{cpu::select_forward, cpu::select_backward};
+constexpr BackendKernels kCudaSelect = DG_CUDA_KERNELS(select_forward, select_backward);
 constexpr BackendKernels kCudaPool = DG_CUDA_KERNELS(pool2d_forward, pool2d_backward);
 
 constexpr std::array<OpDef, kOpTypeCount> kTable = {{
@@ -339,6 +418,21 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      DG_CUDA_KERNELS(narrow_forward, narrow_backward), narrow_cases},
     {OpType::Concat, "concat", kVariadic, infer::concat, {cpu::concat_forward, cpu::concat_backward},
      DG_CUDA_KERNELS(concat_forward, concat_backward), concat_cases},
+    {OpType::Permute, "permute", 1, infer::permute, {cpu::permute_forward, cpu::permute_backward},
+     DG_CUDA_KERNELS(permute_forward, permute_backward), permute_cases},
+    {OpType::Expand, "expand", 1, infer::expand, {cpu::expand_forward, expand_backward},
+     DG_CUDA_KERNELS_FORWARD(expand_forward, expand_backward), expand_cases},
+    {OpType::Embedding, "embedding", 2, infer::embedding, {cpu::embedding_forward, cpu::embedding_backward},
+     DG_CUDA_KERNELS(embedding_forward, embedding_backward), embedding_cases},
+    {OpType::Gather, "gather", 2, infer::gather, {cpu::gather_forward, cpu::gather_backward},
+     DG_CUDA_KERNELS(gather_forward, gather_backward), gather_cases},
+    {OpType::IndexSelect, "index_select", 2, infer::index_select,
+     {cpu::index_select_forward, cpu::index_select_backward},
+     DG_CUDA_KERNELS(index_select_forward, index_select_backward), index_select_cases},
+    {OpType::ScatterAdd, "scatter_add", 3, infer::scatter_add, {cpu::scatter_add_forward, cpu::scatter_add_backward},
+     DG_CUDA_KERNELS(scatter_add_forward, scatter_add_backward), scatter_add_cases},
+    {OpType::Where, "where", 3, infer::where, kCpuSelect, kCudaSelect, where_cases},
+    {OpType::MaskedFill, "masked_fill", 2, infer::masked_fill, kCpuSelect, kCudaSelect, masked_fill_cases},
     {OpType::Rnn, "rnn", 4, infer::rnn, {cpu::rnn_forward, cpu::rnn_backward},
      DG_CUDA_KERNELS(rnn_forward, rnn_backward), rnn_cases, /*optional_inputs=*/2},
 }};

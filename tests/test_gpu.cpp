@@ -13,6 +13,7 @@
 #include <iostream>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -85,6 +86,16 @@ std::vector<LargeCase> large_cases() {
         {"log_softmax", {"(4096,1000)", {{k4096, 1000}}, axis_attr(-1), {}}},
         {"cross_entropy", {"(4096,1000)", {{k4096, 1000}, {k4096}}, {}, {D::Any, D::Labels}}},
         {"transpose", {"(1025,2049)", {{1025, 2049}}, axes_attr({0, 1}), {}}},
+        // Indexing: many threads adding into few destinations (atomics by default).
+        {"embedding", {"(50000,256) weight, (64,128) indices", {{50000 / scale, 256}, {64, 128}}, axis_attr(0),
+                       {D::Any, D::Indices}}},
+        {"embedding", {"100 rows, 65536 indices", {{100, 64}, {65536 / scale}}, axis_attr(0), {D::Any, D::Indices}}},
+        {"gather", {"(4096,1000) axis 1", {{k4096, 1000}, {k4096, 513}}, axis_attr(1), {D::Any, D::Indices}}},
+        {"index_select", {"(4096,1000) axis 0", {{k4096, 1000}, {5000 / scale}}, axis_attr(0), {D::Any, D::Indices}}},
+        {"scatter_add", {"(4096,1000) axis 1", {{k4096, 1000}, {k4096, 2000}, {k4096, 2000}}, axis_attr(1),
+                         {D::Any, D::Indices, D::Any}}},
+        {"where", {"(4096,4099) broadcast", {{k4096, 1}, {k4096, k4099}, {k4099}}, {}, {D::Mask, D::Any, D::Any}}},
+        {"permute", {"(64,3,224,224) to NHWC", {{64 / scale, 3, 224 / scale, 224 / scale}}, axes_attr({0, 2, 3, 1}), {}}},
     };
 }
 
@@ -369,6 +380,96 @@ TEST_CASE("deterministic mode gives bitwise-identical gradients over two runs", 
         INFO("parameter " << i);
         CHECK(first[i] == second[i]);  // exact equality: bit for bit
     }
+}
+
+namespace {
+
+// dweight of embedding, dx of gather and dbase/dsrc of scatter_add with heavy repeats (many sources per
+// destination, so atomics would add in a varying order), copied to the CPU.
+std::vector<std::vector<double>> indexing_gradients(std::uint64_t seed, std::optional<std::int64_t> padding) {
+    Generator gen(seed);
+    const Tensor w = Tensor::normal({50, 64}, 0.0, 1.0, gen).to(kGpu);
+    const Tensor tokens = random_labels(100'000, 50, gen, kGpu).reshaped({400, 250});
+    const Tensor x = Tensor::normal({64, 30}, 0.0, 1.0, gen).to(kGpu);
+    const Tensor columns = random_labels(64 * 4000, 30, gen, kGpu).reshaped({64, 4000});
+    const Tensor src = Tensor::normal({64, 4000}, 0.0, 1.0, gen).to(kGpu);
+    ComputeGraph graph;
+    Var wv = graph.input(w, "w", true);
+    Var xv = graph.input(x, "x", true);
+    Var sv = graph.input(src, "src", true);
+    Var e = embedding(graph.input(tokens), wv, padding);
+    Var g = gather(xv, 1, graph.input(columns));
+    Var s = scatter_add(xv, 1, graph.input(columns), sv);
+    graph.backward(sum(e * e) + sum(g * g) + sum(s * s));
+    return {e.value().to_vector(), wv.grad().to_vector(), xv.grad().to_vector(), sv.grad().to_vector(),
+            s.value().to_vector()};
+}
+
+}  // namespace
+
+TEST_CASE("deterministic mode makes the indexing ops' GPU sums bitwise-identical over runs", "[gpu][deterministic]") {
+    const bool previous = cuda::deterministic();
+    cuda::set_deterministic(true);
+    const auto first = indexing_gradients(78, 3);
+    const auto second = indexing_gradients(78, 3);
+    cuda::set_deterministic(false);
+    const auto fast = indexing_gradients(78, 3);  // atomics: equal up to the order of additions
+    cuda::set_deterministic(previous);
+    REQUIRE(first.size() == second.size());
+    for (std::size_t i = 0; i < first.size(); ++i) {
+        INFO("tensor " << i);
+        CHECK(first[i] == second[i]);  // exact equality: bit for bit
+        REQUIRE(first[i].size() == fast[i].size());
+        double worst = 0, norm = 0;
+        for (std::size_t k = 0; k < first[i].size(); ++k) {
+            worst = std::max(worst, std::abs(first[i][k] - fast[i][k]));
+            norm = std::max(norm, std::abs(first[i][k]));
+        }
+        CHECK(worst <= 1e-4 * std::max(norm, 1.0));  // thousands of float32 terms per destination
+    }
+    // embedding's padding row (3) gets no gradient on either path.
+    for (std::size_t c = 0; c < 64; ++c) {
+        CHECK(first[1][3 * 64 + c] == 0.0);
+        CHECK(fast[1][3 * 64 + c] == 0.0);
+    }
+}
+
+TEST_CASE("embedding with padding_idx on the GPU matches the CPU", "[gpu][indexing]") {
+    for (const bool deterministic : {false, true}) {
+        INFO("deterministic " << deterministic);
+        const bool previous = cuda::deterministic();
+        cuda::set_deterministic(deterministic);
+        Generator gen(79);
+        const Tensor w = Tensor::normal({20, 7}, 0.0, 1.0, gen);
+        const Tensor tokens = random_labels(300, 20, gen, Device::cpu()).reshaped({30, 10});
+        const Tensor dy = Tensor::normal({30, 10, 7}, 0.0, 1.0, gen);
+        std::vector<double> grads[2];
+        for (const Device device : {Device::cpu(), kGpu}) {
+            ComputeGraph graph;
+            Var wv = graph.input(w.to(device), "w", true);
+            graph.backward(embedding(graph.input(tokens.to(device)), wv, -1), dy.to(device));
+            grads[device.is_cuda()] = wv.grad().to_vector();
+        }
+        cuda::set_deterministic(previous);
+        for (std::size_t i = 0; i < grads[0].size(); ++i) CHECK(grads[1][i] == dgtest::Approx(grads[0][i]).epsilon(1e-5));
+        for (std::size_t c = 0; c < 7; ++c) CHECK(grads[1][19 * 7 + c] == 0.0);
+    }
+}
+
+TEST_CASE("an index out of range on the GPU raises IndexError at the next sync", "[gpu][device]") {
+    ComputeGraph graph;
+    Var w = graph.input(Tensor::zeros({5, 3}, DType::f32, kGpu), "w", true);
+    Var bad = graph.input(Tensor::from_vector(std::vector<std::int64_t>{0, 7, 1}, {3}, kGpu), "idx");
+    // The kernel records the error without a sync; reading the value waits for the stream and raises it.
+    CHECK_THROWS_MATCHES(embedding(bad, w).value().to_vector(), IndexError,
+                         MessageHas({"embedding", "index 7", "position 1", "[0, 5)"}));
+    Var x = graph.input(Tensor::zeros({2, 3}, DType::f32, kGpu), "x", true);
+    Var negative = graph.input(Tensor::from_vector(std::vector<std::int64_t>{0, -4}, {1, 2}, kGpu), "idx");
+    CHECK_THROWS_MATCHES(gather(x, 1, negative).value().to_vector(), IndexError, MessageHas({"gather", "index -4"}));
+    // The record was cleared: the next ops run normally.
+    Var good = graph.input(Tensor::from_vector(std::vector<std::int64_t>{4, 0}, {2}, kGpu), "idx");
+    CHECK(embedding(good, w).value().to_vector() == std::vector<double>(6, 0.0));
+    CHECK_NOTHROW(cuda::synchronize(0));
 }
 
 namespace {

@@ -1,0 +1,444 @@
+// Indexing ops (ops/indexing.h): user functions, shape rules, the geometry both backends share, and the CPU
+// kernels (sums in index order, so the CPU is deterministic). GPU: ops/indexing.cu.
+#include "dyngrad/ops/indexing.h"
+
+#include <cstring>
+
+#include "dyngrad/core/checked.h"
+#include "dyngrad/graph/eager.h"
+#include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/select_gradients.h"
+
+namespace dyngrad {
+
+// ---- user functions ----
+namespace {
+
+// padding_idx in [-V, V) -> attrs.padding_idx in [0, V); none -> -1.
+std::int64_t padding_row(std::optional<std::int64_t> padding_idx, const Shape& weight, std::source_location where) {
+    if (!padding_idx) return -1;
+    const std::int64_t rows = weight.empty() ? 0 : weight[0];
+    const std::int64_t p = *padding_idx;
+    if (p < -rows || p >= rows)
+        throw IndexError(str("embedding at ", describe_site(where), ": padding_idx ", p, " is outside [", -rows, ", ",
+                             rows, ") for a weight of ", rows, " rows"));
+    return p < 0 ? p + rows : p;
+}
+
+OpAttrs embedding_attrs(std::int64_t padding_idx) {
+    OpAttrs attrs;
+    attrs.axis = 0;  // the weight's rows: what the indices pick (the Indices input domain reads it)
+    attrs.padding_idx = padding_idx;
+    return attrs;
+}
+OpAttrs axis_attrs(std::int64_t axis) {
+    OpAttrs attrs;
+    attrs.axis = axis;
+    return attrs;
+}
+OpAttrs scalar_attrs(double value) {
+    OpAttrs attrs;
+    attrs.scalar = value;
+    return attrs;
+}
+
+}  // namespace
+
+Var embedding(const Var& indices, const Var& weight, std::optional<std::int64_t> padding_idx,
+              std::source_location where) {
+    const OpAttrs attrs = embedding_attrs(padding_row(padding_idx, weight.shape(), where));
+    return weight.graph().record(OpType::Embedding, {weight, indices}, attrs, where);
+}
+Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<std::int64_t> padding_idx,
+                 std::source_location where) {
+    return eager(OpType::Embedding, {weight, indices}, embedding_attrs(padding_row(padding_idx, weight.shape(), where)),
+                 where);
+}
+
+Var gather(const Var& x, std::int64_t axis, const Var& index, std::source_location where) {
+    return x.graph().record(OpType::Gather, {x, index}, axis_attrs(axis), where);
+}
+Tensor gather(const Tensor& x, std::int64_t axis, const Tensor& index, std::source_location where) {
+    return eager(OpType::Gather, {x, index}, axis_attrs(axis), where);
+}
+
+Var index_select(const Var& x, std::int64_t axis, const Var& index, std::source_location where) {
+    return x.graph().record(OpType::IndexSelect, {x, index}, axis_attrs(axis), where);
+}
+Tensor index_select(const Tensor& x, std::int64_t axis, const Tensor& index, std::source_location where) {
+    return eager(OpType::IndexSelect, {x, index}, axis_attrs(axis), where);
+}
+
+Var scatter_add(const Var& base, std::int64_t axis, const Var& index, const Var& src, std::source_location where) {
+    return base.graph().record(OpType::ScatterAdd, {base, index, src}, axis_attrs(axis), where);
+}
+Tensor scatter_add(const Tensor& base, std::int64_t axis, const Tensor& index, const Tensor& src,
+                   std::source_location where) {
+    return eager(OpType::ScatterAdd, {base, index, src}, axis_attrs(axis), where);
+}
+
+Var where(const Var& condition, const Var& a, const Var& b, std::source_location where) {
+    return condition.graph().record(OpType::Where, {condition, a, b}, {}, where);
+}
+Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b, std::source_location where) {
+    return eager(OpType::Where, {condition, a, b}, {}, where);
+}
+
+Var masked_fill(const Var& x, const Var& mask, double value, std::source_location where) {
+    return x.graph().record(OpType::MaskedFill, {x, mask}, scalar_attrs(value), where);
+}
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value, std::source_location where) {
+    return eager(OpType::MaskedFill, {x, mask}, scalar_attrs(value), where);
+}
+
+// ---- shape rules ----
+namespace {
+
+void require_indices(const Tensor& index, const char* role) {
+    if (index.dtype() != DType::i64) throw DTypeError(str(role, " must be int64, got ", dtype_name(index.dtype())));
+}
+
+void require_same_dtype(const Tensor& t, const char* role, const Tensor& first, const char* first_role) {
+    if (t.dtype() != first.dtype())
+        throw DTypeError(str(role, " is ", dtype_name(t.dtype()), " but ", first_role, " is ",
+                             dtype_name(first.dtype()), " (one float dtype for all)"));
+}
+
+// gather / scatter_add: index of the indexed tensor's rank, no larger than it outside `axis`.
+int check_indexed(const Tensor& indexed, const char* indexed_role, const Tensor& index, std::int64_t axis_attr) {
+    require_indices(index, "index");
+    require_strided_rank(indexed.shape(), indexed_role);
+    if (index.rank() != indexed.rank())
+        throw ShapeError(str("index ", to_string(index.shape()), " has rank ", index.rank(), " but ", indexed_role, " ",
+                             to_string(indexed.shape()), " has rank ", indexed.rank()));
+    const int axis = normalize_axis(axis_attr, indexed.rank());
+    for (std::size_t d = 0; d < indexed.rank(); ++d)
+        if (static_cast<int>(d) != axis && index.shape()[d] > indexed.shape()[d])
+            throw ShapeError(str("index ", to_string(index.shape()), " is larger than ", indexed_role, " ",
+                                 to_string(indexed.shape()), " along axis ", d, " (only axis ", axis, " may differ)"));
+    return axis;
+}
+
+}  // namespace
+
+namespace infer {
+
+// inputs: weight (V, D), indices (any shape)
+OutputSpec embedding(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const Tensor& weight = inputs[0];
+    const Tensor& indices = inputs[1];
+    require_float(weight, "weight");
+    require_indices(indices, "indices");
+    if (weight.rank() != 2)
+        throw ShapeError(str("weight must be 2-D (num_embeddings, embedding_dim), got ", to_string(weight.shape())));
+    if (attrs.padding_idx < -1 || attrs.padding_idx >= weight.shape()[0])
+        throw IndexError(str("padding_idx ", attrs.padding_idx, " is outside [0, ", weight.shape()[0],
+                             ") (the weight's rows; -1 for none)"));
+    Shape shape = indices.shape();
+    shape.push_back(weight.shape()[1]);
+    checked_numel(shape, "output");
+    return {shape, weight.dtype()};
+}
+
+// inputs: x, index (x's rank)
+OutputSpec gather(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    check_indexed(inputs[0], "x", inputs[1], attrs.axis);
+    return {inputs[1].shape(), inputs[0].dtype()};
+}
+
+// inputs: x, index (1-D)
+OutputSpec index_select(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const Tensor& x = inputs[0];
+    const Tensor& index = inputs[1];
+    require_indices(index, "index");
+    if (index.rank() != 1) throw ShapeError(str("index must be 1-D, got ", to_string(index.shape())));
+    Shape shape = x.shape();
+    shape[normalize_axis(attrs.axis, x.rank())] = index.numel();
+    checked_numel(shape, "output");
+    return {shape, x.dtype()};
+}
+
+// inputs: base, index (base's rank), src (index's shape)
+OutputSpec scatter_add(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const Tensor& base = inputs[0];
+    const Tensor& src = inputs[2];
+    require_float(base, "base");
+    require_same_dtype(src, "src", base, "base");
+    check_indexed(base, "base", inputs[1], attrs.axis);
+    if (src.shape() != inputs[1].shape())
+        throw ShapeError(str("src ", to_string(src.shape()), " must have index's shape ", to_string(inputs[1].shape())));
+    return {base.shape(), base.dtype()};
+}
+
+// inputs: condition, a, b
+OutputSpec where(OpType, std::span<const Tensor> inputs, const OpAttrs&) {
+    const Tensor& condition = inputs[0];
+    const Tensor& a = inputs[1];
+    const Tensor& b = inputs[2];
+    require_float(a, "a");
+    require_same_dtype(b, "b", a, "a");
+    require_same_dtype(condition, "condition", a, "a");
+    const Shape shape = broadcast_shapes(broadcast_shapes(condition.shape(), a.shape()), b.shape());
+    require_strided_rank(shape, "output");
+    return {shape, a.dtype()};
+}
+
+// inputs: x, mask
+OutputSpec masked_fill(OpType, std::span<const Tensor> inputs, const OpAttrs&) {
+    const Tensor& x = inputs[0];
+    const Tensor& mask = inputs[1];
+    require_float(x, "x");
+    require_same_dtype(mask, "mask", x, "x");
+    require_strided_rank(x.shape(), "x");
+    if (mask.rank() > x.rank() || broadcast_shapes(x.shape(), mask.shape()) != x.shape())
+        throw ShapeError(str("mask ", to_string(mask.shape()), " does not broadcast to x's shape ", to_string(x.shape())));
+    return {x.shape(), x.dtype()};
+}
+
+}  // namespace infer
+
+IndexedWalk indexed_walk(const Shape& indexed, const Shape& index, int axis) {
+    const std::vector<std::int64_t> strides = contiguous_strides(indexed);
+    IndexedWalk walk;
+    walk.element.rank = static_cast<int>(index.size());
+    for (std::size_t d = 0; d < index.size(); ++d) {
+        walk.element.sizes[d] = index[d];
+        walk.element.strides[0][d] = static_cast<int>(d) == axis ? 0 : strides[d];
+    }
+    walk.axis_stride = strides[axis];
+    walk.axis_size = indexed[axis];
+    return walk;
+}
+
+// ---- CPU kernels ----
+namespace cpu {
+
+namespace {
+
+// IndexError for an index outside [0, size): the engine prefixes the op and node.
+void check_index(std::int64_t index, std::int64_t position, std::int64_t size) {
+    if (index < 0 || index >= size)
+        throw IndexError(str("index ", index, " at position ", position, " is out of range [0, ", size, ")"));
+}
+
+// x (outer, n, inner) -> y (outer, L, inner), y[o, l, :] = x[o, index[l], :]; any dtype (bytes).
+void select_rows(const Tensor& x, const Tensor& index, const AxisSplit& s, Tensor& y) {
+    const std::int64_t* idx = index.data<std::int64_t>();
+    const std::int64_t count = index.numel();
+    for (std::int64_t l = 0; l < count; ++l) check_index(idx[l], l, s.size);
+    const std::size_t row_bytes = static_cast<std::size_t>(s.inner) * dtype_size(x.dtype());
+    const auto* src = static_cast<const unsigned char*>(x.raw_data());
+    auto* dst = static_cast<unsigned char*>(y.raw_data());
+    if (row_bytes == 0) return;
+    for (std::int64_t o = 0; o < s.outer; ++o)
+        for (std::int64_t l = 0; l < count; ++l)
+            std::memcpy(dst + static_cast<std::size_t>(o * count + l) * row_bytes,
+                        src + static_cast<std::size_t>(o * s.size + idx[l]) * row_bytes, row_bytes);
+}
+
+// dy (outer, L, inner) -> dx (outer, n, inner) of zeros plus dy[o, l, :] at row index[l], in index order;
+// rows index[l] == skip_row (padding) get nothing.
+template <typename T>
+void add_rows(const T* dy, const Tensor& index, const AxisSplit& s, std::int64_t skip_row, T* dx) {
+    const std::int64_t* idx = index.data<std::int64_t>();
+    const std::int64_t count = index.numel();
+    for (std::int64_t l = 0; l < count; ++l) check_index(idx[l], l, s.size);
+    for (std::int64_t o = 0; o < s.outer; ++o)
+        for (std::int64_t l = 0; l < count; ++l) {
+            if (idx[l] == skip_row) continue;
+            const T* from = dy + (o * count + l) * s.inner;
+            T* to = dx + (o * s.size + idx[l]) * s.inner;
+            for (std::int64_t c = 0; c < s.inner; ++c) to[c] += from[c];
+        }
+}
+
+// Calls f(e, offset) for every element e of the index, with `offset` the flat position in the indexed tensor.
+template <typename F>
+void for_each_indexed(const Tensor& index, const IndexedWalk& walk, F f) {
+    const std::int64_t* idx = index.data<std::int64_t>();
+    std::int64_t base[1];
+    for (std::int64_t e = 0; e < index.numel(); ++e) {
+        check_index(idx[e], e, walk.axis_size);
+        walk.element.offsets(e, base);
+        f(e, base[0] + idx[e] * walk.axis_stride);
+    }
+}
+
+template <typename E>
+void gather_elements(const E* x, const Tensor& index, const IndexedWalk& walk, E* y) {
+    for_each_indexed(index, walk, [&](std::int64_t e, std::int64_t offset) { y[e] = x[offset]; });
+}
+
+}  // namespace
+
+// weight (V, D), indices (...) -> y (..., D)
+Tensor embedding_forward(const ForwardArgs& args) {
+    const Tensor& weight = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, weight.device());
+    select_rows(weight, args.inputs[1], {1, weight.shape()[0], weight.shape()[1]}, y);
+    return y;
+}
+
+// dy (..., D) -> dweight (V, D): dy's rows added into the rows the indices name, padding_idx's row left 0
+std::vector<Tensor> embedding_backward(const BackwardArgs& args) {
+    const Tensor& weight = args.inputs[0];
+    if (!args.needs_grad[0]) return {Tensor(), Tensor()};
+    Tensor dw = Tensor::zeros(weight.shape(), weight.dtype(), weight.device());
+    const AxisSplit s{1, weight.shape()[0], weight.shape()[1]};
+    dispatch_floating(weight.dtype(), "embedding backward", [&]<typename T>() {
+        add_rows<T>(args.grad_output.data<T>(), args.inputs[1], s, args.attrs.padding_idx, dw.data<T>());
+    });
+    return {dw, Tensor()};
+}
+
+// x (outer, n, inner), index (L) -> y (outer, L, inner)
+Tensor index_select_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    select_rows(x, args.inputs[1], split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank())), y);
+    return y;
+}
+
+std::vector<Tensor> index_select_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    if (!args.needs_grad[0]) return {Tensor(), Tensor()};
+    Tensor dx = Tensor::zeros(x.shape(), x.dtype(), x.device());
+    const AxisSplit s = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
+    dispatch_floating(x.dtype(), "index_select backward", [&]<typename T>() {
+        add_rows<T>(args.grad_output.data<T>(), args.inputs[1], s, -1, dx.data<T>());
+    });
+    return {dx, Tensor()};
+}
+
+// x, index -> y (index's shape)
+Tensor gather_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& index = args.inputs[1];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    const IndexedWalk walk = indexed_walk(x.shape(), index.shape(), normalize_axis(args.attrs.axis, x.rank()));
+    if (dtype_size(x.dtype()) == 4)
+        gather_elements(static_cast<const std::uint32_t*>(x.raw_data()), index, walk,
+                        static_cast<std::uint32_t*>(y.raw_data()));
+    else
+        gather_elements(static_cast<const std::uint64_t*>(x.raw_data()), index, walk,
+                        static_cast<std::uint64_t*>(y.raw_data()));
+    return y;
+}
+
+// dy (index's shape) -> dx: zeros with dy added at the gathered positions, in index order
+std::vector<Tensor> gather_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& index = args.inputs[1];
+    if (!args.needs_grad[0]) return {Tensor(), Tensor()};
+    Tensor dx = Tensor::zeros(x.shape(), x.dtype(), x.device());
+    const IndexedWalk walk = indexed_walk(x.shape(), index.shape(), normalize_axis(args.attrs.axis, x.rank()));
+    dispatch_floating(x.dtype(), "gather backward", [&]<typename T>() {
+        const T* dy = args.grad_output.data<T>();
+        T* to = dx.data<T>();
+        for_each_indexed(index, walk, [&](std::int64_t e, std::int64_t offset) { to[offset] += dy[e]; });
+    });
+    return {dx, Tensor()};
+}
+
+// base, index, src -> y = base with src added at the indexed positions, in index order
+Tensor scatter_add_forward(const ForwardArgs& args) {
+    const Tensor& base = args.inputs[0];
+    const Tensor& index = args.inputs[1];
+    Tensor y = base.clone();
+    const IndexedWalk walk = indexed_walk(base.shape(), index.shape(), normalize_axis(args.attrs.axis, base.rank()));
+    dispatch_floating(base.dtype(), "scatter_add", [&]<typename T>() {
+        const T* src = args.inputs[2].data<T>();
+        T* to = y.data<T>();
+        for_each_indexed(index, walk, [&](std::int64_t e, std::int64_t offset) { to[offset] += src[e]; });
+    });
+    return y;
+}
+
+// dbase = dy; dsrc = dy gathered at the indexed positions
+std::vector<Tensor> scatter_add_backward(const BackwardArgs& args) {
+    const Tensor& base = args.inputs[0];
+    const Tensor& index = args.inputs[1];
+    const Tensor& dy = args.grad_output;
+    std::vector<Tensor> grads(3);
+    if (args.needs_grad[0]) grads[0] = dy;
+    if (args.needs_grad[2]) {
+        grads[2] = Tensor::empty(index.shape(), dy.dtype(), dy.device());
+        const IndexedWalk walk = indexed_walk(base.shape(), index.shape(), normalize_axis(args.attrs.axis, base.rank()));
+        dispatch_floating(dy.dtype(), "scatter_add backward", [&]<typename T>() {
+            gather_elements(dy.data<T>(), index, walk, grads[2].data<T>());
+        });
+    }
+    return grads;
+}
+
+namespace {
+
+// where: y = c != 0 ? a : b over y's shape (operands condition, a, b); masked_fill: y = m != 0 ? value : x
+// (operands mask, x). One walk per op; the backward routes dy by the same test.
+template <typename T>
+void select_values(const ForwardArgs& args, Tensor& y) {
+    const Shape& out = args.out.shape;
+    T* to = y.data<T>();
+    const std::int64_t n = y.numel();
+    if (args.op == OpType::Where) {
+        const Shape shapes[3] = {args.inputs[0].shape(), args.inputs[1].shape(), args.inputs[2].shape()};
+        const StridedWalk<3> walk = broadcast_walk(out, shapes);
+        const T* c = args.inputs[0].data<T>();
+        const T* a = args.inputs[1].data<T>();
+        const T* b = args.inputs[2].data<T>();
+        std::int64_t at[3];
+        for (std::int64_t i = 0; i < n; ++i) {
+            walk.offsets(i, at);
+            to[i] = c[at[0]] != T(0) ? a[at[1]] : b[at[2]];
+        }
+        return;
+    }
+    const Shape shapes[1] = {args.inputs[1].shape()};
+    const StridedWalk<1> walk = broadcast_walk(out, shapes);
+    const T* x = args.inputs[0].data<T>();
+    const T* m = args.inputs[1].data<T>();
+    const T value = static_cast<T>(args.attrs.scalar);
+    std::int64_t at[1];
+    for (std::int64_t i = 0; i < n; ++i) {
+        walk.offsets(i, at);
+        to[i] = m[at[0]] != T(0) ? value : x[i];
+    }
+}
+
+// dy routed to the side the condition chose: `chosen` gets dy where the condition is true (`when_true`)
+// or false, 0 elsewhere; dy's shape (the engine sums it down to the operand's).
+template <typename T>
+Tensor routed(const Tensor& dy, const Tensor& condition, bool when_true) {
+    Tensor out = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+    const Shape shapes[1] = {condition.shape()};
+    const StridedWalk<1> walk = broadcast_walk(dy.shape(), shapes);
+    const T* g = dy.data<T>();
+    const T* c = condition.data<T>();
+    T* to = out.data<T>();
+    std::int64_t at[1];
+    for (std::int64_t i = 0; i < dy.numel(); ++i) {
+        walk.offsets(i, at);
+        to[i] = (c[at[0]] != T(0)) == when_true ? g[i] : T(0);
+    }
+    return out;
+}
+
+}  // namespace
+
+Tensor select_forward(const ForwardArgs& args) {
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, args.inputs[0].device());
+    dispatch_floating(args.out.dtype, "where / masked_fill", [&]<typename T>() { select_values<T>(args, y); });
+    return y;
+}
+
+// where: da = dy where c, db = dy where not c; masked_fill: dx = dy where not m (select_gradients).
+std::vector<Tensor> select_backward(const BackwardArgs& args) {
+    return select_gradients(args, [](const Tensor& dy, const Tensor& condition, bool when_true) {
+        return dispatch_floating(dy.dtype(), "where / masked_fill backward",
+                                 [&]<typename T>() { return routed<T>(dy, condition, when_true); });
+    });
+}
+
+}  // namespace cpu
+
+}  // namespace dyngrad
