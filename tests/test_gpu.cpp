@@ -42,6 +42,13 @@ OpAttrs axis_attr(std::int64_t axis) {
     return attrs;
 }
 
+OpAttrs normalized_attr(Shape normalized_shape) {
+    OpAttrs attrs;
+    attrs.shape = std::move(normalized_shape);
+    attrs.eps = 1e-5;
+    return attrs;
+}
+
 struct LargeCase {
     const char* op;
     OpCase op_case;
@@ -80,6 +87,13 @@ std::vector<LargeCase> large_cases() {
         {"log_softmax", {"(4096,1000)", {{k4096, 1000}}, axis_attr(-1), {}}},
         {"cross_entropy", {"(4096,1000)", {{k4096, 1000}, {k4096}}, {}, {D::Any, D::Labels}}},
         {"transpose", {"(1025,2049)", {{1025, 2049}}, axes_attr({0, 1}), {}}},
+        // One warp per row, vector loads, many row chunks for dweight/dbias; one block per row with the row
+        // partly re-read from memory (longer than the registers hold); scalar loads of an odd row.
+        {"layer_norm", {"(4096,1024) affine", {{k4096, 1024}, {1024}, {1024}}, normalized_attr({1024}), {}}},
+        {"layer_norm", {"(64,10000) affine", {{64, 10000}, {10000}, {10000}}, normalized_attr({10000}), {}}},
+        {"layer_norm", {"(300,3001) no affine", {{300, 3001}}, normalized_attr({3001}), {}}},
+        {"rms_norm", {"(4096,1024) weight", {{k4096, 1024}, {1024}}, normalized_attr({1024}), {}}},
+        {"rms_norm", {"(64,10000) weight", {{64, 10000}, {10000}}, normalized_attr({10000}), {}}},
     };
 }
 
