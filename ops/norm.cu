@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -735,12 +736,13 @@ std::vector<Tensor> row_norm_backward(const BackwardArgs& args) {
         const std::int64_t rows_per_chunk = (l.rows + chunks - 1) / chunks;
         chunks = (l.rows + rows_per_chunk - 1) / rows_per_chunk;
         // One chunk writes the gradients directly; more write partials that sum_chunks_kernel adds in order.
-        const std::size_t partial_bytes = chunks > 1 ? static_cast<std::size_t>(chunks * l.n) * sizeof(T) : 0;
-        Workspace partials(ctx, 2 * partial_bytes);
+        std::optional<Workspace> partials;
+        if (chunks > 1) partials.emplace(ctx, 2 * static_cast<std::size_t>(chunks * l.n) * sizeof(T));
         T* dwp = need_dw ? grads[1].data<T>() : nullptr;
         T* dbp = need_db ? grads[2].data<T>() : nullptr;
-        T* partial_dw = need_dw ? (chunks > 1 ? static_cast<T*>(partials.data()) : dwp) : nullptr;
-        T* partial_db = need_db ? (chunks > 1 ? static_cast<T*>(partials.data()) + chunks * l.n : dbp) : nullptr;
+        T* partial_base = partials ? static_cast<T*>(partials->data()) : nullptr;
+        T* partial_dw = need_dw ? (partials ? partial_base : dwp) : nullptr;
+        T* partial_db = need_db ? (partials ? partial_base + chunks * l.n : dbp) : nullptr;
         const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
         const dim3 block(kColumnTile, kColumnRows);
         if (center)
