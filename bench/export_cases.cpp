@@ -6,7 +6,8 @@
 // One file DIR/<op>.safetensors per op-table row with cases. Tensors "<k>.x<i>" (input i of case k; labels
 // stay int64) and "<k>.w" (the weight of L = Σ w·y, the output's shape); metadata "op" (the row's name) and
 // "cases", a JSON array with one object per case: label, the inputs whose gradient is checked ("grad"), and
-// every attribute of OpAttrs that a case can set (the reference picks the ones its op reads); and, for
+// every attribute of OpAttrs that a case can set (the reference picks the ones its op reads; the later optional
+// ones only where set: optional_attrs); and, for
 // readers without a JSON parser, "count" (number of cases) and "<k>.label".
 // Exit status: 0 on success, 1 when a file cannot be written, 2 for a usage error.
 #include <charconv>
@@ -52,6 +53,17 @@ std::string number(double value) {
     return buffer;
 }
 
+// Attributes added later are written only where a case sets them (the reference reads them with a default),
+// so adding one leaves the goldens of every other op unchanged.
+std::string optional_attrs(const OpAttrs& a) {
+    std::string out;
+    if (a.clamp_min) out += str(", \"clamp_min\": ", number(*a.clamp_min));
+    if (a.clamp_max) out += str(", \"clamp_max\": ", number(*a.clamp_max));
+    if (a.gelu_approximation == GeluApproximation::Tanh) out += ", \"gelu_approximate\": \"tanh\"";
+    if (a.padding_idx >= 0) out += str(", \"padding_idx\": ", a.padding_idx);
+    return out;
+}
+
 template <typename Range>
 std::string int_list(const Range& values) {
     std::string out = "[";
@@ -72,8 +84,7 @@ std::string attrs_json(const OpAttrs& a) {
         << ", \"activation\": " << quoted(a.activation == Activation::Relu ? "relu" : "none")
         << ", \"rnn_mode\": " << quoted(rnn_mode_name(a.rnn_mode)) << ", \"hidden_size\": " << a.hidden_size
         << ", \"num_layers\": " << a.num_layers << ", \"bidirectional\": " << (a.bidirectional ? "true" : "false")
-        << ", \"padding_idx\": " << a.padding_idx
-        << "}";
+        << optional_attrs(a) << "}";
     return out.str();
 }
 

@@ -76,6 +76,16 @@ def avg_pool2d(xs, a):
     return F.avg_pool2d(xs[0], a["kernel"], a["stride"], a["padding"], ceil_mode=False, count_include_pad=True)
 
 
+def layer_norm(xs, a):
+    weight = xs[1] if len(xs) > 1 else None
+    bias = xs[2] if len(xs) > 2 else None
+    return F.layer_norm(xs[0], a["shape"], weight, bias, eps=a["eps"])
+
+
+def rms_norm(xs, a):
+    return F.rms_norm(xs[0], a["shape"], xs[1] if len(xs) > 1 else None, eps=a["eps"])
+
+
 def batch_norm(xs, a):
     # Inputs 3 and 4 are the running mean and variance: updated in training, used in eval, never differentiated.
     x, gamma, beta, running_mean, running_var = xs
@@ -162,7 +172,8 @@ def rnn(xs, a):
 
 def embedding(xs, a):
     # dyngrad's inputs are (weight, indices); padding_idx -1 means none.
-    padding = a["padding_idx"] if a["padding_idx"] >= 0 else None
+    padding = a.get("padding_idx", -1)
+    padding = padding if padding >= 0 else None
     return F.embedding(xs[1], xs[0], padding_idx=padding)
 
 
@@ -171,6 +182,8 @@ REFERENCES = {
     "sub": binary(torch.sub),
     "mul": binary(torch.mul),
     "div": binary(torch.div),
+    "minimum": binary(torch.minimum),
+    "maximum": binary(torch.maximum),
     "neg": unary(lambda x, a: torch.neg(x)),
     "add_scalar": unary(lambda x, a: x + a["scalar"]),
     "mul_scalar": unary(lambda x, a: x * a["scalar"]),
@@ -179,6 +192,9 @@ REFERENCES = {
     "sqrt": unary(lambda x, a: torch.sqrt(x)),
     "pow": unary(lambda x, a: torch.pow(x, a["scalar"])),
     "abs": unary(lambda x, a: torch.abs(x)),
+    "sin": unary(lambda x, a: torch.sin(x)),
+    "cos": unary(lambda x, a: torch.cos(x)),
+    "clamp": unary(lambda x, a: torch.clamp(x, min=a.get("clamp_min"), max=a.get("clamp_max"))),
     "relu": unary(lambda x, a: torch.relu(x)),
     "leaky_relu": unary(lambda x, a: F.leaky_relu(x, negative_slope=a["scalar"])),
     "elu": unary(lambda x, a: F.elu(x, alpha=a["scalar"])),
@@ -186,6 +202,9 @@ REFERENCES = {
     "sigmoid": unary(lambda x, a: torch.sigmoid(x)),
     "tanh": unary(lambda x, a: torch.tanh(x)),
     "softplus": unary(lambda x, a: F.softplus(x)),
+    "gelu": unary(lambda x, a: F.gelu(x, approximate=a.get("gelu_approximate", "none"))),
+    "silu": unary(lambda x, a: F.silu(x)),
+    "log_sigmoid": unary(lambda x, a: F.logsigmoid(x)),
     "matmul": binary(torch.matmul),
     "linear": linear,
     "transpose": unary(lambda x, a: torch.transpose(x, a["axes"][0], a["axes"][1])),
@@ -202,6 +221,8 @@ REFERENCES = {
     "avg_pool2d": avg_pool2d,
     "batch_norm": batch_norm,
     "dropout": dropout,
+    "layer_norm": layer_norm,
+    "rms_norm": rms_norm,
     "narrow": unary(lambda x, a: torch.narrow(x, a["axis"], a["start"], a["length"])),
     "concat": lambda xs, a: torch.cat(xs, dim=a["axis"]),
     "rnn": rnn,

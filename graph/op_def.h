@@ -8,6 +8,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -24,6 +25,9 @@ enum class RnnMode : std::uint8_t { Lstm, Gru, RnnTanh, RnnRelu };
 // launches instead of two nodes, and the pre-activation is never stored.
 enum class Activation : std::uint8_t { None, Relu };
 
+// gelu's form (PyTorch's `approximate`): None is x·Φ(x) with the erf, Tanh the tanh approximation.
+enum class GeluApproximation : std::uint8_t { None, Tanh };
+
 // Attributes of a node. Each op reads the fields its table row documents.
 struct OpAttrs {
     double scalar = 0.0;              // add/mul scalar operand, pow exponent, leaky slope, elu alpha, clip ceiling
@@ -32,7 +36,10 @@ struct OpAttrs {
     std::int64_t start = 0;           // narrow: first index along `axis`
     std::int64_t length = 0;          // narrow: number of indices taken
     bool keepdim = false;             // sum/mean/max
-    Shape shape;                      // reshape target
+    Shape shape;                      // reshape target; layer_norm, rms_norm: the normalized (trailing) shape
+    std::optional<double> clamp_min;  // clamp: the lower bound; absent: none
+    std::optional<double> clamp_max;  // clamp: the upper bound; absent: none
+    GeluApproximation gelu_approximation = GeluApproximation::None;  // gelu
     // conv2d and pooling: (height, width) pairs
     std::array<std::int64_t, 2> kernel{1, 1};    // pooling window
     std::array<std::int64_t, 2> stride{1, 1};
@@ -40,7 +47,7 @@ struct OpAttrs {
     std::array<std::int64_t, 2> dilation{1, 1};  // conv2d
     std::int64_t groups = 1;                     // conv2d
     bool training = false;                       // batch_norm (batch statistics, update running ones), dropout
-    double eps = 1e-5;                           // batch_norm
+    double eps = 1e-5;                           // batch_norm, layer_norm, rms_norm
     double momentum = 0.1;                       // batch_norm: running = (1 - momentum)·running + momentum·batch
     std::uint64_t seed = 0;                      // dropout: counter-based mask, identical on every backend
     std::uint32_t custom_id = 0;                 // Custom: which registered op

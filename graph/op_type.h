@@ -9,10 +9,13 @@ enum class OpType : std::uint16_t {
     Leaf,  // inputs, parameters and constants: no forward, no backward
     // binary elementwise with NumPy broadcasting (ops/elementwise)
     Add, Sub, Mul, Div,
+    Minimum, Maximum,
     // unary elementwise (ops/elementwise); scalar operand in OpAttrs::scalar where there is one
     Neg, AddScalar, MulScalar, Exp, Log, Sqrt, PowScalar, Abs,
+    Sin, Cos, Clamp,
     // activations (ops/elementwise)
     Relu, LeakyRelu, Elu, ClippedRelu, Sigmoid, Tanh, Softplus,
+    Gelu, Silu, LogSigmoid,
     // linear algebra and layout (ops/linalg)
     Matmul, Linear, Transpose, Reshape,
     // reductions (ops/reduce)
@@ -23,6 +26,7 @@ enum class OpType : std::uint16_t {
     Conv2d, MaxPool2d, AvgPool2d,
     // normalisation and regularisation (ops/norm)
     BatchNorm, Dropout,
+    LayerNorm, RmsNorm,
     // user-defined ops registered at run time (graph/custom_op.h); OpAttrs::custom_id picks one
     Custom,
     // (Narrow, Concat and Rnn were appended after Custom when the tests seeded by table index; they now

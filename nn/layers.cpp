@@ -8,6 +8,7 @@
 #include "dyngrad/core/checked.h"
 #include "dyngrad/core/safetensors.h"
 #include "dyngrad/ops/dropout_mask.h"
+#include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/indexing.h"
 #include "dyngrad/ops/layout.h"
 #include "dyngrad/ops/linalg.h"
@@ -261,6 +262,53 @@ Var BatchNorm::operator()(const Var& x, std::source_location where) const {
     return batch_norm(x, graph.parameter(weight, where), graph.parameter(bias, where), *running_mean, *running_var,
                       is_training(), momentum, eps, where);
 }
+
+namespace {
+// The checks of LayerNorm's and RMSNorm's constructors, in their words.
+void check_normalized_shape(const char* layer, const Shape& normalized_shape) {
+    if (normalized_shape.empty()) throw ValueError(str(layer, ": normalized_shape must have at least one dim, got ()"));
+    for (const std::int64_t d : normalized_shape)
+        if (d <= 0)
+            throw ValueError(str(layer, ": normalized_shape ", to_string(normalized_shape), " must be positive"));
+    std::int64_t count = 1;
+    for (const std::int64_t d : normalized_shape) count = checked_mul(count, d, str(layer, ": normalized_shape"));
+}
+void check_eps(const char* layer, double eps) {
+    if (!(eps >= 0) || !std::isfinite(eps)) throw ValueError(str(layer, ": eps must be finite and >= 0, got ", eps));
+}
+}  // namespace
+
+LayerNorm::LayerNorm(Shape normalized_shape, double eps, bool elementwise_affine, bool bias)
+    : normalized_shape(std::move(normalized_shape)), eps(eps) {
+    check_normalized_shape("LayerNorm", this->normalized_shape);
+    check_eps("LayerNorm", eps);
+    if (!elementwise_affine) return;
+    weight = register_parameter("weight", Tensor::ones(this->normalized_shape));
+    if (bias) this->bias = register_parameter("bias", Tensor::zeros(this->normalized_shape));
+}
+
+Var LayerNorm::operator()(const Var& x, std::source_location where) const {
+    ComputeGraph& graph = x.graph();
+    const Var w = weight.defined() ? graph.parameter(weight, where) : Var();
+    const Var b = bias.defined() ? graph.parameter(bias, where) : Var();
+    return layer_norm(x, normalized_shape, w, b, eps, where);
+}
+
+RMSNorm::RMSNorm(Shape normalized_shape, std::optional<double> eps, bool elementwise_affine)
+    : normalized_shape(std::move(normalized_shape)), eps(eps) {
+    check_normalized_shape("RMSNorm", this->normalized_shape);
+    if (eps) check_eps("RMSNorm", *eps);
+    if (elementwise_affine) weight = register_parameter("weight", Tensor::ones(this->normalized_shape));
+}
+
+Var RMSNorm::operator()(const Var& x, std::source_location where) const {
+    const Var w = weight.defined() ? x.graph().parameter(weight, where) : Var();
+    return rms_norm(x, normalized_shape, w, eps, where);
+}
+
+Var GELU::operator()(const Var& x, std::source_location where) const { return gelu(x, approximation, where); }
+
+Var SiLU::operator()(const Var& x, std::source_location where) const { return silu(x, where); }
 
 Dropout::Dropout(double p, std::uint64_t seed) : p(p), seed_(seed), calls_(std::make_shared<std::uint64_t>(0)) {
     if (!(p >= 0 && p < 1)) throw ValueError(str("Dropout: p must be in [0, 1), got ", p));

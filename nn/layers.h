@@ -163,6 +163,47 @@ public:
     double eps;
 };
 
+// Layer normalisation over the trailing normalized_shape dims of its input; see layer_norm (ops/norm.h).
+// PyTorch's nn.LayerNorm: with elementwise_affine, parameter "weight" (ones) and, with bias, "bias" (zeros),
+// both of normalized_shape.
+class LayerNorm : public Module {
+public:
+    explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true, bool bias = true);
+    Var operator()(const Var& x, std::source_location where = std::source_location::current()) const;
+
+    Parameter weight;  // undefined without elementwise_affine
+    Parameter bias;    // undefined without elementwise_affine or bias
+    Shape normalized_shape;
+    double eps;
+};
+
+// RMS normalisation over the trailing normalized_shape dims; see rms_norm (ops/norm.h). PyTorch's nn.RMSNorm:
+// with elementwise_affine, parameter "weight" (ones); eps absent: the machine epsilon of the input's dtype.
+class RMSNorm : public Module {
+public:
+    explicit RMSNorm(Shape normalized_shape, std::optional<double> eps = std::nullopt, bool elementwise_affine = true);
+    Var operator()(const Var& x, std::source_location where = std::source_location::current()) const;
+
+    Parameter weight;  // undefined without elementwise_affine
+    Shape normalized_shape;
+    std::optional<double> eps;
+};
+
+// gelu (ops/elementwise.h) as a layer, for Sequential; no parameters.
+class GELU : public Module {
+public:
+    explicit GELU(GeluApproximation approximation = GeluApproximation::None) : approximation(approximation) {}
+    Var operator()(const Var& x, std::source_location where = std::source_location::current()) const;
+
+    GeluApproximation approximation;
+};
+
+// silu (ops/elementwise.h) as a layer, for Sequential; no parameters.
+class SiLU : public Module {
+public:
+    Var operator()(const Var& x, std::source_location where = std::source_location::current()) const;
+};
+
 // Dropout with drop probability p in training mode, the identity in eval mode. Each call in training
 // mode draws a fresh mask seed from (seed, number of earlier calls), so runs repeat exactly; copies
 // share the call counter.

@@ -3,6 +3,8 @@
 #include "dyngrad/ops/elementwise.h"
 
 #include <Eigen/Core>
+#include <cmath>
+#include <optional>
 #include <string_view>
 
 #include "dyngrad/ops/elementwise_math.h"
@@ -32,6 +34,19 @@ Var record_unary(OpType op, const Var& x, double s, Loc where) {
     OpAttrs attrs;
     attrs.scalar = s;
     return x.graph().record(op, {x}, attrs, where);
+}
+
+OpAttrs clamp_attrs(std::optional<double> min, std::optional<double> max) {
+    OpAttrs attrs;
+    attrs.clamp_min = min;
+    attrs.clamp_max = max;
+    return attrs;
+}
+
+OpAttrs gelu_attrs(GeluApproximation approximation) {
+    OpAttrs attrs;
+    attrs.gelu_approximation = approximation;
+    return attrs;
 }
 
 // The output dims of a broadcasting binary op, with each input's element stride along them (0 where
@@ -134,6 +149,10 @@ Var add(const Var& a, const Var& b, Loc where) { return a.graph().record(OpType:
 Var sub(const Var& a, const Var& b, Loc where) { return a.graph().record(OpType::Sub, {a, b}, {}, where); }
 Var mul(const Var& a, const Var& b, Loc where) { return a.graph().record(OpType::Mul, {a, b}, {}, where); }
 Var div(const Var& a, const Var& b, Loc where) { return a.graph().record(OpType::Div, {a, b}, {}, where); }
+Var maximum(const Var& a, const Var& b, Loc where) { return a.graph().record(OpType::Maximum, {a, b}, {}, where); }
+Tensor maximum(const Tensor& a, const Tensor& b, Loc where) { return eager(OpType::Maximum, {a, b}, {}, where); }
+Var minimum(const Var& a, const Var& b, Loc where) { return a.graph().record(OpType::Minimum, {a, b}, {}, where); }
+Tensor minimum(const Tensor& a, const Tensor& b, Loc where) { return eager(OpType::Minimum, {a, b}, {}, where); }
 
 Var neg(const Var& x, Loc where) { return record_unary(OpType::Neg, x, 0.0, where); }
 Var add_scalar(const Var& x, double s, Loc where) { return record_unary(OpType::AddScalar, x, s, where); }
@@ -147,6 +166,16 @@ Var log(const Var& x, Loc where) { return record_unary(OpType::Log, x, 0.0, wher
 Var sqrt(const Var& x, Loc where) { return record_unary(OpType::Sqrt, x, 0.0, where); }
 Var pow(const Var& x, double exponent, Loc where) { return record_unary(OpType::PowScalar, x, exponent, where); }
 Var abs(const Var& x, Loc where) { return record_unary(OpType::Abs, x, 0.0, where); }
+Var sin(const Var& x, Loc where) { return record_unary(OpType::Sin, x, 0.0, where); }
+Tensor sin(const Tensor& x, Loc where) { return eager(OpType::Sin, {x}, {}, where); }
+Var cos(const Var& x, Loc where) { return record_unary(OpType::Cos, x, 0.0, where); }
+Tensor cos(const Tensor& x, Loc where) { return eager(OpType::Cos, {x}, {}, where); }
+Var clamp(const Var& x, std::optional<double> min, std::optional<double> max, Loc where) {
+    return x.graph().record(OpType::Clamp, {x}, clamp_attrs(min, max), where);
+}
+Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max, Loc where) {
+    return eager(OpType::Clamp, {x}, clamp_attrs(min, max), where);
+}
 
 Var relu(const Var& x, Loc where) { return record_unary(OpType::Relu, x, 0.0, where); }
 Var leaky_relu(const Var& x, double negative_slope, Loc where) {
@@ -159,6 +188,16 @@ Var clipped_relu(const Var& x, double ceiling, Loc where) {
 Var sigmoid(const Var& x, Loc where) { return record_unary(OpType::Sigmoid, x, 0.0, where); }
 Var tanh(const Var& x, Loc where) { return record_unary(OpType::Tanh, x, 0.0, where); }
 Var softplus(const Var& x, Loc where) { return record_unary(OpType::Softplus, x, 0.0, where); }
+Var gelu(const Var& x, GeluApproximation approximation, Loc where) {
+    return x.graph().record(OpType::Gelu, {x}, gelu_attrs(approximation), where);
+}
+Tensor gelu(const Tensor& x, GeluApproximation approximation, Loc where) {
+    return eager(OpType::Gelu, {x}, gelu_attrs(approximation), where);
+}
+Var silu(const Var& x, Loc where) { return record_unary(OpType::Silu, x, 0.0, where); }
+Tensor silu(const Tensor& x, Loc where) { return eager(OpType::Silu, {x}, {}, where); }
+Var log_sigmoid(const Var& x, Loc where) { return record_unary(OpType::LogSigmoid, x, 0.0, where); }
+Tensor log_sigmoid(const Tensor& x, Loc where) { return eager(OpType::LogSigmoid, {x}, {}, where); }
 
 Var operator+(VarAt a, const Var& b) { return add(a.var, b, a.where); }
 Var operator-(VarAt a, const Var& b) { return sub(a.var, b, a.where); }
@@ -181,6 +220,18 @@ OutputSpec same_as_first(OpType op, std::span<const Tensor> inputs, const OpAttr
         throw DTypeError(str("expects float32 or float64, got ", dtype_name(x.dtype())));
     if (op == OpType::ClippedRelu && !(attrs.scalar > 0))
         throw ValueError(str("ceiling must be positive, got ", attrs.scalar));
+    if (op == OpType::Clamp) {
+        const std::optional<double>& min = attrs.clamp_min;
+        const std::optional<double>& max = attrs.clamp_max;
+        if (!min && !max) throw ValueError("needs a min or a max bound (or both), got neither");
+        if (min && std::isnan(*min)) throw ValueError("min is NaN");
+        if (max && std::isnan(*max)) throw ValueError("max is NaN");
+        if (min && max && *min > *max) throw ValueError(str("min ", *min, " is greater than max ", *max));
+    }
+    if (op == OpType::Gelu && attrs.gelu_approximation != GeluApproximation::None &&
+        attrs.gelu_approximation != GeluApproximation::Tanh)
+        throw ValueError(str("approximation must be None or Tanh, got ",
+                             static_cast<int>(attrs.gelu_approximation)));
     return {x.shape(), x.dtype()};
 }
 
@@ -204,9 +255,9 @@ Tensor unary_forward(const ForwardArgs& args) {
     const Tensor& x = args.inputs[0];
     Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
     dispatch_floating(x.dtype(), "unary_forward", [&]<typename T>() {
-        const T s = static_cast<T>(args.attrs.scalar);
-        math::visit_unary(args.op, [&]<typename Op>(Op) {
-            out<T>(y) = in<T>(x).unaryExpr([s](T v) { return Op::forward(v, s); });
+        const math::UnaryScalars<T> p = math::unary_scalars<T>(args.attrs);
+        math::visit_unary(args.op, args.attrs, [&]<typename Op>(Op) {
+            out<T>(y) = in<T>(x).unaryExpr([p](T v) { return math::apply_forward<Op>(v, p); });
         });
     });
     return y;
@@ -218,9 +269,9 @@ std::vector<Tensor> unary_backward(const BackwardArgs& args) {
     if (!args.needs_grad[0]) return {Tensor()};
     Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
     dispatch_floating(x.dtype(), "unary_backward", [&]<typename T>() {
-        const T s = static_cast<T>(args.attrs.scalar);
-        math::visit_unary(args.op, [&]<typename Op>(Op) {
-            const auto derivative = [s](T xv, T yv) { return Op::derivative(xv, yv, s); };
+        const math::UnaryScalars<T> p = math::unary_scalars<T>(args.attrs);
+        math::visit_unary(args.op, args.attrs, [&]<typename Op>(Op) {
+            const auto derivative = [p](T xv, T yv) { return math::apply_derivative<Op>(xv, yv, p); };
             out<T>(dx) = in<T>(args.grad_output) * in<T>(x).binaryExpr(in<T>(args.output), derivative);
         });
     });

@@ -60,22 +60,24 @@ unsigned vector_blocks(const DeviceContext& ctx, std::int64_t n, std::int64_t pa
 // y = Op(x; s)
 template <typename T, typename Op>
 __global__ void unary_forward_kernel(const T* __restrict__ x, T* __restrict__ y, std::int64_t n, std::int64_t packs,
-                                     T s) {
+                                     math::UnaryScalars<T> s) {
     constexpr int W = Pack<T>::width;
     for (std::int64_t p = thread_index(); p < packs; p += thread_count()) {
         const Pack<T> xv = load_pack(x, p);
         Pack<T> yv;
 #pragma unroll
-        for (int k = 0; k < W; ++k) yv.v[k] = Op::forward(xv.v[k], s);
+        for (int k = 0; k < W; ++k) yv.v[k] = math::apply_forward<Op>(xv.v[k], s);
         store_pack(y, p, yv);
     }
-    for (std::int64_t i = packs * W + thread_index(); i < n; i += thread_count()) y[i] = Op::forward(x[i], s);
+    for (std::int64_t i = packs * W + thread_index(); i < n; i += thread_count())
+        y[i] = math::apply_forward<Op>(x[i], s);
 }
 
 // dx = dy * Op'(x, y; s)
 template <typename T, typename Op>
 __global__ void unary_backward_kernel(const T* __restrict__ x, const T* __restrict__ y, const T* __restrict__ dy,
-                                      T* __restrict__ dx, std::int64_t n, std::int64_t packs, T s) {
+                                      T* __restrict__ dx, std::int64_t n, std::int64_t packs,
+                                      math::UnaryScalars<T> s) {
     constexpr int W = Pack<T>::width;
     for (std::int64_t p = thread_index(); p < packs; p += thread_count()) {
         const Pack<T> xv = load_pack(x, p);
@@ -83,11 +85,11 @@ __global__ void unary_backward_kernel(const T* __restrict__ x, const T* __restri
         const Pack<T> dyv = load_pack(dy, p);
         Pack<T> dxv;
 #pragma unroll
-        for (int k = 0; k < W; ++k) dxv.v[k] = dyv.v[k] * Op::derivative(xv.v[k], yv.v[k], s);
+        for (int k = 0; k < W; ++k) dxv.v[k] = dyv.v[k] * math::apply_derivative<Op>(xv.v[k], yv.v[k], s);
         store_pack(dx, p, dxv);
     }
     for (std::int64_t i = packs * W + thread_index(); i < n; i += thread_count())
-        dx[i] = dy[i] * Op::derivative(x[i], y[i], s);
+        dx[i] = dy[i] * math::apply_derivative<Op>(x[i], y[i], s);
 }
 
 // ---- binary, same shapes: a, b, y, dy, da, db all (n) ----
@@ -309,12 +311,12 @@ Tensor unary_forward(const ForwardArgs& args) {
     const std::int64_t n = x.numel();
     if (n == 0) return y;
     dispatch_floating(x.dtype(), "unary_forward", [&]<typename T>() {
-        math::visit_unary(args.op, [&](auto op) {
+        math::visit_unary(args.op, args.attrs, [&](auto op) {
             const T* xp = x.data<T>();
             T* yp = y.data<T>();
             const std::int64_t packs = pack_count<T>(n, {xp, yp});
             unary_forward_kernel<T, decltype(op)><<<vector_blocks(ctx, n, packs), kThreads, 0, ctx.stream>>>(
-                xp, yp, n, packs, static_cast<T>(args.attrs.scalar));
+                xp, yp, n, packs, math::unary_scalars<T>(args.attrs));
             DG_CUDA_CHECK_LAUNCH();
         });
     });
@@ -331,14 +333,14 @@ std::vector<Tensor> unary_backward(const BackwardArgs& args) {
     const std::int64_t n = x.numel();
     if (n > 0) {
         dispatch_floating(x.dtype(), "unary_backward", [&]<typename T>() {
-            math::visit_unary(args.op, [&](auto op) {
+            math::visit_unary(args.op, args.attrs, [&](auto op) {
                 const T* xp = x.data<T>();
                 const T* yp = args.output.data<T>();
                 const T* dyp = dy.data<T>();
                 T* dxp = dx.data<T>();
                 const std::int64_t packs = pack_count<T>(n, {xp, yp, dyp, dxp});
                 unary_backward_kernel<T, decltype(op)><<<vector_blocks(ctx, n, packs), kThreads, 0, ctx.stream>>>(
-                    xp, yp, dyp, dxp, n, packs, static_cast<T>(args.attrs.scalar));
+                    xp, yp, dyp, dxp, n, packs, math::unary_scalars<T>(args.attrs));
                 DG_CUDA_CHECK_LAUNCH();
             });
         });

@@ -3,6 +3,7 @@
 // checks on the CPU; the GPU comparison then proves the GPU indexing and launch code.
 //
 // Unary op:  forward(x, s) -> y;          derivative(x, y, s) -> dy/dx    (s: OpAttrs::scalar)
+//            or, for an op with more attributes (clamp's bounds), the same with s the whole UnaryScalars
 // Binary op: forward(a, b) -> y;          d_a(a, b) -> dy/da, d_b(a, b) -> dy/db
 //
 // NaN: every forward propagates a NaN input (as PyTorch does), so anomaly mode sees it at the op that
@@ -14,8 +15,10 @@
 // rounds to 0 (elu at x = -20: exactly 0 instead of 2e-9).
 #pragma once
 #include <cmath>
+#include <limits>
 
 #include "dyngrad/core/error.h"
+#include "dyngrad/graph/op_def.h"
 #include "dyngrad/graph/op_type.h"
 
 #if defined(__CUDACC__)
@@ -27,13 +30,49 @@
 namespace dyngrad::math {
 
 // Unqualified calls below pick the float or double overload on host and device alike.
+using std::cos;
+using std::erfc;
 using std::exp;
 using std::expm1;
 using std::log;
 using std::log1p;
 using std::pow;
+using std::sin;
 using std::sqrt;
 using std::tanh;
+
+// The scalar attributes a unary formula may read, in the kernel's type: OpAttrs::scalar, and clamp's bounds
+// (±infinity where absent, so one comparison each needs no flag).
+template <typename T>
+struct UnaryScalars {
+    T s;
+    T lo;
+    T hi;
+};
+
+template <typename T>
+UnaryScalars<T> unary_scalars(const OpAttrs& attrs) {
+    constexpr double inf = std::numeric_limits<double>::infinity();
+    return {static_cast<T>(attrs.scalar), static_cast<T>(attrs.clamp_min.value_or(-inf)),
+            static_cast<T>(attrs.clamp_max.value_or(inf))};
+}
+
+// The kernels call a unary formula through these: a functor declares forward(x, s) with the one scalar
+// most ops read, or forward(x, UnaryScalars) when it needs more.
+template <typename Op, typename T>
+DG_HOST_DEVICE T apply_forward(T x, const UnaryScalars<T>& p) {
+    if constexpr (requires { Op::forward(x, p); })
+        return Op::forward(x, p);
+    else
+        return Op::forward(x, p.s);
+}
+template <typename Op, typename T>
+DG_HOST_DEVICE T apply_derivative(T x, T y, const UnaryScalars<T>& p) {
+    if constexpr (requires { Op::derivative(x, y, p); })
+        return Op::derivative(x, y, p);
+    else
+        return Op::derivative(x, y, p.s);
+}
 
 struct NegOp {
     template <typename T> DG_HOST_DEVICE static T forward(T x, T) { return -x; }
@@ -69,6 +108,25 @@ struct AbsOp {  // derivative at 0 taken as 0 (subgradient)
         return x > T(0) ? T(1) : (x < T(0) ? T(-1) : T(0));
     }
 };
+struct SinOp {
+    template <typename T> DG_HOST_DEVICE static T forward(T x, T) { return sin(x); }
+    template <typename T> DG_HOST_DEVICE static T derivative(T x, T, T) { return cos(x); }
+};
+struct CosOp {
+    template <typename T> DG_HOST_DEVICE static T forward(T x, T) { return cos(x); }
+    template <typename T> DG_HOST_DEVICE static T derivative(T x, T, T) { return -sin(x); }
+};
+// min(max(x, lo), hi) with NaN propagated. The gradient passes strictly inside (lo, hi) and is 0 at a bound
+// and at NaN, as PyTorch's clamp_backward (checked against torch 2.15).
+struct ClampOp {
+    template <typename T> DG_HOST_DEVICE static T forward(T x, const UnaryScalars<T>& p) {
+        return x < p.lo ? p.lo : (x > p.hi ? p.hi : x);
+    }
+    template <typename T> DG_HOST_DEVICE static T derivative(T x, T, const UnaryScalars<T>& p) {
+        return (x > p.lo && x < p.hi) ? T(1) : T(0);
+    }
+};
+
 struct ReluOp {  // NaN propagates; the fused ReLU of linear and conv2d uses these two as well
     template <typename T> DG_HOST_DEVICE static T forward(T x, T) { return x <= T(0) ? T(0) : x; }
     template <typename T> DG_HOST_DEVICE static T derivative(T x, T, T) { return x <= T(0) ? T(0) : T(1); }
@@ -117,6 +175,46 @@ struct SoftplusOp {  // log(1 + e^x) = max(x, 0) + log1p(e^-|x|), stable for lar
     template <typename T> DG_HOST_DEVICE static T derivative(T x, T, T) { return SigmoidOp::forward(x, T(0)); }
 };
 
+// x·Φ(x), Φ the standard normal CDF written erfc(-x/√2)/2: 1 + erf(x/√2) rounds to 0 for x below about -5.9
+// in float32 (the output and derivative would be 0 instead of tiny).
+struct GeluOp {
+    template <typename T> DG_HOST_DEVICE static T forward(T x, T) {
+        return x * (T(0.5) * erfc(-x * T(0.70710678118654752440)));
+    }
+    // Φ(x) + x·φ(x)
+    template <typename T> DG_HOST_DEVICE static T derivative(T x, T, T) {
+        return T(0.5) * erfc(-x * T(0.70710678118654752440)) + x * (T(0.39894228040143267794) * exp(T(-0.5) * x * x));
+    }
+};
+// The tanh form x·(1 + tanh(u))/2, u = √(2/π)·(x + 0.044715·x³), written x·σ(2u): 1 + tanh(u) cancels for
+// large negative x.
+struct GeluTanhOp {
+    template <typename T> DG_HOST_DEVICE static T inner(T x) {
+        return T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);
+    }
+    template <typename T> DG_HOST_DEVICE static T forward(T x, T) { return x * SigmoidOp::forward(T(2) * inner(x), T(0)); }
+    // σ(2u) + x·2σ(2u)σ(-2u)·du/dx, σ(2u)σ(-2u) without the cancellation of σ(1 - σ)
+    template <typename T> DG_HOST_DEVICE static T derivative(T x, T, T) {
+        const T two_u = T(2) * inner(x);
+        const T du_dx = T(0.79788456080286535588) * (T(1) + T(3 * 0.044715) * x * x);
+        return SigmoidOp::forward(two_u, T(0)) + x * (T(2) * SigmoidOp::derivative(two_u, T(0), T(0)) * du_dx);
+    }
+};
+struct SiluOp {  // x·σ(x); derivative σ(x) + x·σ(x)σ(-x)
+    template <typename T> DG_HOST_DEVICE static T forward(T x, T) { return x * SigmoidOp::forward(x, T(0)); }
+    template <typename T> DG_HOST_DEVICE static T derivative(T x, T, T) {
+        return SigmoidOp::forward(x, T(0)) + x * SigmoidOp::derivative(x, T(0), T(0));
+    }
+};
+// log σ(x) = min(x, 0) − log1p(e^−|x|): no exp overflows and nothing cancels (log(σ(x)) is log(1) = 0 for
+// x > 17 in float32, -inf below -88). The derivative σ(-x) is computed directly, not as 1 − σ(x).
+struct LogSigmoidOp {
+    template <typename T> DG_HOST_DEVICE static T forward(T x, T) {
+        return (x < T(0) ? x : T(0)) - log1p(exp(x < T(0) ? x : -x));
+    }
+    template <typename T> DG_HOST_DEVICE static T derivative(T x, T, T) { return SigmoidOp::forward(-x, T(0)); }
+};
+
 struct AddOp {
     template <typename T> DG_HOST_DEVICE static T forward(T a, T b) { return a + b; }
     template <typename T> DG_HOST_DEVICE static T d_a(T, T) { return T(1); }
@@ -138,9 +236,23 @@ struct DivOp {
     template <typename T> DG_HOST_DEVICE static T d_b(T a, T b) { return -a / (b * b); }
 };
 
-// Calls fn(Functor{}) for a unary elementwise OpType. Host code only.
+// NaN propagates (either operand). At a tie each operand gets half the gradient; at a NaN both get all of it
+// (PyTorch's maximum/minimum backward: where(a == b, g/2, g) masked where the other operand wins).
+struct MaximumOp {
+    template <typename T> DG_HOST_DEVICE static T forward(T a, T b) { return (a > b || a != a) ? a : b; }
+    template <typename T> DG_HOST_DEVICE static T d_a(T a, T b) { return a == b ? T(0.5) : (a < b ? T(0) : T(1)); }
+    template <typename T> DG_HOST_DEVICE static T d_b(T a, T b) { return a == b ? T(0.5) : (a > b ? T(0) : T(1)); }
+};
+struct MinimumOp {
+    template <typename T> DG_HOST_DEVICE static T forward(T a, T b) { return (a < b || a != a) ? a : b; }
+    template <typename T> DG_HOST_DEVICE static T d_a(T a, T b) { return a == b ? T(0.5) : (a > b ? T(0) : T(1)); }
+    template <typename T> DG_HOST_DEVICE static T d_b(T a, T b) { return a == b ? T(0.5) : (a < b ? T(0) : T(1)); }
+};
+
+// Calls fn(Functor{}) for a unary elementwise node; its attributes pick the form where an op has several
+// (gelu's approximation). Host code only.
 template <typename Fn>
-decltype(auto) visit_unary(OpType op, Fn&& fn) {
+decltype(auto) visit_unary(OpType op, const OpAttrs& attrs, Fn&& fn) {
     switch (op) {
         case OpType::Neg: return fn(NegOp{});
         case OpType::AddScalar: return fn(AddScalarOp{});
@@ -150,6 +262,9 @@ decltype(auto) visit_unary(OpType op, Fn&& fn) {
         case OpType::Sqrt: return fn(SqrtOp{});
         case OpType::PowScalar: return fn(PowScalarOp{});
         case OpType::Abs: return fn(AbsOp{});
+        case OpType::Sin: return fn(SinOp{});
+        case OpType::Cos: return fn(CosOp{});
+        case OpType::Clamp: return fn(ClampOp{});
         case OpType::Relu: return fn(ReluOp{});
         case OpType::LeakyRelu: return fn(LeakyReluOp{});
         case OpType::Elu: return fn(EluOp{});
@@ -157,6 +272,11 @@ decltype(auto) visit_unary(OpType op, Fn&& fn) {
         case OpType::Sigmoid: return fn(SigmoidOp{});
         case OpType::Tanh: return fn(TanhOp{});
         case OpType::Softplus: return fn(SoftplusOp{});
+        case OpType::Gelu:
+            if (attrs.gelu_approximation == GeluApproximation::Tanh) return fn(GeluTanhOp{});
+            return fn(GeluOp{});
+        case OpType::Silu: return fn(SiluOp{});
+        case OpType::LogSigmoid: return fn(LogSigmoidOp{});
         default: break;
     }
     throw Error(str("internal: op tag ", static_cast<int>(op), " is not a unary elementwise op"));
@@ -170,6 +290,8 @@ decltype(auto) visit_binary(OpType op, Fn&& fn) {
         case OpType::Sub: return fn(SubOp{});
         case OpType::Mul: return fn(MulOp{});
         case OpType::Div: return fn(DivOp{});
+        case OpType::Minimum: return fn(MinimumOp{});
+        case OpType::Maximum: return fn(MaximumOp{});
         default: break;
     }
     throw Error(str("internal: op tag ", static_cast<int>(op), " is not a binary elementwise op"));

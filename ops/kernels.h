@@ -35,6 +35,7 @@ OutputSpec conv2d(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec pool2d(OpType, std::span<const Tensor>, const OpAttrs&);      // max_pool2d, avg_pool2d
 OutputSpec batch_norm(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec dropout(OpType, std::span<const Tensor>, const OpAttrs&);
+OutputSpec row_norm(OpType, std::span<const Tensor>, const OpAttrs&);  // layer_norm, rms_norm
 OutputSpec narrow(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec concat(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec permute(OpType, std::span<const Tensor>, const OpAttrs&);
@@ -51,6 +52,12 @@ OutputSpec rnn(OpType, std::span<const Tensor>, const OpAttrs&);
 // Reshape is metadata only: the same functions serve every backend.
 Tensor reshape_forward(const ForwardArgs& args);
 std::vector<Tensor> reshape_backward(const BackwardArgs& args);
+
+// layer_norm / rms_norm see x as `rows` rows of the n = numel(normalized_shape) values they normalise.
+struct RowNormLayout {
+    std::int64_t rows = 0, n = 0;
+};
+RowNormLayout row_norm_layout(const Shape& x, const Shape& normalized_shape);
 
 // A tensor seen around one axis as (outer, size, inner): narrow and concat move runs of `inner`
 // contiguous elements (ops/layout.cpp).
@@ -112,6 +119,8 @@ Tensor batch_norm_forward(const ForwardArgs&);
 std::vector<Tensor> batch_norm_backward(const BackwardArgs&);
 Tensor dropout_forward(const ForwardArgs&);
 std::vector<Tensor> dropout_backward(const BackwardArgs&);
+Tensor row_norm_forward(const ForwardArgs&); /* layer_norm, rms_norm */
+std::vector<Tensor> row_norm_backward(const BackwardArgs&);
 Tensor narrow_forward(const ForwardArgs&);
 std::vector<Tensor> narrow_backward(const BackwardArgs&);
 Tensor concat_forward(const ForwardArgs&);
@@ -168,6 +177,8 @@ Tensor batch_norm_forward(const ForwardArgs&);
 std::vector<Tensor> batch_norm_backward(const BackwardArgs&);
 Tensor dropout_forward(const ForwardArgs&);
 std::vector<Tensor> dropout_backward(const BackwardArgs&);
+Tensor row_norm_forward(const ForwardArgs&); /* layer_norm, rms_norm */
+std::vector<Tensor> row_norm_backward(const BackwardArgs&);
 Tensor narrow_forward(const ForwardArgs&);
 std::vector<Tensor> narrow_backward(const BackwardArgs&);
 Tensor concat_forward(const ForwardArgs&);

@@ -1,8 +1,11 @@
-// Normalisation and regularisation: batch_norm and dropout. The user functions, shape rules and the
-// CPU kernels (Eigen). GPU: ops/norm.cu. Dropout's mask formula: ops/dropout_mask.h.
+// Normalisation and regularisation: batch_norm, layer_norm, rms_norm and dropout. The user functions, shape
+// rules and the CPU kernels (Eigen). GPU: ops/norm.cu. Dropout's mask formula: ops/dropout_mask.h.
 #include "dyngrad/ops/norm.h"
 
 #include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "dyngrad/ops/dropout_mask.h"
 #include "dyngrad/ops/kernels.h"
@@ -21,6 +24,68 @@ Var batch_norm(const Var& x, const Var& gamma, const Var& beta, const Tensor& ru
     return graph.record(OpType::BatchNorm,
                         {x, gamma, beta, graph.constant(running_mean, where), graph.constant(running_var, where)},
                         attrs, where);
+}
+
+namespace {
+
+OpAttrs row_norm_attrs(const Shape& normalized_shape, double eps) {
+    OpAttrs attrs;
+    attrs.shape = normalized_shape;
+    attrs.eps = eps;
+    return attrs;
+}
+
+// PyTorch's rms_norm default: the machine epsilon of x's dtype.
+double default_rms_eps(DType dtype) {
+    return dtype == DType::f64 ? std::numeric_limits<double>::epsilon() : std::numeric_limits<float>::epsilon();
+}
+
+}  // namespace
+
+Var layer_norm(const Var& x, const Shape& normalized_shape, const Var& weight, const Var& bias, double eps,
+               std::source_location where) {
+    const OpAttrs attrs = row_norm_attrs(normalized_shape, eps);
+    ComputeGraph& graph = x.graph();
+    if (!weight.defined() && !bias.defined()) return graph.record(OpType::LayerNorm, {x}, attrs, where);
+    if (!bias.defined()) return graph.record(OpType::LayerNorm, {x, weight}, attrs, where);
+    // Weight and bias are positional inputs: a bias alone comes with a weight of ones, which changes nothing.
+    const Var scale = weight.defined()
+                          ? weight
+                          : graph.constant(Tensor::ones(bias.value().shape(), bias.value().dtype(),
+                                                        bias.value().device()),
+                                           where);
+    return graph.record(OpType::LayerNorm, {x, scale, bias}, attrs, where);
+}
+
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps, std::source_location where) {
+    const OpAttrs attrs = row_norm_attrs(normalized_shape, eps);
+    if (!weight.defined() && !bias.defined()) return eager(OpType::LayerNorm, {x}, attrs, where);
+    if (!bias.defined()) return eager(OpType::LayerNorm, {x, weight}, attrs, where);
+    const Tensor scale = weight.defined() ? weight : Tensor::ones(bias.shape(), bias.dtype(), bias.device());
+    return eager(OpType::LayerNorm, {x, scale, bias}, attrs, where);
+}
+
+Var rms_norm(const Var& x, const Shape& normalized_shape, const Var& weight, std::optional<double> eps,
+             std::source_location where) {
+    const OpAttrs attrs = row_norm_attrs(normalized_shape, eps.value_or(default_rms_eps(x.value().dtype())));
+    if (!weight.defined()) return x.graph().record(OpType::RmsNorm, {x}, attrs, where);
+    return x.graph().record(OpType::RmsNorm, {x, weight}, attrs, where);
+}
+
+Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, std::optional<double> eps,
+                std::source_location where) {
+    const OpAttrs attrs =
+        row_norm_attrs(normalized_shape, eps.value_or(default_rms_eps(x.defined() ? x.dtype() : DType::f32)));
+    if (!weight.defined()) return eager(OpType::RmsNorm, {x}, attrs, where);
+    return eager(OpType::RmsNorm, {x, weight}, attrs, where);
+}
+
+RowNormLayout row_norm_layout(const Shape& x, const Shape& normalized_shape) {
+    RowNormLayout l;
+    l.n = numel(normalized_shape);
+    l.rows = numel(Shape(x.begin(), x.end() - static_cast<std::ptrdiff_t>(normalized_shape.size())));
+    return l;
 }
 
 Var dropout(const Var& x, double p, bool training, std::uint64_t seed, std::source_location where) {
@@ -59,6 +124,36 @@ OutputSpec batch_norm(OpType, std::span<const Tensor> inputs, const OpAttrs& att
             str("training needs a non-empty batch for the batch statistics, got x ", to_string(x.shape())));
     if (attrs.training && per_channel <= 1)
         throw ValueError(str("training needs N·H·W > 1 for the batch variance, got ", per_channel));
+    return {x.shape(), x.dtype()};
+}
+
+// x (..., *normalized_shape); weight, bias (normalized_shape) where given -> y like x
+OutputSpec row_norm(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    static constexpr const char* kRoles[] = {"x", "weight", "bias"};
+    const Tensor& x = inputs[0];
+    const Shape& normalized = attrs.shape;
+    require_float(x, "x");
+    for (std::size_t i = 1; i < inputs.size(); ++i)
+        if (inputs[i].dtype() != x.dtype())
+            throw DTypeError(str(kRoles[i], " is ", dtype_name(inputs[i].dtype()), " but x is ",
+                                 dtype_name(x.dtype())));
+    if (normalized.empty())
+        throw ShapeError(str("normalized_shape must name at least one trailing dim of x ", to_string(x.shape()),
+                             ", got ()"));
+    for (const std::int64_t d : normalized)
+        if (d < 0) throw ValueError(str("normalized_shape ", to_string(normalized), " has a negative dim"));
+    const bool trailing = x.rank() >= normalized.size() &&
+                          std::equal(normalized.begin(), normalized.end(), x.shape().end() - normalized.size());
+    if (!trailing)
+        throw ShapeError(str("normalized_shape ", to_string(normalized), " is not the trailing dims of x ",
+                             to_string(x.shape())));
+    // Bias first: layer_norm gives a bias alone a weight of ones in the bias's shape, so a wrong bias is named.
+    for (std::size_t i = inputs.size(); i-- > 1;)
+        if (inputs[i].shape() != normalized)
+            throw ShapeError(str(kRoles[i], " ", to_string(inputs[i].shape()), " does not match normalized_shape ",
+                                 to_string(normalized)));
+    if (!(attrs.eps >= 0) || !std::isfinite(attrs.eps))
+        throw ValueError(str("eps must be finite and >= 0, got ", attrs.eps));
     return {x.shape(), x.dtype()};
 }
 
@@ -219,6 +314,90 @@ std::vector<Tensor> batch_norm_backward(const BackwardArgs& args) {
             const auto xhat = (sample<T>(x, l, n).colwise() - center).colwise() * scale;
             sample_out<T>(grads[0], l, n) =
                 ((sample<T>(dy, l, n).colwise() - mean_dy) - xhat.colwise() * mean_dy_xhat).colwise() * k;
+        }
+    });
+    return grads;
+}
+
+// x (rows, n) with weight, bias (n) where given -> y (rows, n); saves mean (layer_norm only) and rstd (rows).
+//   layer_norm: y = (x − mean)·rstd·w + b, rstd = 1/sqrt(Σ(x − mean)²/n + eps)
+//   rms_norm:   y = x·rstd·w,             rstd = 1/sqrt(Σx²/n + eps)
+// Statistics in double, two passes over the row (Σ(x − mean)² does not cancel like Σx² − n·mean²).
+Tensor row_norm_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const bool center = args.op == OpType::LayerNorm;
+    const RowNormLayout l = row_norm_layout(x.shape(), args.attrs.shape);
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    Tensor mean = Tensor::zeros({l.rows}, x.dtype(), x.device());
+    Tensor rstd = Tensor::zeros({l.rows}, x.dtype(), x.device());
+    if (l.n > 0) {
+        dispatch_floating(x.dtype(), "row_norm", [&]<typename T>() {
+            using Row = Eigen::Map<const Column<T>>;
+            const T* w = args.inputs.size() > 1 ? args.inputs[1].data<T>() : nullptr;
+            const T* b = args.inputs.size() > 2 ? args.inputs[2].data<T>() : nullptr;
+            const double count = static_cast<double>(l.n);
+            for (std::int64_t r = 0; r < l.rows; ++r) {
+                const Eigen::ArrayXd xr = Row(x.data<T>() + r * l.n, l.n).template cast<double>();
+                const double mu = center ? xr.sum() / count : 0.0;
+                const double inv = 1.0 / std::sqrt((xr - mu).square().sum() / count + args.attrs.eps);
+                Eigen::ArrayXd yr = (xr - mu) * inv;
+                if (w != nullptr) yr *= Row(w, l.n).template cast<double>();
+                if (b != nullptr) yr += Row(b, l.n).template cast<double>();
+                Eigen::Map<Column<T>>(y.data<T>() + r * l.n, l.n) = yr.template cast<T>();
+                mean.data<T>()[r] = static_cast<T>(mu);
+                rstd.data<T>()[r] = static_cast<T>(inv);
+            }
+        });
+    }
+    if (center) args.saved.push_back(mean);
+    args.saved.push_back(rstd);
+    return y;
+}
+
+// dy (rows, n) -> with x̂ = (x − mean)·rstd (mean 0 for rms_norm) and g = dy·w (dy without a weight), per row:
+//   dx = rstd·(g − Σg/n − x̂·Σ(g·x̂)/n)    (rms_norm: no Σg/n term)
+//   dw = Σ_rows dy·x̂,  db = Σ_rows dy
+std::vector<Tensor> row_norm_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& dy = args.grad_output;
+    const bool center = args.op == OpType::LayerNorm;
+    std::vector<Tensor> grads(args.inputs.size());
+    if (args.saved.size() != (center ? 2u : 1u))
+        throw Error("internal: layer_norm/rms_norm backward needs the forward's saved statistics");
+    const RowNormLayout l = row_norm_layout(x.shape(), args.attrs.shape);
+    const bool need_dx = args.needs_grad[0];
+    const bool need_dw = args.inputs.size() > 1 && args.needs_grad[1];
+    const bool need_db = args.inputs.size() > 2 && args.needs_grad[2];
+    dispatch_floating(x.dtype(), "row_norm backward", [&]<typename T>() {
+        using Row = Eigen::Map<const Column<T>>;
+        const T* mean = center ? args.saved[0].data<T>() : nullptr;
+        const T* rstd = args.saved.back().data<T>();
+        const T* w = args.inputs.size() > 1 ? args.inputs[1].data<T>() : nullptr;
+        const double count = static_cast<double>(l.n);
+        Eigen::ArrayXd dw = Eigen::ArrayXd::Zero(l.n), db = Eigen::ArrayXd::Zero(l.n);
+        if (need_dx) grads[0] = Tensor::empty(x.shape(), x.dtype(), x.device());
+        for (std::int64_t r = 0; r < l.rows && l.n > 0; ++r) {
+            const double mu = center ? static_cast<double>(mean[r]) : 0.0;
+            const double inv = static_cast<double>(rstd[r]);
+            const Eigen::ArrayXd xhat = (Row(x.data<T>() + r * l.n, l.n).template cast<double>() - mu) * inv;
+            const Eigen::ArrayXd dyr = Row(dy.data<T>() + r * l.n, l.n).template cast<double>();
+            if (need_dw) dw += dyr * xhat;
+            if (need_db) db += dyr;
+            if (!need_dx) continue;
+            const Eigen::ArrayXd g = w != nullptr ? Eigen::ArrayXd(dyr * Row(w, l.n).template cast<double>()) : dyr;
+            const double mean_g = center ? g.sum() / count : 0.0;
+            const double mean_g_xhat = (g * xhat).sum() / count;
+            Eigen::Map<Column<T>>(grads[0].data<T>() + r * l.n, l.n) =
+                (inv * (g - mean_g - xhat * mean_g_xhat)).template cast<T>();
+        }
+        const Shape& normalized = args.attrs.shape;
+        if (need_dw) {
+            grads[1] = Tensor::empty(normalized, x.dtype(), x.device());
+            Eigen::Map<Column<T>>(grads[1].data<T>(), l.n) = dw.template cast<T>();
+        }
+        if (need_db) {
+            grads[2] = Tensor::empty(normalized, x.dtype(), x.device());
+            Eigen::Map<Column<T>>(grads[2].data<T>(), l.n) = db.template cast<T>();
         }
     });
     return grads;

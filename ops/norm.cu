@@ -1,4 +1,4 @@
-// Batch norm and dropout on the GPU. CPU reference: ops/norm.cpp.
+// Batch norm, layer norm, RMS norm and dropout on the GPU. CPU reference: ops/norm.cpp.
 //
 // Batch norm views x as (N, C, HW) and reduces each channel's M = N·HW values in chunks: a grid of
 // (C, chunks) blocks, each reducing its chunk with cub::BlockReduce into a workspace, then one thread
@@ -11,6 +11,9 @@
 // drop the same elements; the backward recomputes it.
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include <cub/block/block_reduce.cuh>
@@ -252,6 +255,274 @@ __global__ void dropout_kernel(const T* __restrict__ in, std::int64_t n, std::ui
         out[i] = in[i] * (math::dropout_keep(seed, static_cast<std::uint64_t>(i), p) ? scale : T(0));
 }
 
+// ---- layer_norm and rms_norm: x seen as (rows, n) ----
+//
+// Forward and dx: a group of kThreadsPerRow threads per row, 32 (one warp; 8 rows per block) for rows of up to
+// 32·kCacheUnits vector units, else 256 (one block per row). Each thread keeps its first kCacheUnits units of the
+// row in registers, so rows of up to 8192 floats (4096 doubles) are read from memory once; longer rows re-read
+// the rest from L2 in each pass, so any length works. The statistics take two passes over the registers (mean,
+// then Σ(x − mean)², which does not cancel like Σx² − n·mean²). Accumulation in the tensor's dtype: float32 sums
+// each thread's few values in order and combines the threads by a fixed butterfly/tree, relative error about
+// (n/threads + log2 threads)·2⁻²⁴ — far inside what the float64 replay (verify) and GPU-vs-CPU checks allow.
+// Loads are 16 bytes (float4 / double2) when every row starts 16-byte aligned (n a multiple of the width and
+// aligned pointers), else scalar.
+// dweight/dbias: column sums over rows, a (columns/32, row chunks) grid of 32x8 blocks writing per-chunk partial
+// sums that one more kernel adds in chunk order: coalesced, and no atomics, so the result is deterministic.
+
+constexpr int kNormBlockThreads = 256;
+constexpr int kCacheUnits = 8;
+constexpr int kColumnTile = 32;
+constexpr int kColumnRows = 8;
+// A chunk of rows for the dweight/dbias partials is never shorter than this.
+constexpr std::int64_t kMinRowsPerChunk = 64;
+
+// W values of T as one access (W = 1: a scalar).
+template <typename T, int W>
+struct alignas(sizeof(T) * W) Vec {
+    T v[W];
+};
+
+template <typename T, int W>
+__device__ __forceinline__ Vec<T, W> load_vec(const T* p, std::int64_t unit) {
+    return reinterpret_cast<const Vec<T, W>*>(p)[unit];
+}
+template <typename T, int W>
+__device__ __forceinline__ void store_vec(T* p, std::int64_t unit, const Vec<T, W>& value) {
+    reinterpret_cast<Vec<T, W>*>(p)[unit] = value;
+}
+template <typename T, int W>
+__device__ __forceinline__ Vec<T, W> load_vec_or(const T* p, std::int64_t unit, T fallback) {
+    if (p != nullptr) return load_vec<T, W>(p, unit);
+    Vec<T, W> v;
+#pragma unroll
+    for (int j = 0; j < W; ++j) v.v[j] = fallback;
+    return v;
+}
+
+// The sum of v over the kThreadsPerRow threads of a row (threadIdx.x), the same value on each of them:
+// a butterfly within the warp (partners add the same two numbers), then for a block-wide row the warps'
+// sums through shared memory, added in warp order by every thread.
+template <int kThreadsPerRow, typename T>
+__device__ __forceinline__ T row_sum(T v, T* shared) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    if constexpr (kThreadsPerRow == 32) {
+        return v;
+    } else {
+        __syncthreads();  // the previous call's readers are done with `shared`
+        if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = v;
+        __syncthreads();
+        T total = 0;
+#pragma unroll
+        for (int k = 0; k < kThreadsPerRow / 32; ++k) total += shared[k];
+        return total;
+    }
+}
+
+// x (rows, n), w, b (n) or null -> y (rows, n), mean (rows; kCenter only), rstd (rows).
+// Block (kThreadsPerRow, 256 / kThreadsPerRow): threadIdx.y picks the row within the block.
+template <typename T, bool kCenter, int kThreadsPerRow, int W>
+__global__ void __launch_bounds__(kNormBlockThreads)
+    row_norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                            std::int64_t rows, std::int64_t n, T eps, T* __restrict__ y, T* __restrict__ mean_out,
+                            T* __restrict__ rstd_out) {
+    constexpr int kRowsPerBlock = kNormBlockThreads / kThreadsPerRow;
+    using V = Vec<T, W>;
+    __shared__ T shared[kThreadsPerRow / 32];
+    const std::int64_t units = n / W;
+    const std::int64_t lane = threadIdx.x;
+    const T inv_n = T(1) / static_cast<T>(n);
+    for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.y; row < rows;
+         row += static_cast<std::int64_t>(gridDim.x) * kRowsPerBlock) {
+        const T* xr = x + row * n;
+        V cache[kCacheUnits];
+        T sum = 0;
+#pragma unroll
+        for (int k = 0; k < kCacheUnits; ++k) {
+            const std::int64_t u = lane + k * kThreadsPerRow;
+            if (u < units) {
+                cache[k] = load_vec<T, W>(xr, u);
+#pragma unroll
+                for (int j = 0; j < W; ++j) sum += cache[k].v[j];
+            }
+        }
+        for (std::int64_t u = lane + kCacheUnits * kThreadsPerRow; u < units; u += kThreadsPerRow) {
+            const V v = load_vec<T, W>(xr, u);
+#pragma unroll
+            for (int j = 0; j < W; ++j) sum += v.v[j];
+        }
+        T mean = 0;
+        if constexpr (kCenter) mean = row_sum<kThreadsPerRow>(sum, shared) * inv_n;
+
+        T squares = 0;
+        const auto add_squares = [&](const V& v) {
+#pragma unroll
+            for (int j = 0; j < W; ++j) {
+                const T d = v.v[j] - mean;
+                squares += d * d;
+            }
+        };
+#pragma unroll
+        for (int k = 0; k < kCacheUnits; ++k)
+            if (lane + k * kThreadsPerRow < units) add_squares(cache[k]);
+        for (std::int64_t u = lane + kCacheUnits * kThreadsPerRow; u < units; u += kThreadsPerRow)
+            add_squares(load_vec<T, W>(xr, u));
+        const T rstd = T(1) / device_sqrt(row_sum<kThreadsPerRow>(squares, shared) * inv_n + eps);
+        if (lane == 0) {
+            if constexpr (kCenter) mean_out[row] = mean;
+            rstd_out[row] = rstd;
+        }
+
+        T* yr = y + row * n;
+        const auto normalize = [&](const V& v, std::int64_t u) {
+            const V wv = load_vec_or<T, W>(w, u, T(1));
+            const V bv = load_vec_or<T, W>(b, u, T(0));
+            V out;
+#pragma unroll
+            for (int j = 0; j < W; ++j) out.v[j] = (v.v[j] - mean) * rstd * wv.v[j] + bv.v[j];
+            store_vec<T, W>(yr, u, out);
+        };
+#pragma unroll
+        for (int k = 0; k < kCacheUnits; ++k) {
+            const std::int64_t u = lane + k * kThreadsPerRow;
+            if (u < units) normalize(cache[k], u);
+        }
+        for (std::int64_t u = lane + kCacheUnits * kThreadsPerRow; u < units; u += kThreadsPerRow)
+            normalize(load_vec<T, W>(xr, u), u);
+    }
+}
+
+// x, dy (rows, n), w (n) or null, mean (rows; kCenter only), rstd (rows) -> dx (rows, n):
+//   x̂ = (x − mean)·rstd, g = dy·w:  dx = rstd·(g − Σg/n − x̂·Σ(g·x̂)/n)   (no Σg/n term without kCenter)
+template <typename T, bool kCenter, int kThreadsPerRow, int W>
+__global__ void __launch_bounds__(kNormBlockThreads)
+    row_norm_dx_kernel(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ w,
+                       const T* __restrict__ mean, const T* __restrict__ rstd, std::int64_t rows, std::int64_t n,
+                       T* __restrict__ dx) {
+    constexpr int kRowsPerBlock = kNormBlockThreads / kThreadsPerRow;
+    using V = Vec<T, W>;
+    __shared__ T shared[kThreadsPerRow / 32];
+    const std::int64_t units = n / W;
+    const std::int64_t lane = threadIdx.x;
+    const T inv_n = T(1) / static_cast<T>(n);
+    for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.y; row < rows;
+         row += static_cast<std::int64_t>(gridDim.x) * kRowsPerBlock) {
+        const T* xr = x + row * n;
+        const T* dyr = dy + row * n;
+        const T mu = kCenter ? mean[row] : T(0);
+        const T r = rstd[row];
+        V x_cache[kCacheUnits], dy_cache[kCacheUnits];
+        T sum_g = 0, sum_g_xhat = 0;
+        const auto accumulate = [&](const V& xv, const V& dyv, std::int64_t u) {
+            const V wv = load_vec_or<T, W>(w, u, T(1));
+#pragma unroll
+            for (int j = 0; j < W; ++j) {
+                const T g = dyv.v[j] * wv.v[j];
+                sum_g += g;
+                sum_g_xhat += g * ((xv.v[j] - mu) * r);
+            }
+        };
+#pragma unroll
+        for (int k = 0; k < kCacheUnits; ++k) {
+            const std::int64_t u = lane + k * kThreadsPerRow;
+            if (u < units) {
+                x_cache[k] = load_vec<T, W>(xr, u);
+                dy_cache[k] = load_vec<T, W>(dyr, u);
+                accumulate(x_cache[k], dy_cache[k], u);
+            }
+        }
+        for (std::int64_t u = lane + kCacheUnits * kThreadsPerRow; u < units; u += kThreadsPerRow)
+            accumulate(load_vec<T, W>(xr, u), load_vec<T, W>(dyr, u), u);
+        const T mean_g = kCenter ? row_sum<kThreadsPerRow>(sum_g, shared) * inv_n : T(0);
+        const T mean_g_xhat = row_sum<kThreadsPerRow>(sum_g_xhat, shared) * inv_n;
+
+        T* dxr = dx + row * n;
+        const auto write = [&](const V& xv, const V& dyv, std::int64_t u) {
+            const V wv = load_vec_or<T, W>(w, u, T(1));
+            V out;
+#pragma unroll
+            for (int j = 0; j < W; ++j) {
+                const T xhat = (xv.v[j] - mu) * r;
+                out.v[j] = r * (dyv.v[j] * wv.v[j] - mean_g - xhat * mean_g_xhat);
+            }
+            store_vec<T, W>(dxr, u, out);
+        };
+#pragma unroll
+        for (int k = 0; k < kCacheUnits; ++k) {
+            const std::int64_t u = lane + k * kThreadsPerRow;
+            if (u < units) write(x_cache[k], dy_cache[k], u);
+        }
+        for (std::int64_t u = lane + kCacheUnits * kThreadsPerRow; u < units; u += kThreadsPerRow)
+            write(load_vec<T, W>(xr, u), load_vec<T, W>(dyr, u), u);
+    }
+}
+
+// x, dy (rows, n) -> partial_dw, partial_db (chunks, n): Σ dy·x̂ and Σ dy over chunk blockIdx.y's rows for the
+// 32 columns of blockIdx.x. Block (32, 8): a warp reads 32 consecutive columns of a row. A null output is skipped.
+template <typename T, bool kCenter>
+__global__ void row_norm_param_partials_kernel(const T* __restrict__ x, const T* __restrict__ dy,
+                                               const T* __restrict__ mean, const T* __restrict__ rstd,
+                                               std::int64_t rows, std::int64_t n, std::int64_t rows_per_chunk,
+                                               T* __restrict__ partial_dw, T* __restrict__ partial_db) {
+    __shared__ T dw_part[kColumnRows][kColumnTile + 1];
+    __shared__ T db_part[kColumnRows][kColumnTile + 1];
+    const std::int64_t column = static_cast<std::int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
+    const std::int64_t begin = static_cast<std::int64_t>(blockIdx.y) * rows_per_chunk;
+    const std::int64_t end = begin + rows_per_chunk < rows ? begin + rows_per_chunk : rows;
+    T sum_dw = 0, sum_db = 0;
+    if (column < n) {
+        for (std::int64_t r = begin + threadIdx.y; r < end; r += kColumnRows) {
+            const std::int64_t i = r * n + column;
+            const T g = dy[i];
+            sum_dw += g * ((x[i] - (kCenter ? mean[r] : T(0))) * rstd[r]);
+            sum_db += g;
+        }
+    }
+    dw_part[threadIdx.y][threadIdx.x] = sum_dw;
+    db_part[threadIdx.y][threadIdx.x] = sum_db;
+    __syncthreads();
+    if (threadIdx.y != 0 || column >= n) return;
+    T total_dw = 0, total_db = 0;
+#pragma unroll
+    for (int k = 0; k < kColumnRows; ++k) {
+        total_dw += dw_part[k][threadIdx.x];
+        total_db += db_part[k][threadIdx.x];
+    }
+    const std::int64_t out = static_cast<std::int64_t>(blockIdx.y) * n + column;
+    if (partial_dw != nullptr) partial_dw[out] = total_dw;
+    if (partial_db != nullptr) partial_db[out] = total_db;
+}
+
+// partials (chunks, n) -> out (n): the chunks added in order
+template <typename T>
+__global__ void sum_chunks_kernel(const T* __restrict__ partials, std::int64_t chunks, std::int64_t n,
+                                  T* __restrict__ out) {
+    for (std::int64_t j = thread_index(); j < n; j += thread_count()) {
+        T total = 0;
+        for (std::int64_t c = 0; c < chunks; ++c) total += partials[c * n + j];
+        out[j] = total;
+    }
+}
+
+bool aligned_16(std::initializer_list<const void*> pointers) {
+    for (const void* p : pointers)
+        if (p != nullptr && reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
+    return true;
+}
+
+// Calls launch.template operator()<kThreadsPerRow, W>() for the row kernels' configuration (see above).
+template <typename T, typename Launch>
+void with_row_config(std::int64_t n, std::initializer_list<const void*> pointers, Launch&& launch) {
+    constexpr int kWidth = 16 / static_cast<int>(sizeof(T));
+    const bool vector = n % kWidth == 0 && aligned_16(pointers);
+    const std::int64_t units = vector ? n / kWidth : n;
+    const bool one_warp = units <= 32 * kCacheUnits;
+    if (vector && one_warp) launch.template operator()<32, kWidth>();
+    else if (vector) launch.template operator()<kNormBlockThreads, kWidth>();
+    else if (one_warp) launch.template operator()<32, 1>();
+    else launch.template operator()<kNormBlockThreads, 1>();
+}
+
 bool dropout_is_identity(const OpAttrs& attrs) { return !attrs.training || attrs.scalar == 0.0; }
 
 template <typename T>
@@ -368,6 +639,126 @@ std::vector<Tensor> batch_norm_backward(const BackwardArgs& args) {
             static_cast<T>(1.0 / static_cast<double>(std::max<std::int64_t>(l.per_channel(), 1))), l, n,
             grads[0].data<T>());
         DG_CUDA_CHECK_LAUNCH();
+    });
+    return grads;
+}
+
+// x (rows, n) with weight, bias (n) where given -> y (rows, n); saves mean (layer_norm only) and rstd (rows).
+//   layer_norm: y = (x − mean)·rstd·w + b, rstd = 1/sqrt(Σ(x − mean)²/n + eps);  rms_norm: y = x·rstd·w
+Tensor row_norm_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const bool center = args.op == OpType::LayerNorm;
+    const RowNormLayout l = row_norm_layout(x.shape(), args.attrs.shape);
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    Tensor mean = center ? Tensor::empty({l.rows}, x.dtype(), x.device()) : Tensor();
+    Tensor rstd = Tensor::empty({l.rows}, x.dtype(), x.device());
+    if (center) args.saved.push_back(mean);
+    args.saved.push_back(rstd);
+    if (l.rows == 0) return y;
+    if (l.n == 0) {  // no values to normalise: the statistics are defined as the CPU kernels leave them
+        if (center) mean.fill(0.0);
+        rstd.fill(0.0);
+        return y;
+    }
+    DeviceContext& ctx = context_for(x);
+    dispatch_floating(x.dtype(), "row_norm", [&]<typename T>() {
+        const T* xp = x.data<T>();
+        const T* wp = args.inputs.size() > 1 ? args.inputs[1].data<T>() : nullptr;
+        const T* bp = args.inputs.size() > 2 ? args.inputs[2].data<T>() : nullptr;
+        T* yp = y.data<T>();
+        T* mp = center ? mean.data<T>() : nullptr;
+        T* rp = rstd.data<T>();
+        const T eps = static_cast<T>(args.attrs.eps);
+        with_row_config<T>(l.n, {xp, wp, bp, yp}, [&]<int kThreadsPerRow, int W>() {
+            const dim3 block(kThreadsPerRow, kNormBlockThreads / kThreadsPerRow);
+            const unsigned blocks = grid_size(ctx, l.rows * kThreadsPerRow, kNormBlockThreads);
+            if (center)
+                row_norm_forward_kernel<T, true, kThreadsPerRow, W>
+                    <<<blocks, block, 0, ctx.stream>>>(xp, wp, bp, l.rows, l.n, eps, yp, mp, rp);
+            else
+                row_norm_forward_kernel<T, false, kThreadsPerRow, W>
+                    <<<blocks, block, 0, ctx.stream>>>(xp, wp, bp, l.rows, l.n, eps, yp, mp, rp);
+            DG_CUDA_CHECK_LAUNCH();
+        });
+    });
+    return y;
+}
+
+// dy (rows, n) -> dx (rows, n), dw = Σ_rows dy·x̂, db = Σ_rows dy (n); see the kernels above.
+std::vector<Tensor> row_norm_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& dy = args.grad_output;
+    const bool center = args.op == OpType::LayerNorm;
+    std::vector<Tensor> grads(args.inputs.size());
+    if (args.saved.size() != (center ? 2u : 1u))
+        throw Error("internal: layer_norm/rms_norm backward needs the forward's saved statistics");
+    const RowNormLayout l = row_norm_layout(x.shape(), args.attrs.shape);
+    const bool need_dx = args.needs_grad[0];
+    const bool need_dw = args.inputs.size() > 1 && args.needs_grad[1];
+    const bool need_db = args.inputs.size() > 2 && args.needs_grad[2];
+    if (need_dx) grads[0] = Tensor::empty(x.shape(), x.dtype(), x.device());
+    if (need_dw) grads[1] = Tensor::empty(args.attrs.shape, x.dtype(), x.device());
+    if (need_db) grads[2] = Tensor::empty(args.attrs.shape, x.dtype(), x.device());
+    if (l.n == 0) return grads;
+    if (l.rows == 0) {  // no rows: the parameters' gradients are empty sums
+        if (need_dw) grads[1].fill(0.0);
+        if (need_db) grads[2].fill(0.0);
+        return grads;
+    }
+    DeviceContext& ctx = context_for(x);
+    dispatch_floating(x.dtype(), "row_norm backward", [&]<typename T>() {
+        const T* xp = x.data<T>();
+        const T* dyp = dy.data<T>();
+        const T* wp = args.inputs.size() > 1 ? args.inputs[1].data<T>() : nullptr;
+        const T* mp = center ? args.saved[0].data<T>() : nullptr;
+        const T* rp = args.saved.back().data<T>();
+        if (need_dx) {
+            T* dxp = grads[0].data<T>();
+            with_row_config<T>(l.n, {xp, dyp, wp, dxp}, [&]<int kThreadsPerRow, int W>() {
+                const dim3 block(kThreadsPerRow, kNormBlockThreads / kThreadsPerRow);
+                const unsigned blocks = grid_size(ctx, l.rows * kThreadsPerRow, kNormBlockThreads);
+                if (center)
+                    row_norm_dx_kernel<T, true, kThreadsPerRow, W>
+                        <<<blocks, block, 0, ctx.stream>>>(xp, dyp, wp, mp, rp, l.rows, l.n, dxp);
+                else
+                    row_norm_dx_kernel<T, false, kThreadsPerRow, W>
+                        <<<blocks, block, 0, ctx.stream>>>(xp, dyp, wp, mp, rp, l.rows, l.n, dxp);
+                DG_CUDA_CHECK_LAUNCH();
+            });
+        }
+        if (!need_dw && !need_db) return;
+        // Enough (column tile, row chunk) blocks to fill the GPU, each chunk at least kMinRowsPerChunk rows.
+        const std::int64_t tiles = (l.n + kColumnTile - 1) / kColumnTile;
+        const std::int64_t target = static_cast<std::int64_t>(std::max(ctx.multiprocessors, 1)) * kBlocksPerSm;
+        std::int64_t chunks = std::clamp<std::int64_t>((target + tiles - 1) / tiles, 1,
+                                                       (l.rows + kMinRowsPerChunk - 1) / kMinRowsPerChunk);
+        chunks = std::min(chunks, kMaxChunks);
+        const std::int64_t rows_per_chunk = (l.rows + chunks - 1) / chunks;
+        chunks = (l.rows + rows_per_chunk - 1) / rows_per_chunk;
+        // One chunk writes the gradients directly; more write partials that sum_chunks_kernel adds in order.
+        std::optional<Workspace> partials;
+        if (chunks > 1) partials.emplace(ctx, 2 * static_cast<std::size_t>(chunks * l.n) * sizeof(T));
+        T* dwp = need_dw ? grads[1].data<T>() : nullptr;
+        T* dbp = need_db ? grads[2].data<T>() : nullptr;
+        T* partial_base = partials ? static_cast<T*>(partials->data()) : nullptr;
+        T* partial_dw = need_dw ? (partials ? partial_base : dwp) : nullptr;
+        T* partial_db = need_db ? (partials ? partial_base + chunks * l.n : dbp) : nullptr;
+        const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
+        const dim3 block(kColumnTile, kColumnRows);
+        if (center)
+            row_norm_param_partials_kernel<T, true>
+                <<<grid, block, 0, ctx.stream>>>(xp, dyp, mp, rp, l.rows, l.n, rows_per_chunk, partial_dw, partial_db);
+        else
+            row_norm_param_partials_kernel<T, false>
+                <<<grid, block, 0, ctx.stream>>>(xp, dyp, mp, rp, l.rows, l.n, rows_per_chunk, partial_dw, partial_db);
+        DG_CUDA_CHECK_LAUNCH();
+        if (chunks == 1) return;
+        const unsigned blocks = grid_size(ctx, l.n, kThreads);
+        for (const auto& [partial, out] : {std::pair{partial_dw, dwp}, std::pair{partial_db, dbp}}) {
+            if (out == nullptr) continue;
+            sum_chunks_kernel<T><<<blocks, kThreads, 0, ctx.stream>>>(partial, chunks, l.n, out);
+            DG_CUDA_CHECK_LAUNCH();
+        }
     });
     return grads;
 }

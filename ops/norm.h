@@ -1,8 +1,11 @@
-// Normalisation and regularisation: batch_norm and dropout. CPU: ops/norm.cpp. GPU: ops/norm.cu.
+// Normalisation and regularisation: batch_norm, layer_norm, rms_norm and dropout. CPU: ops/norm.cpp.
+// GPU: ops/norm.cu.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <source_location>
 
+#include "dyngrad/graph/eager.h"
 #include "dyngrad/graph/graph.h"
 
 namespace dyngrad {
@@ -17,6 +20,25 @@ namespace dyngrad {
 Var batch_norm(const Var& x, const Var& gamma, const Var& beta, const Tensor& running_mean,
                const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5,
                std::source_location where = std::source_location::current());
+
+// Layer normalisation over the trailing dims of x given by normalized_shape (PyTorch's F.layer_norm):
+// x (..., *normalized_shape); weight, bias (normalized_shape), each optional (an undefined Var/Tensor).
+// Each row of N = numel(normalized_shape) values: y = (x − mean)·rstd·weight + bias, rstd = 1/sqrt(var + eps),
+// var the biased variance of the row. The forward saves mean and rstd per row for the backward.
+// A bias without a weight is recorded with a constant weight of ones.
+Var layer_norm(const Var& x, const Shape& normalized_shape, const Var& weight = Var(), const Var& bias = Var(),
+               double eps = 1e-5, std::source_location where = std::source_location::current());
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5,
+                  std::source_location where = std::source_location::current());
+
+// Root-mean-square normalisation over the trailing dims given by normalized_shape (PyTorch's F.rms_norm):
+// y = x·rstd·weight, rstd = 1/sqrt(mean(x²) + eps) per row; weight (normalized_shape) optional.
+// eps absent: the machine epsilon of x's dtype, as PyTorch. The forward saves rstd per row.
+Var rms_norm(const Var& x, const Shape& normalized_shape, const Var& weight = Var(),
+             std::optional<double> eps = std::nullopt, std::source_location where = std::source_location::current());
+Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                std::optional<double> eps = std::nullopt, std::source_location where = std::source_location::current());
 
 // training: zeroes each element with probability p in [0, 1) and scales the survivors by 1/(1 − p);
 // the mask is a function of (seed, element index) alone, the same on every backend (ops/dropout_mask.h).

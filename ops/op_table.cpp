@@ -2,6 +2,7 @@
 // A row names the op, its arity, shape rule, CPU and CUDA kernels, and the cases every check
 // (tests/test_gradcheck.cpp, tests/test_gpu_vs_cpu.cpp, dyngrad-verify) runs it on.
 #include <array>
+#include <optional>
 
 #include "dyngrad/graph/custom_op.h"
 #include "dyngrad/ops/kernels.h"
@@ -84,6 +85,69 @@ std::vector<OpCase> leaky_relu_cases() { return unary_cases(D::AwayFromZero, sca
 std::vector<OpCase> elu_cases() { return unary_cases(D::AwayFromZero, scalar_attr(1.3)); }
 std::vector<OpCase> clipped_relu_cases() { return unary_cases(D::AwayFromZero, scalar_attr(1.1)); }
 std::vector<OpCase> smooth_cases() { return unary_cases(D::Any); }
+
+// Random operands never tie; the tie rule (half each) is tested in tests/test_elementwise_norm.cpp.
+std::vector<OpCase> min_max_cases() {
+    std::vector<OpCase> cases = binary_cases();
+    for (OpCase& c : cases) c.domains = {D::Any, D::Any};
+    return cases;
+}
+std::vector<OpCase> clamp_cases() {
+    const auto bounds = [](std::optional<double> min, std::optional<double> max) {
+        OpAttrs a;
+        a.clamp_min = min;
+        a.clamp_max = max;
+        return a;
+    };
+    // One-sided bounds inside (-0.2, 0.2) with |x| >= 0.2: no input near a kink. The two-sided case draws from
+    // normal(0, 1): an input lies within the finite-difference step (1e-6) of a bound with probability ~1e-6.
+    return {
+        {"min only", {{4, 9}}, bounds(-0.1, std::nullopt), {D::AwayFromZero}},
+        {"max only", {{2, 3, 4, 5}}, bounds(std::nullopt, 0.1), {D::AwayFromZero}},
+        {"min and max", {{17}}, bounds(-0.75, 0.5), {D::Any}},
+        {"min and max NCHW", {{2, 3, 4, 5}}, bounds(-0.5, 1.25), {D::Any}},
+        {"scalar", {{}}, bounds(-0.1, 0.1), {D::AwayFromZero}},
+    };
+}
+std::vector<OpCase> gelu_cases() {
+    OpAttrs tanh_form;
+    tanh_form.gelu_approximation = GeluApproximation::Tanh;
+    std::vector<OpCase> cases = unary_cases(D::Any);
+    for (OpCase c : unary_cases(D::Any, tanh_form)) {
+        c.label = "tanh " + c.label;
+        cases.push_back(std::move(c));
+    }
+    return cases;
+}
+
+OpAttrs row_norm_attr(Shape normalized_shape, double eps = 1e-5) {
+    OpAttrs a;
+    a.shape = std::move(normalized_shape);
+    a.eps = eps;
+    return a;
+}
+// Rows of up to 256 vector units take the one-warp-per-row GPU kernel, longer ones one block per row; rows whose
+// length is not a multiple of the vector width (4 floats, 2 doubles) take the scalar loads.
+std::vector<OpCase> layer_norm_cases() {
+    return {
+        {"last dim affine", {{4, 10}, {10}, {10}}, row_norm_attr({10}), {}},
+        {"last two dims affine", {{2, 3, 4, 5}, {4, 5}, {4, 5}}, row_norm_attr({4, 5}), {}},
+        {"weight only", {{3, 8}, {8}}, row_norm_attr({8}), {}},
+        {"no affine", {{5, 6}}, row_norm_attr({6}, 1e-3), {}},
+        {"one row of one dim", {{7}, {7}, {7}}, row_norm_attr({7}), {}},
+        {"long rows affine", {{2, 1280}, {1280}, {1280}}, row_norm_attr({1280}), {}},
+        {"long odd rows", {{2, 1031}}, row_norm_attr({1031}), {}},
+    };
+}
+std::vector<OpCase> rms_norm_cases() {
+    return {
+        {"last dim weight", {{4, 10}, {10}}, row_norm_attr({10}, 1e-6), {}},
+        {"last two dims weight", {{2, 3, 4, 5}, {4, 5}}, row_norm_attr({4, 5}), {}},
+        {"no weight", {{5, 6}}, row_norm_attr({6}, 1e-3), {}},
+        {"long rows weight", {{2, 1280}, {1280}}, row_norm_attr({1280}), {}},
+        {"long odd rows", {{2, 1031}}, row_norm_attr({1031}), {}},
+    };
+}
 
 std::vector<OpCase> matmul_cases() {
     return {
@@ -364,6 +428,8 @@ constexpr BackendKernels kCpuPool{cpu::pool2d_forward, cpu::pool2d_backward};
 constexpr BackendKernels kCpuSelect{cpu::select_forward, cpu::select_backward};
 constexpr BackendKernels kCudaSelect = DG_CUDA_KERNELS(select_forward, select_backward);
 constexpr BackendKernels kCudaPool = DG_CUDA_KERNELS(pool2d_forward, pool2d_backward);
+constexpr BackendKernels kCpuRowNorm{cpu::row_norm_forward, cpu::row_norm_backward};
+constexpr BackendKernels kCudaRowNorm = DG_CUDA_KERNELS(row_norm_forward, row_norm_backward);
 
 constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::Leaf, "leaf", 0, nullptr, {}, {}, no_cases},
@@ -371,6 +437,8 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::Sub, "sub", 2, infer::broadcast, kCpuBinary, kCudaBinary, binary_cases},
     {OpType::Mul, "mul", 2, infer::broadcast, kCpuBinary, kCudaBinary, binary_cases},
     {OpType::Div, "div", 2, infer::broadcast, kCpuBinary, kCudaBinary, binary_cases},
+    {OpType::Minimum, "minimum", 2, infer::broadcast, kCpuBinary, kCudaBinary, min_max_cases},
+    {OpType::Maximum, "maximum", 2, infer::broadcast, kCpuBinary, kCudaBinary, min_max_cases},
     {OpType::Neg, "neg", 1, infer::same_as_first, kCpuUnary, kCudaUnary, neg_cases},
     {OpType::AddScalar, "add_scalar", 1, infer::same_as_first, kCpuUnary, kCudaUnary, add_scalar_cases},
     {OpType::MulScalar, "mul_scalar", 1, infer::same_as_first, kCpuUnary, kCudaUnary, mul_scalar_cases},
@@ -379,6 +447,9 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::Sqrt, "sqrt", 1, infer::same_as_first, kCpuUnary, kCudaUnary, positive_cases},
     {OpType::PowScalar, "pow", 1, infer::same_as_first, kCpuUnary, kCudaUnary, pow_cases},
     {OpType::Abs, "abs", 1, infer::same_as_first, kCpuUnary, kCudaUnary, kink_cases},
+    {OpType::Sin, "sin", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases},
+    {OpType::Cos, "cos", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases},
+    {OpType::Clamp, "clamp", 1, infer::same_as_first, kCpuUnary, kCudaUnary, clamp_cases},
     {OpType::Relu, "relu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, kink_cases},
     {OpType::LeakyRelu, "leaky_relu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, leaky_relu_cases},
     {OpType::Elu, "elu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, elu_cases},
@@ -386,6 +457,9 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::Sigmoid, "sigmoid", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases},
     {OpType::Tanh, "tanh", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases},
     {OpType::Softplus, "softplus", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases},
+    {OpType::Gelu, "gelu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, gelu_cases},
+    {OpType::Silu, "silu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases},
+    {OpType::LogSigmoid, "log_sigmoid", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases},
     {OpType::Matmul, "matmul", 2, infer::matmul, {cpu::matmul_forward, cpu::matmul_backward},
      DG_CUDA_KERNELS(matmul_forward, matmul_backward), matmul_cases},
     {OpType::Linear, "linear", 3, infer::linear, {cpu::linear_forward, cpu::linear_backward},
@@ -412,6 +486,10 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      DG_CUDA_KERNELS(batch_norm_forward, batch_norm_backward), batch_norm_cases},
     {OpType::Dropout, "dropout", 1, infer::dropout, {cpu::dropout_forward, cpu::dropout_backward},
      DG_CUDA_KERNELS(dropout_forward, dropout_backward), dropout_cases},
+    {OpType::LayerNorm, "layer_norm", 3, infer::row_norm, kCpuRowNorm, kCudaRowNorm, layer_norm_cases,
+     /*optional_inputs=*/2},
+    {OpType::RmsNorm, "rms_norm", 2, infer::row_norm, kCpuRowNorm, kCudaRowNorm, rms_norm_cases,
+     /*optional_inputs=*/1},
     // Custom ops carry their own definitions (graph/custom_op.h); op_def(op, attrs) finds them.
     {OpType::Custom, "custom", 0, nullptr, {}, {}, no_cases},
     {OpType::Narrow, "narrow", 1, infer::narrow, {cpu::narrow_forward, cpu::narrow_backward},

@@ -48,6 +48,13 @@ OpAttrs axis_attr(std::int64_t axis) {
     return attrs;
 }
 
+OpAttrs normalized_attr(Shape normalized_shape) {
+    OpAttrs attrs;
+    attrs.shape = std::move(normalized_shape);
+    attrs.eps = 1e-5;
+    return attrs;
+}
+
 struct LargeCase {
     const char* op;
     OpCase op_case;
@@ -96,6 +103,13 @@ std::vector<LargeCase> large_cases() {
                          {D::Any, D::Indices, D::Any}}},
         {"where", {"(4096,4099) broadcast", {{k4096, 1}, {k4096, k4099}, {k4099}}, {}, {D::Mask, D::Any, D::Any}}},
         {"permute", {"(64,3,224,224) to NHWC", {{64 / scale, 3, 224 / scale, 224 / scale}}, axes_attr({0, 2, 3, 1}), {}}},
+        // One warp per row, vector loads, many row chunks for dweight/dbias; one block per row with the row
+        // partly re-read from memory (longer than the registers hold); scalar loads of an odd row.
+        {"layer_norm", {"(4096,1024) affine", {{k4096, 1024}, {1024}, {1024}}, normalized_attr({1024}), {}}},
+        {"layer_norm", {"(64,10000) affine", {{64, 10000}, {10000}, {10000}}, normalized_attr({10000}), {}}},
+        {"layer_norm", {"(300,3001) no affine", {{300, 3001}}, normalized_attr({3001}), {}}},
+        {"rms_norm", {"(4096,1024) weight", {{k4096, 1024}, {1024}}, normalized_attr({1024}), {}}},
+        {"rms_norm", {"(64,10000) weight", {{64, 10000}, {10000}}, normalized_attr({10000}), {}}},
     };
 }
 
