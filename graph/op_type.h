@@ -9,6 +9,9 @@ enum class OpType : std::uint16_t {
     Leaf,  // inputs, parameters and constants: no forward, no backward
     // binary elementwise with NumPy broadcasting (ops/elementwise)
     Add, Sub, Mul, Div,
+    // comparisons with NumPy broadcasting (ops/elementwise): 1 where true, 0 where false, in the inputs' dtype;
+    // not differentiable (OpDef::differentiable)
+    Eq, Ne, Lt, Le, Gt, Ge,
     // unary elementwise (ops/elementwise); scalar operand in OpAttrs::scalar where there is one
     Neg, AddScalar, MulScalar, Exp, Log, Sqrt, PowScalar, Abs,
     // activations (ops/elementwise)
@@ -17,6 +20,8 @@ enum class OpType : std::uint16_t {
     Matmul, Linear, Transpose, Reshape,
     // reductions (ops/reduce)
     Sum, Mean, Max,
+    // the int64 index of the first maximum / minimum along one axis (ops/reduce); not differentiable
+    ArgMax, ArgMin,
     // normalised exponentials and losses (ops/loss)
     Softmax, LogSoftmax, CrossEntropy, MseLoss,
     // convolution and pooling, NCHW (ops/conv, ops/pool)

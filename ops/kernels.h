@@ -27,6 +27,7 @@ OutputSpec transpose(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec reshape(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec reduce_axes(OpType, std::span<const Tensor>, const OpAttrs&);  // sum, mean
 OutputSpec reduce_axis(OpType, std::span<const Tensor>, const OpAttrs&);  // max
+OutputSpec arg_reduce(OpType, std::span<const Tensor>, const OpAttrs&);   // argmax, argmin (int64)
 OutputSpec along_axis(OpType, std::span<const Tensor>, const OpAttrs&);   // softmax, log_softmax
 OutputSpec cross_entropy(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec mse_loss(OpType, std::span<const Tensor>, const OpAttrs&);
@@ -42,6 +43,9 @@ OutputSpec rnn(OpType, std::span<const Tensor>, const OpAttrs&);
 // Reshape is metadata only: the same functions serve every backend.
 Tensor reshape_forward(const ForwardArgs& args);
 std::vector<Tensor> reshape_backward(const BackwardArgs& args);
+
+// argmax, argmin: every backend, through the max op's kernels (ops/reduce.cpp).
+Tensor arg_reduce_forward(const ForwardArgs& args);
 
 // A tensor seen around one axis as (outer, size, inner): narrow and concat move runs of `inner`
 // contiguous elements (ops/layout.cpp).

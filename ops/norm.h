@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <source_location>
 
+#include "dyngrad/graph/eager.h"
 #include "dyngrad/graph/graph.h"
 
 namespace dyngrad {
@@ -17,11 +18,17 @@ namespace dyngrad {
 Var batch_norm(const Var& x, const Var& gamma, const Var& beta, const Tensor& running_mean,
                const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5,
                std::source_location where = std::source_location::current());
+// Eager (no gradient): eval uses the running statistics; training also updates them in place.
+Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                  const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5,
+                  std::source_location where = std::source_location::current());
 
 // training: zeroes each element with probability p in [0, 1) and scales the survivors by 1/(1 − p);
 // the mask is a function of (seed, element index) alone, the same on every backend (ops/dropout_mask.h).
 // eval (or p = 0): the identity.
 Var dropout(const Var& x, double p, bool training, std::uint64_t seed,
             std::source_location where = std::source_location::current());
+Tensor dropout(const Tensor& x, double p, bool training, std::uint64_t seed,
+               std::source_location where = std::source_location::current());
 
 }  // namespace dyngrad
