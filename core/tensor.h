@@ -7,6 +7,7 @@
 #include <iosfwd>
 #include <memory>
 #include <random>
+#include <source_location>
 #include <vector>
 
 #include "dyngrad/core/device.h"
@@ -106,6 +107,17 @@ public:
     Tensor clone() const;
     // Same storage, new shape of the same numel (ShapeError otherwise).
     Tensor reshaped(const Shape& shape) const;
+    // Indexing, eager (no graph): the functions of ops/layout.h, which implements these. squeeze, unsqueeze
+    // and flatten return views (same storage); select and narrow return copies. select(0, -1): the last row.
+    Tensor select(std::int64_t axis, std::int64_t index,
+                  std::source_location where = std::source_location::current()) const;
+    Tensor narrow(std::int64_t axis, std::int64_t start, std::int64_t length,
+                  std::source_location where = std::source_location::current()) const;
+    Tensor squeeze(std::int64_t axis, std::source_location where = std::source_location::current()) const;
+    Tensor unsqueeze(std::int64_t axis, std::source_location where = std::source_location::current()) const;
+    // Axes start_axis..end_axis merged into one (torch.Tensor.flatten; the default flattens everything).
+    Tensor flatten(std::int64_t start_axis = 0, std::int64_t end_axis = -1,
+                   std::source_location where = std::source_location::current()) const;
     // True when both handles point at the same storage.
     bool shares_storage_with(const Tensor& other) const { return storage_ == other.storage_; }
     // True when no other handle holds this storage, so it may be updated in place safely.

@@ -157,6 +157,10 @@ OpRun run_op(const OpDef& def, const OpCase& c, const std::vector<Tensor>& input
     OpRun run;
     run.output = y.value();
     if (!grad_output.defined()) return run;
+    if (!y.requires_grad()) {  // a non-differentiable op (OpDef::differentiable) or no input checked
+        run.grads.resize(vars.size());
+        return run;
+    }
     graph.backward(y, grad_output);
     for (const Var& v : vars) run.grads.push_back(v.requires_grad() ? v.grad() : Tensor());
     return run;

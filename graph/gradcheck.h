@@ -40,7 +40,8 @@ std::vector<Tensor> make_case_inputs(const OpCase& op_case, DType dtype, Generat
                                      Device device = Device::cpu());
 
 // Output and gradients of one op applied to `inputs`, back-propagating `grad_output`
-// (grads[i] is undefined for inputs that are not float).
+// (grads[i] is undefined for inputs that are not float; all are, with no backward, when the output requires no
+// grad: a non-differentiable op such as argmax, or no input checked).
 struct OpRun {
     Tensor output;
     std::vector<Tensor> grads;

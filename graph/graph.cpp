@@ -471,7 +471,7 @@ Var ComputeGraph::record_inputs(OpType op, std::span<const Var> inputs, const Op
         for (const Tensor& t : saved) n->saved_versions.push_back(t.version());
     }
     n->saved = std::move(saved);
-    n->requires_grad = any_requires_grad;
+    n->requires_grad = any_requires_grad && def.differentiable;
     n->where = where;
     nodes_.push_back(std::move(n));
     return Var(anchor_, static_cast<NodeId>(nodes_.size() - 1), generation_);

@@ -128,6 +128,10 @@ struct OpDef {
     BackendKernels cuda;
     std::vector<OpCase> (*cases)();  // test cases picked up by tests and dyngrad-verify
     int optional_inputs = 0;         // e.g. conv2d's bias
+    // false: a step function (comparisons) or an index (argmax): its output never requires grad, whatever its
+    // inputs do, so no backward reaches it and its rows have no backward kernels (as PyTorch's eq and argmax).
+    // Its cases mark every input InputDomain::Constant: no gradient is checked, the output is.
+    bool differentiable = true;
 };
 
 // Whether `def` takes `count` inputs, and how many it takes in words ("2", "2 to 3", "1 or more").

@@ -10,6 +10,9 @@ enum class OpType : std::uint16_t {
     // binary elementwise with NumPy broadcasting (ops/elementwise)
     Add, Sub, Mul, Div,
     Minimum, Maximum,
+    // comparisons with NumPy broadcasting (ops/elementwise): 1 where true, 0 where false, in the inputs' dtype;
+    // not differentiable (OpDef::differentiable)
+    Eq, Ne, Lt, Le, Gt, Ge,
     // unary elementwise (ops/elementwise); scalar operand in OpAttrs::scalar where there is one
     Neg, AddScalar, MulScalar, Exp, Log, Sqrt, PowScalar, Abs,
     Sin, Cos, Clamp,
@@ -20,6 +23,8 @@ enum class OpType : std::uint16_t {
     Matmul, Linear, Transpose, Reshape,
     // reductions (ops/reduce)
     Sum, Mean, Max,
+    // the int64 index of the first maximum / minimum along one axis (ops/reduce); not differentiable
+    ArgMax, ArgMin,
     // normalised exponentials and losses (ops/loss)
     Softmax, LogSoftmax, CrossEntropy, MseLoss,
     // convolution and pooling, NCHW (ops/conv, ops/pool)

@@ -230,7 +230,7 @@ CheckResult gpu_vs_cpu_check(const OpDef& def, const OpCase& op_case, Generator&
             OpAttrs attrs = op_case.attrs;
             if (def.op == OpType::Custom) attrs.custom_id = custom_op_id(def);
             Var y = graph.record(def.op, vars, attrs, std::source_location::current());
-            if (weights) graph.backward(y, *weights, BackwardOptions{.retain_graph = false, .retain_grads = true});
+            if (weights && y.requires_grad()) graph.backward(y, *weights, BackwardOptions{.retain_graph = false, .retain_grads = true});
             return y;
         };
         // Warm-up: first use of a shape may create handles, plans and pool memory.
@@ -238,7 +238,9 @@ CheckResult gpu_vs_cpu_check(const OpDef& def, const OpCase& op_case, Generator&
         {
             ComputeGraph warm;
             const Var y = run_on_device(warm, nullptr);
-            weights = Tensor::normal(y.shape(), 0.0, 1.0, gen, DType::f32).to(device);
+            // A non-differentiable op's output (an int64 argmax) gets no backward; verify() still wants a seed of its dtype.
+            weights = y.requires_grad() ? Tensor::normal(y.shape(), 0.0, 1.0, gen, DType::f32).to(device)
+                                        : Tensor::zeros(y.shape(), y.dtype(), device);
             ComputeGraph warm_backward;
             run_on_device(warm_backward, &weights);
         }

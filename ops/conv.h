@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <source_location>
 
+#include "dyngrad/graph/eager.h"
 #include "dyngrad/graph/graph.h"
 
 namespace dyngrad {
@@ -25,7 +26,11 @@ struct Conv2dOptions {
 // bias may be an undefined Var (no bias). options.activation, if any, is applied last.
 Var conv2d(const Var& x, const Var& weight, const Var& bias, Conv2dOptions options = {},
            std::source_location where = std::source_location::current());
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dOptions options = {},
+              std::source_location where = std::source_location::current());
 Var conv2d(const Var& x, const Var& weight, Conv2dOptions options = {},
            std::source_location where = std::source_location::current());
+Tensor conv2d(const Tensor& x, const Tensor& weight, Conv2dOptions options = {},
+              std::source_location where = std::source_location::current());
 
 }  // namespace dyngrad

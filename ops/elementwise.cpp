@@ -9,6 +9,7 @@
 
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/reduce.h"
 
 namespace dyngrad {
 
@@ -210,6 +211,116 @@ Var operator-(VarAt x, double s) { return add_scalar(x.var, -s, x.where); }
 Var operator*(VarAt x, double s) { return mul_scalar(x.var, s, x.where); }
 Var operator*(double s, VarAt x) { return mul_scalar(x.var, s, x.where); }
 Var operator/(VarAt x, double s) { return div_scalar(x.var, s, x.where); }
+
+Var eq(const Var& a, const Var& b, Loc where) { return a.graph().record(OpType::Eq, {a, b}, {}, where); }
+Var ne(const Var& a, const Var& b, Loc where) { return a.graph().record(OpType::Ne, {a, b}, {}, where); }
+Var lt(const Var& a, const Var& b, Loc where) { return a.graph().record(OpType::Lt, {a, b}, {}, where); }
+Var le(const Var& a, const Var& b, Loc where) { return a.graph().record(OpType::Le, {a, b}, {}, where); }
+Var gt(const Var& a, const Var& b, Loc where) { return a.graph().record(OpType::Gt, {a, b}, {}, where); }
+Var ge(const Var& a, const Var& b, Loc where) { return a.graph().record(OpType::Ge, {a, b}, {}, where); }
+
+// ---- eager calls (graph/eager.h): the same ops on Tensors ----
+namespace {
+Tensor eager_unary(OpType op, const Tensor& x, double s, Loc where) {
+    OpAttrs attrs;
+    attrs.scalar = s;
+    return eager(op, {x}, attrs, where);
+}
+// `s` as a one-element tensor of x's dtype and device, for a binary op with a scalar operand.
+Tensor scalar_like(const Tensor& x, double s, Loc where) {
+    if (!x.defined())
+        throw ValueError(str("operator at ", describe_site(where), ": the tensor beside the scalar ", s, " is undefined"));
+    return Tensor::full({}, s, x.dtype(), x.device());
+}
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b, Loc where) { return eager(OpType::Add, {a, b}, {}, where); }
+Tensor sub(const Tensor& a, const Tensor& b, Loc where) { return eager(OpType::Sub, {a, b}, {}, where); }
+Tensor mul(const Tensor& a, const Tensor& b, Loc where) { return eager(OpType::Mul, {a, b}, {}, where); }
+Tensor div(const Tensor& a, const Tensor& b, Loc where) { return eager(OpType::Div, {a, b}, {}, where); }
+Tensor neg(const Tensor& x, Loc where) { return eager_unary(OpType::Neg, x, 0.0, where); }
+Tensor add_scalar(const Tensor& x, double s, Loc where) { return eager_unary(OpType::AddScalar, x, s, where); }
+Tensor mul_scalar(const Tensor& x, double s, Loc where) { return eager_unary(OpType::MulScalar, x, s, where); }
+Tensor div_scalar(const Tensor& x, double s, Loc where) {
+    if (s == 0) throw ValueError(str("div_scalar at ", file_name(where), ":", where.line(), ": division by zero"));
+    return mul_scalar(x, 1.0 / s, where);
+}
+Tensor exp(const Tensor& x, Loc where) { return eager_unary(OpType::Exp, x, 0.0, where); }
+Tensor log(const Tensor& x, Loc where) { return eager_unary(OpType::Log, x, 0.0, where); }
+Tensor sqrt(const Tensor& x, Loc where) { return eager_unary(OpType::Sqrt, x, 0.0, where); }
+Tensor pow(const Tensor& x, double exponent, Loc where) { return eager_unary(OpType::PowScalar, x, exponent, where); }
+Tensor abs(const Tensor& x, Loc where) { return eager_unary(OpType::Abs, x, 0.0, where); }
+Tensor relu(const Tensor& x, Loc where) { return eager_unary(OpType::Relu, x, 0.0, where); }
+Tensor leaky_relu(const Tensor& x, double negative_slope, Loc where) {
+    return eager_unary(OpType::LeakyRelu, x, negative_slope, where);
+}
+Tensor elu(const Tensor& x, double alpha, Loc where) { return eager_unary(OpType::Elu, x, alpha, where); }
+Tensor clipped_relu(const Tensor& x, double ceiling, Loc where) {
+    return eager_unary(OpType::ClippedRelu, x, ceiling, where);
+}
+Tensor sigmoid(const Tensor& x, Loc where) { return eager_unary(OpType::Sigmoid, x, 0.0, where); }
+Tensor tanh(const Tensor& x, Loc where) { return eager_unary(OpType::Tanh, x, 0.0, where); }
+Tensor softplus(const Tensor& x, Loc where) { return eager_unary(OpType::Softplus, x, 0.0, where); }
+Tensor eq(const Tensor& a, const Tensor& b, Loc where) { return eager(OpType::Eq, {a, b}, {}, where); }
+Tensor ne(const Tensor& a, const Tensor& b, Loc where) { return eager(OpType::Ne, {a, b}, {}, where); }
+Tensor lt(const Tensor& a, const Tensor& b, Loc where) { return eager(OpType::Lt, {a, b}, {}, where); }
+Tensor le(const Tensor& a, const Tensor& b, Loc where) { return eager(OpType::Le, {a, b}, {}, where); }
+Tensor gt(const Tensor& a, const Tensor& b, Loc where) { return eager(OpType::Gt, {a, b}, {}, where); }
+Tensor ge(const Tensor& a, const Tensor& b, Loc where) { return eager(OpType::Ge, {a, b}, {}, where); }
+
+bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol, Loc where) {
+    if (!(rtol >= 0) || !(atol >= 0))
+        throw ValueError(str("allclose at ", describe_site(where), ": rtol and atol must be >= 0, got rtol ", rtol,
+                             ", atol ", atol));
+    const Tensor close = le(abs(sub(a, b, where), where), add_scalar(mul_scalar(abs(b, where), rtol, where), atol, where),
+                            where);
+    if (close.shape() != a.shape())  // b may broadcast to a, not a to b
+        throw ShapeError(str("allclose at ", describe_site(where), ": ", describe(b), " does not broadcast to ",
+                             describe(a)));
+    return sum(close, {}, false, where).item() == static_cast<double>(close.numel());
+}
+
+bool equal(const Tensor& a, const Tensor& b, Loc where) {
+    for (const Tensor* t : {&a, &b})
+        if (!t->defined()) throw ValueError(str("equal at ", describe_site(where), ": a tensor is undefined"));
+    if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+    if (a.device() != b.device())
+        throw DeviceError(str("equal at ", describe_site(where), ": ", describe(a), " vs ", describe(b)));
+    if (!is_floating(a.dtype())) return a.to_vector() == b.to_vector();  // int64: compared on the host
+    return sum(eq(a, b, where), {}, false, where).item() == static_cast<double>(a.numel());
+}
+
+Tensor operator+(TensorAt a, const Tensor& b) { return add(a.tensor, b, a.where); }
+Tensor operator-(TensorAt a, const Tensor& b) { return sub(a.tensor, b, a.where); }
+Tensor operator*(TensorAt a, const Tensor& b) { return mul(a.tensor, b, a.where); }
+Tensor operator/(TensorAt a, const Tensor& b) { return div(a.tensor, b, a.where); }
+Tensor operator-(TensorAt x) { return neg(x.tensor, x.where); }
+Tensor operator+(TensorAt x, double s) { return add_scalar(x.tensor, s, x.where); }
+Tensor operator+(double s, TensorAt x) { return add_scalar(x.tensor, s, x.where); }
+Tensor operator-(TensorAt x, double s) { return add_scalar(x.tensor, -s, x.where); }
+Tensor operator-(double s, TensorAt x) { return sub(scalar_like(x.tensor, s, x.where), x.tensor, x.where); }
+Tensor operator*(TensorAt x, double s) { return mul_scalar(x.tensor, s, x.where); }
+Tensor operator*(double s, TensorAt x) { return mul_scalar(x.tensor, s, x.where); }
+Tensor operator/(TensorAt x, double s) { return div_scalar(x.tensor, s, x.where); }
+Tensor operator/(double s, TensorAt x) { return div(scalar_like(x.tensor, s, x.where), x.tensor, x.where); }
+Tensor operator==(TensorAt a, const Tensor& b) { return eq(a.tensor, b, a.where); }
+Tensor operator!=(TensorAt a, const Tensor& b) { return ne(a.tensor, b, a.where); }
+Tensor operator<(TensorAt a, const Tensor& b) { return lt(a.tensor, b, a.where); }
+Tensor operator<=(TensorAt a, const Tensor& b) { return le(a.tensor, b, a.where); }
+Tensor operator>(TensorAt a, const Tensor& b) { return gt(a.tensor, b, a.where); }
+Tensor operator>=(TensorAt a, const Tensor& b) { return ge(a.tensor, b, a.where); }
+Tensor operator==(TensorAt x, double s) { return eq(x.tensor, scalar_like(x.tensor, s, x.where), x.where); }
+Tensor operator!=(TensorAt x, double s) { return ne(x.tensor, scalar_like(x.tensor, s, x.where), x.where); }
+Tensor operator<(TensorAt x, double s) { return lt(x.tensor, scalar_like(x.tensor, s, x.where), x.where); }
+Tensor operator<=(TensorAt x, double s) { return le(x.tensor, scalar_like(x.tensor, s, x.where), x.where); }
+Tensor operator>(TensorAt x, double s) { return gt(x.tensor, scalar_like(x.tensor, s, x.where), x.where); }
+Tensor operator>=(TensorAt x, double s) { return ge(x.tensor, scalar_like(x.tensor, s, x.where), x.where); }
+Tensor operator==(double s, TensorAt x) { return eq(scalar_like(x.tensor, s, x.where), x.tensor, x.where); }
+Tensor operator!=(double s, TensorAt x) { return ne(scalar_like(x.tensor, s, x.where), x.tensor, x.where); }
+Tensor operator<(double s, TensorAt x) { return lt(scalar_like(x.tensor, s, x.where), x.tensor, x.where); }
+Tensor operator<=(double s, TensorAt x) { return le(scalar_like(x.tensor, s, x.where), x.tensor, x.where); }
+Tensor operator>(double s, TensorAt x) { return gt(scalar_like(x.tensor, s, x.where), x.tensor, x.where); }
+Tensor operator>=(double s, TensorAt x) { return ge(scalar_like(x.tensor, s, x.where), x.tensor, x.where); }
 
 // ---- shape rules ----
 namespace infer {

@@ -249,6 +249,39 @@ struct MinimumOp {
     template <typename T> DG_HOST_DEVICE static T d_b(T a, T b) { return a == b ? T(0.5) : (a < b ? T(0) : T(1)); }
 };
 
+// Comparisons: 1 where the relation holds, 0 where not (NaN: only != holds, as in IEEE and PyTorch). A step
+// function: its derivative is 0 wherever it exists, and the rows are not differentiable (no backward runs).
+struct EqOp {
+    template <typename T> DG_HOST_DEVICE static T forward(T a, T b) { return a == b ? T(1) : T(0); }
+    template <typename T> DG_HOST_DEVICE static T d_a(T, T) { return T(0); }
+    template <typename T> DG_HOST_DEVICE static T d_b(T, T) { return T(0); }
+};
+struct NeOp {
+    template <typename T> DG_HOST_DEVICE static T forward(T a, T b) { return a != b ? T(1) : T(0); }
+    template <typename T> DG_HOST_DEVICE static T d_a(T, T) { return T(0); }
+    template <typename T> DG_HOST_DEVICE static T d_b(T, T) { return T(0); }
+};
+struct LtOp {
+    template <typename T> DG_HOST_DEVICE static T forward(T a, T b) { return a < b ? T(1) : T(0); }
+    template <typename T> DG_HOST_DEVICE static T d_a(T, T) { return T(0); }
+    template <typename T> DG_HOST_DEVICE static T d_b(T, T) { return T(0); }
+};
+struct LeOp {
+    template <typename T> DG_HOST_DEVICE static T forward(T a, T b) { return a <= b ? T(1) : T(0); }
+    template <typename T> DG_HOST_DEVICE static T d_a(T, T) { return T(0); }
+    template <typename T> DG_HOST_DEVICE static T d_b(T, T) { return T(0); }
+};
+struct GtOp {
+    template <typename T> DG_HOST_DEVICE static T forward(T a, T b) { return a > b ? T(1) : T(0); }
+    template <typename T> DG_HOST_DEVICE static T d_a(T, T) { return T(0); }
+    template <typename T> DG_HOST_DEVICE static T d_b(T, T) { return T(0); }
+};
+struct GeOp {
+    template <typename T> DG_HOST_DEVICE static T forward(T a, T b) { return a >= b ? T(1) : T(0); }
+    template <typename T> DG_HOST_DEVICE static T d_a(T, T) { return T(0); }
+    template <typename T> DG_HOST_DEVICE static T d_b(T, T) { return T(0); }
+};
+
 // Calls fn(Functor{}) for a unary elementwise node; its attributes pick the form where an op has several
 // (gelu's approximation). Host code only.
 template <typename Fn>
@@ -292,6 +325,12 @@ decltype(auto) visit_binary(OpType op, Fn&& fn) {
         case OpType::Div: return fn(DivOp{});
         case OpType::Minimum: return fn(MinimumOp{});
         case OpType::Maximum: return fn(MaximumOp{});
+        case OpType::Eq: return fn(EqOp{});
+        case OpType::Ne: return fn(NeOp{});
+        case OpType::Lt: return fn(LtOp{});
+        case OpType::Le: return fn(LeOp{});
+        case OpType::Gt: return fn(GtOp{});
+        case OpType::Ge: return fn(GeOp{});
         default: break;
     }
     throw Error(str("internal: op tag ", static_cast<int>(op), " is not a binary elementwise op"));

@@ -28,6 +28,7 @@ OutputSpec transpose(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec reshape(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec reduce_axes(OpType, std::span<const Tensor>, const OpAttrs&);  // sum, mean
 OutputSpec reduce_axis(OpType, std::span<const Tensor>, const OpAttrs&);  // max
+OutputSpec arg_reduce(OpType, std::span<const Tensor>, const OpAttrs&);   // argmax, argmin (int64)
 OutputSpec along_axis(OpType, std::span<const Tensor>, const OpAttrs&);   // softmax, log_softmax
 OutputSpec cross_entropy(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec mse_loss(OpType, std::span<const Tensor>, const OpAttrs&);
@@ -58,6 +59,8 @@ struct RowNormLayout {
     std::int64_t rows = 0, n = 0;
 };
 RowNormLayout row_norm_layout(const Shape& x, const Shape& normalized_shape);
+// argmax, argmin: every backend, through the max op's kernels (ops/reduce.cpp).
+Tensor arg_reduce_forward(const ForwardArgs& args);
 
 // A tensor seen around one axis as (outer, size, inner): narrow and concat move runs of `inner`
 // contiguous elements (ops/layout.cpp).

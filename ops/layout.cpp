@@ -140,6 +140,65 @@ std::vector<std::pair<std::int64_t, std::int64_t>> sized_pieces(std::int64_t axi
 
 }  // namespace
 
+// ---- indexing: select, squeeze, unsqueeze, flatten(start, end); shapes shared by the Var and Tensor forms ----
+namespace {
+
+// `axis` of a rank-`rank` shape, negative from the end; ShapeError naming the call and the operand otherwise.
+int axis_of(const char* op, const Tensor& x, std::int64_t axis, std::size_t rank, std::source_location where) {
+    const auto r = static_cast<std::int64_t>(rank);
+    if (axis < -r || axis >= r)
+        throw ShapeError(str(op, " at ", describe_site(where), ": axis ", axis, " is out of range for ", describe(x),
+                             " (valid: ", -r, " to ", r - 1, ")"));
+    return static_cast<int>(axis < 0 ? axis + r : axis);
+}
+
+// (axis, index) of a select, both made non-negative.
+std::pair<int, std::int64_t> select_at(const Tensor& x, std::int64_t axis, std::int64_t index,
+                                       std::source_location where) {
+    const int a = axis_of("select", x, axis, x.rank(), where);
+    const std::int64_t n = x.shape()[a];
+    if (index < -n || index >= n)
+        throw IndexError(str("select at ", describe_site(where), ": index ", index, " is out of range for axis ", axis,
+                             " of size ", n, " of ", describe(x), " (valid: ", -n, " to ", n - 1, ")"));
+    return {a, index < 0 ? index + n : index};
+}
+
+Shape without_axis(const Shape& shape, int axis) {
+    Shape out = shape;
+    out.erase(out.begin() + axis);
+    return out;
+}
+
+Shape squeezed_shape(const Tensor& x, std::int64_t axis, std::source_location where) {
+    const int a = axis_of("squeeze", x, axis, x.rank(), where);
+    if (x.shape()[a] != 1)
+        throw ShapeError(str("squeeze at ", describe_site(where), ": axis ", axis, " of ", describe(x), " has size ",
+                             x.shape()[a], ", not 1"));
+    return without_axis(x.shape(), a);
+}
+
+Shape unsqueezed_shape(const Tensor& x, std::int64_t axis, std::source_location where) {
+    const int a = axis_of("unsqueeze", x, axis, x.rank() + 1, where);
+    Shape out = x.shape();
+    out.insert(out.begin() + a, 1);
+    return out;
+}
+
+Shape flattened_shape(const Tensor& x, std::int64_t start_axis, std::int64_t end_axis, std::source_location where) {
+    const Shape shape = x.rank() == 0 ? Shape{1} : x.shape();
+    const int start = axis_of("flatten", x, start_axis, shape.size(), where);
+    const int end = axis_of("flatten", x, end_axis, shape.size(), where);
+    if (start > end)
+        throw ShapeError(str("flatten at ", describe_site(where), ": start axis ", start_axis, " comes after end axis ",
+                             end_axis, " of ", describe(x)));
+    Shape out(shape.begin(), shape.begin() + start);
+    out.push_back(numel(Shape(shape.begin() + start, shape.begin() + end + 1)));
+    out.insert(out.end(), shape.begin() + end + 1, shape.end());
+    return out;
+}
+
+}  // namespace
+
 Var stack(const std::vector<Var>& xs, std::int64_t axis, std::source_location where) {
     const Shape piece = stack_piece_shape(xs, axis, where, [](const Var& v) -> const Shape& { return v.shape(); });
     std::vector<Var> pieces;
@@ -183,6 +242,83 @@ std::vector<Tensor> split_with_sizes(const Tensor& x, const std::vector<std::int
     for (const auto& [start, length] : sized_pieces(x.shape()[a], sizes, where))
         out.push_back(eager(OpType::Narrow, {x}, narrow_attrs(a, start, length), where));
     return out;
+}
+
+Var select(const Var& x, std::int64_t axis, std::int64_t index, std::source_location where) {
+    const auto [a, i] = select_at(x.value(), axis, index, where);
+    return reshape(narrow(x, a, i, 1, where), without_axis(x.shape(), a), where);
+}
+Var squeeze(const Var& x, std::int64_t axis, std::source_location where) {
+    return reshape(x, squeezed_shape(x.value(), axis, where), where);
+}
+Var unsqueeze(const Var& x, std::int64_t axis, std::source_location where) {
+    return reshape(x, unsqueezed_shape(x.value(), axis, where), where);
+}
+Var flatten(const Var& x, std::int64_t start_axis, std::int64_t end_axis, std::source_location where) {
+    return reshape(x, flattened_shape(x.value(), start_axis, end_axis, where), where);
+}
+
+// ---- eager calls (graph/eager.h): the same ops and composites on Tensors ----
+Tensor transpose(const Tensor& x, std::int64_t axis0, std::int64_t axis1, std::source_location where) {
+    OpAttrs attrs;
+    attrs.axes = {axis0, axis1};
+    return eager(OpType::Transpose, {x}, attrs, where);
+}
+Tensor reshape(const Tensor& x, const Shape& shape, std::source_location where) {
+    OpAttrs attrs;
+    attrs.shape = shape;
+    return eager(OpType::Reshape, {x}, attrs, where);
+}
+Tensor flatten(const Tensor& x, std::source_location where) {
+    if (x.defined() && x.rank() < 2)
+        throw ShapeError(str("flatten at ", describe_site(where), ": needs a tensor of rank >= 2 (N, ...), got shape ",
+                             to_string(x.shape())));
+    return flatten(x, 1, -1, where);
+}
+Tensor flatten(const Tensor& x, std::int64_t start_axis, std::int64_t end_axis, std::source_location where) {
+    return reshape(x, x.defined() ? flattened_shape(x, start_axis, end_axis, where) : Shape{}, where);
+}
+Tensor narrow(const Tensor& x, std::int64_t axis, std::int64_t start, std::int64_t length,
+              std::source_location where) {
+    OpAttrs attrs;
+    attrs.axis = axis;
+    attrs.start = start;
+    attrs.length = length;
+    return eager(OpType::Narrow, {x}, attrs, where);
+}
+Tensor select(const Tensor& x, std::int64_t axis, std::int64_t index, std::source_location where) {
+    if (!x.defined()) return narrow(x, axis, index, 1, where);  // eager's error for an undefined input
+    const auto [a, i] = select_at(x, axis, index, where);
+    return reshape(narrow(x, a, i, 1, where), without_axis(x.shape(), a), where);
+}
+Tensor squeeze(const Tensor& x, std::int64_t axis, std::source_location where) {
+    return reshape(x, x.defined() ? squeezed_shape(x, axis, where) : Shape{}, where);
+}
+Tensor unsqueeze(const Tensor& x, std::int64_t axis, std::source_location where) {
+    return reshape(x, x.defined() ? unsqueezed_shape(x, axis, where) : Shape{}, where);
+}
+Tensor concat(const std::vector<Tensor>& xs, std::int64_t axis, std::source_location where) {
+    if (xs.empty()) throw ValueError(str("concat at ", describe_site(where), ": needs at least one tensor"));
+    OpAttrs attrs;
+    attrs.axis = axis;
+    return eager(OpType::Concat, xs, attrs, where);
+}
+
+// Tensor's indexing methods (core/tensor.h declares them; they need the ops above, so they live here).
+Tensor Tensor::select(std::int64_t axis, std::int64_t index, std::source_location where) const {
+    return dyngrad::select(*this, axis, index, where);
+}
+Tensor Tensor::narrow(std::int64_t axis, std::int64_t start, std::int64_t length, std::source_location where) const {
+    return dyngrad::narrow(*this, axis, start, length, where);
+}
+Tensor Tensor::squeeze(std::int64_t axis, std::source_location where) const {
+    return dyngrad::squeeze(*this, axis, where);
+}
+Tensor Tensor::unsqueeze(std::int64_t axis, std::source_location where) const {
+    return dyngrad::unsqueeze(*this, axis, where);
+}
+Tensor Tensor::flatten(std::int64_t start_axis, std::int64_t end_axis, std::source_location where) const {
+    return dyngrad::flatten(*this, start_axis, end_axis, where);
 }
 
 AxisSplit split_at_axis(const Shape& shape, int axis) {

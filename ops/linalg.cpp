@@ -41,6 +41,27 @@ Var linear(const Var& x, const Var& weight, std::source_location where) {
     return matmul(x, transpose(weight, -2, -1, where), where);
 }
 
+// ---- eager calls (graph/eager.h): the same ops and composites on Tensors ----
+Tensor matmul(const Tensor& a, const Tensor& b, std::source_location where) {
+    return eager(OpType::Matmul, {a, b}, {}, where);
+}
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, std::source_location where) {
+    return linear(x, weight, bias, Activation::None, where);
+}
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation activation,
+              std::source_location where) {
+    if (!bias.defined()) {
+        const Tensor y = linear(x, weight, where);
+        return activation == Activation::Relu ? relu(y, where) : y;
+    }
+    OpAttrs attrs;
+    attrs.activation = activation;
+    return eager(OpType::Linear, {x, weight, bias}, attrs, where);
+}
+Tensor linear(const Tensor& x, const Tensor& weight, std::source_location where) {
+    return matmul(x, transpose(weight, -2, -1, where), where);
+}
+
 // ---- shape rules ----
 namespace {
 

@@ -29,6 +29,24 @@ Var mse_loss(const Var& prediction, const Var& target, std::source_location wher
     return prediction.graph().record(OpType::MseLoss, {prediction, target}, {}, where);
 }
 
+// ---- eager calls (graph/eager.h): the same ops on Tensors ----
+Tensor softmax(const Tensor& x, std::int64_t axis, std::source_location where) {
+    OpAttrs attrs;
+    attrs.axis = axis;
+    return eager(OpType::Softmax, {x}, attrs, where);
+}
+Tensor log_softmax(const Tensor& x, std::int64_t axis, std::source_location where) {
+    OpAttrs attrs;
+    attrs.axis = axis;
+    return eager(OpType::LogSoftmax, {x}, attrs, where);
+}
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels, std::source_location where) {
+    return eager(OpType::CrossEntropy, {logits, labels}, {}, where);
+}
+Tensor mse_loss(const Tensor& prediction, const Tensor& target, std::source_location where) {
+    return eager(OpType::MseLoss, {prediction, target}, {}, where);
+}
+
 // ---- shape rules ----
 namespace infer {
 

@@ -96,6 +96,24 @@ Var dropout(const Var& x, double p, bool training, std::uint64_t seed, std::sour
     return x.graph().record(OpType::Dropout, {x}, attrs, where);
 }
 
+// ---- eager calls (graph/eager.h): the same ops on Tensors ----
+Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                  const Tensor& running_var, bool training, double momentum, double eps, std::source_location where) {
+    OpAttrs attrs;
+    attrs.training = training;
+    attrs.momentum = momentum;
+    attrs.eps = eps;
+    return eager(OpType::BatchNorm, {x, gamma, beta, running_mean, running_var}, attrs, where);
+}
+
+Tensor dropout(const Tensor& x, double p, bool training, std::uint64_t seed, std::source_location where) {
+    OpAttrs attrs;
+    attrs.scalar = p;
+    attrs.training = training;
+    attrs.seed = seed;
+    return eager(OpType::Dropout, {x}, attrs, where);
+}
+
 // ---- shape rules ----
 namespace infer {
 

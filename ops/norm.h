@@ -20,6 +20,10 @@ namespace dyngrad {
 Var batch_norm(const Var& x, const Var& gamma, const Var& beta, const Tensor& running_mean,
                const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5,
                std::source_location where = std::source_location::current());
+// Eager (no gradient): eval uses the running statistics; training also updates them in place.
+Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                  const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5,
+                  std::source_location where = std::source_location::current());
 
 // Layer normalisation over the trailing dims of x given by normalized_shape (PyTorch's F.layer_norm):
 // x (..., *normalized_shape); weight, bias (normalized_shape), each optional (an undefined Var/Tensor).
@@ -45,5 +49,7 @@ Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& we
 // eval (or p = 0): the identity.
 Var dropout(const Var& x, double p, bool training, std::uint64_t seed,
             std::source_location where = std::source_location::current());
+Tensor dropout(const Tensor& x, double p, bool training, std::uint64_t seed,
+               std::source_location where = std::source_location::current());
 
 }  // namespace dyngrad

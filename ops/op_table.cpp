@@ -61,6 +61,17 @@ std::vector<OpCase> binary_cases() {
     };
 }
 
+// Not differentiable: every input Constant (no gradient checked; the output is compared everywhere).
+std::vector<OpCase> compare_cases() {
+    const std::vector<D> no_grad = {D::Constant, D::Constant};
+    return {
+        {"same shape", {{3, 4}, {3, 4}}, {}, no_grad},
+        {"row broadcast", {{5, 3}, {3}}, {}, no_grad},
+        {"column broadcast", {{4, 1}, {1, 6}}, {}, no_grad},
+        {"scalar operand", {{7}, {}}, {}, no_grad},
+    };
+}
+
 std::vector<OpCase> unary_cases(D domain, OpAttrs attrs = {}) {
     return {
         {"vector", {{17}}, attrs, {domain}},
@@ -197,6 +208,14 @@ std::vector<OpCase> max_cases() {
         {"axis 1", {{4, 7}}, axis_attr(1), {}},
         {"axis 0 keepdim", {{5, 3}}, axis_attr(0, true), {}},
         {"3-D middle axis", {{2, 6, 3}}, axis_attr(1), {}},
+    };
+}
+std::vector<OpCase> arg_reduce_cases() {  // not differentiable: the int64 index is compared
+    return {
+        {"axis 1", {{4, 7}}, axis_attr(1), {D::Constant}},
+        {"axis 0 keepdim", {{5, 3}}, axis_attr(0, true), {D::Constant}},
+        {"3-D middle axis", {{2, 6, 3}}, axis_attr(1), {D::Constant}},
+        {"vector", {{9}}, axis_attr(-1), {D::Constant}},
     };
 }
 std::vector<OpCase> softmax_cases() {
@@ -430,6 +449,17 @@ constexpr BackendKernels kCudaSelect = DG_CUDA_KERNELS(select_forward, select_ba
 constexpr BackendKernels kCudaPool = DG_CUDA_KERNELS(pool2d_forward, pool2d_backward);
 constexpr BackendKernels kCpuRowNorm{cpu::row_norm_forward, cpu::row_norm_backward};
 constexpr BackendKernels kCudaRowNorm = DG_CUDA_KERNELS(row_norm_forward, row_norm_backward);
+// Not differentiable (OpDef::differentiable = false): forward kernels only.
+constexpr BackendKernels kCpuCompare{cpu::binary_forward, nullptr};
+constexpr BackendKernels kArgReduce{arg_reduce_forward, nullptr};  // every backend, through max's kernels
+#if DYNGRAD_WITH_CUDA
+constexpr BackendKernels kCudaCompare{cuda::binary_forward, nullptr};
+constexpr BackendKernels kCudaArgReduce = kArgReduce;
+#else
+constexpr BackendKernels kCudaCompare{};
+constexpr BackendKernels kCudaArgReduce{};
+#endif
+constexpr bool kNotDifferentiable = false;
 
 constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::Leaf, "leaf", 0, nullptr, {}, {}, no_cases},
@@ -439,6 +469,12 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::Div, "div", 2, infer::broadcast, kCpuBinary, kCudaBinary, binary_cases},
     {OpType::Minimum, "minimum", 2, infer::broadcast, kCpuBinary, kCudaBinary, min_max_cases},
     {OpType::Maximum, "maximum", 2, infer::broadcast, kCpuBinary, kCudaBinary, min_max_cases},
+    {OpType::Eq, "eq", 2, infer::broadcast, kCpuCompare, kCudaCompare, compare_cases, 0, kNotDifferentiable},
+    {OpType::Ne, "ne", 2, infer::broadcast, kCpuCompare, kCudaCompare, compare_cases, 0, kNotDifferentiable},
+    {OpType::Lt, "lt", 2, infer::broadcast, kCpuCompare, kCudaCompare, compare_cases, 0, kNotDifferentiable},
+    {OpType::Le, "le", 2, infer::broadcast, kCpuCompare, kCudaCompare, compare_cases, 0, kNotDifferentiable},
+    {OpType::Gt, "gt", 2, infer::broadcast, kCpuCompare, kCudaCompare, compare_cases, 0, kNotDifferentiable},
+    {OpType::Ge, "ge", 2, infer::broadcast, kCpuCompare, kCudaCompare, compare_cases, 0, kNotDifferentiable},
     {OpType::Neg, "neg", 1, infer::same_as_first, kCpuUnary, kCudaUnary, neg_cases},
     {OpType::AddScalar, "add_scalar", 1, infer::same_as_first, kCpuUnary, kCudaUnary, add_scalar_cases},
     {OpType::MulScalar, "mul_scalar", 1, infer::same_as_first, kCpuUnary, kCudaUnary, mul_scalar_cases},
@@ -471,6 +507,8 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::Mean, "mean", 1, infer::reduce_axes, kCpuReduce, kCudaReduce, reduce_cases},
     {OpType::Max, "max", 1, infer::reduce_axis, {cpu::max_forward, cpu::max_backward},
      DG_CUDA_KERNELS(max_forward, max_backward), max_cases},
+    {OpType::ArgMax, "argmax", 1, infer::arg_reduce, kArgReduce, kCudaArgReduce, arg_reduce_cases, 0, kNotDifferentiable},
+    {OpType::ArgMin, "argmin", 1, infer::arg_reduce, kArgReduce, kCudaArgReduce, arg_reduce_cases, 0, kNotDifferentiable},
     {OpType::Softmax, "softmax", 1, infer::along_axis, kCpuSoftmax, kCudaSoftmax, softmax_cases},
     {OpType::LogSoftmax, "log_softmax", 1, infer::along_axis, kCpuSoftmax, kCudaSoftmax, softmax_cases},
     {OpType::CrossEntropy, "cross_entropy", 2, infer::cross_entropy,

@@ -17,13 +17,18 @@ namespace dyngrad {
 // ---- user functions ----
 namespace {
 
-Var record_pool(OpType op, const Var& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
-                std::array<std::int64_t, 2> padding, std::source_location where) {
+OpAttrs pool_attrs(std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
+                   std::array<std::int64_t, 2> padding) {
     OpAttrs attrs;
     attrs.kernel = kernel;
     for (int i = 0; i < 2; ++i) attrs.stride[i] = stride[i] == 0 ? kernel[i] : stride[i];
     attrs.padding = padding;
-    return x.graph().record(op, {x}, attrs, where);
+    return attrs;
+}
+
+Var record_pool(OpType op, const Var& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
+                std::array<std::int64_t, 2> padding, std::source_location where) {
+    return x.graph().record(op, {x}, pool_attrs(kernel, stride, padding), where);
 }
 
 }  // namespace
@@ -36,6 +41,16 @@ Var max_pool2d(const Var& x, std::array<std::int64_t, 2> kernel, std::array<std:
 Var avg_pool2d(const Var& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
                std::array<std::int64_t, 2> padding, std::source_location where) {
     return record_pool(OpType::AvgPool2d, x, kernel, stride, padding, where);
+}
+
+Tensor max_pool2d(const Tensor& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
+                  std::array<std::int64_t, 2> padding, std::source_location where) {
+    return eager(OpType::MaxPool2d, {x}, pool_attrs(kernel, stride, padding), where);
+}
+
+Tensor avg_pool2d(const Tensor& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
+                  std::array<std::int64_t, 2> padding, std::source_location where) {
+    return eager(OpType::AvgPool2d, {x}, pool_attrs(kernel, stride, padding), where);
 }
 
 // ---- shape rule (max_pool2d and avg_pool2d) ----

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <source_location>
 
+#include "dyngrad/graph/eager.h"
 #include "dyngrad/graph/graph.h"
 
 namespace dyngrad {
@@ -14,10 +15,16 @@ namespace dyngrad {
 Var max_pool2d(const Var& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride = {0, 0},
                std::array<std::int64_t, 2> padding = {0, 0},
                std::source_location where = std::source_location::current());
+Tensor max_pool2d(const Tensor& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride = {0, 0},
+                  std::array<std::int64_t, 2> padding = {0, 0},
+                  std::source_location where = std::source_location::current());
 // Average: the padding counts as zeros in every window (divides by kernel height·width), like PyTorch's
 // default count_include_pad=True and cuDNN's CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING.
 Var avg_pool2d(const Var& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride = {0, 0},
                std::array<std::int64_t, 2> padding = {0, 0},
                std::source_location where = std::source_location::current());
+Tensor avg_pool2d(const Tensor& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride = {0, 0},
+                  std::array<std::int64_t, 2> padding = {0, 0},
+                  std::source_location where = std::source_location::current());
 
 }  // namespace dyngrad

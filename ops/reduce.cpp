@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "dyngrad/graph/eager.h"
+#include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/kernels.h"
 
 namespace dyngrad {
@@ -209,6 +211,59 @@ Var max(const Var& x, std::int64_t axis, bool keepdim, std::source_location wher
     return record_reduction(OpType::Max, x, attrs, where);
 }
 
+Var min(const Var& x, std::int64_t axis, bool keepdim, std::source_location where) {
+    return neg(max(neg(x, where), axis, keepdim, where), where);
+}
+
+Var argmax(const Var& x, std::int64_t axis, bool keepdim, std::source_location where) {
+    OpAttrs attrs;
+    attrs.axis = axis;
+    attrs.keepdim = keepdim;
+    return record_reduction(OpType::ArgMax, x, attrs, where);
+}
+
+Var argmin(const Var& x, std::int64_t axis, bool keepdim, std::source_location where) {
+    OpAttrs attrs;
+    attrs.axis = axis;
+    attrs.keepdim = keepdim;
+    return record_reduction(OpType::ArgMin, x, attrs, where);
+}
+
+// ---- eager calls (graph/eager.h): the same ops on Tensors ----
+namespace {
+OpAttrs axes_attrs(const std::vector<std::int64_t>& axes, bool keepdim) {
+    OpAttrs attrs;
+    attrs.axes = axes;
+    attrs.keepdim = keepdim;
+    return attrs;
+}
+OpAttrs axis_attrs(std::int64_t axis, bool keepdim) {
+    OpAttrs attrs;
+    attrs.axis = axis;
+    attrs.keepdim = keepdim;
+    return attrs;
+}
+}  // namespace
+
+Tensor sum(const Tensor& x, const std::vector<std::int64_t>& axes, bool keepdim, std::source_location where) {
+    return eager(OpType::Sum, {x}, axes_attrs(axes, keepdim), where);
+}
+Tensor mean(const Tensor& x, const std::vector<std::int64_t>& axes, bool keepdim, std::source_location where) {
+    return eager(OpType::Mean, {x}, axes_attrs(axes, keepdim), where);
+}
+Tensor max(const Tensor& x, std::int64_t axis, bool keepdim, std::source_location where) {
+    return eager(OpType::Max, {x}, axis_attrs(axis, keepdim), where);
+}
+Tensor min(const Tensor& x, std::int64_t axis, bool keepdim, std::source_location where) {
+    return neg(max(neg(x, where), axis, keepdim, where), where);
+}
+Tensor argmax(const Tensor& x, std::int64_t axis, bool keepdim, std::source_location where) {
+    return eager(OpType::ArgMax, {x}, axis_attrs(axis, keepdim), where);
+}
+Tensor argmin(const Tensor& x, std::int64_t axis, bool keepdim, std::source_location where) {
+    return eager(OpType::ArgMin, {x}, axis_attrs(axis, keepdim), where);
+}
+
 // ---- shape rules ----
 namespace infer {
 
@@ -234,7 +289,38 @@ OutputSpec reduce_axis(OpType, std::span<const Tensor> inputs, const OpAttrs& at
     return {reduced_shape(x.shape(), reduced, attrs.keepdim), x.dtype()};
 }
 
+OutputSpec arg_reduce(OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    OutputSpec spec = reduce_axis(op, inputs, attrs);
+    spec.dtype = DType::i64;
+    return spec;
+}
+
 }  // namespace infer
+
+// argmax, argmin on every backend: the index the max op's forward saves for its backward, so the same kernels
+// and the same rule: the first index of the maximum, NaN counting as the maximum (NumPy, PyTorch). argmin is
+// argmax of -x: negation is exact, so ties stay ties and the first minimum wins.
+Tensor arg_reduce_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const auto forward_of = [&x](OpType op) {
+        const OpDef& def = op_def(op);
+        const ForwardFn forward = x.device().is_cuda() ? def.cuda.forward : def.cpu.forward;
+        if (!forward) throw DeviceError(str(def.name, ": no forward kernel on ", x.device().to_string()));
+        return forward;
+    };
+    std::vector<Tensor> saved;
+    Tensor searched = x;
+    if (args.op == OpType::ArgMin) {
+        const OutputSpec same{x.shape(), x.dtype()};
+        searched = forward_of(OpType::Neg)(ForwardArgs{OpType::Neg, args.inputs, args.attrs, same, saved});
+    }
+    const OutputSpec values{args.out.shape, x.dtype()};
+    const Tensor max_inputs[] = {searched};
+    forward_of(OpType::Max)(ForwardArgs{OpType::Max, max_inputs, args.attrs, values, saved});
+    if (saved.size() != 1 || saved[0].dtype() != DType::i64)
+        throw GraphError(str(op_def(args.op).name, ": the max forward saved no int64 argmax"));
+    return saved[0];
+}
 
 // ---- CPU kernels ----
 namespace cpu {

@@ -341,8 +341,10 @@ StridedDims expand_dims(const std::vector<Run>& runs) {
 
 // ---- max over one axis: x (outer, len, inner) ----
 
-// The CPU kernel scans with a strict '>' from element 0: the first maximal element wins, a NaN at
-// index 0 is the result, and any other NaN is never chosen. The parallel scans below reproduce that.
+// The CPU kernels' rule (ops/reduce.cpp): NaN counts as the maximum (NumPy, PyTorch) and ties go to the first
+// index, so the first NaN wins if there is one, else the first maximal element. The parallel scans below
+// reproduce it. (They once skipped every NaN but one at index 0, the CPU's old rule: max and argmax of a row
+// holding a NaN then differed between the backends.)
 template <typename T>
 struct ArgMax {
     T value;
@@ -353,6 +355,9 @@ template <typename T>
 __device__ __forceinline__ ArgMax<T> better_of(const ArgMax<T>& a, const ArgMax<T>& b) {
     if (b.index < 0) return a;
     if (a.index < 0) return b;
+    const bool a_nan = a.value != a.value, b_nan = b.value != b.value;
+    if (a_nan != b_nan) return b_nan ? b : a;
+    if (a_nan) return b.index < a.index ? b : a;
     return (b.value > a.value || (b.value == a.value && b.index < a.index)) ? b : a;
 }
 
@@ -367,8 +372,7 @@ __global__ void max_rows_kernel(const T* __restrict__ x, T* __restrict__ y, std:
         const T* row = x + o * len;
         ArgMax<T> best{T(0), -1};
         for (std::int64_t r = lane; r < len; r += kWarp) {
-            const T v = row[r];
-            if (v == v) best = better_of(best, ArgMax<T>{v, r});  // NaN: see ArgMax
+            best = better_of(best, ArgMax<T>{row[r], r});
         }
 #pragma unroll
         for (unsigned offset = kWarp / 2; offset > 0; offset /= 2) {
@@ -377,8 +381,6 @@ __global__ void max_rows_kernel(const T* __restrict__ x, T* __restrict__ y, std:
             best = better_of(best, other);
         }
         if (lane == 0) {
-            const T first = row[0];
-            if (first != first) best = ArgMax<T>{first, 0};
             y[o] = best.value;
             argmax[o] = best.index;
         }
@@ -396,7 +398,7 @@ __global__ void max_columns_kernel(const T* __restrict__ x, T* __restrict__ y, s
         std::int64_t best_r = 0;
         for (std::int64_t r = 1; r < len; ++r) {
             const T v = column[r * inner];
-            if (v > best) {
+            if (v > best || (v != v && best == best)) {  // the first NaN wins (see ArgMax)
                 best = v;
                 best_r = r;
             }

@@ -85,11 +85,16 @@ TEST_CASE("the op table covers every op with cases and CPU kernels", "[gradcheck
         CHECK((def.arity >= 1 || def.arity == kVariadic));
         CHECK(def.infer != nullptr);
         CHECK(def.cpu.forward != nullptr);
-        CHECK(def.cpu.backward != nullptr);
+        // A non-differentiable row (comparisons, argmax) has forward kernels only, and cases that check no gradient.
+        CHECK((def.cpu.backward != nullptr) == def.differentiable);
         if (cuda_compiled()) {
             CHECK(def.cuda.forward != nullptr);
-            CHECK(def.cuda.backward != nullptr);
+            CHECK((def.cuda.backward != nullptr) == def.differentiable);
         }
+        if (!def.differentiable)
+            for (const OpCase& op_case : cases)
+                for (std::size_t i = 0; i < op_case.shapes.size(); ++i)
+                    CHECK((i < op_case.domains.size() && op_case.domains[i] == InputDomain::Constant));
         for (const OpCase& op_case : cases) {
             INFO("case '" << op_case.label << "'");
             CHECK(takes_input_count(def, static_cast<int>(op_case.shapes.size())));

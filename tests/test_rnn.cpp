@@ -368,7 +368,7 @@ TEST_CASE("bad rnn, narrow and concat inputs are typed errors", "[rnn][errors]")
                          MessageHas({"concat", "input 1 of shape (3,5) does not fit input 0 of shape (3,4)"}));
     CHECK_NOTHROW(concat({m, input({3, 5})}, 1));
     CHECK_THROWS_MATCHES(concat({m, input({3, 4}, DType::f32)}, 0), DTypeError, MessageHas({"input 1 is float32"}));
-    CHECK_THROWS_MATCHES(concat({}, 0), ValueError, MessageHas({"at least one tensor"}));
+    CHECK_THROWS_MATCHES(concat(std::vector<Var>{}, 0), ValueError, MessageHas({"at least one tensor"}));
     CHECK_THROWS_MATCHES(graph.record(OpType::Concat, std::vector<Var>{}, {}, std::source_location::current()),
                          GraphError, MessageHas({"takes 1 or more inputs, got 0"}));
 }

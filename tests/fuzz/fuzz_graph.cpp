@@ -97,7 +97,8 @@ Shape fitting_shape(OpType op, int slot, const std::vector<Shape>& before, Bytes
     const Shape& x = before.front();
     const std::size_t r = x.size();
     switch (op) {
-        case OpType::Add: case OpType::Sub: case OpType::Mul: case OpType::Div: {
+        case OpType::Add: case OpType::Sub: case OpType::Mul: case OpType::Div:
+        case OpType::Eq: case OpType::Ne: case OpType::Lt: case OpType::Le: case OpType::Gt: case OpType::Ge: {
             Shape s(x.begin() + in.pick(static_cast<int>(r) + 1), x.end());  // drop leading axes
             for (auto& d : s)
                 if (in.one_in(3)) d = 1;
@@ -249,6 +250,11 @@ Program decode(Bytes& in, ComputeGraph& graph, std::vector<Var>& vars, Generator
 // Which side of each kink or singularity the inputs of op node `id` lie on, appended to `pattern`.
 void append_pattern(const ComputeGraph& graph, NodeId id, std::vector<double>& pattern) {
     const ComputeNode& n = graph.node(id);
+    if (!op_def(n.op, n.attrs).differentiable) {  // a step (comparison) or an index (argmax): its value is the side
+        const std::vector<double> values = n.value.to_vector();
+        pattern.insert(pattern.end(), values.begin(), values.end());
+        return;
+    }
     const auto regions = [&](std::size_t input, std::initializer_list<double> kinks) {
         for (const double x : graph.node(n.inputs[input]).value.to_vector())
             for (const double kink : kinks) pattern.push_back(x < kink ? -1 : x > kink ? 1 : 0);
