@@ -35,7 +35,10 @@ std::vector<Tensor> softsign_backward(const BackwardArgs& args) {
         const T* x = args.inputs[0].data<T>();
         const T* dy = args.grad_output.data<T>();
         T* out = dx.data<T>();
-        for (std::int64_t i = 0; i < dx.numel(); ++i) out[i] = dy[i] / ((T(1) + std::abs(x[i])) * (T(1) + std::abs(x[i])));
+        for (std::int64_t i = 0; i < dx.numel(); ++i) {
+            const T denominator = T(1) + std::abs(x[i]);
+            out[i] = dy[i] / (denominator * denominator);
+        }
         return std::vector<Tensor>{dx};
     });
 }
@@ -53,8 +56,9 @@ int main() {
     // The same checks as the built-in ops: float64 finite differences, float32 against float64.
     Generator gen(12);
     bool ok = true;
-    for (const OpCase& c : softsign.def().cases()) {
-        for (const CheckResult& r : {finite_difference_check(softsign.def(), c, gen), float32_check(softsign.def(), c, gen)}) {
+    const OpDef& def = softsign.def();
+    for (const OpCase& c : def.cases()) {
+        for (const CheckResult& r : {finite_difference_check(def, c, gen), float32_check(def, c, gen)}) {
             std::cout << r.check << " " << r.case_label << ": max relative error " << r.max_rel_err << "\n";
             ok = ok && r.pass;
         }
