@@ -59,6 +59,15 @@ std::string int_list(const Range& values) {
     return out + "]";
 }
 
+const char* reduction_name(Reduction reduction) {
+    switch (reduction) {
+        case Reduction::Mean: return "mean";
+        case Reduction::Sum: return "sum";
+        case Reduction::None: return "none";
+    }
+    return "?";
+}
+
 std::string attrs_json(const OpAttrs& a) {
     std::ostringstream out;
     out << "{\"scalar\": " << number(a.scalar) << ", \"axes\": " << int_list(a.axes) << ", \"axis\": " << a.axis
@@ -72,7 +81,8 @@ std::string attrs_json(const OpAttrs& a) {
         << ", \"activation\": " << quoted(a.activation == Activation::Relu ? "relu" : "none")
         << ", \"rnn_mode\": " << quoted(rnn_mode_name(a.rnn_mode)) << ", \"hidden_size\": " << a.hidden_size
         << ", \"num_layers\": " << a.num_layers << ", \"bidirectional\": " << (a.bidirectional ? "true" : "false")
-        << "}";
+        << ", \"reduction\": " << quoted(reduction_name(a.reduction)) << ", \"ignore_index\": " << a.ignore_index
+        << ", \"label_smoothing\": " << number(a.label_smoothing) << "}";
     return out.str();
 }
 
