@@ -1,7 +1,7 @@
 // The CPU backend's threads. Kernels split their work into chunks fixed by the problem's sizes alone, never
 // by the thread count, and run the chunks on up to cpu_threads() threads; every output element (and every
 // partial sum) is computed by one chunk in a fixed order, so results are bitwise the same for any thread
-// count (docs/architecture.md, "CPU threads"). OpenMP stays inside core/parallel.cpp.
+// count (docs/architecture.md, "CPU threads"). The threads (a blocking pool) live in core/parallel.cpp.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -14,23 +14,22 @@ namespace dyngrad {
 int cpu_threads();
 // Sets the CPU kernels' thread count for the whole process (n >= 1; ValueError otherwise).
 void set_cpu_threads(int n);
-// Whether this build can run chunks on several threads (it was compiled with OpenMP).
-bool cpu_parallel_available();
 
 namespace detail {
 void run_chunks(std::int64_t chunks, void (*body)(void*, std::int64_t), void* context);
 }  // namespace detail
 
 // Calls fn(chunk) for every chunk in [0, chunks), each on one thread, on up to cpu_threads() threads
-// (serially inside another parallel region). The first exception thrown is rethrown once all have run.
+// (in turn inside another chunk, or while another thread's job holds the pool). The first exception thrown
+// is rethrown once the chunks have run (those not yet started are skipped).
 template <typename Fn> void parallel_chunks(std::int64_t chunks, Fn&& fn) {
     using F = std::remove_reference_t<Fn>;
     detail::run_chunks(chunks, [](void* f, std::int64_t c) { (*static_cast<F*>(f))(c); },
                        const_cast<void*>(static_cast<const void*>(&fn)));
 }
 
-// Work below this many units (elements, multiply-adds) stays in one chunk: a chunk costs a few microseconds.
-inline constexpr std::int64_t kMinChunkWork = std::int64_t{1} << 16;
+// Work below this many units (elements, multiply-adds) stays in one chunk: waking a thread costs microseconds.
+inline constexpr std::int64_t kMinChunkWork = std::int64_t{1} << 18;
 inline constexpr std::int64_t kMaxChunks = 64;
 
 // How many chunks `items` items of `work_per_item` units each are cut into: at least kMinChunkWork units

@@ -3,8 +3,10 @@
 // that every parallel path is really split: the convolution over images (forward, dx, dw partial sums),
 // the GEMM panels of linear's forward and backward, and the elementwise chunks (tanh, the fan-out's
 // accumulation).
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <vector>
@@ -57,17 +59,17 @@ StepResult training_step(int threads, const std::vector<Tensor>& values, const T
 
 TEST_CASE("a conv + linear + elementwise training step is bitwise the same on 1 and N threads", "[threads]") {
     const ThreadCountGuard guard;
-    // x (8,3,32,32), conv 16 filters 5x5 pad 2 -> (8,16,32,32) = 131072 elements -> linear 16384 -> 64 classes
+    // x (8,3,64,64), conv 16 filters 5x5 pad 2 -> (8,16,64,64) = 524288 elements -> linear 65536 -> 64 classes
     const std::int64_t batch = 8, classes = 64;
-    REQUIRE(chunk_count(batch, 16 * 32 * 32 * 75 * 2) > 1);               // conv2d: chunks of images
-    REQUIRE(chunk_count(64, batch * 16384, 32) > 1);                       // linear forward: column panels
-    REQUIRE(chunk_count(batch * 16 * 32 * 32, 1, 64) > 1);                 // tanh, add, accumulate_into
+    REQUIRE(chunk_count(batch, 16 * 64 * 64 * 75 * 2) > 1);               // conv2d: chunks of images
+    REQUIRE(chunk_count(64, batch * 65536, 32) > 1);                       // linear forward: column panels
+    REQUIRE(chunk_count(batch * 16 * 64 * 64, 1, 64) > 1);                 // tanh, add, accumulate_into
     for (const DType dtype : {DType::f32, DType::f64}) {
         INFO(dtype_name(dtype));
         Generator gen(20261125 + static_cast<int>(dtype));
         const std::vector<Tensor> values = {
-            Tensor::normal({batch, 3, 32, 32}, 0.0, 1.0, gen, dtype), Tensor::normal({16, 3, 5, 5}, 0.0, 0.2, gen, dtype),
-            Tensor::normal({16}, 0.0, 0.1, gen, dtype), Tensor::normal({classes, 16384}, 0.0, 0.01, gen, dtype),
+            Tensor::normal({batch, 3, 64, 64}, 0.0, 1.0, gen, dtype), Tensor::normal({16, 3, 5, 5}, 0.0, 0.2, gen, dtype),
+            Tensor::normal({16}, 0.0, 0.1, gen, dtype), Tensor::normal({classes, 65536}, 0.0, 0.005, gen, dtype),
             Tensor::normal({classes}, 0.0, 0.1, gen, dtype)};
         std::uniform_int_distribution<std::int64_t> pick(0, classes - 1);
         std::vector<std::int64_t> label_values(batch);
@@ -104,23 +106,60 @@ TEST_CASE("a deep matmul is bitwise the same on 1 and N threads and close to flo
     }
 }
 
-TEST_CASE("parallel_chunks runs every chunk once, on several threads where it can", "[threads]") {
+TEST_CASE("parallel_chunks runs every chunk once, on several threads", "[threads]") {
     const ThreadCountGuard guard;
     set_cpu_threads(2);
     std::vector<int> runs(16, 0);
-    std::vector<std::thread::id> ids(16);
+    std::mutex mutex;
+    std::set<std::thread::id> ids;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     parallel_chunks(16, [&](std::int64_t c) {
         ++runs[static_cast<std::size_t>(c)];
-        ids[static_cast<std::size_t>(c)] = std::this_thread::get_id();
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        {
+            const std::lock_guard<std::mutex> lock(mutex);
+            ids.insert(std::this_thread::get_id());
+        }
+        // Each chunk holds its thread until a second thread has taken one (or 10 s have passed).
+        for (;;) {
+            {
+                const std::lock_guard<std::mutex> lock(mutex);
+                if (ids.size() >= 2) break;
+            }
+            if (std::chrono::steady_clock::now() > deadline) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
     });
     CHECK(runs == std::vector<int>(16, 1));
-    if (cpu_parallel_available()) CHECK(std::set<std::thread::id>(ids.begin(), ids.end()).size() == 2);
-    // An exception in a chunk comes back to the caller once, as itself.
+    CHECK(ids.size() == 2);
+    // An exception in a chunk comes back to the caller once, as itself; the pool stays usable.
     CHECK_THROWS_AS(parallel_chunks(8, [](std::int64_t c) {
                         if (c == 5) throw IndexError("chunk 5");
                     }),
                     IndexError);
+    std::atomic<int> count{0};
+    parallel_chunks(8, [&](std::int64_t) { ++count; });
+    CHECK(count == 8);
+}
+
+TEST_CASE("chunks started inside a chunk, or from two threads at once, run in turn with the same results",
+          "[threads]") {
+    const ThreadCountGuard guard;
+    set_cpu_threads(2);
+    std::vector<int> runs(64, 0);
+    parallel_chunks(8, [&](std::int64_t outer) {
+        parallel_chunks(8, [&](std::int64_t inner) { ++runs[static_cast<std::size_t>(outer * 8 + inner)]; });
+    });
+    CHECK(runs == std::vector<int>(64, 1));
+    Generator gen(5);
+    const Tensor a = Tensor::normal({300, 1000}, 0.0, 1.0, gen);
+    const Tensor b = Tensor::normal({1000, 300}, 0.0, 1.0, gen);
+    const Tensor expected = eager(OpType::Matmul, {a, b});
+    Tensor first, second;
+    std::thread other([&] { first = eager(OpType::Matmul, {a, b}); });
+    second = eager(OpType::Matmul, {a, b});
+    other.join();
+    CHECK(bitwise_equal(first, expected));
+    CHECK(bitwise_equal(second, expected));
 }
 
 TEST_CASE("chunks depend on the sizes only and cover every item once", "[threads]") {
