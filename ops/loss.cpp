@@ -319,13 +319,12 @@ template <typename T> struct ReductionScale {
     T mean_scale;  // dy / (the mean's denominator)
     ReductionScale(Reduction r, const Tensor& grad_output, double denominator)
         : reduction(r), dy(grad_output.data<T>()),
-          mean_scale(static_cast<T>(static_cast<double>(dy[0]) / denominator)) {}
+          mean_scale(r == Reduction::None ? T(0) : static_cast<T>(static_cast<double>(dy[0]) / denominator)) {}
     T operator()(std::int64_t i) const {
         if (reduction == Reduction::None) return dy[i];
         return reduction == Reduction::Sum ? dy[0] : mean_scale;
     }
 };
-
 
 }  // namespace
 
