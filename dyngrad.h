@@ -8,6 +8,7 @@
 #include "dyngrad/core/dtype.h"
 #include "dyngrad/core/error.h"
 #include "dyngrad/core/idx.h"
+#include "dyngrad/core/parallel.h"
 #include "dyngrad/core/safetensors.h"
 #include "dyngrad/core/shape.h"
 #include "dyngrad/core/tensor.h"

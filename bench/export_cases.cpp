@@ -55,12 +55,17 @@ std::string number(double value) {
 
 // Attributes added later are written only where a case sets them (the reference reads them with a default),
 // so adding one leaves the goldens of every other op unchanged.
+const char* reduction_name(Reduction reduction);
+
 std::string optional_attrs(const OpAttrs& a) {
     std::string out;
     if (a.clamp_min) out += str(", \"clamp_min\": ", number(*a.clamp_min));
     if (a.clamp_max) out += str(", \"clamp_max\": ", number(*a.clamp_max));
     if (a.gelu_approximation == GeluApproximation::Tanh) out += ", \"gelu_approximate\": \"tanh\"";
     if (a.padding_idx >= 0) out += str(", \"padding_idx\": ", a.padding_idx);
+    if (a.reduction != Reduction::Mean) out += str(", \"reduction\": ", quoted(reduction_name(a.reduction)));
+    if (a.ignore_index != -100) out += str(", \"ignore_index\": ", a.ignore_index);
+    if (a.label_smoothing != 0) out += str(", \"label_smoothing\": ", number(a.label_smoothing));
     return out;
 }
 
@@ -69,6 +74,15 @@ std::string int_list(const Range& values) {
     std::string out = "[";
     for (const auto v : values) out += str(out.size() > 1 ? ", " : "", v);
     return out + "]";
+}
+
+const char* reduction_name(Reduction reduction) {
+    switch (reduction) {
+        case Reduction::Mean: return "mean";
+        case Reduction::Sum: return "sum";
+        case Reduction::None: return "none";
+    }
+    return "?";
 }
 
 std::string attrs_json(const OpAttrs& a) {

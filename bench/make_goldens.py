@@ -117,6 +117,26 @@ def dropout(xs, a):
     return x * keep.to(x.dtype) / (1 - p)
 
 
+def reduction(a):
+    return a.get("reduction", "mean")  # goldens written before losses had a reduction hold none: the mean
+
+
+def class_loss(fn, **extra):
+    """cross_entropy / nll_loss: (input (N,C), labels (N)[, class weights (C)])."""
+    def apply(xs, a):
+        weight = xs[2] if len(xs) > 2 else None
+        return fn(xs[0], xs[1], weight=weight, ignore_index=a.get("ignore_index", -100), reduction=reduction(a),
+                  **{k: a.get(v, 0.0) for k, v in extra.items()})
+    return apply
+
+
+def bce_with_logits(xs, a):
+    weight = xs[2] if len(xs) > 2 else None
+    pos_weight = xs[3] if len(xs) > 3 else None
+    return F.binary_cross_entropy_with_logits(xs[0], xs[1], weight=weight, pos_weight=pos_weight,
+                                              reduction=reduction(a))
+
+
 RNN_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 
 
@@ -223,8 +243,12 @@ REFERENCES = {
     "argmin": unary(lambda x, a: torch.argmin(x, dim=a["axis"], keepdim=a["keepdim"])),
     "softmax": unary(lambda x, a: torch.softmax(x, dim=a["axis"])),
     "log_softmax": unary(lambda x, a: torch.log_softmax(x, dim=a["axis"])),
-    "cross_entropy": binary(lambda logits, labels: F.cross_entropy(logits, labels, reduction="mean")),
+    "cross_entropy": class_loss(F.cross_entropy, label_smoothing="label_smoothing"),
     "mse_loss": binary(lambda prediction, target: F.mse_loss(prediction, target, reduction="mean")),
+    "nll_loss": class_loss(F.nll_loss),
+    "binary_cross_entropy_with_logits": bce_with_logits,
+    "l1_loss": lambda xs, a: F.l1_loss(xs[0], xs[1], reduction=reduction(a)),
+    "smooth_l1_loss": lambda xs, a: F.smooth_l1_loss(xs[0], xs[1], reduction=reduction(a), beta=a["scalar"]),
     "conv2d": conv2d,
     "max_pool2d": max_pool2d,
     "avg_pool2d": avg_pool2d,

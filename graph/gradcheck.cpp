@@ -109,12 +109,16 @@ std::vector<Tensor> make_case_inputs(const OpCase& c, DType dtype, Generator& ge
                 for (auto& v : values) v = sign(gen.engine()) ? dist(gen.engine()) : -dist(gen.engine());
                 break;
             }
-            case InputDomain::Labels: {
+            case InputDomain::Labels:
+            case InputDomain::LabelsIgnored: {
                 if (c.shapes.empty() || c.shapes[0].size() < 2)
                     throw ValueError(str("case '", c.label, "': Labels need input 0 of rank >= 2 (N,C)"));
                 std::uniform_int_distribution<std::int64_t> dist(0, c.shapes[0][1] - 1);
                 std::vector<std::int64_t> labels(n);
                 for (auto& v : labels) v = dist(gen.engine());
+                // Fixed positions, no extra draws: the inputs after this one stay those of a Labels case.
+                if (domain == InputDomain::LabelsIgnored)
+                    for (std::size_t k = 1; k < n; k += 4) labels[k] = c.attrs.ignore_index;
                 inputs.push_back(Tensor::from_vector(labels, shape, device));
                 continue;
             }
@@ -142,8 +146,8 @@ std::vector<Tensor> make_case_inputs(const OpCase& c, DType dtype, Generator& ge
 
 bool gradient_checked(const OpCase& c, std::size_t input, const Tensor& value) {
     const InputDomain domain = input < c.domains.size() ? c.domains[input] : InputDomain::Any;
-    return is_floating(value.dtype()) && domain != InputDomain::Labels && domain != InputDomain::Constant &&
-           domain != InputDomain::Indices && domain != InputDomain::Mask;
+    return is_floating(value.dtype()) && domain != InputDomain::Labels && domain != InputDomain::LabelsIgnored &&
+           domain != InputDomain::Constant && domain != InputDomain::Indices && domain != InputDomain::Mask;
 }
 
 OpRun run_op(const OpDef& def, const OpCase& c, const std::vector<Tensor>& inputs, const Tensor& grad_output) {

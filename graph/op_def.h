@@ -27,10 +27,12 @@ enum class Activation : std::uint8_t { None, Relu };
 
 // gelu's form (PyTorch's `approximate`): None is x·Φ(x) with the erf, Tanh the tanh approximation.
 enum class GeluApproximation : std::uint8_t { None, Tanh };
+// How a loss reduces its per-element (or per-row) losses, as PyTorch's `reduction` argument.
+enum class Reduction : std::uint8_t { Mean, Sum, None };
 
 // Attributes of a node. Each op reads the fields its table row documents.
 struct OpAttrs {
-    double scalar = 0.0;              // add/mul scalar operand, pow exponent, leaky slope, elu alpha, clip ceiling
+    double scalar = 0.0;  // add/mul scalar operand, pow exponent, leaky slope, elu alpha, clip ceiling, smooth_l1 beta
     std::vector<std::int64_t> axes;   // sum/mean axes (empty: all); transpose: the two axes swapped
     std::int64_t axis = -1;           // max, softmax, log_softmax, narrow, concat
     std::int64_t start = 0;           // narrow: first index along `axis`
@@ -61,6 +63,10 @@ struct OpAttrs {
     // rnn: keep what backward needs (cuDNN's reserve space). The op function sets it from grad_enabled(),
     // so that kernels receive what to save instead of reading engine state.
     bool save_for_backward = true;
+    // losses (ops/loss.h)
+    Reduction reduction = Reduction::Mean;  // cross_entropy, nll_loss, bce_with_logits, l1_loss, smooth_l1_loss
+    std::int64_t ignore_index = -100;       // cross_entropy, nll_loss: rows with this target add nothing
+    double label_smoothing = 0.0;           // cross_entropy: weight of the uniform target, in [0, 1]
 };
 
 struct OutputSpec {
@@ -101,6 +107,7 @@ enum class InputDomain : std::uint8_t {
     Positive,      // uniform [0.5, 2]  (log, sqrt, pow, div denominators)
     AwayFromZero,  // |x| in [0.2, 2], random sign (kinks at 0: abs, relu family)
     Labels,        // int64 class indices in [0, inputs[0].shape[1])
+    LabelsIgnored, // Labels, with those at indices 1, 5, 9, ... set to OpAttrs::ignore_index
     Constant,      // no gradient is checked for it (e.g. batch_norm running statistics); uniform [0.5, 2]
     Indices,       // int64 in [0, n), n = size of axis attrs.axis of input 0 (gather, index_select, scatter_add;
                    // embedding's cases set axis 0: the weight's rows); no gradient

@@ -26,7 +26,7 @@ enum class OpType : std::uint16_t {
     // the int64 index of the first maximum / minimum along one axis (ops/reduce); not differentiable
     ArgMax, ArgMin,
     // normalised exponentials and losses (ops/loss)
-    Softmax, LogSoftmax, CrossEntropy, MseLoss,
+    Softmax, LogSoftmax, CrossEntropy, MseLoss, NllLoss, BceWithLogits, L1Loss, SmoothL1Loss,
     // convolution and pooling, NCHW (ops/conv, ops/pool)
     Conv2d, MaxPool2d, AvgPool2d,
     // normalisation and regularisation (ops/norm)

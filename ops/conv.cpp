@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dyngrad/core/checked.h"
+#include "dyngrad/ops/cpu_parallel.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
 
@@ -213,20 +214,26 @@ Tensor conv2d_forward(const ForwardArgs& args) {
     const ConvDims d = conv_dims(x, w, args.attrs, y.shape());
     const std::int64_t pq = d.p * d.q;
     const std::int64_t rows = d.cg * d.r * d.s;
-    const Tensor col_buffer = im2col_buffer(d, x.dtype());
+    // Images are independent: fixed chunks of them run in parallel, each with its own column buffer.
+    const std::int64_t chunks = chunk_count(d.n, d.k * pq * rows);
     dispatch_floating(x.dtype(), "conv2d", [&]<typename T>() {
-        T* col = col_buffer.data<T>();
-        for (std::int64_t n = 0; n < d.n; ++n)
-            for (std::int64_t g = 0; g < d.groups; ++g) {
-                im2col(x.data<T>() + (n * d.c + g * d.cg) * d.h * d.w, d, col);
-                const ConstMatrixMap<T> W(w.data<T>() + g * d.kg * rows, d.kg, rows);
-                const ConstMatrixMap<T> Col(col, rows, pq);
-                MatrixMap<T> Y(y.data<T>() + (n * d.k + g * d.kg) * pq, d.kg, pq);
-                Y.noalias() = W * Col;
-                if (has_bias) Y.colwise() += Eigen::Map<const Vector<T>>(args.inputs[2].data<T>() + g * d.kg, d.kg);
-                if (args.attrs.activation == Activation::Relu)
-                    Y = Y.unaryExpr([](T v) { return math::ReluOp::forward(v, T(0)); });
-            }
+        parallel_chunks(chunks, [&](std::int64_t chunk) {
+            const ChunkRange images = chunk_range(d.n, chunks, chunk);
+            const Tensor col_buffer = im2col_buffer(d, x.dtype());
+            T* col = col_buffer.data<T>();
+            for (std::int64_t n = images.begin; n < images.end; ++n)
+                for (std::int64_t g = 0; g < d.groups; ++g) {
+                    im2col(x.data<T>() + (n * d.c + g * d.cg) * d.h * d.w, d, col);
+                    const ConstMatrixMap<T> W(w.data<T>() + g * d.kg * rows, d.kg, rows);
+                    const ConstMatrixMap<T> Col(col, rows, pq);
+                    MatrixMap<T> Y(y.data<T>() + (n * d.k + g * d.kg) * pq, d.kg, pq);
+                    parallel_gemm(Y, W, Col);
+                    if (has_bias)
+                        Y.colwise() += Eigen::Map<const Vector<T>>(args.inputs[2].data<T>() + g * d.kg, d.kg);
+                    if (args.attrs.activation == Activation::Relu)
+                        Y = Y.unaryExpr([](T v) { return math::ReluOp::forward(v, T(0)); });
+                }
+        });
     });
     return y;
 }
@@ -259,26 +266,41 @@ std::vector<Tensor> conv2d_backward(const BackwardArgs& args) {
     const ConvDims d = conv_dims(x, w, args.attrs, dz.shape());
     const std::int64_t pq = d.p * d.q;
     const std::int64_t rows = d.cg * d.r * d.s;
-    const Tensor col_buffer = im2col_buffer(d, x.dtype());
+    // Fixed chunks of images in parallel, each with its own column buffer: dx per image (independent), and
+    // dw as one partial sum per chunk (its images in order), the partials then added in chunk order.
+    const std::int64_t chunks = chunk_count(d.n, d.k * pq * rows * 2);
     dispatch_floating(x.dtype(), "conv2d backward", [&]<typename T>() {
         if (args.needs_grad[0]) grads[0] = Tensor::zeros(x.shape(), x.dtype(), x.device());
         if (args.needs_grad[1]) grads[1] = Tensor::zeros(w.shape(), w.dtype(), w.device());
-        T* col = col_buffer.data<T>();
-        for (std::int64_t n = 0; n < d.n; ++n)
-            for (std::int64_t g = 0; g < d.groups; ++g) {
-                const ConstMatrixMap<T> dZ(dz.data<T>() + (n * d.k + g * d.kg) * pq, d.kg, pq);
-                MatrixMap<T> Col(col, rows, pq);
-                if (grads[0].defined()) {
-                    const ConstMatrixMap<T> W(w.data<T>() + g * d.kg * rows, d.kg, rows);
-                    Col.noalias() = W.transpose() * dZ;
-                    col2im_add(col, d, grads[0].data<T>() + (n * d.c + g * d.cg) * d.h * d.w);
+        std::vector<Tensor> dw_partials(grads[1].defined() ? static_cast<std::size_t>(std::max<std::int64_t>(chunks, 1)) : 0);
+        parallel_chunks(chunks, [&](std::int64_t chunk) {
+            const ChunkRange images = chunk_range(d.n, chunks, chunk);
+            const Tensor col_buffer = im2col_buffer(d, x.dtype());
+            T* col = col_buffer.data<T>();
+            Tensor dw_partial;
+            if (grads[1].defined())
+                dw_partial = chunk == 0 ? grads[1] : Tensor::zeros(w.shape(), w.dtype(), w.device());
+            for (std::int64_t n = images.begin; n < images.end; ++n)
+                for (std::int64_t g = 0; g < d.groups; ++g) {
+                    const ConstMatrixMap<T> dZ(dz.data<T>() + (n * d.k + g * d.kg) * pq, d.kg, pq);
+                    MatrixMap<T> Col(col, rows, pq);
+                    if (grads[0].defined()) {
+                        const ConstMatrixMap<T> W(w.data<T>() + g * d.kg * rows, d.kg, rows);
+                        parallel_gemm(Col, W.transpose(), dZ);
+                        col2im_add(col, d, grads[0].data<T>() + (n * d.c + g * d.cg) * d.h * d.w);
+                    }
+                    if (dw_partial.defined()) {
+                        im2col(x.data<T>() + (n * d.c + g * d.cg) * d.h * d.w, d, col);
+                        MatrixMap<T> dW(dw_partial.data<T>() + g * d.kg * rows, d.kg, rows);
+                        parallel_gemm(dW, dZ, Col.transpose(), /*accumulate=*/true);
+                    }
                 }
-                if (grads[1].defined()) {
-                    im2col(x.data<T>() + (n * d.c + g * d.cg) * d.h * d.w, d, col);
-                    MatrixMap<T> dW(grads[1].data<T>() + g * d.kg * rows, d.kg, rows);
-                    dW.noalias() += dZ * Col.transpose();
-                }
-            }
+            if (dw_partial.defined()) dw_partials[static_cast<std::size_t>(chunk)] = dw_partial;
+        });
+        for (std::size_t c = 1; c < dw_partials.size(); ++c) {
+            MatrixMap<T> dW(grads[1].data<T>(), 1, w.numel());
+            dW += ConstMatrixMap<T>(dw_partials[c].data<T>(), 1, w.numel());
+        }
         if (args.inputs.size() == 3 && args.needs_grad[2]) {
             const Tensor& b = args.inputs[2];
             grads[2] = Tensor::empty(b.shape(), b.dtype(), b.device());

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string_view>
 
+#include "dyngrad/ops/cpu_parallel.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/reduce.h"
@@ -29,6 +30,15 @@ Eigen::Map<const Array1<T>> in(const Tensor& t) {
 template <typename T>
 Eigen::Map<Array1<T>> out(const Tensor& t) {
     return {t.data<T>(), t.numel()};
+}
+// Elements [begin, end) of a tensor, for the chunks of parallel_elements (ops/cpu_parallel.h).
+template <typename T>
+Eigen::Map<const Array1<T>> in(const Tensor& t, std::int64_t begin, std::int64_t end) {
+    return {t.data<T>() + begin, end - begin};
+}
+template <typename T>
+Eigen::Map<Array1<T>> out(const Tensor& t, std::int64_t begin, std::int64_t end) {
+    return {t.data<T>() + begin, end - begin};
 }
 
 Var record_unary(OpType op, const Var& x, double s, Loc where) {
@@ -368,7 +378,9 @@ Tensor unary_forward(const ForwardArgs& args) {
     dispatch_floating(x.dtype(), "unary_forward", [&]<typename T>() {
         const math::UnaryScalars<T> p = math::unary_scalars<T>(args.attrs);
         math::visit_unary(args.op, args.attrs, [&]<typename Op>(Op) {
-            out<T>(y) = in<T>(x).unaryExpr([p](T v) { return math::apply_forward<Op>(v, p); });
+            parallel_elements(y.numel(), [&](std::int64_t b, std::int64_t e) {
+                out<T>(y, b, e) = in<T>(x, b, e).unaryExpr([p](T v) { return math::apply_forward<Op>(v, p); });
+            });
         });
     });
     return y;
@@ -383,7 +395,10 @@ std::vector<Tensor> unary_backward(const BackwardArgs& args) {
         const math::UnaryScalars<T> p = math::unary_scalars<T>(args.attrs);
         math::visit_unary(args.op, args.attrs, [&]<typename Op>(Op) {
             const auto derivative = [p](T xv, T yv) { return math::apply_derivative<Op>(xv, yv, p); };
-            out<T>(dx) = in<T>(args.grad_output) * in<T>(x).binaryExpr(in<T>(args.output), derivative);
+            parallel_elements(dx.numel(), [&](std::int64_t b, std::int64_t e) {
+                out<T>(dx, b, e) =
+                    in<T>(args.grad_output, b, e) * in<T>(x, b, e).binaryExpr(in<T>(args.output, b, e), derivative);
+            });
         });
     });
     return {dx};
@@ -398,7 +413,9 @@ Tensor binary_forward(const ForwardArgs& args) {
         math::visit_binary(args.op, [&]<typename Op>(Op) {
             const auto f = [](T u, T v) { return Op::forward(u, v); };
             if (a.shape() == b.shape())
-                out<T>(y) = in<T>(a).binaryExpr(in<T>(b), f);
+                parallel_elements(y.numel(), [&](std::int64_t i, std::int64_t e) {
+                    out<T>(y, i, e) = in<T>(a, i, e).binaryExpr(in<T>(b, i, e), f);
+                });
             else
                 broadcast_runs(plan_broadcast(y.shape(), a.shape(), b.shape()), a.data<T>(), b.data<T>(), f,
                                [yp = y.data<T>()](std::int64_t iy, std::int64_t n, const auto& values) {
@@ -423,7 +440,9 @@ std::vector<Tensor> binary_backward(const BackwardArgs& args) {
             const auto gradient = [&](auto partial) {
                 Tensor d = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
                 if (same_shape) {
-                    out<T>(d) = in<T>(dy) * in<T>(a).binaryExpr(in<T>(b), partial);
+                    parallel_elements(d.numel(), [&](std::int64_t i, std::int64_t e) {
+                        out<T>(d, i, e) = in<T>(dy, i, e) * in<T>(a, i, e).binaryExpr(in<T>(b, i, e), partial);
+                    });
                 } else {
                     broadcast_runs(plan, a.data<T>(), b.data<T>(), partial,
                                    [dp = d.data<T>(), dyp = dy.data<T>()](std::int64_t iy, std::int64_t n,
@@ -446,7 +465,9 @@ void accumulate_into(Tensor& dst, const Tensor& src) {
         throw DTypeError(str("accumulate ", dtype_name(src.dtype()), " into ", dtype_name(dst.dtype())));
     if (dst.shape() != src.shape())
         throw ShapeError(str("accumulate ", to_string(src.shape()), " into ", to_string(dst.shape())));
-    dispatch_floating(dst.dtype(), "accumulate_into", [&]<typename T>() { out<T>(dst) += in<T>(src); });
+    dispatch_floating(dst.dtype(), "accumulate_into", [&]<typename T>() {
+        parallel_elements(dst.numel(), [&](std::int64_t b, std::int64_t e) { out<T>(dst, b, e) += in<T>(src, b, e); });
+    });
 }
 
 }  // namespace cpu

@@ -30,7 +30,9 @@ OutputSpec reduce_axes(OpType, std::span<const Tensor>, const OpAttrs&);  // sum
 OutputSpec reduce_axis(OpType, std::span<const Tensor>, const OpAttrs&);  // max
 OutputSpec arg_reduce(OpType, std::span<const Tensor>, const OpAttrs&);   // argmax, argmin (int64)
 OutputSpec along_axis(OpType, std::span<const Tensor>, const OpAttrs&);   // softmax, log_softmax
-OutputSpec cross_entropy(OpType, std::span<const Tensor>, const OpAttrs&);
+OutputSpec cross_entropy(OpType, std::span<const Tensor>, const OpAttrs&);    // cross_entropy, nll_loss
+OutputSpec bce_with_logits(OpType, std::span<const Tensor>, const OpAttrs&);
+OutputSpec pointwise_loss(OpType, std::span<const Tensor>, const OpAttrs&);   // l1_loss, smooth_l1_loss
 OutputSpec mse_loss(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec conv2d(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec pool2d(OpType, std::span<const Tensor>, const OpAttrs&);      // max_pool2d, avg_pool2d
@@ -110,8 +112,10 @@ Tensor max_forward(const ForwardArgs&);
 std::vector<Tensor> max_backward(const BackwardArgs&);
 Tensor softmax_forward(const ForwardArgs&); /* softmax, log_softmax */
 std::vector<Tensor> softmax_backward(const BackwardArgs&);
-Tensor cross_entropy_forward(const ForwardArgs&);
+Tensor cross_entropy_forward(const ForwardArgs&); /* cross_entropy, nll_loss */
 std::vector<Tensor> cross_entropy_backward(const BackwardArgs&);
+Tensor pointwise_loss_forward(const ForwardArgs&); /* bce_with_logits, l1_loss, smooth_l1_loss */
+std::vector<Tensor> pointwise_loss_backward(const BackwardArgs&);
 Tensor mse_loss_forward(const ForwardArgs&);
 std::vector<Tensor> mse_loss_backward(const BackwardArgs&);
 Tensor conv2d_forward(const ForwardArgs&);
@@ -168,8 +172,10 @@ Tensor max_forward(const ForwardArgs&);
 std::vector<Tensor> max_backward(const BackwardArgs&);
 Tensor softmax_forward(const ForwardArgs&); /* softmax, log_softmax */
 std::vector<Tensor> softmax_backward(const BackwardArgs&);
-Tensor cross_entropy_forward(const ForwardArgs&);
+Tensor cross_entropy_forward(const ForwardArgs&); /* cross_entropy, nll_loss */
 std::vector<Tensor> cross_entropy_backward(const BackwardArgs&);
+Tensor pointwise_loss_forward(const ForwardArgs&); /* bce_with_logits, l1_loss, smooth_l1_loss */
+std::vector<Tensor> pointwise_loss_backward(const BackwardArgs&);
 Tensor mse_loss_forward(const ForwardArgs&);
 std::vector<Tensor> mse_loss_backward(const BackwardArgs&);
 Tensor conv2d_forward(const ForwardArgs&);

@@ -10,6 +10,7 @@
 #include <Eigen/Core>
 
 #include "dyngrad/core/checked.h"
+#include "dyngrad/ops/cpu_parallel.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
@@ -149,7 +150,7 @@ Tensor matmul_forward(const ForwardArgs& args) {
             const ConstMatrixMap<T> A(a.data<T>() + i * d.m * d.k, d.m, d.k);
             const ConstMatrixMap<T> B(b.data<T>() + i * d.k * d.n, d.k, d.n);
             MatrixMap<T> Y(y.data<T>() + i * d.m * d.n, d.m, d.n);
-            Y.noalias() = A * B;
+            parallel_gemm(Y, A, B);
         }
     });
     return y;
@@ -171,11 +172,11 @@ std::vector<Tensor> matmul_backward(const BackwardArgs& args) {
             const ConstMatrixMap<T> dY(dy.data<T>() + i * d.m * d.n, d.m, d.n);
             if (grads[0].defined()) {
                 MatrixMap<T> dA(grads[0].data<T>() + i * d.m * d.k, d.m, d.k);
-                dA.noalias() = dY * B.transpose();
+                parallel_gemm(dA, dY, B.transpose());
             }
             if (grads[1].defined()) {
                 MatrixMap<T> dB(grads[1].data<T>() + i * d.k * d.n, d.k, d.n);
-                dB.noalias() = A.transpose() * dY;
+                parallel_gemm(dB, A.transpose(), dY);
             }
         }
     });
@@ -193,7 +194,7 @@ Tensor linear_forward(const ForwardArgs& args) {
         const ConstMatrixMap<T> W(w.data<T>(), w.size(0), w.size(1));
         const Eigen::Map<const RowVector<T>> bias(b.data<T>(), b.size(0));
         MatrixMap<T> Y(y.data<T>(), y.size(0), y.size(1));
-        Y.noalias() = X * W.transpose();
+        parallel_gemm(Y, X, W.transpose());
         Y.rowwise() += bias;
         // ReluOp's formula (ops/elementwise_math.h): NaN propagates, as in the relu op.
         if (args.attrs.activation == Activation::Relu) Y = Y.unaryExpr([](T v) { return math::ReluOp::forward(v, T(0)); });
@@ -222,11 +223,11 @@ std::vector<Tensor> linear_backward(const BackwardArgs& args) {
         const ConstMatrixMap<T> dZ(dz, dy.size(0), dy.size(1));
         if (args.needs_grad[0]) {
             grads[0] = Tensor::empty(x.shape(), x.dtype(), x.device());
-            MatrixMap<T>(grads[0].data<T>(), x.size(0), x.size(1)).noalias() = dZ * W;
+            parallel_gemm(MatrixMap<T>(grads[0].data<T>(), x.size(0), x.size(1)), dZ, W);
         }
         if (args.needs_grad[1]) {
             grads[1] = Tensor::empty(w.shape(), w.dtype(), w.device());
-            MatrixMap<T>(grads[1].data<T>(), w.size(0), w.size(1)).noalias() = dZ.transpose() * X;
+            parallel_gemm(MatrixMap<T>(grads[1].data<T>(), w.size(0), w.size(1)), dZ.transpose(), X);
         }
         if (args.needs_grad[2]) {
             grads[2] = Tensor::empty(b.shape(), b.dtype(), b.device());

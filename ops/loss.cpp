@@ -2,9 +2,14 @@
 // GPU: ops/loss.cu.
 #include "dyngrad/ops/loss.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include <Eigen/Core>
 
+#include "dyngrad/graph/eager.h"
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/loss_math.h"
 
 namespace dyngrad {
 
@@ -21,15 +26,84 @@ Var log_softmax(const Var& x, std::int64_t axis, std::source_location where) {
     return x.graph().record(OpType::LogSoftmax, {x}, attrs, where);
 }
 
-Var cross_entropy(const Var& logits, const Var& labels, std::source_location where) {
-    return logits.graph().record(OpType::CrossEntropy, {logits, labels}, {}, where);
+namespace {
+
+OpAttrs class_loss_attrs(Reduction reduction, std::int64_t ignore_index, double label_smoothing) {
+    OpAttrs attrs;
+    attrs.reduction = reduction;
+    attrs.ignore_index = ignore_index;
+    attrs.label_smoothing = label_smoothing;
+    return attrs;
+}
+
+OpAttrs reduction_attrs(Reduction reduction, double beta = 0.0) {
+    OpAttrs attrs;
+    attrs.reduction = reduction;
+    attrs.scalar = beta;
+    return attrs;
+}
+
+}  // namespace
+
+Var cross_entropy(const Var& logits, const Var& labels, const CrossEntropyOptions& options,
+                  std::source_location where) {
+    return logits.graph().record(
+        OpType::CrossEntropy, {logits, labels},
+        class_loss_attrs(options.reduction, options.ignore_index, options.label_smoothing), where);
+}
+
+Var cross_entropy(const Var& logits, const Var& labels, const Var& class_weight, const CrossEntropyOptions& options,
+                  std::source_location where) {
+    return logits.graph().record(
+        OpType::CrossEntropy, {logits, labels, class_weight},
+        class_loss_attrs(options.reduction, options.ignore_index, options.label_smoothing), where);
+}
+
+Var nll_loss(const Var& log_probs, const Var& labels, const NllLossOptions& options, std::source_location where) {
+    return log_probs.graph().record(OpType::NllLoss, {log_probs, labels},
+                                    class_loss_attrs(options.reduction, options.ignore_index, 0.0), where);
+}
+
+Var nll_loss(const Var& log_probs, const Var& labels, const Var& class_weight, const NllLossOptions& options,
+             std::source_location where) {
+    return log_probs.graph().record(OpType::NllLoss, {log_probs, labels, class_weight},
+                                    class_loss_attrs(options.reduction, options.ignore_index, 0.0), where);
+}
+
+Var binary_cross_entropy_with_logits(const Var& logits, const Var& target, Reduction reduction,
+                                     std::source_location where) {
+    return logits.graph().record(OpType::BceWithLogits, {logits, target}, reduction_attrs(reduction), where);
+}
+
+Var binary_cross_entropy_with_logits(const Var& logits, const Var& target, const Var& weight, const Var& pos_weight,
+                                     Reduction reduction, std::source_location where) {
+    ComputeGraph& graph = logits.graph();
+    if (!pos_weight.defined()) {
+        if (!weight.defined()) return binary_cross_entropy_with_logits(logits, target, reduction, where);
+        return graph.record(OpType::BceWithLogits, {logits, target, weight}, reduction_attrs(reduction), where);
+    }
+    // pos_weight is the fourth input, so a missing weight is a constant 1 (a scalar: it broadcasts).
+    const Var unit_weight =
+        weight.defined() ? weight : graph.constant(Tensor::ones({}, logits.dtype(), logits.device()), where);
+    return graph.record(OpType::BceWithLogits, {logits, target, unit_weight, pos_weight}, reduction_attrs(reduction),
+                        where);
 }
 
 Var mse_loss(const Var& prediction, const Var& target, std::source_location where) {
     return prediction.graph().record(OpType::MseLoss, {prediction, target}, {}, where);
 }
 
-// ---- eager calls (graph/eager.h): the same ops on Tensors ----
+Var l1_loss(const Var& prediction, const Var& target, Reduction reduction, std::source_location where) {
+    return prediction.graph().record(OpType::L1Loss, {prediction, target}, reduction_attrs(reduction), where);
+}
+
+Var smooth_l1_loss(const Var& prediction, const Var& target, Reduction reduction, double beta,
+                   std::source_location where) {
+    return prediction.graph().record(OpType::SmoothL1Loss, {prediction, target}, reduction_attrs(reduction, beta),
+                                     where);
+}
+
+// ---- eager overloads: the same ops on Tensors (graph/eager.h) ----
 Tensor softmax(const Tensor& x, std::int64_t axis, std::source_location where) {
     OpAttrs attrs;
     attrs.axis = axis;
@@ -40,11 +114,48 @@ Tensor log_softmax(const Tensor& x, std::int64_t axis, std::source_location wher
     attrs.axis = axis;
     return eager(OpType::LogSoftmax, {x}, attrs, where);
 }
-Tensor cross_entropy(const Tensor& logits, const Tensor& labels, std::source_location where) {
-    return eager(OpType::CrossEntropy, {logits, labels}, {}, where);
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntropyOptions& options,
+                     std::source_location where) {
+    return eager(OpType::CrossEntropy, {logits, labels},
+                 class_loss_attrs(options.reduction, options.ignore_index, options.label_smoothing), where);
+}
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& class_weight,
+                     const CrossEntropyOptions& options, std::source_location where) {
+    return eager(OpType::CrossEntropy, {logits, labels, class_weight},
+                 class_loss_attrs(options.reduction, options.ignore_index, options.label_smoothing), where);
+}
+Tensor nll_loss(const Tensor& log_probs, const Tensor& labels, const NllLossOptions& options,
+                std::source_location where) {
+    return eager(OpType::NllLoss, {log_probs, labels}, class_loss_attrs(options.reduction, options.ignore_index, 0.0),
+                 where);
+}
+Tensor nll_loss(const Tensor& log_probs, const Tensor& labels, const Tensor& class_weight,
+                const NllLossOptions& options, std::source_location where) {
+    return eager(OpType::NllLoss, {log_probs, labels, class_weight},
+                 class_loss_attrs(options.reduction, options.ignore_index, 0.0), where);
+}
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target, Reduction reduction,
+                                        std::source_location where) {
+    return eager(OpType::BceWithLogits, {logits, target}, reduction_attrs(reduction), where);
+}
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target, const Tensor& weight,
+                                        const Tensor& pos_weight, Reduction reduction, std::source_location where) {
+    if (!pos_weight.defined()) {
+        if (!weight.defined()) return eager(OpType::BceWithLogits, {logits, target}, reduction_attrs(reduction), where);
+        return eager(OpType::BceWithLogits, {logits, target, weight}, reduction_attrs(reduction), where);
+    }
+    const Tensor unit_weight = weight.defined() ? weight : Tensor::ones({}, logits.dtype(), logits.device());
+    return eager(OpType::BceWithLogits, {logits, target, unit_weight, pos_weight}, reduction_attrs(reduction), where);
 }
 Tensor mse_loss(const Tensor& prediction, const Tensor& target, std::source_location where) {
     return eager(OpType::MseLoss, {prediction, target}, {}, where);
+}
+Tensor l1_loss(const Tensor& prediction, const Tensor& target, Reduction reduction, std::source_location where) {
+    return eager(OpType::L1Loss, {prediction, target}, reduction_attrs(reduction), where);
+}
+Tensor smooth_l1_loss(const Tensor& prediction, const Tensor& target, Reduction reduction, double beta,
+                      std::source_location where) {
+    return eager(OpType::SmoothL1Loss, {prediction, target}, reduction_attrs(reduction, beta), where);
 }
 
 // ---- shape rules ----
@@ -57,19 +168,96 @@ OutputSpec along_axis(OpType, std::span<const Tensor> inputs, const OpAttrs& att
     return {x.shape(), x.dtype()};
 }
 
-OutputSpec cross_entropy(OpType, std::span<const Tensor> inputs, const OpAttrs&) {
+namespace {
+
+// Also rejects a reduction that is none of the three (a cast integer), which no kernel would write.
+Shape reduced_shape(Reduction reduction, const Shape& unreduced) {
+    if (reduction != Reduction::Mean && reduction != Reduction::Sum && reduction != Reduction::None)
+        throw ValueError(str("reduction must be Mean, Sum or None, got ", static_cast<int>(reduction)));
+    return reduction == Reduction::None ? unreduced : Shape{};
+}
+
+void require_same_float(const Tensor& t, const char* role, const Tensor& reference, const char* reference_role) {
+    if (t.dtype() != reference.dtype())
+        throw DTypeError(str(role, " is ", dtype_name(t.dtype()), " but ", reference_role, " is ",
+                             dtype_name(reference.dtype())));
+}
+
+}  // namespace
+
+// cross_entropy: logits (N,C); nll_loss: log_probs (N,C); labels (N) int64; class weights (C) optional.
+OutputSpec cross_entropy(OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const char* role = op == OpType::NllLoss ? "log_probs" : "logits";
     const Tensor& logits = inputs[0];
     const Tensor& labels = inputs[1];
-    require_float(logits, "logits");
+    require_float(logits, role);
     if (labels.dtype() != DType::i64)
         throw DTypeError(str("labels must be int64, got ", dtype_name(labels.dtype())));
-    if (logits.rank() != 2) throw ShapeError(str("logits must be (N,C), got ", to_string(logits.shape())));
+    if (logits.rank() != 2) throw ShapeError(str(role, " must be (N,C), got ", to_string(logits.shape())));
     if (labels.shape() != Shape{logits.shape()[0]})
-        throw ShapeError(str("labels ", to_string(labels.shape()), " do not match logits ",
+        throw ShapeError(str("labels ", to_string(labels.shape()), " do not match ", role, " ",
                              to_string(logits.shape()), ": expected (", logits.shape()[0], ")"));
     if (logits.numel() == 0)
-        throw ShapeError(str("logits ", to_string(logits.shape()), " are empty: the mean needs N, C >= 1"));
-    return {{}, logits.dtype()};
+        throw ShapeError(str(role, " ", to_string(logits.shape()), " are empty: the loss needs N, C >= 1"));
+    if (inputs.size() > 2) {
+        const Tensor& weight = inputs[2];
+        require_same_float(weight, "class_weight", logits, role);
+        if (weight.shape() != Shape{logits.shape()[1]})
+            throw ShapeError(str("class_weight ", to_string(weight.shape()), " does not match the ",
+                                 logits.shape()[1], " classes of ", role, " ", to_string(logits.shape()),
+                                 ": expected (", logits.shape()[1], ")"));
+    }
+    if (!(attrs.label_smoothing >= 0.0 && attrs.label_smoothing <= 1.0))
+        throw ValueError(str("label_smoothing must be in [0, 1], got ", attrs.label_smoothing));
+    if (op == OpType::NllLoss && attrs.label_smoothing != 0.0)
+        throw ValueError(str("nll_loss takes no label_smoothing (got ", attrs.label_smoothing,
+                             "); cross_entropy does"));
+    return {reduced_shape(attrs.reduction, {logits.shape()[0]}), logits.dtype()};
+}
+
+// logits, target (the same shape); weight, pos_weight optional, each shaped as a suffix of the logits'.
+OutputSpec bce_with_logits(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const Tensor& logits = inputs[0];
+    require_float(logits, "logits");
+    require_same_float(inputs[1], "target", logits, "logits");
+    if (inputs[1].shape() != logits.shape())
+        throw ShapeError(str("target ", to_string(inputs[1].shape()), " and logits ", to_string(logits.shape()),
+                             " differ in shape"));
+    const char* roles[] = {"logits", "target", "weight", "pos_weight"};
+    for (std::size_t i = 2; i < inputs.size(); ++i) {
+        const Tensor& w = inputs[i];
+        require_same_float(w, roles[i], logits, "logits");
+        // Broadcast over leading axes only: the kernels read element k's weight at k mod numel.
+        const Shape& s = w.shape();
+        const Shape& x = logits.shape();
+        std::size_t lead = 0;  // leading 1s broadcast like missing axes
+        while (lead < s.size() && s[lead] == 1) ++lead;
+        const bool suffix = s.size() <= x.size() && std::equal(s.begin() + static_cast<std::ptrdiff_t>(lead), s.end(),
+                                                               x.end() - static_cast<std::ptrdiff_t>(s.size() - lead));
+        if (!suffix)
+            throw ShapeError(str(roles[i], " ", to_string(s), " does not broadcast to logits ", to_string(x),
+                                 " over leading axes: its shape must be a suffix of the logits' (e.g. (",
+                                 x.empty() ? 1 : x.back(), ") for the last axis)"));
+    }
+    if (logits.numel() == 0 && attrs.reduction == Reduction::Mean)
+        throw ShapeError(str("logits ", to_string(logits.shape()), " are empty: the mean needs at least one element"));
+    return {reduced_shape(attrs.reduction, logits.shape()), logits.dtype()};
+}
+
+// l1_loss, smooth_l1_loss: prediction, target (the same shape and dtype); smooth_l1's beta in OpAttrs::scalar.
+OutputSpec pointwise_loss(OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const Tensor& prediction = inputs[0];
+    const Tensor& target = inputs[1];
+    require_float(prediction, "prediction");
+    require_same_float(target, "target", prediction, "prediction");
+    if (prediction.shape() != target.shape())
+        throw ShapeError(str("prediction ", to_string(prediction.shape()), " and target ",
+                             to_string(target.shape()), " differ in shape"));
+    if (op == OpType::SmoothL1Loss && !(attrs.scalar >= 0.0 && std::isfinite(attrs.scalar)))
+        throw ValueError(str("beta must be finite and >= 0, got ", attrs.scalar));
+    if (prediction.numel() == 0 && attrs.reduction == Reduction::Mean)
+        throw ShapeError("inputs are empty: the mean needs at least one element");
+    return {reduced_shape(attrs.reduction, prediction.shape()), prediction.dtype()};
 }
 
 OutputSpec mse_loss(OpType, std::span<const Tensor> inputs, const OpAttrs&) {
@@ -115,13 +303,28 @@ AxisSplit split_at(const Shape& shape, std::int64_t axis) {
 }
 
 // Labels index rows of the logits, so they are checked before any use (in the backward too: the
-// tensor may have been changed since the forward).
-void check_labels(const Tensor& labels, std::int64_t classes) {
+// tensor may have been changed since the forward). ignore_index may lie anywhere, in [0,C) too.
+void check_labels(const Tensor& labels, std::int64_t classes, std::int64_t ignore_index) {
     const std::int64_t* label = labels.data<std::int64_t>();
     for (std::int64_t i = 0; i < labels.numel(); ++i)
-        if (label[i] < 0 || label[i] >= classes)
-            throw IndexError(str("label ", label[i], " at row ", i, " is out of range for ", classes, " classes"));
+        if ((label[i] < 0 || label[i] >= classes) && label[i] != ignore_index)
+            throw IndexError(str("label ", label[i], " at row ", i, " is out of range for ", classes,
+                                 " classes (ignore_index ", ignore_index, ")"));
 }
+
+// The factor of row (or element) i's loss in the reduced loss, times the upstream gradient dy.
+template <typename T> struct ReductionScale {
+    Reduction reduction;
+    const T* dy;
+    T mean_scale;  // dy / (the mean's denominator)
+    ReductionScale(Reduction r, const Tensor& grad_output, double denominator)
+        : reduction(r), dy(grad_output.data<T>()),
+          mean_scale(r == Reduction::None ? T(0) : static_cast<T>(static_cast<double>(dy[0]) / denominator)) {}
+    T operator()(std::int64_t i) const {
+        if (reduction == Reduction::None) return dy[i];
+        return reduction == Reduction::Sum ? dy[0] : mean_scale;
+    }
+};
 
 }  // namespace
 
@@ -182,50 +385,115 @@ std::vector<Tensor> softmax_backward(const BackwardArgs& args) {
     return {dx};
 }
 
-// logits (N,C)  labels (N) int64  loss () = mean_i [log Σ_c exp(logits_ic) - logits_i,label_i]
-// Fused with a log-sum-exp for numerical stability; saves lse (N) so the backward rebuilds the softmax.
+// cross_entropy: logits (N,C)  labels (N) int64  class_weight (C) optional  ->  loss () or (N)
+// nll_loss:      log_probs (N,C), the same labels and weights
+// Row i, w = class_weight (or 1), ε = label_smoothing; 0 where labels_i == ignore_index:
+//   cross_entropy: lse_i = log Σ_c exp(x_ic) (max subtracted first);
+//                  loss_i = (1 - ε)·w[y_i]·(lse_i - x_i,y_i) + (ε/C)·Σ_c w[c]·(lse_i - x_ic)
+//   nll_loss:      loss_i = -w[y_i]·x_i,y_i
+// Mean divides Σ_i loss_i by D = Σ_{i not ignored} w[y_i] (NaN when every row is ignored, as PyTorch).
+// Saves [D, Σ_c w[c]] (f64) for the backward, and cross_entropy lse (N). Sums over rows in double.
 Tensor cross_entropy_forward(const ForwardArgs& args) {
     const Tensor& logits = args.inputs[0];
     const Tensor& labels = args.inputs[1];
+    const bool weighted = args.inputs.size() > 2;
+    const bool nll = args.op == OpType::NllLoss;
     const std::int64_t n = logits.size(0);
     const std::int64_t classes = logits.size(1);
-    check_labels(labels, classes);
+    const std::int64_t ignore_index = args.attrs.ignore_index;
+    check_labels(labels, classes, ignore_index);
     Tensor loss = Tensor::empty(args.out.shape, args.out.dtype, logits.device());
     Tensor lse = Tensor::empty({n}, logits.dtype(), logits.device());
+    Tensor sums = Tensor::empty({2}, DType::f64, logits.device());
     dispatch_floating(logits.dtype(), "cross_entropy", [&]<typename T>() {
         const ConstArrayMap<T> X(logits.data<T>(), n, classes);
-        Eigen::Map<ColumnArray<T>> L(lse.data<T>(), n);
-        const ColumnArray<T> max = X.rowwise().maxCoeff();
-        L = max + (X.colwise() - max).exp().rowwise().sum().log();
+        const T* w = weighted ? args.inputs[2].data<T>() : nullptr;
         const std::int64_t* label = labels.data<std::int64_t>();
-        ColumnArray<T> picked(n);
-        for (std::int64_t i = 0; i < n; ++i) picked(i) = X(i, label[i]);
-        loss.data<T>()[0] = (L - picked).mean();
+        const T smoothing = static_cast<T>(args.attrs.label_smoothing);
+        double weight_sum = 0.0;
+        for (std::int64_t c = 0; c < classes; ++c) weight_sum += w ? static_cast<double>(w[c]) : 1.0;
+        double total = 0.0, denominator = 0.0;
+        for (std::int64_t i = 0; i < n; ++i) {
+            T row_loss = T(0);
+            if (!nll) {
+                const T max = X.row(i).maxCoeff();
+                lse.data<T>()[i] = max + std::log((X.row(i) - max).exp().sum());
+            }
+            if (label[i] != ignore_index) {
+                const T wy = w ? w[label[i]] : T(1);
+                if (nll) {
+                    row_loss = -wy * X(i, label[i]);
+                } else {
+                    const T l = lse.data<T>()[i];
+                    row_loss = (T(1) - smoothing) * wy * (l - X(i, label[i]));
+                    if (smoothing != T(0)) {
+                        T smooth = T(0);
+                        for (std::int64_t c = 0; c < classes; ++c) smooth += (w ? w[c] : T(1)) * (l - X(i, c));
+                        row_loss += smoothing / static_cast<T>(classes) * smooth;
+                    }
+                }
+                denominator += static_cast<double>(wy);
+            }
+            if (args.attrs.reduction == Reduction::None) loss.data<T>()[i] = row_loss;
+            total += static_cast<double>(row_loss);
+        }
+        if (args.attrs.reduction == Reduction::Sum) loss.data<T>()[0] = static_cast<T>(total);
+        if (args.attrs.reduction == Reduction::Mean) loss.data<T>()[0] = static_cast<T>(total / denominator);
+        sums.data<double>()[0] = denominator;
+        sums.data<double>()[1] = weight_sum;
     });
-    args.saved.push_back(lse);
+    args.saved.push_back(sums);
+    if (!nll) args.saved.push_back(lse);
     return loss;
 }
 
-// dloss () -> dlogits (N,C) = (softmax(logits) - onehot(labels)) * dloss / N; labels get no gradient.
+// dloss () or (N)  ->  dlogits (N,C); labels and class weights get no gradient (as in PyTorch). s_i: the
+// row's reduction factor times dloss (dloss / D for the mean); p = exp(x_i - lse_i), W = Σ_c w[c]:
+//   cross_entropy: dx_ic = s_i·[p_c·((1 - ε)·w[y_i] + (ε/C)·W) - (1 - ε)·w[y_i]·[c = y_i] - (ε/C)·w[c]]
+//   nll_loss:      dx_ic = -s_i·w[y_i]·[c = y_i]
+// and 0 in ignored rows.
 std::vector<Tensor> cross_entropy_backward(const BackwardArgs& args) {
     const Tensor& logits = args.inputs[0];
     const Tensor& labels = args.inputs[1];
-    std::vector<Tensor> grads(2);
+    const bool weighted = args.inputs.size() > 2;
+    const bool nll = args.op == OpType::NllLoss;
+    std::vector<Tensor> grads(args.inputs.size());
+    if (weighted && args.needs_grad[2])
+        throw ValueError("class_weight gets no gradient (as in PyTorch): pass it as a constant or an input "
+                         "that does not require grad");
     if (!args.needs_grad[0]) return grads;
-    if (args.saved.size() != 1) throw Error("internal: cross_entropy backward needs the forward's log-sum-exp");
-    const Tensor& lse = args.saved[0];
+    if (args.saved.size() != (nll ? 1u : 2u))
+        throw Error("internal: cross_entropy backward needs the forward's sums and log-sum-exp");
     const std::int64_t n = logits.size(0);
     const std::int64_t classes = logits.size(1);
-    check_labels(labels, classes);
-    grads[0] = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
+    const std::int64_t ignore_index = args.attrs.ignore_index;
+    check_labels(labels, classes, ignore_index);
+    grads[0] = Tensor::zeros(logits.shape(), logits.dtype(), logits.device());
+    const double denominator = args.saved[0].data<double>()[0];
+    const double weight_sum = args.saved[0].data<double>()[1];
     dispatch_floating(logits.dtype(), "cross_entropy backward", [&]<typename T>() {
         const ConstArrayMap<T> X(logits.data<T>(), n, classes);
-        const Eigen::Map<const ColumnArray<T>> L(lse.data<T>(), n);
         ArrayMap<T> dX(grads[0].data<T>(), n, classes);
-        dX = (X.colwise() - L).exp();
+        const T* w = weighted ? args.inputs[2].data<T>() : nullptr;
         const std::int64_t* label = labels.data<std::int64_t>();
-        for (std::int64_t i = 0; i < n; ++i) dX(i, label[i]) -= T(1);
-        dX *= args.grad_output.data<T>()[0] / static_cast<T>(n);
+        const ReductionScale<T> scale(args.attrs.reduction, args.grad_output, denominator);
+        const T smoothing = static_cast<T>(args.attrs.label_smoothing);
+        const T smooth_per_class = smoothing / static_cast<T>(classes);
+        for (std::int64_t i = 0; i < n; ++i) {
+            if (label[i] == ignore_index) continue;
+            const T s = scale(i);
+            const T wy = w ? w[label[i]] : T(1);
+            if (nll) {
+                dX(i, label[i]) = -s * wy;
+                continue;
+            }
+            const T lse = args.saved[1].data<T>()[i];
+            const T p_factor = (T(1) - smoothing) * wy + smooth_per_class * static_cast<T>(weight_sum);
+            dX.row(i) = (X.row(i) - lse).exp() * (p_factor * s);
+            dX(i, label[i]) -= (T(1) - smoothing) * wy * s;
+            if (smoothing != T(0))
+                for (std::int64_t c = 0; c < classes; ++c) dX(i, c) -= smooth_per_class * (w ? w[c] : T(1)) * s;
+        }
     });
     return grads;
 }
@@ -257,6 +525,55 @@ std::vector<Tensor> mse_loss_backward(const BackwardArgs& args) {
         const T scale = T(2) * args.grad_output.data<T>()[0] / static_cast<T>(n);
         if (grads[0].defined()) Eigen::Map<ColumnArray<T>>(grads[0].data<T>(), n) = scale * (P - Tg);
         if (grads[1].defined()) Eigen::Map<ColumnArray<T>>(grads[1].data<T>(), n) = -scale * (P - Tg);
+    });
+    return grads;
+}
+
+// l1_loss, smooth_l1_loss: prediction, target;  bce_with_logits: logits, target, [weight], [pos_weight]
+//   -> loss () (Mean over all n elements, Sum; summed in double) or the inputs' shape (None).
+// Formulas: ops/loss_math.h.
+Tensor pointwise_loss_forward(const ForwardArgs& args) {
+    const Tensor& a = args.inputs[0];
+    Tensor loss = Tensor::empty(args.out.shape, args.out.dtype, a.device());
+    const std::int64_t n = a.numel();
+    dispatch_floating(a.dtype(), "pointwise loss", [&]<typename T>() {
+        const math::PointLossInputs<T> in = math::point_loss_inputs<T>(args.inputs, args.attrs);
+        T* out = loss.data<T>();
+        if (args.attrs.reduction == Reduction::None) {
+            for (std::int64_t i = 0; i < n; ++i) out[i] = math::point_loss(args.op, in, i);
+            return;
+        }
+        double total = 0.0;
+        for (std::int64_t i = 0; i < n; ++i) total += static_cast<double>(math::point_loss(args.op, in, i));
+        out[0] = static_cast<T>(args.attrs.reduction == Reduction::Mean ? total / static_cast<double>(n) : total);
+    });
+    return loss;
+}
+
+// dloss () or (shape)  ->  d input 0, d target (ops/loss_math.h) times the reduction factor (dloss / n for
+// the mean); bce's weight and pos_weight get no gradient (as in PyTorch).
+std::vector<Tensor> pointwise_loss_backward(const BackwardArgs& args) {
+    const Tensor& a = args.inputs[0];
+    std::vector<Tensor> grads(args.inputs.size());
+    for (std::size_t i = 2; i < args.inputs.size(); ++i)
+        if (args.needs_grad[i])
+            throw ValueError(str(i == 2 ? "weight" : "pos_weight", " gets no gradient (as in PyTorch): pass it as ",
+                                 "a constant or an input that does not require grad"));
+    for (std::size_t i = 0; i < 2; ++i)
+        if (args.needs_grad[i]) grads[i] = Tensor::empty(a.shape(), a.dtype(), a.device());
+    const std::int64_t n = a.numel();
+    dispatch_floating(a.dtype(), "pointwise loss backward", [&]<typename T>() {
+        const math::PointLossInputs<T> in = math::point_loss_inputs<T>(args.inputs, args.attrs);
+        const ReductionScale<T> scale(args.attrs.reduction, args.grad_output, static_cast<double>(n));
+        T* da = grads[0].defined() ? grads[0].data<T>() : nullptr;
+        T* db = grads[1].defined() ? grads[1].data<T>() : nullptr;
+        for (std::int64_t i = 0; i < n; ++i) {
+            T ga, gb;
+            math::point_loss_grads(args.op, in, i, ga, gb);
+            const T s = scale(i);
+            if (da) da[i] = ga * s;
+            if (db) db[i] = gb * s;
+        }
     });
     return grads;
 }

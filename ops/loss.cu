@@ -8,6 +8,7 @@
 
 #include "dyngrad/cuda/context.h"
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/loss_math.h"
 
 namespace dyngrad::cuda {
 
@@ -215,13 +216,20 @@ __device__ void report_label_out_of_range(DeviceErrorRecord* record, std::int64_
     }
 }
 
-// logits (N,C)  labels (N)  ->  lse (N) = log Σ_c exp(logits_ic),  row_loss (N) = lse - logits_i,label_i
-// (0 for a label outside [0,C), which is reported). The row losses are kept in double so that the
-// mean over the batch loses nothing to the order of the sum.
+// cross_entropy rows. logits (N,C)  labels (N)  class_weight (C) or null  ->  per row i:
+//   lse (N) = log Σ_c exp(logits_ic),
+//   row_loss (N) = (1 - ε)·w[y]·(lse - logits_i,y) + (ε/C)·Σ_c w[c]·(lse - logits_ic)   (0 when ignored),
+//   row_weight (N) = w[y] (0 when ignored): the mean's denominator is their sum,
+//   out_rows (N) = row_loss where the reduction is None (null otherwise).
+// A label outside [0,C) that is not ignore_index is reported and counts as ignored. Row losses are kept
+// in double so that the sum over the batch loses nothing to its order. With ε = 0 and no weights this is
+// the plain fused log-sum-exp of two reductions per row; smoothing adds a third.
 template <typename T, bool kBlockPerRow>
 __global__ void cross_entropy_rows_kernel(const T* __restrict__ logits, const std::int64_t* __restrict__ labels,
-                                          std::int64_t rows, std::int64_t classes, T* __restrict__ lse,
-                                          double* __restrict__ row_loss, DeviceErrorRecord* record) {
+                                          const T* __restrict__ weight, std::int64_t rows, std::int64_t classes,
+                                          std::int64_t ignore_index, T smoothing, T* __restrict__ lse,
+                                          double* __restrict__ row_loss, double* __restrict__ row_weight,
+                                          T* __restrict__ out_rows, DeviceErrorRecord* record) {
     using Rows = RowTiling<kBlockPerRow>;
     for (std::int64_t row = Rows::first_row(); row < rows; row += Rows::row_step()) {
         const T* xr = logits + row * classes;
@@ -231,17 +239,80 @@ __global__ void cross_entropy_rows_kernel(const T* __restrict__ logits, const st
         T sum = 0;
         for (std::int64_t i = Rows::lane(); i < classes; i += Rows::width()) sum += device_exp(xr[i] - max);
         sum = Rows::reduce(sum, SumOp{}, T(0));
+        const T log_sum = device_log(sum);
+        T smooth = 0;
+        if (smoothing != T(0)) {  // uniform over the launch, so the whole group reduces together
+            const T row_lse = max + log_sum;
+            for (std::int64_t i = Rows::lane(); i < classes; i += Rows::width())
+                smooth += (weight ? weight[i] : T(1)) * (row_lse - xr[i]);
+            smooth = Rows::reduce(smooth, SumOp{}, T(0));
+        }
         if (Rows::lane() == 0) {
-            const T log_sum = device_log(sum);
             lse[row] = max + log_sum;
             const std::int64_t label = labels[row];
+            T loss = 0, label_weight = 0;
+            if (label != ignore_index) {
+                if (label < 0 || label >= classes) {
+                    report_label_out_of_range(record, row, label, classes);
+                } else {
+                    label_weight = weight ? weight[label] : T(1);
+                    loss = (T(1) - smoothing) * label_weight * ((max - xr[label]) + log_sum);
+                    if (smoothing != T(0)) loss += smoothing / static_cast<T>(classes) * smooth;
+                }
+            }
+            row_loss[row] = static_cast<double>(loss);
+            row_weight[row] = static_cast<double>(label_weight);
+            if (out_rows) out_rows[row] = loss;
+        }
+    }
+}
+
+// nll_loss rows, one thread each. log_probs (N,C)  labels (N)  class_weight (C) or null  ->
+//   row_loss = -w[y]·log_probs_i,y, row_weight = w[y] (both 0 when ignored or reported), out_rows as above.
+template <typename T>
+__global__ void nll_rows_kernel(const T* __restrict__ log_probs, const std::int64_t* __restrict__ labels,
+                                const T* __restrict__ weight, std::int64_t rows, std::int64_t classes,
+                                std::int64_t ignore_index, double* __restrict__ row_loss,
+                                double* __restrict__ row_weight, T* __restrict__ out_rows, DeviceErrorRecord* record) {
+    for (std::int64_t row = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; row < rows;
+         row += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+        const std::int64_t label = labels[row];
+        T loss = 0, label_weight = 0;
+        if (label != ignore_index) {
             if (label < 0 || label >= classes) {
                 report_label_out_of_range(record, row, label, classes);
-                row_loss[row] = 0.0;
             } else {
-                row_loss[row] = static_cast<double>((max - xr[label]) + log_sum);
+                label_weight = weight ? weight[label] : T(1);
+                loss = -label_weight * log_probs[row * classes + label];
             }
         }
+        row_loss[row] = static_cast<double>(loss);
+        row_weight[row] = static_cast<double>(label_weight);
+        if (out_rows) out_rows[row] = loss;
+    }
+}
+
+// One block, a fixed order of additions: sums = [D = Σ row_weight, W = Σ_c class_weight (C without)],
+// out () = Σ row_loss / D (Mean) or Σ row_loss (Sum); nothing written to out for None.
+template <typename T>
+__global__ void class_loss_finish_kernel(const double* __restrict__ row_loss, const double* __restrict__ row_weight,
+                                         std::int64_t rows, const T* __restrict__ weight, std::int64_t classes,
+                                         Reduction reduction, T* __restrict__ out, double* __restrict__ sums) {
+    double loss = 0.0, denominator = 0.0, weight_sum = 0.0;
+    for (std::int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
+        loss += row_loss[i];
+        denominator += row_weight[i];
+    }
+    for (std::int64_t c = threadIdx.x; c < classes; c += blockDim.x)
+        weight_sum += weight ? static_cast<double>(weight[c]) : 1.0;
+    loss = block_reduce(loss, SumOp{}, 0.0);
+    denominator = block_reduce(denominator, SumOp{}, 0.0);
+    weight_sum = block_reduce(weight_sum, SumOp{}, 0.0);
+    if (threadIdx.x == 0) {
+        sums[0] = denominator;
+        sums[1] = weight_sum;
+        if (reduction == Reduction::Mean) *out = static_cast<T>(loss / denominator);
+        if (reduction == Reduction::Sum) *out = static_cast<T>(loss);
     }
 }
 
@@ -255,27 +326,82 @@ __global__ void scaled_sum_kernel(const double* __restrict__ values, std::int64_
     if (threadIdx.x == 0) *out = static_cast<T>(sum * scale);
 }
 
-// dy ()  ->  dlogits (N,C) = (exp(logits - lse) - onehot(label)) · dy / N; a row with a bad label
-// (reported again: the labels may have changed since the forward) gets 0.
+// The factor of row (or element) i's loss in the reduced loss, times dy: dy[i] (None), dy (Sum), dy / D (Mean).
 template <typename T>
-__global__ void cross_entropy_backward_kernel(const T* __restrict__ logits, const std::int64_t* __restrict__ labels,
-                                              const T* __restrict__ lse, std::int64_t rows, std::int64_t classes,
-                                              const T* __restrict__ dy, T* __restrict__ dlogits,
-                                              DeviceErrorRecord* record) {
-    const T scale = *dy / static_cast<T>(rows);
+__device__ __forceinline__ T reduction_scale(Reduction reduction, const T* dy, double denominator, std::int64_t i) {
+    if (reduction == Reduction::None) return dy[i];
+    if (reduction == Reduction::Sum) return *dy;
+    return static_cast<T>(static_cast<double>(*dy) / denominator);
+}
+
+// dloss () or (N)  ->  dlogits (N,C); s = reduction_scale, p = exp(logits - lse), W = sums[1]:
+//   cross_entropy: s·[p·((1 - ε)·w[y] + (ε/C)·W) - (1 - ε)·w[y]·[c = y] - (ε/C)·w[c]]
+//   nll_loss (lse null): -s·w[y]·[c = y]
+// 0 in ignored rows and in rows with a bad label (reported again: the labels may have changed since the forward).
+template <typename T>
+__global__ void class_loss_backward_kernel(const T* __restrict__ logits, const std::int64_t* __restrict__ labels,
+                                           const T* __restrict__ weight, const T* __restrict__ lse,
+                                           const double* __restrict__ sums, std::int64_t rows, std::int64_t classes,
+                                           std::int64_t ignore_index, T smoothing, Reduction reduction,
+                                           const T* __restrict__ dy, T* __restrict__ dlogits,
+                                           DeviceErrorRecord* record) {
     const std::int64_t n = rows * classes;
+    const T smooth_per_class = smoothing / static_cast<T>(classes);
+    const T weight_sum = static_cast<T>(sums[1]);
     for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
         const std::int64_t row = i / classes;
         const std::int64_t c = i - row * classes;
         const std::int64_t label = labels[row];
-        if (label < 0 || label >= classes) {
-            if (c == 0) report_label_out_of_range(record, row, label, classes);
+        if (label == ignore_index || label < 0 || label >= classes) {
+            if (label != ignore_index && c == 0) report_label_out_of_range(record, row, label, classes);
             dlogits[i] = T(0);
             continue;
         }
+        const T s = reduction_scale(reduction, dy, sums[0], row);
+        const T label_weight = weight ? weight[label] : T(1);
+        if (!lse) {
+            dlogits[i] = c == label ? -label_weight * s : T(0);
+            continue;
+        }
         const T p = device_exp(logits[i] - lse[row]);
-        dlogits[i] = (c == label ? p - T(1) : p) * scale;
+        T g = p * ((T(1) - smoothing) * label_weight + smooth_per_class * weight_sum);
+        if (c == label) g -= (T(1) - smoothing) * label_weight;
+        if (smoothing != T(0)) g -= smooth_per_class * (weight ? weight[c] : T(1));
+        dlogits[i] = g * s;
+    }
+}
+
+// Pointwise losses (ops/loss_math.h): None writes each element's loss to out_elements; otherwise
+// partials[block] = Σ of the block's losses in double (the grid size depends only on n: a fixed order).
+template <typename T>
+__global__ void point_loss_kernel(OpType op, math::PointLossInputs<T> in, std::int64_t n, T* __restrict__ out_elements,
+                                  double* __restrict__ partials) {
+    double sum = 0.0;
+    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+        const T loss = math::point_loss(op, in, i);
+        if (out_elements)
+            out_elements[i] = loss;
+        else
+            sum += static_cast<double>(loss);
+    }
+    if (out_elements) return;  // uniform over the launch: no thread is left waiting in the reduction
+    sum = block_reduce(sum, SumOp{}, 0.0);
+    if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+}
+
+// dloss  ->  da, db (each may be null) = d loss_i / d a_i, d b_i (ops/loss_math.h) · reduction_scale (D = n)
+template <typename T>
+__global__ void point_loss_backward_kernel(OpType op, math::PointLossInputs<T> in, std::int64_t n, Reduction reduction,
+                                           const T* __restrict__ dy, T* __restrict__ da, T* __restrict__ db) {
+    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+        T ga, gb;
+        math::point_loss_grads(op, in, i, ga, gb);
+        const T s = reduction_scale(reduction, dy, static_cast<double>(n), i);
+        if (da) da[i] = ga * s;
+        if (db) db[i] = gb * s;
     }
 }
 
@@ -364,58 +490,87 @@ std::vector<Tensor> softmax_backward(const BackwardArgs& args) {
     return {dx};
 }
 
-// logits (N,C)  labels (N) int64  loss () = mean_i [log Σ_c exp(logits_ic) - logits_i,label_i]
-// Per-row log-sum-exp and loss in one kernel, then a one-block sum: no host synchronisation. Saves
-// lse (N) so the backward rebuilds the softmax without another pass of reductions.
+// cross_entropy: logits (N,C), nll_loss: log_probs (N,C); labels (N) int64; class_weight (C) optional
+//   -> loss () (Mean, Sum) or (N) (None); formulas in ops/loss.cpp. One rows kernel (per-row log-sum-exp and
+// loss), then a one-block sum: no host synchronisation. Saves sums = [D, W] (f64, on the device) and
+// cross_entropy's lse (N), so the backward rebuilds the softmax without another pass of reductions.
 Tensor cross_entropy_forward(const ForwardArgs& args) {
     const Tensor& logits = args.inputs[0];
     const Tensor& labels = args.inputs[1];
+    const Tensor* weight = args.inputs.size() > 2 ? &args.inputs[2] : nullptr;
+    const bool nll = args.op == OpType::NllLoss;
+    const Reduction reduction = args.attrs.reduction;
     const std::int64_t rows = logits.size(0);
     const std::int64_t classes = logits.size(1);
     Tensor loss = Tensor::empty(args.out.shape, args.out.dtype, logits.device());
     Tensor lse = Tensor::empty({rows}, logits.dtype(), logits.device());
-    if (rows == 0) {  // infer::cross_entropy rejects empty logits; the mean of nothing is NaN
+    Tensor sums = Tensor::empty({2}, DType::f64, logits.device());
+    if (rows == 0 || classes == 0) {  // infer::cross_entropy rejects empty logits
         loss.fill(std::numeric_limits<double>::quiet_NaN());
-        args.saved.push_back(lse);
+        sums.fill(0.0);
+        args.saved.push_back(sums);
+        if (!nll) args.saved.push_back(lse);
         return loss;
     }
     DeviceContext& ctx = context_for(logits);
     Workspace row_loss(ctx, static_cast<std::size_t>(rows) * sizeof(double));
+    Workspace row_weight(ctx, static_cast<std::size_t>(rows) * sizeof(double));
     auto* row_loss_data = static_cast<double*>(row_loss.data());
-    dispatch_floating(logits.dtype(), "cross_entropy", [&]<typename T>() {
+    auto* row_weight_data = static_cast<double*>(row_weight.data());
+    dispatch_floating(logits.dtype(), nll ? "nll_loss" : "cross_entropy", [&]<typename T>() {
         const T* px = logits.data<T>();
         const std::int64_t* plabels = labels.data<std::int64_t>();
-        T* plse = lse.data<T>();
-        launch_rows(ctx, rows, classes, [&]<bool kBlockPerRow>(unsigned blocks) {
-            cross_entropy_rows_kernel<T, kBlockPerRow><<<blocks, kThreads, 0, ctx.stream>>>(
-                px, plabels, rows, classes, plse, row_loss_data, ctx.error_record_device);
-        });
-        scaled_sum_kernel<T><<<1, kThreads, 0, ctx.stream>>>(row_loss_data, rows, 1.0 / static_cast<double>(rows),
-                                                             loss.data<T>());
+        const T* pweight = weight ? weight->data<T>() : nullptr;
+        T* out_rows = reduction == Reduction::None ? loss.data<T>() : nullptr;
+        if (nll) {
+            nll_rows_kernel<T><<<grid_size(ctx, rows, kThreads), kThreads, 0, ctx.stream>>>(
+                px, plabels, pweight, rows, classes, args.attrs.ignore_index, row_loss_data, row_weight_data,
+                out_rows, ctx.error_record_device);
+            DG_CUDA_CHECK_LAUNCH();
+        } else {
+            const T smoothing = static_cast<T>(args.attrs.label_smoothing);
+            T* plse = lse.data<T>();
+            launch_rows(ctx, rows, classes, [&]<bool kBlockPerRow>(unsigned blocks) {
+                cross_entropy_rows_kernel<T, kBlockPerRow><<<blocks, kThreads, 0, ctx.stream>>>(
+                    px, plabels, pweight, rows, classes, args.attrs.ignore_index, smoothing, plse, row_loss_data,
+                    row_weight_data, out_rows, ctx.error_record_device);
+            });
+        }
+        class_loss_finish_kernel<T><<<1, kThreads, 0, ctx.stream>>>(row_loss_data, row_weight_data, rows, pweight,
+                                                                    classes, reduction, loss.data<T>(),
+                                                                    sums.data<double>());
         DG_CUDA_CHECK_LAUNCH();
     });
-    args.saved.push_back(lse);
+    args.saved.push_back(sums);
+    if (!nll) args.saved.push_back(lse);
     return loss;
 }
 
-// dloss () -> dlogits (N,C) = (softmax(logits) - onehot(labels)) * dloss / N; labels get no gradient.
+// dloss () or (N) -> dlogits (N,C); labels and class weights get no gradient (as in PyTorch).
 std::vector<Tensor> cross_entropy_backward(const BackwardArgs& args) {
     const Tensor& logits = args.inputs[0];
     const Tensor& labels = args.inputs[1];
-    std::vector<Tensor> grads(2);
+    const Tensor* weight = args.inputs.size() > 2 ? &args.inputs[2] : nullptr;
+    const bool nll = args.op == OpType::NllLoss;
+    std::vector<Tensor> grads(args.inputs.size());
+    if (weight && args.needs_grad[2])
+        throw ValueError("class_weight gets no gradient (as in PyTorch): pass it as a constant or an input "
+                         "that does not require grad");
     if (!args.needs_grad[0]) return grads;
-    if (args.saved.size() != 1) throw Error("internal: cross_entropy backward needs the forward's log-sum-exp");
-    const Tensor& lse = args.saved[0];
+    if (args.saved.size() != (nll ? 1u : 2u))
+        throw Error("internal: cross_entropy backward needs the forward's sums and log-sum-exp");
     const std::int64_t rows = logits.size(0);
     const std::int64_t classes = logits.size(1);
     grads[0] = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
     const std::int64_t n = logits.numel();
     if (n == 0) return grads;
     DeviceContext& ctx = context_for(logits);
-    dispatch_floating(logits.dtype(), "cross_entropy backward", [&]<typename T>() {
-        cross_entropy_backward_kernel<T><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(
-            logits.data<T>(), labels.data<std::int64_t>(), lse.data<T>(), rows, classes, args.grad_output.data<T>(),
-            grads[0].data<T>(), ctx.error_record_device);
+    dispatch_floating(logits.dtype(), nll ? "nll_loss backward" : "cross_entropy backward", [&]<typename T>() {
+        class_loss_backward_kernel<T><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(
+            logits.data<T>(), labels.data<std::int64_t>(), weight ? weight->data<T>() : nullptr,
+            nll ? nullptr : args.saved[1].data<T>(), args.saved[0].data<double>(), rows, classes,
+            args.attrs.ignore_index, static_cast<T>(args.attrs.label_smoothing), args.attrs.reduction,
+            args.grad_output.data<T>(), grads[0].data<T>(), ctx.error_record_device);
         DG_CUDA_CHECK_LAUNCH();
     });
     return grads;
@@ -461,6 +616,61 @@ std::vector<Tensor> mse_loss_backward(const BackwardArgs& args) {
         mse_backward_kernel<T><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(
             prediction.data<T>(), target.data<T>(), n, args.grad_output.data<T>(),
             grads[0].defined() ? grads[0].data<T>() : nullptr, grads[1].defined() ? grads[1].data<T>() : nullptr);
+        DG_CUDA_CHECK_LAUNCH();
+    });
+    return grads;
+}
+
+// l1_loss, smooth_l1_loss: prediction, target;  bce_with_logits: logits, target, [weight], [pos_weight]
+//   -> loss () (Mean over n, Sum) or the inputs' shape (None). Per-block partial sums in double, then a
+// one-block sum: deterministic, no host synchronisation. Formulas: ops/loss_math.h.
+Tensor pointwise_loss_forward(const ForwardArgs& args) {
+    const Tensor& a = args.inputs[0];
+    const Reduction reduction = args.attrs.reduction;
+    Tensor loss = Tensor::empty(args.out.shape, args.out.dtype, a.device());
+    const std::int64_t n = a.numel();
+    if (n == 0) {  // the shape rule rejects an empty Mean; an empty Sum is 0, an empty None has nothing
+        if (reduction == Reduction::Sum) loss.fill(0.0);
+        return loss;
+    }
+    DeviceContext& ctx = context_for(a);
+    const unsigned blocks = grid_size(ctx, n, kThreads);
+    dispatch_floating(a.dtype(), "pointwise loss", [&]<typename T>() {
+        const math::PointLossInputs<T> in = math::point_loss_inputs<T>(args.inputs, args.attrs);
+        if (reduction == Reduction::None) {
+            point_loss_kernel<T><<<blocks, kThreads, 0, ctx.stream>>>(args.op, in, n, loss.data<T>(), nullptr);
+            DG_CUDA_CHECK_LAUNCH();
+            return;
+        }
+        Workspace partials(ctx, blocks * sizeof(double));
+        auto* partials_data = static_cast<double*>(partials.data());
+        point_loss_kernel<T><<<blocks, kThreads, 0, ctx.stream>>>(args.op, in, n, nullptr, partials_data);
+        DG_CUDA_CHECK_LAUNCH();
+        const double scale = reduction == Reduction::Mean ? 1.0 / static_cast<double>(n) : 1.0;
+        scaled_sum_kernel<T><<<1, kThreads, 0, ctx.stream>>>(partials_data, blocks, scale, loss.data<T>());
+        DG_CUDA_CHECK_LAUNCH();
+    });
+    return loss;
+}
+
+// dloss () or (shape) -> d input 0, d target; bce's weight and pos_weight get no gradient (as in PyTorch).
+std::vector<Tensor> pointwise_loss_backward(const BackwardArgs& args) {
+    const Tensor& a = args.inputs[0];
+    std::vector<Tensor> grads(args.inputs.size());
+    for (std::size_t i = 2; i < args.inputs.size(); ++i)
+        if (args.needs_grad[i])
+            throw ValueError(str(i == 2 ? "weight" : "pos_weight", " gets no gradient (as in PyTorch): pass it as ",
+                                 "a constant or an input that does not require grad"));
+    for (std::size_t i = 0; i < 2; ++i)
+        if (args.needs_grad[i]) grads[i] = Tensor::empty(a.shape(), a.dtype(), a.device());
+    const std::int64_t n = a.numel();
+    if (n == 0 || (!grads[0].defined() && !grads[1].defined())) return grads;
+    DeviceContext& ctx = context_for(a);
+    dispatch_floating(a.dtype(), "pointwise loss backward", [&]<typename T>() {
+        point_loss_backward_kernel<T><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(
+            args.op, math::point_loss_inputs<T>(args.inputs, args.attrs), n, args.attrs.reduction,
+            args.grad_output.data<T>(), grads[0].defined() ? grads[0].data<T>() : nullptr,
+            grads[1].defined() ? grads[1].data<T>() : nullptr);
         DG_CUDA_CHECK_LAUNCH();
     });
     return grads;

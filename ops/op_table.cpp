@@ -49,6 +49,7 @@ OpAttrs shape_attr(Shape shape) {
 }
 
 std::vector<OpCase> no_cases() { return {}; }
+std::vector<OpCase> cross_entropy_options_cases();
 
 std::vector<OpCase> binary_cases() {
     return {
@@ -226,9 +227,80 @@ std::vector<OpCase> softmax_cases() {
     };
 }
 std::vector<OpCase> cross_entropy_cases() {
-    return {
+    std::vector<OpCase> cases = {
         {"batch 8, 10 classes", {{8, 10}, {8}}, {}, {D::Any, D::Labels}},
         {"batch 1", {{1, 5}, {1}}, {}, {D::Any, D::Labels}},
+    };
+    for (OpCase& c : cross_entropy_options_cases()) cases.push_back(std::move(c));
+    return cases;
+}
+OpAttrs loss_attr(Reduction reduction, std::int64_t ignore_index = -100, double label_smoothing = 0.0) {
+    OpAttrs a;
+    a.reduction = reduction;
+    a.ignore_index = ignore_index;
+    a.label_smoothing = label_smoothing;
+    return a;
+}
+std::vector<OpCase> class_loss_weighted_cases() {
+    constexpr Reduction mean = Reduction::Mean, sum = Reduction::Sum, none = Reduction::None;
+    return {
+        // LabelsIgnored sets the labels at rows 1, 5, ... to ignore_index, an in-range class in some cases.
+        {"ignored rows, sum", {{8, 10}, {8}}, loss_attr(sum), {D::Any, D::LabelsIgnored}},
+        {"ignore_index 3, none", {{6, 4}, {6}}, loss_attr(none, 3), {D::Any, D::LabelsIgnored}},
+        {"class weights, ignored, mean", {{7, 5}, {7}, {5}}, loss_attr(mean), {D::Any, D::LabelsIgnored, D::Constant}},
+        {"class weights, sum", {{5, 3}, {5}, {3}}, loss_attr(sum), {D::Any, D::Labels, D::Constant}},
+    };
+}
+std::vector<OpCase> cross_entropy_options_cases() {
+    constexpr Reduction mean = Reduction::Mean, none = Reduction::None;
+    auto cases = class_loss_weighted_cases();
+    cases.push_back({"smoothing 0.1, ignored, mean", {{8, 10}, {8}}, loss_attr(mean, -100, 0.1),
+                     {D::Any, D::LabelsIgnored}});
+    cases.push_back({"smoothing 0.25, weights, ignore 0, mean", {{9, 6}, {9}, {6}}, loss_attr(mean, 0, 0.25),
+                     {D::Any, D::LabelsIgnored, D::Constant}});
+    cases.push_back({"smoothing 1, weights, none", {{4, 3}, {4}, {3}}, loss_attr(none, -100, 1.0),
+                     {D::Any, D::Labels, D::Constant}});
+    return cases;
+}
+std::vector<OpCase> nll_loss_cases() {
+    auto cases = class_loss_weighted_cases();
+    cases.insert(cases.begin(), {"batch 8, 10 classes", {{8, 10}, {8}}, {}, {D::Any, D::Labels}});
+    return cases;
+}
+std::vector<OpCase> bce_with_logits_cases() {
+    constexpr Reduction mean = Reduction::Mean, sum = Reduction::Sum, none = Reduction::None;
+    // Targets from Positive ([0.5, 2]): the loss is linear in the target, so any value checks its gradient.
+    return {
+        {"matrix, mean", {{4, 6}, {4, 6}}, loss_attr(mean), {D::Any, D::Positive}},
+        {"vector, sum", {{13}, {13}}, loss_attr(sum), {D::Any, D::Positive}},
+        {"weight (6), none", {{4, 6}, {4, 6}, {6}}, loss_attr(none), {D::Any, D::Positive, D::Constant}},
+        {"weight (4,6), pos_weight (6), mean", {{4, 6}, {4, 6}, {4, 6}, {6}}, loss_attr(mean),
+         {D::Any, D::Positive, D::Constant, D::Constant}},
+        {"pos_weight (1,5) only, sum", {{3, 5}, {3, 5}, {}, {1, 5}}, loss_attr(sum),
+         {D::Any, D::Positive, D::Constant, D::Constant}},
+    };
+}
+OpAttrs beta_attr(Reduction reduction, double beta) {
+    OpAttrs a = loss_attr(reduction);
+    a.scalar = beta;
+    return a;
+}
+// l1's kink is at prediction = target: with both from normal(0, 1) a difference falls within the
+// finite-difference step (1e-6) of 0 with probability ~1e-6 per element, as for the ReLU cases.
+// smooth_l1 is C¹ at |d| = beta (both pieces have slope ±1 there), so differences near beta are fine.
+std::vector<OpCase> l1_loss_cases() {
+    return {
+        {"matrix, mean", {{4, 6}, {4, 6}}, loss_attr(Reduction::Mean), {}},
+        {"vector, sum", {{13}, {13}}, loss_attr(Reduction::Sum), {}},
+        {"NCHW, none", {{2, 3, 2, 2}, {2, 3, 2, 2}}, loss_attr(Reduction::None), {}},
+    };
+}
+std::vector<OpCase> smooth_l1_loss_cases() {
+    return {
+        {"beta 1, mean", {{4, 6}, {4, 6}}, beta_attr(Reduction::Mean, 1.0), {}},
+        {"beta 0.5, sum", {{13}, {13}}, beta_attr(Reduction::Sum, 0.5), {}},
+        {"beta 2, none", {{3, 5}, {3, 5}}, beta_attr(Reduction::None, 2.0), {}},
+        {"beta 0 (l1), mean", {{4, 5}, {4, 5}}, beta_attr(Reduction::Mean, 0.0), {}},
     };
 }
 std::vector<OpCase> mse_cases() {
@@ -442,6 +514,10 @@ constexpr BackendKernels kCudaUnary = DG_CUDA_KERNELS(unary_forward, unary_backw
 constexpr BackendKernels kCudaBinary = DG_CUDA_KERNELS(binary_forward, binary_backward);
 constexpr BackendKernels kCudaReduce = DG_CUDA_KERNELS(reduce_forward, reduce_backward);
 constexpr BackendKernels kCudaSoftmax = DG_CUDA_KERNELS(softmax_forward, softmax_backward);
+constexpr BackendKernels kCpuClassLoss{cpu::cross_entropy_forward, cpu::cross_entropy_backward};
+constexpr BackendKernels kCudaClassLoss = DG_CUDA_KERNELS(cross_entropy_forward, cross_entropy_backward);
+constexpr BackendKernels kCpuPointLoss{cpu::pointwise_loss_forward, cpu::pointwise_loss_backward};
+constexpr BackendKernels kCudaPointLoss = DG_CUDA_KERNELS(pointwise_loss_forward, pointwise_loss_backward);
 constexpr BackendKernels kReshape{reshape_forward, reshape_backward};
 constexpr BackendKernels kCpuPool{cpu::pool2d_forward, cpu::pool2d_backward};
 constexpr BackendKernels kCpuSelect{cpu::select_forward, cpu::select_backward};
@@ -511,11 +587,17 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::ArgMin, "argmin", 1, infer::arg_reduce, kArgReduce, kCudaArgReduce, arg_reduce_cases, 0, kNotDifferentiable},
     {OpType::Softmax, "softmax", 1, infer::along_axis, kCpuSoftmax, kCudaSoftmax, softmax_cases},
     {OpType::LogSoftmax, "log_softmax", 1, infer::along_axis, kCpuSoftmax, kCudaSoftmax, softmax_cases},
-    {OpType::CrossEntropy, "cross_entropy", 2, infer::cross_entropy,
-     {cpu::cross_entropy_forward, cpu::cross_entropy_backward},
-     DG_CUDA_KERNELS(cross_entropy_forward, cross_entropy_backward), cross_entropy_cases},
+    {OpType::CrossEntropy, "cross_entropy", 3, infer::cross_entropy, kCpuClassLoss, kCudaClassLoss,
+     cross_entropy_cases, /*optional_inputs=*/1},
     {OpType::MseLoss, "mse_loss", 2, infer::mse_loss, {cpu::mse_loss_forward, cpu::mse_loss_backward},
      DG_CUDA_KERNELS(mse_loss_forward, mse_loss_backward), mse_cases},
+    {OpType::NllLoss, "nll_loss", 3, infer::cross_entropy, kCpuClassLoss, kCudaClassLoss, nll_loss_cases,
+     /*optional_inputs=*/1},
+    {OpType::BceWithLogits, "binary_cross_entropy_with_logits", 4, infer::bce_with_logits, kCpuPointLoss,
+     kCudaPointLoss, bce_with_logits_cases, /*optional_inputs=*/2},
+    {OpType::L1Loss, "l1_loss", 2, infer::pointwise_loss, kCpuPointLoss, kCudaPointLoss, l1_loss_cases},
+    {OpType::SmoothL1Loss, "smooth_l1_loss", 2, infer::pointwise_loss, kCpuPointLoss, kCudaPointLoss,
+     smooth_l1_loss_cases},
     {OpType::Conv2d, "conv2d", 3, infer::conv2d, {cpu::conv2d_forward, cpu::conv2d_backward},
      DG_CUDA_KERNELS(conv2d_forward, conv2d_backward), conv2d_cases, /*optional_inputs=*/1},
     {OpType::MaxPool2d, "max_pool2d", 1, infer::pool2d, kCpuPool, kCudaPool, pool2d_cases},

@@ -47,6 +47,13 @@ OpAttrs axis_attr(std::int64_t axis) {
     attrs.axis = axis;
     return attrs;
 }
+OpAttrs loss_attr(Reduction reduction, double label_smoothing = 0.0, double beta = 0.0) {
+    OpAttrs attrs;
+    attrs.reduction = reduction;
+    attrs.label_smoothing = label_smoothing;
+    attrs.scalar = beta;
+    return attrs;
+}
 
 OpAttrs normalized_attr(Shape normalized_shape) {
     OpAttrs attrs;
@@ -92,6 +99,16 @@ std::vector<LargeCase> large_cases() {
         {"softmax", {"(4096,1000)", {{k4096, 1000}}, axis_attr(-1), {}}},
         {"log_softmax", {"(4096,1000)", {{k4096, 1000}}, axis_attr(-1), {}}},
         {"cross_entropy", {"(4096,1000)", {{k4096, 1000}, {k4096}}, {}, {D::Any, D::Labels}}},
+        {"cross_entropy", {"(4096,1000) smoothing, weights, ignored", {{k4096, 1000}, {k4096}, {1000}},
+                           loss_attr(Reduction::Mean, 0.1), {D::Any, D::LabelsIgnored, D::Constant}}},
+        {"cross_entropy", {"(1000,4097) none", {{1000, k4099}, {1000}}, loss_attr(Reduction::None),
+                           {D::Any, D::LabelsIgnored}}},
+        {"nll_loss", {"(4096,1000) weights, ignored", {{k4096, 1000}, {k4096}, {1000}}, loss_attr(Reduction::Mean),
+                      {D::Any, D::LabelsIgnored, D::Constant}}},
+        {"binary_cross_entropy_with_logits", {"(4096,4099) pos_weight", {{k4096, k4099}, {k4096, k4099}, {}, {k4099}},
+                                              loss_attr(Reduction::Mean), {D::Any, D::Positive, D::Constant, D::Constant}}},
+        {"l1_loss", {"1,000,003 none", {{kOdd}, {kOdd}}, loss_attr(Reduction::None), {}}},
+        {"smooth_l1_loss", {"16M sum", {{k16M}, {k16M}}, loss_attr(Reduction::Sum, 0.0, 1.0), {}}},
         {"transpose", {"(1025,2049)", {{1025, 2049}}, axes_attr({0, 1}), {}}},
         // Indexing: many threads adding into few destinations (atomics by default).
         {"embedding", {"(50000,256) weight, (64,128) indices", {{50000 / scale, 256}, {64, 128}}, axis_attr(0),

@@ -113,7 +113,8 @@ TEST_CASE("find_op and op_def look rows up", "[gradcheck][table]") {
     }
     REQUIRE(find_op("relu") != nullptr);
     CHECK(find_op("relu")->op == OpType::Relu);
-    CHECK(find_op("cross_entropy")->arity == 2);
+    CHECK(find_op("cross_entropy")->arity == 3);  // the class weights are optional
+    CHECK(find_op("cross_entropy")->optional_inputs == 1);
     CHECK(find_op("linear")->arity == 3);
     CHECK(find_op("no_such_op") == nullptr);
     CHECK(find_op("") == nullptr);

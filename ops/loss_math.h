@@ -1,0 +1,90 @@
+// Per-element formulas of the pointwise losses (l1_loss, smooth_l1_loss, binary_cross_entropy_with_logits),
+// shared by the CPU kernels (ops/loss.cpp) and the CUDA kernels (ops/loss.cu), as elementwise_math.h is for
+// the elementwise ops: the float64 finite differences prove the formulas, the GPU comparison the launch code.
+//
+//   a: prediction (l1, smooth_l1) or logits (bce)   b: target   (same shape, n elements)
+//   w, pw: bce's weight and pos_weight (nullptr: none), broadcast over leading axes: element i reads
+//          w[i % w_count] (a weight's shape is a suffix of the input's, checked by the shape rule)
+#pragma once
+#include <cstdint>
+
+#include <span>
+
+#include "dyngrad/core/tensor.h"
+#include "dyngrad/graph/op_def.h"
+#include "dyngrad/ops/elementwise_math.h"
+
+namespace dyngrad::math {
+
+template <typename T> struct PointLossInputs {
+    const T* a = nullptr;
+    const T* b = nullptr;
+    const T* w = nullptr;
+    std::int64_t w_count = 1;
+    const T* pw = nullptr;
+    std::int64_t pw_count = 1;
+    T beta = T(1);  // smooth_l1
+};
+
+// sign(d), 0 at 0; a NaN stays NaN (torch.sign).
+template <typename T> DG_HOST_DEVICE T sign_of(T d) { return d > T(0) ? T(1) : (d < T(0) ? T(-1) : d * T(0)); }
+
+// Loss of element i.
+//   l1:        |d|, d = a - b
+//   smooth_l1: 0.5 d²/beta where |d| < beta, else |d| - 0.5 beta (PyTorch's; beta = 0 is l1)
+//   bce:       w · [(1 - b)·a + (1 + (pw - 1)·b) · softplus(-a)]  (PyTorch's stable form; softplus(-a) = -log σ(a))
+template <typename T> DG_HOST_DEVICE T point_loss(OpType op, const PointLossInputs<T>& in, std::int64_t i) {
+    const T a = in.a[i];
+    const T b = in.b[i];
+    if (op == OpType::BceWithLogits) {
+        const T w = in.w ? in.w[i % in.w_count] : T(1);
+        const T log_weight = in.pw ? T(1) + (in.pw[i % in.pw_count] - T(1)) * b : T(1);
+        return w * ((T(1) - b) * a + log_weight * SoftplusOp::forward(-a, T(0)));
+    }
+    const T d = a - b;
+    const T abs_d = d < T(0) ? -d : d;
+    if (op == OpType::SmoothL1Loss && abs_d < in.beta) return T(0.5) * d * d / in.beta;
+    if (op == OpType::SmoothL1Loss) return abs_d - T(0.5) * in.beta;
+    return abs_d;
+}
+
+// d loss_i / d a_i and d loss_i / d b_i.
+//   l1:        sign(d), -sign(d)  (0 at d = 0, as PyTorch)
+//   smooth_l1: d/beta where |d| < beta, else sign(d); negated for b
+//   bce:       w · [(1 - b) - (1 + (pw - 1)·b) · σ(-a)],   w · [(pw - 1)·softplus(-a) - a]
+template <typename T>
+DG_HOST_DEVICE void point_loss_grads(OpType op, const PointLossInputs<T>& in, std::int64_t i, T& da, T& db) {
+    const T a = in.a[i];
+    const T b = in.b[i];
+    if (op == OpType::BceWithLogits) {
+        const T w = in.w ? in.w[i % in.w_count] : T(1);
+        const T pw = in.pw ? in.pw[i % in.pw_count] : T(1);
+        const T log_weight = T(1) + (pw - T(1)) * b;
+        da = w * ((T(1) - b) - log_weight * SigmoidOp::forward(-a, T(0)));
+        db = w * ((pw - T(1)) * SoftplusOp::forward(-a, T(0)) - a);
+        return;
+    }
+    const T d = a - b;
+    const T abs_d = d < T(0) ? -d : d;
+    da = op == OpType::SmoothL1Loss && abs_d < in.beta ? d / in.beta : sign_of(d);
+    db = -da;
+}
+
+// The pointers of a pointwise loss's inputs (host code; on the GPU they are device pointers).
+template <typename T> PointLossInputs<T> point_loss_inputs(std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    PointLossInputs<T> in;
+    in.a = inputs[0].data<T>();
+    in.b = inputs[1].data<T>();
+    if (inputs.size() > 2) {
+        in.w = inputs[2].data<T>();
+        in.w_count = inputs[2].numel();
+    }
+    if (inputs.size() > 3) {
+        in.pw = inputs[3].data<T>();
+        in.pw_count = inputs[3].numel();
+    }
+    in.beta = static_cast<T>(attrs.scalar);
+    return in;
+}
+
+}  // namespace dyngrad::math
