@@ -8,7 +8,6 @@
 namespace dyngrad {
 
 Var softmax(const Var& x, std::int64_t axis = -1, std::source_location where = std::source_location::current());
-Tensor softmax(const Tensor& x, std::int64_t axis = -1, std::source_location where = std::source_location::current());
 Var log_softmax(const Var& x, std::int64_t axis = -1, std::source_location where = std::source_location::current());
 
 // PyTorch's arguments of the same names. A target equal to ignore_index adds nothing to the loss, nor to
