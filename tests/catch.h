@@ -71,3 +71,7 @@ private:
 int run_session(int argc, char* argv[]);
 
 }  // namespace dgtest
+
+// Catch2 2.x puts Approx in the global namespace and 3.x does not: one name for tests built with either (the
+// GPU machine has 3.x, CI 2.x), so a bare Approx cannot compile here and fail there.
+using dgtest::Approx;
