@@ -1,3 +1,5 @@
+// The engine: recording, the backward sweep and their checks. Over 600 lines because the version counter,
+// liveness anchors and thread guard belong to the same two code paths; split candidates: the guards.
 #include "dyngrad/graph/graph.h"
 
 #include <array>

@@ -2,6 +2,7 @@
 // with Eigen, one tensor at a time; CUDA parameters are gathered per device and updated by the fused
 // multi-tensor kernels of nn/optim.cu. Both backends apply the same formulas in the same order
 // (nn/optim_kernels.h holds the per-step scalars they share).
+// Over 600 lines: three optimizers, two schedules, clipping and checkpoint state share the group machinery.
 #include "dyngrad/nn/optim.h"
 
 #include <Eigen/Core>

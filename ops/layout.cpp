@@ -1,5 +1,6 @@
 // Layout ops (ops/layout.h): user functions, shape rules, reshape (every backend) and the CPU kernels
 // (axis swaps and strided row copies). GPU: ops/layout.cu.
+// Over 600 lines: nine layout ops plus the indexing composites built on them (select, squeeze, stack, split).
 #include "dyngrad/ops/layout.h"
 
 #include <algorithm>

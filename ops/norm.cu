@@ -9,6 +9,7 @@
 //
 // Dropout draws its mask from ops/dropout_mask.h, the formula the CPU kernels use, so both backends
 // drop the same elements; the backward recomputes it.
+// Over 600 lines: four normalisations (batch, layer, RMS) and dropout share the row/column reduction helpers.
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
