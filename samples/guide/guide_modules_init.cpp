@@ -8,7 +8,7 @@ using namespace dyngrad;
 
 int main() {
     Generator gen(6);
-    Linear layer(256, 128, true, gen);  // weight: kaiming_uniform with the ReLU gain; bias: zeros
+    Linear layer(256, 128, true, gen);  // Init::Torch: weight and bias uniform(±1/√256)
 
     // Another scheme for a tanh layer: draw a fresh tensor and copy it into the parameter.
     const Shape shape = layer.weight.value().shape();
