@@ -64,16 +64,17 @@ Tensor causal_mask(std::int64_t n) {
     return Tensor::from_vector(values, {n, n}, gpu);
 }
 
-// Unary float op with a random output gradient.
-Case unary_case(const std::string& op, Shape shape, std::function<Var(const Var&)> fn) {
+// Unary float op with a random output gradient (of out_shape where the op changes the shape).
+Case unary_case(const std::string& op, Shape shape, std::function<Var(const Var&)> fn, Shape out_shape = {}) {
+    if (out_shape.empty()) out_shape = shape;
     std::string size;
     for (std::size_t i = 0; i < shape.size(); ++i) {
         if (i) size.push_back('x');
         size.append(std::to_string(shape[i]));
     }
-    return {op, size, [shape, fn] {
+    return {op, size, [shape, out_shape, fn] {
                 Generator gen(1);
-                const Tensor x = randn(shape, gen), dy = randn(shape, gen);
+                const Tensor x = randn(shape, gen), dy = randn(out_shape, gen);
                 return std::function<void()>([x, dy, fn] {
                     ComputeGraph graph;
                     graph.backward(fn(graph.input(x, "x", true)), dy);
@@ -151,7 +152,8 @@ std::vector<Case> all_cases() {
                              graph.backward(masked_fill(graph.input(x, "x", true), graph.input(mask, "mask"), -1e9), dy);
                          });
                      }});
-    cases.push_back(unary_case("permute", {batch, seq, heads, 64}, [](const Var& x) { return permute(x, {0, 2, 1, 3}); }));
+    cases.push_back(unary_case("permute", {batch, seq, heads, 64}, [](const Var& x) { return permute(x, {0, 2, 1, 3}); },
+                                {batch, heads, seq, 64}));
     cases.push_back({"index_select", "8192x3072[8192]", [=] {
                          Generator gen(7);
                          const Tensor x = randn({rows, ffn}, gen), dy = randn({rows, ffn}, gen);
