@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Issue 13's op benchmark in one command, on a machine with a CUDA device and PyTorch: builds
+# dyngrad-op-bench (Release, CUDA) into $DYNGRAD_BUILD_DIR (default build-perf/), runs it and
+# bench/torch_ops.py on the same ops and float32 sizes (forward + backward, median of 50 after 10
+# warm-up), and prints the side-by-side markdown table (bench/compare_ops.py).
+#
+#   scripts/run-op-bench.sh [OUT_DIR] [extra options for both, e.g. --op layer_norm,softmax --repetitions 20]
+#
+# OUT_DIR (default op-results/) receives ops.txt, ops.json, torch_ops.txt, torch_ops.json and report.md.
+# Environment: PYTHON (default python3), DYNGRAD_JOBS (default nproc).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-$root/op-results}
+shift || true
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+python=${PYTHON:-python3}
+build=${DYNGRAD_BUILD_DIR:-build-perf}
+[[ "$build" == /* ]] || build="$root/$build"
+
+echo "==> building dyngrad-op-bench in $build"
+. "$root/scripts/lib.sh"
+cuda_architectures=$(dg_cuda_architectures_arg)
+if ! dg_configure_and_build "$build" --log "$build.log" --target dyngrad-op-bench -- -DCMAKE_BUILD_TYPE=Release \
+         -DDYNGRAD_CUDA=ON -DDYNGRAD_BUILD_TESTS=OFF -DDYNGRAD_BUILD_BENCH=ON ${cuda_architectures:+"$cuda_architectures"}; then
+    echo "run-op-bench.sh: build failed (log: $build.log)" >&2
+    exit 1
+fi
+status=0
+echo "==> dyngrad-op-bench"
+"$build/bench/dyngrad-op-bench" --json "$out/ops.json" "$@" 2>&1 | tee "$out/ops.txt" || status=1
+echo "==> bench/torch_ops.py"
+PYTHONUNBUFFERED=1 "$python" "$root/bench/torch_ops.py" --json "$out/torch_ops.json" "$@" 2>&1 |
+    tee "$out/torch_ops.txt" || status=1
+"$python" "$root/bench/compare_ops.py" "$out/ops.json" "$out/torch_ops.json" | tee "$out/report.md" || status=1
+exit $status
