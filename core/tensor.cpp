@@ -90,12 +90,10 @@ int cuda_device_count() { return device_memory::device_count(); }
 Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
     if (device.is_cpu()) {
         // The one host allocation point of tensors: a request the system cannot meet is OutOfMemory like a
-        // device's, not std::bad_alloc.
-        try {
-            data_ = ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t{kCpuAlignment});
-        } catch (const std::bad_alloc&) {
-            throw OutOfMemory(str("cannot allocate ", bytes, " bytes on cpu"));
-        }
+        // device's, not std::bad_alloc. The nothrow form, because AddressSanitizer aborts in a failing throwing
+        // operator new whatever allocator_may_return_null says, and returns null from the nothrow one.
+        data_ = ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t{kCpuAlignment}, std::nothrow);
+        if (data_ == nullptr) throw OutOfMemory(str("cannot allocate ", bytes, " bytes on cpu"));
         return;
     }
     if (!device.is_cuda()) throw DeviceError(str("cannot allocate ", bytes, " bytes on ", device.to_string()));
