@@ -266,6 +266,23 @@ void append_pattern(const ComputeGraph& graph, NodeId id, std::vector<double>& p
             break;
         case OpType::ClippedRelu: regions(0, {0.0, n.attrs.scalar}); break;
         case OpType::Div: regions(1, {0.0}); break;
+        case OpType::Clamp:
+            if (n.attrs.clamp_min) regions(0, {*n.attrs.clamp_min});
+            if (n.attrs.clamp_max) regions(0, {*n.attrs.clamp_max});
+            break;
+        // any non-zero condition or mask counts as true: its side of 0 picks the branch
+        case OpType::Where: regions(0, {0.0}); break;
+        case OpType::MaskedFill: regions(1, {0.0}); break;
+        case OpType::Minimum: case OpType::Maximum: case OpType::L1Loss: case OpType::SmoothL1Loss: {
+            // the sign of a - b (broadcast, through eager math): which operand wins, or the side of |d|'s kink;
+            // smooth_l1 also switches from quadratic to linear at |d| = beta
+            const Tensor d = graph.node(n.inputs[0]).value - graph.node(n.inputs[1]).value;
+            for (const double x : d.to_vector()) {
+                pattern.push_back(x < 0 ? -1 : x > 0 ? 1 : 0);
+                if (n.op == OpType::SmoothL1Loss) pattern.push_back(std::fabs(x) < n.attrs.scalar ? -1 : 1);
+            }
+            break;
+        }
         case OpType::Max: case OpType::MaxPool2d: {
             // where the gradient goes: the (first) maximum of every window
             ComputeGraph probe;
