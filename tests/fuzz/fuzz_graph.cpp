@@ -276,7 +276,7 @@ void append_pattern(const ComputeGraph& graph, NodeId id, std::vector<double>& p
         case OpType::Minimum: case OpType::Maximum: case OpType::L1Loss: case OpType::SmoothL1Loss: {
             // the sign of a - b (broadcast, through eager math): which operand wins, or the side of |d|'s kink;
             // smooth_l1 also switches from quadratic to linear at |d| = beta
-            const Tensor d = graph.node(n.inputs[0]).value - graph.node(n.inputs[1]).value;
+            const Tensor d = sub(graph.node(n.inputs[0]).value, graph.node(n.inputs[1]).value);
             for (const double x : d.to_vector()) {
                 pattern.push_back(x < 0 ? -1 : x > 0 ? 1 : 0);
                 if (n.op == OpType::SmoothL1Loss) pattern.push_back(std::fabs(x) < n.attrs.scalar ? -1 : 1);
