@@ -21,6 +21,7 @@
 #include "dyngrad/core/tensor.h"
 #include "dyngrad/graph/graph.h"
 #include "dyngrad/graph/op_def.h"
+#include "dyngrad/ops/elementwise.h"
 
 using namespace dyngrad;
 
