@@ -70,3 +70,22 @@ dg_configure_and_build() {
         { "${configure[@]}" && "${build[@]}"; } > "$log" 2>&1 || { local rc=$?; tail -60 "$log"; return $rc; }
     fi
 }
+
+# The build step of the run-*-bench.sh scripts: configures and builds the bench targets given (Release, CUDA,
+# no tests) into DYNGRAD_BUILD_DIR (default build-perf/ under the repository root), logging to BUILD.log.
+# Sets `build` to that directory. Exit status 1 (with a message naming the log) when the build failed.
+#   dg_build_bench TARGET...
+dg_build_bench() {
+    local repository cuda_architectures target targets=()
+    repository=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+    build=${DYNGRAD_BUILD_DIR:-build-perf}
+    [[ "$build" == /* ]] || build="$repository/$build"
+    for target in "$@"; do targets+=(--target "$target"); done
+    echo "==> building $* in $build"
+    cuda_architectures=$(dg_cuda_architectures_arg)
+    if ! dg_configure_and_build "$build" --log "$build.log" "${targets[@]}" -- -DCMAKE_BUILD_TYPE=Release \
+             -DDYNGRAD_CUDA=ON -DDYNGRAD_BUILD_TESTS=OFF -DDYNGRAD_BUILD_BENCH=ON ${cuda_architectures:+"$cuda_architectures"}; then
+        echo "$(basename "$0"): build failed (log: $build.log)" >&2
+        return 1
+    fi
+}

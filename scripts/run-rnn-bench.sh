@@ -16,17 +16,8 @@ shift || true
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 python=${PYTHON:-python3}
-build=${DYNGRAD_BUILD_DIR:-build-perf}
-[[ "$build" == /* ]] || build="$root/$build"
-
-echo "==> building dyngrad-rnn-bench in $build"
 . "$root/scripts/lib.sh"
-cuda_architectures=$(dg_cuda_architectures_arg)
-if ! dg_configure_and_build "$build" --log "$build.log" --target dyngrad-rnn-bench -- -DCMAKE_BUILD_TYPE=Release \
-         -DDYNGRAD_CUDA=ON -DDYNGRAD_BUILD_TESTS=OFF -DDYNGRAD_BUILD_BENCH=ON ${cuda_architectures:+"$cuda_architectures"}; then
-    echo "run-rnn-bench.sh: build failed (log: $build.log)" >&2
-    exit 1
-fi
+dg_build_bench dyngrad-rnn-bench || exit 1
 status=0
 echo "==> dyngrad-rnn-bench (float32)"
 "$build/bench/dyngrad-rnn-bench" --json "$out/rnn.json" "$@" 2>&1 | tee "$out/rnn.txt" || status=1
