@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Side-by-side markdown report of dyngrad-perf and bench/torch_reference.py (issue 7's targets).
+"""Side-by-side markdown report of dyngrad-perf and bench/torch_reference.py (issue 17's targets: PyTorch eager, CUDA-graph replay, torch.compile
+and torch.compile + graph replay).
 
     python3 bench/compare_perf.py dyngrad.json torch.json \
         [--tta-dyngrad train.log --tta-torch torch_tta.json]... [--out report.md]
@@ -16,19 +17,20 @@ import re
 import statistics
 import sys
 
-# Issue 7's targets per (workload, mode): (quantity, bound, text). ratio = dyngrad ms / torch ms,
-# speedup = torch ms / dyngrad ms, copy = dyngrad's share of the device-to-device copy bandwidth.
+# Issue 17's targets per (workload, dyngrad mode): (quantity, torch mode, bound, text). ratio = dyngrad ms /
+# torch ms of that torch mode, speedup = its inverse, copy = dyngrad's share of the device copy bandwidth.
 TARGETS = {
-    ("lenet5_b64", "eager"): [("speedup", 5.0, ">= 5x faster")],
-    ("lenet_b256", "eager"): [("speedup", 3.5, ">= 3.5x faster")],
-    ("mlp784_b64", "eager"): [("speedup", 7.0, ">= 7x faster")],
-    ("matmul_relu", "eager"): [("speedup", 5.0, ">= 5x faster")],
-    ("mlp4096_fp32", "eager"): [("ratio", 1.03, "within 3%")],
-    ("mlp4096_tf32", "eager"): [("ratio", 1.03, "within 3%")],
-    ("mul64m", "eager"): [("copy", 0.90, ">= 90% of copy BW")],
-    ("mul64m", "captured"): [("ratio", 1.0, "ratio <= 1.00"), ("copy", 0.90, ">= 90% of copy BW")],
+    ("lenet5_b64", "eager"): [("speedup", "eager", 5.0, ">= 5x torch eager")],
+    ("lenet_b256", "eager"): [("speedup", "eager", 3.0, ">= 3x torch eager")],
+    ("mlp784_b64", "eager"): [("speedup", "eager", 7.0, ">= 7x torch eager")],
+    ("mlp4096_fp32", "eager"): [("ratio", "eager", 1.0, "<= 1.0x torch eager")],
+    ("mlp4096_tf32", "eager"): [("ratio", "eager", 1.0, "<= 1.0x torch eager")],
+    ("mul64m", "eager"): [("copy", None, 0.95, ">= 95% of copy BW")],
+    ("mul64m", "captured"): [("ratio", "compiled_captured", 0.9, "<= 0.9x compile+graph"),
+                             ("copy", None, 0.95, ">= 95% of copy BW")],
 }
-CAPTURED_TARGET = [("ratio", 1.0, "ratio <= 1.00")]
+CAPTURED_TARGET = [("ratio", "compiled_captured", 0.9, "<= 0.9x compile+graph")]
+TORCH_MODES = ("eager", "captured", "compiled", "compiled_captured")
 HOST_TARGET_US = 1.0
 TTA_TARGET_SPEEDUP = 3.0
 
@@ -47,9 +49,9 @@ def targets(workload, mode):
 
 def met(quantity, bound, ratio, copy):
     if quantity == "speedup":
-        return 1.0 / ratio >= bound
+        return ratio is not None and 1.0 / ratio >= bound
     if quantity == "ratio":
-        return ratio <= bound
+        return ratio is not None and ratio <= bound
     return copy is not None and copy >= bound
 
 
@@ -57,35 +59,88 @@ def mib(value):
     return f"{value / 2**20:.1f}" if value is not None else "-"
 
 
+def spread(row):
+    """(max - min) / median of a row's repetition samples, in percent: how much that side varied in this run."""
+    samples = row.get("samples_ms") or []
+    return 100.0 * (max(samples) - min(samples)) / row["ms"] if samples and row.get("ms") else None
+
+
 def perf_table(ours, theirs, summary):
     torch_rows = {(r["workload"], r["mode"]): r for r in theirs.get("rows", [])}
-    lines = ["| workload | mode | dyngrad ms | torch ms | dyngrad/torch | speed-up | target | met? "
-             "| dyngrad peak MiB | torch peak MiB | memory <= torch? |",
-             "|---|---|---:|---:|---:|---:|---|---|---:|---:|---|"]
+
+    def torch_ms(workload, mode):
+        r = torch_rows.get((workload, mode))
+        return r["ms"] if r and "error" not in r else None
+
+    lines = ["| workload | dyngrad mode | dyngrad ms | kernels/step | torch eager | torch graph | torch compile "
+             "| torch compile+graph | vs same mode | vs compile+graph | target | met? | torch spread % "
+             "| dyngrad peak MiB | torch peak MiB (same mode) | memory <= torch? |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---|"]
     for row in ours.get("rows", []):
         key = (row["workload"], row["mode"])
-        other = torch_rows.get(key)
         goals = targets(*key)
-        target_text = "; ".join(text for _, _, text in goals) or "-"
-        if "error" in row or other is None or "error" in other:
-            why = row.get("error") or (other or {}).get("error") or "no torch row"
-            lines.append(f"| {key[0]} | {key[1]} | {row.get('ms', '-')} | {(other or {}).get('ms', '-')} | - | - "
-                         f"| {target_text} | error: {why.splitlines()[0][:80]} | - | - | - |")
+        target_text = "; ".join(g[3] for g in goals) or "-"
+        same = torch_rows.get(key)
+        if "error" in row:
+            lines.append(f"| {key[0]} | {key[1]} | error: {row['error'].splitlines()[0][:80]} |" + " - |" * 13)
             if goals:
-                summary.append((f"{key[0]} {key[1]}", False))
+                summary.append((f"{key[0]} {key[1]} ({target_text})", False))
             continue
-        ratio = row["ms"] / other["ms"]
+        columns = {m: torch_ms(key[0], m) for m in TORCH_MODES}
         copy = row.get("copy_fraction")
-        verdicts = [met(q, bound, ratio, copy) for q, bound, _ in goals]
+        verdicts = []
+        for quantity, mode, bound, _ in goals:
+            other = columns.get(mode) if mode else None
+            verdicts.append(met(quantity, bound, row["ms"] / other if other else None, copy))
         verdict = ("yes" if all(verdicts) else "**no**") if goals else "-"
         if goals:
             summary.append((f"{key[0]} {key[1]} ({target_text})", all(verdicts)))
-        memory_ok = row["peak_bytes"] <= other["peak_bytes"]
-        summary.append((f"{key[0]} {key[1]} peak memory <= torch", memory_ok))
+        same_ms = columns.get(key[1])
+        vs_same = f"{row['ms'] / same_ms:.3f}" if same_ms else "-"
+        anchor = columns.get("compiled_captured")
+        vs_anchor = f"{row['ms'] / anchor:.3f}" if anchor else "-"
+        memory = "-"
+        if same and "error" not in same:
+            memory_ok = row["peak_bytes"] <= same["peak_bytes"]
+            summary.append((f"{key[0]} {key[1]} peak memory <= torch {key[1]}", memory_ok))
+            memory = "yes" if memory_ok else "**no**"
+        spreads = [spread(torch_rows[(key[0], m)]) for m in TORCH_MODES
+                   if (key[0], m) in torch_rows and "error" not in torch_rows[(key[0], m)]]
+        spreads = [x for x in spreads if x is not None]
+        spread_text = f"{min(spreads):.1f}-{max(spreads):.1f}" if spreads else "-"
         extra = f" ({100 * copy:.1f}% of copy)" if copy is not None else ""
-        lines.append(f"| {key[0]} | {key[1]} | {row['ms']:.4f}{extra} | {other['ms']:.4f} | {ratio:.3f} "
-                     f"| {1 / ratio:.2f}x | {target_text} | {verdict} | {mib(row['peak_bytes'])} "
-                     f"| {mib(other['peak_bytes'])} | {'yes' if memory_ok else '**no**'} |")
+        kernels = row.get("graph_kernels", "-") if key[1] == "captured" else "-"
+
+        def ms(value):
+            return f"{value:.4f}" if value else "-"
+
+        lines.append(f"| {key[0]} | {key[1]} | {row['ms']:.4f}{extra} | {kernels} | {ms(columns['eager'])} "
+                     f"| {ms(columns['captured'])} | {ms(columns['compiled'])} | {ms(columns['compiled_captured'])} "
+                     f"| {vs_same} | {vs_anchor} | {target_text} | {verdict} | {spread_text} "
+                     f"| {mib(row['peak_bytes'])} | {mib(same.get('peak_bytes')) if same else '-'} | {memory} |")
+    errors = [f"- torch {r['workload']} {r['mode']}: {r['error'].splitlines()[0][:120]}"
+              for r in theirs.get("rows", []) if "error" in r]
+    if errors:
+        lines += ["", "PyTorch rows that failed:"] + errors
+    return lines
+
+
+def floor_lines(ours):
+    floors = ours.get("floors")
+    rows = [r for r in ours.get("rows", []) if r.get("mode") == "captured" and "floor_launch_ms" in r]
+    if not floors or not rows:
+        return []
+    lines = ["", f"Distance to the floors (dyngrad captured steps). Floors measured in the same run: "
+                 f"{floors['us_per_graph_kernel_node']:.3f} µs per kernel node of a replayed graph, "
+                 f"{floors['copy_gbs']:.1f} GB/s device copy, cuBLAS 8192³ GEMM {floors['gemm_tflops_f32']:.1f} "
+                 f"TFLOP/s f32 / {floors['gemm_tflops_tf32']:.1f} TFLOP/s TF32:", "",
+             "| workload | kernels | memsets | launch floor ms | memory floor ms | compute floor ms | measured ms "
+             "| × the highest floor | bound by |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        floor = max(r["floor_launch_ms"], r["floor_memory_ms"], r["floor_compute_ms"])
+        lines.append(f"| {r['workload']} | {r['graph_kernels']} | {r['graph_memsets']} | {r['floor_launch_ms']:.4f} "
+                     f"| {r['floor_memory_ms']:.4f} | {r['floor_compute_ms']:.4f} | {r['ms']:.4f} "
+                     f"| {r['ms'] / floor:.2f} | {r['bound_by']} |")
     return lines
 
 
@@ -127,6 +182,23 @@ def parse_train_log(path):
     if "time_to_target_s" not in values:
         sys.exit(f"compare_perf.py: {path} has no time_to_target_s= line (dyngrad-train --target-accuracy)")
     return values
+
+
+def tta_compiled_lines(ours_logs, compiled_jsons):
+    """Time to accuracy against torch.compile(model) (reported, no target): medians over the seeds."""
+    ours = [parse_train_log(p) for p in ours_logs]
+    theirs = [load(p) for p in compiled_jsons]
+    ours_times = [o["time_to_target_s"] if o["epochs_to_target"] else math.inf for o in ours]
+    theirs_times = [t["time_to_target_s"] if t.get("epochs_to_target") else math.inf for t in theirs]
+    ours_median, theirs_median = statistics.median(ours_times), statistics.median(theirs_times)
+    lines = ["", "| seed | torch.compile epochs | torch.compile s |", "|---:|---:|---:|"]
+    lines += [f"| {t.get('seed')} | {t.get('epochs_to_target') or 'not reached'} | "
+              f"{t['time_to_target_s']:.3f} |" if t.get("epochs_to_target") else
+              f"| {t.get('seed')} | not reached | - |" for t in theirs]
+    if math.isfinite(ours_median) and math.isfinite(theirs_median):
+        lines += [f"median time to target against torch.compile(model): dyngrad {ours_median:.3f} s, torch.compile "
+                  f"{theirs_median:.3f} s; speed-up {theirs_median / ours_median:.2f}x (compilation before the clock)"]
+    return lines
 
 
 def tta_lines(ours_logs, theirs_jsons, summary):
@@ -184,6 +256,8 @@ def main():
                         help="output of dyngrad-train --target-accuracy (once per seed)")
     parser.add_argument("--tta-torch", action="append", default=[],
                         help="JSON of torch_reference.py --time-to-accuracy (once per seed, same order)")
+    parser.add_argument("--tta-torch-compiled", action="append", default=[],
+                        help="JSON of torch_reference.py --time-to-accuracy --compile (once per seed, same order)")
     parser.add_argument("--out", help="also write the report to this file")
     args = parser.parse_args()
     ours, theirs = load(args.dyngrad_json), load(args.torch_json)
@@ -201,11 +275,16 @@ def main():
         lines += [f"device-to-device copy bandwidth: dyngrad run {ours['copy_bandwidth_gbs']:.1f} GB/s, "
                   f"torch run {theirs.get('copy_bandwidth_gbs', 0):.1f} GB/s (read + write)", ""]
     lines += perf_table(ours, theirs, summary)
+    lines += floor_lines(ours)
     lines += host_lines(ours, theirs, summary)
     if len(args.tta_dyngrad) != len(args.tta_torch):
         sys.exit("compare_perf.py: give --tta-dyngrad and --tta-torch the same number of times (one per seed)")
     if args.tta_dyngrad:
         lines += tta_lines(args.tta_dyngrad, args.tta_torch, summary)
+        if args.tta_torch_compiled:
+            if len(args.tta_torch_compiled) != len(args.tta_dyngrad):
+                sys.exit("compare_perf.py: give --tta-torch-compiled once per seed, as --tta-dyngrad")
+            lines += tta_compiled_lines(args.tta_dyngrad, args.tta_torch_compiled)
     missed = [name for name, ok in summary if not ok]
     lines += ["", f"targets met: {len(summary) - len(missed)} of {len(summary)}"]
     lines += [f"- not met: {name}" for name in missed]

@@ -35,6 +35,7 @@
 #include <dyngrad/dyngrad.h>
 #include <dyngrad/cuda/capture.h>
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -55,6 +56,7 @@
 #include "models.h"
 
 cudaError_t launch_empty_kernels(int count, cudaStream_t stream);  // bench/perf_launch.cu
+cudaError_t graph_kernel_node_us(int count, int repetitions, cudaStream_t stream, double* us_per_node);
 
 using namespace dyngrad;
 
@@ -144,10 +146,48 @@ Memory step_memory(const std::function<void()>& body) {
 using StepFn = std::function<Tensor(std::span<const Tensor>)>;
 
 // A workload ready to run: the step on `inputs`, holding its model, optimizer and data.
+// What one step must at least do, for the distance-to-floor report: floating-point operations of its GEMMs and
+// convolutions (forward, and backward only for the operands that need a gradient), and an estimate of the bytes
+// it must move (every op's inputs read and output written once forward and once more backward, and the
+// optimizer's read of parameters and gradients and write of parameters).
+struct Work {
+    double flops = 0;
+    double bytes = 0;
+};
+
 struct Prepared {
     std::vector<Tensor> inputs;
     StepFn step;
+    std::function<Work()> work;
 };
+
+double nbytes(const Tensor& t) { return static_cast<double>(t.nbytes()); }
+
+// Work of a recorded forward pass (see Work), walking its nodes.
+Work forward_work(const ComputeGraph& graph) {
+    Work w;
+    for (NodeId id = 0; id < graph.size(); ++id) {
+        const ComputeNode& node = graph.node(id);
+        if (node.op == OpType::Leaf) continue;
+        double traffic = nbytes(node.value);
+        for (const NodeInput& in : node.inputs) traffic += nbytes(graph.node(in.id).value);
+        w.bytes += node.requires_grad ? 2 * traffic : traffic;
+        double macs = 0;  // multiply-adds of the forward
+        const double out = static_cast<double>(node.value.numel());
+        if (node.op == OpType::Matmul || node.op == OpType::Linear) {
+            macs = out * static_cast<double>(graph.node(node.inputs[0].id).value.shape().back());
+        } else if (node.op == OpType::Conv2d) {
+            const Tensor& weight = graph.node(node.inputs[1].id).value;
+            macs = out * static_cast<double>(weight.numel()) / static_cast<double>(weight.shape()[0]);
+        }
+        if (macs == 0) continue;
+        double passes = 1;  // forward, then one GEMM per operand that needs a gradient
+        for (std::size_t k = 0; k < std::min<std::size_t>(node.inputs.size(), 2); ++k)
+            passes += graph.node(node.inputs[k].id).requires_grad ? 1 : 0;
+        w.flops += 2 * macs * passes;
+    }
+    return w;
+}
 
 struct Workload {
     std::string name;
@@ -177,7 +217,14 @@ Prepared training(Sequential model, const Shape& input_shape, std::int64_t class
         optimizer->zero_grad();
         return loss.value();
     };
-    return {{x, y}, step};
+    std::function<Work()> work = [model, x] {
+        ComputeGraph graph;
+        static_cast<void>(model(graph.input(x, "x")));
+        Work w = forward_work(graph);
+        for (const Parameter& p : model.parameters()) w.bytes += 3 * nbytes(p.value());  // SGD: read p, g; write p
+        return w;
+    };
+    return {{x, y}, step, work};
 }
 
 Prepared matmul_relu() {
@@ -192,7 +239,12 @@ Prepared matmul_relu() {
         graph.backward(loss);  // dx (100,100), dw (100,50)
         return loss.value();
     };
-    return {{x, w}, step};
+    std::function<Work()> work = [x, w] {
+        ComputeGraph graph;
+        static_cast<void>(sum(relu(matmul(graph.input(x, "x", true), graph.input(w, "w", true)))));
+        return forward_work(graph);
+    };
+    return {{x, w}, step, work};
 }
 
 constexpr std::int64_t kMulElements = 64LL << 20;
@@ -210,7 +262,9 @@ Prepared mul64m() {
         graph.backward(y, dy);  // da = dy·b, db = dy·a
         return y.value();
     };
-    return {{Tensor::zeros({1}, DType::f32, kGpu)}, step};
+    // fwd reads a, b, writes y; bwd reads dy, a, b, writes da, db.
+    std::function<Work()> work = [] { return Work{static_cast<double>(3 * kMulElements), 8.0 * 4.0 * kMulElements}; };
+    return {{Tensor::zeros({1}, DType::f32, kGpu)}, step, work};
 }
 
 std::vector<Workload> workloads() {
@@ -247,6 +301,9 @@ struct Row {
     Memory memory;
     double gbs = 0, copy_fraction = 0;  // mul64m only
     std::string error;
+    bool tf32 = false;
+    Work work;
+    cuda::CapturedStep::GraphCounts graph;  // captured rows: what one replay launches
 };
 
 // Device-to-device copy bandwidth (read + write) of a 64M-float buffer, timed like a step.
@@ -260,7 +317,7 @@ double copy_bandwidth_gbs(const Settings& s) {
 }
 
 Row measure(const Workload& w, bool captured, const Settings& s, double copy_gbs) {
-    Row row{w.name, captured ? "captured" : "eager", w.description, {}, {}, 0, 0, ""};
+    Row row{w.name, captured ? "captured" : "eager", w.description, {}, {}, 0, 0, "", w.tf32, {}, {}};
     cuda::set_allow_tf32(w.tf32);
     try {
         Prepared p = w.prepare();
@@ -271,6 +328,8 @@ Row measure(const Workload& w, bool captured, const Settings& s, double copy_gbs
         row.timing = time_steps(body, s);
         row.memory = step_memory(body);
         cuda::synchronize(0);  // raises any error a kernel reported
+        if (capture) row.graph = capture->last_graph_counts();
+        if (p.work) row.work = p.work();
         if (w.bytes_per_step > 0) {
             row.gbs = w.bytes_per_step / (row.timing.ms * 1e6);
             row.copy_fraction = copy_gbs > 0 ? row.gbs / copy_gbs : 0;
@@ -354,6 +413,84 @@ void print_host_overhead(const HostOverhead& h) {
                 "  (b) minus one launch is the engine's share on the GPU path.\n");
 }
 
+// ---- distance to the floors ----
+
+// The GPU's floors, measured in this run: device time per kernel node of a replayed graph, the
+// device-to-device copy bandwidth, and the FLOP rate of a large cuBLAS GEMM in exact float32 and in TF32.
+struct Floors {
+    double us_per_node = 0;
+    double copy_gbs = 0;
+    double gemm_tflops_f32 = 0, gemm_tflops_tf32 = 0;
+};
+
+double gemm_tflops(bool tf32, const Settings& s) {
+    constexpr int n = 8192;
+    const Tensor a = Tensor::ones({n, n}, DType::f32, kGpu);
+    const Tensor b = Tensor::ones({n, n}, DType::f32, kGpu);
+    Tensor c = Tensor::empty({n, n}, DType::f32, kGpu);
+    cublasHandle_t handle = nullptr;
+    BENCH_CHECK(cublasCreate(&handle));
+    const float one = 1, zero = 0;
+    const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    Settings gemm = s;
+    gemm.min_steps = 1;
+    gemm.max_steps = 5;
+    const Timing t = time_steps([&] {
+        BENCH_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a.raw_data(), CUDA_R_32F, n,
+                                 b.raw_data(), CUDA_R_32F, n, &zero, c.raw_data(), CUDA_R_32F, n, compute,
+                                 CUBLAS_GEMM_DEFAULT));
+    }, gemm);
+    BENCH_CHECK(cublasDestroy(handle));
+    return 2.0 * n * static_cast<double>(n) * n / (t.ms * 1e9);
+}
+
+Floors measure_floors(const Settings& s, double copy_gbs) {
+    Floors f;
+    cudaStream_t stream = nullptr;
+    BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    BENCH_CHECK(graph_kernel_node_us(1000, 9, stream, &f.us_per_node));
+    BENCH_CHECK(cudaStreamDestroy(stream));
+    f.copy_gbs = copy_gbs > 0 ? copy_gbs : copy_bandwidth_gbs(s);
+    f.gemm_tflops_f32 = gemm_tflops(false, s);
+    f.gemm_tflops_tf32 = gemm_tflops(true, s);
+    return f;
+}
+
+struct Distance {
+    double launch_ms = 0, memory_ms = 0, compute_ms = 0;
+    double floor_ms() const { return std::max({launch_ms, memory_ms, compute_ms}); }
+    const char* bound() const {
+        return floor_ms() == launch_ms ? "launches" : floor_ms() == memory_ms ? "memory" : "compute";
+    }
+};
+
+Distance distance(const Row& r, const Floors& f) {
+    Distance d;
+    d.launch_ms = static_cast<double>(r.graph.kernels + r.graph.memsets + r.graph.memcpys) * f.us_per_node * 1e-3;
+    d.memory_ms = r.work.bytes / (f.copy_gbs * 1e6);
+    d.compute_ms = r.work.flops / ((r.tf32 ? f.gemm_tflops_tf32 : f.gemm_tflops_f32) * 1e9);
+    return d;
+}
+
+void print_floors(const std::vector<Row>& rows, const Floors& f) {
+    std::printf("\ndistance to the floors (captured steps; floors measured in this run: %.3f us per kernel node of a\n"
+                "replayed graph, %.1f GB/s device copy, cuBLAS 8192^3 GEMM %.1f TFLOP/s float32, %.1f TFLOP/s TF32):\n",
+                f.us_per_node, f.copy_gbs, f.gemm_tflops_f32, f.gemm_tflops_tf32);
+    std::printf("%-14s %7s %7s %11s %11s %11s %10s %9s  %s\n", "workload", "kernels", "memsets", "launch ms",
+                "memory ms", "compute ms", "measured", "x floor", "bound by");
+    for (const Row& r : rows) {
+        if (r.mode != "captured" || !r.error.empty()) continue;
+        const Distance d = distance(r, f);
+        std::printf("%-14s %7zu %7zu %11.4f %11.4f %11.4f %10.4f %9.2f  %s\n", r.workload.c_str(), r.graph.kernels,
+                    r.graph.memsets, d.launch_ms, d.memory_ms, d.compute_ms, r.timing.ms, r.timing.ms / d.floor_ms(),
+                    d.bound());
+    }
+    std::printf("launch = graph nodes x the per-node time; memory = estimated minimum bytes / copy bandwidth (each op's\n"
+                "inputs read and output written once forward and once backward, plus the optimizer's parameter\n"
+                "traffic); compute = GEMM and convolution FLOPs (forward, and backward per operand that needs a\n"
+                "gradient) / the GEMM rate.\n");
+}
+
 // ---- output ----
 
 std::string json_string(const std::string& text) {
@@ -370,7 +507,7 @@ std::string json_string(const std::string& text) {
 }
 
 void write_json(const std::string& path, const std::vector<Row>& rows, const Settings& s, double copy_gbs,
-                const HostOverhead* host) {
+                const HostOverhead* host, const Floors& floors) {
     std::ofstream out(path);
     if (!out) throw IoError(str("--json: cannot write '", path, "'"));
     out.precision(9);
@@ -383,6 +520,9 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Set
         << ", \"min_repetition_ms\": " << s.min_repetition_ms << ", \"min_steps\": " << s.min_steps
         << ", \"max_steps\": " << s.max_steps << "},\n";
     if (copy_gbs > 0) out << "  \"copy_bandwidth_gbs\": " << copy_gbs << ",\n";
+    out << "  \"floors\": {\"us_per_graph_kernel_node\": " << floors.us_per_node << ", \"copy_gbs\": " << floors.copy_gbs
+        << ", \"gemm_tflops_f32\": " << floors.gemm_tflops_f32 << ", \"gemm_tflops_tf32\": " << floors.gemm_tflops_tf32
+        << "},\n";
     if (host)
         out << "  \"host_overhead\": {\"chain\": " << host->chain << ", \"cpu_record_us_per_op\": " << host->cpu_record_us
             << ", \"cpu_backward_us_per_node\": " << host->cpu_backward_us
@@ -405,6 +545,14 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Set
             << ", \"reserved_bytes\": " << r.memory.reserved_bytes
             << ", \"capture_reserved_bytes\": " << r.memory.capture_reserved_bytes;
         if (r.gbs > 0) out << ", \"gbs\": " << r.gbs << ", \"copy_fraction\": " << r.copy_fraction;
+        out << ", \"flops\": " << r.work.flops << ", \"min_bytes\": " << r.work.bytes;
+        if (r.mode == "captured") {
+            const Distance d = distance(r, floors);
+            out << ", \"graph_nodes\": " << r.graph.nodes << ", \"graph_kernels\": " << r.graph.kernels
+                << ", \"graph_memsets\": " << r.graph.memsets << ", \"graph_memcpys\": " << r.graph.memcpys
+                << ", \"floor_launch_ms\": " << d.launch_ms << ", \"floor_memory_ms\": " << d.memory_ms
+                << ", \"floor_compute_ms\": " << d.compute_ms << ", \"bound_by\": " << json_string(d.bound());
+        }
         out << "}";
     }
     out << "\n  ]\n}\n";
@@ -490,6 +638,7 @@ int main(int argc, char** argv) {
                 } else {
                     std::printf("%-14s %-9s %10.4f %5d %12.1f", row.workload.c_str(), row.mode.c_str(), row.timing.ms,
                                 row.timing.steps, static_cast<double>(row.memory.peak_bytes) / (1 << 20));
+                    if (captured) std::printf("  %zu kernels/step", row.graph.kernels);
                     if (row.gbs > 0)
                         std::printf("  %.1f GB/s = %.1f%% of copy", row.gbs, 100 * row.copy_fraction);
                     std::printf("\n");
@@ -498,13 +647,15 @@ int main(int argc, char** argv) {
                 rows.push_back(std::move(row));
             }
         }
+        const Floors floors = measure_floors(settings, copy_gbs);
+        print_floors(rows, floors);
         std::unique_ptr<HostOverhead> host;
         if (wanted("host")) {
             host = std::make_unique<HostOverhead>(host_overhead(settings));
             print_host_overhead(*host);
         }
         if (!json_path.empty()) {
-            write_json(json_path, rows, settings, copy_gbs, host.get());
+            write_json(json_path, rows, settings, copy_gbs, host.get(), floors);
             std::printf("\nwrote %s\n", json_path.c_str());
         }
         return failed ? 1 : 0;

@@ -4,7 +4,7 @@ measurement, and a time-to-accuracy run that mirrors `dyngrad-train --target-acc
 
     python3 bench/torch_reference.py --json torch.json                # every workload, eager and captured
     python3 bench/torch_reference.py --only lenet5_b64,matmul_relu --quick
-    python3 bench/torch_reference.py --time-to-accuracy --data DIR --json torch_tta.json
+    python3 bench/torch_reference.py --time-to-accuracy --data DIR --json torch_tta.json [--compile]
 
 Needs only torch and the standard library. The epoch order of dyngrad's BatchLoader (core/dataset.cpp
 epoch_permutation: std::seed_seq, std::mt19937_64 and its bounded() draw, all fully specified by the C++
@@ -23,7 +23,10 @@ Between workloads the cached blocks and those workspaces are released, so no wor
 
 Modes: eager runs the step as written; captured is torch.cuda.graphs capture as the PyTorch documentation
 shows it for a whole network (warm-up on a side stream, capture of one step on static inputs, replay after
-copying the new inputs into them), the counterpart of dyngrad's cuda::CapturedStep.
+copying the new inputs into them), the counterpart of dyngrad's cuda::CapturedStep; compiled runs the step with
+torch.compile (Inductor) applied to the forward + loss (hence the backward, through AOTAutograd) and to the
+optimizer update, compiled before the clock starts (compile_s in the JSON); compiled_captured is that compiled
+step captured and replayed like captured (issue 17's anchor: the highest a PyTorch user can reach).
 
 Settings that make the two sides compute the same thing: float32 without TF32 for convolutions and GEMMs
 (except mlp4096_tf32, TF32 for both); cudnn.benchmark on by default because dyngrad times cuDNN's algorithms
@@ -291,49 +294,60 @@ GPU = "cuda"
 MUL_ELEMENTS = 64 << 20
 
 
-def training(model, input_shape, classes):
+def maybe_compile(fn, compiled):
+    """torch.compile (Inductor, default mode: fused Triton kernels; the CUDA graph, when wanted, is captured
+    around the whole step by captured(), as for the other modes) or the function itself."""
+    return torch.compile(fn) if compiled else fn
+
+
+def training(model, input_shape, classes, compiled=False):
     model = model.to(GPU)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     gen = torch.Generator(device="cpu").manual_seed(7)
     x = (torch.rand(input_shape, generator=gen) * 2 - 1).to(GPU)
     y = torch.randint(0, classes, (input_shape[0],), generator=gen).to(GPU)
+    # Compiled: the forward with its loss (and so, through AOTAutograd, the backward) and the optimizer update.
+    forward_loss = maybe_compile(lambda x, y: F.cross_entropy(model(x), y), compiled)
+    update = maybe_compile(optimizer.step, compiled)
 
     def step(inputs):
         optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(inputs[0]), inputs[1])
+        loss = forward_loss(inputs[0], inputs[1])
         loss.backward()
-        optimizer.step()
+        update()
         return loss
 
     return [x, y], step
 
 
-def matmul_relu():
+def matmul_relu(compiled=False):
     gen = torch.Generator(device="cpu").manual_seed(42)
     x = torch.rand(100, 100, generator=gen).to(GPU).requires_grad_()
     w = torch.rand(100, 50, generator=gen).to(GPU).requires_grad_()
+    forward = maybe_compile(lambda x, w: torch.relu(x @ w).sum(), compiled)
 
     def step(inputs):
         for t in inputs:
             t.grad = None
-        loss = torch.relu(inputs[0] @ inputs[1]).sum()
+        loss = forward(inputs[0], inputs[1])
         loss.backward()  # dx (100,100), dw (100,50)
         return loss
 
     return [x, w], step
 
 
-def mul64m():
+def mul64m(compiled=False):
     gen = torch.Generator(device="cpu").manual_seed(1)
     a = (torch.rand(MUL_ELEMENTS, generator=gen) * 2 - 1).to(GPU).requires_grad_()
     b = (torch.rand(MUL_ELEMENTS, generator=gen) * 2 - 1).to(GPU).requires_grad_()
     dy = (torch.rand(MUL_ELEMENTS, generator=gen) * 2 - 1).to(GPU)
+    forward = maybe_compile(lambda a, b: a * b, compiled)
 
     # a, b, dy are read from the closure as in bench/perf.cpp; the 1-element input only mirrors its key.
     def step(inputs):
         a.grad = None
         b.grad = None
-        y = a * b
+        y = forward(a, b)
         y.backward(dy)  # da = dy*b, db = dy*a
         return y
 
@@ -347,10 +361,10 @@ MUL_BYTES = 8 * 4 * MUL_ELEMENTS  # fwd reads a, b, writes y; bwd reads dy, a, b
 def workloads():
     """(name, description, prepare, tf32, bytes per step): bench/perf.cpp's list."""
     def model(name, batch):
-        return lambda: training(make_model(name), (batch, 1, 28, 28), 10)
+        return lambda compiled=False: training(make_model(name), (batch, 1, 28, 28), 10, compiled)
 
     def mlp(widths, batch):
-        return lambda: training(make_mlp(widths), (batch, widths[0]), widths[-1])
+        return lambda compiled=False: training(make_mlp(widths), (batch, widths[0]), widths[-1], compiled)
 
     return [
         ("lenet5_b1", "lenet5, batch 1, SGD step", model("lenet5", 1), False, 0),
@@ -371,12 +385,24 @@ def copy_bandwidth_gbs(s):
     return 2.0 * src.numel() * 4 / (ms * 1e6)
 
 
+MODES = ("eager", "captured", "compiled", "compiled_captured")
+
+
 def measure(name, description, prepare, tf32, bytes_per_step, mode, s, copy_gbs):
+    """One (workload, mode) row. Modes: eager; captured (torch.cuda.graphs around the step); compiled
+    (torch.compile of the forward + loss, hence of the backward, and of the optimizer update); compiled_captured
+    (that compiled step captured into one CUDA graph and replayed: issue 17's anchor)."""
     row = {"workload": name, "mode": mode, "description": description}
     set_tf32(tf32)
     try:
-        inputs, step = prepare()
-        body = captured(step, inputs) if mode == "captured" else (lambda: step(inputs))
+        inputs, step = prepare(compiled=mode.startswith("compiled"))
+        if mode.startswith("compiled"):
+            start = time.perf_counter()
+            for _ in range(3):  # compiles (forward, backward, update) before the clock starts
+                step(inputs)
+            torch.cuda.synchronize()
+            row["compile_s"] = time.perf_counter() - start
+        body = captured(step, inputs) if mode.endswith("captured") else (lambda: step(inputs))
         ms, steps, samples = time_steps(body, s)
         before, peak, reserved = step_memory(body)
         row.update(ms=ms, steps_per_repetition=steps, samples_ms=samples, before_bytes=before, peak_bytes=peak,
@@ -389,6 +415,8 @@ def measure(name, description, prepare, tf32, bytes_per_step, mode, s, copy_gbs)
     finally:
         set_tf32(False)
         inputs = step = body = None
+        if mode.startswith("compiled"):
+            torch._dynamo.reset()  # the next workload's compiled functions start from a clean cache
         release_memory()
     return row
 
@@ -461,7 +489,7 @@ def run_workloads(args):
     for name, description, prepare, tf32, bytes_per_step in workloads():
         if not wanted(name):
             continue
-        for mode in ("eager", "captured"):
+        for mode in args.modes:
             row = measure(name, description, prepare, tf32, bytes_per_step, mode, s, copy_gbs)
             if "error" in row:
                 failed = True
@@ -591,6 +619,19 @@ def time_to_accuracy(args):
     if args.init_from:
         load_initial_weights(model, args.init_from)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    forward = model
+    if args.compile:
+        # torch.compile of the model; compiled before the clock starts for both batch sizes an epoch has (the
+        # last batch is smaller) and the evaluation's, by forward + backward passes that change no weight.
+        forward = torch.compile(model)
+        start = time.perf_counter()
+        for size in sorted({batch, n % batch or batch}):
+            forward(train_x[:size]).sum().backward()
+        with torch.no_grad():
+            forward(test_x[:1000])
+        optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        print(f"torch.compile: {time.perf_counter() - start:.1f} s before the clock")
     env = environment()
     print(f"time to accuracy: lenet, Adam lr {args.lr}, batch {batch}, data on the GPU, seed {args.seed}, "
           f"target {args.target_accuracy}, initial weights {args.init_from or 'drawn by PyTorch'}, "
@@ -609,7 +650,7 @@ def time_to_accuracy(args):
         for b in range(batches):
             x, y = epoch_x[b * batch:(b + 1) * batch], epoch_y[b * batch:(b + 1) * batch]
             optimizer.zero_grad(set_to_none=True)
-            logits = model(x)
+            logits = forward(x)
             loss = F.cross_entropy(logits, y)
             loss.backward()
             optimizer.step()
@@ -625,7 +666,7 @@ def time_to_accuracy(args):
         correct = 0
         with torch.no_grad():
             for b in range(0, test_y.numel(), 1000):
-                correct += (model(test_x[b:b + 1000]).argmax(1) == test_y[b:b + 1000]).sum().item()
+                correct += (forward(test_x[b:b + 1000]).argmax(1) == test_y[b:b + 1000]).sum().item()
         evaluation_seconds += time.perf_counter() - start
         accuracy = correct / test_y.numel()
         epochs.append({"epoch": epoch + 1, "train_seconds": seconds, "test_accuracy": accuracy})
@@ -638,6 +679,7 @@ def time_to_accuracy(args):
     if args.json:
         with open(args.json, "w") as out:
             json.dump({"tool": "torch_reference.py --time-to-accuracy", **env, "model": "lenet",
+                       "compiled": bool(args.compile),
                        "optimizer": f"torch.optim.Adam(lr={args.lr}) (PyTorch's default implementation)",
                        "batch": batch, "seed": args.seed, "initial_weights": args.init_from or "drawn by PyTorch", "target_accuracy": args.target_accuracy,
                        "epochs_to_target": reached, "time_to_target_s": train_seconds if reached else None,
@@ -650,9 +692,12 @@ def main():
     parser.add_argument("--json", help="write the results to this file")
     parser.add_argument("--only", help="comma-separated workloads (see --list); 'host' is the host overhead")
     parser.add_argument("--quick", action="store_true", help="fewer, shorter repetitions (smoke runs)")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"comma-separated PyTorch modes to measure (default: all of {', '.join(MODES)})")
     parser.add_argument("--list", action="store_true", help="list the workloads")
     parser.add_argument("--no-cudnn-benchmark", action="store_true", help="PyTorch's default cuDNN heuristics")
     parser.add_argument("--time-to-accuracy", action="store_true", help="lenet on Fashion-MNIST to the target")
+    parser.add_argument("--compile", action="store_true", help="--time-to-accuracy with torch.compile(model)")
     parser.add_argument("--data", default="/usr/share/datasets/fashion-mnist", help="MNIST-format directory")
     parser.add_argument("--target-accuracy", type=float, default=0.90)
     parser.add_argument("--max-epochs", type=int, default=30)
@@ -664,6 +709,10 @@ def main():
                         help="save lenet with PyTorch's default initialisation for --seed to FILE, then exit")
     parser.add_argument("--log-every", type=int, default=50, help="as dyngrad-train --log-every (GPU default 50)")
     args = parser.parse_args()
+    args.modes = [m for m in args.modes.split(",") if m]
+    for mode in args.modes:
+        if mode not in MODES:
+            sys.exit(f"torch_reference.py: --modes: unknown mode {mode!r} (one of {', '.join(MODES)})")
     if args.list:
         for name, description, *_ in workloads():
             print(f"{name:<14} {description}")

@@ -75,11 +75,33 @@ struct Variant {
     GraphExec graph;
 };
 
+// Counts a captured graph's nodes by kind (once per capture, off the replay path).
+CapturedStep::GraphCounts count_nodes(cudaGraph_t graph) {
+    std::size_t count = 0;
+    DG_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
+    std::vector<cudaGraphNode_t> nodes(count);
+    if (count > 0) DG_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &count));
+    CapturedStep::GraphCounts counts;
+    counts.nodes = count;
+    for (cudaGraphNode_t node : nodes) {
+        cudaGraphNodeType type{};
+        DG_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+        switch (type) {
+            case cudaGraphNodeTypeKernel: ++counts.kernels; break;
+            case cudaGraphNodeTypeMemset: ++counts.memsets; break;
+            case cudaGraphNodeTypeMemcpy: ++counts.memcpys; break;
+            default: ++counts.other; break;
+        }
+    }
+    return counts;
+}
+
 }  // namespace
 
 struct CapturedStep::Impl {
     StepFn step;
     std::map<InputKey, Variant> variants;  // a key without a graph has had its eager warm-up only
+    GraphCounts last_counts;                // of the graph captured last
 
     // Copies `inputs` into a new variant's static buffers, captures the step on them and launches it once.
     Tensor capture(Variant& v, std::span<const Tensor> inputs);
@@ -112,6 +134,7 @@ Tensor CapturedStep::Impl::capture(Variant& v, std::span<const Tensor> inputs) {
         throw GraphError(str("CapturedStep: capturing the step failed: ", cudaGetErrorName(captured), " (",
                              cudaGetErrorString(captured), "); an operation of the step is not allowed in a CUDA graph ",
                              "(a host synchronisation or allocation outside dyngrad?)"));
+    last_counts = count_nodes(graph.get());
     cudaGraphExec_t exec = nullptr;
     const cudaError_t status = cudaGraphInstantiate(&exec, graph.get(), 0);
     if (status != cudaSuccess) throw_cuda_error(status, "cudaGraphInstantiate(&exec, graph, 0)", __FILE__, __LINE__);
@@ -153,6 +176,8 @@ Tensor CapturedStep::run(std::span<const Tensor> inputs) {
     v.graph.launch();
     return v.output;
 }
+
+CapturedStep::GraphCounts CapturedStep::last_graph_counts() const { return impl_->last_counts; }
 
 std::size_t CapturedStep::variants() const {
     std::size_t captured = 0;

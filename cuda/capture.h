@@ -53,6 +53,17 @@ public:
     // Number of captured variants (distinct input keys) held.
     std::size_t variants() const;
 
+    // What the most recently captured variant's graph holds: the work a replay launches (issue 17's
+    // "kernels per step"). All zero before the first capture.
+    struct GraphCounts {
+        std::size_t nodes = 0;    // every node of the graph
+        std::size_t kernels = 0;  // kernel launches (ours, cuBLAS's, cuDNN's)
+        std::size_t memsets = 0;
+        std::size_t memcpys = 0;
+        std::size_t other = 0;    // events, host nodes, child graphs, ...
+    };
+    GraphCounts last_graph_counts() const;
+
 private:
     struct Impl;
     std::unique_ptr<Impl> impl_;

@@ -47,6 +47,7 @@ CapturedStep::CapturedStep(StepFn step) : impl_(std::make_unique<Impl>(Impl{std:
 CapturedStep::~CapturedStep() = default;
 Tensor CapturedStep::run(std::span<const Tensor>) { unavailable("cuda::CapturedStep::run"); }
 std::size_t CapturedStep::variants() const { return 0; }
+CapturedStep::GraphCounts CapturedStep::last_graph_counts() const { return {}; }
 
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }

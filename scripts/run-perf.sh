@@ -106,8 +106,15 @@ if ((tta)) && [[ -d "$data" ]]; then
         PYTHONUNBUFFERED=1 "$python" "$root/bench/torch_reference.py" --time-to-accuracy --data "$data" \
             --seed "$seed" --batch 64 --lr 0.001 --max-epochs "$epochs" --target-accuracy "$target" \
             --init-from "$init" --json "$out/tta/torch_seed$seed.json" 2>&1 | tee -a "$out/torch.txt" || status=1
-        if [[ -f "$out/tta/torch_seed$seed.json" ]] && grep -q "^time_to_target_s=" "$out/tta/dyngrad_seed$seed.txt"; then
-            tta_args+=(--tta-dyngrad "$out/tta/dyngrad_seed$seed.txt" --tta-torch "$out/tta/torch_seed$seed.json")
+        echo "==> time to $target, seed $seed: torch_reference.py --time-to-accuracy --compile"
+        rm -f "$out/tta/torch_compiled_seed$seed.json"
+        PYTHONUNBUFFERED=1 "$python" "$root/bench/torch_reference.py" --time-to-accuracy --compile --data "$data" \
+            --seed "$seed" --batch 64 --lr 0.001 --max-epochs "$epochs" --target-accuracy "$target" \
+            --init-from "$init" --json "$out/tta/torch_compiled_seed$seed.json" 2>&1 | tee -a "$out/torch.txt" || status=1
+        if [[ -f "$out/tta/torch_seed$seed.json" && -f "$out/tta/torch_compiled_seed$seed.json" ]] &&
+           grep -q "^time_to_target_s=" "$out/tta/dyngrad_seed$seed.txt"; then
+            tta_args+=(--tta-dyngrad "$out/tta/dyngrad_seed$seed.txt" --tta-torch "$out/tta/torch_seed$seed.json"
+                       --tta-torch-compiled "$out/tta/torch_compiled_seed$seed.json")
         else
             status=1
         fi
