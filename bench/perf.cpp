@@ -36,6 +36,7 @@
 #include <dyngrad/cuda/capture.h>
 
 #include <cublas_v2.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -341,6 +342,22 @@ Row measure(const Workload& w, bool captured, const Settings& s, double copy_gbs
     return row;
 }
 
+// --profile: one replay of each wanted workload's captured step between cudaProfilerStart/Stop, for
+// `ncu --profile-from-start off dyngrad-perf --profile --only NAME` (per-kernel times of exactly one step).
+void profile_one_replay(const Workload& w) {
+    cuda::set_allow_tf32(w.tf32);
+    Prepared p = w.prepare();
+    cuda::CapturedStep capture(p.step);
+    for (int i = 0; i < 3; ++i) capture.run(p.inputs);  // warm-up, capture, first replay
+    device_sync();
+    BENCH_CHECK(cudaProfilerStart());
+    capture.run(p.inputs);
+    device_sync();
+    BENCH_CHECK(cudaProfilerStop());
+    cuda::set_allow_tf32(false);
+    std::printf("%s: profiled one replay of %zu kernels\n", w.name.c_str(), capture.last_graph_counts().kernels);
+}
+
 // ---- host overhead ----
 
 struct HostOverhead {
@@ -567,9 +584,11 @@ std::vector<std::string> split(const std::string& text) {
 }
 
 constexpr const char* kUsage =
-    "usage: dyngrad-perf [--json FILE] [--only NAME[,NAME...]] [--quick] [--list]\n"
+    "usage: dyngrad-perf [--json FILE] [--only NAME[,NAME...]] [--quick] [--list] [--profile]\n"
     "  --only   workloads to run (see --list); 'host' is the host-overhead figure\n"
-    "  --quick  fewer, shorter repetitions (smoke runs; not for reported numbers)\n";
+    "  --quick  fewer, shorter repetitions (smoke runs; not for reported numbers)\n"
+    "  --profile  only one captured replay per workload between cudaProfilerStart/Stop (for ncu\n"
+    "           --profile-from-start off)\n";
 
 }  // namespace
 
@@ -578,8 +597,9 @@ int main(int argc, char** argv) {
     std::vector<std::string> only;
     Settings settings;
     bool list = false;
+    bool profile = false;
     try {  // every argument is checked before anything runs (cli/command_line.h)
-        const cli::Arguments args(argc, argv, {.flags = {"--quick", "--list"}, .options = {"--json", "--only"}});
+        const cli::Arguments args(argc, argv, {.flags = {"--quick", "--list", "--profile"}, .options = {"--json", "--only"}});
         if (args.help()) {
             std::fputs(kUsage, stdout);
             return 0;
@@ -592,6 +612,7 @@ int main(int argc, char** argv) {
         }
         if (args.has("--quick")) settings = quick_settings();
         list = args.has("--list");
+        profile = args.has("--profile");
     } catch (const cli::UsageError& e) {
         std::fprintf(stderr, "dyngrad-perf: %s\n%s", e.what(), kUsage);
         return 2;
@@ -615,6 +636,11 @@ int main(int argc, char** argv) {
         if (cuda_device_count() == 0) {
             std::printf("dyngrad-perf: no CUDA device; nothing to measure\n");
             return 77;
+        }
+        if (profile) {
+            for (const Workload& w : all)
+                if (wanted(w.name)) profile_one_replay(w);
+            return 0;
         }
         std::printf("dyngrad-perf on %s\n", cuda::device_name(0).c_str());
         std::printf("ms per step: median of %d repetitions of K steps (>= %.0f ms each), after %d warm-up steps; "
