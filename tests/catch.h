@@ -8,6 +8,7 @@
 
 #if DYNGRAD_CATCH2_V3
 #include <catch2/catch_approx.hpp>
+#include <catch2/generators/catch_generators.hpp>  // GENERATE (part of catch.hpp in Catch2 2)
 #include <catch2/catch_message.hpp>
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers.hpp>
