@@ -1,7 +1,7 @@
 // Fused multi-tensor optimizer steps: SGD (momentum, Nesterov, L2) and Adam / AdamW. The optimizers
 // (nn/optim.cpp) hand over every CUDA parameter of one device at once; the tensors are cut into chunks
 // of at most kStepChunk elements, the chunk table lives on the device (StepTable, nn/optim_kernels.h),
-// and one kernel launch updates every chunk of one dtype, one block per chunk. Each chunk carries its
+// and one kernel launch updates every chunk of one dtype, kStepSlices blocks per chunk. Each chunk carries its
 // parameter's scalars (its group's lr and weight decay, its own Adam step's bias corrections).
 // In a captured step the table, and with it the hyper-parameters (lr, ...), is frozen into the graph.
 // Gradient clipping (clip_norm, clip_value) is here too.
@@ -22,7 +22,13 @@ namespace dyngrad::cuda {
 
 namespace {
 
-constexpr std::int64_t kStepChunk = std::int64_t{1} << 15;  // elements per block: 128 per thread
+// A table chunk holds up to kStepChunk elements, and kStepSlices blocks (blockIdx.y) share it, each a slice
+// of kStepChunk / kStepSlices elements: 8 per thread. One block per chunk walked 128 elements per thread one
+// after another, and the step's time was that chain of memory latencies: 56 µs of lenet5's 184 µs captured
+// step on the H100 (ncu, dyngrad-perf --profile), for a few thousand parameters.
+constexpr std::int64_t kStepChunk = std::int64_t{1} << 15;
+constexpr unsigned kStepSlices = 16;
+constexpr std::int64_t kStepSlice = kStepChunk / kStepSlices;
 constexpr unsigned kThreads = 256;
 static_assert(sizeof(StepChunk) % sizeof(std::int64_t) == 0, "the table is stored as int64 words");
 
@@ -38,7 +44,9 @@ __global__ void sgd_kernel(const StepChunk* __restrict__ chunks) {
     T* __restrict__ p = static_cast<T*>(c.param);
     const T* __restrict__ g = static_cast<const T*>(c.grad);
     T* __restrict__ buffer = static_cast<T*>(c.state1);
-    for (std::int64_t i = threadIdx.x; i < c.n; i += blockDim.x) {
+    const std::int64_t end = std::min(c.n, (blockIdx.y + 1) * kStepSlice);
+#pragma unroll 4
+    for (std::int64_t i = blockIdx.y * kStepSlice + threadIdx.x; i < end; i += blockDim.x) {
         const T w = p[i];
         T d = g[i];
         if (weight_decay != T(0)) d = d + weight_decay * w;
@@ -63,7 +71,9 @@ __global__ void adam_kernel(const StepChunk* __restrict__ chunks) {
     const T* __restrict__ g = static_cast<const T*>(c.grad);
     T* __restrict__ m = static_cast<T*>(c.state1);
     T* __restrict__ v = static_cast<T*>(c.state2);
-    for (std::int64_t i = threadIdx.x; i < c.n; i += blockDim.x) {
+    const std::int64_t end = std::min(c.n, (blockIdx.y + 1) * kStepSlice);
+#pragma unroll 4
+    for (std::int64_t i = blockIdx.y * kStepSlice + threadIdx.x; i < end; i += blockDim.x) {
         T w = p[i];
         if (decay != T(1)) w = w * decay;
         T d = g[i];
@@ -175,7 +185,7 @@ void sgd_step(StepTable& table, std::span<const StepOperands> tensors) {
     DeviceContext& ctx = context(table.device());
     for_each_group(table, tensors, [&](const Group& group, const StepChunk* chunks) {
         dispatch_floating(group.dtype, "SGD", [&]<typename T>() {
-            sgd_kernel<T><<<static_cast<unsigned>(group.count), kThreads, 0, ctx.stream>>>(chunks);
+            sgd_kernel<T><<<dim3(static_cast<unsigned>(group.count), kStepSlices), kThreads, 0, ctx.stream>>>(chunks);
             DG_CUDA_CHECK_LAUNCH();
         });
     });
@@ -188,7 +198,7 @@ void adam_step(StepTable& table, std::span<const StepOperands> tensors, bool dec
     DeviceContext& ctx = context(table.device());
     for_each_group(table, tensors, [&](const Group& group, const StepChunk* chunks) {
         dispatch_floating(group.dtype, decoupled ? "AdamW" : "Adam", [&]<typename T>() {
-            adam_kernel<T><<<static_cast<unsigned>(group.count), kThreads, 0, ctx.stream>>>(chunks);
+            adam_kernel<T><<<dim3(static_cast<unsigned>(group.count), kStepSlices), kThreads, 0, ctx.stream>>>(chunks);
             DG_CUDA_CHECK_LAUNCH();
         });
     });
