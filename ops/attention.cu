@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(2 * TILE) attention_forward_kernel(const Real*
                                                                      Params p) {
     using L = Layout<TILE>;
     constexpr int kCols = L::kCols, kDCols = DP / 8;
-    extern __shared__ unsigned char shared_bytes[];
+    extern __shared__ __align__(16) unsigned char shared_bytes[];
     Real* qt = reinterpret_cast<Real*>(shared_bytes);  // [DP][kLine]
     Real* kt = qt + DP * L::kLine;                      // [DP][kLine]
     Real* vt = kt + DP * L::kLine;                      // [DP][kLine]
@@ -276,7 +276,7 @@ __global__ void __launch_bounds__(2 * TILE) attention_backward_kv_kernel(
     Real* __restrict__ dk, Real* __restrict__ dv, Params p) {
     using L = Layout<TILE>;
     constexpr int kCols = L::kCols, kDCols = DP / 8;
-    extern __shared__ unsigned char shared_bytes[];
+    extern __shared__ __align__(16) unsigned char shared_bytes[];
     Real* kt = reinterpret_cast<Real*>(shared_bytes);  // [DP][kLine] (keys)
     Real* vt = kt + DP * L::kLine;                      // [DP][kLine] (keys)
     Real* qt = vt + DP * L::kLine;                      // [DP][kLine] (queries)
@@ -360,7 +360,7 @@ __global__ void __launch_bounds__(2 * TILE) attention_backward_q_kernel(
     Real* __restrict__ dq, Params p) {
     using L = Layout<TILE>;
     constexpr int kCols = L::kCols, kDCols = DP / 8;
-    extern __shared__ unsigned char shared_bytes[];
+    extern __shared__ __align__(16) unsigned char shared_bytes[];
     Real* qt = reinterpret_cast<Real*>(shared_bytes);  // [DP][kLine] (queries)
     Real* dyt = qt + DP * L::kLine;                     // [DP][kLine] (queries)
     Real* kt = dyt + DP * L::kLine;                     // [DP][kLine] (keys)
