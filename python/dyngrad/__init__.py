@@ -19,7 +19,7 @@ from ._core import (  # noqa: F401  (the public surface)
     IoError, NumericalError,
     zeros, ones, full, arange, randn, rand, manual_seed, from_dlpack,
     is_grad_enabled, is_anomaly_enabled, cuda_is_available, cuda_device_count, cuda_compiled, set_cpu_threads,
-    verify, lint, to_dot, VerifyReport, LintReport, CapturedStep, custom_op, CustomOp,
+    verify, lint, to_dot, VerifyReport, LintReport, CapturedStep, custom_op, CustomOp, BatchLoader,
     save_safetensors, load_safetensors, load_mnist,
 )
 
@@ -31,6 +31,8 @@ from . import functional  # noqa: E402
 from . import nn  # noqa: E402
 from . import optim  # noqa: E402
 from . import data  # noqa: E402
+from . import models  # noqa: E402
+from . import parity  # noqa: E402  (PyTorch is imported only when used)
 from . import _tensor_methods  # noqa: E402,F401  (adds methods to Tensor)
 
 __version__ = "0.1.0"

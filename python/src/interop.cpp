@@ -310,7 +310,8 @@ Tensor tensor_from_result(const PyCustomOp& op, const char* what, nb::handle res
     if (device.is_cpu()) {
         nb::object np = numpy_module();
         const char* np_dtype = dtype == DType::f32 ? "float32" : dtype == DType::f64 ? "float64" : "int64";
-        nb::object array = np.attr("ascontiguousarray")(result, nb::arg("dtype") = np_dtype);
+        // np.array keeps a 0-d result 0-d (ascontiguousarray would make it 1-d).
+        nb::object array = np.attr("array")(result, nb::arg("dtype") = np_dtype, nb::arg("order") = "C");
         const auto array_shape = nb::cast<std::vector<std::int64_t>>(array.attr("shape"));
         if (Shape(array_shape.begin(), array_shape.end()) != shape)
             throw ShapeError(str("custom op '", op.name, "': its ", what, " returned shape ",

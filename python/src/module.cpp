@@ -87,6 +87,8 @@ NB_MODULE(_core, m) {
     classes.numerical = make_class(m, "NumericalError", {classes.error, PyExc_ArithmeticError},
                                    "A NaN or Inf found by anomaly mode.");
     nb::register_exception_translator(&translate);
+    // Custom ops (and their Python callables) are registered for the life of the process, as in C++.
+    nb::set_leak_warnings(false);
 
     bind_tensor(m);
     bind_interop(m);
