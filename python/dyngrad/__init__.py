@@ -57,7 +57,7 @@ def tensor(data, dtype=None, device=None, requires_grad=False) -> Tensor:
         target = "int64"
     else:
         raise DTypeError(f"tensor(): cannot convert data of NumPy dtype {array.dtype} (dyngrad has float32, float64, int64)")
-    array = _np.ascontiguousarray(array, dtype=target)
+    array = _np.asarray(array, dtype=target, order="C")  # keeps 0-d data 0-d (ascontiguousarray would not)
     t = _core._from_numpy_copy(array, device)
     if requires_grad:
         t.requires_grad = True

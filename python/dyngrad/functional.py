@@ -99,8 +99,10 @@ def matmul(a, b):
 
 def linear(x, weight, bias=None, activation=None):
     """y = x·weightᵀ + bias (activation='relu' fuses a ReLU into the same node)."""
-    inputs = [x, weight] if bias is None else [x, weight, bias]
-    return _apply(_i("linear"), inputs, {} if activation is None else {"activation": activation})
+    if bias is None:  # as ops/linalg's linear(): the composite matmul(x, weightᵀ), no Linear node
+        y = ops.matmul(x, ops.transpose(weight, axes=[-2, -1]))
+        return relu(y) if activation == "relu" else y
+    return _apply(_i("linear"), [x, weight, bias], {} if activation is None else {"activation": activation})
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activation=None):

@@ -115,7 +115,7 @@ class Module:
                     continue
                 seen.add(id(p))
                 full = f"{mod_prefix}.{name}" if mod_prefix else name
-                if not p.name:
+                if p.name != full:
                     p.name = full  # error messages and lint name parameters by their path
                 yield full, p
 

@@ -2,6 +2,8 @@
 // names, each also a subclass of the built-in exception a Python user would catch (docs/python.md).
 #include <nanobind/stl/string.h>
 
+#include <typeinfo>
+
 #include "binding.h"
 
 namespace dyngrad::python {
@@ -62,6 +64,9 @@ void translate(const std::exception_ptr& p, void*) {
         PyErr_SetString(classes.numerical, with_site(e.what()).c_str());
     } catch (const Error& e) {
         PyErr_SetString(classes.error, with_site(e.what()).c_str());
+    } catch (const std::bad_cast&) {
+        // nb::cast of an argument of the wrong Python type (a str where a shape is expected, ...)
+        PyErr_SetString(PyExc_TypeError, with_site("an argument has an incompatible Python type").c_str());
     } catch (const std::bad_alloc&) {
         PyErr_SetString(classes.oom, with_site("host memory exhausted (std::bad_alloc)").c_str());
     }

@@ -171,6 +171,15 @@ std::array<std::int64_t, 2> pair_of(nb::handle value) {
     return {v[0], v[1]};
 }
 
+// An int attribute: a Python int (or an object with __index__), never a str or a float.
+std::int64_t int_of(nb::handle value, const std::string& key) {
+    if (!PyIndex_Check(value.ptr()) || PyBool_Check(value.ptr()))
+        throw nb::type_error(str(key, "= expects an int, got ", nb::cast<std::string>(nb::str(value.type()))).c_str());
+    const Py_ssize_t v = PyNumber_AsSsize_t(value.ptr(), PyExc_OverflowError);
+    if (v == -1 && PyErr_Occurred()) throw nb::python_error();
+    return v;
+}
+
 std::vector<std::int64_t> ints_of(nb::handle value) {
     if (nb::isinstance<nb::int_>(value)) return {nb::cast<std::int64_t>(value)};
     return nb::cast<std::vector<std::int64_t>>(value);
@@ -184,9 +193,9 @@ OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs) {
         const std::string key = nb::cast<std::string>(key_handle);
         if (key == "scalar") a.scalar = nb::cast<double>(value);
         else if (key == "axes" || key == "dims") a.axes = ints_of(value);
-        else if (key == "axis" || key == "dim") a.axis = nb::cast<std::int64_t>(value);
-        else if (key == "start") a.start = nb::cast<std::int64_t>(value);
-        else if (key == "length") a.length = nb::cast<std::int64_t>(value);
+        else if (key == "axis" || key == "dim") a.axis = int_of(value, key);
+        else if (key == "start") a.start = int_of(value, key);
+        else if (key == "length") a.length = int_of(value, key);
         else if (key == "keepdim") a.keepdim = nb::cast<bool>(value);
         else if (key == "shape") {
             const auto dims = ints_of(value);
@@ -200,12 +209,12 @@ OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs) {
         else if (key == "stride") a.stride = pair_of(value);
         else if (key == "padding") a.padding = pair_of(value);
         else if (key == "dilation") a.dilation = pair_of(value);
-        else if (key == "groups") a.groups = nb::cast<std::int64_t>(value);
+        else if (key == "groups") a.groups = int_of(value, key);
         else if (key == "training") a.training = nb::cast<bool>(value);
         else if (key == "eps") a.eps = nb::cast<double>(value);
         else if (key == "momentum") a.momentum = nb::cast<double>(value);
         else if (key == "seed") a.seed = nb::cast<std::uint64_t>(value);
-        else if (key == "padding_idx") a.padding_idx = value.is_none() ? -1 : nb::cast<std::int64_t>(value);
+        else if (key == "padding_idx") a.padding_idx = value.is_none() ? -1 : int_of(value, key);
         else if (key == "activation")
             a.activation = value.is_none() ? Activation::None
                                            : parse_choice<Activation>(value, "activation",
@@ -214,14 +223,14 @@ OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs) {
             a.rnn_mode = parse_choice<RnnMode>(value, "mode",
                                                {{"lstm", RnnMode::Lstm}, {"gru", RnnMode::Gru},
                                                 {"rnn_tanh", RnnMode::RnnTanh}, {"rnn_relu", RnnMode::RnnRelu}});
-        else if (key == "hidden_size") a.hidden_size = nb::cast<std::int64_t>(value);
-        else if (key == "num_layers") a.num_layers = nb::cast<std::int64_t>(value);
+        else if (key == "hidden_size") a.hidden_size = int_of(value, key);
+        else if (key == "num_layers") a.num_layers = int_of(value, key);
         else if (key == "bidirectional") a.bidirectional = nb::cast<bool>(value);
         else if (key == "save_for_backward") a.save_for_backward = nb::cast<bool>(value);
         else if (key == "reduction")
             a.reduction = parse_choice<Reduction>(value, "reduction",
                                                   {{"mean", Reduction::Mean}, {"sum", Reduction::Sum}, {"none", Reduction::None}});
-        else if (key == "ignore_index") a.ignore_index = nb::cast<std::int64_t>(value);
+        else if (key == "ignore_index") a.ignore_index = int_of(value, key);
         else if (key == "label_smoothing") a.label_smoothing = nb::cast<double>(value);
         else
             throw nb::type_error(str(def.name, "() got an unexpected keyword argument '", key, "'").c_str());
