@@ -195,9 +195,17 @@ Tensor from_capsule(nb::handle capsule_handle) {
     // Consumed: the capsule no longer frees the tensor; our storage does.
     if (PyCapsule_SetName(capsule, kUsedCapsuleName) != 0) throw nb::python_error();
     PyCapsule_SetDestructor(capsule, nullptr);
-    return Tensor::from_external(data, shape, dtype, device, [managed] {
+    return Tensor::from_external(data, shape, dtype, device, [managed, device] {
         if (managed->deleter == nullptr) return;
         if (!interpreter_alive()) return;  // at exit: the producer's memory goes with the process
+        if (device.is_cuda()) {
+            // The producer may hand the memory out again at once, on its own stream: dyngrad's queued kernels
+            // that read it must be done first. Only when an imported GPU tensor dies; never throws from here.
+            try {
+                cuda::synchronize(device.index);
+            } catch (...) {
+            }
+        }
         PyGILState_STATE state = PyGILState_Ensure();
         managed->deleter(managed);
         PyGILState_Release(state);
@@ -302,8 +310,17 @@ OutputSpec custom_infer(OpType, std::span<const Tensor> inputs, const OpAttrs& a
     return {Shape(dims.begin(), dims.end()), dtype};
 }
 
-// A Python result as a fresh tensor of `shape` and `dtype` on `device` (always a copy: a result may be a view
-// of an input).
+// The data pointers of the op's inputs during a custom op's Python call (a GPU result returned as is must
+// not be one of them).
+thread_local std::vector<const void*> current_inputs;
+bool inputs_alias(const Tensor& t) {
+    for (const void* p : current_inputs)
+        if (p == t.raw_data()) return true;
+    return false;
+}
+
+// A Python result as a tensor of `shape` and `dtype` on `device`: a copy on the CPU (a result may be a view
+// of an input), the producer's memory itself on a GPU.
 Tensor tensor_from_result(const PyCustomOp& op, const char* what, nb::handle result, const Shape& shape, DType dtype,
                           Device device) {
     Tensor out;
@@ -328,7 +345,11 @@ Tensor tensor_from_result(const PyCustomOp& op, const char* what, nb::handle res
     if (produced.device() != device)
         throw DeviceError(str("custom op '", op.name, "': its ", what, " returned a tensor on ",
                               produced.device().to_string(), ", expected ", device.to_string()));
-    return produced.to(dtype).clone();
+    // Kept as it is (its storage holds the producer's memory): a copy would be queued on dyngrad's stream
+    // while the producer could reuse the memory on its own. Only a result that is an input itself is copied.
+    Tensor out_tensor = produced.to(dtype);
+    if (out_tensor.numel() > 0 && inputs_alias(out_tensor)) out_tensor = out_tensor.clone();
+    return out_tensor;
 }
 
 nb::object python_view(const Tensor& t) {
@@ -342,7 +363,11 @@ Tensor custom_forward(const ForwardArgs& args) {
     const bool on_cpu = args.inputs.empty() || args.inputs[0].device().is_cpu();
     nb::object fn = on_cpu ? op.forward : op.cuda_forward;
     nb::list views;
-    for (const Tensor& t : args.inputs) views.append(python_view(t));
+    current_inputs.clear();
+    for (const Tensor& t : args.inputs) {
+        views.append(python_view(t));
+        if (t.numel() > 0) current_inputs.push_back(t.raw_data());
+    }
     nb::object result;
     try {
         result = fn(*nb::tuple(views));
@@ -360,7 +385,12 @@ std::vector<Tensor> custom_backward(const BackwardArgs& args) {
     nb::object fn = on_cpu ? op.backward : op.cuda_backward;
     nb::list views;
     views.append(python_view(args.grad_output));
-    for (const Tensor& t : args.inputs) views.append(python_view(t));
+    current_inputs.clear();
+    if (args.grad_output.numel() > 0) current_inputs.push_back(args.grad_output.raw_data());
+    for (const Tensor& t : args.inputs) {
+        views.append(python_view(t));
+        if (t.numel() > 0) current_inputs.push_back(t.raw_data());
+    }
     nb::object result;
     try {
         result = fn(*nb::tuple(views));
