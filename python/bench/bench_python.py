@@ -33,50 +33,33 @@ def median_time(fn, reps):
     return statistics.median(samples)
 
 
-def dyngrad_chain(device, chain):
-    one = dg.ones(1, device=device)
-    c = dg.ones(1, device=device)
-
+def chain_timer(leaf, c, sync, chain):
+    """Host us per op of a chain y <- y + c from leaf(), and per node of its backward."""
     def run():
-        x = dg.ones(1, device=device, requires_grad=True)
-        y = x
+        y = leaf()
         start = time.perf_counter()
         for _ in range(chain):
             y = y + c
         record = time.perf_counter() - start
-        if device != "cpu":
-            dg.synchronize()
+        sync()
         start = time.perf_counter()
         y.backward()
         back = time.perf_counter() - start
-        if device != "cpu":
-            dg.synchronize()
+        sync()
         return record * 1e6 / chain, back * 1e6 / chain
 
-    del one
     return run
+
+
+def dyngrad_chain(device, chain):
+    sync = (lambda: None) if device == "cpu" else dg.synchronize
+    return chain_timer(lambda: dg.ones(1, device=device, requires_grad=True), dg.ones(1, device=device), sync, chain)
 
 
 def torch_chain(torch, device, chain):
-    c = torch.ones(1, device=device)
-
-    def run():
-        x = torch.ones(1, device=device, requires_grad=True)
-        y = x
-        start = time.perf_counter()
-        for _ in range(chain):
-            y = y + c
-        record = time.perf_counter() - start
-        if device != "cpu":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        y.backward()
-        back = time.perf_counter() - start
-        if device != "cpu":
-            torch.cuda.synchronize()
-        return record * 1e6 / chain, back * 1e6 / chain
-
-    return run
+    sync = (lambda: None) if device == "cpu" else torch.cuda.synchronize
+    return chain_timer(lambda: torch.ones(1, device=device, requires_grad=True), torch.ones(1, device=device), sync,
+                       chain)
 
 
 def chain_medians(run, reps):

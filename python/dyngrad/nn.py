@@ -417,6 +417,8 @@ class Sequential(Module):
 
 
 class ModuleList(Module):
+    __getitem__, __len__, __iter__ = Sequential.__getitem__, Sequential.__len__, Sequential.__iter__
+
     def __init__(self, modules=()):
         super().__init__()
         for m in modules:
@@ -425,15 +427,6 @@ class ModuleList(Module):
     def append(self, module):
         self.add_module(str(len(self._modules)), module)
         return self
-
-    def __getitem__(self, i):
-        return list(self._modules.values())[i]
-
-    def __len__(self):
-        return len(self._modules)
-
-    def __iter__(self):
-        return iter(self._modules.values())
 
 
 class CrossEntropyLoss(Module):

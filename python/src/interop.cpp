@@ -357,23 +357,30 @@ nb::object python_view(const Tensor& t) {
     return nb::cast(PyTensor(t));  // a DLPack producer for CuPy, PyTorch, ...
 }
 
+// Calls a custom op's Python function on views of (grad_output,) inputs; remembers their data pointers.
+nb::object call_python(PyCustomOp& op, const char* what, const nb::object& fn, const Tensor* grad_output,
+                       std::span<const Tensor> inputs) {
+    nb::list views;
+    current_inputs.clear();
+    const auto add = [&](const Tensor& t) {
+        views.append(python_view(t));
+        if (t.numel() > 0) current_inputs.push_back(t.raw_data());
+    };
+    if (grad_output != nullptr) add(*grad_output);
+    for (const Tensor& t : inputs) add(t);
+    try {
+        return fn(*nb::tuple(views));
+    } catch (nb::python_error& e) {
+        rethrow_python(op, what, e);
+    }
+}
+
 Tensor custom_forward(const ForwardArgs& args) {
     nb::gil_scoped_acquire gil;
     PyCustomOp& op = custom_op_for(args.attrs);
     const bool on_cpu = args.inputs.empty() || args.inputs[0].device().is_cpu();
     nb::object fn = on_cpu ? op.forward : op.cuda_forward;
-    nb::list views;
-    current_inputs.clear();
-    for (const Tensor& t : args.inputs) {
-        views.append(python_view(t));
-        if (t.numel() > 0) current_inputs.push_back(t.raw_data());
-    }
-    nb::object result;
-    try {
-        result = fn(*nb::tuple(views));
-    } catch (nb::python_error& e) {
-        rethrow_python(op, "forward", e);
-    }
+    const nb::object result = call_python(op, "forward", fn, nullptr, args.inputs);
     return tensor_from_result(op, "forward", result, args.out.shape, args.out.dtype,
                               on_cpu ? Device::cpu() : args.inputs[0].device());
 }
@@ -383,20 +390,7 @@ std::vector<Tensor> custom_backward(const BackwardArgs& args) {
     PyCustomOp& op = custom_op_for(args.attrs);
     const bool on_cpu = args.inputs.empty() || args.inputs[0].device().is_cpu();
     nb::object fn = on_cpu ? op.backward : op.cuda_backward;
-    nb::list views;
-    views.append(python_view(args.grad_output));
-    current_inputs.clear();
-    if (args.grad_output.numel() > 0) current_inputs.push_back(args.grad_output.raw_data());
-    for (const Tensor& t : args.inputs) {
-        views.append(python_view(t));
-        if (t.numel() > 0) current_inputs.push_back(t.raw_data());
-    }
-    nb::object result;
-    try {
-        result = fn(*nb::tuple(views));
-    } catch (nb::python_error& e) {
-        rethrow_python(op, "backward", e);
-    }
+    const nb::object result = call_python(op, "backward", fn, &args.grad_output, args.inputs);
     std::vector<nb::object> grads;
     if (args.inputs.size() == 1 && !nb::isinstance<nb::tuple>(result) && !nb::isinstance<nb::list>(result)) {
         grads.push_back(result);
