@@ -126,7 +126,8 @@ def test_cuda_torch_roundtrip_zero_copy_and_streams(torch):
         tt.mul_(2.0)  # pending on PyTorch's side stream
         t = dg.from_dlpack(tt)  # dyngrad's stream waits for it (DLPack stream argument)
     assert t._data_ptr() == tt.data_ptr() and str(t.device) == "cuda:0"
-    total = (t * 1.0).sum().item()
+    total = (t * 1.0).sum().item()  # dyngrad's stream saw the side stream's multiply
+    torch.cuda.synchronize()
     assert total == pytest.approx(float(tt.sum()), rel=1e-4)
     y = t * 3.0  # queued on dyngrad's stream
     ty = torch.from_dlpack(y)  # PyTorch's current stream waits for dyngrad's
