@@ -11,6 +11,7 @@
 #include "dyngrad/core/parallel.h"
 #include "dyngrad/core/safetensors.h"
 #include "dyngrad/core/shape.h"
+#include "dyngrad/core/source_site.h"
 #include "dyngrad/core/tensor.h"
 // cuda: the device runtime (declared for every build; without CUDA its calls throw DeviceError)
 #include "dyngrad/cuda/capture.h"

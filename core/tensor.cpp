@@ -100,7 +100,16 @@ Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(devi
     data_ = device_memory::allocate(bytes, device.index);
 }
 
+Storage::Storage(void* data, std::size_t bytes, Device device, std::function<void()> release)
+    : data_(data), bytes_(bytes), device_(device), release_(std::move(release)) {
+    if (!release_) release_ = [] {};  // external() reads "has a release function"
+}
+
 Storage::~Storage() {
+    if (release_) {
+        release_();
+        return;
+    }
     if (device_.is_cpu()) {
         ::operator delete(data_, std::align_val_t{kCpuAlignment});
         return;
@@ -117,6 +126,35 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
     t.shape_ = shape;
     t.dtype_ = dtype;
     t.storage_ = std::make_shared<Storage>(bytes, device);
+    return t;
+}
+
+Tensor Tensor::from_external(void* data, const Shape& shape, DType dtype, Device device,
+                             std::function<void()> release) {
+    // Own the release function first, so it runs on every path, the failing ones included.
+    auto storage_release = std::make_shared<std::function<void()>>(std::move(release));
+    struct ReleaseOnFailure {
+        std::shared_ptr<std::function<void()>> release;
+        ~ReleaseOnFailure() {
+            if (release && *release) (*release)();
+        }
+    } guard{storage_release};
+    Tensor t;
+    t.numel_ = checked_numel(shape, "Tensor::from_external");
+    const std::size_t bytes = checked_bytes(t.numel_, dtype_size(dtype), "Tensor::from_external");
+    if (data == nullptr && bytes > 0)
+        throw ValueError(str("Tensor::from_external: null data pointer for ", t.numel_, " elements"));
+    if (reinterpret_cast<std::uintptr_t>(data) % dtype_size(dtype) != 0)
+        throw ValueError(str("Tensor::from_external: data pointer ", data, " is not aligned to ", dtype_size(dtype),
+                             " bytes (", dtype_name(dtype), ")"));
+    if (!device.is_cpu() && !device.is_cuda())
+        throw DeviceError(str("Tensor::from_external: unsupported device ", device.to_string()));
+    t.shape_ = shape;
+    t.dtype_ = dtype;
+    t.storage_ = std::make_shared<Storage>(data, bytes, device, [storage_release] {
+        if (*storage_release) (*storage_release)();
+    });
+    guard.release.reset();  // the storage owns it now
     return t;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <iosfwd>
 #include <memory>
@@ -20,6 +21,9 @@ namespace dyngrad {
 class Storage {
 public:
     Storage(std::size_t bytes, Device device);
+    // Memory owned by someone else (a NumPy array, a PyTorch tensor through DLPack): dyngrad reads and writes
+    // it in place and calls `release` once when the last handle goes, instead of freeing it.
+    Storage(void* data, std::size_t bytes, Device device, std::function<void()> release);
     ~Storage();
     Storage(const Storage&) = delete;
     Storage& operator=(const Storage&) = delete;
@@ -27,6 +31,7 @@ public:
     void* data() const { return data_; }
     std::size_t bytes() const { return bytes_; }
     Device device() const { return device_; }
+    bool external() const { return static_cast<bool>(release_); }
 
     // How many in-place writes this storage has had (Tensor::bump_version). The graph remembers it for the
     // values a backward will read and refuses to run on a value changed since (docs/architecture.md,
@@ -39,6 +44,7 @@ private:
     std::size_t bytes_ = 0;
     Device device_;
     std::atomic<std::uint32_t> version_{0};
+    std::function<void()> release_;  // set for external memory
 };
 
 // Explicit, seeded source of randomness for the random factories.
@@ -77,6 +83,11 @@ public:
                           DType dtype = DType::f32, Device device = Device::cpu());
     static Tensor normal(const Shape& shape, double mean, double stddev, Generator& gen,
                          DType dtype = DType::f32, Device device = Device::cpu());
+    // A tensor over contiguous row-major memory that dyngrad does not own (zero-copy interop, DLPack):
+    // `release` runs once when the last handle is gone. ValueError for a null pointer with elements or
+    // a pointer not aligned to the element size; `release` runs also when it throws.
+    static Tensor from_external(void* data, const Shape& shape, DType dtype, Device device,
+                                std::function<void()> release);
 
     bool defined() const { return storage_ != nullptr; }
     const Shape& shape() const { return shape_; }
@@ -122,6 +133,8 @@ public:
     bool shares_storage_with(const Tensor& other) const { return storage_ == other.storage_; }
     // True when no other handle holds this storage, so it may be updated in place safely.
     bool owns_storage_exclusively() const { return storage_.use_count() == 1; }
+    // True when the storage is external memory (from_external).
+    bool external() const { return storage_ && storage_->external(); }
 
     // In-place writes. Each bumps the storage's version, so a recorded graph whose backward still needs the
     // old contents throws GraphError instead of using the new ones.

@@ -208,4 +208,27 @@ void StreamEvent::wait() {
     DG_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));
 }
 
+std::uintptr_t stream_handle(int device) { return reinterpret_cast<std::uintptr_t>(context(device).stream); }
+
+namespace {
+// `waiting` waits on the device for what `signalling` has queued so far.
+void stream_wait(cudaStream_t waiting, cudaStream_t signalling, int device, const char* what) {
+    throw_if_capturing(device, what, kWaitsForGraph);
+    if (waiting == signalling) return;
+    const EventHandle event = make_event();
+    DG_CUDA_CHECK(cudaEventRecord(event.get(), signalling));
+    DG_CUDA_CHECK(cudaStreamWaitEvent(waiting, event.get(), 0));
+}
+}  // namespace
+
+void make_stream_wait(std::uintptr_t stream, int device) {
+    const DeviceContext& ctx = context(device);
+    stream_wait(reinterpret_cast<cudaStream_t>(stream), ctx.stream, device, "cuda::make_stream_wait");
+}
+
+void wait_for_stream(std::uintptr_t stream, int device) {
+    const DeviceContext& ctx = context(device);
+    stream_wait(ctx.stream, reinterpret_cast<cudaStream_t>(stream), device, "cuda::wait_for_stream");
+}
+
 }  // namespace dyngrad::cuda

@@ -49,6 +49,12 @@ Tensor CapturedStep::run(std::span<const Tensor>) { unavailable("cuda::CapturedS
 std::size_t CapturedStep::variants() const { return 0; }
 CapturedStep::GraphCounts CapturedStep::last_graph_counts() const { return {}; }
 
+std::uintptr_t stream_handle(int device) {
+    unavailable(str("the stream of ", Device::cuda(device).to_string()).c_str());
+}
+void make_stream_wait(std::uintptr_t, int) { unavailable("cuda::make_stream_wait"); }
+void wait_for_stream(std::uintptr_t, int) { unavailable("cuda::wait_for_stream"); }
+
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
 void set_deterministic(bool) {}

@@ -53,6 +53,16 @@ void free_pinned(void* ptr) noexcept;
 void copy_to_device_async(void* dst, int device, const void* src, std::size_t bytes);
 
 // A point in a device's stream the host can wait for. Non-copyable; a move empties the source.
+// Stream exchange with other CUDA libraries (DLPack, python/): `stream` is another library's cudaStream_t as
+// an integer (1: the legacy default stream, 2: the per-thread default stream, as DLPack numbers them).
+// dyngrad's stream of `device` (every op of that device is queued on it).
+std::uintptr_t stream_handle(int device);
+// `stream` waits (on the device, through an event; the host does not) for the work queued so far on
+// dyngrad's stream: a consumer that reads a dyngrad tensor on `stream` sees its finished value.
+void make_stream_wait(std::uintptr_t stream, int device);
+// dyngrad's stream waits for the work queued so far on `stream` (a producer's pending writes).
+void wait_for_stream(std::uintptr_t stream, int device);
+
 class StreamEvent {
 public:
     explicit StreamEvent(int device);

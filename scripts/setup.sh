@@ -15,7 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
-packages=(build-essential cmake libeigen3-dev catch2 zlib1g-dev pkg-config dataset-fashion-mnist)
+# python3-venv and python3-dev: the Python package's stage (scripts/run-python-tests.sh).
+packages=(build-essential cmake libeigen3-dev catch2 zlib1g-dev pkg-config dataset-fashion-mnist python3-venv python3-dev)
 read -r -a extra_packages <<<"${DYNGRAD_EXTRA_PACKAGES:-}"
 packages+=("${extra_packages[@]}")
 dg_install_packages "${packages[@]}"

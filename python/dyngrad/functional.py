@@ -1,0 +1,275 @@
+"""PyTorch-shaped functions over the op table (``import dyngrad.functional as F``).
+
+Each is one call of an op of dyngrad.ops with its attributes spelled as PyTorch spells them.
+"""
+from __future__ import annotations
+
+from . import _core, ops
+
+_apply = _core.apply
+_T = ops.TABLE
+
+
+def _i(name):
+    return _T[name][0]
+
+
+_RELU, _SIGMOID, _TANH, _EXP, _LOG = _i("relu"), _i("sigmoid"), _i("tanh"), _i("exp"), _i("log")
+
+
+def relu(x):
+    return _apply(_RELU, [x], {})
+
+
+def sigmoid(x):
+    return _apply(_SIGMOID, [x], {})
+
+
+def tanh(x):
+    return _apply(_TANH, [x], {})
+
+
+def exp(x):
+    return _apply(_EXP, [x], {})
+
+
+def log(x):
+    return _apply(_LOG, [x], {})
+
+
+def sqrt(x):
+    return ops.sqrt(x)
+
+
+def abs(x):  # noqa: A001
+    return ops.abs(x)
+
+
+def sin(x):
+    return ops.sin(x)
+
+
+def cos(x):
+    return ops.cos(x)
+
+
+def leaky_relu(x, negative_slope=0.01):
+    return ops.leaky_relu(x, scalar=negative_slope)
+
+
+def elu(x, alpha=1.0):
+    return ops.elu(x, scalar=alpha)
+
+
+def gelu(x, approximate="none"):
+    return ops.gelu(x, approximate=approximate)
+
+
+def silu(x):
+    return ops.silu(x)
+
+
+def softplus(x):
+    return ops.softplus(x)
+
+
+def logsigmoid(x):
+    return ops.log_sigmoid(x)
+
+
+def clamp(x, min=None, max=None):  # noqa: A002
+    return ops.clamp(x, min=min, max=max)
+
+
+def pow(x, exponent):  # noqa: A001
+    return ops.pow(x, scalar=exponent)
+
+
+def minimum(a, b):
+    return ops.minimum(a, b)
+
+
+def maximum(a, b):
+    return ops.maximum(a, b)
+
+
+def matmul(a, b):
+    return ops.matmul(a, b)
+
+
+def linear(x, weight, bias=None, activation=None):
+    """y = x·weightᵀ + bias (activation='relu' fuses a ReLU into the same node)."""
+    if bias is None:  # as ops/linalg's linear(): the composite matmul(x, weightᵀ), no Linear node
+        y = ops.matmul(x, ops.transpose(weight, axes=[-2, -1]))
+        return relu(y) if activation == "relu" else y
+    return _apply(_i("linear"), [x, weight, bias], {} if activation is None else {"activation": activation})
+
+
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activation=None):
+    inputs = [x, weight] if bias is None else [x, weight, bias]
+    attrs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+    if activation is not None:
+        attrs["activation"] = activation
+    return _apply(_i("conv2d"), inputs, attrs)
+
+
+def max_pool2d(x, kernel_size, stride=None, padding=0):
+    return ops.max_pool2d(x, kernel=kernel_size, stride=kernel_size if stride is None else stride, padding=padding)
+
+
+def avg_pool2d(x, kernel_size, stride=None, padding=0):
+    return ops.avg_pool2d(x, kernel=kernel_size, stride=kernel_size if stride is None else stride, padding=padding)
+
+
+def batch_norm(x, running_mean, running_var, weight, bias, training=False, momentum=0.1, eps=1e-5):
+    return ops.batch_norm(x, weight, bias, running_mean, running_var, training=training, momentum=momentum, eps=eps)
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    inputs = [x] + ([weight] if weight is not None else []) + ([bias] if bias is not None else [])
+    if weight is None and bias is not None:
+        from . import ones
+        inputs = [x, ones(*bias.shape, dtype=bias.dtype, device=bias.device), bias]
+    return _apply(_i("layer_norm"), inputs, {"shape": shape, "eps": eps})
+
+
+def rms_norm(x, normalized_shape, weight=None, eps=None):
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if eps is None:
+        import numpy as np
+        eps = float(np.finfo(np.float64 if x.dtype == _core.float64 else np.float32).eps)
+    inputs = [x] if weight is None else [x, weight]
+    return _apply(_i("rms_norm"), inputs, {"shape": shape, "eps": eps})
+
+
+def dropout(x, p=0.5, training=True, seed=0):
+    return ops.dropout(x, scalar=p, training=training, seed=seed)
+
+
+def softmax(x, dim=-1):
+    return ops.softmax(x, axis=dim)
+
+
+def log_softmax(x, dim=-1):
+    return ops.log_softmax(x, axis=dim)
+
+
+def cross_entropy(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    inputs = [logits, target] if weight is None else [logits, target, weight]
+    return _apply(_i("cross_entropy"), inputs, {"ignore_index": ignore_index, "reduction": reduction,
+                                                "label_smoothing": label_smoothing})
+
+
+def nll_loss(log_probs, target, weight=None, ignore_index=-100, reduction="mean"):
+    inputs = [log_probs, target] if weight is None else [log_probs, target, weight]
+    return _apply(_i("nll_loss"), inputs, {"ignore_index": ignore_index, "reduction": reduction})
+
+
+def mse_loss(prediction, target):
+    return ops.mse_loss(prediction, target)
+
+
+def l1_loss(prediction, target, reduction="mean"):
+    return ops.l1_loss(prediction, target, reduction=reduction)
+
+
+def smooth_l1_loss(prediction, target, reduction="mean", beta=1.0):
+    return ops.smooth_l1_loss(prediction, target, reduction=reduction, scalar=beta)
+
+
+def binary_cross_entropy_with_logits(logits, target, weight=None, pos_weight=None, reduction="mean"):
+    inputs = [logits, target]
+    if weight is not None or pos_weight is not None:
+        from . import ones
+        inputs.append(weight if weight is not None else ones(*logits.shape, dtype=logits.dtype, device=logits.device))
+        if pos_weight is not None:
+            inputs.append(pos_weight)
+    return ops.binary_cross_entropy_with_logits(*inputs, reduction=reduction)
+
+
+def sum(x, dim=None, keepdim=False):  # noqa: A001
+    return ops.sum(x, axes=_axes(dim), keepdim=keepdim)
+
+
+def mean(x, dim=None, keepdim=False):
+    return ops.mean(x, axes=_axes(dim), keepdim=keepdim)
+
+
+def max(x, dim=-1, keepdim=False):  # noqa: A001
+    return ops.max(x, axis=dim, keepdim=keepdim)
+
+
+def argmax(x, dim=-1, keepdim=False):
+    return ops.argmax(x, axis=dim, keepdim=keepdim)
+
+
+def argmin(x, dim=-1, keepdim=False):
+    return ops.argmin(x, axis=dim, keepdim=keepdim)
+
+
+def reshape(x, *shape):
+    return x.reshape(*shape)
+
+
+def transpose(x, dim0, dim1):
+    return ops.transpose(x, axes=[dim0, dim1])
+
+
+def permute(x, *dims):
+    if len(dims) == 1 and isinstance(dims[0], (list, tuple)):
+        dims = tuple(dims[0])
+    return ops.permute(x, axes=list(dims))
+
+
+def expand(x, *shape):
+    if len(shape) == 1 and isinstance(shape[0], (list, tuple)):
+        shape = tuple(shape[0])
+    return ops.expand(x, shape=list(shape))
+
+
+def narrow(x, dim, start, length):
+    return ops.narrow(x, axis=dim, start=start, length=length)
+
+
+def cat(tensors, dim=0):
+    return ops.concat(*tensors, axis=dim)
+
+
+def stack(tensors, dim=0):
+    tensors = list(tensors)
+    if not tensors:
+        raise _core.ValueError("stack: expects at least one tensor")
+    return cat([t.unsqueeze(dim) for t in tensors], dim)
+
+
+def embedding(indices, weight, padding_idx=None):
+    return ops.embedding(weight, indices, padding_idx=padding_idx)
+
+
+def gather(x, dim, index):
+    return ops.gather(x, index, axis=dim)
+
+
+def index_select(x, dim, index):
+    return ops.index_select(x, index, axis=dim)
+
+
+def scatter_add(base, dim, index, src):
+    return ops.scatter_add(base, index, src, axis=dim)
+
+
+def where(condition, a, b):
+    return ops.where(condition, a, b)
+
+
+def masked_fill(x, mask, value):
+    return ops.masked_fill(x, mask, scalar=value)
+
+
+def _axes(dim):
+    if dim is None:
+        return []
+    if isinstance(dim, int):
+        return [dim]
+    return list(dim)

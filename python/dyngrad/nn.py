@@ -1,0 +1,443 @@
+"""Modules: subclass Module, assign Parameters, layers and buffers as attributes, write forward().
+
+Assigning registers (``self.fc = Linear(...)`` registers the layer and its parameters, by dotted name,
+as torch.nn does). The layers take their initial weights from dyngrad's C++ layers (nn/layers.h: PyTorch's
+default initialisation, from the generator ``dyngrad.manual_seed`` sets), and their forward is one op of
+the table, so a Python model computes exactly what its C++ twin does.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from . import _core, functional as F
+from ._core import Tensor
+
+__all__ = [
+    "Parameter", "Module", "Linear", "Conv2d", "BatchNorm2d", "BatchNorm1d", "LayerNorm", "RMSNorm", "Embedding",
+    "Dropout", "ReLU", "Sigmoid", "Tanh", "GELU", "SiLU", "LeakyReLU", "Flatten", "MaxPool2d", "AvgPool2d",
+    "Identity", "Sequential", "ModuleList", "CrossEntropyLoss", "MSELoss", "functional",
+]
+functional = F
+
+
+class Parameter(Tensor):
+    """A leaf that requires grad and belongs to a module: its gradient accumulates until zero_grad()."""
+
+    def __init__(self, data, requires_grad: bool = True):
+        if not isinstance(data, Tensor):
+            from . import tensor
+            data = tensor(data)
+        super().__init__(data, True)
+        if not requires_grad:
+            self.requires_grad = False
+
+    def __repr__(self):
+        return "Parameter(" + super().__repr__() + ")"
+
+
+def _param(t):
+    return None if t is None else Parameter(t)
+
+
+class Module:
+    """Base class of models and layers (PyTorch's nn.Module surface)."""
+
+    def __init__(self):
+        object.__setattr__(self, "_parameters", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "training", True)
+
+    # -- registration --
+    def __setattr__(self, name, value):
+        if "_parameters" not in self.__dict__:
+            raise AttributeError("call Module.__init__() (super().__init__()) before assigning attributes")
+        for table in (self._parameters, self._buffers, self._modules):
+            if name in table and not (table is self._buffers and isinstance(value, Tensor)):
+                del table[name]
+        if isinstance(value, Tensor) and value.is_parameter:
+            self._parameters[name] = value
+        elif isinstance(value, Module):
+            self._modules[name] = value
+        elif name in self._buffers:
+            self._buffers[name] = value
+        elif value is None and name in ("bias", "weight"):
+            self._parameters[name] = None
+        else:
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name):
+        d = self.__dict__
+        for table in ("_parameters", "_buffers", "_modules"):
+            if table in d and name in d[table]:
+                return d[table][name]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def __delattr__(self, name):
+        for table in (self._parameters, self._buffers, self._modules):
+            if name in table:
+                del table[name]
+                return
+        object.__delattr__(self, name)
+
+    def register_parameter(self, name: str, param):
+        if param is not None and not (isinstance(param, Tensor) and param.is_parameter):
+            raise _core.ValueError(f"register_parameter('{name}'): expected a Parameter, got {type(param).__name__}")
+        self._parameters[name] = param
+
+    def register_buffer(self, name: str, tensor):
+        if tensor is not None and not isinstance(tensor, Tensor):
+            raise TypeError(f"register_buffer('{name}'): expected a dyngrad Tensor, got {type(tensor).__name__}")
+        self._buffers[name] = tensor
+
+    def add_module(self, name: str, module):
+        if not isinstance(module, Module):
+            raise TypeError(f"add_module('{name}'): expected a Module, got {type(module).__name__}")
+        self._modules[name] = module
+
+    # -- traversal --
+    def named_modules(self, prefix: str = ""):
+        yield prefix, self
+        for name, child in self._modules.items():
+            yield from child.named_modules(prefix + name if not prefix else f"{prefix}.{name}")
+
+    def modules(self):
+        return [m for _, m in self.named_modules()]
+
+    def children(self):
+        return list(self._modules.values())
+
+    def named_parameters(self, prefix: str = ""):
+        seen = set()
+        for mod_prefix, module in self.named_modules(prefix):
+            for name, p in module._parameters.items():
+                if p is None or id(p) in seen:
+                    continue
+                seen.add(id(p))
+                full = f"{mod_prefix}.{name}" if mod_prefix else name
+                if p.name != full:
+                    p.name = full  # error messages and lint name parameters by their path
+                yield full, p
+
+    def parameters(self):
+        return [p for _, p in self.named_parameters()]
+
+    def named_buffers(self, prefix: str = ""):
+        for mod_prefix, module in self.named_modules(prefix):
+            for name, b in module._buffers.items():
+                if b is not None:
+                    yield (f"{mod_prefix}.{name}" if mod_prefix else name), b
+
+    def buffers(self):
+        return [b for _, b in self.named_buffers()]
+
+    # -- modes and devices --
+    def train(self, mode: bool = True):
+        for m in self.modules():
+            object.__setattr__(m, "training", mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def zero_grad(self):
+        for p in self.parameters():
+            p.grad = None
+
+    def to(self, target):
+        """Moves (or converts) every parameter and buffer in place; parameters keep their identity."""
+        if not isinstance(target, _core.dtype):
+            target = _core.device(str(target))
+        for t in list(self.parameters()) + self.buffers():
+            _core._param_to(t, target)
+        return self
+
+    def cuda(self, device: int = 0):
+        return self.to(f"cuda:{device}")
+
+    def cpu(self):
+        return self.to("cpu")
+
+    # -- state --
+    def state_dict(self) -> "OrderedDict[str, Tensor]":
+        state = OrderedDict(self.named_parameters())
+        state.update(self.named_buffers())
+        return state
+
+    def load_state_dict(self, state: dict, strict: bool = True):
+        """Copies tensors into the parameters and buffers; checks names and shapes before changing anything."""
+        own = self.state_dict()
+        missing = [k for k in own if k not in state]
+        unexpected = [k for k in state if k not in own]
+        if strict and (missing or unexpected):
+            raise _core.ValueError(f"load_state_dict: missing entries {missing}, unexpected entries {unexpected}")
+        for name, target in own.items():
+            if name not in state:
+                continue
+            source = state[name]
+            if not isinstance(source, Tensor):
+                from . import tensor
+                source = tensor(source, dtype=target.dtype)
+            if tuple(source.shape) != tuple(target.shape):
+                raise _core.ShapeError(f"load_state_dict: '{name}' has shape {tuple(source.shape)} in the state, "
+                                       f"{tuple(target.shape)} in the model")
+        for name, target in own.items():
+            if name in state:
+                source = state[name]
+                if not isinstance(source, Tensor):
+                    from . import tensor
+                    source = tensor(source, dtype=target.dtype)
+                target.copy_(source)
+        return missing, unexpected
+
+    def save(self, path):
+        """The state_dict as a safetensors file (what dyngrad-train and PyTorch's safetensors read)."""
+        _core.save_safetensors(str(path), dict(self.state_dict()))
+
+    def load(self, path):
+        tensors, _ = _core.load_safetensors(str(path))
+        self.load_state_dict(tensors)
+        return self
+
+    # -- calling --
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} defines no forward()")
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return ""
+
+    def __repr__(self):
+        lines = [f"{type(self).__name__}({self.extra_repr()}"]
+        for name, child in self._modules.items():
+            child_repr = repr(child).replace("\n", "\n  ")
+            lines.append(f"  ({name}): {child_repr}")
+        return lines[0] + ")" if len(lines) == 1 else "\n".join(lines) + "\n)"
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+class Linear(Module):
+    def __init__(self, in_features, out_features, bias=True, activation=None, init="torch"):
+        super().__init__()
+        w, b = _core._linear_init(in_features, out_features, bias, init)
+        self.weight = Parameter(w)
+        self.bias = _param(b)
+        self.in_features, self.out_features, self.activation = in_features, out_features, activation
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias, self.activation)
+
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Conv2d(Module):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
+                 activation=None, init="torch"):
+        super().__init__()
+        w, b = _core._conv2d_init(in_channels, out_channels, _pair(kernel_size), groups, bias, init)
+        self.weight = Parameter(w)
+        self.bias = _param(b)
+        self.stride, self.padding, self.dilation, self.groups = _pair(stride), _pair(padding), _pair(dilation), groups
+        self.activation = activation
+        self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, _pair(kernel_size)
+
+    def forward(self, x):
+        return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups, self.activation)
+
+    def extra_repr(self):
+        return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+
+
+class BatchNorm2d(Module):
+    def __init__(self, num_features, eps=1e-5, momentum=0.1):
+        super().__init__()
+        w, b, mean, var = _core._batch_norm_init(num_features)
+        self.weight, self.bias = Parameter(w), Parameter(b)
+        self.register_buffer("running_mean", mean)
+        self.register_buffer("running_var", var)
+        self.eps, self.momentum = eps, momentum
+
+    def forward(self, x):
+        return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, self.training,
+                            self.momentum, self.eps)
+
+
+BatchNorm1d = BatchNorm2d
+
+
+class LayerNorm(Module):
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True):
+        super().__init__()
+        shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+        w, b = _core._layer_norm_init(shape, elementwise_affine, bias)
+        self.weight, self.bias = _param(w), _param(b)
+        self.normalized_shape, self.eps = tuple(shape), eps
+
+    def forward(self, x):
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(Module):
+    def __init__(self, normalized_shape, eps=None, elementwise_affine=True):
+        super().__init__()
+        shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+        self.weight = _param(_core._rms_norm_init(shape, elementwise_affine))
+        self.normalized_shape, self.eps = tuple(shape), eps
+
+    def forward(self, x):
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+
+class Embedding(Module):
+    def __init__(self, num_embeddings, embedding_dim, padding_idx=None):
+        super().__init__()
+        self.weight = Parameter(_core._embedding_init(num_embeddings, embedding_dim, padding_idx))
+        self.padding_idx = padding_idx
+
+    def forward(self, indices):
+        return F.embedding(indices, self.weight, self.padding_idx)
+
+
+class Dropout(Module):
+    """Counter-based masks (identical on CPU and GPU): call k of a layer seeded s uses seed s·1000003 + k."""
+
+    def __init__(self, p=0.5, seed=0):
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise _core.ValueError(f"Dropout: p={p} must be in [0, 1)")
+        self.p, self.seed, self._calls = p, seed, 0
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0:
+            return x
+        self._calls += 1
+        return F.dropout(x, self.p, True, self.seed * 1000003 + self._calls)
+
+
+class _Activation(Module):
+    fn = None
+
+    def forward(self, x):
+        return type(self).fn(x)
+
+
+class ReLU(_Activation):
+    fn = staticmethod(F.relu)
+
+
+class Sigmoid(_Activation):
+    fn = staticmethod(F.sigmoid)
+
+
+class Tanh(_Activation):
+    fn = staticmethod(F.tanh)
+
+
+class SiLU(_Activation):
+    fn = staticmethod(F.silu)
+
+
+class GELU(Module):
+    def __init__(self, approximate="none"):
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x):
+        return F.gelu(x, self.approximate)
+
+
+class LeakyReLU(Module):
+    def __init__(self, negative_slope=0.01):
+        super().__init__()
+        self.negative_slope = negative_slope
+
+    def forward(self, x):
+        return F.leaky_relu(x, self.negative_slope)
+
+
+class Identity(Module):
+    def forward(self, x):
+        return x
+
+
+class Flatten(Module):
+    def __init__(self, start_dim=1, end_dim=-1):
+        super().__init__()
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def forward(self, x):
+        return x.flatten(self.start_dim, self.end_dim)
+
+
+class MaxPool2d(Module):
+    def __init__(self, kernel_size, stride=None, padding=0):
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+
+    def forward(self, x):
+        return F.max_pool2d(x, self.kernel_size, self.stride, self.padding)
+
+
+class AvgPool2d(MaxPool2d):
+    def forward(self, x):
+        return F.avg_pool2d(x, self.kernel_size, self.stride, self.padding)
+
+
+class Sequential(Module):
+    """Layers applied in order; Sequential(a, b) names them "0", "1"; Sequential(OrderedDict) by its keys."""
+
+    def __init__(self, *layers):
+        super().__init__()
+        if len(layers) == 1 and isinstance(layers[0], (dict, OrderedDict)):
+            for name, layer in layers[0].items():
+                self.add_module(str(name), layer)
+        else:
+            for i, layer in enumerate(layers):
+                self.add_module(str(i), layer)
+
+    def forward(self, x):
+        for layer in self._modules.values():
+            x = layer(x)
+        return x
+
+    def __getitem__(self, i):
+        return list(self._modules.values())[i]
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+
+class ModuleList(Module):
+    __getitem__, __len__, __iter__ = Sequential.__getitem__, Sequential.__len__, Sequential.__iter__
+
+    def __init__(self, modules=()):
+        super().__init__()
+        for m in modules:
+            self.append(m)
+
+    def append(self, module):
+        self.add_module(str(len(self._modules)), module)
+        return self
+
+
+class CrossEntropyLoss(Module):
+    def __init__(self, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+        super().__init__()
+        self.weight, self.ignore_index, self.reduction, self.label_smoothing = weight, ignore_index, reduction, label_smoothing
+
+    def forward(self, logits, target):
+        return F.cross_entropy(logits, target, self.weight, self.ignore_index, self.reduction, self.label_smoothing)
+
+
+class MSELoss(Module):
+    def forward(self, prediction, target):
+        return F.mse_loss(prediction, target)

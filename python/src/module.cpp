@@ -1,0 +1,101 @@
+// dyngrad._core: the extension module. dyngrad::Error and its subclasses become Python exceptions of the same
+// names, each also a subclass of the built-in exception a Python user would catch (docs/python.md).
+#include <nanobind/stl/string.h>
+
+#include <typeinfo>
+
+#include "binding.h"
+
+namespace dyngrad::python {
+
+namespace {
+
+struct ErrorClasses {
+    PyObject *error, *shape, *dtype, *device, *graph, *index, *value, *cuda, *oom, *io, *numerical;
+};
+ErrorClasses classes;
+
+PyObject* make_class(nb::module_& m, const char* name, std::initializer_list<PyObject*> bases, const char* doc) {
+    nb::tuple base_tuple = nb::steal<nb::tuple>(PyTuple_New(static_cast<Py_ssize_t>(bases.size())));
+    Py_ssize_t i = 0;
+    for (PyObject* b : bases) {
+        Py_INCREF(b);
+        PyTuple_SET_ITEM(base_tuple.ptr(), i++, b);
+    }
+    const std::string qualified = std::string("dyngrad.") + name;
+    PyObject* cls = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, base_tuple.ptr(), nullptr);
+    if (cls == nullptr) throw nb::python_error();
+    m.attr(name) = nb::handle(cls);
+    return cls;  // the module holds a reference
+}
+
+// The user's line, appended when the message does not name it yet (errors not tied to a node, e.g. a bad
+// factory argument; op errors already carry it as their creation site).
+std::string with_site(const char* what) {
+    std::string message = what;
+    const std::string site = describe_site(python_site());
+    const std::string file = site.substr(0, site.rfind(':'));
+    if (!file.empty() && message.find(site) == std::string::npos) message += " [at " + site + "]";
+    return message;
+}
+
+void translate(const std::exception_ptr& p, void*) {
+    try {
+        std::rethrow_exception(p);
+    } catch (const OutOfMemory& e) {
+        PyErr_SetString(classes.oom, with_site(e.what()).c_str());
+    } catch (const CudaError& e) {
+        PyErr_SetString(classes.cuda, with_site(e.what()).c_str());
+    } catch (const ShapeError& e) {
+        PyErr_SetString(classes.shape, with_site(e.what()).c_str());
+    } catch (const DTypeError& e) {
+        PyErr_SetString(classes.dtype, with_site(e.what()).c_str());
+    } catch (const DeviceError& e) {
+        PyErr_SetString(classes.device, with_site(e.what()).c_str());
+    } catch (const GraphError& e) {
+        PyErr_SetString(classes.graph, with_site(e.what()).c_str());
+    } catch (const IndexError& e) {
+        PyErr_SetString(classes.index, with_site(e.what()).c_str());
+    } catch (const ValueError& e) {
+        PyErr_SetString(classes.value, with_site(e.what()).c_str());
+    } catch (const IoError& e) {
+        PyErr_SetString(classes.io, with_site(e.what()).c_str());
+    } catch (const NumericalError& e) {
+        PyErr_SetString(classes.numerical, with_site(e.what()).c_str());
+    } catch (const Error& e) {
+        PyErr_SetString(classes.error, with_site(e.what()).c_str());
+    } catch (const std::bad_cast&) {
+        // nb::cast of an argument of the wrong Python type (a str where a shape is expected, ...)
+        PyErr_SetString(PyExc_TypeError, with_site("an argument has an incompatible Python type").c_str());
+    } catch (const std::bad_alloc&) {
+        PyErr_SetString(classes.oom, with_site("host memory exhausted (std::bad_alloc)").c_str());
+    }
+}
+
+}  // namespace
+
+}  // namespace dyngrad::python
+
+NB_MODULE(_core, m) {
+    using namespace dyngrad::python;
+    m.doc() = "dyngrad's engine (C++), bound with nanobind; use the dyngrad package around it";
+    classes.error = make_class(m, "Error", {PyExc_RuntimeError}, "Base of every dyngrad error.");
+    classes.shape = make_class(m, "ShapeError", {classes.error, PyExc_ValueError}, "Shapes that do not fit together.");
+    classes.dtype = make_class(m, "DTypeError", {classes.error, PyExc_TypeError}, "A dtype an op does not accept.");
+    classes.device = make_class(m, "DeviceError", {classes.error}, "Inputs on different or unavailable devices.");
+    classes.graph = make_class(m, "GraphError", {classes.error}, "Misuse of the graph (backward twice, stale history).");
+    classes.index = make_class(m, "IndexError", {classes.error, PyExc_IndexError}, "An index out of range.");
+    classes.value = make_class(m, "ValueError", {classes.error, PyExc_ValueError}, "An invalid argument value.");
+    classes.cuda = make_class(m, "CudaError", {classes.error}, "A CUDA, cuBLAS or cuDNN call failed.");
+    classes.oom = make_class(m, "OutOfMemory", {classes.cuda, PyExc_MemoryError}, "A device or host ran out of memory.");
+    classes.io = make_class(m, "IoError", {classes.error, PyExc_OSError}, "A missing, truncated or malformed file.");
+    classes.numerical = make_class(m, "NumericalError", {classes.error, PyExc_ArithmeticError},
+                                   "A NaN or Inf found by anomaly mode.");
+    nb::register_exception_translator(&translate);
+    // Custom ops (and their Python callables) are registered for the life of the process, as in C++.
+    nb::set_leak_warnings(false);
+
+    bind_tensor(m);
+    bind_interop(m);
+    bind_nn(m);
+}

@@ -1,0 +1,360 @@
+// The model layer for Python: layers' initialisation (the C++ layers' own, so a Python model starts from the
+// same weights as its C++ twin), optimizers and schedules, checkpoints, data, captured steps, and the
+// debugging tools (verify, lint, DOT).
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "binding.h"
+
+namespace dyngrad::python {
+
+namespace {
+
+nb::object wrap(const Parameter& p) {
+    if (!p.defined()) return nb::none();
+    PyTensor t(p.value());
+    t.parameter = p;
+    return nb::cast(std::move(t));
+}
+
+Init parse_init(const std::string& init) {
+    if (init == "torch") return Init::Torch;
+    if (init == "kaiming_relu") return Init::KaimingRelu;
+    throw ValueError(str("init='", init, "': expected 'torch' or 'kaiming_relu'"));
+}
+
+// A parameter list, or PyTorch-style groups: [{"params": [...], "lr": 0.1, ...}, ...].
+std::vector<ParamGroup> parse_groups(nb::handle params, const char* who) {
+    std::vector<ParamGroup> groups;
+    nb::list items = nb::list(params);
+    const bool grouped = nb::len(items) > 0 && nb::isinstance<nb::dict>(items[0]);
+    if (!grouped) {
+        groups.push_back({parameters_of(nb::cast<std::vector<PyTensor*>>(items), who)});
+        return groups;
+    }
+    for (nb::handle item : items) {
+        if (!nb::isinstance<nb::dict>(item)) throw nb::type_error(str(who, ": mix of parameter groups and tensors").c_str());
+        nb::dict d = nb::borrow<nb::dict>(item);
+        ParamGroup g;
+        for (auto [k, v] : d) {
+            const std::string key = nb::cast<std::string>(k);
+            if (key == "params") g.parameters = parameters_of(nb::cast<std::vector<PyTensor*>>(nb::list(v)), who);
+            else if (key == "lr") g.lr = nb::cast<double>(v);
+            else if (key == "weight_decay") g.weight_decay = nb::cast<double>(v);
+            else if (key == "momentum") g.momentum = nb::cast<double>(v);
+            else if (key == "nesterov") g.nesterov = nb::cast<bool>(v);
+            else if (key == "betas") {
+                const auto betas = nb::cast<std::pair<double, double>>(v);
+                g.beta1 = betas.first;
+                g.beta2 = betas.second;
+            } else if (key == "eps") g.eps = nb::cast<double>(v);
+            else throw nb::type_error(str(who, ": unknown parameter group key '", key, "'").c_str());
+        }
+        groups.push_back(std::move(g));
+    }
+    return groups;
+}
+
+TensorMap tensor_map(const std::map<std::string, PyTensor*>& named) {
+    TensorMap out;
+    for (const auto& [name, t] : named) {
+        if (t == nullptr) throw ValueError(str("tensor '", name, "' is None"));
+        out[name] = t->data();
+    }
+    return out;
+}
+
+std::map<std::string, PyTensor> py_map(const TensorMap& tensors) {
+    std::map<std::string, PyTensor> out;
+    for (const auto& [name, t] : tensors) out.emplace(name, PyTensor(t));
+    return out;
+}
+
+struct PyCapturedStep {
+    nb::object fn;
+    std::unique_ptr<cuda::CapturedStep> step;
+};
+
+struct PyDataLoader {
+    std::unique_ptr<DataLoader> loader;
+    std::int64_t epoch = 0;
+};
+
+}  // namespace
+
+void bind_nn(nb::module_& m) {
+    // ---- layers' parameters, initialised by the C++ layers ----
+    m.def("_linear_init", [](std::int64_t in, std::int64_t out, bool bias, const std::string& init) {
+        const Linear layer(in, out, bias, default_generator(), Activation::None, parse_init(init));
+        return nb::make_tuple(wrap(layer.weight), wrap(layer.bias));
+    }, nb::arg("in_features"), nb::arg("out_features"), nb::arg("bias"), nb::arg("init") = "torch");
+    m.def("_conv2d_init", [](std::int64_t in, std::int64_t out, std::pair<std::int64_t, std::int64_t> kernel,
+                             std::int64_t groups, bool bias, const std::string& init) {
+        Conv2dOptions options;
+        options.groups = groups;
+        const Conv2d layer(in, out, {kernel.first, kernel.second}, options, bias, default_generator(), parse_init(init));
+        return nb::make_tuple(wrap(layer.weight), wrap(layer.bias));
+    }, nb::arg("in_channels"), nb::arg("out_channels"), nb::arg("kernel"), nb::arg("groups"), nb::arg("bias"),
+       nb::arg("init") = "torch");
+    m.def("_batch_norm_init", [](std::int64_t channels) {
+        const BatchNorm layer(channels);
+        return nb::make_tuple(wrap(layer.weight), wrap(layer.bias), PyTensor(*layer.running_mean),
+                              PyTensor(*layer.running_var));
+    }, nb::arg("channels"));
+    m.def("_layer_norm_init", [](std::vector<std::int64_t> shape, bool affine, bool bias) {
+        const LayerNorm layer(Shape(shape.begin(), shape.end()), 1e-5, affine, bias);
+        return nb::make_tuple(wrap(layer.weight), wrap(layer.bias));
+    }, nb::arg("normalized_shape"), nb::arg("elementwise_affine"), nb::arg("bias"));
+    m.def("_rms_norm_init", [](std::vector<std::int64_t> shape, bool affine) {
+        const RMSNorm layer(Shape(shape.begin(), shape.end()), std::nullopt, affine);
+        return wrap(layer.weight);
+    }, nb::arg("normalized_shape"), nb::arg("elementwise_affine"));
+    m.def("_embedding_init", [](std::int64_t num, std::int64_t dim, std::optional<std::int64_t> padding_idx) {
+        const Embedding layer(num, dim, default_generator(), padding_idx);
+        return wrap(layer.weight);
+    }, nb::arg("num_embeddings"), nb::arg("embedding_dim"), nb::arg("padding_idx").none());
+    m.def("_param_to", [](PyTensor& t, nb::handle target) {
+        // Module.to(): parameters keep their identity (optimizers hold them), their value moves.
+        const Tensor moved = nb::isinstance<DType>(target) ? t.data().to(parse_dtype(target)) : t.data().to(parse_device(target));
+        if (t.parameter.defined()) {
+            t.parameter.value() = moved;
+            if (t.parameter.grad().defined()) t.parameter.zero_grad();
+        } else {
+            t.value = moved;
+        }
+    });
+
+    // ---- optimizers and schedules ----
+    nb::class_<Optimizer>(m, "Optimizer")
+        .def("step", &Optimizer::step)
+        .def("zero_grad", &Optimizer::zero_grad)
+        .def_prop_ro("name", &Optimizer::name)
+        .def_prop_rw("lr", [](const Optimizer& o) { return o.lr(0); }, [](Optimizer& o, double lr) { o.set_lr(lr); })
+        .def("group_lr", [](const Optimizer& o, std::size_t g) { return o.lr(g); })
+        .def("set_group_lr", [](Optimizer& o, std::size_t g, double lr) { o.set_lr(g, lr); })
+        .def_prop_ro("group_count", &Optimizer::group_count)
+        .def("step_count", &Optimizer::step_count);
+    nb::class_<SGD, Optimizer>(m, "SGD")
+        .def("__init__", [](SGD* self, nb::handle params, double lr, double momentum, bool nesterov, double weight_decay) {
+            new (self) SGD(parse_groups(params, "SGD"), SgdOptions{lr, momentum, nesterov, weight_decay});
+        }, nb::arg("params"), nb::arg("lr") = 0.01, nb::arg("momentum") = 0.0, nb::arg("nesterov") = false,
+           nb::arg("weight_decay") = 0.0);
+    nb::class_<Adam, Optimizer>(m, "Adam")
+        .def("__init__", [](Adam* self, nb::handle params, double lr, std::pair<double, double> betas, double eps,
+                            double weight_decay) {
+            new (self) Adam(parse_groups(params, "Adam"), AdamOptions{lr, betas.first, betas.second, eps, weight_decay});
+        }, nb::arg("params"), nb::arg("lr") = 1e-3, nb::arg("betas") = std::pair<double, double>(0.9, 0.999),
+           nb::arg("eps") = 1e-8, nb::arg("weight_decay") = 0.0);
+    nb::class_<AdamW, Adam>(m, "AdamW")
+        .def("__init__", [](AdamW* self, nb::handle params, double lr, std::pair<double, double> betas, double eps,
+                            double weight_decay) {
+            new (self) AdamW(parse_groups(params, "AdamW"), AdamOptions{lr, betas.first, betas.second, eps, weight_decay});
+        }, nb::arg("params"), nb::arg("lr") = 1e-3, nb::arg("betas") = std::pair<double, double>(0.9, 0.999),
+           nb::arg("eps") = 1e-8, nb::arg("weight_decay") = 0.01);
+    nb::class_<LRScheduler>(m, "LRScheduler")
+        .def("step", &LRScheduler::step)
+        .def_prop_ro("epoch", &LRScheduler::epoch)
+        .def("get_last_lr", [](const LRScheduler& s) {
+            std::vector<double> lrs;
+            for (std::size_t g = 0; g < s.optimizer().group_count(); ++g) lrs.push_back(s.optimizer().lr(g));
+            return lrs;
+        });
+    nb::class_<StepLR, LRScheduler>(m, "StepLR")
+        .def(nb::init<Optimizer&, std::int64_t, double>(), nb::arg("optimizer"), nb::arg("step_size"),
+             nb::arg("gamma") = 0.1, nb::keep_alive<1, 2>());
+    nb::class_<CosineAnnealingLR, LRScheduler>(m, "CosineAnnealingLR")
+        .def(nb::init<Optimizer&, std::int64_t, double>(), nb::arg("optimizer"), nb::arg("T_max"),
+             nb::arg("eta_min") = 0.0, nb::keep_alive<1, 2>());
+    m.def("clip_grad_norm_", [](const std::vector<PyTensor*>& params, double max_norm, double norm_type) {
+        return PyTensor(clip_grad_norm(parameters_of(params, "clip_grad_norm_"), max_norm, norm_type));
+    }, nb::arg("parameters"), nb::arg("max_norm"), nb::arg("norm_type") = 2.0);
+    m.def("clip_grad_value_", [](const std::vector<PyTensor*>& params, double clip) {
+        clip_grad_value(parameters_of(params, "clip_grad_value_"), clip);
+    }, nb::arg("parameters"), nb::arg("clip_value"));
+
+    // ---- files ----
+    m.def("save_safetensors", [](const std::string& path, const std::map<std::string, PyTensor*>& tensors,
+                                 const std::map<std::string, std::string>& metadata) {
+        save_safetensors(path, tensor_map(tensors), metadata);
+    }, nb::arg("path"), nb::arg("tensors"), nb::arg("metadata") = std::map<std::string, std::string>());
+    m.def("load_safetensors", [](const std::string& path) {
+        SafetensorsMetadata metadata;
+        TensorMap tensors = load_safetensors(path, &metadata);
+        return std::make_pair(py_map(tensors), metadata);
+    }, nb::arg("path"));
+    m.def("_save_checkpoint", [](const std::string& path, const std::map<std::string, PyTensor*>& model,
+                                 const Optimizer& optimizer, const LRScheduler* schedule) {
+        TensorMap tensors = tensor_map(model);
+        for (const auto& [name, t] : tensors)
+            if (!name.empty() && name[0] == '@') throw ValueError(str("save_checkpoint: model entry '", name, "' starts with '@' (reserved)"));
+        SafetensorsMetadata metadata;
+        optimizer.save_state(tensors, metadata);
+        if (schedule != nullptr) schedule->save_state(tensors, metadata);
+        save_safetensors(path, tensors, metadata);
+    }, nb::arg("path"), nb::arg("model"), nb::arg("optimizer"), nb::arg("schedule").none());
+    m.def("_load_checkpoint", [](const std::string& path, Optimizer& optimizer, LRScheduler* schedule) {
+        SafetensorsMetadata metadata;
+        const TensorMap tensors = load_safetensors(path, &metadata);
+        // Check both states before either changes (stage_state: everything checked, then the commit).
+        const std::function<void()> commit_optimizer = optimizer.stage_state(tensors, metadata, path);
+        std::function<void()> commit_schedule;
+        if (schedule != nullptr) commit_schedule = schedule->stage_state(tensors, metadata, path);
+        TensorMap model;
+        for (const auto& [name, t] : tensors)
+            if (name.empty() || name[0] != '@') model[name] = t;
+        auto commit = [commit_optimizer, commit_schedule] {
+            commit_optimizer();
+            if (commit_schedule) commit_schedule();
+        };
+        return std::make_pair(py_map(model), nb::cpp_function(commit));
+    }, nb::arg("path"), nb::arg("optimizer"), nb::arg("schedule").none());
+
+    // ---- data ----
+    m.def("load_mnist", [](const std::string& directory) {
+        const MnistData data = load_mnist(directory);
+        nb::dict d;
+        d["train_images"] = PyTensor(data.train.images);
+        d["train_labels"] = PyTensor(data.train.labels);
+        d["test_images"] = PyTensor(data.test.images);
+        d["test_labels"] = PyTensor(data.test.labels);
+        d["mean"] = data.normalization.mean;
+        d["std"] = data.normalization.stddev;
+        return d;
+    }, nb::arg("directory") = std::string(kDefaultMnistDirectory));
+    nb::class_<BatchLoader>(m, "BatchLoader")
+        .def("__init__", [](BatchLoader* self, const PyTensor& images, const PyTensor& labels, std::int64_t batch_size,
+                            bool shuffle, std::uint64_t seed, nb::handle device, bool resident) {
+            LoaderOptions options;
+            options.batch_size = batch_size;
+            options.shuffle = shuffle;
+            options.seed = seed;
+            options.device = device.is_none() ? Device::cpu() : parse_device(device);
+            options.resident = resident;
+            new (self) BatchLoader(Dataset{images.data(), labels.data()}, options);
+        }, nb::arg("images"), nb::arg("labels"), nb::kw_only(), nb::arg("batch_size") = 64, nb::arg("shuffle") = true,
+           nb::arg("seed") = 0, nb::arg("device").none() = nb::none(), nb::arg("resident") = false)
+        .def("start_epoch", &BatchLoader::start_epoch)
+        .def("next", [](BatchLoader& loader) -> nb::object {
+            Batch batch;
+            if (!loader.next(batch)) return nb::none();
+            return nb::make_tuple(PyTensor(batch.images), PyTensor(batch.labels));
+        })
+        .def("__len__", &BatchLoader::batches_per_epoch);
+    nb::class_<PyDataLoader>(m, "_DataLoader")
+        .def("__init__", [](PyDataLoader* self, const std::vector<PyTensor*>& tensors, std::int64_t batch_size,
+                            bool shuffle, std::uint64_t seed, bool drop_last, std::int64_t num_shards, std::int64_t shard,
+                            std::int64_t prefetch, nb::handle device) {
+            std::vector<Tensor> columns;
+            for (const PyTensor* t : tensors) {
+                if (t == nullptr) throw ValueError("DataLoader: a tensor is None");
+                columns.push_back(t->data());
+            }
+            DataLoaderOptions options;
+            options.batch_size = batch_size;
+            options.shuffle = shuffle;
+            options.seed = seed;
+            options.drop_last = drop_last;
+            options.num_shards = num_shards;
+            options.shard = shard;
+            options.prefetch = prefetch;
+            options.device = device.is_none() ? Device::cpu() : parse_device(device);
+            new (self) PyDataLoader{std::make_unique<DataLoader>(std::make_shared<TensorDataset>(std::move(columns)), options)};
+        }, nb::arg("tensors"), nb::arg("batch_size"), nb::arg("shuffle"), nb::arg("seed"), nb::arg("drop_last"),
+           nb::arg("num_shards"), nb::arg("shard"), nb::arg("prefetch"), nb::arg("device").none())
+        .def("start_epoch", [](PyDataLoader& l, std::int64_t epoch) { l.loader->start_epoch(epoch); })
+        .def("next", [](PyDataLoader& l) -> nb::object {
+            std::vector<Tensor> batch;
+            bool more;
+            {
+                nb::gil_scoped_release release;  // the worker thread may be preparing the batch
+                more = l.loader->next(batch);
+            }
+            if (!more) return nb::none();
+            nb::list out;
+            for (Tensor& t : batch) out.append(PyTensor(std::move(t)));
+            return nb::tuple(out);
+        })
+        .def("__len__", [](const PyDataLoader& l) { return l.loader->batches_per_epoch(); });
+
+    // ---- captured steps ----
+    nb::class_<PyCapturedStep>(m, "CapturedStep")
+        .def("__init__", [](PyCapturedStep* self, nb::object fn) {
+            if (!PyCallable_Check(fn.ptr())) throw nb::type_error("CapturedStep: expects a callable step(*tensors) -> Tensor");
+            new (self) PyCapturedStep{fn, nullptr};
+            nb::object held = fn;
+            self->step = std::make_unique<cuda::CapturedStep>([held](std::span<const Tensor> inputs) -> Tensor {
+                nb::gil_scoped_acquire gil;
+                nb::list args;
+                for (const Tensor& t : inputs) args.append(PyTensor(t));
+                nb::object result = held(*nb::tuple(args));
+                if (!nb::isinstance<PyTensor>(result))
+                    throw ValueError("CapturedStep: the step must return a dyngrad Tensor (e.g. the loss, detached)");
+                return nb::cast<const PyTensor&>(result).data();
+            });
+        }, nb::arg("step"))
+        .def("run", [](PyCapturedStep& s, nb::args inputs) {
+            std::vector<Tensor> ts;
+            for (nb::handle h : inputs) {
+                if (!nb::isinstance<PyTensor>(h)) throw nb::type_error("CapturedStep.run: inputs must be dyngrad tensors");
+                ts.push_back(nb::cast<const PyTensor&>(h).data());
+            }
+            return PyTensor(s.step->run(ts));
+        })
+        .def_prop_ro("variants", [](const PyCapturedStep& s) { return s.step->variants(); });
+
+    // ---- debugging ----
+    nb::class_<VerifyReport>(m, "VerifyReport")
+        .def_ro("passed", &VerifyReport::pass)
+        .def_ro("tolerance", &VerifyReport::tolerance)
+        .def_ro("first_divergence", &VerifyReport::first_divergence)
+        .def("summary", &VerifyReport::summary)
+        .def("table", &VerifyReport::table)
+        .def("__bool__", [](const VerifyReport& r) { return r.pass; })
+        .def("__repr__", &VerifyReport::summary)
+        .def_prop_ro("nodes", [](const VerifyReport& r) {
+            nb::list out;
+            for (const NodeCheck& n : r.nodes) {
+                nb::dict d;
+                d["id"] = n.id;
+                d["op"] = n.op;
+                d["name"] = n.name;
+                d["shape"] = n.shape;
+                d["value_rel_err"] = n.value_rel_err;
+                d["grad_rel_err"] = n.grad_rel_err;
+                d["pass"] = n.pass;
+                out.append(d);
+            }
+            return out;
+        });
+    m.def("verify", [](const PyTensor& output, double tolerance) {
+        if (!output.has_history()) throw GraphError("verify: the tensor has no recorded history (nothing required grad)");
+        VerifyOptions options;
+        options.tolerance = tolerance;
+        VerifyReport report = verify(output.graph->graph, output.var, Tensor(), options);
+        retire_graph(output.graph);  // verify ran the backward (without retain_graph) when none had
+        return report;
+    }, nb::arg("output"), nb::arg("tolerance") = 0.0,
+       "Replays output's graph on the CPU in float64 and compares every value and gradient (runs backward if needed).");
+    nb::class_<LintReport>(m, "LintReport")
+        .def("clean", &LintReport::clean)
+        .def("__str__", &LintReport::to_string)
+        .def("__repr__", &LintReport::to_string)
+        .def_prop_ro("issues", [](const LintReport& r) {
+            std::vector<std::string> out;
+            for (const LintIssue& i : r.issues) out.push_back(i.message);
+            return out;
+        });
+    m.def("lint", [](const PyTensor& loss) {
+        if (!loss.has_history()) throw GraphError("lint: the tensor has no recorded history (nothing required grad)");
+        return lint(loss.graph->graph, loss.var);
+    }, nb::arg("loss"));
+    m.def("to_dot", [](const PyTensor& output, const VerifyReport* report) {
+        if (!output.has_history()) throw GraphError("to_dot: the tensor has no recorded history (nothing required grad)");
+        return to_dot(output.graph->graph, report);
+    }, nb::arg("output"), nb::arg("report").none() = nb::none());
+}
+
+}  // namespace dyngrad::python

@@ -1,0 +1,740 @@
+// dyngrad.Tensor, the implicit graph, the op path and the factories (docs/python.md).
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <frameobject.h>
+#include <optional>
+#include <unordered_map>
+
+#include "binding.h"
+
+namespace dyngrad::python {
+
+// ---- the implicit graph ----
+namespace {
+thread_local std::weak_ptr<GraphBox> thread_graph;
+}
+
+std::shared_ptr<GraphBox> current_graph() {
+    std::shared_ptr<GraphBox> box = thread_graph.lock();
+    if (!box) {
+        box = std::make_shared<GraphBox>();
+        thread_graph = box;
+    }
+    return box;
+}
+
+void retire_graph(const std::shared_ptr<GraphBox>& box) {
+    box->released = true;
+    if (thread_graph.lock() == box) thread_graph.reset();
+}
+
+Generator& default_generator() {
+    static Generator generator(0);
+    return generator;
+}
+
+// ---- the caller's site ----
+namespace {
+std::string package_dir;
+struct CodeSites {
+    std::string file, function;
+    bool internal = false;  // a frame of the dyngrad package: the user's line is further out
+    std::unordered_map<int, std::source_location> at;  // by instruction offset (or line)
+};
+// Code objects are kept alive by this table (one reference each), so an address is never reused for another.
+std::unordered_map<PyCodeObject*, CodeSites> code_sites;  // touched only with the GIL held
+
+CodeSites& sites_of(PyCodeObject* code) {
+    auto found = code_sites.find(code);
+    if (found != code_sites.end()) return found->second;
+    CodeSites sites;
+    nb::handle h(reinterpret_cast<PyObject*>(code));
+    sites.file = nb::cast<std::string>(h.attr("co_filename"));
+    sites.function = nb::cast<std::string>(h.attr("co_name"));
+    sites.internal = !package_dir.empty() && sites.file.compare(0, package_dir.size(), package_dir) == 0;
+    Py_INCREF(code);
+    return code_sites.emplace(code, std::move(sites)).first->second;
+}
+}  // namespace
+
+void set_package_dir(std::string dir) { package_dir = std::move(dir); }
+
+std::source_location python_site() {
+    PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+    if (frame == nullptr) return std::source_location::current();
+    Py_INCREF(frame);
+    for (int depth = 0; frame != nullptr && depth < 64; ++depth) {
+        PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
+        CodeSites& sites = sites_of(code);
+        Py_DECREF(code);
+        if (!sites.internal || depth == 63) {
+#if PY_VERSION_HEX >= 0x030B0000
+            const int key = PyFrame_GetLasti(frame);
+#else
+            const int key = PyFrame_GetLineNumber(frame);
+#endif
+            auto found = sites.at.find(key);
+            if (found == sites.at.end()) {
+                const int line = PyFrame_GetLineNumber(frame);
+                found = sites.at
+                            .emplace(key, foreign_site(sites.file, sites.function,
+                                                       static_cast<unsigned>(line < 0 ? 0 : line)))
+                            .first;
+            }
+            Py_DECREF(frame);
+            return found->second;
+        }
+        PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
+        Py_DECREF(frame);
+        frame = back;
+    }
+    if (frame != nullptr) Py_DECREF(frame);
+    return std::source_location::current();
+}
+
+// ---- the op path ----
+namespace {
+
+Var as_var(const PyTensor& t, const std::shared_ptr<GraphBox>& box, std::source_location where) {
+    if (t.parameter.defined()) return box->graph.parameter(t.parameter, where);
+    if (t.has_history()) {
+        if (t.graph != box) {
+            if (t.graph->released)
+                throw GraphError(str("a tensor from ", t.graph->graph.describe_node(t.var.id()),
+                                     " is used after backward() released its graph (call backward(retain_graph=True)"
+                                     " to keep it, or use .detach() to stop the gradient here)"));
+            throw GraphError(str("a tensor from ", t.graph->graph.describe_node(t.var.id()),
+                                 " belongs to another thread's graph; .detach() it to use it here"));
+        }
+        return t.var;
+    }
+    return box->graph.constant(t.value, where);
+}
+
+}  // namespace
+
+PyTensor apply(OpType op, const std::vector<const PyTensor*>& inputs, const OpAttrs& attrs) {
+    const std::source_location where = python_site();
+    bool record = false;
+    if (grad_enabled())
+        for (const PyTensor* t : inputs) record = record || t->requires_grad();
+    if (!record) {
+        std::vector<Tensor> values;
+        values.reserve(inputs.size());
+        for (const PyTensor* t : inputs) values.push_back(t->data());
+        return PyTensor(eager(op, values, attrs, where));
+    }
+    std::shared_ptr<GraphBox> box = current_graph();
+    std::vector<Var> vars;
+    vars.reserve(inputs.size());
+    for (const PyTensor* t : inputs) vars.push_back(as_var(*t, box, where));
+    const Var out = box->graph.record(op, vars, attrs, where);
+    PyTensor result(out.value());
+    if (out.requires_grad()) {  // a comparison or an index has no history to keep
+        result.var = out;
+        result.graph = std::move(box);
+    }
+    return result;
+}
+
+PyTensor apply(OpType op, std::initializer_list<const PyTensor*> inputs, const OpAttrs& attrs) {
+    return apply(op, std::vector<const PyTensor*>(inputs), attrs);
+}
+
+// ---- attributes ----
+namespace {
+
+template <typename E>
+E parse_choice(nb::handle value, const char* key, std::initializer_list<std::pair<const char*, E>> choices) {
+    if (!nb::isinstance<nb::str>(value))
+        throw nb::type_error(str(key, "= expects a string, got ", nb::cast<std::string>(nb::str(value.type()))).c_str());
+    const std::string text = nb::cast<std::string>(value);
+    std::string known;
+    for (const auto& [name, e] : choices) {
+        if (text == name) return e;
+        known += known.empty() ? name : std::string(", ") + name;
+    }
+    throw ValueError(str(key, "='", text, "': expected one of ", known));
+}
+
+std::array<std::int64_t, 2> pair_of(nb::handle value) {
+    if (nb::isinstance<nb::int_>(value)) {
+        const auto v = nb::cast<std::int64_t>(value);
+        return {v, v};
+    }
+    const auto v = nb::cast<std::vector<std::int64_t>>(value);
+    if (v.size() != 2) throw ValueError(str("expected an int or a pair of ints, got ", v.size(), " values"));
+    return {v[0], v[1]};
+}
+
+// An int attribute: a Python int (or an object with __index__), never a str or a float.
+std::int64_t int_of(nb::handle value, const std::string& key) {
+    if (!PyIndex_Check(value.ptr()) || PyBool_Check(value.ptr()))
+        throw nb::type_error(str(key, "= expects an int, got ", nb::cast<std::string>(nb::str(value.type()))).c_str());
+    const Py_ssize_t v = PyNumber_AsSsize_t(value.ptr(), PyExc_OverflowError);
+    if (v == -1 && PyErr_Occurred()) throw nb::python_error();
+    return v;
+}
+
+std::vector<std::int64_t> ints_of(nb::handle value) {
+    if (nb::isinstance<nb::int_>(value)) return {nb::cast<std::int64_t>(value)};
+    return nb::cast<std::vector<std::int64_t>>(value);
+}
+
+}  // namespace
+
+OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs) {
+    OpAttrs a;
+    for (auto [key_handle, value] : kwargs) {
+        const std::string key = nb::cast<std::string>(key_handle);
+        if (key == "scalar") a.scalar = nb::cast<double>(value);
+        else if (key == "axes" || key == "dims") a.axes = ints_of(value);
+        else if (key == "axis" || key == "dim") a.axis = int_of(value, key);
+        else if (key == "start") a.start = int_of(value, key);
+        else if (key == "length") a.length = int_of(value, key);
+        else if (key == "keepdim") a.keepdim = nb::cast<bool>(value);
+        else if (key == "shape") {
+            const auto dims = ints_of(value);
+            a.shape = Shape(dims.begin(), dims.end());
+        } else if (key == "min") a.clamp_min = value.is_none() ? std::nullopt : std::optional(nb::cast<double>(value));
+        else if (key == "max") a.clamp_max = value.is_none() ? std::nullopt : std::optional(nb::cast<double>(value));
+        else if (key == "approximate")
+            a.gelu_approximation = parse_choice<GeluApproximation>(
+                value, "approximate", {{"none", GeluApproximation::None}, {"tanh", GeluApproximation::Tanh}});
+        else if (key == "kernel" || key == "kernel_size") a.kernel = pair_of(value);
+        else if (key == "stride") a.stride = pair_of(value);
+        else if (key == "padding") a.padding = pair_of(value);
+        else if (key == "dilation") a.dilation = pair_of(value);
+        else if (key == "groups") a.groups = int_of(value, key);
+        else if (key == "training") a.training = nb::cast<bool>(value);
+        else if (key == "eps") a.eps = nb::cast<double>(value);
+        else if (key == "momentum") a.momentum = nb::cast<double>(value);
+        else if (key == "seed") a.seed = nb::cast<std::uint64_t>(value);
+        else if (key == "padding_idx") a.padding_idx = value.is_none() ? -1 : int_of(value, key);
+        else if (key == "activation")
+            a.activation = value.is_none() ? Activation::None
+                                           : parse_choice<Activation>(value, "activation",
+                                                                      {{"none", Activation::None}, {"relu", Activation::Relu}});
+        else if (key == "mode")
+            a.rnn_mode = parse_choice<RnnMode>(value, "mode",
+                                               {{"lstm", RnnMode::Lstm}, {"gru", RnnMode::Gru},
+                                                {"rnn_tanh", RnnMode::RnnTanh}, {"rnn_relu", RnnMode::RnnRelu}});
+        else if (key == "hidden_size") a.hidden_size = int_of(value, key);
+        else if (key == "num_layers") a.num_layers = int_of(value, key);
+        else if (key == "bidirectional") a.bidirectional = nb::cast<bool>(value);
+        else if (key == "save_for_backward") a.save_for_backward = nb::cast<bool>(value);
+        else if (key == "reduction")
+            a.reduction = parse_choice<Reduction>(value, "reduction",
+                                                  {{"mean", Reduction::Mean}, {"sum", Reduction::Sum}, {"none", Reduction::None}});
+        else if (key == "ignore_index") a.ignore_index = int_of(value, key);
+        else if (key == "label_smoothing") a.label_smoothing = nb::cast<double>(value);
+        else
+            throw nb::type_error(str(def.name, "() got an unexpected keyword argument '", key, "'").c_str());
+    }
+    if (def.op == OpType::Rnn) a.save_for_backward = grad_enabled();  // what ops/rnn's function does
+    return a;
+}
+
+// ---- conversions ----
+DType parse_dtype(nb::handle dtype) {
+    if (nb::isinstance<DType>(dtype)) return nb::cast<DType>(dtype);
+    if (nb::isinstance<nb::str>(dtype)) {
+        const std::string s = nb::cast<std::string>(dtype);
+        if (s == "float32" || s == "float") return DType::f32;
+        if (s == "float64" || s == "double") return DType::f64;
+        if (s == "int64" || s == "long") return DType::i64;
+        throw DTypeError(str("unknown dtype '", s, "': dyngrad has float32, float64 and int64"));
+    }
+    throw nb::type_error(str("expected a dyngrad dtype or its name, got ", nb::cast<std::string>(nb::str(dtype.type()))).c_str());
+}
+
+Device parse_device(nb::handle device) {
+    if (nb::isinstance<Device>(device)) return nb::cast<Device>(device);
+    if (nb::isinstance<nb::str>(device)) {
+        const std::string s = nb::cast<std::string>(device);
+        if (s == "cpu") return Device::cpu();
+        if (s == "cuda") return Device::cuda(0);
+        if (s.rfind("cuda:", 0) == 0) {
+            const std::string index = s.substr(5);
+            if (!index.empty() && index.find_first_not_of("0123456789") == std::string::npos && index.size() < 6)
+                return Device::cuda(std::stoi(index));
+        }
+        throw DeviceError(str("unknown device '", s, "': expected 'cpu', 'cuda' or 'cuda:N'"));
+    }
+    throw nb::type_error(str("expected a dyngrad device or its name, got ", nb::cast<std::string>(nb::str(device.type()))).c_str());
+}
+
+std::vector<Parameter> parameters_of(const std::vector<PyTensor*>& tensors, const char* who) {
+    std::vector<Parameter> out;
+    out.reserve(tensors.size());
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+        if (tensors[i] == nullptr) throw ValueError(str(who, ": parameter ", i, " is None"));
+        if (!tensors[i]->parameter.defined())
+            throw ValueError(str(who, ": tensor ", i, " ", describe(tensors[i]->data()),
+                                 " is not a leaf that requires grad (use dyngrad.nn.Parameter or requires_grad=True)"));
+        out.push_back(tensors[i]->parameter);
+    }
+    return out;
+}
+
+namespace {
+
+// ---- indexing: ints, slices, None, ..., int64 index tensors ----
+PyTensor narrow_axis(const PyTensor& t, std::int64_t axis, std::int64_t start, std::int64_t length) {
+    OpAttrs a;
+    a.axis = axis;
+    a.start = start;
+    a.length = length;
+    return apply(OpType::Narrow, {&t}, a);
+}
+
+PyTensor reshape_to(const PyTensor& t, const Shape& shape) {
+    if (t.data().shape() == shape) return t;
+    OpAttrs a;
+    a.shape = shape;
+    return apply(OpType::Reshape, {&t}, a);
+}
+
+PyTensor index_select_axis(const PyTensor& t, std::int64_t axis, const PyTensor& index) {
+    OpAttrs a;
+    a.axis = axis;
+    return apply(OpType::IndexSelect, {&t, &index}, a);
+}
+
+PyTensor getitem(const PyTensor& x, nb::handle key) {
+    std::vector<nb::handle> items;
+    nb::tuple key_tuple;
+    if (nb::isinstance<nb::tuple>(key)) {
+        key_tuple = nb::borrow<nb::tuple>(key);
+        for (nb::handle h : key_tuple) items.push_back(h);
+    } else {
+        items.push_back(key);
+    }
+    const Shape& in_shape = x.data().shape();
+    std::size_t consumed = 0, ellipses = 0;
+    for (nb::handle h : items) {
+        if (h.is_none()) continue;
+        if (h.ptr() == Py_Ellipsis) { ++ellipses; continue; }
+        ++consumed;
+    }
+    if (ellipses > 1) throw IndexError("an index can only have a single ellipsis ('...')");
+    if (consumed > in_shape.size())
+        throw IndexError(str("too many indices for a tensor of rank ", in_shape.size(), ": ", consumed, " given"));
+
+    PyTensor t = x;
+    Shape out_shape;
+    std::int64_t axis = 0;  // axis of `t` the next item addresses (t keeps every axis until the final reshape)
+    for (nb::handle h : items) {
+        if (h.is_none()) {
+            out_shape.push_back(1);
+            continue;
+        }
+        if (h.ptr() == Py_Ellipsis) {
+            const std::size_t skip = in_shape.size() - consumed;
+            for (std::size_t i = 0; i < skip; ++i) out_shape.push_back(in_shape[axis++]);
+            continue;
+        }
+        const std::int64_t n = in_shape[axis];
+        if (nb::isinstance<nb::int_>(h) || (PyIndex_Check(h.ptr()) && !nb::isinstance<PyTensor>(h))) {
+            std::int64_t i = PyNumber_AsSsize_t(h.ptr(), PyExc_IndexError);
+            if (i == -1 && PyErr_Occurred()) throw nb::python_error();
+            if (i < -n || i >= n)
+                throw IndexError(str("index ", i, " is out of bounds for axis ", axis, " with size ", n));
+            if (i < 0) i += n;
+            t = narrow_axis(t, axis, i, 1);
+            ++axis;
+        } else if (PySlice_Check(h.ptr())) {
+            Py_ssize_t start, stop, step;
+            if (PySlice_Unpack(h.ptr(), &start, &stop, &step) < 0) throw nb::python_error();
+            const Py_ssize_t length = PySlice_AdjustIndices(static_cast<Py_ssize_t>(n), &start, &stop, step);
+            if (step == 1) {
+                if (length != n) t = narrow_axis(t, axis, start, length);
+            } else {
+                std::vector<std::int64_t> picks(static_cast<std::size_t>(length));
+                for (Py_ssize_t k = 0; k < length; ++k) picks[static_cast<std::size_t>(k)] = start + k * step;
+                const PyTensor index(Tensor::from_vector(picks, {length}, t.data().device()));
+                t = index_select_axis(t, axis, index);
+            }
+            out_shape.push_back(length);
+            ++axis;
+        } else if (nb::isinstance<PyTensor>(h)) {
+            const PyTensor& index = nb::cast<const PyTensor&>(h);
+            if (index.data().dtype() != DType::i64 || index.data().rank() != 1)
+                throw IndexError(str("a tensor index must be a 1-D int64 tensor, got ", describe(index.data())));
+            t = index_select_axis(t, axis, index);
+            out_shape.push_back(index.data().numel());
+            ++axis;
+        } else {
+            throw nb::type_error(str("tensor indices must be ints, slices, None, ... or 1-D int64 tensors, got ",
+                                     nb::cast<std::string>(nb::str(h.type())))
+                                     .c_str());
+        }
+    }
+    for (std::size_t i = static_cast<std::size_t>(axis); i < in_shape.size(); ++i) out_shape.push_back(in_shape[i]);
+    return reshape_to(t, out_shape);
+}
+
+// ---- scalars as tensors (comparisons, reversed division) ----
+PyTensor scalar_like(const PyTensor& t, double value) {
+    return PyTensor(Tensor::full({}, value, t.data().dtype(), t.data().device()));
+}
+
+PyTensor unary(OpType op, const PyTensor& x, double scalar = 0.0) {
+    OpAttrs a;
+    a.scalar = scalar;
+    return apply(op, {&x}, a);
+}
+
+PyTensor binary(OpType op, const PyTensor& a, const PyTensor& b) { return apply(op, {&a, &b}, {}); }
+
+PyTensor compare_scalar(OpType op, const PyTensor& a, double s) {
+    const PyTensor b = scalar_like(a, s);
+    return binary(op, a, b);
+}
+
+std::string tensor_repr(const PyTensor& t) {
+    std::ostringstream out;
+    out << "tensor(";
+    const Tensor& v = t.data();
+    if (v.device().is_cpu() && v.numel() <= 64) {
+        out << "[";
+        const std::vector<double> values = v.to_vector();
+        for (std::size_t i = 0; i < values.size(); ++i) out << (i ? ", " : "") << values[i];
+        out << "], ";
+    }
+    out << "shape=" << to_string(v.shape()) << ", dtype=" << dtype_name(v.dtype()) << ", device=" << v.device().to_string();
+    if (t.requires_grad()) out << (t.is_leaf() ? ", requires_grad=True" : ", grad_fn=" + std::string(op_def(t.var.node().op, t.var.node().attrs).name));
+    out << ")";
+    return out.str();
+}
+
+nb::tuple shape_tuple(const Shape& shape) {
+    nb::list l;
+    for (auto d : shape) l.append(d);
+    return nb::tuple(l);
+}
+
+Shape shape_from(nb::handle args) {
+    // reshape(2, 3) or reshape((2, 3))
+    std::vector<std::int64_t> dims;
+    nb::tuple t = nb::borrow<nb::tuple>(args);
+    if (t.size() == 1 && !nb::isinstance<nb::int_>(t[0])) dims = nb::cast<std::vector<std::int64_t>>(t[0]);
+    else dims = nb::cast<std::vector<std::int64_t>>(t);
+    return Shape(dims.begin(), dims.end());
+}
+
+// ---- backward ----
+void run_backward(const PyTensor& t, std::optional<const PyTensor*> grad, bool retain_graph) {
+    if (!t.has_history()) {
+        if (t.parameter.defined())
+            throw GraphError(str("backward() on a leaf ", describe(t.data()), ": nothing to differentiate"));
+        throw GraphError(str("backward() on a tensor ", describe(t.data()),
+                             " that does not require grad and has no history (no input required grad, or it was "
+                             "computed under no_grad())"));
+    }
+    BackwardOptions options;
+    options.retain_graph = retain_graph;
+    if (grad && *grad != nullptr) t.graph->graph.backward(t.var, (*grad)->data(), options);
+    else t.graph->graph.backward(t.var, options);
+    if (!retain_graph) retire_graph(t.graph);
+}
+
+struct NoGradScope {
+    std::optional<NoGradGuard> guard;
+};
+struct AnomalyScope {
+    std::optional<AnomalyModeGuard> guard;
+};
+
+}  // namespace
+
+void bind_tensor(nb::module_& m) {
+    nb::enum_<DType>(m, "dtype")
+        .value("float32", DType::f32)
+        .value("float64", DType::f64)
+        .value("int64", DType::i64);
+    m.attr("float32") = DType::f32;
+    m.attr("float64") = DType::f64;
+    m.attr("int64") = DType::i64;
+
+    nb::class_<Device>(m, "device")
+        .def("__init__", [](Device* self, nb::handle spec) { new (self) Device(parse_device(spec)); }, nb::arg("spec"))
+        .def_prop_ro("type", [](const Device& d) { return d.is_cpu() ? "cpu" : "cuda"; })
+        .def_prop_ro("index", [](const Device& d) { return d.index; })
+        .def("__str__", &Device::to_string)
+        .def("__repr__", [](const Device& d) { return "device('" + d.to_string() + "')"; })
+        .def("__eq__", [](const Device& d, nb::handle other) {
+            try {
+                return d == parse_device(other);
+            } catch (const std::exception&) {
+                return false;
+            }
+        })
+        .def("__hash__", [](const Device& d) { return static_cast<int>(d.kind) * 1000 + d.index; });
+
+    nb::class_<PyTensor> tensor(m, "Tensor");
+    tensor.def(nb::init<>())
+        // Tensor(other, requires_grad): shares other's storage; a leaf that requires grad shares other's
+        // parameter state (nn.Parameter wraps layers' parameters this way).
+        .def("__init__",
+             [](PyTensor* self, const PyTensor& other, bool requires_grad) {
+                 new (self) PyTensor(other.data());
+                 if (!requires_grad) return;
+                 self->parameter = other.parameter.defined() ? other.parameter : Parameter(other.data());
+                 self->parameter.set_requires_grad(true);
+             },
+             nb::arg("other"), nb::arg("requires_grad") = false)
+        .def_prop_ro("shape", [](const PyTensor& t) { return shape_tuple(t.data().shape()); })
+        .def("size", [](const PyTensor& t, std::optional<std::int64_t> dim) -> nb::object {
+                 if (dim) return nb::int_(t.data().size(*dim));
+                 return shape_tuple(t.data().shape());
+             }, nb::arg("dim") = nb::none())
+        .def_prop_ro("ndim", [](const PyTensor& t) { return t.data().rank(); })
+        .def("dim", [](const PyTensor& t) { return t.data().rank(); })
+        .def("numel", [](const PyTensor& t) { return t.data().numel(); })
+        .def_prop_ro("dtype", [](const PyTensor& t) { return t.data().dtype(); })
+        .def_prop_ro("device", [](const PyTensor& t) { return t.data().device(); })
+        .def_prop_ro("is_leaf", &PyTensor::is_leaf)
+        .def_prop_ro("is_parameter", [](const PyTensor& t) { return t.parameter.defined(); })
+        .def_prop_rw(
+            "requires_grad", &PyTensor::requires_grad,
+            [](PyTensor& t, bool on) {
+                if (t.has_history()) {
+                    if (on) return;
+                    throw GraphError("requires_grad can only be changed on leaves; use .detach() on a result");
+                }
+                if (t.parameter.defined()) {
+                    t.parameter.set_requires_grad(on);
+                    return;
+                }
+                if (!on) return;
+                if (!is_floating(t.value.dtype()))
+                    throw DTypeError(str("only float tensors can require grad, got ", describe(t.value)));
+                t.parameter = Parameter(t.value);
+            })
+        .def_prop_rw(
+            "grad",
+            [](const PyTensor& t) -> std::optional<PyTensor> {
+                if (!t.parameter.defined() || !t.parameter.grad().defined()) return std::nullopt;
+                return PyTensor(t.parameter.grad());
+            },
+            [](PyTensor& t, std::optional<const PyTensor*> g) {
+                if (g && *g) throw nb::type_error("assigning a gradient is not supported; only `x.grad = None`");
+                if (t.parameter.defined()) t.parameter.zero_grad();
+            },
+            nb::arg("value").none())
+        .def_prop_rw(
+            "name", [](const PyTensor& t) { return t.parameter.defined() ? t.parameter.name() : std::string(); },
+            [](PyTensor& t, const std::string& name) {
+                if (t.parameter.defined()) t.parameter.set_name(name);
+                if (t.has_history()) t.var.name(name);
+            })
+        .def("backward", [](const PyTensor& t, std::optional<const PyTensor*> gradient, bool retain_graph) {
+                 run_backward(t, gradient, retain_graph);
+             }, nb::arg("gradient").none() = nb::none(), nb::arg("retain_graph") = false)
+        .def("detach", [](const PyTensor& t) { return PyTensor(t.data()); })
+        .def_prop_ro("data", [](const PyTensor& t) { return PyTensor(t.data()); })
+        .def("item", [](const PyTensor& t) -> nb::object {
+                 const double v = t.data().item();
+                 if (t.data().dtype() == DType::i64) return nb::int_(static_cast<std::int64_t>(v));
+                 return nb::float_(v);
+             })
+        .def("tolist_flat", [](const PyTensor& t) { return t.data().to_vector(); })
+        .def("to", [](const PyTensor& t, nb::handle target) {
+                 if (nb::isinstance<DType>(target) ||
+                     (nb::isinstance<nb::str>(target) && nb::cast<std::string>(target).rfind("cpu", 0) != 0 &&
+                      nb::cast<std::string>(target).rfind("cuda", 0) != 0))
+                     return PyTensor(t.data().to(parse_dtype(target)));
+                 return PyTensor(t.data().to(parse_device(target)));
+             }, nb::arg("target"))
+        .def("clone", [](const PyTensor& t) { return PyTensor(t.data().clone()); })
+        .def("contiguous", [](const PyTensor& t) { return t; })
+        .def("copy_", [](PyTensor& t, const PyTensor& src) -> PyTensor& {
+                 if (t.has_history()) throw GraphError("copy_() into a tensor with history; write into a leaf");
+                 if (src.data().dtype() != t.data().dtype()) {
+                     const Tensor converted = src.data().to(t.data().dtype());
+                     const_cast<Tensor&>(t.data()).copy_from(converted);
+                 } else {
+                     const_cast<Tensor&>(t.data()).copy_from(src.data());
+                 }
+                 return t;
+             }, nb::rv_policy::reference)
+        .def("fill_", [](PyTensor& t, double v) -> PyTensor& {
+                 if (t.has_history()) throw GraphError("fill_() into a tensor with history; write into a leaf");
+                 const_cast<Tensor&>(t.data()).fill(v);
+                 return t;
+             }, nb::rv_policy::reference)
+        .def("_set_value", [](PyTensor& t, const PyTensor& src) {
+                 // Module.to(): a new value for a leaf (parameters keep their identity and gradient state).
+                 if (t.has_history()) throw GraphError("_set_value on a tensor with history");
+                 if (t.parameter.defined()) t.parameter.value() = src.data();
+                 else t.value = src.data();
+             })
+        .def("_storage_version", [](const PyTensor& t) { return t.data().version(); })
+        .def("_data_ptr", [](const PyTensor& t) { return reinterpret_cast<std::uintptr_t>(t.data().raw_data()); })
+        .def("data_ptr", [](const PyTensor& t) { return reinterpret_cast<std::uintptr_t>(t.data().raw_data()); })
+        .def("reshape", [](const PyTensor& t, nb::args shape) { return reshape_to(t, shape_from(shape)); })
+        .def("view", [](const PyTensor& t, nb::args shape) { return reshape_to(t, shape_from(shape)); })
+        .def("__getitem__", &getitem)
+        .def("__setitem__", [](PyTensor&, nb::handle, nb::handle) {
+            throw nb::type_error("dyngrad tensors do not support item assignment; build a new tensor (where, "
+                                 "masked_fill, concat) or write a whole leaf with copy_()/fill_()");
+        })
+        .def("__len__", [](const PyTensor& t) {
+            if (t.data().rank() == 0) throw nb::type_error("len() of a 0-d tensor");
+            return t.data().size(0);
+        })
+        .def("__repr__", &tensor_repr)
+        .def("__float__", [](const PyTensor& t) { return t.data().item(); })
+        .def("__int__", [](const PyTensor& t) { return static_cast<std::int64_t>(t.data().item()); })
+        .def("__index__", [](const PyTensor& t) {
+            if (t.data().dtype() != DType::i64) throw nb::type_error("only int64 one-element tensors are indices");
+            return static_cast<std::int64_t>(t.data().item());
+        })
+        .def("__bool__", [](const PyTensor& t) {
+            if (t.data().numel() != 1)
+                throw ValueError(str("the truth value of a tensor of ", t.data().numel(), " elements is ambiguous"));
+            return t.data().item() != 0.0;
+        })
+        .def("__hash__", [](nb::handle self) { return reinterpret_cast<std::intptr_t>(self.ptr()) >> 4; })
+        // operators
+        .def("__add__", [](const PyTensor& a, const PyTensor& b) { return binary(OpType::Add, a, b); }, nb::is_operator())
+        .def("__add__", [](const PyTensor& a, double s) { return unary(OpType::AddScalar, a, s); }, nb::is_operator())
+        .def("__radd__", [](const PyTensor& a, double s) { return unary(OpType::AddScalar, a, s); }, nb::is_operator())
+        .def("__sub__", [](const PyTensor& a, const PyTensor& b) { return binary(OpType::Sub, a, b); }, nb::is_operator())
+        .def("__sub__", [](const PyTensor& a, double s) { return unary(OpType::AddScalar, a, -s); }, nb::is_operator())
+        .def("__rsub__", [](const PyTensor& a, double s) {
+            const PyTensor n = unary(OpType::Neg, a);
+            return unary(OpType::AddScalar, n, s);
+        }, nb::is_operator())
+        .def("__mul__", [](const PyTensor& a, const PyTensor& b) { return binary(OpType::Mul, a, b); }, nb::is_operator())
+        .def("__mul__", [](const PyTensor& a, double s) { return unary(OpType::MulScalar, a, s); }, nb::is_operator())
+        .def("__rmul__", [](const PyTensor& a, double s) { return unary(OpType::MulScalar, a, s); }, nb::is_operator())
+        .def("__truediv__", [](const PyTensor& a, const PyTensor& b) { return binary(OpType::Div, a, b); }, nb::is_operator())
+        .def("__truediv__", [](const PyTensor& a, double s) {
+            if (s == 0.0) return binary(OpType::Div, a, scalar_like(a, s));
+            return unary(OpType::MulScalar, a, 1.0 / s);
+        }, nb::is_operator())
+        .def("__rtruediv__", [](const PyTensor& a, double s) { return binary(OpType::Div, scalar_like(a, s), a); }, nb::is_operator())
+        .def("__pow__", [](const PyTensor& a, double e) { return unary(OpType::PowScalar, a, e); }, nb::is_operator())
+        .def("__neg__", [](const PyTensor& a) { return unary(OpType::Neg, a); })
+        .def("__abs__", [](const PyTensor& a) { return unary(OpType::Abs, a); })
+        .def("__matmul__", [](const PyTensor& a, const PyTensor& b) { return binary(OpType::Matmul, a, b); }, nb::is_operator())
+        .def("__eq__", [](const PyTensor& a, const PyTensor& b) { return binary(OpType::Eq, a, b); }, nb::is_operator())
+        .def("__eq__", [](const PyTensor& a, double s) { return compare_scalar(OpType::Eq, a, s); }, nb::is_operator())
+        .def("__ne__", [](const PyTensor& a, const PyTensor& b) { return binary(OpType::Ne, a, b); }, nb::is_operator())
+        .def("__ne__", [](const PyTensor& a, double s) { return compare_scalar(OpType::Ne, a, s); }, nb::is_operator())
+        .def("__lt__", [](const PyTensor& a, const PyTensor& b) { return binary(OpType::Lt, a, b); }, nb::is_operator())
+        .def("__lt__", [](const PyTensor& a, double s) { return compare_scalar(OpType::Lt, a, s); }, nb::is_operator())
+        .def("__le__", [](const PyTensor& a, const PyTensor& b) { return binary(OpType::Le, a, b); }, nb::is_operator())
+        .def("__le__", [](const PyTensor& a, double s) { return compare_scalar(OpType::Le, a, s); }, nb::is_operator())
+        .def("__gt__", [](const PyTensor& a, const PyTensor& b) { return binary(OpType::Gt, a, b); }, nb::is_operator())
+        .def("__gt__", [](const PyTensor& a, double s) { return compare_scalar(OpType::Gt, a, s); }, nb::is_operator())
+        .def("__ge__", [](const PyTensor& a, const PyTensor& b) { return binary(OpType::Ge, a, b); }, nb::is_operator())
+        .def("__ge__", [](const PyTensor& a, double s) { return compare_scalar(OpType::Ge, a, s); }, nb::is_operator());
+
+    // Every op of the table by its id: dyngrad/ops.py generates one function per row from op_table().
+    m.def("apply", [](int op_index, const std::vector<const PyTensor*>& inputs, const nb::dict& kwargs) {
+        if (op_index <= 0 || op_index >= static_cast<int>(kOpTypeCount) ||
+            static_cast<OpType>(op_index) == OpType::Custom)
+            throw ValueError(str("apply: no op with index ", op_index));
+        const OpType op = static_cast<OpType>(op_index);
+        const OpDef& def = op_def(op);
+        for (std::size_t i = 0; i < inputs.size(); ++i)
+            if (inputs[i] == nullptr) throw nb::type_error(str(def.name, "(): input ", i, " is None").c_str());
+        if (!takes_input_count(def, static_cast<int>(inputs.size())))
+            throw nb::type_error(str(def.name, "() takes ", input_count_text(def), " tensor inputs, got ", inputs.size()).c_str());
+        return apply(op, inputs, parse_attrs(def, kwargs));
+    }, nb::arg("op"), nb::arg("inputs"), nb::arg("kwargs"));
+    m.def("op_table", [] {
+        nb::list rows;
+        for (const OpDef& def : op_table()) {
+            if (def.op == OpType::Leaf || def.op == OpType::Custom) continue;
+            rows.append(nb::make_tuple(def.name, static_cast<int>(def.op), def.arity, def.optional_inputs,
+                                       def.differentiable));
+        }
+        return rows;
+    });
+
+    // Factories
+    m.def("_from_numpy_copy", [](nb::ndarray<nb::c_contig, nb::device::cpu> array, nb::handle device) {
+        DType dtype;
+        const auto dt = array.dtype();
+        if (dt == nb::dtype<float>()) dtype = DType::f32;
+        else if (dt == nb::dtype<double>()) dtype = DType::f64;
+        else if (dt == nb::dtype<std::int64_t>()) dtype = DType::i64;
+        else throw DTypeError("tensor(): expects float32, float64 or int64 data after conversion");
+        Shape shape;
+        for (std::size_t i = 0; i < array.ndim(); ++i) shape.push_back(static_cast<std::int64_t>(array.shape(i)));
+        Tensor t = Tensor::empty(shape, dtype);
+        if (t.nbytes() > 0) std::memcpy(t.raw_data(), array.data(), t.nbytes());
+        const Device target = device.is_none() ? Device::cpu() : parse_device(device);
+        return PyTensor(target.is_cpu() ? t : t.to(target));
+    }, nb::arg("array"), nb::arg("device").none());
+    const auto factory = [&m](const char* name, double fill) {
+        m.def(name, [fill](nb::args shape, nb::handle dtype, nb::handle device, bool requires_grad) {
+            PyTensor t(Tensor::full(shape_from(shape), fill, dtype.is_none() ? DType::f32 : parse_dtype(dtype),
+                                    device.is_none() ? Device::cpu() : parse_device(device)));
+            if (requires_grad) t.parameter = Parameter(t.value);
+            return t;
+        }, nb::arg("shape"), nb::kw_only(), nb::arg("dtype").none() = nb::none(), nb::arg("device").none() = nb::none(),
+              nb::arg("requires_grad") = false);
+    };
+    factory("zeros", 0.0);
+    factory("ones", 1.0);
+    m.def("full", [](nb::handle shape, double value, nb::handle dtype, nb::handle device) {
+        return PyTensor(Tensor::full(shape_from(nb::make_tuple(shape)), value,
+                                     dtype.is_none() ? DType::f32 : parse_dtype(dtype),
+                                     device.is_none() ? Device::cpu() : parse_device(device)));
+    }, nb::arg("shape"), nb::arg("fill_value"), nb::kw_only(), nb::arg("dtype").none() = nb::none(),
+          nb::arg("device").none() = nb::none());
+    m.def("arange", [](double start, std::optional<double> stop, double step, nb::handle dtype, nb::handle device) {
+        const double from = stop ? start : 0.0, to = stop ? *stop : start;
+        return PyTensor(Tensor::arange(from, to, step, dtype.is_none() ? DType::f32 : parse_dtype(dtype),
+                                       device.is_none() ? Device::cpu() : parse_device(device)));
+    }, nb::arg("start"), nb::arg("end").none() = nb::none(), nb::arg("step") = 1.0, nb::kw_only(),
+          nb::arg("dtype").none() = nb::none(), nb::arg("device").none() = nb::none());
+    const auto random_factory = [&m](const char* name, bool normal) {
+        m.def(name, [normal](nb::args shape, nb::handle dtype, nb::handle device, bool requires_grad) {
+            const DType dt = dtype.is_none() ? DType::f32 : parse_dtype(dtype);
+            const Device dev = device.is_none() ? Device::cpu() : parse_device(device);
+            PyTensor t(normal ? Tensor::normal(shape_from(shape), 0.0, 1.0, default_generator(), dt, dev)
+                              : Tensor::uniform(shape_from(shape), 0.0, 1.0, default_generator(), dt, dev));
+            if (requires_grad) t.parameter = Parameter(t.value);
+            return t;
+        }, nb::arg("shape"), nb::kw_only(), nb::arg("dtype").none() = nb::none(), nb::arg("device").none() = nb::none(),
+              nb::arg("requires_grad") = false);
+    };
+    random_factory("randn", true);
+    random_factory("rand", false);
+    m.def("manual_seed", [](std::uint64_t seed) { default_generator() = Generator(seed); }, nb::arg("seed"));
+
+    // Autograd switches (context managers in dyngrad/__init__.py)
+    nb::class_<NoGradScope>(m, "_NoGradScope")
+        .def(nb::init<>())
+        .def("enter", [](NoGradScope& s) { s.guard.emplace(); })
+        .def("exit", [](NoGradScope& s) { s.guard.reset(); });
+    m.def("is_grad_enabled", &grad_enabled);
+    nb::class_<AnomalyScope>(m, "_AnomalyScope")
+        .def(nb::init<>())
+        .def("enter", [](AnomalyScope& s, bool on) { s.guard.emplace(on); })
+        .def("exit", [](AnomalyScope& s) { s.guard.reset(); });
+    m.def("is_anomaly_enabled", &anomaly_mode_enabled);
+    m.def("_set_package_dir", &set_package_dir);
+    m.def("_graph_size", [] {
+        const std::shared_ptr<GraphBox> box = current_graph();
+        return box->graph.size();
+    });
+    m.def("_caller_site", [] { return describe_site(python_site()); });
+    m.def("cuda_is_available", [] { return cuda_device_count() > 0; });
+    m.def("cuda_device_count", &cuda_device_count);
+    m.def("cuda_compiled", &cuda_compiled);
+    m.def("cuda_synchronize", [](int device) { cuda::synchronize(device); }, nb::arg("device") = 0);
+    m.def("set_cpu_threads", &set_cpu_threads, nb::arg("threads"));
+}
+
+}  // namespace dyngrad::python

@@ -1,0 +1,64 @@
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dyngrad as dg
+
+
+def table_names_from_source():
+    """The op names as ops/op_table.cpp spells them (when the repository is at hand)."""
+    table = Path(__file__).resolve().parents[2] / "ops" / "op_table.cpp"
+    if not table.exists():
+        pytest.skip("ops/op_table.cpp not found (installed package without the repository)")
+    return set(re.findall(r'\{OpType::\w+, "(\w+)"', table.read_text()))
+
+
+def test_every_op_type_is_reachable_from_python():
+    names = table_names_from_source() - {"leaf", "custom"}
+    assert names, "no op rows parsed"
+    missing = [n for n in sorted(names) if not callable(getattr(dg.ops, n, None))]
+    assert not missing, f"ops not reachable as dyngrad.ops.<name>: {missing}"
+    assert set(dg.ops.TABLE) == names
+
+
+@pytest.mark.parametrize("name", sorted(dg.ops.TABLE))
+def test_each_op_has_a_generated_function(name):
+    fn = getattr(dg.ops, name)
+    assert fn.__name__ == name and name in fn.__doc__
+
+
+def test_generated_ops_compute(rng):
+    a = rng.standard_normal((3, 4))
+    x = dg.tensor(a, requires_grad=True)
+    np.testing.assert_allclose(dg.ops.tanh(x).numpy(), np.tanh(a))
+    np.testing.assert_allclose(dg.ops.clamp(x, min=-0.5, max=0.5).numpy(), np.clip(a, -0.5, 0.5))
+    np.testing.assert_allclose(dg.ops.sum(x, axes=[0]).numpy(), a.sum(0))
+    np.testing.assert_allclose(dg.ops.narrow(x, axis=1, start=1, length=2).numpy(), a[:, 1:3])
+    np.testing.assert_allclose(dg.ops.concat(x, x, axis=0).numpy(), np.concatenate([a, a]))
+    y = dg.ops.mul_scalar(dg.ops.leaky_relu(x, scalar=0.1), scalar=2.0).sum()
+    y.backward()
+    np.testing.assert_allclose(x.grad.numpy(), np.where(a > 0, 2.0, 0.2))
+
+
+def test_cross_entropy_matches_numpy(rng):
+    logits = rng.standard_normal((5, 3))
+    labels = np.array([0, 2, 1, 1, 0])
+    p = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    expected = -np.log(p[np.arange(5), labels]).mean()
+    got = dg.functional.cross_entropy(dg.tensor(logits), dg.tensor(labels)).item()
+    assert abs(got - expected) < 1e-12
+
+
+def test_conv_and_pool_shapes(rng):
+    x = dg.tensor(rng.standard_normal((2, 1, 8, 8)).astype(np.float32))
+    w = dg.tensor(rng.standard_normal((4, 1, 3, 3)).astype(np.float32))
+    y = dg.functional.conv2d(x, w, padding=1)
+    assert y.shape == (2, 4, 8, 8)
+    assert dg.functional.max_pool2d(y, 2).shape == (2, 4, 4, 4)
+
+
+def test_unknown_keyword_is_a_type_error(rng):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'axs'"):
+        dg.ops.sum(dg.tensor(rng.standard_normal(3)), axs=[0])
