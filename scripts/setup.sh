@@ -15,7 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
-packages=(build-essential cmake libeigen3-dev catch2 zlib1g-dev pkg-config dataset-fashion-mnist)
+packages=(build-essential cmake libeigen3-dev catch2 zlib1g-dev pkg-config dataset-fashion-mnist
+          libopenmpi-dev openmpi-bin)  # the dist/ layer: MPI launch, NCCL-id exchange, CPU collectives
 read -r -a extra_packages <<<"${DYNGRAD_EXTRA_PACKAGES:-}"
 packages+=("${extra_packages[@]}")
 dg_install_packages "${packages[@]}"
