@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <functional>
 #include <mutex>
+#include <unordered_set>
 
 #include "dyngrad/graph/anomaly.h"
 #include "dyngrad/graph/eager.h"
@@ -533,6 +534,16 @@ void ComputeGraph::run_backward(NodeId root, Tensor seed, const BackwardOptions&
         if (n.op == OpType::Leaf && n.grad.defined()) earlier_leaf_grads.emplace_back(id, std::move(n.grad));
         n.grad = Tensor();
     }
+    // With a readiness callback: a parameter recorded several times is final at its first (lowest) needed
+    // leaf, which the reverse sweep visits last. Mark those leaves (needed[id] = 2).
+    if (options.on_parameter_ready) {
+        std::unordered_set<const void*> seen;
+        for (NodeId id = 0; id <= root; ++id) {
+            const ComputeNode& n = *nodes_[id];
+            if (needed[id] && n.op == OpType::Leaf && n.parameter.defined() && seen.insert(n.parameter.identity()).second)
+                needed[id] = 2;
+        }
+    }
     try {
         sweep(root, std::move(seed), needed, options);
     } catch (...) {
@@ -595,6 +606,7 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
         if (!needed[id] || !n.grad.defined()) continue;
         if (n.op == OpType::Leaf) {
             if (n.parameter.defined()) accumulate_into(n.parameter.grad_slot(), n.grad);
+            if (needed[id] == 2) options.on_parameter_ready(n.parameter);
             continue;
         }
         const OpDef& def = op_def(n.op, n.attrs);

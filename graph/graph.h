@@ -6,6 +6,7 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <source_location>
@@ -57,6 +58,8 @@ public:
     void set_requires_grad(bool requires_grad);
     // Internal: the engine accumulates into the gradient.
     Tensor& grad_slot();
+    // The same for every copy of this parameter, distinct between parameters (a key for maps).
+    const void* identity() const { return state_.get(); }
 
 private:
     friend class ComputeGraph;
@@ -148,6 +151,14 @@ struct BackwardOptions {
     // node back-propagated from, and nodes the sweep does not visit keep their values. Ignored with
     // retain_graph.
     bool free_values = false;
+    // Called once per parameter that this pass reaches, as soon as its gradient for the pass is final: this
+    // pass's contributions (from every leaf recording it) have been added into Parameter::grad(). The sweep
+    // visits a parameter's last leaf after all its consumers, so the calls come in readiness order (roughly
+    // the reverse of the order the forward recorded the parameters); unreached and frozen parameters get no
+    // call. Data-parallel training launches gradient all-reduces from it while the sweep goes on
+    // (dist/ddp.h). Empty (the default): the sweep pays one test per parameter leaf. An exception thrown by
+    // the callback ends the backward like an op's error (leaf gradients are restored).
+    std::function<void(const Parameter&)> on_parameter_ready = {};
 };
 
 // Threads: a graph is used by one thread at a time (recording, backward, clear, reading its Vars);

@@ -198,6 +198,9 @@ BatchLoader::BatchLoader(const Dataset& data, const LoaderOptions& options) : da
         throw ShapeError(str("BatchLoader: images ", describe(data.images), " and labels ", describe(data.labels),
                              " do not pair up (need labels (N) and images (N,...))"));
     check_loader_device("BatchLoader", options.device);
+    if (options.num_shards < 1 || options.shard < 0 || options.shard >= options.num_shards)
+        throw ValueError(str("BatchLoader: shard ", options.shard, " of ", options.num_shards,
+                             " shards (need 0 <= shard < num_shards)"));
     if (options.device.is_cuda() && !options.resident) {
         staging_ = std::make_unique<Staging>();
         const auto batch = static_cast<std::size_t>(options.batch_size);
@@ -209,7 +212,7 @@ BatchLoader::BatchLoader(const Dataset& data, const LoaderOptions& options) : da
             staging_->slots.push_back(std::move(slot));
         }
     }
-    if (options.device.is_cuda() && options.resident && !options.shuffle)
+    if (options.device.is_cuda() && options.resident && !options.shuffle && options.num_shards == 1)
         resident_ = {data.images.to(options.device), data.labels.to(options.device)};
     start_epoch(0);
 }
@@ -223,9 +226,17 @@ void BatchLoader::start_epoch(std::int64_t epoch) {
         order_.resize(static_cast<std::size_t>(data_.size()));
         std::iota(order_.begin(), order_.end(), std::int64_t{0});
     }
+    if (options_.num_shards > 1 && static_cast<std::int64_t>(order_.size()) == data_.size()) {
+        // This rank's part: positions shard, shard + num_shards, ... of the first n / num_shards · num_shards.
+        const auto shards = static_cast<std::size_t>(options_.num_shards);
+        std::vector<std::int64_t> mine;
+        for (std::size_t i = static_cast<std::size_t>(options_.shard); i < order_.size() / shards * shards; i += shards)
+            mine.push_back(order_[i]);
+        order_ = std::move(mine);
+    }
     cursor_ = 0;
     batch_index_ = 0;
-    if (options_.device.is_cuda() && options_.resident && options_.shuffle) {
+    if (options_.device.is_cuda() && options_.resident && (options_.shuffle || options_.num_shards > 1)) {
         resident_ = {};  // freed first (stream-ordered), so the pool can reuse its memory for this epoch's copy
         resident_ = {gather(data_.images, order_.data(), size()).to(options_.device),
                      gather(data_.labels, order_.data(), size()).to(options_.device)};
@@ -467,6 +478,8 @@ void DataLoader::start_epoch(std::int64_t epoch) {
         all.resize(static_cast<std::size_t>(n));
         std::iota(all.begin(), all.end(), std::int64_t{0});
     }
+    if (options_.even_shards) all.resize(all.size() / static_cast<std::size_t>(options_.num_shards) *
+                                         static_cast<std::size_t>(options_.num_shards));
     order_.clear();
     for (std::size_t i = static_cast<std::size_t>(options_.shard); i < all.size();
          i += static_cast<std::size_t>(options_.num_shards))

@@ -26,6 +26,9 @@
 
 #include "../cli/command_line.h"
 #include "models.h"
+#if DYNGRAD_WITH_DIST
+#include <dyngrad/dist/ddp.h>
+#endif
 
 using namespace dyngrad;
 
@@ -55,6 +58,10 @@ constexpr const char* kUsage = R"(usage: dyngrad-train [options]
                       weight gradient sums ~10^4-10^5 products and loses ~1e-4 to cancellation)
   --log-every N       read loss and accuracy back every N batches (a host sync on a GPU)
                       (default 1 on the CPU, 50 on a GPU)
+  --distributed       data parallel over the processes of `mpirun -np N` (or torchrun's variables): each
+                      rank trains on its shard of every epoch with --batch samples per step, gradients
+                      averaged (dist/ddp.h); --device cuda picks the rank's GPU (local rank); rank 0
+                      prints, saves and writes the CSV
   --target-accuracy X stop after the first epoch whose test accuracy reaches X (0 to 1) and print
                       time_to_target_s: the training seconds up to then, evaluation excluded
 )";
@@ -78,6 +85,7 @@ struct Options {
     double shadow_tolerance = 1e-3;
     std::int64_t log_every = 0;  // 0: by device
     std::optional<double> target_accuracy;
+    bool distributed = false;
 };
 
 using cli::UsageError;
@@ -86,7 +94,7 @@ using cli::UsageError;
 Options parse_options(int argc, char** argv) {
     const cli::Arguments args(
         argc, argv,
-        {.flags = {"--resident"},
+        {.flags = {"--resident", "--distributed"},
          .options = {"--model", "--epochs", "--batch", "--lr", "--optimizer", "--momentum", "--weight-decay",
                      "--schedule", "--device", "--seed", "--limit", "--data", "--save", "--load", "--csv", "--shadow",
                      "--shadow-tolerance", "--log-every", "--target-accuracy"}});
@@ -103,6 +111,10 @@ Options parse_options(int argc, char** argv) {
     if (auto v = given("--schedule")) o.schedule = cli::parse_choice("--schedule", *v, {"none", "cosine"});
     if (auto v = given("--device")) o.device = cli::parse_device("--device", *v);
     o.resident = args.has("--resident");
+    o.distributed = args.has("--distributed");
+#if !DYNGRAD_WITH_DIST
+    if (o.distributed) throw UsageError("--distributed: this build has no dist layer (MPI was not found when configuring)");
+#endif
     if (auto v = given("--seed")) o.seed = static_cast<std::uint64_t>(cli::parse_int("--seed", *v, 0));
     if (auto v = given("--limit")) o.limit = cli::parse_int("--limit", *v, 1);
     if (auto v = given("--save")) o.save = cli::output_file("--save", *v);
@@ -250,7 +262,7 @@ private:
     std::int64_t correct_ = 0, sampled_ = 0;
 };
 
-int run(const Options& o) {
+int run(Options o) {
     if (o.device.is_cuda() && o.device.index >= cuda_device_count())
         throw DeviceError(str("--device ", o.device.to_string(), ": ",
                               cuda_compiled() ? str(cuda_device_count(), " CUDA device(s) found")
@@ -276,11 +288,31 @@ int run(const Options& o) {
 
     Generator gen(o.seed);
     Sequential model = models::make_model(o.model, height, width, gen);
+#if DYNGRAD_WITH_DIST
+    std::optional<dist::ProcessGroup> group;
+    std::unique_ptr<dist::DistributedDataParallel> ddp;
+    if (o.distributed) {
+        group = dist::ProcessGroup::init();
+        if (o.device.is_cuda()) o.device = group->device();  // this rank's GPU
+        std::printf("distributed: %s, %d rank%s, %lld samples per rank and step\n", group->describe().c_str(),
+                    group->world_size(), group->world_size() == 1 ? "" : "s", static_cast<long long>(o.batch));
+        if (group->rank() != 0) {  // rank 0 reports
+            if (!std::freopen("/dev/null", "w", stdout)) throw IoError("--distributed: cannot silence stdout");
+            csv.close();
+        }
+    }
+#endif
     model.to(o.device);
     if (!o.load.empty()) {
         load_parameters(model, o.load);
         std::printf("loaded parameters from %s\n", o.load.c_str());
     }
+#if DYNGRAD_WITH_DIST
+    if (group) ddp = std::make_unique<dist::DistributedDataParallel>(model, *group);  // rank 0's weights everywhere
+    const int rank = group ? group->rank() : 0, world = group ? group->world_size() : 1;
+#else
+    const int rank = 0, world = 1;
+#endif
     std::int64_t parameter_count = 0;
     for (const Parameter& p : model.parameters()) parameter_count += p.value().numel();
 
@@ -296,7 +328,7 @@ int run(const Options& o) {
     if (o.device.is_cuda()) std::printf("device: %s\n", cuda::device_name(o.device.index).c_str());
 
     BatchLoader train_loader(data.train, {.batch_size = o.batch, .shuffle = true, .seed = o.seed, .device = o.device,
-                                          .resident = o.resident});
+                                          .resident = o.resident, .num_shards = world, .shard = rank});
     BatchLoader test_loader(data.test, {.batch_size = 1000, .shuffle = false, .device = o.device, .resident = o.resident});
     ShadowVerifier shadow(o.shadow, VerifyOptions{.tolerance = o.shadow_tolerance});
     double shadow_worst_value = 0, shadow_worst_grad = 0;
@@ -316,7 +348,11 @@ int run(const Options& o) {
             const Var logits = model(graph.input(batch.images, "images"));
             const Var loss = cross_entropy(logits, graph.input(batch.labels, "labels"));
             optimizer->zero_grad();
-            graph.backward(loss, shadow.backward_options(step));
+#if DYNGRAD_WITH_DIST
+            if (ddp) ddp->backward(graph, loss, shadow.backward_options(step));
+            else
+#endif
+                graph.backward(loss, shadow.backward_options(step));
             if (shadow.due(step)) {
                 // Throws GraphError naming the first diverging node.
                 for (const NodeCheck& n : shadow.check(graph, loss).nodes) {
@@ -362,7 +398,7 @@ int run(const Options& o) {
                     "(tolerance %.0e; worst value error %.2e, worst gradient error %.2e)\n",
                     static_cast<long long>(shadow.checks()), static_cast<long long>(step), o.shadow_tolerance,
                     shadow_worst_value, shadow_worst_grad);
-    if (!o.save.empty()) {
+    if (!o.save.empty() && rank == 0) {
         save_parameters(model, o.save);
         std::printf("saved parameters to %s\n", o.save.c_str());
     }

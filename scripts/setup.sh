@@ -15,8 +15,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
-# python3-venv and python3-dev: the Python package's stage (scripts/run-python-tests.sh).
-packages=(build-essential cmake libeigen3-dev catch2 zlib1g-dev pkg-config dataset-fashion-mnist python3-venv python3-dev)
+# python3-venv and python3-dev: the Python package's stage (scripts/run-python-tests.sh);
+# libopenmpi-dev and openmpi-bin: the dist/ layer (MPI launch, NCCL-id exchange, CPU collectives).
+packages=(build-essential cmake libeigen3-dev catch2 zlib1g-dev pkg-config dataset-fashion-mnist python3-venv python3-dev
+          libopenmpi-dev openmpi-bin)
 read -r -a extra_packages <<<"${DYNGRAD_EXTRA_PACKAGES:-}"
 packages+=("${extra_packages[@]}")
 dg_install_packages "${packages[@]}"

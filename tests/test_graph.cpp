@@ -429,3 +429,64 @@ TEST_CASE("profiling ranges switch on and off without changing results", "[graph
     CHECK(ranged == plain);
     CHECK(plain == std::vector<double>{2, 0, 6});
 }
+
+// BackwardOptions::on_parameter_ready (the hook data-parallel training launches all-reduces from): one call
+// per reached parameter, in readiness order, each after that parameter's gradient for the pass is final.
+TEST_CASE("on_parameter_ready: once per reached parameter, when its gradient is final", "[graph][parameter][hook]") {
+    Generator gen(91);
+    Parameter w1(Tensor::uniform({4, 3}, -1, 1, gen, DType::f64), "w1");
+    Parameter w2(Tensor::uniform({2, 4}, -1, 1, gen, DType::f64), "w2");
+    Parameter shared(Tensor::uniform({4}, -1, 1, gen, DType::f64), "shared");
+    Parameter unused(Tensor::uniform({4}, -1, 1, gen, DType::f64), "unused");
+    Parameter frozen(Tensor::uniform({2}, -1, 1, gen, DType::f64), "frozen");
+    frozen.set_requires_grad(false);
+    const Tensor x = Tensor::uniform({5, 3}, -1, 1, gen, DType::f64);
+
+    std::vector<std::string> order;
+    std::vector<std::vector<double>> grad_at_call;
+    BackwardOptions options;
+    options.on_parameter_ready = [&](const Parameter& p) {
+        order.push_back(p.name());
+        grad_at_call.push_back(p.grad().to_vector());
+    };
+    ComputeGraph graph;
+    // `shared` is recorded twice (before w1's use and after it): its gradient is final only after both.
+    const Var s1 = graph.parameter(shared);
+    Var h = relu(linear(graph.input(x), graph.parameter(w1)) * s1);
+    h = h + graph.parameter(shared);
+    graph.parameter(unused);  // recorded, but nothing reaches the loss from it
+    const Var y = linear(h, graph.parameter(w2)) + graph.parameter(frozen);
+    graph.backward(sum(y * y), options);
+
+    // Readiness order: w2 (recorded last), then w1, then shared (its first leaf is the earliest node).
+    REQUIRE(order == std::vector<std::string>{"w2", "w1", "shared"});
+    CHECK(grad_at_call[0] == w2.grad().to_vector());
+    CHECK(grad_at_call[1] == w1.grad().to_vector());
+    CHECK(grad_at_call[2] == shared.grad().to_vector());  // both contributions were in at the call
+    CHECK_FALSE(unused.grad().defined());
+
+    // A second pass (no zero_grad): the call sees the accumulated gradient, twice the first.
+    order.clear();
+    grad_at_call.clear();
+    ComputeGraph again;
+    const Var z = linear(again.input(x), again.parameter(w1));
+    again.backward(sum(z * z), options);
+    REQUIRE(order == std::vector<std::string>{"w1"});
+    CHECK(grad_at_call[0] == w1.grad().to_vector());
+
+    // Without the option, nothing is called and the gradients are the same as with it.
+    Parameter plain(w2.value().clone(), "plain");
+    ComputeGraph quiet;
+    quiet.backward(sum(linear(quiet.input(Tensor::uniform({3, 4}, -1, 1, gen, DType::f64)), quiet.parameter(plain))));
+    CHECK(plain.grad().defined());
+}
+
+TEST_CASE("on_parameter_ready: an exception from the callback ends the backward typed", "[graph][hook]") {
+    Generator gen(92);
+    Parameter w(Tensor::uniform({3, 3}, -1, 1, gen), "w");
+    ComputeGraph graph;
+    const Var y = linear(graph.input(Tensor::uniform({2, 3}, -1, 1, gen)), graph.parameter(w));
+    BackwardOptions options;
+    options.on_parameter_ready = [](const Parameter& p) { throw ValueError("refused " + p.name()); };
+    CHECK_THROWS_MATCHES(graph.backward(sum(y), options), ValueError, MessageHas({"refused w"}));
+}

@@ -1,0 +1,418 @@
+// DistributedDataParallel (dist/ddp.h): the model check, the buckets, the readiness hook, the launches in bucket
+// order, the wait and the copy back, and the opt-in gradient check.
+#include "dyngrad/dist/ddp.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <unordered_map>
+
+#include "dyngrad/core/error.h"
+#include "dyngrad/dist/device_streams.h"
+#include "dyngrad/dist/group_impl.h"
+
+namespace dyngrad::dist {
+
+struct DistributedDataParallel::State {
+    struct Slot {
+        Parameter parameter;
+        std::size_t bucket = 0;
+        std::int64_t offset = 0;  // elements into the bucket's buffer
+        bool ready = false;
+    };
+    struct Bucket {
+        Tensor flat;                      // persistent: fixed addresses (captured steps), no per-step allocation
+        std::vector<std::size_t> slots;   // indices into `slots`
+        std::size_t pending = 0;          // gradients still to arrive this pass
+        bool launched = false;
+        MPI_Request request = MPI_REQUEST_NULL;
+    };
+    std::vector<Slot> slots;  // reverse registration order
+    std::unordered_map<const void*, std::size_t> slot_of;
+    std::vector<Bucket> buckets;
+    std::size_t next_launch = 0;
+    CommStreamsHandle streams;  // CUDA buckets
+};
+
+namespace {
+
+std::uint64_t fnv1a(const std::string& text, std::uint64_t h = 1469598103934665603ull) {
+    for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+    return h;
+}
+
+std::string entry_of(const std::string& name, const Tensor& t) {
+    return str("'", name, "' ", to_string(t.shape()), " ", dtype_name(t.dtype()));
+}
+
+// An all_gather of a small CPU i64 tensor through whichever transport the group has.
+Tensor gather_control(ProcessGroup& group, const Tensor& cpu) {
+    if (group.has_mpi() || group.world_size() == 1) return group.all_gather(cpu);
+    return group.all_gather(cpu.to(group.device())).to(Device::cpu());
+}
+
+Tensor pack_text(const std::string& text, std::int64_t words) {
+    Tensor t = Tensor::zeros({words}, DType::i64);
+    std::memcpy(t.raw_data(), text.data(), std::min(text.size(), static_cast<std::size_t>(words * 8 - 1)));
+    return t;
+}
+
+std::string unpack_text(const Tensor& gathered, std::int64_t rank, std::int64_t words) {
+    const char* p = static_cast<const char*>(gathered.raw_data()) + rank * words * 8;
+    return std::string(p, strnlen(p, static_cast<std::size_t>(words * 8)));
+}
+
+// Every rank must hold the same parameters and buffers (names, shapes, dtypes). Cheap when they do: one gather
+// of (count, hash). On a mismatch every rank learns the first differing entry and what each rank has there.
+void check_same_model(ProcessGroup& group, const std::vector<std::pair<std::string, Tensor>>& entries) {
+    std::vector<std::uint64_t> hashes;
+    std::uint64_t all = 1469598103934665603ull;
+    for (const auto& [name, t] : entries) {
+        hashes.push_back(fnv1a(entry_of(name, t)));
+        all = fnv1a(std::to_string(hashes.back()), all);
+    }
+    const auto world = group.world_size();
+    Tensor summary = Tensor::zeros({2}, DType::i64);
+    summary.data<std::int64_t>()[0] = static_cast<std::int64_t>(entries.size());
+    summary.data<std::int64_t>()[1] = static_cast<std::int64_t>(all);
+    const Tensor summaries = gather_control(group, summary);
+    const std::int64_t* s = summaries.data<std::int64_t>();
+    bool same = true;
+    std::int64_t most = 0;
+    for (int r = 0; r < world; ++r) {
+        same = same && s[2 * r] == s[0] && s[2 * r + 1] == s[1];
+        most = std::max(most, s[2 * r]);
+    }
+    if (same) return;
+    // The first index where the ranks differ (a missing entry hashes as 0).
+    Tensor mine = Tensor::zeros({std::max<std::int64_t>(most, 1)}, DType::i64);
+    for (std::size_t i = 0; i < hashes.size(); ++i) mine.data<std::int64_t>()[i] = static_cast<std::int64_t>(hashes[i]);
+    const Tensor every = gather_control(group, mine);
+    const std::int64_t* h = every.data<std::int64_t>();
+    std::int64_t first = 0;
+    for (; first < most; ++first) {
+        bool agree = true;
+        for (int r = 1; r < world; ++r) agree = agree && h[r * mine.numel() + first] == h[first];
+        if (!agree) break;
+    }
+    constexpr std::int64_t kWords = 32;  // 255 characters of description per rank
+    const bool have = first < static_cast<std::int64_t>(entries.size());
+    const std::string own = have ? entry_of(entries[static_cast<std::size_t>(first)].first,
+                                            entries[static_cast<std::size_t>(first)].second)
+                                 : std::string("(no such entry)");
+    const Tensor names = gather_control(group, pack_text(have ? entries[static_cast<std::size_t>(first)].first : "", kWords));
+    const Tensor texts = gather_control(group, pack_text(own, kWords));
+    std::string each;
+    bool same_name = true;
+    for (int r = 0; r < world; ++r) {
+        each += str(r ? "; " : "", "rank ", r, " (", s[2 * r], " entries): ", unpack_text(texts, r, kWords));
+        same_name = same_name && unpack_text(names, r, kWords) == unpack_text(names, 0, kWords) &&
+                    !unpack_text(names, r, kWords).empty();
+    }
+    const std::string message = str("DistributedDataParallel (rank ", group.rank(), "/", world,
+                                    "): the model differs across ranks at parameter/buffer #", first, ": ", each);
+    if (same_name) {
+        // Same name: the shape or the dtype differs. Tell which from this rank's view of rank 0's text.
+        const std::string zero = unpack_text(texts, 0, kWords);
+        for (int r = 0; r < world; ++r) {
+            const std::string other = unpack_text(texts, r, kWords);
+            const auto dtype_of = [](const std::string& t) { return t.substr(t.rfind(' ') + 1); };
+            if (dtype_of(other) != dtype_of(zero)) throw DTypeError(message);
+        }
+        throw ShapeError(message);
+    }
+    throw ValueError(message);
+}
+
+void divide(Tensor& t, double by) {
+    if (t.dtype() == DType::f32) {
+        float* p = t.data<float>();
+        const float f = static_cast<float>(by);
+        for (std::int64_t i = 0; i < t.numel(); ++i) p[i] /= f;
+    } else {
+        double* p = t.data<double>();
+        for (std::int64_t i = 0; i < t.numel(); ++i) p[i] /= by;
+    }
+}
+
+void copy_bytes(void* dst, const void* src, std::size_t bytes, Device device) {
+    if (device.is_cuda()) device_copy(dst, src, bytes, device.index);
+    else if (bytes) std::memcpy(dst, src, bytes);
+}
+
+double squared_norm(const std::vector<double>& v) {
+    double s = 0;
+    for (double x : v) s += x * x;
+    return s;
+}
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(const Module& module, ProcessGroup group, DDPOptions options)
+    : module_(module), group_(std::move(group)), options_(options), state_(std::make_unique<State>()) {
+    if (!(options_.bucket_cap_mb > 0) || !(options_.first_bucket_cap_mb > 0) || !std::isfinite(options_.bucket_cap_mb) ||
+        !std::isfinite(options_.first_bucket_cap_mb))
+        throw ValueError(str("DistributedDataParallel: bucket caps ", options_.first_bucket_cap_mb, " MiB (first) and ",
+                             options_.bucket_cap_mb, " MiB must be positive"));
+    if (options_.check_tolerance < 0 || !std::isfinite(options_.check_tolerance))
+        throw ValueError(str("DistributedDataParallel: check_tolerance ", options_.check_tolerance, " is negative"));
+    const auto named = module_.named_parameters();
+    std::vector<std::pair<std::string, Tensor>> entries;
+    for (const auto& [name, p] : named) entries.emplace_back(name, p.value());
+    for (const auto& [name, t] : module_.buffers()) entries.emplace_back(name, t);
+    check_same_model(group_, entries);
+
+    // Rank 0's weights everywhere (buffers too: batch-norm statistics).
+    for (const auto& [name, p] : named) {
+        Tensor value = p.value();
+        group_.broadcast(value, 0);
+    }
+    for (auto& [name, t] : module_.buffers()) group_.broadcast(t, 0);
+
+    // Buckets over the trainable parameters, in reverse registration order; one dtype and device each.
+    State& st = *state_;
+    for (auto it = named.rbegin(); it != named.rend(); ++it)
+        if (it->second.requires_grad()) st.slots.push_back({it->second, 0, 0, false});
+    if (st.slots.empty())
+        throw ValueError("DistributedDataParallel: the model has no trainable parameters (nothing to average)");
+    struct Layout {
+        DType dtype;
+        Device device;
+        std::int64_t elements = 0;
+        std::size_t bytes = 0;
+    };
+    std::vector<Layout> layouts;
+    for (std::size_t i = 0; i < st.slots.size(); ++i) {
+        const Tensor& v = st.slots[i].parameter.value();
+        // The first bucket is small (communication starts after the last layers), the others up to the cap.
+        const double cap = (layouts.size() == 1 ? options_.first_bucket_cap_mb : options_.bucket_cap_mb) * 1048576.0;
+        const bool fits = !layouts.empty() && layouts.back().dtype == v.dtype() && layouts.back().device == v.device() &&
+                          static_cast<double>(layouts.back().bytes + v.nbytes()) <= cap;
+        if (!fits) {  // a parameter larger than the cap gets a bucket of its own
+            layouts.push_back({v.dtype(), v.device()});
+            st.buckets.emplace_back();
+        }
+        st.slots[i].bucket = st.buckets.size() - 1;
+        st.slots[i].offset = layouts.back().elements;
+        st.buckets.back().slots.push_back(i);
+        layouts.back().elements += v.numel();
+        layouts.back().bytes += v.nbytes();
+        st.slot_of[st.slots[i].parameter.identity()] = i;
+    }
+    for (std::size_t b = 0; b < st.buckets.size(); ++b)
+        st.buckets[b].flat = Tensor::zeros({layouts[b].elements}, layouts[b].dtype, layouts[b].device);
+    const Device device = st.buckets.front().flat.device();
+    for (const auto& b : st.buckets)
+        if (b.flat.device() != device)
+            throw DeviceError(str("DistributedDataParallel: the model's parameters are on ", device.to_string(), " and ",
+                                  b.flat.device().to_string(), "; one device per process"));
+    if (device.is_cuda()) {
+        if (device != group_.device())
+            throw DeviceError(str("DistributedDataParallel: the model is on ", device.to_string(), ", the group's ",
+                                  group_.describe(), " device is ", group_.device().to_string()));
+        st.streams = make_comm_streams(device.index, st.buckets.size());
+    } else if (!group_.has_mpi() && group_.world_size() > 1) {
+        throw DeviceError(str("DistributedDataParallel: the model is on the CPU, and ", group_.describe(),
+                              " has no MPI (CPU tensors are reduced through MPI: launch with mpirun)"));
+    }
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+std::vector<std::vector<std::string>> DistributedDataParallel::buckets() const {
+    std::vector<std::vector<std::string>> out;
+    for (const auto& b : state_->buckets) {
+        out.emplace_back();
+        for (std::size_t i : b.slots) out.back().push_back(state_->slots[i].parameter.name());
+    }
+    return out;
+}
+
+void DistributedDataParallel::backward(ComputeGraph& graph, const Var& loss, BackwardOptions options) {
+    ++stats_.backward_calls;
+    if (no_sync_) {
+        graph.backward(loss, options);
+        return;
+    }
+    State& st = *state_;
+    for (auto& s : st.slots) s.ready = false;
+    for (auto& b : st.buckets) {
+        b.pending = b.slots.size();
+        b.launched = false;
+    }
+    st.next_launch = 0;
+    stats_.ready_order.clear();
+    stats_.launch_order.clear();
+    stats_.buckets_launched_during_backward = 0;
+    stats_.buckets_launched_after_backward = 0;
+    stats_.unused_parameters = 0;
+    auto user_hook = std::move(options.on_parameter_ready);
+    options.on_parameter_ready = [this, &user_hook](const Parameter& p) {
+        if (user_hook) user_hook(p);
+        on_ready(p);
+    };
+    in_backward_ = true;
+    try {
+        graph.backward(loss, options);
+    } catch (...) {
+        in_backward_ = false;
+        throw;  // buckets already launched stay pending: the other ranks wait for the rest and time out
+    }
+    in_backward_ = false;
+    finish();
+    ++stats_.synchronised_calls;
+}
+
+void DistributedDataParallel::on_ready(const Parameter& p) {
+    State& st = *state_;
+    const auto found = st.slot_of.find(p.identity());
+    if (found == st.slot_of.end()) return;  // not a trainable parameter of this model
+    State::Slot& slot = st.slots[found->second];
+    if (slot.ready) return;
+    State::Bucket& bucket = st.buckets[slot.bucket];
+    const Tensor& grad = p.grad();
+    const std::size_t element = dtype_size(bucket.flat.dtype());
+    copy_bytes(static_cast<char*>(bucket.flat.raw_data()) + slot.offset * element, grad.raw_data(), grad.nbytes(),
+               bucket.flat.device());
+    slot.ready = true;
+    stats_.ready_order.push_back(p.name());
+    if (--bucket.pending == 0 && options_.overlap) launch_ready_buckets();
+    // MPI progresses non-blocking collectives inside MPI calls: give the launched ones a turn.
+    for (std::size_t b = 0; b < st.next_launch; ++b)
+        if (st.buckets[b].request != MPI_REQUEST_NULL) {
+            int done = 0;
+            group_.impl().check_mpi(MPI_Test(&st.buckets[b].request, &done, MPI_STATUS_IGNORE),
+                                    "DistributedDataParallel: progress of a bucket's all-reduce");
+        }
+}
+
+void DistributedDataParallel::launch_ready_buckets() {
+    State& st = *state_;
+    while (st.next_launch < st.buckets.size() && st.buckets[st.next_launch].pending == 0) launch(st.next_launch++);
+}
+
+void DistributedDataParallel::launch(std::size_t index) {
+    State& st = *state_;
+    State::Bucket& b = st.buckets[index];
+    b.launched = true;
+    stats_.launch_order.push_back(index);
+    ++(in_backward_ ? stats_.buckets_launched_during_backward : stats_.buckets_launched_after_backward);
+    if (group_.world_size() == 1) return;  // nothing to average
+    ProcessGroup::Impl& g = group_.impl();
+    const std::string what = g.what(str("DistributedDataParallel bucket ", index, " all_reduce(avg)"), b.flat);
+    const auto count = static_cast<std::size_t>(b.flat.numel());
+    if (b.flat.device().is_cuda()) {
+        hand_bucket_to_comm(*st.streams, index);
+        nccl_all_reduce(g.nccl_for(b.flat, what), b.flat.raw_data(), b.flat.raw_data(), count, b.flat.dtype(),
+                        ReduceOp::Avg, comm_stream(*st.streams), what);
+    } else {
+        b.request = g.start_mpi_all_reduce(b.flat.raw_data(), count, b.flat.dtype(), what);
+    }
+}
+
+void DistributedDataParallel::finish() {
+    State& st = *state_;
+    // Parameters this pass did not reach contribute their current gradient, or zeros.
+    for (auto& slot : st.slots) {
+        if (slot.ready) continue;
+        State::Bucket& bucket = st.buckets[slot.bucket];
+        const std::size_t element = dtype_size(bucket.flat.dtype());
+        char* dst = static_cast<char*>(bucket.flat.raw_data()) + slot.offset * element;
+        const Tensor& grad = slot.parameter.grad();
+        const std::size_t bytes = static_cast<std::size_t>(slot.parameter.value().numel()) * element;
+        if (grad.defined()) copy_bytes(dst, grad.raw_data(), bytes, bucket.flat.device());
+        else if (bucket.flat.device().is_cuda()) device_zero(dst, bytes, bucket.flat.device().index);
+        else std::memset(dst, 0, bytes);
+        slot.ready = true;
+        --bucket.pending;
+        ++stats_.unused_parameters;
+    }
+    launch_ready_buckets();
+    // Wait for each bucket (the device: an event; the CPU: MPI), then hand the means back to the gradients.
+    ProcessGroup::Impl& g = group_.impl();
+    for (std::size_t index = 0; index < st.buckets.size(); ++index) {
+        State::Bucket& b = st.buckets[index];
+        if (group_.world_size() > 1) {
+            if (b.flat.device().is_cuda()) {
+                hand_bucket_back(*st.streams, index);
+            } else {
+                g.wait_mpi(b.request, g.what(str("DistributedDataParallel bucket ", index, " all_reduce(avg)"), b.flat));
+                divide(b.flat, group_.world_size());
+            }
+        }
+        const std::size_t element = dtype_size(b.flat.dtype());
+        for (std::size_t i : b.slots) {
+            State::Slot& slot = st.slots[i];
+            Tensor& grad = slot.parameter.grad_slot();
+            const Tensor& value = slot.parameter.value();
+            // In place when the gradient is this parameter's alone; a gradient shared with a graph's leaf (its
+            // Var::grad()) gets a tensor of its own instead of changing that one.
+            if (!grad.defined() || !grad.owns_storage_exclusively() || grad.shape() != value.shape())
+                grad = Tensor::empty(value.shape(), value.dtype(), value.device());
+            copy_bytes(grad.raw_data(), static_cast<const char*>(b.flat.raw_data()) + slot.offset * element,
+                       grad.nbytes(), b.flat.device());
+            grad.bump_version();
+        }
+    }
+}
+
+Tensor DistributedDataParallel::forward_backward(std::span<const Tensor> batch, const LossFn& loss_fn) {
+    ComputeGraph graph;
+    const Var loss = loss_fn(graph, batch);
+    backward(graph, loss);
+    if (options_.check_gradients && !no_sync_) check_gradients(batch, loss_fn);
+    return loss.value();
+}
+
+GradientCheckResult DistributedDataParallel::check_gradients(std::span<const Tensor> batch, const LossFn& loss_fn) {
+    // The global batch: every rank's tensors, gathered and laid end to end along dim 0.
+    std::vector<Tensor> global;
+    for (const Tensor& t : batch) {
+        const Tensor gathered = t.device().is_cuda() || group_.has_mpi() || group_.world_size() == 1
+                                    ? group_.all_gather(t)
+                                    : group_.all_gather(t.to(group_.device())).to(t.device());
+        Shape shape = t.shape();
+        if (shape.empty()) throw ShapeError("DistributedDataParallel::check_gradients: a batch tensor is 0-d");
+        shape[0] *= group_.world_size();
+        global.push_back(gathered.reshaped(shape));
+    }
+    State& st = *state_;
+    std::vector<Tensor> averaged;
+    for (auto& slot : st.slots) averaged.push_back(slot.parameter.grad());
+    for (auto& slot : st.slots) slot.parameter.zero_grad();
+    GradientCheckResult result;
+    try {
+        ComputeGraph graph;
+        graph.backward(loss_fn(graph, global));
+        for (std::size_t i = 0; i < st.slots.size(); ++i) {
+            const Parameter& p = st.slots[i].parameter;
+            const std::vector<double> got = averaged[i].defined() ? averaged[i].to_vector() : std::vector<double>();
+            std::vector<double> want = p.grad().defined() ? p.grad().to_vector()
+                                                          : std::vector<double>(got.size(), 0.0);
+            if (got.size() != want.size())
+                throw NumericalError(str("DistributedDataParallel::check_gradients (rank ", group_.rank(), "): parameter '",
+                                         p.name(), "' has no averaged gradient"));
+            std::vector<double> diff(got.size());
+            for (std::size_t k = 0; k < got.size(); ++k) diff[k] = got[k] - want[k];
+            const double error = std::sqrt(squared_norm(diff)) / std::max(std::sqrt(squared_norm(want)), 1e-30);
+            if (error > result.worst_relative_error || result.worst_parameter.empty()) {
+                result.worst_relative_error = error;
+                result.worst_parameter = p.name();
+            }
+            const double tolerance = options_.check_tolerance > 0 ? options_.check_tolerance
+                                     : p.value().dtype() == DType::f64 ? 1e-10 : 1e-5;
+            if (!(error <= tolerance))
+                throw NumericalError(str("DistributedDataParallel::check_gradients (rank ", group_.rank(), "/",
+                                         group_.world_size(), "): the averaged gradient of '", p.name(), "' ",
+                                         to_string(p.value().shape()), " differs from the single-device gradient of ",
+                                         "the global batch by ", error, " (relative L2; tolerance ", tolerance, ")"));
+        }
+    } catch (...) {
+        for (std::size_t i = 0; i < st.slots.size(); ++i) st.slots[i].parameter.grad_slot() = averaged[i];
+        throw;
+    }
+    for (std::size_t i = 0; i < st.slots.size(); ++i) st.slots[i].parameter.grad_slot() = averaged[i];
+    return result;
+}
+
+}  // namespace dyngrad::dist

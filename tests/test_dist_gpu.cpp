@@ -1,0 +1,138 @@
+// The distributed layer on GPUs through NCCL: run by dist_gpu2 as `mpirun -np 2 test_dist_gpu`, one rank per GPU
+// (NCCL_NVLS_ENABLE=0). Exits 77 (skipped) unless it runs as 2 ranks on a machine with at least 2 CUDA devices.
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+
+#include "catch.h"
+#include "dyngrad/cuda/capture.h"
+#include "dyngrad/cuda/runtime.h"
+#include "dyngrad/dist/ddp.h"
+#include "dyngrad/dist/process_group.h"
+#include "dyngrad/dyngrad.h"
+
+using namespace dyngrad;
+using dgtest::Approx;
+using dgtest::MessageHas;
+
+namespace {
+
+dist::ProcessGroup& group() {
+    static dist::ProcessGroup g = dist::ProcessGroup::init();
+    return g;
+}
+
+Sequential make_mlp(Generator& gen) {
+    Sequential m;
+    m.add(Linear(32, 64, true, gen, Activation::Relu)).skip_index();
+    m.add(Linear(64, 64, true, gen, Activation::Relu)).skip_index();
+    m.add(Linear(64, 10, true, gen));
+    return m;
+}
+
+Tensor rows(std::uint64_t seed, std::int64_t n, Device device) {
+    Generator gen(seed);
+    return Tensor::uniform({n, 32}, -1, 1, gen).to(device);
+}
+Tensor labels(std::uint64_t seed, std::int64_t n, Device device) {
+    Generator gen(seed);
+    std::vector<std::int64_t> v;
+    for (std::int64_t i = 0; i < n; ++i) v.push_back(static_cast<std::int64_t>(gen.engine()() % 10));
+    return Tensor::from_vector(v, {n}).to(device);
+}
+
+double relative(const std::vector<double>& a, const std::vector<double>& b) {
+    double d = 0, n = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        d += (a[i] - b[i]) * (a[i] - b[i]);
+        n += b[i] * b[i];
+    }
+    return std::sqrt(d) / std::max(std::sqrt(n), 1e-30);
+}
+
+}  // namespace
+
+TEST_CASE("NCCL collectives on each rank's GPU", "[dist][gpu]") {
+    dist::ProcessGroup& g = group();
+    REQUIRE(g.has_nccl());
+    const Device device = g.device();
+    const int world = g.world_size();
+    Tensor t = Tensor::full({1000}, g.rank() + 1.0, DType::f32, device);
+    g.all_reduce(t, dist::ReduceOp::Avg);
+    for (double v : t.to_vector()) CHECK(v == Approx((world + 1) / 2.0));
+    Tensor b = Tensor::full({7}, g.rank(), DType::f64, device);
+    g.broadcast(b, 1);
+    for (double v : b.to_vector()) CHECK(v == 1.0);
+    const Tensor gathered = g.all_gather(Tensor::full({3}, g.rank(), DType::f32, device));
+    for (int r = 0; r < world; ++r) CHECK(gathered.select(0, r).to_vector() == std::vector<double>(3, r));
+    const Tensor scattered = g.reduce_scatter(Tensor::ones({2 * world, 2}, DType::f32, device));
+    CHECK(scattered.to_vector() == std::vector<double>(4, world));
+    g.barrier();
+    // Tensors on two devices, or on another GPU than this rank's: DeviceError before anything is sent.
+    Tensor cpu_out = Tensor::empty({world, 3}, DType::f32);
+    CHECK_THROWS_MATCHES(g.all_gather(Tensor::ones({3}, DType::f32, device), cpu_out), DeviceError,
+                         MessageHas({"all_gather", "cpu", "cuda"}));
+    Tensor other = Tensor::ones({3}, DType::f32, Device::cuda(1 - device.index));
+    CHECK_THROWS_MATCHES(g.all_reduce(other), DeviceError, MessageHas({"all_reduce", "this rank's device"}));
+}
+
+TEST_CASE("DDP on GPUs: averaged gradient == one GPU's gradient of the concatenated batch", "[dist][gpu][ddp]") {
+    dist::ProcessGroup& g = group();
+    const Device device = g.device();
+    const int world = g.world_size();
+    Generator init(4);
+    Sequential model = make_mlp(init);
+    model.to(device);
+    dist::DistributedDataParallel ddp(model, g, {.bucket_cap_mb = 0.01, .first_bucket_cap_mb = 0.002});
+    REQUIRE(ddp.buckets().size() >= 3);
+    const Tensor x = rows(50, 16 * world, device), y = labels(51, 16 * world, device);
+    ComputeGraph graph;
+    ddp.backward(graph, cross_entropy(model(graph.input(x.narrow(0, 16 * g.rank(), 16))),
+                                      graph.input(y.narrow(0, 16 * g.rank(), 16))));
+    CHECK(ddp.stats().buckets_launched_during_backward == static_cast<std::int64_t>(ddp.buckets().size()));
+    Generator init0(4);
+    Sequential reference = make_mlp(init0);
+    reference.to(device);
+    ComputeGraph ref;
+    ref.backward(cross_entropy(reference(ref.input(x)), ref.input(y)));
+    const auto params = model.parameters(), ref_params = reference.parameters();
+    for (std::size_t i = 0; i < params.size(); ++i)
+        CHECK(relative(params[i].grad().to_vector(), ref_params[i].grad().to_vector()) <= 1e-5);
+}
+
+TEST_CASE("DDP inside a captured step: replays keep the ranks in step", "[dist][gpu][capture]") {
+    dist::ProcessGroup& g = group();
+    const Device device = g.device();
+    Generator init(9 + static_cast<std::uint64_t>(g.rank()));
+    Sequential model = make_mlp(init);
+    model.to(device);
+    dist::DistributedDataParallel ddp(model, g);
+    SGD sgd(model.parameters(), {.lr = 0.05});
+    cuda::CapturedStep step([&](std::span<const Tensor> in) {
+        ComputeGraph graph;
+        const Var loss = cross_entropy(model(graph.input(in[0])), graph.input(in[1]));
+        ddp.backward(graph, loss);
+        sgd.step();
+        sgd.zero_grad();
+        return loss.value();
+    });
+    for (int i = 0; i < 6; ++i) {
+        const std::uint64_t seed = 100 + 10 * static_cast<std::uint64_t>(i) + static_cast<std::uint64_t>(g.rank());
+        const Tensor x = rows(seed, 32, device), y = labels(seed + 1, 32, device);
+        step.run(std::vector<Tensor>{x, y});
+    }
+    CHECK(step.variants() == 1);
+    for (const Parameter& p : model.parameters()) {
+        const Tensor all = g.all_gather(p.value());
+        CHECK(all.select(0, 0).to_vector() == all.select(0, 1).to_vector());
+    }
+}
+
+int main(int argc, char* argv[]) {
+    const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
+    if (cuda::device_count() < 2 || !size || std::atoi(size) != 2) {
+        std::cout << "dyngrad: needs 2 CUDA devices and mpirun -np 2: distributed GPU tests skipped" << std::endl;
+        return 77;
+    }
+    return dgtest::run_session(argc, argv);
+}
