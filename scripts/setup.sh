@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepares a fresh Debian/Ubuntu machine and builds dyngrad:
-#   1. installs the build dependencies and the Fashion-MNIST data set (dyngrad-train's default) that are
-#      missing, with apt-get (as root, or through sudo);
+#   1. installs the build dependencies, the Fashion-MNIST data set (dyngrad-train's default) and the fortunes
+#      text (char_gpt's default corpus) that are missing, with apt-get (as root, or through sudo);
 #   2. configures (Release) and builds into build/ (not with --deps-only).
 # The CUDA backend is compiled when nvcc and cuDNN are found; without them the build is CPU-only.
 # Environment (all optional):
@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
-packages=(build-essential cmake libeigen3-dev catch2 zlib1g-dev pkg-config dataset-fashion-mnist)
+packages=(build-essential cmake libeigen3-dev catch2 zlib1g-dev pkg-config dataset-fashion-mnist fortunes)
 read -r -a extra_packages <<<"${DYNGRAD_EXTRA_PACKAGES:-}"
 packages+=("${extra_packages[@]}")
 dg_install_packages "${packages[@]}"

@@ -120,6 +120,27 @@ TEST_CASE("MultiheadAttention equals attention written out head by head, values 
     }
 }
 
+TEST_CASE("causal attention: an output never depends on later positions; without causal it does",
+          "[transformer][attention][causal]") {
+    for (const bool causal : {true, false}) {
+        INFO("causal " << causal);
+        Generator gen(13);
+        MultiheadAttention mha(8, 2, gen, {.causal = causal});
+        randomise(mha, gen);
+        const Tensor x = random({2, 6, 8}, gen, DType::f32);
+        Tensor changed = x.clone();
+        for (std::int64_t b = 0; b < 2; ++b)  // positions 3.. of every sequence
+            for (std::int64_t i = 3 * 8; i < 6 * 8; ++i) changed.data<float>()[b * 6 * 8 + i] += 1.0f;
+        const auto forward = [&](const Tensor& input) {
+            ComputeGraph g;
+            return mha(g.input(input)).value().narrow(1, 0, 3);  // outputs at positions 0..2
+        };
+        const double difference = relative_norm_error(forward(changed), forward(x));
+        if (causal) CHECK(difference == 0.0);
+        else CHECK(difference > 1e-3);
+    }
+}
+
 TEST_CASE("TransformerBlock equals x + attn(ln1(x)); x + mlp(ln2(x)) written out, values and gradients",
           "[transformer][block]") {
     Generator gen(21);
