@@ -27,6 +27,7 @@
 #include "dyngrad/graph/profiling.h"
 #include "dyngrad/graph/verify.h"
 // ops: the op families
+#include "dyngrad/ops/attention.h"
 #include "dyngrad/ops/conv.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/indexing.h"

@@ -66,6 +66,8 @@ std::string optional_attrs(const OpAttrs& a) {
     if (a.reduction != Reduction::Mean) out += str(", \"reduction\": ", quoted(reduction_name(a.reduction)));
     if (a.ignore_index != -100) out += str(", \"ignore_index\": ", a.ignore_index);
     if (a.label_smoothing != 0) out += str(", \"label_smoothing\": ", number(a.label_smoothing));
+    if (a.is_causal) out += ", \"is_causal\": true";
+    if (a.attention_scale) out += str(", \"attention_scale\": ", number(*a.attention_scale));
     return out;
 }
 

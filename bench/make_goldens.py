@@ -117,6 +117,36 @@ def dropout(xs, a):
     return x * keep.to(x.dtype) / (1 - p)
 
 
+def scaled_dot_product_attention(xs, a):
+    """q (B,H,T,D), k, v (B,H,S,D)[, keep mask of 0/1 broadcastable to (B,H,T,S)]. dyngrad's mask is a float keep
+    mask (1 = take part), PyTorch's bool attn_mask the same with True; PyTorch refuses attn_mask with is_causal, so
+    a causal case with a mask passes their conjunction. Dropout cases: the same math written out, with dyngrad's
+    counter-based keep mask over the flat (b,h,t,s) index (ops/attention.h)."""
+    q, k, v = xs[:3]
+    keep = (xs[3] != 0) if len(xs) > 3 else None
+    causal = a.get("is_causal", False)
+    scale = a.get("attention_scale")
+    p = a["scalar"]
+    T, S = q.shape[-2], k.shape[-2]
+    if causal and keep is not None:
+        keep = keep & torch.ones(T, S, dtype=torch.bool).tril()
+        causal = False
+    if p == 0:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=causal, scale=scale)
+    allowed = torch.ones(T, S, dtype=torch.bool)
+    if causal:
+        allowed = allowed.tril()
+    if keep is not None:
+        allowed = allowed & keep
+    allowed = allowed.expand(q.shape[0], q.shape[1], T, S)
+    scores = (q @ k.transpose(-2, -1)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    probs = torch.where(allowed.any(dim=-1, keepdim=True), probs, torch.zeros_like(probs))  # no key: 0, as dyngrad
+    seed = int(a["seed"])
+    kept = torch.tensor([splitmix64_uniform(seed, i) >= p for i in range(probs.numel())]).reshape(probs.shape)
+    return (probs * kept.to(probs.dtype) / (1 - p)) @ v
+
+
 def reduction(a):
     return a.get("reduction", "mean")  # goldens written before losses had a reduction hold none: the mean
 
@@ -259,6 +289,7 @@ REFERENCES = {
     "narrow": unary(lambda x, a: torch.narrow(x, a["axis"], a["start"], a["length"])),
     "concat": lambda xs, a: torch.cat(xs, dim=a["axis"]),
     "rnn": rnn,
+    "scaled_dot_product_attention": scaled_dot_product_attention,
     "permute": unary(lambda x, a: x.permute(a["axes"])),
     "expand": unary(lambda x, a: x.expand(a["shape"])),
     "embedding": embedding,

@@ -52,6 +52,9 @@ struct OpAttrs {
     double eps = 1e-5;                           // batch_norm, layer_norm, rms_norm
     double momentum = 0.1;                       // batch_norm: running = (1 - momentum)·running + momentum·batch
     std::uint64_t seed = 0;                      // dropout: counter-based mask, identical on every backend
+    // scaled_dot_product_attention (ops/attention.h); its dropout p is `scalar`, its dropout seed `seed`
+    bool is_causal = false;                      // key s takes part in query t only when s <= t
+    std::optional<double> attention_scale;       // absent: 1/sqrt(head dim)
     std::uint32_t custom_id = 0;                 // Custom: which registered op
     std::int64_t padding_idx = -1;               // embedding: the row that gets no gradient; -1: none
     Activation activation = Activation::None;    // linear, conv2d: applied to the output

@@ -42,6 +42,8 @@ enum class OpType : std::uint16_t {
     // indexing (ops/indexing): rows by index (embedding, index_select), elements by index along an axis
     // (gather, scatter_add), selection by a 0/1 condition (where, masked_fill)
     Embedding, Gather, IndexSelect, ScatterAdd, Where, MaskedFill,
+    // attention (ops/attention): softmax(q·kᵀ·scale, masked) · v with optional dropout, fused on the GPU
+    ScaledDotProductAttention,
     // recurrent networks, cuDNN's four cell modes (ops/rnn)
     Rnn,
     Count_  // number of tags; keep last

@@ -39,6 +39,7 @@ OutputSpec pool2d(OpType, std::span<const Tensor>, const OpAttrs&);      // max_
 OutputSpec batch_norm(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec dropout(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec row_norm(OpType, std::span<const Tensor>, const OpAttrs&);  // layer_norm, rms_norm
+OutputSpec scaled_dot_product_attention(OpType, std::span<const Tensor>, const OpAttrs&);  // ops/attention.cpp
 OutputSpec narrow(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec concat(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec permute(OpType, std::span<const Tensor>, const OpAttrs&);
@@ -128,6 +129,8 @@ Tensor dropout_forward(const ForwardArgs&);
 std::vector<Tensor> dropout_backward(const BackwardArgs&);
 Tensor row_norm_forward(const ForwardArgs&); /* layer_norm, rms_norm */
 std::vector<Tensor> row_norm_backward(const BackwardArgs&);
+Tensor scaled_dot_product_attention_forward(const ForwardArgs&);
+std::vector<Tensor> scaled_dot_product_attention_backward(const BackwardArgs&);
 Tensor narrow_forward(const ForwardArgs&);
 std::vector<Tensor> narrow_backward(const BackwardArgs&);
 Tensor concat_forward(const ForwardArgs&);
@@ -188,6 +191,8 @@ Tensor dropout_forward(const ForwardArgs&);
 std::vector<Tensor> dropout_backward(const BackwardArgs&);
 Tensor row_norm_forward(const ForwardArgs&); /* layer_norm, rms_norm */
 std::vector<Tensor> row_norm_backward(const BackwardArgs&);
+Tensor scaled_dot_product_attention_forward(const ForwardArgs&);
+std::vector<Tensor> scaled_dot_product_attention_backward(const BackwardArgs&);
 Tensor narrow_forward(const ForwardArgs&);
 std::vector<Tensor> narrow_backward(const BackwardArgs&);
 Tensor concat_forward(const ForwardArgs&);

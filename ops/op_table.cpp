@@ -478,6 +478,36 @@ std::vector<OpCase> masked_fill_cases() {
     };
 }
 
+OpAttrs attention_attr(bool causal, double dropout_p = 0.0, std::optional<double> scale = std::nullopt,
+                       std::uint64_t seed = 0) {
+    OpAttrs a;
+    a.is_causal = causal;
+    a.scalar = dropout_p;
+    a.attention_scale = scale;
+    a.seed = seed;
+    return a;
+}
+// q (B,H,T,D), k, v (B,H,S,D)[, mask]. T ≠ S and odd sizes throughout; masks of 0/1 (InputDomain::Mask) in
+// several broadcast shapes, where a query may lose every key (its output is 0). The dropout cases use fixed
+// seeds, so their masks are fixed functions of the inputs' positions and finite differences apply.
+std::vector<OpCase> attention_cases() {
+    const std::vector<D> masked = {D::Any, D::Any, D::Any, D::Mask};
+    return {
+        {"T 3, S 5, D 4", {{1, 2, 3, 4}, {1, 2, 5, 4}, {1, 2, 5, 4}}, attention_attr(false), {}},
+        {"causal T 5 = S", {{2, 1, 5, 3}, {2, 1, 5, 3}, {2, 1, 5, 3}}, attention_attr(true), {}},
+        {"causal T 6 > S 4", {{1, 2, 6, 5}, {1, 2, 4, 5}, {1, 2, 4, 5}}, attention_attr(true), {}},
+        {"causal T 3 < S 7, scale 0.3", {{2, 1, 3, 4}, {2, 1, 7, 4}, {2, 1, 7, 4}}, attention_attr(true, 0.0, 0.3), {}},
+        {"mask (T,S)", {{2, 2, 4, 3}, {2, 2, 6, 3}, {2, 2, 6, 3}, {4, 6}}, attention_attr(false), masked},
+        {"padding mask (B,1,1,S)", {{2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 4}, {2, 1, 1, 5}}, attention_attr(false),
+         masked},
+        {"mask (B,H,T,S) and causal", {{1, 2, 5, 3}, {1, 2, 5, 3}, {1, 2, 5, 3}, {1, 2, 5, 5}}, attention_attr(true),
+         masked},
+        {"dropout 0.3", {{2, 1, 4, 3}, {2, 1, 6, 3}, {2, 1, 6, 3}}, attention_attr(false, 0.3, std::nullopt, 17), {}},
+        {"dropout 0.5, causal, mask (T,S)", {{1, 2, 5, 4}, {1, 2, 5, 4}, {1, 2, 5, 4}, {5, 5}},
+         attention_attr(true, 0.5, std::nullopt, 1234), masked},
+    };
+}
+
 // x (T,N,I) = (3,2,3); w flat; h0, c0 (L·D,N,H) where the label says so.
 OpCase rnn_case(const char* label, RnnMode mode, std::int64_t hidden, std::int64_t layers, bool bidirectional,
                 int states) {
@@ -632,6 +662,10 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      DG_CUDA_KERNELS(scatter_add_forward, scatter_add_backward), scatter_add_cases},
     {OpType::Where, "where", 3, infer::where, kCpuSelect, kCudaSelect, where_cases},
     {OpType::MaskedFill, "masked_fill", 2, infer::masked_fill, kCpuSelect, kCudaSelect, masked_fill_cases},
+    {OpType::ScaledDotProductAttention, "scaled_dot_product_attention", 4, infer::scaled_dot_product_attention,
+     {cpu::scaled_dot_product_attention_forward, cpu::scaled_dot_product_attention_backward},
+     BackendKernels{}, attention_cases,
+     /*optional_inputs=*/1},
     {OpType::Rnn, "rnn", 4, infer::rnn, {cpu::rnn_forward, cpu::rnn_backward},
      DG_CUDA_KERNELS(rnn_forward, rnn_backward), rnn_cases, /*optional_inputs=*/2},
 }};

@@ -1,0 +1,279 @@
+// Attention: scaled_dot_product_attention's user functions, shape rule and CPU kernels (Eigen; the reference
+// the GPU kernels of ops/attention.cu are checked against). The CPU forms each (b, h) slice's T×S score matrix
+// whole: straightforward, and its memory is T·S per slice in flight, which is fine on the host.
+#include "dyngrad/ops/attention.h"
+
+#include <Eigen/Core>
+#include <cmath>
+#include <limits>
+
+#include "dyngrad/ops/attention_geometry.h"
+#include "dyngrad/ops/cpu_parallel.h"
+#include "dyngrad/ops/dropout_mask.h"
+#include "dyngrad/ops/kernels.h"
+
+namespace dyngrad {
+
+// ---- user functions ----
+namespace {
+
+OpAttrs attention_attrs(const AttentionOptions& options) {
+    OpAttrs attrs;
+    attrs.is_causal = options.is_causal;
+    attrs.scalar = options.dropout_p;
+    attrs.attention_scale = options.scale;
+    attrs.seed = options.seed;
+    return attrs;
+}
+
+}  // namespace
+
+Var scaled_dot_product_attention(const Var& q, const Var& k, const Var& v, const AttentionOptions& options,
+                                 std::source_location where) {
+    return q.graph().record(OpType::ScaledDotProductAttention, {q, k, v}, attention_attrs(options), where);
+}
+Var scaled_dot_product_attention(const Var& q, const Var& k, const Var& v, const Var& mask,
+                                 const AttentionOptions& options, std::source_location where) {
+    return q.graph().record(OpType::ScaledDotProductAttention, {q, k, v, mask}, attention_attrs(options), where);
+}
+
+// ---- eager calls (graph/eager.h): the same op on Tensors ----
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
+                                    std::source_location where) {
+    return eager(OpType::ScaledDotProductAttention, {q, k, v}, attention_attrs(options), where);
+}
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                                    const AttentionOptions& options, std::source_location where) {
+    return eager(OpType::ScaledDotProductAttention, {q, k, v, mask}, attention_attrs(options), where);
+}
+
+AttentionGeometry attention_geometry(std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const Tensor& q = inputs[0];
+    AttentionGeometry g;
+    g.batch = q.size(0);
+    g.heads = q.size(1);
+    g.queries = q.size(2);
+    g.head_dim = q.size(3);
+    g.keys = inputs[1].size(2);
+    g.scale = attrs.attention_scale.value_or(1.0 / std::sqrt(static_cast<double>(g.head_dim)));
+    g.causal = attrs.is_causal;
+    g.dropout_p = attrs.scalar;
+    g.seed = attrs.seed;
+    if (inputs.size() > 3) {
+        g.has_mask = true;
+        const Shape& m = inputs[3].shape();
+        const std::size_t pad = 4 - m.size();  // leading axes the mask lacks broadcast
+        std::int64_t stride = 1;
+        for (std::size_t axis = 4; axis-- > pad;) {
+            const std::int64_t size = m[axis - pad];
+            g.mask_stride[axis] = size == 1 ? 0 : stride;
+            stride *= size;
+        }
+    }
+    return g;
+}
+
+// ---- shape rule ----
+namespace infer {
+
+// q (B,H,T,D), k (B,H,S,D), v (B,H,S,D)[, mask broadcastable to (B,H,T,S)] -> (B,H,T,D)
+OutputSpec scaled_dot_product_attention(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    static constexpr const char* kRoles[] = {"q", "k", "v", "mask"};
+    const Tensor& q = inputs[0];
+    require_float(q, "q");
+    for (std::size_t i = 1; i < inputs.size(); ++i)
+        if (inputs[i].dtype() != q.dtype())
+            throw DTypeError(str(kRoles[i], " is ", dtype_name(inputs[i].dtype()), " but q is ", dtype_name(q.dtype())));
+    for (std::size_t i = 0; i < 3; ++i)
+        if (inputs[i].rank() != 4)
+            throw ShapeError(str(kRoles[i], " must be (B, H, ", i == 0 ? "T" : "S", ", D), got ",
+                                 to_string(inputs[i].shape())));
+    const Tensor& k = inputs[1];
+    const Tensor& v = inputs[2];
+    const auto qkv = [&] {
+        return str("q ", to_string(q.shape()), ", k ", to_string(k.shape()), ", v ", to_string(v.shape()));
+    };
+    if (k.size(0) != q.size(0) || k.size(1) != q.size(1) || v.size(0) != q.size(0) || v.size(1) != q.size(1))
+        throw ShapeError(str("q, k and v must share batch B and heads H: ", qkv()));
+    if (k.size(3) != q.size(3) || v.size(3) != q.size(3))
+        throw ShapeError(str("q, k and v must share the head dim D: ", qkv()));
+    if (k.size(2) != v.size(2)) throw ShapeError(str("k and v must share the key length S: ", qkv()));
+    const std::int64_t head_dim = q.size(3);
+    if (head_dim < 1) throw ShapeError(str("the head dim D must be >= 1: ", qkv()));
+    if (q.device().is_cuda() && head_dim > kAttentionMaxGpuHeadDim)
+        throw ShapeError(str("the GPU kernel takes head dims up to ", kAttentionMaxGpuHeadDim, ", got D = ", head_dim,
+                             " (", qkv(), "); the CPU takes any D"));
+    if (inputs.size() > 3) {
+        const Shape target{q.size(0), q.size(1), q.size(2), k.size(2)};
+        const Shape& m = inputs[3].shape();
+        bool fits = m.size() <= 4;
+        for (std::size_t i = 0; fits && i < m.size(); ++i) {
+            const std::int64_t want = target[4 - m.size() + i];
+            fits = m[i] == want || m[i] == 1;
+        }
+        if (!fits)
+            throw ShapeError(str("mask ", to_string(m), " does not broadcast to (B, H, T, S) = ", to_string(target)));
+    }
+    if (!(attrs.scalar >= 0 && attrs.scalar < 1))
+        throw ValueError(str("dropout_p must be in [0, 1), got ", attrs.scalar));
+    if (attrs.attention_scale && !std::isfinite(*attrs.attention_scale))
+        throw ValueError(str("scale must be finite, got ", *attrs.attention_scale));
+    return {q.shape(), q.dtype()};
+}
+
+}  // namespace infer
+
+// ---- CPU kernels ----
+namespace cpu {
+
+namespace {
+
+template <typename Real> using MatrixRM = Eigen::Matrix<Real, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <typename Real> using Rows = Eigen::Map<const MatrixRM<Real>>;
+
+// One (b, h) slice's operands: q (T,D), k and v (S,D), the mask's first element for this slice (or null).
+template <typename Real>
+struct Slice {
+    Rows<Real> q, k, v;
+    const Real* mask;
+};
+
+template <typename Real>
+Slice<Real> slice_of(std::span<const Tensor> inputs, const AttentionGeometry& g, std::int64_t slice) {
+    const std::int64_t T = g.queries, S = g.keys, D = g.head_dim;
+    const Real* mask = nullptr;
+    if (g.has_mask) {
+        const std::int64_t b = slice / g.heads, h = slice % g.heads;
+        mask = inputs[3].data<Real>() + b * g.mask_stride[0] + h * g.mask_stride[1];
+    }
+    return {Rows<Real>(inputs[0].data<Real>() + slice * T * D, T, D),
+            Rows<Real>(inputs[1].data<Real>() + slice * S * D, S, D),
+            Rows<Real>(inputs[2].data<Real>() + slice * S * D, S, D), mask};
+}
+
+// The slice's scores q·kᵀ·scale (T,S), −inf where a key does not take part (causal, mask). A mask value other
+// than 0 or 1 is a ValueError: an additive PyTorch mask (0 / −inf) would otherwise be read inverted.
+template <typename Real>
+MatrixRM<Real> masked_scores(const Slice<Real>& x, const AttentionGeometry& g) {
+    MatrixRM<Real> scores = (x.q * x.k.transpose()) * static_cast<Real>(g.scale);
+    constexpr Real kMinusInf = -std::numeric_limits<Real>::infinity();
+    for (std::int64_t t = 0; t < g.queries; ++t)
+        for (std::int64_t s = 0; s < g.keys; ++s) {
+            if (g.causal && s > t) scores(t, s) = kMinusInf;
+            if (!x.mask) continue;
+            const Real keep = x.mask[t * g.mask_stride[2] + s * g.mask_stride[3]];
+            if (keep == Real(0))
+                scores(t, s) = kMinusInf;
+            else if (keep != Real(1))
+                throw ValueError(str("mask values must be 0 (masked) or 1 (kept), got ", keep, " at query ", t,
+                                     ", key ", s, "; for an additive mask pass (mask == 0)"));
+        }
+    return scores;
+}
+
+// Dropout's factor per probability of the slice (T,S): 1/(1 − p) where kept, 0 where dropped.
+template <typename Real>
+MatrixRM<Real> dropout_factors(const AttentionGeometry& g, std::int64_t slice) {
+    const Real kept = static_cast<Real>(1.0 / (1.0 - g.dropout_p));
+    MatrixRM<Real> factors(g.queries, g.keys);
+    for (std::int64_t t = 0; t < g.queries; ++t)
+        for (std::int64_t s = 0; s < g.keys; ++s)
+            factors(t, s) = math::dropout_keep(g.seed, g.dropout_index(slice, t, s), g.dropout_p) ? kept : Real(0);
+    return factors;
+}
+
+// The slices in parallel: each writes only its own rows, so results do not depend on the thread count.
+template <typename Fn>
+void for_each_slice(const AttentionGeometry& g, Fn&& fn) {
+    const std::int64_t work = std::max<std::int64_t>(g.queries * g.keys * g.head_dim, 1);
+    const std::int64_t slices = g.slices();
+    const std::int64_t chunks = chunk_count(slices, work);
+    parallel_chunks(chunks, [&](std::int64_t c) {
+        const ChunkRange r = chunk_range(slices, chunks, c);
+        for (std::int64_t slice = r.begin; slice < r.end; ++slice) fn(slice);
+    });
+}
+
+}  // namespace
+
+// q (B,H,T,D), k, v (B,H,S,D)[, mask] -> y (B,H,T,D). Saves the log-sum-exp of each query's masked scores
+// (B,H,T), −inf for a query with no key, from which the backward recomputes the probabilities.
+Tensor scaled_dot_product_attention_forward(const ForwardArgs& args) {
+    const AttentionGeometry g = attention_geometry(args.inputs, args.attrs);
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, args.inputs[0].device());
+    Tensor lse = Tensor::empty({g.batch, g.heads, g.queries}, args.out.dtype, args.inputs[0].device());
+    dispatch_floating(args.out.dtype, "scaled_dot_product_attention", [&]<typename Real>() {
+        for_each_slice(g, [&](std::int64_t slice) {
+            const Slice<Real> x = slice_of<Real>(args.inputs, g, slice);
+            MatrixRM<Real> p = masked_scores(x, g);
+            Real* lse_row = lse.data<Real>() + slice * g.queries;
+            for (std::int64_t t = 0; t < g.queries; ++t) {
+                auto row = p.row(t);
+                const Real top = g.keys > 0 ? row.maxCoeff() : -std::numeric_limits<Real>::infinity();
+                if (top == -std::numeric_limits<Real>::infinity()) {  // no key takes part
+                    row.setZero();
+                    lse_row[t] = top;
+                    continue;
+                }
+                row = (row.array() - top).exp().matrix();
+                const Real total = row.sum();
+                row /= total;
+                lse_row[t] = top + std::log(total);
+            }
+            if (g.dropout_p > 0) p = p.cwiseProduct(dropout_factors<Real>(g, slice));
+            Eigen::Map<MatrixRM<Real>>(y.data<Real>() + slice * g.queries * g.head_dim, g.queries, g.head_dim)
+                .noalias() = p * x.v;
+        });
+    });
+    args.saved.push_back(lse);
+    return y;
+}
+
+// dy (B,H,T,D) -> dq, dk, dv; the mask gets zeros. With P the probabilities, F the dropout factors, P̃ = P∘F:
+//   dv = P̃ᵀ·dy,  dP = (dy·vᵀ)∘F,  dS = P∘(dP − rowsum(P∘dP)),  dq = dS·k·scale,  dk = dSᵀ·q·scale.
+std::vector<Tensor> scaled_dot_product_attention_backward(const BackwardArgs& args) {
+    const AttentionGeometry g = attention_geometry(args.inputs, args.attrs);
+    const Tensor& dy = args.grad_output;
+    std::vector<Tensor> grads(args.inputs.size());
+    for (std::size_t i = 0; i < 3; ++i)
+        if (args.needs_grad[i]) grads[i] = Tensor::empty(args.inputs[i].shape(), dy.dtype(), dy.device());
+    if (g.has_mask && args.needs_grad[3]) grads[3] = Tensor::zeros(args.inputs[3].shape(), dy.dtype(), dy.device());
+    if (!args.needs_grad[0] && !args.needs_grad[1] && !args.needs_grad[2]) return grads;
+    const Tensor& lse = args.saved[0];
+    dispatch_floating(dy.dtype(), "scaled_dot_product_attention backward", [&]<typename Real>() {
+        const std::int64_t T = g.queries, S = g.keys, D = g.head_dim;
+        const auto out_rows = [&](std::size_t input, std::int64_t slice, std::int64_t rows) {
+            return Eigen::Map<MatrixRM<Real>>(grads[input].data<Real>() + slice * rows * D, rows, D);
+        };
+        for_each_slice(g, [&](std::int64_t slice) {
+            const Slice<Real> x = slice_of<Real>(args.inputs, g, slice);
+            const Rows<Real> dy_rows(dy.data<Real>() + slice * T * D, T, D);
+            MatrixRM<Real> p = masked_scores(x, g);
+            const Real* lse_row = lse.data<Real>() + slice * T;
+            for (std::int64_t t = 0; t < T; ++t) {
+                if (lse_row[t] == -std::numeric_limits<Real>::infinity())
+                    p.row(t).setZero();
+                else
+                    p.row(t) = (p.row(t).array() - lse_row[t]).exp().matrix();  // exp(−inf) = 0 where masked
+            }
+            MatrixRM<Real> dp = dy_rows * x.v.transpose();
+            if (g.dropout_p > 0) {
+                const MatrixRM<Real> factors = dropout_factors<Real>(g, slice);
+                if (args.needs_grad[2]) out_rows(2, slice, S).noalias() = p.cwiseProduct(factors).transpose() * dy_rows;
+                dp = dp.cwiseProduct(factors);
+            } else if (args.needs_grad[2]) {
+                out_rows(2, slice, S).noalias() = p.transpose() * dy_rows;
+            }
+            const Eigen::Matrix<Real, Eigen::Dynamic, 1> row_dot = p.cwiseProduct(dp).rowwise().sum();
+            const MatrixRM<Real> ds =
+                (p.array() * (dp.colwise() - row_dot).array()).matrix() * static_cast<Real>(g.scale);
+            if (args.needs_grad[0]) out_rows(0, slice, T).noalias() = ds * x.k;
+            if (args.needs_grad[1]) out_rows(1, slice, S).noalias() = ds.transpose() * x.q;
+        });
+    });
+    return grads;
+}
+
+}  // namespace cpu
+
+}  // namespace dyngrad

@@ -1,0 +1,48 @@
+// Attention: scaled_dot_product_attention, as PyTorch's F.scaled_dot_product_attention. CPU: ops/attention.cpp
+// (Eigen, the reference). GPU: ops/attention.cu (a fused flash-attention kernel: tiled, online softmax, no T×S
+// matrix in memory, backward by recomputation).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <source_location>
+
+#include "dyngrad/graph/eager.h"
+#include "dyngrad/graph/graph.h"
+
+namespace dyngrad {
+
+struct AttentionOptions {
+    bool is_causal = false;        // key s takes part only when s <= t (top-left aligned, as PyTorch is_causal)
+    double dropout_p = 0.0;        // dropout on the attention probabilities (training); in [0, 1)
+    std::optional<double> scale;   // default 1/sqrt(D); must be finite
+    std::uint64_t seed = 0;        // dropout seed; masks are a pure function of (seed, b, h, t, s)
+};
+
+// The largest head dimension D the GPU kernel takes (the CPU takes any D >= 1).
+inline constexpr std::int64_t kAttentionMaxGpuHeadDim = 128;
+
+// q (B,H,T,D), k (B,H,S,D), v (B,H,S,D) -> (B,H,T,D), one dtype (float32 or float64), one device:
+//   y = dropout(softmax(q·kᵀ·scale + bias)) · v      along s, per (b, h, t)
+// bias is 0 where key s takes part in query t and −inf where it does not (is_causal, mask). A query whose keys
+// all drop out this way gets y = 0 and no gradient (PyTorch does the same).
+// Dropout (dropout_p > 0; the caller passes 0 outside training, as with PyTorch) zeroes probability (b,h,t,s)
+// when math::dropout_keep(seed, ((b·H + h)·T + t)·S + s, p) says so (ops/dropout_mask.h) and scales the rest by
+// 1/(1 − p): every backend drops the same elements, and the backward recomputes the mask.
+Var scaled_dot_product_attention(const Var& q, const Var& k, const Var& v, const AttentionOptions& options = {},
+                                 std::source_location where = std::source_location::current());
+// mask: a keep mask, broadcastable to (B,H,T,S), in q's dtype, every value 0 or 1 (ValueError otherwise; on the
+// GPU raised at the next synchronisation): 1 = key s takes part in query t (PyTorch's bool attn_mask, True),
+// 0 = it does not. A PyTorch additive float mask (0 / −inf) must be converted: keep = (additive == 0).
+// The output is flat in the mask: it gets a zero gradient.
+Var scaled_dot_product_attention(const Var& q, const Var& k, const Var& v, const Var& mask,
+                                 const AttentionOptions& options = {},
+                                 std::source_location where = std::source_location::current());
+// Eager (no gradient).
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const AttentionOptions& options = {},
+                                    std::source_location where = std::source_location::current());
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                                    const AttentionOptions& options = {},
+                                    std::source_location where = std::source_location::current());
+
+}  // namespace dyngrad

@@ -1,0 +1,32 @@
+// Internal (ops/attention.cpp, ops/attention.cu): scaled_dot_product_attention's sizes and options as both
+// backends read them, resolved once from the inputs and attributes (the shape rule has checked them).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <span>
+
+#include "dyngrad/graph/op_def.h"
+
+namespace dyngrad {
+
+struct AttentionGeometry {
+    std::int64_t batch = 0, heads = 0, queries = 0, keys = 0, head_dim = 0;  // B, H, T, S, D
+    double scale = 1.0;      // the resolved scale: attrs.attention_scale or 1/sqrt(D)
+    bool causal = false;
+    double dropout_p = 0.0;  // 0: no dropout
+    std::uint64_t seed = 0;
+    bool has_mask = false;
+    // Element strides of the mask broadcast to (B,H,T,S): 0 along the axes it broadcasts over.
+    std::array<std::int64_t, 4> mask_stride{0, 0, 0, 0};
+
+    std::int64_t slices() const { return batch * heads; }
+    // The dropout counter of probability (b,h,t,s): its flat index in (B,H,T,S); `slice` = b·H + h.
+    std::uint64_t dropout_index(std::int64_t slice, std::int64_t t, std::int64_t s) const {
+        return static_cast<std::uint64_t>((slice * queries + t) * keys + s);
+    }
+};
+
+// inputs: q, k, v[, mask]
+AttentionGeometry attention_geometry(std::span<const Tensor> inputs, const OpAttrs& attrs);
+
+}  // namespace dyngrad
