@@ -93,7 +93,7 @@ Var MultiheadAttention::operator()(const Var& x, std::source_location where) con
         attention.seed = derive_seed(derive_seed(options.seed, 1), ++*attention_calls_);
     }
     const Var y = scaled_dot_product_attention(select(heads, 0, 0, where), select(heads, 0, 1, where),
-                                               select(heads, 0, 2, where), attention);  // (B,H,T,D)
+                                               select(heads, 0, 2, where), attention, where);  // (B,H,T,D)
     const Var merged = reshape(permute(y, {0, 2, 1, 3}, where), {B, T, embed_dim}, where);
     return residual_dropout_(linear_over_rows(proj, merged, where), where);
 }
