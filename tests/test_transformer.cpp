@@ -281,3 +281,39 @@ TEST_CASE("WarmupCosineLR: linear warm-up, cosine decay to min_lr, min_lr after 
     CHECK_THROWS_MATCHES(WarmupCosineLR(opt, 5, 5), ValueError, MessageHas({"total 5", "warmup 5"}));
     CHECK_THROWS_AS(WarmupCosineLR(opt, -1, 5), ValueError);
 }
+
+TEST_CASE("GPT on the GPU: the same loss and gradients as on the CPU", "[transformer][gpt][gpu]") {
+    if (cuda_device_count() == 0) DG_SKIP("needs a CUDA device");
+    const GPTConfig config{.vocab_size = 13, .context = 40, .layers = 2, .heads = 2, .width = 64};
+    Generator gen(81);
+    GPT on_cpu(config, gen);
+    randomise(on_cpu, gen, 0.1);
+    Generator gen2(82);
+    GPT on_gpu(config, gen2);
+    for (std::size_t i = 0; i < on_cpu.parameters().size(); ++i)
+        on_gpu.parameters()[i].value().copy_from(on_cpu.parameters()[i].value());
+    on_gpu.to(Device::cuda(0));
+    // T = 37: not a multiple of any tile size.
+    std::vector<std::int64_t> inputs, targets;
+    for (int i = 0; i < 3 * 37; ++i) {
+        inputs.push_back((i * 7 + 2) % 13);
+        targets.push_back((i * 5 + 1) % 13);
+    }
+    const auto loss_and_gradients = [&](GPT& model, Device device) {
+        ComputeGraph g;
+        const Var logits = model(g.input(Tensor::from_vector(inputs, {3, 37}, device)));
+        const Var loss = cross_entropy(reshape(logits, {3 * 37, 13}), g.input(Tensor::from_vector(targets, {3 * 37}, device)));
+        model.zero_grad();
+        g.backward(loss);
+        std::vector<Tensor> grads;
+        for (const Parameter& p : model.parameters()) grads.push_back(p.grad().to(Device::cpu()));
+        return std::make_pair(loss.item(), grads);
+    };
+    const auto [cpu_loss, cpu_grads] = loss_and_gradients(on_cpu, Device::cpu());
+    const auto [gpu_loss, gpu_grads] = loss_and_gradients(on_gpu, Device::cuda(0));
+    CHECK(gpu_loss == Approx(cpu_loss).epsilon(1e-5));
+    for (std::size_t i = 0; i < cpu_grads.size(); ++i) {
+        INFO(on_cpu.named_parameters()[i].first);
+        CHECK(relative_norm_error(gpu_grads[i], cpu_grads[i]) < 1e-4);
+    }
+}
