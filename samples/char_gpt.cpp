@@ -6,7 +6,7 @@
 //            [--lr 1e-3 --warmup 100 --min-lr 1e-4 --weight-decay 0.1 --clip 1 --dropout 0.2]
 //            [--eval-every 250 --eval-batches 20] [--seed 0] [--device cpu|cuda] [--csv FILE]
 //            [--checkpoint FILE] [--resume FILE] [--init-weights FILE.safetensors] [--batch-order FILE]
-//            [--sample N] [--require-drop FRACTION]
+//            [--sample N] [--stop-at STEP] [--require-drop FRACTION]
 //
 // The corpus: the regular files of DIR (symbolic links and the strfile indexes *.dat and *.u8 skipped), in
 // byte order of their names, concatenated; the vocabulary is its sorted set of distinct bytes. The first 90%
@@ -20,8 +20,9 @@
 // Output: a progress bar (plain lines when stdout is not a terminal), the validation loss every --eval-every
 // steps and at the end, --sample N sampled characters at the end, and the CSV curve (step, train_loss,
 // val_loss, lr, tokens_per_second; val_loss empty between evaluations). --checkpoint writes model, optimizer
-// and schedule at every evaluation; --resume continues from one (the same options and data; dropout masks
-// restart). --require-drop F: exit 1 unless the mean training loss of the last 5 steps is below (1 − F) times
+// and schedule at every evaluation and at --stop-at STEP, where the run ends early (to continue it later, in
+// pieces shorter than a job's time limit); --resume continues from a checkpoint (the same options and data: with
+// dropout 0 the resumed run is the uninterrupted one, step for step; dropout masks restart). --require-drop F: exit 1 unless the mean training loss of the last 5 steps is below (1 − F) times
 // that of the first 5 (CTest's quick run: the model must learn).
 #include <algorithm>
 #include <array>
@@ -56,7 +57,7 @@ const char* const kUsage =
     "                [--lr X] [--warmup N] [--min-lr X] [--weight-decay X] [--clip X] [--dropout P]\n"
     "                [--eval-every N] [--eval-batches N] [--seed N] [--device cpu|cuda|cuda:N] [--csv FILE]\n"
     "                [--checkpoint FILE] [--resume FILE] [--init-weights FILE] [--batch-order FILE]\n"
-    "                [--sample N] [--require-drop FRACTION]\n"
+    "                [--sample N] [--stop-at STEP] [--require-drop FRACTION]\n"
     "  --data DIR          text files to train on (default /usr/share/games/fortunes; *.dat, *.u8 skipped)\n"
     "  --layers/--heads/--width/--context   the model (default 6, 6, 384, 256)\n"
     "  --batch B --steps N  windows per step (default 64), optimizer steps (default 5000)\n"
@@ -68,6 +69,7 @@ const char* const kUsage =
     "  --init-weights FILE initial parameters from a safetensors file (bench/torch_gpt.py --prepare writes one)\n"
     "  --batch-order FILE  the training offsets: line k holds step k's B window offsets\n"
     "  --sample N          characters sampled at the end (default 200)\n"
+    "  --stop-at STEP      end after STEP steps (with --checkpoint: resume later with --resume)\n"
     "  --require-drop F    exit 1 unless the last 5 steps' mean loss is below (1 - F) x the first 5's\n";
 
 struct Options {
@@ -79,6 +81,7 @@ struct Options {
     Device device = Device::cpu();
     std::string csv, checkpoint, resume, init_weights, batch_order;
     std::optional<double> require_drop;
+    std::optional<std::int64_t> stop_at;
 };
 
 // Every argument is checked before the corpus is read (cli/command_line.h).
@@ -88,7 +91,7 @@ Options parse_options(int argc, char** argv) {
         {.options = {"--data", "--layers", "--heads", "--width", "--context", "--batch", "--steps", "--lr", "--warmup",
                      "--min-lr", "--weight-decay", "--clip", "--dropout", "--eval-every", "--eval-batches", "--seed",
                      "--device", "--csv", "--checkpoint", "--resume", "--init-weights", "--batch-order", "--sample",
-                     "--require-drop"}});
+                     "--stop-at", "--require-drop"}});
     if (args.help()) {
         std::fputs(kUsage, stdout);
         std::exit(0);
@@ -122,6 +125,7 @@ Options parse_options(int argc, char** argv) {
     if (auto v = given("--init-weights")) o.init_weights = cli::existing_file("--init-weights", *v);
     if (auto v = given("--batch-order")) o.batch_order = cli::existing_file("--batch-order", *v);
     if (auto v = given("--sample")) o.sample = cli::parse_int("--sample", *v, 0, 1'000'000);
+    if (auto v = given("--stop-at")) o.stop_at = cli::parse_int("--stop-at", *v, 1, o.steps);
     if (auto v = given("--require-drop")) o.require_drop = cli::parse_real("--require-drop", *v, 0, 1);
     o.model.seed = o.seed;
     o.data = cli::existing_directory("--data", given("--data").value_or(o.data));
@@ -368,8 +372,10 @@ int run(const Options& o) {
     WarmupCosineLR schedule(optimizer, o.warmup, o.steps, o.min_lr);
     if (!o.resume.empty()) load_checkpoint(o.resume, model, optimizer, &schedule);
     const std::int64_t first = schedule.epoch();
-    if (first >= o.steps)
-        throw ValueError(str("--resume '", o.resume, "' is at step ", first, ", --steps is ", o.steps, ": nothing to do"));
+    const std::int64_t last = o.stop_at.value_or(o.steps);
+    if (first >= last)
+        throw ValueError(str("--resume '", o.resume, "' is at step ", first, ", the run ends at step ", last,
+                             ": nothing to do"));
     const BatchOrder order(o, static_cast<std::int64_t>(corpus.train.size()));
 
     std::printf("char_gpt: %lld bytes from %lld files in %s, %lld distinct; train %lld, validation %lld\n",
@@ -390,9 +396,9 @@ int run(const Options& o) {
         if (first == 0) csv << "step,train_loss,val_loss,lr,tokens_per_second\n";
     }
     std::vector<double> losses;
-    Progress progress(first, o.steps);
+    Progress progress(first, last);
     model.train();
-    for (std::int64_t step = first; step < o.steps; ++step) {
+    for (std::int64_t step = first; step < last; ++step) {
         const auto started = Clock::now();
         const double lr = optimizer.lr();
         const Batch batch = make_batch(corpus.train, order.offsets(step), T, o.device);
@@ -412,7 +418,7 @@ int run(const Options& o) {
         const std::int64_t done = step + 1;
         progress.update(done, value, lr, tokens_per_second);
         std::string val_cell;
-        if (done % o.eval_every == 0 || done == o.steps) {
+        if (done % o.eval_every == 0 || done == o.steps || done == last) {
             const double val = validation_loss(model, corpus.validation, o);
             char cell[32];
             std::snprintf(cell, sizeof cell, "%.6f", val);
