@@ -25,7 +25,6 @@
 // dropout 0 the resumed run is the uninterrupted one, step for step; dropout masks restart). --require-drop F: exit 1 unless the mean training loss of the last 5 steps is below (1 − F) times
 // that of the first 5 (CTest's quick run: the model must learn).
 #include <algorithm>
-#include <array>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -40,9 +39,11 @@
 #include <sstream>
 #include <string>
 #include <unistd.h>
+#include <utility>
 #include <vector>
 
 #include "../cli/command_line.h"
+#include "byte_tokens.h"
 #include "dyngrad/dyngrad.h"
 
 using namespace dyngrad;
@@ -135,7 +136,7 @@ Options parse_options(int argc, char** argv) {
 // ---- the corpus ----
 
 struct Corpus {
-    std::vector<unsigned char> vocabulary;  // sorted distinct bytes
+    std::vector<char> vocabulary;  // sorted distinct bytes
     std::vector<std::int64_t> train, validation;
     std::int64_t files = 0;
 
@@ -157,18 +158,12 @@ struct Corpus {
             text.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
         }
         files = static_cast<std::int64_t>(paths.size());
-        std::array<std::int64_t, 256> index{};
-        index.fill(-1);
-        for (const char c : text) index[static_cast<unsigned char>(c)] = 0;
-        for (int b = 0; b < 256; ++b)
-            if (index[b] == 0) {
-                index[b] = static_cast<std::int64_t>(vocabulary.size());
-                vocabulary.push_back(static_cast<unsigned char>(b));
-            }
-        const auto length = static_cast<std::int64_t>(text.size());
-        const std::int64_t split = length * 9 / 10;  // the PyTorch twin splits at int(0.9 · n) too
-        for (std::int64_t i = 0; i < length; ++i)
-            (i < split ? train : validation).push_back(index[static_cast<unsigned char>(text[static_cast<std::size_t>(i)])]);
+        ByteTokens bytes(text);
+        vocabulary = std::move(bytes.vocabulary);
+        // The PyTorch twin splits at int(0.9 · n) too.
+        const auto split = bytes.tokens.begin() + static_cast<std::ptrdiff_t>(bytes.tokens.size() * 9 / 10);
+        train.assign(bytes.tokens.begin(), split);
+        validation.assign(split, bytes.tokens.end());
     }
 };
 
@@ -292,7 +287,7 @@ std::string sample_text(GPT& model, const Corpus& corpus, const Options& o) {
             }
         }
         context.push_back(token);
-        text += static_cast<char>(corpus.vocabulary[static_cast<std::size_t>(token)]);
+        text += corpus.vocabulary[static_cast<std::size_t>(token)];
     }
     model.train();
     return text;

@@ -2,10 +2,8 @@
 // schedule (nn/optim.h): widths that do not split into heads, bad dropout, sequences beyond the positional
 // table, inputs of the wrong shape, dtype or range, and weight files that do not fit the model.
 #include <cstdint>
-#include <filesystem>
 #include <limits>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "dyngrad/dyngrad.h"
@@ -60,21 +58,12 @@ void positions_on(const Tensor& x) {
     table(graph.input(x));
 }
 
-// Saves a GPT of config `saved` and loads the file into one of config `loaded`.
+// The tensors of a GPT of config `saved` loaded into one of config `loaded` (what load_parameters does with a file).
 void load_across(GPTConfig saved, GPTConfig loaded) {
-    const std::filesystem::path path = std::filesystem::temp_directory_path() /
-                                       ("dyngrad_hostile_transformer_" + std::to_string(::getpid()) + ".safetensors");
-    struct Remove {
-        std::filesystem::path path;
-        ~Remove() {
-            std::error_code ignored;
-            std::filesystem::remove(path, ignored);
-        }
-    } remove{path};
     Generator gen(13);
-    save_parameters(GPT(saved, gen), path);
+    const TensorMap tensors = named_tensors(GPT(saved, gen));
     GPT target(loaded, gen);
-    load_parameters(target, path);
+    load_parameters(target, tensors, "saved.safetensors");
 }
 
 void schedule(std::int64_t warmup, std::int64_t total, double min_lr) {
