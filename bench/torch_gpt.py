@@ -22,6 +22,10 @@ import random
 import sys
 import time
 
+# The safetensors format in plain Python (the GPU machine's PyTorch may come without the safetensors package).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_reference import read_safetensors, write_safetensors  # noqa: E402
+
 
 def read_corpus(directory):
     """(vocabulary bytes, train tokens, validation tokens, file count), as samples/char_gpt.cpp's Corpus."""
@@ -154,13 +158,11 @@ def validation_loss(model, tokens, args, device):
 
 def prepare(args, vocabulary, train):
     import torch
-    from safetensors.torch import save_file
 
     os.makedirs(args.prepare, exist_ok=True)
     torch.manual_seed(args.seed)
     model = build_model(len(vocabulary), args)
-    save_file({name: p.detach().contiguous() for name, p in model.state_dict().items()},
-              os.path.join(args.prepare, "init.safetensors"))
+    write_safetensors(os.path.join(args.prepare, "init.safetensors"), dict(model.state_dict()))
     rng = random.Random(args.seed)
     last = len(train) - args.context - 1
     with open(os.path.join(args.prepare, "batch_order.txt"), "w") as out:
@@ -173,7 +175,6 @@ def prepare(args, vocabulary, train):
 def train(args, vocabulary, train_tokens, validation_tokens):
     import torch
     import torch.nn.functional as F
-    from safetensors.torch import load_file
 
     device = torch.device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -181,7 +182,12 @@ def train(args, vocabulary, train_tokens, validation_tokens):
     torch.manual_seed(args.seed)
     model = build_model(len(vocabulary), args)
     if args.init_weights:
-        model.load_state_dict(load_file(args.init_weights), strict=True)
+        state = {}
+        for name, (dtype, shape, raw) in read_safetensors(args.init_weights).items():
+            if dtype != "F32":
+                sys.exit(f"torch_gpt.py: {args.init_weights}: {name} is {dtype}, expected F32")
+            state[name] = torch.frombuffer(bytearray(raw), dtype=torch.float32).reshape(shape)
+        model.load_state_dict(state, strict=True)
     model.to(device)
     decayed = [p for p in model.parameters() if p.dim() >= 2]
     not_decayed = [p for p in model.parameters() if p.dim() < 2]

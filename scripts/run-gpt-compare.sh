@@ -14,7 +14,7 @@
 #   --no-compile skip the torch.compile run
 # OUT_DIR receives prepared/ (init.safetensors, batch_order.txt), dyngrad.csv, torch_eager.csv,
 # torch_compile.csv, the programs' logs, report.md, report.json and gpt_loss_curves.png.
-# Environment: PYTHON (default python3; needs torch and safetensors, matplotlib for the PNG); CHAR_GPT (a
+# Environment: PYTHON (default python3; needs torch, and matplotlib for the PNG); CHAR_GPT (a
 # char_gpt binary to use instead of building one: scripts/lib.sh's dg_build_bench builds it, with CUDA, into
 # DYNGRAD_BUILD_DIR, default build-perf/); DYNGRAD_JOBS.
 set -uo pipefail
