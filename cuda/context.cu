@@ -337,6 +337,9 @@ void raise_device_error(DeviceContext& ctx) {
     if (code == static_cast<int>(DeviceErrorCode::index_out_of_range))
         throw IndexError(str(what ? what : "an indexing op", ": index ", value, " at position ", index,
                              " is out of range [0, ", bound, ") (reported by a GPU kernel)"));
+    if (code == static_cast<int>(DeviceErrorCode::value_not_binary))
+        throw ValueError(str(what ? what : "an op", ": the value at flat position ", index,
+                             " is neither 0 nor 1 (reported by a GPU kernel)"));
     throw CudaError(str("cuda:", ctx.device, ": a kernel reported unknown error code ", code));
 }
 

@@ -1,0 +1,173 @@
+// dyngrad-attention-bench: scaled_dot_product_attention forward + backward on the GPU (ops/attention.cu), side by
+// side with PyTorch's F.scaled_dot_product_attention (bench/torch_attention.py; scripts/run-attention-bench.sh
+// runs both and writes the table).
+//
+// Default workload (issue 16): B 8, H 8, D 64, T = S = 256, 1024, 4096, float32, without and with is_causal.
+// Per row: the median time of one forward + backward (dq, dk, dv; the output gradient given), its GFLOP/s
+// (4·B·H·T·S·D forward, 2.5× that backward; halved when causal), and the peak device memory the step adds to its
+// inputs. Before timing, each configuration is checked on a small problem against the float64 CPU replay.
+//
+// Usage: dyngrad-attention-bench [--lengths 256,1024,4096] [--batch B] [--heads H] [--head-dim D]
+//                                [--repetitions R] [--json FILE]
+#include <dyngrad/dyngrad.h>
+
+#include "../cli/command_line.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+using namespace dyngrad;
+
+namespace {
+
+struct Options {
+    std::vector<std::int64_t> lengths{256, 1024, 4096};
+    std::int64_t batch = 8, heads = 8, head_dim = 64;
+    int repetitions = 10;
+    std::string json;
+};
+
+std::vector<std::int64_t> parse_list(const std::string& text) {
+    std::vector<std::int64_t> values;
+    std::size_t start = 0;
+    while (start <= text.size()) {
+        const std::size_t comma = std::min(text.find(',', start), text.size());
+        values.push_back(cli::parse_int("--lengths", std::string_view(text).substr(start, comma - start), 1, 1 << 20));
+        start = comma + 1;
+    }
+    return values;
+}
+
+// Every argument is checked before anything runs (cli/command_line.h).
+Options parse(int argc, char** argv) {
+    const cli::Arguments args(argc, argv,
+                              {.options = {"--lengths", "--batch", "--heads", "--head-dim", "--repetitions", "--json"}});
+    if (args.help()) {
+        std::puts("usage: dyngrad-attention-bench [--lengths 256,1024,4096] [--batch B] [--heads H] [--head-dim D]\n"
+                  "                               [--repetitions R] [--json FILE]");
+        std::exit(0);
+    }
+    Options o;
+    if (auto v = args.value("--lengths")) o.lengths = parse_list(*v);
+    if (auto v = args.value("--batch")) o.batch = cli::parse_int("--batch", *v, 1, 1 << 16);
+    if (auto v = args.value("--heads")) o.heads = cli::parse_int("--heads", *v, 1, 1 << 16);
+    if (auto v = args.value("--head-dim"))
+        o.head_dim = cli::parse_int("--head-dim", *v, 1, kAttentionMaxGpuHeadDim);
+    if (auto v = args.value("--repetitions"))
+        o.repetitions = static_cast<int>(cli::parse_int("--repetitions", *v, 1, 1 << 20));
+    if (auto v = args.value("--json")) o.json = cli::output_file("--json", *v);
+    return o;
+}
+
+// Median over `repetitions` of one call's time in ms, after one warm-up call; each call ends with a sync.
+double median_ms(const std::function<void()>& body, int repetitions) {
+    body();
+    cuda::synchronize(0);
+    std::vector<double> samples;
+    for (int r = 0; r < repetitions; ++r) {
+        const auto start = std::chrono::steady_clock::now();
+        body();
+        cuda::synchronize(0);
+        samples.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::sort(samples.begin(), samples.end());
+    return samples[samples.size() / 2];
+}
+
+AttentionOptions causal_options(bool causal) {
+    AttentionOptions options;
+    options.is_causal = causal;
+    return options;
+}
+
+// The op on a small ragged problem of the same head dim against the float64 CPU replay.
+void check_small(const Options& o, bool causal) {
+    OpAttrs attrs;
+    attrs.is_causal = causal;
+    const OpCase c{"bench check", {{2, 3, 77, o.head_dim}, {2, 3, 77, o.head_dim}, {2, 3, 77, o.head_dim}}, attrs, {}};
+    Generator gen(5);
+    const CheckResult r = gpu_vs_cpu_check(*find_op("scaled_dot_product_attention"), c, gen, 1e-5);
+    if (!r.pass)
+        throw NumericalError(str("scaled_dot_product_attention disagrees with the CPU replay (causal ", causal,
+                                 "): max rel err ", r.max_rel_err, ", ", r.detail));
+}
+
+struct Row {
+    std::int64_t length;
+    bool causal;
+    double ms, gflop, peak_mib;
+};
+
+Row measure(const Options& o, std::int64_t length, bool causal) {
+    const Device gpu = Device::cuda(0);
+    Generator gen(static_cast<std::uint64_t>(length));
+    const Shape shape{o.batch, o.heads, length, o.head_dim};
+    const Tensor q = Tensor::normal(shape, 0, 1, gen, DType::f32, gpu);
+    const Tensor k = Tensor::normal(shape, 0, 1, gen, DType::f32, gpu);
+    const Tensor v = Tensor::normal(shape, 0, 1, gen, DType::f32, gpu);
+    const Tensor dy = Tensor::normal(shape, 0, 1, gen, DType::f32, gpu);
+    const auto step = [&] {
+        ComputeGraph graph;
+        const Var vq = graph.input(q, "q", true), vk = graph.input(k, "k", true), vv = graph.input(v, "v", true);
+        graph.backward(scaled_dot_product_attention(vq, vk, vv, causal_options(causal)), dy);
+    };
+    Row row{length, causal, 0, 0, 0};
+    row.ms = median_ms(step, o.repetitions);
+    cuda::synchronize(0);
+    const std::size_t before = cuda::memory_stats(0).bytes_in_use;
+    cuda::reset_peak_memory(0);
+    step();
+    cuda::synchronize(0);
+    row.peak_mib = double(cuda::memory_stats(0).peak_bytes_in_use - before) / (1 << 20);
+    const double forward = 4.0 * double(o.batch * o.heads) * double(length) * double(length) * double(o.head_dim);
+    row.gflop = 3.5 * forward * (causal ? 0.5 : 1.0) / 1e9;
+    return row;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        const Options o = parse(argc, argv);
+        if (cuda_device_count() == 0) {
+            std::printf("dyngrad-attention-bench: no CUDA device; nothing to measure\n");
+            return 77;
+        }
+        std::printf("device: %s\nattention: B %lld, H %lld, D %lld, float32, forward + backward\n",
+                    cuda::device_name(0).c_str(), (long long)o.batch, (long long)o.heads, (long long)o.head_dim);
+        for (const bool causal : {false, true}) check_small(o, causal);
+        std::printf("checked against the float64 CPU replay (B2 H3 T77, causal and not)\n");
+        std::printf("%6s %7s %10s %10s %12s\n", "T", "causal", "ms", "GFLOP/s", "peak MiB");
+        std::vector<Row> rows;
+        for (const std::int64_t length : o.lengths)
+            for (const bool causal : {false, true}) {
+                const Row row = measure(o, length, causal);
+                rows.push_back(row);
+                std::printf("%6lld %7s %10.3f %10.1f %12.1f\n", (long long)row.length, causal ? "yes" : "no", row.ms,
+                            row.gflop / (row.ms * 1e-3), row.peak_mib);
+                std::fflush(stdout);
+            }
+        if (!o.json.empty()) {
+            std::ofstream out(o.json);
+            out << "{\"device\": \"" << cuda::device_name(0) << "\", \"batch\": " << o.batch << ", \"heads\": " << o.heads
+                << ", \"head_dim\": " << o.head_dim << ", \"rows\": [";
+            for (std::size_t i = 0; i < rows.size(); ++i)
+                out << (i ? ", " : "") << "{\"length\": " << rows[i].length
+                    << ", \"causal\": " << (rows[i].causal ? "true" : "false") << ", \"ms\": " << rows[i].ms
+                    << ", \"gflop\": " << rows[i].gflop << ", \"peak_mib\": " << rows[i].peak_mib << "}";
+            out << "]}\n";
+        }
+        return 0;
+    } catch (const cli::UsageError& e) {
+        std::fprintf(stderr, "dyngrad-attention-bench: %s\n", e.what());
+        return 2;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "dyngrad-attention-bench: %s\n", e.what());
+        return 1;
+    }
+}

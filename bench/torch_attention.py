@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""PyTorch's F.scaled_dot_product_attention on the workload of dyngrad-attention-bench, measured the same way.
+
+B 8, H 8, D 64, T = S in --lengths (default 256,1024,4096), float32, without and with is_causal: one forward +
+backward (dq, dk, dv; output gradient given) per step. PyTorch picks its backend itself (for float32 on an H100:
+the memory-efficient kernel; flash attention takes no float32); the backend is recorded. Timing: the median of
+--repetitions wall times of one synchronised step after warm-up, as dyngrad-attention-bench; peak memory: what
+the step adds to the inputs (torch.cuda.max_memory_allocated).
+
+    python3 bench/torch_attention.py --json torch_attention.json
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", default="256,1024,4096")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--repetitions", type=int, default=10)
+    parser.add_argument("--json", help="write the rows here")
+    args = parser.parse_args()
+
+    import torch  # imported here so --help works without torch
+    import torch.nn.functional as F
+
+    if not torch.cuda.is_available():
+        print("torch_attention.py: no CUDA device", file=sys.stderr)
+        return 77
+    device = torch.device("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = False  # strict float32, as dyngrad
+    torch.manual_seed(0)
+    rows = []
+    for length in [int(t) for t in args.lengths.split(",")]:
+        shape = (args.batch, args.heads, length, args.head_dim)
+        q, k, v = (torch.randn(shape, device=device, requires_grad=True) for _ in range(3))
+        dy = torch.randn(shape, device=device)
+        for causal in (False, True):
+            def step():
+                q.grad = k.grad = v.grad = None
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                y.backward(dy)
+
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+            samples = []
+            for _ in range(args.repetitions):
+                start = time.perf_counter()
+                step()
+                torch.cuda.synchronize()
+                samples.append((time.perf_counter() - start) * 1e3)
+            q.grad = k.grad = v.grad = None
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            step()
+            torch.cuda.synchronize()
+            peak_mib = (torch.cuda.max_memory_allocated() - before) / 2**20
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                step()
+                torch.cuda.synchronize()
+            kernels = sorted({e.name for e in prof.events() if "attention" in e.name.lower() or "fmha" in e.name.lower()})
+            backend = ("memory-efficient" if any("efficient" in n or "fmha" in n for n in kernels)
+                       else "flash" if any("flash" in n for n in kernels) else "math/other")
+            row = {"length": length, "causal": causal, "ms": statistics.median(samples), "peak_mib": peak_mib,
+                   "backend": backend}
+            rows.append(row)
+            print(f"T {length:5d} causal {str(causal):5s} {row['ms']:9.3f} ms  peak {peak_mib:8.1f} MiB  {backend}",
+                  flush=True)
+    result = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0), "batch": args.batch,
+              "heads": args.heads, "head_dim": args.head_dim, "rows": rows}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

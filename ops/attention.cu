@@ -1,0 +1,601 @@
+// scaled_dot_product_attention on the GPU: fused flash-attention kernels in exact FMA arithmetic (no tensor
+// cores). CPU reference: ops/attention.cpp; the contract (mask, dropout, empty rows): ops/attention.h.
+//
+// Forward (one block per TILE queries of one (b, h) slice): the queries stay in shared memory, key/value tiles
+// stream through it, each row keeps a running max m and sum l (online softmax) and rescales its output
+// accumulator when m grows. Only the output and the log-sum-exp m + log l per row reach global memory: memory
+// is linear in T and S. Causal blocks stop at their last query's key tile.
+// Backward, by recomputation from the saved log-sum-exp: a pre-pass D_t = rowsum(dO∘O), then one kernel per key
+// tile accumulating dK, dV over the query tiles and one per query tile accumulating dQ over the key tiles. The
+// second recomputes the scores once more instead of adding into dQ with atomics, so gradients are
+// deterministic (the same bits on every run).
+//
+// Tiles: TILE×TILE scores per block, 2·TILE threads as (TILE/4) row groups × 8 lanes; a thread owns 4 rows and
+// the columns 4·lane + k + 32·j, so the 8 lanes of a row group hold a whole row (shuffle reductions) and the
+// shared-memory reads of a warp hit distinct banks or broadcast. Every operand sits in shared memory transposed,
+// [reduction index][row] with TILE + 1 floats per line: the coalesced global loads then store without bank
+// conflicts. The head dim is padded with zeros to DP = 32, 64 or 128. float32: TILE 64 (128 threads);
+// float64 (correctness, not speed): TILE 32, to fit shared memory.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <mutex>
+
+#include "dyngrad/cuda/context.h"
+#include "dyngrad/ops/attention.h"
+#include "dyngrad/ops/attention_geometry.h"
+#include "dyngrad/ops/dropout_mask.h"
+#include "dyngrad/ops/kernels.h"
+
+namespace dyngrad::cuda {
+
+namespace {
+
+// The sizes and options every kernel reads, passed by value.
+struct Params {
+    std::int64_t heads, queries, keys, head_dim;
+    float scale_f;  // the scale in the kernels' arithmetic type is taken from these two
+    double scale_d;
+    bool causal;
+    double dropout_p;
+    double kept_factor;  // 1/(1 − p)
+    std::uint64_t seed;
+    const void* mask;  // null: none
+    std::int64_t mask_stride[4];
+};
+
+template <typename Real> __device__ __forceinline__ Real scale_of(const Params& p);
+template <> __device__ __forceinline__ float scale_of<float>(const Params& p) { return p.scale_f; }
+template <> __device__ __forceinline__ double scale_of<double>(const Params& p) { return p.scale_d; }
+
+__device__ __forceinline__ float exp_of(float x) { return expf(x); }
+__device__ __forceinline__ double exp_of(double x) { return exp(x); }
+__device__ __forceinline__ float log_of(float x) { return logf(x); }
+__device__ __forceinline__ double log_of(double x) { return log(x); }
+
+template <typename Real> __device__ __forceinline__ Real minus_infinity() {
+    return -std::numeric_limits<Real>::infinity();
+}
+
+// Whether key s takes part in query t of slice `slice` (= b·H + h): in range, causal, the keep mask.
+template <typename Real>
+__device__ __forceinline__ bool takes_part(const Params& p, std::int64_t slice, std::int64_t t, std::int64_t s) {
+    if (t >= p.queries || s >= p.keys) return false;
+    if (p.causal && s > t) return false;
+    if (p.mask) {
+        const std::int64_t b = slice / p.heads, h = slice - b * p.heads;
+        const Real keep = static_cast<const Real*>(p.mask)[b * p.mask_stride[0] + h * p.mask_stride[1] +
+                                                          t * p.mask_stride[2] + s * p.mask_stride[3]];
+        if (keep == Real(0)) return false;
+    }
+    return true;
+}
+
+// Dropout's factor for probability (slice, t, s): 1/(1 − p) kept, 0 dropped (ops/dropout_mask.h, as the CPU).
+template <typename Real>
+__device__ __forceinline__ Real dropout_factor(const Params& p, std::int64_t slice, std::int64_t t, std::int64_t s) {
+    if (p.dropout_p == 0.0) return Real(1);
+    const auto index = static_cast<std::uint64_t>((slice * p.queries + t) * p.keys + s);
+    return math::dropout_keep(p.seed, index, p.dropout_p) ? static_cast<Real>(p.kept_factor) : Real(0);
+}
+
+template <int TILE> struct Layout {
+    static constexpr int kThreads = 2 * TILE;
+    static constexpr int kLine = TILE + 1;      // floats per line of a transposed operand
+    static constexpr int kCols = TILE / 8;      // score columns per thread
+    __device__ static int group() { return threadIdx.x / 8; }  // the thread's rows: 4·group() .. + 3
+    __device__ static int lane() { return threadIdx.x % 8; }
+    __device__ static int col(int j) { return 4 * lane() + (j % 4) + 32 * (j / 4); }  // j-th column it owns
+};
+
+// dst[d·kLine + r] = src row (row0 + r), element d, for r < TILE, d < DP; zero past `rows` rows or D columns.
+template <typename Real, int TILE, int DP>
+__device__ void load_transposed(Real* dst, const Real* __restrict__ src, std::int64_t row0, std::int64_t rows,
+                                std::int64_t head_dim) {
+    using L = Layout<TILE>;
+    for (int idx = threadIdx.x; idx < TILE * DP; idx += L::kThreads) {
+        const int r = idx / DP, d = idx % DP;
+        dst[d * L::kLine + r] = (r < rows && d < head_dim) ? src[(row0 + r) * head_dim + d] : Real(0);
+    }
+}
+
+// acc[i][j] += Σ_{c < n} a[c·kLine + 4·group + i] · b[c·kLine + col(j)]: scores of the thread's rows and columns.
+template <typename Real, int TILE, int COLS>
+__device__ __forceinline__ void multiply_rows_cols(Real (&acc)[4][COLS], const Real* a, const Real* b, int n) {
+    using L = Layout<TILE>;
+    const int row = 4 * L::group();
+#pragma unroll 4
+    for (int c = 0; c < n; ++c) {
+        Real x[4], y[COLS];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) x[i] = a[c * L::kLine + row + i];
+#pragma unroll
+        for (int j = 0; j < COLS; ++j) y[j] = b[c * L::kLine + L::col(j)];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < COLS; ++j) acc[i][j] = fma(x[i], y[j], acc[i][j]);
+    }
+}
+
+// acc[i][j] += Σ_{c < TILE} w[c·kLine + 4·group + i] · v[col(j)·kLine + c]: a (rows × TILE) weight tile in
+// shared memory ([c][row]) times a transposed operand ([d][c]) into the thread's head-dim columns.
+template <typename Real, int TILE, int DCOLS>
+__device__ __forceinline__ void multiply_weights(Real (&acc)[4][DCOLS], const Real* w, const Real* v) {
+    using L = Layout<TILE>;
+    const int row = 4 * L::group();
+#pragma unroll 4
+    for (int c = 0; c < TILE; ++c) {
+        Real x[4], y[DCOLS];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) x[i] = w[c * L::kLine + row + i];
+#pragma unroll
+        for (int j = 0; j < DCOLS; ++j) y[j] = v[L::col(j) * L::kLine + c];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < DCOLS; ++j) acc[i][j] = fma(x[i], y[j], acc[i][j]);
+    }
+}
+
+// Reductions over the 8 lanes of a row group (adjacent lanes of one warp).
+template <typename Real> __device__ __forceinline__ Real group_max(Real v) {
+#pragma unroll
+    for (int offset = 1; offset < 8; offset *= 2) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
+template <typename Real> __device__ __forceinline__ Real group_sum(Real v) {
+#pragma unroll
+    for (int offset = 1; offset < 8; offset *= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// Which tile of `tiles` and which slice block `blockIdx.x` works on; with `reverse`, the last tiles first (causal:
+// they have the most work, so they start first).
+struct TileOf {
+    std::int64_t tile, slice;
+};
+__device__ __forceinline__ TileOf tile_of_block(std::int64_t tiles, bool reverse) {
+    const std::int64_t x = blockIdx.x;
+    const std::int64_t slice = x / tiles;
+    const std::int64_t t = x - slice * tiles;
+    return {reverse ? tiles - 1 - t : t, slice};
+}
+
+// ---- forward ----
+// q (B,H,T,D), k, v (B,H,S,D) -> y (B,H,T,D), lse (B,H,T) (−inf for a query with no key; its y is 0).
+template <typename Real, int TILE, int DP>
+__global__ void __launch_bounds__(2 * TILE) attention_forward_kernel(const Real* __restrict__ q,
+                                                                     const Real* __restrict__ k,
+                                                                     const Real* __restrict__ v,
+                                                                     Real* __restrict__ y, Real* __restrict__ lse,
+                                                                     Params p) {
+    using L = Layout<TILE>;
+    constexpr int kCols = L::kCols, kDCols = DP / 8;
+    extern __shared__ __align__(16) unsigned char shared_bytes[];
+    Real* qt = reinterpret_cast<Real*>(shared_bytes);  // [DP][kLine]
+    Real* kt = qt + DP * L::kLine;                      // [DP][kLine]
+    Real* vt = kt + DP * L::kLine;                      // [DP][kLine]
+    Real* pt = vt + DP * L::kLine;                      // [TILE keys][kLine]: dropped-out probabilities
+
+    const std::int64_t tiles = (p.queries + TILE - 1) / TILE;
+    const TileOf at = tile_of_block(tiles, p.causal);
+    const std::int64_t slice = at.slice, row0 = at.tile * TILE;
+    const std::int64_t D = p.head_dim;
+    const Real scale = scale_of<Real>(p);
+    const int row = 4 * L::group();
+
+    load_transposed<Real, TILE, DP>(qt, q + slice * p.queries * D, row0, p.queries - row0, D);
+    Real m[4], l[4], acc[4][kDCols];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        m[i] = minus_infinity<Real>();
+        l[i] = Real(0);
+#pragma unroll
+        for (int j = 0; j < kDCols; ++j) acc[i][j] = Real(0);
+    }
+    // Causal: keys beyond the block's last query take no part.
+    const std::int64_t key_end = p.causal ? std::min<std::int64_t>(p.keys, row0 + TILE) : p.keys;
+    for (std::int64_t n0 = 0; n0 < key_end; n0 += TILE) {
+        __syncthreads();  // the previous tile's readers of kt, vt, pt are done
+        load_transposed<Real, TILE, DP>(kt, k + slice * p.keys * D, n0, p.keys - n0, D);
+        load_transposed<Real, TILE, DP>(vt, v + slice * p.keys * D, n0, p.keys - n0, D);
+        __syncthreads();
+        Real s[4][kCols];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < kCols; ++j) s[i][j] = Real(0);
+        multiply_rows_cols<Real, TILE, kCols>(s, qt, kt, DP);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const std::int64_t t = row0 + row + i;
+            Real top = minus_infinity<Real>();
+#pragma unroll
+            for (int j = 0; j < kCols; ++j) {
+                s[i][j] = takes_part<Real>(p, slice, t, n0 + L::col(j)) ? s[i][j] * scale : minus_infinity<Real>();
+                top = max(top, s[i][j]);
+            }
+            const Real m_new = max(m[i], group_max(top));
+            // No key of this row so far: keep everything at 0 (exp(−inf − 0) = 0), never exp(−inf + inf).
+            const Real base = m_new == minus_infinity<Real>() ? Real(0) : m_new;
+            const Real alpha = exp_of(m[i] - base);
+            Real sum = Real(0);
+#pragma unroll
+            for (int j = 0; j < kCols; ++j) {
+                const Real prob = exp_of(s[i][j] - base);
+                sum += prob;
+                pt[L::col(j) * L::kLine + row + i] = prob * dropout_factor<Real>(p, slice, t, n0 + L::col(j));
+            }
+            l[i] = l[i] * alpha + group_sum(sum);
+            m[i] = m_new;
+#pragma unroll
+            for (int j = 0; j < kDCols; ++j) acc[i][j] *= alpha;
+        }
+        __syncthreads();
+        multiply_weights<Real, TILE, kDCols>(acc, pt, vt);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const std::int64_t t = row0 + row + i;
+        if (t >= p.queries) continue;
+        const bool empty = l[i] == Real(0);
+        const Real inverse = empty ? Real(0) : Real(1) / l[i];
+        Real* out = y + (slice * p.queries + t) * D;
+#pragma unroll
+        for (int j = 0; j < kDCols; ++j)
+            if (L::col(j) < D) out[L::col(j)] = acc[i][j] * inverse;
+        if (L::lane() == 0) lse[slice * p.queries + t] = empty ? minus_infinity<Real>() : m[i] + log_of(l[i]);
+    }
+}
+
+// ---- backward ----
+// delta (B·H·T) = rowsum(dy ∘ y): one warp per row.
+template <typename Real>
+__global__ void attention_delta_kernel(const Real* __restrict__ dy, const Real* __restrict__ y,
+                                       Real* __restrict__ delta, std::int64_t rows, std::int64_t head_dim) {
+    const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32);
+    const int lane = threadIdx.x % 32;
+    for (std::int64_t r = blockIdx.x * static_cast<std::int64_t>(blockDim.x / 32) + threadIdx.x / 32; r < rows;
+         r += warps) {
+        Real sum = Real(0);
+        for (std::int64_t d = lane; d < head_dim; d += 32) sum += dy[r * head_dim + d] * y[r * head_dim + d];
+#pragma unroll
+        for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+        if (lane == 0) delta[r] = sum;
+    }
+}
+
+// One block per key tile: dk, dv (B,H,S,D) for its keys, over every query tile that sees them. The thread's rows
+// are keys; its score columns queries (the transposed scores Sᵀ = k·qᵀ).
+template <typename Real, int TILE, int DP>
+__global__ void __launch_bounds__(2 * TILE) attention_backward_kv_kernel(
+    const Real* __restrict__ q, const Real* __restrict__ k, const Real* __restrict__ v,
+    const Real* __restrict__ dy, const Real* __restrict__ lse, const Real* __restrict__ delta,
+    Real* __restrict__ dk, Real* __restrict__ dv, Params p) {
+    using L = Layout<TILE>;
+    constexpr int kCols = L::kCols, kDCols = DP / 8;
+    extern __shared__ __align__(16) unsigned char shared_bytes[];
+    Real* kt = reinterpret_cast<Real*>(shared_bytes);  // [DP][kLine] (keys)
+    Real* vt = kt + DP * L::kLine;                      // [DP][kLine] (keys)
+    Real* qt = vt + DP * L::kLine;                      // [DP][kLine] (queries)
+    Real* dyt = qt + DP * L::kLine;                     // [DP][kLine] (queries)
+    Real* pf = dyt + DP * L::kLine;                     // [TILE queries][kLine]: P∘F, keys along a line
+    Real* ds = pf + TILE * L::kLine;                    // [TILE queries][kLine]: dS
+    Real* lse_tile = ds + TILE * L::kLine;              // [TILE]
+    Real* delta_tile = lse_tile + TILE;                 // [TILE]
+
+    const std::int64_t tiles = (p.keys + TILE - 1) / TILE;
+    const TileOf at = tile_of_block(tiles, false);
+    const std::int64_t slice = at.slice, n0 = at.tile * TILE;
+    const std::int64_t D = p.head_dim;
+    const Real scale = scale_of<Real>(p);
+    const int row = 4 * L::group();
+
+    load_transposed<Real, TILE, DP>(kt, k + slice * p.keys * D, n0, p.keys - n0, D);
+    load_transposed<Real, TILE, DP>(vt, v + slice * p.keys * D, n0, p.keys - n0, D);
+    Real dk_acc[4][kDCols], dv_acc[4][kDCols];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < kDCols; ++j) dk_acc[i][j] = dv_acc[i][j] = Real(0);
+    // Causal: queries before the tile's first key see none of its keys.
+    const std::int64_t query_begin = p.causal ? (n0 / TILE) * TILE : 0;
+    for (std::int64_t m0 = query_begin; m0 < p.queries; m0 += TILE) {
+        __syncthreads();  // the previous tile's readers of qt, dyt, pf, ds are done
+        load_transposed<Real, TILE, DP>(qt, q + slice * p.queries * D, m0, p.queries - m0, D);
+        load_transposed<Real, TILE, DP>(dyt, dy + slice * p.queries * D, m0, p.queries - m0, D);
+        for (int r = threadIdx.x; r < TILE; r += L::kThreads) {
+            const bool inside = m0 + r < p.queries;
+            lse_tile[r] = inside ? lse[slice * p.queries + m0 + r] : minus_infinity<Real>();
+            delta_tile[r] = inside ? delta[slice * p.queries + m0 + r] : Real(0);
+        }
+        __syncthreads();
+        Real s[4][kCols], dp[4][kCols];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < kCols; ++j) s[i][j] = dp[i][j] = Real(0);
+        multiply_rows_cols<Real, TILE, kCols>(s, kt, qt, DP);
+        multiply_rows_cols<Real, TILE, kCols>(dp, vt, dyt, DP);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const std::int64_t key = n0 + row + i;
+#pragma unroll
+            for (int j = 0; j < kCols; ++j) {
+                const int c = L::col(j);
+                const std::int64_t t = m0 + c;
+                const bool part = takes_part<Real>(p, slice, t, key) && lse_tile[c] != minus_infinity<Real>();
+                const Real prob = part ? exp_of(s[i][j] * scale - lse_tile[c]) : Real(0);
+                const Real factor = part ? dropout_factor<Real>(p, slice, t, key) : Real(0);
+                pf[c * L::kLine + row + i] = prob * factor;
+                ds[c * L::kLine + row + i] = prob * (dp[i][j] * factor - delta_tile[c]);
+            }
+        }
+        __syncthreads();
+        multiply_weights<Real, TILE, kDCols>(dv_acc, pf, dyt);
+        multiply_weights<Real, TILE, kDCols>(dk_acc, ds, qt);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const std::int64_t key = n0 + row + i;
+        if (key >= p.keys) continue;
+        Real* dk_row = dk + (slice * p.keys + key) * D;
+        Real* dv_row = dv + (slice * p.keys + key) * D;
+#pragma unroll
+        for (int j = 0; j < kDCols; ++j)
+            if (L::col(j) < D) {
+                dk_row[L::col(j)] = dk_acc[i][j] * scale;
+                dv_row[L::col(j)] = dv_acc[i][j];
+            }
+    }
+}
+
+// One block per query tile: dq (B,H,T,D) for its queries, over every key tile they see.
+template <typename Real, int TILE, int DP>
+__global__ void __launch_bounds__(2 * TILE) attention_backward_q_kernel(
+    const Real* __restrict__ q, const Real* __restrict__ k, const Real* __restrict__ v,
+    const Real* __restrict__ dy, const Real* __restrict__ lse, const Real* __restrict__ delta,
+    Real* __restrict__ dq, Params p) {
+    using L = Layout<TILE>;
+    constexpr int kCols = L::kCols, kDCols = DP / 8;
+    extern __shared__ __align__(16) unsigned char shared_bytes[];
+    Real* qt = reinterpret_cast<Real*>(shared_bytes);  // [DP][kLine] (queries)
+    Real* dyt = qt + DP * L::kLine;                     // [DP][kLine] (queries)
+    Real* kt = dyt + DP * L::kLine;                     // [DP][kLine] (keys)
+    Real* vt = kt + DP * L::kLine;                      // [DP][kLine] (keys)
+    Real* ds = vt + DP * L::kLine;                      // [TILE keys][kLine]: dS, queries along a line
+
+    const std::int64_t tiles = (p.queries + TILE - 1) / TILE;
+    const TileOf at = tile_of_block(tiles, p.causal);
+    const std::int64_t slice = at.slice, m0 = at.tile * TILE;
+    const std::int64_t D = p.head_dim;
+    const Real scale = scale_of<Real>(p);
+    const int row = 4 * L::group();
+
+    load_transposed<Real, TILE, DP>(qt, q + slice * p.queries * D, m0, p.queries - m0, D);
+    load_transposed<Real, TILE, DP>(dyt, dy + slice * p.queries * D, m0, p.queries - m0, D);
+    Real row_lse[4], row_delta[4], dq_acc[4][kDCols];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const std::int64_t t = m0 + row + i;
+        row_lse[i] = t < p.queries ? lse[slice * p.queries + t] : minus_infinity<Real>();
+        row_delta[i] = t < p.queries ? delta[slice * p.queries + t] : Real(0);
+#pragma unroll
+        for (int j = 0; j < kDCols; ++j) dq_acc[i][j] = Real(0);
+    }
+    const std::int64_t key_end = p.causal ? std::min<std::int64_t>(p.keys, m0 + TILE) : p.keys;
+    for (std::int64_t n0 = 0; n0 < key_end; n0 += TILE) {
+        __syncthreads();  // the previous tile's readers of kt, vt, ds are done
+        load_transposed<Real, TILE, DP>(kt, k + slice * p.keys * D, n0, p.keys - n0, D);
+        load_transposed<Real, TILE, DP>(vt, v + slice * p.keys * D, n0, p.keys - n0, D);
+        __syncthreads();
+        Real s[4][kCols], dp[4][kCols];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < kCols; ++j) s[i][j] = dp[i][j] = Real(0);
+        multiply_rows_cols<Real, TILE, kCols>(s, qt, kt, DP);
+        multiply_rows_cols<Real, TILE, kCols>(dp, dyt, vt, DP);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const std::int64_t t = m0 + row + i;
+#pragma unroll
+            for (int j = 0; j < kCols; ++j) {
+                const int c = L::col(j);
+                const std::int64_t key = n0 + c;
+                const bool part = takes_part<Real>(p, slice, t, key) && row_lse[i] != minus_infinity<Real>();
+                const Real prob = part ? exp_of(s[i][j] * scale - row_lse[i]) : Real(0);
+                const Real factor = part ? dropout_factor<Real>(p, slice, t, key) : Real(0);
+                ds[c * L::kLine + row + i] = prob * (dp[i][j] * factor - row_delta[i]);
+            }
+        }
+        __syncthreads();
+        multiply_weights<Real, TILE, kDCols>(dq_acc, ds, kt);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const std::int64_t t = m0 + row + i;
+        if (t >= p.queries) continue;
+        Real* dq_row = dq + (slice * p.queries + t) * D;
+#pragma unroll
+        for (int j = 0; j < kDCols; ++j)
+            if (L::col(j) < D) dq_row[L::col(j)] = dq_acc[i][j] * scale;
+    }
+}
+
+// A mask value other than 0 or 1 is reported (ValueError at the next synchronisation), as the CPU throws.
+template <typename Real>
+__global__ void check_binary_mask_kernel(const Real* __restrict__ mask, std::int64_t n, DeviceErrorRecord* record,
+                                         const char* what) {
+    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+        const Real value = mask[i];
+        if (value != Real(0) && value != Real(1) &&
+            atomicCAS(&record->code, static_cast<int>(DeviceErrorCode::none),
+                      static_cast<int>(DeviceErrorCode::value_not_binary)) == static_cast<int>(DeviceErrorCode::none)) {
+            record->index = i;
+            record->what = what;
+        }
+    }
+}
+
+// ---- host side ----
+Params params_of(std::span<const Tensor> inputs, const AttentionGeometry& g) {
+    Params p{};
+    p.heads = g.heads;
+    p.queries = g.queries;
+    p.keys = g.keys;
+    p.head_dim = g.head_dim;
+    p.scale_f = static_cast<float>(g.scale);
+    p.scale_d = g.scale;
+    p.causal = g.causal;
+    p.dropout_p = g.dropout_p;
+    p.kept_factor = 1.0 / (1.0 - g.dropout_p);
+    p.seed = g.seed;
+    p.mask = g.has_mask ? inputs[3].raw_data() : nullptr;
+    for (int i = 0; i < 4; ++i) p.mask_stride[i] = g.mask_stride[i];
+    return p;
+}
+
+template <typename Real> constexpr int tile_for() { return sizeof(Real) == 4 ? 64 : 32; }
+
+// Shared memory of each kernel (bytes).
+template <typename Real, int TILE, int DP> constexpr std::size_t forward_shared() {
+    return sizeof(Real) * (3 * DP + TILE) * (TILE + 1);
+}
+template <typename Real, int TILE, int DP> constexpr std::size_t backward_kv_shared() {
+    return sizeof(Real) * ((4 * DP + 2 * TILE) * (TILE + 1) + 2 * TILE);
+}
+template <typename Real, int TILE, int DP> constexpr std::size_t backward_q_shared() {
+    return sizeof(Real) * (4 * DP + TILE) * (TILE + 1);
+}
+
+// Kernels above 48 KiB of dynamic shared memory must opt in, once per kernel (thread-safe; per device in
+// principle, but every device dyngrad runs on is the same sm_90 build).
+template <typename Kernel>
+void allow_shared(Kernel kernel, std::size_t bytes, std::once_flag& once) {
+    std::call_once(once, [&] {
+        DG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    });
+}
+
+// Calls fn.template operator()<DP>() with the padded head dim for D.
+template <typename Fn> void with_padded_head_dim(std::int64_t head_dim, Fn&& fn) {
+    if (head_dim <= 32)
+        fn.template operator()<32>();
+    else if (head_dim <= 64)
+        fn.template operator()<64>();
+    else
+        fn.template operator()<128>();  // the shape rule refuses D > kAttentionMaxGpuHeadDim = 128
+}
+
+// Launch grid: one block per tile per slice, flat (a slice count beyond gridDim.y's 65535 is fine).
+unsigned blocks_for(std::int64_t tiles, std::int64_t slices) {
+    const std::int64_t blocks = tiles * slices;
+    if (blocks > std::numeric_limits<int>::max())
+        throw ShapeError(str("scaled_dot_product_attention: ", blocks, " blocks exceed the GPU grid"));
+    return static_cast<unsigned>(blocks);
+}
+
+constexpr const char* kOpName = "scaled_dot_product_attention mask";
+
+}  // namespace
+
+Tensor scaled_dot_product_attention_forward(const ForwardArgs& args) {
+    const AttentionGeometry g = attention_geometry(args.inputs, args.attrs);
+    const Tensor& q = args.inputs[0];
+    DeviceContext& ctx = context_for(q);
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, q.device());
+    Tensor lse = Tensor::empty({g.batch, g.heads, g.queries}, args.out.dtype, q.device());
+    args.saved.push_back(lse);
+    if (g.has_mask && args.inputs[3].numel() > 0) {
+        const Tensor& mask = args.inputs[3];
+        dispatch_floating(mask.dtype(), "scaled_dot_product_attention mask check", [&]<typename Real>() {
+            check_binary_mask_kernel<Real><<<grid_size(ctx, mask.numel(), 256), 256, 0, ctx.stream>>>(
+                mask.data<Real>(), mask.numel(), ctx.error_record_device, kOpName);
+            DG_CUDA_CHECK_LAUNCH();
+        });
+    }
+    if (g.slices() == 0 || g.queries == 0) return y;
+    const Params p = params_of(args.inputs, g);
+    dispatch_floating(q.dtype(), "scaled_dot_product_attention", [&]<typename Real>() {
+        constexpr int TILE = tile_for<Real>();
+        with_padded_head_dim(g.head_dim, [&]<int DP>() {
+            constexpr std::size_t shared = forward_shared<Real, TILE, DP>();
+            static std::once_flag once;
+            allow_shared(attention_forward_kernel<Real, TILE, DP>, shared, once);
+            const unsigned blocks = blocks_for((g.queries + TILE - 1) / TILE, g.slices());
+            attention_forward_kernel<Real, TILE, DP><<<blocks, 2 * TILE, shared, ctx.stream>>>(
+                q.data<Real>(), args.inputs[1].data<Real>(), args.inputs[2].data<Real>(), y.data<Real>(),
+                lse.data<Real>(), p);
+            DG_CUDA_CHECK_LAUNCH();
+        });
+    });
+    return y;
+}
+
+std::vector<Tensor> scaled_dot_product_attention_backward(const BackwardArgs& args) {
+    const AttentionGeometry g = attention_geometry(args.inputs, args.attrs);
+    const Tensor& dy = args.grad_output;
+    DeviceContext& ctx = context_for(dy);
+    std::vector<Tensor> grads(args.inputs.size());
+    if (g.has_mask && args.needs_grad[3]) grads[3] = Tensor::zeros(args.inputs[3].shape(), dy.dtype(), dy.device());
+    const bool want_q = args.needs_grad[0], want_kv = args.needs_grad[1] || args.needs_grad[2];
+    if (!want_q && !want_kv) return grads;
+    Tensor dq = want_q ? Tensor::empty(args.inputs[0].shape(), dy.dtype(), dy.device()) : Tensor();
+    // dk and dv come from one kernel: both are computed when either is needed.
+    Tensor dk = want_kv ? Tensor::empty(args.inputs[1].shape(), dy.dtype(), dy.device()) : Tensor();
+    Tensor dv = want_kv ? Tensor::empty(args.inputs[2].shape(), dy.dtype(), dy.device()) : Tensor();
+    const std::int64_t rows = g.slices() * g.queries;
+    if (rows > 0 && g.keys > 0) {
+        const Params p = params_of(args.inputs, g);
+        const Tensor& lse = args.saved[0];
+        Tensor delta = Tensor::empty({rows}, dy.dtype(), dy.device());
+        dispatch_floating(dy.dtype(), "scaled_dot_product_attention backward", [&]<typename Real>() {
+            constexpr unsigned kDeltaThreads = 256;
+            attention_delta_kernel<Real><<<grid_size(ctx, rows * 32, kDeltaThreads), kDeltaThreads, 0, ctx.stream>>>(
+                dy.data<Real>(), args.output.data<Real>(), delta.data<Real>(), rows, g.head_dim);
+            DG_CUDA_CHECK_LAUNCH();
+            constexpr int TILE = tile_for<Real>();
+            const Real* q = args.inputs[0].data<Real>();
+            const Real* k = args.inputs[1].data<Real>();
+            const Real* v = args.inputs[2].data<Real>();
+            with_padded_head_dim(g.head_dim, [&]<int DP>() {
+                if (want_kv) {
+                    constexpr std::size_t shared = backward_kv_shared<Real, TILE, DP>();
+                    static std::once_flag once;
+                    allow_shared(attention_backward_kv_kernel<Real, TILE, DP>, shared, once);
+                    const unsigned blocks = blocks_for((g.keys + TILE - 1) / TILE, g.slices());
+                    attention_backward_kv_kernel<Real, TILE, DP><<<blocks, 2 * TILE, shared, ctx.stream>>>(
+                        q, k, v, dy.data<Real>(), lse.data<Real>(), delta.data<Real>(), dk.data<Real>(),
+                        dv.data<Real>(), p);
+                    DG_CUDA_CHECK_LAUNCH();
+                }
+                if (want_q) {
+                    constexpr std::size_t shared = backward_q_shared<Real, TILE, DP>();
+                    static std::once_flag once;
+                    allow_shared(attention_backward_q_kernel<Real, TILE, DP>, shared, once);
+                    const unsigned blocks = blocks_for((g.queries + TILE - 1) / TILE, g.slices());
+                    attention_backward_q_kernel<Real, TILE, DP><<<blocks, 2 * TILE, shared, ctx.stream>>>(
+                        q, k, v, dy.data<Real>(), lse.data<Real>(), delta.data<Real>(), dq.data<Real>(), p);
+                    DG_CUDA_CHECK_LAUNCH();
+                }
+            });
+        });
+    } else {
+        // No query or no key: every gradient is zero (and possibly empty).
+        if (want_q) dq = Tensor::zeros(args.inputs[0].shape(), dy.dtype(), dy.device());
+        if (want_kv) {
+            dk = Tensor::zeros(args.inputs[1].shape(), dy.dtype(), dy.device());
+            dv = Tensor::zeros(args.inputs[2].shape(), dy.dtype(), dy.device());
+        }
+    }
+    if (args.needs_grad[0]) grads[0] = dq;
+    if (args.needs_grad[1]) grads[1] = dk;
+    if (args.needs_grad[2]) grads[2] = dv;
+    return grads;
+}
+
+}  // namespace dyngrad::cuda

@@ -1,0 +1,257 @@
+// scaled_dot_product_attention beyond the op table's cases: against the same attention composed of other ops
+// (matmul, masked_fill, softmax), queries that lose every key, dropout's replayable masks, bad mask values, CPU
+// thread counts; on a GPU (skipped visibly without one): large cases against the float64 CPU replay, memory
+// linear in T, deterministic gradients, bad mask values reported by the kernel.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "catch.h"
+#include "dyngrad/dyngrad.h"
+#include "dyngrad/ops/dropout_mask.h"
+
+using namespace dyngrad;
+using dgtest::MessageHas;
+
+namespace {
+
+AttentionOptions options_of(bool causal, double dropout_p, std::uint64_t seed) {
+    AttentionOptions options;
+    options.is_causal = causal;
+    options.dropout_p = dropout_p;
+    options.seed = seed;
+    return options;
+}
+
+struct Inputs {
+    Tensor q, k, v, keep;  // keep: 0/1, (T,S)
+};
+
+// q (B,H,T,D), k, v (B,H,S,D) from normal(0, 1); keep (T,S) a fair coin, but key 0 always kept so that no query
+// loses every key (the composed reference would give NaN there).
+Inputs random_inputs(std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t S, std::int64_t D,
+                     std::uint64_t seed, DType dtype = DType::f64) {
+    Generator gen(seed);
+    Inputs in;
+    in.q = Tensor::normal({B, H, T, D}, 0.0, 1.0, gen, dtype);
+    in.k = Tensor::normal({B, H, S, D}, 0.0, 1.0, gen, dtype);
+    in.v = Tensor::normal({B, H, S, D}, 0.0, 1.0, gen, dtype);
+    std::vector<double> keep(static_cast<std::size_t>(T * S));
+    std::bernoulli_distribution coin(0.5);
+    for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t s = 0; s < S; ++s) keep[t * S + s] = s == 0 || coin(gen.engine()) ? 1.0 : 0.0;
+    in.keep = Tensor::from_vector(keep, {T, S}, dtype);
+    return in;
+}
+
+// Dropout factors (B,H,T,S) from the documented counter: index ((b·H + h)·T + t)·S + s.
+Tensor dropout_factors(const Shape& shape, double p, std::uint64_t seed) {
+    std::vector<double> f(static_cast<std::size_t>(numel(shape)));
+    for (std::size_t i = 0; i < f.size(); ++i) f[i] = math::dropout_keep(seed, i, p) ? 1.0 / (1.0 - p) : 0.0;
+    return Tensor::from_vector(f, shape, DType::f64);
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+    const std::vector<double> x = a.to_vector(), y = b.to_vector();
+    REQUIRE(x.size() == y.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]));
+    return worst;
+}
+
+// Causal as a 0/1 (T,S) keep mask, top-left aligned: s <= t.
+Tensor causal_keep(std::int64_t T, std::int64_t S) {
+    std::vector<double> keep(static_cast<std::size_t>(T * S));
+    for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t s = 0; s < S; ++s) keep[t * S + s] = s <= t ? 1.0 : 0.0;
+    return Tensor::from_vector(keep, {T, S}, DType::f64);
+}
+
+}  // namespace
+
+TEST_CASE("attention matches its composition from matmul, masked_fill and softmax, with gradients",
+          "[attention]") {
+    const bool causal = GENERATE(false, true);
+    const double dropout_p = GENERATE(0.0, 0.4);
+    const std::int64_t B = 2, H = 3, T = 7, S = 11, D = 6;
+    const Inputs in = random_inputs(B, H, T, S, D, 101);
+    AttentionOptions options = options_of(causal, dropout_p, 99);
+    options.scale = 0.37;
+    Generator gen(5);
+    const Tensor seed_grad = Tensor::normal({B, H, T, D}, 0.0, 1.0, gen, DType::f64);
+
+    ComputeGraph fused;
+    Var q1 = fused.input(in.q, "q", true), k1 = fused.input(in.k, "k", true), v1 = fused.input(in.v, "v", true);
+    Var y1 = scaled_dot_product_attention(q1, k1, v1, fused.input(in.keep, "keep"), options);
+    fused.backward(y1, seed_grad);
+
+    // matmul takes 3-D operands: the composition sees (B·H, T|S, D), the same elements in the same order.
+    ComputeGraph composed;
+    Var q2 = composed.input(in.q.reshaped({B * H, T, D}), "q", true);
+    Var k2 = composed.input(in.k.reshaped({B * H, S, D}), "k", true);
+    Var v2 = composed.input(in.v.reshaped({B * H, S, D}), "v", true);
+    Tensor keep = in.keep;
+    if (causal) keep = eager(OpType::Mul, {keep, causal_keep(T, S)});
+    const Tensor dropped = eager(OpType::Eq, {keep, Tensor::zeros({}, DType::f64)});
+    Var scores = mul_scalar(matmul(q2, transpose(k2)), 0.37);
+    Var probs = softmax(masked_fill(scores, composed.input(dropped, "dropped"),
+                                    -std::numeric_limits<double>::infinity()));
+    if (dropout_p > 0) probs = mul(probs, composed.input(dropout_factors({B * H, T, S}, dropout_p, 99), "factors"));
+    Var y2 = matmul(probs, v2);
+    composed.backward(y2, seed_grad.reshaped({B * H, T, D}));
+
+    CHECK(max_abs_diff(y1.value(), y2.value()) < 1e-12);
+    CHECK(max_abs_diff(q1.grad(), q2.grad()) < 1e-12);
+    CHECK(max_abs_diff(k1.grad(), k2.grad()) < 1e-12);
+    CHECK(max_abs_diff(v1.grad(), v2.grad()) < 1e-12);
+}
+
+TEST_CASE("a query whose keys are all masked gets 0 and no gradient; no NaN anywhere", "[attention]") {
+    const Inputs in = random_inputs(1, 2, 4, 5, 3, 7);
+    std::vector<double> keep = in.keep.to_vector();
+    for (std::int64_t s = 0; s < 5; ++s) keep[2 * 5 + s] = 0.0;  // query 2 loses every key
+    ComputeGraph g;
+    Var q = g.input(in.q, "q", true), k = g.input(in.k, "k", true), v = g.input(in.v, "v", true);
+    Var y = scaled_dot_product_attention(q, k, v, g.input(Tensor::from_vector(keep, {4, 5}, DType::f64), "keep"));
+    g.backward(sum(y));
+    const std::vector<double> out = y.value().to_vector(), dq = q.grad().to_vector();
+    for (std::int64_t h = 0; h < 2; ++h)
+        for (std::int64_t t = 0; t < 4; ++t)
+            for (std::int64_t d = 0; d < 3; ++d) {
+                const std::size_t i = static_cast<std::size_t>((h * 4 + t) * 3 + d);
+                CHECK(std::isfinite(out[i]));
+                CHECK(std::isfinite(dq[i]));
+                if (t == 2) {
+                    CHECK(out[i] == 0.0);
+                    CHECK(dq[i] == 0.0);
+                } else {
+                    CHECK(out[i] != 0.0);
+                }
+            }
+    for (const double x : k.grad().to_vector()) CHECK(std::isfinite(x));
+}
+
+TEST_CASE("attention dropout: the seed alone fixes the mask; another seed drops others", "[attention]") {
+    const Inputs in = random_inputs(2, 2, 9, 9, 4, 3);
+    const auto run = [&](std::uint64_t seed) {
+        return scaled_dot_product_attention(in.q, in.k, in.v, options_of(false, 0.5, seed));
+    };
+    CHECK(max_abs_diff(run(11), run(11)) == 0.0);
+    CHECK(max_abs_diff(run(11), run(12)) > 1e-3);
+    CHECK(max_abs_diff(run(11), scaled_dot_product_attention(in.q, in.k, in.v)) > 1e-3);
+}
+
+TEST_CASE("attention: a mask value other than 0 or 1 is a ValueError, not an inverted mask", "[attention]") {
+    const Inputs in = random_inputs(1, 1, 3, 4, 2, 9);
+    // A PyTorch additive mask (0 / -inf) read as a keep mask would silently invert it.
+    std::vector<double> additive(12, 0.0);
+    additive[1] = -std::numeric_limits<double>::infinity();
+    const Tensor mask = Tensor::from_vector(additive, {3, 4}, DType::f64);
+    REQUIRE_THROWS_MATCHES(scaled_dot_product_attention(in.q, in.k, in.v, mask), ValueError,
+                           MessageHas({"scaled_dot_product_attention", "mask", "0", "1"}));
+}
+
+TEST_CASE("attention's CPU results do not depend on the thread count", "[attention]") {
+    const Inputs in = random_inputs(4, 8, 33, 47, 16, 21, DType::f32);
+    const int saved = cpu_threads();
+    const auto run = [&](int threads) {
+        set_cpu_threads(threads);
+        ComputeGraph g;
+        Var q = g.input(in.q, "q", true), k = g.input(in.k, "k", true), v = g.input(in.v, "v", true);
+        Var y = scaled_dot_product_attention(q, k, v, options_of(true, 0.1, 4));
+        g.backward(sum(y));
+        return std::vector<Tensor>{y.value().clone(), q.grad().clone(), k.grad().clone(), v.grad().clone()};
+    };
+    const std::vector<Tensor> one = run(1), two = run(2);
+    set_cpu_threads(saved);
+    for (std::size_t i = 0; i < one.size(); ++i) CHECK(max_abs_diff(one[i], two[i]) == 0.0);
+}
+
+// ---- GPU ----
+
+namespace {
+
+bool have_gpu() { return cuda_compiled() && cuda::device_count() > 0; }
+
+OpAttrs attention_attrs(bool causal, double dropout_p = 0.0, std::uint64_t seed = 0) {
+    OpAttrs a;
+    a.is_causal = causal;
+    a.scalar = dropout_p;
+    a.seed = seed;
+    return a;
+}
+
+}  // namespace
+
+TEST_CASE("attention on the GPU matches the float64 CPU replay on large ragged cases", "[attention][gpu]") {
+    if (!have_gpu()) DG_SKIP("no CUDA device");
+    const OpDef* def = find_op("scaled_dot_product_attention");
+    REQUIRE(def != nullptr);
+    using D = InputDomain;
+    const std::vector<D> masked = {D::Any, D::Any, D::Any, D::Mask};
+    const std::vector<OpCase> cases = {
+        {"B2 H3 T77 S130 D64 causal", {{2, 3, 77, 64}, {2, 3, 130, 64}, {2, 3, 130, 64}}, attention_attrs(true), {}},
+        {"B2 H3 T77 S130 D64 mask (B,1,T,S)", {{2, 3, 77, 64}, {2, 3, 130, 64}, {2, 3, 130, 64}, {2, 1, 77, 130}},
+         attention_attrs(false), masked},
+        {"B2 H3 T130 S77 D64 causal, mask (T,S)", {{2, 3, 130, 64}, {2, 3, 77, 64}, {2, 3, 77, 64}, {130, 77}},
+         attention_attrs(true), masked},
+        {"B1 H2 T200 S65 D128", {{1, 2, 200, 128}, {1, 2, 65, 128}, {1, 2, 65, 128}}, attention_attrs(false), {}},
+        {"B1 H2 T129 S129 D96 causal", {{1, 2, 129, 96}, {1, 2, 129, 96}, {1, 2, 129, 96}}, attention_attrs(true), {}},
+        {"B3 H1 T100 S90 D32 dropout 0.2", {{3, 1, 100, 32}, {3, 1, 90, 32}, {3, 1, 90, 32}},
+         attention_attrs(false, 0.2, 77), {}},
+        {"B1 H1 T65 S65 D17 causal dropout 0.1", {{1, 1, 65, 17}, {1, 1, 65, 17}, {1, 1, 65, 17}},
+         attention_attrs(true, 0.1, 5), {}},
+    };
+    for (std::size_t index = 0; index < cases.size(); ++index) {
+        DYNAMIC_SECTION(cases[index].label) {
+            Generator gen(8'000'000 + index);
+            const CheckResult r = gpu_vs_cpu_check(*def, cases[index], gen, 1e-5);
+            INFO(r.case_label << ": max rel err " << r.max_rel_err << ", max abs err " << r.max_abs_err << ", "
+                              << r.detail);
+            CHECK(r.pass);
+        }
+    }
+}
+
+TEST_CASE("attention on the GPU: memory linear in T, deterministic gradients", "[attention][gpu]") {
+    if (!have_gpu()) DG_SKIP("no CUDA device");
+    const Device gpu = Device::cuda(0);
+    const std::int64_t T = 4096, D = 64;
+    Generator gen(31);
+    const Tensor q = Tensor::normal({1, 2, T, D}, 0.0, 1.0, gen, DType::f32, gpu);
+    const Tensor k = Tensor::normal({1, 2, T, D}, 0.0, 1.0, gen, DType::f32, gpu);
+    const Tensor v = Tensor::normal({1, 2, T, D}, 0.0, 1.0, gen, DType::f32, gpu);
+    const Tensor dy = Tensor::normal({1, 2, T, D}, 0.0, 1.0, gen, DType::f32, gpu);
+    const auto run = [&] {
+        ComputeGraph g;
+        Var qv = g.input(q, "q", true), kv = g.input(k, "k", true), vv = g.input(v, "v", true);
+        Var y = scaled_dot_product_attention(qv, kv, vv, options_of(true, 0.0, 0));
+        g.backward(y, dy);
+        return std::vector<Tensor>{qv.grad().clone(), kv.grad().clone(), vv.grad().clone()};
+    };
+    cuda::synchronize(0);
+    const std::size_t before = cuda::memory_stats(0).bytes_in_use;
+    cuda::reset_peak_memory(0);
+    const std::vector<Tensor> first = run();
+    cuda::synchronize(0);
+    // y, its gradient's three results, lse, delta and the clones: a few (T, D) tensors per head. One T×T matrix of
+    // one head alone would be 64 MiB.
+    const std::size_t per_tensor = static_cast<std::size_t>(2 * T * D) * sizeof(float);
+    CHECK(cuda::memory_stats(0).peak_bytes_in_use - before < 16 * per_tensor);
+    const std::vector<Tensor> second = run();
+    for (std::size_t i = 0; i < first.size(); ++i) CHECK(max_abs_diff(first[i], second[i]) == 0.0);
+}
+
+TEST_CASE("attention on the GPU: a mask value other than 0 or 1 is a ValueError at the next synchronisation",
+          "[attention][gpu]") {
+    if (!have_gpu()) DG_SKIP("no CUDA device");
+    const Device gpu = Device::cuda(0);
+    Generator gen(3);
+    const Tensor q = Tensor::normal({1, 1, 3, 8}, 0.0, 1.0, gen, DType::f32, gpu);
+    const Tensor mask = Tensor::from_vector(std::vector<double>{1, 0, 1, 0.5, 1, 1, 1, 1, 1}, {3, 3}, DType::f32, gpu);
+    const Tensor y = scaled_dot_product_attention(q, q, q, mask);
+    REQUIRE_THROWS_MATCHES(cuda::synchronize(0), ValueError,
+                           MessageHas({"scaled_dot_product_attention", "mask", "position 3", "neither 0 nor 1"}));
+    cuda::synchronize(0);  // the record was cleared: the device stays usable
+}
