@@ -44,3 +44,4 @@
 #include "dyngrad/nn/layers.h"
 #include "dyngrad/nn/optim.h"
 #include "dyngrad/nn/recurrent.h"
+#include "dyngrad/nn/transformer.h"

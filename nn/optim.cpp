@@ -508,6 +508,10 @@ double LRScheduler::lr_at(std::int64_t epoch, std::size_t group) const {
 
 void LRScheduler::step() {
     ++epoch_;
+    apply_lr();
+}
+
+void LRScheduler::apply_lr() {
     for (std::size_t g = 0; g < base_lrs_.size(); ++g) optimizer_.set_lr(g, lr_for(base_lrs_[g], epoch_));
 }
 
@@ -562,6 +566,22 @@ CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, std::int64_t t_max, d
 double CosineAnnealingLR::lr_for(double base_lr, std::int64_t epoch) const {
     const double phase = std::numbers::pi * static_cast<double>(epoch) / static_cast<double>(t_max_);
     return eta_min_ + (base_lr - eta_min_) * (1 + std::cos(phase)) / 2;
+}
+
+WarmupCosineLR::WarmupCosineLR(Optimizer& optimizer, std::int64_t warmup, std::int64_t total, double min_lr)
+    : LRScheduler(optimizer), warmup_(warmup), total_(total), min_lr_(min_lr) {
+    if (warmup < 0) throw ValueError(str("WarmupCosineLR: warmup must be >= 0, got ", warmup));
+    if (total <= warmup)
+        throw ValueError(str("WarmupCosineLR: total ", total, " must exceed warmup ", warmup));
+    check_non_negative("WarmupCosineLR", "min_lr", min_lr);
+    apply_lr();
+}
+
+double WarmupCosineLR::lr_for(double base_lr, std::int64_t epoch) const {
+    if (epoch < warmup_) return base_lr * static_cast<double>(epoch + 1) / static_cast<double>(warmup_ + 1);
+    if (epoch >= total_) return min_lr_;
+    const double progress = static_cast<double>(epoch - warmup_) / static_cast<double>(total_ - warmup_);
+    return min_lr_ + (base_lr - min_lr_) * (1 + std::cos(std::numbers::pi * progress)) / 2;
 }
 
 // ---- gradient clipping ----

@@ -219,6 +219,9 @@ public:
 protected:
     explicit LRScheduler(Optimizer& optimizer);
     virtual double lr_for(double base_lr, std::int64_t epoch) const = 0;
+    // Sets every group's lr to lr_for(base, epoch()): for a schedule whose epoch 0 is not the base lr (warm-up),
+    // called by its constructor.
+    void apply_lr();
 
 private:
     Optimizer& optimizer_;
@@ -252,6 +255,25 @@ protected:
 private:
     std::int64_t t_max_;
     double eta_min_;
+};
+
+// Linear warm-up, then cosine decay to min_lr (nanoGPT's get_lr; call step() once per optimizer step):
+//   epoch < warmup:          lr = base · (epoch + 1) / (warmup + 1)
+//   warmup <= epoch < total:  lr = min_lr + (base − min_lr) · (1 + cos(π · (epoch − warmup) / (total − warmup))) / 2
+//   epoch >= total:           lr = min_lr
+// The constructor sets epoch 0's lr. ValueError: warmup negative, total <= warmup, min_lr negative or NaN.
+class WarmupCosineLR : public LRScheduler {
+public:
+    WarmupCosineLR(Optimizer& optimizer, std::int64_t warmup, std::int64_t total, double min_lr = 0.0);
+    const char* name() const override { return "WarmupCosineLR"; }
+
+protected:
+    double lr_for(double base_lr, std::int64_t epoch) const override;
+
+private:
+    std::int64_t warmup_;
+    std::int64_t total_;
+    double min_lr_;
 };
 
 // ---- gradient clipping (call between backward and step) ----

@@ -4,7 +4,6 @@
 // Prints the mean loss every 25 steps; exits 1 unless the mean loss of the last 25 steps is below 80% of the
 // first 25's (the model must learn something of the text).
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -14,30 +13,16 @@
 #include <vector>
 
 #include "../cli/command_line.h"
+#include "byte_tokens.h"
 #include "dyngrad/dyngrad.h"
 
 using namespace dyngrad;
 
-// The text as indices into its sorted set of distinct bytes.
-struct Corpus {
-    std::vector<char> vocabulary;
-    std::vector<std::int64_t> tokens;
-
-    explicit Corpus(const std::string& path) {
-        std::ifstream in(path, std::ios::binary);
-        const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-        std::array<std::int64_t, 256> index{};
-        index.fill(-1);
-        for (const char c : text) index[static_cast<unsigned char>(c)] = 0;
-        for (int b = 0; b < 256; ++b)
-            if (index[b] == 0) {
-                index[b] = static_cast<std::int64_t>(vocabulary.size());
-                vocabulary.push_back(static_cast<char>(b));
-            }
-        tokens.reserve(text.size());
-        for (const char c : text) tokens.push_back(index[static_cast<unsigned char>(c)]);
-    }
-};
+// The whole file, read as bytes.
+std::string read_text(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
 
 struct CharModel : Module {
     Embedding embed;
@@ -82,7 +67,7 @@ int main(int argc, char** argv) {
         return 2;
     }
     try {
-        const Corpus corpus(text_path);
+        const ByteTokens corpus(read_text(text_path));
         constexpr std::int64_t kWindow = 32, kBatch = 16, kReport = 25;
         const auto length = static_cast<std::int64_t>(corpus.tokens.size());
         if (length <= kWindow + 1)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepares a fresh Debian/Ubuntu machine and builds dyngrad:
-#   1. installs the build dependencies and the Fashion-MNIST data set (dyngrad-train's default) that are
-#      missing, with apt-get (as root, or through sudo);
+#   1. installs the build dependencies, the Fashion-MNIST data set (dyngrad-train's default) and the fortunes
+#      text (char_gpt's default corpus) that are missing, with apt-get (as root, or through sudo);
 #   2. configures (Release) and builds into build/ (not with --deps-only).
 # The CUDA backend is compiled when nvcc and cuDNN are found; without them the build is CPU-only.
 # Environment (all optional):
@@ -16,9 +16,10 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
 # python3-venv and python3-dev: the Python package's stage (scripts/run-python-tests.sh);
-# libopenmpi-dev and openmpi-bin: the dist/ layer (MPI launch, NCCL-id exchange, CPU collectives).
+# libopenmpi-dev and openmpi-bin: the dist/ layer (MPI launch, NCCL-id exchange, CPU collectives);
+# fortunes: the text samples/char_gpt trains on.
 packages=(build-essential cmake libeigen3-dev catch2 zlib1g-dev pkg-config dataset-fashion-mnist python3-venv python3-dev
-          libopenmpi-dev openmpi-bin)
+          libopenmpi-dev openmpi-bin fortunes)
 read -r -a extra_packages <<<"${DYNGRAD_EXTRA_PACKAGES:-}"
 packages+=("${extra_packages[@]}")
 dg_install_packages "${packages[@]}"

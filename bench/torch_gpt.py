@@ -1,0 +1,278 @@
+#!/usr/bin/env python3
+"""The PyTorch twin of samples/char_gpt.cpp: the same character-level GPT, corpus, batches, schedule and CSV.
+
+Same model definition and parameter names (nn/transformer.h), so one safetensors file loads into both; the same
+corpus rule (the regular files of --data in byte order of their names, *.dat and *.u8 skipped, 90/10 split,
+sorted distinct bytes as the vocabulary), the same validation windows, AdamW (betas 0.9, 0.99, weight decay
+on weights and embeddings only) with the same warm-up + cosine lr and the same gradient clipping. float32
+with TF32 off (dyngrad's float32 is strict float32).
+
+    # the initial weights (nanoGPT's init) and the batch order both programs train from:
+    python3 bench/torch_gpt.py --data DIR --prepare OUT_DIR --steps 300 --batch 64 --context 256 ...
+    # a run, eager or compiled, writing char_gpt's CSV (step,train_loss,val_loss,lr,tokens_per_second):
+    python3 bench/torch_gpt.py --data DIR --init-weights OUT_DIR/init.safetensors \\
+        --batch-order OUT_DIR/batch_order.txt --steps 300 --csv torch.csv [--compile] --device cuda
+
+scripts/run-gpt-compare.sh runs both programs and compares them.
+"""
+import argparse
+import math
+import os
+import random
+import sys
+import time
+
+# The safetensors format in plain Python (the GPU machine's PyTorch may come without the safetensors package).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_reference import read_safetensors, write_safetensors  # noqa: E402
+
+
+def read_corpus(directory):
+    """(vocabulary bytes, train tokens, validation tokens, file count), as samples/char_gpt.cpp's Corpus."""
+    import torch
+
+    root = os.fsencode(directory)
+    names = []
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name)
+        if os.path.islink(path) or not os.path.isfile(path) or name.endswith((b".dat", b".u8")):
+            continue
+        names.append(path)
+    text = b"".join(open(path, "rb").read() for path in names)
+    vocabulary = sorted(set(text))
+    lookup = torch.full((256,), -1, dtype=torch.long)
+    for i, byte in enumerate(vocabulary):
+        lookup[byte] = i
+    tokens = lookup[torch.frombuffer(bytearray(text), dtype=torch.uint8).long()]
+    split = len(text) * 9 // 10
+    return bytes(vocabulary), tokens[:split], tokens[split:], len(names)
+
+
+def build_model(vocab_size, args):
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+
+    class MultiheadAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(args.width, 3 * args.width)
+            self.proj = nn.Linear(args.width, args.width)
+            self.residual_dropout = nn.Dropout(args.dropout)
+
+        def forward(self, x):
+            B, T, E = x.shape
+            H = args.heads
+            q, k, v = self.qkv(x).view(B, T, 3, H, E // H).permute(2, 0, 3, 1, 4)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                               dropout_p=args.dropout if self.training else 0.0)
+            return self.residual_dropout(self.proj(y.transpose(1, 2).reshape(B, T, E)))
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(args.width, 4 * args.width)
+            self.proj = nn.Linear(4 * args.width, args.width)
+            self.residual_dropout = nn.Dropout(args.dropout)
+
+        def forward(self, x):
+            return self.residual_dropout(self.proj(F.gelu(self.fc(x))))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1 = nn.LayerNorm(args.width)
+            self.attn = MultiheadAttention()
+            self.ln2 = nn.LayerNorm(args.width)
+            self.mlp = MLP()
+
+        def forward(self, x):
+            x = x + self.attn(self.ln1(x))
+            return x + self.mlp(self.ln2(x))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.token_embedding = nn.Embedding(vocab_size, args.width)
+            self.position_embedding = nn.Embedding(args.context, args.width)
+            self.blocks = nn.ModuleList(Block() for _ in range(args.layers))
+            self.ln_f = nn.LayerNorm(args.width)
+            self.lm_head = nn.Linear(args.width, vocab_size, bias=False)
+            self.embedding_dropout = nn.Dropout(args.dropout)
+            # nanoGPT's initialisation (nn/transformer.h): normal(0, 0.02), zero biases, residual projections
+            # normal(0, 0.02/sqrt(2·layers)).
+            for name, p in self.named_parameters():
+                if name.endswith("proj.weight"):
+                    nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * args.layers))
+                elif name.endswith(".bias") and "ln" not in name:
+                    nn.init.zeros_(p)
+                elif name.endswith(".weight") and "ln" not in name:
+                    nn.init.normal_(p, 0.0, 0.02)
+
+        def forward(self, tokens):
+            T = tokens.shape[1]
+            x = self.token_embedding(tokens) + self.position_embedding.weight[:T]
+            x = self.embedding_dropout(x)
+            for block in self.blocks:
+                x = block(x)
+            return self.lm_head(self.ln_f(x))
+
+    return GPT()
+
+
+def lr_at(step, args):
+    """samples/char_gpt.cpp's WarmupCosineLR (nn/optim.h) at epoch `step`."""
+    if step < args.warmup:
+        return args.lr * (step + 1) / (args.warmup + 1)
+    if step >= args.steps:
+        return args.min_lr
+    progress = (step - args.warmup) / (args.steps - args.warmup)
+    return args.min_lr + (args.lr - args.min_lr) * (1 + math.cos(math.pi * progress)) / 2
+
+
+def batch(tokens, offsets, context, device):
+    import torch
+
+    windows = torch.stack([tokens[o:o + context + 1] for o in offsets])
+    return windows[:, :-1].to(device), windows[:, 1:].reshape(-1).to(device)
+
+
+def validation_loss(model, tokens, args, device):
+    import torch
+    import torch.nn.functional as F
+
+    windows = args.eval_batches * args.batch
+    last = len(tokens) - args.context - 1
+    model.eval()
+    total = 0.0
+    with torch.no_grad():
+        for b in range(args.eval_batches):
+            offsets = [0 if windows == 1 else k * last // (windows - 1)
+                       for k in range(b * args.batch, (b + 1) * args.batch)]
+            x, y = batch(tokens, offsets, args.context, device)
+            logits = model(x)
+            total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y).item()
+    model.train()
+    return total / args.eval_batches
+
+
+def prepare(args, vocabulary, train):
+    import torch
+
+    os.makedirs(args.prepare, exist_ok=True)
+    torch.manual_seed(args.seed)
+    model = build_model(len(vocabulary), args)
+    write_safetensors(os.path.join(args.prepare, "init.safetensors"), dict(model.state_dict()))
+    rng = random.Random(args.seed)
+    last = len(train) - args.context - 1
+    with open(os.path.join(args.prepare, "batch_order.txt"), "w") as out:
+        for _ in range(args.steps):
+            out.write(" ".join(str(rng.randint(0, last)) for _ in range(args.batch)) + "\n")
+    print(f"torch_gpt.py: wrote {args.prepare}/init.safetensors ({sum(p.numel() for p in model.parameters())} "
+          f"parameters) and {args.prepare}/batch_order.txt ({args.steps} batches of {args.batch})")
+
+
+def train(args, vocabulary, train_tokens, validation_tokens):
+    import torch
+    import torch.nn.functional as F
+
+    device = torch.device(args.device)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(args.seed)
+    model = build_model(len(vocabulary), args)
+    if args.init_weights:
+        state = {}
+        for name, (dtype, shape, raw) in read_safetensors(args.init_weights).items():
+            if dtype != "F32":
+                sys.exit(f"torch_gpt.py: {args.init_weights}: {name} is {dtype}, expected F32")
+            state[name] = torch.frombuffer(bytearray(raw), dtype=torch.float32).reshape(shape)
+        model.load_state_dict(state, strict=True)
+    model.to(device)
+    decayed = [p for p in model.parameters() if p.dim() >= 2]
+    not_decayed = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decayed, "weight_decay": args.weight_decay},
+                                   {"params": not_decayed, "weight_decay": 0.0}],
+                                  lr=args.lr, betas=(0.9, 0.99), eps=1e-8)
+    forward = torch.compile(model) if args.compile else model
+    order = None
+    if args.batch_order:
+        order = [[int(v) for v in line.split()] for line in open(args.batch_order) if line.strip()]
+    rng = random.Random(args.seed)
+    last = len(train_tokens) - args.context - 1
+
+    csv = open(args.csv, "w") if args.csv else None
+    if csv:
+        csv.write("step,train_loss,val_loss,lr,tokens_per_second\n")
+    mode = "torch.compile" if args.compile else "eager"
+    print(f"torch_gpt.py ({mode}, torch {torch.__version__}, {device}): {len(vocabulary)} distinct bytes, "
+          f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters", flush=True)
+    model.train()
+    for step in range(args.steps):
+        started = time.perf_counter()
+        lr = lr_at(step, args)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        offsets = order[step] if order else [rng.randint(0, last) for _ in range(args.batch)]
+        x, y = batch(train_tokens, offsets, args.context, device)
+        logits = forward(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if args.clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        optimizer.step()
+        value = loss.item()  # waits for the step, as char_gpt's loss.item()
+        seconds = time.perf_counter() - started
+        done = step + 1
+        val = ""
+        if done % args.eval_every == 0 or done == args.steps:
+            val = f"{validation_loss(forward, validation_tokens, args, device):.6f}"
+            print(f"step {done}: train loss {value:.4f}, validation loss {val}", flush=True)
+        if csv:
+            csv.write(f"{done},{value:.6f},{val},{lr:.8g},{args.batch * args.context / seconds:.1f}\n")
+            csv.flush()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="/usr/share/games/fortunes")
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--heads", type=int, default=6)
+    parser.add_argument("--width", type=int, default=384)
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=5000)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--min-lr", type=float, default=1e-4)
+    parser.add_argument("--weight-decay", type=float, default=0.1)
+    parser.add_argument("--clip", type=float, default=1.0)
+    parser.add_argument("--dropout", type=float, default=0.2)
+    parser.add_argument("--eval-every", type=int, default=250)
+    parser.add_argument("--eval-batches", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--csv", help="write the curve here (char_gpt's columns)")
+    parser.add_argument("--init-weights", help="initial parameters (safetensors)")
+    parser.add_argument("--batch-order", help="line k: step k's window offsets")
+    parser.add_argument("--compile", action="store_true", help="train through torch.compile")
+    parser.add_argument("--prepare", metavar="DIR", help="write DIR/init.safetensors and DIR/batch_order.txt, then stop")
+    args = parser.parse_args()
+    if args.width % args.heads:
+        parser.error(f"--width {args.width} is not divisible by --heads {args.heads}")
+    if not 0 <= args.warmup < args.steps:
+        parser.error(f"--warmup {args.warmup} must be in [0, --steps {args.steps})")
+
+    vocabulary, train_tokens, validation_tokens, files = read_corpus(args.data)
+    for split in (train_tokens, validation_tokens):
+        if len(split) < args.context + 2:
+            sys.exit(f"torch_gpt.py: '{args.data}' ({files} files) is too short for --context {args.context}")
+    if args.prepare:
+        prepare(args, vocabulary, train_tokens)
+    else:
+        train(args, vocabulary, train_tokens, validation_tokens)
+
+
+if __name__ == "__main__":
+    main()
