@@ -40,7 +40,9 @@ namespace dyngrad::cuda {
 // at the next point where the host waits for the stream (device-to-host copy, synchronize()).
 // index_out_of_range (indexing ops, ops/indexing.cu) names its op through `what`: the address of a host
 // string literal that the launching code passes to the kernel, which only copies the pointer.
-enum class DeviceErrorCode : int { none = 0, label_out_of_range = 1, index_out_of_range = 2 };
+// loss_scale_collapsed (GradScaler's update, nn/optim.cu): index = consecutive skipped steps, value = the
+// float bits of the scale.
+enum class DeviceErrorCode : int { none = 0, label_out_of_range = 1, index_out_of_range = 2, loss_scale_collapsed = 3 };
 struct DeviceErrorRecord {
     int code;                // DeviceErrorCode
     long long index;         // e.g. the row of the bad label
