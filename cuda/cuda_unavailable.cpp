@@ -43,7 +43,7 @@ void StreamEvent::wait() { unavailable("cuda::StreamEvent::wait"); }
 struct CapturedStep::Impl {
     StepFn step;
 };
-CapturedStep::CapturedStep(StepFn step) : impl_(std::make_unique<Impl>(Impl{std::move(step)})) {}
+CapturedStep::CapturedStep(StepFn step, CaptureOptions) : impl_(std::make_unique<Impl>(Impl{std::move(step)})) {}
 CapturedStep::~CapturedStep() = default;
 Tensor CapturedStep::run(std::span<const Tensor>) { unavailable("cuda::CapturedStep::run"); }
 std::size_t CapturedStep::variants() const { return 0; }

@@ -269,6 +269,8 @@ void Optimizer::pull_device_scalars() const {
 
 bool Optimizer::gate_skips(const Gate* gate, const Device& device) {
     if (gate == nullptr) return false;
+    if (!gate->found_inf.defined() || !gate->inv_scale.defined())
+        throw ValueError("optimizer: a gated step needs both its inv_scale and found_inf tensors");
     if (gate->found_inf.device() != device || gate->inv_scale.device() != device)
         throw DeviceError(str("optimizer: a gated step's flags are on ", gate->found_inf.device().to_string(),
                               " and its parameters on ", device.to_string()));
