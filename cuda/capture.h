@@ -59,7 +59,7 @@ namespace dyngrad::cuda {
 // copies: a debugging aid.
 struct CaptureOptions {
     std::size_t guard_replays = 0;
-    std::function<std::vector<std::pair<std::string, Tensor>>()> guard_state;
+    std::function<std::vector<std::pair<std::string, Tensor>>()> guard_state = nullptr;
 };
 
 class CapturedStep {
