@@ -121,7 +121,7 @@ struct CapturedStep::Impl {
 
 Tensor CapturedStep::Impl::guarded_replay(Variant& v, std::span<const Tensor> inputs) {
     const std::size_t replay = ++v.guarded;
-    const NamedTensors state = options.guard_state();
+    NamedTensors state = options.guard_state();
     std::vector<Tensor> before;
     for (const auto& [name, t] : state) before.push_back(t.clone());
     v.graph.launch();
