@@ -29,8 +29,8 @@ static_assert(sizeof(StepChunk) % sizeof(std::int64_t) == 0, "the table is store
 using std::sqrt;
 
 // After a block's update: the last block of a parameter to finish advances its step count. Every block
-// of that parameter read the count before it arrived, so the increment never races a read; arrivals
-// go back to 0 for the next launch.
+// of that parameter read the count (before its first __syncthreads) before it arrived, so the increment
+// never races a read; arrivals go back to 0 for the next launch.
 __device__ void count_update(const StepChunk& c, const StepState& s) {
     __syncthreads();  // every thread of this block has read the count
     if (threadIdx.x != 0) return;
@@ -79,8 +79,13 @@ template <typename T>
 __global__ void adam_kernel(const StepChunk* __restrict__ chunks, StepState s) {
     if (s.found_inf != nullptr && *s.found_inf != 0) return;  // GradScaler: the step is skipped
     const StepChunk& c = chunks[blockIdx.x];
-    const AdamScalars k = adam_scalars(s.lrs[c.group], c.scalars[0], c.scalars[1], c.scalars[2], c.scalars[3],
-                                       c.scalars[4] != 0, s.steps[c.parameter] + 1);
+    // One thread derives the step's scalars (two double pows) from the device lr and step count.
+    __shared__ AdamScalars shared;
+    if (threadIdx.x == 0)
+        shared = adam_scalars(s.lrs[c.group], c.scalars[0], c.scalars[1], c.scalars[2], c.scalars[3],
+                              c.scalars[4] != 0, s.steps[c.parameter] + 1);
+    __syncthreads();
+    const AdamScalars k = shared;
     const T beta1 = static_cast<T>(k.beta1), one_minus_beta1 = static_cast<T>(k.one_minus_beta1),
             beta2 = static_cast<T>(k.beta2), one_minus_beta2 = static_cast<T>(k.one_minus_beta2),
             eps = static_cast<T>(k.eps), l2 = static_cast<T>(k.l2), decay = static_cast<T>(k.decay),

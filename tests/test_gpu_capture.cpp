@@ -217,9 +217,10 @@ TEST_CASE("dropout on the GPU draws the masks of the CPU from the device-residen
     Var second = layer(xv);
     CHECK(first.value().to_vector() == dropout(x, 0.3, true, math::dropout_draw_seed(9, 1)).to_vector());
     CHECK(second.value().to_vector() == dropout(x, 0.3, true, math::dropout_draw_seed(9, 2)).to_vector());
-    graph.backward(sum(first * second), BackwardOptions{.retain_grads = true});
+    const Var loss = sum(first * second);
+    graph.backward(loss, BackwardOptions{.retain_grads = true});
     // The CPU replay reads each node's seed input back: the same masks, values and gradients.
-    const VerifyReport report = verify(graph, sum(first * second));
+    const VerifyReport report = verify(graph, loss);
     INFO(report.summary() << "\n" << report.table());
     CHECK(report.pass);
     CHECK(layer.seeds().draws() == 2);
