@@ -40,6 +40,7 @@
 #include "dyngrad/ops/reduce.h"
 #include "dyngrad/ops/rnn.h"
 // nn: modules, layers, optimizers, data loading
+#include "dyngrad/nn/amp.h"
 #include "dyngrad/nn/dataset.h"
 #include "dyngrad/nn/layers.h"
 #include "dyngrad/nn/optim.h"

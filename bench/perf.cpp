@@ -9,6 +9,11 @@
 //                                       float32, then TF32 GEMMs (cuda::set_allow_tf32)
 //   matmul_relu                         x (100,100) @ w (100,50), ReLU, sum, backward: dx, dw (no optimizer)
 //   mul64m                              y = a·b of two 64M-element float32 vectors, backward from a given dy
+//   lenet5_b64_full, mlp784_b64_full    (only with --only; no PyTorch counterpart) lenet5_b64 / mlp784_b64 with
+//                                       everything a real training step has (issue 15): dropout 0.1 on the
+//                                       logits, clip_grad_norm(1.0), AdamW (lr 1e-3, wd 0.01), WarmupCosineLR
+//                                       stepped per step; its captured row against the captured SGD row of the
+//                                       same model is the issue's "at least as fast" target.
 // A training step is forward, cross-entropy, backward, SGD update (lr 0.01, no momentum) on random inputs
 // and labels resident on the GPU. Modes:
 //   eager     the graph is recorded anew every step (the dynamic case);
@@ -30,6 +35,7 @@
 // Host overhead: see host_overhead() below.
 //
 // Usage: dyngrad-perf [--json FILE] [--only NAME[,NAME...]] [--quick] [--list]
+//   e.g. dyngrad-perf --only lenet5_b64,lenet5_b64_full,mlp784_b64,mlp784_b64_full
 // Exit status: 0 all measured, 1 a workload failed (its row carries the error), 2 usage or setup error,
 // 77 no CUDA device.
 #include <dyngrad/dyngrad.h>
@@ -196,6 +202,7 @@ struct Workload {
     std::function<Prepared()> prepare;
     bool tf32 = false;
     double bytes_per_step = 0;  // > 0: report bandwidth over these minimum bytes
+    bool opt_in = false;        // run only when named by --only
 };
 
 const Device kGpu = Device::cuda(0);
@@ -226,6 +233,27 @@ Prepared training(Sequential model, const Shape& input_shape, std::int64_t class
         return w;
     };
     return {{x, y}, step, work};
+}
+
+// training() with everything a real step has: dropout on the logits, clipping, AdamW, a per-step schedule.
+Prepared full_training(Sequential body, const Shape& input_shape, std::int64_t classes) {
+    Sequential model;
+    model.add(body).add(Dropout(0.1, 1));
+    model.to(kGpu);
+    auto optimizer = std::make_shared<AdamW>(model.parameters(), AdamOptions{.lr = 1e-3, .weight_decay = 0.01});
+    auto schedule = std::make_shared<WarmupCosineLR>(*optimizer, 100, 100'000, 1e-5);
+    Prepared p = training(model, input_shape, classes);  // the inputs; its SGD step is replaced
+    p.step = [model, optimizer, schedule](std::span<const Tensor> in) {
+        ComputeGraph graph;
+        const Var loss = cross_entropy(model(graph.input(in[0], "x")), graph.input(in[1], "labels"));
+        graph.backward(loss, {.free_values = true});
+        clip_grad_norm(optimizer->parameters(), 1.0);
+        optimizer->step();
+        schedule->step();
+        optimizer->zero_grad();
+        return loss.value();
+    };
+    return p;
 }
 
 Prepared matmul_relu() {
@@ -281,6 +309,18 @@ std::vector<Workload> workloads() {
             return training(models::make_mlp(widths, gen), {batch, widths.front()}, widths.back());
         };
     };
+    auto full = [](const char* name, std::int64_t batch) {
+        return [name, batch] {
+            Generator gen(0);
+            return full_training(models::make_model(name, 28, 28, gen), {batch, 1, 28, 28}, kMnistClasses);
+        };
+    };
+    auto full_mlp = [](std::vector<std::int64_t> widths, std::int64_t batch) {
+        return [widths, batch] {
+            Generator gen(0);
+            return full_training(models::make_mlp(widths, gen), {batch, widths.front()}, widths.back());
+        };
+    };
     const std::vector<std::int64_t> wide = {4096, 4096, 4096, 4096, 4096};
     // fwd reads a, b, writes y; bwd reads dy, a, b, writes da, db: 8 vectors of 4 bytes.
     const double mul_bytes = 8.0 * 4.0 * static_cast<double>(kMulElements);
@@ -293,6 +333,10 @@ std::vector<Workload> workloads() {
         {"mlp4096_tf32", "MLP 4096x4 layers, batch 4096, TF32 GEMMs, SGD step", mlp(wide, 4096), true},
         {"matmul_relu", "x 100x100 @ w 100x50, ReLU, sum, backward (dx, dw)", matmul_relu},
         {"mul64m", "a*b of 64M floats, forward + backward", mul64m, false, mul_bytes},
+        {"lenet5_b64_full", "lenet5, batch 64, dropout + clip + AdamW + warm-up/cosine", full("lenet5", 64), false, 0,
+         true},
+        {"mlp784_b64_full", "MLP 784-256-256-10, batch 64, dropout + clip + AdamW + warm-up/cosine",
+         full_mlp({784, 256, 256, 10}, 64), false, 0, true},
     };
 }
 
@@ -655,7 +699,7 @@ int main(int argc, char** argv) {
         std::vector<Row> rows;
         bool failed = false;
         for (const Workload& w : all) {
-            if (!wanted(w.name)) continue;
+            if (!wanted(w.name) || (only.empty() && w.opt_in)) continue;
             for (const bool captured : {false, true}) {
                 Row row = measure(w, captured, settings, copy_gbs);
                 if (!row.error.empty()) {

@@ -2,6 +2,7 @@
 // The allocator side of capture (private pools, deferred frees, sync checks) is in cuda/capture_pool.cu.
 #include "dyngrad/cuda/capture.h"
 
+#include <cstring>
 #include <map>
 #include <optional>
 #include <utility>
@@ -73,6 +74,7 @@ struct Variant {
     std::vector<Tensor> inputs;            // static input buffers the graph reads
     Tensor output;                         // the step's result, rewritten by each replay
     GraphExec graph;
+    std::size_t guarded = 0;               // replays checked by the guard so far
 };
 
 // Counts a captured graph's nodes by kind (once per capture, off the replay path).
@@ -96,16 +98,69 @@ CapturedStep::GraphCounts count_nodes(cudaGraph_t graph) {
     return counts;
 }
 
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+// The first element where a and b differ bit for bit, or -1 (both on the CPU, same dtype and shape).
+std::int64_t first_difference(const Tensor& a, const Tensor& b) {
+    const std::size_t width = dtype_size(a.dtype());
+    const auto* x = static_cast<const unsigned char*>(a.raw_data());
+    const auto* y = static_cast<const unsigned char*>(b.raw_data());
+    for (std::int64_t i = 0; i < a.numel(); ++i)
+        if (std::memcmp(x + i * width, y + i * width, width) != 0) return i;
+    return -1;
+}
+
+// GraphError naming `name` when the replayed and the eager tensor differ.
+void compare(const std::string& name, const Tensor& replayed, const Tensor& eager, std::size_t replay) {
+    const auto fail = [&](const std::string& how) {
+        throw GraphError(str("CapturedStep guard: replay ", replay, " of the captured step differs from the same step "
+                             "run eagerly at '", name, "': ", how, ". The step is not capturable: a host-side branch "
+                             "or counter, or a host value frozen into the graph (docs/training.md, \"Captured "
+                             "training steps\")"));
+    };
+    if (replayed.shape() != eager.shape() || replayed.dtype() != eager.dtype())
+        fail(str("replayed ", describe(replayed), ", eager ", describe(eager)));
+    const Tensor a = replayed.to(Device::cpu()), b = eager.to(Device::cpu());
+    const std::int64_t at = first_difference(a, b);
+    if (at < 0) return;
+    fail(str("element ", at, " is ", a.reshaped({a.numel()}).to_vector()[static_cast<std::size_t>(at)], " replayed and ",
+             b.reshaped({b.numel()}).to_vector()[static_cast<std::size_t>(at)], " eager"));
+}
+
 }  // namespace
 
 struct CapturedStep::Impl {
     StepFn step;
+    CaptureOptions options;
     std::map<InputKey, Variant> variants;  // a key without a graph has had its eager warm-up only
     GraphCounts last_counts;                // of the graph captured last
 
     // Copies `inputs` into a new variant's static buffers, captures the step on them and launches it once.
     Tensor capture(Variant& v, std::span<const Tensor> inputs);
+    // A replay checked against the eager step (CaptureOptions::guard_replays).
+    Tensor guarded_replay(Variant& v, std::span<const Tensor> inputs);
 };
+
+Tensor CapturedStep::Impl::guarded_replay(Variant& v, std::span<const Tensor> inputs) {
+    const std::size_t replay = ++v.guarded;
+    NamedTensors state = options.guard_state();
+    std::vector<Tensor> before;
+    for (const auto& [name, t] : state) before.push_back(t.clone());
+    v.graph.launch();
+    std::vector<Tensor> replayed;
+    for (const auto& [name, t] : state) replayed.push_back(t.clone());
+    const Tensor replayed_output = v.output.clone();
+    for (std::size_t i = 0; i < state.size(); ++i) state[i].second.copy_from(before[i]);
+    const Tensor eager_output = step(inputs);
+    // Asked again: the eager step may have replaced a tensor (the names must stay the same).
+    const NamedTensors after = options.guard_state();
+    if (after.size() != state.size())
+        throw GraphError(str("CapturedStep guard: guard_state named ", state.size(), " tensors before the eager step and ",
+                             after.size(), " after it"));
+    for (std::size_t i = 0; i < state.size(); ++i) compare(state[i].first, replayed[i], after[i].second, replay);
+    compare("the step's output", replayed_output, eager_output, replay);
+    return v.output;
+}
 
 Tensor CapturedStep::Impl::capture(Variant& v, std::span<const Tensor> inputs) {
     const int device = inputs.front().device().index;
@@ -144,9 +199,13 @@ Tensor CapturedStep::Impl::capture(Variant& v, std::span<const Tensor> inputs) {
     return v.output;
 }
 
-CapturedStep::CapturedStep(StepFn step) : impl_(std::make_unique<Impl>()) {
+CapturedStep::CapturedStep(StepFn step, CaptureOptions options) : impl_(std::make_unique<Impl>()) {
     if (!step) throw ValueError("CapturedStep: the step function is empty");
+    if (options.guard_replays > 0 && !options.guard_state)
+        throw ValueError(str("CapturedStep: guard_replays = ", options.guard_replays,
+                             " needs guard_state, the tensors the step changes"));
     impl_->step = std::move(step);
+    impl_->options = std::move(options);
 }
 
 CapturedStep::~CapturedStep() = default;
@@ -173,6 +232,7 @@ Tensor CapturedStep::run(std::span<const Tensor> inputs) {
     for (std::size_t i = 0; i < inputs.size(); ++i)
         if (!v.inputs[i].shares_storage_with(inputs[i])) v.inputs[i].copy_from(inputs[i]);
     context(key.device);  // makes the device current for the launch
+    if (v.guarded < impl_->options.guard_replays) return impl_->guarded_replay(v, inputs);
     v.graph.launch();
     return v.output;
 }

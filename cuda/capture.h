@@ -16,13 +16,20 @@
 // state reach their steady shapes), the second captures it, later runs replay it. run() copies the inputs
 // into the variant's static input buffers first, so callers may pass any tensors of the key's shapes.
 //
+// What is capturable (docs/training.md, "Captured training steps"): the training state that changes from
+// step to step lives in device memory and is advanced there by the captured kernels, so every replay does
+// what the same step run eagerly does: SGD/Adam/AdamW (step counts and bias corrections), set_lr() and the
+// built-in schedules (the epoch and the lr formula run on the device), Dropout (its seed counter advances on
+// the device: fresh masks on every replay, those of the eager run), clip_grad_norm, and GradScaler (inf
+// check, skipped steps and scale updates on the device).
 // What a captured step must respect (run() throws GraphError when it can tell, e.g. a host
-// synchronisation such as item(), a host-to-device copy, an Adam step or a cuDNN algorithm search inside
-// the step; the capture is then ended and the device stays usable): the host code of the step runs only
-// while capturing, so it must not branch on values computed on the GPU, and host values it passes to
-// kernels (the learning rate, dropout seeds) are frozen into the graph: random ops replay the masks of the
-// captured step. The step should end with optimizer.zero_grad(), so that every replay starts from the
-// same state. No other host thread may queue work on the device while a step is being captured.
+// synchronisation such as item() or lr(), a host-to-device copy, the first GPU step of an optimizer, a
+// schedule without a device rule or a cuDNN algorithm search inside the step; the capture is then ended and
+// the device stays usable): the host code of the step runs only while capturing, so it must not branch on
+// values computed on the GPU nor on host counters, and other host values it passes to kernels are frozen
+// into the graph (set_lr(x) replays x). Opt-in check: CaptureOptions::guard_replays. The step should end
+// with optimizer.zero_grad(), so that every replay starts from the same state. No other host thread may
+// queue work on the device while a step is being captured.
 // Memory the step allocates while being captured comes from a pool private to its variant and keeps
 // its addresses across replays (cuda::memory_stats().capture_reserved_bytes); the returned tensor is
 // overwritten by the next run() of that variant and stays valid after the CapturedStep is destroyed.
@@ -33,16 +40,34 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "dyngrad/core/tensor.h"
 
 namespace dyngrad::cuda {
 
+// The capture guard: the first `guard_replays` replays of each variant also run the step eagerly from the
+// same state and compare, bit for bit, every tensor `guard_state` names and the step's output. The first that
+// differs is named in a GraphError ("... differs at 'fc.weight' ..."): the step is not capturable (a host
+// branch or a host counter, a host value frozen into the graph). Per guarded replay: the state is copied
+// aside, the graph replays, its results are copied, the state is restored and the step runs eagerly; so
+// `guard_state` must name EVERY tensor the step changes, or the eager run starts from the replay's state:
+// the parameters, the optimizer's state tensors and device_scalars(), a schedule's device_scalars(), a
+// GradScaler's state_tensors(), each Dropout's seeds().counter() (nn/). Costs a host synchronisation and
+// copies: a debugging aid.
+struct CaptureOptions {
+    std::size_t guard_replays = 0;
+    std::function<std::vector<std::pair<std::string, Tensor>>()> guard_state = nullptr;
+};
+
 class CapturedStep {
 public:
     using StepFn = std::function<Tensor(std::span<const Tensor> inputs)>;
 
-    explicit CapturedStep(StepFn step);
+    // ValueError: an empty step, or guard_replays without guard_state.
+    explicit CapturedStep(StepFn step, CaptureOptions options = {});
     ~CapturedStep();
     CapturedStep(const CapturedStep&) = delete;
     CapturedStep& operator=(const CapturedStep&) = delete;

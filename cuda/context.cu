@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <cstdint>
 #include <cstdlib>
 #include <link.h>
@@ -340,6 +341,11 @@ void raise_device_error(DeviceContext& ctx) {
     if (code == static_cast<int>(DeviceErrorCode::value_not_binary))
         throw ValueError(str(what ? what : "an op", ": the value at flat position ", index,
                              " is neither 0 nor 1 (reported by a GPU kernel)"));
+    if (code == static_cast<int>(DeviceErrorCode::loss_scale_collapsed))
+        throw NumericalError(str("GradScaler: the loss scale collapsed to ",
+                                 std::bit_cast<float>(static_cast<std::int32_t>(value)), " after ", index,
+                                 " consecutive skipped steps (non-finite gradients at every scale): the training "
+                                 "diverged (reported by a GPU kernel)"));
     throw CudaError(str("cuda:", ctx.device, ": a kernel reported unknown error code ", code));
 }
 

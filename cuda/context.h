@@ -41,7 +41,10 @@ namespace dyngrad::cuda {
 // index_out_of_range (indexing ops, ops/indexing.cu) names its op through `what`: the address of a host
 // string literal that the launching code passes to the kernel, which only copies the pointer.
 // value_not_binary (a 0/1 mask holding another value: scaled_dot_product_attention) names its op the same way.
-enum class DeviceErrorCode : int { none = 0, label_out_of_range = 1, index_out_of_range = 2, value_not_binary = 3 };
+// loss_scale_collapsed (GradScaler's update, nn/optim.cu): index = consecutive skipped steps, value = the
+// float bits of the scale.
+enum class DeviceErrorCode : int {
+    none = 0, label_out_of_range = 1, index_out_of_range = 2, value_not_binary = 3, loss_scale_collapsed = 4 };
 struct DeviceErrorRecord {
     int code;                // DeviceErrorCode
     long long index;         // e.g. the row of the bad label

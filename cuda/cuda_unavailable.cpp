@@ -43,7 +43,12 @@ void StreamEvent::wait() { unavailable("cuda::StreamEvent::wait"); }
 struct CapturedStep::Impl {
     StepFn step;
 };
-CapturedStep::CapturedStep(StepFn step) : impl_(std::make_unique<Impl>(Impl{std::move(step)})) {}
+CapturedStep::CapturedStep(StepFn step, CaptureOptions options) : impl_(std::make_unique<Impl>(Impl{std::move(step)})) {
+    // The option checks of cuda/capture.cu, so that bad options fail alike in every build.
+    if (options.guard_replays > 0 && !options.guard_state)
+        throw ValueError(str("CapturedStep: guard_replays = ", options.guard_replays,
+                             " needs guard_state, the tensors the step changes"));
+}
 CapturedStep::~CapturedStep() = default;
 Tensor CapturedStep::run(std::span<const Tensor>) { unavailable("cuda::CapturedStep::run"); }
 std::size_t CapturedStep::variants() const { return 0; }

@@ -7,7 +7,6 @@
 
 #include "dyngrad/core/checked.h"
 #include "dyngrad/core/safetensors.h"
-#include "dyngrad/ops/dropout_mask.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/indexing.h"
 #include "dyngrad/ops/layout.h"
@@ -310,15 +309,15 @@ Var GELU::operator()(const Var& x, std::source_location where) const { return ge
 
 Var SiLU::operator()(const Var& x, std::source_location where) const { return silu(x, where); }
 
-Dropout::Dropout(double p, std::uint64_t seed) : p(p), seed_(seed), calls_(std::make_shared<std::uint64_t>(0)) {
+Dropout::Dropout(double p, std::uint64_t seed) : p(p), seeds_(std::make_shared<DropoutSeeds>(seed)) {
     if (!(p >= 0 && p < 1)) throw ValueError(str("Dropout: p must be in [0, 1), got ", p));
 }
 
 Var Dropout::operator()(const Var& x, std::source_location where) const {
     if (!is_training()) return dropout(x, p, false, 0, where);
-    // The n-th output of a SplitMix64 stream seeded with seed_: distinct calls get unrelated masks.
-    const std::uint64_t call = ++*calls_;
-    return dropout(x, p, true, math::splitmix64_mix(seed_ + call * math::kSplitMixGamma), where);
+    // The seed is drawn where x lives and handed to the op as a tensor: on a GPU neither the counter nor the
+    // seed passes through the host, so a replay of a captured step draws the next masks.
+    return dropout(x, p, true, x.graph().constant(seeds_->next(x.device()), where), where);
 }
 
 Embedding::Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim, Generator& gen,

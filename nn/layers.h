@@ -30,6 +30,7 @@
 #include "dyngrad/core/safetensors.h"
 #include "dyngrad/graph/graph.h"
 #include "dyngrad/ops/conv.h"
+#include "dyngrad/ops/norm.h"
 
 namespace dyngrad {
 
@@ -205,18 +206,20 @@ public:
 };
 
 // Dropout with drop probability p in training mode, the identity in eval mode. Each call in training
-// mode draws a fresh mask seed from (seed, number of earlier calls), so runs repeat exactly; copies
-// share the call counter.
+// mode draws a fresh mask seed from (seed, number of earlier calls) through DropoutSeeds (ops/norm.h),
+// whose counter lives on x's device: runs repeat exactly, and a captured step draws fresh masks on every
+// replay (the masks the same eager calls draw). Copies share the call counter.
 class Dropout : public Module {
 public:
     Dropout(double p, std::uint64_t seed);
     Var operator()(const Var& x, std::source_location where = std::source_location::current()) const;
+    // The seed stream (its counter() belongs to a captured step's guard state).
+    DropoutSeeds& seeds() const { return *seeds_; }
 
     double p;
 
 private:
-    std::uint64_t seed_;
-    std::shared_ptr<std::uint64_t> calls_;
+    std::shared_ptr<DropoutSeeds> seeds_;
 };
 
 // indices (any shape, int64 in [0, num_embeddings)) -> (indices..., embedding_dim): rows of `weight`

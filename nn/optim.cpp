@@ -10,17 +10,59 @@
 #include <cmath>
 #include <cstring>
 #include <map>
-#include <numbers>
 #include <set>
 
+#include "dyngrad/core/device_memory.h"
+#include "dyngrad/nn/amp.h"
 #include "dyngrad/nn/optim_kernels.h"
 
 namespace dyngrad {
 
 struct Optimizer::DeviceTables {
 #if DYNGRAD_WITH_CUDA
-    std::map<int, cuda::StepTable> by_device;
-    cuda::StepTable& on(int device) { return by_device.try_emplace(device, device).first->second; }
+    // What the fused steps of one device read: the chunk table and the device-resident scalars.
+    struct OnDevice {
+        explicit OnDevice(int device) : table(device) {}
+        cuda::StepTable table;
+        Tensor lrs;       // f64 (groups)
+        Tensor steps;     // i64 (parameters): updates so far
+        Tensor arrivals;  // i64 (parameters): the kernels' per-launch chunk counters, zero between launches
+        cuda::StepState state(const Gate* gate) const {
+            cuda::StepState s;
+            s.lrs = lrs.data<double>();
+            s.steps = reinterpret_cast<long long*>(steps.data<std::int64_t>());
+            s.arrivals = reinterpret_cast<unsigned long long*>(arrivals.data<std::int64_t>());
+            if (gate != nullptr) {
+                s.inv_scale = gate->inv_scale.data<float>();
+                s.found_inf = gate->found_inf.data<float>();
+            }
+            return s;
+        }
+    };
+    std::map<int, OnDevice> by_device;
+
+    // Device `device`'s scalars, made from the host's values at the first GPU step there (host-to-device
+    // copies, so that first step cannot be captured).
+    OnDevice& on(int device, const std::vector<Group>& groups, const std::vector<std::int64_t>& steps,
+                 const char* optimizer) {
+        const auto found = by_device.find(device);
+        if (found != by_device.end()) return found->second;
+        cuda::refuse_in_capture(device, str(optimizer, "::step()").c_str(),
+                                "its first step on a device creates the device-resident lrs and step counts "
+                                "(host-to-device copies); run one step eagerly before capturing (CapturedStep's "
+                                "warm-up run does)");
+        std::vector<double> lrs;
+        for (const Group& group : groups) lrs.push_back(group.settings.lr);
+        const Device where = Device::cuda(device);
+        Tensor lr_values = Tensor::from_vector(lrs, {static_cast<std::int64_t>(lrs.size())}, DType::f64).to(where);
+        Tensor step_values = Tensor::from_vector(steps, {static_cast<std::int64_t>(steps.size())}).to(where);
+        Tensor arrivals = Tensor::zeros({static_cast<std::int64_t>(steps.size())}, DType::i64, where);
+        auto& on = by_device.try_emplace(device, device).first->second;
+        on.lrs = std::move(lr_values);
+        on.steps = std::move(step_values);
+        on.arrivals = std::move(arrivals);
+        return on;
+    }
 #endif
 };
 
@@ -72,9 +114,11 @@ Tensor& state_for(Tensor& state, const Parameter& p) {
 
 // param, grad, buffer (n): the formulas of SgdScalars. `buffer` is undefined without momentum.
 template <typename T>
-void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& buffer, const SgdScalars& h) {
+void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& buffer, const SgdScalars& h,
+                double inv_scale) {
     auto p = map<T>(param);
     Array1<T> g = map_const<T>(grad);
+    if (inv_scale != 1) g *= static_cast<T>(inv_scale);
     if (h.weight_decay != 0) g += static_cast<T>(h.weight_decay) * p;
     if (buffer.defined()) {
         auto b = map<T>(buffer);
@@ -89,26 +133,19 @@ void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& buffer, c
 // param, grad, m, v (n); the formulas of AdamScalars.
 template <typename T>
 void adam_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                 const AdamScalars& s) {
+                 const AdamScalars& s, double inv_scale) {
     auto p = map<T>(param);
     auto m = map<T>(exp_avg);
     auto v = map<T>(exp_avg_sq);
     if (s.decay != 1) p *= static_cast<T>(s.decay);
     Array1<T> g = map_const<T>(grad);
+    if (inv_scale != 1) g *= static_cast<T>(inv_scale);
     if (s.l2 != 0) g += static_cast<T>(s.l2) * p;
     m = static_cast<T>(s.beta1) * m + static_cast<T>(s.one_minus_beta1) * g;
     v = static_cast<T>(s.beta2) * v + static_cast<T>(s.one_minus_beta2) * g.square();
     p -= static_cast<T>(s.step_size) * m / (v.sqrt() / static_cast<T>(s.bias2_sqrt) + static_cast<T>(s.eps));
 }
 
-#if DYNGRAD_WITH_CUDA
-template <typename Scalars>
-std::array<double, kStepScalars> as_array(const Scalars& s) {
-    std::array<double, kStepScalars> out{};
-    std::memcpy(out.data(), &s, sizeof(Scalars));
-    return out;
-}
-#endif
 
 // ---- checkpoint entries ----
 
@@ -214,7 +251,54 @@ void Optimizer::check_groups() const {
 const GroupSettings& Optimizer::settings(std::size_t group) const {
     if (group >= groups_.size())
         throw IndexError(str(name(), ": parameter group ", group, " does not exist (", groups_.size(), " groups)"));
+    pull_device_scalars();
     return groups_[group].settings;
+}
+
+void Optimizer::pull_device_scalars() const {
+#if DYNGRAD_WITH_CUDA
+    for (const auto& [device, on] : tables_->by_device) {
+        const std::vector<double> lrs = on.lrs.to_vector();  // a host read: GraphError inside a capture
+        for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].settings.lr = lrs[g];
+        const Tensor steps = on.steps.to(Device::cpu());
+        for (std::size_t i = 0; i < parameters_.size(); ++i)
+            if (parameters_[i].value().device() == Device::cuda(device)) steps_[i] = steps.data<std::int64_t>()[i];
+    }
+#endif
+}
+
+bool Optimizer::gate_skips(const Gate* gate, const Device& device) {
+    if (gate == nullptr) return false;
+    if (!gate->found_inf.defined() || !gate->inv_scale.defined())
+        throw ValueError("optimizer: a gated step needs both its inv_scale and found_inf tensors");
+    if (gate->found_inf.device() != device || gate->inv_scale.device() != device)
+        throw DeviceError(str("optimizer: a gated step's flags are on ", gate->found_inf.device().to_string(),
+                              " and its parameters on ", device.to_string()));
+    return device.is_cpu() && gate->found_inf.data<float>()[0] != 0;
+}
+
+double Optimizer::gate_inv_scale(const Gate* gate) {
+    return gate == nullptr ? 1.0 : static_cast<double>(gate->inv_scale.data<float>()[0]);
+}
+
+std::vector<std::pair<std::string, Tensor>> Optimizer::device_scalars() const {
+    std::vector<std::pair<std::string, Tensor>> out;
+#if DYNGRAD_WITH_CUDA
+    for (const auto& [device, on] : tables_->by_device) {
+        out.emplace_back(str("lr.cuda", device), on.lrs);
+        out.emplace_back(str("steps.cuda", device), on.steps);
+    }
+#endif
+    return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> Optimizer::state_tensors(std::size_t parameter) const {
+    const std::array<Tensor, 2>& state = state_at(state_, parameter, name());
+    const std::vector<const char*> names = state_names(groups_[group_of_[parameter]].settings);
+    std::vector<std::pair<std::string, Tensor>> out;
+    for (std::size_t k = 0; k < names.size(); ++k)
+        if (state[k].defined()) out.emplace_back(names[k], state[k]);
+    return out;
 }
 
 std::span<const Parameter> Optimizer::group_parameters(std::size_t group) const {
@@ -244,16 +328,27 @@ void Optimizer::zero_grad() {
 
 void Optimizer::set_lr(double lr) {
     check_non_negative(name(), "lr", lr);
-    for (Group& group : groups_) group.settings.lr = lr;
+    for (std::size_t g = 0; g < groups_.size(); ++g) set_lr(g, lr);
 }
 
 void Optimizer::set_lr(std::size_t group, double lr) {
-    settings(group);
+    if (group >= groups_.size())
+        throw IndexError(str(name(), ": parameter group ", group, " does not exist (", groups_.size(), " groups)"));
+    set_host_lr(group, lr);
+#if DYNGRAD_WITH_CUDA
+    // A fill kernel with the value as its argument: stream-ordered and capturable.
+    for (auto& [device, on] : tables_->by_device)
+        device_memory::fill(on.lrs.data<double>() + group, 1, lr, DType::f64, device);
+#endif
+}
+
+void Optimizer::set_host_lr(std::size_t group, double lr) {
     check_non_negative(group_name(group), "lr", lr);
     groups_[group].settings.lr = lr;
 }
 
 void Optimizer::save_state(TensorMap& tensors, SafetensorsMetadata& metadata) const {
+    pull_device_scalars();
     const auto groups = static_cast<std::int64_t>(groups_.size());
     std::vector<std::int64_t> sizes;
     std::vector<double> rows;
@@ -334,6 +429,15 @@ std::function<void()> Optimizer::stage_state(const TensorMap& tensors, const Saf
         groups_ = std::move(new_groups);
         steps_ = std::move(new_steps);
         state_ = std::move(new_state);
+#if DYNGRAD_WITH_CUDA
+        // The device scalars keep their addresses (a captured step reads them) and take the loaded values.
+        std::vector<double> lrs;
+        for (const Group& group : groups_) lrs.push_back(group.settings.lr);
+        for (auto& [device, on] : tables_->by_device) {
+            on.lrs.copy_from(Tensor::from_vector(lrs, {static_cast<std::int64_t>(lrs.size())}, DType::f64));
+            on.steps.copy_from(Tensor::from_vector(steps_, {static_cast<std::int64_t>(steps_.size())}));
+        }
+#endif
     };
 }
 
@@ -385,17 +489,23 @@ SgdOptions SGD::options(std::size_t group) const {
     return {.lr = s.lr, .momentum = s.momentum, .nesterov = s.nesterov, .weight_decay = s.weight_decay};
 }
 
-void SGD::step() {
+void SGD::update(const Gate* gate) {
     // Everything that can throw happens before the first update: an error leaves every parameter as it was.
     const std::vector<std::size_t> ready = with_grad();
     for (const std::size_t i : ready)
         if (groups_[group_of_[i]].settings.momentum != 0) state_for(state_[i][0], parameters_[i]);
+    bool skip = false;
+    for (const std::size_t i : ready) skip = gate_skips(gate, parameters_[i].value().device()) || skip;
+    if (skip) return;  // a CPU step the scaler skips (on a GPU the kernel reads the flag)
+    const double inv_scale = gate_inv_scale(gate);
 #if DYNGRAD_WITH_CUDA
+    // The device scalars start from the host's counts, before this step advances them.
+    for (const std::size_t i : ready)
+        if (const Device d = parameters_[i].value().device(); d.is_cuda()) tables_->on(d.index, groups_, steps_, name());
     std::map<int, std::vector<cuda::StepOperands>> on_gpu;
 #endif
     for (const std::size_t i : ready) {
         const GroupSettings& s = groups_[group_of_[i]].settings;
-        const SgdScalars scalars{s.lr, s.momentum, s.weight_decay, s.nesterov ? 1.0 : 0.0};
         const Tensor& value = parameters_[i].value();
         const Tensor& grad = parameters_[i].grad();
         const Tensor buffer = s.momentum != 0 ? state_[i][0] : Tensor();
@@ -404,21 +514,32 @@ void SGD::step() {
         // backward still needs the old value now refuses to run (Tensor::bump_version).
         value.bump_version();
         if (value.device().is_cpu()) {
-            dispatch_floating(value.dtype(), "SGD", [&]<typename T>() { sgd_update<T>(value, grad, buffer, scalars); });
+            const SgdScalars scalars{s.lr, s.momentum, s.weight_decay, s.nesterov ? 1.0 : 0.0};
+            dispatch_floating(value.dtype(), "SGD",
+                              [&]<typename T>() { sgd_update<T>(value, grad, buffer, scalars, inv_scale); });
             continue;
         }
 #if DYNGRAD_WITH_CUDA
         on_gpu[value.device().index].push_back({value.dtype(), value.raw_data(), grad.raw_data(),
                                                 buffer.defined() ? buffer.raw_data() : nullptr, nullptr,
-                                                value.numel(), as_array(scalars)});
+                                                value.numel(), {s.momentum, s.weight_decay, s.nesterov ? 1.0 : 0.0},
+                                                static_cast<std::int32_t>(group_of_[i]),
+                                                static_cast<std::int32_t>(i)});
 #endif
     }
 #if DYNGRAD_WITH_CUDA
-    for (const auto& [device, tensors] : on_gpu) cuda::sgd_step(tables_->on(device), tensors);
+    for (const auto& [device, tensors] : on_gpu) {
+        auto& on = tables_->on(device, groups_, steps_, name());
+        cuda::sgd_step(on.table, tensors, on.state(gate));
+    }
 #endif
 }
 
-std::int64_t Optimizer::step_count(std::size_t parameter) const { return state_at(steps_, parameter, name()); }
+std::int64_t Optimizer::step_count(std::size_t parameter) const {
+    state_at(steps_, parameter, name());  // the index check
+    pull_device_scalars();
+    return steps_[parameter];
+}
 
 const Tensor& SGD::momentum_buffer(std::size_t i) const { return state_at(state_, i, "SGD")[0]; }
 
@@ -450,35 +571,49 @@ AdamOptions Adam::options(std::size_t group) const {
     return {.lr = s.lr, .beta1 = s.beta1, .beta2 = s.beta2, .eps = s.eps, .weight_decay = s.weight_decay};
 }
 
-void Adam::step() {
+void Adam::update(const Gate* gate) {
     const std::vector<std::size_t> ready = with_grad();
     for (const std::size_t i : ready) {
         state_for(state_[i][0], parameters_[i]);
         state_for(state_[i][1], parameters_[i]);
     }
+    bool skip = false;
+    for (const std::size_t i : ready) skip = gate_skips(gate, parameters_[i].value().device()) || skip;
+    if (skip) return;  // a CPU step the scaler skips (on a GPU the kernel reads the flag)
+    const double inv_scale = gate_inv_scale(gate);
 #if DYNGRAD_WITH_CUDA
+    // The device scalars start from the host's counts, before this step advances them.
+    for (const std::size_t i : ready)
+        if (const Device d = parameters_[i].value().device(); d.is_cuda()) tables_->on(d.index, groups_, steps_, name());
     std::map<int, std::vector<cuda::StepOperands>> on_gpu;
 #endif
     for (const std::size_t i : ready) {
         const GroupSettings& s = groups_[group_of_[i]].settings;
         const Tensor& value = parameters_[i].value();
         const Tensor& grad = parameters_[i].grad();
-        const AdamScalars scalars = adam_scalars(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, decoupled_, ++steps_[i]);
+        ++steps_[i];
         value.bump_version();
         if (value.device().is_cpu()) {
+            const AdamScalars scalars = adam_scalars(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, decoupled_, steps_[i]);
             dispatch_floating(value.dtype(), name(), [&]<typename T>() {
-                adam_update<T>(value, grad, state_[i][0], state_[i][1], scalars);
+                adam_update<T>(value, grad, state_[i][0], state_[i][1], scalars, inv_scale);
             });
             continue;
         }
 #if DYNGRAD_WITH_CUDA
+        // The lr and the step count (hence the bias corrections) are read on the device (nn/optim.cu).
         on_gpu[value.device().index].push_back({value.dtype(), value.raw_data(), grad.raw_data(),
                                                 state_[i][0].raw_data(), state_[i][1].raw_data(), value.numel(),
-                                                as_array(scalars)});
+                                                {s.beta1, s.beta2, s.eps, s.weight_decay, decoupled_ ? 1.0 : 0.0},
+                                                static_cast<std::int32_t>(group_of_[i]),
+                                                static_cast<std::int32_t>(i)});
 #endif
     }
 #if DYNGRAD_WITH_CUDA
-    for (const auto& [device, tensors] : on_gpu) cuda::adam_step(tables_->on(device), tensors, decoupled_);
+    for (const auto& [device, tensors] : on_gpu) {
+        auto& on = tables_->on(device, groups_, steps_, name());
+        cuda::adam_step(on.table, tensors, on.state(gate));
+    }
 #endif
 }
 
@@ -494,8 +629,52 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamOptions& defaults) : Adam
 
 // ---- schedules ----
 
-LRScheduler::LRScheduler(Optimizer& optimizer) : optimizer_(optimizer) {
+// A schedule's epoch counter and base lrs on each device where its optimizer keeps device scalars.
+struct LRScheduler::DeviceEpochs {
+#if DYNGRAD_WITH_CUDA
+    struct OnDevice {
+        Tensor epoch;     // i64 (1)
+        Tensor base_lrs;  // f64 (groups)
+    };
+    std::map<int, OnDevice> by_device;
+
+    // Made from the host's values at the schedule's first step on `device` (host-to-device copies).
+    OnDevice& on(int device, std::int64_t epoch, const std::vector<double>& base_lrs, const char* schedule) {
+        const auto found = by_device.find(device);
+        if (found != by_device.end()) return found->second;
+        cuda::refuse_in_capture(device, str(schedule, "::step()").c_str(),
+                                "its first step after the optimizer's first GPU step creates its device epoch "
+                                "(a host-to-device copy); run one step eagerly before capturing");
+        const Device where = Device::cuda(device);
+        OnDevice fresh{Tensor::from_vector(std::vector<std::int64_t>{epoch}, {1}).to(where),
+                       Tensor::from_vector(base_lrs, {static_cast<std::int64_t>(base_lrs.size())}, DType::f64).to(where)};
+        return by_device.emplace(device, std::move(fresh)).first->second;
+    }
+#endif
+};
+
+LRScheduler::LRScheduler(Optimizer& optimizer) : optimizer_(optimizer), devices_(std::make_shared<DeviceEpochs>()) {
     for (std::size_t g = 0; g < optimizer.group_count(); ++g) base_lrs_.push_back(optimizer.lr(g));
+}
+
+std::int64_t LRScheduler::epoch() const {
+#if DYNGRAD_WITH_CUDA
+    if (!devices_->by_device.empty())
+        epoch_ = devices_->by_device.begin()->second.epoch.to(Device::cpu()).data<std::int64_t>()[0];
+#endif
+    return epoch_;
+}
+
+std::vector<std::pair<std::string, Tensor>> LRScheduler::device_scalars() const {
+    std::vector<std::pair<std::string, Tensor>> out;
+#if DYNGRAD_WITH_CUDA
+    for (const auto& [device, on] : devices_->by_device) out.emplace_back(str("epoch.cuda", device), on.epoch);
+#endif
+    return out;
+}
+
+void LRScheduler::apply_current_epoch() {
+    for (std::size_t g = 0; g < base_lrs_.size(); ++g) optimizer_.set_lr(g, lr_for(base_lrs_[g], epoch_));
 }
 
 LRScheduler::~LRScheduler() = default;
@@ -507,18 +686,33 @@ double LRScheduler::lr_at(std::int64_t epoch, std::size_t group) const {
 }
 
 void LRScheduler::step() {
+    // The host mirror (the truth for CPU parameters; on a GPU the device epoch is, as replays advance it).
     ++epoch_;
-    apply_lr();
-}
-
-void LRScheduler::apply_lr() {
-    for (std::size_t g = 0; g < base_lrs_.size(); ++g) optimizer_.set_lr(g, lr_for(base_lrs_[g], epoch_));
+    for (std::size_t g = 0; g < base_lrs_.size(); ++g) optimizer_.set_host_lr(g, lr_for(base_lrs_[g], epoch_));
+#if DYNGRAD_WITH_CUDA
+    const std::optional<ScheduleRule> rule = device_rule();
+    const auto groups = static_cast<std::int64_t>(base_lrs_.size());
+    for (auto& [device, scalars] : optimizer_.tables_->by_device) {
+        if (!rule) {
+            cuda::refuse_in_capture(device, str(name(), "::step()").c_str(),
+                                    "this schedule has no device rule (device_rule()): its lr is computed on the host, "
+                                    "and a replay would repeat the captured value");
+            for (std::int64_t g = 0; g < groups; ++g)
+                device_memory::fill(scalars.lrs.data<double>() + g, 1, optimizer_.groups_[g].settings.lr, DType::f64,
+                                    device);
+            continue;
+        }
+        auto& on = devices_->on(device, epoch_ - 1, base_lrs_, name());
+        cuda::schedule_step(device, *rule, on.base_lrs.data<double>(), groups,
+                            reinterpret_cast<long long*>(on.epoch.data<std::int64_t>()), scalars.lrs.data<double>());
+    }
+#endif
 }
 
 void LRScheduler::save_state(TensorMap& tensors, SafetensorsMetadata& metadata) const {
     const std::string prefix = kSchedulePrefix;
     metadata[kScheduleType] = name();
-    tensors[prefix + "epoch"] = Tensor::from_vector(std::vector<std::int64_t>{epoch_}, {1});
+    tensors[prefix + "epoch"] = Tensor::from_vector(std::vector<std::int64_t>{epoch()}, {1});
     tensors[prefix + "base_lrs"] =
         Tensor::from_vector(base_lrs_, {static_cast<std::int64_t>(base_lrs_.size())}, DType::f64);
 }
@@ -539,6 +733,13 @@ std::function<void()> LRScheduler::stage_state(const TensorMap& tensors, const S
     return [this, epoch, new_bases = std::move(new_bases)]() mutable {
         epoch_ = epoch;
         base_lrs_ = std::move(new_bases);
+#if DYNGRAD_WITH_CUDA
+        for (auto& [device, on] : devices_->by_device) {  // in place: captured steps read these addresses
+            on.epoch.copy_from(Tensor::from_vector(std::vector<std::int64_t>{epoch_}, {1}));
+            on.base_lrs.copy_from(
+                Tensor::from_vector(base_lrs_, {static_cast<std::int64_t>(base_lrs_.size())}, DType::f64));
+        }
+#endif
     };
 }
 
@@ -553,8 +754,10 @@ StepLR::StepLR(Optimizer& optimizer, std::int64_t step_size, double gamma)
     check_non_negative("StepLR", "gamma", gamma);
 }
 
-double StepLR::lr_for(double base_lr, std::int64_t epoch) const {
-    return base_lr * std::pow(gamma_, static_cast<double>(epoch / step_size_));
+double StepLR::lr_for(double base_lr, std::int64_t epoch) const { return schedule_lr(*device_rule(), base_lr, epoch); }
+
+std::optional<ScheduleRule> StepLR::device_rule() const {
+    return ScheduleRule{.kind = ScheduleKind::Step, .n1 = step_size_, .x = gamma_};
 }
 
 CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, std::int64_t t_max, double eta_min)
@@ -564,32 +767,36 @@ CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, std::int64_t t_max, d
 }
 
 double CosineAnnealingLR::lr_for(double base_lr, std::int64_t epoch) const {
-    const double phase = std::numbers::pi * static_cast<double>(epoch) / static_cast<double>(t_max_);
-    return eta_min_ + (base_lr - eta_min_) * (1 + std::cos(phase)) / 2;
+    return schedule_lr(*device_rule(), base_lr, epoch);
 }
 
-WarmupCosineLR::WarmupCosineLR(Optimizer& optimizer, std::int64_t warmup, std::int64_t total, double min_lr)
-    : LRScheduler(optimizer), warmup_(warmup), total_(total), min_lr_(min_lr) {
-    if (warmup < 0) throw ValueError(str("WarmupCosineLR: warmup must be >= 0, got ", warmup));
-    if (total <= warmup)
-        throw ValueError(str("WarmupCosineLR: total ", total, " must exceed warmup ", warmup));
+std::optional<ScheduleRule> CosineAnnealingLR::device_rule() const {
+    return ScheduleRule{.kind = ScheduleKind::Cosine, .n1 = t_max_, .x = eta_min_};
+}
+
+WarmupCosineLR::WarmupCosineLR(Optimizer& optimizer, std::int64_t warmup_steps, std::int64_t total_steps,
+                               double min_lr)
+    : LRScheduler(optimizer),
+      rule_{.kind = ScheduleKind::WarmupCosine, .n1 = warmup_steps, .n2 = total_steps, .x = min_lr} {
+    if (warmup_steps < 0)
+        throw ValueError(str("WarmupCosineLR: warmup_steps must be non-negative, got ", warmup_steps));
+    if (total_steps <= warmup_steps)
+        throw ValueError(str("WarmupCosineLR: total_steps (", total_steps, ") must be above warmup_steps (",
+                             warmup_steps, ")"));
     check_non_negative("WarmupCosineLR", "min_lr", min_lr);
-    apply_lr();
+    apply_current_epoch();
 }
 
-double WarmupCosineLR::lr_for(double base_lr, std::int64_t epoch) const {
-    if (epoch < warmup_) return base_lr * static_cast<double>(epoch + 1) / static_cast<double>(warmup_ + 1);
-    if (epoch >= total_) return min_lr_;
-    const double progress = static_cast<double>(epoch - warmup_) / static_cast<double>(total_ - warmup_);
-    return min_lr_ + (base_lr - min_lr_) * (1 + std::cos(std::numbers::pi * progress)) / 2;
-}
+double WarmupCosineLR::lr_for(double base_lr, std::int64_t epoch) const { return schedule_lr(rule_, base_lr, epoch); }
+
+std::optional<ScheduleRule> WarmupCosineLR::device_rule() const { return rule_; }
 
 // ---- gradient clipping ----
 
-namespace {
-// The gradients clipping acts on: trainable parameters that have one, made exclusive (a gradient may share
-// storage with a graph's values or another gradient) so that scaling it in place touches nothing else.
-std::vector<Tensor*> clip_targets(const std::vector<Parameter>& parameters, const char* what) {
+// The gradients clipping and loss scaling act on: trainable parameters that have one, made exclusive (a
+// gradient may share storage with a graph's values or another gradient) so that scaling it in place touches
+// nothing else.
+std::vector<Tensor*> gradient_targets(const std::vector<Parameter>& parameters, const char* what) {
     std::vector<Tensor*> grads;
     for (std::size_t i = 0; i < parameters.size(); ++i) {
         const Parameter& p = parameters[i];
@@ -609,21 +816,12 @@ std::vector<Tensor*> clip_targets(const std::vector<Parameter>& parameters, cons
     return grads;
 }
 
-#if DYNGRAD_WITH_CUDA
-std::vector<cuda::GradOperand> operands(const std::vector<Tensor*>& grads) {
-    std::vector<cuda::GradOperand> out;
-    for (Tensor* grad : grads) out.push_back({grad->dtype(), grad->raw_data(), grad->numel()});
-    return out;
-}
-#endif
-}  // namespace
-
 Tensor clip_grad_norm(const std::vector<Parameter>& parameters, double max_norm, double norm_type, double eps) {
     if (!(max_norm >= 0)) throw ValueError(str("clip_grad_norm: max_norm must be non-negative, got ", max_norm));
     if (!(norm_type > 0)) throw ValueError(str("clip_grad_norm: norm_type must be positive, got ", norm_type));
     if (!(eps >= 0) || !std::isfinite(eps))
         throw ValueError(str("clip_grad_norm: eps must be finite and non-negative, got ", eps));
-    const std::vector<Tensor*> grads = clip_targets(parameters, "clip_grad_norm");
+    const std::vector<Tensor*> grads = gradient_targets(parameters, "clip_grad_norm");
     if (grads.empty()) return Tensor::zeros({});
     const bool any_f64 = std::any_of(grads.begin(), grads.end(), [](const Tensor* g) { return g->dtype() == DType::f64; });
     const DType norm_dtype = any_f64 ? DType::f64 : DType::f32;
@@ -631,7 +829,7 @@ Tensor clip_grad_norm(const std::vector<Parameter>& parameters, double max_norm,
 #if DYNGRAD_WITH_CUDA
     if (device.is_cuda()) {
         Tensor norm = Tensor::empty({}, norm_dtype, device);
-        cuda::clip_norm(device.index, operands(grads), max_norm, norm_type, eps, norm);
+        cuda::clip_norm(device.index, cuda::grad_operands(grads), max_norm, norm_type, eps, norm);
         return norm;
     }
 #endif
@@ -661,12 +859,12 @@ Tensor clip_grad_norm(const std::vector<Parameter>& parameters, double max_norm,
 
 void clip_grad_value(const std::vector<Parameter>& parameters, double clip_value) {
     if (!(clip_value >= 0)) throw ValueError(str("clip_grad_value: clip_value must be non-negative, got ", clip_value));
-    const std::vector<Tensor*> grads = clip_targets(parameters, "clip_grad_value");
+    const std::vector<Tensor*> grads = gradient_targets(parameters, "clip_grad_value");
     if (grads.empty()) return;
     for (Tensor* grad : grads) grad->bump_version();
 #if DYNGRAD_WITH_CUDA
     if (grads.front()->device().is_cuda()) {
-        cuda::clip_value(grads.front()->device().index, operands(grads), clip_value);
+        cuda::clip_value(grads.front()->device().index, cuda::grad_operands(grads), clip_value);
         return;
     }
 #endif
@@ -680,7 +878,7 @@ void clip_grad_value(const std::vector<Parameter>& parameters, double clip_value
 // ---- checkpoints ----
 
 void save_checkpoint(const std::filesystem::path& path, const Module& model, const Optimizer& optimizer,
-                     const LRScheduler* schedule) {
+                     const LRScheduler* schedule, const GradScaler* scaler) {
     if (schedule != nullptr && &schedule->optimizer() != &optimizer)
         throw ValueError(str("save_checkpoint: the ", schedule->name(), " schedule drives another optimizer than the ",
                              optimizer.name(), " given"));
@@ -688,10 +886,12 @@ void save_checkpoint(const std::filesystem::path& path, const Module& model, con
     SafetensorsMetadata metadata;
     optimizer.save_state(tensors, metadata);
     if (schedule != nullptr) schedule->save_state(tensors, metadata);
+    if (scaler != nullptr) scaler->save_state(tensors, metadata);
     save_safetensors(path, tensors, metadata);
 }
 
-void load_checkpoint(const std::filesystem::path& path, Module& model, Optimizer& optimizer, LRScheduler* schedule) {
+void load_checkpoint(const std::filesystem::path& path, Module& model, Optimizer& optimizer, LRScheduler* schedule,
+                     GradScaler* scaler) {
     if (schedule != nullptr && &schedule->optimizer() != &optimizer)
         throw ValueError(str("load_checkpoint: the ", schedule->name(), " schedule drives another optimizer than the ",
                              optimizer.name(), " given"));
@@ -702,9 +902,12 @@ void load_checkpoint(const std::filesystem::path& path, Module& model, Optimizer
     const std::function<void()> apply_optimizer = optimizer.stage_state(tensors, metadata, source);
     const std::function<void()> apply_schedule =
         schedule != nullptr ? schedule->stage_state(tensors, metadata, source) : std::function<void()>([] {});
+    const std::function<void()> apply_scaler =
+        scaler != nullptr ? scaler->stage_state(tensors, metadata, source) : std::function<void()>([] {});
     load_parameters(model, tensors, source);
     apply_optimizer();
     apply_schedule();
+    apply_scaler();
 }
 
 }  // namespace dyngrad

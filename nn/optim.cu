@@ -34,13 +34,36 @@ static_assert(sizeof(StepChunk) % sizeof(std::int64_t) == 0, "the table is store
 
 using std::sqrt;
 
-// chunks[blockIdx.x]: param, grad, momentum buffer (null without momentum), all (n); scalars: SgdScalars.
+// After a block's update: the last block of a parameter (all its chunks' slices) to finish advances its step count. Every block
+// of that parameter read the count (before its first __syncthreads) before it arrived, so the increment
+// never races a read; arrivals go back to 0 for the next launch.
+__device__ void count_update(const StepChunk& c, const StepState& s) {
+    __syncthreads();  // every thread of this block has read the count
+    if (threadIdx.x != 0) return;
+    // Every chunk of the parameter has gridDim.y blocks (its slices), each of which arrives.
+    const auto blocks = static_cast<unsigned long long>(c.chunks) * gridDim.y;
+    if (blocks == 1) {
+        s.steps[c.parameter] += 1;
+        return;
+    }
+    __threadfence();
+    if (atomicAdd(&s.arrivals[c.parameter], 1ull) + 1 == blocks) {
+        s.steps[c.parameter] += 1;
+        s.arrivals[c.parameter] = 0;
+    }
+}
+
+// chunks[blockIdx.x]: param, grad, momentum buffer (null without momentum), all (n); scalars: momentum,
+// weight_decay, nesterov; the lr from the device (group's slot).
 template <typename T>
-__global__ void sgd_kernel(const StepChunk* __restrict__ chunks) {
+__global__ void sgd_kernel(const StepChunk* __restrict__ chunks, StepState s) {
+    if (s.found_inf != nullptr && *s.found_inf != 0) return;  // GradScaler: the step is skipped
     const StepChunk& c = chunks[blockIdx.x];
-    const T lr = static_cast<T>(c.scalars[0]), momentum = static_cast<T>(c.scalars[1]),
-            weight_decay = static_cast<T>(c.scalars[2]);
-    const bool nesterov = c.scalars[3] != 0;
+    const T lr = static_cast<T>(s.lrs[c.group]), momentum = static_cast<T>(c.scalars[0]),
+            weight_decay = static_cast<T>(c.scalars[1]);
+    const bool nesterov = c.scalars[2] != 0;
+    const bool unscale = s.inv_scale != nullptr;
+    const T inv_scale = unscale ? static_cast<T>(*s.inv_scale) : T(1);
     T* __restrict__ p = static_cast<T*>(c.param);
     const T* __restrict__ g = static_cast<const T*>(c.grad);
     T* __restrict__ buffer = static_cast<T*>(c.state1);
@@ -48,7 +71,7 @@ __global__ void sgd_kernel(const StepChunk* __restrict__ chunks) {
 #pragma unroll 4
     for (std::int64_t i = blockIdx.y * kStepSlice + threadIdx.x; i < end; i += blockDim.x) {
         const T w = p[i];
-        T d = g[i];
+        T d = unscale ? g[i] * inv_scale : g[i];
         if (weight_decay != T(0)) d = d + weight_decay * w;
         if (buffer != nullptr) {
             const T b = momentum * buffer[i] + d;
@@ -57,16 +80,28 @@ __global__ void sgd_kernel(const StepChunk* __restrict__ chunks) {
         }
         p[i] = w - lr * d;
     }
+    count_update(c, s);
 }
 
-// chunks[blockIdx.x]: param, grad, m, v, all (n); scalars: AdamScalars in their order.
+// chunks[blockIdx.x]: param, grad, m, v, all (n); scalars: beta1, beta2, eps, weight_decay, decoupled. The
+// bias corrections come from the device step count, the lr from the device (adam_scalars, as on the CPU).
 template <typename T>
-__global__ void adam_kernel(const StepChunk* __restrict__ chunks) {
+__global__ void adam_kernel(const StepChunk* __restrict__ chunks, StepState s) {
+    if (s.found_inf != nullptr && *s.found_inf != 0) return;  // GradScaler: the step is skipped
     const StepChunk& c = chunks[blockIdx.x];
-    const T beta1 = static_cast<T>(c.scalars[0]), one_minus_beta1 = static_cast<T>(c.scalars[1]),
-            beta2 = static_cast<T>(c.scalars[2]), one_minus_beta2 = static_cast<T>(c.scalars[3]),
-            eps = static_cast<T>(c.scalars[4]), l2 = static_cast<T>(c.scalars[5]), decay = static_cast<T>(c.scalars[6]),
-            step_size = static_cast<T>(c.scalars[7]), bias2_sqrt = static_cast<T>(c.scalars[8]);
+    // One thread derives the step's scalars (two double pows) from the device lr and step count.
+    __shared__ AdamScalars shared;
+    if (threadIdx.x == 0)
+        shared = adam_scalars(s.lrs[c.group], c.scalars[0], c.scalars[1], c.scalars[2], c.scalars[3],
+                              c.scalars[4] != 0, s.steps[c.parameter] + 1);
+    __syncthreads();
+    const AdamScalars k = shared;
+    const T beta1 = static_cast<T>(k.beta1), one_minus_beta1 = static_cast<T>(k.one_minus_beta1),
+            beta2 = static_cast<T>(k.beta2), one_minus_beta2 = static_cast<T>(k.one_minus_beta2),
+            eps = static_cast<T>(k.eps), l2 = static_cast<T>(k.l2), decay = static_cast<T>(k.decay),
+            step_size = static_cast<T>(k.step_size), bias2_sqrt = static_cast<T>(k.bias2_sqrt);
+    const bool unscale = s.inv_scale != nullptr;
+    const T inv_scale = unscale ? static_cast<T>(*s.inv_scale) : T(1);
     T* __restrict__ p = static_cast<T*>(c.param);
     const T* __restrict__ g = static_cast<const T*>(c.grad);
     T* __restrict__ m = static_cast<T*>(c.state1);
@@ -76,7 +111,7 @@ __global__ void adam_kernel(const StepChunk* __restrict__ chunks) {
     for (std::int64_t i = blockIdx.y * kStepSlice + threadIdx.x; i < end; i += blockDim.x) {
         T w = p[i];
         if (decay != T(1)) w = w * decay;
-        T d = g[i];
+        T d = unscale ? g[i] * inv_scale : g[i];
         if (l2 != T(0)) d = d + l2 * w;
         const T mi = beta1 * m[i] + one_minus_beta1 * d;
         const T vi = beta2 * v[i] + one_minus_beta2 * (d * d);
@@ -84,6 +119,15 @@ __global__ void adam_kernel(const StepChunk* __restrict__ chunks) {
         v[i] = vi;
         p[i] = w - step_size * mi / (sqrt(vi) / bias2_sqrt + eps);
     }
+    count_update(c, s);
+}
+
+// One thread: the schedule's next epoch and every group's lr from it.
+__global__ void schedule_step_kernel(ScheduleRule rule, const double* __restrict__ base_lrs, std::int64_t groups,
+                                     long long* __restrict__ epoch, double* __restrict__ lrs) {
+    const long long next = *epoch + 1;
+    *epoch = next;
+    for (std::int64_t g = 0; g < groups; ++g) lrs[g] = schedule_lr(rule, base_lrs[g], next);
 }
 
 template <typename P>
@@ -115,10 +159,12 @@ void for_each_group(StepTable& table, std::span<const StepOperands> tensors, Lau
         const StepOperands& t = tensors[i];
         if (groups.empty() || groups.back().dtype != t.dtype) groups.push_back({t.dtype, chunks.size(), 0});
         const auto width = static_cast<std::int64_t>(dtype_size(t.dtype));
+        const std::int64_t parameter_chunks = (t.numel + kStepChunk - 1) / kStepChunk;
         for (std::int64_t offset = 0; offset < t.numel; offset += kStepChunk) {
             const std::int64_t bytes = offset * width;
             StepChunk chunk{advance(t.param, bytes), advance(t.grad, bytes), advance(t.state1, bytes),
-                            advance(t.state2, bytes), std::min(kStepChunk, t.numel - offset), {}};
+                            advance(t.state2, bytes), std::min(kStepChunk, t.numel - offset), {}, t.group,
+                            t.parameter, parameter_chunks};
             std::copy(t.scalars.begin(), t.scalars.end(), chunk.scalars);
             chunks.push_back(chunk);
         }
@@ -181,27 +227,33 @@ const StepChunk* StepTable::upload(const std::vector<StepChunk>& chunks) {
 
 // ---- steps ----
 
-void sgd_step(StepTable& table, std::span<const StepOperands> tensors) {
+void sgd_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state) {
     DeviceContext& ctx = context(table.device());
     for_each_group(table, tensors, [&](const Group& group, const StepChunk* chunks) {
         dispatch_floating(group.dtype, "SGD", [&]<typename T>() {
-            sgd_kernel<T><<<dim3(static_cast<unsigned>(group.count), kStepSlices), kThreads, 0, ctx.stream>>>(chunks);
+            sgd_kernel<T><<<dim3(static_cast<unsigned>(group.count), kStepSlices), kThreads, 0, ctx.stream>>>(chunks, state);
             DG_CUDA_CHECK_LAUNCH();
         });
     });
 }
 
-void adam_step(StepTable& table, std::span<const StepOperands> tensors, bool decoupled) {
-    throw_if_capturing(table.device(), decoupled ? "AdamW::step()" : "Adam::step()",
-                       "its bias corrections depend on the step count, which a replay cannot advance; capture "
-                       "steps that use SGD, or run Adam steps eagerly");
+void adam_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state) {
     DeviceContext& ctx = context(table.device());
     for_each_group(table, tensors, [&](const Group& group, const StepChunk* chunks) {
-        dispatch_floating(group.dtype, decoupled ? "AdamW" : "Adam", [&]<typename T>() {
-            adam_kernel<T><<<dim3(static_cast<unsigned>(group.count), kStepSlices), kThreads, 0, ctx.stream>>>(chunks);
+        dispatch_floating(group.dtype, "Adam", [&]<typename T>() {
+            adam_kernel<T><<<dim3(static_cast<unsigned>(group.count), kStepSlices), kThreads, 0, ctx.stream>>>(chunks, state);
             DG_CUDA_CHECK_LAUNCH();
         });
     });
+}
+
+void refuse_in_capture(int device, const char* what, const char* why) { throw_if_capturing(device, what, why); }
+
+void schedule_step(int device, const ScheduleRule& rule, const double* base_lrs, std::int64_t groups,
+                   long long* epoch, double* lrs) {
+    DeviceContext& ctx = context(device);
+    schedule_step_kernel<<<1, 1, 0, ctx.stream>>>(rule, base_lrs, groups, epoch, lrs);
+    DG_CUDA_CHECK_LAUNCH();
 }
 
 // ---- gradient clipping ----
@@ -354,6 +406,85 @@ void clip_norm(int device, std::span<const GradOperand> grads, double max_norm, 
             DG_CUDA_CHECK_LAUNCH();
         });
     });
+}
+
+// ---- loss scaling (GradScaler, nn/amp.h) ----
+
+namespace {
+
+// One thread: inv_scale = 1/scale (in double, rounded to float, as PyTorch) and found_inf = 0.
+__global__ void scaler_prepare_kernel(const float* __restrict__ scale, float* __restrict__ inv_scale,
+                                      float* __restrict__ found_inf) {
+    *inv_scale = static_cast<float>(1.0 / static_cast<double>(*scale));
+    *found_inf = 0.0f;
+}
+
+// Block b: chunk b of the batch; found_inf = 1 where grad·inv_scale is not finite (every writer writes 1,
+// so the race is benign); with `unscale`, the products are written back.
+template <typename T>
+__global__ void scaler_check_kernel(ClipBatch batch, const float* __restrict__ inv_scale, float* __restrict__ found_inf,
+                                    bool unscale) {
+    T* __restrict__ g = static_cast<T*>(batch.data[blockIdx.x]);
+    const T inv = static_cast<T>(*inv_scale);
+    bool bad = false;
+    for (std::int64_t i = threadIdx.x; i < batch.n[blockIdx.x]; i += blockDim.x) {
+        const T v = g[i] * inv;
+        bad = bad || !isfinite(v);
+        if (unscale) g[i] = v;
+    }
+    if (__syncthreads_or(bad) && threadIdx.x == 0) *found_inf = 1.0f;
+}
+
+__global__ void scaler_update_kernel(ScalerRule rule, float* __restrict__ scale, long long* __restrict__ tracker,
+                                     long long* __restrict__ skips, const float* __restrict__ found_inf,
+                                     DeviceErrorRecord* record) {
+    if (*found_inf != 0.0f) {
+        const float backed_off = static_cast<float>(static_cast<double>(*scale) * rule.backoff);
+        *scale = backed_off;
+        *tracker = 0;
+        const long long skipped = *skips + 1;
+        *skips = skipped;
+        if (skipped >= rule.max_skips && static_cast<double>(backed_off) < rule.min_scale &&
+            atomicCAS(&record->code, static_cast<int>(DeviceErrorCode::none),
+                      static_cast<int>(DeviceErrorCode::loss_scale_collapsed)) == static_cast<int>(DeviceErrorCode::none)) {
+            record->index = skipped;
+            record->value = __float_as_int(backed_off);
+            record->bound = 0;
+        }
+        return;
+    }
+    *skips = 0;
+    const long long successful = *tracker + 1;
+    if (successful == rule.interval) {
+        const float grown = static_cast<float>(static_cast<double>(*scale) * rule.growth);
+        if (isfinite(grown)) *scale = grown;
+        *tracker = 0;
+    } else {
+        *tracker = successful;
+    }
+}
+
+}  // namespace
+
+void scaler_check(int device, std::span<const GradOperand> grads, const float* scale, float* inv_scale,
+                  float* found_inf, bool unscale) {
+    DeviceContext& ctx = context(device);
+    scaler_prepare_kernel<<<1, 1, 0, ctx.stream>>>(scale, inv_scale, found_inf);
+    DG_CUDA_CHECK_LAUNCH();
+    for_each_batch(grads, [&](DType dtype, const ClipBatch& batch, int blocks) {
+        dispatch_floating(dtype, "GradScaler", [&]<typename T>() {
+            scaler_check_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream>>>(batch, inv_scale,
+                                                                                                 found_inf, unscale);
+            DG_CUDA_CHECK_LAUNCH();
+        });
+    });
+}
+
+void scaler_update(int device, const ScalerRule& rule, float* scale, long long* tracker, long long* skips,
+                   const float* found_inf) {
+    DeviceContext& ctx = context(device);
+    scaler_update_kernel<<<1, 1, 0, ctx.stream>>>(rule, scale, tracker, skips, found_inf, ctx.error_record_device);
+    DG_CUDA_CHECK_LAUNCH();
 }
 
 void clip_value(int device, std::span<const GradOperand> grads, double clip_value) {

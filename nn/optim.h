@@ -13,8 +13,18 @@
 // step() skips parameters without a gradient and frozen ones (Parameter::set_requires_grad(false)).
 // State (momentum buffers, Adam moments) is created on the first step that updates a parameter, on that
 // parameter's device, and follows the parameter if it moves. On a GPU one step over all parameters of
-// one dtype is one fused kernel launch, whatever their groups and Adam step counts (each chunk of the
-// device table carries its own scalars), with no device synchronisation.
+// one dtype is one fused kernel launch, whatever their groups and Adam step counts, with no device
+// synchronisation.
+//
+// Capturable (cuda/capture.h): on a GPU every group's lr and every parameter's step count live in device
+// memory (the host keeps a mirror). The fused step reads them there, derives Adam's bias corrections from
+// the device step count and advances it; set_lr() writes the device lr with a kernel, and a schedule's
+// step() computes the next lr on the device from a device epoch counter. So a captured step (Adam, AdamW,
+// SGD, with a schedule) advances exactly as the same steps run eagerly. Reading them back on the host
+// (lr(), settings(), step_count(), LRScheduler::epoch(), save_state) copies from the device: a host
+// synchronisation, refused inside a captured step (GraphError). The device copies are made at the first
+// GPU step on each device, which must therefore run eagerly (CapturedStep's warm-up run does; GraphError
+// when that first step is captured).
 //
 // Checkpoints: save_checkpoint() writes the model's tensors, the optimizer's state (per-group settings,
 // per-parameter step counts and moments) and a schedule's epoch and base lrs into one safetensors file;
@@ -34,8 +44,11 @@
 #include "dyngrad/core/safetensors.h"
 #include "dyngrad/graph/graph.h"
 #include "dyngrad/nn/layers.h"
+#include "dyngrad/nn/schedule_rule.h"
 
 namespace dyngrad {
+
+class GradScaler;  // nn/amp.h
 
 // One group of parameters and its settings; unset ones take the optimizer's options.
 struct ParamGroup {
@@ -67,22 +80,39 @@ public:
     Optimizer& operator=(const Optimizer&) = delete;
 
     // Updates every trainable parameter that has a gradient, in place.
-    virtual void step() = 0;
+    void step() { update(nullptr); }
+    // Internal (GradScaler, nn/amp.h): a step whose gradients are multiplied by `inv_scale` first and that is
+    // skipped whole (step counts included) when `found_inf` is non-zero: one-element float32 tensors on the
+    // parameters' device, read there by the fused kernel (no host synchronisation).
+    struct Gate {
+        Tensor inv_scale;
+        Tensor found_inf;
+    };
+    void step(const Gate& gate) { update(&gate); }
     // Drops every parameter's gradient (the next backward starts from zero).
     void zero_grad();
     // "SGD", "Adam", "AdamW": also the optimizer type recorded in a checkpoint.
     virtual const char* name() const = 0;
 
     std::size_t group_count() const { return groups_.size(); }
-    const GroupSettings& settings(std::size_t group = 0) const;  // IndexError for a group that does not exist
+    // IndexError for a group that does not exist. On a GPU the lr is read from the device (a host sync).
+    const GroupSettings& settings(std::size_t group = 0) const;
     double lr(std::size_t group = 0) const { return settings(group).lr; }
-    void set_lr(double lr);  // every group; ValueError when negative, NaN or infinite
+    // Every group; ValueError when negative, NaN or infinite. On a GPU also the device lr, by a kernel
+    // (capturable: a replay writes the value the captured call passed).
+    void set_lr(double lr);
     void set_lr(std::size_t group, double lr);
     // All parameters, group after group; group_parameters(g) is group g's run of them.
     const std::vector<Parameter>& parameters() const { return parameters_; }
     std::span<const Parameter> group_parameters(std::size_t group) const;
-    // How many updates parameter i (an index into parameters()) has had (IndexError past the end).
+    // How many updates parameter i (an index into parameters()) has had (IndexError past the end); read from
+    // the device for a GPU parameter.
     std::int64_t step_count(std::size_t parameter) const;
+    // The device-resident scalars, by name ("lr.cuda0", "steps.cuda0"): with the parameters and state
+    // tensors, what a step changes (CapturedStep's guard compares them). Empty before the first GPU step.
+    std::vector<std::pair<std::string, Tensor>> device_scalars() const;
+    // Parameter i's state tensors by name ("exp_avg", "exp_avg_sq", "momentum_buffer"); undefined ones left out.
+    std::vector<std::pair<std::string, Tensor>> state_tensors(std::size_t parameter) const;
 
     // Checkpoint state under "@optimizer.": the settings of every group, the step counts and the state
     // tensors (on the CPU), and the optimizer type in the metadata.
@@ -98,6 +128,9 @@ public:
                                       const std::string& source);
 
 protected:
+    friend class LRScheduler;
+    // The update rule: every trainable parameter with a gradient, gated by `gate` when given.
+    virtual void update(const Gate* gate) = 0;
     // ValueError for an undefined or repeated parameter, an unknown setting or an invalid value.
     // `who` names the optimizer in messages; `settable` lists the ParamGroup settings it has.
     Optimizer(std::vector<ParamGroup> groups, const GroupSettings& defaults, const char* who,
@@ -113,8 +146,15 @@ protected:
     // Checks every group's settings (derived constructors call it: it calls check_settings).
     void check_groups() const;
     std::string group_name(std::size_t group) const;
-    // Internal: the per-device tables of the fused GPU steps (nn/optim.cpp).
+    // Internal: the per-device tables and device-resident scalars of the fused GPU steps (nn/optim.cpp).
     struct DeviceTables;
+    // Copies the device lrs and step counts into the host mirror (a host sync; nothing without GPU state).
+    void pull_device_scalars() const;
+    // Sets the host lr only (schedules write the device lrs themselves).
+    void set_host_lr(std::size_t group, double lr);
+    // The gradient multipliers of a gated step on the CPU: whether it is skipped, and the factor.
+    static bool gate_skips(const Gate* gate, const Device& device);
+    static double gate_inv_scale(const Gate* gate);
 
     struct Group {
         std::size_t begin = 0, end = 0;  // the run of parameters_
@@ -122,8 +162,8 @@ protected:
     };
     std::vector<Parameter> parameters_;
     std::vector<std::size_t> group_of_;   // per parameter
-    std::vector<Group> groups_;
-    std::vector<std::int64_t> steps_;     // per parameter
+    mutable std::vector<Group> groups_;   // mutable: host reads refresh the lrs from the device
+    mutable std::vector<std::int64_t> steps_;  // per parameter; for GPU parameters a mirror of the device
     std::vector<std::array<Tensor, 2>> state_;  // per parameter: SGD momentum buffer; Adam m, v
     std::unique_ptr<DeviceTables> tables_;
 };
@@ -141,13 +181,13 @@ class SGD : public Optimizer {
 public:
     SGD(std::vector<Parameter> parameters, const SgdOptions& options = {});
     SGD(std::vector<ParamGroup> groups, const SgdOptions& defaults = {});
-    void step() override;
     const char* name() const override { return "SGD"; }
     SgdOptions options(std::size_t group = 0) const;
     // Parameter i's momentum buffer: undefined until its first update with momentum (IndexError past the end).
     const Tensor& momentum_buffer(std::size_t i) const;
 
 protected:
+    void update(const Gate* gate) override;
     void check_settings(const GroupSettings& settings, const std::string& who) const override;
     std::vector<const char*> state_names(const GroupSettings& settings) const override;
 };
@@ -167,7 +207,6 @@ class Adam : public Optimizer {
 public:
     Adam(std::vector<Parameter> parameters, const AdamOptions& options = {});
     Adam(std::vector<ParamGroup> groups, const AdamOptions& defaults = {});
-    void step() override;
     const char* name() const override { return decoupled_ ? "AdamW" : "Adam"; }
     AdamOptions options(std::size_t group = 0) const;
     // Parameter i's moments m and v: undefined until its first update (IndexError past the end); its update
@@ -177,6 +216,7 @@ public:
 
 protected:
     Adam(std::vector<ParamGroup> groups, const AdamOptions& defaults, bool decoupled_weight_decay);
+    void update(const Gate* gate) override;
     void check_settings(const GroupSettings& settings, const std::string& who) const override;
     std::vector<const char*> state_names(const GroupSettings& settings) const override;
 
@@ -194,7 +234,11 @@ public:
 
 // ---- learning-rate schedules: call step() once per epoch, after that epoch's optimizer steps ----
 // A schedule records every group's lr at construction as that group's base lr and sets each group's lr
-// for the next epoch from its own base; lr_at(epoch, group) is the closed form (epoch 0: the base lr).
+// for the next epoch from its own base; lr_at(epoch, group) is the closed form (epoch 0: the base lr, but
+// for WarmupCosineLR, whose constructor sets lr_at(0)). Per-step schedules (WarmupCosineLR) are stepped
+// once per optimizer step instead. On a GPU the built-in schedules keep their epoch on the device too and
+// step() computes the next lrs there (capturable: each replay advances the schedule); a schedule without a
+// device rule (device_rule() empty) sets the lrs from the host, which a captured step refuses (GraphError).
 
 class LRScheduler {
 public:
@@ -204,7 +248,7 @@ public:
 
     void step();
     double lr_at(std::int64_t epoch, std::size_t group = 0) const;
-    std::int64_t epoch() const { return epoch_; }
+    std::int64_t epoch() const;  // read from the device once the schedule runs there (a host sync)
     const std::vector<double>& base_lrs() const { return base_lrs_; }
     const Optimizer& optimizer() const { return optimizer_; }
     virtual const char* name() const = 0;  // "StepLR", "CosineAnnealingLR": recorded in a checkpoint
@@ -215,18 +259,24 @@ public:
     void load_state(const TensorMap& tensors, const SafetensorsMetadata& metadata, const std::string& source);
     std::function<void()> stage_state(const TensorMap& tensors, const SafetensorsMetadata& metadata,
                                       const std::string& source);
+    // The device-resident epoch counters by name ("epoch.cuda0"), for CapturedStep's guard.
+    std::vector<std::pair<std::string, Tensor>> device_scalars() const;
 
 protected:
     explicit LRScheduler(Optimizer& optimizer);
     virtual double lr_for(double base_lr, std::int64_t epoch) const = 0;
-    // Sets every group's lr to lr_for(base, epoch()): for a schedule whose epoch 0 is not the base lr (warm-up),
-    // called by its constructor.
-    void apply_lr();
+    // The closed form as the device computes it (nn/optim_kernels.h); empty: host-only (not capturable).
+    virtual std::optional<ScheduleRule> device_rule() const { return std::nullopt; }
+    // Sets every group's lr to lr_at(epoch()) on the host (constructors of schedules whose epoch 0 is not
+    // the base lr).
+    void apply_current_epoch();
 
 private:
+    struct DeviceEpochs;
     Optimizer& optimizer_;
     std::vector<double> base_lrs_;
-    std::int64_t epoch_ = 0;
+    mutable std::int64_t epoch_ = 0;  // mutable: a host read refreshes it from the device
+    std::shared_ptr<DeviceEpochs> devices_;
 };
 
 // lr = base · gamma^floor(epoch / step_size)
@@ -237,6 +287,7 @@ public:
 
 protected:
     double lr_for(double base_lr, std::int64_t epoch) const override;
+    std::optional<ScheduleRule> device_rule() const override;
 
 private:
     std::int64_t step_size_;
@@ -251,29 +302,30 @@ public:
 
 protected:
     double lr_for(double base_lr, std::int64_t epoch) const override;
+    std::optional<ScheduleRule> device_rule() const override;
 
 private:
     std::int64_t t_max_;
     double eta_min_;
 };
 
-// Linear warm-up, then cosine decay to min_lr (nanoGPT's get_lr; call step() once per optimizer step):
-//   epoch < warmup:          lr = base · (epoch + 1) / (warmup + 1)
-//   warmup <= epoch < total:  lr = min_lr + (base − min_lr) · (1 + cos(π · (epoch − warmup) / (total − warmup))) / 2
-//   epoch >= total:           lr = min_lr
-// The constructor sets epoch 0's lr. ValueError: warmup negative, total <= warmup, min_lr negative or NaN.
+// Per optimizer step (call step() after every optimizer step): a linear warm-up, then a half cosine.
+//   epoch < warmup_steps:            lr = base · (epoch + 1) / (warmup_steps + 1)
+//   warmup_steps <= epoch < total:   lr = min_lr + (base − min_lr) · (1 + cos(π · (epoch − warmup) / (total − warmup))) / 2
+//   epoch >= total_steps:            lr = min_lr
+// The constructor sets every group's lr to lr_at(0). ValueError: warmup_steps negative, total_steps not above
+// warmup_steps, min_lr negative or not finite.
 class WarmupCosineLR : public LRScheduler {
 public:
-    WarmupCosineLR(Optimizer& optimizer, std::int64_t warmup, std::int64_t total, double min_lr = 0.0);
+    WarmupCosineLR(Optimizer& optimizer, std::int64_t warmup_steps, std::int64_t total_steps, double min_lr = 0.0);
     const char* name() const override { return "WarmupCosineLR"; }
 
 protected:
     double lr_for(double base_lr, std::int64_t epoch) const override;
+    std::optional<ScheduleRule> device_rule() const override;
 
 private:
-    std::int64_t warmup_;
-    std::int64_t total_;
-    double min_lr_;
+    ScheduleRule rule_;
 };
 
 // ---- gradient clipping (call between backward and step) ----
@@ -291,13 +343,14 @@ void clip_grad_value(const std::vector<Parameter>& parameters, double clip_value
 
 // ---- checkpoints: model, optimizer and schedule in one safetensors file ----
 
-// The model's tensors under their names (as save_parameters), the optimizer's and schedule's state under
-// "@optimizer." and "@schedule.". load_parameters reads the model's part of such a file.
+// The model's tensors under their names (as save_parameters), the optimizer's, schedule's and loss scaler's
+// state under "@optimizer.", "@schedule." and "@scaler.". load_parameters reads the model's part of such a file.
 void save_checkpoint(const std::filesystem::path& path, const Module& model, const Optimizer& optimizer,
-                     const LRScheduler* schedule = nullptr);
-// Restores all three; checks everything first, so on error nothing has changed (the errors of
-// load_parameters and Optimizer/LRScheduler::load_state; ValueError for a schedule of another optimizer).
+                     const LRScheduler* schedule = nullptr, const GradScaler* scaler = nullptr);
+// Restores all of them; checks everything first, so on error nothing has changed (the errors of
+// load_parameters and Optimizer/LRScheduler/GradScaler::load_state; ValueError for a schedule of another
+// optimizer).
 void load_checkpoint(const std::filesystem::path& path, Module& model, Optimizer& optimizer,
-                     LRScheduler* schedule = nullptr);
+                     LRScheduler* schedule = nullptr, GradScaler* scaler = nullptr);
 
 }  // namespace dyngrad

@@ -9,11 +9,18 @@
 #include <vector>
 
 #include "dyngrad/core/tensor.h"
+#include "dyngrad/nn/schedule_rule.h"
+#include "dyngrad/ops/elementwise_math.h"  // DG_HOST_DEVICE
 #if DYNGRAD_WITH_CUDA
 #include "dyngrad/cuda/runtime.h"
 #endif
 
 namespace dyngrad {
+
+class Parameter;
+// The trainable parameters' gradients (made exclusive, so they can be scaled in place) for clipping and
+// loss scaling; ValueError/DeviceError naming `what` (nn/optim.cpp).
+std::vector<Tensor*> gradient_targets(const std::vector<Parameter>& parameters, const char* what);
 
 // The scalars of one SGD update of one parameter (its group's settings):
 //   g = grad + weight_decay·p;  buf = momentum·buf + g;  g = nesterov ? g + momentum·buf : buf;  p -= lr·g
@@ -35,8 +42,10 @@ struct AdamScalars {
     double bias2_sqrt;  // √(1 - β2^t)
 };
 
-inline AdamScalars adam_scalars(double lr, double beta1, double beta2, double eps, double weight_decay,
-                                bool decoupled, std::int64_t step) {
+// One formula for both backends: the GPU kernel derives these from the device-resident lr and step count
+// (so a captured step advances them on every replay), the CPU update from the host ones.
+DG_HOST_DEVICE AdamScalars adam_scalars(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                        bool decoupled, std::int64_t step) {
     const auto t = static_cast<double>(step);
     return {beta1,
             1 - beta1,
@@ -45,19 +54,40 @@ inline AdamScalars adam_scalars(double lr, double beta1, double beta2, double ep
             eps,
             decoupled ? 0.0 : weight_decay,
             decoupled ? 1 - lr * weight_decay : 1.0,
-            lr / (1 - std::pow(beta1, t)),
-            std::sqrt(1 - std::pow(beta2, t))};
+            lr / (1 - ::pow(beta1, t)),
+            ::sqrt(1 - ::pow(beta2, t))};
 }
 
-// Every chunk of the GPU table carries its parameter's scalars (SgdScalars or AdamScalars, as doubles).
-inline constexpr int kStepScalars = 9;
-static_assert(sizeof(AdamScalars) == kStepScalars * sizeof(double) && sizeof(SgdScalars) <= sizeof(AdamScalars));
+// The per-group settings a GPU chunk carries (the lr and step count are read from device memory):
+// SGD: momentum, weight_decay, nesterov; Adam: beta1, beta2, eps, weight_decay, decoupled.
+inline constexpr int kStepScalars = 5;
+
+// The closed forms of the built-in schedules, shared by the host (LRScheduler::lr_for) and the kernel that
+// advances a schedule on the device (a captured scheduler.step() computes the next lr on every replay).
+DG_HOST_DEVICE double schedule_lr(const ScheduleRule& r, double base_lr, std::int64_t epoch) {
+    constexpr double kPi = 3.141592653589793;  // std::numbers::pi, usable in device code
+    switch (r.kind) {
+        case ScheduleKind::Step: return base_lr * ::pow(r.x, static_cast<double>(epoch / r.n1));
+        case ScheduleKind::Cosine: {
+            const double phase = kPi * static_cast<double>(epoch) / static_cast<double>(r.n1);
+            return r.x + (base_lr - r.x) * (1 + ::cos(phase)) / 2;
+        }
+        case ScheduleKind::WarmupCosine: {
+            // nanoGPT's: linear warm-up to the base lr, then a half cosine down to min_lr at total_steps.
+            if (epoch < r.n1) return base_lr * static_cast<double>(epoch + 1) / static_cast<double>(r.n1 + 1);
+            if (epoch >= r.n2) return r.x;
+            const double ratio = static_cast<double>(epoch - r.n1) / static_cast<double>(r.n2 - r.n1);
+            return r.x + (base_lr - r.x) * (1 + ::cos(kPi * ratio)) / 2;
+        }
+    }
+    return base_lr;
+}
 
 #if DYNGRAD_WITH_CUDA
 namespace cuda {
 
 // One tensor's update: param, grad and state (null where the rule keeps none) of `numel` elements of
-// `dtype`, all on the same device, with the scalars of its update.
+// `dtype`, all on the same device, with its group's settings and its indices into the device scalars.
 struct StepOperands {
     DType dtype;
     void* param;
@@ -66,6 +96,8 @@ struct StepOperands {
     void* state2;  // Adam: v
     std::int64_t numel;
     std::array<double, kStepScalars> scalars;
+    std::int32_t group;      // index into StepState::lrs
+    std::int32_t parameter;  // index into StepState::steps
 };
 
 // A slice of at most kStepChunk elements of one tensor, as the kernels read it from the device table.
@@ -76,7 +108,21 @@ struct StepChunk {
     void* state2;
     std::int64_t n;
     double scalars[kStepScalars];
+    std::int32_t group;
+    std::int32_t parameter;
+    std::int64_t chunks;  // how many chunks its parameter has: the last to finish advances the step count
     friend bool operator==(const StepChunk&, const StepChunk&) = default;
+};
+
+// The optimizer's scalars that live in device memory (one set per device), read by every fused step:
+// a captured step replays the kernels that read and advance them, so replays see the lr a schedule set
+// and the step count the previous replay reached. GradScaler adds its two flags for one step.
+struct StepState {
+    const double* lrs = nullptr;        // per group
+    long long* steps = nullptr;         // per parameter: updates so far (the kernel uses steps + 1)
+    unsigned long long* arrivals = nullptr;  // per parameter: chunks finished in this launch (0 between)
+    const float* inv_scale = nullptr;   // gradients are multiplied by it; null: by 1
+    const float* found_inf = nullptr;   // non-zero: the whole step is skipped (nothing changes); null: never
 };
 
 // The device-side chunk table of one optimizer on one device. Gradients are re-allocated by every
@@ -107,8 +153,14 @@ private:
 };
 
 // Fused steps over every operand (on the table's device): one kernel launch per dtype.
-void sgd_step(StepTable& table, std::span<const StepOperands> tensors);
-void adam_step(StepTable& table, std::span<const StepOperands> tensors, bool decoupled);
+void sgd_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state);
+void adam_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state);
+// GraphError (cuda::throw_if_capturing) when this thread is capturing `device`'s stream.
+void refuse_in_capture(int device, const char* what, const char* why);
+// A schedule's step on the device: ++*epoch, then lrs[g] = schedule_lr(rule, base_lrs[g], *epoch) for each
+// of `groups` groups (one tiny kernel: capturable, the next lr is computed on every replay).
+void schedule_step(int device, const ScheduleRule& rule, const double* base_lrs, std::int64_t groups,
+                   long long* epoch, double* lrs);
 
 // Gradient clipping on one device, queued on its stream with no host synchronisation. `grads` are
 // (pointer, numel, dtype) triples. clip_norm: the norm of all grads (into `norm`, a 0-d tensor of its
@@ -118,9 +170,30 @@ struct GradOperand {
     void* data;
     std::int64_t numel;
 };
+inline std::vector<GradOperand> grad_operands(const std::vector<Tensor*>& grads) {
+    std::vector<GradOperand> out;
+    for (Tensor* grad : grads) out.push_back({grad->dtype(), grad->raw_data(), grad->numel()});
+    return out;
+}
 void clip_norm(int device, std::span<const GradOperand> grads, double max_norm, double norm_type, double eps,
                Tensor& norm);
 void clip_value(int device, std::span<const GradOperand> grads, double clip_value);
+
+// GradScaler (nn/amp.h) on one device, queued with no host synchronisation (capturable):
+// scaler_check: inv_scale = 1/scale (computed in double, rounded to float), found_inf = 0, then found_inf = 1
+// when any grad·inv_scale is not finite; with `unscale`, grads = grad·inv_scale in place as well.
+void scaler_check(int device, std::span<const GradOperand> grads, const float* scale, float* inv_scale,
+                  float* found_inf, bool unscale);
+// The scale update, PyTorch's rule: found_inf: scale *= backoff, tracker = 0, ++skips; else ++tracker,
+// skips = 0, and at tracker == interval: scale *= growth (when finite), tracker = 0. When skips reaches
+// max_skips with scale below min_scale, the device error record gets loss_scale_collapsed (NumericalError
+// at the next host synchronisation).
+struct ScalerRule {
+    double growth = 2, backoff = 0.5, min_scale = 1;
+    long long interval = 2000, max_skips = 16;
+};
+void scaler_update(int device, const ScalerRule& rule, float* scale, long long* tracker, long long* skips,
+                   const float* found_inf);
 
 }  // namespace cuda
 #endif

@@ -26,6 +26,12 @@ DG_HOST_DEVICE double dropout_uniform(std::uint64_t seed, std::uint64_t index) {
     return static_cast<double>(bits >> 11) * 0x1.0p-53;
 }
 
+// The mask seed of the n-th draw (n from 1) of a seed stream seeded with `seed` (DropoutSeeds, nn's Dropout):
+// the n-th output of a SplitMix64 stream, so distinct draws get unrelated masks.
+DG_HOST_DEVICE std::uint64_t dropout_draw_seed(std::uint64_t seed, std::uint64_t n) {
+    return splitmix64_mix(seed + n * kSplitMixGamma);
+}
+
 // Element `index` survives dropout with drop probability p (probability 1 - p).
 DG_HOST_DEVICE bool dropout_keep(std::uint64_t seed, std::uint64_t index, double p) {
     return dropout_uniform(seed, index) >= p;

@@ -189,6 +189,8 @@ Tensor batch_norm_forward(const ForwardArgs&);
 std::vector<Tensor> batch_norm_backward(const BackwardArgs&);
 Tensor dropout_forward(const ForwardArgs&);
 std::vector<Tensor> dropout_backward(const BackwardArgs&);
+// DropoutSeeds::next on a GPU (ops/norm.h): ++counter and out = the draw's seed, one kernel.
+void next_dropout_seed(Tensor& counter, std::uint64_t seed, Tensor& out);
 Tensor row_norm_forward(const ForwardArgs&); /* layer_norm, rms_norm */
 std::vector<Tensor> row_norm_backward(const BackwardArgs&);
 Tensor scaled_dot_product_attention_forward(const ForwardArgs&);

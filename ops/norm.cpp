@@ -96,6 +96,36 @@ Var dropout(const Var& x, double p, bool training, std::uint64_t seed, std::sour
     return x.graph().record(OpType::Dropout, {x}, attrs, where);
 }
 
+Var dropout(const Var& x, double p, bool training, const Var& seed, std::source_location where) {
+    OpAttrs attrs;
+    attrs.scalar = p;
+    attrs.training = training;
+    return x.graph().record(OpType::Dropout, {x, seed}, attrs, where);
+}
+
+DropoutSeeds::DropoutSeeds(std::uint64_t seed)
+    : seed_(seed), counter_(Tensor::zeros({1}, DType::i64)) {}
+
+Tensor DropoutSeeds::next(Device device) {
+    if (counter_.device() != device) counter_ = counter_.to(device);  // the only host-to-device copy
+    Tensor out = Tensor::empty({1}, DType::i64, device);
+    if (device.is_cpu()) {
+        auto& n = counter_.data<std::int64_t>()[0];
+        n += 1;
+        out.data<std::int64_t>()[0] =
+            static_cast<std::int64_t>(math::dropout_draw_seed(seed_, static_cast<std::uint64_t>(n)));
+        return out;
+    }
+#if DYNGRAD_WITH_CUDA
+    cuda::next_dropout_seed(counter_, seed_, out);
+#endif
+    return out;
+}
+
+std::uint64_t DropoutSeeds::draws() const {
+    return static_cast<std::uint64_t>(counter_.to(Device::cpu()).data<std::int64_t>()[0]);
+}
+
 // ---- eager calls (graph/eager.h): the same ops on Tensors ----
 Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum, double eps, std::source_location where) {
@@ -112,6 +142,13 @@ Tensor dropout(const Tensor& x, double p, bool training, std::uint64_t seed, std
     attrs.training = training;
     attrs.seed = seed;
     return eager(OpType::Dropout, {x}, attrs, where);
+}
+
+Tensor dropout(const Tensor& x, double p, bool training, const Tensor& seed, std::source_location where) {
+    OpAttrs attrs;
+    attrs.scalar = p;
+    attrs.training = training;
+    return eager(OpType::Dropout, {x, seed}, attrs, where);
 }
 
 // ---- shape rules ----
@@ -179,6 +216,13 @@ OutputSpec dropout(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs)
     const Tensor& x = inputs[0];
     require_float(x, "x");
     if (!(attrs.scalar >= 0 && attrs.scalar < 1)) throw ValueError(str("p must be in [0, 1), got ", attrs.scalar));
+    if (inputs.size() > 1) {
+        const Tensor& seed = inputs[1];
+        if (seed.dtype() != DType::i64)
+            throw DTypeError(str("dropout's seed must be an int64 tensor, got ", dtype_name(seed.dtype())));
+        if (seed.numel() != 1)
+            throw ShapeError(str("dropout's seed must hold one element, got shape ", to_string(seed.shape())));
+    }
     return {x.shape(), x.dtype()};
 }
 
@@ -220,10 +264,14 @@ Eigen::Map<Column<T>> channels(const Tensor& t) {
     return {t.data<T>(), t.numel()};
 }
 
+// The mask seed: the seed input's bits when given, else the attribute.
+std::uint64_t mask_seed(std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    return inputs.size() > 1 ? static_cast<std::uint64_t>(inputs[1].data<std::int64_t>()[0]) : attrs.seed;
+}
+
 // Each element scaled by its mask value: 1/(1 − p) where kept, 0 where dropped.
 template <typename T>
-auto dropout_mask(const OpAttrs& attrs, std::int64_t n) {
-    const std::uint64_t seed = attrs.seed;
+auto dropout_mask(const OpAttrs& attrs, std::uint64_t seed, std::int64_t n) {
     const double p = attrs.scalar;
     const T scale = static_cast<T>(1.0 / (1.0 - p));
     return Column<T>::NullaryExpr(n, [seed, p, scale](Eigen::Index i) {
@@ -432,23 +480,28 @@ Tensor dropout_forward(const ForwardArgs& args) {
         if (dropout_is_identity(args.attrs))
             Y = X;
         else
-            Y = X * dropout_mask<T>(args.attrs, n);
+            Y = X * dropout_mask<T>(args.attrs, mask_seed(args.inputs, args.attrs), n);
     });
     return y;
 }
 
 // dy -> dx = dy · mask, the forward's mask recomputed from (seed, index)
 std::vector<Tensor> dropout_backward(const BackwardArgs& args) {
-    if (!args.needs_grad[0]) return {Tensor()};
+    std::vector<Tensor> grads(args.inputs.size());  // none for the seed
+    if (!args.needs_grad[0]) return grads;
     const Tensor& dy = args.grad_output;
-    if (dropout_is_identity(args.attrs)) return {dy};
+    if (dropout_is_identity(args.attrs)) {
+        grads[0] = dy;
+        return grads;
+    }
     Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
     dispatch_floating(dy.dtype(), "dropout backward", [&]<typename T>() {
         const std::int64_t n = dy.numel();
         Eigen::Map<Column<T>>(dx.data<T>(), n) =
-            Eigen::Map<const Column<T>>(dy.data<T>(), n) * dropout_mask<T>(args.attrs, n);
+            Eigen::Map<const Column<T>>(dy.data<T>(), n) * dropout_mask<T>(args.attrs, mask_seed(args.inputs, args.attrs), n);
     });
-    return {dx};
+    grads[0] = dx;
+    return grads;
 }
 
 }  // namespace cpu

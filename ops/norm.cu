@@ -249,9 +249,12 @@ __global__ void batch_norm_dx_kernel(const T* __restrict__ x, const T* __restric
 }
 
 // out = in · mask, mask = 1/(1 − p) or 0 per element (dropout forward: x -> y, backward: dy -> dx)
+// The seed is read from `seed_input` (device memory) when given, so a captured step draws the seed its replay
+// wrote there.
 template <typename T>
-__global__ void dropout_kernel(const T* __restrict__ in, std::int64_t n, std::uint64_t seed, double p, T scale,
-                               T* __restrict__ out) {
+__global__ void dropout_kernel(const T* __restrict__ in, std::int64_t n, std::uint64_t attr_seed,
+                               const std::int64_t* __restrict__ seed_input, double p, T scale, T* __restrict__ out) {
+    const std::uint64_t seed = seed_input != nullptr ? static_cast<std::uint64_t>(*seed_input) : attr_seed;
     for (std::int64_t i = thread_index(); i < n; i += thread_count())
         out[i] = in[i] * (math::dropout_keep(seed, static_cast<std::uint64_t>(i), p) ? scale : T(0));
 }
@@ -527,14 +530,23 @@ void with_row_config(std::int64_t n, std::initializer_list<const void*> pointers
 bool dropout_is_identity(const OpAttrs& attrs) { return !attrs.training || attrs.scalar == 0.0; }
 
 template <typename T>
-void launch_dropout(const Tensor& in, const OpAttrs& attrs, Tensor& out) {
+void launch_dropout(const Tensor& in, std::span<const Tensor> inputs, const OpAttrs& attrs, Tensor& out) {
     const std::int64_t n = in.numel();
     if (n == 0) return;
     DeviceContext& ctx = context_for(in);
     const T scale = static_cast<T>(1.0 / (1.0 - attrs.scalar));
-    dropout_kernel<T><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(in.data<T>(), n, attrs.seed,
-                                                                                attrs.scalar, scale, out.data<T>());
+    const std::int64_t* seed_input = inputs.size() > 1 ? inputs[1].data<std::int64_t>() : nullptr;
+    dropout_kernel<T><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(
+        in.data<T>(), n, attrs.seed, seed_input, attrs.scalar, scale, out.data<T>());
     DG_CUDA_CHECK_LAUNCH();
+}
+
+// One thread: the next draw of a DropoutSeeds stream (ops/norm.h), advanced on the device.
+__global__ void next_dropout_seed_kernel(std::int64_t* __restrict__ counter, std::uint64_t seed,
+                                         std::int64_t* __restrict__ out) {
+    const std::int64_t n = *counter + 1;
+    *counter = n;
+    *out = static_cast<std::int64_t>(math::dropout_draw_seed(seed, static_cast<std::uint64_t>(n)));
 }
 
 }  // namespace
@@ -772,18 +784,30 @@ Tensor dropout_forward(const ForwardArgs& args) {
         y.copy_from(x);
         return y;
     }
-    dispatch_floating(x.dtype(), "dropout", [&]<typename T>() { launch_dropout<T>(x, args.attrs, y); });
+    dispatch_floating(x.dtype(), "dropout", [&]<typename T>() { launch_dropout<T>(x, args.inputs, args.attrs, y); });
     return y;
 }
 
 // dy -> dx = dy · mask, the forward's mask recomputed from (seed, index)
 std::vector<Tensor> dropout_backward(const BackwardArgs& args) {
-    if (!args.needs_grad[0]) return {Tensor()};
+    std::vector<Tensor> grads(args.inputs.size());  // none for the seed
+    if (!args.needs_grad[0]) return grads;
     const Tensor& dy = args.grad_output;
-    if (dropout_is_identity(args.attrs)) return {dy};
+    if (dropout_is_identity(args.attrs)) {
+        grads[0] = dy;
+        return grads;
+    }
     Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
-    dispatch_floating(dy.dtype(), "dropout backward", [&]<typename T>() { launch_dropout<T>(dy, args.attrs, dx); });
-    return {dx};
+    dispatch_floating(dy.dtype(), "dropout backward",
+                      [&]<typename T>() { launch_dropout<T>(dy, args.inputs, args.attrs, dx); });
+    grads[0] = dx;
+    return grads;
+}
+
+void next_dropout_seed(Tensor& counter, std::uint64_t seed, Tensor& out) {
+    DeviceContext& ctx = context_for(counter);
+    next_dropout_seed_kernel<<<1, 1, 0, ctx.stream>>>(counter.data<std::int64_t>(), seed, out.data<std::int64_t>());
+    DG_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace dyngrad::cuda

@@ -635,8 +635,8 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::AvgPool2d, "avg_pool2d", 1, infer::pool2d, kCpuPool, kCudaPool, pool2d_cases},
     {OpType::BatchNorm, "batch_norm", 5, infer::batch_norm, {cpu::batch_norm_forward, cpu::batch_norm_backward},
      DG_CUDA_KERNELS(batch_norm_forward, batch_norm_backward), batch_norm_cases},
-    {OpType::Dropout, "dropout", 1, infer::dropout, {cpu::dropout_forward, cpu::dropout_backward},
-     DG_CUDA_KERNELS(dropout_forward, dropout_backward), dropout_cases},
+    {OpType::Dropout, "dropout", 2, infer::dropout, {cpu::dropout_forward, cpu::dropout_backward},
+     DG_CUDA_KERNELS(dropout_forward, dropout_backward), dropout_cases, /*optional_inputs=*/1},  // the seed tensor
     {OpType::LayerNorm, "layer_norm", 3, infer::row_norm, kCpuRowNorm, kCudaRowNorm, layer_norm_cases,
      /*optional_inputs=*/2},
     {OpType::RmsNorm, "rms_norm", 2, infer::row_norm, kCpuRowNorm, kCudaRowNorm, rms_norm_cases,

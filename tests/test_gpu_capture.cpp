@@ -1,0 +1,284 @@
+// Captured training steps with every training feature (issue 15, parts 3–4): AdamW, schedules, dropout,
+// clip_grad_norm and GradScaler inside cuda::CapturedStep give, replay after replay, exactly what the same
+// steps give eagerly; the capture guard names the first tensor of a non-capturable step that differs.
+//
+// Without a CUDA device (or in a CPU-only build) the executable prints why and exits 77 (CTest: skipped).
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <limits>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "catch.h"
+#include "dyngrad/dyngrad.h"
+#include "dyngrad/ops/dropout_mask.h"
+
+using namespace dyngrad;
+using dgtest::MessageHas;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+Tensor labels_on_gpu(std::int64_t n, std::int64_t classes, Generator& gen) {
+    std::vector<std::int64_t> labels(static_cast<std::size_t>(n));
+    for (auto& label : labels) label = static_cast<std::int64_t>(gen.engine()() % static_cast<std::uint64_t>(classes));
+    return Tensor::from_vector(labels, {n}).to(kGpu);
+}
+
+// Switches deterministic mode on for one test (cuDNN/cuBLAS algorithms and reductions fixed).
+struct Deterministic {
+    bool previous = cuda::deterministic();
+    Deterministic() { cuda::set_deterministic(true); }
+    ~Deterministic() { cuda::set_deterministic(previous); }
+};
+
+// samples/models.h's lenet with dropout before the classifier:
+// conv 1→20, pool, conv 20→50, pool, flatten (800), linear 800→500 + ReLU, dropout 0.5, linear 500→10.
+struct LenetWithDropout {
+    Generator gen;
+    Sequential net;
+    Dropout drop;
+    LenetWithDropout(std::uint64_t seed, std::uint64_t dropout_seed) : gen(seed), drop(0.5, dropout_seed) {
+        net.add(Conv2d(1, 20, {5, 5}, {}, true, gen)).add([](const Var& x) { return max_pool2d(x, {2, 2}); });
+        net.add(Conv2d(20, 50, {5, 5}, {}, true, gen)).add([](const Var& x) { return max_pool2d(x, {2, 2}); });
+        net.add([](const Var& x) { return flatten(x); });
+        net.add(Linear(800, 500, true, gen, Activation::Relu)).add(drop).add(Linear(500, 10, true, gen));
+        net.to(kGpu);
+    }
+};
+
+// One training run: the model, AdamW, a warm-up + cosine schedule, clipping, optional loss scaling.
+struct Trainer {
+    LenetWithDropout model;
+    AdamW opt;
+    WarmupCosineLR schedule;
+    GradScaler scaler;
+    bool scaled;
+
+    Trainer(std::uint64_t seed, bool scaled, std::int64_t total)
+        : model(seed, seed + 1),
+          opt(model.net.parameters(), {.lr = 2e-3, .weight_decay = 0.01}),
+          schedule(opt, total / 10, total, 1e-5),
+          scaler({.init_scale = 1024.0, .growth_interval = 3}),
+          scaled(scaled) {}
+
+    Tensor step(std::span<const Tensor> in) {
+        ComputeGraph graph;
+        Var loss = cross_entropy(model.net(graph.input(in[0])), graph.input(in[1]));
+        if (scaled) {
+            graph.backward(scaler.scale(loss));
+            scaler.unscale(opt);
+            clip_grad_norm(opt.parameters(), 1.0);
+            scaler.step(opt);
+            scaler.update();
+        } else {
+            graph.backward(loss);
+            clip_grad_norm(opt.parameters(), 1.0);
+            opt.step();
+        }
+        schedule.step();
+        opt.zero_grad();
+        return loss.value();
+    }
+
+    // Every tensor a step changes, for the capture guard.
+    NamedTensors state() const {
+        NamedTensors out;
+        const std::vector<Parameter> params = opt.parameters();
+        for (std::size_t i = 0; i < params.size(); ++i) {
+            out.emplace_back(params[i].name(), params[i].value());
+            for (const auto& [name, t] : opt.state_tensors(i)) out.emplace_back(params[i].name() + "." + name, t);
+        }
+        for (const auto& [name, t] : opt.device_scalars()) out.emplace_back("optimizer." + name, t);
+        for (const auto& [name, t] : schedule.device_scalars()) out.emplace_back("schedule." + name, t);
+        for (const auto& [name, t] : scaler.state_tensors()) out.emplace_back("scaler." + name, t);
+        out.emplace_back("dropout.counter", model.drop.seeds().counter());
+        return out;
+    }
+};
+
+// Batches of 28×28 images; in `poisoned` ones one pixel is inf, so the scaled backward overflows.
+std::vector<std::vector<Tensor>> batches(int count, std::int64_t rows, std::uint64_t seed,
+                                         const std::vector<int>& poisoned = {}) {
+    Generator gen(seed);
+    std::vector<std::vector<Tensor>> out;
+    for (int i = 0; i < count; ++i) {
+        Tensor x = Tensor::normal({rows, 1, 28, 28}, 0.0, 1.0, gen);
+        for (const int p : poisoned)
+            if (p == i) x.data<float>()[17] = std::numeric_limits<float>::infinity();
+        out.push_back({x.to(kGpu), labels_on_gpu(rows, 10, gen)});
+    }
+    return out;
+}
+
+void check_same_parameters(const Trainer& eager, const Trainer& captured) {
+    const std::vector<Parameter> a = eager.opt.parameters(), b = captured.opt.parameters();
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        INFO(a[i].name());
+        CHECK(a[i].value().to_vector() == b[i].value().to_vector());  // bit for bit
+        CHECK(eager.opt.exp_avg_sq(i).to_vector() == captured.opt.exp_avg_sq(i).to_vector());
+    }
+}
+
+}  // namespace
+
+TEST_CASE("lenet with dropout, AdamW, a warm-up + cosine schedule and clipping: 100 captured steps equal 100 "
+          "eager steps bit for bit", "[gpu][capture][deterministic]") {
+    const Deterministic deterministic;
+    constexpr int kSteps = 100;
+    Trainer eager(31, false, kSteps), captured(31, false, kSteps);
+    REQUIRE(eager.model.net.parameters()[0].value().to_vector() == captured.model.net.parameters()[0].value().to_vector());
+    cuda::CapturedStep step([&](std::span<const Tensor> in) { return captured.step(in); });
+    const auto data = batches(4, 64, 3100);
+    Tensor eager_loss, captured_loss;
+    const std::vector<double> initial = eager.opt.parameters()[4].value().to_vector();
+    for (int i = 0; i < kSteps; ++i) {
+        const std::vector<Tensor>& batch = data[static_cast<std::size_t>(i) % data.size()];
+        eager_loss = eager.step(batch);
+        captured_loss = step.run(batch);
+    }
+    CHECK(step.variants() == 1);
+    CHECK(captured_loss.item() == eager_loss.item());
+    check_same_parameters(eager, captured);
+    // Replays advanced what the host ran only twice (warm-up and capture): step counts, schedule, dropout.
+    CHECK(captured.opt.step_count(0) == kSteps);
+    CHECK(captured.schedule.epoch() == kSteps);
+    CHECK(captured.opt.lr() == eager.opt.lr());
+    CHECK(captured.opt.lr() == Approx(1e-5).epsilon(1e-12));  // the end of the cosine
+    CHECK(captured.model.drop.seeds().draws() == kSteps);
+    CHECK(eager.opt.parameters()[4].value().to_vector() != initial);  // it trained
+}
+
+TEST_CASE("GradScaler inside a captured step skips overflowing steps and grows the scale as eagerly",
+          "[gpu][capture][amp]") {
+    const Deterministic deterministic;
+    constexpr int kSteps = 12;
+    Trainer eager(41, true, kSteps), captured(41, true, kSteps);
+    cuda::CapturedStep step([&](std::span<const Tensor> in) { return captured.step(in); });
+    const auto data = batches(kSteps, 32, 4100, {4, 9});  // steps 4 and 9 overflow
+    for (int i = 0; i < kSteps; ++i) {
+        eager.step(data[static_cast<std::size_t>(i)]);
+        step.run(data[static_cast<std::size_t>(i)]);
+    }
+    check_same_parameters(eager, captured);
+    // 1024: +3 clean → 2048, skip at 4 → 1024, 5..7 → 2048, 8 → tracker 1, skip at 9 → 1024, 10..11 → tracker 2.
+    CHECK(eager.scaler.scale_value() == 1024.0);
+    CHECK(captured.scaler.scale_value() == 1024.0);
+    CHECK(captured.scaler.growth_tracker() == 2);
+    CHECK(captured.opt.step_count(0) == kSteps - 2);  // the skipped steps did not count
+    CHECK(eager.opt.step_count(0) == kSteps - 2);
+}
+
+TEST_CASE("the capture guard passes a capturable step and names the first tensor of one that is not",
+          "[gpu][capture][guard]") {
+    const Deterministic deterministic;
+    const auto data = batches(2, 32, 5100);
+    SECTION("capturable: AdamW, schedule, dropout, clipping, loss scaling") {
+        Trainer eager(51, true, 20), captured(51, true, 20);
+        cuda::CapturedStep step([&](std::span<const Tensor> in) { return captured.step(in); },
+                                {.guard_replays = 3, .guard_state = [&] { return captured.state(); }});
+        for (int i = 0; i < 8; ++i) {
+            eager.step(data[static_cast<std::size_t>(i) % 2]);
+            REQUIRE_NOTHROW(step.run(data[static_cast<std::size_t>(i) % 2]));
+        }
+        check_same_parameters(eager, captured);
+    }
+    SECTION("a host-side counter sets the lr: frozen into the graph") {
+        Trainer captured(52, false, 20);
+        int host_calls = 0;
+        cuda::CapturedStep step(
+            [&](std::span<const Tensor> in) {
+                captured.opt.set_lr(1e-3 * ++host_calls);  // not capturable: a replay repeats the captured lr
+                return captured.step(in);
+            },
+            {.guard_replays = 2, .guard_state = [&] { return captured.state(); }});
+        step.run(data[0]);  // eager warm-up
+        step.run(data[1]);  // captured and launched
+        CHECK_THROWS_MATCHES(step.run(data[0]), GraphError,
+                             MessageHas({"guard", "replay 1", "'0.weight'", "not capturable"}));
+    }
+    CHECK_THROWS_MATCHES(cuda::CapturedStep([](std::span<const Tensor> in) { return in[0]; }, {.guard_replays = 1}),
+                         ValueError, MessageHas({"guard_state"}));
+}
+
+TEST_CASE("dropout on the GPU draws the masks of the CPU from the device-resident seed stream", "[gpu][dropout]") {
+    Generator gen(61);
+    const Tensor x = Tensor::normal({33, 65}, 0.0, 1.0, gen, DType::f64);
+    Dropout layer(0.3, 9);
+    ComputeGraph graph;
+    Var xv = graph.input(x.to(kGpu), "x", true);
+    Var first = layer(xv);
+    Var second = layer(xv);
+    CHECK(first.value().to_vector() == dropout(x, 0.3, true, math::dropout_draw_seed(9, 1)).to_vector());
+    CHECK(second.value().to_vector() == dropout(x, 0.3, true, math::dropout_draw_seed(9, 2)).to_vector());
+    const Var loss = sum(first * second);
+    graph.backward(loss, BackwardOptions{.retain_grads = true});
+    // The CPU replay reads each node's seed input back: the same masks, values and gradients.
+    const VerifyReport report = verify(graph, loss);
+    INFO(report.summary() << "\n" << report.table());
+    CHECK(report.pass);
+    CHECK(layer.seeds().draws() == 2);
+}
+
+TEST_CASE("a collapsing loss scale on the GPU raises NumericalError at the next synchronisation", "[gpu][amp]") {
+    Trainer trainer(71, false, 20);
+    GradScaler scaler({.init_scale = 4.0, .min_scale = 1.0, .max_consecutive_skips = 3});
+    const auto data = batches(1, 16, 7100, {0});  // every step overflows
+    for (int i = 0; i < 3; ++i) {
+        ComputeGraph graph;
+        graph.backward(scaler.scale(cross_entropy(trainer.model.net(graph.input(data[0][0])), graph.input(data[0][1]))));
+        scaler.step(trainer.opt);
+        scaler.update();
+        trainer.opt.zero_grad();
+    }
+    CHECK_THROWS_MATCHES(cuda::synchronize(0), NumericalError,
+                         MessageHas({"GradScaler", "collapsed", "0.5", "3 consecutive skipped steps"}));
+    CHECK(scaler.scale_value() == 0.5);  // the record was cleared; the device stays usable
+    CHECK(trainer.opt.step_count(0) == 0);
+}
+
+TEST_CASE("what a captured step still cannot do is a GraphError; the device stays usable", "[gpu][capture]") {
+    Trainer trainer(81, false, 20);
+    const auto data = batches(1, 16, 8100);
+    SECTION("a host read of the lr") {
+        cuda::CapturedStep step([&](std::span<const Tensor> in) {
+            Tensor loss = trainer.step(in);
+            static_cast<void>(trainer.opt.lr());  // not inside CHECK: Catch would swallow the exception
+            return loss;
+        });
+        step.run(data[0]);
+        CHECK_THROWS_MATCHES(step.run(data[0]), GraphError, MessageHas({"captured"}));
+    }
+    SECTION("an optimizer's first GPU step") {
+        AdamW fresh(trainer.opt.parameters(), {.lr = 1e-3});
+        int calls = 0;
+        cuda::CapturedStep step([&](std::span<const Tensor> in) {
+            ComputeGraph graph;
+            Var loss = cross_entropy(trainer.model.net(graph.input(in[0])), graph.input(in[1]));
+            graph.backward(loss);
+            if (calls++ > 0) fresh.step();  // the warm-up run skips it: its first step is captured
+            fresh.zero_grad();
+            return loss.value();
+        });
+        step.run(data[0]);
+        CHECK_THROWS_MATCHES(step.run(data[0]), GraphError, MessageHas({"AdamW::step()", "first step", "eagerly"}));
+    }
+    ComputeGraph graph;
+    Var a = graph.input(Tensor::of({1, 2, 3}).to(kGpu), "a", true);
+    CHECK(sum(a * a).item() == 14);
+    CHECK_NOTHROW(cuda::synchronize(0));
+}
+
+int main(int argc, char* argv[]) {
+    if (cuda_device_count() == 0) {
+        std::cout << "dyngrad: no CUDA device: GPU capture tests skipped" << std::endl;
+        return 77;
+    }
+    return dgtest::run_session(argc, argv);
+}
