@@ -138,8 +138,10 @@ int main(int argc, char** argv) {
             std::printf("dyngrad-attention-bench: no CUDA device; nothing to measure\n");
             return 77;
         }
-        std::printf("device: %s\nattention: B %lld, H %lld, D %lld, float32, forward + backward\n",
-                    cuda::device_name(0).c_str(), (long long)o.batch, (long long)o.heads, (long long)o.head_dim);
+        // DYNGRAD_ATTENTION_SIMT=1 measures the SIMT kernels instead (ops/attention.h).
+        const char* path = attention_uses_tensor_cores() ? "tensor cores (3xTF32)" : "SIMT (exact float32 FMA)";
+        std::printf("device: %s\nattention: B %lld, H %lld, D %lld, float32, forward + backward, kernels: %s\n",
+                    cuda::device_name(0).c_str(), (long long)o.batch, (long long)o.heads, (long long)o.head_dim, path);
         for (const bool causal : {false, true}) check_small(o, causal);
         std::printf("checked against the float64 CPU replay (B2 H3 T77, causal and not)\n");
         std::printf("%6s %7s %10s %10s %12s\n", "T", "causal", "ms", "GFLOP/s", "peak MiB");
@@ -154,7 +156,8 @@ int main(int argc, char** argv) {
             }
         if (!o.json.empty()) {
             std::ofstream out(o.json);
-            out << "{\"device\": \"" << cuda::device_name(0) << "\", \"batch\": " << o.batch << ", \"heads\": " << o.heads
+            out << "{\"device\": \"" << cuda::device_name(0) << "\", \"kernels\": \"" << path
+                << "\", \"batch\": " << o.batch << ", \"heads\": " << o.heads
                 << ", \"head_dim\": " << o.head_dim << ", \"rows\": [";
             for (std::size_t i = 0; i < rows.size(); ++i)
                 out << (i ? ", " : "") << "{\"length\": " << rows[i].length

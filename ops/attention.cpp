@@ -4,8 +4,11 @@
 #include "dyngrad/ops/attention.h"
 
 #include <Eigen/Core>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string_view>
 
 #include "dyngrad/ops/attention_geometry.h"
 #include "dyngrad/ops/cpu_parallel.h"
@@ -45,6 +48,31 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                                     const AttentionOptions& options, std::source_location where) {
     return eager(OpType::ScaledDotProductAttention, {q, k, v, mask}, attention_attrs(options), where);
+}
+
+namespace {
+
+AttentionGpuPath initial_gpu_path() {
+    const char* simt = std::getenv("DYNGRAD_ATTENTION_SIMT");
+    return simt && std::string_view(simt) == "1" ? AttentionGpuPath::simt : AttentionGpuPath::tensor_cores;
+}
+
+// Read by every GPU launch, set from any thread: atomic.
+std::atomic<AttentionGpuPath>& gpu_path() {
+    static std::atomic<AttentionGpuPath> path{initial_gpu_path()};
+    return path;
+}
+
+}  // namespace
+
+void set_attention_gpu_path(AttentionGpuPath path) { gpu_path().store(path); }
+AttentionGpuPath attention_gpu_path() { return gpu_path().load(); }
+bool attention_uses_tensor_cores() {
+#if DYNGRAD_WITH_CUDA
+    return attention_gpu_path() == AttentionGpuPath::tensor_cores && cuda::attention_tensor_cores_compiled();
+#else
+    return false;
+#endif
 }
 
 AttentionGeometry attention_geometry(std::span<const Tensor> inputs, const OpAttrs& attrs) {

@@ -1,5 +1,7 @@
-// scaled_dot_product_attention on the GPU: fused flash-attention kernels in exact FMA arithmetic (no tensor
-// cores). CPU reference: ops/attention.cpp; the contract (mask, dropout, empty rows): ops/attention.h.
+// scaled_dot_product_attention on the GPU: fused flash-attention kernels, two sets: SIMT kernels in exact FMA
+// arithmetic (float32 and float64; described here) and, for float32 on sm_80+, tensor-core kernels in 3xTF32
+// (namespace tc below; chosen by attention_gpu_path()). CPU reference: ops/attention.cpp; the contract (mask,
+// dropout, empty rows): ops/attention.h.
 //
 // Forward (one block per TILE queries of one (b, h) slice): the queries stay in shared memory, key/value tiles
 // stream through it, each row keeps a running max m and sum l (online softmax) and rescales its output
@@ -20,7 +22,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <mma.h>
 #include <mutex>
+#include <type_traits>
 
 #include "dyngrad/cuda/context.h"
 #include "dyngrad/ops/attention.h"
@@ -43,6 +47,7 @@ struct Params {
     std::uint64_t seed;
     const void* mask;  // null: none
     std::int64_t mask_stride[4];
+    bool vector_rows;  // tensor-core kernels: every input row starts 16-byte aligned and D % 4 == 0 (float4 loads)
 };
 
 template <typename Real> __device__ __forceinline__ Real scale_of(const Params& p);
@@ -425,6 +430,372 @@ __global__ void __launch_bounds__(2 * TILE) attention_backward_q_kernel(
     }
 }
 
+// ---- tensor-core path (float32; compute capability 8.0 and newer) ----
+// The algorithm of the SIMT kernels above with the same tile (64), so the same causal skipping and block order,
+// but 4 warps per block, each owning 16 rows of the block's tile (queries in the forward and the dq kernel, keys
+// in the dk/dv kernel) through every phase: its products, its softmax rows, its accumulators. The phases of one
+// tile then need only __syncwarp; __syncthreads guards only the K/V (or Q/dY) tiles every warp reads.
+// Products: WMMA m16n16k8 TF32 fragments read from shared memory, in 3xTF32: x = big + small, both TF32, and
+// acc += small·big + big·small + big·big (the dropped small·small term is ~2^-22 relative: ~float32 accuracy).
+// Operands sit row-major in shared memory, [row][d] with DP + 4 floats per line (score tiles 64 + 4): a line
+// offset of 4 banks keeps the fragment loads free of bank conflicts, and every fragment pointer is 32-byte
+// aligned as WMMA requires (lines of 4·(DP + 4) bytes, 16-row and 8-column steps).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define DG_ATTENTION_TENSOR_CORES 1
+#else
+#define DG_ATTENTION_TENSOR_CORES 0  // the kernels below are empty; the host never launches them there
+#endif
+
+namespace tc {
+
+constexpr int kTile = 64, kWarps = 4, kThreads = 32 * kWarps, kWarpRows = 16;
+constexpr int kScoreLine = kTile + 4;  // floats per line of a 64×64 score tile
+template <int DP> constexpr int line() { return DP + 4; }  // floats per line of a [64][DP] operand tile
+
+template <int DP> constexpr std::size_t forward_shared() {
+    return sizeof(float) * (4 * kTile * line<DP>() + kTile * kScoreLine);
+}
+template <int DP> constexpr std::size_t backward_kv_shared() {
+    return sizeof(float) * (4 * kTile * line<DP>() + 2 * kTile * kScoreLine + 2 * kTile);
+}
+template <int DP> constexpr std::size_t backward_q_shared() {
+    return sizeof(float) * (4 * kTile * line<DP>() + 2 * kTile * kScoreLine);
+}
+
+#if DG_ATTENTION_TENSOR_CORES
+namespace wmma = nvcuda::wmma;
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major>;
+template <typename BLayout>
+using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, BLayout>;
+using FragC = wmma::fragment<wmma::accumulator, 16, 16, 8, float>;
+
+// x = big + small, both TF32 (x − big is exact in float32): on entry `big` holds x.
+template <typename Frag> __device__ __forceinline__ void split_tf32(Frag& big, Frag& small) {
+#pragma unroll
+    for (int i = 0; i < big.num_elements; ++i) {
+        const float x = big.x[i];
+        big.x[i] = wmma::__float_to_tf32(x);
+        small.x[i] = wmma::__float_to_tf32(x - big.x[i]);
+    }
+}
+
+// acc[f] += A · B[:, 16f, 16f + 16) for f < NF, in 3xTF32. A (16 × K) row-major at a, line lda. B (K × 16·NF):
+// kTransposedB: B[kk][n] at b[n·ldb + kk] (a row-major [n][kk] operand, read transposed); else at b[kk·ldb + n].
+template <int NF, int K, bool kTransposedB>
+__device__ __forceinline__ void warp_mma(FragC (&acc)[NF], const float* a, int lda, const float* b, int ldb) {
+    using BLayout = std::conditional_t<kTransposedB, wmma::col_major, wmma::row_major>;
+#pragma unroll 2
+    for (int kk = 0; kk < K; kk += 8) {
+        FragA a_big, a_small;
+        wmma::load_matrix_sync(a_big, a + kk, lda);
+        split_tf32(a_big, a_small);
+#pragma unroll
+        for (int f = 0; f < NF; ++f) {
+            FragB<BLayout> b_big, b_small;
+            wmma::load_matrix_sync(b_big, kTransposedB ? b + f * 16 * ldb + kk : b + kk * ldb + f * 16, ldb);
+            split_tf32(b_big, b_small);
+            // The small terms first: they are added to the accumulator before the large one.
+            wmma::mma_sync(acc[f], a_small, b_big, acc[f]);
+            wmma::mma_sync(acc[f], a_big, b_small, acc[f]);
+            wmma::mma_sync(acc[f], a_big, b_big, acc[f]);
+        }
+    }
+}
+
+template <int NF> __device__ __forceinline__ void zero(FragC (&acc)[NF]) {
+#pragma unroll
+    for (int f = 0; f < NF; ++f) wmma::fill_fragment(acc[f], 0.0f);
+}
+template <int NF> __device__ __forceinline__ void store(float* dst, int ld, const FragC (&acc)[NF]) {
+#pragma unroll
+    for (int f = 0; f < NF; ++f) wmma::store_matrix_sync(dst + 16 * f, acc[f], ld, wmma::mem_row_major);
+}
+
+// dst[r·line + d] = src[(row0 + r)·D + d] for r < 64, d < DP; zero past `rows` rows and D columns. float4 loads
+// when every row starts 16-byte aligned and D % 4 == 0 (p.vector_rows).
+template <int DP>
+__device__ void load_rows(float* dst, const float* __restrict__ src, std::int64_t row0, std::int64_t rows,
+                          std::int64_t D, bool vector_rows) {
+    constexpr int kLine = line<DP>();
+    if (vector_rows) {
+        constexpr int kQuads = DP / 4;
+        for (int idx = threadIdx.x; idx < kTile * kQuads; idx += kThreads) {
+            const int r = idx / kQuads, d = 4 * (idx % kQuads);
+            float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (r < rows && d < D) value = *reinterpret_cast<const float4*>(src + (row0 + r) * D + d);
+            *reinterpret_cast<float4*>(dst + r * kLine + d) = value;
+        }
+    } else {
+        for (int idx = threadIdx.x; idx < kTile * DP; idx += kThreads) {
+            const int r = idx / DP, d = idx % DP;
+            dst[r * kLine + d] = (r < rows && d < D) ? src[(row0 + r) * D + d] : 0.0f;
+        }
+    }
+}
+
+// dst row (row0 + i) = factor · src line (wrow + i), for the warp's 16 rows i (those below `rows`), d < D;
+// the lanes walk d, so the global stores coalesce.
+template <int DP>
+__device__ __forceinline__ void store_warp_rows(float* __restrict__ dst, const float* src, int wrow, std::int64_t row0,
+                                                std::int64_t rows, std::int64_t D, float factor) {
+    const int lane = threadIdx.x % 32;
+    for (int i = 0; i < kWarpRows && row0 + i < rows; ++i)
+        for (std::int64_t d = lane; d < D; d += 32) dst[(row0 + i) * D + d] = src[(wrow + i) * line<DP>() + d] * factor;
+}
+#endif  // DG_ATTENTION_TENSOR_CORES
+
+// Forward: as attention_forward_kernel. The output accumulator of each query row lives in shared memory (os):
+// the online softmax rescales it by alpha between tiles, which needs a row's elements, not a fragment's.
+template <int DP>
+__global__ void __launch_bounds__(kThreads) attention_forward_kernel(const float* __restrict__ q,
+                                                                     const float* __restrict__ k,
+                                                                     const float* __restrict__ v,
+                                                                     float* __restrict__ y, float* __restrict__ lse,
+                                                                     Params p) {
+#if DG_ATTENTION_TENSOR_CORES
+    constexpr int kLine = line<DP>(), kDFrags = DP / 16;
+    extern __shared__ __align__(128) unsigned char tc_shared[];
+    float* qs = reinterpret_cast<float*>(tc_shared);  // [64 queries][kLine]
+    float* ks = qs + kTile * kLine;                    // [64 keys][kLine]
+    float* vs = ks + kTile * kLine;                    // [64 keys][kLine]
+    float* os = vs + kTile * kLine;                    // [64 queries][kLine]: unnormalised outputs
+    float* ss = os + kTile * kLine;                    // [64 queries][kScoreLine]: scores, then probabilities
+
+    const std::int64_t tiles = (p.queries + kTile - 1) / kTile;
+    const TileOf at = tile_of_block(tiles, p.causal);
+    const std::int64_t slice = at.slice, row0 = at.tile * kTile;
+    const std::int64_t D = p.head_dim;
+    const float scale = p.scale_f;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wrow = warp * kWarpRows;
+    // Softmax: lanes 2i and 2i + 1 share row wrow + i, each taking every other column.
+    const int r = wrow + lane / 2, half = lane % 2;
+    const std::int64_t t = row0 + r;
+
+    load_rows<DP>(qs, q + slice * p.queries * D, row0, p.queries - row0, D, p.vector_rows);
+    // The warp zeroes its own rows of os: only it reads and writes them.
+    for (int idx = lane; idx < kWarpRows * kLine; idx += 32) os[wrow * kLine + idx] = 0.0f;
+    float m = minus_infinity<float>(), l = 0.0f;
+    const std::int64_t key_end = p.causal ? std::min<std::int64_t>(p.keys, row0 + kTile) : p.keys;
+    for (std::int64_t n0 = 0; n0 < key_end; n0 += kTile) {
+        __syncthreads();  // every warp is done with the previous ks, vs (and the first time: qs, os are written)
+        load_rows<DP>(ks, k + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
+        load_rows<DP>(vs, v + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
+        __syncthreads();
+        {
+            FragC s[kTile / 16];
+            zero(s);
+            warp_mma<kTile / 16, DP, true>(s, qs + wrow * kLine, kLine, ks, kLine);
+            store(ss + wrow * kScoreLine, kScoreLine, s);
+        }
+        __syncwarp();
+        float* srow = ss + r * kScoreLine;
+        float x[kTile / 2];
+        float top = minus_infinity<float>();
+#pragma unroll
+        for (int j = 0; j < kTile / 2; ++j) {
+            const int c = 2 * j + half;
+            x[j] = takes_part<float>(p, slice, t, n0 + c) ? srow[c] * scale : minus_infinity<float>();
+            top = fmaxf(top, x[j]);
+        }
+        const float m_new = fmaxf(m, fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1)));
+        // No key of this row so far: keep everything at 0 (exp(−inf − 0) = 0), never exp(−inf + inf).
+        const float base = m_new == minus_infinity<float>() ? 0.0f : m_new;
+        const float alpha = expf(m - base);
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kTile / 2; ++j) {
+            const int c = 2 * j + half;
+            const float prob = expf(x[j] - base);
+            sum += prob;
+            srow[c] = prob * dropout_factor<float>(p, slice, t, n0 + c);
+        }
+        l = l * alpha + sum + __shfl_xor_sync(0xffffffffu, sum, 1);
+        m = m_new;
+        float* orow = os + r * kLine;
+#pragma unroll 8
+        for (int d = half; d < DP; d += 2) orow[d] *= alpha;
+        __syncwarp();
+        FragC o[kDFrags];
+#pragma unroll
+        for (int f = 0; f < kDFrags; ++f)
+            wmma::load_matrix_sync(o[f], os + wrow * kLine + 16 * f, kLine, wmma::mem_row_major);
+        warp_mma<kDFrags, kTile, false>(o, ss + wrow * kScoreLine, kScoreLine, vs, kLine);
+        store(os + wrow * kLine, kLine, o);
+        __syncwarp();  // the next tile's softmax reads these rows of os, written by other lanes
+    }
+    __syncwarp();
+    const bool empty = l == 0.0f;
+    if (half == 0 && t < p.queries) lse[slice * p.queries + t] = empty ? minus_infinity<float>() : m + logf(l);
+    const float inverse = empty ? 0.0f : 1.0f / l;
+    float* out = y + slice * p.queries * D;
+    for (int i = 0; i < kWarpRows; ++i) {
+        const float row_inverse = __shfl_sync(0xffffffffu, inverse, 2 * i);
+        const std::int64_t ti = row0 + wrow + i;
+        if (ti >= p.queries) break;  // the same for every lane
+        for (std::int64_t d = lane; d < D; d += 32) out[ti * D + d] = os[(wrow + i) * kLine + d] * row_inverse;
+    }
+#endif
+}
+
+// dk, dv (B,H,S,D) for one key tile, over every query tile that sees it, as attention_backward_kv_kernel: the
+// warp's rows are keys, its score columns queries (Sᵀ = k·qᵀ, dPᵀ = v·dyᵀ). dk, dv accumulate in fragments.
+template <int DP>
+__global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ dy, const float* __restrict__ lse, const float* __restrict__ delta,
+    float* __restrict__ dk, float* __restrict__ dv, Params p) {
+#if DG_ATTENTION_TENSOR_CORES
+    constexpr int kLine = line<DP>(), kDFrags = DP / 16;
+    // Score fragments in flight at once: 2 at D 128, where dk and dv already hold 128 registers per thread.
+    constexpr int kScoreFrags = DP == 128 ? 2 : 4;
+    extern __shared__ __align__(128) unsigned char tc_shared[];
+    float* ks = reinterpret_cast<float*>(tc_shared);  // [64 keys][kLine]
+    float* vs = ks + kTile * kLine;                    // [64 keys][kLine]
+    float* qs = vs + kTile * kLine;                    // [64 queries][kLine]
+    float* dys = qs + kTile * kLine;                   // [64 queries][kLine]
+    float* ps = dys + kTile * kLine;                   // [64 keys][kScoreLine]: Sᵀ, then (P∘F)ᵀ
+    float* dss = ps + kTile * kScoreLine;              // [64 keys][kScoreLine]: dPᵀ, then dSᵀ
+    float* lse_tile = dss + kTile * kScoreLine;        // [64]
+    float* delta_tile = lse_tile + kTile;              // [64]
+
+    const std::int64_t tiles = (p.keys + kTile - 1) / kTile;
+    const TileOf at = tile_of_block(tiles, false);
+    const std::int64_t slice = at.slice, n0 = at.tile * kTile;
+    const std::int64_t D = p.head_dim;
+    const float scale = p.scale_f;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wrow = warp * kWarpRows;
+    const int r = wrow + lane / 2, half = lane % 2;
+    const std::int64_t key = n0 + r;
+
+    load_rows<DP>(ks, k + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
+    load_rows<DP>(vs, v + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
+    FragC dk_acc[kDFrags], dv_acc[kDFrags];
+    zero(dk_acc);
+    zero(dv_acc);
+    // Causal: queries before the tile's first key see none of its keys.
+    const std::int64_t query_begin = p.causal ? n0 : 0;
+    for (std::int64_t m0 = query_begin; m0 < p.queries; m0 += kTile) {
+        __syncthreads();  // every warp is done with the previous qs, dys (and the first time: ks, vs are written)
+        load_rows<DP>(qs, q + slice * p.queries * D, m0, p.queries - m0, D, p.vector_rows);
+        load_rows<DP>(dys, dy + slice * p.queries * D, m0, p.queries - m0, D, p.vector_rows);
+        for (int c = threadIdx.x; c < kTile; c += kThreads) {
+            const bool inside = m0 + c < p.queries;
+            lse_tile[c] = inside ? lse[slice * p.queries + m0 + c] : minus_infinity<float>();
+            delta_tile[c] = inside ? delta[slice * p.queries + m0 + c] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int c0 = 0; c0 < kTile; c0 += 16 * kScoreFrags) {
+            FragC acc[kScoreFrags];
+            zero(acc);
+            warp_mma<kScoreFrags, DP, true>(acc, ks + wrow * kLine, kLine, qs + c0 * kLine, kLine);
+            store(ps + wrow * kScoreLine + c0, kScoreLine, acc);
+            zero(acc);
+            warp_mma<kScoreFrags, DP, true>(acc, vs + wrow * kLine, kLine, dys + c0 * kLine, kLine);
+            store(dss + wrow * kScoreLine + c0, kScoreLine, acc);
+        }
+        __syncwarp();
+        float* prow = ps + r * kScoreLine;
+        float* dsrow = dss + r * kScoreLine;
+#pragma unroll 8
+        for (int j = 0; j < kTile / 2; ++j) {
+            const int c = 2 * j + half;
+            const std::int64_t t = m0 + c;
+            const bool part = takes_part<float>(p, slice, t, key) && lse_tile[c] != minus_infinity<float>();
+            const float prob = part ? expf(prow[c] * scale - lse_tile[c]) : 0.0f;
+            const float factor = part ? dropout_factor<float>(p, slice, t, key) : 0.0f;
+            dsrow[c] = prob * (dsrow[c] * factor - delta_tile[c]);
+            prow[c] = prob * factor;
+        }
+        __syncwarp();
+        warp_mma<kDFrags, kTile, false>(dv_acc, ps + wrow * kScoreLine, kScoreLine, dys, kLine);
+        warp_mma<kDFrags, kTile, false>(dk_acc, dss + wrow * kScoreLine, kScoreLine, qs, kLine);
+    }
+    // The warp's own rows of ks and vs (no other warp reads them) stage its results for coalesced stores, once
+    // every thread's loads into them are done (the loop may not have run: causal, keys past the last query).
+    __syncthreads();
+    store(ks + wrow * kLine, kLine, dk_acc);
+    store(vs + wrow * kLine, kLine, dv_acc);
+    __syncwarp();
+    store_warp_rows<DP>(dk + slice * p.keys * D, ks, wrow, n0 + wrow, p.keys, D, scale);
+    store_warp_rows<DP>(dv + slice * p.keys * D, vs, wrow, n0 + wrow, p.keys, D, 1.0f);
+#endif
+}
+
+// dq (B,H,T,D) for one query tile, over every key tile it sees, as attention_backward_q_kernel.
+template <int DP>
+__global__ void __launch_bounds__(kThreads) attention_backward_q_kernel(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ dy, const float* __restrict__ lse, const float* __restrict__ delta,
+    float* __restrict__ dq, Params p) {
+#if DG_ATTENTION_TENSOR_CORES
+    constexpr int kLine = line<DP>(), kDFrags = DP / 16, kScoreFrags = kTile / 16;
+    extern __shared__ __align__(128) unsigned char tc_shared[];
+    float* qs = reinterpret_cast<float*>(tc_shared);  // [64 queries][kLine]
+    float* dys = qs + kTile * kLine;                   // [64 queries][kLine]
+    float* ks = dys + kTile * kLine;                   // [64 keys][kLine]
+    float* vs = ks + kTile * kLine;                    // [64 keys][kLine]
+    float* ss = vs + kTile * kLine;                    // [64 queries][kScoreLine]: S, then dS
+    float* dps = ss + kTile * kScoreLine;              // [64 queries][kScoreLine]: dP
+
+    const std::int64_t tiles = (p.queries + kTile - 1) / kTile;
+    const TileOf at = tile_of_block(tiles, p.causal);
+    const std::int64_t slice = at.slice, m0 = at.tile * kTile;
+    const std::int64_t D = p.head_dim;
+    const float scale = p.scale_f;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wrow = warp * kWarpRows;
+    const int r = wrow + lane / 2, half = lane % 2;
+    const std::int64_t t = m0 + r;
+
+    load_rows<DP>(qs, q + slice * p.queries * D, m0, p.queries - m0, D, p.vector_rows);
+    load_rows<DP>(dys, dy + slice * p.queries * D, m0, p.queries - m0, D, p.vector_rows);
+    const float row_lse = t < p.queries ? lse[slice * p.queries + t] : minus_infinity<float>();
+    const float row_delta = t < p.queries ? delta[slice * p.queries + t] : 0.0f;
+    FragC dq_acc[kDFrags];
+    zero(dq_acc);
+    const std::int64_t key_end = p.causal ? std::min<std::int64_t>(p.keys, m0 + kTile) : p.keys;
+    for (std::int64_t n0 = 0; n0 < key_end; n0 += kTile) {
+        __syncthreads();  // every warp is done with the previous ks, vs (and the first time: qs, dys are written)
+        load_rows<DP>(ks, k + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
+        load_rows<DP>(vs, v + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
+        __syncthreads();
+        {
+            FragC acc[kScoreFrags];
+            zero(acc);
+            warp_mma<kScoreFrags, DP, true>(acc, qs + wrow * kLine, kLine, ks, kLine);
+            store(ss + wrow * kScoreLine, kScoreLine, acc);
+            zero(acc);
+            warp_mma<kScoreFrags, DP, true>(acc, dys + wrow * kLine, kLine, vs, kLine);
+            store(dps + wrow * kScoreLine, kScoreLine, acc);
+        }
+        __syncwarp();
+        float* srow = ss + r * kScoreLine;
+        const float* dprow = dps + r * kScoreLine;
+#pragma unroll 8
+        for (int j = 0; j < kTile / 2; ++j) {
+            const int c = 2 * j + half;
+            const std::int64_t key = n0 + c;
+            const bool part = takes_part<float>(p, slice, t, key) && row_lse != minus_infinity<float>();
+            const float prob = part ? expf(srow[c] * scale - row_lse) : 0.0f;
+            const float factor = part ? dropout_factor<float>(p, slice, t, key) : 0.0f;
+            srow[c] = prob * (dprow[c] * factor - row_delta);
+        }
+        __syncwarp();
+        warp_mma<kDFrags, kTile, false>(dq_acc, ss + wrow * kScoreLine, kScoreLine, ks, kLine);
+    }
+    // The warp's own rows of qs (no other warp reads them) stage its result for coalesced stores.
+    __syncthreads();
+    store(qs + wrow * kLine, kLine, dq_acc);
+    __syncwarp();
+    store_warp_rows<DP>(dq + slice * p.queries * D, qs, wrow, m0 + wrow, p.queries, D, scale);
+#endif
+}
+
+}  // namespace tc
+
 // A mask value other than 0 or 1 is reported (ValueError at the next synchronisation), as the CPU throws.
 template <typename Real>
 __global__ void check_binary_mask_kernel(const Real* __restrict__ mask, std::int64_t n, DeviceErrorRecord* record,
@@ -501,7 +872,63 @@ unsigned blocks_for(std::int64_t tiles, std::int64_t slices) {
 
 constexpr const char* kOpName = "scaled_dot_product_attention mask";
 
+// Whether the tensor-core kernels were compiled for this device's architecture (8.0 and newer; below it they
+// are empty). Checked once per process: every device dyngrad runs on is the same build target.
+bool tensor_cores_compiled() {
+    static const bool compiled = [] {
+        cudaFuncAttributes attributes{};
+        DG_CUDA_CHECK(cudaFuncGetAttributes(&attributes, tc::attention_forward_kernel<64>));
+        return attributes.ptxVersion >= 80;
+    }();
+    return compiled;
+}
+
+// float32 runs on tensor cores unless attention_gpu_path() says simt (ops/attention.h).
+bool use_tensor_cores(DType dtype) {
+    return dtype == DType::f32 && attention_gpu_path() == AttentionGpuPath::tensor_cores && tensor_cores_compiled();
+}
+
+// float4 loads of (rows, D) operands: D % 4 == 0 and every base 16-byte aligned.
+bool rows_are_aligned(std::int64_t head_dim, std::initializer_list<const float*> bases) {
+    if (head_dim % 4 != 0) return false;
+    for (const float* base : bases)
+        if (reinterpret_cast<std::uintptr_t>(base) % 16 != 0) return false;
+    return true;
+}
+
+// dq (when wanted) and dk, dv (when either is wanted) by the tensor-core kernels; delta is computed.
+void launch_tensor_core_backward(const BackwardArgs& args, const AttentionGeometry& g, Params p, const Tensor& lse,
+                                 const Tensor& delta, Tensor& dq, Tensor& dk, Tensor& dv, DeviceContext& ctx) {
+    const float* q = args.inputs[0].data<float>();
+    const float* k = args.inputs[1].data<float>();
+    const float* v = args.inputs[2].data<float>();
+    const float* dy = args.grad_output.data<float>();
+    p.vector_rows = rows_are_aligned(g.head_dim, {q, k, v, dy});
+    with_padded_head_dim(g.head_dim, [&]<int DP>() {
+        if (dk.defined()) {
+            constexpr std::size_t shared = tc::backward_kv_shared<DP>();
+            static std::once_flag once;
+            allow_shared(tc::attention_backward_kv_kernel<DP>, shared, once);
+            const unsigned blocks = blocks_for((g.keys + tc::kTile - 1) / tc::kTile, g.slices());
+            tc::attention_backward_kv_kernel<DP><<<blocks, tc::kThreads, shared, ctx.stream>>>(
+                q, k, v, dy, lse.data<float>(), delta.data<float>(), dk.data<float>(), dv.data<float>(), p);
+            DG_CUDA_CHECK_LAUNCH();
+        }
+        if (dq.defined()) {
+            constexpr std::size_t shared = tc::backward_q_shared<DP>();
+            static std::once_flag once;
+            allow_shared(tc::attention_backward_q_kernel<DP>, shared, once);
+            const unsigned blocks = blocks_for((g.queries + tc::kTile - 1) / tc::kTile, g.slices());
+            tc::attention_backward_q_kernel<DP><<<blocks, tc::kThreads, shared, ctx.stream>>>(
+                q, k, v, dy, lse.data<float>(), delta.data<float>(), dq.data<float>(), p);
+            DG_CUDA_CHECK_LAUNCH();
+        }
+    });
+}
+
 }  // namespace
+
+bool attention_tensor_cores_compiled() { return tensor_cores_compiled(); }
 
 Tensor scaled_dot_product_attention_forward(const ForwardArgs& args) {
     const AttentionGeometry g = attention_geometry(args.inputs, args.attrs);
@@ -519,7 +946,23 @@ Tensor scaled_dot_product_attention_forward(const ForwardArgs& args) {
         });
     }
     if (g.slices() == 0 || g.queries == 0) return y;
-    const Params p = params_of(args.inputs, g);
+    Params p = params_of(args.inputs, g);
+    if (use_tensor_cores(q.dtype())) {
+        const float* qf = q.data<float>();
+        const float* kf = args.inputs[1].data<float>();
+        const float* vf = args.inputs[2].data<float>();
+        p.vector_rows = rows_are_aligned(g.head_dim, {qf, kf, vf});
+        with_padded_head_dim(g.head_dim, [&]<int DP>() {
+            constexpr std::size_t shared = tc::forward_shared<DP>();
+            static std::once_flag once;
+            allow_shared(tc::attention_forward_kernel<DP>, shared, once);
+            const unsigned blocks = blocks_for((g.queries + tc::kTile - 1) / tc::kTile, g.slices());
+            tc::attention_forward_kernel<DP><<<blocks, tc::kThreads, shared, ctx.stream>>>(
+                qf, kf, vf, y.data<float>(), lse.data<float>(), p);
+            DG_CUDA_CHECK_LAUNCH();
+        });
+        return y;
+    }
     dispatch_floating(q.dtype(), "scaled_dot_product_attention", [&]<typename Real>() {
         constexpr int TILE = tile_for<Real>();
         with_padded_head_dim(g.head_dim, [&]<int DP>() {
@@ -550,14 +993,21 @@ std::vector<Tensor> scaled_dot_product_attention_backward(const BackwardArgs& ar
     Tensor dv = want_kv ? Tensor::empty(args.inputs[2].shape(), dy.dtype(), dy.device()) : Tensor();
     const std::int64_t rows = g.slices() * g.queries;
     if (rows > 0 && g.keys > 0) {
-        const Params p = params_of(args.inputs, g);
+        Params p = params_of(args.inputs, g);
         const Tensor& lse = args.saved[0];
         Tensor delta = Tensor::empty({rows}, dy.dtype(), dy.device());
+        const bool tensor_cores = use_tensor_cores(dy.dtype());
         dispatch_floating(dy.dtype(), "scaled_dot_product_attention backward", [&]<typename Real>() {
             constexpr unsigned kDeltaThreads = 256;
             attention_delta_kernel<Real><<<grid_size(ctx, rows * 32, kDeltaThreads), kDeltaThreads, 0, ctx.stream>>>(
                 dy.data<Real>(), args.output.data<Real>(), delta.data<Real>(), rows, g.head_dim);
             DG_CUDA_CHECK_LAUNCH();
+            if constexpr (std::is_same_v<Real, float>) {
+                if (tensor_cores) {
+                    launch_tensor_core_backward(args, g, p, lse, delta, dq, dk, dv, ctx);
+                    return;
+                }
+            }
             constexpr int TILE = tile_for<Real>();
             const Real* q = args.inputs[0].data<Real>();
             const Real* k = args.inputs[1].data<Real>();

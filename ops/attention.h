@@ -21,6 +21,17 @@ struct AttentionOptions {
 // The largest head dimension D the GPU kernel takes (the CPU takes any D >= 1).
 inline constexpr std::int64_t kAttentionMaxGpuHeadDim = 128;
 
+// Which GPU kernels run float32 attention (process-wide): tensor cores (3xTF32 WMMA: each operand split into a
+// TF32 part and a TF32 residual, three MMAs per product, ~float32 accuracy; the default on compute capability 8.0
+// and newer) or the SIMT kernels (exact float32 FMA; float64 and devices before 8.0 always use them). The
+// environment variable DYNGRAD_ATTENTION_SIMT=1 selects simt at start; set_attention_gpu_path overrides it.
+enum class AttentionGpuPath { tensor_cores, simt };
+void set_attention_gpu_path(AttentionGpuPath path);
+AttentionGpuPath attention_gpu_path();
+// Whether float32 attention on the GPU runs on tensor cores now: the path is tensor_cores and this build's
+// kernels target the device's architecture (8.0+). False in a build without CUDA.
+bool attention_uses_tensor_cores();
+
 // q (B,H,T,D), k (B,H,S,D), v (B,H,S,D) -> (B,H,T,D), one dtype (float32 or float64), one device:
 //   y = dropout(softmax(q·kᵀ·scale + bias)) · v      along s, per (b, h, t)
 // bias is 0 where key s takes part in query t and −inf where it does not (is_causal, mask). A query whose keys

@@ -29,4 +29,9 @@ struct AttentionGeometry {
 // inputs: q, k, v[, mask]
 AttentionGeometry attention_geometry(std::span<const Tensor> inputs, const OpAttrs& attrs);
 
+namespace cuda {
+// Whether ops/attention.cu's tensor-core kernels were compiled for the current device's architecture.
+bool attention_tensor_cores_compiled();
+}  // namespace cuda
+
 }  // namespace dyngrad

@@ -2,6 +2,7 @@
 // (matmul, masked_fill, softmax), queries that lose every key, dropout's replayable masks, bad mask values, CPU
 // thread counts; on a GPU (skipped visibly without one): large cases against the float64 CPU replay, memory
 // linear in T, deterministic gradients, bad mask values reported by the kernel.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -254,4 +255,108 @@ TEST_CASE("attention on the GPU: a mask value other than 0 or 1 is a ValueError 
     REQUIRE_THROWS_MATCHES(cuda::synchronize(0), ValueError,
                            MessageHas({"scaled_dot_product_attention", "mask", "position 3", "neither 0 nor 1"}));
     cuda::synchronize(0);  // the record was cleared: the device stays usable
+}
+
+namespace {
+
+// Sets the GPU path for a scope and restores the previous one (also when a check throws).
+class GpuPathScope {
+public:
+    explicit GpuPathScope(AttentionGpuPath path) : saved_(attention_gpu_path()) { set_attention_gpu_path(path); }
+    ~GpuPathScope() { set_attention_gpu_path(saved_); }
+    GpuPathScope(const GpuPathScope&) = delete;
+    GpuPathScope& operator=(const GpuPathScope&) = delete;
+
+private:
+    AttentionGpuPath saved_;
+};
+
+double relative_norm_diff(const Tensor& a, const Tensor& b) {
+    const std::vector<double> x = a.to_vector(), y = b.to_vector();
+    REQUIRE(x.size() == y.size());
+    double diff = 0, norm = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        diff += (x[i] - y[i]) * (x[i] - y[i]);
+        norm += y[i] * y[i];
+    }
+    return std::sqrt(diff / std::max(norm, 1e-300));
+}
+
+}  // namespace
+
+TEST_CASE("attention on the GPU: the tensor-core and SIMT float32 paths both match the float64 CPU replay",
+          "[attention][gpu]") {
+    if (!have_gpu()) DG_SKIP("no CUDA device");
+    const OpDef* def = find_op("scaled_dot_product_attention");
+    REQUIRE(def != nullptr);
+    using D = InputDomain;
+    const std::vector<D> masked = {D::Any, D::Any, D::Any, D::Mask};
+    // Every padded head dim (32, 64, 128) and a D that pads (and so takes scalar loads); T, S off the tile of 64.
+    const std::vector<OpCase> cases = {
+        {"B2 H2 T150 S150 D64 causal", {{2, 2, 150, 64}, {2, 2, 150, 64}, {2, 2, 150, 64}}, attention_attrs(true), {}},
+        {"B1 H3 T70 S200 D32", {{1, 3, 70, 32}, {1, 3, 200, 32}, {1, 3, 200, 32}}, attention_attrs(false), {}},
+        {"B1 H2 T200 S70 D32 causal (keys end before queries)", {{1, 2, 200, 32}, {1, 2, 70, 32}, {1, 2, 70, 32}},
+         attention_attrs(true), {}},
+        {"B1 H2 T129 S65 D128 mask (H,T,S)", {{1, 2, 129, 128}, {1, 2, 65, 128}, {1, 2, 65, 128}, {2, 129, 65}},
+         attention_attrs(false), masked},
+        {"B2 H1 T97 S131 D128 causal", {{2, 1, 97, 128}, {2, 1, 131, 128}, {2, 1, 131, 128}}, attention_attrs(true), {}},
+        {"B2 H2 T80 S90 D40 dropout 0.3", {{2, 2, 80, 40}, {2, 2, 90, 40}, {2, 2, 90, 40}},
+         attention_attrs(false, 0.3, 12), {}},
+        {"B1 H1 T33 S47 D17 causal", {{1, 1, 33, 17}, {1, 1, 47, 17}, {1, 1, 47, 17}}, attention_attrs(true), {}},
+        {"B1 H2 T64 S64 D96 causal dropout 0.1, mask (T,S)", {{1, 2, 64, 96}, {1, 2, 64, 96}, {1, 2, 64, 96}, {64, 64}},
+         attention_attrs(true, 0.1, 3), masked},
+    };
+    for (const AttentionGpuPath path : {AttentionGpuPath::simt, AttentionGpuPath::tensor_cores}) {
+        const GpuPathScope scope(path);
+        const char* name = path == AttentionGpuPath::simt ? "simt" : "tensor cores";
+        for (std::size_t index = 0; index < cases.size(); ++index) {
+            DYNAMIC_SECTION(name << ": " << cases[index].label) {
+                Generator gen(9'000'000 + index);
+                const CheckResult r = gpu_vs_cpu_check(*def, cases[index], gen, 1e-5);
+                INFO(name << ", " << r.case_label << ": max rel err " << r.max_rel_err << ", max abs err "
+                          << r.max_abs_err << ", " << r.detail);
+                CHECK(r.pass);
+            }
+        }
+    }
+}
+
+TEST_CASE("attention on the GPU: the tensor-core path runs when selected and agrees with SIMT to ~1e-6",
+          "[attention][gpu]") {
+    if (!have_gpu()) DG_SKIP("no CUDA device");
+    const Device gpu = Device::cuda(0);
+    const bool causal = GENERATE(false, true);
+    const std::int64_t B = 2, H = 4, T = 333, D = 64;
+    Generator gen(41);
+    const Tensor q = Tensor::normal({B, H, T, D}, 0.0, 1.0, gen, DType::f32, gpu);
+    const Tensor k = Tensor::normal({B, H, T, D}, 0.0, 1.0, gen, DType::f32, gpu);
+    const Tensor v = Tensor::normal({B, H, T, D}, 0.0, 1.0, gen, DType::f32, gpu);
+    const Tensor dy = Tensor::normal({B, H, T, D}, 0.0, 1.0, gen, DType::f32, gpu);
+    const auto run = [&](AttentionGpuPath path) {
+        const GpuPathScope scope(path);
+        ComputeGraph g;
+        Var qv = g.input(q, "q", true), kv = g.input(k, "k", true), vv = g.input(v, "v", true);
+        Var y = scaled_dot_product_attention(qv, kv, vv, options_of(causal, 0.0, 0));
+        g.backward(y, dy);
+        return std::vector<Tensor>{y.value().clone(), qv.grad().clone(), kv.grad().clone(), vv.grad().clone()};
+    };
+    const std::vector<Tensor> simt = run(AttentionGpuPath::simt);
+    const std::vector<Tensor> tensor = run(AttentionGpuPath::tensor_cores);
+    {
+        const GpuPathScope scope(AttentionGpuPath::tensor_cores);
+        // The project's builds target sm_90 (CMAKE_CUDA_ARCHITECTURES): tensor cores are there on every device
+        // these tests run on.
+        REQUIRE(attention_uses_tensor_cores());
+    }
+    {
+        const GpuPathScope scope(AttentionGpuPath::simt);
+        CHECK_FALSE(attention_uses_tensor_cores());
+    }
+    const char* names[] = {"y", "dq", "dk", "dv"};
+    for (std::size_t i = 0; i < simt.size(); ++i) {
+        INFO(names[i]);
+        // Another arithmetic (3xTF32 products): not the same bits, but the same values to ~float32 accuracy.
+        CHECK(max_abs_diff(simt[i], tensor[i]) > 0.0);
+        CHECK(relative_norm_diff(tensor[i], simt[i]) < 1e-5);
+    }
 }
