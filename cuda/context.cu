@@ -41,9 +41,8 @@ void make_current(int device) {
 
 // An event on the current device, for ordering only (no timing).
 EventHandle make_event() {
-    cudaEvent_t event = nullptr;
-    DG_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-    return EventHandle(event);
+    return make_owned<EventHandle>(
+        [](cudaEvent_t* event) { DG_CUDA_CHECK(cudaEventCreateWithFlags(event, cudaEventDisableTiming)); });
 }
 
 int thread_current_device() noexcept { return tls_current_device; }
@@ -52,14 +51,13 @@ ContextOwner::ContextOwner(int device) {
     make_current(device);
     ctx.device = device;
 
-    cudaStream_t raw_stream = nullptr;
-    DG_CUDA_CHECK(cudaStreamCreateWithFlags(&raw_stream, cudaStreamNonBlocking));
-    stream = StreamHandle(raw_stream);
+    stream = make_owned<StreamHandle>(
+        [](cudaStream_t* raw) { DG_CUDA_CHECK(cudaStreamCreateWithFlags(raw, cudaStreamNonBlocking)); });
+    const cudaStream_t raw_stream = stream.get();
     ctx.stream = raw_stream;
 
-    cublasHandle_t raw_cublas = nullptr;
-    DG_CUBLAS_CHECK(cublasCreate(&raw_cublas));
-    cublas = CublasHandle(raw_cublas);
+    cublas = make_owned<CublasHandle>([](cublasHandle_t* raw) { DG_CUBLAS_CHECK(cublasCreate(raw)); });
+    const cublasHandle_t raw_cublas = cublas.get();
     DG_CUBLAS_CHECK(cublasSetStream(raw_cublas, raw_stream));
     DG_CUBLAS_CHECK(cublasSetPointerMode(raw_cublas, CUBLAS_POINTER_MODE_HOST));
     // Without a workspace of ours cuBLAS allocates its own, inside a CUDA graph capture too (memory nodes of
@@ -68,22 +66,19 @@ ContextOwner::ContextOwner(int device) {
     int major = 0;
     DG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     const std::size_t workspace_bytes = major >= 9 ? kCublasWorkspaceHopper : kCublasWorkspace;
-    void* raw_workspace = nullptr;
-    DG_CUDA_CHECK(cudaMalloc(&raw_workspace, workspace_bytes));
-    cublas_workspace = DeviceBuffer(raw_workspace);
+    cublas_workspace =
+        make_owned<DeviceBuffer>([&](void** raw) { DG_CUDA_CHECK(cudaMalloc(raw, workspace_bytes)); });
+    void* const raw_workspace = cublas_workspace.get();
     DG_CUBLAS_CHECK(cublasSetWorkspace(raw_cublas, raw_workspace, workspace_bytes));
     ctx.cublas = raw_cublas;
     ctx.gemm_workspace = raw_workspace;
     ctx.gemm_workspace_bytes = workspace_bytes;
 
-    cublasLtHandle_t raw_lt = nullptr;
-    DG_CUBLAS_CHECK(cublasLtCreate(&raw_lt));
-    cublas_lt = CublasLtHandle(raw_lt);
-    ctx.cublas_lt = raw_lt;
+    cublas_lt = make_owned<CublasLtHandle>([](cublasLtHandle_t* raw) { DG_CUBLAS_CHECK(cublasLtCreate(raw)); });
+    ctx.cublas_lt = cublas_lt.get();
 
-    cudnnHandle_t raw_cudnn = nullptr;
-    DG_CUDNN_CHECK(cudnnCreate(&raw_cudnn));
-    cudnn = CudnnHandle(raw_cudnn);
+    cudnn = make_owned<CudnnHandle>([](cudnnHandle_t* raw) { DG_CUDNN_CHECK(cudnnCreate(raw)); });
+    const cudnnHandle_t raw_cudnn = cudnn.get();
     DG_CUDNN_CHECK(cudnnSetStream(raw_cudnn, raw_stream));
     spare_cudnn.push_back(raw_cudnn);  // created synchronously before any other, as cuDNN's guide recommends
 

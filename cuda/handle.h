@@ -48,6 +48,15 @@ private:
     T handle_{};
 };
 
+// The one way a handle is created and owned: `create(&raw)` makes it and checks its own status (each library
+// has its check macro), and the owner takes it. ContextOwner::ContextOwner creates every kind through it.
+template <typename Owner, typename Create>
+Owner make_owned(Create&& create) {
+    decltype(Owner().get()) raw{};
+    create(&raw);
+    return Owner(raw);
+}
+
 using StreamHandle = UniqueHandle<cudaStream_t, cudaStreamDestroy>;
 using EventHandle = UniqueHandle<cudaEvent_t, cudaEventDestroy>;
 using GraphHandle = UniqueHandle<cudaGraph_t, cudaGraphDestroy>;

@@ -202,46 +202,52 @@ void initialise_search_buffers(DeviceContext& ctx, const Workspace& search, Tens
     DG_CUDA_CHECK(cudaMemsetAsync(result.raw_data(), 0, result.nbytes(), ctx.stream));
 }
 
-void search_forward(DeviceContext& ctx, ConvPlan& plan, const Tensor& x, const Tensor& w, Tensor& y) {
+// One pass's search: cuDNN times every algorithm on scratch buffers (`result` is one of them) and the fastest
+// that fits is kept. `max_count_of` is the pass's cudnnGet...AlgorithmMaxCount, `find` its cudnnFind...Ex
+// called with (max_count, &count, results, search workspace).
+template <typename Perf, typename Algo, typename MaxCountFn, typename FindFn>
+void search_pass(DeviceContext& ctx, ConvPlan& plan, PassPlan<Algo>& pass, Tensor& result, const char* pass_name,
+                 MaxCountFn max_count_of, FindFn find) {
     throw_if_capturing(ctx.device, kSearchWhat, kSearchWhy);
     int max_count = 0;
-    DG_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(ctx.cudnn, &max_count));
-    std::vector<cudnnConvolutionFwdAlgoPerf_t> results(static_cast<std::size_t>(max_count));
+    DG_CUDNN_CHECK(max_count_of(ctx.cudnn, &max_count));
+    std::vector<Perf> results(static_cast<std::size_t>(max_count));
     int count = 0;
     Workspace search(ctx, kWorkspaceLimit);
-    initialise_search_buffers(ctx, search, y);
-    DG_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
-        ctx.cudnn, plan.x.get(), x.raw_data(), plan.w.get(), w.raw_data(), plan.forward.conv.get(), plan.y.get(),
-        y.raw_data(), max_count, &count, results.data(), search.data(), search.bytes()));
-    choose(plan.forward, plan, results.data(), count, "forward");
+    initialise_search_buffers(ctx, search, result);
+    DG_CUDNN_CHECK(find(max_count, &count, results.data(), search));
+    choose(pass, plan, results.data(), count, pass_name);
+}
+
+void search_forward(DeviceContext& ctx, ConvPlan& plan, const Tensor& x, const Tensor& w, Tensor& y) {
+    search_pass<cudnnConvolutionFwdAlgoPerf_t>(
+        ctx, plan, plan.forward, y, "forward", cudnnGetConvolutionForwardAlgorithmMaxCount,
+        [&](int max_count, int* count, cudnnConvolutionFwdAlgoPerf_t* results, const Workspace& search) {
+            return cudnnFindConvolutionForwardAlgorithmEx(ctx.cudnn, plan.x.get(), x.raw_data(), plan.w.get(),
+                                                          w.raw_data(), plan.forward.conv.get(), plan.y.get(),
+                                                          y.raw_data(), max_count, count, results, search.data(),
+                                                          search.bytes());
+        });
 }
 
 void search_backward_data(DeviceContext& ctx, ConvPlan& plan, const Tensor& w, const Tensor& dy, Tensor& dx) {
-    throw_if_capturing(ctx.device, kSearchWhat, kSearchWhy);
-    int max_count = 0;
-    DG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(ctx.cudnn, &max_count));
-    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> results(static_cast<std::size_t>(max_count));
-    int count = 0;
-    Workspace search(ctx, kWorkspaceLimit);
-    initialise_search_buffers(ctx, search, dx);
-    DG_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
-        ctx.cudnn, plan.w.get(), w.raw_data(), plan.y.get(), dy.raw_data(), plan.backward_data.conv.get(),
-        plan.x.get(), dx.raw_data(), max_count, &count, results.data(), search.data(), search.bytes()));
-    choose(plan.backward_data, plan, results.data(), count, "backward data");
+    search_pass<cudnnConvolutionBwdDataAlgoPerf_t>(
+        ctx, plan, plan.backward_data, dx, "backward data", cudnnGetConvolutionBackwardDataAlgorithmMaxCount,
+        [&](int max_count, int* count, cudnnConvolutionBwdDataAlgoPerf_t* results, const Workspace& search) {
+            return cudnnFindConvolutionBackwardDataAlgorithmEx(
+                ctx.cudnn, plan.w.get(), w.raw_data(), plan.y.get(), dy.raw_data(), plan.backward_data.conv.get(),
+                plan.x.get(), dx.raw_data(), max_count, count, results, search.data(), search.bytes());
+        });
 }
 
 void search_backward_filter(DeviceContext& ctx, ConvPlan& plan, const Tensor& x, const Tensor& dy, Tensor& dw) {
-    throw_if_capturing(ctx.device, kSearchWhat, kSearchWhy);
-    int max_count = 0;
-    DG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(ctx.cudnn, &max_count));
-    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> results(static_cast<std::size_t>(max_count));
-    int count = 0;
-    Workspace search(ctx, kWorkspaceLimit);
-    initialise_search_buffers(ctx, search, dw);
-    DG_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
-        ctx.cudnn, plan.x.get(), x.raw_data(), plan.y.get(), dy.raw_data(), plan.backward_filter.conv.get(),
-        plan.w.get(), dw.raw_data(), max_count, &count, results.data(), search.data(), search.bytes()));
-    choose(plan.backward_filter, plan, results.data(), count, "backward filter");
+    search_pass<cudnnConvolutionBwdFilterAlgoPerf_t>(
+        ctx, plan, plan.backward_filter, dw, "backward filter", cudnnGetConvolutionBackwardFilterAlgorithmMaxCount,
+        [&](int max_count, int* count, cudnnConvolutionBwdFilterAlgoPerf_t* results, const Workspace& search) {
+            return cudnnFindConvolutionBackwardFilterAlgorithmEx(
+                ctx.cudnn, plan.x.get(), x.raw_data(), plan.y.get(), dy.raw_data(), plan.backward_filter.conv.get(),
+                plan.w.get(), dw.raw_data(), max_count, count, results, search.data(), search.bytes());
+        });
 }
 
 // ---- bias and activation ----

@@ -7,7 +7,7 @@
 #pragma once
 #include <cstdint>
 
-#include "dyngrad/ops/elementwise_math.h"  // DG_HOST_DEVICE
+#include "dyngrad/ops/host_device.h"
 
 namespace dyngrad::math {
 

@@ -20,12 +20,7 @@
 #include "dyngrad/core/error.h"
 #include "dyngrad/graph/op_def.h"
 #include "dyngrad/graph/op_type.h"
-
-#if defined(__CUDACC__)
-#define DG_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define DG_HOST_DEVICE inline
-#endif
+#include "dyngrad/ops/host_device.h"
 
 namespace dyngrad::math {
 

@@ -354,23 +354,6 @@ Tensor scatter_add_forward(const ForwardArgs& args) {
     return y;
 }
 
-// dbase = dy; dsrc = dy gathered at the indexed positions
-std::vector<Tensor> scatter_add_backward(const BackwardArgs& args) {
-    const Tensor& base = args.inputs[0];
-    const Tensor& index = args.inputs[1];
-    const Tensor& dy = args.grad_output;
-    std::vector<Tensor> grads(3);
-    if (args.needs_grad[0]) grads[0] = dy;
-    if (args.needs_grad[2]) {
-        grads[2] = Tensor::empty(index.shape(), dy.dtype(), dy.device());
-        const IndexedWalk walk = indexed_walk(base.shape(), index.shape(), normalize_axis(args.attrs.axis, base.rank()));
-        dispatch_floating(dy.dtype(), "scatter_add backward", [&]<typename T>() {
-            gather_elements(dy.data<T>(), index, walk, grads[2].data<T>());
-        });
-    }
-    return grads;
-}
-
 namespace {
 
 // where: y = c != 0 ? a : b over y's shape (operands condition, a, b); masked_fill: y = m != 0 ? value : x
@@ -440,5 +423,22 @@ std::vector<Tensor> select_backward(const BackwardArgs& args) {
 }
 
 }  // namespace cpu
+
+// scatter_add's backward, every backend: dbase = dy; dsrc = dy gathered at the indexed positions, which is
+// gather's forward on (dy, index), run by dy's backend.
+std::vector<Tensor> scatter_add_backward(const BackwardArgs& args) {
+    const Tensor& dy = args.grad_output;
+    std::vector<Tensor> grads(3);
+    if (args.needs_grad[0]) grads[0] = dy;
+    if (args.needs_grad[2]) {
+        const Tensor gather_inputs[] = {dy, args.inputs[1]};
+        const OutputSpec out{args.inputs[1].shape(), dy.dtype()};
+        std::vector<Tensor> no_saved;
+        const OpDef& gather = op_def(OpType::Gather);
+        const ForwardFn forward = dy.device().is_cuda() ? gather.cuda.forward : gather.cpu.forward;
+        grads[2] = forward(ForwardArgs{OpType::Gather, gather_inputs, args.attrs, out, no_saved});
+    }
+    return grads;
+}
 
 }  // namespace dyngrad

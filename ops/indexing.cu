@@ -402,21 +402,6 @@ Tensor scatter_add_forward(const ForwardArgs& args) {
     return y;
 }
 
-std::vector<Tensor> scatter_add_backward(const BackwardArgs& args) {
-    const Tensor& base = args.inputs[0];
-    const Tensor& index = args.inputs[1];
-    const Tensor& dy = args.grad_output;
-    std::vector<Tensor> grads(3);
-    if (args.needs_grad[0]) grads[0] = dy;
-    if (args.needs_grad[2]) {
-        grads[2] = Tensor::empty(index.shape(), dy.dtype(), dy.device());
-        gather_elements(context_for(dy), dy, index,
-                        indexed_walk(base.shape(), index.shape(), normalize_axis(args.attrs.axis, base.rank())),
-                        "scatter_add backward", grads[2]);
-    }
-    return grads;
-}
-
 Tensor select_forward(const ForwardArgs& args) {
     DeviceContext& ctx = context_for(args.inputs[0]);
     Tensor y = Tensor::empty(args.out.shape, args.out.dtype, args.inputs[0].device());

@@ -7,6 +7,8 @@
 #include "dyngrad/graph/anomaly.h"
 #include "dyngrad/graph/backend.h"
 #include "dyngrad/graph/op_def.h"
+#include "dyngrad/ops/axis_geometry.h"
+#include "dyngrad/ops/layout_geometry.h"
 #include "dyngrad/ops/strided.h"
 
 namespace dyngrad {
@@ -57,29 +59,18 @@ OutputSpec rnn(OpType, std::span<const Tensor>, const OpAttrs&);
 Tensor reshape_forward(const ForwardArgs& args);
 std::vector<Tensor> reshape_backward(const BackwardArgs& args);
 
-// layer_norm / rms_norm see x as `rows` rows of the n = numel(normalized_shape) values they normalise.
-struct RowNormLayout {
-    std::int64_t rows = 0, n = 0;
-};
-RowNormLayout row_norm_layout(const Shape& x, const Shape& normalized_shape);
 // argmax, argmin: every backend, through the max op's kernels (ops/reduce.cpp).
 Tensor arg_reduce_forward(const ForwardArgs& args);
 
-// A tensor seen around one axis as (outer, size, inner): narrow and concat move runs of `inner`
-// contiguous elements (ops/layout.cpp).
-struct AxisSplit {
-    std::int64_t outer = 1, size = 1, inner = 1;
-};
-AxisSplit split_at_axis(const Shape& shape, int axis);
-
-// permute's geometry (ops/layout.cpp), shared by both backends: `dims` checked and normalised (ShapeError for
-// a wrong count or an axis out of range, ValueError for a repeat); the walk that reads x in y's order; the
-// inverse permutation (the backward's).
-std::vector<int> permutation_of(const std::vector<std::int64_t>& dims, std::size_t rank);
-StridedWalk<1> permute_walk(const Shape& x, const std::vector<int>& perm);
-std::vector<int> inverse_permutation(const std::vector<int>& perm);
 // expand's backward returns dy (y's shape); the engine sums it to x's shape. Every backend.
 std::vector<Tensor> expand_backward(const BackwardArgs& args);
+// narrow and concat: row copies (ops/layout_geometry.h) on the inputs' backend. Every backend.
+Tensor narrow_forward(const ForwardArgs& args);
+std::vector<Tensor> narrow_backward(const BackwardArgs& args);
+Tensor concat_forward(const ForwardArgs& args);
+std::vector<Tensor> concat_backward(const BackwardArgs& args);
+// scatter_add's backward: gather's forward on dy (ops/indexing.cpp). Every backend.
+std::vector<Tensor> scatter_add_backward(const BackwardArgs& args);
 
 // Indexing geometry (ops/indexing.cpp), shared by both backends. gather and scatter_add read index-shaped
 // operands: `element` walks the index's shape with the strides of the indexed tensor (0 along `axis`, where
@@ -131,10 +122,6 @@ Tensor row_norm_forward(const ForwardArgs&); /* layer_norm, rms_norm */
 std::vector<Tensor> row_norm_backward(const BackwardArgs&);
 Tensor scaled_dot_product_attention_forward(const ForwardArgs&);
 std::vector<Tensor> scaled_dot_product_attention_backward(const BackwardArgs&);
-Tensor narrow_forward(const ForwardArgs&);
-std::vector<Tensor> narrow_backward(const BackwardArgs&);
-Tensor concat_forward(const ForwardArgs&);
-std::vector<Tensor> concat_backward(const BackwardArgs&);
 Tensor rnn_forward(const ForwardArgs&);
 std::vector<Tensor> rnn_backward(const BackwardArgs&);
 Tensor permute_forward(const ForwardArgs&);
@@ -147,12 +134,13 @@ std::vector<Tensor> gather_backward(const BackwardArgs&);
 Tensor index_select_forward(const ForwardArgs&);
 std::vector<Tensor> index_select_backward(const BackwardArgs&);
 Tensor scatter_add_forward(const ForwardArgs&);
-std::vector<Tensor> scatter_add_backward(const BackwardArgs&);
 Tensor select_forward(const ForwardArgs&); /* where, masked_fill */
 std::vector<Tensor> select_backward(const BackwardArgs&);
 // engine helpers: x summed over `axes` (kept as size 1); dst += src (same shape)
 Tensor sum_over(const Tensor& x, std::span<const int> axes);
 void accumulate_into(Tensor& dst, const Tensor& src);
+// the copy narrow and concat are made of (ops/layout_geometry.h); src and dst of one dtype and device
+void copy_rows(const Tensor& src, Tensor& dst, const RowCopy& copy);
 // anomaly mode (graph/anomaly.h): min/max/NaN/Inf counts of any tensor (ops/tensor_stats.cpp)
 TensorStats tensor_stats(const Tensor& x);
 }  // namespace cpu
@@ -195,10 +183,6 @@ Tensor row_norm_forward(const ForwardArgs&); /* layer_norm, rms_norm */
 std::vector<Tensor> row_norm_backward(const BackwardArgs&);
 Tensor scaled_dot_product_attention_forward(const ForwardArgs&);
 std::vector<Tensor> scaled_dot_product_attention_backward(const BackwardArgs&);
-Tensor narrow_forward(const ForwardArgs&);
-std::vector<Tensor> narrow_backward(const BackwardArgs&);
-Tensor concat_forward(const ForwardArgs&);
-std::vector<Tensor> concat_backward(const BackwardArgs&);
 Tensor rnn_forward(const ForwardArgs&);
 std::vector<Tensor> rnn_backward(const BackwardArgs&);
 Tensor permute_forward(const ForwardArgs&);
@@ -211,12 +195,13 @@ std::vector<Tensor> gather_backward(const BackwardArgs&);
 Tensor index_select_forward(const ForwardArgs&);
 std::vector<Tensor> index_select_backward(const BackwardArgs&);
 Tensor scatter_add_forward(const ForwardArgs&);
-std::vector<Tensor> scatter_add_backward(const BackwardArgs&);
 Tensor select_forward(const ForwardArgs&); /* where, masked_fill */
 std::vector<Tensor> select_backward(const BackwardArgs&);
 // engine helpers: x summed over `axes` (kept as size 1); dst += src (same shape)
 Tensor sum_over(const Tensor& x, std::span<const int> axes);
 void accumulate_into(Tensor& dst, const Tensor& src);
+// the copy narrow and concat are made of (ops/layout_geometry.h); src and dst of one dtype and device
+void copy_rows(const Tensor& src, Tensor& dst, const RowCopy& copy);
 // anomaly mode (graph/anomaly.h): min/max/NaN/Inf counts of any tensor, read back to the host (ops/tensor_stats.cu)
 TensorStats tensor_stats(const Tensor& x);
 }  // namespace cuda

@@ -322,14 +322,6 @@ Tensor Tensor::flatten(std::int64_t start_axis, std::int64_t end_axis, std::sour
     return dyngrad::flatten(*this, start_axis, end_axis, where);
 }
 
-AxisSplit split_at_axis(const Shape& shape, int axis) {
-    AxisSplit s;
-    for (int i = 0; i < axis; ++i) s.outer *= shape[i];
-    s.size = shape[axis];
-    for (std::size_t i = axis + 1; i < shape.size(); ++i) s.inner *= shape[i];
-    return s;
-}
-
 // ---- shape rules ----
 namespace infer {
 
@@ -530,22 +522,22 @@ void swap_axes(const Tensor& x, int axis0, int axis1, Tensor& y) {
 
 // For each of `rows` rows: `block` elements from src + row·src_stride to dst + row·dst_stride (element
 // units of `element_size` bytes). Narrow, concat and their gradients are all such copies.
-void copy_rows(const void* src, std::int64_t src_stride, void* dst, std::int64_t dst_stride, std::int64_t rows,
-               std::int64_t block, std::size_t element_size) {
-    if (block == 0) return;
-    const auto* from = static_cast<const unsigned char*>(src);
-    auto* to = static_cast<unsigned char*>(dst);
-    const auto bytes = static_cast<std::size_t>(block) * element_size;
-    for (std::int64_t r = 0; r < rows; ++r)
-        std::memcpy(to + static_cast<std::size_t>(r * dst_stride) * element_size,
-                    from + static_cast<std::size_t>(r * src_stride) * element_size, bytes);
-}
-
 unsigned char* bytes_at(const Tensor& t, std::int64_t element) {
     return static_cast<unsigned char*>(t.raw_data()) + static_cast<std::size_t>(element) * dtype_size(t.dtype());
 }
 
 }  // namespace
+
+void copy_rows(const Tensor& src, Tensor& dst, const RowCopy& copy) {
+    if (copy.block == 0 || copy.rows == 0) return;
+    const std::size_t element_size = dtype_size(src.dtype());
+    const unsigned char* from = bytes_at(src, copy.src_offset);
+    unsigned char* to = bytes_at(dst, copy.dst_offset);
+    const auto bytes = static_cast<std::size_t>(copy.block) * element_size;
+    for (std::int64_t r = 0; r < copy.rows; ++r)
+        std::memcpy(to + static_cast<std::size_t>(r * copy.dst_stride) * element_size,
+                    from + static_cast<std::size_t>(r * copy.src_stride) * element_size, bytes);
+}
 
 // x (..., d0, ..., d1, ...) -> y (..., d1, ..., d0, ...), axes in attrs.axes
 Tensor transpose_forward(const ForwardArgs& args) {
@@ -567,67 +559,6 @@ std::vector<Tensor> transpose_backward(const BackwardArgs& args) {
     const int axis1 = normalize_axis(args.attrs.axes[1], x.rank());
     dispatch_floating(x.dtype(), "transpose backward", [&]<typename T>() { swap_axes<T>(dy, axis0, axis1, dx); });
     return {dx};
-}
-
-// x (outer, n, inner) -> y (outer, length, inner) = x[:, start:start+length, :], around attrs.axis
-Tensor narrow_forward(const ForwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    const AxisSplit s = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
-    const std::int64_t block = args.attrs.length * s.inner;
-    copy_rows(bytes_at(x, args.attrs.start * s.inner), s.size * s.inner, y.raw_data(), block, s.outer, block,
-              dtype_size(x.dtype()));
-    return y;
-}
-
-// dy (outer, length, inner) -> dx (outer, n, inner): dy in the window, zeros elsewhere
-std::vector<Tensor> narrow_backward(const BackwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    const Tensor& dy = args.grad_output;
-    if (!args.needs_grad[0]) return {Tensor()};
-    Tensor dx = Tensor::zeros(x.shape(), x.dtype(), x.device());
-    const AxisSplit s = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
-    const std::int64_t block = args.attrs.length * s.inner;
-    copy_rows(dy.raw_data(), block, bytes_at(dx, args.attrs.start * s.inner), s.size * s.inner, s.outer, block,
-              dtype_size(x.dtype()));
-    return {dx};
-}
-
-// xs[k] (outer, n_k, inner) -> y (outer, Σ n_k, inner), in input order along attrs.axis
-Tensor concat_forward(const ForwardArgs& args) {
-    const Tensor& first = args.inputs[0];
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, first.device());
-    const int axis = normalize_axis(args.attrs.axis, first.rank());
-    const AxisSplit ys = split_at_axis(y.shape(), axis);
-    const std::int64_t y_row = ys.size * ys.inner;
-    std::int64_t offset = 0;
-    for (const Tensor& x : args.inputs) {
-        const AxisSplit s = split_at_axis(x.shape(), axis);
-        copy_rows(x.raw_data(), s.size * s.inner, bytes_at(y, offset), y_row, s.outer, s.size * s.inner,
-                  dtype_size(x.dtype()));
-        offset += s.size * s.inner;
-    }
-    return y;
-}
-
-// dy (outer, Σ n_k, inner) -> dxs[k] (outer, n_k, inner): each input's slab of dy
-std::vector<Tensor> concat_backward(const BackwardArgs& args) {
-    const Tensor& dy = args.grad_output;
-    const int axis = normalize_axis(args.attrs.axis, dy.rank());
-    const AxisSplit ys = split_at_axis(dy.shape(), axis);
-    std::vector<Tensor> grads(args.inputs.size());
-    std::int64_t offset = 0;
-    for (std::size_t i = 0; i < args.inputs.size(); ++i) {
-        const Tensor& x = args.inputs[i];
-        const AxisSplit s = split_at_axis(x.shape(), axis);
-        if (args.needs_grad[i]) {
-            grads[i] = Tensor::empty(x.shape(), x.dtype(), x.device());
-            copy_rows(bytes_at(dy, offset), ys.size * ys.inner, grads[i].raw_data(), s.size * s.inner, s.outer,
-                      s.size * s.inner, dtype_size(x.dtype()));
-        }
-        offset += s.size * s.inner;
-    }
-    return grads;
 }
 
 namespace {
@@ -677,6 +608,82 @@ Tensor expand_forward(const ForwardArgs& args) {
 }
 
 }  // namespace cpu
+
+// ---- narrow and concat: row copies, the same on every backend ----
+
+namespace {
+
+void copy_rows(const Tensor& src, Tensor& dst, const RowCopy& copy) {
+#if DYNGRAD_WITH_CUDA
+    if (src.device().is_cuda()) return cuda::copy_rows(src, dst, copy);
+#endif
+    cpu::copy_rows(src, dst, copy);
+}
+
+// narrow's window: x (outer, size, inner)[:, start:start+length, :] -> y (outer, length, inner)
+RowCopy narrow_copy(const Shape& x, const OpAttrs& attrs) {
+    const AxisSplit s = split_at_axis(x, normalize_axis(attrs.axis, x.size()));
+    const std::int64_t block = attrs.length * s.inner;
+    return {attrs.start * s.inner, s.size * s.inner, 0, block, s.outer, block};
+}
+
+// concat: input x (outer, n_k, inner) -> y (outer, Σ n, inner) at column `offset` of y's rows
+RowCopy concat_copy(const Shape& x, const AxisSplit& ys, int axis, std::int64_t offset) {
+    const AxisSplit s = split_at_axis(x, axis);
+    return {0, s.size * s.inner, offset, ys.size * ys.inner, s.outer, s.size * s.inner};
+}
+
+}  // namespace
+
+Tensor narrow_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    copy_rows(x, y, narrow_copy(x.shape(), args.attrs));
+    return y;
+}
+
+// dy (outer, length, inner) -> dx (outer, n, inner): dy in the window, zeros elsewhere
+std::vector<Tensor> narrow_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    if (!args.needs_grad[0]) return {Tensor()};
+    Tensor dx = Tensor::zeros(x.shape(), x.dtype(), x.device());
+    copy_rows(args.grad_output, dx, reversed(narrow_copy(x.shape(), args.attrs)));
+    return {dx};
+}
+
+// xs[k] (outer, n_k, inner) -> y (outer, Σ n_k, inner), in input order along attrs.axis; one copy per input
+Tensor concat_forward(const ForwardArgs& args) {
+    const Tensor& first = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, first.device());
+    const int axis = normalize_axis(args.attrs.axis, first.rank());
+    const AxisSplit ys = split_at_axis(y.shape(), axis);
+    std::int64_t offset = 0;
+    for (const Tensor& x : args.inputs) {
+        const RowCopy copy = concat_copy(x.shape(), ys, axis, offset);
+        copy_rows(x, y, copy);
+        offset += copy.block;
+    }
+    return y;
+}
+
+// dy (outer, Σ n_k, inner) -> dxs[k] (outer, n_k, inner): each input's slab of dy
+std::vector<Tensor> concat_backward(const BackwardArgs& args) {
+    const Tensor& dy = args.grad_output;
+    const int axis = normalize_axis(args.attrs.axis, dy.rank());
+    const AxisSplit ys = split_at_axis(dy.shape(), axis);
+    std::vector<Tensor> grads(args.inputs.size());
+    std::int64_t offset = 0;
+    for (std::size_t i = 0; i < args.inputs.size(); ++i) {
+        const Tensor& x = args.inputs[i];
+        const RowCopy copy = concat_copy(x.shape(), ys, axis, offset);
+        if (args.needs_grad[i]) {
+            grads[i] = Tensor::empty(x.shape(), x.dtype(), x.device());
+            copy_rows(dy, grads[i], reversed(copy));
+        }
+        offset += copy.block;
+    }
+    return grads;
+}
 
 // expand's gradient is dy itself, in y's shape: the engine sums it back to x's shape (sum_to), the one place
 // broadcasting is undone. The same on every backend.

@@ -150,28 +150,6 @@ __global__ void copy_rows_kernel(const E* __restrict__ src, std::int64_t src_str
     }
 }
 
-// The same copy as ops/linalg.cpp's copy_rows, in element units of `element_size` (4 or 8) bytes.
-void copy_rows(DeviceContext& ctx, const void* src, std::int64_t src_stride, void* dst, std::int64_t dst_stride,
-               std::int64_t rows, std::int64_t block, std::size_t element_size) {
-    const std::int64_t n = rows * block;
-    if (n == 0) return;
-    if (rows == 1 || (src_stride == block && dst_stride == block)) {  // one contiguous run
-        DG_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * element_size, cudaMemcpyDeviceToDevice,
-                                      ctx.stream));
-        return;
-    }
-    const unsigned grid = grid_size(ctx, n, kThreads);
-    using W4 = std::uint32_t;
-    using W8 = std::uint64_t;
-    if (element_size == 4)
-        copy_rows_kernel<W4><<<grid, kThreads, 0, ctx.stream>>>(static_cast<const W4*>(src), src_stride,
-                                                                 static_cast<W4*>(dst), dst_stride, rows, block);
-    else
-        copy_rows_kernel<W8><<<grid, kThreads, 0, ctx.stream>>>(static_cast<const W8*>(src), src_stride,
-                                                                 static_cast<W8*>(dst), dst_stride, rows, block);
-    DG_CUDA_CHECK_LAUNCH();
-}
-
 unsigned char* bytes_at(const Tensor& t, std::int64_t element) {
     return static_cast<unsigned char*>(t.raw_data()) + static_cast<std::size_t>(element) * dtype_size(t.dtype());
 }
@@ -222,66 +200,32 @@ std::vector<Tensor> transpose_backward(const BackwardArgs& args) {
     return {dx};
 }
 
-// x (outer, n, inner) -> y (outer, length, inner) = x[:, start:start+length, :], around attrs.axis
-Tensor narrow_forward(const ForwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    const AxisSplit s = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
-    const std::int64_t block = args.attrs.length * s.inner;
-    copy_rows(context_for(x), bytes_at(x, args.attrs.start * s.inner), s.size * s.inner, y.raw_data(), block, s.outer,
-              block, dtype_size(x.dtype()));
-    return y;
-}
-
-// dy (outer, length, inner) -> dx (outer, n, inner): dy in the window, zeros elsewhere
-std::vector<Tensor> narrow_backward(const BackwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    const Tensor& dy = args.grad_output;
-    if (!args.needs_grad[0]) return {Tensor()};
-    Tensor dx = Tensor::zeros(x.shape(), x.dtype(), x.device());
-    const AxisSplit s = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
-    const std::int64_t block = args.attrs.length * s.inner;
-    copy_rows(context_for(x), dy.raw_data(), block, bytes_at(dx, args.attrs.start * s.inner), s.size * s.inner,
-              s.outer, block, dtype_size(x.dtype()));
-    return {dx};
-}
-
-// xs[k] (outer, n_k, inner) -> y (outer, Σ n_k, inner), in input order along attrs.axis; one copy per input
-Tensor concat_forward(const ForwardArgs& args) {
-    const Tensor& first = args.inputs[0];
-    DeviceContext& ctx = context_for(first);
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, first.device());
-    const int axis = normalize_axis(args.attrs.axis, first.rank());
-    const AxisSplit ys = split_at_axis(y.shape(), axis);
-    std::int64_t offset = 0;
-    for (const Tensor& x : args.inputs) {
-        const AxisSplit s = split_at_axis(x.shape(), axis);
-        copy_rows(ctx, x.raw_data(), s.size * s.inner, bytes_at(y, offset), ys.size * ys.inner, s.outer,
-                  s.size * s.inner, dtype_size(x.dtype()));
-        offset += s.size * s.inner;
+// narrow's and concat's row copies (ops/layout_geometry.h; the ops themselves: ops/layout.cpp). A copy of
+// one contiguous run is one cudaMemcpyAsync; otherwise a kernel moves elements of 4 or 8 bytes.
+void copy_rows(const Tensor& src, Tensor& dst, const RowCopy& copy) {
+    const std::int64_t n = copy.rows * copy.block;
+    if (n == 0) return;
+    DeviceContext& ctx = context_for(src);
+    const std::size_t element_size = dtype_size(src.dtype());
+    const unsigned char* from = bytes_at(src, copy.src_offset);
+    unsigned char* to = bytes_at(dst, copy.dst_offset);
+    if (copy.rows == 1 || (copy.src_stride == copy.block && copy.dst_stride == copy.block)) {
+        DG_CUDA_CHECK(cudaMemcpyAsync(to, from, static_cast<std::size_t>(n) * element_size, cudaMemcpyDeviceToDevice,
+                                      ctx.stream));
+        return;
     }
-    return y;
-}
-
-// dy (outer, Σ n_k, inner) -> dxs[k] (outer, n_k, inner): each input's slab of dy
-std::vector<Tensor> concat_backward(const BackwardArgs& args) {
-    const Tensor& dy = args.grad_output;
-    DeviceContext& ctx = context_for(dy);
-    const int axis = normalize_axis(args.attrs.axis, dy.rank());
-    const AxisSplit ys = split_at_axis(dy.shape(), axis);
-    std::vector<Tensor> grads(args.inputs.size());
-    std::int64_t offset = 0;
-    for (std::size_t i = 0; i < args.inputs.size(); ++i) {
-        const Tensor& x = args.inputs[i];
-        const AxisSplit s = split_at_axis(x.shape(), axis);
-        if (args.needs_grad[i]) {
-            grads[i] = Tensor::empty(x.shape(), x.dtype(), x.device());
-            copy_rows(ctx, bytes_at(dy, offset), ys.size * ys.inner, grads[i].raw_data(), s.size * s.inner, s.outer,
-                      s.size * s.inner, dtype_size(x.dtype()));
-        }
-        offset += s.size * s.inner;
-    }
-    return grads;
+    const unsigned grid = grid_size(ctx, n, kThreads);
+    using W4 = std::uint32_t;
+    using W8 = std::uint64_t;
+    if (element_size == 4)
+        copy_rows_kernel<W4><<<grid, kThreads, 0, ctx.stream>>>(reinterpret_cast<const W4*>(from), copy.src_stride,
+                                                                 reinterpret_cast<W4*>(to), copy.dst_stride, copy.rows,
+                                                                 copy.block);
+    else
+        copy_rows_kernel<W8><<<grid, kThreads, 0, ctx.stream>>>(reinterpret_cast<const W8*>(from), copy.src_stride,
+                                                                 reinterpret_cast<W8*>(to), copy.dst_stride, copy.rows,
+                                                                 copy.block);
+    DG_CUDA_CHECK_LAUNCH();
 }
 
 // x -> y (x.shape[perm[0]], x.shape[perm[1]], ...), perm from attrs.axes

@@ -14,6 +14,7 @@
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/linalg_geometry.h"
 #include "dyngrad/ops/layout.h"
 
 namespace dyngrad {
@@ -124,18 +125,6 @@ template <typename T> using MatrixRM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::D
 template <typename T> using ConstMatrixMap = Eigen::Map<const MatrixRM<T>>;
 template <typename T> using MatrixMap = Eigen::Map<MatrixRM<T>>;
 template <typename T> using RowVector = Eigen::Matrix<T, 1, Eigen::Dynamic>;
-
-// (B,M,K)@(B,K,N); B = 1 for 2-D operands.
-struct MatmulDims {
-    std::int64_t batch, m, k, n;
-};
-
-MatmulDims matmul_dims(const Tensor& a, const Tensor& b) {
-    const Shape& sa = a.shape();
-    const Shape& sb = b.shape();
-    const std::size_t r = sa.size();
-    return {r == 3 ? sa[0] : 1, sa[r - 2], sa[r - 1], sb[r - 1]};
-}
 
 }  // namespace
 

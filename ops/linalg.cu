@@ -22,6 +22,7 @@
 #include "dyngrad/cuda/runtime.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/linalg_geometry.h"
 
 namespace dyngrad::cuda {
 
@@ -80,18 +81,6 @@ void gemm(DeviceContext& ctx, DType dtype, const char* what, std::int64_t batch,
                                                    b.stride, a.data, type, lda, a.stride, beta, c, type, cm, m * n,
                                                    cublas_dim(batch, what), compute, CUBLAS_GEMM_DEFAULT));
     }
-}
-
-// (B,M,K)@(B,K,N); B = 1 for 2-D operands (infer::matmul admits only these two forms).
-struct MatmulDims {
-    std::int64_t batch, m, k, n;
-};
-
-MatmulDims matmul_dims(const Tensor& a, const Tensor& b) {
-    const Shape& sa = a.shape();
-    const Shape& sb = b.shape();
-    const std::size_t r = sa.size();
-    return {r == 3 ? sa[0] : 1, sa[r - 2], sa[r - 1], sb[r - 1]};
 }
 
 // ---- linear ----

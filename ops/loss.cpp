@@ -554,13 +554,7 @@ Tensor pointwise_loss_forward(const ForwardArgs& args) {
 // the mean); bce's weight and pos_weight get no gradient (as in PyTorch).
 std::vector<Tensor> pointwise_loss_backward(const BackwardArgs& args) {
     const Tensor& a = args.inputs[0];
-    std::vector<Tensor> grads(args.inputs.size());
-    for (std::size_t i = 2; i < args.inputs.size(); ++i)
-        if (args.needs_grad[i])
-            throw ValueError(str(i == 2 ? "weight" : "pos_weight", " gets no gradient (as in PyTorch): pass it as ",
-                                 "a constant or an input that does not require grad"));
-    for (std::size_t i = 0; i < 2; ++i)
-        if (args.needs_grad[i]) grads[i] = Tensor::empty(a.shape(), a.dtype(), a.device());
+    std::vector<Tensor> grads = math::point_loss_gradients(args);
     const std::int64_t n = a.numel();
     dispatch_floating(a.dtype(), "pointwise loss backward", [&]<typename T>() {
         const math::PointLossInputs<T> in = math::point_loss_inputs<T>(args.inputs, args.attrs);

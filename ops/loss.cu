@@ -217,6 +217,26 @@ __device__ void report_label_out_of_range(DeviceErrorRecord* record, std::int64_
     }
 }
 
+// Whether row `row`'s label counts: not ignore_index and inside [0,C); one outside is reported (the host
+// throws at its next wait) and counts as ignored.
+__device__ __forceinline__ bool label_counts(std::int64_t label, std::int64_t row, std::int64_t classes,
+                                             std::int64_t ignore_index, DeviceErrorRecord* record) {
+    if (label == ignore_index) return false;
+    if (label >= 0 && label < classes) return true;
+    report_label_out_of_range(record, row, label, classes);
+    return false;
+}
+
+// A class loss's outputs for one row: its loss and weight in double for the batch sums, the loss itself for
+// a None reduction.
+template <typename T>
+__device__ __forceinline__ void store_row_loss(std::int64_t row, T loss, T label_weight, double* row_loss,
+                                               double* row_weight, T* out_rows) {
+    row_loss[row] = static_cast<double>(loss);
+    row_weight[row] = static_cast<double>(label_weight);
+    if (out_rows) out_rows[row] = loss;
+}
+
 // cross_entropy rows. logits (N,C)  labels (N)  class_weight (C) or null  ->  per row i:
 //   lse (N) = log Σ_c exp(logits_ic),
 //   row_loss (N) = (1 - ε)·w[y]·(lse - logits_i,y) + (ε/C)·Σ_c w[c]·(lse - logits_ic)   (0 when ignored),
@@ -252,18 +272,12 @@ __global__ void cross_entropy_rows_kernel(const T* __restrict__ logits, const st
             lse[row] = max + log_sum;
             const std::int64_t label = labels[row];
             T loss = 0, label_weight = 0;
-            if (label != ignore_index) {
-                if (label < 0 || label >= classes) {
-                    report_label_out_of_range(record, row, label, classes);
-                } else {
-                    label_weight = weight ? weight[label] : T(1);
-                    loss = (T(1) - smoothing) * label_weight * ((max - xr[label]) + log_sum);
-                    if (smoothing != T(0)) loss += smoothing / static_cast<T>(classes) * smooth;
-                }
+            if (label_counts(label, row, classes, ignore_index, record)) {
+                label_weight = weight ? weight[label] : T(1);
+                loss = (T(1) - smoothing) * label_weight * ((max - xr[label]) + log_sum);
+                if (smoothing != T(0)) loss += smoothing / static_cast<T>(classes) * smooth;
             }
-            row_loss[row] = static_cast<double>(loss);
-            row_weight[row] = static_cast<double>(label_weight);
-            if (out_rows) out_rows[row] = loss;
+            store_row_loss(row, loss, label_weight, row_loss, row_weight, out_rows);
         }
     }
 }
@@ -279,17 +293,11 @@ __global__ void nll_rows_kernel(const T* __restrict__ log_probs, const std::int6
          row += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
         const std::int64_t label = labels[row];
         T loss = 0, label_weight = 0;
-        if (label != ignore_index) {
-            if (label < 0 || label >= classes) {
-                report_label_out_of_range(record, row, label, classes);
-            } else {
-                label_weight = weight ? weight[label] : T(1);
-                loss = -label_weight * log_probs[row * classes + label];
-            }
+        if (label_counts(label, row, classes, ignore_index, record)) {
+            label_weight = weight ? weight[label] : T(1);
+            loss = -label_weight * log_probs[row * classes + label];
         }
-        row_loss[row] = static_cast<double>(loss);
-        row_weight[row] = static_cast<double>(label_weight);
-        if (out_rows) out_rows[row] = loss;
+        store_row_loss(row, loss, label_weight, row_loss, row_weight, out_rows);
     }
 }
 
@@ -657,13 +665,7 @@ Tensor pointwise_loss_forward(const ForwardArgs& args) {
 // dloss () or (shape) -> d input 0, d target; bce's weight and pos_weight get no gradient (as in PyTorch).
 std::vector<Tensor> pointwise_loss_backward(const BackwardArgs& args) {
     const Tensor& a = args.inputs[0];
-    std::vector<Tensor> grads(args.inputs.size());
-    for (std::size_t i = 2; i < args.inputs.size(); ++i)
-        if (args.needs_grad[i])
-            throw ValueError(str(i == 2 ? "weight" : "pos_weight", " gets no gradient (as in PyTorch): pass it as ",
-                                 "a constant or an input that does not require grad"));
-    for (std::size_t i = 0; i < 2; ++i)
-        if (args.needs_grad[i]) grads[i] = Tensor::empty(a.shape(), a.dtype(), a.device());
+    std::vector<Tensor> grads = math::point_loss_gradients(args);
     const std::int64_t n = a.numel();
     if (n == 0 || (!grads[0].defined() && !grads[1].defined())) return grads;
     DeviceContext& ctx = context_for(a);

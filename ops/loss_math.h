@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include <span>
+#include <vector>
 
 #include "dyngrad/core/tensor.h"
 #include "dyngrad/graph/op_def.h"
@@ -85,6 +86,20 @@ template <typename T> PointLossInputs<T> point_loss_inputs(std::span<const Tenso
     }
     in.beta = static_cast<T>(attrs.scalar);
     return in;
+}
+
+// A pointwise loss's gradients, allocated like input 0 for the inputs that need one: d input 0 and d target.
+// bce's weight and pos_weight get none (as in PyTorch): ValueError when one is asked for.
+inline std::vector<Tensor> point_loss_gradients(const BackwardArgs& args) {
+    const Tensor& a = args.inputs[0];
+    std::vector<Tensor> grads(args.inputs.size());
+    for (std::size_t i = 2; i < args.inputs.size(); ++i)
+        if (args.needs_grad[i])
+            throw ValueError(str(i == 2 ? "weight" : "pos_weight", " gets no gradient (as in PyTorch): pass it as ",
+                                 "a constant or an input that does not require grad"));
+    for (std::size_t i = 0; i < 2; ++i)
+        if (args.needs_grad[i]) grads[i] = Tensor::empty(a.shape(), a.dtype(), a.device());
+    return grads;
 }
 
 }  // namespace dyngrad::math

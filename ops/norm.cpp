@@ -9,6 +9,7 @@
 
 #include "dyngrad/ops/dropout_mask.h"
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/norm_geometry.h"
 
 namespace dyngrad {
 
@@ -79,13 +80,6 @@ Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& we
         row_norm_attrs(normalized_shape, eps.value_or(default_rms_eps(x.defined() ? x.dtype() : DType::f32)));
     if (!weight.defined()) return eager(OpType::RmsNorm, {x}, attrs, where);
     return eager(OpType::RmsNorm, {x, weight}, attrs, where);
-}
-
-RowNormLayout row_norm_layout(const Shape& x, const Shape& normalized_shape) {
-    RowNormLayout l;
-    l.n = numel(normalized_shape);
-    l.rows = numel(Shape(x.begin(), x.end() - static_cast<std::ptrdiff_t>(normalized_shape.size())));
-    return l;
 }
 
 Var dropout(const Var& x, double p, bool training, std::uint64_t seed, std::source_location where) {
@@ -237,20 +231,6 @@ template <typename T> using ArrayRM = Eigen::Array<T, Eigen::Dynamic, Eigen::Dyn
 template <typename T> using Column = Eigen::Array<T, Eigen::Dynamic, 1>;
 using Stats = Eigen::ArrayXd;  // per-channel statistics, accumulated in double
 
-// x viewed as (N, C, HW): HW = H·W for (N,C,H,W), 1 for (N,C). Sample n is a (C, HW) row-major block.
-struct ChannelLayout {
-    std::int64_t n = 0, c = 0, hw = 1;
-    std::int64_t per_channel() const { return n * hw; }
-};
-
-ChannelLayout channel_layout(const Shape& shape) {
-    ChannelLayout l;
-    l.n = shape[0];
-    l.c = shape[1];
-    for (std::size_t i = 2; i < shape.size(); ++i) l.hw *= shape[i];
-    return l;
-}
-
 template <typename T>
 Eigen::Map<const ArrayRM<T>> sample(const Tensor& t, const ChannelLayout& l, std::int64_t n) {
     return {t.data<T>() + n * l.c * l.hw, l.c, l.hw};
@@ -328,58 +308,49 @@ Tensor batch_norm_forward(const ForwardArgs& args) {
     return y;
 }
 
-// dy like x  ->  with x̂ = (x − mean)·invstd, per channel over N,H,W (M values):
-//   dgamma = Σ dy·x̂,  dbeta = Σ dy
-//   training: dx = gamma·invstd·(dy − Σdy/M − x̂·Σ(dy·x̂)/M)   (through the batch statistics)
-//   eval:     dx = gamma·invstd·dy
-// The running statistics get no gradient.
+// Formulas: ops/norm_geometry.h (BatchNormBackward). Per-channel sums in double.
 std::vector<Tensor> batch_norm_backward(const BackwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    const Tensor& dy = args.grad_output;
     std::vector<Tensor> grads(args.inputs.size());
-    const bool need_dx = args.needs_grad[0], need_dgamma = args.needs_grad[1], need_dbeta = args.needs_grad[2];
-    if (!need_dx && !need_dgamma && !need_dbeta) return grads;
-    if (args.saved.size() != 2) throw Error("internal: batch_norm backward needs the forward's mean and invstd");
-    const Tensor& mean = args.saved[0];
-    const Tensor& invstd = args.saved[1];
-    const ChannelLayout l = channel_layout(x.shape());
-    const bool training = args.attrs.training;
-    dispatch_floating(x.dtype(), "batch_norm backward", [&]<typename T>() {
-        const Stats mu = channels<T>(mean).template cast<double>();
-        const Stats inv = channels<T>(invstd).template cast<double>();
+    const std::optional<BatchNormBackward> plan = batch_norm_backward_plan(args);
+    if (!plan) return grads;
+    const BatchNormBackward& p = *plan;
+    const ChannelLayout l = p.layout;
+    dispatch_floating(p.x.dtype(), "batch_norm backward", [&]<typename T>() {
+        const Stats mu = channels<T>(p.mean).template cast<double>();
+        const Stats inv = channels<T>(p.invstd).template cast<double>();
         Stats sum_dy = Stats::Zero(l.c), sum_dy_xhat = Stats::Zero(l.c);
-        if (need_dgamma || need_dbeta || (training && need_dx)) {
+        if (p.need_sums()) {
             for (std::int64_t n = 0; n < l.n; ++n) {
-                const auto dY = sample<T>(dy, l, n).template cast<double>();
-                const auto xhat = (sample<T>(x, l, n).template cast<double>().colwise() - mu).colwise() * inv;
+                const auto dY = sample<T>(p.dy, l, n).template cast<double>();
+                const auto xhat = (sample<T>(p.x, l, n).template cast<double>().colwise() - mu).colwise() * inv;
                 sum_dy += dY.rowwise().sum();
                 sum_dy_xhat += (dY * xhat).rowwise().sum();
             }
         }
-        if (need_dgamma) {
-            grads[1] = Tensor::empty({l.c}, x.dtype(), x.device());
+        if (p.need_dgamma) {
+            grads[1] = Tensor::empty({l.c}, p.x.dtype(), p.x.device());
             channels<T>(grads[1]) = sum_dy_xhat.template cast<T>();
         }
-        if (need_dbeta) {
-            grads[2] = Tensor::empty({l.c}, x.dtype(), x.device());
+        if (p.need_dbeta) {
+            grads[2] = Tensor::empty({l.c}, p.x.dtype(), p.x.device());
             channels<T>(grads[2]) = sum_dy.template cast<T>();
         }
-        if (!need_dx) return;
-        grads[0] = Tensor::empty(x.shape(), x.dtype(), x.device());
-        const Column<T> k = channels<T>(args.inputs[1]) * channels<T>(invstd);
-        if (!training) {
-            for (std::int64_t n = 0; n < l.n; ++n) sample_out<T>(grads[0], l, n) = sample<T>(dy, l, n).colwise() * k;
+        if (!p.need_dx) return;
+        grads[0] = Tensor::empty(p.x.shape(), p.x.dtype(), p.x.device());
+        const Column<T> k = channels<T>(args.inputs[1]) * channels<T>(p.invstd);
+        if (!p.training) {
+            for (std::int64_t n = 0; n < l.n; ++n) sample_out<T>(grads[0], l, n) = sample<T>(p.dy, l, n).colwise() * k;
             return;
         }
         const auto count = static_cast<double>(l.per_channel());
         const Column<T> mean_dy = (sum_dy / count).template cast<T>();
         const Column<T> mean_dy_xhat = (sum_dy_xhat / count).template cast<T>();
-        const Column<T> center = channels<T>(mean);
-        const Column<T> scale = channels<T>(invstd);
+        const Column<T> center = channels<T>(p.mean);
+        const Column<T> scale = channels<T>(p.invstd);
         for (std::int64_t n = 0; n < l.n; ++n) {
-            const auto xhat = (sample<T>(x, l, n).colwise() - center).colwise() * scale;
+            const auto xhat = (sample<T>(p.x, l, n).colwise() - center).colwise() * scale;
             sample_out<T>(grads[0], l, n) =
-                ((sample<T>(dy, l, n).colwise() - mean_dy) - xhat.colwise() * mean_dy_xhat).colwise() * k;
+                ((sample<T>(p.dy, l, n).colwise() - mean_dy) - xhat.colwise() * mean_dy_xhat).colwise() * k;
         }
     });
     return grads;
@@ -420,49 +391,40 @@ Tensor row_norm_forward(const ForwardArgs& args) {
     return y;
 }
 
-// dy (rows, n) -> with x̂ = (x − mean)·rstd (mean 0 for rms_norm) and g = dy·w (dy without a weight), per row:
-//   dx = rstd·(g − Σg/n − x̂·Σ(g·x̂)/n)    (rms_norm: no Σg/n term)
-//   dw = Σ_rows dy·x̂,  db = Σ_rows dy
+// Formulas: ops/norm_geometry.h (RowNormBackward). Statistics in double, one row at a time.
 std::vector<Tensor> row_norm_backward(const BackwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    const Tensor& dy = args.grad_output;
-    const bool center = args.op == OpType::LayerNorm;
+    const RowNormBackward p = row_norm_backward_plan(args);
+    const RowNormLayout l = p.layout;
     std::vector<Tensor> grads(args.inputs.size());
-    if (args.saved.size() != (center ? 2u : 1u))
-        throw Error("internal: layer_norm/rms_norm backward needs the forward's saved statistics");
-    const RowNormLayout l = row_norm_layout(x.shape(), args.attrs.shape);
-    const bool need_dx = args.needs_grad[0];
-    const bool need_dw = args.inputs.size() > 1 && args.needs_grad[1];
-    const bool need_db = args.inputs.size() > 2 && args.needs_grad[2];
-    dispatch_floating(x.dtype(), "row_norm backward", [&]<typename T>() {
+    dispatch_floating(p.x.dtype(), "row_norm backward", [&]<typename T>() {
         using Row = Eigen::Map<const Column<T>>;
-        const T* mean = center ? args.saved[0].data<T>() : nullptr;
+        const T* mean = p.center ? args.saved[0].data<T>() : nullptr;
         const T* rstd = args.saved.back().data<T>();
         const T* w = args.inputs.size() > 1 ? args.inputs[1].data<T>() : nullptr;
         const double count = static_cast<double>(l.n);
         Eigen::ArrayXd dw = Eigen::ArrayXd::Zero(l.n), db = Eigen::ArrayXd::Zero(l.n);
-        if (need_dx) grads[0] = Tensor::empty(x.shape(), x.dtype(), x.device());
+        if (p.need_dx) grads[0] = Tensor::empty(p.x.shape(), p.x.dtype(), p.x.device());
         for (std::int64_t r = 0; r < l.rows && l.n > 0; ++r) {
-            const double mu = center ? static_cast<double>(mean[r]) : 0.0;
+            const double mu = p.center ? static_cast<double>(mean[r]) : 0.0;
             const double inv = static_cast<double>(rstd[r]);
-            const Eigen::ArrayXd xhat = (Row(x.data<T>() + r * l.n, l.n).template cast<double>() - mu) * inv;
-            const Eigen::ArrayXd dyr = Row(dy.data<T>() + r * l.n, l.n).template cast<double>();
-            if (need_dw) dw += dyr * xhat;
-            if (need_db) db += dyr;
-            if (!need_dx) continue;
+            const Eigen::ArrayXd xhat = (Row(p.x.data<T>() + r * l.n, l.n).template cast<double>() - mu) * inv;
+            const Eigen::ArrayXd dyr = Row(p.dy.data<T>() + r * l.n, l.n).template cast<double>();
+            if (p.need_dw) dw += dyr * xhat;
+            if (p.need_db) db += dyr;
+            if (!p.need_dx) continue;
             const Eigen::ArrayXd g = w != nullptr ? Eigen::ArrayXd(dyr * Row(w, l.n).template cast<double>()) : dyr;
-            const double mean_g = center ? g.sum() / count : 0.0;
+            const double mean_g = p.center ? g.sum() / count : 0.0;
             const double mean_g_xhat = (g * xhat).sum() / count;
             Eigen::Map<Column<T>>(grads[0].data<T>() + r * l.n, l.n) =
                 (inv * (g - mean_g - xhat * mean_g_xhat)).template cast<T>();
         }
         const Shape& normalized = args.attrs.shape;
-        if (need_dw) {
-            grads[1] = Tensor::empty(normalized, x.dtype(), x.device());
+        if (p.need_dw) {
+            grads[1] = Tensor::empty(normalized, p.x.dtype(), p.x.device());
             Eigen::Map<Column<T>>(grads[1].data<T>(), l.n) = dw.template cast<T>();
         }
-        if (need_db) {
-            grads[2] = Tensor::empty(normalized, x.dtype(), x.device());
+        if (p.need_db) {
+            grads[2] = Tensor::empty(normalized, p.x.dtype(), p.x.device());
             Eigen::Map<Column<T>>(grads[2].data<T>(), l.n) = db.template cast<T>();
         }
     });

@@ -22,6 +22,7 @@
 #include "dyngrad/cuda/context.h"
 #include "dyngrad/ops/dropout_mask.h"
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/norm_geometry.h"
 
 namespace dyngrad::cuda {
 
@@ -42,19 +43,7 @@ __device__ __forceinline__ std::int64_t thread_count() { return static_cast<std:
 __device__ __forceinline__ float device_sqrt(float v) { return sqrtf(v); }
 __device__ __forceinline__ double device_sqrt(double v) { return sqrt(v); }
 
-// x viewed as (N, C, HW): HW = H·W for (N,C,H,W), 1 for (N,C).
-struct ChannelLayout {
-    std::int64_t n = 0, c = 0, hw = 1;
-    __host__ __device__ std::int64_t per_channel() const { return n * hw; }
-};
-
-ChannelLayout channel_layout(const Shape& shape) {
-    ChannelLayout l;
-    l.n = shape[0];
-    l.c = shape[1];
-    for (std::size_t i = 2; i < shape.size(); ++i) l.hw *= shape[i];
-    return l;
-}
+// ChannelLayout: ops/norm_geometry.h.
 
 // How each channel's M values are split over blockIdx.y: `chunks` chunks of `chunk` values (the last
 // may be shorter, none is empty).
@@ -596,36 +585,28 @@ Tensor batch_norm_forward(const ForwardArgs& args) {
     return y;
 }
 
-// dy like x  ->  with x̂ = (x − mean)·invstd, per channel over N,H,W (M values):
-//   dgamma = Σ dy·x̂,  dbeta = Σ dy
-//   training: dx = gamma·invstd·(dy − Σdy/M − x̂·Σ(dy·x̂)/M)   (through the batch statistics)
-//   eval:     dx = gamma·invstd·dy
-// The running statistics get no gradient.
+// Formulas: ops/norm_geometry.h (BatchNormBackward). The per-channel sums: partial sums per chunk, then one
+// pass per channel; dx: one thread per element.
 std::vector<Tensor> batch_norm_backward(const BackwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    const Tensor& dy = args.grad_output;
     std::vector<Tensor> grads(args.inputs.size());
-    const bool need_dx = args.needs_grad[0], need_dgamma = args.needs_grad[1], need_dbeta = args.needs_grad[2];
-    if (!need_dx && !need_dgamma && !need_dbeta) return grads;
-    if (args.saved.size() != 2) throw Error("internal: batch_norm backward needs the forward's mean and invstd");
-    const Tensor& mean = args.saved[0];
-    const Tensor& invstd = args.saved[1];
-    const ChannelLayout l = channel_layout(x.shape());
-    const bool training = args.attrs.training;
-    const bool need_sums = need_dgamma || need_dbeta || (training && need_dx);
+    const std::optional<BatchNormBackward> plan = batch_norm_backward_plan(args);
+    if (!plan) return grads;
+    const BatchNormBackward& p = *plan;
+    const bool need_sums = p.need_sums();
+    const ChannelLayout l = p.layout;
     // The sums are dbeta and dgamma: computed into the gradients themselves (the dx kernel reads them).
     Tensor sum_dy, sum_dy_xhat;
     if (need_sums) {
-        sum_dy = Tensor::empty({l.c}, x.dtype(), x.device());
-        sum_dy_xhat = Tensor::empty({l.c}, x.dtype(), x.device());
+        sum_dy = Tensor::empty({l.c}, p.x.dtype(), p.x.device());
+        sum_dy_xhat = Tensor::empty({l.c}, p.x.dtype(), p.x.device());
     }
-    if (need_dx) grads[0] = Tensor::empty(x.shape(), x.dtype(), x.device());
-    if (need_dgamma) grads[1] = sum_dy_xhat;
-    if (need_dbeta) grads[2] = sum_dy;
+    if (p.need_dx) grads[0] = Tensor::empty(p.x.shape(), p.x.dtype(), p.x.device());
+    if (p.need_dgamma) grads[1] = sum_dy_xhat;
+    if (p.need_dbeta) grads[2] = sum_dy;
     if (l.c == 0) return grads;
-    DeviceContext& ctx = context_for(x);
-    const std::int64_t n = x.numel();
-    dispatch_floating(x.dtype(), "batch_norm backward", [&]<typename T>() {
+    DeviceContext& ctx = context_for(p.x);
+    const std::int64_t n = p.x.numel();
+    dispatch_floating(p.x.dtype(), "batch_norm backward", [&]<typename T>() {
         if (need_sums) {
             if (n == 0) {  // eval on an empty batch: nothing to sum
                 sum_dy.fill(0.0);
@@ -637,7 +618,7 @@ std::vector<Tensor> batch_norm_backward(const BackwardArgs& args) {
                 T* partial_dy_xhat = partial_dy + l.c * k.chunks;
                 batch_norm_backward_partials_kernel<T>
                     <<<dim3(static_cast<unsigned>(l.c), static_cast<unsigned>(k.chunks)), kThreads, 0, ctx.stream>>>(
-                        x.data<T>(), dy.data<T>(), mean.data<T>(), invstd.data<T>(), l, k.chunk, partial_dy,
+                        p.x.data<T>(), p.dy.data<T>(), p.mean.data<T>(), p.invstd.data<T>(), l, k.chunk, partial_dy,
                         partial_dy_xhat);
                 DG_CUDA_CHECK_LAUNCH();
                 batch_norm_backward_sums_kernel<T><<<grid_size(ctx, l.c, kThreads), kThreads, 0, ctx.stream>>>(
@@ -645,10 +626,10 @@ std::vector<Tensor> batch_norm_backward(const BackwardArgs& args) {
                 DG_CUDA_CHECK_LAUNCH();
             }
         }
-        if (!need_dx || n == 0) return;
+        if (!p.need_dx || n == 0) return;
         batch_norm_dx_kernel<T><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(
-            x.data<T>(), dy.data<T>(), mean.data<T>(), invstd.data<T>(), args.inputs[1].data<T>(),
-            training ? sum_dy.data<T>() : nullptr, training ? sum_dy_xhat.data<T>() : nullptr,
+            p.x.data<T>(), p.dy.data<T>(), p.mean.data<T>(), p.invstd.data<T>(), args.inputs[1].data<T>(),
+            p.training ? sum_dy.data<T>() : nullptr, p.training ? sum_dy_xhat.data<T>() : nullptr,
             static_cast<T>(1.0 / static_cast<double>(std::max<std::int64_t>(l.per_channel(), 1))), l, n,
             grads[0].data<T>());
         DG_CUDA_CHECK_LAUNCH();
@@ -697,40 +678,33 @@ Tensor row_norm_forward(const ForwardArgs& args) {
     return y;
 }
 
-// dy (rows, n) -> dx (rows, n), dw = Σ_rows dy·x̂, db = Σ_rows dy (n); see the kernels above.
+// dy (rows, n) -> dx (rows, n), dw = Σ_rows dy·x̂, db = Σ_rows dy (n); formulas: ops/norm_geometry.h, kernels above.
 std::vector<Tensor> row_norm_backward(const BackwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    const Tensor& dy = args.grad_output;
-    const bool center = args.op == OpType::LayerNorm;
+    const RowNormBackward p = row_norm_backward_plan(args);
+    const RowNormLayout l = p.layout;
     std::vector<Tensor> grads(args.inputs.size());
-    if (args.saved.size() != (center ? 2u : 1u))
-        throw Error("internal: layer_norm/rms_norm backward needs the forward's saved statistics");
-    const RowNormLayout l = row_norm_layout(x.shape(), args.attrs.shape);
-    const bool need_dx = args.needs_grad[0];
-    const bool need_dw = args.inputs.size() > 1 && args.needs_grad[1];
-    const bool need_db = args.inputs.size() > 2 && args.needs_grad[2];
-    if (need_dx) grads[0] = Tensor::empty(x.shape(), x.dtype(), x.device());
-    if (need_dw) grads[1] = Tensor::empty(args.attrs.shape, x.dtype(), x.device());
-    if (need_db) grads[2] = Tensor::empty(args.attrs.shape, x.dtype(), x.device());
+    if (p.need_dx) grads[0] = Tensor::empty(p.x.shape(), p.x.dtype(), p.x.device());
+    if (p.need_dw) grads[1] = Tensor::empty(args.attrs.shape, p.x.dtype(), p.x.device());
+    if (p.need_db) grads[2] = Tensor::empty(args.attrs.shape, p.x.dtype(), p.x.device());
     if (l.n == 0) return grads;
     if (l.rows == 0) {  // no rows: the parameters' gradients are empty sums
-        if (need_dw) grads[1].fill(0.0);
-        if (need_db) grads[2].fill(0.0);
+        if (p.need_dw) grads[1].fill(0.0);
+        if (p.need_db) grads[2].fill(0.0);
         return grads;
     }
-    DeviceContext& ctx = context_for(x);
-    dispatch_floating(x.dtype(), "row_norm backward", [&]<typename T>() {
-        const T* xp = x.data<T>();
-        const T* dyp = dy.data<T>();
+    DeviceContext& ctx = context_for(p.x);
+    dispatch_floating(p.x.dtype(), "row_norm backward", [&]<typename T>() {
+        const T* xp = p.x.data<T>();
+        const T* dyp = p.dy.data<T>();
         const T* wp = args.inputs.size() > 1 ? args.inputs[1].data<T>() : nullptr;
-        const T* mp = center ? args.saved[0].data<T>() : nullptr;
+        const T* mp = p.center ? args.saved[0].data<T>() : nullptr;
         const T* rp = args.saved.back().data<T>();
-        if (need_dx) {
+        if (p.need_dx) {
             T* dxp = grads[0].data<T>();
             with_row_config<T>(l.n, {xp, dyp, wp, dxp}, [&]<int kThreadsPerRow, int W>() {
                 const dim3 block(kThreadsPerRow, kNormBlockThreads / kThreadsPerRow);
                 const unsigned blocks = grid_size(ctx, l.rows * kThreadsPerRow, kNormBlockThreads);
-                if (center)
+                if (p.center)
                     row_norm_dx_kernel<T, true, kThreadsPerRow, W>
                         <<<blocks, block, 0, ctx.stream>>>(xp, dyp, wp, mp, rp, l.rows, l.n, dxp);
                 else
@@ -739,7 +713,7 @@ std::vector<Tensor> row_norm_backward(const BackwardArgs& args) {
                 DG_CUDA_CHECK_LAUNCH();
             });
         }
-        if (!need_dw && !need_db) return;
+        if (!p.need_dw && !p.need_db) return;
         // Enough (column tile, row chunk) blocks to fill the GPU, each chunk at least kMinRowsPerChunk rows.
         const std::int64_t tiles = (l.n + kColumnTile - 1) / kColumnTile;
         const std::int64_t target = static_cast<std::int64_t>(std::max(ctx.multiprocessors, 1)) * kBlocksPerSm;
@@ -751,14 +725,14 @@ std::vector<Tensor> row_norm_backward(const BackwardArgs& args) {
         // One chunk writes the gradients directly; more write partials that sum_chunks_kernel adds in order.
         std::optional<Workspace> partials;
         if (chunks > 1) partials.emplace(ctx, 2 * static_cast<std::size_t>(chunks * l.n) * sizeof(T));
-        T* dwp = need_dw ? grads[1].data<T>() : nullptr;
-        T* dbp = need_db ? grads[2].data<T>() : nullptr;
+        T* dwp = p.need_dw ? grads[1].data<T>() : nullptr;
+        T* dbp = p.need_db ? grads[2].data<T>() : nullptr;
         T* partial_base = partials ? static_cast<T*>(partials->data()) : nullptr;
-        T* partial_dw = need_dw ? (partials ? partial_base : dwp) : nullptr;
-        T* partial_db = need_db ? (partials ? partial_base + chunks * l.n : dbp) : nullptr;
+        T* partial_dw = p.need_dw ? (partials ? partial_base : dwp) : nullptr;
+        T* partial_db = p.need_db ? (partials ? partial_base + chunks * l.n : dbp) : nullptr;
         const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
         const dim3 block(kColumnTile, kColumnRows);
-        if (center)
+        if (p.center)
             row_norm_param_partials_kernel<T, true>
                 <<<grid, block, 0, ctx.stream>>>(xp, dyp, mp, rp, l.rows, l.n, rows_per_chunk, partial_dw, partial_db);
         else

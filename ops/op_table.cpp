@@ -17,10 +17,14 @@ namespace {
 #define DG_CUDA_KERNELS(forward, backward) BackendKernels{cuda::forward, cuda::backward}
 // A CUDA forward with a backward shared by every backend (in namespace dyngrad).
 #define DG_CUDA_KERNELS_FORWARD(forward, backward) BackendKernels{cuda::forward, backward}
+// Kernels written once for every backend (in namespace dyngrad), on top of per-backend primitives.
+#define DG_CUDA_KERNELS_SHARED(forward, backward) BackendKernels{forward, backward}
 #else
 #define DG_CUDA_KERNELS(forward, backward) \
     BackendKernels {}
 #define DG_CUDA_KERNELS_FORWARD(forward, backward) \
+    BackendKernels {}
+#define DG_CUDA_KERNELS_SHARED(forward, backward) \
     BackendKernels {}
 #endif
 
@@ -643,10 +647,10 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      /*optional_inputs=*/1},
     // Custom ops carry their own definitions (graph/custom_op.h); op_def(op, attrs) finds them.
     {OpType::Custom, "custom", 0, nullptr, {}, {}, no_cases},
-    {OpType::Narrow, "narrow", 1, infer::narrow, {cpu::narrow_forward, cpu::narrow_backward},
-     DG_CUDA_KERNELS(narrow_forward, narrow_backward), narrow_cases},
-    {OpType::Concat, "concat", kVariadic, infer::concat, {cpu::concat_forward, cpu::concat_backward},
-     DG_CUDA_KERNELS(concat_forward, concat_backward), concat_cases},
+    {OpType::Narrow, "narrow", 1, infer::narrow, {narrow_forward, narrow_backward},
+     DG_CUDA_KERNELS_SHARED(narrow_forward, narrow_backward), narrow_cases},
+    {OpType::Concat, "concat", kVariadic, infer::concat, {concat_forward, concat_backward},
+     DG_CUDA_KERNELS_SHARED(concat_forward, concat_backward), concat_cases},
     {OpType::Permute, "permute", 1, infer::permute, {cpu::permute_forward, cpu::permute_backward},
      DG_CUDA_KERNELS(permute_forward, permute_backward), permute_cases},
     {OpType::Expand, "expand", 1, infer::expand, {cpu::expand_forward, expand_backward},
@@ -658,8 +662,8 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::IndexSelect, "index_select", 2, infer::index_select,
      {cpu::index_select_forward, cpu::index_select_backward},
      DG_CUDA_KERNELS(index_select_forward, index_select_backward), index_select_cases},
-    {OpType::ScatterAdd, "scatter_add", 3, infer::scatter_add, {cpu::scatter_add_forward, cpu::scatter_add_backward},
-     DG_CUDA_KERNELS(scatter_add_forward, scatter_add_backward), scatter_add_cases},
+    {OpType::ScatterAdd, "scatter_add", 3, infer::scatter_add, {cpu::scatter_add_forward, scatter_add_backward},
+     DG_CUDA_KERNELS_FORWARD(scatter_add_forward, scatter_add_backward), scatter_add_cases},
     {OpType::Where, "where", 3, infer::where, kCpuSelect, kCudaSelect, where_cases},
     {OpType::MaskedFill, "masked_fill", 2, infer::masked_fill, kCpuSelect, kCudaSelect, masked_fill_cases},
     {OpType::ScaledDotProductAttention, "scaled_dot_product_attention", 4, infer::scaled_dot_product_attention,

@@ -10,6 +10,7 @@
 #include "dyngrad/graph/eager.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/reduce_geometry.h"
 
 namespace dyngrad {
 
@@ -35,60 +36,6 @@ Var record_reduction(OpType op, const Var& x, OpAttrs attrs, std::source_locatio
 
 void check_floating(const Tensor& x) {
     if (!is_floating(x.dtype())) throw DTypeError(str("expects float32 or float64, got ", dtype_name(x.dtype())));
-}
-
-// The axes of `shape` that a sum/mean reduces: `axes` (negative counting from the end), empty = all.
-std::vector<bool> reduced_axes(const Shape& shape, const std::vector<std::int64_t>& axes) {
-    std::vector<bool> reduced(shape.size(), axes.empty());
-    for (const std::int64_t axis : axes) {
-        const int a = normalize_axis(axis, shape.size());
-        if (reduced[a]) throw ShapeError(str("axis ", axis, " is listed twice in axes"));
-        reduced[a] = true;
-    }
-    return reduced;
-}
-
-Shape reduced_shape(const Shape& shape, const std::vector<bool>& reduced, bool keepdim) {
-    Shape out;
-    for (std::size_t i = 0; i < shape.size(); ++i) {
-        if (!reduced[i])
-            out.push_back(shape[i]);
-        else if (keepdim)
-            out.push_back(1);
-    }
-    return out;
-}
-
-std::int64_t reduced_count(const Shape& shape, const std::vector<bool>& reduced) {
-    std::int64_t count = 1;
-    for (std::size_t i = 0; i < shape.size(); ++i)
-        if (reduced[i]) count *= shape[i];
-    return count;
-}
-
-// A shape as a reduction sees it: size-1 axes dropped, neighbouring axes of the same kind merged.
-// (2,3,4,5) over axes {0,2,3} -> [2 reduced][3 kept][20 reduced].
-struct Run {
-    std::int64_t size;
-    bool reduced;
-};
-
-std::vector<Run> reduction_runs(const Shape& shape, const std::vector<bool>& reduced) {
-    std::vector<Run> runs;
-    for (std::size_t i = 0; i < shape.size(); ++i) {
-        if (shape[i] == 1) continue;
-        if (!runs.empty() && runs.back().reduced == reduced[i])
-            runs.back().size *= shape[i];
-        else
-            runs.push_back({shape[i], static_cast<bool>(reduced[i])});
-    }
-    return runs;
-}
-
-std::int64_t runs_numel(const std::vector<Run>& runs, std::size_t begin, std::size_t end) {
-    std::int64_t n = 1;
-    for (std::size_t i = begin; i < end; ++i) n *= runs[i].size;
-    return n;
 }
 
 // x (outer, reduced, inner) -> y (outer, inner), summing the middle axis ('=').
@@ -172,19 +119,6 @@ void expand_runs(const T* dy, T* dx, const std::vector<Run>& runs, T scale) {
             j -= dy_stride[d] * (runs[d].size - 1);
         }
     }
-}
-
-// The (outer, n, inner) view of a shape around one axis.
-struct AxisView {
-    std::int64_t outer = 1, n = 1, inner = 1;
-};
-
-AxisView axis_view(const Shape& shape, int axis) {
-    AxisView v;
-    for (int i = 0; i < axis; ++i) v.outer *= shape[i];
-    v.n = shape[axis];
-    for (std::size_t i = static_cast<std::size_t>(axis) + 1; i < shape.size(); ++i) v.inner *= shape[i];
-    return v;
 }
 
 }  // namespace
@@ -354,7 +288,7 @@ std::vector<Tensor> reduce_backward(const BackwardArgs& args) {
 // maximum (as in NumPy and PyTorch); ties go to the first index.
 Tensor max_forward(const ForwardArgs& args) {
     const Tensor& x = args.inputs[0];
-    const AxisView v = axis_view(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
+    const AxisSplit v = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
     Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
     Tensor argmax = Tensor::empty(args.out.shape, DType::i64, x.device());
     dispatch_floating(x.dtype(), "max_forward", [&]<typename T>() {
@@ -364,10 +298,10 @@ Tensor max_forward(const ForwardArgs& args) {
         if (v.inner == 1) {
             // contiguous slices: a vectorised max, then the first element equal to it
             for (std::int64_t o = 0; o < v.outer; ++o) {
-                const T* slice = xp + o * v.n;
-                const T m = in(slice, v.n).template maxCoeff<Eigen::PropagateNaN>();
-                const T* first = std::isnan(m) ? std::find_if(slice, slice + v.n, [](T e) { return std::isnan(e); })
-                                               : std::find(slice, slice + v.n, m);
+                const T* slice = xp + o * v.size;
+                const T m = in(slice, v.size).template maxCoeff<Eigen::PropagateNaN>();
+                const T* first = std::isnan(m) ? std::find_if(slice, slice + v.size, [](T e) { return std::isnan(e); })
+                                               : std::find(slice, slice + v.size, m);
                 yp[o] = m;
                 ip[o] = first - slice;
             }
@@ -375,12 +309,12 @@ Tensor max_forward(const ForwardArgs& args) {
         }
         // running max down the n rows of `inner` of each slice (branch-free; strict '>' keeps the first)
         for (std::int64_t o = 0; o < v.outer; ++o) {
-            const T* slice = xp + o * v.n * v.inner;
+            const T* slice = xp + o * v.size * v.inner;
             T* best = yp + o * v.inner;
             std::int64_t* arg = ip + o * v.inner;
             std::copy(slice, slice + v.inner, best);
             std::fill(arg, arg + v.inner, 0);
-            for (std::int64_t r = 1; r < v.n; ++r) {
+            for (std::int64_t r = 1; r < v.size; ++r) {
                 const T* row = slice + r * v.inner;
                 for (std::int64_t i = 0; i < v.inner; ++i) {
                     const T e = row[i];
@@ -401,7 +335,7 @@ std::vector<Tensor> max_backward(const BackwardArgs& args) {
     const Tensor& x = args.inputs[0];
     if (!args.needs_grad[0]) return {Tensor()};
     if (args.saved.empty()) throw GraphError("max: the argmax saved by the forward is missing");
-    const AxisView v = axis_view(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
+    const AxisSplit v = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
     const std::int64_t* argmax = args.saved[0].data<std::int64_t>();
     Tensor dx = Tensor::zeros(x.shape(), x.dtype(), x.device());
     dispatch_floating(x.dtype(), "max_backward", [&]<typename T>() {
@@ -410,7 +344,7 @@ std::vector<Tensor> max_backward(const BackwardArgs& args) {
         for (std::int64_t o = 0; o < v.outer; ++o)
             for (std::int64_t i = 0; i < v.inner; ++i) {
                 const std::int64_t k = o * v.inner + i;
-                dxp[(o * v.n + argmax[k]) * v.inner + i] = dy[k];
+                dxp[(o * v.size + argmax[k]) * v.inner + i] = dy[k];
             }
     });
     return {dx};

@@ -22,6 +22,7 @@
 
 #include "dyngrad/cuda/context.h"
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/reduce_geometry.h"
 
 namespace dyngrad::cuda {
 
@@ -67,44 +68,7 @@ __device__ __forceinline__ std::int64_t offset_of(const StridedDims& sd, std::in
     return offset;
 }
 
-// ---- the shape of a reduction (as in ops/reduce.cpp) ----
-
-// The axes a sum/mean reduces: `axes` (negative counting from the end), empty = all.
-std::vector<bool> reduced_axes(const Shape& shape, const std::vector<std::int64_t>& axes) {
-    std::vector<bool> reduced(shape.size(), axes.empty());
-    for (const std::int64_t axis : axes) {
-        const int a = normalize_axis(axis, shape.size());
-        if (reduced[a]) throw ShapeError(str("axis ", axis, " is listed twice in axes"));
-        reduced[a] = true;
-    }
-    return reduced;
-}
-
-std::int64_t reduced_count(const Shape& shape, const std::vector<bool>& reduced) {
-    std::int64_t count = 1;
-    for (std::size_t i = 0; i < shape.size(); ++i)
-        if (reduced[i]) count *= shape[i];
-    return count;
-}
-
-// x's axes with size-1 axes dropped and neighbouring axes of the same kind merged, outermost first:
-// (2,3,4,5) over axes {0,2,3} -> [2 reduced][3 kept][20 reduced].
-struct Run {
-    std::int64_t size;
-    bool reduced;
-};
-
-std::vector<Run> reduction_runs(const Shape& shape, const std::vector<bool>& reduced) {
-    std::vector<Run> runs;
-    for (std::size_t i = 0; i < shape.size(); ++i) {
-        if (shape[i] == 1) continue;
-        if (!runs.empty() && runs.back().reduced == reduced[i])
-            runs.back().size *= shape[i];
-        else
-            runs.push_back({shape[i], static_cast<bool>(reduced[i])});
-    }
-    return runs;
-}
+// ---- the shape of a reduction: ops/reduce_geometry.h ----
 
 void push_dim(StridedDims& sd, std::int64_t dim, std::int64_t stride) {
     if (sd.rank == kMaxRank)
@@ -420,19 +384,6 @@ __global__ void max_backward_kernel(const T* __restrict__ dy, const std::int64_t
     }
 }
 
-// The (outer, len, inner) view of a shape around one axis.
-struct AxisView {
-    std::int64_t outer = 1, len = 1, inner = 1;
-};
-
-AxisView axis_view(const Shape& shape, int axis) {
-    AxisView v;
-    for (int i = 0; i < axis; ++i) v.outer *= shape[i];
-    v.len = shape[axis];
-    for (std::size_t i = static_cast<std::size_t>(axis) + 1; i < shape.size(); ++i) v.inner *= shape[i];
-    return v;
-}
-
 }  // namespace
 
 // x -> y: x summed (mean: averaged) over the reduced axes; y holds the kept axes in order
@@ -471,8 +422,8 @@ std::vector<Tensor> reduce_backward(const BackwardArgs& args) {
 Tensor max_forward(const ForwardArgs& args) {
     const Tensor& x = args.inputs[0];
     DeviceContext& ctx = context_for(x);
-    const AxisView v = axis_view(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
-    if (v.len == 0) throw ShapeError(str("axis ", args.attrs.axis, " of ", to_string(x.shape()), " is empty"));
+    const AxisSplit v = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
+    if (v.size == 0) throw ShapeError(str("axis ", args.attrs.axis, " of ", to_string(x.shape()), " is empty"));
     Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
     Tensor argmax = Tensor::empty(args.out.shape, DType::i64, x.device());
     const std::int64_t n_out = v.outer * v.inner;
@@ -480,10 +431,10 @@ Tensor max_forward(const ForwardArgs& args) {
         dispatch_floating(x.dtype(), "max_forward", [&]<typename T>() {
             if (v.inner == 1)
                 max_rows_kernel<T><<<grid_size(ctx, n_out * kWarp, kThreads), kThreads, 0, ctx.stream>>>(
-                    x.data<T>(), y.data<T>(), argmax.data<std::int64_t>(), v.outer, v.len);
+                    x.data<T>(), y.data<T>(), argmax.data<std::int64_t>(), v.outer, v.size);
             else
                 max_columns_kernel<T><<<grid_size(ctx, n_out, kThreads), kThreads, 0, ctx.stream>>>(
-                    x.data<T>(), y.data<T>(), argmax.data<std::int64_t>(), v.outer, v.len, v.inner);
+                    x.data<T>(), y.data<T>(), argmax.data<std::int64_t>(), v.outer, v.size, v.inner);
             DG_CUDA_CHECK_LAUNCH();
         });
     }
@@ -497,13 +448,13 @@ std::vector<Tensor> max_backward(const BackwardArgs& args) {
     if (!args.needs_grad[0]) return {Tensor()};
     if (args.saved.empty()) throw GraphError("max: the argmax saved by the forward is missing");
     DeviceContext& ctx = context_for(x);
-    const AxisView v = axis_view(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
+    const AxisSplit v = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
     Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
     const std::int64_t n = x.numel();
     if (n == 0) return {dx};
     dispatch_floating(x.dtype(), "max_backward", [&]<typename T>() {
         max_backward_kernel<T><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(
-            args.grad_output.data<T>(), args.saved[0].data<std::int64_t>(), dx.data<T>(), n, v.len, v.inner);
+            args.grad_output.data<T>(), args.saved[0].data<std::int64_t>(), dx.data<T>(), n, v.size, v.inner);
         DG_CUDA_CHECK_LAUNCH();
     });
     return {dx};

@@ -1,0 +1,68 @@
+// The host plan of a sum/mean, shared by the Eigen kernels (ops/reduce.cpp) and the CUDA launchers
+// (ops/reduce.cu): which axes are reduced, the output shape, and x seen as runs of reduced and kept axes.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "dyngrad/core/error.h"
+#include "dyngrad/core/shape.h"
+
+namespace dyngrad {
+
+// The axes of `shape` that a sum/mean reduces: `axes` (negative counting from the end), empty = all.
+inline std::vector<bool> reduced_axes(const Shape& shape, const std::vector<std::int64_t>& axes) {
+    std::vector<bool> reduced(shape.size(), axes.empty());
+    for (const std::int64_t axis : axes) {
+        const int a = normalize_axis(axis, shape.size());
+        if (reduced[a]) throw ShapeError(str("axis ", axis, " is listed twice in axes"));
+        reduced[a] = true;
+    }
+    return reduced;
+}
+
+inline Shape reduced_shape(const Shape& shape, const std::vector<bool>& reduced, bool keepdim) {
+    Shape out;
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+        if (!reduced[i])
+            out.push_back(shape[i]);
+        else if (keepdim)
+            out.push_back(1);
+    }
+    return out;
+}
+
+// How many elements each output sums (the mean's divisor).
+inline std::int64_t reduced_count(const Shape& shape, const std::vector<bool>& reduced) {
+    std::int64_t count = 1;
+    for (std::size_t i = 0; i < shape.size(); ++i)
+        if (reduced[i]) count *= shape[i];
+    return count;
+}
+
+// A shape as a reduction sees it, outermost first: size-1 axes dropped, neighbouring axes of the same kind
+// merged. (2,3,4,5) over axes {0,2,3} -> [2 reduced][3 kept][20 reduced].
+struct Run {
+    std::int64_t size;
+    bool reduced;
+};
+
+inline std::vector<Run> reduction_runs(const Shape& shape, const std::vector<bool>& reduced) {
+    std::vector<Run> runs;
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+        if (shape[i] == 1) continue;
+        if (!runs.empty() && runs.back().reduced == reduced[i])
+            runs.back().size *= shape[i];
+        else
+            runs.push_back({shape[i], static_cast<bool>(reduced[i])});
+    }
+    return runs;
+}
+
+// The element count of runs [begin, end).
+inline std::int64_t runs_numel(const std::vector<Run>& runs, std::size_t begin, std::size_t end) {
+    std::int64_t n = 1;
+    for (std::size_t i = begin; i < end; ++i) n *= runs[i].size;
+    return n;
+}
+
+}  // namespace dyngrad
