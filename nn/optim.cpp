@@ -782,7 +782,7 @@ WarmupCosineLR::WarmupCosineLR(Optimizer& optimizer, std::int64_t warmup_steps, 
         throw ValueError(str("WarmupCosineLR: warmup_steps must be non-negative, got ", warmup_steps));
     if (total_steps <= warmup_steps)
         throw ValueError(str("WarmupCosineLR: total_steps (", total_steps, ") must be above warmup_steps (",
-                             warmup_steps, ")"));
+                             warmup_steps, "): total ", total_steps, " <= warmup ", warmup_steps));
     check_non_negative("WarmupCosineLR", "min_lr", min_lr);
     apply_current_epoch();
 }
