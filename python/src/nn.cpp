@@ -129,7 +129,7 @@ void bind_nn(nb::module_& m) {
 
     // ---- optimizers and schedules ----
     nb::class_<Optimizer>(m, "Optimizer")
-        .def("step", &Optimizer::step)
+        .def("step", [](Optimizer& o) { o.step(); })
         .def("zero_grad", &Optimizer::zero_grad)
         .def_prop_ro("name", &Optimizer::name)
         .def_prop_rw("lr", [](const Optimizer& o) { return o.lr(0); }, [](Optimizer& o, double lr) { o.set_lr(lr); })
