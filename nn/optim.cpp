@@ -277,8 +277,11 @@ bool Optimizer::gate_skips(const Gate* gate, const Device& device) {
     return device.is_cpu() && gate->found_inf.data<float>()[0] != 0;
 }
 
+// The CPU updates' inverse scale. A gate on a GPU is read by the step kernel on the device (reading it here
+// dereferenced device memory on the host: a segfault in test_gpu_capture).
 double Optimizer::gate_inv_scale(const Gate* gate) {
-    return gate == nullptr ? 1.0 : static_cast<double>(gate->inv_scale.data<float>()[0]);
+    if (gate == nullptr || !gate->inv_scale.device().is_cpu()) return 1.0;
+    return static_cast<double>(gate->inv_scale.data<float>()[0]);
 }
 
 std::vector<std::pair<std::string, Tensor>> Optimizer::device_scalars() const {
