@@ -14,6 +14,12 @@
 #   PYTHON              the interpreter (default: python3)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# The lent machine's default g++ (/opt/gcc) links libstdc++ statically into libdyngrad.so; inside Python, which has
+# loaded the system libstdc++ already, two copies of the locale machinery then crash the first ostream (seen:
+# segfault in describe_node). The distribution's compiler links the shared libstdc++ that Python uses too.
+if [[ -z "${CXX:-}" && -x /usr/bin/g++ ]]; then
+    export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
+fi
 out=${1:?usage: scripts/gpu-python.sh OUT [build] [test] [train] [bench]}
 shift
 mkdir -p "$out"
@@ -62,7 +68,7 @@ phase_test() {
 
 phase_train() {
     (cd "$work" && PYTHONPATH="$site" "$python" "$root/python/examples/train_fashion_mnist.py" --model lenet \
-        --epochs 10 --device cuda --checkpoint "$work/lenet_fashion_mnist.safetensors" --min-accuracy 0.91)
+        --data "${DATA:-/usr/share/datasets/fashion-mnist}" --epochs 10 --device cuda --checkpoint "$work/lenet_fashion_mnist.safetensors" --min-accuracy 0.91)
 }
 
 phase_bench() {
