@@ -17,7 +17,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 # The lent machine's default g++ (/opt/gcc) links libstdc++ statically into libdyngrad.so; inside Python, which has
 # loaded the system libstdc++ already, two copies of the locale machinery then crash the first ostream (seen:
 # segfault in describe_node). The distribution's compiler links the shared libstdc++ that Python uses too.
-if [[ -z "${CXX:-}" && -x /usr/bin/g++ ]]; then
+# (The machine's environment sets CXX to that compiler, so it is overridden; DYNGRAD_KEEP_CXX=1 keeps it.)
+if [[ "${DYNGRAD_KEEP_CXX:-0}" != 1 && -x /usr/bin/g++ ]]; then
     export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
 fi
 out=${1:?usage: scripts/gpu-python.sh OUT [build] [test] [train] [bench]}
