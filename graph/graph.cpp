@@ -614,7 +614,7 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
         needs_grad_storage.assign(n.inputs.size(), 0);
         for (std::size_t i = 0; i < n.inputs.size(); ++i) {
             input_values.push_back(nodes_[n.inputs[i]]->value);
-            needs_grad_storage[i] = needed[n.inputs[i]];
+            needs_grad_storage[i] = needed[n.inputs[i]] != 0;  // 2 marks a parameter leaf: read as a bool, it must be 1
         }
         std::vector<Tensor> grads;
         try {

@@ -29,7 +29,13 @@ dg_configure_and_build "$build_dir" -- -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 
 echo "==> CPU tests under ASan + UBSan"
 status=0
-ctest --test-dir "$build_dir" --output-on-failure -j"$jobs" -L cpu -LE consumer || status=1
+mpi_launched='^(dist_mpi2|dist_dead_peer)$'
+ctest --test-dir "$build_dir" --output-on-failure -j"$jobs" -L cpu -LE consumer -E "$mpi_launched" || status=1
+# The tests mpirun launches run with leak detection off: OpenMPI's runtime leaks its own buffers (calloc in
+# MCA components it unloads, ompi_op_base_op_select), which LeakSanitizer reports with no dyngrad frame.
+# Address and undefined-behaviour checks stay on.
+ASAN_OPTIONS=${ASAN_OPTIONS/detect_leaks=1/detect_leaks=0} \
+    ctest --test-dir "$build_dir" --output-on-failure -j"$jobs" -R "$mpi_launched" || status=1
 
 echo "==> dyngrad-soak on the CPU under ASan + UBSan"
 "$build_dir/bench/dyngrad-soak" --device cpu --steps "${DYNGRAD_SOAK_STEPS:-300}" || status=1
