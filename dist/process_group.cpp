@@ -231,8 +231,13 @@ ProcessGroup ProcessGroup::from_mpi(const ProcessGroupOptions& options) {
     impl->check_mpi(MPI_Comm_split_type(impl->comm, MPI_COMM_TYPE_SHARED, impl->rank, MPI_INFO_NULL, &local),
                     "process group: MPI_Comm_split_type");
     MPI_Comm_rank(local, &impl->local_rank);
+    int local_size = 1;
+    MPI_Comm_size(local, &local_size);
     MPI_Comm_free(&local);
     impl->device = choose_device(options, impl->local_rank);
+    // NCCL needs a GPU of its own per rank: with more ranks on this host than devices (the MPI tests on a one-GPU
+    // machine), the group is CPU-only unless a device was named, and CUDA collectives say why (nccl_for).
+    if (options.device < 0 && local_size > device_memory::device_count()) impl->device = -1;
     if (options.use_nccl && impl->device >= 0 && nccl_compiled()) {
         std::vector<char> id = impl->rank == 0 ? nccl_unique_id() : std::vector<char>();
         std::uint64_t size = id.size();
