@@ -7,6 +7,7 @@
 #include "dyngrad/core/device.h"
 #include "dyngrad/core/dtype.h"
 #include "dyngrad/core/error.h"
+#include "dyngrad/core/half.h"
 #include "dyngrad/core/idx.h"
 #include "dyngrad/core/parallel.h"
 #include "dyngrad/core/safetensors.h"

@@ -30,6 +30,8 @@ std::string_view format_name(DType dtype) {
         case DType::f32: return "F32";
         case DType::f64: return "F64";
         case DType::i64: return "I64";
+        case DType::bf16: return "BF16";
+        case DType::f16: return "F16";
     }
     throw DTypeError(str("safetensors: no format name for dtype ", static_cast<int>(dtype)));
 }
@@ -309,7 +311,9 @@ DType parse_dtype(const Entry& e, const std::string& context) {
     if (e.dtype == "F32") return DType::f32;
     if (e.dtype == "F64") return DType::f64;
     if (e.dtype == "I64") return DType::i64;
-    throw IoError(str(context, "tensor '", e.name, "' has dtype '", e.dtype, "'; supported: F32, F64, I64"));
+    if (e.dtype == "BF16") return DType::bf16;
+    if (e.dtype == "F16") return DType::f16;
+    throw IoError(str(context, "tensor '", e.name, "' has dtype '", e.dtype, "'; supported: F32, F64, I64, BF16, F16"));
 }
 
 // Bytes of a tensor; IoError when the element count or byte size overflows (core/checked.h's rule: the

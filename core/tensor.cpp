@@ -24,6 +24,8 @@ void dispatch_any(DType dtype, Fn&& fn) {
         case DType::f32: return fn.template operator()<float>();
         case DType::f64: return fn.template operator()<double>();
         case DType::i64: return fn.template operator()<std::int64_t>();
+        case DType::bf16: return fn.template operator()<bfloat16>();
+        case DType::f16: return fn.template operator()<float16>();
     }
     throw DTypeError(str("unknown dtype code ", static_cast<int>(dtype)));
 }
@@ -34,6 +36,10 @@ template <typename T>
 T to_element(double value, std::string_view what) {
     if constexpr (std::is_same_v<T, std::int64_t>)
         return checked_to_int64(value, what);
+    else if constexpr (std::is_same_v<T, bfloat16>)
+        return to_bfloat16(value);
+    else if constexpr (std::is_same_v<T, float16>)
+        return to_float16(value);
     else
         return static_cast<T>(value);
 }
@@ -50,6 +56,8 @@ void fill_cpu(void* data, std::int64_t n, double value, DType dtype, std::string
         case DType::f32: return fill_cpu<float>(data, n, value, what);
         case DType::f64: return fill_cpu<double>(data, n, value, what);
         case DType::i64: return fill_cpu<std::int64_t>(data, n, value, what);
+        case DType::bf16: return fill_cpu<bfloat16>(data, n, value, what);
+        case DType::f16: return fill_cpu<float16>(data, n, value, what);
     }
 }
 
@@ -68,6 +76,8 @@ double read_cpu(const void* data, std::size_t i, DType dtype) {
         case DType::f32: return static_cast<const float*>(data)[i];
         case DType::f64: return static_cast<const double*>(data)[i];
         case DType::i64: return static_cast<double>(static_cast<const std::int64_t*>(data)[i]);
+        case DType::bf16: return to_double(static_cast<const bfloat16*>(data)[i]);
+        case DType::f16: return to_double(static_cast<const float16*>(data)[i]);
     }
     return 0;
 }

@@ -121,10 +121,15 @@ __global__ void fill_kernel(T* __restrict__ dst, std::int64_t n, T value) {
 }
 
 template <typename T>
-void launch_fill(const DeviceContext& ctx, void* dst, std::int64_t n, double value) {
+void launch_fill_element(const DeviceContext& ctx, void* dst, std::int64_t n, T element) {
     const unsigned blocks = grid_size(ctx, n, kFillThreads);
-    fill_kernel<T><<<blocks, kFillThreads, 0, ctx.stream>>>(static_cast<T*>(dst), n, static_cast<T>(value));
+    fill_kernel<T><<<blocks, kFillThreads, 0, ctx.stream>>>(static_cast<T*>(dst), n, element);
     DG_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void launch_fill(const DeviceContext& ctx, void* dst, std::int64_t n, double value) {
+    launch_fill_element<T>(ctx, dst, n, static_cast<T>(value));
 }
 
 }  // namespace
@@ -156,6 +161,9 @@ void fill(void* dst, std::int64_t n, double value, DType dtype, int device) {
         case DType::f32: return launch_fill<float>(ctx, dst, n, value);
         case DType::f64: return launch_fill<double>(ctx, dst, n, value);
         case DType::i64: return launch_fill<std::int64_t>(ctx, dst, n, value);
+        // Rounded on the host (core/half.h), so the device holds exactly the bits the CPU would store.
+        case DType::bf16: return launch_fill_element<std::uint16_t>(ctx, dst, n, to_bfloat16(value).bits);
+        case DType::f16: return launch_fill_element<std::uint16_t>(ctx, dst, n, to_float16(value).bits);
     }
     throw DTypeError(str("fill: unknown dtype code ", static_cast<int>(dtype)));
 }
