@@ -22,6 +22,7 @@
 #include "dyngrad/graph/custom_op.h"
 #include "dyngrad/graph/debug.h"
 #include "dyngrad/graph/eager.h"
+#include "dyngrad/graph/fusion_check.h"
 #include "dyngrad/graph/gradcheck.h"
 #include "dyngrad/graph/graph.h"
 #include "dyngrad/graph/op_def.h"

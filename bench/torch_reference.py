@@ -421,6 +421,34 @@ def measure(name, description, prepare, tf32, bytes_per_step, mode, s, copy_gbs)
     return row
 
 
+def profile_one_replay(args):
+    """--profile: one captured replay of each --only workload in the first of --modes between
+    cudaProfilerStart/Stop, for `ncu --profile-from-start off python3 bench/torch_reference.py --profile ...`
+    (per-kernel times of exactly one step, as dyngrad-perf --profile gives for dyngrad's side)."""
+    torch.backends.cudnn.benchmark = not args.no_cudnn_benchmark
+    mode = args.modes[0]
+    table = {w[0]: w for w in workloads()}
+    for name in [n for n in (args.only or "").split(",") if n]:
+        if name not in table:
+            sys.exit(f"torch_reference.py: --profile: unknown workload {name!r}")
+        _, _, prepare, tf32, _ = table[name]
+        set_tf32(tf32)
+        inputs, step = prepare(compiled=mode.startswith("compiled"))
+        for _ in range(3):
+            step(inputs)
+        body = captured(step, inputs) if mode.endswith("captured") else (lambda: step(inputs))
+        for _ in range(3):
+            body()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        body()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+        print(f"{name}: profiled one {mode} step")
+        set_tf32(False)
+    return 0
+
+
 def chain_us(device, s):
     """bench/perf.cpp chain_us(): host us per op of x = x + c on 1-element tensors, and per backward node."""
     one = torch.ones(1, device=device)
@@ -708,6 +736,8 @@ def main():
     parser.add_argument("--save-default-init", metavar="FILE",
                         help="save lenet with PyTorch's default initialisation for --seed to FILE, then exit")
     parser.add_argument("--log-every", type=int, default=50, help="as dyngrad-train --log-every (GPU default 50)")
+    parser.add_argument("--profile", action="store_true",
+                        help="one step of each --only workload in the first --modes mode between cudaProfilerStart/Stop")
     args = parser.parse_args()
     args.modes = [m for m in args.modes.split(",") if m]
     for mode in args.modes:
@@ -725,6 +755,8 @@ def main():
         return 77
     if args.save_default_init:
         return save_default_init(args)
+    if args.profile:
+        return profile_one_replay(args)
     return time_to_accuracy(args) if args.time_to_accuracy else run_workloads(args)
 
 

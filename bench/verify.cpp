@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -197,6 +198,28 @@ Summary summarize(const std::vector<Row>& rows, int ops, double seconds) {
     return s;
 }
 
+// One line per fused op and pass: how many shapes were checked against the unfused composition, the worst
+// error relative to the composition's largest magnitude, and whether all agreed.
+void print_fusion_checks(const std::vector<FusionCheckResult>& results) {
+    struct Line {
+        int count = 0, failed = 0;
+        double worst = 0;
+    };
+    std::map<std::string, Line> lines;
+    for (const FusionCheckResult& r : results) {
+        const std::string pass = r.pass.starts_with("backward") ? "backward" : r.pass;
+        Line& line = lines[str(r.op, " ", pass, r.key.find("cuda") != std::string::npos ? " (GPU)" : "")];
+        ++line.count;
+        line.failed += r.passed ? 0 : 1;
+        line.worst = std::max(line.worst, r.max_abs_error / std::max(r.scale, 1e-30));
+    }
+    std::printf("\nfused kernels vs their unfused compositions (graph/fusion_check.h):\n");
+    if (lines.empty()) std::printf("  none ran\n");
+    for (const auto& [name, line] : lines)
+        std::printf("  %-32s %3d checks, worst %.2e relative: %s\n", name.c_str(), line.count, line.worst,
+                    line.failed == 0 ? "agree" : "DISAGREE");
+}
+
 void print_summary(const Summary& s) {
     std::printf("\n%d ops, %d checks: %d passed, %d failed (%.1f s)\n", s.ops, s.checks, s.passed, s.failed(),
                 s.seconds);
@@ -350,6 +373,9 @@ int run(const Options& options) {
                     cuda_compiled() ? "none found" : "CUDA backend not compiled in");
     std::printf("\n");
 
+    // Every fused kernel's first use per shape is also compared with its unfused composition (a disagreement
+    // fails the row whose check ran it); the summary lists them.
+    set_fusion_check(true);
     const auto start = std::chrono::steady_clock::now();
     print_header(info.cuda);
     std::vector<Row> rows;
@@ -366,6 +392,7 @@ int run(const Options& options) {
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const Summary summary = summarize(rows, ops_run, seconds);
+    print_fusion_checks(fusion_check_results());
     print_summary(summary);
 
     if (json.is_open()) {

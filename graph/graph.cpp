@@ -8,9 +8,11 @@
 #include <functional>
 #include <mutex>
 #include <unordered_set>
+#include <utility>
 
 #include "dyngrad/graph/anomaly.h"
 #include "dyngrad/graph/eager.h"
+#include "dyngrad/graph/fusion_check.h"
 #include "dyngrad/graph/backend.h"
 #include "dyngrad/graph/profiling.h"
 
@@ -181,6 +183,7 @@ Tensor run_forward(const OpDef& def, OpType op, std::span<const Tensor> inputs, 
         Tensor out = k.forward(ForwardArgs{op, inputs, attrs, spec, saved});
         check_forward_output(def, spec, device, out);
         if (anomaly_mode_enabled()) check_forward_value(inputs, out, describe_input);
+        if (fusion_check_enabled()) check_fused_forward(def, op, inputs, attrs, out);
         return out;
     } catch (...) {
         rethrow_op_failure(context(), def, stage);
@@ -238,6 +241,7 @@ private:
 bool grad_enabled() { return tls_grad_enabled; }
 NoGradGuard::NoGradGuard() : previous_(tls_grad_enabled) { tls_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { tls_grad_enabled = previous_; }
+bool detail::exchange_grad_enabled(bool enabled) { return std::exchange(tls_grad_enabled, enabled); }
 
 std::string describe_site(const std::source_location& where) {
     return str(std::filesystem::path(where.file_name()).filename().string(), ":", where.line());
@@ -627,6 +631,8 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
                 const ProfilingRange range(ProfilingRange::Pass::Backward, def.name, id);
                 grads = k.backward(BackwardArgs{n.op, input_values, n.value, n.grad, n.attrs, n.saved, needs_grad});
             }
+            if (fusion_check_enabled() && grads.size() == n.inputs.size())
+                detail::check_fused_backward(def, n.op, input_values, n.attrs, n.grad, grads, needs_grad);
             if (grads.size() != n.inputs.size())
                 throw GraphError(str("backward returned ", grads.size(), " gradients for ", n.inputs.size(), " inputs"));
             for (std::size_t i = 0; i < n.inputs.size(); ++i) {
