@@ -29,9 +29,11 @@ enum class OpType : std::uint16_t {
     Softmax, LogSoftmax, CrossEntropy, MseLoss, NllLoss, BceWithLogits, L1Loss, SmoothL1Loss,
     // convolution and pooling, NCHW (ops/conv, ops/pool)
     Conv2d, MaxPool2d, AvgPool2d,
-    // normalisation and regularisation (ops/norm)
-    BatchNorm, Dropout,
+    // normalisation (ops/norm)
+    BatchNorm,
     LayerNorm, RmsNorm,
+    // regularisation (ops/dropout)
+    Dropout,
     // user-defined ops registered at run time (graph/custom_op.h); OpAttrs::custom_id picks one
     Custom,
     // (Narrow, Concat and Rnn were appended after Custom when the tests seeded by table index; they now

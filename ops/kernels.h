@@ -69,8 +69,13 @@ Tensor narrow_forward(const ForwardArgs& args);
 std::vector<Tensor> narrow_backward(const BackwardArgs& args);
 Tensor concat_forward(const ForwardArgs& args);
 std::vector<Tensor> concat_backward(const BackwardArgs& args);
+// `op`'s forward kernel of inputs[0]'s backend, run directly (no checks, nothing saved): for a backward that is
+// another (or its own) op's forward (ops/op_table.cpp).
+Tensor backend_forward(OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs, const OutputSpec& out);
 // scatter_add's backward: gather's forward on dy (ops/indexing.cpp). Every backend.
 std::vector<Tensor> scatter_add_backward(const BackwardArgs& args);
+// dropout's backward: dropout's forward on dy with the node's seed (ops/dropout.cpp). Every backend.
+std::vector<Tensor> dropout_backward(const BackwardArgs& args);
 
 // Indexing geometry (ops/indexing.cpp), shared by both backends. gather and scatter_add read index-shaped
 // operands: `element` walks the index's shape with the strides of the indexed tensor (0 along `axis`, where
@@ -117,7 +122,6 @@ std::vector<Tensor> pool2d_backward(const BackwardArgs&);
 Tensor batch_norm_forward(const ForwardArgs&);
 std::vector<Tensor> batch_norm_backward(const BackwardArgs&);
 Tensor dropout_forward(const ForwardArgs&);
-std::vector<Tensor> dropout_backward(const BackwardArgs&);
 Tensor row_norm_forward(const ForwardArgs&); /* layer_norm, rms_norm */
 std::vector<Tensor> row_norm_backward(const BackwardArgs&);
 Tensor scaled_dot_product_attention_forward(const ForwardArgs&);
@@ -176,8 +180,7 @@ std::vector<Tensor> pool2d_backward(const BackwardArgs&);
 Tensor batch_norm_forward(const ForwardArgs&);
 std::vector<Tensor> batch_norm_backward(const BackwardArgs&);
 Tensor dropout_forward(const ForwardArgs&);
-std::vector<Tensor> dropout_backward(const BackwardArgs&);
-// DropoutSeeds::next on a GPU (ops/norm.h): ++counter and out = the draw's seed, one kernel.
+// DropoutSeeds::next on a GPU (ops/dropout.h): ++counter and out = the draw's seed, one kernel.
 void next_dropout_seed(Tensor& counter, std::uint64_t seed, Tensor& out);
 Tensor row_norm_forward(const ForwardArgs&); /* layer_norm, rms_norm */
 std::vector<Tensor> row_norm_backward(const BackwardArgs&);

@@ -639,12 +639,12 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::AvgPool2d, "avg_pool2d", 1, infer::pool2d, kCpuPool, kCudaPool, pool2d_cases},
     {OpType::BatchNorm, "batch_norm", 5, infer::batch_norm, {cpu::batch_norm_forward, cpu::batch_norm_backward},
      DG_CUDA_KERNELS(batch_norm_forward, batch_norm_backward), batch_norm_cases},
-    {OpType::Dropout, "dropout", 2, infer::dropout, {cpu::dropout_forward, cpu::dropout_backward},
-     DG_CUDA_KERNELS(dropout_forward, dropout_backward), dropout_cases, /*optional_inputs=*/1},  // the seed tensor
     {OpType::LayerNorm, "layer_norm", 3, infer::row_norm, kCpuRowNorm, kCudaRowNorm, layer_norm_cases,
      /*optional_inputs=*/2},
     {OpType::RmsNorm, "rms_norm", 2, infer::row_norm, kCpuRowNorm, kCudaRowNorm, rms_norm_cases,
      /*optional_inputs=*/1},
+    {OpType::Dropout, "dropout", 2, infer::dropout, {cpu::dropout_forward, dropout_backward},
+     DG_CUDA_KERNELS_FORWARD(dropout_forward, dropout_backward), dropout_cases, /*optional_inputs=*/1},  // the seed
     // Custom ops carry their own definitions (graph/custom_op.h); op_def(op, attrs) finds them.
     {OpType::Custom, "custom", 0, nullptr, {}, {}, no_cases},
     {OpType::Narrow, "narrow", 1, infer::narrow, {narrow_forward, narrow_backward},
@@ -692,6 +692,13 @@ const OpDef& op_def(OpType op) {
 
 const OpDef& op_def(OpType op, const OpAttrs& attrs) {
     return op == OpType::Custom ? custom_op_def(attrs.custom_id) : op_def(op);
+}
+
+Tensor backend_forward(OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs, const OutputSpec& out) {
+    std::vector<Tensor> no_saved;
+    const OpDef& def = op_def(op);
+    const ForwardFn forward = inputs[0].device().is_cuda() ? def.cuda.forward : def.cpu.forward;
+    return forward(ForwardArgs{op, inputs, attrs, out, no_saved});
 }
 
 std::span<const OpDef> op_table() { return kTable; }
