@@ -97,6 +97,8 @@ Tensor unary_forward(const ForwardArgs&);
 std::vector<Tensor> unary_backward(const BackwardArgs&);
 Tensor binary_forward(const ForwardArgs&);
 std::vector<Tensor> binary_backward(const BackwardArgs&);
+Tensor softmax_forward(const ForwardArgs&); /* softmax, log_softmax */
+std::vector<Tensor> softmax_backward(const BackwardArgs&);
 Tensor matmul_forward(const ForwardArgs&);
 std::vector<Tensor> matmul_backward(const BackwardArgs&);
 Tensor linear_forward(const ForwardArgs&);
@@ -107,8 +109,6 @@ Tensor reduce_forward(const ForwardArgs&); /* sum, mean */
 std::vector<Tensor> reduce_backward(const BackwardArgs&);
 Tensor max_forward(const ForwardArgs&);
 std::vector<Tensor> max_backward(const BackwardArgs&);
-Tensor softmax_forward(const ForwardArgs&); /* softmax, log_softmax */
-std::vector<Tensor> softmax_backward(const BackwardArgs&);
 Tensor cross_entropy_forward(const ForwardArgs&); /* cross_entropy, nll_loss */
 std::vector<Tensor> cross_entropy_backward(const BackwardArgs&);
 Tensor pointwise_loss_forward(const ForwardArgs&); /* bce_with_logits, l1_loss, smooth_l1_loss */
@@ -155,6 +155,8 @@ Tensor unary_forward(const ForwardArgs&);
 std::vector<Tensor> unary_backward(const BackwardArgs&);
 Tensor binary_forward(const ForwardArgs&);
 std::vector<Tensor> binary_backward(const BackwardArgs&);
+Tensor softmax_forward(const ForwardArgs&); /* softmax, log_softmax */
+std::vector<Tensor> softmax_backward(const BackwardArgs&);
 Tensor matmul_forward(const ForwardArgs&);
 std::vector<Tensor> matmul_backward(const BackwardArgs&);
 Tensor linear_forward(const ForwardArgs&);
@@ -165,8 +167,6 @@ Tensor reduce_forward(const ForwardArgs&); /* sum, mean */
 std::vector<Tensor> reduce_backward(const BackwardArgs&);
 Tensor max_forward(const ForwardArgs&);
 std::vector<Tensor> max_backward(const BackwardArgs&);
-Tensor softmax_forward(const ForwardArgs&); /* softmax, log_softmax */
-std::vector<Tensor> softmax_backward(const BackwardArgs&);
 Tensor cross_entropy_forward(const ForwardArgs&); /* cross_entropy, nll_loss */
 std::vector<Tensor> cross_entropy_backward(const BackwardArgs&);
 Tensor pointwise_loss_forward(const ForwardArgs&); /* bce_with_logits, l1_loss, smooth_l1_loss */
