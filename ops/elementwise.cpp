@@ -509,6 +509,17 @@ OutputSpec along_axis(OpType, std::span<const Tensor> inputs, const OpAttrs& att
 
 }  // namespace infer
 
+SoftmaxGeometry softmax_geometry(OpType op, const Shape& x, std::int64_t axis) {
+    return {split_at_axis(x, normalize_axis(axis, x.size())), op == OpType::LogSoftmax};
+}
+
+SoftmaxBackward softmax_backward_setup(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    SoftmaxBackward b{softmax_geometry(args.op, x.shape(), args.attrs.axis), Tensor()};
+    if (args.needs_grad[0]) b.dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+    return b;
+}
+
 namespace cpu {
 
 namespace {
@@ -528,8 +539,9 @@ Tensor softmax_forward(const ForwardArgs& args) {
     const Tensor& x = args.inputs[0];
     Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
     if (y.numel() == 0) return y;
-    const AxisSplit s = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
-    const bool log = args.op == OpType::LogSoftmax;
+    const SoftmaxGeometry g = softmax_geometry(args.op, x.shape(), args.attrs.axis);
+    const AxisSplit s = g.split;
+    const bool log = g.log;
     dispatch_floating(x.dtype(), "softmax", [&]<typename T>() {
         for (std::int64_t o = 0; o < s.outer; ++o) {
             const ConstArrayMap<T> X(x.data<T>() + o * s.size * s.inner, s.size, s.inner);
@@ -553,21 +565,17 @@ Tensor softmax_forward(const ForwardArgs& args) {
 //   softmax:     dx = y * (dy - Σ dy·y)
 //   log_softmax: dx = dy - exp(y) * Σ dy
 std::vector<Tensor> softmax_backward(const BackwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    const Tensor& y = args.output;
-    const Tensor& dy = args.grad_output;
-    if (!args.needs_grad[0]) return {Tensor()};
-    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-    if (dx.numel() == 0) return {dx};
-    const AxisSplit s = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
-    const bool log = args.op == OpType::LogSoftmax;
-    dispatch_floating(x.dtype(), "softmax backward", [&]<typename T>() {
+    const SoftmaxBackward b = softmax_backward_setup(args);
+    if (b.nothing_to_compute()) return {b.dx};
+    const Tensor &y = args.output, &dy = args.grad_output, &dx = b.dx;
+    const AxisSplit s = b.geometry.split;
+    dispatch_floating(dx.dtype(), "softmax backward", [&]<typename T>() {
         for (std::int64_t o = 0; o < s.outer; ++o) {
             const std::int64_t offset = o * s.size * s.inner;
             const ConstArrayMap<T> Y(y.data<T>() + offset, s.size, s.inner);
             const ConstArrayMap<T> dY(dy.data<T>() + offset, s.size, s.inner);
             ArrayMap<T> dX(dx.data<T>() + offset, s.size, s.inner);
-            if (log) {
+            if (b.geometry.log) {
                 const RowArray<T> sum = dY.colwise().sum();
                 dX = dY - (Y.exp().rowwise() * sum);
             } else {

@@ -570,8 +570,9 @@ Tensor softmax_forward(const ForwardArgs& args) {
     Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
     if (y.numel() == 0) return y;
     DeviceContext& ctx = context_for(x);
-    const AxisSplit s = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
-    const bool log = args.op == OpType::LogSoftmax;
+    const SoftmaxGeometry g = softmax_geometry(args.op, x.shape(), args.attrs.axis);
+    const AxisSplit s = g.split;
+    const bool log = g.log;
     dispatch_floating(x.dtype(), "softmax", [&]<typename T>() {
         const T* px = x.data<T>();
         T* py = y.data<T>();
@@ -593,19 +594,15 @@ Tensor softmax_forward(const ForwardArgs& args) {
 //   softmax:     dx = y * (dy - Σ dy·y)
 //   log_softmax: dx = dy - exp(y) * Σ dy
 std::vector<Tensor> softmax_backward(const BackwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    const Tensor& y = args.output;
-    const Tensor& dy = args.grad_output;
-    if (!args.needs_grad[0]) return {Tensor()};
-    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-    if (dx.numel() == 0) return {dx};
-    DeviceContext& ctx = context_for(x);
-    const AxisSplit s = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
-    const bool log = args.op == OpType::LogSoftmax;
-    dispatch_floating(x.dtype(), "softmax backward", [&]<typename T>() {
-        const T* py = y.data<T>();
-        const T* pdy = dy.data<T>();
-        T* pdx = dx.data<T>();
+    const SoftmaxBackward b = softmax_backward_setup(args);
+    if (b.nothing_to_compute()) return {b.dx};
+    DeviceContext& ctx = context_for(b.dx);
+    const AxisSplit s = b.geometry.split;
+    const bool log = b.geometry.log;
+    dispatch_floating(b.dx.dtype(), "softmax backward", [&]<typename T>() {
+        const T* py = args.output.data<T>();
+        const T* pdy = args.grad_output.data<T>();
+        T* pdx = b.dx.data<T>();
         if (s.inner == 1) {
             launch_rows(ctx, s.outer, s.size, [&]<bool kBlockPerRow>(unsigned blocks) {
                 softmax_rows_backward_kernel<T, kBlockPerRow>
@@ -617,7 +614,7 @@ std::vector<Tensor> softmax_backward(const BackwardArgs& args) {
             DG_CUDA_CHECK_LAUNCH();
         }
     });
-    return {dx};
+    return {b.dx};
 }
 
 }  // namespace dyngrad::cuda

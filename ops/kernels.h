@@ -77,6 +77,20 @@ std::vector<Tensor> scatter_add_backward(const BackwardArgs& args);
 // dropout's backward: dropout's forward on dy with the node's seed (ops/dropout.cpp). Every backend.
 std::vector<Tensor> dropout_backward(const BackwardArgs& args);
 
+// softmax / log_softmax around their axis (ops/elementwise.cpp), shared by both backends. The backward's dx is
+// allocated like x, undefined when x needs no gradient; nothing to compute when it is undefined or empty.
+struct SoftmaxGeometry {
+    AxisSplit split;
+    bool log = false;  // log_softmax
+};
+SoftmaxGeometry softmax_geometry(OpType op, const Shape& x, std::int64_t axis);
+struct SoftmaxBackward {
+    SoftmaxGeometry geometry;
+    Tensor dx;
+    bool nothing_to_compute() const { return !dx.defined() || dx.numel() == 0; }
+};
+SoftmaxBackward softmax_backward_setup(const BackwardArgs& args);
+
 // Indexing geometry (ops/indexing.cpp), shared by both backends. gather and scatter_add read index-shaped
 // operands: `element` walks the index's shape with the strides of the indexed tensor (0 along `axis`, where
 // the index supplies the coordinate), and `axis_stride` is that tensor's stride along `axis`.

@@ -321,12 +321,7 @@ std::vector<Tensor> cross_entropy_backward(const BackwardArgs& args) {
     const Tensor* weight = args.inputs.size() > 2 ? &args.inputs[2] : nullptr;
     const bool nll = args.op == OpType::NllLoss;
     std::vector<Tensor> grads(args.inputs.size());
-    if (weight && args.needs_grad[2])
-        throw ValueError("class_weight gets no gradient (as in PyTorch): pass it as a constant or an input "
-                         "that does not require grad");
-    if (!args.needs_grad[0]) return grads;
-    if (args.saved.size() != (nll ? 1u : 2u))
-        throw Error("internal: cross_entropy backward needs the forward's sums and log-sum-exp");
+    if (!math::class_loss_needs_dlogits(args)) return grads;
     const std::int64_t rows = logits.size(0);
     const std::int64_t classes = logits.size(1);
     grads[0] = Tensor::empty(logits.shape(), logits.dtype(), logits.device());

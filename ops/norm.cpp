@@ -184,10 +184,9 @@ Tensor batch_norm_forward(const ForwardArgs& args) {
     const Tensor& x = args.inputs[0];
     const Tensor& running_mean = args.inputs[3];
     const Tensor& running_var = args.inputs[4];
-    const ChannelLayout l = channel_layout(x.shape());
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    Tensor mean = Tensor::empty({l.c}, x.dtype(), x.device());
-    Tensor invstd = Tensor::empty({l.c}, x.dtype(), x.device());
+    const BatchNormForward f = batch_norm_forward_outputs(args);
+    const ChannelLayout l = f.layout;
+    const Tensor &y = f.y, &mean = f.mean, &invstd = f.invstd;
     const OpAttrs& a = args.attrs;
     dispatch_floating(x.dtype(), "batch_norm", [&]<typename T>() {
         Stats mu, var;
@@ -218,8 +217,6 @@ Tensor batch_norm_forward(const ForwardArgs& args) {
         for (std::int64_t n = 0; n < l.n; ++n)
             sample_out<T>(y, l, n) = ((sample<T>(x, l, n).colwise() - center).colwise() * scale).colwise() + shift;
     });
-    args.saved.push_back(mean);
-    args.saved.push_back(invstd);
     return y;
 }
 

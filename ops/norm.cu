@@ -511,12 +511,9 @@ Tensor batch_norm_forward(const ForwardArgs& args) {
     const Tensor& x = args.inputs[0];
     const Tensor& running_mean = args.inputs[3];
     const Tensor& running_var = args.inputs[4];
-    const ChannelLayout l = channel_layout(x.shape());
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    Tensor mean = Tensor::empty({l.c}, x.dtype(), x.device());
-    Tensor invstd = Tensor::empty({l.c}, x.dtype(), x.device());
-    args.saved.push_back(mean);
-    args.saved.push_back(invstd);
+    const BatchNormForward f = batch_norm_forward_outputs(args);
+    const ChannelLayout l = f.layout;
+    const Tensor &y = f.y, &mean = f.mean, &invstd = f.invstd;
     if (l.c == 0) return y;
     DeviceContext& ctx = context_for(x);
     const OpAttrs& a = args.attrs;
