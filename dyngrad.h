@@ -32,6 +32,7 @@
 // ops: the op families
 #include "dyngrad/ops/attention.h"
 #include "dyngrad/ops/conv.h"
+#include "dyngrad/ops/dropout.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/indexing.h"
 #include "dyngrad/ops/layout.h"

@@ -19,19 +19,23 @@ enum class OpType : std::uint16_t {
     // activations (ops/elementwise)
     Relu, LeakyRelu, Elu, ClippedRelu, Sigmoid, Tanh, Softplus,
     Gelu, Silu, LogSigmoid,
+    // the activations along an axis, normalised exponentials (ops/elementwise)
+    Softmax, LogSoftmax,
     // linear algebra and layout (ops/linalg)
     Matmul, Linear, Transpose, Reshape,
     // reductions (ops/reduce)
     Sum, Mean, Max,
     // the int64 index of the first maximum / minimum along one axis (ops/reduce); not differentiable
     ArgMax, ArgMin,
-    // normalised exponentials and losses (ops/loss)
-    Softmax, LogSoftmax, CrossEntropy, MseLoss, NllLoss, BceWithLogits, L1Loss, SmoothL1Loss,
+    // losses (ops/loss)
+    CrossEntropy, MseLoss, NllLoss, BceWithLogits, L1Loss, SmoothL1Loss,
     // convolution and pooling, NCHW (ops/conv, ops/pool)
     Conv2d, MaxPool2d, AvgPool2d,
-    // normalisation and regularisation (ops/norm)
-    BatchNorm, Dropout,
+    // normalisation (ops/norm)
+    BatchNorm,
     LayerNorm, RmsNorm,
+    // regularisation (ops/dropout)
+    Dropout,
     // user-defined ops registered at run time (graph/custom_op.h); OpAttrs::custom_id picks one
     Custom,
     // (Narrow, Concat and Rnn were appended after Custom when the tests seeded by table index; they now

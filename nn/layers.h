@@ -30,6 +30,7 @@
 #include "dyngrad/core/safetensors.h"
 #include "dyngrad/graph/graph.h"
 #include "dyngrad/ops/conv.h"
+#include "dyngrad/ops/dropout.h"
 #include "dyngrad/ops/norm.h"
 
 namespace dyngrad {
@@ -206,7 +207,7 @@ public:
 };
 
 // Dropout with drop probability p in training mode, the identity in eval mode. Each call in training
-// mode draws a fresh mask seed from (seed, number of earlier calls) through DropoutSeeds (ops/norm.h),
+// mode draws a fresh mask seed from (seed, number of earlier calls) through DropoutSeeds (ops/dropout.h),
 // whose counter lives on x's device: runs repeat exactly, and a captured step draws fresh masks on every
 // replay (the masks the same eager calls draw). Copies share the call counter.
 class Dropout : public Module {

@@ -1,5 +1,5 @@
 // Dropout's keep mask as a pure function of (seed, element index), shared by the Eigen kernels
-// (ops/norm.cpp) and the CUDA kernels (ops/norm.cu): both backends drop exactly the same elements,
+// (ops/dropout.cpp) and the CUDA kernels (ops/dropout.cu): both backends drop exactly the same elements,
 // the backward recomputes the mask instead of saving it, and no generator state is carried between
 // calls. Element i draws the (i+1)-th output of a SplitMix64 stream seeded with `seed`
 // (Steele, Lea, Flood: "Fast splittable pseudorandom number generators", 2014); only integer
@@ -36,5 +36,8 @@ DG_HOST_DEVICE std::uint64_t dropout_draw_seed(std::uint64_t seed, std::uint64_t
 DG_HOST_DEVICE bool dropout_keep(std::uint64_t seed, std::uint64_t index, double p) {
     return dropout_uniform(seed, index) >= p;
 }
+
+// Eval, or p = 0: dropout is the identity (its backward returns dy itself).
+DG_HOST_DEVICE bool dropout_is_identity(bool training, double p) { return !training || p == 0.0; }
 
 }  // namespace dyngrad::math

@@ -472,4 +472,121 @@ void accumulate_into(Tensor& dst, const Tensor& src) {
 
 }  // namespace cpu
 
+// ---- softmax, log_softmax: the activations along an axis ----
+// (one block: user functions, shape rule, CPU kernels; GPU: the end of ops/elementwise.cu)
+
+namespace {
+
+OpAttrs axis_attrs(std::int64_t axis) {
+    OpAttrs attrs;
+    attrs.axis = axis;
+    return attrs;
+}
+
+}  // namespace
+
+Var softmax(const Var& x, std::int64_t axis, Loc where) {
+    return x.graph().record(OpType::Softmax, {x}, axis_attrs(axis), where);
+}
+Var log_softmax(const Var& x, std::int64_t axis, Loc where) {
+    return x.graph().record(OpType::LogSoftmax, {x}, axis_attrs(axis), where);
+}
+Tensor softmax(const Tensor& x, std::int64_t axis, Loc where) {
+    return eager(OpType::Softmax, {x}, axis_attrs(axis), where);
+}
+Tensor log_softmax(const Tensor& x, std::int64_t axis, Loc where) {
+    return eager(OpType::LogSoftmax, {x}, axis_attrs(axis), where);
+}
+
+namespace infer {
+
+OutputSpec along_axis(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const Tensor& x = inputs[0];
+    require_float(x, "x");
+    normalize_axis(attrs.axis, x.rank());
+    return {x.shape(), x.dtype()};
+}
+
+}  // namespace infer
+
+SoftmaxGeometry softmax_geometry(OpType op, const Shape& x, std::int64_t axis) {
+    return {split_at_axis(x, normalize_axis(axis, x.size())), op == OpType::LogSoftmax};
+}
+
+SoftmaxBackward softmax_backward_setup(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    SoftmaxBackward b{softmax_geometry(args.op, x.shape(), args.attrs.axis), Tensor()};
+    if (args.needs_grad[0]) b.dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+    return b;
+}
+
+namespace cpu {
+
+namespace {
+
+// Each outer slice of x (outer, n, inner) is an (n, inner) row-major block whose columns are the vectors
+// being normalised.
+template <typename T> using AxisBlock = Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <typename T> using ConstArrayMap = Eigen::Map<const AxisBlock<T>>;
+template <typename T> using ArrayMap = Eigen::Map<AxisBlock<T>>;
+template <typename T> using RowArray = Eigen::Array<T, 1, Eigen::Dynamic>;
+
+}  // namespace
+
+// x (outer, n, inner) -> y same shape, normalised over n; the max is subtracted first so exp never
+// overflows. LogSoftmax: y = x - max - log Σ exp(x - max).
+Tensor softmax_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    if (y.numel() == 0) return y;
+    const SoftmaxGeometry g = softmax_geometry(args.op, x.shape(), args.attrs.axis);
+    const AxisSplit s = g.split;
+    const bool log = g.log;
+    dispatch_floating(x.dtype(), "softmax", [&]<typename T>() {
+        for (std::int64_t o = 0; o < s.outer; ++o) {
+            const ConstArrayMap<T> X(x.data<T>() + o * s.size * s.inner, s.size, s.inner);
+            ArrayMap<T> Y(y.data<T>() + o * s.size * s.inner, s.size, s.inner);
+            const RowArray<T> max = X.colwise().maxCoeff();
+            if (log) {
+                Y = X.rowwise() - max;
+                const RowArray<T> log_sum = Y.exp().colwise().sum().log();
+                Y.rowwise() -= log_sum;
+            } else {
+                Y = (X.rowwise() - max).exp();
+                const RowArray<T> sum = Y.colwise().sum();
+                Y.rowwise() /= sum;
+            }
+        }
+    });
+    return y;
+}
+
+// From the output y and dy (outer, n, inner):
+//   softmax:     dx = y * (dy - Σ dy·y)
+//   log_softmax: dx = dy - exp(y) * Σ dy
+std::vector<Tensor> softmax_backward(const BackwardArgs& args) {
+    const SoftmaxBackward b = softmax_backward_setup(args);
+    if (b.nothing_to_compute()) return {b.dx};
+    const Tensor &y = args.output, &dy = args.grad_output, &dx = b.dx;
+    const AxisSplit s = b.geometry.split;
+    dispatch_floating(dx.dtype(), "softmax backward", [&]<typename T>() {
+        for (std::int64_t o = 0; o < s.outer; ++o) {
+            const std::int64_t offset = o * s.size * s.inner;
+            const ConstArrayMap<T> Y(y.data<T>() + offset, s.size, s.inner);
+            const ConstArrayMap<T> dY(dy.data<T>() + offset, s.size, s.inner);
+            ArrayMap<T> dX(dx.data<T>() + offset, s.size, s.inner);
+            if (b.geometry.log) {
+                const RowArray<T> sum = dY.colwise().sum();
+                dX = dY - (Y.exp().rowwise() * sum);
+            } else {
+                const RowArray<T> dot = (dY * Y).colwise().sum();
+                dX = Y * (dY.rowwise() - dot);
+            }
+        }
+    });
+    return {dx};
+}
+
+}  // namespace cpu
+
 }  // namespace dyngrad

@@ -1,6 +1,8 @@
 // Elementwise kernels: unary math and activations, binary ops with NumPy broadcasting, and the engine's
 // gradient accumulation. The scalar formulas are ops/elementwise_math.h, shared with the CPU kernels
 // (ops/elementwise.cpp); this file only adds indexing and launches.
+// Over 600 lines: the unary, binary and broadcast launches and, at the end, the softmax kernels (the activations
+// along an axis); they share only the launch helpers, and the end keeps them clear of edits above.
 //
 // Contiguous operands go through 16-byte vector accesses (float4 / double2 width) with a scalar tail.
 // Pool allocations are 256-byte aligned and tensors are never offset views, so the vector path always
@@ -444,6 +446,175 @@ void accumulate_into(Tensor& dst, const Tensor& src) {
         add_into_kernel<T><<<vector_blocks(ctx, n, packs), kThreads, 0, ctx.stream>>>(d, s, n, packs);
         DG_CUDA_CHECK_LAUNCH();
     });
+}
+
+}  // namespace dyngrad::cuda
+
+// ---- softmax, log_softmax: the activations along an axis, x seen as (outer, n, inner) ----
+// Kept at the end of the file, with their include, so they stay apart from the elementwise kernels above. The
+// row reductions are shared with the fused losses (ops/loss.cu).
+#include "dyngrad/ops/row_reduction.cuh"
+
+namespace dyngrad::cuda {
+
+namespace {
+
+using row_reduction::device_exp;
+using row_reduction::device_log;
+using row_reduction::launch_rows;
+using row_reduction::lowest;
+using row_reduction::MaxOp;
+using row_reduction::RowTiling;
+using row_reduction::SumOp;
+// The block size launch_rows sizes its grid for.
+constexpr unsigned kRowThreads = row_reduction::kThreads;
+
+// inner == 1: x, y (rows, n), normalised along each row. Three passes over the row (max, Σ exp,
+// write); the max is subtracted first so exp never overflows.
+template <typename T, bool kBlockPerRow>
+__global__ void softmax_rows_forward_kernel(const T* __restrict__ x, T* __restrict__ y, std::int64_t rows,
+                                            std::int64_t n, bool log_softmax) {
+    using Rows = RowTiling<kBlockPerRow>;
+    for (std::int64_t row = Rows::first_row(); row < rows; row += Rows::row_step()) {
+        const T* xr = x + row * n;
+        T* yr = y + row * n;
+        T max = lowest<T>();
+        for (std::int64_t i = Rows::lane(); i < n; i += Rows::width()) max = MaxOp{}(max, xr[i]);
+        max = Rows::reduce(max, MaxOp{}, lowest<T>());
+        T sum = 0;
+        for (std::int64_t i = Rows::lane(); i < n; i += Rows::width()) sum += device_exp(xr[i] - max);
+        sum = Rows::reduce(sum, SumOp{}, T(0));
+        if (log_softmax) {
+            const T shift = max + device_log(sum);
+            for (std::int64_t i = Rows::lane(); i < n; i += Rows::width()) yr[i] = xr[i] - shift;
+        } else {
+            for (std::int64_t i = Rows::lane(); i < n; i += Rows::width()) yr[i] = device_exp(xr[i] - max) / sum;
+        }
+    }
+}
+
+// inner > 1: x, y (outer, n, inner), one thread per (outer, inner) column; neighbouring threads
+// take neighbouring columns, so every step along n is a coalesced access.
+template <typename T>
+__global__ void softmax_columns_forward_kernel(const T* __restrict__ x, T* __restrict__ y, AxisSplit s,
+                                               bool log_softmax) {
+    const std::int64_t columns = s.outer * s.inner;
+    for (std::int64_t col = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; col < columns;
+         col += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+        const std::int64_t base = (col / s.inner) * s.size * s.inner + col % s.inner;
+        const T* xc = x + base;
+        T* yc = y + base;
+        T max = lowest<T>();
+        for (std::int64_t k = 0; k < s.size; ++k) max = MaxOp{}(max, xc[k * s.inner]);
+        T sum = 0;
+        for (std::int64_t k = 0; k < s.size; ++k) sum += device_exp(xc[k * s.inner] - max);
+        if (log_softmax) {
+            const T shift = max + device_log(sum);
+            for (std::int64_t k = 0; k < s.size; ++k) yc[k * s.inner] = xc[k * s.inner] - shift;
+        } else {
+            for (std::int64_t k = 0; k < s.size; ++k) yc[k * s.inner] = device_exp(xc[k * s.inner] - max) / sum;
+        }
+    }
+}
+
+// inner == 1: y, dy, dx (rows, n)
+//   softmax:     dx = y * (dy - Σ dy·y)
+//   log_softmax: dx = dy - exp(y) * Σ dy
+template <typename T, bool kBlockPerRow>
+__global__ void softmax_rows_backward_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx,
+                                             std::int64_t rows, std::int64_t n, bool log_softmax) {
+    using Rows = RowTiling<kBlockPerRow>;
+    for (std::int64_t row = Rows::first_row(); row < rows; row += Rows::row_step()) {
+        const T* yr = y + row * n;
+        const T* dyr = dy + row * n;
+        T* dxr = dx + row * n;
+        T sum = 0;
+        for (std::int64_t i = Rows::lane(); i < n; i += Rows::width()) sum += log_softmax ? dyr[i] : dyr[i] * yr[i];
+        sum = Rows::reduce(sum, SumOp{}, T(0));
+        if (log_softmax) {
+            for (std::int64_t i = Rows::lane(); i < n; i += Rows::width()) dxr[i] = dyr[i] - device_exp(yr[i]) * sum;
+        } else {
+            for (std::int64_t i = Rows::lane(); i < n; i += Rows::width()) dxr[i] = yr[i] * (dyr[i] - sum);
+        }
+    }
+}
+
+// inner > 1: y, dy, dx (outer, n, inner), one thread per column; formulas as above.
+template <typename T>
+__global__ void softmax_columns_backward_kernel(const T* __restrict__ y, const T* __restrict__ dy,
+                                                T* __restrict__ dx, AxisSplit s, bool log_softmax) {
+    const std::int64_t columns = s.outer * s.inner;
+    for (std::int64_t col = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; col < columns;
+         col += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+        const std::int64_t base = (col / s.inner) * s.size * s.inner + col % s.inner;
+        const T* yc = y + base;
+        const T* dyc = dy + base;
+        T* dxc = dx + base;
+        T sum = 0;
+        for (std::int64_t k = 0; k < s.size; ++k) {
+            const std::int64_t i = k * s.inner;
+            sum += log_softmax ? dyc[i] : dyc[i] * yc[i];
+        }
+        for (std::int64_t k = 0; k < s.size; ++k) {
+            const std::int64_t i = k * s.inner;
+            dxc[i] = log_softmax ? dyc[i] - device_exp(yc[i]) * sum : yc[i] * (dyc[i] - sum);
+        }
+    }
+}
+
+}  // namespace
+
+// x (outer, n, inner) -> y same shape, normalised over n (attrs.axis)
+Tensor softmax_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    if (y.numel() == 0) return y;
+    DeviceContext& ctx = context_for(x);
+    const SoftmaxGeometry g = softmax_geometry(args.op, x.shape(), args.attrs.axis);
+    const AxisSplit s = g.split;
+    const bool log = g.log;
+    dispatch_floating(x.dtype(), "softmax", [&]<typename T>() {
+        const T* px = x.data<T>();
+        T* py = y.data<T>();
+        if (s.inner == 1) {
+            launch_rows(ctx, s.outer, s.size, [&]<bool kBlockPerRow>(unsigned blocks) {
+                softmax_rows_forward_kernel<T, kBlockPerRow>
+                    <<<blocks, kRowThreads, 0, ctx.stream>>>(px, py, s.outer, s.size, log);
+            });
+        } else {
+            softmax_columns_forward_kernel<T>
+                <<<grid_size(ctx, s.outer * s.inner, kRowThreads), kRowThreads, 0, ctx.stream>>>(px, py, s, log);
+            DG_CUDA_CHECK_LAUNCH();
+        }
+    });
+    return y;
+}
+
+// From the output y and dy (outer, n, inner):
+//   softmax:     dx = y * (dy - Σ dy·y)
+//   log_softmax: dx = dy - exp(y) * Σ dy
+std::vector<Tensor> softmax_backward(const BackwardArgs& args) {
+    const SoftmaxBackward b = softmax_backward_setup(args);
+    if (b.nothing_to_compute()) return {b.dx};
+    DeviceContext& ctx = context_for(b.dx);
+    const AxisSplit s = b.geometry.split;
+    const bool log = b.geometry.log;
+    dispatch_floating(b.dx.dtype(), "softmax backward", [&]<typename T>() {
+        const T* py = args.output.data<T>();
+        const T* pdy = args.grad_output.data<T>();
+        T* pdx = b.dx.data<T>();
+        if (s.inner == 1) {
+            launch_rows(ctx, s.outer, s.size, [&]<bool kBlockPerRow>(unsigned blocks) {
+                softmax_rows_backward_kernel<T, kBlockPerRow>
+                    <<<blocks, kRowThreads, 0, ctx.stream>>>(py, pdy, pdx, s.outer, s.size, log);
+            });
+        } else {
+            softmax_columns_backward_kernel<T>
+                <<<grid_size(ctx, s.outer * s.inner, kRowThreads), kRowThreads, 0, ctx.stream>>>(py, pdy, pdx, s, log);
+            DG_CUDA_CHECK_LAUNCH();
+        }
+    });
+    return {b.dx};
 }
 
 }  // namespace dyngrad::cuda

@@ -1,4 +1,5 @@
-// Elementwise ops: binary with NumPy broadcasting, unary math and activations.
+// Elementwise ops: binary with NumPy broadcasting, unary math and activations; softmax and log_softmax,
+// the activations along an axis.
 // Formulas: ops/elementwise_math.h. CPU: ops/elementwise.cpp. GPU: ops/elementwise.cu.
 #pragma once
 #include <optional>
@@ -80,6 +81,13 @@ Tensor silu(const Tensor& x, Loc where = Loc::current());
 Var log_sigmoid(const Var& x, Loc where = Loc::current());
 Tensor log_sigmoid(const Tensor& x, Loc where = Loc::current());
 Tensor softplus(const Tensor& x, Loc where = Loc::current());
+
+// The activations along an axis: softmax y = exp(x − max) / Σ exp(x − max) and log_softmax
+// y = x − max − log Σ exp(x − max) over `axis` (negative counts from the end).
+Var softmax(const Var& x, std::int64_t axis = -1, Loc where = Loc::current());
+Tensor softmax(const Tensor& x, std::int64_t axis = -1, Loc where = Loc::current());
+Var log_softmax(const Var& x, std::int64_t axis = -1, Loc where = Loc::current());
+Tensor log_softmax(const Tensor& x, std::int64_t axis = -1, Loc where = Loc::current());
 
 // An operand of an operator that also captures where the operator was called: the defaulted
 // source_location of the converting constructor is filled in at the user's expression, so operator

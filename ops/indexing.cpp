@@ -432,11 +432,7 @@ std::vector<Tensor> scatter_add_backward(const BackwardArgs& args) {
     if (args.needs_grad[0]) grads[0] = dy;
     if (args.needs_grad[2]) {
         const Tensor gather_inputs[] = {dy, args.inputs[1]};
-        const OutputSpec out{args.inputs[1].shape(), dy.dtype()};
-        std::vector<Tensor> no_saved;
-        const OpDef& gather = op_def(OpType::Gather);
-        const ForwardFn forward = dy.device().is_cuda() ? gather.cuda.forward : gather.cpu.forward;
-        grads[2] = forward(ForwardArgs{OpType::Gather, gather_inputs, args.attrs, out, no_saved});
+        grads[2] = backend_forward(OpType::Gather, gather_inputs, args.attrs, {args.inputs[1].shape(), dy.dtype()});
     }
     return grads;
 }

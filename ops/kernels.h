@@ -69,8 +69,27 @@ Tensor narrow_forward(const ForwardArgs& args);
 std::vector<Tensor> narrow_backward(const BackwardArgs& args);
 Tensor concat_forward(const ForwardArgs& args);
 std::vector<Tensor> concat_backward(const BackwardArgs& args);
+// `op`'s forward kernel of inputs[0]'s backend, run directly (no checks, nothing saved): for a backward that is
+// another (or its own) op's forward (ops/op_table.cpp).
+Tensor backend_forward(OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs, const OutputSpec& out);
 // scatter_add's backward: gather's forward on dy (ops/indexing.cpp). Every backend.
 std::vector<Tensor> scatter_add_backward(const BackwardArgs& args);
+// dropout's backward: dropout's forward on dy with the node's seed (ops/dropout.cpp). Every backend.
+std::vector<Tensor> dropout_backward(const BackwardArgs& args);
+
+// softmax / log_softmax around their axis (ops/elementwise.cpp), shared by both backends. The backward's dx is
+// allocated like x, undefined when x needs no gradient; nothing to compute when it is undefined or empty.
+struct SoftmaxGeometry {
+    AxisSplit split;
+    bool log = false;  // log_softmax
+};
+SoftmaxGeometry softmax_geometry(OpType op, const Shape& x, std::int64_t axis);
+struct SoftmaxBackward {
+    SoftmaxGeometry geometry;
+    Tensor dx;
+    bool nothing_to_compute() const { return !dx.defined() || dx.numel() == 0; }
+};
+SoftmaxBackward softmax_backward_setup(const BackwardArgs& args);
 
 // Indexing geometry (ops/indexing.cpp), shared by both backends. gather and scatter_add read index-shaped
 // operands: `element` walks the index's shape with the strides of the indexed tensor (0 along `axis`, where
@@ -92,6 +111,8 @@ Tensor unary_forward(const ForwardArgs&);
 std::vector<Tensor> unary_backward(const BackwardArgs&);
 Tensor binary_forward(const ForwardArgs&);
 std::vector<Tensor> binary_backward(const BackwardArgs&);
+Tensor softmax_forward(const ForwardArgs&); /* softmax, log_softmax */
+std::vector<Tensor> softmax_backward(const BackwardArgs&);
 Tensor matmul_forward(const ForwardArgs&);
 std::vector<Tensor> matmul_backward(const BackwardArgs&);
 Tensor linear_forward(const ForwardArgs&);
@@ -102,8 +123,6 @@ Tensor reduce_forward(const ForwardArgs&); /* sum, mean */
 std::vector<Tensor> reduce_backward(const BackwardArgs&);
 Tensor max_forward(const ForwardArgs&);
 std::vector<Tensor> max_backward(const BackwardArgs&);
-Tensor softmax_forward(const ForwardArgs&); /* softmax, log_softmax */
-std::vector<Tensor> softmax_backward(const BackwardArgs&);
 Tensor cross_entropy_forward(const ForwardArgs&); /* cross_entropy, nll_loss */
 std::vector<Tensor> cross_entropy_backward(const BackwardArgs&);
 Tensor pointwise_loss_forward(const ForwardArgs&); /* bce_with_logits, l1_loss, smooth_l1_loss */
@@ -117,7 +136,6 @@ std::vector<Tensor> pool2d_backward(const BackwardArgs&);
 Tensor batch_norm_forward(const ForwardArgs&);
 std::vector<Tensor> batch_norm_backward(const BackwardArgs&);
 Tensor dropout_forward(const ForwardArgs&);
-std::vector<Tensor> dropout_backward(const BackwardArgs&);
 Tensor row_norm_forward(const ForwardArgs&); /* layer_norm, rms_norm */
 std::vector<Tensor> row_norm_backward(const BackwardArgs&);
 Tensor scaled_dot_product_attention_forward(const ForwardArgs&);
@@ -151,6 +169,8 @@ Tensor unary_forward(const ForwardArgs&);
 std::vector<Tensor> unary_backward(const BackwardArgs&);
 Tensor binary_forward(const ForwardArgs&);
 std::vector<Tensor> binary_backward(const BackwardArgs&);
+Tensor softmax_forward(const ForwardArgs&); /* softmax, log_softmax */
+std::vector<Tensor> softmax_backward(const BackwardArgs&);
 Tensor matmul_forward(const ForwardArgs&);
 std::vector<Tensor> matmul_backward(const BackwardArgs&);
 Tensor linear_forward(const ForwardArgs&);
@@ -161,8 +181,6 @@ Tensor reduce_forward(const ForwardArgs&); /* sum, mean */
 std::vector<Tensor> reduce_backward(const BackwardArgs&);
 Tensor max_forward(const ForwardArgs&);
 std::vector<Tensor> max_backward(const BackwardArgs&);
-Tensor softmax_forward(const ForwardArgs&); /* softmax, log_softmax */
-std::vector<Tensor> softmax_backward(const BackwardArgs&);
 Tensor cross_entropy_forward(const ForwardArgs&); /* cross_entropy, nll_loss */
 std::vector<Tensor> cross_entropy_backward(const BackwardArgs&);
 Tensor pointwise_loss_forward(const ForwardArgs&); /* bce_with_logits, l1_loss, smooth_l1_loss */
@@ -176,8 +194,7 @@ std::vector<Tensor> pool2d_backward(const BackwardArgs&);
 Tensor batch_norm_forward(const ForwardArgs&);
 std::vector<Tensor> batch_norm_backward(const BackwardArgs&);
 Tensor dropout_forward(const ForwardArgs&);
-std::vector<Tensor> dropout_backward(const BackwardArgs&);
-// DropoutSeeds::next on a GPU (ops/norm.h): ++counter and out = the draw's seed, one kernel.
+// DropoutSeeds::next on a GPU (ops/dropout.h): ++counter and out = the draw's seed, one kernel.
 void next_dropout_seed(Tensor& counter, std::uint64_t seed, Tensor& out);
 Tensor row_norm_forward(const ForwardArgs&); /* layer_norm, rms_norm */
 std::vector<Tensor> row_norm_backward(const BackwardArgs&);

@@ -1,5 +1,5 @@
-// Softmax family and losses: user functions, shape rules and the CPU kernels (Eigen).
-// GPU: ops/loss.cu.
+// Losses: user functions, shape rules and the CPU kernels (Eigen). GPU: ops/loss.cu. softmax and log_softmax
+// live with the activations (ops/elementwise.cpp).
 #include "dyngrad/ops/loss.h"
 
 #include <algorithm>
@@ -14,18 +14,6 @@
 namespace dyngrad {
 
 // ---- user functions ----
-Var softmax(const Var& x, std::int64_t axis, std::source_location where) {
-    OpAttrs attrs;
-    attrs.axis = axis;
-    return x.graph().record(OpType::Softmax, {x}, attrs, where);
-}
-
-Var log_softmax(const Var& x, std::int64_t axis, std::source_location where) {
-    OpAttrs attrs;
-    attrs.axis = axis;
-    return x.graph().record(OpType::LogSoftmax, {x}, attrs, where);
-}
-
 namespace {
 
 OpAttrs class_loss_attrs(Reduction reduction, std::int64_t ignore_index, double label_smoothing) {
@@ -104,16 +92,6 @@ Var smooth_l1_loss(const Var& prediction, const Var& target, Reduction reduction
 }
 
 // ---- eager overloads: the same ops on Tensors (graph/eager.h) ----
-Tensor softmax(const Tensor& x, std::int64_t axis, std::source_location where) {
-    OpAttrs attrs;
-    attrs.axis = axis;
-    return eager(OpType::Softmax, {x}, attrs, where);
-}
-Tensor log_softmax(const Tensor& x, std::int64_t axis, std::source_location where) {
-    OpAttrs attrs;
-    attrs.axis = axis;
-    return eager(OpType::LogSoftmax, {x}, attrs, where);
-}
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntropyOptions& options,
                      std::source_location where) {
     return eager(OpType::CrossEntropy, {logits, labels},
@@ -160,13 +138,6 @@ Tensor smooth_l1_loss(const Tensor& prediction, const Tensor& target, Reduction 
 
 // ---- shape rules ----
 namespace infer {
-
-OutputSpec along_axis(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
-    const Tensor& x = inputs[0];
-    require_float(x, "x");
-    normalize_axis(attrs.axis, x.rank());
-    return {x.shape(), x.dtype()};
-}
 
 namespace {
 
@@ -287,21 +258,6 @@ template <typename T> using ArrayMap = Eigen::Map<ArrayRM<T>>;
 template <typename T> using RowArray = Eigen::Array<T, 1, Eigen::Dynamic>;
 template <typename T> using ColumnArray = Eigen::Array<T, Eigen::Dynamic, 1>;
 
-// A tensor viewed as (outer, n, inner) around `axis`: each outer slice is an (n, inner) row-major
-// block whose columns are the vectors being normalised.
-struct AxisSplit {
-    std::int64_t outer = 1, n = 1, inner = 1;
-};
-
-AxisSplit split_at(const Shape& shape, std::int64_t axis) {
-    const int a = normalize_axis(axis, shape.size());
-    AxisSplit s;
-    for (int i = 0; i < a; ++i) s.outer *= shape[i];
-    s.n = shape[a];
-    for (std::size_t i = a + 1; i < shape.size(); ++i) s.inner *= shape[i];
-    return s;
-}
-
 // Labels index rows of the logits, so they are checked before any use (in the backward too: the
 // tensor may have been changed since the forward). ignore_index may lie anywhere, in [0,C) too.
 void check_labels(const Tensor& labels, std::int64_t classes, std::int64_t ignore_index) {
@@ -327,63 +283,6 @@ template <typename T> struct ReductionScale {
 };
 
 }  // namespace
-
-// x (outer, n, inner) -> y same shape, normalised over n; the max is subtracted first so exp never
-// overflows. LogSoftmax: y = x - max - log Σ exp(x - max).
-Tensor softmax_forward(const ForwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    if (y.numel() == 0) return y;
-    const AxisSplit s = split_at(x.shape(), args.attrs.axis);
-    const bool log = args.op == OpType::LogSoftmax;
-    dispatch_floating(x.dtype(), "softmax", [&]<typename T>() {
-        for (std::int64_t o = 0; o < s.outer; ++o) {
-            const ConstArrayMap<T> X(x.data<T>() + o * s.n * s.inner, s.n, s.inner);
-            ArrayMap<T> Y(y.data<T>() + o * s.n * s.inner, s.n, s.inner);
-            const RowArray<T> max = X.colwise().maxCoeff();
-            if (log) {
-                Y = X.rowwise() - max;
-                const RowArray<T> log_sum = Y.exp().colwise().sum().log();
-                Y.rowwise() -= log_sum;
-            } else {
-                Y = (X.rowwise() - max).exp();
-                const RowArray<T> sum = Y.colwise().sum();
-                Y.rowwise() /= sum;
-            }
-        }
-    });
-    return y;
-}
-
-// From the output y and dy (outer, n, inner):
-//   softmax:     dx = y * (dy - Σ dy·y)
-//   log_softmax: dx = dy - exp(y) * Σ dy
-std::vector<Tensor> softmax_backward(const BackwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    const Tensor& y = args.output;
-    const Tensor& dy = args.grad_output;
-    if (!args.needs_grad[0]) return {Tensor()};
-    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-    if (dx.numel() == 0) return {dx};
-    const AxisSplit s = split_at(x.shape(), args.attrs.axis);
-    const bool log = args.op == OpType::LogSoftmax;
-    dispatch_floating(x.dtype(), "softmax backward", [&]<typename T>() {
-        for (std::int64_t o = 0; o < s.outer; ++o) {
-            const std::int64_t offset = o * s.n * s.inner;
-            const ConstArrayMap<T> Y(y.data<T>() + offset, s.n, s.inner);
-            const ConstArrayMap<T> dY(dy.data<T>() + offset, s.n, s.inner);
-            ArrayMap<T> dX(dx.data<T>() + offset, s.n, s.inner);
-            if (log) {
-                const RowArray<T> sum = dY.colwise().sum();
-                dX = dY - (Y.exp().rowwise() * sum);
-            } else {
-                const RowArray<T> dot = (dY * Y).colwise().sum();
-                dX = Y * (dY.rowwise() - dot);
-            }
-        }
-    });
-    return {dx};
-}
 
 // cross_entropy: logits (N,C)  labels (N) int64  class_weight (C) optional  ->  loss () or (N)
 // nll_loss:      log_probs (N,C), the same labels and weights
@@ -458,12 +357,7 @@ std::vector<Tensor> cross_entropy_backward(const BackwardArgs& args) {
     const bool weighted = args.inputs.size() > 2;
     const bool nll = args.op == OpType::NllLoss;
     std::vector<Tensor> grads(args.inputs.size());
-    if (weighted && args.needs_grad[2])
-        throw ValueError("class_weight gets no gradient (as in PyTorch): pass it as a constant or an input "
-                         "that does not require grad");
-    if (!args.needs_grad[0]) return grads;
-    if (args.saved.size() != (nll ? 1u : 2u))
-        throw Error("internal: cross_entropy backward needs the forward's sums and log-sum-exp");
+    if (!math::class_loss_needs_dlogits(args)) return grads;
     const std::int64_t n = logits.size(0);
     const std::int64_t classes = logits.size(1);
     const std::int64_t ignore_index = args.attrs.ignore_index;

@@ -1,7 +1,7 @@
-// Softmax family and losses on the GPU: fused row and column kernels, deterministic reductions, no
-// host synchronisation (losses stay on the device; the upstream gradient is read on the device; a
-// bad label is reported through the device error record). CPU reference: ops/loss.cpp.
-// Over 600 lines: nine losses' kernels share the row-reduction helpers at the top; split by loss once they grow.
+// Losses on the GPU: fused row kernels, deterministic reductions, no host synchronisation (losses stay on the
+// device; the upstream gradient is read on the device; a bad label is reported through the device error
+// record). CPU reference: ops/loss.cpp. Row reductions: ops/row_reduction.cuh (shared with softmax,
+// ops/elementwise.cu).
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -10,199 +10,13 @@
 #include "dyngrad/cuda/context.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/loss_math.h"
+#include "dyngrad/ops/row_reduction.cuh"
 
 namespace dyngrad::cuda {
 
 namespace {
 
-constexpr unsigned kThreads = 256;  // a multiple of the warp size: the reductions rely on full warps
-constexpr int kWarp = 32;
-// Rows up to this length get one warp each, longer rows one block each.
-constexpr std::int64_t kWarpRowLimit = 512;
-
-__device__ __forceinline__ float device_exp(float v) { return expf(v); }
-__device__ __forceinline__ double device_exp(double v) { return exp(v); }
-__device__ __forceinline__ float device_log(float v) { return logf(v); }
-__device__ __forceinline__ double device_log(double v) { return log(v); }
-
-template <typename T> __device__ __forceinline__ T lowest() { return static_cast<T>(-INFINITY); }
-
-struct MaxOp {
-    template <typename T> __device__ T operator()(T a, T b) const { return a > b ? a : b; }
-};
-struct SumOp {
-    template <typename T> __device__ T operator()(T a, T b) const { return a + b; }
-};
-
-// Every lane gets the warp's result. All 32 lanes must call it.
-template <typename T, typename Op>
-__device__ T warp_reduce(T v, Op op) {
-    for (int offset = kWarp / 2; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
-    return v;
-}
-
-// Every thread gets the block's result. All threads of the block must call it; blockDim.x is a
-// multiple of 32. Safe to call repeatedly: the first barrier waits for readers of the last result.
-template <typename T, typename Op>
-__device__ T block_reduce(T v, Op op, T identity) {
-    __shared__ T partial[kWarp];
-    const unsigned lane = threadIdx.x % kWarp;
-    const unsigned warp = threadIdx.x / kWarp;
-    v = warp_reduce(v, op);
-    __syncthreads();
-    if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < blockDim.x / kWarp ? partial[lane] : identity;
-        v = warp_reduce(v, op);
-        if (lane == 0) partial[0] = v;
-    }
-    __syncthreads();
-    return partial[0];
-}
-
-// How the threads of a launch share out rows: one warp per row (kBlockPerRow false) or one block
-// per row; rows are visited grid-stride. A row index is uniform over its warp or block, so the
-// whole group enters and leaves each row together, as the reductions require.
-template <bool kBlockPerRow> struct RowTiling;
-template <> struct RowTiling<false> {
-    __device__ static std::int64_t first_row() {
-        return (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / kWarp;
-    }
-    __device__ static std::int64_t row_step() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x / kWarp; }
-    __device__ static int lane() { return static_cast<int>(threadIdx.x % kWarp); }
-    __device__ static int width() { return kWarp; }
-    template <typename T, typename Op> __device__ static T reduce(T v, Op op, T) { return warp_reduce(v, op); }
-};
-template <> struct RowTiling<true> {
-    __device__ static std::int64_t first_row() { return blockIdx.x; }
-    __device__ static std::int64_t row_step() { return gridDim.x; }
-    __device__ static int lane() { return static_cast<int>(threadIdx.x); }
-    __device__ static int width() { return static_cast<int>(blockDim.x); }
-    template <typename T, typename Op> __device__ static T reduce(T v, Op op, T identity) {
-        return block_reduce(v, op, identity);
-    }
-};
-
-// Launches `launch.template operator()<kBlockPerRow>(blocks)` with the tiling that suits `rows` rows
-// of length `len`, then checks the launch.
-template <typename Launch>
-void launch_rows(const DeviceContext& ctx, std::int64_t rows, std::int64_t len, Launch&& launch) {
-    if (len > kWarpRowLimit)
-        launch.template operator()<true>(grid_size(ctx, rows * kThreads, kThreads));
-    else
-        launch.template operator()<false>(grid_size(ctx, rows * kWarp, kThreads));
-    DG_CUDA_CHECK_LAUNCH();
-}
-
-// ---- softmax / log_softmax ----
-
-// A tensor viewed as (outer, n, inner) around the softmax axis.
-struct AxisSplit {
-    std::int64_t outer = 1, n = 1, inner = 1;
-};
-
-AxisSplit split_at(const Shape& shape, std::int64_t axis) {
-    const int a = normalize_axis(axis, shape.size());
-    AxisSplit s;
-    for (int i = 0; i < a; ++i) s.outer *= shape[i];
-    s.n = shape[a];
-    for (std::size_t i = a + 1; i < shape.size(); ++i) s.inner *= shape[i];
-    return s;
-}
-
-// inner == 1: x, y (rows, n), normalised along each row. Three passes over the row (max, Σ exp,
-// write); the max is subtracted first so exp never overflows.
-template <typename T, bool kBlockPerRow>
-__global__ void softmax_rows_forward_kernel(const T* __restrict__ x, T* __restrict__ y, std::int64_t rows,
-                                            std::int64_t n, bool log_softmax) {
-    using Rows = RowTiling<kBlockPerRow>;
-    for (std::int64_t row = Rows::first_row(); row < rows; row += Rows::row_step()) {
-        const T* xr = x + row * n;
-        T* yr = y + row * n;
-        T max = lowest<T>();
-        for (std::int64_t i = Rows::lane(); i < n; i += Rows::width()) max = MaxOp{}(max, xr[i]);
-        max = Rows::reduce(max, MaxOp{}, lowest<T>());
-        T sum = 0;
-        for (std::int64_t i = Rows::lane(); i < n; i += Rows::width()) sum += device_exp(xr[i] - max);
-        sum = Rows::reduce(sum, SumOp{}, T(0));
-        if (log_softmax) {
-            const T shift = max + device_log(sum);
-            for (std::int64_t i = Rows::lane(); i < n; i += Rows::width()) yr[i] = xr[i] - shift;
-        } else {
-            for (std::int64_t i = Rows::lane(); i < n; i += Rows::width()) yr[i] = device_exp(xr[i] - max) / sum;
-        }
-    }
-}
-
-// inner > 1: x, y (outer, n, inner), one thread per (outer, inner) column; neighbouring threads
-// take neighbouring columns, so every step along n is a coalesced access.
-template <typename T>
-__global__ void softmax_columns_forward_kernel(const T* __restrict__ x, T* __restrict__ y, AxisSplit s,
-                                               bool log_softmax) {
-    const std::int64_t columns = s.outer * s.inner;
-    for (std::int64_t col = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; col < columns;
-         col += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-        const std::int64_t base = (col / s.inner) * s.n * s.inner + col % s.inner;
-        const T* xc = x + base;
-        T* yc = y + base;
-        T max = lowest<T>();
-        for (std::int64_t k = 0; k < s.n; ++k) max = MaxOp{}(max, xc[k * s.inner]);
-        T sum = 0;
-        for (std::int64_t k = 0; k < s.n; ++k) sum += device_exp(xc[k * s.inner] - max);
-        if (log_softmax) {
-            const T shift = max + device_log(sum);
-            for (std::int64_t k = 0; k < s.n; ++k) yc[k * s.inner] = xc[k * s.inner] - shift;
-        } else {
-            for (std::int64_t k = 0; k < s.n; ++k) yc[k * s.inner] = device_exp(xc[k * s.inner] - max) / sum;
-        }
-    }
-}
-
-// inner == 1: y, dy, dx (rows, n)
-//   softmax:     dx = y * (dy - Σ dy·y)
-//   log_softmax: dx = dy - exp(y) * Σ dy
-template <typename T, bool kBlockPerRow>
-__global__ void softmax_rows_backward_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx,
-                                             std::int64_t rows, std::int64_t n, bool log_softmax) {
-    using Rows = RowTiling<kBlockPerRow>;
-    for (std::int64_t row = Rows::first_row(); row < rows; row += Rows::row_step()) {
-        const T* yr = y + row * n;
-        const T* dyr = dy + row * n;
-        T* dxr = dx + row * n;
-        T sum = 0;
-        for (std::int64_t i = Rows::lane(); i < n; i += Rows::width()) sum += log_softmax ? dyr[i] : dyr[i] * yr[i];
-        sum = Rows::reduce(sum, SumOp{}, T(0));
-        if (log_softmax) {
-            for (std::int64_t i = Rows::lane(); i < n; i += Rows::width()) dxr[i] = dyr[i] - device_exp(yr[i]) * sum;
-        } else {
-            for (std::int64_t i = Rows::lane(); i < n; i += Rows::width()) dxr[i] = yr[i] * (dyr[i] - sum);
-        }
-    }
-}
-
-// inner > 1: y, dy, dx (outer, n, inner), one thread per column; formulas as above.
-template <typename T>
-__global__ void softmax_columns_backward_kernel(const T* __restrict__ y, const T* __restrict__ dy,
-                                                T* __restrict__ dx, AxisSplit s, bool log_softmax) {
-    const std::int64_t columns = s.outer * s.inner;
-    for (std::int64_t col = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; col < columns;
-         col += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-        const std::int64_t base = (col / s.inner) * s.n * s.inner + col % s.inner;
-        const T* yc = y + base;
-        const T* dyc = dy + base;
-        T* dxc = dx + base;
-        T sum = 0;
-        for (std::int64_t k = 0; k < s.n; ++k) {
-            const std::int64_t i = k * s.inner;
-            sum += log_softmax ? dyc[i] : dyc[i] * yc[i];
-        }
-        for (std::int64_t k = 0; k < s.n; ++k) {
-            const std::int64_t i = k * s.inner;
-            dxc[i] = log_softmax ? dyc[i] - device_exp(yc[i]) * sum : yc[i] * (dyc[i] - sum);
-        }
-    }
-}
+using namespace row_reduction;  // ops/row_reduction.cuh
 
 // ---- losses ----
 
@@ -444,61 +258,6 @@ __global__ void mse_backward_kernel(const T* __restrict__ prediction, const T* _
 
 }  // namespace
 
-// x (outer, n, inner) -> y same shape, normalised over n (attrs.axis)
-Tensor softmax_forward(const ForwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    if (y.numel() == 0) return y;
-    DeviceContext& ctx = context_for(x);
-    const AxisSplit s = split_at(x.shape(), args.attrs.axis);
-    const bool log = args.op == OpType::LogSoftmax;
-    dispatch_floating(x.dtype(), "softmax", [&]<typename T>() {
-        const T* px = x.data<T>();
-        T* py = y.data<T>();
-        if (s.inner == 1) {
-            launch_rows(ctx, s.outer, s.n, [&]<bool kBlockPerRow>(unsigned blocks) {
-                softmax_rows_forward_kernel<T, kBlockPerRow><<<blocks, kThreads, 0, ctx.stream>>>(px, py, s.outer, s.n, log);
-            });
-        } else {
-            softmax_columns_forward_kernel<T><<<grid_size(ctx, s.outer * s.inner, kThreads), kThreads, 0, ctx.stream>>>(
-                px, py, s, log);
-            DG_CUDA_CHECK_LAUNCH();
-        }
-    });
-    return y;
-}
-
-// From the output y and dy (outer, n, inner):
-//   softmax:     dx = y * (dy - Σ dy·y)
-//   log_softmax: dx = dy - exp(y) * Σ dy
-std::vector<Tensor> softmax_backward(const BackwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    const Tensor& y = args.output;
-    const Tensor& dy = args.grad_output;
-    if (!args.needs_grad[0]) return {Tensor()};
-    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-    if (dx.numel() == 0) return {dx};
-    DeviceContext& ctx = context_for(x);
-    const AxisSplit s = split_at(x.shape(), args.attrs.axis);
-    const bool log = args.op == OpType::LogSoftmax;
-    dispatch_floating(x.dtype(), "softmax backward", [&]<typename T>() {
-        const T* py = y.data<T>();
-        const T* pdy = dy.data<T>();
-        T* pdx = dx.data<T>();
-        if (s.inner == 1) {
-            launch_rows(ctx, s.outer, s.n, [&]<bool kBlockPerRow>(unsigned blocks) {
-                softmax_rows_backward_kernel<T, kBlockPerRow><<<blocks, kThreads, 0, ctx.stream>>>(py, pdy, pdx, s.outer,
-                                                                                                  s.n, log);
-            });
-        } else {
-            softmax_columns_backward_kernel<T>
-                <<<grid_size(ctx, s.outer * s.inner, kThreads), kThreads, 0, ctx.stream>>>(py, pdy, pdx, s, log);
-            DG_CUDA_CHECK_LAUNCH();
-        }
-    });
-    return {dx};
-}
-
 // cross_entropy: logits (N,C), nll_loss: log_probs (N,C); labels (N) int64; class_weight (C) optional
 //   -> loss () (Mean, Sum) or (N) (None); formulas in ops/loss.cpp. One rows kernel (per-row log-sum-exp and
 // loss), then a one-block sum: no host synchronisation. Saves sums = [D, W] (f64, on the device) and
@@ -562,12 +321,7 @@ std::vector<Tensor> cross_entropy_backward(const BackwardArgs& args) {
     const Tensor* weight = args.inputs.size() > 2 ? &args.inputs[2] : nullptr;
     const bool nll = args.op == OpType::NllLoss;
     std::vector<Tensor> grads(args.inputs.size());
-    if (weight && args.needs_grad[2])
-        throw ValueError("class_weight gets no gradient (as in PyTorch): pass it as a constant or an input "
-                         "that does not require grad");
-    if (!args.needs_grad[0]) return grads;
-    if (args.saved.size() != (nll ? 1u : 2u))
-        throw Error("internal: cross_entropy backward needs the forward's sums and log-sum-exp");
+    if (!math::class_loss_needs_dlogits(args)) return grads;
     const std::int64_t rows = logits.size(0);
     const std::int64_t classes = logits.size(1);
     grads[0] = Tensor::empty(logits.shape(), logits.dtype(), logits.device());

@@ -1,4 +1,4 @@
-// Softmax family and losses. CPU: ops/loss.cpp. GPU: ops/loss.cu.
+// Losses. CPU: ops/loss.cpp. GPU: ops/loss.cu. softmax and log_softmax: ops/elementwise.h (activations).
 #pragma once
 #include <source_location>
 
@@ -6,9 +6,6 @@
 #include "dyngrad/graph/graph.h"
 
 namespace dyngrad {
-
-Var softmax(const Var& x, std::int64_t axis = -1, std::source_location where = std::source_location::current());
-Var log_softmax(const Var& x, std::int64_t axis = -1, std::source_location where = std::source_location::current());
 
 // PyTorch's arguments of the same names. A target equal to ignore_index adds nothing to the loss, nor to
 // the count (or weight sum) the mean divides by; any other target outside [0,C) throws IndexError.
@@ -57,9 +54,6 @@ Var smooth_l1_loss(const Var& prediction, const Var& target, Reduction reduction
                    std::source_location where = std::source_location::current());
 
 // Eager: the same ops on Tensors, no graph and no gradient (graph/eager.h).
-Tensor softmax(const Tensor& x, std::int64_t axis = -1, std::source_location where = std::source_location::current());
-Tensor log_softmax(const Tensor& x, std::int64_t axis = -1,
-                   std::source_location where = std::source_location::current());
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntropyOptions& options = {},
                      std::source_location where = std::source_location::current());
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& class_weight,

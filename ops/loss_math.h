@@ -102,4 +102,17 @@ inline std::vector<Tensor> point_loss_gradients(const BackwardArgs& args) {
     return grads;
 }
 
+// cross_entropy / nll_loss backward: whether dlogits is wanted. The labels and class weights get no gradient
+// (as in PyTorch): ValueError when the weights ask for one. The forward's saved sums (and cross_entropy's
+// log-sum-exp) must be there.
+inline bool class_loss_needs_dlogits(const BackwardArgs& args) {
+    if (args.inputs.size() > 2 && args.needs_grad[2])
+        throw ValueError("class_weight gets no gradient (as in PyTorch): pass it as a constant or an input "
+                         "that does not require grad");
+    if (!args.needs_grad[0]) return false;
+    if (args.saved.size() != (args.op == OpType::NllLoss ? 1u : 2u))
+        throw Error("internal: cross_entropy backward needs the forward's sums and log-sum-exp");
+    return true;
+}
+
 }  // namespace dyngrad::math

@@ -1,5 +1,5 @@
-// Normalisation and regularisation: batch_norm, layer_norm, rms_norm and dropout. The user functions, shape
-// rules and the CPU kernels (Eigen). GPU: ops/norm.cu. Dropout's mask formula: ops/dropout_mask.h.
+// Normalisation: batch_norm, layer_norm, rms_norm. The user functions, shape rules and the CPU kernels (Eigen).
+// GPU: ops/norm.cu. Dropout (regularisation): ops/dropout.cpp.
 #include "dyngrad/ops/norm.h"
 
 #include <Eigen/Core>
@@ -7,7 +7,6 @@
 #include <cmath>
 #include <limits>
 
-#include "dyngrad/ops/dropout_mask.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/norm_geometry.h"
 
@@ -82,44 +81,6 @@ Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& we
     return eager(OpType::RmsNorm, {x, weight}, attrs, where);
 }
 
-Var dropout(const Var& x, double p, bool training, std::uint64_t seed, std::source_location where) {
-    OpAttrs attrs;
-    attrs.scalar = p;
-    attrs.training = training;
-    attrs.seed = seed;
-    return x.graph().record(OpType::Dropout, {x}, attrs, where);
-}
-
-Var dropout(const Var& x, double p, bool training, const Var& seed, std::source_location where) {
-    OpAttrs attrs;
-    attrs.scalar = p;
-    attrs.training = training;
-    return x.graph().record(OpType::Dropout, {x, seed}, attrs, where);
-}
-
-DropoutSeeds::DropoutSeeds(std::uint64_t seed)
-    : seed_(seed), counter_(Tensor::zeros({1}, DType::i64)) {}
-
-Tensor DropoutSeeds::next(Device device) {
-    if (counter_.device() != device) counter_ = counter_.to(device);  // the only host-to-device copy
-    Tensor out = Tensor::empty({1}, DType::i64, device);
-    if (device.is_cpu()) {
-        auto& n = counter_.data<std::int64_t>()[0];
-        n += 1;
-        out.data<std::int64_t>()[0] =
-            static_cast<std::int64_t>(math::dropout_draw_seed(seed_, static_cast<std::uint64_t>(n)));
-        return out;
-    }
-#if DYNGRAD_WITH_CUDA
-    cuda::next_dropout_seed(counter_, seed_, out);
-#endif
-    return out;
-}
-
-std::uint64_t DropoutSeeds::draws() const {
-    return static_cast<std::uint64_t>(counter_.to(Device::cpu()).data<std::int64_t>()[0]);
-}
-
 // ---- eager calls (graph/eager.h): the same ops on Tensors ----
 Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum, double eps, std::source_location where) {
@@ -128,21 +89,6 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, cons
     attrs.momentum = momentum;
     attrs.eps = eps;
     return eager(OpType::BatchNorm, {x, gamma, beta, running_mean, running_var}, attrs, where);
-}
-
-Tensor dropout(const Tensor& x, double p, bool training, std::uint64_t seed, std::source_location where) {
-    OpAttrs attrs;
-    attrs.scalar = p;
-    attrs.training = training;
-    attrs.seed = seed;
-    return eager(OpType::Dropout, {x}, attrs, where);
-}
-
-Tensor dropout(const Tensor& x, double p, bool training, const Tensor& seed, std::source_location where) {
-    OpAttrs attrs;
-    attrs.scalar = p;
-    attrs.training = training;
-    return eager(OpType::Dropout, {x, seed}, attrs, where);
 }
 
 // ---- shape rules ----
@@ -206,20 +152,6 @@ OutputSpec row_norm(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs
     return {x.shape(), x.dtype()};
 }
 
-OutputSpec dropout(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
-    const Tensor& x = inputs[0];
-    require_float(x, "x");
-    if (!(attrs.scalar >= 0 && attrs.scalar < 1)) throw ValueError(str("p must be in [0, 1), got ", attrs.scalar));
-    if (inputs.size() > 1) {
-        const Tensor& seed = inputs[1];
-        if (seed.dtype() != DType::i64)
-            throw DTypeError(str("dropout's seed must be an int64 tensor, got ", dtype_name(seed.dtype())));
-        if (seed.numel() != 1)
-            throw ShapeError(str("dropout's seed must hold one element, got shape ", to_string(seed.shape())));
-    }
-    return {x.shape(), x.dtype()};
-}
-
 }  // namespace infer
 
 // ---- CPU kernels ----
@@ -244,23 +176,6 @@ Eigen::Map<Column<T>> channels(const Tensor& t) {
     return {t.data<T>(), t.numel()};
 }
 
-// The mask seed: the seed input's bits when given, else the attribute.
-std::uint64_t mask_seed(std::span<const Tensor> inputs, const OpAttrs& attrs) {
-    return inputs.size() > 1 ? static_cast<std::uint64_t>(inputs[1].data<std::int64_t>()[0]) : attrs.seed;
-}
-
-// Each element scaled by its mask value: 1/(1 − p) where kept, 0 where dropped.
-template <typename T>
-auto dropout_mask(const OpAttrs& attrs, std::uint64_t seed, std::int64_t n) {
-    const double p = attrs.scalar;
-    const T scale = static_cast<T>(1.0 / (1.0 - p));
-    return Column<T>::NullaryExpr(n, [seed, p, scale](Eigen::Index i) {
-        return math::dropout_keep(seed, static_cast<std::uint64_t>(i), p) ? scale : T(0);
-    });
-}
-
-bool dropout_is_identity(const OpAttrs& attrs) { return !attrs.training || attrs.scalar == 0.0; }
-
 }  // namespace
 
 // x (N,C[,H,W])  gamma, beta, running_mean, running_var (C)  ->  y like x
@@ -269,10 +184,9 @@ Tensor batch_norm_forward(const ForwardArgs& args) {
     const Tensor& x = args.inputs[0];
     const Tensor& running_mean = args.inputs[3];
     const Tensor& running_var = args.inputs[4];
-    const ChannelLayout l = channel_layout(x.shape());
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    Tensor mean = Tensor::empty({l.c}, x.dtype(), x.device());
-    Tensor invstd = Tensor::empty({l.c}, x.dtype(), x.device());
+    const BatchNormForward f = batch_norm_forward_outputs(args);
+    const ChannelLayout l = f.layout;
+    const Tensor &y = f.y, &mean = f.mean, &invstd = f.invstd;
     const OpAttrs& a = args.attrs;
     dispatch_floating(x.dtype(), "batch_norm", [&]<typename T>() {
         Stats mu, var;
@@ -303,8 +217,6 @@ Tensor batch_norm_forward(const ForwardArgs& args) {
         for (std::int64_t n = 0; n < l.n; ++n)
             sample_out<T>(y, l, n) = ((sample<T>(x, l, n).colwise() - center).colwise() * scale).colwise() + shift;
     });
-    args.saved.push_back(mean);
-    args.saved.push_back(invstd);
     return y;
 }
 
@@ -428,41 +340,6 @@ std::vector<Tensor> row_norm_backward(const BackwardArgs& args) {
             Eigen::Map<Column<T>>(grads[2].data<T>(), l.n) = db.template cast<T>();
         }
     });
-    return grads;
-}
-
-// x (any shape) -> y like x: x · mask, mask = 1/(1 − p) or 0 per element (identity in eval or at p = 0)
-Tensor dropout_forward(const ForwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    dispatch_floating(x.dtype(), "dropout", [&]<typename T>() {
-        const std::int64_t n = x.numel();
-        const Eigen::Map<const Column<T>> X(x.data<T>(), n);
-        Eigen::Map<Column<T>> Y(y.data<T>(), n);
-        if (dropout_is_identity(args.attrs))
-            Y = X;
-        else
-            Y = X * dropout_mask<T>(args.attrs, mask_seed(args.inputs, args.attrs), n);
-    });
-    return y;
-}
-
-// dy -> dx = dy · mask, the forward's mask recomputed from (seed, index)
-std::vector<Tensor> dropout_backward(const BackwardArgs& args) {
-    std::vector<Tensor> grads(args.inputs.size());  // none for the seed
-    if (!args.needs_grad[0]) return grads;
-    const Tensor& dy = args.grad_output;
-    if (dropout_is_identity(args.attrs)) {
-        grads[0] = dy;
-        return grads;
-    }
-    Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
-    dispatch_floating(dy.dtype(), "dropout backward", [&]<typename T>() {
-        const std::int64_t n = dy.numel();
-        Eigen::Map<Column<T>>(dx.data<T>(), n) =
-            Eigen::Map<const Column<T>>(dy.data<T>(), n) * dropout_mask<T>(args.attrs, mask_seed(args.inputs, args.attrs), n);
-    });
-    grads[0] = dx;
     return grads;
 }
 

@@ -1,4 +1,4 @@
-// Batch norm, layer norm, RMS norm and dropout on the GPU. CPU reference: ops/norm.cpp.
+// Batch norm, layer norm and RMS norm on the GPU. CPU reference: ops/norm.cpp.
 //
 // Batch norm views x as (N, C, HW) and reduces each channel's M = N·HW values in chunks: a grid of
 // (C, chunks) blocks, each reducing its chunk with cub::BlockReduce into a workspace, then one thread
@@ -7,9 +7,7 @@
 // dtype: float with tree reductions for float32, double for float64. No host synchronisation: the
 // running statistics are updated on the device, in place.
 //
-// Dropout draws its mask from ops/dropout_mask.h, the formula the CPU kernels use, so both backends
-// drop the same elements; the backward recomputes it.
-// Over 600 lines: four normalisations (batch, layer, RMS) and dropout share the row/column reduction helpers.
+// Over 600 lines: the three normalisations (batch, layer, RMS) share the row/column reduction helpers.
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
@@ -20,7 +18,6 @@
 #include <cub/block/block_reduce.cuh>
 
 #include "dyngrad/cuda/context.h"
-#include "dyngrad/ops/dropout_mask.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/norm_geometry.h"
 
@@ -235,17 +232,6 @@ __global__ void batch_norm_dx_kernel(const T* __restrict__ x, const T* __restric
             dx[i] = (dy[i] - sum_dy[c] * inv_count - xhat * (sum_dy_xhat[c] * inv_count)) * k;
         }
     }
-}
-
-// out = in · mask, mask = 1/(1 − p) or 0 per element (dropout forward: x -> y, backward: dy -> dx)
-// The seed is read from `seed_input` (device memory) when given, so a captured step draws the seed its replay
-// wrote there.
-template <typename T>
-__global__ void dropout_kernel(const T* __restrict__ in, std::int64_t n, std::uint64_t attr_seed,
-                               const std::int64_t* __restrict__ seed_input, double p, T scale, T* __restrict__ out) {
-    const std::uint64_t seed = seed_input != nullptr ? static_cast<std::uint64_t>(*seed_input) : attr_seed;
-    for (std::int64_t i = thread_index(); i < n; i += thread_count())
-        out[i] = in[i] * (math::dropout_keep(seed, static_cast<std::uint64_t>(i), p) ? scale : T(0));
 }
 
 // ---- layer_norm and rms_norm: x seen as (rows, n) ----
@@ -516,28 +502,6 @@ void with_row_config(std::int64_t n, std::initializer_list<const void*> pointers
     else launch.template operator()<kNormBlockThreads, 1>();
 }
 
-bool dropout_is_identity(const OpAttrs& attrs) { return !attrs.training || attrs.scalar == 0.0; }
-
-template <typename T>
-void launch_dropout(const Tensor& in, std::span<const Tensor> inputs, const OpAttrs& attrs, Tensor& out) {
-    const std::int64_t n = in.numel();
-    if (n == 0) return;
-    DeviceContext& ctx = context_for(in);
-    const T scale = static_cast<T>(1.0 / (1.0 - attrs.scalar));
-    const std::int64_t* seed_input = inputs.size() > 1 ? inputs[1].data<std::int64_t>() : nullptr;
-    dropout_kernel<T><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(
-        in.data<T>(), n, attrs.seed, seed_input, attrs.scalar, scale, out.data<T>());
-    DG_CUDA_CHECK_LAUNCH();
-}
-
-// One thread: the next draw of a DropoutSeeds stream (ops/norm.h), advanced on the device.
-__global__ void next_dropout_seed_kernel(std::int64_t* __restrict__ counter, std::uint64_t seed,
-                                         std::int64_t* __restrict__ out) {
-    const std::int64_t n = *counter + 1;
-    *counter = n;
-    *out = static_cast<std::int64_t>(math::dropout_draw_seed(seed, static_cast<std::uint64_t>(n)));
-}
-
 }  // namespace
 
 // x (N,C[,H,W])  gamma, beta, running_mean, running_var (C)  ->  y like x
@@ -547,12 +511,9 @@ Tensor batch_norm_forward(const ForwardArgs& args) {
     const Tensor& x = args.inputs[0];
     const Tensor& running_mean = args.inputs[3];
     const Tensor& running_var = args.inputs[4];
-    const ChannelLayout l = channel_layout(x.shape());
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    Tensor mean = Tensor::empty({l.c}, x.dtype(), x.device());
-    Tensor invstd = Tensor::empty({l.c}, x.dtype(), x.device());
-    args.saved.push_back(mean);
-    args.saved.push_back(invstd);
+    const BatchNormForward f = batch_norm_forward_outputs(args);
+    const ChannelLayout l = f.layout;
+    const Tensor &y = f.y, &mean = f.mean, &invstd = f.invstd;
     if (l.c == 0) return y;
     DeviceContext& ctx = context_for(x);
     const OpAttrs& a = args.attrs;
@@ -748,40 +709,6 @@ std::vector<Tensor> row_norm_backward(const BackwardArgs& args) {
         }
     });
     return grads;
-}
-
-// x (any shape) -> y like x: x · mask, mask = 1/(1 − p) or 0 per element (identity in eval or at p = 0)
-Tensor dropout_forward(const ForwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    if (dropout_is_identity(args.attrs)) {
-        y.copy_from(x);
-        return y;
-    }
-    dispatch_floating(x.dtype(), "dropout", [&]<typename T>() { launch_dropout<T>(x, args.inputs, args.attrs, y); });
-    return y;
-}
-
-// dy -> dx = dy · mask, the forward's mask recomputed from (seed, index)
-std::vector<Tensor> dropout_backward(const BackwardArgs& args) {
-    std::vector<Tensor> grads(args.inputs.size());  // none for the seed
-    if (!args.needs_grad[0]) return grads;
-    const Tensor& dy = args.grad_output;
-    if (dropout_is_identity(args.attrs)) {
-        grads[0] = dy;
-        return grads;
-    }
-    Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
-    dispatch_floating(dy.dtype(), "dropout backward",
-                      [&]<typename T>() { launch_dropout<T>(dy, args.inputs, args.attrs, dx); });
-    grads[0] = dx;
-    return grads;
-}
-
-void next_dropout_seed(Tensor& counter, std::uint64_t seed, Tensor& out) {
-    DeviceContext& ctx = context_for(counter);
-    next_dropout_seed_kernel<<<1, 1, 0, ctx.stream>>>(counter.data<std::int64_t>(), seed, out.data<std::int64_t>());
-    DG_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace dyngrad::cuda

@@ -26,6 +26,23 @@ inline ChannelLayout channel_layout(const Shape& shape) {
     return l;
 }
 
+// batch_norm's forward: y like x, and mean and invstd = 1/sqrt(var + eps) (C) as used (the batch's in training,
+// the running ones in eval), saved for the backward here; each backend fills the three.
+struct BatchNormForward {
+    ChannelLayout layout;
+    Tensor y, mean, invstd;
+};
+
+inline BatchNormForward batch_norm_forward_outputs(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const ChannelLayout l = channel_layout(x.shape());
+    BatchNormForward f{l, Tensor::empty(args.out.shape, args.out.dtype, x.device()),
+                       Tensor::empty({l.c}, x.dtype(), x.device()), Tensor::empty({l.c}, x.dtype(), x.device())};
+    args.saved.push_back(f.mean);
+    args.saved.push_back(f.invstd);
+    return f;
+}
+
 // batch_norm's backward: dy like x  ->  with x̂ = (x − mean)·invstd, per channel over N,H,W (M values):
 //   dgamma = Σ dy·x̂,  dbeta = Σ dy
 //   training: dx = gamma·invstd·(dy − Σdy/M − x̂·Σ(dy·x̂)/M)   (through the batch statistics)

@@ -607,6 +607,8 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::Gelu, "gelu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, gelu_cases},
     {OpType::Silu, "silu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases},
     {OpType::LogSigmoid, "log_sigmoid", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases},
+    {OpType::Softmax, "softmax", 1, infer::along_axis, kCpuSoftmax, kCudaSoftmax, softmax_cases},
+    {OpType::LogSoftmax, "log_softmax", 1, infer::along_axis, kCpuSoftmax, kCudaSoftmax, softmax_cases},
     {OpType::Matmul, "matmul", 2, infer::matmul, {cpu::matmul_forward, cpu::matmul_backward},
      DG_CUDA_KERNELS(matmul_forward, matmul_backward), matmul_cases},
     {OpType::Linear, "linear", 3, infer::linear, {cpu::linear_forward, cpu::linear_backward},
@@ -620,8 +622,6 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      DG_CUDA_KERNELS(max_forward, max_backward), max_cases},
     {OpType::ArgMax, "argmax", 1, infer::arg_reduce, kArgReduce, kCudaArgReduce, arg_reduce_cases, 0, kNotDifferentiable},
     {OpType::ArgMin, "argmin", 1, infer::arg_reduce, kArgReduce, kCudaArgReduce, arg_reduce_cases, 0, kNotDifferentiable},
-    {OpType::Softmax, "softmax", 1, infer::along_axis, kCpuSoftmax, kCudaSoftmax, softmax_cases},
-    {OpType::LogSoftmax, "log_softmax", 1, infer::along_axis, kCpuSoftmax, kCudaSoftmax, softmax_cases},
     {OpType::CrossEntropy, "cross_entropy", 3, infer::cross_entropy, kCpuClassLoss, kCudaClassLoss,
      cross_entropy_cases, /*optional_inputs=*/1},
     {OpType::MseLoss, "mse_loss", 2, infer::mse_loss, {cpu::mse_loss_forward, cpu::mse_loss_backward},
@@ -639,12 +639,12 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::AvgPool2d, "avg_pool2d", 1, infer::pool2d, kCpuPool, kCudaPool, pool2d_cases},
     {OpType::BatchNorm, "batch_norm", 5, infer::batch_norm, {cpu::batch_norm_forward, cpu::batch_norm_backward},
      DG_CUDA_KERNELS(batch_norm_forward, batch_norm_backward), batch_norm_cases},
-    {OpType::Dropout, "dropout", 2, infer::dropout, {cpu::dropout_forward, cpu::dropout_backward},
-     DG_CUDA_KERNELS(dropout_forward, dropout_backward), dropout_cases, /*optional_inputs=*/1},  // the seed tensor
     {OpType::LayerNorm, "layer_norm", 3, infer::row_norm, kCpuRowNorm, kCudaRowNorm, layer_norm_cases,
      /*optional_inputs=*/2},
     {OpType::RmsNorm, "rms_norm", 2, infer::row_norm, kCpuRowNorm, kCudaRowNorm, rms_norm_cases,
      /*optional_inputs=*/1},
+    {OpType::Dropout, "dropout", 2, infer::dropout, {cpu::dropout_forward, dropout_backward},
+     DG_CUDA_KERNELS_FORWARD(dropout_forward, dropout_backward), dropout_cases, /*optional_inputs=*/1},  // the seed
     // Custom ops carry their own definitions (graph/custom_op.h); op_def(op, attrs) finds them.
     {OpType::Custom, "custom", 0, nullptr, {}, {}, no_cases},
     {OpType::Narrow, "narrow", 1, infer::narrow, {narrow_forward, narrow_backward},
@@ -692,6 +692,13 @@ const OpDef& op_def(OpType op) {
 
 const OpDef& op_def(OpType op, const OpAttrs& attrs) {
     return op == OpType::Custom ? custom_op_def(attrs.custom_id) : op_def(op);
+}
+
+Tensor backend_forward(OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs, const OutputSpec& out) {
+    std::vector<Tensor> no_saved;
+    const OpDef& def = op_def(op);
+    const ForwardFn forward = inputs[0].device().is_cuda() ? def.cuda.forward : def.cpu.forward;
+    return forward(ForwardArgs{op, inputs, attrs, out, no_saved});
 }
 
 std::span<const OpDef> op_table() { return kTable; }

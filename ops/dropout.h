@@ -1,0 +1,50 @@
+// Regularisation: dropout and its seed stream. CPU: ops/dropout.cpp. GPU: ops/dropout.cu. The mask formula
+// both backends share: ops/dropout_mask.h.
+#pragma once
+#include <cstdint>
+#include <source_location>
+
+#include "dyngrad/graph/eager.h"
+#include "dyngrad/graph/graph.h"
+
+namespace dyngrad {
+
+
+// training: zeroes each element with probability p in [0, 1) and scales the survivors by 1/(1 − p);
+// the mask is a function of (seed, element index) alone, the same on every backend (ops/dropout_mask.h).
+// eval (or p = 0): the identity.
+Var dropout(const Var& x, double p, bool training, std::uint64_t seed,
+            std::source_location where = std::source_location::current());
+Tensor dropout(const Tensor& x, double p, bool training, std::uint64_t seed,
+               std::source_location where = std::source_location::current());
+// The same with the mask seed read from `seed`, a one-element int64 tensor on x's device (its bits are the
+// seed), where the kernels read it: a captured step whose seed tensor is rewritten on the device draws fresh
+// masks on every replay, and the node (its seed input) records the seed each replay used, so the CPU replay
+// (verify) and the backward reproduce the mask. DTypeError/ShapeError for another seed tensor.
+Var dropout(const Var& x, double p, bool training, const Var& seed,
+            std::source_location where = std::source_location::current());
+Tensor dropout(const Tensor& x, double p, bool training, const Tensor& seed,
+               std::source_location where = std::source_location::current());
+
+// A stream of dropout mask seeds whose draw counter lives on the device that draws the masks: next(device)
+// returns a fresh one-element int64 tensor on `device` holding the seed of draw n = ++counter,
+// math::dropout_draw_seed(seed, n) (ops/dropout_mask.h). On a GPU the counter is advanced by a kernel, so a
+// captured step draws new seeds on every replay: exactly those the same number of eager draws gets. The
+// counter moves to the device of the first draw there (a host-to-device copy: not inside a captured step,
+// GraphError). Copies of a handle share the stream.
+class DropoutSeeds {
+public:
+    explicit DropoutSeeds(std::uint64_t seed);
+    Tensor next(Device device);
+    std::uint64_t seed() const { return seed_; }
+    // Draws so far (a host read of the device counter: a host synchronisation).
+    std::uint64_t draws() const;
+    // The counter tensor (int64, one element), for CapturedStep's guard state.
+    const Tensor& counter() const { return counter_; }
+
+private:
+    std::uint64_t seed_;
+    Tensor counter_;
+};
+
+}  // namespace dyngrad
