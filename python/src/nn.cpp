@@ -20,6 +20,14 @@ nb::object wrap(const Parameter& p) {
     return nb::cast(std::move(t));
 }
 
+RnnMode parse_rnn_mode(const std::string& mode) {
+    if (mode == "lstm") return RnnMode::Lstm;
+    if (mode == "gru") return RnnMode::Gru;
+    if (mode == "rnn_tanh") return RnnMode::RnnTanh;
+    if (mode == "rnn_relu") return RnnMode::RnnRelu;
+    throw ValueError(str("mode='", mode, "': expected 'lstm', 'gru', 'rnn_tanh' or 'rnn_relu'"));
+}
+
 Init parse_init(const std::string& init) {
     if (init == "torch") return Init::Torch;
     if (init == "kaiming_relu") return Init::KaimingRelu;
@@ -116,6 +124,23 @@ void bind_nn(nb::module_& m) {
         const Embedding layer(num, dim, default_generator(), padding_idx);
         return wrap(layer.weight);
     }, nb::arg("num_embeddings"), nb::arg("embedding_dim"), nb::arg("padding_idx").none());
+    // The recurrent layers (nn/recurrent.h): the C++ layer's flat weight, and its block layout by name.
+    m.def("_rnn_init", [](const std::string& mode, std::int64_t input_size, std::int64_t hidden_size,
+                          std::int64_t num_layers, bool bidirectional) {
+        const Recurrent layer(parse_rnn_mode(mode), input_size, {hidden_size, num_layers, bidirectional},
+                              default_generator());
+        return wrap(layer.weight);
+    }, nb::arg("mode"), nb::arg("input_size"), nb::arg("hidden_size"), nb::arg("num_layers"), nb::arg("bidirectional"));
+    m.def("rnn_weight_layout", [](const std::string& mode, std::int64_t input_size, std::int64_t hidden_size,
+                                  std::int64_t num_layers, bool bidirectional) {
+        nb::list rows;
+        for (const RnnWeightEntry& e :
+             rnn_weight_layout(parse_rnn_mode(mode), {hidden_size, num_layers, bidirectional}, input_size))
+            rows.append(nb::make_tuple(e.name, e.offset, nb::tuple(nb::cast(std::vector<std::int64_t>(e.shape)))));
+        return rows;
+    }, nb::arg("mode"), nb::arg("input_size"), nb::arg("hidden_size"), nb::arg("num_layers") = 1,
+       nb::arg("bidirectional") = false,
+       "The blocks of a recurrent layer's flat weight: (name, offset, shape), e.g. ('l0.fwd.W_ih.i', 0, (H, I)).");
     m.def("_param_to", [](PyTensor& t, nb::handle target) {
         // Module.to(): parameters keep their identity (optimizers hold them), their value moves.
         const Tensor moved = nb::isinstance<DType>(target) ? t.data().to(parse_dtype(target)) : t.data().to(parse_device(target));
