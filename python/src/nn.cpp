@@ -91,6 +91,51 @@ struct PyDataLoader {
     std::int64_t epoch = 0;
 };
 
+// A Python data set (any __len__/__getitem__) through the C++ DataLoader, which keeps its order, shuffling,
+// sharding, prefetch thread and pinned GPU staging: a "sample" is only its index, and the collate step
+// calls back into Python (holding the GIL) to fetch and collate the batch's samples there.
+class IndexDataset : public SampleDataset {
+public:
+    explicit IndexDataset(std::int64_t size) : size_(size) {}
+    std::int64_t size() const override { return size_; }
+    std::vector<Tensor> get(std::int64_t index) const override {
+        return {Tensor::full({}, static_cast<double>(index), DType::i64)};
+    }
+
+private:
+    std::int64_t size_;
+};
+
+struct PyIndexLoader {
+    nb::object fetch;  // fetch(indices) -> list of CPU Tensors; outlives `loader`, whose collate borrows it
+    std::unique_ptr<DataLoader> loader;
+
+    PyIndexLoader(nb::object f, std::unique_ptr<DataLoader> l) : fetch(std::move(f)), loader(std::move(l)) {}
+    PyIndexLoader(const PyIndexLoader&) = delete;
+    PyIndexLoader& operator=(const PyIndexLoader&) = delete;
+    ~PyIndexLoader() {
+        // The worker may be waiting for the GIL inside fetch: join it without holding the GIL.
+        nb::gil_scoped_release release;
+        loader.reset();
+    }
+};
+
+// The collate step of a PyIndexLoader: runs on the loader's worker thread (or the caller's, prefetch 0).
+std::vector<Tensor> fetch_batch(PyObject* fetch, const std::vector<std::vector<Tensor>>& samples) {
+    std::vector<std::int64_t> indices;
+    indices.reserve(samples.size());
+    for (const std::vector<Tensor>& sample : samples) indices.push_back(sample[0].data<std::int64_t>()[0]);
+    nb::gil_scoped_acquire gil;
+    nb::object result = nb::handle(fetch)(nb::cast(indices));
+    std::vector<Tensor> batch;
+    for (nb::handle field : result) {
+        if (!nb::isinstance<PyTensor>(field))
+            throw ValueError("DataLoader: the collate step must give dyngrad tensors (dyngrad.data.default_collate does)");
+        batch.push_back(nb::cast<const PyTensor&>(field).data());
+    }
+    return batch;
+}
+
 }  // namespace
 
 void bind_nn(nb::module_& m) {
@@ -303,6 +348,47 @@ void bind_nn(nb::module_& m) {
             return nb::tuple(out);
         })
         .def("__len__", [](const PyDataLoader& l) { return l.loader->batches_per_epoch(); });
+
+    nb::class_<PyIndexLoader>(m, "_IndexLoader")
+        .def("__init__", [](PyIndexLoader* self, std::int64_t size, nb::object fetch, std::int64_t batch_size,
+                            bool shuffle, std::uint64_t seed, bool drop_last, std::int64_t num_shards, std::int64_t shard,
+                            std::int64_t prefetch, nb::handle device) {
+            if (size < 0) throw ValueError(str("DataLoader: the data set's len() is negative (", size, ")"));
+            if (!PyCallable_Check(fetch.ptr())) throw nb::type_error("_IndexLoader: fetch must be callable");
+            DataLoaderOptions options;
+            options.batch_size = batch_size;
+            options.shuffle = shuffle;
+            options.seed = seed;
+            options.drop_last = drop_last;
+            options.num_shards = num_shards;
+            options.shard = shard;
+            options.prefetch = prefetch;
+            options.device = device.is_none() ? Device::cpu() : parse_device(device);
+            PyObject* borrowed = fetch.ptr();  // kept alive by self->fetch for the loader's whole life
+            options.collate = [borrowed](const std::vector<std::vector<Tensor>>& samples) {
+                return fetch_batch(borrowed, samples);
+            };
+            new (self) PyIndexLoader(fetch, std::make_unique<DataLoader>(std::make_shared<IndexDataset>(size), options));
+        }, nb::arg("size"), nb::arg("fetch"), nb::arg("batch_size"), nb::arg("shuffle"), nb::arg("seed"),
+           nb::arg("drop_last"), nb::arg("num_shards"), nb::arg("shard"), nb::arg("prefetch"), nb::arg("device").none())
+        .def("start_epoch", [](PyIndexLoader& l, std::int64_t epoch) {
+            nb::gil_scoped_release release;  // stopping the worker joins it, and it may wait for the GIL
+            l.loader->start_epoch(epoch);
+        })
+        .def("next", [](PyIndexLoader& l) -> nb::object {
+            std::vector<Tensor> batch;
+            bool more;
+            {
+                nb::gil_scoped_release release;  // the worker needs the GIL to prepare the batch
+                more = l.loader->next(batch);
+            }
+            if (!more) return nb::none();
+            nb::list out;
+            for (Tensor& t : batch) out.append(PyTensor(std::move(t)));
+            return std::move(out);
+        })
+        .def("order", [](const PyIndexLoader& l) { return l.loader->order(); })
+        .def("__len__", [](const PyIndexLoader& l) { return l.loader->batches_per_epoch(); });
 
     // ---- captured steps ----
     nb::class_<PyCapturedStep>(m, "CapturedStep")
