@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import weakref
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -74,7 +75,7 @@ def _leaf_array(value, where):
                     "and tuples, lists or dicts of them (pass collate_fn for anything else)")
 
 
-def default_collate(samples):
+def default_collate(samples: Sequence[Any]) -> Any:
     """Stacks a list of samples field by field along a new first dimension: arrays and tensors of shape S give
     a (B, *S) tensor, numbers a (B,) tensor (ints int64, floats float32; NumPy arrays keep float32/float64,
     other integers and bools become int64); tuples, lists and dicts keep their structure."""
@@ -153,8 +154,9 @@ class DataLoader:
     DistributedSampler); ``num_shards``/``shard`` give this process its part of every epoch.
     """
 
-    def __init__(self, dataset, batch_size=64, shuffle=True, seed=0, drop_last=False, device=None, prefetch=2,
-                 num_shards=1, shard=0, collate_fn=None, pin_memory=False):
+    def __init__(self, dataset, batch_size: int = 64, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+                 device=None, prefetch: int = 2, num_shards: int = 1, shard: int = 0,
+                 collate_fn: Callable[[list], Any] | None = None, pin_memory: bool = False):
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.pin_memory = pin_memory

@@ -303,13 +303,14 @@ class RNNBase(Module):
     (N, T, I) with ``batch_first=True``; the initial state is zeros when left out. The GPU runs cuDNN's RNN.
     """
 
-    def __init__(self, mode, input_size, hidden_size, num_layers=1, bidirectional=False, batch_first=False):
+    def __init__(self, mode: str, input_size: int, hidden_size: int, num_layers: int = 1,
+                 bidirectional: bool = False, batch_first: bool = False):
         super().__init__()
         self.weight = Parameter(_core._rnn_init(mode, input_size, hidden_size, num_layers, bidirectional))
         self.mode, self.input_size, self.hidden_size = mode, input_size, hidden_size
         self.num_layers, self.bidirectional, self.batch_first = num_layers, bidirectional, batch_first
 
-    def weight_layout(self):
+    def weight_layout(self) -> list[tuple[str, int, tuple[int, ...]]]:
         """[(name, offset, shape)] of the flat weight's blocks, e.g. ("l0.fwd.W_ih.i", 0, (H, I))."""
         return _core.rnn_weight_layout(self.mode, self.input_size, self.hidden_size, self.num_layers,
                                        self.bidirectional)
@@ -347,10 +348,11 @@ class RNNBase(Module):
 class LSTM(RNNBase):
     """``output, (h_n, c_n) = lstm(x, (h0, c0))``, as torch.nn.LSTM; gates i, f, g, o."""
 
-    def __init__(self, input_size, hidden_size, num_layers=1, bidirectional=False, batch_first=False):
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bidirectional: bool = False,
+                 batch_first: bool = False):
         super().__init__("lstm", input_size, hidden_size, num_layers, bidirectional, batch_first)
 
-    def forward(self, x, hx=None):
+    def forward(self, x: Tensor, hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         h0, c0 = (None, None) if hx is None else hx
         output, h_n, c_n = self._run(x, h0, c0)
         return output, (h_n, c_n)
@@ -359,10 +361,11 @@ class LSTM(RNNBase):
 class GRU(RNNBase):
     """``output, h_n = gru(x, h0)``, as torch.nn.GRU; gates r, z, n."""
 
-    def __init__(self, input_size, hidden_size, num_layers=1, bidirectional=False, batch_first=False):
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bidirectional: bool = False,
+                 batch_first: bool = False):
         super().__init__("gru", input_size, hidden_size, num_layers, bidirectional, batch_first)
 
-    def forward(self, x, hx=None):
+    def forward(self, x: Tensor, hx: Tensor | None = None) -> tuple[Tensor, Tensor]:
         output, h_n, _ = self._run(x, hx, None)
         return output, h_n
 
@@ -370,14 +373,14 @@ class GRU(RNNBase):
 class RNN(RNNBase):
     """The Elman RNN, ``output, h_n = rnn(x, h0)``, as torch.nn.RNN (nonlinearity "tanh" or "relu")."""
 
-    def __init__(self, input_size, hidden_size, num_layers=1, nonlinearity="tanh", bidirectional=False,
-                 batch_first=False):
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, nonlinearity: str = "tanh",
+                 bidirectional: bool = False, batch_first: bool = False):
         if nonlinearity not in ("tanh", "relu"):
             raise _core.ValueError(f"RNN: nonlinearity='{nonlinearity}': expected 'tanh' or 'relu'")
         super().__init__("rnn_" + nonlinearity, input_size, hidden_size, num_layers, bidirectional, batch_first)
         self.nonlinearity = nonlinearity
 
-    def forward(self, x, hx=None):
+    def forward(self, x: Tensor, hx: Tensor | None = None) -> tuple[Tensor, Tensor]:
         output, h_n, _ = self._run(x, hx, None)
         return output, h_n
 
