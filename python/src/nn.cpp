@@ -91,6 +91,36 @@ struct PyDataLoader {
     std::int64_t epoch = 0;
 };
 
+DataLoaderOptions loader_options(std::int64_t batch_size, bool shuffle, std::uint64_t seed, bool drop_last,
+                                 std::int64_t num_shards, std::int64_t shard, std::int64_t prefetch, nb::handle device) {
+    DataLoaderOptions options;
+    options.batch_size = batch_size;
+    options.shuffle = shuffle;
+    options.seed = seed;
+    options.drop_last = drop_last;
+    options.num_shards = num_shards;
+    options.shard = shard;
+    options.prefetch = prefetch;
+    options.device = device.is_none() ? Device::cpu() : parse_device(device);
+    return options;
+}
+
+// The loader's next batch as a tuple or list of tensors, None after the epoch's last.
+nb::object next_batch(DataLoader& loader, bool as_tuple) {
+    std::vector<Tensor> batch;
+    bool more;
+    {
+        // The worker thread may be preparing the batch, and a Python data set's worker needs the GIL for it.
+        nb::gil_scoped_release release;
+        more = loader.next(batch);
+    }
+    if (!more) return nb::none();
+    nb::list out;
+    for (Tensor& t : batch) out.append(PyTensor(std::move(t)));
+    if (as_tuple) return nb::tuple(out);
+    return std::move(out);
+}
+
 // A Python data set (any __len__/__getitem__) through the C++ DataLoader, which keeps its order, shuffling,
 // sharding, prefetch thread and pinned GPU staging: a "sample" is only its index, and the collate step
 // calls back into Python (holding the GIL) to fetch and collate the batch's samples there.
@@ -322,31 +352,13 @@ void bind_nn(nb::module_& m) {
                 if (t == nullptr) throw ValueError("DataLoader: a tensor is None");
                 columns.push_back(t->data());
             }
-            DataLoaderOptions options;
-            options.batch_size = batch_size;
-            options.shuffle = shuffle;
-            options.seed = seed;
-            options.drop_last = drop_last;
-            options.num_shards = num_shards;
-            options.shard = shard;
-            options.prefetch = prefetch;
-            options.device = device.is_none() ? Device::cpu() : parse_device(device);
+            DataLoaderOptions options =
+                loader_options(batch_size, shuffle, seed, drop_last, num_shards, shard, prefetch, device);
             new (self) PyDataLoader{std::make_unique<DataLoader>(std::make_shared<TensorDataset>(std::move(columns)), options)};
         }, nb::arg("tensors"), nb::arg("batch_size"), nb::arg("shuffle"), nb::arg("seed"), nb::arg("drop_last"),
            nb::arg("num_shards"), nb::arg("shard"), nb::arg("prefetch"), nb::arg("device").none())
         .def("start_epoch", [](PyDataLoader& l, std::int64_t epoch) { l.loader->start_epoch(epoch); })
-        .def("next", [](PyDataLoader& l) -> nb::object {
-            std::vector<Tensor> batch;
-            bool more;
-            {
-                nb::gil_scoped_release release;  // the worker thread may be preparing the batch
-                more = l.loader->next(batch);
-            }
-            if (!more) return nb::none();
-            nb::list out;
-            for (Tensor& t : batch) out.append(PyTensor(std::move(t)));
-            return nb::tuple(out);
-        })
+        .def("next", [](PyDataLoader& l) { return next_batch(*l.loader, /*as_tuple=*/true); })
         .def("__len__", [](const PyDataLoader& l) { return l.loader->batches_per_epoch(); });
 
     nb::class_<PyIndexLoader>(m, "_IndexLoader")
@@ -355,15 +367,8 @@ void bind_nn(nb::module_& m) {
                             std::int64_t prefetch, nb::handle device) {
             if (size < 0) throw ValueError(str("DataLoader: the data set's len() is negative (", size, ")"));
             if (!PyCallable_Check(fetch.ptr())) throw nb::type_error("_IndexLoader: fetch must be callable");
-            DataLoaderOptions options;
-            options.batch_size = batch_size;
-            options.shuffle = shuffle;
-            options.seed = seed;
-            options.drop_last = drop_last;
-            options.num_shards = num_shards;
-            options.shard = shard;
-            options.prefetch = prefetch;
-            options.device = device.is_none() ? Device::cpu() : parse_device(device);
+            DataLoaderOptions options =
+                loader_options(batch_size, shuffle, seed, drop_last, num_shards, shard, prefetch, device);
             PyObject* borrowed = fetch.ptr();  // kept alive by self->fetch for the loader's whole life
             options.collate = [borrowed](const std::vector<std::vector<Tensor>>& samples) {
                 return fetch_batch(borrowed, samples);
@@ -375,18 +380,7 @@ void bind_nn(nb::module_& m) {
             nb::gil_scoped_release release;  // stopping the worker joins it, and it may wait for the GIL
             l.loader->start_epoch(epoch);
         })
-        .def("next", [](PyIndexLoader& l) -> nb::object {
-            std::vector<Tensor> batch;
-            bool more;
-            {
-                nb::gil_scoped_release release;  // the worker needs the GIL to prepare the batch
-                more = l.loader->next(batch);
-            }
-            if (!more) return nb::none();
-            nb::list out;
-            for (Tensor& t : batch) out.append(PyTensor(std::move(t)));
-            return std::move(out);
-        })
+        .def("next", [](PyIndexLoader& l) { return next_batch(*l.loader, /*as_tuple=*/false); })
         .def("order", [](const PyIndexLoader& l) { return l.loader->order(); })
         .def("__len__", [](const PyIndexLoader& l) { return l.loader->batches_per_epoch(); });
 

@@ -1,20 +1,11 @@
 """The op path from Python (python/src/tensor.cpp): operators as number slots, leaves recorded once per forward,
 results reading their node's value, the cached caller site. Each test pins a behaviour those shortcuts could break."""
-import inspect
-
 import numpy as np
 import pytest
 
 import dyngrad as dg
 import dyngrad.functional as F
-
-
-def line_of(marker):
-    source, _ = inspect.getsourcelines(inspect.getmodule(line_of))
-    for i, text in enumerate(source):
-        if marker in text and "line_of(" not in text:
-            return i + 1
-    raise AssertionError(marker)
+from conftest import line_of
 
 
 def test_a_constant_enters_the_graph_once_per_forward(rng):
