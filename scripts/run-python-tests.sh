@@ -27,6 +27,8 @@ cmake --install "$build_dir" --prefix "$prefix" >/dev/null
 DYNGRAD_PREBUILT_DIR="$prefix" "$venv/bin/pip" install --quiet --no-build-isolation "${pip_args[@]}" \
     -C build-dir="$build_dir/python-build" "$root/python"
 echo "run-python-tests: package installed in $((SECONDS - start)) s"
+# The training script's recipe is checked against the C++ dyngrad-train of the same build (when it was built).
+[[ -x "$build_dir/samples/dyngrad-train" ]] && export DYNGRAD_TRAIN_BIN="$build_dir/samples/dyngrad-train"
 # From outside the source tree, so that `import dyngrad` is the installed package.
 cd "$build_dir"
 "$venv/bin/python" -c "import dyngrad, sys; print('dyngrad', dyngrad.__version__, 'CUDA:', dyngrad.cuda_compiled(), 'from', dyngrad.__file__)"

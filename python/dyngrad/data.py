@@ -2,17 +2,42 @@
 
 - ``DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True, device="cuda")``: any tensors sharing a first
   dimension; a worker thread prefetches batches (pinned buffers and copies on dyngrad's stream for a GPU).
+- ``DataLoader(dataset)`` for any Python data set (the ``Dataset`` protocol: ``__len__`` and ``__getitem__(i)``
+  returning an array, tensor or number, or a tuple/list/dict of them): the same C++ loader orders, shuffles,
+  shards and prefetches; its worker thread calls ``__getitem__`` and the collate step (``default_collate`` or
+  ``collate_fn``) with the GIL held, and copies the batch to the device through pinned memory.
 - ``MnistLoader``/``load_mnist``: the IDX files of (Fashion-)MNIST (Debian's dataset-fashion-mnist by default);
   ``resident=True`` keeps a split on the GPU.
 """
 from __future__ import annotations
 
+import atexit
+import weakref
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
 from . import _core
 from ._core import BatchLoader, load_mnist, Tensor
 
-__all__ = ["TensorDataset", "DataLoader", "BatchLoader", "load_mnist", "DEFAULT_MNIST_DIRECTORY"]
+__all__ = ["Dataset", "TensorDataset", "DataLoader", "default_collate", "BatchLoader", "load_mnist",
+           "DEFAULT_MNIST_DIRECTORY"]
 
 DEFAULT_MNIST_DIRECTORY = "/usr/share/datasets/fashion-mnist"
+
+
+class Dataset:
+    """The data set protocol DataLoader reads (a base class is optional: any object with both methods works).
+
+    ``__getitem__(i)`` for 0 <= i < len(self) returns one sample: a NumPy array, a dyngrad Tensor, a Python or
+    NumPy number, or a tuple/list/dict of those (nested), the same structure for every i.
+    """
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def __getitem__(self, index: int):
+        raise NotImplementedError
 
 
 class TensorDataset:
@@ -33,29 +58,150 @@ class TensorDataset:
         return tuple(t[i] for t in self.tensors)
 
 
-class DataLoader:
-    """Batches of a TensorDataset in epoch order (epoch_permutation(size, seed, epoch) when shuffled).
+def _leaf_array(value, where):
+    if isinstance(value, Tensor):
+        return value.detach().cpu().numpy()
+    if isinstance(value, (bool, int)) and not isinstance(value, np.generic):
+        return np.asarray(value, dtype=np.int64)
+    if isinstance(value, float):
+        return np.asarray(value, dtype=np.float32)  # Python floats are float32, as in dyngrad.tensor()
+    if isinstance(value, (np.ndarray, np.generic)) or hasattr(value, "__array__"):
+        array = np.asarray(value)
+        if array.dtype.kind not in "fiub":
+            raise _core.DTypeError(f"default_collate: {where} has NumPy dtype {array.dtype} "
+                                   "(dyngrad has float32, float64 and int64)")
+        return array
+    raise TypeError(f"default_collate: {where} is a {type(value).__name__}; samples hold arrays, tensors, numbers "
+                    "and tuples, lists or dicts of them (pass collate_fn for anything else)")
 
-    Each ``iter()`` starts the next epoch (or ``set_epoch(e)`` first, as with a DistributedSampler).
+
+def default_collate(samples: Sequence[Any]) -> Any:
+    """Stacks a list of samples field by field along a new first dimension: arrays and tensors of shape S give
+    a (B, *S) tensor, numbers a (B,) tensor (ints int64, floats float32; NumPy arrays keep float32/float64,
+    other integers and bools become int64); tuples, lists and dicts keep their structure."""
+    if not samples:
+        raise _core.ValueError("default_collate: no samples")
+    return _collate(list(samples), "sample field")
+
+
+def _collate(samples, where):
+    first = samples[0]
+    if isinstance(first, dict):
+        for i, s in enumerate(samples):
+            if not isinstance(s, dict) or s.keys() != first.keys():
+                raise _core.ValueError(f"default_collate: sample {i} at {where} has keys "
+                                       f"{sorted(s) if isinstance(s, dict) else type(s).__name__}, sample 0 {sorted(first)}")
+        return {k: _collate([s[k] for s in samples], f"{where}[{k!r}]") for k in first}
+    if isinstance(first, (tuple, list)):
+        for i, s in enumerate(samples):
+            if not isinstance(s, (tuple, list)) or len(s) != len(first):
+                raise _core.ValueError(f"default_collate: sample {i} at {where} has "
+                                       f"{len(s) if isinstance(s, (tuple, list)) else type(s).__name__} fields, "
+                                       f"sample 0 {len(first)}")
+        fields = [_collate([s[k] for s in samples], f"{where}[{k}]") for k in range(len(first))]
+        return tuple(fields) if isinstance(first, tuple) else fields
+    arrays = [_leaf_array(s, where) for s in samples]
+    for i, a in enumerate(arrays):
+        if a.shape != arrays[0].shape:
+            raise _core.ShapeError(f"default_collate: sample {i} at {where} has shape {a.shape}, "
+                                   f"sample 0 {arrays[0].shape}")
+    from . import tensor
+    return tensor(np.stack(arrays))
+
+
+def _flatten(batch, leaves):
+    """The batch's tensors in order, and its structure with each tensor's position in their place."""
+    if isinstance(batch, dict):
+        return {k: _flatten(v, leaves) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)) and not all(isinstance(v, (int, float, np.number)) for v in batch):
+        parts = [_flatten(v, leaves) for v in batch]
+        return tuple(parts) if isinstance(batch, tuple) else parts
+    if not isinstance(batch, Tensor):  # an array, a number or a list of numbers: one tensor
+        from . import tensor
+        batch = tensor(batch)
+    leaves.append(batch if batch.device.type == "cpu" else batch.cpu())
+    return len(leaves) - 1
+
+
+def _unflatten(spec, leaves):
+    if isinstance(spec, dict):
+        return {k: _unflatten(v, leaves) for k, v in spec.items()}
+    if isinstance(spec, tuple):
+        return tuple(_unflatten(v, leaves) for v in spec)
+    if isinstance(spec, list):
+        return [_unflatten(v, leaves) for v in spec]
+    return leaves[spec]
+
+
+_open_loaders = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_loaders():
+    # A worker thread must not be left calling into Python while the interpreter shuts down.
+    for loader in list(_open_loaders):
+        loader.close()
+
+
+class DataLoader:
+    """Batches of a data set in epoch order (epoch_permutation(size, seed, epoch) when shuffled).
+
+    ``dataset``: a TensorDataset (gathered in C++) or any Python data set (``Dataset`` protocol). ``collate_fn``
+    makes a batch from a list of samples (default: ``default_collate``). ``device``: batches are copied there
+    (for a GPU through pinned staging buffers, asynchronously on dyngrad's stream; ``pin_memory`` is accepted
+    for PyTorch compatibility and changes nothing). ``prefetch`` batches are prepared ahead on a worker thread
+    (0: on the caller's thread). Each ``iter()`` starts the next epoch (or ``set_epoch(e)`` first, as with a
+    DistributedSampler); ``num_shards``/``shard`` give this process its part of every epoch.
     """
 
-    def __init__(self, dataset, batch_size=64, shuffle=True, seed=0, drop_last=False, device=None, prefetch=2,
-                 num_shards=1, shard=0):
-        if not isinstance(dataset, TensorDataset):
-            raise TypeError("DataLoader: expects a dyngrad.data.TensorDataset (a Python dataset: iterate it yourself)")
+    def __init__(self, dataset, batch_size: int = 64, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+                 device=None, prefetch: int = 2, num_shards: int = 1, shard: int = 0,
+                 collate_fn: Callable[[list], Any] | None = None, pin_memory: bool = False):
         self.dataset = dataset
-        self._loader = _core._DataLoader(list(dataset.tensors), batch_size, shuffle, seed, drop_last, num_shards, shard,
-                                         prefetch, device)
+        self.collate_fn = collate_fn
+        self.pin_memory = pin_memory
+        self._spec = None
+        if isinstance(dataset, TensorDataset) and collate_fn is None:
+            self._loader = _core._DataLoader(list(dataset.tensors), batch_size, shuffle, seed, drop_last, num_shards,
+                                             shard, prefetch, device)
+            self._python = False
+        else:
+            if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+                raise TypeError(f"DataLoader: a data set needs __len__ and __getitem__; got {type(dataset).__name__}")
+            if collate_fn is not None and not callable(collate_fn):
+                raise TypeError("DataLoader: collate_fn must be callable")
+            self._loader = _core._IndexLoader(len(dataset), self._fetch, batch_size, shuffle, seed, drop_last,
+                                              num_shards, shard, prefetch, device)
+            self._python = True
+            _open_loaders.add(self)
         self._epoch = 0
         self._next_epoch = None
 
+    def _fetch(self, indices):
+        # On the loader's worker thread, with the GIL: the batch's samples, collated, as CPU tensors.
+        batch = (self.collate_fn or default_collate)([self.dataset[i] for i in indices])
+        leaves = []
+        spec = _flatten(batch, leaves)
+        if self._spec is None:
+            self._spec = spec
+        elif spec != self._spec:
+            raise _core.ValueError(f"DataLoader: a batch's structure {spec!r} differs from the first batch's "
+                                   f"{self._spec!r} (samples must share one structure)")
+        return leaves
+
     def set_epoch(self, epoch: int):
         self._next_epoch = epoch
+
+    def close(self):
+        """Stops the worker thread (also done when the loader is dropped, and at exit)."""
+        self._loader = None
 
     def __len__(self):
         return len(self._loader)
 
     def __iter__(self):
+        if self._loader is None:
+            raise _core.ValueError("DataLoader: iterated after close()")
         epoch = self._epoch if self._next_epoch is None else self._next_epoch
         self._next_epoch = None
         self._epoch = epoch + 1
@@ -64,4 +210,4 @@ class DataLoader:
             batch = self._loader.next()
             if batch is None:
                 return
-            yield batch
+            yield _unflatten(self._spec, batch) if self._python else batch

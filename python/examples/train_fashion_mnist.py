@@ -4,9 +4,13 @@
     python python/examples/train_fashion_mnist.py --model simplecnn --epochs 1 --limit 2000   # a short CPU run
 
 Data: the IDX files of Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist), normalised by
-the training pixels' mean and deviation. Adam (lr 1e-3), batch 64, as dyngrad-train's defaults. Prints a
-progress bar, the loss and the test accuracy per epoch, and writes a checkpoint (model, optimizer) after
-each epoch that --resume continues from.
+the training pixels' mean and deviation. The recipe is dyngrad-train's (samples/train.cpp), option for
+option, so both reach the same accuracy: Adam (lr 1e-3, no weight decay; 0.01 for adamw, lr 0.01 and
+momentum 0.9 for sgd), batch 64, a cosine schedule over the epochs stepped once per epoch, PyTorch's
+initialisation from the seed's generator (dg.models: the same layers in the same order as
+samples/models.cpp), shuffling by the seed, no augmentation, --limit N keeping the first N images of
+each split. The recipe is printed at the start. Prints a progress bar, the loss and the test accuracy per
+epoch, and writes a checkpoint (model, optimizer, schedule) after each epoch that --resume continues from.
 """
 import argparse
 import os
@@ -43,14 +47,34 @@ def evaluate(model, loader):
     return correct / max(seen, 1)
 
 
+def make_optimizer(args, parameters):
+    """dyngrad-train's make_optimizer: the same defaults per optimizer."""
+    if args.optimizer == "sgd":
+        args.lr = 0.01 if args.lr is None else args.lr
+        args.weight_decay = args.weight_decay or 0.0
+        return dg.optim.SGD(parameters, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    args.lr = 1e-3 if args.lr is None else args.lr
+    if args.optimizer == "adamw":
+        args.weight_decay = 0.01 if args.weight_decay is None else args.weight_decay
+        return dg.optim.AdamW(parameters, lr=args.lr, weight_decay=args.weight_decay)
+    args.weight_decay = args.weight_decay or 0.0
+    return dg.optim.Adam(parameters, lr=args.lr, weight_decay=args.weight_decay)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=["simplecnn", "lenet", "lenet5", "mlp"], default="lenet")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--device", default="cuda" if dg.cuda_is_available() else "cpu")
-    parser.add_argument("--limit", type=int, default=0, help="use only the first N training and N/5 test images")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--limit", type=int, default=0, help="use only the first N images of each split")
+    parser.add_argument("--batch-size", "--batch", type=int, default=64)
+    parser.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="adam")
+    parser.add_argument("--lr", type=float, default=None, help="default 1e-3 for adam/adamw, 0.01 for sgd")
+    parser.add_argument("--momentum", type=float, default=0.9, help="sgd momentum")
+    parser.add_argument("--weight-decay", type=float, default=None,
+                        help="L2 for sgd/adam, decoupled for adamw (default 0; 0.01 for adamw)")
+    parser.add_argument("--schedule", choices=["none", "cosine"], default="cosine",
+                        help="learning rate per epoch (cosine annealing over --epochs, as dyngrad-train)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data", default=dg.data.DEFAULT_MNIST_DIRECTORY)
     parser.add_argument("--checkpoint", default="fashion_mnist_checkpoint.safetensors")
@@ -64,8 +88,7 @@ def main(argv=None):
     test_x, test_y = data["test_images"], data["test_labels"]
     if args.limit:
         train_x, train_y = train_x[: args.limit], train_y[: args.limit]
-        test_n = max(args.limit // 5, 1)
-        test_x, test_y = test_x[:test_n], test_y[:test_n]
+        test_x, test_y = test_x[: args.limit], test_y[: args.limit]
     on_gpu = args.device.startswith("cuda")
     train_loader = dg.BatchLoader(train_x, train_y, batch_size=args.batch_size, shuffle=True, seed=args.seed,
                                   device=args.device, resident=on_gpu)
@@ -73,10 +96,15 @@ def main(argv=None):
 
     height, width = train_x.shape[2], train_x.shape[3]
     model = dg.models.make_model(args.model, height, width).to(args.device)
-    optimizer = dg.optim.Adam(model.parameters(), lr=args.lr)
+    optimizer = make_optimizer(args, model.parameters())
+    scheduler = dg.optim.CosineAnnealingLR(optimizer, args.epochs) if args.schedule == "cosine" and args.epochs else None
+    print(f"recipe (dyngrad-train's): {args.optimizer} lr {optimizer.lr:g}, weight decay {args.weight_decay:g}"
+          f"{f', momentum {args.momentum:g}' if args.optimizer == 'sgd' else ''}, {args.schedule} schedule over "
+          f"{args.epochs} epochs, batch {args.batch_size}, seed {args.seed}, torch init, "
+          f"inputs normalised by mean {data['mean']:.4f} std {data['std']:.4f}, no augmentation")
     first_epoch = 0
     if args.resume and os.path.exists(args.checkpoint):
-        dg.load_checkpoint(args.checkpoint, model, optimizer)
+        dg.load_checkpoint(args.checkpoint, model, optimizer, scheduler)
         first_epoch = optimizer.step_count(0) // max(len(train_loader), 1)
         print(f"resumed from {args.checkpoint} at epoch {first_epoch}")
     print(f"{args.model} on {args.device}: {sum(p.numel() for p in model.parameters())} parameters, "
@@ -100,9 +128,12 @@ def main(argv=None):
                 loss_value = loss.item()  # a host sync on a GPU: only when the bar moves
                 progress(epoch + 1, args.epochs, done, total, loss_value, started)
         seconds = time.perf_counter() - started
+        lr = optimizer.lr
+        if scheduler is not None:
+            scheduler.step()
         accuracy = evaluate(model, test_loader)
-        print(f"epoch {epoch + 1}: loss {loss_value:.4f}, test accuracy {accuracy:.4f}, {seconds:.1f} s")
-        dg.save_checkpoint(args.checkpoint, model, optimizer)
+        print(f"epoch {epoch + 1}: loss {loss_value:.4f}, test accuracy {accuracy:.4f}, lr {lr:.3g}, {seconds:.1f} s")
+        dg.save_checkpoint(args.checkpoint, model, optimizer, scheduler)
     print(f"final test accuracy {accuracy:.4f} ({args.model}, {args.epochs} epochs, {args.device}); "
           f"checkpoint {args.checkpoint}")
     return 0 if accuracy >= args.min_accuracy else 1

@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <source_location>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,10 @@ namespace nb = nanobind;
 struct GraphBox {
     ComputeGraph graph;
     bool released = false;  // back-propagated without retain_graph: its saved tensors are gone
+    // Names this box's current leaves for PyTensor::leaf: unique over the process, renewed by every backward
+    // (a leaf that took part in a backward is not reused by a later forward of a retained graph).
+    std::uint64_t leaf_epoch = next_leaf_epoch();
+    static std::uint64_t next_leaf_epoch();
 };
 std::shared_ptr<GraphBox> current_graph();
 // Ends the thread's current graph if it is `box` (the next op starts a new one).
@@ -32,17 +37,28 @@ void retire_graph(const std::shared_ptr<GraphBox>& box);
 //  - a constant: `value` only (no gradient flows into it);
 //  - a leaf that requires grad: `parameter` (its value and its gradient, which accumulates over backward
 //    calls until zero_grad, exactly PyTorch's leaf .grad);
-//  - a result with history: `var`, a node of `graph`, plus `value` (the node's output, shared).
+//  - a result with history: `var`, a node of `graph` (whose output is its value; `value` stays empty).
 struct PyTensor {
     Tensor value;
     Parameter parameter;
     Var var;
     std::shared_ptr<GraphBox> graph;
+    // A constant or a parameter enters a graph as a leaf node once per forward pass, not once per use (a
+    // new leaf per op cost a node, its allocation and a backward visit on every call, e.g. `y = y + c` in a
+    // loop): the leaf recorded for it in the box of epoch `leaf_epoch`, for the data and grad mode it had.
+    mutable Var leaf;
+    mutable std::uint64_t leaf_epoch = 0;
+    mutable const void* leaf_data = nullptr;
+    mutable bool leaf_requires_grad = false;
 
     PyTensor() = default;
     explicit PyTensor(Tensor v) : value(std::move(v)) {}
 
-    const Tensor& data() const { return parameter.defined() ? parameter.value() : value; }
+    // A result with history reads its node's output (not a copy per op: a Tensor copy allocates its shape).
+    const Tensor& data() const {
+        if (parameter.defined()) return parameter.value();
+        return var.defined() ? var.value() : value;
+    }
     bool has_history() const { return var.defined(); }
     bool requires_grad() const {
         return parameter.defined() ? parameter.requires_grad() : has_history();
@@ -56,7 +72,7 @@ void set_package_dir(std::string dir);
 
 // Runs `op` on the inputs: recorded into the current graph when gradients are enabled and an input requires
 // grad, eager otherwise. Errors name the op, the inputs and the caller's Python line.
-PyTensor apply(OpType op, const std::vector<const PyTensor*>& inputs, const OpAttrs& attrs);
+PyTensor apply(OpType op, std::span<const PyTensor* const> inputs, const OpAttrs& attrs);
 PyTensor apply(OpType op, std::initializer_list<const PyTensor*> inputs, const OpAttrs& attrs = {});
 // kwargs (axis=, keepdim=, stride=, ...) into OpAttrs; TypeError naming an unknown keyword.
 OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs);
@@ -68,6 +84,10 @@ Device parse_device(nb::handle device);
 
 // The process's default generator (dyngrad.manual_seed).
 Generator& default_generator();
+
+// Inside a catch block of a raw CPython slot: sets the Python error nanobind's translation would (dyngrad
+// errors as their Python classes, naming the user's line).
+void set_python_error_from_current_exception() noexcept;
 
 void bind_tensor(nb::module_& m);
 void bind_interop(nb::module_& m);

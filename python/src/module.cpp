@@ -74,6 +74,25 @@ void translate(const std::exception_ptr& p, void*) {
 
 }  // namespace
 
+void set_python_error_from_current_exception() noexcept {
+    try {
+        throw;
+    } catch (nb::python_error& e) {
+        e.restore();
+    } catch (const nb::builtin_exception& e) {
+        PyErr_SetString(PyExc_TypeError, e.what());  // the op path raises only type_error of these
+    } catch (...) {
+        try {
+            translate(std::current_exception(), nullptr);
+        } catch (const std::exception& e) {
+            PyErr_SetString(PyExc_RuntimeError, e.what());
+        } catch (...) {
+            PyErr_SetString(PyExc_RuntimeError, "unknown C++ exception");
+        }
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "unknown C++ exception");
+    }
+}
+
 }  // namespace dyngrad::python
 
 NB_MODULE(_core, m) {

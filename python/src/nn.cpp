@@ -20,6 +20,14 @@ nb::object wrap(const Parameter& p) {
     return nb::cast(std::move(t));
 }
 
+RnnMode parse_rnn_mode(const std::string& mode) {
+    if (mode == "lstm") return RnnMode::Lstm;
+    if (mode == "gru") return RnnMode::Gru;
+    if (mode == "rnn_tanh") return RnnMode::RnnTanh;
+    if (mode == "rnn_relu") return RnnMode::RnnRelu;
+    throw ValueError(str("mode='", mode, "': expected 'lstm', 'gru', 'rnn_tanh' or 'rnn_relu'"));
+}
+
 Init parse_init(const std::string& init) {
     if (init == "torch") return Init::Torch;
     if (init == "kaiming_relu") return Init::KaimingRelu;
@@ -83,6 +91,81 @@ struct PyDataLoader {
     std::int64_t epoch = 0;
 };
 
+DataLoaderOptions loader_options(std::int64_t batch_size, bool shuffle, std::uint64_t seed, bool drop_last,
+                                 std::int64_t num_shards, std::int64_t shard, std::int64_t prefetch, nb::handle device) {
+    DataLoaderOptions options;
+    options.batch_size = batch_size;
+    options.shuffle = shuffle;
+    options.seed = seed;
+    options.drop_last = drop_last;
+    options.num_shards = num_shards;
+    options.shard = shard;
+    options.prefetch = prefetch;
+    options.device = device.is_none() ? Device::cpu() : parse_device(device);
+    return options;
+}
+
+// The loader's next batch as a tuple or list of tensors, None after the epoch's last.
+nb::object next_batch(DataLoader& loader, bool as_tuple) {
+    std::vector<Tensor> batch;
+    bool more;
+    {
+        // The worker thread may be preparing the batch, and a Python data set's worker needs the GIL for it.
+        nb::gil_scoped_release release;
+        more = loader.next(batch);
+    }
+    if (!more) return nb::none();
+    nb::list out;
+    for (Tensor& t : batch) out.append(PyTensor(std::move(t)));
+    if (as_tuple) return nb::tuple(out);
+    return std::move(out);
+}
+
+// A Python data set (any __len__/__getitem__) through the C++ DataLoader, which keeps its order, shuffling,
+// sharding, prefetch thread and pinned GPU staging: a "sample" is only its index, and the collate step
+// calls back into Python (holding the GIL) to fetch and collate the batch's samples there.
+class IndexDataset : public SampleDataset {
+public:
+    explicit IndexDataset(std::int64_t size) : size_(size) {}
+    std::int64_t size() const override { return size_; }
+    std::vector<Tensor> get(std::int64_t index) const override {
+        return {Tensor::full({}, static_cast<double>(index), DType::i64)};
+    }
+
+private:
+    std::int64_t size_;
+};
+
+struct PyIndexLoader {
+    nb::object fetch;  // fetch(indices) -> list of CPU Tensors; outlives `loader`, whose collate borrows it
+    std::unique_ptr<DataLoader> loader;
+
+    PyIndexLoader(nb::object f, std::unique_ptr<DataLoader> l) : fetch(std::move(f)), loader(std::move(l)) {}
+    PyIndexLoader(const PyIndexLoader&) = delete;
+    PyIndexLoader& operator=(const PyIndexLoader&) = delete;
+    ~PyIndexLoader() {
+        // The worker may be waiting for the GIL inside fetch: join it without holding the GIL.
+        nb::gil_scoped_release release;
+        loader.reset();
+    }
+};
+
+// The collate step of a PyIndexLoader: runs on the loader's worker thread (or the caller's, prefetch 0).
+std::vector<Tensor> fetch_batch(PyObject* fetch, const std::vector<std::vector<Tensor>>& samples) {
+    std::vector<std::int64_t> indices;
+    indices.reserve(samples.size());
+    for (const std::vector<Tensor>& sample : samples) indices.push_back(sample[0].data<std::int64_t>()[0]);
+    nb::gil_scoped_acquire gil;
+    nb::object result = nb::handle(fetch)(nb::cast(indices));
+    std::vector<Tensor> batch;
+    for (nb::handle field : result) {
+        if (!nb::isinstance<PyTensor>(field))
+            throw ValueError("DataLoader: the collate step must give dyngrad tensors (dyngrad.data.default_collate does)");
+        batch.push_back(nb::cast<const PyTensor&>(field).data());
+    }
+    return batch;
+}
+
 }  // namespace
 
 void bind_nn(nb::module_& m) {
@@ -116,6 +199,23 @@ void bind_nn(nb::module_& m) {
         const Embedding layer(num, dim, default_generator(), padding_idx);
         return wrap(layer.weight);
     }, nb::arg("num_embeddings"), nb::arg("embedding_dim"), nb::arg("padding_idx").none());
+    // The recurrent layers (nn/recurrent.h): the C++ layer's flat weight, and its block layout by name.
+    m.def("_rnn_init", [](const std::string& mode, std::int64_t input_size, std::int64_t hidden_size,
+                          std::int64_t num_layers, bool bidirectional) {
+        const Recurrent layer(parse_rnn_mode(mode), input_size, {hidden_size, num_layers, bidirectional},
+                              default_generator());
+        return wrap(layer.weight);
+    }, nb::arg("mode"), nb::arg("input_size"), nb::arg("hidden_size"), nb::arg("num_layers"), nb::arg("bidirectional"));
+    m.def("rnn_weight_layout", [](const std::string& mode, std::int64_t input_size, std::int64_t hidden_size,
+                                  std::int64_t num_layers, bool bidirectional) {
+        nb::list rows;
+        for (const RnnWeightEntry& e :
+             rnn_weight_layout(parse_rnn_mode(mode), {hidden_size, num_layers, bidirectional}, input_size))
+            rows.append(nb::make_tuple(e.name, e.offset, nb::tuple(nb::cast(std::vector<std::int64_t>(e.shape)))));
+        return rows;
+    }, nb::arg("mode"), nb::arg("input_size"), nb::arg("hidden_size"), nb::arg("num_layers") = 1,
+       nb::arg("bidirectional") = false,
+       "The blocks of a recurrent layer's flat weight: (name, offset, shape), e.g. ('l0.fwd.W_ih.i', 0, (H, I)).");
     m.def("_param_to", [](PyTensor& t, nb::handle target) {
         // Module.to(): parameters keep their identity (optimizers hold them), their value moves.
         const Tensor moved = nb::isinstance<DType>(target) ? t.data().to(parse_dtype(target)) : t.data().to(parse_device(target));
@@ -252,32 +352,37 @@ void bind_nn(nb::module_& m) {
                 if (t == nullptr) throw ValueError("DataLoader: a tensor is None");
                 columns.push_back(t->data());
             }
-            DataLoaderOptions options;
-            options.batch_size = batch_size;
-            options.shuffle = shuffle;
-            options.seed = seed;
-            options.drop_last = drop_last;
-            options.num_shards = num_shards;
-            options.shard = shard;
-            options.prefetch = prefetch;
-            options.device = device.is_none() ? Device::cpu() : parse_device(device);
+            DataLoaderOptions options =
+                loader_options(batch_size, shuffle, seed, drop_last, num_shards, shard, prefetch, device);
             new (self) PyDataLoader{std::make_unique<DataLoader>(std::make_shared<TensorDataset>(std::move(columns)), options)};
         }, nb::arg("tensors"), nb::arg("batch_size"), nb::arg("shuffle"), nb::arg("seed"), nb::arg("drop_last"),
            nb::arg("num_shards"), nb::arg("shard"), nb::arg("prefetch"), nb::arg("device").none())
         .def("start_epoch", [](PyDataLoader& l, std::int64_t epoch) { l.loader->start_epoch(epoch); })
-        .def("next", [](PyDataLoader& l) -> nb::object {
-            std::vector<Tensor> batch;
-            bool more;
-            {
-                nb::gil_scoped_release release;  // the worker thread may be preparing the batch
-                more = l.loader->next(batch);
-            }
-            if (!more) return nb::none();
-            nb::list out;
-            for (Tensor& t : batch) out.append(PyTensor(std::move(t)));
-            return nb::tuple(out);
-        })
+        .def("next", [](PyDataLoader& l) { return next_batch(*l.loader, /*as_tuple=*/true); })
         .def("__len__", [](const PyDataLoader& l) { return l.loader->batches_per_epoch(); });
+
+    nb::class_<PyIndexLoader>(m, "_IndexLoader")
+        .def("__init__", [](PyIndexLoader* self, std::int64_t size, nb::object fetch, std::int64_t batch_size,
+                            bool shuffle, std::uint64_t seed, bool drop_last, std::int64_t num_shards, std::int64_t shard,
+                            std::int64_t prefetch, nb::handle device) {
+            if (size < 0) throw ValueError(str("DataLoader: the data set's len() is negative (", size, ")"));
+            if (!PyCallable_Check(fetch.ptr())) throw nb::type_error("_IndexLoader: fetch must be callable");
+            DataLoaderOptions options =
+                loader_options(batch_size, shuffle, seed, drop_last, num_shards, shard, prefetch, device);
+            PyObject* borrowed = fetch.ptr();  // kept alive by self->fetch for the loader's whole life
+            options.collate = [borrowed](const std::vector<std::vector<Tensor>>& samples) {
+                return fetch_batch(borrowed, samples);
+            };
+            new (self) PyIndexLoader(fetch, std::make_unique<DataLoader>(std::make_shared<IndexDataset>(size), options));
+        }, nb::arg("size"), nb::arg("fetch"), nb::arg("batch_size"), nb::arg("shuffle"), nb::arg("seed"),
+           nb::arg("drop_last"), nb::arg("num_shards"), nb::arg("shard"), nb::arg("prefetch"), nb::arg("device").none())
+        .def("start_epoch", [](PyIndexLoader& l, std::int64_t epoch) {
+            nb::gil_scoped_release release;  // stopping the worker joins it, and it may wait for the GIL
+            l.loader->start_epoch(epoch);
+        })
+        .def("next", [](PyIndexLoader& l) { return next_batch(*l.loader, /*as_tuple=*/false); })
+        .def("order", [](const PyIndexLoader& l) { return l.loader->order(); })
+        .def("__len__", [](const PyIndexLoader& l) { return l.loader->batches_per_epoch(); });
 
     // ---- captured steps ----
     nb::class_<PyCapturedStep>(m, "CapturedStep")

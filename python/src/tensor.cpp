@@ -4,6 +4,9 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <array>
+#include <atomic>
+#include <span>
 #include <cstring>
 #include <frameobject.h>
 #include <optional>
@@ -27,6 +30,11 @@ std::shared_ptr<GraphBox> current_graph() {
     return box;
 }
 
+std::uint64_t GraphBox::next_leaf_epoch() {
+    static std::atomic<std::uint64_t> counter{0};
+    return ++counter;
+}
+
 void retire_graph(const std::shared_ptr<GraphBox>& box) {
     box->released = true;
     if (thread_graph.lock() == box) thread_graph.reset();
@@ -48,9 +56,19 @@ struct CodeSites {
 // Code objects are kept alive by this table (one reference each), so an address is never reused for another.
 std::unordered_map<PyCodeObject*, CodeSites> code_sites;  // touched only with the GIL held
 
+// A direct-mapped cache in front of code_sites: the few code objects an op's frames walk through (the user's
+// function, dyngrad.functional, dyngrad.nn) are found without hashing. Entries point into code_sites, whose
+// elements never move or go away.
+std::array<std::pair<PyCodeObject*, CodeSites*>, 64> recent_sites{};
+
 CodeSites& sites_of(PyCodeObject* code) {
+    auto& recent = recent_sites[(reinterpret_cast<std::uintptr_t>(code) >> 4) % recent_sites.size()];
+    if (recent.first == code) return *recent.second;
     auto found = code_sites.find(code);
-    if (found != code_sites.end()) return found->second;
+    if (found != code_sites.end()) {
+        recent = {code, &found->second};
+        return found->second;
+    }
     CodeSites sites;
     nb::handle h(reinterpret_cast<PyObject*>(code));
     sites.file = nb::cast<std::string>(h.attr("co_filename"));
@@ -63,9 +81,30 @@ CodeSites& sites_of(PyCodeObject* code) {
 
 void set_package_dir(std::string dir) { package_dir = std::move(dir); }
 
+namespace {
+// The last site resolved for a user frame that called into the package directly (an operator, a method): a
+// loop repeats it, so most ops find their site here without a lookup. Read and written with the GIL held.
+struct LastSite {
+    PyCodeObject* code = nullptr;  // kept alive by code_sites
+    int key = -1;
+    std::source_location where;
+};
+LastSite last_site;
+}  // namespace
+
 std::source_location python_site() {
     PyFrameObject* frame = PyEval_GetFrame();  // borrowed
     if (frame == nullptr) return std::source_location::current();
+    if (last_site.code != nullptr) {
+        PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
+        Py_DECREF(code);  // code_sites holds one: the object outlives this call
+#if PY_VERSION_HEX >= 0x030B0000
+        const int key = PyFrame_GetLasti(frame);
+#else
+        const int key = PyFrame_GetLineNumber(frame);
+#endif
+        if (code == last_site.code && key == last_site.key) return last_site.where;
+    }
     Py_INCREF(frame);
     for (int depth = 0; frame != nullptr && depth < 64; ++depth) {
         PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
@@ -85,6 +124,7 @@ std::source_location python_site() {
                                                        static_cast<unsigned>(line < 0 ? 0 : line)))
                             .first;
             }
+            if (depth == 0) last_site = {code, key, found->second};
             Py_DECREF(frame);
             return found->second;
         }
@@ -100,53 +140,95 @@ std::source_location python_site() {
 namespace {
 
 Var as_var(const PyTensor& t, const std::shared_ptr<GraphBox>& box, std::source_location where) {
-    if (t.parameter.defined()) return box->graph.parameter(t.parameter, where);
-    if (t.has_history()) {
-        if (t.graph != box) {
-            if (t.graph->released)
-                throw GraphError(str("a tensor from ", t.graph->graph.describe_node(t.var.id()),
-                                     " is used after backward() released its graph (call backward(retain_graph=True)"
-                                     " to keep it, or use .detach() to stop the gradient here)"));
-            throw GraphError(str("a tensor from ", t.graph->graph.describe_node(t.var.id()),
-                                 " belongs to another thread's graph; .detach() it to use it here"));
-        }
-        return t.var;
+    if (!t.has_history()) {
+        const bool requires_grad = t.parameter.defined() && t.parameter.requires_grad();
+        const void* data = t.data().defined() ? t.data().raw_data() : nullptr;
+        if (t.leaf_epoch == box->leaf_epoch && t.leaf_data == data && t.leaf_requires_grad == requires_grad)
+            return t.leaf;
+        t.leaf = t.parameter.defined() ? box->graph.parameter(t.parameter, where) : box->graph.constant(t.value, where);
+        t.leaf_epoch = box->leaf_epoch;
+        t.leaf_data = data;
+        t.leaf_requires_grad = requires_grad;
+        return t.leaf;
     }
-    return box->graph.constant(t.value, where);
+    if (t.graph != box) {
+        if (t.graph->released)
+            throw GraphError(str("a tensor from ", t.graph->graph.describe_node(t.var.id()),
+                                 " is used after backward() released its graph (call backward(retain_graph=True)"
+                                 " to keep it, or use .detach() to stop the gradient here)"));
+        throw GraphError(str("a tensor from ", t.graph->graph.describe_node(t.var.id()),
+                             " belongs to another thread's graph; .detach() it to use it here"));
+    }
+    return t.var;
 }
 
 }  // namespace
 
-PyTensor apply(OpType op, const std::vector<const PyTensor*>& inputs, const OpAttrs& attrs) {
+// The hot path of every op from Python: no heap allocation beyond the engine's own (output, node) for up to
+// kInlineInputs inputs, which is every op but concat/stack of many tensors.
+PyTensor apply(OpType op, std::span<const PyTensor* const> inputs, const OpAttrs& attrs) {
+    constexpr std::size_t kInlineInputs = 4;
     const std::source_location where = python_site();
     bool record = false;
     if (grad_enabled())
-        for (const PyTensor* t : inputs) record = record || t->requires_grad();
+        for (const PyTensor* t : inputs)
+            if (t->requires_grad()) {
+                record = true;
+                break;
+            }
     if (!record) {
+        if (inputs.size() == 1) return PyTensor(eager(op, std::span<const Tensor>(&inputs[0]->data(), 1), attrs, where));
+        if (inputs.size() <= kInlineInputs) {
+            std::array<Tensor, kInlineInputs> values;
+            for (std::size_t i = 0; i < inputs.size(); ++i) values[i] = inputs[i]->data();
+            return PyTensor(eager(op, std::span<const Tensor>(values.data(), inputs.size()), attrs, where));
+        }
         std::vector<Tensor> values;
         values.reserve(inputs.size());
         for (const PyTensor* t : inputs) values.push_back(t->data());
         return PyTensor(eager(op, values, attrs, where));
     }
     std::shared_ptr<GraphBox> box = current_graph();
-    std::vector<Var> vars;
-    vars.reserve(inputs.size());
-    for (const PyTensor* t : inputs) vars.push_back(as_var(*t, box, where));
-    const Var out = box->graph.record(op, vars, attrs, where);
-    PyTensor result(out.value());
+    ComputeGraph& graph = box->graph;
+    Var out;
+    if (inputs.size() <= kInlineInputs) {
+        std::array<Var, kInlineInputs> v;
+        for (std::size_t i = 0; i < inputs.size(); ++i) v[i] = as_var(*inputs[i], box, where);
+        switch (inputs.size()) {  // the initializer_list overload: no vector for the inputs
+            case 0: out = graph.record(op, std::initializer_list<Var>{}, attrs, where); break;
+            case 1: out = graph.record(op, {v[0]}, attrs, where); break;
+            case 2: out = graph.record(op, {v[0], v[1]}, attrs, where); break;
+            case 3: out = graph.record(op, {v[0], v[1], v[2]}, attrs, where); break;
+            default: out = graph.record(op, {v[0], v[1], v[2], v[3]}, attrs, where); break;
+        }
+    } else {
+        std::vector<Var> vars;
+        vars.reserve(inputs.size());
+        for (const PyTensor* t : inputs) vars.push_back(as_var(*t, box, where));
+        out = graph.record(op, vars, attrs, where);
+    }
+    PyTensor result;
     if (out.requires_grad()) {  // a comparison or an index has no history to keep
         result.var = out;
         result.graph = std::move(box);
+    } else {
+        result.value = out.value();
     }
     return result;
 }
 
 PyTensor apply(OpType op, std::initializer_list<const PyTensor*> inputs, const OpAttrs& attrs) {
-    return apply(op, std::vector<const PyTensor*>(inputs), attrs);
+    return apply(op, std::span<const PyTensor* const>(inputs.begin(), inputs.size()), attrs);
 }
 
 // ---- attributes ----
 namespace {
+
+// Default attributes, built once: an OpAttrs is large to construct and destroy on every call.
+const OpAttrs& no_attrs() {
+    static const OpAttrs attrs;
+    return attrs;
+}
 
 template <typename E>
 E parse_choice(nb::handle value, const char* key, std::initializer_list<std::pair<const char*, E>> choices) {
@@ -172,7 +254,7 @@ std::array<std::int64_t, 2> pair_of(nb::handle value) {
 }
 
 // An int attribute: a Python int (or an object with __index__), never a str or a float.
-std::int64_t int_of(nb::handle value, const std::string& key) {
+std::int64_t int_of(nb::handle value, std::string_view key) {
     if (!PyIndex_Check(value.ptr()) || PyBool_Check(value.ptr()))
         throw nb::type_error(str(key, "= expects an int, got ", nb::cast<std::string>(nb::str(value.type()))).c_str());
     const Py_ssize_t v = PyNumber_AsSsize_t(value.ptr(), PyExc_OverflowError);
@@ -190,7 +272,14 @@ std::vector<std::int64_t> ints_of(nb::handle value) {
 OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs) {
     OpAttrs a;
     for (auto [key_handle, value] : kwargs) {
-        const std::string key = nb::cast<std::string>(key_handle);
+        // The key's UTF-8 view (cached in the str object): no std::string per keyword and call.
+        Py_ssize_t key_size = 0;
+        const char* key_text = PyUnicode_Check(key_handle.ptr()) ? PyUnicode_AsUTF8AndSize(key_handle.ptr(), &key_size) : nullptr;
+        if (key_text == nullptr) {
+            PyErr_Clear();
+            throw nb::type_error(str(def.name, "() keywords must be strings").c_str());
+        }
+        const std::string_view key(key_text, static_cast<std::size_t>(key_size));
         if (key == "scalar") a.scalar = nb::cast<double>(value);
         else if (key == "axes" || key == "dims") a.axes = ints_of(value);
         else if (key == "axis" || key == "dim") a.axis = int_of(value, key);
@@ -389,12 +478,104 @@ PyTensor unary(OpType op, const PyTensor& x, double scalar = 0.0) {
     return apply(op, {&x}, a);
 }
 
-PyTensor binary(OpType op, const PyTensor& a, const PyTensor& b) { return apply(op, {&a, &b}, {}); }
+PyTensor binary(OpType op, const PyTensor& a, const PyTensor& b) { return apply(op, {&a, &b}, no_attrs()); }
 
 PyTensor compare_scalar(OpType op, const PyTensor& a, double s) {
     const PyTensor b = scalar_like(a, s);
     return binary(op, a, b);
 }
+
+// ---- arithmetic operators as CPython number slots ----
+// `a + b` reaches these C functions directly: defining __add__ as a bound method instead made every
+// operator go through CPython's generic slot wrapper (a method lookup and a vectorcall) and nanobind's
+// overload resolution first, a large part of the per-op cost from Python. Each slot serves both operand
+// orders (CPython calls it for `tensor + x` and `x + tensor`) and returns NotImplemented for operands it
+// does not take, so Python then tries the other operand's method (a NumPy array's, for one).
+PyTypeObject* tensor_type = nullptr;
+
+const PyTensor* as_tensor(PyObject* o) {
+    if (Py_TYPE(o) != tensor_type && !PyType_IsSubtype(Py_TYPE(o), tensor_type)) return nullptr;
+    return nb::inst_ptr<PyTensor>(o);
+}
+
+// A Python or NumPy real scalar, bools included (not a sequence such as an array, not a tensor): what the
+// bound methods' float conversion took before.
+bool as_scalar(PyObject* o, double& value) {
+    if (!(PyFloat_Check(o) || PyLong_Check(o) || PyIndex_Check(o) ||
+          (Py_TYPE(o)->tp_as_number && Py_TYPE(o)->tp_as_number->nb_float && !PySequence_Check(o))))
+        return false;
+    value = PyFloat_AsDouble(o);
+    if (value == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return false;
+    }
+    return true;
+}
+
+enum class Arith { Add, Sub, Mul, Div, Matmul };
+
+PyTensor arith(Arith kind, const PyTensor& a, const PyTensor& b) {
+    switch (kind) {
+        case Arith::Add: return binary(OpType::Add, a, b);
+        case Arith::Sub: return binary(OpType::Sub, a, b);
+        case Arith::Mul: return binary(OpType::Mul, a, b);
+        case Arith::Div: return binary(OpType::Div, a, b);
+        case Arith::Matmul: break;
+    }
+    return binary(OpType::Matmul, a, b);
+}
+
+// tensor (op) scalar, or scalar (op) tensor when `reflected`.
+PyTensor arith_scalar(Arith kind, const PyTensor& t, double s, bool reflected) {
+    switch (kind) {
+        case Arith::Add: return unary(OpType::AddScalar, t, s);
+        case Arith::Mul: return unary(OpType::MulScalar, t, s);
+        case Arith::Sub:
+            if (!reflected) return unary(OpType::AddScalar, t, -s);
+            return unary(OpType::AddScalar, unary(OpType::Neg, t), s);
+        case Arith::Div:
+            if (reflected) return binary(OpType::Div, scalar_like(t, s), t);
+            if (s == 0.0) return binary(OpType::Div, t, scalar_like(t, s));
+            return unary(OpType::MulScalar, t, 1.0 / s);
+        case Arith::Matmul: break;
+    }
+    throw nb::type_error("matmul with a scalar");  // not reached: matmul takes tensors only
+}
+
+template <Arith kind>
+PyObject* arith_slot(PyObject* left, PyObject* right) noexcept {
+    try {
+        const PyTensor* a = as_tensor(left);
+        const PyTensor* b = as_tensor(right);
+        double s = 0;
+        enum { Tensors, TensorScalar, ScalarTensor } form;
+        if (a && b) form = Tensors;
+        else if (kind != Arith::Matmul && a && as_scalar(right, s)) form = TensorScalar;
+        else if (kind != Arith::Matmul && b && as_scalar(left, s)) form = ScalarTensor;
+        else Py_RETURN_NOTIMPLEMENTED;
+        // The result is built in the new instance's storage (no move); an op that throws leaves the
+        // instance unready, and dropping it then destroys nothing.
+        nb::object out = nb::inst_alloc(nb::handle(reinterpret_cast<PyObject*>(tensor_type)));
+        PyTensor* slot = nb::inst_ptr<PyTensor>(out);
+        if (form == Tensors) new (slot) PyTensor(arith(kind, *a, *b));
+        else if (form == TensorScalar) new (slot) PyTensor(arith_scalar(kind, *a, s, false));
+        else new (slot) PyTensor(arith_scalar(kind, *b, s, true));
+        nb::inst_mark_ready(out);
+        return out.release().ptr();
+    } catch (...) {
+        set_python_error_from_current_exception();
+        return nullptr;
+    }
+}
+
+PyType_Slot tensor_slots[] = {
+    {Py_nb_add, reinterpret_cast<void*>(&arith_slot<Arith::Add>)},
+    {Py_nb_subtract, reinterpret_cast<void*>(&arith_slot<Arith::Sub>)},
+    {Py_nb_multiply, reinterpret_cast<void*>(&arith_slot<Arith::Mul>)},
+    {Py_nb_true_divide, reinterpret_cast<void*>(&arith_slot<Arith::Div>)},
+    {Py_nb_matrix_multiply, reinterpret_cast<void*>(&arith_slot<Arith::Matmul>)},
+    {0, nullptr},
+};
 
 std::string tensor_repr(const PyTensor& t) {
     std::ostringstream out;
@@ -438,6 +619,7 @@ void run_backward(const PyTensor& t, std::optional<const PyTensor*> grad, bool r
     }
     BackwardOptions options;
     options.retain_graph = retain_graph;
+    t.graph->leaf_epoch = GraphBox::next_leaf_epoch();
     if (grad && *grad != nullptr) t.graph->graph.backward(t.var, (*grad)->data(), options);
     else t.graph->graph.backward(t.var, options);
     if (!retain_graph) retire_graph(t.graph);
@@ -476,7 +658,8 @@ void bind_tensor(nb::module_& m) {
         })
         .def("__hash__", [](const Device& d) { return static_cast<int>(d.kind) * 1000 + d.index; });
 
-    nb::class_<PyTensor> tensor(m, "Tensor");
+    nb::class_<PyTensor> tensor(m, "Tensor", nb::type_slots(tensor_slots));
+    tensor_type = reinterpret_cast<PyTypeObject*>(tensor.ptr());
     tensor.def(nb::init<>())
         // Tensor(other, requires_grad): shares other's storage; a leaf that requires grad shares other's
         // parameter state (nn.Parameter wraps layers' parameters this way).
@@ -602,28 +785,9 @@ void bind_tensor(nb::module_& m) {
         })
         .def("__hash__", [](nb::handle self) { return reinterpret_cast<std::intptr_t>(self.ptr()) >> 4; })
         // operators
-        .def("__add__", [](const PyTensor& a, const PyTensor& b) { return binary(OpType::Add, a, b); }, nb::is_operator())
-        .def("__add__", [](const PyTensor& a, double s) { return unary(OpType::AddScalar, a, s); }, nb::is_operator())
-        .def("__radd__", [](const PyTensor& a, double s) { return unary(OpType::AddScalar, a, s); }, nb::is_operator())
-        .def("__sub__", [](const PyTensor& a, const PyTensor& b) { return binary(OpType::Sub, a, b); }, nb::is_operator())
-        .def("__sub__", [](const PyTensor& a, double s) { return unary(OpType::AddScalar, a, -s); }, nb::is_operator())
-        .def("__rsub__", [](const PyTensor& a, double s) {
-            const PyTensor n = unary(OpType::Neg, a);
-            return unary(OpType::AddScalar, n, s);
-        }, nb::is_operator())
-        .def("__mul__", [](const PyTensor& a, const PyTensor& b) { return binary(OpType::Mul, a, b); }, nb::is_operator())
-        .def("__mul__", [](const PyTensor& a, double s) { return unary(OpType::MulScalar, a, s); }, nb::is_operator())
-        .def("__rmul__", [](const PyTensor& a, double s) { return unary(OpType::MulScalar, a, s); }, nb::is_operator())
-        .def("__truediv__", [](const PyTensor& a, const PyTensor& b) { return binary(OpType::Div, a, b); }, nb::is_operator())
-        .def("__truediv__", [](const PyTensor& a, double s) {
-            if (s == 0.0) return binary(OpType::Div, a, scalar_like(a, s));
-            return unary(OpType::MulScalar, a, 1.0 / s);
-        }, nb::is_operator())
-        .def("__rtruediv__", [](const PyTensor& a, double s) { return binary(OpType::Div, scalar_like(a, s), a); }, nb::is_operator())
         .def("__pow__", [](const PyTensor& a, double e) { return unary(OpType::PowScalar, a, e); }, nb::is_operator())
         .def("__neg__", [](const PyTensor& a) { return unary(OpType::Neg, a); })
         .def("__abs__", [](const PyTensor& a) { return unary(OpType::Abs, a); })
-        .def("__matmul__", [](const PyTensor& a, const PyTensor& b) { return binary(OpType::Matmul, a, b); }, nb::is_operator())
         .def("__eq__", [](const PyTensor& a, const PyTensor& b) { return binary(OpType::Eq, a, b); }, nb::is_operator())
         .def("__eq__", [](const PyTensor& a, double s) { return compare_scalar(OpType::Eq, a, s); }, nb::is_operator())
         .def("__ne__", [](const PyTensor& a, const PyTensor& b) { return binary(OpType::Ne, a, b); }, nb::is_operator())
@@ -638,18 +802,37 @@ void bind_tensor(nb::module_& m) {
         .def("__ge__", [](const PyTensor& a, double s) { return compare_scalar(OpType::Ge, a, s); }, nb::is_operator());
 
     // Every op of the table by its id: dyngrad/ops.py generates one function per row from op_table().
-    m.def("apply", [](int op_index, const std::vector<const PyTensor*>& inputs, const nb::dict& kwargs) {
+    // The inputs are read straight from the list (no std::vector per call for up to 8 inputs).
+    m.def("apply", [](int op_index, nb::handle input_list, const nb::dict& kwargs) {
         if (op_index <= 0 || op_index >= static_cast<int>(kOpTypeCount) ||
             static_cast<OpType>(op_index) == OpType::Custom)
             throw ValueError(str("apply: no op with index ", op_index));
         const OpType op = static_cast<OpType>(op_index);
         const OpDef& def = op_def(op);
-        for (std::size_t i = 0; i < inputs.size(); ++i)
-            if (inputs[i] == nullptr) throw nb::type_error(str(def.name, "(): input ", i, " is None").c_str());
-        if (!takes_input_count(def, static_cast<int>(inputs.size())))
-            throw nb::type_error(str(def.name, "() takes ", input_count_text(def), " tensor inputs, got ", inputs.size()).c_str());
-        return apply(op, inputs, parse_attrs(def, kwargs));
-    }, nb::arg("op"), nb::arg("inputs"), nb::arg("kwargs"));
+        if (!PyList_Check(input_list.ptr()) && !PyTuple_Check(input_list.ptr()))
+            throw nb::type_error(str(def.name, "(): the inputs must be a list of tensors, got ",
+                                     nb::cast<std::string>(nb::str(input_list.type())))
+                                     .c_str());
+        PyObject* const* items = PySequence_Fast_ITEMS(input_list.ptr());
+        const auto count = static_cast<std::size_t>(PySequence_Fast_GET_SIZE(input_list.ptr()));
+        std::array<const PyTensor*, 8> inline_inputs{};
+        std::vector<const PyTensor*> many;
+        if (count > inline_inputs.size()) many.resize(count);
+        const PyTensor** inputs = count > inline_inputs.size() ? many.data() : inline_inputs.data();
+        for (std::size_t i = 0; i < count; ++i) {
+            if (items[i] == Py_None) throw nb::type_error(str(def.name, "(): input ", i, " is None").c_str());
+            inputs[i] = as_tensor(items[i]);
+            if (inputs[i] == nullptr)
+                throw nb::type_error(str(def.name, "(): input ", i, " must be a dyngrad.Tensor, got ",
+                                         nb::cast<std::string>(nb::str(nb::handle(items[i]).type())))
+                                         .c_str());
+        }
+        if (!takes_input_count(def, static_cast<int>(count)))
+            throw nb::type_error(str(def.name, "() takes ", input_count_text(def), " tensor inputs, got ", count).c_str());
+        const std::span<const PyTensor* const> input_span(inputs, count);
+        if (PyDict_GET_SIZE(kwargs.ptr()) == 0 && op != OpType::Rnn) return apply(op, input_span, no_attrs());
+        return apply(op, input_span, parse_attrs(def, kwargs));
+    });  // positional only: nanobind's vectorcall then skips keyword matching
     m.def("op_table", [] {
         nb::list rows;
         for (const OpDef& def : op_table()) {

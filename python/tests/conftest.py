@@ -1,3 +1,5 @@
+import inspect
+
 import numpy as np
 import pytest
 
@@ -30,3 +32,13 @@ def cuda():
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+def line_of(marker):
+    """The line number of the line of the calling test file that holds `marker` (a comment on that line)."""
+    caller = inspect.getmodule(inspect.currentframe().f_back)
+    source, _ = inspect.getsourcelines(caller)
+    for i, text in enumerate(source):
+        if marker in text and "line_of(" not in text:
+            return i + 1
+    raise AssertionError(marker)

@@ -1,18 +1,9 @@
-import inspect
-
 import numpy as np
 import pytest
 
 import dyngrad as dg
 import dyngrad.functional as F
-
-
-def line_of(marker):
-    source, _ = inspect.getsourcelines(inspect.getmodule(line_of))
-    for i, text in enumerate(source):
-        if marker in text and "line_of(" not in text:
-            return i + 1
-    raise AssertionError(marker)
+from conftest import line_of
 
 
 def test_backward_matches_analytic(rng):

@@ -18,3 +18,11 @@ def test_stub_file_lists_the_module():
     missing = sorted(public - declared)
     assert not missing, f"names of dyngrad._core missing from {stub.name}: {missing}"
     assert (stub.parent / "py.typed").exists()
+
+
+def test_stub_types_the_operators():
+    """The arithmetic operators are number slots (no nanobind signature): python/stubs.pattern types them."""
+    text = Path(dg._core.__file__).with_name("_core.pyi").read_text()
+    for name in ("add", "radd", "sub", "rsub", "mul", "rmul", "truediv", "rtruediv"):
+        assert f"def __{name}__(self, other: Tensor | float, /) -> Tensor" in text, name
+    assert "def __matmul__(self, other: Tensor, /) -> Tensor" in text
