@@ -1,8 +1,8 @@
-// Optimizers, schedules, gradient clipping and checkpoints (nn/optim.h). CPU parameters are updated here
-// with Eigen, one tensor at a time; CUDA parameters are gathered per device and updated by the fused
-// multi-tensor kernels of nn/optim.cu. Both backends apply the same formulas in the same order
+// Optimizers, gradient clipping and checkpoints (nn/optim.h); the schedules: nn/schedules.cpp. CPU parameters
+// are updated here with Eigen, one tensor at a time; CUDA parameters are gathered per device and updated by the
+// fused multi-tensor kernels of nn/optim.cu. Both backends apply the same formulas in the same order
 // (nn/optim_kernels.h holds the per-step scalars they share).
-// Over 600 lines: three optimizers, two schedules, clipping and checkpoint state share the group machinery.
+// Over 600 lines: the optimizer base (groups, device tables, checkpoint state), SGD and Adam share its helpers.
 #include "dyngrad/nn/optim.h"
 
 #include <Eigen/Core>
@@ -15,56 +15,14 @@
 #include "dyngrad/core/device_memory.h"
 #include "dyngrad/nn/amp.h"
 #include "dyngrad/nn/optim_kernels.h"
+#include "dyngrad/nn/optim_shared.h"
 
 namespace dyngrad {
 
-struct Optimizer::DeviceTables {
-#if DYNGRAD_WITH_CUDA
-    // What the fused steps of one device read: the chunk table and the device-resident scalars.
-    struct OnDevice {
-        explicit OnDevice(int device) : table(device) {}
-        cuda::StepTable table;
-        Tensor lrs;       // f64 (groups)
-        Tensor steps;     // i64 (parameters): updates so far
-        Tensor arrivals;  // i64 (parameters): the kernels' per-launch chunk counters, zero between launches
-        cuda::StepState state(const Gate* gate) const {
-            cuda::StepState s;
-            s.lrs = lrs.data<double>();
-            s.steps = reinterpret_cast<long long*>(steps.data<std::int64_t>());
-            s.arrivals = reinterpret_cast<unsigned long long*>(arrivals.data<std::int64_t>());
-            if (gate != nullptr) {
-                s.inv_scale = gate->inv_scale.data<float>();
-                s.found_inf = gate->found_inf.data<float>();
-            }
-            return s;
-        }
-    };
-    std::map<int, OnDevice> by_device;
-
-    // Device `device`'s scalars, made from the host's values at the first GPU step there (host-to-device
-    // copies, so that first step cannot be captured).
-    OnDevice& on(int device, const std::vector<Group>& groups, const std::vector<std::int64_t>& steps,
-                 const char* optimizer) {
-        const auto found = by_device.find(device);
-        if (found != by_device.end()) return found->second;
-        cuda::refuse_in_capture(device, str(optimizer, "::step()").c_str(),
-                                "its first step on a device creates the device-resident lrs and step counts "
-                                "(host-to-device copies); run one step eagerly before capturing (CapturedStep's "
-                                "warm-up run does)");
-        std::vector<double> lrs;
-        for (const Group& group : groups) lrs.push_back(group.settings.lr);
-        const Device where = Device::cuda(device);
-        Tensor lr_values = Tensor::from_vector(lrs, {static_cast<std::int64_t>(lrs.size())}, DType::f64).to(where);
-        Tensor step_values = Tensor::from_vector(steps, {static_cast<std::int64_t>(steps.size())}).to(where);
-        Tensor arrivals = Tensor::zeros({static_cast<std::int64_t>(steps.size())}, DType::i64, where);
-        auto& on = by_device.try_emplace(device, device).first->second;
-        on.lrs = std::move(lr_values);
-        on.steps = std::move(step_values);
-        on.arrivals = std::move(arrivals);
-        return on;
-    }
-#endif
-};
+using optim_detail::check_no_extra;
+using optim_detail::check_non_negative;
+using optim_detail::entry;
+using optim_detail::type_entry;
 
 namespace {
 
@@ -86,14 +44,6 @@ const State& state_at(const std::vector<State>& states, std::size_t i, const cha
         throw IndexError(str(optimizer, ": parameter index ", i, " is out of range for ", states.size(),
                              " parameters"));
     return states[i];
-}
-
-// The one check of every optimizer's and schedule's hyperparameters (lr, momentum, weight decay, eps,
-// gamma, eta_min; set_lr too, so a schedule cannot step to an lr of inf): NaN and ±inf are refused with
-// the negative values. Betas are checked against [0, 1), which refuses them as well.
-void check_non_negative(const std::string& who, const char* what, double value) {
-    if (!(value >= 0) || !std::isfinite(value))
-        throw ValueError(str(who, ": ", what, " must be finite and non-negative, got ", value));
 }
 
 // The optimizer state of one parameter: zeros on first use; it follows the parameter when that moved or
@@ -150,9 +100,7 @@ void adam_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
 // ---- checkpoint entries ----
 
 constexpr const char* kOptimizerPrefix = "@optimizer.";
-constexpr const char* kSchedulePrefix = "@schedule.";
 constexpr const char* kOptimizerType = "dyngrad.optimizer";
-constexpr const char* kScheduleType = "dyngrad.schedule";
 // Columns of "@optimizer.settings", one row per group.
 constexpr std::int64_t kSettingColumns = 7;
 
@@ -165,7 +113,17 @@ GroupSettings settings_from_row(const double* row) {
             .beta1 = row[4], .beta2 = row[5], .eps = row[6]};
 }
 
-// The entry `key` of a checkpoint, with the dtype and shape it must have.
+}  // namespace
+
+// ---- shared with the schedules (nn/optim_shared.h) ----
+
+namespace optim_detail {
+
+void check_non_negative(const std::string& who, const char* what, double value) {
+    if (!(value >= 0) || !std::isfinite(value))
+        throw ValueError(str(who, ": ", what, " must be finite and non-negative, got ", value));
+}
+
 const Tensor& entry(const TensorMap& tensors, const std::string& key, DType dtype, const Shape& shape,
                     const std::string& source) {
     const auto found = tensors.find(key);
@@ -180,7 +138,6 @@ const Tensor& entry(const TensorMap& tensors, const std::string& key, DType dtyp
     return t;
 }
 
-// IoError for an entry under `prefix` that was not read (`used`): a checkpoint of another model or optimizer.
 void check_no_extra(const TensorMap& tensors, const std::string& prefix, const std::set<std::string>& used,
                     const std::string& source) {
     for (const auto& [key, value] : tensors)
@@ -197,7 +154,7 @@ const std::string& type_entry(const SafetensorsMetadata& metadata, const char* k
     return found->second;
 }
 
-}  // namespace
+}  // namespace optim_detail
 
 // ---- Optimizer ----
 
@@ -629,170 +586,6 @@ AdamW::AdamW(std::vector<Parameter> parameters, const AdamOptions& options)
     : Adam(one_group(std::move(parameters)), options, true) {}
 
 AdamW::AdamW(std::vector<ParamGroup> groups, const AdamOptions& defaults) : Adam(std::move(groups), defaults, true) {}
-
-// ---- schedules ----
-
-// A schedule's epoch counter and base lrs on each device where its optimizer keeps device scalars.
-struct LRScheduler::DeviceEpochs {
-#if DYNGRAD_WITH_CUDA
-    struct OnDevice {
-        Tensor epoch;     // i64 (1)
-        Tensor base_lrs;  // f64 (groups)
-    };
-    std::map<int, OnDevice> by_device;
-
-    // Made from the host's values at the schedule's first step on `device` (host-to-device copies).
-    OnDevice& on(int device, std::int64_t epoch, const std::vector<double>& base_lrs, const char* schedule) {
-        const auto found = by_device.find(device);
-        if (found != by_device.end()) return found->second;
-        cuda::refuse_in_capture(device, str(schedule, "::step()").c_str(),
-                                "its first step after the optimizer's first GPU step creates its device epoch "
-                                "(a host-to-device copy); run one step eagerly before capturing");
-        const Device where = Device::cuda(device);
-        OnDevice fresh{Tensor::from_vector(std::vector<std::int64_t>{epoch}, {1}).to(where),
-                       Tensor::from_vector(base_lrs, {static_cast<std::int64_t>(base_lrs.size())}, DType::f64).to(where)};
-        return by_device.emplace(device, std::move(fresh)).first->second;
-    }
-#endif
-};
-
-LRScheduler::LRScheduler(Optimizer& optimizer) : optimizer_(optimizer), devices_(std::make_shared<DeviceEpochs>()) {
-    for (std::size_t g = 0; g < optimizer.group_count(); ++g) base_lrs_.push_back(optimizer.lr(g));
-}
-
-std::int64_t LRScheduler::epoch() const {
-#if DYNGRAD_WITH_CUDA
-    if (!devices_->by_device.empty())
-        epoch_ = devices_->by_device.begin()->second.epoch.to(Device::cpu()).data<std::int64_t>()[0];
-#endif
-    return epoch_;
-}
-
-std::vector<std::pair<std::string, Tensor>> LRScheduler::device_scalars() const {
-    std::vector<std::pair<std::string, Tensor>> out;
-#if DYNGRAD_WITH_CUDA
-    for (const auto& [device, on] : devices_->by_device) out.emplace_back(str("epoch.cuda", device), on.epoch);
-#endif
-    return out;
-}
-
-void LRScheduler::apply_current_epoch() {
-    for (std::size_t g = 0; g < base_lrs_.size(); ++g) optimizer_.set_lr(g, lr_for(base_lrs_[g], epoch_));
-}
-
-LRScheduler::~LRScheduler() = default;
-
-double LRScheduler::lr_at(std::int64_t epoch, std::size_t group) const {
-    if (group >= base_lrs_.size())
-        throw IndexError(str(name(), ": parameter group ", group, " does not exist (", base_lrs_.size(), " groups)"));
-    return lr_for(base_lrs_[group], epoch);
-}
-
-void LRScheduler::step() {
-    // The host mirror (the truth for CPU parameters; on a GPU the device epoch is, as replays advance it).
-    ++epoch_;
-    for (std::size_t g = 0; g < base_lrs_.size(); ++g) optimizer_.set_host_lr(g, lr_for(base_lrs_[g], epoch_));
-#if DYNGRAD_WITH_CUDA
-    const std::optional<ScheduleRule> rule = device_rule();
-    const auto groups = static_cast<std::int64_t>(base_lrs_.size());
-    for (auto& [device, scalars] : optimizer_.tables_->by_device) {
-        if (!rule) {
-            cuda::refuse_in_capture(device, str(name(), "::step()").c_str(),
-                                    "this schedule has no device rule (device_rule()): its lr is computed on the host, "
-                                    "and a replay would repeat the captured value");
-            for (std::int64_t g = 0; g < groups; ++g)
-                device_memory::fill(scalars.lrs.data<double>() + g, 1, optimizer_.groups_[g].settings.lr, DType::f64,
-                                    device);
-            continue;
-        }
-        auto& on = devices_->on(device, epoch_ - 1, base_lrs_, name());
-        cuda::schedule_step(device, *rule, on.base_lrs.data<double>(), groups,
-                            reinterpret_cast<long long*>(on.epoch.data<std::int64_t>()), scalars.lrs.data<double>());
-    }
-#endif
-}
-
-void LRScheduler::save_state(TensorMap& tensors, SafetensorsMetadata& metadata) const {
-    const std::string prefix = kSchedulePrefix;
-    metadata[kScheduleType] = name();
-    tensors[prefix + "epoch"] = Tensor::from_vector(std::vector<std::int64_t>{epoch()}, {1});
-    tensors[prefix + "base_lrs"] =
-        Tensor::from_vector(base_lrs_, {static_cast<std::int64_t>(base_lrs_.size())}, DType::f64);
-}
-
-std::function<void()> LRScheduler::stage_state(const TensorMap& tensors, const SafetensorsMetadata& metadata,
-                                               const std::string& source) {
-    const std::string& type = type_entry(metadata, kScheduleType, "schedule", source);
-    if (type != name())
-        throw ValueError(str("checkpoint '", source, "' holds the state of a ", type, " schedule, not of ", name()));
-    const std::string prefix = kSchedulePrefix;
-    const std::int64_t epoch = entry(tensors, prefix + "epoch", DType::i64, {1}, source).data<std::int64_t>()[0];
-    if (epoch < 0) throw ValueError(str("checkpoint '", source, "': ", name(), " epoch ", epoch, " is negative"));
-    const Tensor& bases = entry(tensors, prefix + "base_lrs", DType::f64,
-                                {static_cast<std::int64_t>(base_lrs_.size())}, source);
-    std::vector<double> new_bases(bases.data<double>(), bases.data<double>() + bases.numel());
-    for (const double base : new_bases) check_non_negative(str("checkpoint '", source, "': ", name()), "base lr", base);
-    check_no_extra(tensors, prefix, {prefix + "epoch", prefix + "base_lrs"}, source);
-    return [this, epoch, new_bases = std::move(new_bases)]() mutable {
-        epoch_ = epoch;
-        base_lrs_ = std::move(new_bases);
-#if DYNGRAD_WITH_CUDA
-        for (auto& [device, on] : devices_->by_device) {  // in place: captured steps read these addresses
-            on.epoch.copy_from(Tensor::from_vector(std::vector<std::int64_t>{epoch_}, {1}));
-            on.base_lrs.copy_from(
-                Tensor::from_vector(base_lrs_, {static_cast<std::int64_t>(base_lrs_.size())}, DType::f64));
-        }
-#endif
-    };
-}
-
-void LRScheduler::load_state(const TensorMap& tensors, const SafetensorsMetadata& metadata,
-                             const std::string& source) {
-    stage_state(tensors, metadata, source)();
-}
-
-StepLR::StepLR(Optimizer& optimizer, std::int64_t step_size, double gamma)
-    : LRScheduler(optimizer), step_size_(step_size), gamma_(gamma) {
-    if (step_size <= 0) throw ValueError(str("StepLR: step_size must be positive, got ", step_size));
-    check_non_negative("StepLR", "gamma", gamma);
-}
-
-double StepLR::lr_for(double base_lr, std::int64_t epoch) const { return schedule_lr(*device_rule(), base_lr, epoch); }
-
-std::optional<ScheduleRule> StepLR::device_rule() const {
-    return ScheduleRule{.kind = ScheduleKind::Step, .n1 = step_size_, .x = gamma_};
-}
-
-CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, std::int64_t t_max, double eta_min)
-    : LRScheduler(optimizer), t_max_(t_max), eta_min_(eta_min) {
-    if (t_max <= 0) throw ValueError(str("CosineAnnealingLR: T_max must be positive, got ", t_max));
-    check_non_negative("CosineAnnealingLR", "eta_min", eta_min);
-}
-
-double CosineAnnealingLR::lr_for(double base_lr, std::int64_t epoch) const {
-    return schedule_lr(*device_rule(), base_lr, epoch);
-}
-
-std::optional<ScheduleRule> CosineAnnealingLR::device_rule() const {
-    return ScheduleRule{.kind = ScheduleKind::Cosine, .n1 = t_max_, .x = eta_min_};
-}
-
-WarmupCosineLR::WarmupCosineLR(Optimizer& optimizer, std::int64_t warmup_steps, std::int64_t total_steps,
-                               double min_lr)
-    : LRScheduler(optimizer),
-      rule_{.kind = ScheduleKind::WarmupCosine, .n1 = warmup_steps, .n2 = total_steps, .x = min_lr} {
-    if (warmup_steps < 0)
-        throw ValueError(str("WarmupCosineLR: warmup_steps must be non-negative, got ", warmup_steps));
-    if (total_steps <= warmup_steps)
-        throw ValueError(str("WarmupCosineLR: total_steps (", total_steps, ") must be above warmup_steps (",
-                             warmup_steps, "): total ", total_steps, " <= warmup ", warmup_steps));
-    check_non_negative("WarmupCosineLR", "min_lr", min_lr);
-    apply_current_epoch();
-}
-
-double WarmupCosineLR::lr_for(double base_lr, std::int64_t epoch) const { return schedule_lr(rule_, base_lr, epoch); }
-
-std::optional<ScheduleRule> WarmupCosineLR::device_rule() const { return rule_; }
 
 // ---- gradient clipping ----
 

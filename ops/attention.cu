@@ -2,6 +2,7 @@
 // arithmetic (float32 and float64; described here) and, for float32 on sm_80+, tensor-core kernels in 3xTF32
 // (namespace tc below; chosen by attention_gpu_path()). CPU reference: ops/attention.cpp; the contract (mask,
 // dropout, empty rows): ops/attention.h.
+// Over 600 lines: one fused op's SIMT and tensor-core kernel sets, sharing its parameters, masking, dropout and launches.
 //
 // Forward (one block per TILE queries of one (b, h) slice): the queries stay in shared memory, key/value tiles
 // stream through it, each row keeps a running max m and sum l (online softmax) and rescales its output

@@ -301,9 +301,8 @@ Tensor cross_entropy_forward(const ForwardArgs& args) {
     const std::int64_t classes = logits.size(1);
     const std::int64_t ignore_index = args.attrs.ignore_index;
     check_labels(labels, classes, ignore_index);
-    Tensor loss = Tensor::empty(args.out.shape, args.out.dtype, logits.device());
-    Tensor lse = Tensor::empty({n}, logits.dtype(), logits.device());
-    Tensor sums = Tensor::empty({2}, DType::f64, logits.device());
+    math::ClassLossForward f = math::class_loss_forward_outputs(args);
+    Tensor &loss = f.loss, &lse = f.lse, &sums = f.sums;
     dispatch_floating(logits.dtype(), "cross_entropy", [&]<typename T>() {
         const ConstArrayMap<T> X(logits.data<T>(), n, classes);
         const T* w = weighted ? args.inputs[2].data<T>() : nullptr;
@@ -341,8 +340,6 @@ Tensor cross_entropy_forward(const ForwardArgs& args) {
         sums.data<double>()[0] = denominator;
         sums.data<double>()[1] = weight_sum;
     });
-    args.saved.push_back(sums);
-    if (!nll) args.saved.push_back(lse);
     return loss;
 }
 
@@ -409,9 +406,7 @@ Tensor mse_loss_forward(const ForwardArgs& args) {
 std::vector<Tensor> mse_loss_backward(const BackwardArgs& args) {
     const Tensor& prediction = args.inputs[0];
     const Tensor& target = args.inputs[1];
-    std::vector<Tensor> grads(2);
-    for (std::size_t i = 0; i < 2; ++i)
-        if (args.needs_grad[i]) grads[i] = Tensor::empty(prediction.shape(), prediction.dtype(), prediction.device());
+    std::vector<Tensor> grads = math::point_loss_gradients(args);  // d prediction, d target where needed
     dispatch_floating(prediction.dtype(), "mse_loss backward", [&]<typename T>() {
         const std::int64_t n = prediction.numel();
         const Eigen::Map<const ColumnArray<T>> P(prediction.data<T>(), n);

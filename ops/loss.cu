@@ -270,14 +270,11 @@ Tensor cross_entropy_forward(const ForwardArgs& args) {
     const Reduction reduction = args.attrs.reduction;
     const std::int64_t rows = logits.size(0);
     const std::int64_t classes = logits.size(1);
-    Tensor loss = Tensor::empty(args.out.shape, args.out.dtype, logits.device());
-    Tensor lse = Tensor::empty({rows}, logits.dtype(), logits.device());
-    Tensor sums = Tensor::empty({2}, DType::f64, logits.device());
+    math::ClassLossForward f = math::class_loss_forward_outputs(args);
+    Tensor &loss = f.loss, &lse = f.lse, &sums = f.sums;
     if (rows == 0 || classes == 0) {  // infer::cross_entropy rejects empty logits
         loss.fill(std::numeric_limits<double>::quiet_NaN());
         sums.fill(0.0);
-        args.saved.push_back(sums);
-        if (!nll) args.saved.push_back(lse);
         return loss;
     }
     DeviceContext& ctx = context_for(logits);
@@ -309,8 +306,6 @@ Tensor cross_entropy_forward(const ForwardArgs& args) {
                                                                     sums.data<double>());
         DG_CUDA_CHECK_LAUNCH();
     });
-    args.saved.push_back(sums);
-    if (!nll) args.saved.push_back(lse);
     return loss;
 }
 
@@ -369,9 +364,7 @@ Tensor mse_loss_forward(const ForwardArgs& args) {
 std::vector<Tensor> mse_loss_backward(const BackwardArgs& args) {
     const Tensor& prediction = args.inputs[0];
     const Tensor& target = args.inputs[1];
-    std::vector<Tensor> grads(2);
-    for (std::size_t i = 0; i < 2; ++i)
-        if (args.needs_grad[i]) grads[i] = Tensor::empty(prediction.shape(), prediction.dtype(), prediction.device());
+    std::vector<Tensor> grads = math::point_loss_gradients(args);  // d prediction, d target where needed
     const std::int64_t n = prediction.numel();
     if (n == 0 || (!grads[0].defined() && !grads[1].defined())) return grads;
     DeviceContext& ctx = context_for(prediction);

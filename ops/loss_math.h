@@ -88,7 +88,8 @@ template <typename T> PointLossInputs<T> point_loss_inputs(std::span<const Tenso
     return in;
 }
 
-// A pointwise loss's gradients, allocated like input 0 for the inputs that need one: d input 0 and d target.
+// A pointwise loss's (mse_loss's too) gradients, allocated like input 0 for the inputs that need one: d input 0
+// and d target.
 // bce's weight and pos_weight get none (as in PyTorch): ValueError when one is asked for.
 inline std::vector<Tensor> point_loss_gradients(const BackwardArgs& args) {
     const Tensor& a = args.inputs[0];
@@ -100,6 +101,22 @@ inline std::vector<Tensor> point_loss_gradients(const BackwardArgs& args) {
     for (std::size_t i = 0; i < 2; ++i)
         if (args.needs_grad[i]) grads[i] = Tensor::empty(a.shape(), a.dtype(), a.device());
     return grads;
+}
+
+// cross_entropy / nll_loss forward: the loss, cross_entropy's log-sum-exp per row (N) and the sums [D, W] (f64),
+// saved for the backward here (sums, then cross_entropy's lse); each backend fills them.
+struct ClassLossForward {
+    Tensor loss, lse, sums;
+};
+
+inline ClassLossForward class_loss_forward_outputs(const ForwardArgs& args) {
+    const Tensor& logits = args.inputs[0];
+    ClassLossForward f{Tensor::empty(args.out.shape, args.out.dtype, logits.device()),
+                       Tensor::empty({logits.size(0)}, logits.dtype(), logits.device()),
+                       Tensor::empty({2}, DType::f64, logits.device())};
+    args.saved.push_back(f.sums);
+    if (args.op != OpType::NllLoss) args.saved.push_back(f.lse);
+    return f;
 }
 
 // cross_entropy / nll_loss backward: whether dlogits is wanted. The labels and class weights get no gradient
