@@ -19,12 +19,22 @@ namespace {
 #define DG_CUDA_KERNELS_FORWARD(forward, backward) BackendKernels{cuda::forward, backward}
 // Kernels written once for every backend (in namespace dyngrad), on top of per-backend primitives.
 #define DG_CUDA_KERNELS_SHARED(forward, backward) BackendKernels{forward, backward}
+// CUDA kernels that take bf16/f16 themselves (BackendKernels::native_reduced): no conversion through f32.
+#define DG_CUDA_KERNELS_NATIVE(forward, backward) BackendKernels{cuda::forward, cuda::backward, true}
+#define DG_CUDA_KERNELS_FORWARD_NATIVE(forward, backward) BackendKernels{cuda::forward, backward, true}
+#define DG_CUDA_KERNELS_SHARED_NATIVE(forward, backward) BackendKernels{forward, backward, true}
 #else
 #define DG_CUDA_KERNELS(forward, backward) \
     BackendKernels {}
 #define DG_CUDA_KERNELS_FORWARD(forward, backward) \
     BackendKernels {}
 #define DG_CUDA_KERNELS_SHARED(forward, backward) \
+    BackendKernels {}
+#define DG_CUDA_KERNELS_NATIVE(forward, backward) \
+    BackendKernels {}
+#define DG_CUDA_KERNELS_FORWARD_NATIVE(forward, backward) \
+    BackendKernels {}
+#define DG_CUDA_KERNELS_SHARED_NATIVE(forward, backward) \
     BackendKernels {}
 #endif
 
@@ -98,6 +108,14 @@ std::vector<OpCase> pow_cases() {
     return cases;
 }
 std::vector<OpCase> kink_cases() { return unary_cases(D::AwayFromZero); }
+// Cases that every check can run: the checks pick the input dtype (f64 finite differences, f32 vs f64, bf16/f16
+// through tests/test_reduced_precision.cpp), the target here is float64, exact from every dtype, so the finite
+// differences see no rounding. Conversions to bf16/f16/f32 are checked by tests/test_reduced_precision.cpp.
+std::vector<OpCase> cast_cases() {
+    OpAttrs to_f64;
+    to_f64.dtype = DType::f64;
+    return unary_cases(D::Any, to_f64);
+}
 std::vector<OpCase> leaky_relu_cases() { return unary_cases(D::AwayFromZero, scalar_attr(0.1)); }
 std::vector<OpCase> elu_cases() { return unary_cases(D::AwayFromZero, scalar_attr(1.3)); }
 std::vector<OpCase> clipped_relu_cases() { return unary_cases(D::AwayFromZero, scalar_attr(1.1)); }
@@ -553,7 +571,9 @@ constexpr BackendKernels kCpuClassLoss{cpu::cross_entropy_forward, cpu::cross_en
 constexpr BackendKernels kCudaClassLoss = DG_CUDA_KERNELS(cross_entropy_forward, cross_entropy_backward);
 constexpr BackendKernels kCpuPointLoss{cpu::pointwise_loss_forward, cpu::pointwise_loss_backward};
 constexpr BackendKernels kCudaPointLoss = DG_CUDA_KERNELS(pointwise_loss_forward, pointwise_loss_backward);
-constexpr BackendKernels kReshape{reshape_forward, reshape_backward};
+// Metadata only, or Tensor::to on every backend: every dtype natively.
+constexpr BackendKernels kReshape{reshape_forward, reshape_backward, true};
+constexpr BackendKernels kCast{cast_forward, cast_backward, true};
 constexpr BackendKernels kCpuPool{cpu::pool2d_forward, cpu::pool2d_backward};
 constexpr BackendKernels kCpuSelect{cpu::select_forward, cpu::select_backward};
 constexpr BackendKernels kCudaSelect = DG_CUDA_KERNELS(select_forward, select_backward);
@@ -597,6 +617,7 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::Sin, "sin", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases},
     {OpType::Cos, "cos", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases},
     {OpType::Clamp, "clamp", 1, infer::same_as_first, kCpuUnary, kCudaUnary, clamp_cases},
+    {OpType::Cast, "cast", 1, infer::cast, kCast, kCast, cast_cases},
     {OpType::Relu, "relu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, kink_cases},
     {OpType::LeakyRelu, "leaky_relu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, leaky_relu_cases},
     {OpType::Elu, "elu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, elu_cases},
@@ -638,7 +659,8 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::MaxPool2d, "max_pool2d", 1, infer::pool2d, kCpuPool, kCudaPool, pool2d_cases},
     {OpType::AvgPool2d, "avg_pool2d", 1, infer::pool2d, kCpuPool, kCudaPool, pool2d_cases},
     {OpType::BatchNorm, "batch_norm", 5, infer::batch_norm, {cpu::batch_norm_forward, cpu::batch_norm_backward},
-     DG_CUDA_KERNELS(batch_norm_forward, batch_norm_backward), batch_norm_cases},
+     DG_CUDA_KERNELS(batch_norm_forward, batch_norm_backward), batch_norm_cases, 0, true,
+     /*updates_inputs=*/(1u << 3) | (1u << 4)},  // running_mean, running_var
     {OpType::Dropout, "dropout", 2, infer::dropout, {cpu::dropout_forward, cpu::dropout_backward},
      DG_CUDA_KERNELS(dropout_forward, dropout_backward), dropout_cases, /*optional_inputs=*/1},  // the seed tensor
     {OpType::LayerNorm, "layer_norm", 3, infer::row_norm, kCpuRowNorm, kCudaRowNorm, layer_norm_cases,

@@ -16,12 +16,17 @@
 
 #include "dyngrad/core/dtype.h"
 #include "dyngrad/core/error.h"
+#include "dyngrad/cuda/element_convert.cuh"  // convert_element<To>(From): any floating type to any other
 #include "dyngrad/ops/host_device.h"
 
 namespace dyngrad {
 
 template <typename T>
 inline constexpr bool is_reduced_gpu_type_v = std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>;
+
+// Tensor::data<T>() with the GPU element types.
+template <> constexpr DType dtype_of<__nv_bfloat16>() { return DType::bf16; }
+template <> constexpr DType dtype_of<__half>() { return DType::f16; }
 
 // The type a kernel of element type T computes and accumulates in.
 template <typename T>
@@ -47,29 +52,6 @@ DG_HOST_DEVICE T from_acc(acc_t<T> x) {
         return __float2half_rn(x);
     else
         return x;
-}
-
-// From any GPU floating type to any other, rounding once to nearest even (double -> bf16/f16 directly, never
-// through float, which would round twice). The cast op's kernel.
-template <typename To, typename From>
-DG_HOST_DEVICE To convert_element(From x) {
-    if constexpr (std::is_same_v<To, From>) {
-        return x;
-    } else if constexpr (std::is_same_v<From, double>) {
-        if constexpr (std::is_same_v<To, __nv_bfloat16>)
-            return __double2bfloat16(x);
-        else if constexpr (std::is_same_v<To, __half>)
-            return __double2half(x);
-        else
-            return static_cast<To>(x);
-    } else {
-        // From is float, __nv_bfloat16 or __half: widen exactly to float (or it is float), then round once.
-        const float wide = to_acc(x);
-        if constexpr (std::is_same_v<To, double>)
-            return static_cast<double>(wide);
-        else
-            return from_acc<To>(wide);
-    }
 }
 
 // The CUDA element type of a dyngrad dtype (cuBLAS/cuDNN descriptors).
