@@ -563,9 +563,11 @@ constexpr BackendKernels kCpuUnary{cpu::unary_forward, cpu::unary_backward};
 constexpr BackendKernels kCpuBinary{cpu::binary_forward, cpu::binary_backward};
 constexpr BackendKernels kCpuReduce{cpu::reduce_forward, cpu::reduce_backward};
 constexpr BackendKernels kCpuSoftmax{cpu::softmax_forward, cpu::softmax_backward};
-constexpr BackendKernels kCudaUnary = DG_CUDA_KERNELS(unary_forward, unary_backward);
-constexpr BackendKernels kCudaBinary = DG_CUDA_KERNELS(binary_forward, binary_backward);
-constexpr BackendKernels kCudaReduce = DG_CUDA_KERNELS(reduce_forward, reduce_backward);
+// Native bf16/f16 on the GPU (BackendKernels::native_reduced): elementwise, comparisons, selection, reductions
+// and layout. Everything else (and every CPU kernel but the byte copies) runs through f32 (graph/through_f32.h).
+constexpr BackendKernels kCudaUnary = DG_CUDA_KERNELS_NATIVE(unary_forward, unary_backward);
+constexpr BackendKernels kCudaBinary = DG_CUDA_KERNELS_NATIVE(binary_forward, binary_backward);
+constexpr BackendKernels kCudaReduce = DG_CUDA_KERNELS_NATIVE(reduce_forward, reduce_backward);
 constexpr BackendKernels kCudaSoftmax = DG_CUDA_KERNELS(softmax_forward, softmax_backward);
 constexpr BackendKernels kCpuClassLoss{cpu::cross_entropy_forward, cpu::cross_entropy_backward};
 constexpr BackendKernels kCudaClassLoss = DG_CUDA_KERNELS(cross_entropy_forward, cross_entropy_backward);
@@ -576,7 +578,7 @@ constexpr BackendKernels kReshape{reshape_forward, reshape_backward, true};
 constexpr BackendKernels kCast{cast_forward, cast_backward, true};
 constexpr BackendKernels kCpuPool{cpu::pool2d_forward, cpu::pool2d_backward};
 constexpr BackendKernels kCpuSelect{cpu::select_forward, cpu::select_backward};
-constexpr BackendKernels kCudaSelect = DG_CUDA_KERNELS(select_forward, select_backward);
+constexpr BackendKernels kCudaSelect = DG_CUDA_KERNELS_NATIVE(select_forward, select_backward);
 constexpr BackendKernels kCudaPool = DG_CUDA_KERNELS(pool2d_forward, pool2d_backward);
 constexpr BackendKernels kCpuRowNorm{cpu::row_norm_forward, cpu::row_norm_backward};
 constexpr BackendKernels kCudaRowNorm = DG_CUDA_KERNELS(row_norm_forward, row_norm_backward);
@@ -584,8 +586,8 @@ constexpr BackendKernels kCudaRowNorm = DG_CUDA_KERNELS(row_norm_forward, row_no
 constexpr BackendKernels kCpuCompare{cpu::binary_forward, nullptr};
 constexpr BackendKernels kArgReduce{arg_reduce_forward, nullptr};  // every backend, through max's kernels
 #if DYNGRAD_WITH_CUDA
-constexpr BackendKernels kCudaCompare{cuda::binary_forward, nullptr};
-constexpr BackendKernels kCudaArgReduce = kArgReduce;
+constexpr BackendKernels kCudaCompare{cuda::binary_forward, nullptr, true};
+constexpr BackendKernels kCudaArgReduce{arg_reduce_forward, nullptr, true};  // neg and max: native on the GPU
 #else
 constexpr BackendKernels kCudaCompare{};
 constexpr BackendKernels kCudaArgReduce{};
@@ -633,12 +635,12 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::Linear, "linear", 3, infer::linear, {cpu::linear_forward, cpu::linear_backward},
      DG_CUDA_KERNELS(linear_forward, linear_backward), linear_cases},
     {OpType::Transpose, "transpose", 1, infer::transpose, {cpu::transpose_forward, cpu::transpose_backward},
-     DG_CUDA_KERNELS(transpose_forward, transpose_backward), transpose_cases},
+     DG_CUDA_KERNELS_NATIVE(transpose_forward, transpose_backward), transpose_cases},
     {OpType::Reshape, "reshape", 1, infer::reshape, kReshape, kReshape, reshape_cases},
     {OpType::Sum, "sum", 1, infer::reduce_axes, kCpuReduce, kCudaReduce, reduce_cases},
     {OpType::Mean, "mean", 1, infer::reduce_axes, kCpuReduce, kCudaReduce, reduce_cases},
     {OpType::Max, "max", 1, infer::reduce_axis, {cpu::max_forward, cpu::max_backward},
-     DG_CUDA_KERNELS(max_forward, max_backward), max_cases},
+     DG_CUDA_KERNELS_NATIVE(max_forward, max_backward), max_cases},
     {OpType::ArgMax, "argmax", 1, infer::arg_reduce, kArgReduce, kCudaArgReduce, arg_reduce_cases, 0, kNotDifferentiable},
     {OpType::ArgMin, "argmin", 1, infer::arg_reduce, kArgReduce, kCudaArgReduce, arg_reduce_cases, 0, kNotDifferentiable},
     {OpType::Softmax, "softmax", 1, infer::along_axis, kCpuSoftmax, kCudaSoftmax, softmax_cases},
@@ -669,14 +671,15 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      /*optional_inputs=*/1},
     // Custom ops carry their own definitions (graph/custom_op.h); op_def(op, attrs) finds them.
     {OpType::Custom, "custom", 0, nullptr, {}, {}, no_cases},
-    {OpType::Narrow, "narrow", 1, infer::narrow, {narrow_forward, narrow_backward},
-     DG_CUDA_KERNELS_SHARED(narrow_forward, narrow_backward), narrow_cases},
-    {OpType::Concat, "concat", kVariadic, infer::concat, {concat_forward, concat_backward},
-     DG_CUDA_KERNELS_SHARED(concat_forward, concat_backward), concat_cases},
+    // narrow, concat: byte copies by element size on both backends, so every dtype natively
+    {OpType::Narrow, "narrow", 1, infer::narrow, {narrow_forward, narrow_backward, true},
+     DG_CUDA_KERNELS_SHARED_NATIVE(narrow_forward, narrow_backward), narrow_cases},
+    {OpType::Concat, "concat", kVariadic, infer::concat, {concat_forward, concat_backward, true},
+     DG_CUDA_KERNELS_SHARED_NATIVE(concat_forward, concat_backward), concat_cases},
     {OpType::Permute, "permute", 1, infer::permute, {cpu::permute_forward, cpu::permute_backward},
-     DG_CUDA_KERNELS(permute_forward, permute_backward), permute_cases},
+     DG_CUDA_KERNELS_NATIVE(permute_forward, permute_backward), permute_cases},
     {OpType::Expand, "expand", 1, infer::expand, {cpu::expand_forward, expand_backward},
-     DG_CUDA_KERNELS_FORWARD(expand_forward, expand_backward), expand_cases},
+     DG_CUDA_KERNELS_FORWARD_NATIVE(expand_forward, expand_backward), expand_cases},
     {OpType::Embedding, "embedding", 2, infer::embedding, {cpu::embedding_forward, cpu::embedding_backward},
      DG_CUDA_KERNELS(embedding_forward, embedding_backward), embedding_cases},
     {OpType::Gather, "gather", 2, infer::gather, {cpu::gather_forward, cpu::gather_backward},
