@@ -676,9 +676,10 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      DG_CUDA_KERNELS_SHARED_NATIVE(narrow_forward, narrow_backward), narrow_cases},
     {OpType::Concat, "concat", kVariadic, infer::concat, {concat_forward, concat_backward, true},
      DG_CUDA_KERNELS_SHARED_NATIVE(concat_forward, concat_backward), concat_cases},
-    {OpType::Permute, "permute", 1, infer::permute, {cpu::permute_forward, cpu::permute_backward},
+    // permute, expand: copies by element size on both backends too
+    {OpType::Permute, "permute", 1, infer::permute, {cpu::permute_forward, cpu::permute_backward, true},
      DG_CUDA_KERNELS_NATIVE(permute_forward, permute_backward), permute_cases},
-    {OpType::Expand, "expand", 1, infer::expand, {cpu::expand_forward, expand_backward},
+    {OpType::Expand, "expand", 1, infer::expand, {cpu::expand_forward, expand_backward, true},
      DG_CUDA_KERNELS_FORWARD_NATIVE(expand_forward, expand_backward), expand_cases},
     {OpType::Embedding, "embedding", 2, infer::embedding, {cpu::embedding_forward, cpu::embedding_backward},
      DG_CUDA_KERNELS(embedding_forward, embedding_backward), embedding_cases},
