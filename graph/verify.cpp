@@ -239,7 +239,8 @@ CheckResult gpu_vs_cpu_check(const OpDef& def, const OpCase& op_case, Generator&
             ComputeGraph warm;
             const Var y = run_on_device(warm, nullptr);
             // A non-differentiable op's output (an int64 argmax) gets no backward; verify() still wants a seed of its dtype.
-            weights = y.requires_grad() ? Tensor::normal(y.shape(), 0.0, 1.0, gen, DType::f32).to(device)
+            // In the output's dtype: float32, but cast's is its target dtype.
+            weights = y.requires_grad() ? Tensor::normal(y.shape(), 0.0, 1.0, gen, DType::f32).to(y.dtype()).to(device)
                                         : Tensor::zeros(y.shape(), y.dtype(), device);
             ComputeGraph warm_backward;
             run_on_device(warm_backward, &weights);
