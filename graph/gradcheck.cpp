@@ -34,6 +34,21 @@ CheckResult start_result(const OpDef& def, const OpCase& c, const char* check, d
     return r;
 }
 
+// Runs `compare` (which folds the compared tensors into r) and decides r.pass by r.tolerance; anything it throws
+// fails the check with the message as its detail.
+template <typename Compare>
+CheckResult run_check(CheckResult r, Compare&& compare) {
+    try {
+        compare(r);
+        r.pass = r.max_rel_err <= r.tolerance;
+    } catch (const std::exception& e) {
+        r.pass = false;
+        r.max_rel_err = std::numeric_limits<double>::infinity();
+        r.detail = str("threw: ", e.what());
+    }
+    return r;
+}
+
 // Folds one compared tensor into the result, remembering the worst.
 void compare_into(CheckResult& r, const std::string& what, const Tensor& actual, const Tensor& reference) {
     const double rel = relative_norm_error(actual, reference);
@@ -176,8 +191,7 @@ OpRun run_op(const OpDef& def, const OpCase& c, const std::vector<Tensor>& input
 }
 
 CheckResult finite_difference_check(const OpDef& def, const OpCase& c, Generator& gen, double tolerance) {
-    CheckResult r = start_result(def, c, "finite_diff", tolerance);
-    try {
+    return run_check(start_result(def, c, "finite_diff", tolerance), [&](CheckResult& r) {
         std::vector<Tensor> inputs = make_case_inputs(c, DType::f64, gen);
         const Tensor probe = run_op(def, c, inputs, Tensor()).output;
         // L = Σ w·y with random w: every output element matters (Σ softmax alone would be constant).
@@ -199,18 +213,11 @@ CheckResult finite_difference_check(const OpDef& def, const OpCase& c, Generator
             }
             compare_into(r, str("d input", i), analytic.grads[i], numeric);
         }
-        r.pass = r.max_rel_err <= tolerance;
-    } catch (const std::exception& e) {
-        r.pass = false;
-        r.max_rel_err = std::numeric_limits<double>::infinity();
-        r.detail = str("threw: ", e.what());
-    }
-    return r;
+    });
 }
 
 CheckResult float32_check(const OpDef& def, const OpCase& c, Generator& gen, double tolerance) {
-    CheckResult r = start_result(def, c, "f32_vs_f64", tolerance);
-    try {
+    return run_check(start_result(def, c, "f32_vs_f64", tolerance), [&](CheckResult& r) {
         const std::vector<Tensor> inputs64 = make_case_inputs(c, DType::f64, gen);
         std::vector<Tensor> inputs32;
         for (const Tensor& t : inputs64) inputs32.push_back(is_floating(t.dtype()) ? t.to(DType::f32) : t);
@@ -226,13 +233,7 @@ CheckResult float32_check(const OpDef& def, const OpCase& c, Generator& gen, dou
         compare_into(r, "output", single.output, reference.output);
         for (std::size_t i = 0; i < inputs32.size(); ++i)
             if (reference.grads[i].defined()) compare_into(r, str("d input", i), single.grads[i], reference.grads[i]);
-        r.pass = r.max_rel_err <= tolerance;
-    } catch (const std::exception& e) {
-        r.pass = false;
-        r.max_rel_err = std::numeric_limits<double>::infinity();
-        r.detail = str("threw: ", e.what());
-    }
-    return r;
+    });
 }
 
 double unit_roundoff(DType dtype) {
@@ -257,8 +258,8 @@ double reduced_precision_tolerance(const OpDef& def, DType dtype) {
 
 CheckResult reduced_precision_check(const OpDef& def, const OpCase& c, Generator& gen, DType dtype, double tolerance,
                                     Device device) {
-    CheckResult r = start_result(def, c, dtype == DType::bf16 ? "bf16_vs_f64" : "f16_vs_f64", tolerance);
-    try {
+    const char* check = dtype == DType::bf16 ? "bf16_vs_f64" : "f16_vs_f64";
+    return run_check(start_result(def, c, check, tolerance), [&](CheckResult& r) {
         if (!is_reduced_precision(dtype))
             throw DTypeError(str("reduced_precision_check: expects bfloat16 or float16, got ", dtype_name(dtype)));
         const std::vector<Tensor> inputs64 = make_case_inputs(c, DType::f64, gen);
@@ -284,13 +285,7 @@ CheckResult reduced_precision_check(const OpDef& def, const OpCase& c, Generator
                                      ", its input ", dtype_name(reduced[i].dtype())));
             compare_into(r, str("d input", i), low.grads[i], exact.grads[i]);
         }
-        r.pass = r.max_rel_err <= tolerance;
-    } catch (const std::exception& e) {
-        r.pass = false;
-        r.max_rel_err = std::numeric_limits<double>::infinity();
-        r.detail = str("threw: ", e.what());
-    }
-    return r;
+    });
 }
 
 }  // namespace dyngrad

@@ -2,6 +2,7 @@
 // f32 (graph/through_f32.h), and the CPU has none, so every op-table row takes that path here. Each case in bf16
 // and f16 is compared with the float64 run from the same rounded inputs (reduced_precision_check), within the
 // dtype's tolerance (reduced_precision_tolerance). Also the cast op, mixed-dtype errors and the engine helpers.
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -9,6 +10,7 @@
 #include <limits>
 
 #include "catch.h"
+#include "check_reporting.h"
 #include "dyngrad/dyngrad.h"
 
 using namespace dyngrad;
@@ -16,19 +18,11 @@ using namespace dyngrad;
 namespace {
 
 std::uint64_t seed_base() {
-    static const std::uint64_t base = [] {
-        const char* env = std::getenv("DYNGRAD_TEST_SEED");
-        const std::uint64_t value = env ? std::strtoull(env, nullptr, 10) : 20251125;
-        std::cout << "test_reduced_precision: seed base " << value << " (set DYNGRAD_TEST_SEED to change)" << std::endl;
-        return value;
-    }();
+    static const std::uint64_t base = dgtest::seed_base("test_reduced_precision", 20251125);
     return base;
 }
 
-std::string describe_result(const CheckResult& r) {
-    return str(r.check, " of ", r.op, " '", r.case_label, "' shapes ", r.shapes, ": max rel err ", r.max_rel_err,
-               " (tolerance ", r.tolerance, "), max abs err ", r.max_abs_err, ", ", r.detail);
-}
+using dgtest::describe_result;
 
 }  // namespace
 
