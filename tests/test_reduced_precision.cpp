@@ -119,6 +119,46 @@ TEST_CASE("a bf16 graph: values and gradients stay in bf16, the engine accumulat
     }
 }
 
+namespace {
+// A user op written for float32/float64 only (dispatch_floating): the engine runs it through f32 for bf16/f16.
+OutputSpec cube_shape(OpType, std::span<const Tensor> in, const OpAttrs&) { return {in[0].shape(), in[0].dtype()}; }
+Tensor cube_forward(const ForwardArgs& args) {
+    return dispatch_floating(args.out.dtype, "cube", [&]<typename T>() {
+        Tensor y = Tensor::empty(args.out.shape, args.out.dtype);
+        const T* x = args.inputs[0].data<T>();
+        for (std::int64_t i = 0; i < y.numel(); ++i) y.data<T>()[i] = x[i] * x[i] * x[i];
+        return y;
+    });
+}
+std::vector<Tensor> cube_backward(const BackwardArgs& args) {
+    return dispatch_floating(args.grad_output.dtype(), "cube", [&]<typename T>() {
+        Tensor dx = Tensor::empty(args.inputs[0].shape(), args.inputs[0].dtype());
+        const T* x = args.inputs[0].data<T>();
+        const T* dy = args.grad_output.data<T>();
+        for (std::int64_t i = 0; i < dx.numel(); ++i) dx.data<T>()[i] = T(3) * x[i] * x[i] * dy[i];
+        return std::vector<Tensor>{dx};
+    });
+}
+std::vector<OpCase> cube_cases() { return {{"matrix", {{5, 6}}, {}, {}}, {"scalar", {{}}, {}, {}}}; }
+}  // namespace
+
+TEST_CASE("a user-defined op with float32/float64 kernels only runs in bf16 and f16 through f32",
+          "[reduced][custom]") {
+    static const CustomOp cube = CustomOp::define(
+        {.name = "cube_f32_only", .arity = 1, .infer = cube_shape, .cpu = {cube_forward, cube_backward},
+         .cases = cube_cases});
+    for (const OpCase& op_case : cube_cases()) {
+        for (const DType dtype : {DType::bf16, DType::f16}) {
+            INFO(op_case.label << " " << dtype_name(dtype));
+            Generator gen(seed_base() + 5);
+            const CheckResult r = reduced_precision_check(cube.def(), op_case, gen, dtype,
+                                                          reduced_precision_tolerance(cube.def(), dtype));
+            INFO(describe_result(r));
+            CHECK(r.pass);
+        }
+    }
+}
+
 TEST_CASE("batch_norm's running statistics in bf16 are updated through f32", "[reduced][engine]") {
     Generator gen(seed_base() + 3);
     const Tensor x = Tensor::normal({8, 3}, 2.0, 1.0, gen, DType::bf16);
