@@ -68,6 +68,7 @@ std::string optional_attrs(const OpAttrs& a) {
     if (a.label_smoothing != 0) out += str(", \"label_smoothing\": ", number(a.label_smoothing));
     if (a.is_causal) out += ", \"is_causal\": true";
     if (a.attention_scale) out += str(", \"attention_scale\": ", number(*a.attention_scale));
+    if (a.dtype != DType::f32) out += str(", \"dtype\": ", quoted(std::string(dtype_name(a.dtype))));
     return out;
 }
 

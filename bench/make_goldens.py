@@ -252,6 +252,7 @@ REFERENCES = {
     "sin": unary(lambda x, a: torch.sin(x)),
     "cos": unary(lambda x, a: torch.cos(x)),
     "clamp": unary(lambda x, a: torch.clamp(x, min=a.get("clamp_min"), max=a.get("clamp_max"))),
+    "cast": unary(lambda x, a: x.to(getattr(torch, a.get("dtype", "float32")))),
     "relu": unary(lambda x, a: torch.relu(x)),
     "leaky_relu": unary(lambda x, a: F.leaky_relu(x, negative_slope=a["scalar"])),
     "elu": unary(lambda x, a: F.elu(x, alpha=a["scalar"])),

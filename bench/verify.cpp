@@ -4,8 +4,13 @@
 //   f32_vs_f64   float32 CPU output and gradients vs float64                       (tolerance 1e-5)
 //   gpu_vs_cpu   float32 on cuda:0 vs the float64 CPU replay, timed on both sides  (tolerance 1e-5)
 //                only when a CUDA device is present
+//   gpu_bf16     bfloat16 on cuda:0 (inputs rounded to bf16) vs float64 on the CPU from the same rounded inputs
+//   gpu_f16      the same in float16; tolerance reduced_precision_tolerance: 4 unit roundoffs of the dtype
+//                (bf16 2^-8, f16 2^-11) times the op's conditioning (graph/gradcheck.h); only with a device,
+//                followed by a table of the worst error per op and dtype
 // Exit status: 0 when every check passed, 1 when any failed, 2 for a usage error.
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -34,13 +39,18 @@ constexpr double kFloat32Tolerance = 1e-5;
 constexpr double kGpuTolerance = 1e-5;
 
 const char* const kUsage =
-    "usage: dyngrad-verify [--op NAME[,NAME...]]... [--json FILE] [--seed N] [--list] [--help]\n"
+    "usage: dyngrad-verify [--op NAME[,NAME...]]... [--dtype all|f32|bf16|f16] [--json FILE] [--seed N] [--list]\n"
+    "                      [--help]\n"
     "\n"
     "Checks every op of the op table on each of its cases:\n"
     "  finite_diff  float64 gradients vs central differences (CPU), tolerance 1e-6\n"
     "  f32_vs_f64   float32 output and gradients vs float64 (CPU), tolerance 1e-5\n"
     "  gpu_vs_cpu   float32 on cuda:0 vs the float64 CPU replay, tolerance 1e-5 (with a CUDA device)\n"
+    "  gpu_bf16     bfloat16 on cuda:0 vs float64 on the CPU from the same rounded inputs, tolerance 4 x 2^-8\n"
+    "  gpu_f16      float16 likewise, tolerance 4 x 2^-11 (both with a CUDA device; skipped, and said so, without)\n"
     "\n"
+    "  --dtype D    only the checks of one dtype: f32 (finite_diff, f32_vs_f64, gpu_vs_cpu), bf16 or f16\n"
+    "               (default all)\n"
     "  --op NAME    only these ops (repeatable or comma-separated; --list shows the names)\n"
     "  --json FILE  also write every result and the summary to FILE as JSON\n"
     "  --seed N     seed of the random inputs (default 1234); each op/case/check draws from its own\n"
@@ -51,8 +61,12 @@ const char* const kUsage =
 
 using cli::UsageError;
 
+// Which dtype columns run (--dtype).
+enum class DTypeColumns { All, F32, BF16, F16 };
+
 struct Options {
     std::set<std::string> ops;  // empty: every op
+    DTypeColumns dtypes = DTypeColumns::All;
     std::string json_path;
     std::uint64_t seed = kDefaultSeed;
     bool list = false;
@@ -62,6 +76,7 @@ struct Options {
 struct Row {
     CheckResult result;
     bool gpu = false;  // a gpu_vs_cpu row: carries timings
+    DType dtype = DType::f32;  // gpu_bf16 / gpu_f16 rows: theirs
 };
 
 // ---- command line ----
@@ -96,10 +111,22 @@ void add_op_names(Options& options, std::string_view list) {
 }
 
 Options parse_args(int argc, char** argv) {
-    const cli::Arguments args(argc, argv, {.flags = {"--list"}, .options = {"--op", "--json", "--seed"},
+    const cli::Arguments args(argc, argv, {.flags = {"--list"}, .options = {"--op", "--json", "--seed", "--dtype"},
                                            .repeatable = {"--op"}});
     Options options;
     for (const std::string& list : args.values("--op")) add_op_names(options, list);
+    if (const auto dtype = args.value("--dtype")) {
+        if (*dtype == "all")
+            options.dtypes = DTypeColumns::All;
+        else if (*dtype == "f32")
+            options.dtypes = DTypeColumns::F32;
+        else if (*dtype == "bf16")
+            options.dtypes = DTypeColumns::BF16;
+        else if (*dtype == "f16")
+            options.dtypes = DTypeColumns::F16;
+        else
+            throw UsageError(str("--dtype: expects all, f32, bf16 or f16, got '", *dtype, "'"));
+    }
     if (const auto json = args.value("--json")) options.json_path = cli::output_file("--json", *json);
     if (const auto seed = args.value("--seed"))
         options.seed = static_cast<std::uint64_t>(cli::parse_int("--seed", *seed, 0));
@@ -115,15 +142,29 @@ Generator generator_for(std::uint64_t seed, const OpDef& def, const OpCase& op_c
     return Generator(seed_for_name(seed, str(def.name, '/', op_case.label, '/', check)));
 }
 
-std::vector<Row> run_checks(const OpDef& def, const OpCase& op_case, std::uint64_t seed, bool gpu) {
+std::vector<Row> run_checks(const OpDef& def, const OpCase& op_case, std::uint64_t seed, bool gpu,
+                            DTypeColumns dtypes) {
     std::vector<Row> rows;
-    Generator fd_gen = generator_for(seed, def, op_case, "finite_diff");
-    rows.push_back({finite_difference_check(def, op_case, fd_gen, kFiniteDiffTolerance), false});
-    Generator f32_gen = generator_for(seed, def, op_case, "f32_vs_f64");
-    rows.push_back({float32_check(def, op_case, f32_gen, kFloat32Tolerance), false});
-    if (gpu) {
-        Generator gpu_gen = generator_for(seed, def, op_case, "gpu_vs_cpu");
-        rows.push_back({gpu_vs_cpu_check(def, op_case, gpu_gen, kGpuTolerance), true});
+    if (dtypes == DTypeColumns::All || dtypes == DTypeColumns::F32) {
+        Generator fd_gen = generator_for(seed, def, op_case, "finite_diff");
+        rows.push_back({finite_difference_check(def, op_case, fd_gen, kFiniteDiffTolerance), false});
+        Generator f32_gen = generator_for(seed, def, op_case, "f32_vs_f64");
+        rows.push_back({float32_check(def, op_case, f32_gen, kFloat32Tolerance), false});
+        if (gpu) {
+            Generator gpu_gen = generator_for(seed, def, op_case, "gpu_vs_cpu");
+            rows.push_back({gpu_vs_cpu_check(def, op_case, gpu_gen, kGpuTolerance), true});
+        }
+    }
+    if (!gpu) return rows;  // the reduced-precision columns are GPU columns (the header says they are skipped)
+    for (const DType dtype : {DType::bf16, DType::f16}) {
+        if (dtypes != DTypeColumns::All && dtypes != (dtype == DType::bf16 ? DTypeColumns::BF16 : DTypeColumns::F16))
+            continue;
+        const char* check = dtype == DType::bf16 ? "gpu_bf16" : "gpu_f16";
+        Generator gen = generator_for(seed, def, op_case, check);
+        CheckResult r = reduced_precision_check(def, op_case, gen, dtype, reduced_precision_tolerance(def, dtype),
+                                                Device::cuda(0));
+        r.check = check;
+        rows.push_back({std::move(r), false, dtype});
     }
     return rows;
 }
@@ -237,6 +278,35 @@ void print_summary(const Summary& s) {
     std::printf("%s\n", s.failed() == 0 ? "ALL PASS" : "FAILED");
 }
 
+// The worst error per op in each reduced dtype (gpu_bf16 / gpu_f16 rows), in units of the tolerance too.
+void print_reduced_table(const std::vector<Row>& rows) {
+    struct Cell {
+        double err = -1, tolerance = 0;
+    };
+    std::vector<std::pair<std::string, std::array<Cell, 2>>> table;
+    for (const Row& row : rows) {
+        if (!is_reduced_precision(row.dtype)) continue;
+        auto it = std::find_if(table.begin(), table.end(), [&](const auto& e) { return e.first == row.result.op; });
+        if (it == table.end()) it = table.insert(table.end(), {row.result.op, {}});
+        Cell& cell = it->second[row.dtype == DType::bf16 ? 0 : 1];
+        if (!(row.result.max_rel_err <= cell.err)) cell.err = row.result.max_rel_err;
+        cell.tolerance = row.result.tolerance;
+    }
+    if (table.empty()) return;
+    std::printf("\nreduced precision on the GPU: worst relative-norm error per op (output and gradients)\n");
+    std::printf("%-32s %11s %11s %11s %11s\n", "op", "bf16 err", "bf16 tol", "f16 err", "f16 tol");
+    for (const auto& [op, cells] : table) {
+        std::printf("%-32s", op.c_str());
+        for (const Cell& c : cells) {
+            if (c.err < 0)
+                std::printf(" %11s %11s", "-", "-");
+            else
+                std::printf(" %11.2e %11.2e", c.err, c.tolerance);
+        }
+        std::printf("\n");
+    }
+}
+
 // ---- JSON ----
 
 std::string json_string(std::string_view text) {
@@ -276,7 +346,8 @@ void write_result(std::ostream& out, const Row& row) {
     out << "{\"op\": " << json_string(r.op) << ", \"case\": " << json_string(r.case_label)
         << ", \"shapes\": " << json_string(r.shapes) << ", \"check\": " << json_string(r.check)
         << ", \"max_rel_err\": " << json_number(r.max_rel_err) << ", \"max_abs_err\": " << json_number(r.max_abs_err)
-        << ", \"tolerance\": " << json_number(r.tolerance) << ", \"pass\": " << json_bool(r.pass);
+        << ", \"tolerance\": " << json_number(r.tolerance) << ", \"pass\": " << json_bool(r.pass)
+        << ", \"dtype\": " << json_string(dtype_name(is_reduced_precision(row.dtype) ? row.dtype : DType::f32));
     if (row.gpu)
         out << ", \"gpu_ms\": " << json_number(r.gpu_ms) << ", \"cpu_ms\": " << json_number(r.cpu_ms)
             << ", \"speedup\": " << json_number(r.gpu_ms > 0 ? r.cpu_ms / r.gpu_ms : 0.0);
@@ -369,8 +440,8 @@ int run(const Options& options) {
     if (info.cuda)
         std::printf("device: %s  cpu: %s\n", info.device.c_str(), info.cpu.c_str());
     else
-        std::printf("device: %s  (no CUDA device: %s; gpu_vs_cpu checks skipped)\n", info.cpu.c_str(),
-                    cuda_compiled() ? "none found" : "CUDA backend not compiled in");
+        std::printf("device: %s  (no CUDA device: %s; gpu_vs_cpu, gpu_bf16 and gpu_f16 checks skipped)\n",
+                    info.cpu.c_str(), cuda_compiled() ? "none found" : "CUDA backend not compiled in");
     std::printf("\n");
 
     // Every fused kernel's first use per shape is also compared with its unfused composition (a disagreement
@@ -384,7 +455,7 @@ int run(const Options& options) {
         if (!options.ops.empty() && !options.ops.contains(def->name)) continue;
         ++ops_run;
         for (const OpCase& op_case : def->cases()) {
-            for (Row& row : run_checks(*def, op_case, options.seed, info.cuda)) {
+            for (Row& row : run_checks(*def, op_case, options.seed, info.cuda, options.dtypes)) {
                 print_row(row, info.cuda);
                 rows.push_back(std::move(row));
             }
@@ -393,6 +464,9 @@ int run(const Options& options) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const Summary summary = summarize(rows, ops_run, seconds);
     print_fusion_checks(fusion_check_results());
+    print_reduced_table(rows);
+    if (!info.cuda && options.dtypes != DTypeColumns::F32)
+        std::printf("\nreduced precision (gpu_bf16, gpu_f16): SKIPPED, no CUDA device\n");
     print_summary(summary);
 
     if (json.is_open()) {

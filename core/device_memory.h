@@ -19,6 +19,8 @@ void deallocate(void* ptr, std::size_t bytes, int device) noexcept;
 void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes);
 // Fills n elements of `dtype` on `device` with `value`.
 void fill(void* dst, std::int64_t n, double value, DType dtype, int device);
+// n elements of floating `src_dtype` on `device` converted to floating `dst_dtype` (round to nearest even).
+void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::int64_t n, int device);
 // Number of usable devices (0 when there is no driver, no device or no backend).
 int device_count();
 

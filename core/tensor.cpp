@@ -314,6 +314,11 @@ Tensor Tensor::to(DType target) const {
     if (!defined()) throw ValueError("to(): tensor is undefined");
     if (target == dtype_) return *this;
     const Device where = device();
+    if (where.is_cuda() && is_floating(dtype_) && is_floating(target)) {  // one kernel on the device
+        Tensor converted = empty(shape_, target, where);
+        device_memory::convert(converted.raw_data(), target, raw_data(), dtype_, numel_, where.index);
+        return converted;
+    }
     const Tensor host = to(Device::cpu());
     Tensor converted = empty(shape_, target, Device::cpu());
     const std::string what = str("to(", dtype_name(target), ")");

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "dyngrad/cuda/context_owner.h"
+#include "dyngrad/cuda/element_convert.cuh"
 #include "dyngrad/cuda/runtime.h"
 
 namespace dyngrad::cuda {
@@ -166,6 +167,45 @@ void fill(void* dst, std::int64_t n, double value, DType dtype, int device) {
         case DType::f16: return launch_fill_element<std::uint16_t>(ctx, dst, n, to_float16(value).bits);
     }
     throw DTypeError(str("fill: unknown dtype code ", static_cast<int>(dtype)));
+}
+
+namespace {
+
+// dst[i] = convert(src[i]) for i < n (grid-stride)
+template <typename To, typename From>
+__global__ void convert_kernel(To* __restrict__ dst, const From* __restrict__ src, std::int64_t n) {
+    const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+        dst[i] = convert_element<To>(src[i]);
+}
+
+// Calls fn.template operator()<T>() with the GPU element type of a floating dtype.
+template <typename Fn>
+void dispatch_element_type(DType dtype, Fn&& fn) {
+    switch (dtype) {
+        case DType::f32: return fn.template operator()<float>();
+        case DType::f64: return fn.template operator()<double>();
+        case DType::bf16: return fn.template operator()<__nv_bfloat16>();
+        case DType::f16: return fn.template operator()<__half>();
+        case DType::i64: break;
+    }
+    throw DTypeError(str("dtype conversion on the GPU: expects float32, float64, bfloat16 or float16, got ",
+                         dtype_name(dtype)));
+}
+
+}  // namespace
+
+void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::int64_t n, int device) {
+    if (n <= 0) return;
+    const DeviceContext& ctx = context(device);
+    dispatch_element_type(dst_dtype, [&]<typename To>() {
+        dispatch_element_type(src_dtype, [&]<typename From>() {
+            const unsigned blocks = grid_size(ctx, n, kFillThreads);
+            convert_kernel<To, From><<<blocks, kFillThreads, 0, ctx.stream>>>(static_cast<To*>(dst),
+                                                                              static_cast<const From*>(src), n);
+            DG_CUDA_CHECK_LAUNCH();
+        });
+    });
 }
 
 void* allocate_pinned(std::size_t bytes) {

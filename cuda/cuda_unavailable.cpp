@@ -21,6 +21,9 @@ void copy(void*, Device dst, const void*, Device src, std::size_t) {
 void fill(void*, std::int64_t, double, DType, int device) {
     unavailable(str("fill on ", Device::cuda(device).to_string()).c_str());
 }
+void convert(void*, DType, const void*, DType, std::int64_t, int device) {
+    unavailable(str("dtype conversion on ", Device::cuda(device).to_string()).c_str());
+}
 int device_count() { return 0; }
 std::string device_name(int) { unavailable("cuda::device_name"); }
 MemoryStats memory_stats(int) { unavailable("cuda::memory_stats"); }

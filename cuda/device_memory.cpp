@@ -14,6 +14,9 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, std:
 void fill(void* dst, std::int64_t n, double value, DType dtype, int device) {
     cuda::fill(dst, n, value, dtype, device);
 }
+void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::int64_t n, int device) {
+    cuda::convert(dst, dst_dtype, src, src_dtype, n, device);
+}
 int device_count() { return cuda::device_count(); }
 
 }  // namespace dyngrad::device_memory

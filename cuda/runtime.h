@@ -20,6 +20,9 @@ void deallocate(void* ptr, std::size_t bytes, int device) noexcept;
 void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes);
 // Fills n elements of `dtype` with `value`.
 void fill(void* dst, std::int64_t n, double value, DType dtype, int device);
+// n elements of floating `src_dtype` converted to floating `dst_dtype`, rounding to nearest even; one kernel
+// on the device's stream (capturable: no allocation, no sync).
+void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::int64_t n, int device);
 // Number of CUDA devices usable by the runtime (0 when there is no driver or device).
 int device_count();
 

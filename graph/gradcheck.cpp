@@ -19,6 +19,11 @@ std::string shapes_text(const OpCase& c) {
     return out;
 }
 
+// How much an op's formulas amplify the rounding of its inputs and output beyond the few u of one rounding:
+// 1 for most ops. Set from the measured errors (docs/verification.md), never to hide a wrong kernel: a wrong
+// formula is off by O(1), far above 8 u x this.
+double reduced_precision_conditioning(OpType) { return 1.0; }
+
 CheckResult start_result(const OpDef& def, const OpCase& c, const char* check, double tolerance) {
     CheckResult r;
     r.op = def.name;
@@ -26,6 +31,21 @@ CheckResult start_result(const OpDef& def, const OpCase& c, const char* check, d
     r.shapes = shapes_text(c);
     r.check = check;
     r.tolerance = tolerance;
+    return r;
+}
+
+// Runs `compare` (which folds the compared tensors into r) and decides r.pass by r.tolerance; anything it throws
+// fails the check with the message as its detail.
+template <typename Compare>
+CheckResult run_check(CheckResult r, Compare&& compare) {
+    try {
+        compare(r);
+        r.pass = r.max_rel_err <= r.tolerance;
+    } catch (const std::exception& e) {
+        r.pass = false;
+        r.max_rel_err = std::numeric_limits<double>::infinity();
+        r.detail = str("threw: ", e.what());
+    }
     return r;
 }
 
@@ -171,8 +191,7 @@ OpRun run_op(const OpDef& def, const OpCase& c, const std::vector<Tensor>& input
 }
 
 CheckResult finite_difference_check(const OpDef& def, const OpCase& c, Generator& gen, double tolerance) {
-    CheckResult r = start_result(def, c, "finite_diff", tolerance);
-    try {
+    return run_check(start_result(def, c, "finite_diff", tolerance), [&](CheckResult& r) {
         std::vector<Tensor> inputs = make_case_inputs(c, DType::f64, gen);
         const Tensor probe = run_op(def, c, inputs, Tensor()).output;
         // L = Σ w·y with random w: every output element matters (Σ softmax alone would be constant).
@@ -194,18 +213,11 @@ CheckResult finite_difference_check(const OpDef& def, const OpCase& c, Generator
             }
             compare_into(r, str("d input", i), analytic.grads[i], numeric);
         }
-        r.pass = r.max_rel_err <= tolerance;
-    } catch (const std::exception& e) {
-        r.pass = false;
-        r.max_rel_err = std::numeric_limits<double>::infinity();
-        r.detail = str("threw: ", e.what());
-    }
-    return r;
+    });
 }
 
 CheckResult float32_check(const OpDef& def, const OpCase& c, Generator& gen, double tolerance) {
-    CheckResult r = start_result(def, c, "f32_vs_f64", tolerance);
-    try {
+    return run_check(start_result(def, c, "f32_vs_f64", tolerance), [&](CheckResult& r) {
         const std::vector<Tensor> inputs64 = make_case_inputs(c, DType::f64, gen);
         std::vector<Tensor> inputs32;
         for (const Tensor& t : inputs64) inputs32.push_back(is_floating(t.dtype()) ? t.to(DType::f32) : t);
@@ -215,17 +227,65 @@ CheckResult float32_check(const OpDef& def, const OpCase& c, Generator& gen, dou
         const Tensor probe = run_op(def, c, reference_inputs, Tensor()).output;
         const Tensor weights64 = Tensor::normal(probe.shape(), 0.0, 1.0, gen, DType::f32).to(DType::f64);
         const OpRun reference = run_op(def, c, reference_inputs, weights64);
-        const OpRun single = run_op(def, c, inputs32, weights64.to(DType::f32));
+        // The output gradient in the single run's output dtype (float32, but cast's is its target dtype).
+        const DType single_out = run_op(def, c, inputs32, Tensor()).output.dtype();
+        const OpRun single = run_op(def, c, inputs32, weights64.to(is_floating(single_out) ? single_out : DType::f32));
         compare_into(r, "output", single.output, reference.output);
         for (std::size_t i = 0; i < inputs32.size(); ++i)
             if (reference.grads[i].defined()) compare_into(r, str("d input", i), single.grads[i], reference.grads[i]);
-        r.pass = r.max_rel_err <= tolerance;
-    } catch (const std::exception& e) {
-        r.pass = false;
-        r.max_rel_err = std::numeric_limits<double>::infinity();
-        r.detail = str("threw: ", e.what());
+    });
+}
+
+double unit_roundoff(DType dtype) {
+    switch (dtype) {
+        case DType::bf16: return std::ldexp(1.0, -8);
+        case DType::f16: return std::ldexp(1.0, -11);
+        case DType::f32: return std::ldexp(1.0, -24);
+        case DType::f64: return std::ldexp(1.0, -53);
+        default: break;
     }
-    return r;
+    throw DTypeError(str("unit_roundoff: ", dtype_name(dtype), " is not a floating dtype"));
+}
+
+double reduced_precision_tolerance(const OpDef& def, DType dtype) {
+    // One rounding of the output (and of each gradient) is at most 1/2 ulp = 1 u per element, so at most 1 u in
+    // relative norm; a backward that reads the rounded output or output gradient (exp, tanh, softmax) adds about
+    // 1 u more. Measured on the CPU path through f32 over every op-table case: below 1 u for every op in bf16 and
+    // f16 (docs/verification.md, "Per-dtype columns"). 4 u leaves a factor 2 for GPU kernels' f32 math and
+    // summation order; a wrong formula is off by O(1), far above it.
+    return 4 * unit_roundoff(dtype) * reduced_precision_conditioning(def.op);
+}
+
+CheckResult reduced_precision_check(const OpDef& def, const OpCase& c, Generator& gen, DType dtype, double tolerance,
+                                    Device device) {
+    const char* check = dtype == DType::bf16 ? "bf16_vs_f64" : "f16_vs_f64";
+    return run_check(start_result(def, c, check, tolerance), [&](CheckResult& r) {
+        if (!is_reduced_precision(dtype))
+            throw DTypeError(str("reduced_precision_check: expects bfloat16 or float16, got ", dtype_name(dtype)));
+        const std::vector<Tensor> inputs64 = make_case_inputs(c, DType::f64, gen);
+        std::vector<Tensor> reduced, reference;
+        for (const Tensor& t : inputs64) {
+            const Tensor rounded = is_floating(t.dtype()) ? t.to(dtype) : t;
+            reduced.push_back(rounded.to(device));
+            reference.push_back(is_floating(t.dtype()) ? rounded.to(DType::f64) : t);
+        }
+        const Tensor probe = run_op(def, c, reference, Tensor()).output;
+        // The output gradient in the low run's output dtype (cast's is not `dtype`), from values `dtype` holds.
+        const Tensor weights = Tensor::normal(probe.shape(), 0.0, 1.0, gen, DType::f64).to(dtype).to(DType::f64);
+        const DType low_output_dtype = run_op(def, c, reduced, Tensor()).output.dtype();
+        const OpRun exact = run_op(def, c, reference, weights);
+        const OpRun low = run_op(def, c, reduced, weights.to(low_output_dtype).to(device));
+        if (is_floating(probe.dtype()) && def.op != OpType::Cast && low.output.dtype() != dtype)
+            throw DTypeError(str("the output is ", dtype_name(low.output.dtype()), ", expected ", dtype_name(dtype)));
+        compare_into(r, "output", low.output, exact.output);
+        for (std::size_t i = 0; i < reduced.size(); ++i) {
+            if (!exact.grads[i].defined()) continue;
+            if (low.grads[i].dtype() != reduced[i].dtype())
+                throw DTypeError(str("the gradient of input ", i, " is ", dtype_name(low.grads[i].dtype()),
+                                     ", its input ", dtype_name(reduced[i].dtype())));
+            compare_into(r, str("d input", i), low.grads[i], exact.grads[i]);
+        }
+    });
 }
 
 }  // namespace dyngrad

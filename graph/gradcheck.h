@@ -54,4 +54,16 @@ CheckResult finite_difference_check(const OpDef& def, const OpCase& op_case, Gen
                                     double tolerance = 1e-6);
 CheckResult float32_check(const OpDef& def, const OpCase& op_case, Generator& gen, double tolerance = 1e-5);
 
+// The unit roundoff of a floating dtype, 2^-(mantissa bits + 1): bf16 2^-8, f16 2^-11, f32 2^-24, f64 2^-53.
+double unit_roundoff(DType dtype);
+// The tolerance of the reduced-precision checks: a few unit roundoffs of `dtype` (the output rounded once, the
+// backward reading the rounded output and output gradient), times the conditioning of the case's op
+// (reduced_precision_conditioning).
+double reduced_precision_tolerance(const OpDef& def, DType dtype);
+// reduced_precision check: the op in `dtype` (bf16/f16) on `device` against the float64 CPU run from the same
+// rounded inputs (and the same rounded output gradient); output and every gradient, relative-norm errors. On the
+// CPU this checks the engine's path through f32, on a GPU the native kernels (or that path where there are none).
+CheckResult reduced_precision_check(const OpDef& def, const OpCase& op_case, Generator& gen, DType dtype,
+                                    double tolerance, Device device = Device::cpu());
+
 }  // namespace dyngrad

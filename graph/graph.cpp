@@ -15,6 +15,7 @@
 #include "dyngrad/graph/fusion_check.h"
 #include "dyngrad/graph/backend.h"
 #include "dyngrad/graph/profiling.h"
+#include "dyngrad/graph/through_f32.h"
 
 namespace dyngrad {
 
@@ -174,13 +175,14 @@ Tensor run_forward(const OpDef& def, OpType op, std::span<const Tensor> inputs, 
     const Device device = inputs.front().device();
     const char* stage = "shape rule";
     try {
+        reduced_input_dtype(inputs);  // DTypeError for bf16/f16 mixed with another floating dtype
         const OutputSpec spec = def.infer(op, inputs, attrs);
         check_output_spec(def, spec);
         const BackendKernels& k = kernels_for(def, device);
         if (!k.forward) throw DeviceError(str("no forward kernel on ", device.to_string()));
         const ProfilingRange range(ProfilingRange::Pass::Forward, def.name, profiling_id);
         stage = "forward";
-        Tensor out = k.forward(ForwardArgs{op, inputs, attrs, spec, saved});
+        Tensor out = run_forward_kernel(def, k, ForwardArgs{op, inputs, attrs, spec, saved});
         check_forward_output(def, spec, device, out);
         if (anomaly_mode_enabled()) check_forward_value(inputs, out, describe_input);
         if (fusion_check_enabled()) check_fused_forward(def, op, inputs, attrs, out);
@@ -629,7 +631,8 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
                                                    needs_grad_storage.size());
             {
                 const ProfilingRange range(ProfilingRange::Pass::Backward, def.name, id);
-                grads = k.backward(BackwardArgs{n.op, input_values, n.value, n.grad, n.attrs, n.saved, needs_grad});
+                grads = detail::run_backward_kernel(
+                    k, BackwardArgs{n.op, input_values, n.value, n.grad, n.attrs, n.saved, needs_grad});
             }
             if (fusion_check_enabled() && grads.size() == n.inputs.size())
                 detail::check_fused_backward(def, n.op, input_values, n.attrs, n.grad, grads, needs_grad);

@@ -70,6 +70,7 @@ struct OpAttrs {
     Reduction reduction = Reduction::Mean;  // cross_entropy, nll_loss, bce_with_logits, l1_loss, smooth_l1_loss
     std::int64_t ignore_index = -100;       // cross_entropy, nll_loss: rows with this target add nothing
     double label_smoothing = 0.0;           // cross_entropy: weight of the uniform target, in [0, 1]
+    DType dtype = DType::f32;               // cast: the target dtype
 };
 
 struct OutputSpec {
@@ -102,6 +103,10 @@ using BackwardFn = std::vector<Tensor> (*)(const BackwardArgs& args);
 struct BackendKernels {
     ForwardFn forward = nullptr;
     BackwardFn backward = nullptr;
+    // true: the kernels take bf16/f16 tensors themselves (load, compute in f32, round once on store). false: the
+    // engine runs them through f32 for reduced-precision inputs (graph/through_f32.h): it converts those inputs
+    // to f32, runs the f32 kernel and converts the output (and in backward the gradients) back to their dtype.
+    bool native_reduced = false;
 };
 
 // How the finite-difference checker fills an input.
@@ -142,6 +147,9 @@ struct OpDef {
     // inputs do, so no backward reaches it and its rows have no backward kernels (as PyTorch's eq and argmax).
     // Its cases mark every input InputDomain::Constant: no gradient is checked, the output is.
     bool differentiable = true;
+    // Bit i set: the forward updates input i in place (batch_norm's running statistics). Through f32
+    // (graph/through_f32.h) the engine writes such an input's f32 copy back into it, rounded.
+    std::uint32_t updates_inputs = 0;
 };
 
 // Whether `def` takes `count` inputs, and how many it takes in words ("2", "2 to 3", "1 or more").

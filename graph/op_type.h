@@ -16,6 +16,8 @@ enum class OpType : std::uint16_t {
     // unary elementwise (ops/elementwise); scalar operand in OpAttrs::scalar where there is one
     Neg, AddScalar, MulScalar, Exp, Log, Sqrt, PowScalar, Abs,
     Sin, Cos, Clamp,
+    // conversion to another floating dtype (OpAttrs::dtype), elementwise; the gradient goes back to x's dtype
+    Cast,
     // activations (ops/elementwise)
     Relu, LeakyRelu, Elu, ClippedRelu, Sigmoid, Tanh, Softplus,
     Gelu, Silu, LogSigmoid,

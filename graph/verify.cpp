@@ -27,6 +27,9 @@ void wait_for(Device device) {
 
 double default_tolerance(DType dtype) {
     if (dtype == DType::f64) return 1e-10;
+    // Each node is compared with the replay from the leaves, so roundings compound along the graph: 16 unit
+    // roundoffs cover a few ops of 4 u each (reduced_precision_tolerance); a deeper graph sets its own.
+    if (is_reduced_precision(dtype)) return 16 * unit_roundoff(dtype);
     return cuda::allow_tf32() ? 1e-3 : 1e-5;
 }
 
@@ -239,7 +242,8 @@ CheckResult gpu_vs_cpu_check(const OpDef& def, const OpCase& op_case, Generator&
             ComputeGraph warm;
             const Var y = run_on_device(warm, nullptr);
             // A non-differentiable op's output (an int64 argmax) gets no backward; verify() still wants a seed of its dtype.
-            weights = y.requires_grad() ? Tensor::normal(y.shape(), 0.0, 1.0, gen, DType::f32).to(device)
+            // In the output's dtype: float32, but cast's is its target dtype.
+            weights = y.requires_grad() ? Tensor::normal(y.shape(), 0.0, 1.0, gen, DType::f32).to(y.dtype()).to(device)
                                         : Tensor::zeros(y.shape(), y.dtype(), device);
             ComputeGraph warm_backward;
             run_on_device(warm_backward, &weights);

@@ -187,6 +187,13 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, const GroupSettings& defaul
             if (!p.defined()) throw ValueError(str(who, ": parameter ", i, " is undefined"));
             if (!seen.insert(&p.value()).second)
                 throw ValueError(str(who, ": parameter '", p.name(), "' (number ", i, ") is listed twice"));
+            // Mixed precision keeps f32 master weights (and f32 optimizer state); reduced-precision copies for
+            // compute come from to_dtype() in the forward. An update in bf16/f16 would lose small steps.
+            if (is_reduced_precision(p.value().dtype()))
+                throw DTypeError(str(who, ": parameter '", p.name(), "' (number ", i, ") is ",
+                                     dtype_name(p.value().dtype()), "; optimizers update float32 or float64 master ",
+                                     "weights: keep the parameter in float32 and cast it with to_dtype() in the ",
+                                     "forward (autocast does this)"));
             parameters_.push_back(std::move(p));
             group_of_.push_back(g);
         }

@@ -54,6 +54,12 @@ OpAttrs clamp_attrs(std::optional<double> min, std::optional<double> max) {
     return attrs;
 }
 
+OpAttrs cast_attrs(DType dtype) {
+    OpAttrs attrs;
+    attrs.dtype = dtype;
+    return attrs;
+}
+
 OpAttrs gelu_attrs(GeluApproximation approximation) {
     OpAttrs attrs;
     attrs.gelu_approximation = approximation;
@@ -187,6 +193,8 @@ Var clamp(const Var& x, std::optional<double> min, std::optional<double> max, Lo
 Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max, Loc where) {
     return eager(OpType::Clamp, {x}, clamp_attrs(min, max), where);
 }
+Var to_dtype(const Var& x, DType dtype, Loc where) { return x.graph().record(OpType::Cast, {x}, cast_attrs(dtype), where); }
+Tensor to_dtype(const Tensor& x, DType dtype, Loc where) { return eager(OpType::Cast, {x}, cast_attrs(dtype), where); }
 
 Var relu(const Var& x, Loc where) { return record_unary(OpType::Relu, x, 0.0, where); }
 Var leaky_relu(const Var& x, double negative_slope, Loc where) {
@@ -356,6 +364,16 @@ OutputSpec same_as_first(OpType op, std::span<const Tensor> inputs, const OpAttr
     return {x.shape(), x.dtype()};
 }
 
+OutputSpec cast(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const Tensor& x = inputs[0];
+    if (!is_floating(x.dtype()))
+        throw DTypeError(str("converts floating tensors; x is ", dtype_name(x.dtype())));
+    if (!is_floating(attrs.dtype))
+        throw DTypeError(str("converts to float32, float64, bfloat16 or float16, not to ", dtype_name(attrs.dtype),
+                             " (dtype code ", static_cast<int>(attrs.dtype), ")"));
+    return {x.shape(), attrs.dtype};
+}
+
 OutputSpec broadcast(OpType, std::span<const Tensor> inputs, const OpAttrs&) {
     const Tensor& a = inputs[0];
     const Tensor& b = inputs[1];
@@ -367,6 +385,16 @@ OutputSpec broadcast(OpType, std::span<const Tensor> inputs, const OpAttrs&) {
 }
 
 }  // namespace infer
+
+// x -> y = x in the target dtype (aliases x when it is already that dtype, as the contract allows)
+Tensor cast_forward(const ForwardArgs& args) { return args.inputs[0].to(args.out.dtype); }
+
+// dy (target dtype) -> dx = dy in x's dtype
+std::vector<Tensor> cast_backward(const BackwardArgs& args) {
+    std::vector<Tensor> grads(1);
+    if (args.needs_grad[0]) grads[0] = args.grad_output.to(args.inputs[0].dtype());
+    return grads;
+}
 
 // ---- CPU kernels ----
 namespace cpu {

@@ -4,6 +4,9 @@
 // Over 600 lines: the unary, binary and broadcast launches and, at the end, the softmax kernels (the activations
 // along an axis); they share only the launch helpers, and the end keeps them clear of edits above.
 //
+// bf16/f16 natively (ops/reduced_precision.cuh): each kernel loads T, computes in acc_t<T> (float for them) and
+// rounds once on store, so its result is the f32 formula's rounded once.
+//
 // Contiguous operands go through 16-byte vector accesses (float4 / double2 width) with a scalar tail.
 // Pool allocations are 256-byte aligned and tensors are never offset views, so the vector path always
 // applies; pack_count() still checks, and falls back to the scalar loop for anything unaligned.
@@ -15,6 +18,7 @@
 #include "dyngrad/cuda/context.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/reduced_precision.cuh"
 
 namespace dyngrad::cuda {
 
@@ -62,24 +66,24 @@ unsigned vector_blocks(const DeviceContext& ctx, std::int64_t n, std::int64_t pa
 // y = Op(x; s)
 template <typename T, typename Op>
 __global__ void unary_forward_kernel(const T* __restrict__ x, T* __restrict__ y, std::int64_t n, std::int64_t packs,
-                                     math::UnaryScalars<T> s) {
+                                     math::UnaryScalars<acc_t<T>> s) {
     constexpr int W = Pack<T>::width;
     for (std::int64_t p = thread_index(); p < packs; p += thread_count()) {
         const Pack<T> xv = load_pack(x, p);
         Pack<T> yv;
 #pragma unroll
-        for (int k = 0; k < W; ++k) yv.v[k] = math::apply_forward<Op>(xv.v[k], s);
+        for (int k = 0; k < W; ++k) yv.v[k] = from_acc<T>(math::apply_forward<Op>(to_acc(xv.v[k]), s));
         store_pack(y, p, yv);
     }
     for (std::int64_t i = packs * W + thread_index(); i < n; i += thread_count())
-        y[i] = math::apply_forward<Op>(x[i], s);
+        y[i] = from_acc<T>(math::apply_forward<Op>(to_acc(x[i]), s));
 }
 
 // dx = dy * Op'(x, y; s)
 template <typename T, typename Op>
 __global__ void unary_backward_kernel(const T* __restrict__ x, const T* __restrict__ y, const T* __restrict__ dy,
                                       T* __restrict__ dx, std::int64_t n, std::int64_t packs,
-                                      math::UnaryScalars<T> s) {
+                                      math::UnaryScalars<acc_t<T>> s) {
     constexpr int W = Pack<T>::width;
     for (std::int64_t p = thread_index(); p < packs; p += thread_count()) {
         const Pack<T> xv = load_pack(x, p);
@@ -87,11 +91,13 @@ __global__ void unary_backward_kernel(const T* __restrict__ x, const T* __restri
         const Pack<T> dyv = load_pack(dy, p);
         Pack<T> dxv;
 #pragma unroll
-        for (int k = 0; k < W; ++k) dxv.v[k] = dyv.v[k] * math::apply_derivative<Op>(xv.v[k], yv.v[k], s);
+        for (int k = 0; k < W; ++k)
+            dxv.v[k] = from_acc<T>(to_acc(dyv.v[k]) *
+                                   math::apply_derivative<Op>(to_acc(xv.v[k]), to_acc(yv.v[k]), s));
         store_pack(dx, p, dxv);
     }
     for (std::int64_t i = packs * W + thread_index(); i < n; i += thread_count())
-        dx[i] = dy[i] * math::apply_derivative<Op>(x[i], y[i], s);
+        dx[i] = from_acc<T>(to_acc(dy[i]) * math::apply_derivative<Op>(to_acc(x[i]), to_acc(y[i]), s));
 }
 
 // ---- binary, same shapes: a, b, y, dy, da, db all (n) ----
@@ -106,10 +112,11 @@ __global__ void binary_forward_kernel(const T* __restrict__ a, const T* __restri
         const Pack<T> bv = load_pack(b, p);
         Pack<T> yv;
 #pragma unroll
-        for (int k = 0; k < W; ++k) yv.v[k] = Op::forward(av.v[k], bv.v[k]);
+        for (int k = 0; k < W; ++k) yv.v[k] = from_acc<T>(Op::forward(to_acc(av.v[k]), to_acc(bv.v[k])));
         store_pack(y, p, yv);
     }
-    for (std::int64_t i = packs * W + thread_index(); i < n; i += thread_count()) y[i] = Op::forward(a[i], b[i]);
+    for (std::int64_t i = packs * W + thread_index(); i < n; i += thread_count())
+        y[i] = from_acc<T>(Op::forward(to_acc(a[i]), to_acc(b[i])));
 }
 
 // da = dy * dOp/da, db = dy * dOp/db; a null da or db is not computed
@@ -124,18 +131,22 @@ __global__ void binary_backward_kernel(const T* __restrict__ a, const T* __restr
         Pack<T> g;
         if (da != nullptr) {
 #pragma unroll
-            for (int k = 0; k < W; ++k) g.v[k] = dyv.v[k] * Op::d_a(av.v[k], bv.v[k]);
+            for (int k = 0; k < W; ++k)
+                g.v[k] = from_acc<T>(to_acc(dyv.v[k]) * Op::d_a(to_acc(av.v[k]), to_acc(bv.v[k])));
             store_pack(da, p, g);
         }
         if (db != nullptr) {
 #pragma unroll
-            for (int k = 0; k < W; ++k) g.v[k] = dyv.v[k] * Op::d_b(av.v[k], bv.v[k]);
+            for (int k = 0; k < W; ++k)
+                g.v[k] = from_acc<T>(to_acc(dyv.v[k]) * Op::d_b(to_acc(av.v[k]), to_acc(bv.v[k])));
             store_pack(db, p, g);
         }
     }
     for (std::int64_t i = packs * W + thread_index(); i < n; i += thread_count()) {
-        if (da != nullptr) da[i] = dy[i] * Op::d_a(a[i], b[i]);
-        if (db != nullptr) db[i] = dy[i] * Op::d_b(a[i], b[i]);
+        const acc_t<T> av = to_acc(a[i]);
+        const acc_t<T> bv = to_acc(b[i]);
+        if (da != nullptr) da[i] = from_acc<T>(to_acc(dy[i]) * Op::d_a(av, bv));
+        if (db != nullptr) db[i] = from_acc<T>(to_acc(dy[i]) * Op::d_b(av, bv));
     }
 }
 
@@ -178,7 +189,7 @@ __global__ void binary_forward_broadcast_kernel(const T* __restrict__ a, const T
     for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
         Index ia, ib;
         broadcast_offsets(bi, i, ia, ib);
-        y[i] = Op::forward(a[ia], b[ib]);
+        y[i] = from_acc<T>(Op::forward(to_acc(a[ia]), to_acc(b[ib])));
     }
 }
 
@@ -191,10 +202,10 @@ __global__ void binary_backward_broadcast_kernel(const T* __restrict__ a, const 
     for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
         Index ia, ib;
         broadcast_offsets(bi, i, ia, ib);
-        const T av = a[ia];
-        const T bv = b[ib];
-        if (da != nullptr) da[i] = dy[i] * Op::d_a(av, bv);
-        if (db != nullptr) db[i] = dy[i] * Op::d_b(av, bv);
+        const acc_t<T> av = to_acc(a[ia]);
+        const acc_t<T> bv = to_acc(b[ib]);
+        if (da != nullptr) da[i] = from_acc<T>(to_acc(dy[i]) * Op::d_a(av, bv));
+        if (db != nullptr) db[i] = from_acc<T>(to_acc(dy[i]) * Op::d_b(av, bv));
     }
 }
 
@@ -298,10 +309,11 @@ __global__ void add_into_kernel(T* dst, const T* src, std::int64_t n, std::int64
         Pack<T> d = load_pack(static_cast<const T*>(dst), p);
         const Pack<T> s = load_pack(src, p);
 #pragma unroll
-        for (int k = 0; k < W; ++k) d.v[k] += s.v[k];
+        for (int k = 0; k < W; ++k) d.v[k] = from_acc<T>(to_acc(d.v[k]) + to_acc(s.v[k]));
         store_pack(dst, p, d);
     }
-    for (std::int64_t i = packs * W + thread_index(); i < n; i += thread_count()) dst[i] += src[i];
+    for (std::int64_t i = packs * W + thread_index(); i < n; i += thread_count())
+        dst[i] = from_acc<T>(to_acc(dst[i]) + to_acc(src[i]));
 }
 
 }  // namespace
@@ -312,13 +324,13 @@ Tensor unary_forward(const ForwardArgs& args) {
     Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
     const std::int64_t n = x.numel();
     if (n == 0) return y;
-    dispatch_floating(x.dtype(), "unary_forward", [&]<typename T>() {
+    dispatch_gpu_floating(x.dtype(), "unary_forward", [&]<typename T>() {
         math::visit_unary(args.op, args.attrs, [&](auto op) {
             const T* xp = x.data<T>();
             T* yp = y.data<T>();
             const std::int64_t packs = pack_count<T>(n, {xp, yp});
             unary_forward_kernel<T, decltype(op)><<<vector_blocks(ctx, n, packs), kThreads, 0, ctx.stream>>>(
-                xp, yp, n, packs, math::unary_scalars<T>(args.attrs));
+                xp, yp, n, packs, math::unary_scalars<acc_t<T>>(args.attrs));
             DG_CUDA_CHECK_LAUNCH();
         });
     });
@@ -334,7 +346,7 @@ std::vector<Tensor> unary_backward(const BackwardArgs& args) {
     Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
     const std::int64_t n = x.numel();
     if (n > 0) {
-        dispatch_floating(x.dtype(), "unary_backward", [&]<typename T>() {
+        dispatch_gpu_floating(x.dtype(), "unary_backward", [&]<typename T>() {
             math::visit_unary(args.op, args.attrs, [&](auto op) {
                 const T* xp = x.data<T>();
                 const T* yp = args.output.data<T>();
@@ -342,7 +354,7 @@ std::vector<Tensor> unary_backward(const BackwardArgs& args) {
                 T* dxp = dx.data<T>();
                 const std::int64_t packs = pack_count<T>(n, {xp, yp, dyp, dxp});
                 unary_backward_kernel<T, decltype(op)><<<vector_blocks(ctx, n, packs), kThreads, 0, ctx.stream>>>(
-                    xp, yp, dyp, dxp, n, packs, math::unary_scalars<T>(args.attrs));
+                    xp, yp, dyp, dxp, n, packs, math::unary_scalars<acc_t<T>>(args.attrs));
                 DG_CUDA_CHECK_LAUNCH();
             });
         });
@@ -358,7 +370,7 @@ Tensor binary_forward(const ForwardArgs& args) {
     Tensor y = Tensor::empty(args.out.shape, args.out.dtype, a.device());
     const std::int64_t n = y.numel();
     if (n == 0) return y;
-    dispatch_floating(a.dtype(), "binary_forward", [&]<typename T>() {
+    dispatch_gpu_floating(a.dtype(), "binary_forward", [&]<typename T>() {
         math::visit_binary(args.op, [&](auto op) {
             using Op = decltype(op);
             const T* ap = a.data<T>();
@@ -403,7 +415,7 @@ std::vector<Tensor> binary_backward(const BackwardArgs& args) {
     Tensor db = need_b ? Tensor::empty(dy.shape(), dy.dtype(), dy.device()) : Tensor();
     const std::int64_t n = dy.numel();
     if (n > 0) {
-        dispatch_floating(a.dtype(), "binary_backward", [&]<typename T>() {
+        dispatch_gpu_floating(a.dtype(), "binary_backward", [&]<typename T>() {
             math::visit_binary(args.op, [&](auto op) {
                 using Op = decltype(op);
                 const T* ap = a.data<T>();
@@ -439,7 +451,7 @@ void accumulate_into(Tensor& dst, const Tensor& src) {
     const DeviceContext& ctx = context_for(dst);
     const std::int64_t n = dst.numel();
     if (n == 0) return;
-    dispatch_floating(dst.dtype(), "accumulate_into", [&]<typename T>() {
+    dispatch_gpu_floating(dst.dtype(), "accumulate_into", [&]<typename T>() {
         T* d = dst.data<T>();
         const T* s = src.data<T>();
         const std::int64_t packs = pack_count<T>(n, {d, s});

@@ -57,6 +57,10 @@ Tensor cos(const Tensor& x, Loc where = Loc::current());
 Var clamp(const Var& x, std::optional<double> min, std::optional<double> max, Loc where = Loc::current());
 Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max, Loc where = Loc::current());
 Tensor abs(const Tensor& x, Loc where = Loc::current());
+// x converted to floating `dtype` (float32, float64, bfloat16, float16), rounding to nearest even (op cast). The
+// gradient is converted back to x's dtype. Converting to x's own dtype returns x's value (no copy).
+Var to_dtype(const Var& x, DType dtype, Loc where = Loc::current());
+Tensor to_dtype(const Tensor& x, DType dtype, Loc where = Loc::current());
 
 Var relu(const Var& x, Loc where = Loc::current());
 Tensor relu(const Tensor& x, Loc where = Loc::current());

@@ -21,6 +21,7 @@
 #include "dyngrad/cuda/context.h"
 #include "dyngrad/cuda/runtime.h"
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/reduced_precision.cuh"
 #include "dyngrad/ops/select_gradients.h"
 
 namespace dyngrad::cuda {
@@ -286,7 +287,7 @@ __global__ void where_kernel(const T* __restrict__ c, const T* __restrict__ a, c
     for (std::int64_t i = grid_start(); i < n; i += grid_step()) {
         std::int64_t at[3];
         walk.offsets(i, at);
-        y[i] = c[at[0]] != T(0) ? a[at[1]] : b[at[2]];
+        y[i] = to_acc(c[at[0]]) != acc_t<T>(0) ? a[at[1]] : b[at[2]];
     }
 }
 
@@ -297,7 +298,7 @@ __global__ void masked_fill_kernel(const T* __restrict__ x, const T* __restrict_
     for (std::int64_t i = grid_start(); i < n; i += grid_step()) {
         std::int64_t at[1];
         walk.offsets(i, at);
-        y[i] = m[at[0]] != T(0) ? value : x[i];
+        y[i] = to_acc(m[at[0]]) != acc_t<T>(0) ? value : x[i];
     }
 }
 
@@ -308,7 +309,7 @@ __global__ void routed_kernel(const T* __restrict__ dy, const T* __restrict__ c,
     for (std::int64_t i = grid_start(); i < n; i += grid_step()) {
         std::int64_t at[1];
         walk.offsets(i, at);
-        out[i] = (c[at[0]] != T(0)) == when_true ? dy[i] : T(0);
+        out[i] = (to_acc(c[at[0]]) != acc_t<T>(0)) == when_true ? dy[i] : from_acc<T>(0);
     }
 }
 
@@ -408,7 +409,7 @@ Tensor select_forward(const ForwardArgs& args) {
     const std::int64_t n = y.numel();
     if (n == 0) return y;
     const unsigned grid = grid_size(ctx, n, kThreads);
-    dispatch_floating(args.out.dtype, "where / masked_fill", [&]<typename T>() {
+    dispatch_gpu_floating(args.out.dtype, "where / masked_fill", [&]<typename T>() {
         if (args.op == OpType::Where) {
             const Shape shapes[3] = {args.inputs[0].shape(), args.inputs[1].shape(), args.inputs[2].shape()};
             where_kernel<T><<<grid, kThreads, 0, ctx.stream>>>(args.inputs[0].data<T>(), args.inputs[1].data<T>(),
@@ -417,7 +418,7 @@ Tensor select_forward(const ForwardArgs& args) {
         } else {
             const Shape shapes[1] = {args.inputs[1].shape()};
             masked_fill_kernel<T><<<grid, kThreads, 0, ctx.stream>>>(
-                args.inputs[0].data<T>(), args.inputs[1].data<T>(), static_cast<T>(args.attrs.scalar), y.data<T>(), n,
+                args.inputs[0].data<T>(), args.inputs[1].data<T>(), convert_element<T>(args.attrs.scalar), y.data<T>(), n,
                 broadcast_walk(args.out.shape, shapes));
         }
         DG_CUDA_CHECK_LAUNCH();
@@ -429,7 +430,7 @@ Tensor select_forward(const ForwardArgs& args) {
 std::vector<Tensor> select_backward(const BackwardArgs& args) {
     DeviceContext& ctx = context_for(args.grad_output);
     return select_gradients(args, [&](const Tensor& dy, const Tensor& condition, bool when_true) {
-        return dispatch_floating(dy.dtype(), "where / masked_fill backward",
+        return dispatch_gpu_floating(dy.dtype(), "where / masked_fill backward",
                                  [&]<typename T>() { return routed<T>(ctx, dy, condition, when_true); });
     });
 }

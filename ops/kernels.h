@@ -23,6 +23,7 @@ inline void require_float(const Tensor& t, const char* role) {
 // engine adds the op, node and input descriptions.
 namespace infer {
 OutputSpec same_as_first(OpType, std::span<const Tensor>, const OpAttrs&);  // unary elementwise
+OutputSpec cast(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec broadcast(OpType, std::span<const Tensor>, const OpAttrs&);      // binary elementwise
 OutputSpec matmul(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec linear(OpType, std::span<const Tensor>, const OpAttrs&);
@@ -58,6 +59,11 @@ OutputSpec rnn(OpType, std::span<const Tensor>, const OpAttrs&);
 // Reshape is metadata only: the same functions serve every backend.
 Tensor reshape_forward(const ForwardArgs& args);
 std::vector<Tensor> reshape_backward(const BackwardArgs& args);
+
+// cast: Tensor::to(DType) on every backend (core/half.h's rounding on the CPU, one conversion kernel on a GPU),
+// for every floating dtype natively; the backward converts dy back to x's dtype.
+Tensor cast_forward(const ForwardArgs& args);
+std::vector<Tensor> cast_backward(const BackwardArgs& args);
 
 // argmax, argmin: every backend, through the max op's kernels (ops/reduce.cpp).
 Tensor arg_reduce_forward(const ForwardArgs& args);

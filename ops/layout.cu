@@ -16,6 +16,18 @@ namespace {
 
 constexpr unsigned kThreads = 256;
 
+// Layout kernels move elements as unsigned words of the element's size: every dtype (bf16/f16 as 2 bytes) natively.
+template <typename Fn>
+void with_element_word(std::size_t element_size, Fn&& fn) {
+    switch (element_size) {
+        case 2: return fn.template operator()<std::uint16_t>();
+        case 4: return fn.template operator()<std::uint32_t>();
+        case 8: return fn.template operator()<std::uint64_t>();
+        default: break;
+    }
+    throw DTypeError(str("layout copy: elements of ", element_size, " bytes are not supported"));
+}
+
 // ---- transpose ----
 
 // A tensor around the two swapped axes lo < hi: x (outer, d0, mid, d1, inner) -> y (outer, d1, mid, d0, inner).
@@ -128,10 +140,8 @@ void swap_axes(DeviceContext& ctx, const Tensor& x, Tensor& y, const SwapSplit& 
         DG_CUDA_CHECK(cudaMemcpyAsync(y.raw_data(), x.raw_data(), x.nbytes(), cudaMemcpyDeviceToDevice, ctx.stream));
         return;
     }
-    if (dtype_size(x.dtype()) == 4)
-        launch_swap_axes<std::uint32_t>(ctx, x.raw_data(), y.raw_data(), s, n);
-    else
-        launch_swap_axes<std::uint64_t>(ctx, x.raw_data(), y.raw_data(), s, n);
+    with_element_word(dtype_size(x.dtype()),
+                      [&]<typename E>() { launch_swap_axes<E>(ctx, x.raw_data(), y.raw_data(), s, n); });
 }
 
 // ---- narrow and concat: strided copies of row blocks ----
@@ -171,12 +181,10 @@ void strided_copy(DeviceContext& ctx, const Tensor& x, Tensor& y, const StridedW
     const std::int64_t n = y.numel();
     if (n == 0) return;
     const unsigned grid = grid_size(ctx, n, kThreads);
-    if (dtype_size(x.dtype()) == 4)
-        strided_copy_kernel<std::uint32_t><<<grid, kThreads, 0, ctx.stream>>>(
-            static_cast<const std::uint32_t*>(x.raw_data()), static_cast<std::uint32_t*>(y.raw_data()), n, walk);
-    else
-        strided_copy_kernel<std::uint64_t><<<grid, kThreads, 0, ctx.stream>>>(
-            static_cast<const std::uint64_t*>(x.raw_data()), static_cast<std::uint64_t*>(y.raw_data()), n, walk);
+    with_element_word(dtype_size(x.dtype()), [&]<typename E>() {
+        strided_copy_kernel<E><<<grid, kThreads, 0, ctx.stream>>>(static_cast<const E*>(x.raw_data()),
+                                                                  static_cast<E*>(y.raw_data()), n, walk);
+    });
     DG_CUDA_CHECK_LAUNCH();
 }
 
@@ -201,7 +209,7 @@ std::vector<Tensor> transpose_backward(const BackwardArgs& args) {
 }
 
 // narrow's and concat's row copies (ops/layout_geometry.h; the ops themselves: ops/layout.cpp). A copy of
-// one contiguous run is one cudaMemcpyAsync; otherwise a kernel moves elements of 4 or 8 bytes.
+// one contiguous run is one cudaMemcpyAsync; otherwise a kernel moves elements of 2, 4 or 8 bytes.
 void copy_rows(const Tensor& src, Tensor& dst, const RowCopy& copy) {
     const std::int64_t n = copy.rows * copy.block;
     if (n == 0) return;
@@ -215,16 +223,11 @@ void copy_rows(const Tensor& src, Tensor& dst, const RowCopy& copy) {
         return;
     }
     const unsigned grid = grid_size(ctx, n, kThreads);
-    using W4 = std::uint32_t;
-    using W8 = std::uint64_t;
-    if (element_size == 4)
-        copy_rows_kernel<W4><<<grid, kThreads, 0, ctx.stream>>>(reinterpret_cast<const W4*>(from), copy.src_stride,
-                                                                 reinterpret_cast<W4*>(to), copy.dst_stride, copy.rows,
-                                                                 copy.block);
-    else
-        copy_rows_kernel<W8><<<grid, kThreads, 0, ctx.stream>>>(reinterpret_cast<const W8*>(from), copy.src_stride,
-                                                                 reinterpret_cast<W8*>(to), copy.dst_stride, copy.rows,
-                                                                 copy.block);
+    with_element_word(element_size, [&]<typename E>() {
+        copy_rows_kernel<E><<<grid, kThreads, 0, ctx.stream>>>(reinterpret_cast<const E*>(from), copy.src_stride,
+                                                               reinterpret_cast<E*>(to), copy.dst_stride, copy.rows,
+                                                               copy.block);
+    });
     DG_CUDA_CHECK_LAUNCH();
 }
 

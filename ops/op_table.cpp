@@ -19,12 +19,22 @@ namespace {
 #define DG_CUDA_KERNELS_FORWARD(forward, backward) BackendKernels{cuda::forward, backward}
 // Kernels written once for every backend (in namespace dyngrad), on top of per-backend primitives.
 #define DG_CUDA_KERNELS_SHARED(forward, backward) BackendKernels{forward, backward}
+// CUDA kernels that take bf16/f16 themselves (BackendKernels::native_reduced): no conversion through f32.
+#define DG_CUDA_KERNELS_NATIVE(forward, backward) BackendKernels{cuda::forward, cuda::backward, true}
+#define DG_CUDA_KERNELS_FORWARD_NATIVE(forward, backward) BackendKernels{cuda::forward, backward, true}
+#define DG_CUDA_KERNELS_SHARED_NATIVE(forward, backward) BackendKernels{forward, backward, true}
 #else
 #define DG_CUDA_KERNELS(forward, backward) \
     BackendKernels {}
 #define DG_CUDA_KERNELS_FORWARD(forward, backward) \
     BackendKernels {}
 #define DG_CUDA_KERNELS_SHARED(forward, backward) \
+    BackendKernels {}
+#define DG_CUDA_KERNELS_NATIVE(forward, backward) \
+    BackendKernels {}
+#define DG_CUDA_KERNELS_FORWARD_NATIVE(forward, backward) \
+    BackendKernels {}
+#define DG_CUDA_KERNELS_SHARED_NATIVE(forward, backward) \
     BackendKernels {}
 #endif
 
@@ -98,6 +108,14 @@ std::vector<OpCase> pow_cases() {
     return cases;
 }
 std::vector<OpCase> kink_cases() { return unary_cases(D::AwayFromZero); }
+// Cases that every check can run: the checks pick the input dtype (f64 finite differences, f32 vs f64, bf16/f16
+// through tests/test_reduced_precision.cpp), the target here is float64, exact from every dtype, so the finite
+// differences see no rounding. Conversions to bf16/f16/f32 are checked by tests/test_reduced_precision.cpp.
+std::vector<OpCase> cast_cases() {
+    OpAttrs to_f64;
+    to_f64.dtype = DType::f64;
+    return unary_cases(D::Any, to_f64);
+}
 std::vector<OpCase> leaky_relu_cases() { return unary_cases(D::AwayFromZero, scalar_attr(0.1)); }
 std::vector<OpCase> elu_cases() { return unary_cases(D::AwayFromZero, scalar_attr(1.3)); }
 std::vector<OpCase> clipped_relu_cases() { return unary_cases(D::AwayFromZero, scalar_attr(1.1)); }
@@ -545,18 +563,22 @@ constexpr BackendKernels kCpuUnary{cpu::unary_forward, cpu::unary_backward};
 constexpr BackendKernels kCpuBinary{cpu::binary_forward, cpu::binary_backward};
 constexpr BackendKernels kCpuReduce{cpu::reduce_forward, cpu::reduce_backward};
 constexpr BackendKernels kCpuSoftmax{cpu::softmax_forward, cpu::softmax_backward};
-constexpr BackendKernels kCudaUnary = DG_CUDA_KERNELS(unary_forward, unary_backward);
-constexpr BackendKernels kCudaBinary = DG_CUDA_KERNELS(binary_forward, binary_backward);
-constexpr BackendKernels kCudaReduce = DG_CUDA_KERNELS(reduce_forward, reduce_backward);
+// Native bf16/f16 on the GPU (BackendKernels::native_reduced): elementwise, comparisons, selection, reductions
+// and layout. Everything else (and every CPU kernel but the byte copies) runs through f32 (graph/through_f32.h).
+constexpr BackendKernels kCudaUnary = DG_CUDA_KERNELS_NATIVE(unary_forward, unary_backward);
+constexpr BackendKernels kCudaBinary = DG_CUDA_KERNELS_NATIVE(binary_forward, binary_backward);
+constexpr BackendKernels kCudaReduce = DG_CUDA_KERNELS_NATIVE(reduce_forward, reduce_backward);
 constexpr BackendKernels kCudaSoftmax = DG_CUDA_KERNELS(softmax_forward, softmax_backward);
 constexpr BackendKernels kCpuClassLoss{cpu::cross_entropy_forward, cpu::cross_entropy_backward};
 constexpr BackendKernels kCudaClassLoss = DG_CUDA_KERNELS(cross_entropy_forward, cross_entropy_backward);
 constexpr BackendKernels kCpuPointLoss{cpu::pointwise_loss_forward, cpu::pointwise_loss_backward};
 constexpr BackendKernels kCudaPointLoss = DG_CUDA_KERNELS(pointwise_loss_forward, pointwise_loss_backward);
-constexpr BackendKernels kReshape{reshape_forward, reshape_backward};
+// Metadata only, or Tensor::to on every backend: every dtype natively.
+constexpr BackendKernels kReshape{reshape_forward, reshape_backward, true};
+constexpr BackendKernels kCast{cast_forward, cast_backward, true};
 constexpr BackendKernels kCpuPool{cpu::pool2d_forward, cpu::pool2d_backward};
 constexpr BackendKernels kCpuSelect{cpu::select_forward, cpu::select_backward};
-constexpr BackendKernels kCudaSelect = DG_CUDA_KERNELS(select_forward, select_backward);
+constexpr BackendKernels kCudaSelect = DG_CUDA_KERNELS_NATIVE(select_forward, select_backward);
 constexpr BackendKernels kCudaPool = DG_CUDA_KERNELS(pool2d_forward, pool2d_backward);
 constexpr BackendKernels kCpuRowNorm{cpu::row_norm_forward, cpu::row_norm_backward};
 constexpr BackendKernels kCudaRowNorm = DG_CUDA_KERNELS(row_norm_forward, row_norm_backward);
@@ -564,8 +586,8 @@ constexpr BackendKernels kCudaRowNorm = DG_CUDA_KERNELS(row_norm_forward, row_no
 constexpr BackendKernels kCpuCompare{cpu::binary_forward, nullptr};
 constexpr BackendKernels kArgReduce{arg_reduce_forward, nullptr};  // every backend, through max's kernels
 #if DYNGRAD_WITH_CUDA
-constexpr BackendKernels kCudaCompare{cuda::binary_forward, nullptr};
-constexpr BackendKernels kCudaArgReduce = kArgReduce;
+constexpr BackendKernels kCudaCompare{cuda::binary_forward, nullptr, true};
+constexpr BackendKernels kCudaArgReduce{arg_reduce_forward, nullptr, true};  // neg and max: native on the GPU
 #else
 constexpr BackendKernels kCudaCompare{};
 constexpr BackendKernels kCudaArgReduce{};
@@ -597,6 +619,7 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::Sin, "sin", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases},
     {OpType::Cos, "cos", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases},
     {OpType::Clamp, "clamp", 1, infer::same_as_first, kCpuUnary, kCudaUnary, clamp_cases},
+    {OpType::Cast, "cast", 1, infer::cast, kCast, kCast, cast_cases},
     {OpType::Relu, "relu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, kink_cases},
     {OpType::LeakyRelu, "leaky_relu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, leaky_relu_cases},
     {OpType::Elu, "elu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, elu_cases},
@@ -614,12 +637,12 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::Linear, "linear", 3, infer::linear, {cpu::linear_forward, cpu::linear_backward},
      DG_CUDA_KERNELS(linear_forward, linear_backward), linear_cases},
     {OpType::Transpose, "transpose", 1, infer::transpose, {cpu::transpose_forward, cpu::transpose_backward},
-     DG_CUDA_KERNELS(transpose_forward, transpose_backward), transpose_cases},
+     DG_CUDA_KERNELS_NATIVE(transpose_forward, transpose_backward), transpose_cases},
     {OpType::Reshape, "reshape", 1, infer::reshape, kReshape, kReshape, reshape_cases},
     {OpType::Sum, "sum", 1, infer::reduce_axes, kCpuReduce, kCudaReduce, reduce_cases},
     {OpType::Mean, "mean", 1, infer::reduce_axes, kCpuReduce, kCudaReduce, reduce_cases},
     {OpType::Max, "max", 1, infer::reduce_axis, {cpu::max_forward, cpu::max_backward},
-     DG_CUDA_KERNELS(max_forward, max_backward), max_cases},
+     DG_CUDA_KERNELS_NATIVE(max_forward, max_backward), max_cases},
     {OpType::ArgMax, "argmax", 1, infer::arg_reduce, kArgReduce, kCudaArgReduce, arg_reduce_cases, 0, kNotDifferentiable},
     {OpType::ArgMin, "argmin", 1, infer::arg_reduce, kArgReduce, kCudaArgReduce, arg_reduce_cases, 0, kNotDifferentiable},
     {OpType::CrossEntropy, "cross_entropy", 3, infer::cross_entropy, kCpuClassLoss, kCudaClassLoss,
@@ -638,7 +661,8 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::MaxPool2d, "max_pool2d", 1, infer::pool2d, kCpuPool, kCudaPool, pool2d_cases},
     {OpType::AvgPool2d, "avg_pool2d", 1, infer::pool2d, kCpuPool, kCudaPool, pool2d_cases},
     {OpType::BatchNorm, "batch_norm", 5, infer::batch_norm, {cpu::batch_norm_forward, cpu::batch_norm_backward},
-     DG_CUDA_KERNELS(batch_norm_forward, batch_norm_backward), batch_norm_cases},
+     DG_CUDA_KERNELS(batch_norm_forward, batch_norm_backward), batch_norm_cases, 0, true,
+     /*updates_inputs=*/(1u << 3) | (1u << 4)},  // running_mean, running_var
     {OpType::LayerNorm, "layer_norm", 3, infer::row_norm, kCpuRowNorm, kCudaRowNorm, layer_norm_cases,
      /*optional_inputs=*/2},
     {OpType::RmsNorm, "rms_norm", 2, infer::row_norm, kCpuRowNorm, kCudaRowNorm, rms_norm_cases,
@@ -647,14 +671,16 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      DG_CUDA_KERNELS_FORWARD(dropout_forward, dropout_backward), dropout_cases, /*optional_inputs=*/1},  // the seed
     // Custom ops carry their own definitions (graph/custom_op.h); op_def(op, attrs) finds them.
     {OpType::Custom, "custom", 0, nullptr, {}, {}, no_cases},
-    {OpType::Narrow, "narrow", 1, infer::narrow, {narrow_forward, narrow_backward},
-     DG_CUDA_KERNELS_SHARED(narrow_forward, narrow_backward), narrow_cases},
-    {OpType::Concat, "concat", kVariadic, infer::concat, {concat_forward, concat_backward},
-     DG_CUDA_KERNELS_SHARED(concat_forward, concat_backward), concat_cases},
-    {OpType::Permute, "permute", 1, infer::permute, {cpu::permute_forward, cpu::permute_backward},
-     DG_CUDA_KERNELS(permute_forward, permute_backward), permute_cases},
-    {OpType::Expand, "expand", 1, infer::expand, {cpu::expand_forward, expand_backward},
-     DG_CUDA_KERNELS_FORWARD(expand_forward, expand_backward), expand_cases},
+    // narrow, concat: byte copies by element size on both backends, so every dtype natively
+    {OpType::Narrow, "narrow", 1, infer::narrow, {narrow_forward, narrow_backward, true},
+     DG_CUDA_KERNELS_SHARED_NATIVE(narrow_forward, narrow_backward), narrow_cases},
+    {OpType::Concat, "concat", kVariadic, infer::concat, {concat_forward, concat_backward, true},
+     DG_CUDA_KERNELS_SHARED_NATIVE(concat_forward, concat_backward), concat_cases},
+    // permute, expand: copies by element size on both backends too
+    {OpType::Permute, "permute", 1, infer::permute, {cpu::permute_forward, cpu::permute_backward, true},
+     DG_CUDA_KERNELS_NATIVE(permute_forward, permute_backward), permute_cases},
+    {OpType::Expand, "expand", 1, infer::expand, {cpu::expand_forward, expand_backward, true},
+     DG_CUDA_KERNELS_FORWARD_NATIVE(expand_forward, expand_backward), expand_cases},
     {OpType::Embedding, "embedding", 2, infer::embedding, {cpu::embedding_forward, cpu::embedding_backward},
      DG_CUDA_KERNELS(embedding_forward, embedding_backward), embedding_cases},
     {OpType::Gather, "gather", 2, infer::gather, {cpu::gather_forward, cpu::gather_backward},

@@ -378,12 +378,15 @@ std::vector<int> broadcast_reduction_axes(const Shape& from, const Shape& to) {
     return axes;
 }
 
+// bf16/f16: the CUDA helpers take them natively (f32 accumulation); the CPU ones through f32, rounded once.
 Tensor sum_to(const Tensor& grad, const Shape& shape) {
     const std::vector<int> axes = broadcast_reduction_axes(grad.shape(), shape);
     if (axes.empty()) return grad.reshaped(shape);
 #if DYNGRAD_WITH_CUDA
     if (grad.device().is_cuda()) return cuda::sum_over(grad, axes).reshaped(shape);
 #endif
+    if (is_reduced_precision(grad.dtype()))
+        return cpu::sum_over(grad.to(DType::f32), axes).to(grad.dtype()).reshaped(shape);
     return cpu::sum_over(grad, axes).reshaped(shape);
 }
 
@@ -402,6 +405,13 @@ void accumulate_into(Tensor& dst, const Tensor& src) {
         return;
     }
 #endif
+    if (is_reduced_precision(dst.dtype()) && dst.dtype() == src.dtype()) {
+        Tensor sum = dst.to(DType::f32);
+        cpu::accumulate_into(sum, src.to(DType::f32));
+        const Tensor rounded = sum.to(dst.dtype());
+        std::memcpy(dst.raw_data(), rounded.raw_data(), dst.nbytes());  // dst owns its storage alone (above)
+        return;
+    }
     cpu::accumulate_into(dst, src);
 }
 

@@ -7,7 +7,8 @@
 //  - one reduced run with kept axes after it, x (outer, rows, inner) -> column sums, coalesced along inner;
 //  - anything else (rows of a matrix, NCHW per-channel sums) -> one warp or block per output, reading the
 //    reduced elements through strides.
-// Accumulation is in the input type (float for float32, no double arithmetic on the GPU). To keep float32
+// Accumulation is in acc_t of the input type (ops/reduced_precision.cuh: float for float32, bf16 and f16, no
+// double arithmetic for them on the GPU); partial sums stay in it, and only the final store rounds to bf16/f16. To keep float32
 // sums accurate (16M elements well within 1e-5 relative of a float64 reference), no thread adds more than
 // kMaxChain elements in sequence: longer reductions are cut into partial sums that a second pass reduces,
 // and everything above a thread is a tree (warp shuffles, cub::BlockReduce, shared memory, CUB's device
@@ -23,6 +24,7 @@
 #include "dyngrad/cuda/context.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/reduce_geometry.h"
+#include "dyngrad/ops/reduced_precision.cuh"
 
 namespace dyngrad::cuda {
 
@@ -98,43 +100,44 @@ StridedDims row_dims(std::int64_t dim, std::int64_t stride) {
 
 // ---- sum kernels ----
 
-// y[o] = (sum over j < n_red of x[kept(o) + red(j)]) / divisor; one warp per output (short reductions)
-template <typename T>
-__global__ void warp_sum_kernel(const T* __restrict__ x, T* __restrict__ y, StridedDims kept, StridedDims red,
-                                std::int64_t n_out, std::int64_t n_red, T divisor) {
-    using WarpReduce = cub::WarpReduce<T>;
+// y[o] = (sum over j < n_red of x[kept(o) + red(j)]) / divisor; one warp per output (short reductions).
+// In: x's element type; Out: y's (acc_t<In> for partial sums); the sum in A = acc_t<In>.
+template <typename In, typename Out, typename A = acc_t<In>>
+__global__ void warp_sum_kernel(const In* __restrict__ x, Out* __restrict__ y, StridedDims kept, StridedDims red,
+                                std::int64_t n_out, std::int64_t n_red, A divisor) {
+    using WarpReduce = cub::WarpReduce<A>;
     constexpr unsigned kWarps = kThreads / kWarp;
     __shared__ typename WarpReduce::TempStorage temp[kWarps];
     const unsigned warp = threadIdx.x / kWarp;
     const unsigned lane = threadIdx.x % kWarp;
     for (std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * kWarps + warp; o < n_out;
          o += static_cast<std::int64_t>(gridDim.x) * kWarps) {
-        const T* base = x + offset_of(kept, o);
-        T acc = T(0);
-        for (std::int64_t j = lane; j < n_red; j += kWarp) acc += base[offset_of(red, j)];
-        const T total = WarpReduce(temp[warp]).Sum(acc);
-        if (lane == 0) y[o] = total / divisor;
+        const In* base = x + offset_of(kept, o);
+        A acc = A(0);
+        for (std::int64_t j = lane; j < n_red; j += kWarp) acc += to_acc(base[offset_of(red, j)]);
+        const A total = WarpReduce(temp[warp]).Sum(acc);
+        if (lane == 0) y[o] = from_acc<Out>(total / divisor);
         __syncwarp();  // temp[warp] is reused by the next output
     }
 }
 
 // One block per item = (output o, split s): y[item] = (sum over j in [s*chunk, (s+1)*chunk) ∩ [0, n_red)
 // of x[kept(o) + red(j)]) / divisor, item = o*splits + s. With splits > 1, y holds partial sums.
-template <typename T>
-__global__ void block_sum_kernel(const T* __restrict__ x, T* __restrict__ y, StridedDims kept, StridedDims red,
+template <typename In, typename Out, typename A = acc_t<In>>
+__global__ void block_sum_kernel(const In* __restrict__ x, Out* __restrict__ y, StridedDims kept, StridedDims red,
                                  std::int64_t items, std::int64_t splits, std::int64_t chunk, std::int64_t n_red,
-                                 T divisor) {
-    using BlockReduce = cub::BlockReduce<T, kThreads>;
+                                 A divisor) {
+    using BlockReduce = cub::BlockReduce<A, kThreads>;
     __shared__ typename BlockReduce::TempStorage temp;
     for (std::int64_t item = blockIdx.x; item < items; item += gridDim.x) {
         const std::int64_t o = item / splits;
         const std::int64_t begin = (item - o * splits) * chunk;
         const std::int64_t end = begin + chunk < n_red ? begin + chunk : n_red;
-        const T* base = x + offset_of(kept, o);
-        T acc = T(0);
-        for (std::int64_t j = begin + threadIdx.x; j < end; j += kThreads) acc += base[offset_of(red, j)];
-        const T total = BlockReduce(temp).Sum(acc);
-        if (threadIdx.x == 0) y[item] = total / divisor;
+        const In* base = x + offset_of(kept, o);
+        A acc = A(0);
+        for (std::int64_t j = begin + threadIdx.x; j < end; j += kThreads) acc += to_acc(base[offset_of(red, j)]);
+        const A total = BlockReduce(temp).Sum(acc);
+        if (threadIdx.x == 0) y[item] = from_acc<Out>(total / divisor);
         __syncthreads();  // temp is reused by the next item
     }
 }
@@ -142,19 +145,20 @@ __global__ void block_sum_kernel(const T* __restrict__ x, T* __restrict__ y, Str
 // x (outer, rows, inner) -> y (outer, inner) = column sums / divisor. Block (32, 8): threadIdx.x walks
 // inner (coalesced), threadIdx.y strides over the rows, a shared-memory tree adds the 8 row lanes.
 // Split over gridDim.z: slice z sums rows [z*rows_per_split, ...) into the partials y + z*outer*inner.
-template <typename T>
-__global__ void column_sum_kernel(const T* __restrict__ x, T* __restrict__ y, std::int64_t outer, std::int64_t rows,
-                                  std::int64_t inner, std::int64_t rows_per_split, T divisor) {
-    __shared__ T lanes[kColumnRows][kColumnWidth];
+template <typename In, typename Out, typename A = acc_t<In>>
+__global__ void column_sum_kernel(const In* __restrict__ x, Out* __restrict__ y, std::int64_t outer, std::int64_t rows,
+                                  std::int64_t inner, std::int64_t rows_per_split, A divisor) {
+    __shared__ A lanes[kColumnRows][kColumnWidth];
     const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kColumnWidth + threadIdx.x;
     const std::int64_t row_begin = static_cast<std::int64_t>(blockIdx.z) * rows_per_split;
     const std::int64_t row_end = row_begin + rows_per_split < rows ? row_begin + rows_per_split : rows;
-    T* out = y + static_cast<std::int64_t>(blockIdx.z) * outer * inner;
+    Out* out = y + static_cast<std::int64_t>(blockIdx.z) * outer * inner;
     for (std::int64_t o = blockIdx.y; o < outer; o += gridDim.y) {  // uniform per block: barriers are safe
-        T acc = T(0);
+        A acc = A(0);
         if (i < inner) {
-            const T* column = x + o * rows * inner + i;
-            for (std::int64_t r = row_begin + threadIdx.y; r < row_end; r += kColumnRows) acc += column[r * inner];
+            const In* column = x + o * rows * inner + i;
+            for (std::int64_t r = row_begin + threadIdx.y; r < row_end; r += kColumnRows)
+                acc += to_acc(column[r * inner]);
         }
         lanes[threadIdx.y][threadIdx.x] = acc;
         __syncthreads();
@@ -163,7 +167,7 @@ __global__ void column_sum_kernel(const T* __restrict__ x, T* __restrict__ y, st
             if (threadIdx.y < half) lanes[threadIdx.y][threadIdx.x] += lanes[threadIdx.y + half][threadIdx.x];
             __syncthreads();
         }
-        if (threadIdx.y == 0 && i < inner) out[o * inner + i] = lanes[0][threadIdx.x] / divisor;
+        if (threadIdx.y == 0 && i < inner) out[o * inner + i] = from_acc<Out>(lanes[0][threadIdx.x] / divisor);
         __syncthreads();  // lanes is reused by the next o
     }
 }
@@ -186,12 +190,12 @@ std::int64_t choose_splits(DeviceContext& ctx, std::int64_t items, std::int64_t 
 
 // y (kept dims) = sums of x over the reduced dims / divisor, one warp or block per output; long
 // reductions go through partial sums and a second pass over them.
-template <typename T>
-void strided_sums(DeviceContext& ctx, const T* x, T* y, const StridedDims& kept, const StridedDims& red,
-                  std::int64_t n_out, std::int64_t n_red, T divisor) {
+template <typename In, typename Out, typename A = acc_t<In>>
+void strided_sums(DeviceContext& ctx, const In* x, Out* y, const StridedDims& kept, const StridedDims& red,
+                  std::int64_t n_out, std::int64_t n_red, A divisor) {
     if (n_red <= kWarpReduceMax) {
         const unsigned blocks = grid_size(ctx, n_out * kWarp, kThreads);  // a warp per output
-        warp_sum_kernel<T><<<blocks, kThreads, 0, ctx.stream>>>(x, y, kept, red, n_out, n_red, divisor);
+        warp_sum_kernel<In, Out><<<blocks, kThreads, 0, ctx.stream>>>(x, y, kept, red, n_out, n_red, divisor);
         DG_CUDA_CHECK_LAUNCH();
         return;
     }
@@ -200,24 +204,25 @@ void strided_sums(DeviceContext& ctx, const T* x, T* y, const StridedDims& kept,
     const std::int64_t items = n_out * splits;
     const unsigned blocks = grid_size(ctx, items * kThreads, kThreads);  // a block per item
     if (splits == 1) {
-        block_sum_kernel<T><<<blocks, kThreads, 0, ctx.stream>>>(x, y, kept, red, items, 1, chunk, n_red, divisor);
+        block_sum_kernel<In, Out>
+            <<<blocks, kThreads, 0, ctx.stream>>>(x, y, kept, red, items, 1, chunk, n_red, divisor);
         DG_CUDA_CHECK_LAUNCH();
         return;
     }
-    Workspace partial(ctx, static_cast<std::size_t>(items) * sizeof(T));  // (n_out, splits)
-    T* partial_sums = static_cast<T*>(partial.data());
-    block_sum_kernel<T>
-        <<<blocks, kThreads, 0, ctx.stream>>>(x, partial_sums, kept, red, items, splits, chunk, n_red, T(1));
+    Workspace partial(ctx, static_cast<std::size_t>(items) * sizeof(A));  // (n_out, splits), in A: no rounding
+    A* partial_sums = static_cast<A*>(partial.data());
+    block_sum_kernel<In, A>
+        <<<blocks, kThreads, 0, ctx.stream>>>(x, partial_sums, kept, red, items, splits, chunk, n_red, A(1));
     DG_CUDA_CHECK_LAUNCH();
-    strided_sums(ctx, static_cast<const T*>(partial_sums), y, row_dims(n_out, splits), row_dims(splits, 1), n_out,
-                 splits, divisor);
+    strided_sums<A, Out>(ctx, static_cast<const A*>(partial_sums), y, row_dims(n_out, splits), row_dims(splits, 1),
+                         n_out, splits, divisor);
 }
 
 // x (outer, rows, inner) -> y (outer, inner) = column sums / divisor, with partial sums over row
 // slices and a second pass when the rows are long.
-template <typename T>
-void column_sums(DeviceContext& ctx, const T* x, T* y, std::int64_t outer, std::int64_t rows, std::int64_t inner,
-                 T divisor) {
+template <typename In, typename Out, typename A = acc_t<In>>
+void column_sums(DeviceContext& ctx, const In* x, Out* y, std::int64_t outer, std::int64_t rows, std::int64_t inner,
+                 A divisor) {
     const std::int64_t column_blocks = ceil_div(inner, kColumnWidth);
     const std::int64_t splits_wanted =
         std::min(choose_splits(ctx, column_blocks * outer, rows, kColumnRows), kMaxGridYZ);
@@ -227,15 +232,18 @@ void column_sums(DeviceContext& ctx, const T* x, T* y, std::int64_t outer, std::
     const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(std::min(outer, kMaxGridYZ)),
                     static_cast<unsigned>(splits));
     if (splits == 1) {
-        column_sum_kernel<T><<<grid, block, 0, ctx.stream>>>(x, y, outer, rows, inner, rows_per_split, divisor);
+        column_sum_kernel<In, Out>
+            <<<grid, block, 0, ctx.stream>>>(x, y, outer, rows, inner, rows_per_split, divisor);
         DG_CUDA_CHECK_LAUNCH();
         return;
     }
-    Workspace partial(ctx, static_cast<std::size_t>(splits * outer * inner) * sizeof(T));  // (splits, outer*inner)
-    T* partial_sums = static_cast<T*>(partial.data());
-    column_sum_kernel<T><<<grid, block, 0, ctx.stream>>>(x, partial_sums, outer, rows, inner, rows_per_split, T(1));
+    // (splits, outer*inner), in A: no rounding
+    Workspace partial(ctx, static_cast<std::size_t>(splits * outer * inner) * sizeof(A));
+    A* partial_sums = static_cast<A*>(partial.data());
+    column_sum_kernel<In, A>
+        <<<grid, block, 0, ctx.stream>>>(x, partial_sums, outer, rows, inner, rows_per_split, A(1));
     DG_CUDA_CHECK_LAUNCH();
-    column_sums(ctx, static_cast<const T*>(partial_sums), y, 1, splits, outer * inner, divisor);
+    column_sums<A, Out>(ctx, static_cast<const A*>(partial_sums), y, 1, splits, outer * inner, divisor);
 }
 
 // y = sum of all n elements of x / divisor
@@ -253,11 +261,11 @@ void full_sum(DeviceContext& ctx, const T* x, T* y, std::int64_t n, T divisor) {
 }
 
 // y (the kept axes, in order) = x summed over the `reduced` axes, divided by `divisor` ('=').
-template <typename T>
-void reduce_sum(DeviceContext& ctx, const Tensor& x, Tensor& y, const std::vector<bool>& reduced, T divisor) {
+template <typename T, typename A = acc_t<T>>
+void reduce_sum(DeviceContext& ctx, const Tensor& x, Tensor& y, const std::vector<bool>& reduced, A divisor) {
     if (y.numel() == 0) return;
     if (x.numel() == 0) {  // a reduced axis is empty: sums are 0, means 0/0
-        y.fill(static_cast<double>(T(0) / divisor));
+        y.fill(static_cast<double>(A(0) / divisor));
         return;
     }
     const std::vector<Run> runs = reduction_runs(x.shape(), reduced);
@@ -271,24 +279,31 @@ void reduce_sum(DeviceContext& ctx, const Tensor& x, Tensor& y, const std::vecto
             cudaMemcpyAsync(yp, xp, static_cast<std::size_t>(n_out) * sizeof(T), cudaMemcpyDeviceToDevice, ctx.stream));
         return;
     }
-    if (n_out == 1) return full_sum(ctx, xp, yp, n_red, divisor);
+    // CUB's device reduction accumulates in its input type: bf16/f16 take the block sums below (f32 partials).
+    if (n_out == 1) {
+        if constexpr (is_reduced_gpu_type_v<T>)
+            return strided_sums<T, T>(ctx, xp, yp, StridedDims{}, row_dims(n_red, 1), 1, n_red, divisor);
+        else
+            return full_sum(ctx, xp, yp, n_red, divisor);
+    }
     const auto reduced_runs = std::count_if(runs.begin(), runs.end(), [](const Run& r) { return r.reduced; });
     if (reduced_runs == 1 && !runs.back().reduced) {
         std::int64_t outer = 1;
         std::size_t k = 0;
         for (; !runs[k].reduced; ++k) outer *= runs[k].size;
-        return column_sums(ctx, xp, yp, outer, runs[k].size, n_out / outer, divisor);
+        return column_sums<T, T>(ctx, xp, yp, outer, runs[k].size, n_out / outer, divisor);
     }
     StridedDims kept;
     StridedDims red;
     split_runs(runs, kept, red);
-    strided_sums(ctx, xp, yp, kept, red, n_out, n_red, divisor);
+    strided_sums<T, T>(ctx, xp, yp, kept, red, n_out, n_red, divisor);
 }
 
 // dx[i] = dy[src(i)] * scale: dy broadcast back over the reduced axes (src has stride 0 along them)
-template <typename T>
-__global__ void expand_kernel(const T* __restrict__ dy, T* __restrict__ dx, std::int64_t n, StridedDims src, T scale) {
-    for (std::int64_t i = thread_index(); i < n; i += thread_count()) dx[i] = dy[offset_of(src, i)] * scale;
+template <typename T, typename A = acc_t<T>>
+__global__ void expand_kernel(const T* __restrict__ dy, T* __restrict__ dx, std::int64_t n, StridedDims src, A scale) {
+    for (std::int64_t i = thread_index(); i < n; i += thread_count())
+        dx[i] = from_acc<T>(to_acc(dy[offset_of(src, i)]) * scale);
 }
 
 // x's runs, innermost first, with the stride each steps through dy (the kept axes, contiguous).
@@ -333,19 +348,20 @@ __global__ void max_rows_kernel(const T* __restrict__ x, T* __restrict__ y, std:
     const unsigned lane = threadIdx.x % kWarp;
     for (std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarp; o < outer;
          o += static_cast<std::int64_t>(gridDim.x) * kWarps) {
+        using A = acc_t<T>;  // exact for every T: compares as T would, shuffles as float
         const T* row = x + o * len;
-        ArgMax<T> best{T(0), -1};
+        ArgMax<A> best{A(0), -1};
         for (std::int64_t r = lane; r < len; r += kWarp) {
-            best = better_of(best, ArgMax<T>{row[r], r});
+            best = better_of(best, ArgMax<A>{to_acc(row[r]), r});
         }
 #pragma unroll
         for (unsigned offset = kWarp / 2; offset > 0; offset /= 2) {
-            const ArgMax<T> other{__shfl_down_sync(0xffffffffu, best.value, offset),
+            const ArgMax<A> other{__shfl_down_sync(0xffffffffu, best.value, offset),
                                   __shfl_down_sync(0xffffffffu, best.index, offset)};
             best = better_of(best, other);
         }
         if (lane == 0) {
-            y[o] = best.value;
+            y[o] = from_acc<T>(best.value);
             argmax[o] = best.index;
         }
     }
@@ -358,16 +374,16 @@ __global__ void max_columns_kernel(const T* __restrict__ x, T* __restrict__ y, s
     for (std::int64_t k = thread_index(); k < outer * inner; k += thread_count()) {
         const std::int64_t o = k / inner;
         const T* column = x + o * len * inner + (k - o * inner);
-        T best = column[0];
+        acc_t<T> best = to_acc(column[0]);
         std::int64_t best_r = 0;
         for (std::int64_t r = 1; r < len; ++r) {
-            const T v = column[r * inner];
+            const acc_t<T> v = to_acc(column[r * inner]);
             if (v > best || (v != v && best == best)) {  // the first NaN wins (see ArgMax)
                 best = v;
                 best_r = r;
             }
         }
-        y[k] = best;
+        y[k] = from_acc<T>(best);
         argmax[k] = best_r;
     }
 }
@@ -380,7 +396,7 @@ __global__ void max_backward_kernel(const T* __restrict__ dy, const std::int64_t
         const std::int64_t t = k / inner;
         const std::int64_t o = t / len;
         const std::int64_t j = o * inner + (k - t * inner);
-        dx[k] = argmax[j] == t - o * len ? dy[j] : T(0);
+        dx[k] = argmax[j] == t - o * len ? dy[j] : from_acc<T>(0);
     }
 }
 
@@ -392,8 +408,9 @@ Tensor reduce_forward(const ForwardArgs& args) {
     DeviceContext& ctx = context_for(x);
     const std::vector<bool> reduced = reduced_axes(x.shape(), args.attrs.axes);
     Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    dispatch_floating(x.dtype(), "reduce_forward", [&]<typename T>() {
-        const T divisor = args.op == OpType::Mean ? static_cast<T>(reduced_count(x.shape(), reduced)) : T(1);
+    dispatch_gpu_floating(x.dtype(), "reduce_forward", [&]<typename T>() {
+        using A = acc_t<T>;
+        const A divisor = args.op == OpType::Mean ? static_cast<A>(reduced_count(x.shape(), reduced)) : A(1);
         reduce_sum<T>(ctx, x, y, reduced, divisor);
     });
     return y;
@@ -408,9 +425,10 @@ std::vector<Tensor> reduce_backward(const BackwardArgs& args) {
     Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
     const std::int64_t n = x.numel();
     if (n == 0) return {dx};
-    dispatch_floating(x.dtype(), "reduce_backward", [&]<typename T>() {
+    dispatch_gpu_floating(x.dtype(), "reduce_backward", [&]<typename T>() {
         // scale = 1/count as on the CPU, so both backends round alike
-        const T scale = args.op == OpType::Mean ? T(1) / static_cast<T>(reduced_count(x.shape(), reduced)) : T(1);
+        using A = acc_t<T>;
+        const A scale = args.op == OpType::Mean ? A(1) / static_cast<A>(reduced_count(x.shape(), reduced)) : A(1);
         expand_kernel<T><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(
             args.grad_output.data<T>(), dx.data<T>(), n, expand_dims(reduction_runs(x.shape(), reduced)), scale);
         DG_CUDA_CHECK_LAUNCH();
@@ -428,7 +446,7 @@ Tensor max_forward(const ForwardArgs& args) {
     Tensor argmax = Tensor::empty(args.out.shape, DType::i64, x.device());
     const std::int64_t n_out = v.outer * v.inner;
     if (n_out > 0) {
-        dispatch_floating(x.dtype(), "max_forward", [&]<typename T>() {
+        dispatch_gpu_floating(x.dtype(), "max_forward", [&]<typename T>() {
             if (v.inner == 1)
                 max_rows_kernel<T><<<grid_size(ctx, n_out * kWarp, kThreads), kThreads, 0, ctx.stream>>>(
                     x.data<T>(), y.data<T>(), argmax.data<std::int64_t>(), v.outer, v.size);
@@ -452,7 +470,7 @@ std::vector<Tensor> max_backward(const BackwardArgs& args) {
     Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
     const std::int64_t n = x.numel();
     if (n == 0) return {dx};
-    dispatch_floating(x.dtype(), "max_backward", [&]<typename T>() {
+    dispatch_gpu_floating(x.dtype(), "max_backward", [&]<typename T>() {
         max_backward_kernel<T><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(
             args.grad_output.data<T>(), args.saved[0].data<std::int64_t>(), dx.data<T>(), n, v.size, v.inner);
         DG_CUDA_CHECK_LAUNCH();
@@ -471,7 +489,8 @@ Tensor sum_over(const Tensor& x, std::span<const int> axes) {
         shape[a] = 1;
     }
     Tensor y = Tensor::empty(shape, x.dtype(), x.device());
-    dispatch_floating(x.dtype(), "sum_over", [&]<typename T>() { reduce_sum<T>(ctx, x, y, reduced, T(1)); });
+    dispatch_gpu_floating(x.dtype(), "sum_over",
+                          [&]<typename T>() { reduce_sum<T>(ctx, x, y, reduced, acc_t<T>(1)); });
     return y;
 }
 

@@ -48,6 +48,8 @@ namespace dyngrad {
 
 TensorStats tensor_stats(const Tensor& tensor) {
     if (!tensor.defined()) throw ValueError("tensor_stats: tensor is undefined");
+    // bf16/f16 -> f32 is exact (NaN, Inf and every finite value kept): the f32 statistics are the tensor's.
+    if (is_reduced_precision(tensor.dtype())) return tensor_stats(tensor.to(DType::f32));
     if (tensor.device().is_cpu()) return cpu::tensor_stats(tensor);
 #if DYNGRAD_WITH_CUDA
     return cuda::tensor_stats(tensor);

@@ -110,6 +110,9 @@ TensorStats tensor_stats(const Tensor& x) {
         case DType::f32: return stats_of<float>(x);
         case DType::f64: return stats_of<double>(x);
         case DType::i64: return stats_of<std::int64_t>(x);
+        // bf16/f16 -> f32 is exact (one conversion kernel): the f32 statistics are the tensor's.
+        case DType::bf16:
+        case DType::f16: return stats_of<float>(x.to(DType::f32));
     }
     throw DTypeError(str("tensor_stats: unknown dtype code ", static_cast<int>(x.dtype())));
 }

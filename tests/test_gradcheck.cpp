@@ -13,6 +13,7 @@
 
 #include "catch.h"
 #include "dyngrad/dyngrad.h"
+#include "check_reporting.h"
 #include "input_subsets.h"
 
 using namespace dyngrad;
@@ -23,21 +24,11 @@ constexpr double kFiniteDifferenceTolerance = 1e-6;
 constexpr double kFloat32Tolerance = 1e-5;
 
 std::uint64_t seed_base() {
-    static const std::uint64_t base = [] {
-        const char* env = std::getenv("DYNGRAD_TEST_SEED");
-        const std::uint64_t value = env ? std::strtoull(env, nullptr, 10) : 20240611;
-        std::cout << "test_gradcheck: seed base " << value
-                  << " (each op uses seed_for_name(base, its name); set DYNGRAD_TEST_SEED to change)"
-                  << std::endl;
-        return value;
-    }();
+    static const std::uint64_t base = dgtest::seed_base("test_gradcheck", 20240611);
     return base;
 }
 
-std::string describe_result(const CheckResult& r) {
-    return str(r.check, " of ", r.op, " '", r.case_label, "' shapes ", r.shapes, ": max rel err ", r.max_rel_err,
-               " (tolerance ", r.tolerance, "), max abs err ", r.max_abs_err, ", ", r.detail);
-}
+using dgtest::describe_result;
 
 }  // namespace
 

@@ -534,7 +534,7 @@ TEST_CASE("malformed safetensors files throw IoError and change nothing", "[trai
         {"unterminated object", "{" + entry, data, "expected '}'"},
         {"trailing comma", "{" + entry + ",}", data, "expected '\"'"},
         {"trailing bytes", "{" + entry + "}x", data, "unexpected bytes"},
-        {"unknown dtype", R"({"t":{"dtype":"F16","shape":[2,2],"data_offsets":[0,16]}})", data, "'F16'"},
+        {"unknown dtype", R"({"t":{"dtype":"F8_E5M2","shape":[2,2],"data_offsets":[0,16]}})", data, "'F8_E5M2'"},
         {"dtype not a string", R"({"t":{"dtype":32,"shape":[2,2],"data_offsets":[0,16]}})", data, "expected '\"'"},
         {"negative dim", R"({"t":{"dtype":"F32","shape":[-2,2],"data_offsets":[0,16]}})", data, "non-negative"},
         {"fraction", R"({"t":{"dtype":"F32","shape":[2.0,2],"data_offsets":[0,16]}})", data, "fraction"},

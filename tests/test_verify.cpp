@@ -65,6 +65,24 @@ TEST_CASE("verify replays a float32 CPU graph in float64 and passes", "[verify]"
     CHECK(w1.grad().defined());
 }
 
+TEST_CASE("verify replays a bf16 and an f16 CPU graph in float64 within their default tolerance", "[verify][reduced]") {
+    for (const DType dtype : {DType::bf16, DType::f16}) {
+        INFO(dtype_name(dtype));
+        Generator gen(12);
+        Parameter w1(random({16, 8}, gen, dtype), "w1"), b1(random({16}, gen, dtype), "b1"),
+            w2(random({5, 16}, gen, dtype), "w2");
+        const Tensor x = random({4, 8}, gen, dtype);
+        const Tensor labels = Tensor::from_vector(std::vector<std::int64_t>{0, 3, 4, 1}, {4});
+        ComputeGraph graph;
+        Var loss = mlp_loss(graph, w1, b1, w2, x, labels);
+        const VerifyReport report = verify(graph, loss);
+        INFO(report.table());
+        CHECK(report.pass);
+        CHECK(report.tolerance == 16 * unit_roundoff(dtype));
+        CHECK(w1.grad().dtype() == dtype);
+    }
+}
+
 TEST_CASE("verify follows the recorded run's choice where float32 rounding ties a max", "[verify]") {
     // p = x·s: in float64 p1 = 3·float(1/3) = 1.0000000298 beats p0 = 1, in float32 both round to 1 and the
     // first wins. The replay must route the gradient as the recorded run did; it still checks p's values.
