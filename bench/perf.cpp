@@ -9,6 +9,9 @@
 //                                       float32, then TF32 GEMMs (cuda::set_allow_tf32)
 //   matmul_relu                         x (100,100) @ w (100,50), ReLU, sum, backward: dx, dw (no optimizer)
 //   mul64m                              y = a·b of two 64M-element float32 vectors, backward from a given dy
+//   lenet5_b64_bf16, mlp4096_bf16,     lenet5_b64 / mlp4096 under AutocastGuard (graph/autocast.h): GEMMs and
+//   mlp4096_f16                         convolutions in bf16/f16 on tensor cores, f32 master weights and loss;
+//                                       f16 scales the loss with a GradScaler (torch.autocast + GradScaler)
 //   lenet5_b64_full, mlp784_b64_full    (only with --only; no PyTorch counterpart) lenet5_b64 / mlp784_b64 with
 //                                       everything a real training step has (issue 15): dropout 0.1 on the
 //                                       logits, clip_grad_norm(1.0), AdamW (lr 1e-3, wd 0.01), WarmupCosineLR
@@ -207,26 +210,39 @@ struct Workload {
 
 const Device kGpu = Device::cuda(0);
 
-// Random inputs of `input_shape` in [-1, 1) and labels in [0, classes), on the GPU.
-Prepared training(Sequential model, const Shape& input_shape, std::int64_t classes) {
+// Random inputs of `input_shape` in [-1, 1) and labels in [0, classes), on the GPU. `precision` bf16/f16: the
+// forward under autocast into it (f16 with loss scaling); f32: no autocast.
+Prepared training(Sequential model, const Shape& input_shape, std::int64_t classes,
+                  DType precision = DType::f32) {
     model.to(kGpu);
     auto optimizer = std::make_shared<SGD>(model.parameters(), SgdOptions{.lr = 0.01});
+    auto scaler = std::make_shared<GradScaler>(GradScalerOptions{.enabled = precision == DType::f16});
     Generator gen(7);
     const Tensor x = Tensor::uniform(input_shape, -1, 1, gen).to(kGpu);
     std::vector<std::int64_t> labels(static_cast<std::size_t>(input_shape[0]));
     for (std::int64_t& label : labels) label = static_cast<std::int64_t>(gen.engine()() % static_cast<std::uint64_t>(classes));
     const Tensor y = Tensor::from_vector(labels, {input_shape[0]}).to(kGpu);
-    StepFn step = [model, optimizer](std::span<const Tensor> in) {
+    StepFn step = [model, optimizer, scaler, precision](std::span<const Tensor> in) {
         ComputeGraph graph;
-        const Var loss = cross_entropy(model(graph.input(in[0], "x")), graph.input(in[1], "labels"));
+        Var loss;
+        {
+            const AutocastGuard autocast(precision);  // f32: off
+            loss = cross_entropy(model(graph.input(in[0], "x")), graph.input(in[1], "labels"));
+        }
         // Activations are released as the sweep passes them, as PyTorch's backward frees saved tensors.
-        graph.backward(loss, {.free_values = true});
-        optimizer->step();
+        graph.backward(scaler->scale(loss), {.free_values = true});
+        if (scaler->enabled()) {
+            scaler->step(*optimizer);
+            scaler->update();
+        } else {
+            optimizer->step();
+        }
         optimizer->zero_grad();
         return loss.value();
     };
-    std::function<Work()> work = [model, x] {
+    std::function<Work()> work = [model, x, precision] {
         ComputeGraph graph;
+        const AutocastGuard autocast(precision);
         static_cast<void>(model(graph.input(x, "x")));
         Work w = forward_work(graph);
         for (const Parameter& p : model.parameters()) w.bytes += 3 * nbytes(p.value());  // SGD: read p, g; write p
@@ -303,10 +319,16 @@ std::vector<Workload> workloads() {
             return training(models::make_model(name, 28, 28, gen), {batch, 1, 28, 28}, kMnistClasses);
         };
     };
-    auto mlp = [](std::vector<std::int64_t> widths, std::int64_t batch) {
-        return [widths, batch] {
+    auto mlp = [](std::vector<std::int64_t> widths, std::int64_t batch, DType precision = DType::f32) {
+        return [widths, batch, precision] {
             Generator gen(0);
-            return training(models::make_mlp(widths, gen), {batch, widths.front()}, widths.back());
+            return training(models::make_mlp(widths, gen), {batch, widths.front()}, widths.back(), precision);
+        };
+    };
+    auto reduced_model = [](const char* name, std::int64_t batch, DType precision) {
+        return [name, batch, precision] {
+            Generator gen(0);
+            return training(models::make_model(name, 28, 28, gen), {batch, 1, 28, 28}, kMnistClasses, precision);
         };
     };
     auto full = [](const char* name, std::int64_t batch) {
@@ -331,6 +353,10 @@ std::vector<Workload> workloads() {
         {"mlp784_b64", "MLP 784-256-256-10, batch 64, SGD step", mlp({784, 256, 256, 10}, 64)},
         {"mlp4096_fp32", "MLP 4096x4 layers, batch 4096, float32, SGD step", mlp(wide, 4096)},
         {"mlp4096_tf32", "MLP 4096x4 layers, batch 4096, TF32 GEMMs, SGD step", mlp(wide, 4096), true},
+        {"lenet5_b64_bf16", "lenet5, batch 64, bf16 autocast, SGD step", reduced_model("lenet5", 64, DType::bf16)},
+        {"mlp4096_bf16", "MLP 4096x4 layers, batch 4096, bf16 autocast, SGD step", mlp(wide, 4096, DType::bf16)},
+        {"mlp4096_f16", "MLP 4096x4 layers, batch 4096, f16 autocast + GradScaler, SGD step",
+         mlp(wide, 4096, DType::f16)},
         {"matmul_relu", "x 100x100 @ w 100x50, ReLU, sum, backward (dx, dw)", matmul_relu},
         {"mul64m", "a*b of 64M floats, forward + backward", mul64m, false, mul_bytes},
         {"lenet5_b64_full", "lenet5, batch 64, dropout + clip + AdamW + warm-up/cosine", full("lenet5", 64), false, 0,

@@ -300,21 +300,34 @@ def maybe_compile(fn, compiled):
     return torch.compile(fn) if compiled else fn
 
 
-def training(model, input_shape, classes, compiled=False):
+def training(model, input_shape, classes, compiled=False, precision=None):
+    """precision None: float32; torch.bfloat16 / torch.float16: the forward and loss under
+    torch.autocast("cuda", precision), float16 with a GradScaler (as dyngrad-perf's *_bf16 / *_f16 rows)."""
     model = model.to(GPU)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cuda", enabled=precision == torch.float16)
     gen = torch.Generator(device="cpu").manual_seed(7)
     x = (torch.rand(input_shape, generator=gen) * 2 - 1).to(GPU)
     y = torch.randint(0, classes, (input_shape[0],), generator=gen).to(GPU)
+
+    def autocast_loss(x, y):
+        with torch.autocast("cuda", dtype=precision or torch.float32, enabled=precision is not None):
+            return F.cross_entropy(model(x), y)
+
     # Compiled: the forward with its loss (and so, through AOTAutograd, the backward) and the optimizer update.
-    forward_loss = maybe_compile(lambda x, y: F.cross_entropy(model(x), y), compiled)
+    forward_loss = maybe_compile(autocast_loss, compiled)
     update = maybe_compile(optimizer.step, compiled)
 
     def step(inputs):
         optimizer.zero_grad(set_to_none=True)
         loss = forward_loss(inputs[0], inputs[1])
-        loss.backward()
-        update()
+        if scaler.is_enabled():
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)  # reads found_inf on the host: PyTorch's f16 step cannot be captured
+            scaler.update()
+        else:
+            loss.backward()
+            update()
         return loss
 
     return [x, y], step
@@ -363,8 +376,11 @@ def workloads():
     def model(name, batch):
         return lambda compiled=False: training(make_model(name), (batch, 1, 28, 28), 10, compiled)
 
-    def mlp(widths, batch):
-        return lambda compiled=False: training(make_mlp(widths), (batch, widths[0]), widths[-1], compiled)
+    def mlp(widths, batch, precision=None):
+        return lambda compiled=False: training(make_mlp(widths), (batch, widths[0]), widths[-1], compiled, precision)
+
+    def reduced_model(name, batch, precision):
+        return lambda compiled=False: training(make_model(name), (batch, 1, 28, 28), 10, compiled, precision)
 
     return [
         ("lenet5_b1", "lenet5, batch 1, SGD step", model("lenet5", 1), False, 0),
@@ -373,6 +389,12 @@ def workloads():
         ("mlp784_b64", "MLP 784-256-256-10, batch 64, SGD step", mlp([784, 256, 256, 10], 64), False, 0),
         ("mlp4096_fp32", "MLP 4096x4 layers, batch 4096, float32, SGD step", mlp(WIDE, 4096), False, 0),
         ("mlp4096_tf32", "MLP 4096x4 layers, batch 4096, TF32 GEMMs, SGD step", mlp(WIDE, 4096), True, 0),
+        ("lenet5_b64_bf16", "lenet5, batch 64, bf16 autocast, SGD step", reduced_model("lenet5", 64, torch.bfloat16),
+         False, 0),
+        ("mlp4096_bf16", "MLP 4096x4 layers, batch 4096, bf16 autocast, SGD step", mlp(WIDE, 4096, torch.bfloat16),
+         False, 0),
+        ("mlp4096_f16", "MLP 4096x4 layers, batch 4096, f16 autocast + GradScaler, SGD step",
+         mlp(WIDE, 4096, torch.float16), False, 0),
         ("matmul_relu", "x 100x100 @ w 100x50, ReLU, sum, backward (dx, dw)", matmul_relu, False, 0),
         ("mul64m", "a*b of 64M floats, forward + backward", mul64m, False, MUL_BYTES),
     ]

@@ -40,9 +40,17 @@ inline cudnnDataType_t cudnn_dtype(DType dtype, const char* what) {
     switch (dtype) {
         case DType::f32: return CUDNN_DATA_FLOAT;
         case DType::f64: return CUDNN_DATA_DOUBLE;
+        case DType::bf16: return CUDNN_DATA_BFLOAT16;
+        case DType::f16: return CUDNN_DATA_HALF;
         default: break;
     }
-    throw DTypeError(str(what, ": expects float32 or float64, got ", dtype_name(dtype)));
+    throw DTypeError(str(what, ": expects float32, float64, bfloat16 or float16, got ", dtype_name(dtype)));
+}
+
+// The type cuDNN computes (accumulates) in for data of `dtype`: float for bfloat16/float16 (tensor cores with
+// float accumulation, as the GEMMs), the data's own type otherwise.
+inline cudnnDataType_t cudnn_compute_dtype(DType dtype, const char* what) {
+    return is_reduced_precision(dtype) ? CUDNN_DATA_FLOAT : cudnn_dtype(dtype, what);
 }
 
 // cuDNN takes int dimensions.
@@ -64,7 +72,7 @@ inline void cudnn_window_args(std::int64_t size, std::int64_t kernel, std::int64
     if (span < stride) stride = static_cast<std::int64_t>(span) + 1;
 }
 
-// cuDNN's alpha/beta scaling factors: float for float data, double for double data.
+// cuDNN's alpha/beta scaling factors: double for double data, float for every other (float, bfloat16, float16).
 class Scaling {
 public:
     explicit Scaling(DType dtype) : f64_(dtype == DType::f64) {}

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "dyngrad/graph/anomaly.h"
+#include "dyngrad/graph/autocast.h"
 #include "dyngrad/graph/eager.h"
 #include "dyngrad/graph/fusion_check.h"
 #include "dyngrad/graph/backend.h"
@@ -206,6 +207,8 @@ Tensor eager(OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs, st
     for (const Tensor& v : inputs)
         if (v.device() != device)
             throw DeviceError(str(at(), ": inputs on different devices: ", describe_inputs(inputs)));
+    if (autocast_dtype()) [[unlikely]]
+        if (const auto cast = detail::autocast_tensors(op, inputs)) return eager(op, *cast, attrs, where);
     std::vector<Tensor> saved;  // no backward will read them
     return detail::run_forward(
         def, op, inputs, attrs, saved, 0, [&] { return str(at(), " with inputs ", describe_inputs(inputs)); },
@@ -298,6 +301,9 @@ ComputeGraph& Var::live_graph() const {
     return *anchor_->graph;
 }
 ComputeGraph& Var::graph() const { return live_graph(); }
+bool Var::is_live() const {
+    return anchor_ != nullptr && anchor_->generation.load(std::memory_order_acquire) == generation_;
+}
 const ComputeNode& Var::node() const {
     const ComputeGraph& g = live_graph();
     const ComputeGraph::Use use(g, "reading a Var");
@@ -450,6 +456,9 @@ Var ComputeGraph::record_inputs(OpType op, std::span<const Var> inputs, const Op
         any_requires_grad = any_requires_grad || n.requires_grad;
     }
     const std::span<const Tensor> input_values = values.span();
+    if (autocast_dtype()) [[unlikely]]  // record the casts autocast wants, then this op on their outputs
+        if (const auto cast = detail::autocast_inputs(op, inputs, input_values))
+            return record_inputs(op, *cast, attrs, where);
     const Device device = input_values.front().device();
     for (const Tensor& v : input_values)
         if (v.device() != device)

@@ -111,6 +111,8 @@ public:
     Var() = default;
 
     bool defined() const { return anchor_ != nullptr; }
+    // Defined and its graph neither cleared nor destroyed since (never throws).
+    bool is_live() const;
     ComputeGraph& graph() const;
     NodeId id() const { return id_; }
     const ComputeNode& node() const;

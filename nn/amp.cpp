@@ -125,6 +125,7 @@ void GradScaler::update() {
     if (!options_.enabled) return;
     if (!checked_) throw ValueError("GradScaler::update: no step() since the last update(); call step() first");
     checked_ = false;
+    ++updates_;
     for (Tensor* t : {&scale_, &tracker_, &skips_}) t->bump_version();
     if (scale_.device().is_cuda()) {
 #if DYNGRAD_WITH_CUDA
@@ -145,7 +146,8 @@ void GradScaler::update() {
         tracker = 0;
         ++skips;
         if (skips >= options_.max_consecutive_skips && static_cast<double>(scale) < options_.min_scale)
-            throw NumericalError(str("GradScaler: the loss scale collapsed to ", scale, " after ", skips,
+            throw NumericalError(str("GradScaler: at step ", updates_, " (update() call ", updates_,
+                                     ") the loss scale collapsed to ", scale, " after ", skips,
                                      " consecutive skipped steps (non-finite gradients at every scale): the training "
                                      "diverged"));
         return;

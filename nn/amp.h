@@ -20,7 +20,8 @@
 //
 // A collapsing scale (a diverged run: non-finite gradients at every scale) is an error, not a silent stall:
 // when `max_consecutive_skips` steps in a row were skipped and the scale fell below `min_scale`, update()
-// throws NumericalError on the CPU; on a GPU the kernel records it and the NumericalError is raised at the next
+// throws NumericalError on the CPU, naming the step (the count of update() calls); on a GPU the kernel records
+// it and the NumericalError is raised at the next
 // host synchronisation (as an out-of-range label is). The state (scale, growth tracker, consecutive skips) goes
 // into checkpoints (save_checkpoint / load_checkpoint take the scaler).
 #pragma once
@@ -98,6 +99,7 @@ private:
     Tensor skips_;      // i64 ()
     bool unscaled_ = false;  // unscale() was called for the current step
     bool checked_ = false;   // found_inf holds the current step's verdict
+    std::int64_t updates_ = 0;  // update() calls (host count; names the step in the CPU collapse error)
 };
 
 }  // namespace dyngrad

@@ -11,7 +11,9 @@
 // is not enough for that: on Ampere and later it lets cuDNN use TF32 tensor cores for float data. With
 // TF32 allowed the plan uses CUDNN_TENSOR_OP_MATH (TF32, not the fp16 down-conversion of
 // CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION). float64 uses CUDNN_DEFAULT_MATH (its tensor-core paths are exact
-// float64).
+// float64). bfloat16/float16 tensors and filters run with a FLOAT compute type (float accumulation) and
+// CUDNN_TENSOR_OP_MATH: tensor cores, as the GEMMs of ops/linalg.cu; the bias and activation kernels below
+// compute in acc_t<T> (float) and round once on store.
 //
 // The legacy convolution API is marked deprecated in cuDNN 9 (the graph API succeeds it) but is supported.
 //
@@ -37,6 +39,7 @@
 #include "dyngrad/cuda/runtime.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/reduced_precision.cuh"
 
 namespace dyngrad::cuda {
 
@@ -102,13 +105,13 @@ ConvKey conv_key(const Tensor& x, const Tensor& w, const OpAttrs& attrs) {
     return key;
 }
 
-void set_conv_descriptor(cudnnConvolutionDescriptor_t desc, const ConvKey& key, cudnnDataType_t type,
+void set_conv_descriptor(cudnnConvolutionDescriptor_t desc, const ConvKey& key, cudnnDataType_t compute,
                          cudnnMathType_t math) {
     constexpr const char* what = "conv2d";
     DG_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
         desc, cudnn_dim(key.padding[0], what), cudnn_dim(key.padding[1], what), cudnn_dim(key.stride[0], what),
         cudnn_dim(key.stride[1], what), cudnn_dim(key.dilation[0], what), cudnn_dim(key.dilation[1], what),
-        CUDNN_CROSS_CORRELATION, type));
+        CUDNN_CROSS_CORRELATION, compute));
     DG_CUDNN_CHECK(cudnnSetConvolutionGroupCount(desc, cudnn_dim(key.groups, what)));
     DG_CUDNN_CHECK(cudnnSetConvolutionMathType(desc, math));
 }
@@ -118,8 +121,9 @@ std::shared_ptr<ConvPlan> make_plan(const ConvKey& key, const Shape& y_shape) {
     auto plan = std::make_shared<ConvPlan>();
     const cudnnDataType_t type = cudnn_dtype(key.dtype, what);
     // What the search may use (see the top of this file).
-    const cudnnMathType_t math =
-        key.dtype == DType::f64 ? CUDNN_DEFAULT_MATH : key.tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+    const cudnnMathType_t math = key.dtype == DType::f64                        ? CUDNN_DEFAULT_MATH
+                                 : key.tf32 || is_reduced_precision(key.dtype) ? CUDNN_TENSOR_OP_MATH
+                                                                               : CUDNN_FMA_MATH;
     plan->fma_only = key.dtype == DType::f32 && !key.tf32;
     plan->deterministic = key.deterministic;
     const auto set_4d = [&](cudnnTensorDescriptor_t desc, std::int64_t n, std::int64_t c, std::int64_t h,
@@ -134,7 +138,7 @@ std::shared_ptr<ConvPlan> make_plan(const ConvKey& key, const Shape& y_shape) {
                                               cudnn_dim(key.w[3], what)));
     for (cudnnConvolutionDescriptor_t desc :
          {plan->forward.conv.get(), plan->backward_data.conv.get(), plan->backward_filter.conv.get()})
-        set_conv_descriptor(desc, key, type, math);
+        set_conv_descriptor(desc, key, cudnn_compute_dtype(key.dtype, what), math);
 
     // cuDNN's output shape must be the one infer::conv2d gave the engine.
     std::array<int, 4> dims{};
@@ -264,10 +268,10 @@ __global__ void conv2d_bias_activation_kernel(T* __restrict__ y, const T* __rest
                                               std::int64_t channels, std::int64_t hw) {
     const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
     for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
-        T v = y[i];
-        if (b != nullptr) v += b[(i / hw) % channels];
-        if constexpr (Relu) v = math::ReluOp::forward(v, T(0));
-        y[i] = v;
+        acc_t<T> v = to_acc(y[i]);
+        if (b != nullptr) v += to_acc(b[(i / hw) % channels]);
+        if constexpr (Relu) v = math::ReluOp::forward(v, acc_t<T>(0));
+        y[i] = from_acc<T>(v);
     }
 }
 
@@ -277,13 +281,15 @@ __global__ void conv2d_bias_activation_kernel(T* __restrict__ y, const T* __rest
 // per channel the block writes db[k]. Otherwise it writes partials[k·chunks + c], and the last block to
 // finish, counted on `counter` (which it leaves 0 again), adds each channel's partials in chunk order: one
 // launch, and sums that do not depend on which block finishes when (the memory-fence example of the CUDA
-// C++ Programming Guide; only the integer counter is atomic).
+// C++ Programming Guide; only the integer counter is atomic). Sums and partials are in acc_t<T>.
 template <typename T, bool Relu>
 __global__ void conv2d_activation_backward_kernel(const T* __restrict__ dy, const T* __restrict__ y,
-                                                  T* __restrict__ dz, T* __restrict__ db, T* __restrict__ partials,
+                                                  T* __restrict__ dz, T* __restrict__ db,
+                                                  acc_t<T>* __restrict__ partials,
                                                   unsigned* __restrict__ counter, std::int64_t images,
                                                   std::int64_t channels, std::int64_t hw, std::int64_t chunk) {
-    using BlockReduce = cub::BlockReduce<T, kThreads>;
+    using A = acc_t<T>;
+    using BlockReduce = cub::BlockReduce<A, kThreads>;
     __shared__ typename BlockReduce::TempStorage temp;
     __shared__ bool last;
     const std::int64_t k = blockIdx.x;
@@ -293,13 +299,13 @@ __global__ void conv2d_activation_backward_kernel(const T* __restrict__ dy, cons
     // j's image and position, advanced without a division per value
     std::int64_t image = begin / hw, position = begin % hw;
     const std::int64_t step_image = kThreads / hw, step_position = kThreads % hw;
-    T sum = 0;
+    A sum = 0;
     for (std::int64_t j = begin; j < end; j += kThreads) {
         const std::int64_t offset = (image * channels + k) * hw + position;
-        T g = dy[offset];
+        A g = to_acc(dy[offset]);
         if constexpr (Relu) {
-            g = math::ReluOp::masked_gradient(y[offset], g);
-            if (dz != nullptr) dz[offset] = g;
+            g = math::ReluOp::masked_gradient(to_acc(y[offset]), g);
+            if (dz != nullptr) dz[offset] = from_acc<T>(g);
         }
         sum += g;
         image += step_image;
@@ -312,7 +318,7 @@ __global__ void conv2d_activation_backward_kernel(const T* __restrict__ dy, cons
     if (db == nullptr) return;  // the same for every thread of the block
     sum = BlockReduce(temp).Sum(sum);
     if (gridDim.y == 1) {
-        if (threadIdx.x == 0) db[k] = sum;
+        if (threadIdx.x == 0) db[k] = from_acc<T>(sum);
         return;
     }
     if (threadIdx.x == 0) {
@@ -323,9 +329,9 @@ __global__ void conv2d_activation_backward_kernel(const T* __restrict__ dy, cons
     __syncthreads();
     if (!last) return;
     for (std::int64_t c = threadIdx.x; c < channels; c += kThreads) {
-        T total = 0;
+        A total = 0;
         for (unsigned i = 0; i < gridDim.y; ++i) total += __ldcg(partials + c * gridDim.y + i);  // from L2
-        db[c] = total;
+        db[c] = from_acc<T>(total);
     }
     if (threadIdx.x == 0) *counter = 0;
 }
@@ -334,7 +340,7 @@ __global__ void conv2d_activation_backward_kernel(const T* __restrict__ dy, cons
 void bias_activation_forward(DeviceContext& ctx, const Tensor& y, const Tensor* b, Activation activation) {
     const std::int64_t n = y.numel(), channels = y.shape()[1], hw = y.shape()[2] * y.shape()[3];
     const unsigned blocks = grid_size(ctx, n, kThreads);
-    dispatch_floating(y.dtype(), "conv2d", [&]<typename T>() {
+    dispatch_gpu_floating(y.dtype(), "conv2d", [&]<typename T>() {
         const T* bias = b != nullptr ? b->data<T>() : nullptr;
         if (activation == Activation::Relu)
             conv2d_bias_activation_kernel<T, true>
@@ -365,10 +371,10 @@ void activation_backward(DeviceContext& ctx, const Tensor& dy, const Tensor& y, 
     const std::int64_t chunk = (per_channel + chunks - 1) / chunks;
     chunks = (per_channel + chunk - 1) / chunk;  // no empty chunks
     const dim3 grid(static_cast<unsigned>(channels), static_cast<unsigned>(chunks));
-    dispatch_floating(dy.dtype(), "conv2d backward", [&]<typename T>() {
+    dispatch_gpu_floating(dy.dtype(), "conv2d backward", [&]<typename T>() {
         std::optional<Workspace> partials;
-        if (chunks > 1) partials.emplace(ctx, static_cast<std::size_t>(channels * chunks) * sizeof(T));
-        T* partial_sums = partials ? static_cast<T*>(partials->data()) : nullptr;
+        if (chunks > 1) partials.emplace(ctx, static_cast<std::size_t>(channels * chunks) * sizeof(acc_t<T>));
+        acc_t<T>* partial_sums = partials ? static_cast<acc_t<T>*>(partials->data()) : nullptr;
         T* dz_data = dz.defined() ? dz.data<T>() : nullptr;
         T* db_data = db.defined() ? db.data<T>() : nullptr;
         if (activation == Activation::Relu)

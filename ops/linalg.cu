@@ -1,7 +1,11 @@
 // Matrix products on the GPU: matmul through cuBLAS GEMMs; linear through cuBLASLt GEMMs with fused
-// epilogues in float32 (bias, weight and bias gradients in one GEMM; the ReLU is a kernel of ours, see
-// linear_forward) and cuBLAS plus small kernels otherwise. CPU reference: ops/linalg.cpp (same names in
-// namespace cpu). Layout ops: ops/layout.cu.
+// epilogues in float32, bfloat16 and float16 (bias, weight and bias gradients in one GEMM; the ReLU is a kernel
+// of ours, see linear_forward) and cuBLAS plus small kernels otherwise. CPU reference: ops/linalg.cpp (same
+// names in namespace cpu). Layout ops: ops/layout.cu.
+//
+// bfloat16 / float16: A, B, C and D in the reduced type, scale type float, CUBLAS_COMPUTE_32F: tensor cores
+// with float accumulation, and D rounded once (the bias of the BIAS epilogue and the BGRADB sum are in D's
+// type, computed in float). The small kernels of ours compute in acc_t<T> (ops/reduced_precision.cuh).
 //
 // cuBLAS is column-major; a row-major buffer read column-major is the transpose of the matrix. So a
 // row-major C = op(A)·op(B) is computed as the column-major Cᵀ = op(B)ᵀ·op(A)ᵀ, i.e. with the two
@@ -23,6 +27,7 @@
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/linalg_geometry.h"
+#include "dyngrad/ops/reduced_precision.cuh"
 
 namespace dyngrad::cuda {
 
@@ -43,11 +48,16 @@ struct Operand {
     std::int64_t stride;
 };
 
+// The CUDA element type of a floating dtype (DTypeError otherwise).
+cudaDataType_t gemm_data_type(DType dtype, const char* what) {
+    return dispatch_gpu_floating(dtype, what, []<typename T>() { return cuda_data_type<T>(); });
+}
+
 // Row-major c (m,n) = op(a) (m,k) · op(b) (k,n), plus c itself when `accumulate` (c is written with
 // '=' otherwise), for `batch` matrices; c's matrices are m·n apart.
 void gemm(DeviceContext& ctx, DType dtype, const char* what, std::int64_t batch, std::int64_t m, std::int64_t n,
           std::int64_t k, Operand a, Operand b, void* c, bool accumulate) {
-    if (!is_floating(dtype)) throw DTypeError(str(what, ": expects float32 or float64, got ", dtype_name(dtype)));
+    const cudaDataType_t type = gemm_data_type(dtype, what);
     if (batch == 0 || m == 0 || n == 0) return;
     if (k == 0) {  // an empty sum: c = 0 (+ c)
         if (!accumulate)
@@ -64,14 +74,15 @@ void gemm(DeviceContext& ctx, DType dtype, const char* what, std::int64_t batch,
     const cublasOperation_t op_b = b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_a = a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
 
+    // Scale type float for everything but float64; bf16/f16 accumulate in float on tensor cores.
     const bool f64 = dtype == DType::f64;
     const float alpha32 = 1.0f, beta32 = accumulate ? 1.0f : 0.0f;
     const double alpha64 = 1.0, beta64 = accumulate ? 1.0 : 0.0;
     const void* alpha = f64 ? static_cast<const void*>(&alpha64) : static_cast<const void*>(&alpha32);
     const void* beta = f64 ? static_cast<const void*>(&beta64) : static_cast<const void*>(&beta32);
-    const cudaDataType_t type = f64 ? CUDA_R_64F : CUDA_R_32F;
-    const cublasComputeType_t compute =
-        f64 ? CUBLAS_COMPUTE_64F : (allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
+    const cublasComputeType_t compute = f64                                   ? CUBLAS_COMPUTE_64F
+                                        : dtype == DType::f32 && allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                                              : CUBLAS_COMPUTE_32F;
 
     if (batch == 1) {
         DG_CUBLAS_CHECK(cublasGemmEx(ctx.cublas, op_b, op_a, cm, cn, ck, alpha, b.data, type, ldb, a.data, type, lda,
@@ -99,7 +110,7 @@ template <typename T>
 __global__ void relu_in_place_kernel(T* __restrict__ y, std::int64_t n) {
     for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-        y[i] = math::ReluOp::forward(y[i], T(0));
+        y[i] = from_acc<T>(math::ReluOp::forward(to_acc(y[i]), acc_t<T>(0)));
 }
 
 // dz = ReluOp::masked_gradient(y, dy): the fused ReLU's gradient taken from the output, which is <= 0
@@ -109,21 +120,22 @@ __global__ void relu_gradient_kernel(const T* __restrict__ dy, const T* __restri
                                      std::int64_t n) {
     for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-        dz[i] = math::ReluOp::masked_gradient(y[i], dy[i]);
+        dz[i] = from_acc<T>(math::ReluOp::masked_gradient(to_acc(y[i]), to_acc(dy[i])));
 }
 
 using LtMatmulDesc = UniqueHandle<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
 using LtLayout = UniqueHandle<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
 using LtPreference = UniqueHandle<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
 
-// A float32 cuBLASLt GEMM in column-major terms, D (m,n) = op(A) (m,k) · op(B) (k,n) with an epilogue,
-// on packed operands (leading dimensions follow from the transposes). The algorithm depends on the
+// A float32, bfloat16 or float16 cuBLASLt GEMM in column-major terms, D (m,n) = op(A) (m,k) · op(B) (k,n)
+// with an epilogue, on packed operands (leading dimensions follow from the transposes). The algorithm depends on the
 // pointers' alignments too (A, B, D, bias), so they are part of the key.
 struct LtGemmKey {
     int device;
     int m, n, k;
     bool transpose_a, transpose_b;
     std::uint32_t epilogue;  // cublasLtEpilogue_t
+    DType dtype;             // of A, B, D and the bias
     bool tf32;
     std::array<std::uint32_t, 4> alignment;
     auto operator<=>(const LtGemmKey&) const = default;
@@ -141,17 +153,18 @@ struct LtGemmPlan {
 
 PlanCache<LtGemmKey, LtGemmPlan>& lt_plans() { return plan_cache<LtGemmKey, LtGemmPlan>(); }
 
-// The largest power of two up to 256 (cuBLASLt's default assumption) that divides the address.
+// The largest power of two up to 256 (cuBLASLt's default assumption) that divides the address (down to 2: a
+// bfloat16 operand may start at any element).
 std::uint32_t pointer_alignment(const void* p) {
     const auto address = reinterpret_cast<std::uintptr_t>(p);
     std::uint32_t alignment = 256;
-    while (alignment > 4 && address % alignment != 0) alignment /= 2;
+    while (alignment > 2 && address % alignment != 0) alignment /= 2;
     return alignment;
 }
 
-LtLayout lt_layout(std::uint64_t rows, std::uint64_t cols) {
+LtLayout lt_layout(cudaDataType_t type, std::uint64_t rows, std::uint64_t cols) {
     cublasLtMatrixLayout_t layout = nullptr;
-    DG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, CUDA_R_32F, rows, cols, static_cast<std::int64_t>(rows)));
+    DG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, rows, cols, static_cast<std::int64_t>(rows)));
     return LtLayout(layout);
 }
 
@@ -171,9 +184,10 @@ std::shared_ptr<LtGemmPlan> make_lt_plan(DeviceContext& ctx, const LtGemmKey& ke
     DG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(matmul, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     const auto m = static_cast<std::uint64_t>(key.m), n = static_cast<std::uint64_t>(key.n),
                k = static_cast<std::uint64_t>(key.k);
-    plan->a = key.transpose_a ? lt_layout(k, m) : lt_layout(m, k);
-    plan->b = key.transpose_b ? lt_layout(n, k) : lt_layout(k, n);
-    plan->d = lt_layout(m, n);
+    const cudaDataType_t type = gemm_data_type(key.dtype, "linear");
+    plan->a = key.transpose_a ? lt_layout(type, k, m) : lt_layout(type, m, k);
+    plan->b = key.transpose_b ? lt_layout(type, n, k) : lt_layout(type, k, n);
+    plan->d = lt_layout(type, m, n);
 
     cublasLtMatmulPreference_t raw_preference = nullptr;
     DG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw_preference));
@@ -201,12 +215,13 @@ std::shared_ptr<LtGemmPlan> make_lt_plan(DeviceContext& ctx, const LtGemmKey& ke
     return plan;
 }
 
-// Enqueues the column-major float32 GEMM d (m,n) = op(a) (m,k) · op(b) (k,n) with `epilogue` (d written
-// with '='): BIAS reads `bias` (m), BGRADB writes `bias` (n) = Σ over k of op(b). Plans are
-// cached per key; no allocation, no sync (the workspace is the context's fixed one). Returns false, having
-// enqueued nothing, when cuBLASLt offers no algorithm for the key.
-bool lt_gemm(DeviceContext& ctx, const char* what, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
-             bool transpose_a, const void* b, bool transpose_b, void* d, cublasLtEpilogue_t epilogue, void* bias) {
+// Enqueues the column-major GEMM d (m,n) = op(a) (m,k) · op(b) (k,n) (float32, bfloat16 or float16 operands,
+// float scale and accumulation) with `epilogue` (d written with '='): BIAS reads `bias` (m), BGRADB writes
+// `bias` (n) = Σ over k of op(b). Plans are cached per key (dtype included); no allocation, no sync (the
+// workspace is the context's fixed one). Returns false, having enqueued nothing, when cuBLASLt offers no algorithm for the key.
+bool lt_gemm(DeviceContext& ctx, DType dtype, const char* what, std::int64_t m, std::int64_t n, std::int64_t k,
+             const void* a, bool transpose_a, const void* b, bool transpose_b, void* d, cublasLtEpilogue_t epilogue,
+             void* bias) {
     const LtGemmKey key{ctx.device,
                         cublas_dim(m, what),
                         cublas_dim(n, what),
@@ -214,7 +229,8 @@ bool lt_gemm(DeviceContext& ctx, const char* what, std::int64_t m, std::int64_t 
                         transpose_a,
                         transpose_b,
                         static_cast<std::uint32_t>(epilogue),
-                        allow_tf32(),
+                        dtype,
+                        dtype == DType::f32 && allow_tf32(),
                         {pointer_alignment(a), pointer_alignment(b), pointer_alignment(d), pointer_alignment(bias)}};
     const std::shared_ptr<LtGemmPlan> plan = lt_plans().get(key, [&] { return make_lt_plan(ctx, key, bias); });
     if (!plan->supported) return false;
@@ -232,7 +248,7 @@ bool lt_gemm(DeviceContext& ctx, const char* what, std::int64_t m, std::int64_t 
 Tensor activation_gradient(DeviceContext& ctx, const Tensor& dy, const Tensor& y, Activation activation) {
     if (activation == Activation::None || dy.numel() == 0) return dy;
     Tensor dz = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
-    dispatch_floating(dy.dtype(), "linear backward", [&]<typename T>() {
+    dispatch_gpu_floating(dy.dtype(), "linear backward", [&]<typename T>() {
         relu_gradient_kernel<T><<<grid_size(ctx, dy.numel(), kThreads), kThreads, 0, ctx.stream>>>(
             dy.data<T>(), y.data<T>(), dz.data<T>(), dy.numel());
         DG_CUDA_CHECK_LAUNCH();
@@ -275,7 +291,7 @@ std::vector<Tensor> matmul_backward(const BackwardArgs& args) {
 }
 
 // x (N,in)  w (out,in)  b (out)  y (N,out) = act(x·wᵀ + b), act per attrs.activation (None or ReLU)
-// float32: one cuBLASLt GEMM, yᵀ (out,N) = w · xᵀ in column-major terms with the BIAS epilogue.
+// float32, bfloat16, float16: one cuBLASLt GEMM, yᵀ (out,N) = w · xᵀ in column-major terms with the BIAS epilogue.
 // float64 (cuBLASLt offers no epilogues for it), an empty inner dimension, or a key without a cuBLASLt
 // algorithm: the bias is written into y, a cuBLAS GEMM accumulates x·wᵀ onto it (beta = 1).
 // The ReLU is always our own in-place kernel, never cuBLASLt's RELU_BIAS epilogue: what that epilogue does
@@ -292,11 +308,11 @@ Tensor linear_forward(const ForwardArgs& args) {
     Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
     const std::int64_t rows = x.size(0), in = x.size(1), out = w.size(0);
     if (y.numel() == 0) return y;
-    const bool fused = x.dtype() == DType::f32 && in > 0 &&
-                       lt_gemm(ctx, "linear", out, rows, in, w.raw_data(), true, x.raw_data(), false, y.raw_data(),
-                               CUBLASLT_EPILOGUE_BIAS, b.raw_data());
+    const bool fused = x.dtype() != DType::f64 && in > 0 &&
+                       lt_gemm(ctx, x.dtype(), "linear", out, rows, in, w.raw_data(), true, x.raw_data(), false,
+                               y.raw_data(), CUBLASLT_EPILOGUE_BIAS, b.raw_data());
     if (!fused) {
-        dispatch_floating(x.dtype(), "linear", [&]<typename T>() {
+        dispatch_gpu_floating(x.dtype(), "linear", [&]<typename T>() {
             bias_rows_kernel<T><<<grid_size(ctx, y.numel(), kThreads), kThreads, 0, ctx.stream>>>(
                 b.data<T>(), y.data<T>(), y.numel(), out);
             DG_CUDA_CHECK_LAUNCH();
@@ -305,7 +321,7 @@ Tensor linear_forward(const ForwardArgs& args) {
              y.raw_data(), true);
     }
     if (relu) {
-        dispatch_floating(x.dtype(), "linear", [&]<typename T>() {
+        dispatch_gpu_floating(x.dtype(), "linear", [&]<typename T>() {
             relu_in_place_kernel<T><<<grid_size(ctx, y.numel(), kThreads), kThreads, 0, ctx.stream>>>(y.data<T>(),
                                                                                                       y.numel());
             DG_CUDA_CHECK_LAUNCH();
@@ -316,8 +332,8 @@ Tensor linear_forward(const ForwardArgs& args) {
 
 // dy (N,out) -> dz = dy ⊙ (y > 0) with the fused ReLU (dy otherwise); dx = dz·w (N,in), dw = dzᵀ·x (out,in),
 // db = column sums of dz (out).
-// float32 with both dw and db wanted: one cuBLASLt GEMM, dwᵀ (in,out) = xᵀ (in,N) · dz (N,out) in
-// column-major terms, whose BGRADB epilogue sums op(B) = dz over k = N: db. cuBLASLt's DRELU epilogues do
+// float32, bfloat16 or float16 with both dw and db wanted: one cuBLASLt GEMM, dwᵀ (in,out) = xᵀ (in,N) ·
+// dz (N,out) in column-major terms, whose BGRADB epilogue sums op(B) = dz over k = N: db. cuBLASLt's DRELU epilogues do
 // not fit: they mask a GEMM's output with a mask stored by the forward, while here dz feeds both GEMMs.
 std::vector<Tensor> linear_backward(const BackwardArgs& args) {
     const Tensor& x = args.inputs[0];
@@ -334,9 +350,9 @@ std::vector<Tensor> linear_backward(const BackwardArgs& args) {
     }
     if (args.needs_grad[1]) grads[1] = Tensor::empty(w.shape(), w.dtype(), w.device());
     bool fused = false;
-    if (args.needs_grad[1] && args.needs_grad[2] && x.dtype() == DType::f32 && rows > 0 && in > 0 && out > 0) {
+    if (args.needs_grad[1] && args.needs_grad[2] && x.dtype() != DType::f64 && rows > 0 && in > 0 && out > 0) {
         grads[2] = Tensor::empty(b.shape(), b.dtype(), b.device());
-        fused = lt_gemm(ctx, "linear backward", in, out, rows, x.raw_data(), false, dz.raw_data(), true,
+        fused = lt_gemm(ctx, x.dtype(), "linear backward", in, out, rows, x.raw_data(), false, dz.raw_data(), true,
                         grads[1].raw_data(), CUBLASLT_EPILOGUE_BGRADB, grads[2].raw_data());
     }
     if (args.needs_grad[1] && !fused)

@@ -6,6 +6,7 @@
 //   dyngrad-train --model mlp --epochs 1 --limit 2000 --device cpu
 //   dyngrad-train --model lstm --epochs 2 --limit 4000 --device cpu
 //   dyngrad-train --model lenet --device cuda --resident --schedule none --target-accuracy 0.9 --epochs 30
+//   dyngrad-train --model mlp --device cuda --precision bf16
 //
 // The last line is `test_accuracy=0.XXXX`; with --target-accuracy the lines `epochs_to_target=N` (0 when
 // the target was not reached), `time_to_target_s=S` (training seconds of those epochs, evaluation excluded)
@@ -64,6 +65,10 @@ constexpr const char* kUsage = R"(usage: dyngrad-train [options]
                       prints, saves and writes the CSV
   --target-accuracy X stop after the first epoch whose test accuracy reaches X (0 to 1) and print
                       time_to_target_s: the training seconds up to then, evaluation excluded
+  --precision NAME    f32 | bf16 | f16: the forward under autocast into that dtype (graph/autocast.h;
+                      parameters, gradients and optimizer states stay f32); f16 scales the loss with a
+                      GradScaler (skipped steps and the scale are printed per epoch). On the CPU the
+                      reduced ops compute through f32 from the rounded values          (default f32)
 )";
 
 struct Options {
@@ -86,6 +91,7 @@ struct Options {
     std::int64_t log_every = 0;  // 0: by device
     std::optional<double> target_accuracy;
     bool distributed = false;
+    DType precision = DType::f32;
 };
 
 using cli::UsageError;
@@ -97,7 +103,7 @@ Options parse_options(int argc, char** argv) {
         {.flags = {"--resident", "--distributed"},
          .options = {"--model", "--epochs", "--batch", "--lr", "--optimizer", "--momentum", "--weight-decay",
                      "--schedule", "--device", "--seed", "--limit", "--data", "--save", "--load", "--csv", "--shadow",
-                     "--shadow-tolerance", "--log-every", "--target-accuracy"}});
+                     "--shadow-tolerance", "--log-every", "--target-accuracy", "--precision"}});
     constexpr double kMax = std::numeric_limits<double>::max();
     Options o;
     const auto given = [&](const char* name) { return args.value(name); };
@@ -125,6 +131,10 @@ Options parse_options(int argc, char** argv) {
         o.shadow_tolerance = cli::parse_real("--shadow-tolerance", *v, 0, kMax, /*min_exclusive=*/true);
     if (auto v = given("--log-every")) o.log_every = cli::parse_int("--log-every", *v, 1);
     if (auto v = given("--target-accuracy")) o.target_accuracy = cli::parse_real("--target-accuracy", *v, 0, 1);
+    if (auto v = given("--precision")) {
+        const std::string precision = cli::parse_choice("--precision", *v, {"f32", "bf16", "f16"});
+        o.precision = precision == "bf16" ? DType::bf16 : precision == "f16" ? DType::f16 : DType::f32;
+    }
     // Last, so that a mistake in another argument is reported without the data set installed.
     o.data = cli::existing_directory(given("--data") ? "--data" : "--data (default)", given("--data").value_or(o.data));
     if (o.log_every == 0) o.log_every = o.device.is_cpu() ? 1 : 50;
@@ -145,7 +155,8 @@ std::unique_ptr<Optimizer> make_optimizer(const Options& o, const std::vector<Pa
 
 // Rows of `logits` (N,C) whose largest entry is at the label's index (first maximum on ties).
 std::int64_t count_correct(const Tensor& logits, const Tensor& labels) {
-    const Tensor scores = logits.to(Device::cpu());
+    // Under autocast the logits may be bf16/f16 (a linear's output).
+    const Tensor scores = logits.to(Device::cpu()).to(DType::f32);
     const Tensor truth = labels.to(Device::cpu());
     const std::int64_t rows = scores.size(0), classes = scores.size(1);
     const float* s = scores.data<float>();
@@ -164,9 +175,10 @@ struct Metrics {
 };
 
 // Mean loss and accuracy over a whole split, in eval mode and without recording history.
-Metrics evaluate(Sequential& model, BatchLoader& loader) {
+Metrics evaluate(Sequential& model, BatchLoader& loader, DType precision) {
     model.eval();
     const NoGradGuard no_grad;
+    const AutocastGuard autocast(precision);  // f32: off
     double loss_sum = 0;
     std::int64_t correct = 0, seen = 0;
     Batch batch;
@@ -319,12 +331,17 @@ int run(Options o) {
     const std::unique_ptr<Optimizer> optimizer = make_optimizer(o, model.parameters());
     std::optional<CosineAnnealingLR> cosine;
     if (o.schedule == "cosine" && o.epochs > 0) cosine.emplace(*optimizer, o.epochs);
-    std::printf("model: %s, %lld parameters | %s lr %g, %s schedule | batch %lld | %lld epoch%s | %s%s | seed %llu\n",
+    std::printf("model: %s, %lld parameters | %s lr %g, %s schedule | batch %lld | %lld epoch%s | %s%s | seed %llu"
+                " | precision %s\n",
                 o.model.c_str(), static_cast<long long>(parameter_count), o.optimizer.c_str(), optimizer->lr(),
                 o.schedule.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.epochs),
                 o.epochs == 1 ? "" : "s", o.device.to_string().c_str(),
                 o.device.is_cuda() ? (o.resident ? " (data resident on the GPU)" : " (pinned, asynchronous batches)") : "",
-                static_cast<unsigned long long>(o.seed));
+                static_cast<unsigned long long>(o.seed),
+                o.precision == DType::f32 ? "f32" : o.precision == DType::bf16 ? "bf16 autocast" : "f16 autocast + loss scaling");
+    // f16's 5 exponent bits underflow small gradients: scale the loss (bf16 has f32's range and needs none).
+    GradScaler scaler(GradScalerOptions{.enabled = o.precision == DType::f16});
+    std::int64_t skipped_steps = 0;
     if (o.device.is_cuda()) std::printf("device: %s\n", cuda::device_name(o.device.index).c_str());
 
     BatchLoader train_loader(data.train, {.batch_size = o.batch, .shuffle = true, .seed = o.seed, .device = o.device,
@@ -345,14 +362,19 @@ int run(Options o) {
         Batch batch;
         while (train_loader.next(batch)) {
             ComputeGraph graph;
-            const Var logits = model(graph.input(batch.images, "images"));
-            const Var loss = cross_entropy(logits, graph.input(batch.labels, "labels"));
+            Var logits, loss;
+            {
+                const AutocastGuard autocast(o.precision);  // f32: off; the loss is f32 under every policy
+                logits = model(graph.input(batch.images, "images"));
+                loss = cross_entropy(logits, graph.input(batch.labels, "labels"));
+            }
+            const Var scaled_loss = scaler.scale(loss);  // the loss itself unless f16
             optimizer->zero_grad();
 #if DYNGRAD_WITH_DIST
-            if (ddp) ddp->backward(graph, loss, shadow.backward_options(step));
+            if (ddp) ddp->backward(graph, scaled_loss, shadow.backward_options(step));
             else
 #endif
-                graph.backward(loss, shadow.backward_options(step));
+                graph.backward(scaled_loss, shadow.backward_options(step));
             if (shadow.due(step)) {
                 // Throws GraphError naming the first diverging node.
                 for (const NodeCheck& n : shadow.check(graph, loss).nodes) {
@@ -360,12 +382,15 @@ int run(Options o) {
                     shadow_worst_grad = std::max(shadow_worst_grad, n.grad_rel_err);
                 }
             }
-            optimizer->step();
+            scaler.step(*optimizer);  // skipped whole when an f16 gradient overflowed; no host sync
+            scaler.update();
             images_done += batch.size();
             ++step;
-            if (progress.wants(batch.index, o.log_every))
+            if (progress.wants(batch.index, o.log_every)) {
                 progress.add(batch.index, loss.item(), count_correct(logits.value(), batch.labels), batch.size(),
                              images_done);
+                if (scaler.enabled()) skipped_steps += scaler.last_step_skipped();  // read back with the loss
+            }
         }
         if (o.device.is_cuda()) cuda::synchronize(o.device.index);
         const double seconds = progress.seconds();
@@ -374,21 +399,25 @@ int run(Options o) {
         if (cosine) cosine->step();
 
         const auto evaluation_start = Clock::now();
-        test = evaluate(model, test_loader);
+        test = evaluate(model, test_loader, o.precision);
         evaluation_seconds_total += std::chrono::duration<double>(Clock::now() - evaluation_start).count();
         ++epochs_done;
         if (o.target_accuracy && test.accuracy >= *o.target_accuracy) epochs_to_target = epochs_done;
         const Metrics train = progress.train_metrics();
         const double rate = static_cast<double>(images_done) / seconds;
-        std::printf("epoch %lld/%lld  train loss %.4f acc %.2f%%  test loss %.4f acc %.2f%%  %.1f s (%.0f img/s)  lr %.3g\n",
+        std::printf("epoch %lld/%lld  train loss %.4f acc %.2f%%  test loss %.4f acc %.2f%%  %.1f s (%.0f img/s)  lr %.3g",
                     static_cast<long long>(epoch + 1), static_cast<long long>(o.epochs), train.loss,
                     100 * train.accuracy, test.loss, 100 * test.accuracy, seconds, rate, lr);
+        if (scaler.enabled())
+            std::printf("  loss scale %g, %lld skipped of the steps read back", scaler.scale_value(),
+                        static_cast<long long>(skipped_steps));
+        std::printf("\n");
         std::fflush(stdout);
         if (csv.is_open())
             csv << epoch + 1 << ',' << train.loss << ',' << train.accuracy << ',' << test.loss << ',' << test.accuracy
                 << ',' << lr << ',' << seconds << ',' << rate << std::endl;
     }
-    if (o.epochs == 0) test = evaluate(model, test_loader);
+    if (o.epochs == 0) test = evaluate(model, test_loader, o.precision);
     else
         std::printf("trained %lld epoch%s in %.1f s (%.1f s per epoch)\n", static_cast<long long>(epochs_done),
                     epochs_done == 1 ? "" : "s", train_seconds_total,

@@ -186,7 +186,7 @@ TEST_CASE("a collapsing loss scale is a NumericalError after max_consecutive_ski
     scaler.update();  // 1: not below min_scale
     skipped_step();
     CHECK_THROWS_MATCHES(scaler.update(), NumericalError,
-                         MessageHas({"GradScaler", "collapsed", "0.5", "3 consecutive skipped steps"}));
+                         MessageHas({"GradScaler", "at step 3 ", "collapsed", "0.5", "3 consecutive skipped steps"}));
     CHECK(scaler.scale_value() == 0.5);
 }
 

@@ -1,0 +1,82 @@
+// Autocast (as libtorch's): while an AutocastGuard is alive on a thread, every op that thread records (or runs
+// eagerly) first casts its floating inputs by a policy per OpType, through recorded cast nodes, so gradients
+// flow back to the float32 master parameters in their own dtype.
+//
+//   {
+//       AutocastGuard autocast(DType::bf16);
+//       Var loss = cross_entropy(model(graph, x), y);   // linear/conv2d/matmul/attention in bf16, the loss in f32
+//   }
+//   graph.backward(loss);                               // parameter gradients in f32
+//
+// The policies (docs/mixed_precision.md gives the table and the reasons):
+// - Reduced: the products that run on tensor cores (matmul, linear, conv2d, scaled_dot_product_attention):
+//   float32 and the other reduced type are cast to the autocast dtype;
+// - Float32: ops whose error grows with the input's rounding or that sum many terms (softmax, log_softmax,
+//   every loss, the norms, sum/mean, exp/log/pow, softplus): bfloat16/float16 inputs are cast to float32;
+// - Follow: everything else runs in its inputs' dtype; when its floating inputs mix dtypes (a bf16 product plus
+//   an f32 residual), all are cast to the widest, float32.
+// float64 inputs are never cast (as in PyTorch: autocast leaves double alone). Integer inputs never are.
+//
+// Guards nest (an inner AutocastGuard(DType::f32) turns autocast off for its scope) and are per thread. Autocast
+// stays on under NoGradGuard (bf16 inference), as in PyTorch. While any guard is alive on a thread, a parameter
+// cast to a dtype is cast once per graph and reused by its later uses (the cast node is shared, so its gradient
+// is the sum over the uses); the cached cast is dropped when the parameter's value is written in place (its
+// storage version changes) or replaced, and the cache is emptied when the thread's outermost guard ends.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "dyngrad/core/dtype.h"
+#include "dyngrad/graph/op_type.h"
+
+namespace dyngrad {
+
+class Var;
+class Tensor;
+
+enum class AutocastPolicy : std::uint8_t { Reduced, Float32, Follow };
+
+// The policy of `op` (Follow for every op not named in the table).
+AutocastPolicy autocast_policy(OpType op);
+std::string_view autocast_policy_name(AutocastPolicy policy);
+
+// The dtype autocast gives the floating inputs of `op` whose dtypes are `input_dtypes` when autocast runs in
+// `autocast_dtype` (bf16 or f16); none when they are left as they are. Inputs of that dtype, float64 or an
+// integer dtype are never cast. The one decision rule of the graph and eager paths (and of the tests).
+std::optional<DType> autocast_target(OpType op, std::span<const DType> input_dtypes, DType autocast_dtype);
+
+class AutocastGuard {
+public:
+    // bf16 or f16: autocast into that dtype; f32: autocast off in this scope. DTypeError for f64 and i64.
+    explicit AutocastGuard(DType dtype);
+    ~AutocastGuard();
+    AutocastGuard(const AutocastGuard&) = delete;
+    AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+private:
+    std::optional<DType> previous_;
+};
+
+// The autocast dtype of this thread: bf16/f16 inside an AutocastGuard of that type, none otherwise.
+std::optional<DType> autocast_dtype();
+
+// Parameter casts served from the cache and casts recorded for it, on this thread since the outermost guard
+// began (for tests and the docs' claim that a weight is cast once per step).
+struct AutocastCacheStats {
+    std::int64_t hits = 0;
+    std::int64_t casts = 0;
+};
+AutocastCacheStats autocast_cache_stats();
+
+namespace detail {
+// The engine's hooks (graph/graph.cpp), called only while autocast_dtype() is set: the inputs with the casts
+// that `op` needs recorded in their graph (or run eagerly), or none when `op` needs none.
+std::optional<std::vector<Var>> autocast_inputs(OpType op, std::span<const Var> inputs,
+                                                std::span<const Tensor> values);
+std::optional<std::vector<Tensor>> autocast_tensors(OpType op, std::span<const Tensor> inputs);
+}  // namespace detail
+
+}  // namespace dyngrad
