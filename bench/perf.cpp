@@ -229,6 +229,8 @@ Prepared training(Sequential model, const Shape& input_shape, std::int64_t class
             const AutocastGuard autocast(precision);  // f32: off
             loss = cross_entropy(model(graph.input(in[0], "x")), graph.input(in[1], "labels"));
         }
+        // The loss before the sweep: with loss scaling it is an inner node, whose value free_values releases.
+        const Tensor loss_value = loss.value();
         // Activations are released as the sweep passes them, as PyTorch's backward frees saved tensors.
         graph.backward(scaler->scale(loss), {.free_values = true});
         if (scaler->enabled()) {
@@ -238,7 +240,7 @@ Prepared training(Sequential model, const Shape& input_shape, std::int64_t class
             optimizer->step();
         }
         optimizer->zero_grad();
-        return loss.value();
+        return loss_value;
     };
     std::function<Work()> work = [model, x, precision] {
         ComputeGraph graph;
