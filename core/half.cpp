@@ -1,8 +1,11 @@
 #include "dyngrad/core/half.h"
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
 #include <limits>
+#include <memory>
 
 namespace dyngrad {
 
@@ -42,6 +45,56 @@ double half_bits_to_double(std::uint16_t bits, HalfFormat f) {
     else
         magnitude = std::ldexp(static_cast<double>(mantissa + (1u << p)), static_cast<int>(exponent_field) - f.bias() - p);
     return negative ? -magnitude : magnitude;
+}
+
+namespace {
+bool is_format(HalfFormat f, HalfFormat g) {
+    return f.mantissa_bits == g.mantissa_bits && f.exponent_bits == g.exponent_bits;
+}
+}  // namespace
+
+void floats_to_half_bits(const float* in, std::uint16_t* out, std::size_t n, HalfFormat f) {
+    const bool bf16 = is_format(f, kBFloat16Format);
+    [[maybe_unused]] const bool fp16 = is_format(f, kFloat16Format);
+    for (std::size_t i = 0; i < n; ++i) {
+        const float x = in[i];
+        if (std::isnan(x)) {  // the quiet NaN round_to_half_bits gives, whatever the payload
+            out[i] = round_to_half_bits(x, f);
+        } else if (bf16) {
+            // float's upper half, rounded to nearest even: adding 0x7FFF plus the kept half's lowest bit carries
+            // exactly when the dropped half is above the midpoint, or at it with an odd kept half (overflow
+            // carries into the infinity pattern, as IEEE rounding does).
+            const auto u = std::bit_cast<std::uint32_t>(x);
+            out[i] = static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+        }
+#if defined(__FLT16_MAX__)
+        else if (fp16) {
+            out[i] = std::bit_cast<std::uint16_t>(static_cast<_Float16>(x));  // IEEE conversion: one rounding
+        }
+#endif
+        else {
+            out[i] = round_to_half_bits(x, f);
+        }
+    }
+}
+
+void half_bits_to_floats(const std::uint16_t* in, float* out, std::size_t n, HalfFormat f) {
+    if (is_format(f, kBFloat16Format)) {
+        for (std::size_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(static_cast<std::uint32_t>(in[i]) << 16);
+        return;
+    }
+    // Every value of a 16-bit format is a float: one table of all 65536, built once per format used.
+    static const auto fp16_table = [] {
+        auto table = std::make_unique<std::array<float, 65536>>();
+        for (std::uint32_t b = 0; b < 65536; ++b)
+            (*table)[b] = static_cast<float>(half_bits_to_double(static_cast<std::uint16_t>(b), kFloat16Format));
+        return table;
+    }();
+    if (is_format(f, kFloat16Format)) {
+        for (std::size_t i = 0; i < n; ++i) out[i] = (*fp16_table)[in[i]];
+        return;
+    }
+    for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<float>(half_bits_to_double(in[i], f));
 }
 
 }  // namespace dyngrad

@@ -2,6 +2,7 @@
 // them (the CPU backend and the verification replay compute in f32/f64 from the rounded values); kernels on the
 // GPU use CUDA's __nv_bfloat16 / __half, which have the same bit layout.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 namespace dyngrad {
@@ -30,6 +31,11 @@ inline constexpr HalfFormat kFloat16Format{10, 5};
 std::uint16_t round_to_half_bits(double value, HalfFormat format);
 // The exact value of `bits` in `format`.
 double half_bits_to_double(std::uint16_t bits, HalfFormat format);
+
+// The same conversions for n floats at once (Tensor::to between float32 and bf16/f16 on the CPU, which the
+// engine's path through f32 runs for every op): bit for bit what the functions above give, faster.
+void floats_to_half_bits(const float* in, std::uint16_t* out, std::size_t n, HalfFormat format);
+void half_bits_to_floats(const std::uint16_t* in, float* out, std::size_t n, HalfFormat format);
 
 inline bfloat16 to_bfloat16(double value) { return {round_to_half_bits(value, kBFloat16Format)}; }
 inline float16 to_float16(double value) { return {round_to_half_bits(value, kFloat16Format)}; }

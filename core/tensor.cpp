@@ -319,6 +319,19 @@ Tensor Tensor::to(DType target) const {
         device_memory::convert(converted.raw_data(), target, raw_data(), dtype_, numel_, where.index);
         return converted;
     }
+    // float32 <-> bf16/f16 on the CPU, the engine's path through f32 (graph/through_f32.h): bulk conversions.
+    if (where.is_cpu() && (dtype_ == DType::f32 || target == DType::f32) &&
+        (is_reduced_precision(dtype_) || is_reduced_precision(target))) {
+        Tensor converted = empty(shape_, target, where);
+        const auto n = static_cast<std::size_t>(numel_);
+        if (dtype_ == DType::f32)
+            floats_to_half_bits(static_cast<const float*>(raw_data()), static_cast<std::uint16_t*>(converted.raw_data()),
+                                n, target == DType::bf16 ? kBFloat16Format : kFloat16Format);
+        else
+            half_bits_to_floats(static_cast<const std::uint16_t*>(raw_data()), static_cast<float*>(converted.raw_data()),
+                                n, dtype_ == DType::bf16 ? kBFloat16Format : kFloat16Format);
+        return converted;
+    }
     const Tensor host = to(Device::cpu());
     Tensor converted = empty(shape_, target, Device::cpu());
     const std::string what = str("to(", dtype_name(target), ")");

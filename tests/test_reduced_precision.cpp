@@ -89,6 +89,58 @@ TEST_CASE("cast rounds to nearest even exactly as core/half.h, both ways, with g
     CHECK(xv.grad().to_vector() == w.to_vector());
 }
 
+TEST_CASE("float32 <-> bf16/f16 on the CPU: bit for bit core/half.h, ties, subnormals, overflow and NaN",
+          "[reduced][cast]") {
+    // Every bf16/f16 bit pattern to float32 and back.
+    std::vector<double> all;
+    for (const HalfFormat format : {kBFloat16Format, kFloat16Format}) {
+        const DType dtype = format.mantissa_bits == kBFloat16Format.mantissa_bits ? DType::bf16 : DType::f16;
+        INFO(dtype_name(dtype));
+        Tensor patterns = Tensor::empty({65536}, dtype);
+        auto* bits = static_cast<std::uint16_t*>(patterns.raw_data());
+        for (std::uint32_t b = 0; b < 65536; ++b) bits[b] = static_cast<std::uint16_t>(b);
+        const std::vector<double> wide = patterns.to(DType::f32).to_vector();
+        const Tensor back = patterns.to(DType::f32).to(dtype);
+        const auto* back_bits = static_cast<const std::uint16_t*>(back.raw_data());
+        for (std::uint32_t b = 0; b < 65536; ++b) {
+            const double exact = half_bits_to_double(static_cast<std::uint16_t>(b), format);
+            if (std::isnan(exact)) {
+                REQUIRE(std::isnan(wide[b]));
+                continue;
+            }
+            REQUIRE(wide[b] == exact);
+            REQUIRE(back_bits[b] == b);
+        }
+        // Floats between the patterns: midpoints (ties to even), just above and below them, random floats, the
+        // largest finite float, and values beyond the format's range (infinity) and below it (zero).
+        std::vector<float> floats;
+        for (std::uint32_t b = 0; b + 1 < 65536; b += 7) {
+            const double lo = half_bits_to_double(static_cast<std::uint16_t>(b), format);
+            const double hi = half_bits_to_double(static_cast<std::uint16_t>(b + 1), format);
+            if (!std::isfinite(lo) || !std::isfinite(hi) || std::signbit(lo) != std::signbit(hi)) continue;
+            const auto mid = static_cast<float>((lo + hi) / 2);  // exact in float: 8 or 11 bits plus one
+            floats.push_back(mid);
+            floats.push_back(std::nextafter(mid, 0.0f));
+            floats.push_back(std::nextafter(mid, std::numeric_limits<float>::infinity()));
+        }
+        Generator gen(seed_base() + 6);
+        for (const double v : Tensor::normal({4096}, 0.0, 1e3, gen, DType::f64).to_vector())
+            floats.push_back(static_cast<float>(v));
+        for (const float v : {std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(), 65520.0f,
+                              65519.0f, 1e-8f, -3e-39f, std::numeric_limits<float>::infinity(),
+                              std::numeric_limits<float>::quiet_NaN(), -0.0f})
+            floats.push_back(v);
+        std::vector<double> values(floats.begin(), floats.end());
+        const Tensor x = Tensor::from_vector(values, {static_cast<std::int64_t>(values.size())}, DType::f32);
+        const Tensor rounded = x.to(dtype);
+        const auto* rounded_bits = static_cast<const std::uint16_t*>(rounded.raw_data());
+        for (std::size_t i = 0; i < floats.size(); ++i) {
+            INFO("float " << floats[i]);
+            REQUIRE(rounded_bits[i] == round_to_half_bits(floats[i], format));
+        }
+    }
+}
+
 TEST_CASE("a bf16 graph: values and gradients stay in bf16, the engine accumulates and sums in bf16",
           "[reduced][engine]") {
     Generator gen(seed_base() + 2);
