@@ -78,6 +78,10 @@ struct PassPlan {
 
 struct ConvPlan {
     bool fma_only = false;       // float32 without TF32: no tensor cores, no FFT or Winograd
+    // No FFT or Winograd: float32 without TF32 (their transformed-domain rounding is far above direct summation's)
+    // and bf16/f16 (whose transformed tiles lose more still: under compute-sanitizer, where the timing search
+    // picked differently, a bf16 5x5 conv's gradients came out 4-8% off the f64 replay).
+    bool no_transforms = false;
     bool deterministic = false;  // deterministic mode: only deterministic algorithms
     TensorDescriptor x, y;
     FilterDescriptor w;
@@ -125,6 +129,7 @@ std::shared_ptr<ConvPlan> make_plan(const ConvKey& key, const Shape& y_shape) {
                                  : key.tf32 || is_reduced_precision(key.dtype) ? CUDNN_TENSOR_OP_MATH
                                                                                : CUDNN_FMA_MATH;
     plan->fma_only = key.dtype == DType::f32 && !key.tf32;
+    plan->no_transforms = plan->fma_only || is_reduced_precision(key.dtype);
     plan->deterministic = key.deterministic;
     const auto set_4d = [&](cudnnTensorDescriptor_t desc, std::int64_t n, std::int64_t c, std::int64_t h,
                             std::int64_t w) {
@@ -185,7 +190,8 @@ void choose(PassPlan<Algo>& pass, const ConvPlan& plan, const Perf* results, int
         if (r.status != CUDNN_STATUS_SUCCESS || r.memory > kWorkspaceLimit) continue;
         if (r.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) continue;
         if (plan.deterministic && r.determinism != CUDNN_DETERMINISTIC) continue;
-        if (plan.fma_only && (r.mathType == CUDNN_TENSOR_OP_MATH || transform_based(r.algo))) continue;
+        if (plan.fma_only && r.mathType == CUDNN_TENSOR_OP_MATH) continue;
+        if (plan.no_transforms && transform_based(r.algo)) continue;
         pass.algo = r.algo;
         pass.workspace_bytes = r.memory;
         if (!plan.fma_only) DG_CUDNN_CHECK(cudnnSetConvolutionMathType(pass.conv.get(), r.mathType));
