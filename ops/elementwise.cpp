@@ -1,5 +1,7 @@
 // Elementwise ops: the user functions, their shape rules and the Eigen kernels. The scalar formulas
 // live in ops/elementwise_math.h, shared with ops/elementwise.cu.
+// Over 600 lines: the unary, binary and cast ops and, at the end, softmax/log_softmax (the activations along an
+// axis); they share the dispatch and broadcast helpers at the top.
 #include "dyngrad/ops/elementwise.h"
 
 #include <Eigen/Core>
