@@ -6,7 +6,7 @@
 //            [--lr 1e-3 --warmup 100 --min-lr 1e-4 --weight-decay 0.1 --clip 1 --dropout 0.2]
 //            [--eval-every 250 --eval-batches 20] [--seed 0] [--device cpu|cuda] [--csv FILE]
 //            [--checkpoint FILE] [--resume FILE] [--init-weights FILE.safetensors] [--batch-order FILE]
-//            [--sample N] [--stop-at STEP] [--require-drop FRACTION]
+//            [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]
 //
 // The corpus: the regular files of DIR (symbolic links and the strfile indexes *.dat and *.u8 skipped), in
 // byte order of their names, concatenated; the vocabulary is its sorted set of distinct bytes. The first 90%
@@ -58,7 +58,7 @@ const char* const kUsage =
     "                [--lr X] [--warmup N] [--min-lr X] [--weight-decay X] [--clip X] [--dropout P]\n"
     "                [--eval-every N] [--eval-batches N] [--seed N] [--device cpu|cuda|cuda:N] [--csv FILE]\n"
     "                [--checkpoint FILE] [--resume FILE] [--init-weights FILE] [--batch-order FILE]\n"
-    "                [--sample N] [--stop-at STEP] [--require-drop FRACTION]\n"
+    "                [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]\n"
     "  --data DIR          text files to train on (default /usr/share/games/fortunes; *.dat, *.u8 skipped)\n"
     "  --layers/--heads/--width/--context   the model (default 6, 6, 384, 256)\n"
     "  --batch B --steps N  windows per step (default 64), optimizer steps (default 5000)\n"
@@ -71,7 +71,9 @@ const char* const kUsage =
     "  --batch-order FILE  the training offsets: line k holds step k's B window offsets\n"
     "  --sample N          characters sampled at the end (default 200)\n"
     "  --stop-at STEP      end after STEP steps (with --checkpoint: resume later with --resume)\n"
-    "  --require-drop F    exit 1 unless the last 5 steps' mean loss is below (1 - F) x the first 5's\n";
+    "  --require-drop F    exit 1 unless the last 5 steps' mean loss is below (1 - F) x the first 5's\n"
+    "  --precision NAME    f32 | bf16 | f16: the forward under autocast into that dtype (f16 with loss scaling;\n"
+    "                      f32 master weights and optimizer state either way; default f32)\n";
 
 struct Options {
     std::string data = kDefaultData;
@@ -83,6 +85,7 @@ struct Options {
     std::string csv, checkpoint, resume, init_weights, batch_order;
     std::optional<double> require_drop;
     std::optional<std::int64_t> stop_at;
+    DType precision = DType::f32;
 };
 
 // Every argument is checked before the corpus is read (cli/command_line.h).
@@ -92,7 +95,7 @@ Options parse_options(int argc, char** argv) {
         {.options = {"--data", "--layers", "--heads", "--width", "--context", "--batch", "--steps", "--lr", "--warmup",
                      "--min-lr", "--weight-decay", "--clip", "--dropout", "--eval-every", "--eval-batches", "--seed",
                      "--device", "--csv", "--checkpoint", "--resume", "--init-weights", "--batch-order", "--sample",
-                     "--stop-at", "--require-drop"}});
+                     "--stop-at", "--require-drop", "--precision"}});
     if (args.help()) {
         std::fputs(kUsage, stdout);
         std::exit(0);
@@ -128,6 +131,10 @@ Options parse_options(int argc, char** argv) {
     if (auto v = given("--sample")) o.sample = cli::parse_int("--sample", *v, 0, 1'000'000);
     if (auto v = given("--stop-at")) o.stop_at = cli::parse_int("--stop-at", *v, 1, o.steps);
     if (auto v = given("--require-drop")) o.require_drop = cli::parse_real("--require-drop", *v, 0, 1);
+    if (auto v = given("--precision")) {
+        const std::string precision = cli::parse_choice("--precision", *v, {"f32", "bf16", "f16"});
+        o.precision = precision == "bf16" ? DType::bf16 : precision == "f16" ? DType::f16 : DType::f32;
+    }
     o.model.seed = o.seed;
     o.data = cli::existing_directory("--data", given("--data").value_or(o.data));
     return o;
@@ -237,7 +244,9 @@ Batch make_batch(const std::vector<std::int64_t>& tokens, const std::vector<std:
 }
 
 // Mean cross-entropy of the model's next-token predictions: logits (B,T,V) against targets (B·T).
-Var next_token_loss(const GPT& model, ComputeGraph& graph, const Batch& batch) {
+// Under autocast into `precision` (f32: off): the GEMMs and attention in the reduced dtype, the loss in f32.
+Var next_token_loss(const GPT& model, ComputeGraph& graph, const Batch& batch, DType precision) {
+    const AutocastGuard autocast(precision);
     const Var logits = model(graph.input(batch.inputs));
     const Shape& s = logits.shape();
     return cross_entropy(reshape(logits, {s[0] * s[1], s[2]}), graph.input(batch.targets));
@@ -256,7 +265,7 @@ double validation_loss(GPT& model, const std::vector<std::int64_t>& tokens, cons
         for (std::int64_t k = b * o.batch; k < (b + 1) * o.batch; ++k)
             offsets.push_back(windows == 1 ? 0 : k * last / (windows - 1));
         ComputeGraph graph;
-        total += next_token_loss(model, graph, make_batch(tokens, offsets, T, o.device)).item();
+        total += next_token_loss(model, graph, make_batch(tokens, offsets, T, o.device), o.precision).item();
     }
     model.train();
     return total / static_cast<double>(o.eval_batches);
@@ -365,6 +374,8 @@ int run(const Options& o) {
     AdamW optimizer({{.parameters = decayed, .weight_decay = o.weight_decay}, {.parameters = not_decayed, .weight_decay = 0.0}},
                     {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8});
     WarmupCosineLR schedule(optimizer, o.warmup, o.steps, o.min_lr);
+    // f16 only: a dynamic loss scale (its state is not in the checkpoint: a resumed run starts from the initial scale).
+    GradScaler scaler(GradScalerOptions{.enabled = o.precision == DType::f16});
     if (!o.resume.empty()) load_checkpoint(o.resume, model, optimizer, &schedule);
     const std::int64_t first = schedule.epoch();
     const std::int64_t last = o.stop_at.value_or(o.steps);
@@ -377,10 +388,12 @@ int run(const Options& o) {
                 static_cast<long long>(corpus.train.size() + corpus.validation.size()),
                 static_cast<long long>(corpus.files), o.data.c_str(), static_cast<long long>(config.vocab_size),
                 static_cast<long long>(corpus.train.size()), static_cast<long long>(corpus.validation.size()));
-    std::printf("model: %lld layers, %lld heads, width %lld, context %lld, %.2fM parameters on %s; batch %lld, steps %lld%s\n",
+    std::printf("model: %lld layers, %lld heads, width %lld, context %lld, %.2fM parameters on %s (%s); batch %lld, steps %lld%s\n",
                 static_cast<long long>(config.layers), static_cast<long long>(config.heads),
                 static_cast<long long>(config.width), static_cast<long long>(T), static_cast<double>(parameter_count) / 1e6,
-                o.device.to_string().c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.steps),
+                o.device.to_string().c_str(),
+                o.precision == DType::f32 ? "f32" : o.precision == DType::bf16 ? "bf16 autocast" : "f16 autocast + loss scaling",
+                static_cast<long long>(o.batch), static_cast<long long>(o.steps),
                 first > 0 ? str(", resumed at step ", first).c_str() : "");
     std::fflush(stdout);
 
@@ -398,11 +411,13 @@ int run(const Options& o) {
         const double lr = optimizer.lr();
         const Batch batch = make_batch(corpus.train, order.offsets(step), T, o.device);
         ComputeGraph graph;
-        const Var loss = next_token_loss(model, graph, batch);
+        const Var loss = next_token_loss(model, graph, batch, o.precision);
         optimizer.zero_grad();
-        graph.backward(loss);
+        graph.backward(scaler.scale(loss));  // the loss itself unless f16
+        scaler.unscale(optimizer);           // clipping sees true gradients; no-op unless f16
         if (o.clip > 0) clip_grad_norm(model.parameters(), o.clip);
-        optimizer.step();
+        scaler.step(optimizer);  // skipped whole when an f16 gradient overflowed; no host sync
+        scaler.update();
         schedule.step();
         const double value = loss.item();  // waits for the step: the time below is the step's
         const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
