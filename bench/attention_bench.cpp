@@ -2,13 +2,15 @@
 // side with PyTorch's F.scaled_dot_product_attention (bench/torch_attention.py; scripts/run-attention-bench.sh
 // runs both and writes the table).
 //
-// Default workload (issue 16): B 8, H 8, D 64, T = S = 256, 1024, 4096, float32, without and with is_causal.
+// Default workload (issue 16): B 8, H 8, D 64, T = S = 256, 1024, 4096, float32 (--dtype bf16 | f16: the native
+// 16-bit tensor-core kernels), without and with is_causal.
 // Per row: the median time of one forward + backward (dq, dk, dv; the output gradient given), its GFLOP/s
 // (4·B·H·T·S·D forward, 2.5× that backward; halved when causal), and the peak device memory the step adds to its
-// inputs. Before timing, each configuration is checked on a small problem against the float64 CPU replay.
+// inputs. Before timing, each configuration is checked on a small problem against the float64 CPU replay (in
+// bf16/f16: from the same rounded inputs, with the op's reduced-precision tolerance).
 //
 // Usage: dyngrad-attention-bench [--lengths 256,1024,4096] [--batch B] [--heads H] [--head-dim D]
-//                                [--repetitions R] [--json FILE]
+//                                [--dtype f32|bf16|f16] [--repetitions R] [--json FILE]
 #include <dyngrad/dyngrad.h>
 
 #include "../cli/command_line.h"
@@ -29,6 +31,7 @@ struct Options {
     std::vector<std::int64_t> lengths{256, 1024, 4096};
     std::int64_t batch = 8, heads = 8, head_dim = 64;
     int repetitions = 10;
+    DType dtype = DType::f32;
     std::string json;
 };
 
@@ -46,10 +49,11 @@ std::vector<std::int64_t> parse_list(const std::string& text) {
 // Every argument is checked before anything runs (cli/command_line.h).
 Options parse(int argc, char** argv) {
     const cli::Arguments args(argc, argv,
-                              {.options = {"--lengths", "--batch", "--heads", "--head-dim", "--repetitions", "--json"}});
+                              {.options = {"--lengths", "--batch", "--heads", "--head-dim", "--dtype", "--repetitions",
+                                           "--json"}});
     if (args.help()) {
         std::puts("usage: dyngrad-attention-bench [--lengths 256,1024,4096] [--batch B] [--heads H] [--head-dim D]\n"
-                  "                               [--repetitions R] [--json FILE]");
+                  "                               [--dtype f32|bf16|f16] [--repetitions R] [--json FILE]");
         std::exit(0);
     }
     Options o;
@@ -58,6 +62,10 @@ Options parse(int argc, char** argv) {
     if (auto v = args.value("--heads")) o.heads = cli::parse_int("--heads", *v, 1, 1 << 16);
     if (auto v = args.value("--head-dim"))
         o.head_dim = cli::parse_int("--head-dim", *v, 1, kAttentionMaxGpuHeadDim);
+    if (auto v = args.value("--dtype")) {
+        const std::string dtype = cli::parse_choice("--dtype", *v, {"f32", "bf16", "f16"});
+        o.dtype = dtype == "bf16" ? DType::bf16 : dtype == "f16" ? DType::f16 : DType::f32;
+    }
     if (auto v = args.value("--repetitions"))
         o.repetitions = static_cast<int>(cli::parse_int("--repetitions", *v, 1, 1 << 20));
     if (auto v = args.value("--json")) o.json = cli::output_file("--json", *v);
@@ -91,7 +99,11 @@ void check_small(const Options& o, bool causal) {
     attrs.is_causal = causal;
     const OpCase c{"bench check", {{2, 3, 77, o.head_dim}, {2, 3, 77, o.head_dim}, {2, 3, 77, o.head_dim}}, attrs, {}};
     Generator gen(5);
-    const CheckResult r = gpu_vs_cpu_check(*find_op("scaled_dot_product_attention"), c, gen, 1e-5);
+    const OpDef& def = *find_op("scaled_dot_product_attention");
+    const CheckResult r = is_reduced_precision(o.dtype)
+                              ? reduced_precision_check(def, c, gen, o.dtype, reduced_precision_tolerance(def, o.dtype),
+                                                        Device::cuda(0))
+                              : gpu_vs_cpu_check(def, c, gen, 1e-5);
     if (!r.pass)
         throw NumericalError(str("scaled_dot_product_attention disagrees with the CPU replay (causal ", causal,
                                  "): max rel err ", r.max_rel_err, ", ", r.detail));
@@ -107,10 +119,10 @@ Row measure(const Options& o, std::int64_t length, bool causal) {
     const Device gpu = Device::cuda(0);
     Generator gen(static_cast<std::uint64_t>(length));
     const Shape shape{o.batch, o.heads, length, o.head_dim};
-    const Tensor q = Tensor::normal(shape, 0, 1, gen, DType::f32, gpu);
-    const Tensor k = Tensor::normal(shape, 0, 1, gen, DType::f32, gpu);
-    const Tensor v = Tensor::normal(shape, 0, 1, gen, DType::f32, gpu);
-    const Tensor dy = Tensor::normal(shape, 0, 1, gen, DType::f32, gpu);
+    const Tensor q = Tensor::normal(shape, 0, 1, gen, DType::f32, gpu).to(o.dtype);
+    const Tensor k = Tensor::normal(shape, 0, 1, gen, DType::f32, gpu).to(o.dtype);
+    const Tensor v = Tensor::normal(shape, 0, 1, gen, DType::f32, gpu).to(o.dtype);
+    const Tensor dy = Tensor::normal(shape, 0, 1, gen, DType::f32, gpu).to(o.dtype);
     const auto step = [&] {
         ComputeGraph graph;
         const Var vq = graph.input(q, "q", true), vk = graph.input(k, "k", true), vv = graph.input(v, "v", true);
@@ -139,9 +151,13 @@ int main(int argc, char** argv) {
             return 77;
         }
         // DYNGRAD_ATTENTION_SIMT=1 measures the SIMT kernels instead (ops/attention.h).
-        const char* path = attention_uses_tensor_cores() ? "tensor cores (3xTF32)" : "SIMT (exact float32 FMA)";
-        std::printf("device: %s\nattention: B %lld, H %lld, D %lld, float32, forward + backward, kernels: %s\n",
-                    cuda::device_name(0).c_str(), (long long)o.batch, (long long)o.heads, (long long)o.head_dim, path);
+        const char* path = is_reduced_precision(o.dtype)  ? "tensor cores (16-bit WMMA, f32 softmax and accumulation)"
+                           : attention_uses_tensor_cores() ? "tensor cores (3xTF32)"
+                                                           : "SIMT (exact float32 FMA)";
+        const std::string dtype(dtype_name(o.dtype));
+        std::printf("device: %s\nattention: B %lld, H %lld, D %lld, %s, forward + backward, kernels: %s\n",
+                    cuda::device_name(0).c_str(), (long long)o.batch, (long long)o.heads, (long long)o.head_dim,
+                    dtype.c_str(), path);
         for (const bool causal : {false, true}) check_small(o, causal);
         std::printf("checked against the float64 CPU replay (B2 H3 T77, causal and not)\n");
         std::printf("%6s %7s %10s %10s %12s\n", "T", "causal", "ms", "GFLOP/s", "peak MiB");
@@ -156,7 +172,8 @@ int main(int argc, char** argv) {
             }
         if (!o.json.empty()) {
             std::ofstream out(o.json);
-            out << "{\"device\": \"" << cuda::device_name(0) << "\", \"kernels\": \"" << path
+            out << "{\"device\": \"" << cuda::device_name(0) << "\", \"dtype\": \"" << dtype
+                << "\", \"kernels\": \"" << path
                 << "\", \"batch\": " << o.batch << ", \"heads\": " << o.heads
                 << ", \"head_dim\": " << o.head_dim << ", \"rows\": [";
             for (std::size_t i = 0; i < rows.size(); ++i)

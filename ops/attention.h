@@ -32,7 +32,9 @@ AttentionGpuPath attention_gpu_path();
 // kernels target the device's architecture (8.0+). False in a build without CUDA.
 bool attention_uses_tensor_cores();
 
-// q (B,H,T,D), k (B,H,S,D), v (B,H,S,D) -> (B,H,T,D), one dtype (float32 or float64), one device:
+// q (B,H,T,D), k (B,H,S,D), v (B,H,S,D) -> (B,H,T,D), one dtype, one device. float32 or float64; on the GPU also
+// bfloat16 and float16, natively (16-bit tensor-core products, softmax and accumulation in f32; on the CPU those
+// run through f32):
 //   y = dropout(softmax(q·kᵀ·scale + bias)) · v      along s, per (b, h, t)
 // bias is 0 where key s takes part in query t and −inf where it does not (is_causal, mask). A query whose keys
 // all drop out this way gets y = 0 and no gradient (PyTorch does the same).

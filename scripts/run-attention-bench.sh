@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Issue 16's attention benchmark in one command, on a machine with a CUDA device and PyTorch: builds
 # dyngrad-attention-bench (Release, CUDA) into $DYNGRAD_BUILD_DIR (default build-perf/), runs it and
-# bench/torch_attention.py on the same workload (B 8, H 8, D 64, T = S = 256, 1024, 4096, float32, forward +
-# backward, without and with is_causal), and writes the side-by-side table with the time ratios.
+# bench/torch_attention.py on the same workload (B 8, H 8, D 64, T = S = 256, 1024, 4096, float32 unless
+# --dtype bf16|f16, forward + backward, without and with is_causal), and writes the side-by-side table with the
+# time ratios.
 #
 #   scripts/run-attention-bench.sh [OUT_DIR] [extra options for both programs, e.g. --lengths 256,1024]
+#   TORCH_BACKEND=flash scripts/run-attention-bench.sh attention-bf16 --dtype bf16   # against PyTorch's flash kernel
 #
 # OUT_DIR (default attention-results/) receives attention.txt, attention.json, torch_attention.txt,
-# torch_attention.json and report.md. Environment: PYTHON (default python3), DYNGRAD_JOBS (default nproc).
+# torch_attention.json and report.md. Environment: PYTHON (default python3), DYNGRAD_JOBS (default nproc),
+# TORCH_BACKEND (auto | flash | efficient | cudnn | math: PyTorch's SDPA backend; default auto, PyTorch chooses).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$root/attention-results}
@@ -21,7 +24,8 @@ status=0
 echo "==> dyngrad-attention-bench"
 "$build/bench/dyngrad-attention-bench" --json "$out/attention.json" "$@" 2>&1 | tee "$out/attention.txt" || status=1
 echo "==> bench/torch_attention.py"
-PYTHONUNBUFFERED=1 "$python" "$root/bench/torch_attention.py" --json "$out/torch_attention.json" "$@" 2>&1 |
+PYTHONUNBUFFERED=1 "$python" "$root/bench/torch_attention.py" --json "$out/torch_attention.json" \
+    --backend "${TORCH_BACKEND:-auto}" "$@" 2>&1 |
     tee "$out/torch_attention.txt" || status=1
 
 "$python" - "$out" <<'PY' | tee "$out/report.md" || status=1
@@ -31,8 +35,9 @@ ours = json.load(open(f"{out}/attention.json"))
 torch = json.load(open(f"{out}/torch_attention.json"))
 theirs = {(r["length"], r["causal"]): r for r in torch["rows"]}
 print(f"dyngrad: {ours['device']}; torch {torch['torch']} on {torch['device']}")
+dtype = ours.get("dtype", "float32")
 print(f"scaled_dot_product_attention forward + backward, B {ours['batch']}, H {ours['heads']}, D {ours['head_dim']}, "
-      "float32 (TF32 off); target: dyngrad/torch <= 1.2\n")
+      f"{dtype}{' (TF32 off)' if dtype == 'float32' else ''}; target: dyngrad/torch <= 1.2\n")
 print("| T = S | causal | dyngrad ms | GFLOP/s | torch ms | torch backend | dyngrad/torch | dyngrad peak MiB | "
       "torch peak MiB |")
 print("|---:|:---:|---:|---:|---:|:---|---:|---:|---:|")
