@@ -16,6 +16,7 @@ with TF32 off (dyngrad's float32 is strict float32).
 scripts/run-gpt-compare.sh runs both programs and compares them.
 """
 import argparse
+import contextlib
 import math
 import os
 import random
@@ -137,7 +138,7 @@ def batch(tokens, offsets, context, device):
     return windows[:, :-1].to(device), windows[:, 1:].reshape(-1).to(device)
 
 
-def validation_loss(model, tokens, args, device):
+def validation_loss(model, tokens, args, device, autocast=contextlib.nullcontext):
     import torch
     import torch.nn.functional as F
 
@@ -150,8 +151,9 @@ def validation_loss(model, tokens, args, device):
             offsets = [0 if windows == 1 else k * last // (windows - 1)
                        for k in range(b * args.batch, (b + 1) * args.batch)]
             x, y = batch(tokens, offsets, args.context, device)
-            logits = model(x)
-            total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y).item()
+            with autocast():
+                logits = model(x)
+            total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y).item()
     model.train()
     return total / args.eval_batches
 
@@ -195,6 +197,12 @@ def train(args, vocabulary, train_tokens, validation_tokens):
                                    {"params": not_decayed, "weight_decay": 0.0}],
                                   lr=args.lr, betas=(0.9, 0.99), eps=1e-8)
     forward = torch.compile(model) if args.compile else model
+    autocast_dtype = {"f32": None, "bf16": torch.bfloat16, "f16": torch.float16}[args.precision]
+    # char_gpt's GradScaler has PyTorch's defaults (2^16, growth 2 every 2000 clean steps, backoff 0.5).
+    scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "f16")
+
+    def autocast():
+        return torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None)
     order = None
     if args.batch_order:
         order = [[int(v) for v in line.split()] for line in open(args.batch_order) if line.strip()]
@@ -203,34 +211,50 @@ def train(args, vocabulary, train_tokens, validation_tokens):
 
     csv = open(args.csv, "w") if args.csv else None
     if csv:
-        csv.write("step,train_loss,val_loss,lr,tokens_per_second\n")
+        csv.write("step,train_loss,val_loss,lr,tokens_per_second,loss_scale,skipped_steps\n")
+    skipped_steps = 0
+    last_scale = scaler.get_scale() if scaler.is_enabled() else 1.0
     mode = "torch.compile" if args.compile else "eager"
     print(f"torch_gpt.py ({mode}, torch {torch.__version__}, {device}): {len(vocabulary)} distinct bytes, "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters", flush=True)
     model.train()
     for step in range(args.steps):
+        profiled = args.profile_step == step + 1 and device.type == "cuda"
+        if profiled:
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStart()
         started = time.perf_counter()
         lr = lr_at(step, args)
         for group in optimizer.param_groups:
             group["lr"] = lr
         offsets = order[step] if order else [rng.randint(0, last) for _ in range(args.batch)]
         x, y = batch(train_tokens, offsets, args.context, device)
-        logits = forward(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y)
+        with autocast():
+            logits = forward(x)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        scaler.scale(loss).backward()
         if args.clip > 0:
+            scaler.unscale_(optimizer)  # clipping sees true gradients
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-        optimizer.step()
+        scaler.step(optimizer)
+        scaler.update()
         value = loss.item()  # waits for the step, as char_gpt's loss.item()
+        if profiled:
+            torch.cuda.cudart().cudaProfilerStop()
+        scale = scaler.get_scale() if scaler.is_enabled() else 1.0  # read after the step's own sync
+        if scale < last_scale:
+            skipped_steps += 1  # the scale backs off exactly when the step was skipped
+        last_scale = scale
         seconds = time.perf_counter() - started
         done = step + 1
         val = ""
         if done % args.eval_every == 0 or done == args.steps:
-            val = f"{validation_loss(forward, validation_tokens, args, device):.6f}"
+            val = f"{validation_loss(forward, validation_tokens, args, device, autocast):.6f}"
             print(f"step {done}: train loss {value:.4f}, validation loss {val}", flush=True)
         if csv:
-            csv.write(f"{done},{value:.6f},{val},{lr:.8g},{args.batch * args.context / seconds:.1f}\n")
+            csv.write(f"{done},{value:.6f},{val},{lr:.8g},{args.batch * args.context / seconds:.1f},{scale:.8g},"
+                      f"{skipped_steps}\n")
             csv.flush()
 
 
@@ -257,6 +281,10 @@ def main():
     parser.add_argument("--init-weights", help="initial parameters (safetensors)")
     parser.add_argument("--batch-order", help="line k: step k's window offsets")
     parser.add_argument("--compile", action="store_true", help="train through torch.compile")
+    parser.add_argument("--precision", choices=["f32", "bf16", "f16"], default="f32",
+                        help="the forward under torch.autocast into that dtype (f16 with a GradScaler), as char_gpt")
+    parser.add_argument("--profile-step", type=int, metavar="N",
+                        help="(cuda) step N alone between cudaProfilerStart/Stop, for ncu --profile-from-start off")
     parser.add_argument("--prepare", metavar="DIR", help="write DIR/init.safetensors and DIR/batch_order.txt, then stop")
     args = parser.parse_args()
     if args.width % args.heads:

@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <bit>
+#include <cuda_profiler_api.h>
 #include <cstdint>
 #include <cstdlib>
 #include <link.h>
@@ -401,6 +402,9 @@ void synchronize(int device) {
     DG_CUDA_CHECK(cudaStreamSynchronize(o.ctx.stream));
     raise_device_error(o.ctx);
 }
+
+void profiler_start() { DG_CUDA_CHECK(cudaProfilerStart()); }
+void profiler_stop() { DG_CUDA_CHECK(cudaProfilerStop()); }
 
 void set_allow_tf32(bool allow) { g_allow_tf32.store(allow, std::memory_order_relaxed); }
 void set_deterministic(bool deterministic) { g_deterministic.store(deterministic, std::memory_order_relaxed); }

@@ -29,6 +29,8 @@ std::string device_name(int) { unavailable("cuda::device_name"); }
 MemoryStats memory_stats(int) { unavailable("cuda::memory_stats"); }
 void reset_peak_memory(int) { unavailable("cuda::reset_peak_memory"); }
 void synchronize(int) { unavailable("cuda::synchronize"); }
+void profiler_start() { unavailable("cuda::profiler_start"); }
+void profiler_stop() { unavailable("cuda::profiler_stop"); }
 void* allocate_pinned(std::size_t) { unavailable("cuda::allocate_pinned"); }
 void free_pinned(void*) noexcept {}
 void copy_to_device_async(void*, int device, const void*, std::size_t) {

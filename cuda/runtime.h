@@ -42,6 +42,10 @@ MemoryStats memory_stats(int device = 0);
 void reset_peak_memory(int device = 0);
 // Waits for all work queued on the device's stream, then raises any error a kernel reported.
 void synchronize(int device = 0);
+// Brackets the work to profile for `ncu --profile-from-start off` (cudaProfilerStart / Stop), e.g. one training
+// step of a long run.
+void profiler_start();
+void profiler_stop();
 
 }  // namespace dyngrad::cuda
 

@@ -7,6 +7,7 @@
 //            [--eval-every 250 --eval-batches 20] [--seed 0] [--device cpu|cuda] [--csv FILE]
 //            [--checkpoint FILE] [--resume FILE] [--init-weights FILE.safetensors] [--batch-order FILE]
 //            [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]
+//            [--profile-step N]
 //
 // The corpus: the regular files of DIR (symbolic links and the strfile indexes *.dat and *.u8 skipped), in
 // byte order of their names, concatenated; the vocabulary is its sorted set of distinct bytes. The first 90%
@@ -59,6 +60,7 @@ const char* const kUsage =
     "                [--eval-every N] [--eval-batches N] [--seed N] [--device cpu|cuda|cuda:N] [--csv FILE]\n"
     "                [--checkpoint FILE] [--resume FILE] [--init-weights FILE] [--batch-order FILE]\n"
     "                [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]\n"
+    "                [--profile-step N]\n"
     "  --data DIR          text files to train on (default /usr/share/games/fortunes; *.dat, *.u8 skipped)\n"
     "  --layers/--heads/--width/--context   the model (default 6, 6, 384, 256)\n"
     "  --batch B --steps N  windows per step (default 64), optimizer steps (default 5000)\n"
@@ -72,6 +74,7 @@ const char* const kUsage =
     "  --sample N          characters sampled at the end (default 200)\n"
     "  --stop-at STEP      end after STEP steps (with --checkpoint: resume later with --resume)\n"
     "  --require-drop F    exit 1 unless the last 5 steps' mean loss is below (1 - F) x the first 5's\n"
+    "  --profile-step N    (cuda) step N alone between cudaProfilerStart/Stop, for ncu --profile-from-start off\n"
     "  --precision NAME    f32 | bf16 | f16: the forward under autocast into that dtype (f16 with loss scaling;\n"
     "                      f32 master weights and optimizer state either way; default f32)\n";
 
@@ -84,7 +87,7 @@ struct Options {
     Device device = Device::cpu();
     std::string csv, checkpoint, resume, init_weights, batch_order;
     std::optional<double> require_drop;
-    std::optional<std::int64_t> stop_at;
+    std::optional<std::int64_t> stop_at, profile_step;
     DType precision = DType::f32;
 };
 
@@ -95,7 +98,7 @@ Options parse_options(int argc, char** argv) {
         {.options = {"--data", "--layers", "--heads", "--width", "--context", "--batch", "--steps", "--lr", "--warmup",
                      "--min-lr", "--weight-decay", "--clip", "--dropout", "--eval-every", "--eval-batches", "--seed",
                      "--device", "--csv", "--checkpoint", "--resume", "--init-weights", "--batch-order", "--sample",
-                     "--stop-at", "--require-drop", "--precision"}});
+                     "--stop-at", "--require-drop", "--precision", "--profile-step"}});
     if (args.help()) {
         std::fputs(kUsage, stdout);
         std::exit(0);
@@ -135,6 +138,7 @@ Options parse_options(int argc, char** argv) {
         const std::string precision = cli::parse_choice("--precision", *v, {"f32", "bf16", "f16"});
         o.precision = precision == "bf16" ? DType::bf16 : precision == "f16" ? DType::f16 : DType::f32;
     }
+    if (auto v = given("--profile-step")) o.profile_step = cli::parse_int("--profile-step", *v, 1, o.steps);
     o.model.seed = o.seed;
     o.data = cli::existing_directory("--data", given("--data").value_or(o.data));
     return o;
@@ -401,12 +405,18 @@ int run(const Options& o) {
     if (!o.csv.empty()) {
         csv.open(o.csv, first > 0 ? std::ios::app : std::ios::trunc);
         if (!csv) throw IoError(str("--csv: cannot write '", o.csv, "'"));
-        if (first == 0) csv << "step,train_loss,val_loss,lr,tokens_per_second\n";
+        if (first == 0) csv << "step,train_loss,val_loss,lr,tokens_per_second,loss_scale,skipped_steps\n";
     }
     std::vector<double> losses;
+    std::int64_t skipped_steps = 0;  // f16: steps the scaler skipped (an inf/NaN gradient)
     Progress progress(first, last);
     model.train();
     for (std::int64_t step = first; step < last; ++step) {
+        const bool profiled = o.profile_step && *o.profile_step == step + 1 && o.device.is_cuda();
+        if (profiled) {
+            cuda::synchronize(o.device.index);
+            cuda::profiler_start();
+        }
         const auto started = Clock::now();
         const double lr = optimizer.lr();
         const Batch batch = make_batch(corpus.train, order.offsets(step), T, o.device);
@@ -420,6 +430,8 @@ int run(const Options& o) {
         scaler.update();
         schedule.step();
         const double value = loss.item();  // waits for the step: the time below is the step's
+        if (profiled) cuda::profiler_stop();
+        if (scaler.enabled() && scaler.last_step_skipped()) ++skipped_steps;
         const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
         if (!std::isfinite(value))
             throw NumericalError(str("char_gpt: the training loss is ", value, " at step ", step + 1));
@@ -437,9 +449,10 @@ int run(const Options& o) {
             if (!o.checkpoint.empty()) save_checkpoint(o.checkpoint, model, optimizer, &schedule);
         }
         if (csv.is_open()) {
-            char row[160];
-            std::snprintf(row, sizeof row, "%lld,%.6f,%s,%.8g,%.1f\n", static_cast<long long>(done), value,
-                          val_cell.c_str(), lr, tokens_per_second);
+            char row[200];
+            std::snprintf(row, sizeof row, "%lld,%.6f,%s,%.8g,%.1f,%.8g,%lld\n", static_cast<long long>(done), value,
+                          val_cell.c_str(), lr, tokens_per_second, scaler.enabled() ? scaler.scale_value() : 1.0,
+                          static_cast<long long>(skipped_steps));
             csv << row << std::flush;
         }
     }
