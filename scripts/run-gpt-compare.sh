@@ -6,12 +6,13 @@
 # the ratios (targets: >= 1.5x eager, >= 1.0x torch.compile), and a PNG of the loss curves (with matplotlib).
 #
 #   scripts/run-gpt-compare.sh OUT_DIR [--data DIR] [--steps N] [--device cuda|cpu] [--tiny] [--no-compile]
-#                              [-- extra options for both trainers, e.g. --batch 32]
+#                              [--precision f32|bf16|f16] [-- extra options for both trainers, e.g. --batch 32]
 #
 #   --data DIR   the text (default /usr/share/games/fortunes; e.g. .data/fortunes, a copy of it)
 #   --steps N    optimizer steps (default 300; --tiny: 30)
 #   --tiny       a 2-layer, width-32, context-32 model with batch 8 (a CPU check of the script itself)
 #   --no-compile skip the torch.compile run
+#   --precision P f32 (default, TF32 off), or bf16 / f16: both trainers under autocast (f16 with loss scaling)
 # OUT_DIR receives prepared/ (init.safetensors, batch_order.txt), dyngrad.csv, torch_eager.csv,
 # torch_compile.csv, the programs' logs, report.md, report.json and gpt_loss_curves.png.
 # Environment: PYTHON (default python3; needs torch, and matplotlib for the PNG); CHAR_GPT (a
@@ -26,6 +27,7 @@ steps=""
 device=cuda
 tiny=0
 compile=1
+precision=f32
 extra=()
 while (($# > 0)); do
     case "$1" in
@@ -34,10 +36,12 @@ while (($# > 0)); do
         --device) device=$2; shift 2 ;;
         --tiny) tiny=1; shift ;;
         --no-compile) compile=0; shift ;;
+        --precision) precision=$2; shift 2 ;;
         --) shift; extra=("$@"); break ;;
         *) echo "run-gpt-compare.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
+[[ "$precision" =~ ^(f32|bf16|f16)$ ]] || { echo "run-gpt-compare.sh: --precision: f32, bf16 or f16, not '$precision'" >&2; exit 2; }
 [[ -d "$data" ]] || { echo "run-gpt-compare.sh: --data: '$data' is not a directory" >&2; exit 2; }
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -52,7 +56,7 @@ else
     config=(--layers 6 --heads 6 --width 384 --context 256 --batch 64 --steps "${steps:-300}" --lr 1e-3 --warmup 30
             --min-lr 1e-4 --eval-every 50 --eval-batches 10)
 fi
-config+=(--weight-decay 0.1 --clip 1.0 --dropout 0 --seed 0 --data "$data" "${extra[@]}")
+config+=(--weight-decay 0.1 --clip 1.0 --dropout 0 --seed 0 --precision "$precision" --data "$data" "${extra[@]}")
 
 if [[ -n "${CHAR_GPT:-}" ]]; then
     char_gpt=$CHAR_GPT
@@ -80,10 +84,10 @@ if ((compile)); then
 fi
 
 echo "==> report"
-"$python" - "$out" "$device" "${config[*]}" <<'PY' | tee "$out/report.md" || status=1
+"$python" - "$out" "$device" "${config[*]}" "$precision" <<'PY' | tee "$out/report.md" || status=1
 import csv, datetime, json, os, platform, sys
 
-out, device, config = sys.argv[1], sys.argv[2], sys.argv[3]
+out, device, config, precision = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 runs = {}
 for name, label in (("dyngrad", "dyngrad"), ("torch_eager", "PyTorch eager"), ("torch_compile", "torch.compile")):
     path = f"{out}/{name}.csv"
@@ -114,9 +118,10 @@ try:
     gpu = torch.cuda.get_device_name(0) if device.startswith("cuda") and torch.cuda.is_available() else platform.processor() or "CPU"
 except Exception:
     torch_version, gpu = "?", "?"
-print(f"# char GPT: dyngrad vs PyTorch ({datetime.date.today()}, {gpu}, torch {torch_version})\n")
+arithmetic = {"f32": "float32 (TF32 off)", "bf16": "bf16 autocast", "f16": "f16 autocast with loss scaling"}[precision]
+print(f"# char GPT: dyngrad vs PyTorch, {arithmetic} ({datetime.date.today()}, {gpu}, torch {torch_version})\n")
 print(f"Configuration (both trainers): `{config}`; same initial weights and batch order (bench/torch_gpt.py "
-      f"--prepare), float32 (TF32 off).\n")
+      f"--prepare), {arithmetic} on both sides.\n")
 print("| run | steps | final train loss | final val loss | tokens/s (after warm-up) | dyngrad / this |")
 print("|---|---:|---:|---:|---:|---:|")
 for name, (label, _) in runs.items():
@@ -134,7 +139,7 @@ if "torch_compile" in results:
 print(f"Throughput targets: >= 1.5x PyTorch eager (measured {ours['tokens_per_second'] / eager['tokens_per_second']:.2f}x)"
       + (f", >= 1.0x torch.compile (measured {ours['tokens_per_second'] / results['torch_compile']['tokens_per_second']:.2f}x)"
          if "torch_compile" in results else "") + ".")
-json.dump({"date": str(datetime.date.today()), "device": gpu, "torch": torch_version, "config": config,
+json.dump({"date": str(datetime.date.today()), "device": gpu, "precision": precision, "torch": torch_version, "config": config,
            "val_relative_difference": relative, "runs": results}, open(f"{out}/report.json", "w"), indent=1)
 try:
     import matplotlib
@@ -152,7 +157,7 @@ else:
         axes.plot(steps, vals, styles[name], marker="o", label=f"{label} validation")
     axes.set_xlabel("step")
     axes.set_ylabel("cross-entropy (nats per byte)")
-    axes.set_title(f"char GPT on fortunes: dyngrad vs PyTorch ({gpu})")
+    axes.set_title(f"char GPT on fortunes: dyngrad vs PyTorch, {precision} ({gpu})")
     axes.legend()
     axes.grid(alpha=0.3)
     figure.tight_layout()
