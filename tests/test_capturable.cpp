@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "catch.h"
+#include "temp_file.h"
 #include "dyngrad/dyngrad.h"
 #include "dyngrad/ops/dropout_mask.h"
 
@@ -19,17 +20,9 @@ using dgtest::MessageHas;
 
 namespace {
 
-struct TempFile {
-    std::filesystem::path path;
-    explicit TempFile(const std::string& name) {
-        static int counter = 0;
-        path = std::filesystem::temp_directory_path() /
-               ("dyngrad_capturable_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" + name);
-    }
-    ~TempFile() {
-        std::error_code ignored;
-        std::filesystem::remove(path, ignored);
-    }
+// A temporary file of this test file.
+struct TempFile : dgtest::TempFile {
+    explicit TempFile(const std::string& name) : dgtest::TempFile("capturable", name) {}
 };
 
 // A small regression model and a fresh batch per step, all from one seed.

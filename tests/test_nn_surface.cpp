@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "catch.h"
+#include "temp_file.h"
 #include "dyngrad/dyngrad.h"
 
 using namespace dyngrad;
@@ -19,17 +20,9 @@ using dgtest::MessageHas;
 namespace {
 
 // A file path under the system temp dir, removed at the end of the test.
-struct TempFile {
-    std::filesystem::path path;
-    explicit TempFile(const std::string& name) {
-        static int counter = 0;
-        path = std::filesystem::temp_directory_path() /
-               ("dyngrad_nn_surface_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" + name);
-    }
-    ~TempFile() {
-        std::error_code ignored;
-        std::filesystem::remove(path, ignored);
-    }
+// A temporary file of this test file.
+struct TempFile : dgtest::TempFile {
+    explicit TempFile(const std::string& name) : dgtest::TempFile("nn_surface", name) {}
 };
 
 Tensor f64(std::initializer_list<double> values) { return Tensor::of(values, DType::f64); }
