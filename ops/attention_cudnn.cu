@@ -523,6 +523,25 @@ AttentionPlanKey key_of(std::span<const Tensor> inputs, const AttentionGeometry&
     return key;
 }
 
+// "scaled_dot_product_attention (cuDNN) forward, bf16, q (…), k (…), causal, scale …": what a CudaError names.
+std::string describe(std::span<const Tensor> inputs, const AttentionGeometry& g, bool backward) {
+    return str(kOp, backward ? " backward, " : " forward, ", dtype_name(inputs[0].dtype()), ", q ",
+               to_string(inputs[0].shape()), ", k ", to_string(inputs[1].shape()), ", v ", to_string(inputs[2].shape()),
+               g.causal ? ", causal" : "", ", scale ", g.scale);
+}
+
+// Runs `fn`; a CudaError (OutOfMemory kept as such) it throws gets the call's description in front.
+template <typename Fn>
+auto with_context(std::span<const Tensor> inputs, const AttentionGeometry& g, bool backward, Fn&& fn) {
+    try {
+        return fn();
+    } catch (const OutOfMemory& e) {
+        throw OutOfMemory(str(describe(inputs, g, backward), ": ", e.what()));
+    } catch (const CudaError& e) {
+        throw CudaError(str(describe(inputs, g, backward), ": ", e.what()));
+    }
+}
+
 // The plan for this case, or the reason cuDNN does not run it (recorded for attention_last_run()).
 std::shared_ptr<AttentionPlan> plan_for(std::span<const Tensor> inputs, const AttentionGeometry& g, DeviceContext& ctx,
                                         bool backward) {
@@ -531,8 +550,9 @@ std::shared_ptr<AttentionPlan> plan_for(std::span<const Tensor> inputs, const At
         return nullptr;
     }
     const AttentionPlanKey key = key_of(inputs, g, ctx, backward);
-    std::shared_ptr<AttentionPlan> plan =
-        plan_cache<AttentionPlanKey, AttentionPlan>().get(key, [&] { return make_plan(key, ctx.cudnn); });
+    std::shared_ptr<AttentionPlan> plan = with_context(inputs, g, backward, [&] {
+        return plan_cache<AttentionPlanKey, AttentionPlan>().get(key, [&] { return make_plan(key, ctx.cudnn); });
+    });
     release_contexts_before_new_libraries();  // building the plan may have loaded cuDNN's engine libraries
     if (!plan->refused.empty()) {
         record_attention_run(!backward, false, plan->refused);
@@ -573,7 +593,7 @@ bool cudnn_attention_forward(std::span<const Tensor> inputs, const AttentionGeom
     std::vector<void*> pointers{inputs[0].raw_data(), inputs[1].raw_data(), inputs[2].raw_data(), y.raw_data(),
                                 lse.raw_data(), nullptr};
     if (g.causal) pointers.push_back(nullptr);
-    execute(*plan, std::move(pointers), ctx, false);
+    with_context(inputs, g, false, [&] { execute(*plan, std::move(pointers), ctx, false); });
     record_attention_run(true, true, {});
     return true;
 }
@@ -597,7 +617,7 @@ bool cudnn_attention_backward(std::span<const Tensor> inputs, const Tensor& y, c
                                 dv.raw_data(),        nullptr,              nullptr,              nullptr,
                                 nullptr};
     if (g.causal) pointers.push_back(nullptr);
-    execute(*plan, std::move(pointers), ctx, true);
+    with_context(inputs, g, true, [&] { execute(*plan, std::move(pointers), ctx, true); });
     record_attention_run(false, true, {});
     return true;
 }
