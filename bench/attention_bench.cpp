@@ -113,7 +113,12 @@ struct Row {
     std::int64_t length;
     bool causal;
     double ms, gflop, peak_mib;
+    std::string path;  // what ran forward/backward: "cudnn", "kernels" (bf16/f16: attention_last_run())
 };
+
+const char* impl_name(AttentionImpl impl) {
+    return impl == AttentionImpl::cudnn ? "cudnn" : impl == AttentionImpl::kernels ? "kernels" : "none";
+}
 
 Row measure(const Options& o, std::int64_t length, bool causal) {
     const Device gpu = Device::cuda(0);
@@ -128,8 +133,13 @@ Row measure(const Options& o, std::int64_t length, bool causal) {
         const Var vq = graph.input(q, "q", true), vk = graph.input(k, "k", true), vv = graph.input(v, "v", true);
         graph.backward(scaled_dot_product_attention(vq, vk, vv, causal_options(causal)), dy);
     };
-    Row row{length, causal, 0, 0, 0};
+    Row row{length, causal, 0, 0, 0, "kernels"};
     row.ms = median_ms(step, o.repetitions);
+    if (is_reduced_precision(o.dtype)) {
+        const AttentionRunInfo ran = attention_last_run();
+        row.path = ran.forward == ran.backward ? impl_name(ran.forward)
+                                               : str(impl_name(ran.forward), "/", impl_name(ran.backward));
+    }
     cuda::synchronize(0);
     const std::size_t before = cuda::memory_stats(0).bytes_in_use;
     cuda::reset_peak_memory(0);
@@ -151,7 +161,8 @@ int main(int argc, char** argv) {
             return 77;
         }
         // DYNGRAD_ATTENTION_SIMT=1 measures the SIMT kernels instead (ops/attention.h).
-        const char* path = is_reduced_precision(o.dtype)  ? "tensor cores (16-bit WMMA, f32 softmax and accumulation)"
+        // bf16/f16: cuDNN's fused attention where it applies (each row says what ran), else the 16-bit kernels.
+        const char* path = is_reduced_precision(o.dtype)  ? "cuDNN fused attention or tensor cores (16-bit WMMA)"
                            : attention_uses_tensor_cores() ? "tensor cores (3xTF32)"
                                                            : "SIMT (exact float32 FMA)";
         const std::string dtype(dtype_name(o.dtype));
@@ -160,14 +171,15 @@ int main(int argc, char** argv) {
                     dtype.c_str(), path);
         for (const bool causal : {false, true}) check_small(o, causal);
         std::printf("checked against the float64 CPU replay (B2 H3 T77, causal and not)\n");
-        std::printf("%6s %7s %10s %10s %12s\n", "T", "causal", "ms", "GFLOP/s", "peak MiB");
+        if (is_reduced_precision(o.dtype)) std::printf("%s\n", attention_cudnn_status().c_str());
+        std::printf("%6s %7s %10s %10s %12s %8s\n", "T", "causal", "ms", "GFLOP/s", "peak MiB", "path");
         std::vector<Row> rows;
         for (const std::int64_t length : o.lengths)
             for (const bool causal : {false, true}) {
                 const Row row = measure(o, length, causal);
                 rows.push_back(row);
-                std::printf("%6lld %7s %10.3f %10.1f %12.1f\n", (long long)row.length, causal ? "yes" : "no", row.ms,
-                            row.gflop / (row.ms * 1e-3), row.peak_mib);
+                std::printf("%6lld %7s %10.3f %10.1f %12.1f %8s\n", (long long)row.length, causal ? "yes" : "no",
+                            row.ms, row.gflop / (row.ms * 1e-3), row.peak_mib, row.path.c_str());
                 std::fflush(stdout);
             }
         if (!o.json.empty()) {
@@ -179,7 +191,8 @@ int main(int argc, char** argv) {
             for (std::size_t i = 0; i < rows.size(); ++i)
                 out << (i ? ", " : "") << "{\"length\": " << rows[i].length
                     << ", \"causal\": " << (rows[i].causal ? "true" : "false") << ", \"ms\": " << rows[i].ms
-                    << ", \"gflop\": " << rows[i].gflop << ", \"peak_mib\": " << rows[i].peak_mib << "}";
+                    << ", \"gflop\": " << rows[i].gflop << ", \"peak_mib\": " << rows[i].peak_mib
+                    << ", \"path\": \"" << rows[i].path << "\"}";
             out << "]}\n";
         }
         return 0;

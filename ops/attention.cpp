@@ -75,6 +75,37 @@ bool attention_uses_tensor_cores() {
 #endif
 }
 
+namespace {
+
+bool initial_cudnn_enabled() {
+    const char* value = std::getenv("DYNGRAD_ATTENTION_CUDNN");
+    return !(value && std::string_view(value) == "0");
+}
+
+std::atomic<bool>& cudnn_enabled() {
+    static std::atomic<bool> enabled{initial_cudnn_enabled()};
+    return enabled;
+}
+
+}  // namespace
+
+void set_attention_cudnn(bool enabled) { cudnn_enabled().store(enabled); }
+bool attention_cudnn_enabled() { return cudnn_enabled().load(); }
+AttentionRunInfo attention_last_run() {
+#if DYNGRAD_WITH_CUDA
+    return cuda::attention_last_run_record();
+#else
+    return {};
+#endif
+}
+std::string attention_cudnn_status() {
+#if DYNGRAD_WITH_CUDA
+    return cuda::attention_cudnn_status_line();
+#else
+    return "unavailable: a build without CUDA";
+#endif
+}
+
 AttentionGeometry attention_geometry(std::span<const Tensor> inputs, const OpAttrs& attrs) {
     const Tensor& q = inputs[0];
     AttentionGeometry g;

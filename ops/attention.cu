@@ -30,6 +30,7 @@
 
 #include "dyngrad/cuda/context.h"
 #include "dyngrad/ops/attention.h"
+#include "dyngrad/ops/attention_cudnn.h"
 #include "dyngrad/ops/attention_geometry.h"
 #include "dyngrad/ops/dropout_mask.h"
 #include "dyngrad/ops/kernels.h"
@@ -1310,9 +1311,11 @@ template <typename Fn> void dispatch_reduced(DType dtype, Fn&& fn) {
         fn.template operator()<__half>();
 }
 
-// y (T) and lse (f32) by the tc16 forward.
+// y (T) and lse (f32): by cuDNN's fused attention where it takes the case (ops/attention_cudnn.cu), else by
+// the tc16 forward.
 void launch_reduced_forward(std::span<const Tensor> inputs, const AttentionGeometry& g, Params p, Tensor& y,
                             Tensor& lse, DeviceContext& ctx) {
+    if (cudnn_attention_forward(inputs, g, y, lse, ctx)) return;
     require_reduced_kernels(y.dtype());
     dispatch_reduced(y.dtype(), [&]<typename T>() {
         const T* q = inputs[0].data<T>();
@@ -1331,10 +1334,12 @@ void launch_reduced_forward(std::span<const Tensor> inputs, const AttentionGeome
     });
 }
 
-// delta (f32), then dq (when defined) and dk, dv (when defined) by the tc16 backward kernels.
+// dq, dk, dv by cuDNN's fused attention where it takes the case (all three), else delta (f32), then dq (when
+// defined) and dk, dv (when defined) by the tc16 backward kernels. Both read the same saved lse.
 void launch_reduced_backward(const BackwardArgs& args, const AttentionGeometry& g, Params p, const Tensor& lse,
                              Tensor& delta, Tensor& dq, Tensor& dk, Tensor& dv, DeviceContext& ctx) {
     const Tensor& grad_output = args.grad_output;
+    if (cudnn_attention_backward(args.inputs, args.output, grad_output, g, lse, dq, dk, dv, ctx)) return;
     require_reduced_kernels(grad_output.dtype());
     dispatch_reduced(grad_output.dtype(), [&]<typename T>() {
         const T* q = args.inputs[0].data<T>();

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <source_location>
+#include <string>
 
 #include "dyngrad/graph/eager.h"
 #include "dyngrad/graph/graph.h"
@@ -31,6 +32,27 @@ AttentionGpuPath attention_gpu_path();
 // Whether float32 attention on the GPU runs on tensor cores now: the path is tensor_cores and this build's
 // kernels target the device's architecture (8.0+). False in a build without CUDA.
 bool attention_uses_tensor_cores();
+
+// bfloat16/float16 attention on the GPU runs on cuDNN's fused flash attention (its backend graph API; a plan per
+// shape, built on the first call and cached) where cuDNN takes the case: no dropout (cuDNN's masks are not the
+// ones the CPU replays), no keep mask, D a multiple of 8 up to 128, compute capability 8.0+, 16-byte aligned
+// operands, and an engine of cuDNN finalizing for the shape (in deterministic mode, cuda::set_deterministic, only
+// an engine without cuDNN's nondeterministic note). Elsewhere dyngrad's own kernels run. Both save the same
+// log-sum-exp (f32), so a forward on one and a backward on the other agree. On by default; the environment
+// variable DYNGRAD_ATTENTION_CUDNN=0 disables it at start, set_attention_cudnn overrides (process-wide).
+void set_attention_cudnn(bool enabled);
+bool attention_cudnn_enabled();
+// Which implementation ran this thread's last bf16/f16 GPU attention forward and backward (none: no such call
+// yet), and why cuDNN did not when the kernels ran (the precondition that failed, or cuDNN's refusal of the
+// shape, which is remembered per shape). For tests and benchmarks; a build without CUDA always says none.
+enum class AttentionImpl { none, cudnn, kernels };
+struct AttentionRunInfo {
+    AttentionImpl forward = AttentionImpl::none, backward = AttentionImpl::none;
+    std::string forward_reason, backward_reason;
+};
+AttentionRunInfo attention_last_run();
+// One line on cuDNN attention in this process: the cuDNN version and whether it is enabled.
+std::string attention_cudnn_status();
 
 // q (B,H,T,D), k (B,H,S,D), v (B,H,S,D) -> (B,H,T,D), one dtype, one device. float32 or float64; on the GPU also
 // bfloat16 and float16, natively (16-bit tensor-core products, softmax and accumulation in f32; on the CPU those

@@ -4,8 +4,10 @@
 #include <array>
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "dyngrad/graph/op_def.h"
+#include "dyngrad/ops/attention.h"
 
 namespace dyngrad {
 
@@ -32,6 +34,9 @@ AttentionGeometry attention_geometry(std::span<const Tensor> inputs, const OpAtt
 namespace cuda {
 // Whether ops/attention.cu's tensor-core kernels were compiled for the current device's architecture.
 bool attention_tensor_cores_compiled();
+// attention_last_run() and attention_cudnn_status() of ops/attention.h (ops/attention_cudnn.cu).
+AttentionRunInfo attention_last_run_record();
+std::string attention_cudnn_status_line();
 }  // namespace cuda
 
 }  // namespace dyngrad

@@ -38,12 +38,12 @@ print(f"dyngrad: {ours['device']}; torch {torch['torch']} on {torch['device']}")
 dtype = ours.get("dtype", "float32")
 print(f"scaled_dot_product_attention forward + backward, B {ours['batch']}, H {ours['heads']}, D {ours['head_dim']}, "
       f"{dtype}{' (TF32 off)' if dtype == 'float32' else ''}; target: dyngrad/torch <= 1.2\n")
-print("| T = S | causal | dyngrad ms | GFLOP/s | torch ms | torch backend | dyngrad/torch | dyngrad peak MiB | "
-      "torch peak MiB |")
-print("|---:|:---:|---:|---:|---:|:---|---:|---:|---:|")
+print("| T = S | causal | dyngrad ms | dyngrad path | GFLOP/s | torch ms | torch backend | dyngrad/torch | "
+      "dyngrad peak MiB | torch peak MiB |")
+print("|---:|:---:|---:|:---|---:|---:|:---|---:|---:|---:|")
 for r in ours["rows"]:
     t = theirs.get((r["length"], r["causal"]))
-    cells = [r["length"], "yes" if r["causal"] else "no", f"{r['ms']:.3f}", f"{r['gflop'] / (r['ms'] * 1e-3):.0f}",
+    cells = [r["length"], "yes" if r["causal"] else "no", f"{r['ms']:.3f}", r.get("path", "kernels"), f"{r['gflop'] / (r['ms'] * 1e-3):.0f}",
              f"{t['ms']:.3f}" if t else "-", t["backend"] if t else "-", f"{r['ms'] / t['ms']:.2f}" if t else "-",
              f"{r['peak_mib']:.1f}", f"{t['peak_mib']:.1f}" if t else "-"]
     print("| " + " | ".join(str(c) for c in cells) + " |")

@@ -1,0 +1,252 @@
+// bf16/f16 attention on cuDNN's fused flash attention (ops/attention_cudnn.cu): forward and the three gradients
+// against the float64 CPU replay with cuDNN asserted to have run them; the cases it leaves to dyngrad's kernels
+// (dropout, a mask, D not a multiple of 8, the switch off) asserted not to; a forward on one path with the
+// backward on the other; a captured training step replaying to the eager result. GPU cases skip visibly without
+// a device; the switch and the status line are checked everywhere.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "catch.h"
+#include "dyngrad/cuda/capture.h"
+#include "dyngrad/dyngrad.h"
+
+using namespace dyngrad;
+
+namespace {
+
+bool have_gpu() { return cuda_compiled() && cuda::device_count() > 0; }
+
+OpAttrs attrs_of(bool causal, double dropout_p = 0.0, std::uint64_t seed = 0) {
+    OpAttrs a;
+    a.is_causal = causal;
+    a.scalar = dropout_p;
+    a.seed = seed;
+    return a;
+}
+
+// Restores the process-wide switch when a test ends.
+struct CudnnSwitch {
+    bool previous = attention_cudnn_enabled();
+    explicit CudnnSwitch(bool enabled) { set_attention_cudnn(enabled); }
+    ~CudnnSwitch() { set_attention_cudnn(previous); }
+};
+
+const char* impl_name(AttentionImpl impl) {
+    switch (impl) {
+        case AttentionImpl::cudnn: return "cudnn";
+        case AttentionImpl::kernels: return "kernels";
+        default: return "none";
+    }
+}
+
+struct Qkv {
+    Tensor q, k, v, dy;
+};
+
+// Fresh normal inputs rounded to `dtype`, on the GPU.
+Qkv random_qkv(std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t S, std::int64_t D, DType dtype,
+               std::uint64_t seed) {
+    Generator gen(seed);
+    const auto rounded = [&](const Shape& shape) {
+        return Tensor::normal(shape, 0.0, 1.0, gen, DType::f32).to(dtype).to(Device::cuda(0));
+    };
+    return {rounded({B, H, T, D}), rounded({B, H, S, D}), rounded({B, H, S, D}), rounded({B, H, T, D})};
+}
+
+// y, dq, dk, dv of one forward + backward.
+std::vector<Tensor> forward_backward(const Qkv& in, const AttentionOptions& options) {
+    ComputeGraph g;
+    Var q = g.input(in.q, "q", true), k = g.input(in.k, "k", true), v = g.input(in.v, "v", true);
+    Var y = scaled_dot_product_attention(q, k, v, options);
+    g.backward(y, in.dy);
+    return {y.value().clone(), q.grad().clone(), k.grad().clone(), v.grad().clone()};
+}
+
+}  // namespace
+
+TEST_CASE("cuDNN attention: the switch and the status line", "[attention][cudnn]") {
+    const bool initial = attention_cudnn_enabled();
+    {
+        CudnnSwitch off(false);
+        CHECK_FALSE(attention_cudnn_enabled());
+        CHECK(attention_cudnn_status().find(cuda_compiled() ? "disabled" : "unavailable") != std::string::npos);
+        set_attention_cudnn(true);
+        CHECK(attention_cudnn_enabled());
+    }
+    CHECK(attention_cudnn_enabled() == initial);
+    if (!cuda_compiled()) {
+        // No GPU call can have run: the query says so.
+        CHECK(attention_last_run().forward == AttentionImpl::none);
+        CHECK(attention_last_run().backward == AttentionImpl::none);
+    }
+}
+
+TEST_CASE("cuDNN attention in bf16 and f16 matches the float64 replay, and cuDNN ran it",
+          "[attention][cudnn][gpu]") {
+    if (!have_gpu()) DG_SKIP("no CUDA device");
+    CudnnSwitch on(true);
+    const OpDef* def = find_op("scaled_dot_product_attention");
+    REQUIRE(def != nullptr);
+    struct Case {
+        const char* label;
+        std::int64_t B, H, T, S, D;
+    };
+    const std::vector<Case> cases = {
+        {"B2 H2 T64 S64 D32", 2, 2, 64, 64, 32},         {"B2 H2 T200 S200 D64", 2, 2, 200, 200, 64},
+        {"B1 H2 T1024 S1024 D128", 1, 2, 1024, 1024, 128}, {"B1 H2 T1024 S1024 D64", 1, 2, 1024, 1024, 64},
+        {"B1 H3 T200 S77 D64", 1, 3, 200, 77, 64},       {"B2 H1 T77 S300 D128", 2, 1, 77, 300, 128},
+    };
+    for (const DType dtype : {DType::bf16, DType::f16}) {
+        for (const bool causal : {false, true}) {
+            for (std::size_t index = 0; index < cases.size(); ++index) {
+                const Case& c = cases[index];
+                DYNAMIC_SECTION(dtype_name(dtype) << (causal ? " causal " : " ") << c.label) {
+                    const OpCase op_case{c.label,
+                                         {{c.B, c.H, c.T, c.D}, {c.B, c.H, c.S, c.D}, {c.B, c.H, c.S, c.D}},
+                                         attrs_of(causal),
+                                         {}};
+                    Generator gen(20'000'000 + index + (causal ? 100 : 0));
+                    const double tolerance = reduced_precision_tolerance(*def, dtype);
+                    const CheckResult r =
+                        reduced_precision_check(*def, op_case, gen, dtype, tolerance, Device::cuda(0));
+                    const AttentionRunInfo ran = attention_last_run();
+                    INFO(r.check << ", " << r.case_label << ": max rel err " << r.max_rel_err << " = "
+                                 << r.max_rel_err / unit_roundoff(dtype) << " u (tolerance " << r.tolerance << "), "
+                                 << r.detail);
+                    INFO("forward on " << impl_name(ran.forward) << " (" << ran.forward_reason << "), backward on "
+                                       << impl_name(ran.backward) << " (" << ran.backward_reason << "); "
+                                       << attention_cudnn_status());
+                    CHECK(r.pass);
+                    CHECK(ran.forward == AttentionImpl::cudnn);
+                    CHECK(ran.backward == AttentionImpl::cudnn);
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("cuDNN attention: dropout, a mask, D = 40 and the switch off run on the kernels, correctly",
+          "[attention][cudnn][gpu]") {
+    if (!have_gpu()) DG_SKIP("no CUDA device");
+    const OpDef* def = find_op("scaled_dot_product_attention");
+    REQUIRE(def != nullptr);
+    using D = InputDomain;
+    const std::vector<D> masked = {D::Any, D::Any, D::Any, D::Mask};
+    struct Case {
+        OpCase op_case;
+        bool enabled;
+        const char* reason;  // words of the recorded reason
+    };
+    const std::vector<Case> cases = {
+        {{"dropout 0.1", {{1, 2, 200, 64}, {1, 2, 200, 64}, {1, 2, 200, 64}}, attrs_of(true, 0.1, 3), {}},
+         true, "dropout"},
+        {{"padding mask (B,1,1,S)", {{2, 2, 200, 64}, {2, 2, 200, 64}, {2, 2, 200, 64}, {2, 1, 1, 200}},
+          attrs_of(false), masked},
+         true, "mask"},
+        {{"D40", {{1, 2, 200, 40}, {1, 2, 200, 40}, {1, 2, 200, 40}}, attrs_of(true), {}}, true, "head dim"},
+        {{"switch off", {{1, 2, 200, 64}, {1, 2, 200, 64}, {1, 2, 200, 64}}, attrs_of(true), {}}, false,
+         "disabled"},
+    };
+    for (const DType dtype : {DType::bf16, DType::f16}) {
+        for (const Case& c : cases) {
+            DYNAMIC_SECTION(dtype_name(dtype) << " " << c.op_case.label) {
+                CudnnSwitch set(c.enabled);
+                Generator gen(30'000'000);
+                const double tolerance = reduced_precision_tolerance(*def, dtype);
+                const CheckResult r = reduced_precision_check(*def, c.op_case, gen, dtype, tolerance, Device::cuda(0));
+                const AttentionRunInfo ran = attention_last_run();
+                INFO(r.case_label << ": max rel err " << r.max_rel_err << " (tolerance " << r.tolerance << "), "
+                                  << r.detail << "; forward reason: " << ran.forward_reason);
+                CHECK(r.pass);
+                CHECK(ran.forward == AttentionImpl::kernels);
+                CHECK(ran.backward == AttentionImpl::kernels);
+                CHECK(ran.forward_reason.find(c.reason) != std::string::npos);
+                CHECK(ran.backward_reason.find(c.reason) != std::string::npos);
+            }
+        }
+    }
+}
+
+TEST_CASE("cuDNN attention: a forward on one path and the backward on the other agree with either alone",
+          "[attention][cudnn][gpu]") {
+    if (!have_gpu()) DG_SKIP("no CUDA device");
+    const DType dtype = GENERATE(DType::bf16, DType::f16);
+    const bool causal = GENERATE(false, true);
+    INFO(dtype_name(dtype) << (causal ? " causal" : ""));
+    const Qkv in = random_qkv(2, 2, 300, 300, 64, dtype, 41);
+    AttentionOptions options;
+    options.is_causal = causal;
+    std::vector<Tensor> kernels, cudnn;
+    {
+        CudnnSwitch off(false);
+        kernels = forward_backward(in, options);
+    }
+    {
+        CudnnSwitch on(true);
+        cudnn = forward_backward(in, options);
+        REQUIRE(attention_last_run().forward == AttentionImpl::cudnn);
+        REQUIRE(attention_last_run().backward == AttentionImpl::cudnn);
+    }
+    for (const bool forward_on_cudnn : {false, true}) {
+        INFO("forward on " << (forward_on_cudnn ? "cudnn" : "kernels") << ", backward on the other");
+        ComputeGraph g;
+        Var q = g.input(in.q, "q", true), k = g.input(in.k, "k", true), v = g.input(in.v, "v", true);
+        Var y;
+        {
+            CudnnSwitch forward(forward_on_cudnn);
+            y = scaled_dot_product_attention(q, k, v, options);
+        }
+        {
+            CudnnSwitch backward(!forward_on_cudnn);
+            g.backward(y, in.dy);
+        }
+        const AttentionRunInfo ran = attention_last_run();
+        CHECK(ran.forward == (forward_on_cudnn ? AttentionImpl::cudnn : AttentionImpl::kernels));
+        CHECK(ran.backward == (forward_on_cudnn ? AttentionImpl::kernels : AttentionImpl::cudnn));
+        const std::vector<Tensor> mixed = {y.value(), q.grad(), k.grad(), v.grad()};
+        const std::vector<Tensor>& same_forward = forward_on_cudnn ? cudnn : kernels;
+        const char* names[] = {"y", "dq", "dk", "dv"};
+        for (std::size_t i = 0; i < mixed.size(); ++i) {
+            INFO(names[i]);
+            // The forward is the same call as that path's own run; the gradients differ from both pure runs by
+            // rounding only (the saved log-sum-exp means the same on both paths).
+            if (i == 0) CHECK(max_abs_error(mixed[i], same_forward[i]) == 0.0);
+            CHECK(relative_norm_error(mixed[i], kernels[i]) < 8 * unit_roundoff(dtype));
+            CHECK(relative_norm_error(mixed[i], cudnn[i]) < 8 * unit_roundoff(dtype));
+        }
+    }
+}
+
+TEST_CASE("cuDNN attention in a captured training step replays to the eager result", "[attention][cudnn][gpu]") {
+    if (!have_gpu()) DG_SKIP("no CUDA device");
+    CudnnSwitch on(true);
+    const DType dtype = GENERATE(DType::bf16, DType::f16);
+    INFO(dtype_name(dtype));
+    // The step's result: y and the three gradients, flattened into one tensor.
+    const auto step_fn = [](std::span<const Tensor> in) {
+        ComputeGraph g;
+        Var q = g.input(in[0], "q", true), k = g.input(in[1], "k", true), v = g.input(in[2], "v", true);
+        AttentionOptions options;
+        options.is_causal = true;
+        Var y = scaled_dot_product_attention(q, k, v, options);
+        g.backward(y, in[3]);
+        const Shape flat{y.value().numel()};
+        return concat({y.value().reshaped(flat), q.grad().reshaped(flat), k.grad().reshaped(flat),
+                       v.grad().reshaped(flat)},
+                      0);
+    };
+    cuda::CapturedStep step(step_fn);
+    for (int run = 0; run < 4; ++run) {  // warm-up (eager), capture, two replays
+        INFO("run " << run);
+        const Qkv in = random_qkv(2, 2, 256, 256, 64, dtype, 50 + static_cast<std::uint64_t>(run));
+        const std::vector<Tensor> inputs{in.q, in.k, in.v, in.dy};
+        const Tensor stepped = step.run(inputs).clone();
+        const Tensor eager = step_fn(inputs);
+        CHECK(attention_last_run().forward == AttentionImpl::cudnn);
+        CHECK(attention_last_run().backward == AttentionImpl::cudnn);
+        // cuDNN's backward accumulates dQ with atomics: the same up to rounding, not bit for bit.
+        CHECK(relative_norm_error(stepped, eager) < 2 * unit_roundoff(dtype));
+    }
+    CHECK(step.variants() == 1);
+}
