@@ -27,7 +27,6 @@
 #include <limits>
 #include <mma.h>
 #include <mutex>
-#include <string_view>
 #include <type_traits>
 
 #include "dyngrad/cuda/context.h"
@@ -1889,18 +1888,11 @@ bool rows_are_aligned(std::int64_t head_dim, std::size_t element_bytes, std::ini
     return true;
 }
 
-// Which tensor-core kernel set runs float32 (3xTF32), bfloat16 and float16 attention, read once per process: the
-// mma.sync set (namespace mma) unless DYNGRAD_ATTENTION_KERNELS=wmma selects the older WMMA sets (tc, tc16), kept
-// selectable while the mma.sync set is validated on the GPU.
+// Whether the WMMA sets (tc, tc16) run instead of the mma.sync set (namespace mma): DYNGRAD_ATTENTION_KERNELS,
+// read once per process (attention_kernel_set_from).
 bool use_wmma_kernels() {
-    static const bool wmma = [] {
-        const char* value = std::getenv("DYNGRAD_ATTENTION_KERNELS");
-        const std::string_view choice = value == nullptr ? std::string_view() : std::string_view(value);
-        if (choice.empty() || choice == "mma") return false;
-        if (choice == "wmma") return true;
-        throw ValueError(str("scaled_dot_product_attention: DYNGRAD_ATTENTION_KERNELS is '", choice,
-                             "'; expected 'mma' (the default) or 'wmma'"));
-    }();
+    static const bool wmma =
+        attention_kernel_set_from(std::getenv("DYNGRAD_ATTENTION_KERNELS")) == AttentionKernelSet::wmma;
     return wmma;
 }
 
