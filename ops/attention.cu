@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <mma.h>
 #include <mutex>
@@ -1164,6 +1165,629 @@ __global__ void __launch_bounds__(kThreads) attention_backward_q_kernel(
 
 }  // namespace tc16
 
+// ---- mma.sync path (float32 in 3xTF32, bfloat16 and float16; compute capability 8.0 and newer) ----
+// One kernel set templated on the element type E, FlashAttention-2 style: every score tile and accumulator lives in
+// registers as m16n8 C fragments, the online softmax runs there (a row's 8 columns of a fragment tile sit in the 4
+// lanes of a quad: reductions are two __shfl_xor), and P (or dS) feeds the next product straight from those
+// registers. Operand tiles stream through shared memory by cp.async (16-byte copies when rows are 16-byte aligned).
+// Arithmetic: E = float runs mma.m16n8k8 TF32 in 3xTF32 (each operand x = big + small, both TF32; acc += small·big
+// + big·small + big·big, ~float32 accuracy); E = __nv_bfloat16 / __half runs mma.m16n8k16 with f32 accumulators,
+// P and dS rounded to E only where they feed a product. Softmax, masks, dropout, lse and delta stay f32.
+// Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k8 / mma.m16n8k16"), with g = lane / 4, c = lane % 4:
+//   C (16×8, f32):  c0, c1 = (row g, cols 2c, 2c + 1); c2, c3 = (row g + 8, same cols).
+//   A 16-bit (16×16): a0 = (g, 2c..2c+1), a1 = (g + 8, 2c..), a2 = (g, 2c + 8..), a3 = (g + 8, 2c + 8..).
+//   B 16-bit (16×8):  b0 = (k 2c..2c+1, n g), b1 = (k 2c + 8.., n g).
+//   A tf32 (16×8):  a0 = (g, c), a1 = (g + 8, c), a2 = (g, c + 4), a3 = (g + 8, c + 4).  B tf32 (8×8): b0 = (k c, n g),
+//   b1 = (k c + 4, n g).
+// C → A (P·V and the gradient products): 16-bit: two adjacent n8 C tiles form one k16 A fragment (a0 = pack(c0, c1)
+// of the first, a1 = pack(c2, c3), a2, a3 likewise of the second). TF32: the C columns 2c, 2c + 1 of a lane are not
+// A's columns c, c + 4, so the k index of those products is permuted instead: A position c holds key 2c and position
+// c + 4 key 2c + 1 (a = c0, c2, c1, c3), and the B fragment reads its rows in the same order (b0 = row 2c, b1 = row
+// 2c + 1); a sum over k does not depend on its order, and no value moves between lanes.
+// Tiles: 4 warps per block, each owning 16 rows of the block's 64 (queries in the forward and the dq kernel, keys
+// in the dk/dv kernel). Shared-memory lines: DP + 4 floats (f32) or DP + 8 elements (16-bit): a 4-bank offset per
+// line keeps every fragment load of a warp on 32 distinct banks (and 16-byte aligned for cp.async / ldmatrix).
+namespace mma {
+
+constexpr int kTile = 64, kWarps = 4, kThreads = 32 * kWarps, kWarpRows = 16;
+
+template <typename E> inline constexpr bool kTf32 = std::is_same_v<E, float>;
+template <typename E> inline constexpr int kStep = kTf32<E> ? 8 : 16;  // the MMA's k
+template <typename E, int DP> constexpr int line() { return kTf32<E> ? DP + 4 : DP + 8; }
+// Rows of the tiles the backward kernels stream (queries for dk/dv, keys for dq): 32 at DP 128 keeps the two
+// streamed operands, the two resident ones and the score registers (2 × 16 per thread) within budget.
+template <int DP> constexpr int stream_rows() { return DP == 128 ? 32 : 64; }
+template <typename E, int DP> constexpr std::size_t tile_bytes(int rows) {
+    return sizeof(E) * static_cast<std::size_t>(rows) * line<E, DP>();
+}
+// Whether the forward holds its Q fragments in registers (through the K tile) or reads them from a Q tile of their
+// own: at DP 128 in f32, Q's 64 registers per thread on top of O's 64 and S's 32 would spill.
+template <typename E, int DP> inline constexpr bool kQInRegisters = !(kTf32<E> && DP == 128);
+// Forward: one K and one V tile (and a Q tile where Q is not held in registers).
+template <typename E, int DP> constexpr std::size_t forward_shared() {
+    return (kQInRegisters<E, DP> ? 2 : 3) * tile_bytes<E, DP>(kTile);
+}
+// dk/dv: K, V of the block (64 keys), Q, dY of a streamed query tile, and its lse and delta.
+template <typename E, int DP> constexpr std::size_t backward_kv_shared() {
+    return 2 * tile_bytes<E, DP>(kTile) + 2 * tile_bytes<E, DP>(stream_rows<DP>()) +
+           2 * sizeof(float) * stream_rows<DP>();
+}
+// dq: Q, dY of the block (64 queries), K, V of a streamed key tile.
+template <typename E, int DP> constexpr std::size_t backward_q_shared() {
+    return 2 * tile_bytes<E, DP>(kTile) + 2 * tile_bytes<E, DP>(stream_rows<DP>());
+}
+static_assert(backward_kv_shared<float, 128>() < 100 * 1024 && backward_q_shared<float, 128>() < 100 * 1024 &&
+                  forward_shared<float, 128>() < 100 * 1024,
+              "mma: the f32 DP 128 kernels must stay under 100 KiB of shared memory");
+
+#if DG_ATTENTION_TENSOR_CORES
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most N of this thread's most recent copy groups are still in flight.
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* address) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(address)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* address) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(address)));
+}
+
+// The operands of one MMA as the arithmetic wants them: 16-bit, the packed pairs as loaded; TF32, the split
+// x = big + small of every element (raw float bits on load).
+template <typename E> struct FragA {
+    std::uint32_t x[4];
+};
+template <> struct FragA<float> {
+    std::uint32_t big[4], small[4];
+};
+template <typename E> struct FragB {
+    std::uint32_t x[2];
+};
+template <> struct FragB<float> {
+    std::uint32_t big[2], small[2];
+};
+
+__device__ __forceinline__ std::uint32_t to_tf32(float x) {
+    std::uint32_t bits;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(bits) : "f"(x));
+    return bits;
+}
+// x = big + small: x − big is exact in float32, and its TF32 rounding keeps ~22 of x's 24 bits in all.
+__device__ __forceinline__ void split_tf32(std::uint32_t raw, std::uint32_t& big, std::uint32_t& small) {
+    const float x = __uint_as_float(raw);
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+template <typename E> __device__ __forceinline__ FragA<E> make_a(const std::uint32_t (&raw)[4]) {
+    FragA<E> a;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        if constexpr (kTf32<E>)
+            split_tf32(raw[i], a.big[i], a.small[i]);
+        else
+            a.x[i] = raw[i];
+    }
+    return a;
+}
+template <typename E> __device__ __forceinline__ FragB<E> make_b(std::uint32_t raw0, std::uint32_t raw1) {
+    FragB<E> b;
+    if constexpr (kTf32<E>) {
+        split_tf32(raw0, b.big[0], b.small[0]);
+        split_tf32(raw1, b.big[1], b.small[1]);
+    } else {
+        b.x[0] = raw0;
+        b.x[1] = raw1;
+    }
+    return b;
+}
+
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// d += a · b (16 × 8 += 16 × k · k × 8).
+template <typename E> __device__ __forceinline__ void mma(float (&d)[4], const FragA<E>& a, const FragB<E>& b) {
+    if constexpr (kTf32<E>) {
+        // The small terms first: they reach the accumulator before the large one.
+        mma_tf32(d, a.small, b.big);
+        mma_tf32(d, a.big, b.small);
+        mma_tf32(d, a.big, b.big);
+    } else if constexpr (std::is_same_v<E, __nv_bfloat16>) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(b.x[0]), "r"(b.x[1]));
+    } else {
+        static_assert(std::is_same_v<E, __half>, "mma: float, __nv_bfloat16 or __half");
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(b.x[0]), "r"(b.x[1]));
+    }
+}
+
+// Two f32 values rounded to E and packed, the first in the low half (the lower column index).
+template <typename E> __device__ __forceinline__ std::uint32_t pack_pair(float first, float second) {
+    if constexpr (std::is_same_v<E, __nv_bfloat16>) {
+        const __nv_bfloat162 pair = __floats2bfloat162_rn(first, second);
+        return *reinterpret_cast<const std::uint32_t*>(&pair);
+    } else {
+        const __half2 pair = __floats2half2_rn(first, second);
+        return *reinterpret_cast<const std::uint32_t*>(&pair);
+    }
+}
+
+// A fragment (16 rows × kStep) of a row-major shared tile: rows row0 .. row0 + 15, columns k0 .. k0 + kStep − 1.
+template <typename E>
+__device__ __forceinline__ void load_a(std::uint32_t (&a)[4], const E* tile, int line, int row0, int k0) {
+    const int lane = threadIdx.x % 32;
+    if constexpr (kTf32<E>) {
+        const float* at = tile + (row0 + lane / 4) * line + k0 + lane % 4;
+        a[0] = __float_as_uint(at[0]);
+        a[1] = __float_as_uint(at[8 * line]);
+        a[2] = __float_as_uint(at[4]);
+        a[3] = __float_as_uint(at[8 * line + 4]);
+    } else {
+        // Matrix i = lane / 8 of the four: rows + 8·(i % 2), columns + 8·(i / 2) (a0 .. a3 in order).
+        const int i = lane / 8, r = lane % 8;
+        ldmatrix_x4(a, tile + (row0 + r + 8 * (i % 2)) * line + k0 + 8 * (i / 2));
+    }
+}
+
+// B fragments of the n tiles n0 .. n0 + 7 and n0 + 8 .. n0 + 15 for B[k][n] = tile[n0 + n][k0 + k] (a row-major
+// tile read transposed: Kᵀ in Q·Kᵀ, Qᵀ, dYᵀ, Vᵀ).
+template <typename E>
+__device__ __forceinline__ void load_b_transposed(FragB<E> (&b)[2], const E* tile, int line, int n0, int k0) {
+    const int lane = threadIdx.x % 32;
+    if constexpr (kTf32<E>) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const float* at = tile + (n0 + 8 * j + lane / 4) * line + k0 + lane % 4;
+            b[j] = make_b<E>(__float_as_uint(at[0]), __float_as_uint(at[4]));
+        }
+    } else {
+        // Matrix i: rows (n) + 8·(i / 2), columns (k) + 8·(i % 2): b0, b1 of the first n tile, then of the second.
+        const int i = lane / 8, r = lane % 8;
+        std::uint32_t x[4];
+        ldmatrix_x4(x, tile + (n0 + r + 8 * (i / 2)) * line + k0 + 8 * (i % 2));
+        b[0] = make_b<E>(x[0], x[1]);
+        b[1] = make_b<E>(x[2], x[3]);
+    }
+}
+
+// B fragments of the n tiles n0 .. n0 + 7 and n0 + 8 .. n0 + 15 for B[k][n] = tile[k0 + k][n0 + n] (a row-major
+// tile as it stands: V in P·V, dY, Q, K in the gradient products). TF32: rows in the permuted k order of a_from_c.
+template <typename E>
+__device__ __forceinline__ void load_b(FragB<E> (&b)[2], const E* tile, int line, int k0, int n0) {
+    const int lane = threadIdx.x % 32;
+    if constexpr (kTf32<E>) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const float* at = tile + (k0 + 2 * (lane % 4)) * line + n0 + 8 * j + lane / 4;
+            b[j] = make_b<E>(__float_as_uint(at[0]), __float_as_uint(at[line]));
+        }
+    } else {
+        // Matrix i: rows (k) + 8·(i % 2), columns (n) + 8·(i / 2), transposed on load.
+        const int i = lane / 8, r = lane % 8;
+        std::uint32_t x[4];
+        ldmatrix_x4_trans(x, tile + (k0 + r + 8 * (i % 2)) * line + n0 + 8 * (i / 2));
+        b[0] = make_b<E>(x[0], x[1]);
+        b[1] = make_b<E>(x[2], x[3]);
+    }
+}
+
+// The A fragment of k step `step` from C fragments c (16 × 8·NT, f32): 16-bit, tiles 2·step and 2·step + 1 rounded
+// to E; TF32, tile `step` in the permuted k order (see the top of this namespace).
+template <typename E, int NT>
+__device__ __forceinline__ FragA<E> a_from_c(const float (&c)[NT][4], int step) {
+    std::uint32_t raw[4];
+    if constexpr (kTf32<E>) {
+        raw[0] = __float_as_uint(c[step][0]);
+        raw[1] = __float_as_uint(c[step][2]);
+        raw[2] = __float_as_uint(c[step][1]);
+        raw[3] = __float_as_uint(c[step][3]);
+    } else {
+        raw[0] = pack_pair<E>(c[2 * step][0], c[2 * step][1]);
+        raw[1] = pack_pair<E>(c[2 * step][2], c[2 * step][3]);
+        raw[2] = pack_pair<E>(c[2 * step + 1][0], c[2 * step + 1][1]);
+        raw[3] = pack_pair<E>(c[2 * step + 1][2], c[2 * step + 1][3]);
+    }
+    return make_a<E>(raw);
+}
+
+// acc (16 × 8·NT) += A (16 × DP, fragments from a_of(step)) · B, B[k][n] = tile[n][k] (load_b_transposed).
+template <typename E, int DP, int NT, typename AOf>
+__device__ __forceinline__ void multiply_transposed(float (&acc)[NT][4], AOf&& a_of, const E* tile, int line) {
+#pragma unroll
+    for (int step = 0; step < DP / kStep<E>; ++step) {
+        const FragA<E> a = a_of(step);
+#pragma unroll
+        for (int pair = 0; pair < NT / 2; ++pair) {
+            FragB<E> b[2];
+            load_b_transposed<E>(b, tile, line, 16 * pair, step * kStep<E>);
+            mma<E>(acc[2 * pair], a, b[0]);
+            mma<E>(acc[2 * pair + 1], a, b[1]);
+        }
+    }
+}
+
+// acc (16 × DP) += C (16 × 8·NT in registers) · tile (8·NT rows × DP).
+template <typename E, int DP, int NT>
+__device__ __forceinline__ void multiply_from_c(float (&acc)[DP / 8][4], const float (&c)[NT][4], const E* tile,
+                                                int line) {
+#pragma unroll
+    for (int step = 0; step < NT * 8 / kStep<E>; ++step) {
+        const FragA<E> a = a_from_c<E, NT>(c, step);
+#pragma unroll
+        for (int pair = 0; pair < DP / 16; ++pair) {
+            FragB<E> b[2];
+            load_b<E>(b, tile, line, step * kStep<E>, 16 * pair);
+            mma<E>(acc[2 * pair], a, b[0]);
+            mma<E>(acc[2 * pair + 1], a, b[1]);
+        }
+    }
+}
+
+// dst[r·line + d] = src[(row0 + r)·D + d] for r < kRows, d < DP; zero past `rows` rows and D columns. cp.async
+// 16-byte copies when every row starts 16-byte aligned and D·sizeof(E) % 16 == 0 (vector_rows; the caller commits
+// and waits), plain loads otherwise.
+template <typename E, int DP, int kRows>
+__device__ __forceinline__ void load_tile(E* dst, const E* __restrict__ src, std::int64_t row0, std::int64_t rows,
+                                          std::int64_t D, bool vector_rows) {
+    constexpr int kLine = line<E, DP>();
+    if (vector_rows) {
+        constexpr int kPerCopy = 16 / static_cast<int>(sizeof(E)), kCopies = DP / kPerCopy;
+        for (int idx = threadIdx.x; idx < kRows * kCopies; idx += kThreads) {
+            const int r = idx / kCopies, d = kPerCopy * (idx % kCopies);
+            E* to = dst + r * kLine + d;
+            if (r < rows && d < D)
+                cp_async_16(to, src + (row0 + r) * D + d);
+            else
+                *reinterpret_cast<uint4*>(to) = make_uint4(0u, 0u, 0u, 0u);  // all-zero bits: +0 in every E
+        }
+    } else {
+        const E zero_value = from_acc<E>(0.0f);
+        for (int idx = threadIdx.x; idx < kRows * DP; idx += kThreads) {
+            const int r = idx / DP, d = idx % DP;
+            dst[r * kLine + d] = (r < rows && d < D) ? src[(row0 + r) * D + d] : zero_value;
+        }
+    }
+}
+
+// Stores the warp's 16 × DP accumulator times `factor` as rows row0 + (g, g + 8) of a (rows, D) matrix, d < D.
+template <typename E, int DP>
+__device__ __forceinline__ void store_rows(E* __restrict__ dst, const float (&acc)[DP / 8][4], std::int64_t row0,
+                                           std::int64_t rows, std::int64_t D, const float (&factor)[2]) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const std::int64_t row = row0 + lane / 4 + 8 * half;
+        if (row >= rows) continue;
+        E* out = dst + row * D;
+#pragma unroll
+        for (int tile = 0; tile < DP / 8; ++tile) {
+            const int d = 8 * tile + 2 * (lane % 4);
+            if (d < D) out[d] = from_acc<E>(acc[tile][2 * half] * factor[half]);
+            if (d + 1 < D) out[d + 1] = from_acc<E>(acc[tile][2 * half + 1] * factor[half]);
+        }
+    }
+}
+#endif  // DG_ATTENTION_TENSOR_CORES
+
+// Forward: y (E), lse (f32). The K and V tiles take turns: V_j is copied while S_j = Q·K_jᵀ and its softmax are
+// computed, K_{j+1} while O += P_j·V_j is; Q is read once into registers (through the K tile), or, where
+// kQInRegisters is false, stays in a tile of its own.
+template <typename E, int DP>
+__global__ void __launch_bounds__(kThreads) attention_forward_kernel(const E* __restrict__ q, const E* __restrict__ k,
+                                                                     const E* __restrict__ v, E* __restrict__ y,
+                                                                     float* __restrict__ lse, Params p) {
+#if DG_ATTENTION_TENSOR_CORES
+    constexpr int kLine = line<E, DP>(), kSteps = DP / kStep<E>, kKeyTiles = kTile / 8;
+    extern __shared__ __align__(128) unsigned char mma_shared[];
+    constexpr bool kQRegisters = kQInRegisters<E, DP>;
+    E* ks = reinterpret_cast<E*>(mma_shared);  // [64][kLine]: Q at first (kQRegisters), then K_j
+    E* vs = ks + kTile * kLine;                 // [64][kLine]: V_j
+    E* qs = kQRegisters ? ks : vs + kTile * kLine;  // [64][kLine]: Q
+
+    const std::int64_t tiles = (p.queries + kTile - 1) / kTile;
+    const TileOf at = tile_of_block(tiles, p.causal);
+    const std::int64_t slice = at.slice, row0 = at.tile * kTile;
+    const std::int64_t D = p.head_dim;
+    const float scale = p.scale_f;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wrow = warp * kWarpRows;
+    const std::int64_t t_of[2] = {row0 + wrow + lane / 4, row0 + wrow + lane / 4 + 8};
+    const E* k_slice = k + slice * p.keys * D;
+    const E* v_slice = v + slice * p.keys * D;
+
+    load_tile<E, DP, kTile>(qs, q + slice * p.queries * D, row0, p.queries - row0, D, p.vector_rows);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    std::uint32_t q_frag[kQRegisters ? kSteps : 1][4];
+    if constexpr (kQRegisters) {
+#pragma unroll
+        for (int step = 0; step < kSteps; ++step) load_a<E>(q_frag[step], qs, kLine, wrow, step * kStep<E>);
+        __syncthreads();  // every warp holds its Q: the tile takes K_0
+    }
+
+    const std::int64_t key_end = p.causal ? std::min<std::int64_t>(p.keys, row0 + kTile) : p.keys;
+    load_tile<E, DP, kTile>(ks, k_slice, 0, p.keys, D, p.vector_rows);
+    cp_async_commit();
+    float o[DP / 8][4] = {};
+    float m[2] = {minus_infinity<float>(), minus_infinity<float>()}, l[2] = {0.0f, 0.0f};
+    for (std::int64_t n0 = 0; n0 < key_end; n0 += kTile) {
+        load_tile<E, DP, kTile>(vs, v_slice, n0, p.keys - n0, D, p.vector_rows);
+        cp_async_commit();
+        cp_async_wait<1>();  // K_j is in (V_j may still be in flight)
+        __syncthreads();
+        float s[kKeyTiles][4] = {};
+        multiply_transposed<E, DP, kKeyTiles>(
+            s,
+            [&](int step) {
+                if constexpr (kQRegisters) {
+                    return make_a<E>(q_frag[step]);
+                } else {
+                    std::uint32_t raw[4];
+                    load_a<E>(raw, qs, kLine, wrow, step * kStep<E>);
+                    return make_a<E>(raw);
+                }
+            },
+            ks, kLine);
+        __syncthreads();  // every warp is done with K_j
+        if (n0 + kTile < key_end)
+            load_tile<E, DP, kTile>(ks, k_slice, n0 + kTile, p.keys - n0 - kTile, D, p.vector_rows);
+        cp_async_commit();  // possibly empty: the waits below count groups
+
+        // Every key of the tile takes part in every row of the warp: no per-element test.
+        const bool whole = !p.mask && n0 + kTile <= p.keys && (!p.causal || n0 + kTile - 1 <= row0 + wrow);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const std::int64_t t = t_of[half];
+            float top = minus_infinity<float>();
+#pragma unroll
+            for (int tile = 0; tile < kKeyTiles; ++tile)
+#pragma unroll
+                for (int e = 2 * half; e < 2 * half + 2; ++e) {
+                    const std::int64_t key = n0 + 8 * tile + 2 * (lane % 4) + (e & 1);
+                    s[tile][e] = (whole || takes_part<E>(p, slice, t, key)) ? s[tile][e] * scale
+                                                                              : minus_infinity<float>();
+                    top = fmaxf(top, s[tile][e]);
+                }
+            top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
+            top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
+            const float m_new = fmaxf(m[half], top);
+            // No key of this row so far: keep everything at 0 (exp(−inf − 0) = 0), never exp(−inf + inf).
+            const float base = m_new == minus_infinity<float>() ? 0.0f : m_new;
+            const float alpha = expf(m[half] - base);
+            float sum = 0.0f;
+#pragma unroll
+            for (int tile = 0; tile < kKeyTiles; ++tile)
+#pragma unroll
+                for (int e = 2 * half; e < 2 * half + 2; ++e) {
+                    const float prob = expf(s[tile][e] - base);
+                    sum += prob;
+                    const std::int64_t key = n0 + 8 * tile + 2 * (lane % 4) + (e & 1);
+                    s[tile][e] = p.dropout_p == 0.0 ? prob : prob * dropout_factor<float>(p, slice, t, key);
+                }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            l[half] = l[half] * alpha + sum;
+            m[half] = m_new;
+#pragma unroll
+            for (int tile = 0; tile < DP / 8; ++tile) {
+                o[tile][2 * half] *= alpha;
+                o[tile][2 * half + 1] *= alpha;
+            }
+        }
+        cp_async_wait<1>();  // V_j is in (K_{j+1} may still be in flight)
+        __syncthreads();
+        multiply_from_c<E, DP, kKeyTiles>(o, s, vs, kLine);
+        __syncthreads();  // every warp is done with V_j
+    }
+    cp_async_wait<0>();
+    float inverse[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const bool empty = l[half] == 0.0f;
+        inverse[half] = empty ? 0.0f : 1.0f / l[half];
+        if (lane % 4 == 0 && t_of[half] < p.queries)
+            lse[slice * p.queries + t_of[half]] = empty ? minus_infinity<float>() : m[half] + logf(l[half]);
+    }
+    store_rows<E, DP>(y + slice * p.queries * D, o, row0 + wrow, p.queries, D, inverse);
+#endif
+}
+
+// dk, dv for one key tile (the warp's rows are keys), over the query tiles that see it, streamed by
+// stream_rows<DP>() queries: Sᵀ = K·Qᵀ and dPᵀ = V·dYᵀ in registers, then dV += (P∘F)ᵀ·dY and dK += dSᵀ·Q with
+// A from those registers. dk, dv accumulate in registers to the end.
+template <typename E, int DP>
+__global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
+    const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v, const E* __restrict__ dy,
+    const float* __restrict__ lse, const float* __restrict__ delta, E* __restrict__ dk, E* __restrict__ dv, Params p) {
+#if DG_ATTENTION_TENSOR_CORES
+    constexpr int kLine = line<E, DP>(), kRows = stream_rows<DP>(), kQueryTiles = kRows / 8;
+    extern __shared__ __align__(128) unsigned char mma_shared[];
+    E* ks = reinterpret_cast<E*>(mma_shared);                    // [64 keys][kLine]
+    E* vs = ks + kTile * kLine;                                   // [64 keys][kLine]
+    E* qs = vs + kTile * kLine;                                   // [kRows queries][kLine]
+    E* dys = qs + kRows * kLine;                                  // [kRows queries][kLine]
+    float* lse_tile = reinterpret_cast<float*>(dys + kRows * kLine);  // [kRows]
+    float* delta_tile = lse_tile + kRows;                             // [kRows]
+
+    const std::int64_t tiles = (p.keys + kTile - 1) / kTile;
+    const TileOf at = tile_of_block(tiles, false);
+    const std::int64_t slice = at.slice, n0 = at.tile * kTile;
+    const std::int64_t D = p.head_dim;
+    const float scale = p.scale_f;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wrow = warp * kWarpRows;
+    const std::int64_t key_of[2] = {n0 + wrow + lane / 4, n0 + wrow + lane / 4 + 8};
+    const E* q_slice = q + slice * p.queries * D;
+    const E* dy_slice = dy + slice * p.queries * D;
+
+    load_tile<E, DP, kTile>(ks, k + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
+    load_tile<E, DP, kTile>(vs, v + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
+    cp_async_commit();
+    float dk_acc[DP / 8][4] = {}, dv_acc[DP / 8][4] = {};
+    // Causal: queries before the tile's first key see none of its keys.
+    const std::int64_t query_begin = p.causal ? n0 : 0;
+    for (std::int64_t m0 = query_begin; m0 < p.queries; m0 += kRows) {
+        load_tile<E, DP, kRows>(qs, q_slice, m0, p.queries - m0, D, p.vector_rows);
+        load_tile<E, DP, kRows>(dys, dy_slice, m0, p.queries - m0, D, p.vector_rows);
+        cp_async_commit();
+        for (int c = threadIdx.x; c < kRows; c += kThreads) {
+            const bool inside = m0 + c < p.queries;
+            lse_tile[c] = inside ? lse[slice * p.queries + m0 + c] : minus_infinity<float>();
+            delta_tile[c] = inside ? delta[slice * p.queries + m0 + c] : 0.0f;
+        }
+        cp_async_wait<0>();
+        __syncthreads();
+        float s[kQueryTiles][4] = {}, dp[kQueryTiles][4] = {};
+        multiply_transposed<E, DP, kQueryTiles>(
+            s,
+            [&](int step) {
+                std::uint32_t raw[4];
+                load_a<E>(raw, ks, kLine, wrow, step * kStep<E>);
+                return make_a<E>(raw);
+            },
+            qs, kLine);
+        multiply_transposed<E, DP, kQueryTiles>(
+            dp,
+            [&](int step) {
+                std::uint32_t raw[4];
+                load_a<E>(raw, vs, kLine, wrow, step * kStep<E>);
+                return make_a<E>(raw);
+            },
+            dys, kLine);
+        // Every query of the tile sees every key of the block (and has a finite lse): no per-element test.
+        const bool whole = !p.mask && m0 + kRows <= p.queries && n0 + kTile <= p.keys &&
+                           (!p.causal || m0 >= n0 + kTile - 1);
+#pragma unroll
+        for (int tile = 0; tile < kQueryTiles; ++tile)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int c = 8 * tile + 2 * (lane % 4) + (e & 1);
+                const std::int64_t t = m0 + c, key = key_of[e / 2];
+                const float row_lse = lse_tile[c];
+                const bool part =
+                    whole || (takes_part<E>(p, slice, t, key) && row_lse != minus_infinity<float>());
+                const float prob = part ? expf(s[tile][e] * scale - row_lse) : 0.0f;
+                const float factor = p.dropout_p == 0.0 ? 1.0f : dropout_factor<float>(p, slice, t, key);
+                dp[tile][e] = prob * (dp[tile][e] * factor - delta_tile[c]);  // dSᵀ
+                s[tile][e] = prob * factor;                                    // (P∘F)ᵀ
+            }
+        multiply_from_c<E, DP, kQueryTiles>(dv_acc, s, dys, kLine);
+        multiply_from_c<E, DP, kQueryTiles>(dk_acc, dp, qs, kLine);
+        __syncthreads();  // every warp is done with qs, dys, lse_tile, delta_tile
+    }
+    cp_async_wait<0>();  // the loop may not have run (causal: keys past the last query)
+    const float scales[2] = {scale, scale}, ones[2] = {1.0f, 1.0f};
+    store_rows<E, DP>(dk + slice * p.keys * D, dk_acc, n0 + wrow, p.keys, D, scales);
+    store_rows<E, DP>(dv + slice * p.keys * D, dv_acc, n0 + wrow, p.keys, D, ones);
+#endif
+}
+
+// dq for one query tile (the warp's rows are queries), over the key tiles it sees, streamed by stream_rows<DP>()
+// keys: S = Q·Kᵀ and dP = dY·Vᵀ in registers, then dQ += dS·K with A from those registers.
+template <typename E, int DP>
+__global__ void __launch_bounds__(kThreads) attention_backward_q_kernel(
+    const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v, const E* __restrict__ dy,
+    const float* __restrict__ lse, const float* __restrict__ delta, E* __restrict__ dq, Params p) {
+#if DG_ATTENTION_TENSOR_CORES
+    constexpr int kLine = line<E, DP>(), kRows = stream_rows<DP>(), kKeyTiles = kRows / 8;
+    extern __shared__ __align__(128) unsigned char mma_shared[];
+    E* qs = reinterpret_cast<E*>(mma_shared);  // [64 queries][kLine]
+    E* dys = qs + kTile * kLine;                // [64 queries][kLine]
+    E* ks = dys + kTile * kLine;                // [kRows keys][kLine]
+    E* vs = ks + kRows * kLine;                 // [kRows keys][kLine]
+
+    const std::int64_t tiles = (p.queries + kTile - 1) / kTile;
+    const TileOf at = tile_of_block(tiles, p.causal);
+    const std::int64_t slice = at.slice, m0 = at.tile * kTile;
+    const std::int64_t D = p.head_dim;
+    const float scale = p.scale_f;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wrow = warp * kWarpRows;
+    const std::int64_t t_of[2] = {m0 + wrow + lane / 4, m0 + wrow + lane / 4 + 8};
+    const E* k_slice = k + slice * p.keys * D;
+    const E* v_slice = v + slice * p.keys * D;
+
+    load_tile<E, DP, kTile>(qs, q + slice * p.queries * D, m0, p.queries - m0, D, p.vector_rows);
+    load_tile<E, DP, kTile>(dys, dy + slice * p.queries * D, m0, p.queries - m0, D, p.vector_rows);
+    cp_async_commit();
+    float row_lse[2], row_delta[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const bool inside = t_of[half] < p.queries;
+        row_lse[half] = inside ? lse[slice * p.queries + t_of[half]] : minus_infinity<float>();
+        row_delta[half] = inside ? delta[slice * p.queries + t_of[half]] : 0.0f;
+    }
+    float dq_acc[DP / 8][4] = {};
+    const std::int64_t key_end = p.causal ? std::min<std::int64_t>(p.keys, m0 + kTile) : p.keys;
+    for (std::int64_t n0 = 0; n0 < key_end; n0 += kRows) {
+        load_tile<E, DP, kRows>(ks, k_slice, n0, p.keys - n0, D, p.vector_rows);
+        load_tile<E, DP, kRows>(vs, v_slice, n0, p.keys - n0, D, p.vector_rows);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        float s[kKeyTiles][4] = {}, dp[kKeyTiles][4] = {};
+        multiply_transposed<E, DP, kKeyTiles>(
+            s,
+            [&](int step) {
+                std::uint32_t raw[4];
+                load_a<E>(raw, qs, kLine, wrow, step * kStep<E>);
+                return make_a<E>(raw);
+            },
+            ks, kLine);
+        multiply_transposed<E, DP, kKeyTiles>(
+            dp,
+            [&](int step) {
+                std::uint32_t raw[4];
+                load_a<E>(raw, dys, kLine, wrow, step * kStep<E>);
+                return make_a<E>(raw);
+            },
+            vs, kLine);
+        // Every key of the tile takes part in every row of the warp, and those rows exist: no per-element test.
+        const bool whole = !p.mask && n0 + kRows <= p.keys && m0 + kTile <= p.queries &&
+                           (!p.causal || n0 + kRows - 1 <= m0 + wrow);
+#pragma unroll
+        for (int tile = 0; tile < kKeyTiles; ++tile)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int half = e / 2;
+                const std::int64_t t = t_of[half], key = n0 + 8 * tile + 2 * (lane % 4) + (e & 1);
+                const bool part =
+                    whole || (takes_part<E>(p, slice, t, key) && row_lse[half] != minus_infinity<float>());
+                const float prob = part ? expf(s[tile][e] * scale - row_lse[half]) : 0.0f;
+                const float factor = p.dropout_p == 0.0 ? 1.0f : dropout_factor<float>(p, slice, t, key);
+                dp[tile][e] = prob * (dp[tile][e] * factor - row_delta[half]);  // dS
+            }
+        multiply_from_c<E, DP, kKeyTiles>(dq_acc, dp, ks, kLine);
+        __syncthreads();  // every warp is done with ks, vs
+    }
+    cp_async_wait<0>();
+    const float scales[2] = {scale, scale};
+    store_rows<E, DP>(dq + slice * p.queries * D, dq_acc, m0 + wrow, p.queries, D, scales);
+#endif
+}
+
+}  // namespace mma
+
 // A mask value other than 0 or 1 is reported (ValueError at the next synchronisation), as the CPU throws.
 template <typename Real>
 __global__ void check_binary_mask_kernel(const Real* __restrict__ mask, std::int64_t n, DeviceErrorRecord* record,
@@ -1265,9 +1889,67 @@ bool rows_are_aligned(std::int64_t head_dim, std::size_t element_bytes, std::ini
     return true;
 }
 
+// Whether the WMMA sets (tc, tc16) run instead of the mma.sync set (namespace mma): DYNGRAD_ATTENTION_KERNELS,
+// read once per process (attention_kernel_set_from).
+bool use_wmma_kernels() {
+    static const bool wmma =
+        attention_kernel_set_from(std::getenv("DYNGRAD_ATTENTION_KERNELS")) == AttentionKernelSet::wmma;
+    return wmma;
+}
+
+// y and lse (f32) by the mma.sync forward.
+template <typename E>
+void launch_mma_forward(const E* q, const E* k, const E* v, E* y, float* lse, const AttentionGeometry& g, Params p,
+                        DeviceContext& ctx) {
+    p.vector_rows = rows_are_aligned(g.head_dim, sizeof(E), {q, k, v});
+    with_padded_head_dim(g.head_dim, [&]<int DP>() {
+        constexpr std::size_t shared = mma::forward_shared<E, DP>();
+        static std::once_flag once;
+        allow_shared(mma::attention_forward_kernel<E, DP>, shared, once);
+        const unsigned blocks = blocks_for((g.queries + mma::kTile - 1) / mma::kTile, g.slices());
+        mma::attention_forward_kernel<E, DP><<<blocks, mma::kThreads, shared, ctx.stream>>>(q, k, v, y, lse, p);
+        DG_CUDA_CHECK_LAUNCH();
+    });
+}
+
+// dq (when defined) and dk, dv (when defined) by the mma.sync backward kernels, from lse and delta (f32).
+template <typename E>
+void launch_mma_backward(const BackwardArgs& args, const AttentionGeometry& g, Params p, const Tensor& lse,
+                         const Tensor& delta, Tensor& dq, Tensor& dk, Tensor& dv, DeviceContext& ctx) {
+    const E* q = args.inputs[0].data<E>();
+    const E* k = args.inputs[1].data<E>();
+    const E* v = args.inputs[2].data<E>();
+    const E* dy = args.grad_output.data<E>();
+    p.vector_rows = rows_are_aligned(g.head_dim, sizeof(E), {q, k, v, dy});
+    with_padded_head_dim(g.head_dim, [&]<int DP>() {
+        if (dk.defined()) {
+            constexpr std::size_t shared = mma::backward_kv_shared<E, DP>();
+            static std::once_flag once;
+            allow_shared(mma::attention_backward_kv_kernel<E, DP>, shared, once);
+            const unsigned blocks = blocks_for((g.keys + mma::kTile - 1) / mma::kTile, g.slices());
+            mma::attention_backward_kv_kernel<E, DP><<<blocks, mma::kThreads, shared, ctx.stream>>>(
+                q, k, v, dy, lse.data<float>(), delta.data<float>(), dk.data<E>(), dv.data<E>(), p);
+            DG_CUDA_CHECK_LAUNCH();
+        }
+        if (dq.defined()) {
+            constexpr std::size_t shared = mma::backward_q_shared<E, DP>();
+            static std::once_flag once;
+            allow_shared(mma::attention_backward_q_kernel<E, DP>, shared, once);
+            const unsigned blocks = blocks_for((g.queries + mma::kTile - 1) / mma::kTile, g.slices());
+            mma::attention_backward_q_kernel<E, DP><<<blocks, mma::kThreads, shared, ctx.stream>>>(
+                q, k, v, dy, lse.data<float>(), delta.data<float>(), dq.data<E>(), p);
+            DG_CUDA_CHECK_LAUNCH();
+        }
+    });
+}
+
 // dq (when wanted) and dk, dv (when either is wanted) by the tensor-core kernels; delta is computed.
 void launch_tensor_core_backward(const BackwardArgs& args, const AttentionGeometry& g, Params p, const Tensor& lse,
                                  const Tensor& delta, Tensor& dq, Tensor& dk, Tensor& dv, DeviceContext& ctx) {
+    if (!use_wmma_kernels()) {
+        launch_mma_backward<float>(args, g, p, lse, delta, dq, dk, dv, ctx);
+        return;
+    }
     const float* q = args.inputs[0].data<float>();
     const float* k = args.inputs[1].data<float>();
     const float* v = args.inputs[2].data<float>();
@@ -1321,6 +2003,10 @@ void launch_reduced_forward(std::span<const Tensor> inputs, const AttentionGeome
         const T* q = inputs[0].data<T>();
         const T* k = inputs[1].data<T>();
         const T* v = inputs[2].data<T>();
+        if (!use_wmma_kernels()) {
+            launch_mma_forward<T>(q, k, v, y.data<T>(), lse.data<float>(), g, p, ctx);
+            return;
+        }
         p.vector_rows = rows_are_aligned(g.head_dim, sizeof(T), {q, k, v});
         with_padded_head_dim(g.head_dim, [&]<int DP>() {
             constexpr std::size_t shared = tc16::forward_shared<DP>();
@@ -1351,6 +2037,10 @@ void launch_reduced_backward(const BackwardArgs& args, const AttentionGeometry& 
         attention_delta_kernel<T><<<grid_size(ctx, rows * 32, kDeltaThreads), kDeltaThreads, 0, ctx.stream>>>(
             dy, args.output.data<T>(), delta.data<float>(), rows, g.head_dim);
         DG_CUDA_CHECK_LAUNCH();
+        if (!use_wmma_kernels()) {
+            launch_mma_backward<T>(args, g, p, lse, delta, dq, dk, dv, ctx);
+            return;
+        }
         p.vector_rows = rows_are_aligned(g.head_dim, sizeof(T), {q, k, v, dy});
         with_padded_head_dim(g.head_dim, [&]<int DP>() {
             if (dk.defined()) {
@@ -1406,6 +2096,10 @@ Tensor scaled_dot_product_attention_forward(const ForwardArgs& args) {
         const float* qf = q.data<float>();
         const float* kf = args.inputs[1].data<float>();
         const float* vf = args.inputs[2].data<float>();
+        if (!use_wmma_kernels()) {
+            launch_mma_forward<float>(qf, kf, vf, y.data<float>(), lse.data<float>(), g, p, ctx);
+            return y;
+        }
         p.vector_rows = rows_are_aligned(g.head_dim, sizeof(float), {qf, kf, vf});
         with_padded_head_dim(g.head_dim, [&]<int DP>() {
             constexpr std::size_t shared = tc::forward_shared<DP>();

@@ -10,6 +10,7 @@
 
 #include "catch.h"
 #include "dyngrad/dyngrad.h"
+#include "dyngrad/ops/attention_geometry.h"
 #include "dyngrad/ops/dropout_mask.h"
 
 using namespace dyngrad;
@@ -131,6 +132,15 @@ TEST_CASE("a query whose keys are all masked gets 0 and no gradient; no NaN anyw
                 }
             }
     for (const double x : k.grad().to_vector()) CHECK(std::isfinite(x));
+}
+
+TEST_CASE("DYNGRAD_ATTENTION_KERNELS: unset, empty or mma selects the mma.sync kernels, wmma the WMMA sets",
+          "[attention]") {
+    CHECK(attention_kernel_set_from(nullptr) == AttentionKernelSet::mma);
+    CHECK(attention_kernel_set_from("") == AttentionKernelSet::mma);
+    CHECK(attention_kernel_set_from("mma") == AttentionKernelSet::mma);
+    CHECK(attention_kernel_set_from("wmma") == AttentionKernelSet::wmma);
+    CHECK_THROWS_AS(attention_kernel_set_from("WMMA"), ValueError);  // more in tests/hostile/attention_kernels.cpp
 }
 
 TEST_CASE("attention dropout: the seed alone fixes the mask; another seed drops others", "[attention]") {
@@ -358,6 +368,71 @@ TEST_CASE("attention on the GPU: the tensor-core path runs when selected and agr
         // Another arithmetic (3xTF32 products): not the same bits, but the same values to ~float32 accuracy.
         CHECK(max_abs_diff(simt[i], tensor[i]) > 0.0);
         CHECK(relative_norm_diff(tensor[i], simt[i]) < 1e-5);
+    }
+}
+
+namespace {
+
+// The cases that break fragment code (the mma.sync kernels, ops/attention.cu namespace mma): every length of
+// `lengths` as T and as S, both equal and not, against every head dim (32 and 64 as they are, 40 and 80 padded to 64
+// and 128, 128), each (T, S) pair and each D taking every variant once: plain, causal, a padding mask (B,1,1,S)
+// (a fair coin per key: at S 1 or 15 whole rows lose every key), causal with dropout, and causal with a padding
+// mask and dropout.
+std::vector<OpCase> fragment_sweep_cases() {
+    using D = InputDomain;
+    const std::int64_t lengths[] = {1, 15, 64, 65, 127, 200, 300};
+    const std::int64_t head_dims[] = {32, 40, 64, 80, 128};
+    constexpr int kLengths = 7, kDims = 5, kVariants = 5;
+    std::vector<OpCase> cases;
+    for (int pair = 0; pair < 2 * kLengths; ++pair) {
+        const std::int64_t T = lengths[pair / 2];
+        const std::int64_t S = pair % 2 == 0 ? T : lengths[(pair / 2 + 3) % kLengths];
+        for (int d = 0; d < kDims; ++d) {
+            const std::int64_t head_dim = head_dims[d];
+            const int variant = (pair + d) % kVariants;
+            const bool causal = variant == 1 || variant >= 3;
+            const bool padding = variant == 2 || variant == 4;
+            const double dropout = variant >= 3 ? 0.15 : 0.0;
+            OpCase c;
+            c.label = str("T", T, " S", S, " D", head_dim, causal ? " causal" : "", padding ? " padding mask" : "",
+                          dropout > 0 ? " dropout 0.15" : "");
+            c.shapes = {{1, 2, T, head_dim}, {1, 2, S, head_dim}, {1, 2, S, head_dim}};
+            if (padding) {
+                c.shapes.push_back({1, 1, 1, S});
+                c.domains = {D::Any, D::Any, D::Any, D::Mask};
+            }
+            c.attrs = attention_attrs(causal, dropout, 1000 + static_cast<std::uint64_t>(cases.size()));
+            cases.push_back(c);
+        }
+    }
+    return cases;
+}
+
+}  // namespace
+
+TEST_CASE("attention on the GPU: the tensor-core kernels over ragged T, S and every head dim, f32 and bf16, forward "
+          "and gradients against the float64 replay",
+          "[attention][gpu][mma]") {
+    if (!have_gpu()) DG_SKIP("no CUDA device");
+    const OpDef* def = find_op("scaled_dot_product_attention");
+    REQUIRE(def != nullptr);
+    const GpuPathScope scope(AttentionGpuPath::tensor_cores);
+    const std::vector<OpCase> cases = fragment_sweep_cases();
+    REQUIRE(cases.size() == 70);
+    for (const DType dtype : {DType::f32, DType::bf16}) {
+        for (std::size_t index = 0; index < cases.size(); ++index) {
+            DYNAMIC_SECTION(dtype_name(dtype) << ": " << cases[index].label) {
+                Generator gen(11'000'000 + index);
+                const CheckResult r =
+                    dtype == DType::f32
+                        ? gpu_vs_cpu_check(*def, cases[index], gen, 1e-5)
+                        : reduced_precision_check(*def, cases[index], gen, dtype,
+                                                  reduced_precision_tolerance(*def, dtype), Device::cuda(0));
+                INFO(dtype_name(dtype) << ", " << r.check << ", " << r.case_label << ": max rel err " << r.max_rel_err
+                                       << ", max abs err " << r.max_abs_err << ", " << r.detail);
+                CHECK(r.pass);
+            }
+        }
     }
 }
 
