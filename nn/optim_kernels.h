@@ -110,7 +110,8 @@ struct StepChunk {
     double scalars[kStepScalars];
     std::int32_t group;
     std::int32_t parameter;
-    std::int64_t chunks;  // how many chunks its parameter has: the last to finish advances the step count
+    std::int64_t blocks;  // how many blocks update its parameter (non-empty slices of all its chunks): the last
+                          // to finish advances the step count
     friend bool operator==(const StepChunk&, const StepChunk&) = default;
 };
 
