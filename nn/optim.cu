@@ -71,14 +71,21 @@ __global__ void sgd_kernel(const StepChunk* __restrict__ chunks, StepState s) {
     const bool nesterov = c.scalars[2] != 0;
     const bool unscale = s.inv_scale != nullptr;
     const T inv_scale = unscale ? static_cast<T>(*s.inv_scale) : T(1);
+    const double clip = s.clip != nullptr ? *s.clip : 1.0;
+    const T clip_scale = static_cast<T>(clip);
     T* __restrict__ p = static_cast<T*>(c.param);
-    const T* __restrict__ g = static_cast<const T*>(c.grad);
+    T* __restrict__ g = static_cast<T*>(c.grad);
     T* __restrict__ buffer = static_cast<T*>(c.state1);
     const std::int64_t end = std::min(c.n, (blockIdx.y + 1) * kStepSlice);
 #pragma unroll 4
     for (std::int64_t i = blockIdx.y * kStepSlice + threadIdx.x; i < end; i += blockDim.x) {
         const T w = p[i];
-        T d = unscale ? g[i] * inv_scale : g[i];
+        T gi = g[i];
+        if (clip != 1.0) {  // clip_grad_norm's scaling pass, fused: the same product, written back
+            gi = gi * clip_scale;
+            g[i] = gi;
+        }
+        T d = unscale ? gi * inv_scale : gi;
         if (weight_decay != T(0)) d = d + weight_decay * w;
         if (buffer != nullptr) {
             const T b = momentum * buffer[i] + d;
@@ -109,8 +116,10 @@ __global__ void adam_kernel(const StepChunk* __restrict__ chunks, StepState s) {
                               c.scalars[4] != 0, s.steps[c.parameter] + 1);
     const bool unscale = s.inv_scale != nullptr;
     const T inv_scale = unscale ? static_cast<T>(*s.inv_scale) : T(1);
+    const double clip = s.clip != nullptr ? *s.clip : 1.0;
+    const T clip_scale = static_cast<T>(clip);
     T* __restrict__ p = static_cast<T*>(c.param);
-    const T* __restrict__ g = static_cast<const T*>(c.grad);
+    T* __restrict__ g = static_cast<T*>(c.grad);
     T* __restrict__ m = static_cast<T*>(c.state1);
     T* __restrict__ v = static_cast<T*>(c.state2);
     const std::int64_t begin = blockIdx.y * kStepSlice + threadIdx.x;
@@ -138,7 +147,12 @@ __global__ void adam_kernel(const StepChunk* __restrict__ chunks, StepState s) {
         if (i >= end) break;
         T wj = w[j];
         if (decay != T(1)) wj = wj * decay;
-        T dj = unscale ? d[j] * inv_scale : d[j];
+        T gj = d[j];
+        if (clip != 1.0) {  // clip_grad_norm's scaling pass, fused: the same product, written back
+            gj = gj * clip_scale;
+            g[i] = gj;
+        }
+        T dj = unscale ? gj * inv_scale : gj;
         if (l2 != T(0)) dj = dj + l2 * wj;
         const T mi = beta1 * m_old[j] + one_minus_beta1 * dj;
         const T vi = beta2 * v_old[j] + one_minus_beta2 * (dj * dj);
@@ -471,7 +485,7 @@ std::int64_t for_each_batch(std::span<const GradOperand> grads, const char* what
 }  // namespace
 
 void clip_norm(int device, std::span<const GradOperand> grads, double max_norm, double norm_type, double eps,
-               Tensor& norm) {
+               Tensor& norm, Tensor* coefficient_out) {
     DeviceContext& ctx = context(device);
     const NormKind kind = std::isinf(norm_type) ? NormKind::Infinity
                           : norm_type == 1      ? NormKind::One
@@ -481,11 +495,13 @@ void clip_norm(int device, std::span<const GradOperand> grads, double max_norm, 
     for (const GradOperand& g : grads) blocks += (g.numel + kStepSlice - 1) / kStepSlice;
     if (blocks == 0) {  // only empty gradients: the norm is 0 and nothing is scaled
         DG_CUDA_CHECK(cudaMemsetAsync(norm.raw_data(), 0, dtype_size(norm.dtype()), ctx.stream));
+        if (coefficient_out != nullptr) coefficient_out->fill(1.0);
         return;
     }
     // Pool memory, stream-ordered: freed when these tensors go, after the kernels queued below.
     const Tensor partials = Tensor::empty({std::max<std::int64_t>(blocks, 1)}, DType::f64, Device::cuda(device));
-    const Tensor coefficient = Tensor::empty({}, DType::f64, Device::cuda(device));
+    const Tensor coefficient =
+        coefficient_out != nullptr ? *coefficient_out : Tensor::empty({}, DType::f64, Device::cuda(device));
     auto* partial_sums = static_cast<double*>(partials.raw_data());
     auto* c = static_cast<double*>(coefficient.raw_data());
     dispatch_floating(norm.dtype(), "clip_grad_norm", [&]<typename N>() {
@@ -498,6 +514,7 @@ void clip_norm(int device, std::span<const GradOperand> grads, double max_norm, 
             });
         });
     });
+    if (coefficient_out != nullptr) return;  // a fused step applies it
     for_each_batch(grads, "clip_grad_norm", [&](DType dtype, const ClipBatch& batch, unsigned grid) {
         dispatch_floating(dtype, "clip_grad_norm", [&]<typename T>() {
             scale_kernel<T><<<grid, kThreads, 0, ctx.stream>>>(batch, c);
