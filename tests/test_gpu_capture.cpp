@@ -231,7 +231,8 @@ TEST_CASE("clip_grad_norm on the GPU over 130 gradients of mixed sizes (two laun
     Generator gen(95);
     std::vector<Parameter> gpu, cpu;
     const auto add = [&](Shape shape, DType dtype) {
-        const std::string name = "p" + std::to_string(cpu.size());
+        std::string name = "p";  // appended, not "p" + ...: GCC 12 warns (-Wrestrict) on that temporary
+        name += std::to_string(cpu.size());
         const Tensor value = Tensor::normal(shape, 0.0, 1.0, gen, dtype);
         const Tensor grad = Tensor::normal(shape, 0.0, 0.01, gen, dtype);
         Parameter on_cpu(value, name), on_gpu(value.to(kGpu), name);
