@@ -14,7 +14,7 @@
 //                                       f16 scales the loss with a GradScaler (torch.autocast + GradScaler)
 //   lenet5_b64_full, mlp784_b64_full    (only with --only; no PyTorch counterpart) lenet5_b64 / mlp784_b64 with
 //                                       everything a real training step has (issue 15): dropout 0.1 on the
-//                                       logits, clip_grad_norm(1.0), AdamW (lr 1e-3, wd 0.01), WarmupCosineLR
+//                                       logits, clip_grad_norm_and_step(1.0) of AdamW (lr 1e-3, wd 0.01), WarmupCosineLR
 //                                       stepped per step; its captured row against the captured SGD row of the
 //                                       same model is the issue's "at least as fast" target.
 // A training step is forward, cross-entropy, backward, SGD update (lr 0.01, no momentum) on random inputs
@@ -265,8 +265,7 @@ Prepared full_training(Sequential body, const Shape& input_shape, std::int64_t c
         ComputeGraph graph;
         const Var loss = cross_entropy(model(graph.input(in[0], "x")), graph.input(in[1], "labels"));
         graph.backward(loss, {.free_values = true});
-        clip_grad_norm(optimizer->parameters(), 1.0);
-        optimizer->step();
+        optimizer->clip_grad_norm_and_step(1.0);  // clip_grad_norm + step(), the scaling fused into the step
         schedule->step();
         optimizer->zero_grad();
         return loss.value();

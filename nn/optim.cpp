@@ -456,7 +456,7 @@ SgdOptions SGD::options(std::size_t group) const {
     return {.lr = s.lr, .momentum = s.momentum, .nesterov = s.nesterov, .weight_decay = s.weight_decay};
 }
 
-void SGD::update(const Gate* gate) {
+void SGD::update(const Gate* gate, [[maybe_unused]] const Tensor* clip) {
     // Everything that can throw happens before the first update: an error leaves every parameter as it was.
     const std::vector<std::size_t> ready = with_grad();
     for (const std::size_t i : ready)
@@ -497,7 +497,7 @@ void SGD::update(const Gate* gate) {
 #if DYNGRAD_WITH_CUDA
     for (const auto& [device, tensors] : on_gpu) {
         auto& on = tables_->on(device, groups_, steps_, name());
-        cuda::sgd_step(on.table, tensors, on.state(gate));
+        cuda::sgd_step(on.table, tensors, on.state(gate, clip));
     }
 #endif
 }
@@ -538,7 +538,7 @@ AdamOptions Adam::options(std::size_t group) const {
     return {.lr = s.lr, .beta1 = s.beta1, .beta2 = s.beta2, .eps = s.eps, .weight_decay = s.weight_decay};
 }
 
-void Adam::update(const Gate* gate) {
+void Adam::update(const Gate* gate, [[maybe_unused]] const Tensor* clip) {
     const std::vector<std::size_t> ready = with_grad();
     for (const std::size_t i : ready) {
         state_for(state_[i][0], parameters_[i]);
@@ -579,7 +579,7 @@ void Adam::update(const Gate* gate) {
 #if DYNGRAD_WITH_CUDA
     for (const auto& [device, tensors] : on_gpu) {
         auto& on = tables_->on(device, groups_, steps_, name());
-        cuda::adam_step(on.table, tensors, on.state(gate));
+        cuda::adam_step(on.table, tensors, on.state(gate, clip));
     }
 #endif
 }
@@ -619,15 +619,47 @@ std::vector<Tensor*> gradient_targets(const std::vector<Parameter>& parameters, 
     return grads;
 }
 
-Tensor clip_grad_norm(const std::vector<Parameter>& parameters, double max_norm, double norm_type, double eps) {
-    if (!(max_norm >= 0)) throw ValueError(str("clip_grad_norm: max_norm must be non-negative, got ", max_norm));
-    if (!(norm_type > 0)) throw ValueError(str("clip_grad_norm: norm_type must be positive, got ", norm_type));
+namespace {
+
+void check_clip_arguments(const char* who, double max_norm, double norm_type, double eps) {
+    if (!(max_norm >= 0)) throw ValueError(str(who, ": max_norm must be non-negative, got ", max_norm));
+    if (!(norm_type > 0)) throw ValueError(str(who, ": norm_type must be positive, got ", norm_type));
     if (!(eps >= 0) || !std::isfinite(eps))
-        throw ValueError(str("clip_grad_norm: eps must be finite and non-negative, got ", eps));
+        throw ValueError(str(who, ": eps must be finite and non-negative, got ", eps));
+}
+
+DType norm_dtype_of(const std::vector<Tensor*>& grads) {
+    const bool any_f64 = std::any_of(grads.begin(), grads.end(), [](const Tensor* g) { return g->dtype() == DType::f64; });
+    return any_f64 ? DType::f64 : DType::f32;
+}
+
+}  // namespace
+
+Tensor Optimizer::clip_grad_norm_and_step(double max_norm, double norm_type, double eps) {
+    constexpr const char* kWho = "clip_grad_norm_and_step";
+    check_clip_arguments(kWho, max_norm, norm_type, eps);
+    const std::vector<Tensor*> grads = gradient_targets(parameters_, kWho);
+#if DYNGRAD_WITH_CUDA
+    if (!grads.empty() && grads.front()->device().is_cuda()) {
+        // The norm's kernel leaves the coefficient on the device; the step's kernel clips as it reads.
+        const Device device = grads.front()->device();
+        Tensor norm = Tensor::empty({}, norm_dtype_of(grads), device);
+        Tensor coefficient = Tensor::empty({}, DType::f64, device);
+        cuda::clip_norm(device.index, cuda::grad_operands(grads), max_norm, norm_type, eps, norm, &coefficient);
+        update(nullptr, &coefficient);
+        return norm;
+    }
+#endif
+    Tensor norm = clip_grad_norm(parameters_, max_norm, norm_type, eps);
+    step();
+    return norm;
+}
+
+Tensor clip_grad_norm(const std::vector<Parameter>& parameters, double max_norm, double norm_type, double eps) {
+    check_clip_arguments("clip_grad_norm", max_norm, norm_type, eps);
     const std::vector<Tensor*> grads = gradient_targets(parameters, "clip_grad_norm");
     if (grads.empty()) return Tensor::zeros({});
-    const bool any_f64 = std::any_of(grads.begin(), grads.end(), [](const Tensor* g) { return g->dtype() == DType::f64; });
-    const DType norm_dtype = any_f64 ? DType::f64 : DType::f32;
+    const DType norm_dtype = norm_dtype_of(grads);
     [[maybe_unused]] const Device device = grads.front()->device();
 #if DYNGRAD_WITH_CUDA
     if (device.is_cuda()) {

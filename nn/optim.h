@@ -80,7 +80,7 @@ public:
     Optimizer& operator=(const Optimizer&) = delete;
 
     // Updates every trainable parameter that has a gradient, in place.
-    void step() { update(nullptr); }
+    void step() { update(nullptr, nullptr); }
     // Internal (GradScaler, nn/amp.h): a step whose gradients are multiplied by `inv_scale` first and that is
     // skipped whole (step counts included) when `found_inf` is non-zero: one-element float32 tensors on the
     // parameters' device, read there by the fused kernel (no host synchronisation).
@@ -88,7 +88,15 @@ public:
         Tensor inv_scale;
         Tensor found_inf;
     };
-    void step(const Gate& gate) { update(&gate); }
+    void step(const Gate& gate) { update(&gate, nullptr); }
+    // clip_grad_norm(parameters(), max_norm, norm_type, eps) followed by step(), with the same results bit for
+    // bit (the parameters, the optimizer state, the returned norm, and the gradients, which are left clipped
+    // as clip_grad_norm leaves them). On a GPU the clipping is fused into the step: the norm is one launch per
+    // dtype, and the step's kernel multiplies each gradient by the clip coefficient as it reads it and writes
+    // the clipped gradient back, where clip_grad_norm + step() launch a scaling pass of its own. Since nothing
+    // runs between the two, nothing can read half-clipped gradients. The errors of clip_grad_norm (checked
+    // before anything changes) and of step().
+    Tensor clip_grad_norm_and_step(double max_norm, double norm_type = 2.0, double eps = 1e-6);
     // Drops every parameter's gradient (the next backward starts from zero).
     void zero_grad();
     // "SGD", "Adam", "AdamW": also the optimizer type recorded in a checkpoint.
@@ -129,8 +137,11 @@ public:
 
 protected:
     friend class LRScheduler;
-    // The update rule: every trainable parameter with a gradient, gated by `gate` when given.
-    virtual void update(const Gate* gate) = 0;
+    // The update rule: every trainable parameter with a gradient, gated by `gate` when given. `clip`: a 0-d
+    // float64 tensor on the parameters' GPU holding clip_grad_norm's coefficient, which the fused kernel applies
+    // to the gradients (and writes back) before the update; null: none. Only clip_grad_norm_and_step passes it,
+    // for gradients on one GPU.
+    virtual void update(const Gate* gate, const Tensor* clip) = 0;
     // ValueError for an undefined or repeated parameter, an unknown setting or an invalid value.
     // `who` names the optimizer in messages; `settable` lists the ParamGroup settings it has.
     Optimizer(std::vector<ParamGroup> groups, const GroupSettings& defaults, const char* who,
@@ -187,7 +198,7 @@ public:
     const Tensor& momentum_buffer(std::size_t i) const;
 
 protected:
-    void update(const Gate* gate) override;
+    void update(const Gate* gate, const Tensor* clip) override;
     void check_settings(const GroupSettings& settings, const std::string& who) const override;
     std::vector<const char*> state_names(const GroupSettings& settings) const override;
 };
@@ -216,7 +227,7 @@ public:
 
 protected:
     Adam(std::vector<ParamGroup> groups, const AdamOptions& defaults, bool decoupled_weight_decay);
-    void update(const Gate* gate) override;
+    void update(const Gate* gate, const Tensor* clip) override;
     void check_settings(const GroupSettings& settings, const std::string& who) const override;
     std::vector<const char*> state_names(const GroupSettings& settings) const override;
 

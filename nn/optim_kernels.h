@@ -91,7 +91,7 @@ namespace cuda {
 struct StepOperands {
     DType dtype;
     void* param;
-    const void* grad;
+    void* grad;    // written only by a step fused with clipping (StepState::clip)
     void* state1;  // SGD: momentum buffer; Adam: m
     void* state2;  // Adam: v
     std::int64_t numel;
@@ -103,14 +103,15 @@ struct StepOperands {
 // A slice of at most kStepChunk elements of one tensor, as the kernels read it from the device table.
 struct StepChunk {
     void* param;
-    const void* grad;
+    void* grad;
     void* state1;
     void* state2;
     std::int64_t n;
     double scalars[kStepScalars];
     std::int32_t group;
     std::int32_t parameter;
-    std::int64_t chunks;  // how many chunks its parameter has: the last to finish advances the step count
+    std::int64_t blocks;  // how many blocks update its parameter (non-empty slices of all its chunks): the last
+                          // to finish advances the step count
     friend bool operator==(const StepChunk&, const StepChunk&) = default;
 };
 
@@ -123,6 +124,10 @@ struct StepState {
     unsigned long long* arrivals = nullptr;  // per parameter: chunks finished in this launch (0 between)
     const float* inv_scale = nullptr;   // gradients are multiplied by it; null: by 1
     const float* found_inf = nullptr;   // non-zero: the whole step is skipped (nothing changes); null: never
+    // clip_grad_norm's coefficient (Optimizer::clip_grad_norm_and_step): where it is not 1, every gradient is
+    // multiplied by it (in the gradient's dtype, as clip_grad_norm's scaling pass) and written back before
+    // the update reads it (and before inv_scale); null: no clipping.
+    const double* clip = nullptr;
 };
 
 // The device-side chunk table of one optimizer on one device. Gradients are re-allocated by every
@@ -175,8 +180,10 @@ inline std::vector<GradOperand> grad_operands(const std::vector<Tensor*>& grads)
     for (Tensor* grad : grads) out.push_back({grad->dtype(), grad->raw_data(), grad->numel()});
     return out;
 }
+// With `coefficient` (a 0-d float64 tensor on the device), the coefficient is left there and the gradients
+// are not scaled: a fused step (StepState::clip) applies it.
 void clip_norm(int device, std::span<const GradOperand> grads, double max_norm, double norm_type, double eps,
-               Tensor& norm);
+               Tensor& norm, Tensor* coefficient = nullptr);
 void clip_value(int device, std::span<const GradOperand> grads, double clip_value);
 
 // GradScaler (nn/amp.h) on one device, queued with no host synchronisation (capturable):

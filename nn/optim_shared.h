@@ -22,8 +22,9 @@ struct Optimizer::DeviceTables {
         Tensor lrs;       // f64 (groups)
         Tensor steps;     // i64 (parameters): updates so far
         Tensor arrivals;  // i64 (parameters): the kernels' per-launch chunk counters, zero between launches
-        cuda::StepState state(const Gate* gate) const {
+        cuda::StepState state(const Gate* gate, const Tensor* clip) const {
             cuda::StepState s;
+            if (clip != nullptr) s.clip = clip->data<double>();
             s.lrs = lrs.data<double>();
             s.steps = reinterpret_cast<long long*>(steps.data<std::int64_t>());
             s.arrivals = reinterpret_cast<unsigned long long*>(arrivals.data<std::int64_t>());

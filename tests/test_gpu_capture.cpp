@@ -59,13 +59,15 @@ struct Trainer {
     WarmupCosineLR schedule;
     GradScaler scaler;
     bool scaled;
+    bool fused;  // Optimizer::clip_grad_norm_and_step instead of clip_grad_norm + step()
 
-    Trainer(std::uint64_t seed, bool scaled, std::int64_t total)
+    Trainer(std::uint64_t seed, bool scaled, std::int64_t total, bool fused = false)
         : model(seed, seed + 1),
           opt(model.net.parameters(), {.lr = 2e-3, .weight_decay = 0.01}),
           schedule(opt, total / 10, total, 1e-5),
           scaler({.init_scale = 1024.0, .growth_interval = 3}),
-          scaled(scaled) {}
+          scaled(scaled),
+          fused(fused) {}
 
     Tensor step(std::span<const Tensor> in) {
         ComputeGraph graph;
@@ -76,6 +78,9 @@ struct Trainer {
             clip_grad_norm(opt.parameters(), 1.0);
             scaler.step(opt);
             scaler.update();
+        } else if (fused) {
+            graph.backward(loss);
+            opt.clip_grad_norm_and_step(1.0);
         } else {
             graph.backward(loss);
             clip_grad_norm(opt.parameters(), 1.0);
@@ -126,7 +131,154 @@ void check_same_parameters(const Trainer& eager, const Trainer& captured) {
     }
 }
 
+// One eager step of `opt` over `model`: clip_grad_norm + step(), or the fused clip_grad_norm_and_step. The
+// norm and every gradient as the step left them (clipped).
+struct ClippedStep {
+    std::vector<double> norm;
+    std::vector<std::vector<double>> grads;
+};
+ClippedStep clipped_step(LenetWithDropout& model, Optimizer& opt, std::span<const Tensor> in, double max_norm,
+                         bool fused) {
+    ComputeGraph graph;
+    graph.backward(cross_entropy(model.net(graph.input(in[0])), graph.input(in[1])));
+    Tensor norm;
+    if (fused) {
+        norm = opt.clip_grad_norm_and_step(max_norm);
+    } else {
+        norm = clip_grad_norm(opt.parameters(), max_norm);
+        opt.step();
+    }
+    ClippedStep out{norm.to_vector(), {}};
+    for (const Parameter& p : opt.parameters()) out.grads.push_back(p.grad().to_vector());
+    opt.zero_grad();
+    return out;
+}
+
+void check_same_state(const std::vector<Parameter>& a, const std::vector<Parameter>& b, const Optimizer& opt_a,
+                      const Optimizer& opt_b) {
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        INFO(a[i].name());
+        CHECK(a[i].value().to_vector() == b[i].value().to_vector());  // bit for bit
+        const auto sa = opt_a.state_tensors(i), sb = opt_b.state_tensors(i);
+        REQUIRE(sa.size() == sb.size());
+        for (std::size_t k = 0; k < sa.size(); ++k) CHECK(sa[k].second.to_vector() == sb[k].second.to_vector());
+    }
+}
+
 }  // namespace
+
+TEST_CASE("clip_grad_norm_and_step on the GPU gives clip_grad_norm + step() bit for bit: parameters, state, norm "
+          "and the clipped gradients", "[gpu][clip][deterministic]") {
+    const Deterministic deterministic;
+    const auto data = batches(3, 32, 9100);
+    // 0.05 clips every step (lenet's first gradients have a norm near 1); 1e6 never does. (The loops are inside
+    // the sections: Catch enters a section once per run.)
+    SECTION("AdamW") {
+        for (const double max_norm : {0.05, 1e6}) {
+            INFO("max_norm " << max_norm);
+            LenetWithDropout a(91, 92), b(91, 92);
+            AdamW opt_a(a.net.parameters(), {.lr = 2e-3, .weight_decay = 0.01});
+            AdamW opt_b(b.net.parameters(), {.lr = 2e-3, .weight_decay = 0.01});
+            for (int i = 0; i < 6; ++i) {
+                const auto& batch = data[static_cast<std::size_t>(i) % data.size()];
+                const ClippedStep separate = clipped_step(a, opt_a, batch, max_norm, false);
+                const ClippedStep fused = clipped_step(b, opt_b, batch, max_norm, true);
+                CHECK(fused.norm == separate.norm);
+                CHECK(fused.grads == separate.grads);
+                if (max_norm < 1) CHECK(separate.norm[0] > max_norm);  // it did clip
+            }
+            check_same_state(a.net.parameters(), b.net.parameters(), opt_a, opt_b);
+            CHECK(opt_b.step_count(0) == 6);
+        }
+    }
+    SECTION("SGD with Nesterov momentum and weight decay") {
+        for (const double max_norm : {0.05, 1e6}) {
+            INFO("max_norm " << max_norm);
+            LenetWithDropout a(93, 94), b(93, 94);
+            const SgdOptions options{.lr = 0.05, .momentum = 0.9, .nesterov = true, .weight_decay = 1e-3};
+            SGD opt_a(a.net.parameters(), options), opt_b(b.net.parameters(), options);
+            for (int i = 0; i < 6; ++i) {
+                const auto& batch = data[static_cast<std::size_t>(i) % data.size()];
+                const ClippedStep separate = clipped_step(a, opt_a, batch, max_norm, false);
+                const ClippedStep fused = clipped_step(b, opt_b, batch, max_norm, true);
+                CHECK(fused.norm == separate.norm);
+                CHECK(fused.grads == separate.grads);
+            }
+            check_same_state(a.net.parameters(), b.net.parameters(), opt_a, opt_b);
+        }
+    }
+}
+
+TEST_CASE("a captured clip_grad_norm_and_step trains lenet (dropout, AdamW, warm-up + cosine) exactly as eager "
+          "clip_grad_norm + step()", "[gpu][capture][clip][deterministic]") {
+    const Deterministic deterministic;
+    constexpr int kSteps = 30;
+    Trainer eager(33, false, kSteps), captured(33, false, kSteps, /*fused=*/true);
+    cuda::CapturedStep step([&](std::span<const Tensor> in) { return captured.step(in); },
+                            {.guard_replays = 2, .guard_state = [&] { return captured.state(); }});
+    const auto data = batches(4, 64, 3300);
+    Tensor eager_loss, captured_loss;
+    for (int i = 0; i < kSteps; ++i) {
+        const std::vector<Tensor>& batch = data[static_cast<std::size_t>(i) % data.size()];
+        eager_loss = eager.step(batch);
+        captured_loss = step.run(batch);
+    }
+    CHECK(step.variants() == 1);
+    CHECK(captured_loss.item() == eager_loss.item());
+    check_same_parameters(eager, captured);
+    CHECK(captured.opt.step_count(0) == kSteps);
+}
+
+TEST_CASE("clip_grad_norm on the GPU over 130 gradients of mixed sizes (two launches, slices of large tensors) "
+          "matches the CPU", "[gpu][clip]") {
+    Generator gen(95);
+    std::vector<Parameter> gpu, cpu;
+    const auto add = [&](Shape shape, DType dtype) {
+        std::string name = "p";  // appended, not "p" + ...: GCC 12 warns (-Wrestrict) on that temporary
+        name += std::to_string(cpu.size());
+        const Tensor value = Tensor::normal(shape, 0.0, 1.0, gen, dtype);
+        const Tensor grad = Tensor::normal(shape, 0.0, 0.01, gen, dtype);
+        Parameter on_cpu(value, name), on_gpu(value.to(kGpu), name);
+        on_cpu.grad_slot() = grad.clone();
+        on_gpu.grad_slot() = grad.to(kGpu);
+        cpu.push_back(on_cpu);
+        gpu.push_back(on_gpu);
+    };
+    for (int i = 0; i < 125; ++i) add({1 + (i * 37) % 300}, DType::f32);  // small: one slice each
+    add({3, 100003}, DType::f32);  // 147 slices, the last one partial
+    add({2049}, DType::f32);
+    add({0}, DType::f32);  // empty: no block
+    add({70001}, DType::f64);
+    add({5}, DType::f64);
+    for (const double norm_type : {2.0, 1.0, 3.0, std::numeric_limits<double>::infinity()}) {
+        INFO("norm_type " << norm_type);
+        const std::vector<std::vector<double>> before = [&] {
+            std::vector<std::vector<double>> out;
+            for (const Parameter& p : cpu) out.push_back(p.grad().to_vector());
+            return out;
+        }();
+        const Tensor cpu_norm = clip_grad_norm(cpu, 0.5, norm_type);
+        const Tensor gpu_norm = clip_grad_norm(gpu, 0.5, norm_type);
+        CHECK(gpu_norm.dtype() == DType::f64);
+        CHECK(gpu_norm.item() == dgtest::Approx(cpu_norm.item()).epsilon(1e-12));
+        for (std::size_t i = 0; i < gpu.size(); ++i) {
+            INFO(cpu[i].name());
+            const std::vector<double> g = gpu[i].grad().to_vector(), c = cpu[i].grad().to_vector();
+            REQUIRE(g.size() == c.size());
+            for (std::size_t k = 0; k < g.size(); ++k) REQUIRE(std::abs(g[k] - c[k]) <= 1e-6 * std::abs(c[k]) + 1e-12);
+        }
+        // Restore the unclipped gradients for the next norm type.
+        for (std::size_t i = 0; i < cpu.size(); ++i) {
+            const Tensor grad = Tensor::from_vector(before[i], cpu[i].value().shape(), cpu[i].value().dtype());
+            cpu[i].grad_slot() = grad.clone();
+            gpu[i].grad_slot() = grad.to(kGpu);
+        }
+    }
+    // Twice in a row (the last block reset the shared counter) and only empty gradients (the norm is 0).
+    CHECK(clip_grad_norm(gpu, 1e9).item() == dgtest::Approx(clip_grad_norm(cpu, 1e9).item()).epsilon(1e-12));
+    CHECK(clip_grad_norm({gpu[127]}, 1.0).item() == 0);
+}
 
 TEST_CASE("lenet with dropout, AdamW, a warm-up + cosine schedule and clipping: 100 captured steps equal 100 "
           "eager steps bit for bit", "[gpu][capture][deterministic]") {

@@ -210,6 +210,73 @@ TEST_CASE("clip_grad_norm scales by min(1, max_norm / (norm + eps)) and returns 
     }
 }
 
+TEST_CASE("Optimizer::clip_grad_norm_and_step equals clip_grad_norm then step(), bit for bit, and leaves the "
+          "gradients clipped", "[nn][clip]") {
+    Generator gen(29);
+    const auto make = [&] {
+        std::vector<Parameter> params{Parameter(Tensor::normal({7, 5}, 0, 1, gen), "w"),
+                                      Parameter(Tensor::normal({5}, 0, 1, gen), "b"),
+                                      Parameter(Tensor::normal({4}, 0, 1, gen, DType::f64), "d")};
+        return params;
+    };
+    const std::vector<Parameter> a = make();
+    std::vector<Parameter> b;
+    for (const Parameter& p : a) b.emplace_back(p.value().clone(), p.name());
+    // loss = Σ c·w² with fresh random c per step: gradients 2·c·w.
+    const auto backward = [&](const std::vector<Parameter>& params, const std::vector<Tensor>& c) {
+        ComputeGraph graph;
+        Var loss;
+        for (std::size_t i = 0; i < params.size(); ++i) {
+            Var w = graph.parameter(params[i]);
+            const Var term = to_dtype(sum(w * w * graph.input(c[i])), DType::f64);
+            loss = i == 0 ? term : loss + term;
+        }
+        graph.backward(loss);
+    };
+    const auto grads_of = [](const std::vector<Parameter>& params) {
+        std::vector<std::vector<double>> out;
+        for (const Parameter& p : params) out.push_back(p.grad().to_vector());
+        return out;
+    };
+    AdamW opt_a(a, {.lr = 0.01, .weight_decay = 0.1}), opt_b(b, {.lr = 0.01, .weight_decay = 0.1});
+    for (int step = 0; step < 4; ++step) {
+        std::vector<Tensor> c;
+        for (const Parameter& p : a) c.push_back(Tensor::uniform(p.value().shape(), -3, 3, gen, p.value().dtype()));
+        backward(a, c);
+        backward(b, c);
+        const double max_norm = step % 2 == 0 ? 0.5 : 1e6;  // clips, then does not
+        const Tensor separate = clip_grad_norm(a, max_norm);
+        const std::vector<std::vector<double>> clipped = grads_of(a);  // read between clip and step
+        opt_a.step();
+        const Tensor fused = opt_b.clip_grad_norm_and_step(max_norm);
+        CHECK(fused.item() == separate.item());
+        CHECK(fused.dtype() == separate.dtype());
+        CHECK(grads_of(b) == clipped);  // the fused call leaves the gradients clipped too
+        CHECK(grads_of(a) == clipped);
+        for (std::size_t i = 0; i < a.size(); ++i) {
+            INFO(a[i].name());
+            CHECK(a[i].value().to_vector() == b[i].value().to_vector());
+            CHECK(opt_a.exp_avg_sq(i).to_vector() == opt_b.exp_avg_sq(i).to_vector());
+        }
+        opt_a.zero_grad();
+        opt_b.zero_grad();
+    }
+    SECTION("bad arguments change nothing") {
+        std::vector<Tensor> c;
+        for (const Parameter& p : b) c.push_back(Tensor::uniform(p.value().shape(), -3, 3, gen, p.value().dtype()));
+        backward(b, c);
+        const std::vector<double> before = b[0].value().to_vector();
+        const std::vector<std::vector<double>> grads = grads_of(b);
+        CHECK_THROWS_MATCHES(opt_b.clip_grad_norm_and_step(-1), ValueError,
+                             MessageHas({"clip_grad_norm_and_step", "max_norm"}));
+        CHECK_THROWS_MATCHES(opt_b.clip_grad_norm_and_step(1, 0), ValueError, MessageHas({"norm_type"}));
+        CHECK_THROWS_MATCHES(opt_b.clip_grad_norm_and_step(1, 2, -1), ValueError, MessageHas({"eps"}));
+        CHECK(b[0].value().to_vector() == before);
+        CHECK(grads_of(b) == grads);
+        CHECK(opt_b.step_count(0) == 4);
+    }
+}
+
 TEST_CASE("clip_grad_value clamps every gradient element", "[nn][clip]") {
     Generator gen(23);
     Parameter a(Tensor::uniform({50}, -1, 1, gen), "a");
