@@ -1319,6 +1319,17 @@ template <typename E> __device__ __forceinline__ void mma(float (&d)[4], const F
     }
 }
 
+// The softmax's exponentials. 16-bit: in base 2 (scores scaled by scale·log2(e): one multiply-add and the hardware
+// exp2 per score, where expf costs a few more instructions that weigh against the 16-bit MMAs); float32: expf of the
+// natural-unit scores, as the SIMT kernels (its products cost 3 MMAs each, the exponentials matter little there).
+template <typename E> inline constexpr float kExpUnit = kTf32<E> ? 1.0f : 1.4426950408889634f;  // per natural unit
+template <typename E> __device__ __forceinline__ float exp_in_units(float x) {
+    if constexpr (kTf32<E>)
+        return expf(x);
+    else
+        return exp2f(x);
+}
+
 // Two f32 values rounded to E and packed, the first in the low half (the lower column index).
 template <typename E> __device__ __forceinline__ std::uint32_t pack_pair(float first, float second) {
     if constexpr (std::is_same_v<E, __nv_bfloat16>) {
@@ -1506,7 +1517,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(const E* __
     const TileOf at = tile_of_block(tiles, p.causal);
     const std::int64_t slice = at.slice, row0 = at.tile * kTile;
     const std::int64_t D = p.head_dim;
-    const float scale = p.scale_f;
+    const float scale = p.scale_f * kExpUnit<E>;  // scores in exp_in_units' units: m and base are too
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wrow = warp * kWarpRows;
     const std::int64_t t_of[2] = {row0 + wrow + lane / 4, row0 + wrow + lane / 4 + 8};
@@ -1572,13 +1583,13 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(const E* __
             const float m_new = fmaxf(m[half], top);
             // No key of this row so far: keep everything at 0 (exp(−inf − 0) = 0), never exp(−inf + inf).
             const float base = m_new == minus_infinity<float>() ? 0.0f : m_new;
-            const float alpha = expf(m[half] - base);
+            const float alpha = exp_in_units<E>(m[half] - base);
             float sum = 0.0f;
 #pragma unroll
             for (int tile = 0; tile < kKeyTiles; ++tile)
 #pragma unroll
                 for (int e = 2 * half; e < 2 * half + 2; ++e) {
-                    const float prob = expf(s[tile][e] - base);
+                    const float prob = exp_in_units<E>(s[tile][e] - base);
                     sum += prob;
                     const std::int64_t key = n0 + 8 * tile + 2 * (lane % 4) + (e & 1);
                     s[tile][e] = p.dropout_p == 0.0 ? prob : prob * dropout_factor<float>(p, slice, t, key);
@@ -1605,7 +1616,8 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(const E* __
         const bool empty = l[half] == 0.0f;
         inverse[half] = empty ? 0.0f : 1.0f / l[half];
         if (lane % 4 == 0 && t_of[half] < p.queries)
-            lse[slice * p.queries + t_of[half]] = empty ? minus_infinity<float>() : m[half] + logf(l[half]);
+            lse[slice * p.queries + t_of[half]] =
+                empty ? minus_infinity<float>() : m[half] / kExpUnit<E> + logf(l[half]);
     }
     store_rows<E, DP>(y + slice * p.queries * D, o, row0 + wrow, p.queries, D, inverse);
 #endif
@@ -1625,7 +1637,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
     E* vs = ks + kTile * kLine;                                   // [64 keys][kLine]
     E* qs = vs + kTile * kLine;                                   // [kRows queries][kLine]
     E* dys = qs + kRows * kLine;                                  // [kRows queries][kLine]
-    float* lse_tile = reinterpret_cast<float*>(dys + kRows * kLine);  // [kRows]
+    float* lse_tile = reinterpret_cast<float*>(dys + kRows * kLine);  // [kRows]: lse in exp_in_units' units
     float* delta_tile = lse_tile + kRows;                             // [kRows]
 
     const std::int64_t tiles = (p.keys + kTile - 1) / kTile;
@@ -1633,6 +1645,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
     const std::int64_t slice = at.slice, n0 = at.tile * kTile;
     const std::int64_t D = p.head_dim;
     const float scale = p.scale_f;
+    const float scale_units = scale * kExpUnit<E>;  // the scores, and lse below, in exp_in_units' units
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wrow = warp * kWarpRows;
     const std::int64_t key_of[2] = {n0 + wrow + lane / 4, n0 + wrow + lane / 4 + 8};
@@ -1651,7 +1664,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
         cp_async_commit();
         for (int c = threadIdx.x; c < kRows; c += kThreads) {
             const bool inside = m0 + c < p.queries;
-            lse_tile[c] = inside ? lse[slice * p.queries + m0 + c] : minus_infinity<float>();
+            lse_tile[c] = inside ? lse[slice * p.queries + m0 + c] * kExpUnit<E> : minus_infinity<float>();
             delta_tile[c] = inside ? delta[slice * p.queries + m0 + c] : 0.0f;
         }
         cp_async_wait<0>();
@@ -1685,11 +1698,12 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
                 const float row_lse = lse_tile[c];
                 const bool part =
                     whole || (takes_part<E>(p, slice, t, key) && row_lse != minus_infinity<float>());
-                const float prob = part ? expf(s[tile][e] * scale - row_lse) : 0.0f;
+                const float prob = part ? exp_in_units<E>(s[tile][e] * scale_units - row_lse) : 0.0f;
                 const float factor = p.dropout_p == 0.0 ? 1.0f : dropout_factor<float>(p, slice, t, key);
                 dp[tile][e] = prob * (dp[tile][e] * factor - delta_tile[c]);  // dSᵀ
                 s[tile][e] = prob * factor;                                    // (P∘F)ᵀ
             }
+        __syncwarp();  // the lanes took their own mask branches: converged again before the mma.sync below
         multiply_from_c<E, DP, kQueryTiles>(dv_acc, s, dys, kLine);
         multiply_from_c<E, DP, kQueryTiles>(dk_acc, dp, qs, kLine);
         __syncthreads();  // every warp is done with qs, dys, lse_tile, delta_tile
@@ -1720,6 +1734,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_q_kernel(
     const std::int64_t slice = at.slice, m0 = at.tile * kTile;
     const std::int64_t D = p.head_dim;
     const float scale = p.scale_f;
+    const float scale_units = scale * kExpUnit<E>;  // the scores, and lse below, in exp_in_units' units
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wrow = warp * kWarpRows;
     const std::int64_t t_of[2] = {m0 + wrow + lane / 4, m0 + wrow + lane / 4 + 8};
@@ -1733,7 +1748,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_q_kernel(
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const bool inside = t_of[half] < p.queries;
-        row_lse[half] = inside ? lse[slice * p.queries + t_of[half]] : minus_infinity<float>();
+        row_lse[half] = inside ? lse[slice * p.queries + t_of[half]] * kExpUnit<E> : minus_infinity<float>();
         row_delta[half] = inside ? delta[slice * p.queries + t_of[half]] : 0.0f;
     }
     float dq_acc[DP / 8][4] = {};
@@ -1772,10 +1787,11 @@ __global__ void __launch_bounds__(kThreads) attention_backward_q_kernel(
                 const std::int64_t t = t_of[half], key = n0 + 8 * tile + 2 * (lane % 4) + (e & 1);
                 const bool part =
                     whole || (takes_part<E>(p, slice, t, key) && row_lse[half] != minus_infinity<float>());
-                const float prob = part ? expf(s[tile][e] * scale - row_lse[half]) : 0.0f;
+                const float prob = part ? exp_in_units<E>(s[tile][e] * scale_units - row_lse[half]) : 0.0f;
                 const float factor = p.dropout_p == 0.0 ? 1.0f : dropout_factor<float>(p, slice, t, key);
                 dp[tile][e] = prob * (dp[tile][e] * factor - row_delta[half]);  // dS
             }
+        __syncwarp();  // the lanes took their own mask branches: converged again before the mma.sync below
         multiply_from_c<E, DP, kKeyTiles>(dq_acc, dp, ks, kLine);
         __syncthreads();  // every warp is done with ks, vs
     }
