@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
             return 77;
         }
         // DYNGRAD_ATTENTION_SIMT=1 measures the SIMT kernels instead (ops/attention.h).
-        const char* path = is_reduced_precision(o.dtype)  ? "tensor cores (16-bit WMMA, f32 softmax and accumulation)"
+        const char* path = is_reduced_precision(o.dtype)  ? "tensor cores (16-bit mma.sync, f32 softmax and accumulation)"
                            : attention_uses_tensor_cores() ? "tensor cores (3xTF32)"
                                                            : "SIMT (exact float32 FMA)";
         const std::string dtype(dtype_name(o.dtype));
