@@ -1207,13 +1207,27 @@ template <typename E, int DP> constexpr std::size_t forward_shared() {
     return (kQInRegisters<E, DP> ? 2 : 3) * tile_bytes<E, DP>(kTile);
 }
 // dk/dv: K, V of the block (64 keys), Q, dY of a streamed query tile, and its lse and delta.
-template <typename E, int DP> constexpr std::size_t backward_kv_shared() {
-    return 2 * tile_bytes<E, DP>(kTile) + 2 * tile_bytes<E, DP>(stream_rows<DP>()) +
-           2 * sizeof(float) * stream_rows<DP>();
+template <typename E, int DP> constexpr std::size_t backward_kv_stage_bytes() {
+    return 2 * tile_bytes<E, DP>(stream_rows<DP>()) + 2 * sizeof(float) * stream_rows<DP>();
 }
 // dq: Q, dY of the block (64 queries), K, V of a streamed key tile.
+template <typename E, int DP> constexpr std::size_t backward_q_stage_bytes() {
+    return 2 * tile_bytes<E, DP>(stream_rows<DP>());
+}
+// The backward kernels double-buffer their streamed tiles (copying tile i + 1 while computing tile i) where two
+// stages stay under 100 KiB of shared memory per block (bf16/f16 at every DP, f32 at DP 32); one stage elsewhere,
+// where 3xTF32's products take long enough for the other block on the SM to hide the copies.
+template <typename E, int DP> constexpr int backward_stages() {
+    return 2 * tile_bytes<E, DP>(kTile) + 2 * std::max(backward_kv_stage_bytes<E, DP>(), backward_q_stage_bytes<E, DP>()) <
+                   100 * 1024
+               ? 2
+               : 1;
+}
+template <typename E, int DP> constexpr std::size_t backward_kv_shared() {
+    return 2 * tile_bytes<E, DP>(kTile) + backward_stages<E, DP>() * backward_kv_stage_bytes<E, DP>();
+}
 template <typename E, int DP> constexpr std::size_t backward_q_shared() {
-    return 2 * tile_bytes<E, DP>(kTile) + 2 * tile_bytes<E, DP>(stream_rows<DP>());
+    return 2 * tile_bytes<E, DP>(kTile) + backward_stages<E, DP>() * backward_q_stage_bytes<E, DP>();
 }
 static_assert(backward_kv_shared<float, 128>() < 100 * 1024 && backward_q_shared<float, 128>() < 100 * 1024 &&
                   forward_shared<float, 128>() < 100 * 1024,
@@ -1632,13 +1646,17 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
     const float* __restrict__ lse, const float* __restrict__ delta, E* __restrict__ dk, E* __restrict__ dv, Params p) {
 #if DG_ATTENTION_TENSOR_CORES
     constexpr int kLine = line<E, DP>(), kRows = stream_rows<DP>(), kQueryTiles = kRows / 8;
+    constexpr int kStages = backward_stages<E, DP>();
+    constexpr std::size_t kStageBytes = backward_kv_stage_bytes<E, DP>();
     extern __shared__ __align__(128) unsigned char mma_shared[];
-    E* ks = reinterpret_cast<E*>(mma_shared);                    // [64 keys][kLine]
-    E* vs = ks + kTile * kLine;                                   // [64 keys][kLine]
-    E* qs = vs + kTile * kLine;                                   // [kRows queries][kLine]
-    E* dys = qs + kRows * kLine;                                  // [kRows queries][kLine]
-    float* lse_tile = reinterpret_cast<float*>(dys + kRows * kLine);  // [kRows]: lse in exp_in_units' units
-    float* delta_tile = lse_tile + kRows;                             // [kRows]
+    E* ks = reinterpret_cast<E*>(mma_shared);  // [64 keys][kLine]
+    E* vs = ks + kTile * kLine;                 // [64 keys][kLine]
+    unsigned char* stages = reinterpret_cast<unsigned char*>(vs + kTile * kLine);
+    // Stage b: Q, dY [kRows queries][kLine] each, lse (in exp_in_units' units) and delta [kRows] each.
+    const auto qs_of = [&](int b) { return reinterpret_cast<E*>(stages + b * kStageBytes); };
+    const auto dys_of = [&](int b) { return qs_of(b) + kRows * kLine; };
+    const auto lse_of = [&](int b) { return reinterpret_cast<float*>(dys_of(b) + kRows * kLine); };
+    const auto delta_of = [&](int b) { return lse_of(b) + kRows; };
 
     const std::int64_t tiles = (p.keys + kTile - 1) / kTile;
     const TileOf at = tile_of_block(tiles, false);
@@ -1656,19 +1674,38 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
     load_tile<E, DP, kTile>(vs, v + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
     cp_async_commit();
     float dk_acc[DP / 8][4] = {}, dv_acc[DP / 8][4] = {};
-    // Causal: queries before the tile's first key see none of its keys.
-    const std::int64_t query_begin = p.causal ? n0 : 0;
-    for (std::int64_t m0 = query_begin; m0 < p.queries; m0 += kRows) {
-        load_tile<E, DP, kRows>(qs, q_slice, m0, p.queries - m0, D, p.vector_rows);
-        load_tile<E, DP, kRows>(dys, dy_slice, m0, p.queries - m0, D, p.vector_rows);
-        cp_async_commit();
+    // Copies query tile m0 into stage b (the caller commits).
+    const auto copy_stage = [&](int b, std::int64_t m0) {
+        load_tile<E, DP, kRows>(qs_of(b), q_slice, m0, p.queries - m0, D, p.vector_rows);
+        load_tile<E, DP, kRows>(dys_of(b), dy_slice, m0, p.queries - m0, D, p.vector_rows);
+        float* lse_tile = lse_of(b);
+        float* delta_tile = delta_of(b);
         for (int c = threadIdx.x; c < kRows; c += kThreads) {
             const bool inside = m0 + c < p.queries;
             lse_tile[c] = inside ? lse[slice * p.queries + m0 + c] * kExpUnit<E> : minus_infinity<float>();
             delta_tile[c] = inside ? delta[slice * p.queries + m0 + c] : 0.0f;
         }
-        cp_async_wait<0>();
+    };
+    // Causal: queries before the tile's first key see none of its keys.
+    const std::int64_t query_begin = p.causal ? n0 : 0;
+    if (kStages == 2 && query_begin < p.queries) {
+        copy_stage(0, query_begin);
+        cp_async_commit();
+    }
+    int stage = 0;
+    for (std::int64_t m0 = query_begin; m0 < p.queries; m0 += kRows, stage ^= kStages - 1) {
+        if constexpr (kStages == 1) {
+            copy_stage(0, m0);
+        } else if (m0 + kRows < p.queries) {
+            copy_stage(stage ^ 1, m0 + kRows);  // its previous readers passed the __syncthreads ending the last tile
+        }
+        cp_async_commit();  // possibly empty: the wait counts groups
+        cp_async_wait<kStages - 1>();  // this tile's copies are in (the next tile's may still be in flight)
         __syncthreads();
+        const E* qs = qs_of(stage);
+        const E* dys = dys_of(stage);
+        const float* lse_tile = lse_of(stage);
+        const float* delta_tile = delta_of(stage);
         float s[kQueryTiles][4] = {}, dp[kQueryTiles][4] = {};
         multiply_transposed<E, DP, kQueryTiles>(
             s,
@@ -1706,7 +1743,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
         __syncwarp();  // the lanes took their own mask branches: converged again before the mma.sync below
         multiply_from_c<E, DP, kQueryTiles>(dv_acc, s, dys, kLine);
         multiply_from_c<E, DP, kQueryTiles>(dk_acc, dp, qs, kLine);
-        __syncthreads();  // every warp is done with qs, dys, lse_tile, delta_tile
+        __syncthreads();  // every warp is done with this stage: the next tile may copy into it
     }
     cp_async_wait<0>();  // the loop may not have run (causal: keys past the last query)
     const float scales[2] = {scale, scale}, ones[2] = {1.0f, 1.0f};
@@ -1723,11 +1760,13 @@ __global__ void __launch_bounds__(kThreads) attention_backward_q_kernel(
     const float* __restrict__ lse, const float* __restrict__ delta, E* __restrict__ dq, Params p) {
 #if DG_ATTENTION_TENSOR_CORES
     constexpr int kLine = line<E, DP>(), kRows = stream_rows<DP>(), kKeyTiles = kRows / 8;
+    constexpr int kStages = backward_stages<E, DP>();
     extern __shared__ __align__(128) unsigned char mma_shared[];
     E* qs = reinterpret_cast<E*>(mma_shared);  // [64 queries][kLine]
     E* dys = qs + kTile * kLine;                // [64 queries][kLine]
-    E* ks = dys + kTile * kLine;                // [kRows keys][kLine]
-    E* vs = ks + kRows * kLine;                 // [kRows keys][kLine]
+    // Stage b: K, V [kRows keys][kLine] each.
+    const auto ks_of = [&](int b) { return dys + kTile * kLine + 2 * b * kRows * kLine; };
+    const auto vs_of = [&](int b) { return ks_of(b) + kRows * kLine; };
 
     const std::int64_t tiles = (p.queries + kTile - 1) / kTile;
     const TileOf at = tile_of_block(tiles, p.causal);
@@ -1753,12 +1792,27 @@ __global__ void __launch_bounds__(kThreads) attention_backward_q_kernel(
     }
     float dq_acc[DP / 8][4] = {};
     const std::int64_t key_end = p.causal ? std::min<std::int64_t>(p.keys, m0 + kTile) : p.keys;
-    for (std::int64_t n0 = 0; n0 < key_end; n0 += kRows) {
-        load_tile<E, DP, kRows>(ks, k_slice, n0, p.keys - n0, D, p.vector_rows);
-        load_tile<E, DP, kRows>(vs, v_slice, n0, p.keys - n0, D, p.vector_rows);
+    // Copies key tile n0 into stage b (the caller commits).
+    const auto copy_stage = [&](int b, std::int64_t n0) {
+        load_tile<E, DP, kRows>(ks_of(b), k_slice, n0, p.keys - n0, D, p.vector_rows);
+        load_tile<E, DP, kRows>(vs_of(b), v_slice, n0, p.keys - n0, D, p.vector_rows);
+    };
+    if (kStages == 2 && key_end > 0) {
+        copy_stage(0, 0);
         cp_async_commit();
-        cp_async_wait<0>();
+    }
+    int stage = 0;
+    for (std::int64_t n0 = 0; n0 < key_end; n0 += kRows, stage ^= kStages - 1) {
+        if constexpr (kStages == 1) {
+            copy_stage(0, n0);
+        } else if (n0 + kRows < key_end) {
+            copy_stage(stage ^ 1, n0 + kRows);  // its previous readers passed the __syncthreads ending the last tile
+        }
+        cp_async_commit();  // possibly empty: the wait counts groups
+        cp_async_wait<kStages - 1>();  // this tile's copies are in (the next tile's may still be in flight)
         __syncthreads();
+        const E* ks = ks_of(stage);
+        const E* vs = vs_of(stage);
         float s[kKeyTiles][4] = {}, dp[kKeyTiles][4] = {};
         multiply_transposed<E, DP, kKeyTiles>(
             s,
@@ -1793,7 +1847,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_q_kernel(
             }
         __syncwarp();  // the lanes took their own mask branches: converged again before the mma.sync below
         multiply_from_c<E, DP, kKeyTiles>(dq_acc, dp, ks, kLine);
-        __syncthreads();  // every warp is done with ks, vs
+        __syncthreads();  // every warp is done with this stage: the next tile may copy into it
     }
     cp_async_wait<0>();
     const float scales[2] = {scale, scale};
