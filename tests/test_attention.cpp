@@ -377,7 +377,8 @@ namespace {
 // `lengths` as T and as S, both equal and not, against every head dim (32 and 64 as they are, 40 and 80 padded to 64
 // and 128, 128), each (T, S) pair and each D taking every variant once: plain, causal, a padding mask (B,1,1,S)
 // (a fair coin per key: at S 1 or 15 whole rows lose every key), causal with dropout, and causal with a padding
-// mask and dropout.
+// mask and dropout. Then head dims whose rows are not whole 16-byte vectors (the plain loads instead of cp.async):
+// D 17 in both dtypes, D 100 in bf16 (200 bytes; 400 in f32, which copies them).
 std::vector<OpCase> fragment_sweep_cases() {
     using D = InputDomain;
     const std::int64_t lengths[] = {1, 15, 64, 65, 127, 200, 300};
@@ -405,10 +406,33 @@ std::vector<OpCase> fragment_sweep_cases() {
             cases.push_back(c);
         }
     }
+    const std::vector<D> padded = {D::Any, D::Any, D::Any, D::Mask};
+    cases.push_back({"T77 S130 D17 causal padding mask dropout 0.15",
+                     {{1, 2, 77, 17}, {1, 2, 130, 17}, {1, 2, 130, 17}, {1, 1, 1, 130}},
+                     attention_attrs(true, 0.15, 2000), padded});
+    cases.push_back({"T200 S65 D17", {{1, 2, 200, 17}, {1, 2, 65, 17}, {1, 2, 65, 17}}, attention_attrs(false), {}});
+    cases.push_back({"T130 S77 D100 padding mask", {{1, 2, 130, 100}, {1, 2, 77, 100}, {1, 2, 77, 100}, {1, 1, 1, 77}},
+                     attention_attrs(false), padded});
+    cases.push_back(
+        {"T65 S200 D100 causal", {{1, 2, 65, 100}, {1, 2, 200, 100}, {1, 2, 200, 100}}, attention_attrs(true), {}});
     return cases;
 }
 
 }  // namespace
+
+TEST_CASE("the GPU sweep's cases are well-formed: float32 on the CPU agrees with float64 on each", "[attention]") {
+    const OpDef* def = find_op("scaled_dot_product_attention");
+    REQUIRE(def != nullptr);
+    const std::vector<OpCase> cases = fragment_sweep_cases();
+    for (std::size_t index = 0; index < cases.size(); ++index) {
+        DYNAMIC_SECTION(cases[index].label) {
+            Generator gen(12'000'000 + index);
+            const CheckResult r = float32_check(*def, cases[index], gen, 1e-5);
+            INFO(r.case_label << ": max rel err " << r.max_rel_err << ", " << r.detail);
+            CHECK(r.pass);
+        }
+    }
+}
 
 TEST_CASE("attention on the GPU: the tensor-core kernels over ragged T, S and every head dim, f32 and bf16, forward "
           "and gradients against the float64 replay",
@@ -418,7 +442,7 @@ TEST_CASE("attention on the GPU: the tensor-core kernels over ragged T, S and ev
     REQUIRE(def != nullptr);
     const GpuPathScope scope(AttentionGpuPath::tensor_cores);
     const std::vector<OpCase> cases = fragment_sweep_cases();
-    REQUIRE(cases.size() == 70);
+    REQUIRE(cases.size() == 74);
     for (const DType dtype : {DType::f32, DType::bf16}) {
         for (std::size_t index = 0; index < cases.size(); ++index) {
             DYNAMIC_SECTION(dtype_name(dtype) << ": " << cases[index].label) {
