@@ -1183,8 +1183,8 @@ __global__ void __launch_bounds__(kThreads) attention_backward_q_kernel(
 // A's columns c, c + 4, so the k index of those products is permuted instead: A position c holds key 2c and position
 // c + 4 key 2c + 1 (a = c0, c2, c1, c3), and the B fragment reads its rows in the same order (b0 = row 2c, b1 = row
 // 2c + 1); a sum over k does not depend on its order, and no value moves between lanes.
-// Tiles: 4 warps per block, each owning 16 rows of the block's 64 (queries in the forward and the dq kernel, keys
-// in the dk/dv kernel). Shared-memory lines: DP + 4 floats (f32) or DP + 8 elements (16-bit): a 4-bank offset per
+// Tiles: warps each owning 16 rows of the block's rows: 64 rows, 4 warps for the dq kernel (queries), the dk/dv
+// kernel (keys) and the f32 forward; 128 rows, 8 warps for the 16-bit forward (kForwardWarps). Shared-memory lines: DP + 4 floats (f32) or DP + 8 elements (16-bit): a 4-bank offset per
 // line keeps every fragment load of a warp on 32 distinct banks (and 16-byte aligned for cp.async / ldmatrix).
 namespace mma {
 
@@ -1202,6 +1202,13 @@ template <typename E, int DP> constexpr std::size_t tile_bytes(int rows) {
 // Whether the forward holds its Q fragments in registers (through the K tile) or reads them from a Q tile of their
 // own: at DP 128 in f32, Q's 64 registers per thread on top of O's 64 and S's 32 would spill.
 template <typename E, int DP> inline constexpr bool kQInRegisters = !(kTf32<E> && DP == 128);
+// Warps of a forward block (16 query rows each). 16-bit: 8, so every K/V tile copied serves 128 queries (their
+// copies would otherwise weigh against the 16-bit MMAs); f32: 4 (64 queries), where 3xTF32's products dominate and
+// Q at DP 128 needs a tile of its own.
+template <typename E> inline constexpr int kForwardWarps = kTf32<E> ? 4 : 8;
+template <typename E> inline constexpr int kForwardRows = 16 * kForwardWarps<E>;
+static_assert(kForwardRows<float> == kTile, "mma: the f32 forward's Q tile is one K tile");
+static_assert(kForwardRows<__nv_bfloat16> <= 2 * kTile, "mma: Q passes through the K and V tiles");
 // Forward: one K and one V tile (and a Q tile where Q is not held in registers).
 template <typename E, int DP> constexpr std::size_t forward_shared() {
     return (kQInRegisters<E, DP> ? 2 : 3) * tile_bytes<E, DP>(kTile);
@@ -1469,13 +1476,13 @@ __device__ __forceinline__ void multiply_from_c(float (&acc)[DP / 8][4], const f
 // dst[r·line + d] = src[(row0 + r)·D + d] for r < kRows, d < DP; zero past `rows` rows and D columns. cp.async
 // 16-byte copies when every row starts 16-byte aligned and D·sizeof(E) % 16 == 0 (vector_rows; the caller commits
 // and waits), plain loads otherwise.
-template <typename E, int DP, int kRows>
+template <typename E, int DP, int kRows, int kBlockThreads = kThreads>
 __device__ __forceinline__ void load_tile(E* dst, const E* __restrict__ src, std::int64_t row0, std::int64_t rows,
                                           std::int64_t D, bool vector_rows) {
     constexpr int kLine = line<E, DP>();
     if (vector_rows) {
         constexpr int kPerCopy = 16 / static_cast<int>(sizeof(E)), kCopies = DP / kPerCopy;
-        for (int idx = threadIdx.x; idx < kRows * kCopies; idx += kThreads) {
+        for (int idx = threadIdx.x; idx < kRows * kCopies; idx += kBlockThreads) {
             const int r = idx / kCopies, d = kPerCopy * (idx % kCopies);
             E* to = dst + r * kLine + d;
             if (r < rows && d < D)
@@ -1485,7 +1492,7 @@ __device__ __forceinline__ void load_tile(E* dst, const E* __restrict__ src, std
         }
     } else {
         const E zero_value = from_acc<E>(0.0f);
-        for (int idx = threadIdx.x; idx < kRows * DP; idx += kThreads) {
+        for (int idx = threadIdx.x; idx < kRows * DP; idx += kBlockThreads) {
             const int r = idx / DP, d = idx % DP;
             dst[r * kLine + d] = (r < rows && d < D) ? src[(row0 + r) * D + d] : zero_value;
         }
@@ -1512,24 +1519,25 @@ __device__ __forceinline__ void store_rows(E* __restrict__ dst, const float (&ac
 }
 #endif  // DG_ATTENTION_TENSOR_CORES
 
-// Forward: y (E), lse (f32). The K and V tiles take turns: V_j is copied while S_j = Q·K_jᵀ and its softmax are
-// computed, K_{j+1} while O += P_j·V_j is; Q is read once into registers (through the K tile), or, where
-// kQInRegisters is false, stays in a tile of its own.
+// Forward: y (E), lse (f32); kForwardRows<E> queries per block. The K and V tiles take turns: V_j is copied while
+// S_j = Q·K_jᵀ and its softmax are computed, K_{j+1} while O += P_j·V_j is; Q is read once into registers (through
+// the K and V tiles), or, where kQInRegisters is false, stays in a tile of its own.
 template <typename E, int DP>
-__global__ void __launch_bounds__(kThreads) attention_forward_kernel(const E* __restrict__ q, const E* __restrict__ k,
+__global__ void __launch_bounds__(32 * kForwardWarps<E>) attention_forward_kernel(const E* __restrict__ q, const E* __restrict__ k,
                                                                      const E* __restrict__ v, E* __restrict__ y,
                                                                      float* __restrict__ lse, Params p) {
 #if DG_ATTENTION_TENSOR_CORES
     constexpr int kLine = line<E, DP>(), kSteps = DP / kStep<E>, kKeyTiles = kTile / 8;
+    constexpr int kRows = kForwardRows<E>, kBlockThreads = 32 * kForwardWarps<E>;
     extern __shared__ __align__(128) unsigned char mma_shared[];
     constexpr bool kQRegisters = kQInRegisters<E, DP>;
-    E* ks = reinterpret_cast<E*>(mma_shared);  // [64][kLine]: Q at first (kQRegisters), then K_j
+    E* ks = reinterpret_cast<E*>(mma_shared);  // [64][kLine]: K_j (and Q at first, with vs, where kQRegisters)
     E* vs = ks + kTile * kLine;                 // [64][kLine]: V_j
-    E* qs = kQRegisters ? ks : vs + kTile * kLine;  // [64][kLine]: Q
+    E* qs = kQRegisters ? ks : vs + kTile * kLine;  // [kRows][kLine]: Q
 
-    const std::int64_t tiles = (p.queries + kTile - 1) / kTile;
+    const std::int64_t tiles = (p.queries + kRows - 1) / kRows;
     const TileOf at = tile_of_block(tiles, p.causal);
-    const std::int64_t slice = at.slice, row0 = at.tile * kTile;
+    const std::int64_t slice = at.slice, row0 = at.tile * kRows;
     const std::int64_t D = p.head_dim;
     const float scale = p.scale_f * kExpUnit<E>;  // scores in exp_in_units' units: m and base are too
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -1538,7 +1546,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(const E* __
     const E* k_slice = k + slice * p.keys * D;
     const E* v_slice = v + slice * p.keys * D;
 
-    load_tile<E, DP, kTile>(qs, q + slice * p.queries * D, row0, p.queries - row0, D, p.vector_rows);
+    load_tile<E, DP, kRows, kBlockThreads>(qs, q + slice * p.queries * D, row0, p.queries - row0, D, p.vector_rows);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
@@ -1549,13 +1557,13 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(const E* __
         __syncthreads();  // every warp holds its Q: the tile takes K_0
     }
 
-    const std::int64_t key_end = p.causal ? std::min<std::int64_t>(p.keys, row0 + kTile) : p.keys;
-    load_tile<E, DP, kTile>(ks, k_slice, 0, p.keys, D, p.vector_rows);
+    const std::int64_t key_end = p.causal ? std::min<std::int64_t>(p.keys, row0 + kRows) : p.keys;
+    load_tile<E, DP, kTile, kBlockThreads>(ks, k_slice, 0, p.keys, D, p.vector_rows);
     cp_async_commit();
     float o[DP / 8][4] = {};
     float m[2] = {minus_infinity<float>(), minus_infinity<float>()}, l[2] = {0.0f, 0.0f};
     for (std::int64_t n0 = 0; n0 < key_end; n0 += kTile) {
-        load_tile<E, DP, kTile>(vs, v_slice, n0, p.keys - n0, D, p.vector_rows);
+        load_tile<E, DP, kTile, kBlockThreads>(vs, v_slice, n0, p.keys - n0, D, p.vector_rows);
         cp_async_commit();
         cp_async_wait<1>();  // K_j is in (V_j may still be in flight)
         __syncthreads();
@@ -1574,7 +1582,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(const E* __
             ks, kLine);
         __syncthreads();  // every warp is done with K_j
         if (n0 + kTile < key_end)
-            load_tile<E, DP, kTile>(ks, k_slice, n0 + kTile, p.keys - n0 - kTile, D, p.vector_rows);
+            load_tile<E, DP, kTile, kBlockThreads>(ks, k_slice, n0 + kTile, p.keys - n0 - kTile, D, p.vector_rows);
         cp_async_commit();  // possibly empty: the waits below count groups
 
         // Every key of the tile takes part in every row of the warp: no per-element test.
@@ -1975,8 +1983,10 @@ void launch_mma_forward(const E* q, const E* k, const E* v, E* y, float* lse, co
         constexpr std::size_t shared = mma::forward_shared<E, DP>();
         static std::once_flag once;
         allow_shared(mma::attention_forward_kernel<E, DP>, shared, once);
-        const unsigned blocks = blocks_for((g.queries + mma::kTile - 1) / mma::kTile, g.slices());
-        mma::attention_forward_kernel<E, DP><<<blocks, mma::kThreads, shared, ctx.stream>>>(q, k, v, y, lse, p);
+        constexpr int rows = mma::kForwardRows<E>;
+        const unsigned blocks = blocks_for((g.queries + rows - 1) / rows, g.slices());
+        mma::attention_forward_kernel<E, DP><<<blocks, 32 * mma::kForwardWarps<E>, shared, ctx.stream>>>(q, k, v, y,
+                                                                                                      lse, p);
         DG_CUDA_CHECK_LAUNCH();
     });
 }
