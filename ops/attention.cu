@@ -1456,6 +1456,20 @@ __device__ __forceinline__ void multiply_transposed(float (&acc)[NT][4], AOf&& a
     }
 }
 
+// acc (16 × 8·NT) += A · B, A the warp's 16 rows (from wrow) of a shared tile, B[k][n] = b_tile[n][k].
+template <typename E, int DP, int NT>
+__device__ __forceinline__ void multiply_tiles_transposed(float (&acc)[NT][4], const E* a_tile, int wrow,
+                                                          const E* b_tile, int line) {
+    multiply_transposed<E, DP, NT>(
+        acc,
+        [&](int step) {
+            std::uint32_t raw[4];
+            load_a<E>(raw, a_tile, line, wrow, step * kStep<E>);
+            return make_a<E>(raw);
+        },
+        b_tile, line);
+}
+
 // acc (16 × DP) += C (16 × 8·NT in registers) · tile (8·NT rows × DP).
 template <typename E, int DP, int NT>
 __device__ __forceinline__ void multiply_from_c(float (&acc)[DP / 8][4], const float (&c)[NT][4], const E* tile,
@@ -1496,6 +1510,29 @@ __device__ __forceinline__ void load_tile(E* dst, const E* __restrict__ src, std
             const int r = idx / DP, d = idx % DP;
             dst[r * kLine + d] = (r < rows && d < D) ? src[(row0 + r) * D + d] : zero_value;
         }
+    }
+}
+
+// Runs body(stage, row0) for row0 = begin, begin + rows, ... below end, after copy(stage, row0) has brought that
+// tile into shared stage `stage` and every thread's copies are in. Two stages: tile i + 1 is copied while the body
+// runs on tile i (a stage is copied into only after the __syncthreads that ends its last body).
+template <int kStages, typename Copy, typename Body>
+__device__ __forceinline__ void stream_tiles(std::int64_t begin, std::int64_t end, int rows, Copy&& copy, Body&& body) {
+    if (kStages == 2 && begin < end) {
+        copy(0, begin);
+        cp_async_commit();
+    }
+    int stage = 0;
+    for (std::int64_t row0 = begin; row0 < end; row0 += rows, stage ^= kStages - 1) {
+        if constexpr (kStages == 1)
+            copy(0, row0);
+        else if (row0 + rows < end)
+            copy(stage ^ 1, row0 + rows);
+        cp_async_commit();             // possibly empty: the wait counts groups
+        cp_async_wait<kStages - 1>();  // this tile's copies are in (the next tile's may still be in flight)
+        __syncthreads();
+        body(stage, row0);
+        __syncthreads();  // every warp is done with this stage: a later tile may copy into it
     }
 }
 
@@ -1568,18 +1605,10 @@ __global__ void __launch_bounds__(32 * kForwardWarps<E>) attention_forward_kerne
         cp_async_wait<1>();  // K_j is in (V_j may still be in flight)
         __syncthreads();
         float s[kKeyTiles][4] = {};
-        multiply_transposed<E, DP, kKeyTiles>(
-            s,
-            [&](int step) {
-                if constexpr (kQRegisters) {
-                    return make_a<E>(q_frag[step]);
-                } else {
-                    std::uint32_t raw[4];
-                    load_a<E>(raw, qs, kLine, wrow, step * kStep<E>);
-                    return make_a<E>(raw);
-                }
-            },
-            ks, kLine);
+        if constexpr (kQRegisters)
+            multiply_transposed<E, DP, kKeyTiles>(s, [&](int step) { return make_a<E>(q_frag[step]); }, ks, kLine);
+        else
+            multiply_tiles_transposed<E, DP, kKeyTiles>(s, qs, wrow, ks, kLine);
         __syncthreads();  // every warp is done with K_j
         if (n0 + kTile < key_end)
             load_tile<E, DP, kTile, kBlockThreads>(ks, k_slice, n0 + kTile, p.keys - n0 - kTile, D, p.vector_rows);
@@ -1696,41 +1725,14 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
     };
     // Causal: queries before the tile's first key see none of its keys.
     const std::int64_t query_begin = p.causal ? n0 : 0;
-    if (kStages == 2 && query_begin < p.queries) {
-        copy_stage(0, query_begin);
-        cp_async_commit();
-    }
-    int stage = 0;
-    for (std::int64_t m0 = query_begin; m0 < p.queries; m0 += kRows, stage ^= kStages - 1) {
-        if constexpr (kStages == 1) {
-            copy_stage(0, m0);
-        } else if (m0 + kRows < p.queries) {
-            copy_stage(stage ^ 1, m0 + kRows);  // its previous readers passed the __syncthreads ending the last tile
-        }
-        cp_async_commit();  // possibly empty: the wait counts groups
-        cp_async_wait<kStages - 1>();  // this tile's copies are in (the next tile's may still be in flight)
-        __syncthreads();
+    stream_tiles<kStages>(query_begin, p.queries, kRows, copy_stage, [&](int stage, std::int64_t m0) {
         const E* qs = qs_of(stage);
         const E* dys = dys_of(stage);
         const float* lse_tile = lse_of(stage);
         const float* delta_tile = delta_of(stage);
         float s[kQueryTiles][4] = {}, dp[kQueryTiles][4] = {};
-        multiply_transposed<E, DP, kQueryTiles>(
-            s,
-            [&](int step) {
-                std::uint32_t raw[4];
-                load_a<E>(raw, ks, kLine, wrow, step * kStep<E>);
-                return make_a<E>(raw);
-            },
-            qs, kLine);
-        multiply_transposed<E, DP, kQueryTiles>(
-            dp,
-            [&](int step) {
-                std::uint32_t raw[4];
-                load_a<E>(raw, vs, kLine, wrow, step * kStep<E>);
-                return make_a<E>(raw);
-            },
-            dys, kLine);
+        multiply_tiles_transposed<E, DP, kQueryTiles>(s, ks, wrow, qs, kLine);    // Sᵀ = K·Qᵀ
+        multiply_tiles_transposed<E, DP, kQueryTiles>(dp, vs, wrow, dys, kLine);  // dPᵀ = V·dYᵀ
         // Every query of the tile sees every key of the block (and has a finite lse): no per-element test.
         const bool whole = !p.mask && m0 + kRows <= p.queries && n0 + kTile <= p.keys &&
                            (!p.causal || m0 >= n0 + kTile - 1);
@@ -1751,8 +1753,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
         __syncwarp();  // the lanes took their own mask branches: converged again before the mma.sync below
         multiply_from_c<E, DP, kQueryTiles>(dv_acc, s, dys, kLine);
         multiply_from_c<E, DP, kQueryTiles>(dk_acc, dp, qs, kLine);
-        __syncthreads();  // every warp is done with this stage: the next tile may copy into it
-    }
+    });
     cp_async_wait<0>();  // the loop may not have run (causal: keys past the last query)
     const float scales[2] = {scale, scale}, ones[2] = {1.0f, 1.0f};
     store_rows<E, DP>(dk + slice * p.keys * D, dk_acc, n0 + wrow, p.keys, D, scales);
@@ -1805,39 +1806,12 @@ __global__ void __launch_bounds__(kThreads) attention_backward_q_kernel(
         load_tile<E, DP, kRows>(ks_of(b), k_slice, n0, p.keys - n0, D, p.vector_rows);
         load_tile<E, DP, kRows>(vs_of(b), v_slice, n0, p.keys - n0, D, p.vector_rows);
     };
-    if (kStages == 2 && key_end > 0) {
-        copy_stage(0, 0);
-        cp_async_commit();
-    }
-    int stage = 0;
-    for (std::int64_t n0 = 0; n0 < key_end; n0 += kRows, stage ^= kStages - 1) {
-        if constexpr (kStages == 1) {
-            copy_stage(0, n0);
-        } else if (n0 + kRows < key_end) {
-            copy_stage(stage ^ 1, n0 + kRows);  // its previous readers passed the __syncthreads ending the last tile
-        }
-        cp_async_commit();  // possibly empty: the wait counts groups
-        cp_async_wait<kStages - 1>();  // this tile's copies are in (the next tile's may still be in flight)
-        __syncthreads();
+    stream_tiles<kStages>(0, key_end, kRows, copy_stage, [&](int stage, std::int64_t n0) {
         const E* ks = ks_of(stage);
         const E* vs = vs_of(stage);
         float s[kKeyTiles][4] = {}, dp[kKeyTiles][4] = {};
-        multiply_transposed<E, DP, kKeyTiles>(
-            s,
-            [&](int step) {
-                std::uint32_t raw[4];
-                load_a<E>(raw, qs, kLine, wrow, step * kStep<E>);
-                return make_a<E>(raw);
-            },
-            ks, kLine);
-        multiply_transposed<E, DP, kKeyTiles>(
-            dp,
-            [&](int step) {
-                std::uint32_t raw[4];
-                load_a<E>(raw, dys, kLine, wrow, step * kStep<E>);
-                return make_a<E>(raw);
-            },
-            vs, kLine);
+        multiply_tiles_transposed<E, DP, kKeyTiles>(s, qs, wrow, ks, kLine);    // S = Q·Kᵀ
+        multiply_tiles_transposed<E, DP, kKeyTiles>(dp, dys, wrow, vs, kLine);  // dP = dY·Vᵀ
         // Every key of the tile takes part in every row of the warp, and those rows exist: no per-element test.
         const bool whole = !p.mask && n0 + kRows <= p.keys && m0 + kTile <= p.queries &&
                            (!p.causal || n0 + kRows - 1 <= m0 + wrow);
@@ -1855,8 +1829,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_q_kernel(
             }
         __syncwarp();  // the lanes took their own mask branches: converged again before the mma.sync below
         multiply_from_c<E, DP, kKeyTiles>(dq_acc, dp, ks, kLine);
-        __syncthreads();  // every warp is done with this stage: the next tile may copy into it
-    }
+    });
     cp_async_wait<0>();
     const float scales[2] = {scale, scale};
     store_rows<E, DP>(dq + slice * p.queries * D, dq_acc, m0 + wrow, p.queries, D, scales);
