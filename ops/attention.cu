@@ -1,8 +1,7 @@
 // scaled_dot_product_attention on the GPU: fused flash-attention kernels, two sets: SIMT kernels in exact FMA
-// arithmetic (float32 and float64; described here) and, for float32 on sm_80+, tensor-core kernels in 3xTF32
-// (namespace tc below; chosen by attention_gpu_path()); bfloat16 and float16 run natively on 16-bit tensor-core
-// kernels with f32 softmax and accumulators (namespace tc16). CPU reference: ops/attention.cpp; the contract (mask,
-// dropout, empty rows): ops/attention.h.
+// arithmetic (float32 and float64; described here) and, on sm_80+, tensor-core kernels on mma.sync (namespace mma
+// below): float32 in 3xTF32 (chosen by attention_gpu_path()), bfloat16 and float16 natively with f32 softmax and
+// accumulators. CPU reference: ops/attention.cpp; the contract (mask, dropout, empty rows): ops/attention.h.
 // Over 600 lines: one fused op's SIMT and tensor-core kernel sets, sharing its parameters, masking, dropout and launches.
 //
 // Forward (one block per TILE queries of one (b, h) slice): the queries stay in shared memory, key/value tiles
@@ -23,9 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
-#include <mma.h>
 #include <mutex>
 #include <type_traits>
 
@@ -436,733 +433,13 @@ __global__ void __launch_bounds__(2 * TILE) attention_backward_q_kernel(
     }
 }
 
-// ---- tensor-core path (float32; compute capability 8.0 and newer) ----
-// The algorithm of the SIMT kernels above with the same tile (64), so the same causal skipping and block order,
-// but 4 warps per block, each owning 16 rows of the block's tile (queries in the forward and the dq kernel, keys
-// in the dk/dv kernel) through every phase: its products, its softmax rows, its accumulators. The phases of one
-// tile then need only __syncwarp; __syncthreads guards only the K/V (or Q/dY) tiles every warp reads.
-// Products: WMMA m16n16k8 TF32 fragments read from shared memory, in 3xTF32: x = big + small, both TF32, and
-// acc += small·big + big·small + big·big (the dropped small·small term is ~2^-22 relative: ~float32 accuracy).
-// Operands sit row-major in shared memory, [row][d] with DP + 4 floats per line (score tiles 64 + 4): a line
-// offset of 4 banks keeps the fragment loads free of bank conflicts, and every fragment pointer is 32-byte
-// aligned as WMMA requires (lines of 4·(DP + 4) bytes, 16-row and 8-column steps).
+// The tensor-core kernels (namespace mma) need compute capability 8.0 (mma.sync on TF32 and bf16, cp.async,
+// ldmatrix); compiled for an older architecture they are empty, and the host never launches them there.
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define DG_ATTENTION_TENSOR_CORES 1
 #else
-#define DG_ATTENTION_TENSOR_CORES 0  // the kernels below are empty; the host never launches them there
+#define DG_ATTENTION_TENSOR_CORES 0
 #endif
-
-namespace tc {
-
-constexpr int kTile = 64, kWarps = 4, kThreads = 32 * kWarps, kWarpRows = 16;
-constexpr int kScoreLine = kTile + 4;  // floats per line of a 64×64 score tile
-template <int DP> constexpr int line() { return DP + 4; }  // floats per line of a [64][DP] operand tile
-
-template <int DP> constexpr std::size_t forward_shared() {
-    return sizeof(float) * (4 * kTile * line<DP>() + kTile * kScoreLine);
-}
-template <int DP> constexpr std::size_t backward_kv_shared() {
-    return sizeof(float) * (4 * kTile * line<DP>() + 2 * kTile * kScoreLine + 2 * kTile);
-}
-template <int DP> constexpr std::size_t backward_q_shared() {
-    return sizeof(float) * (4 * kTile * line<DP>() + 2 * kTile * kScoreLine);
-}
-
-#if DG_ATTENTION_TENSOR_CORES
-namespace wmma = nvcuda::wmma;
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major>;
-template <typename BLayout>
-using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, BLayout>;
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, 8, float>;
-
-// x = big + small, both TF32 (x − big is exact in float32): on entry `big` holds x.
-template <typename Frag> __device__ __forceinline__ void split_tf32(Frag& big, Frag& small) {
-#pragma unroll
-    for (int i = 0; i < big.num_elements; ++i) {
-        const float x = big.x[i];
-        big.x[i] = wmma::__float_to_tf32(x);
-        small.x[i] = wmma::__float_to_tf32(x - big.x[i]);
-    }
-}
-
-// acc[f] += A · B[:, 16f, 16f + 16) for f < NF, in 3xTF32. A (16 × K) row-major at a, line lda. B (K × 16·NF):
-// kTransposedB: B[kk][n] at b[n·ldb + kk] (a row-major [n][kk] operand, read transposed); else at b[kk·ldb + n].
-template <int NF, int K, bool kTransposedB>
-__device__ __forceinline__ void warp_mma(FragC (&acc)[NF], const float* a, int lda, const float* b, int ldb) {
-    using BLayout = std::conditional_t<kTransposedB, wmma::col_major, wmma::row_major>;
-#pragma unroll 2
-    for (int kk = 0; kk < K; kk += 8) {
-        FragA a_big, a_small;
-        wmma::load_matrix_sync(a_big, a + kk, lda);
-        split_tf32(a_big, a_small);
-#pragma unroll
-        for (int f = 0; f < NF; ++f) {
-            FragB<BLayout> b_big, b_small;
-            wmma::load_matrix_sync(b_big, kTransposedB ? b + f * 16 * ldb + kk : b + kk * ldb + f * 16, ldb);
-            split_tf32(b_big, b_small);
-            // The small terms first: they are added to the accumulator before the large one.
-            wmma::mma_sync(acc[f], a_small, b_big, acc[f]);
-            wmma::mma_sync(acc[f], a_big, b_small, acc[f]);
-            wmma::mma_sync(acc[f], a_big, b_big, acc[f]);
-        }
-    }
-}
-
-template <int NF> __device__ __forceinline__ void zero(FragC (&acc)[NF]) {
-#pragma unroll
-    for (int f = 0; f < NF; ++f) wmma::fill_fragment(acc[f], 0.0f);
-}
-template <int NF> __device__ __forceinline__ void store(float* dst, int ld, const FragC (&acc)[NF]) {
-#pragma unroll
-    for (int f = 0; f < NF; ++f) wmma::store_matrix_sync(dst + 16 * f, acc[f], ld, wmma::mem_row_major);
-}
-
-// dst[r·line + d] = src[(row0 + r)·D + d] for r < 64, d < DP; zero past `rows` rows and D columns. float4 loads
-// when every row starts 16-byte aligned and D % 4 == 0 (p.vector_rows).
-template <int DP>
-__device__ void load_rows(float* dst, const float* __restrict__ src, std::int64_t row0, std::int64_t rows,
-                          std::int64_t D, bool vector_rows) {
-    constexpr int kLine = line<DP>();
-    if (vector_rows) {
-        constexpr int kQuads = DP / 4;
-        for (int idx = threadIdx.x; idx < kTile * kQuads; idx += kThreads) {
-            const int r = idx / kQuads, d = 4 * (idx % kQuads);
-            float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (r < rows && d < D) value = *reinterpret_cast<const float4*>(src + (row0 + r) * D + d);
-            *reinterpret_cast<float4*>(dst + r * kLine + d) = value;
-        }
-    } else {
-        for (int idx = threadIdx.x; idx < kTile * DP; idx += kThreads) {
-            const int r = idx / DP, d = idx % DP;
-            dst[r * kLine + d] = (r < rows && d < D) ? src[(row0 + r) * D + d] : 0.0f;
-        }
-    }
-}
-
-// dst row (row0 + i) = factor · src line (wrow + i), for the warp's 16 rows i (those below `rows`), d < D;
-// the lanes walk d, so the global stores coalesce.
-template <int DP>
-__device__ __forceinline__ void store_warp_rows(float* __restrict__ dst, const float* src, int wrow, std::int64_t row0,
-                                                std::int64_t rows, std::int64_t D, float factor) {
-    const int lane = threadIdx.x % 32;
-    for (int i = 0; i < kWarpRows && row0 + i < rows; ++i)
-        for (std::int64_t d = lane; d < D; d += 32) dst[(row0 + i) * D + d] = src[(wrow + i) * line<DP>() + d] * factor;
-}
-#endif  // DG_ATTENTION_TENSOR_CORES
-
-// Forward: as attention_forward_kernel. The output accumulator of each query row lives in shared memory (os):
-// the online softmax rescales it by alpha between tiles, which needs a row's elements, not a fragment's.
-template <int DP>
-__global__ void __launch_bounds__(kThreads) attention_forward_kernel(const float* __restrict__ q,
-                                                                     const float* __restrict__ k,
-                                                                     const float* __restrict__ v,
-                                                                     float* __restrict__ y, float* __restrict__ lse,
-                                                                     Params p) {
-#if DG_ATTENTION_TENSOR_CORES
-    constexpr int kLine = line<DP>(), kDFrags = DP / 16;
-    extern __shared__ __align__(128) unsigned char tc_shared[];
-    float* qs = reinterpret_cast<float*>(tc_shared);  // [64 queries][kLine]
-    float* ks = qs + kTile * kLine;                    // [64 keys][kLine]
-    float* vs = ks + kTile * kLine;                    // [64 keys][kLine]
-    float* os = vs + kTile * kLine;                    // [64 queries][kLine]: unnormalised outputs
-    float* ss = os + kTile * kLine;                    // [64 queries][kScoreLine]: scores, then probabilities
-
-    const std::int64_t tiles = (p.queries + kTile - 1) / kTile;
-    const TileOf at = tile_of_block(tiles, p.causal);
-    const std::int64_t slice = at.slice, row0 = at.tile * kTile;
-    const std::int64_t D = p.head_dim;
-    const float scale = p.scale_f;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wrow = warp * kWarpRows;
-    // Softmax: lanes 2i and 2i + 1 share row wrow + i, each taking every other column.
-    const int r = wrow + lane / 2, half = lane % 2;
-    const std::int64_t t = row0 + r;
-
-    load_rows<DP>(qs, q + slice * p.queries * D, row0, p.queries - row0, D, p.vector_rows);
-    // The warp zeroes its own rows of os: only it reads and writes them.
-    for (int idx = lane; idx < kWarpRows * kLine; idx += 32) os[wrow * kLine + idx] = 0.0f;
-    float m = minus_infinity<float>(), l = 0.0f;
-    const std::int64_t key_end = p.causal ? std::min<std::int64_t>(p.keys, row0 + kTile) : p.keys;
-    for (std::int64_t n0 = 0; n0 < key_end; n0 += kTile) {
-        __syncthreads();  // every warp is done with the previous ks, vs (and the first time: qs, os are written)
-        load_rows<DP>(ks, k + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
-        load_rows<DP>(vs, v + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
-        __syncthreads();
-        {
-            FragC s[kTile / 16];
-            zero(s);
-            warp_mma<kTile / 16, DP, true>(s, qs + wrow * kLine, kLine, ks, kLine);
-            store(ss + wrow * kScoreLine, kScoreLine, s);
-        }
-        __syncwarp();
-        float* srow = ss + r * kScoreLine;
-        float x[kTile / 2];
-        float top = minus_infinity<float>();
-#pragma unroll
-        for (int j = 0; j < kTile / 2; ++j) {
-            const int c = 2 * j + half;
-            x[j] = takes_part<float>(p, slice, t, n0 + c) ? srow[c] * scale : minus_infinity<float>();
-            top = fmaxf(top, x[j]);
-        }
-        const float m_new = fmaxf(m, fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1)));
-        // No key of this row so far: keep everything at 0 (exp(−inf − 0) = 0), never exp(−inf + inf).
-        const float base = m_new == minus_infinity<float>() ? 0.0f : m_new;
-        const float alpha = expf(m - base);
-        float sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kTile / 2; ++j) {
-            const int c = 2 * j + half;
-            const float prob = expf(x[j] - base);
-            sum += prob;
-            srow[c] = prob * dropout_factor<float>(p, slice, t, n0 + c);
-        }
-        l = l * alpha + sum + __shfl_xor_sync(0xffffffffu, sum, 1);
-        m = m_new;
-        float* orow = os + r * kLine;
-#pragma unroll 8
-        for (int d = half; d < DP; d += 2) orow[d] *= alpha;
-        __syncwarp();
-        FragC o[kDFrags];
-#pragma unroll
-        for (int f = 0; f < kDFrags; ++f)
-            wmma::load_matrix_sync(o[f], os + wrow * kLine + 16 * f, kLine, wmma::mem_row_major);
-        warp_mma<kDFrags, kTile, false>(o, ss + wrow * kScoreLine, kScoreLine, vs, kLine);
-        store(os + wrow * kLine, kLine, o);
-        __syncwarp();  // the next tile's softmax reads these rows of os, written by other lanes
-    }
-    __syncwarp();
-    const bool empty = l == 0.0f;
-    if (half == 0 && t < p.queries) lse[slice * p.queries + t] = empty ? minus_infinity<float>() : m + logf(l);
-    const float inverse = empty ? 0.0f : 1.0f / l;
-    float* out = y + slice * p.queries * D;
-    for (int i = 0; i < kWarpRows; ++i) {
-        const float row_inverse = __shfl_sync(0xffffffffu, inverse, 2 * i);
-        const std::int64_t ti = row0 + wrow + i;
-        if (ti >= p.queries) break;  // the same for every lane
-        for (std::int64_t d = lane; d < D; d += 32) out[ti * D + d] = os[(wrow + i) * kLine + d] * row_inverse;
-    }
-#endif
-}
-
-// dk, dv (B,H,S,D) for one key tile, over every query tile that sees it, as attention_backward_kv_kernel: the
-// warp's rows are keys, its score columns queries (Sᵀ = k·qᵀ, dPᵀ = v·dyᵀ). dk, dv accumulate in fragments.
-template <int DP>
-__global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
-    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    const float* __restrict__ dy, const float* __restrict__ lse, const float* __restrict__ delta,
-    float* __restrict__ dk, float* __restrict__ dv, Params p) {
-#if DG_ATTENTION_TENSOR_CORES
-    constexpr int kLine = line<DP>(), kDFrags = DP / 16;
-    // Score fragments in flight at once: 2 at D 128, where dk and dv already hold 128 registers per thread.
-    constexpr int kScoreFrags = DP == 128 ? 2 : 4;
-    extern __shared__ __align__(128) unsigned char tc_shared[];
-    float* ks = reinterpret_cast<float*>(tc_shared);  // [64 keys][kLine]
-    float* vs = ks + kTile * kLine;                    // [64 keys][kLine]
-    float* qs = vs + kTile * kLine;                    // [64 queries][kLine]
-    float* dys = qs + kTile * kLine;                   // [64 queries][kLine]
-    float* ps = dys + kTile * kLine;                   // [64 keys][kScoreLine]: Sᵀ, then (P∘F)ᵀ
-    float* dss = ps + kTile * kScoreLine;              // [64 keys][kScoreLine]: dPᵀ, then dSᵀ
-    float* lse_tile = dss + kTile * kScoreLine;        // [64]
-    float* delta_tile = lse_tile + kTile;              // [64]
-
-    const std::int64_t tiles = (p.keys + kTile - 1) / kTile;
-    const TileOf at = tile_of_block(tiles, false);
-    const std::int64_t slice = at.slice, n0 = at.tile * kTile;
-    const std::int64_t D = p.head_dim;
-    const float scale = p.scale_f;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wrow = warp * kWarpRows;
-    const int r = wrow + lane / 2, half = lane % 2;
-    const std::int64_t key = n0 + r;
-
-    load_rows<DP>(ks, k + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
-    load_rows<DP>(vs, v + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
-    FragC dk_acc[kDFrags], dv_acc[kDFrags];
-    zero(dk_acc);
-    zero(dv_acc);
-    // Causal: queries before the tile's first key see none of its keys.
-    const std::int64_t query_begin = p.causal ? n0 : 0;
-    for (std::int64_t m0 = query_begin; m0 < p.queries; m0 += kTile) {
-        __syncthreads();  // every warp is done with the previous qs, dys (and the first time: ks, vs are written)
-        load_rows<DP>(qs, q + slice * p.queries * D, m0, p.queries - m0, D, p.vector_rows);
-        load_rows<DP>(dys, dy + slice * p.queries * D, m0, p.queries - m0, D, p.vector_rows);
-        for (int c = threadIdx.x; c < kTile; c += kThreads) {
-            const bool inside = m0 + c < p.queries;
-            lse_tile[c] = inside ? lse[slice * p.queries + m0 + c] : minus_infinity<float>();
-            delta_tile[c] = inside ? delta[slice * p.queries + m0 + c] : 0.0f;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int c0 = 0; c0 < kTile; c0 += 16 * kScoreFrags) {
-            FragC acc[kScoreFrags];
-            zero(acc);
-            warp_mma<kScoreFrags, DP, true>(acc, ks + wrow * kLine, kLine, qs + c0 * kLine, kLine);
-            store(ps + wrow * kScoreLine + c0, kScoreLine, acc);
-            zero(acc);
-            warp_mma<kScoreFrags, DP, true>(acc, vs + wrow * kLine, kLine, dys + c0 * kLine, kLine);
-            store(dss + wrow * kScoreLine + c0, kScoreLine, acc);
-        }
-        __syncwarp();
-        float* prow = ps + r * kScoreLine;
-        float* dsrow = dss + r * kScoreLine;
-#pragma unroll 8
-        for (int j = 0; j < kTile / 2; ++j) {
-            const int c = 2 * j + half;
-            const std::int64_t t = m0 + c;
-            const bool part = takes_part<float>(p, slice, t, key) && lse_tile[c] != minus_infinity<float>();
-            const float prob = part ? expf(prow[c] * scale - lse_tile[c]) : 0.0f;
-            const float factor = part ? dropout_factor<float>(p, slice, t, key) : 0.0f;
-            dsrow[c] = prob * (dsrow[c] * factor - delta_tile[c]);
-            prow[c] = prob * factor;
-        }
-        __syncwarp();
-        warp_mma<kDFrags, kTile, false>(dv_acc, ps + wrow * kScoreLine, kScoreLine, dys, kLine);
-        warp_mma<kDFrags, kTile, false>(dk_acc, dss + wrow * kScoreLine, kScoreLine, qs, kLine);
-    }
-    // The warp's own rows of ks and vs (no other warp reads them) stage its results for coalesced stores, once
-    // every thread's loads into them are done (the loop may not have run: causal, keys past the last query).
-    __syncthreads();
-    store(ks + wrow * kLine, kLine, dk_acc);
-    store(vs + wrow * kLine, kLine, dv_acc);
-    __syncwarp();
-    store_warp_rows<DP>(dk + slice * p.keys * D, ks, wrow, n0 + wrow, p.keys, D, scale);
-    store_warp_rows<DP>(dv + slice * p.keys * D, vs, wrow, n0 + wrow, p.keys, D, 1.0f);
-#endif
-}
-
-// dq (B,H,T,D) for one query tile, over every key tile it sees, as attention_backward_q_kernel.
-template <int DP>
-__global__ void __launch_bounds__(kThreads) attention_backward_q_kernel(
-    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    const float* __restrict__ dy, const float* __restrict__ lse, const float* __restrict__ delta,
-    float* __restrict__ dq, Params p) {
-#if DG_ATTENTION_TENSOR_CORES
-    constexpr int kLine = line<DP>(), kDFrags = DP / 16, kScoreFrags = kTile / 16;
-    extern __shared__ __align__(128) unsigned char tc_shared[];
-    float* qs = reinterpret_cast<float*>(tc_shared);  // [64 queries][kLine]
-    float* dys = qs + kTile * kLine;                   // [64 queries][kLine]
-    float* ks = dys + kTile * kLine;                   // [64 keys][kLine]
-    float* vs = ks + kTile * kLine;                    // [64 keys][kLine]
-    float* ss = vs + kTile * kLine;                    // [64 queries][kScoreLine]: S, then dS
-    float* dps = ss + kTile * kScoreLine;              // [64 queries][kScoreLine]: dP
-
-    const std::int64_t tiles = (p.queries + kTile - 1) / kTile;
-    const TileOf at = tile_of_block(tiles, p.causal);
-    const std::int64_t slice = at.slice, m0 = at.tile * kTile;
-    const std::int64_t D = p.head_dim;
-    const float scale = p.scale_f;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wrow = warp * kWarpRows;
-    const int r = wrow + lane / 2, half = lane % 2;
-    const std::int64_t t = m0 + r;
-
-    load_rows<DP>(qs, q + slice * p.queries * D, m0, p.queries - m0, D, p.vector_rows);
-    load_rows<DP>(dys, dy + slice * p.queries * D, m0, p.queries - m0, D, p.vector_rows);
-    const float row_lse = t < p.queries ? lse[slice * p.queries + t] : minus_infinity<float>();
-    const float row_delta = t < p.queries ? delta[slice * p.queries + t] : 0.0f;
-    FragC dq_acc[kDFrags];
-    zero(dq_acc);
-    const std::int64_t key_end = p.causal ? std::min<std::int64_t>(p.keys, m0 + kTile) : p.keys;
-    for (std::int64_t n0 = 0; n0 < key_end; n0 += kTile) {
-        __syncthreads();  // every warp is done with the previous ks, vs (and the first time: qs, dys are written)
-        load_rows<DP>(ks, k + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
-        load_rows<DP>(vs, v + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
-        __syncthreads();
-        {
-            FragC acc[kScoreFrags];
-            zero(acc);
-            warp_mma<kScoreFrags, DP, true>(acc, qs + wrow * kLine, kLine, ks, kLine);
-            store(ss + wrow * kScoreLine, kScoreLine, acc);
-            zero(acc);
-            warp_mma<kScoreFrags, DP, true>(acc, dys + wrow * kLine, kLine, vs, kLine);
-            store(dps + wrow * kScoreLine, kScoreLine, acc);
-        }
-        __syncwarp();
-        float* srow = ss + r * kScoreLine;
-        const float* dprow = dps + r * kScoreLine;
-#pragma unroll 8
-        for (int j = 0; j < kTile / 2; ++j) {
-            const int c = 2 * j + half;
-            const std::int64_t key = n0 + c;
-            const bool part = takes_part<float>(p, slice, t, key) && row_lse != minus_infinity<float>();
-            const float prob = part ? expf(srow[c] * scale - row_lse) : 0.0f;
-            const float factor = part ? dropout_factor<float>(p, slice, t, key) : 0.0f;
-            srow[c] = prob * (dprow[c] * factor - row_delta);
-        }
-        __syncwarp();
-        warp_mma<kDFrags, kTile, false>(dq_acc, ss + wrow * kScoreLine, kScoreLine, ks, kLine);
-    }
-    // The warp's own rows of qs (no other warp reads them) stage its result for coalesced stores.
-    __syncthreads();
-    store(qs + wrow * kLine, kLine, dq_acc);
-    __syncwarp();
-    store_warp_rows<DP>(dq + slice * p.queries * D, qs, wrow, m0 + wrow, p.queries, D, scale);
-#endif
-}
-
-}  // namespace tc
-
-// ---- native bf16/f16 path (tensor cores; compute capability 8.0 and newer) ----
-// The tensor-core kernels above with 16-bit operands: Q, K, V, dY tiles sit in shared memory as T (__nv_bfloat16
-// or __half), products are WMMA m16n16k16 with f32 accumulators (one MMA per product, no splitting). Everything
-// else stays in f32: the scores, the online softmax, the log-sum-exp saved for the backward (an f32 tensor),
-// delta = rowsum(dY∘Y), masking, dropout and the scale. P (∘ dropout) and dS are rounded to T only where they
-// feed a product (O += P·V, dV += Pᵀ·dY, dK += dSᵀ·Q, dQ += dS·K); the row sums l use the unrounded f32
-// probabilities.
-// Outputs and gradients are rounded once, on store, from f32 accumulators.
-// Layout: T operand tiles [64][DP + 8] (lines of 2·DP + 16 bytes: a 4-bank offset per line, and 16-row / 16-column
-// fragment pointers 32-byte aligned; ldm a multiple of 8), f32 score tiles [64][68] as the f32 kernels, T
-// probability tiles [64][72]. Every region's size is a multiple of 128 bytes, so every region stays aligned.
-namespace tc16 {
-
-constexpr int kTile = 64, kWarps = 4, kThreads = 32 * kWarps, kWarpRows = 16;
-constexpr int kScoreLine = kTile + 4;  // floats per line of a 64×64 f32 score tile
-constexpr int kProbLine = kTile + 8;   // elements per line of a 64×64 16-bit probability / dS tile
-template <int DP> constexpr int line() { return DP + 8; }      // elements per line of a [64][DP] 16-bit operand
-template <int DP> constexpr int acc_line() { return DP + 4; }  // floats per line of a [64][DP] f32 staging tile
-
-constexpr std::size_t kHalf = 2;  // bytes per element
-template <int DP> constexpr std::size_t operand_bytes() { return kHalf * kTile * line<DP>(); }
-template <int DP> constexpr std::size_t staging_bytes() { return sizeof(float) * kTile * acc_line<DP>(); }
-constexpr std::size_t kScoreBytes = sizeof(float) * kTile * kScoreLine;
-constexpr std::size_t kProbBytes = kHalf * kTile * kProbLine;
-// The backward kernels stage their f32 results in their two score tiles: these must hold [64][DP + 4] floats.
-static_assert(staging_bytes<128>() <= 2 * kScoreBytes, "tc16: the score tiles cannot stage a [64][132] result");
-
-template <int DP> constexpr std::size_t forward_shared() {
-    return 3 * operand_bytes<DP>() + staging_bytes<DP>() + kScoreBytes + kProbBytes;
-}
-template <int DP> constexpr std::size_t backward_kv_shared() {
-    return 4 * operand_bytes<DP>() + 2 * kScoreBytes + 2 * kProbBytes + 2 * kTile * sizeof(float);
-}
-template <int DP> constexpr std::size_t backward_q_shared() {
-    return 4 * operand_bytes<DP>() + 2 * kScoreBytes + kProbBytes;
-}
-
-#if DG_ATTENTION_TENSOR_CORES
-namespace wmma = nvcuda::wmma;
-template <typename T> using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
-template <typename T, typename BLayout> using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, BLayout>;
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-
-// acc[f] += A · B[:, 16f, 16f + 16) for f < NF. A (16 × K) row-major at a, line lda. B (K × 16·NF):
-// kTransposedB: B[kk][n] at b[n·ldb + kk]; else at b[kk·ldb + n]. Lines in elements of T.
-template <typename T, int NF, int K, bool kTransposedB>
-__device__ __forceinline__ void warp_mma(FragC (&acc)[NF], const T* a, int lda, const T* b, int ldb) {
-    using BLayout = std::conditional_t<kTransposedB, wmma::col_major, wmma::row_major>;
-#pragma unroll 2
-    for (int kk = 0; kk < K; kk += 16) {
-        FragA<T> a_frag;
-        wmma::load_matrix_sync(a_frag, a + kk, lda);
-#pragma unroll
-        for (int f = 0; f < NF; ++f) {
-            FragB<T, BLayout> b_frag;
-            wmma::load_matrix_sync(b_frag, kTransposedB ? b + f * 16 * ldb + kk : b + kk * ldb + f * 16, ldb);
-            wmma::mma_sync(acc[f], a_frag, b_frag, acc[f]);
-        }
-    }
-}
-
-template <int NF> __device__ __forceinline__ void zero(FragC (&acc)[NF]) {
-#pragma unroll
-    for (int f = 0; f < NF; ++f) wmma::fill_fragment(acc[f], 0.0f);
-}
-template <int NF> __device__ __forceinline__ void store(float* dst, int ld, const FragC (&acc)[NF]) {
-#pragma unroll
-    for (int f = 0; f < NF; ++f) wmma::store_matrix_sync(dst + 16 * f, acc[f], ld, wmma::mem_row_major);
-}
-
-// dst[r·line + d] = src[(row0 + r)·D + d] for r < 64, d < DP; zero past `rows` rows and D columns. 16-byte
-// loads (8 elements) when every row starts 16-byte aligned and D % 8 == 0 (p.vector_rows).
-template <typename T, int DP>
-__device__ void load_rows(T* dst, const T* __restrict__ src, std::int64_t row0, std::int64_t rows, std::int64_t D,
-                          bool vector_rows) {
-    constexpr int kLine = line<DP>();
-    if (vector_rows) {
-        constexpr int kOctets = DP / 8;
-        for (int idx = threadIdx.x; idx < kTile * kOctets; idx += kThreads) {
-            const int r = idx / kOctets, d = 8 * (idx % kOctets);
-            uint4 value = make_uint4(0u, 0u, 0u, 0u);  // all-zero bits: +0 in bf16 and f16
-            if (r < rows && d < D) value = *reinterpret_cast<const uint4*>(src + (row0 + r) * D + d);
-            *reinterpret_cast<uint4*>(dst + r * kLine + d) = value;
-        }
-    } else {
-        const T zero_value = from_acc<T>(0.0f);
-        for (int idx = threadIdx.x; idx < kTile * DP; idx += kThreads) {
-            const int r = idx / DP, d = idx % DP;
-            dst[r * kLine + d] = (r < rows && d < D) ? src[(row0 + r) * D + d] : zero_value;
-        }
-    }
-}
-
-// dst row (row0 + i) = round(factor · src line (wrow + i)), for the warp's 16 rows below `rows`, d < D (f32
-// staging, line acc_line<DP>); the lanes walk d, so the global stores coalesce.
-template <typename T, int DP>
-__device__ __forceinline__ void store_warp_rows(T* __restrict__ dst, const float* src, int wrow, std::int64_t row0,
-                                                std::int64_t rows, std::int64_t D, float factor) {
-    const int lane = threadIdx.x % 32;
-    for (int i = 0; i < kWarpRows && row0 + i < rows; ++i)
-        for (std::int64_t d = lane; d < D; d += 32)
-            dst[(row0 + i) * D + d] = from_acc<T>(src[(wrow + i) * acc_line<DP>() + d] * factor);
-}
-#endif  // DG_ATTENTION_TENSOR_CORES
-
-// Forward, as tc::attention_forward_kernel: y (T), lse (f32).
-template <typename T, int DP>
-__global__ void __launch_bounds__(kThreads) attention_forward_kernel(const T* __restrict__ q, const T* __restrict__ k,
-                                                                     const T* __restrict__ v, T* __restrict__ y,
-                                                                     float* __restrict__ lse, Params p) {
-#if DG_ATTENTION_TENSOR_CORES
-    constexpr int kLine = line<DP>(), kAccLine = acc_line<DP>(), kDFrags = DP / 16;
-    extern __shared__ __align__(128) unsigned char tc16_shared[];
-    T* qs = reinterpret_cast<T*>(tc16_shared);                             // [64 queries][kLine]
-    T* ks = qs + kTile * kLine;                                            // [64 keys][kLine]
-    T* vs = ks + kTile * kLine;                                            // [64 keys][kLine]
-    float* os = reinterpret_cast<float*>(vs + kTile * kLine);             // [64 queries][kAccLine]: unnormalised y
-    float* ss = os + kTile * kAccLine;                                     // [64 queries][kScoreLine]: scores
-    T* ps = reinterpret_cast<T*>(ss + kTile * kScoreLine);                // [64 queries][kProbLine]: round(P∘F)
-
-    const std::int64_t tiles = (p.queries + kTile - 1) / kTile;
-    const TileOf at = tile_of_block(tiles, p.causal);
-    const std::int64_t slice = at.slice, row0 = at.tile * kTile;
-    const std::int64_t D = p.head_dim;
-    const float scale = p.scale_f;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wrow = warp * kWarpRows;
-    // Softmax: lanes 2i and 2i + 1 share row wrow + i, each taking every other column.
-    const int r = wrow + lane / 2, half = lane % 2;
-    const std::int64_t t = row0 + r;
-
-    load_rows<T, DP>(qs, q + slice * p.queries * D, row0, p.queries - row0, D, p.vector_rows);
-    for (int idx = lane; idx < kWarpRows * kAccLine; idx += 32) os[wrow * kAccLine + idx] = 0.0f;
-    float m = minus_infinity<float>(), l = 0.0f;
-    const std::int64_t key_end = p.causal ? std::min<std::int64_t>(p.keys, row0 + kTile) : p.keys;
-    for (std::int64_t n0 = 0; n0 < key_end; n0 += kTile) {
-        __syncthreads();  // every warp is done with the previous ks, vs (and the first time: qs, os are written)
-        load_rows<T, DP>(ks, k + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
-        load_rows<T, DP>(vs, v + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
-        __syncthreads();
-        {
-            FragC s[kTile / 16];
-            zero(s);
-            warp_mma<T, kTile / 16, DP, true>(s, qs + wrow * kLine, kLine, ks, kLine);
-            store(ss + wrow * kScoreLine, kScoreLine, s);
-        }
-        __syncwarp();
-        const float* srow = ss + r * kScoreLine;
-        T* prow = ps + r * kProbLine;
-        float x[kTile / 2];
-        float top = minus_infinity<float>();
-#pragma unroll
-        for (int j = 0; j < kTile / 2; ++j) {
-            const int c = 2 * j + half;
-            x[j] = takes_part<T>(p, slice, t, n0 + c) ? srow[c] * scale : minus_infinity<float>();
-            top = fmaxf(top, x[j]);
-        }
-        const float m_new = fmaxf(m, fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1)));
-        const float base = m_new == minus_infinity<float>() ? 0.0f : m_new;
-        const float alpha = expf(m - base);
-        float sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kTile / 2; ++j) {
-            const int c = 2 * j + half;
-            const float prob = expf(x[j] - base);
-            sum += prob;
-            prow[c] = from_acc<T>(prob * dropout_factor<float>(p, slice, t, n0 + c));
-        }
-        l = l * alpha + sum + __shfl_xor_sync(0xffffffffu, sum, 1);
-        m = m_new;
-        float* orow = os + r * kAccLine;
-#pragma unroll 8
-        for (int d = half; d < DP; d += 2) orow[d] *= alpha;
-        __syncwarp();
-        FragC o[kDFrags];
-#pragma unroll
-        for (int f = 0; f < kDFrags; ++f)
-            wmma::load_matrix_sync(o[f], os + wrow * kAccLine + 16 * f, kAccLine, wmma::mem_row_major);
-        warp_mma<T, kDFrags, kTile, false>(o, ps + wrow * kProbLine, kProbLine, vs, kLine);
-        store(os + wrow * kAccLine, kAccLine, o);
-        __syncwarp();  // the next tile's rescaling reads these rows of os, written by other lanes
-    }
-    __syncwarp();
-    const bool empty = l == 0.0f;
-    if (half == 0 && t < p.queries) lse[slice * p.queries + t] = empty ? minus_infinity<float>() : m + logf(l);
-    const float inverse = empty ? 0.0f : 1.0f / l;
-    T* out = y + slice * p.queries * D;
-    for (int i = 0; i < kWarpRows; ++i) {
-        const float row_inverse = __shfl_sync(0xffffffffu, inverse, 2 * i);
-        const std::int64_t ti = row0 + wrow + i;
-        if (ti >= p.queries) break;  // the same for every lane
-        for (std::int64_t d = lane; d < D; d += 32)
-            out[ti * D + d] = from_acc<T>(os[(wrow + i) * kAccLine + d] * row_inverse);
-    }
-#endif
-}
-
-// dk, dv for one key tile, as tc::attention_backward_kv_kernel (rows are keys, score columns queries).
-template <typename T, int DP>
-__global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
-    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dy,
-    const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv, Params p) {
-#if DG_ATTENTION_TENSOR_CORES
-    constexpr int kLine = line<DP>(), kDFrags = DP / 16;
-    // Score fragments in flight at once: 2 at D 128, where dk and dv already hold 128 registers per thread.
-    constexpr int kScoreFrags = DP == 128 ? 2 : 4;
-    extern __shared__ __align__(128) unsigned char tc16_shared[];
-    T* ks = reinterpret_cast<T*>(tc16_shared);                  // [64 keys][kLine]
-    T* vs = ks + kTile * kLine;                                 // [64 keys][kLine]
-    T* qs = vs + kTile * kLine;                                 // [64 queries][kLine]
-    T* dys = qs + kTile * kLine;                                // [64 queries][kLine]
-    float* sst = reinterpret_cast<float*>(dys + kTile * kLine);  // [64 keys][kScoreLine]: Sᵀ
-    float* dpt = sst + kTile * kScoreLine;                      // [64 keys][kScoreLine]: dPᵀ
-    T* pft = reinterpret_cast<T*>(dpt + kTile * kScoreLine);    // [64 keys][kProbLine]: round((P∘F)ᵀ)
-    T* dst = pft + kTile * kProbLine;                           // [64 keys][kProbLine]: round(dSᵀ)
-    float* lse_tile = reinterpret_cast<float*>(dst + kTile * kProbLine);  // [64]
-    float* delta_tile = lse_tile + kTile;                                 // [64]
-
-    const std::int64_t tiles = (p.keys + kTile - 1) / kTile;
-    const TileOf at = tile_of_block(tiles, false);
-    const std::int64_t slice = at.slice, n0 = at.tile * kTile;
-    const std::int64_t D = p.head_dim;
-    const float scale = p.scale_f;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wrow = warp * kWarpRows;
-    const int r = wrow + lane / 2, half = lane % 2;
-    const std::int64_t key = n0 + r;
-
-    load_rows<T, DP>(ks, k + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
-    load_rows<T, DP>(vs, v + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
-    FragC dk_acc[kDFrags], dv_acc[kDFrags];
-    zero(dk_acc);
-    zero(dv_acc);
-    // Causal: queries before the tile's first key see none of its keys.
-    const std::int64_t query_begin = p.causal ? n0 : 0;
-    for (std::int64_t m0 = query_begin; m0 < p.queries; m0 += kTile) {
-        __syncthreads();  // every warp is done with the previous qs, dys (and the first time: ks, vs are written)
-        load_rows<T, DP>(qs, q + slice * p.queries * D, m0, p.queries - m0, D, p.vector_rows);
-        load_rows<T, DP>(dys, dy + slice * p.queries * D, m0, p.queries - m0, D, p.vector_rows);
-        for (int c = threadIdx.x; c < kTile; c += kThreads) {
-            const bool inside = m0 + c < p.queries;
-            lse_tile[c] = inside ? lse[slice * p.queries + m0 + c] : minus_infinity<float>();
-            delta_tile[c] = inside ? delta[slice * p.queries + m0 + c] : 0.0f;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int c0 = 0; c0 < kTile; c0 += 16 * kScoreFrags) {
-            FragC acc[kScoreFrags];
-            zero(acc);
-            warp_mma<T, kScoreFrags, DP, true>(acc, ks + wrow * kLine, kLine, qs + c0 * kLine, kLine);
-            store(sst + wrow * kScoreLine + c0, kScoreLine, acc);
-            zero(acc);
-            warp_mma<T, kScoreFrags, DP, true>(acc, vs + wrow * kLine, kLine, dys + c0 * kLine, kLine);
-            store(dpt + wrow * kScoreLine + c0, kScoreLine, acc);
-        }
-        __syncwarp();
-        const float* srow = sst + r * kScoreLine;
-        const float* dprow = dpt + r * kScoreLine;
-        T* pfrow = pft + r * kProbLine;
-        T* dsrow = dst + r * kProbLine;
-#pragma unroll 8
-        for (int j = 0; j < kTile / 2; ++j) {
-            const int c = 2 * j + half;
-            const std::int64_t t = m0 + c;
-            const bool part = takes_part<T>(p, slice, t, key) && lse_tile[c] != minus_infinity<float>();
-            const float prob = part ? expf(srow[c] * scale - lse_tile[c]) : 0.0f;
-            const float factor = part ? dropout_factor<float>(p, slice, t, key) : 0.0f;
-            dsrow[c] = from_acc<T>(prob * (dprow[c] * factor - delta_tile[c]));
-            pfrow[c] = from_acc<T>(prob * factor);
-        }
-        __syncwarp();
-        warp_mma<T, kDFrags, kTile, false>(dv_acc, pft + wrow * kProbLine, kProbLine, dys, kLine);
-        warp_mma<T, kDFrags, kTile, false>(dk_acc, dst + wrow * kProbLine, kProbLine, qs, kLine);
-    }
-    // The two score tiles, as one [64][DP + 4] f32 tile, stage the results for coalesced stores, once every warp
-    // is done with its rows there (the staging rows of a warp overlap other warps' score rows).
-    __syncthreads();
-    float* staging = sst;
-    store(staging + wrow * acc_line<DP>(), acc_line<DP>(), dk_acc);
-    __syncwarp();
-    store_warp_rows<T, DP>(dk + slice * p.keys * D, staging, wrow, n0 + wrow, p.keys, D, scale);
-    __syncwarp();
-    store(staging + wrow * acc_line<DP>(), acc_line<DP>(), dv_acc);
-    __syncwarp();
-    store_warp_rows<T, DP>(dv + slice * p.keys * D, staging, wrow, n0 + wrow, p.keys, D, 1.0f);
-#endif
-}
-
-// dq for one query tile, as tc::attention_backward_q_kernel.
-template <typename T, int DP>
-__global__ void __launch_bounds__(kThreads) attention_backward_q_kernel(
-    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dy,
-    const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, Params p) {
-#if DG_ATTENTION_TENSOR_CORES
-    constexpr int kLine = line<DP>(), kDFrags = DP / 16, kScoreFrags = kTile / 16;
-    extern __shared__ __align__(128) unsigned char tc16_shared[];
-    T* qs = reinterpret_cast<T*>(tc16_shared);                 // [64 queries][kLine]
-    T* dys = qs + kTile * kLine;                               // [64 queries][kLine]
-    T* ks = dys + kTile * kLine;                               // [64 keys][kLine]
-    T* vs = ks + kTile * kLine;                                // [64 keys][kLine]
-    float* ss = reinterpret_cast<float*>(vs + kTile * kLine);  // [64 queries][kScoreLine]: S
-    float* dps = ss + kTile * kScoreLine;                      // [64 queries][kScoreLine]: dP
-    T* dss = reinterpret_cast<T*>(dps + kTile * kScoreLine);   // [64 queries][kProbLine]: round(dS)
-
-    const std::int64_t tiles = (p.queries + kTile - 1) / kTile;
-    const TileOf at = tile_of_block(tiles, p.causal);
-    const std::int64_t slice = at.slice, m0 = at.tile * kTile;
-    const std::int64_t D = p.head_dim;
-    const float scale = p.scale_f;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wrow = warp * kWarpRows;
-    const int r = wrow + lane / 2, half = lane % 2;
-    const std::int64_t t = m0 + r;
-
-    load_rows<T, DP>(qs, q + slice * p.queries * D, m0, p.queries - m0, D, p.vector_rows);
-    load_rows<T, DP>(dys, dy + slice * p.queries * D, m0, p.queries - m0, D, p.vector_rows);
-    const float row_lse = t < p.queries ? lse[slice * p.queries + t] : minus_infinity<float>();
-    const float row_delta = t < p.queries ? delta[slice * p.queries + t] : 0.0f;
-    FragC dq_acc[kDFrags];
-    zero(dq_acc);
-    const std::int64_t key_end = p.causal ? std::min<std::int64_t>(p.keys, m0 + kTile) : p.keys;
-    for (std::int64_t n0 = 0; n0 < key_end; n0 += kTile) {
-        __syncthreads();  // every warp is done with the previous ks, vs (and the first time: qs, dys are written)
-        load_rows<T, DP>(ks, k + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
-        load_rows<T, DP>(vs, v + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
-        __syncthreads();
-        {
-            FragC acc[kScoreFrags];
-            zero(acc);
-            warp_mma<T, kScoreFrags, DP, true>(acc, qs + wrow * kLine, kLine, ks, kLine);
-            store(ss + wrow * kScoreLine, kScoreLine, acc);
-            zero(acc);
-            warp_mma<T, kScoreFrags, DP, true>(acc, dys + wrow * kLine, kLine, vs, kLine);
-            store(dps + wrow * kScoreLine, kScoreLine, acc);
-        }
-        __syncwarp();
-        const float* srow = ss + r * kScoreLine;
-        const float* dprow = dps + r * kScoreLine;
-        T* dsrow = dss + r * kProbLine;
-#pragma unroll 8
-        for (int j = 0; j < kTile / 2; ++j) {
-            const int c = 2 * j + half;
-            const std::int64_t key = n0 + c;
-            const bool part = takes_part<T>(p, slice, t, key) && row_lse != minus_infinity<float>();
-            const float prob = part ? expf(srow[c] * scale - row_lse) : 0.0f;
-            const float factor = part ? dropout_factor<float>(p, slice, t, key) : 0.0f;
-            dsrow[c] = from_acc<T>(prob * (dprow[c] * factor - row_delta));
-        }
-        __syncwarp();
-        warp_mma<T, kDFrags, kTile, false>(dq_acc, dss + wrow * kProbLine, kProbLine, ks, kLine);
-    }
-    // The two score tiles stage the result (as in the dk/dv kernel), once every warp is done with them.
-    __syncthreads();
-    float* staging = ss;
-    store(staging + wrow * acc_line<DP>(), acc_line<DP>(), dq_acc);
-    __syncwarp();
-    store_warp_rows<T, DP>(dq + slice * p.queries * D, staging, wrow, m0 + wrow, p.queries, D, scale);
-#endif
-}
-
-}  // namespace tc16
 
 // ---- mma.sync path (float32 in 3xTF32, bfloat16 and float16; compute capability 8.0 and newer) ----
 // One kernel set templated on the element type E, FlashAttention-2 style: every score tile and accumulator lives in
@@ -1919,7 +1196,7 @@ constexpr const char* kOpName = "scaled_dot_product_attention mask";
 bool tensor_cores_compiled() {
     static const bool compiled = [] {
         cudaFuncAttributes attributes{};
-        DG_CUDA_CHECK(cudaFuncGetAttributes(&attributes, tc::attention_forward_kernel<64>));
+        DG_CUDA_CHECK(cudaFuncGetAttributes(&attributes, mma::attention_forward_kernel<float, 64>));
         return attributes.ptxVersion >= 80;
     }();
     return compiled;
@@ -1937,14 +1214,6 @@ bool rows_are_aligned(std::int64_t head_dim, std::size_t element_bytes, std::ini
     for (const void* base : bases)
         if (reinterpret_cast<std::uintptr_t>(base) % 16 != 0) return false;
     return true;
-}
-
-// Whether the WMMA sets (tc, tc16) run instead of the mma.sync set (namespace mma): DYNGRAD_ATTENTION_KERNELS,
-// read once per process (attention_kernel_set_from).
-bool use_wmma_kernels() {
-    static const bool wmma =
-        attention_kernel_set_from(std::getenv("DYNGRAD_ATTENTION_KERNELS")) == AttentionKernelSet::wmma;
-    return wmma;
 }
 
 // y and lse (f32) by the mma.sync forward.
@@ -1995,41 +1264,8 @@ void launch_mma_backward(const BackwardArgs& args, const AttentionGeometry& g, P
     });
 }
 
-// dq (when wanted) and dk, dv (when either is wanted) by the tensor-core kernels; delta is computed.
-void launch_tensor_core_backward(const BackwardArgs& args, const AttentionGeometry& g, Params p, const Tensor& lse,
-                                 const Tensor& delta, Tensor& dq, Tensor& dk, Tensor& dv, DeviceContext& ctx) {
-    if (!use_wmma_kernels()) {
-        launch_mma_backward<float>(args, g, p, lse, delta, dq, dk, dv, ctx);
-        return;
-    }
-    const float* q = args.inputs[0].data<float>();
-    const float* k = args.inputs[1].data<float>();
-    const float* v = args.inputs[2].data<float>();
-    const float* dy = args.grad_output.data<float>();
-    p.vector_rows = rows_are_aligned(g.head_dim, sizeof(float), {q, k, v, dy});
-    with_padded_head_dim(g.head_dim, [&]<int DP>() {
-        if (dk.defined()) {
-            constexpr std::size_t shared = tc::backward_kv_shared<DP>();
-            static std::once_flag once;
-            allow_shared(tc::attention_backward_kv_kernel<DP>, shared, once);
-            const unsigned blocks = blocks_for((g.keys + tc::kTile - 1) / tc::kTile, g.slices());
-            tc::attention_backward_kv_kernel<DP><<<blocks, tc::kThreads, shared, ctx.stream>>>(
-                q, k, v, dy, lse.data<float>(), delta.data<float>(), dk.data<float>(), dv.data<float>(), p);
-            DG_CUDA_CHECK_LAUNCH();
-        }
-        if (dq.defined()) {
-            constexpr std::size_t shared = tc::backward_q_shared<DP>();
-            static std::once_flag once;
-            allow_shared(tc::attention_backward_q_kernel<DP>, shared, once);
-            const unsigned blocks = blocks_for((g.queries + tc::kTile - 1) / tc::kTile, g.slices());
-            tc::attention_backward_q_kernel<DP><<<blocks, tc::kThreads, shared, ctx.stream>>>(
-                q, k, v, dy, lse.data<float>(), delta.data<float>(), dq.data<float>(), p);
-            DG_CUDA_CHECK_LAUNCH();
-        }
-    });
-}
-
-// bf16/f16 run only on the tc16 kernels (there is no 16-bit SIMT set; attention_gpu_path() chooses for float32).
+// bf16/f16 run only on the tensor-core kernels (there is no 16-bit SIMT set; attention_gpu_path() chooses for
+// float32).
 void require_reduced_kernels(DType dtype) {
     if (!tensor_cores_compiled())
         throw DeviceError(str("scaled_dot_product_attention: ", dtype_name(dtype), " needs the tensor-core kernels, ",
@@ -2045,71 +1281,28 @@ template <typename Fn> void dispatch_reduced(DType dtype, Fn&& fn) {
         fn.template operator()<__half>();
 }
 
-// y (T) and lse (f32) by the tc16 forward.
+// y (T) and lse (f32) by the tensor-core forward.
 void launch_reduced_forward(std::span<const Tensor> inputs, const AttentionGeometry& g, Params p, Tensor& y,
                             Tensor& lse, DeviceContext& ctx) {
     require_reduced_kernels(y.dtype());
     dispatch_reduced(y.dtype(), [&]<typename T>() {
-        const T* q = inputs[0].data<T>();
-        const T* k = inputs[1].data<T>();
-        const T* v = inputs[2].data<T>();
-        if (!use_wmma_kernels()) {
-            launch_mma_forward<T>(q, k, v, y.data<T>(), lse.data<float>(), g, p, ctx);
-            return;
-        }
-        p.vector_rows = rows_are_aligned(g.head_dim, sizeof(T), {q, k, v});
-        with_padded_head_dim(g.head_dim, [&]<int DP>() {
-            constexpr std::size_t shared = tc16::forward_shared<DP>();
-            static std::once_flag once;
-            allow_shared(tc16::attention_forward_kernel<T, DP>, shared, once);
-            const unsigned blocks = blocks_for((g.queries + tc16::kTile - 1) / tc16::kTile, g.slices());
-            tc16::attention_forward_kernel<T, DP><<<blocks, tc16::kThreads, shared, ctx.stream>>>(
-                q, k, v, y.data<T>(), lse.data<float>(), p);
-            DG_CUDA_CHECK_LAUNCH();
-        });
+        launch_mma_forward<T>(inputs[0].data<T>(), inputs[1].data<T>(), inputs[2].data<T>(), y.data<T>(),
+                              lse.data<float>(), g, p, ctx);
     });
 }
 
-// delta (f32), then dq (when defined) and dk, dv (when defined) by the tc16 backward kernels.
+// delta (f32), then dq (when defined) and dk, dv (when defined) by the tensor-core backward kernels.
 void launch_reduced_backward(const BackwardArgs& args, const AttentionGeometry& g, Params p, const Tensor& lse,
                              Tensor& delta, Tensor& dq, Tensor& dk, Tensor& dv, DeviceContext& ctx) {
     const Tensor& grad_output = args.grad_output;
     require_reduced_kernels(grad_output.dtype());
     dispatch_reduced(grad_output.dtype(), [&]<typename T>() {
-        const T* q = args.inputs[0].data<T>();
-        const T* k = args.inputs[1].data<T>();
-        const T* v = args.inputs[2].data<T>();
-        const T* dy = grad_output.data<T>();
         const std::int64_t rows = g.slices() * g.queries;
         constexpr unsigned kDeltaThreads = 256;
         attention_delta_kernel<T><<<grid_size(ctx, rows * 32, kDeltaThreads), kDeltaThreads, 0, ctx.stream>>>(
-            dy, args.output.data<T>(), delta.data<float>(), rows, g.head_dim);
+            grad_output.data<T>(), args.output.data<T>(), delta.data<float>(), rows, g.head_dim);
         DG_CUDA_CHECK_LAUNCH();
-        if (!use_wmma_kernels()) {
-            launch_mma_backward<T>(args, g, p, lse, delta, dq, dk, dv, ctx);
-            return;
-        }
-        p.vector_rows = rows_are_aligned(g.head_dim, sizeof(T), {q, k, v, dy});
-        with_padded_head_dim(g.head_dim, [&]<int DP>() {
-            if (dk.defined()) {
-                constexpr std::size_t shared = tc16::backward_kv_shared<DP>();
-                static std::once_flag once;
-                allow_shared(tc16::attention_backward_kv_kernel<T, DP>, shared, once);
-                const unsigned blocks = blocks_for((g.keys + tc16::kTile - 1) / tc16::kTile, g.slices());
-                tc16::attention_backward_kv_kernel<T, DP><<<blocks, tc16::kThreads, shared, ctx.stream>>>(
-                    q, k, v, dy, lse.data<float>(), delta.data<float>(), dk.data<T>(), dv.data<T>(), p);
-                DG_CUDA_CHECK_LAUNCH();
-            }
-            if (dq.defined()) {
-                constexpr std::size_t shared = tc16::backward_q_shared<DP>();
-                static std::once_flag once;
-                allow_shared(tc16::attention_backward_q_kernel<T, DP>, shared, once);
-                const unsigned blocks = blocks_for((g.queries + tc16::kTile - 1) / tc16::kTile, g.slices());
-                tc16::attention_backward_q_kernel<T, DP><<<blocks, tc16::kThreads, shared, ctx.stream>>>(
-                    q, k, v, dy, lse.data<float>(), delta.data<float>(), dq.data<T>(), p);
-                DG_CUDA_CHECK_LAUNCH();
-            }
-        });
+        launch_mma_backward<T>(args, g, p, lse, delta, dq, dk, dv, ctx);
     });
 }
 
@@ -2141,23 +1334,8 @@ Tensor scaled_dot_product_attention_forward(const ForwardArgs& args) {
         return y;
     }
     if (use_tensor_cores(q.dtype())) {
-        const float* qf = q.data<float>();
-        const float* kf = args.inputs[1].data<float>();
-        const float* vf = args.inputs[2].data<float>();
-        if (!use_wmma_kernels()) {
-            launch_mma_forward<float>(qf, kf, vf, y.data<float>(), lse.data<float>(), g, p, ctx);
-            return y;
-        }
-        p.vector_rows = rows_are_aligned(g.head_dim, sizeof(float), {qf, kf, vf});
-        with_padded_head_dim(g.head_dim, [&]<int DP>() {
-            constexpr std::size_t shared = tc::forward_shared<DP>();
-            static std::once_flag once;
-            allow_shared(tc::attention_forward_kernel<DP>, shared, once);
-            const unsigned blocks = blocks_for((g.queries + tc::kTile - 1) / tc::kTile, g.slices());
-            tc::attention_forward_kernel<DP><<<blocks, tc::kThreads, shared, ctx.stream>>>(
-                qf, kf, vf, y.data<float>(), lse.data<float>(), p);
-            DG_CUDA_CHECK_LAUNCH();
-        });
+        launch_mma_forward<float>(q.data<float>(), args.inputs[1].data<float>(), args.inputs[2].data<float>(),
+                                  y.data<float>(), lse.data<float>(), g, p, ctx);
         return y;
     }
     dispatch_floating(q.dtype(), "scaled_dot_product_attention", [&]<typename Real>() {
@@ -2206,7 +1384,7 @@ std::vector<Tensor> scaled_dot_product_attention_backward(const BackwardArgs& ar
                 DG_CUDA_CHECK_LAUNCH();
                 if constexpr (std::is_same_v<Real, float>) {
                     if (tensor_cores) {
-                        launch_tensor_core_backward(args, g, p, lse, delta, dq, dk, dv, ctx);
+                        launch_mma_backward<float>(args, g, p, lse, delta, dq, dk, dv, ctx);
                         return;
                     }
                 }

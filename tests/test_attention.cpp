@@ -10,7 +10,6 @@
 
 #include "catch.h"
 #include "dyngrad/dyngrad.h"
-#include "dyngrad/ops/attention_geometry.h"
 #include "dyngrad/ops/dropout_mask.h"
 
 using namespace dyngrad;
@@ -132,15 +131,6 @@ TEST_CASE("a query whose keys are all masked gets 0 and no gradient; no NaN anyw
                 }
             }
     for (const double x : k.grad().to_vector()) CHECK(std::isfinite(x));
-}
-
-TEST_CASE("DYNGRAD_ATTENTION_KERNELS: unset, empty or mma selects the mma.sync kernels, wmma the WMMA sets",
-          "[attention]") {
-    CHECK(attention_kernel_set_from(nullptr) == AttentionKernelSet::mma);
-    CHECK(attention_kernel_set_from("") == AttentionKernelSet::mma);
-    CHECK(attention_kernel_set_from("mma") == AttentionKernelSet::mma);
-    CHECK(attention_kernel_set_from("wmma") == AttentionKernelSet::wmma);
-    CHECK_THROWS_AS(attention_kernel_set_from("WMMA"), ValueError);  // more in tests/hostile/attention_kernels.cpp
 }
 
 TEST_CASE("attention dropout: the seed alone fixes the mask; another seed drops others", "[attention]") {
