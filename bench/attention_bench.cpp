@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
         }
         // DYNGRAD_ATTENTION_SIMT=1 measures the SIMT kernels instead (ops/attention.h).
         // bf16/f16: cuDNN's fused attention where it applies (each row says what ran), else the 16-bit kernels.
-        const char* path = is_reduced_precision(o.dtype)  ? "cuDNN fused attention or tensor cores (16-bit WMMA)"
+        const char* path = is_reduced_precision(o.dtype)  ? "cuDNN fused attention or tensor cores (16-bit mma.sync)"
                            : attention_uses_tensor_cores() ? "tensor cores (3xTF32)"
                                                            : "SIMT (exact float32 FMA)";
         const std::string dtype(dtype_name(o.dtype));

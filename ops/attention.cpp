@@ -106,14 +106,6 @@ std::string attention_cudnn_status() {
 #endif
 }
 
-AttentionKernelSet attention_kernel_set_from(const char* value) {
-    const std::string_view choice = value == nullptr ? std::string_view() : std::string_view(value);
-    if (choice.empty() || choice == "mma") return AttentionKernelSet::mma;
-    if (choice == "wmma") return AttentionKernelSet::wmma;
-    throw ValueError(str("scaled_dot_product_attention: DYNGRAD_ATTENTION_KERNELS is '", choice,
-                         "'; expected 'mma' (the default) or 'wmma'"));
-}
-
 AttentionGeometry attention_geometry(std::span<const Tensor> inputs, const OpAttrs& attrs) {
     const Tensor& q = inputs[0];
     AttentionGeometry g;

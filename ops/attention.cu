@@ -1,8 +1,7 @@
 // scaled_dot_product_attention on the GPU: fused flash-attention kernels, two sets: SIMT kernels in exact FMA
-// arithmetic (float32 and float64; described here) and, for float32 on sm_80+, tensor-core kernels in 3xTF32
-// (namespace tc below; chosen by attention_gpu_path()); bfloat16 and float16 run natively on 16-bit tensor-core
-// kernels with f32 softmax and accumulators (namespace tc16). CPU reference: ops/attention.cpp; the contract (mask,
-// dropout, empty rows): ops/attention.h.
+// arithmetic (float32 and float64; described here) and, on sm_80+, tensor-core kernels on mma.sync (namespace mma
+// below): float32 in 3xTF32 (chosen by attention_gpu_path()), bfloat16 and float16 natively with f32 softmax and
+// accumulators. CPU reference: ops/attention.cpp; the contract (mask, dropout, empty rows): ops/attention.h.
 // Over 600 lines: one fused op's SIMT and tensor-core kernel sets, sharing its parameters, masking, dropout and launches.
 //
 // Forward (one block per TILE queries of one (b, h) slice): the queries stay in shared memory, key/value tiles
@@ -23,9 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
-#include <mma.h>
 #include <mutex>
 #include <type_traits>
 
@@ -437,733 +434,13 @@ __global__ void __launch_bounds__(2 * TILE) attention_backward_q_kernel(
     }
 }
 
-// ---- tensor-core path (float32; compute capability 8.0 and newer) ----
-// The algorithm of the SIMT kernels above with the same tile (64), so the same causal skipping and block order,
-// but 4 warps per block, each owning 16 rows of the block's tile (queries in the forward and the dq kernel, keys
-// in the dk/dv kernel) through every phase: its products, its softmax rows, its accumulators. The phases of one
-// tile then need only __syncwarp; __syncthreads guards only the K/V (or Q/dY) tiles every warp reads.
-// Products: WMMA m16n16k8 TF32 fragments read from shared memory, in 3xTF32: x = big + small, both TF32, and
-// acc += small·big + big·small + big·big (the dropped small·small term is ~2^-22 relative: ~float32 accuracy).
-// Operands sit row-major in shared memory, [row][d] with DP + 4 floats per line (score tiles 64 + 4): a line
-// offset of 4 banks keeps the fragment loads free of bank conflicts, and every fragment pointer is 32-byte
-// aligned as WMMA requires (lines of 4·(DP + 4) bytes, 16-row and 8-column steps).
+// The tensor-core kernels (namespace mma) need compute capability 8.0 (mma.sync on TF32 and bf16, cp.async,
+// ldmatrix); compiled for an older architecture they are empty, and the host never launches them there.
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define DG_ATTENTION_TENSOR_CORES 1
 #else
-#define DG_ATTENTION_TENSOR_CORES 0  // the kernels below are empty; the host never launches them there
+#define DG_ATTENTION_TENSOR_CORES 0
 #endif
-
-namespace tc {
-
-constexpr int kTile = 64, kWarps = 4, kThreads = 32 * kWarps, kWarpRows = 16;
-constexpr int kScoreLine = kTile + 4;  // floats per line of a 64×64 score tile
-template <int DP> constexpr int line() { return DP + 4; }  // floats per line of a [64][DP] operand tile
-
-template <int DP> constexpr std::size_t forward_shared() {
-    return sizeof(float) * (4 * kTile * line<DP>() + kTile * kScoreLine);
-}
-template <int DP> constexpr std::size_t backward_kv_shared() {
-    return sizeof(float) * (4 * kTile * line<DP>() + 2 * kTile * kScoreLine + 2 * kTile);
-}
-template <int DP> constexpr std::size_t backward_q_shared() {
-    return sizeof(float) * (4 * kTile * line<DP>() + 2 * kTile * kScoreLine);
-}
-
-#if DG_ATTENTION_TENSOR_CORES
-namespace wmma = nvcuda::wmma;
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major>;
-template <typename BLayout>
-using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, BLayout>;
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, 8, float>;
-
-// x = big + small, both TF32 (x − big is exact in float32): on entry `big` holds x.
-template <typename Frag> __device__ __forceinline__ void split_tf32(Frag& big, Frag& small) {
-#pragma unroll
-    for (int i = 0; i < big.num_elements; ++i) {
-        const float x = big.x[i];
-        big.x[i] = wmma::__float_to_tf32(x);
-        small.x[i] = wmma::__float_to_tf32(x - big.x[i]);
-    }
-}
-
-// acc[f] += A · B[:, 16f, 16f + 16) for f < NF, in 3xTF32. A (16 × K) row-major at a, line lda. B (K × 16·NF):
-// kTransposedB: B[kk][n] at b[n·ldb + kk] (a row-major [n][kk] operand, read transposed); else at b[kk·ldb + n].
-template <int NF, int K, bool kTransposedB>
-__device__ __forceinline__ void warp_mma(FragC (&acc)[NF], const float* a, int lda, const float* b, int ldb) {
-    using BLayout = std::conditional_t<kTransposedB, wmma::col_major, wmma::row_major>;
-#pragma unroll 2
-    for (int kk = 0; kk < K; kk += 8) {
-        FragA a_big, a_small;
-        wmma::load_matrix_sync(a_big, a + kk, lda);
-        split_tf32(a_big, a_small);
-#pragma unroll
-        for (int f = 0; f < NF; ++f) {
-            FragB<BLayout> b_big, b_small;
-            wmma::load_matrix_sync(b_big, kTransposedB ? b + f * 16 * ldb + kk : b + kk * ldb + f * 16, ldb);
-            split_tf32(b_big, b_small);
-            // The small terms first: they are added to the accumulator before the large one.
-            wmma::mma_sync(acc[f], a_small, b_big, acc[f]);
-            wmma::mma_sync(acc[f], a_big, b_small, acc[f]);
-            wmma::mma_sync(acc[f], a_big, b_big, acc[f]);
-        }
-    }
-}
-
-template <int NF> __device__ __forceinline__ void zero(FragC (&acc)[NF]) {
-#pragma unroll
-    for (int f = 0; f < NF; ++f) wmma::fill_fragment(acc[f], 0.0f);
-}
-template <int NF> __device__ __forceinline__ void store(float* dst, int ld, const FragC (&acc)[NF]) {
-#pragma unroll
-    for (int f = 0; f < NF; ++f) wmma::store_matrix_sync(dst + 16 * f, acc[f], ld, wmma::mem_row_major);
-}
-
-// dst[r·line + d] = src[(row0 + r)·D + d] for r < 64, d < DP; zero past `rows` rows and D columns. float4 loads
-// when every row starts 16-byte aligned and D % 4 == 0 (p.vector_rows).
-template <int DP>
-__device__ void load_rows(float* dst, const float* __restrict__ src, std::int64_t row0, std::int64_t rows,
-                          std::int64_t D, bool vector_rows) {
-    constexpr int kLine = line<DP>();
-    if (vector_rows) {
-        constexpr int kQuads = DP / 4;
-        for (int idx = threadIdx.x; idx < kTile * kQuads; idx += kThreads) {
-            const int r = idx / kQuads, d = 4 * (idx % kQuads);
-            float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (r < rows && d < D) value = *reinterpret_cast<const float4*>(src + (row0 + r) * D + d);
-            *reinterpret_cast<float4*>(dst + r * kLine + d) = value;
-        }
-    } else {
-        for (int idx = threadIdx.x; idx < kTile * DP; idx += kThreads) {
-            const int r = idx / DP, d = idx % DP;
-            dst[r * kLine + d] = (r < rows && d < D) ? src[(row0 + r) * D + d] : 0.0f;
-        }
-    }
-}
-
-// dst row (row0 + i) = factor · src line (wrow + i), for the warp's 16 rows i (those below `rows`), d < D;
-// the lanes walk d, so the global stores coalesce.
-template <int DP>
-__device__ __forceinline__ void store_warp_rows(float* __restrict__ dst, const float* src, int wrow, std::int64_t row0,
-                                                std::int64_t rows, std::int64_t D, float factor) {
-    const int lane = threadIdx.x % 32;
-    for (int i = 0; i < kWarpRows && row0 + i < rows; ++i)
-        for (std::int64_t d = lane; d < D; d += 32) dst[(row0 + i) * D + d] = src[(wrow + i) * line<DP>() + d] * factor;
-}
-#endif  // DG_ATTENTION_TENSOR_CORES
-
-// Forward: as attention_forward_kernel. The output accumulator of each query row lives in shared memory (os):
-// the online softmax rescales it by alpha between tiles, which needs a row's elements, not a fragment's.
-template <int DP>
-__global__ void __launch_bounds__(kThreads) attention_forward_kernel(const float* __restrict__ q,
-                                                                     const float* __restrict__ k,
-                                                                     const float* __restrict__ v,
-                                                                     float* __restrict__ y, float* __restrict__ lse,
-                                                                     Params p) {
-#if DG_ATTENTION_TENSOR_CORES
-    constexpr int kLine = line<DP>(), kDFrags = DP / 16;
-    extern __shared__ __align__(128) unsigned char tc_shared[];
-    float* qs = reinterpret_cast<float*>(tc_shared);  // [64 queries][kLine]
-    float* ks = qs + kTile * kLine;                    // [64 keys][kLine]
-    float* vs = ks + kTile * kLine;                    // [64 keys][kLine]
-    float* os = vs + kTile * kLine;                    // [64 queries][kLine]: unnormalised outputs
-    float* ss = os + kTile * kLine;                    // [64 queries][kScoreLine]: scores, then probabilities
-
-    const std::int64_t tiles = (p.queries + kTile - 1) / kTile;
-    const TileOf at = tile_of_block(tiles, p.causal);
-    const std::int64_t slice = at.slice, row0 = at.tile * kTile;
-    const std::int64_t D = p.head_dim;
-    const float scale = p.scale_f;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wrow = warp * kWarpRows;
-    // Softmax: lanes 2i and 2i + 1 share row wrow + i, each taking every other column.
-    const int r = wrow + lane / 2, half = lane % 2;
-    const std::int64_t t = row0 + r;
-
-    load_rows<DP>(qs, q + slice * p.queries * D, row0, p.queries - row0, D, p.vector_rows);
-    // The warp zeroes its own rows of os: only it reads and writes them.
-    for (int idx = lane; idx < kWarpRows * kLine; idx += 32) os[wrow * kLine + idx] = 0.0f;
-    float m = minus_infinity<float>(), l = 0.0f;
-    const std::int64_t key_end = p.causal ? std::min<std::int64_t>(p.keys, row0 + kTile) : p.keys;
-    for (std::int64_t n0 = 0; n0 < key_end; n0 += kTile) {
-        __syncthreads();  // every warp is done with the previous ks, vs (and the first time: qs, os are written)
-        load_rows<DP>(ks, k + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
-        load_rows<DP>(vs, v + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
-        __syncthreads();
-        {
-            FragC s[kTile / 16];
-            zero(s);
-            warp_mma<kTile / 16, DP, true>(s, qs + wrow * kLine, kLine, ks, kLine);
-            store(ss + wrow * kScoreLine, kScoreLine, s);
-        }
-        __syncwarp();
-        float* srow = ss + r * kScoreLine;
-        float x[kTile / 2];
-        float top = minus_infinity<float>();
-#pragma unroll
-        for (int j = 0; j < kTile / 2; ++j) {
-            const int c = 2 * j + half;
-            x[j] = takes_part<float>(p, slice, t, n0 + c) ? srow[c] * scale : minus_infinity<float>();
-            top = fmaxf(top, x[j]);
-        }
-        const float m_new = fmaxf(m, fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1)));
-        // No key of this row so far: keep everything at 0 (exp(−inf − 0) = 0), never exp(−inf + inf).
-        const float base = m_new == minus_infinity<float>() ? 0.0f : m_new;
-        const float alpha = expf(m - base);
-        float sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kTile / 2; ++j) {
-            const int c = 2 * j + half;
-            const float prob = expf(x[j] - base);
-            sum += prob;
-            srow[c] = prob * dropout_factor<float>(p, slice, t, n0 + c);
-        }
-        l = l * alpha + sum + __shfl_xor_sync(0xffffffffu, sum, 1);
-        m = m_new;
-        float* orow = os + r * kLine;
-#pragma unroll 8
-        for (int d = half; d < DP; d += 2) orow[d] *= alpha;
-        __syncwarp();
-        FragC o[kDFrags];
-#pragma unroll
-        for (int f = 0; f < kDFrags; ++f)
-            wmma::load_matrix_sync(o[f], os + wrow * kLine + 16 * f, kLine, wmma::mem_row_major);
-        warp_mma<kDFrags, kTile, false>(o, ss + wrow * kScoreLine, kScoreLine, vs, kLine);
-        store(os + wrow * kLine, kLine, o);
-        __syncwarp();  // the next tile's softmax reads these rows of os, written by other lanes
-    }
-    __syncwarp();
-    const bool empty = l == 0.0f;
-    if (half == 0 && t < p.queries) lse[slice * p.queries + t] = empty ? minus_infinity<float>() : m + logf(l);
-    const float inverse = empty ? 0.0f : 1.0f / l;
-    float* out = y + slice * p.queries * D;
-    for (int i = 0; i < kWarpRows; ++i) {
-        const float row_inverse = __shfl_sync(0xffffffffu, inverse, 2 * i);
-        const std::int64_t ti = row0 + wrow + i;
-        if (ti >= p.queries) break;  // the same for every lane
-        for (std::int64_t d = lane; d < D; d += 32) out[ti * D + d] = os[(wrow + i) * kLine + d] * row_inverse;
-    }
-#endif
-}
-
-// dk, dv (B,H,S,D) for one key tile, over every query tile that sees it, as attention_backward_kv_kernel: the
-// warp's rows are keys, its score columns queries (Sᵀ = k·qᵀ, dPᵀ = v·dyᵀ). dk, dv accumulate in fragments.
-template <int DP>
-__global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
-    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    const float* __restrict__ dy, const float* __restrict__ lse, const float* __restrict__ delta,
-    float* __restrict__ dk, float* __restrict__ dv, Params p) {
-#if DG_ATTENTION_TENSOR_CORES
-    constexpr int kLine = line<DP>(), kDFrags = DP / 16;
-    // Score fragments in flight at once: 2 at D 128, where dk and dv already hold 128 registers per thread.
-    constexpr int kScoreFrags = DP == 128 ? 2 : 4;
-    extern __shared__ __align__(128) unsigned char tc_shared[];
-    float* ks = reinterpret_cast<float*>(tc_shared);  // [64 keys][kLine]
-    float* vs = ks + kTile * kLine;                    // [64 keys][kLine]
-    float* qs = vs + kTile * kLine;                    // [64 queries][kLine]
-    float* dys = qs + kTile * kLine;                   // [64 queries][kLine]
-    float* ps = dys + kTile * kLine;                   // [64 keys][kScoreLine]: Sᵀ, then (P∘F)ᵀ
-    float* dss = ps + kTile * kScoreLine;              // [64 keys][kScoreLine]: dPᵀ, then dSᵀ
-    float* lse_tile = dss + kTile * kScoreLine;        // [64]
-    float* delta_tile = lse_tile + kTile;              // [64]
-
-    const std::int64_t tiles = (p.keys + kTile - 1) / kTile;
-    const TileOf at = tile_of_block(tiles, false);
-    const std::int64_t slice = at.slice, n0 = at.tile * kTile;
-    const std::int64_t D = p.head_dim;
-    const float scale = p.scale_f;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wrow = warp * kWarpRows;
-    const int r = wrow + lane / 2, half = lane % 2;
-    const std::int64_t key = n0 + r;
-
-    load_rows<DP>(ks, k + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
-    load_rows<DP>(vs, v + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
-    FragC dk_acc[kDFrags], dv_acc[kDFrags];
-    zero(dk_acc);
-    zero(dv_acc);
-    // Causal: queries before the tile's first key see none of its keys.
-    const std::int64_t query_begin = p.causal ? n0 : 0;
-    for (std::int64_t m0 = query_begin; m0 < p.queries; m0 += kTile) {
-        __syncthreads();  // every warp is done with the previous qs, dys (and the first time: ks, vs are written)
-        load_rows<DP>(qs, q + slice * p.queries * D, m0, p.queries - m0, D, p.vector_rows);
-        load_rows<DP>(dys, dy + slice * p.queries * D, m0, p.queries - m0, D, p.vector_rows);
-        for (int c = threadIdx.x; c < kTile; c += kThreads) {
-            const bool inside = m0 + c < p.queries;
-            lse_tile[c] = inside ? lse[slice * p.queries + m0 + c] : minus_infinity<float>();
-            delta_tile[c] = inside ? delta[slice * p.queries + m0 + c] : 0.0f;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int c0 = 0; c0 < kTile; c0 += 16 * kScoreFrags) {
-            FragC acc[kScoreFrags];
-            zero(acc);
-            warp_mma<kScoreFrags, DP, true>(acc, ks + wrow * kLine, kLine, qs + c0 * kLine, kLine);
-            store(ps + wrow * kScoreLine + c0, kScoreLine, acc);
-            zero(acc);
-            warp_mma<kScoreFrags, DP, true>(acc, vs + wrow * kLine, kLine, dys + c0 * kLine, kLine);
-            store(dss + wrow * kScoreLine + c0, kScoreLine, acc);
-        }
-        __syncwarp();
-        float* prow = ps + r * kScoreLine;
-        float* dsrow = dss + r * kScoreLine;
-#pragma unroll 8
-        for (int j = 0; j < kTile / 2; ++j) {
-            const int c = 2 * j + half;
-            const std::int64_t t = m0 + c;
-            const bool part = takes_part<float>(p, slice, t, key) && lse_tile[c] != minus_infinity<float>();
-            const float prob = part ? expf(prow[c] * scale - lse_tile[c]) : 0.0f;
-            const float factor = part ? dropout_factor<float>(p, slice, t, key) : 0.0f;
-            dsrow[c] = prob * (dsrow[c] * factor - delta_tile[c]);
-            prow[c] = prob * factor;
-        }
-        __syncwarp();
-        warp_mma<kDFrags, kTile, false>(dv_acc, ps + wrow * kScoreLine, kScoreLine, dys, kLine);
-        warp_mma<kDFrags, kTile, false>(dk_acc, dss + wrow * kScoreLine, kScoreLine, qs, kLine);
-    }
-    // The warp's own rows of ks and vs (no other warp reads them) stage its results for coalesced stores, once
-    // every thread's loads into them are done (the loop may not have run: causal, keys past the last query).
-    __syncthreads();
-    store(ks + wrow * kLine, kLine, dk_acc);
-    store(vs + wrow * kLine, kLine, dv_acc);
-    __syncwarp();
-    store_warp_rows<DP>(dk + slice * p.keys * D, ks, wrow, n0 + wrow, p.keys, D, scale);
-    store_warp_rows<DP>(dv + slice * p.keys * D, vs, wrow, n0 + wrow, p.keys, D, 1.0f);
-#endif
-}
-
-// dq (B,H,T,D) for one query tile, over every key tile it sees, as attention_backward_q_kernel.
-template <int DP>
-__global__ void __launch_bounds__(kThreads) attention_backward_q_kernel(
-    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    const float* __restrict__ dy, const float* __restrict__ lse, const float* __restrict__ delta,
-    float* __restrict__ dq, Params p) {
-#if DG_ATTENTION_TENSOR_CORES
-    constexpr int kLine = line<DP>(), kDFrags = DP / 16, kScoreFrags = kTile / 16;
-    extern __shared__ __align__(128) unsigned char tc_shared[];
-    float* qs = reinterpret_cast<float*>(tc_shared);  // [64 queries][kLine]
-    float* dys = qs + kTile * kLine;                   // [64 queries][kLine]
-    float* ks = dys + kTile * kLine;                   // [64 keys][kLine]
-    float* vs = ks + kTile * kLine;                    // [64 keys][kLine]
-    float* ss = vs + kTile * kLine;                    // [64 queries][kScoreLine]: S, then dS
-    float* dps = ss + kTile * kScoreLine;              // [64 queries][kScoreLine]: dP
-
-    const std::int64_t tiles = (p.queries + kTile - 1) / kTile;
-    const TileOf at = tile_of_block(tiles, p.causal);
-    const std::int64_t slice = at.slice, m0 = at.tile * kTile;
-    const std::int64_t D = p.head_dim;
-    const float scale = p.scale_f;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wrow = warp * kWarpRows;
-    const int r = wrow + lane / 2, half = lane % 2;
-    const std::int64_t t = m0 + r;
-
-    load_rows<DP>(qs, q + slice * p.queries * D, m0, p.queries - m0, D, p.vector_rows);
-    load_rows<DP>(dys, dy + slice * p.queries * D, m0, p.queries - m0, D, p.vector_rows);
-    const float row_lse = t < p.queries ? lse[slice * p.queries + t] : minus_infinity<float>();
-    const float row_delta = t < p.queries ? delta[slice * p.queries + t] : 0.0f;
-    FragC dq_acc[kDFrags];
-    zero(dq_acc);
-    const std::int64_t key_end = p.causal ? std::min<std::int64_t>(p.keys, m0 + kTile) : p.keys;
-    for (std::int64_t n0 = 0; n0 < key_end; n0 += kTile) {
-        __syncthreads();  // every warp is done with the previous ks, vs (and the first time: qs, dys are written)
-        load_rows<DP>(ks, k + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
-        load_rows<DP>(vs, v + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
-        __syncthreads();
-        {
-            FragC acc[kScoreFrags];
-            zero(acc);
-            warp_mma<kScoreFrags, DP, true>(acc, qs + wrow * kLine, kLine, ks, kLine);
-            store(ss + wrow * kScoreLine, kScoreLine, acc);
-            zero(acc);
-            warp_mma<kScoreFrags, DP, true>(acc, dys + wrow * kLine, kLine, vs, kLine);
-            store(dps + wrow * kScoreLine, kScoreLine, acc);
-        }
-        __syncwarp();
-        float* srow = ss + r * kScoreLine;
-        const float* dprow = dps + r * kScoreLine;
-#pragma unroll 8
-        for (int j = 0; j < kTile / 2; ++j) {
-            const int c = 2 * j + half;
-            const std::int64_t key = n0 + c;
-            const bool part = takes_part<float>(p, slice, t, key) && row_lse != minus_infinity<float>();
-            const float prob = part ? expf(srow[c] * scale - row_lse) : 0.0f;
-            const float factor = part ? dropout_factor<float>(p, slice, t, key) : 0.0f;
-            srow[c] = prob * (dprow[c] * factor - row_delta);
-        }
-        __syncwarp();
-        warp_mma<kDFrags, kTile, false>(dq_acc, ss + wrow * kScoreLine, kScoreLine, ks, kLine);
-    }
-    // The warp's own rows of qs (no other warp reads them) stage its result for coalesced stores.
-    __syncthreads();
-    store(qs + wrow * kLine, kLine, dq_acc);
-    __syncwarp();
-    store_warp_rows<DP>(dq + slice * p.queries * D, qs, wrow, m0 + wrow, p.queries, D, scale);
-#endif
-}
-
-}  // namespace tc
-
-// ---- native bf16/f16 path (tensor cores; compute capability 8.0 and newer) ----
-// The tensor-core kernels above with 16-bit operands: Q, K, V, dY tiles sit in shared memory as T (__nv_bfloat16
-// or __half), products are WMMA m16n16k16 with f32 accumulators (one MMA per product, no splitting). Everything
-// else stays in f32: the scores, the online softmax, the log-sum-exp saved for the backward (an f32 tensor),
-// delta = rowsum(dY∘Y), masking, dropout and the scale. P (∘ dropout) and dS are rounded to T only where they
-// feed a product (O += P·V, dV += Pᵀ·dY, dK += dSᵀ·Q, dQ += dS·K); the row sums l use the unrounded f32
-// probabilities.
-// Outputs and gradients are rounded once, on store, from f32 accumulators.
-// Layout: T operand tiles [64][DP + 8] (lines of 2·DP + 16 bytes: a 4-bank offset per line, and 16-row / 16-column
-// fragment pointers 32-byte aligned; ldm a multiple of 8), f32 score tiles [64][68] as the f32 kernels, T
-// probability tiles [64][72]. Every region's size is a multiple of 128 bytes, so every region stays aligned.
-namespace tc16 {
-
-constexpr int kTile = 64, kWarps = 4, kThreads = 32 * kWarps, kWarpRows = 16;
-constexpr int kScoreLine = kTile + 4;  // floats per line of a 64×64 f32 score tile
-constexpr int kProbLine = kTile + 8;   // elements per line of a 64×64 16-bit probability / dS tile
-template <int DP> constexpr int line() { return DP + 8; }      // elements per line of a [64][DP] 16-bit operand
-template <int DP> constexpr int acc_line() { return DP + 4; }  // floats per line of a [64][DP] f32 staging tile
-
-constexpr std::size_t kHalf = 2;  // bytes per element
-template <int DP> constexpr std::size_t operand_bytes() { return kHalf * kTile * line<DP>(); }
-template <int DP> constexpr std::size_t staging_bytes() { return sizeof(float) * kTile * acc_line<DP>(); }
-constexpr std::size_t kScoreBytes = sizeof(float) * kTile * kScoreLine;
-constexpr std::size_t kProbBytes = kHalf * kTile * kProbLine;
-// The backward kernels stage their f32 results in their two score tiles: these must hold [64][DP + 4] floats.
-static_assert(staging_bytes<128>() <= 2 * kScoreBytes, "tc16: the score tiles cannot stage a [64][132] result");
-
-template <int DP> constexpr std::size_t forward_shared() {
-    return 3 * operand_bytes<DP>() + staging_bytes<DP>() + kScoreBytes + kProbBytes;
-}
-template <int DP> constexpr std::size_t backward_kv_shared() {
-    return 4 * operand_bytes<DP>() + 2 * kScoreBytes + 2 * kProbBytes + 2 * kTile * sizeof(float);
-}
-template <int DP> constexpr std::size_t backward_q_shared() {
-    return 4 * operand_bytes<DP>() + 2 * kScoreBytes + kProbBytes;
-}
-
-#if DG_ATTENTION_TENSOR_CORES
-namespace wmma = nvcuda::wmma;
-template <typename T> using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
-template <typename T, typename BLayout> using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, BLayout>;
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-
-// acc[f] += A · B[:, 16f, 16f + 16) for f < NF. A (16 × K) row-major at a, line lda. B (K × 16·NF):
-// kTransposedB: B[kk][n] at b[n·ldb + kk]; else at b[kk·ldb + n]. Lines in elements of T.
-template <typename T, int NF, int K, bool kTransposedB>
-__device__ __forceinline__ void warp_mma(FragC (&acc)[NF], const T* a, int lda, const T* b, int ldb) {
-    using BLayout = std::conditional_t<kTransposedB, wmma::col_major, wmma::row_major>;
-#pragma unroll 2
-    for (int kk = 0; kk < K; kk += 16) {
-        FragA<T> a_frag;
-        wmma::load_matrix_sync(a_frag, a + kk, lda);
-#pragma unroll
-        for (int f = 0; f < NF; ++f) {
-            FragB<T, BLayout> b_frag;
-            wmma::load_matrix_sync(b_frag, kTransposedB ? b + f * 16 * ldb + kk : b + kk * ldb + f * 16, ldb);
-            wmma::mma_sync(acc[f], a_frag, b_frag, acc[f]);
-        }
-    }
-}
-
-template <int NF> __device__ __forceinline__ void zero(FragC (&acc)[NF]) {
-#pragma unroll
-    for (int f = 0; f < NF; ++f) wmma::fill_fragment(acc[f], 0.0f);
-}
-template <int NF> __device__ __forceinline__ void store(float* dst, int ld, const FragC (&acc)[NF]) {
-#pragma unroll
-    for (int f = 0; f < NF; ++f) wmma::store_matrix_sync(dst + 16 * f, acc[f], ld, wmma::mem_row_major);
-}
-
-// dst[r·line + d] = src[(row0 + r)·D + d] for r < 64, d < DP; zero past `rows` rows and D columns. 16-byte
-// loads (8 elements) when every row starts 16-byte aligned and D % 8 == 0 (p.vector_rows).
-template <typename T, int DP>
-__device__ void load_rows(T* dst, const T* __restrict__ src, std::int64_t row0, std::int64_t rows, std::int64_t D,
-                          bool vector_rows) {
-    constexpr int kLine = line<DP>();
-    if (vector_rows) {
-        constexpr int kOctets = DP / 8;
-        for (int idx = threadIdx.x; idx < kTile * kOctets; idx += kThreads) {
-            const int r = idx / kOctets, d = 8 * (idx % kOctets);
-            uint4 value = make_uint4(0u, 0u, 0u, 0u);  // all-zero bits: +0 in bf16 and f16
-            if (r < rows && d < D) value = *reinterpret_cast<const uint4*>(src + (row0 + r) * D + d);
-            *reinterpret_cast<uint4*>(dst + r * kLine + d) = value;
-        }
-    } else {
-        const T zero_value = from_acc<T>(0.0f);
-        for (int idx = threadIdx.x; idx < kTile * DP; idx += kThreads) {
-            const int r = idx / DP, d = idx % DP;
-            dst[r * kLine + d] = (r < rows && d < D) ? src[(row0 + r) * D + d] : zero_value;
-        }
-    }
-}
-
-// dst row (row0 + i) = round(factor · src line (wrow + i)), for the warp's 16 rows below `rows`, d < D (f32
-// staging, line acc_line<DP>); the lanes walk d, so the global stores coalesce.
-template <typename T, int DP>
-__device__ __forceinline__ void store_warp_rows(T* __restrict__ dst, const float* src, int wrow, std::int64_t row0,
-                                                std::int64_t rows, std::int64_t D, float factor) {
-    const int lane = threadIdx.x % 32;
-    for (int i = 0; i < kWarpRows && row0 + i < rows; ++i)
-        for (std::int64_t d = lane; d < D; d += 32)
-            dst[(row0 + i) * D + d] = from_acc<T>(src[(wrow + i) * acc_line<DP>() + d] * factor);
-}
-#endif  // DG_ATTENTION_TENSOR_CORES
-
-// Forward, as tc::attention_forward_kernel: y (T), lse (f32).
-template <typename T, int DP>
-__global__ void __launch_bounds__(kThreads) attention_forward_kernel(const T* __restrict__ q, const T* __restrict__ k,
-                                                                     const T* __restrict__ v, T* __restrict__ y,
-                                                                     float* __restrict__ lse, Params p) {
-#if DG_ATTENTION_TENSOR_CORES
-    constexpr int kLine = line<DP>(), kAccLine = acc_line<DP>(), kDFrags = DP / 16;
-    extern __shared__ __align__(128) unsigned char tc16_shared[];
-    T* qs = reinterpret_cast<T*>(tc16_shared);                             // [64 queries][kLine]
-    T* ks = qs + kTile * kLine;                                            // [64 keys][kLine]
-    T* vs = ks + kTile * kLine;                                            // [64 keys][kLine]
-    float* os = reinterpret_cast<float*>(vs + kTile * kLine);             // [64 queries][kAccLine]: unnormalised y
-    float* ss = os + kTile * kAccLine;                                     // [64 queries][kScoreLine]: scores
-    T* ps = reinterpret_cast<T*>(ss + kTile * kScoreLine);                // [64 queries][kProbLine]: round(P∘F)
-
-    const std::int64_t tiles = (p.queries + kTile - 1) / kTile;
-    const TileOf at = tile_of_block(tiles, p.causal);
-    const std::int64_t slice = at.slice, row0 = at.tile * kTile;
-    const std::int64_t D = p.head_dim;
-    const float scale = p.scale_f;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wrow = warp * kWarpRows;
-    // Softmax: lanes 2i and 2i + 1 share row wrow + i, each taking every other column.
-    const int r = wrow + lane / 2, half = lane % 2;
-    const std::int64_t t = row0 + r;
-
-    load_rows<T, DP>(qs, q + slice * p.queries * D, row0, p.queries - row0, D, p.vector_rows);
-    for (int idx = lane; idx < kWarpRows * kAccLine; idx += 32) os[wrow * kAccLine + idx] = 0.0f;
-    float m = minus_infinity<float>(), l = 0.0f;
-    const std::int64_t key_end = p.causal ? std::min<std::int64_t>(p.keys, row0 + kTile) : p.keys;
-    for (std::int64_t n0 = 0; n0 < key_end; n0 += kTile) {
-        __syncthreads();  // every warp is done with the previous ks, vs (and the first time: qs, os are written)
-        load_rows<T, DP>(ks, k + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
-        load_rows<T, DP>(vs, v + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
-        __syncthreads();
-        {
-            FragC s[kTile / 16];
-            zero(s);
-            warp_mma<T, kTile / 16, DP, true>(s, qs + wrow * kLine, kLine, ks, kLine);
-            store(ss + wrow * kScoreLine, kScoreLine, s);
-        }
-        __syncwarp();
-        const float* srow = ss + r * kScoreLine;
-        T* prow = ps + r * kProbLine;
-        float x[kTile / 2];
-        float top = minus_infinity<float>();
-#pragma unroll
-        for (int j = 0; j < kTile / 2; ++j) {
-            const int c = 2 * j + half;
-            x[j] = takes_part<T>(p, slice, t, n0 + c) ? srow[c] * scale : minus_infinity<float>();
-            top = fmaxf(top, x[j]);
-        }
-        const float m_new = fmaxf(m, fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1)));
-        const float base = m_new == minus_infinity<float>() ? 0.0f : m_new;
-        const float alpha = expf(m - base);
-        float sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kTile / 2; ++j) {
-            const int c = 2 * j + half;
-            const float prob = expf(x[j] - base);
-            sum += prob;
-            prow[c] = from_acc<T>(prob * dropout_factor<float>(p, slice, t, n0 + c));
-        }
-        l = l * alpha + sum + __shfl_xor_sync(0xffffffffu, sum, 1);
-        m = m_new;
-        float* orow = os + r * kAccLine;
-#pragma unroll 8
-        for (int d = half; d < DP; d += 2) orow[d] *= alpha;
-        __syncwarp();
-        FragC o[kDFrags];
-#pragma unroll
-        for (int f = 0; f < kDFrags; ++f)
-            wmma::load_matrix_sync(o[f], os + wrow * kAccLine + 16 * f, kAccLine, wmma::mem_row_major);
-        warp_mma<T, kDFrags, kTile, false>(o, ps + wrow * kProbLine, kProbLine, vs, kLine);
-        store(os + wrow * kAccLine, kAccLine, o);
-        __syncwarp();  // the next tile's rescaling reads these rows of os, written by other lanes
-    }
-    __syncwarp();
-    const bool empty = l == 0.0f;
-    if (half == 0 && t < p.queries) lse[slice * p.queries + t] = empty ? minus_infinity<float>() : m + logf(l);
-    const float inverse = empty ? 0.0f : 1.0f / l;
-    T* out = y + slice * p.queries * D;
-    for (int i = 0; i < kWarpRows; ++i) {
-        const float row_inverse = __shfl_sync(0xffffffffu, inverse, 2 * i);
-        const std::int64_t ti = row0 + wrow + i;
-        if (ti >= p.queries) break;  // the same for every lane
-        for (std::int64_t d = lane; d < D; d += 32)
-            out[ti * D + d] = from_acc<T>(os[(wrow + i) * kAccLine + d] * row_inverse);
-    }
-#endif
-}
-
-// dk, dv for one key tile, as tc::attention_backward_kv_kernel (rows are keys, score columns queries).
-template <typename T, int DP>
-__global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
-    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dy,
-    const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv, Params p) {
-#if DG_ATTENTION_TENSOR_CORES
-    constexpr int kLine = line<DP>(), kDFrags = DP / 16;
-    // Score fragments in flight at once: 2 at D 128, where dk and dv already hold 128 registers per thread.
-    constexpr int kScoreFrags = DP == 128 ? 2 : 4;
-    extern __shared__ __align__(128) unsigned char tc16_shared[];
-    T* ks = reinterpret_cast<T*>(tc16_shared);                  // [64 keys][kLine]
-    T* vs = ks + kTile * kLine;                                 // [64 keys][kLine]
-    T* qs = vs + kTile * kLine;                                 // [64 queries][kLine]
-    T* dys = qs + kTile * kLine;                                // [64 queries][kLine]
-    float* sst = reinterpret_cast<float*>(dys + kTile * kLine);  // [64 keys][kScoreLine]: Sᵀ
-    float* dpt = sst + kTile * kScoreLine;                      // [64 keys][kScoreLine]: dPᵀ
-    T* pft = reinterpret_cast<T*>(dpt + kTile * kScoreLine);    // [64 keys][kProbLine]: round((P∘F)ᵀ)
-    T* dst = pft + kTile * kProbLine;                           // [64 keys][kProbLine]: round(dSᵀ)
-    float* lse_tile = reinterpret_cast<float*>(dst + kTile * kProbLine);  // [64]
-    float* delta_tile = lse_tile + kTile;                                 // [64]
-
-    const std::int64_t tiles = (p.keys + kTile - 1) / kTile;
-    const TileOf at = tile_of_block(tiles, false);
-    const std::int64_t slice = at.slice, n0 = at.tile * kTile;
-    const std::int64_t D = p.head_dim;
-    const float scale = p.scale_f;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wrow = warp * kWarpRows;
-    const int r = wrow + lane / 2, half = lane % 2;
-    const std::int64_t key = n0 + r;
-
-    load_rows<T, DP>(ks, k + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
-    load_rows<T, DP>(vs, v + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
-    FragC dk_acc[kDFrags], dv_acc[kDFrags];
-    zero(dk_acc);
-    zero(dv_acc);
-    // Causal: queries before the tile's first key see none of its keys.
-    const std::int64_t query_begin = p.causal ? n0 : 0;
-    for (std::int64_t m0 = query_begin; m0 < p.queries; m0 += kTile) {
-        __syncthreads();  // every warp is done with the previous qs, dys (and the first time: ks, vs are written)
-        load_rows<T, DP>(qs, q + slice * p.queries * D, m0, p.queries - m0, D, p.vector_rows);
-        load_rows<T, DP>(dys, dy + slice * p.queries * D, m0, p.queries - m0, D, p.vector_rows);
-        for (int c = threadIdx.x; c < kTile; c += kThreads) {
-            const bool inside = m0 + c < p.queries;
-            lse_tile[c] = inside ? lse[slice * p.queries + m0 + c] : minus_infinity<float>();
-            delta_tile[c] = inside ? delta[slice * p.queries + m0 + c] : 0.0f;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int c0 = 0; c0 < kTile; c0 += 16 * kScoreFrags) {
-            FragC acc[kScoreFrags];
-            zero(acc);
-            warp_mma<T, kScoreFrags, DP, true>(acc, ks + wrow * kLine, kLine, qs + c0 * kLine, kLine);
-            store(sst + wrow * kScoreLine + c0, kScoreLine, acc);
-            zero(acc);
-            warp_mma<T, kScoreFrags, DP, true>(acc, vs + wrow * kLine, kLine, dys + c0 * kLine, kLine);
-            store(dpt + wrow * kScoreLine + c0, kScoreLine, acc);
-        }
-        __syncwarp();
-        const float* srow = sst + r * kScoreLine;
-        const float* dprow = dpt + r * kScoreLine;
-        T* pfrow = pft + r * kProbLine;
-        T* dsrow = dst + r * kProbLine;
-#pragma unroll 8
-        for (int j = 0; j < kTile / 2; ++j) {
-            const int c = 2 * j + half;
-            const std::int64_t t = m0 + c;
-            const bool part = takes_part<T>(p, slice, t, key) && lse_tile[c] != minus_infinity<float>();
-            const float prob = part ? expf(srow[c] * scale - lse_tile[c]) : 0.0f;
-            const float factor = part ? dropout_factor<float>(p, slice, t, key) : 0.0f;
-            dsrow[c] = from_acc<T>(prob * (dprow[c] * factor - delta_tile[c]));
-            pfrow[c] = from_acc<T>(prob * factor);
-        }
-        __syncwarp();
-        warp_mma<T, kDFrags, kTile, false>(dv_acc, pft + wrow * kProbLine, kProbLine, dys, kLine);
-        warp_mma<T, kDFrags, kTile, false>(dk_acc, dst + wrow * kProbLine, kProbLine, qs, kLine);
-    }
-    // The two score tiles, as one [64][DP + 4] f32 tile, stage the results for coalesced stores, once every warp
-    // is done with its rows there (the staging rows of a warp overlap other warps' score rows).
-    __syncthreads();
-    float* staging = sst;
-    store(staging + wrow * acc_line<DP>(), acc_line<DP>(), dk_acc);
-    __syncwarp();
-    store_warp_rows<T, DP>(dk + slice * p.keys * D, staging, wrow, n0 + wrow, p.keys, D, scale);
-    __syncwarp();
-    store(staging + wrow * acc_line<DP>(), acc_line<DP>(), dv_acc);
-    __syncwarp();
-    store_warp_rows<T, DP>(dv + slice * p.keys * D, staging, wrow, n0 + wrow, p.keys, D, 1.0f);
-#endif
-}
-
-// dq for one query tile, as tc::attention_backward_q_kernel.
-template <typename T, int DP>
-__global__ void __launch_bounds__(kThreads) attention_backward_q_kernel(
-    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dy,
-    const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, Params p) {
-#if DG_ATTENTION_TENSOR_CORES
-    constexpr int kLine = line<DP>(), kDFrags = DP / 16, kScoreFrags = kTile / 16;
-    extern __shared__ __align__(128) unsigned char tc16_shared[];
-    T* qs = reinterpret_cast<T*>(tc16_shared);                 // [64 queries][kLine]
-    T* dys = qs + kTile * kLine;                               // [64 queries][kLine]
-    T* ks = dys + kTile * kLine;                               // [64 keys][kLine]
-    T* vs = ks + kTile * kLine;                                // [64 keys][kLine]
-    float* ss = reinterpret_cast<float*>(vs + kTile * kLine);  // [64 queries][kScoreLine]: S
-    float* dps = ss + kTile * kScoreLine;                      // [64 queries][kScoreLine]: dP
-    T* dss = reinterpret_cast<T*>(dps + kTile * kScoreLine);   // [64 queries][kProbLine]: round(dS)
-
-    const std::int64_t tiles = (p.queries + kTile - 1) / kTile;
-    const TileOf at = tile_of_block(tiles, p.causal);
-    const std::int64_t slice = at.slice, m0 = at.tile * kTile;
-    const std::int64_t D = p.head_dim;
-    const float scale = p.scale_f;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wrow = warp * kWarpRows;
-    const int r = wrow + lane / 2, half = lane % 2;
-    const std::int64_t t = m0 + r;
-
-    load_rows<T, DP>(qs, q + slice * p.queries * D, m0, p.queries - m0, D, p.vector_rows);
-    load_rows<T, DP>(dys, dy + slice * p.queries * D, m0, p.queries - m0, D, p.vector_rows);
-    const float row_lse = t < p.queries ? lse[slice * p.queries + t] : minus_infinity<float>();
-    const float row_delta = t < p.queries ? delta[slice * p.queries + t] : 0.0f;
-    FragC dq_acc[kDFrags];
-    zero(dq_acc);
-    const std::int64_t key_end = p.causal ? std::min<std::int64_t>(p.keys, m0 + kTile) : p.keys;
-    for (std::int64_t n0 = 0; n0 < key_end; n0 += kTile) {
-        __syncthreads();  // every warp is done with the previous ks, vs (and the first time: qs, dys are written)
-        load_rows<T, DP>(ks, k + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
-        load_rows<T, DP>(vs, v + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
-        __syncthreads();
-        {
-            FragC acc[kScoreFrags];
-            zero(acc);
-            warp_mma<T, kScoreFrags, DP, true>(acc, qs + wrow * kLine, kLine, ks, kLine);
-            store(ss + wrow * kScoreLine, kScoreLine, acc);
-            zero(acc);
-            warp_mma<T, kScoreFrags, DP, true>(acc, dys + wrow * kLine, kLine, vs, kLine);
-            store(dps + wrow * kScoreLine, kScoreLine, acc);
-        }
-        __syncwarp();
-        const float* srow = ss + r * kScoreLine;
-        const float* dprow = dps + r * kScoreLine;
-        T* dsrow = dss + r * kProbLine;
-#pragma unroll 8
-        for (int j = 0; j < kTile / 2; ++j) {
-            const int c = 2 * j + half;
-            const std::int64_t key = n0 + c;
-            const bool part = takes_part<T>(p, slice, t, key) && row_lse != minus_infinity<float>();
-            const float prob = part ? expf(srow[c] * scale - row_lse) : 0.0f;
-            const float factor = part ? dropout_factor<float>(p, slice, t, key) : 0.0f;
-            dsrow[c] = from_acc<T>(prob * (dprow[c] * factor - row_delta));
-        }
-        __syncwarp();
-        warp_mma<T, kDFrags, kTile, false>(dq_acc, dss + wrow * kProbLine, kProbLine, ks, kLine);
-    }
-    // The two score tiles stage the result (as in the dk/dv kernel), once every warp is done with them.
-    __syncthreads();
-    float* staging = ss;
-    store(staging + wrow * acc_line<DP>(), acc_line<DP>(), dq_acc);
-    __syncwarp();
-    store_warp_rows<T, DP>(dq + slice * p.queries * D, staging, wrow, m0 + wrow, p.queries, D, scale);
-#endif
-}
-
-}  // namespace tc16
 
 // ---- mma.sync path (float32 in 3xTF32, bfloat16 and float16; compute capability 8.0 and newer) ----
 // One kernel set templated on the element type E, FlashAttention-2 style: every score tile and accumulator lives in
@@ -1184,8 +461,8 @@ __global__ void __launch_bounds__(kThreads) attention_backward_q_kernel(
 // A's columns c, c + 4, so the k index of those products is permuted instead: A position c holds key 2c and position
 // c + 4 key 2c + 1 (a = c0, c2, c1, c3), and the B fragment reads its rows in the same order (b0 = row 2c, b1 = row
 // 2c + 1); a sum over k does not depend on its order, and no value moves between lanes.
-// Tiles: 4 warps per block, each owning 16 rows of the block's 64 (queries in the forward and the dq kernel, keys
-// in the dk/dv kernel). Shared-memory lines: DP + 4 floats (f32) or DP + 8 elements (16-bit): a 4-bank offset per
+// Tiles: warps each owning 16 rows of the block's rows: 64 rows, 4 warps for the dq kernel (queries), the dk/dv
+// kernel (keys) and the f32 forward; 128 rows, 8 warps for the 16-bit forward (kForwardWarps). Shared-memory lines: DP + 4 floats (f32) or DP + 8 elements (16-bit): a 4-bank offset per
 // line keeps every fragment load of a warp on 32 distinct banks (and 16-byte aligned for cp.async / ldmatrix).
 namespace mma {
 
@@ -1203,18 +480,39 @@ template <typename E, int DP> constexpr std::size_t tile_bytes(int rows) {
 // Whether the forward holds its Q fragments in registers (through the K tile) or reads them from a Q tile of their
 // own: at DP 128 in f32, Q's 64 registers per thread on top of O's 64 and S's 32 would spill.
 template <typename E, int DP> inline constexpr bool kQInRegisters = !(kTf32<E> && DP == 128);
+// Warps of a forward block (16 query rows each). 16-bit: 8, so every K/V tile copied serves 128 queries (their
+// copies would otherwise weigh against the 16-bit MMAs); f32: 4 (64 queries), where 3xTF32's products dominate and
+// Q at DP 128 needs a tile of its own.
+template <typename E> inline constexpr int kForwardWarps = kTf32<E> ? 4 : 8;
+template <typename E> inline constexpr int kForwardRows = 16 * kForwardWarps<E>;
+static_assert(kForwardRows<float> == kTile, "mma: the f32 forward's Q tile is one K tile");
+static_assert(kForwardRows<__nv_bfloat16> <= 2 * kTile, "mma: Q passes through the K and V tiles");
 // Forward: one K and one V tile (and a Q tile where Q is not held in registers).
 template <typename E, int DP> constexpr std::size_t forward_shared() {
     return (kQInRegisters<E, DP> ? 2 : 3) * tile_bytes<E, DP>(kTile);
 }
 // dk/dv: K, V of the block (64 keys), Q, dY of a streamed query tile, and its lse and delta.
-template <typename E, int DP> constexpr std::size_t backward_kv_shared() {
-    return 2 * tile_bytes<E, DP>(kTile) + 2 * tile_bytes<E, DP>(stream_rows<DP>()) +
-           2 * sizeof(float) * stream_rows<DP>();
+template <typename E, int DP> constexpr std::size_t backward_kv_stage_bytes() {
+    return 2 * tile_bytes<E, DP>(stream_rows<DP>()) + 2 * sizeof(float) * stream_rows<DP>();
 }
 // dq: Q, dY of the block (64 queries), K, V of a streamed key tile.
+template <typename E, int DP> constexpr std::size_t backward_q_stage_bytes() {
+    return 2 * tile_bytes<E, DP>(stream_rows<DP>());
+}
+// The backward kernels double-buffer their streamed tiles (copying tile i + 1 while computing tile i) where two
+// stages stay under 100 KiB of shared memory per block (bf16/f16 at every DP, f32 at DP 32); one stage elsewhere,
+// where 3xTF32's products take long enough for the other block on the SM to hide the copies.
+template <typename E, int DP> constexpr int backward_stages() {
+    return 2 * tile_bytes<E, DP>(kTile) + 2 * std::max(backward_kv_stage_bytes<E, DP>(), backward_q_stage_bytes<E, DP>()) <
+                   100 * 1024
+               ? 2
+               : 1;
+}
+template <typename E, int DP> constexpr std::size_t backward_kv_shared() {
+    return 2 * tile_bytes<E, DP>(kTile) + backward_stages<E, DP>() * backward_kv_stage_bytes<E, DP>();
+}
 template <typename E, int DP> constexpr std::size_t backward_q_shared() {
-    return 2 * tile_bytes<E, DP>(kTile) + 2 * tile_bytes<E, DP>(stream_rows<DP>());
+    return 2 * tile_bytes<E, DP>(kTile) + backward_stages<E, DP>() * backward_q_stage_bytes<E, DP>();
 }
 static_assert(backward_kv_shared<float, 128>() < 100 * 1024 && backward_q_shared<float, 128>() < 100 * 1024 &&
                   forward_shared<float, 128>() < 100 * 1024,
@@ -1318,6 +616,17 @@ template <typename E> __device__ __forceinline__ void mma(float (&d)[4], const F
             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
             : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(b.x[0]), "r"(b.x[1]));
     }
+}
+
+// The softmax's exponentials. 16-bit: in base 2 (scores scaled by scale·log2(e): one multiply-add and the hardware
+// exp2 per score, where expf costs a few more instructions that weigh against the 16-bit MMAs); float32: expf of the
+// natural-unit scores, as the SIMT kernels (its products cost 3 MMAs each, the exponentials matter little there).
+template <typename E> inline constexpr float kExpUnit = kTf32<E> ? 1.0f : 1.4426950408889634f;  // per natural unit
+template <typename E> __device__ __forceinline__ float exp_in_units(float x) {
+    if constexpr (kTf32<E>)
+        return expf(x);
+    else
+        return exp2f(x);
 }
 
 // Two f32 values rounded to E and packed, the first in the low half (the lower column index).
@@ -1425,6 +734,20 @@ __device__ __forceinline__ void multiply_transposed(float (&acc)[NT][4], AOf&& a
     }
 }
 
+// acc (16 × 8·NT) += A · B, A the warp's 16 rows (from wrow) of a shared tile, B[k][n] = b_tile[n][k].
+template <typename E, int DP, int NT>
+__device__ __forceinline__ void multiply_tiles_transposed(float (&acc)[NT][4], const E* a_tile, int wrow,
+                                                          const E* b_tile, int line) {
+    multiply_transposed<E, DP, NT>(
+        acc,
+        [&](int step) {
+            std::uint32_t raw[4];
+            load_a<E>(raw, a_tile, line, wrow, step * kStep<E>);
+            return make_a<E>(raw);
+        },
+        b_tile, line);
+}
+
 // acc (16 × DP) += C (16 × 8·NT in registers) · tile (8·NT rows × DP).
 template <typename E, int DP, int NT>
 __device__ __forceinline__ void multiply_from_c(float (&acc)[DP / 8][4], const float (&c)[NT][4], const E* tile,
@@ -1445,13 +768,13 @@ __device__ __forceinline__ void multiply_from_c(float (&acc)[DP / 8][4], const f
 // dst[r·line + d] = src[(row0 + r)·D + d] for r < kRows, d < DP; zero past `rows` rows and D columns. cp.async
 // 16-byte copies when every row starts 16-byte aligned and D·sizeof(E) % 16 == 0 (vector_rows; the caller commits
 // and waits), plain loads otherwise.
-template <typename E, int DP, int kRows>
+template <typename E, int DP, int kRows, int kBlockThreads = kThreads>
 __device__ __forceinline__ void load_tile(E* dst, const E* __restrict__ src, std::int64_t row0, std::int64_t rows,
                                           std::int64_t D, bool vector_rows) {
     constexpr int kLine = line<E, DP>();
     if (vector_rows) {
         constexpr int kPerCopy = 16 / static_cast<int>(sizeof(E)), kCopies = DP / kPerCopy;
-        for (int idx = threadIdx.x; idx < kRows * kCopies; idx += kThreads) {
+        for (int idx = threadIdx.x; idx < kRows * kCopies; idx += kBlockThreads) {
             const int r = idx / kCopies, d = kPerCopy * (idx % kCopies);
             E* to = dst + r * kLine + d;
             if (r < rows && d < D)
@@ -1461,10 +784,33 @@ __device__ __forceinline__ void load_tile(E* dst, const E* __restrict__ src, std
         }
     } else {
         const E zero_value = from_acc<E>(0.0f);
-        for (int idx = threadIdx.x; idx < kRows * DP; idx += kThreads) {
+        for (int idx = threadIdx.x; idx < kRows * DP; idx += kBlockThreads) {
             const int r = idx / DP, d = idx % DP;
             dst[r * kLine + d] = (r < rows && d < D) ? src[(row0 + r) * D + d] : zero_value;
         }
+    }
+}
+
+// Runs body(stage, row0) for row0 = begin, begin + rows, ... below end, after copy(stage, row0) has brought that
+// tile into shared stage `stage` and every thread's copies are in. Two stages: tile i + 1 is copied while the body
+// runs on tile i (a stage is copied into only after the __syncthreads that ends its last body).
+template <int kStages, typename Copy, typename Body>
+__device__ __forceinline__ void stream_tiles(std::int64_t begin, std::int64_t end, int rows, Copy&& copy, Body&& body) {
+    if (kStages == 2 && begin < end) {
+        copy(0, begin);
+        cp_async_commit();
+    }
+    int stage = 0;
+    for (std::int64_t row0 = begin; row0 < end; row0 += rows, stage ^= kStages - 1) {
+        if constexpr (kStages == 1)
+            copy(0, row0);
+        else if (row0 + rows < end)
+            copy(stage ^ 1, row0 + rows);
+        cp_async_commit();             // possibly empty: the wait counts groups
+        cp_async_wait<kStages - 1>();  // this tile's copies are in (the next tile's may still be in flight)
+        __syncthreads();
+        body(stage, row0);
+        __syncthreads();  // every warp is done with this stage: a later tile may copy into it
     }
 }
 
@@ -1488,33 +834,34 @@ __device__ __forceinline__ void store_rows(E* __restrict__ dst, const float (&ac
 }
 #endif  // DG_ATTENTION_TENSOR_CORES
 
-// Forward: y (E), lse (f32). The K and V tiles take turns: V_j is copied while S_j = Q·K_jᵀ and its softmax are
-// computed, K_{j+1} while O += P_j·V_j is; Q is read once into registers (through the K tile), or, where
-// kQInRegisters is false, stays in a tile of its own.
+// Forward: y (E), lse (f32); kForwardRows<E> queries per block. The K and V tiles take turns: V_j is copied while
+// S_j = Q·K_jᵀ and its softmax are computed, K_{j+1} while O += P_j·V_j is; Q is read once into registers (through
+// the K and V tiles), or, where kQInRegisters is false, stays in a tile of its own.
 template <typename E, int DP>
-__global__ void __launch_bounds__(kThreads) attention_forward_kernel(const E* __restrict__ q, const E* __restrict__ k,
+__global__ void __launch_bounds__(32 * kForwardWarps<E>) attention_forward_kernel(const E* __restrict__ q, const E* __restrict__ k,
                                                                      const E* __restrict__ v, E* __restrict__ y,
                                                                      float* __restrict__ lse, Params p) {
 #if DG_ATTENTION_TENSOR_CORES
     constexpr int kLine = line<E, DP>(), kSteps = DP / kStep<E>, kKeyTiles = kTile / 8;
+    constexpr int kRows = kForwardRows<E>, kBlockThreads = 32 * kForwardWarps<E>;
     extern __shared__ __align__(128) unsigned char mma_shared[];
     constexpr bool kQRegisters = kQInRegisters<E, DP>;
-    E* ks = reinterpret_cast<E*>(mma_shared);  // [64][kLine]: Q at first (kQRegisters), then K_j
+    E* ks = reinterpret_cast<E*>(mma_shared);  // [64][kLine]: K_j (and Q at first, with vs, where kQRegisters)
     E* vs = ks + kTile * kLine;                 // [64][kLine]: V_j
-    E* qs = kQRegisters ? ks : vs + kTile * kLine;  // [64][kLine]: Q
+    E* qs = kQRegisters ? ks : vs + kTile * kLine;  // [kRows][kLine]: Q
 
-    const std::int64_t tiles = (p.queries + kTile - 1) / kTile;
+    const std::int64_t tiles = (p.queries + kRows - 1) / kRows;
     const TileOf at = tile_of_block(tiles, p.causal);
-    const std::int64_t slice = at.slice, row0 = at.tile * kTile;
+    const std::int64_t slice = at.slice, row0 = at.tile * kRows;
     const std::int64_t D = p.head_dim;
-    const float scale = p.scale_f;
+    const float scale = p.scale_f * kExpUnit<E>;  // scores in exp_in_units' units: m and base are too
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wrow = warp * kWarpRows;
     const std::int64_t t_of[2] = {row0 + wrow + lane / 4, row0 + wrow + lane / 4 + 8};
     const E* k_slice = k + slice * p.keys * D;
     const E* v_slice = v + slice * p.keys * D;
 
-    load_tile<E, DP, kTile>(qs, q + slice * p.queries * D, row0, p.queries - row0, D, p.vector_rows);
+    load_tile<E, DP, kRows, kBlockThreads>(qs, q + slice * p.queries * D, row0, p.queries - row0, D, p.vector_rows);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
@@ -1525,32 +872,24 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(const E* __
         __syncthreads();  // every warp holds its Q: the tile takes K_0
     }
 
-    const std::int64_t key_end = p.causal ? std::min<std::int64_t>(p.keys, row0 + kTile) : p.keys;
-    load_tile<E, DP, kTile>(ks, k_slice, 0, p.keys, D, p.vector_rows);
+    const std::int64_t key_end = p.causal ? std::min<std::int64_t>(p.keys, row0 + kRows) : p.keys;
+    load_tile<E, DP, kTile, kBlockThreads>(ks, k_slice, 0, p.keys, D, p.vector_rows);
     cp_async_commit();
     float o[DP / 8][4] = {};
     float m[2] = {minus_infinity<float>(), minus_infinity<float>()}, l[2] = {0.0f, 0.0f};
     for (std::int64_t n0 = 0; n0 < key_end; n0 += kTile) {
-        load_tile<E, DP, kTile>(vs, v_slice, n0, p.keys - n0, D, p.vector_rows);
+        load_tile<E, DP, kTile, kBlockThreads>(vs, v_slice, n0, p.keys - n0, D, p.vector_rows);
         cp_async_commit();
         cp_async_wait<1>();  // K_j is in (V_j may still be in flight)
         __syncthreads();
         float s[kKeyTiles][4] = {};
-        multiply_transposed<E, DP, kKeyTiles>(
-            s,
-            [&](int step) {
-                if constexpr (kQRegisters) {
-                    return make_a<E>(q_frag[step]);
-                } else {
-                    std::uint32_t raw[4];
-                    load_a<E>(raw, qs, kLine, wrow, step * kStep<E>);
-                    return make_a<E>(raw);
-                }
-            },
-            ks, kLine);
+        if constexpr (kQRegisters)
+            multiply_transposed<E, DP, kKeyTiles>(s, [&](int step) { return make_a<E>(q_frag[step]); }, ks, kLine);
+        else
+            multiply_tiles_transposed<E, DP, kKeyTiles>(s, qs, wrow, ks, kLine);
         __syncthreads();  // every warp is done with K_j
         if (n0 + kTile < key_end)
-            load_tile<E, DP, kTile>(ks, k_slice, n0 + kTile, p.keys - n0 - kTile, D, p.vector_rows);
+            load_tile<E, DP, kTile, kBlockThreads>(ks, k_slice, n0 + kTile, p.keys - n0 - kTile, D, p.vector_rows);
         cp_async_commit();  // possibly empty: the waits below count groups
 
         // Every key of the tile takes part in every row of the warp: no per-element test.
@@ -1573,13 +912,13 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(const E* __
             const float m_new = fmaxf(m[half], top);
             // No key of this row so far: keep everything at 0 (exp(−inf − 0) = 0), never exp(−inf + inf).
             const float base = m_new == minus_infinity<float>() ? 0.0f : m_new;
-            const float alpha = expf(m[half] - base);
+            const float alpha = exp_in_units<E>(m[half] - base);
             float sum = 0.0f;
 #pragma unroll
             for (int tile = 0; tile < kKeyTiles; ++tile)
 #pragma unroll
                 for (int e = 2 * half; e < 2 * half + 2; ++e) {
-                    const float prob = expf(s[tile][e] - base);
+                    const float prob = exp_in_units<E>(s[tile][e] - base);
                     sum += prob;
                     const std::int64_t key = n0 + 8 * tile + 2 * (lane % 4) + (e & 1);
                     s[tile][e] = p.dropout_p == 0.0 ? prob : prob * dropout_factor<float>(p, slice, t, key);
@@ -1606,7 +945,8 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(const E* __
         const bool empty = l[half] == 0.0f;
         inverse[half] = empty ? 0.0f : 1.0f / l[half];
         if (lane % 4 == 0 && t_of[half] < p.queries)
-            lse[slice * p.queries + t_of[half]] = empty ? minus_infinity<float>() : m[half] + logf(l[half]);
+            lse[slice * p.queries + t_of[half]] =
+                empty ? minus_infinity<float>() : m[half] / kExpUnit<E> + logf(l[half]);
     }
     store_rows<E, DP>(y + slice * p.queries * D, o, row0 + wrow, p.queries, D, inverse);
 #endif
@@ -1621,19 +961,24 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
     const float* __restrict__ lse, const float* __restrict__ delta, E* __restrict__ dk, E* __restrict__ dv, Params p) {
 #if DG_ATTENTION_TENSOR_CORES
     constexpr int kLine = line<E, DP>(), kRows = stream_rows<DP>(), kQueryTiles = kRows / 8;
+    constexpr int kStages = backward_stages<E, DP>();
+    constexpr std::size_t kStageBytes = backward_kv_stage_bytes<E, DP>();
     extern __shared__ __align__(128) unsigned char mma_shared[];
-    E* ks = reinterpret_cast<E*>(mma_shared);                    // [64 keys][kLine]
-    E* vs = ks + kTile * kLine;                                   // [64 keys][kLine]
-    E* qs = vs + kTile * kLine;                                   // [kRows queries][kLine]
-    E* dys = qs + kRows * kLine;                                  // [kRows queries][kLine]
-    float* lse_tile = reinterpret_cast<float*>(dys + kRows * kLine);  // [kRows]
-    float* delta_tile = lse_tile + kRows;                             // [kRows]
+    E* ks = reinterpret_cast<E*>(mma_shared);  // [64 keys][kLine]
+    E* vs = ks + kTile * kLine;                 // [64 keys][kLine]
+    unsigned char* stages = reinterpret_cast<unsigned char*>(vs + kTile * kLine);
+    // Stage b: Q, dY [kRows queries][kLine] each, lse (in exp_in_units' units) and delta [kRows] each.
+    const auto qs_of = [&](int b) { return reinterpret_cast<E*>(stages + b * kStageBytes); };
+    const auto dys_of = [&](int b) { return qs_of(b) + kRows * kLine; };
+    const auto lse_of = [&](int b) { return reinterpret_cast<float*>(dys_of(b) + kRows * kLine); };
+    const auto delta_of = [&](int b) { return lse_of(b) + kRows; };
 
     const std::int64_t tiles = (p.keys + kTile - 1) / kTile;
     const TileOf at = tile_of_block(tiles, false);
     const std::int64_t slice = at.slice, n0 = at.tile * kTile;
     const std::int64_t D = p.head_dim;
     const float scale = p.scale_f;
+    const float scale_units = scale * kExpUnit<E>;  // the scores, and lse below, in exp_in_units' units
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wrow = warp * kWarpRows;
     const std::int64_t key_of[2] = {n0 + wrow + lane / 4, n0 + wrow + lane / 4 + 8};
@@ -1644,36 +989,28 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
     load_tile<E, DP, kTile>(vs, v + slice * p.keys * D, n0, p.keys - n0, D, p.vector_rows);
     cp_async_commit();
     float dk_acc[DP / 8][4] = {}, dv_acc[DP / 8][4] = {};
-    // Causal: queries before the tile's first key see none of its keys.
-    const std::int64_t query_begin = p.causal ? n0 : 0;
-    for (std::int64_t m0 = query_begin; m0 < p.queries; m0 += kRows) {
-        load_tile<E, DP, kRows>(qs, q_slice, m0, p.queries - m0, D, p.vector_rows);
-        load_tile<E, DP, kRows>(dys, dy_slice, m0, p.queries - m0, D, p.vector_rows);
-        cp_async_commit();
+    // Copies query tile m0 into stage b (the caller commits).
+    const auto copy_stage = [&](int b, std::int64_t m0) {
+        load_tile<E, DP, kRows>(qs_of(b), q_slice, m0, p.queries - m0, D, p.vector_rows);
+        load_tile<E, DP, kRows>(dys_of(b), dy_slice, m0, p.queries - m0, D, p.vector_rows);
+        float* lse_tile = lse_of(b);
+        float* delta_tile = delta_of(b);
         for (int c = threadIdx.x; c < kRows; c += kThreads) {
             const bool inside = m0 + c < p.queries;
-            lse_tile[c] = inside ? lse[slice * p.queries + m0 + c] : minus_infinity<float>();
+            lse_tile[c] = inside ? lse[slice * p.queries + m0 + c] * kExpUnit<E> : minus_infinity<float>();
             delta_tile[c] = inside ? delta[slice * p.queries + m0 + c] : 0.0f;
         }
-        cp_async_wait<0>();
-        __syncthreads();
+    };
+    // Causal: queries before the tile's first key see none of its keys.
+    const std::int64_t query_begin = p.causal ? n0 : 0;
+    stream_tiles<kStages>(query_begin, p.queries, kRows, copy_stage, [&](int stage, std::int64_t m0) {
+        const E* qs = qs_of(stage);
+        const E* dys = dys_of(stage);
+        const float* lse_tile = lse_of(stage);
+        const float* delta_tile = delta_of(stage);
         float s[kQueryTiles][4] = {}, dp[kQueryTiles][4] = {};
-        multiply_transposed<E, DP, kQueryTiles>(
-            s,
-            [&](int step) {
-                std::uint32_t raw[4];
-                load_a<E>(raw, ks, kLine, wrow, step * kStep<E>);
-                return make_a<E>(raw);
-            },
-            qs, kLine);
-        multiply_transposed<E, DP, kQueryTiles>(
-            dp,
-            [&](int step) {
-                std::uint32_t raw[4];
-                load_a<E>(raw, vs, kLine, wrow, step * kStep<E>);
-                return make_a<E>(raw);
-            },
-            dys, kLine);
+        multiply_tiles_transposed<E, DP, kQueryTiles>(s, ks, wrow, qs, kLine);    // Sᵀ = K·Qᵀ
+        multiply_tiles_transposed<E, DP, kQueryTiles>(dp, vs, wrow, dys, kLine);  // dPᵀ = V·dYᵀ
         // Every query of the tile sees every key of the block (and has a finite lse): no per-element test.
         const bool whole = !p.mask && m0 + kRows <= p.queries && n0 + kTile <= p.keys &&
                            (!p.causal || m0 >= n0 + kTile - 1);
@@ -1686,15 +1023,15 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
                 const float row_lse = lse_tile[c];
                 const bool part =
                     whole || (takes_part<E>(p, slice, t, key) && row_lse != minus_infinity<float>());
-                const float prob = part ? expf(s[tile][e] * scale - row_lse) : 0.0f;
+                const float prob = part ? exp_in_units<E>(s[tile][e] * scale_units - row_lse) : 0.0f;
                 const float factor = p.dropout_p == 0.0 ? 1.0f : dropout_factor<float>(p, slice, t, key);
                 dp[tile][e] = prob * (dp[tile][e] * factor - delta_tile[c]);  // dSᵀ
                 s[tile][e] = prob * factor;                                    // (P∘F)ᵀ
             }
+        __syncwarp();  // the lanes took their own mask branches: converged again before the mma.sync below
         multiply_from_c<E, DP, kQueryTiles>(dv_acc, s, dys, kLine);
         multiply_from_c<E, DP, kQueryTiles>(dk_acc, dp, qs, kLine);
-        __syncthreads();  // every warp is done with qs, dys, lse_tile, delta_tile
-    }
+    });
     cp_async_wait<0>();  // the loop may not have run (causal: keys past the last query)
     const float scales[2] = {scale, scale}, ones[2] = {1.0f, 1.0f};
     store_rows<E, DP>(dk + slice * p.keys * D, dk_acc, n0 + wrow, p.keys, D, scales);
@@ -1710,17 +1047,20 @@ __global__ void __launch_bounds__(kThreads) attention_backward_q_kernel(
     const float* __restrict__ lse, const float* __restrict__ delta, E* __restrict__ dq, Params p) {
 #if DG_ATTENTION_TENSOR_CORES
     constexpr int kLine = line<E, DP>(), kRows = stream_rows<DP>(), kKeyTiles = kRows / 8;
+    constexpr int kStages = backward_stages<E, DP>();
     extern __shared__ __align__(128) unsigned char mma_shared[];
     E* qs = reinterpret_cast<E*>(mma_shared);  // [64 queries][kLine]
     E* dys = qs + kTile * kLine;                // [64 queries][kLine]
-    E* ks = dys + kTile * kLine;                // [kRows keys][kLine]
-    E* vs = ks + kRows * kLine;                 // [kRows keys][kLine]
+    // Stage b: K, V [kRows keys][kLine] each.
+    const auto ks_of = [&](int b) { return dys + kTile * kLine + 2 * b * kRows * kLine; };
+    const auto vs_of = [&](int b) { return ks_of(b) + kRows * kLine; };
 
     const std::int64_t tiles = (p.queries + kTile - 1) / kTile;
     const TileOf at = tile_of_block(tiles, p.causal);
     const std::int64_t slice = at.slice, m0 = at.tile * kTile;
     const std::int64_t D = p.head_dim;
     const float scale = p.scale_f;
+    const float scale_units = scale * kExpUnit<E>;  // the scores, and lse below, in exp_in_units' units
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wrow = warp * kWarpRows;
     const std::int64_t t_of[2] = {m0 + wrow + lane / 4, m0 + wrow + lane / 4 + 8};
@@ -1734,34 +1074,22 @@ __global__ void __launch_bounds__(kThreads) attention_backward_q_kernel(
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const bool inside = t_of[half] < p.queries;
-        row_lse[half] = inside ? lse[slice * p.queries + t_of[half]] : minus_infinity<float>();
+        row_lse[half] = inside ? lse[slice * p.queries + t_of[half]] * kExpUnit<E> : minus_infinity<float>();
         row_delta[half] = inside ? delta[slice * p.queries + t_of[half]] : 0.0f;
     }
     float dq_acc[DP / 8][4] = {};
     const std::int64_t key_end = p.causal ? std::min<std::int64_t>(p.keys, m0 + kTile) : p.keys;
-    for (std::int64_t n0 = 0; n0 < key_end; n0 += kRows) {
-        load_tile<E, DP, kRows>(ks, k_slice, n0, p.keys - n0, D, p.vector_rows);
-        load_tile<E, DP, kRows>(vs, v_slice, n0, p.keys - n0, D, p.vector_rows);
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
+    // Copies key tile n0 into stage b (the caller commits).
+    const auto copy_stage = [&](int b, std::int64_t n0) {
+        load_tile<E, DP, kRows>(ks_of(b), k_slice, n0, p.keys - n0, D, p.vector_rows);
+        load_tile<E, DP, kRows>(vs_of(b), v_slice, n0, p.keys - n0, D, p.vector_rows);
+    };
+    stream_tiles<kStages>(0, key_end, kRows, copy_stage, [&](int stage, std::int64_t n0) {
+        const E* ks = ks_of(stage);
+        const E* vs = vs_of(stage);
         float s[kKeyTiles][4] = {}, dp[kKeyTiles][4] = {};
-        multiply_transposed<E, DP, kKeyTiles>(
-            s,
-            [&](int step) {
-                std::uint32_t raw[4];
-                load_a<E>(raw, qs, kLine, wrow, step * kStep<E>);
-                return make_a<E>(raw);
-            },
-            ks, kLine);
-        multiply_transposed<E, DP, kKeyTiles>(
-            dp,
-            [&](int step) {
-                std::uint32_t raw[4];
-                load_a<E>(raw, dys, kLine, wrow, step * kStep<E>);
-                return make_a<E>(raw);
-            },
-            vs, kLine);
+        multiply_tiles_transposed<E, DP, kKeyTiles>(s, qs, wrow, ks, kLine);    // S = Q·Kᵀ
+        multiply_tiles_transposed<E, DP, kKeyTiles>(dp, dys, wrow, vs, kLine);  // dP = dY·Vᵀ
         // Every key of the tile takes part in every row of the warp, and those rows exist: no per-element test.
         const bool whole = !p.mask && n0 + kRows <= p.keys && m0 + kTile <= p.queries &&
                            (!p.causal || n0 + kRows - 1 <= m0 + wrow);
@@ -1773,13 +1101,13 @@ __global__ void __launch_bounds__(kThreads) attention_backward_q_kernel(
                 const std::int64_t t = t_of[half], key = n0 + 8 * tile + 2 * (lane % 4) + (e & 1);
                 const bool part =
                     whole || (takes_part<E>(p, slice, t, key) && row_lse[half] != minus_infinity<float>());
-                const float prob = part ? expf(s[tile][e] * scale - row_lse[half]) : 0.0f;
+                const float prob = part ? exp_in_units<E>(s[tile][e] * scale_units - row_lse[half]) : 0.0f;
                 const float factor = p.dropout_p == 0.0 ? 1.0f : dropout_factor<float>(p, slice, t, key);
                 dp[tile][e] = prob * (dp[tile][e] * factor - row_delta[half]);  // dS
             }
+        __syncwarp();  // the lanes took their own mask branches: converged again before the mma.sync below
         multiply_from_c<E, DP, kKeyTiles>(dq_acc, dp, ks, kLine);
-        __syncthreads();  // every warp is done with ks, vs
-    }
+    });
     cp_async_wait<0>();
     const float scales[2] = {scale, scale};
     store_rows<E, DP>(dq + slice * p.queries * D, dq_acc, m0 + wrow, p.queries, D, scales);
@@ -1869,7 +1197,7 @@ constexpr const char* kOpName = "scaled_dot_product_attention mask";
 bool tensor_cores_compiled() {
     static const bool compiled = [] {
         cudaFuncAttributes attributes{};
-        DG_CUDA_CHECK(cudaFuncGetAttributes(&attributes, tc::attention_forward_kernel<64>));
+        DG_CUDA_CHECK(cudaFuncGetAttributes(&attributes, mma::attention_forward_kernel<float, 64>));
         return attributes.ptxVersion >= 80;
     }();
     return compiled;
@@ -1889,14 +1217,6 @@ bool rows_are_aligned(std::int64_t head_dim, std::size_t element_bytes, std::ini
     return true;
 }
 
-// Whether the WMMA sets (tc, tc16) run instead of the mma.sync set (namespace mma): DYNGRAD_ATTENTION_KERNELS,
-// read once per process (attention_kernel_set_from).
-bool use_wmma_kernels() {
-    static const bool wmma =
-        attention_kernel_set_from(std::getenv("DYNGRAD_ATTENTION_KERNELS")) == AttentionKernelSet::wmma;
-    return wmma;
-}
-
 // y and lse (f32) by the mma.sync forward.
 template <typename E>
 void launch_mma_forward(const E* q, const E* k, const E* v, E* y, float* lse, const AttentionGeometry& g, Params p,
@@ -1906,8 +1226,10 @@ void launch_mma_forward(const E* q, const E* k, const E* v, E* y, float* lse, co
         constexpr std::size_t shared = mma::forward_shared<E, DP>();
         static std::once_flag once;
         allow_shared(mma::attention_forward_kernel<E, DP>, shared, once);
-        const unsigned blocks = blocks_for((g.queries + mma::kTile - 1) / mma::kTile, g.slices());
-        mma::attention_forward_kernel<E, DP><<<blocks, mma::kThreads, shared, ctx.stream>>>(q, k, v, y, lse, p);
+        constexpr int rows = mma::kForwardRows<E>;
+        const unsigned blocks = blocks_for((g.queries + rows - 1) / rows, g.slices());
+        mma::attention_forward_kernel<E, DP><<<blocks, 32 * mma::kForwardWarps<E>, shared, ctx.stream>>>(q, k, v, y,
+                                                                                                      lse, p);
         DG_CUDA_CHECK_LAUNCH();
     });
 }
@@ -1943,41 +1265,8 @@ void launch_mma_backward(const BackwardArgs& args, const AttentionGeometry& g, P
     });
 }
 
-// dq (when wanted) and dk, dv (when either is wanted) by the tensor-core kernels; delta is computed.
-void launch_tensor_core_backward(const BackwardArgs& args, const AttentionGeometry& g, Params p, const Tensor& lse,
-                                 const Tensor& delta, Tensor& dq, Tensor& dk, Tensor& dv, DeviceContext& ctx) {
-    if (!use_wmma_kernels()) {
-        launch_mma_backward<float>(args, g, p, lse, delta, dq, dk, dv, ctx);
-        return;
-    }
-    const float* q = args.inputs[0].data<float>();
-    const float* k = args.inputs[1].data<float>();
-    const float* v = args.inputs[2].data<float>();
-    const float* dy = args.grad_output.data<float>();
-    p.vector_rows = rows_are_aligned(g.head_dim, sizeof(float), {q, k, v, dy});
-    with_padded_head_dim(g.head_dim, [&]<int DP>() {
-        if (dk.defined()) {
-            constexpr std::size_t shared = tc::backward_kv_shared<DP>();
-            static std::once_flag once;
-            allow_shared(tc::attention_backward_kv_kernel<DP>, shared, once);
-            const unsigned blocks = blocks_for((g.keys + tc::kTile - 1) / tc::kTile, g.slices());
-            tc::attention_backward_kv_kernel<DP><<<blocks, tc::kThreads, shared, ctx.stream>>>(
-                q, k, v, dy, lse.data<float>(), delta.data<float>(), dk.data<float>(), dv.data<float>(), p);
-            DG_CUDA_CHECK_LAUNCH();
-        }
-        if (dq.defined()) {
-            constexpr std::size_t shared = tc::backward_q_shared<DP>();
-            static std::once_flag once;
-            allow_shared(tc::attention_backward_q_kernel<DP>, shared, once);
-            const unsigned blocks = blocks_for((g.queries + tc::kTile - 1) / tc::kTile, g.slices());
-            tc::attention_backward_q_kernel<DP><<<blocks, tc::kThreads, shared, ctx.stream>>>(
-                q, k, v, dy, lse.data<float>(), delta.data<float>(), dq.data<float>(), p);
-            DG_CUDA_CHECK_LAUNCH();
-        }
-    });
-}
-
-// bf16/f16 run only on the tc16 kernels (there is no 16-bit SIMT set; attention_gpu_path() chooses for float32).
+// bf16/f16 run only on the tensor-core kernels (there is no 16-bit SIMT set; attention_gpu_path() chooses for
+// float32).
 void require_reduced_kernels(DType dtype) {
     if (!tensor_cores_compiled())
         throw DeviceError(str("scaled_dot_product_attention: ", dtype_name(dtype), " needs the tensor-core kernels, ",
@@ -1994,74 +1283,31 @@ template <typename Fn> void dispatch_reduced(DType dtype, Fn&& fn) {
 }
 
 // y (T) and lse (f32): by cuDNN's fused attention where it takes the case (ops/attention_cudnn.cu), else by
-// the tc16 forward.
+// the tensor-core (mma.sync) forward.
 void launch_reduced_forward(std::span<const Tensor> inputs, const AttentionGeometry& g, Params p, Tensor& y,
                             Tensor& lse, DeviceContext& ctx) {
     if (cudnn_attention_forward(inputs, g, y, lse, ctx)) return;
     require_reduced_kernels(y.dtype());
     dispatch_reduced(y.dtype(), [&]<typename T>() {
-        const T* q = inputs[0].data<T>();
-        const T* k = inputs[1].data<T>();
-        const T* v = inputs[2].data<T>();
-        if (!use_wmma_kernels()) {
-            launch_mma_forward<T>(q, k, v, y.data<T>(), lse.data<float>(), g, p, ctx);
-            return;
-        }
-        p.vector_rows = rows_are_aligned(g.head_dim, sizeof(T), {q, k, v});
-        with_padded_head_dim(g.head_dim, [&]<int DP>() {
-            constexpr std::size_t shared = tc16::forward_shared<DP>();
-            static std::once_flag once;
-            allow_shared(tc16::attention_forward_kernel<T, DP>, shared, once);
-            const unsigned blocks = blocks_for((g.queries + tc16::kTile - 1) / tc16::kTile, g.slices());
-            tc16::attention_forward_kernel<T, DP><<<blocks, tc16::kThreads, shared, ctx.stream>>>(
-                q, k, v, y.data<T>(), lse.data<float>(), p);
-            DG_CUDA_CHECK_LAUNCH();
-        });
+        launch_mma_forward<T>(inputs[0].data<T>(), inputs[1].data<T>(), inputs[2].data<T>(), y.data<T>(),
+                              lse.data<float>(), g, p, ctx);
     });
 }
 
 // dq, dk, dv by cuDNN's fused attention where it takes the case (all three), else delta (f32), then dq (when
-// defined) and dk, dv (when defined) by the tc16 backward kernels. Both read the same saved lse.
+// defined) and dk, dv (when defined) by the tensor-core backward kernels. Both read the same saved lse.
 void launch_reduced_backward(const BackwardArgs& args, const AttentionGeometry& g, Params p, const Tensor& lse,
                              Tensor& delta, Tensor& dq, Tensor& dk, Tensor& dv, DeviceContext& ctx) {
     const Tensor& grad_output = args.grad_output;
     if (cudnn_attention_backward(args.inputs, args.output, grad_output, g, lse, dq, dk, dv, ctx)) return;
     require_reduced_kernels(grad_output.dtype());
     dispatch_reduced(grad_output.dtype(), [&]<typename T>() {
-        const T* q = args.inputs[0].data<T>();
-        const T* k = args.inputs[1].data<T>();
-        const T* v = args.inputs[2].data<T>();
-        const T* dy = grad_output.data<T>();
         const std::int64_t rows = g.slices() * g.queries;
         constexpr unsigned kDeltaThreads = 256;
         attention_delta_kernel<T><<<grid_size(ctx, rows * 32, kDeltaThreads), kDeltaThreads, 0, ctx.stream>>>(
-            dy, args.output.data<T>(), delta.data<float>(), rows, g.head_dim);
+            grad_output.data<T>(), args.output.data<T>(), delta.data<float>(), rows, g.head_dim);
         DG_CUDA_CHECK_LAUNCH();
-        if (!use_wmma_kernels()) {
-            launch_mma_backward<T>(args, g, p, lse, delta, dq, dk, dv, ctx);
-            return;
-        }
-        p.vector_rows = rows_are_aligned(g.head_dim, sizeof(T), {q, k, v, dy});
-        with_padded_head_dim(g.head_dim, [&]<int DP>() {
-            if (dk.defined()) {
-                constexpr std::size_t shared = tc16::backward_kv_shared<DP>();
-                static std::once_flag once;
-                allow_shared(tc16::attention_backward_kv_kernel<T, DP>, shared, once);
-                const unsigned blocks = blocks_for((g.keys + tc16::kTile - 1) / tc16::kTile, g.slices());
-                tc16::attention_backward_kv_kernel<T, DP><<<blocks, tc16::kThreads, shared, ctx.stream>>>(
-                    q, k, v, dy, lse.data<float>(), delta.data<float>(), dk.data<T>(), dv.data<T>(), p);
-                DG_CUDA_CHECK_LAUNCH();
-            }
-            if (dq.defined()) {
-                constexpr std::size_t shared = tc16::backward_q_shared<DP>();
-                static std::once_flag once;
-                allow_shared(tc16::attention_backward_q_kernel<T, DP>, shared, once);
-                const unsigned blocks = blocks_for((g.queries + tc16::kTile - 1) / tc16::kTile, g.slices());
-                tc16::attention_backward_q_kernel<T, DP><<<blocks, tc16::kThreads, shared, ctx.stream>>>(
-                    q, k, v, dy, lse.data<float>(), delta.data<float>(), dq.data<T>(), p);
-                DG_CUDA_CHECK_LAUNCH();
-            }
-        });
+        launch_mma_backward<T>(args, g, p, lse, delta, dq, dk, dv, ctx);
     });
 }
 
@@ -2093,23 +1339,8 @@ Tensor scaled_dot_product_attention_forward(const ForwardArgs& args) {
         return y;
     }
     if (use_tensor_cores(q.dtype())) {
-        const float* qf = q.data<float>();
-        const float* kf = args.inputs[1].data<float>();
-        const float* vf = args.inputs[2].data<float>();
-        if (!use_wmma_kernels()) {
-            launch_mma_forward<float>(qf, kf, vf, y.data<float>(), lse.data<float>(), g, p, ctx);
-            return y;
-        }
-        p.vector_rows = rows_are_aligned(g.head_dim, sizeof(float), {qf, kf, vf});
-        with_padded_head_dim(g.head_dim, [&]<int DP>() {
-            constexpr std::size_t shared = tc::forward_shared<DP>();
-            static std::once_flag once;
-            allow_shared(tc::attention_forward_kernel<DP>, shared, once);
-            const unsigned blocks = blocks_for((g.queries + tc::kTile - 1) / tc::kTile, g.slices());
-            tc::attention_forward_kernel<DP><<<blocks, tc::kThreads, shared, ctx.stream>>>(
-                qf, kf, vf, y.data<float>(), lse.data<float>(), p);
-            DG_CUDA_CHECK_LAUNCH();
-        });
+        launch_mma_forward<float>(q.data<float>(), args.inputs[1].data<float>(), args.inputs[2].data<float>(),
+                                  y.data<float>(), lse.data<float>(), g, p, ctx);
         return y;
     }
     dispatch_floating(q.dtype(), "scaled_dot_product_attention", [&]<typename Real>() {
@@ -2158,7 +1389,7 @@ std::vector<Tensor> scaled_dot_product_attention_backward(const BackwardArgs& ar
                 DG_CUDA_CHECK_LAUNCH();
                 if constexpr (std::is_same_v<Real, float>) {
                     if (tensor_cores) {
-                        launch_tensor_core_backward(args, g, p, lse, delta, dq, dk, dv, ctx);
+                        launch_mma_backward<float>(args, g, p, lse, delta, dq, dk, dv, ctx);
                         return;
                     }
                 }

@@ -22,7 +22,7 @@ struct AttentionOptions {
 // The largest head dimension D the GPU kernel takes (the CPU takes any D >= 1).
 inline constexpr std::int64_t kAttentionMaxGpuHeadDim = 128;
 
-// Which GPU kernels run float32 attention (process-wide): tensor cores (3xTF32 WMMA: each operand split into a
+// Which GPU kernels run float32 attention (process-wide): tensor cores (3xTF32 mma.sync: each operand split into a
 // TF32 part and a TF32 residual, three MMAs per product, ~float32 accuracy; the default on compute capability 8.0
 // and newer) or the SIMT kernels (exact float32 FMA; float64 and devices before 8.0 always use them). The
 // environment variable DYNGRAD_ATTENTION_SIMT=1 selects simt at start; set_attention_gpu_path overrides it.

@@ -31,12 +31,6 @@ struct AttentionGeometry {
 // inputs: q, k, v[, mask]
 AttentionGeometry attention_geometry(std::span<const Tensor> inputs, const OpAttrs& attrs);
 
-// The tensor-core kernel set of ops/attention.cu (float32 in 3xTF32, bfloat16, float16), chosen once per process by
-// the environment variable DYNGRAD_ATTENTION_KERNELS: unset, empty or "mma" selects the mma.sync set (the default),
-// "wmma" the older WMMA sets (kept selectable while the mma.sync set is validated); any other value is a ValueError.
-enum class AttentionKernelSet { mma, wmma };
-AttentionKernelSet attention_kernel_set_from(const char* value);
-
 namespace cuda {
 // Whether ops/attention.cu's tensor-core kernels were compiled for the current device's architecture.
 bool attention_tensor_cores_compiled();

@@ -694,7 +694,7 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::MaskedFill, "masked_fill", 2, infer::masked_fill, kCpuSelect, kCudaSelect, masked_fill_cases},
     {OpType::ScaledDotProductAttention, "scaled_dot_product_attention", 4, infer::scaled_dot_product_attention,
      {cpu::scaled_dot_product_attention_forward, cpu::scaled_dot_product_attention_backward},
-     // Native bf16/f16: 16-bit WMMA with f32 softmax and accumulators (ops/attention.cu, namespace tc16).
+     // Native bf16/f16: 16-bit mma.sync with f32 softmax and accumulators (ops/attention.cu, namespace mma).
      DG_CUDA_KERNELS_NATIVE(scaled_dot_product_attention_forward, scaled_dot_product_attention_backward),
      attention_cases, /*optional_inputs=*/1},
     {OpType::Rnn, "rnn", 4, infer::rnn, {cpu::rnn_forward, cpu::rnn_backward},
