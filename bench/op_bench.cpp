@@ -163,7 +163,10 @@ std::vector<Case> all_cases() {
             Shape y_shape(dims.size());
             for (std::size_t i = 0; i < dims.size(); ++i) y_shape[i] = x_shape[static_cast<std::size_t>(dims[i])];
             std::string size;
-            for (std::size_t i = 0; i < x_shape.size(); ++i) size += (i ? "x" : "") + std::to_string(x_shape[i]);
+            for (std::size_t i = 0; i < x_shape.size(); ++i) {
+                if (i) size.push_back('x');
+                size.append(std::to_string(x_shape[i]));
+            }
             const double bytes = 4.0 * static_cast<double>(numel(x_shape) * static_cast<std::int64_t>(dtype_size(dtype)));
             cases.push_back({op + suffix, size, [=] {
                                  Generator gen(9);
