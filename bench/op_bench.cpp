@@ -39,6 +39,7 @@ struct Options {
 struct Case {
     std::string op, size;
     std::function<std::function<void()>()> prepare;
+    double bytes = 0;  // bytes a step reads and writes, for a GB/s column (0: not reported)
 };
 
 const Device gpu = Device::cuda(0);
@@ -154,6 +155,33 @@ std::vector<Case> all_cases() {
                      }});
     cases.push_back(unary_case("permute", {batch, seq, heads, 64}, [](const Var& x) { return permute(x, {0, 2, 1, 3}); },
                                 {batch, heads, seq, 64}));
+    // The char GPT's head permutes (B=64, T=256, H=6, D=64), forward + backward = two copies of the tensor, each
+    // reading and writing it once: achieved GB/s against the device's copy bandwidth.
+    for (const DType dtype : {DType::f32, DType::bf16}) {
+        const std::string suffix = dtype == DType::f32 ? "" : "_bf16";
+        const auto gpt_permute = [&](const std::string& op, const Shape& x_shape, std::vector<std::int64_t> dims) {
+            Shape y_shape(dims.size());
+            for (std::size_t i = 0; i < dims.size(); ++i) y_shape[i] = x_shape[static_cast<std::size_t>(dims[i])];
+            std::string size;
+            for (std::size_t i = 0; i < x_shape.size(); ++i) {
+                if (i) size.push_back('x');
+                size.append(std::to_string(x_shape[i]));
+            }
+            const double bytes = 4.0 * static_cast<double>(numel(x_shape) * static_cast<std::int64_t>(dtype_size(dtype)));
+            cases.push_back({op + suffix, size, [=] {
+                                 Generator gen(9);
+                                 const Tensor x = Tensor::normal(x_shape, 0, 1, gen, dtype, gpu);
+                                 const Tensor dy = Tensor::normal(y_shape, 0, 1, gen, dtype, gpu);
+                                 return std::function<void()>([=] {
+                                     ComputeGraph graph;
+                                     graph.backward(permute(graph.input(x, "x", true), dims), dy);
+                                 });
+                             },
+                             bytes});
+        };
+        gpt_permute("gpt_qkv_permute", {64, 256, 3, 6, 64}, {2, 0, 3, 1, 4});
+        gpt_permute("gpt_merge_permute", {64, 6, 256, 64}, {0, 2, 1, 3});
+    }
     cases.push_back({"index_select", "8192x3072[8192]", [=] {
                          Generator gen(7);
                          const Tensor x = randn({rows, ffn}, gen), dy = randn({rows, ffn}, gen);
@@ -230,9 +258,9 @@ int main(int argc, char** argv) {
             std::printf("dyngrad-op-bench: no CUDA device; nothing to measure\n");
             return 77;
         }
-        std::printf("device: %s; float32, forward + backward, median of %d after %d warm-up\n",
+        std::printf("device: %s; float32 (bf16 where named), forward + backward, median of %d after %d warm-up\n",
                     cuda::device_name(0).c_str(), o.repetitions, o.warmup);
-        std::printf("%-14s %-20s %10s\n", "op", "size", "ms");
+        std::printf("%-22s %-20s %10s %8s\n", "op", "size", "ms", "GB/s");
         std::ofstream json;
         if (!o.json.empty()) {
             json.open(o.json);
@@ -247,11 +275,17 @@ int main(int argc, char** argv) {
                 const std::function<void()> step = c.prepare();  // inputs freed when it goes
                 ms = median_ms(step, o);
             }
-            std::printf("%-14s %-20s %10.3f\n", c.op.c_str(), c.size.c_str(), ms);
+            const double gbps = c.bytes > 0 ? c.bytes / (ms * 1e6) : 0.0;
+            if (c.bytes > 0)
+                std::printf("%-22s %-20s %10.3f %8.0f\n", c.op.c_str(), c.size.c_str(), ms, gbps);
+            else
+                std::printf("%-22s %-20s %10.3f\n", c.op.c_str(), c.size.c_str(), ms);
             std::fflush(stdout);
             if (json.is_open()) {
                 json << (first ? "" : ", ") << "\n {\"op\": \"" << c.op << "\", \"size\": \"" << c.size
-                     << "\", \"ms\": " << ms << "}";
+                     << "\", \"ms\": " << ms;
+                if (c.bytes > 0) json << ", \"gbps\": " << gbps;
+                json << "}";
                 json.flush();
             }
             first = false;

@@ -8,7 +8,8 @@ namespace dyngrad {
 
 // Reduces a broadcast gradient to `shape` on the gradient's device (the one place broadcasting is undone).
 Tensor sum_to(const Tensor& grad, const Shape& shape);
-// dst += src on their device; an undefined dst takes src. In place only where dst owns its storage alone.
-void accumulate_into(Tensor& dst, const Tensor& src);
+// dst += src on their device; an undefined dst takes src. Never writes a storage that another handle shares: when
+// dst is shared but src (moved in) is owned alone, the sum is formed in src's storage instead of a copy of dst.
+void accumulate_into(Tensor& dst, Tensor src);
 
 }  // namespace dyngrad

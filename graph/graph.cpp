@@ -575,7 +575,7 @@ void ComputeGraph::run_backward(NodeId root, Tensor seed, const BackwardOptions&
 void ComputeGraph::restore_leaf_grads(std::vector<std::pair<NodeId, Tensor>>& earlier) {
     for (auto& [id, grad] : earlier) {
         Tensor& slot = nodes_[id]->grad;
-        if (slot.defined()) accumulate_into(grad, slot);  // out of place when `grad` is shared (a Parameter's)
+        if (slot.defined()) accumulate_into(grad, std::move(slot));  // out of place when `grad` is shared (a Parameter's)
         slot = std::move(grad);
     }
 }
@@ -612,9 +612,11 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
     if (anomaly_mode_enabled() && !tensor_stats(seed).all_finite())
         throw NumericalError(str("anomaly mode: the gradient seeding the backward of ", describe_node(root),
                                  " holds NaN/Inf", stats_of("gradient", seed)));
-    accumulate_into(nodes_[root]->grad, seed);
+    accumulate_into(nodes_[root]->grad, std::move(seed));
 
     std::vector<Tensor> input_values;
+    std::vector<Tensor> grads_so_far;
+    std::vector<char> added_in_place;
     std::vector<char> needs_grad_storage;
     for (NodeId id = root + 1; id-- > 0;) {
         ComputeNode& n = *nodes_[id];
@@ -638,15 +640,31 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
             if (!k.backward) throw DeviceError(str("no backward kernel on ", n.value.device().to_string()));
             const std::span<const bool> needs_grad(reinterpret_cast<const bool*>(needs_grad_storage.data()),
                                                    needs_grad_storage.size());
+            // The gradients so far that the backward may add into in place: only those no other handle shares
+            // (the fused-backward check compares fresh gradients, so it gets none).
+            grads_so_far.clear();
+            if (k.accumulates_in_place && !fusion_check_enabled())
+                for (std::size_t i = 0; i < n.inputs.size(); ++i) {
+                    const Tensor& slot = nodes_[n.inputs[i]]->grad;
+                    const bool writable = needs_grad_storage[i] && slot.defined() && slot.owns_storage_exclusively();
+                    grads_so_far.push_back(writable ? slot : Tensor());
+                }
             {
                 const ProfilingRange range(ProfilingRange::Pass::Backward, def.name, id);
-                grads = detail::run_backward_kernel(
-                    k, BackwardArgs{n.op, input_values, n.value, n.grad, n.attrs, n.saved, needs_grad});
+                grads = detail::run_backward_kernel(k, BackwardArgs{n.op, input_values, n.value, n.grad, n.attrs,
+                                                                    n.saved, needs_grad, grads_so_far});
             }
             if (fusion_check_enabled() && grads.size() == n.inputs.size())
                 detail::check_fused_backward(def, n.op, input_values, n.attrs, n.grad, grads, needs_grad);
             if (grads.size() != n.inputs.size())
                 throw GraphError(str("backward returned ", grads.size(), " gradients for ", n.inputs.size(), " inputs"));
+            // A backward that added its gradient into a slot in place returned the slot's own storage. The copies
+            // handed to it go first, so the slots are owned alone again for the accumulations below.
+            added_in_place.assign(n.inputs.size(), 0);
+            for (std::size_t i = 0; i < grads_so_far.size(); ++i)
+                added_in_place[i] = grads_so_far[i].defined() && grads[i].defined() &&
+                                    grads[i].raw_data() == grads_so_far[i].raw_data();
+            grads_so_far.clear();
             for (std::size_t i = 0; i < n.inputs.size(); ++i) {
                 if (!needs_grad_storage[i]) continue;
                 Tensor& g = grads[i];
@@ -671,7 +689,7 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
                                              describe_node(n.inputs[i]), ") holds NaN/Inf", stats_of("gradient", g),
                                              stats_of("output gradient", n.grad), stats_of("output", n.value),
                                              stats_of_inputs(input_values)));
-                accumulate_into(nodes_[n.inputs[i]]->grad, g);
+                if (!added_in_place[i]) accumulate_into(nodes_[n.inputs[i]]->grad, std::move(g));
             }
         } catch (...) {
             rethrow_op_failure(str("backward of ", describe_node(id), " with inputs ", describe_inputs(input_values),

@@ -94,6 +94,12 @@ struct BackwardArgs {
     const OpAttrs& attrs;
     std::span<const Tensor> saved;
     std::span<const bool> needs_grad;  // one per input
+    // Only for kernels with BackendKernels::accumulates_in_place: per input, the gradient it has received so far
+    // from later consumers when no other handle shares it (undefined otherwise; empty: none at all). A backward
+    // may add its gradient for input i into grads_so_far[i] in place and return that tensor: the engine then
+    // adds nothing (narrow's backward adds dy into its window, so the q, k, v slices of one tensor fill one
+    // buffer without a zero-filled tensor and a full accumulation pass each).
+    std::span<const Tensor> grads_so_far = {};
 };
 
 using InferFn = OutputSpec (*)(OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs);
@@ -107,6 +113,8 @@ struct BackendKernels {
     // engine runs them through f32 for reduced-precision inputs (graph/through_f32.h): it converts those inputs
     // to f32, runs the f32 kernel and converts the output (and in backward the gradients) back to their dtype.
     bool native_reduced = false;
+    // true: the backward may accumulate into BackwardArgs::grads_so_far in place.
+    bool accumulates_in_place = false;
 };
 
 // How the finite-difference checker fills an input.

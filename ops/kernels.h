@@ -165,6 +165,8 @@ Tensor sum_over(const Tensor& x, std::span<const int> axes);
 void accumulate_into(Tensor& dst, const Tensor& src);
 // the copy narrow and concat are made of (ops/layout_geometry.h); src and dst of one dtype and device
 void copy_rows(const Tensor& src, Tensor& dst, const RowCopy& copy);
+// the same rows added into dst (narrow's backward into the gradient so far); floating dtypes, bf16/f16 summed in f32
+void add_rows(const Tensor& src, Tensor& dst, const RowCopy& copy);
 // anomaly mode (graph/anomaly.h): min/max/NaN/Inf counts of any tensor (ops/tensor_stats.cpp)
 TensorStats tensor_stats(const Tensor& x);
 }  // namespace cpu
@@ -225,6 +227,8 @@ Tensor sum_over(const Tensor& x, std::span<const int> axes);
 void accumulate_into(Tensor& dst, const Tensor& src);
 // the copy narrow and concat are made of (ops/layout_geometry.h); src and dst of one dtype and device
 void copy_rows(const Tensor& src, Tensor& dst, const RowCopy& copy);
+// the same rows added into dst (narrow's backward into the gradient so far); floating dtypes, bf16/f16 summed in f32
+void add_rows(const Tensor& src, Tensor& dst, const RowCopy& copy);
 // anomaly mode (graph/anomaly.h): min/max/NaN/Inf counts of any tensor, read back to the host (ops/tensor_stats.cu)
 TensorStats tensor_stats(const Tensor& x);
 }  // namespace cuda

@@ -528,6 +528,32 @@ unsigned char* bytes_at(const Tensor& t, std::int64_t element) {
 
 }  // namespace
 
+void add_rows(const Tensor& src, Tensor& dst, const RowCopy& copy) {
+    if (src.dtype() != dst.dtype())
+        throw DTypeError(str("add_rows: ", describe(src), " into ", describe(dst)));
+    if (copy.block == 0 || copy.rows == 0) return;
+    const auto add = [&]<typename T>(auto to_float, auto from_float) {
+        const T* from = static_cast<const T*>(src.raw_data()) + copy.src_offset;
+        T* to = static_cast<T*>(dst.raw_data()) + copy.dst_offset;
+        for (std::int64_t r = 0; r < copy.rows; ++r)
+            for (std::int64_t j = 0; j < copy.block; ++j) {
+                T& d = to[r * copy.dst_stride + j];
+                d = from_float(to_float(d) + to_float(from[r * copy.src_stride + j]));
+            }
+    };
+    const auto same = [](auto v) { return v; };
+    // bf16/f16: summed in f32 and rounded once, as accumulate_into and the GPU kernel do
+    const auto widen = [](auto h) { return static_cast<float>(to_double(h)); };
+    switch (src.dtype()) {
+        case DType::f32: return add.operator()<float>(same, same);
+        case DType::f64: return add.operator()<double>(same, same);
+        case DType::bf16: return add.operator()<bfloat16>(widen, [](float v) { return to_bfloat16(v); });
+        case DType::f16: return add.operator()<float16>(widen, [](float v) { return to_float16(v); });
+        default: break;
+    }
+    throw DTypeError(str("add_rows: expects a floating dtype, got ", describe(src)));
+}
+
 void copy_rows(const Tensor& src, Tensor& dst, const RowCopy& copy) {
     if (copy.block == 0 || copy.rows == 0) return;
     const std::size_t element_size = dtype_size(src.dtype());
@@ -562,13 +588,26 @@ std::vector<Tensor> transpose_backward(const BackwardArgs& args) {
 }
 
 namespace {
-// y[i] = x[walk offset of i]: permute and expand, in element units of the dtype's size (any dtype).
+// y[i] = x[walk offset of i]: permute and expand, in element units of the dtype's size (any dtype). On the
+// collapsed walk, y is a sequence of runs along the innermost dim, each a block copy when x reads it contiguously.
 template <typename E>
-void strided_copy(const E* x, E* y, std::int64_t n, const StridedWalk<1>& walk) {
+void strided_copy(const E* x, E* y, std::int64_t n, const StridedWalk<1>& walk_as_given) {
+    const StridedWalk<1> walk = collapsed(walk_as_given);
+    const int inner = walk.rank - 1;
+    const std::int64_t run = inner < 0 ? 1 : walk.sizes[inner];
+    const std::int64_t step = inner < 0 ? 0 : walk.strides[0][inner];
+    StridedWalk<1> runs = walk;  // the walk over the runs' starts
+    runs.rank = std::max(inner, 0);
     std::int64_t offset[1];
-    for (std::int64_t i = 0; i < n; ++i) {
-        walk.offsets(i, offset);
-        y[i] = x[offset[0]];
+    for (std::int64_t r = 0; r * run < n; ++r) {
+        runs.offsets(r, offset);
+        const E* from = x + offset[0];
+        E* to = y + r * run;
+        if (step == 1) {
+            std::copy_n(from, run, to);
+        } else {
+            for (std::int64_t j = 0; j < run; ++j) to[j] = from[j * step];
+        }
     }
 }
 template <typename E>
@@ -626,6 +665,13 @@ void copy_rows(const Tensor& src, Tensor& dst, const RowCopy& copy) {
     cpu::copy_rows(src, dst, copy);
 }
 
+void add_rows(const Tensor& src, Tensor& dst, const RowCopy& copy) {
+#if DYNGRAD_WITH_CUDA
+    if (src.device().is_cuda()) return cuda::add_rows(src, dst, copy);
+#endif
+    cpu::add_rows(src, dst, copy);
+}
+
 // narrow's window: x (outer, size, inner)[:, start:start+length, :] -> y (outer, length, inner)
 RowCopy narrow_copy(const Shape& x, const OpAttrs& attrs) {
     const AxisSplit s = split_at_axis(x, normalize_axis(attrs.axis, x.size()));
@@ -648,12 +694,20 @@ Tensor narrow_forward(const ForwardArgs& args) {
     return y;
 }
 
-// dy (outer, length, inner) -> dx (outer, n, inner): dy in the window, zeros elsewhere
+// dy (outer, length, inner) -> dx (outer, n, inner): dy in the window, zeros elsewhere. When the engine hands
+// in the gradient x has received so far (the other slices of x: the q, k and v of a fused QKV projection), dy is
+// added into its window in place instead: no zero-filled tensor and no accumulation pass over all of x.
 std::vector<Tensor> narrow_backward(const BackwardArgs& args) {
     const Tensor& x = args.inputs[0];
     if (!args.needs_grad[0]) return {Tensor()};
+    const RowCopy window = reversed(narrow_copy(x.shape(), args.attrs));
+    if (!args.grads_so_far.empty() && args.grads_so_far[0].defined()) {
+        Tensor dx = args.grads_so_far[0];
+        add_rows(args.grad_output, dx, window);
+        return {dx};
+    }
     Tensor dx = Tensor::zeros(x.shape(), x.dtype(), x.device());
-    copy_rows(args.grad_output, dx, reversed(narrow_copy(x.shape(), args.attrs)));
+    copy_rows(args.grad_output, dx, window);
     return {dx};
 }
 

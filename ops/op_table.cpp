@@ -593,6 +593,13 @@ constexpr BackendKernels kCudaCompare{};
 constexpr BackendKernels kCudaArgReduce{};
 #endif
 constexpr bool kNotDifferentiable = false;
+// narrow: byte copies on every backend; its backward adds into the gradient so far in place (graph/op_def.h)
+constexpr BackendKernels kNarrow{narrow_forward, narrow_backward, true, /*accumulates_in_place=*/true};
+#if DYNGRAD_WITH_CUDA
+constexpr BackendKernels kCudaNarrow = kNarrow;
+#else
+constexpr BackendKernels kCudaNarrow{};
+#endif
 
 constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::Leaf, "leaf", 0, nullptr, {}, {}, no_cases},
@@ -672,8 +679,7 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     // Custom ops carry their own definitions (graph/custom_op.h); op_def(op, attrs) finds them.
     {OpType::Custom, "custom", 0, nullptr, {}, {}, no_cases},
     // narrow, concat: byte copies by element size on both backends, so every dtype natively
-    {OpType::Narrow, "narrow", 1, infer::narrow, {narrow_forward, narrow_backward, true},
-     DG_CUDA_KERNELS_SHARED_NATIVE(narrow_forward, narrow_backward), narrow_cases},
+    {OpType::Narrow, "narrow", 1, infer::narrow, kNarrow, kCudaNarrow, narrow_cases},
     {OpType::Concat, "concat", kVariadic, infer::concat, {concat_forward, concat_backward, true},
      DG_CUDA_KERNELS_SHARED_NATIVE(concat_forward, concat_backward), concat_cases},
     // permute, expand: copies by element size on both backends too

@@ -390,15 +390,22 @@ Tensor sum_to(const Tensor& grad, const Shape& shape) {
     return cpu::sum_over(grad, axes).reshaped(shape);
 }
 
-void accumulate_into(Tensor& dst, const Tensor& src) {
+void accumulate_into(Tensor& dst, Tensor src) {
     if (!dst.defined()) {
-        dst = src;
+        dst = std::move(src);
         return;
     }
     if (dst.device() != src.device())
         throw DeviceError(str("accumulate ", describe(src), " into ", describe(dst)));
-    // Gradients may share storage with values or other gradients (kernels may return aliases).
-    if (!dst.owns_storage_exclusively()) dst = dst.clone();
+    // Gradients may share storage with values or other gradients (kernels may return aliases, add's backward
+    // hands one dy to both inputs): add into whichever of the two is owned alone (the sum is the same either way,
+    // IEEE addition commutes), and copy only when neither is.
+    if (!dst.owns_storage_exclusively()) {
+        if (src.owns_storage_exclusively() && src.dtype() == dst.dtype() && src.shape() == dst.shape())
+            std::swap(dst, src);
+        else
+            dst = dst.clone();
+    }
 #if DYNGRAD_WITH_CUDA
     if (dst.device().is_cuda()) {
         cuda::accumulate_into(dst, src);

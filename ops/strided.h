@@ -38,6 +38,25 @@ struct StridedWalk {
     }
 };
 
+// The same walk over fewer dims: size-1 dims dropped, and each dim merged into the one before it where every
+// operand's stride there equals this dim's stride times its size (so they visit one run; a broadcast dim of
+// stride 0 merges with a broadcast neighbour). Elements are visited in the same order at the same offsets, so a
+// permute of (B,T,3,H,D) copies runs of D and an expand of (N,1) along its last axis a run of N per row.
+template <int Operands>
+StridedWalk<Operands> collapsed(const StridedWalk<Operands>& walk) {
+    StridedWalk<Operands> out;
+    for (int d = 0; d < walk.rank; ++d) {
+        if (walk.sizes[d] == 1) continue;
+        bool merges = out.rank > 0;
+        for (int k = 0; merges && k < Operands; ++k)
+            merges = out.strides[k][out.rank - 1] == walk.strides[k][d] * walk.sizes[d];
+        const int at = merges ? out.rank - 1 : out.rank++;
+        out.sizes[at] = merges ? out.sizes[at] * walk.sizes[d] : walk.sizes[d];
+        for (int k = 0; k < Operands; ++k) out.strides[k][at] = walk.strides[k][d];
+    }
+    return out;
+}
+
 // ShapeError "<role> has rank 17; at most 16 dims are supported" for ranks the walk cannot hold.
 inline void require_strided_rank(const Shape& shape, const char* role) {
     if (shape.size() > static_cast<std::size_t>(kMaxStridedRank))
