@@ -314,7 +314,9 @@ Dropout::Dropout(double p, std::uint64_t seed) : p(p), seeds_(std::make_shared<D
 }
 
 Var Dropout::operator()(const Var& x, std::source_location where) const {
-    if (!is_training()) return dropout(x, p, false, 0, where);
+    // Nothing dropped (evaluation, or p = 0): x itself, as PyTorch's nn.Dropout — no node, no seed drawn, no pass
+    // over x (under autocast a 16-bit x would otherwise also pay two casts each way).
+    if (!is_training() || p == 0) return x;
     // The seed is drawn where x lives and handed to the op as a tensor: on a GPU neither the counter nor the
     // seed passes through the host, so a replay of a captured step draws the next masks.
     return dropout(x, p, true, x.graph().constant(seeds_->next(x.device()), where), where);

@@ -206,8 +206,8 @@ public:
     Var operator()(const Var& x, std::source_location where = std::source_location::current()) const;
 };
 
-// Dropout with drop probability p in training mode, the identity in eval mode. Each call in training
-// mode draws a fresh mask seed from (seed, number of earlier calls) through DropoutSeeds (ops/dropout.h),
+// Dropout with drop probability p in training mode, the identity in eval mode or at p = 0 (x itself is
+// returned: no node recorded, no seed drawn). Each call in training mode with p > 0 draws a fresh mask seed from (seed, number of earlier calls) through DropoutSeeds (ops/dropout.h),
 // whose counter lives on x's device: runs repeat exactly, and a captured step draws fresh masks on every
 // replay (the masks the same eager calls draw). Copies share the call counter.
 class Dropout : public Module {

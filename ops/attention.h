@@ -15,7 +15,7 @@ namespace dyngrad {
 struct AttentionOptions {
     bool is_causal = false;        // key s takes part only when s <= t (top-left aligned, as PyTorch is_causal)
     double dropout_p = 0.0;        // dropout on the attention probabilities (training); in [0, 1)
-    std::optional<double> scale;   // default 1/sqrt(D); must be finite
+    std::optional<double> scale = std::nullopt;  // default 1/sqrt(D); must be finite
     std::uint64_t seed = 0;        // dropout seed; masks are a pure function of (seed, b, h, t, s)
 };
 
