@@ -447,11 +447,17 @@ constexpr std::int64_t kMaxClipBlocks = std::int64_t{1} << 30;
 // Calls launch(dtype, batch, blocks) over batches of up to kClipBatch gradients of one dtype (a gradient
 // larger than kMaxClipBlocks slices is cut into several entries); returns the blocks launched in all, which
 // is the number of partial sums the norm writes.
-template <typename Launch>
-std::int64_t for_each_batch(std::span<const GradOperand> grads, const char* what, Launch launch) {
-    for (const GradOperand& g : grads)  // before any launch: a bf16/f16 gradient would otherwise be skipped
+// DTypeError unless every gradient is f32 or f64 (the batched kernels' types): called before anything is queued,
+// so a refused call changes no state (a bf16/f16 gradient would otherwise be skipped).
+void require_batch_dtypes(std::span<const GradOperand> grads, const char* what) {
+    for (const GradOperand& g : grads)
         if (g.dtype != DType::f32 && g.dtype != DType::f64)
             throw DTypeError(str(what, ": gradients must be float32 or float64 on the GPU, got ", dtype_name(g.dtype)));
+}
+
+template <typename Launch>
+std::int64_t for_each_batch(std::span<const GradOperand> grads, const char* what, Launch launch) {
+    require_batch_dtypes(grads, what);
     std::int64_t blocks_so_far = 0;
     for (const DType dtype : {DType::f32, DType::f64}) {
         ClipBatch batch{};
@@ -585,6 +591,7 @@ __global__ void scaler_update_kernel(ScalerRule rule, float* __restrict__ scale,
 void scaler_check(int device, std::span<const GradOperand> grads, const float* scale, float* inv_scale,
                   float* found_inf, bool unscale) {
     DeviceContext& ctx = context(device);
+    require_batch_dtypes(grads, "GradScaler");  // before the prepare kernel resets found_inf
     scaler_prepare_kernel<<<1, 1, 0, ctx.stream>>>(scale, inv_scale, found_inf);
     DG_CUDA_CHECK_LAUNCH();
     for_each_batch(grads, "GradScaler", [&](DType dtype, const ClipBatch& batch, unsigned grid) {
