@@ -112,7 +112,8 @@ def dropout(xs, a):
     x, p = xs[0], a["scalar"]
     if not a["training"] or p == 0:
         return F.dropout(x, p, training=False)
-    seed = int(a["seed"])
+    # The seed-tensor form: the int64 input's bits are the seed.
+    seed = int(xs[1].item()) & MASK64 if len(xs) > 1 else int(a["seed"])
     keep = torch.tensor([splitmix64_uniform(seed, i) >= p for i in range(x.numel())]).reshape(x.shape)
     return x * keep.to(x.dtype) / (1 - p)
 

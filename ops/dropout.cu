@@ -1,11 +1,14 @@
 // Dropout on the GPU: one elementwise kernel drawing the mask from ops/dropout_mask.h, the formula the CPU
 // kernel uses (ops/dropout.cpp), so both backends drop the same elements; the backward (ops/dropout.cpp, every
-// backend) runs this forward on dy. And the device-side draw of a DropoutSeeds stream.
+// backend) runs this forward on dy. f32, f64, and bf16/f16 natively (ops/reduced_precision.cuh: no conversion
+// through f32 under autocast). And the device-side draw of a DropoutSeeds stream.
 #include <cstdint>
 
 #include "dyngrad/cuda/context.h"
 #include "dyngrad/ops/dropout_mask.h"
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/reduced_precision.cuh"
+#include "dyngrad/ops/vector_pack.cuh"
 
 namespace dyngrad::cuda {
 
@@ -13,16 +16,31 @@ namespace {
 
 constexpr unsigned kThreads = 256;
 
-// out = in · mask, mask = 1/(1 − p) or 0 per element (dropout forward: x -> y, backward: dy -> dx)
+// out = in · mask, mask = 1/(1 − p) or 0 per element (dropout forward: x -> y, backward: dy -> dx), computed in
+// acc_t<T> and rounded once on store: bf16/f16 give the f32 kernel's result rounded, and every dtype keeps
+// exactly the elements the CPU keeps (the keep decision depends on (seed, index) alone, never on T).
 // The seed is read from `seed_input` (device memory) when given, so a captured step draws the seed its replay
-// wrote there.
+// wrote there. Whole 16-byte packs first (`packs` of them), then the scalar tail.
 template <typename T>
-__global__ void dropout_kernel(const T* __restrict__ in, std::int64_t n, std::uint64_t attr_seed,
-                               const std::int64_t* __restrict__ seed_input, double p, T scale, T* __restrict__ out) {
+__global__ void dropout_kernel(const T* __restrict__ in, std::int64_t n, std::int64_t packs, std::uint64_t attr_seed,
+                               const std::int64_t* __restrict__ seed_input, double p, acc_t<T> scale,
+                               T* __restrict__ out) {
+    using vector_pack::Pack;
+    constexpr int W = Pack<T>::width;
     const std::uint64_t seed = seed_input != nullptr ? static_cast<std::uint64_t>(*seed_input) : attr_seed;
-    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-        out[i] = in[i] * (math::dropout_keep(seed, static_cast<std::uint64_t>(i), p) ? scale : T(0));
+    const auto masked = [&](T v, std::int64_t i) {
+        return from_acc<T>(to_acc(v) * (math::dropout_keep(seed, static_cast<std::uint64_t>(i), p) ? scale
+                                                                                                    : acc_t<T>(0)));
+    };
+    for (std::int64_t k = vector_pack::thread_index(); k < packs; k += vector_pack::thread_count()) {
+        const Pack<T> iv = vector_pack::load_pack(in, k);
+        Pack<T> ov;
+#pragma unroll
+        for (int j = 0; j < W; ++j) ov.v[j] = masked(iv.v[j], k * W + j);
+        vector_pack::store_pack(out, k, ov);
+    }
+    for (std::int64_t i = packs * W + vector_pack::thread_index(); i < n; i += vector_pack::thread_count())
+        out[i] = masked(in[i], i);
 }
 
 template <typename T>
@@ -30,10 +48,13 @@ void launch_dropout(const Tensor& in, std::span<const Tensor> inputs, const OpAt
     const std::int64_t n = in.numel();
     if (n == 0) return;
     DeviceContext& ctx = context_for(in);
-    const T scale = static_cast<T>(1.0 / (1.0 - attrs.scalar));
+    const auto scale = static_cast<acc_t<T>>(1.0 / (1.0 - attrs.scalar));
     const std::int64_t* seed_input = inputs.size() > 1 ? inputs[1].data<std::int64_t>() : nullptr;
-    dropout_kernel<T><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(
-        in.data<T>(), n, attrs.seed, seed_input, attrs.scalar, scale, out.data<T>());
+    const T* x = in.data<T>();
+    T* y = out.data<T>();
+    const std::int64_t packs = vector_pack::pack_count<T>(n, {x, y});
+    dropout_kernel<T><<<vector_pack::vector_blocks(ctx, n, packs, kThreads), kThreads, 0, ctx.stream>>>(
+        x, n, packs, attrs.seed, seed_input, attrs.scalar, scale, y);
     DG_CUDA_CHECK_LAUNCH();
 }
 
@@ -55,7 +76,8 @@ Tensor dropout_forward(const ForwardArgs& args) {
         y.copy_from(x);
         return y;
     }
-    dispatch_floating(x.dtype(), "dropout", [&]<typename T>() { launch_dropout<T>(x, args.inputs, args.attrs, y); });
+    dispatch_gpu_floating(x.dtype(), "dropout",
+                          [&]<typename T>() { launch_dropout<T>(x, args.inputs, args.attrs, y); });
     return y;
 }
 

@@ -19,6 +19,7 @@
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/reduced_precision.cuh"
+#include "dyngrad/ops/vector_pack.cuh"
 
 namespace dyngrad::cuda {
 
@@ -27,38 +28,11 @@ namespace {
 constexpr unsigned kThreads = 256;
 constexpr int kMaxRank = 8;  // broadcast rank after merging dims (see broadcast_layout)
 
-// 16 bytes of T moved as one vector load/store.
-template <typename T>
-struct alignas(16) Pack {
-    static constexpr int width = 16 / sizeof(T);
-    T v[width];
-};
+// Pack, load_pack, store_pack, pack_count, thread_index, thread_count: ops/vector_pack.cuh.
+using namespace vector_pack;
 
-template <typename T>
-__device__ __forceinline__ Pack<T> load_pack(const T* p, std::int64_t pack) {
-    return reinterpret_cast<const Pack<T>*>(p)[pack];
-}
-template <typename T>
-__device__ __forceinline__ void store_pack(T* p, std::int64_t pack, const Pack<T>& value) {
-    reinterpret_cast<Pack<T>*>(p)[pack] = value;
-}
-
-__device__ __forceinline__ std::int64_t thread_index() {
-    return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ std::int64_t thread_count() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
-
-// Whole packs the vector loop covers: n / width when every pointer is 16-byte aligned, else 0.
-template <typename T>
-std::int64_t pack_count(std::int64_t n, std::initializer_list<const void*> pointers) {
-    for (const void* p : pointers)
-        if (p != nullptr && reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return 0;
-    return n / Pack<T>::width;
-}
-
-// Blocks for a vectorized grid-stride launch: one thread per pack, or per element without packs.
 unsigned vector_blocks(const DeviceContext& ctx, std::int64_t n, std::int64_t packs) {
-    return grid_size(ctx, packs > 0 ? packs : n, kThreads);
+    return vector_pack::vector_blocks(ctx, n, packs, kThreads);
 }
 
 // ---- unary: x, y, dy, dx all (n) ----

@@ -400,6 +400,8 @@ std::vector<OpCase> dropout_cases() {
         {"p 0.3 train", {{4, 5}}, dropout_attr(0.3, true, 7), {}},
         {"p 0.5 train NCHW", {{2, 3, 4, 5}}, dropout_attr(0.5, true, 11), {}},
         {"eval", {{3, 7}}, dropout_attr(0.5, false, 3), {}},
+        // The seed-tensor form (captured steps): the seed is an int64 in [0, 13) (Indices of the last axis).
+        {"p 0.4 train seed tensor", {{5, 13}, {1}}, dropout_attr(0.4, true, 0), {D::Any, D::Indices}},
     };
 }
 
@@ -674,8 +676,9 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      /*optional_inputs=*/2},
     {OpType::RmsNorm, "rms_norm", 2, infer::row_norm, kCpuRowNorm, kCudaRowNorm, rms_norm_cases,
      /*optional_inputs=*/1},
+    // The seed input is optional; the CUDA forward takes bf16/f16 natively (the backward is that forward on dy).
     {OpType::Dropout, "dropout", 2, infer::dropout, {cpu::dropout_forward, dropout_backward},
-     DG_CUDA_KERNELS_FORWARD(dropout_forward, dropout_backward), dropout_cases, /*optional_inputs=*/1},  // the seed
+     DG_CUDA_KERNELS_FORWARD_NATIVE(dropout_forward, dropout_backward), dropout_cases, /*optional_inputs=*/1},
     // Custom ops carry their own definitions (graph/custom_op.h); op_def(op, attrs) finds them.
     {OpType::Custom, "custom", 0, nullptr, {}, {}, no_cases},
     // narrow, concat: byte copies by element size on both backends, so every dtype natively

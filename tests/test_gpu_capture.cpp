@@ -378,6 +378,64 @@ TEST_CASE("dropout on the GPU draws the masks of the CPU from the device-residen
     CHECK(layer.seeds().draws() == 2);
 }
 
+// Native bf16 dropout (ops/dropout.cu) inside a captured step: each replay draws the next seed of the layer's
+// device-resident stream, so its masks are fresh and exactly those the same number of eager steps draw; and the
+// step runs as many kernels as in f32 (no conversion through f32 around dropout, forward or backward).
+TEST_CASE("a captured step with bf16 dropout replays fresh masks equal to eager's, in as many kernels as f32",
+          "[gpu][capture][dropout][reduced]") {
+    constexpr double kP = 0.2;
+    constexpr std::uint64_t kDropoutSeed = 13;
+    constexpr int kRuns = 5;
+    Generator gen(63);
+    const Tensor x64 = Tensor::normal({33, 65}, 0.0, 1.0, gen, DType::f64);
+    const Tensor w64 = Tensor::normal({33, 65}, 0.0, 1.0, gen, DType::f64);
+    // One step: y = dropout(x), back-propagating w; returns y and dx stacked (rows 0-32: y, 33-65: dx). No
+    // loss reduction: its kernels differ between f32 and bf16, dropout's must not.
+    auto step_with = [](const Dropout& layer, const Tensor& w) {
+        return [&layer, w](std::span<const Tensor> in) {
+            ComputeGraph graph;
+            const Var xv = graph.input(in[0], "x", true);
+            const Var y = layer(xv);
+            graph.backward(y, w);
+            return concat({y.value(), xv.grad()});
+        };
+    };
+    std::size_t f32_kernels = 0;
+    for (const DType dtype : {DType::f32, DType::bf16}) {
+        INFO(dtype_name(dtype));
+        const Tensor x = x64.to(dtype).to(kGpu), w = w64.to(dtype).to(kGpu);
+        const Dropout eager_layer(kP, kDropoutSeed), captured_layer(kP, kDropoutSeed);
+        const auto eager_step = step_with(eager_layer, w);
+        cuda::CapturedStep captured(step_with(captured_layer, w));
+        const std::vector<double> xs = x.to_vector();
+        std::vector<double> previous;
+        for (int run = 1; run <= kRuns; ++run) {
+            INFO("run " << run);
+            const Tensor eager_out = eager_step(std::span<const Tensor>(&x, 1));
+            const std::vector<double> out = captured.run(std::span<const Tensor>(&x, 1)).to_vector();
+            REQUIRE(eager_out.dtype() == dtype);
+            CHECK(out == eager_out.to_vector());  // bit for bit
+            // Run n drew the n-th seed of the stream: the CPU's mask for it, fresh on every replay.
+            const std::uint64_t seed = math::dropout_draw_seed(kDropoutSeed, static_cast<std::uint64_t>(run));
+            std::size_t mismatches = 0;
+            for (std::size_t i = 0; i < xs.size(); ++i)
+                if (xs[i] != 0 && (out[i] != 0) != math::dropout_keep(seed, i, kP)) ++mismatches;
+            CHECK(mismatches == 0);
+            CHECK(out != previous);
+            previous = out;
+        }
+        CHECK(captured.variants() == 1);
+        CHECK(captured_layer.seeds().draws() == kRuns);
+        CHECK(eager_layer.seeds().draws() == kRuns);
+        const std::size_t kernels = captured.last_graph_counts().kernels;
+        CHECK(kernels > 0);
+        if (dtype == DType::f32)
+            f32_kernels = kernels;
+        else
+            CHECK(kernels == f32_kernels);  // through f32 would add 2 conversions forward and 4 backward
+    }
+}
+
 TEST_CASE("a collapsing loss scale on the GPU raises NumericalError at the next synchronisation", "[gpu][amp]") {
     Trainer trainer(71, false, 20);
     GradScaler scaler({.init_scale = 4.0, .min_scale = 1.0, .max_consecutive_skips = 3});

@@ -7,9 +7,11 @@
 #include <iostream>
 #include <array>
 #include <limits>
+#include <vector>
 
 #include "catch.h"
 #include "dyngrad/dyngrad.h"
+#include "dyngrad/ops/dropout_mask.h"
 
 using namespace dyngrad;
 
@@ -95,6 +97,59 @@ TEST_CASE("a bf16 graph on the GPU: gradients accumulate and broadcast sums run 
         for (std::size_t i = 0; i < low.size(); ++i) {
             INFO("tensor " << i);
             CHECK(relative_norm_error(low[i], exact[i]) < 16 * unit_roundoff(dtype));
+        }
+    }
+}
+
+// Native bf16/f16 dropout (ops/dropout.cu): the keep decision is a function of (seed, index) alone, so the 16-bit
+// kernels keep exactly the elements the f32 kernel and the CPU (ops/dropout_mask.h) keep, with the attribute seed
+// and with the device seed tensor alike; each kept value is the f32 kernel's rounded once, forward and backward.
+// Odd sizes: the 16-byte packs and the scalar tail both run.
+TEST_CASE("bf16 and f16 dropout on the GPU keep exactly the elements f32 dropout keeps, for both seed forms",
+          "[gpu][reduced][dropout]") {
+    Generator gen(kSeedBase + 3);
+    constexpr double kP = 0.3;
+    const Tensor x64 = Tensor::normal({37, 129}, 0.0, 1.0, gen, DType::f64);
+    const Tensor w64 = Tensor::normal({37, 129}, 0.0, 1.0, gen, DType::f64);
+    const auto seed = static_cast<std::uint64_t>(gen.engine()());
+    const Tensor seed_tensor = Tensor::from_vector(std::vector<std::int64_t>{static_cast<std::int64_t>(seed)}, {1});
+    for (const DType dtype : {DType::bf16, DType::f16}) {
+        const Tensor x = x64.to(dtype), w = w64.to(dtype);
+        // y and dx of dropout(x) with loss sum(y · w) in `d` on `device`; `tensor_seed`: the seed-tensor form.
+        auto run = [&](DType d, Device device, bool tensor_seed) {
+            ComputeGraph graph;
+            const Var xv = graph.input(x.to(d).to(device), "x", true);
+            const Var y = tensor_seed ? dropout(xv, kP, true, graph.constant(seed_tensor.to(device)))
+                                      : dropout(xv, kP, true, seed);
+            graph.backward(sum(y * graph.constant(w.to(d).to(device))));
+            return std::array<Tensor, 2>{y.value(), xv.grad()};
+        };
+        const std::vector<double> xs = x.to_vector(), ws = w.to_vector();
+        for (const bool tensor_seed : {false, true}) {
+            INFO(dtype_name(dtype) << (tensor_seed ? ", seed tensor" : ", attribute seed"));
+            const auto low = run(dtype, kGpu, tensor_seed);
+            const auto f32 = run(DType::f32, kGpu, tensor_seed);
+            const auto exact = run(DType::f64, Device::cpu(), tensor_seed);
+            REQUIRE(low[0].dtype() == dtype);
+            REQUIRE(low[1].dtype() == dtype);
+            for (std::size_t t = 0; t < low.size(); ++t) {
+                INFO((t == 0 ? "y" : "dx"));
+                // The f32 kernel's result rounded once, bit for bit.
+                CHECK(low[t].to_vector() == f32[t].to(dtype).to_vector());
+                const std::vector<double> values = low[t].to_vector(), reference = exact[t].to_vector();
+                const std::vector<double>& scaled = t == 0 ? xs : ws;
+                std::size_t kept = 0, mismatches = 0;
+                for (std::size_t i = 0; i < values.size(); ++i) {
+                    const bool keep = math::dropout_keep(seed, i, kP);
+                    kept += keep ? 1 : 0;
+                    // A kept element is nonzero wherever its input is (no value here underflows when scaled).
+                    if (scaled[i] != 0 && ((values[i] != 0) != keep || (reference[i] != 0) != keep)) ++mismatches;
+                }
+                CHECK(mismatches == 0);
+                CHECK(kept > values.size() / 2);  // about 70 % kept: the mask is not all-drop or all-keep
+                CHECK(kept < values.size());
+                CHECK(relative_norm_error(low[t], exact[t]) < 2 * unit_roundoff(dtype));
+            }
         }
     }
 }
