@@ -218,6 +218,23 @@ constexpr std::size_t align_up(std::size_t bytes) { return (bytes + 255) / 256 *
 
 Dims contiguous(Dims dims) { return {dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1}; }
 
+// The scores x (B,H,T,S) with −inf where key s comes after query t (row < column): is_causal's mask, built
+// from generated indices as cuDNN's fused-attention patterns expect.
+const BackendDescriptor& causal_masked(GraphBuilder& b, const BackendDescriptor& x, const Dims& scores,
+                                       const Dims& scores_strides) {
+    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+    const auto& minus_infinity = b.scalar("-inf", kMinusInfinity);
+    const auto& rows = b.virtual_tensor("row index", CUDNN_DATA_INT32, scores, scores_strides);
+    const auto& cols = b.virtual_tensor("column index", CUDNN_DATA_INT32, scores, scores_strides);
+    const auto& keep = b.virtual_tensor("row >= column", CUDNN_DATA_BOOLEAN, scores, scores_strides);
+    const auto& masked = b.virtual_tensor("causal S", f32, scores, scores_strides);
+    b.pointwise("gen_row_index", CUDNN_POINTWISE_GEN_INDEX, x, rows, nullptr, nullptr, f32, 2);
+    b.pointwise("gen_col_index", CUDNN_POINTWISE_GEN_INDEX, x, cols, nullptr, nullptr, f32, 3);
+    b.pointwise("row >= col", CUDNN_POINTWISE_CMP_GE, rows, keep, &cols, nullptr, CUDNN_DATA_BOOLEAN);
+    b.pointwise("causal select", CUDNN_POINTWISE_BINARY_SELECT, x, masked, &minus_infinity, &keep);
+    return masked;
+}
+
 void build_forward(GraphBuilder& b, const AttentionPlanKey& key) {
     const std::int64_t B = key.batch, H = key.heads, T = key.queries, S = key.keys, D = key.head_dim;
     const cudnnDataType_t io = b.io(), f32 = CUDNN_DATA_FLOAT;
@@ -234,18 +251,7 @@ void build_forward(GraphBuilder& b, const AttentionPlanKey& key) {
     b.matmul("bmm1 Q·K^T", q, kt, s);
     const auto* last = &b.virtual_tensor("S·scale", f32, scores, scores_strides);
     b.pointwise("attn_scale", CUDNN_POINTWISE_MUL, s, *last, &scale);
-    if (key.causal) {
-        const auto& minus_infinity = b.scalar("-inf", kMinusInfinity);
-        const auto& rows = b.virtual_tensor("row index", CUDNN_DATA_INT32, scores, scores_strides);
-        const auto& cols = b.virtual_tensor("column index", CUDNN_DATA_INT32, scores, scores_strides);
-        const auto& keep = b.virtual_tensor("row >= column", CUDNN_DATA_BOOLEAN, scores, scores_strides);
-        const auto& masked = b.virtual_tensor("causal S", f32, scores, scores_strides);
-        b.pointwise("gen_row_index", CUDNN_POINTWISE_GEN_INDEX, *last, rows, nullptr, nullptr, f32, 2);
-        b.pointwise("gen_col_index", CUDNN_POINTWISE_GEN_INDEX, *last, cols, nullptr, nullptr, f32, 3);
-        b.pointwise("row >= col", CUDNN_POINTWISE_CMP_GE, rows, keep, &cols, nullptr, CUDNN_DATA_BOOLEAN);
-        b.pointwise("causal select", CUDNN_POINTWISE_BINARY_SELECT, *last, masked, &minus_infinity, &keep);
-        last = &masked;
-    }
+    if (key.causal) last = &causal_masked(b, *last, scores, scores_strides);
     // Softmax with its statistics.
     const auto& max = b.virtual_tensor("M = max S", f32, row, row_strides);
     b.reduction("softmax max", CUDNN_REDUCE_TENSOR_MAX, *last, max);
@@ -298,18 +304,7 @@ void build_backward(GraphBuilder& b, const AttentionPlanKey& key) {
     b.pointwise("mul_s_attn_scale", CUDNN_POINTWISE_MUL, s, scaled, &scale);
     const auto* last = &b.virtual_tensor("S·scale - Stats", f32, scores, scores_strides);
     b.pointwise("sub_s_stats", CUDNN_POINTWISE_SUB, scaled, *last, &stats);
-    if (key.causal) {
-        const auto& minus_infinity = b.scalar("-inf", kMinusInfinity);
-        const auto& rows = b.virtual_tensor("row index", CUDNN_DATA_INT32, scores, scores_strides);
-        const auto& cols = b.virtual_tensor("column index", CUDNN_DATA_INT32, scores, scores_strides);
-        const auto& keep = b.virtual_tensor("row >= column", CUDNN_DATA_BOOLEAN, scores, scores_strides);
-        const auto& masked = b.virtual_tensor("causal S", f32, scores, scores_strides);
-        b.pointwise("gen_row_index", CUDNN_POINTWISE_GEN_INDEX, *last, rows, nullptr, nullptr, f32, 2);
-        b.pointwise("gen_col_index", CUDNN_POINTWISE_GEN_INDEX, *last, cols, nullptr, nullptr, f32, 3);
-        b.pointwise("row >= col", CUDNN_POINTWISE_CMP_GE, rows, keep, &cols, nullptr, CUDNN_DATA_BOOLEAN);
-        b.pointwise("causal select", CUDNN_POINTWISE_BINARY_SELECT, *last, masked, &minus_infinity, &keep);
-        last = &masked;
-    }
+    if (key.causal) last = &causal_masked(b, *last, scores, scores_strides);
     const auto& p = b.virtual_tensor("P = exp(...)", f32, scores, scores_strides);
     b.pointwise("exp_s", CUDNN_POINTWISE_EXP, *last, p);
 
