@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "catch.h"
+#include "attention_support.h"
 #include "dyngrad/dyngrad.h"
 #include "dyngrad/ops/dropout_mask.h"
 
@@ -173,15 +174,8 @@ TEST_CASE("attention's CPU results do not depend on the thread count", "[attenti
 
 namespace {
 
-bool have_gpu() { return cuda_compiled() && cuda::device_count() > 0; }
-
-OpAttrs attention_attrs(bool causal, double dropout_p = 0.0, std::uint64_t seed = 0) {
-    OpAttrs a;
-    a.is_causal = causal;
-    a.scalar = dropout_p;
-    a.seed = seed;
-    return a;
-}
+using dgtest::attention_attrs;
+using dgtest::have_gpu;
 
 }  // namespace
 
@@ -261,15 +255,8 @@ namespace {
 
 // Sets the GPU path for a scope and restores the previous one (also when a check throws).
 // Our kernels for bf16/f16 too, while in scope (cuDNN takes the cases without mask or dropout otherwise).
-class CudnnOff {
-public:
-    CudnnOff() : saved_(attention_cudnn_enabled()) { set_attention_cudnn(false); }
-    ~CudnnOff() { set_attention_cudnn(saved_); }
-    CudnnOff(const CudnnOff&) = delete;
-    CudnnOff& operator=(const CudnnOff&) = delete;
-
-private:
-    bool saved_;
+struct CudnnOff : dgtest::CudnnSwitch {
+    CudnnOff() : dgtest::CudnnSwitch(false) {}
 };
 
 class GpuPathScope {

@@ -9,28 +9,16 @@
 
 #include "catch.h"
 #include "dyngrad/cuda/capture.h"
+#include "attention_support.h"
 #include "dyngrad/dyngrad.h"
 
 using namespace dyngrad;
 
 namespace {
 
-bool have_gpu() { return cuda_compiled() && cuda::device_count() > 0; }
-
-OpAttrs attrs_of(bool causal, double dropout_p = 0.0, std::uint64_t seed = 0) {
-    OpAttrs a;
-    a.is_causal = causal;
-    a.scalar = dropout_p;
-    a.seed = seed;
-    return a;
-}
-
-// Restores the process-wide switch when a test ends.
-struct CudnnSwitch {
-    bool previous = attention_cudnn_enabled();
-    explicit CudnnSwitch(bool enabled) { set_attention_cudnn(enabled); }
-    ~CudnnSwitch() { set_attention_cudnn(previous); }
-};
+using dgtest::CudnnSwitch;
+using dgtest::have_gpu;
+using dgtest::attention_attrs;
 
 const char* impl_name(AttentionImpl impl) {
     switch (impl) {
@@ -104,7 +92,7 @@ TEST_CASE("cuDNN attention in bf16 and f16 matches the float64 replay, and cuDNN
                 DYNAMIC_SECTION(dtype_name(dtype) << (causal ? " causal " : " ") << c.label) {
                     const OpCase op_case{c.label,
                                          {{c.B, c.H, c.T, c.D}, {c.B, c.H, c.S, c.D}, {c.B, c.H, c.S, c.D}},
-                                         attrs_of(causal),
+                                         attention_attrs(causal),
                                          {}};
                     Generator gen(20'000'000 + index + (causal ? 100 : 0));
                     const double tolerance = reduced_precision_tolerance(*def, dtype);
@@ -139,13 +127,13 @@ TEST_CASE("cuDNN attention: dropout, a mask, D = 36 and the switch off run on th
         const char* reason;  // words of the recorded reason
     };
     const std::vector<Case> cases = {
-        {{"dropout 0.1", {{1, 2, 200, 64}, {1, 2, 200, 64}, {1, 2, 200, 64}}, attrs_of(true, 0.1, 3), {}},
+        {{"dropout 0.1", {{1, 2, 200, 64}, {1, 2, 200, 64}, {1, 2, 200, 64}}, attention_attrs(true, 0.1, 3), {}},
          true, "dropout"},
         {{"padding mask (B,1,1,S)", {{2, 2, 200, 64}, {2, 2, 200, 64}, {2, 2, 200, 64}, {2, 1, 1, 200}},
-          attrs_of(false), masked},
+          attention_attrs(false), masked},
          true, "mask"},
-        {{"D36", {{1, 2, 200, 36}, {1, 2, 200, 36}, {1, 2, 200, 36}}, attrs_of(true), {}}, true, "head dim"},
-        {{"switch off", {{1, 2, 200, 64}, {1, 2, 200, 64}, {1, 2, 200, 64}}, attrs_of(true), {}}, false,
+        {{"D36", {{1, 2, 200, 36}, {1, 2, 200, 36}, {1, 2, 200, 36}}, attention_attrs(true), {}}, true, "head dim"},
+        {{"switch off", {{1, 2, 200, 64}, {1, 2, 200, 64}, {1, 2, 200, 64}}, attention_attrs(true), {}}, false,
          "disabled"},
     };
     for (const DType dtype : {DType::bf16, DType::f16}) {

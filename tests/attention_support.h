@@ -1,0 +1,34 @@
+// Helpers shared by the attention tests (test_attention, test_attention_cudnn).
+#pragma once
+#include <cstdint>
+
+#include "dyngrad/dyngrad.h"
+
+namespace dgtest {
+
+inline bool have_gpu() { return dyngrad::cuda_compiled() && dyngrad::cuda::device_count() > 0; }
+
+// scaled_dot_product_attention's attributes as the op table stores them.
+inline dyngrad::OpAttrs attention_attrs(bool causal, double dropout_p = 0.0, std::uint64_t seed = 0) {
+    dyngrad::OpAttrs a;
+    a.is_causal = causal;
+    a.scalar = dropout_p;
+    a.seed = seed;
+    return a;
+}
+
+// Sets the process-wide cuDNN attention switch while in scope, then restores it.
+class CudnnSwitch {
+public:
+    explicit CudnnSwitch(bool enabled) : previous_(dyngrad::attention_cudnn_enabled()) {
+        dyngrad::set_attention_cudnn(enabled);
+    }
+    ~CudnnSwitch() { dyngrad::set_attention_cudnn(previous_); }
+    CudnnSwitch(const CudnnSwitch&) = delete;
+    CudnnSwitch& operator=(const CudnnSwitch&) = delete;
+
+private:
+    bool previous_;
+};
+
+}  // namespace dgtest
