@@ -171,12 +171,33 @@ void fill(void* dst, std::int64_t n, double value, DType dtype, int device) {
 
 namespace {
 
-// dst[i] = convert(src[i]) for i < n (grid-stride)
+// kConvertWidth elements of T, moved as whole 16-byte vectors: 16 bytes of the narrower type, so the wider side
+// takes one to four 16-byte loads or stores per group (float -> bf16: two float4 in, one 16-byte store out).
 template <typename To, typename From>
-__global__ void convert_kernel(To* __restrict__ dst, const From* __restrict__ src, std::int64_t n) {
+constexpr int kConvertWidth = 16 / static_cast<int>(sizeof(To) < sizeof(From) ? sizeof(To) : sizeof(From));
+template <typename T, int W>
+struct alignas(16) ConvertGroup {
+    T v[W];
+};
+
+// dst[i] = convert(src[i]) for i < n: whole groups (`groups` of them, grid-stride; 0 when a pointer is not
+// 16-byte aligned), then the scalar tail. One element per thread ran at ~60% of the H100's bandwidth
+// (313 µs for ten float -> bf16 conversions of the MLP 4096 step against PyTorch's 229, ncu session 5).
+// The same convert_element per element: the same bits.
+template <typename To, typename From>
+__global__ void convert_kernel(To* __restrict__ dst, const From* __restrict__ src, std::int64_t n,
+                               std::int64_t groups) {
+    constexpr int W = kConvertWidth<To, From>;
     const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-        dst[i] = convert_element<To>(src[i]);
+    const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    for (std::int64_t g = first; g < groups; g += stride) {
+        const ConvertGroup<From, W> in = reinterpret_cast<const ConvertGroup<From, W>*>(src)[g];
+        ConvertGroup<To, W> out;
+#pragma unroll
+        for (int k = 0; k < W; ++k) out.v[k] = convert_element<To>(in.v[k]);
+        reinterpret_cast<ConvertGroup<To, W>*>(dst)[g] = out;
+    }
+    for (std::int64_t i = groups * W + first; i < n; i += stride) dst[i] = convert_element<To>(src[i]);
 }
 
 // Calls fn.template operator()<T>() with the GPU element type of a floating dtype.
@@ -200,9 +221,13 @@ void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::
     const DeviceContext& ctx = context(device);
     dispatch_element_type(dst_dtype, [&]<typename To>() {
         dispatch_element_type(src_dtype, [&]<typename From>() {
-            const unsigned blocks = grid_size(ctx, n, kFillThreads);
-            convert_kernel<To, From><<<blocks, kFillThreads, 0, ctx.stream>>>(static_cast<To*>(dst),
-                                                                              static_cast<const From*>(src), n);
+            constexpr int W = kConvertWidth<To, From>;
+            const auto address = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
+            const bool aligned = (address(dst) | address(src)) % 16 == 0;
+            const std::int64_t groups = aligned ? n / W : 0;
+            const unsigned blocks = grid_size(ctx, groups > 0 ? groups : n, kFillThreads);
+            convert_kernel<To, From><<<blocks, kFillThreads, 0, ctx.stream>>>(
+                static_cast<To*>(dst), static_cast<const From*>(src), n, groups);
             DG_CUDA_CHECK_LAUNCH();
         });
     });

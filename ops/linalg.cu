@@ -28,10 +28,13 @@
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/linalg_geometry.h"
 #include "dyngrad/ops/reduced_precision.cuh"
+#include "dyngrad/ops/vector_pack.cuh"
 
 namespace dyngrad::cuda {
 
 namespace {
+
+using namespace vector_pack;  // Pack, load_pack, store_pack, pack_count, vector_blocks: ops/vector_pack.cuh
 
 constexpr unsigned kThreads = 256;
 
@@ -105,22 +108,44 @@ __global__ void bias_rows_kernel(const T* __restrict__ b, T* __restrict__ y, std
 }
 
 // y = relu(y) in place: the fused activation after the GEMM, with ReluOp's formula (ops/elementwise_math.h),
-// so NaN propagates as on the CPU.
+// so NaN propagates as on the CPU. 16-byte packs (ops/vector_pack.cuh), then the scalar tail: one element per
+// thread took 38 µs per 4096×4096 bf16 pass on the H100 against PyTorch's 21 (ncu, session 5).
 template <typename T>
-__global__ void relu_in_place_kernel(T* __restrict__ y, std::int64_t n) {
-    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-        y[i] = from_acc<T>(math::ReluOp::forward(to_acc(y[i]), acc_t<T>(0)));
+__device__ __forceinline__ T relu_element(T y) {
+    return from_acc<T>(math::ReluOp::forward(to_acc(y), acc_t<T>(0)));
+}
+template <typename T>
+__global__ void relu_in_place_kernel(T* __restrict__ y, std::int64_t n, std::int64_t packs) {
+    constexpr int W = Pack<T>::width;
+    for (std::int64_t p = thread_index(); p < packs; p += thread_count()) {
+        Pack<T> v = load_pack(static_cast<const T*>(y), p);
+#pragma unroll
+        for (int k = 0; k < W; ++k) v.v[k] = relu_element(v.v[k]);
+        store_pack(y, p, v);
+    }
+    for (std::int64_t i = packs * W + thread_index(); i < n; i += thread_count()) y[i] = relu_element(y[i]);
 }
 
 // dz = ReluOp::masked_gradient(y, dy): the fused ReLU's gradient taken from the output, which is <= 0
-// exactly where the pre-activation is (so the pre-activation is never stored).
+// exactly where the pre-activation is (so the pre-activation is never stored). Packs as above.
+template <typename T>
+__device__ __forceinline__ T relu_gradient_element(T y, T dy) {
+    return from_acc<T>(math::ReluOp::masked_gradient(to_acc(y), to_acc(dy)));
+}
 template <typename T>
 __global__ void relu_gradient_kernel(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dz,
-                                     std::int64_t n) {
-    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-        dz[i] = from_acc<T>(math::ReluOp::masked_gradient(to_acc(y[i]), to_acc(dy[i])));
+                                     std::int64_t n, std::int64_t packs) {
+    constexpr int W = Pack<T>::width;
+    for (std::int64_t p = thread_index(); p < packs; p += thread_count()) {
+        const Pack<T> yv = load_pack(y, p);
+        const Pack<T> dyv = load_pack(dy, p);
+        Pack<T> dzv;
+#pragma unroll
+        for (int k = 0; k < W; ++k) dzv.v[k] = relu_gradient_element(yv.v[k], dyv.v[k]);
+        store_pack(dz, p, dzv);
+    }
+    for (std::int64_t i = packs * W + thread_index(); i < n; i += thread_count())
+        dz[i] = relu_gradient_element(y[i], dy[i]);
 }
 
 using LtMatmulDesc = UniqueHandle<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
@@ -249,8 +274,10 @@ Tensor activation_gradient(DeviceContext& ctx, const Tensor& dy, const Tensor& y
     if (activation == Activation::None || dy.numel() == 0) return dy;
     Tensor dz = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
     dispatch_gpu_floating(dy.dtype(), "linear backward", [&]<typename T>() {
-        relu_gradient_kernel<T><<<grid_size(ctx, dy.numel(), kThreads), kThreads, 0, ctx.stream>>>(
-            dy.data<T>(), y.data<T>(), dz.data<T>(), dy.numel());
+        const std::int64_t n = dy.numel();
+        const std::int64_t packs = pack_count<T>(n, {dy.raw_data(), y.raw_data(), dz.raw_data()});
+        relu_gradient_kernel<T><<<vector_blocks(ctx, n, packs, kThreads), kThreads, 0, ctx.stream>>>(
+            dy.data<T>(), y.data<T>(), dz.data<T>(), n, packs);
         DG_CUDA_CHECK_LAUNCH();
     });
     return dz;
@@ -322,8 +349,10 @@ Tensor linear_forward(const ForwardArgs& args) {
     }
     if (relu) {
         dispatch_gpu_floating(x.dtype(), "linear", [&]<typename T>() {
-            relu_in_place_kernel<T><<<grid_size(ctx, y.numel(), kThreads), kThreads, 0, ctx.stream>>>(y.data<T>(),
-                                                                                                      y.numel());
+            const std::int64_t n = y.numel();
+            const std::int64_t packs = pack_count<T>(n, {y.raw_data()});
+            relu_in_place_kernel<T><<<vector_blocks(ctx, n, packs, kThreads), kThreads, 0, ctx.stream>>>(
+                y.data<T>(), n, packs);
             DG_CUDA_CHECK_LAUNCH();
         });
     }

@@ -1,6 +1,6 @@
 // 16-byte vector access for contiguous elementwise CUDA kernels (float4 / double2 width, 8 bf16/f16): a kernel
-// walks whole packs with one load/store each, then the scalar tail. Shared by ops/elementwise.cu and
-// ops/dropout.cu. Pool allocations are 256-byte aligned and tensors are never offset views, so the vector path
+// walks whole packs with one load/store each, then the scalar tail. Shared by ops/elementwise.cu,
+// ops/dropout.cu, ops/linalg.cu (the fused ReLU) and ops/loss.cu (the class losses' backward). Pool allocations are 256-byte aligned and tensors are never offset views, so the vector path
 // always applies; pack_count() still checks, and gives 0 packs (the scalar loop) for anything unaligned.
 // Device code: include it from .cu files only.
 #pragma once
