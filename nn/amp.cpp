@@ -74,12 +74,15 @@ Var GradScaler::scale(const Var& loss) {
 }
 
 void GradScaler::check(Optimizer& optimizer, bool unscale) {
-    const std::vector<Tensor*> grads = gradient_targets(optimizer.parameters(), "GradScaler");
+    // Without unscaling the check only reads the gradients: no exclusive copies.
+    const std::vector<Tensor*> grads = gradient_targets(optimizer.parameters(), "GradScaler",
+                                                        unscale ? GradientUse::scale_in_place : GradientUse::read);
     const Device device = grads.empty() ? scale_.device() : grads.front()->device();
     place(device);
     if (device.is_cuda()) {
 #if DYNGRAD_WITH_CUDA
-        for (Tensor* grad : grads) grad->bump_version();
+        if (unscale)
+            for (Tensor* grad : grads) grad->bump_version();
         cuda::scaler_check(device.index, cuda::grad_operands(grads), scale_.data<float>(), inv_scale_.data<float>(),
                            found_inf_.data<float>(), unscale);
 #endif

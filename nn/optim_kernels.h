@@ -18,9 +18,13 @@
 namespace dyngrad {
 
 class Parameter;
-// The trainable parameters' gradients (made exclusive, so they can be scaled in place) for clipping and
-// loss scaling; ValueError/DeviceError naming `what` (nn/optim.cpp).
-std::vector<Tensor*> gradient_targets(const std::vector<Parameter>& parameters, const char* what);
+// What the caller of gradient_targets does with the gradients: only reads them (GradScaler's inf check without
+// unscaling), or scales them in place (clipping, unscale()), which needs each one's storage owned alone.
+enum class GradientUse { read, scale_in_place };
+// The trainable parameters' gradients for clipping and loss scaling (made exclusive for scale_in_place);
+// ValueError/DeviceError naming `what` (nn/optim.cpp).
+std::vector<Tensor*> gradient_targets(const std::vector<Parameter>& parameters, const char* what,
+                                      GradientUse use = GradientUse::scale_in_place);
 
 // The scalars of one SGD update of one parameter (its group's settings):
 //   g = grad + weight_decay·p;  buf = momentum·buf + g;  g = nesterov ? g + momentum·buf : buf;  p -= lr·g
