@@ -34,7 +34,7 @@ namespace dyngrad::cuda {
 
 namespace {
 
-using namespace vector_pack;  // Pack, load_pack, store_pack, pack_count, vector_blocks: ops/vector_pack.cuh
+using namespace vector_pack;  // Pack, load_pack, store_pack, for_each_pack, pack_count: ops/vector_pack.cuh
 
 constexpr unsigned kThreads = 256;
 
@@ -116,14 +116,15 @@ __device__ __forceinline__ T relu_element(T y) {
 }
 template <typename T>
 __global__ void relu_in_place_kernel(T* __restrict__ y, std::int64_t n, std::int64_t packs) {
-    constexpr int W = Pack<T>::width;
-    for (std::int64_t p = thread_index(); p < packs; p += thread_count()) {
-        Pack<T> v = load_pack(static_cast<const T*>(y), p);
+    for_each_pack(
+        n, packs, Pack<T>::width,
+        [&](std::int64_t p) {
+            Pack<T> v = load_pack(static_cast<const T*>(y), p);
 #pragma unroll
-        for (int k = 0; k < W; ++k) v.v[k] = relu_element(v.v[k]);
-        store_pack(y, p, v);
-    }
-    for (std::int64_t i = packs * W + thread_index(); i < n; i += thread_count()) y[i] = relu_element(y[i]);
+            for (T& e : v.v) e = relu_element(e);
+            store_pack(y, p, v);
+        },
+        [&](std::int64_t i) { y[i] = relu_element(y[i]); });
 }
 
 // dz = ReluOp::masked_gradient(y, dy): the fused ReLU's gradient taken from the output, which is <= 0
@@ -135,17 +136,16 @@ __device__ __forceinline__ T relu_gradient_element(T y, T dy) {
 template <typename T>
 __global__ void relu_gradient_kernel(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dz,
                                      std::int64_t n, std::int64_t packs) {
-    constexpr int W = Pack<T>::width;
-    for (std::int64_t p = thread_index(); p < packs; p += thread_count()) {
-        const Pack<T> yv = load_pack(y, p);
-        const Pack<T> dyv = load_pack(dy, p);
-        Pack<T> dzv;
+    for_each_pack(
+        n, packs, Pack<T>::width,
+        [&](std::int64_t p) {
+            const Pack<T> yv = load_pack(y, p), dyv = load_pack(dy, p);
+            Pack<T> dzv;
 #pragma unroll
-        for (int k = 0; k < W; ++k) dzv.v[k] = relu_gradient_element(yv.v[k], dyv.v[k]);
-        store_pack(dz, p, dzv);
-    }
-    for (std::int64_t i = packs * W + thread_index(); i < n; i += thread_count())
-        dz[i] = relu_gradient_element(y[i], dy[i]);
+            for (int k = 0; k < Pack<T>::width; ++k) dzv.v[k] = relu_gradient_element(yv.v[k], dyv.v[k]);
+            store_pack(dz, p, dzv);
+        },
+        [&](std::int64_t i) { dz[i] = relu_gradient_element(y[i], dy[i]); });
 }
 
 using LtMatmulDesc = UniqueHandle<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;

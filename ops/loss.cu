@@ -65,9 +65,10 @@ __device__ __forceinline__ void store_row_loss(std::int64_t row, T loss, T label
 
 // The batch sums of a class loss, by one block of kThreads threads in a fixed order of additions:
 // sums = [D = Σ row_weight, W = Σ_c class_weight (C without)], out () = Σ row_loss / D (Mean) or Σ row_loss
-// (Sum); nothing written to out for None. The row values come from L2 (__ldcg): other blocks wrote them.
+// (Sum); nothing written to out for None. The row values come from L2 (__ldcg): other blocks wrote them (and
+// the rows kernels' row_loss / row_weight are not __restrict__: this block reads what it wrote through them).
 template <typename T>
-__device__ void class_loss_batch_sums(const double* __restrict__ row_loss, const double* __restrict__ row_weight,
+__device__ void class_loss_batch_sums(const double* row_loss, const double* row_weight,
                                       std::int64_t rows, const T* __restrict__ weight, std::int64_t classes,
                                       Reduction reduction, T* __restrict__ out, double* __restrict__ sums) {
     double loss = 0.0, denominator = 0.0, weight_sum = 0.0;
@@ -94,8 +95,8 @@ __device__ void class_loss_batch_sums(const double* __restrict__ row_loss, const
 // order (the rows kernels run kThreads threads per block, as that kernel did): the same bits. Every thread
 // of the block must call it.
 template <typename T>
-__device__ void finish_class_loss_in_last_block(const BatchSums<T>& batch, const double* __restrict__ row_loss,
-                                                const double* __restrict__ row_weight, std::int64_t rows,
+__device__ void finish_class_loss_in_last_block(const BatchSums<T>& batch, const double* row_loss,
+                                                const double* row_weight, std::int64_t rows,
                                                 const T* __restrict__ weight, std::int64_t classes) {
     __shared__ bool last;
     __threadfence();  // this thread's row values are visible device-wide before its block counts as finished
@@ -119,8 +120,8 @@ template <typename T, bool kBlockPerRow>
 __global__ void cross_entropy_rows_kernel(const T* __restrict__ logits, const std::int64_t* __restrict__ labels,
                                           const T* __restrict__ weight, std::int64_t rows, std::int64_t classes,
                                           std::int64_t ignore_index, T smoothing, T* __restrict__ lse,
-                                          double* __restrict__ row_loss, double* __restrict__ row_weight,
-                                          T* __restrict__ out_rows, BatchSums<T> batch, DeviceErrorRecord* record) {
+                                          double* row_loss, double* row_weight, T* __restrict__ out_rows,
+                                          BatchSums<T> batch, DeviceErrorRecord* record) {
     using Rows = RowTiling<kBlockPerRow>;
     for (std::int64_t row = Rows::first_row(); row < rows; row += Rows::row_step()) {
         const T* xr = logits + row * classes;
@@ -158,8 +159,8 @@ __global__ void cross_entropy_rows_kernel(const T* __restrict__ logits, const st
 template <typename T>
 __global__ void nll_rows_kernel(const T* __restrict__ log_probs, const std::int64_t* __restrict__ labels,
                                 const T* __restrict__ weight, std::int64_t rows, std::int64_t classes,
-                                std::int64_t ignore_index, double* __restrict__ row_loss,
-                                double* __restrict__ row_weight, T* __restrict__ out_rows, BatchSums<T> batch,
+                                std::int64_t ignore_index, double* row_loss, double* row_weight,
+                                T* __restrict__ out_rows, BatchSums<T> batch,
                                 DeviceErrorRecord* record) {
     for (std::int64_t row = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; row < rows;
          row += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {

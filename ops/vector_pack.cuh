@@ -32,6 +32,15 @@ __device__ __forceinline__ std::int64_t thread_index() {
 }
 __device__ __forceinline__ std::int64_t thread_count() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
 
+// The grid-stride walk of a vectorized elementwise kernel over n elements: on_pack(p) for each of the `packs`
+// whole packs of `width` elements, then on_element(i) for each element past them.
+template <typename OnPack, typename OnElement>
+__device__ __forceinline__ void for_each_pack(std::int64_t n, std::int64_t packs, int width, OnPack on_pack,
+                                              OnElement on_element) {
+    for (std::int64_t p = thread_index(); p < packs; p += thread_count()) on_pack(p);
+    for (std::int64_t i = packs * width + thread_index(); i < n; i += thread_count()) on_element(i);
+}
+
 // Whole packs the vector loop covers: n / width when every pointer is 16-byte aligned, else 0.
 template <typename T>
 std::int64_t pack_count(std::int64_t n, std::initializer_list<const void*> pointers) {
