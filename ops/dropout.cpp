@@ -37,6 +37,26 @@ Var dropout(const Var& x, double p, bool training, const Var& seed, std::source_
     return x.graph().record(OpType::Dropout, {x, seed}, dropout_attrs(p, training), where);
 }
 
+Var dropout(const Var& x, double p, bool training, DropoutSeeds& seeds, std::source_location where) {
+#if DYNGRAD_WITH_CUDA
+    const Device device = x.device();
+    if (device.is_cuda() && !math::dropout_is_identity(training, p)) {
+        if (seeds.counter_.device() != device) seeds.counter_ = seeds.counter_.to(device);  // as next()
+        Tensor slot = Tensor::empty({1}, DType::i64, device);  // written by the dropout kernel
+        cuda::FusedSeedDraw draw{seeds.counter_.data<std::int64_t>(), seeds.seed_, slot.data<std::int64_t>()};
+        struct Install {  // for this record only, also when it throws
+            cuda::FusedSeedDraw* previous;
+            ~Install() { cuda::set_fused_seed_draw(previous); }
+        } const install{cuda::set_fused_seed_draw(&draw)};
+        Var y = dropout(x, p, training, x.graph().constant(slot, where), where);
+        // No kernel took the draw (an empty x launches none): draw it on its own, so every call draws one.
+        if (!draw.consumed) cuda::next_dropout_seed(seeds.counter_, seeds.seed_, slot);
+        return y;
+    }
+#endif
+    return dropout(x, p, training, x.graph().constant(seeds.next(x.device()), where), where);
+}
+
 // ---- eager calls (graph/eager.h): the same op on Tensors ----
 Tensor dropout(const Tensor& x, double p, bool training, std::uint64_t seed, std::source_location where) {
     return eager(OpType::Dropout, {x}, dropout_attrs(p, training, seed), where);
