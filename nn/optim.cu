@@ -44,10 +44,14 @@ __device__ inline bool slice_is_empty(const StepChunk& c) {
 // The lr of group g under a deferred schedule advance (StepState::schedule): set_lr's override when there is
 // one, else the schedule's lr at the advanced epoch. Not inlined, so that every caller (the updates, the last
 // block that stores the lrs, the host read's kernel) computes the same bits.
-__device__ __noinline__ double scheduled_lr(const StepState& s, int group) {
-    const double override_lr = s.lr_overrides[group];
+// (By value: no kernel parameter's address is taken on the path without a schedule.)
+__device__ __noinline__ double scheduled_lr(ScheduleAdvance a, const double* overrides, int group) {
+    const double override_lr = overrides[group];
     if (override_lr >= 0) return override_lr;
-    return schedule_lr(s.schedule.rule, s.schedule.base_lrs[group], *s.schedule.epoch + s.schedule.count);
+    return schedule_lr(a.rule, a.base_lrs[group], *a.epoch + a.count);
+}
+__device__ inline double scheduled_lr(const StepState& s, int group) {
+    return scheduled_lr(s.schedule, s.lr_overrides, group);
 }
 
 // The lr of group g's update in this step: the device lr, or the deferred schedule's.
