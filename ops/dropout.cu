@@ -80,6 +80,7 @@ void launch_dropout(const Tensor& in, std::span<const Tensor> inputs, const OpAt
     if (FusedSeedDraw* fused = tls_fused_draw; fused != nullptr && !fused->consumed && seed_input == fused->slot) {
         draw = {fused->counter, fused->stream_seed, fused->slot, ctx.block_counter};
         fused->consumed = true;
+        seed_input = nullptr;  // the kernel writes it (through draw.slot) and never reads it
     }
     const T* x = in.data<T>();
     T* y = out.data<T>();
