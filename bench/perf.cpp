@@ -17,6 +17,9 @@
 //                                       logits, clip_grad_norm_and_step(1.0) of AdamW (lr 1e-3, wd 0.01), WarmupCosineLR
 //                                       stepped per step; its captured row against the captured SGD row of the
 //                                       same model is the "at least as fast" target.
+//   lenet5_b64_adamw, mlp784_b64_adamw  (only with --only) the exact configuration: the _full rows
+//                                       without clipping (dropout 0.1 on the logits, AdamW step(), WarmupCosineLR
+//                                       stepped per step).
 // A training step is forward, cross-entropy, backward, SGD update (lr 0.01, no momentum) on random inputs
 // and labels resident on the GPU. Modes:
 //   eager     the graph is recorded anew every step (the dynamic case);
@@ -38,7 +41,7 @@
 // Host overhead: see host_overhead() below.
 //
 // Usage: dyngrad-perf [--json FILE] [--only NAME[,NAME...]] [--quick] [--list]
-//   e.g. dyngrad-perf --only lenet5_b64,lenet5_b64_full,mlp784_b64,mlp784_b64_full
+//   e.g. dyngrad-perf --only lenet5_b64,lenet5_b64_full,lenet5_b64_adamw,mlp784_b64,mlp784_b64_full,mlp784_b64_adamw
 // Exit status: 0 all measured, 1 a workload failed (its row carries the error), 2 usage or setup error,
 // 77 no CUDA device.
 #include <dyngrad/dyngrad.h>
@@ -253,19 +256,23 @@ Prepared training(Sequential model, const Shape& input_shape, std::int64_t class
     return {{x, y}, step, work};
 }
 
-// training() with everything a real step has: dropout on the logits, clipping, AdamW, a per-step schedule.
-Prepared full_training(Sequential body, const Shape& input_shape, std::int64_t classes) {
+// training() with everything a real step has: dropout on the logits, clipping (`clip`), AdamW, a per-step
+// schedule.
+Prepared full_training(Sequential body, const Shape& input_shape, std::int64_t classes, bool clip = true) {
     Sequential model;
     model.add(body).add(Dropout(0.1, 1));
     model.to(kGpu);
     auto optimizer = std::make_shared<AdamW>(model.parameters(), AdamOptions{.lr = 1e-3, .weight_decay = 0.01});
     auto schedule = std::make_shared<WarmupCosineLR>(*optimizer, 100, 100'000, 1e-5);
     Prepared p = training(model, input_shape, classes);  // the inputs; its SGD step is replaced
-    p.step = [model, optimizer, schedule](std::span<const Tensor> in) {
+    p.step = [model, optimizer, schedule, clip](std::span<const Tensor> in) {
         ComputeGraph graph;
         const Var loss = cross_entropy(model(graph.input(in[0], "x")), graph.input(in[1], "labels"));
         graph.backward(loss, {.free_values = true});
-        optimizer->clip_grad_norm_and_step(1.0);  // clip_grad_norm + step(), the scaling fused into the step
+        if (clip)
+            optimizer->clip_grad_norm_and_step(1.0);  // clip_grad_norm + step(), the scaling fused into the step
+        else
+            optimizer->step();
         schedule->step();
         optimizer->zero_grad();
         return loss.value();
@@ -332,16 +339,16 @@ std::vector<Workload> workloads() {
             return training(models::make_model(name, 28, 28, gen), {batch, 1, 28, 28}, kMnistClasses, precision);
         };
     };
-    auto full = [](const char* name, std::int64_t batch) {
-        return [name, batch] {
+    auto full = [](const char* name, std::int64_t batch, bool clip = true) {
+        return [name, batch, clip] {
             Generator gen(0);
-            return full_training(models::make_model(name, 28, 28, gen), {batch, 1, 28, 28}, kMnistClasses);
+            return full_training(models::make_model(name, 28, 28, gen), {batch, 1, 28, 28}, kMnistClasses, clip);
         };
     };
-    auto full_mlp = [](std::vector<std::int64_t> widths, std::int64_t batch) {
-        return [widths, batch] {
+    auto full_mlp = [](std::vector<std::int64_t> widths, std::int64_t batch, bool clip = true) {
+        return [widths, batch, clip] {
             Generator gen(0);
-            return full_training(models::make_mlp(widths, gen), {batch, widths.front()}, widths.back());
+            return full_training(models::make_mlp(widths, gen), {batch, widths.front()}, widths.back(), clip);
         };
     };
     const std::vector<std::int64_t> wide = {4096, 4096, 4096, 4096, 4096};
@@ -364,6 +371,10 @@ std::vector<Workload> workloads() {
          true},
         {"mlp784_b64_full", "MLP 784-256-256-10, batch 64, dropout + clip + AdamW + warm-up/cosine",
          full_mlp({784, 256, 256, 10}, 64), false, 0, true},
+        {"lenet5_b64_adamw", "lenet5, batch 64, dropout + AdamW + warm-up/cosine (no clipping)",
+         full("lenet5", 64, false), false, 0, true},
+        {"mlp784_b64_adamw", "MLP 784-256-256-10, batch 64, dropout + AdamW + warm-up/cosine (no clipping)",
+         full_mlp({784, 256, 256, 10}, 64, false), false, 0, true},
     };
 }
 

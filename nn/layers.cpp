@@ -318,8 +318,9 @@ Var Dropout::operator()(const Var& x, std::source_location where) const {
     // over x (under autocast a 16-bit x would otherwise also pay two casts each way).
     if (!is_training() || p == 0) return x;
     // The seed is drawn where x lives and handed to the op as a tensor: on a GPU neither the counter nor the
-    // seed passes through the host, so a replay of a captured step draws the next masks.
-    return dropout(x, p, true, x.graph().constant(seeds_->next(x.device()), where), where);
+    // seed passes through the host, so a replay of a captured step draws the next masks; there the dropout
+    // kernel draws it (no launch of its own).
+    return dropout(x, p, true, *seeds_, where);
 }
 
 Embedding::Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim, Generator& gen,

@@ -222,7 +222,10 @@ const GroupSettings& Optimizer::settings(std::size_t group) const {
 void Optimizer::pull_device_scalars() const {
 #if DYNGRAD_WITH_CUDA
     for (const auto& [device, on] : tables_->by_device) {
-        const std::vector<double> lrs = on.lrs.to_vector();  // a host read: GraphError inside a capture
+        // Before next_lrs may queue a kernel: a host read inside a capture is a GraphError.
+        cuda::refuse_in_capture(device, str(name(), ": a host read of the lr or step counts").c_str(),
+                                "it copies device memory to the host (a synchronisation)");
+        const std::vector<double> lrs = on.next_lrs(device).to_vector();
         for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].settings.lr = lrs[g];
         const Tensor steps = on.steps.to(Device::cpu());
         for (std::size_t i = 0; i < parameters_.size(); ++i)
@@ -254,6 +257,7 @@ std::vector<std::pair<std::string, Tensor>> Optimizer::device_scalars() const {
     for (const auto& [device, on] : tables_->by_device) {
         out.emplace_back(str("lr.cuda", device), on.lrs);
         out.emplace_back(str("steps.cuda", device), on.steps);
+        out.emplace_back(str("lr_overrides.cuda", device), on.lr_overrides);
     }
 #endif
     return out;
@@ -304,8 +308,7 @@ void Optimizer::set_lr(std::size_t group, double lr) {
     set_host_lr(group, lr);
 #if DYNGRAD_WITH_CUDA
     // A fill kernel with the value as its argument: stream-ordered and capturable.
-    for (auto& [device, on] : tables_->by_device)
-        device_memory::fill(on.lrs.data<double>() + group, 1, lr, DType::f64, device);
+    for (auto& [device, on] : tables_->by_device) on.write_lr(device, group, lr);
 #endif
 }
 
@@ -401,7 +404,10 @@ std::function<void()> Optimizer::stage_state(const TensorMap& tensors, const Saf
         std::vector<double> lrs;
         for (const Group& group : groups_) lrs.push_back(group.settings.lr);
         for (auto& [device, on] : tables_->by_device) {
-            on.lrs.copy_from(Tensor::from_vector(lrs, {static_cast<std::int64_t>(lrs.size())}, DType::f64));
+            // Under a deferred schedule advance the loaded lrs are overrides, as set_lr's (the schedule's own
+            // checkpoint entry puts its epoch back).
+            Tensor& target = on.deferred.count > 0 ? on.lr_overrides : on.lrs;
+            target.copy_from(Tensor::from_vector(lrs, {static_cast<std::int64_t>(lrs.size())}, DType::f64));
             on.steps.copy_from(Tensor::from_vector(steps_, {static_cast<std::int64_t>(steps_.size())}));
         }
 #endif
@@ -497,7 +503,7 @@ void SGD::update(const Gate* gate, [[maybe_unused]] const Tensor* clip) {
 #if DYNGRAD_WITH_CUDA
     for (const auto& [device, tensors] : on_gpu) {
         auto& on = tables_->on(device, groups_, steps_, name());
-        cuda::sgd_step(on.table, tensors, on.state(gate, clip));
+        if (cuda::sgd_step(on.table, tensors, on.state(gate, clip))) on.launched();
     }
 #endif
 }
@@ -579,7 +585,7 @@ void Adam::update(const Gate* gate, [[maybe_unused]] const Tensor* clip) {
 #if DYNGRAD_WITH_CUDA
     for (const auto& [device, tensors] : on_gpu) {
         auto& on = tables_->on(device, groups_, steps_, name());
-        cuda::adam_step(on.table, tensors, on.state(gate, clip));
+        if (cuda::adam_step(on.table, tensors, on.state(gate, clip))) on.launched();
     }
 #endif
 }

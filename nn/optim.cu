@@ -43,22 +43,65 @@ __device__ inline bool slice_is_empty(const StepChunk& c) {
     return static_cast<std::int64_t>(blockIdx.y) * kStepSlice >= c.n;
 }
 
-// After a block's update: the last block of a parameter (all non-empty slices of its chunks) to finish
-// advances its step count. Every block of that parameter read the count (before its first __syncthreads)
-// before it arrived, so the increment never races a read; arrivals go back to 0 for the next launch.
-__device__ void count_update(const StepChunk& c, const StepState& s) {
-    __syncthreads();  // every thread of this block has read the count
+// The lr of group g under a deferred schedule advance (StepState::schedule): set_lr's override when there is
+// one, else the schedule's lr at the advanced epoch. Not inlined, so that every caller (the updates, the last
+// block that stores the lrs, the host read's kernel) computes the same bits.
+// (By value: no kernel parameter's address is taken on the path without a schedule.)
+__device__ __noinline__ double scheduled_lr(ScheduleAdvance a, const double* overrides, int group) {
+    const double override_lr = overrides[group];
+    if (override_lr >= 0) return override_lr;
+    return schedule_lr(a.rule, a.base_lrs[group], *a.epoch + a.count);
+}
+__device__ inline double scheduled_lr(const StepState& s, int group) {
+    return scheduled_lr(s.schedule, s.lr_overrides, group);
+}
+
+// The lr of group g's update in this step: the device lr, or the deferred schedule's.
+__device__ inline double step_lr(const StepState& s, int group) {
+    return s.schedule.count == 0 ? s.lrs[group] : scheduled_lr(s, group);
+}
+
+// Applies a deferred schedule advance (one thread, after every reader of the old epoch and overrides): the
+// lrs this step used become the device lrs, the overrides are consumed, the epoch advances.
+__device__ void apply_schedule_advance(const StepState& s) {
+    for (int g = 0; g < s.groups; ++g) s.lrs[g] = scheduled_lr(s, g);
+    for (int g = 0; g < s.groups; ++g) s.lr_overrides[g] = -1;
+    *s.schedule.epoch += s.schedule.count;
+}
+
+// After a block's update (`updated`) or its skip: the last block of a parameter (all non-empty slices of its
+// chunks) to finish advances its step count, and with a deferred schedule advance the last block of the
+// launch applies it. Every block read the step count, epoch and overrides (before its first __syncthreads)
+// before it arrived, so the writes never race a read; the arrival counters go back to 0 for the next launch.
+__device__ void finish_block(const StepChunk& c, const StepState& s, bool updated) {
+    __syncthreads();  // every thread of this block has read the count and the lr
     if (threadIdx.x != 0) return;
     const auto blocks = static_cast<unsigned long long>(c.blocks);
-    if (blocks == 1) {
+    if (updated && blocks == 1) {
         s.steps[c.parameter] += 1;
-        return;
+    } else if (updated) {
+        __threadfence();
+        if (atomicAdd(&s.arrivals[c.parameter], 1ull) + 1 == blocks) {
+            s.steps[c.parameter] += 1;
+            s.arrivals[c.parameter] = 0;
+        }
     }
+    if (!s.applies_schedule) return;
     __threadfence();
-    if (atomicAdd(&s.arrivals[c.parameter], 1ull) + 1 == blocks) {
-        s.steps[c.parameter] += 1;
-        s.arrivals[c.parameter] = 0;
+    if (atomicAdd(s.block_counter, 1u) + 1 == s.launch_blocks) {
+        __threadfence();
+        apply_schedule_advance(s);
+        *s.block_counter = 0;
     }
+}
+
+// The block's lr under a deferred schedule: thread 0 evaluates it once (a cos or pow in double), the block
+// shares it. Called by every thread of the block.
+__device__ double block_scheduled_lr(const StepState& s, int group) {
+    __shared__ double lr;
+    if (threadIdx.x == 0) lr = scheduled_lr(s, group);
+    __syncthreads();
+    return lr;
 }
 
 // chunks[blockIdx.x]: param, grad, momentum buffer (null without momentum), all (n); scalars: momentum,
@@ -67,8 +110,12 @@ template <typename T>
 __global__ void sgd_kernel(const StepChunk* __restrict__ chunks, StepState s) {
     const StepChunk& c = chunks[blockIdx.x];
     if (slice_is_empty(c)) return;
-    if (s.found_inf != nullptr && *s.found_inf != 0) return;  // GradScaler: the step is skipped
-    const T lr = static_cast<T>(s.lrs[c.group]), momentum = static_cast<T>(c.scalars[0]),
+    if (s.found_inf != nullptr && *s.found_inf != 0) {  // GradScaler: the step is skipped (a schedule's is not)
+        finish_block(c, s, false);
+        return;
+    }
+    const T lr = static_cast<T>(s.schedule.count == 0 ? s.lrs[c.group] : block_scheduled_lr(s, c.group)),
+            momentum = static_cast<T>(c.scalars[0]),
             weight_decay = static_cast<T>(c.scalars[1]);
     const bool nesterov = c.scalars[2] != 0;
     const bool unscale = s.inv_scale != nullptr;
@@ -121,7 +168,7 @@ __global__ void sgd_kernel(const StepChunk* __restrict__ chunks, StepState s) {
         if (clip != 1.0) g[i] = gi;
         if (buffer != nullptr) buffer[i] = b;
     }
-    count_update(c, s);
+    finish_block(c, s, true);
 }
 
 // chunks[blockIdx.x]: param, grad, m, v, all (n); scalars: beta1, beta2, eps, weight_decay, decoupled. The
@@ -136,10 +183,13 @@ template <typename T>
 __global__ void adam_kernel(const StepChunk* __restrict__ chunks, StepState s) {
     const StepChunk& c = chunks[blockIdx.x];
     if (slice_is_empty(c)) return;
-    if (s.found_inf != nullptr && *s.found_inf != 0) return;  // GradScaler: the step is skipped
+    if (s.found_inf != nullptr && *s.found_inf != 0) {  // GradScaler: the step is skipped (a schedule's is not)
+        finish_block(c, s, false);
+        return;
+    }
     __shared__ AdamScalars shared;
     if (threadIdx.x == 0)
-        shared = adam_scalars(s.lrs[c.group], c.scalars[0], c.scalars[1], c.scalars[2], c.scalars[3],
+        shared = adam_scalars(step_lr(s, c.group), c.scalars[0], c.scalars[1], c.scalars[2], c.scalars[3],
                               c.scalars[4] != 0, s.steps[c.parameter] + 1);
     const bool unscale = s.inv_scale != nullptr;
     const T inv_scale = unscale ? static_cast<T>(*s.inv_scale) : T(1);
@@ -187,15 +237,17 @@ __global__ void adam_kernel(const StepChunk* __restrict__ chunks, StepState s) {
         v[i] = vi;
         p[i] = wj - step_size * mi / (sqrt(vi) / bias2_sqrt + eps);
     }
-    count_update(c, s);
+    finish_block(c, s, true);
 }
 
-// One thread: the schedule's next epoch and every group's lr from it.
-__global__ void schedule_step_kernel(ScheduleRule rule, const double* __restrict__ base_lrs, std::int64_t groups,
-                                     long long* __restrict__ epoch, double* __restrict__ lrs) {
-    const long long next = *epoch + 1;
-    *epoch = next;
-    for (std::int64_t g = 0; g < groups; ++g) lrs[g] = schedule_lr(rule, base_lrs[g], next);
+// One thread: out[g] = the lr of group g's next step (a host read), or with no `out` the deferred schedule
+// advance applied (apply_schedule).
+__global__ void schedule_kernel(StepState s, double* __restrict__ out) {
+    if (out == nullptr) {
+        apply_schedule_advance(s);
+        return;
+    }
+    for (int g = 0; g < s.groups; ++g) out[g] = step_lr(s, g);
 }
 
 template <typename P>
@@ -209,12 +261,13 @@ struct Group {
     DType dtype;
     std::size_t first;
     std::size_t count;
+    unsigned blocks;  // blocks whose slice holds elements (they take part in the step; the rest leave at once)
 };
 
 // Cuts the tensors into chunks grouped by dtype, uploads the table and calls launch(group, device chunks
-// of the group) for each non-empty group.
+// of the group, whether it is the last launch) for each non-empty group. Returns whether it launched any.
 template <typename Launch>
-void for_each_group(StepTable& table, std::span<const StepOperands> tensors, Launch launch) {
+bool for_each_group(StepTable& table, std::span<const StepOperands> tensors, Launch launch) {
     std::vector<std::size_t> order(tensors.size());
     std::iota(order.begin(), order.end(), std::size_t{0});
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
@@ -225,7 +278,7 @@ void for_each_group(StepTable& table, std::span<const StepOperands> tensors, Lau
     std::vector<Group> groups;
     for (const std::size_t i : order) {
         const StepOperands& t = tensors[i];
-        if (groups.empty() || groups.back().dtype != t.dtype) groups.push_back({t.dtype, chunks.size(), 0});
+        if (groups.empty() || groups.back().dtype != t.dtype) groups.push_back({t.dtype, chunks.size(), 0, 0});
         const auto width = static_cast<std::int64_t>(dtype_size(t.dtype));
         const std::int64_t parameter_blocks = (t.numel + kStepSlice - 1) / kStepSlice;  // non-empty slices
         for (std::int64_t offset = 0; offset < t.numel; offset += kStepChunk) {
@@ -235,13 +288,27 @@ void for_each_group(StepTable& table, std::span<const StepOperands> tensors, Lau
                             t.parameter, parameter_blocks};
             std::copy(t.scalars.begin(), t.scalars.end(), chunk.scalars);
             chunks.push_back(chunk);
+            groups.back().blocks += static_cast<unsigned>((chunk.n + kStepSlice - 1) / kStepSlice);
         }
         groups.back().count = chunks.size() - groups.back().first;
     }
-    if (chunks.empty()) return;
+    if (chunks.empty()) return false;
     const StepChunk* device_chunks = table.upload(chunks);
-    for (const Group& group : groups)
-        if (group.count > 0) launch(group, device_chunks + group.first);
+    std::size_t last = 0;
+    for (std::size_t g = 0; g < groups.size(); ++g)
+        if (groups[g].count > 0) last = g;
+    for (std::size_t g = 0; g < groups.size(); ++g)
+        if (groups[g].count > 0) launch(groups[g], device_chunks + groups[g].first, g == last);
+    return true;
+}
+
+// The state one launch reads: with a deferred schedule advance, the last launch's last block applies it.
+StepState launch_state(const StepState& state, const Group& group, bool last, DeviceContext& ctx) {
+    StepState s = state;
+    s.applies_schedule = last && state.schedule.count > 0;
+    s.launch_blocks = group.blocks;
+    s.block_counter = ctx.block_counter;
+    return s;
 }
 
 }  // namespace
@@ -295,21 +362,23 @@ const StepChunk* StepTable::upload(const std::vector<StepChunk>& chunks) {
 
 // ---- steps ----
 
-void sgd_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state) {
+bool sgd_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state) {
     DeviceContext& ctx = context(table.device());
-    for_each_group(table, tensors, [&](const Group& group, const StepChunk* chunks) {
+    return for_each_group(table, tensors, [&](const Group& group, const StepChunk* chunks, bool last) {
+        const StepState s = launch_state(state, group, last, ctx);
         dispatch_floating(group.dtype, "SGD", [&]<typename T>() {
-            sgd_kernel<T><<<dim3(static_cast<unsigned>(group.count), kStepSlices), kThreads, 0, ctx.stream>>>(chunks, state);
+            sgd_kernel<T><<<dim3(static_cast<unsigned>(group.count), kStepSlices), kThreads, 0, ctx.stream>>>(chunks, s);
             DG_CUDA_CHECK_LAUNCH();
         });
     });
 }
 
-void adam_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state) {
+bool adam_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state) {
     DeviceContext& ctx = context(table.device());
-    for_each_group(table, tensors, [&](const Group& group, const StepChunk* chunks) {
+    return for_each_group(table, tensors, [&](const Group& group, const StepChunk* chunks, bool last) {
+        const StepState s = launch_state(state, group, last, ctx);
         dispatch_floating(group.dtype, "Adam", [&]<typename T>() {
-            adam_kernel<T><<<dim3(static_cast<unsigned>(group.count), kStepSlices), kThreads, 0, ctx.stream>>>(chunks, state);
+            adam_kernel<T><<<dim3(static_cast<unsigned>(group.count), kStepSlices), kThreads, 0, ctx.stream>>>(chunks, s);
             DG_CUDA_CHECK_LAUNCH();
         });
     });
@@ -317,10 +386,15 @@ void adam_step(StepTable& table, std::span<const StepOperands> tensors, const St
 
 void refuse_in_capture(int device, const char* what, const char* why) { throw_if_capturing(device, what, why); }
 
-void schedule_step(int device, const ScheduleRule& rule, const double* base_lrs, std::int64_t groups,
-                   long long* epoch, double* lrs) {
+void apply_schedule(int device, const StepState& state) {
     DeviceContext& ctx = context(device);
-    schedule_step_kernel<<<1, 1, 0, ctx.stream>>>(rule, base_lrs, groups, epoch, lrs);
+    schedule_kernel<<<1, 1, 0, ctx.stream>>>(state, nullptr);
+    DG_CUDA_CHECK_LAUNCH();
+}
+
+void next_lrs(int device, const StepState& state, double* out) {
+    DeviceContext& ctx = context(device);
+    schedule_kernel<<<1, 1, 0, ctx.stream>>>(state, out);
     DG_CUDA_CHECK_LAUNCH();
 }
 

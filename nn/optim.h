@@ -250,6 +250,10 @@ public:
 // once per optimizer step instead. On a GPU the built-in schedules keep their epoch on the device too and
 // step() computes the next lrs there (capturable: each replay advances the schedule); a schedule without a
 // device rule (device_rule() empty) sets the lrs from the host, which a captured step refuses (GraphError).
+// A built-in schedule's step() on a GPU launches nothing: the optimizer's next fused step kernel computes
+// each group's lr from the rule and the device epoch and advances the epoch (its last block), so a step
+// with a per-step schedule launches no more kernels than one without. lr() and epoch() report the values
+// that next step uses; set_lr() after step() overrides the schedule's lr for that one step, as before.
 
 class LRScheduler {
 public:
@@ -281,6 +285,9 @@ protected:
     // Sets every group's lr to lr_at(epoch()) on the host (constructors of schedules whose epoch 0 is not
     // the base lr).
     void apply_current_epoch();
+    // The steps of this schedule that the optimizer's next fused step on `device` applies (step() defers its
+    // device work into that step's kernel): the device epoch lags the logical one by them.
+    std::int64_t deferred_steps(int device) const;
 
 private:
     struct DeviceEpochs;

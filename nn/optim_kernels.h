@@ -119,11 +119,34 @@ struct StepChunk {
     friend bool operator==(const StepChunk&, const StepChunk&) = default;
 };
 
+// A schedule's steps whose device effect is deferred into the next fused optimizer step on one device
+// (LRScheduler::step launches nothing): that step's kernel computes each group's lr as
+// schedule_lr(rule, base_lrs[g], *epoch + count) and its last block stores those lrs and advances *epoch by
+// `count`. So a step with a per-step schedule costs no launch beyond the optimizer's. Outside a step (a host
+// read, set_lr, another schedule's step) the same formula is evaluated by a one-thread kernel (nn/optim.cu).
+struct ScheduleAdvance {
+    ScheduleRule rule{};
+    const double* base_lrs = nullptr;  // per group, the schedule's (device)
+    long long* epoch = nullptr;        // the schedule's device epoch: the steps applied so far
+    long long count = 0;               // steps deferred; 0: none (the step reads StepState::lrs as they are)
+};
+
 // The optimizer's scalars that live in device memory (one set per device), read by every fused step:
 // a captured step replays the kernels that read and advance them, so replays see the lr a schedule set
 // and the step count the previous replay reached. GradScaler adds its two flags for one step.
 struct StepState {
-    const double* lrs = nullptr;        // per group
+    double* lrs = nullptr;              // per group: the lr of the next step (but see `schedule`)
+    // Per group, meaningful while a schedule advance is deferred: an lr set_lr() wrote after the schedule's
+    // step, which wins over the schedule's lr for that one step (as it did when the schedule wrote the lrs
+    // at once); negative: none. Consumed (reset) with the advance.
+    double* lr_overrides = nullptr;
+    int groups = 0;
+    ScheduleAdvance schedule;
+    // Per launch: whether this launch's last block applies `schedule` (the last launch of a step on this
+    // device), its blocks that hold elements (the arrivals that make the last), and the device's counter.
+    bool applies_schedule = false;
+    unsigned launch_blocks = 0;
+    unsigned* block_counter = nullptr;
     long long* steps = nullptr;         // per parameter: updates so far (the kernel uses steps + 1)
     unsigned long long* arrivals = nullptr;  // per parameter: chunks finished in this launch (0 between)
     const float* inv_scale = nullptr;   // gradients are multiplied by it; null: by 1
@@ -161,15 +184,18 @@ private:
     int next_slot_ = 0;
 };
 
-// Fused steps over every operand (on the table's device): one kernel launch per dtype.
-void sgd_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state);
-void adam_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state);
+// Fused steps over every operand (on the table's device): one kernel launch per dtype; the last applies
+// state.schedule. False when nothing was launched (no elements): a deferred schedule advance is then still due.
+bool sgd_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state);
+bool adam_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state);
 // GraphError (cuda::throw_if_capturing) when this thread is capturing `device`'s stream.
 void refuse_in_capture(int device, const char* what, const char* why);
-// A schedule's step on the device: ++*epoch, then lrs[g] = schedule_lr(rule, base_lrs[g], *epoch) for each
-// of `groups` groups (one tiny kernel: capturable, the next lr is computed on every replay).
-void schedule_step(int device, const ScheduleRule& rule, const double* base_lrs, std::int64_t groups,
-                   long long* epoch, double* lrs);
+// One thread on `device`: applies state.schedule as a step's last block would (the lrs, the overrides, the
+// epoch), for a deferred advance that cannot wait for the next step (another schedule's step).
+void apply_schedule(int device, const StepState& state);
+// One thread on `device`: out[g] = the lr group g's next step will use (state.groups of them), changing nothing:
+// what a host read reports while a schedule advance is deferred.
+void next_lrs(int device, const StepState& state, double* out);
 
 // Gradient clipping on one device, queued on its stream with no host synchronisation. `grads` are
 // (pointer, numel, dtype) triples. clip_norm: the norm of all grads (into `norm`, a 0-d tensor of its

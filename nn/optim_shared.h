@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dyngrad/core/device_memory.h"
 #include "dyngrad/core/safetensors.h"
 #include "dyngrad/nn/optim.h"
 #include "dyngrad/nn/optim_kernels.h"
@@ -22,10 +23,19 @@ struct Optimizer::DeviceTables {
         Tensor lrs;       // f64 (groups)
         Tensor steps;     // i64 (parameters): updates so far
         Tensor arrivals;  // i64 (parameters): the kernels' per-launch chunk counters, zero between launches
+        Tensor lr_overrides;  // f64 (groups): set_lr's values while a schedule advance is deferred; -1: none
+        // A schedule's steps the next fused step applies (cuda::ScheduleAdvance; count 0: none), and the
+        // schedule's device epoch and base lrs, kept alive until then.
+        cuda::ScheduleAdvance deferred;
+        Tensor deferred_epoch, deferred_base_lrs;
+
         cuda::StepState state(const Gate* gate, const Tensor* clip) const {
             cuda::StepState s;
             if (clip != nullptr) s.clip = clip->data<double>();
             s.lrs = lrs.data<double>();
+            s.lr_overrides = lr_overrides.data<double>();
+            s.groups = static_cast<int>(lrs.numel());
+            s.schedule = deferred;
             s.steps = reinterpret_cast<long long*>(steps.data<std::int64_t>());
             s.arrivals = reinterpret_cast<unsigned long long*>(arrivals.data<std::int64_t>());
             if (gate != nullptr) {
@@ -33,6 +43,39 @@ struct Optimizer::DeviceTables {
                 s.found_inf = gate->found_inf.data<float>();
             }
             return s;
+        }
+        // After a fused step that launched: the deferred advance is applied.
+        void launched() { deferred.count = 0; }
+        // Group g's lr from the host: the device lr, or while a schedule advance is deferred the override,
+        // which wins over the schedule's lr for the next step (a fill kernel: capturable).
+        void write_lr(int device, std::size_t group, double lr) {
+            const Tensor& target = deferred.count > 0 ? lr_overrides : lrs;
+            device_memory::fill(target.data<double>() + group, 1, lr, DType::f64, device);
+        }
+        // The lrs the next step uses (a device tensor; with a deferred advance computed by a kernel that
+        // changes nothing): what host reads report.
+        Tensor next_lrs(int device) const {
+            if (deferred.count == 0) return lrs;
+            Tensor out = Tensor::empty(lrs.shape(), DType::f64, lrs.device());
+            cuda::next_lrs(device, state(nullptr, nullptr), out.data<double>());
+            return out;
+        }
+        // Defers one step of the schedule whose device epoch and base lrs these are; another schedule's
+        // deferred steps are applied first (a kernel), so each keeps its order.
+        void defer_schedule_step(int device, const ScheduleRule& rule, const Tensor& epoch, const Tensor& base_lrs) {
+            auto* epoch_address = reinterpret_cast<long long*>(epoch.data<std::int64_t>());
+            if (deferred.count > 0 && deferred.epoch != epoch_address) {
+                cuda::apply_schedule(device, state(nullptr, nullptr));
+                deferred.count = 0;
+            }
+            deferred = {rule, base_lrs.data<double>(), epoch_address, deferred.count + 1};
+            deferred_epoch = epoch;
+            deferred_base_lrs = base_lrs;
+        }
+        // How many steps of the schedule with this device epoch are deferred here.
+        std::int64_t deferred_steps_of(const Tensor& epoch) const {
+            return deferred.epoch == reinterpret_cast<const long long*>(epoch.data<std::int64_t>()) ? deferred.count
+                                                                                                  : 0;
         }
     };
     std::map<int, OnDevice> by_device;
@@ -53,10 +96,12 @@ struct Optimizer::DeviceTables {
         Tensor lr_values = Tensor::from_vector(lrs, {static_cast<std::int64_t>(lrs.size())}, DType::f64).to(where);
         Tensor step_values = Tensor::from_vector(steps, {static_cast<std::int64_t>(steps.size())}).to(where);
         Tensor arrivals = Tensor::zeros({static_cast<std::int64_t>(steps.size())}, DType::i64, where);
+        Tensor overrides = Tensor::full({static_cast<std::int64_t>(lrs.size())}, -1.0, DType::f64).to(where);
         auto& on = by_device.try_emplace(device, device).first->second;
         on.lrs = std::move(lr_values);
         on.steps = std::move(step_values);
         on.arrivals = std::move(arrivals);
+        on.lr_overrides = std::move(overrides);
         return on;
     }
 #endif

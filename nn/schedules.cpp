@@ -1,6 +1,7 @@
 // Learning-rate schedules (nn/optim.h): StepLR, CosineAnnealingLR, WarmupCosineLR over the LRScheduler base.
-// The host keeps the epoch for CPU parameters; on a GPU the epoch and base lrs live on the device and a kernel
-// (nn/optim.cu) advances them, so captured steps move the schedule on every replay.
+// The host keeps the epoch for CPU parameters; on a GPU the epoch and base lrs live on the device and the next
+// fused optimizer step advances them (its kernel computes the lr from the rule: no launch of the schedule's own),
+// so captured steps move the schedule on every replay.
 #include <map>
 #include <optional>
 
@@ -47,10 +48,24 @@ LRScheduler::LRScheduler(Optimizer& optimizer) : optimizer_(optimizer), devices_
     for (std::size_t g = 0; g < optimizer.group_count(); ++g) base_lrs_.push_back(optimizer.lr(g));
 }
 
+// The steps of this schedule the optimizer's next step on `device` applies (the device epoch lags by them).
+std::int64_t LRScheduler::deferred_steps(int device) const {
+#if DYNGRAD_WITH_CUDA
+    const auto on = optimizer_.tables_->by_device.find(device);
+    const auto mine = devices_->by_device.find(device);
+    if (on != optimizer_.tables_->by_device.end() && mine != devices_->by_device.end())
+        return on->second.deferred_steps_of(mine->second.epoch);
+#endif
+    static_cast<void>(device);
+    return 0;
+}
+
 std::int64_t LRScheduler::epoch() const {
 #if DYNGRAD_WITH_CUDA
-    if (!devices_->by_device.empty())
-        epoch_ = devices_->by_device.begin()->second.epoch.to(Device::cpu()).data<std::int64_t>()[0];
+    if (!devices_->by_device.empty()) {
+        const auto& [device, on] = *devices_->by_device.begin();
+        epoch_ = on.epoch.to(Device::cpu()).data<std::int64_t>()[0] + deferred_steps(device);
+    }
 #endif
     return epoch_;
 }
@@ -81,20 +96,19 @@ void LRScheduler::step() {
     for (std::size_t g = 0; g < base_lrs_.size(); ++g) optimizer_.set_host_lr(g, lr_for(base_lrs_[g], epoch_));
 #if DYNGRAD_WITH_CUDA
     const std::optional<ScheduleRule> rule = device_rule();
-    const auto groups = static_cast<std::int64_t>(base_lrs_.size());
     for (auto& [device, scalars] : optimizer_.tables_->by_device) {
         if (!rule) {
             cuda::refuse_in_capture(device, str(name(), "::step()").c_str(),
                                     "this schedule has no device rule (device_rule()): its lr is computed on the host, "
                                     "and a replay would repeat the captured value");
-            for (std::int64_t g = 0; g < groups; ++g)
-                device_memory::fill(scalars.lrs.data<double>() + g, 1, optimizer_.groups_[g].settings.lr, DType::f64,
-                                    device);
+            for (std::size_t g = 0; g < base_lrs_.size(); ++g)
+                scalars.write_lr(device, g, optimizer_.groups_[g].settings.lr);
             continue;
         }
+        // Nothing is launched: the optimizer's next step on this device computes the lr from the rule and
+        // advances the device epoch (OnDevice::defer_schedule_step).
         auto& on = devices_->on(device, epoch_ - 1, base_lrs_, name());
-        cuda::schedule_step(device, *rule, on.base_lrs.data<double>(), groups,
-                            reinterpret_cast<long long*>(on.epoch.data<std::int64_t>()), scalars.lrs.data<double>());
+        scalars.defer_schedule_step(device, *rule, on.epoch, on.base_lrs);
     }
 #endif
 }
@@ -125,7 +139,8 @@ std::function<void()> LRScheduler::stage_state(const TensorMap& tensors, const S
         base_lrs_ = std::move(new_bases);
 #if DYNGRAD_WITH_CUDA
         for (auto& [device, on] : devices_->by_device) {  // in place: captured steps read these addresses
-            on.epoch.copy_from(Tensor::from_vector(std::vector<std::int64_t>{epoch_}, {1}));
+            // The device epoch lags the logical one by the steps the optimizer's next step applies.
+            on.epoch.copy_from(Tensor::from_vector(std::vector<std::int64_t>{epoch_ - deferred_steps(device)}, {1}));
             on.base_lrs.copy_from(
                 Tensor::from_vector(base_lrs_, {static_cast<std::int64_t>(base_lrs_.size())}, DType::f64));
         }

@@ -5,6 +5,7 @@
 #include "dyngrad/ops/dropout.h"
 
 #include <Eigen/Core>
+#include <vector>
 
 #include "dyngrad/ops/dropout_mask.h"
 #include "dyngrad/ops/kernels.h"
@@ -35,6 +36,34 @@ Var dropout(const Var& x, double p, bool training, std::uint64_t seed, std::sour
 
 Var dropout(const Var& x, double p, bool training, const Var& seed, std::source_location where) {
     return x.graph().record(OpType::Dropout, {x, seed}, dropout_attrs(p, training), where);
+}
+
+// A refused call (the op's checks) draws nothing: the counter advances only once the node is recorded.
+Var dropout(const Var& x, double p, bool training, DropoutSeeds& seeds, std::source_location where) {
+    const Device device = x.device();
+    if (seeds.counter_.device() != device) seeds.counter_ = seeds.counter_.to(device);  // as next()
+#if DYNGRAD_WITH_CUDA
+    if (device.is_cuda()) {
+        Tensor slot = Tensor::empty({1}, DType::i64, device);  // written by the dropout kernel
+        cuda::FusedSeedDraw draw{seeds.counter_.data<std::int64_t>(), seeds.seed_, slot.data<std::int64_t>()};
+        struct Install {  // for this record only, also when it throws
+            cuda::FusedSeedDraw* previous;
+            ~Install() { cuda::set_fused_seed_draw(previous); }
+        } const install{cuda::set_fused_seed_draw(&draw)};
+        Var y = dropout(x, p, training, x.graph().constant(slot, where), where);
+        // No dropout kernel took the draw (the identity, an empty x): its own kernel, so every call draws one.
+        if (!draw.consumed) cuda::next_dropout_seed(seeds.counter_, seeds.seed_, slot);
+        return y;
+    }
+#endif
+    std::int64_t& draws = seeds.counter_.data<std::int64_t>()[0];
+    const auto seed = math::dropout_draw_seed(seeds.seed_, static_cast<std::uint64_t>(draws + 1));
+    Var y = dropout(x, p, training,
+                    x.graph().constant(Tensor::from_vector(std::vector<std::int64_t>{static_cast<std::int64_t>(seed)}, {1}),
+                                       where),
+                    where);
+    ++draws;
+    return y;
 }
 
 // ---- eager calls (graph/eager.h): the same op on Tensors ----

@@ -1,8 +1,10 @@
 // Dropout on the GPU: one elementwise kernel drawing the mask from ops/dropout_mask.h, the formula the CPU
 // kernel uses (ops/dropout.cpp), so both backends drop the same elements; the backward (ops/dropout.cpp, every
 // backend) runs this forward on dy. f32, f64, and bf16/f16 natively (ops/reduced_precision.cuh: no conversion
-// through f32 under autocast). And the device-side draw of a DropoutSeeds stream.
+// through f32 under autocast). And the device-side draw of a DropoutSeeds stream: its own one-thread kernel
+// (DropoutSeeds::next), or fused into the dropout kernel (the Dropout layer: cuda::FusedSeedDraw).
 #include <cstdint>
+#include <utility>
 
 #include "dyngrad/cuda/context.h"
 #include "dyngrad/ops/dropout_mask.h"
@@ -20,14 +22,27 @@ constexpr unsigned kThreads = 256;
 // acc_t<T> and rounded once on store: bf16/f16 give the f32 kernel's result rounded, and every dtype keeps
 // exactly the elements the CPU keeps (the keep decision depends on (seed, index) alone, never on T).
 // The seed is read from `seed_input` (device memory) when given, so a captured step draws the seed its replay
-// wrote there. Whole 16-byte packs first (`packs` of them), then the scalar tail.
+// wrote there. With `draw` (cuda::FusedSeedDraw) the kernel draws that seed itself from the stream's counter:
+// every block reads *draw.counter (before its arrival), the last block to finish stores counter + 1 and the
+// seed (into the seed input). Whole 16-byte packs first (`packs` of them), then the scalar tail.
+struct KernelDraw {
+    std::int64_t* counter = nullptr;  // null: no draw
+    std::uint64_t stream_seed = 0;
+    std::int64_t* slot = nullptr;
+    unsigned* block_counter = nullptr;  // the device's "last block" counter (DeviceContext), 0 between kernels
+};
+
 template <typename T>
 __global__ void dropout_kernel(const T* __restrict__ in, std::int64_t n, std::int64_t packs, std::uint64_t attr_seed,
                                const std::int64_t* __restrict__ seed_input, double p, acc_t<T> scale,
-                               T* __restrict__ out) {
+                               T* __restrict__ out, KernelDraw draw) {
     using vector_pack::Pack;
     constexpr int W = Pack<T>::width;
-    const std::uint64_t seed = seed_input != nullptr ? static_cast<std::uint64_t>(*seed_input) : attr_seed;
+    const std::int64_t draw_number = draw.counter != nullptr ? *draw.counter + 1 : 0;
+    const std::uint64_t seed =
+        draw.counter != nullptr ? math::dropout_draw_seed(draw.stream_seed, static_cast<std::uint64_t>(draw_number))
+        : seed_input != nullptr ? static_cast<std::uint64_t>(*seed_input)
+                                : attr_seed;
     const auto masked = [&](T v, std::int64_t i) {
         return from_acc<T>(to_acc(v) * (math::dropout_keep(seed, static_cast<std::uint64_t>(i), p) ? scale
                                                                                                     : acc_t<T>(0)));
@@ -41,7 +56,18 @@ __global__ void dropout_kernel(const T* __restrict__ in, std::int64_t n, std::in
     }
     for (std::int64_t i = packs * W + vector_pack::thread_index(); i < n; i += vector_pack::thread_count())
         out[i] = masked(in[i], i);
+    if (draw.counter == nullptr) return;
+    __syncthreads();  // every thread of this block has read the counter
+    if (threadIdx.x != 0) return;
+    __threadfence();
+    if (atomicAdd(draw.block_counter, 1u) + 1 == gridDim.x) {
+        *draw.counter = draw_number;
+        *draw.slot = static_cast<std::int64_t>(seed);
+        *draw.block_counter = 0;
+    }
 }
+
+thread_local FusedSeedDraw* tls_fused_draw = nullptr;
 
 template <typename T>
 void launch_dropout(const Tensor& in, std::span<const Tensor> inputs, const OpAttrs& attrs, Tensor& out) {
@@ -50,11 +76,17 @@ void launch_dropout(const Tensor& in, std::span<const Tensor> inputs, const OpAt
     DeviceContext& ctx = context_for(in);
     const auto scale = static_cast<acc_t<T>>(1.0 / (1.0 - attrs.scalar));
     const std::int64_t* seed_input = inputs.size() > 1 ? inputs[1].data<std::int64_t>() : nullptr;
+    KernelDraw draw;
+    if (FusedSeedDraw* fused = tls_fused_draw; fused != nullptr && !fused->consumed && seed_input == fused->slot) {
+        draw = {fused->counter, fused->stream_seed, fused->slot, ctx.block_counter};
+        fused->consumed = true;
+        seed_input = nullptr;  // the kernel writes it (through draw.slot) and never reads it
+    }
     const T* x = in.data<T>();
     T* y = out.data<T>();
     const std::int64_t packs = vector_pack::pack_count<T>(n, {x, y});
     dropout_kernel<T><<<vector_pack::vector_blocks(ctx, n, packs, kThreads), kThreads, 0, ctx.stream>>>(
-        x, n, packs, attrs.seed, seed_input, attrs.scalar, scale, y);
+        x, n, packs, attrs.seed, seed_input, attrs.scalar, scale, y, draw);
     DG_CUDA_CHECK_LAUNCH();
 }
 
@@ -80,6 +112,8 @@ Tensor dropout_forward(const ForwardArgs& args) {
                           [&]<typename T>() { launch_dropout<T>(x, args.inputs, args.attrs, y); });
     return y;
 }
+
+FusedSeedDraw* set_fused_seed_draw(FusedSeedDraw* draw) { return std::exchange(tls_fused_draw, draw); }
 
 void next_dropout_seed(Tensor& counter, std::uint64_t seed, Tensor& out) {
     DeviceContext& ctx = context_for(counter);

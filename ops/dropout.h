@@ -32,6 +32,16 @@ Tensor dropout(const Tensor& x, double p, bool training, const Tensor& seed,
 // captured step draws new seeds on every replay: exactly those the same number of eager draws gets. The
 // counter moves to the device of the first draw there (a host-to-device copy: not inside a captured step,
 // GraphError). Copies of a handle share the stream.
+class DropoutSeeds;
+
+// The Dropout layer's form: draws the next seed of `seeds` on x's device and applies its mask, recording the
+// seed-tensor form above (the node's seed input holds the drawn seed). On a GPU the draw is fused into the
+// dropout kernel: no launch of its own (the one-thread kernel of DropoutSeeds::next is left for empty x and
+// the identity). The draw and the masks are exactly those of next() followed by the seed-tensor form. A call
+// the op refuses (ValueError for p outside [0, 1), DTypeError for a non-float x) draws nothing.
+Var dropout(const Var& x, double p, bool training, DropoutSeeds& seeds,
+            std::source_location where = std::source_location::current());
+
 class DropoutSeeds {
 public:
     explicit DropoutSeeds(std::uint64_t seed);
@@ -43,6 +53,7 @@ public:
     const Tensor& counter() const { return counter_; }
 
 private:
+    friend Var dropout(const Var& x, double p, bool training, DropoutSeeds& seeds, std::source_location where);
     std::uint64_t seed_;
     Tensor counter_;
 };

@@ -204,6 +204,18 @@ std::vector<Tensor> batch_norm_backward(const BackwardArgs&);
 Tensor dropout_forward(const ForwardArgs&);
 // DropoutSeeds::next on a GPU (ops/dropout.h): ++counter and out = the draw's seed, one kernel.
 void next_dropout_seed(Tensor& counter, std::uint64_t seed, Tensor& out);
+// A DropoutSeeds draw fused into the dropout forward kernel (the Dropout layer's path, ops/dropout.cpp): while
+// a FusedSeedDraw is alive on this thread, the first dropout forward kernel whose seed input is `slot` draws
+// the seed itself (every block from *counter + 1; its last block stores the advanced counter and the seed in
+// `slot`, which the node keeps as its seed input for the backward and the CPU replay). No launch of its own.
+struct FusedSeedDraw {
+    std::int64_t* counter;
+    std::uint64_t stream_seed;
+    std::int64_t* slot;
+    bool consumed = false;  // set by the kernel launch that took it
+};
+// Installs `draw` for this thread's next dropout forward (null: none); returns the previous one.
+FusedSeedDraw* set_fused_seed_draw(FusedSeedDraw* draw);
 Tensor row_norm_forward(const ForwardArgs&); /* layer_norm, rms_norm */
 std::vector<Tensor> row_norm_backward(const BackwardArgs&);
 Tensor scaled_dot_product_attention_forward(const ForwardArgs&);
