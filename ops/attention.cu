@@ -11,7 +11,9 @@
 // Backward, by recomputation from the saved log-sum-exp: a pre-pass D_t = rowsum(dO∘O), then one kernel per key
 // tile accumulating dK, dV over the query tiles and one per query tile accumulating dQ over the key tiles. The
 // second recomputes the scores once more instead of adding into dQ with atomics, so gradients are
-// deterministic (the same bits on every run).
+// deterministic (the same bits on every run). The float32 tensor-core path outside deterministic mode
+// (cuda::deterministic() false, the default) fuses the two instead: the key-tile kernel also adds dS·K into dQ
+// with float atomics (mma::attention_backward_kv_kernel's kFuseDq).
 //
 // Tiles: TILE×TILE scores per block, 2·TILE threads as (TILE/4) row groups × 8 lanes; a thread owns 4 rows and
 // the columns 4·lane + k + 32·j, so the 8 lanes of a row group hold a whole row (shuffle reductions) and the
@@ -27,6 +29,7 @@
 #include <type_traits>
 
 #include "dyngrad/cuda/context.h"
+#include "dyngrad/cuda/runtime.h"
 #include "dyngrad/ops/attention.h"
 #include "dyngrad/ops/attention_cudnn.h"
 #include "dyngrad/ops/attention_geometry.h"
@@ -517,6 +520,19 @@ template <typename E, int DP> constexpr std::size_t backward_q_shared() {
 static_assert(backward_kv_shared<float, 128>() < 100 * 1024 && backward_q_shared<float, 128>() < 100 * 1024 &&
                   forward_shared<float, 128>() < 100 * 1024,
               "mma: the f32 DP 128 kernels must stay under 100 KiB of shared memory");
+// The fused f32 backward (dk, dv and dq in one kernel, non-deterministic mode) adds one dS tile: the streamed
+// queries × the block's 64 keys, f32, lines of 64 + 4 floats (conflict-free fragment loads, as line<float, DP>).
+constexpr int kDsLine = kTile + 4;
+template <int DP> constexpr std::size_t fused_ds_bytes() {
+    return sizeof(float) * static_cast<std::size_t>(stream_rows<DP>()) * kDsLine;
+}
+template <int DP> constexpr std::size_t backward_fused_shared() {
+    return backward_kv_shared<float, DP>() + fused_ds_bytes<DP>();
+}
+// Two blocks per SM on sm_90 (228 KiB, 1 KiB reserved per block): at most 113 KiB each.
+static_assert(backward_fused_shared<32>() <= 113 * 1024 && backward_fused_shared<64>() <= 113 * 1024 &&
+                  backward_fused_shared<128>() <= 113 * 1024,
+              "mma: the fused f32 backward must leave room for two blocks per SM");
 
 #if DG_ATTENTION_TENSOR_CORES
 __device__ __forceinline__ unsigned shared_address(const void* pointer) {
@@ -832,6 +848,44 @@ __device__ __forceinline__ void store_rows(E* __restrict__ dst, const float (&ac
         }
     }
 }
+
+// *at += x, y into at[0], at[1] without a return value (red.global: the SM does not wait for the old values);
+// sm_90 adds the pair in one vector reduction when `at` is 8-byte aligned.
+__device__ __forceinline__ void red_add_pair(float* at, float x, float y, bool aligned_pair) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (aligned_pair) {
+        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(at), "f"(x), "f"(y) : "memory");
+        return;
+    }
+#endif
+    asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(at), "f"(x) : "memory");
+    asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(at + 1), "f"(y) : "memory");
+}
+
+// Adds the warp's 16 × 8·NT accumulator times `factor` into rows row0 + (g, g + 8), columns col0 + .., of a
+// (rows, D) f32 matrix, d < D (float atomics: the order of the additions depends on scheduling).
+template <int NT>
+__device__ __forceinline__ void add_rows(float* __restrict__ dst, const float (&acc)[NT][4], std::int64_t row0,
+                                         int col0, std::int64_t rows, std::int64_t D, float factor) {
+    const int lane = threadIdx.x % 32;
+    // Even D: every pair (d, d + 1), d even, of a row of a 16-byte-aligned allocation is 8-byte aligned.
+    const bool even = D % 2 == 0;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const std::int64_t row = row0 + lane / 4 + 8 * half;
+        if (row >= rows) continue;
+        float* out = dst + row * D;
+#pragma unroll
+        for (int tile = 0; tile < NT; ++tile) {
+            const int d = col0 + 8 * tile + 2 * (lane % 4);
+            const float x = acc[tile][2 * half] * factor, y = acc[tile][2 * half + 1] * factor;
+            if (d + 1 < D)
+                red_add_pair(out + d, x, y, even);
+            else if (d < D)
+                asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(out + d), "f"(x) : "memory");
+        }
+    }
+}
 #endif  // DG_ATTENTION_TENSOR_CORES
 
 // Forward: y (E), lse (f32); kForwardRows<E> queries per block. The K and V tiles take turns: V_j is copied while
@@ -955,11 +1009,17 @@ __global__ void __launch_bounds__(32 * kForwardWarps<E>) attention_forward_kerne
 // dk, dv for one key tile (the warp's rows are keys), over the query tiles that see it, streamed by
 // stream_rows<DP>() queries: Sᵀ = K·Qᵀ and dPᵀ = V·dYᵀ in registers, then dV += (P∘F)ᵀ·dY and dK += dSᵀ·Q with
 // A from those registers. dk, dv accumulate in registers to the end.
-template <typename E, int DP>
+// kFuseDq (f32, non-deterministic mode): also dQ, the one-kernel backward (5 products instead of the two-kernel
+// design's 7). The warps' dSᵀ fragments go to a shared dS tile [queries][keys]; after one __syncthreads every warp
+// multiplies its share of dS·K (16 queries × DP / (4·16 / kRows) columns) and adds it into dq_accum (f32, zeroed by
+// the caller) with red.global.add: each query's dq is the sum over the key blocks, in the order they finish.
+template <typename E, int DP, bool kFuseDq = false>
 __global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
     const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v, const E* __restrict__ dy,
-    const float* __restrict__ lse, const float* __restrict__ delta, E* __restrict__ dk, E* __restrict__ dv, Params p) {
+    const float* __restrict__ lse, const float* __restrict__ delta, E* __restrict__ dk, E* __restrict__ dv,
+    float* __restrict__ dq_accum, Params p) {
 #if DG_ATTENTION_TENSOR_CORES
+    static_assert(!kFuseDq || kTf32<E>, "mma: the fused backward is the f32 (3xTF32) kernel");
     constexpr int kLine = line<E, DP>(), kRows = stream_rows<DP>(), kQueryTiles = kRows / 8;
     constexpr int kStages = backward_stages<E, DP>();
     constexpr std::size_t kStageBytes = backward_kv_stage_bytes<E, DP>();
@@ -967,6 +1027,9 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
     E* ks = reinterpret_cast<E*>(mma_shared);  // [64 keys][kLine]
     E* vs = ks + kTile * kLine;                 // [64 keys][kLine]
     unsigned char* stages = reinterpret_cast<unsigned char*>(vs + kTile * kLine);
+    // kFuseDq: dS [kRows queries][kDsLine], the keys of each group of 8 in a_from_c's permuted order (key 2c at
+    // position c, key 2c + 1 at c + 4), so that load_a's natural fragments pair with load_b's rows.
+    float* ds_shared = reinterpret_cast<float*>(stages + kStages * kStageBytes);
     // Stage b: Q, dY [kRows queries][kLine] each, lse (in exp_in_units' units) and delta [kRows] each.
     const auto qs_of = [&](int b) { return reinterpret_cast<E*>(stages + b * kStageBytes); };
     const auto dys_of = [&](int b) { return qs_of(b) + kRows * kLine; };
@@ -1028,9 +1091,41 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
                 dp[tile][e] = prob * (dp[tile][e] * factor - delta_tile[c]);  // dSᵀ
                 s[tile][e] = prob * factor;                                    // (P∘F)ᵀ
             }
+        if constexpr (kFuseDq) {
+#pragma unroll
+            for (int tile = 0; tile < kQueryTiles; ++tile)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int c = 8 * tile + 2 * (lane % 4) + (e & 1);
+                    const int key = wrow + lane / 4 + 8 * (e / 2);  // within the block; key % 8 = lane / 4
+                    ds_shared[c * kDsLine + (key & ~7) + (key & 7) / 2 + 4 * (key & 1)] = dp[tile][e];
+                }
+        }
         __syncwarp();  // the lanes took their own mask branches: converged again before the mma.sync below
         multiply_from_c<E, DP, kQueryTiles>(dv_acc, s, dys, kLine);
         multiply_from_c<E, DP, kQueryTiles>(dk_acc, dp, qs, kLine);
+        if constexpr (kFuseDq) {
+            // dQ (kRows × DP) = dS (kRows × 64 keys) · K (64 × DP): warp w takes 16 query rows and kCols columns.
+            constexpr int kRowGroups = kRows / kWarpRows, kCols = DP / (kWarps / kRowGroups);
+            const int query0 = kWarpRows * (warp % kRowGroups), col0 = kCols * (warp / kRowGroups);
+            __syncthreads();  // every warp's dS is in
+            float dq_acc[kCols / 8][4] = {};
+#pragma unroll
+            for (int step = 0; step < kTile / 8; ++step) {
+                std::uint32_t raw[4];
+                load_a<E>(raw, ds_shared, kDsLine, query0, 8 * step);
+                const FragA<E> a = make_a<E>(raw);
+#pragma unroll
+                for (int pair = 0; pair < kCols / 16; ++pair) {
+                    FragB<E> b[2];
+                    load_b<E>(b, ks, kLine, 8 * step, col0 + 16 * pair);
+                    mma<E>(dq_acc[2 * pair], a, b[0]);
+                    mma<E>(dq_acc[2 * pair + 1], a, b[1]);
+                }
+            }
+            add_rows<kCols / 8>(dq_accum + slice * p.queries * D, dq_acc, m0 + query0, col0, p.queries, D, scale);
+            // stream_tiles' closing __syncthreads keeps the next tile's dS writes after these reads.
+        }
     });
     cp_async_wait<0>();  // the loop may not have run (causal: keys past the last query)
     const float scales[2] = {scale, scale}, ones[2] = {1.0f, 1.0f};
@@ -1235,6 +1330,8 @@ void launch_mma_forward(const E* q, const E* k, const E* v, E* y, float* lse, co
 }
 
 // dq (when defined) and dk, dv (when defined) by the mma.sync backward kernels, from lse and delta (f32).
+// f32 with all three wanted, outside deterministic mode: one fused kernel adds dq with float atomics (see
+// attention_backward_kv_kernel's kFuseDq); otherwise the deterministic pair of kernels.
 template <typename E>
 void launch_mma_backward(const BackwardArgs& args, const AttentionGeometry& g, Params p, const Tensor& lse,
                          const Tensor& delta, Tensor& dq, Tensor& dk, Tensor& dv, DeviceContext& ctx) {
@@ -1243,14 +1340,31 @@ void launch_mma_backward(const BackwardArgs& args, const AttentionGeometry& g, P
     const E* v = args.inputs[2].data<E>();
     const E* dy = args.grad_output.data<E>();
     p.vector_rows = rows_are_aligned(g.head_dim, sizeof(E), {q, k, v, dy});
+    const unsigned key_blocks = blocks_for((g.keys + mma::kTile - 1) / mma::kTile, g.slices());
+    if constexpr (std::is_same_v<E, float>) {
+        if (dq.defined() && dk.defined() && !deterministic()) {
+            // The key blocks add into dq: it starts at zero (a memset node under capture, no allocation).
+            DG_CUDA_CHECK(cudaMemsetAsync(dq.raw_data(), 0, static_cast<std::size_t>(dq.numel()) * sizeof(float),
+                                          ctx.stream));
+            with_padded_head_dim(g.head_dim, [&]<int DP>() {
+                constexpr std::size_t shared = mma::backward_fused_shared<DP>();
+                static std::once_flag once;
+                allow_shared(mma::attention_backward_kv_kernel<float, DP, true>, shared, once);
+                mma::attention_backward_kv_kernel<float, DP, true><<<key_blocks, mma::kThreads, shared, ctx.stream>>>(
+                    q, k, v, dy, lse.data<float>(), delta.data<float>(), dk.data<float>(), dv.data<float>(),
+                    dq.data<float>(), p);
+                DG_CUDA_CHECK_LAUNCH();
+            });
+            return;
+        }
+    }
     with_padded_head_dim(g.head_dim, [&]<int DP>() {
         if (dk.defined()) {
             constexpr std::size_t shared = mma::backward_kv_shared<E, DP>();
             static std::once_flag once;
             allow_shared(mma::attention_backward_kv_kernel<E, DP>, shared, once);
-            const unsigned blocks = blocks_for((g.keys + mma::kTile - 1) / mma::kTile, g.slices());
-            mma::attention_backward_kv_kernel<E, DP><<<blocks, mma::kThreads, shared, ctx.stream>>>(
-                q, k, v, dy, lse.data<float>(), delta.data<float>(), dk.data<E>(), dv.data<E>(), p);
+            mma::attention_backward_kv_kernel<E, DP><<<key_blocks, mma::kThreads, shared, ctx.stream>>>(
+                q, k, v, dy, lse.data<float>(), delta.data<float>(), dk.data<E>(), dv.data<E>(), nullptr, p);
             DG_CUDA_CHECK_LAUNCH();
         }
         if (dq.defined()) {
