@@ -571,16 +571,17 @@ template <> struct FragB<float> {
     std::uint32_t big[2], small[2];
 };
 
-__device__ __forceinline__ std::uint32_t to_tf32(float x) {
-    std::uint32_t bits;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(bits) : "f"(x));
-    return bits;
-}
-// x = big + small: x − big is exact in float32, and its TF32 rounding keeps ~22 of x's 24 bits in all.
+// x = big + small as the TF32 MMA reads them (it ignores the low 13 mantissa bits of an operand, i.e. truncates):
+// big is x rounded to TF32 (to nearest, ties away: cvt.rna's value for finite x) by adding half a TF32 unit to the
+// bits and clearing the low 13; x − big is exact in float32, and the MMA truncates it (as CUTLASS's 3xTF32 "fast
+// f32" does its small part): ~21 of x's 24 bits, the error of the omitted small·small term's order. Three integer
+// and float instructions where cvt.rna.tf32.f32, which sm_90 emulates with an inf/NaN test and a select, took about
+// seven per element (two conversions) — on every operand element of every product, the backward's largest
+// instruction count. inf: big = inf (the carry stays in the cleared bits), small = NaN, as with cvt.rna; NaN (any
+// bits; big may wrap to ±0): small is NaN, so every product with it is NaN.
 __device__ __forceinline__ void split_tf32(std::uint32_t raw, std::uint32_t& big, std::uint32_t& small) {
-    const float x = __uint_as_float(raw);
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
+    big = (raw + 0x1000u) & 0xffffe000u;
+    small = __float_as_uint(__uint_as_float(raw) - __uint_as_float(big));
 }
 
 template <typename E> __device__ __forceinline__ FragA<E> make_a(const std::uint32_t (&raw)[4]) {
@@ -1066,7 +1067,9 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
     };
     // Causal: queries before the tile's first key see none of its keys.
     const std::int64_t query_begin = p.causal ? n0 : 0;
-    stream_tiles<kStages>(query_begin, p.queries, kRows, copy_stage, [&](int stage, std::int64_t m0) {
+    const bool no_dropout = p.dropout_p == 0.0;
+    // dV and dK from query tile m0 in stage `stage`; kFuseDq: dSᵀ to ds_shared too.
+    const auto products = [&](int stage, std::int64_t m0) {
         const E* qs = qs_of(stage);
         const E* dys = dys_of(stage);
         const float* lse_tile = lse_of(stage);
@@ -1087,7 +1090,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
                 const bool part =
                     whole || (takes_part<E>(p, slice, t, key) && row_lse != minus_infinity<float>());
                 const float prob = part ? exp_in_units<E>(s[tile][e] * scale_units - row_lse) : 0.0f;
-                const float factor = p.dropout_p == 0.0 ? 1.0f : dropout_factor<float>(p, slice, t, key);
+                const float factor = no_dropout ? 1.0f : dropout_factor<float>(p, slice, t, key);
                 dp[tile][e] = prob * (dp[tile][e] * factor - delta_tile[c]);  // dSᵀ
                 s[tile][e] = prob * factor;                                    // (P∘F)ᵀ
             }
@@ -1104,11 +1107,15 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
         __syncwarp();  // the lanes took their own mask branches: converged again before the mma.sync below
         multiply_from_c<E, DP, kQueryTiles>(dv_acc, s, dys, kLine);
         multiply_from_c<E, DP, kQueryTiles>(dk_acc, dp, qs, kLine);
-        if constexpr (kFuseDq) {
-            // dQ (kRows × DP) = dS (kRows × 64 keys) · K (64 × DP): warp w takes 16 query rows and kCols columns.
-            constexpr int kRowGroups = kRows / kWarpRows, kCols = DP / (kWarps / kRowGroups);
-            const int query0 = kWarpRows * (warp % kRowGroups), col0 = kCols * (warp / kRowGroups);
-            __syncthreads();  // every warp's dS is in
+    };
+    if constexpr (!kFuseDq) {
+        stream_tiles<kStages>(query_begin, p.queries, kRows, copy_stage, products);
+    } else {
+        // dQ (kRows × DP) = dS (kRows × 64 keys) · K (64 × DP) from ds_shared: warp w takes 16 query rows and kCols
+        // columns, and adds them into dq_accum.
+        constexpr int kRowGroups = kRows / kWarpRows, kCols = DP / (kWarps / kRowGroups);
+        const int query0 = kWarpRows * (warp % kRowGroups), col0 = kCols * (warp / kRowGroups);
+        const auto add_dq = [&](std::int64_t m0) {
             float dq_acc[kCols / 8][4] = {};
 #pragma unroll
             for (int step = 0; step < kTile / 8; ++step) {
@@ -1124,9 +1131,32 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
                 }
             }
             add_rows<kCols / 8>(dq_accum + slice * p.queries * D, dq_acc, m0 + query0, col0, p.queries, D, scale);
-            // stream_tiles' closing __syncthreads keeps the next tile's dS writes after these reads.
+        };
+        // stream_tiles with the dQ product after a second __syncthreads (every warp's dS is in, and no warp reads
+        // the stage any more). One stage: the next tile's copy starts there, under the dQ product, where
+        // stream_tiles would issue it after the body and wait for it at once. Two stages: it starts at the top,
+        // into the stage the previous tile's products finished with. The top __syncthreads keeps the next dS
+        // writes after every warp's dQ reads.
+        if (query_begin < p.queries) {
+            copy_stage(0, query_begin);
+            cp_async_commit();
         }
-    });
+        int stage = 0;
+        for (std::int64_t m0 = query_begin; m0 < p.queries; m0 += kRows, stage ^= kStages - 1) {
+            const bool more = m0 + kRows < p.queries;
+            if (kStages == 2 && more) copy_stage(stage ^ 1, m0 + kRows);
+            cp_async_commit();             // possibly empty: the wait counts groups
+            cp_async_wait<kStages - 1>();  // this tile's copies are in
+            __syncthreads();
+            products(stage, m0);
+            __syncthreads();
+            if (kStages == 1 && more) {
+                copy_stage(0, m0 + kRows);
+                cp_async_commit();
+            }
+            add_dq(m0);
+        }
+    }
     cp_async_wait<0>();  // the loop may not have run (causal: keys past the last query)
     const float scales[2] = {scale, scale}, ones[2] = {1.0f, 1.0f};
     store_rows<E, DP>(dk + slice * p.keys * D, dk_acc, n0 + wrow, p.keys, D, scales);

@@ -3,6 +3,7 @@
 // thread counts; on a GPU (skipped visibly without one): large cases against the float64 CPU replay, memory
 // linear in T, deterministic gradients, bad mask values reported by the kernel.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -368,6 +369,36 @@ TEST_CASE("attention on the GPU, f32 tensor cores: deterministic mode repeats it
     CHECK(max_abs_diff(fused[1], first[1]) > 0.0);
     CHECK(max_abs_diff(fused[0], first[0]) == 0.0);  // the same forward
     CHECK(relative_norm_diff(dq_only[1], first[1]) < 1e-5);
+}
+
+TEST_CASE("attention on the GPU, f32 tensor cores: NaNs of any bits reach the output through the 3xTF32 split",
+          "[attention][gpu]") {
+    if (!have_gpu()) DG_SKIP("no CUDA device");
+    const GpuPathScope scope(AttentionGpuPath::tensor_cores);
+    const std::int64_t T = 70, S = 80, D = 64;
+    Generator gen(53);
+    Tensor q = Tensor::normal({1, 1, T, D}, 0.0, 1.0, gen, DType::f32);
+    const Tensor k = Tensor::normal({1, 1, S, D}, 0.0, 1.0, gen, DType::f32);
+    Tensor v = Tensor::normal({1, 1, S, D}, 0.0, 1.0, gen, DType::f32);
+    // All-ones mantissas: adding half a TF32 unit to these bits (the split's rounding of the large part) carries
+    // past the exponent and sign, so only the small part x − large keeps the NaN.
+    q.data<float>()[5 * D + 3] = std::bit_cast<float>(0x7fffffffu);  // query 5: every score NaN
+    v.data<float>()[7 * D + 1] = std::bit_cast<float>(0xffffffffu);  // value column 1 of key 7
+    const Tensor expected = scaled_dot_product_attention(q, k, v);
+    const std::vector<double> y =
+        scaled_dot_product_attention(q.to(Device::cuda(0)), k.to(Device::cuda(0)), v.to(Device::cuda(0)))
+            .to_vector();
+    const std::vector<double> want = expected.to_vector();
+    REQUIRE(y.size() == want.size());
+    for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t d = 0; d < D; ++d) {
+            const std::size_t i = static_cast<std::size_t>(t * D + d);
+            INFO("t " << t << ", d " << d << ": " << y[i] << " (CPU " << want[i] << ")");
+            const bool nan = t == 5 || d == 1;
+            REQUIRE(std::isnan(want[i]) == nan);
+            CHECK(std::isnan(y[i]) == nan);
+            if (!nan) CHECK(std::abs(y[i] - want[i]) <= 1e-5 * (1.0 + std::abs(want[i])));
+        }
 }
 
 TEST_CASE("attention on the GPU: the tensor-core path runs when selected and agrees with SIMT to ~1e-6",
