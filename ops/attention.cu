@@ -831,61 +831,63 @@ __device__ __forceinline__ void stream_tiles(std::int64_t begin, std::int64_t en
     }
 }
 
+// Calls put(half, row, d, c0, c1) for the value pairs of the warp's 16 × 8·NT C fragments: rows row0 + g (half 0)
+// and row0 + g + 8 (half 1) below `rows`, c0 at column d = col0 + 8·tile + 2·(lane % 4), c1 at d + 1.
+template <int NT, typename Put>
+__device__ __forceinline__ void for_each_pair(const float (&acc)[NT][4], std::int64_t row0, int col0,
+                                              std::int64_t rows, Put&& put) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const std::int64_t row = row0 + lane / 4 + 8 * half;
+        if (row >= rows) continue;
+#pragma unroll
+        for (int tile = 0; tile < NT; ++tile)
+            put(half, row, col0 + 8 * tile + 2 * (lane % 4), acc[tile][2 * half], acc[tile][2 * half + 1]);
+    }
+}
+
 // Stores the warp's 16 × DP accumulator times `factor` as rows row0 + (g, g + 8) of a (rows, D) matrix, d < D.
 template <typename E, int DP>
 __device__ __forceinline__ void store_rows(E* __restrict__ dst, const float (&acc)[DP / 8][4], std::int64_t row0,
                                            std::int64_t rows, std::int64_t D, const float (&factor)[2]) {
-    const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const std::int64_t row = row0 + lane / 4 + 8 * half;
-        if (row >= rows) continue;
+    for_each_pair(acc, row0, 0, rows, [&](int half, std::int64_t row, int d, float c0, float c1) {
         E* out = dst + row * D;
-#pragma unroll
-        for (int tile = 0; tile < DP / 8; ++tile) {
-            const int d = 8 * tile + 2 * (lane % 4);
-            if (d < D) out[d] = from_acc<E>(acc[tile][2 * half] * factor[half]);
-            if (d + 1 < D) out[d + 1] = from_acc<E>(acc[tile][2 * half + 1] * factor[half]);
-        }
-    }
+        if (d < D) out[d] = from_acc<E>(c0 * factor[half]);
+        if (d + 1 < D) out[d + 1] = from_acc<E>(c1 * factor[half]);
+    });
 }
 
-// *at += x, y into at[0], at[1] without a return value (red.global: the SM does not wait for the old values);
-// sm_90 adds the pair in one vector reduction when `at` is 8-byte aligned.
-__device__ __forceinline__ void red_add_pair(float* at, float x, float y, bool aligned_pair) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (aligned_pair) {
-        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(at), "f"(x), "f"(y) : "memory");
-        return;
-    }
-#endif
+__device__ __forceinline__ void red_add(float* at, float x) {
     asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(at), "f"(x) : "memory");
-    asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(at + 1), "f"(y) : "memory");
 }
 
 // Adds the warp's 16 × 8·NT accumulator times `factor` into rows row0 + (g, g + 8), columns col0 + .., of a
-// (rows, D) f32 matrix, d < D (float atomics: the order of the additions depends on scheduling).
+// (rows, D) f32 matrix, d < D, without a return value (red.global: the SM does not wait for the old values; float
+// atomics, so the order of the additions depends on scheduling).
 template <int NT>
 __device__ __forceinline__ void add_rows(float* __restrict__ dst, const float (&acc)[NT][4], std::int64_t row0,
                                          int col0, std::int64_t rows, std::int64_t D, float factor) {
-    const int lane = threadIdx.x % 32;
-    // Even D: every pair (d, d + 1), d even, of a row of a 16-byte-aligned allocation is 8-byte aligned.
+    // Even D: every pair (d, d + 1), d even, of a row of a 16-byte-aligned allocation is 8-byte aligned, and sm_90
+    // adds it in one vector reduction.
     const bool even = D % 2 == 0;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const std::int64_t row = row0 + lane / 4 + 8 * half;
-        if (row >= rows) continue;
-        float* out = dst + row * D;
-#pragma unroll
-        for (int tile = 0; tile < NT; ++tile) {
-            const int d = col0 + 8 * tile + 2 * (lane % 4);
-            const float x = acc[tile][2 * half] * factor, y = acc[tile][2 * half + 1] * factor;
-            if (d + 1 < D)
-                red_add_pair(out + d, x, y, even);
-            else if (d < D)
-                asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(out + d), "f"(x) : "memory");
+    for_each_pair(acc, row0, col0, rows, [&](int, std::int64_t row, int d, float c0, float c1) {
+        float* out = dst + row * D + d;
+        const float x = c0 * factor, y = c1 * factor;
+        if (d + 1 < D) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            if (even)
+                asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(out), "f"(x), "f"(y) : "memory");
+            else
+#endif
+            {
+                red_add(out, x);
+                red_add(out + 1, y);
+            }
+        } else if (d < D) {
+            red_add(out, x);
         }
-    }
+    });
 }
 #endif  // DG_ATTENTION_TENSOR_CORES
 
