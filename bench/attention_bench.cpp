@@ -9,8 +9,11 @@
 // inputs. Before timing, each configuration is checked on a small problem against the float64 CPU replay (in
 // bf16/f16: from the same rounded inputs, with the op's reduced-precision tolerance).
 //
+// --deterministic: cuda::set_deterministic(true), so the float32 backward runs its two deterministic kernels instead
+// of the fused one that adds dq with float atomics (the default; ops/attention.cu).
+//
 // Usage: dyngrad-attention-bench [--lengths 256,1024,4096] [--batch B] [--heads H] [--head-dim D]
-//                                [--dtype f32|bf16|f16] [--repetitions R] [--json FILE]
+//                                [--dtype f32|bf16|f16] [--repetitions R] [--deterministic] [--json FILE]
 #include <dyngrad/dyngrad.h>
 
 #include "../cli/command_line.h"
@@ -32,6 +35,7 @@ struct Options {
     std::int64_t batch = 8, heads = 8, head_dim = 64;
     int repetitions = 10;
     DType dtype = DType::f32;
+    bool deterministic = false;
     std::string json;
 };
 
@@ -49,11 +53,13 @@ std::vector<std::int64_t> parse_list(const std::string& text) {
 // Every argument is checked before anything runs (cli/command_line.h).
 Options parse(int argc, char** argv) {
     const cli::Arguments args(argc, argv,
-                              {.options = {"--lengths", "--batch", "--heads", "--head-dim", "--dtype", "--repetitions",
+                              {.flags = {"--deterministic"},
+                               .options = {"--lengths", "--batch", "--heads", "--head-dim", "--dtype", "--repetitions",
                                            "--json"}});
     if (args.help()) {
         std::puts("usage: dyngrad-attention-bench [--lengths 256,1024,4096] [--batch B] [--heads H] [--head-dim D]\n"
-                  "                               [--dtype f32|bf16|f16] [--repetitions R] [--json FILE]");
+                  "                               [--dtype f32|bf16|f16] [--repetitions R] [--deterministic]\n"
+                  "                               [--json FILE]");
         std::exit(0);
     }
     Options o;
@@ -69,6 +75,7 @@ Options parse(int argc, char** argv) {
     if (auto v = args.value("--repetitions"))
         o.repetitions = static_cast<int>(cli::parse_int("--repetitions", *v, 1, 1 << 20));
     if (auto v = args.value("--json")) o.json = cli::output_file("--json", *v);
+    o.deterministic = args.has("--deterministic");
     return o;
 }
 
@@ -166,9 +173,10 @@ int main(int argc, char** argv) {
                            : attention_uses_tensor_cores() ? "tensor cores (3xTF32)"
                                                            : "SIMT (exact float32 FMA)";
         const std::string dtype(dtype_name(o.dtype));
-        std::printf("device: %s\nattention: B %lld, H %lld, D %lld, %s, forward + backward, kernels: %s\n",
+        cuda::set_deterministic(o.deterministic);
+        std::printf("device: %s\nattention: B %lld, H %lld, D %lld, %s, forward + backward, kernels: %s, %s\n",
                     cuda::device_name(0).c_str(), (long long)o.batch, (long long)o.heads, (long long)o.head_dim,
-                    dtype.c_str(), path);
+                    dtype.c_str(), path, o.deterministic ? "deterministic mode" : "default mode (dq atomics)");
         for (const bool causal : {false, true}) check_small(o, causal);
         std::printf("checked against the float64 CPU replay (B2 H3 T77, causal and not)\n");
         if (is_reduced_precision(o.dtype)) std::printf("%s\n", attention_cudnn_status().c_str());
@@ -186,6 +194,7 @@ int main(int argc, char** argv) {
             std::ofstream out(o.json);
             out << "{\"device\": \"" << cuda::device_name(0) << "\", \"dtype\": \"" << dtype
                 << "\", \"kernels\": \"" << path
+                << "\", \"deterministic\": " << (o.deterministic ? "true" : "false")
                 << "\", \"batch\": " << o.batch << ", \"heads\": " << o.heads
                 << ", \"head_dim\": " << o.head_dim << ", \"rows\": [";
             for (std::size_t i = 0; i < rows.size(); ++i)

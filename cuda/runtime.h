@@ -94,11 +94,11 @@ namespace dyngrad::cuda {
 // TF32 tensor-core math for float32 GEMMs: off by default (full float32 precision).
 void set_allow_tf32(bool allow);
 bool allow_tf32();
-// Deterministic mode: off by default. When on, cuDNN convolution passes use only algorithms cuDNN
-// reports as deterministic (chosen per shape and mode), and the indexing ops that add many values into one
-// (embedding, index_select and gather backward, scatter_add; ops/indexing.h) sort the destinations (CUB) and
-// sum each in index order instead of using floating-point atomics, so two runs give bitwise-identical
-// gradients. dyngrad's other kernels never depend on scheduling (no floating-point atomics), in either mode.
+// Deterministic mode: off by default. When on, cuDNN convolution passes use only deterministic algorithms, the
+// indexing ops that add many values into one (embedding, index_select and gather backward, scatter_add;
+// ops/indexing.h) sort the destinations (CUB) and sum in index order, and the float32 tensor-core attention backward
+// runs two kernels (dk/dv, dq) instead of one adding dq with float atomics (ops/attention.cu): two runs give
+// bitwise-identical gradients. Other kernels never depend on scheduling (no float atomics), in either mode.
 void set_deterministic(bool deterministic);
 bool deterministic();
 }  // namespace dyngrad::cuda

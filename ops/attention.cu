@@ -11,7 +11,9 @@
 // Backward, by recomputation from the saved log-sum-exp: a pre-pass D_t = rowsum(dO∘O), then one kernel per key
 // tile accumulating dK, dV over the query tiles and one per query tile accumulating dQ over the key tiles. The
 // second recomputes the scores once more instead of adding into dQ with atomics, so gradients are
-// deterministic (the same bits on every run).
+// deterministic (the same bits on every run). The float32 tensor-core path outside deterministic mode
+// (cuda::deterministic() false, the default) fuses the two instead: the key-tile kernel also adds dS·K into dQ
+// with float atomics (mma::attention_backward_kv_kernel's kFuseDq).
 //
 // Tiles: TILE×TILE scores per block, 2·TILE threads as (TILE/4) row groups × 8 lanes; a thread owns 4 rows and
 // the columns 4·lane + k + 32·j, so the 8 lanes of a row group hold a whole row (shuffle reductions) and the
@@ -27,6 +29,7 @@
 #include <type_traits>
 
 #include "dyngrad/cuda/context.h"
+#include "dyngrad/cuda/runtime.h"
 #include "dyngrad/ops/attention.h"
 #include "dyngrad/ops/attention_cudnn.h"
 #include "dyngrad/ops/attention_geometry.h"
@@ -517,6 +520,19 @@ template <typename E, int DP> constexpr std::size_t backward_q_shared() {
 static_assert(backward_kv_shared<float, 128>() < 100 * 1024 && backward_q_shared<float, 128>() < 100 * 1024 &&
                   forward_shared<float, 128>() < 100 * 1024,
               "mma: the f32 DP 128 kernels must stay under 100 KiB of shared memory");
+// The fused f32 backward (dk, dv and dq in one kernel, non-deterministic mode) adds one dS tile: the streamed
+// queries × the block's 64 keys, f32, lines of 64 + 4 floats (conflict-free fragment loads, as line<float, DP>).
+constexpr int kDsLine = kTile + 4;
+template <int DP> constexpr std::size_t fused_ds_bytes() {
+    return sizeof(float) * static_cast<std::size_t>(stream_rows<DP>()) * kDsLine;
+}
+template <int DP> constexpr std::size_t backward_fused_shared() {
+    return backward_kv_shared<float, DP>() + fused_ds_bytes<DP>();
+}
+// Two blocks per SM on sm_90 (228 KiB, 1 KiB reserved per block): at most 113 KiB each.
+static_assert(backward_fused_shared<32>() <= 113 * 1024 && backward_fused_shared<64>() <= 113 * 1024 &&
+                  backward_fused_shared<128>() <= 113 * 1024,
+              "mma: the fused f32 backward must leave room for two blocks per SM");
 
 #if DG_ATTENTION_TENSOR_CORES
 __device__ __forceinline__ unsigned shared_address(const void* pointer) {
@@ -555,16 +571,17 @@ template <> struct FragB<float> {
     std::uint32_t big[2], small[2];
 };
 
-__device__ __forceinline__ std::uint32_t to_tf32(float x) {
-    std::uint32_t bits;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(bits) : "f"(x));
-    return bits;
-}
-// x = big + small: x − big is exact in float32, and its TF32 rounding keeps ~22 of x's 24 bits in all.
+// x = big + small as the TF32 MMA reads them (it ignores the low 13 mantissa bits of an operand, i.e. truncates):
+// big is x rounded to TF32 (to nearest, ties away: cvt.rna's value for finite x) by adding half a TF32 unit to the
+// bits and clearing the low 13; x − big is exact in float32, and the MMA truncates it (as CUTLASS's 3xTF32 "fast
+// f32" does its small part): ~21 of x's 24 bits, the error of the omitted small·small term's order. Three integer
+// and float instructions where cvt.rna.tf32.f32, which sm_90 emulates with an inf/NaN test and a select, took about
+// seven per element (two conversions) — on every operand element of every product, the backward's largest
+// instruction count. inf: big = inf (the carry stays in the cleared bits), small = NaN, as with cvt.rna; NaN (any
+// bits; big may wrap to ±0): small is NaN, so every product with it is NaN.
 __device__ __forceinline__ void split_tf32(std::uint32_t raw, std::uint32_t& big, std::uint32_t& small) {
-    const float x = __uint_as_float(raw);
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
+    big = (raw + 0x1000u) & 0xffffe000u;
+    small = __float_as_uint(__uint_as_float(raw) - __uint_as_float(big));
 }
 
 template <typename E> __device__ __forceinline__ FragA<E> make_a(const std::uint32_t (&raw)[4]) {
@@ -814,23 +831,63 @@ __device__ __forceinline__ void stream_tiles(std::int64_t begin, std::int64_t en
     }
 }
 
-// Stores the warp's 16 × DP accumulator times `factor` as rows row0 + (g, g + 8) of a (rows, D) matrix, d < D.
-template <typename E, int DP>
-__device__ __forceinline__ void store_rows(E* __restrict__ dst, const float (&acc)[DP / 8][4], std::int64_t row0,
-                                           std::int64_t rows, std::int64_t D, const float (&factor)[2]) {
+// Calls put(half, row, d, c0, c1) for the value pairs of the warp's 16 × 8·NT C fragments: rows row0 + g (half 0)
+// and row0 + g + 8 (half 1) below `rows`, c0 at column d = col0 + 8·tile + 2·(lane % 4), c1 at d + 1.
+template <int NT, typename Put>
+__device__ __forceinline__ void for_each_pair(const float (&acc)[NT][4], std::int64_t row0, int col0,
+                                              std::int64_t rows, Put&& put) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const std::int64_t row = row0 + lane / 4 + 8 * half;
         if (row >= rows) continue;
-        E* out = dst + row * D;
 #pragma unroll
-        for (int tile = 0; tile < DP / 8; ++tile) {
-            const int d = 8 * tile + 2 * (lane % 4);
-            if (d < D) out[d] = from_acc<E>(acc[tile][2 * half] * factor[half]);
-            if (d + 1 < D) out[d + 1] = from_acc<E>(acc[tile][2 * half + 1] * factor[half]);
-        }
+        for (int tile = 0; tile < NT; ++tile)
+            put(half, row, col0 + 8 * tile + 2 * (lane % 4), acc[tile][2 * half], acc[tile][2 * half + 1]);
     }
+}
+
+// Stores the warp's 16 × DP accumulator times `factor` as rows row0 + (g, g + 8) of a (rows, D) matrix, d < D.
+template <typename E, int DP>
+__device__ __forceinline__ void store_rows(E* __restrict__ dst, const float (&acc)[DP / 8][4], std::int64_t row0,
+                                           std::int64_t rows, std::int64_t D, const float (&factor)[2]) {
+    for_each_pair(acc, row0, 0, rows, [&](int half, std::int64_t row, int d, float c0, float c1) {
+        E* out = dst + row * D;
+        if (d < D) out[d] = from_acc<E>(c0 * factor[half]);
+        if (d + 1 < D) out[d + 1] = from_acc<E>(c1 * factor[half]);
+    });
+}
+
+__device__ __forceinline__ void red_add(float* at, float x) {
+    asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(at), "f"(x) : "memory");
+}
+
+// Adds the warp's 16 × 8·NT accumulator times `factor` into rows row0 + (g, g + 8), columns col0 + .., of a
+// (rows, D) f32 matrix, d < D, without a return value (red.global: the SM does not wait for the old values; float
+// atomics, so the order of the additions depends on scheduling).
+template <int NT>
+__device__ __forceinline__ void add_rows(float* __restrict__ dst, const float (&acc)[NT][4], std::int64_t row0,
+                                         int col0, std::int64_t rows, std::int64_t D, float factor) {
+    // Even D: every pair (d, d + 1), d even, of a row of a 16-byte-aligned allocation is 8-byte aligned, and sm_90
+    // adds it in one vector reduction.
+    const bool even = D % 2 == 0;
+    for_each_pair(acc, row0, col0, rows, [&](int, std::int64_t row, int d, float c0, float c1) {
+        float* out = dst + row * D + d;
+        const float x = c0 * factor, y = c1 * factor;
+        if (d + 1 < D) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            if (even)
+                asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(out), "f"(x), "f"(y) : "memory");
+            else
+#endif
+            {
+                red_add(out, x);
+                red_add(out + 1, y);
+            }
+        } else if (d < D) {
+            red_add(out, x);
+        }
+    });
 }
 #endif  // DG_ATTENTION_TENSOR_CORES
 
@@ -955,11 +1012,17 @@ __global__ void __launch_bounds__(32 * kForwardWarps<E>) attention_forward_kerne
 // dk, dv for one key tile (the warp's rows are keys), over the query tiles that see it, streamed by
 // stream_rows<DP>() queries: Sᵀ = K·Qᵀ and dPᵀ = V·dYᵀ in registers, then dV += (P∘F)ᵀ·dY and dK += dSᵀ·Q with
 // A from those registers. dk, dv accumulate in registers to the end.
-template <typename E, int DP>
+// kFuseDq (f32, non-deterministic mode): also dQ, the one-kernel backward (5 products instead of the two-kernel
+// design's 7). The warps' dSᵀ fragments go to a shared dS tile [queries][keys]; after one __syncthreads every warp
+// multiplies its share of dS·K (16 queries × DP / (4·16 / kRows) columns) and adds it into dq_accum (f32, zeroed by
+// the caller) with red.global.add: each query's dq is the sum over the key blocks, in the order they finish.
+template <typename E, int DP, bool kFuseDq = false>
 __global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
     const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v, const E* __restrict__ dy,
-    const float* __restrict__ lse, const float* __restrict__ delta, E* __restrict__ dk, E* __restrict__ dv, Params p) {
+    const float* __restrict__ lse, const float* __restrict__ delta, E* __restrict__ dk, E* __restrict__ dv,
+    float* __restrict__ dq_accum, Params p) {
 #if DG_ATTENTION_TENSOR_CORES
+    static_assert(!kFuseDq || kTf32<E>, "mma: the fused backward is the f32 (3xTF32) kernel");
     constexpr int kLine = line<E, DP>(), kRows = stream_rows<DP>(), kQueryTiles = kRows / 8;
     constexpr int kStages = backward_stages<E, DP>();
     constexpr std::size_t kStageBytes = backward_kv_stage_bytes<E, DP>();
@@ -967,6 +1030,9 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
     E* ks = reinterpret_cast<E*>(mma_shared);  // [64 keys][kLine]
     E* vs = ks + kTile * kLine;                 // [64 keys][kLine]
     unsigned char* stages = reinterpret_cast<unsigned char*>(vs + kTile * kLine);
+    // kFuseDq: dS [kRows queries][kDsLine], the keys of each group of 8 in a_from_c's permuted order (key 2c at
+    // position c, key 2c + 1 at c + 4), so that load_a's natural fragments pair with load_b's rows.
+    float* ds_shared = reinterpret_cast<float*>(stages + kStages * kStageBytes);
     // Stage b: Q, dY [kRows queries][kLine] each, lse (in exp_in_units' units) and delta [kRows] each.
     const auto qs_of = [&](int b) { return reinterpret_cast<E*>(stages + b * kStageBytes); };
     const auto dys_of = [&](int b) { return qs_of(b) + kRows * kLine; };
@@ -1003,7 +1069,9 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
     };
     // Causal: queries before the tile's first key see none of its keys.
     const std::int64_t query_begin = p.causal ? n0 : 0;
-    stream_tiles<kStages>(query_begin, p.queries, kRows, copy_stage, [&](int stage, std::int64_t m0) {
+    const bool no_dropout = p.dropout_p == 0.0;
+    // dV and dK from query tile m0 in stage `stage`; kFuseDq: dSᵀ to ds_shared too.
+    const auto products = [&](int stage, std::int64_t m0) {
         const E* qs = qs_of(stage);
         const E* dys = dys_of(stage);
         const float* lse_tile = lse_of(stage);
@@ -1024,14 +1092,73 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kv_kernel(
                 const bool part =
                     whole || (takes_part<E>(p, slice, t, key) && row_lse != minus_infinity<float>());
                 const float prob = part ? exp_in_units<E>(s[tile][e] * scale_units - row_lse) : 0.0f;
-                const float factor = p.dropout_p == 0.0 ? 1.0f : dropout_factor<float>(p, slice, t, key);
+                const float factor = no_dropout ? 1.0f : dropout_factor<float>(p, slice, t, key);
                 dp[tile][e] = prob * (dp[tile][e] * factor - delta_tile[c]);  // dSᵀ
                 s[tile][e] = prob * factor;                                    // (P∘F)ᵀ
             }
+        if constexpr (kFuseDq) {
+#pragma unroll
+            for (int tile = 0; tile < kQueryTiles; ++tile)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int c = 8 * tile + 2 * (lane % 4) + (e & 1);
+                    const int key = wrow + lane / 4 + 8 * (e / 2);  // within the block; key % 8 = lane / 4
+                    ds_shared[c * kDsLine + (key & ~7) + (key & 7) / 2 + 4 * (key & 1)] = dp[tile][e];
+                }
+        }
         __syncwarp();  // the lanes took their own mask branches: converged again before the mma.sync below
         multiply_from_c<E, DP, kQueryTiles>(dv_acc, s, dys, kLine);
         multiply_from_c<E, DP, kQueryTiles>(dk_acc, dp, qs, kLine);
-    });
+    };
+    if constexpr (!kFuseDq) {
+        stream_tiles<kStages>(query_begin, p.queries, kRows, copy_stage, products);
+    } else {
+        // dQ (kRows × DP) = dS (kRows × 64 keys) · K (64 × DP) from ds_shared: warp w takes 16 query rows and kCols
+        // columns, and adds them into dq_accum.
+        constexpr int kRowGroups = kRows / kWarpRows, kCols = DP / (kWarps / kRowGroups);
+        const int query0 = kWarpRows * (warp % kRowGroups), col0 = kCols * (warp / kRowGroups);
+        const auto add_dq = [&](std::int64_t m0) {
+            float dq_acc[kCols / 8][4] = {};
+#pragma unroll
+            for (int step = 0; step < kTile / 8; ++step) {
+                std::uint32_t raw[4];
+                load_a<E>(raw, ds_shared, kDsLine, query0, 8 * step);
+                const FragA<E> a = make_a<E>(raw);
+#pragma unroll
+                for (int pair = 0; pair < kCols / 16; ++pair) {
+                    FragB<E> b[2];
+                    load_b<E>(b, ks, kLine, 8 * step, col0 + 16 * pair);
+                    mma<E>(dq_acc[2 * pair], a, b[0]);
+                    mma<E>(dq_acc[2 * pair + 1], a, b[1]);
+                }
+            }
+            add_rows<kCols / 8>(dq_accum + slice * p.queries * D, dq_acc, m0 + query0, col0, p.queries, D, scale);
+        };
+        // stream_tiles with the dQ product after a second __syncthreads (every warp's dS is in, and no warp reads
+        // the stage any more). One stage: the next tile's copy starts there, under the dQ product, where
+        // stream_tiles would issue it after the body and wait for it at once. Two stages: it starts at the top,
+        // into the stage the previous tile's products finished with. The top __syncthreads keeps the next dS
+        // writes after every warp's dQ reads.
+        if (query_begin < p.queries) {
+            copy_stage(0, query_begin);
+            cp_async_commit();
+        }
+        int stage = 0;
+        for (std::int64_t m0 = query_begin; m0 < p.queries; m0 += kRows, stage ^= kStages - 1) {
+            const bool more = m0 + kRows < p.queries;
+            if (kStages == 2 && more) copy_stage(stage ^ 1, m0 + kRows);
+            cp_async_commit();             // possibly empty: the wait counts groups
+            cp_async_wait<kStages - 1>();  // this tile's copies are in
+            __syncthreads();
+            products(stage, m0);
+            __syncthreads();
+            if (kStages == 1 && more) {
+                copy_stage(0, m0 + kRows);
+                cp_async_commit();
+            }
+            add_dq(m0);
+        }
+    }
     cp_async_wait<0>();  // the loop may not have run (causal: keys past the last query)
     const float scales[2] = {scale, scale}, ones[2] = {1.0f, 1.0f};
     store_rows<E, DP>(dk + slice * p.keys * D, dk_acc, n0 + wrow, p.keys, D, scales);
@@ -1235,6 +1362,8 @@ void launch_mma_forward(const E* q, const E* k, const E* v, E* y, float* lse, co
 }
 
 // dq (when defined) and dk, dv (when defined) by the mma.sync backward kernels, from lse and delta (f32).
+// f32 with all three wanted, outside deterministic mode: one fused kernel adds dq with float atomics (see
+// attention_backward_kv_kernel's kFuseDq); otherwise the deterministic pair of kernels.
 template <typename E>
 void launch_mma_backward(const BackwardArgs& args, const AttentionGeometry& g, Params p, const Tensor& lse,
                          const Tensor& delta, Tensor& dq, Tensor& dk, Tensor& dv, DeviceContext& ctx) {
@@ -1243,14 +1372,31 @@ void launch_mma_backward(const BackwardArgs& args, const AttentionGeometry& g, P
     const E* v = args.inputs[2].data<E>();
     const E* dy = args.grad_output.data<E>();
     p.vector_rows = rows_are_aligned(g.head_dim, sizeof(E), {q, k, v, dy});
+    const unsigned key_blocks = blocks_for((g.keys + mma::kTile - 1) / mma::kTile, g.slices());
+    if constexpr (std::is_same_v<E, float>) {
+        if (dq.defined() && dk.defined() && !deterministic()) {
+            // The key blocks add into dq: it starts at zero (a memset node under capture, no allocation).
+            DG_CUDA_CHECK(cudaMemsetAsync(dq.raw_data(), 0, static_cast<std::size_t>(dq.numel()) * sizeof(float),
+                                          ctx.stream));
+            with_padded_head_dim(g.head_dim, [&]<int DP>() {
+                constexpr std::size_t shared = mma::backward_fused_shared<DP>();
+                static std::once_flag once;
+                allow_shared(mma::attention_backward_kv_kernel<float, DP, true>, shared, once);
+                mma::attention_backward_kv_kernel<float, DP, true><<<key_blocks, mma::kThreads, shared, ctx.stream>>>(
+                    q, k, v, dy, lse.data<float>(), delta.data<float>(), dk.data<float>(), dv.data<float>(),
+                    dq.data<float>(), p);
+                DG_CUDA_CHECK_LAUNCH();
+            });
+            return;
+        }
+    }
     with_padded_head_dim(g.head_dim, [&]<int DP>() {
         if (dk.defined()) {
             constexpr std::size_t shared = mma::backward_kv_shared<E, DP>();
             static std::once_flag once;
             allow_shared(mma::attention_backward_kv_kernel<E, DP>, shared, once);
-            const unsigned blocks = blocks_for((g.keys + mma::kTile - 1) / mma::kTile, g.slices());
-            mma::attention_backward_kv_kernel<E, DP><<<blocks, mma::kThreads, shared, ctx.stream>>>(
-                q, k, v, dy, lse.data<float>(), delta.data<float>(), dk.data<E>(), dv.data<E>(), p);
+            mma::attention_backward_kv_kernel<E, DP><<<key_blocks, mma::kThreads, shared, ctx.stream>>>(
+                q, k, v, dy, lse.data<float>(), delta.data<float>(), dk.data<E>(), dv.data<E>(), nullptr, p);
             DG_CUDA_CHECK_LAUNCH();
         }
         if (dq.defined()) {

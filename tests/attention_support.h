@@ -31,4 +31,19 @@ private:
     bool previous_;
 };
 
+// Sets cuda::deterministic() while in scope, then restores it. Attention's float32 tensor-core backward is one
+// fused kernel adding dq with float atomics outside deterministic mode, two deterministic kernels inside it.
+class DeterministicMode {
+public:
+    explicit DeterministicMode(bool deterministic) : previous_(dyngrad::cuda::deterministic()) {
+        dyngrad::cuda::set_deterministic(deterministic);
+    }
+    ~DeterministicMode() { dyngrad::cuda::set_deterministic(previous_); }
+    DeterministicMode(const DeterministicMode&) = delete;
+    DeterministicMode& operator=(const DeterministicMode&) = delete;
+
+private:
+    bool previous_;
+};
+
 }  // namespace dgtest

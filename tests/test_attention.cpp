@@ -3,6 +3,7 @@
 // thread counts; on a GPU (skipped visibly without one): large cases against the float64 CPU replay, memory
 // linear in T, deterministic gradients, bad mask values reported by the kernel.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -209,8 +210,14 @@ TEST_CASE("attention on the GPU matches the float64 CPU replay on large ragged c
     }
 }
 
-TEST_CASE("attention on the GPU: memory linear in T, deterministic gradients", "[attention][gpu]") {
+TEST_CASE("attention on the GPU: memory linear in T in both backward designs, deterministic gradients in "
+          "deterministic mode",
+          "[attention][gpu][deterministic]") {
     if (!have_gpu()) DG_SKIP("no CUDA device");
+    // Outside deterministic mode the f32 backward adds dq with atomics (a later test case compares the two).
+    const bool deterministic = GENERATE(false, true);
+    INFO("deterministic " << deterministic);
+    const dgtest::DeterministicMode mode(deterministic);
     const Device gpu = Device::cuda(0);
     const std::int64_t T = 4096, D = 64;
     Generator gen(31);
@@ -235,7 +242,8 @@ TEST_CASE("attention on the GPU: memory linear in T, deterministic gradients", "
     const std::size_t per_tensor = static_cast<std::size_t>(2 * T * D) * sizeof(float);
     CHECK(cuda::memory_stats(0).peak_bytes_in_use - before < 16 * per_tensor);
     const std::vector<Tensor> second = run();
-    for (std::size_t i = 0; i < first.size(); ++i) CHECK(max_abs_diff(first[i], second[i]) == 0.0);
+    for (std::size_t i = 0; i < first.size(); ++i)
+        if (deterministic || i > 0) CHECK(max_abs_diff(first[i], second[i]) == 0.0);  // dk, dv: no atomics
 }
 
 TEST_CASE("attention on the GPU: a mask value other than 0 or 1 is a ValueError at the next synchronisation",
@@ -318,6 +326,83 @@ TEST_CASE("attention on the GPU: the tensor-core and SIMT float32 paths both mat
             }
         }
     }
+}
+
+TEST_CASE("attention on the GPU, f32 tensor cores: deterministic mode repeats its gradients bit for bit; the "
+          "fused backward with dq atomics agrees with it",
+          "[attention][gpu][deterministic]") {
+    if (!have_gpu()) DG_SKIP("no CUDA device");
+    const GpuPathScope scope(AttentionGpuPath::tensor_cores);
+    const bool causal = GENERATE(false, true);
+    const std::int64_t D = GENERATE(32, 64, 128);  // every padded head dim: one fused kernel each
+    INFO("causal " << causal << ", D " << D);
+    const Device gpu = Device::cuda(0);
+    const std::int64_t B = 2, H = 4, T = 333, S = 300;  // ragged: 6 query tiles, 5 key blocks adding into dq
+    Generator gen(47 + static_cast<std::uint64_t>(D));
+    const Tensor q = Tensor::normal({B, H, T, D}, 0.0, 1.0, gen, DType::f32, gpu);
+    const Tensor k = Tensor::normal({B, H, S, D}, 0.0, 1.0, gen, DType::f32, gpu);
+    const Tensor v = Tensor::normal({B, H, S, D}, 0.0, 1.0, gen, DType::f32, gpu);
+    const Tensor dy = Tensor::normal({B, H, T, D}, 0.0, 1.0, gen, DType::f32, gpu);
+    // y, dq, dk, dv; `only_q`: k and v need no gradient (the dq kernel alone, in either mode).
+    const auto run = [&](bool deterministic, bool only_q) {
+        const dgtest::DeterministicMode mode(deterministic);
+        ComputeGraph g;
+        Var qv = g.input(q, "q", true), kv = g.input(k, "k", !only_q), vv = g.input(v, "v", !only_q);
+        Var y = scaled_dot_product_attention(qv, kv, vv, options_of(causal, 0.0, 0));
+        g.backward(y, dy);
+        std::vector<Tensor> out{y.value().clone(), qv.grad().clone()};
+        if (!only_q) {
+            out.push_back(kv.grad().clone());
+            out.push_back(vv.grad().clone());
+        }
+        return out;
+    };
+    const std::vector<Tensor> first = run(true, false), second = run(true, false);
+    const std::vector<Tensor> fused = run(false, false), fused_again = run(false, false);
+    const std::vector<Tensor> dq_only = run(false, true);
+    const char* names[] = {"y", "dq", "dk", "dv"};
+    for (std::size_t i = 0; i < first.size(); ++i) {
+        INFO(names[i]);
+        CHECK(max_abs_diff(first[i], second[i]) == 0.0);  // bit for bit
+        // Atomics add dq's key blocks in the order they finish: equal to rounding, not bit for bit.
+        CHECK(relative_norm_diff(fused[i], first[i]) < 1e-5);
+        CHECK(relative_norm_diff(fused_again[i], first[i]) < 1e-5);
+    }
+    // dq came from the fused kernel: its partial sums (one per key block, each scaled, then added in f32) round
+    // differently from the dq kernel's single accumulator.
+    CHECK(max_abs_diff(fused[1], first[1]) > 0.0);
+    CHECK(max_abs_diff(fused[0], first[0]) == 0.0);  // the same forward
+    CHECK(relative_norm_diff(dq_only[1], first[1]) < 1e-5);
+}
+
+TEST_CASE("attention on the GPU, f32 tensor cores: NaNs of any bits reach the output through the 3xTF32 split",
+          "[attention][gpu]") {
+    if (!have_gpu()) DG_SKIP("no CUDA device");
+    const GpuPathScope scope(AttentionGpuPath::tensor_cores);
+    const std::int64_t T = 70, S = 80, D = 64;
+    Generator gen(53);
+    Tensor q = Tensor::normal({1, 1, T, D}, 0.0, 1.0, gen, DType::f32);
+    const Tensor k = Tensor::normal({1, 1, S, D}, 0.0, 1.0, gen, DType::f32);
+    Tensor v = Tensor::normal({1, 1, S, D}, 0.0, 1.0, gen, DType::f32);
+    // All-ones mantissas: adding half a TF32 unit to these bits (the split's rounding of the large part) carries
+    // past the exponent and sign, so only the small part x − large keeps the NaN.
+    q.data<float>()[5 * D + 3] = std::bit_cast<float>(0x7fffffffu);  // query 5: every score NaN
+    v.data<float>()[7 * D + 1] = std::bit_cast<float>(0xffffffffu);  // value column 1 of key 7
+    const Tensor expected = scaled_dot_product_attention(q, k, v);
+    const std::vector<double> y =
+        scaled_dot_product_attention(q.to(Device::cuda(0)), k.to(Device::cuda(0)), v.to(Device::cuda(0)))
+            .to_vector();
+    const std::vector<double> want = expected.to_vector();
+    REQUIRE(y.size() == want.size());
+    for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t d = 0; d < D; ++d) {
+            const std::size_t i = static_cast<std::size_t>(t * D + d);
+            INFO("t " << t << ", d " << d << ": " << y[i] << " (CPU " << want[i] << ")");
+            const bool nan = t == 5 || d == 1;
+            REQUIRE(std::isnan(want[i]) == nan);
+            CHECK(std::isnan(y[i]) == nan);
+            if (!nan) CHECK(std::abs(y[i] - want[i]) <= 1e-5 * (1.0 + std::abs(want[i])));
+        }
 }
 
 TEST_CASE("attention on the GPU: the tensor-core path runs when selected and agrees with SIMT to ~1e-6",
@@ -437,18 +522,24 @@ TEST_CASE("attention on the GPU: the tensor-core kernels over ragged T, S and ev
     const CudnnOff kernels_only;  // bf16 cases without mask or dropout would otherwise run on cuDNN
     const std::vector<OpCase> cases = fragment_sweep_cases();
     REQUIRE(cases.size() == 74);
-    for (const DType dtype : {DType::f32, DType::bf16}) {
-        for (std::size_t index = 0; index < cases.size(); ++index) {
-            DYNAMIC_SECTION(dtype_name(dtype) << ": " << cases[index].label) {
-                Generator gen(11'000'000 + index);
-                const CheckResult r =
-                    dtype == DType::f32
-                        ? gpu_vs_cpu_check(*def, cases[index], gen, 1e-5)
-                        : reduced_precision_check(*def, cases[index], gen, dtype,
-                                                  reduced_precision_tolerance(*def, dtype), Device::cuda(0));
-                INFO(dtype_name(dtype) << ", " << r.check << ", " << r.case_label << ": max rel err " << r.max_rel_err
-                                       << ", max abs err " << r.max_abs_err << ", " << r.detail);
-                CHECK(r.pass);
+    // Both f32 backward designs: fused with dq atomics (default) and the deterministic pair of kernels.
+    for (const bool deterministic : {false, true}) {
+        const dgtest::DeterministicMode mode(deterministic);
+        const char* mode_name = deterministic ? "deterministic" : "atomics";
+        for (const DType dtype : {DType::f32, DType::bf16}) {
+            for (std::size_t index = 0; index < cases.size(); ++index) {
+                DYNAMIC_SECTION(mode_name << ", " << dtype_name(dtype) << ": " << cases[index].label) {
+                    Generator gen(11'000'000 + index);
+                    const CheckResult r =
+                        dtype == DType::f32
+                            ? gpu_vs_cpu_check(*def, cases[index], gen, 1e-5)
+                            : reduced_precision_check(*def, cases[index], gen, dtype,
+                                                      reduced_precision_tolerance(*def, dtype), Device::cuda(0));
+                    INFO(mode_name << ", " << dtype_name(dtype) << ", " << r.check << ", " << r.case_label
+                                   << ": max rel err " << r.max_rel_err << ", max abs err " << r.max_abs_err << ", "
+                                   << r.detail);
+                    CHECK(r.pass);
+                }
             }
         }
     }
