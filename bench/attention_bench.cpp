@@ -195,7 +195,7 @@ int main(int argc, char** argv) {
             out << "{\"device\": \"" << cuda::device_name(0) << "\", \"dtype\": \"" << dtype
                 << "\", \"kernels\": \"" << path
                 << "\", \"deterministic\": " << (o.deterministic ? "true" : "false")
-                << "\", \"batch\": " << o.batch << ", \"heads\": " << o.heads
+                << ", \"batch\": " << o.batch << ", \"heads\": " << o.heads
                 << ", \"head_dim\": " << o.head_dim << ", \"rows\": [";
             for (std::size_t i = 0; i < rows.size(); ++i)
                 out << (i ? ", " : "") << "{\"length\": " << rows[i].length
