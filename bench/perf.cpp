@@ -746,7 +746,10 @@ int main(int argc, char** argv) {
                 } else {
                     std::printf("%-14s %-9s %10.4f %5d %12.1f", row.workload.c_str(), row.mode.c_str(), row.timing.ms,
                                 row.timing.steps, static_cast<double>(row.memory.peak_bytes) / (1 << 20));
-                    if (captured) std::printf("  %zu kernels/step", row.graph.kernels);
+                    if (captured) {
+                        std::printf("  %zu kernels/step", row.graph.kernels);
+                        if (row.graph.memcpys != 0) std::printf(", %zu copies", row.graph.memcpys);
+                    }
                     if (row.gbs > 0)
                         std::printf("  %.1f GB/s = %.1f%% of copy", row.gbs, 100 * row.copy_fraction);
                     std::printf("\n");
