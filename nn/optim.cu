@@ -61,10 +61,21 @@ __device__ inline double step_lr(const StepState& s, int group) {
     return s.schedule.count == 0 ? s.lrs[group] : scheduled_lr(s, group);
 }
 
+// A block's lr under a deferred schedule advance, stored as its group's device lr (StepState::lr_stored_groups):
+// the value the advance would store, so the applying block need not evaluate it again. One thread of the block.
+__device__ inline void store_scheduled_lr(const StepState& s, int group, double lr) {
+    if (s.schedule.count != 0) s.lrs[group] = lr;
+}
+
 // Applies a deferred schedule advance (one thread, after every reader of the old epoch and overrides): the
-// lrs this step used become the device lrs, the overrides are consumed, the epoch advances.
+// lrs this step used become the device lrs (the step's blocks stored those of StepState::lr_stored_groups,
+// unless GradScaler skipped the step), the overrides are consumed, the epoch advances.
 __device__ void apply_schedule_advance(const StepState& s) {
-    for (int g = 0; g < s.groups; ++g) s.lrs[g] = scheduled_lr(s, g);
+    const bool skipped = s.found_inf != nullptr && *s.found_inf != 0;
+    for (int g = 0; g < s.groups; ++g) {
+        const bool stored = !skipped && g < 64 && ((s.lr_stored_groups >> g) & 1u) != 0;
+        if (!stored) s.lrs[g] = scheduled_lr(s, g);
+    }
     for (int g = 0; g < s.groups; ++g) s.lr_overrides[g] = -1;
     *s.schedule.epoch += s.schedule.count;
 }
@@ -99,7 +110,10 @@ __device__ void finish_block(const StepChunk& c, const StepState& s, bool update
 // shares it. Called by every thread of the block.
 __device__ double block_scheduled_lr(const StepState& s, int group) {
     __shared__ double lr;
-    if (threadIdx.x == 0) lr = scheduled_lr(s, group);
+    if (threadIdx.x == 0) {
+        lr = scheduled_lr(s, group);
+        store_scheduled_lr(s, group, lr);
+    }
     __syncthreads();
     return lr;
 }
@@ -174,8 +188,11 @@ __global__ void sgd_kernel(const StepChunk* __restrict__ chunks, StepState s) {
 // chunks[blockIdx.x]: param, grad, m, v, all (n); scalars: beta1, beta2, eps, weight_decay, decoupled. The
 // bias corrections come from the device step count, the lr from the device (adam_scalars, as on the CPU).
 // Each thread updates at most kPerThread elements of its block's slice; it loads them all before waiting for
-// thread 0's scalars (two dependent loads and two double pows), so that latency hides the memory reads: for
-// lenet's 61k parameters the step is latency, not bandwidth (ncu: 10 µs against SGD's 5.8).
+// the scalars, so that their latency hides the memory reads: for lenet's 61k parameters the step is latency,
+// not bandwidth (ncu: 10 µs against SGD's 5.8). The three independent scalars (the lr, with a deferred schedule
+// a double cos or pow; the two bias corrections, a double pow each) are evaluated at once by lane 0 of warps
+// 0, 1 and 2 rather than one after another by thread 0; every thread combines them (adam_scalars_from, the
+// same bits as adam_scalars).
 constexpr int kPerThread = static_cast<int>(kStepSlice / kThreads);
 static_assert(kStepSlice % kThreads == 0, "a slice is a whole number of elements per thread");
 
@@ -187,10 +204,20 @@ __global__ void adam_kernel(const StepChunk* __restrict__ chunks, StepState s) {
         finish_block(c, s, false);
         return;
     }
-    __shared__ AdamScalars shared;
-    if (threadIdx.x == 0)
-        shared = adam_scalars(step_lr(s, c.group), c.scalars[0], c.scalars[1], c.scalars[2], c.scalars[3],
-                              c.scalars[4] != 0, s.steps[c.parameter] + 1);
+    static_assert(kThreads >= 3 * 32, "warps 0, 1 and 2 evaluate the scalars");
+    __shared__ double shared_lr, shared_bias1, shared_bias2_sqrt;
+    if (threadIdx.x == 0) {
+        shared_lr = step_lr(s, c.group);
+        store_scheduled_lr(s, c.group, shared_lr);
+    } else if (threadIdx.x == 32) {
+        shared_bias1 = adam_bias1(c.scalars[0], s.steps[c.parameter] + 1);
+    } else if (threadIdx.x == 64) {
+        shared_bias2_sqrt = adam_bias2_sqrt(c.scalars[1], s.steps[c.parameter] + 1);
+    }
+    // The group's settings, read before the wait like the elements.
+    const double beta1_setting = c.scalars[0], beta2_setting = c.scalars[1], eps_setting = c.scalars[2],
+                 weight_decay_setting = c.scalars[3];
+    const bool decoupled = c.scalars[4] != 0;
     const bool unscale = s.inv_scale != nullptr;
     const T inv_scale = unscale ? static_cast<T>(*s.inv_scale) : T(1);
     const double clip = s.clip != nullptr ? *s.clip : 1.0;
@@ -213,7 +240,8 @@ __global__ void adam_kernel(const StepChunk* __restrict__ chunks, StepState s) {
         }
     }
     __syncthreads();
-    const AdamScalars k = shared;
+    const AdamScalars k = adam_scalars_from(shared_lr, beta1_setting, beta2_setting, eps_setting,
+                                            weight_decay_setting, decoupled, shared_bias1, shared_bias2_sqrt);
     const T beta1 = static_cast<T>(k.beta1), one_minus_beta1 = static_cast<T>(k.one_minus_beta1),
             beta2 = static_cast<T>(k.beta2), one_minus_beta2 = static_cast<T>(k.one_minus_beta2),
             eps = static_cast<T>(k.eps), l2 = static_cast<T>(k.l2), decay = static_cast<T>(k.decay),
@@ -302,10 +330,20 @@ bool for_each_group(StepTable& table, std::span<const StepOperands> tensors, Lau
     return true;
 }
 
+// StepState::lr_stored_groups: the groups (< 64) with elements in this step, each of which has a non-empty block.
+std::uint64_t groups_with_elements(std::span<const StepOperands> tensors) {
+    std::uint64_t groups = 0;
+    for (const StepOperands& t : tensors)
+        if (t.numel > 0 && t.group >= 0 && t.group < 64) groups |= std::uint64_t{1} << t.group;
+    return groups;
+}
+
 // The state one launch reads: with a deferred schedule advance, the last launch's last block applies it.
-StepState launch_state(const StepState& state, const Group& group, bool last, DeviceContext& ctx) {
+StepState launch_state(const StepState& state, std::span<const StepOperands> tensors, const Group& group, bool last,
+                       DeviceContext& ctx) {
     StepState s = state;
     s.applies_schedule = last && state.schedule.count > 0;
+    s.lr_stored_groups = state.schedule.count > 0 ? groups_with_elements(tensors) : 0;
     s.launch_blocks = group.blocks;
     s.block_counter = ctx.block_counter;
     return s;
@@ -365,7 +403,7 @@ const StepChunk* StepTable::upload(const std::vector<StepChunk>& chunks) {
 bool sgd_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state) {
     DeviceContext& ctx = context(table.device());
     return for_each_group(table, tensors, [&](const Group& group, const StepChunk* chunks, bool last) {
-        const StepState s = launch_state(state, group, last, ctx);
+        const StepState s = launch_state(state, tensors, group, last, ctx);
         dispatch_floating(group.dtype, "SGD", [&]<typename T>() {
             sgd_kernel<T><<<dim3(static_cast<unsigned>(group.count), kStepSlices), kThreads, 0, ctx.stream>>>(chunks, s);
             DG_CUDA_CHECK_LAUNCH();
@@ -376,7 +414,7 @@ bool sgd_step(StepTable& table, std::span<const StepOperands> tensors, const Ste
 bool adam_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state) {
     DeviceContext& ctx = context(table.device());
     return for_each_group(table, tensors, [&](const Group& group, const StepChunk* chunks, bool last) {
-        const StepState s = launch_state(state, group, last, ctx);
+        const StepState s = launch_state(state, tensors, group, last, ctx);
         dispatch_floating(group.dtype, "Adam", [&]<typename T>() {
             adam_kernel<T><<<dim3(static_cast<unsigned>(group.count), kStepSlices), kThreads, 0, ctx.stream>>>(chunks, s);
             DG_CUDA_CHECK_LAUNCH();

@@ -46,11 +46,16 @@ struct AdamScalars {
     double bias2_sqrt;  // √(1 - β2^t)
 };
 
-// One formula for both backends: the GPU kernel derives these from the device-resident lr and step count
-// (so a captured step advances them on every replay), the CPU update from the host ones.
-DG_HOST_DEVICE AdamScalars adam_scalars(double lr, double beta1, double beta2, double eps, double weight_decay,
-                                        bool decoupled, std::int64_t step) {
-    const auto t = static_cast<double>(step);
+// The bias-correction pieces at step t, each its own expression so that the GPU kernel can evaluate them in
+// different warps at once (each a double pow); adam_scalars combines them with the lr, the same bits either way.
+DG_HOST_DEVICE double adam_bias1(double beta1, std::int64_t step) {
+    return 1 - ::pow(beta1, static_cast<double>(step));  // 1 - β1^t
+}
+DG_HOST_DEVICE double adam_bias2_sqrt(double beta2, std::int64_t step) {
+    return ::sqrt(1 - ::pow(beta2, static_cast<double>(step)));  // √(1 - β2^t)
+}
+DG_HOST_DEVICE AdamScalars adam_scalars_from(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                             bool decoupled, double bias1, double bias2_sqrt) {
     return {beta1,
             1 - beta1,
             beta2,
@@ -58,8 +63,16 @@ DG_HOST_DEVICE AdamScalars adam_scalars(double lr, double beta1, double beta2, d
             eps,
             decoupled ? 0.0 : weight_decay,
             decoupled ? 1 - lr * weight_decay : 1.0,
-            lr / (1 - ::pow(beta1, t)),
-            ::sqrt(1 - ::pow(beta2, t))};
+            lr / bias1,
+            bias2_sqrt};
+}
+
+// One formula for both backends: the GPU kernel derives these from the device-resident lr and step count
+// (so a captured step advances them on every replay), the CPU update from the host ones.
+DG_HOST_DEVICE AdamScalars adam_scalars(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                        bool decoupled, std::int64_t step) {
+    return adam_scalars_from(lr, beta1, beta2, eps, weight_decay, decoupled, adam_bias1(beta1, step),
+                             adam_bias2_sqrt(beta2, step));
 }
 
 // The per-group settings a GPU chunk carries (the lr and step count are read from device memory):
@@ -121,8 +134,8 @@ struct StepChunk {
 
 // A schedule's steps whose device effect is deferred into the next fused optimizer step on one device
 // (LRScheduler::step launches nothing): that step's kernel computes each group's lr as
-// schedule_lr(rule, base_lrs[g], *epoch + count) and its last block stores those lrs and advances *epoch by
-// `count`. So a step with a per-step schedule costs no launch beyond the optimizer's. Outside a step (a host
+// schedule_lr(rule, base_lrs[g], *epoch + count), its blocks store those lrs (StepState::lr_stored_groups; the
+// last block the rest) and its last block advances *epoch by `count`. So a step with a per-step schedule costs no launch beyond the optimizer's. Outside a step (a host
 // read, set_lr, another schedule's step) the same formula is evaluated by a one-thread kernel (nn/optim.cu).
 struct ScheduleAdvance {
     ScheduleRule rule{};
@@ -155,6 +168,11 @@ struct StepState {
     // multiplied by it (in the gradient's dtype, as clip_grad_norm's scaling pass) and written back before
     // the update reads it (and before inv_scale); null: no clipping.
     const double* clip = nullptr;
+    // Per launch, with a deferred schedule advance: bit g set when group g (< 64) has a non-empty block in this
+    // step (any launch). Such a block stores the lr it computed into lrs[g] (every writer the same bits, and
+    // with a deferred advance no update reads lrs), so the applying block evaluates the schedule again only
+    // for the other groups, or for all when GradScaler skipped the step (its blocks computed no lr).
+    std::uint64_t lr_stored_groups = 0;
 };
 
 // The device-side chunk table of one optimizer on one device. Gradients are re-allocated by every
