@@ -548,6 +548,27 @@ TEST_CASE("a schedule's lr computed inside the optimizer step equals the host sc
     }
 }
 
+// With a deferred schedule the update blocks store their group's lr and the launch's last block only the lrs of
+// groups with no elements in the step (here b, which has no gradient): after each step every group's device lr
+// is the one reported before it, bit for bit.
+TEST_CASE("AdamW's step stores the schedule's lr of every group, also of a group without gradients",
+          "[gpu][schedule]") {
+    Generator gen(29);
+    Parameter a(Tensor::normal({3000}, 0.0, 1.0, gen, DType::f32).to(kGpu), "a"),
+        b(Tensor::zeros({5}, DType::f32, kGpu), "b");
+    AdamW opt({{.parameters = {a}}, {.parameters = {b}, .lr = 0.02}}, {.lr = 0.1});
+    WarmupCosineLR schedule(opt, 5, 40, 1e-4);
+    for (int step = 0; step < 50; ++step) {
+        INFO("step " << step);
+        schedule.step();
+        const std::array<double, 2> reported{opt.lr(0), opt.lr(1)};  // computed while the advance is deferred
+        a.grad_slot() = Tensor::normal({3000}, 0.0, 1.0, gen, DType::f32).to(kGpu);
+        opt.step();
+        REQUIRE(opt.lr(0) == reported[0]);
+        REQUIRE(opt.lr(1) == reported[1]);
+    }
+}
+
 TEST_CASE("set_lr after a schedule's step overrides the schedule's lr for one step; a second schedule's step "
           "applies the first's", "[gpu][schedule]") {
     Parameter a(Tensor::zeros({1}, DType::f64, kGpu), "a");
