@@ -134,6 +134,21 @@ void check_same_parameters(const Trainer& eager, const Trainer& captured) {
     }
 }
 
+// `steps` steps of `eager` and of `step` (capturing `captured`) over `data` in turn: one graph, the same last loss
+// and the same parameters and state, bit for bit.
+void check_captured_equals_eager(Trainer& eager, Trainer& captured, cuda::CapturedStep& step,
+                                 const std::vector<std::vector<Tensor>>& data, int steps) {
+    Tensor eager_loss, captured_loss;
+    for (int i = 0; i < steps; ++i) {
+        const std::vector<Tensor>& batch = data[static_cast<std::size_t>(i) % data.size()];
+        eager_loss = eager.step(batch);
+        captured_loss = step.run(batch);
+    }
+    CHECK(step.variants() == 1);
+    CHECK(captured_loss.item() == eager_loss.item());
+    check_same_parameters(eager, captured);
+}
+
 // One eager step of `opt` over `model`: clip_grad_norm + step(), or the fused clip_grad_norm_and_step. The
 // norm and every gradient as the step left them (clipped).
 struct ClippedStep {
@@ -220,16 +235,7 @@ TEST_CASE("a captured clip_grad_norm_and_step trains lenet (dropout, AdamW, warm
     Trainer eager(33, false, kSteps), captured(33, false, kSteps, /*fused=*/true);
     cuda::CapturedStep step([&](std::span<const Tensor> in) { return captured.step(in); },
                             {.guard_replays = 2, .guard_state = [&] { return captured.state(); }});
-    const auto data = batches(4, 64, 3300);
-    Tensor eager_loss, captured_loss;
-    for (int i = 0; i < kSteps; ++i) {
-        const std::vector<Tensor>& batch = data[static_cast<std::size_t>(i) % data.size()];
-        eager_loss = eager.step(batch);
-        captured_loss = step.run(batch);
-    }
-    CHECK(step.variants() == 1);
-    CHECK(captured_loss.item() == eager_loss.item());
-    check_same_parameters(eager, captured);
+    check_captured_equals_eager(eager, captured, step, batches(4, 64, 3300), kSteps);
     CHECK(captured.opt.step_count(0) == kSteps);
 }
 
@@ -290,17 +296,8 @@ TEST_CASE("lenet with dropout, AdamW, a warm-up + cosine schedule and clipping: 
     Trainer eager(31, false, kSteps), captured(31, false, kSteps);
     REQUIRE(eager.model.net.parameters()[0].value().to_vector() == captured.model.net.parameters()[0].value().to_vector());
     cuda::CapturedStep step([&](std::span<const Tensor> in) { return captured.step(in); });
-    const auto data = batches(4, 64, 3100);
-    Tensor eager_loss, captured_loss;
     const std::vector<double> initial = eager.opt.parameters()[4].value().to_vector();
-    for (int i = 0; i < kSteps; ++i) {
-        const std::vector<Tensor>& batch = data[static_cast<std::size_t>(i) % data.size()];
-        eager_loss = eager.step(batch);
-        captured_loss = step.run(batch);
-    }
-    CHECK(step.variants() == 1);
-    CHECK(captured_loss.item() == eager_loss.item());
-    check_same_parameters(eager, captured);
+    check_captured_equals_eager(eager, captured, step, batches(4, 64, 3100), kSteps);
     // Replays advanced what the host ran only twice (warm-up and capture): step counts, schedule, dropout.
     CHECK(captured.opt.step_count(0) == kSteps);
     CHECK(captured.schedule.epoch() == kSteps);
