@@ -565,7 +565,10 @@ struct Distance {
 
 Distance distance(const Row& r, const Floors& f) {
     Distance d;
-    d.launch_ms = static_cast<double>(r.graph.kernels + r.graph.memsets + r.graph.memcpys) * f.us_per_node * 1e-3;
+    // The nodes a replay runs in sequence: its longest dependency path (the side lane's branches run beside it).
+    const std::size_t sequential = r.graph.longest_chain > 0 ? r.graph.longest_chain
+                                                              : r.graph.kernels + r.graph.memsets + r.graph.memcpys;
+    d.launch_ms = static_cast<double>(sequential) * f.us_per_node * 1e-3;
     d.memory_ms = r.work.bytes / (f.copy_gbs * 1e6);
     d.compute_ms = r.work.flops / ((r.tf32 ? f.gemm_tflops_tf32 : f.gemm_tflops_f32) * 1e9);
     return d;
@@ -584,13 +587,22 @@ void print_floors(const std::vector<Row>& rows, const Floors& f) {
                     r.graph.memsets, d.launch_ms, d.memory_ms, d.compute_ms, r.timing.ms, r.timing.ms / d.floor_ms(),
                     d.bound());
     }
-    std::printf("launch = graph nodes x the per-node time; memory = estimated minimum bytes / copy bandwidth (each op's\n"
+    std::printf("launch = graph nodes on the longest dependency path x the per-node time; memory = estimated minimum bytes / copy bandwidth (each op's\n"
                 "inputs read and output written once forward and once backward, plus the optimizer's parameter\n"
                 "traffic); compute = GEMM and convolution FLOPs (forward, and backward per operand that needs a\n"
                 "gradient) / the GEMM rate.\n");
 }
 
 // ---- output ----
+
+const char* overlap_name(cuda::WeightGradientOverlap mode) {
+    switch (mode) {
+        case cuda::WeightGradientOverlap::never: return "never";
+        case cuda::WeightGradientOverlap::captured: return "captured";
+        case cuda::WeightGradientOverlap::always: return "always";
+    }
+    return "?";
+}
 
 std::string json_string(const std::string& text) {
     std::string out = "\"";
@@ -611,6 +623,7 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Set
     if (!out) throw IoError(str("--json: cannot write '", path, "'"));
     out.precision(9);
     out << "{\n  \"tool\": \"dyngrad-perf\",\n  \"device\": " << json_string(cuda::device_name(0)) << ",\n"
+        << "  \"weight_gradient_overlap\": " << json_string(overlap_name(cuda::weight_gradient_overlap())) << ",\n"
         << "  \"timing\": \"median over repetitions of the mean ms per step; each repetition timed on the host clock "
            "from a synchronised device to the end of cudaDeviceSynchronize after K steps\",\n"
         << "  \"memory\": \"peak bytes in use during one step after reset_peak_memory, absolute (parameters, "
@@ -649,6 +662,7 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Set
             const Distance d = distance(r, floors);
             out << ", \"graph_nodes\": " << r.graph.nodes << ", \"graph_kernels\": " << r.graph.kernels
                 << ", \"graph_memsets\": " << r.graph.memsets << ", \"graph_memcpys\": " << r.graph.memcpys
+                << ", \"graph_longest_chain\": " << r.graph.longest_chain
                 << ", \"floor_launch_ms\": " << d.launch_ms << ", \"floor_memory_ms\": " << d.memory_ms
                 << ", \"floor_compute_ms\": " << d.compute_ms << ", \"bound_by\": " << json_string(d.bound());
         }
@@ -724,7 +738,8 @@ int main(int argc, char** argv) {
                 if (wanted(w.name)) profile_one_replay(w);
             return 0;
         }
-        std::printf("dyngrad-perf on %s\n", cuda::device_name(0).c_str());
+        std::printf("dyngrad-perf on %s, weight-gradient overlap: %s\n", cuda::device_name(0).c_str(),
+                    overlap_name(cuda::weight_gradient_overlap()));
         std::printf("ms per step: median of %d repetitions of K steps (>= %.0f ms each), after %d warm-up steps; "
                     "peak = absolute peak bytes in use during one step\n\n",
                     settings.repetitions, settings.min_repetition_ms, settings.warmup);
@@ -747,7 +762,8 @@ int main(int argc, char** argv) {
                     std::printf("%-14s %-9s %10.4f %5d %12.1f", row.workload.c_str(), row.mode.c_str(), row.timing.ms,
                                 row.timing.steps, static_cast<double>(row.memory.peak_bytes) / (1 << 20));
                     if (captured) {
-                        std::printf("  %zu kernels/step", row.graph.kernels);
+                        std::printf("  %zu kernels/step (longest chain %zu nodes)", row.graph.kernels,
+                                    row.graph.longest_chain);
                         if (row.graph.memcpys != 0) std::printf(", %zu copies", row.graph.memcpys);
                     }
                     if (row.gbs > 0)

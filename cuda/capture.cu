@@ -2,13 +2,16 @@
 // The allocator side of capture (private pools, deferred frees, sync checks) is in cuda/capture_pool.cu.
 #include "dyngrad/cuda/capture.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <optional>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "dyngrad/cuda/context.h"
+#include "dyngrad/cuda/runtime.h"
 #include "dyngrad/cuda/handle.h"
 
 namespace dyngrad::cuda {
@@ -95,6 +98,37 @@ CapturedStep::GraphCounts count_nodes(cudaGraph_t graph) {
             default: ++counts.other; break;
         }
     }
+    // The longest dependency path, in kernel/memset/memcpy nodes: what a replay waits for in sequence.
+    std::size_t edge_count = 0;
+    DG_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edge_count));
+    std::vector<cudaGraphNode_t> from(edge_count), to(edge_count);
+    if (edge_count > 0) DG_CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), nullptr, &edge_count));
+    std::unordered_map<cudaGraphNode_t, std::size_t> index;
+    for (std::size_t i = 0; i < nodes.size(); ++i) index.emplace(nodes[i], i);
+    std::vector<std::vector<std::size_t>> successors(nodes.size());
+    std::vector<std::size_t> waiting(nodes.size(), 0), weight(nodes.size(), 0), path(nodes.size(), 0);
+    for (std::size_t e = 0; e < edge_count; ++e) {
+        successors[index.at(from[e])].push_back(index.at(to[e]));
+        ++waiting[index.at(to[e])];
+    }
+    std::vector<std::size_t> ready;
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+        cudaGraphNodeType type{};
+        DG_CUDA_CHECK(cudaGraphNodeGetType(nodes[i], &type));
+        weight[i] = type == cudaGraphNodeTypeKernel || type == cudaGraphNodeTypeMemset ||
+                    type == cudaGraphNodeTypeMemcpy;
+        if (waiting[i] == 0) ready.push_back(i);
+    }
+    while (!ready.empty()) {  // Kahn's order: a node's path is final when its last predecessor is done
+        const std::size_t i = ready.back();
+        ready.pop_back();
+        path[i] += weight[i];
+        counts.longest_chain = std::max(counts.longest_chain, path[i]);
+        for (const std::size_t next : successors[i]) {
+            path[next] = std::max(path[next], path[i]);
+            if (--waiting[next] == 0) ready.push_back(next);
+        }
+    }
     return counts;
 }
 
@@ -172,11 +206,18 @@ Tensor CapturedStep::Impl::capture(Variant& v, std::span<const Tensor> inputs) {
         v.inputs.push_back(std::move(buffer));
     }
     v.pool.emplace(device);
+    prepare_side_lane(device);
     begin_capture(v.pool->get());
     Tensor output;
     try {
         output = step(std::span<const Tensor>(v.inputs));
+        join_side_lanes();  // the engine joined after each backward; a capture must end with every stream joined
     } catch (...) {
+        try {
+            join_side_lanes();
+        } catch (...) {
+            // The capture is being discarded; its end reports what went wrong with the streams.
+        }
         cudaGraph_t partial = nullptr;
         static_cast<void>(end_capture(&partial));
         const GraphHandle discarded(partial);

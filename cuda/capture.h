@@ -86,6 +86,9 @@ public:
         std::size_t memsets = 0;
         std::size_t memcpys = 0;
         std::size_t other = 0;    // events, host nodes, child graphs, ...
+        // Kernel, memset and memcpy nodes on the graph's longest dependency path: what a replay runs in
+        // sequence. Below the sum of the three when branches run side by side (the side lane, cuda/runtime.h).
+        std::size_t longest_chain = 0;
     };
     GraphCounts last_graph_counts() const;
 

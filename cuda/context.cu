@@ -9,6 +9,7 @@
 #include <cuda_profiler_api.h>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <link.h>
 #include <limits>
 #include <mutex>
@@ -105,6 +106,52 @@ ContextOwner::ContextOwner(int device) {
     block_counter = DeviceBuffer(counter);
     DG_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(unsigned), raw_stream));
     ctx.block_counter = static_cast<unsigned*>(counter);
+}
+
+SideLane::SideLane(const DeviceContext& main) : ctx(main) {
+    make_current(main.device);
+    stream = make_owned<StreamHandle>(
+        [](cudaStream_t* raw) { DG_CUDA_CHECK(cudaStreamCreateWithFlags(raw, cudaStreamNonBlocking)); });
+    ctx.stream = stream.get();
+    cublas = make_owned<CublasHandle>([](cublasHandle_t* raw) { DG_CUBLAS_CHECK(cublasCreate(raw)); });
+    DG_CUBLAS_CHECK(cublasSetStream(cublas.get(), ctx.stream));
+    DG_CUBLAS_CHECK(cublasSetPointerMode(cublas.get(), CUBLAS_POINTER_MODE_HOST));
+    // The main workspace's size: cuBLASLt plans are cached per problem, not per stream, and were chosen for it.
+    cublas_workspace =
+        make_owned<DeviceBuffer>([&](void** raw) { DG_CUDA_CHECK(cudaMalloc(raw, main.gemm_workspace_bytes)); });
+    DG_CUBLAS_CHECK(cublasSetWorkspace(cublas.get(), cublas_workspace.get(), main.gemm_workspace_bytes));
+    ctx.cublas = cublas.get();
+    ctx.gemm_workspace = cublas_workspace.get();
+    cudnn = make_owned<CudnnHandle>([](cudnnHandle_t* raw) { DG_CUDNN_CHECK(cudnnCreate(raw)); });
+    DG_CUDNN_CHECK(cudnnSetStream(cudnn.get(), ctx.stream));
+    ctx.cudnn = cudnn.get();
+    void* counter = nullptr;
+    DG_CUDA_CHECK(cudaMalloc(&counter, sizeof(unsigned)));
+    block_counter = DeviceBuffer(counter);
+    DG_CUDA_CHECK(cudaMemset(counter, 0, sizeof(unsigned)));
+    ctx.block_counter = static_cast<unsigned*>(counter);
+    forked = make_event();
+    finished = make_event();
+}
+
+SideLane* ContextOwner::acquire_lane() {
+    const std::lock_guard lock(lanes_mutex);
+    if (!spare_lanes.empty()) {
+        SideLane* lane = spare_lanes.back();
+        spare_lanes.pop_back();
+        return lane;
+    }
+    lanes.push_back(std::make_unique<SideLane>(ctx));
+    return lanes.back().get();
+}
+
+void ContextOwner::release_lane(SideLane* lane) noexcept {
+    try {
+        const std::lock_guard lock(lanes_mutex);
+        spare_lanes.push_back(lane);
+    } catch (...) {
+        // No memory to list it: the lane stays owned by `lanes`, unused.
+    }
 }
 
 cudnnHandle_t ContextOwner::acquire_cudnn() {
@@ -238,6 +285,17 @@ bool contexts_released() noexcept { return g_released.load(std::memory_order_acq
 
 namespace {
 
+// Side lanes per thread and device: DYNGRAD_SIDE_LANES (1 to kMaxSideLanes), 2 by default.
+constexpr std::size_t kMaxSideLanes = 4;
+std::size_t side_lane_count() noexcept {
+    static const std::size_t count = [] {
+        const char* value = std::getenv("DYNGRAD_SIDE_LANES");
+        const long parsed = value ? std::strtol(value, nullptr, 10) : 2;
+        return static_cast<std::size_t>(std::clamp<long>(parsed, 1, static_cast<long>(kMaxSideLanes)));
+    }();
+    return count;
+}
+
 // Thread safety of the libraries: a cuDNN handle must not be used by two host threads at the same time
 // (cuDNN developer guide, "Thread Safety", which recommends one handle per thread for the thread's
 // lifetime), while a cuBLAS handle may be shared by threads as long as its configuration does not
@@ -257,7 +315,71 @@ public:
             // After release_contexts() (a thread ending during exit) the handle is the driver's to reclaim.
             if (ContextOwner* o = g_contexts[view.device].load(std::memory_order_acquire)) o->release_cudnn(view.cudnn);
         }
+        for (int device = 0; device < kMaxDevices; ++device) {
+            ContextOwner* o = g_contexts[device].load(std::memory_order_acquire);
+            if (!o) continue;  // after release_contexts(): the lanes went with their owner
+            for (SideLane* lane : lanes_[device]) {
+                if (!lane) continue;
+                try {
+                    join_lane(*o, *lane);
+                } catch (...) {
+                    // A thread ending has no one to report to; join_lane released what the lane kept.
+                }
+                o->release_lane(lane);
+            }
+        }
     }
+
+    // The lane for the next fork on o's device: the thread's lanes in turn, so that consecutive weight gradients
+    // (conv2's, then conv1's) need not wait for each other.
+    SideLane& next_lane(ContextOwner& o) {
+        const int device = o.ctx.device;
+        const std::size_t count = side_lane_count();
+        SideLane*& lane = lanes_[device][next_[device] % count];
+        if (!lane) lane = o.acquire_lane();
+        ++next_[device];
+        return *lane;
+    }
+
+    // Creates the lanes the forks on o's device will use.
+    void prepare(ContextOwner& o) {
+        for (std::size_t i = 0; i < side_lane_count(); ++i)
+            if (!lanes_[o.ctx.device][i]) lanes_[o.ctx.device][i] = o.acquire_lane();
+    }
+
+    bool has_lanes(int device) const noexcept {
+        for (std::size_t i = 0; i < side_lane_count(); ++i)
+            if (!lanes_[device][i]) return false;
+        return true;
+    }
+
+    // Joins every lane of this thread with pending work; the first failure is rethrown after all were tried.
+    void join_all() {
+        if (pending_lanes_ == 0) return;
+        std::exception_ptr first;
+        for (int device = 0; device < kMaxDevices; ++device)
+            for (SideLane* lane : lanes_[device]) {
+                if (!lane || !lane->pending) continue;
+                try {
+                    join_lane(*g_contexts[device].load(std::memory_order_acquire), *lane);
+                } catch (...) {
+                    if (!first) first = std::current_exception();
+                }
+            }
+        pending_lanes_ = 0;
+        if (first) std::rethrow_exception(first);
+    }
+
+    bool pending(const void* data, int device) const noexcept {
+        if (pending_lanes_ == 0 || device < 0 || device >= kMaxDevices) return false;
+        for (const SideLane* lane : lanes_[device])
+            if (lane && lane->pending &&
+                std::find(lane->produced.begin(), lane->produced.end(), data) != lane->produced.end())
+                return true;
+        return false;
+    }
+
+    void note_pending() noexcept { ++pending_lanes_; }
 
     DeviceContext& get(ContextOwner& o) {
         DeviceContext& view = views_[o.ctx.device];
@@ -270,9 +392,56 @@ public:
     }
 
 private:
+    // The main stream waits for the lane's work; then what the work kept returns to the allocator (in the main
+    // stream's order, after the wait). Without a device the lane has nothing to wait for: the blocks are freed.
+    static void join_lane(ContextOwner& o, SideLane& lane) {
+        if (!lane.pending) return;
+        lane.pending = false;
+        lane.produced.clear();
+        std::vector<Tensor> kept = std::move(lane.kept);
+        std::vector<std::pair<void*, std::size_t>> blocks = std::move(lane.kept_blocks);
+        lane.kept.clear();
+        lane.kept_blocks.clear();
+        const auto release = [&] {
+            kept.clear();
+            for (const auto& [data, bytes] : blocks) deallocate(data, bytes, o.ctx.device);
+        };
+        try {
+            make_current(o.ctx.device);
+            DG_CUDA_CHECK(cudaEventRecord(lane.finished.get(), lane.ctx.stream));
+            DG_CUDA_CHECK(cudaStreamWaitEvent(o.ctx.stream, lane.finished.get(), 0));
+        } catch (...) {
+            // The wait could not be enqueued: wait on the host (outside a capture) before the blocks go back.
+            if (!capturing(o.ctx.device)) static_cast<void>(cudaStreamSynchronize(lane.ctx.stream));
+            release();
+            throw;
+        }
+        release();
+    }
+
     std::array<DeviceContext, kMaxDevices> views_{};
+    std::array<std::array<SideLane*, kMaxSideLanes>, kMaxDevices> lanes_{};
+    std::array<std::size_t, kMaxDevices> next_{};
+    int pending_lanes_ = 0;  // lanes made pending since the last join_all (a quick test for the engine's checks)
 };
 thread_local ThreadContexts tls_contexts;
+
+std::atomic<int> g_weight_gradient_overlap{-1};  // WeightGradientOverlap; -1: read the environment first
+
+WeightGradientOverlap overlap_from_environment() {
+    const char* value = std::getenv("DYNGRAD_WEIGHT_GRADIENT_OVERLAP");
+    if (value == nullptr || *value == '\0') return WeightGradientOverlap::captured;
+    const std::string_view v(value);
+    if (v == "never") return WeightGradientOverlap::never;
+    if (v == "captured") return WeightGradientOverlap::captured;
+    if (v == "always") return WeightGradientOverlap::always;
+    throw ValueError(str("DYNGRAD_WEIGHT_GRADIENT_OVERLAP=", v, ": expected never, captured or always"));
+}
+
+// Work below this many fused multiply-adds goes to the side lane: on an H100 a float32 SIMT GEMM or cuDNN
+// weight-gradient kernel of this size takes a few µs, about a launch's latency, so overlapping it shortens a
+// step; larger work fills the GPU by itself and would only keep its inputs alive until the end of the sweep.
+constexpr double kSideLaneWorkLimit = 1u << 26;
 
 std::string_view file_name(const char* path) {
     const std::string_view p(path);
@@ -344,6 +513,73 @@ void raise_device_error(DeviceContext& ctx) {
                                  "diverged (reported by a GPU kernel)"));
     throw CudaError(str("cuda:", ctx.device, ": a kernel reported unknown error code ", code));
 }
+
+// ---- the side lane ----
+
+void set_weight_gradient_overlap(WeightGradientOverlap mode) {
+    g_weight_gradient_overlap.store(static_cast<int>(mode), std::memory_order_relaxed);
+}
+
+WeightGradientOverlap weight_gradient_overlap() {
+    int mode = g_weight_gradient_overlap.load(std::memory_order_relaxed);
+    if (mode < 0) {
+        int expected = -1;
+        g_weight_gradient_overlap.compare_exchange_strong(expected, static_cast<int>(overlap_from_environment()));
+        mode = g_weight_gradient_overlap.load(std::memory_order_relaxed);
+    }
+    return static_cast<WeightGradientOverlap>(mode);
+}
+
+bool side_lane_wanted(const DeviceContext& ctx, double fused_multiply_adds) {
+    if (fused_multiply_adds > kSideLaneWorkLimit) return false;
+    // A lane cannot be created inside a capture (its handles allocate): prepare_side_lane makes it before.
+    if (capturing(ctx.device)) return weight_gradient_overlap() != WeightGradientOverlap::never &&
+                                      tls_contexts.has_lanes(ctx.device);
+    return weight_gradient_overlap() == WeightGradientOverlap::always;
+}
+
+void prepare_side_lane(int device) {
+    if (weight_gradient_overlap() != WeightGradientOverlap::never) tls_contexts.prepare(owner(device));
+}
+
+SideWork::SideWork(DeviceContext& ctx, bool wanted) {
+    if (!wanted) return;
+    ContextOwner& o = owner(ctx.device);
+    SideLane& lane = tls_contexts.next_lane(o);
+    // The lane waits for everything the main stream has queued, the allocations of this op's blocks included.
+    DG_CUDA_CHECK(cudaEventRecord(lane.forked.get(), ctx.stream));
+    DG_CUDA_CHECK(cudaStreamWaitEvent(lane.ctx.stream, lane.forked.get(), 0));
+    if (!lane.pending) {
+        lane.pending = true;
+        tls_contexts.note_pending();
+    }
+    lane_ = &lane;
+    lane_context_ = &lane.ctx;
+}
+
+void SideWork::keep(const Tensor& t) {
+    if (lane_ && t.defined()) lane_->kept.push_back(t);
+}
+
+void SideWork::keep(Workspace& workspace) {
+    if (!lane_) return;
+    const std::size_t bytes = workspace.bytes();
+    lane_->kept_blocks.reserve(lane_->kept_blocks.size() + 1);  // may throw before the block changes hands
+    lane_->kept_blocks.emplace_back(workspace.release(), bytes);
+}
+
+void SideWork::produced(const Tensor& t) {
+    if (!lane_ || !t.defined()) return;
+    keep(t);
+    lane_->produced.push_back(t.raw_data());
+}
+
+bool side_lane_pending(const Tensor& t) noexcept {
+    if (!t.defined() || !t.device().is_cuda()) return false;
+    return tls_contexts.pending(t.raw_data(), t.device().index);
+}
+
+void join_side_lanes() { tls_contexts.join_all(); }
 
 // ---- contexts ----
 

@@ -89,11 +89,58 @@ public:
     Workspace& operator=(const Workspace&) = delete;
     void* data() const { return data_; }
     std::size_t bytes() const { return bytes_; }
+    // Gives up the block without freeing it (SideWork::keep frees it after the side lane's join).
+    void* release() noexcept {
+        void* data = data_;
+        data_ = nullptr;
+        return data;
+    }
 
 private:
     DeviceContext& ctx_;
     void* data_ = nullptr;
     std::size_t bytes_ = 0;
+};
+
+// ---- the side lane: weight gradients off the backward sweep's critical path ----
+//
+// A backward op may enqueue work whose result nothing later in the sweep reads (a weight gradient: only the
+// optimizer reads it, after backward()) on a second stream of this host thread, the side lane, so that it
+// overlaps the input-gradient chain the rest of the sweep waits on. Captured, the two streams become parallel
+// branches of the CUDA graph, and the replay's critical path loses the weight-gradient kernels (in small
+// networks a step is a chain of latency-bound launches of a few µs each). The kernels and algorithms are the
+// same on either stream, so results are bitwise the same with and without the lane.
+//
+// Protocol (ops/linalg.cu, ops/conv.cu): allocate every output and workspace first (the allocator orders
+// blocks on the main stream), then open a SideWork; when lane() is not null, enqueue on lane()->stream with
+// the lane's handles and hand keep() every tensor and workspace that work reads or writes: they return to the
+// allocator only after the main stream has waited for the lane (join_side_lanes, cuda/runtime.h), or a block's
+// next owner on the main stream could race the lane. produced() marks a result: the engine joins before it
+// reads one on the main stream (graph/graph.cpp).
+struct SideLane;
+// Whether the lane takes work of `fused_multiply_adds` (its size: the overlap pays off for latency-bound work,
+// while large work would only hold its inputs longer) on ctx's device now, per set_weight_gradient_overlap.
+bool side_lane_wanted(const DeviceContext& ctx, double fused_multiply_adds);
+// Creates this thread's lane on `device` unless the mode is never: before a capture, inside which creating it
+// is impossible (cuda::CapturedStep calls it; without it a captured step runs on one stream).
+void prepare_side_lane(int device);
+
+class SideWork {
+public:
+    // Forks the lane from ctx's stream when `wanted` (side_lane_wanted); lane() is null otherwise.
+    SideWork(DeviceContext& ctx, bool wanted);
+    SideWork(const SideWork&) = delete;
+    SideWork& operator=(const SideWork&) = delete;
+    ~SideWork() = default;
+    // The lane's context (its stream, cuBLAS handle and workspace, cuDNN handle, block counter), or null.
+    DeviceContext* lane() const { return lane_context_; }
+    void keep(const Tensor& t);
+    void keep(Workspace& workspace);
+    void produced(const Tensor& t);
+
+private:
+    SideLane* lane_ = nullptr;
+    DeviceContext* lane_context_ = nullptr;
 };
 
 // Call after a library call that may have loaded shared objects (cuDNN loads its engine libraries on first

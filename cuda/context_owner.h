@@ -4,8 +4,10 @@
 #include <array>
 #include <atomic>
 #include <cstddef>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "dyngrad/cuda/context.h"
@@ -42,6 +44,27 @@ struct StagingSlot {
 
 // Everything one device's context owns. The public DeviceContext holds the raw handles kernels use;
 // the RAII members here release them if construction fails half-way.
+// A host thread's side lane on one device (cuda/context.h): its own stream, cuBLAS handle with a workspace of the
+// main one's size (a plan cached for the main stream fits it), cuDNN handle and block counter, and what its
+// work since the last join keeps alive. Owned by the device's ContextOwner, lent to one thread at a time.
+struct SideLane {
+    explicit SideLane(const DeviceContext& main);
+
+    DeviceContext ctx;  // the main context with the lane's stream, handles, workspace and counter
+    StreamHandle stream;
+    DeviceBuffer cublas_workspace;
+    CublasHandle cublas;
+    CudnnHandle cudnn;
+    DeviceBuffer block_counter;
+    EventHandle forked;    // recorded on the main stream at each fork
+    EventHandle finished;  // recorded on the lane at the join
+    // Since the last join:
+    bool pending = false;
+    std::vector<Tensor> kept;
+    std::vector<std::pair<void*, std::size_t>> kept_blocks;
+    std::vector<const void*> produced;  // data pointers of results
+};
+
 struct ContextOwner {
     explicit ContextOwner(int device);
     void ensure_staging();  // call with staging_mutex held
@@ -67,6 +90,12 @@ struct ContextOwner {
     std::size_t cached_bytes = 0;
     std::mutex staging_mutex;  // one host thread at a time uses the staging slots
     std::array<StagingSlot, 2> staging;
+    // Side lanes, created on a thread's first use and returned when it ends; destroyed first.
+    std::mutex lanes_mutex;
+    std::vector<std::unique_ptr<SideLane>> lanes;
+    std::vector<SideLane*> spare_lanes;
+    SideLane* acquire_lane();
+    void release_lane(SideLane* lane) noexcept;
 };
 
 // The owner of `device`'s context, created on first use; makes `device` current on this thread.

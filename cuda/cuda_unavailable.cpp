@@ -69,6 +69,11 @@ void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
 void set_deterministic(bool) {}
 bool deterministic() { return false; }
+void set_weight_gradient_overlap(WeightGradientOverlap) {}
+WeightGradientOverlap weight_gradient_overlap() { return WeightGradientOverlap::never; }
+bool side_lane_pending(const Tensor&) noexcept { return false; }
+void join_side_lanes() {}
+bool capturing(int) noexcept { return false; }
 
 }  // namespace dyngrad::cuda
 #endif

@@ -8,6 +8,10 @@
 #include "dyngrad/core/device.h"
 #include "dyngrad/core/dtype.h"
 
+namespace dyngrad {
+class Tensor;
+}
+
 namespace dyngrad::cuda {
 
 // Stream-ordered allocation from the device's memory pool; throws OutOfMemory when the pool cannot grow.
@@ -101,4 +105,21 @@ bool allow_tf32();
 // bitwise-identical gradients. Other kernels never depend on scheduling (no float atomics), in either mode.
 void set_deterministic(bool deterministic);
 bool deterministic();
+// Where small weight gradients (linear, conv2d) run during backward: on a second stream of the calling thread
+// that overlaps the rest of the sweep (cuda/context.h, "the side lane"), or in line on the device's stream.
+// `captured` (the default): overlap only while a CUDA graph is being captured, where the two streams become
+// parallel branches of the graph and a small step's replay gets shorter. `always`: in eager steps too (they
+// gain only when the GPU, not the host, bounds the step). `never`: one stream. Results are bitwise the same in
+// every mode: the same kernels run on either stream. The environment variable DYNGRAD_WEIGHT_GRADIENT_OVERLAP
+// (never, captured, always) sets the mode at start-up.
+enum class WeightGradientOverlap { never, captured, always };
+void set_weight_gradient_overlap(WeightGradientOverlap mode);
+WeightGradientOverlap weight_gradient_overlap();
+// For the engine (graph/graph.cpp): whether `t` is a result of this thread's side-lane work that the device's
+// stream has not waited for yet, and the join: each device's stream waits (on the device) for this thread's
+// lane there and the lane's kept tensors and workspaces are released. Both are cheap when no lane is pending.
+bool side_lane_pending(const Tensor& t) noexcept;
+void join_side_lanes();
+// Whether this thread is capturing `device`'s stream into a CUDA graph (cuda::CapturedStep); false without CUDA.
+bool capturing(int device) noexcept;
 }  // namespace dyngrad::cuda

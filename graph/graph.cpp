@@ -6,10 +6,12 @@
 #include <atomic>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <unordered_set>
 #include <utility>
 
+#include "dyngrad/cuda/runtime.h"
 #include "dyngrad/graph/anomaly.h"
 #include "dyngrad/graph/autocast.h"
 #include "dyngrad/graph/eager.h"
@@ -495,6 +497,29 @@ Var ComputeGraph::record_inputs(OpType op, std::span<const Var> inputs, const Op
     return Var(anchor_, static_cast<NodeId>(nodes_.size() - 1), generation_);
 }
 
+namespace {
+
+// The seed of backward(loss), a one. On a CUDA device each thread keeps one per device and dtype, filled once, so
+// a step launches no fill kernel for it (a captured replay starts its backward a node earlier). The engine never
+// writes a storage it shares (its in-place additions take only slots owned alone), and without retain_grads the
+// root's gradient is dropped after its backward; with it, the caller may keep and write that gradient, so it gets
+// a fresh one. The kept one is made outside a capture only: made inside, its block would belong to the capture's
+// private pool and its fill would run only on replays (CapturedStep's eager warm-up makes it first).
+Tensor unit_seed(const Tensor& value, bool retain_grads) {
+    const Device device = value.device();
+    if (retain_grads || !device.is_cuda()) return Tensor::ones(value.shape(), value.dtype(), device);
+    thread_local std::map<std::pair<int, DType>, Tensor> ones;
+    const auto key = std::make_pair(device.index, value.dtype());
+    auto kept = ones.find(key);
+    if (kept == ones.end()) {
+        if (cuda::capturing(device.index)) return Tensor::ones(value.shape(), value.dtype(), device);
+        kept = ones.emplace(key, Tensor::ones({1}, value.dtype(), device)).first;
+    }
+    return kept->second.reshaped(value.shape());
+}
+
+}  // namespace
+
 void ComputeGraph::check_own(const Var& var, const char* role) const {
     if (const char* reason = foreign_reason(var))
         throw GraphError(str("backward: the ", role, " (Var #", var.id_, ") ", reason));
@@ -507,7 +532,7 @@ void ComputeGraph::backward(const Var& loss, const BackwardOptions& options) {
     if (value.numel() != 1)
         throw GraphError(str("backward: ", describe_node(loss.id_), " has shape ", to_string(value.shape()),
                              "; a non-scalar output needs an explicit gradient: backward(output, grad_output)"));
-    run_backward(loss.id_, Tensor::ones(value.shape(), value.dtype(), value.device()), options);
+    run_backward(loss.id_, unit_seed(value, options.retain_grads), options);
 }
 
 void ComputeGraph::backward(const Var& output, const Tensor& grad_output, const BackwardOptions& options) {
@@ -561,7 +586,14 @@ void ComputeGraph::run_backward(NodeId root, Tensor seed, const BackwardOptions&
     }
     try {
         sweep(root, std::move(seed), needed, options);
+        // Weight gradients the sweep left on side lanes (cuda/context.h) are final before backward() returns.
+        cuda::join_side_lanes();
     } catch (...) {
+        try {
+            cuda::join_side_lanes();
+        } catch (...) {
+            // The sweep's own error is the one to report.
+        }
         restore_leaf_grads(earlier_leaf_grads);
         throw;
     }
@@ -607,11 +639,25 @@ void ComputeGraph::check_versions(NodeId id, std::span<const Tensor> input_value
             fail(str("saved tensor ", i), n.saved_versions[i], n.saved[i].version());
 }
 
+namespace {
+
+// A gradient a backward enqueued on a side lane (a weight gradient, cuda/context.h) is read on the device's
+// stream only after that stream has joined the lane: called before the engine reads one itself (adds into it,
+// reduces it, inspects it) or hands it to a backward.
+void settle(const Tensor& gradient) {
+    if (cuda::side_lane_pending(gradient)) cuda::join_side_lanes();
+}
+
+}  // namespace
+
 // The reverse sweep over the marked nodes, from the seeded root.
 void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed, const BackwardOptions& options) {
     if (anomaly_mode_enabled() && !tensor_stats(seed).all_finite())
         throw NumericalError(str("anomaly mode: the gradient seeding the backward of ", describe_node(root),
                                  " holds NaN/Inf", stats_of("gradient", seed)));
+    // A seed someone else holds (backward's kept unit seed, a caller's grad_output) must not become a leaf's
+    // gradient, which its owner may write (fill, an optimizer's in-place clip): such a leaf gets a copy.
+    const void* shared_seed = seed.numel() > 0 && !seed.owns_storage_exclusively() ? seed.raw_data() : nullptr;
     accumulate_into(nodes_[root]->grad, std::move(seed));
 
     std::vector<Tensor> input_values;
@@ -622,10 +668,22 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
         ComputeNode& n = *nodes_[id];
         if (!needed[id] || !n.grad.defined()) continue;
         if (n.op == OpType::Leaf) {
-            if (n.parameter.defined()) accumulate_into(n.parameter.grad_slot(), n.grad);
-            if (needed[id] == 2) options.on_parameter_ready(n.parameter);
+            if (shared_seed != nullptr && n.grad.raw_data() == shared_seed) n.grad = n.grad.clone();
+            if (n.parameter.defined()) {
+                Tensor& slot = n.parameter.grad_slot();
+                if (slot.defined()) {  // an addition, not a move
+                    settle(slot);
+                    settle(n.grad);
+                }
+                accumulate_into(slot, n.grad);
+            }
+            if (needed[id] == 2) {
+                settle(n.grad);  // the callback may read it on another stream (dist/: the all-reduce)
+                options.on_parameter_ready(n.parameter);
+            }
             continue;
         }
+        settle(n.grad);
         const OpDef& def = op_def(n.op, n.attrs);
         input_values.clear();
         needs_grad_storage.assign(n.inputs.size(), 0);
@@ -647,6 +705,7 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
                 for (std::size_t i = 0; i < n.inputs.size(); ++i) {
                     const Tensor& slot = nodes_[n.inputs[i]]->grad;
                     const bool writable = needs_grad_storage[i] && slot.defined() && slot.owns_storage_exclusively();
+                    if (writable) settle(slot);
                     grads_so_far.push_back(writable ? slot : Tensor());
                 }
             {
@@ -654,8 +713,10 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
                 grads = detail::run_backward_kernel(k, BackwardArgs{n.op, input_values, n.value, n.grad, n.attrs,
                                                                     n.saved, needs_grad, grads_so_far});
             }
-            if (fusion_check_enabled() && grads.size() == n.inputs.size())
+            if (fusion_check_enabled() && grads.size() == n.inputs.size()) {
+                for (const Tensor& g : grads) settle(g);
                 detail::check_fused_backward(def, n.op, input_values, n.attrs, n.grad, grads, needs_grad);
+            }
             if (grads.size() != n.inputs.size())
                 throw GraphError(str("backward returned ", grads.size(), " gradients for ", n.inputs.size(), " inputs"));
             // A backward that added its gradient into a slot in place returned the slot's own storage. The copies
@@ -675,6 +736,7 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
                                          describe(in)));
                 // Broadcast gradients are reduced here, once, for every op and backend.
                 if (g.shape() != in.shape()) {
+                    settle(g);
                     try {
                         g = sum_to(g, in.shape());
                     } catch (const ShapeError&) {
@@ -684,12 +746,20 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
                                              "(or one the input broadcasts to, which the engine sums back)"));
                     }
                 }
+                if (anomaly_mode_enabled()) settle(g);
                 if (anomaly_mode_enabled() && !tensor_stats(g).all_finite())
                     throw NumericalError(str("anomaly mode: the gradient for input ", i, " (",
                                              describe_node(n.inputs[i]), ") holds NaN/Inf", stats_of("gradient", g),
                                              stats_of("output gradient", n.grad), stats_of("output", n.value),
                                              stats_of_inputs(input_values)));
-                if (!added_in_place[i]) accumulate_into(nodes_[n.inputs[i]]->grad, std::move(g));
+                if (!added_in_place[i]) {
+                    Tensor& slot = nodes_[n.inputs[i]]->grad;
+                    if (slot.defined()) {  // an addition, not a move
+                        settle(slot);
+                        settle(g);
+                    }
+                    accumulate_into(slot, std::move(g));
+                }
             }
         } catch (...) {
             rethrow_op_failure(str("backward of ", describe_node(id), " with inputs ", describe_inputs(input_values),

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "dyngrad/core/device_memory.h"
+#include "dyngrad/cuda/runtime.h"
 #include "dyngrad/graph/backend.h"
 
 namespace dyngrad::detail {
@@ -75,6 +76,12 @@ std::vector<Tensor> run_backward_kernel(const BackendKernels& kernels, const Bac
     const Tensor grad_output = widened(args.grad_output, *reduced);
     std::vector<Tensor> grads =
         kernels.backward(BackwardArgs{args.op, inputs, output, grad_output, args.attrs, args.saved, args.needs_grad});
+    // The narrowing below reads the gradients on the device's stream: side-lane results first join it.
+    for (const Tensor& g : grads)
+        if (cuda::side_lane_pending(g)) {
+            cuda::join_side_lanes();
+            break;
+        }
     for (std::size_t i = 0; i < grads.size() && i < args.inputs.size(); ++i) {
         Tensor& g = grads[i];
         const Tensor& in = args.inputs[i];

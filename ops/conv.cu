@@ -419,8 +419,8 @@ Tensor conv2d_forward(const ForwardArgs& args) {
 }
 
 // dy (N,K,P,Q) -> dz = dy masked with y > 0 under Relu (dy itself without activation) and db = Σ of dz
-// over N, P, Q (K) in one launch of ours; dx (N,C,H,W) by cuDNN backward data and dw (K,C/groups,R,S) by
-// backward filter, both from dz
+// over N, P, Q (K) in one launch of ours; dw (K,C/groups,R,S) by cuDNN backward filter (on the side lane when
+// small) and dx (N,C,H,W) by backward data, both from dz
 std::vector<Tensor> conv2d_backward(const BackwardArgs& args) {
     const Tensor& x = args.inputs[0];
     const Tensor& w = args.inputs[1];
@@ -445,6 +445,26 @@ std::vector<Tensor> conv2d_backward(const BackwardArgs& args) {
         activation_backward(ctx, dy, args.output, args.attrs.activation, write_dz ? dz : Tensor(), db);
         if (db.defined()) grads[2] = db;
     }
+    // dw only feeds the optimizer: a small one runs on the side lane, beside dx's chain. Its search and its
+    // workspace come first, on the main stream (the lane's work may only use blocks allocated before the fork).
+    if (args.needs_grad[1]) {
+        Tensor dw = Tensor::empty(w.shape(), w.dtype(), w.device());
+        PassPlan<cudnnConvolutionBwdFilterAlgo_t>& pass = plan->backward_filter;
+        std::call_once(pass.searched, [&] { search_backward_filter(ctx, *plan, x, dz, dw); });
+        Workspace workspace(ctx, pass.workspace_bytes);
+        const double work = static_cast<double>(w.numel()) * static_cast<double>(dy.numel() / dy.shape()[1]);
+        SideWork side(ctx, side_lane_wanted(ctx, work));
+        DeviceContext& weight_ctx = side.lane() ? *side.lane() : ctx;
+        DG_CUDNN_CHECK(cudnnConvolutionBackwardFilter(weight_ctx.cudnn, scaling.one(), plan->x.get(), x.raw_data(),
+                                                      plan->y.get(), dz.raw_data(), pass.conv.get(), pass.algo,
+                                                      workspace.data(), workspace.bytes(), scaling.zero(),
+                                                      plan->w.get(), dw.raw_data()));
+        side.keep(x);
+        side.keep(dz);
+        side.keep(workspace);
+        side.produced(dw);
+        grads[1] = std::move(dw);
+    }
     if (args.needs_grad[0]) {
         Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
         PassPlan<cudnnConvolutionBwdDataAlgo_t>& pass = plan->backward_data;
@@ -455,17 +475,6 @@ std::vector<Tensor> conv2d_backward(const BackwardArgs& args) {
                                                     workspace.data(), workspace.bytes(), scaling.zero(),
                                                     plan->x.get(), dx.raw_data()));
         grads[0] = std::move(dx);
-    }
-    if (args.needs_grad[1]) {
-        Tensor dw = Tensor::empty(w.shape(), w.dtype(), w.device());
-        PassPlan<cudnnConvolutionBwdFilterAlgo_t>& pass = plan->backward_filter;
-        std::call_once(pass.searched, [&] { search_backward_filter(ctx, *plan, x, dz, dw); });
-        Workspace workspace(ctx, pass.workspace_bytes);
-        DG_CUDNN_CHECK(cudnnConvolutionBackwardFilter(ctx.cudnn, scaling.one(), plan->x.get(), x.raw_data(),
-                                                      plan->y.get(), dz.raw_data(), pass.conv.get(), pass.algo,
-                                                      workspace.data(), workspace.bytes(), scaling.zero(),
-                                                      plan->w.get(), dw.raw_data()));
-        grads[1] = std::move(dw);
     }
     return grads;
 }

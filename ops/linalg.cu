@@ -372,21 +372,32 @@ std::vector<Tensor> linear_backward(const BackwardArgs& args) {
     const Tensor dz = activation_gradient(ctx, args.grad_output, args.output, args.attrs.activation);
     const std::int64_t rows = x.size(0), in = x.size(1), out = w.size(0);
     std::vector<Tensor> grads(3);
-    if (args.needs_grad[0]) {
-        grads[0] = Tensor::empty(x.shape(), x.dtype(), x.device());
+    if (args.needs_grad[0]) grads[0] = Tensor::empty(x.shape(), x.dtype(), x.device());
+    if (args.needs_grad[1]) grads[1] = Tensor::empty(w.shape(), w.dtype(), w.device());
+    const bool fusable =
+        args.needs_grad[1] && args.needs_grad[2] && x.dtype() != DType::f64 && rows > 0 && in > 0 && out > 0;
+    if (fusable) grads[2] = Tensor::empty(b.shape(), b.dtype(), b.device());
+    // dw (and db with it) only feeds the optimizer: a small one runs on the side lane, beside dx's chain.
+    bool fused = false;
+    {
+        const double work = static_cast<double>(rows) * static_cast<double>(in) * static_cast<double>(out);
+        SideWork side(ctx, args.needs_grad[1] && side_lane_wanted(ctx, work));
+        DeviceContext& weight_ctx = side.lane() ? *side.lane() : ctx;
+        if (fusable)
+            fused = lt_gemm(weight_ctx, x.dtype(), "linear backward", in, out, rows, x.raw_data(), false, dz.raw_data(),
+                            true, grads[1].raw_data(), CUBLASLT_EPILOGUE_BGRADB, grads[2].raw_data());
+        if (args.needs_grad[1] && !fused)
+            gemm(weight_ctx, x.dtype(), "linear backward", 1, out, in, rows, {dz.raw_data(), true, 0},
+                 {x.raw_data(), false, 0}, grads[1].raw_data(), false);
+        side.keep(x);
+        side.keep(dz);
+        side.produced(grads[1]);
+        if (fused) side.produced(grads[2]);
+    }
+    if (args.needs_grad[0])
         gemm(ctx, x.dtype(), "linear backward", 1, rows, in, out, {dz.raw_data(), false, 0}, {w.raw_data(), false, 0},
              grads[0].raw_data(), false);
-    }
-    if (args.needs_grad[1]) grads[1] = Tensor::empty(w.shape(), w.dtype(), w.device());
-    bool fused = false;
-    if (args.needs_grad[1] && args.needs_grad[2] && x.dtype() != DType::f64 && rows > 0 && in > 0 && out > 0) {
-        grads[2] = Tensor::empty(b.shape(), b.dtype(), b.device());
-        fused = lt_gemm(ctx, x.dtype(), "linear backward", in, out, rows, x.raw_data(), false, dz.raw_data(), true,
-                        grads[1].raw_data(), CUBLASLT_EPILOGUE_BGRADB, grads[2].raw_data());
-    }
-    if (args.needs_grad[1] && !fused)
-        gemm(ctx, x.dtype(), "linear backward", 1, out, in, rows, {dz.raw_data(), true, 0}, {x.raw_data(), false, 0},
-             grads[1].raw_data(), false);
+    if (fusable && !fused) grads[2] = Tensor();
     if (args.needs_grad[2] && !fused) {
         if (rows == 0) {
             grads[2] = Tensor::zeros(b.shape(), b.dtype(), b.device());

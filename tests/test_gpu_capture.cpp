@@ -453,6 +453,49 @@ TEST_CASE("a collapsing loss scale on the GPU raises NumericalError at the next 
     CHECK(trainer.opt.step_count(0) == 0);
 }
 
+// backward(loss) seeds with a one each thread keeps per device and dtype (graph/graph.cpp, unit_seed): no fill
+// kernel per step. A leaf whose gradient would be that very storage (the loss is the leaf, or reaches it through
+// ops that pass the gradient on) gets a copy, so writing its gradient cannot change later seeds.
+TEST_CASE("backward's kept unit seed never becomes a gradient its owner can write", "[gpu][capture]") {
+    Generator gen(23);
+    Parameter p(Tensor::normal({1}, 0.0, 1.0, gen).to(kGpu), "p");
+    Parameter q(Tensor::normal({1}, 0.0, 1.0, gen).to(kGpu), "q");
+    Parameter w(Tensor::normal({8}, 0.0, 1.0, gen).to(kGpu), "w");
+    const Tensor x = Tensor::uniform({8}, 0.5, 1.5, gen).to(kGpu);
+    // A backward seeded with a one gives w the gradient x.
+    const auto check_seed_intact = [&] {
+        w.zero_grad();
+        ComputeGraph graph;
+        graph.backward(sum(graph.parameter(w) * graph.constant(x)));
+        CHECK(w.grad().to_vector() == x.to_vector());
+    };
+    for (int pass = 0; pass < 2; ++pass) {
+        INFO("pass " << pass);
+        p.zero_grad();
+        q.zero_grad();
+        {
+            ComputeGraph graph;
+            graph.backward(graph.parameter(p));  // the loss is the leaf itself
+        }
+        CHECK(p.grad().to_vector() == std::vector<double>{1.0});
+        Tensor p_grad = p.grad();
+        p_grad.fill(-7.0);  // its owner writes the gradient
+        check_seed_intact();
+        p.zero_grad();
+        {
+            ComputeGraph graph;
+            graph.backward(graph.parameter(p) + graph.parameter(q));  // add passes its gradient on
+        }
+        CHECK(p.grad().to_vector() == std::vector<double>{1.0});
+        CHECK(q.grad().to_vector() == std::vector<double>{1.0});
+        Tensor q_grad = q.grad();
+        q_grad.fill(-9.0);
+        p_grad = p.grad();
+        p_grad.fill(-5.0);
+        check_seed_intact();
+    }
+}
+
 TEST_CASE("what a captured step still cannot do is a GraphError; the device stays usable", "[gpu][capture]") {
     Trainer trainer(81, false, 20);
     const auto data = batches(1, 16, 8100);

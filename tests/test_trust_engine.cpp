@@ -162,6 +162,30 @@ TEST_CASE("zero_grad between two retained passes leaves one pass's gradient", "[
     CHECK_THAT(x.grad().to_vector(), ApproxVector(scaled(f.dx(), 3), 1e-9));  // an input has no zero_grad
 }
 
+TEST_CASE("a caller's grad_output never becomes a leaf's gradient: writing one leaves the other", "[trust][retain]") {
+    const Tensor p0 = randn({5}), q0 = randn({5}), d0 = randn({5});
+    const std::vector<double> d = d0.to_vector();
+    Parameter p(p0.clone(), "p"), q(q0.clone(), "q");
+    Tensor grad_output = d0.clone();
+    {
+        ComputeGraph g;
+        g.backward(g.parameter(p), grad_output);  // the output is the leaf
+    }
+    {
+        ComputeGraph g;
+        g.backward(g.parameter(q) + g.constant(p0), grad_output);  // add passes the gradient on
+    }
+    CHECK(p.grad().to_vector() == d);
+    CHECK(q.grad().to_vector() == d);
+    grad_output.fill(3.0);  // the caller reuses its buffer
+    CHECK(p.grad().to_vector() == d);
+    CHECK(q.grad().to_vector() == d);
+    Tensor q_grad = q.grad();
+    q_grad.fill(-1.0);  // an owner writes its gradient
+    CHECK(p.grad().to_vector() == d);
+    CHECK(grad_output.to_vector() == std::vector<double>(5, 3.0));
+}
+
 TEST_CASE("two heads of one retained graph add their own gradients", "[trust][retain]") {
     const Tensor x0 = randn({6}), p0 = randn({6}), c0 = randn({6}), dh = randn({6});
     const std::vector<double> x = x0.to_vector(), p = p0.to_vector(), c = c0.to_vector(), d = dh.to_vector();
