@@ -1,7 +1,9 @@
 // The device runtime's contexts: per device one stream, cuBLAS/cuBLASLt handles with their workspace, a memory
-// pool and a device error record, and per host thread a cuDNN handle; their release at exit; the checked-call
-// errors; device queries and settings. Public API: cuda/runtime.h (plain C++); kernel-side API: cuda/context.h.
-// The allocator is in cuda/allocator.cu, capture pools in cuda/capture_pool.cu, copies in cuda/copy.cu.
+// pool and a device error record, and per host thread a cuDNN handle and the side lanes; their release at exit;
+// the checked-call errors; device queries and settings. Public API: cuda/runtime.h (plain C++); kernel-side API:
+// cuda/context.h. The allocator is in cuda/allocator.cu, capture pools in cuda/capture_pool.cu, copies in
+// cuda/copy.cu. Over 600 lines because the side lanes live in the per-thread contexts and share their release
+// at thread and process exit; split candidate: the device queries and settings.
 #include <algorithm>
 #include <array>
 #include <atomic>
