@@ -186,7 +186,8 @@ public:
 
     // Seeds a one-element `loss` with 1 and back-propagates.
     void backward(const Var& loss, const BackwardOptions& options = {});
-    // Back-propagates an explicit gradient of `output`'s shape, dtype and device.
+    // Back-propagates an explicit gradient of `output`'s shape, dtype and device. No leaf's gradient shares
+    // storage with `grad_output` (a leaf it would reach unchanged gets a copy): the caller may reuse it.
     void backward(const Var& output, const Tensor& grad_output, const BackwardOptions& options = {});
 
     // Drops every node; handles into the graph become stale. Parameters keep their gradients and are
