@@ -51,40 +51,64 @@ EventHandle make_event() {
 
 int thread_current_device() noexcept { return tls_current_device; }
 
+namespace {
+
+// The pieces a device context and a side lane both own, each bound to `stream`.
+StreamHandle make_stream() {
+    return make_owned<StreamHandle>(
+        [](cudaStream_t* raw) { DG_CUDA_CHECK(cudaStreamCreateWithFlags(raw, cudaStreamNonBlocking)); });
+}
+
+// A cuBLAS handle on `stream` with host pointer mode and a workspace of ours: without one cuBLAS allocates its
+// own, inside a CUDA graph capture too (memory nodes of the graph). Set after cublasSetStream, which resets it.
+void make_cublas(cudaStream_t stream, std::size_t workspace_bytes, CublasHandle& handle, DeviceBuffer& workspace) {
+    handle = make_owned<CublasHandle>([](cublasHandle_t* raw) { DG_CUBLAS_CHECK(cublasCreate(raw)); });
+    DG_CUBLAS_CHECK(cublasSetStream(handle.get(), stream));
+    DG_CUBLAS_CHECK(cublasSetPointerMode(handle.get(), CUBLAS_POINTER_MODE_HOST));
+    workspace = make_owned<DeviceBuffer>([&](void** raw) { DG_CUDA_CHECK(cudaMalloc(raw, workspace_bytes)); });
+    DG_CUBLAS_CHECK(cublasSetWorkspace(handle.get(), workspace.get(), workspace_bytes));
+}
+
+CudnnHandle make_cudnn(cudaStream_t stream) {
+    CudnnHandle handle = make_owned<CudnnHandle>([](cudnnHandle_t* raw) { DG_CUDNN_CHECK(cudnnCreate(raw)); });
+    DG_CUDNN_CHECK(cudnnSetStream(handle.get(), stream));
+    return handle;
+}
+
+// The zeroed counter of last-block patterns (DeviceContext::block_counter), zeroed in `stream`'s order.
+DeviceBuffer make_block_counter(cudaStream_t stream) {
+    void* counter = nullptr;
+    DG_CUDA_CHECK(cudaMalloc(&counter, sizeof(unsigned)));
+    DeviceBuffer buffer(counter);
+    DG_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(unsigned), stream));
+    return buffer;
+}
+
+}  // namespace
+
 ContextOwner::ContextOwner(int device) {
     make_current(device);
     ctx.device = device;
 
-    stream = make_owned<StreamHandle>(
-        [](cudaStream_t* raw) { DG_CUDA_CHECK(cudaStreamCreateWithFlags(raw, cudaStreamNonBlocking)); });
+    stream = make_stream();
     const cudaStream_t raw_stream = stream.get();
     ctx.stream = raw_stream;
 
-    cublas = make_owned<CublasHandle>([](cublasHandle_t* raw) { DG_CUBLAS_CHECK(cublasCreate(raw)); });
-    const cublasHandle_t raw_cublas = cublas.get();
-    DG_CUBLAS_CHECK(cublasSetStream(raw_cublas, raw_stream));
-    DG_CUBLAS_CHECK(cublasSetPointerMode(raw_cublas, CUBLAS_POINTER_MODE_HOST));
-    // Without a workspace of ours cuBLAS allocates its own, inside a CUDA graph capture too (memory nodes of
-    // the graph). One fixed workspace serves every thread: they all queue on the one stream, which orders
-    // the GEMMs that use it (cuBLASLt's too: ops/linalg.cu). Set after cublasSetStream, which resets it.
+    // One fixed workspace serves every thread: they all queue on the one stream, which orders the GEMMs that
+    // use it (cuBLASLt's too: ops/linalg.cu). A side lane has its own.
     int major = 0;
     DG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     const std::size_t workspace_bytes = major >= 9 ? kCublasWorkspaceHopper : kCublasWorkspace;
-    cublas_workspace =
-        make_owned<DeviceBuffer>([&](void** raw) { DG_CUDA_CHECK(cudaMalloc(raw, workspace_bytes)); });
-    void* const raw_workspace = cublas_workspace.get();
-    DG_CUBLAS_CHECK(cublasSetWorkspace(raw_cublas, raw_workspace, workspace_bytes));
-    ctx.cublas = raw_cublas;
-    ctx.gemm_workspace = raw_workspace;
+    make_cublas(raw_stream, workspace_bytes, cublas, cublas_workspace);
+    ctx.cublas = cublas.get();
+    ctx.gemm_workspace = cublas_workspace.get();
     ctx.gemm_workspace_bytes = workspace_bytes;
 
     cublas_lt = make_owned<CublasLtHandle>([](cublasLtHandle_t* raw) { DG_CUBLAS_CHECK(cublasLtCreate(raw)); });
     ctx.cublas_lt = cublas_lt.get();
 
-    cudnn = make_owned<CudnnHandle>([](cudnnHandle_t* raw) { DG_CUDNN_CHECK(cudnnCreate(raw)); });
-    const cudnnHandle_t raw_cudnn = cudnn.get();
-    DG_CUDNN_CHECK(cudnnSetStream(raw_cudnn, raw_stream));
-    spare_cudnn.push_back(raw_cudnn);  // created synchronously before any other, as cuDNN's guide recommends
+    cudnn = make_cudnn(raw_stream);
+    spare_cudnn.push_back(cudnn.get());  // created synchronously before any other, as cuDNN's guide recommends
 
     // Freed blocks stay in the pool (no release at stream syncs): steady-state training allocates nothing
     // from the driver after the first step.
@@ -103,35 +127,22 @@ ContextOwner::ContextOwner(int device) {
     ctx.error_record = error_record.get();
     ctx.error_record_device = static_cast<DeviceErrorRecord*>(record_device);
 
-    void* counter = nullptr;
-    DG_CUDA_CHECK(cudaMalloc(&counter, sizeof(unsigned)));
-    block_counter = DeviceBuffer(counter);
-    DG_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(unsigned), raw_stream));
-    ctx.block_counter = static_cast<unsigned*>(counter);
+    block_counter = make_block_counter(raw_stream);
+    ctx.block_counter = static_cast<unsigned*>(block_counter.get());
 }
 
 SideLane::SideLane(const DeviceContext& main) : ctx(main) {
     make_current(main.device);
-    stream = make_owned<StreamHandle>(
-        [](cudaStream_t* raw) { DG_CUDA_CHECK(cudaStreamCreateWithFlags(raw, cudaStreamNonBlocking)); });
+    stream = make_stream();
     ctx.stream = stream.get();
-    cublas = make_owned<CublasHandle>([](cublasHandle_t* raw) { DG_CUBLAS_CHECK(cublasCreate(raw)); });
-    DG_CUBLAS_CHECK(cublasSetStream(cublas.get(), ctx.stream));
-    DG_CUBLAS_CHECK(cublasSetPointerMode(cublas.get(), CUBLAS_POINTER_MODE_HOST));
     // The main workspace's size: cuBLASLt plans are cached per problem, not per stream, and were chosen for it.
-    cublas_workspace =
-        make_owned<DeviceBuffer>([&](void** raw) { DG_CUDA_CHECK(cudaMalloc(raw, main.gemm_workspace_bytes)); });
-    DG_CUBLAS_CHECK(cublasSetWorkspace(cublas.get(), cublas_workspace.get(), main.gemm_workspace_bytes));
+    make_cublas(ctx.stream, main.gemm_workspace_bytes, cublas, cublas_workspace);
     ctx.cublas = cublas.get();
     ctx.gemm_workspace = cublas_workspace.get();
-    cudnn = make_owned<CudnnHandle>([](cudnnHandle_t* raw) { DG_CUDNN_CHECK(cudnnCreate(raw)); });
-    DG_CUDNN_CHECK(cudnnSetStream(cudnn.get(), ctx.stream));
+    cudnn = make_cudnn(ctx.stream);
     ctx.cudnn = cudnn.get();
-    void* counter = nullptr;
-    DG_CUDA_CHECK(cudaMalloc(&counter, sizeof(unsigned)));
-    block_counter = DeviceBuffer(counter);
-    DG_CUDA_CHECK(cudaMemset(counter, 0, sizeof(unsigned)));
-    ctx.block_counter = static_cast<unsigned*>(counter);
+    block_counter = make_block_counter(ctx.stream);
+    ctx.block_counter = static_cast<unsigned*>(block_counter.get());
     forked = make_event();
     finished = make_event();
 }
