@@ -47,6 +47,7 @@
 #include "dyngrad/nn/amp.h"
 #include "dyngrad/nn/dataset.h"
 #include "dyngrad/nn/layers.h"
+#include "dyngrad/nn/models.h"
 #include "dyngrad/nn/optim.h"
 #include "dyngrad/nn/recurrent.h"
 #include "dyngrad/nn/transformer.h"

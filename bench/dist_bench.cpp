@@ -4,7 +4,7 @@
 //   step model=mlp4096x4_f32 world=2 overlap=1 batch_per_gpu=4096 step_ms=12.3 samples_per_s=665000
 //   allreduce bytes=67108864 world=2 ms=0.41 algbw_GBps=163 busbw_GBps=163
 // Workloads (per GPU): mlp4096x4 (4 linear layers 4096→4096, ReLU between, batch 4096) in f32 and TF32; lenet
-// (samples/models.h) on (256,1,28,28). World 1 trains without DDP (the baseline); world N with DDP, with
+// (nn/models.h) on (256,1,28,28). World 1 trains without DDP (the baseline); world N with DDP, with
 // overlap (buckets all-reduced during the backward) and without (every bucket after it). SGD with momentum,
 // cross-entropy over 10 classes, random data fixed per rank.
 //   mpirun -np 2 dyngrad-dist-bench [--steps 30] [--warmup 5] [--only mlp|lenet|allreduce]
@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "../cli/command_line.h"
-#include "models.h"
+#include "dyngrad/nn/models.h"
 
 using namespace dyngrad;
 using Clock = std::chrono::steady_clock;

@@ -3,7 +3,7 @@
 // bench/compare_perf.py prints the table, scripts/run-perf.sh runs all three.
 //
 // Workloads (names shared with torch_reference.py):
-//   lenet5_b1, lenet5_b64, lenet_b256   samples/models.h's lenet5 / lenet on (N,1,28,28)
+//   lenet5_b1, lenet5_b64, lenet_b256   nn/models.h's lenet5 / lenet on (N,1,28,28)
 //   mlp784_b64                          784→256→256→10 with ReLU, (64,784)
 //   mlp4096_fp32, mlp4096_tf32          4096→4096→4096→4096→4096 with ReLU, (4096,4096), 4096 classes;
 //                                       float32, then TF32 GEMMs (cuda::set_allow_tf32)
@@ -66,7 +66,7 @@
 #include <vector>
 
 #include "../cli/command_line.h"
-#include "models.h"
+#include "dyngrad/nn/models.h"
 
 cudaError_t launch_empty_kernels(int count, cudaStream_t stream);  // bench/perf_launch.cu
 cudaError_t graph_kernel_node_us(int count, int repetitions, cudaStream_t stream, double* us_per_node);

@@ -6,6 +6,8 @@
 // In a captured step the table, and with it the hyper-parameters (lr, ...), is frozen into the graph.
 // Gradient clipping (clip_norm, clip_value) is here too.
 // The formulas and their order match the Eigen updates in nn/optim.cpp, which are the reference.
+// Over 600 lines: the step kernels, the device-side schedule and loss-scale logic they read, and clipping share the
+// chunk table and its launch helpers (the optimizer wing's split into files by role is the op-row issue's item 5).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

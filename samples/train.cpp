@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "../cli/command_line.h"
-#include "models.h"
+#include "dyngrad/nn/models.h"
 #if DYNGRAD_WITH_DIST
 #include <dyngrad/dist/ddp.h>
 #endif

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The layer check (docs/architecture.md): a file may include its own folder and the folders BELOW it,
 # never a folder above. Parses every `#include "dyngrad/<folder>/..."` / `<dyngrad/<folder>/...>` and
-# every relative `#include "..."` (resolved against the including file's folder) in the library folders,
+# every relative `#include "..."` (resolved against the including file's folder, else through INCLUDE_DIRS) in the library folders,
 # the umbrella header and the tools, and prints file:line and the offending include for each violation.
 # Exit status: 0 when the layering holds, 1 otherwise. Usage: scripts/check-layers.sh [repository root]
 set -uo pipefail
@@ -11,6 +11,10 @@ set -uo pipefail
 # top and may include anything below them, but not each other (python/: the Python package's extension).
 LAYERS=(core cuda graph ops nn dist dyngrad.h cli)
 TOOLS=(tests bench samples python)
+# The folders the build puts on include paths besides the library's own <dyngrad/...> (target_include_directories
+# in tests/ and samples/): a bare `#include "x.h"` not beside the including file is looked up there, so a tool
+# reaching into another tool's folder through an include path is caught too.
+INCLUDE_DIRS=(tests samples)
 
 root=${1:-$(cd "$(dirname "$0")/.." && pwd)}
 cd "$root" || exit 1
@@ -64,7 +68,14 @@ for file in "${files[@]}"; do
             target=${inc#dyngrad/}
         elif [[ $text =~ \" ]]; then
             target=$(normalise "$dir/$inc")
-            [[ -e $target ]] || continue  # found on another include path: not ours
+            if [[ ! -e $target ]]; then
+                # A bare include found through an include directory of the build (INCLUDE_DIRS), or not ours.
+                target=""
+                for include_dir in "${INCLUDE_DIRS[@]}"; do
+                    [[ -e $include_dir/$inc ]] && { target=$(normalise "$include_dir/$inc"); break; }
+                done
+                [[ -n $target ]] || continue
+            fi
         else
             continue  # a system or third-party header
         fi

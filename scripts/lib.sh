@@ -41,17 +41,71 @@ dg_cuda_architectures_arg() {
     fi
 }
 
+# Whether nvidia-smi sees a GPU on this machine.
+dg_gpu_visible() {
+    command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '
+}
+
+# The CMake argument that decides the CUDA backend for the scripts' builds: DYNGRAD_CUDA when set (ON, OFF, AUTO);
+# else AUTO (CUDA when nvcc and cuDNN are found) where a GPU is seen, OFF elsewhere: on a machine that cannot run
+# the kernels, compiling them is most of the build's time and tests nothing that runs.
+dg_cuda_arg() {
+    if [[ -n "${DYNGRAD_CUDA:-}" ]]; then
+        echo "-DDYNGRAD_CUDA=$DYNGRAD_CUDA"
+    elif dg_gpu_visible; then
+        echo "-DDYNGRAD_CUDA=AUTO"
+    else
+        echo "-DDYNGRAD_CUDA=OFF"
+    fi
+}
+
+# ccache as the compilers' launcher where it is installed (scripts/setup.sh installs it): a second build of the
+# same sources (the consumer tests' libraries, another checkout, a rebuild after switching branches) is a copy.
+# DYNGRAD_CCACHE=0 turns it off.
+dg_launcher_args() {
+    if [[ "${DYNGRAD_CCACHE:-1}" != 0 ]] && command -v ccache >/dev/null; then
+        echo "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"
+    else
+        echo "-DCMAKE_CXX_COMPILER_LAUNCHER= -DCMAKE_CUDA_COMPILER_LAUNCHER="
+    fi
+}
+
+# Prints how many files the build of BUILD_DIR (for the targets in "$@", e.g. --target dyngrad-verify) still has to
+# compile and about how long that takes on this machine's cores. The seconds per file are this project's own
+# averages, measured on its 2-core machine (docs/reliability.md, "First contact"); a ccache hit is far faster.
+DG_SECONDS_PER_CXX=${DG_SECONDS_PER_CXX:-22}
+DG_SECONDS_PER_CUDA=${DG_SECONDS_PER_CUDA:-90}
+dg_print_build_estimate() {
+    local build_dir=$1
+    shift
+    # Makefiles only (the default generator): `make -n` lists the compile steps without running them.
+    [[ -f "$build_dir/Makefile" ]] || return 0
+    local plan cxx cuda cores seconds
+    plan=$(cmake --build "$build_dir" "$@" -- -n 2>/dev/null || true)
+    cxx=$(grep -cE 'Building CXX object' <<<"$plan" || true)
+    cuda=$(grep -cE 'Building CUDA object' <<<"$plan" || true)
+    cores=${DYNGRAD_JOBS:-$(nproc)}
+    seconds=$(((cxx * DG_SECONDS_PER_CXX + cuda * DG_SECONDS_PER_CUDA + cores - 1) / cores))
+    if ((cxx + cuda == 0)); then
+        echo "==> $build_dir is up to date"
+    else
+        echo "==> building $build_dir: $cxx C++ and $cuda CUDA files to compile on $cores cores," \
+             "about $(((seconds + 59) / 60)) min (less for files ccache has seen)"
+    fi
+}
+
 # Configures and builds one build directory:
-#   dg_configure_and_build BUILD_DIR [--log FILE] [--target T]... -- CMAKE_ARGUMENTS...
+#   dg_configure_and_build BUILD_DIR [--log FILE] [--estimate] [--target T]... -- CMAKE_ARGUMENTS...
 # Source directory: the repository root. Jobs: DYNGRAD_JOBS (default nproc). Without --log it announces
 # each step and CMake prints as it goes; with --log the output goes to FILE, and on failure its last 60
 # lines are shown. Exit status: CMake's (0 when both steps succeeded).
 dg_configure_and_build() {
-    local build_dir=$1 log="" targets=()
+    local build_dir=$1 log="" estimate=0 targets=()
     shift
     while (($# > 0)) && [[ "$1" != "--" ]]; do
         case "$1" in
             --log) log=$2; shift 2 ;;
+            --estimate) estimate=1; shift ;;
             --target) targets+=(--target "$2"); shift 2 ;;
             *) echo "dg_configure_and_build: unknown option $1" >&2; return 2 ;;
         esac
@@ -64,8 +118,14 @@ dg_configure_and_build() {
     if [[ -z "$log" ]]; then
         echo "==> configuring $build_dir"
         "${configure[@]}" || return
-        echo "==> building $build_dir"
-        "${build[@]}"
+        if ((estimate)); then
+            dg_print_build_estimate "$build_dir" "${targets[@]}"
+        else
+            echo "==> building $build_dir"
+        fi
+        local start=$SECONDS
+        "${build[@]}" || return
+        echo "==> built $build_dir in $((SECONDS - start)) s"
     else
         { "${configure[@]}" && "${build[@]}"; } > "$log" 2>&1 || { local rc=$?; tail -60 "$log"; return $rc; }
     fi

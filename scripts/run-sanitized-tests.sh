@@ -24,7 +24,7 @@ export ASAN_OPTIONS=$ASAN_OPTIONS:strict_string_checks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 echo "==> $build_dir: AddressSanitizer + UndefinedBehaviorSanitizer, CPU only"
-dg_configure_and_build "$build_dir" -- -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+dg_configure_and_build "$build_dir" -- -DCMAKE_BUILD_TYPE=RelWithDebInfo $(dg_launcher_args) \
       "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g -DNDEBUG" -DDYNGRAD_CUDA=OFF -DDYNGRAD_SANITIZE=address,undefined
 
 echo "==> CPU tests under ASan + UBSan"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test suite, in five stages (all of them run; see README.md):
-#   0. scripts/check-layers.sh: no file includes a folder above its own (docs/architecture.md);
+#   0. scripts/check-layers.sh: no file includes a folder above its own (docs/architecture.md); and
+#      scripts/check-sizes.sh: no library file over 800 lines, each over 600 says why;
 #   1. scripts/setup.sh (dependencies, Release build in build/), then every test through CTest; GPU tests
 #      skip themselves on a machine without a CUDA device;
 #   2. scripts/run-sanitized-tests.sh: the CPU tests again under ASan + UBSan with leak detection, and a
@@ -34,7 +35,13 @@ tests() {
     "$root/scripts/setup.sh" && ctest --test-dir "$build_dir" --output-on-failure -j"${DYNGRAD_JOBS:-$(nproc)}"
 }
 
-stage "layer check" "$root/scripts/check-layers.sh"
+structure_checks() {
+    local status=0
+    "$root/scripts/check-layers.sh" || status=1
+    "$root/scripts/check-sizes.sh" || status=1
+    return $status
+}
+stage "structure checks" structure_checks
 stage "tests" tests
 stage "sanitized tests" "$root/scripts/run-sanitized-tests.sh"
 stage "fuzz smoke run" "$root/scripts/run-fuzz.sh" 60

@@ -35,7 +35,7 @@ Sequential make_mlp(Generator& gen, DType dtype) {
     return m;
 }
 
-// lenet (samples/models.h) on 12×12 images: conv 1→4 5×5, pool, conv 4→6 3×3 (1×1 left after the pool), linear.
+// lenet (nn/models.h) on 12×12 images: conv 1→4 5×5, pool, conv 4→6 3×3 (1×1 left after the pool), linear.
 Sequential make_lenet(Generator& gen, DType dtype) {
     Sequential m;
     m.add(Conv2d(1, 4, {5, 5}, {}, true, gen)).add(max_pool_2);

@@ -40,7 +40,7 @@ struct Deterministic {
     ~Deterministic() { cuda::set_deterministic(previous); }
 };
 
-// samples/models.h's lenet with dropout before the classifier:
+// nn/models.h's lenet with dropout before the classifier:
 // conv 1→20, pool, conv 20→50, pool, flatten (800), linear 800→500 + ReLU, dropout 0.5, linear 500→10.
 struct LenetWithDropout {
     Generator gen;

@@ -1,8 +1,13 @@
 # Tests of dyngrad as another project's dependency (cmake -P), one per MODE:
 #   install       install_consumer: installs the dyngrad build in BUILD_DIR into a scratch prefix, then
 #                 configures, builds and runs the consumer project of this directory against it (find_package);
-#   static        static_package_consumer: configures DYNGRAD_SOURCE as a static, CPU-only build of the library
-#                 alone, builds and installs it, then the same consumer against that prefix;
+#   static        static_consumer: installs the static, CPU-only library that subdirectory_consumer built (its
+#                 project in SUBDIRECTORY_WORK_DIR includes dyngrad's install rules, so `cmake --install` of it is
+#                 the static package; one compile of the library serves both tests), then the same consumer
+#                 against that prefix;
+#   dist          dist_consumer: installs the dyngrad build in BUILD_DIR (built with its dist layer), then
+#                 configures and builds dist/ (find_package(dyngrad COMPONENTS dist)) against it and runs it on
+#                 two ranks with MPIRUN;
 #   subdirectory  subdirectory_consumer: configures, builds and runs subdirectory/, a project that includes
 #                 DYNGRAD_SOURCE with add_subdirectory().
 # Everything under WORK_DIR (emptied first), as Release builds with the compiler CXX_COMPILER (through
@@ -84,16 +89,45 @@ if(MODE STREQUAL "install")
                   -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES})
   endif()
   consume_installed_package("libdyngrad.*" ${cuda_args})
-elseif(MODE STREQUAL "static")
-  if(NOT DYNGRAD_SOURCE)
-    message(FATAL_ERROR "run.cmake: MODE=static needs -DDYNGRAD_SOURCE=<dyngrad's source tree>")
+elseif(MODE STREQUAL "dist")
+  if(NOT BUILD_DIR OR NOT MPIRUN)
+    message(FATAL_ERROR "run.cmake: MODE=dist needs -DBUILD_DIR=<the dyngrad build> and -DMPIRUN=<mpirun>")
   endif()
-  set(library_build ${WORK_DIR}/dyngrad)
-  run_step("configure static dyngrad" ${CMAKE_COMMAND} -S ${DYNGRAD_SOURCE} -B ${library_build} -G ${GENERATOR}
-           ${compiler_args} -DBUILD_SHARED_LIBS=OFF -DDYNGRAD_CUDA=OFF -DDYNGRAD_BUILD_TESTS=OFF
-           -DDYNGRAD_BUILD_BENCH=OFF -DDYNGRAD_BUILD_SAMPLES=OFF)
-  run_step("build static dyngrad" ${CMAKE_COMMAND} --build ${library_build} --target dyngrad --parallel ${JOBS})
-  run_step("install static dyngrad" ${CMAKE_COMMAND} --install ${library_build} --prefix ${prefix})
+  run_step("install" ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
+  foreach(header dist/process_group.h dist/ddp.h)
+    file(GLOB_RECURSE found ${prefix}/*/dyngrad/${header})
+    if(NOT found)
+      message(FATAL_ERROR "${test_name}: the public header ${header} was not installed")
+    endif()
+  endforeach()
+  foreach(header dist/group_impl.h dist/device_streams.h dist/rendezvous.h)
+    file(GLOB_RECURSE found ${prefix}/*/dyngrad/${header})
+    if(found)
+      message(FATAL_ERROR "${test_name}: the internal header ${header} was installed: ${found}")
+    endif()
+  endforeach()
+  file(GLOB_RECURSE installed_libs LIST_DIRECTORIES false ${prefix}/libdyngrad_dist.*)
+  if(NOT installed_libs)
+    message(FATAL_ERROR "${test_name}: no libdyngrad_dist under ${prefix}")
+  endif()
+  list(GET installed_libs 0 installed_lib)
+  get_filename_component(lib_dir ${installed_lib} DIRECTORY)
+  run_step("configure the consumer" ${CMAKE_COMMAND} -S ${consumer_source}/dist -B ${consumer_build} -G ${GENERATOR}
+           ${compiler_args} -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
+           -DCMAKE_BUILD_RPATH=${lib_dir})
+  run_step("build the consumer" ${CMAKE_COMMAND} --build ${consumer_build} --parallel ${JOBS})
+  # OpenMPI refuses root without these (CI runs as root); NCCL is not used: the consumer's tensors are CPU ones.
+  run_step("run the consumer on 2 ranks" ${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${lib_dir} OMPI_ALLOW_RUN_AS_ROOT=1
+           OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none DYNGRAD_DIST_TIMEOUT=60
+           ${MPIRUN} -np 2 --oversubscribe ${consumer_build}/app)
+  message(STATUS "${step_output}")
+elseif(MODE STREQUAL "static")
+  if(NOT SUBDIRECTORY_WORK_DIR OR NOT EXISTS ${SUBDIRECTORY_WORK_DIR}/build/CMakeCache.txt)
+    message(FATAL_ERROR "run.cmake: MODE=static needs -DSUBDIRECTORY_WORK_DIR=<subdirectory_consumer's WORK_DIR>, "
+                        "built by that test first (CTest fixture)")
+  endif()
+  run_step("install static dyngrad (subdirectory_consumer's build)" ${CMAKE_COMMAND}
+           --install ${SUBDIRECTORY_WORK_DIR}/build --prefix ${prefix})
   file(GLOB_RECURSE shared_libs LIST_DIRECTORIES false ${prefix}/libdyngrad.so*)
   if(shared_libs)
     message(FATAL_ERROR "${test_name}: a static build installed ${shared_libs}")

@@ -1,4 +1,5 @@
-// The networks dyngrad-train and dyngrad-perf share; bench/torch_reference.py defines lenet5, lenet and mlp
+// A small model zoo: the networks dyngrad-train, dyngrad-perf, dyngrad-dist-bench and the tests share (the
+// library's, so that no tool reaches into another's folder); bench/torch_reference.py defines lenet5, lenet and mlp
 // in PyTorch (keep them in step). Inputs are 1-channel images (N,1,H,W); convolutions are valid 5×5
 // (3×3 padded for simplecnn), pools 2×2 with stride 2; 10 classes. For 28×28 inputs:
 //
@@ -20,7 +21,9 @@
 #include <string>
 #include <vector>
 
-#include <dyngrad/dyngrad.h>
+#include "dyngrad/core/tensor.h"
+#include "dyngrad/nn/dataset.h"
+#include "dyngrad/nn/layers.h"
 
 namespace dyngrad::models {
 

@@ -1,4 +1,9 @@
-#include "models.h"
+#include "dyngrad/nn/models.h"
+
+#include "dyngrad/core/error.h"
+#include "dyngrad/nn/recurrent.h"
+#include "dyngrad/ops/layout.h"
+#include "dyngrad/ops/pool.h"
 
 namespace dyngrad::models {
 
