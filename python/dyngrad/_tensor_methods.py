@@ -69,6 +69,8 @@ _METHODS = {
     "float": lambda self: self.to(_core.float32),
     "double": lambda self: self.to(_core.float64),
     "long": lambda self: self.to(_core.int64),
+    "half": lambda self: self.to(_core.float16),
+    "bfloat16": lambda self: self.to(_core.bfloat16),
     "t": lambda self: F.transpose(self, 0, 1),
 }
 for _name, _fn in _METHODS.items():
