@@ -21,7 +21,11 @@ PyTensor call_with_vars(std::span<const PyTensor* const> inputs, bool trainable,
     std::vector<Var> vars;
     vars.reserve(inputs.size());
     if (record) {
-        std::shared_ptr<GraphBox> box = current_graph();
+        // The graph of an input with history (a loss handed to GradScaler.scale), else the thread's current one.
+        std::shared_ptr<GraphBox> box;
+        for (const PyTensor* t : inputs)
+            if (!box && t->has_history()) box = t->graph;
+        if (!box) box = current_graph();
         for (const PyTensor* t : inputs) vars.push_back(as_var(*t, box, where));
         const Var out = fn(vars, where);
         PyTensor result;

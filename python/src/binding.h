@@ -81,8 +81,9 @@ PyTensor apply(OpType op, std::initializer_list<const PyTensor*> inputs, const O
 Var as_var(const PyTensor& t, const std::shared_ptr<GraphBox>& box, std::source_location where);
 
 // Runs a C++ function over Vars (a C++ layer's operator(), GradScaler::scale) on Python tensors, as apply()
-// runs an op: recorded into the current graph when gradients are enabled and an input or the function's own
-// parameters (`trainable`) require grad, otherwise in a scratch graph whose result keeps only its value.
+// runs an op: recorded when gradients are enabled and an input or the function's own parameters (`trainable`)
+// require grad (into the graph of the inputs with history, else the thread's current one), otherwise in a
+// scratch graph whose result keeps only its value.
 using VarFunction = std::function<Var(std::span<const Var>, std::source_location)>;
 PyTensor call_with_vars(std::span<const PyTensor* const> inputs, bool trainable, const VarFunction& fn);
 

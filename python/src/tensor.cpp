@@ -321,6 +321,7 @@ OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs) {
         else if (key == "is_causal") a.is_causal = nb::cast<bool>(value);
         else if (key == "scale") a.attention_scale = value.is_none() ? std::nullopt : std::optional(nb::cast<double>(value));
         else if (key == "dropout_p") a.scalar = nb::cast<double>(value);
+        else if (key == "dtype") a.dtype = parse_dtype(value);  // cast
         else
             throw nb::type_error(str(def.name, "() got an unexpected keyword argument '", key, "'").c_str());
     }

@@ -29,6 +29,20 @@ def test_reduced_dtypes_and_tensor_casts(rng):
         dg.tensor([1.0], dtype="bfloat17")
 
 
+def test_tensor_casts_are_differentiable(rng):
+    a = rng.standard_normal(6)
+    x = dg.tensor(a, requires_grad=True)
+    h = x.half()
+    assert h.dtype == dg.float16 and h.requires_grad and not h.is_leaf
+    (h.float() * h.bfloat16().float()).sum().backward()
+    # d/dh of h·bf16(h) with h = f16(x): each cast's gradient is converted back to its input's dtype (as
+    # PyTorch's), so the path through bf16 gives bf16(h) and the other bf16(h) too: 2·bf16(f16(x)), exact.
+    expected = 2 * to_bf16(a.astype(np.float16).astype(np.float32)).astype(np.float64)
+    assert x.grad.dtype == dg.float64
+    np.testing.assert_array_equal(x.grad.numpy(), expected)
+    assert dg.ones(2, dtype=dg.int64).float().dtype == dg.float32 and dg.ones(2).double().dtype == dg.float64
+
+
 def test_module_casts_keep_parameter_identity(rng):
     dg.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm2d(3))
@@ -144,3 +158,33 @@ def test_grad_scaler_state_and_refusals(rng):
     assert off.scale(loss).item() == pytest.approx(loss.item()) and not off.is_enabled()
     with pytest.raises(dg.ValueError):
         dg.amp.GradScaler(growth_factor=0.5)
+
+
+@pytest.mark.usefixtures("cuda")
+def test_float16_autocast_and_scaler_on_the_gpu(rng):
+    w0 = rng.standard_normal((3, 4)).astype(np.float32)
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    w = dg.nn.Parameter(dg.tensor(w0, device="cuda"))
+    opt = dg.optim.SGD([w], lr=0.1)
+    scaler = dg.amp.GradScaler(init_scale=1024.0)
+    with dg.autocast("cuda"):
+        y = dg.tensor(x, device="cuda") @ w.T
+        assert y.dtype == dg.float16
+        loss = (y.float() * y.float()).sum() * 0.01
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert not scaler.last_step_skipped and scaler.get_scale() == 1024.0
+    xr, wr = x.astype(np.float16).astype(np.float64), w0.astype(np.float16).astype(np.float64)
+    grad = 0.02 * ((xr @ wr.T).T @ xr)  # d/dw of 0.01·Σ(x wᵀ)²
+    np.testing.assert_allclose(w.detach().cpu().numpy(), w0 - 0.1 * grad, rtol=1e-2, atol=1e-3)
+    bad = x.copy()
+    bad[0, 0] = np.inf
+    with dg.autocast("cuda"):
+        loss = (dg.tensor(bad, device="cuda") @ w.T).float().sum()
+    before = w.detach().cpu().numpy()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.last_step_skipped and scaler.get_scale() == 512.0
+    np.testing.assert_array_equal(w.detach().cpu().numpy(), before)

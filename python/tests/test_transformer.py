@@ -184,3 +184,17 @@ def test_sdpa_dropout_is_seeded(rng):
     np.testing.assert_array_equal(d.numpy(), F.scaled_dot_product_attention(q, q, q, dropout_p=0.5).numpy())
     with pytest.raises(TypeError):
         dg.ops.scaled_dot_product_attention(q, q, q, causal=True)  # a keyword the op does not have
+
+
+@pytest.mark.usefixtures("cuda")
+def test_gpt_on_the_gpu_matches_the_cpu(rng):
+    dg.manual_seed(4)
+    model = nn.GPT(vocab_size=13, context=8, layers=2, heads=2, width=16)
+    tokens = dg.tensor(rng.integers(0, 13, (2, 8)))
+    on_cpu = model(tokens).detach().numpy()
+    model.to("cuda")
+    logits = model(tokens.to("cuda"))
+    logits.sum().backward()
+    assert model.blocks[0].attn.qkv.weight.grad.device.type == "cuda"
+    # The GPU's float32 attention runs 3xTF32 tensor-core products (~float32 accuracy), the rest exact float32.
+    np.testing.assert_allclose(logits.detach().cpu().numpy(), on_cpu, rtol=1e-3, atol=1e-4)
