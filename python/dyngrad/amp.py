@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib as _contextlib
 
 from . import _core
+from ._args import check_bools, check_ints, check_numbers
 
 __all__ = ["autocast", "GradScaler", "get_autocast_dtype", "is_autocast_enabled"]
 
@@ -68,6 +69,10 @@ class GradScaler(_core.GradScaler):
                  min_scale: float = 1.0, max_consecutive_skips: int = 16):
         if not isinstance(device, str):
             raise TypeError(f"GradScaler: device must be a str, got {type(device).__name__}")
+        check_numbers("GradScaler", init_scale=init_scale, growth_factor=growth_factor, backoff_factor=backoff_factor,
+                      min_scale=min_scale)
+        check_ints("GradScaler", growth_interval=growth_interval, max_consecutive_skips=max_consecutive_skips)
+        check_bools("GradScaler", enabled=enabled)
         super().__init__(init_scale, growth_factor, backoff_factor, growth_interval, enabled,
                          min_scale=min_scale, max_consecutive_skips=max_consecutive_skips)
 

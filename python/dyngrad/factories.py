@@ -7,6 +7,7 @@ randint drawing from ``dyngrad.manual_seed``'s generator.
 from __future__ import annotations
 
 from . import _core, functional as _F
+from ._args import check_ints, check_numbers
 
 __all__ = ["cat", "concat", "stack", "where", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
            "empty_like", "linspace", "randint"]
@@ -56,6 +57,8 @@ def full_like(input, fill_value, *, dtype=None, device=None, requires_grad=False
 
 def linspace(start, end, steps, *, dtype=None, device=None):
     """``steps`` values from start to end inclusive (float32 unless dtype says otherwise)."""
+    check_numbers("linspace", start=start, end=end)
+    check_ints("linspace", steps=steps)
     return _core.linspace(float(start), float(end), steps, dtype=dtype, device=device)
 
 
@@ -67,6 +70,8 @@ def randint(low, high=None, size=None, *, dtype=None, device=None):
         low, high, size = 0, low, high
     if isinstance(size, int):
         raise TypeError("randint: size must be a tuple of ints, e.g. (3,) (as torch.randint)")
+    check_ints("randint", low=low, high=high)
+    check_ints("randint", **{f"size[{i}]": d for i, d in enumerate(size)})
     if dtype is not None and dtype != _core.int64:
         raise _core.DTypeError(f"randint: dtype must be int64, got {dtype}")
     return _core.randint(int(low), int(high), list(size), device)

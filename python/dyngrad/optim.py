@@ -9,6 +9,7 @@ WarmupCosineLR (per optimizer step), with ``step()``, ``get_last_lr()``, ``last_
 from __future__ import annotations
 
 from . import _core
+from ._args import check_ints, check_numbers
 from ._core import LRScheduler, Optimizer, clip_grad_norm_, clip_grad_value_
 
 __all__ = ["SGD", "Adam", "AdamW", "Optimizer", "LRScheduler", "StepLR", "CosineAnnealingLR", "WarmupCosineLR",
@@ -215,6 +216,8 @@ class StepLR(_core.StepLR):
 
     def __init__(self, optimizer, step_size, gamma=0.1, last_epoch=-1):
         _no_last_epoch("StepLR", last_epoch)
+        check_ints("StepLR", step_size=step_size)
+        check_numbers("StepLR", gamma=gamma)
         super().__init__(optimizer, step_size, gamma)
 
 
@@ -224,6 +227,8 @@ class CosineAnnealingLR(_core.CosineAnnealingLR):
 
     def __init__(self, optimizer, T_max, eta_min=0.0, last_epoch=-1):  # noqa: N803  (torch's name)
         _no_last_epoch("CosineAnnealingLR", last_epoch)
+        check_ints("CosineAnnealingLR", T_max=T_max)
+        check_numbers("CosineAnnealingLR", eta_min=eta_min)
         super().__init__(optimizer, T_max, eta_min)
 
 
@@ -235,6 +240,8 @@ class WarmupCosineLR(_core.WarmupCosineLR):
     SequentialLR(LinearLR, CosineAnnealingLR), whose warm-up starts at another factor.)"""
 
     def __init__(self, optimizer, warmup_steps, total_steps, min_lr=0.0):
+        check_ints("WarmupCosineLR", warmup_steps=warmup_steps, total_steps=total_steps)
+        check_numbers("WarmupCosineLR", min_lr=min_lr)
         super().__init__(optimizer, warmup_steps, total_steps, min_lr)
 
 

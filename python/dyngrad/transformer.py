@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from . import _core
 from . import nn as _nn
+from ._args import check_bools, check_ints, check_numbers
 
 __all__ = ["MultiheadAttention", "TransformerBlock", "PositionalEmbedding", "GPT"]
 
@@ -39,6 +40,12 @@ def _layer_norm(params: dict, prefix: str, width: int) -> "_nn.LayerNorm":
     return layer
 
 
+def _check_attention(who, embed_dim, num_heads, dropout, bias, is_causal, seed, residual_init_std):
+    check_ints(who, embed_dim=embed_dim, num_heads=num_heads, seed=seed)
+    check_numbers(who, dropout=dropout, residual_init_std=residual_init_std)
+    check_bools(who, bias=bias, is_causal=is_causal)
+
+
 class _Bound(_nn.Module):
     """A Module whose forward is a C++ layer's (held in ``_cpp``, not a registered child)."""
 
@@ -61,6 +68,7 @@ class MultiheadAttention(_Bound):
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  is_causal: bool = True, seed: int = 0, residual_init_std: float = 0.02, *, _cpp=None):
+        _check_attention("MultiheadAttention", embed_dim, num_heads, dropout, bias, is_causal, seed, residual_init_std)
         super().__init__()
         params = self._bind(_cpp if _cpp is not None else _core._MultiheadAttention(
             embed_dim, num_heads, is_causal, dropout, seed, bias, residual_init_std))
@@ -93,6 +101,7 @@ class TransformerBlock(_Bound):
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  is_causal: bool = True, seed: int = 0, residual_init_std: float = 0.02, *, _cpp=None):
+        _check_attention("TransformerBlock", embed_dim, num_heads, dropout, bias, is_causal, seed, residual_init_std)
         super().__init__()
         cpp = _cpp if _cpp is not None else _core._TransformerBlock(
             embed_dim, num_heads, is_causal, dropout, seed, bias, residual_init_std)
@@ -110,6 +119,7 @@ class PositionalEmbedding(_Bound):
     added to x.)"""
 
     def __init__(self, max_positions: int, embed_dim: int, *, _cpp=None):
+        check_ints("PositionalEmbedding", max_positions=max_positions, embed_dim=embed_dim)
         super().__init__()
         params = self._bind(_cpp if _cpp is not None else _core._PositionalEmbedding(max_positions, embed_dim))
         self.weight = _nn.Parameter(params["weight"])
@@ -124,6 +134,9 @@ class GPT(_Bound):
 
     def __init__(self, vocab_size: int, context: int = 256, layers: int = 6, heads: int = 6, width: int = 384,
                  dropout: float = 0.0, seed: int = 0, bias: bool = True):
+        check_ints("GPT", vocab_size=vocab_size, context=context, layers=layers, heads=heads, width=width, seed=seed)
+        check_numbers("GPT", dropout=dropout)
+        check_bools("GPT", bias=bias)
         super().__init__()
         cpp = _core._GPT(vocab_size, context, layers, heads, width, dropout, seed, bias)
         params = self._bind(cpp)

@@ -82,7 +82,8 @@ std::vector<std::optional<PyTensor>> autograd_grad(const std::vector<const PyTen
         if (o == nullptr) throw ValueError(str("autograd.grad: outputs[", k, "] is None"));
         if (!o->has_history())
             throw GraphError(str("autograd.grad: outputs[", k, "] ", describe(o->data()),
-                                 " does not require grad and has no history"));
+                                 o->parameter.defined() ? " is a leaf: it has no recorded history to differentiate"
+                                                        : " does not require grad and has no history"));
         if (box && o->graph != box) throw GraphError("autograd.grad: the outputs belong to different graphs");
         box = o->graph;
     }

@@ -198,3 +198,19 @@ def test_gpt_on_the_gpu_matches_the_cpu(rng):
     assert model.blocks[0].attn.qkv.weight.grad.device.type == "cuda"
     # The GPU's float32 attention runs 3xTF32 tensor-core products (~float32 accuracy), the rest exact float32.
     np.testing.assert_allclose(logits.detach().cpu().numpy(), on_cpu, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("make, argument", [
+    (lambda: nn.GPT("5"), "vocab_size"),
+    (lambda: nn.GPT(5, dropout="0.1"), "dropout"),
+    (lambda: nn.MultiheadAttention(8, 2.0), "num_heads"),
+    (lambda: nn.TransformerBlock(8, 2, bias=1), "bias"),
+    (lambda: nn.PositionalEmbedding(4.0, 2), "max_positions"),
+    (lambda: dg.optim.WarmupCosineLR(dg.optim.SGD([dg.nn.Parameter(dg.ones(1))]), 1.5, 3), "warmup_steps"),
+    (lambda: dg.amp.GradScaler(init_scale="big"), "init_scale"),
+    (lambda: dg.randint(0, "9", (2,)), "high"),
+    (lambda: dg.linspace(0, 1, 2.5), "steps"),
+])
+def test_constructors_name_a_wrong_argument_type(make, argument):
+    with pytest.raises(TypeError, match=argument):
+        make()
