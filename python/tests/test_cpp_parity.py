@@ -74,6 +74,12 @@ def surface_from_sources(files: dict[str, str]) -> dict[str, str]:
             entries.update({n: RENAMED.get(n, n) for n in _ANY_CLASS.findall(text)})
         elif path.startswith("dist/") and path.endswith(".h"):
             entries.update({n: RENAMED.get(n, "distributed." + n) for n in _ANY_CLASS.findall(text)})
+    # A class of a public nn/ header that none of the rules above placed (no base the parse knows) is reported
+    # rather than skipped: map it in RENAMED.
+    for path, text in files.items():
+        if path.startswith("nn/") and path.endswith(".h"):
+            for name in _ANY_CLASS.findall(text):
+                entries.setdefault(name, RENAMED.get(name, f"<unplaced:{path}>"))
     return entries
 
 
@@ -98,13 +104,23 @@ def documented_exceptions(doc_text: str) -> set[str]:
     return set(re.findall(r"^\|\s*`([\w:]+)`", block.group(1), re.M))
 
 
+def public_headers() -> list[str]:
+    """The installed headers: CMakeLists.txt's DYNGRAD_PUBLIC_HEADERS (internal ones such as
+    nn/optim_kernels.h are not the user's surface)."""
+    block = re.search(r"set\(DYNGRAD_PUBLIC_HEADERS(.*?)\)", (ROOT / "CMakeLists.txt").read_text(), re.S)
+    assert block, "CMakeLists.txt has no DYNGRAD_PUBLIC_HEADERS list"
+    return block.group(1).split()
+
+
 def repository_sources() -> dict[str, str]:
     if not (ROOT / "ops" / "op_table.cpp").exists():
         pytest.skip("the repository's sources are not at hand (installed package)")
     files = {"ops/op_table.cpp": (ROOT / "ops" / "op_table.cpp").read_text()}
-    for pattern in ("nn/*.h", "graph/*.h", "dist/*.h", "cuda/capture.h"):
-        for p in ROOT.glob(pattern):
-            files[str(p.relative_to(ROOT))] = p.read_text()
+    headers = [h for h in public_headers() if h.split("/")[0] in ("nn", "graph") or h == "cuda/capture.h"]
+    # dist/ is its own library, not installed yet (issue 29): all of its headers count.
+    headers += [str(p.relative_to(ROOT)) for p in ROOT.glob("dist/*.h")]
+    for h in headers:
+        files[h] = (ROOT / h).read_text()
     return files
 
 
@@ -113,7 +129,7 @@ def test_every_cpp_entry_is_reachable_from_python():
     exceptions = documented_exceptions((ROOT / "docs" / "python.md").read_text())
     # The parse found what it must (a parse that finds nothing would pass vacuously).
     for must in ("op:matmul", "Linear", "MultiheadAttention", "GPT", "AdamW", "WarmupCosineLR", "GradScaler",
-                 "AutocastGuard", "NoGradGuard", "LSTM"):
+                 "AutocastGuard", "NoGradGuard", "LSTM", "DataLoader", "CapturedStep", "ProcessGroup"):
         assert must in repository_sources_surface, f"{must} not found in the C++ sources"
     missing = missing_in_python(surface, exceptions)
     assert not missing, ("C++ entries without a Python counterpart (bind them, or list them with a reason in "
@@ -135,10 +151,13 @@ def test_the_check_fails_for_a_layer_added_without_a_binding():
     files["nn/new_layer.h"] = "class FancyNorm : public Module {\npublic:\n};\nclass Lion : public Optimizer {\n};\n"
     files["nn/optim_extra.h"] = "class OneCycleLR : public LRScheduler {\n};\n"
     files["ops/op_table.cpp"] += '\n    {OpType::Frobnicate, "frobnicate", 1},\n'
+    files["nn/layers.h"] += "\nclass Mystery\n    : public Module {\n};\n"  # split over lines: still a layer
+    files["nn/layers.h"] += "\nclass Helper {\n};\n"  # no known base: reported, not skipped
     exceptions = documented_exceptions((ROOT / "docs" / "python.md").read_text())
     missing = missing_in_python(surface_from_sources(files), exceptions)
     assert missing == sorted(["FancyNorm (dyngrad.nn.FancyNorm)", "Lion (dyngrad.optim.Lion)",
-                              "OneCycleLR (dyngrad.optim.OneCycleLR)", "op:frobnicate (dyngrad.ops.frobnicate)"])
+                              "OneCycleLR (dyngrad.optim.OneCycleLR)", "op:frobnicate (dyngrad.ops.frobnicate)",
+                              "Mystery (dyngrad.nn.Mystery)", "Helper (dyngrad.<unplaced:nn/layers.h>)"])
 
 
 def test_schedules_are_under_lr_scheduler_too():
