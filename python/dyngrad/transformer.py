@@ -54,6 +54,11 @@ class _Bound(_nn.Module):
         return dict(cpp.named_parameters())
 
     def forward(self, x):
+        # Each bound submodule's own train/eval mode, parents first (C++ train() reaches every child, so a child
+        # set apart, e.g. one block in eval, is set again after its parent), as torch's per-module modes.
+        for module in self.modules():
+            if isinstance(module, _Bound):
+                module._cpp.train(module.training)
         return self._cpp.forward(x, self.training)
 
 

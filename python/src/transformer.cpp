@@ -36,7 +36,8 @@ PyTensor forward(Layer& layer, const PyTensor& x, bool training) {
 template <typename Layer>
 void common(nb::class_<Layer>& cls) {
     cls.def("named_parameters", [](const Layer& l) { return named_parameters_of(l); })
-        .def("forward", &forward<Layer>, nb::arg("x"), nb::arg("training"));
+        .def("forward", &forward<Layer>, nb::arg("x"), nb::arg("training"))
+        .def("train", [](Layer& l, bool training) { l.train(training); }, nb::arg("training"));
 }
 
 // MultiheadAttention and TransformerBlock take the same arguments (TransformerOptions spelled out).
