@@ -34,10 +34,19 @@ from . import data  # noqa: E402
 from . import models  # noqa: E402
 from . import parity  # noqa: E402  (PyTorch is imported only when used)
 from . import _tensor_methods  # noqa: E402,F401  (adds methods to Tensor)
+from . import amp  # noqa: E402
+from . import autograd  # noqa: E402
+from .amp import autocast  # noqa: E402,F401
+from .grad_mode import set_grad_enabled, enable_grad, inference_mode  # noqa: E402,F401
+from .factories import (  # noqa: E402,F401
+    cat, concat, stack, where, zeros_like, ones_like, full_like, rand_like, randn_like, empty_like, linspace, randint,
+)
+from ._core import bfloat16, float16  # noqa: E402,F401
 
 __version__ = "0.1.0"
 
 _NUMPY_DTYPES = {"float32": float32, "float64": float64, "int64": int64}
+half = float16
 
 
 def tensor(data, dtype=None, device=None, requires_grad=False) -> Tensor:
@@ -46,6 +55,12 @@ def tensor(data, dtype=None, device=None, requires_grad=False) -> Tensor:
     Python floats become float32 and ints int64 (as in PyTorch); NumPy arrays keep float32/float64/int64,
     other integer and bool arrays become int64, other floats float32.
     """
+    if isinstance(dtype, _core.dtype) and dtype in (_core.bfloat16, _core.float16):
+        # NumPy has no bfloat16: the data in float64, rounded once to the 16-bit type by the engine.
+        t = tensor(data, dtype=float64, device=device).to(dtype)
+        if requires_grad:
+            t.requires_grad = True
+        return t
     if isinstance(data, Tensor):
         data = data.detach().cpu().numpy()
     array = _np.asarray(data)

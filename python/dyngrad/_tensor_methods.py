@@ -55,6 +55,21 @@ def _requires_grad_(self, requires_grad=True):
     return self
 
 
+_FLOATING = (_core.float32, _core.float64, _core.bfloat16, _core.float16)
+
+
+def _cast_to(dtype):
+    """x.float()/.double()/.half()/.bfloat16(): the table's cast op when x requires grad (differentiable, as
+    PyTorch's: the gradient flows back in x's dtype), a plain conversion otherwise."""
+    def method(self):
+        if self.dtype == dtype:
+            return self
+        if self.requires_grad and self.dtype in _FLOATING:
+            return ops.cast(self, dtype=dtype)
+        return self.to(dtype)
+    return method
+
+
 _METHODS = {
     "sum": F.sum, "mean": F.mean, "max": F.max, "argmax": F.argmax, "argmin": F.argmin,
     "relu": F.relu, "sigmoid": F.sigmoid, "tanh": F.tanh, "exp": F.exp, "log": F.log, "sqrt": F.sqrt,
@@ -66,9 +81,11 @@ _METHODS = {
     "__array__": _array, "tolist": _tolist, "requires_grad_": _requires_grad_,
     "cpu": lambda self: self.to("cpu"),
     "cuda": lambda self, device=0: self.to(f"cuda:{device}" if isinstance(device, int) else str(device)),
-    "float": lambda self: self.to(_core.float32),
-    "double": lambda self: self.to(_core.float64),
+    "float": _cast_to(_core.float32),
+    "double": _cast_to(_core.float64),
     "long": lambda self: self.to(_core.int64),
+    "half": _cast_to(_core.float16),
+    "bfloat16": _cast_to(_core.bfloat16),
     "t": lambda self: F.transpose(self, 0, 1),
 }
 for _name, _fn in _METHODS.items():

@@ -273,3 +273,33 @@ def _axes(dim):
     if isinstance(dim, int):
         return [dim]
     return list(dim)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, *,
+                                 seed=None):
+    """PyTorch's F.scaled_dot_product_attention over the ``scaled_dot_product_attention`` op (ops/attention.h).
+
+    query (B,H,T,D) or (B,T,D), key/value (B,H,S,D) or (B,S,D). ``attn_mask`` is a *keep* mask broadcastable to
+    (B,H,T,S): 1 where a key takes part (PyTorch's boolean True), 0 where not; int64 masks are converted to the
+    query's dtype. PyTorch's additive float masks (0/-inf) must be converted first (``keep = additive == 0``).
+    ``dropout_p`` > 0 drops attention probabilities with a seed drawn from ``dyngrad.manual_seed``'s generator
+    (or ``seed=``); as in PyTorch it applies whenever given (pass 0.0 in evaluation).
+    """
+    three_d = len(query.shape) == 3
+    if three_d:
+        query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+        if attn_mask is not None and len(attn_mask.shape) == 3:
+            attn_mask = attn_mask.unsqueeze(1)
+    attrs = {"is_causal": is_causal}
+    if scale is not None:
+        attrs["scale"] = scale
+    if dropout_p:
+        attrs["dropout_p"] = dropout_p
+        attrs["seed"] = _core._draw_seed() if seed is None else seed
+    inputs = [query, key, value]
+    if attn_mask is not None:
+        if attn_mask.dtype != query.dtype:
+            attn_mask = attn_mask.to(query.dtype)
+        inputs.append(attn_mask)
+    out = _apply(_i("scaled_dot_product_attention"), inputs, attrs)
+    return out.squeeze(1) if three_d else out

@@ -16,7 +16,7 @@ __all__ = [
     "Parameter", "Module", "Linear", "Conv2d", "BatchNorm2d", "BatchNorm1d", "LayerNorm", "RMSNorm", "Embedding",
     "Dropout", "ReLU", "Sigmoid", "Tanh", "GELU", "SiLU", "LeakyReLU", "Flatten", "MaxPool2d", "AvgPool2d",
     "Identity", "Sequential", "ModuleList", "CrossEntropyLoss", "MSELoss", "RNNBase", "LSTM", "GRU", "RNN",
-    "functional",
+    "MultiheadAttention", "TransformerBlock", "PositionalEmbedding", "GPT", "functional",
 ]
 functional = F
 
@@ -155,6 +155,33 @@ class Module:
 
     def cuda(self, device: int = 0):
         return self.to(f"cuda:{device}")
+
+    # Mixed precision casts every floating parameter and buffer, as torch.nn.Module's (int64 ones stay).
+    def _cast_floating(self, dtype):
+        floating = (_core.float32, _core.float64, _core.bfloat16, _core.float16)
+        for t in list(self.parameters()) + self.buffers():
+            if t.dtype in floating and t.dtype != dtype:
+                _core._param_to(t, dtype)
+        return self
+
+    def half(self):
+        return self._cast_floating(_core.float16)
+
+    def bfloat16(self):
+        return self._cast_floating(_core.bfloat16)
+
+    def float(self):
+        return self._cast_floating(_core.float32)
+
+    def double(self):
+        return self._cast_floating(_core.float64)
+
+    def apply(self, fn):
+        """Calls fn(module) on every submodule (children first) and on self, as torch.nn.Module.apply; returns self."""
+        for child in self._modules.values():
+            child.apply(fn)
+        fn(self)
+        return self
 
     def cpu(self):
         return self.to("cpu")
@@ -535,3 +562,8 @@ class CrossEntropyLoss(Module):
 class MSELoss(Module):
     def forward(self, prediction, target):
         return F.mse_loss(prediction, target)
+
+
+# The transformer layers are nn/transformer.h's C++ layers (dyngrad/transformer.py); imported last, they
+# subclass Module.
+from .transformer import GPT, MultiheadAttention, PositionalEmbedding, TransformerBlock  # noqa: E402

@@ -4,7 +4,8 @@
 attributes as keywords: ``axis``/``dim``, ``axes``/``dims``, ``keepdim``, ``scalar``, ``shape``, ``min``/``max``
 (clamp), ``stride``, ``padding``, ``dilation``, ``groups``, ``kernel``, ``training``, ``eps``, ``momentum``,
 ``seed``, ``reduction``, ``ignore_index``, ``label_smoothing``, ``activation``, ``approximate``, ``start``,
-``length``, ``padding_idx``, ``mode``, ``hidden_size``, ``num_layers``, ``bidirectional``.
+``length``, ``padding_idx``, ``mode``, ``hidden_size``, ``num_layers``, ``bidirectional``, and for attention
+``is_causal``, ``scale`` and ``dropout_p`` (with ``seed``).
 The friendlier, PyTorch-shaped functions are in dyngrad.functional.
 """
 from __future__ import annotations

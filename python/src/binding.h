@@ -5,6 +5,8 @@
 #pragma once
 #include <nanobind/nanobind.h>
 
+#include <functional>
+#include <map>
 #include <memory>
 #include <source_location>
 #include <span>
@@ -74,8 +76,32 @@ void set_package_dir(std::string dir);
 // grad, eager otherwise. Errors name the op, the inputs and the caller's Python line.
 PyTensor apply(OpType op, std::span<const PyTensor* const> inputs, const OpAttrs& attrs);
 PyTensor apply(OpType op, std::initializer_list<const PyTensor*> inputs, const OpAttrs& attrs = {});
+// `t` as a node of `box`'s graph: its node when it has history there, else its leaf for this forward pass;
+// GraphError for a tensor of a released or another thread's graph.
+Var as_var(const PyTensor& t, const std::shared_ptr<GraphBox>& box, std::source_location where);
+
+// Runs a C++ function over Vars (a C++ layer's operator(), GradScaler::scale) on Python tensors, as apply()
+// runs an op: recorded when gradients are enabled and an input or the function's own parameters (`trainable`)
+// require grad (into the graph of the inputs with history, else the thread's current one), otherwise in a
+// scratch graph whose result keeps only its value.
+using VarFunction = std::function<Var(std::span<const Var>, std::source_location)>;
+PyTensor call_with_vars(std::span<const PyTensor* const> inputs, bool trainable, const VarFunction& fn);
+
 // kwargs (axis=, keepdim=, stride=, ...) into OpAttrs; TypeError naming an unknown keyword.
 OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs);
+
+// State dicts (optimizer, schedule, GradScaler) between C++ TensorMaps and Python dicts (src/schedules.cpp);
+// `who` names the caller when an entry is None.
+std::map<std::string, PyTensor> py_tensor_map(const TensorMap& tensors);
+TensorMap tensor_map_of(const std::map<std::string, PyTensor*>& tensors, const char* who);
+// x.save_state(...) as (tensors, metadata) for Python.
+template <typename Stateful>
+std::pair<std::map<std::string, PyTensor>, SafetensorsMetadata> saved_state(const Stateful& x) {
+    TensorMap tensors;
+    SafetensorsMetadata metadata;
+    x.save_state(tensors, metadata);
+    return {py_tensor_map(tensors), metadata};
+}
 
 // A parameter list from Python tensors (ValueError for one that is not a leaf requiring grad).
 std::vector<Parameter> parameters_of(const std::vector<PyTensor*>& tensors, const char* who);
@@ -92,5 +118,9 @@ void set_python_error_from_current_exception() noexcept;
 void bind_tensor(nb::module_& m);
 void bind_interop(nb::module_& m);
 void bind_nn(nb::module_& m);
+void bind_transformer(nb::module_& m);  // src/transformer.cpp
+void bind_amp(nb::module_& m);          // src/amp.cpp
+void bind_autograd(nb::module_& m);     // src/autograd.cpp
+void bind_schedules(nb::module_& m);    // src/schedules.cpp
 
 }  // namespace dyngrad::python

@@ -117,4 +117,8 @@ NB_MODULE(_core, m) {
     bind_tensor(m);
     bind_interop(m);
     bind_nn(m);
+    bind_transformer(m);
+    bind_amp(m);
+    bind_autograd(m);
+    bind_schedules(m);
 }

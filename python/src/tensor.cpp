@@ -137,8 +137,6 @@ std::source_location python_site() {
 }
 
 // ---- the op path ----
-namespace {
-
 Var as_var(const PyTensor& t, const std::shared_ptr<GraphBox>& box, std::source_location where) {
     if (!t.has_history()) {
         const bool requires_grad = t.parameter.defined() && t.parameter.requires_grad();
@@ -161,8 +159,6 @@ Var as_var(const PyTensor& t, const std::shared_ptr<GraphBox>& box, std::source_
     }
     return t.var;
 }
-
-}  // namespace
 
 // The hot path of every op from Python: no heap allocation beyond the engine's own (output, node) for up to
 // kInlineInputs inputs, which is every op but concat/stack of many tensors.
@@ -321,6 +317,11 @@ OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs) {
                                                   {{"mean", Reduction::Mean}, {"sum", Reduction::Sum}, {"none", Reduction::None}});
         else if (key == "ignore_index") a.ignore_index = int_of(value, key);
         else if (key == "label_smoothing") a.label_smoothing = nb::cast<double>(value);
+        // scaled_dot_product_attention: PyTorch's keywords onto its fields (dropout p is `scalar`)
+        else if (key == "is_causal") a.is_causal = nb::cast<bool>(value);
+        else if (key == "scale") a.attention_scale = value.is_none() ? std::nullopt : std::optional(nb::cast<double>(value));
+        else if (key == "dropout_p") a.scalar = nb::cast<double>(value);
+        else if (key == "dtype") a.dtype = parse_dtype(value);  // cast
         else
             throw nb::type_error(str(def.name, "() got an unexpected keyword argument '", key, "'").c_str());
     }
@@ -336,7 +337,9 @@ DType parse_dtype(nb::handle dtype) {
         if (s == "float32" || s == "float") return DType::f32;
         if (s == "float64" || s == "double") return DType::f64;
         if (s == "int64" || s == "long") return DType::i64;
-        throw DTypeError(str("unknown dtype '", s, "': dyngrad has float32, float64 and int64"));
+        if (s == "bfloat16") return DType::bf16;
+        if (s == "float16" || s == "half") return DType::f16;
+        throw DTypeError(str("unknown dtype '", s, "': dyngrad has float32, float64, int64, bfloat16 and float16"));
     }
     throw nb::type_error(str("expected a dyngrad dtype or its name, got ", nb::cast<std::string>(nb::str(dtype.type()))).c_str());
 }
@@ -638,10 +641,14 @@ void bind_tensor(nb::module_& m) {
     nb::enum_<DType>(m, "dtype")
         .value("float32", DType::f32)
         .value("float64", DType::f64)
-        .value("int64", DType::i64);
+        .value("int64", DType::i64)
+        .value("bfloat16", DType::bf16)
+        .value("float16", DType::f16);
     m.attr("float32") = DType::f32;
     m.attr("float64") = DType::f64;
     m.attr("int64") = DType::i64;
+    m.attr("bfloat16") = DType::bf16;
+    m.attr("float16") = DType::f16;
 
     nb::class_<Device>(m, "device")
         .def("__init__", [](Device* self, nb::handle spec) { new (self) Device(parse_device(spec)); }, nb::arg("spec"))

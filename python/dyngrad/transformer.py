@@ -1,0 +1,161 @@
+"""Transformer layers (dyngrad.nn.MultiheadAttention, TransformerBlock, PositionalEmbedding, GPT): the C++ layers
+of nn/transformer.h, so a Python model starts from the same weights (nanoGPT's initialisation, from the
+generator ``dyngrad.manual_seed`` sets), has the same parameter names and computes exactly what its C++ twin
+computes (the forward is the C++ layer's ``operator()``, recorded into the implicit graph).
+
+Each layer's parameters are Module attributes (``qkv``/``proj`` Linears, ``ln1``/``ln2`` LayerNorms, ...) that
+share their state with the C++ layer: optimizers, ``load_state_dict``, ``.to()``/``.half()`` act on both. Assigning
+a *new* Parameter object to one of them (``attn.qkv.weight = Parameter(...)``) is not seen by the C++ forward:
+write into it (``copy_``, ``load_state_dict``) instead.
+"""
+from __future__ import annotations
+
+from . import _core
+from . import nn as _nn
+from ._args import check_bools, check_ints, check_numbers
+
+__all__ = ["MultiheadAttention", "TransformerBlock", "PositionalEmbedding", "GPT"]
+
+
+def _linear(params: dict, prefix: str) -> "_nn.Linear":
+    """A Linear holding the C++ layer's parameters `prefix`weight / `prefix`bias (no new initialisation)."""
+    weight = params[prefix + "weight"]
+    layer = _nn.Linear.__new__(_nn.Linear)
+    _nn.Module.__init__(layer)
+    layer.weight = _nn.Parameter(weight)
+    bias = params.get(prefix + "bias")
+    layer.bias = None if bias is None else _nn.Parameter(bias)
+    layer.out_features, layer.in_features = weight.shape
+    layer.activation = None
+    return layer
+
+
+def _layer_norm(params: dict, prefix: str, width: int) -> "_nn.LayerNorm":
+    layer = _nn.LayerNorm.__new__(_nn.LayerNorm)
+    _nn.Module.__init__(layer)
+    layer.weight = _nn.Parameter(params[prefix + "weight"])
+    bias = params.get(prefix + "bias")
+    layer.bias = None if bias is None else _nn.Parameter(bias)
+    layer.normalized_shape, layer.eps = (width,), 1e-5
+    return layer
+
+
+def _check_attention(who, embed_dim, num_heads, dropout, bias, is_causal, seed, residual_init_std):
+    check_ints(who, embed_dim=embed_dim, num_heads=num_heads, seed=seed)
+    check_numbers(who, dropout=dropout, residual_init_std=residual_init_std)
+    check_bools(who, bias=bias, is_causal=is_causal)
+
+
+class _Bound(_nn.Module):
+    """A Module whose forward is a C++ layer's (held in ``_cpp``, not a registered child)."""
+
+    def _bind(self, cpp):
+        object.__setattr__(self, "_cpp", cpp)
+        return dict(cpp.named_parameters())
+
+    def forward(self, x):
+        # Each bound submodule's own train/eval mode, parents first (C++ train() reaches every child, so a child
+        # set apart, e.g. one block in eval, is set again after its parent), as torch's per-module modes.
+        for module in self.modules():
+            if isinstance(module, _Bound):
+                module._cpp.train(module.training)
+        return self._cpp.forward(x, self.training)
+
+
+class MultiheadAttention(_Bound):
+    """Multi-head self-attention (nn/transformer.h): x (B,T,E) -> (B,T,E); one fused QKV projection ``qkv``
+    (3E, E), ``scaled_dot_product_attention`` over ``num_heads`` heads (causal by default), then ``proj`` (E, E).
+
+    Differs from torch.nn.MultiheadAttention: self-attention only (``forward(x)``, not (query, key, value)),
+    batch first, returns the output alone (no attention weights), parameters ``qkv.*``/``proj.*`` (torch:
+    ``in_proj_weight``/``out_proj``), and ``dropout`` also drops the output projection (GPT-2's residual dropout).
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 is_causal: bool = True, seed: int = 0, residual_init_std: float = 0.02, *, _cpp=None):
+        _check_attention("MultiheadAttention", embed_dim, num_heads, dropout, bias, is_causal, seed, residual_init_std)
+        super().__init__()
+        params = self._bind(_cpp if _cpp is not None else _core._MultiheadAttention(
+            embed_dim, num_heads, is_causal, dropout, seed, bias, residual_init_std))
+        self.qkv = _linear(params, "qkv.")
+        self.proj = _linear(params, "proj.")
+        self.embed_dim, self.num_heads = self.proj.out_features, num_heads
+        self.dropout, self.is_causal = dropout, is_causal
+
+    def extra_repr(self):
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, is_causal={self.is_causal}"
+
+
+class _MLP(_nn.Module):
+    """The block's MLP branch, for its parameter names (mlp.fc, mlp.proj); the block's forward runs it."""
+
+    def __init__(self, fc, proj):
+        super().__init__()
+        self.fc, self.proj = fc, proj
+
+    def forward(self, h):
+        return self.proj(_nn.F.gelu(self.fc(h)))
+
+
+class TransformerBlock(_Bound):
+    """The pre-LayerNorm block of GPT-2: ``x = x + attn(ln1(x)); x = x + mlp(ln2(x))``, mlp = proj(gelu(fc)) with
+    width 4E; x (B,T,E) -> (B,T,E). Parameters ``ln1.*``, ``attn.qkv.*``, ``attn.proj.*``, ``ln2.*``, ``mlp.fc.*``,
+    ``mlp.proj.*``. (torch.nn.TransformerEncoderLayer is post-norm by default with other names; this is nanoGPT's
+    Block.)
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 is_causal: bool = True, seed: int = 0, residual_init_std: float = 0.02, *, _cpp=None):
+        _check_attention("TransformerBlock", embed_dim, num_heads, dropout, bias, is_causal, seed, residual_init_std)
+        super().__init__()
+        cpp = _cpp if _cpp is not None else _core._TransformerBlock(
+            embed_dim, num_heads, is_causal, dropout, seed, bias, residual_init_std)
+        params = self._bind(cpp)
+        self.ln1 = _layer_norm(params, "ln1.", embed_dim)
+        self.attn = MultiheadAttention(embed_dim, num_heads, dropout, bias, is_causal, _cpp=cpp.attn())
+        self.ln2 = _layer_norm(params, "ln2.", embed_dim)
+        self.mlp = _MLP(_linear(params, "mlp.fc."), _linear(params, "mlp.proj."))
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+
+
+class PositionalEmbedding(_Bound):
+    """Learned absolute positions: x (B,T,E) -> x + weight[:T]; weight (max_positions, E) ~ normal(0, 0.02).
+    ShapeError when T exceeds max_positions. (PyTorch has no such layer: it is nn.Embedding over arange(T),
+    added to x.)"""
+
+    def __init__(self, max_positions: int, embed_dim: int, *, _cpp=None):
+        check_ints("PositionalEmbedding", max_positions=max_positions, embed_dim=embed_dim)
+        super().__init__()
+        params = self._bind(_cpp if _cpp is not None else _core._PositionalEmbedding(max_positions, embed_dim))
+        self.weight = _nn.Parameter(params["weight"])
+        self.max_positions, self.embed_dim = max_positions, embed_dim
+
+
+class GPT(_Bound):
+    """A GPT (nanoGPT's): tokens (B,T) int64 -> logits (B,T,vocab_size); token + position embeddings, ``layers``
+    TransformerBlocks, final LayerNorm ``ln_f``, untied ``lm_head``. Parameter names are bench/torch_gpt.py's
+    PyTorch twin's (token_embedding.weight, position_embedding.weight, blocks.<i>.*, ln_f.*, lm_head.weight).
+    """
+
+    def __init__(self, vocab_size: int, context: int = 256, layers: int = 6, heads: int = 6, width: int = 384,
+                 dropout: float = 0.0, seed: int = 0, bias: bool = True):
+        check_ints("GPT", vocab_size=vocab_size, context=context, layers=layers, heads=heads, width=width, seed=seed)
+        check_numbers("GPT", dropout=dropout)
+        check_bools("GPT", bias=bias)
+        super().__init__()
+        cpp = _core._GPT(vocab_size, context, layers, heads, width, dropout, seed, bias)
+        params = self._bind(cpp)
+        embedding = _nn.Embedding.__new__(_nn.Embedding)
+        _nn.Module.__init__(embedding)
+        embedding.weight = _nn.Parameter(params["token_embedding.weight"])
+        embedding.padding_idx = None
+        self.token_embedding = embedding
+        self.position_embedding = PositionalEmbedding(context, width, _cpp=cpp.position_embedding())
+        self.blocks = _nn.ModuleList(TransformerBlock(width, heads, dropout, bias, True, _cpp=cpp.block(i))
+                                     for i in range(layers))
+        self.ln_f = _layer_norm(params, "ln_f.", width)
+        self.lm_head = _linear(params, "lm_head.")
+        self.vocab_size, self.context, self.layers, self.heads, self.width = vocab_size, context, layers, heads, width
+
+    def extra_repr(self):
+        return f"vocab_size={self.vocab_size}, context={self.context}, layers={self.layers}, width={self.width}"

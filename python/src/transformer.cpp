@@ -1,0 +1,96 @@
+// The transformer layers of nn/transformer.h for Python (dyngrad.nn.MultiheadAttention, TransformerBlock,
+// PositionalEmbedding, GPT): the C++ layers themselves, so a Python model initialises, names its parameters and
+// computes exactly as its C++ twin. dyngrad/transformer.py wraps each in a Module whose parameters are the C++
+// layer's (shared Parameter state: an optimizer step, load_state_dict or .to() seen from either side is the same).
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "binding.h"
+
+namespace dyngrad::python {
+
+namespace {
+
+nb::list named_parameters_of(const Module& layer) {
+    nb::list out;
+    for (const auto& [name, p] : layer.named_parameters()) {
+        PyTensor t(p.value());
+        t.parameter = p;
+        out.append(nb::make_tuple(name, std::move(t)));
+    }
+    return out;
+}
+
+// layer(x) from Python: the module's train/eval mode first (Python's Module.training is the one users set).
+template <typename Layer>
+PyTensor forward(Layer& layer, const PyTensor& x, bool training) {
+    if (layer.is_training() != training) layer.train(training);
+    bool trainable = false;
+    for (const Parameter& p : layer.parameters()) trainable = trainable || p.requires_grad();
+    const PyTensor* inputs[] = {&x};
+    return call_with_vars(inputs, trainable,
+                          [&layer](std::span<const Var> v, std::source_location where) { return layer(v[0], where); });
+}
+
+template <typename Layer>
+void common(nb::class_<Layer>& cls) {
+    cls.def("named_parameters", [](const Layer& l) { return named_parameters_of(l); })
+        .def("forward", &forward<Layer>, nb::arg("x"), nb::arg("training"))
+        .def("train", [](Layer& l, bool training) { l.train(training); }, nb::arg("training"));
+}
+
+// MultiheadAttention and TransformerBlock take the same arguments (TransformerOptions spelled out).
+template <typename Layer>
+void attention_init(nb::class_<Layer>& cls) {
+    cls.def("__init__", [](Layer* self, std::int64_t embed_dim, std::int64_t num_heads, bool causal, double dropout,
+                           std::uint64_t seed, bool bias, double residual_init_std) {
+        new (self) Layer(embed_dim, num_heads, default_generator(),
+                         {.causal = causal, .dropout = dropout, .seed = seed, .bias = bias,
+                          .residual_init_std = residual_init_std});
+    }, nb::arg("embed_dim"), nb::arg("num_heads"), nb::arg("causal"), nb::arg("dropout"), nb::arg("seed"),
+       nb::arg("bias"), nb::arg("residual_init_std"));
+}
+
+}  // namespace
+
+void bind_transformer(nb::module_& m) {
+    nb::class_<MultiheadAttention> mha(m, "_MultiheadAttention");
+    attention_init(mha);
+    common(mha);
+    nb::class_<TransformerBlock> block(m, "_TransformerBlock");
+    attention_init(block);
+    common(block);
+    // A handle on the block's own attention layer (copies of a C++ module share its parameters and counters).
+    block.def("attn", [](const TransformerBlock& b) { return b.attn; });
+
+    nb::class_<PositionalEmbedding> positions(m, "_PositionalEmbedding");
+    positions.def("__init__", [](PositionalEmbedding* self, std::int64_t max_positions, std::int64_t embed_dim) {
+        new (self) PositionalEmbedding(max_positions, embed_dim, default_generator());
+    }, nb::arg("max_positions"), nb::arg("embed_dim"));
+    common(positions);
+
+    nb::class_<GPT> gpt(m, "_GPT");
+    gpt.def("__init__", [](GPT* self, std::int64_t vocab_size, std::int64_t context, std::int64_t layers,
+                           std::int64_t heads, std::int64_t width, double dropout, std::uint64_t seed, bool bias) {
+        GPTConfig config;
+        config.vocab_size = vocab_size;
+        config.context = context;
+        config.layers = layers;
+        config.heads = heads;
+        config.width = width;
+        config.dropout = dropout;
+        config.seed = seed;
+        config.bias = bias;
+        new (self) GPT(config, default_generator());
+    }, nb::arg("vocab_size"), nb::arg("context"), nb::arg("layers"), nb::arg("heads"), nb::arg("width"),
+       nb::arg("dropout"), nb::arg("seed"), nb::arg("bias"));
+    common(gpt);
+    gpt.def("block", [](const GPT& g, std::size_t i) {
+        if (i >= g.blocks.size()) throw IndexError(str("GPT: block ", i, " does not exist (", g.blocks.size(), " blocks)"));
+        return g.blocks[i];
+    }, nb::arg("index"));
+    gpt.def("position_embedding", [](const GPT& g) { return g.position_embedding; });
+}
+
+}  // namespace dyngrad::python

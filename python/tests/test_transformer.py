@@ -1,0 +1,226 @@
+"""The transformer layers (nn/transformer.h through dyngrad.nn) and F.scaled_dot_product_attention, against a
+NumPy float64 reference written from the layers' documented formulas."""
+import math
+
+import numpy as np
+import pytest
+
+import dyngrad as dg
+from dyngrad import nn
+import dyngrad.functional as F
+
+_erf = np.vectorize(math.erf)
+
+
+def np_softmax(s):
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def np_sdpa(q, k, v, causal=False, scale=None, keep=None):
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    if causal:
+        t, n = s.shape[-2:]
+        s = np.where(np.tril(np.ones((t, n), bool)), s, -np.inf)
+    if keep is not None:
+        s = np.where(np.broadcast_to(keep, s.shape) != 0, s, -np.inf)
+    return np_softmax(s) @ v
+
+
+def np_linear(x, p, prefix):
+    y = x @ p[prefix + "weight"].T
+    return y + p[prefix + "bias"] if prefix + "bias" in p else y
+
+
+def np_mha(x, p, prefix, heads, causal=True):
+    b, t, e = x.shape
+    d = e // heads
+    qkv = np_linear(x, p, prefix + "qkv.").reshape(b, t, 3, heads, d).transpose(2, 0, 3, 1, 4)
+    y = np_sdpa(qkv[0], qkv[1], qkv[2], causal).transpose(0, 2, 1, 3).reshape(b, t, e)
+    return np_linear(y, p, prefix + "proj.")
+
+
+def np_layer_norm(x, p, prefix, eps=1e-5):
+    mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * p[prefix + "weight"] + p[prefix + "bias"]
+
+
+def np_block(x, p, prefix, heads):
+    h = x + np_mha(np_layer_norm(x, p, prefix + "ln1."), p, prefix + "attn.", heads)
+    m = np_linear(np_layer_norm(h, p, prefix + "ln2."), p, prefix + "mlp.fc.")
+    m = 0.5 * m * (1 + _erf(m / math.sqrt(2)))
+    return h + np_linear(m, p, prefix + "mlp.proj.")
+
+
+def np_gpt(tokens, p, layers, heads):
+    t = tokens.shape[1]
+    x = p["token_embedding.weight"][tokens] + p["position_embedding.weight"][:t]
+    for i in range(layers):
+        x = np_block(x, p, f"blocks.{i}.", heads)
+    return np_linear(np_layer_norm(x, p, "ln_f."), p, "lm_head.")
+
+
+def params64(model):
+    return {n: t.detach().numpy().astype(np.float64) for n, t in model.state_dict().items()}
+
+
+def test_gpt_matches_numpy_and_names_the_cpp_parameters(rng):
+    dg.manual_seed(int(rng.integers(1 << 30)))
+    model = nn.GPT(vocab_size=11, context=8, layers=2, heads=2, width=8).double()
+    names = [n for n, _ in model.named_parameters()]
+    assert names == [n for n, _ in model._cpp.named_parameters()]  # the C++ GPT's names, in its order
+    assert "blocks.1.attn.qkv.weight" in names and "lm_head.weight" in names and "lm_head.bias" not in names
+    assert isinstance(model.blocks[0].attn.qkv, nn.Linear) and len(model.parameters()) == len(names)
+    tokens = dg.tensor(rng.integers(0, 11, (3, 6)))
+    logits = model(tokens)
+    assert logits.shape == (3, 6, 11)
+    np.testing.assert_allclose(logits.numpy(), np_gpt(tokens.numpy(), params64(model), 2, 2), rtol=1e-10, atol=1e-12)
+
+
+def test_gpt_trains_and_the_cpp_forward_sees_the_updates(rng):
+    dg.manual_seed(int(rng.integers(1 << 30)))
+    model = nn.GPT(vocab_size=7, context=6, layers=1, heads=2, width=8)
+    opt = dg.optim.AdamW(model.parameters(), lr=1e-2)
+    tokens = dg.tensor(rng.integers(0, 7, (4, 6)))
+    targets = dg.tensor(rng.integers(0, 7, (4 * 6,)))
+    losses = []
+    for _ in range(5):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(tokens).reshape(24, 7), targets)
+        loss.backward()
+        losses.append(loss.item())
+        assert all(p.grad is not None for p in model.parameters())
+        opt.step()
+    assert losses[-1] < losses[0]
+    with dg.no_grad():
+        out = model(tokens)
+    assert not out.requires_grad
+    ref = np_gpt(tokens.numpy(), params64(model), 1, 2)  # the stepped weights, read through state_dict
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_load_state_dict_reaches_the_cpp_layer(rng):
+    dg.manual_seed(1)
+    a = nn.TransformerBlock(8, 2).double()
+    dg.manual_seed(2)
+    b = nn.TransformerBlock(8, 2).double()
+    x = dg.tensor(rng.standard_normal((2, 5, 8)))
+    assert not np.allclose(a(x).numpy(), b(x).numpy())
+    b.load_state_dict(a.state_dict())
+    np.testing.assert_array_equal(a(x).numpy(), b(x).numpy())
+    np.testing.assert_allclose(b(x).numpy(), np_block(x.numpy(), params64(b), "", 2), rtol=1e-10, atol=1e-12)
+
+
+def test_attention_input_gradient_matches_finite_differences(rng):
+    dg.manual_seed(int(rng.integers(1 << 30)))
+    mha = nn.MultiheadAttention(embed_dim=4, num_heads=2).double()
+    p = params64(mha)
+    x0 = rng.standard_normal((1, 3, 4))
+    r = rng.standard_normal((1, 3, 4))
+    x = dg.tensor(x0, requires_grad=True)
+    (mha(x) * dg.tensor(r)).sum().backward()
+    numeric = np.zeros_like(x0)
+    h = 1e-6
+    for i in np.ndindex(x0.shape):
+        up, down = x0.copy(), x0.copy()
+        up[i] += h
+        down[i] -= h
+        numeric[i] = ((np_mha(up, p, "", 2) * r).sum() - (np_mha(down, p, "", 2) * r).sum()) / (2 * h)
+    np.testing.assert_allclose(x.grad.numpy(), numeric, rtol=1e-6, atol=1e-8)
+    w = mha.qkv.weight.grad
+    assert w is not None and w.shape == (12, 4)
+
+
+def test_attention_dropout_only_in_training(rng):
+    dg.manual_seed(3)
+    mha = nn.MultiheadAttention(8, 2, dropout=0.5, seed=7).double()
+    x = dg.tensor(rng.standard_normal((2, 4, 8)))
+    reference = np_mha(x.numpy(), params64(mha), "", 2)
+    mha.eval()
+    np.testing.assert_allclose(mha(x).numpy(), reference, rtol=1e-10, atol=1e-12)
+    mha.train()
+    assert not np.allclose(mha(x).numpy(), reference)
+    # A submodule's own mode is kept inside a training parent: with the MLP branch zeroed (its dropout drops
+    # zeros), a block whose attention is in eval is deterministic and equals the reference.
+    block = nn.TransformerBlock(8, 2, dropout=0.5).double()
+    block.mlp.proj.weight.fill_(0.0)
+    block.mlp.proj.bias.fill_(0.0)
+    block.attn.eval()
+    assert block.training and not block.attn.training
+    np.testing.assert_allclose(block(x).numpy(), np_block(x.numpy(), params64(block), "", 2), rtol=1e-10, atol=1e-12)
+    block.attn.train()
+    assert not np.allclose(block(x).numpy(), np_block(x.numpy(), params64(block), "", 2))
+
+
+def test_positional_embedding(rng):
+    dg.manual_seed(int(rng.integers(1 << 30)))
+    pos = nn.PositionalEmbedding(max_positions=6, embed_dim=3)
+    assert [n for n, _ in pos.named_parameters()] == ["weight"] and pos.weight.shape == (6, 3)
+    x = dg.tensor(rng.standard_normal((2, 4, 3)).astype(np.float32))
+    np.testing.assert_allclose(pos(x).numpy(), x.numpy() + pos.weight.detach().numpy()[:4], rtol=1e-6)
+    with pytest.raises(dg.ShapeError, match="exceeds"):
+        pos(dg.zeros(1, 7, 3))
+    with pytest.raises(dg.ValueError, match="not divisible"):
+        nn.MultiheadAttention(6, 4)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_functional_and_op_match_numpy(rng, causal):
+    q, k, v = (rng.standard_normal((2, 3, 5, 4)) for _ in range(3))
+    tq, tk, tv = dg.tensor(q), dg.tensor(k), dg.tensor(v)
+    np.testing.assert_allclose(F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal).numpy(),
+                               np_sdpa(q, k, v, causal), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(dg.ops.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, scale=0.3).numpy(),
+                               np_sdpa(q, k, v, causal, 0.3), rtol=1e-10, atol=1e-12)
+    keep = (rng.random((5, 5)) < 0.7).astype(np.int64)
+    keep[:, 0] = 1  # every query keeps a key
+    got = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=dg.tensor(keep), scale=0.5)
+    np.testing.assert_allclose(got.numpy(), np_sdpa(q, k, v, False, 0.5, keep), rtol=1e-10, atol=1e-12)
+    three = F.scaled_dot_product_attention(tq[:, 0], tk[:, 0], tv[:, 0], is_causal=causal)  # (B,T,D)
+    np.testing.assert_allclose(three.numpy(), np_sdpa(q[:, 0], k[:, 0], v[:, 0], causal), rtol=1e-10, atol=1e-12)
+
+
+def test_sdpa_dropout_is_seeded(rng):
+    q = dg.tensor(rng.standard_normal((1, 2, 6, 4)))
+    a = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5, seed=11)
+    b = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5, seed=11)
+    c = F.scaled_dot_product_attention(q, q, q)
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert not np.allclose(a.numpy(), c.numpy())
+    dg.manual_seed(5)
+    d = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+    dg.manual_seed(5)
+    np.testing.assert_array_equal(d.numpy(), F.scaled_dot_product_attention(q, q, q, dropout_p=0.5).numpy())
+    with pytest.raises(TypeError):
+        dg.ops.scaled_dot_product_attention(q, q, q, causal=True)  # a keyword the op does not have
+
+
+@pytest.mark.usefixtures("cuda")
+def test_gpt_on_the_gpu_matches_the_cpu(rng):
+    dg.manual_seed(4)
+    model = nn.GPT(vocab_size=13, context=8, layers=2, heads=2, width=16)
+    tokens = dg.tensor(rng.integers(0, 13, (2, 8)))
+    on_cpu = model(tokens).detach().numpy()
+    model.to("cuda")
+    logits = model(tokens.to("cuda"))
+    logits.sum().backward()
+    assert model.blocks[0].attn.qkv.weight.grad.device.type == "cuda"
+    # The GPU's float32 attention runs 3xTF32 tensor-core products (~float32 accuracy), the rest exact float32.
+    np.testing.assert_allclose(logits.detach().cpu().numpy(), on_cpu, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("make, argument", [
+    (lambda: nn.GPT("5"), "vocab_size"),
+    (lambda: nn.GPT(5, dropout="0.1"), "dropout"),
+    (lambda: nn.MultiheadAttention(8, 2.0), "num_heads"),
+    (lambda: nn.TransformerBlock(8, 2, bias=1), "bias"),
+    (lambda: nn.PositionalEmbedding(4.0, 2), "max_positions"),
+    (lambda: dg.optim.WarmupCosineLR(dg.optim.SGD([dg.nn.Parameter(dg.ones(1))]), 1.5, 3), "warmup_steps"),
+    (lambda: dg.amp.GradScaler(init_scale="big"), "init_scale"),
+    (lambda: dg.randint(0, "9", (2,)), "high"),
+    (lambda: dg.linspace(0, 1, 2.5), "steps"),
+])
+def test_constructors_name_a_wrong_argument_type(make, argument):
+    with pytest.raises(TypeError, match=argument):
+        make()
