@@ -4,8 +4,12 @@
 # runs (lenet, mlp, lstm); logs go to $1 (default gpu-results/), at most 8 files. DATA (default
 # /usr/share/datasets/fashion-mnist) names the data set. The records in docs/verification.md and
 # docs/training.md come from this script. The lent GPU has no apt: dependencies must be present.
+# DYNGRAD_RECORD=docs (scripts/lib.sh, dg_record) also writes the records those pages cite:
+# verification/verify-GPU.json, verification/perf-floor-GPU.json, training/lenet-cuda-GPU.csv and
+# training/lstm-cuda-GPU.csv (the learning curves).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+dg_command="scripts/gpu-checks.sh $*"
 out=${1:-$root/gpu-results}
 data=${DATA:-/usr/share/datasets/fashion-mnist}
 mkdir -p "$out"
@@ -39,9 +43,12 @@ train="$build/samples/dyngrad-train"
   echo "== mlp, 10 epochs, cuda"
   timeout 120 "$train" --model mlp --epochs 10 --device cuda --data "$data"
   echo "== lstm, 10 epochs, cuda"
-  timeout 120 "$train" --model lstm --epochs 10 --device cuda --resident --data "$data"
+  timeout 120 "$train" --model lstm --epochs 10 --device cuda --resident --data "$data" --csv "$out/lstm_curve.csv"
   echo "== lenet, 1 epoch, cuda, shadow verification every 100 steps"
   timeout 120 "$train" --model lenet --epochs 1 --device cuda --data "$data" --shadow 100
 } > "$out/training.txt" 2>&1 || status=1
 grep -E "^==|test_accuracy|epoch .*acc|shadow" "$out/training.txt" | tail -40
+kind=$(dg_gpu_kind)
+dg_records "" "$out/verify.json" "verification/verify-$kind.json" "$out/perf_floor.json" "verification/perf-floor-$kind.json" \
+  "$out/lenet_curve.csv" "training/lenet-cuda-$kind.csv" "$out/lstm_curve.csv" "training/lstm-cuda-$kind.csv" || status=1
 exit $status

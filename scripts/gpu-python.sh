@@ -12,8 +12,11 @@
 #                       otherwise the library alone is built into build-gpu-python/lib
 #   DYNGRAD_PERF_JSON   `dyngrad-perf --json` output of the same machine, for the C++ host-overhead figure
 #   PYTHON              the interpreter (default: python3)
+#   DYNGRAD_RECORD      a docs directory (scripts/lib.sh, dg_record): the bench phase also writes
+#                       performance/python-bench-GPU.json there (bench_python.json)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+dg_command="scripts/gpu-python.sh $*"
 # The lent machine's default g++ (/opt/gcc) links libstdc++ statically into libdyngrad.so; inside Python, which has
 # loaded the system libstdc++ already, two copies of the locale machinery then crash the first ostream (seen:
 # segfault in describe_node). The distribution's compiler links the shared libstdc++ that Python uses too.
@@ -76,7 +79,11 @@ phase_bench() {
     local cpp=()
     [[ -n "${DYNGRAD_PERF_JSON:-}" ]] && cpp=(--cpp-json "$DYNGRAD_PERF_JSON")
     (cd "$work" && PYTHONPATH="$site" "$python" "$root/python/bench/bench_python.py" --device cuda \
-        --json "$out/bench_python.json" "${cpp[@]}")
+        --json "$out/bench_python.json" "${cpp[@]}") || return 1
+    if [[ -n "${DYNGRAD_RECORD:-}" ]]; then
+        . "$root/scripts/lib.sh"
+        dg_record "$out/bench_python.json" "performance/python-bench-$(dg_gpu_kind).json"
+    fi
 }
 
 failed=0

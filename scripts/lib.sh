@@ -149,3 +149,87 @@ dg_build_bench() {
         return 1
     fi
 }
+
+# ---- records (docs/performance.md, "Records") ----
+# docs/ holds one record per benchmark and GPU kind under a stable name; the script that measures it
+# overwrites it, and git keeps the history. A script writes its records only when DYNGRAD_RECORD names a docs
+# directory: DYNGRAD_RECORD=docs (a relative path is taken from the repository root), or, on a lent machine
+# where only $OUT comes back, DYNGRAD_RECORD=$OUT/docs and then `cp -r <that>/docs/. docs/` here. Without it
+# the scripts write their OUT directory only, as before. Partial runs (--quick, --only, a subset of sizes) are
+# not recorded.
+
+# The GPU kind in record names: DYNGRAD_GPU_KIND, else the first word of the first GPU's name after "NVIDIA",
+# lower case ("NVIDIA H100 80GB HBM3" -> h100, "NVIDIA H200" -> h200); "cpu" without nvidia-smi.
+dg_gpu_kind() {
+    if [[ -n "${DYNGRAD_GPU_KIND:-}" ]]; then
+        echo "$DYNGRAD_GPU_KIND"
+        return
+    fi
+    local name
+    name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+    [[ -n "$name" ]] || { echo cpu; return; }
+    tr 'A-Z' 'a-z' <<<"$name" | sed -E 's/^nvidia //; s/[ -].*//'
+}
+
+# Writes one record when DYNGRAD_RECORD is set (else does nothing and succeeds):
+#   dg_record SOURCE PATH      PATH relative to the docs directory, e.g. performance/perf-h100.md
+# The date, the commit, the command (the caller's `dg_command`, set before it shifts its arguments) and the
+# GPU go inside the record: a .json record gains a "recorded" object first, a .md record a first line. Other
+# files (csv, txt, png) and directories are copied as they are; the doc that cites them gives their date.
+dg_record() {
+    [[ -n "${DYNGRAD_RECORD:-}" ]] || return 0
+    local source=$1 path=$2 repository docs target date commit gpu
+    repository=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+    docs=$DYNGRAD_RECORD
+    [[ "$docs" == /* ]] || docs="$repository/$docs"
+    target="$docs/$path"
+    if [[ ! -e "$source" ]]; then
+        echo "$(basename "$0"): no $source: record $path not written" >&2
+        return 1
+    fi
+    mkdir -p "$(dirname "$target")"
+    date=$(date -u '+%Y-%m-%d %H:%M UTC')
+    commit="$(git -C "$repository" rev-parse --short HEAD 2>/dev/null)$(git -C "$repository" diff --quiet HEAD 2>/dev/null || echo ' (with local changes)')"
+    gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 | sed 's/, / (driver /; s/$/)/')
+    case "$source" in
+        *.json)
+            "${PYTHON:-python3}" - "$source" "$target" "$date" "$commit" "${dg_command:-$0}" "${gpu:-no GPU}" <<'PY' || return 1
+import json, sys
+source, target, date, commit, command, gpu = sys.argv[1:]
+data = json.load(open(source))
+recorded = {"date": date, "commit": commit, "command": command, "gpu": gpu}
+if isinstance(data, dict):  # a list stays as it is (its readers index it)
+    data = {"recorded": recorded, **data}
+with open(target, "w") as f:
+    json.dump(data, f, indent=1)
+    f.write("\n")
+PY
+            ;;
+        *.md)
+            { echo "Recorded $date on ${gpu:-no GPU} by \`${dg_command:-$0}\`, commit $commit."; echo; cat "$source"; } \
+                > "$target" || return 1 ;;
+        *)
+            rm -rf "$target"
+            cp -r "$source" "$target" || return 1 ;;
+    esac
+    echo "==> record: $path"
+}
+
+# The records of one run: dg_record for each SOURCE PATH pair, unless WHY_NOT is non-empty (a partial run),
+# when it says that nothing is recorded and why. Does nothing without DYNGRAD_RECORD. Status 1 when a record
+# could not be written.
+#   dg_records WHY_NOT SOURCE PATH [SOURCE PATH]...
+dg_records() {
+    [[ -n "${DYNGRAD_RECORD:-}" ]] || return 0
+    local why_not=$1 failed=0
+    shift
+    if [[ -n "$why_not" ]]; then
+        echo "==> no record: $why_not"
+        return 0
+    fi
+    while (($# >= 2)); do
+        dg_record "$1" "$2" || failed=1
+        shift 2
+    done
+    return $failed
+}

@@ -11,8 +11,12 @@
 # OUT_DIR (default attention-results/) receives attention.txt, attention.json, torch_attention.txt,
 # torch_attention.json and report.md. Environment: PYTHON (default python3), DYNGRAD_JOBS (default nproc),
 # TORCH_BACKEND (auto | flash | efficient | cudnn | math: PyTorch's SDPA backend; default auto, PyTorch chooses).
+# DYNGRAD_RECORD=docs (scripts/lib.sh, dg_record): a run over the default sizes (no --lengths, --batch, --heads,
+# --head-dim) also writes performance/attention-DTYPE[-deterministic]-GPU.md (report.md) and .json
+# (attention.json), and performance/torch-attention-DTYPE-GPU.json, DTYPE f32, bf16 or f16.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+dg_command="scripts/run-attention-bench.sh $*"
 out=${1:-$root/attention-results}
 shift || true
 mkdir -p "$out"
@@ -48,4 +52,14 @@ for r in ours["rows"]:
              f"{r['peak_mib']:.1f}", f"{t['peak_mib']:.1f}" if t else "-"]
     print("| " + " | ".join(str(c) for c in cells) + " |")
 PY
+# The records' names: the dtype (f32 unless --dtype), -deterministic with --deterministic, the GPU kind.
+dtype=$(grep -oE -- "--dtype[ =](bf16|f16|f32|float32)" <<<"$*" | sed -E 's/--dtype[ =]//; s/float32/f32/')
+dtype=${dtype:-f32}
+name="attention-$dtype"
+[[ " $* " == *" --deterministic "* ]] && name+="-deterministic"
+kind=$(dg_gpu_kind)
+why_not=""
+[[ " $* " =~ \ --(lengths|batch|heads|head-dim)[\ =] ]] && why_not="a subset of the sizes"
+dg_records "$why_not" "$out/report.md" "performance/$name-$kind.md" "$out/attention.json" "performance/$name-$kind.json" \
+    "$out/torch_attention.json" "performance/torch-attention-$dtype-$kind.json" || status=1
 exit $status

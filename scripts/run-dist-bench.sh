@@ -5,7 +5,9 @@
 # throughput(2) / (2 × throughput(1)), dyngrad's step time against PyTorch's, the time with and without
 # overlapping the all-reduce, and the all-reduce bus bandwidth of both by message size.
 #   scripts/run-dist-bench.sh OUT        (environment: DYNGRAD_BUILD_DIR (default build-dist), PYTHON, STEPS)
+# DYNGRAD_RECORD=docs (scripts/lib.sh, dg_record) also writes performance/dist-bench-GPUx2.md (report.md).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+dg_command="scripts/run-dist-bench.sh $*"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -59,3 +61,4 @@ text = "\n".join(rows) + "\n"
 open(f"{out}/report.md", "w").write(text)
 print(text)
 PY
+dg_record "$out/report.md" "performance/dist-bench-$(dg_gpu_kind)x2.md"

@@ -17,9 +17,12 @@
 # torch_compile.csv, the programs' logs, report.md, report.json and gpt_loss_curves.png.
 # Environment: PYTHON (default python3; needs torch, and matplotlib for the PNG); CHAR_GPT (a
 # char_gpt binary to use instead of building one: scripts/lib.sh's dg_build_bench builds it, with CUDA, into
-# DYNGRAD_BUILD_DIR, default build-perf/); DYNGRAD_JOBS.
+# DYNGRAD_BUILD_DIR, default build-perf/); DYNGRAD_JOBS. DYNGRAD_RECORD=docs (scripts/lib.sh, dg_record): a run of
+# the full model on cuda (not --tiny) also writes performance/gpt-compare-PRECISION-GPU.md (report.md) and .json
+# (report.json), and performance/gpt-loss-curves-PRECISION-GPU.png.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+dg_command="scripts/run-gpt-compare.sh $*"
 out=${1:?usage: scripts/run-gpt-compare.sh OUT_DIR [--data DIR] [--steps N] [--device cuda|cpu] [--tiny] [--no-compile]}
 shift
 data=/usr/share/games/fortunes
@@ -164,4 +167,12 @@ else:
     figure.savefig(f"{out}/gpt_loss_curves.png", dpi=120)
     print(f"\nLoss curves: {out}/gpt_loss_curves.png")
 PY
+. "$root/scripts/lib.sh"
+why_not=""
+((tiny)) || [[ "$device" != cuda* ]] && why_not="records are of the full model on cuda"
+kind=$(dg_gpu_kind)
+curves=()
+[[ -f "$out/gpt_loss_curves.png" ]] && curves=("$out/gpt_loss_curves.png" "performance/gpt-loss-curves-$precision-$kind.png")
+dg_records "$why_not" "$out/report.md" "performance/gpt-compare-$precision-$kind.md" \
+    "$out/report.json" "performance/gpt-compare-$precision-$kind.json" "${curves[@]}" || status=1
 exit $status

@@ -7,9 +7,12 @@
 #   scripts/run-op-bench.sh [OUT_DIR] [extra options for both, e.g. --op layer_norm,softmax --repetitions 20]
 #
 # OUT_DIR (default op-results/) receives ops.txt, ops.json, torch_ops.txt, torch_ops.json and report.md.
-# Environment: PYTHON (default python3), DYNGRAD_JOBS (default nproc).
+# Environment: PYTHON (default python3), DYNGRAD_JOBS (default nproc). DYNGRAD_RECORD=docs (scripts/lib.sh,
+# dg_record): a run of every op at the default settings (no extra options) also writes performance/op-bench-GPU.md
+# (report.md), performance/op-bench-GPU.json (ops.json) and performance/torch-ops-GPU.json (torch_ops.json).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+dg_command="scripts/run-op-bench.sh $*"
 out=${1:-$root/op-results}
 shift || true
 mkdir -p "$out"
@@ -24,4 +27,8 @@ echo "==> bench/torch_ops.py"
 PYTHONUNBUFFERED=1 "$python" "$root/bench/torch_ops.py" --json "$out/torch_ops.json" "$@" 2>&1 |
     tee "$out/torch_ops.txt" || status=1
 "$python" "$root/bench/compare_ops.py" "$out/ops.json" "$out/torch_ops.json" | tee "$out/report.md" || status=1
+kind=$(dg_gpu_kind)
+dg_records "$( (($# == 0)) || echo "options $* (records are of the default run)")" \
+    "$out/report.md" "performance/op-bench-$kind.md" "$out/ops.json" "performance/op-bench-$kind.json" \
+    "$out/torch_ops.json" "performance/torch-ops-$kind.json" || status=1
 exit $status

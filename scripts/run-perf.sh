@@ -16,20 +16,25 @@
 # report.md and tta/ (one dyngrad log and one torch JSON per seed). Environment: DATA (MNIST-format
 # directory; default /usr/share/datasets/fashion-mnist, else .data/fashion-mnist in the repository), PYTHON
 # (default python3), DYNGRAD_JOBS (default nproc), TARGET_ACCURACY (default 0.90), MAX_EPOCHS (default 30),
-# TTA_SEEDS (default "0 1 2 3 4").
+# TTA_SEEDS (default "0 1 2 3 4"). DYNGRAD_RECORD=docs (scripts/lib.sh, dg_record): a full run (no --quick,
+# no --only) also writes its records under stable names: performance/perf-GPU.md (report.md),
+# performance/dyngrad-perf-GPU.json, performance/torch-reference-GPU.json and, when the time-to-accuracy pairs
+# ran, performance/tta-GPU.md (the report's time-to-accuracy section) and performance/tta-GPU/ (the logs).
 # Exit status: 0 when every step ran (targets are judged in report.md), 1 otherwise.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+dg_command="scripts/run-perf.sh $*"
 
 out=""
+partial=0
 perf_args=()
 tta=1
 while (($# > 0)); do
     case "$1" in
-        --quick) perf_args+=(--quick) ;;
-        --only) perf_args+=(--only "$2"); shift ;;
+        --quick) perf_args+=(--quick); partial=1 ;;
+        --only) perf_args+=(--only "$2"); partial=1; shift ;;
         --no-tta) tta=0 ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
         -*) echo "run-perf.sh: unknown option $1" >&2; exit 2 ;;
         *) out=$1 ;;
     esac
@@ -132,4 +137,18 @@ else
     echo "run-perf.sh: a side wrote no JSON; no report" >&2
     status=1
 fi
+
+# ---- 5. the records (only with DYNGRAD_RECORD, only for a full run) ----
+why_not=""
+((partial)) && why_not="--quick and --only are partial runs"
+[[ -f "$out/report.md" ]] || why_not="no report"
+kind=$(dg_gpu_kind)
+records=("$out/report.md" "performance/perf-$kind.md" "$out/dyngrad.json" "performance/dyngrad-perf-$kind.json"
+         "$out/torch.json" "performance/torch-reference-$kind.json")
+if [[ -n "${DYNGRAD_RECORD:-}" && -f "$out/report.md" ]] && ((${#tta_args[@]} > 0)); then
+    # the time-to-accuracy section of the report on its own, with the report's device lines
+    awk '/^(dyngrad|torch): /{print; print ""} /^Time to /{p=1} /^targets met/{p=0} p' "$out/report.md" > "$out/tta.md"
+    records+=("$out/tta.md" "performance/tta-$kind.md" "$out/tta" "performance/tta-$kind")
+fi
+dg_records "$why_not" "${records[@]}" || status=1
 exit $status

@@ -8,9 +8,12 @@
 #
 # OUT_DIR (default rnn-results/) receives rnn.txt, rnn.json, rnn_tf32.txt, rnn_tf32.json, torch_lstm.txt,
 # torch_lstm.json and report.md. Environment: PYTHON (default python3), DYNGRAD_JOBS (default nproc).
-# The build tools must be installed (scripts/setup.sh installs them on Debian/Ubuntu).
+# The build tools must be installed (scripts/setup.sh installs them on Debian/Ubuntu). DYNGRAD_RECORD=docs
+# (scripts/lib.sh, dg_record): a run without --batches also writes performance/rnn-GPU.md (report.md),
+# performance/rnn-GPU.json, performance/rnn-tf32-GPU.json and performance/torch-lstm-GPU.json.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+dg_command="scripts/run-rnn-bench.sh $*"
 out=${1:-$root/rnn-results}
 shift || true
 mkdir -p "$out"
@@ -55,4 +58,9 @@ for r in ours["rows"]:
              f"{s['cudnn_ms'] / t['torch_tf32_ms']:.3f}" if s and t else "-"]
     print("| " + " | ".join(str(c) for c in cells) + " |")
 PY
+kind=$(dg_gpu_kind)
+dg_records "${batches:+a subset of the batch sizes}" \
+    "$out/report.md" "performance/rnn-$kind.md" "$out/rnn.json" "performance/rnn-$kind.json" \
+    "$out/rnn_tf32.json" "performance/rnn-tf32-$kind.json" "$out/torch_lstm.json" "performance/torch-lstm-$kind.json" ||
+    status=1
 exit $status
