@@ -1,6 +1,7 @@
 // Attention: scaled_dot_product_attention, as PyTorch's F.scaled_dot_product_attention. CPU: ops/attention.cpp
-// (Eigen, the reference). GPU: ops/attention.cu (a fused flash-attention kernel: tiled, online softmax, no T×S
-// matrix in memory, backward by recomputation).
+// (Eigen, the reference). GPU: ops/attention.cu picks among fused flash-attention kernels (tiled, online softmax,
+// no T×S matrix in memory, backward by recomputation): ops/attention_mma.cu, ops/attention_simt.cu, and cuDNN's
+// (ops/attention_cudnn.cu); its header comment and docs/ops.md give the selection policy.
 #pragma once
 #include <cstdint>
 #include <optional>
