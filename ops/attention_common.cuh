@@ -1,6 +1,6 @@
 // Internal (ops/attention_simt.cu, ops/attention_mma.cu): what both attention kernel families share. Device: which
 // keys take part in a query (range, causal, keep mask), dropout's factor, which tile a block works on. Host: the
-// shared-memory opt-in, the padded head dim and the launch grid. Device code: include it from .cu files only.
+// launch with its shared-memory opt-in, the padded head dim and the launch grid. Include it from .cu files only.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -52,13 +52,18 @@ __device__ __forceinline__ TileOf tile_of_block(std::int64_t tiles, bool reverse
     return {reverse ? tiles - 1 - t : t, slice};
 }
 
-// Kernels above 48 KiB of dynamic shared memory must opt in, once per kernel (thread-safe; per device in
-// principle, but every device dyngrad runs on is the same sm_90 build).
-template <typename Kernel>
-void allow_shared(Kernel kernel, std::size_t bytes, std::once_flag& once) {
-    std::call_once(once, [&] {
-        DG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+// Launches kKernel(args...) on `blocks` blocks of `threads` with kShared bytes of dynamic shared memory on the
+// context's stream. Kernels above 48 KiB of dynamic shared memory must opt in, once per kernel (thread-safe; per
+// device in principle, but every device dyngrad runs on is the same sm_90 build).
+template <auto kKernel, std::size_t kShared, typename... Args>
+void launch_with_shared(unsigned blocks, unsigned threads, DeviceContext& ctx, const Args&... args) {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        DG_CUDA_CHECK(
+            cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared)));
     });
+    kKernel<<<blocks, threads, kShared, ctx.stream>>>(args...);
+    DG_CUDA_CHECK_LAUNCH();
 }
 
 // Calls fn.template operator()<DP>() with the padded head dim for D.

@@ -1,4 +1,4 @@
-// Internal (ops/attention.cpp, the CUDA files ops/attention*.cu): scaled_dot_product_attention's sizes and options as both
+// Internal (ops/attention.cpp, ops/attention*.cu): scaled_dot_product_attention's sizes and options as both
 // backends read them, resolved once from the inputs and attributes (the shape rule has checked them).
 #pragma once
 #include <array>

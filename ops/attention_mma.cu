@@ -408,15 +408,11 @@ void launch_mma_forward(std::span<const Tensor> inputs, const AttentionGeometry&
     const E* k = inputs[1].data<E>();
     const E* v = inputs[2].data<E>();
     p.vector_rows = rows_are_aligned(g.head_dim, sizeof(E), {q, k, v});
+    constexpr int rows = mma::kForwardRows<E>;
     with_padded_head_dim(g.head_dim, [&]<int DP>() {
-        constexpr std::size_t shared = mma::forward_shared<E, DP>();
-        static std::once_flag once;
-        allow_shared(mma::attention_forward_kernel<E, DP>, shared, once);
-        constexpr int rows = mma::kForwardRows<E>;
-        const unsigned blocks = blocks_for((g.queries + rows - 1) / rows, g.slices());
-        mma::attention_forward_kernel<E, DP><<<blocks, 32 * mma::kForwardWarps<E>, shared, ctx.stream>>>(
-            q, k, v, y.data<E>(), lse.data<float>(), p);
-        DG_CUDA_CHECK_LAUNCH();
+        launch_with_shared<mma::attention_forward_kernel<E, DP>, mma::forward_shared<E, DP>()>(
+            blocks_for((g.queries + rows - 1) / rows, g.slices()), 32 * mma::kForwardWarps<E>, ctx, q, k, v,
+            y.data<E>(), lse.data<float>(), p);
     });
 }
 
@@ -438,35 +434,23 @@ void launch_mma_backward(const BackwardArgs& args, const AttentionGeometry& g, P
             DG_CUDA_CHECK(cudaMemsetAsync(dq.raw_data(), 0, static_cast<std::size_t>(dq.numel()) * sizeof(float),
                                           ctx.stream));
             with_padded_head_dim(g.head_dim, [&]<int DP>() {
-                constexpr std::size_t shared = mma::backward_fused_shared<DP>();
-                static std::once_flag once;
-                allow_shared(mma::attention_backward_kv_kernel<float, DP, true>, shared, once);
-                mma::attention_backward_kv_kernel<float, DP, true><<<key_blocks, mma::kThreads, shared, ctx.stream>>>(
-                    q, k, v, dy, lse.data<float>(), delta.data<float>(), dk.data<float>(), dv.data<float>(),
-                    dq.data<float>(), p);
-                DG_CUDA_CHECK_LAUNCH();
+                constexpr auto kFused = mma::attention_backward_kv_kernel<float, DP, true>;
+                launch_with_shared<kFused, mma::backward_fused_shared<DP>()>(
+                    key_blocks, mma::kThreads, ctx, q, k, v, dy, lse.data<float>(), delta.data<float>(),
+                    dk.data<float>(), dv.data<float>(), dq.data<float>(), p);
             });
             return;
         }
     }
     with_padded_head_dim(g.head_dim, [&]<int DP>() {
-        if (dk.defined()) {
-            constexpr std::size_t shared = mma::backward_kv_shared<E, DP>();
-            static std::once_flag once;
-            allow_shared(mma::attention_backward_kv_kernel<E, DP>, shared, once);
-            mma::attention_backward_kv_kernel<E, DP><<<key_blocks, mma::kThreads, shared, ctx.stream>>>(
-                q, k, v, dy, lse.data<float>(), delta.data<float>(), dk.data<E>(), dv.data<E>(), nullptr, p);
-            DG_CUDA_CHECK_LAUNCH();
-        }
-        if (dq.defined()) {
-            constexpr std::size_t shared = mma::backward_q_shared<E, DP>();
-            static std::once_flag once;
-            allow_shared(mma::attention_backward_q_kernel<E, DP>, shared, once);
-            const unsigned blocks = blocks_for((g.queries + mma::kTile - 1) / mma::kTile, g.slices());
-            mma::attention_backward_q_kernel<E, DP><<<blocks, mma::kThreads, shared, ctx.stream>>>(
-                q, k, v, dy, lse.data<float>(), delta.data<float>(), dq.data<E>(), p);
-            DG_CUDA_CHECK_LAUNCH();
-        }
+        if (dk.defined())
+            launch_with_shared<mma::attention_backward_kv_kernel<E, DP>, mma::backward_kv_shared<E, DP>()>(
+                key_blocks, mma::kThreads, ctx, q, k, v, dy, lse.data<float>(), delta.data<float>(), dk.data<E>(),
+                dv.data<E>(), static_cast<float*>(nullptr), p);
+        if (dq.defined())
+            launch_with_shared<mma::attention_backward_q_kernel<E, DP>, mma::backward_q_shared<E, DP>()>(
+                blocks_for((g.queries + mma::kTile - 1) / mma::kTile, g.slices()), mma::kThreads, ctx, q, k, v, dy,
+                lse.data<float>(), delta.data<float>(), dq.data<E>(), p);
     });
 }
 

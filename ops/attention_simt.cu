@@ -114,6 +114,19 @@ template <typename Real> __device__ __forceinline__ Real group_sum(Real v) {
     return v;
 }
 
+// The backward's recomputed products of the thread's rows and columns, from zero: s = S (or Sᵀ) from s_rows and
+// s_cols, dp = dP (or dPᵀ) from dp_rows and dp_cols, over the padded head dim.
+template <typename Real, int TILE, int DP, int COLS>
+__device__ __forceinline__ void recompute_products(Real (&s)[4][COLS], Real (&dp)[4][COLS], const Real* s_rows,
+                                                   const Real* s_cols, const Real* dp_rows, const Real* dp_cols) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < COLS; ++j) s[i][j] = dp[i][j] = Real(0);
+    multiply_rows_cols<Real, TILE, COLS>(s, s_rows, s_cols, DP);
+    multiply_rows_cols<Real, TILE, COLS>(dp, dp_rows, dp_cols, DP);
+}
+
 // ---- forward ----
 // q (B,H,T,D), k, v (B,H,S,D) -> y (B,H,T,D), lse (B,H,T) (−inf for a query with no key; its y is 0).
 template <typename Real, int TILE, int DP>
@@ -266,12 +279,7 @@ __global__ void __launch_bounds__(2 * TILE) attention_backward_kv_kernel(
         }
         __syncthreads();
         Real s[4][kCols], dp[4][kCols];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int j = 0; j < kCols; ++j) s[i][j] = dp[i][j] = Real(0);
-        multiply_rows_cols<Real, TILE, kCols>(s, kt, qt, DP);
-        multiply_rows_cols<Real, TILE, kCols>(dp, vt, dyt, DP);
+        recompute_products<Real, TILE, DP>(s, dp, kt, qt, vt, dyt);  // Sᵀ = K·Qᵀ, dPᵀ = V·dYᵀ
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const std::int64_t key = n0 + row + i;
@@ -345,12 +353,7 @@ __global__ void __launch_bounds__(2 * TILE) attention_backward_q_kernel(
         load_transposed<Real, TILE, DP>(vt, v + slice * p.keys * D, n0, p.keys - n0, D);
         __syncthreads();
         Real s[4][kCols], dp[4][kCols];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int j = 0; j < kCols; ++j) s[i][j] = dp[i][j] = Real(0);
-        multiply_rows_cols<Real, TILE, kCols>(s, qt, kt, DP);
-        multiply_rows_cols<Real, TILE, kCols>(dp, dyt, vt, DP);
+        recompute_products<Real, TILE, DP>(s, dp, qt, kt, dyt, vt);  // S = Q·Kᵀ, dP = dY·Vᵀ
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const std::int64_t t = m0 + row + i;
@@ -432,14 +435,9 @@ void launch_simt_forward(std::span<const Tensor> inputs, const AttentionGeometry
                          Tensor& lse, DeviceContext& ctx) {
     constexpr int TILE = tile_for<Real>();
     with_padded_head_dim(g.head_dim, [&]<int DP>() {
-        constexpr std::size_t shared = forward_shared<Real, TILE, DP>();
-        static std::once_flag once;
-        allow_shared(attention_forward_kernel<Real, TILE, DP>, shared, once);
-        const unsigned blocks = blocks_for((g.queries + TILE - 1) / TILE, g.slices());
-        attention_forward_kernel<Real, TILE, DP><<<blocks, 2 * TILE, shared, ctx.stream>>>(
-            inputs[0].data<Real>(), inputs[1].data<Real>(), inputs[2].data<Real>(), y.data<Real>(), lse.data<Real>(),
-            p);
-        DG_CUDA_CHECK_LAUNCH();
+        launch_with_shared<attention_forward_kernel<Real, TILE, DP>, forward_shared<Real, TILE, DP>()>(
+            blocks_for((g.queries + TILE - 1) / TILE, g.slices()), 2 * TILE, ctx, inputs[0].data<Real>(),
+            inputs[1].data<Real>(), inputs[2].data<Real>(), y.data<Real>(), lse.data<Real>(), p);
     });
 }
 
@@ -452,24 +450,14 @@ void launch_simt_backward(const BackwardArgs& args, const AttentionGeometry& g, 
     const Real* v = args.inputs[2].data<Real>();
     const Real* dy = args.grad_output.data<Real>();
     with_padded_head_dim(g.head_dim, [&]<int DP>() {
-        if (dk.defined()) {
-            constexpr std::size_t shared = backward_kv_shared<Real, TILE, DP>();
-            static std::once_flag once;
-            allow_shared(attention_backward_kv_kernel<Real, TILE, DP>, shared, once);
-            const unsigned blocks = blocks_for((g.keys + TILE - 1) / TILE, g.slices());
-            attention_backward_kv_kernel<Real, TILE, DP><<<blocks, 2 * TILE, shared, ctx.stream>>>(
-                q, k, v, dy, lse.data<Real>(), delta.data<Real>(), dk.data<Real>(), dv.data<Real>(), p);
-            DG_CUDA_CHECK_LAUNCH();
-        }
-        if (dq.defined()) {
-            constexpr std::size_t shared = backward_q_shared<Real, TILE, DP>();
-            static std::once_flag once;
-            allow_shared(attention_backward_q_kernel<Real, TILE, DP>, shared, once);
-            const unsigned blocks = blocks_for((g.queries + TILE - 1) / TILE, g.slices());
-            attention_backward_q_kernel<Real, TILE, DP><<<blocks, 2 * TILE, shared, ctx.stream>>>(
-                q, k, v, dy, lse.data<Real>(), delta.data<Real>(), dq.data<Real>(), p);
-            DG_CUDA_CHECK_LAUNCH();
-        }
+        if (dk.defined())
+            launch_with_shared<attention_backward_kv_kernel<Real, TILE, DP>, backward_kv_shared<Real, TILE, DP>()>(
+                blocks_for((g.keys + TILE - 1) / TILE, g.slices()), 2 * TILE, ctx, q, k, v, dy, lse.data<Real>(),
+                delta.data<Real>(), dk.data<Real>(), dv.data<Real>(), p);
+        if (dq.defined())
+            launch_with_shared<attention_backward_q_kernel<Real, TILE, DP>, backward_q_shared<Real, TILE, DP>()>(
+                blocks_for((g.queries + TILE - 1) / TILE, g.slices()), 2 * TILE, ctx, q, k, v, dy, lse.data<Real>(),
+                delta.data<Real>(), dq.data<Real>(), p);
     });
 }
 
