@@ -195,6 +195,35 @@ TEST_CASE("max_with_indices / min_with_indices: values as max/min, int64 indices
     CHECK(sum(grad).item() == 6.0);
 }
 
+TEST_CASE("comparisons take int64 operands: argmax against labels is an accuracy", "[semantics][elementwise]") {
+    Generator gen(108);
+    const Tensor logits = random({6, 4}, gen);
+    const Tensor labels = labels_in({6}, 4, gen);
+    const Tensor hits = eq(argmax(logits, 1), labels);
+    CHECK(hits.dtype() == DType::f64);
+    double expected = 0;
+    for (std::int64_t i = 0; i < 6; ++i) {
+        std::int64_t best = 0;
+        for (std::int64_t c = 1; c < 4; ++c)
+            if (logits.at({i, c}) > logits.at({i, best})) best = c;
+        const double hit = best == static_cast<std::int64_t>(labels.at({i})) ? 1.0 : 0.0;
+        CHECK(hits.at({i}) == hit);
+        expected += hit / 6;
+    }
+    CHECK(mean(hits).item() == Approx(expected));
+    // int64 beside float32 compares in float32, as PyTorch promotes; recorded, the int64 side is a constant.
+    CHECK(lt(labels, Tensor::full({6}, 2.0)).dtype() == DType::f32);
+    const Tensor small = Tensor::from_vector(std::vector<std::int64_t>{0, 1, 2}, {3});
+    CHECK((small >= 1.5).to_vector() == std::vector<double>{0, 0, 1});  // 1.5, not a truncated 1
+    CHECK((small == 1.0).to_vector() == std::vector<double>{0, 1, 0});
+    CHECK((small > small).to_vector() == std::vector<double>{0, 0, 0});
+    ComputeGraph g;
+    Var x = g.input(logits, "logits", true);
+    const Var accuracy = mean(eq(argmax(x, 1), g.constant(labels)));
+    CHECK_FALSE(accuracy.requires_grad());
+    CHECK(accuracy.item() == Approx(expected));
+}
+
 TEST_CASE("reshaped infers one -1 as reshape does", "[semantics][tensor]") {
     Generator gen(104);
     const Tensor x = random({2, 3, 4}, gen);
