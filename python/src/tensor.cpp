@@ -951,9 +951,11 @@ void bind_tensor(nb::module_& m) {
                 if (!index.is_valid()) throw nb::python_error();
                 return static_cast<double>(nb::cast<std::int64_t>(index));
             }
-            if (PyFloat_Check(v.ptr())) {
+            if (PyFloat_Check(v.ptr()) || PyNumber_Check(v.ptr())) {  // a NumPy float32 is no Python float
                 integers = false;
-                return nb::cast<double>(v);
+                const double value = PyFloat_AsDouble(v.ptr());
+                if (value == -1.0 && PyErr_Occurred()) throw nb::python_error();
+                return value;
             }
             throw nb::type_error(str("arange(): argument '", name, "' must be a number, got ",
                                      nb::cast<std::string>(nb::str(v.type().attr("__name__")))).c_str());

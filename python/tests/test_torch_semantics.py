@@ -137,6 +137,7 @@ def test_arange_dtypes_follow_torch():
     assert dg.arange(1, 7, 2).dtype == dg.int64
     assert dg.arange(np.int64(4)).dtype == dg.int64
     assert dg.arange(3.0).dtype == dg.float32
+    assert dg.arange(np.float32(2.0)).dtype == dg.float32
     assert dg.arange(0, 1, 0.25).dtype == dg.float32
     assert dg.arange(3, dtype=dg.float64).dtype == dg.float64
     assert dg.arange(2.0, dtype=dg.int64).dtype == dg.int64
