@@ -703,8 +703,8 @@ Tensor clip_grad_norm(const std::vector<Parameter>& parameters, double max_norm,
     return Tensor::full({}, norm, norm_dtype);
 }
 
-// The norm on the host through eager ops in float64 (any device: one read-back per gradient), checked before
-// anything is scaled; only error_if_nonfinite pays for it (PyTorch synchronises for it too).
+// The norm through eager ops in float64 on the gradients' device, each gradient's part read back to the host
+// and checked before anything is scaled; only error_if_nonfinite pays for it (PyTorch synchronises for it too).
 Tensor clip_grad_norm(const std::vector<Parameter>& parameters, double max_norm, double norm_type,
                       bool error_if_nonfinite, double eps) {
     if (!error_if_nonfinite) return clip_grad_norm(parameters, max_norm, norm_type, eps);
