@@ -52,7 +52,8 @@ Shape resolve_reshape(const Shape& from, std::int64_t numel, const Shape& target
     std::size_t inferred = shape.size();
     for (std::size_t i = 0; i < shape.size(); ++i) {
         if (shape[i] == -1) {
-            if (inferred != shape.size()) throw ValueError(str(prefix, "target ", to_string(target), " has more than one -1"));
+            if (inferred != shape.size())
+                throw ValueError(str(prefix, "target ", to_string(target), " has more than one -1"));
             inferred = i;
         } else if (shape[i] < 0) {
             throw ValueError(str(prefix, "target ", to_string(target), " has a negative dimension"));

@@ -79,8 +79,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
     }
     OpAttrs attrs;
     attrs.activation = activation;
-    return over_rows(x, weight, [&](const Tensor& rows) { return eager(OpType::Linear, {rows, weight, bias}, attrs, where); },
-                     where);
+    return over_rows(x, weight, [&](const Tensor& rows) {
+        return eager(OpType::Linear, {rows, weight, bias}, attrs, where);
+    }, where);
 }
 Tensor linear(const Tensor& x, const Tensor& weight, std::source_location where) {
     return over_rows(x, weight,

@@ -203,13 +203,15 @@ Tensor argmin(const Tensor& x, std::int64_t axis, bool keepdim, std::source_loca
 ValuesAndIndices<Var> max_with_indices(const Var& x, std::int64_t axis, bool keepdim, std::source_location where) {
     return {max(x, axis, keepdim, where), argmax(x, axis, keepdim, where)};
 }
-ValuesAndIndices<Tensor> max_with_indices(const Tensor& x, std::int64_t axis, bool keepdim, std::source_location where) {
+ValuesAndIndices<Tensor> max_with_indices(const Tensor& x, std::int64_t axis, bool keepdim,
+                                          std::source_location where) {
     return {max(x, axis, keepdim, where), argmax(x, axis, keepdim, where)};
 }
 ValuesAndIndices<Var> min_with_indices(const Var& x, std::int64_t axis, bool keepdim, std::source_location where) {
     return {min(x, axis, keepdim, where), argmin(x, axis, keepdim, where)};
 }
-ValuesAndIndices<Tensor> min_with_indices(const Tensor& x, std::int64_t axis, bool keepdim, std::source_location where) {
+ValuesAndIndices<Tensor> min_with_indices(const Tensor& x, std::int64_t axis, bool keepdim,
+                                          std::source_location where) {
     return {min(x, axis, keepdim, where), argmin(x, axis, keepdim, where)};
 }
 

@@ -495,13 +495,16 @@ PyTensor compare(OpType op, const PyTensor& a, const PyTensor& b) {
     const DType da = a.data().dtype(), db = b.data().dtype();
     if (da != DType::i64 && db != DType::i64) return binary(op, a, b);
     const DType dtype = da != DType::i64 ? da : db != DType::i64 ? db : DType::f64;
-    const auto as = [dtype](const PyTensor& t) { return t.data().dtype() == DType::i64 ? PyTensor(t.data().to(dtype)) : t; };
+    const auto as = [dtype](const PyTensor& t) {
+        return t.data().dtype() == DType::i64 ? PyTensor(t.data().to(dtype)) : t;
+    };
     return binary(op, as(a), as(b));
 }
 
 PyTensor compare_scalar(OpType op, const PyTensor& a, double s) {
     if (a.data().dtype() == DType::i64)  // `labels == 2.5` is false everywhere, not a truncated 2
-        return binary(op, PyTensor(a.data().to(DType::f64)), PyTensor(Tensor::full({}, s, DType::f64, a.data().device())));
+        return binary(op, PyTensor(a.data().to(DType::f64)),
+                      PyTensor(Tensor::full({}, s, DType::f64, a.data().device())));
     const PyTensor b = scalar_like(a, s);
     return binary(op, a, b);
 }
