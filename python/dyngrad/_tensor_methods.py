@@ -71,7 +71,7 @@ def _cast_to(dtype):
 
 
 _METHODS = {
-    "sum": F.sum, "mean": F.mean, "max": F.max, "argmax": F.argmax, "argmin": F.argmin,
+    "sum": F.sum, "mean": F.mean, "max": F.max, "min": F.min, "argmax": F.argmax, "argmin": F.argmin,
     "relu": F.relu, "sigmoid": F.sigmoid, "tanh": F.tanh, "exp": F.exp, "log": F.log, "sqrt": F.sqrt,
     "abs": F.abs, "sin": F.sin, "cos": F.cos, "clamp": F.clamp, "pow": F.pow,
     "softmax": F.softmax, "log_softmax": F.log_softmax,

@@ -98,7 +98,15 @@ def matmul(a, b):
 
 
 def linear(x, weight, bias=None, activation=None):
-    """y = x·weightᵀ + bias (activation='relu' fuses a ReLU into the same node)."""
+    """y = x·weightᵀ + bias over x (*, in) (activation='relu' fuses a ReLU into the same node)."""
+    shape = list(x.shape)
+    if len(shape) != 2 and shape and len(weight.shape) == 2:
+        # As ops/linalg's linear(): the leading dims become the rows of the 2-D op and come back afterwards.
+        rows = 1
+        for d in shape[:-1]:
+            rows *= d
+        y = linear(x.reshape(rows, shape[-1]), weight, bias, activation)
+        return y.reshape(shape[:-1] + [weight.shape[0]])
     if bias is None:  # as ops/linalg's linear(): the composite matmul(x, weightᵀ), no Linear node
         y = ops.matmul(x, ops.transpose(weight, axes=[-2, -1]))
         return relu(y) if activation == "relu" else y
@@ -155,15 +163,37 @@ def log_softmax(x, dim=-1):
     return ops.log_softmax(x, axis=dim)
 
 
+def _over_class_rows(name, x, target, weight, reduction, attrs):
+    """ops/loss.cpp's over_class_rows: (N,C,d1,...) with target (N,d1,...), or (C) with a 0-d target, as the
+    (N,C) op over every position (the class axis moved last); reduction='none' gets the positions' shape back."""
+    shape = list(x.shape)
+    if len(shape) == 2 or not shape:
+        rows, labels, positions = x, target, None
+    else:
+        positions = [] if len(shape) == 1 else [shape[0]] + shape[2:]
+        if list(target.shape) != positions:
+            raise _core.ShapeError(f"{name}: labels {tuple(target.shape)} do not match input {tuple(shape)}: expected "
+                                   f"{tuple(positions)} (the input's shape without its class axis 1)")
+        count = 1
+        for d in positions:
+            count *= d
+        moved = x if len(shape) == 1 else permute(x, [0] + list(range(2, len(shape))) + [1])
+        rows, labels = moved.reshape(count, shape[-1] if len(shape) == 1 else shape[1]), target.reshape(count)
+    inputs = [rows, labels] if weight is None else [rows, labels, weight]
+    out = _apply(_i(name), inputs, attrs)
+    return out.reshape(positions) if positions is not None and reduction == "none" else out
+
+
 def cross_entropy(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
-    inputs = [logits, target] if weight is None else [logits, target, weight]
-    return _apply(_i("cross_entropy"), inputs, {"ignore_index": ignore_index, "reduction": reduction,
-                                                "label_smoothing": label_smoothing})
+    """PyTorch's: logits (N,C) or (N,C,d1,...) with target (N) or (N,d1,...), or (C) with a 0-d target."""
+    return _over_class_rows("cross_entropy", logits, target, weight, reduction,
+                            {"ignore_index": ignore_index, "reduction": reduction, "label_smoothing": label_smoothing})
 
 
 def nll_loss(log_probs, target, weight=None, ignore_index=-100, reduction="mean"):
-    inputs = [log_probs, target] if weight is None else [log_probs, target, weight]
-    return _apply(_i("nll_loss"), inputs, {"ignore_index": ignore_index, "reduction": reduction})
+    """PyTorch's: log_probs (N,C) or (N,C,d1,...) with target (N) or (N,d1,...), or (C) with a 0-d target."""
+    return _over_class_rows("nll_loss", log_probs, target, weight, reduction,
+                            {"ignore_index": ignore_index, "reduction": reduction})
 
 
 def mse_loss(prediction, target):
@@ -196,8 +226,45 @@ def mean(x, dim=None, keepdim=False):
     return ops.mean(x, axes=_axes(dim), keepdim=keepdim)
 
 
-def max(x, dim=-1, keepdim=False):  # noqa: A001
-    return ops.max(x, axis=dim, keepdim=keepdim)
+class _ValuesIndices(tuple):
+    """PyTorch's torch.return_types.max/min: a pair that unpacks as (values, indices) and names both."""
+    __slots__ = ()
+
+    def __new__(cls, values, indices):
+        return tuple.__new__(cls, (values, indices))
+
+    values = property(lambda self: self[0])
+    indices = property(lambda self: self[1])
+
+    def __repr__(self):
+        return f"{type(self).__name__}(values={self[0]!r}, indices={self[1]!r})"
+
+
+class return_max(_ValuesIndices):  # noqa: N801
+    pass
+
+
+class return_min(_ValuesIndices):  # noqa: N801
+    pass
+
+
+def max(x, dim=None, keepdim=False):  # noqa: A001
+    """As torch.max: max(x) the largest element (0-d), max(x, dim) (values, indices int64), max(x, other)
+    the elementwise maximum. The gradient goes to the first maximal element, where the index points."""
+    if isinstance(dim, _core.Tensor):
+        return maximum(x, dim)
+    if dim is None:
+        return ops.max(x.reshape(-1), axis=0)
+    return return_max(ops.max(x, axis=dim, keepdim=keepdim), ops.argmax(x, axis=dim, keepdim=keepdim))
+
+
+def min(x, dim=None, keepdim=False):  # noqa: A001
+    """As torch.min (see max); the values are -max(-x), exactly, as ops/reduce's min()."""
+    if isinstance(dim, _core.Tensor):
+        return minimum(x, dim)
+    if dim is None:
+        return -ops.max(-x.reshape(-1), axis=0)
+    return return_min(-ops.max(-x, axis=dim, keepdim=keepdim), ops.argmin(x, axis=dim, keepdim=keepdim))
 
 
 def argmax(x, dim=-1, keepdim=False):
