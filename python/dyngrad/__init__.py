@@ -34,6 +34,8 @@ from . import data  # noqa: E402
 from . import models  # noqa: E402
 from . import parity  # noqa: E402  (PyTorch is imported only when used)
 from . import _tensor_methods  # noqa: E402,F401  (adds methods to Tensor)
+from ._core import Generator  # noqa: E402,F401
+from .functional import cumsum, sort, argsort, topk, multinomial  # noqa: E402,F401
 
 __version__ = "0.1.0"
 
