@@ -6,11 +6,12 @@
 //  - cumsum: contiguous lines (the last axis) take one block each, scanned tile by tile with cub::BlockScan in
 //    double and a carry between tiles; other axes one thread per line, walking it in double (coalesced across the
 //    lines' inner index). The backward is the same scan from the end of each line.
-//  - argsort, topk_indices: each line's (order key, position) pairs are sorted by CUB's stable segmented sort
-//    (cub::DeviceSegmentedSort::StableSortPairs, one segment per line); ties keep their positions' order, as the
+//  - argsort, topk_indices: each line's (order key, position) pairs are sorted by CUB's segmented radix sort (one
+//    segment per line), stable as every CUB radix sort (an LSD sort), so ties keep their positions' order, as the
 //    CPU's (key, index) sort. topk keeps the first k (the whole line is sorted: simple, O(size) work per line; the
-//    sampling loops' rows of a vocabulary sort in one call). Positions are int: a line longer than 2^31 - 1 is a
-//    ValueError.
+//    sampling loops' rows of a vocabulary sort in one call). Not cub::DeviceSegmentedSort: above 500 segments it
+//    copies group sizes to the host and synchronises the stream (no capture, a host wait per op). CUB counts
+//    items in int: above 2^31 - 1 elements a ValueError.
 //  - multinomial: one thread per row checks its weights and writes their running sums (in double) to a workspace;
 //    with replacement one thread per sample then searches its row's sums; without, the row's thread draws its
 //    samples in turn (O(num_samples · C) per row, the same arithmetic as the CPU).
@@ -20,7 +21,7 @@
 #include <string>
 
 #include <cub/block/block_scan.cuh>
-#include <cub/device/device_segmented_sort.cuh>
+#include <cub/device/device_segmented_radix_sort.cuh>
 
 #include "dyngrad/core/checked.h"
 #include "dyngrad/cuda/context.h"
@@ -139,14 +140,15 @@ void sort_lines(DeviceContext& ctx, const Tensor& x, const AxisSplit& s, bool de
     using Key = math::sort_key_t<T>;
     const std::int64_t total = s.outer * s.size * s.inner;
     const std::int64_t lines = s.outer * s.inner;
-    if (s.size > INT_MAX)
-        throw ValueError(str("sorting lines of ", s.size, " elements on a GPU: at most ", INT_MAX, " (int positions)"));
+    if (total > INT_MAX)
+        throw ValueError(str("sorting ", total, " elements on a GPU: CUB's segmented sort counts at most ", INT_MAX));
     const auto n = static_cast<std::size_t>(total);
     std::size_t sort_bytes = 0;
-    DG_CUDA_CHECK(cub::DeviceSegmentedSort::StableSortPairs(
+    constexpr int kKeyBits = static_cast<int>(sizeof(Key) * 8);
+    DG_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairs(
         nullptr, sort_bytes, static_cast<const Key*>(nullptr), static_cast<Key*>(nullptr),
-        static_cast<const int*>(nullptr), static_cast<int*>(nullptr), total, lines,
-        static_cast<const std::int64_t*>(nullptr), static_cast<const std::int64_t*>(nullptr), ctx.stream));
+        static_cast<const int*>(nullptr), static_cast<int*>(nullptr), static_cast<int>(total), static_cast<int>(lines),
+        static_cast<const std::int64_t*>(nullptr), static_cast<const std::int64_t*>(nullptr), 0, kKeyBits, ctx.stream));
     // One workspace: keys, sorted keys, positions, sorted positions, segment offsets, CUB's scratch.
     const std::size_t key_bytes = align_up(n * sizeof(Key)), position_bytes = align_up(n * sizeof(int));
     const std::size_t offset_bytes = align_up((static_cast<std::size_t>(lines) + 1) * sizeof(std::int64_t));
@@ -164,9 +166,9 @@ void sort_lines(DeviceContext& ctx, const Tensor& x, const AxisSplit& s, bool de
     segment_offsets_kernel<<<grid_size(ctx, lines + 1, kThreads), kThreads, 0, ctx.stream>>>(offsets, lines, s.size);
     DG_CUDA_CHECK_LAUNCH();
     const std::int64_t* segment_offsets = offsets;  // the same iterator type as the size query's
-    DG_CUDA_CHECK(cub::DeviceSegmentedSort::StableSortPairs(scratch, sort_bytes, keys, sorted_keys, positions,
-                                                            sorted_positions, total, lines, segment_offsets,
-                                                            segment_offsets + 1, ctx.stream));
+    DG_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairs(
+        scratch, sort_bytes, keys, sorted_keys, positions, sorted_positions, static_cast<int>(total),
+        static_cast<int>(lines), segment_offsets, segment_offsets + 1, 0, kKeyBits, ctx.stream));
     write_indices_kernel<<<grid_size(ctx, s.outer * keep * s.inner, kThreads), kThreads, 0, ctx.stream>>>(
         sorted_positions, s, keep, out.data<std::int64_t>());
     DG_CUDA_CHECK_LAUNCH();
