@@ -4,7 +4,7 @@ Each is one call of an op of dyngrad.ops with its attributes spelled as PyTorch 
 """
 from __future__ import annotations
 
-from . import _core, ops
+from . import _core, _returns, ops
 
 _apply = _core.apply
 _T = ops.TABLE
@@ -316,6 +316,44 @@ def embedding(indices, weight, padding_idx=None):
 
 def gather(x, dim, index):
     return ops.gather(x, index, axis=dim)
+
+
+# ---- sorting and sampling (ops/sampling.h) ----
+
+def cumsum(x, dim, *, dtype=None):
+    """The running sum along ``dim`` (summed in float64); ``dtype`` converts x first, as in PyTorch."""
+    return ops.cumsum(x if dtype is None else x.to(dtype), axis=dim)
+
+
+def argsort(x, dim=-1, descending=False, stable=False):
+    """int64 indices that sort ``x`` along ``dim``. Always stable: ties keep their order (``stable`` is accepted
+    for PyTorch's signature); NaN counts as the largest value."""
+    return ops.argsort(x, axis=dim, descending=descending)
+
+
+def sort(x, dim=-1, descending=False, stable=False):
+    """(values, indices) as torch.sort; always stable. The values are gather(x, dim, indices): their gradient goes
+    back to the positions the indices name."""
+    indices = argsort(x, dim, descending)
+    return _returns.sort(gather(x, dim, indices), indices)
+
+
+def topk(x, k, dim=-1, largest=True, sorted=True):  # noqa: A002
+    """(values, indices) of the k largest (or smallest) entries along ``dim``, as torch.topk. Always in sorted
+    order (``sorted=False`` returns them sorted too, which PyTorch allows); ties go to the lower index."""
+    indices = ops.topk_indices(x, axis=dim, k=k, largest=largest)
+    return _returns.topk(gather(x, dim, indices), indices)
+
+
+def multinomial(input, num_samples, replacement=False, *, generator=None):  # noqa: A002
+    """int64 draws from the rows of ``input`` ((C) or (N, C) non-negative weights), as torch.multinomial. The
+    seed is one draw of ``generator`` (a dyngrad.Generator; None: the default one dyngrad.manual_seed sets); the
+    samples are a function of it, the same on the CPU and a GPU. Not PyTorch's random stream: the same seed gives
+    other samples than torch. Invalid rows (NaN, inf, negative, zero sum) are a ValueError."""
+    if generator is not None and not isinstance(generator, _core.Generator):
+        raise TypeError(f"multinomial(): generator must be a dyngrad.Generator or None, got {type(generator).__name__}")
+    return ops.multinomial(input, num_samples=num_samples, replacement=replacement,
+                           seed=_core._draw_seed(generator))
 
 
 def index_select(x, dim, index):
