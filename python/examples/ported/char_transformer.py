@@ -5,7 +5,7 @@ the lines of docs/python.md's "Ported PyTorch scripts" table changed (python/tes
 the two). A nanoGPT-style model: token and position embeddings, pre-LayerNorm blocks with a hand-written causal
 self-attention over F.scaled_dot_product_attention(is_causal=True), AdamW with weight decay on the matrices only,
 a linear warm-up then cosine learning rate set per step, gradient clipping, bf16 autocast on the CPU, and sampling
-with temperature and top-k. Text: the fortunes corpus (/usr/share/games/fortunes), else a file given.
+with temperature and top-k. Text: the fortunes corpus (/usr/share/games/fortunes), else the repository's README.md.
 
     python char_transformer_torch.py --quick       # a few dozen steps of a small model (CPU)
     python char_transformer_torch.py --steps 2000 --n-layer 4 --n-embd 128
@@ -116,7 +116,8 @@ def get_lr(step, args):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description="character-level transformer LM")
-    parser.add_argument("--text", default=FORTUNES if os.path.isdir(FORTUNES) else "README.md")
+    readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "README.md")
+    parser.add_argument("--text", default=FORTUNES if os.path.isdir(FORTUNES) else readme)
     parser.add_argument("--max-chars", type=int, default=1_000_000)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--batch-size", type=int, default=32)
