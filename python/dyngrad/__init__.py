@@ -42,6 +42,8 @@ from .factories import (  # noqa: E402,F401
     cat, concat, stack, where, zeros_like, ones_like, full_like, rand_like, randn_like, empty_like, linspace, randint,
 )
 from ._core import bfloat16, float16  # noqa: E402,F401
+from ._core import Generator  # noqa: E402,F401
+from .functional import cumsum, sort, argsort, topk, multinomial  # noqa: E402,F401
 
 __version__ = "0.1.0"
 

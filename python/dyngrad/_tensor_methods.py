@@ -78,6 +78,7 @@ _METHODS = {
     "matmul": F.matmul, "transpose": F.transpose, "permute": F.permute, "expand": F.expand, "narrow": F.narrow,
     "flatten": _flatten, "unsqueeze": _unsqueeze, "squeeze": _squeeze,
     "masked_fill": F.masked_fill, "gather": F.gather, "index_select": F.index_select,
+    "cumsum": F.cumsum, "sort": F.sort, "argsort": F.argsort, "topk": F.topk, "multinomial": F.multinomial,
     "__array__": _array, "tolist": _tolist, "requires_grad_": _requires_grad_,
     "cpu": lambda self: self.to("cpu"),
     "cuda": lambda self, device=0: self.to(f"cuda:{device}" if isinstance(device, int) else str(device)),

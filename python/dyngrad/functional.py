@@ -4,7 +4,7 @@ Each is one call of an op of dyngrad.ops with its attributes spelled as PyTorch 
 """
 from __future__ import annotations
 
-from . import _core, ops
+from . import _core, _returns, ops
 
 _apply = _core.apply
 _T = ops.TABLE
@@ -226,28 +226,6 @@ def mean(x, dim=None, keepdim=False):
     return ops.mean(x, axes=_axes(dim), keepdim=keepdim)
 
 
-class _ValuesIndices(tuple):
-    """PyTorch's torch.return_types.max/min: a pair that unpacks as (values, indices) and names both."""
-    __slots__ = ()
-
-    def __new__(cls, values, indices):
-        return tuple.__new__(cls, (values, indices))
-
-    values = property(lambda self: self[0])
-    indices = property(lambda self: self[1])
-
-    def __repr__(self):
-        return f"{type(self).__name__}(values={self[0]!r}, indices={self[1]!r})"
-
-
-class return_max(_ValuesIndices):  # noqa: N801
-    pass
-
-
-class return_min(_ValuesIndices):  # noqa: N801
-    pass
-
-
 def max(x, dim=None, keepdim=False):  # noqa: A001
     """As torch.max: max(x) the largest element (0-d), max(x, dim) (values, indices int64), max(x, other)
     the elementwise maximum. The gradient goes to the first maximal element, where the index points."""
@@ -255,7 +233,7 @@ def max(x, dim=None, keepdim=False):  # noqa: A001
         return maximum(x, dim)
     if dim is None:
         return ops.max(x.reshape(-1), axis=0)
-    return return_max(ops.max(x, axis=dim, keepdim=keepdim), ops.argmax(x, axis=dim, keepdim=keepdim))
+    return _returns.max(ops.max(x, axis=dim, keepdim=keepdim), ops.argmax(x, axis=dim, keepdim=keepdim))
 
 
 def min(x, dim=None, keepdim=False):  # noqa: A001
@@ -264,7 +242,7 @@ def min(x, dim=None, keepdim=False):  # noqa: A001
         return minimum(x, dim)
     if dim is None:
         return -ops.max(-x.reshape(-1), axis=0)
-    return return_min(-ops.max(-x, axis=dim, keepdim=keepdim), ops.argmin(x, axis=dim, keepdim=keepdim))
+    return _returns.min(-ops.max(-x, axis=dim, keepdim=keepdim), ops.argmin(x, axis=dim, keepdim=keepdim))
 
 
 def argmax(x, dim=-1, keepdim=False):
@@ -316,6 +294,44 @@ def embedding(indices, weight, padding_idx=None):
 
 def gather(x, dim, index):
     return ops.gather(x, index, axis=dim)
+
+
+# ---- sorting and sampling (ops/sampling.h) ----
+
+def cumsum(x, dim, *, dtype=None):
+    """The running sum along ``dim`` (summed in float64); ``dtype`` converts x first, as in PyTorch."""
+    return ops.cumsum(x if dtype is None else x.to(dtype), axis=dim)
+
+
+def argsort(x, dim=-1, descending=False, stable=False):
+    """int64 indices that sort ``x`` along ``dim``. Always stable: ties keep their order (``stable`` is accepted
+    for PyTorch's signature); NaN counts as the largest value."""
+    return ops.argsort(x, axis=dim, descending=descending)
+
+
+def sort(x, dim=-1, descending=False, stable=False):
+    """(values, indices) as torch.sort; always stable. The values are gather(x, dim, indices): their gradient goes
+    back to the positions the indices name."""
+    indices = argsort(x, dim, descending)
+    return _returns.sort(gather(x, dim, indices), indices)
+
+
+def topk(x, k, dim=-1, largest=True, sorted=True):  # noqa: A002
+    """(values, indices) of the k largest (or smallest) entries along ``dim``, as torch.topk. Always in sorted
+    order (``sorted=False`` returns them sorted too, which PyTorch allows); ties go to the lower index."""
+    indices = ops.topk_indices(x, axis=dim, k=k, largest=largest)
+    return _returns.topk(gather(x, dim, indices), indices)
+
+
+def multinomial(input, num_samples, replacement=False, *, generator=None):  # noqa: A002
+    """int64 draws from the rows of ``input`` ((C) or (N, C) non-negative weights), as torch.multinomial. The
+    seed is one draw of ``generator`` (a dyngrad.Generator; None: the default one dyngrad.manual_seed sets); the
+    samples are a function of it, the same on the CPU and a GPU. Not PyTorch's random stream: the same seed gives
+    other samples than torch. Invalid rows (NaN, inf, negative, zero sum) are a ValueError."""
+    if generator is not None and not isinstance(generator, _core.Generator):
+        raise TypeError(f"multinomial(): generator must be a dyngrad.Generator or None, got {type(generator).__name__}")
+    return ops.multinomial(input, num_samples=num_samples, replacement=replacement,
+                           seed=_core._draw_seed(generator))
 
 
 def index_select(x, dim, index):

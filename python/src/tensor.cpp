@@ -308,6 +308,10 @@ OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs) {
         else if (key == "eps") a.eps = nb::cast<double>(value);
         else if (key == "momentum") a.momentum = nb::cast<double>(value);
         else if (key == "seed") a.seed = nb::cast<std::uint64_t>(value);
+        // sorting and sampling (ops/sampling.h): topk's k and multinomial's num_samples are `length`
+        else if (key == "descending" || key == "largest") a.descending = nb::cast<bool>(value);
+        else if (key == "replacement") a.replacement = nb::cast<bool>(value);
+        else if (key == "k" || key == "num_samples") a.length = int_of(value, key);
         else if (key == "padding_idx") a.padding_idx = value.is_none() ? -1 : int_of(value, key);
         else if (key == "activation")
             a.activation = value.is_none() ? Activation::None
@@ -992,6 +996,15 @@ void bind_tensor(nb::module_& m) {
     random_factory("randn", true);
     random_factory("rand", false);
     m.def("manual_seed", [](std::uint64_t seed) { default_generator() = Generator(seed); }, nb::arg("seed"));
+    // PyTorch's torch.Generator for the samplers (multinomial): a seeded stream of its own.
+    nb::class_<Generator>(m, "Generator")
+        .def(nb::init<std::uint64_t>(), nb::arg("seed") = 0)
+        .def("manual_seed", [](Generator& g, std::uint64_t seed) -> Generator& { return g = Generator(seed); },
+             nb::arg("seed"), nb::rv_policy::reference);
+    // One 64-bit draw of `generator` (None: the default one manual_seed sets): the seed of a counter-based op.
+    m.def("_draw_seed", [](Generator* generator) {
+        return static_cast<std::uint64_t>((generator ? *generator : default_generator()).engine()());
+    }, nb::arg("generator").none() = nb::none());
 
     // Autograd switches (context managers in dyngrad/__init__.py)
     nb::class_<NoGradScope>(m, "_NoGradScope")
