@@ -5,10 +5,13 @@
 #pragma once
 #include <nanobind/nanobind.h>
 
+#include "strict_int.h"  // before any conversion of an integer
+
 #include <memory>
 #include <source_location>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dyngrad/dyngrad.h"
@@ -76,6 +79,18 @@ PyTensor apply(OpType op, std::span<const PyTensor* const> inputs, const OpAttrs
 PyTensor apply(OpType op, std::initializer_list<const PyTensor*> inputs, const OpAttrs& attrs = {});
 // kwargs (axis=, keepdim=, stride=, ...) into OpAttrs; TypeError naming an unknown keyword.
 OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs);
+
+// Python arguments of the wrong type: TypeError "who(): argument 'arg' must be <expected>, not <type>", in
+// PyTorch's words (nb::cast's own failure names neither the function nor the argument).
+[[noreturn]] void throw_argument_type(std::string_view who, std::string_view arg, const char* expected, nb::handle given);
+template <typename T>
+T arg_as(nb::handle value, std::string_view who, std::string_view arg, const char* expected) {
+    T out{};
+    if (!nb::try_cast<T>(value, out)) throw_argument_type(who, arg, expected, value);
+    return out;
+}
+// An int argument: an int or an object with __index__; not a bool, a str or a float (TypeError as above).
+std::int64_t int_of(nb::handle value, std::string_view who, std::string_view arg);
 
 // A parameter list from Python tensors (ValueError for one that is not a leaf requiring grad).
 std::vector<Parameter> parameters_of(const std::vector<PyTensor*>& tensors, const char* who);
