@@ -4,6 +4,7 @@
 
 #include <nanobind/stl/string.h>
 
+#include <exception>
 #include <typeinfo>
 
 #include "binding.h"
@@ -80,6 +81,10 @@ void translate(const std::exception_ptr& p, void*) {
 }  // namespace
 
 void set_python_error_from_current_exception() noexcept {
+    if (!std::current_exception()) {  // outside a catch block the bare `throw;` would call std::terminate
+        PyErr_SetString(PyExc_RuntimeError, "dyngrad: an error was reported with no exception in flight");
+        return;
+    }
     try {
         throw;
     } catch (nb::python_error& e) {
