@@ -199,6 +199,9 @@ void GradScaler::save_state(TensorMap& tensors, SafetensorsMetadata& metadata) c
 
 std::function<void()> GradScaler::stage_state(const TensorMap& tensors, const SafetensorsMetadata& metadata,
                                               const std::string& source) {
+    if (scaled_ || unscaled_)
+        throw ValueError(str("checkpoint '", source, "': GradScaler state loaded between scale() and step(); the "
+                             "pending gradients were scaled by the current scale: load it before scale() or after step()"));
     if (!metadata.contains(kScalerType))
         throw IoError(str("checkpoint '", source, "' holds no GradScaler state (no metadata '", kScalerType, "')"));
     const std::string prefix = kScalerPrefix;

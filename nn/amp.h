@@ -59,7 +59,8 @@ public:
     // optional unscale(), step(), update(). A call out of order throws ValueError and changes nothing, e.g.
     // step() or unscale() without a scale() since the last step() (the gradients are not scaled: dividing
     // them by the scale would step 65536 times too short), scale() after unscale() (half the gradients would
-    // stay scaled), a second step() before update().
+    // stay scaled), a second step() before update(), loading a state between scale() and step() (the
+    // gradients were scaled by the old scale and would be divided by the loaded one).
 
     // loss · scale (the scale tensor lives on the loss's device, read there by the kernel). The first call
     // places the scaler's state on that device (a host-to-device copy: not inside a captured step).

@@ -257,6 +257,13 @@ TEST_CASE("GradScaler refuses calls out of order and changes nothing (issue 35)"
     {
         ComputeGraph graph;
         graph.backward(scaler.scale(model.loss(graph, 1)));
+        // A state loaded now would divide gradients scaled by 1024 by the loaded scale.
+        TensorMap saved;
+        SafetensorsMetadata metadata;
+        GradScaler({.init_scale = 4.0}).save_state(saved, metadata);
+        CHECK_THROWS_MATCHES(scaler.load_state(saved, metadata, "mid-step"), ValueError,
+                             MessageHas({"mid-step", "between scale() and step()"}));
+        CHECK(scaler.scale_value() == 1024.0);
         scaler.unscale(sgd);
         // A second scaled loss after unscale() would leave its gradients scaled among unscaled ones.
         ComputeGraph second;

@@ -237,22 +237,27 @@ def _float(who, name, value):
 
 
 def _ints(who, name, value):
-    """An int or a sequence of ints, as a list of ints (a str is not a sequence of ints)."""
-    if hasattr(value, "__index__") or isinstance(value, (str, bytes)):
-        return [_int(who, name, value)]
-    try:
-        items = list(value)
-    except TypeError:
-        raise TypeError(f"{who}(): argument '{name}' must be an int or a sequence of ints, "
-                        f"not {type(value).__name__}") from None
-    return [_int(who, name, v) for v in items]
+    """An int or a sequence of ints (a NumPy array too), as a list of ints; a str is neither."""
+    if not isinstance(value, (str, bytes)):
+        try:
+            return [_operator.index(value)]
+        except TypeError:
+            pass
+        try:
+            items = list(value)
+        except TypeError:
+            items = None
+        if items is not None:
+            return [_int(who, name, v) for v in items]
+    raise TypeError(f"{who}(): argument '{name}' must be an int or a sequence of ints, not {type(value).__name__}")
 
 
 def _pair(v, who="conv2d", name="kernel_size"):
-    values = _ints(who, name, v)
-    if len(values) == 1 and hasattr(v, "__index__"):
-        return (values[0], values[0])
-    return tuple(values)
+    try:
+        one = _operator.index(v)
+        return (one, one)
+    except TypeError:
+        return tuple(_ints(who, name, v))
 
 
 class Linear(Module):

@@ -245,8 +245,11 @@ E parse_choice(nb::handle value, std::string_view who, std::string_view key,
     throw ValueError(str(who, "(): ", key, "='", text, "': expected one of ", known));
 }
 
+// One int (an int or a NumPy integer), not a sequence: a NumPy array has __index__ too, but is a sequence.
+bool is_one_int(nb::handle value) { return PyIndex_Check(value.ptr()) && !PySequence_Check(value.ptr()); }
+
 std::array<std::int64_t, 2> pair_of(nb::handle value, std::string_view who, std::string_view key) {
-    if (PyIndex_Check(value.ptr())) {
+    if (is_one_int(value)) {
         const std::int64_t v = int_of(value, who, key);
         return {v, v};
     }
@@ -257,7 +260,7 @@ std::array<std::int64_t, 2> pair_of(nb::handle value, std::string_view who, std:
 }
 
 std::vector<std::int64_t> ints_of(nb::handle value, std::string_view who, std::string_view key) {
-    if (PyIndex_Check(value.ptr())) return {int_of(value, who, key)};
+    if (is_one_int(value)) return {int_of(value, who, key)};
     return arg_as<std::vector<std::int64_t>>(value, who, key, "an int or a sequence of ints");
 }
 
@@ -637,7 +640,7 @@ Shape shape_from(nb::handle args, const char* who) {
     const char* expected = "ints or one sequence of ints";
     std::vector<std::int64_t> dims;
     nb::tuple t = nb::borrow<nb::tuple>(args);
-    if (t.size() == 1 && !PyIndex_Check(t[0].ptr())) dims = arg_as<std::vector<std::int64_t>>(t[0], who, "size", expected);
+    if (t.size() == 1 && !is_one_int(t[0])) dims = arg_as<std::vector<std::int64_t>>(t[0], who, "size", expected);
     else dims = arg_as<std::vector<std::int64_t>>(t, who, "size", expected);
     return Shape(dims.begin(), dims.end());
 }

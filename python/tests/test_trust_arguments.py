@@ -174,3 +174,13 @@ def test_custom_op_arguments_and_infer_results_of_the_wrong_type(rng):
         op(dg.tensor(rng.standard_normal(3)))
     message = str(info.value)
     assert "py_trust_str_shape" in message and "infer returned" in message and "str" in message
+
+
+def test_sizes_from_numpy_arrays_are_still_taken():
+    # A NumPy array has __index__ too, but is a sequence of ints where a size or a pair is asked for.
+    assert dg.zeros(np.array([2, 3])).shape == (2, 3)
+    assert dg.ones(2, 3).reshape(np.array([3, 2])).shape == (3, 2)
+    assert nn.LayerNorm(np.array([4])).normalized_shape == (4,)
+    assert nn.Conv2d(1, 2, np.array([3, 1])).kernel_size == (3, 1)
+    out = F.conv2d(dg.ones(1, 1, 5, 5), dg.ones(1, 1, 3, 3), stride=np.array([2, 1]))
+    assert out.shape == (1, 1, 2, 3)

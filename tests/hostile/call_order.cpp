@@ -92,6 +92,15 @@ const bool added = hostile::add(
             SGD sgd(params);
             GradScaler().step(sgd);
         }),
+        hostile::expect<ValueError>("GradScaler::load_state between scale() and step()",
+                                    {"GradScaler", "between scale() and step()"}, [] {
+            AfterOneStep run;
+            TensorMap tensors;
+            SafetensorsMetadata metadata;
+            GradScaler({.init_scale = 8.0}).save_state(tensors, metadata);
+            backward(run.params, &run.scaler);
+            run.scaler.load_state(tensors, metadata, "scaler.safetensors");
+        }),
         hostile::expect<ValueError>("WarmupCosineLR lr_at epoch -1", {"WarmupCosineLR", "epoch -1", "negative"}, [] {
             const std::vector<Parameter> params = two_parameters();
             SGD sgd(params);
