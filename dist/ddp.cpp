@@ -229,7 +229,11 @@ std::vector<std::vector<std::string>> DistributedDataParallel::buckets() const {
 }
 
 void DistributedDataParallel::backward(ComputeGraph& graph, const Var& loss, BackwardOptions options) {
+    if (in_backward_)
+        throw ValueError("DistributedDataParallel::backward: called during its own backward (from a readiness "
+                         "callback); the running backward's buckets would be reset: one backward at a time");
     ++stats_.backward_calls;
+    synchronised_ = false;  // until this backward's averages are in the gradients
     if (no_sync_) {
         graph.backward(loss, options);
         return;
@@ -260,6 +264,7 @@ void DistributedDataParallel::backward(ComputeGraph& graph, const Var& loss, Bac
     }
     in_backward_ = false;
     finish();
+    synchronised_ = true;
     ++stats_.synchronised_calls;
 }
 
@@ -365,6 +370,11 @@ Tensor DistributedDataParallel::forward_backward(std::span<const Tensor> batch, 
 }
 
 GradientCheckResult DistributedDataParallel::check_gradients(std::span<const Tensor> batch, const LossFn& loss_fn) {
+    // Gradients that were never averaged would be "off" by the other ranks' part: a misleading NumericalError.
+    if (!synchronised_)
+        throw ValueError(str("DistributedDataParallel::check_gradients: no synchronised backward to check (",
+                             stats_.backward_calls == 0 ? "no backward yet" : "the last backward ran inside no_sync() or failed",
+                             "); call it right after backward() or forward_backward()"));
     // The global batch: every rank's tensors, gathered and laid end to end along dim 0.
     std::vector<Tensor> global;
     for (const Tensor& t : batch) {

@@ -42,7 +42,6 @@ Tensor argmin(const Tensor& x, std::int64_t axis, bool keepdim = false,
 
 // PyTorch's max(x, dim) / min(x, dim): the values (differentiable, as max/min above) and their int64 indices
 // (as argmax/argmin: the first extreme, NaN counting as one), so `auto [values, indices] = max_with_indices(x, 1);`.
-// ValuesAndIndices is ops/values_indices.h's (shared with sort and topk).
 ValuesAndIndices<Var> max_with_indices(const Var& x, std::int64_t axis, bool keepdim = false,
                                        std::source_location where = std::source_location::current());
 ValuesAndIndices<Tensor> max_with_indices(const Tensor& x, std::int64_t axis, bool keepdim = false,

@@ -230,28 +230,6 @@ def mean(x, dim=None, keepdim=False):
     return ops.mean(x, axes=_axes(dim), keepdim=keepdim)
 
 
-class _ValuesIndices(tuple):
-    """PyTorch's torch.return_types.max/min: a pair that unpacks as (values, indices) and names both."""
-    __slots__ = ()
-
-    def __new__(cls, values, indices):
-        return tuple.__new__(cls, (values, indices))
-
-    values = property(lambda self: self[0])
-    indices = property(lambda self: self[1])
-
-    def __repr__(self):
-        return f"{type(self).__name__}(values={self[0]!r}, indices={self[1]!r})"
-
-
-class return_max(_ValuesIndices):  # noqa: N801
-    pass
-
-
-class return_min(_ValuesIndices):  # noqa: N801
-    pass
-
-
 def max(x, dim=None, keepdim=False):  # noqa: A001
     """As torch.max: max(x) the largest element (0-d), max(x, dim) (values, indices int64), max(x, other)
     the elementwise maximum. The gradient goes to the first maximal element, where the index points."""
@@ -259,7 +237,7 @@ def max(x, dim=None, keepdim=False):  # noqa: A001
         return maximum(x, dim)
     if dim is None:
         return ops.max(x.reshape(-1), axis=0)
-    return return_max(ops.max(x, axis=dim, keepdim=keepdim), ops.argmax(x, axis=dim, keepdim=keepdim))
+    return _returns.max(ops.max(x, axis=dim, keepdim=keepdim), ops.argmax(x, axis=dim, keepdim=keepdim))
 
 
 def min(x, dim=None, keepdim=False):  # noqa: A001
@@ -268,7 +246,7 @@ def min(x, dim=None, keepdim=False):  # noqa: A001
         return minimum(x, dim)
     if dim is None:
         return -ops.max(-x.reshape(-1), axis=0)
-    return return_min(-ops.max(-x, axis=dim, keepdim=keepdim), ops.argmin(x, axis=dim, keepdim=keepdim))
+    return _returns.min(-ops.max(-x, axis=dim, keepdim=keepdim), ops.argmin(x, axis=dim, keepdim=keepdim))
 
 
 def argmax(x, dim=-1, keepdim=False):

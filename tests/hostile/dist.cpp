@@ -181,8 +181,36 @@ static const bool added = hostile::add("dist", {
     expect<ShapeError>("DDP check_gradients with a 0-d batch tensor", {"check_gradients", "0-d"}, [] {
         Sequential m = tiny_model();
         dist::DistributedDataParallel ddp(m, one());
-        const std::vector<Tensor> batch{Tensor::full({}, 1.0)};
-        ddp.check_gradients(batch, [&](ComputeGraph& g, std::span<const Tensor> b) { return sum(m(g.input(b[0]))); });
+        const auto loss = [&](ComputeGraph& g, std::span<const Tensor> b) { return sum(m(g.input(b[0]))); };
+        ddp.forward_backward(std::vector<Tensor>{f32({2, 3})}, loss);
+        ddp.check_gradients(std::vector<Tensor>{Tensor::full({}, 1.0)}, loss);
+    }),
+    // Calls out of order (issue 35).
+    expect<ValueError>("DDP check_gradients before any backward", {"check_gradients", "no backward yet"}, [] {
+        Sequential m = tiny_model();
+        dist::DistributedDataParallel ddp(m, one());
+        ddp.check_gradients(std::vector<Tensor>{f32({2, 3})},
+                            [&](ComputeGraph& g, std::span<const Tensor> b) { return sum(m(g.input(b[0]))); });
+    }),
+    expect<ValueError>("DDP check_gradients after a backward inside no_sync()", {"check_gradients", "no_sync()"}, [] {
+        Sequential m = tiny_model();
+        dist::DistributedDataParallel ddp(m, one());
+        const auto loss = [&](ComputeGraph& g, std::span<const Tensor> b) { return sum(m(g.input(b[0]))); };
+        ddp.forward_backward(std::vector<Tensor>{f32({2, 3})}, loss);
+        {
+            auto guard = ddp.no_sync();
+            ddp.forward_backward(std::vector<Tensor>{f32({2, 3})}, loss);
+        }
+        ddp.check_gradients(std::vector<Tensor>{f32({2, 3})}, loss);
+    }),
+    expect<ValueError>("DDP backward from its own readiness callback", {"DistributedDataParallel::backward", "own backward"}, [] {
+        Sequential m = tiny_model(), other = tiny_model();
+        dist::DistributedDataParallel ddp(m, one());
+        ComputeGraph graph, inner;
+        const Var inner_loss = sum(other(inner.input(f32({2, 3}))));  // another model's: the graph allows it
+        BackwardOptions options;
+        options.on_parameter_ready = [&](const Parameter&) { ddp.backward(inner, inner_loss); };
+        ddp.backward(graph, sum(m(graph.input(f32({2, 3})))), options);
     }),
     expect<ValueError>("an exception from the user's readiness callback reaches the caller", {"user hook says no"}, [] {
         Sequential m = tiny_model();
