@@ -7,7 +7,9 @@
 #include <cmath>
 #include <filesystem>
 #include <iostream>
+#include <csignal>
 #include <random>
+#include <thread>
 
 #include "catch.h"
 #include "dist_support.h"
@@ -324,4 +326,42 @@ TEST_CASE("ZeRO: a peer that leaves before the reduce-scatter: a typed timeout, 
     CHECK_THROWS_MATCHES(zero.backward(graph, loss_of(model, graph, global_batch(1, 4, DType::f64))), DistributedError,
                          MessageHas({"reduce_scatter", "timed out", "rank 0/2"}));
     CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+}
+
+// Run alone by dist_zero_killed_peer (DYNGRAD_DIST_TIMEOUT=3, mpirun --enable-recovery so that OpenMPI's runtime
+// lets the survivor run on): rank 1 is killed (SIGKILL from a timer thread) while both ranks loop 64 MiB
+// reduce-scatters and all-reduces; rank 0 must get a DistributedError within the timeout, not hang.
+TEST_CASE("ZeRO collectives: a peer killed mid-collective gives the survivor a typed error", "[.killed_peer]") {
+    dist::ProcessGroup& g = group();
+    if (g.world_size() != 2) DG_SKIP("needs 2 ranks (mpirun -np 2)");
+    Tensor big = Tensor::ones({1 << 24}, DType::f32);  // 64 MiB: each collective takes long enough to be hit
+    Tensor half = Tensor::empty({1 << 23}, DType::f32);
+    g.barrier();
+    const auto start = std::chrono::steady_clock::now();
+    if (g.rank() == 1)
+        std::thread([] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            std::raise(SIGKILL);
+        }).detach();
+    bool failed = false;
+    for (int i = 0; i < 100000 && !failed; ++i) {
+        try {
+            if (i % 2 == 0) g.reduce_scatter(big, half, dist::ReduceOp::Avg);
+            else g.all_reduce(big, dist::ReduceOp::Avg);
+        } catch (const DistributedError& e) {
+            failed = true;
+            INFO(e.what());
+            CHECK_THAT(std::string(e.what()), Catch::Matchers::Contains("rank 0/2"));
+            std::cout << "rank 0 after " << i << " collectives: " << e.what() << std::endl;
+        }
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    // 300 ms until the kill, then at most the 3 s timeout (and the collective that was running).
+    CHECK(failed);
+    CHECK(seconds < 15);
+    // MPI_Finalize with a dead peer can wait on it (OpenMPI's exit fence): the survivor reports and leaves without
+    // it. CTest judges this line (PASS_REGULAR_EXPRESSION).
+    std::cout << (failed && seconds < 15 ? "killed_peer: survivor failed typed after " : "killed_peer: FAILED after ")
+              << seconds << " s" << std::endl;
+    std::_Exit(failed && seconds < 15 ? 0 : 1);
 }
