@@ -164,10 +164,12 @@ void ZeroOptimizer::reduce_gradients() {
         for (const auto& m : flat.members) {
             const Tensor& grad = m.parameter.grad();
             if (!grad.defined()) continue;
-            if (grad.shape() != m.parameter.value().shape() || grad.dtype() != flat.dtype)
-                throw ShapeError(str("ZeroOptimizer::reduce_gradients: the gradient of '", m.name, "' is ",
-                                     dtype_name(grad.dtype()), " ", to_string(grad.shape()), ", its parameter ",
-                                     dtype_name(flat.dtype), " ", to_string(m.parameter.value().shape())));
+            const std::string mismatch = str("ZeroOptimizer::reduce_gradients (rank ", rank, "/", world,
+                                             "): the gradient of '", m.name, "' is ", dtype_name(grad.dtype()), " ",
+                                             to_string(grad.shape()), ", its parameter ", dtype_name(flat.dtype), " ",
+                                             to_string(m.parameter.value().shape()));
+            if (grad.dtype() != flat.dtype) throw DTypeError(mismatch);
+            if (grad.shape() != m.parameter.value().shape()) throw ShapeError(mismatch);
             // dyngrad tensors are contiguous row-major (views are reshapes), so the bytes are the elements.
             copy_bytes(bytes_of(full) + m.offset * size, grad.raw_data(), grad.nbytes(), st.device);
         }
@@ -183,7 +185,10 @@ void ZeroOptimizer::reduce_gradients() {
         } else {
             Tensor shard = Tensor::empty({flat.shard}, flat.dtype, st.device);
             group_.reduce_scatter(full, shard, ReduceOp::Avg);
-            flat.shard_param.grad_slot() = shard;
+            // A second reduction before the step (gradient accumulation over micro-batches) adds to the shard, as
+            // the model's gradients would have accumulated: stage 1 and DDP give the same sum.
+            const Tensor& earlier = flat.shard_param.grad();
+            flat.shard_param.grad_slot() = st.reduced && earlier.defined() ? add(earlier, shard) : shard;
             for (auto& m : flat.members) m.parameter.zero_grad();  // only the shard is kept (ZeRO-2)
         }
     }

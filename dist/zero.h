@@ -94,8 +94,10 @@ public:
     void backward(ComputeGraph& graph, const Var& loss);
     // Averages the model's gradients across ranks into this rank's gradient shards (stage 1: all_reduce, the
     // model keeps the averages; stage 2: reduce_scatter, the model's gradients are dropped). Call once per
-    // step after the backward (backward() does). ValueError when the module gained or lost a parameter since
-    // construction ("added after wrapping").
+    // step after the backward (backward() does). Gradient accumulation: several backward() calls before a step
+    // add up their averaged gradients (stage 2 adds to the shard, stage 1 to the model's averaged gradients), as
+    // DDP without no_sync. ValueError when the module gained or lost a parameter since construction ("added
+    // after wrapping"); DTypeError / ShapeError for a gradient that does not match its parameter.
     void reduce_gradients();
     // Scales the gradient shards (and, in stage 1, the model's gradients) by min(1, max_norm / (norm + eps)),
     // norm being the norm_type-norm of the whole averaged gradient: Σ|g|^p over each shard, all-reduced (one

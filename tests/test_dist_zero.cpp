@@ -123,6 +123,40 @@ TEST_CASE("ZeRO-1/2 with clip_grad_norm over the shards == clip_grad_norm + Adam
     check_against_single_process(2, true, 5);
 }
 
+// Two micro-batches per step, each reduced: the averaged gradients add up, as two backward passes accumulate.
+TEST_CASE("ZeRO-1/2: gradient accumulation over two micro-batches == accumulated single-process gradients",
+          "[dist][zero][accumulate]") {
+    dist::ProcessGroup& g = group();
+    const int world = g.world_size();
+    const std::uint64_t seed = shared_seed();
+    for (int stage : {1, 2}) {
+        INFO("seed " << seed << ", stage " << stage << ", world " << world);
+        Generator init(seed + 1);
+        Sequential model = make_mlp(init, DType::f64);
+        dist::ZeroOptimizer zero(model, g, kAdam, {.stage = stage});
+        Generator init0(seed + 1);
+        Sequential reference = make_mlp(init0, DType::f64);
+        AdamW adam(reference.parameters(), kAdam);
+        for (int step = 0; step < 3; ++step) {
+            for (int micro = 0; micro < 2; ++micro) {
+                const Rows all = global_batch(seed + 400 + static_cast<std::uint64_t>(2 * step + micro), 4 * world,
+                                              DType::f64);
+                ComputeGraph graph;
+                zero.backward(graph, loss_of(model, graph, shard(all, g.rank(), world)));
+                ComputeGraph ref_graph;
+                ref_graph.backward(loss_of(reference, ref_graph, all));
+            }
+            zero.step();
+            zero.zero_grad();
+            adam.step();
+            adam.zero_grad();
+        }
+        const auto a = model.parameters(), b = reference.parameters();
+        for (std::size_t i = 0; i < a.size(); ++i)
+            CHECK(relative(a[i].value().to_vector(), b[i].value().to_vector()) <= 1e-12);
+    }
+}
+
 TEST_CASE("ZeRO-2 with a GradScaler == GradScaler + AdamW on one process; an inf on one rank skips everywhere",
           "[dist][zero][scaler]") {
     dist::ProcessGroup& g = group();
