@@ -62,6 +62,9 @@ ZeroOptimizer::ZeroOptimizer(const Module& module, ProcessGroup group, const Ada
     if (zero_.stage != 1 && zero_.stage != 2)
         throw ValueError(str("ZeroOptimizer: stage ", zero_.stage,
                              " is not supported (1: optimizer state sharded, 2: gradients too; stage 3 is not built)"));
+    if (zero_.overlap && zero_.stage != 1)
+        throw ValueError(str("ZeroOptimizer: overlap (DDP's bucketed all-reduce during the backward) is for stage 1; "
+                             "stage ", zero_.stage, " reduce-scatters after the backward"));
     const auto named = module_.named_parameters();
     std::vector<std::pair<std::string, Tensor>> entries;
     for (const auto& [name, p] : named) entries.emplace_back(name, p.value());
@@ -118,6 +121,8 @@ ZeroOptimizer::ZeroOptimizer(const Module& module, ProcessGroup group, const Ada
         shard_params.push_back(flat.shard_param);
     }
     st.adam = std::make_unique<AdamW>(shard_params, options);
+    // Its own model check and broadcast repeat ours (construction only); its buckets then average the gradients.
+    if (zero_.overlap) st.ddp = std::make_unique<DistributedDataParallel>(module_, group_);
 }
 
 ZeroOptimizer::~ZeroOptimizer() = default;
@@ -149,8 +154,25 @@ void ZeroOptimizer::check_module_unchanged(const char* call) const {
 }
 
 void ZeroOptimizer::backward(ComputeGraph& graph, const Var& loss) {
-    graph.backward(loss);
-    reduce_gradients();
+    State& st = *state_;
+    if (!st.ddp) {
+        graph.backward(loss);
+        reduce_gradients();
+        return;
+    }
+    check_module_unchanged("backward");
+    st.ddp->backward(graph, loss);  // every trainable parameter now holds the averaged gradient (zeros if unused)
+    const int rank = group_.rank();
+    for (auto& flat : st.flats) {
+        // This rank's shard of the averaged gradients (the model's accumulate across backward calls, so a copy).
+        Tensor shard = Tensor::zeros({flat.shard}, flat.dtype, st.device);
+        for (const auto& m : flat.members)
+            if (m.parameter.grad().defined()) copy_overlap(m, m.parameter.grad(), shard, flat.shard, rank, true, st.device);
+        flat.shard_param.grad_slot() = shard;
+        flat.full_grad = Tensor();
+    }
+    st.reduced = true;
+    st.unscaled = false;
 }
 
 void ZeroOptimizer::reduce_gradients() {
@@ -218,12 +240,14 @@ Tensor ZeroOptimizer::clip_grad_norm(double max_norm, double norm_type, double e
         clamp(div(Tensor::full({}, max_norm, DType::f64, st.device), add_scalar(norm, eps)), std::nullopt, 1.0);
     for (auto& flat : st.flats) {
         const Tensor c = coefficient.to(flat.dtype);
-        if (zero_.stage == 1) {  // the shard is a view of full_grad: scale the whole buffer once
+        if (flat.full_grad.defined()) {  // stage 1: the shard is a view of full_grad: scale the buffer once
             const Tensor scaled = mul(flat.full_grad, c);
             copy_bytes(bytes_of(flat.full_grad), scaled.raw_data(), scaled.nbytes(), st.device);
             flat.full_grad.bump_version();
         } else {
             flat.shard_param.grad_slot() = mul(flat.shard_param.grad(), c);
+            if (zero_.stage == 1)  // overlap: the model keeps its own averaged gradients; clip them alike
+                for (auto& m : flat.members) m.parameter.grad_slot() = mul(m.parameter.grad(), c);
         }
     }
     return norm;
@@ -314,11 +338,15 @@ ZeroMemory ZeroOptimizer::memory() const {
         m.padded += flat.shard * m.world;
         for (const auto& member : flat.members) {
             m.parameter_bytes += member.parameter.value().nbytes();
-            // Stage 1's gradients are views of full_grad (counted once below); stage 2 has none after reduce.
-            if (zero_.stage == 2 && member.parameter.grad().defined()) m.gradient_bytes += member.parameter.grad().nbytes();
+            // Stage 1's gradients are views of full_grad (counted once below), or with overlap their own tensors
+            // plus DDP's bucket buffer; stage 2 has none after the reduction.
+            if ((zero_.stage == 2 || st.ddp) && member.parameter.grad().defined())
+                m.gradient_bytes += member.parameter.grad().nbytes();
+            if (st.ddp) m.gradient_bytes += member.parameter.value().nbytes();  // its slot in DDP's buckets
         }
         if (zero_.stage == 1 && flat.full_grad.defined()) m.gradient_bytes += flat.full_grad.nbytes();
-        if (zero_.stage == 2 && flat.shard_param.grad().defined()) m.gradient_bytes += flat.shard_param.grad().nbytes();
+        if ((zero_.stage == 2 || st.ddp) && flat.shard_param.grad().defined())
+            m.gradient_bytes += flat.shard_param.grad().nbytes();
         for (const auto& [name, t] : st.adam->state_tensors(i)) m.optimizer_bytes += t.nbytes();
         m.formula_parameter_bytes += flat.numel * b;
         m.formula_gradient_bytes += (zero_.stage == 1 ? flat.shard * m.world : flat.shard) * b;

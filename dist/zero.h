@@ -58,6 +58,11 @@ namespace dyngrad::dist {
 
 struct ZeroOptions {
     int stage = 2;  // 1: optimizer state sharded; 2: gradients too (ValueError otherwise; ZeRO-3 is not built)
+    // Stage 1 only (ValueError otherwise): backward() all-reduces the gradients during the sweep through
+    // DistributedDataParallel's buckets (dist/ddp.h) instead of one all-reduce after it, so the communication
+    // overlaps the backward. Costs DDP's bucket buffers: Ψ·b more gradient memory than the formula (memory()
+    // counts them). reduce_gradients() called by hand still reduces after the backward.
+    bool overlap = false;
 };
 
 // Per-rank bytes held by the ZeRO optimizer and the model (from tensor sizes), with the ZeRO formulas.
@@ -90,7 +95,8 @@ public:
     ZeroOptimizer(const ZeroOptimizer&) = delete;
     ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
-    // graph.backward(loss) then reduce_gradients().
+    // graph.backward(loss) then reduce_gradients(); with ZeroOptions::overlap, DDP's overlapped backward, then
+    // this rank's shard taken from the averaged gradients.
     void backward(ComputeGraph& graph, const Var& loss);
     // Averages the model's gradients across ranks into this rank's gradient shards (stage 1: all_reduce, the
     // model keeps the averages; stage 2: reduce_scatter, the model's gradients are dropped). Call once per

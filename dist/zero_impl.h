@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "dyngrad/dist/ddp.h"
 #include "dyngrad/dist/zero.h"
 
 namespace dyngrad::dist {
@@ -22,12 +23,14 @@ struct ZeroOptimizer::State {
         std::int64_t numel = 0;  // Ψ_d, unpadded
         std::int64_t shard = 0;  // S = ceil(Ψ_d / W)
         Parameter shard_param;   // this rank's S elements; its gradient is the averaged gradient's shard
-        Tensor full_grad;        // stage 1: the averaged flat gradient (the model's gradients are views of it)
+        Tensor full_grad;        // stage 1: the averaged flat gradient (the model's gradients are views of it);
+                                 // undefined with overlap (DDP's buckets averaged the model's gradients)
     };
     Device device = Device::cpu();
     std::vector<Flat> flats;
     std::vector<const void*> identities;  // the trainable parameters at construction, registration order
     std::unique_ptr<AdamW> adam;          // over the shard parameters, one per flat
+    std::unique_ptr<DistributedDataParallel> ddp;  // ZeroOptions::overlap: the bucketed, overlapped all-reduce
     bool reduced = false;                 // reduce_gradients() ran since the last step
     bool unscaled = false;                // unscale(GradScaler&) ran (found_inf summed) for this step
 };
