@@ -1,0 +1,46 @@
+// The differentiable backwards of the op families (graph/higher_order.h): each op's derivative written with the
+// op functions over Var, defined beside its first-order backward in ops/<family>.cpp and referenced from its row
+// (OpDef::differentiable_backward). Masks of piecewise-constant derivatives (relu, clamp, max, the selections)
+// are constants of the graph: their derivative is 0 wherever it exists.
+#pragma once
+#include <vector>
+
+#include "dyngrad/graph/graph.h"
+#include "dyngrad/graph/higher_order.h"
+
+namespace dyngrad {
+
+// ops/elementwise.cpp: every unary op and activation, clamp, cast; every binary op; softmax, log_softmax
+std::vector<Var> unary_differentiable_backward(const DiffBackwardArgs& args);
+std::vector<Var> binary_differentiable_backward(const DiffBackwardArgs& args);
+std::vector<Var> softmax_differentiable_backward(const DiffBackwardArgs& args);
+// ops/linalg.cpp: matmul, linear (with its fused ReLU), transpose, reshape
+std::vector<Var> matmul_differentiable_backward(const DiffBackwardArgs& args);
+std::vector<Var> linear_differentiable_backward(const DiffBackwardArgs& args);
+std::vector<Var> transpose_differentiable_backward(const DiffBackwardArgs& args);
+std::vector<Var> reshape_differentiable_backward(const DiffBackwardArgs& args);
+// ops/reduce.cpp: sum, mean, max
+std::vector<Var> reduce_differentiable_backward(const DiffBackwardArgs& args);
+std::vector<Var> max_differentiable_backward(const DiffBackwardArgs& args);
+// ops/layout.cpp: narrow, concat, permute, expand
+std::vector<Var> narrow_differentiable_backward(const DiffBackwardArgs& args);
+std::vector<Var> concat_differentiable_backward(const DiffBackwardArgs& args);
+std::vector<Var> permute_differentiable_backward(const DiffBackwardArgs& args);
+std::vector<Var> expand_differentiable_backward(const DiffBackwardArgs& args);
+// ops/indexing.cpp: embedding, gather, index_select, scatter_add, where, masked_fill
+std::vector<Var> embedding_differentiable_backward(const DiffBackwardArgs& args);
+std::vector<Var> gather_differentiable_backward(const DiffBackwardArgs& args);
+std::vector<Var> index_select_differentiable_backward(const DiffBackwardArgs& args);
+std::vector<Var> scatter_add_differentiable_backward(const DiffBackwardArgs& args);
+std::vector<Var> select_differentiable_backward(const DiffBackwardArgs& args);
+// ops/loss.cpp: every loss, as the composition of its formula
+std::vector<Var> loss_differentiable_backward(const DiffBackwardArgs& args);
+// ops/norm.cpp: layer_norm, rms_norm, batch_norm (training and eval), as compositions
+std::vector<Var> norm_differentiable_backward(const DiffBackwardArgs& args);
+// ops/dropout.cpp: the same mask applied to the output gradient
+std::vector<Var> dropout_differentiable_backward(const DiffBackwardArgs& args);
+
+// A constant of `like`'s graph holding `value` (a mask, a zero block): no gradient flows into it.
+inline Var constant_of(const Var& like, const Tensor& value) { return like.graph().constant(value); }
+
+}  // namespace dyngrad
