@@ -249,8 +249,16 @@ std::vector<Var> composition_gradients(const DiffBackwardArgs& args, const Var& 
                                                 nullptr, args.output.id());
     std::vector<Var> out(args.inputs.size());
     std::size_t k = 0;
-    for (std::size_t i = 0; i < args.inputs.size(); ++i)
-        if (args.needs_grad[i]) out[i] = found[k++];
+    for (std::size_t i = 0; i < args.inputs.size(); ++i) {
+        if (!args.needs_grad[i]) continue;
+        out[i] = found[k++];
+        // An input the composition reads as a constant (attention's mask, a loss's class weights): its derivative
+        // is 0, as the op's kernels give it.
+        if (!out[i].defined()) {
+            const Tensor& value = args.inputs[i].value();
+            out[i] = graph.constant(Tensor::zeros(value.shape(), value.dtype(), value.device()));
+        }
+    }
     return out;
 }
 

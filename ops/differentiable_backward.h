@@ -37,6 +37,8 @@ std::vector<Var> select_differentiable_backward(const DiffBackwardArgs& args);
 std::vector<Var> loss_differentiable_backward(const DiffBackwardArgs& args);
 // ops/norm.cpp: layer_norm, rms_norm, batch_norm (training and eval), as compositions
 std::vector<Var> norm_differentiable_backward(const DiffBackwardArgs& args);
+// ops/attention.cpp: scaled_dot_product_attention through its math composition (masks and dropout as constants)
+std::vector<Var> attention_differentiable_backward(const DiffBackwardArgs& args);
 // ops/dropout.cpp: the same mask applied to the output gradient
 std::vector<Var> dropout_differentiable_backward(const DiffBackwardArgs& args);
 

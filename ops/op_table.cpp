@@ -706,7 +706,7 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      {cpu::scaled_dot_product_attention_forward, cpu::scaled_dot_product_attention_backward},
      // Native bf16/f16: 16-bit mma.sync with f32 softmax and accumulators (ops/attention.cu, namespace mma).
      DG_CUDA_KERNELS_NATIVE(scaled_dot_product_attention_forward, scaled_dot_product_attention_backward),
-     attention_cases, /*optional_inputs=*/1},
+     attention_cases, /*optional_inputs=*/1, true, 0, attention_differentiable_backward},
     {OpType::Rnn, "rnn", 4, infer::rnn, {cpu::rnn_forward, cpu::rnn_backward},
      DG_CUDA_KERNELS(rnn_forward, rnn_backward), rnn_cases, /*optional_inputs=*/2},
 }};

@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
     const auto steps = static_cast<int>(flag(argc, argv, "--steps", 1500));
     const auto points = static_cast<std::int64_t>(flag(argc, argv, "--points", 48));
     const double lr = flag(argc, argv, "--lr", 5e-3);
-    const double tolerance = flag(argc, argv, "--tolerance", 2e-2);
+    const double tolerance = flag(argc, argv, "--tolerance", 2e-3);
     const double pi = std::numbers::pi;
 
     Network u(Generator(7));

@@ -24,8 +24,7 @@ std::uint64_t seed_base() {
 }
 
 // The differentiable rows that are first-order only, each with the typed error it gives (docs/ops.md).
-const std::set<std::string> kFirstOrderOnly = {"conv2d", "max_pool2d", "avg_pool2d", "scaled_dot_product_attention",
-                                               "rnn"};
+const std::set<std::string> kFirstOrderOnly = {"conv2d", "max_pool2d", "avg_pool2d", "rnn"};
 
 bool elementwise_or_linalg(const OpDef& def) {
     return def.differentiable_backward == unary_differentiable_backward ||
