@@ -3,6 +3,8 @@
 // (OpDef::differentiable_backward). Masks of piecewise-constant derivatives (relu, clamp, max, the selections)
 // are constants of the graph: their derivative is 0 wherever it exists.
 #pragma once
+#include <array>
+#include <cstdint>
 #include <vector>
 
 #include "dyngrad/graph/graph.h"
@@ -39,6 +41,15 @@ std::vector<Var> loss_differentiable_backward(const DiffBackwardArgs& args);
 std::vector<Var> norm_differentiable_backward(const DiffBackwardArgs& args);
 // ops/attention.cpp: scaled_dot_product_attention through its math composition (masks and dropout as constants)
 std::vector<Var> attention_differentiable_backward(const DiffBackwardArgs& args);
+// ops/pool.cpp: max_pool2d, avg_pool2d as compositions (index_select of the windows, then max / a masked mean)
+std::vector<Var> pool_differentiable_backward(const DiffBackwardArgs& args);
+// ops/conv.cpp: conv2d as a composition (the windows, then one batched matmul per group, bias, ReLU)
+std::vector<Var> conv2d_differentiable_backward(const DiffBackwardArgs& args);
+// ops/pool.cpp, shared by the pooling and convolution compositions: x (N,C,H,W) -> its windows (N,C,P,Q,kh·kw), as
+// recorded ops; inside (P,Q,kh·kw) is 1 where a window slot lies in the input, 0 in the padding.
+Var sliding_windows(const Var& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
+                    std::array<std::int64_t, 2> padding, std::array<std::int64_t, 2> dilation,
+                    std::vector<double>& inside);
 // ops/dropout.cpp: the same mask applied to the output gradient
 std::vector<Var> dropout_differentiable_backward(const DiffBackwardArgs& args);
 

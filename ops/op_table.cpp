@@ -667,9 +667,9 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::SmoothL1Loss, "smooth_l1_loss", 2, infer::pointwise_loss, kCpuPointLoss, kCudaPointLoss,
      smooth_l1_loss_cases, 0, true, 0, loss_differentiable_backward},
     {OpType::Conv2d, "conv2d", 3, infer::conv2d, {cpu::conv2d_forward, cpu::conv2d_backward},
-     DG_CUDA_KERNELS_NATIVE(conv2d_forward, conv2d_backward), conv2d_cases, /*optional_inputs=*/1},
-    {OpType::MaxPool2d, "max_pool2d", 1, infer::pool2d, kCpuPool, kCudaPool, pool2d_cases},
-    {OpType::AvgPool2d, "avg_pool2d", 1, infer::pool2d, kCpuPool, kCudaPool, pool2d_cases},
+     DG_CUDA_KERNELS_NATIVE(conv2d_forward, conv2d_backward), conv2d_cases, /*optional_inputs=*/1, true, 0, conv2d_differentiable_backward},
+    {OpType::MaxPool2d, "max_pool2d", 1, infer::pool2d, kCpuPool, kCudaPool, pool2d_cases, 0, true, 0, pool_differentiable_backward},
+    {OpType::AvgPool2d, "avg_pool2d", 1, infer::pool2d, kCpuPool, kCudaPool, pool2d_cases, 0, true, 0, pool_differentiable_backward},
     {OpType::BatchNorm, "batch_norm", 5, infer::batch_norm, {cpu::batch_norm_forward, cpu::batch_norm_backward},
      DG_CUDA_KERNELS(batch_norm_forward, batch_norm_backward), batch_norm_cases, 0, true,
      /*updates_inputs=*/(1u << 3) | (1u << 4), norm_differentiable_backward},  // running_mean, running_var

@@ -42,12 +42,23 @@ def test_gradient_penalty_through_a_layer(rng):
 
 
 def test_first_order_only_op_raises_higher_order_not_supported(rng):
-    img = dg.tensor(rng.standard_normal((1, 1, 4, 4)), requires_grad=True)
-    ker = dg.tensor(rng.standard_normal((1, 1, 3, 3)))
-    y = dg.nn.functional.max_pool2d(img, 2).sum()
-    with pytest.raises(dg.autograd.HigherOrderNotSupported, match="max_pool2d"):
-        dg.autograd.grad(dg.nn.functional.conv2d(img, ker).sum() + y, img, create_graph=True)
+    x = dg.tensor(rng.standard_normal((3, 1, 2)), requires_grad=True)
+    lstm = dg.nn.LSTM(2, 4)
+    with pytest.raises(dg.autograd.HigherOrderNotSupported, match="rnn"):
+        dg.autograd.grad(lstm(x.float())[0].tanh().sum(), x, create_graph=True)
     assert issubclass(dg.autograd.HigherOrderNotSupported, dg.GraphError)
+    # max pooling is second order (a composition): d²/dx² of Σ maxpool(x)³ is 6·x at each window's maximum
+    a = rng.standard_normal((1, 1, 4, 4))
+    x = dg.tensor(a, requires_grad=True)
+    (g,) = dg.autograd.grad((dg.nn.functional.max_pool2d(x, 2) ** 3).sum(), x, create_graph=True)
+    (h,) = dg.autograd.grad(g.sum(), x)
+    expected = np.zeros_like(a)
+    for i in range(2):
+        for j in range(2):
+            win = a[0, 0, 2 * i:2 * i + 2, 2 * j:2 * j + 2]
+            r, c = np.unravel_index(np.argmax(win), win.shape)
+            expected[0, 0, 2 * i + r, 2 * j + c] = 6 * win[r, c]
+    np.testing.assert_allclose(h.numpy(), expected, rtol=1e-12, atol=1e-12)
 
 
 def test_functional_vjp_jvp_jacobian(rng):
