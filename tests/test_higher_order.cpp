@@ -318,3 +318,24 @@ TEST_CASE("vjp, jvp, hvp, jacobian and hessian match analytic derivatives", "[hi
         CHECK_THROWS_AS((jvp(layer, {xv}, {})), ValueError);
     }
 }
+
+TEST_CASE("a deep chain differentiates twice without recursion", "[higher_order]") {
+    // y = x·a^n through n = 20000 mul_scalar nodes, then squared: the create_graph sweep records ~2n nodes and the
+    // second backward walks all of them (explicit loops: no stack depth grows with the chain).
+    constexpr int kDepth = 20000;
+    const double a = 1.0 + 1e-5;
+    Generator gen(seed_base() + 11);
+    ComputeGraph graph;
+    const Tensor xv = random_tensor({3}, gen);
+    const Var x = graph.input(xv, "x", true);
+    Var y = x;
+    for (int i = 0; i < kDepth; ++i) y = mul_scalar(y, a);
+    const Var f = sum(mul(y, y));  // f = c·Σx², c = a^(2n): ∇f = 2c·x, ∇²f = 2c·I
+    const Var g = grad({f}, {x}, {}, {.create_graph = true})[0];
+    const Tensor h = grad({sum(g)}, {x})[0].value();
+    const double c = std::pow(a, 2.0 * kDepth);
+    for (std::int64_t i = 0; i < 3; ++i) {
+        CHECK(value_at(g.value(), i) == Approx(2 * c * value_at(xv, i)).epsilon(1e-9));
+        CHECK(value_at(h, i) == Approx(2 * c).epsilon(1e-9));
+    }
+}
