@@ -50,6 +50,8 @@ std::vector<Var> conv2d_differentiable_backward(const DiffBackwardArgs& args);
 Var sliding_windows(const Var& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
                     std::array<std::int64_t, 2> padding, std::array<std::int64_t, 2> dilation,
                     std::vector<double>& inside);
+// ops/sampling.cpp: cumsum (sort, topk and multinomial give indices, not differentiable)
+std::vector<Var> cumsum_differentiable_backward(const DiffBackwardArgs& args);
 // ops/dropout.cpp: the same mask applied to the output gradient
 std::vector<Var> dropout_differentiable_backward(const DiffBackwardArgs& args);
 

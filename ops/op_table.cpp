@@ -755,7 +755,7 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::Rnn, "rnn", 4, infer::rnn, {cpu::rnn_forward, cpu::rnn_backward},
      DG_CUDA_KERNELS(rnn_forward, rnn_backward), rnn_cases, /*optional_inputs=*/2},
     {OpType::Cumsum, "cumsum", 1, infer::cumsum, {cpu::cumsum_forward, cpu::cumsum_backward},
-     DG_CUDA_KERNELS(cumsum_forward, cumsum_backward), cumsum_cases},
+     DG_CUDA_KERNELS(cumsum_forward, cumsum_backward), cumsum_cases, 0, true, 0, cumsum_differentiable_backward},
     {OpType::ArgSort, "argsort", 1, infer::sort_indices, kCpuSortIndices, kCudaSortIndices, argsort_cases, 0, kNotDifferentiable},
     {OpType::TopKIndices, "topk_indices", 1, infer::sort_indices, kCpuSortIndices, kCudaSortIndices,
      topk_indices_cases, 0, kNotDifferentiable},
