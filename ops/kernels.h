@@ -111,6 +111,11 @@ IndexedWalk indexed_walk(const Shape& indexed, const Shape& index, int axis);
 // axes where `to` has 1). Shared by the broadcast-gradient reductions of every backend.
 std::vector<int> broadcast_reduction_axes(const Shape& from, const Shape& to);
 
+// The unfused compositions of the fused ops (ops/unfused.cpp), named by their rows (OpDef::unfused).
+namespace unfused {
+extern const UnfusedComposition linear, conv2d, cross_entropy;
+}  // namespace unfused
+
 // The same entry points per backend, written once (ops/kernel_entry_points.inc).
 namespace cpu {
 #include "dyngrad/ops/kernel_entry_points.inc"

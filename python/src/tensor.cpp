@@ -227,15 +227,15 @@ const OpAttrs& no_attrs() {
 }
 
 template <typename E>
-E parse_choice(nb::handle value, const char* key, std::initializer_list<std::pair<const char*, E>> choices) {
+E parse_choice(nb::handle value, std::string_view key) {
     if (!nb::isinstance<nb::str>(value))
         throw nb::type_error(str(key, "= expects a string, got ", nb::cast<std::string>(nb::str(value.type()))).c_str());
     const std::string text = nb::cast<std::string>(value);
+    const auto names = choice_names(E{});
+    for (std::size_t i = 0; i < names.size(); ++i)
+        if (text == names[i]) return static_cast<E>(i);
     std::string known;
-    for (const auto& [name, e] : choices) {
-        if (text == name) return e;
-        known += known.empty() ? name : std::string(", ") + name;
-    }
+    for (const std::string_view name : names) known += str(known.empty() ? "" : ", ", name);
     throw ValueError(str(key, "='", text, "': expected one of ", known));
 }
 
@@ -263,6 +263,28 @@ std::vector<std::int64_t> ints_of(nb::handle value) {
     return nb::cast<std::vector<std::int64_t>>(value);
 }
 
+// One keyword onto its field, by the field's kind (the member's type in graph/op_def.h's kAttrFields). None sets a
+// field to its default (an absent bound, padding_idx -1, activation none).
+void parse_field(OpAttrs& a, const AttrField& field, nb::handle value, std::string_view key) {
+    std::visit(
+        [&](auto member) {
+            auto& out = a.*member;
+            using T = std::remove_cvref_t<decltype(out)>;
+            if (value.is_none()) out = OpAttrs{}.*member;
+            else if constexpr (std::is_same_v<T, double>) out = nb::cast<double>(value);
+            else if constexpr (std::is_same_v<T, std::optional<double>>) out = nb::cast<double>(value);
+            else if constexpr (std::is_same_v<T, bool>) out = nb::cast<bool>(value);
+            else if constexpr (std::is_same_v<T, std::uint64_t>) out = nb::cast<std::uint64_t>(value);
+            else if constexpr (std::is_same_v<T, std::int64_t>) out = int_of(value, key);
+            else if constexpr (std::is_same_v<T, std::uint32_t>) out = static_cast<std::uint32_t>(int_of(value, key));
+            else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) out = ints_of(value);
+            else if constexpr (std::is_same_v<T, std::array<std::int64_t, 2>>) out = pair_of(value);
+            else if constexpr (std::is_same_v<T, DType>) out = parse_dtype(value);
+            else out = parse_choice<T>(value, key);  // an enum: one of choice_names(T)
+        },
+        field.member);
+}
+
 }  // namespace
 
 OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs) {
@@ -276,54 +298,13 @@ OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs) {
             throw nb::type_error(str(def.name, "() keywords must be strings").c_str());
         }
         const std::string_view key(key_text, static_cast<std::size_t>(key_size));
-        if (key == "scalar") a.scalar = nb::cast<double>(value);
-        else if (key == "axes" || key == "dims") a.axes = ints_of(value);
-        else if (key == "axis" || key == "dim") a.axis = int_of(value, key);
-        else if (key == "start") a.start = int_of(value, key);
-        else if (key == "length") a.length = int_of(value, key);
-        else if (key == "keepdim") a.keepdim = nb::cast<bool>(value);
-        else if (key == "shape") {
-            const auto dims = ints_of(value);
-            a.shape = Shape(dims.begin(), dims.end());
-        } else if (key == "min") a.clamp_min = value.is_none() ? std::nullopt : std::optional(nb::cast<double>(value));
-        else if (key == "max") a.clamp_max = value.is_none() ? std::nullopt : std::optional(nb::cast<double>(value));
-        else if (key == "approximate")
-            a.gelu_approximation = parse_choice<GeluApproximation>(
-                value, "approximate", {{"none", GeluApproximation::None}, {"tanh", GeluApproximation::Tanh}});
-        else if (key == "kernel" || key == "kernel_size") a.kernel = pair_of(value);
-        else if (key == "stride") a.stride = pair_of(value);
-        else if (key == "padding") a.padding = pair_of(value);
-        else if (key == "dilation") a.dilation = pair_of(value);
-        else if (key == "groups") a.groups = int_of(value, key);
-        else if (key == "training") a.training = nb::cast<bool>(value);
-        else if (key == "eps") a.eps = nb::cast<double>(value);
-        else if (key == "momentum") a.momentum = nb::cast<double>(value);
-        else if (key == "seed") a.seed = nb::cast<std::uint64_t>(value);
-        else if (key == "padding_idx") a.padding_idx = value.is_none() ? -1 : int_of(value, key);
-        else if (key == "activation")
-            a.activation = value.is_none() ? Activation::None
-                                           : parse_choice<Activation>(value, "activation",
-                                                                      {{"none", Activation::None}, {"relu", Activation::Relu}});
-        else if (key == "mode")
-            a.rnn_mode = parse_choice<RnnMode>(value, "mode",
-                                               {{"lstm", RnnMode::Lstm}, {"gru", RnnMode::Gru},
-                                                {"rnn_tanh", RnnMode::RnnTanh}, {"rnn_relu", RnnMode::RnnRelu}});
-        else if (key == "hidden_size") a.hidden_size = int_of(value, key);
-        else if (key == "num_layers") a.num_layers = int_of(value, key);
-        else if (key == "bidirectional") a.bidirectional = nb::cast<bool>(value);
-        else if (key == "save_for_backward") a.save_for_backward = nb::cast<bool>(value);
-        else if (key == "reduction")
-            a.reduction = parse_choice<Reduction>(value, "reduction",
-                                                  {{"mean", Reduction::Mean}, {"sum", Reduction::Sum}, {"none", Reduction::None}});
-        else if (key == "ignore_index") a.ignore_index = int_of(value, key);
-        else if (key == "label_smoothing") a.label_smoothing = nb::cast<double>(value);
-        // scaled_dot_product_attention: PyTorch's keywords onto its fields (dropout p is `scalar`)
-        else if (key == "is_causal") a.is_causal = nb::cast<bool>(value);
-        else if (key == "scale") a.attention_scale = value.is_none() ? std::nullopt : std::optional(nb::cast<double>(value));
-        else if (key == "dropout_p") a.scalar = nb::cast<double>(value);
-        else if (key == "dtype") a.dtype = parse_dtype(value);  // cast
-        else
-            throw nb::type_error(str(def.name, "() got an unexpected keyword argument '", key, "'").c_str());
+        const AttrField* field = find_attr_keyword(key);
+        // A keyword of an attribute this op does not read is refused like an unknown one: it would be ignored.
+        if (field == nullptr || !def.attrs.contains(static_cast<std::size_t>(field - kAttrFields)))
+            throw nb::type_error(str(def.name, "() got an unexpected keyword argument '", key, "' (", def.name,
+                                     " takes: ", attr_keywords_text(def), ")")
+                                     .c_str());
+        parse_field(a, *field, value, key);
     }
     if (def.op == OpType::Rnn) a.save_for_backward = grad_enabled();  // what ops/rnn's function does
     return a;
