@@ -266,6 +266,7 @@ REFERENCES = {
     "gelu": unary(lambda x, a: F.gelu(x, approximate=a["gelu_approximation"])),
     "silu": unary(lambda x, a: F.silu(x)),
     "log_sigmoid": unary(lambda x, a: F.logsigmoid(x)),
+    "softsign": unary(lambda x, a: F.softsign(x)),
     "matmul": binary(torch.matmul),
     "linear": linear,
     "transpose": unary(lambda x, a: torch.transpose(x, a["axes"][0], a["axes"][1])),

@@ -20,7 +20,7 @@ enum class OpType : std::uint16_t {
     Cast,
     // activations (ops/elementwise)
     Relu, LeakyRelu, Elu, ClippedRelu, Sigmoid, Tanh, Softplus,
-    Gelu, Silu, LogSigmoid,
+    Gelu, Silu, LogSigmoid, Softsign,
     // the activations along an axis, normalised exponentials (ops/elementwise)
     Softmax, LogSoftmax,
     // linear algebra and layout (ops/linalg)

@@ -219,6 +219,8 @@ Var silu(const Var& x, Loc where) { return record_unary(OpType::Silu, x, 0.0, wh
 Tensor silu(const Tensor& x, Loc where) { return eager(OpType::Silu, {x}, {}, where); }
 Var log_sigmoid(const Var& x, Loc where) { return record_unary(OpType::LogSigmoid, x, 0.0, where); }
 Tensor log_sigmoid(const Tensor& x, Loc where) { return eager(OpType::LogSigmoid, {x}, {}, where); }
+Var softsign(const Var& x, Loc where) { return record_unary(OpType::Softsign, x, 0.0, where); }
+Tensor softsign(const Tensor& x, Loc where) { return eager(OpType::Softsign, {x}, {}, where); }
 
 Var operator+(VarAt a, const Var& b) { return add(a.var, b, a.where); }
 Var operator-(VarAt a, const Var& b) { return sub(a.var, b, a.where); }

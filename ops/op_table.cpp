@@ -160,6 +160,8 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      kNoAttrs, kFollow, "torch.nn.functional.silu(x)"},
     {OpType::LogSigmoid, "log_sigmoid", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases,
      kNoAttrs, kFollow, "torch.nn.functional.logsigmoid(x)"},
+    {OpType::Softsign, "softsign", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases,
+     kNoAttrs, kFollow, "torch.nn.functional.softsign(x)"},
     {OpType::Softmax, "softmax", 1, infer::along_axis, kCpuSoftmax, kCudaSoftmax, softmax_cases,
      reads("axis"), kFloat32, "torch.softmax(x, dim=axis)"},
     {OpType::LogSoftmax, "log_softmax", 1, infer::along_axis, kCpuSoftmax, kCudaSoftmax, softmax_cases,
