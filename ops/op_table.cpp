@@ -197,8 +197,9 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::MseLoss, "mse_loss", 2, infer::mse_loss, {cpu::mse_loss_forward, cpu::mse_loss_backward},
      DG_CUDA_KERNELS(mse_loss_forward, mse_loss_backward), mse_cases,
      kNoAttrs, kFloat32, "torch.nn.functional.mse_loss(prediction, target)"},
+    // label_smoothing: read to refuse anything but 0 (a ValueError naming cross_entropy, which takes it)
     {OpType::NllLoss, "nll_loss", 3, infer::cross_entropy, kCpuClassLoss, kCudaClassLoss, nll_loss_cases,
-     reads("reduction", "ignore_index"), kFloat32,
+     reads("reduction", "ignore_index", "label_smoothing"), kFloat32,
      "torch.nn.functional.nll_loss(x, target, weight, ignore_index=ignore_index, reduction=reduction)",
      /*optional_inputs=*/1},
     {OpType::BceWithLogits, "binary_cross_entropy_with_logits", 4, infer::bce_with_logits, kCpuPointLoss,

@@ -58,7 +58,12 @@ TEST_CASE("an attribute a row does not list changes nothing its op computes", "[
                 INFO(def.name << " / " << c.label << ": " << field.name << " moved to "
                               << attr_value_text(field, moved.attrs, false));
                 OpRun run;
-                REQUIRE_NOTHROW(run = run_op(def, moved, cloned(inputs), def.differentiable ? w : Tensor()));
+                try {
+                    run = run_op(def, moved, cloned(inputs), def.differentiable ? w : Tensor());
+                } catch (const Error& e) {  // a check of the field is a read of it: the row must list it
+                    FAIL_CHECK("the op checks a field its row does not list: " << e.what());
+                    continue;
+                }
                 CHECK(max_abs_error(run.output, reference.output) == 0.0);
                 for (std::size_t i = 0; i < reference.grads.size(); ++i)
                     if (reference.grads[i].defined()) CHECK(max_abs_error(run.grads[i], reference.grads[i]) == 0.0);
