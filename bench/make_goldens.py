@@ -273,6 +273,7 @@ REFERENCES = {
     "reshape": unary(lambda x, a: torch.reshape(x, a["shape"])),
     "sum": reduce_axes(torch.sum),
     "mean": reduce_axes(torch.mean),
+    "logsumexp": reduce_axes(torch.logsumexp),
     "max": unary(lambda x, a: torch.max(x, dim=a["axis"], keepdim=a["keepdim"]).values),
     "argmax": unary(lambda x, a: torch.argmax(x, dim=a["axis"], keepdim=a["keepdim"])),
     "argmin": unary(lambda x, a: torch.argmin(x, dim=a["axis"], keepdim=a["keepdim"])),

@@ -27,6 +27,8 @@ enum class OpType : std::uint16_t {
     Matmul, Linear, Transpose, Reshape,
     // reductions (ops/reduce)
     Sum, Mean, Max,
+    // log Σ exp over axes, without overflow (ops/reduce)
+    LogSumExp,
     // the int64 index of the first maximum / minimum along one axis (ops/reduce); not differentiable
     ArgMax, ArgMin,
     // losses (ops/loss)

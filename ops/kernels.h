@@ -67,6 +67,9 @@ std::vector<Tensor> cast_backward(const BackwardArgs& args);
 
 // argmax, argmin: every backend, through the max op's kernels (ops/reduce.cpp).
 Tensor arg_reduce_forward(const ForwardArgs& args);
+// logsumexp: every backend, through its max, sum and elementwise kernels (ops/reduce.cpp).
+Tensor logsumexp_forward(const ForwardArgs& args);
+std::vector<Tensor> logsumexp_backward(const BackwardArgs& args);
 
 // expand's backward returns dy (y's shape); the engine sums it to x's shape. Every backend.
 std::vector<Tensor> expand_backward(const BackwardArgs& args);

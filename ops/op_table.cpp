@@ -185,6 +185,10 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::Max, "max", 1, infer::reduce_axis, {cpu::max_forward, cpu::max_backward},
      DG_CUDA_KERNELS_NATIVE(max_forward, max_backward), max_cases,
      reads("axis", "keepdim"), kFollow, "torch.max(x, dim=axis, keepdim=keepdim).values"},
+    // Written once for every backend over its max, sum and elementwise kernels (ops/reduce.cpp): no kernel of its own.
+    {OpType::LogSumExp, "logsumexp", 1, infer::reduce_axes, {logsumexp_forward, logsumexp_backward},
+     DG_CUDA_KERNELS_SHARED(logsumexp_forward, logsumexp_backward), reduce_cases,
+     reads("axes", "keepdim"), kFloat32, "torch.logsumexp(x, dim=axes, keepdim=keepdim)"},
     {OpType::ArgMax, "argmax", 1, infer::arg_reduce, kArgReduce, kCudaArgReduce, arg_reduce_cases,
      reads("axis", "keepdim"), kFollow, "torch.argmax(x, dim=axis, keepdim=keepdim)", 0, kNotDifferentiable},
     {OpType::ArgMin, "argmin", 1, infer::arg_reduce, kArgReduce, kCudaArgReduce, arg_reduce_cases,
