@@ -298,13 +298,17 @@ OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs) {
             throw nb::type_error(str(def.name, "() keywords must be strings").c_str());
         }
         const std::string_view key(key_text, static_cast<std::size_t>(key_size));
-        const AttrField* field = find_attr_keyword(key);
+        // The field by index in this module's own kAttrFields: an address from the library's copy
+        // (find_attr_keyword) is not one of ours, as this module's symbols are hidden.
+        std::size_t field = 0;
+        while (field < kAttrFieldCount && kAttrFields[field].keywords[0] != key && kAttrFields[field].keywords[1] != key)
+            ++field;
         // A keyword of an attribute this op does not read is refused like an unknown one: it would be ignored.
-        if (field == nullptr || !def.attrs.contains(static_cast<std::size_t>(field - kAttrFields)))
+        if (field == kAttrFieldCount || key.empty() || !def.attrs.contains(field))
             throw nb::type_error(str(def.name, "() got an unexpected keyword argument '", key, "' (", def.name,
                                      " takes: ", attr_keywords_text(def), ")")
                                      .c_str());
-        parse_field(a, *field, value, key);
+        parse_field(a, kAttrFields[field], value, key);
     }
     if (def.op == OpType::Rnn) a.save_for_backward = grad_enabled();  // what ops/rnn's function does
     return a;
