@@ -288,7 +288,9 @@ std::string attrs_text(const OpDef& def, const OpAttrs& attrs);
 std::string attr_value_text(const AttrField& field, const OpAttrs& attrs, bool json);
 // The Python keywords `def` takes: "axes (dims), keepdim", or "none".
 std::string attr_keywords_text(const OpDef& def);
-// The field whose Python keywords include `keyword`; nullptr when none does.
+// The field whose Python keywords include `keyword`; nullptr when none does. The pointer is into the library's own
+// kAttrFields: a module built with hidden symbols (the Python extension) has its own copy of the inline array, so
+// it compares names or indices there, not addresses.
 const AttrField* find_attr_keyword(std::string_view keyword);
 
 // Whether `def` takes `count` inputs, and how many it takes in words ("2", "2 to 3", "1 or more").
