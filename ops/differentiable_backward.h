@@ -24,6 +24,7 @@ std::vector<Var> reshape_differentiable_backward(const DiffBackwardArgs& args);
 // ops/reduce.cpp: sum, mean, max
 std::vector<Var> reduce_differentiable_backward(const DiffBackwardArgs& args);
 std::vector<Var> max_differentiable_backward(const DiffBackwardArgs& args);
+std::vector<Var> logsumexp_differentiable_backward(const DiffBackwardArgs& args);
 // ops/layout.cpp: narrow, concat, permute, expand
 std::vector<Var> narrow_differentiable_backward(const DiffBackwardArgs& args);
 std::vector<Var> concat_differentiable_backward(const DiffBackwardArgs& args);

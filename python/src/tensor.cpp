@@ -238,15 +238,14 @@ const OpAttrs& no_attrs() {
 }
 
 template <typename E>
-E parse_choice(nb::handle value, std::string_view who, std::string_view key,
-               std::initializer_list<std::pair<const char*, E>> choices) {
+E parse_choice(nb::handle value, std::string_view who, std::string_view key) {
     if (!nb::isinstance<nb::str>(value)) throw_argument_type(who, key, "a str", value);
     const std::string text = nb::cast<std::string>(value);
+    const auto names = choice_names(E{});
+    for (std::size_t i = 0; i < names.size(); ++i)
+        if (text == names[i]) return static_cast<E>(i);
     std::string known;
-    for (const auto& [name, e] : choices) {
-        if (text == name) return e;
-        known += known.empty() ? name : std::string(", ") + name;
-    }
+    for (const std::string_view name : names) known += str(known.empty() ? "" : ", ", name);
     throw ValueError(str(who, "(): ", key, "='", text, "': expected one of ", known));
 }
 
@@ -285,6 +284,33 @@ void throw_argument_type(std::string_view who, std::string_view arg, const char*
                              .c_str());
 }
 
+namespace {
+
+// One keyword onto its field, by the field's kind (the member's type in graph/op_def.h's kAttrFields); each
+// conversion names the op and the keyword when the value has another Python type. None sets a field to its
+// default (an absent bound, padding_idx -1, activation none).
+void parse_field(OpAttrs& a, const AttrField& field, nb::handle value, std::string_view who, std::string_view key) {
+    std::visit(
+        [&](auto member) {
+            auto& out = a.*member;
+            using T = std::remove_cvref_t<decltype(out)>;
+            if (value.is_none()) out = OpAttrs{}.*member;
+            else if constexpr (std::is_same_v<T, double>) out = arg_as<double>(value, who, key, "a float");
+            else if constexpr (std::is_same_v<T, std::optional<double>>) out = arg_as<double>(value, who, key, "a float");
+            else if constexpr (std::is_same_v<T, bool>) out = arg_as<bool>(value, who, key, "a bool");
+            else if constexpr (std::is_same_v<T, std::uint64_t>) out = arg_as<std::uint64_t>(value, who, key, "an int");
+            else if constexpr (std::is_same_v<T, std::int64_t>) out = int_of(value, who, key);
+            else if constexpr (std::is_same_v<T, std::uint32_t>) out = static_cast<std::uint32_t>(int_of(value, who, key));
+            else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) out = ints_of(value, who, key);
+            else if constexpr (std::is_same_v<T, std::array<std::int64_t, 2>>) out = pair_of(value, who, key);
+            else if constexpr (std::is_same_v<T, DType>) out = parse_dtype(value);
+            else out = parse_choice<T>(value, who, key);  // an enum: one of choice_names(T)
+        },
+        field.member);
+}
+
+}  // namespace
+
 OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs) {
     OpAttrs a;
     for (auto [key_handle, value] : kwargs) {
@@ -296,61 +322,21 @@ OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs) {
             throw nb::type_error(str(def.name, "() keywords must be strings").c_str());
         }
         const std::string_view key(key_text, static_cast<std::size_t>(key_size));
-        // Each conversion names the op and the keyword when the value has another Python type.
-        const auto real = [&](nb::handle v) { return arg_as<double>(v, def.name, key, "a float"); };
-        const auto flag = [&](nb::handle v) { return arg_as<bool>(v, def.name, key, "a bool"); };
-        if (key == "scalar") a.scalar = real(value);
-        else if (key == "axes" || key == "dims") a.axes = ints_of(value, def.name, key);
-        else if (key == "axis" || key == "dim") a.axis = int_of(value, def.name, key);
-        else if (key == "start") a.start = int_of(value, def.name, key);
-        else if (key == "length") a.length = int_of(value, def.name, key);
-        else if (key == "keepdim") a.keepdim = flag(value);
-        else if (key == "shape") {
-            const auto dims = ints_of(value, def.name, key);
-            a.shape = Shape(dims.begin(), dims.end());
-        } else if (key == "min") a.clamp_min = value.is_none() ? std::nullopt : std::optional(real(value));
-        else if (key == "max") a.clamp_max = value.is_none() ? std::nullopt : std::optional(real(value));
-        else if (key == "approximate")
-            a.gelu_approximation = parse_choice<GeluApproximation>(
-                value, def.name, "approximate", {{"none", GeluApproximation::None}, {"tanh", GeluApproximation::Tanh}});
-        else if (key == "kernel" || key == "kernel_size") a.kernel = pair_of(value, def.name, key);
-        else if (key == "stride") a.stride = pair_of(value, def.name, key);
-        else if (key == "padding") a.padding = pair_of(value, def.name, key);
-        else if (key == "dilation") a.dilation = pair_of(value, def.name, key);
-        else if (key == "groups") a.groups = int_of(value, def.name, key);
-        else if (key == "training") a.training = flag(value);
-        else if (key == "eps") a.eps = real(value);
-        else if (key == "momentum") a.momentum = real(value);
-        else if (key == "seed") a.seed = arg_as<std::uint64_t>(value, def.name, key, "an int");
-        // sorting and sampling (ops/sampling.h): topk's k and multinomial's num_samples are `length`
-        else if (key == "descending" || key == "largest") a.descending = flag(value);
-        else if (key == "replacement") a.replacement = flag(value);
-        else if (key == "k" || key == "num_samples") a.length = int_of(value, def.name, key);
-        else if (key == "padding_idx") a.padding_idx = value.is_none() ? -1 : int_of(value, def.name, key);
-        else if (key == "activation")
-            a.activation = value.is_none() ? Activation::None
-                                           : parse_choice<Activation>(value, def.name, "activation",
-                                                                      {{"none", Activation::None}, {"relu", Activation::Relu}});
-        else if (key == "mode")
-            a.rnn_mode = parse_choice<RnnMode>(value, def.name, "mode",
-                                               {{"lstm", RnnMode::Lstm}, {"gru", RnnMode::Gru},
-                                                {"rnn_tanh", RnnMode::RnnTanh}, {"rnn_relu", RnnMode::RnnRelu}});
-        else if (key == "hidden_size") a.hidden_size = int_of(value, def.name, key);
-        else if (key == "num_layers") a.num_layers = int_of(value, def.name, key);
-        else if (key == "bidirectional") a.bidirectional = flag(value);
-        else if (key == "save_for_backward") a.save_for_backward = flag(value);
-        else if (key == "reduction")
-            a.reduction = parse_choice<Reduction>(value, def.name, "reduction",
-                                                  {{"mean", Reduction::Mean}, {"sum", Reduction::Sum}, {"none", Reduction::None}});
-        else if (key == "ignore_index") a.ignore_index = int_of(value, def.name, key);
-        else if (key == "label_smoothing") a.label_smoothing = real(value);
-        // scaled_dot_product_attention: PyTorch's keywords onto its fields (dropout p is `scalar`)
-        else if (key == "is_causal") a.is_causal = flag(value);
-        else if (key == "scale") a.attention_scale = value.is_none() ? std::nullopt : std::optional(real(value));
-        else if (key == "dropout_p") a.scalar = real(value);
-        else if (key == "dtype") a.dtype = parse_dtype(value);  // cast
-        else
-            throw nb::type_error(str(def.name, "() got an unexpected keyword argument '", key, "'").c_str());
+        // The field by index in this module's own kAttrFields: an address from the library's copy
+        // (find_attr_keyword) is not one of ours, as this module's symbols are hidden.
+        std::size_t field = 0;
+        const auto names_key = [&](const AttrField& f) {
+            for (const std::string_view k : f.keywords)
+                if (!k.empty() && k == key) return true;
+            return false;
+        };
+        while (field < kAttrFieldCount && !names_key(kAttrFields[field])) ++field;
+        // A keyword of an attribute this op does not read is refused like an unknown one: it would be ignored.
+        if (field == kAttrFieldCount || key.empty() || !def.attrs.contains(field))
+            throw nb::type_error(str(def.name, "() got an unexpected keyword argument '", key, "' (", def.name,
+                                     " takes: ", attr_keywords_text(def), ")")
+                                     .c_str());
+        parse_field(a, kAttrFields[field], value, def.name, key);
     }
     if (def.op == OpType::Rnn) a.save_for_backward = grad_enabled();  // what ops/rnn's function does
     return a;
