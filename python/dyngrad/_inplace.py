@@ -52,13 +52,15 @@ def _mask_array(item, who):
 
 def _numpy_key(x, key, who):
     """`key` with masks as NumPy bool arrays and index tensors as NumPy int arrays, checked against x's shape."""
-    items = key if isinstance(key, tuple) else (key,)
+    # each mask read once (from a device: one copy to the host)
+    items = [(_mask_array(item, who) if _is_mask(item) else item)
+             for item in (key if isinstance(key, tuple) else (key,))]
     shape = tuple(x.shape)
 
     def dims(item):
         if item is None or item is Ellipsis or isinstance(item, (bool, _np.bool_)):
             return 0
-        return _np.ndim(_mask_array(item, who)) if _is_mask(item) else 1
+        return item.ndim if _is_mask(item) else 1
 
     consumed = sum(dims(item) for item in items)
     if consumed > len(shape):
@@ -68,7 +70,7 @@ def _numpy_key(x, key, who):
         if item is Ellipsis:
             axis += len(shape) - consumed
         elif _is_mask(item):
-            mask = _mask_array(item, who)
+            mask = item
             if mask.shape != shape[axis:axis + mask.ndim]:
                 raise _core.ShapeError(f"{who}: the mask's shape {mask.shape} does not match the indexed tensor's "
                                        f"shape {shape} at dims {axis}..{axis + mask.ndim - 1} (PyTorch's rule: a mask "

@@ -532,13 +532,14 @@ PyTensor unary(OpType op, const PyTensor& x, double scalar = 0.0) {
 
 PyTensor binary(OpType op, const PyTensor& a, const PyTensor& b) { return apply(op, {&a, &b}, no_attrs()); }
 
-// As ops/elementwise.cpp's comparisons: an int64 operand (labels, argmax) compares in the other's float dtype,
-// float64 when both are int64; it has no gradient, so its converted value is a constant.
+// A comparison's result is a mask: x[t > 0] selects by it (PyTensor::mask).
 PyTensor as_mask(PyTensor t) {
     t.mask = true;
     return t;
 }
 
+// As ops/elementwise.cpp's comparisons: an int64 operand (labels, argmax) compares in the other's float dtype,
+// float64 when both are int64; it has no gradient, so its converted value is a constant.
 PyTensor compare(OpType op, const PyTensor& a, const PyTensor& b) {
     const DType da = a.data().dtype(), db = b.data().dtype();
     if (da != DType::i64 && db != DType::i64) return as_mask(binary(op, a, b));
