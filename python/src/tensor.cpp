@@ -518,24 +518,30 @@ PyTensor unary(OpType op, const PyTensor& x, double scalar = 0.0) {
 
 PyTensor binary(OpType op, const PyTensor& a, const PyTensor& b) { return apply(op, {&a, &b}, no_attrs()); }
 
+// A comparison's result is a mask: x[t > 0] selects by it (PyTensor::mask).
+PyTensor as_mask(PyTensor t) {
+    t.mask = true;
+    return t;
+}
+
 // As ops/elementwise.cpp's comparisons: an int64 operand (labels, argmax) compares in the other's float dtype,
 // float64 when both are int64; it has no gradient, so its converted value is a constant.
 PyTensor compare(OpType op, const PyTensor& a, const PyTensor& b) {
     const DType da = a.data().dtype(), db = b.data().dtype();
-    if (da != DType::i64 && db != DType::i64) return binary(op, a, b);
+    if (da != DType::i64 && db != DType::i64) return as_mask(binary(op, a, b));
     const DType dtype = da != DType::i64 ? da : db != DType::i64 ? db : DType::f64;
     const auto as = [dtype](const PyTensor& t) {
         return t.data().dtype() == DType::i64 ? PyTensor(t.data().to(dtype)) : t;
     };
-    return binary(op, as(a), as(b));
+    return as_mask(binary(op, as(a), as(b)));
 }
 
 PyTensor compare_scalar(OpType op, const PyTensor& a, double s) {
     if (a.data().dtype() == DType::i64)  // `labels == 2.5` is false everywhere, not a truncated 2
-        return binary(op, PyTensor(a.data().to(DType::f64)),
-                      PyTensor(Tensor::full({}, s, DType::f64, a.data().device())));
+        return as_mask(binary(op, PyTensor(a.data().to(DType::f64)),
+                              PyTensor(Tensor::full({}, s, DType::f64, a.data().device()))));
     const PyTensor b = scalar_like(a, s);
-    return binary(op, a, b);
+    return as_mask(binary(op, a, b));
 }
 
 // ---- arithmetic operators as CPython number slots ----
@@ -630,20 +636,14 @@ PyType_Slot tensor_slots[] = {
     {0, nullptr},
 };
 
+// PyTorch's repr (core/tensor_print.cpp) with the autograd suffix: requires_grad=True on a leaf, grad_fn=<op>
+// (the op table's name, not torch's MulBackward0) on a result with history.
 std::string tensor_repr(const PyTensor& t) {
-    std::ostringstream out;
-    out << "tensor(";
-    const Tensor& v = t.data();
-    if (v.device().is_cpu() && v.numel() <= 64) {
-        out << "[";
-        const std::vector<double> values = v.to_vector();
-        for (std::size_t i = 0; i < values.size(); ++i) out << (i ? ", " : "") << values[i];
-        out << "], ";
-    }
-    out << "shape=" << to_string(v.shape()) << ", dtype=" << dtype_name(v.dtype()) << ", device=" << v.device().to_string();
-    if (t.requires_grad()) out << (t.is_leaf() ? ", requires_grad=True" : ", grad_fn=" + std::string(op_def(t.var.node().op, t.var.node().attrs).name));
-    out << ")";
-    return out.str();
+    std::vector<std::string> extra;
+    if (t.requires_grad())
+        extra.push_back(t.is_leaf() ? "requires_grad=True"
+                                    : "grad_fn=<" + std::string(op_def(t.var.node().op, t.var.node().attrs).name) + ">");
+    return format_tensor(t.data(), extra);
 }
 
 nb::tuple shape_tuple(const Shape& shape) {
@@ -840,21 +840,20 @@ void bind_tensor(nb::module_& m) {
              nb::arg("non_blocking") = false, nb::arg("copy") = false)
         .def("clone", [](const PyTensor& t) { return PyTensor(t.data().clone()); })
         .def("contiguous", [](const PyTensor& t) { return t; })
-        .def("copy_", [](PyTensor& t, const PyTensor& src) -> PyTensor& {
-                 if (t.has_history()) throw GraphError("copy_() into a tensor with history; write into a leaf");
-                 if (src.data().dtype() != t.data().dtype()) {
-                     const Tensor converted = src.data().to(t.data().dtype());
-                     const_cast<Tensor&>(t.data()).copy_from(converted);
-                 } else {
-                     const_cast<Tensor&>(t.data()).copy_from(src.data());
-                 }
-                 return t;
-             }, nb::rv_policy::reference)
-        .def("fill_", [](PyTensor& t, double v) -> PyTensor& {
-                 if (t.has_history()) throw GraphError("fill_() into a tensor with history; write into a leaf");
-                 const_cast<Tensor&>(t.data()).fill(v);
-                 return t;
-             }, nb::rv_policy::reference)
+        // The in-place API (copy_, fill_, add_, x[i] = v, x += 1, ...) is python/dyngrad/_inplace.py over these
+        // two: _write_ copies src's values (broadcast and converted there) into this storage and bumps its version
+        // (the engine then refuses a backward that needs the old values); _rebind makes this object stand for
+        // another result (an in-place op recorded with history: the old node's value stays as it was).
+        .def("_write_", [](PyTensor& t, const PyTensor& src) {
+                 const Tensor& from = src.data();
+                 const_cast<Tensor&>(t.data()).copy_from(from.dtype() == t.data().dtype() ? from : from.to(t.data().dtype()));
+             })
+        .def("_rebind", [](PyTensor& t, const PyTensor& other) {
+                 const bool mask = t.mask;
+                 t = other;
+                 t.mask = mask && other.mask;
+             })
+        .def_prop_rw("_is_mask", [](const PyTensor& t) { return t.mask; }, [](PyTensor& t, bool m) { t.mask = m; })
         .def("_set_value", [](PyTensor& t, const PyTensor& src) {
                  // Module.to(): a new value for a leaf (parameters keep their identity and gradient state).
                  if (t.has_history()) throw GraphError("_set_value on a tensor with history");
@@ -867,10 +866,6 @@ void bind_tensor(nb::module_& m) {
         .def("reshape", [](const PyTensor& t, nb::args shape) { return reshape_to(t, shape_from(shape, "reshape")); })
         .def("view", [](const PyTensor& t, nb::args shape) { return reshape_to(t, shape_from(shape, "view")); })
         .def("__getitem__", &getitem)
-        .def("__setitem__", [](PyTensor&, nb::handle, nb::handle) {
-            throw nb::type_error("dyngrad tensors do not support item assignment; build a new tensor (where, "
-                                 "masked_fill, concat) or write a whole leaf with copy_()/fill_()");
-        })
         .def("__len__", [](const PyTensor& t) {
             if (t.data().rank() == 0) throw nb::type_error("len() of a 0-d tensor");
             return t.data().size(0);
@@ -1050,6 +1045,7 @@ void bind_tensor(nb::module_& m) {
     m.def("cuda_is_available", [] { return cuda_device_count() > 0; });
     m.def("cuda_device_count", &cuda_device_count);
     m.def("cuda_compiled", &cuda_compiled);
+    m.def("_capturing", [](int device) { return cuda::capturing(device); }, nb::arg("device"));
     m.def("cuda_synchronize", [](int device) { cuda::synchronize(device); }, nb::arg("device") = 0);
     m.def("set_cpu_threads", &set_cpu_threads, nb::arg("threads"));
 }
