@@ -368,7 +368,12 @@ CheckResult gpu_second_order_check(const OpDef& def, const OpCase& c, Generator&
         for (const Tensor& t : reference) inputs.push_back(on_device(t));
         std::vector<std::vector<Tensor>> device_directions(1);
         for (const Tensor& t : directions[0]) device_directions[0].push_back(on_device(t));
-        const DirectionalRun single = directional_run(def, c, inputs, on_device(weights), device_directions, true);
+        // The weights in the device output's dtype: an op whose output dtype is not its input's (cast to f64) has
+        // f64 outputs from the f32 inputs.
+        const Tensor device_output = run_op(def, c, inputs, Tensor()).output;
+        const Tensor device_weights =
+            is_floating(device_output.dtype()) ? weights.to(device_output.dtype()).to(device) : weights.to(device);
+        const DirectionalRun single = directional_run(def, c, inputs, device_weights, device_directions, true);
         for (std::size_t k = 0; k < exact.grads.size(); ++k)
             compare_into(r, k + 1 < exact.grads.size() ? str("d2 checked input ", k) : std::string("d2 output weights"),
                          single.grads[k].to(Device::cpu()).to(DType::f64), exact.grads[k]);
