@@ -22,7 +22,10 @@ rm -rf "$venv" "$prefix"
 # The build requirements pinned in python/pyproject.toml, installed once here (no build isolation: the
 # wheel's build then needs no network beyond this line).
 "$venv/bin/pip" install --quiet "${pip_args[@]}" "scikit-build-core==0.10.7" "nanobind==2.4.0" numpy pytest
-cmake --build "$build_dir" --target dyngrad -j"${DYNGRAD_JOBS:-$(nproc)}"
+# The dist library too where the build has it (dyngrad.distributed links it; cmake --install installs it).
+targets=(dyngrad)
+[[ -e "$build_dir/dyngradDistTargets.cmake" ]] && targets+=(dyngrad_dist)
+cmake --build "$build_dir" --target "${targets[@]}" -j"${DYNGRAD_JOBS:-$(nproc)}"
 cmake --install "$build_dir" --prefix "$prefix" >/dev/null
 DYNGRAD_PREBUILT_DIR="$prefix" "$venv/bin/pip" install --quiet --no-build-isolation "${pip_args[@]}" \
     -C build-dir="$build_dir/python-build" "$root/python"

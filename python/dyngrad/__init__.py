@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib as _contextlib
 import os as _os
+import sys as _sys
 
 import numpy as _np
 
@@ -42,6 +43,13 @@ from .factories import (  # noqa: E402,F401
     cat, concat, stack, where, zeros_like, ones_like, full_like, rand_like, randn_like, empty_like, linspace, randint,
 )
 from ._core import bfloat16, float16  # noqa: E402,F401
+# The distributed layer (dg.distributed, dg.nn.parallel; docs/python.md) and dg.cuda (captured steps).
+from ._core import DistributedError  # noqa: E402,F401
+from . import distributed  # noqa: E402
+from . import cuda  # noqa: E402
+from . import parallel as _parallel  # noqa: E402
+nn.parallel = _parallel  # dg.nn.parallel.DistributedDataParallel, and `from dyngrad.nn.parallel import ...`
+_sys.modules[__name__ + ".nn.parallel"] = _parallel
 
 __version__ = "0.1.0"
 

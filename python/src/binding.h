@@ -30,7 +30,14 @@ struct GraphBox {
     // (a leaf that took part in a backward is not reused by a later forward of a retained graph).
     std::uint64_t leaf_epoch = next_leaf_epoch();
     static std::uint64_t next_leaf_epoch();
+    // When set, loss.backward() on this graph runs this instead of graph.backward: DistributedDataParallel's
+    // forward sets it (src/distributed.cpp) so that the backward averages gradients across ranks, as PyTorch's
+    // DDP hooks its reducer into autograd. grad_output is null for backward() without a gradient.
+    std::function<void(ComputeGraph&, const Var&, const Tensor* grad_output, const BackwardOptions&)> backward;
 };
+using GraphBackward = decltype(GraphBox::backward);
+// loss.backward() on `box`'s graph: its `backward` when set, else the engine's (src/distributed.cpp).
+void run_graph_backward(GraphBox& box, const Var& output, const Tensor* grad_output, const BackwardOptions& options);
 std::shared_ptr<GraphBox> current_graph();
 // Ends the thread's current graph if it is `box` (the next op starts a new one).
 void retire_graph(const std::shared_ptr<GraphBox>& box);
@@ -122,5 +129,7 @@ void bind_transformer(nb::module_& m);  // src/transformer.cpp
 void bind_amp(nb::module_& m);          // src/amp.cpp
 void bind_autograd(nb::module_& m);     // src/autograd.cpp
 void bind_schedules(nb::module_& m);    // src/schedules.cpp
+void bind_distributed(nb::module_& m);  // src/distributed.cpp
+void bind_capture(nb::module_& m);      // src/capture.cpp
 
 }  // namespace dyngrad::python
