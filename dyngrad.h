@@ -43,6 +43,8 @@
 #include "dyngrad/ops/pool.h"
 #include "dyngrad/ops/reduce.h"
 #include "dyngrad/ops/rnn.h"
+#include "dyngrad/ops/sampling.h"
+#include "dyngrad/ops/values_indices.h"
 // nn: modules, layers, optimizers, data loading
 #include "dyngrad/nn/amp.h"
 #include "dyngrad/nn/dataset.h"

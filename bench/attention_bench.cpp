@@ -1,4 +1,4 @@
-// dyngrad-attention-bench: scaled_dot_product_attention forward + backward on the GPU (ops/attention.cu), side by
+// dyngrad-attention-bench: scaled_dot_product_attention forward + backward on the GPU (ops/attention*.cu), side by
 // side with PyTorch's F.scaled_dot_product_attention (bench/torch_attention.py; scripts/run-attention-bench.sh
 // runs both and writes the table).
 //
@@ -10,7 +10,7 @@
 // bf16/f16: from the same rounded inputs, with the op's reduced-precision tolerance).
 //
 // --deterministic: cuda::set_deterministic(true), so the float32 backward runs its two deterministic kernels instead
-// of the fused one that adds dq with float atomics (the default; ops/attention.cu).
+// of the fused one that adds dq with float atomics (the default; ops/attention_mma.cu).
 //
 // Usage: dyngrad-attention-bench [--lengths 256,1024,4096] [--batch B] [--heads H] [--head-dim D]
 //                                [--dtype f32|bf16|f16] [--repetitions R] [--deterministic] [--json FILE]

@@ -69,6 +69,8 @@ std::string optional_attrs(const OpAttrs& a) {
     if (a.is_causal) out += ", \"is_causal\": true";
     if (a.attention_scale) out += str(", \"attention_scale\": ", number(*a.attention_scale));
     if (a.dtype != DType::f32) out += str(", \"dtype\": ", quoted(std::string(dtype_name(a.dtype))));
+    if (a.descending) out += ", \"descending\": true";
+    if (a.replacement) out += ", \"replacement\": true";
     return out;
 }
 

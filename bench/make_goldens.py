@@ -228,6 +228,42 @@ def embedding(xs, a):
     return F.embedding(xs[1], xs[0], padding_idx=padding)
 
 
+def topk_indices(xs, a):
+    # dyngrad's topk always returns sorted values; the cases hold no ties (PyTorch leaves their order open).
+    return torch.topk(xs[0], a["length"], dim=a["axis"], largest=a.get("descending", False), sorted=True).indices
+
+
+# multinomial: dyngrad's own counter-based draws (ops/sampling_math.h documents them: sample s of row r takes the
+# uniform u of index r·num_samples + s of dropout's SplitMix64 stream above and the first category whose running
+# sum of weights, in float64 from the left, exceeds u·total; without replacement a drawn weight becomes 0 and the
+# next sample sums the rest again), written here again from that description. PyTorch's generator draws other
+# samples; tests/test_sampling.cpp checks the distribution.
+def multinomial(xs, a):
+    probs, n, seed = xs[0], a["length"], int(a["seed"]) & MASK64
+    rows = probs.reshape(-1, probs.shape[-1]).tolist()
+    out = []
+    for r, weights in enumerate(rows):
+        remaining, drawn = list(weights), []
+        for s in range(n):
+            total = 0.0
+            for w in remaining:
+                total += w
+            target = splitmix64_uniform(seed, r * n + s) * total
+            acc, chosen = 0.0, None
+            for i, w in enumerate(remaining):
+                if w == 0:
+                    continue
+                chosen = i  # the last category with weight, if rounding ever left acc <= target
+                acc += w
+                if acc > target:
+                    break
+            drawn.append(chosen)
+            if not a.get("replacement", False):
+                remaining[chosen] = 0.0
+        out.append(drawn)
+    return torch.tensor(out, dtype=torch.int64).reshape(tuple(probs.shape[:-1]) + (n,))
+
+
 REFERENCES = {
     "add": binary(torch.add),
     "sub": binary(torch.sub),
@@ -301,6 +337,11 @@ REFERENCES = {
     # dyngrad's conditions and masks are float 0/1 tensors; PyTorch's are bool.
     "where": lambda xs, a: torch.where(xs[0] != 0, xs[1], xs[2]),
     "masked_fill": lambda xs, a: xs[0].masked_fill(xs[1] != 0, a["scalar"]),
+    "cumsum": unary(lambda x, a: torch.cumsum(x, dim=a["axis"])),
+    # dyngrad's sort is stable; the cases hold no ties.
+    "argsort": unary(lambda x, a: torch.argsort(x, dim=a["axis"], descending=a.get("descending", False), stable=True)),
+    "topk_indices": topk_indices,
+    "multinomial": multinomial,
 }
 
 

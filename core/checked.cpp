@@ -46,6 +46,35 @@ std::int64_t checked_numel(const Shape& shape, std::string_view what) {
     throw ShapeError(str(what, ": shape ", to_string(shape), " has more elements than int64 can count"));
 }
 
+Shape resolve_reshape(const Shape& from, std::int64_t numel, const Shape& target, std::string_view what) {
+    const std::string prefix = what.empty() ? std::string() : str(what, ": ");
+    Shape shape = target;
+    std::size_t inferred = shape.size();
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+        if (shape[i] == -1) {
+            if (inferred != shape.size())
+                throw ValueError(str(prefix, "target ", to_string(target), " has more than one -1"));
+            inferred = i;
+        } else if (shape[i] < 0) {
+            throw ValueError(str(prefix, "target ", to_string(target), " has a negative dimension"));
+        }
+    }
+    // The product of the known dims, checked: a target such as (6,7,7905747460161236407) wraps to 6.
+    Shape known_dims = shape;
+    if (inferred != shape.size()) known_dims[inferred] = 1;
+    const std::int64_t known = checked_numel(known_dims, what.empty() ? std::string_view("target") : what);
+    if (inferred != shape.size()) {
+        if (known == 0 || numel % known != 0)
+            throw ShapeError(str(prefix, "cannot reshape ", to_string(from), " (", numel, " elements) to ",
+                                 to_string(target)));
+        shape[inferred] = numel / known;
+    } else if (known != numel) {
+        throw ShapeError(str(prefix, "cannot reshape ", to_string(from), " (", numel, " elements) to ",
+                             to_string(shape), " (", known, " elements)"));
+    }
+    return shape;
+}
+
 std::size_t checked_bytes(std::int64_t numel, std::size_t width, std::string_view what) {
     std::int64_t bytes;
     if (numel < 0 || __builtin_mul_overflow(numel, static_cast<std::int64_t>(width), &bytes))

@@ -51,6 +51,11 @@ std::int64_t try_numel(const Shape& shape) noexcept;
 // like a (2^40, 2^40, 2^40) one). Messages start with `what`.
 std::int64_t checked_numel(const Shape& shape, std::string_view what);
 
+// A reshape target with at most one -1 resolved against `numel` elements of shape `from` (reshape's and
+// Tensor::reshaped's one rule): ValueError for two -1s or another negative dim, ShapeError when the known dims
+// do not divide `numel` (or multiply to another count). Messages start with `what` when it is not empty.
+Shape resolve_reshape(const Shape& from, std::int64_t numel, const Shape& target, std::string_view what = {});
+
 // Bytes of `numel` elements of `width` bytes each; ShapeError when they do not fit int64.
 std::size_t checked_bytes(std::int64_t numel, std::size_t width, std::string_view what);
 

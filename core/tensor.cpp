@@ -310,6 +310,12 @@ Tensor Tensor::to(Device target) const {
     return out;
 }
 
+// A GPU converts on the device in one kernel, so the data moves first when it goes to one and last otherwise.
+Tensor Tensor::to(Device device_target, DType dtype_target) const {
+    if (!defined()) throw ValueError("to(): tensor is undefined");
+    return device_target.is_cuda() ? to(device_target).to(dtype_target) : to(dtype_target).to(device_target);
+}
+
 Tensor Tensor::to(DType target) const {
     if (!defined()) throw ValueError("to(): tensor is undefined");
     if (target == dtype_) return *this;
@@ -349,12 +355,8 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::reshaped(const Shape& shape) const {
     require_defined("reshaped()");
-    const std::int64_t n = checked_numel(shape, "reshaped()");
-    if (n != numel_)
-        throw ShapeError(str("cannot reshape ", to_string(shape_), " (", numel_, " elements) to ", to_string(shape),
-                             " (", n, " elements)"));
     Tensor out = *this;
-    out.shape_ = shape;
+    out.shape_ = resolve_reshape(shape_, numel_, shape, "reshaped()");  // one -1 inferred, as reshape does
     return out;
 }
 

@@ -67,7 +67,7 @@ public:
     static Tensor ones(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
     static Tensor full(const Shape& shape, double value, DType dtype = DType::f32,
                        Device device = Device::cpu());
-    // [start, stop) in steps of `step` (rank 1).
+    // [start, stop) in steps of `step` (rank 1); an integer range needs DType::i64 (no int overload: ambiguous).
     static Tensor arange(double start, double stop, double step = 1.0, DType dtype = DType::f32,
                          Device device = Device::cpu());
     // `values.size()` must equal numel(shape) (ValueError otherwise).
@@ -115,8 +115,10 @@ public:
 
     Tensor to(Device device) const;  // shares storage when already there
     Tensor to(DType dtype) const;    // shares storage when already that dtype
+    Tensor to(Device device, DType dtype) const;  // both (PyTorch's x.to(device, dtype)); shares when nothing changes
     Tensor clone() const;
-    // Same storage, new shape of the same numel (ShapeError otherwise).
+    // Same storage, new shape of the same numel (ShapeError otherwise); one dim may be -1, inferred as reshape
+    // infers it (ValueError for two).
     Tensor reshaped(const Shape& shape) const;
     // Indexing, eager (no graph): the functions of ops/layout.h, which implements these. squeeze, unsqueeze
     // and flatten return views (same storage); select and narrow return copies. select(0, -1): the last row.

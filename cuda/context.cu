@@ -519,6 +519,9 @@ void raise_device_error(DeviceContext& ctx) {
     if (code == static_cast<int>(DeviceErrorCode::value_not_binary))
         throw ValueError(str(what ? what : "an op", ": the value at flat position ", index,
                              " is neither 0 nor 1 (reported by a GPU kernel)"));
+    if (code == static_cast<int>(DeviceErrorCode::invalid_value))
+        throw ValueError(str(what ? what : "an op: an invalid value", " in row ", index,
+                             value >= 0 ? str(" at column ", value) : std::string(), " (reported by a GPU kernel)"));
     if (code == static_cast<int>(DeviceErrorCode::loss_scale_collapsed))
         throw NumericalError(str("GradScaler: the loss scale collapsed to ",
                                  std::bit_cast<float>(static_cast<std::int32_t>(value)), " after ", index,

@@ -44,7 +44,8 @@ namespace dyngrad::cuda {
 // loss_scale_collapsed (GradScaler's update, nn/optim.cu): index = consecutive skipped steps, value = the
 // float bits of the scale.
 enum class DeviceErrorCode : int {
-    none = 0, label_out_of_range = 1, index_out_of_range = 2, value_not_binary = 3, loss_scale_collapsed = 4 };
+    none = 0, label_out_of_range = 1, index_out_of_range = 2, value_not_binary = 3, loss_scale_collapsed = 4,
+    invalid_value = 5 };  // `what` says what (multinomial's weights): ValueError at row `index`, column `value` (or -1)
 struct DeviceErrorRecord {
     int code;                // DeviceErrorCode
     long long index;         // e.g. the row of the bad label

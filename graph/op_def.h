@@ -51,7 +51,7 @@ struct OpAttrs {
     bool training = false;                       // batch_norm (batch statistics, update running ones), dropout
     double eps = 1e-5;                           // batch_norm, layer_norm, rms_norm
     double momentum = 0.1;                       // batch_norm: running = (1 - momentum)·running + momentum·batch
-    std::uint64_t seed = 0;                      // dropout: counter-based mask, identical on every backend
+    std::uint64_t seed = 0;                      // dropout, multinomial: counter-based draws, identical on every backend
     // scaled_dot_product_attention (ops/attention.h); its dropout p is `scalar`, its dropout seed `seed`
     bool is_causal = false;                      // key s takes part in query t only when s <= t
     std::optional<double> attention_scale;       // absent: 1/sqrt(head dim)
@@ -71,6 +71,9 @@ struct OpAttrs {
     std::int64_t ignore_index = -100;       // cross_entropy, nll_loss: rows with this target add nothing
     double label_smoothing = 0.0;           // cross_entropy: weight of the uniform target, in [0, 1]
     DType dtype = DType::f32;               // cast: the target dtype
+    // sorting and sampling (ops/sampling.h); topk's k and multinomial's num_samples are `length`
+    bool descending = false;   // argsort: largest first; topk_indices: the largest (PyTorch's largest=True)
+    bool replacement = false;  // multinomial: draw with replacement
 };
 
 struct OutputSpec {

@@ -52,6 +52,10 @@ enum class OpType : std::uint16_t {
     ScaledDotProductAttention,
     // recurrent networks, cuDNN's four cell modes (ops/rnn)
     Rnn,
+    // sorting and sampling (ops/sampling): the running sum along an axis (differentiable); the int64 indices that
+    // sort an axis (stable), those of its k largest / smallest entries, and int64 draws from rows of weights (these
+    // three not differentiable: sort's and topk's values are gathers at the indices, their gradients gather's)
+    Cumsum, ArgSort, TopKIndices, Multinomial,
     Count_  // number of tags; keep last
 };
 

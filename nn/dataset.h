@@ -152,8 +152,8 @@ using Collate = std::function<std::vector<Tensor>(const std::vector<std::vector<
 std::vector<Tensor> stack_samples(const std::vector<std::vector<Tensor>>& samples);
 
 struct DataLoaderOptions {
-    std::int64_t batch_size = 64;
-    bool shuffle = true;     // order of epoch e: epoch_permutation(size, seed, e); false: 0, 1, 2, ...
+    std::int64_t batch_size = 1;  // PyTorch's defaults: batches of one, in the data set's order
+    bool shuffle = false;         // true: the order of epoch e is epoch_permutation(size, seed, e); false: 0, 1, 2, ...
     std::uint64_t seed = 0;
     bool drop_last = false;  // leave out an epoch's last batch when it is partial
     // This loader sees positions shard, shard + num_shards, ... of each epoch's order (one loader per

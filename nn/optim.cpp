@@ -16,6 +16,8 @@
 #include "dyngrad/nn/amp.h"
 #include "dyngrad/nn/optim_kernels.h"
 #include "dyngrad/nn/optim_shared.h"
+#include "dyngrad/ops/elementwise.h"
+#include "dyngrad/ops/reduce.h"
 
 namespace dyngrad {
 
@@ -699,6 +701,29 @@ Tensor clip_grad_norm(const std::vector<Parameter>& parameters, double max_norm,
                               [&]<typename T>() { map<T>(*grad) *= static_cast<T>(coefficient); });
         }
     return Tensor::full({}, norm, norm_dtype);
+}
+
+// The norm through eager ops in float64 on the gradients' device, each gradient's part read back to the host
+// and checked before anything is scaled; only error_if_nonfinite pays for it (PyTorch synchronises for it too).
+Tensor clip_grad_norm(const std::vector<Parameter>& parameters, double max_norm, double norm_type,
+                      bool error_if_nonfinite, double eps) {
+    if (!error_if_nonfinite) return clip_grad_norm(parameters, max_norm, norm_type, eps);
+    check_clip_arguments("clip_grad_norm", max_norm, norm_type, eps);
+    double total = 0;
+    for (const Tensor* grad : gradient_targets(parameters, "clip_grad_norm", GradientUse::read)) {
+        const Tensor magnitude = abs(grad->to(DType::f64).reshaped({-1}));
+        if (!std::isinf(norm_type)) {
+            total += sum(pow(magnitude, norm_type)).item();
+        } else if (magnitude.numel() > 0) {
+            const double largest = max(magnitude, 0).item();  // NaN when any element is (max's NaN rule)
+            total = std::isnan(largest) || largest > total ? largest : total;
+        }
+        if (std::isnan(total)) break;
+    }
+    if (!std::isfinite(total))
+        throw NumericalError(str("clip_grad_norm: the total norm of order ", norm_type, " of the gradients is ", total,
+                                 " (error_if_nonfinite=true); the gradients are left unchanged"));
+    return clip_grad_norm(parameters, max_norm, norm_type, eps);
 }
 
 void clip_grad_value(const std::vector<Parameter>& parameters, double clip_value) {

@@ -356,6 +356,11 @@ private:
 // ValueError: max_norm negative/NaN, norm_type not positive; DeviceError: gradients on several devices.
 Tensor clip_grad_norm(const std::vector<Parameter>& parameters, double max_norm, double norm_type = 2.0,
                       double eps = 1e-6);
+// PyTorch's clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite): with true, a NaN or infinite
+// total norm throws NumericalError and leaves every gradient unchanged (the check reads the norm on the host, one
+// synchronisation per gradient on a GPU); false is the form above.
+Tensor clip_grad_norm(const std::vector<Parameter>& parameters, double max_norm, double norm_type,
+                      bool error_if_nonfinite, double eps = 1e-6);
 // Clamps every gradient element into [-clip_value, clip_value]. ValueError: clip_value negative or NaN.
 void clip_grad_value(const std::vector<Parameter>& parameters, double clip_value);
 

@@ -1,6 +1,7 @@
 // Attention: scaled_dot_product_attention, as PyTorch's F.scaled_dot_product_attention. CPU: ops/attention.cpp
-// (Eigen, the reference). GPU: ops/attention.cu (a fused flash-attention kernel: tiled, online softmax, no T×S
-// matrix in memory, backward by recomputation).
+// (Eigen, the reference). GPU: ops/attention.cu picks among fused flash-attention kernels (tiled, online softmax,
+// no T×S matrix in memory, backward by recomputation): ops/attention_mma.cu, ops/attention_simt.cu, and cuDNN's
+// (ops/attention_cudnn.cu); its header comment and docs/ops.md give the selection policy.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -24,7 +25,8 @@ inline constexpr std::int64_t kAttentionMaxGpuHeadDim = 128;
 
 // Which GPU kernels run float32 attention (process-wide): tensor cores (3xTF32 mma.sync: each operand split into a
 // TF32 part and a TF32 residual, three MMAs per product, ~float32 accuracy; the default on compute capability 8.0
-// and newer) or the SIMT kernels (exact float32 FMA; float64 and devices before 8.0 always use them). The
+// and newer) or the SIMT kernels (exact float32 FMA; float64 and devices before 8.0 always use them). A debugging
+// override, for comparing the paths (the default is the selection policy of ops/attention.cu and docs/ops.md): the
 // environment variable DYNGRAD_ATTENTION_SIMT=1 selects simt at start; set_attention_gpu_path overrides it.
 enum class AttentionGpuPath { tensor_cores, simt };
 void set_attention_gpu_path(AttentionGpuPath path);
@@ -38,8 +40,9 @@ bool attention_uses_tensor_cores();
 // ones the CPU replays), no keep mask, D a multiple of 8 up to 128, compute capability 8.0+, 16-byte aligned
 // operands, and an engine of cuDNN finalizing for the shape (in deterministic mode, cuda::set_deterministic, only
 // an engine without cuDNN's nondeterministic note). Elsewhere dyngrad's own kernels run. Both save the same
-// log-sum-exp (f32), so a forward on one and a backward on the other agree. On by default; the environment
-// variable DYNGRAD_ATTENTION_CUDNN=0 disables it at start, set_attention_cudnn overrides (process-wide).
+// log-sum-exp (f32), so a forward on one and a backward on the other agree. On by default; as a debugging override
+// the environment variable DYNGRAD_ATTENTION_CUDNN=0 disables it at start, set_attention_cudnn overrides
+// (process-wide).
 void set_attention_cudnn(bool enabled);
 bool attention_cudnn_enabled();
 // Which implementation ran this thread's last bf16/f16 GPU attention forward and backward (none: no such call

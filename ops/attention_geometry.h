@@ -1,4 +1,4 @@
-// Internal (ops/attention.cpp, ops/attention.cu): scaled_dot_product_attention's sizes and options as both
+// Internal (ops/attention.cpp, ops/attention*.cu): scaled_dot_product_attention's sizes and options as both
 // backends read them, resolved once from the inputs and attributes (the shape rule has checked them).
 #pragma once
 #include <array>
@@ -32,7 +32,7 @@ struct AttentionGeometry {
 AttentionGeometry attention_geometry(std::span<const Tensor> inputs, const OpAttrs& attrs);
 
 namespace cuda {
-// Whether ops/attention.cu's tensor-core kernels were compiled for the current device's architecture.
+// Whether the tensor-core kernels (ops/attention_mma.cu) were compiled for the current device's architecture.
 bool attention_tensor_cores_compiled();
 // attention_last_run() and attention_cudnn_status() of ops/attention.h (ops/attention_cudnn.cu).
 AttentionRunInfo attention_last_run_record();

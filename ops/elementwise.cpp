@@ -232,12 +232,33 @@ Var operator*(VarAt x, double s) { return mul_scalar(x.var, s, x.where); }
 Var operator*(double s, VarAt x) { return mul_scalar(x.var, s, x.where); }
 Var operator/(VarAt x, double s) { return div_scalar(x.var, s, x.where); }
 
-Var eq(const Var& a, const Var& b, Loc where) { return a.graph().record(OpType::Eq, {a, b}, {}, where); }
-Var ne(const Var& a, const Var& b, Loc where) { return a.graph().record(OpType::Ne, {a, b}, {}, where); }
-Var lt(const Var& a, const Var& b, Loc where) { return a.graph().record(OpType::Lt, {a, b}, {}, where); }
-Var le(const Var& a, const Var& b, Loc where) { return a.graph().record(OpType::Le, {a, b}, {}, where); }
-Var gt(const Var& a, const Var& b, Loc where) { return a.graph().record(OpType::Gt, {a, b}, {}, where); }
-Var ge(const Var& a, const Var& b, Loc where) { return a.graph().record(OpType::Ge, {a, b}, {}, where); }
+// Comparisons take int64 operands too (argmax against labels is an accuracy): such an operand is compared in
+// the other's float dtype, float64 when both are int64 (exact below 2^53), as PyTorch promotes. An int64 value
+// has no gradient to lose, so its converted value enters as a constant (the cast op converts floating tensors).
+namespace {
+DType comparison_dtype(DType a, DType b) { return a != DType::i64 ? a : b != DType::i64 ? b : DType::f64; }
+Var comparable(const Var& x, DType dtype, Loc where) {
+    return x.defined() && x.dtype() == DType::i64 ? x.graph().constant(x.value().to(dtype), where) : x;
+}
+Tensor comparable(const Tensor& x, DType dtype) { return x.defined() && x.dtype() == DType::i64 ? x.to(dtype) : x; }
+Var compare(OpType op, const Var& a, const Var& b, Loc where) {
+    if (!a.defined() || !b.defined()) return a.graph().record(op, {a, b}, {}, where);  // the engine's error
+    const DType dtype = comparison_dtype(a.dtype(), b.dtype());
+    return a.graph().record(op, {comparable(a, dtype, where), comparable(b, dtype, where)}, {}, where);
+}
+Tensor compare(OpType op, const Tensor& a, const Tensor& b, Loc where) {
+    if (!a.defined() || !b.defined()) return eager(op, {a, b}, {}, where);
+    const DType dtype = comparison_dtype(a.dtype(), b.dtype());
+    return eager(op, {comparable(a, dtype), comparable(b, dtype)}, {}, where);
+}
+}  // namespace
+
+Var eq(const Var& a, const Var& b, Loc where) { return compare(OpType::Eq, a, b, where); }
+Var ne(const Var& a, const Var& b, Loc where) { return compare(OpType::Ne, a, b, where); }
+Var lt(const Var& a, const Var& b, Loc where) { return compare(OpType::Lt, a, b, where); }
+Var le(const Var& a, const Var& b, Loc where) { return compare(OpType::Le, a, b, where); }
+Var gt(const Var& a, const Var& b, Loc where) { return compare(OpType::Gt, a, b, where); }
+Var ge(const Var& a, const Var& b, Loc where) { return compare(OpType::Ge, a, b, where); }
 
 // ---- eager calls (graph/eager.h): the same ops on Tensors ----
 namespace {
@@ -246,11 +267,12 @@ Tensor eager_unary(OpType op, const Tensor& x, double s, Loc where) {
     attrs.scalar = s;
     return eager(op, {x}, attrs, where);
 }
-// `s` as a one-element tensor of x's dtype and device, for a binary op with a scalar operand.
+// `s` as a one-element tensor of x's dtype and device, for a binary op with a scalar operand; float64 beside
+// int64, so `labels >= 1.5` compares with 1.5, not with a truncated 1.
 Tensor scalar_like(const Tensor& x, double s, Loc where) {
     if (!x.defined())
         throw ValueError(str("operator at ", describe_site(where), ": the tensor beside the scalar ", s, " is undefined"));
-    return Tensor::full({}, s, x.dtype(), x.device());
+    return Tensor::full({}, s, x.dtype() == DType::i64 ? DType::f64 : x.dtype(), x.device());
 }
 }  // namespace
 
@@ -281,12 +303,12 @@ Tensor clipped_relu(const Tensor& x, double ceiling, Loc where) {
 Tensor sigmoid(const Tensor& x, Loc where) { return eager_unary(OpType::Sigmoid, x, 0.0, where); }
 Tensor tanh(const Tensor& x, Loc where) { return eager_unary(OpType::Tanh, x, 0.0, where); }
 Tensor softplus(const Tensor& x, Loc where) { return eager_unary(OpType::Softplus, x, 0.0, where); }
-Tensor eq(const Tensor& a, const Tensor& b, Loc where) { return eager(OpType::Eq, {a, b}, {}, where); }
-Tensor ne(const Tensor& a, const Tensor& b, Loc where) { return eager(OpType::Ne, {a, b}, {}, where); }
-Tensor lt(const Tensor& a, const Tensor& b, Loc where) { return eager(OpType::Lt, {a, b}, {}, where); }
-Tensor le(const Tensor& a, const Tensor& b, Loc where) { return eager(OpType::Le, {a, b}, {}, where); }
-Tensor gt(const Tensor& a, const Tensor& b, Loc where) { return eager(OpType::Gt, {a, b}, {}, where); }
-Tensor ge(const Tensor& a, const Tensor& b, Loc where) { return eager(OpType::Ge, {a, b}, {}, where); }
+Tensor eq(const Tensor& a, const Tensor& b, Loc where) { return compare(OpType::Eq, a, b, where); }
+Tensor ne(const Tensor& a, const Tensor& b, Loc where) { return compare(OpType::Ne, a, b, where); }
+Tensor lt(const Tensor& a, const Tensor& b, Loc where) { return compare(OpType::Lt, a, b, where); }
+Tensor le(const Tensor& a, const Tensor& b, Loc where) { return compare(OpType::Le, a, b, where); }
+Tensor gt(const Tensor& a, const Tensor& b, Loc where) { return compare(OpType::Gt, a, b, where); }
+Tensor ge(const Tensor& a, const Tensor& b, Loc where) { return compare(OpType::Ge, a, b, where); }
 
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol, Loc where) {
     if (!(rtol >= 0) || !(atol >= 0))

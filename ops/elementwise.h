@@ -117,7 +117,8 @@ Var operator/(VarAt x, double s);
 
 // Comparisons, broadcast like add: 1 where the relation holds, 0 where not, in the inputs' (float) dtype, so a
 // mask multiplies straight into float math (mean(eq(argmax...)) is an accuracy). NaN compares unequal to
-// everything, itself included (only ne holds). Not differentiable: a Var result never requires grad.
+// everything, itself included (only ne holds). Not differentiable: a Var result never requires grad. An int64
+// operand (labels, argmax) is compared in the other's float dtype, float64 when both are int64 (the mask's dtype).
 Var eq(const Var& a, const Var& b, Loc where = Loc::current());
 Tensor eq(const Tensor& a, const Tensor& b, Loc where = Loc::current());
 Var ne(const Var& a, const Var& b, Loc where = Loc::current());

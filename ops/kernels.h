@@ -54,6 +54,9 @@ OutputSpec scatter_add(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec where(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec masked_fill(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec rnn(OpType, std::span<const Tensor>, const OpAttrs&);
+OutputSpec cumsum(OpType, std::span<const Tensor>, const OpAttrs&);        // ops/sampling.cpp
+OutputSpec sort_indices(OpType, std::span<const Tensor>, const OpAttrs&);  // argsort, topk_indices (int64)
+OutputSpec multinomial(OpType, std::span<const Tensor>, const OpAttrs&);
 }  // namespace infer
 
 // Reshape is metadata only: the same functions serve every backend.
@@ -106,6 +109,15 @@ struct IndexedWalk {
     std::int64_t axis_size = 1;  // valid indices: [0, axis_size)
 };
 IndexedWalk indexed_walk(const Shape& indexed, const Shape& index, int axis);
+
+// Sorting and sampling (ops/sampling.cpp), shared by both backends: x seen around `axis` (a rank-0 x as one line
+// of one element), and the words for a multinomial row's problem (math::WeightProblem, ops/sampling_math.h).
+AxisSplit sampling_split(const Tensor& x, std::int64_t axis);
+struct WeightRows {  // multinomial's probs, (C) or (N, C), as rows of categories
+    std::int64_t rows = 1, categories = 1;
+};
+WeightRows weight_rows(const Tensor& probs);
+const char* weight_problem_text(int problem);
 
 // Axes of `from` that must be summed to reach `to` under broadcasting (leading extra axes and
 // axes where `to` has 1). Shared by the broadcast-gradient reductions of every backend.
@@ -160,6 +172,10 @@ std::vector<Tensor> index_select_backward(const BackwardArgs&);
 Tensor scatter_add_forward(const ForwardArgs&);
 Tensor select_forward(const ForwardArgs&); /* where, masked_fill */
 std::vector<Tensor> select_backward(const BackwardArgs&);
+Tensor cumsum_forward(const ForwardArgs&);
+std::vector<Tensor> cumsum_backward(const BackwardArgs&);
+Tensor sort_indices_forward(const ForwardArgs&); /* argsort, topk_indices */
+Tensor multinomial_forward(const ForwardArgs&);
 // engine helpers: x summed over `axes` (kept as size 1); dst += src (same shape)
 Tensor sum_over(const Tensor& x, std::span<const int> axes);
 void accumulate_into(Tensor& dst, const Tensor& src);
@@ -234,6 +250,10 @@ std::vector<Tensor> index_select_backward(const BackwardArgs&);
 Tensor scatter_add_forward(const ForwardArgs&);
 Tensor select_forward(const ForwardArgs&); /* where, masked_fill */
 std::vector<Tensor> select_backward(const BackwardArgs&);
+Tensor cumsum_forward(const ForwardArgs&);
+std::vector<Tensor> cumsum_backward(const BackwardArgs&);
+Tensor sort_indices_forward(const ForwardArgs&); /* argsort, topk_indices */
+Tensor multinomial_forward(const ForwardArgs&);
 // engine helpers: x summed over `axes` (kept as size 1); dst += src (same shape)
 Tensor sum_over(const Tensor& x, std::span<const int> axes);
 void accumulate_into(Tensor& dst, const Tensor& src);

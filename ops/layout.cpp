@@ -336,30 +336,7 @@ OutputSpec transpose(OpType, std::span<const Tensor> inputs, const OpAttrs& attr
 
 OutputSpec reshape(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
     const Tensor& x = inputs[0];
-    Shape shape = attrs.shape;
-    std::size_t inferred = shape.size();
-    for (std::size_t i = 0; i < shape.size(); ++i) {
-        if (shape[i] == -1) {
-            if (inferred != shape.size()) throw ValueError(str("target ", to_string(attrs.shape), " has more than one -1"));
-            inferred = i;
-        } else if (shape[i] < 0) {
-            throw ValueError(str("target ", to_string(attrs.shape), " has a negative dimension"));
-        }
-    }
-    // The product of the known dims, checked: a target such as (6,7,7905747460161236407) wraps to 6.
-    Shape known_dims = shape;
-    if (inferred != shape.size()) known_dims[inferred] = 1;
-    const std::int64_t known = checked_numel(known_dims, "target");
-    if (inferred != shape.size()) {
-        if (known == 0 || x.numel() % known != 0)
-            throw ShapeError(str("cannot reshape ", to_string(x.shape()), " (", x.numel(), " elements) to ",
-                                 to_string(attrs.shape)));
-        shape[inferred] = x.numel() / known;
-    } else if (known != x.numel()) {
-        throw ShapeError(str("cannot reshape ", to_string(x.shape()), " (", x.numel(), " elements) to ",
-                             to_string(shape), " (", known, " elements)"));
-    }
-    return {shape, x.dtype()};
+    return {resolve_reshape(x.shape(), x.numel(), attrs.shape), x.dtype()};
 }
 
 OutputSpec narrow(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {

@@ -20,6 +20,24 @@
 namespace dyngrad {
 
 // ---- user functions ----
+namespace {
+
+// Linear takes x (*, in) as libtorch does: the leading dims become the rows of the 2-D op and come back
+// afterwards (x (in) is one row, y (out)). Reshapes share storage and are differentiable, so the kernels, the
+// op table's cases and the goldens stay 2-D. A rank-0 x or a weight that is not 2-D reaches the op unchanged
+// and gets its shape error.
+template <class V, class Rows>
+V over_rows(const V& x, const V& weight, Rows&& linear_2d, std::source_location where) {
+    const Shape& shape = x.shape();
+    if (shape.size() == 2 || shape.empty() || weight.shape().size() != 2) return linear_2d(x);
+    Shape lead(shape.begin(), shape.end() - 1);
+    const V y = linear_2d(reshape(x, {numel(lead), shape.back()}, where));
+    lead.push_back(weight.shape()[0]);
+    return reshape(y, lead, where);
+}
+
+}  // namespace
+
 Var matmul(const Var& a, const Var& b, std::source_location where) {
     return a.graph().record(OpType::Matmul, {a, b}, {}, where);
 }
@@ -35,12 +53,15 @@ Var linear(const Var& x, const Var& weight, const Var& bias, Activation activati
     }
     OpAttrs attrs;
     attrs.activation = activation;
-    return x.graph().record(OpType::Linear, {x, weight, bias}, attrs, where);
+    return over_rows(x, weight, [&](const Var& rows) {
+        return x.graph().record(OpType::Linear, {rows, weight, bias}, attrs, where);
+    }, where);
 }
 
 // No Linear node without a bias: the composite records existing ops and needs no kernel of its own.
 Var linear(const Var& x, const Var& weight, std::source_location where) {
-    return matmul(x, transpose(weight, -2, -1, where), where);
+    return over_rows(x, weight, [&](const Var& rows) { return matmul(rows, transpose(weight, -2, -1, where), where); },
+                     where);
 }
 
 // ---- eager calls (graph/eager.h): the same ops and composites on Tensors ----
@@ -58,10 +79,13 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
     }
     OpAttrs attrs;
     attrs.activation = activation;
-    return eager(OpType::Linear, {x, weight, bias}, attrs, where);
+    return over_rows(x, weight, [&](const Tensor& rows) {
+        return eager(OpType::Linear, {rows, weight, bias}, attrs, where);
+    }, where);
 }
 Tensor linear(const Tensor& x, const Tensor& weight, std::source_location where) {
-    return matmul(x, transpose(weight, -2, -1, where), where);
+    return over_rows(x, weight,
+                     [&](const Tensor& rows) { return matmul(rows, transpose(weight, -2, -1, where), where); }, where);
 }
 
 // ---- shape rules ----

@@ -11,7 +11,8 @@ namespace dyngrad {
 // (M,K)@(K,N) -> (M,N); batched (B,M,K)@(B,K,N) -> (B,M,N).
 Var matmul(const Var& a, const Var& b, std::source_location where = std::source_location::current());
 Tensor matmul(const Tensor& a, const Tensor& b, std::source_location where = std::source_location::current());
-// x (N,in) · weight (out,in)ᵀ + bias (out) -> (N,out); bias may be an undefined Var (no bias).
+// x (*,in) · weight (out,in)ᵀ + bias (out) -> (*,out), as libtorch: any leading dims, x (in) gives (out); bias
+// may be an undefined Var (no bias). The Linear node itself is 2-D: other ranks are reshaped around it.
 Var linear(const Var& x, const Var& weight, const Var& bias,
            std::source_location where = std::source_location::current());
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias,

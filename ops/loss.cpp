@@ -9,6 +9,7 @@
 
 #include "dyngrad/graph/eager.h"
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/layout.h"
 #include "dyngrad/ops/loss_math.h"
 
 namespace dyngrad {
@@ -31,31 +32,68 @@ OpAttrs reduction_attrs(Reduction reduction, double beta = 0.0) {
     return attrs;
 }
 
+// The class losses take PyTorch's (N,C,d1,...,dk) with labels (N,d1,...,dk), and (C) with a 0-d label: the
+// class axis moves last and every other position becomes a row of the (N,C) op, so the kernels, the op
+// table's cases and the goldens stay 2-D. Rows are what the mean divides by in PyTorch too (Σ of the
+// weights of the positions not ignored), so every reduction keeps its meaning; None gets its shape back.
+template <class V, class Rows>
+V over_class_rows(const char* op, const V& input, const V& labels, Reduction reduction, Rows&& loss_2d,
+                  std::source_location where) {
+    const Shape& shape = input.shape();
+    if (shape.size() == 2 || shape.empty()) return loss_2d(input, labels);
+    Shape positions;  // the shape of a Reduction::None result
+    V rows;
+    if (shape.size() == 1) {
+        rows = reshape(input, {1, shape[0]}, where);
+    } else {
+        std::vector<std::int64_t> order{0};
+        for (std::size_t d = 2; d < shape.size(); ++d) order.push_back(static_cast<std::int64_t>(d));
+        order.push_back(1);
+        positions.push_back(shape[0]);
+        positions.insert(positions.end(), shape.begin() + 2, shape.end());
+        rows = reshape(permute(input, order, where), {numel(positions), shape[1]}, where);
+    }
+    if (labels.shape() != positions)
+        throw ShapeError(str(op, " at ", describe_site(where), ": labels ", to_string(labels.shape()),
+                             " do not match input ", to_string(shape), ": expected ", to_string(positions),
+                             " (the input's shape without its class axis 1)"));
+    V out = loss_2d(rows, reshape(labels, {numel(positions)}, where));
+    return reduction == Reduction::None ? reshape(out, positions, where) : out;
+}
+
 }  // namespace
 
 Var cross_entropy(const Var& logits, const Var& labels, const CrossEntropyOptions& options,
                   std::source_location where) {
-    return logits.graph().record(
-        OpType::CrossEntropy, {logits, labels},
-        class_loss_attrs(options.reduction, options.ignore_index, options.label_smoothing), where);
+    return over_class_rows("cross_entropy", logits, labels, options.reduction, [&](const Var& x, const Var& y) {
+        return logits.graph().record(OpType::CrossEntropy, {x, y},
+                                     class_loss_attrs(options.reduction, options.ignore_index, options.label_smoothing),
+                                     where);
+    }, where);
 }
 
 Var cross_entropy(const Var& logits, const Var& labels, const Var& class_weight, const CrossEntropyOptions& options,
                   std::source_location where) {
-    return logits.graph().record(
-        OpType::CrossEntropy, {logits, labels, class_weight},
-        class_loss_attrs(options.reduction, options.ignore_index, options.label_smoothing), where);
+    return over_class_rows("cross_entropy", logits, labels, options.reduction, [&](const Var& x, const Var& y) {
+        return logits.graph().record(OpType::CrossEntropy, {x, y, class_weight},
+                                     class_loss_attrs(options.reduction, options.ignore_index, options.label_smoothing),
+                                     where);
+    }, where);
 }
 
 Var nll_loss(const Var& log_probs, const Var& labels, const NllLossOptions& options, std::source_location where) {
-    return log_probs.graph().record(OpType::NllLoss, {log_probs, labels},
-                                    class_loss_attrs(options.reduction, options.ignore_index, 0.0), where);
+    return over_class_rows("nll_loss", log_probs, labels, options.reduction, [&](const Var& x, const Var& y) {
+        return log_probs.graph().record(OpType::NllLoss, {x, y},
+                                        class_loss_attrs(options.reduction, options.ignore_index, 0.0), where);
+    }, where);
 }
 
 Var nll_loss(const Var& log_probs, const Var& labels, const Var& class_weight, const NllLossOptions& options,
              std::source_location where) {
-    return log_probs.graph().record(OpType::NllLoss, {log_probs, labels, class_weight},
-                                    class_loss_attrs(options.reduction, options.ignore_index, 0.0), where);
+    return over_class_rows("nll_loss", log_probs, labels, options.reduction, [&](const Var& x, const Var& y) {
+        return log_probs.graph().record(OpType::NllLoss, {x, y, class_weight},
+                                        class_loss_attrs(options.reduction, options.ignore_index, 0.0), where);
+    }, where);
 }
 
 Var binary_cross_entropy_with_logits(const Var& logits, const Var& target, Reduction reduction,
@@ -94,23 +132,30 @@ Var smooth_l1_loss(const Var& prediction, const Var& target, Reduction reduction
 // ---- eager overloads: the same ops on Tensors (graph/eager.h) ----
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntropyOptions& options,
                      std::source_location where) {
-    return eager(OpType::CrossEntropy, {logits, labels},
-                 class_loss_attrs(options.reduction, options.ignore_index, options.label_smoothing), where);
+    return over_class_rows("cross_entropy", logits, labels, options.reduction, [&](const Tensor& x, const Tensor& y) {
+        return eager(OpType::CrossEntropy, {x, y},
+                     class_loss_attrs(options.reduction, options.ignore_index, options.label_smoothing), where);
+    }, where);
 }
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& class_weight,
                      const CrossEntropyOptions& options, std::source_location where) {
-    return eager(OpType::CrossEntropy, {logits, labels, class_weight},
-                 class_loss_attrs(options.reduction, options.ignore_index, options.label_smoothing), where);
+    return over_class_rows("cross_entropy", logits, labels, options.reduction, [&](const Tensor& x, const Tensor& y) {
+        return eager(OpType::CrossEntropy, {x, y, class_weight},
+                     class_loss_attrs(options.reduction, options.ignore_index, options.label_smoothing), where);
+    }, where);
 }
 Tensor nll_loss(const Tensor& log_probs, const Tensor& labels, const NllLossOptions& options,
                 std::source_location where) {
-    return eager(OpType::NllLoss, {log_probs, labels}, class_loss_attrs(options.reduction, options.ignore_index, 0.0),
-                 where);
+    return over_class_rows("nll_loss", log_probs, labels, options.reduction, [&](const Tensor& x, const Tensor& y) {
+        return eager(OpType::NllLoss, {x, y}, class_loss_attrs(options.reduction, options.ignore_index, 0.0), where);
+    }, where);
 }
 Tensor nll_loss(const Tensor& log_probs, const Tensor& labels, const Tensor& class_weight,
                 const NllLossOptions& options, std::source_location where) {
-    return eager(OpType::NllLoss, {log_probs, labels, class_weight},
-                 class_loss_attrs(options.reduction, options.ignore_index, 0.0), where);
+    return over_class_rows("nll_loss", log_probs, labels, options.reduction, [&](const Tensor& x, const Tensor& y) {
+        return eager(OpType::NllLoss, {x, y, class_weight},
+                     class_loss_attrs(options.reduction, options.ignore_index, 0.0), where);
+    }, where);
 }
 Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target, Reduction reduction,
                                         std::source_location where) {

@@ -19,7 +19,9 @@ struct NllLossOptions {
     std::int64_t ignore_index = -100;
 };
 
-// logits (N,C), labels (N) int64; class_weight (C) where given (a constant: it gets no gradient).
+// logits (N,C), labels (N) int64; class_weight (C) where given (a constant: it gets no gradient). As PyTorch,
+// also logits (N,C,d1,...,dk) with labels (N,d1,...,dk) (class axis 1; None gives (N,d1,...,dk)) and logits (C)
+// with a 0-d label: each position is one row of the (N,C) op below (the same for nll_loss).
 // Per row i (0 where labels_i == ignore_index), with w = class_weight (or 1) and lp = log_softmax(logits_i):
 //   loss_i = (1 - ε)·(-w[labels_i]·lp[labels_i]) + (ε/C)·(-Σ_c w[c]·lp[c])
 // Mean: Σ_i loss_i / Σ_{i not ignored} w[labels_i]; Sum: Σ_i loss_i; None: (N). Fused and stable.

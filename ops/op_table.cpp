@@ -561,6 +561,46 @@ std::vector<OpCase> rnn_cases() {
     };
 }
 
+// Sorting and sampling (ops/sampling). Random inputs never tie; ties, k = 0 and the sampling statistics are
+// tests/test_sampling.cpp's. The long rows take the GPU's multi-tile scan.
+OpAttrs sort_attr(std::int64_t axis, bool descending, std::int64_t k = 0) {
+    OpAttrs a = axis_attr(axis);
+    a.descending = descending;
+    a.length = k;
+    return a;
+}
+std::vector<OpCase> cumsum_cases() {
+    return {{"vector", {{9}}, axis_attr(-1), {}}, {"rows", {{4, 7}}, axis_attr(1), {}},
+            {"axis 0", {{5, 3}}, axis_attr(0), {}}, {"3-D middle axis", {{2, 6, 3}}, axis_attr(1), {}},
+            {"scalar", {{}}, axis_attr(0), {}}, {"long rows", {{3, 1500}}, axis_attr(-1), {}}};
+}
+std::vector<OpCase> argsort_cases() {  // not differentiable: every input Constant
+    return {{"rows", {{4, 9}}, sort_attr(-1, false), {D::Constant}},
+            {"descending axis 0", {{6, 5}}, sort_attr(0, true), {D::Constant}},
+            {"3-D middle axis", {{2, 7, 3}}, sort_attr(1, false), {D::Constant}},
+            {"long rows descending", {{2, 1000}}, sort_attr(-1, true), {D::Constant}}};
+}
+std::vector<OpCase> topk_indices_cases() {
+    return {{"largest 3 of rows", {{4, 9}}, sort_attr(-1, true, 3), {D::Constant}},
+            {"smallest 2 along axis 0", {{6, 5}}, sort_attr(0, false, 2), {D::Constant}},
+            {"all of a vector", {{7}}, sort_attr(0, true, 7), {D::Constant}},
+            {"3-D middle axis", {{2, 8, 3}}, sort_attr(1, true, 4), {D::Constant}},
+            {"long rows", {{2, 1000}}, sort_attr(-1, true, 5), {D::Constant}}};
+}
+std::vector<OpCase> multinomial_cases() {
+    const auto draws = [](std::int64_t n, bool replacement, std::uint64_t seed) {
+        OpAttrs a = sort_attr(-1, false, n);
+        a.replacement = replacement;
+        a.seed = seed;
+        return a;
+    };
+    return {{"rows with replacement", {{4, 10}}, draws(16, true, 11), {D::Constant}},
+            {"every category of each row", {{5, 8}}, draws(8, false, 12), {D::Constant}},
+            {"vector without replacement", {{12}}, draws(5, false, 13), {D::Constant}},
+            {"vector with replacement", {{6}}, draws(20, true, 14), {D::Constant}},
+            {"long rows without replacement", {{2, 1500}}, draws(4, false, 15), {D::Constant}}};
+}
+
 constexpr BackendKernels kCpuUnary{cpu::unary_forward, cpu::unary_backward};
 constexpr BackendKernels kCpuBinary{cpu::binary_forward, cpu::binary_backward};
 constexpr BackendKernels kCpuReduce{cpu::reduce_forward, cpu::reduce_backward};
@@ -587,12 +627,17 @@ constexpr BackendKernels kCudaRowNorm = DG_CUDA_KERNELS(row_norm_forward, row_no
 // Not differentiable (OpDef::differentiable = false): forward kernels only.
 constexpr BackendKernels kCpuCompare{cpu::binary_forward, nullptr};
 constexpr BackendKernels kArgReduce{arg_reduce_forward, nullptr};  // every backend, through max's kernels
+constexpr BackendKernels kCpuSortIndices{cpu::sort_indices_forward, nullptr};
 #if DYNGRAD_WITH_CUDA
 constexpr BackendKernels kCudaCompare{cuda::binary_forward, nullptr, true};
 constexpr BackendKernels kCudaArgReduce{arg_reduce_forward, nullptr, true};  // neg and max: native on the GPU
+constexpr BackendKernels kCudaSortIndices{cuda::sort_indices_forward, nullptr};
+constexpr BackendKernels kCudaMultinomial{cuda::multinomial_forward, nullptr};
 #else
 constexpr BackendKernels kCudaCompare{};
 constexpr BackendKernels kCudaArgReduce{};
+constexpr BackendKernels kCudaSortIndices{};
+constexpr BackendKernels kCudaMultinomial{};
 #endif
 constexpr bool kNotDifferentiable = false;
 // narrow: byte copies on every backend; its backward adds into the gradient so far in place (graph/op_def.h)
@@ -708,6 +753,13 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      attention_cases, /*optional_inputs=*/1},
     {OpType::Rnn, "rnn", 4, infer::rnn, {cpu::rnn_forward, cpu::rnn_backward},
      DG_CUDA_KERNELS(rnn_forward, rnn_backward), rnn_cases, /*optional_inputs=*/2},
+    {OpType::Cumsum, "cumsum", 1, infer::cumsum, {cpu::cumsum_forward, cpu::cumsum_backward},
+     DG_CUDA_KERNELS(cumsum_forward, cumsum_backward), cumsum_cases},
+    {OpType::ArgSort, "argsort", 1, infer::sort_indices, kCpuSortIndices, kCudaSortIndices, argsort_cases, 0, kNotDifferentiable},
+    {OpType::TopKIndices, "topk_indices", 1, infer::sort_indices, kCpuSortIndices, kCudaSortIndices,
+     topk_indices_cases, 0, kNotDifferentiable},
+    {OpType::Multinomial, "multinomial", 1, infer::multinomial, {cpu::multinomial_forward, nullptr}, kCudaMultinomial,
+     multinomial_cases, 0, kNotDifferentiable},
 }};
 
 // Every tag has a row, in tag order.

@@ -198,6 +198,23 @@ Tensor argmin(const Tensor& x, std::int64_t axis, bool keepdim, std::source_loca
     return eager(OpType::ArgMin, {x}, axis_attrs(axis, keepdim), where);
 }
 
+// Two nodes: argmax runs through the max op's kernels (ops/kernels.h), so the index is the element the
+// gradient of max goes to (the first extreme).
+ValuesAndIndices<Var> max_with_indices(const Var& x, std::int64_t axis, bool keepdim, std::source_location where) {
+    return {max(x, axis, keepdim, where), argmax(x, axis, keepdim, where)};
+}
+ValuesAndIndices<Tensor> max_with_indices(const Tensor& x, std::int64_t axis, bool keepdim,
+                                          std::source_location where) {
+    return {max(x, axis, keepdim, where), argmax(x, axis, keepdim, where)};
+}
+ValuesAndIndices<Var> min_with_indices(const Var& x, std::int64_t axis, bool keepdim, std::source_location where) {
+    return {min(x, axis, keepdim, where), argmin(x, axis, keepdim, where)};
+}
+ValuesAndIndices<Tensor> min_with_indices(const Tensor& x, std::int64_t axis, bool keepdim,
+                                          std::source_location where) {
+    return {min(x, axis, keepdim, where), argmin(x, axis, keepdim, where)};
+}
+
 // ---- shape rules ----
 namespace infer {
 

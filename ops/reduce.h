@@ -6,6 +6,7 @@
 
 #include "dyngrad/graph/eager.h"
 #include "dyngrad/graph/graph.h"
+#include "dyngrad/ops/values_indices.h"
 
 namespace dyngrad {
 
@@ -38,5 +39,16 @@ Var argmin(const Var& x, std::int64_t axis, bool keepdim = false,
            std::source_location where = std::source_location::current());
 Tensor argmin(const Tensor& x, std::int64_t axis, bool keepdim = false,
               std::source_location where = std::source_location::current());
+
+// PyTorch's max(x, dim) / min(x, dim): the values (differentiable, as max/min above) and their int64 indices
+// (as argmax/argmin: the first extreme, NaN counting as one), so `auto [values, indices] = max_with_indices(x, 1);`.
+ValuesAndIndices<Var> max_with_indices(const Var& x, std::int64_t axis, bool keepdim = false,
+                                       std::source_location where = std::source_location::current());
+ValuesAndIndices<Tensor> max_with_indices(const Tensor& x, std::int64_t axis, bool keepdim = false,
+                                          std::source_location where = std::source_location::current());
+ValuesAndIndices<Var> min_with_indices(const Var& x, std::int64_t axis, bool keepdim = false,
+                                       std::source_location where = std::source_location::current());
+ValuesAndIndices<Tensor> min_with_indices(const Tensor& x, std::int64_t axis, bool keepdim = false,
+                                          std::source_location where = std::source_location::current());
 
 }  // namespace dyngrad

@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
     }
     try {
         auto data = std::make_shared<Points>(2048);
-        DataLoader loader(data, {.batch_size = 64, .seed = 7, .prefetch = 2, .device = device});
+        DataLoader loader(data, {.batch_size = 64, .shuffle = true, .seed = 7, .prefetch = 2, .device = device});
         const std::filesystem::path checkpoint =
             std::filesystem::temp_directory_path() / ("user_dataset_" + std::to_string(::getpid()) + ".safetensors");
 

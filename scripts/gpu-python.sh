@@ -55,7 +55,9 @@ phase_build() {
             -DDYNGRAD_BUILD_TESTS=OFF -DDYNGRAD_BUILD_BENCH=OFF -DDYNGRAD_BUILD_SAMPLES=OFF "${launcher[@]}" || return 1
     fi
     echo "gpu-python: library build $lib"
-    cmake --build "$lib" --target dyngrad -j"$(nproc)" || return 1
+    local targets=(--target dyngrad)
+    [[ -d "$lib/CMakeFiles/dyngrad_dist.dir" ]] && targets+=(--target dyngrad_dist)
+    cmake --build "$lib" "${targets[@]}" -j"$(nproc)" || return 1
     rm -rf "$work/prefix" "$site"
     cmake --install "$lib" --prefix "$work/prefix" >/dev/null || return 1
     DYNGRAD_PREBUILT_DIR="$work/prefix" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$python" -m pip install \

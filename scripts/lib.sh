@@ -71,10 +71,12 @@ dg_launcher_args() {
 }
 
 # Prints how many files the build of BUILD_DIR (for the targets in "$@", e.g. --target dyngrad-verify) still has to
-# compile and about how long that takes on this machine's cores. The seconds per file are this project's own
-# averages, measured on its 2-core machine (docs/reliability.md, "First contact"); a ccache hit is far faster.
-DG_SECONDS_PER_CXX=${DG_SECONDS_PER_CXX:-22}
-DG_SECONDS_PER_CUDA=${DG_SECONDS_PER_CUDA:-90}
+# compile and about how long that takes on this machine's cores, idle. The seconds per file are this project's own
+# CPU-time averages from its 2-core machine (docs/reliability.md, "First contact": the library's 45 C++ files took
+# 204 s of CPU; the CUDA figure is a round guess from the attention files, 6–171 s each on a loaded machine, and the
+# whole CUDA library, 13 min with 2 jobs there); a ccache hit is far faster.
+DG_SECONDS_PER_CXX=${DG_SECONDS_PER_CXX:-5}
+DG_SECONDS_PER_CUDA=${DG_SECONDS_PER_CUDA:-60}
 dg_print_build_estimate() {
     local build_dir=$1
     shift

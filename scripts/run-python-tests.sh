@@ -22,10 +22,10 @@ rm -rf "$venv" "$prefix"
 # The build requirements pinned in python/pyproject.toml, installed once here (no build isolation: the
 # wheel's build then needs no network beyond this line).
 "$venv/bin/pip" install --quiet "${pip_args[@]}" "scikit-build-core==0.10.7" "nanobind==2.4.0" numpy pytest
-# The dist library too where the build has it (dyngrad.distributed links it; cmake --install installs it).
-targets=(dyngrad)
-[[ -e "$build_dir/dyngradDistTargets.cmake" ]] && targets+=(dyngrad_dist)
-cmake --build "$build_dir" --target "${targets[@]}" -j"${DYNGRAD_JOBS:-$(nproc)}"
+# The library, and the dist layer where the build has one (the package then installs both).
+library_targets=(--target dyngrad)
+[[ -d "$build_dir/CMakeFiles/dyngrad_dist.dir" ]] && library_targets+=(--target dyngrad_dist)
+cmake --build "$build_dir" "${library_targets[@]}" -j"${DYNGRAD_JOBS:-$(nproc)}"
 cmake --install "$build_dir" --prefix "$prefix" >/dev/null
 DYNGRAD_PREBUILT_DIR="$prefix" "$venv/bin/pip" install --quiet --no-build-isolation "${pip_args[@]}" \
     -C build-dir="$build_dir/python-build" "$root/python"

@@ -447,7 +447,7 @@ TEST_CASE("attention on the GPU: the tensor-core path runs when selected and agr
 
 namespace {
 
-// The cases that break fragment code (the mma.sync kernels, ops/attention.cu namespace mma): every length of
+// The cases that break fragment code (the mma.sync kernels, ops/attention_mma.cu): every length of
 // `lengths` as T and as S, both equal and not, against every head dim (32 and 64 as they are, 40 and 80 padded to 64
 // and 128, 128), each (T, S) pair and each D taking every variant once: plain, causal, a padding mask (B,1,1,S)
 // (a fair coin per key: at S 15 whole rows may lose every key), causal with dropout, and causal with a padding

@@ -62,7 +62,7 @@ TEST_CASE("DataLoader batches a TensorDataset with float targets in the seeded o
     auto data = std::make_shared<TensorDataset>(std::vector<Tensor>{x, y});
     for (const std::int64_t prefetch : {0, 1, 3}) {
         INFO("prefetch " << prefetch);
-        DataLoader loader(data, {.batch_size = 8, .seed = 5, .prefetch = prefetch});
+        DataLoader loader(data, {.batch_size = 8, .shuffle = true, .seed = 5, .prefetch = prefetch});
         CHECK(loader.batches_per_epoch() == 5);
         CHECK(loader.order() == epoch_permutation(37, 5, 0));
         const auto batches = epoch_of(loader);
@@ -88,8 +88,8 @@ TEST_CASE("DataLoader batches a TensorDataset with float targets in the seeded o
 
 TEST_CASE("DataLoader: the prefetch thread gives the batches the caller's thread gives", "[data][loader]") {
     auto data = std::make_shared<Sequences>(53, 6);
-    DataLoader direct(data, {.batch_size = 4, .seed = 2, .prefetch = 0});
-    DataLoader ahead(data, {.batch_size = 4, .seed = 2, .prefetch = 2});
+    DataLoader direct(data, {.batch_size = 4, .shuffle = true, .seed = 2, .prefetch = 0});
+    DataLoader ahead(data, {.batch_size = 4, .shuffle = true, .seed = 2, .prefetch = 2});
     const auto a = epoch_of(direct), b = epoch_of(ahead);
     REQUIRE(a.size() == 14);
     CHECK(same_batches(a, b));
@@ -114,7 +114,7 @@ TEST_CASE("DataLoader: drop_last, shards and a collate step", "[data][loader]") 
     SECTION("three shards cover every sample once") {
         std::multiset<std::int64_t> seen;
         for (std::int64_t shard = 0; shard < 3; ++shard) {
-            DataLoader loader(data, {.batch_size = 4, .seed = 9, .num_shards = 3, .shard = shard});
+            DataLoader loader(data, {.batch_size = 4, .shuffle = true, .seed = 9, .num_shards = 3, .shard = shard});
             for (const std::int64_t i : loader.order()) seen.insert(i);
             CHECK(loader.order().size() == (shard < 2 ? 8u : 7u));
         }
@@ -161,8 +161,8 @@ TEST_CASE("DataLoader on a GPU: prefetched batches copied on dyngrad's stream", 
     Generator gen(12);
     const Tensor x = Tensor::uniform({301, 7}, -1, 1, gen), y = Tensor::uniform({301}, -1, 1, gen);
     auto data = std::make_shared<TensorDataset>(std::vector<Tensor>{x, y});
-    DataLoader cpu(data, {.batch_size = 32, .seed = 1});
-    DataLoader gpu(data, {.batch_size = 32, .seed = 1, .prefetch = 3, .device = Device::cuda(0)});
+    DataLoader cpu(data, {.batch_size = 32, .shuffle = true, .seed = 1});
+    DataLoader gpu(data, {.batch_size = 32, .shuffle = true, .seed = 1, .prefetch = 3, .device = Device::cuda(0)});
     std::vector<Tensor> batch;
     REQUIRE(gpu.next(batch));
     CHECK(batch[0].device() == Device::cuda(0));

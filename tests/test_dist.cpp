@@ -328,7 +328,7 @@ TEST_CASE("DataLoader shards: disjoint, complete, equal step counts", "[dist][da
     const std::int64_t n = 37;
     auto data = std::make_shared<TensorDataset>(std::vector<Tensor>{Tensor::arange(0, n, 1, DType::i64)});
     for (bool even : {false, true}) {
-        DataLoader loader(data, {.batch_size = 4, .seed = 5, .num_shards = world, .shard = g.rank(), .even_shards = even,
+        DataLoader loader(data, {.batch_size = 4, .shuffle = true, .seed = 5, .num_shards = world, .shard = g.rank(), .even_shards = even,
                                  .prefetch = 0});
         std::vector<std::int64_t> mine;
         std::vector<Tensor> b;

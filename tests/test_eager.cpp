@@ -149,6 +149,12 @@ TEST_CASE("every Tensor overload equals its Var form", "[eager][functions]") {
             check_same_as_graph("min", {cube}, [](const auto& a) { return min(a, -1, true); });
             check_same_as_graph("argmax", {cube}, [](const auto& a) { return argmax(a, 1); });
             check_same_as_graph("argmin", {cube}, [](const auto& a) { return argmin(a, 0, true); });
+            // sorting and sampling
+            check_same_as_graph("cumsum", {cube}, [](const auto& a) { return cumsum(a, 1); });
+            check_same_as_graph("argsort", {cube}, [](const auto& a) { return argsort(a, 1, true); });
+            check_same_as_graph("sort", {cube}, [](const auto& a) { return sort(a, -1).values; });
+            check_same_as_graph("topk", {cube}, [](const auto& a) { return topk(a, 2, 0).values; });
+            check_same_as_graph("multinomial", {p}, [](const auto& a) { return multinomial(a, 3, false, std::uint64_t{5}); });
             // softmax family and losses
             check_same_as_graph("softmax", {x}, [](const auto& a) { return softmax(a, 0); });
             check_same_as_graph("log_softmax", {x}, [](const auto& a) { return log_softmax(a); });

@@ -43,6 +43,8 @@ from .factories import (  # noqa: E402,F401
     cat, concat, stack, where, zeros_like, ones_like, full_like, rand_like, randn_like, empty_like, linspace, randint,
 )
 from ._core import bfloat16, float16  # noqa: E402,F401
+from ._core import Generator  # noqa: E402,F401
+from .functional import cumsum, sort, argsort, topk, multinomial  # noqa: E402,F401
 # The distributed layer (dg.distributed, dg.nn.parallel; docs/python.md) and dg.cuda (captured steps).
 from ._core import DistributedError  # noqa: E402,F401
 from . import distributed  # noqa: E402

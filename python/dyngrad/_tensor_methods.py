@@ -71,13 +71,14 @@ def _cast_to(dtype):
 
 
 _METHODS = {
-    "sum": F.sum, "mean": F.mean, "max": F.max, "argmax": F.argmax, "argmin": F.argmin,
+    "sum": F.sum, "mean": F.mean, "max": F.max, "min": F.min, "argmax": F.argmax, "argmin": F.argmin,
     "relu": F.relu, "sigmoid": F.sigmoid, "tanh": F.tanh, "exp": F.exp, "log": F.log, "sqrt": F.sqrt,
     "abs": F.abs, "sin": F.sin, "cos": F.cos, "clamp": F.clamp, "pow": F.pow,
     "softmax": F.softmax, "log_softmax": F.log_softmax,
     "matmul": F.matmul, "transpose": F.transpose, "permute": F.permute, "expand": F.expand, "narrow": F.narrow,
     "flatten": _flatten, "unsqueeze": _unsqueeze, "squeeze": _squeeze,
     "masked_fill": F.masked_fill, "gather": F.gather, "index_select": F.index_select,
+    "cumsum": F.cumsum, "sort": F.sort, "argsort": F.argsort, "topk": F.topk, "multinomial": F.multinomial,
     "__array__": _array, "tolist": _tolist, "requires_grad_": _requires_grad_,
     "cpu": lambda self: self.to("cpu"),
     "cuda": lambda self, device=0: self.to(f"cuda:{device}" if isinstance(device, int) else str(device)),

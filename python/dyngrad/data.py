@@ -176,10 +176,11 @@ class DataLoader:
     (for a GPU through pinned staging buffers, asynchronously on dyngrad's stream; ``pin_memory`` is accepted
     for PyTorch compatibility and changes nothing). ``prefetch`` batches are prepared ahead on a worker thread
     (0: on the caller's thread). Each ``iter()`` starts the next epoch (or ``set_epoch(e)`` first, as with a
-    DistributedSampler); ``num_shards``/``shard`` give this process its part of every epoch.
+    DistributedSampler); ``num_shards``/``shard`` give this process its part of every epoch. The defaults are
+    PyTorch's: ``batch_size=1``, ``shuffle=False``.
     """
 
-    def __init__(self, dataset, batch_size: int = 64, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+    def __init__(self, dataset, batch_size: int = 1, shuffle: bool = False, seed: int = 0, drop_last: bool = False,
                  device=None, prefetch: int = 2, num_shards: int = 1, shard: int = 0,
                  collate_fn: Callable[[list], Any] | None = None, pin_memory: bool = False,
                  num_workers: int = 0, worker_init_fn=None, persistent_workers: bool = False, timeout: float = 0,

@@ -4,7 +4,7 @@ Each is one call of an op of dyngrad.ops with its attributes spelled as PyTorch 
 """
 from __future__ import annotations
 
-from . import _core, ops
+from . import _core, _returns, ops
 
 _apply = _core.apply
 _T = ops.TABLE
@@ -98,7 +98,15 @@ def matmul(a, b):
 
 
 def linear(x, weight, bias=None, activation=None):
-    """y = x·weightᵀ + bias (activation='relu' fuses a ReLU into the same node)."""
+    """y = x·weightᵀ + bias over x (*, in) (activation='relu' fuses a ReLU into the same node)."""
+    shape = list(x.shape)
+    if len(shape) != 2 and shape and len(weight.shape) == 2:
+        # As ops/linalg's linear(): the leading dims become the rows of the 2-D op and come back afterwards.
+        rows = 1
+        for d in shape[:-1]:
+            rows *= d
+        y = linear(x.reshape(rows, shape[-1]), weight, bias, activation)
+        return y.reshape(shape[:-1] + [weight.shape[0]])
     if bias is None:  # as ops/linalg's linear(): the composite matmul(x, weightᵀ), no Linear node
         y = ops.matmul(x, ops.transpose(weight, axes=[-2, -1]))
         return relu(y) if activation == "relu" else y
@@ -155,15 +163,37 @@ def log_softmax(x, dim=-1):
     return ops.log_softmax(x, axis=dim)
 
 
+def _over_class_rows(name, x, target, weight, reduction, attrs):
+    """ops/loss.cpp's over_class_rows: (N,C,d1,...) with target (N,d1,...), or (C) with a 0-d target, as the
+    (N,C) op over every position (the class axis moved last); reduction='none' gets the positions' shape back."""
+    shape = list(x.shape)
+    if len(shape) == 2 or not shape:
+        rows, labels, positions = x, target, None
+    else:
+        positions = [] if len(shape) == 1 else [shape[0]] + shape[2:]
+        if list(target.shape) != positions:
+            raise _core.ShapeError(f"{name}: labels {tuple(target.shape)} do not match input {tuple(shape)}: expected "
+                                   f"{tuple(positions)} (the input's shape without its class axis 1)")
+        count = 1
+        for d in positions:
+            count *= d
+        moved = x if len(shape) == 1 else permute(x, [0] + list(range(2, len(shape))) + [1])
+        rows, labels = moved.reshape(count, shape[-1] if len(shape) == 1 else shape[1]), target.reshape(count)
+    inputs = [rows, labels] if weight is None else [rows, labels, weight]
+    out = _apply(_i(name), inputs, attrs)
+    return out.reshape(positions) if positions is not None and reduction == "none" else out
+
+
 def cross_entropy(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
-    inputs = [logits, target] if weight is None else [logits, target, weight]
-    return _apply(_i("cross_entropy"), inputs, {"ignore_index": ignore_index, "reduction": reduction,
-                                                "label_smoothing": label_smoothing})
+    """PyTorch's: logits (N,C) or (N,C,d1,...) with target (N) or (N,d1,...), or (C) with a 0-d target."""
+    return _over_class_rows("cross_entropy", logits, target, weight, reduction,
+                            {"ignore_index": ignore_index, "reduction": reduction, "label_smoothing": label_smoothing})
 
 
 def nll_loss(log_probs, target, weight=None, ignore_index=-100, reduction="mean"):
-    inputs = [log_probs, target] if weight is None else [log_probs, target, weight]
-    return _apply(_i("nll_loss"), inputs, {"ignore_index": ignore_index, "reduction": reduction})
+    """PyTorch's: log_probs (N,C) or (N,C,d1,...) with target (N) or (N,d1,...), or (C) with a 0-d target."""
+    return _over_class_rows("nll_loss", log_probs, target, weight, reduction,
+                            {"ignore_index": ignore_index, "reduction": reduction})
 
 
 def mse_loss(prediction, target):
@@ -196,8 +226,23 @@ def mean(x, dim=None, keepdim=False):
     return ops.mean(x, axes=_axes(dim), keepdim=keepdim)
 
 
-def max(x, dim=-1, keepdim=False):  # noqa: A001
-    return ops.max(x, axis=dim, keepdim=keepdim)
+def max(x, dim=None, keepdim=False):  # noqa: A001
+    """As torch.max: max(x) the largest element (0-d), max(x, dim) (values, indices int64), max(x, other)
+    the elementwise maximum. The gradient goes to the first maximal element, where the index points."""
+    if isinstance(dim, _core.Tensor):
+        return maximum(x, dim)
+    if dim is None:
+        return ops.max(x.reshape(-1), axis=0)
+    return _returns.max(ops.max(x, axis=dim, keepdim=keepdim), ops.argmax(x, axis=dim, keepdim=keepdim))
+
+
+def min(x, dim=None, keepdim=False):  # noqa: A001
+    """As torch.min (see max); the values are -max(-x), exactly, as ops/reduce's min()."""
+    if isinstance(dim, _core.Tensor):
+        return minimum(x, dim)
+    if dim is None:
+        return -ops.max(-x.reshape(-1), axis=0)
+    return _returns.min(-ops.max(-x, axis=dim, keepdim=keepdim), ops.argmin(x, axis=dim, keepdim=keepdim))
 
 
 def argmax(x, dim=-1, keepdim=False):
@@ -249,6 +294,44 @@ def embedding(indices, weight, padding_idx=None):
 
 def gather(x, dim, index):
     return ops.gather(x, index, axis=dim)
+
+
+# ---- sorting and sampling (ops/sampling.h) ----
+
+def cumsum(x, dim, *, dtype=None):
+    """The running sum along ``dim`` (summed in float64); ``dtype`` converts x first, as in PyTorch."""
+    return ops.cumsum(x if dtype is None else x.to(dtype), axis=dim)
+
+
+def argsort(x, dim=-1, descending=False, stable=False):
+    """int64 indices that sort ``x`` along ``dim``. Always stable: ties keep their order (``stable`` is accepted
+    for PyTorch's signature); NaN counts as the largest value."""
+    return ops.argsort(x, axis=dim, descending=descending)
+
+
+def sort(x, dim=-1, descending=False, stable=False):
+    """(values, indices) as torch.sort; always stable. The values are gather(x, dim, indices): their gradient goes
+    back to the positions the indices name."""
+    indices = argsort(x, dim, descending)
+    return _returns.sort(gather(x, dim, indices), indices)
+
+
+def topk(x, k, dim=-1, largest=True, sorted=True):  # noqa: A002
+    """(values, indices) of the k largest (or smallest) entries along ``dim``, as torch.topk. Always in sorted
+    order (``sorted=False`` returns them sorted too, which PyTorch allows); ties go to the lower index."""
+    indices = ops.topk_indices(x, axis=dim, k=k, largest=largest)
+    return _returns.topk(gather(x, dim, indices), indices)
+
+
+def multinomial(input, num_samples, replacement=False, *, generator=None):  # noqa: A002
+    """int64 draws from the rows of ``input`` ((C) or (N, C) non-negative weights), as torch.multinomial. The
+    seed is one draw of ``generator`` (a dyngrad.Generator; None: the default one dyngrad.manual_seed sets); the
+    samples are a function of it, the same on the CPU and a GPU. Not PyTorch's random stream: the same seed gives
+    other samples than torch. Invalid rows (NaN, inf, negative, zero sum) are a ValueError."""
+    if generator is not None and not isinstance(generator, _core.Generator):
+        raise TypeError(f"multinomial(): generator must be a dyngrad.Generator or None, got {type(generator).__name__}")
+    return ops.multinomial(input, num_samples=num_samples, replacement=replacement,
+                           seed=_core._draw_seed(generator))
 
 
 def index_select(x, dim, index):

@@ -4,8 +4,9 @@
 attributes as keywords: ``axis``/``dim``, ``axes``/``dims``, ``keepdim``, ``scalar``, ``shape``, ``min``/``max``
 (clamp), ``stride``, ``padding``, ``dilation``, ``groups``, ``kernel``, ``training``, ``eps``, ``momentum``,
 ``seed``, ``reduction``, ``ignore_index``, ``label_smoothing``, ``activation``, ``approximate``, ``start``,
-``length``, ``padding_idx``, ``mode``, ``hidden_size``, ``num_layers``, ``bidirectional``, and for attention
-``is_causal``, ``scale`` and ``dropout_p`` (with ``seed``).
+``length``, ``padding_idx``, ``mode``, ``hidden_size``, ``num_layers``, ``bidirectional``, ``descending``/``largest``,
+``replacement``, ``k``/``num_samples`` (argsort, topk_indices, multinomial), and for attention ``is_causal``,
+``scale`` and ``dropout_p`` (with ``seed``).
 The friendlier, PyTorch-shaped functions are in dyngrad.functional.
 """
 from __future__ import annotations

@@ -30,6 +30,10 @@ struct GraphBox {
     // (a leaf that took part in a backward is not reused by a later forward of a retained graph).
     std::uint64_t leaf_epoch = next_leaf_epoch();
     static std::uint64_t next_leaf_epoch();
+    // Leaves standing for results of released graphs that require grad (a forward's outputs stay usable
+    // after backward(), as in C++), with the node each stands for: a backward that would send a gradient into
+    // one raises GraphError before it writes any gradient (the released history cannot take it further).
+    std::vector<std::pair<NodeId, std::string>> stale_leaves;
     // When set, loss.backward() on this graph runs this instead of graph.backward: DistributedDataParallel's
     // forward sets it (src/distributed.cpp) so that the backward averages gradients across ranks, as PyTorch's
     // DDP hooks its reducer into autograd. grad_output is null for backward() without a gradient.

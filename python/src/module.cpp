@@ -2,7 +2,9 @@
 // names, each also a subclass of the built-in exception a Python user would catch (docs/python.md).
 #include <nanobind/stl/string.h>
 
+#include <string_view>
 #include <typeinfo>
+#include <utility>
 
 #include "binding.h"
 
@@ -29,10 +31,19 @@ PyObject* make_class(nb::module_& m, const char* name, std::initializer_list<PyO
     return cls;  // the module holds a reference
 }
 
+// Errors in the caller's language: the engine's messages name C++ spellings where a Python user has others.
+constexpr std::pair<std::string_view, std::string_view> kPythonSpellings[] = {
+    {"BackwardOptions{.retain_graph = true}", "retain_graph=True"},
+    {"NoGradGuard", "dg.no_grad()"},
+};
+
 // The user's line, appended when the message does not name it yet (errors not tied to a node, e.g. a bad
 // factory argument; op errors already carry it as their creation site).
 std::string with_site(const char* what) {
     std::string message = what;
+    for (const auto& [cpp, python] : kPythonSpellings)
+        for (std::size_t at = message.find(cpp); at != std::string::npos; at = message.find(cpp, at + python.size()))
+            message.replace(at, cpp.size(), python);
     const std::string site = describe_site(python_site());
     const std::string file = site.substr(0, site.rfind(':'));
     if (!file.empty() && message.find(site) == std::string::npos) message += " [at " + site + "]";

@@ -263,9 +263,13 @@ void bind_nn(nb::module_& m) {
     nb::class_<CosineAnnealingLR, LRScheduler>(m, "CosineAnnealingLR")
         .def(nb::init<Optimizer&, std::int64_t, double>(), nb::arg("optimizer"), nb::arg("T_max"),
              nb::arg("eta_min") = 0.0, nb::keep_alive<1, 2>());
-    m.def("clip_grad_norm_", [](const std::vector<PyTensor*>& params, double max_norm, double norm_type) {
-        return PyTensor(clip_grad_norm(parameters_of(params, "clip_grad_norm_"), max_norm, norm_type));
-    }, nb::arg("parameters"), nb::arg("max_norm"), nb::arg("norm_type") = 2.0);
+    m.def("clip_grad_norm_", [](const std::vector<PyTensor*>& params, double max_norm, double norm_type,
+                                bool error_if_nonfinite, nb::handle foreach) {
+        (void)foreach;  // PyTorch's kernel choice; the C++ function has one path per device
+        return PyTensor(clip_grad_norm(parameters_of(params, "clip_grad_norm_"), max_norm, norm_type,
+                                       error_if_nonfinite));
+    }, nb::arg("parameters"), nb::arg("max_norm"), nb::arg("norm_type") = 2.0, nb::arg("error_if_nonfinite") = false,
+          nb::arg("foreach").none() = nb::none());
     m.def("clip_grad_value_", [](const std::vector<PyTensor*>& params, double clip) {
         clip_grad_value(parameters_of(params, "clip_grad_value_"), clip);
     }, nb::arg("parameters"), nb::arg("clip_value"));

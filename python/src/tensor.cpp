@@ -150,10 +150,19 @@ Var as_var(const PyTensor& t, const std::shared_ptr<GraphBox>& box, std::source_
         return t.leaf;
     }
     if (t.graph != box) {
-        if (t.graph->released)
-            throw GraphError(str("a tensor from ", t.graph->graph.describe_node(t.var.id()),
-                                 " is used after backward() released its graph (call backward(retain_graph=True)"
-                                 " to keep it, or use .detach() to stop the gradient here)"));
+        if (t.graph->released) {
+            // A value backward() kept (it releases saved tensors only, as in C++): a leaf of this graph.
+            const void* data = t.data().raw_data();
+            const bool requires_grad = t.var.requires_grad();
+            if (t.leaf_epoch == box->leaf_epoch && t.leaf_data == data && t.leaf_requires_grad == requires_grad)
+                return t.leaf;
+            t.leaf = box->graph.input(t.data(), "", requires_grad, where);
+            t.leaf_epoch = box->leaf_epoch;
+            t.leaf_data = data;
+            t.leaf_requires_grad = requires_grad;
+            if (requires_grad) box->stale_leaves.emplace_back(t.leaf.id(), t.graph->graph.describe_node(t.var.id()));
+            return t.leaf;
+        }
         throw GraphError(str("a tensor from ", t.graph->graph.describe_node(t.var.id()),
                              " belongs to another thread's graph; .detach() it to use it here"));
     }
@@ -299,6 +308,10 @@ OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs) {
         else if (key == "eps") a.eps = nb::cast<double>(value);
         else if (key == "momentum") a.momentum = nb::cast<double>(value);
         else if (key == "seed") a.seed = nb::cast<std::uint64_t>(value);
+        // sorting and sampling (ops/sampling.h): topk's k and multinomial's num_samples are `length`
+        else if (key == "descending" || key == "largest") a.descending = nb::cast<bool>(value);
+        else if (key == "replacement") a.replacement = nb::cast<bool>(value);
+        else if (key == "k" || key == "num_samples") a.length = int_of(value, key);
         else if (key == "padding_idx") a.padding_idx = value.is_none() ? -1 : int_of(value, key);
         else if (key == "activation")
             a.activation = value.is_none() ? Activation::None
@@ -483,7 +496,22 @@ PyTensor unary(OpType op, const PyTensor& x, double scalar = 0.0) {
 
 PyTensor binary(OpType op, const PyTensor& a, const PyTensor& b) { return apply(op, {&a, &b}, no_attrs()); }
 
+// As ops/elementwise.cpp's comparisons: an int64 operand (labels, argmax) compares in the other's float dtype,
+// float64 when both are int64; it has no gradient, so its converted value is a constant.
+PyTensor compare(OpType op, const PyTensor& a, const PyTensor& b) {
+    const DType da = a.data().dtype(), db = b.data().dtype();
+    if (da != DType::i64 && db != DType::i64) return binary(op, a, b);
+    const DType dtype = da != DType::i64 ? da : db != DType::i64 ? db : DType::f64;
+    const auto as = [dtype](const PyTensor& t) {
+        return t.data().dtype() == DType::i64 ? PyTensor(t.data().to(dtype)) : t;
+    };
+    return binary(op, as(a), as(b));
+}
+
 PyTensor compare_scalar(OpType op, const PyTensor& a, double s) {
+    if (a.data().dtype() == DType::i64)  // `labels == 2.5` is false everywhere, not a truncated 2
+        return binary(op, PyTensor(a.data().to(DType::f64)),
+                      PyTensor(Tensor::full({}, s, DType::f64, a.data().device())));
     const PyTensor b = scalar_like(a, s);
     return binary(op, a, b);
 }
@@ -612,6 +640,25 @@ Shape shape_from(nb::handle args) {
 }
 
 // ---- backward ----
+// The engine's marking (nodes reachable from the root through nodes that require grad): a stale leaf among
+// them would take a gradient that its released history cannot pass on, which PyTorch refuses as well
+// ("backward through the graph a second time"). Checked before the backward, so no gradient changes.
+void refuse_released_history(GraphBox& box, NodeId root) {
+    const ComputeGraph& graph = box.graph;
+    std::vector<char> reached(root + 1, 0);
+    reached[root] = 1;
+    for (NodeId id = root + 1; id-- > 0;) {
+        if (!reached[id]) continue;
+        for (const NodeInput& input : graph.node(id).inputs)
+            if (graph.node(input.id).requires_grad) reached[input.id] = 1;
+    }
+    for (const auto& [leaf, origin] : box.stale_leaves)
+        if (leaf <= root && reached[leaf])
+            throw GraphError(str("backward from ", graph.describe_node(root), " needs the gradient of ", origin,
+                                 ", a result of a graph an earlier backward() released; call that backward with "
+                                 "retain_graph=True, or .detach() the tensor where it is reused"));
+}
+
 void run_backward(const PyTensor& t, std::optional<const PyTensor*> grad, bool retain_graph) {
     if (!t.has_history()) {
         if (t.parameter.defined())
@@ -620,6 +667,7 @@ void run_backward(const PyTensor& t, std::optional<const PyTensor*> grad, bool r
                              " that does not require grad and has no history (no input required grad, or it was "
                              "computed under no_grad())"));
     }
+    if (!t.graph->stale_leaves.empty()) refuse_released_history(*t.graph, t.var.id());
     BackwardOptions options;
     options.retain_graph = retain_graph;
     t.graph->leaf_epoch = GraphBox::next_leaf_epoch();
@@ -733,13 +781,39 @@ void bind_tensor(nb::module_& m) {
                  return nb::float_(v);
              })
         .def("tolist_flat", [](const PyTensor& t) { return t.data().to_vector(); })
-        .def("to", [](const PyTensor& t, nb::handle target) {
-                 if (nb::isinstance<DType>(target) ||
-                     (nb::isinstance<nb::str>(target) && nb::cast<std::string>(target).rfind("cpu", 0) != 0 &&
-                      nb::cast<std::string>(target).rfind("cuda", 0) != 0))
-                     return PyTensor(t.data().to(parse_dtype(target)));
-                 return PyTensor(t.data().to(parse_device(target)));
-             }, nb::arg("target"))
+        .def("to", [](const PyTensor& t, nb::handle first, nb::handle second, nb::handle device, nb::handle dtype,
+                      bool non_blocking, bool copy) {
+                 // PyTorch's forms: to(device), to(dtype), to(device, dtype), to(other), to(device=, dtype=).
+                 (void)non_blocking;  // copies to a GPU are ordered on dyngrad's stream either way
+                 std::optional<Device> to_device;
+                 std::optional<DType> to_dtype;
+                 const auto take = [&](nb::handle h) {
+                     if (h.is_none()) return;
+                     if (nb::isinstance<PyTensor>(h)) {
+                         const Tensor& other = nb::cast<const PyTensor&>(h).data();
+                         to_device = other.device();
+                         to_dtype = other.dtype();
+                     } else if (nb::isinstance<DType>(h) ||
+                                (nb::isinstance<nb::str>(h) && nb::cast<std::string>(h).rfind("cpu", 0) != 0 &&
+                                 nb::cast<std::string>(h).rfind("cuda", 0) != 0)) {
+                         to_dtype = parse_dtype(h);
+                     } else {
+                         to_device = parse_device(h);
+                     }
+                 };
+                 take(first);
+                 take(second);
+                 if (!device.is_none()) to_device = parse_device(device);
+                 if (!dtype.is_none()) to_dtype = parse_dtype(dtype);
+                 const Tensor& value = t.data();
+                 const Device d = to_device.value_or(value.device());
+                 const DType dt = to_dtype.value_or(value.dtype());
+                 if (d == value.device() && dt == value.dtype() && !copy) return t;  // PyTorch returns self
+                 Tensor out = value.to(d, dt);
+                 return PyTensor(copy && out.raw_data() == value.raw_data() ? out.clone() : out);
+             }, nb::arg("target").none() = nb::none(), nb::arg("dtype_").none() = nb::none(), nb::kw_only(),
+             nb::arg("device").none() = nb::none(), nb::arg("dtype").none() = nb::none(),
+             nb::arg("non_blocking") = false, nb::arg("copy") = false)
         .def("clone", [](const PyTensor& t) { return PyTensor(t.data().clone()); })
         .def("contiguous", [](const PyTensor& t) { return t; })
         .def("copy_", [](PyTensor& t, const PyTensor& src) -> PyTensor& {
@@ -794,17 +868,17 @@ void bind_tensor(nb::module_& m) {
         .def("__pow__", [](const PyTensor& a, double e) { return unary(OpType::PowScalar, a, e); }, nb::is_operator())
         .def("__neg__", [](const PyTensor& a) { return unary(OpType::Neg, a); })
         .def("__abs__", [](const PyTensor& a) { return unary(OpType::Abs, a); })
-        .def("__eq__", [](const PyTensor& a, const PyTensor& b) { return binary(OpType::Eq, a, b); }, nb::is_operator())
+        .def("__eq__", [](const PyTensor& a, const PyTensor& b) { return compare(OpType::Eq, a, b); }, nb::is_operator())
         .def("__eq__", [](const PyTensor& a, double s) { return compare_scalar(OpType::Eq, a, s); }, nb::is_operator())
-        .def("__ne__", [](const PyTensor& a, const PyTensor& b) { return binary(OpType::Ne, a, b); }, nb::is_operator())
+        .def("__ne__", [](const PyTensor& a, const PyTensor& b) { return compare(OpType::Ne, a, b); }, nb::is_operator())
         .def("__ne__", [](const PyTensor& a, double s) { return compare_scalar(OpType::Ne, a, s); }, nb::is_operator())
-        .def("__lt__", [](const PyTensor& a, const PyTensor& b) { return binary(OpType::Lt, a, b); }, nb::is_operator())
+        .def("__lt__", [](const PyTensor& a, const PyTensor& b) { return compare(OpType::Lt, a, b); }, nb::is_operator())
         .def("__lt__", [](const PyTensor& a, double s) { return compare_scalar(OpType::Lt, a, s); }, nb::is_operator())
-        .def("__le__", [](const PyTensor& a, const PyTensor& b) { return binary(OpType::Le, a, b); }, nb::is_operator())
+        .def("__le__", [](const PyTensor& a, const PyTensor& b) { return compare(OpType::Le, a, b); }, nb::is_operator())
         .def("__le__", [](const PyTensor& a, double s) { return compare_scalar(OpType::Le, a, s); }, nb::is_operator())
-        .def("__gt__", [](const PyTensor& a, const PyTensor& b) { return binary(OpType::Gt, a, b); }, nb::is_operator())
+        .def("__gt__", [](const PyTensor& a, const PyTensor& b) { return compare(OpType::Gt, a, b); }, nb::is_operator())
         .def("__gt__", [](const PyTensor& a, double s) { return compare_scalar(OpType::Gt, a, s); }, nb::is_operator())
-        .def("__ge__", [](const PyTensor& a, const PyTensor& b) { return binary(OpType::Ge, a, b); }, nb::is_operator())
+        .def("__ge__", [](const PyTensor& a, const PyTensor& b) { return compare(OpType::Ge, a, b); }, nb::is_operator())
         .def("__ge__", [](const PyTensor& a, double s) { return compare_scalar(OpType::Ge, a, s); }, nb::is_operator());
 
     // Every op of the table by its id: dyngrad/ops.py generates one function per row from op_table().
@@ -881,11 +955,31 @@ void bind_tensor(nb::module_& m) {
                                      device.is_none() ? Device::cpu() : parse_device(device)));
     }, nb::arg("shape"), nb::arg("fill_value"), nb::kw_only(), nb::arg("dtype").none() = nb::none(),
           nb::arg("device").none() = nb::none());
-    m.def("arange", [](double start, std::optional<double> stop, double step, nb::handle dtype, nb::handle device) {
-        const double from = stop ? start : 0.0, to = stop ? *stop : start;
-        return PyTensor(Tensor::arange(from, to, step, dtype.is_none() ? DType::f32 : parse_dtype(dtype),
-                                       device.is_none() ? Device::cpu() : parse_device(device)));
-    }, nb::arg("start"), nb::arg("end").none() = nb::none(), nb::arg("step") = 1.0, nb::kw_only(),
+    m.def("arange", [](nb::handle start, nb::handle end, nb::handle step, nb::handle dtype, nb::handle device) {
+        // PyTorch's rule: all integers (Python or NumPy) give int64, any float gives float32; dtype= wins.
+        bool integers = true;
+        const auto number = [&](nb::handle v, const char* name) {
+            if (PyIndex_Check(v.ptr())) {
+                const nb::object index = nb::steal(PyNumber_Index(v.ptr()));
+                if (!index.is_valid()) throw nb::python_error();
+                return static_cast<double>(nb::cast<std::int64_t>(index));
+            }
+            if (PyFloat_Check(v.ptr()) || PyNumber_Check(v.ptr())) {  // a NumPy float32 is no Python float
+                integers = false;
+                const double value = PyFloat_AsDouble(v.ptr());
+                if (value == -1.0 && PyErr_Occurred()) throw nb::python_error();
+                return value;
+            }
+            throw nb::type_error(str("arange(): argument '", name, "' must be a number, got ",
+                                     nb::cast<std::string>(nb::str(v.type().attr("__name__")))).c_str());
+        };
+        const double first = number(start, "start");
+        const double last = end.is_none() ? 0.0 : number(end, "end");
+        const double stride = number(step, "step");
+        const double from = end.is_none() ? 0.0 : first, to = end.is_none() ? first : last;
+        const DType dt = !dtype.is_none() ? parse_dtype(dtype) : integers ? DType::i64 : DType::f32;
+        return PyTensor(Tensor::arange(from, to, stride, dt, device.is_none() ? Device::cpu() : parse_device(device)));
+    }, nb::arg("start"), nb::arg("end").none() = nb::none(), nb::arg("step") = nb::int_(1), nb::kw_only(),
           nb::arg("dtype").none() = nb::none(), nb::arg("device").none() = nb::none());
     const auto random_factory = [&m](const char* name, bool normal) {
         m.def(name, [normal](nb::args shape, nb::handle dtype, nb::handle device, bool requires_grad) {
@@ -901,6 +995,15 @@ void bind_tensor(nb::module_& m) {
     random_factory("randn", true);
     random_factory("rand", false);
     m.def("manual_seed", [](std::uint64_t seed) { default_generator() = Generator(seed); }, nb::arg("seed"));
+    // PyTorch's torch.Generator for the samplers (multinomial): a seeded stream of its own.
+    nb::class_<Generator>(m, "Generator")
+        .def(nb::init<std::uint64_t>(), nb::arg("seed") = 0)
+        .def("manual_seed", [](Generator& g, std::uint64_t seed) -> Generator& { return g = Generator(seed); },
+             nb::arg("seed"), nb::rv_policy::reference);
+    // One 64-bit draw of `generator` (None: the default one manual_seed sets): the seed of a counter-based op.
+    m.def("_draw_seed", [](Generator* generator) {
+        return static_cast<std::uint64_t>((generator ? *generator : default_generator()).engine()());
+    }, nb::arg("generator").none() = nb::none());
 
     // Autograd switches (context managers in dyngrad/__init__.py)
     nb::class_<NoGradScope>(m, "_NoGradScope")

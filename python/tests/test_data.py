@@ -55,7 +55,7 @@ def test_shuffle_is_seeded_and_matches_the_tensor_loader():
 
 
 def test_each_epoch_has_its_own_order_and_set_epoch_replays_one():
-    loader = DataLoader(Squares(16), batch_size=4, seed=3)
+    loader = DataLoader(Squares(16), batch_size=4, shuffle=True, seed=3)
     first, second = indices_of(loader), indices_of(loader)
     assert first != second and sorted(first) == sorted(second) == list(range(16))
     loader.set_epoch(0)
@@ -65,7 +65,8 @@ def test_each_epoch_has_its_own_order_and_set_epoch_replays_one():
 def test_drop_last_and_shards():
     loader = DataLoader(Squares(10), batch_size=4, shuffle=False, drop_last=True)
     assert len(loader) == 2 and indices_of(loader) == list(range(8))
-    shards = [indices_of(DataLoader(Squares(11), batch_size=3, seed=5, num_shards=3, shard=s)) for s in range(3)]
+    shards = [indices_of(DataLoader(Squares(11), batch_size=3, shuffle=True, seed=5, num_shards=3, shard=s))
+              for s in range(3)]
     assert sorted(sum(shards, [])) == list(range(11)) and all(shards)
 
 
@@ -182,7 +183,7 @@ def test_a_training_loop_over_a_python_dataset():
     optimizer = dg.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     for _ in range(5):
-        for x, y in DataLoader(Regression(), batch_size=32, seed=1):
+        for x, y in DataLoader(Regression(), batch_size=32, shuffle=True, seed=1):
             loss = dg.functional.mse_loss(model(x).reshape(-1), y)
             optimizer.zero_grad()
             loss.backward()

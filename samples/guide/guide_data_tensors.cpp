@@ -36,7 +36,7 @@ int main() {
     const Tensor x = Tensor::normal({100, 3}, 0.0, 1.0, gen);
     const Tensor y = sum(x, {1}, /*keepdim=*/true) * 0.5;  // (100, 1)
     DataLoader loader(std::make_shared<TensorDataset>(std::vector<Tensor>{x, y}),
-                      {.batch_size = 32, .seed = 4, .prefetch = 2});  // a worker prepares 2 batches ahead
+                      {.batch_size = 32, .shuffle = true, .seed = 4, .prefetch = 2});  // a worker prepares 2 batches ahead
     Linear model(3, 1, true, gen);
     SGD sgd(model.parameters(), {.lr = 0.1});
     double first = 0, last = 0;

@@ -60,9 +60,11 @@ const bool added = hostile::add(
                                     [] { ce(normal({4, 3}), normal({4})); }),
         hostile::expect<DTypeError>("cross_entropy with int64 logits", {"cross_entropy", "logits", "int64"},
                                     [] { cross_entropy(Tensor::from_vector(std::vector<std::int64_t>{0, 1, 2}, {1, 3}), labels({0})); }),
-        hostile::expect<ShapeError>("cross_entropy with 1-D logits", {"cross_entropy", "logits", "(N,C)", "(5)"},
+        hostile::expect<ShapeError>("cross_entropy with 1-D logits and a 1-D label",
+                                    {"cross_entropy", "labels (1)", "(5)", "expected ()"},
                                     [] { ce(normal({5}), labels({0})); }),
-        hostile::expect<ShapeError>("cross_entropy with 3-D logits", {"cross_entropy", "logits", "(2,3,4)"},
+        hostile::expect<ShapeError>("cross_entropy with 3-D logits and 1-D labels",
+                                    {"cross_entropy", "labels (2)", "(2,3,4)", "expected (2,4)"},
                                     [] { ce(normal({2, 3, 4}), labels({0, 1})); }),
         hostile::expect<ShapeError>("cross_entropy labels shorter than the batch", {"cross_entropy", "labels", "(3)", "(4,3)"},
                                     [] { ce(normal({4, 3}), labels({0, 1, 2})); }),
@@ -123,7 +125,8 @@ const bool added = hostile::add(
                                         g.backward(loss);
                                     }),
         // ---- nll_loss ----
-        hostile::expect<ShapeError>("nll_loss with 3-D log_probs", {"nll_loss", "log_probs", "(N,C)", "(2,3,4)"},
+        hostile::expect<ShapeError>("nll_loss with 3-D log_probs and 1-D labels",
+                                    {"nll_loss", "labels (2)", "(2,3,4)", "expected (2,4)"},
                                     [] { nll(normal({2, 3, 4}), labels({0, 1})); }),
         hostile::expect<DTypeError>("nll_loss with float labels", {"nll_loss", "labels", "int64"},
                                     [] { nll(normal({2, 3}), normal({2})); }),
