@@ -200,10 +200,6 @@ class WorkerPool:
             self._index_queues.append(q)
             self._workers.append(p)
 
-    @property
-    def pids(self) -> list:
-        return [p.pid for p in self._workers]
-
     def begin_epoch(self):
         """Abandons the current epoch's batches (a fetch waiting for one raises _Cancelled); the next fetch starts
         a new epoch from batch 0."""

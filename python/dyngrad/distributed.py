@@ -41,9 +41,13 @@ def is_available() -> bool:
     return bool(_dist.available)
 
 
+def _qualified(who: str) -> str:
+    return who if who.startswith("dyngrad.") else f"dyngrad.distributed.{who}"
+
+
 def _require_layer(who: str):
     if not _dist.available:
-        raise DistributedUnavailable(f"dyngrad.distributed.{who}(): {_dist.unavailable_reason}")
+        raise DistributedUnavailable(f"{_qualified(who)}(): {_dist.unavailable_reason}")
 
 
 if _dist.available:
@@ -157,9 +161,9 @@ def destroy_process_group(group=None) -> None:
 def _group(who: str, group=None):
     _require_layer(who)
     if group is not None and group is not _default:
-        raise _core.ValueError(f"dyngrad.distributed.{who}(): only the default group is supported (group=None)")
+        raise _core.ValueError(f"{_qualified(who)}(): only the default group is supported (group=None)")
     if _default is None:
-        raise _core.ValueError(f"dyngrad.distributed.{who}(): the default process group is not initialised (call "
+        raise _core.ValueError(f"{_qualified(who)}(): the default process group is not initialised (call "
                                "dyngrad.distributed.init_process_group() first)")
     return _default
 

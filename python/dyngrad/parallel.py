@@ -54,7 +54,7 @@ class DistributedDataParallel(Module):
         if not isinstance(module, Module):
             raise TypeError(f"DistributedDataParallel(): argument 'module' must be a dyngrad.nn.Module, not "
                             f"{type(module).__name__}")
-        pg = _dist._group("nn.parallel.DistributedDataParallel", process_group)
+        pg = _dist._group("dyngrad.nn.parallel.DistributedDataParallel", process_group)
         if dim != 0:
             raise _core.ValueError(f"DistributedDataParallel(): dim={dim}: the batch is split along dimension 0 only")
         if not init_sync:

@@ -166,6 +166,13 @@ def test_ddp_of_one_is_the_plain_gradient(group, fresh_rng):
         out = model(dg.tensor(x))
     out.sum().backward()  # recorded under no_sync: accumulates without a sync, as torch's
     assert model.ddp_stats()["backward_calls"] == 2 and model.ddp_stats()["synchronised_calls"] == 1
+    # Two forwards before one backward: one averaged backward over both (each parameter reported once).
+    for m in (plain, model):
+        m.zero_grad()
+        (m(dg.tensor(x)).sum() + (m(dg.tensor(x[:2])) ** 2).sum()).backward()
+    assert model.ddp_stats()["synchronised_calls"] == 2
+    for p, q in zip(model.parameters(), plain.parameters()):
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-12, err_msg=f"seed {seed}")
     y = model(dg.tensor(x))
     with pytest.raises(dg.ValueError, match="scalar loss"):
         y.backward(dg.ones_like(y))
