@@ -196,8 +196,15 @@ class WorkerPool:
             p = ctx.Process(target=_worker_loop, daemon=True, name=f"dyngrad DataLoader worker {w}",
                             args=(dataset, collate, w, num_workers, seed + w, worker_init_fn, q, self._result_queue,
                                   os.getpid()))
-            p.start()
             self._index_queues.append(q)
+            try:
+                p.start()  # forkserver and spawn pickle the data set, collate_fn and worker_init_fn here
+            except (pickle.PicklingError, TypeError, AttributeError) as e:
+                self.shutdown()
+                raise TypeError(f"DataLoader(num_workers={num_workers}): the data set, collate_fn and worker_init_fn "
+                                f"are sent to the worker processes by pickle ({ctx.get_start_method()} start method), "
+                                f"which failed: {e}. Define them at module level (not in a function, no lambdas), "
+                                "or pass multiprocessing_context='fork'") from e
             self._workers.append(p)
 
     def begin_epoch(self):

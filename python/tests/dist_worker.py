@@ -118,6 +118,16 @@ def ddp(inputs, rank, world):
     # backward(gradient) on a DDP output is refused on every rank before any communication.
     y = model(dg.tensor(inputs["x1"][rank]))
     notes["gradient"] = expect_error(dg.ValueError, lambda: y.backward(dg.ones_like(y)))
+
+    # broadcast_buffers: rank 0's buffers reach every rank before each training-mode forward, not in eval mode.
+    model.module.scale.fill_(float(10 + rank))
+    model(dg.tensor(inputs["x1"][rank]))
+    out["buffer/after_train_forward"] = model.module.scale.numpy().copy()
+    model.eval()
+    model.module.scale.fill_(float(20 + rank))
+    with dg.no_grad():
+        model(dg.tensor(inputs["x1"][rank]))
+    out["buffer/after_eval_forward"] = model.module.scale.numpy().copy()
     return out, notes
 
 

@@ -217,3 +217,14 @@ def test_a_dead_worker_or_a_timeout_is_an_error_not_a_hang():
     with pytest.raises(RuntimeError, match=r"timed out after 1.0 s waiting for batch 0 from worker process 0"):
         list(loader)
     assert loader._fetch.pool is None  # the stuck worker was stopped
+
+
+def test_a_data_set_that_cannot_be_pickled_is_a_type_error_saying_so():
+    class Local(Burner):  # defined in a function: pickle cannot name it
+        pass
+
+    loader = DataLoader(Local(4), batch_size=2, shuffle=False, num_workers=2)
+    with pytest.raises(TypeError, match="sent to the worker processes by pickle"):
+        list(loader)
+    assert loader._fetch.pool is None
+    assert [int(i) for b in DataLoader(Local(4), batch_size=2, shuffle=False) for i in b["label"]] == [0, 1, 2, 3]

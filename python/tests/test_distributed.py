@@ -261,6 +261,9 @@ def test_mpirun_ddp_averages_the_ranks_gradients(tmp_path, fresh_rng):
             np.testing.assert_allclose(out[f"local/{n}"], ga[r][n], rtol=1e-12, atol=1e-15, err_msg=f"{n}, {msg}")
             expected = (ga[0][n] + gb[0][n] + ga[1][n] + gb[1][n]) / 2
             np.testing.assert_allclose(out[f"step2/{n}"], expected, rtol=1e-12, atol=1e-15, err_msg=f"{n}, {msg}")
+    for r, out in enumerate((out0, out1)):
+        np.testing.assert_array_equal(out["buffer/after_train_forward"], np.full(3, 10.0))
+        np.testing.assert_array_equal(out["buffer/after_eval_forward"], np.full(3, 20.0 + r))
     for notes in (notes0, notes1):
         assert notes["calls"] == [3, 2]
         assert notes["gradient"].startswith("ValueError") and "scalar loss" in notes["gradient"]
