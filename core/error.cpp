@@ -1,8 +1,14 @@
 #include "dyngrad/core/error.h"
 
+#include <exception>
+
 namespace dyngrad {
 
 [[noreturn]] void rethrow_with_context(const std::string& context) {
+    // Called outside a catch block, the bare `throw;` below would call std::terminate: a typed error instead.
+    if (!std::current_exception())
+        throw ValueError(str("rethrow_with_context(\"", context,
+                             "\"): no exception is being handled; call it inside a catch block"));
     std::string prefix = context;
     prefix += ": ";
     // Most derived types first.
@@ -28,6 +34,8 @@ namespace dyngrad {
         throw IoError(prefix + e.what());
     } catch (const NumericalError& e) {
         throw NumericalError(prefix + e.what());
+    } catch (const DistributedError& e) {
+        throw DistributedError(prefix + e.what());
     } catch (const Error& e) {
         throw Error(prefix + e.what());
     } catch (const std::bad_alloc&) {

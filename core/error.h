@@ -50,6 +50,7 @@ std::string str(const Args&... args) {
 namespace dyngrad {
 // Inside a catch block: rethrows the exception being handled as the same dyngrad error type with
 // `context` prepended to its message (so callers can catch by type and read where it happened).
-// Non-dyngrad exceptions become dyngrad::Error.
+// Non-dyngrad exceptions become dyngrad::Error. Called outside a catch block (nothing to rethrow) it throws
+// ValueError instead of terminating the process.
 [[noreturn]] void rethrow_with_context(const std::string& context);
 }  // namespace dyngrad

@@ -115,9 +115,20 @@ Storage::Storage(void* data, std::size_t bytes, Device device, std::function<voi
     if (!release_) release_ = [] {};  // external() reads "has a release function"
 }
 
+namespace {
+// Runs a from_external release function from a destructor: one that throws would otherwise call
+// std::terminate (destructors are noexcept), and there is no caller left to report it to.
+void run_release(const std::function<void()>& release) noexcept {
+    try {
+        if (release) release();
+    } catch (...) {
+    }
+}
+}  // namespace
+
 Storage::~Storage() {
     if (release_) {
-        release_();
+        run_release(release_);
         return;
     }
     if (device_.is_cpu()) {
@@ -146,7 +157,7 @@ Tensor Tensor::from_external(void* data, const Shape& shape, DType dtype, Device
     struct ReleaseOnFailure {
         std::shared_ptr<std::function<void()>> release;
         ~ReleaseOnFailure() {
-            if (release && *release) (*release)();
+            if (release) run_release(*release);  // during the unwinding of a refusal: must not throw
         }
     } guard{storage_release};
     Tensor t;

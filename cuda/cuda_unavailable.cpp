@@ -50,6 +50,7 @@ struct CapturedStep::Impl {
 };
 CapturedStep::CapturedStep(StepFn step, CaptureOptions options) : impl_(std::make_unique<Impl>(Impl{std::move(step)})) {
     // The option checks of cuda/capture.cu, so that bad options fail alike in every build.
+    if (!impl_->step) throw ValueError("CapturedStep: the step function is empty");
     if (options.guard_replays > 0 && !options.guard_state)
         throw ValueError(str("CapturedStep: guard_replays = ", options.guard_replays,
                              " needs guard_state, the tensors the step changes"));

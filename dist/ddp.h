@@ -86,7 +86,8 @@ public:
     const DDPOptions& options() const { return options_; }
 
     // graph.backward(loss, options) with the gradients averaged across ranks (see the top of this file). A
-    // readiness callback already in `options` is called too, before the bucket's.
+    // readiness callback already in `options` is called too, before the bucket's. ValueError when called from
+    // such a callback, during its own backward (the buckets of the running one would be reset).
     void backward(ComputeGraph& graph, const Var& loss, BackwardOptions options = {});
 
     // The step's forward and backward over this rank's batch: loss_fn records the loss of `batch` (a mean over
@@ -96,8 +97,9 @@ public:
     Tensor forward_backward(std::span<const Tensor> batch, const LossFn& loss_fn);
     // Recomputes the gradients of the global batch (every rank's `batch`, all-gathered along dim 0) on this rank
     // alone and compares them with the parameters' current gradients (which it leaves as they are). Call it
-    // right after a synchronised backward. Throws NumericalError when a parameter is off by more than the
-    // tolerance; returns the worst error otherwise.
+    // right after a synchronised backward: ValueError, before anything is sent, when there was none or the
+    // last backward ran inside no_sync() (the gradients are not averaged). Throws NumericalError when a
+    // parameter is off by more than the tolerance; returns the worst error otherwise.
     GradientCheckResult check_gradients(std::span<const Tensor> batch, const LossFn& loss_fn);
 
     // While alive, backward() does not communicate (gradient accumulation). Nestable.
@@ -135,6 +137,7 @@ private:
     DDPOptions options_;
     bool no_sync_ = false;
     bool in_backward_ = false;
+    bool synchronised_ = false;  // the last backward averaged the gradients (what check_gradients checks)
     DDPStats stats_;
     std::unique_ptr<State> state_;
 };

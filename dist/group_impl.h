@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dyngrad/dist/process_group.h"
@@ -37,6 +38,13 @@ void nccl_all_gather(NcclComm& comm, const void* send, void* recv, std::size_t c
                      void* stream, const std::string& what);
 void nccl_reduce_scatter(NcclComm& comm, const void* send, void* recv, std::size_t count_per_rank, DType dtype,
                          ReduceOp op, void* stream, const std::string& what);
+
+// Every rank must hold the same parameters and buffers (names, shapes, dtypes; `entries` in registration
+// order). Cheap when they do: one all_gather of (count, hash). On a mismatch every rank learns the first
+// differing entry and what each rank has there, and throws the same error: ShapeError (same name, another
+// shape), DTypeError (another dtype) or ValueError (other names or counts). `who` starts the message
+// ("DistributedDataParallel", "ZeroOptimizer"). dist/model_check.cpp.
+void check_same_model(ProcessGroup& group, const std::vector<std::pair<std::string, Tensor>>& entries, const char* who);
 
 // ---- the group ----
 struct ProcessGroup::Impl {

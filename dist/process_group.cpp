@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "dyngrad/core/device_memory.h"
@@ -47,6 +48,16 @@ int env_int(const char* (*getenv)(const char*), const char* name, long long low,
     if (!parse_int(text, v) || v < low || v > high)
         throw ValueError(str("process group: ", name, "='", text ? text : "", "' is not an integer in ", low, "..", high));
     return static_cast<int>(v);
+}
+
+// MPI's counts are ints: a message past INT_MAX elements (bytes, for the byte-wise broadcast and gather) would wrap
+// to a negative or short count. Refused typed before anything is sent (a ZeRO flat buffer of a large model on the
+// CPU could reach it; NCCL takes size_t counts and has no such limit).
+int mpi_count(std::size_t count, const std::string& what, const char* unit) {
+    if (count > static_cast<std::size_t>(std::numeric_limits<int>::max()))
+        throw ShapeError(str(what, ": ", count, " ", unit, " exceed MPI's int count (", std::numeric_limits<int>::max(),
+                             "); split the tensor"));
+    return static_cast<int>(count);
 }
 
 // MPI datatype of a dtype; DTypeError for one no collective takes.
@@ -160,7 +171,7 @@ void ProcessGroup::Impl::wait_mpi(MPI_Request& request, const std::string& what)
 MPI_Request ProcessGroup::Impl::start_mpi_all_reduce(void* data, std::size_t count, DType dtype,
                                                      const std::string& what) const {
     MPI_Request request = MPI_REQUEST_NULL;
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), mpi_type(dtype, what), MPI_SUM, comm,
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(count, what, "elements"), mpi_type(dtype, what), MPI_SUM, comm,
                              &request),
               what);
     return request;
@@ -361,7 +372,7 @@ void ProcessGroup::broadcast(Tensor& t, int root) {
     }
     if (impl_->world == 1) return;
     MPI_Request request = MPI_REQUEST_NULL;
-    impl_->check_mpi(MPI_Ibcast(t.raw_data(), static_cast<int>(t.nbytes()), MPI_BYTE, root, impl_->comm, &request), what);
+    impl_->check_mpi(MPI_Ibcast(t.raw_data(), mpi_count(t.nbytes(), what, "bytes"), MPI_BYTE, root, impl_->comm, &request), what);
     impl_->wait_mpi(request, what);
     t.bump_version();
 }
@@ -409,8 +420,9 @@ void ProcessGroup::all_gather(const Tensor& input, Tensor& output) {
         return;
     }
     MPI_Request request = MPI_REQUEST_NULL;
-    impl_->check_mpi(MPI_Iallgather(input.raw_data(), static_cast<int>(input.nbytes()), MPI_BYTE, output.raw_data(),
-                                    static_cast<int>(input.nbytes()), MPI_BYTE, impl_->comm, &request),
+    const int bytes = mpi_count(input.nbytes(), what, "bytes");
+    impl_->check_mpi(MPI_Iallgather(input.raw_data(), bytes, MPI_BYTE, output.raw_data(), bytes, MPI_BYTE, impl_->comm,
+                                    &request),
                      what);
     impl_->wait_mpi(request, what);
     output.bump_version();
@@ -457,7 +469,7 @@ void ProcessGroup::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp 
         return;
     }
     MPI_Request request = MPI_REQUEST_NULL;
-    impl_->check_mpi(MPI_Ireduce_scatter_block(input.raw_data(), output.raw_data(), static_cast<int>(count),
+    impl_->check_mpi(MPI_Ireduce_scatter_block(input.raw_data(), output.raw_data(), mpi_count(count, what, "elements"),
                                                mpi_type(input.dtype(), what), MPI_SUM, impl_->comm, &request),
                      what);
     impl_->wait_mpi(request, what);

@@ -12,7 +12,8 @@
 // communicator when a collective has not finished within the timeout or NCCL reports an asynchronous error;
 // every later call then throws. All failures are DistributedError naming the collective, the rank, and the
 // tensors' shapes, dtypes and devices; bad arguments are ShapeError / DTypeError / DeviceError / ValueError
-// and are detected before anything is sent, so the group stays usable.
+// (IndexError for a root outside the group, as for any rank or index out of range) and are detected before
+// anything is sent, so the group stays usable.
 //
 // Every rank must call the same collectives in the same order with tensors of the same shapes and dtypes
 // (as with MPI and NCCL). A group is a handle: copies share the communicators. Use it from one thread.
@@ -83,7 +84,7 @@ public:
 
     // In place on every rank: t becomes the sum (or mean) of every rank's t. f32, f64 (i64: Sum only).
     void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum);
-    // t becomes root's t on every rank.
+    // t becomes root's t on every rank. IndexError: root not in [0, world_size()).
     void broadcast(Tensor& t, int root = 0);
     // output (world, input's shape...) holds every rank's input, by rank. The returning form allocates it.
     void all_gather(const Tensor& input, Tensor& output);

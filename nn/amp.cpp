@@ -68,7 +68,11 @@ Var GradScaler::scale(const Var& loss) {
     const Tensor& value = loss.value();
     if (!is_floating(value.dtype()))
         throw DTypeError(str("GradScaler::scale: the loss must be floating, got ", describe(value)));
+    if (unscaled_)
+        throw ValueError("GradScaler::scale: unscale() was already called for this step; call step() first (the "
+                         "gradients of this loss would stay scaled while the others are unscaled)");
     place(value.device());
+    scaled_ = true;
     const Tensor factor = value.dtype() == DType::f32 ? scale_ : scale_.to(value.dtype());
     return mul(loss, loss.graph().constant(factor));
 }
@@ -105,10 +109,18 @@ void GradScaler::check(Optimizer& optimizer, bool unscale) {
     found_inf_.data<float>()[0] = found ? 1.0f : 0.0f;
 }
 
+void GradScaler::require_scaled(const char* call) const {
+    if (!scaled_)
+        throw ValueError(str("GradScaler::", call, ": no loss was scaled since the last step(); call scale(loss) and "
+                             "backward on the scaled loss first (these gradients are not scaled: dividing them by the "
+                             "scale would make the step that much too small)"));
+}
+
 void GradScaler::unscale(Optimizer& optimizer) {
     if (!options_.enabled) return;
     if (unscaled_)
         throw ValueError("GradScaler::unscale: already called since the last step(); call it once per step");
+    require_scaled("unscale");
     check(optimizer, true);
     unscaled_ = true;
 }
@@ -118,8 +130,12 @@ void GradScaler::step(Optimizer& optimizer) {
         optimizer.step();
         return;
     }
+    if (checked_)
+        throw ValueError("GradScaler::step: already called since the last update(); call update() once per step");
+    require_scaled("step");
     if (!unscaled_) check(optimizer, false);
     optimizer.step(Optimizer::Gate{unscaled_ ? one_ : inv_scale_, found_inf_});
+    scaled_ = false;
     unscaled_ = false;
     checked_ = true;
 }
@@ -183,6 +199,9 @@ void GradScaler::save_state(TensorMap& tensors, SafetensorsMetadata& metadata) c
 
 std::function<void()> GradScaler::stage_state(const TensorMap& tensors, const SafetensorsMetadata& metadata,
                                               const std::string& source) {
+    if (scaled_ || unscaled_)
+        throw ValueError(str("checkpoint '", source, "': GradScaler state loaded between scale() and step(); the "
+                             "pending gradients were scaled by the current scale: load it before scale() or after step()"));
     if (!metadata.contains(kScalerType))
         throw IoError(str("checkpoint '", source, "' holds no GradScaler state (no metadata '", kScalerType, "')"));
     const std::string prefix = kScalerPrefix;

@@ -55,6 +55,13 @@ public:
     // growth_interval or max_consecutive_skips not positive, min_scale negative or not finite.
     explicit GradScaler(const GradScalerOptions& options = {});
 
+    // The calls of one step, in order: scale() (once per loss: several under gradient accumulation), an
+    // optional unscale(), step(), update(). A call out of order throws ValueError and changes nothing, e.g.
+    // step() or unscale() without a scale() since the last step() (the gradients are not scaled: dividing
+    // them by the scale would step 65536 times too short), scale() after unscale() (half the gradients would
+    // stay scaled), a second step() before update(), loading a state between scale() and step() (the
+    // gradients were scaled by the old scale and would be divided by the loaded one).
+
     // loss · scale (the scale tensor lives on the loss's device, read there by the kernel). The first call
     // places the scaler's state on that device (a host-to-device copy: not inside a captured step).
     Var scale(const Var& loss);
@@ -87,6 +94,8 @@ public:
 private:
     // Puts the state on `device` (from the host values) the first time.
     void place(const Device& device);
+    // ValueError naming `call` unless scale() was called since the last step().
+    void require_scaled(const char* call) const;
     // found_inf and inv_scale for the current gradients (in place when `unscale`).
     void check(Optimizer& optimizer, bool unscale);
 
@@ -97,6 +106,7 @@ private:
     Tensor one_;        // f32 (): the inv_scale of a step after unscale()
     Tensor tracker_;    // i64 ()
     Tensor skips_;      // i64 ()
+    bool scaled_ = false;    // scale() was called since the last step(): the gradients are scaled
     bool unscaled_ = false;  // unscale() was called for the current step
     bool checked_ = false;   // found_inf holds the current step's verdict
     std::int64_t updates_ = 0;  // update() calls (host count; names the step in the CPU collapse error)

@@ -21,6 +21,7 @@
 
 namespace dyngrad {
 
+using optim_detail::check_group_count;
 using optim_detail::check_no_extra;
 using optim_detail::check_non_negative;
 using optim_detail::entry;
@@ -138,6 +139,16 @@ const Tensor& entry(const TensorMap& tensors, const std::string& key, DType dtyp
         throw ShapeError(str("checkpoint '", source, "': tensor '", key, "' has shape ", to_string(t.shape()),
                              ", expected ", to_string(shape)));
     return t;
+}
+
+void check_group_count(const TensorMap& tensors, const std::string& key, std::int64_t groups, const std::string& what,
+                       const std::string& source) {
+    const auto found = tensors.find(key);
+    if (found == tensors.end() || found->second.rank() != 1) return;  // entry() names what is wrong with it
+    const std::int64_t saved = found->second.shape()[0];
+    if (saved != groups)
+        throw ValueError(str("checkpoint '", source, "': tensor '", key, "' holds ", saved, " ", what, " there and ",
+                             groups, " here (another group layout)"));
 }
 
 void check_no_extra(const TensorMap& tensors, const std::string& prefix, const std::set<std::string>& used,
@@ -354,6 +365,8 @@ std::function<void()> Optimizer::stage_state(const TensorMap& tensors, const Saf
         return entry(tensors, key, dtype, shape, source);
     };
     const auto groups = static_cast<std::int64_t>(groups_.size());
+    // Another number of groups is another group layout (ValueError, as other group sizes), not a bad tensor.
+    check_group_count(tensors, prefix + "group_sizes", groups, str(name(), " parameter groups"), source);
     const Tensor& sizes = read(prefix + "group_sizes", DType::i64, {groups});
     for (std::size_t g = 0; g < groups_.size(); ++g) {
         const std::int64_t saved = sizes.data<std::int64_t>()[g];

@@ -127,7 +127,7 @@ public:
     void save_state(TensorMap& tensors, SafetensorsMetadata& metadata) const;
     // Restores what save_state wrote, into an optimizer over parameters of the same shapes in groups of the
     // same sizes. Checks everything first and changes nothing on error: ValueError for another optimizer type,
-    // other group sizes or invalid settings; IoError for missing or unexpected "@optimizer." entries;
+    // another number of groups, other group sizes or invalid settings; IoError for missing or unexpected "@optimizer." entries;
     // ShapeError/DTypeError for a tensor that does not fit. `source` names the file in messages.
     void load_state(const TensorMap& tensors, const SafetensorsMetadata& metadata, const std::string& source);
     // load_state in two phases: everything is checked now, and the returned function (which cannot throw)
@@ -262,6 +262,7 @@ public:
     LRScheduler& operator=(const LRScheduler&) = delete;
 
     void step();
+    // ValueError for a negative epoch, IndexError for a group that does not exist.
     double lr_at(std::int64_t epoch, std::size_t group = 0) const;
     std::int64_t epoch() const;  // read from the device once the schedule runs there (a host sync)
     const std::vector<double>& base_lrs() const { return base_lrs_; }

@@ -121,6 +121,11 @@ void check_non_negative(const std::string& who, const char* what, double value);
 const Tensor& entry(const TensorMap& tensors, const std::string& key, DType dtype, const Shape& shape,
                     const std::string& source);
 
+// ValueError when the rank-1 entry `key` has another length than `groups`: a checkpoint of another group
+// layout (`what` names the groups in the message). Nothing when the entry is missing or of another rank.
+void check_group_count(const TensorMap& tensors, const std::string& key, std::int64_t groups, const std::string& what,
+                       const std::string& source);
+
 // IoError for an entry under `prefix` that was not read (`used`): a checkpoint of another model or optimizer.
 void check_no_extra(const TensorMap& tensors, const std::string& prefix, const std::set<std::string>& used,
                     const std::string& source);

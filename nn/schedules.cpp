@@ -13,6 +13,7 @@
 
 namespace dyngrad {
 
+using optim_detail::check_group_count;
 using optim_detail::check_no_extra;
 using optim_detail::check_non_negative;
 using optim_detail::entry;
@@ -87,6 +88,8 @@ LRScheduler::~LRScheduler() = default;
 double LRScheduler::lr_at(std::int64_t epoch, std::size_t group) const {
     if (group >= base_lrs_.size())
         throw IndexError(str(name(), ": parameter group ", group, " does not exist (", base_lrs_.size(), " groups)"));
+    // Every closed form extrapolates before epoch 0 into rates the schedule never gives (a warm-up's negative).
+    if (epoch < 0) throw ValueError(str(name(), "::lr_at: epoch ", epoch, " is negative (epochs count from 0)"));
     return lr_for(base_lrs_[group], epoch);
 }
 
@@ -129,6 +132,8 @@ std::function<void()> LRScheduler::stage_state(const TensorMap& tensors, const S
     const std::string prefix = kSchedulePrefix;
     const std::int64_t epoch = entry(tensors, prefix + "epoch", DType::i64, {1}, source).data<std::int64_t>()[0];
     if (epoch < 0) throw ValueError(str("checkpoint '", source, "': ", name(), " epoch ", epoch, " is negative"));
+    check_group_count(tensors, prefix + "base_lrs", static_cast<std::int64_t>(base_lrs_.size()),
+                      str(name(), " base lrs (one per parameter group)"), source);
     const Tensor& bases = entry(tensors, prefix + "base_lrs", DType::f64,
                                 {static_cast<std::int64_t>(base_lrs_.size())}, source);
     std::vector<double> new_bases(bases.data<double>(), bases.data<double>() + bases.numel());

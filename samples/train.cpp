@@ -29,6 +29,7 @@
 #include "dyngrad/nn/models.h"
 #if DYNGRAD_WITH_DIST
 #include <dyngrad/dist/ddp.h>
+#include <dyngrad/dist/zero.h>
 #endif
 
 using namespace dyngrad;
@@ -63,6 +64,8 @@ constexpr const char* kUsage = R"(usage: dyngrad-train [options]
                       rank trains on its shard of every epoch with --batch samples per step, gradients
                       averaged (dist/ddp.h); --device cuda picks the rank's GPU (local rank); rank 0
                       prints, saves and writes the CSV
+  --zero N            with --distributed: ZeRO stage 1 (AdamW's moments sharded across the ranks) or 2
+                      (the averaged gradients too) in place of DDP (dist/zero.h); AdamW only
   --target-accuracy X stop after the first epoch whose test accuracy reaches X (0 to 1) and print
                       time_to_target_s: the training seconds up to then, evaluation excluded
   --precision NAME    f32 | bf16 | f16: the forward under autocast into that dtype (graph/autocast.h;
@@ -91,6 +94,7 @@ struct Options {
     std::int64_t log_every = 0;  // 0: by device
     std::optional<double> target_accuracy;
     bool distributed = false;
+    int zero = 0;  // ZeRO stage, 0: DDP
     DType precision = DType::f32;
 };
 
@@ -103,7 +107,7 @@ Options parse_options(int argc, char** argv) {
         {.flags = {"--resident", "--distributed"},
          .options = {"--model", "--epochs", "--batch", "--lr", "--optimizer", "--momentum", "--weight-decay",
                      "--schedule", "--device", "--seed", "--limit", "--data", "--save", "--load", "--csv", "--shadow",
-                     "--shadow-tolerance", "--log-every", "--target-accuracy", "--precision"}});
+                     "--shadow-tolerance", "--log-every", "--target-accuracy", "--precision", "--zero"}});
     constexpr double kMax = std::numeric_limits<double>::max();
     Options o;
     const auto given = [&](const char* name) { return args.value(name); };
@@ -121,6 +125,13 @@ Options parse_options(int argc, char** argv) {
 #if !DYNGRAD_WITH_DIST
     if (o.distributed) throw UsageError("--distributed: this build has no dist layer (MPI was not found when configuring)");
 #endif
+    if (auto v = given("--zero")) {
+        o.zero = static_cast<int>(cli::parse_int("--zero", *v, 1, 2));
+        if (!o.distributed) throw UsageError("--zero: shards across the ranks of --distributed, which is not given");
+        if (given("--optimizer") && o.optimizer != "adamw")
+            throw UsageError("--zero: shards AdamW's state; --optimizer " + o.optimizer + " is not adamw");
+        o.optimizer = "adamw";
+    }
     if (auto v = given("--seed")) o.seed = static_cast<std::uint64_t>(cli::parse_int("--seed", *v, 0));
     if (auto v = given("--limit")) o.limit = cli::parse_int("--limit", *v, 1);
     if (auto v = given("--save")) o.save = cli::output_file("--save", *v);
@@ -130,6 +141,8 @@ Options parse_options(int argc, char** argv) {
     if (auto v = given("--shadow-tolerance"))
         o.shadow_tolerance = cli::parse_real("--shadow-tolerance", *v, 0, kMax, /*min_exclusive=*/true);
     if (auto v = given("--log-every")) o.log_every = cli::parse_int("--log-every", *v, 1);
+    if (o.zero > 0 && o.shadow > 0)
+        throw UsageError("--shadow: not with --zero (stage 2 keeps only this rank's shard of the gradients)");
     if (auto v = given("--target-accuracy")) o.target_accuracy = cli::parse_real("--target-accuracy", *v, 0, 1);
     if (auto v = given("--precision")) {
         const std::string precision = cli::parse_choice("--precision", *v, {"f32", "bf16", "f16"});
@@ -303,6 +316,7 @@ int run(Options o) {
 #if DYNGRAD_WITH_DIST
     std::optional<dist::ProcessGroup> group;
     std::unique_ptr<dist::DistributedDataParallel> ddp;
+    std::unique_ptr<dist::ZeroOptimizer> zero;
     if (o.distributed) {
         group = dist::ProcessGroup::init();
         if (o.device.is_cuda()) o.device = group->device();  // this rank's GPU
@@ -320,7 +334,13 @@ int run(Options o) {
         std::printf("loaded parameters from %s\n", o.load.c_str());
     }
 #if DYNGRAD_WITH_DIST
-    if (group) ddp = std::make_unique<dist::DistributedDataParallel>(model, *group);  // rank 0's weights everywhere
+    // Either broadcasts rank 0's weights everywhere.
+    if (group && o.zero > 0)
+        zero = std::make_unique<dist::ZeroOptimizer>(
+            model, *group, AdamOptions{.lr = o.lr.value_or(1e-3), .weight_decay = o.weight_decay.value_or(0.01)},
+            dist::ZeroOptions{.stage = o.zero});
+    else if (group)
+        ddp = std::make_unique<dist::DistributedDataParallel>(model, *group);
     const int rank = group ? group->rank() : 0, world = group ? group->world_size() : 1;
 #else
     const int rank = 0, world = 1;
@@ -328,7 +348,13 @@ int run(Options o) {
     std::int64_t parameter_count = 0;
     for (const Parameter& p : model.parameters()) parameter_count += p.value().numel();
 
+#if DYNGRAD_WITH_DIST
+    // With --zero the AdamW over this rank's shards (the same settings as make_optimizer's adamw).
+    const std::unique_ptr<Optimizer> own = zero ? nullptr : make_optimizer(o, model.parameters());
+    Optimizer* const optimizer = zero ? &zero->optimizer() : own.get();
+#else
     const std::unique_ptr<Optimizer> optimizer = make_optimizer(o, model.parameters());
+#endif
     std::optional<CosineAnnealingLR> cosine;
     if (o.schedule == "cosine" && o.epochs > 0) cosine.emplace(*optimizer, o.epochs);
     std::printf("model: %s, %lld parameters | %s lr %g, %s schedule | batch %lld | %lld epoch%s | %s%s | seed %llu"
@@ -371,7 +397,8 @@ int run(Options o) {
             const Var scaled_loss = scaler.scale(loss);  // the loss itself unless f16
             optimizer->zero_grad();
 #if DYNGRAD_WITH_DIST
-            if (ddp) ddp->backward(graph, scaled_loss, shadow.backward_options(step));
+            if (zero) zero->zero_grad(), zero->backward(graph, scaled_loss);
+            else if (ddp) ddp->backward(graph, scaled_loss, shadow.backward_options(step));
             else
 #endif
                 graph.backward(scaled_loss, shadow.backward_options(step));
@@ -382,7 +409,12 @@ int run(Options o) {
                     shadow_worst_grad = std::max(shadow_worst_grad, n.grad_rel_err);
                 }
             }
-            scaler.step(*optimizer);  // skipped whole when an f16 gradient overflowed; no host sync
+#if DYNGRAD_WITH_DIST
+            if (zero && scaler.enabled()) zero->step(scaler);  // one skip verdict for all ranks
+            else if (zero) zero->step();  // shard-local AdamW, then the all_gather of the parameters
+            else
+#endif
+                scaler.step(*optimizer);  // skipped whole when an f16 gradient overflowed; no host sync
             scaler.update();
             images_done += batch.size();
             ++step;

@@ -238,6 +238,80 @@ TEST_CASE("GradScaler refuses bad options and a misordered update", "[amp]") {
     CHECK(off.scale(loss).id() == loss.id());  // disabled: the identity
 }
 
+TEST_CASE("GradScaler refuses calls out of order and changes nothing (issue 35)", "[amp]") {
+    Tiny model(12);
+    SGD sgd(model.layer.parameters(), {.lr = 0.1});
+    GradScaler scaler({.init_scale = 1024.0});
+    const auto before = values_of(model.layer.parameters());
+    {
+        // A backward of the unscaled loss: stepping through the scaler would divide these true gradients by
+        // 1024 (a step 1024 times too short, silently).
+        ComputeGraph graph;
+        graph.backward(model.loss(graph, 0));
+        CHECK_THROWS_MATCHES(scaler.step(sgd), ValueError, MessageHas({"GradScaler::step", "scale(loss)"}));
+        CHECK_THROWS_MATCHES(scaler.unscale(sgd), ValueError, MessageHas({"GradScaler::unscale", "scale(loss)"}));
+        CHECK(values_of(model.layer.parameters()) == before);
+        CHECK(sgd.step_count(0) == 0);
+        sgd.zero_grad();
+    }
+    {
+        ComputeGraph graph;
+        graph.backward(scaler.scale(model.loss(graph, 1)));
+        // A state loaded now would divide gradients scaled by 1024 by the loaded scale.
+        TensorMap saved;
+        SafetensorsMetadata metadata;
+        GradScaler({.init_scale = 4.0}).save_state(saved, metadata);
+        CHECK_THROWS_MATCHES(scaler.load_state(saved, metadata, "mid-step"), ValueError,
+                             MessageHas({"mid-step", "between scale() and step()"}));
+        CHECK(scaler.scale_value() == 1024.0);
+        scaler.unscale(sgd);
+        // A second scaled loss after unscale() would leave its gradients scaled among unscaled ones.
+        ComputeGraph second;
+        CHECK_THROWS_MATCHES(scaler.scale(model.loss(second, 2)), ValueError,
+                             MessageHas({"GradScaler::scale", "unscale()", "step()"}));
+        scaler.step(sgd);
+        CHECK_THROWS_MATCHES(scaler.step(sgd), ValueError, MessageHas({"GradScaler::step", "update()"}));
+        CHECK(sgd.step_count(0) == 1);
+        scaler.update();
+        sgd.zero_grad();
+    }
+    // The order scale, backward, step, update works again, and a scaled step equals the plain one.
+    Tiny plain(12);
+    SGD plain_sgd(plain.layer.parameters(), {.lr = 0.1});
+    plain_sgd.step();  // no gradients: nothing moves, as the refused steps above
+    {
+        ComputeGraph graph;
+        graph.backward(plain.loss(graph, 1));
+        plain_sgd.step();
+        plain_sgd.zero_grad();
+    }
+    CHECK(values_of(model.layer.parameters()) == values_of(plain.layer.parameters()));
+    ComputeGraph graph;
+    graph.backward(scaler.scale(model.loss(graph, 3)));
+    scaler.step(sgd);
+    scaler.update();
+    CHECK(sgd.step_count(0) == 2);
+}
+
+TEST_CASE("every schedule refuses an lr at a negative epoch (issue 35)", "[schedule]") {
+    Tiny model(13);
+    SGD sgd(model.layer.parameters(), {.lr = 0.1});
+    WarmupCosineLR warmup(sgd, 4, 12);
+    StepLR step(sgd, 3);
+    CosineAnnealingLR cosine(sgd, 5);
+    // The warm-up's closed form at epoch -3 is base · (-2) / 5: a negative rate.
+    CHECK_THROWS_MATCHES(warmup.lr_at(-3), ValueError, MessageHas({"WarmupCosineLR", "epoch -3", "negative"}));
+    CHECK_THROWS_MATCHES(step.lr_at(-1), ValueError, MessageHas({"StepLR", "epoch -1"}));
+    CHECK_THROWS_MATCHES(cosine.lr_at(-7, 0), ValueError, MessageHas({"CosineAnnealingLR", "epoch -7"}));
+    CHECK(warmup.lr_at(0) > 0);
+}
+
+TEST_CASE("an empty captured step is a ValueError in every build (issue 35)", "[capture]") {
+    CHECK_THROWS_MATCHES(cuda::CapturedStep(cuda::CapturedStep::StepFn{}), ValueError,
+                         MessageHas({"CapturedStep", "step function is empty"}));
+    CHECK_THROWS_MATCHES(cuda::CapturedStep(nullptr, {.guard_replays = 1}), ValueError, MessageHas({"CapturedStep"}));
+}
+
 TEST_CASE("the scaler's state travels in a checkpoint; a resumed run continues exactly", "[amp][checkpoint]") {
     Tiny first(9);
     Adam adam(first.layer.parameters(), {.lr = 0.01});

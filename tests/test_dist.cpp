@@ -9,12 +9,18 @@
 #include <set>
 
 #include "catch.h"
+#include "dist_support.h"
 #include "dyngrad/dist/ddp.h"
 #include "dyngrad/dist/process_group.h"
 #include "dyngrad/dyngrad.h"
 
 using namespace dyngrad;
 using dgtest::MessageHas;
+using dgtest::Rows;
+using dgtest::global_batch;
+using dgtest::loss_of;
+using dgtest::relative;
+using dgtest::shard;
 
 namespace {
 
@@ -46,43 +52,10 @@ Sequential make_lenet(Generator& gen, DType dtype) {
     return m;
 }
 
-struct Rows {
-    Tensor x;
-    Tensor y;
-};
-
-// Rows [rank·b, (rank+1)·b) of a global batch drawn from `seed` (the same on every rank).
-Rows global_batch(std::uint64_t seed, const Shape& sample, std::int64_t rows, DType dtype) {
-    Generator gen(seed);
-    Shape shape{rows};
-    shape.insert(shape.end(), sample.begin(), sample.end());
-    Tensor x = Tensor::uniform(shape, -1, 1, gen, dtype);
-    std::vector<std::int64_t> labels;
-    for (std::int64_t i = 0; i < rows; ++i) labels.push_back(static_cast<std::int64_t>(gen.engine()() % 5));
-    return {x, Tensor::from_vector(labels, {rows})};
-}
-Rows shard(const Rows& b, int rank, int world) {
-    const std::int64_t per = b.x.size(0) / world;
-    return {b.x.narrow(0, rank * per, per), b.y.narrow(0, rank * per, per)};
-}
-
-Var loss_of(const Sequential& model, ComputeGraph& graph, const Rows& b) {
-    return cross_entropy(model(graph.input(b.x)), graph.input(b.y));
-}
-
 std::vector<std::vector<double>> grads(const Sequential& model) {
     std::vector<std::vector<double>> out;
     for (const Parameter& p : model.parameters()) out.push_back(p.grad().to_vector());
     return out;
-}
-
-double relative(const std::vector<double>& a, const std::vector<double>& b) {
-    double d = 0, n = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-        d += (a[i] - b[i]) * (a[i] - b[i]);
-        n += b[i] * b[i];
-    }
-    return std::sqrt(d) / std::max(std::sqrt(n), 1e-30);
 }
 
 // Averaged gradient of `world` ranks == single-process gradient of the concatenated batch; in f64 also bitwise

@@ -5,15 +5,18 @@
 #include <iostream>
 
 #include "catch.h"
+#include "dist_support.h"
 #include "dyngrad/cuda/capture.h"
 #include "dyngrad/cuda/runtime.h"
 #include "dyngrad/dist/ddp.h"
 #include "dyngrad/dist/process_group.h"
+#include "dyngrad/dist/zero.h"
 #include "dyngrad/dyngrad.h"
 
 using namespace dyngrad;
 using dgtest::Approx;
 using dgtest::MessageHas;
+using dgtest::relative;
 
 namespace {
 
@@ -39,15 +42,6 @@ Tensor labels(std::uint64_t seed, std::int64_t n, Device device) {
     std::vector<std::int64_t> v;
     for (std::int64_t i = 0; i < n; ++i) v.push_back(static_cast<std::int64_t>(gen.engine()() % 10));
     return Tensor::from_vector(v, {n}).to(device);
-}
-
-double relative(const std::vector<double>& a, const std::vector<double>& b) {
-    double d = 0, n = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-        d += (a[i] - b[i]) * (a[i] - b[i]);
-        n += b[i] * b[i];
-    }
-    return std::sqrt(d) / std::max(std::sqrt(n), 1e-30);
 }
 
 }  // namespace
@@ -126,6 +120,59 @@ TEST_CASE("DDP inside a captured step: replays keep the ranks in step", "[dist][
         const Tensor all = g.all_gather(p.value());
         CHECK(all.select(0, 0).to_vector() == all.select(0, 1).to_vector());
     }
+}
+
+// ZeRO-1/2 through NCCL's all_reduce / reduce_scatter and all_gather: the shard-local AdamW (the fused GPU kernel)
+// with the global norm over the shards, against one GPU running AdamW on the concatenated batch. In float64: in
+// f32, AdamW's m/√v turns rounding differences on near-zero gradient elements into full-size steps.
+TEST_CASE("ZeRO-1/2 on GPUs == one GPU's AdamW on the concatenated batch", "[dist][gpu][zero]") {
+    dist::ProcessGroup& g = group();
+    const Device device = g.device();
+    const AdamOptions options{.lr = 1e-2, .weight_decay = 0.01};
+    for (int stage : {1, 2}) {
+        Generator init(21 + static_cast<std::uint64_t>(g.rank()));
+        Sequential model = make_mlp(init);
+        model.to(DType::f64);
+        model.to(device);
+        dist::ZeroOptimizer zero(model, g, options, {.stage = stage});
+        Generator init0(21);
+        Sequential reference = make_mlp(init0);
+        reference.to(DType::f64);
+        reference.to(device);
+        AdamW adam(reference.parameters(), options);
+        for (int step = 0; step < 5; ++step) {
+            const std::uint64_t seed = 500 + static_cast<std::uint64_t>(step);
+            const Tensor x = rows(seed, 64, device).to(DType::f64), y = labels(seed + 1, 64, device);
+            ComputeGraph graph;
+            zero.backward(graph, cross_entropy(model(graph.input(x.narrow(0, 32 * g.rank(), 32))),
+                                               graph.input(y.narrow(0, 32 * g.rank(), 32))));
+            zero.clip_grad_norm(0.5);
+            zero.step();
+            zero.zero_grad();
+            ComputeGraph ref_graph;
+            ref_graph.backward(cross_entropy(reference(ref_graph.input(x)), ref_graph.input(y)));
+            clip_grad_norm(reference.parameters(), 0.5);
+            adam.step();
+            adam.zero_grad();
+        }
+        const auto params = model.parameters(), ref_params = reference.parameters();
+        for (std::size_t i = 0; i < params.size(); ++i) {
+            CHECK(relative(params[i].value().to_vector(), ref_params[i].value().to_vector()) <= 1e-10);
+            const Tensor all = g.all_gather(params[i].value());
+            CHECK(all.select(0, 0).to_vector() == all.select(0, 1).to_vector());
+        }
+        const dist::ZeroMemory m = zero.memory();
+        CHECK(m.optimizer_bytes == m.formula_optimizer_bytes);
+    }
+}
+
+TEST_CASE("ZeRO: CUDA parameters on a group without NCCL are refused on every rank", "[dist][gpu][zero]") {
+    dist::ProcessGroup plain = dist::ProcessGroup::from_mpi({.use_nccl = false});
+    REQUIRE_FALSE(plain.has_nccl());
+    Generator init(3);
+    Sequential model = make_mlp(init);
+    model.to(group().device());
+    CHECK_THROWS_MATCHES(dist::ZeroOptimizer(model, plain), DeviceError, MessageHas({"ZeroOptimizer", "NCCL", "cuda"}));
 }
 
 int main(int argc, char* argv[]) {

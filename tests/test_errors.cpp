@@ -587,3 +587,20 @@ TEST_CASE("CPU tensors into GPU ops", "[errors][device]") {
 // and the problem: IDX in tests/test_data.cpp ("malformed IDX files throw IoError naming the file and the
 // problem"), safetensors in tests/test_training.cpp ("malformed safetensors files throw IoError and change
 // nothing").
+
+TEST_CASE("rethrow_with_context outside a catch block is a ValueError, not std::terminate (issue 35)", "[errors]") {
+    CHECK_THROWS_MATCHES(rethrow_with_context("loading the model"), ValueError,
+                         MessageHas({"rethrow_with_context", "loading the model", "no exception is being handled"}));
+    // Inside a catch block it keeps the type, DistributedError included, and prepends the context.
+    const auto rethrown = [](auto error) {
+        try {
+            throw error;
+        } catch (...) {
+            rethrow_with_context("step 3");
+        }
+    };
+    CHECK_THROWS_MATCHES(rethrown(DistributedError("all_reduce timed out")), DistributedError,
+                         MessageHas({"step 3: all_reduce timed out"}));
+    CHECK_THROWS_MATCHES(rethrown(ShapeError("(2,3) vs (4)")), ShapeError, MessageHas({"step 3: (2,3)"}));
+    CHECK_THROWS_MATCHES(rethrown(std::runtime_error("disk full")), Error, MessageHas({"step 3: disk full"}));
+}

@@ -2,6 +2,7 @@
 // (Tensor::from_external, what DLPack imports wrap) and creation sites of another language (foreign_site,
 // what Python callers' lines become).
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "catch.h"
@@ -47,6 +48,28 @@ TEST_CASE("from_external refuses bad memory with a ValueError and still releases
     // No elements: a null pointer is fine (an empty NumPy array may have one).
     const Tensor empty = Tensor::from_external(nullptr, {0, 3}, DType::f32, Device::cpu(), [&] { ++releases; });
     CHECK(empty.numel() == 0);
+}
+
+TEST_CASE("a release function that throws does not end the process (issue 35)") {
+    alignas(8) unsigned char bytes[64] = {};
+    int releases = 0;
+    {
+        // Released when the last handle goes, from Storage's destructor: a throw there was std::terminate.
+        const Tensor t = Tensor::from_external(bytes, {4}, DType::f32, Device::cpu(), [&] {
+            ++releases;
+            throw std::runtime_error("the producer is gone");
+        });
+        CHECK(t.numel() == 4);
+    }
+    CHECK(releases == 1);
+    // Refused, with the release running while the ValueError unwinds.
+    CHECK_THROWS_AS(Tensor::from_external(bytes + 2, {4}, DType::f32, Device::cpu(),
+                                          [&] {
+                                              ++releases;
+                                              throw 42;
+                                          }),
+                    ValueError);
+    CHECK(releases == 2);
 }
 
 TEST_CASE("foreign_site names another language's file and line in nodes and errors") {

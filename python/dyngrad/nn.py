@@ -7,6 +7,8 @@ the table, so a Python model computes exactly what its C++ twin does.
 """
 from __future__ import annotations
 
+import numbers as _numbers
+import operator as _operator
 from collections import OrderedDict
 
 from . import _core, functional as F
@@ -245,13 +247,50 @@ class Module:
         return lines[0] + ")" if len(lines) == 1 else "\n".join(lines) + "\n)"
 
 
-def _pair(v):
-    return (v, v) if isinstance(v, int) else tuple(v)
+def _int(who, name, value):
+    """An int argument as PyTorch takes it: an int or anything with __index__ (a NumPy integer), never a str
+    or a float (``Linear('4', 3)`` must not build a layer whose in_features is the string '4')."""
+    try:
+        return _operator.index(value)
+    except TypeError:
+        raise TypeError(f"{who}(): argument '{name}' must be an int, not {type(value).__name__}") from None
+
+
+def _float(who, name, value):
+    """A float argument: a real number (an int or a NumPy float too), never a str (float('0.1') would parse it)."""
+    if isinstance(value, _numbers.Real):
+        return float(value)
+    raise TypeError(f"{who}(): argument '{name}' must be a float, not {type(value).__name__}")
+
+
+def _ints(who, name, value):
+    """An int or a sequence of ints (a NumPy array too), as a list of ints; a str is neither."""
+    if not isinstance(value, (str, bytes)):
+        try:
+            return [_operator.index(value)]
+        except TypeError:
+            pass
+        try:
+            items = list(value)
+        except TypeError:
+            items = None
+        if items is not None:
+            return [_int(who, name, v) for v in items]
+    raise TypeError(f"{who}(): argument '{name}' must be an int or a sequence of ints, not {type(value).__name__}")
+
+
+def _pair(v, who="conv2d", name="kernel_size"):
+    try:
+        one = _operator.index(v)
+        return (one, one)
+    except TypeError:
+        return tuple(_ints(who, name, v))
 
 
 class Linear(Module):
     def __init__(self, in_features, out_features, bias=True, activation=None, init="torch"):
         super().__init__()
+        in_features, out_features = _int("Linear", "in_features", in_features), _int("Linear", "out_features", out_features)
         w, b = _core._linear_init(in_features, out_features, bias, init)
         self.weight = Parameter(w)
         self.bias = _param(b)
@@ -268,12 +307,15 @@ class Conv2d(Module):
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
                  activation=None, init="torch"):
         super().__init__()
-        w, b = _core._conv2d_init(in_channels, out_channels, _pair(kernel_size), groups, bias, init)
+        in_channels, out_channels = _int("Conv2d", "in_channels", in_channels), _int("Conv2d", "out_channels", out_channels)
+        kernel_size, groups = _pair(kernel_size, "Conv2d", "kernel_size"), _int("Conv2d", "groups", groups)
+        w, b = _core._conv2d_init(in_channels, out_channels, kernel_size, groups, bias, init)
         self.weight = Parameter(w)
         self.bias = _param(b)
-        self.stride, self.padding, self.dilation, self.groups = _pair(stride), _pair(padding), _pair(dilation), groups
+        self.stride, self.padding = _pair(stride, "Conv2d", "stride"), _pair(padding, "Conv2d", "padding")
+        self.dilation, self.groups = _pair(dilation, "Conv2d", "dilation"), groups
         self.activation = activation
-        self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, _pair(kernel_size)
+        self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, kernel_size
 
     def forward(self, x):
         return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups, self.activation)
@@ -285,6 +327,8 @@ class Conv2d(Module):
 class BatchNorm2d(Module):
     def __init__(self, num_features, eps=1e-5, momentum=0.1):
         super().__init__()
+        num_features = _int("BatchNorm", "num_features", num_features)
+        eps, momentum = _float("BatchNorm", "eps", eps), _float("BatchNorm", "momentum", momentum)
         w, b, mean, var = _core._batch_norm_init(num_features)
         self.weight, self.bias = Parameter(w), Parameter(b)
         self.register_buffer("running_mean", mean)
@@ -302,7 +346,8 @@ BatchNorm1d = BatchNorm2d
 class LayerNorm(Module):
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True):
         super().__init__()
-        shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+        shape = _ints("LayerNorm", "normalized_shape", normalized_shape)
+        eps = _float("LayerNorm", "eps", eps)
         w, b = _core._layer_norm_init(shape, elementwise_affine, bias)
         self.weight, self.bias = _param(w), _param(b)
         self.normalized_shape, self.eps = tuple(shape), eps
@@ -314,7 +359,8 @@ class LayerNorm(Module):
 class RMSNorm(Module):
     def __init__(self, normalized_shape, eps=None, elementwise_affine=True):
         super().__init__()
-        shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+        shape = _ints("RMSNorm", "normalized_shape", normalized_shape)
+        eps = None if eps is None else _float("RMSNorm", "eps", eps)
         self.weight = _param(_core._rms_norm_init(shape, elementwise_affine))
         self.normalized_shape, self.eps = tuple(shape), eps
 
@@ -333,6 +379,9 @@ class RNNBase(Module):
     def __init__(self, mode: str, input_size: int, hidden_size: int, num_layers: int = 1,
                  bidirectional: bool = False, batch_first: bool = False):
         super().__init__()
+        who = type(self).__name__
+        input_size, hidden_size = _int(who, "input_size", input_size), _int(who, "hidden_size", hidden_size)
+        num_layers = _int(who, "num_layers", num_layers)
         self.weight = Parameter(_core._rnn_init(mode, input_size, hidden_size, num_layers, bidirectional))
         self.mode, self.input_size, self.hidden_size = mode, input_size, hidden_size
         self.num_layers, self.bidirectional, self.batch_first = num_layers, bidirectional, batch_first
@@ -418,6 +467,9 @@ _RNN_OP = dict((name, index) for name, index, *_ in _core.op_table())["rnn"]
 class Embedding(Module):
     def __init__(self, num_embeddings, embedding_dim, padding_idx=None):
         super().__init__()
+        num_embeddings = _int("Embedding", "num_embeddings", num_embeddings)
+        embedding_dim = _int("Embedding", "embedding_dim", embedding_dim)
+        padding_idx = None if padding_idx is None else _int("Embedding", "padding_idx", padding_idx)
         self.weight = Parameter(_core._embedding_init(num_embeddings, embedding_dim, padding_idx))
         self.padding_idx = padding_idx
 
@@ -430,6 +482,7 @@ class Dropout(Module):
 
     def __init__(self, p=0.5, seed=0):
         super().__init__()
+        p, seed = _float("Dropout", "p", p), _int("Dropout", "seed", seed)  # a str seed would repeat the string
         if not 0.0 <= p < 1.0:
             raise _core.ValueError(f"Dropout: p={p} must be in [0, 1)")
         self.p, self.seed, self._calls = p, seed, 0
@@ -490,7 +543,7 @@ class Identity(Module):
 class Flatten(Module):
     def __init__(self, start_dim=1, end_dim=-1):
         super().__init__()
-        self.start_dim, self.end_dim = start_dim, end_dim
+        self.start_dim, self.end_dim = _int("Flatten", "start_dim", start_dim), _int("Flatten", "end_dim", end_dim)
 
     def forward(self, x):
         return x.flatten(self.start_dim, self.end_dim)
@@ -499,6 +552,10 @@ class Flatten(Module):
 class MaxPool2d(Module):
     def __init__(self, kernel_size, stride=None, padding=0):
         super().__init__()
+        who = type(self).__name__
+        for name, value in (("kernel_size", kernel_size), ("stride", stride), ("padding", padding)):
+            if value is not None:
+                _pair(value, who, name)  # checked here, kept as given (an int stays an int, as in PyTorch)
         self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
 
     def forward(self, x):

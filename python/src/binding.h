@@ -5,12 +5,15 @@
 #pragma once
 #include <nanobind/nanobind.h>
 
+#include "strict_int.h"  // before any conversion of an integer
+
 #include <functional>
 #include <map>
 #include <memory>
 #include <source_location>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dyngrad/dyngrad.h"
@@ -113,6 +116,17 @@ std::pair<std::map<std::string, PyTensor>, SafetensorsMetadata> saved_state(cons
     x.save_state(tensors, metadata);
     return {py_tensor_map(tensors), metadata};
 }
+// Python arguments of the wrong type: TypeError "who(): argument 'arg' must be <expected>, not <type>", in
+// PyTorch's words (nb::cast's own failure names neither the function nor the argument).
+[[noreturn]] void throw_argument_type(std::string_view who, std::string_view arg, const char* expected, nb::handle given);
+template <typename T>
+T arg_as(nb::handle value, std::string_view who, std::string_view arg, const char* expected) {
+    T out{};
+    if (!nb::try_cast<T>(value, out)) throw_argument_type(who, arg, expected, value);
+    return out;
+}
+// An int argument: an int or an object with __index__; not a bool, a str or a float (TypeError as above).
+std::int64_t int_of(nb::handle value, std::string_view who, std::string_view arg);
 
 // A parameter list from Python tensors (ValueError for one that is not a leaf requiring grad).
 std::vector<Parameter> parameters_of(const std::vector<PyTensor*>& tensors, const char* who);

@@ -1,4 +1,6 @@
 // Zero-copy exchange (DLPack both ways, NumPy views) and custom ops written in Python (docs/python.md).
+#include "strict_int.h"  // first: nanobind's integer caster is replaced before any header uses it
+
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
@@ -78,7 +80,7 @@ nb::dlpack::dtype dl_dtype(DType dtype) {
 void sync_for_consumer(const Tensor& t, nb::handle stream) {
     if (!t.device().is_cuda()) return;
     std::int64_t s = 1;
-    if (!stream.is_none()) s = nb::cast<std::int64_t>(stream);
+    if (!stream.is_none()) s = arg_as<std::int64_t>(stream, "__dlpack__", "stream", "an int or None");
     if (s == -1) return;
     if (s == 0) throw ValueError("__dlpack__: stream=0 is ambiguous on CUDA (DLPack: use 1 for the legacy default stream)");
     cuda::make_stream_wait(static_cast<std::uintptr_t>(s), t.device().index);
@@ -88,7 +90,7 @@ nb::object to_dlpack(const PyTensor& self, nb::handle stream, nb::handle max_ver
                      nb::handle copy) {
     Tensor t = self.data();
     if (!dl_device.is_none()) {
-        const auto target = nb::cast<std::pair<int, int>>(dl_device);
+        const auto target = arg_as<std::pair<int, int>>(dl_device, "__dlpack__", "dl_device", "a pair of ints or None");
         const bool same = t.device().is_cpu() ? target.first == kDLCPU
                                               : target.first == kDLCUDA && target.second == t.device().index;
         if (!same) {
@@ -96,7 +98,8 @@ nb::object to_dlpack(const PyTensor& self, nb::handle stream, nb::handle max_ver
             throw nb::python_error();
         }
     }
-    if (!copy.is_none() && nb::cast<bool>(copy)) t = t.clone();
+    const bool copied = !copy.is_none() && arg_as<bool>(copy, "__dlpack__", "copy", "a bool or None");
+    if (copied) t = t.clone();
     sync_for_consumer(t, stream);
     auto context = std::make_unique<ExportContext>();
     context->tensor = t;
@@ -109,12 +112,13 @@ nb::object to_dlpack(const PyTensor& self, nb::handle stream, nb::handle max_ver
     dl.shape = context->shape.data();
     dl.strides = nullptr;  // compact row-major
     dl.byte_offset = 0;
-    if (!max_version.is_none() && nb::cast<std::pair<int, int>>(max_version).first >= 1) {
+    if (!max_version.is_none() &&
+        arg_as<std::pair<int, int>>(max_version, "__dlpack__", "max_version", "a pair of ints or None").first >= 1) {
         auto managed = std::make_unique<ManagedTensorVersioned>();
         managed->version = {1, 0};
         managed->manager_ctx = context.get();
         managed->deleter = &delete_exported_versioned;
-        managed->flags = (!copy.is_none() && nb::cast<bool>(copy)) ? 2u : 0u;  // DLPACK_FLAG_BITMASK_IS_COPIED
+        managed->flags = copied ? 2u : 0u;  // DLPACK_FLAG_BITMASK_IS_COPIED
         managed->dl = dl;
         PyObject* capsule = PyCapsule_New(managed.get(), kVersionedCapsuleName, &destroy_unconsumed_versioned_capsule);
         if (capsule == nullptr) throw nb::python_error();
@@ -146,17 +150,32 @@ bool interpreter_alive() {
 #endif
 }
 
-// A producer's tensor, without a copy. The producer's memory stays alive until the last dyngrad handle goes
-// (its deleter runs then, with the GIL held).
+constexpr std::uint64_t kDLPackReadOnly = 1;  // DLPACK_FLAG_BITMASK_READ_ONLY
+constexpr const char* kUsedVersionedCapsuleName = "used_dltensor_versioned";
+
+// A producer's tensor, without a copy, from a 'dltensor' or a DLPack 1.x 'dltensor_versioned' capsule. The
+// producer's memory stays alive until the last dyngrad handle goes (its deleter runs then, with the GIL held).
+// A read-only producer (the versioned capsule's flag) is refused: dyngrad tensors are writable, so sharing its
+// memory would let dyngrad write where the producer promised nobody would.
 Tensor from_capsule(nb::handle capsule_handle) {
     PyObject* capsule = capsule_handle.ptr();
-    if (!PyCapsule_IsValid(capsule, kCapsuleName)) {
-        if (PyCapsule_CheckExact(capsule) && PyCapsule_IsValid(capsule, kUsedCapsuleName))
+    const bool versioned = PyCapsule_IsValid(capsule, kVersionedCapsuleName) != 0;
+    if (!versioned && !PyCapsule_IsValid(capsule, kCapsuleName)) {
+        if (PyCapsule_CheckExact(capsule) &&
+            (PyCapsule_IsValid(capsule, kUsedCapsuleName) || PyCapsule_IsValid(capsule, kUsedVersionedCapsuleName)))
             throw ValueError("from_dlpack: this DLPack capsule was already consumed");
         throw nb::type_error("from_dlpack: expected an object with __dlpack__ or an unconsumed 'dltensor' capsule");
     }
-    auto* managed = static_cast<ManagedTensor*>(PyCapsule_GetPointer(capsule, kCapsuleName));
-    const nb::dlpack::dltensor& dl = managed->dl;
+    auto* plain = versioned ? nullptr : static_cast<ManagedTensor*>(PyCapsule_GetPointer(capsule, kCapsuleName));
+    auto* managed_v =
+        versioned ? static_cast<ManagedTensorVersioned*>(PyCapsule_GetPointer(capsule, kVersionedCapsuleName)) : nullptr;
+    if (versioned && managed_v->version.major != 1)
+        throw ValueError(str("from_dlpack: DLPack version ", managed_v->version.major, ".", managed_v->version.minor,
+                             " is not supported (1.x is)"));
+    if (versioned && (managed_v->flags & kDLPackReadOnly) != 0)
+        throw ValueError("from_dlpack: the producer's data is read-only (e.g. a NumPy array with writeable=False); "
+                         "dyngrad tensors are writable and share memory, so copy it: dyngrad.tensor(x)");
+    const nb::dlpack::dltensor& dl = versioned ? managed_v->dl : plain->dl;
     Device device;
     switch (dl.device.device_type) {
         case kDLCPU:
@@ -179,7 +198,10 @@ Tensor from_capsule(nb::handle capsule_handle) {
     Shape shape(dl.shape, dl.shape + dl.ndim);
     for (auto d : shape)
         if (d < 0) throw ShapeError(str("from_dlpack: negative dimension in ", to_string(shape)));
-    if (dl.strides != nullptr) {
+    // An array without elements is contiguous whatever its strides (PyTorch's rule; NumPy 2 gives empty
+    // arrays zero strides), and its data pointer is never read.
+    const bool empty = numel(shape) == 0;
+    if (dl.strides != nullptr && !empty) {
         std::int64_t expected = 1;
         for (std::int32_t i = dl.ndim - 1; i >= 0; --i) {
             if (shape[static_cast<std::size_t>(i)] != 1 && dl.strides[i] != expected)
@@ -190,13 +212,17 @@ Tensor from_capsule(nb::handle capsule_handle) {
         }
     }
     void* data = static_cast<char*>(dl.data) + dl.byte_offset;
-    if (reinterpret_cast<std::uintptr_t>(data) % dtype_size(dtype) != 0)
+    if (!empty && reinterpret_cast<std::uintptr_t>(data) % dtype_size(dtype) != 0)
         throw ValueError(str("from_dlpack: data at ", data, " is not aligned to its ", dtype_size(dtype), "-byte elements"));
     // Consumed: the capsule no longer frees the tensor; our storage does.
-    if (PyCapsule_SetName(capsule, kUsedCapsuleName) != 0) throw nb::python_error();
+    if (PyCapsule_SetName(capsule, versioned ? kUsedVersionedCapsuleName : kUsedCapsuleName) != 0)
+        throw nb::python_error();
     PyCapsule_SetDestructor(capsule, nullptr);
-    return Tensor::from_external(data, shape, dtype, device, [managed, device] {
-        if (managed->deleter == nullptr) return;
+    const auto release = [plain, managed_v] {
+        if (plain != nullptr && plain->deleter != nullptr) plain->deleter(plain);
+        if (managed_v != nullptr && managed_v->deleter != nullptr) managed_v->deleter(managed_v);
+    };
+    return Tensor::from_external(data, shape, dtype, device, [release, device] {
         if (!interpreter_alive()) return;  // at exit: the producer's memory goes with the process
         if (device.is_cuda()) {
             // The producer may hand the memory out again at once, on its own stream: dyngrad's queued kernels
@@ -207,9 +233,31 @@ Tensor from_capsule(nb::handle capsule_handle) {
             }
         }
         PyGILState_STATE state = PyGILState_Ensure();
-        managed->deleter(managed);
+        release();
         PyGILState_Release(state);
     });
+}
+
+// obj.__dlpack__(**kwargs), asking for a DLPack 1.x capsule (which carries the read-only flag; NumPy 2 refuses
+// to export a read-only array without it); producers that predate max_version get the plain call. A producer
+// that still refuses to export (NumPy's BufferError for a read-only array) raises dyngrad's ValueError.
+nb::object dlpack_capsule(nb::handle obj, const nb::dict& kwargs) {
+    nb::dict versioned;
+    for (auto [key, value] : kwargs) versioned[key] = value;
+    versioned["max_version"] = nb::make_tuple(1, 0);
+    try {
+        return obj.attr("__dlpack__")(**versioned);
+    } catch (nb::python_error& e) {
+        if (!e.matches(PyExc_TypeError) && !e.matches(PyExc_BufferError)) throw;  // TypeError: no max_version
+    }
+    try {
+        return obj.attr("__dlpack__")(**kwargs);
+    } catch (nb::python_error& e) {
+        if (!e.matches(PyExc_BufferError)) throw;
+        throw ValueError(str("from_dlpack: ", nb::cast<std::string>(nb::str(obj.type().attr("__name__"))),
+                             " refused to export its data (", e.what(),
+                             "); a read-only array cannot be shared with dyngrad: copy it, dyngrad.tensor(x)"));
+    }
 }
 
 Tensor from_dlpack_object(nb::handle obj) {
@@ -218,20 +266,17 @@ Tensor from_dlpack_object(nb::handle obj) {
     if (!nb::hasattr(obj, "__dlpack__"))
         throw nb::type_error(str("from_dlpack: ", nb::cast<std::string>(nb::str(obj.type())),
                                  " does not support DLPack (no __dlpack__)").c_str());
-    nb::object capsule;
     int device_type = kDLCPU, device_id = 0;
     if (nb::hasattr(obj, "__dlpack_device__")) {
-        const auto dev = nb::cast<std::pair<int, int>>(obj.attr("__dlpack_device__")());
+        const auto dev = arg_as<std::pair<int, int>>(obj.attr("__dlpack_device__")(), "from_dlpack",
+                                                     "__dlpack_device__()", "a pair of ints");
         device_type = dev.first;
         device_id = dev.second;
     }
-    if (device_type == kDLCUDA || device_type == kDLCUDAManaged) {
-        // The producer makes dyngrad's stream wait for its pending writes (DLPack's stream contract).
-        capsule = obj.attr("__dlpack__")(nb::arg("stream") = cuda::stream_handle(device_id));
-    } else {
-        capsule = obj.attr("__dlpack__")();
-    }
-    return from_capsule(capsule);
+    nb::dict kwargs;
+    // The producer makes dyngrad's stream wait for its pending writes (DLPack's stream contract).
+    if (device_type == kDLCUDA || device_type == kDLCUDAManaged) kwargs["stream"] = cuda::stream_handle(device_id);
+    return from_capsule(dlpack_capsule(obj, kwargs));
 }
 
 // ---- NumPy views ----
@@ -306,7 +351,8 @@ OutputSpec custom_infer(OpType, std::span<const Tensor> inputs, const OpAttrs& a
         shape_obj = result[0];
         dtype = parse_dtype(result[1]);
     }
-    const auto dims = nb::cast<std::vector<std::int64_t>>(shape_obj);
+    const auto dims = arg_as<std::vector<std::int64_t>>(shape_obj, op.name, "the shape its infer returned",
+                                                         "a sequence of ints (or (shape, dtype))");
     return {Shape(dims.begin(), dims.end()), dtype};
 }
 
@@ -460,6 +506,8 @@ void bind_interop(nb::module_& m) {
                           nb::object cuda_forward, nb::object cuda_backward) {
         if (!PyCallable_Check(forward.ptr()) || !PyCallable_Check(backward.ptr()))
             throw nb::type_error("custom_op: forward and backward must be callables");
+        for (const auto& [what, fn] : {std::pair{"infer", &infer}, {"cuda_forward", &cuda_forward}, {"cuda_backward", &cuda_backward}})
+            if (!fn->is_none() && !PyCallable_Check(fn->ptr())) throw_argument_type("custom_op", what, "a callable or None", *fn);
         if (cuda_forward.is_none() != cuda_backward.is_none())
             throw ValueError("custom_op: give both cuda_forward and cuda_backward, or neither");
         auto* op = new PyCustomOp();  // lives for the process, as the engine's registration does

@@ -1,7 +1,10 @@
 // dyngrad._core: the extension module. dyngrad::Error and its subclasses become Python exceptions of the same
 // names, each also a subclass of the built-in exception a Python user would catch (docs/python.md).
+#include "strict_int.h"  // first: nanobind's integer caster is replaced before any header uses it
+
 #include <nanobind/stl/string.h>
 
+#include <exception>
 #include <string_view>
 #include <typeinfo>
 #include <utility>
@@ -78,8 +81,11 @@ void translate(const std::exception_ptr& p, void*) {
     } catch (const Error& e) {
         PyErr_SetString(classes.error, with_site(e.what()).c_str());
     } catch (const std::bad_cast&) {
-        // nb::cast of an argument of the wrong Python type (a str where a shape is expected, ...)
-        PyErr_SetString(PyExc_TypeError, with_site("an argument has an incompatible Python type").c_str());
+        // A last resort: user arguments are converted by arg_as (binding.h), whose TypeError names the function
+        // and the argument; an nb::cast that still fails here names neither, so say what is known.
+        PyErr_SetString(PyExc_TypeError,
+                        with_site("a dyngrad call got an argument of an incompatible Python type (no conversion of it "
+                                  "to the C++ type it needs)").c_str());
     } catch (const std::bad_alloc&) {
         PyErr_SetString(classes.oom, with_site("host memory exhausted (std::bad_alloc)").c_str());
     }
@@ -88,6 +94,10 @@ void translate(const std::exception_ptr& p, void*) {
 }  // namespace
 
 void set_python_error_from_current_exception() noexcept {
+    if (!std::current_exception()) {  // outside a catch block the bare `throw;` would call std::terminate
+        PyErr_SetString(PyExc_RuntimeError, "dyngrad: an error was reported with no exception in flight");
+        return;
+    }
     try {
         throw;
     } catch (nb::python_error& e) {

@@ -1,6 +1,8 @@
 // The model layer for Python: layers' initialisation (the C++ layers' own, so a Python model starts from the
 // same weights as its C++ twin), optimizers and schedules, checkpoints, data, captured steps, and the
 // debugging tools (verify, lint, DOT).
+#include "strict_int.h"  // first: nanobind's integer caster is replaced before any header uses it
+
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
@@ -40,7 +42,7 @@ std::vector<ParamGroup> parse_groups(nb::handle params, const char* who) {
     nb::list items = nb::list(params);
     const bool grouped = nb::len(items) > 0 && nb::isinstance<nb::dict>(items[0]);
     if (!grouped) {
-        groups.push_back({parameters_of(nb::cast<std::vector<PyTensor*>>(items), who)});
+        groups.push_back({parameters_of(arg_as<std::vector<PyTensor*>>(items, who, "params", "an iterable of Tensors"), who)});
         return groups;
     }
     for (nb::handle item : items) {
@@ -48,17 +50,20 @@ std::vector<ParamGroup> parse_groups(nb::handle params, const char* who) {
         nb::dict d = nb::borrow<nb::dict>(item);
         ParamGroup g;
         for (auto [k, v] : d) {
-            const std::string key = nb::cast<std::string>(k);
-            if (key == "params") g.parameters = parameters_of(nb::cast<std::vector<PyTensor*>>(nb::list(v)), who);
-            else if (key == "lr") g.lr = nb::cast<double>(v);
-            else if (key == "weight_decay") g.weight_decay = nb::cast<double>(v);
-            else if (key == "momentum") g.momentum = nb::cast<double>(v);
-            else if (key == "nesterov") g.nesterov = nb::cast<bool>(v);
+            const std::string key = arg_as<std::string>(k, who, "a parameter group's key", "a str");
+            // Each value's conversion names the optimizer and the group key.
+            const auto real = [&](nb::handle value) { return arg_as<double>(value, who, key, "a float"); };
+            if (key == "params")
+                g.parameters = parameters_of(arg_as<std::vector<PyTensor*>>(nb::list(v), who, key, "an iterable of Tensors"), who);
+            else if (key == "lr") g.lr = real(v);
+            else if (key == "weight_decay") g.weight_decay = real(v);
+            else if (key == "momentum") g.momentum = real(v);
+            else if (key == "nesterov") g.nesterov = arg_as<bool>(v, who, key, "a bool");
             else if (key == "betas") {
-                const auto betas = nb::cast<std::pair<double, double>>(v);
+                const auto betas = arg_as<std::pair<double, double>>(v, who, key, "a pair of floats");
                 g.beta1 = betas.first;
                 g.beta2 = betas.second;
-            } else if (key == "eps") g.eps = nb::cast<double>(v);
+            } else if (key == "eps") g.eps = real(v);
             else throw nb::type_error(str(who, ": unknown parameter group key '", key, "'").c_str());
         }
         groups.push_back(std::move(g));

@@ -1,4 +1,6 @@
 // dyngrad.Tensor, the implicit graph, the op path and the factories (docs/python.md).
+#include "strict_int.h"  // first: nanobind's integer caster is replaced before any header uses it
+
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -236,43 +238,52 @@ const OpAttrs& no_attrs() {
 }
 
 template <typename E>
-E parse_choice(nb::handle value, const char* key, std::initializer_list<std::pair<const char*, E>> choices) {
-    if (!nb::isinstance<nb::str>(value))
-        throw nb::type_error(str(key, "= expects a string, got ", nb::cast<std::string>(nb::str(value.type()))).c_str());
+E parse_choice(nb::handle value, std::string_view who, std::string_view key,
+               std::initializer_list<std::pair<const char*, E>> choices) {
+    if (!nb::isinstance<nb::str>(value)) throw_argument_type(who, key, "a str", value);
     const std::string text = nb::cast<std::string>(value);
     std::string known;
     for (const auto& [name, e] : choices) {
         if (text == name) return e;
         known += known.empty() ? name : std::string(", ") + name;
     }
-    throw ValueError(str(key, "='", text, "': expected one of ", known));
+    throw ValueError(str(who, "(): ", key, "='", text, "': expected one of ", known));
 }
 
-std::array<std::int64_t, 2> pair_of(nb::handle value) {
-    if (nb::isinstance<nb::int_>(value)) {
-        const auto v = nb::cast<std::int64_t>(value);
+// One int (an int or a NumPy integer), not a sequence: a NumPy array has __index__ too, but is a sequence.
+bool is_one_int(nb::handle value) { return PyIndex_Check(value.ptr()) && !PySequence_Check(value.ptr()); }
+
+std::array<std::int64_t, 2> pair_of(nb::handle value, std::string_view who, std::string_view key) {
+    if (is_one_int(value)) {
+        const std::int64_t v = int_of(value, who, key);
         return {v, v};
     }
-    const auto v = nb::cast<std::vector<std::int64_t>>(value);
-    if (v.size() != 2) throw ValueError(str("expected an int or a pair of ints, got ", v.size(), " values"));
+    const auto v = arg_as<std::vector<std::int64_t>>(value, who, key, "an int or a pair of ints");
+    if (v.size() != 2)
+        throw ValueError(str(who, "(): ", key, "= expects an int or a pair of ints, got ", v.size(), " values"));
     return {v[0], v[1]};
 }
 
-// An int attribute: a Python int (or an object with __index__), never a str or a float.
-std::int64_t int_of(nb::handle value, std::string_view key) {
-    if (!PyIndex_Check(value.ptr()) || PyBool_Check(value.ptr()))
-        throw nb::type_error(str(key, "= expects an int, got ", nb::cast<std::string>(nb::str(value.type()))).c_str());
+std::vector<std::int64_t> ints_of(nb::handle value, std::string_view who, std::string_view key) {
+    if (is_one_int(value)) return {int_of(value, who, key)};
+    return arg_as<std::vector<std::int64_t>>(value, who, key, "an int or a sequence of ints");
+}
+
+}  // namespace
+
+// An int argument: a Python int (or an object with __index__), never a bool, a str or a float.
+std::int64_t int_of(nb::handle value, std::string_view who, std::string_view key) {
+    if (!PyIndex_Check(value.ptr()) || PyBool_Check(value.ptr())) throw_argument_type(who, key, "an int", value);
     const Py_ssize_t v = PyNumber_AsSsize_t(value.ptr(), PyExc_OverflowError);
     if (v == -1 && PyErr_Occurred()) throw nb::python_error();
     return v;
 }
 
-std::vector<std::int64_t> ints_of(nb::handle value) {
-    if (nb::isinstance<nb::int_>(value)) return {nb::cast<std::int64_t>(value)};
-    return nb::cast<std::vector<std::int64_t>>(value);
+void throw_argument_type(std::string_view who, std::string_view arg, const char* expected, nb::handle given) {
+    throw nb::type_error(str(who, "(): argument '", arg, "' must be ", expected, ", not ",
+                             nb::cast<std::string>(nb::str(given.type().attr("__name__"))))
+                             .c_str());
 }
-
-}  // namespace
 
 OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs) {
     OpAttrs a;
@@ -285,55 +296,58 @@ OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs) {
             throw nb::type_error(str(def.name, "() keywords must be strings").c_str());
         }
         const std::string_view key(key_text, static_cast<std::size_t>(key_size));
-        if (key == "scalar") a.scalar = nb::cast<double>(value);
-        else if (key == "axes" || key == "dims") a.axes = ints_of(value);
-        else if (key == "axis" || key == "dim") a.axis = int_of(value, key);
-        else if (key == "start") a.start = int_of(value, key);
-        else if (key == "length") a.length = int_of(value, key);
-        else if (key == "keepdim") a.keepdim = nb::cast<bool>(value);
+        // Each conversion names the op and the keyword when the value has another Python type.
+        const auto real = [&](nb::handle v) { return arg_as<double>(v, def.name, key, "a float"); };
+        const auto flag = [&](nb::handle v) { return arg_as<bool>(v, def.name, key, "a bool"); };
+        if (key == "scalar") a.scalar = real(value);
+        else if (key == "axes" || key == "dims") a.axes = ints_of(value, def.name, key);
+        else if (key == "axis" || key == "dim") a.axis = int_of(value, def.name, key);
+        else if (key == "start") a.start = int_of(value, def.name, key);
+        else if (key == "length") a.length = int_of(value, def.name, key);
+        else if (key == "keepdim") a.keepdim = flag(value);
         else if (key == "shape") {
-            const auto dims = ints_of(value);
+            const auto dims = ints_of(value, def.name, key);
             a.shape = Shape(dims.begin(), dims.end());
-        } else if (key == "min") a.clamp_min = value.is_none() ? std::nullopt : std::optional(nb::cast<double>(value));
-        else if (key == "max") a.clamp_max = value.is_none() ? std::nullopt : std::optional(nb::cast<double>(value));
+        } else if (key == "min") a.clamp_min = value.is_none() ? std::nullopt : std::optional(real(value));
+        else if (key == "max") a.clamp_max = value.is_none() ? std::nullopt : std::optional(real(value));
         else if (key == "approximate")
             a.gelu_approximation = parse_choice<GeluApproximation>(
-                value, "approximate", {{"none", GeluApproximation::None}, {"tanh", GeluApproximation::Tanh}});
-        else if (key == "kernel" || key == "kernel_size") a.kernel = pair_of(value);
-        else if (key == "stride") a.stride = pair_of(value);
-        else if (key == "padding") a.padding = pair_of(value);
-        else if (key == "dilation") a.dilation = pair_of(value);
-        else if (key == "groups") a.groups = int_of(value, key);
-        else if (key == "training") a.training = nb::cast<bool>(value);
-        else if (key == "eps") a.eps = nb::cast<double>(value);
-        else if (key == "momentum") a.momentum = nb::cast<double>(value);
-        else if (key == "seed") a.seed = nb::cast<std::uint64_t>(value);
+                value, def.name, "approximate", {{"none", GeluApproximation::None}, {"tanh", GeluApproximation::Tanh}});
+        else if (key == "kernel" || key == "kernel_size") a.kernel = pair_of(value, def.name, key);
+        else if (key == "stride") a.stride = pair_of(value, def.name, key);
+        else if (key == "padding") a.padding = pair_of(value, def.name, key);
+        else if (key == "dilation") a.dilation = pair_of(value, def.name, key);
+        else if (key == "groups") a.groups = int_of(value, def.name, key);
+        else if (key == "training") a.training = flag(value);
+        else if (key == "eps") a.eps = real(value);
+        else if (key == "momentum") a.momentum = real(value);
+        else if (key == "seed") a.seed = arg_as<std::uint64_t>(value, def.name, key, "an int");
         // sorting and sampling (ops/sampling.h): topk's k and multinomial's num_samples are `length`
-        else if (key == "descending" || key == "largest") a.descending = nb::cast<bool>(value);
-        else if (key == "replacement") a.replacement = nb::cast<bool>(value);
-        else if (key == "k" || key == "num_samples") a.length = int_of(value, key);
-        else if (key == "padding_idx") a.padding_idx = value.is_none() ? -1 : int_of(value, key);
+        else if (key == "descending" || key == "largest") a.descending = flag(value);
+        else if (key == "replacement") a.replacement = flag(value);
+        else if (key == "k" || key == "num_samples") a.length = int_of(value, def.name, key);
+        else if (key == "padding_idx") a.padding_idx = value.is_none() ? -1 : int_of(value, def.name, key);
         else if (key == "activation")
             a.activation = value.is_none() ? Activation::None
-                                           : parse_choice<Activation>(value, "activation",
+                                           : parse_choice<Activation>(value, def.name, "activation",
                                                                       {{"none", Activation::None}, {"relu", Activation::Relu}});
         else if (key == "mode")
-            a.rnn_mode = parse_choice<RnnMode>(value, "mode",
+            a.rnn_mode = parse_choice<RnnMode>(value, def.name, "mode",
                                                {{"lstm", RnnMode::Lstm}, {"gru", RnnMode::Gru},
                                                 {"rnn_tanh", RnnMode::RnnTanh}, {"rnn_relu", RnnMode::RnnRelu}});
-        else if (key == "hidden_size") a.hidden_size = int_of(value, key);
-        else if (key == "num_layers") a.num_layers = int_of(value, key);
-        else if (key == "bidirectional") a.bidirectional = nb::cast<bool>(value);
-        else if (key == "save_for_backward") a.save_for_backward = nb::cast<bool>(value);
+        else if (key == "hidden_size") a.hidden_size = int_of(value, def.name, key);
+        else if (key == "num_layers") a.num_layers = int_of(value, def.name, key);
+        else if (key == "bidirectional") a.bidirectional = flag(value);
+        else if (key == "save_for_backward") a.save_for_backward = flag(value);
         else if (key == "reduction")
-            a.reduction = parse_choice<Reduction>(value, "reduction",
+            a.reduction = parse_choice<Reduction>(value, def.name, "reduction",
                                                   {{"mean", Reduction::Mean}, {"sum", Reduction::Sum}, {"none", Reduction::None}});
-        else if (key == "ignore_index") a.ignore_index = int_of(value, key);
-        else if (key == "label_smoothing") a.label_smoothing = nb::cast<double>(value);
+        else if (key == "ignore_index") a.ignore_index = int_of(value, def.name, key);
+        else if (key == "label_smoothing") a.label_smoothing = real(value);
         // scaled_dot_product_attention: PyTorch's keywords onto its fields (dropout p is `scalar`)
-        else if (key == "is_causal") a.is_causal = nb::cast<bool>(value);
-        else if (key == "scale") a.attention_scale = value.is_none() ? std::nullopt : std::optional(nb::cast<double>(value));
-        else if (key == "dropout_p") a.scalar = nb::cast<double>(value);
+        else if (key == "is_causal") a.is_causal = flag(value);
+        else if (key == "scale") a.attention_scale = value.is_none() ? std::nullopt : std::optional(real(value));
+        else if (key == "dropout_p") a.scalar = real(value);
         else if (key == "dtype") a.dtype = parse_dtype(value);  // cast
         else
             throw nb::type_error(str(def.name, "() got an unexpected keyword argument '", key, "'").c_str());
@@ -410,6 +424,14 @@ PyTensor index_select_axis(const PyTensor& t, std::int64_t axis, const PyTensor&
     return apply(OpType::IndexSelect, {&t, &index}, a);
 }
 
+// A bool used as an index (Python's or NumPy's): NumPy and PyTorch add an axis of length 1 (True) or 0 (False)
+// where it stands and consume none; it must not be taken as the int 1 or 0.
+bool is_bool_index(nb::handle h) {
+    if (PyBool_Check(h.ptr())) return true;
+    const char* type = Py_TYPE(h.ptr())->tp_name;
+    return std::strcmp(type, "numpy.bool") == 0 || std::strcmp(type, "numpy.bool_") == 0;
+}
+
 PyTensor getitem(const PyTensor& x, nb::handle key) {
     std::vector<nb::handle> items;
     nb::tuple key_tuple;
@@ -421,8 +443,13 @@ PyTensor getitem(const PyTensor& x, nb::handle key) {
     }
     const Shape& in_shape = x.data().shape();
     std::size_t consumed = 0, ellipses = 0;
+    bool any_false = false;  // a False index: the result has no elements (an axis of length 0)
     for (nb::handle h : items) {
         if (h.is_none()) continue;
+        if (is_bool_index(h)) {
+            any_false = any_false || !PyObject_IsTrue(h.ptr());
+            continue;
+        }
         if (h.ptr() == Py_Ellipsis) { ++ellipses; continue; }
         ++consumed;
     }
@@ -433,8 +460,14 @@ PyTensor getitem(const PyTensor& x, nb::handle key) {
     PyTensor t = x;
     Shape out_shape;
     std::int64_t axis = 0;  // axis of `t` the next item addresses (t keeps every axis until the final reshape)
+    std::vector<std::size_t> false_axes;  // where False indices stand in the result
     for (nb::handle h : items) {
         if (h.is_none()) {
+            out_shape.push_back(1);
+            continue;
+        }
+        if (is_bool_index(h)) {
+            if (!PyObject_IsTrue(h.ptr())) false_axes.push_back(out_shape.size());
             out_shape.push_back(1);
             continue;
         }
@@ -480,7 +513,10 @@ PyTensor getitem(const PyTensor& x, nb::handle key) {
         }
     }
     for (std::size_t i = static_cast<std::size_t>(axis); i < in_shape.size(); ++i) out_shape.push_back(in_shape[i]);
-    return reshape_to(t, out_shape);
+    t = reshape_to(t, out_shape);
+    // False: the new axis of length 1 narrowed to none of it (the gradient flows back as zeros).
+    if (any_false) t = narrow_axis(t, static_cast<std::int64_t>(false_axes.front()), 0, 0);
+    return t;
 }
 
 // ---- scalars as tensors (comparisons, reversed division) ----
@@ -630,12 +666,13 @@ nb::tuple shape_tuple(const Shape& shape) {
     return nb::tuple(l);
 }
 
-Shape shape_from(nb::handle args) {
-    // reshape(2, 3) or reshape((2, 3))
+Shape shape_from(nb::handle args, const char* who) {
+    // reshape(2, 3) or reshape((2, 3)); ints or objects with __index__ only (no '3', no 3.0)
+    const char* expected = "ints or one sequence of ints";
     std::vector<std::int64_t> dims;
     nb::tuple t = nb::borrow<nb::tuple>(args);
-    if (t.size() == 1 && !nb::isinstance<nb::int_>(t[0])) dims = nb::cast<std::vector<std::int64_t>>(t[0]);
-    else dims = nb::cast<std::vector<std::int64_t>>(t);
+    if (t.size() == 1 && !is_one_int(t[0])) dims = arg_as<std::vector<std::int64_t>>(t[0], who, "size", expected);
+    else dims = arg_as<std::vector<std::int64_t>>(t, who, "size", expected);
     return Shape(dims.begin(), dims.end());
 }
 
@@ -840,8 +877,8 @@ void bind_tensor(nb::module_& m) {
         .def("_storage_version", [](const PyTensor& t) { return t.data().version(); })
         .def("_data_ptr", [](const PyTensor& t) { return reinterpret_cast<std::uintptr_t>(t.data().raw_data()); })
         .def("data_ptr", [](const PyTensor& t) { return reinterpret_cast<std::uintptr_t>(t.data().raw_data()); })
-        .def("reshape", [](const PyTensor& t, nb::args shape) { return reshape_to(t, shape_from(shape)); })
-        .def("view", [](const PyTensor& t, nb::args shape) { return reshape_to(t, shape_from(shape)); })
+        .def("reshape", [](const PyTensor& t, nb::args shape) { return reshape_to(t, shape_from(shape, "reshape")); })
+        .def("view", [](const PyTensor& t, nb::args shape) { return reshape_to(t, shape_from(shape, "view")); })
         .def("__getitem__", &getitem)
         .def("__setitem__", [](PyTensor&, nb::handle, nb::handle) {
             throw nb::type_error("dyngrad tensors do not support item assignment; build a new tensor (where, "
@@ -924,7 +961,7 @@ void bind_tensor(nb::module_& m) {
     });
 
     // Factories
-    m.def("_from_numpy_copy", [](nb::ndarray<nb::c_contig, nb::device::cpu> array, nb::handle device) {
+    m.def("_from_numpy_copy", [](nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu> array, nb::handle device) {  // read only: copies
         DType dtype;
         const auto dt = array.dtype();
         if (dt == nb::dtype<float>()) dtype = DType::f32;
@@ -939,8 +976,8 @@ void bind_tensor(nb::module_& m) {
         return PyTensor(target.is_cpu() ? t : t.to(target));
     }, nb::arg("array"), nb::arg("device").none());
     const auto factory = [&m](const char* name, double fill) {
-        m.def(name, [fill](nb::args shape, nb::handle dtype, nb::handle device, bool requires_grad) {
-            PyTensor t(Tensor::full(shape_from(shape), fill, dtype.is_none() ? DType::f32 : parse_dtype(dtype),
+        m.def(name, [fill, name](nb::args shape, nb::handle dtype, nb::handle device, bool requires_grad) {
+            PyTensor t(Tensor::full(shape_from(shape, name), fill, dtype.is_none() ? DType::f32 : parse_dtype(dtype),
                                     device.is_none() ? Device::cpu() : parse_device(device)));
             if (requires_grad) t.parameter = Parameter(t.value);
             return t;
@@ -950,7 +987,7 @@ void bind_tensor(nb::module_& m) {
     factory("zeros", 0.0);
     factory("ones", 1.0);
     m.def("full", [](nb::handle shape, double value, nb::handle dtype, nb::handle device) {
-        return PyTensor(Tensor::full(shape_from(nb::make_tuple(shape)), value,
+        return PyTensor(Tensor::full(shape_from(nb::make_tuple(shape), "full"), value,
                                      dtype.is_none() ? DType::f32 : parse_dtype(dtype),
                                      device.is_none() ? Device::cpu() : parse_device(device)));
     }, nb::arg("shape"), nb::arg("fill_value"), nb::kw_only(), nb::arg("dtype").none() = nb::none(),
@@ -982,11 +1019,12 @@ void bind_tensor(nb::module_& m) {
     }, nb::arg("start"), nb::arg("end").none() = nb::none(), nb::arg("step") = nb::int_(1), nb::kw_only(),
           nb::arg("dtype").none() = nb::none(), nb::arg("device").none() = nb::none());
     const auto random_factory = [&m](const char* name, bool normal) {
-        m.def(name, [normal](nb::args shape, nb::handle dtype, nb::handle device, bool requires_grad) {
+        m.def(name, [normal, name](nb::args shape, nb::handle dtype, nb::handle device, bool requires_grad) {
             const DType dt = dtype.is_none() ? DType::f32 : parse_dtype(dtype);
             const Device dev = device.is_none() ? Device::cpu() : parse_device(device);
-            PyTensor t(normal ? Tensor::normal(shape_from(shape), 0.0, 1.0, default_generator(), dt, dev)
-                              : Tensor::uniform(shape_from(shape), 0.0, 1.0, default_generator(), dt, dev));
+            const Shape dims = shape_from(shape, name);
+            PyTensor t(normal ? Tensor::normal(dims, 0.0, 1.0, default_generator(), dt, dev)
+                              : Tensor::uniform(dims, 0.0, 1.0, default_generator(), dt, dev));
             if (requires_grad) t.parameter = Parameter(t.value);
             return t;
         }, nb::arg("shape"), nb::kw_only(), nb::arg("dtype").none() = nb::none(), nb::arg("device").none() = nb::none(),

@@ -1,12 +1,14 @@
 // Hostile inputs to the distributed layer (dist/): collectives, the launch environment, the rendezvous,
-// DistributedDataParallel and the sharded loaders, all on a group of one process (no mpirun needed).
+// DistributedDataParallel, ZeroOptimizer and the sharded loaders, all on a group of one process (no mpirun needed).
 #include <cstring>
+#include <limits>
 #include <map>
 #include <string>
 
 #include "dyngrad/dist/ddp.h"
 #include "dyngrad/dist/process_group.h"
 #include "dyngrad/dist/rendezvous.h"
+#include "dyngrad/dist/zero.h"
 #include "dyngrad/dyngrad.h"
 #include "hostile.h"
 
@@ -181,8 +183,36 @@ static const bool added = hostile::add("dist", {
     expect<ShapeError>("DDP check_gradients with a 0-d batch tensor", {"check_gradients", "0-d"}, [] {
         Sequential m = tiny_model();
         dist::DistributedDataParallel ddp(m, one());
-        const std::vector<Tensor> batch{Tensor::full({}, 1.0)};
-        ddp.check_gradients(batch, [&](ComputeGraph& g, std::span<const Tensor> b) { return sum(m(g.input(b[0]))); });
+        const auto loss = [&](ComputeGraph& g, std::span<const Tensor> b) { return sum(m(g.input(b[0]))); };
+        ddp.forward_backward(std::vector<Tensor>{f32({2, 3})}, loss);
+        ddp.check_gradients(std::vector<Tensor>{Tensor::full({}, 1.0)}, loss);
+    }),
+    // Calls out of order (issue 35).
+    expect<ValueError>("DDP check_gradients before any backward", {"check_gradients", "no backward yet"}, [] {
+        Sequential m = tiny_model();
+        dist::DistributedDataParallel ddp(m, one());
+        ddp.check_gradients(std::vector<Tensor>{f32({2, 3})},
+                            [&](ComputeGraph& g, std::span<const Tensor> b) { return sum(m(g.input(b[0]))); });
+    }),
+    expect<ValueError>("DDP check_gradients after a backward inside no_sync()", {"check_gradients", "no_sync()"}, [] {
+        Sequential m = tiny_model();
+        dist::DistributedDataParallel ddp(m, one());
+        const auto loss = [&](ComputeGraph& g, std::span<const Tensor> b) { return sum(m(g.input(b[0]))); };
+        ddp.forward_backward(std::vector<Tensor>{f32({2, 3})}, loss);
+        {
+            auto guard = ddp.no_sync();
+            ddp.forward_backward(std::vector<Tensor>{f32({2, 3})}, loss);
+        }
+        ddp.check_gradients(std::vector<Tensor>{f32({2, 3})}, loss);
+    }),
+    expect<ValueError>("DDP backward from its own readiness callback", {"DistributedDataParallel::backward", "own backward"}, [] {
+        Sequential m = tiny_model(), other = tiny_model();
+        dist::DistributedDataParallel ddp(m, one());
+        ComputeGraph graph, inner;
+        const Var inner_loss = sum(other(inner.input(f32({2, 3}))));  // another model's: the graph allows it
+        BackwardOptions options;
+        options.on_parameter_ready = [&](const Parameter&) { ddp.backward(inner, inner_loss); };
+        ddp.backward(graph, sum(m(graph.input(f32({2, 3})))), options);
     }),
     expect<ValueError>("an exception from the user's readiness callback reaches the caller", {"user hook says no"}, [] {
         Sequential m = tiny_model();
@@ -191,6 +221,39 @@ static const bool added = hostile::add("dist", {
         BackwardOptions options;
         options.on_parameter_ready = [](const Parameter&) { throw ValueError("user hook says no"); };
         ddp.backward(graph, sum(m(graph.input(f32({2, 3})))), options);
+    }),
+    // ---- ZeroOptimizer (dist/zero.h) ----
+    expect<ValueError>("ZeroOptimizer stage 0", {"ZeroOptimizer", "stage 0"}, [] {
+        dist::ZeroOptimizer zero(tiny_model(), one(), {}, {.stage = 0});
+    }),
+    expect<ValueError>("ZeroOptimizer stage 3 (not built)", {"ZeroOptimizer", "stage 3", "not built"}, [] {
+        dist::ZeroOptimizer zero(tiny_model(), one(), {}, {.stage = 3});
+    }),
+    expect<ValueError>("ZeroOptimizer over a frozen model", {"ZeroOptimizer", "no trainable parameters"}, [] {
+        Sequential m = tiny_model();
+        for (Parameter p : m.parameters()) p.set_requires_grad(false);
+        dist::ZeroOptimizer zero(m, one());
+    }),
+    expect<ValueError>("ZeroOptimizer step before any backward", {"ZeroOptimizer::step", "no reduce_gradients"}, [] {
+        dist::ZeroOptimizer zero(tiny_model(), one());
+        zero.step();
+    }),
+    expect<ValueError>("ZeroOptimizer clip with the infinity norm", {"clip_grad_norm", "norm_type", "inf"}, [] {
+        Sequential m = tiny_model();
+        dist::ZeroOptimizer zero(m, one());
+        ComputeGraph graph;
+        zero.backward(graph, sum(m(graph.input(f32({2, 3})))));
+        zero.clip_grad_norm(1.0, std::numeric_limits<double>::infinity());
+    }),
+    expect<ValueError>("ZeroOptimizer with a parameter frozen after wrapping", {"after wrapping", "now ["}, [] {
+        Sequential m = tiny_model();
+        dist::ZeroOptimizer zero(m, one());
+        m.parameters().front().set_requires_grad(false);
+        zero.reduce_gradients();
+    }),
+    expect<IoError>("ZeroOptimizer checkpoint from a folder that does not exist", {"load_checkpoint", "does not exist"}, [] {
+        dist::ZeroOptimizer zero(tiny_model(), one());
+        zero.load_checkpoint("/nonexistent-dyngrad-zero-checkpoint");
     }),
     // ---- sharded loaders ----
     expect<ValueError>("BatchLoader shard equal to num_shards", {"BatchLoader", "shard 2 of 2"}, [] {

@@ -3,6 +3,7 @@
 // still run (the producer's memory is not leaked).
 #include <cstdint>
 #include <limits>
+#include <stdexcept>
 
 #include "dyngrad/dyngrad.h"
 #include "hostile.h"
@@ -36,6 +37,15 @@ const bool added = hostile::add(
                                     [] { wrap(0, {std::numeric_limits<std::int64_t>::max() / 4}, DType::f64); }),
         hostile::expect<DeviceError>("an unknown device kind", {"device"},
                                      [] { wrap(0, {2}, DType::f32, Device{static_cast<DeviceKind>(7), 0}); }),
+        // A release function that throws runs from a destructor (here while the refusal unwinds): it must not
+        // end the process through std::terminate (issue 35).
+        hostile::expect<ValueError>("null data whose release function throws", {"null"}, [] {
+            static_cast<void>(Tensor::from_external(nullptr, {3}, DType::f32, Device::cpu(),
+                                                    [] { throw std::runtime_error("producer gone"); }));
+        }),
+        hostile::expect<ValueError>("misaligned data whose release function throws", {"aligned"}, [] {
+            static_cast<void>(Tensor::from_external(arena + 1, {2}, DType::f32, Device::cpu(), [] { throw 7; }));
+        }),
     });
 
 }  // namespace

@@ -184,6 +184,22 @@ const bool added = hostile::add(
                 t["@optimizer.group_sizes"] = Tensor::from_vector(std::vector<std::int64_t>{5}, {1});
             });
         }),
+        // Another number of groups is another group layout: ValueError, as other group sizes (issue 35).
+        expect<ValueError>("a checkpoint of two groups into one", {"group_sizes", "2 Adam parameter groups there and 1 here"}, [] {
+            load_edited([](TensorMap& t, SafetensorsMetadata&) {
+                t["@optimizer.group_sizes"] = Tensor::from_vector(std::vector<std::int64_t>{1, 1}, {2});
+            });
+        }),
+        expect<ValueError>("a checkpoint of no groups", {"group_sizes", "0 Adam parameter groups there"}, [] {
+            load_edited([](TensorMap& t, SafetensorsMetadata&) {
+                t["@optimizer.group_sizes"] = Tensor::from_vector(std::vector<std::int64_t>{}, {0});
+            });
+        }),
+        expect<ValueError>("a schedule checkpoint of three groups into one", {"@schedule.base_lrs", "3 StepLR base lrs"}, [] {
+            load_edited([](TensorMap& t, SafetensorsMetadata&) {
+                t["@schedule.base_lrs"] = Tensor::from_vector(std::vector<double>{0.1, 0.1, 0.1}, {3}, DType::f64);
+            });
+        }),
         expect<IoError>("an unexpected optimizer entry", {"@optimizer.extra", "does not have"}, [] {
             load_edited([](TensorMap& t, SafetensorsMetadata&) { t["@optimizer.extra"] = Tensor::zeros({1}); });
         }),
