@@ -25,7 +25,7 @@ __all__ = [
     "is_available", "is_initialized", "init_process_group", "destroy_process_group", "get_rank", "get_world_size",
     "get_local_rank", "get_backend", "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
     "reduce_scatter_tensor", "barrier", "ReduceOp", "ProcessGroup", "DistributedUnavailable",
-    "DistributedError", "group",
+    "DistributedError", "group", "ZeroOptimizer",
 ]
 
 _dist = _core._dist
@@ -274,3 +274,58 @@ def barrier(group=None, async_op: bool = False, device_ids=None):
     """Returns on every rank once every rank has entered it (up to the group's timeout: DistributedError)."""
     _group("barrier", group).barrier()
     return _done(async_op)
+
+
+class ZeroOptimizer:
+    """ZeRO stage 1 or 2 AdamW over the default group (dist::ZeroOptimizer, dist/zero.h): every rank holds the whole
+    model and runs its part of the batch; AdamW's moments (stage 1) and the averaged gradients (stage 2) are split
+    across the ranks, and the updated parameters are all-gathered after each step. torch's nearest is
+    ``torch.distributed.optim.ZeroRedundancyOptimizer(params, optimizer_class=AdamW)`` (stage 1).
+
+        opt = dist.ZeroOptimizer(model, lr=1e-3, weight_decay=0.01, stage=2)   # not wrapped in DDP
+        loss.backward(); opt.clip_grad_norm_(1.0); opt.step(); opt.zero_grad()
+
+    ``step()`` first averages the gradients across ranks (``reduce_gradients()``, unless called since the last
+    step), so the loop is an ordinary one; several backwards before a step accumulate.
+    """
+
+    def __init__(self, module, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
+                 stage: int = 2):
+        from .nn import Module
+        if not isinstance(module, Module):
+            raise TypeError(f"dyngrad.distributed.ZeroOptimizer(): argument 'module' must be a dyngrad.nn.Module, "
+                            f"not {type(module).__name__}")
+        pg = _group("ZeroOptimizer")
+        beta1, beta2 = betas
+        self._zero = _dist.ZeroOptimizer(pg, list(module.named_parameters()), list(module.named_buffers()),
+                                          float(lr), float(beta1), float(beta2), float(eps), float(weight_decay),
+                                          int(stage))
+        self._reduced = False
+
+    @property
+    def stage(self) -> int:
+        return self._zero.stage
+
+    def reduce_gradients(self) -> None:
+        self._zero.reduce_gradients()
+        self._reduced = True
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0):
+        """Clips the averaged gradient by its global norm (over every rank's shard); returns the norm."""
+        if not self._reduced:
+            self.reduce_gradients()
+        return self._zero.clip_grad_norm(float(max_norm), float(norm_type))
+
+    def step(self) -> None:
+        if not self._reduced:
+            self.reduce_gradients()
+        self._zero.step()
+        self._reduced = False
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._zero.zero_grad()
+        self._reduced = False
+
+    def memory(self) -> dict:
+        """Per-rank bytes of parameters, gradients and optimizer state (ZeroMemory), and DDP's for comparison."""
+        return self._zero.memory()

@@ -3,6 +3,8 @@
 // work; this file only calls the Python function with the GIL and converts the options. On a build without
 // CUDA the C++ stub (cuda/cuda_unavailable.cpp) is what runs: construction checks the options, run() raises
 // DeviceError, as in C++.
+#include "strict_int.h"  // first: nanobind's integer caster is replaced before any header uses it
+
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 

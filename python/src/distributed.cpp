@@ -8,6 +8,8 @@
 // Python DDP's forward marks the graph its outputs were recorded in (GraphBox::backward, binding.h); a later
 // loss.backward() on that graph runs ddp.backward instead of graph.backward, as PyTorch's DDP forward prepares
 // its reducer for the next backward.
+#include "strict_int.h"  // first: nanobind's integer caster is replaced before any header uses it
+
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -23,6 +25,7 @@
 #if DYNGRAD_PY_DIST
 #include "dyngrad/dist/ddp.h"
 #include "dyngrad/dist/process_group.h"
+#include "dyngrad/dist/zero.h"
 #endif
 
 namespace dyngrad::python {
@@ -223,6 +226,67 @@ void bind_available(nb::module_& d) {
         .def_prop_ro("stats", [](const PyDDP& self) { return stats_dict(self.ddp->stats()); });
 }
 
+// dist::ZeroOptimizer (ZeRO stages 1 and 2, AdamW) over a Python model's parameters; dyngrad/distributed.py's
+// ZeroOptimizer reduces the gradients in step() after an ordinary loss.backward().
+struct PyZero {
+    std::unique_ptr<dist::ZeroOptimizer> zero;
+};
+
+void bind_zero(nb::module_& d) {
+    nb::class_<PyZero>(d, "ZeroOptimizer")
+        .def("__init__", [](PyZero* self, const ProcessGroup& group,
+                            const std::vector<std::pair<std::string, const PyTensor*>>& parameters,
+                            const std::vector<std::pair<std::string, const PyTensor*>>& buffers, double lr, double beta1,
+                            double beta2, double eps, double weight_decay, int stage) {
+            const Module module = module_of(parameters, buffers);
+            AdamOptions options;
+            options.lr = lr;
+            options.beta1 = beta1;
+            options.beta2 = beta2;
+            options.eps = eps;
+            options.weight_decay = weight_decay;
+            dist::ZeroOptions zero;
+            zero.stage = stage;
+            std::unique_ptr<dist::ZeroOptimizer> made;
+            {
+                nb::gil_scoped_release release;  // the model check and rank 0's broadcast wait for every rank
+                made = std::make_unique<dist::ZeroOptimizer>(module, group, options, zero);
+            }
+            new (self) PyZero{std::move(made)};
+        }, nb::arg("group"), nb::arg("parameters"), nb::arg("buffers"), nb::arg("lr"), nb::arg("beta1"),
+           nb::arg("beta2"), nb::arg("eps"), nb::arg("weight_decay"), nb::arg("stage"))
+        .def("reduce_gradients", [](PyZero& z) {
+            nb::gil_scoped_release release;
+            z.zero->reduce_gradients();
+        })
+        .def("clip_grad_norm", [](PyZero& z, double max_norm, double norm_type) {
+            Tensor norm;
+            {
+                nb::gil_scoped_release release;
+                norm = z.zero->clip_grad_norm(max_norm, norm_type);
+            }
+            return PyTensor(std::move(norm));
+        }, nb::arg("max_norm"), nb::arg("norm_type") = 2.0)
+        .def("step", [](PyZero& z) {
+            nb::gil_scoped_release release;
+            z.zero->step();
+        })
+        .def("zero_grad", [](PyZero& z) { z.zero->zero_grad(); })
+        .def_prop_ro("stage", [](const PyZero& z) { return z.zero->stage(); })
+        .def("memory", [](const PyZero& z) {
+            const dist::ZeroMemory m = z.zero->memory();
+            nb::dict d;
+            d["world"] = m.world;
+            d["stage"] = m.stage;
+            d["parameters"] = m.parameters;
+            d["parameter_bytes"] = m.parameter_bytes;
+            d["gradient_bytes"] = m.gradient_bytes;
+            d["optimizer_bytes"] = m.optimizer_bytes;
+            d["ddp_bytes"] = m.ddp_bytes;
+            return d;
+        });
+}
+
 }  // namespace
 #endif
 
@@ -238,6 +302,7 @@ void bind_distributed(nb::module_& m) {
     d.attr("available") = true;
     d.attr("unavailable_reason") = "";
     bind_available(d);
+    bind_zero(d);
 #else
     d.attr("available") = false;
     d.attr("unavailable_reason") =

@@ -1,7 +1,7 @@
 """One rank of tests/test_distributed.py's launches (not a test module itself):
 
     mpirun -np 2 python dist_worker.py collectives IN.npz OUT_DIR
-    mpirun -np 2 python dist_worker.py ddp IN.npz OUT_DIR
+    mpirun -np 2 python dist_worker.py ddp IN.npz OUT_DIR      (zero: dist.ZeroOptimizer)
     RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=p python dist_worker.py torchrun - OUT_DIR
 
 Each rank reads its inputs from IN.npz (drawn by the test) and writes what it saw to OUT_DIR/rank<r>.npz (arrays)
@@ -131,6 +131,25 @@ def ddp(inputs, rank, world):
     return out, notes
 
 
+def zero(inputs, rank, world):
+    """Two AdamW steps of dist.ZeroOptimizer, stage 1 and stage 2, each from rank 0's weights."""
+    out, notes = {}, {}
+    for stage in (1, 2):
+        dg.manual_seed(100 + rank)
+        model = Net(0).double()
+        opt = dist.ZeroOptimizer(model, lr=0.01, weight_decay=0.1, stage=stage)
+        for name, p in model.named_parameters():
+            out[f"zero{stage}/init/{name}"] = p.numpy().copy()
+        for x, y in (("x1", "y1"), ("xa", "ya")):
+            ((model(dg.tensor(inputs[x][rank])) - dg.tensor(inputs[y][rank])) ** 2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        for name, p in model.named_parameters():
+            out[f"zero{stage}/after/{name}"] = p.numpy().copy()
+        notes[f"zero{stage}_memory"] = opt.memory()
+    return out, notes
+
+
 def main():
     mode, in_path, out_dir = sys.argv[1:4]
     notes, out = {}, {}
@@ -149,7 +168,7 @@ def main():
         notes["world"] = world
         try:
             inputs = dict(np.load(in_path))
-            out, more = (collectives if mode == "collectives" else ddp)(inputs, rank, world)
+            out, more = {"collectives": collectives, "ddp": ddp, "zero": zero}[mode](inputs, rank, world)
             notes.update(more)
         except Exception:
             notes["failure"] = traceback.format_exc()

@@ -269,6 +269,32 @@ def test_mpirun_ddp_averages_the_ranks_gradients(tmp_path, fresh_rng):
         assert notes["gradient"].startswith("ValueError") and "scalar loss" in notes["gradient"]
 
 
+@needs_layer
+def test_mpirun_zero_optimizer_steps_as_adamw_on_the_whole_batch(tmp_path, fresh_rng):
+    """dist.ZeroOptimizer (stages 1 and 2): two steps on two ranks end where a single-process AdamW over both
+    ranks' batches (equal sizes, a mean loss: the mean of the ranks' gradients) ends."""
+    rng, seed = fresh_rng
+    inputs = {k: rng.standard_normal((2, 6, 4 if k.startswith("x") else 3)) for k in ("x1", "y1", "xa", "ya")}
+    (out0, notes0), (out1, _) = mpirun_two("zero", inputs, tmp_path)
+    for stage in (1, 2):
+        names = [k.split("/", 2)[2] for k in out0 if k.startswith(f"zero{stage}/init/")]
+        assert names == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+        model = Net().double()
+        model.load_state_dict({n: dg.tensor(out0[f"zero{stage}/init/{n}"]) for n in names})
+        opt = dg.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+        for x, y in (("x1", "y1"), ("xa", "ya")):
+            xs, ys = inputs[x].reshape(12, 4), inputs[y].reshape(12, 3)
+            ((model(dg.tensor(xs)) - dg.tensor(ys)) ** 2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        for n, p in model.named_parameters():
+            for out in (out0, out1):
+                np.testing.assert_array_equal(out[f"zero{stage}/init/{n}"], out0[f"zero{stage}/init/{n}"])
+                np.testing.assert_allclose(out[f"zero{stage}/after/{n}"], p.numpy(), rtol=1e-10, atol=1e-12,
+                                           err_msg=f"stage {stage}, {n}, seed {seed}")
+        assert notes0[f"zero{stage}_memory"]["stage"] == stage and notes0[f"zero{stage}_memory"]["world"] == 2
+
+
 # ---- torchrun's variables ----
 
 def free_port():
