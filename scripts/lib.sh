@@ -83,7 +83,8 @@ dg_print_build_estimate() {
     # Makefiles only (the default generator): `make -n` lists the compile steps without running them.
     [[ -f "$build_dir/Makefile" ]] || return 0
     local plan cxx cuda cores seconds
-    plan=$(cmake --build "$build_dir" "$@" -- -n 2>/dev/null || true)
+    # -k: past targets whose prerequisites (a library not built yet) stop a dry run.
+    plan=$(cmake --build "$build_dir" "$@" -- -n -k 2>/dev/null || true)
     cxx=$(grep -cE 'Building CXX object' <<<"$plan" || true)
     cuda=$(grep -cE 'Building CUDA object' <<<"$plan" || true)
     cores=${DYNGRAD_JOBS:-$(nproc)}

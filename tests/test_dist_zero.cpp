@@ -467,7 +467,7 @@ TEST_CASE("ZeRO collectives: a peer killed mid-collective gives the survivor a t
         } catch (const DistributedError& e) {
             failed = true;
             INFO(e.what());
-            CHECK_THAT(std::string(e.what()), Catch::Matchers::Contains("rank 0/2"));
+            CHECK_THAT(std::string(e.what()), dgtest::Contains("rank 0/2"));
             std::cout << "rank 0 after " << i << " collectives: " << e.what() << std::endl;
         }
     }

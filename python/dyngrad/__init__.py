@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib as _contextlib
 import os as _os
 import sys as _sys
+import types as _types
 
 import numpy as _np
 
@@ -54,6 +55,16 @@ nn.parallel = _parallel  # dg.nn.parallel.DistributedDataParallel, and `from dyn
 _sys.modules[__name__ + ".nn.parallel"] = _parallel
 
 __version__ = "0.1.0"
+
+# PyTorch's module paths, so that a script's imports port by renaming torch to dyngrad:
+# `import dyngrad.nn.functional as F`, `from dyngrad.utils.data import DataLoader`,
+# `from dyngrad.optim.lr_scheduler import StepLR` (docs/python.md, "Ported PyTorch scripts").
+utils = _types.ModuleType(__name__ + ".utils", "torch.utils' counterparts: utils.data is dyngrad.data")
+utils.data = data
+for _alias, _module in (("nn.functional", functional), ("utils", utils), ("utils.data", data),
+                        ("optim.lr_scheduler", optim.lr_scheduler)):
+    _sys.modules[f"{__name__}.{_alias}"] = _module
+long = int64  # torch.long
 
 _NUMPY_DTYPES = {"float32": float32, "float64": float64, "int64": int64}
 half = float16

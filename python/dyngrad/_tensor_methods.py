@@ -55,6 +55,31 @@ def _requires_grad_(self, requires_grad=True):
     return self
 
 
+def _split(self, split_size_or_sections, dim=0):
+    """torch.Tensor.split: pieces of split_size along dim (the last one smaller), or of the sizes listed."""
+    length = self.shape[dim]
+    if isinstance(split_size_or_sections, int):
+        if split_size_or_sections <= 0:
+            raise _core.ValueError(f"split: split_size must be positive, got {split_size_or_sections}")
+        sizes = [min(split_size_or_sections, length - s) for s in range(0, length, split_size_or_sections)]
+    else:
+        sizes = [int(s) for s in split_size_or_sections]
+        if sum(sizes) != length:
+            raise _core.ValueError(f"split: sections {sizes} do not add up to dim {dim}'s size {length}")
+    pieces, start = [], 0
+    for size in sizes:
+        pieces.append(F.narrow(self, dim, start, size))
+        start += size
+    return tuple(pieces)
+
+
+def _chunk(self, chunks, dim=0):
+    """torch.Tensor.chunk: at most ``chunks`` pieces of ceil(size / chunks) along dim."""
+    if not isinstance(chunks, int) or chunks <= 0:
+        raise _core.ValueError(f"chunk: chunks must be a positive int, got {chunks!r}")
+    return _split(self, max(1, -(-self.shape[dim] // chunks)), dim)
+
+
 _FLOATING = (_core.float32, _core.float64, _core.bfloat16, _core.float16)
 
 
@@ -76,7 +101,7 @@ _METHODS = {
     "abs": F.abs, "sin": F.sin, "cos": F.cos, "clamp": F.clamp, "pow": F.pow,
     "softmax": F.softmax, "log_softmax": F.log_softmax,
     "matmul": F.matmul, "transpose": F.transpose, "permute": F.permute, "expand": F.expand, "narrow": F.narrow,
-    "flatten": _flatten, "unsqueeze": _unsqueeze, "squeeze": _squeeze,
+    "flatten": _flatten, "split": _split, "chunk": _chunk, "unsqueeze": _unsqueeze, "squeeze": _squeeze,
     "masked_fill": F.masked_fill, "gather": F.gather, "index_select": F.index_select,
     "cumsum": F.cumsum, "sort": F.sort, "argsort": F.argsort, "topk": F.topk, "multinomial": F.multinomial,
     "__array__": _array, "tolist": _tolist, "requires_grad_": _requires_grad_,

@@ -151,8 +151,12 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
     return _apply(_i("rms_norm"), inputs, {"shape": shape, "eps": eps})
 
 
-def dropout(x, p=0.5, training=True, seed=0):
-    return ops.dropout(x, scalar=p, training=training, seed=seed)
+def dropout(x, p=0.5, training=True, seed=None):
+    """As torch's F.dropout; the mask's seed is drawn from manual_seed's generator unless ``seed`` is given (a fixed
+    seed gives the same mask at every call)."""
+    if not training or p == 0.0:
+        return x
+    return ops.dropout(x, scalar=p, training=training, seed=_core._draw_seed() if seed is None else seed)
 
 
 def softmax(x, dim=-1):

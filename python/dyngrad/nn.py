@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numbers as _numbers
 import operator as _operator
+import types as _types
 from collections import OrderedDict
 
 from . import _core, functional as F
@@ -478,11 +479,16 @@ class Embedding(Module):
 
 
 class Dropout(Module):
-    """Counter-based masks (identical on CPU and GPU): call k of a layer seeded s uses seed s·1000003 + k."""
+    """Counter-based masks (identical on CPU and GPU): call k of a layer seeded s uses seed s·1000003 + k. The
+    seed is drawn from manual_seed's generator at construction unless given, so two layers (and two runs under
+    different manual_seed values) draw different masks, as torch's do."""
 
-    def __init__(self, p=0.5, seed=0):
+    def __init__(self, p=0.5, seed=None):
         super().__init__()
-        p, seed = _float("Dropout", "p", p), _int("Dropout", "seed", seed)  # a str seed would repeat the string
+        p = _float("Dropout", "p", p)
+        if seed is None:
+            seed = _core._draw_seed() % (1 << 40)  # s·1000003 + k stays below 2^63
+        seed = _int("Dropout", "seed", seed)  # a str seed would repeat the string
         if not 0.0 <= p < 1.0:
             raise _core.ValueError(f"Dropout: p={p} must be in [0, 1)")
         self.p, self.seed, self._calls = p, seed, 0
@@ -624,3 +630,8 @@ class MSELoss(Module):
 # The transformer layers are nn/transformer.h's C++ layers (dyngrad/transformer.py); imported last, they
 # subclass Module.
 from .transformer import GPT, MultiheadAttention, PositionalEmbedding, TransformerBlock  # noqa: E402
+
+
+# torch.nn.utils' gradient clipping (the same functions as dyngrad.optim's), for code that spells them
+# torch.nn.utils.clip_grad_norm_(...).
+utils = _types.SimpleNamespace(clip_grad_norm_=_core.clip_grad_norm_, clip_grad_value_=_core.clip_grad_value_)

@@ -134,6 +134,15 @@ class _OptimizerAPI:
                 if key in group and group[key] != live[key]:
                     live[key] = group[key]
 
+    def zero_grad(self, set_to_none: bool = True):
+        """Drops every gradient (torch's default, set_to_none=True); zero-filled gradients are not supported."""
+        if not set_to_none:
+            raise _core.ValueError(f"{self.name}.zero_grad(set_to_none=False): dyngrad drops gradients (the next "
+                                   "backward starts from zero); call zero_grad()")
+        for params in self._py_groups:
+            for p in params:
+                p.grad = None
+
     def add_param_group(self, param_group):
         raise _core.ValueError(f"{self.name}.add_param_group: dyngrad optimizers have fixed groups; pass every "
                                "group to the constructor")

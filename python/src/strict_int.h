@@ -6,6 +6,7 @@
 #include <nanobind/nanobind.h>
 
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 NAMESPACE_BEGIN(NB_NAMESPACE)
@@ -38,15 +39,29 @@ struct index_only_int_caster {
     NB_TYPE_CASTER(T, const_name("int"))
 
 private:
-    // An int (a bool too: Python's bool is an int) into T, out-of-range values refused.
-    NB_INLINE bool load(PyObject* o, uint8_t flags) noexcept {
+    // An int (a bool too: Python's bool is an int) into T, out-of-range values refused. Plain CPython calls, not
+    // nanobind's load_i64 & co., whose signatures differ between nanobind releases (the pinned 2.4.0 here, a newer
+    // one on the GPU machine).
+    NB_INLINE bool load(PyObject* o, uint8_t) noexcept {
         if constexpr (std::is_signed_v<T>) {
-            if constexpr (sizeof(T) == 8) return load_i64(o, flags, reinterpret_cast<int64_t*>(&value));
-            else return load_i32(o, flags, reinterpret_cast<int32_t*>(&value));
+            int overflow = 0;
+            const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+            if (v == -1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                return false;
+            }
+            if (overflow != 0 || v < std::numeric_limits<T>::min() || v > std::numeric_limits<T>::max()) return false;
+            value = static_cast<T>(v);
         } else {
-            if constexpr (sizeof(T) == 8) return load_u64(o, flags, reinterpret_cast<uint64_t*>(&value));
-            else return load_u32(o, flags, reinterpret_cast<uint32_t*>(&value));
+            const unsigned long long v = PyLong_AsUnsignedLongLong(o);  // OverflowError for a negative int
+            if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+                PyErr_Clear();
+                return false;
+            }
+            if (v > std::numeric_limits<T>::max()) return false;
+            value = static_cast<T>(v);
         }
+        return true;
     }
 };
 

@@ -120,7 +120,7 @@ def test_against_pytorch(torch, rng):
     a = rng.standard_normal((4, 11))
     x, t = dg.tensor(a, dtype=dg.float64), torch.tensor(a)
     np.testing.assert_allclose(dg.cumsum(x, 1).numpy(), torch.cumsum(t, 1).numpy(), rtol=1e-12)
-    np.testing.assert_array_equal(dg.argsort(x, 0, True).numpy(), torch.argsort(t, 0, True, stable=True).numpy())
+    np.testing.assert_array_equal(dg.argsort(x, 0, True).numpy(), torch.argsort(t, dim=0, descending=True, stable=True).numpy())
     ours, theirs = x.topk(3, dim=1, largest=False), t.topk(3, dim=1, largest=False)
     np.testing.assert_array_equal(ours.indices.numpy(), theirs.indices.numpy())
     np.testing.assert_allclose(ours.values.numpy(), theirs.values.numpy())
