@@ -68,10 +68,11 @@ def epoch(loader):
     return [{k: v.numpy().copy() for k, v in batch.items()} for batch in loader]
 
 
-def test_two_workers_give_the_batches_of_none_in_sampler_order():
+@pytest.mark.parametrize("context", [None, "spawn"])  # None: forkserver here (spawn where there is none)
+def test_two_workers_give_the_batches_of_none_in_sampler_order(context):
     dataset = Burner(22)
     reference = epoch(DataLoader(dataset, batch_size=3, shuffle=True, seed=5, num_workers=0))
-    loader = DataLoader(dataset, batch_size=3, shuffle=True, seed=5, num_workers=2)
+    loader = DataLoader(dataset, batch_size=3, shuffle=True, seed=5, num_workers=2, multiprocessing_context=context)
     batches = epoch(loader)
     assert len(batches) == len(reference) == 8
     for k, (got, want) in enumerate(zip(batches, reference)):
