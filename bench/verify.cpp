@@ -4,6 +4,8 @@
 //   f32_vs_f64   float32 CPU output and gradients vs float64                       (tolerance 1e-5)
 //   gpu_vs_cpu   float32 on cuda:0 vs the float64 CPU replay, timed on both sides  (tolerance 1e-5)
 //                only when a CUDA device is present
+//   second_order float64 second-order gradients (create_graph) vs central differences (tolerance 1e-6), and
+//   gpu_second_order  float32 ones on cuda:0 vs float64 on the CPU (1e-4): rows with a differentiable backward
 //   gpu_bf16     bfloat16 on cuda:0 (inputs rounded to bf16) vs float64 on the CPU from the same rounded inputs
 //   gpu_f16      the same in float16; tolerance reduced_precision_tolerance: 4 unit roundoffs of the dtype
 //                (bf16 2^-8, f16 2^-11) times the op's conditioning (graph/gradcheck.h); only with a device,
@@ -37,6 +39,9 @@ constexpr std::uint64_t kDefaultSeed = 1234;
 constexpr double kFiniteDiffTolerance = 1e-6;
 constexpr double kFloat32Tolerance = 1e-5;
 constexpr double kGpuTolerance = 1e-5;
+constexpr double kSecondOrderTolerance = 1e-6;
+// float32 second-order gradients: two backward passes of rounding, through compositions for the losses and norms
+constexpr double kGpuSecondOrderTolerance = 1e-4;
 
 const char* const kUsage =
     "usage: dyngrad-verify [--op NAME[,NAME...]]... [--dtype all|f32|bf16|f16] [--json FILE] [--seed N] [--list]\n"
@@ -46,10 +51,13 @@ const char* const kUsage =
     "  finite_diff  float64 gradients vs central differences (CPU), tolerance 1e-6\n"
     "  f32_vs_f64   float32 output and gradients vs float64 (CPU), tolerance 1e-5\n"
     "  gpu_vs_cpu   float32 on cuda:0 vs the float64 CPU replay, tolerance 1e-5 (with a CUDA device)\n"
+    "  second_order float64 second-order gradients (create_graph) vs central differences, tolerance 1e-6;\n"
+    "               gpu_second_order: float32 ones on cuda:0 vs float64 on the CPU, tolerance 1e-4 (ops with a\n"
+    "               differentiable backward, docs/ops.md)\n"
     "  gpu_bf16     bfloat16 on cuda:0 vs float64 on the CPU from the same rounded inputs, tolerance 4 x 2^-8\n"
     "  gpu_f16      float16 likewise, tolerance 4 x 2^-11 (both with a CUDA device; skipped, and said so, without)\n"
     "\n"
-    "  --dtype D    only the checks of one dtype: f32 (finite_diff, f32_vs_f64, gpu_vs_cpu), bf16 or f16\n"
+    "  --dtype D    only the checks of one dtype: f32 (finite_diff, f32_vs_f64, gpu_vs_cpu, the second order), bf16 or f16\n"
     "               (default all)\n"
     "  --op NAME    only these ops (repeatable or comma-separated; --list shows the names)\n"
     "  --json FILE  also write every result and the summary to FILE as JSON\n"
@@ -153,6 +161,16 @@ std::vector<Row> run_checks(const OpDef& def, const OpCase& op_case, std::uint64
         if (gpu) {
             Generator gpu_gen = generator_for(seed, def, op_case, "gpu_vs_cpu");
             rows.push_back({gpu_vs_cpu_check(def, op_case, gpu_gen, kGpuTolerance), true});
+        }
+        if (def.differentiable_backward != nullptr) {  // second order: rows with a differentiable backward
+            Generator second_gen = generator_for(seed, def, op_case, "second_order");
+            rows.push_back({higher_order_check(def, op_case, second_gen, 2, kSecondOrderTolerance), false});
+            if (gpu) {
+                Generator gpu_second_gen = generator_for(seed, def, op_case, "gpu_second_order");
+                rows.push_back({gpu_second_order_check(def, op_case, gpu_second_gen, kGpuSecondOrderTolerance,
+                                                       Device::cuda(0)),
+                                false});
+            }
         }
     }
     if (!gpu) return rows;  // the reduced-precision columns are GPU columns (the header says they are skipped)

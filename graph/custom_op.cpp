@@ -37,6 +37,7 @@ CustomOp CustomOp::define(const CustomOpSpec& spec) {
     Registered& r = ops.back();
     r.def = OpDef{OpType::Custom, r.name.c_str(), spec.arity, spec.infer, spec.cpu, spec.cuda,
                   spec.cases ? spec.cases : +[]() { return std::vector<OpCase>{}; }};
+    r.def.differentiable_backward = spec.differentiable_backward;
     return CustomOp(static_cast<std::uint32_t>(ops.size() - 1));
 }
 

@@ -23,6 +23,9 @@ struct CustomOpSpec {
     BackendKernels cpu{};   // required
     BackendKernels cuda{};  // optional: without it the op runs on CPU tensors only
     std::vector<OpCase> (*cases)() = nullptr;  // optional, for gradient checks of the op
+    // optional: the backward written with op functions over Var (graph/higher_order.h), for create_graph; without
+    // it the op is first-order only (create_graph through it throws HigherOrderError naming it)
+    DiffBackwardFn differentiable_backward = nullptr;
 };
 
 class CustomOp {

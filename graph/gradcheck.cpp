@@ -5,6 +5,7 @@
 
 #include "dyngrad/graph/custom_op.h"
 #include "dyngrad/graph/graph.h"
+#include "dyngrad/graph/higher_order.h"
 
 namespace dyngrad {
 
@@ -239,6 +240,138 @@ CheckResult float32_check(const OpDef& def, const OpCase& c, Generator& gen, dou
         compare_into(r, "output", single.output, reference.output);
         for (std::size_t i = 0; i < inputs32.size(); ++i)
             if (reference.grads[i].defined()) compare_into(r, str("d input", i), single.grads[i], reference.grads[i]);
+    });
+}
+
+namespace {
+
+// One evaluation of a higher-order check: F (the directional derivative of order - 1), and when `gradients`, the
+// engine's gradient of F for each checked input and for w (zeros where F does not depend on it: its derivative in w
+// is J·v, which checks a linear op's differentiable backward as a function of its output gradient), and the
+// first-order gradient of <y, w> that the create_graph sweep computed (its values, checked against finite
+// differences: an op whose gradient does not depend on its inputs has a second derivative of 0 in them).
+struct DirectionalRun {
+    double value = 0;
+    std::vector<Tensor> grads;  // one per checked input, then w's
+    std::vector<Tensor> first;  // one per checked input
+};
+DirectionalRun directional_run(const OpDef& def, const OpCase& c, const std::vector<Tensor>& inputs,
+                               const Tensor& weights, const std::vector<std::vector<Tensor>>& directions,
+                               bool gradients) {
+    ComputeGraph graph;
+    std::vector<Var> vars, checked;
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+        vars.push_back(graph.input(inputs[i], str("input", i), gradient_checked(c, i, inputs[i])));
+        if (vars.back().requires_grad()) checked.push_back(vars.back());
+    }
+    OpAttrs attrs = c.attrs;
+    if (def.op == OpType::Custom) attrs.custom_id = custom_op_id(def);
+    const auto here = std::source_location::current();
+    const Var y = graph.record(def.op, vars, attrs, here);
+    const Var w = graph.input(weights, "w", true);
+    // F_1 = <y, w>; F_{k+1} = Σ_i <∂F_k/∂x_i, v_k,i>, each gradient recorded (create_graph).
+    Var f = graph.record(OpType::Sum, {graph.record(OpType::Mul, {y, w}, {}, here)}, {}, here);
+    DirectionalRun run;
+    for (std::size_t k = 0; k < directions.size(); ++k) {
+        const std::vector<Var> g =
+            grad(std::span<const Var>(&f, 1), checked, {}, {.create_graph = true, .allow_unused = true});
+        if (k == 0 && gradients)
+            for (std::size_t i = 0; i < checked.size(); ++i)
+                run.first.push_back(g[i].defined() ? g[i].value() : Tensor::zeros(checked[i].shape(), checked[i].dtype(),
+                                                                                  checked[i].device()));
+        Var next;
+        for (std::size_t i = 0; i < g.size(); ++i) {
+            if (!g[i].defined()) continue;
+            const Var term = graph.record(
+                OpType::Sum, {graph.record(OpType::Mul, {g[i], graph.constant(directions[k][i])}, {}, here)}, {}, here);
+            next = next.defined() ? graph.record(OpType::Add, {next, term}, {}, here) : term;
+        }
+        if (!next.defined()) next = graph.constant(Tensor::zeros({}, y.dtype(), y.device()));
+        f = next;
+    }
+    run.value = f.item();
+    if (!gradients) return run;
+    std::vector<Var> wrt = checked;
+    wrt.push_back(w);
+    std::vector<Var> g;
+    if (f.requires_grad()) g = grad(std::span<const Var>(&f, 1), wrt, {}, {.allow_unused = true});
+    for (std::size_t i = 0; i < wrt.size(); ++i)
+        run.grads.push_back(i < g.size() && g[i].defined()
+                                ? g[i].value()
+                                : Tensor::zeros(wrt[i].shape(), wrt[i].dtype(), wrt[i].device()));
+    return run;
+}
+
+}  // namespace
+
+CheckResult higher_order_check(const OpDef& def, const OpCase& c, Generator& gen, int order, double tolerance) {
+    const char* name = order == 2 ? "second_order" : order == 3 ? "third_order" : nullptr;
+    const std::string check = name ? name : str("order_", order);
+    CheckResult r = start_result(def, c, check.c_str(), tolerance);
+    r.check = check;
+    return run_check(std::move(r), [&](CheckResult& r) {
+        if (order < 2) throw ValueError(str("higher_order_check: order ", order, " (the first order is finite_diff)"));
+        std::vector<Tensor> inputs = make_case_inputs(c, DType::f64, gen);
+        const Tensor probe = run_op(def, c, inputs, Tensor()).output;
+        Tensor weights = Tensor::normal(probe.shape(), 0.0, 1.0, gen, DType::f64);
+        std::vector<std::size_t> checked;
+        for (std::size_t i = 0; i < inputs.size(); ++i)
+            if (gradient_checked(c, i, inputs[i])) checked.push_back(i);
+        std::vector<std::vector<Tensor>> directions(static_cast<std::size_t>(order - 1));
+        for (auto& v : directions)
+            for (std::size_t i : checked) v.push_back(Tensor::normal(inputs[i].shape(), 0.0, 1.0, gen, DType::f64));
+        const DirectionalRun analytic = directional_run(def, c, inputs, weights, directions, true);
+        // Central differences of F in every checked input and in w. F is itself a derivative: a larger step than
+        // finite_diff's keeps the rounding of F (relative 1e-16 / step) down.
+        constexpr double kStep = 1e-5;
+        const auto differentiate = [&](Tensor& t, const auto& evaluate) {
+            Tensor numeric = Tensor::zeros(t.shape(), DType::f64);
+            double* x = t.data<double>();
+            for (std::int64_t e = 0; e < t.numel(); ++e) {
+                const double saved = x[e];
+                x[e] = saved + kStep;
+                const double plus = evaluate();
+                x[e] = saved - kStep;
+                const double minus = evaluate();
+                x[e] = saved;
+                numeric.data<double>()[e] = (plus - minus) / (2 * kStep);
+            }
+            return numeric;
+        };
+        const auto f_value = [&] { return directional_run(def, c, inputs, weights, directions, false).value; };
+        const auto first_value = [&] { return weighted_sum(run_op(def, c, inputs, Tensor()).output, weights); };
+        for (std::size_t k = 0; k < checked.size(); ++k) {
+            compare_into(r, str("d", order, " input", checked[k]), analytic.grads[k],
+                         differentiate(inputs[checked[k]], f_value));
+            compare_into(r, str("create_graph d1 input", checked[k]), analytic.first[k],
+                         differentiate(inputs[checked[k]], first_value));
+        }
+        compare_into(r, str("d", order, " output weights"), analytic.grads[checked.size()], differentiate(weights, f_value));
+    });
+}
+
+CheckResult gpu_second_order_check(const OpDef& def, const OpCase& c, Generator& gen, double tolerance, Device device) {
+    return run_check(start_result(def, c, "gpu_second_order", tolerance), [&](CheckResult& r) {
+        // Inputs, weights and direction rounded through float32, so both runs see identical values.
+        const auto round = [](const Tensor& t) { return is_floating(t.dtype()) ? t.to(DType::f32).to(DType::f64) : t; };
+        std::vector<Tensor> reference;
+        for (const Tensor& t : make_case_inputs(c, DType::f64, gen)) reference.push_back(round(t));
+        const Tensor probe = run_op(def, c, reference, Tensor()).output;
+        const Tensor weights = round(Tensor::normal(probe.shape(), 0.0, 1.0, gen, DType::f64));
+        std::vector<std::vector<Tensor>> directions(1);
+        for (std::size_t i = 0; i < reference.size(); ++i)
+            if (gradient_checked(c, i, reference[i]))
+                directions[0].push_back(round(Tensor::normal(reference[i].shape(), 0.0, 1.0, gen, DType::f64)));
+        const DirectionalRun exact = directional_run(def, c, reference, weights, directions, true);
+        const auto on_device = [&](const Tensor& t) { return (is_floating(t.dtype()) ? t.to(DType::f32) : t).to(device); };
+        std::vector<Tensor> inputs;
+        for (const Tensor& t : reference) inputs.push_back(on_device(t));
+        std::vector<std::vector<Tensor>> device_directions(1);
+        for (const Tensor& t : directions[0]) device_directions[0].push_back(on_device(t));
+        const DirectionalRun single = directional_run(def, c, inputs, on_device(weights), device_directions, true);
+        for (std::size_t k = 0; k < exact.grads.size(); ++k)
+            compare_into(r, k + 1 < exact.grads.size() ? str("d2 checked input ", k) : std::string("d2 output weights"),
+                         single.grads[k].to(Device::cpu()).to(DType::f64), exact.grads[k]);
     });
 }
 

@@ -54,6 +54,18 @@ CheckResult finite_difference_check(const OpDef& def, const OpCase& op_case, Gen
                                     double tolerance = 1e-6);
 CheckResult float32_check(const OpDef& def, const OpCase& op_case, Generator& gen, double tolerance = 1e-5);
 
+// higher_order_check (gradgradcheck and beyond), float64 on the CPU: for order k >= 2, the directional derivative
+// F = <∇(…<∇<y, w>, v1>…), v_{k-2}> built with create_graph (graph/higher_order.h) for random w, v, differentiated
+// once more by the engine (the k-th order gradient) and by central differences of F. Check "second_order",
+// "third_order" or "order_<k>". Every float input whose domain is checked (gradient_checked) is differentiated.
+CheckResult higher_order_check(const OpDef& def, const OpCase& op_case, Generator& gen, int order,
+                               double tolerance = 1e-5);
+// gpu_second_order: the engine's second-order gradient (of F = <∇<y, w>, v>) of the float32 graph on `device`
+// against the float64 CPU one from the same inputs, w and v (rounded through float32): the device's kernels run the
+// recorded backward's ops. Meant for a CUDA device (dyngrad-verify's gpu_second_order column).
+CheckResult gpu_second_order_check(const OpDef& def, const OpCase& op_case, Generator& gen, double tolerance,
+                                   Device device);
+
 // The unit roundoff of a floating dtype, 2^-(mantissa bits + 1): bf16 2^-8, f16 2^-11, f32 2^-24, f64 2^-53.
 double unit_roundoff(DType dtype);
 // The tolerance of the reduced-precision checks: a few unit roundoffs of `dtype` (the output rounded once, the

@@ -17,6 +17,7 @@
 #include "dyngrad/graph/eager.h"
 #include "dyngrad/graph/fusion_check.h"
 #include "dyngrad/graph/backend.h"
+#include "dyngrad/graph/higher_order.h"
 #include "dyngrad/graph/profiling.h"
 #include "dyngrad/graph/through_f32.h"
 
@@ -32,7 +33,6 @@ struct GraphAnchor {
     GraphAnchor* next_free = nullptr;
 };
 }  // namespace detail
-
 namespace {
 thread_local bool tls_grad_enabled = true;
 
@@ -547,6 +547,7 @@ void ComputeGraph::backward(const Var& output, const Tensor& grad_output, const 
 }
 
 void ComputeGraph::run_backward(NodeId root, Tensor seed, const BackwardOptions& options) {
+    if (options.create_graph) return detail::HigherOrder::backward(*this, root, seed, options);  // higher_order.cpp
     if (saved_released_)
         throw GraphError(str("backward from ", describe_node(root), ": this graph was already back-propagated and ",
                              "its saved tensors were released; pass BackwardOptions{.retain_graph = true} to the ",
@@ -554,7 +555,6 @@ void ComputeGraph::run_backward(NodeId root, Tensor seed, const BackwardOptions&
     if (!nodes_[root]->requires_grad)
         throw GraphError(str("backward: ", describe_node(root), " does not require grad (no input or parameter ",
                              "that requires grad reaches it)"));
-
     // Mark what the sweep must visit: nodes reachable from the root that require grad.
     std::vector<char> needed(root + 1, 0);
     needed[root] = 1;

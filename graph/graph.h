@@ -25,6 +25,7 @@ class ComputeGraph;
 using NodeId = std::uint32_t;
 namespace detail {
 struct GraphAnchor;  // a graph's liveness record; outlives the graph (graph.cpp)
+struct HigherOrder;  // the create_graph sweep (graph/higher_order.cpp)
 }
 
 // A tensor that outlives graphs (a model weight). Its gradient accumulates over backward calls
@@ -89,6 +90,7 @@ struct ComputeNode {
     OpAttrs attrs;
     Tensor value;
     Tensor grad;                 // filled by backward; on a leaf, the sum over this graph's backward passes
+    NodeId grad_node = 0;        // a leaf after a create_graph backward: the node holding `grad` (0: none)
     std::vector<Tensor> saved;   // extras saved by the forward for the backward
     // Storage versions of `value` and of each saved extra when recorded (empty when nothing is saved).
     std::uint32_t value_version = 0;
@@ -122,6 +124,9 @@ public:
     // over this graph's backward passes (a retained graph run twice gives twice the gradient), as PyTorch's
     // .grad of a leaf; a Parameter's own grad() sums over every graph until zero_grad().
     const Tensor& grad() const;
+    // After backward(..., {.create_graph = true}): the gradient as a recorded Var of this graph, differentiable
+    // again (graph/higher_order.h); GraphError when no create_graph backward reached this leaf.
+    Var grad_var() const;
     const Shape& shape() const { return value().shape(); }
     DType dtype() const { return value().dtype(); }
     Device device() const { return value().device(); }
@@ -161,6 +166,11 @@ struct BackwardOptions {
     // (dist/ddp.h). Empty (the default): the sweep pays one test per parameter leaf. An exception thrown by
     // the callback ends the backward like an op's error (leaf gradients are restored).
     std::function<void(const Parameter&)> on_parameter_ready = {};
+    // Record the backward as ops of this graph (graph/higher_order.h): each node's differentiable backward runs
+    // instead of its kernels, and a leaf's gradient is also a Var (Var::grad_var) that can be differentiated
+    // again. Implies keeping the saved tensors (the gradient's nodes read them); ignores free_values. A node whose
+    // op is first-order only throws HigherOrderError.
+    bool create_graph = false;
 };
 
 // Threads: a graph is used by one thread at a time (recording, backward, clear, reading its Vars);
@@ -202,6 +212,7 @@ public:
 
 private:
     friend class Var;
+    friend struct detail::HigherOrder;
     // Held by every call that reads or changes the nodes: takes the graph for this thread (nested calls on
     // the same thread pass), throws GraphError when another thread holds it.
     class Use;

@@ -18,6 +18,11 @@
 
 namespace dyngrad {
 
+// The differentiable backward of an op (graph/higher_order.h): its arguments and result are Vars.
+struct DiffBackwardArgs;
+class Var;
+using DiffBackwardFn = std::vector<Var> (*)(const DiffBackwardArgs& args);
+
 // The cell of a recurrent layer (ops/rnn.h), as in cuDNN's cudnnRNNMode_t.
 enum class RnnMode : std::uint8_t { Lstm, Gru, RnnTanh, RnnRelu };
 
@@ -161,6 +166,10 @@ struct OpDef {
     // Bit i set: the forward updates input i in place (batch_norm's running statistics). Through f32
     // (graph/through_f32.h) the engine writes such an input's f32 copy back into it, rounded.
     std::uint32_t updates_inputs = 0;
+    // The backward written with recorded, differentiable ops (graph/higher_order.h), used by backward and grad
+    // with create_graph so that gradients can be differentiated again. nullptr: first-order only (create_graph
+    // through such a node throws HigherOrderError naming it). Last on purpose: rows set it as a trailing element.
+    DiffBackwardFn differentiable_backward = nullptr;
 };
 
 // Whether `def` takes `count` inputs, and how many it takes in words ("2", "2 to 3", "1 or more").

@@ -12,6 +12,11 @@
 
 #include "dyngrad/ops/attention_geometry.h"
 #include "dyngrad/ops/cpu_parallel.h"
+#include "dyngrad/ops/differentiable_backward.h"
+#include "dyngrad/ops/elementwise.h"
+#include "dyngrad/ops/indexing.h"
+#include "dyngrad/ops/layout.h"
+#include "dyngrad/ops/linalg.h"
 #include "dyngrad/ops/dropout_mask.h"
 #include "dyngrad/ops/kernels.h"
 
@@ -334,5 +339,59 @@ std::vector<Tensor> scaled_dot_product_attention_backward(const BackwardArgs& ar
 }
 
 }  // namespace cpu
+
+// ---- Differentiable backward (graph/higher_order.h): attention through its math composition ----
+
+namespace {
+
+// q (B,H,T,D), k, v (B,H,S,D)[, mask]: softmax(q·kᵀ·scale, masked) (∘ dropout factors) · v in primitive ops, on
+// (B·H, ·, ·) slices. Which keys take part (causal, mask) and the dropout factors are constants (the same
+// counter-based masks as the kernels, dropout_factors); a query with no key gets zeros, as the kernels give.
+Var attention_composition(std::span<const Var> in, const OpAttrs& attrs) {
+    std::vector<Tensor> values;
+    for (const Var& v : in) values.push_back(v.value());
+    const AttentionGeometry g = attention_geometry(values, attrs);
+    const std::int64_t bh = g.slices(), T = g.queries, S = g.keys, D = g.head_dim;
+    const std::vector<double> mask = g.has_mask ? values[3].to(Device::cpu()).to_vector() : std::vector<double>();
+    std::vector<double> dropped(static_cast<std::size_t>(bh * T * S), 0.0), factor(dropped.size(), 1.0);
+    for (std::int64_t slice = 0; slice < bh; ++slice) {
+        const std::int64_t b = slice / g.heads, h = slice % g.heads;
+        const cpu::MatrixRM<double> keep_factors =
+            g.dropout_p > 0 ? cpu::dropout_factors<double>(g, slice) : cpu::MatrixRM<double>::Ones(T, S);
+        for (std::int64_t t = 0; t < T; ++t) {
+            bool any = false;
+            for (std::int64_t s = 0; s < S; ++s) {
+                bool takes_part = !(g.causal && s > t);
+                if (g.has_mask)
+                    takes_part = takes_part && mask[static_cast<std::size_t>(b * g.mask_stride[0] + h * g.mask_stride[1] +
+                                                                            t * g.mask_stride[2] + s * g.mask_stride[3])] != 0.0;
+                const auto i = static_cast<std::size_t>((slice * T + t) * S + s);
+                dropped[i] = takes_part ? 0.0 : 1.0;
+                factor[i] = keep_factors(t, s);
+                any = any || takes_part;
+            }
+            if (!any)  // softmax over a row of −inf would be NaN: keep the row, zero its probabilities
+                for (std::int64_t s = 0; s < S; ++s) {
+                    const auto i = static_cast<std::size_t>((slice * T + t) * S + s);
+                    dropped[i] = 0.0;
+                    factor[i] = 0.0;
+                }
+        }
+    }
+    const Var& q = in[0];
+    const auto constant = [&](const std::vector<double>& v) {
+        return q.graph().constant(Tensor::from_vector(v, {bh, T, S}, q.dtype(), q.device()));
+    };
+    const Var scores = mul_scalar(matmul(reshape(q, {bh, T, D}), transpose(reshape(in[1], {bh, S, D}))), g.scale);
+    const Var p = mul(softmax(masked_fill(scores, constant(dropped), -std::numeric_limits<double>::infinity()), -1),
+                      constant(factor));
+    return reshape(matmul(p, reshape(in[2], {bh, S, D})), {g.batch, g.heads, T, D});
+}
+
+}  // namespace
+
+std::vector<Var> attention_differentiable_backward(const DiffBackwardArgs& args) {
+    return differentiate_composition(args, [&](std::span<const Var> in) { return attention_composition(in, args.attrs); });
+}
 
 }  // namespace dyngrad

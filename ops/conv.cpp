@@ -17,6 +17,10 @@
 
 #include "dyngrad/core/checked.h"
 #include "dyngrad/ops/cpu_parallel.h"
+#include "dyngrad/ops/differentiable_backward.h"
+#include "dyngrad/ops/elementwise.h"
+#include "dyngrad/ops/layout.h"
+#include "dyngrad/ops/linalg.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
 
@@ -79,6 +83,35 @@ ConvDims conv_dims(const Tensor& x, const Tensor& weight, const OpAttrs& attrs, 
 }
 
 }  // namespace
+
+// ---- Differentiable backward (graph/higher_order.h): conv2d as a composition ----
+
+namespace {
+
+// x (N,C,H,W), w (K,C/G,R,S)[, b (K)] -> y (N,K,P,Q): the windows of x (zeros in the padding) as columns
+// (G, N·P·Q, C/G·R·S), one batched matmul with w as (G, C/G·R·S, K/G), then the bias and the fused ReLU.
+Var conv2d_composition(std::span<const Var> in, const OpAttrs& a) {
+    const Var& x = in[0];
+    const Var& w = in[1];
+    const std::int64_t n = x.shape()[0], c = x.shape()[1];
+    const std::int64_t k = w.shape()[0], cg = w.shape()[1], r = w.shape()[2], s = w.shape()[3];
+    const std::int64_t groups = a.groups;
+    std::vector<double> inside;
+    Var cols = sliding_windows(x, {r, s}, a.stride, a.padding, a.dilation, inside);  // (N,C,P,Q,R·S)
+    const std::int64_t p = cols.shape()[2], q = cols.shape()[3];
+    cols = mul(cols, x.graph().constant(Tensor::from_vector(inside, {p, q, r * s}, x.dtype(), x.device())));
+    cols = permute(reshape(permute(cols, {0, 2, 3, 1, 4}), {n * p * q, groups, (c / groups) * r * s}), {1, 0, 2});
+    const Var weights = transpose(reshape(w, {groups, k / groups, cg * r * s}), -2, -1);  // (G, C/G·R·S, K/G)
+    Var y = permute(reshape(permute(matmul(cols, weights), {1, 0, 2}), {n, p, q, k}), {0, 3, 1, 2});
+    if (in.size() >= 3 && in[2].defined()) y = y + reshape(in[2], {1, k, 1, 1});
+    return a.activation == Activation::Relu ? relu(y) : y;
+}
+
+}  // namespace
+
+std::vector<Var> conv2d_differentiable_backward(const DiffBackwardArgs& args) {
+    return differentiate_composition(args, [&](std::span<const Var> in) { return conv2d_composition(in, args.attrs); });
+}
 
 // ---- shape rule ----
 namespace infer {

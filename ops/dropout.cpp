@@ -7,6 +7,7 @@
 #include <Eigen/Core>
 #include <vector>
 
+#include "dyngrad/ops/differentiable_backward.h"
 #include "dyngrad/ops/dropout_mask.h"
 #include "dyngrad/ops/kernels.h"
 
@@ -174,6 +175,22 @@ std::vector<Tensor> dropout_backward(const BackwardArgs& args) {
     std::vector<Tensor> forward_inputs(args.inputs.begin(), args.inputs.end());
     forward_inputs[0] = dy;
     grads[0] = backend_forward(OpType::Dropout, forward_inputs, args.attrs, {dy.shape(), dy.dtype()});
+    return grads;
+}
+
+// The differentiable backward: the same mask (recomputed from the node's seed) applied to dy, as a recorded
+// dropout node — linear in dy, so its own backward is the same mask again, to any order.
+std::vector<Var> dropout_differentiable_backward(const DiffBackwardArgs& args) {
+    std::vector<Var> grads(args.inputs.size());  // none for the seed
+    if (!args.needs_grad[0]) return grads;
+    const Var& g = args.grad_output;
+    if (math::dropout_is_identity(args.attrs.training, args.attrs.scalar)) {
+        grads[0] = g;
+        return grads;
+    }
+    std::vector<Var> inputs(args.inputs.begin(), args.inputs.end());
+    inputs[0] = g;
+    grads[0] = g.graph().record(OpType::Dropout, inputs, args.attrs, std::source_location::current());
     return grads;
 }
 

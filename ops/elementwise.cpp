@@ -6,10 +6,12 @@
 
 #include <Eigen/Core>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <string_view>
 
 #include "dyngrad/ops/cpu_parallel.h"
+#include "dyngrad/ops/differentiable_backward.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/reduce.h"
@@ -418,6 +420,115 @@ std::vector<Tensor> cast_backward(const BackwardArgs& args) {
     std::vector<Tensor> grads(1);
     if (args.needs_grad[0]) grads[0] = args.grad_output.to(args.inputs[0].dtype());
     return grads;
+}
+
+// ---- Differentiable backwards (graph/higher_order.h): the derivatives above, written with recorded ops ----
+
+namespace {
+
+// dy · f'(x) for a unary op, f' built from x and the output y as Vars; the kinks' masks are constants.
+Var unary_derivative(const DiffBackwardArgs& args) {
+    const Var& x = args.inputs[0];
+    const Var& y = args.output;
+    const Tensor& xv = x.value();
+    const double s = args.attrs.scalar;
+    const auto mask = [&](const Tensor& m) { return constant_of(x, m); };
+    switch (args.op) {
+        case OpType::Exp: return y;
+        case OpType::Log: return pow(x, -1.0);
+        case OpType::Sqrt: return pow(mul_scalar(y, 2.0), -1.0);
+        case OpType::PowScalar: return mul_scalar(pow(x, s - 1.0), s);
+        case OpType::Abs: return mask((xv > 0.0) - (xv < 0.0));
+        case OpType::Sin: return cos(x);
+        case OpType::Cos: return neg(sin(x));
+        case OpType::Clamp: {
+            const double inf = std::numeric_limits<double>::infinity();
+            return mask((xv > args.attrs.clamp_min.value_or(-inf)) * (xv < args.attrs.clamp_max.value_or(inf)));
+        }
+        case OpType::Relu: return mask(xv > 0.0);
+        case OpType::LeakyRelu: return mask((xv > 0.0) + (xv <= 0.0) * s);
+        case OpType::Elu:  // alpha·e^x below 0 (e^min(x, 0): no overflow on the side the mask drops), 1 above
+            return mul(mask(xv <= 0.0), mul_scalar(exp(clamp(x, std::nullopt, 0.0)), s)) + mask(xv > 0.0);
+        case OpType::ClippedRelu: return mask((xv > 0.0) * (xv < s));
+        case OpType::Sigmoid: return mul(y, sigmoid(neg(x)));  // σ(x)·σ(-x), not y·(1 - y)
+        case OpType::Tanh: return add_scalar(neg(mul(y, y)), 1.0);
+        case OpType::Softplus: return sigmoid(x);
+        case OpType::Silu: return sigmoid(x) + mul(x, mul(sigmoid(x), sigmoid(neg(x))));
+        case OpType::LogSigmoid: return sigmoid(neg(x));
+        case OpType::Gelu: {
+            if (args.attrs.gelu_approximation == GeluApproximation::Tanh) {  // σ(2u) + x·2σ(2u)σ(-2u)·du/dx
+                const double c = 0.79788456080286535588;
+                const Var two_u = mul_scalar(x + mul_scalar(pow(x, 3.0), 0.044715), 2 * c);
+                const Var du_dx = add_scalar(mul_scalar(mul(x, x), c * 3 * 0.044715), c);
+                return sigmoid(two_u) + mul(mul_scalar(mul(x, sigmoid(two_u)), 2.0), mul(sigmoid(neg(two_u)), du_dx));
+            }
+            // Φ(x) + x·φ(x). Φ has no op of its own: Φ(x) = gelu(x)/x, exact to rounding (a quotient, nothing
+            // cancels) everywhere but x = 0 exactly, where the mask puts Φ(0) = 1/2.
+            const Tensor zero = (xv == 0.0);
+            const Var phi_cdf = div(gelu(x), x + mask(zero)) + mask(zero * 0.5);
+            const Var phi = mul_scalar(exp(mul_scalar(mul(x, x), -0.5)), 0.39894228040143267794);
+            return phi_cdf + mul(x, phi);
+        }
+        default: break;
+    }
+    throw GraphError(str("differentiable backward: ", op_def(args.op).name, " is not a unary op"));
+}
+
+}  // namespace
+
+std::vector<Var> unary_differentiable_backward(const DiffBackwardArgs& args) {
+    if (!args.needs_grad[0]) return {Var()};
+    const Var& g = args.grad_output;
+    switch (args.op) {
+        case OpType::Neg: return {neg(g)};
+        case OpType::AddScalar: return {g};
+        case OpType::MulScalar: return {mul_scalar(g, args.attrs.scalar)};
+        case OpType::Cast: return {to_dtype(g, args.inputs[0].dtype())};
+        default: return {mul(g, unary_derivative(args))};
+    }
+}
+
+// da, db in the output's (broadcast) shape; the engine sums them back with recorded ops.
+std::vector<Var> binary_differentiable_backward(const DiffBackwardArgs& args) {
+    const Var& a = args.inputs[0];
+    const Var& b = args.inputs[1];
+    const Var& g = args.grad_output;
+    std::vector<Var> grads(2);
+    const auto want = [&](std::size_t i, auto make) {
+        if (args.needs_grad[i]) grads[i] = make();
+    };
+    switch (args.op) {
+        case OpType::Add: want(0, [&] { return g; }); want(1, [&] { return g; }); break;
+        case OpType::Sub: want(0, [&] { return g; }); want(1, [&] { return neg(g); }); break;
+        case OpType::Mul: want(0, [&] { return mul(g, b); }); want(1, [&] { return mul(g, a); }); break;
+        case OpType::Div:
+            want(0, [&] { return div(g, b); });
+            want(1, [&] { return neg(div(mul(g, a), mul(b, b))); });
+            break;
+        case OpType::Maximum:
+        case OpType::Minimum: {  // the kernels' tie rule: half each
+            const Tensor& av = a.value();
+            const Tensor& bv = b.value();
+            const Tensor a_wins = args.op == OpType::Maximum ? (av > bv) : (av < bv);
+            const Tensor b_wins = args.op == OpType::Maximum ? (av < bv) : (av > bv);
+            const Tensor tie = (av == bv) * 0.5;
+            want(0, [&] { return mul(g, constant_of(a, a_wins + tie)); });
+            want(1, [&] { return mul(g, constant_of(b, b_wins + tie)); });
+            break;
+        }
+        default: throw GraphError(str("differentiable backward: ", op_def(args.op).name, " is not a binary op"));
+    }
+    return grads;
+}
+
+// softmax: dx = y·(dy − Σ dy·y);  log_softmax: dx = dy − e^y·Σ dy  (sums along the axis)
+std::vector<Var> softmax_differentiable_backward(const DiffBackwardArgs& args) {
+    if (!args.needs_grad[0]) return {Var()};
+    const Var& y = args.output;
+    const Var& g = args.grad_output;
+    const std::vector<std::int64_t> axis{args.attrs.axis};
+    if (args.op == OpType::Softmax) return {mul(y, g - sum(mul(g, y), axis, true))};
+    return {g - mul(exp(y), sum(g, axis, true))};
 }
 
 // ---- CPU kernels ----

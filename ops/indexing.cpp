@@ -6,6 +6,9 @@
 
 #include "dyngrad/core/checked.h"
 #include "dyngrad/graph/eager.h"
+#include "dyngrad/ops/differentiable_backward.h"
+#include "dyngrad/ops/elementwise.h"
+#include "dyngrad/ops/layout.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/select_gradients.h"
 
@@ -208,6 +211,89 @@ IndexedWalk indexed_walk(const Shape& indexed, const Shape& index, int axis) {
     walk.axis_stride = strides[axis];
     walk.axis_size = indexed[axis];
     return walk;
+}
+
+// ---- Differentiable backwards (graph/higher_order.h): the index inputs are constants (no gradient) ----
+
+namespace {
+
+Var zeros_of(const Var& x) { return constant_of(x, Tensor::zeros(x.shape(), x.dtype(), x.device())); }
+
+}  // namespace
+
+// weight (V, D), indices (...): dweight = dy's rows scattered into the indexed rows; padding_idx's rows get none
+std::vector<Var> embedding_differentiable_backward(const DiffBackwardArgs& args) {
+    const Var& weight = args.inputs[0];
+    std::vector<Var> grads(2);
+    if (!args.needs_grad[0]) return grads;
+    const Tensor& indices = args.inputs[1].value();
+    const std::int64_t n = indices.numel();
+    const std::int64_t d = weight.shape()[1];
+    const std::vector<double> rows = indices.to(Device::cpu()).to_vector();
+    std::vector<std::int64_t> index(static_cast<std::size_t>(n * d));
+    std::vector<double> keep(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) {
+        const auto row = static_cast<std::int64_t>(rows[static_cast<std::size_t>(i)]);
+        for (std::int64_t j = 0; j < d; ++j) index[static_cast<std::size_t>(i * d + j)] = row;
+        keep[static_cast<std::size_t>(i)] = row == args.attrs.padding_idx ? 0.0 : 1.0;
+    }
+    Var g = reshape(args.grad_output, {n, d});
+    if (args.attrs.padding_idx >= 0)
+        g = mul(g, constant_of(weight, Tensor::from_vector(keep, {n, 1}, weight.dtype(), weight.device())));
+    const Var at = constant_of(weight, Tensor::from_vector(index, {n, d}, weight.device()));
+    grads[0] = scatter_add(zeros_of(weight), 0, at, g);
+    return grads;
+}
+
+// dx = zeros with dy added at the gathered positions
+std::vector<Var> gather_differentiable_backward(const DiffBackwardArgs& args) {
+    std::vector<Var> grads(2);
+    if (args.needs_grad[0])
+        grads[0] = scatter_add(zeros_of(args.inputs[0]), args.attrs.axis, args.inputs[1], args.grad_output);
+    return grads;
+}
+
+// x (…, n, …), index (L): dx = dy's slices added into the indexed ones (a scatter_add with the index broadcast)
+std::vector<Var> index_select_differentiable_backward(const DiffBackwardArgs& args) {
+    std::vector<Var> grads(2);
+    if (!args.needs_grad[0]) return grads;
+    const Var& x = args.inputs[0];
+    const Shape& dy_shape = args.grad_output.shape();
+    const auto axis = static_cast<std::size_t>(normalize_axis(args.attrs.axis, x.shape().size()));
+    Shape column(dy_shape.size(), 1);
+    column[axis] = dy_shape[axis];
+    const Tensor index = expand(args.inputs[1].value().reshaped(column), dy_shape);
+    grads[0] = scatter_add(zeros_of(x), static_cast<std::int64_t>(axis), constant_of(x, index), args.grad_output);
+    return grads;
+}
+
+// dbase = dy; dsrc = dy gathered at the indexed positions
+std::vector<Var> scatter_add_differentiable_backward(const DiffBackwardArgs& args) {
+    std::vector<Var> grads(3);
+    if (args.needs_grad[0]) grads[0] = args.grad_output;
+    if (args.needs_grad[2]) grads[2] = gather(args.grad_output, args.attrs.axis, args.inputs[1]);
+    return grads;
+}
+
+// where (c, a, b): da = dy where c, db = dy where not c; masked_fill (x, m): dx = dy where not m. The condition is
+// flat: a zero gradient.
+std::vector<Var> select_differentiable_backward(const DiffBackwardArgs& args) {
+    const bool is_where = args.op == OpType::Where;
+    const std::size_t condition = is_where ? 0 : 1;
+    const Var& c = args.inputs[condition];
+    const Var& g = args.grad_output;
+    std::vector<Var> grads(args.inputs.size());
+    const auto route = [&](bool when_true) {
+        return mul(g, constant_of(g, when_true ? (c.value() != 0.0) : (c.value() == 0.0)));
+    };
+    if (is_where) {
+        if (args.needs_grad[1]) grads[1] = route(true);
+        if (args.needs_grad[2]) grads[2] = route(false);
+    } else if (args.needs_grad[0]) {
+        grads[0] = route(false);
+    }
+    if (args.needs_grad[condition]) grads[condition] = zeros_of(c);
+    return grads;
 }
 
 // ---- CPU kernels ----

@@ -11,11 +11,13 @@
 
 #include "dyngrad/core/checked.h"
 #include "dyngrad/ops/cpu_parallel.h"
+#include "dyngrad/ops/differentiable_backward.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/linalg_geometry.h"
 #include "dyngrad/ops/layout.h"
+#include "dyngrad/ops/reduce.h"
 
 namespace dyngrad {
 
@@ -86,6 +88,29 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
 Tensor linear(const Tensor& x, const Tensor& weight, std::source_location where) {
     return over_rows(x, weight,
                      [&](const Tensor& rows) { return matmul(rows, transpose(weight, -2, -1, where), where); }, where);
+}
+
+// ---- Differentiable backwards (graph/higher_order.h) ----
+
+// a (…,M,K)  b (…,K,N):  da = dy·bᵀ,  db = aᵀ·dy
+std::vector<Var> matmul_differentiable_backward(const DiffBackwardArgs& args) {
+    const Var& g = args.grad_output;
+    std::vector<Var> grads(2);
+    if (args.needs_grad[0]) grads[0] = matmul(g, transpose(args.inputs[1]));
+    if (args.needs_grad[1]) grads[1] = matmul(transpose(args.inputs[0]), g);
+    return grads;
+}
+
+// x (N,in)  w (out,in)  b (out):  dz = dy (masked where the fused ReLU's output is 0),  dx = dz·w,  dw = dzᵀ·x,
+// db = Σ_rows dz
+std::vector<Var> linear_differentiable_backward(const DiffBackwardArgs& args) {
+    Var dz = args.grad_output;
+    if (args.attrs.activation == Activation::Relu) dz = mul(dz, args.output.graph().constant(args.output.value() > 0.0));
+    std::vector<Var> grads(3);
+    if (args.needs_grad[0]) grads[0] = matmul(dz, args.inputs[1]);
+    if (args.needs_grad[1]) grads[1] = matmul(transpose(dz), args.inputs[0]);
+    if (args.needs_grad[2]) grads[2] = sum(dz, {0});
+    return grads;
 }
 
 // ---- shape rules ----

@@ -8,6 +8,11 @@
 #include <Eigen/Core>
 
 #include "dyngrad/graph/eager.h"
+#include "dyngrad/ops/differentiable_backward.h"
+#include "dyngrad/ops/elementwise.h"
+#include "dyngrad/ops/indexing.h"
+#include "dyngrad/ops/layout.h"
+#include "dyngrad/ops/reduce.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/layout.h"
 #include "dyngrad/ops/loss_math.h"
@@ -179,6 +184,94 @@ Tensor l1_loss(const Tensor& prediction, const Tensor& target, Reduction reducti
 Tensor smooth_l1_loss(const Tensor& prediction, const Tensor& target, Reduction reduction, double beta,
                       std::source_location where) {
     return eager(OpType::SmoothL1Loss, {prediction, target}, reduction_attrs(reduction, beta), where);
+}
+
+// ---- Differentiable backward (graph/higher_order.h): each loss rebuilt from its formula in primitive ops ----
+
+namespace {
+
+Var reduce_loss(const Var& per_element, Reduction reduction) {
+    if (reduction == Reduction::Mean) return mean(per_element);
+    if (reduction == Reduction::Sum) return sum(per_element);
+    return per_element;
+}
+
+// cross_entropy (logits, labels[, class_weight]) and nll_loss (log_probs, labels[, class_weight]): the per-row terms
+// of ops/loss.h. The labels pick values through a gather (ignored rows pick class 0 and weigh 0); the class weights
+// and the Mean denominator are constants, as in the kernels.
+Var class_loss_composition(std::span<const Var> in, const OpAttrs& attrs, OpType op) {
+    const Var& x = in[0];
+    const std::int64_t n = x.shape()[0];
+    const std::int64_t classes = x.shape()[1];
+    const std::vector<double> labels = in[1].value().to(Device::cpu()).to_vector();
+    const bool weighted = in.size() >= 3 && in[2].defined();
+    const std::vector<double> class_weight =
+        weighted ? in[2].value().to(Device::cpu()).to_vector() : std::vector<double>(classes, 1.0);
+    std::vector<std::int64_t> picked(static_cast<std::size_t>(n));
+    std::vector<double> row_weight(static_cast<std::size_t>(n)), kept(static_cast<std::size_t>(n));
+    double denominator = 0;
+    for (std::size_t i = 0; i < picked.size(); ++i) {
+        const auto label = static_cast<std::int64_t>(labels[i]);
+        const bool ignored = label == attrs.ignore_index;
+        picked[i] = ignored ? 0 : label;
+        row_weight[i] = ignored ? 0.0 : class_weight[static_cast<std::size_t>(label)];
+        kept[i] = ignored ? 0.0 : 1.0;
+        denominator += row_weight[i];
+    }
+    const auto constant = [&](const std::vector<double>& v, const Shape& shape) {
+        return constant_of(x, Tensor::from_vector(v, shape, x.dtype(), x.device()));
+    };
+    const Var lp = op == OpType::CrossEntropy ? log_softmax(x, 1) : x;
+    const Var index = constant_of(x, Tensor::from_vector(picked, {n, 1}, x.device()));
+    Var loss = neg(mul(gather(lp, 1, index), constant(row_weight, {n, 1})));  // (N,1)
+    const double eps = op == OpType::CrossEntropy ? attrs.label_smoothing : 0.0;
+    if (eps != 0.0) {
+        const Var smooth = neg(sum(mul(lp, constant(class_weight, {1, classes})), {1}, true));
+        loss = mul_scalar(loss, 1.0 - eps) + mul(mul_scalar(smooth, eps / static_cast<double>(classes)),
+                                                 constant(kept, {n, 1}));
+    }
+    loss = reshape(loss, {n});
+    if (attrs.reduction == Reduction::Mean) return mul_scalar(sum(loss), 1.0 / denominator);
+    return attrs.reduction == Reduction::Sum ? sum(loss) : loss;
+}
+
+Var loss_composition(OpType op, std::span<const Var> in, const OpAttrs& attrs) {
+    switch (op) {
+        case OpType::CrossEntropy:
+        case OpType::NllLoss: return class_loss_composition(in, attrs, op);
+        case OpType::MseLoss: {
+            const Var d = in[0] - in[1];
+            return mean(mul(d, d));
+        }
+        case OpType::L1Loss: return reduce_loss(abs(in[0] - in[1]), attrs.reduction);
+        case OpType::SmoothL1Loss: {
+            const double beta = attrs.scalar;
+            const Var d = in[0] - in[1];
+            if (beta == 0.0) return reduce_loss(abs(d), attrs.reduction);
+            const Tensor inside = abs(d.value()) < beta;  // where the quadratic piece holds: a constant mask
+            const Var quadratic = mul_scalar(mul(d, d), 0.5 / beta);
+            const Var linear = add_scalar(abs(d), -0.5 * beta);
+            return reduce_loss(mul(quadratic, constant_of(d, inside)) + mul(linear, constant_of(d, 1.0 - inside)),
+                               attrs.reduction);
+        }
+        case OpType::BceWithLogits: {  // w·[(1 − t)·x + (1 + (pw − 1)·t)·softplus(−x)]
+            const Var& x = in[0];
+            const Var& t = in[1];
+            Var coefficient = add_scalar(neg(t), 1.0);
+            Var scale = in.size() >= 4 ? add_scalar(mul(add_scalar(in[3], -1.0), t), 1.0) : Var();
+            Var loss = mul(coefficient, x) + (scale.defined() ? mul(scale, softplus(neg(x))) : softplus(neg(x)));
+            if (in.size() >= 3) loss = mul(loss, in[2]);
+            return reduce_loss(loss, attrs.reduction);
+        }
+        default: break;
+    }
+    throw GraphError(str("differentiable backward: ", op_def(op).name, " is not a loss"));
+}
+
+}  // namespace
+
+std::vector<Var> loss_differentiable_backward(const DiffBackwardArgs& args) {
+    return differentiate_composition(args, [&](std::span<const Var> in) { return loss_composition(args.op, in, args.attrs); });
 }
 
 // ---- shape rules ----

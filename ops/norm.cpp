@@ -7,7 +7,11 @@
 #include <cmath>
 #include <limits>
 
+#include "dyngrad/ops/differentiable_backward.h"
+#include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/layout.h"
+#include "dyngrad/ops/reduce.h"
 #include "dyngrad/ops/norm_geometry.h"
 
 namespace dyngrad {
@@ -89,6 +93,44 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, cons
     attrs.momentum = momentum;
     attrs.eps = eps;
     return eager(OpType::BatchNorm, {x, gamma, beta, running_mean, running_var}, attrs, where);
+}
+
+// ---- Differentiable backward (graph/higher_order.h): each normalisation rebuilt from its formula ----
+
+namespace {
+
+// x normalised over `axes` (kept as 1) by the biased variance: (x − μ)·(σ² + eps)^-1/2
+Var standardize(const Var& x, const std::vector<std::int64_t>& axes, double eps) {
+    const Var centered = x - mean(x, axes, true);
+    return mul(centered, pow(add_scalar(mean(mul(centered, centered), axes, true), eps), -0.5));
+}
+
+Var norm_composition(OpType op, std::span<const Var> in, const OpAttrs& attrs) {
+    const Var& x = in[0];
+    const auto rank = static_cast<std::int64_t>(x.shape().size());
+    if (op == OpType::BatchNorm) {  // x (N,C) or (N,C,H,W); gamma, beta (C); running statistics in eval
+        Shape channel(x.shape().size(), 1);
+        channel[1] = x.shape()[1];
+        std::vector<std::int64_t> axes{0};
+        for (std::int64_t a = 2; a < rank; ++a) axes.push_back(a);
+        Var y = attrs.training ? standardize(x, axes, attrs.eps)
+                               : mul(x - reshape(in[3], channel), pow(add_scalar(reshape(in[4], channel), attrs.eps), -0.5));
+        return mul(y, reshape(in[1], channel)) + reshape(in[2], channel);
+    }
+    // layer_norm (x, weight?, bias?), rms_norm (x, weight?): over the trailing attrs.shape
+    std::vector<std::int64_t> axes;
+    for (std::int64_t a = rank - static_cast<std::int64_t>(attrs.shape.size()); a < rank; ++a) axes.push_back(a);
+    Var y = op == OpType::LayerNorm ? standardize(x, axes, attrs.eps)
+                                    : mul(x, pow(add_scalar(mean(mul(x, x), axes, true), attrs.eps), -0.5));
+    if (in.size() >= 2 && in[1].defined()) y = mul(y, in[1]);
+    if (in.size() >= 3 && in[2].defined()) y = y + in[2];
+    return y;
+}
+
+}  // namespace
+
+std::vector<Var> norm_differentiable_backward(const DiffBackwardArgs& args) {
+    return differentiate_composition(args, [&](std::span<const Var> in) { return norm_composition(args.op, in, args.attrs); });
 }
 
 // ---- shape rules ----

@@ -10,7 +10,12 @@
 #include <cmath>
 
 #include "dyngrad/core/checked.h"
+#include "dyngrad/ops/differentiable_backward.h"
+#include "dyngrad/ops/elementwise.h"
+#include "dyngrad/ops/indexing.h"
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/layout.h"
+#include "dyngrad/ops/reduce.h"
 
 namespace dyngrad {
 
@@ -51,6 +56,65 @@ Tensor max_pool2d(const Tensor& x, std::array<std::int64_t, 2> kernel, std::arra
 Tensor avg_pool2d(const Tensor& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
                   std::array<std::int64_t, 2> padding, std::source_location where) {
     return eager(OpType::AvgPool2d, {x}, pool_attrs(kernel, stride, padding), where);
+}
+
+// ---- Differentiable backward (graph/higher_order.h): pooling as a composition ----
+
+namespace {
+
+}  // namespace
+
+// x (N,C,H,W) -> the windows (N,C,P,Q,kh·kw) by one index_select over the flattened planes: window element (i,j) of
+// output pixel (p,q) is input pixel (p·sh − ph + i·dh, q·sw − pw + j·dw). A padding slot reads the window's first
+// pixel inside the input instead (for max a duplicate never changes the maximum, and a tie goes to the first slot,
+// whose index is the same pixel); `inside` is 1 for the slots inside the input, 0 for padding (P,Q,kh·kw).
+Var sliding_windows(const Var& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
+                    std::array<std::int64_t, 2> padding, std::array<std::int64_t, 2> dilation,
+                    std::vector<double>& inside) {
+    const Shape& s = x.shape();
+    const std::int64_t n = s[0], c = s[1], h = s[2], w = s[3];
+    const std::int64_t p = (h + 2 * padding[0] - dilation[0] * (kernel[0] - 1) - 1) / stride[0] + 1;
+    const std::int64_t q = (w + 2 * padding[1] - dilation[1] * (kernel[1] - 1) - 1) / stride[1] + 1;
+    const std::int64_t k = kernel[0] * kernel[1];
+    std::vector<std::int64_t> index;
+    inside.clear();
+    for (std::int64_t op = 0; op < p; ++op)
+        for (std::int64_t oq = 0; oq < q; ++oq) {
+            const std::int64_t r0 = op * stride[0] - padding[0], c0 = oq * stride[1] - padding[1];
+            std::int64_t first = -1;
+            for (std::int64_t pass = 0; pass < 2; ++pass)  // the first pass finds the window's first pixel inside
+                for (std::int64_t i = 0; i < kernel[0]; ++i)
+                    for (std::int64_t j = 0; j < kernel[1]; ++j) {
+                        const std::int64_t r = r0 + i * dilation[0], col = c0 + j * dilation[1];
+                        const bool in = r >= 0 && r < h && col >= 0 && col < w;
+                        if (pass == 0) {
+                            if (in && first < 0) first = r * w + col;
+                            continue;
+                        }
+                        index.push_back(in ? r * w + col : std::max<std::int64_t>(first, 0));
+                        inside.push_back(in ? 1.0 : 0.0);
+                    }
+        }
+    const Var planes = transpose(reshape(x, {n * c, h * w}), 0, 1);  // (H·W, N·C)
+    const Var picked = index_select(planes, 0, x.graph().constant(Tensor::from_vector(index, {p * q * k}, x.device())));
+    return reshape(transpose(picked, 0, 1), {n, c, p, q, k});
+}
+
+namespace {
+
+Var pool_composition(OpType op, const Var& x, const OpAttrs& attrs) {
+    std::vector<double> inside;
+    const Var windows = sliding_windows(x, attrs.kernel, attrs.stride, attrs.padding, {1, 1}, inside);
+    if (op == OpType::MaxPool2d) return max(windows, 4);
+    const Shape& ws = windows.shape();
+    const Var mask = x.graph().constant(Tensor::from_vector(inside, {ws[2], ws[3], ws[4]}, x.dtype(), x.device()));
+    return mul_scalar(sum(mul(windows, mask), {4}), 1.0 / static_cast<double>(ws[4]));
+}
+
+}  // namespace
+
+std::vector<Var> pool_differentiable_backward(const DiffBackwardArgs& args) {
+    return differentiate_composition(args, [&](std::span<const Var> in) { return pool_composition(args.op, in[0], args.attrs); });
 }
 
 // ---- shape rule (max_pool2d and avg_pool2d) ----

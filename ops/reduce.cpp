@@ -8,7 +8,10 @@
 #include <cstring>
 
 #include "dyngrad/graph/eager.h"
+#include "dyngrad/ops/differentiable_backward.h"
 #include "dyngrad/ops/elementwise.h"
+#include "dyngrad/ops/indexing.h"
+#include "dyngrad/ops/layout.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/reduce_geometry.h"
 
@@ -271,6 +274,34 @@ Tensor arg_reduce_forward(const ForwardArgs& args) {
     if (saved.size() != 1 || saved[0].dtype() != DType::i64)
         throw GraphError(str(op_def(args.op).name, ": the max forward saved no int64 argmax"));
     return saved[0];
+}
+
+// ---- Differentiable backwards (graph/higher_order.h) ----
+
+// sum, mean: dy (with the reduced axes kept as 1) expanded back to x's shape; mean scales by 1/count.
+std::vector<Var> reduce_differentiable_backward(const DiffBackwardArgs& args) {
+    if (!args.needs_grad[0]) return {Var()};
+    const Shape& x_shape = args.inputs[0].shape();
+    const std::vector<bool> reduced = reduced_axes(x_shape, args.attrs.axes);
+    Shape kept = x_shape;
+    for (std::size_t i = 0; i < kept.size(); ++i)
+        if (reduced[i]) kept[i] = 1;
+    Var g = expand(reshape(args.grad_output, kept), x_shape);
+    if (args.op == OpType::Mean) g = mul_scalar(g, 1.0 / static_cast<double>(reduced_count(x_shape, reduced)));
+    return {g};
+}
+
+// max along an axis: dy scattered to the first maximum of each slice (the kernels' tie rule), found eagerly (an
+// index, no gradient).
+std::vector<Var> max_differentiable_backward(const DiffBackwardArgs& args) {
+    if (!args.needs_grad[0]) return {Var()};
+    const Var& x = args.inputs[0];
+    const std::int64_t axis = args.attrs.axis;
+    const Tensor index = argmax(x.value(), axis, /*keepdim=*/true);
+    Var g = args.grad_output;
+    if (!args.attrs.keepdim) g = reshape(g, index.shape());
+    const Var zeros = constant_of(x, Tensor::zeros(x.shape(), x.dtype(), x.device()));
+    return {scatter_add(zeros, axis, constant_of(x, index), g)};
 }
 
 // ---- CPU kernels ----

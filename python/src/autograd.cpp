@@ -153,11 +153,63 @@ std::vector<std::optional<PyTensor>> autograd_grad(const std::vector<const PyTen
     return out;
 }
 
+// autograd.grad(create_graph=True): dyngrad::grad (graph/higher_order.h) records the backward into the outputs'
+// graph, so the returned gradients have history there and can be differentiated again. No .grad changes.
+std::vector<std::optional<PyTensor>> autograd_grad_create_graph(
+    const std::vector<const PyTensor*>& outputs, const std::vector<const PyTensor*>& inputs,
+    const std::vector<std::optional<const PyTensor*>>& grad_outputs, bool retain_graph, bool allow_unused) {
+    if (outputs.empty() || inputs.empty()) throw ValueError("autograd.grad: outputs and inputs must not be empty");
+    std::shared_ptr<GraphBox> box;
+    for (std::size_t k = 0; k < outputs.size(); ++k) {
+        if (outputs[k] == nullptr || !outputs[k]->has_history())
+            throw GraphError(str("autograd.grad: outputs[", k, "] does not require grad and has no history"));
+        if (box && outputs[k]->graph != box) throw GraphError("autograd.grad: the outputs belong to different graphs");
+        box = outputs[k]->graph;
+    }
+    if (box->released)
+        throw HigherOrderError("autograd.grad(create_graph=True): the outputs' graph was released by an earlier "
+                               "backward (pass retain_graph=True to the earlier call)");
+    const std::source_location where = python_site();
+    std::vector<Var> out_vars, in_vars, seeds;
+    for (const PyTensor* o : outputs) out_vars.push_back(o->var);
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+        if (inputs[i] == nullptr || !inputs[i]->requires_grad())
+            throw GraphError(str("autograd.grad: inputs[", i, "] does not require grad"));
+        in_vars.push_back(as_var(*inputs[i], box, where));
+    }
+    for (std::size_t k = 0; k < grad_outputs.size(); ++k)
+        seeds.push_back(grad_outputs[k] && *grad_outputs[k] ? as_var(**grad_outputs[k], box, where) : Var());
+    GradOptions options;
+    options.create_graph = true;
+    options.retain_graph = retain_graph;
+    options.allow_unused = allow_unused;
+    const std::vector<Var> grads = dyngrad::grad(out_vars, in_vars, seeds, options, where);
+    if (!retain_graph) box->released = true;
+    std::vector<std::optional<PyTensor>> result;
+    for (const Var& g : grads) {
+        if (!g.defined()) {
+            result.emplace_back(std::nullopt);
+            continue;
+        }
+        PyTensor t;
+        if (g.requires_grad()) {
+            t.var = g;
+            t.graph = box;
+        } else {
+            t.value = g.value();  // a gradient that depends on no input (a linear function's): a constant
+        }
+        result.push_back(std::move(t));
+    }
+    return result;
+}
+
 }  // namespace
 
 void bind_autograd(nb::module_& m) {
     m.def("_autograd_grad", &autograd_grad, nb::arg("outputs"), nb::arg("inputs"), nb::arg("grad_outputs"),
           nb::arg("retain_graph"), nb::arg("allow_unused"));
+    m.def("_autograd_grad_create_graph", &autograd_grad_create_graph, nb::arg("outputs"), nb::arg("inputs"),
+          nb::arg("grad_outputs"), nb::arg("retain_graph"), nb::arg("allow_unused"));
 
     // set_grad_enabled / enable_grad: the engine's per-thread recording switch, restored on exit.
     nb::class_<GradModeScope>(m, "_GradModeScope")

@@ -16,7 +16,8 @@ namespace dyngrad::python {
 namespace {
 
 struct ErrorClasses {
-    PyObject *error, *shape, *dtype, *device, *graph, *index, *value, *cuda, *oom, *io, *numerical, *distributed;
+    PyObject *error, *shape, *dtype, *device, *graph, *higher_order, *index, *value, *cuda, *oom, *io, *numerical,
+        *distributed;
 };
 ErrorClasses classes;
 
@@ -66,6 +67,8 @@ void translate(const std::exception_ptr& p, void*) {
         PyErr_SetString(classes.dtype, with_site(e.what()).c_str());
     } catch (const DeviceError& e) {
         PyErr_SetString(classes.device, with_site(e.what()).c_str());
+    } catch (const HigherOrderError& e) {
+        PyErr_SetString(classes.higher_order, with_site(e.what()).c_str());
     } catch (const GraphError& e) {
         PyErr_SetString(classes.graph, with_site(e.what()).c_str());
     } catch (const IndexError& e) {
@@ -126,6 +129,10 @@ NB_MODULE(_core, m) {
     classes.dtype = make_class(m, "DTypeError", {classes.error, PyExc_TypeError}, "A dtype an op does not accept.");
     classes.device = make_class(m, "DeviceError", {classes.error}, "Inputs on different or unavailable devices.");
     classes.graph = make_class(m, "GraphError", {classes.error}, "Misuse of the graph (backward twice, stale history).");
+    // graph/higher_order.h's HigherOrderError: create_graph through a first-order-only op or a released graph
+    // (dyngrad.autograd.HigherOrderNotSupported, a NotImplementedError as well).
+    classes.higher_order = make_class(m, "HigherOrderNotSupported", {classes.graph, PyExc_NotImplementedError},
+                                      "A gradient that cannot be differentiated again (a first-order-only op).");
     classes.index = make_class(m, "IndexError", {classes.error, PyExc_IndexError}, "An index out of range.");
     classes.value = make_class(m, "ValueError", {classes.error, PyExc_ValueError}, "An invalid argument value.");
     classes.cuda = make_class(m, "CudaError", {classes.error}, "A CUDA, cuBLAS or cuDNN call failed.");
