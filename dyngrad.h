@@ -38,6 +38,7 @@
 #include "dyngrad/ops/dropout.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/indexing.h"
+#include "dyngrad/ops/masked.h"
 #include "dyngrad/ops/layout.h"
 #include "dyngrad/ops/linalg.h"
 #include "dyngrad/ops/loss.h"

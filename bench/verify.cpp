@@ -63,7 +63,7 @@ const char* const kUsage =
     "  --json FILE  also write every result and the summary to FILE as JSON\n"
     "  --seed N     seed of the random inputs (default 1234); each op/case/check draws from its own\n"
     "               generator, so a run filtered with --op reproduces the numbers of a full run\n"
-    "  --list       list the ops and their cases, then exit\n"
+    "  --list       list the ops, their cases, PyTorch references, keywords and autocast policies, then exit\n"
     "\n"
     "Exit status: 0 when every check passed, 1 when any failed, 2 for a usage error.\n";
 
@@ -437,7 +437,9 @@ int run(const Options& options) {
             std::printf("%-13s", def->name);
             const std::vector<OpCase> cases = def->cases();
             for (std::size_t i = 0; i < cases.size(); ++i) std::printf("%s%s", i ? ", " : "  ", cases[i].label.c_str());
-            std::printf("\n");
+            // The row's PyTorch reference, its Python keywords and its autocast policy (graph/op_def.h).
+            std::printf("\n%-13s  torch: %s\n%-13s  keywords: %s; autocast: %s\n", "", def->torch ? def->torch : "-", "",
+                        attr_keywords_text(*def).c_str(), std::string(autocast_policy_name(*def->autocast)).c_str());
         }
         return 0;
     }

@@ -396,19 +396,5 @@ std::string describe(const Tensor& t) {
     return str(to_string(t.shape()), " ", dtype_name(t.dtype()), " ", t.device().to_string());
 }
 
-std::ostream& operator<<(std::ostream& out, const Tensor& t) {
-    out << "Tensor" << describe(t);
-    if (!t.defined()) return out;
-    constexpr std::int64_t kMaxPrinted = 64;
-    const std::vector<double> values = t.numel() <= kMaxPrinted ? t.to_vector() : std::vector<double>{};
-    if (values.empty() && t.numel() > 0) return out << " [" << t.numel() << " values]";
-    out << " [";
-    const std::int64_t row = t.rank() > 0 ? t.shape().back() : 1;
-    for (std::size_t i = 0; i < values.size(); ++i) {
-        if (i) out << ((row > 0 && i % static_cast<std::size_t>(row) == 0) ? "; " : ", ");
-        out << std::setprecision(6) << values[i];
-    }
-    return out << "]";
-}
 
 }  // namespace dyngrad

@@ -7,8 +7,10 @@
 #include <initializer_list>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <random>
 #include <source_location>
+#include <string>
 #include <vector>
 
 #include "dyngrad/core/device.h"
@@ -143,6 +145,20 @@ public:
     // Copies `src` (same shape; any device; same dtype) into this tensor's storage.
     void copy_from(const Tensor& src);
     void fill(double value);
+    // PyTorch's in-place arithmetic on the data (no graph: a Tensor has no history; ops/masked.cpp runs the
+    // eager op and copies its result in, so each bumps the version as copy_from does and the engine refuses a
+    // backward that needs the old values). The other operand broadcasts to this shape (ShapeError when the
+    // result would be larger); a result of another dtype is converted to this one.
+    Tensor& add_(const Tensor& other, double alpha = 1.0);
+    Tensor& sub_(const Tensor& other, double alpha = 1.0);
+    Tensor& mul_(const Tensor& other);
+    Tensor& div_(const Tensor& other);
+    Tensor& add_(double value);
+    Tensor& mul_(double value);
+    Tensor& clamp_(std::optional<double> min, std::optional<double> max);
+    Tensor& zero_();
+    // mask != 0 ? value : this (mask broadcast to this shape, any float or int64 dtype).
+    Tensor& masked_fill_(const Tensor& mask, double value);
     // The storage's in-place write count (0 for an undefined tensor), and its bump for writers that go
     // through data<T>() / raw_data(); shared by every handle of the storage.
     std::uint32_t version() const { return storage_ ? storage_->version() : 0; }
@@ -162,7 +178,10 @@ private:
     DType dtype_ = DType::f32;
 };
 
-// Prints shape, dtype, device and (for CPU tensors, up to a limit) the values.
+// PyTorch's repr, nested and summarised as torch prints it (core/tensor_print.cpp): "tensor([[1., 2.],\n
+// [3., 4.]], dtype=dyngrad.float64)"; the device and a non-default dtype as suffixes, then `extra` ones
+// (Python adds requires_grad/grad_fn). A device tensor is copied to the host first (a synchronisation).
+std::string format_tensor(const Tensor& tensor, const std::vector<std::string>& extra = {});
 std::ostream& operator<<(std::ostream& out, const Tensor& tensor);
 // "(64,784) float32 cuda:0"
 std::string describe(const Tensor& tensor);

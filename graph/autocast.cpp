@@ -12,35 +12,8 @@ namespace dyngrad {
 
 namespace {
 
-// Why each op is where it is: docs/mixed_precision.md. Not listed: Follow.
-AutocastPolicy policy_of(OpType op) {
-    switch (op) {
-        // tensor-core products: bf16/f16 inputs, f32 accumulation inside the kernel
-        case OpType::Matmul:
-        case OpType::Linear:
-        case OpType::Conv2d:
-        case OpType::ScaledDotProductAttention: return AutocastPolicy::Reduced;
-        // long sums and functions whose relative error grows with the input's: f32
-        case OpType::Softmax:
-        case OpType::LogSoftmax:
-        case OpType::CrossEntropy:
-        case OpType::MseLoss:
-        case OpType::NllLoss:
-        case OpType::BceWithLogits:
-        case OpType::L1Loss:
-        case OpType::SmoothL1Loss:
-        case OpType::BatchNorm:
-        case OpType::LayerNorm:
-        case OpType::RmsNorm:
-        case OpType::Sum:
-        case OpType::Mean:
-        case OpType::Exp:
-        case OpType::Log:
-        case OpType::PowScalar:
-        case OpType::Softplus: return AutocastPolicy::Float32;
-        default: return AutocastPolicy::Follow;
-    }
-}
+// Why each op has its policy: docs/mixed_precision.md. Every row of the table states one (ops/op_table.cpp).
+AutocastPolicy policy_of(OpType op) { return *op_def(op).autocast; }
 
 constexpr bool castable(DType dtype) { return dtype == DType::f32 || is_reduced_precision(dtype); }
 

@@ -1,6 +1,6 @@
 // Autocast (as libtorch's): while an AutocastGuard is alive on a thread, every op that thread records (or runs
-// eagerly) first casts its floating inputs by a policy per OpType, through recorded cast nodes, so gradients
-// flow back to the float32 master parameters in their own dtype.
+// eagerly) first casts its floating inputs by its op's policy (OpDef::autocast, in its op-table row), through
+// recorded cast nodes, so gradients flow back to the float32 master parameters in their own dtype.
 //
 //   {
 //       AutocastGuard autocast(DType::bf16);
@@ -30,16 +30,14 @@
 #include <vector>
 
 #include "dyngrad/core/dtype.h"
-#include "dyngrad/graph/op_type.h"
+#include "dyngrad/graph/op_def.h"
 
 namespace dyngrad {
 
 class Var;
 class Tensor;
 
-enum class AutocastPolicy : std::uint8_t { Reduced, Float32, Follow };
-
-// The policy of `op` (Follow for every op not named in the table).
+// The policy of `op`: its op-table row's (OpDef::autocast, enum AutocastPolicy in graph/op_def.h).
 AutocastPolicy autocast_policy(OpType op);
 std::string_view autocast_policy_name(AutocastPolicy policy);
 

@@ -35,8 +35,10 @@ CustomOp CustomOp::define(const CustomOpSpec& spec) {
     auto& ops = registry();
     ops.push_back(Registered{spec.name, OpDef{}});
     Registered& r = ops.back();
+    // Reads no attribute but its id (custom_id, set by operator()); autocast treats it as the trampoline row does.
     r.def = OpDef{OpType::Custom, r.name.c_str(), spec.arity, spec.infer, spec.cpu, spec.cuda,
-                  spec.cases ? spec.cases : +[]() { return std::vector<OpCase>{}; }};
+                  spec.cases ? spec.cases : +[]() { return std::vector<OpCase>{}; }, kNoAttrs, AutocastPolicy::Follow,
+                  nullptr};
     r.def.differentiable_backward = spec.differentiable_backward;
     return CustomOp(static_cast<std::uint32_t>(ops.size() - 1));
 }

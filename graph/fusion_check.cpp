@@ -47,9 +47,7 @@ double tolerance_for(DType dtype) {
 std::string key_of(const OpDef& def, std::span<const Tensor> inputs, const OpAttrs& attrs) {
     std::string key = str(def.name, " on ", inputs.front().device().to_string());
     for (const Tensor& t : inputs) key += str(" ", to_string(t.shape()), dtype_name(t.dtype()));
-    key += str(" act", static_cast<int>(attrs.activation), " red", static_cast<int>(attrs.reduction), " ign",
-               attrs.ignore_index);
-    return key;
+    return key + str(" ", attrs_text(def, attrs));  // every attribute the op reads (its row's field list)
 }
 
 // True the first time `pass|key` is seen (the caller then checks it).
@@ -90,6 +88,7 @@ void compare(const OpDef& def, const std::string& key, const std::string& pass, 
 
 void set_fusion_check(bool on) { g_enabled.store(on, std::memory_order_relaxed); }
 bool fusion_check_enabled() { return g_enabled.load(std::memory_order_relaxed); }
+const UnfusedComposition* unfused_composition(OpType op) { return op_def(op).unfused; }
 
 std::vector<FusionCheckResult> fusion_check_results() {
     Registry& r = registry();
@@ -109,7 +108,7 @@ namespace detail {
 void check_fused_forward(const OpDef& def, OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs,
                          const Tensor& output) {
     if (inputs.empty()) return;
-    const UnfusedComposition* unfused = unfused_composition(op);
+    const UnfusedComposition* unfused = def.unfused;
     if (unfused == nullptr || !unfused->applies(inputs, attrs)) return;
     const std::string key = key_of(def, inputs, attrs);
     if (!first_use("forward", key)) return;
@@ -123,7 +122,7 @@ void check_fused_forward(const OpDef& def, OpType op, std::span<const Tensor> in
 void check_fused_backward(const OpDef& def, OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs,
                           const Tensor& grad_output, std::span<const Tensor> grads, std::span<const bool> needs_grad) {
     if (inputs.empty()) return;
-    const UnfusedComposition* unfused = unfused_composition(op);
+    const UnfusedComposition* unfused = def.unfused;
     if (unfused == nullptr || !unfused->applies(inputs, attrs)) return;
     const std::string key = key_of(def, inputs, attrs);
     if (!first_use("backward", key)) return;

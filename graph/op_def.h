@@ -11,6 +11,8 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <variant>
 #include <vector>
 
 #include "dyngrad/core/tensor.h"
@@ -35,7 +37,21 @@ enum class GeluApproximation : std::uint8_t { None, Tanh };
 // How a loss reduces its per-element (or per-row) losses, as PyTorch's `reduction` argument.
 enum class Reduction : std::uint8_t { Mean, Sum, None };
 
-// Attributes of a node. Each op reads the fields its table row documents.
+// The names of a choice attribute's values, in enum order: what Python keywords, the golden export and error
+// text write (a new enum attribute adds its overload here).
+inline constexpr std::string_view kRnnModeNames[] = {"lstm", "gru", "rnn_tanh", "rnn_relu"};
+inline constexpr std::string_view kActivationNames[] = {"none", "relu"};
+inline constexpr std::string_view kGeluApproximationNames[] = {"none", "tanh"};
+inline constexpr std::string_view kReductionNames[] = {"mean", "sum", "none"};
+// DType's, as core/dtype.h's dtype_name writes them (checked in graph/op_attrs.cpp).
+inline constexpr std::string_view kDTypeNames[] = {"float32", "float64", "int64", "bfloat16", "float16"};
+constexpr std::span<const std::string_view> choice_names(RnnMode) { return kRnnModeNames; }
+constexpr std::span<const std::string_view> choice_names(Activation) { return kActivationNames; }
+constexpr std::span<const std::string_view> choice_names(GeluApproximation) { return kGeluApproximationNames; }
+constexpr std::span<const std::string_view> choice_names(Reduction) { return kReductionNames; }
+constexpr std::span<const std::string_view> choice_names(DType) { return kDTypeNames; }
+
+// Attributes of a node. Each op reads the fields its table row names (OpDef::attrs, from kAttrFields below).
 struct OpAttrs {
     double scalar = 0.0;  // add/mul scalar operand, pow exponent, leaky slope, elu alpha, clip ceiling, smooth_l1 beta
     std::vector<std::int64_t> axes;   // sum/mean axes (empty: all); transpose: the two axes swapped
@@ -80,6 +96,102 @@ struct OpAttrs {
     bool descending = false;   // argsort: largest first; topk_indices: the largest (PyTorch's largest=True)
     bool replacement = false;  // multinomial: draw with replacement
 };
+
+// ---- The attribute field table: one entry per OpAttrs member ----
+// Every serialiser of attributes walks this table instead of naming members by hand: the Python keyword parser
+// (python/src/tensor.cpp), the golden export (bench/export_cases.cpp, read by bench/make_goldens.py), the fuzzer
+// (tests/fuzz/fuzz_graph.cpp) and error text (attrs_text). A row of the op table names the entries its op reads
+// (OpDef::attrs); the default of a field is its initialiser in OpAttrs above. A new attribute: its member above
+// and its entry here (and, for a new enum type, its choice_names overload).
+//
+// The member's type is the field's kind: float (double), optional float (None: absent), int, uint64 (seed),
+// bool, int list (axes, shape), int pair (an int or two), choice (an enum: choice_names), internal (uint32).
+using AttrMember =
+    std::variant<double OpAttrs::*, std::optional<double> OpAttrs::*, std::int64_t OpAttrs::*, std::uint64_t OpAttrs::*,
+                 std::uint32_t OpAttrs::*, bool OpAttrs::*, std::vector<std::int64_t> OpAttrs::*,
+                 std::array<std::int64_t, 2> OpAttrs::*, GeluApproximation OpAttrs::*, Activation OpAttrs::*,
+                 RnnMode OpAttrs::*, Reduction OpAttrs::*, DType OpAttrs::*>;
+
+struct AttrField {
+    std::string_view name;  // the member's name: JSON key, fuzzer, error text
+    // Python keywords, first the one users write (unused slots empty); none: only the library sets it.
+    std::array<std::string_view, 3> keywords;
+    AttrMember member;
+};
+
+inline constexpr AttrField kAttrFields[] = {
+    {"scalar", {"scalar", "dropout_p"}, &OpAttrs::scalar},
+    {"axes", {"axes", "dims"}, &OpAttrs::axes},
+    {"axis", {"axis", "dim"}, &OpAttrs::axis},
+    {"start", {"start"}, &OpAttrs::start},
+    {"length", {"length", "k", "num_samples"}, &OpAttrs::length},  // topk's k, multinomial's num_samples
+    {"keepdim", {"keepdim"}, &OpAttrs::keepdim},
+    {"shape", {"shape"}, &OpAttrs::shape},
+    {"clamp_min", {"min"}, &OpAttrs::clamp_min},
+    {"clamp_max", {"max"}, &OpAttrs::clamp_max},
+    {"gelu_approximation", {"approximate"}, &OpAttrs::gelu_approximation},
+    {"kernel", {"kernel", "kernel_size"}, &OpAttrs::kernel},
+    {"stride", {"stride"}, &OpAttrs::stride},
+    {"padding", {"padding"}, &OpAttrs::padding},
+    {"dilation", {"dilation"}, &OpAttrs::dilation},
+    {"groups", {"groups"}, &OpAttrs::groups},
+    {"training", {"training"}, &OpAttrs::training},
+    {"eps", {"eps"}, &OpAttrs::eps},
+    {"momentum", {"momentum"}, &OpAttrs::momentum},
+    {"seed", {"seed"}, &OpAttrs::seed},
+    {"is_causal", {"is_causal"}, &OpAttrs::is_causal},
+    {"attention_scale", {"scale"}, &OpAttrs::attention_scale},
+    {"custom_id", {}, &OpAttrs::custom_id},
+    {"padding_idx", {"padding_idx"}, &OpAttrs::padding_idx},
+    {"activation", {"activation"}, &OpAttrs::activation},
+    {"rnn_mode", {"mode"}, &OpAttrs::rnn_mode},
+    {"hidden_size", {"hidden_size"}, &OpAttrs::hidden_size},
+    {"num_layers", {"num_layers"}, &OpAttrs::num_layers},
+    {"bidirectional", {"bidirectional"}, &OpAttrs::bidirectional},
+    {"save_for_backward", {"save_for_backward"}, &OpAttrs::save_for_backward},
+    {"reduction", {"reduction"}, &OpAttrs::reduction},
+    {"ignore_index", {"ignore_index"}, &OpAttrs::ignore_index},
+    {"label_smoothing", {"label_smoothing"}, &OpAttrs::label_smoothing},
+    {"dtype", {"dtype"}, &OpAttrs::dtype},
+    {"descending", {"descending", "largest"}, &OpAttrs::descending},
+    {"replacement", {"replacement"}, &OpAttrs::replacement},
+};
+inline constexpr std::size_t kAttrFieldCount = std::size(kAttrFields);
+static_assert(kAttrFieldCount <= 64, "AttrSet holds one bit per field");
+
+// The fields an op reads: one bit per kAttrFields entry. Rows write reads("axes", "keepdim"); a name that is not
+// in the field table does not compile.
+class AttrSet {
+public:
+    constexpr AttrSet() = default;
+    constexpr bool contains(std::size_t field) const { return (bits_ >> field) & 1u; }
+    constexpr bool empty() const { return bits_ == 0; }
+    constexpr AttrSet with(std::size_t field) const { return AttrSet(bits_ | (std::uint64_t{1} << field)); }
+    constexpr bool operator==(const AttrSet&) const = default;
+
+private:
+    constexpr explicit AttrSet(std::uint64_t bits) : bits_(bits) {}
+    std::uint64_t bits_ = 0;
+};
+
+// The index of the field called `name` in kAttrFields (a compile error in a constant expression when none is).
+consteval std::size_t attr_field_index(std::string_view name) {
+    for (std::size_t i = 0; i < kAttrFieldCount; ++i)
+        if (kAttrFields[i].name == name) return i;
+    throw "reads(): no OpAttrs field of this name in kAttrFields (graph/op_def.h)";
+}
+template <typename... Names>
+consteval AttrSet reads(const Names&... names) {
+    AttrSet set;
+    ((set = set.with(attr_field_index(names))), ...);
+    return set;
+}
+inline constexpr AttrSet kNoAttrs{};
+
+// The engine's autocast policy of an op (graph/autocast.h says what each does; docs/mixed_precision.md why).
+enum class AutocastPolicy : std::uint8_t { Reduced, Float32, Follow };
+
+struct UnfusedComposition;  // graph/fusion_check.h
 
 struct OutputSpec {
     Shape shape;
@@ -158,6 +270,13 @@ struct OpDef {
     BackendKernels cpu;
     BackendKernels cuda;
     std::vector<OpCase> (*cases)();  // test cases picked up by tests and dyngrad-verify
+    AttrSet attrs;                   // the OpAttrs fields it reads: reads("axis", "keepdim"), or kNoAttrs
+    // Its autocast policy; every row of the built-in table states one (a static_assert in ops/op_table.cpp), so a
+    // new op never falls into a default silently.
+    std::optional<AutocastPolicy> autocast;
+    // The PyTorch expression it matches, in the names of its inputs and attributes ("torch.softmax(x, dim=axis)"):
+    // shown by dyngrad-verify --list, written into the golden export for bench/make_goldens.py.
+    const char* torch = nullptr;
     int optional_inputs = 0;         // e.g. conv2d's bias
     // false: a step function (comparisons) or an index (argmax): its output never requires grad, whatever its
     // inputs do, so no backward reaches it and its rows have no backward kernels (as PyTorch's eq and argmax).
@@ -166,11 +285,27 @@ struct OpDef {
     // Bit i set: the forward updates input i in place (batch_norm's running statistics). Through f32
     // (graph/through_f32.h) the engine writes such an input's f32 copy back into it, rounded.
     std::uint32_t updates_inputs = 0;
+    // A fused op (linear or conv2d with bias/ReLU, cross_entropy): what it is the fusion of (ops/unfused.cpp), for
+    // the fused-kernel check mode (graph/fusion_check.h). nullptr: the op fuses nothing.
+    const UnfusedComposition* unfused = nullptr;
     // The backward written with recorded, differentiable ops (graph/higher_order.h), used by backward and grad
     // with create_graph so that gradients can be differentiated again. nullptr: first-order only (create_graph
     // through such a node throws HigherOrderError naming it). Last on purpose: rows set it as a trailing element.
     DiffBackwardFn differentiable_backward = nullptr;
 };
+
+// The attributes `def` reads, in field-table order: "axis=1, keepdim=true" ("" when it reads none); for error
+// text and keys (graph/op_attrs.cpp).
+std::string attrs_text(const OpDef& def, const OpAttrs& attrs);
+// One field's value as JSON (strings quoted, an absent optional null, a uint64 as a string: JSON numbers lose 64-bit
+// integers), or as text (unquoted, "none" for absent) when `json` is false.
+std::string attr_value_text(const AttrField& field, const OpAttrs& attrs, bool json);
+// The Python keywords `def` takes: "axes (dims), keepdim", or "none".
+std::string attr_keywords_text(const OpDef& def);
+// The field whose Python keywords include `keyword`; nullptr when none does. The pointer is into the library's own
+// kAttrFields: a module built with hidden symbols (the Python extension) has its own copy of the inline array, so
+// it compares names or indices there, not addresses.
+const AttrField* find_attr_keyword(std::string_view keyword);
 
 // Whether `def` takes `count` inputs, and how many it takes in words ("2", "2 to 3", "1 or more").
 inline bool takes_input_count(const OpDef& def, int count) {

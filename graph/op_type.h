@@ -20,13 +20,15 @@ enum class OpType : std::uint16_t {
     Cast,
     // activations (ops/elementwise)
     Relu, LeakyRelu, Elu, ClippedRelu, Sigmoid, Tanh, Softplus,
-    Gelu, Silu, LogSigmoid,
+    Gelu, Silu, LogSigmoid, Softsign,
     // the activations along an axis, normalised exponentials (ops/elementwise)
     Softmax, LogSoftmax,
     // linear algebra and layout (ops/linalg)
     Matmul, Linear, Transpose, Reshape,
     // reductions (ops/reduce)
     Sum, Mean, Max,
+    // log Σ exp over axes, without overflow (ops/reduce)
+    LogSumExp,
     // the int64 index of the first maximum / minimum along one axis (ops/reduce); not differentiable
     ArgMax, ArgMin,
     // losses (ops/loss)

@@ -24,6 +24,7 @@ std::vector<Var> reshape_differentiable_backward(const DiffBackwardArgs& args);
 // ops/reduce.cpp: sum, mean, max
 std::vector<Var> reduce_differentiable_backward(const DiffBackwardArgs& args);
 std::vector<Var> max_differentiable_backward(const DiffBackwardArgs& args);
+std::vector<Var> logsumexp_differentiable_backward(const DiffBackwardArgs& args);
 // ops/layout.cpp: narrow, concat, permute, expand
 std::vector<Var> narrow_differentiable_backward(const DiffBackwardArgs& args);
 std::vector<Var> concat_differentiable_backward(const DiffBackwardArgs& args);
@@ -50,6 +51,8 @@ std::vector<Var> conv2d_differentiable_backward(const DiffBackwardArgs& args);
 Var sliding_windows(const Var& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
                     std::array<std::int64_t, 2> padding, std::array<std::int64_t, 2> dilation,
                     std::vector<double>& inside);
+// ops/sampling.cpp: cumsum (sort, topk and multinomial give indices, not differentiable)
+std::vector<Var> cumsum_differentiable_backward(const DiffBackwardArgs& args);
 // ops/dropout.cpp: the same mask applied to the output gradient
 std::vector<Var> dropout_differentiable_backward(const DiffBackwardArgs& args);
 

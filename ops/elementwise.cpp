@@ -221,6 +221,8 @@ Var silu(const Var& x, Loc where) { return record_unary(OpType::Silu, x, 0.0, wh
 Tensor silu(const Tensor& x, Loc where) { return eager(OpType::Silu, {x}, {}, where); }
 Var log_sigmoid(const Var& x, Loc where) { return record_unary(OpType::LogSigmoid, x, 0.0, where); }
 Tensor log_sigmoid(const Tensor& x, Loc where) { return eager(OpType::LogSigmoid, {x}, {}, where); }
+Var softsign(const Var& x, Loc where) { return record_unary(OpType::Softsign, x, 0.0, where); }
+Tensor softsign(const Tensor& x, Loc where) { return eager(OpType::Softsign, {x}, {}, where); }
 
 Var operator+(VarAt a, const Var& b) { return add(a.var, b, a.where); }
 Var operator-(VarAt a, const Var& b) { return sub(a.var, b, a.where); }
@@ -455,6 +457,7 @@ Var unary_derivative(const DiffBackwardArgs& args) {
         case OpType::Softplus: return sigmoid(x);
         case OpType::Silu: return sigmoid(x) + mul(x, mul(sigmoid(x), sigmoid(neg(x))));
         case OpType::LogSigmoid: return sigmoid(neg(x));
+        case OpType::Softsign: return pow(add_scalar(abs(x), 1.0), -2.0);  // 1 / (1 + |x|)²
         case OpType::Gelu: {
             if (args.attrs.gelu_approximation == GeluApproximation::Tanh) {  // σ(2u) + x·2σ(2u)σ(-2u)·du/dx
                 const double c = 0.79788456080286535588;

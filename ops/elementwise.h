@@ -84,6 +84,9 @@ Tensor silu(const Tensor& x, Loc where = Loc::current());
 // log σ(x), computed without overflow or cancellation for any |x|.
 Var log_sigmoid(const Var& x, Loc where = Loc::current());
 Tensor log_sigmoid(const Tensor& x, Loc where = Loc::current());
+// x / (1 + |x|).
+Var softsign(const Var& x, Loc where = Loc::current());
+Tensor softsign(const Tensor& x, Loc where = Loc::current());
 Tensor softplus(const Tensor& x, Loc where = Loc::current());
 
 // The activations along an axis: softmax y = exp(x − max) / Σ exp(x − max) and log_softmax

@@ -209,6 +209,14 @@ struct LogSigmoidOp {
     }
     template <typename T> DG_HOST_DEVICE static T derivative(T x, T, T) { return SigmoidOp::forward(-x, T(0)); }
 };
+// x / (1 + |x|); derivative 1 / (1 + |x|)², from x (no 1 − |y| that cancels where y nears ±1).
+struct SoftsignOp {
+    template <typename T> DG_HOST_DEVICE static T forward(T x, T) { return x / (T(1) + (x < T(0) ? -x : x)); }
+    template <typename T> DG_HOST_DEVICE static T derivative(T x, T, T) {
+        const T d = T(1) + (x < T(0) ? -x : x);
+        return T(1) / (d * d);
+    }
+};
 
 struct AddOp {
     template <typename T> DG_HOST_DEVICE static T forward(T a, T b) { return a + b; }
@@ -305,6 +313,7 @@ decltype(auto) visit_unary(OpType op, const OpAttrs& attrs, Fn&& fn) {
             return fn(GeluOp{});
         case OpType::Silu: return fn(SiluOp{});
         case OpType::LogSigmoid: return fn(LogSigmoidOp{});
+        case OpType::Softsign: return fn(SoftsignOp{});
         default: break;
     }
     throw Error(str("internal: op tag ", static_cast<int>(op), " is not a unary elementwise op"));

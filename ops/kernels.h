@@ -70,6 +70,9 @@ std::vector<Tensor> cast_backward(const BackwardArgs& args);
 
 // argmax, argmin: every backend, through the max op's kernels (ops/reduce.cpp).
 Tensor arg_reduce_forward(const ForwardArgs& args);
+// logsumexp: every backend, through its max, sum and elementwise kernels (ops/reduce.cpp).
+Tensor logsumexp_forward(const ForwardArgs& args);
+std::vector<Tensor> logsumexp_backward(const BackwardArgs& args);
 
 // expand's backward returns dy (y's shape); the engine sums it to x's shape. Every backend.
 std::vector<Tensor> expand_backward(const BackwardArgs& args);
@@ -123,101 +126,19 @@ const char* weight_problem_text(int problem);
 // axes where `to` has 1). Shared by the broadcast-gradient reductions of every backend.
 std::vector<int> broadcast_reduction_axes(const Shape& from, const Shape& to);
 
-// The same entry points per backend (keep the two lists identical).
+// The unfused compositions of the fused ops (ops/unfused.cpp), named by their rows (OpDef::unfused).
+namespace unfused {
+extern const UnfusedComposition linear, conv2d, cross_entropy;
+}  // namespace unfused
+
+// The same entry points per backend, written once (ops/kernel_entry_points.inc).
 namespace cpu {
-Tensor unary_forward(const ForwardArgs&);
-std::vector<Tensor> unary_backward(const BackwardArgs&);
-Tensor binary_forward(const ForwardArgs&);
-std::vector<Tensor> binary_backward(const BackwardArgs&);
-Tensor softmax_forward(const ForwardArgs&); /* softmax, log_softmax */
-std::vector<Tensor> softmax_backward(const BackwardArgs&);
-Tensor matmul_forward(const ForwardArgs&);
-std::vector<Tensor> matmul_backward(const BackwardArgs&);
-Tensor linear_forward(const ForwardArgs&);
-std::vector<Tensor> linear_backward(const BackwardArgs&);
-Tensor transpose_forward(const ForwardArgs&);
-std::vector<Tensor> transpose_backward(const BackwardArgs&);
-Tensor reduce_forward(const ForwardArgs&); /* sum, mean */
-std::vector<Tensor> reduce_backward(const BackwardArgs&);
-Tensor max_forward(const ForwardArgs&);
-std::vector<Tensor> max_backward(const BackwardArgs&);
-Tensor cross_entropy_forward(const ForwardArgs&); /* cross_entropy, nll_loss */
-std::vector<Tensor> cross_entropy_backward(const BackwardArgs&);
-Tensor pointwise_loss_forward(const ForwardArgs&); /* bce_with_logits, l1_loss, smooth_l1_loss */
-std::vector<Tensor> pointwise_loss_backward(const BackwardArgs&);
-Tensor mse_loss_forward(const ForwardArgs&);
-std::vector<Tensor> mse_loss_backward(const BackwardArgs&);
-Tensor conv2d_forward(const ForwardArgs&);
-std::vector<Tensor> conv2d_backward(const BackwardArgs&);
-Tensor pool2d_forward(const ForwardArgs&); /* max_pool2d, avg_pool2d */
-std::vector<Tensor> pool2d_backward(const BackwardArgs&);
-Tensor batch_norm_forward(const ForwardArgs&);
-std::vector<Tensor> batch_norm_backward(const BackwardArgs&);
-Tensor dropout_forward(const ForwardArgs&);
-Tensor row_norm_forward(const ForwardArgs&); /* layer_norm, rms_norm */
-std::vector<Tensor> row_norm_backward(const BackwardArgs&);
-Tensor scaled_dot_product_attention_forward(const ForwardArgs&);
-std::vector<Tensor> scaled_dot_product_attention_backward(const BackwardArgs&);
-Tensor rnn_forward(const ForwardArgs&);
-std::vector<Tensor> rnn_backward(const BackwardArgs&);
-Tensor permute_forward(const ForwardArgs&);
-std::vector<Tensor> permute_backward(const BackwardArgs&);
-Tensor expand_forward(const ForwardArgs&);
-Tensor embedding_forward(const ForwardArgs&);
-std::vector<Tensor> embedding_backward(const BackwardArgs&);
-Tensor gather_forward(const ForwardArgs&);
-std::vector<Tensor> gather_backward(const BackwardArgs&);
-Tensor index_select_forward(const ForwardArgs&);
-std::vector<Tensor> index_select_backward(const BackwardArgs&);
-Tensor scatter_add_forward(const ForwardArgs&);
-Tensor select_forward(const ForwardArgs&); /* where, masked_fill */
-std::vector<Tensor> select_backward(const BackwardArgs&);
-Tensor cumsum_forward(const ForwardArgs&);
-std::vector<Tensor> cumsum_backward(const BackwardArgs&);
-Tensor sort_indices_forward(const ForwardArgs&); /* argsort, topk_indices */
-Tensor multinomial_forward(const ForwardArgs&);
-// engine helpers: x summed over `axes` (kept as size 1); dst += src (same shape)
-Tensor sum_over(const Tensor& x, std::span<const int> axes);
-void accumulate_into(Tensor& dst, const Tensor& src);
-// the copy narrow and concat are made of (ops/layout_geometry.h); src and dst of one dtype and device
-void copy_rows(const Tensor& src, Tensor& dst, const RowCopy& copy);
-// the same rows added into dst (narrow's backward into the gradient so far); floating dtypes, bf16/f16 summed in f32
-void add_rows(const Tensor& src, Tensor& dst, const RowCopy& copy);
-// anomaly mode (graph/anomaly.h): min/max/NaN/Inf counts of any tensor (ops/tensor_stats.cpp)
-TensorStats tensor_stats(const Tensor& x);
+#include "dyngrad/ops/kernel_entry_points.inc"
 }  // namespace cpu
 
 #if DYNGRAD_WITH_CUDA
 namespace cuda {
-Tensor unary_forward(const ForwardArgs&);
-std::vector<Tensor> unary_backward(const BackwardArgs&);
-Tensor binary_forward(const ForwardArgs&);
-std::vector<Tensor> binary_backward(const BackwardArgs&);
-Tensor softmax_forward(const ForwardArgs&); /* softmax, log_softmax */
-std::vector<Tensor> softmax_backward(const BackwardArgs&);
-Tensor matmul_forward(const ForwardArgs&);
-std::vector<Tensor> matmul_backward(const BackwardArgs&);
-Tensor linear_forward(const ForwardArgs&);
-std::vector<Tensor> linear_backward(const BackwardArgs&);
-Tensor transpose_forward(const ForwardArgs&);
-std::vector<Tensor> transpose_backward(const BackwardArgs&);
-Tensor reduce_forward(const ForwardArgs&); /* sum, mean */
-std::vector<Tensor> reduce_backward(const BackwardArgs&);
-Tensor max_forward(const ForwardArgs&);
-std::vector<Tensor> max_backward(const BackwardArgs&);
-Tensor cross_entropy_forward(const ForwardArgs&); /* cross_entropy, nll_loss */
-std::vector<Tensor> cross_entropy_backward(const BackwardArgs&);
-Tensor pointwise_loss_forward(const ForwardArgs&); /* bce_with_logits, l1_loss, smooth_l1_loss */
-std::vector<Tensor> pointwise_loss_backward(const BackwardArgs&);
-Tensor mse_loss_forward(const ForwardArgs&);
-std::vector<Tensor> mse_loss_backward(const BackwardArgs&);
-Tensor conv2d_forward(const ForwardArgs&);
-std::vector<Tensor> conv2d_backward(const BackwardArgs&);
-Tensor pool2d_forward(const ForwardArgs&); /* max_pool2d, avg_pool2d */
-std::vector<Tensor> pool2d_backward(const BackwardArgs&);
-Tensor batch_norm_forward(const ForwardArgs&);
-std::vector<Tensor> batch_norm_backward(const BackwardArgs&);
-Tensor dropout_forward(const ForwardArgs&);
+#include "dyngrad/ops/kernel_entry_points.inc"
 // DropoutSeeds::next on a GPU (ops/dropout.h): ++counter and out = the draw's seed, one kernel.
 void next_dropout_seed(Tensor& counter, std::uint64_t seed, Tensor& out);
 // A DropoutSeeds draw fused into the dropout forward kernel (the Dropout layer's path, ops/dropout.cpp): while
@@ -232,37 +153,6 @@ struct FusedSeedDraw {
 };
 // Installs `draw` for this thread's next dropout forward (null: none); returns the previous one.
 FusedSeedDraw* set_fused_seed_draw(FusedSeedDraw* draw);
-Tensor row_norm_forward(const ForwardArgs&); /* layer_norm, rms_norm */
-std::vector<Tensor> row_norm_backward(const BackwardArgs&);
-Tensor scaled_dot_product_attention_forward(const ForwardArgs&);
-std::vector<Tensor> scaled_dot_product_attention_backward(const BackwardArgs&);
-Tensor rnn_forward(const ForwardArgs&);
-std::vector<Tensor> rnn_backward(const BackwardArgs&);
-Tensor permute_forward(const ForwardArgs&);
-std::vector<Tensor> permute_backward(const BackwardArgs&);
-Tensor expand_forward(const ForwardArgs&);
-Tensor embedding_forward(const ForwardArgs&);
-std::vector<Tensor> embedding_backward(const BackwardArgs&);
-Tensor gather_forward(const ForwardArgs&);
-std::vector<Tensor> gather_backward(const BackwardArgs&);
-Tensor index_select_forward(const ForwardArgs&);
-std::vector<Tensor> index_select_backward(const BackwardArgs&);
-Tensor scatter_add_forward(const ForwardArgs&);
-Tensor select_forward(const ForwardArgs&); /* where, masked_fill */
-std::vector<Tensor> select_backward(const BackwardArgs&);
-Tensor cumsum_forward(const ForwardArgs&);
-std::vector<Tensor> cumsum_backward(const BackwardArgs&);
-Tensor sort_indices_forward(const ForwardArgs&); /* argsort, topk_indices */
-Tensor multinomial_forward(const ForwardArgs&);
-// engine helpers: x summed over `axes` (kept as size 1); dst += src (same shape)
-Tensor sum_over(const Tensor& x, std::span<const int> axes);
-void accumulate_into(Tensor& dst, const Tensor& src);
-// the copy narrow and concat are made of (ops/layout_geometry.h); src and dst of one dtype and device
-void copy_rows(const Tensor& src, Tensor& dst, const RowCopy& copy);
-// the same rows added into dst (narrow's backward into the gradient so far); floating dtypes, bf16/f16 summed in f32
-void add_rows(const Tensor& src, Tensor& dst, const RowCopy& copy);
-// anomaly mode (graph/anomaly.h): min/max/NaN/Inf counts of any tensor, read back to the host (ops/tensor_stats.cu)
-TensorStats tensor_stats(const Tensor& x);
 }  // namespace cuda
 #endif
 

@@ -1,5 +1,7 @@
 // Losses: user functions, shape rules and the CPU kernels (Eigen). GPU: ops/loss.cu. softmax and log_softmax
 // live with the activations (ops/elementwise.cpp).
+// Over 600 lines: six losses share the reduction, ignore_index and weight helpers, and their second-order forms
+// (compositions of the same formulas) sit beside the first-order kernels they mirror.
 #include "dyngrad/ops/loss.h"
 
 #include <algorithm>

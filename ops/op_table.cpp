@@ -1,18 +1,27 @@
-// The op table: one row per OpType, in tag order (checked at compile time below).
-// A row names the op, its arity, shape rule, CPU and CUDA kernels, and the cases every check
-// (tests/test_gradcheck.cpp, tests/test_gpu.cpp, dyngrad-verify) runs it on.
-// Over 600 lines on purpose: one table in one place is the point (a reader finds every op's row here).
+// The op table: one row per OpType, in tag order (checked at compile time below). A row is the whole op: its
+// name, arity, shape rule, CPU and CUDA kernels, the cases every check runs it on (ops/op_cases.cpp), the
+// attributes it reads (from the field table of graph/op_def.h), its autocast policy, the PyTorch expression it
+// matches, and, for a fused op, its unfused composition (ops/unfused.cpp). The tests, dyngrad-verify, the Python
+// keyword parser, the golden export and the fuzzer all read it from here.
 #include <array>
 #include <optional>
 
 #include "dyngrad/graph/custom_op.h"
 #include "dyngrad/ops/differentiable_backward.h"
 #include "dyngrad/ops/kernels.h"
-#include "dyngrad/ops/rnn.h"
+#include "dyngrad/ops/op_cases.h"
 
 namespace dyngrad {
 
 namespace {
+
+using namespace op_cases;
+
+// Autocast policies, stated by every row (docs/mixed_precision.md gives the reasons): products on tensor cores in
+// the autocast dtype, long sums and error-amplifying functions in f32, the rest in their inputs' dtype.
+constexpr AutocastPolicy kReduced = AutocastPolicy::Reduced;
+constexpr AutocastPolicy kFloat32 = AutocastPolicy::Float32;
+constexpr AutocastPolicy kFollow = AutocastPolicy::Follow;
 
 #if DYNGRAD_WITH_CUDA
 #define DG_CUDA_KERNELS(forward, backward) BackendKernels{cuda::forward, cuda::backward}
@@ -38,569 +47,6 @@ namespace {
 #define DG_CUDA_KERNELS_SHARED_NATIVE(forward, backward) \
     BackendKernels {}
 #endif
-
-using D = InputDomain;
-
-OpAttrs scalar_attr(double s) {
-    OpAttrs a;
-    a.scalar = s;
-    return a;
-}
-OpAttrs axes_attr(std::vector<std::int64_t> axes, bool keepdim) {
-    OpAttrs a;
-    a.axes = std::move(axes);
-    a.keepdim = keepdim;
-    return a;
-}
-OpAttrs axis_attr(std::int64_t axis, bool keepdim = false) {
-    OpAttrs a;
-    a.axis = axis;
-    a.keepdim = keepdim;
-    return a;
-}
-OpAttrs shape_attr(Shape shape) {
-    OpAttrs a;
-    a.shape = std::move(shape);
-    return a;
-}
-
-std::vector<OpCase> no_cases() { return {}; }
-std::vector<OpCase> cross_entropy_options_cases();
-
-std::vector<OpCase> binary_cases() {
-    return {
-        {"same shape", {{3, 4}, {3, 4}}, {}, {D::Any, D::Positive}},
-        {"row broadcast", {{5, 3}, {3}}, {}, {D::Any, D::Positive}},
-        {"column broadcast", {{4, 1}, {1, 6}}, {}, {D::Any, D::Positive}},
-        {"channel bias NCHW", {{2, 3, 4, 5}, {1, 3, 1, 1}}, {}, {D::Any, D::Positive}},
-        {"scalar operand", {{7}, {}}, {}, {D::Any, D::Positive}},
-        {"odd sizes", {{1, 13}, {11, 1}}, {}, {D::Any, D::Positive}},
-    };
-}
-
-// Not differentiable: every input Constant (no gradient checked; the output is compared everywhere).
-std::vector<OpCase> compare_cases() {
-    const std::vector<D> no_grad = {D::Constant, D::Constant};
-    return {
-        {"same shape", {{3, 4}, {3, 4}}, {}, no_grad},
-        {"row broadcast", {{5, 3}, {3}}, {}, no_grad},
-        {"column broadcast", {{4, 1}, {1, 6}}, {}, no_grad},
-        {"scalar operand", {{7}, {}}, {}, no_grad},
-    };
-}
-
-std::vector<OpCase> unary_cases(D domain, OpAttrs attrs = {}) {
-    return {
-        {"vector", {{17}}, attrs, {domain}},
-        {"matrix", {{4, 9}}, attrs, {domain}},
-        {"NCHW", {{2, 3, 4, 5}}, attrs, {domain}},
-        {"scalar", {{}}, attrs, {domain}},
-    };
-}
-
-std::vector<OpCase> neg_cases() { return unary_cases(D::Any); }
-std::vector<OpCase> add_scalar_cases() { return unary_cases(D::Any, scalar_attr(2.5)); }
-std::vector<OpCase> mul_scalar_cases() { return unary_cases(D::Any, scalar_attr(-1.75)); }
-std::vector<OpCase> exp_cases() { return unary_cases(D::Any); }
-std::vector<OpCase> positive_cases() { return unary_cases(D::Positive); }
-std::vector<OpCase> pow_cases() {
-    auto cases = unary_cases(D::Positive, scalar_attr(2.5));
-    cases.push_back({"negative exponent", {{3, 5}}, scalar_attr(-1.5), {D::Positive}});
-    return cases;
-}
-std::vector<OpCase> kink_cases() { return unary_cases(D::AwayFromZero); }
-// Cases that every check can run: the checks pick the input dtype (f64 finite differences, f32 vs f64, bf16/f16
-// through tests/test_reduced_precision.cpp), the target here is float64, exact from every dtype, so the finite
-// differences see no rounding. Conversions to bf16/f16/f32 are checked by tests/test_reduced_precision.cpp.
-std::vector<OpCase> cast_cases() {
-    OpAttrs to_f64;
-    to_f64.dtype = DType::f64;
-    return unary_cases(D::Any, to_f64);
-}
-std::vector<OpCase> leaky_relu_cases() { return unary_cases(D::AwayFromZero, scalar_attr(0.1)); }
-std::vector<OpCase> elu_cases() { return unary_cases(D::AwayFromZero, scalar_attr(1.3)); }
-std::vector<OpCase> clipped_relu_cases() { return unary_cases(D::AwayFromZero, scalar_attr(1.1)); }
-std::vector<OpCase> smooth_cases() { return unary_cases(D::Any); }
-
-// Random operands never tie; the tie rule (half each) is tested in tests/test_elementwise_norm.cpp.
-std::vector<OpCase> min_max_cases() {
-    std::vector<OpCase> cases = binary_cases();
-    for (OpCase& c : cases) c.domains = {D::Any, D::Any};
-    return cases;
-}
-std::vector<OpCase> clamp_cases() {
-    const auto bounds = [](std::optional<double> min, std::optional<double> max) {
-        OpAttrs a;
-        a.clamp_min = min;
-        a.clamp_max = max;
-        return a;
-    };
-    // One-sided bounds inside (-0.2, 0.2) with |x| >= 0.2: no input near a kink. The two-sided case draws from
-    // normal(0, 1): an input lies within the finite-difference step (1e-6) of a bound with probability ~1e-6.
-    return {
-        {"min only", {{4, 9}}, bounds(-0.1, std::nullopt), {D::AwayFromZero}},
-        {"max only", {{2, 3, 4, 5}}, bounds(std::nullopt, 0.1), {D::AwayFromZero}},
-        {"min and max", {{17}}, bounds(-0.75, 0.5), {D::Any}},
-        {"min and max NCHW", {{2, 3, 4, 5}}, bounds(-0.5, 1.25), {D::Any}},
-        {"scalar", {{}}, bounds(-0.1, 0.1), {D::AwayFromZero}},
-    };
-}
-std::vector<OpCase> gelu_cases() {
-    OpAttrs tanh_form;
-    tanh_form.gelu_approximation = GeluApproximation::Tanh;
-    std::vector<OpCase> cases = unary_cases(D::Any);
-    for (OpCase c : unary_cases(D::Any, tanh_form)) {
-        c.label = "tanh " + c.label;
-        cases.push_back(std::move(c));
-    }
-    return cases;
-}
-
-OpAttrs row_norm_attr(Shape normalized_shape, double eps = 1e-5) {
-    OpAttrs a;
-    a.shape = std::move(normalized_shape);
-    a.eps = eps;
-    return a;
-}
-// Rows of up to 256 vector units take the one-warp-per-row GPU kernel, longer ones one block per row; rows whose
-// length is not a multiple of the vector width (4 floats, 2 doubles) take the scalar loads.
-std::vector<OpCase> layer_norm_cases() {
-    return {
-        {"last dim affine", {{4, 10}, {10}, {10}}, row_norm_attr({10}), {}},
-        {"last two dims affine", {{2, 3, 4, 5}, {4, 5}, {4, 5}}, row_norm_attr({4, 5}), {}},
-        {"weight only", {{3, 8}, {8}}, row_norm_attr({8}), {}},
-        {"no affine", {{5, 6}}, row_norm_attr({6}, 1e-3), {}},
-        {"one row of one dim", {{7}, {7}, {7}}, row_norm_attr({7}), {}},
-        {"long rows affine", {{2, 1280}, {1280}, {1280}}, row_norm_attr({1280}), {}},
-        {"long odd rows", {{2, 1031}}, row_norm_attr({1031}), {}},
-    };
-}
-std::vector<OpCase> rms_norm_cases() {
-    return {
-        {"last dim weight", {{4, 10}, {10}}, row_norm_attr({10}, 1e-6), {}},
-        {"last two dims weight", {{2, 3, 4, 5}, {4, 5}}, row_norm_attr({4, 5}), {}},
-        {"no weight", {{5, 6}}, row_norm_attr({6}, 1e-3), {}},
-        {"long rows weight", {{2, 1280}, {1280}}, row_norm_attr({1280}), {}},
-        {"long odd rows", {{2, 1031}}, row_norm_attr({1031}), {}},
-    };
-}
-
-std::vector<OpCase> matmul_cases() {
-    return {
-        {"2-D", {{4, 3}, {3, 5}}, {}, {}},
-        {"2-D odd", {{1, 7}, {7, 9}}, {}, {}},
-        {"batched 3-D", {{3, 4, 5}, {3, 5, 2}}, {}, {}},
-    };
-}
-std::vector<OpCase> linear_cases() {
-    OpAttrs relu;
-    relu.activation = Activation::Relu;
-    // The ReLU cases draw every input from normal(0, 1): pre-activations of about half the outputs are
-    // positive, and each lies within the finite-difference step (1e-6) of the kink with probability ~1e-6.
-    return {
-        {"with bias", {{5, 4}, {3, 4}, {3}}, {}, {}},
-        {"batch 1", {{1, 7}, {6, 7}, {6}}, {}, {}},
-        {"relu", {{7, 13}, {5, 13}, {5}}, relu, {}},
-        {"relu batch 1", {{1, 9}, {11, 9}, {11}}, relu, {}},
-    };
-}
-std::vector<OpCase> transpose_cases() {
-    OpAttrs first_last;
-    first_last.axes = {0, 2};
-    OpAttrs last_two;
-    last_two.axes = {-2, -1};
-    return {
-        {"2-D", {{3, 5}}, last_two, {}},
-        {"3-D axes 0,2", {{2, 3, 4}}, first_last, {}},
-    };
-}
-std::vector<OpCase> reshape_cases() {
-    return {
-        {"flatten NCHW", {{2, 3, 4, 5}}, shape_attr({2, 60}), {}},
-        {"inferred dim", {{6, 4}}, shape_attr({3, -1, 2}), {}},
-    };
-}
-std::vector<OpCase> reduce_cases() {
-    return {
-        {"all", {{3, 4}}, axes_attr({}, false), {}},
-        {"axis 0", {{3, 4}}, axes_attr({0}, false), {}},
-        {"axis -1 keepdim", {{2, 3, 5}}, axes_attr({-1}, true), {}},
-        {"axes 0,2 NCHW", {{2, 3, 4, 5}}, axes_attr({0, 2, 3}, false), {}},
-    };
-}
-std::vector<OpCase> max_cases() {
-    return {
-        {"axis 1", {{4, 7}}, axis_attr(1), {}},
-        {"axis 0 keepdim", {{5, 3}}, axis_attr(0, true), {}},
-        {"3-D middle axis", {{2, 6, 3}}, axis_attr(1), {}},
-    };
-}
-std::vector<OpCase> arg_reduce_cases() {  // not differentiable: the int64 index is compared
-    return {
-        {"axis 1", {{4, 7}}, axis_attr(1), {D::Constant}},
-        {"axis 0 keepdim", {{5, 3}}, axis_attr(0, true), {D::Constant}},
-        {"3-D middle axis", {{2, 6, 3}}, axis_attr(1), {D::Constant}},
-        {"vector", {{9}}, axis_attr(-1), {D::Constant}},
-    };
-}
-std::vector<OpCase> softmax_cases() {
-    return {
-        {"rows", {{4, 10}}, axis_attr(-1), {}},
-        {"axis 0", {{5, 3}}, axis_attr(0), {}},
-        {"3-D middle axis", {{2, 7, 3}}, axis_attr(1), {}},
-    };
-}
-std::vector<OpCase> cross_entropy_cases() {
-    std::vector<OpCase> cases = {
-        {"batch 8, 10 classes", {{8, 10}, {8}}, {}, {D::Any, D::Labels}},
-        {"batch 1", {{1, 5}, {1}}, {}, {D::Any, D::Labels}},
-    };
-    for (OpCase& c : cross_entropy_options_cases()) cases.push_back(std::move(c));
-    return cases;
-}
-OpAttrs loss_attr(Reduction reduction, std::int64_t ignore_index = -100, double label_smoothing = 0.0) {
-    OpAttrs a;
-    a.reduction = reduction;
-    a.ignore_index = ignore_index;
-    a.label_smoothing = label_smoothing;
-    return a;
-}
-std::vector<OpCase> class_loss_weighted_cases() {
-    constexpr Reduction mean = Reduction::Mean, sum = Reduction::Sum, none = Reduction::None;
-    return {
-        // LabelsIgnored sets the labels at rows 1, 5, ... to ignore_index, an in-range class in some cases.
-        {"ignored rows, sum", {{8, 10}, {8}}, loss_attr(sum), {D::Any, D::LabelsIgnored}},
-        {"ignore_index 3, none", {{6, 4}, {6}}, loss_attr(none, 3), {D::Any, D::LabelsIgnored}},
-        {"class weights, ignored, mean", {{7, 5}, {7}, {5}}, loss_attr(mean), {D::Any, D::LabelsIgnored, D::Constant}},
-        {"class weights, sum", {{5, 3}, {5}, {3}}, loss_attr(sum), {D::Any, D::Labels, D::Constant}},
-    };
-}
-std::vector<OpCase> cross_entropy_options_cases() {
-    constexpr Reduction mean = Reduction::Mean, none = Reduction::None;
-    auto cases = class_loss_weighted_cases();
-    cases.push_back({"smoothing 0.1, ignored, mean", {{8, 10}, {8}}, loss_attr(mean, -100, 0.1),
-                     {D::Any, D::LabelsIgnored}});
-    cases.push_back({"smoothing 0.25, weights, ignore 0, mean", {{9, 6}, {9}, {6}}, loss_attr(mean, 0, 0.25),
-                     {D::Any, D::LabelsIgnored, D::Constant}});
-    cases.push_back({"smoothing 1, weights, none", {{4, 3}, {4}, {3}}, loss_attr(none, -100, 1.0),
-                     {D::Any, D::Labels, D::Constant}});
-    return cases;
-}
-std::vector<OpCase> nll_loss_cases() {
-    auto cases = class_loss_weighted_cases();
-    cases.insert(cases.begin(), {"batch 8, 10 classes", {{8, 10}, {8}}, {}, {D::Any, D::Labels}});
-    return cases;
-}
-std::vector<OpCase> bce_with_logits_cases() {
-    constexpr Reduction mean = Reduction::Mean, sum = Reduction::Sum, none = Reduction::None;
-    // Targets from Positive ([0.5, 2]): the loss is linear in the target, so any value checks its gradient.
-    return {
-        {"matrix, mean", {{4, 6}, {4, 6}}, loss_attr(mean), {D::Any, D::Positive}},
-        {"vector, sum", {{13}, {13}}, loss_attr(sum), {D::Any, D::Positive}},
-        {"weight (6), none", {{4, 6}, {4, 6}, {6}}, loss_attr(none), {D::Any, D::Positive, D::Constant}},
-        {"weight (4,6), pos_weight (6), mean", {{4, 6}, {4, 6}, {4, 6}, {6}}, loss_attr(mean),
-         {D::Any, D::Positive, D::Constant, D::Constant}},
-        {"pos_weight (1,5) only, sum", {{3, 5}, {3, 5}, {}, {1, 5}}, loss_attr(sum),
-         {D::Any, D::Positive, D::Constant, D::Constant}},
-    };
-}
-OpAttrs beta_attr(Reduction reduction, double beta) {
-    OpAttrs a = loss_attr(reduction);
-    a.scalar = beta;
-    return a;
-}
-// l1's kink is at prediction = target: with both from normal(0, 1) a difference falls within the
-// finite-difference step (1e-6) of 0 with probability ~1e-6 per element, as for the ReLU cases.
-// smooth_l1 is C¹ at |d| = beta (both pieces have slope ±1 there), so differences near beta are fine.
-std::vector<OpCase> l1_loss_cases() {
-    return {
-        {"matrix, mean", {{4, 6}, {4, 6}}, loss_attr(Reduction::Mean), {}},
-        {"vector, sum", {{13}, {13}}, loss_attr(Reduction::Sum), {}},
-        {"NCHW, none", {{2, 3, 2, 2}, {2, 3, 2, 2}}, loss_attr(Reduction::None), {}},
-    };
-}
-std::vector<OpCase> smooth_l1_loss_cases() {
-    return {
-        {"beta 1, mean", {{4, 6}, {4, 6}}, beta_attr(Reduction::Mean, 1.0), {}},
-        {"beta 0.5, sum", {{13}, {13}}, beta_attr(Reduction::Sum, 0.5), {}},
-        {"beta 2, none", {{3, 5}, {3, 5}}, beta_attr(Reduction::None, 2.0), {}},
-        {"beta 0 (l1), mean", {{4, 5}, {4, 5}}, beta_attr(Reduction::Mean, 0.0), {}},
-    };
-}
-std::vector<OpCase> mse_cases() {
-    return {
-        {"matrix", {{4, 6}, {4, 6}}, {}, {}},
-        {"vector", {{13}, {13}}, {}, {}},
-    };
-}
-
-OpAttrs conv_attr(std::array<std::int64_t, 2> stride, std::array<std::int64_t, 2> padding,
-                  std::array<std::int64_t, 2> dilation, std::int64_t groups, Activation activation = Activation::None) {
-    OpAttrs a;
-    a.stride = stride;
-    a.padding = padding;
-    a.dilation = dilation;
-    a.groups = groups;
-    a.activation = activation;
-    return a;
-}
-std::vector<OpCase> conv2d_cases() {
-    constexpr Activation relu = Activation::Relu;
-    return {
-        {"3x3 pad 1 bias", {{2, 3, 7, 6}, {4, 3, 3, 3}, {4}}, conv_attr({1, 1}, {1, 1}, {1, 1}, 1), {}},
-        {"stride 2 no bias", {{2, 2, 9, 8}, {3, 2, 3, 2}}, conv_attr({2, 2}, {0, 0}, {1, 1}, 1), {}},
-        {"dilation 2 pad 2", {{1, 2, 9, 9}, {2, 2, 3, 3}, {2}}, conv_attr({1, 1}, {2, 2}, {2, 2}, 1), {}},
-        {"groups 2", {{2, 4, 6, 5}, {6, 2, 3, 3}, {6}}, conv_attr({1, 1}, {1, 0}, {1, 1}, 2), {}},
-        {"5x5 lenet", {{2, 1, 12, 12}, {3, 1, 5, 5}, {3}}, conv_attr({1, 1}, {0, 0}, {1, 1}, 1), {}},
-        // Fused Relu: random inputs leave pre-activations within the finite-difference step of 0 rarely enough.
-        {"relu 3x3 pad 1 bias", {{2, 3, 7, 6}, {4, 3, 3, 3}, {4}}, conv_attr({1, 1}, {1, 1}, {1, 1}, 1, relu), {}},
-        {"relu stride 2 no bias", {{2, 2, 9, 8}, {3, 2, 3, 2}}, conv_attr({2, 2}, {0, 0}, {1, 1}, 1, relu), {}},
-        {"relu groups 2 pad 1,0", {{2, 4, 6, 5}, {6, 2, 3, 3}, {6}}, conv_attr({1, 1}, {1, 0}, {1, 1}, 2, relu), {}},
-        {"relu 5x5 lenet", {{3, 1, 12, 12}, {3, 1, 5, 5}, {3}}, conv_attr({1, 1}, {0, 0}, {1, 1}, 1, relu), {}},
-    };
-}
-OpAttrs pool_attr(std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
-                  std::array<std::int64_t, 2> padding) {
-    OpAttrs a;
-    a.kernel = kernel;
-    a.stride = stride;
-    a.padding = padding;
-    return a;
-}
-std::vector<OpCase> pool2d_cases() {
-    return {
-        {"2x2 stride 2", {{2, 3, 6, 8}}, pool_attr({2, 2}, {2, 2}, {0, 0}), {}},
-        {"3x3 stride 2 pad 1", {{1, 2, 7, 7}}, pool_attr({3, 3}, {2, 2}, {1, 1}), {}},
-        {"3x2 stride 1", {{2, 1, 5, 6}}, pool_attr({3, 2}, {1, 1}, {0, 0}), {}},
-    };
-}
-OpAttrs norm_attr(bool training) {
-    OpAttrs a;
-    a.training = training;
-    a.eps = 1e-5;
-    a.momentum = 0.1;
-    return a;
-}
-std::vector<OpCase> batch_norm_cases() {
-    const std::vector<D> domains = {D::Any, D::Any, D::Any, D::Constant, D::Constant};
-    return {
-        {"train NCHW", {{4, 3, 3, 2}, {3}, {3}, {3}, {3}}, norm_attr(true), domains},
-        {"train (N,C)", {{6, 5}, {5}, {5}, {5}, {5}}, norm_attr(true), domains},
-        {"eval NCHW", {{2, 3, 2, 4}, {3}, {3}, {3}, {3}}, norm_attr(false), domains},
-    };
-}
-OpAttrs dropout_attr(double p, bool training, std::uint64_t seed) {
-    OpAttrs a;
-    a.scalar = p;
-    a.training = training;
-    a.seed = seed;
-    return a;
-}
-std::vector<OpCase> dropout_cases() {
-    return {
-        {"p 0.3 train", {{4, 5}}, dropout_attr(0.3, true, 7), {}},
-        {"p 0.5 train NCHW", {{2, 3, 4, 5}}, dropout_attr(0.5, true, 11), {}},
-        {"eval", {{3, 7}}, dropout_attr(0.5, false, 3), {}},
-        // The seed-tensor form (captured steps): the seed is an int64 in [0, 13) (Indices of the last axis).
-        {"p 0.4 train seed tensor", {{5, 13}, {1}}, dropout_attr(0.4, true, 0), {D::Any, D::Indices}},
-    };
-}
-
-OpAttrs narrow_attr(std::int64_t axis, std::int64_t start, std::int64_t length) {
-    OpAttrs a;
-    a.axis = axis;
-    a.start = start;
-    a.length = length;
-    return a;
-}
-std::vector<OpCase> narrow_cases() {
-    return {
-        {"axis 1 middle", {{3, 5}}, narrow_attr(1, 1, 3), {}},
-        {"axis 0 of 3-D", {{4, 2, 3}}, narrow_attr(0, 2, 2), {}},
-        {"last axis whole", {{2, 3, 4}}, narrow_attr(-1, 0, 4), {}},
-        {"empty window", {{3, 4}}, narrow_attr(1, 2, 0), {}},
-    };
-}
-std::vector<OpCase> concat_cases() {
-    return {
-        {"axis 0, three inputs", {{2, 3}, {1, 3}, {4, 3}}, axis_attr(0), {}},
-        {"channels of NCHW", {{2, 3, 2, 2}, {2, 1, 2, 2}}, axis_attr(1), {}},
-        {"last axis", {{3, 2}, {3, 5}, {3, 1}}, axis_attr(-1), {}},
-        {"one input", {{4, 2}}, axis_attr(0), {}},
-    };
-}
-
-std::vector<OpCase> permute_cases() {
-    OpAttrs rotate, nchw_to_nhwc, negative, identity;
-    rotate.axes = {2, 0, 1};
-    nchw_to_nhwc.axes = {0, 2, 3, 1};
-    negative.axes = {-1, 0};
-    identity.axes = {0, 1};
-    return {
-        {"3-D rotate (2,0,1)", {{2, 3, 4}}, rotate, {}},
-        {"NCHW to NHWC", {{2, 3, 4, 5}}, nchw_to_nhwc, {}},
-        {"negative dims", {{3, 5}}, negative, {}},
-        {"identity", {{4, 3}}, identity, {}},
-    };
-}
-std::vector<OpCase> expand_cases() {
-    return {
-        {"row to matrix", {{1, 4}}, shape_attr({3, 4}), {}},
-        {"new leading axes", {{3, 1}}, shape_attr({2, 3, 5}), {}},
-        {"-1 keeps sizes", {{2, 1, 3}}, shape_attr({-1, 4, -1}), {}},
-        {"scalar", {{}}, shape_attr({3, 2}), {}},
-    };
-}
-
-// Index inputs draw from [0, size of axis `attrs.axis` of input 0) (InputDomain::Indices), so small axes
-// with many indices repeat some: the backward's accumulation of repeats is checked too.
-std::vector<OpCase> embedding_cases() {
-    // Cases without padding_idx: a padding row's gradient is 0 by definition, not the derivative, so finite
-    // differences cannot check it (tests/test_indexing.cpp does).
-    const OpAttrs rows = axis_attr(0);
-    return {
-        {"(10,4) weight, (3,5) indices", {{10, 4}, {3, 5}}, rows, {D::Any, D::Indices}},
-        {"3 rows, 12 indices", {{3, 6}, {12}}, rows, {D::Any, D::Indices}},
-        {"scalar index", {{7, 3}, {}}, rows, {D::Any, D::Indices}},
-    };
-}
-std::vector<OpCase> gather_cases() {
-    return {
-        {"axis 1", {{3, 5}, {3, 4}}, axis_attr(1), {D::Any, D::Indices}},
-        {"axis 0, index smaller along 1", {{4, 3}, {6, 2}}, axis_attr(0), {D::Any, D::Indices}},
-        {"3-D last axis", {{2, 3, 4}, {2, 2, 7}}, axis_attr(-1), {D::Any, D::Indices}},
-    };
-}
-std::vector<OpCase> index_select_cases() {
-    return {
-        {"axis 0", {{5, 3}, {7}}, axis_attr(0), {D::Any, D::Indices}},
-        {"axis 1 of 3-D", {{2, 4, 3}, {5}}, axis_attr(1), {D::Any, D::Indices}},
-        {"last axis", {{3, 4}, {2}}, axis_attr(-1), {D::Any, D::Indices}},
-    };
-}
-std::vector<OpCase> scatter_add_cases() {
-    const std::vector<D> domains = {D::Any, D::Indices, D::Any};
-    return {
-        {"axis 0", {{4, 3}, {6, 3}, {6, 3}}, axis_attr(0), domains},
-        {"axis 1, index smaller along 0", {{3, 5}, {2, 7}, {2, 7}}, axis_attr(1), domains},
-        {"3-D middle axis", {{2, 3, 4}, {2, 5, 3}, {2, 5, 3}}, axis_attr(1), domains},
-    };
-}
-std::vector<OpCase> where_cases() {
-    const std::vector<D> domains = {D::Mask, D::Any, D::Any};
-    return {
-        {"same shape", {{3, 4}, {3, 4}, {3, 4}}, {}, domains},
-        {"all three broadcast", {{3, 1}, {1, 4}, {4}}, {}, domains},
-        {"scalar branch", {{2, 3}, {2, 3}, {}}, {}, domains},
-    };
-}
-std::vector<OpCase> masked_fill_cases() {
-    const std::vector<D> domains = {D::Any, D::Mask};
-    return {
-        {"same shape", {{3, 4}, {3, 4}}, scalar_attr(-2.5), domains},
-        {"row mask", {{2, 3, 4}, {4}}, scalar_attr(-2.5), domains},
-        {"column mask", {{3, 5}, {3, 1}}, scalar_attr(3.0), domains},
-    };
-}
-
-OpAttrs attention_attr(bool causal, double dropout_p = 0.0, std::optional<double> scale = std::nullopt,
-                       std::uint64_t seed = 0) {
-    OpAttrs a;
-    a.is_causal = causal;
-    a.scalar = dropout_p;
-    a.attention_scale = scale;
-    a.seed = seed;
-    return a;
-}
-// q (B,H,T,D), k, v (B,H,S,D)[, mask]. T ≠ S and odd sizes throughout; masks of 0/1 (InputDomain::Mask) in
-// several broadcast shapes, where a query may lose every key (its output is 0). The dropout cases use fixed
-// seeds, so their masks are fixed functions of the inputs' positions and finite differences apply.
-std::vector<OpCase> attention_cases() {
-    const std::vector<D> masked = {D::Any, D::Any, D::Any, D::Mask};
-    return {
-        {"T 3, S 5, D 4", {{1, 2, 3, 4}, {1, 2, 5, 4}, {1, 2, 5, 4}}, attention_attr(false), {}},
-        {"causal T 5 = S", {{2, 1, 5, 3}, {2, 1, 5, 3}, {2, 1, 5, 3}}, attention_attr(true), {}},
-        {"causal T 6 > S 4", {{1, 2, 6, 5}, {1, 2, 4, 5}, {1, 2, 4, 5}}, attention_attr(true), {}},
-        {"causal T 3 < S 7, scale 0.3", {{2, 1, 3, 4}, {2, 1, 7, 4}, {2, 1, 7, 4}}, attention_attr(true, 0.0, 0.3), {}},
-        {"mask (T,S)", {{2, 2, 4, 3}, {2, 2, 6, 3}, {2, 2, 6, 3}, {4, 6}}, attention_attr(false), masked},
-        {"padding mask (B,1,1,S)", {{2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 4}, {2, 1, 1, 5}}, attention_attr(false),
-         masked},
-        {"mask (B,H,T,S) and causal", {{1, 2, 5, 3}, {1, 2, 5, 3}, {1, 2, 5, 3}, {1, 2, 5, 5}}, attention_attr(true),
-         masked},
-        {"dropout 0.3", {{2, 1, 4, 3}, {2, 1, 6, 3}, {2, 1, 6, 3}}, attention_attr(false, 0.3, std::nullopt, 17), {}},
-        {"dropout 0.5, causal, mask (T,S)", {{1, 2, 5, 4}, {1, 2, 5, 4}, {1, 2, 5, 4}, {5, 5}},
-         attention_attr(true, 0.5, std::nullopt, 1234), masked},
-    };
-}
-
-// x (T,N,I) = (3,2,3); w flat; h0, c0 (L·D,N,H) where the label says so.
-OpCase rnn_case(const char* label, RnnMode mode, std::int64_t hidden, std::int64_t layers, bool bidirectional,
-                int states) {
-    constexpr std::int64_t kSteps = 3, kBatch = 2, kInput = 3;
-    const RnnOptions options{hidden, layers, bidirectional};
-    OpAttrs a;
-    a.rnn_mode = mode;
-    a.hidden_size = hidden;
-    a.num_layers = layers;
-    a.bidirectional = bidirectional;
-    std::vector<Shape> shapes{{kSteps, kBatch, kInput}, {rnn_weight_size(mode, options, kInput)}};
-    for (int i = 0; i < states; ++i) shapes.push_back({layers * (bidirectional ? 2 : 1), kBatch, hidden});
-    return {label, shapes, a, {}};
-}
-std::vector<OpCase> rnn_cases() {
-    using M = RnnMode;
-    return {
-        rnn_case("lstm 1 layer", M::Lstm, 2, 1, false, 0),
-        rnn_case("lstm h0 only", M::Lstm, 3, 1, false, 1),
-        rnn_case("lstm 2 layers bidir h0 c0", M::Lstm, 2, 2, true, 2),
-        rnn_case("gru 1 layer h0", M::Gru, 3, 1, false, 1),
-        rnn_case("gru 2 layers bidir", M::Gru, 2, 2, true, 0),
-        rnn_case("rnn_tanh 2 layers h0", M::RnnTanh, 3, 2, false, 1),
-        rnn_case("rnn_tanh bidir", M::RnnTanh, 2, 1, true, 0),
-        rnn_case("rnn_relu 1 layer h0", M::RnnRelu, 3, 1, false, 1),
-        rnn_case("rnn_relu 2 layers bidir", M::RnnRelu, 2, 2, true, 0),
-    };
-}
-
-// Sorting and sampling (ops/sampling). Random inputs never tie; ties, k = 0 and the sampling statistics are
-// tests/test_sampling.cpp's. The long rows take the GPU's multi-tile scan.
-OpAttrs sort_attr(std::int64_t axis, bool descending, std::int64_t k = 0) {
-    OpAttrs a = axis_attr(axis);
-    a.descending = descending;
-    a.length = k;
-    return a;
-}
-std::vector<OpCase> cumsum_cases() {
-    return {{"vector", {{9}}, axis_attr(-1), {}}, {"rows", {{4, 7}}, axis_attr(1), {}},
-            {"axis 0", {{5, 3}}, axis_attr(0), {}}, {"3-D middle axis", {{2, 6, 3}}, axis_attr(1), {}},
-            {"scalar", {{}}, axis_attr(0), {}}, {"long rows", {{3, 1500}}, axis_attr(-1), {}}};
-}
-std::vector<OpCase> argsort_cases() {  // not differentiable: every input Constant
-    return {{"rows", {{4, 9}}, sort_attr(-1, false), {D::Constant}},
-            {"descending axis 0", {{6, 5}}, sort_attr(0, true), {D::Constant}},
-            {"3-D middle axis", {{2, 7, 3}}, sort_attr(1, false), {D::Constant}},
-            {"long rows descending", {{2, 1000}}, sort_attr(-1, true), {D::Constant}}};
-}
-std::vector<OpCase> topk_indices_cases() {
-    return {{"largest 3 of rows", {{4, 9}}, sort_attr(-1, true, 3), {D::Constant}},
-            {"smallest 2 along axis 0", {{6, 5}}, sort_attr(0, false, 2), {D::Constant}},
-            {"all of a vector", {{7}}, sort_attr(0, true, 7), {D::Constant}},
-            {"3-D middle axis", {{2, 8, 3}}, sort_attr(1, true, 4), {D::Constant}},
-            {"long rows", {{2, 1000}}, sort_attr(-1, true, 5), {D::Constant}}};
-}
-std::vector<OpCase> multinomial_cases() {
-    const auto draws = [](std::int64_t n, bool replacement, std::uint64_t seed) {
-        OpAttrs a = sort_attr(-1, false, n);
-        a.replacement = replacement;
-        a.seed = seed;
-        return a;
-    };
-    return {{"rows with replacement", {{4, 10}}, draws(16, true, 11), {D::Constant}},
-            {"every category of each row", {{5, 8}}, draws(8, false, 12), {D::Constant}},
-            {"vector without replacement", {{12}}, draws(5, false, 13), {D::Constant}},
-            {"vector with replacement", {{6}}, draws(20, true, 14), {D::Constant}},
-            {"long rows without replacement", {{2, 1500}}, draws(4, false, 15), {D::Constant}}};
-}
 
 constexpr BackendKernels kCpuUnary{cpu::unary_forward, cpu::unary_backward};
 constexpr BackendKernels kCpuBinary{cpu::binary_forward, cpu::binary_backward};
@@ -650,117 +96,222 @@ constexpr BackendKernels kCudaNarrow{};
 #endif
 
 constexpr std::array<OpDef, kOpTypeCount> kTable = {{
-    {OpType::Leaf, "leaf", 0, nullptr, {}, {}, no_cases},
-    {OpType::Add, "add", 2, infer::broadcast, kCpuBinary, kCudaBinary, binary_cases, 0, true, 0, binary_differentiable_backward},
-    {OpType::Sub, "sub", 2, infer::broadcast, kCpuBinary, kCudaBinary, binary_cases, 0, true, 0, binary_differentiable_backward},
-    {OpType::Mul, "mul", 2, infer::broadcast, kCpuBinary, kCudaBinary, binary_cases, 0, true, 0, binary_differentiable_backward},
-    {OpType::Div, "div", 2, infer::broadcast, kCpuBinary, kCudaBinary, binary_cases, 0, true, 0, binary_differentiable_backward},
-    {OpType::Minimum, "minimum", 2, infer::broadcast, kCpuBinary, kCudaBinary, min_max_cases, 0, true, 0, binary_differentiable_backward},
-    {OpType::Maximum, "maximum", 2, infer::broadcast, kCpuBinary, kCudaBinary, min_max_cases, 0, true, 0, binary_differentiable_backward},
-    {OpType::Eq, "eq", 2, infer::broadcast, kCpuCompare, kCudaCompare, compare_cases, 0, kNotDifferentiable},
-    {OpType::Ne, "ne", 2, infer::broadcast, kCpuCompare, kCudaCompare, compare_cases, 0, kNotDifferentiable},
-    {OpType::Lt, "lt", 2, infer::broadcast, kCpuCompare, kCudaCompare, compare_cases, 0, kNotDifferentiable},
-    {OpType::Le, "le", 2, infer::broadcast, kCpuCompare, kCudaCompare, compare_cases, 0, kNotDifferentiable},
-    {OpType::Gt, "gt", 2, infer::broadcast, kCpuCompare, kCudaCompare, compare_cases, 0, kNotDifferentiable},
-    {OpType::Ge, "ge", 2, infer::broadcast, kCpuCompare, kCudaCompare, compare_cases, 0, kNotDifferentiable},
-    {OpType::Neg, "neg", 1, infer::same_as_first, kCpuUnary, kCudaUnary, neg_cases, 0, true, 0, unary_differentiable_backward},
-    {OpType::AddScalar, "add_scalar", 1, infer::same_as_first, kCpuUnary, kCudaUnary, add_scalar_cases, 0, true, 0, unary_differentiable_backward},
-    {OpType::MulScalar, "mul_scalar", 1, infer::same_as_first, kCpuUnary, kCudaUnary, mul_scalar_cases, 0, true, 0, unary_differentiable_backward},
-    {OpType::Exp, "exp", 1, infer::same_as_first, kCpuUnary, kCudaUnary, exp_cases, 0, true, 0, unary_differentiable_backward},
-    {OpType::Log, "log", 1, infer::same_as_first, kCpuUnary, kCudaUnary, positive_cases, 0, true, 0, unary_differentiable_backward},
-    {OpType::Sqrt, "sqrt", 1, infer::same_as_first, kCpuUnary, kCudaUnary, positive_cases, 0, true, 0, unary_differentiable_backward},
-    {OpType::PowScalar, "pow", 1, infer::same_as_first, kCpuUnary, kCudaUnary, pow_cases, 0, true, 0, unary_differentiable_backward},
-    {OpType::Abs, "abs", 1, infer::same_as_first, kCpuUnary, kCudaUnary, kink_cases, 0, true, 0, unary_differentiable_backward},
-    {OpType::Sin, "sin", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases, 0, true, 0, unary_differentiable_backward},
-    {OpType::Cos, "cos", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases, 0, true, 0, unary_differentiable_backward},
-    {OpType::Clamp, "clamp", 1, infer::same_as_first, kCpuUnary, kCudaUnary, clamp_cases, 0, true, 0, unary_differentiable_backward},
-    {OpType::Cast, "cast", 1, infer::cast, kCast, kCast, cast_cases, 0, true, 0, unary_differentiable_backward},
-    {OpType::Relu, "relu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, kink_cases, 0, true, 0, unary_differentiable_backward},
-    {OpType::LeakyRelu, "leaky_relu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, leaky_relu_cases, 0, true, 0, unary_differentiable_backward},
-    {OpType::Elu, "elu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, elu_cases, 0, true, 0, unary_differentiable_backward},
-    {OpType::ClippedRelu, "clipped_relu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, clipped_relu_cases, 0, true, 0, unary_differentiable_backward},
-    {OpType::Sigmoid, "sigmoid", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases, 0, true, 0, unary_differentiable_backward},
-    {OpType::Tanh, "tanh", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases, 0, true, 0, unary_differentiable_backward},
-    {OpType::Softplus, "softplus", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases, 0, true, 0, unary_differentiable_backward},
-    {OpType::Gelu, "gelu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, gelu_cases, 0, true, 0, unary_differentiable_backward},
-    {OpType::Silu, "silu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases, 0, true, 0, unary_differentiable_backward},
-    {OpType::LogSigmoid, "log_sigmoid", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases, 0, true, 0, unary_differentiable_backward},
-    {OpType::Softmax, "softmax", 1, infer::along_axis, kCpuSoftmax, kCudaSoftmax, softmax_cases, 0, true, 0, softmax_differentiable_backward},
-    {OpType::LogSoftmax, "log_softmax", 1, infer::along_axis, kCpuSoftmax, kCudaSoftmax, softmax_cases, 0, true, 0, softmax_differentiable_backward},
+    {OpType::Leaf, "leaf", 0, nullptr, {}, {}, no_cases,
+     kNoAttrs, kFollow, nullptr},
+    {OpType::Add, "add", 2, infer::broadcast, kCpuBinary, kCudaBinary, binary_cases,
+     kNoAttrs, kFollow, "torch.add(a, b)", 0, true, 0, nullptr, binary_differentiable_backward},
+    {OpType::Sub, "sub", 2, infer::broadcast, kCpuBinary, kCudaBinary, binary_cases,
+     kNoAttrs, kFollow, "torch.sub(a, b)", 0, true, 0, nullptr, binary_differentiable_backward},
+    {OpType::Mul, "mul", 2, infer::broadcast, kCpuBinary, kCudaBinary, binary_cases,
+     kNoAttrs, kFollow, "torch.mul(a, b)", 0, true, 0, nullptr, binary_differentiable_backward},
+    {OpType::Div, "div", 2, infer::broadcast, kCpuBinary, kCudaBinary, binary_cases,
+     kNoAttrs, kFollow, "torch.div(a, b)", 0, true, 0, nullptr, binary_differentiable_backward},
+    {OpType::Minimum, "minimum", 2, infer::broadcast, kCpuBinary, kCudaBinary, min_max_cases,
+     kNoAttrs, kFollow, "torch.minimum(a, b)", 0, true, 0, nullptr, binary_differentiable_backward},
+    {OpType::Maximum, "maximum", 2, infer::broadcast, kCpuBinary, kCudaBinary, min_max_cases,
+     kNoAttrs, kFollow, "torch.maximum(a, b)", 0, true, 0, nullptr, binary_differentiable_backward},
+    {OpType::Eq, "eq", 2, infer::broadcast, kCpuCompare, kCudaCompare, compare_cases,
+     kNoAttrs, kFollow, "torch.eq(a, b).to(a.dtype)", 0, kNotDifferentiable},
+    {OpType::Ne, "ne", 2, infer::broadcast, kCpuCompare, kCudaCompare, compare_cases,
+     kNoAttrs, kFollow, "torch.ne(a, b).to(a.dtype)", 0, kNotDifferentiable},
+    {OpType::Lt, "lt", 2, infer::broadcast, kCpuCompare, kCudaCompare, compare_cases,
+     kNoAttrs, kFollow, "torch.lt(a, b).to(a.dtype)", 0, kNotDifferentiable},
+    {OpType::Le, "le", 2, infer::broadcast, kCpuCompare, kCudaCompare, compare_cases,
+     kNoAttrs, kFollow, "torch.le(a, b).to(a.dtype)", 0, kNotDifferentiable},
+    {OpType::Gt, "gt", 2, infer::broadcast, kCpuCompare, kCudaCompare, compare_cases,
+     kNoAttrs, kFollow, "torch.gt(a, b).to(a.dtype)", 0, kNotDifferentiable},
+    {OpType::Ge, "ge", 2, infer::broadcast, kCpuCompare, kCudaCompare, compare_cases,
+     kNoAttrs, kFollow, "torch.ge(a, b).to(a.dtype)", 0, kNotDifferentiable},
+    {OpType::Neg, "neg", 1, infer::same_as_first, kCpuUnary, kCudaUnary, neg_cases,
+     kNoAttrs, kFollow, "torch.neg(x)", 0, true, 0, nullptr, unary_differentiable_backward},
+    {OpType::AddScalar, "add_scalar", 1, infer::same_as_first, kCpuUnary, kCudaUnary, add_scalar_cases,
+     reads("scalar"), kFollow, "x + scalar", 0, true, 0, nullptr, unary_differentiable_backward},
+    {OpType::MulScalar, "mul_scalar", 1, infer::same_as_first, kCpuUnary, kCudaUnary, mul_scalar_cases,
+     reads("scalar"), kFollow, "x * scalar", 0, true, 0, nullptr, unary_differentiable_backward},
+    {OpType::Exp, "exp", 1, infer::same_as_first, kCpuUnary, kCudaUnary, exp_cases,
+     kNoAttrs, kFloat32, "torch.exp(x)", 0, true, 0, nullptr, unary_differentiable_backward},
+    {OpType::Log, "log", 1, infer::same_as_first, kCpuUnary, kCudaUnary, positive_cases,
+     kNoAttrs, kFloat32, "torch.log(x)", 0, true, 0, nullptr, unary_differentiable_backward},
+    {OpType::Sqrt, "sqrt", 1, infer::same_as_first, kCpuUnary, kCudaUnary, positive_cases,
+     kNoAttrs, kFollow, "torch.sqrt(x)", 0, true, 0, nullptr, unary_differentiable_backward},
+    {OpType::PowScalar, "pow", 1, infer::same_as_first, kCpuUnary, kCudaUnary, pow_cases,
+     reads("scalar"), kFloat32, "torch.pow(x, scalar)", 0, true, 0, nullptr, unary_differentiable_backward},
+    {OpType::Abs, "abs", 1, infer::same_as_first, kCpuUnary, kCudaUnary, kink_cases,
+     kNoAttrs, kFollow, "torch.abs(x)", 0, true, 0, nullptr, unary_differentiable_backward},
+    {OpType::Sin, "sin", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases,
+     kNoAttrs, kFollow, "torch.sin(x)", 0, true, 0, nullptr, unary_differentiable_backward},
+    {OpType::Cos, "cos", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases,
+     kNoAttrs, kFollow, "torch.cos(x)", 0, true, 0, nullptr, unary_differentiable_backward},
+    {OpType::Clamp, "clamp", 1, infer::same_as_first, kCpuUnary, kCudaUnary, clamp_cases,
+     reads("clamp_min", "clamp_max"), kFollow, "torch.clamp(x, min=clamp_min, max=clamp_max)", 0, true, 0, nullptr, unary_differentiable_backward},
+    {OpType::Cast, "cast", 1, infer::cast, kCast, kCast, cast_cases,
+     reads("dtype"), kFollow, "x.to(dtype)", 0, true, 0, nullptr, unary_differentiable_backward},
+    {OpType::Relu, "relu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, kink_cases,
+     kNoAttrs, kFollow, "torch.relu(x)", 0, true, 0, nullptr, unary_differentiable_backward},
+    {OpType::LeakyRelu, "leaky_relu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, leaky_relu_cases,
+     reads("scalar"), kFollow, "torch.nn.functional.leaky_relu(x, negative_slope=scalar)", 0, true, 0, nullptr, unary_differentiable_backward},
+    {OpType::Elu, "elu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, elu_cases,
+     reads("scalar"), kFollow, "torch.nn.functional.elu(x, alpha=scalar)", 0, true, 0, nullptr, unary_differentiable_backward},
+    {OpType::ClippedRelu, "clipped_relu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, clipped_relu_cases,
+     reads("scalar"), kFollow, "torch.nn.functional.hardtanh(x, 0, scalar)", 0, true, 0, nullptr, unary_differentiable_backward},
+    {OpType::Sigmoid, "sigmoid", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases,
+     kNoAttrs, kFollow, "torch.sigmoid(x)", 0, true, 0, nullptr, unary_differentiable_backward},
+    {OpType::Tanh, "tanh", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases,
+     kNoAttrs, kFollow, "torch.tanh(x)", 0, true, 0, nullptr, unary_differentiable_backward},
+    {OpType::Softplus, "softplus", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases,
+     kNoAttrs, kFloat32, "torch.nn.functional.softplus(x)", 0, true, 0, nullptr, unary_differentiable_backward},
+    {OpType::Gelu, "gelu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, gelu_cases,
+     reads("gelu_approximation"), kFollow, "torch.nn.functional.gelu(x, approximate=gelu_approximation)", 0, true, 0, nullptr, unary_differentiable_backward},
+    {OpType::Silu, "silu", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases,
+     kNoAttrs, kFollow, "torch.nn.functional.silu(x)", 0, true, 0, nullptr, unary_differentiable_backward},
+    {OpType::LogSigmoid, "log_sigmoid", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases,
+     kNoAttrs, kFollow, "torch.nn.functional.logsigmoid(x)", 0, true, 0, nullptr, unary_differentiable_backward},
+    {OpType::Softsign, "softsign", 1, infer::same_as_first, kCpuUnary, kCudaUnary, smooth_cases,
+     kNoAttrs, kFollow, "torch.nn.functional.softsign(x)", 0, true, 0, nullptr, unary_differentiable_backward},
+    {OpType::Softmax, "softmax", 1, infer::along_axis, kCpuSoftmax, kCudaSoftmax, softmax_cases,
+     reads("axis"), kFloat32, "torch.softmax(x, dim=axis)", 0, true, 0, nullptr, softmax_differentiable_backward},
+    {OpType::LogSoftmax, "log_softmax", 1, infer::along_axis, kCpuSoftmax, kCudaSoftmax, softmax_cases,
+     reads("axis"), kFloat32, "torch.log_softmax(x, dim=axis)", 0, true, 0, nullptr, softmax_differentiable_backward},
     {OpType::Matmul, "matmul", 2, infer::matmul, {cpu::matmul_forward, cpu::matmul_backward},
-     DG_CUDA_KERNELS_NATIVE(matmul_forward, matmul_backward), matmul_cases, 0, true, 0, matmul_differentiable_backward},
+     DG_CUDA_KERNELS_NATIVE(matmul_forward, matmul_backward), matmul_cases,
+     kNoAttrs, kReduced, "torch.matmul(a, b)", 0, true, 0, nullptr, matmul_differentiable_backward},
     {OpType::Linear, "linear", 3, infer::linear, {cpu::linear_forward, cpu::linear_backward},
-     DG_CUDA_KERNELS_NATIVE(linear_forward, linear_backward), linear_cases, 0, true, 0, linear_differentiable_backward},
+     DG_CUDA_KERNELS_NATIVE(linear_forward, linear_backward), linear_cases,
+     reads("activation"), kReduced, "activation(torch.nn.functional.linear(x, weight, bias))", 0, true, 0,
+     &unfused::linear, linear_differentiable_backward},
     {OpType::Transpose, "transpose", 1, infer::transpose, {cpu::transpose_forward, cpu::transpose_backward},
-     DG_CUDA_KERNELS_NATIVE(transpose_forward, transpose_backward), transpose_cases, 0, true, 0, transpose_differentiable_backward},
-    {OpType::Reshape, "reshape", 1, infer::reshape, kReshape, kReshape, reshape_cases, 0, true, 0, reshape_differentiable_backward},
-    {OpType::Sum, "sum", 1, infer::reduce_axes, kCpuReduce, kCudaReduce, reduce_cases, 0, true, 0, reduce_differentiable_backward},
-    {OpType::Mean, "mean", 1, infer::reduce_axes, kCpuReduce, kCudaReduce, reduce_cases, 0, true, 0, reduce_differentiable_backward},
+     DG_CUDA_KERNELS_NATIVE(transpose_forward, transpose_backward), transpose_cases,
+     reads("axes"), kFollow, "torch.transpose(x, axes[0], axes[1])", 0, true, 0, nullptr, transpose_differentiable_backward},
+    {OpType::Reshape, "reshape", 1, infer::reshape, kReshape, kReshape, reshape_cases,
+     reads("shape"), kFollow, "torch.reshape(x, shape)", 0, true, 0, nullptr, reshape_differentiable_backward},
+    {OpType::Sum, "sum", 1, infer::reduce_axes, kCpuReduce, kCudaReduce, reduce_cases,
+     reads("axes", "keepdim"), kFloat32, "torch.sum(x, dim=axes, keepdim=keepdim)", 0, true, 0, nullptr, reduce_differentiable_backward},
+    {OpType::Mean, "mean", 1, infer::reduce_axes, kCpuReduce, kCudaReduce, reduce_cases,
+     reads("axes", "keepdim"), kFloat32, "torch.mean(x, dim=axes, keepdim=keepdim)", 0, true, 0, nullptr, reduce_differentiable_backward},
     {OpType::Max, "max", 1, infer::reduce_axis, {cpu::max_forward, cpu::max_backward},
-     DG_CUDA_KERNELS_NATIVE(max_forward, max_backward), max_cases, 0, true, 0, max_differentiable_backward},
-    {OpType::ArgMax, "argmax", 1, infer::arg_reduce, kArgReduce, kCudaArgReduce, arg_reduce_cases, 0, kNotDifferentiable},
-    {OpType::ArgMin, "argmin", 1, infer::arg_reduce, kArgReduce, kCudaArgReduce, arg_reduce_cases, 0, kNotDifferentiable},
+     DG_CUDA_KERNELS_NATIVE(max_forward, max_backward), max_cases,
+     reads("axis", "keepdim"), kFollow, "torch.max(x, dim=axis, keepdim=keepdim).values", 0, true, 0, nullptr, max_differentiable_backward},
+    // Written once for every backend over its max, sum and elementwise kernels (ops/reduce.cpp): no kernel of its own.
+    {OpType::LogSumExp, "logsumexp", 1, infer::reduce_axes, {logsumexp_forward, logsumexp_backward},
+     DG_CUDA_KERNELS_SHARED(logsumexp_forward, logsumexp_backward), reduce_cases,
+     reads("axes", "keepdim"), kFloat32, "torch.logsumexp(x, dim=axes, keepdim=keepdim)", 0, true, 0, nullptr,
+     logsumexp_differentiable_backward},
+    {OpType::ArgMax, "argmax", 1, infer::arg_reduce, kArgReduce, kCudaArgReduce, arg_reduce_cases,
+     reads("axis", "keepdim"), kFollow, "torch.argmax(x, dim=axis, keepdim=keepdim)", 0, kNotDifferentiable},
+    {OpType::ArgMin, "argmin", 1, infer::arg_reduce, kArgReduce, kCudaArgReduce, arg_reduce_cases,
+     reads("axis", "keepdim"), kFollow, "torch.argmin(x, dim=axis, keepdim=keepdim)", 0, kNotDifferentiable},
     {OpType::CrossEntropy, "cross_entropy", 3, infer::cross_entropy, kCpuClassLoss, kCudaClassLoss,
-     cross_entropy_cases, /*optional_inputs=*/1, true, 0, loss_differentiable_backward},
+     cross_entropy_cases, reads("reduction", "ignore_index", "label_smoothing"), kFloat32,
+     "torch.nn.functional.cross_entropy(x, target, weight, ignore_index=ignore_index, reduction=reduction, "
+     "label_smoothing=label_smoothing)",
+     /*optional_inputs=*/1, true, 0, &unfused::cross_entropy, loss_differentiable_backward},
     {OpType::MseLoss, "mse_loss", 2, infer::mse_loss, {cpu::mse_loss_forward, cpu::mse_loss_backward},
-     DG_CUDA_KERNELS(mse_loss_forward, mse_loss_backward), mse_cases, 0, true, 0, loss_differentiable_backward},
+     DG_CUDA_KERNELS(mse_loss_forward, mse_loss_backward), mse_cases,
+     kNoAttrs, kFloat32, "torch.nn.functional.mse_loss(prediction, target)", 0, true, 0, nullptr, loss_differentiable_backward},
+    // label_smoothing: read to refuse anything but 0 (a ValueError naming cross_entropy, which takes it)
     {OpType::NllLoss, "nll_loss", 3, infer::cross_entropy, kCpuClassLoss, kCudaClassLoss, nll_loss_cases,
-     /*optional_inputs=*/1, true, 0, loss_differentiable_backward},
+     reads("reduction", "ignore_index", "label_smoothing"), kFloat32,
+     "torch.nn.functional.nll_loss(x, target, weight, ignore_index=ignore_index, reduction=reduction)",
+     /*optional_inputs=*/1, true, 0, nullptr, loss_differentiable_backward},
     {OpType::BceWithLogits, "binary_cross_entropy_with_logits", 4, infer::bce_with_logits, kCpuPointLoss,
-     kCudaPointLoss, bce_with_logits_cases, /*optional_inputs=*/2, true, 0, loss_differentiable_backward},
-    {OpType::L1Loss, "l1_loss", 2, infer::pointwise_loss, kCpuPointLoss, kCudaPointLoss, l1_loss_cases, 0, true, 0, loss_differentiable_backward},
+     kCudaPointLoss, bce_with_logits_cases, reads("reduction"), kFloat32,
+     "torch.nn.functional.binary_cross_entropy_with_logits(x, target, weight, pos_weight=pos_weight, "
+     "reduction=reduction)",
+     /*optional_inputs=*/2, true, 0, nullptr, loss_differentiable_backward},
+    {OpType::L1Loss, "l1_loss", 2, infer::pointwise_loss, kCpuPointLoss, kCudaPointLoss, l1_loss_cases,
+     reads("reduction"), kFloat32, "torch.nn.functional.l1_loss(prediction, target, reduction=reduction)", 0, true, 0, nullptr, loss_differentiable_backward},
     {OpType::SmoothL1Loss, "smooth_l1_loss", 2, infer::pointwise_loss, kCpuPointLoss, kCudaPointLoss,
-     smooth_l1_loss_cases, 0, true, 0, loss_differentiable_backward},
+     smooth_l1_loss_cases, reads("scalar", "reduction"), kFloat32,
+     "torch.nn.functional.smooth_l1_loss(prediction, target, reduction=reduction, beta=scalar)", 0, true, 0, nullptr, loss_differentiable_backward},
     {OpType::Conv2d, "conv2d", 3, infer::conv2d, {cpu::conv2d_forward, cpu::conv2d_backward},
-     DG_CUDA_KERNELS_NATIVE(conv2d_forward, conv2d_backward), conv2d_cases, /*optional_inputs=*/1, true, 0, conv2d_differentiable_backward},
-    {OpType::MaxPool2d, "max_pool2d", 1, infer::pool2d, kCpuPool, kCudaPool, pool2d_cases, 0, true, 0, pool_differentiable_backward},
-    {OpType::AvgPool2d, "avg_pool2d", 1, infer::pool2d, kCpuPool, kCudaPool, pool2d_cases, 0, true, 0, pool_differentiable_backward},
+     DG_CUDA_KERNELS_NATIVE(conv2d_forward, conv2d_backward), conv2d_cases,
+     reads("stride", "padding", "dilation", "groups", "activation"), kReduced,
+     "activation(torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups))",
+     /*optional_inputs=*/1, true, 0, &unfused::conv2d, conv2d_differentiable_backward},
+    {OpType::MaxPool2d, "max_pool2d", 1, infer::pool2d, kCpuPool, kCudaPool, pool2d_cases,
+     reads("kernel", "stride", "padding"), kFollow, "torch.nn.functional.max_pool2d(x, kernel, stride, padding)", 0, true, 0, nullptr, pool_differentiable_backward},
+    {OpType::AvgPool2d, "avg_pool2d", 1, infer::pool2d, kCpuPool, kCudaPool, pool2d_cases,
+     reads("kernel", "stride", "padding"), kFollow,
+     "torch.nn.functional.avg_pool2d(x, kernel, stride, padding, count_include_pad=True)", 0, true, 0, nullptr, pool_differentiable_backward},
     {OpType::BatchNorm, "batch_norm", 5, infer::batch_norm, {cpu::batch_norm_forward, cpu::batch_norm_backward},
-     DG_CUDA_KERNELS(batch_norm_forward, batch_norm_backward), batch_norm_cases, 0, true,
-     /*updates_inputs=*/(1u << 3) | (1u << 4), norm_differentiable_backward},  // running_mean, running_var
+     DG_CUDA_KERNELS(batch_norm_forward, batch_norm_backward), batch_norm_cases,
+     reads("training", "eps", "momentum"), kFloat32,
+     "torch.nn.functional.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)", 0, true,
+     /*updates_inputs=*/(1u << 3) | (1u << 4), nullptr, norm_differentiable_backward},  // running_mean, running_var
     {OpType::LayerNorm, "layer_norm", 3, infer::row_norm, kCpuRowNorm, kCudaRowNorm, layer_norm_cases,
-     /*optional_inputs=*/2, true, 0, norm_differentiable_backward},
+     reads("shape", "eps"), kFloat32, "torch.nn.functional.layer_norm(x, shape, weight, bias, eps)",
+     /*optional_inputs=*/2, true, 0, nullptr, norm_differentiable_backward},
     {OpType::RmsNorm, "rms_norm", 2, infer::row_norm, kCpuRowNorm, kCudaRowNorm, rms_norm_cases,
-     /*optional_inputs=*/1, true, 0, norm_differentiable_backward},
+     reads("shape", "eps"), kFloat32, "torch.nn.functional.rms_norm(x, shape, weight, eps)",
+     /*optional_inputs=*/1, true, 0, nullptr, norm_differentiable_backward},
     // The seed input is optional; the CUDA forward takes bf16/f16 natively (the backward is that forward on dy).
     {OpType::Dropout, "dropout", 2, infer::dropout, {cpu::dropout_forward, dropout_backward},
-     DG_CUDA_KERNELS_FORWARD_NATIVE(dropout_forward, dropout_backward), dropout_cases, /*optional_inputs=*/1, true, 0, dropout_differentiable_backward},
+     DG_CUDA_KERNELS_FORWARD_NATIVE(dropout_forward, dropout_backward), dropout_cases,
+     reads("scalar", "training", "seed"), kFollow,
+     "torch.nn.functional.dropout(x, p=scalar, training=training), with dyngrad's keep mask from seed",
+     /*optional_inputs=*/1, true, 0, nullptr, dropout_differentiable_backward},
     // Custom ops carry their own definitions (graph/custom_op.h); op_def(op, attrs) finds them.
-    {OpType::Custom, "custom", 0, nullptr, {}, {}, no_cases},
+    {OpType::Custom, "custom", 0, nullptr, {}, {}, no_cases,
+     kNoAttrs, kFollow, nullptr},
     // narrow, concat: byte copies by element size on both backends, so every dtype natively
-    {OpType::Narrow, "narrow", 1, infer::narrow, kNarrow, kCudaNarrow, narrow_cases, 0, true, 0, narrow_differentiable_backward},
+    {OpType::Narrow, "narrow", 1, infer::narrow, kNarrow, kCudaNarrow, narrow_cases,
+     reads("axis", "start", "length"), kFollow, "torch.narrow(x, axis, start, length)", 0, true, 0, nullptr, narrow_differentiable_backward},
     {OpType::Concat, "concat", kVariadic, infer::concat, {concat_forward, concat_backward, true},
-     DG_CUDA_KERNELS_SHARED_NATIVE(concat_forward, concat_backward), concat_cases, 0, true, 0, concat_differentiable_backward},
+     DG_CUDA_KERNELS_SHARED_NATIVE(concat_forward, concat_backward), concat_cases,
+     reads("axis"), kFollow, "torch.cat(xs, dim=axis)", 0, true, 0, nullptr, concat_differentiable_backward},
     // permute, expand: copies by element size on both backends too
     {OpType::Permute, "permute", 1, infer::permute, {cpu::permute_forward, cpu::permute_backward, true},
-     DG_CUDA_KERNELS_NATIVE(permute_forward, permute_backward), permute_cases, 0, true, 0, permute_differentiable_backward},
+     DG_CUDA_KERNELS_NATIVE(permute_forward, permute_backward), permute_cases,
+     reads("axes"), kFollow, "x.permute(axes)", 0, true, 0, nullptr, permute_differentiable_backward},
     {OpType::Expand, "expand", 1, infer::expand, {cpu::expand_forward, expand_backward, true},
-     DG_CUDA_KERNELS_FORWARD_NATIVE(expand_forward, expand_backward), expand_cases, 0, true, 0, expand_differentiable_backward},
+     DG_CUDA_KERNELS_FORWARD_NATIVE(expand_forward, expand_backward), expand_cases,
+     reads("shape"), kFollow, "x.expand(shape)", 0, true, 0, nullptr, expand_differentiable_backward},
     {OpType::Embedding, "embedding", 2, infer::embedding, {cpu::embedding_forward, cpu::embedding_backward},
-     DG_CUDA_KERNELS(embedding_forward, embedding_backward), embedding_cases, 0, true, 0, embedding_differentiable_backward},
+     DG_CUDA_KERNELS(embedding_forward, embedding_backward), embedding_cases,
+     reads("padding_idx"), kFollow,
+     "torch.nn.functional.embedding(indices, weight, padding_idx=padding_idx)", 0, true, 0, nullptr, embedding_differentiable_backward},
     {OpType::Gather, "gather", 2, infer::gather, {cpu::gather_forward, cpu::gather_backward},
-     DG_CUDA_KERNELS(gather_forward, gather_backward), gather_cases, 0, true, 0, gather_differentiable_backward},
+     DG_CUDA_KERNELS(gather_forward, gather_backward), gather_cases,
+     reads("axis"), kFollow, "torch.gather(x, axis, index)", 0, true, 0, nullptr, gather_differentiable_backward},
     {OpType::IndexSelect, "index_select", 2, infer::index_select,
      {cpu::index_select_forward, cpu::index_select_backward},
-     DG_CUDA_KERNELS(index_select_forward, index_select_backward), index_select_cases, 0, true, 0, index_select_differentiable_backward},
+     DG_CUDA_KERNELS(index_select_forward, index_select_backward), index_select_cases,
+     reads("axis"), kFollow, "torch.index_select(x, axis, index)", 0, true, 0, nullptr, index_select_differentiable_backward},
     {OpType::ScatterAdd, "scatter_add", 3, infer::scatter_add, {cpu::scatter_add_forward, scatter_add_backward},
-     DG_CUDA_KERNELS_FORWARD(scatter_add_forward, scatter_add_backward), scatter_add_cases, 0, true, 0, scatter_add_differentiable_backward},
-    {OpType::Where, "where", 3, infer::where, kCpuSelect, kCudaSelect, where_cases, 0, true, 0, select_differentiable_backward},
-    {OpType::MaskedFill, "masked_fill", 2, infer::masked_fill, kCpuSelect, kCudaSelect, masked_fill_cases, 0, true, 0, select_differentiable_backward},
+     DG_CUDA_KERNELS_FORWARD(scatter_add_forward, scatter_add_backward), scatter_add_cases,
+     reads("axis"), kFollow, "torch.scatter_add(x, axis, index, src)", 0, true, 0, nullptr, scatter_add_differentiable_backward},
+    {OpType::Where, "where", 3, infer::where, kCpuSelect, kCudaSelect, where_cases,
+     kNoAttrs, kFollow, "torch.where(condition != 0, a, b)", 0, true, 0, nullptr, select_differentiable_backward},
+    {OpType::MaskedFill, "masked_fill", 2, infer::masked_fill, kCpuSelect, kCudaSelect, masked_fill_cases,
+     reads("scalar"), kFollow, "x.masked_fill(mask != 0, scalar)", 0, true, 0, nullptr, select_differentiable_backward},
     {OpType::ScaledDotProductAttention, "scaled_dot_product_attention", 4, infer::scaled_dot_product_attention,
      {cpu::scaled_dot_product_attention_forward, cpu::scaled_dot_product_attention_backward},
      // Native bf16/f16: 16-bit mma.sync with f32 softmax and accumulators (ops/attention.cu, namespace mma).
      DG_CUDA_KERNELS_NATIVE(scaled_dot_product_attention_forward, scaled_dot_product_attention_backward),
-     attention_cases, /*optional_inputs=*/1, true, 0, attention_differentiable_backward},
+     attention_cases, reads("scalar", "seed", "is_causal", "attention_scale"), kReduced,
+     "torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask != 0, dropout_p=scalar, "
+     "is_causal=is_causal, scale=attention_scale), with dyngrad's keep mask from seed",
+     /*optional_inputs=*/1},
     {OpType::Rnn, "rnn", 4, infer::rnn, {cpu::rnn_forward, cpu::rnn_backward},
-     DG_CUDA_KERNELS(rnn_forward, rnn_backward), rnn_cases, /*optional_inputs=*/2},
+     DG_CUDA_KERNELS(rnn_forward, rnn_backward), rnn_cases,
+     reads("rnn_mode", "hidden_size", "num_layers", "bidirectional", "save_for_backward"), kFollow,
+     "torch.nn.LSTM / GRU / RNN(rnn_mode, hidden_size, num_layers, bidirectional) on the flat cuDNN-ordered weight",
+     /*optional_inputs=*/2},
+    // sorting and sampling (ops/sampling.h): the indices ops are not differentiable (sort's and topk's values are
+    // gather(x, axis, indices)); cumsum runs in f32 under autocast, as PyTorch's
     {OpType::Cumsum, "cumsum", 1, infer::cumsum, {cpu::cumsum_forward, cpu::cumsum_backward},
-     DG_CUDA_KERNELS(cumsum_forward, cumsum_backward), cumsum_cases},
-    {OpType::ArgSort, "argsort", 1, infer::sort_indices, kCpuSortIndices, kCudaSortIndices, argsort_cases, 0, kNotDifferentiable},
+     DG_CUDA_KERNELS(cumsum_forward, cumsum_backward), cumsum_cases,
+     reads("axis"), kFloat32, "torch.cumsum(x, dim=axis)", 0, true, 0, nullptr, cumsum_differentiable_backward},
+    {OpType::ArgSort, "argsort", 1, infer::sort_indices, kCpuSortIndices, kCudaSortIndices, argsort_cases,
+     reads("axis", "descending"), kFollow, "torch.argsort(x, dim=axis, descending=descending, stable=True)", 0,
+     kNotDifferentiable},
     {OpType::TopKIndices, "topk_indices", 1, infer::sort_indices, kCpuSortIndices, kCudaSortIndices,
-     topk_indices_cases, 0, kNotDifferentiable},
+     topk_indices_cases, reads("axis", "descending", "length"), kFollow,
+     "torch.topk(x, k=length, dim=axis, largest=descending).indices", 0, kNotDifferentiable},
     {OpType::Multinomial, "multinomial", 1, infer::multinomial, {cpu::multinomial_forward, nullptr}, kCudaMultinomial,
-     multinomial_cases, 0, kNotDifferentiable},
+     multinomial_cases, reads("length", "replacement", "seed"), kFollow,
+     "torch.multinomial(probs, num_samples=length, replacement=replacement), with dyngrad's draws from seed", 0,
+     kNotDifferentiable},
 }};
 
 // Every tag has a row, in tag order.
@@ -770,6 +321,15 @@ constexpr bool rows_in_tag_order() {
     return true;
 }
 static_assert(rows_in_tag_order(), "op table: list every OpType once, in tag order");
+
+// Every row states its autocast policy: a new op never falls into one by default. Every row with cases names the
+// PyTorch expression its goldens (bench/make_goldens.py) compute.
+constexpr bool rows_complete() {
+    for (const OpDef& def : kTable)
+        if (!def.autocast || (def.cases != no_cases && def.torch == nullptr)) return false;
+    return true;
+}
+static_assert(rows_complete(), "op table: every row states its autocast policy, and every row with cases its torch");
 
 }  // namespace
 

@@ -141,6 +141,13 @@ Var mean(const Var& x, const std::vector<std::int64_t>& axes, bool keepdim, std:
     return record_reduction(OpType::Mean, x, attrs, where);
 }
 
+Var logsumexp(const Var& x, const std::vector<std::int64_t>& axes, bool keepdim, std::source_location where) {
+    OpAttrs attrs;
+    attrs.axes = axes;
+    attrs.keepdim = keepdim;
+    return record_reduction(OpType::LogSumExp, x, attrs, where);
+}
+
 Var max(const Var& x, std::int64_t axis, bool keepdim, std::source_location where) {
     OpAttrs attrs;
     attrs.axis = axis;
@@ -188,6 +195,9 @@ Tensor sum(const Tensor& x, const std::vector<std::int64_t>& axes, bool keepdim,
 Tensor mean(const Tensor& x, const std::vector<std::int64_t>& axes, bool keepdim, std::source_location where) {
     return eager(OpType::Mean, {x}, axes_attrs(axes, keepdim), where);
 }
+Tensor logsumexp(const Tensor& x, const std::vector<std::int64_t>& axes, bool keepdim, std::source_location where) {
+    return eager(OpType::LogSumExp, {x}, axes_attrs(axes, keepdim), where);
+}
 Tensor max(const Tensor& x, std::int64_t axis, bool keepdim, std::source_location where) {
     return eager(OpType::Max, {x}, axis_attrs(axis, keepdim), where);
 }
@@ -230,6 +240,10 @@ OutputSpec reduce_axes(OpType op, std::span<const Tensor> inputs, const OpAttrs&
         throw ShapeError(str("the mean over ",
                              attrs.axes.empty() ? std::string("all axes") : str("axes ", to_string(attrs.axes)), " of ",
                              to_string(x.shape()), " averages zero elements"));
+    if (op == OpType::LogSumExp && reduced_count(x.shape(), reduced) == 0)
+        throw ShapeError(str("logsumexp over ",
+                             attrs.axes.empty() ? std::string("all axes") : str("axes ", to_string(attrs.axes)), " of ",
+                             to_string(x.shape()), ": no elements (its maximum is undefined)"));
     return {reduced_shape(x.shape(), reduced, attrs.keepdim), x.dtype()};
 }
 
@@ -302,6 +316,51 @@ std::vector<Var> max_differentiable_backward(const DiffBackwardArgs& args) {
     if (!args.attrs.keepdim) g = reshape(g, index.shape());
     const Var zeros = constant_of(x, Tensor::zeros(x.shape(), x.dtype(), x.device()));
     return {scatter_add(zeros, axis, constant_of(x, index), g)};
+}
+
+// logsumexp on every backend, over that backend's own kernels (as argmax over max's), in the keepdim shape:
+// y = m + log Σ exp(x − m), m the maximum over the axes (one max per axis), replaced by 0 where it is ±inf or NaN
+// (PyTorch's rule: an all −inf slice gives −inf and an inf gives inf, not NaN from inf − inf).
+namespace {
+Tensor run_kernel(OpType op, std::vector<Tensor> inputs, const OpAttrs& attrs = {}) {
+    const OpDef& def = op_def(op);
+    const ForwardFn forward = inputs[0].device().is_cuda() ? def.cuda.forward : def.cpu.forward;
+    if (!forward) throw DeviceError(str(def.name, ": no forward kernel on ", inputs[0].device().to_string()));
+    const OutputSpec spec = def.infer(op, inputs, attrs);
+    std::vector<Tensor> saved;
+    return forward(ForwardArgs{op, inputs, attrs, spec, saved});
+}
+}  // namespace
+
+Tensor logsumexp_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const std::vector<bool> reduced = reduced_axes(x.shape(), args.attrs.axes);
+    Tensor m = x;
+    for (std::size_t axis = 0; axis < reduced.size(); ++axis)
+        if (reduced[axis]) m = run_kernel(OpType::Max, {m}, axis_attrs(static_cast<std::int64_t>(axis), true));
+    const Tensor zero = Tensor::zeros({}, x.dtype(), x.device());
+    const Tensor finite = run_kernel(OpType::Eq, {run_kernel(OpType::Sub, {m, m}), zero});  // m − m = 0: finite
+    m = run_kernel(OpType::Where, {finite, m, zero});
+    const Tensor e = run_kernel(OpType::Exp, {run_kernel(OpType::Sub, {x, m})});
+    const Tensor s = run_kernel(OpType::Sum, {e}, axes_attrs(args.attrs.axes, true));
+    return run_kernel(OpType::Add, {run_kernel(OpType::Log, {s}), m}).reshaped(args.out.shape);
+}
+
+// dx = dy · exp(x − y): the softmax over the reduced axes, dy and y broadcast from the keepdim shape.
+std::vector<Tensor> logsumexp_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    if (!args.needs_grad[0]) return {Tensor()};
+    const Shape kept = reduced_shape(x.shape(), reduced_axes(x.shape(), args.attrs.axes), true);
+    const Tensor p = run_kernel(OpType::Exp, {run_kernel(OpType::Sub, {x, args.output.reshaped(kept)})});
+    return {run_kernel(OpType::Mul, {p, args.grad_output.reshaped(kept)})};
+}
+
+// logsumexp: dx = dy · exp(x − y), dy and y broadcast from the keepdim shape, in differentiable ops.
+std::vector<Var> logsumexp_differentiable_backward(const DiffBackwardArgs& args) {
+    if (!args.needs_grad[0]) return {Var()};
+    const Var& x = args.inputs[0];
+    const Shape kept = reduced_shape(x.shape(), reduced_axes(x.shape(), args.attrs.axes), true);
+    return {reshape(args.grad_output, kept) * exp(x - reshape(args.output, kept))};
 }
 
 // ---- CPU kernels ----

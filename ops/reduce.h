@@ -19,6 +19,12 @@ Var mean(const Var& x, const std::vector<std::int64_t>& axes = {}, bool keepdim 
          std::source_location where = std::source_location::current());
 Tensor mean(const Tensor& x, const std::vector<std::int64_t>& axes = {}, bool keepdim = false,
             std::source_location where = std::source_location::current());
+// log Σ exp(x) over `axes` (empty: every axis), computed as m + log Σ exp(x − m) with m the maximum, so nothing
+// overflows; the gradient is the softmax over those axes. As PyTorch's logsumexp.
+Var logsumexp(const Var& x, const std::vector<std::int64_t>& axes = {}, bool keepdim = false,
+              std::source_location where = std::source_location::current());
+Tensor logsumexp(const Tensor& x, const std::vector<std::int64_t>& axes = {}, bool keepdim = false,
+                 std::source_location where = std::source_location::current());
 // Maximum over one axis; the gradient goes to the first maximal element.
 Var max(const Var& x, std::int64_t axis, bool keepdim = false,
         std::source_location where = std::source_location::current());

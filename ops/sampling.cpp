@@ -8,6 +8,9 @@
 #include <vector>
 
 #include "dyngrad/core/checked.h"
+#include "dyngrad/ops/differentiable_backward.h"
+#include "dyngrad/ops/elementwise.h"
+#include "dyngrad/ops/reduce.h"
 #include "dyngrad/ops/indexing.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/layout.h"
@@ -67,6 +70,16 @@ Var cumsum(const Var& x, std::int64_t axis, std::source_location where) {
 }
 Tensor cumsum(const Tensor& x, std::int64_t axis, std::source_location where) {
     return eager(OpType::Cumsum, {x}, sort_attrs(axis, false), where);
+}
+
+// Second order (graph/higher_order.h): dx_i = Σ_{j≥i} dy_j = Σ_j dy_j − cumsum(dy)_i + dy_i, in differentiable ops
+// (no flip op is needed); a 0-d input's cumsum is the identity.
+std::vector<Var> cumsum_differentiable_backward(const DiffBackwardArgs& args) {
+    if (!args.needs_grad[0]) return {Var()};
+    const Var& dy = args.grad_output;
+    if (dy.shape().empty()) return {dy};
+    const std::int64_t axis = args.attrs.axis;
+    return {sum(dy, {axis}, /*keepdim=*/true) - cumsum(dy, axis) + dy};
 }
 
 Var argsort(const Var& x, std::int64_t axis, bool descending, std::source_location where) {

@@ -1,9 +1,10 @@
 // The unfused compositions of the ops whose GPU kernels fuse several steps (graph/fusion_check.h): the same
 // result built from the plain ops the fusion replaces, recorded through the op table so that each piece runs
-// its own, unfused kernel.
+// its own, unfused kernel. Each is named by its op's row (OpDef::unfused); declared in ops/kernels.h.
 #include <source_location>
 
 #include "dyngrad/graph/fusion_check.h"
+#include "dyngrad/ops/kernels.h"
 
 namespace dyngrad {
 namespace {
@@ -62,19 +63,13 @@ Var cross_entropy_compose(std::span<const Var> in, const OpAttrs& attrs) {
     return record(OpType::NllLoss, {record(OpType::LogSoftmax, {in[0]}, classes), in[1]}, nll);
 }
 
-constexpr UnfusedComposition kLinear{linear_applies, linear_compose};
-constexpr UnfusedComposition kConv2d{conv2d_applies, conv2d_compose};
-constexpr UnfusedComposition kCrossEntropy{cross_entropy_applies, cross_entropy_compose};
-
 }  // namespace
 
-const UnfusedComposition* unfused_composition(OpType op) {
-    switch (op) {
-        case OpType::Linear: return &kLinear;
-        case OpType::Conv2d: return &kConv2d;
-        case OpType::CrossEntropy: return &kCrossEntropy;
-        default: return nullptr;
-    }
-}
+// The rows of linear, conv2d and cross_entropy name these (OpDef::unfused, ops/op_table.cpp).
+namespace unfused {
+const UnfusedComposition linear{linear_applies, linear_compose};
+const UnfusedComposition conv2d{conv2d_applies, conv2d_compose};
+const UnfusedComposition cross_entropy{cross_entropy_applies, cross_entropy_compose};
+}  // namespace unfused
 
 }  // namespace dyngrad

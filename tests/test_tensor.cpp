@@ -244,23 +244,20 @@ TEST_CASE("dtype names and sizes", "[tensor][dtype]") {
     CHECK(Device::cuda(1).to_string() == "cuda:1");
 }
 
-TEST_CASE("printing shows shape, dtype, device and values", "[tensor][print]") {
+TEST_CASE("printing shows values, and dtype and device where not the default", "[tensor][print]") {
+    // The full format (PyTorch's nested printing) is tests/test_inplace_mask.cpp's.
     const Tensor t = Tensor::from_vector(std::vector<double>{1, 2, 3, 4, 5, 6.5}, {2, 3});
     std::ostringstream out;
     out << t;
     const std::string text = out.str();
     INFO(text);
-    CHECK_THAT(text, dgtest::Contains("(2,3)"));
-    CHECK_THAT(text, dgtest::Contains("float32"));
-    CHECK_THAT(text, dgtest::Contains("cpu"));
-    CHECK_THAT(text, dgtest::Contains("1, 2, 3"));
-    CHECK_THAT(text, dgtest::Contains("6.5"));
+    CHECK_THAT(text, dgtest::Contains("6.5000"));
     CHECK(describe(t) == "(2,3) float32 cpu");
 
     std::ostringstream big;
     big << Tensor::zeros({100, 100}, DType::f64);
-    CHECK_THAT(big.str(), dgtest::Contains("(100,100) float64"));
-    CHECK_THAT(big.str(), dgtest::Contains("10000 values"));
+    CHECK_THAT(big.str(), dgtest::Contains("dtype=dyngrad.float64"));
+    CHECK_THAT(big.str(), dgtest::Contains("..."));
 
     std::ostringstream none;
     none << Tensor();
@@ -268,8 +265,7 @@ TEST_CASE("printing shows shape, dtype, device and values", "[tensor][print]") {
 
     std::ostringstream labels;
     labels << Tensor::from_vector(std::vector<std::int64_t>{3, 1}, {2});
-    CHECK_THAT(labels.str(), dgtest::Contains("int64"));
-    CHECK_THAT(labels.str(), dgtest::Contains("3, 1"));
+    CHECK_THAT(labels.str(), dgtest::Contains("[3, 1]"));
 }
 
 TEST_CASE("bad arguments throw typed errors", "[tensor][errors]") {

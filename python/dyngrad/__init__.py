@@ -36,6 +36,11 @@ from . import data  # noqa: E402
 from . import models  # noqa: E402
 from . import parity  # noqa: E402  (PyTorch is imported only when used)
 from . import _tensor_methods  # noqa: E402,F401  (adds methods to Tensor)
+from . import _inplace  # noqa: E402  (in-place writes, x[i] = v, masks: after _tensor_methods, over its methods)
+_inplace.install()
+functional.masked_fill = _inplace.masked_fill  # also NumPy bool masks, lists of bools and tensor values
+functional.masked_select = _inplace.masked_select
+masked_select = _inplace.masked_select
 from . import amp  # noqa: E402
 from . import autograd  # noqa: E402
 from .amp import autocast  # noqa: E402,F401

@@ -218,7 +218,7 @@ class Module:
                 if not isinstance(source, Tensor):
                     from . import tensor
                     source = tensor(source, dtype=target.dtype)
-                target.copy_(source)
+                target._write_(source)  # checked above; a parameter's own write, as PyTorch's under no_grad
         return missing, unexpected
 
     def save(self, path):

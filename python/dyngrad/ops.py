@@ -1,12 +1,14 @@
 """Every op of dyngrad's op table, generated from the table itself (so a new op appears without a change here).
 
-``dyngrad.ops.<name>(*inputs, **attrs)`` records (or runs eagerly) the op ``name`` with the table's
-attributes as keywords: ``axis``/``dim``, ``axes``/``dims``, ``keepdim``, ``scalar``, ``shape``, ``min``/``max``
-(clamp), ``stride``, ``padding``, ``dilation``, ``groups``, ``kernel``, ``training``, ``eps``, ``momentum``,
-``seed``, ``reduction``, ``ignore_index``, ``label_smoothing``, ``activation``, ``approximate``, ``start``,
-``length``, ``padding_idx``, ``mode``, ``hidden_size``, ``num_layers``, ``bidirectional``, ``descending``/``largest``,
-``replacement``, ``k``/``num_samples`` (argsort, topk_indices, multinomial), and for attention ``is_causal``,
-``scale`` and ``dropout_p`` (with ``seed``).
+``dyngrad.ops.<name>(*inputs, **attrs)`` records (or runs eagerly) the op ``name`` with the attributes its
+op-table row reads as keywords (the field table of graph/op_def.h: ``axis``/``dim``, ``axes``/``dims``,
+``keepdim``, ``scalar``, ``shape``, ``min``/``max`` (clamp), ``stride``, ``padding``, ``dilation``, ``groups``,
+``kernel``, ``training``, ``eps``, ``momentum``, ``seed``, ``reduction``, ``ignore_index``, ``label_smoothing``,
+``activation``, ``approximate``, ``start``, ``length``, ``padding_idx``, ``mode``, ``hidden_size``,
+``num_layers``, ``bidirectional``, ``descending``/``largest``, ``replacement``, ``k``/``num_samples`` (argsort,
+topk_indices, multinomial), and for attention ``is_causal``, ``scale`` and ``dropout_p`` (with ``seed``)).
+A keyword the op does not read is a TypeError naming the op, the keyword and the keywords it takes;
+``dyngrad-verify --list`` shows each op's keywords.
 The friendlier, PyTorch-shaped functions are in dyngrad.functional.
 """
 from __future__ import annotations

@@ -66,6 +66,9 @@ struct PyTensor {
     mutable std::uint64_t leaf_epoch = 0;
     mutable const void* leaf_data = nullptr;
     mutable bool leaf_requires_grad = false;
+    // A boolean mask (dyngrad has no bool dtype): set on a comparison's result and by .bool(), so x[mask]
+    // selects by it; any other tensor used as an index keeps meaning gather-by-index (docs/python.md).
+    bool mask = false;
 
     PyTensor() = default;
     explicit PyTensor(Tensor v) : value(std::move(v)) {}

@@ -238,15 +238,14 @@ const OpAttrs& no_attrs() {
 }
 
 template <typename E>
-E parse_choice(nb::handle value, std::string_view who, std::string_view key,
-               std::initializer_list<std::pair<const char*, E>> choices) {
+E parse_choice(nb::handle value, std::string_view who, std::string_view key) {
     if (!nb::isinstance<nb::str>(value)) throw_argument_type(who, key, "a str", value);
     const std::string text = nb::cast<std::string>(value);
+    const auto names = choice_names(E{});
+    for (std::size_t i = 0; i < names.size(); ++i)
+        if (text == names[i]) return static_cast<E>(i);
     std::string known;
-    for (const auto& [name, e] : choices) {
-        if (text == name) return e;
-        known += known.empty() ? name : std::string(", ") + name;
-    }
+    for (const std::string_view name : names) known += str(known.empty() ? "" : ", ", name);
     throw ValueError(str(who, "(): ", key, "='", text, "': expected one of ", known));
 }
 
@@ -285,6 +284,33 @@ void throw_argument_type(std::string_view who, std::string_view arg, const char*
                              .c_str());
 }
 
+namespace {
+
+// One keyword onto its field, by the field's kind (the member's type in graph/op_def.h's kAttrFields); each
+// conversion names the op and the keyword when the value has another Python type. None sets a field to its
+// default (an absent bound, padding_idx -1, activation none).
+void parse_field(OpAttrs& a, const AttrField& field, nb::handle value, std::string_view who, std::string_view key) {
+    std::visit(
+        [&](auto member) {
+            auto& out = a.*member;
+            using T = std::remove_cvref_t<decltype(out)>;
+            if (value.is_none()) out = OpAttrs{}.*member;
+            else if constexpr (std::is_same_v<T, double>) out = arg_as<double>(value, who, key, "a float");
+            else if constexpr (std::is_same_v<T, std::optional<double>>) out = arg_as<double>(value, who, key, "a float");
+            else if constexpr (std::is_same_v<T, bool>) out = arg_as<bool>(value, who, key, "a bool");
+            else if constexpr (std::is_same_v<T, std::uint64_t>) out = arg_as<std::uint64_t>(value, who, key, "an int");
+            else if constexpr (std::is_same_v<T, std::int64_t>) out = int_of(value, who, key);
+            else if constexpr (std::is_same_v<T, std::uint32_t>) out = static_cast<std::uint32_t>(int_of(value, who, key));
+            else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) out = ints_of(value, who, key);
+            else if constexpr (std::is_same_v<T, std::array<std::int64_t, 2>>) out = pair_of(value, who, key);
+            else if constexpr (std::is_same_v<T, DType>) out = parse_dtype(value);
+            else out = parse_choice<T>(value, who, key);  // an enum: one of choice_names(T)
+        },
+        field.member);
+}
+
+}  // namespace
+
 OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs) {
     OpAttrs a;
     for (auto [key_handle, value] : kwargs) {
@@ -296,61 +322,21 @@ OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs) {
             throw nb::type_error(str(def.name, "() keywords must be strings").c_str());
         }
         const std::string_view key(key_text, static_cast<std::size_t>(key_size));
-        // Each conversion names the op and the keyword when the value has another Python type.
-        const auto real = [&](nb::handle v) { return arg_as<double>(v, def.name, key, "a float"); };
-        const auto flag = [&](nb::handle v) { return arg_as<bool>(v, def.name, key, "a bool"); };
-        if (key == "scalar") a.scalar = real(value);
-        else if (key == "axes" || key == "dims") a.axes = ints_of(value, def.name, key);
-        else if (key == "axis" || key == "dim") a.axis = int_of(value, def.name, key);
-        else if (key == "start") a.start = int_of(value, def.name, key);
-        else if (key == "length") a.length = int_of(value, def.name, key);
-        else if (key == "keepdim") a.keepdim = flag(value);
-        else if (key == "shape") {
-            const auto dims = ints_of(value, def.name, key);
-            a.shape = Shape(dims.begin(), dims.end());
-        } else if (key == "min") a.clamp_min = value.is_none() ? std::nullopt : std::optional(real(value));
-        else if (key == "max") a.clamp_max = value.is_none() ? std::nullopt : std::optional(real(value));
-        else if (key == "approximate")
-            a.gelu_approximation = parse_choice<GeluApproximation>(
-                value, def.name, "approximate", {{"none", GeluApproximation::None}, {"tanh", GeluApproximation::Tanh}});
-        else if (key == "kernel" || key == "kernel_size") a.kernel = pair_of(value, def.name, key);
-        else if (key == "stride") a.stride = pair_of(value, def.name, key);
-        else if (key == "padding") a.padding = pair_of(value, def.name, key);
-        else if (key == "dilation") a.dilation = pair_of(value, def.name, key);
-        else if (key == "groups") a.groups = int_of(value, def.name, key);
-        else if (key == "training") a.training = flag(value);
-        else if (key == "eps") a.eps = real(value);
-        else if (key == "momentum") a.momentum = real(value);
-        else if (key == "seed") a.seed = arg_as<std::uint64_t>(value, def.name, key, "an int");
-        // sorting and sampling (ops/sampling.h): topk's k and multinomial's num_samples are `length`
-        else if (key == "descending" || key == "largest") a.descending = flag(value);
-        else if (key == "replacement") a.replacement = flag(value);
-        else if (key == "k" || key == "num_samples") a.length = int_of(value, def.name, key);
-        else if (key == "padding_idx") a.padding_idx = value.is_none() ? -1 : int_of(value, def.name, key);
-        else if (key == "activation")
-            a.activation = value.is_none() ? Activation::None
-                                           : parse_choice<Activation>(value, def.name, "activation",
-                                                                      {{"none", Activation::None}, {"relu", Activation::Relu}});
-        else if (key == "mode")
-            a.rnn_mode = parse_choice<RnnMode>(value, def.name, "mode",
-                                               {{"lstm", RnnMode::Lstm}, {"gru", RnnMode::Gru},
-                                                {"rnn_tanh", RnnMode::RnnTanh}, {"rnn_relu", RnnMode::RnnRelu}});
-        else if (key == "hidden_size") a.hidden_size = int_of(value, def.name, key);
-        else if (key == "num_layers") a.num_layers = int_of(value, def.name, key);
-        else if (key == "bidirectional") a.bidirectional = flag(value);
-        else if (key == "save_for_backward") a.save_for_backward = flag(value);
-        else if (key == "reduction")
-            a.reduction = parse_choice<Reduction>(value, def.name, "reduction",
-                                                  {{"mean", Reduction::Mean}, {"sum", Reduction::Sum}, {"none", Reduction::None}});
-        else if (key == "ignore_index") a.ignore_index = int_of(value, def.name, key);
-        else if (key == "label_smoothing") a.label_smoothing = real(value);
-        // scaled_dot_product_attention: PyTorch's keywords onto its fields (dropout p is `scalar`)
-        else if (key == "is_causal") a.is_causal = flag(value);
-        else if (key == "scale") a.attention_scale = value.is_none() ? std::nullopt : std::optional(real(value));
-        else if (key == "dropout_p") a.scalar = real(value);
-        else if (key == "dtype") a.dtype = parse_dtype(value);  // cast
-        else
-            throw nb::type_error(str(def.name, "() got an unexpected keyword argument '", key, "'").c_str());
+        // The field by index in this module's own kAttrFields: an address from the library's copy
+        // (find_attr_keyword) is not one of ours, as this module's symbols are hidden.
+        std::size_t field = 0;
+        const auto names_key = [&](const AttrField& f) {
+            for (const std::string_view k : f.keywords)
+                if (!k.empty() && k == key) return true;
+            return false;
+        };
+        while (field < kAttrFieldCount && !names_key(kAttrFields[field])) ++field;
+        // A keyword of an attribute this op does not read is refused like an unknown one: it would be ignored.
+        if (field == kAttrFieldCount || key.empty() || !def.attrs.contains(field))
+            throw nb::type_error(str(def.name, "() got an unexpected keyword argument '", key, "' (", def.name,
+                                     " takes: ", attr_keywords_text(def), ")")
+                                     .c_str());
+        parse_field(a, kAttrFields[field], value, def.name, key);
     }
     if (def.op == OpType::Rnn) a.save_for_backward = grad_enabled();  // what ops/rnn's function does
     return a;
@@ -532,24 +518,30 @@ PyTensor unary(OpType op, const PyTensor& x, double scalar = 0.0) {
 
 PyTensor binary(OpType op, const PyTensor& a, const PyTensor& b) { return apply(op, {&a, &b}, no_attrs()); }
 
+// A comparison's result is a mask: x[t > 0] selects by it (PyTensor::mask).
+PyTensor as_mask(PyTensor t) {
+    t.mask = true;
+    return t;
+}
+
 // As ops/elementwise.cpp's comparisons: an int64 operand (labels, argmax) compares in the other's float dtype,
 // float64 when both are int64; it has no gradient, so its converted value is a constant.
 PyTensor compare(OpType op, const PyTensor& a, const PyTensor& b) {
     const DType da = a.data().dtype(), db = b.data().dtype();
-    if (da != DType::i64 && db != DType::i64) return binary(op, a, b);
+    if (da != DType::i64 && db != DType::i64) return as_mask(binary(op, a, b));
     const DType dtype = da != DType::i64 ? da : db != DType::i64 ? db : DType::f64;
     const auto as = [dtype](const PyTensor& t) {
         return t.data().dtype() == DType::i64 ? PyTensor(t.data().to(dtype)) : t;
     };
-    return binary(op, as(a), as(b));
+    return as_mask(binary(op, as(a), as(b)));
 }
 
 PyTensor compare_scalar(OpType op, const PyTensor& a, double s) {
     if (a.data().dtype() == DType::i64)  // `labels == 2.5` is false everywhere, not a truncated 2
-        return binary(op, PyTensor(a.data().to(DType::f64)),
-                      PyTensor(Tensor::full({}, s, DType::f64, a.data().device())));
+        return as_mask(binary(op, PyTensor(a.data().to(DType::f64)),
+                              PyTensor(Tensor::full({}, s, DType::f64, a.data().device()))));
     const PyTensor b = scalar_like(a, s);
-    return binary(op, a, b);
+    return as_mask(binary(op, a, b));
 }
 
 // ---- arithmetic operators as CPython number slots ----
@@ -644,20 +636,14 @@ PyType_Slot tensor_slots[] = {
     {0, nullptr},
 };
 
+// PyTorch's repr (core/tensor_print.cpp) with the autograd suffix: requires_grad=True on a leaf, grad_fn=<op>
+// (the op table's name, not torch's MulBackward0) on a result with history.
 std::string tensor_repr(const PyTensor& t) {
-    std::ostringstream out;
-    out << "tensor(";
-    const Tensor& v = t.data();
-    if (v.device().is_cpu() && v.numel() <= 64) {
-        out << "[";
-        const std::vector<double> values = v.to_vector();
-        for (std::size_t i = 0; i < values.size(); ++i) out << (i ? ", " : "") << values[i];
-        out << "], ";
-    }
-    out << "shape=" << to_string(v.shape()) << ", dtype=" << dtype_name(v.dtype()) << ", device=" << v.device().to_string();
-    if (t.requires_grad()) out << (t.is_leaf() ? ", requires_grad=True" : ", grad_fn=" + std::string(op_def(t.var.node().op, t.var.node().attrs).name));
-    out << ")";
-    return out.str();
+    std::vector<std::string> extra;
+    if (t.requires_grad())
+        extra.push_back(t.is_leaf() ? "requires_grad=True"
+                                    : "grad_fn=<" + std::string(op_def(t.var.node().op, t.var.node().attrs).name) + ">");
+    return format_tensor(t.data(), extra);
 }
 
 nb::tuple shape_tuple(const Shape& shape) {
@@ -853,21 +839,20 @@ void bind_tensor(nb::module_& m) {
              nb::arg("non_blocking") = false, nb::arg("copy") = false)
         .def("clone", [](const PyTensor& t) { return PyTensor(t.data().clone()); })
         .def("contiguous", [](const PyTensor& t) { return t; })
-        .def("copy_", [](PyTensor& t, const PyTensor& src) -> PyTensor& {
-                 if (t.has_history()) throw GraphError("copy_() into a tensor with history; write into a leaf");
-                 if (src.data().dtype() != t.data().dtype()) {
-                     const Tensor converted = src.data().to(t.data().dtype());
-                     const_cast<Tensor&>(t.data()).copy_from(converted);
-                 } else {
-                     const_cast<Tensor&>(t.data()).copy_from(src.data());
-                 }
-                 return t;
-             }, nb::rv_policy::reference)
-        .def("fill_", [](PyTensor& t, double v) -> PyTensor& {
-                 if (t.has_history()) throw GraphError("fill_() into a tensor with history; write into a leaf");
-                 const_cast<Tensor&>(t.data()).fill(v);
-                 return t;
-             }, nb::rv_policy::reference)
+        // The in-place API (copy_, fill_, add_, x[i] = v, x += 1, ...) is python/dyngrad/_inplace.py over these
+        // two: _write_ copies src's values (broadcast and converted there) into this storage and bumps its version
+        // (the engine then refuses a backward that needs the old values); _rebind makes this object stand for
+        // another result (an in-place op recorded with history: the old node's value stays as it was).
+        .def("_write_", [](PyTensor& t, const PyTensor& src) {
+                 const Tensor& from = src.data();
+                 const_cast<Tensor&>(t.data()).copy_from(from.dtype() == t.data().dtype() ? from : from.to(t.data().dtype()));
+             })
+        .def("_rebind", [](PyTensor& t, const PyTensor& other) {
+                 const bool mask = t.mask;
+                 t = other;
+                 t.mask = mask && other.mask;
+             })
+        .def_prop_rw("_is_mask", [](const PyTensor& t) { return t.mask; }, [](PyTensor& t, bool m) { t.mask = m; })
         .def("_set_value", [](PyTensor& t, const PyTensor& src) {
                  // Module.to(): a new value for a leaf (parameters keep their identity and gradient state).
                  if (t.has_history()) throw GraphError("_set_value on a tensor with history");
@@ -880,10 +865,6 @@ void bind_tensor(nb::module_& m) {
         .def("reshape", [](const PyTensor& t, nb::args shape) { return reshape_to(t, shape_from(shape, "reshape")); })
         .def("view", [](const PyTensor& t, nb::args shape) { return reshape_to(t, shape_from(shape, "view")); })
         .def("__getitem__", &getitem)
-        .def("__setitem__", [](PyTensor&, nb::handle, nb::handle) {
-            throw nb::type_error("dyngrad tensors do not support item assignment; build a new tensor (where, "
-                                 "masked_fill, concat) or write a whole leaf with copy_()/fill_()");
-        })
         .def("__len__", [](const PyTensor& t) {
             if (t.data().rank() == 0) throw nb::type_error("len() of a 0-d tensor");
             return t.data().size(0);
@@ -1063,6 +1044,7 @@ void bind_tensor(nb::module_& m) {
     m.def("cuda_is_available", [] { return cuda_device_count() > 0; });
     m.def("cuda_device_count", &cuda_device_count);
     m.def("cuda_compiled", &cuda_compiled);
+    m.def("_capturing", [](int device) { return cuda::capturing(device); }, nb::arg("device"));
     m.def("cuda_synchronize", [](int device) { cuda::synchronize(device); }, nb::arg("device") = 0);
     m.def("set_cpu_threads", &set_cpu_threads, nb::arg("threads"));
 }

@@ -111,7 +111,8 @@ def test_module_apply_visits_children_first():
 
     def zero(m):
         if isinstance(m, nn.Linear):
-            m.weight.fill_(0.0)
+            with dg.no_grad():  # a parameter refuses in-place writes under grad mode, as in PyTorch
+                m.weight.fill_(0.0)
     model.apply(zero)
     assert all(not p.numpy().any() for n, p in model.named_parameters() if n.endswith("weight"))
 

@@ -69,3 +69,28 @@ def test_device_mismatch_is_a_device_error():
     with pytest.raises(dg.DeviceError):
         dg.ones(3, device="cuda").numpy()
     np.testing.assert_array_equal(np.asarray(dg.ones(3, device="cuda")), np.ones(3, dtype=np.float32))
+
+
+def test_masks_inplace_and_printing_on_gpu(rng):
+    # issue 29 on a device: the mask's count is read on the host (a sync), in-place writes stay on the device
+    x = rng.standard_normal((3, 4))
+    t = dg.tensor(x, device="cuda", requires_grad=True)
+    picked = t[t > 0]
+    np.testing.assert_array_equal(picked.cpu().numpy(), x[x > 0])
+    picked.sum().backward()
+    np.testing.assert_array_equal(t.grad.cpu().numpy(), (x > 0).astype(float))
+    u = dg.tensor(x, device="cuda")
+    u[u < 0] = 0.0
+    u += 1
+    u.mul_(dg.tensor(np.full(4, 2.0), device="cuda"))
+    np.testing.assert_allclose(u.cpu().numpy(), (np.maximum(x, 0) + 1) * 2, rtol=1e-12)
+    assert u.device == "cuda:0"
+    assert repr(dg.tensor([1.0, 2.0], device="cuda")) == "tensor([1., 2.], device='cuda:0')"
+
+    def step(a):
+        return a[a > 0].sum().detach()  # a data-dependent count cannot be captured
+
+    captured, a = dg.CapturedStep(step), dg.tensor(x.astype(np.float32), device="cuda")
+    captured.run(a)  # the first run of a shape is the eager warm-up: allowed
+    with pytest.raises(dg.GraphError, match="captured CUDA step"):
+        captured.run(a)  # the second captures it

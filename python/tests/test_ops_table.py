@@ -62,3 +62,20 @@ def test_conv_and_pool_shapes(rng):
 def test_unknown_keyword_is_a_type_error(rng):
     with pytest.raises(TypeError, match="unexpected keyword argument 'axs'"):
         dg.ops.sum(dg.tensor(rng.standard_normal(3)), axs=[0])
+
+
+def test_a_keyword_the_op_does_not_read_is_a_type_error(rng):
+    """Every op takes the keywords of the attributes its op-table row reads (graph/op_def.h's field table), and
+    only those: one it would ignore is refused, naming the op, the keyword and what the op takes."""
+    x = dg.tensor(rng.standard_normal(3))
+    with pytest.raises(TypeError, match=r"relu\(\) got an unexpected keyword argument 'eps' \(relu takes: none\)"):
+        dg.ops.relu(x, eps=1e-3)
+    with pytest.raises(TypeError, match=r"sum\(\) got an unexpected keyword argument 'axis' \(sum takes: axes \(dims\), keepdim\)"):
+        dg.ops.sum(x, axis=0)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'dropout_p'"):
+        dg.ops.softmax(x, dropout_p=0.5)
+    # The keywords (and aliases) of the attributes an op reads are all accepted.
+    np.testing.assert_allclose(dg.ops.sum(x, dims=[0], keepdim=True).numpy(), x.numpy().sum(0, keepdims=True))
+    np.testing.assert_allclose(dg.ops.softmax(x, dim=0).numpy(), dg.ops.softmax(x, axis=0).numpy())
+    assert dg.ops.gelu(x, approximate="tanh").shape == (3,)
+    assert dg.ops.clamp(x, min=None, max=0.5).shape == (3,)

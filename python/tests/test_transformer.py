@@ -144,8 +144,9 @@ def test_attention_dropout_only_in_training(rng):
     # A submodule's own mode is kept inside a training parent: with the MLP branch zeroed (its dropout drops
     # zeros), a block whose attention is in eval is deterministic and equals the reference.
     block = nn.TransformerBlock(8, 2, dropout=0.5).double()
-    block.mlp.proj.weight.fill_(0.0)
-    block.mlp.proj.bias.fill_(0.0)
+    with dg.no_grad():  # parameters take in-place writes under no_grad only, as in PyTorch
+        block.mlp.proj.weight.fill_(0.0)
+        block.mlp.proj.bias.fill_(0.0)
     block.attn.eval()
     assert block.training and not block.attn.training
     np.testing.assert_allclose(block(x).numpy(), np_block(x.numpy(), params64(block), "", 2), rtol=1e-10, atol=1e-12)

@@ -17,7 +17,7 @@ int main() {
     Tensor inputs = Tensor::uniform({8, 3}, -1.0, 1.0, gen, DType::f64);         // U[-1, 1)
 
     std::cout << describe(weights) << "\n";  // (4,3) float32 cpu
-    std::cout << steps << "\n";              // shape, dtype, device and the values
+    std::cout << steps << "\n";              // as PyTorch prints it: nested rows, dtype and device when not the default
     std::cout << "rank " << inputs.rank() << ", size(-1) " << inputs.size(-1) << ", numel " << inputs.numel()
               << ", " << dtype_name(inputs.dtype()) << " on " << inputs.device().to_string() << "\n";
 

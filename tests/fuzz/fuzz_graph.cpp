@@ -15,6 +15,9 @@
 #include <cstdint>
 #include <optional>
 #include <source_location>
+#include <string_view>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "dyngrad/core/error.h"
@@ -129,42 +132,72 @@ Shape fitting_shape(OpType op, int slot, const std::vector<Shape>& before, Bytes
     return x;
 }
 
-// Attributes for `op`, mostly valid.
-OpAttrs random_attrs(OpType op, const Shape& x, Bytes& in) {
-    OpAttrs a;
-    switch (op) {
-        case OpType::PowScalar: a.scalar = in.from(std::array{2.0, 3.0, 0.5, -1.0, 2.5, -1.5}); break;
-        case OpType::Dropout: a.scalar = in.from(std::array{0.0, 0.3, 0.5, 0.9, 1.0, -0.1}); break;
-        default: a.scalar = in.from(kScalars); break;
-    }
-    for (int n = in.pick(3); n > 0; --n) a.axes.push_back(in.pick(9) - 4);
-    if (op == OpType::Transpose && !in.one_in(8)) a.axes = {in.pick(5) - 2, in.pick(5) - 2};
-    a.axis = in.pick(9) - 4;
-    a.keepdim = in.pick(2) == 1;
-    if (op == OpType::Narrow) {
-        a.start = in.one_in(16) ? -1 : in.pick(3);
-        a.length = in.pick(3);
-    }
-    const std::int64_t n = numel(x);
-    switch (in.pick(5)) {
-        case 0: a.shape = {n}; break;
-        case 1: a.shape = {-1}; break;
-        case 2: a.shape = {1, n, 1}; break;
-        case 3: a.shape = {n > 0 && n % 2 == 0 ? 2 : 1, -1}; break;
-        default: a.shape = random_shape(in); break;
-    }
+// A value for one field of the op's row (graph/op_def.h's field table), by the field's kind; mostly valid. The
+// fields whose valid range depends on the op or on x get values that mostly fit (pow's exponent, dropout's p,
+// reshape/expand's shape from x's size, transpose's axis pair, narrow's window, a convolution's stride).
+void random_field(OpAttrs& a, const AttrField& field, OpType op, const Shape& x, Bytes& in) {
     const auto pair = [&](int low, int spread) {
         return std::array<std::int64_t, 2>{low + in.pick(spread), low + in.pick(spread)};
     };
-    a.kernel = in.one_in(16) ? pair(-1, 2) : pair(1, 3);
-    a.stride = in.one_in(16) ? pair(-1, 2) : pair(op == OpType::Conv2d ? 1 : 0, 3);
-    a.padding = in.one_in(16) ? pair(-1, 2) : pair(0, 2);
-    a.dilation = in.one_in(16) ? pair(-1, 2) : pair(1, 2);
-    if (in.one_in(8)) a.groups = in.pick(4) - 1;
-    a.training = in.pick(2) == 1;
-    a.eps = in.from(std::array{1e-5, 1e-3, 0.0, -1.0});
-    a.momentum = in.from(std::array{0.1, 0.5, 1.0});
-    a.seed = in.u32();
+    const std::string_view name = field.name;
+    std::visit(
+        [&](auto member) {
+            auto& out = a.*member;
+            using T = std::remove_cvref_t<decltype(out)>;
+            if constexpr (std::is_same_v<T, double>) {
+                if (op == OpType::PowScalar) out = in.from(std::array{2.0, 3.0, 0.5, -1.0, 2.5, -1.5});
+                else if (op == OpType::Dropout) out = in.from(std::array{0.0, 0.3, 0.5, 0.9, 1.0, -0.1});
+                else if (name == "eps") out = in.from(std::array{1e-5, 1e-3, 0.0, -1.0});
+                else if (name == "momentum") out = in.from(std::array{0.1, 0.5, 1.0});
+                else out = in.from(kScalars);
+            } else if constexpr (std::is_same_v<T, std::optional<double>>) {
+                out = in.one_in(3) ? std::nullopt : std::optional<double>(in.from(kScalars));
+            } else if constexpr (std::is_same_v<T, bool>) {
+                out = in.pick(2) == 1;
+            } else if constexpr (std::is_same_v<T, std::uint64_t>) {
+                out = in.u32();
+            } else if constexpr (std::is_same_v<T, std::int64_t>) {
+                if (name == "start") out = in.one_in(16) ? -1 : in.pick(3);
+                else if (name == "length") out = in.pick(3);
+                else if (name == "groups") out = in.one_in(8) ? in.pick(4) - 1 : 1;
+                else out = in.pick(9) - 4;  // axes, sizes and indices: mostly small, now and then negative
+            } else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) {
+                if (name == "shape") {
+                    const std::int64_t n = numel(x);
+                    switch (in.pick(5)) {
+                        case 0: out = {n}; break;
+                        case 1: out = {-1}; break;
+                        case 2: out = {1, n, 1}; break;
+                        case 3: out = {n > 0 && n % 2 == 0 ? 2 : 1, -1}; break;
+                        default: out = random_shape(in); break;
+                    }
+                } else if (op == OpType::Transpose && !in.one_in(8)) {
+                    out = {in.pick(5) - 2, in.pick(5) - 2};
+                } else {
+                    out.clear();
+                    for (int n = in.pick(3); n > 0; --n) out.push_back(in.pick(9) - 4);
+                }
+            } else if constexpr (std::is_same_v<T, std::array<std::int64_t, 2>>) {
+                if (in.one_in(16)) out = pair(-1, 2);
+                else if (name == "kernel") out = pair(1, 3);
+                else if (name == "stride") out = pair(op == OpType::Conv2d ? 1 : 0, 3);
+                else if (name == "dilation") out = pair(1, 2);
+                else out = pair(0, 2);
+            } else if constexpr (std::is_enum_v<T>) {
+                out = static_cast<T>(in.pick(static_cast<int>(choice_names(T{}).size())));
+            } else {
+                static_assert(std::is_same_v<T, std::uint32_t>, "a new kind of field: give it a generator");
+            }
+        },
+        field.member);
+}
+
+// Attributes for `def`: a value for every field its row says it reads; the others keep their defaults.
+OpAttrs random_attrs(const OpDef& def, const Shape& x, Bytes& in) {
+    OpAttrs a;
+    for (std::size_t i = 0; i < kAttrFieldCount; ++i)
+        if (def.attrs.contains(i) && !kAttrFields[i].keywords[0].empty())  // not the library's own (custom_id)
+            random_field(a, kAttrFields[i], def.op, x, in);
     return a;
 }
 
@@ -230,7 +263,7 @@ Program decode(Bytes& in, ComputeGraph& graph, std::vector<Var>& vars, Generator
         item.is_leaf = false;
         item.op = def.op;
         item.inputs = inputs;
-        item.attrs = random_attrs(def.op, shapes.empty() ? Shape{} : shapes.front(), in);
+        item.attrs = random_attrs(def, shapes.empty() ? Shape{} : shapes.front(), in);
         std::vector<Var> operands;
         for (const int i : inputs) operands.push_back(vars[static_cast<std::size_t>(i)]);
         Var out;
