@@ -128,6 +128,14 @@ Parameter Module::register_parameter(const std::string& name, Tensor value) {
     return parameter;
 }
 
+Parameter Module::register_parameter(const std::string& name, Parameter parameter) {
+    check_new_name(*state_, name, "register_parameter");
+    if (!parameter.defined()) throw ValueError(str("register_parameter: '", name, "' is an undefined Parameter"));
+    parameter.set_name(name);
+    state_->parameters.emplace_back(name, parameter);
+    return parameter;
+}
+
 std::shared_ptr<Tensor> Module::register_buffer(const std::string& name, Tensor value) {
     check_new_name(*state_, name, "register_buffer");
     if (!value.defined()) throw ValueError(str("register_buffer: '", name, "' is undefined"));

@@ -82,6 +82,10 @@ public:
     // Registers a trainable tensor under `name` (no dots) and returns its Parameter handle; the
     // Parameter's name() is the dotted path from the outermost module it is registered in.
     Parameter register_parameter(const std::string& name, Tensor value);
+    // Registers an existing Parameter handle (it keeps its value, gradient and identity, shared with its other
+    // copies) and names it as above: a Module over parameters owned elsewhere, e.g. a Python model's for
+    // dist::DistributedDataParallel. ValueError for an undefined parameter.
+    Parameter register_parameter(const std::string& name, Parameter parameter);
     // Registers non-trainable state that is saved and moved with the parameters (batch-norm running
     // statistics). The returned cell stays valid across to(): the module replaces the Tensor inside it.
     std::shared_ptr<Tensor> register_buffer(const std::string& name, Tensor value);

@@ -220,6 +220,22 @@ TEST_CASE("modules name, order and move their tensors", "[training][module]") {
         CHECK_THROWS_MATCHES(child.register_module("parent", m), ValueError, MessageHas({"cycle"}));
         CHECK_THROWS_MATCHES(m.register_module("self", m), ValueError, MessageHas({"cycle"}));
     }
+    SECTION("an existing Parameter keeps its identity, value and gradient") {
+        // A Module over parameters owned elsewhere (the Python binding builds one for DistributedDataParallel).
+        Parameter own(Tensor::ones({2}));
+        Module outer, inner;
+        inner.register_parameter("w", own);
+        outer.register_module("inner", inner);
+        const auto named = outer.named_parameters();
+        REQUIRE(named.size() == 1);
+        CHECK(named[0].first == "inner.w");
+        CHECK(named[0].second.identity() == own.identity());
+        CHECK(own.name() == "inner.w");
+        ComputeGraph graph;
+        graph.backward(sum(graph.parameter(own)));
+        CHECK(named[0].second.grad().defined());
+        CHECK_THROWS_MATCHES(inner.register_parameter("v", Parameter()), ValueError, MessageHas({"undefined"}));
+    }
     SECTION("a shared layer is listed once") {
         Module twice;
         twice.register_module("a", mlp.fc1);

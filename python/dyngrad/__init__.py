@@ -51,6 +51,13 @@ from .factories import (  # noqa: E402,F401
 from ._core import bfloat16, float16  # noqa: E402,F401
 from ._core import Generator  # noqa: E402,F401
 from .functional import cumsum, sort, argsort, topk, multinomial  # noqa: E402,F401
+# The distributed layer (dg.distributed, dg.nn.parallel; docs/python.md) and dg.cuda (captured steps).
+from ._core import DistributedError  # noqa: E402,F401
+from . import distributed  # noqa: E402
+from . import cuda  # noqa: E402
+from . import parallel as _parallel  # noqa: E402
+nn.parallel = _parallel  # dg.nn.parallel.DistributedDataParallel, and `from dyngrad.nn.parallel import ...`
+_sys.modules[__name__ + ".nn.parallel"] = _parallel
 
 __version__ = "0.1.0"
 

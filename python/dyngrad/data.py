@@ -17,11 +17,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import _core
+from . import _core, _workers
 from ._core import BatchLoader, load_mnist, Tensor
+from ._workers import get_worker_info, WorkerInfo
 
 __all__ = ["Dataset", "TensorDataset", "DataLoader", "default_collate", "BatchLoader", "load_mnist",
-           "DEFAULT_MNIST_DIRECTORY"]
+           "DEFAULT_MNIST_DIRECTORY", "get_worker_info", "WorkerInfo"]
 
 DEFAULT_MNIST_DIRECTORY = "/usr/share/datasets/fashion-mnist"
 
@@ -133,6 +134,30 @@ def _unflatten(spec, leaves):
     return leaves[spec]
 
 
+class _Fetch:
+    """The collate step the C++ loader calls for a Python data set (on its prefetch thread, with the GIL): the
+    batch's samples, collated, as CPU tensors, fetched here or by a worker process (``pool``). It holds no
+    reference to its DataLoader, so that a dropped loader is freed at once (a bound method would make a cycle
+    through the C++ loader, which the garbage collector cannot see) and its workers stop with it."""
+
+    def __init__(self, dataset, collate_fn):
+        self.dataset, self.collate_fn, self.spec, self.pool = dataset, collate_fn, None, None
+
+    def __call__(self, indices):
+        if self.pool is not None:  # from a worker process, which collated it
+            spec, leaves = _workers.to_leaves(self.pool.fetch(indices))
+        else:
+            batch = (self.collate_fn or default_collate)([self.dataset[i] for i in indices])
+            leaves = []
+            spec = _flatten(batch, leaves)
+        if self.spec is None:
+            self.spec = spec
+        elif spec != self.spec:
+            raise _core.ValueError(f"DataLoader: a batch's structure {spec!r} differs from the first batch's "
+                                   f"{self.spec!r} (samples must share one structure)")
+        return leaves
+
+
 _open_loaders = weakref.WeakSet()
 
 
@@ -157,11 +182,20 @@ class DataLoader:
 
     def __init__(self, dataset, batch_size: int = 1, shuffle: bool = False, seed: int = 0, drop_last: bool = False,
                  device=None, prefetch: int = 2, num_shards: int = 1, shard: int = 0,
-                 collate_fn: Callable[[list], Any] | None = None, pin_memory: bool = False):
+                 collate_fn: Callable[[list], Any] | None = None, pin_memory: bool = False,
+                 num_workers: int = 0, worker_init_fn=None, persistent_workers: bool = False, timeout: float = 0,
+                 multiprocessing_context=None, prefetch_factor: int | None = None):
         self.dataset = dataset
+        # Worker processes (_workers.py): only for a Python data set; a TensorDataset without collate_fn is
+        # gathered in C++ without the GIL, which processes would only slow down.
+        self.num_workers, self.persistent_workers, self.timeout = num_workers, persistent_workers, timeout
+        self.worker_init_fn, self.multiprocessing_context = worker_init_fn, multiprocessing_context
+        self.prefetch_factor = _check_worker_args(num_workers, worker_init_fn, persistent_workers, timeout,
+                                                  prefetch_factor)
+        self._batch_size, self._seed = batch_size, seed
+        self._fetch = _Fetch(dataset, collate_fn)
         self.collate_fn = collate_fn
         self.pin_memory = pin_memory
-        self._spec = None
         if isinstance(dataset, TensorDataset) and collate_fn is None:
             self._loader = _core._DataLoader(list(dataset.tensors), batch_size, shuffle, seed, drop_last, num_shards,
                                              shard, prefetch, device)
@@ -171,31 +205,39 @@ class DataLoader:
                 raise TypeError(f"DataLoader: a data set needs __len__ and __getitem__; got {type(dataset).__name__}")
             if collate_fn is not None and not callable(collate_fn):
                 raise TypeError("DataLoader: collate_fn must be callable")
+            # With worker processes, they prefetch (prefetch_factor batches each) and the C++ loader fetches on the
+            # caller's thread (prefetch 0): no thread of its own races the workers' epoch bookkeeping.
             self._loader = _core._IndexLoader(len(dataset), self._fetch, batch_size, shuffle, seed, drop_last,
-                                              num_shards, shard, prefetch, device)
+                                              num_shards, shard, 0 if num_workers > 0 else prefetch, device)
             self._python = True
             _open_loaders.add(self)
         self._epoch = 0
         self._next_epoch = None
 
-    def _fetch(self, indices):
-        # On the loader's worker thread, with the GIL: the batch's samples, collated, as CPU tensors.
-        batch = (self.collate_fn or default_collate)([self.dataset[i] for i in indices])
-        leaves = []
-        spec = _flatten(batch, leaves)
-        if self._spec is None:
-            self._spec = spec
-        elif spec != self._spec:
-            raise _core.ValueError(f"DataLoader: a batch's structure {spec!r} differs from the first batch's "
-                                   f"{self._spec!r} (samples must share one structure)")
-        return leaves
 
     def set_epoch(self, epoch: int):
         self._next_epoch = epoch
 
     def close(self):
-        """Stops the worker thread (also done when the loader is dropped, and at exit)."""
+        """Stops the worker thread and worker processes (also done when the loader is dropped, and at exit)."""
+        self._stop_workers()
         self._loader = None
+
+    def _stop_workers(self):
+        pool, self._fetch.pool = self._fetch.pool, None
+        if pool is not None:
+            self._stop_finalizer.detach()
+            pool.shutdown()  # first: a prefetch thread waiting on a worker's batch then stops waiting
+
+    def _start_workers(self, epoch):
+        if self._fetch.pool is not None:
+            self._fetch.pool.begin_epoch()  # persistent workers: the last epoch's batches in flight are dropped
+            return
+        pool = _workers.WorkerPool(self.dataset, self.collate_fn, self.num_workers, self._batch_size,
+                                   self.worker_init_fn, self.multiprocessing_context, float(self.timeout),
+                                   self.prefetch_factor, (self._seed * 1000003 + epoch * 10007) % (1 << 62))
+        self._stop_finalizer = weakref.finalize(self, pool.shutdown)  # a dropped loader's workers stop with it
+        self._fetch.pool = pool
 
     def __len__(self):
         return len(self._loader)
@@ -206,9 +248,39 @@ class DataLoader:
         epoch = self._epoch if self._next_epoch is None else self._next_epoch
         self._next_epoch = None
         self._epoch = epoch + 1
+        workers = self._python and self.num_workers > 0
+        if workers:
+            self._start_workers(epoch)
         self._loader.start_epoch(epoch)
-        while True:
-            batch = self._loader.next()
-            if batch is None:
-                return
-            yield _unflatten(self._spec, batch) if self._python else batch
+        if workers:
+            self._fetch.pool.set_order(self._loader.order())  # what the workers may fetch ahead
+        try:
+            while True:
+                batch = self._loader.next()
+                if batch is None:
+                    return
+                yield _unflatten(self._fetch.spec, batch) if self._python else batch
+        finally:
+            # The epoch ended, broke off or failed: non-persistent workers end with it, as PyTorch's.
+            if workers and not self.persistent_workers:
+                self._stop_workers()
+
+
+def _check_worker_args(num_workers, worker_init_fn, persistent_workers, timeout, prefetch_factor):
+    """DataLoader's worker arguments, checked as PyTorch checks them; returns the prefetch factor."""
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int):
+        raise TypeError(f"DataLoader(): argument 'num_workers' must be an int, not {type(num_workers).__name__}")
+    if num_workers < 0:
+        raise _core.ValueError(f"DataLoader(): num_workers={num_workers} must be >= 0 (0: no worker processes)")
+    if persistent_workers and num_workers == 0:
+        raise _core.ValueError("DataLoader(): persistent_workers=True needs num_workers > 0")
+    if prefetch_factor is not None and num_workers == 0:
+        raise _core.ValueError("DataLoader(): prefetch_factor is for worker processes (num_workers > 0)")
+    if worker_init_fn is not None and not callable(worker_init_fn):
+        raise TypeError("DataLoader(): argument 'worker_init_fn' must be callable")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+        raise _core.ValueError(f"DataLoader(): timeout={timeout!r} must be a number of seconds >= 0 (0: no limit)")
+    factor = 2 if prefetch_factor is None else prefetch_factor
+    if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
+        raise _core.ValueError(f"DataLoader(): prefetch_factor={prefetch_factor!r} must be an int >= 1")
+    return factor

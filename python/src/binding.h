@@ -37,7 +37,14 @@ struct GraphBox {
     // after backward(), as in C++), with the node each stands for: a backward that would send a gradient into
     // one raises GraphError before it writes any gradient (the released history cannot take it further).
     std::vector<std::pair<NodeId, std::string>> stale_leaves;
+    // When set, loss.backward() on this graph runs this instead of graph.backward: DistributedDataParallel's
+    // forward sets it (src/distributed.cpp) so that the backward averages gradients across ranks, as PyTorch's
+    // DDP hooks its reducer into autograd. grad_output is null for backward() without a gradient.
+    std::function<void(ComputeGraph&, const Var&, const Tensor* grad_output, const BackwardOptions&)> backward;
 };
+using GraphBackward = decltype(GraphBox::backward);
+// loss.backward() on `box`'s graph: its `backward` when set, else the engine's (src/distributed.cpp).
+void run_graph_backward(GraphBox& box, const Var& output, const Tensor* grad_output, const BackwardOptions& options);
 std::shared_ptr<GraphBox> current_graph();
 // Ends the thread's current graph if it is `box` (the next op starts a new one).
 void retire_graph(const std::shared_ptr<GraphBox>& box);
@@ -143,5 +150,7 @@ void bind_transformer(nb::module_& m);  // src/transformer.cpp
 void bind_amp(nb::module_& m);          // src/amp.cpp
 void bind_autograd(nb::module_& m);     // src/autograd.cpp
 void bind_schedules(nb::module_& m);    // src/schedules.cpp
+void bind_distributed(nb::module_& m);  // src/distributed.cpp
+void bind_capture(nb::module_& m);      // src/capture.cpp
 
 }  // namespace dyngrad::python

@@ -16,7 +16,8 @@ namespace dyngrad::python {
 namespace {
 
 struct ErrorClasses {
-    PyObject *error, *shape, *dtype, *device, *graph, *higher_order, *index, *value, *cuda, *oom, *io, *numerical;
+    PyObject *error, *shape, *dtype, *device, *graph, *higher_order, *index, *value, *cuda, *oom, *io, *numerical,
+        *distributed;
 };
 ErrorClasses classes;
 
@@ -78,6 +79,8 @@ void translate(const std::exception_ptr& p, void*) {
         PyErr_SetString(classes.io, with_site(e.what()).c_str());
     } catch (const NumericalError& e) {
         PyErr_SetString(classes.numerical, with_site(e.what()).c_str());
+    } catch (const DistributedError& e) {
+        PyErr_SetString(classes.distributed, with_site(e.what()).c_str());
     } catch (const Error& e) {
         PyErr_SetString(classes.error, with_site(e.what()).c_str());
     } catch (const std::bad_cast&) {
@@ -137,6 +140,9 @@ NB_MODULE(_core, m) {
     classes.io = make_class(m, "IoError", {classes.error, PyExc_OSError}, "A missing, truncated or malformed file.");
     classes.numerical = make_class(m, "NumericalError", {classes.error, PyExc_ArithmeticError},
                                    "A NaN or Inf found by anomaly mode.");
+    classes.distributed = make_class(m, "DistributedError", {classes.error},
+                                     "A collective failed or timed out (a peer died or never joined), or the "
+                                     "distributed layer is unavailable.");
     nb::register_exception_translator(&translate);
     // Custom ops (and their Python callables) are registered for the life of the process, as in C++.
     nb::set_leak_warnings(false);
@@ -148,4 +154,6 @@ NB_MODULE(_core, m) {
     bind_amp(m);
     bind_autograd(m);
     bind_schedules(m);
+    bind_distributed(m);
+    bind_capture(m);
 }

@@ -86,11 +86,6 @@ std::map<std::string, PyTensor> py_map(const TensorMap& tensors) {
     return out;
 }
 
-struct PyCapturedStep {
-    nb::object fn;
-    std::unique_ptr<cuda::CapturedStep> step;
-};
-
 struct PyDataLoader {
     std::unique_ptr<DataLoader> loader;
     std::int64_t epoch = 0;
@@ -393,31 +388,7 @@ void bind_nn(nb::module_& m) {
         .def("order", [](const PyIndexLoader& l) { return l.loader->order(); })
         .def("__len__", [](const PyIndexLoader& l) { return l.loader->batches_per_epoch(); });
 
-    // ---- captured steps ----
-    nb::class_<PyCapturedStep>(m, "CapturedStep")
-        .def("__init__", [](PyCapturedStep* self, nb::object fn) {
-            if (!PyCallable_Check(fn.ptr())) throw nb::type_error("CapturedStep: expects a callable step(*tensors) -> Tensor");
-            new (self) PyCapturedStep{fn, nullptr};
-            nb::object held = fn;
-            self->step = std::make_unique<cuda::CapturedStep>([held](std::span<const Tensor> inputs) -> Tensor {
-                nb::gil_scoped_acquire gil;
-                nb::list args;
-                for (const Tensor& t : inputs) args.append(PyTensor(t));
-                nb::object result = held(*nb::tuple(args));
-                if (!nb::isinstance<PyTensor>(result))
-                    throw ValueError("CapturedStep: the step must return a dyngrad Tensor (e.g. the loss, detached)");
-                return nb::cast<const PyTensor&>(result).data();
-            });
-        }, nb::arg("step"))
-        .def("run", [](PyCapturedStep& s, nb::args inputs) {
-            std::vector<Tensor> ts;
-            for (nb::handle h : inputs) {
-                if (!nb::isinstance<PyTensor>(h)) throw nb::type_error("CapturedStep.run: inputs must be dyngrad tensors");
-                ts.push_back(nb::cast<const PyTensor&>(h).data());
-            }
-            return PyTensor(s.step->run(ts));
-        })
-        .def_prop_ro("variants", [](const PyCapturedStep& s) { return s.step->variants(); });
+    // captured steps: src/capture.cpp
 
     // ---- debugging ----
     nb::class_<VerifyReport>(m, "VerifyReport")

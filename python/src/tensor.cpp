@@ -694,8 +694,7 @@ void run_backward(const PyTensor& t, std::optional<const PyTensor*> grad, bool r
     BackwardOptions options;
     options.retain_graph = retain_graph;
     t.graph->leaf_epoch = GraphBox::next_leaf_epoch();
-    if (grad && *grad != nullptr) t.graph->graph.backward(t.var, (*grad)->data(), options);
-    else t.graph->graph.backward(t.var, options);
+    run_graph_backward(*t.graph, t.var, grad && *grad != nullptr ? &(*grad)->data() : nullptr, options);
     if (!retain_graph) retire_graph(t.graph);
 }
 

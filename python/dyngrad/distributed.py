@@ -1,0 +1,331 @@
+"""Data-parallel training across processes, as ``torch.distributed``: dyngrad's C++ process group
+(dist/process_group.h) and DistributedDataParallel (dist/ddp.h, ``dyngrad.nn.parallel``).
+
+    import dyngrad as dg
+    import dyngrad.distributed as dist
+    dist.init_process_group()                  # mpirun -np 2 python train.py   (or torchrun, GPU tensors)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = dg.nn.parallel.DistributedDataParallel(Net())
+    loss = F.cross_entropy(model(x), y); loss.backward()      # gradients averaged across the ranks
+    dist.all_reduce(t, op=dist.ReduceOp.AVG); dist.broadcast(t, src=0); dist.barrier()
+    dist.destroy_process_group()
+
+The launch is read from the environment as ``ProcessGroup::init`` reads it: mpirun's (OMPI_COMM_WORLD_* / PMI
+variables: MPI, CPU and CUDA tensors), torchrun's (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: a TCP rendezvous
+for NCCL, CUDA tensors only) or none (a group of one). docs/python.md, "Distributed training", lists the
+differences from torch.distributed.
+"""
+from __future__ import annotations
+
+import datetime as _datetime
+
+from . import _core
+
+__all__ = [
+    "is_available", "is_initialized", "init_process_group", "destroy_process_group", "get_rank", "get_world_size",
+    "get_local_rank", "get_backend", "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
+    "reduce_scatter_tensor", "barrier", "ReduceOp", "ProcessGroup", "DistributedUnavailable",
+    "DistributedError", "group", "ZeroOptimizer",
+]
+
+_dist = _core._dist
+DistributedError = _core.DistributedError
+
+
+class DistributedUnavailable(_core.DistributedError):
+    """dyngrad was built without its distributed layer (no MPI where the library was built)."""
+
+
+def is_available() -> bool:
+    """True when this dyngrad has its distributed layer (the library's dist component, MPI)."""
+    return bool(_dist.available)
+
+
+def _qualified(who: str) -> str:
+    return who if who.startswith("dyngrad.") else f"dyngrad.distributed.{who}"
+
+
+def _require_layer(who: str):
+    if not _dist.available:
+        raise DistributedUnavailable(f"{_qualified(who)}(): {_dist.unavailable_reason}")
+
+
+if _dist.available:
+    class ReduceOp:
+        """The reductions of the C++ group: SUM (f32, f64, int64) and AVG (f32, f64)."""
+        SUM = _dist.ReduceOp.SUM
+        AVG = _dist.ReduceOp.AVG
+
+    ProcessGroup = _dist.ProcessGroup
+else:
+    class ReduceOp:  # the names exist so that code reading them imports; every call raises
+        SUM = "sum"
+        AVG = "avg"
+
+    class ProcessGroup:
+        """Unavailable in this build: constructing it raises DistributedUnavailable."""
+
+        def __init__(self, *args, **kwargs):
+            _require_layer("ProcessGroup")
+
+        @staticmethod
+        def init(*args, **kwargs):
+            _require_layer("ProcessGroup.init")
+
+
+class group:  # torch.distributed.group.WORLD
+    WORLD = None
+
+
+_default = None  # the default group (a _core._dist.ProcessGroup) between init and destroy
+_backend = None
+
+
+def is_initialized() -> bool:
+    return _default is not None
+
+
+def _seconds(timeout, who: str) -> float:
+    if timeout is None:
+        return 0.0  # the C++ default: DYNGRAD_DIST_TIMEOUT, else 600 s
+    if isinstance(timeout, _datetime.timedelta):
+        timeout = timeout.total_seconds()
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"dyngrad.distributed.{who}(): argument 'timeout' must be a datetime.timedelta or a number of "
+                        f"seconds, not {type(timeout).__name__}")
+    if not timeout > 0:
+        raise _core.ValueError(f"dyngrad.distributed.{who}(): timeout={timeout!r} must be a positive number of seconds")
+    return float(timeout)
+
+
+def init_process_group(backend: str | None = None, init_method: str | None = None, timeout=None, world_size: int = -1,
+                       rank: int = -1, store=None, group_name: str = "", pg_options=None, device_id=None):
+    """Creates the default group from the launch environment (``ProcessGroup::init``).
+
+    backend: None or "mpi:nccl" (CPU tensors through MPI, CUDA tensors through NCCL where both exist), "mpi" (no
+    NCCL communicator), "nccl" (as None; CUDA tensors through NCCL). "gloo" is refused: dyngrad reduces CPU
+    tensors through MPI (launch with mpirun). init_method: None or "env://" (the launcher's variables).
+    world_size/rank: -1, or the launch's own values (checked). timeout: a timedelta or seconds (default
+    DYNGRAD_DIST_TIMEOUT, else 600 s). device_id: the CUDA device of this rank (an int, "cuda:N" or a dg.device;
+    default local rank modulo the device count).
+    """
+    global _default, _backend
+    _require_layer("init_process_group")
+    if _default is not None:
+        raise _core.ValueError("dyngrad.distributed.init_process_group(): the default process group is already "
+                               "initialised (call destroy_process_group() first)")
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"dyngrad.distributed.init_process_group(): argument 'backend' must be a str or None, not "
+                        f"{type(backend).__name__}")
+    name = (backend or "mpi:nccl").lower()
+    if name not in ("mpi", "nccl", "mpi:nccl", "cpu:mpi,cuda:nccl"):
+        raise _core.ValueError(f"dyngrad.distributed.init_process_group(): backend={backend!r} is not available: "
+                               "dyngrad reduces CPU tensors through MPI (launch with mpirun) and CUDA tensors through "
+                               "NCCL; pass None, 'mpi', 'nccl' or 'mpi:nccl'")
+    if init_method not in (None, "env://"):
+        raise _core.ValueError(f"dyngrad.distributed.init_process_group(): init_method={init_method!r}: only the "
+                               "launcher's environment ('env://', mpirun's or torchrun's variables) is supported")
+    if store is not None or pg_options is not None:
+        raise _core.ValueError("dyngrad.distributed.init_process_group(): store and pg_options are not supported "
+                               "(the rendezvous is mpirun's, or dyngrad's own TCP rendezvous under torchrun)")
+    device = -1
+    if device_id is not None:
+        if isinstance(device_id, bool):
+            raise TypeError("dyngrad.distributed.init_process_group(): argument 'device_id' must be an int, a str or "
+                            "a dg.device, not bool")
+        if isinstance(device_id, int):
+            device = device_id
+        else:
+            d = device_id if isinstance(device_id, _core.device) else _core.device(str(device_id))
+            if d.type != "cuda":
+                raise _core.ValueError(f"dyngrad.distributed.init_process_group(): device_id={device_id!r} is not a "
+                                       "CUDA device")
+            device = d.index
+    seconds = _seconds(timeout, "init_process_group")
+    pg = _dist.ProcessGroup.init(timeout=seconds, device=device, use_nccl=(name != "mpi"))
+    for arg, value, actual in (("world_size", world_size, pg.world_size), ("rank", rank, pg.rank)):
+        if value != -1 and value != actual:
+            raise _core.ValueError(f"dyngrad.distributed.init_process_group(): {arg}={value} but the launch says "
+                                   f"{actual} ({pg.describe()})")
+    _default, _backend = pg, name
+    return None
+
+
+def destroy_process_group(group=None) -> None:
+    """Drops the default group (its communicators are freed; MPI itself is finalised at exit)."""
+    global _default, _backend
+    _require_layer("destroy_process_group")
+    _default, _backend = None, None
+
+
+def _group(who: str, group=None):
+    _require_layer(who)
+    if group is not None and group is not _default:
+        raise _core.ValueError(f"{_qualified(who)}(): only the default group is supported (group=None)")
+    if _default is None:
+        raise _core.ValueError(f"{_qualified(who)}(): the default process group is not initialised (call "
+                               "dyngrad.distributed.init_process_group() first)")
+    return _default
+
+
+def get_rank(group=None) -> int:
+    return _group("get_rank", group).rank
+
+
+def get_world_size(group=None) -> int:
+    return _group("get_world_size", group).world_size
+
+
+def get_local_rank() -> int:
+    """This process's rank on its host (mpirun's local rank, torchrun's LOCAL_RANK)."""
+    return _group("get_local_rank").local_rank
+
+
+def get_backend(group=None) -> str:
+    _group("get_backend", group)
+    return _backend
+
+
+def default_group():
+    """The default group object (its device, has_mpi, has_nccl, timeout and describe())."""
+    return _group("default_group")
+
+
+class _Completed:
+    """What async_op=True returns: the collectives of the C++ group complete before they return."""
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def _tensor(t, who: str, arg: str = "tensor"):
+    if not isinstance(t, _core.Tensor):
+        raise TypeError(f"dyngrad.distributed.{who}(): argument '{arg}' must be a dyngrad Tensor, not {type(t).__name__}")
+    return t
+
+
+def _op(op, who: str):
+    if op is ReduceOp.SUM or op is ReduceOp.AVG or op in (ReduceOp.SUM, ReduceOp.AVG):
+        return op
+    raise _core.ValueError(f"dyngrad.distributed.{who}(): op={op!r}: the C++ group reduces with ReduceOp.SUM and "
+                           "ReduceOp.AVG only")
+
+
+def _done(async_op: bool):
+    return _Completed() if async_op else None
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
+    """In place on every rank: tensor becomes the sum (or mean) of every rank's tensor."""
+    pg = _group("all_reduce", group)
+    pg.all_reduce(_tensor(tensor, "all_reduce"), _op(op, "all_reduce"))
+    return _done(async_op)
+
+
+def broadcast(tensor, src: int = 0, group=None, async_op: bool = False):
+    """In place: tensor becomes rank src's tensor on every rank."""
+    pg = _group("broadcast", group)
+    if isinstance(src, bool) or not isinstance(src, int):
+        raise TypeError(f"dyngrad.distributed.broadcast(): argument 'src' must be an int, not {type(src).__name__}")
+    pg.broadcast(_tensor(tensor, "broadcast"), src)
+    return _done(async_op)
+
+
+def all_gather(tensor_list: list, tensor, group=None, async_op: bool = False):
+    """tensor_list[r] receives rank r's tensor (each entry a tensor of tensor's shape and dtype, written in place)."""
+    pg = _group("all_gather", group)
+    _tensor(tensor, "all_gather")
+    if not isinstance(tensor_list, list) or len(tensor_list) != pg.world_size:
+        raise _core.ValueError(f"dyngrad.distributed.all_gather(): tensor_list must be a list of world_size="
+                               f"{pg.world_size} tensors")
+    for i, t in enumerate(tensor_list):
+        _tensor(t, "all_gather", f"tensor_list[{i}]")
+        if tuple(t.shape) != tuple(tensor.shape) or t.dtype != tensor.dtype:
+            raise _core.ShapeError(f"dyngrad.distributed.all_gather(): tensor_list[{i}] is {tuple(t.shape)} "
+                                   f"{t.dtype}, the input {tuple(tensor.shape)} {tensor.dtype}")
+    gathered = pg.all_gather(tensor)
+    for r, t in enumerate(tensor_list):
+        t.copy_(gathered[r])
+    return _done(async_op)
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False):
+    """output_tensor (world_size, *input.shape) receives every rank's input, by rank (written in place).
+
+    Differs from torch, whose output may also be (world_size * input.shape[0], ...): reshape that view."""
+    pg = _group("all_gather_into_tensor", group)
+    pg.all_gather_into(_tensor(output_tensor, "all_gather_into_tensor", "output_tensor"),
+                       _tensor(input_tensor, "all_gather_into_tensor", "input_tensor"))
+    return _done(async_op)
+
+
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False):
+    """input (world_size * k, ...): output (k, ...) becomes this rank's block of the sum (or mean) of every input."""
+    pg = _group("reduce_scatter_tensor", group)
+    pg.reduce_scatter_into(_tensor(output, "reduce_scatter_tensor", "output"),
+                           _tensor(input, "reduce_scatter_tensor", "input"), _op(op, "reduce_scatter_tensor"))
+    return _done(async_op)
+
+
+def barrier(group=None, async_op: bool = False, device_ids=None):
+    """Returns on every rank once every rank has entered it (up to the group's timeout: DistributedError)."""
+    _group("barrier", group).barrier()
+    return _done(async_op)
+
+
+class ZeroOptimizer:
+    """ZeRO stage 1 or 2 AdamW over the default group (dist::ZeroOptimizer, dist/zero.h): every rank holds the whole
+    model and runs its part of the batch; AdamW's moments (stage 1) and the averaged gradients (stage 2) are split
+    across the ranks, and the updated parameters are all-gathered after each step. torch's nearest is
+    ``torch.distributed.optim.ZeroRedundancyOptimizer(params, optimizer_class=AdamW)`` (stage 1).
+
+        opt = dist.ZeroOptimizer(model, lr=1e-3, weight_decay=0.01, stage=2)   # not wrapped in DDP
+        loss.backward(); opt.clip_grad_norm_(1.0); opt.step(); opt.zero_grad()
+
+    ``step()`` first averages the gradients across ranks (``reduce_gradients()``, unless called since the last
+    step), so the loop is an ordinary one; several backwards before a step accumulate.
+    """
+
+    def __init__(self, module, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
+                 stage: int = 2):
+        from .nn import Module
+        if not isinstance(module, Module):
+            raise TypeError(f"dyngrad.distributed.ZeroOptimizer(): argument 'module' must be a dyngrad.nn.Module, "
+                            f"not {type(module).__name__}")
+        pg = _group("ZeroOptimizer")
+        beta1, beta2 = betas
+        self._zero = _dist.ZeroOptimizer(pg, list(module.named_parameters()), list(module.named_buffers()),
+                                          float(lr), float(beta1), float(beta2), float(eps), float(weight_decay),
+                                          int(stage))
+        self._reduced = False
+
+    @property
+    def stage(self) -> int:
+        return self._zero.stage
+
+    def reduce_gradients(self) -> None:
+        self._zero.reduce_gradients()
+        self._reduced = True
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0):
+        """Clips the averaged gradient by its global norm (over every rank's shard); returns the norm."""
+        if not self._reduced:
+            self.reduce_gradients()
+        return self._zero.clip_grad_norm(float(max_norm), float(norm_type))
+
+    def step(self) -> None:
+        if not self._reduced:
+            self.reduce_gradients()
+        self._zero.step()
+        self._reduced = False
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._zero.zero_grad()
+        self._reduced = False
+
+    def memory(self) -> dict:
+        """Per-rank bytes of parameters, gradients and optimizer state (ZeroMemory), and DDP's for comparison."""
+        return self._zero.memory()

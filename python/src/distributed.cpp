@@ -1,0 +1,315 @@
+// The distributed layer for Python (dyngrad.distributed, dyngrad.nn.parallel): dist::ProcessGroup and
+// dist::DistributedDataParallel (dist/process_group.h, dist/ddp.h) bound as _core._dist. Built with the
+// library's dist component (DYNGRAD_PY_DIST, set by python/CMakeLists.txt when dyngrad::dist exists); without
+// it _core._dist.available is False and dyngrad/distributed.py raises, saying why.
+//
+// How loss.backward() reaches DDP: the C++ DDP averages gradients from inside the engine's backward
+// (ddp.backward(graph, loss) sets BackwardOptions::on_parameter_ready). Python's graph is implicit, so the
+// Python DDP's forward marks the graph its outputs were recorded in (GraphBox::backward, binding.h); a later
+// loss.backward() on that graph runs ddp.backward instead of graph.backward, as PyTorch's DDP forward prepares
+// its reducer for the next backward.
+#include "strict_int.h"  // first: nanobind's integer caster is replaced before any header uses it
+
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "binding.h"
+
+#if DYNGRAD_PY_DIST
+#include "dyngrad/dist/ddp.h"
+#include "dyngrad/dist/process_group.h"
+#include "dyngrad/dist/zero.h"
+#endif
+
+namespace dyngrad::python {
+
+#if DYNGRAD_PY_DIST
+namespace {
+
+using dist::DistributedDataParallel;
+using dist::ProcessGroup;
+using dist::ReduceOp;
+
+// A collective writes into the tensor's storage in place: only a tensor without history may take it (a node's
+// value changed under the graph would give a wrong backward; the version counter would catch it only later).
+Tensor in_place_target(const PyTensor& t, const char* who) {
+    if (t.has_history())
+        throw GraphError(str("dyngrad.distributed.", who, "(): the tensor ", describe(t.data()),
+                             " is the result of a recorded op; the collective writes into it in place: pass a "
+                             "tensor without history (x.detach(), or one computed under dg.no_grad())"));
+    return t.data();
+}
+
+// The C++ Module tree over a Python model's own Parameters and buffers (dotted names from named_parameters()
+// and named_buffers()): the DDP then hooks exactly the parameters the Python forward records.
+struct ModuleNode {
+    std::vector<std::pair<std::string, Parameter>> parameters;
+    std::vector<std::pair<std::string, Tensor>> buffers;
+    std::vector<std::pair<std::string, std::unique_ptr<ModuleNode>>> children;
+
+    ModuleNode& child(const std::string& name) {
+        for (auto& [n, c] : children)
+            if (n == name) return *c;
+        children.emplace_back(name, std::make_unique<ModuleNode>());
+        return *children.back().second;
+    }
+    // The node holding `path`'s last component, which goes to `leaf`.
+    ModuleNode& owner(const std::string& path, std::string& leaf) {
+        ModuleNode* node = this;
+        std::size_t start = 0;
+        for (std::size_t dot = path.find('.'); dot != std::string::npos; dot = path.find('.', start)) {
+            node = &node->child(path.substr(start, dot - start));
+            start = dot + 1;
+        }
+        leaf = path.substr(start);
+        return *node;
+    }
+    Module build() const {
+        Module m;
+        for (const auto& [name, p] : parameters) m.register_parameter(name, p);
+        for (const auto& [name, t] : buffers) m.register_buffer(name, t);
+        for (const auto& [name, c] : children) m.register_module(name, c->build());  // after its own tensors
+        return m;
+    }
+};
+
+Module module_of(const std::vector<std::pair<std::string, const PyTensor*>>& parameters,
+                 const std::vector<std::pair<std::string, const PyTensor*>>& buffers) {
+    ModuleNode root;
+    std::set<const void*> seen;  // a parameter shared by two layers (tied weights) is averaged once
+    for (const auto& [name, t] : parameters) {
+        if (t == nullptr || !t->parameter.defined())
+            throw ValueError(str("DistributedDataParallel: '", name, "' is not a Parameter"));
+        if (!seen.insert(t->parameter.identity()).second) continue;
+        std::string leaf;
+        ModuleNode& node = root.owner(name, leaf);
+        node.parameters.emplace_back(leaf, t->parameter);
+    }
+    for (const auto& [name, t] : buffers) {
+        if (t == nullptr) continue;
+        std::string leaf;
+        ModuleNode& node = root.owner(name, leaf);
+        node.buffers.emplace_back(leaf, t->data());
+    }
+    return root.build();
+}
+
+struct PyDDP {
+    std::shared_ptr<DistributedDataParallel> ddp;
+};
+
+// What loss.backward() runs on a graph a DDP forward recorded into. The DDP is held weakly: a graph that
+// outlives its DDP back-propagates as any other.
+GraphBackward ddp_backward(const std::shared_ptr<DistributedDataParallel>& ddp, bool sync) {
+    std::weak_ptr<DistributedDataParallel> weak = ddp;
+    return [weak, sync](ComputeGraph& graph, const Var& loss, const Tensor* grad_output, const BackwardOptions& options) {
+        const auto held = weak.lock();
+        if (!held) {
+            if (grad_output) graph.backward(loss, *grad_output, options);
+            else graph.backward(loss, options);
+            return;
+        }
+        if (grad_output)
+            throw ValueError(str("DistributedDataParallel: backward(gradient) on ", describe(loss.value()),
+                                 ": the averaged backward starts from a scalar loss; reduce the output to one "
+                                 "first, e.g. (out * gradient).sum().backward()"));
+        if (sync) {
+            held->backward(graph, loss, options);
+        } else {  // recorded under no_sync(): this backward only accumulates, as PyTorch's
+            auto guard = held->no_sync();
+            held->backward(graph, loss, options);
+        }
+    };
+}
+
+nb::dict stats_dict(const dist::DDPStats& s) {
+    nb::dict d;
+    d["backward_calls"] = s.backward_calls;
+    d["synchronised_calls"] = s.synchronised_calls;
+    d["ready_order"] = s.ready_order;
+    d["launch_order"] = s.launch_order;
+    d["buckets_launched_during_backward"] = s.buckets_launched_during_backward;
+    d["buckets_launched_after_backward"] = s.buckets_launched_after_backward;
+    d["unused_parameters"] = s.unused_parameters;
+    return d;
+}
+
+void bind_available(nb::module_& d) {
+    nb::enum_<ReduceOp>(d, "ReduceOp").value("SUM", ReduceOp::Sum).value("AVG", ReduceOp::Avg);
+
+    nb::class_<ProcessGroup>(d, "ProcessGroup")
+        .def_static("init", [](double timeout, int device, bool use_nccl) {
+            dist::ProcessGroupOptions options;
+            options.timeout_seconds = timeout;
+            options.device = device;
+            options.use_nccl = use_nccl;
+            nb::gil_scoped_release release;  // the rendezvous and MPI_Init may wait for the other ranks
+            return ProcessGroup::init(options);
+        }, nb::arg("timeout") = 0.0, nb::arg("device") = -1, nb::arg("use_nccl") = true)
+        .def_prop_ro("rank", &ProcessGroup::rank)
+        .def_prop_ro("world_size", &ProcessGroup::world_size)
+        .def_prop_ro("local_rank", &ProcessGroup::local_rank)
+        .def_prop_ro("device", &ProcessGroup::device)
+        .def_prop_ro("has_mpi", &ProcessGroup::has_mpi)
+        .def_prop_ro("has_nccl", &ProcessGroup::has_nccl)
+        .def_prop_ro("timeout", &ProcessGroup::timeout_seconds)
+        .def("describe", &ProcessGroup::describe)
+        .def("__repr__", [](const ProcessGroup& g) { return "ProcessGroup(" + g.describe() + ")"; })
+        // Collectives release the GIL while they wait (up to the group's timeout) for the other ranks.
+        .def("all_reduce", [](ProcessGroup& g, const PyTensor& t, ReduceOp op) {
+            Tensor target = in_place_target(t, "all_reduce");
+            nb::gil_scoped_release release;
+            g.all_reduce(target, op);
+        }, nb::arg("tensor"), nb::arg("op"))
+        .def("broadcast", [](ProcessGroup& g, const PyTensor& t, int src) {
+            Tensor target = in_place_target(t, "broadcast");
+            nb::gil_scoped_release release;
+            g.broadcast(target, src);
+        }, nb::arg("tensor"), nb::arg("src"))
+        .def("all_gather", [](ProcessGroup& g, const PyTensor& t) {
+            Tensor input = t.data();
+            Tensor out;
+            {
+                nb::gil_scoped_release release;
+                out = g.all_gather(input);
+            }
+            return PyTensor(std::move(out));
+        }, nb::arg("tensor"))
+        .def("all_gather_into", [](ProcessGroup& g, const PyTensor& output, const PyTensor& input) {
+            Tensor target = in_place_target(output, "all_gather_into_tensor");
+            Tensor in = input.data();
+            nb::gil_scoped_release release;
+            g.all_gather(in, target);
+        }, nb::arg("output"), nb::arg("input"))
+        .def("reduce_scatter_into", [](ProcessGroup& g, const PyTensor& output, const PyTensor& input, ReduceOp op) {
+            Tensor target = in_place_target(output, "reduce_scatter_tensor");
+            Tensor in = input.data();
+            nb::gil_scoped_release release;
+            g.reduce_scatter(in, target, op);
+        }, nb::arg("output"), nb::arg("input"), nb::arg("op"))
+        .def("barrier", [](ProcessGroup& g) {
+            nb::gil_scoped_release release;
+            g.barrier();
+        });
+
+    nb::class_<PyDDP>(d, "DistributedDataParallel")
+        .def("__init__", [](PyDDP* self, const ProcessGroup& group,
+                            const std::vector<std::pair<std::string, const PyTensor*>>& parameters,
+                            const std::vector<std::pair<std::string, const PyTensor*>>& buffers, double bucket_cap_mb,
+                            double first_bucket_cap_mb, bool overlap) {
+            const Module module = module_of(parameters, buffers);
+            dist::DDPOptions options;
+            options.bucket_cap_mb = bucket_cap_mb;
+            options.first_bucket_cap_mb = first_bucket_cap_mb;
+            options.overlap = overlap;
+            std::shared_ptr<DistributedDataParallel> ddp;
+            {
+                nb::gil_scoped_release release;  // the model check and rank 0's broadcast wait for every rank
+                ddp = std::make_shared<DistributedDataParallel>(module, group, options);
+            }
+            new (self) PyDDP{std::move(ddp)};
+        }, nb::arg("group"), nb::arg("parameters"), nb::arg("buffers"), nb::arg("bucket_cap_mb"),
+           nb::arg("first_bucket_cap_mb"), nb::arg("overlap"))
+        // Marks the graphs of the forward's outputs: their loss.backward() goes through this DDP.
+        .def("prepare_backward", [](PyDDP& self, const std::vector<const PyTensor*>& outputs, bool sync) {
+            for (const PyTensor* t : outputs)
+                if (t != nullptr && t->has_history() && t->graph) t->graph->backward = ddp_backward(self.ddp, sync);
+        }, nb::arg("outputs"), nb::arg("sync"))
+        .def("buckets", [](const PyDDP& self) { return self.ddp->buckets(); })
+        .def_prop_ro("stats", [](const PyDDP& self) { return stats_dict(self.ddp->stats()); });
+}
+
+// dist::ZeroOptimizer (ZeRO stages 1 and 2, AdamW) over a Python model's parameters; dyngrad/distributed.py's
+// ZeroOptimizer reduces the gradients in step() after an ordinary loss.backward().
+struct PyZero {
+    std::unique_ptr<dist::ZeroOptimizer> zero;
+};
+
+void bind_zero(nb::module_& d) {
+    nb::class_<PyZero>(d, "ZeroOptimizer")
+        .def("__init__", [](PyZero* self, const ProcessGroup& group,
+                            const std::vector<std::pair<std::string, const PyTensor*>>& parameters,
+                            const std::vector<std::pair<std::string, const PyTensor*>>& buffers, double lr, double beta1,
+                            double beta2, double eps, double weight_decay, int stage) {
+            const Module module = module_of(parameters, buffers);
+            AdamOptions options;
+            options.lr = lr;
+            options.beta1 = beta1;
+            options.beta2 = beta2;
+            options.eps = eps;
+            options.weight_decay = weight_decay;
+            dist::ZeroOptions zero;
+            zero.stage = stage;
+            std::unique_ptr<dist::ZeroOptimizer> made;
+            {
+                nb::gil_scoped_release release;  // the model check and rank 0's broadcast wait for every rank
+                made = std::make_unique<dist::ZeroOptimizer>(module, group, options, zero);
+            }
+            new (self) PyZero{std::move(made)};
+        }, nb::arg("group"), nb::arg("parameters"), nb::arg("buffers"), nb::arg("lr"), nb::arg("beta1"),
+           nb::arg("beta2"), nb::arg("eps"), nb::arg("weight_decay"), nb::arg("stage"))
+        .def("reduce_gradients", [](PyZero& z) {
+            nb::gil_scoped_release release;
+            z.zero->reduce_gradients();
+        })
+        .def("clip_grad_norm", [](PyZero& z, double max_norm, double norm_type) {
+            Tensor norm;
+            {
+                nb::gil_scoped_release release;
+                norm = z.zero->clip_grad_norm(max_norm, norm_type);
+            }
+            return PyTensor(std::move(norm));
+        }, nb::arg("max_norm"), nb::arg("norm_type") = 2.0)
+        .def("step", [](PyZero& z) {
+            nb::gil_scoped_release release;
+            z.zero->step();
+        })
+        .def("zero_grad", [](PyZero& z) { z.zero->zero_grad(); })
+        .def_prop_ro("stage", [](const PyZero& z) { return z.zero->stage(); })
+        .def("memory", [](const PyZero& z) {
+            const dist::ZeroMemory m = z.zero->memory();
+            nb::dict d;
+            d["world"] = m.world;
+            d["stage"] = m.stage;
+            d["parameters"] = m.parameters;
+            d["parameter_bytes"] = m.parameter_bytes;
+            d["gradient_bytes"] = m.gradient_bytes;
+            d["optimizer_bytes"] = m.optimizer_bytes;
+            d["ddp_bytes"] = m.ddp_bytes;
+            return d;
+        });
+}
+
+}  // namespace
+#endif
+
+void run_graph_backward(GraphBox& box, const Var& output, const Tensor* grad_output, const BackwardOptions& options) {
+    if (box.backward) box.backward(box.graph, output, grad_output, options);
+    else if (grad_output) box.graph.backward(output, *grad_output, options);
+    else box.graph.backward(output, options);
+}
+
+void bind_distributed(nb::module_& m) {
+    nb::module_ d = m.def_submodule("_dist", "dist::ProcessGroup and dist::DistributedDataParallel (dyngrad.distributed)");
+#if DYNGRAD_PY_DIST
+    d.attr("available") = true;
+    d.attr("unavailable_reason") = "";
+    bind_available(d);
+    bind_zero(d);
+#else
+    d.attr("available") = false;
+    d.attr("unavailable_reason") =
+        "this dyngrad was built without its distributed layer: the library dyngrad::dist is built only where CMake "
+        "finds MPI (apt-get install libopenmpi-dev openmpi-bin), and the Python package links it only when the "
+        "library it is built against has it; rebuild the library, then reinstall the package";
+#endif
+}
+
+}  // namespace dyngrad::python

@@ -1,0 +1,333 @@
+"""dyngrad.distributed and dyngrad.nn.parallel: a group of one in this process, two ranks under mpirun (CPU
+tensors through MPI; dist_worker.py is each rank), and torchrun's variables (a CPU build refuses them with
+DeviceError: the torchrun rendezvous carries only NCCL's id, CUDA tensors).
+
+The two-rank checks compare with this process's own computation: sums of the inputs it drew, and the mean of
+each rank's single-process gradient (a plain model, no DDP) for the DDP step.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dyngrad as dg
+import dyngrad.distributed as dist
+from dyngrad import nn
+from dyngrad.nn.parallel import DistributedDataParallel
+
+WORKER = Path(__file__).with_name("dist_worker.py")
+needs_layer = pytest.mark.skipif(not dist.is_available(), reason="dyngrad was built without its distributed layer "
+                                 "(no MPI where the library was built)")
+LAUNCH_VARIABLES = ("OMPI_", "PMI_", "PMIX_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                    "TORCHELASTIC_", "DYNGRAD_RENDEZVOUS_PORT")
+
+
+@pytest.fixture
+def fresh_rng():
+    seed = np.random.SeedSequence().entropy
+    return np.random.default_rng(seed), seed
+
+
+@pytest.fixture
+def group():
+    dist.init_process_group()
+    yield
+    dist.destroy_process_group()
+
+
+def clean_environment(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCH_VARIABLES)}
+    env.update(extra)
+    return env
+
+
+def run_bounded(command, env, timeout):
+    """Runs a launch in its own session; on timeout the whole process group is killed (no rank lingers)."""
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, cwd=tempfile.gettempdir())
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"{command[0]} did not finish within {timeout} s:\n{output[-4000:]}")
+    return proc.returncode, output
+
+
+def mpirun_two(mode, inputs, tmp_path):
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        pytest.skip("mpirun is not installed (apt-get install openmpi-bin)")
+    np.savez(tmp_path / "in.npz", **inputs)
+    # OpenMPI's session directory in a private, short path: concurrent launches on this machine do not race on it.
+    session = tempfile.mkdtemp(prefix="dgmpi")
+    env = clean_environment(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                            OMPI_MCA_btl_vader_single_copy_mechanism="none", DYNGRAD_DIST_TIMEOUT="60",
+                            OMPI_MCA_orte_tmpdir_base=session)
+    try:
+        code, output = run_bounded([mpirun, "-np", "2", "--oversubscribe", sys.executable, str(WORKER), mode,
+                                    str(tmp_path / "in.npz"), str(tmp_path)], env, timeout=300)
+    finally:
+        shutil.rmtree(session, ignore_errors=True)
+    assert code == 0, output[-4000:]
+    ranks = []
+    for r in range(2):
+        notes = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert "failure" not in notes, f"rank {r}:\n{notes['failure']}"
+        arrays = {k.replace("__", "/"): v for k, v in np.load(tmp_path / f"rank{r}.npz").items()}
+        ranks.append((arrays, notes))
+    return ranks
+
+
+# ---- a group of one, in this process ----
+
+@needs_layer
+def test_before_init_and_after_destroy():
+    assert not dist.is_initialized()
+    with pytest.raises(dg.ValueError, match=r"get_rank\(\): the default process group is not initialised"):
+        dist.get_rank()
+    with pytest.raises(dg.ValueError, match="not initialised"):
+        dist.all_reduce(dg.zeros(2))
+    with pytest.raises(dg.ValueError, match="not initialised"):
+        DistributedDataParallel(nn.Linear(2, 2))
+
+
+@needs_layer
+def test_group_of_one(group):
+    assert dist.is_initialized() and dist.get_rank() == 0 and dist.get_world_size() == 1
+    assert dist.get_backend() == "mpi:nccl" and dist.get_local_rank() == 0
+    t = dg.tensor([1.5, -2.0])
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    dist.broadcast(t, src=0)
+    dist.barrier()
+    np.testing.assert_array_equal(t.numpy(), [1.5, -2.0])
+    with pytest.raises(dg.ValueError, match="already initialised"):
+        dist.init_process_group()
+    with pytest.raises(dg.GraphError, match="recorded op"):
+        dist.all_reduce(dg.tensor([1.0], requires_grad=True) * 3.0)
+    with pytest.raises(dg.IndexError):
+        dist.broadcast(t, src=1)
+    with pytest.raises(TypeError, match="argument 'tensor'"):
+        dist.all_reduce(np.zeros(2))
+
+
+@needs_layer
+@pytest.mark.parametrize("bad, error, match", [
+    ({"backend": "gloo"}, dg.ValueError, "through MPI"),
+    ({"init_method": "tcp://127.0.0.1:1"}, dg.ValueError, "env://"),
+    ({"timeout": -1}, dg.ValueError, "positive"),
+    ({"timeout": "60"}, TypeError, "argument 'timeout'"),
+    ({"world_size": 4}, dg.ValueError, "world_size=4"),
+])
+def test_init_arguments(bad, error, match):
+    with pytest.raises(error, match=match):
+        dist.init_process_group(**bad)
+    assert not dist.is_initialized()
+
+
+def test_without_the_layer_every_call_says_why(monkeypatch):
+    """A build without dyngrad::dist: is_available() is False and the API raises DistributedUnavailable (a
+    DistributedError) with the reason the extension was built with."""
+    stub = type("Stub", (), {"available": False, "unavailable_reason": "built without MPI (test)"})
+    monkeypatch.setattr(dist, "_dist", stub)
+    assert not dist.is_available()
+    for call in (dist.init_process_group, dist.get_rank, lambda: dist.all_reduce(dg.zeros(1)), dist.barrier,
+                 lambda: DistributedDataParallel(nn.Linear(2, 2))):
+        with pytest.raises(dist.DistributedUnavailable, match="built without MPI"):
+            call()
+    assert issubclass(dist.DistributedUnavailable, dg.DistributedError)
+
+
+@needs_layer
+def test_ddp_of_one_is_the_plain_gradient(group, fresh_rng):
+    rng, seed = fresh_rng
+    x = rng.standard_normal((5, 3))
+    dg.manual_seed(7)
+    plain = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double()
+    dg.manual_seed(7)
+    model = DistributedDataParallel(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double())
+    (plain(dg.tensor(x)) ** 2).mean().backward()
+    (model(dg.tensor(x)) ** 2).mean().backward()
+    assert model.ddp_stats()["synchronised_calls"] == 1
+    for (name, p), q in zip(model.named_parameters(), plain.parameters()):
+        assert name.startswith("module.")
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-12, err_msg=f"seed {seed}")
+    with model.no_sync():
+        out = model(dg.tensor(x))
+    out.sum().backward()  # recorded under no_sync: accumulates without a sync, as torch's
+    assert model.ddp_stats()["backward_calls"] == 2 and model.ddp_stats()["synchronised_calls"] == 1
+    # Two forwards before one backward: one averaged backward over both (each parameter reported once).
+    for m in (plain, model):
+        m.zero_grad()
+        (m(dg.tensor(x)).sum() + (m(dg.tensor(x[:2])) ** 2).sum()).backward()
+    assert model.ddp_stats()["synchronised_calls"] == 2
+    for p, q in zip(model.parameters(), plain.parameters()):
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-12, err_msg=f"seed {seed}")
+    y = model(dg.tensor(x))
+    with pytest.raises(dg.ValueError, match="scalar loss"):
+        y.backward(dg.ones_like(y))
+    with pytest.raises(TypeError, match="argument 'module'"):
+        DistributedDataParallel(lambda x: x)
+    with pytest.raises(dg.ValueError, match="device_ids"):
+        DistributedDataParallel(nn.Linear(2, 2), device_ids=[3])
+
+
+# ---- two ranks under mpirun ----
+
+@needs_layer
+def test_mpirun_collectives(tmp_path, fresh_rng):
+    rng, seed = fresh_rng
+    inputs = {"f32": rng.standard_normal((2, 3, 4)).astype(np.float32), "f64": rng.standard_normal((2, 5)),
+              "i64": rng.integers(-1000, 1000, (2, 6)), "scatter": rng.standard_normal((2, 8))}
+    ranks = mpirun_two("collectives", inputs, tmp_path)
+    for r, (out, notes) in enumerate(ranks):
+        msg = f"rank {r}, seed {seed}"
+        assert notes["world"] == 2 and notes["async_completed"], msg
+        np.testing.assert_allclose(out["sum_f32"], inputs["f32"].sum(0), rtol=1e-6, err_msg=msg)
+        np.testing.assert_allclose(out["avg_f64"], inputs["f64"].mean(0), rtol=1e-14, err_msg=msg)
+        np.testing.assert_array_equal(out["sum_i64"], inputs["i64"].sum(0), err_msg=msg)
+        np.testing.assert_array_equal(out["broadcast_from_1"], inputs["f32"][1], err_msg=msg)
+        np.testing.assert_array_equal(out["all_gather"], inputs["f64"], err_msg=msg)
+        np.testing.assert_array_equal(out["all_gather_into"], inputs["f64"], err_msg=msg)
+        np.testing.assert_allclose(out["reduce_scatter"], inputs["scatter"].sum(0)[4 * r:4 * r + 4], rtol=1e-14,
+                                   err_msg=msg)
+        np.testing.assert_array_equal(out["after_errors"], [1.0], err_msg=msg)
+        assert notes["history"].startswith("GraphError") and "detach" in notes["history"], msg
+        assert notes["bad_root"].startswith("IndexError") and notes["bad_op"].startswith("ValueError"), msg
+        assert notes["int64_avg"].startswith("DTypeError") and "already initialised" in notes["twice"], msg
+
+
+class Net(nn.Module):
+    """dist_worker.Net with rank 0's buffer (scale 1): the single-process reference."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(4, 8)
+        self.fc2 = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.fc2(self.fc1(x).tanh())
+
+
+def single_process_gradient(params, x, y):
+    """This rank's gradient without DDP: a plain model holding `params`, its own forward and backward."""
+    model = Net().double()
+    model.load_state_dict({k.removeprefix("module."): dg.tensor(v) for k, v in params.items()})
+    ((model(dg.tensor(x)) - dg.tensor(y)) ** 2).mean().backward()
+    return {f"module.{k}": p.grad.numpy() for k, p in model.named_parameters()}
+
+
+@needs_layer
+def test_mpirun_ddp_averages_the_ranks_gradients(tmp_path, fresh_rng):
+    rng, seed = fresh_rng
+    inputs = {k: rng.standard_normal((2, 6, 4 if k.startswith("x") else 3)) for k in ("x1", "y1", "xa", "ya", "xb", "yb")}
+    (out0, notes0), (out1, notes1) = mpirun_two("ddp", inputs, tmp_path)
+    names = [k.removeprefix("init/") for k in out0 if k.startswith("init/")]
+    assert names == ["module.fc1.weight", "module.fc1.bias", "module.fc2.weight", "module.fc2.bias"]
+    msg = f"seed {seed}"
+    # Construction: rank 0's weights and buffers everywhere (rank 1 drew other weights and scale 2).
+    for n in names:
+        np.testing.assert_array_equal(out1[f"init/{n}"], out0[f"init/{n}"], err_msg=msg)
+    np.testing.assert_array_equal(out1["buffer/scale"], np.ones(3), err_msg=msg)
+    init = {n: out0[f"init/{n}"] for n in names}
+
+    # Step 1: the averaged gradient is the mean of each rank's single-process gradient, on both ranks.
+    g = [single_process_gradient(init, inputs["x1"][r], inputs["y1"][r]) for r in range(2)]
+    for out in (out0, out1):
+        for n in names:
+            np.testing.assert_allclose(out[f"step1/{n}"], (g[0][n] + g[1][n]) / 2, rtol=1e-12, atol=1e-15,
+                                       err_msg=f"{n}, {msg}")
+            np.testing.assert_allclose(out[f"after_step/{n}"], init[n] - 0.1 * (g[0][n] + g[1][n]) / 2, rtol=1e-12,
+                                       atol=1e-15, err_msg=f"{n}, {msg}")
+    assert notes0["stats1"]["synchronised_calls"] == 1 and notes0["stats1"]["unused_parameters"] == 0
+    assert sorted(sum(notes0["buckets"], [])) == sorted(names)
+
+    # Step 2: under no_sync() each rank keeps its own gradient; the next backward averages the accumulated sums.
+    stepped = {n: out0[f"after_step/{n}"] for n in names}
+    ga = [single_process_gradient(stepped, inputs["xa"][r], inputs["ya"][r]) for r in range(2)]
+    gb = [single_process_gradient(stepped, inputs["xb"][r], inputs["yb"][r]) for r in range(2)]
+    for r, out in enumerate((out0, out1)):
+        for n in names:
+            np.testing.assert_allclose(out[f"local/{n}"], ga[r][n], rtol=1e-12, atol=1e-15, err_msg=f"{n}, {msg}")
+            expected = (ga[0][n] + gb[0][n] + ga[1][n] + gb[1][n]) / 2
+            np.testing.assert_allclose(out[f"step2/{n}"], expected, rtol=1e-12, atol=1e-15, err_msg=f"{n}, {msg}")
+    for r, out in enumerate((out0, out1)):
+        np.testing.assert_array_equal(out["buffer/after_train_forward"], np.full(3, 10.0))
+        np.testing.assert_array_equal(out["buffer/after_eval_forward"], np.full(3, 20.0 + r))
+    for notes in (notes0, notes1):
+        assert notes["calls"] == [3, 2]
+        assert notes["gradient"].startswith("ValueError") and "scalar loss" in notes["gradient"]
+
+
+@needs_layer
+def test_mpirun_zero_optimizer_steps_as_adamw_on_the_whole_batch(tmp_path, fresh_rng):
+    """dist.ZeroOptimizer (stages 1 and 2): two steps on two ranks end where a single-process AdamW over both
+    ranks' batches (equal sizes, a mean loss: the mean of the ranks' gradients) ends."""
+    rng, seed = fresh_rng
+    inputs = {k: rng.standard_normal((2, 6, 4 if k.startswith("x") else 3)) for k in ("x1", "y1", "xa", "ya")}
+    (out0, notes0), (out1, _) = mpirun_two("zero", inputs, tmp_path)
+    for stage in (1, 2):
+        names = [k.split("/", 2)[2] for k in out0 if k.startswith(f"zero{stage}/init/")]
+        assert names == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+        model = Net().double()
+        model.load_state_dict({n: dg.tensor(out0[f"zero{stage}/init/{n}"]) for n in names})
+        opt = dg.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+        for x, y in (("x1", "y1"), ("xa", "ya")):
+            xs, ys = inputs[x].reshape(12, 4), inputs[y].reshape(12, 3)
+            ((model(dg.tensor(xs)) - dg.tensor(ys)) ** 2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        for n, p in model.named_parameters():
+            for out in (out0, out1):
+                np.testing.assert_array_equal(out[f"zero{stage}/init/{n}"], out0[f"zero{stage}/init/{n}"])
+                np.testing.assert_allclose(out[f"zero{stage}/after/{n}"], p.numpy(), rtol=1e-10, atol=1e-12,
+                                           err_msg=f"stage {stage}, {n}, seed {seed}")
+        assert notes0[f"zero{stage}_memory"]["stage"] == stage and notes0[f"zero{stage}_memory"]["world"] == 2
+
+
+# ---- torchrun's variables ----
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@needs_layer
+def test_torchrun_launch_on_the_cpu_is_refused(tmp_path):
+    """ProcessGroup::from_env reduces CUDA tensors only (its TCP rendezvous carries NCCL's id): on a CPU build or a
+    machine without devices both ranks get DeviceError saying to launch with mpirun, before any rendezvous."""
+    if dg.cuda_is_available():
+        pytest.skip("a CUDA device is present: torchrun launches rendezvous over NCCL there (the GPU machine's "
+                    "tests cover it)")
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        env = clean_environment(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                                MASTER_PORT=str(port), DYNGRAD_DIST_TIMEOUT="30")
+        procs.append(subprocess.Popen([sys.executable, str(WORKER), "torchrun", "-", str(tmp_path)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      cwd=tempfile.gettempdir()))
+    for p in procs:
+        try:
+            output, _ = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("a torchrun-style rank did not finish within 120 s")
+        assert p.returncode == 0, output
+    for rank in range(2):
+        notes = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert notes.get("error") == "DeviceError" and notes["is_dg_error"], notes
+        assert f"rank {rank}/2 launched by torchrun" in notes["message"], notes
+        assert "launch with mpirun for CPU tensors" in notes["message"], notes
