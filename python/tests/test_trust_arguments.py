@@ -42,7 +42,7 @@ NUMERIC_STRINGS = [
     (lambda: dg.ones(2, 3).view("6"), ["view", "size"]),
     (lambda: dg.ops.sum(dg.ones(2, 3), axis="0"), ["sum", "axis"]),
     (lambda: dg.ops.sum(dg.ones(2, 3), axes=["0"]), ["sum", "axes"]),
-    (lambda: dg.ops.sum(dg.ones(2, 3), axis=True), ["sum", "axis", "bool"]),
+    (lambda: dg.ops.sum(dg.ones(2, 3), axes=True), ["sum", "axes", "bool"]),
     (lambda: F.conv2d(dg.ones(1, 1, 4, 4), dg.ones(1, 1, 3, 3), stride="1"), ["conv2d", "stride"]),
     (lambda: F.conv2d(dg.ones(1, 1, 4, 4), dg.ones(1, 1, 3, 3), padding=(1, "1")), ["conv2d", "padding"]),
     (lambda: F.max_pool2d(dg.ones(1, 1, 4, 4), "2"), ["max_pool2d", "kernel"]),
