@@ -291,7 +291,7 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      attention_cases, reads("scalar", "seed", "is_causal", "attention_scale"), kReduced,
      "torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask != 0, dropout_p=scalar, "
      "is_causal=is_causal, scale=attention_scale), with dyngrad's keep mask from seed",
-     /*optional_inputs=*/1},
+     /*optional_inputs=*/1, true, 0, nullptr, attention_differentiable_backward},
     {OpType::Rnn, "rnn", 4, infer::rnn, {cpu::rnn_forward, cpu::rnn_backward},
      DG_CUDA_KERNELS(rnn_forward, rnn_backward), rnn_cases,
      reads("rnn_mode", "hidden_size", "num_layers", "bidirectional", "save_for_backward"), kFollow,

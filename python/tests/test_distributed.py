@@ -46,7 +46,10 @@ def group():
 
 
 def clean_environment(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCH_VARIABLES)}
+    """The environment without an enclosing launch's variables. OpenMPI's settings (OMPI_MCA_*) stay: a machine
+    without ssh sets plm_rsh_agent there, and mpirun refuses to start without it."""
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith("OMPI_MCA_") or not k.startswith(LAUNCH_VARIABLES)}
     env.update(extra)
     return env
 
