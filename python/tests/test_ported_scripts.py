@@ -75,13 +75,20 @@ def test_guide_torch_tables_hold():
             f"{chapter}: no ported script has `{torch_spelling}` in PyTorch as `{dyngrad_spelling}` in dyngrad"
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(f"ported_{name}", PORTED / f"{name}.py")
+def _load(name, engine="dyngrad"):
+    """The port (engine "dyngrad") or, where PyTorch is installed (the GPU machine), its PyTorch original: the same
+    checks then hold for the program as a PyTorch user runs it, so the original is real, working PyTorch code."""
+    suffix = "" if engine == "dyngrad" else "_torch"
+    expected = dg if engine == "dyngrad" else pytest.importorskip("torch")
+    spec = importlib.util.spec_from_file_location(f"ported_{name}{suffix}", PORTED / f"{name}{suffix}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    # The port's `torch` is dyngrad: the test would mean nothing otherwise.
-    assert module.torch is dg and module.nn is dg.nn
+    # The port's `torch` is dyngrad (the original's is PyTorch): the test would mean nothing otherwise.
+    assert module.torch is expected and module.nn is expected.nn
     return module
+
+
+ENGINES = pytest.mark.parametrize("engine", ["dyngrad", "torch"])
 
 
 @pytest.fixture
@@ -93,8 +100,9 @@ def seed():
 
 
 @pytest.mark.skipif(not FASHION_MNIST.is_dir(), reason="no Fashion-MNIST in /usr/share/datasets/fashion-mnist")
-def test_fashion_mnist_cnn_learns(seed):
-    results = _load("fashion_mnist_cnn").main(["--quick", "--seed", str(seed)])
+@ENGINES
+def test_fashion_mnist_cnn_learns(seed, engine):
+    results = _load("fashion_mnist_cnn", engine).main(["--quick", "--seed", str(seed)])
     # 10 classes: chance is 0.1. One epoch over 4,000 images reaches ~0.7 on the test split; 0.5 leaves room for
     # the seed while still failing for a model that learns nothing or a wrong gradient.
     assert results["test_acc"] > 0.5, results
@@ -103,11 +111,12 @@ def test_fashion_mnist_cnn_learns(seed):
     assert results["train_loss"] < 0.8 * results["first_loss"], results
 
 
-def test_char_transformer_loss_falls(seed):
+@ENGINES
+def test_char_transformer_loss_falls(seed, engine):
     argv = ["--quick", "--seed", str(seed)]
     if not FORTUNES.is_dir():
         argv += ["--text", str(ROOT / "README.md")]
-    module = _load("char_transformer")
+    module = _load("char_transformer", engine)
     results = module.main(argv)
     losses, vocab = results["losses"], results["vocab"]
     assert all(math.isfinite(v) for v in losses), losses
@@ -135,8 +144,9 @@ def test_char_transformer_top_k_sampling_keeps_k_tokens(seed):
     assert out == idx[0].tolist()
 
 
-def test_regression_learns_and_restores(seed, tmp_path):
-    results = _load("regression").main(["--quick", "--seed", str(seed), "--checkpoint", str(tmp_path / "r.pt")])
+@ENGINES
+def test_regression_learns_and_restores(seed, tmp_path, engine):
+    results = _load("regression", engine).main(["--quick", "--seed", str(seed), "--checkpoint", str(tmp_path / "r.pt")])
     # The untrained MLP's MSE is about the target's variance (0.8-1.2 over seeds); the function is smooth and the
     # noise variance 0.0025: six epochs leave 0.07-0.15 of it (12 seeds tried), 0.3 fails a model that barely learns.
     assert results["val"] < 0.3 * results["initial_val"], results
