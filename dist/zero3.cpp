@@ -3,7 +3,8 @@
 // recording (the output's shape is only known by running it), its forward kernel hands that output over, and its
 // backward gathers again, re-runs the unit in a graph of its own, back-propagates `grad_output`, reduce-scatters
 // the unit's gradients into this rank's shards and frees the parameters. Custom ops are plain function pointers,
-// so the op finds its unit through a registry keyed by OpAttrs::start.
+// so the op finds its unit through a registry keyed by OpAttrs::start (and the forward's autocast dtype in
+// OpAttrs::axis, for the recomputation).
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -11,6 +12,7 @@
 
 #include "dyngrad/core/error.h"
 #include "dyngrad/dist/zero_impl.h"
+#include "dyngrad/graph/autocast.h"
 #include "dyngrad/graph/custom_op.h"
 #include "dyngrad/graph/fusion_check.h"
 #include "dyngrad/ops/elementwise.h"
@@ -120,6 +122,8 @@ std::vector<Tensor> unit_backward(const BackwardArgs& args) {
     {
         const GatheredScope gathered(st, unit);
         const GradModeScope with_grad(true);
+        // The forward's autocast setting (OpAttrs::axis, see forward()): the recomputation must be the same function.
+        const AutocastGuard autocast(args.attrs.axis >= 0 ? static_cast<DType>(args.attrs.axis) : DType::f32);
         ComputeGraph graph;
         const bool wants = args.needs_grad[0];
         const Var input = graph.input(args.inputs[0], "", wants);
@@ -247,6 +251,8 @@ Var ZeroOptimizer::forward(const Var& input) {
     check_module_unchanged("forward");
     Var x = input;
     OpAttrs attrs;
+    const std::optional<DType> autocast = autocast_dtype();
+    attrs.axis = autocast ? static_cast<std::int64_t>(*autocast) : -1;
     for (auto& unit : state_->units) {
         attrs.start = unit.key;
         // The node must require grad for the sweep to reach it, though the model's parameters are not its inputs:
