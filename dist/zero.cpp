@@ -42,6 +42,19 @@ Tensor view_of(const Tensor& flat, std::int64_t offset, const Shape& shape) {
     return Tensor::from_external(at, shape, flat.dtype(), flat.device(), [keep = flat]() {});
 }
 
+void add_member(ZeroOptimizer::State& st, std::size_t first_flat, const std::string& name, const Parameter& p) {
+    const DType dtype = p.value().dtype();
+    auto flat = std::find_if(st.flats.begin() + static_cast<std::ptrdiff_t>(first_flat), st.flats.end(),
+                             [&](const ZeroOptimizer::State::Flat& f) { return f.dtype == dtype; });
+    if (flat == st.flats.end()) {
+        st.flats.emplace_back();
+        st.flats.back().dtype = dtype;
+        flat = st.flats.end() - 1;
+    }
+    flat->members.push_back({name, p, flat->numel, p.value().shape()});
+    flat->numel += p.value().numel();
+}
+
 void make_shards(ZeroOptimizer::State& st, int rank, int world, const AdamOptions& options) {
     std::vector<Parameter> shard_params;
     for (auto& flat : st.flats) {
@@ -81,15 +94,7 @@ ZeroOptimizer::ZeroOptimizer(const Module& module, ProcessGroup group, const Ada
     for (const auto& [name, p] : named) {
         if (!p.requires_grad()) continue;
         st.identities.push_back(p.identity());
-        const DType dtype = p.value().dtype();
-        auto flat = std::find_if(st.flats.begin(), st.flats.end(), [&](const State::Flat& f) { return f.dtype == dtype; });
-        if (flat == st.flats.end()) {
-            st.flats.emplace_back();
-            st.flats.back().dtype = dtype;
-            flat = st.flats.end() - 1;
-        }
-        flat->members.push_back({name, p, flat->numel, p.value().shape()});
-        flat->numel += p.value().numel();
+        add_member(st, 0, name, p);
     }
     make_shards(st, group_.rank(), group_.world_size(), options);
     // Its own model check and broadcast repeat ours (construction only); its buckets then average the gradients.

@@ -216,16 +216,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<ZeroUnit> units, ProcessGroup group, co
             if (!seen.insert(p.identity()).second)
                 throw ValueError(str("ZeroOptimizer (stage 3): '", full, "' is also in an earlier unit; a parameter "
                                      "belongs to one unit (its gather and reduction are the unit's)"));
-            const DType dtype = p.value().dtype();
-            auto flat = std::find_if(st.flats.begin() + static_cast<std::ptrdiff_t>(first), st.flats.end(),
-                                     [&](const State::Flat& f) { return f.dtype == dtype; });
-            if (flat == st.flats.end()) {
-                st.flats.emplace_back();
-                st.flats.back().dtype = dtype;
-                flat = st.flats.end() - 1;
-            }
-            flat->members.push_back({full, p, flat->numel, p.value().shape()});
-            flat->numel += p.value().numel();
+            add_member(st, first, full, p);
         }
         for (std::size_t f = first; f < st.flats.size(); ++f) unit.flats.push_back(f);
         st.units.push_back(std::move(unit));

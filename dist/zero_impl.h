@@ -55,6 +55,8 @@ struct ZeroOptimizer::State {
 };
 
 // Helpers shared by the stages (dist/zero.cpp).
+// Appends parameter `p` to the flat of its dtype among flats[first_flat...] (a new flat when there is none).
+void add_member(ZeroOptimizer::State& state, std::size_t first_flat, const std::string& name, const Parameter& p);
 // Per flat: S = ceil(Ψ_d / W), this rank's shard of the members' values, its Parameter; then the AdamW over them.
 void make_shards(ZeroOptimizer::State& state, int rank, int world, const AdamOptions& options);
 void copy_bytes(void* dst, const void* src, std::size_t bytes, Device device);

@@ -210,7 +210,7 @@ TEST_CASE("ZeRO-3: per-rank memory against the formulas", "[dist][zero3][memory]
     CHECK(m.formula_gathered_bytes == padded(528) * world * 4);  // the largest unit
     CHECK(m.gathered_peak_bytes == m.formula_gathered_bytes);    // one unit at a time, forward and backward
     if (g.rank() == 0)
-        std::cout << "| " << world << " | ZeRO-3 | " << m.parameters << " | " << m.parameter_bytes << " + "
+        std::cout << "| " << world << " | " << m.parameter_bytes << " + "
                   << m.gathered_peak_bytes << " | " << m.gradient_bytes << " | " << m.optimizer_bytes << " | "
                   << m.parameter_bytes + m.gradient_bytes + m.optimizer_bytes + m.gathered_peak_bytes << " | "
                   << m.ddp_bytes << " |\n";
