@@ -50,12 +50,16 @@ UnitRef find_unit(const OpAttrs& attrs) {
     return found->second;
 }
 
-// Frees the unit's parameters when the scope ends, also on an exception.
+// Frees the unit's parameters when the scope ends, also on an exception (unless an enclosing scope gathered them:
+// full_parameters(), a checkpoint).
 struct GatheredScope {
     State& state;
     State::Unit& unit;
-    GatheredScope(State& s, State::Unit& u) : state(s), unit(u) { gather_unit(s, u); }
-    ~GatheredScope() { release_unit(state, unit); }
+    bool owner;
+    GatheredScope(State& s, State::Unit& u) : state(s), unit(u), owner(!u.gathered) { gather_unit(s, u); }
+    ~GatheredScope() {
+        if (owner) release_unit(state, unit);
+    }
     GatheredScope(const GatheredScope&) = delete;
     GatheredScope& operator=(const GatheredScope&) = delete;
 };

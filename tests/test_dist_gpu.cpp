@@ -2,6 +2,7 @@
 // (NCCL_NVLS_ENABLE=0). Exits 77 (skipped) unless it runs as 2 ranks on a machine with at least 2 CUDA devices.
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 
 #include "catch.h"
@@ -42,6 +43,27 @@ Tensor labels(std::uint64_t seed, std::int64_t n, Device device) {
     std::vector<std::int64_t> v;
     for (std::int64_t i = 0; i < n; ++i) v.push_back(static_cast<std::int64_t>(gen.engine()() % 10));
     return Tensor::from_vector(v, {n}).to(device);
+}
+
+// One ZeRO step (clipped at 0.5) on this rank's 32 rows of a 64-row f64 batch drawn from `seed`, and one
+// single-GPU AdamW step (clipped alike) of the reference on all 64.
+void step_both(dist::ZeroOptimizer& zero, const std::function<Var(const Var&)>& forward,
+               const std::function<Var(const Var&)>& reference, const std::vector<Parameter>& reference_parameters,
+               AdamW& adam, std::uint64_t seed) {
+    const dist::ProcessGroup& g = zero.group();
+    const Device device = g.device();
+    const Tensor x = rows(seed, 64, device).to(DType::f64), y = labels(seed + 1, 64, device);
+    ComputeGraph graph;
+    zero.backward(graph, cross_entropy(forward(graph.input(x.narrow(0, 32 * g.rank(), 32))),
+                                       graph.input(y.narrow(0, 32 * g.rank(), 32))));
+    zero.clip_grad_norm(0.5);
+    zero.step();
+    zero.zero_grad();
+    ComputeGraph ref_graph;
+    ref_graph.backward(cross_entropy(reference(ref_graph.input(x)), ref_graph.input(y)));
+    clip_grad_norm(reference_parameters, 0.5);
+    adam.step();
+    adam.zero_grad();
 }
 
 }  // namespace
@@ -140,21 +162,9 @@ TEST_CASE("ZeRO-1/2 on GPUs == one GPU's AdamW on the concatenated batch", "[dis
         reference.to(DType::f64);
         reference.to(device);
         AdamW adam(reference.parameters(), options);
-        for (int step = 0; step < 5; ++step) {
-            const std::uint64_t seed = 500 + static_cast<std::uint64_t>(step);
-            const Tensor x = rows(seed, 64, device).to(DType::f64), y = labels(seed + 1, 64, device);
-            ComputeGraph graph;
-            zero.backward(graph, cross_entropy(model(graph.input(x.narrow(0, 32 * g.rank(), 32))),
-                                               graph.input(y.narrow(0, 32 * g.rank(), 32))));
-            zero.clip_grad_norm(0.5);
-            zero.step();
-            zero.zero_grad();
-            ComputeGraph ref_graph;
-            ref_graph.backward(cross_entropy(reference(ref_graph.input(x)), ref_graph.input(y)));
-            clip_grad_norm(reference.parameters(), 0.5);
-            adam.step();
-            adam.zero_grad();
-        }
+        for (int step = 0; step < 5; ++step)
+            step_both(zero, [&](const Var& x) { return model(x); }, [&](const Var& x) { return reference(x); },
+                      reference.parameters(), adam, 500 + static_cast<std::uint64_t>(step));
         const auto params = model.parameters(), ref_params = reference.parameters();
         for (std::size_t i = 0; i < params.size(); ++i) {
             CHECK(relative(params[i].value().to_vector(), ref_params[i].value().to_vector()) <= 1e-10);
@@ -196,21 +206,9 @@ TEST_CASE("ZeRO-3 on GPUs == one GPU's AdamW on the concatenated batch", "[dist]
         return x;
     };
     AdamW adam(reference_parameters, options);
-    for (int step = 0; step < 5; ++step) {
-        const std::uint64_t seed = 700 + static_cast<std::uint64_t>(step);
-        const Tensor x = rows(seed, 64, device).to(DType::f64), y = labels(seed + 1, 64, device);
-        ComputeGraph graph;
-        zero.backward(graph, cross_entropy(zero.forward(graph.input(x.narrow(0, 32 * g.rank(), 32))),
-                                           graph.input(y.narrow(0, 32 * g.rank(), 32))));
-        zero.clip_grad_norm(0.5);
-        zero.step();
-        zero.zero_grad();
-        ComputeGraph ref_graph;
-        ref_graph.backward(cross_entropy(reference(ref_graph.input(x)), ref_graph.input(y)));
-        clip_grad_norm(reference_parameters, 0.5);
-        adam.step();
-        adam.zero_grad();
-    }
+    for (int step = 0; step < 5; ++step)
+        step_both(zero, [&](const Var& x) { return zero.forward(x); }, reference, reference_parameters, adam,
+                  700 + static_cast<std::uint64_t>(step));
     const auto full = zero.full_parameters();
     const auto& ref_params = reference_parameters;
     REQUIRE(full.size() == ref_params.size());

@@ -21,16 +21,8 @@ using dgtest::shard;
 
 namespace {
 
-dist::ProcessGroup& group() {
-    static dist::ProcessGroup g = dist::ProcessGroup::init();
-    return g;
-}
+dist::ProcessGroup& group() { return dgtest::launched_group(); }
 
-std::uint64_t shared_seed() {
-    Tensor seed = Tensor::from_vector(std::vector<std::int64_t>{static_cast<std::int64_t>(std::random_device{}() >> 1)}, {1});
-    group().broadcast(seed, 0);
-    return static_cast<std::uint64_t>(seed.data<std::int64_t>()[0]);
-}
 
 constexpr AdamOptions kAdam{.lr = 3e-2, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.05};
 
@@ -104,7 +96,7 @@ void check_against_single_process(UnitsFactory factory, Pair (*batch)(std::uint6
                                   int steps, bool clip, double tolerance) {
     dist::ProcessGroup& g = group();
     const int world = g.world_size();
-    const std::uint64_t seed = shared_seed();
+    const std::uint64_t seed = dgtest::shared_seed(group());
     INFO("seed " << seed << ", world " << world << ", clip " << clip);
     Generator init(seed + 1 + static_cast<std::uint64_t>(g.rank()));  // differs per rank: the broadcast fixes it
     dist::ZeroOptimizer zero(factory(init, DType::f64), g, kAdam, {.stage = 3});
@@ -163,7 +155,7 @@ TEST_CASE("ZeRO-3: a tiny transformer's AdamW steps with clipping == single-proc
 TEST_CASE("ZeRO-3: gradient accumulation over two micro-batches == one step on both", "[dist][zero3][accumulate]") {
     dist::ProcessGroup& g = group();
     const int world = g.world_size();
-    const std::uint64_t seed = shared_seed();
+    const std::uint64_t seed = dgtest::shared_seed(group());
     INFO("seed " << seed);
     Generator init(seed + 1);
     dist::ZeroOptimizer zero(mlp_units(init, DType::f64), g, kAdam, {.stage = 3});
@@ -219,7 +211,7 @@ TEST_CASE("ZeRO-3: per-rank memory against the formulas", "[dist][zero3][memory]
 TEST_CASE("ZeRO-3: sharded checkpoint resumes exactly, and reloads on another world size", "[dist][zero3][checkpoint]") {
     dist::ProcessGroup& g = group();
     const int world = g.world_size();
-    const std::uint64_t seed = shared_seed();
+    const std::uint64_t seed = dgtest::shared_seed(group());
     INFO("seed " << seed << ", world " << world);
     const auto folder = std::filesystem::temp_directory_path() / str("dyngrad_zero3_ckpt_", seed);
     const auto train = [&](dist::ZeroOptimizer& z, int from, int to) {
