@@ -2,6 +2,7 @@
 // and under `mpirun -np 2` and `-np 3` (dist_zero3_mpi2, dist_zero3_mpi3: 3 divides none of the units' sizes, so
 // every flat is padded). Inputs are fresh each run: rank 0 draws a seed and broadcasts it (printed on a failure);
 // every rank rebuilds the global batch from it and computes the single-process reference with nn/optim.h's AdamW.
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <iostream>
@@ -301,4 +302,20 @@ TEST_CASE("ZeRO-3: ranks with different models fail typed on every rank", "[dist
     Linear layer(12, g.rank() == 1 ? 9 : 8, true, init);
     std::vector<dist::ZeroUnit> units{{"fc", layer, [layer](const Var& x) { return layer(x); }}};
     CHECK_THROWS_MATCHES(dist::ZeroOptimizer(units, g), ShapeError, MessageHas({"ZeroOptimizer", "differs across ranks"}));
+}
+
+// Run alone by dist_zero3_dead_peer (DYNGRAD_DIST_TIMEOUT=3): both ranks run the forward (its gathers), then rank 1
+// leaves; rank 0's backward re-gathers the last unit and gets the typed timeout out of the sweep, no hang.
+TEST_CASE("ZeRO-3: a peer that leaves before the backward's gather: a typed timeout, no hang", "[.dead_peer]") {
+    dist::ProcessGroup& g = group();
+    if (g.world_size() < 2) DG_SKIP("needs 2 ranks (mpirun -np 2)");
+    Generator init(5);
+    dist::ZeroOptimizer zero(mlp_units(init, DType::f64), g, kAdam, {.stage = 3});
+    const Pair batch = mlp_batch(1, 4);
+    ComputeGraph graph;
+    const Var loss = classify(zero.forward(graph.input(batch.x)), graph.input(batch.y));
+    if (g.rank() == 1) return;  // exits (finalizes MPI) without joining the backward's all_gather
+    const auto start = std::chrono::steady_clock::now();
+    CHECK_THROWS_MATCHES(zero.backward(graph, loss), DistributedError, MessageHas({"all_gather", "timed out", "rank 0/2"}));
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
 }
