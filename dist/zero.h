@@ -1,7 +1,7 @@
-// Sharded data parallelism (ZeRO stages 1 and 2) over a ProcessGroup: every rank holds the whole model and runs
-// its part of the batch, as with DistributedDataParallel, but AdamW's moments (stage 1) and the averaged
-// gradients (stage 2) are split across the ranks: each rank keeps and updates only its shard, and the updated
-// parameters are all-gathered after the step.
+// Sharded data parallelism (ZeRO stages 1, 2 and 3) over a ProcessGroup. In stages 1 and 2 every rank holds the
+// whole model and runs its part of the batch, as with DistributedDataParallel, but AdamW's moments (stage 1) and
+// the averaged gradients (stage 2) are split across the ranks: each rank keeps and updates only its shard, and
+// the updated parameters are all-gathered after the step. Stage 3 shards the parameters too (below).
 //
 //   auto group = dist::ProcessGroup::init();
 //   dist::ZeroOptimizer zero(model, group, {.lr = 1e-3, .weight_decay = 0.01}, {.stage = 2});
