@@ -179,6 +179,57 @@ TEST_CASE("ZeRO-3: gradient accumulation over two micro-batches == one step on b
         CHECK(relative(full[i].second.to_vector(), ref[i].value().to_vector()) <= 1e-12);
 }
 
+// Under bf16 autocast the backward's recomputation must run the forward's function (the node restores the
+// autocast dtype; recomputed in f32, the unit's output would not even match its gradient's dtype). One step with
+// eps = 1e3 makes AdamW's update ≈ lr·g/eps, linear in the gradient, so the updates compare within bf16 rounding.
+TEST_CASE("ZeRO-3 under bf16 autocast == the same autocast on one process", "[dist][zero3][autocast]") {
+    dist::ProcessGroup& g = group();
+    const int world = g.world_size();
+    const std::uint64_t seed = dgtest::shared_seed(group());
+    INFO("seed " << seed);
+    const AdamOptions linear{.lr = 1.0, .eps = 1e3, .weight_decay = 0.0};
+    Generator init(seed + 1);
+    dist::ZeroOptimizer zero(mlp_units(init, DType::f32), g, linear, {.stage = 3});
+    Generator init0(seed + 1);
+    const auto reference = mlp_units(init0, DType::f32);
+    std::vector<std::vector<double>> before;
+    for (const Parameter& p : parameters_of(reference)) before.push_back(p.value().to_vector());
+    AdamW adam(parameters_of(reference), linear);
+    const Rows all = dgtest::global_batch(seed + 5, {12}, 8 * world, DType::f32, 7);
+    const Rows mine = shard(all, g.rank(), world);
+    {
+        ComputeGraph graph;
+        Var loss;
+        {
+            const AutocastGuard autocast(DType::bf16);
+            loss = classify(zero.forward(graph.input(mine.x)), graph.input(mine.y));
+        }
+        zero.backward(graph, loss);
+        zero.step();
+    }
+    {
+        ComputeGraph graph;
+        Var loss;
+        {
+            const AutocastGuard autocast(DType::bf16);
+            loss = classify(run_units(reference, graph.input(all.x)), graph.input(all.y));
+        }
+        graph.backward(loss);
+        adam.step();
+    }
+    const auto full = zero.full_parameters();
+    const auto ref = parameters_of(reference);
+    for (std::size_t i = 0; i < full.size(); ++i) {
+        INFO(full[i].first);
+        std::vector<double> got = full[i].second.to_vector(), want = ref[i].value().to_vector();
+        for (std::size_t k = 0; k < got.size(); ++k) {
+            got[k] -= before[i][k];
+            want[k] -= before[i][k];
+        }
+        CHECK(relative(got, want) <= 3e-2);
+    }
+}
+
 TEST_CASE("ZeRO-3: per-rank memory against the formulas", "[dist][zero3][memory]") {
     dist::ProcessGroup& g = group();
     const int world = g.world_size();
