@@ -15,8 +15,6 @@
 
 namespace dyngrad::dist {
 
-namespace {
-
 void copy_bytes(void* dst, const void* src, std::size_t bytes, Device device) {
     if (bytes == 0 || dst == src) return;
     if (device.is_cuda()) device_copy(dst, src, bytes, device.index);
@@ -25,8 +23,6 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes, Device device) {
 
 char* bytes_of(const Tensor& t) { return static_cast<char*>(const_cast<void*>(t.raw_data())); }
 
-// Copies the part of member `m` (elements [m.offset, m.offset + numel) of the flat buffer) that falls into
-// rank `rank`'s shard [rank·S, rank·S + S) between the member's tensor and the shard's tensor.
 void copy_overlap(const ZeroOptimizer::State::Member& m, const Tensor& member_tensor, const Tensor& shard_tensor,
                   std::int64_t shard, int rank, bool into_shard, Device device) {
     const std::int64_t begin = std::max(m.offset, rank * shard);
@@ -40,78 +36,26 @@ void copy_overlap(const ZeroOptimizer::State::Member& m, const Tensor& member_te
     else copy_bytes(in_member, in_shard, bytes, device);
 }
 
-// A view of `length` elements at `offset` of `flat`, shaped `shape`, that keeps `flat` alive (Tensor::narrow
-// copies; a view lets stage 1's model gradients share the averaged buffer instead of doubling it).
+// Tensor::narrow copies; a view lets stage 1's model gradients share the averaged buffer instead of doubling it.
 Tensor view_of(const Tensor& flat, std::int64_t offset, const Shape& shape) {
     void* at = bytes_of(flat) + offset * static_cast<std::int64_t>(dtype_size(flat.dtype()));
     return Tensor::from_external(at, shape, flat.dtype(), flat.device(), [keep = flat]() {});
 }
 
-}  // namespace
-
-std::string zero_layout(const ZeroOptimizer::State& state) {
-    std::string text;
-    for (const auto& flat : state.flats)
-        for (const auto& m : flat.members)
-            text += str(m.name, " ", dtype_name(flat.dtype), " ", to_string(m.parameter.value().shape()), ";");
-    return text;
+void add_member(ZeroOptimizer::State& st, std::size_t first_flat, const std::string& name, const Parameter& p) {
+    const DType dtype = p.value().dtype();
+    auto flat = std::find_if(st.flats.begin() + static_cast<std::ptrdiff_t>(first_flat), st.flats.end(),
+                             [&](const ZeroOptimizer::State::Flat& f) { return f.dtype == dtype; });
+    if (flat == st.flats.end()) {
+        st.flats.emplace_back();
+        st.flats.back().dtype = dtype;
+        flat = st.flats.end() - 1;
+    }
+    flat->members.push_back({name, p, flat->numel, p.value().shape()});
+    flat->numel += p.value().numel();
 }
 
-ZeroOptimizer::ZeroOptimizer(const Module& module, ProcessGroup group, const AdamOptions& options, ZeroOptions zero)
-    : module_(module), group_(std::move(group)), zero_(zero), state_(std::make_unique<State>()) {
-    if (zero_.stage != 1 && zero_.stage != 2)
-        throw ValueError(str("ZeroOptimizer: stage ", zero_.stage,
-                             " is not supported (1: optimizer state sharded, 2: gradients too; stage 3 is not built)"));
-    if (zero_.overlap && zero_.stage != 1)
-        throw ValueError(str("ZeroOptimizer: overlap (DDP's bucketed all-reduce during the backward) is for stage 1; "
-                             "stage ", zero_.stage, " reduce-scatters after the backward"));
-    const auto named = module_.named_parameters();
-    std::vector<std::pair<std::string, Tensor>> entries;
-    for (const auto& [name, p] : named) entries.emplace_back(name, p.value());
-    for (const auto& [name, t] : module_.buffers()) entries.emplace_back(name, t);
-
-    State& st = *state_;
-    bool first = true;
-    for (const auto& [name, p] : named) {
-        if (!p.requires_grad()) continue;
-        const Device d = p.value().device();
-        if (first) st.device = d;
-        else if (d != st.device)
-            throw ValueError(str("ZeroOptimizer: trainable parameters on several devices ('", name, "' on ",
-                                 d.to_string(), ", others on ", st.device.to_string(), "); one device per rank"));
-        first = false;
-    }
-    if (first) throw ValueError("ZeroOptimizer: the model has no trainable parameters (nothing to shard)");
-    // Refused before any collective, so every rank throws the same error without waiting on the others.
-    if (st.device.is_cuda() && !group_.has_nccl())
-        throw DeviceError(str("ZeroOptimizer: the parameters are on ", st.device.to_string(), " but ", group_.describe(),
-                              " has no NCCL communicator: sharding CUDA tensors needs NCCL's reduce_scatter and "
-                              "all_gather (ProcessGroupOptions::use_nccl, a build with NCCL)"));
-    if (!st.device.is_cuda() && group_.world_size() > 1 && !group_.has_mpi())
-        throw DeviceError(str("ZeroOptimizer: CPU parameters on ", group_.describe(),
-                              ", which has no MPI: CPU collectives need a launch by mpirun"));
-    check_same_model(group_, entries, "ZeroOptimizer");
-    for (const auto& [name, p] : named) {  // rank 0's weights everywhere, as DDP
-        Tensor value = p.value();
-        group_.broadcast(value, 0);
-    }
-    for (auto& [name, t] : module_.buffers()) group_.broadcast(t, 0);
-
-    // One flat buffer per dtype, in order of first appearance; members in registration order.
-    for (const auto& [name, p] : named) {
-        if (!p.requires_grad()) continue;
-        st.identities.push_back(p.identity());
-        const DType dtype = p.value().dtype();
-        auto flat = std::find_if(st.flats.begin(), st.flats.end(), [&](const State::Flat& f) { return f.dtype == dtype; });
-        if (flat == st.flats.end()) {
-            st.flats.emplace_back();
-            st.flats.back().dtype = dtype;
-            flat = st.flats.end() - 1;
-        }
-        flat->members.push_back({name, p, flat->numel});
-        flat->numel += p.value().numel();
-    }
-    const int world = group_.world_size(), rank = group_.rank();
+void make_shards(ZeroOptimizer::State& st, int rank, int world, const AdamOptions& options) {
     std::vector<Parameter> shard_params;
     for (auto& flat : st.flats) {
         flat.shard = (flat.numel + world - 1) / world;  // the padding (W·S − Ψ_d elements) stays zero
@@ -121,11 +65,78 @@ ZeroOptimizer::ZeroOptimizer(const Module& module, ProcessGroup group, const Ada
         shard_params.push_back(flat.shard_param);
     }
     st.adam = std::make_unique<AdamW>(shard_params, options);
+}
+
+std::string zero_layout(const ZeroOptimizer::State& state) {
+    std::string text;
+    for (const auto& flat : state.flats) {
+        if (!state.units.empty()) text += "|";  // stage 3: a flat per unit and dtype, not stage 1/2's layout
+        for (const auto& m : flat.members)
+            text += str(m.name, " ", dtype_name(flat.dtype), " ", to_string(m.shape), ";");
+    }
+    return text;
+}
+
+ZeroOptimizer::ZeroOptimizer(const Module& module, ProcessGroup group, const AdamOptions& options, ZeroOptions zero)
+    : module_(module), group_(std::move(group)), zero_(zero), state_(std::make_unique<State>()) {
+    if (zero_.stage != 1 && zero_.stage != 2)
+        throw ValueError(str("ZeroOptimizer: stage ", zero_.stage,
+                             " is not supported with a Module (1: optimizer state sharded, 2: gradients too; stage 3 takes a list of "
+                             "units, dist::ZeroUnit)"));
+    if (zero_.overlap && zero_.stage != 1)
+        throw ValueError(str("ZeroOptimizer: overlap (DDP's bucketed all-reduce during the backward) is for stage 1; "
+                             "stage ", zero_.stage, " reduce-scatters after the backward"));
+    check_and_broadcast("ZeroOptimizer");
+    State& st = *state_;
+    const auto named = module_.named_parameters();
+
+    // One flat buffer per dtype, in order of first appearance; members in registration order.
+    for (const auto& [name, p] : named) {
+        if (!p.requires_grad()) continue;
+        st.identities.push_back(p.identity());
+        add_member(st, 0, name, p);
+    }
+    make_shards(st, group_.rank(), group_.world_size(), options);
     // Its own model check and broadcast repeat ours (construction only); its buckets then average the gradients.
     if (zero_.overlap) st.ddp = std::make_unique<DistributedDataParallel>(module_, group_);
 }
 
-ZeroOptimizer::~ZeroOptimizer() = default;
+void ZeroOptimizer::check_and_broadcast(const char* who) {
+    const auto named = module_.named_parameters();
+    std::vector<std::pair<std::string, Tensor>> entries;
+    for (const auto& [name, p] : named) entries.emplace_back(name, p.value());
+    for (const auto& [name, t] : module_.buffers()) entries.emplace_back(name, t);
+    State& st = *state_;
+    bool first = true;
+    for (const auto& [name, p] : named) {
+        if (!p.requires_grad()) continue;
+        const Device d = p.value().device();
+        if (first) st.device = d;
+        else if (d != st.device)
+            throw ValueError(str(who, ": trainable parameters on several devices ('", name, "' on ",
+                                 d.to_string(), ", others on ", st.device.to_string(), "); one device per rank"));
+        first = false;
+    }
+    if (first) throw ValueError(str(who, ": the model has no trainable parameters (nothing to shard)"));
+    // Refused before any collective, so every rank throws the same error without waiting on the others.
+    if (st.device.is_cuda() && !group_.has_nccl())
+        throw DeviceError(str(who, ": the parameters are on ", st.device.to_string(), " but ", group_.describe(),
+                              " has no NCCL communicator: sharding CUDA tensors needs NCCL's reduce_scatter and "
+                              "all_gather (ProcessGroupOptions::use_nccl, a build with NCCL)"));
+    if (!st.device.is_cuda() && group_.world_size() > 1 && !group_.has_mpi())
+        throw DeviceError(str(who, ": CPU parameters on ", group_.describe(),
+                              ", which has no MPI: CPU collectives need a launch by mpirun"));
+    check_same_model(group_, entries, who);
+    for (const auto& [name, p] : named) {  // rank 0's weights everywhere, as DDP
+        Tensor value = p.value();
+        group_.broadcast(value, 0);
+    }
+    for (auto& [name, t] : module_.buffers()) group_.broadcast(t, 0);
+}
+
+ZeroOptimizer::~ZeroOptimizer() {
+    if (state_) unregister_units(*state_);
+}
 
 Optimizer& ZeroOptimizer::optimizer() { return *state_->adam; }
 const Optimizer& ZeroOptimizer::optimizer() const { return *state_->adam; }
@@ -178,6 +189,16 @@ void ZeroOptimizer::backward(ComputeGraph& graph, const Var& loss) {
 void ZeroOptimizer::reduce_gradients() {
     check_module_unchanged("reduce_gradients");
     State& st = *state_;
+    if (zero_.stage == 3) {  // the units' backward nodes reduced; a unit not reached contributes zeros (as DDP)
+        for (auto& flat : st.flats)
+            if (!flat.accumulating) {
+                flat.shard_param.grad_slot() = Tensor::zeros({flat.shard}, flat.dtype, st.device);
+                flat.accumulating = true;
+            }
+        st.reduced = true;
+        st.unscaled = false;
+        return;
+    }
     const int world = group_.world_size(), rank = group_.rank();
     for (auto& flat : st.flats) {
         // The model's gradients end to end (zeros for a parameter the backward did not reach, and the padding).
@@ -287,6 +308,8 @@ void ZeroOptimizer::step() {
 
 void ZeroOptimizer::gather_parameters() {
     State& st = *state_;
+    for (auto& flat : st.flats) flat.accumulating = false;
+    if (zero_.stage == 3) return;  // the parameters stay sharded; the next forward gathers them
     for (auto& flat : st.flats) {
         const Tensor full = group_.all_gather(flat.shard_param.value());  // (W, S): every rank's updated shard
         const std::size_t size = dtype_size(flat.dtype);
@@ -304,6 +327,7 @@ void ZeroOptimizer::zero_grad() {
         for (auto& m : flat.members) m.parameter.zero_grad();
         flat.shard_param.zero_grad();
         flat.full_grad = Tensor();
+        flat.accumulating = false;
     }
     st.reduced = false;
     st.unscaled = false;
@@ -340,18 +364,26 @@ ZeroMemory ZeroOptimizer::memory() const {
             m.parameter_bytes += member.parameter.value().nbytes();
             // Stage 1's gradients are views of full_grad (counted once below), or with overlap their own tensors
             // plus DDP's bucket buffer; stage 2 has none after the reduction.
-            if ((zero_.stage == 2 || st.ddp) && member.parameter.grad().defined())
+            if ((zero_.stage >= 2 || st.ddp) && member.parameter.grad().defined())
                 m.gradient_bytes += member.parameter.grad().nbytes();
             if (st.ddp) m.gradient_bytes += member.parameter.value().nbytes();  // its slot in DDP's buckets
         }
         if (zero_.stage == 1 && flat.full_grad.defined()) m.gradient_bytes += flat.full_grad.nbytes();
-        if ((zero_.stage == 2 || st.ddp) && flat.shard_param.grad().defined())
+        if (zero_.stage == 3) m.parameter_bytes += flat.shard_param.value().nbytes();
+        if ((zero_.stage >= 2 || st.ddp) && flat.shard_param.grad().defined())
             m.gradient_bytes += flat.shard_param.grad().nbytes();
         for (const auto& [name, t] : st.adam->state_tensors(i)) m.optimizer_bytes += t.nbytes();
-        m.formula_parameter_bytes += flat.numel * b;
+        m.formula_parameter_bytes += (zero_.stage == 3 ? flat.shard : flat.numel) * b;
         m.formula_gradient_bytes += (zero_.stage == 1 ? flat.shard * m.world : flat.shard) * b;
         m.formula_optimizer_bytes += 2 * flat.shard * b;
         m.ddp_bytes += 4 * flat.numel * b;
+    }
+    m.gathered_peak_bytes = st.gathered_peak_bytes;
+    for (const auto& unit : st.units) {
+        std::int64_t bytes = 0;
+        for (std::size_t f : unit.flats)
+            bytes += st.flats[f].shard * m.world * static_cast<std::int64_t>(dtype_size(st.flats[f].dtype));
+        m.formula_gathered_bytes = std::max(m.formula_gathered_bytes, bytes);
     }
     return m;
 }

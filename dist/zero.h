@@ -1,7 +1,7 @@
-// Sharded data parallelism (ZeRO stages 1 and 2) over a ProcessGroup: every rank holds the whole model and runs
-// its part of the batch, as with DistributedDataParallel, but AdamW's moments (stage 1) and the averaged
-// gradients (stage 2) are split across the ranks: each rank keeps and updates only its shard, and the updated
-// parameters are all-gathered after the step.
+// Sharded data parallelism (ZeRO stages 1, 2 and 3) over a ProcessGroup. In stages 1 and 2 every rank holds the
+// whole model and runs its part of the batch, as with DistributedDataParallel, but AdamW's moments (stage 1) and
+// the averaged gradients (stage 2) are split across the ranks: each rank keeps and updates only its shard, and
+// the updated parameters are all-gathered after the step. Stage 3 shards the parameters too (below).
 //
 //   auto group = dist::ProcessGroup::init();
 //   dist::ZeroOptimizer zero(model, group, {.lr = 1e-3, .weight_decay = 0.01}, {.stage = 2});
@@ -31,6 +31,23 @@
 // (ZeRO paper's formulas, with the padding counted.) In stage 2 the full gradients still exist while the backward
 // runs; the reduce-scatter then frees them.
 //
+// Stage 3 (FSDP-style, dist/zero3.cpp): built from a list of units (ZeroUnit: a Module and its forward over one
+// Var), each with its own flat buffers, padded and sharded as above. Between uses a unit's parameters hold no
+// elements (0-element tensors); zero.forward(x) runs the units in order, each as one node of the caller's graph:
+// its forward all-gathers the unit's shards into the parameters, runs the unit without recording it, and frees
+// them; that node's backward gathers them again, re-runs the unit's forward (recomputation: the activations inside
+// a unit are not kept), back-propagates through it, reduce-scatters (avg) the unit's gradients into this rank's
+// shards and frees everything. Per-rank bytes: parameters Ψ·b/W + one unit's gathered copy, gradients Ψ·b/W,
+// optimizer state K·Ψ·b/W.
+//
+//   std::vector<dist::ZeroUnit> units;
+//   for (std::size_t i = 0; i < blocks.size(); ++i)
+//       units.push_back({str("block", i), blocks[i], [b = blocks[i]](const Var& x) { return b(x); }});
+//   dist::ZeroOptimizer zero(std::move(units), group, {.lr = 1e-3}, {.stage = 3});
+//   ComputeGraph graph;
+//   zero.backward(graph, loss(zero.forward(graph.input(x)), ...));
+//   zero.step(); zero.zero_grad();
+//
 // Unused parameters: a trainable parameter the backward did not reach contributes zeros (as in DDP), so every
 // shard has a gradient at every step and every element's step count advances together.
 //
@@ -44,6 +61,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,12 +75,24 @@
 namespace dyngrad::dist {
 
 struct ZeroOptions {
-    int stage = 2;  // 1: optimizer state sharded; 2: gradients too (ValueError otherwise; ZeRO-3 is not built)
+    // 1: optimizer state sharded; 2: gradients too; 3: parameters too (the ZeroUnit constructor only). ValueError
+    // otherwise.
+    int stage = 2;
     // Stage 1 only (ValueError otherwise): backward() all-reduces the gradients during the sweep through
     // DistributedDataParallel's buckets (dist/ddp.h) instead of one all-reduce after it, so the communication
     // overlaps the backward. Costs DDP's bucket buffers: Ψ·b more gradient memory than the formula (memory()
     // counts them). reduce_gradients() called by hand still reduces after the backward.
     bool overlap = false;
+};
+
+// Stage 3: one unit of the model. Its parameters are gathered, used and freed together; `forward` maps the
+// previous unit's output (or zero.forward's input) to this unit's output and may record only the parameters of
+// `module` (and constants). It runs twice per step (forward, then again in the backward), so it must give the same
+// result both times: no dropout or other fresh randomness inside a unit.
+struct ZeroUnit {
+    std::string name;  // no dots; its parameters are "<name>.<path in module>" in checkpoints and errors
+    Module module;
+    std::function<Var(const Var&)> forward;
 };
 
 // Per-rank bytes held by the ZeRO optimizer and the model (from tensor sizes), with the ZeRO formulas.
@@ -80,6 +110,10 @@ struct ZeroMemory {
     std::int64_t formula_optimizer_bytes = 0;
     // The same model under DDP with AdamW: Ψ·b each for parameters and gradients, 2·Ψ·b for the moments.
     std::int64_t ddp_bytes = 0;
+    // Stage 3: the most bytes of gathered parameters held at once since construction (measured), and the
+    // largest unit's padded flat buffers (Σ_d W·S_d·b, the formula: one unit gathered at a time).
+    std::int64_t gathered_peak_bytes = 0;
+    std::int64_t formula_gathered_bytes = 0;
 };
 
 class ZeroOptimizer {
@@ -91,15 +125,33 @@ public:
     // NCCL, or CPU parameters on a group of several ranks without MPI.
     ZeroOptimizer(const Module& module, ProcessGroup group, const AdamOptions& options = {.weight_decay = 0.01},
                   ZeroOptions zero = {});
+    // Stage 3 (zero.stage must be 3, overlap false: ValueError). The units' modules are registered, under their
+    // names, in one Module (module()); the same checks and broadcast as above, then each unit's trainable
+    // parameters become one flat buffer per dtype, sharded, and the parameters are freed (0 elements) until
+    // forward() gathers them. ValueError also for no unit, a unit without forward or name, a name with a dot or
+    // used twice, a parameter in two units.
+    ZeroOptimizer(std::vector<ZeroUnit> units, ProcessGroup group, const AdamOptions& options = {.weight_decay = 0.01},
+                  ZeroOptions zero = {.stage = 3});
     ~ZeroOptimizer();
     ZeroOptimizer(const ZeroOptimizer&) = delete;
     ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
+
+    // Stage 3: runs the units in order on `input` (one recorded node per unit, see above). Every rank must run
+    // the same units in the same order in forward and backward (each gather and reduce-scatter is a collective).
+    // ValueError for stages 1 and 2, or when a parameter was added, removed or frozen after wrapping.
+    Var forward(const Var& input);
+    // Stage 3: the full parameters, all-gathered (a collective: every rank calls it), by name in module() order;
+    // the model itself stays sharded. Stages 1 and 2: the model's own parameters.
+    std::vector<std::pair<std::string, Tensor>> full_parameters();
+    // The wrapped model: the Module given, or for stage 3 the units' modules under their names.
+    const Module& module() const { return module_; }
 
     // graph.backward(loss) then reduce_gradients(); with ZeroOptions::overlap, DDP's overlapped backward, then
     // this rank's shard taken from the averaged gradients.
     void backward(ComputeGraph& graph, const Var& loss);
     // Averages the model's gradients across ranks into this rank's gradient shards (stage 1: all_reduce, the
-    // model keeps the averages; stage 2: reduce_scatter, the model's gradients are dropped). Call once per
+    // model keeps the averages; stage 2: reduce_scatter, the model's gradients are dropped; stage 3: the units'
+    // backward nodes reduce-scattered already, this gives zeros to a unit the backward did not reach). Call once per
     // step after the backward (backward() does). Gradient accumulation: several backward() calls before a step
     // add up their averaged gradients (stage 2 adds to the shard, stage 1 to the model's averaged gradients), as
     // DDP without no_sync. ValueError when the module gained or lost a parameter since construction ("added
@@ -155,6 +207,7 @@ public:
 
 private:
     void check_module_unchanged(const char* call) const;
+    void check_and_broadcast(const char* who);
     void gather_parameters();
 
     Module module_;

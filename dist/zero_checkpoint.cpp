@@ -44,6 +44,7 @@ void ZeroOptimizer::save_checkpoint(const std::filesystem::path& folder) const {
     save_safetensors(rank_file(folder, rank, world), tensors, metadata);  // temporary file, renamed when complete
     ProcessGroup group = group_;
     group.barrier();  // every rank file is in place before the model file commits the checkpoint
+    const AllUnitsGathered full(*state_);  // stage 3: the model file holds the full parameters
     if (rank == 0) {
         SafetensorsMetadata model_metadata{{kWorldKey, std::to_string(world)}, {kLayoutKey, zero_layout(st)}};
         save_safetensors(folder / "model.safetensors", named_tensors(module_), model_metadata);
@@ -130,6 +131,7 @@ void ZeroOptimizer::load_checkpoint(const std::filesystem::path& folder) {
     }
     // Everything is checked before anything changes: the optimizer's staging, then the model's load.
     std::function<void()> apply = st.adam->stage_state(state, base_metadata, folder.string());
+    const AllUnitsGathered full(st);  // stage 3: full parameters to load into, and to take the shards from
     load_parameters(module_, model, model_path.string());
     apply();
     // The shards' values from the loaded model, written into the shard parameters' own storage (the optimizer

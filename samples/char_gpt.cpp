@@ -7,7 +7,7 @@
 //            [--eval-every 250 --eval-batches 20] [--seed 0] [--device cpu|cuda] [--csv FILE]
 //            [--checkpoint FILE] [--resume FILE] [--init-weights FILE.safetensors] [--batch-order FILE]
 //            [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]
-//            [--profile-step N]
+//            [--profile-step N] [--distributed [--zero 1|2|3]]
 //
 // The corpus: the regular files of DIR (symbolic links and the strfile indexes *.dat and *.u8 skipped), in
 // byte order of their names, concatenated; the vocabulary is its sorted set of distinct bytes. The first 90%
@@ -25,6 +25,13 @@
 // pieces shorter than a job's time limit); --resume continues from a checkpoint (the same options and data: with
 // dropout 0 the resumed run is the uninterrupted one, step for step; dropout masks restart). --require-drop F: exit 1 unless the mean training loss of the last 5 steps is below (1 − F) times
 // that of the first 5 (CTest's quick run: the model must learn).
+//
+// --distributed (under mpirun, or torchrun's variables for GPUs): every rank takes its --batch / world windows
+// of each step's --batch (so the step is the single-process step on the whole batch), gradients averaged by
+// DistributedDataParallel (dist/ddp.h), or with --zero 1|2|3 by a ZeroOptimizer (dist/zero.h: AdamW's state,
+// then the gradients, then the parameters sharded; stage 3 makes the embeddings, each block and the head a unit).
+// ZeroOptimizer has one parameter group, so with --zero the weight decay applies to every parameter. Rank 0
+// prints and writes the CSV. Not with --checkpoint/--resume (a ZeroOptimizer's checkpoint is a folder of shards).
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -33,6 +40,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <numeric>
@@ -46,6 +54,12 @@
 #include "../cli/command_line.h"
 #include "byte_tokens.h"
 #include "dyngrad/dyngrad.h"
+#if DYNGRAD_WITH_DIST
+#include <memory>
+
+#include "dyngrad/dist/ddp.h"
+#include "dyngrad/dist/zero.h"
+#endif
 
 using namespace dyngrad;
 using Clock = std::chrono::steady_clock;
@@ -60,7 +74,7 @@ const char* const kUsage =
     "                [--eval-every N] [--eval-batches N] [--seed N] [--device cpu|cuda|cuda:N] [--csv FILE]\n"
     "                [--checkpoint FILE] [--resume FILE] [--init-weights FILE] [--batch-order FILE]\n"
     "                [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]\n"
-    "                [--profile-step N]\n"
+    "                [--profile-step N] [--distributed [--zero 1|2|3]]\n"
     "  --data DIR          text files to train on (default /usr/share/games/fortunes; *.dat, *.u8 skipped)\n"
     "  --layers/--heads/--width/--context   the model (default 6, 6, 384, 256)\n"
     "  --batch B --steps N  windows per step (default 64), optimizer steps (default 5000)\n"
@@ -76,7 +90,10 @@ const char* const kUsage =
     "  --require-drop F    exit 1 unless the last 5 steps' mean loss is below (1 - F) x the first 5's\n"
     "  --profile-step N    (cuda) step N alone between cudaProfilerStart/Stop, for ncu --profile-from-start off\n"
     "  --precision NAME    f32 | bf16 | f16: the forward under autocast into that dtype (f16 with loss scaling;\n"
-    "                      f32 master weights and optimizer state either way; default f32)\n";
+    "                      f32 master weights and optimizer state either way; default f32)\n"
+    "  --distributed       data parallel over the ranks of mpirun (each takes --batch / world windows a step)\n"
+    "  --zero N            with --distributed: ZeRO stage 1, 2 or 3 (3: parameters sharded per block; needs\n"
+    "                      --dropout 0) in place of DDP; one weight decay for all parameters\n";
 
 struct Options {
     std::string data = kDefaultData;
@@ -89,16 +106,19 @@ struct Options {
     std::optional<double> require_drop;
     std::optional<std::int64_t> stop_at, profile_step;
     DType precision = DType::f32;
+    bool distributed = false;
+    int zero = 0;  // ZeRO stage; 0: DistributedDataParallel
 };
 
 // Every argument is checked before the corpus is read (cli/command_line.h).
 Options parse_options(int argc, char** argv) {
     const cli::Arguments args(
         argc, argv,
-        {.options = {"--data", "--layers", "--heads", "--width", "--context", "--batch", "--steps", "--lr", "--warmup",
+        {.flags = {"--distributed"},
+         .options = {"--data", "--layers", "--heads", "--width", "--context", "--batch", "--steps", "--lr", "--warmup",
                      "--min-lr", "--weight-decay", "--clip", "--dropout", "--eval-every", "--eval-batches", "--seed",
                      "--device", "--csv", "--checkpoint", "--resume", "--init-weights", "--batch-order", "--sample",
-                     "--stop-at", "--require-drop", "--precision", "--profile-step"}});
+                     "--stop-at", "--require-drop", "--precision", "--profile-step", "--zero"}});
     if (args.help()) {
         std::fputs(kUsage, stdout);
         std::exit(0);
@@ -139,6 +159,21 @@ Options parse_options(int argc, char** argv) {
         o.precision = precision == "bf16" ? DType::bf16 : precision == "f16" ? DType::f16 : DType::f32;
     }
     if (auto v = given("--profile-step")) o.profile_step = cli::parse_int("--profile-step", *v, 1, o.steps);
+    o.distributed = args.has("--distributed");
+#if !DYNGRAD_WITH_DIST
+    if (o.distributed) throw cli::UsageError("--distributed: this build has no dist layer (MPI was not found)");
+#endif
+    if (auto v = given("--zero")) {
+        o.zero = static_cast<int>(cli::parse_int("--zero", *v, 1, 3));
+        if (!o.distributed) throw cli::UsageError("--zero: shards across the ranks of --distributed, which is not given");
+        if (!o.checkpoint.empty() || !o.resume.empty())
+            throw cli::UsageError("--zero: not with --checkpoint or --resume (a ZeroOptimizer checkpoint is a folder "
+                                  "of shards, dist/zero.h)");
+        if (o.zero == 3 && o.model.dropout != 0)
+            throw cli::UsageError(str("--zero 3: needs --dropout 0 (each unit's forward runs again in the backward; "
+                                      "fresh dropout masks would differentiate another function), got ",
+                                      o.model.dropout));
+    }
     o.model.seed = o.seed;
     o.data = cli::existing_directory("--data", given("--data").value_or(o.data));
     return o;
@@ -249,16 +284,19 @@ Batch make_batch(const std::vector<std::int64_t>& tokens, const std::vector<std:
 
 // Mean cross-entropy of the model's next-token predictions: logits (B,T,V) against targets (B·T).
 // Under autocast into `precision` (f32: off): the GEMMs and attention in the reduced dtype, the loss in f32.
-Var next_token_loss(const GPT& model, ComputeGraph& graph, const Batch& batch, DType precision) {
+// `forward`: the model, or ZeRO-3's sharded forward over it.
+using Forward = std::function<Var(const Var&)>;
+Var next_token_loss(const Forward& forward, ComputeGraph& graph, const Batch& batch, DType precision) {
     const AutocastGuard autocast(precision);
-    const Var logits = model(graph.input(batch.inputs));
+    const Var logits = forward(graph.input(batch.inputs));
     const Shape& s = logits.shape();
     return cross_entropy(reshape(logits, {s[0] * s[1], s[2]}), graph.input(batch.targets));
 }
 
 // The validation loss over `batches` batches of windows spread evenly over the split (window k of n starts at
 // k·(length − T − 1) / (n − 1)): the same windows every evaluation, and in bench/torch_gpt.py.
-double validation_loss(GPT& model, const std::vector<std::int64_t>& tokens, const Options& o) {
+double validation_loss(GPT& model, const Forward& forward, const std::vector<std::int64_t>& tokens,
+                       const Options& o) {
     const std::int64_t T = o.model.context, windows = o.eval_batches * o.batch;
     const auto last = static_cast<std::int64_t>(tokens.size()) - T - 1;
     model.eval();
@@ -269,14 +307,14 @@ double validation_loss(GPT& model, const std::vector<std::int64_t>& tokens, cons
         for (std::int64_t k = b * o.batch; k < (b + 1) * o.batch; ++k)
             offsets.push_back(windows == 1 ? 0 : k * last / (windows - 1));
         ComputeGraph graph;
-        total += next_token_loss(model, graph, make_batch(tokens, offsets, T, o.device), o.precision).item();
+        total += next_token_loss(forward, graph, make_batch(tokens, offsets, T, o.device), o.precision).item();
     }
     model.train();
     return total / static_cast<double>(o.eval_batches);
 }
 
 // `count` bytes sampled from the model (temperature 1), starting after a newline.
-std::string sample_text(GPT& model, const Corpus& corpus, const Options& o) {
+std::string sample_text(GPT& model, const Forward& forward, const Corpus& corpus, const Options& o) {
     const auto newline = std::find(corpus.vocabulary.begin(), corpus.vocabulary.end(), '\n');
     std::vector<std::int64_t> context{newline == corpus.vocabulary.end() ? 0 : newline - corpus.vocabulary.begin()};
     std::mt19937_64 engine(o.seed);
@@ -288,7 +326,7 @@ std::string sample_text(GPT& model, const Corpus& corpus, const Options& o) {
         const auto T = std::min<std::int64_t>(static_cast<std::int64_t>(context.size()), o.model.context);
         const std::vector<std::int64_t> window(context.end() - T, context.end());
         ComputeGraph graph;
-        const Var logits = model(graph.input(Tensor::from_vector(window, {1, T}, o.device)));
+        const Var logits = forward(graph.input(Tensor::from_vector(window, {1, T}, o.device)));
         const Tensor last = softmax(logits.value().select(1, T - 1).select(0, 0)).to(Device::cpu()).to(DType::f64);
         double u = uniform(engine), cumulative = 0;
         std::int64_t token = last.numel() - 1;
@@ -353,7 +391,30 @@ private:
     double drawn_at_ = -1;
 };
 
-int run(const Options& o) {
+#if DYNGRAD_WITH_DIST
+// ZeRO-3's units: the embeddings, each block, the final LayerNorm with the head (GPT::operator() in pieces; dropout
+// is 0, checked with --zero 3).
+std::vector<dist::ZeroUnit> gpt_units(const GPT& model) {
+    std::vector<dist::ZeroUnit> units;
+    Module embed;
+    embed.register_module("token_embedding", model.token_embedding);
+    embed.register_module("position_embedding", model.position_embedding);
+    units.push_back({"embed", embed, [tokens = model.token_embedding, positions = model.position_embedding](
+                                         const Var& x) { return positions(tokens(x)); }});
+    for (std::size_t i = 0; i < model.blocks.size(); ++i)
+        units.push_back({str("block", i), model.blocks[i], [block = model.blocks[i]](const Var& x) { return block(x); }});
+    Module head;
+    head.register_module("ln_f", model.ln_f);
+    head.register_module("lm_head", model.lm_head);
+    units.push_back({"head", head, [ln = model.ln_f, lm = model.lm_head](const Var& x) {
+                         const Shape s = x.shape();
+                         return reshape(lm(reshape(ln(x), {s[0] * s[1], s[2]})), {s[0], s[1], lm.weight.value().size(0)});
+                     }});
+    return units;
+}
+#endif
+
+int run(Options o) {
     const Corpus corpus(o.data);
     const std::int64_t T = o.model.context;
     for (const auto* split : {&corpus.train, &corpus.validation})
@@ -366,6 +427,24 @@ int run(const Options& o) {
     Generator gen(o.seed);
     GPT model(config, gen);
     if (!o.init_weights.empty()) load_parameters(model, o.init_weights);
+    int rank = 0, world = 1;
+#if DYNGRAD_WITH_DIST
+    std::optional<dist::ProcessGroup> group;
+    if (o.distributed) {
+        group = dist::ProcessGroup::init();
+        rank = group->rank();
+        world = group->world_size();
+        if (o.device.is_cuda()) o.device = group->device();  // this rank's GPU
+        if (o.batch % world != 0)
+            throw ValueError(str("char_gpt --distributed: --batch ", o.batch, " is not divisible by the ", world,
+                                 " ranks (each takes an equal part of every step's windows)"));
+        if (rank != 0 && !std::freopen("/dev/null", "w", stdout))  // rank 0 reports
+            throw IoError("--distributed: cannot silence stdout");
+        std::printf("distributed: %s, %d rank%s, %lld windows per rank and step, %s\n", group->describe().c_str(),
+                    world, world == 1 ? "" : "s", static_cast<long long>(o.batch / world),
+                    o.zero > 0 ? str("ZeRO-", o.zero).c_str() : "DDP");
+    }
+#endif
     model.to(o.device);
 
     // Weight decay on matrices (weights, embeddings) only, as nanoGPT and bench/torch_gpt.py.
@@ -375,8 +454,29 @@ int run(const Options& o) {
         (p.value().rank() >= 2 ? decayed : not_decayed).push_back(p);
         parameter_count += p.value().numel();
     }
-    AdamW optimizer({{.parameters = decayed, .weight_decay = o.weight_decay}, {.parameters = not_decayed, .weight_decay = 0.0}},
-                    {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8});
+    Forward forward = [&model](const Var& x) { return model(x); };
+    Optimizer* sharded = nullptr;  // --zero: the AdamW over this rank's shards
+#if DYNGRAD_WITH_DIST
+    std::unique_ptr<dist::DistributedDataParallel> ddp;
+    std::unique_ptr<dist::ZeroOptimizer> zero;
+    const AdamOptions zero_adam{.lr = o.lr, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = o.weight_decay};
+    if (group && o.zero == 3) {
+        zero = std::make_unique<dist::ZeroOptimizer>(gpt_units(model), *group, zero_adam, dist::ZeroOptions{.stage = 3});
+        forward = [z = zero.get()](const Var& x) { return z->forward(x); };
+    } else if (group && o.zero > 0) {
+        zero = std::make_unique<dist::ZeroOptimizer>(model, *group, zero_adam, dist::ZeroOptions{.stage = o.zero});
+    } else if (group) {
+        ddp = std::make_unique<dist::DistributedDataParallel>(model, *group);
+    }
+    if (zero) sharded = &zero->optimizer();
+#endif
+    std::unique_ptr<AdamW> own;
+    if (!sharded)
+        own = std::make_unique<AdamW>(
+            std::vector<ParamGroup>{{.parameters = decayed, .weight_decay = o.weight_decay},
+                                    {.parameters = not_decayed, .weight_decay = 0.0}},
+            AdamOptions{.lr = o.lr, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8});
+    Optimizer& optimizer = sharded ? *sharded : *own;
     WarmupCosineLR schedule(optimizer, o.warmup, o.steps, o.min_lr);
     // f16 only: a dynamic loss scale (its state is not in the checkpoint: a resumed run starts from the initial scale).
     GradScaler scaler(GradScalerOptions{.enabled = o.precision == DType::f16});
@@ -419,17 +519,49 @@ int run(const Options& o) {
         }
         const auto started = Clock::now();
         const double lr = optimizer.lr();
-        const Batch batch = make_batch(corpus.train, order.offsets(step), T, o.device);
+        std::vector<std::int64_t> offsets = order.offsets(step);
+        if (world > 1) {  // this rank's part of the step's windows
+            const auto per = static_cast<std::ptrdiff_t>(o.batch / world);
+            offsets = std::vector<std::int64_t>(offsets.begin() + rank * per, offsets.begin() + (rank + 1) * per);
+        }
+        const Batch batch = make_batch(corpus.train, offsets, T, o.device);
         ComputeGraph graph;
-        const Var loss = next_token_loss(model, graph, batch, o.precision);
-        optimizer.zero_grad();
-        graph.backward(scaler.scale(loss));  // the loss itself unless f16
-        scaler.unscale(optimizer);           // clipping sees true gradients; no-op unless f16
-        if (o.clip > 0) clip_grad_norm(model.parameters(), o.clip);
-        scaler.step(optimizer);  // skipped whole when an f16 gradient overflowed; no host sync
+        const Var loss = next_token_loss(forward, graph, batch, o.precision);
+        bool stepped = false, backpropagated = false;
+#if DYNGRAD_WITH_DIST
+        if (zero) {
+            zero->zero_grad();
+            zero->backward(graph, scaler.scale(loss));  // reduced (stage 3: per unit, during the sweep)
+            if (scaler.enabled()) zero->unscale(scaler);
+            if (o.clip > 0) zero->clip_grad_norm(o.clip);  // one global norm over the shards
+            if (scaler.enabled()) zero->step(scaler);
+            else zero->step();
+            stepped = true;
+        } else if (ddp) {
+            optimizer.zero_grad();
+            ddp->backward(graph, scaler.scale(loss));  // averaged over the ranks
+            backpropagated = true;
+        }
+#endif
+        if (!stepped && !backpropagated) {
+            optimizer.zero_grad();
+            graph.backward(scaler.scale(loss));  // the loss itself unless f16
+        }
+        if (!stepped) {
+            scaler.unscale(optimizer);  // clipping sees true gradients; no-op unless f16
+            if (o.clip > 0) clip_grad_norm(model.parameters(), o.clip);
+            scaler.step(optimizer);  // skipped whole when an f16 gradient overflowed; no host sync
+        }
         scaler.update();
         schedule.step();
-        const double value = loss.item();  // waits for the step: the time below is the step's
+        double value = loss.item();  // waits for the step: the time below is the step's
+#if DYNGRAD_WITH_DIST
+        if (group && group->has_mpi()) {  // the whole batch's mean: the mean of the ranks' equal parts
+            Tensor mean = Tensor::full({1}, value, DType::f64);
+            group->all_reduce(mean, dist::ReduceOp::Avg);
+            value = mean.item();
+        }
+#endif
         if (profiled) cuda::profiler_stop();
         if (scaler.enabled() && scaler.last_step_skipped()) ++skipped_steps;
         const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
@@ -441,7 +573,7 @@ int run(const Options& o) {
         progress.update(done, value, lr, tokens_per_second);
         std::string val_cell;
         if (done % o.eval_every == 0 || done == o.steps || done == last) {
-            const double val = validation_loss(model, corpus.validation, o);
+            const double val = validation_loss(model, forward, corpus.validation, o);
             char cell[32];
             std::snprintf(cell, sizeof cell, "%.6f", val);
             val_cell = cell;
@@ -457,7 +589,7 @@ int run(const Options& o) {
         }
     }
 
-    if (o.sample > 0) std::printf("--- sample ---\n%s\n--- end of sample ---\n", sample_text(model, corpus, o).c_str());
+    if (o.sample > 0) std::printf("--- sample ---\n%s\n--- end of sample ---\n", sample_text(model, forward, corpus, o).c_str());
     const auto window = std::min<std::size_t>(5, losses.size());
     const double head = std::accumulate(losses.begin(), losses.begin() + static_cast<std::ptrdiff_t>(window), 0.0) /
                         static_cast<double>(window);

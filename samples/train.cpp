@@ -64,8 +64,9 @@ constexpr const char* kUsage = R"(usage: dyngrad-train [options]
                       rank trains on its shard of every epoch with --batch samples per step, gradients
                       averaged (dist/ddp.h); --device cuda picks the rank's GPU (local rank); rank 0
                       prints, saves and writes the CSV
-  --zero N            with --distributed: ZeRO stage 1 (AdamW's moments sharded across the ranks) or 2
-                      (the averaged gradients too) in place of DDP (dist/zero.h); AdamW only
+  --zero N            with --distributed: ZeRO stage 1 (AdamW's moments sharded across the ranks), 2
+                      (the averaged gradients too) or 3 (the parameters too, the model one unit gathered
+                      for its forward and backward) in place of DDP (dist/zero.h); AdamW only
   --target-accuracy X stop after the first epoch whose test accuracy reaches X (0 to 1) and print
                       time_to_target_s: the training seconds up to then, evaluation excluded
   --precision NAME    f32 | bf16 | f16: the forward under autocast into that dtype (graph/autocast.h;
@@ -126,7 +127,7 @@ Options parse_options(int argc, char** argv) {
     if (o.distributed) throw UsageError("--distributed: this build has no dist layer (MPI was not found when configuring)");
 #endif
     if (auto v = given("--zero")) {
-        o.zero = static_cast<int>(cli::parse_int("--zero", *v, 1, 2));
+        o.zero = static_cast<int>(cli::parse_int("--zero", *v, 1, 3));
         if (!o.distributed) throw UsageError("--zero: shards across the ranks of --distributed, which is not given");
         if (given("--optimizer") && o.optimizer != "adamw")
             throw UsageError("--zero: shards AdamW's state; --optimizer " + o.optimizer + " is not adamw");
@@ -188,7 +189,9 @@ struct Metrics {
 };
 
 // Mean loss and accuracy over a whole split, in eval mode and without recording history.
-Metrics evaluate(Sequential& model, BatchLoader& loader, DType precision) {
+// `forward`: the model itself, or ZeRO-3's sharded forward over it.
+Metrics evaluate(Sequential& model, const std::function<Var(const Var&)>& forward, BatchLoader& loader,
+                 DType precision) {
     model.eval();
     const NoGradGuard no_grad;
     const AutocastGuard autocast(precision);  // f32: off
@@ -198,7 +201,7 @@ Metrics evaluate(Sequential& model, BatchLoader& loader, DType precision) {
     loader.start_epoch(0);
     while (loader.next(batch)) {
         ComputeGraph graph;
-        const Var logits = model(graph.input(batch.images, "images"));
+        const Var logits = forward(graph.input(batch.images, "images"));
         const Var loss = cross_entropy(logits, graph.input(batch.labels, "labels"));
         loss_sum += loss.item() * static_cast<double>(batch.size());
         correct += count_correct(logits.value(), batch.labels);
@@ -333,9 +336,20 @@ int run(Options o) {
         load_parameters(model, o.load);
         std::printf("loaded parameters from %s\n", o.load.c_str());
     }
+    std::int64_t parameter_count = 0;  // before ZeRO-3 frees the model's own copies
+    for (const Parameter& p : model.parameters()) parameter_count += p.value().numel();
+    std::function<Var(const Var&)> forward = [model](const Var& x) { return model(x); };
 #if DYNGRAD_WITH_DIST
-    // Either broadcasts rank 0's weights everywhere.
-    if (group && o.zero > 0)
+    // Each broadcasts rank 0's weights everywhere.
+    if (group && o.zero == 3) {
+        // The whole Sequential is one unit (its layers are not reachable one by one): sharded between steps,
+        // gathered whole for the forward and again for the backward. char_gpt splits its model per block.
+        zero = std::make_unique<dist::ZeroOptimizer>(
+            std::vector<dist::ZeroUnit>{{"model", model, forward}}, *group,
+            AdamOptions{.lr = o.lr.value_or(1e-3), .weight_decay = o.weight_decay.value_or(0.01)},
+            dist::ZeroOptions{.stage = 3});
+        forward = [z = zero.get()](const Var& x) { return z->forward(x); };
+    } else if (group && o.zero > 0)
         zero = std::make_unique<dist::ZeroOptimizer>(
             model, *group, AdamOptions{.lr = o.lr.value_or(1e-3), .weight_decay = o.weight_decay.value_or(0.01)},
             dist::ZeroOptions{.stage = o.zero});
@@ -345,8 +359,6 @@ int run(Options o) {
 #else
     const int rank = 0, world = 1;
 #endif
-    std::int64_t parameter_count = 0;
-    for (const Parameter& p : model.parameters()) parameter_count += p.value().numel();
 
 #if DYNGRAD_WITH_DIST
     // With --zero the AdamW over this rank's shards (the same settings as make_optimizer's adamw).
@@ -391,7 +403,7 @@ int run(Options o) {
             Var logits, loss;
             {
                 const AutocastGuard autocast(o.precision);  // f32: off; the loss is f32 under every policy
-                logits = model(graph.input(batch.images, "images"));
+                logits = forward(graph.input(batch.images, "images"));
                 loss = cross_entropy(logits, graph.input(batch.labels, "labels"));
             }
             const Var scaled_loss = scaler.scale(loss);  // the loss itself unless f16
@@ -411,7 +423,7 @@ int run(Options o) {
             }
 #if DYNGRAD_WITH_DIST
             if (zero && scaler.enabled()) zero->step(scaler);  // one skip verdict for all ranks
-            else if (zero) zero->step();  // shard-local AdamW, then the all_gather of the parameters
+            else if (zero) zero->step();  // shard-local AdamW, then (stages 1, 2) the all_gather of the parameters
             else
 #endif
                 scaler.step(*optimizer);  // skipped whole when an f16 gradient overflowed; no host sync
@@ -431,7 +443,7 @@ int run(Options o) {
         if (cosine) cosine->step();
 
         const auto evaluation_start = Clock::now();
-        test = evaluate(model, test_loader, o.precision);
+        test = evaluate(model, forward, test_loader, o.precision);
         evaluation_seconds_total += std::chrono::duration<double>(Clock::now() - evaluation_start).count();
         ++epochs_done;
         if (o.target_accuracy && test.accuracy >= *o.target_accuracy) epochs_to_target = epochs_done;
@@ -449,7 +461,7 @@ int run(Options o) {
             csv << epoch + 1 << ',' << train.loss << ',' << train.accuracy << ',' << test.loss << ',' << test.accuracy
                 << ',' << lr << ',' << seconds << ',' << rate << std::endl;
     }
-    if (o.epochs == 0) test = evaluate(model, test_loader, o.precision);
+    if (o.epochs == 0) test = evaluate(model, forward, test_loader, o.precision);
     else
         std::printf("trained %lld epoch%s in %.1f s (%.1f s per epoch)\n", static_cast<long long>(epochs_done),
                     epochs_done == 1 ? "" : "s", train_seconds_total,
@@ -459,10 +471,16 @@ int run(Options o) {
                     "(tolerance %.0e; worst value error %.2e, worst gradient error %.2e)\n",
                     static_cast<long long>(shadow.checks()), static_cast<long long>(step), o.shadow_tolerance,
                     shadow_worst_value, shadow_worst_grad);
-    if (!o.save.empty() && rank == 0) {
+#if DYNGRAD_WITH_DIST
+    if (!o.save.empty() && zero && zero->stage() == 3) {  // every rank gathers; rank 0 writes the model's names
+        std::vector<Parameter> full;
+        for (const auto& [name, value] : zero->full_parameters()) full.emplace_back(value, name.substr(name.find('.') + 1));
+        if (rank == 0) save_parameters(full, o.save);
+    } else
+#endif
+    if (!o.save.empty() && rank == 0)
         save_parameters(model, o.save);
-        std::printf("saved parameters to %s\n", o.save.c_str());
-    }
+    if (!o.save.empty() && rank == 0) std::printf("saved parameters to %s\n", o.save.c_str());
     if (o.target_accuracy) {
         if (epochs_to_target > 0)
             std::printf("test accuracy %.4f reached the target %.4f after %lld epoch%s\n", test.accuracy,

@@ -1,14 +1,31 @@
-// What the distributed tests (test_dist, test_dist_zero, test_dist_gpu) share: a global batch every rank can
-// rebuild from a seed, one rank's rows of it, the loss, and the relative L2 distance the comparisons use.
+// What the distributed tests (test_dist, test_dist_zero, test_dist_zero3, test_dist_gpu) share: a seed every rank
+// agrees on, a global batch every rank can rebuild from it, one rank's rows of it, the loss, and the relative L2
+// distance the comparisons use.
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <vector>
 
+#include "dyngrad/dist/process_group.h"
 #include "dyngrad/dyngrad.h"
 
 namespace dgtest {
+
+// The group of this launch (mpirun, torchrun's variables, or a group of one), created once.
+inline dyngrad::dist::ProcessGroup& launched_group() {
+    static dyngrad::dist::ProcessGroup group = dyngrad::dist::ProcessGroup::init();
+    return group;
+}
+
+// A seed every rank of `group` agrees on (rank 0's, broadcast), new each run.
+inline std::uint64_t shared_seed(dyngrad::dist::ProcessGroup& group) {
+    dyngrad::Tensor seed = dyngrad::Tensor::from_vector(
+        std::vector<std::int64_t>{static_cast<std::int64_t>(std::random_device{}() >> 1)}, {1});
+    group.broadcast(seed, 0);
+    return static_cast<std::uint64_t>(seed.data<std::int64_t>()[0]);
+}
 
 struct Rows {
     dyngrad::Tensor x;

@@ -2,6 +2,7 @@
 // (NCCL_NVLS_ENABLE=0). Exits 77 (skipped) unless it runs as 2 ranks on a machine with at least 2 CUDA devices.
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 
 #include "catch.h"
@@ -42,6 +43,27 @@ Tensor labels(std::uint64_t seed, std::int64_t n, Device device) {
     std::vector<std::int64_t> v;
     for (std::int64_t i = 0; i < n; ++i) v.push_back(static_cast<std::int64_t>(gen.engine()() % 10));
     return Tensor::from_vector(v, {n}).to(device);
+}
+
+// One ZeRO step (clipped at 0.5) on this rank's 32 rows of a 64-row f64 batch drawn from `seed`, and one
+// single-GPU AdamW step (clipped alike) of the reference on all 64.
+void step_both(dist::ZeroOptimizer& zero, const std::function<Var(const Var&)>& forward,
+               const std::function<Var(const Var&)>& reference, const std::vector<Parameter>& reference_parameters,
+               AdamW& adam, std::uint64_t seed) {
+    const dist::ProcessGroup& g = zero.group();
+    const Device device = g.device();
+    const Tensor x = rows(seed, 64, device).to(DType::f64), y = labels(seed + 1, 64, device);
+    ComputeGraph graph;
+    zero.backward(graph, cross_entropy(forward(graph.input(x.narrow(0, 32 * g.rank(), 32))),
+                                       graph.input(y.narrow(0, 32 * g.rank(), 32))));
+    zero.clip_grad_norm(0.5);
+    zero.step();
+    zero.zero_grad();
+    ComputeGraph ref_graph;
+    ref_graph.backward(cross_entropy(reference(ref_graph.input(x)), ref_graph.input(y)));
+    clip_grad_norm(reference_parameters, 0.5);
+    adam.step();
+    adam.zero_grad();
 }
 
 }  // namespace
@@ -140,21 +162,9 @@ TEST_CASE("ZeRO-1/2 on GPUs == one GPU's AdamW on the concatenated batch", "[dis
         reference.to(DType::f64);
         reference.to(device);
         AdamW adam(reference.parameters(), options);
-        for (int step = 0; step < 5; ++step) {
-            const std::uint64_t seed = 500 + static_cast<std::uint64_t>(step);
-            const Tensor x = rows(seed, 64, device).to(DType::f64), y = labels(seed + 1, 64, device);
-            ComputeGraph graph;
-            zero.backward(graph, cross_entropy(model(graph.input(x.narrow(0, 32 * g.rank(), 32))),
-                                               graph.input(y.narrow(0, 32 * g.rank(), 32))));
-            zero.clip_grad_norm(0.5);
-            zero.step();
-            zero.zero_grad();
-            ComputeGraph ref_graph;
-            ref_graph.backward(cross_entropy(reference(ref_graph.input(x)), ref_graph.input(y)));
-            clip_grad_norm(reference.parameters(), 0.5);
-            adam.step();
-            adam.zero_grad();
-        }
+        for (int step = 0; step < 5; ++step)
+            step_both(zero, [&](const Var& x) { return model(x); }, [&](const Var& x) { return reference(x); },
+                      reference.parameters(), adam, 500 + static_cast<std::uint64_t>(step));
         const auto params = model.parameters(), ref_params = reference.parameters();
         for (std::size_t i = 0; i < params.size(); ++i) {
             CHECK(relative(params[i].value().to_vector(), ref_params[i].value().to_vector()) <= 1e-10);
@@ -166,6 +176,52 @@ TEST_CASE("ZeRO-1/2 on GPUs == one GPU's AdamW on the concatenated batch", "[dis
     }
 }
 
+// ZeRO-3 through NCCL's all_gather (each unit's parameters, forward and backward) and reduce_scatter (its
+// gradients), one unit per layer, against one GPU's AdamW with clipping on the concatenated batch (f64, as above).
+TEST_CASE("ZeRO-3 on GPUs == one GPU's AdamW on the concatenated batch", "[dist][gpu][zero][zero3]") {
+    dist::ProcessGroup& g = group();
+    const Device device = g.device();
+    const AdamOptions options{.lr = 1e-2, .weight_decay = 0.01};
+    // make_mlp's layers, in its order of drawing, one unit each.
+    const auto units_of = [&](Generator& gen) {
+        std::vector<dist::ZeroUnit> units;
+        const std::int64_t widths[] = {32, 64, 64, 10};
+        for (int i = 0; i < 3; ++i) {
+            Linear layer(widths[i], widths[i + 1], true, gen, i < 2 ? Activation::Relu : Activation::None);
+            layer.to(DType::f64);
+            layer.to(device);
+            units.push_back({str("fc", i), layer, [layer](const Var& x) { return layer(x); }});
+        }
+        return units;
+    };
+    Generator init(31 + static_cast<std::uint64_t>(g.rank()));
+    dist::ZeroOptimizer zero(units_of(init), g, options, {.stage = 3});
+    Generator init0(31);
+    const auto reference_units = units_of(init0);
+    std::vector<Parameter> reference_parameters;
+    for (const auto& unit : reference_units)
+        for (const Parameter& p : unit.module.parameters()) reference_parameters.push_back(p);
+    const auto reference = [&](Var x) {
+        for (const auto& unit : reference_units) x = unit.forward(x);
+        return x;
+    };
+    AdamW adam(reference_parameters, options);
+    for (int step = 0; step < 5; ++step)
+        step_both(zero, [&](const Var& x) { return zero.forward(x); }, reference, reference_parameters, adam,
+                  700 + static_cast<std::uint64_t>(step));
+    const auto full = zero.full_parameters();
+    const auto& ref_params = reference_parameters;
+    REQUIRE(full.size() == ref_params.size());
+    for (std::size_t i = 0; i < full.size(); ++i) {
+        CHECK(relative(full[i].second.to_vector(), ref_params[i].value().to_vector()) <= 1e-10);
+        const Tensor all = g.all_gather(full[i].second);
+        CHECK(all.select(0, 0).to_vector() == all.select(0, 1).to_vector());
+    }
+    const dist::ZeroMemory m = zero.memory();
+    CHECK(m.parameter_bytes == m.formula_parameter_bytes);
+    CHECK(m.gathered_peak_bytes == m.formula_gathered_bytes);
+}
+
 TEST_CASE("ZeRO: CUDA parameters on a group without NCCL are refused on every rank", "[dist][gpu][zero]") {
     dist::ProcessGroup plain = dist::ProcessGroup::from_mpi({.use_nccl = false});
     REQUIRE_FALSE(plain.has_nccl());
@@ -173,6 +229,10 @@ TEST_CASE("ZeRO: CUDA parameters on a group without NCCL are refused on every ra
     Sequential model = make_mlp(init);
     model.to(group().device());
     CHECK_THROWS_MATCHES(dist::ZeroOptimizer(model, plain), DeviceError, MessageHas({"ZeroOptimizer", "NCCL", "cuda"}));
+    const Module first = model;
+    std::vector<dist::ZeroUnit> units{{"mlp", first, [model](const Var& x) { return model(x); }}};
+    CHECK_THROWS_MATCHES(dist::ZeroOptimizer(units, plain, {}, {.stage = 3}), DeviceError,
+                         MessageHas({"ZeroOptimizer (stage 3)", "NCCL", "cuda"}));
 }
 
 int main(int argc, char* argv[]) {

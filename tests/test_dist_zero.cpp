@@ -32,12 +32,6 @@ dist::ProcessGroup& group() {
     return g;
 }
 
-// A seed every rank agrees on, new each run.
-std::uint64_t shared_seed() {
-    Tensor seed = Tensor::from_vector(std::vector<std::int64_t>{static_cast<std::int64_t>(std::random_device{}() >> 1)}, {1});
-    group().broadcast(seed, 0);
-    return static_cast<std::uint64_t>(seed.data<std::int64_t>()[0]);
-}
 
 // 1063 trainable elements: prime, so neither 2 nor 3 ranks divide it.
 Sequential make_mlp(Generator& gen, DType dtype) {
@@ -58,7 +52,7 @@ constexpr AdamOptions kAdam{.lr = 3e-2, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8
 void check_against_single_process(int stage, bool clip, int steps, bool overlap = false) {
     dist::ProcessGroup& g = group();
     const int world = g.world_size();
-    const std::uint64_t seed = shared_seed();
+    const std::uint64_t seed = dgtest::shared_seed(group());
     INFO("seed " << seed << ", stage " << stage << ", world " << world << ", overlap " << overlap);
     Generator init(seed + 1 + static_cast<std::uint64_t>(g.rank()));  // differs per rank: the broadcast fixes it
     Sequential model = make_mlp(init, DType::f64);
@@ -147,7 +141,7 @@ TEST_CASE("ZeRO-1/2: gradient accumulation over two micro-batches == accumulated
           "[dist][zero][accumulate]") {
     dist::ProcessGroup& g = group();
     const int world = g.world_size();
-    const std::uint64_t seed = shared_seed();
+    const std::uint64_t seed = dgtest::shared_seed(group());
     for (int stage : {1, 2}) {
         INFO("seed " << seed << ", stage " << stage << ", world " << world);
         Generator init(seed + 1);
@@ -180,7 +174,7 @@ TEST_CASE("ZeRO-2 with a GradScaler == GradScaler + AdamW on one process; an inf
           "[dist][zero][scaler]") {
     dist::ProcessGroup& g = group();
     const int world = g.world_size();
-    const std::uint64_t seed = shared_seed();
+    const std::uint64_t seed = dgtest::shared_seed(group());
     INFO("seed " << seed << ", world " << world);
     Generator init(seed + 1);
     Sequential model = make_mlp(init, DType::f64);
@@ -222,7 +216,7 @@ TEST_CASE("ZeRO: sharded checkpoint resumes exactly, and reloads on another worl
           "[dist][zero][checkpoint]") {
     dist::ProcessGroup& g = group();
     const int world = g.world_size();
-    const std::uint64_t seed = shared_seed();
+    const std::uint64_t seed = dgtest::shared_seed(group());
     INFO("seed " << seed << ", world " << world);
     const auto folder = std::filesystem::temp_directory_path() / str("dyngrad_zero_ckpt_", seed);
     for (int stage : {1, 2}) {
@@ -287,7 +281,7 @@ TEST_CASE("ZeRO: sharded checkpoint resumes exactly, and reloads on another worl
 TEST_CASE("ZeRO-2 with parameters of two dtypes: one flat buffer each", "[dist][zero][dtypes]") {
     dist::ProcessGroup& g = group();
     const int world = g.world_size();
-    const std::uint64_t seed = shared_seed();
+    const std::uint64_t seed = dgtest::shared_seed(group());
     INFO("seed " << seed << ", world " << world);
     const auto make = [](std::uint64_t s) {
         Generator gen(s);
@@ -393,7 +387,7 @@ TEST_CASE("ZeRO: bad inputs are typed errors", "[dist][zero][errors]") {
     CHECK_THROWS_MATCHES(zero.reduce_gradients(), ValueError, MessageHas({"after wrapping"}));
 
     // A checkpoint of another model; a checkpoint with a missing rank file (a group of one needs every file).
-    const std::uint64_t seed = shared_seed();
+    const std::uint64_t seed = dgtest::shared_seed(group());
     const auto folder = std::filesystem::temp_directory_path() / str("dyngrad_zero_bad_", seed);
     Generator init2(5);
     Sequential small = make_mlp(init2, DType::f64);
@@ -512,7 +506,7 @@ void crash_step(dist::ZeroOptimizer& zero, Sequential& model, std::uint64_t seed
 TEST_CASE("ZeRO: a rank killed mid-training; the survivor fails typed; checkpoints stay whole", "[.zero_crash]") {
     dist::ProcessGroup& g = group();
     if (g.world_size() != 2) DG_SKIP("needs 2 ranks (mpirun -np 2 --enable-recovery)");
-    const std::uint64_t seed = shared_seed();
+    const std::uint64_t seed = dgtest::shared_seed(group());
     if (g.rank() == 0) {
         std::filesystem::remove_all(crash_dir());
         std::filesystem::create_directories(crash_dir());

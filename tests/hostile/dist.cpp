@@ -226,8 +226,11 @@ static const bool added = hostile::add("dist", {
     expect<ValueError>("ZeroOptimizer stage 0", {"ZeroOptimizer", "stage 0"}, [] {
         dist::ZeroOptimizer zero(tiny_model(), one(), {}, {.stage = 0});
     }),
-    expect<ValueError>("ZeroOptimizer stage 3 (not built)", {"ZeroOptimizer", "stage 3", "not built"}, [] {
+    expect<ValueError>("ZeroOptimizer stage 3 over a Module (it takes units)", {"ZeroOptimizer", "stage 3", "units"}, [] {
         dist::ZeroOptimizer zero(tiny_model(), one(), {}, {.stage = 3});
+    }),
+    expect<ValueError>("ZeroOptimizer stage 3 with a unit without forward", {"ZeroOptimizer", "no forward"}, [] {
+        dist::ZeroOptimizer zero(std::vector<dist::ZeroUnit>{{"body", tiny_model(), {}}}, one());
     }),
     expect<ValueError>("ZeroOptimizer over a frozen model", {"ZeroOptimizer", "no trainable parameters"}, [] {
         Sequential m = tiny_model();
