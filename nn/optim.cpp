@@ -65,40 +65,33 @@ Tensor& state_for(Tensor& state, const Parameter& p) {
     return state;
 }
 
-// param, grad, buffer (n): the formulas of SgdScalars. `buffer` is undefined without momentum.
+// param, grad, buffer (n), one element at a time through the rule the fused kernels apply (nn/optim_math.h).
+// `buffer` is undefined without momentum.
 template <typename T>
-void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& buffer, const SgdScalars& h,
-                double inv_scale) {
-    auto p = map<T>(param);
-    Array1<T> g = map_const<T>(grad);
-    if (inv_scale != 1) g *= static_cast<T>(inv_scale);
-    if (h.weight_decay != 0) g += static_cast<T>(h.weight_decay) * p;
-    if (buffer.defined()) {
-        auto b = map<T>(buffer);
-        const auto momentum = static_cast<T>(h.momentum);
-        b = momentum * b + g;
-        if (h.nesterov != 0) g += momentum * b;
-        else g = b;
-    }
-    p -= static_cast<T>(h.lr) * g;
+void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& buffer, const SgdRule<T>& rule) {
+    T* p = param.data<T>();
+    const T* g = grad.data<T>();
+    T* b = buffer.defined() ? buffer.data<T>() : nullptr;
+    T unused = T(0);
+    for (std::int64_t i = 0; i < param.numel(); ++i) rule(p[i], g[i], b != nullptr ? b[i] : unused);
 }
 
-// param, grad, m, v (n); the formulas of AdamScalars.
+// param, grad, m, v (n), as sgd_update.
 template <typename T>
 void adam_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                 const AdamScalars& s, double inv_scale) {
-    auto p = map<T>(param);
-    auto m = map<T>(exp_avg);
-    auto v = map<T>(exp_avg_sq);
-    if (s.decay != 1) p *= static_cast<T>(s.decay);
-    Array1<T> g = map_const<T>(grad);
-    if (inv_scale != 1) g *= static_cast<T>(inv_scale);
-    if (s.l2 != 0) g += static_cast<T>(s.l2) * p;
-    m = static_cast<T>(s.beta1) * m + static_cast<T>(s.one_minus_beta1) * g;
-    v = static_cast<T>(s.beta2) * v + static_cast<T>(s.one_minus_beta2) * g.square();
-    p -= static_cast<T>(s.step_size) * m / (v.sqrt() / static_cast<T>(s.bias2_sqrt) + static_cast<T>(s.eps));
+                 const AdamRule<T>& rule) {
+    T* p = param.data<T>();
+    const T* g = grad.data<T>();
+    T* m = exp_avg.data<T>();
+    T* v = exp_avg_sq.data<T>();
+    for (std::int64_t i = 0; i < param.numel(); ++i) rule(p[i], g[i], m[i], v[i]);
 }
 
+// The CPU rules' unscaling: by the gate's inverse scale where it is not 1.
+template <typename T>
+Unscale<T> cpu_unscale(double inv_scale) {
+    return {static_cast<T>(inv_scale), inv_scale != 1};
+}
 
 // ---- checkpoint entries ----
 
@@ -502,9 +495,11 @@ void SGD::update(const Gate* gate, [[maybe_unused]] const Tensor* clip) {
         // backward still needs the old value now refuses to run (Tensor::bump_version).
         value.bump_version();
         if (value.device().is_cpu()) {
-            const SgdScalars scalars{s.lr, s.momentum, s.weight_decay, s.nesterov ? 1.0 : 0.0};
-            dispatch_floating(value.dtype(), "SGD",
-                              [&]<typename T>() { sgd_update<T>(value, grad, buffer, scalars, inv_scale); });
+            dispatch_floating(value.dtype(), "SGD", [&]<typename T>() {
+                sgd_update<T>(value, grad, buffer,
+                              SgdRule<T>(s.lr, s.momentum, s.weight_decay, s.nesterov, buffer.defined(),
+                                         cpu_unscale<T>(inv_scale)));
+            });
             continue;
         }
 #if DYNGRAD_WITH_CUDA
@@ -584,7 +579,7 @@ void Adam::update(const Gate* gate, [[maybe_unused]] const Tensor* clip) {
         if (value.device().is_cpu()) {
             const AdamScalars scalars = adam_scalars(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, decoupled_, steps_[i]);
             dispatch_floating(value.dtype(), name(), [&]<typename T>() {
-                adam_update<T>(value, grad, state_[i][0], state_[i][1], scalars, inv_scale);
+                adam_update<T>(value, grad, state_[i][0], state_[i][1], AdamRule<T>(scalars, cpu_unscale<T>(inv_scale)));
             });
             continue;
         }
