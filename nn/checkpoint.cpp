@@ -50,12 +50,14 @@ void check_no_extra(const TensorMap& tensors, const std::string& prefix, const s
                               "' that this optimizer or schedule does not have"));
 }
 
-const std::string& type_entry(const SafetensorsMetadata& metadata, const char* key, const char* what,
-                              const std::string& source) {
+void check_type_entry(const SafetensorsMetadata& metadata, const char* key, const char* what, const char* expected,
+                      const std::string& source) {
     const auto found = metadata.find(key);
     if (found == metadata.end())
         throw IoError(str("checkpoint '", source, "' holds no ", what, " state (no metadata '", key, "')"));
-    return found->second;
+    if (found->second != expected)
+        throw ValueError(str("checkpoint '", source, "' holds the state of a ", found->second, " ", what, ", not of ",
+                             expected));
 }
 
 }  // namespace optim_detail

@@ -20,7 +20,7 @@ using optim_detail::check_group_count;
 using optim_detail::check_no_extra;
 using optim_detail::check_non_negative;
 using optim_detail::entry;
-using optim_detail::type_entry;
+using optim_detail::check_type_entry;
 
 namespace {
 
@@ -275,9 +275,7 @@ void Optimizer::save_state(TensorMap& tensors, SafetensorsMetadata& metadata) co
 
 std::function<void()> Optimizer::stage_state(const TensorMap& tensors, const SafetensorsMetadata& metadata,
                                              const std::string& source) {
-    const std::string& type = type_entry(metadata, kOptimizerType, "optimizer", source);
-    if (type != name())
-        throw ValueError(str("checkpoint '", source, "' holds the state of a ", type, " optimizer, not of ", name()));
+    check_type_entry(metadata, kOptimizerType, "optimizer", name(), source);
     const std::string prefix = kOptimizerPrefix;
     std::set<std::string> used;
     const auto read = [&](const std::string& key, DType dtype, const Shape& shape) -> const Tensor& {

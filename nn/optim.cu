@@ -117,6 +117,17 @@ __device__ double block_scheduled_lr(const StepState& s, int group) {
     return lr;
 }
 
+// Whether this block updates its slice: not when the slice is empty, nor when GradScaler skips the step (the
+// block then still takes part in finishing it: a schedule's step is not skipped).
+__device__ inline bool block_updates(const StepChunk& c, const StepState& s) {
+    if (slice_is_empty(c)) return false;
+    if (s.found_inf != nullptr && *s.found_inf != 0) {
+        finish_block(c, s, false);
+        return false;
+    }
+    return true;
+}
+
 // The rules' unscaling in a step gated by GradScaler: by its inverse scale (read on the device).
 template <typename T>
 __device__ inline Unscale<T> step_unscale(const StepState& s) {
@@ -128,11 +139,7 @@ __device__ inline Unscale<T> step_unscale(const StepState& s) {
 template <typename T>
 __global__ void sgd_kernel(const StepChunk* __restrict__ chunks, StepState s) {
     const StepChunk& c = chunks[blockIdx.x];
-    if (slice_is_empty(c)) return;
-    if (s.found_inf != nullptr && *s.found_inf != 0) {  // GradScaler: the step is skipped (a schedule's is not)
-        finish_block(c, s, false);
-        return;
-    }
+    if (!block_updates(c, s)) return;
     const SgdRule<T> rule(s.schedule.count == 0 ? s.lrs[c.group] : block_scheduled_lr(s, c.group), c.scalars[0],
                           c.scalars[1], c.scalars[2] != 0, c.state1 != nullptr, step_unscale<T>(s));
     const double clip = s.clip != nullptr ? *s.clip : 1.0;
@@ -194,11 +201,7 @@ static_assert(kStepSlice % kThreads == 0, "a slice is a whole number of elements
 template <typename T>
 __global__ void adam_kernel(const StepChunk* __restrict__ chunks, StepState s) {
     const StepChunk& c = chunks[blockIdx.x];
-    if (slice_is_empty(c)) return;
-    if (s.found_inf != nullptr && *s.found_inf != 0) {  // GradScaler: the step is skipped (a schedule's is not)
-        finish_block(c, s, false);
-        return;
-    }
+    if (!block_updates(c, s)) return;
     static_assert(kThreads >= 3 * 32, "warps 0, 1 and 2 evaluate the scalars");
     __shared__ double shared_lr, shared_bias1, shared_bias2_sqrt;
     if (threadIdx.x == 0) {
@@ -387,26 +390,31 @@ const StepChunk* StepTable::upload(const std::vector<StepChunk>& chunks) {
 
 // ---- steps ----
 
-bool sgd_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state) {
+namespace {
+
+// One launch per dtype group of the kernel kernel_of(T{}) returns for element type T (sgd_kernel, adam_kernel).
+template <typename KernelOf>
+bool fused_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state, const char* who,
+                KernelOf kernel_of) {
     DeviceContext& ctx = context(table.device());
     return for_each_group(table, tensors, [&](const Group& group, const StepChunk* chunks, bool last) {
         const StepState s = launch_state(state, tensors, group, last, ctx);
-        dispatch_floating(group.dtype, "SGD", [&]<typename T>() {
-            sgd_kernel<T><<<dim3(static_cast<unsigned>(group.count), kStepSlices), kThreads, 0, ctx.stream>>>(chunks, s);
+        dispatch_floating(group.dtype, who, [&]<typename T>() {
+            const auto kernel = kernel_of(T{});
+            kernel<<<dim3(static_cast<unsigned>(group.count), kStepSlices), kThreads, 0, ctx.stream>>>(chunks, s);
             DG_CUDA_CHECK_LAUNCH();
         });
     });
 }
 
+}  // namespace
+
+bool sgd_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state) {
+    return fused_step(table, tensors, state, "SGD", [](auto zero) { return &sgd_kernel<decltype(zero)>; });
+}
+
 bool adam_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state) {
-    DeviceContext& ctx = context(table.device());
-    return for_each_group(table, tensors, [&](const Group& group, const StepChunk* chunks, bool last) {
-        const StepState s = launch_state(state, tensors, group, last, ctx);
-        dispatch_floating(group.dtype, "Adam", [&]<typename T>() {
-            adam_kernel<T><<<dim3(static_cast<unsigned>(group.count), kStepSlices), kThreads, 0, ctx.stream>>>(chunks, s);
-            DG_CUDA_CHECK_LAUNCH();
-        });
-    });
+    return fused_step(table, tensors, state, "Adam", [](auto zero) { return &adam_kernel<decltype(zero)>; });
 }
 
 void refuse_in_capture(int device, const char* what, const char* why) { throw_if_capturing(device, what, why); }

@@ -153,9 +153,10 @@ void check_group_count(const TensorMap& tensors, const std::string& key, std::in
 void check_no_extra(const TensorMap& tensors, const std::string& prefix, const std::set<std::string>& used,
                     const std::string& source);
 
-// The metadata entry `key` naming the optimizer or schedule type a checkpoint holds (IoError without one).
-const std::string& type_entry(const SafetensorsMetadata& metadata, const char* key, const char* what,
-                              const std::string& source);
+// ValueError unless the metadata entry `key` names `expected`, the optimizer or schedule type (`what`) being
+// loaded; IoError without one.
+void check_type_entry(const SafetensorsMetadata& metadata, const char* key, const char* what, const char* expected,
+                      const std::string& source);
 
 }  // namespace optim_detail
 

@@ -19,7 +19,7 @@ using optim_detail::check_non_negative;
 using optim_detail::entry;
 using optim_detail::kSchedulePrefix;
 using optim_detail::kScheduleType;
-using optim_detail::type_entry;
+using optim_detail::check_type_entry;
 
 // A schedule's epoch counter and base lrs on each device where its optimizer keeps device scalars.
 struct LRScheduler::DeviceEpochs {
@@ -115,9 +115,7 @@ void LRScheduler::save_state(TensorMap& tensors, SafetensorsMetadata& metadata) 
 
 std::function<void()> LRScheduler::stage_state(const TensorMap& tensors, const SafetensorsMetadata& metadata,
                                                const std::string& source) {
-    const std::string& type = type_entry(metadata, kScheduleType, "schedule", source);
-    if (type != name())
-        throw ValueError(str("checkpoint '", source, "' holds the state of a ", type, " schedule, not of ", name()));
+    check_type_entry(metadata, kScheduleType, "schedule", name(), source);
     const std::string prefix = kSchedulePrefix;
     const std::int64_t epoch = entry(tensors, prefix + "epoch", DType::i64, {1}, source).data<std::int64_t>()[0];
     if (epoch < 0) throw ValueError(str("checkpoint '", source, "': ", name(), " epoch ", epoch, " is negative"));
