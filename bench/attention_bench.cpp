@@ -17,6 +17,7 @@
 #include <dyngrad/dyngrad.h>
 
 #include "../cli/command_line.h"
+#include "../cli/timing.h"
 
 #include <algorithm>
 #include <chrono>
@@ -39,17 +40,6 @@ struct Options {
     std::string json;
 };
 
-std::vector<std::int64_t> parse_list(const std::string& text) {
-    std::vector<std::int64_t> values;
-    std::size_t start = 0;
-    while (start <= text.size()) {
-        const std::size_t comma = std::min(text.find(',', start), text.size());
-        values.push_back(cli::parse_int("--lengths", std::string_view(text).substr(start, comma - start), 1, 1 << 20));
-        start = comma + 1;
-    }
-    return values;
-}
-
 // Every argument is checked before anything runs (cli/command_line.h).
 Options parse(int argc, char** argv) {
     const cli::Arguments args(argc, argv,
@@ -63,7 +53,7 @@ Options parse(int argc, char** argv) {
         std::exit(0);
     }
     Options o;
-    if (auto v = args.value("--lengths")) o.lengths = parse_list(*v);
+    if (auto v = args.value("--lengths")) o.lengths = cli::parse_int_list("--lengths", *v, 1, 1 << 20);
     if (auto v = args.value("--batch")) o.batch = cli::parse_int("--batch", *v, 1, 1 << 16);
     if (auto v = args.value("--heads")) o.heads = cli::parse_int("--heads", *v, 1, 1 << 16);
     if (auto v = args.value("--head-dim"))
@@ -77,21 +67,6 @@ Options parse(int argc, char** argv) {
     if (auto v = args.value("--json")) o.json = cli::output_file("--json", *v);
     o.deterministic = args.has("--deterministic");
     return o;
-}
-
-// Median over `repetitions` of one call's time in ms, after one warm-up call; each call ends with a sync.
-double median_ms(const std::function<void()>& body, int repetitions) {
-    body();
-    cuda::synchronize(0);
-    std::vector<double> samples;
-    for (int r = 0; r < repetitions; ++r) {
-        const auto start = std::chrono::steady_clock::now();
-        body();
-        cuda::synchronize(0);
-        samples.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-    }
-    std::sort(samples.begin(), samples.end());
-    return samples[samples.size() / 2];
 }
 
 AttentionOptions causal_options(bool causal) {
@@ -141,7 +116,7 @@ Row measure(const Options& o, std::int64_t length, bool causal) {
         graph.backward(scaled_dot_product_attention(vq, vk, vv, causal_options(causal)), dy);
     };
     Row row{length, causal, 0, 0, 0, "kernels"};
-    row.ms = median_ms(step, o.repetitions);
+    row.ms = cli::median_ms(step, 1, o.repetitions);
     if (is_reduced_precision(o.dtype)) {
         const AttentionRunInfo ran = attention_last_run();
         row.path = ran.forward == ran.backward ? impl_name(ran.forward)

@@ -14,6 +14,7 @@
 #include <dyngrad/dyngrad.h>
 
 #include "../cli/command_line.h"
+#include "../cli/timing.h"
 
 #include <algorithm>
 #include <chrono>
@@ -230,20 +231,6 @@ Options parse(int argc, char** argv, const std::vector<Case>& cases) {
     return o;
 }
 
-double median_ms(const std::function<void()>& step, const Options& o) {
-    for (int i = 0; i < o.warmup; ++i) step();
-    cuda::synchronize(0);
-    std::vector<double> samples;
-    for (int r = 0; r < o.repetitions; ++r) {
-        const auto start = std::chrono::steady_clock::now();
-        step();
-        cuda::synchronize(0);
-        samples.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-    }
-    std::sort(samples.begin(), samples.end());
-    return samples[samples.size() / 2];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -273,7 +260,7 @@ int main(int argc, char** argv) {
             double ms;
             {
                 const std::function<void()> step = c.prepare();  // inputs freed when it goes
-                ms = median_ms(step, o);
+                ms = cli::median_ms(step, o.warmup, o.repetitions);
             }
             const double gbps = c.bytes > 0 ? c.bytes / (ms * 1e6) : 0.0;
             if (c.bytes > 0)

@@ -16,6 +16,7 @@
 #include <dyngrad/dyngrad.h>
 
 #include "../cli/command_line.h"
+#include "../cli/timing.h"
 
 #include <algorithm>
 #include <chrono>
@@ -41,18 +42,6 @@ struct Options {
     std::string json;
 };
 
-// "32,64,96": each a whole positive integer.
-std::vector<std::int64_t> parse_list(const std::string& text) {
-    std::vector<std::int64_t> values;
-    std::size_t start = 0;
-    while (start <= text.size()) {
-        const std::size_t comma = std::min(text.find(',', start), text.size());
-        values.push_back(cli::parse_int("--batches", std::string_view(text).substr(start, comma - start), 1, 1 << 20));
-        start = comma + 1;
-    }
-    return values;
-}
-
 // Every argument is checked before anything runs (cli/command_line.h).
 Options parse(int argc, char** argv) {
     const cli::Arguments args(argc, argv,
@@ -65,7 +54,7 @@ Options parse(int argc, char** argv) {
         std::exit(0);
     }
     Options o;
-    if (auto v = args.value("--batches")) o.batches = parse_list(*v);
+    if (auto v = args.value("--batches")) o.batches = cli::parse_int_list("--batches", *v, 1, 1 << 20);
     if (auto v = args.value("--seq")) o.seq = cli::parse_int("--seq", *v, 1, 1 << 20);
     if (auto v = args.value("--layers")) o.layers = cli::parse_int("--layers", *v, 1, 1024);
     if (auto v = args.value("--hidden")) o.hidden = cli::parse_int("--hidden", *v, 1, 1 << 20);
@@ -84,22 +73,6 @@ double lstm_gflop(const Options& o, std::int64_t batch) {
         forward += 2.0 * double(o.seq) * double(batch) * 4.0 * double(o.hidden) * (in + double(o.hidden));
     }
     return 3.0 * forward / 1e9;
-}
-
-// Median over `repetitions` of one call's time in ms, after one warm-up call (which also lets cuDNN
-// and cuBLAS build their plans). Each call ends with a device synchronisation.
-double median_ms(const std::function<void()>& body, int repetitions) {
-    body();
-    cuda::synchronize(0);
-    std::vector<double> samples;
-    for (int r = 0; r < repetitions; ++r) {
-        const auto start = std::chrono::steady_clock::now();
-        body();
-        cuda::synchronize(0);
-        samples.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-    }
-    std::sort(samples.begin(), samples.end());
-    return samples[samples.size() / 2];
 }
 
 Var weight_block(const Var& w, const RnnWeightEntry& entry) {
@@ -204,8 +177,8 @@ Row measure(const Options& o, std::int64_t batch) {
         graph.backward(y, dy);
     };
     Row row{batch, 0, 0, lstm_gflop(o, batch)};
-    row.cudnn_ms = median_ms([&] { step(false); }, o.repetitions);
-    if (o.composed) row.composed_ms = median_ms([&] { step(true); }, std::max(3, o.repetitions / 2));
+    row.cudnn_ms = cli::median_ms([&] { step(false); }, 1, o.repetitions);
+    if (o.composed) row.composed_ms = cli::median_ms([&] { step(true); }, 1, std::max(3, o.repetitions / 2));
     return row;
 }
 

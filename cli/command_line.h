@@ -11,6 +11,7 @@
 //   const cli::Arguments args(argc, argv, {.flags = {"--list"}, .options = {"--seed", "--json"}});
 //   const std::int64_t seed = cli::parse_int("--seed", args.value("--seed").value_or("0"), 0);
 #pragma once
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -112,6 +113,19 @@ inline std::int64_t parse_int(std::string_view option, std::string_view text, st
                              max == std::numeric_limits<std::int64_t>::max() ? std::string("...") : std::to_string(max),
                              "]"));
     return value;
+}
+
+// "32,64,96": comma-separated integers, each in [min, max] (parse_int).
+inline std::vector<std::int64_t> parse_int_list(std::string_view option, std::string_view text, std::int64_t min,
+                                                std::int64_t max = std::numeric_limits<std::int64_t>::max()) {
+    std::vector<std::int64_t> values;
+    std::size_t start = 0;
+    while (start <= text.size()) {
+        const std::size_t comma = std::min(text.find(',', start), text.size());
+        values.push_back(parse_int(option, text.substr(start, comma - start), min, max));
+        start = comma + 1;
+    }
+    return values;
 }
 
 // A finite number in [min, max] (above min only, when min_exclusive), the whole text.

@@ -9,6 +9,10 @@
 #include "dyngrad/core/device.h"
 #include "dyngrad/core/dtype.h"
 
+namespace dyngrad {
+class Tensor;
+}
+
 namespace dyngrad::device_memory {
 
 // Stream-ordered allocation on `device`; throws OutOfMemory when the device cannot provide it.
@@ -23,5 +27,12 @@ void fill(void* dst, std::int64_t n, double value, DType dtype, int device);
 void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::int64_t n, int device);
 // Number of usable devices (0 when there is no driver, no device or no backend).
 int device_count();
+// Makes the writes to `t` the runtime still has pending off its device's main queue (asynchronous side work:
+// CUDA's side lane computes small weight gradients on a second stream, cuda/context.h) visible to the work queued
+// next on the device: a stream wait, never a host synchronisation or an allocation (capturable). Nothing when
+// none are pending (always, on the CPU). The engine calls it where it reads a gradient or hands one out.
+void await_writes(const Tensor& t);
+// The same for every tensor with pending writes on this thread: what backward() does before it returns.
+void await_all_writes();
 
 }  // namespace dyngrad::device_memory

@@ -116,8 +116,9 @@ private:
 // blocks on the main stream), then open a SideWork; when lane() is not null, enqueue on lane()->stream with
 // the lane's handles and hand keep() every tensor and workspace that work reads or writes: they return to the
 // allocator only after the main stream has waited for the lane (join_side_lanes, cuda/runtime.h), or a block's
-// next owner on the main stream could race the lane. produced() marks a result: the engine joins before it
-// reads one on the main stream (graph/graph.cpp).
+// next owner on the main stream could race the lane. produced() marks a result: whoever reads one on the main
+// stream joins first, through core's device_memory::await_writes (the engine where it reads or hands out a
+// gradient, graph/sweep.cpp; a backward kernel's reads, graph/through_f32.cpp).
 struct SideLane;
 // Whether the lane takes work of `fused_multiply_adds` (its size: the overlap pays off for latency-bound work,
 // while large work would only hold its inputs longer) on ctx's device now, per set_weight_gradient_overlap.

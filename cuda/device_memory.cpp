@@ -18,5 +18,9 @@ void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::
     cuda::convert(dst, dst_dtype, src, src_dtype, n, device);
 }
 int device_count() { return cuda::device_count(); }
+void await_writes(const Tensor& t) {
+    if (cuda::side_lane_pending(t)) cuda::join_side_lanes();
+}
+void await_all_writes() { cuda::join_side_lanes(); }
 
 }  // namespace dyngrad::device_memory

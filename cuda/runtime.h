@@ -115,7 +115,7 @@ bool deterministic();
 enum class WeightGradientOverlap { never, captured, always };
 void set_weight_gradient_overlap(WeightGradientOverlap mode);
 WeightGradientOverlap weight_gradient_overlap();
-// For the engine (graph/graph.cpp): whether `t` is a result of this thread's side-lane work that the device's
+// For core's device_memory::await_writes: whether `t` is a result of this thread's side-lane work the device's
 // stream has not waited for yet, and the join: each device's stream waits (on the device) for this thread's
 // lane there and the lane's kept tensors and workspaces are released. Both are cheap when no lane is pending.
 bool side_lane_pending(const Tensor& t) noexcept;

@@ -1,5 +1,6 @@
-// The engine: recording, the backward sweep and their checks. Over 600 lines because the version counter,
-// liveness anchors and thread guard belong to the same two code paths; split candidates: the guards.
+// The engine: recording and backward() with their checks; the reverse sweep itself: graph/sweep.cpp.
+// Over 600 lines: the version counter, liveness anchors and thread guard belong to the same two code paths;
+// split candidates: the guards.
 #include "dyngrad/graph/graph.h"
 
 #include <array>
@@ -11,12 +12,14 @@
 #include <unordered_set>
 #include <utility>
 
+#include "dyngrad/core/device_memory.h"
 #include "dyngrad/cuda/runtime.h"
 #include "dyngrad/graph/anomaly.h"
 #include "dyngrad/graph/autocast.h"
 #include "dyngrad/graph/eager.h"
 #include "dyngrad/graph/fusion_check.h"
 #include "dyngrad/graph/backend.h"
+#include "dyngrad/graph/engine_helpers.h"
 #include "dyngrad/graph/higher_order.h"
 #include "dyngrad/graph/profiling.h"
 #include "dyngrad/graph/through_f32.h"
@@ -32,7 +35,52 @@ struct GraphAnchor {
     ComputeGraph* graph = nullptr;             // valid while `generation` matches a handle's
     GraphAnchor* next_free = nullptr;
 };
+
+// The engine's message helpers, shared with the backward sweep (graph/sweep.cpp; graph/engine_helpers.h).
+std::string describe_inputs(std::span<const Tensor> inputs) {
+    std::string out;
+    for (std::size_t i = 0; i < inputs.size(); ++i) out += str(i ? ", " : "", describe(inputs[i]));
+    return out;
+}
+
+const BackendKernels& kernels_for(const OpDef& def, Device device) {
+    return device.is_cpu() ? def.cpu : def.cuda;
+}
+
+// Anomaly mode's report of some tensors: "; input 0 (3) float64 cpu: min -1 max 2, 1 NaN, 0 Inf (of 3)".
+std::string stats_of(const std::string& role, const Tensor& t) {
+    return str("; ", role, " ", describe(t), ": ", to_string(tensor_stats(t)));
+}
+std::string stats_of_inputs(std::span<const Tensor> inputs) {
+    std::string out;
+    for (std::size_t i = 0; i < inputs.size(); ++i) out += stats_of(str("input ", i), inputs[i]);
+    return out;
+}
+
+// "custom op 'square'" or "op 'relu'": who broke the kernel contract (graph/op_def.h), for its messages.
+std::string op_label(const OpDef& def) {
+    return str(def.op == OpType::Custom ? "custom op '" : "op '", def.name, "'");
+}
+// Inside a catch block around an op's shape rule or kernels: rethrow_with_context for std exceptions;
+// anything else (`throw 42` in a user's op) becomes dyngrad::Error naming the op and what threw it.
+[[noreturn]] void rethrow_op_failure(const std::string& context, const OpDef& def, const char* stage) {
+    try {
+        throw;
+    } catch (const std::exception&) {
+        rethrow_with_context(context);
+    } catch (...) {
+        throw Error(str(context, ": ", op_label(def), ": its ", stage, " threw something that is not a ",
+                        "std::exception (such as `throw 42`); an op must throw a dyngrad::Error or a std::exception"));
+    }
+}
 }  // namespace detail
+using detail::describe_inputs;
+using detail::kernels_for;
+using detail::op_label;
+using detail::rethrow_op_failure;
+using detail::stats_of;
+using detail::stats_of_inputs;
+
 namespace {
 thread_local bool tls_grad_enabled = true;
 
@@ -74,16 +122,6 @@ void release_anchor(detail::GraphAnchor* anchor) noexcept {
     pool.free = anchor;
 }
 
-std::string describe_inputs(std::span<const Tensor> inputs) {
-    std::string out;
-    for (std::size_t i = 0; i < inputs.size(); ++i) out += str(i ? ", " : "", describe(inputs[i]));
-    return out;
-}
-
-const BackendKernels& kernels_for(const OpDef& def, Device device) {
-    return device.is_cpu() ? def.cpu : def.cuda;
-}
-
 // The input values of one node for its kernels: inline for up to four inputs (every op but a long
 // concat), on the heap beyond, so recording a node allocates no list of them.
 class InputValues {
@@ -102,21 +140,6 @@ private:
     std::vector<Tensor> heap_;
     std::size_t count_;
 };
-
-// Anomaly mode's report of some tensors: "; input 0 (3) float64 cpu: min -1 max 2, 1 NaN, 0 Inf (of 3)".
-std::string stats_of(const std::string& role, const Tensor& t) {
-    return str("; ", role, " ", describe(t), ": ", to_string(tensor_stats(t)));
-}
-std::string stats_of_inputs(std::span<const Tensor> inputs) {
-    std::string out;
-    for (std::size_t i = 0; i < inputs.size(); ++i) out += stats_of(str("input ", i), inputs[i]);
-    return out;
-}
-
-// "custom op 'square'" or "op 'relu'": who broke the kernel contract (graph/op_def.h), for its messages.
-std::string op_label(const OpDef& def) {
-    return str(def.op == OpType::Custom ? "custom op '" : "op '", def.name, "'");
-}
 
 // The contract checks at the one place every op's shape rule and forward are called, so a user op that
 // breaks its own rule is stopped here instead of being recorded (and blamed on something else later).
@@ -137,18 +160,6 @@ void check_forward_output(const OpDef& def, const OutputSpec& spec, Device devic
                              device.to_string(), "; a forward must return exactly what its shape rule describes"));
 }
 
-// Inside a catch block around an op's shape rule or kernels: rethrow_with_context for std exceptions;
-// anything else (`throw 42` in a user's op) becomes dyngrad::Error naming the op and what threw it.
-[[noreturn]] void rethrow_op_failure(const std::string& context, const OpDef& def, const char* stage) {
-    try {
-        throw;
-    } catch (const std::exception&) {
-        rethrow_with_context(context);
-    } catch (...) {
-        throw Error(str(context, ": ", op_label(def), ": its ", stage, " threw something that is not a ",
-                        "std::exception (such as `throw 42`); an op must throw a dyngrad::Error or a std::exception"));
-    }
-}
 
 // Anomaly mode, right after a forward: NumericalError when the new value holds a NaN or Inf. When an
 // input already held one (a weight, the data), the message names that input's node, a parameter by its
@@ -586,11 +597,11 @@ void ComputeGraph::run_backward(NodeId root, Tensor seed, const BackwardOptions&
     }
     try {
         sweep(root, std::move(seed), needed, options);
-        // Weight gradients the sweep left on side lanes (cuda/context.h) are final before backward() returns.
-        cuda::join_side_lanes();
+        // Gradients the sweep left pending (a backend's side work) are final before backward() returns.
+        device_memory::await_all_writes();
     } catch (...) {
         try {
-            cuda::join_side_lanes();
+            device_memory::await_all_writes();
         } catch (...) {
             // The sweep's own error is the one to report.
         }
@@ -609,169 +620,6 @@ void ComputeGraph::restore_leaf_grads(std::vector<std::pair<NodeId, Tensor>>& ea
         Tensor& slot = nodes_[id]->grad;
         if (slot.defined()) accumulate_into(grad, std::move(slot));  // out of place when `grad` is shared (a Parameter's)
         slot = std::move(grad);
-    }
-}
-
-// Throws GraphError when the storage behind something node `id`'s backward reads was written in place since
-// the node was recorded (Storage::version): the backward would mix the forward's values with newer ones.
-void ComputeGraph::check_versions(NodeId id, std::span<const Tensor> input_values) const {
-    const ComputeNode& n = *nodes_[id];
-    const auto fail = [&](const std::string& what, std::uint32_t then, std::uint32_t now) {
-        throw GraphError(str(what, " was modified in place after ", describe_node(id), " recorded it (storage ",
-                             "version ", then, " then, ", now, " now), and this backward needs the value the forward ",
-                             "used. An in-place write (an optimizer step(), copy_from(), fill(), set(), ",
-                             "load_parameters()) ran between the forward and its backward: run backward() first, ",
-                             "or record the forward again"));
-    };
-    for (std::size_t i = 0; i < n.inputs.size(); ++i) {
-        const Tensor& value = input_values[i];
-        if (!value.defined() || value.version() == n.inputs[i].version) continue;
-        const ComputeNode& in = *nodes_[n.inputs[i].id];
-        fail(in.parameter.defined()  // a Parameter's name is what the user knows it by
-                 ? str("parameter '", in.parameter.name(), "' (input ", i, ", ", describe_node(n.inputs[i].id), ")")
-                 : str("input ", i, " (", describe_node(n.inputs[i].id), ")"),
-             n.inputs[i].version, value.version());
-    }
-    if (n.value.defined() && n.value.version() != n.value_version)
-        fail(str("the output of ", describe_node(id)), n.value_version, n.value.version());
-    for (std::size_t i = 0; i < n.saved_versions.size(); ++i)
-        if (n.saved[i].version() != n.saved_versions[i])
-            fail(str("saved tensor ", i), n.saved_versions[i], n.saved[i].version());
-}
-
-namespace {
-
-// A gradient a backward enqueued on a side lane (a weight gradient, cuda/context.h) is read on the device's
-// stream only after that stream has joined the lane: called before the engine reads one itself (adds into it,
-// reduces it, inspects it) or hands it to a backward.
-void settle(const Tensor& gradient) {
-    if (cuda::side_lane_pending(gradient)) cuda::join_side_lanes();
-}
-
-}  // namespace
-
-// The reverse sweep over the marked nodes, from the seeded root.
-void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed, const BackwardOptions& options) {
-    if (anomaly_mode_enabled() && !tensor_stats(seed).all_finite())
-        throw NumericalError(str("anomaly mode: the gradient seeding the backward of ", describe_node(root),
-                                 " holds NaN/Inf", stats_of("gradient", seed)));
-    // A seed someone else holds (backward's kept unit seed, a caller's grad_output) must not become a leaf's
-    // gradient, which its owner may write (fill, an optimizer's in-place clip): such a leaf gets a copy.
-    const void* shared_seed = seed.numel() > 0 && !seed.owns_storage_exclusively() ? seed.raw_data() : nullptr;
-    accumulate_into(nodes_[root]->grad, std::move(seed));
-
-    std::vector<Tensor> input_values;
-    std::vector<Tensor> grads_so_far;
-    std::vector<char> added_in_place;
-    std::vector<char> needs_grad_storage;
-    for (NodeId id = root + 1; id-- > 0;) {
-        ComputeNode& n = *nodes_[id];
-        if (!needed[id] || !n.grad.defined()) continue;
-        if (n.op == OpType::Leaf) {
-            if (shared_seed != nullptr && n.grad.raw_data() == shared_seed) n.grad = n.grad.clone();
-            if (n.parameter.defined()) {
-                Tensor& slot = n.parameter.grad_slot();
-                if (slot.defined()) {  // an addition, not a move
-                    settle(slot);
-                    settle(n.grad);
-                }
-                accumulate_into(slot, n.grad);
-            }
-            if (needed[id] == 2) {
-                settle(n.grad);  // the callback may read it on another stream (dist/: the all-reduce)
-                options.on_parameter_ready(n.parameter);
-            }
-            continue;
-        }
-        settle(n.grad);
-        const OpDef& def = op_def(n.op, n.attrs);
-        input_values.clear();
-        needs_grad_storage.assign(n.inputs.size(), 0);
-        for (std::size_t i = 0; i < n.inputs.size(); ++i) {
-            input_values.push_back(nodes_[n.inputs[i]]->value);
-            needs_grad_storage[i] = needed[n.inputs[i]] != 0;  // 2 marks a parameter leaf: read as a bool, it must be 1
-        }
-        std::vector<Tensor> grads;
-        try {
-            check_versions(id, input_values);
-            const BackendKernels& k = kernels_for(def, n.value.device());
-            if (!k.backward) throw DeviceError(str("no backward kernel on ", n.value.device().to_string()));
-            const std::span<const bool> needs_grad(reinterpret_cast<const bool*>(needs_grad_storage.data()),
-                                                   needs_grad_storage.size());
-            // The gradients so far that the backward may add into in place: only those no other handle shares
-            // (the fused-backward check compares fresh gradients, so it gets none).
-            grads_so_far.clear();
-            if (k.accumulates_in_place && !fusion_check_enabled())
-                for (std::size_t i = 0; i < n.inputs.size(); ++i) {
-                    const Tensor& slot = nodes_[n.inputs[i]]->grad;
-                    const bool writable = needs_grad_storage[i] && slot.defined() && slot.owns_storage_exclusively();
-                    if (writable) settle(slot);
-                    grads_so_far.push_back(writable ? slot : Tensor());
-                }
-            {
-                const ProfilingRange range(ProfilingRange::Pass::Backward, def.name, id);
-                grads = detail::run_backward_kernel(k, BackwardArgs{n.op, input_values, n.value, n.grad, n.attrs,
-                                                                    n.saved, needs_grad, grads_so_far});
-            }
-            if (fusion_check_enabled() && grads.size() == n.inputs.size()) {
-                for (const Tensor& g : grads) settle(g);
-                detail::check_fused_backward(def, n.op, input_values, n.attrs, n.grad, grads, needs_grad);
-            }
-            if (grads.size() != n.inputs.size())
-                throw GraphError(str("backward returned ", grads.size(), " gradients for ", n.inputs.size(), " inputs"));
-            // A backward that added its gradient into a slot in place returned the slot's own storage. The copies
-            // handed to it go first, so the slots are owned alone again for the accumulations below.
-            added_in_place.assign(n.inputs.size(), 0);
-            for (std::size_t i = 0; i < grads_so_far.size(); ++i)
-                added_in_place[i] = grads_so_far[i].defined() && grads[i].defined() &&
-                                    grads[i].raw_data() == grads_so_far[i].raw_data();
-            grads_so_far.clear();
-            for (std::size_t i = 0; i < n.inputs.size(); ++i) {
-                if (!needs_grad_storage[i]) continue;
-                Tensor& g = grads[i];
-                const Tensor& in = input_values[i];
-                if (!g.defined()) throw GraphError(str("backward returned no gradient for input ", i));
-                if (g.dtype() != in.dtype() || g.device() != in.device())
-                    throw GraphError(str("gradient ", describe(g), " for input ", i, " does not match the input ",
-                                         describe(in)));
-                // Broadcast gradients are reduced here, once, for every op and backend.
-                if (g.shape() != in.shape()) {
-                    settle(g);
-                    try {
-                        g = sum_to(g, in.shape());
-                    } catch (const ShapeError&) {
-                        throw ShapeError(str(op_label(def), ": its backward returned a gradient of shape ",
-                                             to_string(g.shape()), " for input ", i, " of shape ",
-                                             to_string(in.shape()), "; a gradient must have its input's shape ",
-                                             "(or one the input broadcasts to, which the engine sums back)"));
-                    }
-                }
-                if (anomaly_mode_enabled()) settle(g);
-                if (anomaly_mode_enabled() && !tensor_stats(g).all_finite())
-                    throw NumericalError(str("anomaly mode: the gradient for input ", i, " (",
-                                             describe_node(n.inputs[i]), ") holds NaN/Inf", stats_of("gradient", g),
-                                             stats_of("output gradient", n.grad), stats_of("output", n.value),
-                                             stats_of_inputs(input_values)));
-                if (!added_in_place[i]) {
-                    Tensor& slot = nodes_[n.inputs[i]]->grad;
-                    if (slot.defined()) {  // an addition, not a move
-                        settle(slot);
-                        settle(g);
-                    }
-                    accumulate_into(slot, std::move(g));
-                }
-            }
-        } catch (...) {
-            rethrow_op_failure(str("backward of ", describe_node(id), " with inputs ", describe_inputs(input_values),
-                                   " and output gradient ", describe(n.grad)),
-                               def, "backward");
-        }
-        if (!options.retain_grads) n.grad = Tensor();
-        if (!options.retain_graph) {
-            n.saved.clear();
-            n.saved_versions.clear();
-        }
-        if (options.free_values && !options.retain_graph && id != root) n.value = Tensor();
     }
 }
 

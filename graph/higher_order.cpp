@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <unordered_set>
 
-#include "dyngrad/cuda/runtime.h"
+#include "dyngrad/core/device_memory.h"
 #include "dyngrad/graph/backend.h"
 #include "dyngrad/graph/fusion_check.h"
 #include "dyngrad/graph/through_f32.h"
@@ -161,10 +161,9 @@ std::vector<Var> HigherOrder::sweep(ComputeGraph& graph, std::span<const NodeId>
             const Tensor grad_output = grads[id - lo].value();
             const std::vector<Tensor> tensors = run_backward_kernel(
                 k, BackwardArgs{n.op, input_values, n.value, grad_output, n.attrs, n.saved, needs_grad});
-            // A weight gradient a backward left on a side lane (cuda/context.h) is read by ops on the device's stream
-            // next: join the lanes first, as the first-order sweep's settle() does.
-            for (const Tensor& t : tensors)
-                if (t.defined() && cuda::side_lane_pending(t)) cuda::join_side_lanes();
+            // A weight gradient a backward left to a backend's side work is read by ops next: its pending writes
+            // first (core/device_memory.h), as the first-order sweep does where it reads a gradient.
+            for (const Tensor& t : tensors) device_memory::await_writes(t);
             for (const Tensor& t : tensors) in_grads.push_back(t.defined() ? graph.constant(t) : Var());
         }
         if (in_grads.size() != n.inputs.size())

@@ -3,7 +3,6 @@
 #include <cstring>
 
 #include "dyngrad/core/device_memory.h"
-#include "dyngrad/cuda/runtime.h"
 #include "dyngrad/graph/backend.h"
 
 namespace dyngrad::detail {
@@ -69,6 +68,10 @@ Tensor run_forward_kernel(const OpDef& def, const BackendKernels& kernels, const
 }
 
 std::vector<Tensor> run_backward_kernel(const BackendKernels& kernels, const BackwardArgs& args) {
+    // The gradients a backward reads, with their pending writes (a weight gradient some earlier backward left to
+    // a backend's side work, core/device_memory.h) visible to it: the consumer waits, only for what it reads.
+    device_memory::await_writes(args.grad_output);
+    for (const Tensor& g : args.grads_so_far) device_memory::await_writes(g);
     const std::optional<DType> reduced = reduced_input_dtype(args.inputs);
     if (!through_f32(kernels, reduced)) return kernels.backward(args);
     const std::vector<Tensor> inputs = widened(args.inputs, *reduced);
@@ -76,12 +79,8 @@ std::vector<Tensor> run_backward_kernel(const BackendKernels& kernels, const Bac
     const Tensor grad_output = widened(args.grad_output, *reduced);
     std::vector<Tensor> grads =
         kernels.backward(BackwardArgs{args.op, inputs, output, grad_output, args.attrs, args.saved, args.needs_grad});
-    // The narrowing below reads the gradients on the device's stream: side-lane results first join it.
-    for (const Tensor& g : grads)
-        if (cuda::side_lane_pending(g)) {
-            cuda::join_side_lanes();
-            break;
-        }
+    // The narrowing below reads the gradients: their pending writes first.
+    for (const Tensor& g : grads) device_memory::await_writes(g);
     for (std::size_t i = 0; i < grads.size() && i < args.inputs.size(); ++i) {
         Tensor& g = grads[i];
         const Tensor& in = args.inputs[i];

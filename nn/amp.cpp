@@ -1,12 +1,13 @@
-// GradScaler (nn/amp.h): the host logic, the CPU rules, and the calls into the fused GPU kernels
-// (nn/optim.cu: scaler_check, scaler_update; the optimizer's fused step reads the flags).
+// GradScaler (nn/amp.h): the host logic, the CPU rules, and the calls into the GPU passes
+// (nn/amp.cu: scaler_check, scaler_update; the optimizer's fused step reads the flags).
 #include "dyngrad/nn/amp.h"
 
 #include <cmath>
 
+#include "dyngrad/nn/grad_passes.h"
 #include "dyngrad/nn/optim.h"
-#include "dyngrad/ops/elementwise.h"
 #include "dyngrad/nn/optim_kernels.h"
+#include "dyngrad/ops/elementwise.h"
 
 namespace dyngrad {
 
@@ -54,12 +55,10 @@ GradScaler::GradScaler(const GradScalerOptions& o) : options_(o) {
 
 void GradScaler::place(const Device& device) {
     if (scale_.device() == device) return;
-#if DYNGRAD_WITH_CUDA
     if (device.is_cuda())
         cuda::refuse_in_capture(device.index, "GradScaler",
                                 "its first use on a device moves its state there (host-to-device copies); run one "
                                 "step eagerly before capturing (CapturedStep's warm-up run does)");
-#endif
     for (Tensor* t : {&scale_, &inv_scale_, &found_inf_, &one_, &tracker_, &skips_}) *t = t->to(device);
 }
 
@@ -84,12 +83,10 @@ void GradScaler::check(Optimizer& optimizer, bool unscale) {
     const Device device = grads.empty() ? scale_.device() : grads.front()->device();
     place(device);
     if (device.is_cuda()) {
-#if DYNGRAD_WITH_CUDA
         if (unscale)
             for (Tensor* grad : grads) grad->bump_version();
         cuda::scaler_check(device.index, cuda::grad_operands(grads), scale_.data<float>(), inv_scale_.data<float>(),
                            found_inf_.data<float>(), unscale);
-#endif
         return;
     }
     const float inv = static_cast<float>(1.0 / static_cast<double>(scale_.data<float>()[0]));
@@ -147,16 +144,14 @@ void GradScaler::update() {
     ++updates_;
     for (Tensor* t : {&scale_, &tracker_, &skips_}) t->bump_version();
     if (scale_.device().is_cuda()) {
-#if DYNGRAD_WITH_CUDA
         const cuda::ScalerRule rule{options_.growth_factor, options_.backoff_factor, options_.min_scale,
                                     options_.growth_interval, options_.max_consecutive_skips};
         cuda::scaler_update(scale_.device().index, rule, scale_.data<float>(),
                             reinterpret_cast<long long*>(tracker_.data<std::int64_t>()),
                             reinterpret_cast<long long*>(skips_.data<std::int64_t>()), found_inf_.data<float>());
-#endif
         return;
     }
-    // The rule of scaler_update_kernel (nn/optim.cu), in the same float arithmetic.
+    // The rule of scaler_update_kernel (nn/amp.cu), in the same float arithmetic.
     float& scale = scale_.data<float>()[0];
     std::int64_t& tracker = tracker_.data<std::int64_t>()[0];
     std::int64_t& skips = skips_.data<std::int64_t>()[0];

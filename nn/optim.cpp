@@ -1,11 +1,9 @@
-// Optimizers, gradient clipping and checkpoints (nn/optim.h); the schedules: nn/schedules.cpp. CPU parameters
-// are updated here with Eigen, one tensor at a time; CUDA parameters are gathered per device and updated by the
-// fused multi-tensor kernels of nn/optim.cu. Both backends apply the same formulas in the same order
-// (nn/optim_kernels.h holds the per-step scalars they share).
-// Over 600 lines: the optimizer base (groups, device tables, checkpoint state), SGD and Adam share its helpers.
+// Optimizers and checkpoints (nn/optim.h); the schedules: nn/schedules.cpp; clipping: nn/clip.cpp; loss
+// scaling: nn/amp.cpp. CPU parameters are updated here one tensor at a time; CUDA parameters are gathered per
+// device and updated by the fused multi-tensor kernels of nn/optim.cu. Both backends call the same per-element
+// rules (nn/optim_math.h).
 #include "dyngrad/nn/optim.h"
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -13,11 +11,8 @@
 #include <set>
 
 #include "dyngrad/core/device_memory.h"
-#include "dyngrad/nn/amp.h"
 #include "dyngrad/nn/optim_kernels.h"
 #include "dyngrad/nn/optim_shared.h"
-#include "dyngrad/ops/elementwise.h"
-#include "dyngrad/ops/reduce.h"
 
 namespace dyngrad {
 
@@ -25,20 +20,9 @@ using optim_detail::check_group_count;
 using optim_detail::check_no_extra;
 using optim_detail::check_non_negative;
 using optim_detail::entry;
-using optim_detail::type_entry;
+using optim_detail::check_type_entry;
 
 namespace {
-
-template <typename T>
-using Array1 = Eigen::Array<T, Eigen::Dynamic, 1>;
-template <typename T>
-Eigen::Map<Array1<T>> map(const Tensor& t) {
-    return {t.data<T>(), t.numel()};
-}
-template <typename T>
-Eigen::Map<const Array1<T>> map_const(const Tensor& t) {
-    return {t.data<T>(), t.numel()};
-}
 
 // The state of parameter i, for the state accessors.
 template <typename State>
@@ -65,40 +49,33 @@ Tensor& state_for(Tensor& state, const Parameter& p) {
     return state;
 }
 
-// param, grad, buffer (n): the formulas of SgdScalars. `buffer` is undefined without momentum.
+// param, grad, buffer (n), one element at a time through the rule the fused kernels apply (nn/optim_math.h).
+// `buffer` is undefined without momentum.
 template <typename T>
-void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& buffer, const SgdScalars& h,
-                double inv_scale) {
-    auto p = map<T>(param);
-    Array1<T> g = map_const<T>(grad);
-    if (inv_scale != 1) g *= static_cast<T>(inv_scale);
-    if (h.weight_decay != 0) g += static_cast<T>(h.weight_decay) * p;
-    if (buffer.defined()) {
-        auto b = map<T>(buffer);
-        const auto momentum = static_cast<T>(h.momentum);
-        b = momentum * b + g;
-        if (h.nesterov != 0) g += momentum * b;
-        else g = b;
-    }
-    p -= static_cast<T>(h.lr) * g;
+void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& buffer, const SgdRule<T>& rule) {
+    T* p = param.data<T>();
+    const T* g = grad.data<T>();
+    T* b = buffer.defined() ? buffer.data<T>() : nullptr;
+    T unused = T(0);
+    for (std::int64_t i = 0; i < param.numel(); ++i) rule(p[i], g[i], b != nullptr ? b[i] : unused);
 }
 
-// param, grad, m, v (n); the formulas of AdamScalars.
+// param, grad, m, v (n), as sgd_update.
 template <typename T>
 void adam_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                 const AdamScalars& s, double inv_scale) {
-    auto p = map<T>(param);
-    auto m = map<T>(exp_avg);
-    auto v = map<T>(exp_avg_sq);
-    if (s.decay != 1) p *= static_cast<T>(s.decay);
-    Array1<T> g = map_const<T>(grad);
-    if (inv_scale != 1) g *= static_cast<T>(inv_scale);
-    if (s.l2 != 0) g += static_cast<T>(s.l2) * p;
-    m = static_cast<T>(s.beta1) * m + static_cast<T>(s.one_minus_beta1) * g;
-    v = static_cast<T>(s.beta2) * v + static_cast<T>(s.one_minus_beta2) * g.square();
-    p -= static_cast<T>(s.step_size) * m / (v.sqrt() / static_cast<T>(s.bias2_sqrt) + static_cast<T>(s.eps));
+                 const AdamRule<T>& rule) {
+    T* p = param.data<T>();
+    const T* g = grad.data<T>();
+    T* m = exp_avg.data<T>();
+    T* v = exp_avg_sq.data<T>();
+    for (std::int64_t i = 0; i < param.numel(); ++i) rule(p[i], g[i], m[i], v[i]);
 }
 
+// The CPU rules' unscaling: by the gate's inverse scale where it is not 1.
+template <typename T>
+Unscale<T> cpu_unscale(double inv_scale) {
+    return {static_cast<T>(inv_scale), inv_scale != 1};
+}
 
 // ---- checkpoint entries ----
 
@@ -117,57 +94,6 @@ GroupSettings settings_from_row(const double* row) {
 }
 
 }  // namespace
-
-// ---- shared with the schedules (nn/optim_shared.h) ----
-
-namespace optim_detail {
-
-void check_non_negative(const std::string& who, const char* what, double value) {
-    if (!(value >= 0) || !std::isfinite(value))
-        throw ValueError(str(who, ": ", what, " must be finite and non-negative, got ", value));
-}
-
-const Tensor& entry(const TensorMap& tensors, const std::string& key, DType dtype, const Shape& shape,
-                    const std::string& source) {
-    const auto found = tensors.find(key);
-    if (found == tensors.end()) throw IoError(str("checkpoint '", source, "' has no tensor '", key, "'"));
-    const Tensor& t = found->second;
-    if (t.dtype() != dtype)
-        throw DTypeError(str("checkpoint '", source, "': tensor '", key, "' is ", dtype_name(t.dtype()), ", expected ",
-                             dtype_name(dtype)));
-    if (t.shape() != shape)
-        throw ShapeError(str("checkpoint '", source, "': tensor '", key, "' has shape ", to_string(t.shape()),
-                             ", expected ", to_string(shape)));
-    return t;
-}
-
-void check_group_count(const TensorMap& tensors, const std::string& key, std::int64_t groups, const std::string& what,
-                       const std::string& source) {
-    const auto found = tensors.find(key);
-    if (found == tensors.end() || found->second.rank() != 1) return;  // entry() names what is wrong with it
-    const std::int64_t saved = found->second.shape()[0];
-    if (saved != groups)
-        throw ValueError(str("checkpoint '", source, "': tensor '", key, "' holds ", saved, " ", what, " there and ",
-                             groups, " here (another group layout)"));
-}
-
-void check_no_extra(const TensorMap& tensors, const std::string& prefix, const std::set<std::string>& used,
-                    const std::string& source) {
-    for (const auto& [key, value] : tensors)
-        if (key.starts_with(prefix) && !used.contains(key))
-            throw IoError(str("checkpoint '", source, "' has tensor '", key,
-                              "' that this optimizer or schedule does not have"));
-}
-
-const std::string& type_entry(const SafetensorsMetadata& metadata, const char* key, const char* what,
-                              const std::string& source) {
-    const auto found = metadata.find(key);
-    if (found == metadata.end())
-        throw IoError(str("checkpoint '", source, "' holds no ", what, " state (no metadata '", key, "')"));
-    return found->second;
-}
-
-}  // namespace optim_detail
 
 // ---- Optimizer ----
 
@@ -233,7 +159,6 @@ const GroupSettings& Optimizer::settings(std::size_t group) const {
 }
 
 void Optimizer::pull_device_scalars() const {
-#if DYNGRAD_WITH_CUDA
     for (const auto& [device, on] : tables_->by_device) {
         // Before next_lrs may queue a kernel: a host read inside a capture is a GraphError.
         cuda::refuse_in_capture(device, str(name(), ": a host read of the lr or step counts").c_str(),
@@ -244,7 +169,6 @@ void Optimizer::pull_device_scalars() const {
         for (std::size_t i = 0; i < parameters_.size(); ++i)
             if (parameters_[i].value().device() == Device::cuda(device)) steps_[i] = steps.data<std::int64_t>()[i];
     }
-#endif
 }
 
 bool Optimizer::gate_skips(const Gate* gate, const Device& device) {
@@ -266,13 +190,11 @@ double Optimizer::gate_inv_scale(const Gate* gate) {
 
 std::vector<std::pair<std::string, Tensor>> Optimizer::device_scalars() const {
     std::vector<std::pair<std::string, Tensor>> out;
-#if DYNGRAD_WITH_CUDA
     for (const auto& [device, on] : tables_->by_device) {
         out.emplace_back(str("lr.cuda", device), on.lrs);
         out.emplace_back(str("steps.cuda", device), on.steps);
         out.emplace_back(str("lr_overrides.cuda", device), on.lr_overrides);
     }
-#endif
     return out;
 }
 
@@ -319,10 +241,8 @@ void Optimizer::set_lr(std::size_t group, double lr) {
     if (group >= groups_.size())
         throw IndexError(str(name(), ": parameter group ", group, " does not exist (", groups_.size(), " groups)"));
     set_host_lr(group, lr);
-#if DYNGRAD_WITH_CUDA
     // A fill kernel with the value as its argument: stream-ordered and capturable.
     for (auto& [device, on] : tables_->by_device) on.write_lr(device, group, lr);
-#endif
 }
 
 void Optimizer::set_host_lr(std::size_t group, double lr) {
@@ -355,9 +275,7 @@ void Optimizer::save_state(TensorMap& tensors, SafetensorsMetadata& metadata) co
 
 std::function<void()> Optimizer::stage_state(const TensorMap& tensors, const SafetensorsMetadata& metadata,
                                              const std::string& source) {
-    const std::string& type = type_entry(metadata, kOptimizerType, "optimizer", source);
-    if (type != name())
-        throw ValueError(str("checkpoint '", source, "' holds the state of a ", type, " optimizer, not of ", name()));
+    check_type_entry(metadata, kOptimizerType, "optimizer", name(), source);
     const std::string prefix = kOptimizerPrefix;
     std::set<std::string> used;
     const auto read = [&](const std::string& key, DType dtype, const Shape& shape) -> const Tensor& {
@@ -414,7 +332,6 @@ std::function<void()> Optimizer::stage_state(const TensorMap& tensors, const Saf
         groups_ = std::move(new_groups);
         steps_ = std::move(new_steps);
         state_ = std::move(new_state);
-#if DYNGRAD_WITH_CUDA
         // The device scalars keep their addresses (a captured step reads them) and take the loaded values.
         std::vector<double> lrs;
         for (const Group& group : groups_) lrs.push_back(group.settings.lr);
@@ -425,12 +342,38 @@ std::function<void()> Optimizer::stage_state(const TensorMap& tensors, const Saf
             target.copy_from(Tensor::from_vector(lrs, {static_cast<std::int64_t>(lrs.size())}, DType::f64));
             on.steps.copy_from(Tensor::from_vector(steps_, {static_cast<std::int64_t>(steps_.size())}));
         }
-#endif
     };
 }
 
 void Optimizer::load_state(const TensorMap& tensors, const SafetensorsMetadata& metadata, const std::string& source) {
     stage_state(tensors, metadata, source)();
+}
+
+// ---- the frame of every update ----
+
+void Optimizer::run_update(const std::vector<std::size_t>& ready, const Gate* gate, const Tensor* clip,
+                           const StepRule& rule) {
+    bool skip = false;
+    for (const std::size_t i : ready) skip = gate_skips(gate, parameters_[i].value().device()) || skip;
+    if (skip) return;  // a CPU step the scaler skips (on a GPU the kernel reads the flag)
+    const double inv_scale = gate_inv_scale(gate);
+    // The device scalars start from the host's counts, before this step advances them.
+    for (const std::size_t i : ready)
+        if (const Device d = parameters_[i].value().device(); d.is_cuda()) tables_->on(d.index, groups_, steps_, name());
+    std::map<int, std::vector<cuda::StepOperands>> on_gpu;
+    for (const std::size_t i : ready) {
+        const Tensor& value = parameters_[i].value();
+        ++steps_[i];
+        // An in-place write (here on the CPU, in the fused launch below on a GPU): a recorded graph whose
+        // backward still needs the old value now refuses to run (Tensor::bump_version).
+        value.bump_version();
+        if (value.device().is_cpu()) rule.cpu(i, inv_scale);
+        else on_gpu[value.device().index].push_back(rule.gpu(i));
+    }
+    for (const auto& [device, tensors] : on_gpu) {
+        auto& on = tables_->on(device, groups_, steps_, name());
+        if (rule.fused(on.table, tensors, on.state(gate, clip))) on.launched();
+    }
 }
 
 // ---- SGD ----
@@ -477,50 +420,29 @@ SgdOptions SGD::options(std::size_t group) const {
     return {.lr = s.lr, .momentum = s.momentum, .nesterov = s.nesterov, .weight_decay = s.weight_decay};
 }
 
-void SGD::update(const Gate* gate, [[maybe_unused]] const Tensor* clip) {
+void SGD::update(const Gate* gate, const Tensor* clip) {
     // Everything that can throw happens before the first update: an error leaves every parameter as it was.
     const std::vector<std::size_t> ready = with_grad();
     for (const std::size_t i : ready)
         if (groups_[group_of_[i]].settings.momentum != 0) state_for(state_[i][0], parameters_[i]);
-    bool skip = false;
-    for (const std::size_t i : ready) skip = gate_skips(gate, parameters_[i].value().device()) || skip;
-    if (skip) return;  // a CPU step the scaler skips (on a GPU the kernel reads the flag)
-    const double inv_scale = gate_inv_scale(gate);
-#if DYNGRAD_WITH_CUDA
-    // The device scalars start from the host's counts, before this step advances them.
-    for (const std::size_t i : ready)
-        if (const Device d = parameters_[i].value().device(); d.is_cuda()) tables_->on(d.index, groups_, steps_, name());
-    std::map<int, std::vector<cuda::StepOperands>> on_gpu;
-#endif
-    for (const std::size_t i : ready) {
+    const auto buffer_of = [this](std::size_t i) {
+        return groups_[group_of_[i]].settings.momentum != 0 ? state_[i][0] : Tensor();
+    };
+    const auto on_cpu = [&](std::size_t i, double inv_scale) {
         const GroupSettings& s = groups_[group_of_[i]].settings;
         const Tensor& value = parameters_[i].value();
-        const Tensor& grad = parameters_[i].grad();
-        const Tensor buffer = s.momentum != 0 ? state_[i][0] : Tensor();
-        ++steps_[i];
-        // An in-place write (here on the CPU, in the fused launch below on a GPU): a recorded graph whose
-        // backward still needs the old value now refuses to run (Tensor::bump_version).
-        value.bump_version();
-        if (value.device().is_cpu()) {
-            const SgdScalars scalars{s.lr, s.momentum, s.weight_decay, s.nesterov ? 1.0 : 0.0};
-            dispatch_floating(value.dtype(), "SGD",
-                              [&]<typename T>() { sgd_update<T>(value, grad, buffer, scalars, inv_scale); });
-            continue;
-        }
-#if DYNGRAD_WITH_CUDA
-        on_gpu[value.device().index].push_back({value.dtype(), value.raw_data(), grad.raw_data(),
-                                                buffer.defined() ? buffer.raw_data() : nullptr, nullptr,
-                                                value.numel(), {s.momentum, s.weight_decay, s.nesterov ? 1.0 : 0.0},
-                                                static_cast<std::int32_t>(group_of_[i]),
-                                                static_cast<std::int32_t>(i)});
-#endif
-    }
-#if DYNGRAD_WITH_CUDA
-    for (const auto& [device, tensors] : on_gpu) {
-        auto& on = tables_->on(device, groups_, steps_, name());
-        if (cuda::sgd_step(on.table, tensors, on.state(gate, clip))) on.launched();
-    }
-#endif
+        const Tensor buffer = buffer_of(i);
+        dispatch_floating(value.dtype(), "SGD", [&]<typename T>() {
+            sgd_update<T>(value, parameters_[i].grad(), buffer,
+                          SgdRule<T>(s.lr, s.momentum, s.weight_decay, s.nesterov, buffer.defined(),
+                                     cpu_unscale<T>(inv_scale)));
+        });
+    };
+    const auto on_gpu = [&](std::size_t i) {
+        const GroupSettings& s = groups_[group_of_[i]].settings;
+        return StepRule::operands(*this, i, buffer_of(i), Tensor(), {s.momentum, s.weight_decay, s.nesterov ? 1.0 : 0.0});
+    };
+    run_update(ready, gate, clip, StepRule{on_cpu, on_gpu, cuda::sgd_step});
 }
 
 std::int64_t Optimizer::step_count(std::size_t parameter) const {
@@ -559,50 +481,28 @@ AdamOptions Adam::options(std::size_t group) const {
     return {.lr = s.lr, .beta1 = s.beta1, .beta2 = s.beta2, .eps = s.eps, .weight_decay = s.weight_decay};
 }
 
-void Adam::update(const Gate* gate, [[maybe_unused]] const Tensor* clip) {
+void Adam::update(const Gate* gate, const Tensor* clip) {
     const std::vector<std::size_t> ready = with_grad();
     for (const std::size_t i : ready) {
         state_for(state_[i][0], parameters_[i]);
         state_for(state_[i][1], parameters_[i]);
     }
-    bool skip = false;
-    for (const std::size_t i : ready) skip = gate_skips(gate, parameters_[i].value().device()) || skip;
-    if (skip) return;  // a CPU step the scaler skips (on a GPU the kernel reads the flag)
-    const double inv_scale = gate_inv_scale(gate);
-#if DYNGRAD_WITH_CUDA
-    // The device scalars start from the host's counts, before this step advances them.
-    for (const std::size_t i : ready)
-        if (const Device d = parameters_[i].value().device(); d.is_cuda()) tables_->on(d.index, groups_, steps_, name());
-    std::map<int, std::vector<cuda::StepOperands>> on_gpu;
-#endif
-    for (const std::size_t i : ready) {
+    const auto on_cpu = [&](std::size_t i, double inv_scale) {
         const GroupSettings& s = groups_[group_of_[i]].settings;
         const Tensor& value = parameters_[i].value();
-        const Tensor& grad = parameters_[i].grad();
-        ++steps_[i];
-        value.bump_version();
-        if (value.device().is_cpu()) {
-            const AdamScalars scalars = adam_scalars(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, decoupled_, steps_[i]);
-            dispatch_floating(value.dtype(), name(), [&]<typename T>() {
-                adam_update<T>(value, grad, state_[i][0], state_[i][1], scalars, inv_scale);
-            });
-            continue;
-        }
-#if DYNGRAD_WITH_CUDA
-        // The lr and the step count (hence the bias corrections) are read on the device (nn/optim.cu).
-        on_gpu[value.device().index].push_back({value.dtype(), value.raw_data(), grad.raw_data(),
-                                                state_[i][0].raw_data(), state_[i][1].raw_data(), value.numel(),
-                                                {s.beta1, s.beta2, s.eps, s.weight_decay, decoupled_ ? 1.0 : 0.0},
-                                                static_cast<std::int32_t>(group_of_[i]),
-                                                static_cast<std::int32_t>(i)});
-#endif
-    }
-#if DYNGRAD_WITH_CUDA
-    for (const auto& [device, tensors] : on_gpu) {
-        auto& on = tables_->on(device, groups_, steps_, name());
-        if (cuda::adam_step(on.table, tensors, on.state(gate, clip))) on.launched();
-    }
-#endif
+        const AdamScalars scalars = adam_scalars(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, decoupled_, steps_[i]);
+        dispatch_floating(value.dtype(), name(), [&]<typename T>() {
+            adam_update<T>(value, parameters_[i].grad(), state_[i][0], state_[i][1],
+                           AdamRule<T>(scalars, cpu_unscale<T>(inv_scale)));
+        });
+    };
+    // On a GPU the lr and the step count (hence the bias corrections) are read on the device (nn/optim.cu).
+    const auto on_gpu = [&](std::size_t i) {
+        const GroupSettings& s = groups_[group_of_[i]].settings;
+        return StepRule::operands(*this, i, state_[i][0], state_[i][1],
+                                  {s.beta1, s.beta2, s.eps, s.weight_decay, decoupled_ ? 1.0 : 0.0});
+    };
+    run_update(ready, gate, clip, StepRule{on_cpu, on_gpu, cuda::adam_step});
 }
 
 const Tensor& Adam::exp_avg(std::size_t i) const { return state_at(state_, i, name())[0]; }
@@ -614,182 +514,5 @@ AdamW::AdamW(std::vector<Parameter> parameters, const AdamOptions& options)
     : Adam(one_group(std::move(parameters)), options, true) {}
 
 AdamW::AdamW(std::vector<ParamGroup> groups, const AdamOptions& defaults) : Adam(std::move(groups), defaults, true) {}
-
-// ---- gradient clipping ----
-
-// The gradients clipping and loss scaling act on: trainable parameters that have one. For scale_in_place they
-// are made exclusive (a gradient may share storage with a graph's values or another gradient) so that scaling
-// one in place touches nothing else. A reader copies nothing: a parameter's gradient is shared with its leaf in
-// the graph until the graph goes, so the copies cost every gradient's size again (256 MiB at the f16 MLP 4096
-// step's peak, GradScaler::step) and a device copy of each.
-std::vector<Tensor*> gradient_targets(const std::vector<Parameter>& parameters, const char* what, GradientUse use) {
-    std::vector<Tensor*> grads;
-    for (std::size_t i = 0; i < parameters.size(); ++i) {
-        const Parameter& p = parameters[i];
-        if (!p.defined()) throw ValueError(str(what, ": parameter ", i, " is undefined"));
-        if (!p.requires_grad() || !p.grad().defined()) continue;
-        const Tensor& grad = p.grad();
-        if (grad.shape() != p.value().shape() || grad.dtype() != p.value().dtype())
-            throw ValueError(str(what, ": parameter '", p.name(), "' ", describe(p.value()), " has a gradient ",
-                                 describe(grad), "; call zero_grad() after changing a parameter"));
-        if (!grads.empty() && grad.device() != grads.front()->device())
-            throw DeviceError(str(what, ": gradients on several devices (", describe(*grads.front()), " and '",
-                                  p.name(), "' ", describe(grad), "); clip each device's parameters separately"));
-        grads.push_back(&const_cast<Parameter&>(p).grad_slot());
-    }
-    if (use == GradientUse::scale_in_place)
-        for (Tensor* grad : grads)
-            if (!grad->owns_storage_exclusively()) *grad = grad->clone();
-    return grads;
-}
-
-namespace {
-
-void check_clip_arguments(const char* who, double max_norm, double norm_type, double eps) {
-    if (!(max_norm >= 0)) throw ValueError(str(who, ": max_norm must be non-negative, got ", max_norm));
-    if (!(norm_type > 0)) throw ValueError(str(who, ": norm_type must be positive, got ", norm_type));
-    if (!(eps >= 0) || !std::isfinite(eps))
-        throw ValueError(str(who, ": eps must be finite and non-negative, got ", eps));
-}
-
-DType norm_dtype_of(const std::vector<Tensor*>& grads) {
-    const bool any_f64 = std::any_of(grads.begin(), grads.end(), [](const Tensor* g) { return g->dtype() == DType::f64; });
-    return any_f64 ? DType::f64 : DType::f32;
-}
-
-}  // namespace
-
-Tensor Optimizer::clip_grad_norm_and_step(double max_norm, double norm_type, double eps) {
-    constexpr const char* kWho = "clip_grad_norm_and_step";
-    check_clip_arguments(kWho, max_norm, norm_type, eps);
-    const std::vector<Tensor*> grads = gradient_targets(parameters_, kWho);
-#if DYNGRAD_WITH_CUDA
-    if (!grads.empty() && grads.front()->device().is_cuda()) {
-        // The norm's kernel leaves the coefficient on the device; the step's kernel clips as it reads.
-        const Device device = grads.front()->device();
-        Tensor norm = Tensor::empty({}, norm_dtype_of(grads), device);
-        Tensor coefficient = Tensor::empty({}, DType::f64, device);
-        cuda::clip_norm(device.index, cuda::grad_operands(grads), max_norm, norm_type, eps, norm, &coefficient);
-        update(nullptr, &coefficient);
-        return norm;
-    }
-#endif
-    Tensor norm = clip_grad_norm(parameters_, max_norm, norm_type, eps);
-    step();
-    return norm;
-}
-
-Tensor clip_grad_norm(const std::vector<Parameter>& parameters, double max_norm, double norm_type, double eps) {
-    check_clip_arguments("clip_grad_norm", max_norm, norm_type, eps);
-    const std::vector<Tensor*> grads = gradient_targets(parameters, "clip_grad_norm");
-    if (grads.empty()) return Tensor::zeros({});
-    const DType norm_dtype = norm_dtype_of(grads);
-    [[maybe_unused]] const Device device = grads.front()->device();
-#if DYNGRAD_WITH_CUDA
-    if (device.is_cuda()) {
-        Tensor norm = Tensor::empty({}, norm_dtype, device);
-        cuda::clip_norm(device.index, cuda::grad_operands(grads), max_norm, norm_type, eps, norm);
-        return norm;
-    }
-#endif
-    const bool infinity = std::isinf(norm_type);
-    double total = 0;  // Σ|g|^p, or max |g| (NaN propagates, as in PyTorch)
-    for (const Tensor* grad : grads)
-        dispatch_floating(grad->dtype(), "clip_grad_norm", [&]<typename T>() {
-            const T* g = grad->data<T>();
-            for (std::int64_t i = 0; i < grad->numel(); ++i) {
-                const double a = std::abs(static_cast<double>(g[i]));
-                if (infinity) total = (a > total || std::isnan(a)) ? a : total;
-                else if (norm_type == 2) total += a * a;
-                else if (norm_type == 1) total += a;
-                else total += std::pow(a, norm_type);
-            }
-        });
-    const double norm = infinity ? total : norm_type == 2 ? std::sqrt(total) : std::pow(total, 1 / norm_type);
-    const double coefficient = max_norm / (norm + eps);
-    if (coefficient < 1 || std::isnan(coefficient))
-        for (Tensor* grad : grads) {
-            grad->bump_version();
-            dispatch_floating(grad->dtype(), "clip_grad_norm",
-                              [&]<typename T>() { map<T>(*grad) *= static_cast<T>(coefficient); });
-        }
-    return Tensor::full({}, norm, norm_dtype);
-}
-
-// The norm through eager ops in float64 on the gradients' device, each gradient's part read back to the host
-// and checked before anything is scaled; only error_if_nonfinite pays for it (PyTorch synchronises for it too).
-Tensor clip_grad_norm(const std::vector<Parameter>& parameters, double max_norm, double norm_type,
-                      bool error_if_nonfinite, double eps) {
-    if (!error_if_nonfinite) return clip_grad_norm(parameters, max_norm, norm_type, eps);
-    check_clip_arguments("clip_grad_norm", max_norm, norm_type, eps);
-    double total = 0;
-    for (const Tensor* grad : gradient_targets(parameters, "clip_grad_norm", GradientUse::read)) {
-        const Tensor magnitude = abs(grad->to(DType::f64).reshaped({-1}));
-        if (!std::isinf(norm_type)) {
-            total += sum(pow(magnitude, norm_type)).item();
-        } else if (magnitude.numel() > 0) {
-            const double largest = max(magnitude, 0).item();  // NaN when any element is (max's NaN rule)
-            total = std::isnan(largest) || largest > total ? largest : total;
-        }
-        if (std::isnan(total)) break;
-    }
-    if (!std::isfinite(total))
-        throw NumericalError(str("clip_grad_norm: the total norm of order ", norm_type, " of the gradients is ", total,
-                                 " (error_if_nonfinite=true); the gradients are left unchanged"));
-    return clip_grad_norm(parameters, max_norm, norm_type, eps);
-}
-
-void clip_grad_value(const std::vector<Parameter>& parameters, double clip_value) {
-    if (!(clip_value >= 0)) throw ValueError(str("clip_grad_value: clip_value must be non-negative, got ", clip_value));
-    const std::vector<Tensor*> grads = gradient_targets(parameters, "clip_grad_value");
-    if (grads.empty()) return;
-    for (Tensor* grad : grads) grad->bump_version();
-#if DYNGRAD_WITH_CUDA
-    if (grads.front()->device().is_cuda()) {
-        cuda::clip_value(grads.front()->device().index, cuda::grad_operands(grads), clip_value);
-        return;
-    }
-#endif
-    for (Tensor* grad : grads)
-        dispatch_floating(grad->dtype(), "clip_grad_value", [&]<typename T>() {
-            const auto bound = static_cast<T>(clip_value);
-            map<T>(*grad) = map<T>(*grad).max(-bound).min(bound);
-        });
-}
-
-// ---- checkpoints ----
-
-void save_checkpoint(const std::filesystem::path& path, const Module& model, const Optimizer& optimizer,
-                     const LRScheduler* schedule, const GradScaler* scaler) {
-    if (schedule != nullptr && &schedule->optimizer() != &optimizer)
-        throw ValueError(str("save_checkpoint: the ", schedule->name(), " schedule drives another optimizer than the ",
-                             optimizer.name(), " given"));
-    TensorMap tensors = named_tensors(model);
-    SafetensorsMetadata metadata;
-    optimizer.save_state(tensors, metadata);
-    if (schedule != nullptr) schedule->save_state(tensors, metadata);
-    if (scaler != nullptr) scaler->save_state(tensors, metadata);
-    save_safetensors(path, tensors, metadata);
-}
-
-void load_checkpoint(const std::filesystem::path& path, Module& model, Optimizer& optimizer, LRScheduler* schedule,
-                     GradScaler* scaler) {
-    if (schedule != nullptr && &schedule->optimizer() != &optimizer)
-        throw ValueError(str("load_checkpoint: the ", schedule->name(), " schedule drives another optimizer than the ",
-                             optimizer.name(), " given"));
-    SafetensorsMetadata metadata;
-    const TensorMap tensors = load_safetensors(path, &metadata);
-    const std::string source = path.string();
-    // Optimizer and schedule are checked first, the model is checked and written, then the rest is applied.
-    const std::function<void()> apply_optimizer = optimizer.stage_state(tensors, metadata, source);
-    const std::function<void()> apply_schedule =
-        schedule != nullptr ? schedule->stage_state(tensors, metadata, source) : std::function<void()>([] {});
-    const std::function<void()> apply_scaler =
-        scaler != nullptr ? scaler->stage_state(tensors, metadata, source) : std::function<void()>([] {});
-    load_parameters(model, tensors, source);
-    apply_optimizer();
-    apply_schedule();
-    apply_scaler();
-}
 
 }  // namespace dyngrad

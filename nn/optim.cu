@@ -4,10 +4,9 @@
 // and one kernel launch updates every chunk of one dtype, kStepSlices blocks per chunk. Each chunk carries its
 // parameter's scalars (its group's lr and weight decay, its own Adam step's bias corrections).
 // In a captured step the table, and with it the hyper-parameters (lr, ...), is frozen into the graph.
-// Gradient clipping (clip_norm, clip_value) is here too.
-// The formulas and their order match the Eigen updates in nn/optim.cpp, which are the reference.
-// Over 600 lines: the step kernels, the device-side schedule and loss-scale logic they read, and clipping share the
-// chunk table and its launch helpers (the optimizer wing's split into files by role is the op-row issue's item 5).
+// Each element is updated by the rule the CPU loop applies (SgdRule, AdamRule: nn/optim_math.h); here are the
+// chunking, the device-side scalars (lr, step counts, a deferred schedule advance) and the fused clip factor.
+// Clipping: nn/clip.cu; GradScaler's passes: nn/amp.cu.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -35,8 +34,6 @@ constexpr unsigned kStepSlices = 16;
 constexpr std::int64_t kStepSlice = kStepChunk / kStepSlices;
 constexpr unsigned kThreads = 256;
 static_assert(sizeof(StepChunk) % sizeof(std::int64_t) == 0, "the table is stored as int64 words");
-
-using std::sqrt;
 
 // Whether this block's slice of its chunk holds elements. A small tensor's chunk has one or a few non-empty
 // slices of the kStepSlices the grid gives every chunk; the empty blocks leave at once and take no part in
@@ -120,22 +117,31 @@ __device__ double block_scheduled_lr(const StepState& s, int group) {
     return lr;
 }
 
+// Whether this block updates its slice: not when the slice is empty, nor when GradScaler skips the step (the
+// block then still takes part in finishing it: a schedule's step is not skipped).
+__device__ inline bool block_updates(const StepChunk& c, const StepState& s) {
+    if (slice_is_empty(c)) return false;
+    if (s.found_inf != nullptr && *s.found_inf != 0) {
+        finish_block(c, s, false);
+        return false;
+    }
+    return true;
+}
+
+// The rules' unscaling in a step gated by GradScaler: by its inverse scale (read on the device).
+template <typename T>
+__device__ inline Unscale<T> step_unscale(const StepState& s) {
+    return s.inv_scale != nullptr ? Unscale<T>{static_cast<T>(*s.inv_scale), true} : Unscale<T>{};
+}
+
 // chunks[blockIdx.x]: param, grad, momentum buffer (null without momentum), all (n); scalars: momentum,
 // weight_decay, nesterov; the lr from the device (group's slot).
 template <typename T>
 __global__ void sgd_kernel(const StepChunk* __restrict__ chunks, StepState s) {
     const StepChunk& c = chunks[blockIdx.x];
-    if (slice_is_empty(c)) return;
-    if (s.found_inf != nullptr && *s.found_inf != 0) {  // GradScaler: the step is skipped (a schedule's is not)
-        finish_block(c, s, false);
-        return;
-    }
-    const T lr = static_cast<T>(s.schedule.count == 0 ? s.lrs[c.group] : block_scheduled_lr(s, c.group)),
-            momentum = static_cast<T>(c.scalars[0]),
-            weight_decay = static_cast<T>(c.scalars[1]);
-    const bool nesterov = c.scalars[2] != 0;
-    const bool unscale = s.inv_scale != nullptr;
-    const T inv_scale = unscale ? static_cast<T>(*s.inv_scale) : T(1);
+    if (!block_updates(c, s)) return;
+    const SgdRule<T> rule(s.schedule.count == 0 ? s.lrs[c.group] : block_scheduled_lr(s, c.group), c.scalars[0],
+                          c.scalars[1], c.scalars[2] != 0, c.state1 != nullptr, step_unscale<T>(s));
     const double clip = s.clip != nullptr ? *s.clip : 1.0;
     const T clip_scale = static_cast<T>(clip);
     T* __restrict__ p = static_cast<T*>(c.param);
@@ -146,13 +152,7 @@ __global__ void sgd_kernel(const StepChunk* __restrict__ chunks, StepState s) {
     // One element: w, its gradient gi (written back when clipped) and momentum buffer value b, in place.
     const auto update = [&](T& w, T& gi, T& b) {
         if (clip != 1.0) gi = gi * clip_scale;  // clip_grad_norm's scaling pass, fused: the same product
-        T d = unscale ? gi * inv_scale : gi;
-        if (weight_decay != T(0)) d = d + weight_decay * w;
-        if (buffer != nullptr) {
-            b = momentum * b + d;
-            d = nesterov ? d + momentum * b : b;
-        }
-        w = w - lr * d;
+        rule(w, gi, b);
     };
     // 16-byte packs (float4: 353 µs against 300 for PyTorch's multi-tensor SGD over the 67M parameters of the
     // MLP 4096, one float per load), then the slice's scalar tail. Slices start at multiples of kStepSlice
@@ -201,11 +201,7 @@ static_assert(kStepSlice % kThreads == 0, "a slice is a whole number of elements
 template <typename T>
 __global__ void adam_kernel(const StepChunk* __restrict__ chunks, StepState s) {
     const StepChunk& c = chunks[blockIdx.x];
-    if (slice_is_empty(c)) return;
-    if (s.found_inf != nullptr && *s.found_inf != 0) {  // GradScaler: the step is skipped (a schedule's is not)
-        finish_block(c, s, false);
-        return;
-    }
+    if (!block_updates(c, s)) return;
     static_assert(kThreads >= 3 * 32, "warps 0, 1 and 2 evaluate the scalars");
     __shared__ double shared_lr, shared_bias1, shared_bias2_sqrt;
     if (threadIdx.x == 0) {
@@ -220,8 +216,7 @@ __global__ void adam_kernel(const StepChunk* __restrict__ chunks, StepState s) {
     const double beta1_setting = c.scalars[0], beta2_setting = c.scalars[1], eps_setting = c.scalars[2],
                  weight_decay_setting = c.scalars[3];
     const bool decoupled = c.scalars[4] != 0;
-    const bool unscale = s.inv_scale != nullptr;
-    const T inv_scale = unscale ? static_cast<T>(*s.inv_scale) : T(1);
+    const Unscale<T> unscale = step_unscale<T>(s);
     const double clip = s.clip != nullptr ? *s.clip : 1.0;
     const T clip_scale = static_cast<T>(clip);
     T* __restrict__ p = static_cast<T*>(c.param);
@@ -242,30 +237,23 @@ __global__ void adam_kernel(const StepChunk* __restrict__ chunks, StepState s) {
         }
     }
     __syncthreads();
-    const AdamScalars k = adam_scalars_from(shared_lr, beta1_setting, beta2_setting, eps_setting,
-                                            weight_decay_setting, decoupled, shared_bias1, shared_bias2_sqrt);
-    const T beta1 = static_cast<T>(k.beta1), one_minus_beta1 = static_cast<T>(k.one_minus_beta1),
-            beta2 = static_cast<T>(k.beta2), one_minus_beta2 = static_cast<T>(k.one_minus_beta2),
-            eps = static_cast<T>(k.eps), l2 = static_cast<T>(k.l2), decay = static_cast<T>(k.decay),
-            step_size = static_cast<T>(k.step_size), bias2_sqrt = static_cast<T>(k.bias2_sqrt);
+    const AdamRule<T> rule(adam_scalars_from(shared_lr, beta1_setting, beta2_setting, eps_setting,
+                                             weight_decay_setting, decoupled, shared_bias1, shared_bias2_sqrt),
+                           unscale);
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
         const std::int64_t i = begin + j * static_cast<std::int64_t>(kThreads);
         if (i >= end) break;
-        T wj = w[j];
-        if (decay != T(1)) wj = wj * decay;
         T gj = d[j];
         if (clip != 1.0) {  // clip_grad_norm's scaling pass, fused: the same product, written back
             gj = gj * clip_scale;
             g[i] = gj;
         }
-        T dj = unscale ? gj * inv_scale : gj;
-        if (l2 != T(0)) dj = dj + l2 * wj;
-        const T mi = beta1 * m_old[j] + one_minus_beta1 * dj;
-        const T vi = beta2 * v_old[j] + one_minus_beta2 * (dj * dj);
+        T wj = w[j], mi = m_old[j], vi = v_old[j];
+        rule(wj, gj, mi, vi);
         m[i] = mi;
         v[i] = vi;
-        p[i] = wj - step_size * mi / (sqrt(vi) / bias2_sqrt + eps);
+        p[i] = wj;
     }
     finish_block(c, s, true);
 }
@@ -402,26 +390,31 @@ const StepChunk* StepTable::upload(const std::vector<StepChunk>& chunks) {
 
 // ---- steps ----
 
-bool sgd_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state) {
+namespace {
+
+// One launch per dtype group of the kernel kernel_of(T{}) returns for element type T (sgd_kernel, adam_kernel).
+template <typename KernelOf>
+bool fused_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state, const char* who,
+                KernelOf kernel_of) {
     DeviceContext& ctx = context(table.device());
     return for_each_group(table, tensors, [&](const Group& group, const StepChunk* chunks, bool last) {
         const StepState s = launch_state(state, tensors, group, last, ctx);
-        dispatch_floating(group.dtype, "SGD", [&]<typename T>() {
-            sgd_kernel<T><<<dim3(static_cast<unsigned>(group.count), kStepSlices), kThreads, 0, ctx.stream>>>(chunks, s);
+        dispatch_floating(group.dtype, who, [&]<typename T>() {
+            const auto kernel = kernel_of(T{});
+            kernel<<<dim3(static_cast<unsigned>(group.count), kStepSlices), kThreads, 0, ctx.stream>>>(chunks, s);
             DG_CUDA_CHECK_LAUNCH();
         });
     });
 }
 
+}  // namespace
+
+bool sgd_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state) {
+    return fused_step(table, tensors, state, "SGD", [](auto zero) { return &sgd_kernel<decltype(zero)>; });
+}
+
 bool adam_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state) {
-    DeviceContext& ctx = context(table.device());
-    return for_each_group(table, tensors, [&](const Group& group, const StepChunk* chunks, bool last) {
-        const StepState s = launch_state(state, tensors, group, last, ctx);
-        dispatch_floating(group.dtype, "Adam", [&]<typename T>() {
-            adam_kernel<T><<<dim3(static_cast<unsigned>(group.count), kStepSlices), kThreads, 0, ctx.stream>>>(chunks, s);
-            DG_CUDA_CHECK_LAUNCH();
-        });
-    });
+    return fused_step(table, tensors, state, "Adam", [](auto zero) { return &adam_kernel<decltype(zero)>; });
 }
 
 void refuse_in_capture(int device, const char* what, const char* why) { throw_if_capturing(device, what, why); }
@@ -436,328 +429,6 @@ void next_lrs(int device, const StepState& state, double* out) {
     DeviceContext& ctx = context(device);
     schedule_kernel<<<1, 1, 0, ctx.stream>>>(state, out);
     DG_CUDA_CHECK_LAUNCH();
-}
-
-// ---- gradient clipping ----
-
-namespace {
-
-// Up to kClipBatch gradients of one dtype, passed by value as a kernel argument (no table to upload, so
-// nothing waits on the host and a captured step keeps its own copy). Every pass over them is one launch of a
-// flat grid: kStepSlice elements (8 per thread) per block, tensor after tensor; first_block is the prefix
-// sum of the tensors' block counts, and a block finds its tensor by a binary search of it. The norm's
-// partial sums used to run one block per 32K-element chunk: 128 dependent loads per thread and, for the
-// GPT's 10.8M parameters, 64 blocks per launch in 6 launches (ncu: 28 µs for lenet's 61k parameters, 400 µs
-// for the GPT, where the bytes need 20 µs).
-constexpr int kClipBatch = 120;  // 120 · 24 bytes: the argument stays under the 4 KB of every CUDA version
-struct ClipBatch {
-    void* data[kClipBatch];
-    std::int64_t n[kClipBatch];
-    std::int64_t first_block[kClipBatch + 1];  // first_block[count]: the launch's blocks
-    std::int64_t first_partial;  // index of this launch's first block in the norm's partial sums
-    int count;
-};
-
-struct BlockSlice {
-    int tensor;
-    std::int64_t begin;  // this thread's first element
-    std::int64_t end;    // the slice's end
-};
-
-// The tensor and slice of this block: the last tensor whose first block is at most blockIdx.x (tensors
-// without elements are never put in a batch, so that is the tensor holding the block).
-__device__ inline BlockSlice block_slice(const ClipBatch& batch) {
-    const auto block = static_cast<std::int64_t>(blockIdx.x);
-    int low = 0, high = batch.count - 1;
-    while (low < high) {
-        const int middle = (low + high + 1) / 2;
-        if (batch.first_block[middle] <= block) low = middle;
-        else high = middle - 1;
-    }
-    const std::int64_t slice_start = (block - batch.first_block[low]) * kStepSlice;
-    return {low, slice_start + threadIdx.x, std::min(batch.n[low], slice_start + kStepSlice)};
-}
-
-enum class NormKind { One, Two, Infinity, Other };
-
-template <typename T>
-__device__ double norm_term(T value, NormKind kind, double p) {
-    const double a = fabs(static_cast<double>(value));
-    switch (kind) {
-        case NormKind::One: return a;
-        case NormKind::Two: return a * a;
-        case NormKind::Infinity: return a;
-        default: return pow(a, p);
-    }
-}
-
-__device__ double combine(double a, double b, NormKind kind) {
-    if (kind != NormKind::Infinity) return a + b;
-    return (b > a || isnan(b)) ? b : a;  // max with NaN propagation
-}
-
-// Reduces the block's `value` in a fixed order (deterministic); thread 0 gets the result.
-__device__ double block_reduce(double value, NormKind kind) {
-    __shared__ double lanes[kThreads];
-    lanes[threadIdx.x] = value;
-    __syncthreads();
-    for (unsigned stride = kThreads / 2; stride > 0; stride /= 2) {
-        if (threadIdx.x < stride) lanes[threadIdx.x] = combine(lanes[threadIdx.x], lanes[threadIdx.x + stride], kind);
-        __syncthreads();
-    }
-    return lanes[0];
-}
-
-// The norm and clip coefficient from the partial sums: their total in a fixed order (deterministic),
-// norm = total^(1/p) (into `norm`, of type N) and min(1, max_norm / (norm + eps)) (NaN propagates) into
-// *coefficient. Run by one whole block.
-template <typename N>
-__device__ void finish_norm(const double* partials, std::int64_t count, NormKind kind, double p, double max_norm,
-                            double eps, N* norm, double* coefficient) {
-    double acc = 0;
-    // ld.cg: the other blocks' partials, past this SM's L1.
-    for (std::int64_t i = threadIdx.x; i < count; i += blockDim.x) acc = combine(acc, __ldcg(partials + i), kind);
-    acc = block_reduce(acc, kind);
-    if (threadIdx.x != 0) return;
-    const double total = kind == NormKind::Infinity || kind == NormKind::One ? acc
-                         : kind == NormKind::Two                           ? sqrt(acc)
-                                                                           : pow(acc, 1 / p);
-    *norm = static_cast<N>(total);
-    const double c = max_norm / (total + eps);
-    *coefficient = (c < 1 || isnan(c)) ? c : 1.0;
-}
-
-// Block b: Σ|g|^p (or max |g|) over its slice into partials[first_partial + b]. A fixed number of elements per
-// thread, unrolled, so that the loads are all in flight before the (ordered, deterministic) accumulation.
-// The last block to finish, over all of the norm's launches (`total_blocks`, counted in `finished`, which
-// it resets to 0), reduces the partials to the norm and coefficient (finish_norm): no separate launch.
-template <typename T, typename N>
-__global__ void norm_partials_kernel(ClipBatch batch, NormKind kind, double p, double* __restrict__ partials,
-                                     std::int64_t total_blocks, unsigned* __restrict__ finished, double max_norm,
-                                     double eps, N* __restrict__ norm, double* __restrict__ coefficient) {
-    const BlockSlice slice = block_slice(batch);
-    const T* __restrict__ g = static_cast<const T*>(batch.data[slice.tensor]);
-    T values[kPerThread];
-#pragma unroll
-    for (int k = 0; k < kPerThread; ++k) {
-        const std::int64_t i = slice.begin + k * static_cast<std::int64_t>(kThreads);
-        values[k] = i < slice.end ? g[i] : T(0);
-    }
-    double acc = 0;
-#pragma unroll
-    for (int k = 0; k < kPerThread; ++k)
-        if (slice.begin + k * static_cast<std::int64_t>(kThreads) < slice.end)
-            acc = combine(acc, norm_term(values[k], kind, p), kind);
-    acc = block_reduce(acc, kind);
-    __shared__ bool last;
-    if (threadIdx.x == 0) {
-        partials[batch.first_partial + blockIdx.x] = acc;
-        __threadfence();  // the partial is visible device-wide before this block counts as finished
-        last = static_cast<std::int64_t>(atomicAdd(finished, 1u)) + 1 == total_blocks;
-    }
-    __syncthreads();  // also: every thread is done with block_reduce's lanes before finish_norm reuses them
-    if (!last) return;
-    __threadfence();
-    finish_norm(partials, total_blocks, kind, p, max_norm, eps, norm, coefficient);
-    if (threadIdx.x == 0) *finished = 0;
-}
-
-template <typename T>
-__global__ void scale_kernel(ClipBatch batch, const double* __restrict__ coefficient) {
-    const double c = *coefficient;
-    if (c == 1.0) return;
-    const BlockSlice slice = block_slice(batch);
-    T* __restrict__ g = static_cast<T*>(batch.data[slice.tensor]);
-    const T scale = static_cast<T>(c);
-    for (std::int64_t i = slice.begin; i < slice.end; i += blockDim.x) g[i] = g[i] * scale;
-}
-
-template <typename T>
-__global__ void clamp_kernel(ClipBatch batch, T bound) {
-    const BlockSlice slice = block_slice(batch);
-    T* __restrict__ g = static_cast<T*>(batch.data[slice.tensor]);
-    for (std::int64_t i = slice.begin; i < slice.end; i += blockDim.x) {
-        const T v = g[i];
-        g[i] = v < -bound ? -bound : (v > bound ? bound : v);  // NaN stays NaN, as torch.clamp
-    }
-}
-
-// A launch's grid stays well inside gridDim.x's 2^31 − 1 blocks.
-constexpr std::int64_t kMaxClipBlocks = std::int64_t{1} << 30;
-
-// Calls launch(dtype, batch, blocks) over batches of up to kClipBatch gradients of one dtype (a gradient
-// larger than kMaxClipBlocks slices is cut into several entries); returns the blocks launched in all, which
-// is the number of partial sums the norm writes.
-// DTypeError unless every gradient is f32 or f64 (the batched kernels' types): called before anything is queued,
-// so a refused call changes no state (a bf16/f16 gradient would otherwise be skipped).
-void require_batch_dtypes(std::span<const GradOperand> grads, const char* what) {
-    for (const GradOperand& g : grads)
-        if (g.dtype != DType::f32 && g.dtype != DType::f64)
-            throw DTypeError(str(what, ": gradients must be float32 or float64 on the GPU, got ", dtype_name(g.dtype)));
-}
-
-template <typename Launch>
-std::int64_t for_each_batch(std::span<const GradOperand> grads, const char* what, Launch launch) {
-    require_batch_dtypes(grads, what);
-    std::int64_t blocks_so_far = 0;
-    for (const DType dtype : {DType::f32, DType::f64}) {
-        ClipBatch batch{};
-        const auto flush = [&] {
-            if (batch.count == 0) return;
-            const std::int64_t blocks = batch.first_block[batch.count];
-            launch(dtype, batch, static_cast<unsigned>(blocks));
-            blocks_so_far += blocks;
-            batch.count = 0;
-            batch.first_block[0] = 0;
-        };
-        for (const GradOperand& g : grads) {
-            if (g.dtype != dtype) continue;
-            const auto width = static_cast<std::int64_t>(dtype_size(dtype));
-            for (std::int64_t offset = 0; offset < g.numel;) {
-                if (batch.count == 0) batch.first_partial = blocks_so_far;
-                const std::int64_t room = kMaxClipBlocks - batch.first_block[batch.count];
-                const std::int64_t n = std::min(g.numel - offset, room * kStepSlice);
-                batch.data[batch.count] = static_cast<char*>(g.data) + offset * width;
-                batch.n[batch.count] = n;
-                batch.first_block[batch.count + 1] = batch.first_block[batch.count] + (n + kStepSlice - 1) / kStepSlice;
-                offset += n;
-                if (++batch.count == kClipBatch || batch.first_block[batch.count] == kMaxClipBlocks) flush();
-            }
-        }
-        flush();
-    }
-    return blocks_so_far;
-}
-
-}  // namespace
-
-void clip_norm(int device, std::span<const GradOperand> grads, double max_norm, double norm_type, double eps,
-               Tensor& norm, Tensor* coefficient_out) {
-    DeviceContext& ctx = context(device);
-    const NormKind kind = std::isinf(norm_type) ? NormKind::Infinity
-                          : norm_type == 1      ? NormKind::One
-                          : norm_type == 2      ? NormKind::Two
-                                                : NormKind::Other;
-    std::int64_t blocks = 0;  // one partial sum per block of norm_partials_kernel
-    for (const GradOperand& g : grads) blocks += (g.numel + kStepSlice - 1) / kStepSlice;
-    if (blocks == 0) {  // only empty gradients: the norm is 0 and nothing is scaled
-        DG_CUDA_CHECK(cudaMemsetAsync(norm.raw_data(), 0, dtype_size(norm.dtype()), ctx.stream));
-        if (coefficient_out != nullptr) coefficient_out->fill(1.0);
-        return;
-    }
-    // Pool memory, stream-ordered: freed when these tensors go, after the kernels queued below.
-    const Tensor partials = Tensor::empty({std::max<std::int64_t>(blocks, 1)}, DType::f64, Device::cuda(device));
-    const Tensor coefficient =
-        coefficient_out != nullptr ? *coefficient_out : Tensor::empty({}, DType::f64, Device::cuda(device));
-    auto* partial_sums = static_cast<double*>(partials.raw_data());
-    auto* c = static_cast<double*>(coefficient.raw_data());
-    dispatch_floating(norm.dtype(), "clip_grad_norm", [&]<typename N>() {
-        for_each_batch(grads, "clip_grad_norm", [&](DType dtype, const ClipBatch& batch, unsigned grid) {
-            dispatch_floating(dtype, "clip_grad_norm", [&]<typename T>() {
-                norm_partials_kernel<T, N><<<grid, kThreads, 0, ctx.stream>>>(
-                    batch, kind, norm_type, partial_sums, blocks, ctx.block_counter, max_norm, eps,
-                    static_cast<N*>(norm.raw_data()), c);
-                DG_CUDA_CHECK_LAUNCH();
-            });
-        });
-    });
-    if (coefficient_out != nullptr) return;  // a fused step applies it
-    for_each_batch(grads, "clip_grad_norm", [&](DType dtype, const ClipBatch& batch, unsigned grid) {
-        dispatch_floating(dtype, "clip_grad_norm", [&]<typename T>() {
-            scale_kernel<T><<<grid, kThreads, 0, ctx.stream>>>(batch, c);
-            DG_CUDA_CHECK_LAUNCH();
-        });
-    });
-}
-
-// ---- loss scaling (GradScaler, nn/amp.h) ----
-
-namespace {
-
-// One thread: inv_scale = 1/scale (in double, rounded to float, as PyTorch) and found_inf = 0.
-__global__ void scaler_prepare_kernel(const float* __restrict__ scale, float* __restrict__ inv_scale,
-                                      float* __restrict__ found_inf) {
-    *inv_scale = static_cast<float>(1.0 / static_cast<double>(*scale));
-    *found_inf = 0.0f;
-}
-
-// Block b: its slice of the batch; found_inf = 1 where grad·inv_scale is not finite (every writer writes 1,
-// so the race is benign); with `unscale`, the products are written back.
-template <typename T>
-__global__ void scaler_check_kernel(ClipBatch batch, const float* __restrict__ inv_scale, float* __restrict__ found_inf,
-                                    bool unscale) {
-    const BlockSlice slice = block_slice(batch);
-    T* __restrict__ g = static_cast<T*>(batch.data[slice.tensor]);
-    const T inv = static_cast<T>(*inv_scale);
-    bool bad = false;
-    for (std::int64_t i = slice.begin; i < slice.end; i += blockDim.x) {
-        const T v = g[i] * inv;
-        bad = bad || !isfinite(v);
-        if (unscale) g[i] = v;
-    }
-    if (__syncthreads_or(bad) && threadIdx.x == 0) *found_inf = 1.0f;
-}
-
-__global__ void scaler_update_kernel(ScalerRule rule, float* __restrict__ scale, long long* __restrict__ tracker,
-                                     long long* __restrict__ skips, const float* __restrict__ found_inf,
-                                     DeviceErrorRecord* record) {
-    if (*found_inf != 0.0f) {
-        const float backed_off = static_cast<float>(static_cast<double>(*scale) * rule.backoff);
-        *scale = backed_off;
-        *tracker = 0;
-        const long long skipped = *skips + 1;
-        *skips = skipped;
-        if (skipped >= rule.max_skips && static_cast<double>(backed_off) < rule.min_scale &&
-            atomicCAS(&record->code, static_cast<int>(DeviceErrorCode::none),
-                      static_cast<int>(DeviceErrorCode::loss_scale_collapsed)) == static_cast<int>(DeviceErrorCode::none)) {
-            record->index = skipped;
-            record->value = __float_as_int(backed_off);
-            record->bound = 0;
-        }
-        return;
-    }
-    *skips = 0;
-    const long long successful = *tracker + 1;
-    if (successful == rule.interval) {
-        const float grown = static_cast<float>(static_cast<double>(*scale) * rule.growth);
-        if (isfinite(grown)) *scale = grown;
-        *tracker = 0;
-    } else {
-        *tracker = successful;
-    }
-}
-
-}  // namespace
-
-void scaler_check(int device, std::span<const GradOperand> grads, const float* scale, float* inv_scale,
-                  float* found_inf, bool unscale) {
-    DeviceContext& ctx = context(device);
-    require_batch_dtypes(grads, "GradScaler");  // before the prepare kernel resets found_inf
-    scaler_prepare_kernel<<<1, 1, 0, ctx.stream>>>(scale, inv_scale, found_inf);
-    DG_CUDA_CHECK_LAUNCH();
-    for_each_batch(grads, "GradScaler", [&](DType dtype, const ClipBatch& batch, unsigned grid) {
-        dispatch_floating(dtype, "GradScaler", [&]<typename T>() {
-            scaler_check_kernel<T><<<grid, kThreads, 0, ctx.stream>>>(batch, inv_scale, found_inf, unscale);
-            DG_CUDA_CHECK_LAUNCH();
-        });
-    });
-}
-
-void scaler_update(int device, const ScalerRule& rule, float* scale, long long* tracker, long long* skips,
-                   const float* found_inf) {
-    DeviceContext& ctx = context(device);
-    scaler_update_kernel<<<1, 1, 0, ctx.stream>>>(rule, scale, tracker, skips, found_inf, ctx.error_record_device);
-    DG_CUDA_CHECK_LAUNCH();
-}
-
-void clip_value(int device, std::span<const GradOperand> grads, double clip_value) {
-    DeviceContext& ctx = context(device);
-    for_each_batch(grads, "clip_grad_value", [&](DType dtype, const ClipBatch& batch, unsigned grid) {
-        dispatch_floating(dtype, "clip_grad_value", [&]<typename T>() {
-            clamp_kernel<T><<<grid, kThreads, 0, ctx.stream>>>(batch, static_cast<T>(clip_value));
-            DG_CUDA_CHECK_LAUNCH();
-        });
-    });
 }
 
 }  // namespace dyngrad::cuda

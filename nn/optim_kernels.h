@@ -1,106 +1,23 @@
-// Internal: what the optimizers (nn/optim.cpp) share with their fused CUDA steps (nn/optim.cu):
-// the hyper-parameters, the per-step scalars both backends derive from them in the same way, and the
-// GPU entry points with the cached device table of update chunks.
+// Internal: what the optimizers (nn/optim.cpp) share with their fused CUDA steps (nn/optim.cu): the GPU entry
+// points with the cached device table of update chunks. The formulas both backends apply: nn/optim_math.h.
+// Declared in every build; without CUDA they throw DeviceError (nn/optim_unavailable.cpp), and are never
+// reached, since no tensor lives on a GPU.
 #pragma once
 #include <array>
-#include <cmath>
 #include <cstdint>
 #include <span>
 #include <vector>
 
 #include "dyngrad/core/tensor.h"
-#include "dyngrad/nn/schedule_rule.h"
-#include "dyngrad/ops/elementwise_math.h"  // DG_HOST_DEVICE
-#if DYNGRAD_WITH_CUDA
 #include "dyngrad/cuda/runtime.h"
-#endif
+#include "dyngrad/nn/optim_math.h"
 
 namespace dyngrad {
-
-class Parameter;
-// What the caller of gradient_targets does with the gradients: only reads them (GradScaler's inf check without
-// unscaling), or scales them in place (clipping, unscale()), which needs each one's storage owned alone.
-enum class GradientUse { read, scale_in_place };
-// The trainable parameters' gradients for clipping and loss scaling (made exclusive for scale_in_place);
-// ValueError/DeviceError naming `what` (nn/optim.cpp).
-std::vector<Tensor*> gradient_targets(const std::vector<Parameter>& parameters, const char* what,
-                                      GradientUse use = GradientUse::scale_in_place);
-
-// The scalars of one SGD update of one parameter (its group's settings):
-//   g = grad + weight_decay·p;  buf = momentum·buf + g;  g = nesterov ? g + momentum·buf : buf;  p -= lr·g
-struct SgdScalars {
-    double lr = 0;
-    double momentum = 0;      // 0: no momentum buffer
-    double weight_decay = 0;  // L2
-    double nesterov = 0;      // 1: Nesterov (a double, so that the scalars are one array of doubles)
-};
-
-// The scalars of one Adam update at step t (from 1), with the bias corrections folded in:
-//   p *= decay;  g += l2·p;  m = β1·m + (1-β1)·g;  v = β2·v + (1-β2)·g²;
-//   p -= step_size · m / (√v / bias2_sqrt + eps)
-struct AdamScalars {
-    double beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
-    double l2;     // Adam's weight decay, 0 for AdamW
-    double decay;  // AdamW's 1 - lr·wd, 1 for Adam
-    double step_size;   // lr / (1 - β1^t)
-    double bias2_sqrt;  // √(1 - β2^t)
-};
-
-// The bias-correction pieces at step t, each its own expression so that the GPU kernel can evaluate them in
-// different warps at once (each a double pow); adam_scalars combines them with the lr, the same bits either way.
-DG_HOST_DEVICE double adam_bias1(double beta1, std::int64_t step) {
-    return 1 - ::pow(beta1, static_cast<double>(step));  // 1 - β1^t
-}
-DG_HOST_DEVICE double adam_bias2_sqrt(double beta2, std::int64_t step) {
-    return ::sqrt(1 - ::pow(beta2, static_cast<double>(step)));  // √(1 - β2^t)
-}
-DG_HOST_DEVICE AdamScalars adam_scalars_from(double lr, double beta1, double beta2, double eps, double weight_decay,
-                                             bool decoupled, double bias1, double bias2_sqrt) {
-    return {beta1,
-            1 - beta1,
-            beta2,
-            1 - beta2,
-            eps,
-            decoupled ? 0.0 : weight_decay,
-            decoupled ? 1 - lr * weight_decay : 1.0,
-            lr / bias1,
-            bias2_sqrt};
-}
-
-// One formula for both backends: the GPU kernel derives these from the device-resident lr and step count
-// (so a captured step advances them on every replay), the CPU update from the host ones.
-DG_HOST_DEVICE AdamScalars adam_scalars(double lr, double beta1, double beta2, double eps, double weight_decay,
-                                        bool decoupled, std::int64_t step) {
-    return adam_scalars_from(lr, beta1, beta2, eps, weight_decay, decoupled, adam_bias1(beta1, step),
-                             adam_bias2_sqrt(beta2, step));
-}
 
 // The per-group settings a GPU chunk carries (the lr and step count are read from device memory):
 // SGD: momentum, weight_decay, nesterov; Adam: beta1, beta2, eps, weight_decay, decoupled.
 inline constexpr int kStepScalars = 5;
 
-// The closed forms of the built-in schedules, shared by the host (LRScheduler::lr_for) and the kernel that
-// advances a schedule on the device (a captured scheduler.step() computes the next lr on every replay).
-DG_HOST_DEVICE double schedule_lr(const ScheduleRule& r, double base_lr, std::int64_t epoch) {
-    constexpr double kPi = 3.141592653589793;  // std::numbers::pi, usable in device code
-    switch (r.kind) {
-        case ScheduleKind::Step: return base_lr * ::pow(r.x, static_cast<double>(epoch / r.n1));
-        case ScheduleKind::Cosine: {
-            const double phase = kPi * static_cast<double>(epoch) / static_cast<double>(r.n1);
-            return r.x + (base_lr - r.x) * (1 + ::cos(phase)) / 2;
-        }
-        case ScheduleKind::WarmupCosine: {
-            // nanoGPT's: linear warm-up to the base lr, then a half cosine down to min_lr at total_steps.
-            if (epoch < r.n1) return base_lr * static_cast<double>(epoch + 1) / static_cast<double>(r.n1 + 1);
-            if (epoch >= r.n2) return r.x;
-            const double ratio = static_cast<double>(epoch - r.n1) / static_cast<double>(r.n2 - r.n1);
-            return r.x + (base_lr - r.x) * (1 + ::cos(kPi * ratio)) / 2;
-        }
-    }
-    return base_lr;
-}
-
-#if DYNGRAD_WITH_CUDA
 namespace cuda {
 
 // One tensor's update: param, grad and state (null where the rule keeps none) of `numel` elements of
@@ -215,42 +132,6 @@ void apply_schedule(int device, const StepState& state);
 // what a host read reports while a schedule advance is deferred.
 void next_lrs(int device, const StepState& state, double* out);
 
-// Gradient clipping on one device, queued on its stream with no host synchronisation. `grads` are
-// (pointer, numel, dtype) triples. clip_norm: the norm of all grads (into `norm`, a 0-d tensor of its
-// dtype on the device) and grads *= min(1, max_norm / (norm + eps)) read from the device.
-struct GradOperand {
-    DType dtype;
-    void* data;
-    std::int64_t numel;
-};
-inline std::vector<GradOperand> grad_operands(const std::vector<Tensor*>& grads) {
-    std::vector<GradOperand> out;
-    for (Tensor* grad : grads) out.push_back({grad->dtype(), grad->raw_data(), grad->numel()});
-    return out;
-}
-// With `coefficient` (a 0-d float64 tensor on the device), the coefficient is left there and the gradients
-// are not scaled: a fused step (StepState::clip) applies it.
-void clip_norm(int device, std::span<const GradOperand> grads, double max_norm, double norm_type, double eps,
-               Tensor& norm, Tensor* coefficient = nullptr);
-void clip_value(int device, std::span<const GradOperand> grads, double clip_value);
-
-// GradScaler (nn/amp.h) on one device, queued with no host synchronisation (capturable):
-// scaler_check: inv_scale = 1/scale (computed in double, rounded to float), found_inf = 0, then found_inf = 1
-// when any grad·inv_scale is not finite; with `unscale`, grads = grad·inv_scale in place as well.
-void scaler_check(int device, std::span<const GradOperand> grads, const float* scale, float* inv_scale,
-                  float* found_inf, bool unscale);
-// The scale update, PyTorch's rule: found_inf: scale *= backoff, tracker = 0, ++skips; else ++tracker,
-// skips = 0, and at tracker == interval: scale *= growth (when finite), tracker = 0. When skips reaches
-// max_skips with scale below min_scale, the device error record gets loss_scale_collapsed (NumericalError
-// at the next host synchronisation).
-struct ScalerRule {
-    double growth = 2, backoff = 0.5, min_scale = 1;
-    long long interval = 2000, max_skips = 16;
-};
-void scaler_update(int device, const ScalerRule& rule, float* scale, long long* tracker, long long* skips,
-                   const float* found_inf);
-
 }  // namespace cuda
-#endif
 
 }  // namespace dyngrad

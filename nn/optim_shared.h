@@ -1,8 +1,12 @@
 // Internal: what the optimizers (nn/optim.cpp) share with the schedules (nn/schedules.cpp): the optimizer's
-// per-device tables of scalars, which a schedule's step advances, the hyperparameter check and the checkpoint
-// entry readers. Not installed.
+// per-device tables of scalars, which a schedule's step advances, an update rule's backend halves, the
+// hyperparameter check and the checkpoint entry readers. Not installed. In a build without CUDA the tables stay
+// empty (no parameter lives on a GPU) and the GPU entry points they call are nn/optim_unavailable.cpp's.
 #pragma once
+#include <array>
+#include <functional>
 #include <map>
+#include <span>
 #include <set>
 #include <string>
 #include <vector>
@@ -15,7 +19,6 @@
 namespace dyngrad {
 
 struct Optimizer::DeviceTables {
-#if DYNGRAD_WITH_CUDA
     // What the fused steps of one device read: the chunk table and the device-resident scalars.
     struct OnDevice {
         explicit OnDevice(int device) : table(device) {}
@@ -104,7 +107,27 @@ struct Optimizer::DeviceTables {
         on.lr_overrides = std::move(overrides);
         return on;
     }
-#endif
+};
+
+struct Optimizer::StepRule {
+    std::function<void(std::size_t, double)> cpu;  // parameter i on the CPU, with the gate's inverse scale
+    std::function<cuda::StepOperands(std::size_t)> gpu;  // parameter i's operands for the fused kernel
+    bool (*fused)(cuda::StepTable&, std::span<const cuda::StepOperands>, const cuda::StepState&);
+
+    // Parameter i of `optimizer` with its gradient, state tensors (undefined: none) and group settings.
+    static cuda::StepOperands operands(const Optimizer& optimizer, std::size_t i, const Tensor& state1,
+                                       const Tensor& state2, const std::array<double, kStepScalars>& settings) {
+        const Tensor& value = optimizer.parameters_[i].value();
+        return {value.dtype(),
+                value.raw_data(),
+                optimizer.parameters_[i].grad().raw_data(),
+                state1.defined() ? state1.raw_data() : nullptr,
+                state2.defined() ? state2.raw_data() : nullptr,
+                value.numel(),
+                settings,
+                static_cast<std::int32_t>(optimizer.group_of_[i]),
+                static_cast<std::int32_t>(i)};
+    }
 };
 
 namespace optim_detail {
@@ -130,9 +153,10 @@ void check_group_count(const TensorMap& tensors, const std::string& key, std::in
 void check_no_extra(const TensorMap& tensors, const std::string& prefix, const std::set<std::string>& used,
                     const std::string& source);
 
-// The metadata entry `key` naming the optimizer or schedule type a checkpoint holds (IoError without one).
-const std::string& type_entry(const SafetensorsMetadata& metadata, const char* key, const char* what,
-                              const std::string& source);
+// ValueError unless the metadata entry `key` names `expected`, the optimizer or schedule type (`what`) being
+// loaded; IoError without one.
+void check_type_entry(const SafetensorsMetadata& metadata, const char* key, const char* what, const char* expected,
+                      const std::string& source);
 
 }  // namespace optim_detail
 

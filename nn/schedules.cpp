@@ -19,11 +19,10 @@ using optim_detail::check_non_negative;
 using optim_detail::entry;
 using optim_detail::kSchedulePrefix;
 using optim_detail::kScheduleType;
-using optim_detail::type_entry;
+using optim_detail::check_type_entry;
 
 // A schedule's epoch counter and base lrs on each device where its optimizer keeps device scalars.
 struct LRScheduler::DeviceEpochs {
-#if DYNGRAD_WITH_CUDA
     struct OnDevice {
         Tensor epoch;     // i64 (1)
         Tensor base_lrs;  // f64 (groups)
@@ -42,7 +41,6 @@ struct LRScheduler::DeviceEpochs {
                        Tensor::from_vector(base_lrs, {static_cast<std::int64_t>(base_lrs.size())}, DType::f64).to(where)};
         return by_device.emplace(device, std::move(fresh)).first->second;
     }
-#endif
 };
 
 LRScheduler::LRScheduler(Optimizer& optimizer) : optimizer_(optimizer), devices_(std::make_shared<DeviceEpochs>()) {
@@ -51,31 +49,24 @@ LRScheduler::LRScheduler(Optimizer& optimizer) : optimizer_(optimizer), devices_
 
 // The steps of this schedule the optimizer's next step on `device` applies (the device epoch lags by them).
 std::int64_t LRScheduler::deferred_steps(int device) const {
-#if DYNGRAD_WITH_CUDA
     const auto on = optimizer_.tables_->by_device.find(device);
     const auto mine = devices_->by_device.find(device);
     if (on != optimizer_.tables_->by_device.end() && mine != devices_->by_device.end())
         return on->second.deferred_steps_of(mine->second.epoch);
-#endif
-    static_cast<void>(device);
     return 0;
 }
 
 std::int64_t LRScheduler::epoch() const {
-#if DYNGRAD_WITH_CUDA
     if (!devices_->by_device.empty()) {
         const auto& [device, on] = *devices_->by_device.begin();
         epoch_ = on.epoch.to(Device::cpu()).data<std::int64_t>()[0] + deferred_steps(device);
     }
-#endif
     return epoch_;
 }
 
 std::vector<std::pair<std::string, Tensor>> LRScheduler::device_scalars() const {
     std::vector<std::pair<std::string, Tensor>> out;
-#if DYNGRAD_WITH_CUDA
     for (const auto& [device, on] : devices_->by_device) out.emplace_back(str("epoch.cuda", device), on.epoch);
-#endif
     return out;
 }
 
@@ -97,7 +88,6 @@ void LRScheduler::step() {
     // The host mirror (the truth for CPU parameters; on a GPU the device epoch is, as replays advance it).
     ++epoch_;
     for (std::size_t g = 0; g < base_lrs_.size(); ++g) optimizer_.set_host_lr(g, lr_for(base_lrs_[g], epoch_));
-#if DYNGRAD_WITH_CUDA
     const std::optional<ScheduleRule> rule = device_rule();
     for (auto& [device, scalars] : optimizer_.tables_->by_device) {
         if (!rule) {
@@ -113,7 +103,6 @@ void LRScheduler::step() {
         auto& on = devices_->on(device, epoch_ - 1, base_lrs_, name());
         scalars.defer_schedule_step(device, *rule, on.epoch, on.base_lrs);
     }
-#endif
 }
 
 void LRScheduler::save_state(TensorMap& tensors, SafetensorsMetadata& metadata) const {
@@ -126,9 +115,7 @@ void LRScheduler::save_state(TensorMap& tensors, SafetensorsMetadata& metadata) 
 
 std::function<void()> LRScheduler::stage_state(const TensorMap& tensors, const SafetensorsMetadata& metadata,
                                                const std::string& source) {
-    const std::string& type = type_entry(metadata, kScheduleType, "schedule", source);
-    if (type != name())
-        throw ValueError(str("checkpoint '", source, "' holds the state of a ", type, " schedule, not of ", name()));
+    check_type_entry(metadata, kScheduleType, "schedule", name(), source);
     const std::string prefix = kSchedulePrefix;
     const std::int64_t epoch = entry(tensors, prefix + "epoch", DType::i64, {1}, source).data<std::int64_t>()[0];
     if (epoch < 0) throw ValueError(str("checkpoint '", source, "': ", name(), " epoch ", epoch, " is negative"));
@@ -142,14 +129,12 @@ std::function<void()> LRScheduler::stage_state(const TensorMap& tensors, const S
     return [this, epoch, new_bases = std::move(new_bases)]() mutable {
         epoch_ = epoch;
         base_lrs_ = std::move(new_bases);
-#if DYNGRAD_WITH_CUDA
         for (auto& [device, on] : devices_->by_device) {  // in place: captured steps read these addresses
             // The device epoch lags the logical one by the steps the optimizer's next step applies.
             on.epoch.copy_from(Tensor::from_vector(std::vector<std::int64_t>{epoch_ - deferred_steps(device)}, {1}));
             on.base_lrs.copy_from(
                 Tensor::from_vector(base_lrs_, {static_cast<std::int64_t>(base_lrs_.size())}, DType::f64));
         }
-#endif
     };
 }
 
