@@ -223,8 +223,6 @@ Options parse_options(int argc, char** argv) {
                                   "ZeRO-3 units would hold); --zero 1 or 2 shard it");
     }
     o.model.seed = o.seed;
-    if (o.model.padded_vocab_size > 0 && o.model.vocab_size > 0)
-        o.model.padded_vocab_size = padded_vocabulary(o.model.vocab_size);
     if (!tokens) o.data = cli::existing_directory("--data", given("--data").value_or(o.data));
     return o;
 }
