@@ -17,6 +17,7 @@ import sys
 import tempfile
 
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.join(root, "bench"))
 import gpt2_report  # noqa: E402
 import torch_gpt  # noqa: E402
