@@ -55,4 +55,5 @@
 #include "dyngrad/nn/models.h"
 #include "dyngrad/nn/optim.h"
 #include "dyngrad/nn/recurrent.h"
+#include "dyngrad/nn/token_file.h"
 #include "dyngrad/nn/transformer.h"

@@ -14,12 +14,19 @@ with TF32 off (dyngrad's float32 is strict float32).
         --batch-order OUT_DIR/batch_order.txt --steps 300 --csv torch.csv [--compile] --device cuda
 
 scripts/run-gpt-compare.sh runs both programs and compares them.
+
+--model gpt2 is char_gpt's --model gpt2: GPT-2 small as llm.c builds it (12 layers, 12 heads, width 768, context
+1024, the vocabulary padded to a multiple of 64, the LM head tied to the token embedding, tanh GELU, AdamW beta2
+0.95), shrunk by --layers/--heads/--width/--context, on token files in llm.c's format (--train-tokens,
+--val-tokens, --vocab; samples/tokens.cpp writes them). scripts/run-gpt2-bench.sh runs it against char_gpt and
+llm.c. The last line of a CUDA run is `peak_memory_bytes=N` (torch.cuda.max_memory_allocated).
 """
 import argparse
 import contextlib
 import math
 import os
 import random
+import struct
 import sys
 import time
 
@@ -49,10 +56,55 @@ def read_corpus(directory):
     return bytes(vocabulary), tokens[:split], tokens[split:], len(names)
 
 
+TOKEN_FILE_MAGIC, TOKEN_FILE_VERSION, TOKEN_FILE_HEADER_INTS = 20240520, 1, 256  # llm.c's (nn/token_file.h)
+
+
+def read_token_header(path):
+    """The token count of a token file in llm.c's format; ValueError naming the file for a bad header or size."""
+    header_bytes = 4 * TOKEN_FILE_HEADER_INTS
+    size = os.path.getsize(path)
+    if size < header_bytes:
+        raise ValueError(f"token file '{path}' is truncated: {size} bytes, shorter than the {header_bytes}-byte header")
+    with open(path, "rb") as f:
+        magic, version, count = struct.unpack("<3i", f.read(12))
+    if magic != TOKEN_FILE_MAGIC:
+        raise ValueError(f"token file '{path}': bad magic {magic} (expected {TOKEN_FILE_MAGIC})")
+    if version != TOKEN_FILE_VERSION:
+        raise ValueError(f"token file '{path}': unsupported version {version} (expected {TOKEN_FILE_VERSION})")
+    if count < 1 or size != header_bytes + 2 * count:
+        raise ValueError(f"token file '{path}': {size} bytes, the header's {count} tokens make {header_bytes + 2 * count}")
+    return count
+
+
+def read_tokens(path, vocab_size):
+    """The tokens of a token file as an int64 tensor; ValueError naming the file and a token >= vocab_size."""
+    import torch
+
+    count = read_token_header(path)
+    with open(path, "rb") as f:
+        f.seek(4 * TOKEN_FILE_HEADER_INTS)
+        raw = bytearray(f.read(2 * count))
+    tokens = torch.frombuffer(raw, dtype=torch.int16).long() & 0xFFFF  # little-endian uint16
+    if int(tokens.max()) >= vocab_size:
+        position = int((tokens >= vocab_size).nonzero()[0])
+        raise ValueError(f"token file '{path}': token id {int(tokens[position])} at position {position} is outside "
+                         f"the vocabulary of {vocab_size}")
+    return tokens
+
+
+def padded_vocabulary(vocab_size):
+    """llm.c's padded vocabulary: vocab_size rounded up to a multiple of 64 (nn/transformer.h)."""
+    return (vocab_size + 63) // 64 * 64
+
+
 def build_model(vocab_size, args):
     import torch
     from torch import nn
     import torch.nn.functional as F
+
+    gpt2 = getattr(args, "model", "char") == "gpt2"
+    gelu = "tanh" if gpt2 else "none"
+    rows = padded_vocabulary(vocab_size) if gpt2 else vocab_size  # the embedding table (and LM head)
 
     class MultiheadAttention(nn.Module):
         def __init__(self):
@@ -77,7 +129,7 @@ def build_model(vocab_size, args):
             self.residual_dropout = nn.Dropout(args.dropout)
 
         def forward(self, x):
-            return self.residual_dropout(self.proj(F.gelu(self.fc(x))))
+            return self.residual_dropout(self.proj(F.gelu(self.fc(x), approximate=gelu)))
 
     class Block(nn.Module):
         def __init__(self):
@@ -94,11 +146,12 @@ def build_model(vocab_size, args):
     class GPT(nn.Module):
         def __init__(self):
             super().__init__()
-            self.token_embedding = nn.Embedding(vocab_size, args.width)
+            self.token_embedding = nn.Embedding(rows, args.width)
             self.position_embedding = nn.Embedding(args.context, args.width)
             self.blocks = nn.ModuleList(Block() for _ in range(args.layers))
             self.ln_f = nn.LayerNorm(args.width)
-            self.lm_head = nn.Linear(args.width, vocab_size, bias=False)
+            # GPT-2: the LM head is the token embedding (x @ weight.T), so there is no lm_head.weight.
+            self.lm_head = None if gpt2 else nn.Linear(args.width, rows, bias=False)
             self.embedding_dropout = nn.Dropout(args.dropout)
             # nanoGPT's initialisation (nn/transformer.h): normal(0, 0.02), zero biases, residual projections
             # normal(0, 0.02/sqrt(2·layers)).
@@ -116,7 +169,9 @@ def build_model(vocab_size, args):
             x = self.embedding_dropout(x)
             for block in self.blocks:
                 x = block(x)
-            return self.lm_head(self.ln_f(x))
+            h = self.ln_f(x)
+            logits = h @ self.token_embedding.weight.t() if self.lm_head is None else self.lm_head(h)
+            return logits[..., :vocab_size] if rows != vocab_size else logits
 
     return GPT()
 
@@ -158,12 +213,12 @@ def validation_loss(model, tokens, args, device, autocast=contextlib.nullcontext
     return total / args.eval_batches
 
 
-def prepare(args, vocabulary, train):
+def prepare(args, vocab_size, train):
     import torch
 
     os.makedirs(args.prepare, exist_ok=True)
     torch.manual_seed(args.seed)
-    model = build_model(len(vocabulary), args)
+    model = build_model(vocab_size, args)
     write_safetensors(os.path.join(args.prepare, "init.safetensors"), dict(model.state_dict()))
     rng = random.Random(args.seed)
     last = len(train) - args.context - 1
@@ -174,7 +229,7 @@ def prepare(args, vocabulary, train):
           f"parameters) and {args.prepare}/batch_order.txt ({args.steps} batches of {args.batch})")
 
 
-def train(args, vocabulary, train_tokens, validation_tokens):
+def train(args, vocab_size, train_tokens, validation_tokens):
     import torch
     import torch.nn.functional as F
 
@@ -182,7 +237,7 @@ def train(args, vocabulary, train_tokens, validation_tokens):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(args.seed)
-    model = build_model(len(vocabulary), args)
+    model = build_model(vocab_size, args)
     if args.init_weights:
         state = {}
         for name, (dtype, shape, raw) in read_safetensors(args.init_weights).items():
@@ -195,7 +250,7 @@ def train(args, vocabulary, train_tokens, validation_tokens):
     not_decayed = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decayed, "weight_decay": args.weight_decay},
                                    {"params": not_decayed, "weight_decay": 0.0}],
-                                  lr=args.lr, betas=(0.9, 0.99), eps=1e-8)
+                                  lr=args.lr, betas=(0.9, args.beta2), eps=1e-8)
     forward = torch.compile(model) if args.compile else model
     autocast_dtype = {"f32": None, "bf16": torch.bfloat16, "f16": torch.float16}[args.precision]
     # char_gpt's GradScaler has PyTorch's defaults (2^16, growth 2 every 2000 clean steps, backoff 0.5).
@@ -215,7 +270,7 @@ def train(args, vocabulary, train_tokens, validation_tokens):
     skipped_steps = 0
     last_scale = scaler.get_scale() if scaler.is_enabled() else 1.0
     mode = "torch.compile" if args.compile else "eager"
-    print(f"torch_gpt.py ({mode}, torch {torch.__version__}, {device}): {len(vocabulary)} distinct bytes, "
+    print(f"torch_gpt.py ({mode}, torch {torch.__version__}, {device}): vocabulary {vocab_size}, "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters", flush=True)
     model.train()
     for step in range(args.steps):
@@ -256,23 +311,38 @@ def train(args, vocabulary, train_tokens, validation_tokens):
             csv.write(f"{done},{value:.6f},{val},{lr:.8g},{args.batch * args.context / seconds:.1f},{scale:.8g},"
                       f"{skipped_steps}\n")
             csv.flush()
+    if device.type == "cuda":
+        print(f"peak_memory_bytes={torch.cuda.max_memory_allocated(device)}", flush=True)
 
 
-def main():
+# The settings whose defaults depend on --model (char_gpt's): character model, GPT-2 small.
+MODEL_DEFAULTS = {
+    "char": {"layers": 6, "heads": 6, "width": 384, "context": 256, "lr": 1e-3, "min_lr": 1e-4, "dropout": 0.2,
+             "beta2": 0.99},
+    "gpt2": {"layers": 12, "heads": 12, "width": 768, "context": 1024, "lr": 6e-4, "min_lr": 6e-5, "dropout": 0.0,
+             "beta2": 0.95},
+}
+
+
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default="/usr/share/games/fortunes")
-    parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--heads", type=int, default=6)
-    parser.add_argument("--width", type=int, default=384)
-    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--model", choices=sorted(MODEL_DEFAULTS), default="char")
+    parser.add_argument("--data", default=None, help="the text corpus (default /usr/share/games/fortunes)")
+    parser.add_argument("--train-tokens", help="a token file in llm.c's format (with --val-tokens) instead of --data")
+    parser.add_argument("--val-tokens")
+    parser.add_argument("--vocab", type=int, help="the token files' vocabulary (default 50257 with gpt2, else 256)")
+    parser.add_argument("--layers", type=int)
+    parser.add_argument("--heads", type=int)
+    parser.add_argument("--width", type=int)
+    parser.add_argument("--context", type=int)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=5000)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float)
     parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--min-lr", type=float, default=1e-4)
+    parser.add_argument("--min-lr", type=float)
     parser.add_argument("--weight-decay", type=float, default=0.1)
     parser.add_argument("--clip", type=float, default=1.0)
-    parser.add_argument("--dropout", type=float, default=0.2)
+    parser.add_argument("--dropout", type=float)
     parser.add_argument("--eval-every", type=int, default=250)
     parser.add_argument("--eval-batches", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
@@ -286,20 +356,43 @@ def main():
     parser.add_argument("--profile-step", type=int, metavar="N",
                         help="(cuda) step N alone between cudaProfilerStart/Stop, for ncu --profile-from-start off")
     parser.add_argument("--prepare", metavar="DIR", help="write DIR/init.safetensors and DIR/batch_order.txt, then stop")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    for name, value in MODEL_DEFAULTS[args.model].items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
     if args.width % args.heads:
         parser.error(f"--width {args.width} is not divisible by --heads {args.heads}")
     if not 0 <= args.warmup < args.steps:
         parser.error(f"--warmup {args.warmup} must be in [0, --steps {args.steps})")
+    if (args.train_tokens is None) != (args.val_tokens is None):
+        parser.error("--train-tokens and --val-tokens go together")
+    if args.train_tokens and args.data:
+        parser.error("--data and --train-tokens exclude each other")
+    if args.vocab is not None and not args.train_tokens:
+        parser.error("--vocab is for token files (the corpus makes its own)")
+    if args.train_tokens and args.vocab is None:
+        args.vocab = 50257 if args.model == "gpt2" else 256
+    args.data = args.data or "/usr/share/games/fortunes"
+    return args
 
-    vocabulary, train_tokens, validation_tokens, files = read_corpus(args.data)
+
+def main():
+    args = parse_args()
+    if args.train_tokens:
+        vocab_size = args.vocab
+        train_tokens, validation_tokens = (read_tokens(path, vocab_size) for path in (args.train_tokens, args.val_tokens))
+        source = f"{args.train_tokens} and {args.val_tokens}"
+    else:
+        vocabulary, train_tokens, validation_tokens, files = read_corpus(args.data)
+        vocab_size = len(vocabulary)
+        source = f"'{args.data}' ({files} files)"
     for split in (train_tokens, validation_tokens):
         if len(split) < args.context + 2:
-            sys.exit(f"torch_gpt.py: '{args.data}' ({files} files) is too short for --context {args.context}")
+            sys.exit(f"torch_gpt.py: {source} is too short for --context {args.context}")
     if args.prepare:
-        prepare(args, vocabulary, train_tokens)
+        prepare(args, vocab_size, train_tokens)
     else:
-        train(args, vocabulary, train_tokens, validation_tokens)
+        train(args, vocab_size, train_tokens, validation_tokens)
 
 
 if __name__ == "__main__":

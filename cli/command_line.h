@@ -15,6 +15,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <initializer_list>
@@ -203,6 +204,25 @@ inline std::string output_file(std::string_view option, std::string_view text) {
     if (!fs::is_directory(parent, error))
         throw UsageError(str(option, ": the directory of '", text, "' (", parent.string(), ") does not exist"));
     return std::string(text);
+}
+
+// A program's main(): parse() returns its options (a UsageError: the message and `usage` on stderr, status 2),
+// then run(options) returns the status (an exception: its message on a line of its own, status 1).
+template <typename Parse, typename Run>
+int run_program(const char* program, const char* usage, Parse parse, Run run) {
+    decltype(parse()) options;
+    try {
+        options = parse();
+    } catch (const UsageError& e) {
+        std::fprintf(stderr, "%s: %s\n%s", program, e.what(), usage);
+        return 2;
+    }
+    try {
+        return run(options);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "\n%s: %s\n", program, e.what());
+        return 1;
+    }
 }
 
 }  // namespace dyngrad::cli

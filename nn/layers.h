@@ -128,13 +128,14 @@ private:
 // (Sequential::skip_index) to keep the names of the layers after it.
 class Linear : public Module {
 public:
+    Linear() = default;  // no parameters: a placeholder (GPT's LM head when tied to the token embedding)
     Linear(std::int64_t in_features, std::int64_t out_features, bool bias, Generator& gen,
            Activation activation = Activation::None, Init init = Init::Torch);
     Var operator()(const Var& x, std::source_location where = std::source_location::current()) const;
 
     Parameter weight;
     Parameter bias;  // undefined without bias
-    Activation activation;
+    Activation activation = Activation::None;
 };
 
 // x (N,C,H,W), weight (K, C/groups, R, S), bias (K) -> y (N,K,P,Q); see conv2d (ops/conv.h).

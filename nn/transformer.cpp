@@ -8,6 +8,7 @@
 #include "dyngrad/ops/dropout_mask.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/layout.h"
+#include "dyngrad/ops/linalg.h"
 
 namespace dyngrad {
 
@@ -107,6 +108,7 @@ TransformerBlock::TransformerBlock(std::int64_t embed_dim, std::int64_t num_head
       ln2(Shape{embed_dim}),
       fc(make_linear(embed_dim, 4 * embed_dim, options.bias, kInitStd, gen)),
       proj(make_linear(4 * embed_dim, embed_dim, options.bias, options.residual_init_std, gen)),
+      gelu(options.gelu),
       residual_dropout_(options.dropout, derive_seed(options.seed, 2)) {
     register_module("ln1", ln1);
     register_module("attn", attn);
@@ -119,7 +121,7 @@ TransformerBlock::TransformerBlock(std::int64_t embed_dim, std::int64_t num_head
 }
 
 Var TransformerBlock::mlp(const Var& h, std::source_location where) const {
-    const Var hidden = gelu(linear_over_rows(fc, h, where), GeluApproximation::None, where);
+    const Var hidden = dyngrad::gelu(linear_over_rows(fc, h, where), gelu, where);
     return residual_dropout_(linear_over_rows(proj, hidden, where), where);
 }
 
@@ -159,7 +161,8 @@ TransformerOptions block_options(const GPTConfig& config, std::int64_t layer) {
             .dropout = config.dropout,
             .seed = derive_seed(config.seed, static_cast<std::uint64_t>(layer) + 1),
             .bias = config.bias,
-            .residual_init_std = kInitStd / std::sqrt(2.0 * static_cast<double>(config.layers))};
+            .residual_init_std = kInitStd / std::sqrt(2.0 * static_cast<double>(config.layers)),
+            .gelu = config.gelu};
 }
 
 const GPTConfig& checked(const GPTConfig& config) {
@@ -168,16 +171,40 @@ const GPTConfig& checked(const GPTConfig& config) {
     if (config.layers <= 0) throw ValueError(str("GPT: layers must be positive, got ", config.layers));
     check_heads("GPT", config.width, config.heads);
     check_dropout("GPT", config.dropout);
+    if (config.padded_vocab_size != 0 && config.padded_vocab_size < config.vocab_size)
+        throw ValueError(str("GPT: padded_vocab_size ", config.padded_vocab_size, " is below vocab_size ",
+                             config.vocab_size, " (0: no padding)"));
     return config;
 }
 }  // namespace
 
+std::int64_t padded_vocabulary(std::int64_t vocab) {
+    if (vocab <= 0) throw ValueError(str("padded_vocabulary: the vocabulary must be positive, got ", vocab));
+    constexpr std::int64_t kMultiple = 64;  // llm.c's padding
+    return (vocab + kMultiple - 1) / kMultiple * kMultiple;
+}
+
+GPTConfig gpt2_small() {
+    constexpr std::int64_t kGpt2Vocabulary = 50257;
+    return {.vocab_size = kGpt2Vocabulary,
+            .context = 1024,
+            .layers = 12,
+            .heads = 12,
+            .width = 768,
+            .dropout = 0.0,
+            .seed = 0,
+            .bias = true,
+            .padded_vocab_size = padded_vocabulary(kGpt2Vocabulary),
+            .tie_embeddings = true,
+            .gelu = GeluApproximation::Tanh};
+}
+
 GPT::GPT(const GPTConfig& config_, Generator& gen)
     : config(checked(config_)),
-      token_embedding(config.vocab_size, config.width, gen),
+      token_embedding(config.embedding_rows(), config.width, gen),
       position_embedding(config.context, config.width, gen),
       ln_f(Shape{config.width}),
-      lm_head(make_linear(config.width, config.vocab_size, false, kInitStd, gen)),
+      lm_head(config.tie_embeddings ? Linear() : make_linear(config.width, config.embedding_rows(), false, kInitStd, gen)),
       embedding_dropout_(config.dropout, derive_seed(config.seed, 0)) {
     fill_normal(token_embedding.weight, kInitStd, gen);
     register_module("token_embedding", token_embedding);
@@ -189,7 +216,7 @@ GPT::GPT(const GPTConfig& config_, Generator& gen)
     }
     register_module("blocks", block_names);
     register_module("ln_f", ln_f);
-    register_module("lm_head", lm_head);
+    if (!config.tie_embeddings) register_module("lm_head", lm_head);
     register_module("embedding_dropout", embedding_dropout_);
 }
 
@@ -201,7 +228,16 @@ Var GPT::operator()(const Var& tokens, std::source_location where) const {
                              " positions (the positional table's size)"));
     Var x = embedding_dropout_(position_embedding(token_embedding(tokens, where), where), where);
     for (const TransformerBlock& block : blocks) x = block(x, where);
-    return linear_over_rows(lm_head, ln_f(x, where), where);
+    const Var h = ln_f(x, where);
+    Var logits;
+    if (config.tie_embeddings) {
+        const Var table = h.graph().parameter(token_embedding.weight, where);  // (rows, E): the head's weight
+        logits = reshape(linear(reshape(h, {s[0] * s[1], config.width}, where), table, where),
+                         {s[0], s[1], config.embedding_rows()}, where);
+    } else {
+        logits = linear_over_rows(lm_head, h, where);
+    }
+    return config.embedding_rows() == config.vocab_size ? logits : narrow(logits, 2, 0, config.vocab_size, where);
 }
 
 }  // namespace dyngrad

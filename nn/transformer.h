@@ -11,13 +11,16 @@
 //   ln_f.{weight,bias}  lm_head.weight
 // Initialisation as nanoGPT's: every Linear and embedding weight normal(0, 0.02), biases zero, LayerNorms
 // ones/zeros, and the projections that end a residual branch (attn.proj, mlp.proj) normal(0, 0.02/√(2·layers)).
-// The LM head is not tied to the token embedding (a tied pair cannot be written to safetensors twice).
+// The LM head is a Linear of its own unless GPTConfig::tie_embeddings (GPT-2's and llm.c's choice): then the
+// logits are x·token_embedding.weightᵀ, and lm_head.weight is neither registered nor written (one tensor, one
+// name). gpt2_small() is GPT-2 small (124M) as llm.c trains it.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <source_location>
 
 #include "dyngrad/graph/graph.h"
+#include "dyngrad/graph/op_def.h"
 #include "dyngrad/nn/layers.h"
 
 namespace dyngrad {
@@ -31,6 +34,7 @@ struct TransformerOptions {
     // The standard deviation of the weights of the projections that end a residual branch
     // (GPT: 0.02 / √(2·layers)); the other Linear weights use 0.02.
     double residual_init_std = 0.02;
+    GeluApproximation gelu = GeluApproximation::None;  // of the MLP; GPT-2 uses Tanh
 };
 
 // x (B,T,E) -> (B,T,E): qkv = x·Wqkvᵀ + b (one Linear of width 3E, split into heads by reshape + permute),
@@ -55,7 +59,7 @@ private:
 };
 
 // x (B,T,E) -> (B,T,E), pre-LayerNorm (GPT-2):  x = x + attn(ln1(x));  x = x + mlp(ln2(x)),
-// mlp(h) = dropout(proj(gelu(fc(h)))) with fc E -> 4E and proj 4E -> E (exact GELU).
+// mlp(h) = dropout(proj(gelu(fc(h)))) with fc E -> 4E and proj 4E -> E (GELU as options.gelu: exact by default).
 class TransformerBlock : public Module {
 public:
     TransformerBlock(std::int64_t embed_dim, std::int64_t num_heads, Generator& gen,
@@ -69,6 +73,7 @@ public:
     LayerNorm ln2;
     Linear fc;    // "mlp.fc"
     Linear proj;  // "mlp.proj"
+    GeluApproximation gelu;
 
 private:
     Dropout residual_dropout_;
@@ -96,7 +101,21 @@ struct GPTConfig {
     double dropout = 0.0;        // after the embeddings, on the attention weights and on each residual branch
     std::uint64_t seed = 0;      // dropout masks
     bool bias = true;
+    // Rows of the token embedding (and LM head): vocab_size rounded up to a multiple of 64 as llm.c does, so the
+    // LM head's GEMM has a friendly shape. 0: vocab_size. The logits of the extra rows are cut off before they
+    // are returned, so they never take probability mass (their embedding rows get no gradient).
+    std::int64_t padded_vocab_size = 0;
+    bool tie_embeddings = false;                      // the LM head reuses token_embedding.weight
+    GeluApproximation gelu = GeluApproximation::None;  // GPT-2: Tanh
+
+    std::int64_t embedding_rows() const { return padded_vocab_size > 0 ? padded_vocab_size : vocab_size; }
 };
+
+// GPT-2 small as llm.c's `-e d12` builds it: 12 layers, 12 heads, width 768, context 1024, vocabulary 50257
+// padded to 50304, tied embeddings, tanh GELU, biases, no dropout (124,475,904 parameters with the padding).
+GPTConfig gpt2_small();
+// vocab rounded up to a multiple of 64 (llm.c's padded vocabulary); ValueError unless vocab > 0.
+std::int64_t padded_vocabulary(std::int64_t vocab);
 
 // tokens (B,T) int64 in [0, vocab_size), T <= context -> logits (B,T,vocab_size).
 class GPT : public Module {
@@ -109,7 +128,7 @@ public:
     PositionalEmbedding position_embedding;
     std::vector<TransformerBlock> blocks;
     LayerNorm ln_f;
-    Linear lm_head;
+    Linear lm_head;  // undefined weight when config.tie_embeddings
 
 private:
     Dropout embedding_dropout_;

@@ -1,13 +1,22 @@
-// A character-level GPT (nn/transformer.h) trained on real text: by default the fortunes that Debian's
+// A GPT (nn/transformer.h) trained on real text: by default a character-level model on the fortunes that Debian's
 // `fortunes` package installs (scripts/setup.sh installs it). bench/torch_gpt.py is its PyTorch twin: the same
 // corpus, model, parameter names, schedule, batches and validation windows (run both: scripts/run-gpt-compare.sh).
+// --model gpt2 trains GPT-2 small as llm.c does (nn/transformer.h's gpt2_small(); shrink it with --layers,
+// --heads, --width, --context) on token files in llm.c's format (--train-tokens, --val-tokens; dyngrad-tokens
+// writes them from any text); bench/torch_gpt2.py is that model's PyTorch twin (scripts/run-gpt2-bench.sh).
 //
-//   char_gpt [--data DIR] [--layers 6 --heads 6 --width 384 --context 256] [--batch 64 --steps 5000]
+//   char_gpt [--model char|gpt2] [--data DIR | --train-tokens FILE --val-tokens FILE [--vocab V]]
+//            [--layers 6 --heads 6 --width 384 --context 256] [--seq-len T] [--batch 64 --steps 5000]
 //            [--lr 1e-3 --warmup 100 --min-lr 1e-4 --weight-decay 0.1 --clip 1 --dropout 0.2]
 //            [--eval-every 250 --eval-batches 20] [--seed 0] [--device cpu|cuda] [--csv FILE]
 //            [--checkpoint FILE] [--resume FILE] [--init-weights FILE.safetensors] [--batch-order FILE]
 //            [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]
 //            [--profile-step N] [--distributed [--zero 1|2|3]]
+//
+// Token files: windows of --seq-len (default --context) + 1 tokens of --train-tokens; the validation windows
+// are spread over --val-tokens by the rule below; every token id must be below --vocab (default 50257 for gpt2,
+// 256 otherwise: dyngrad-tokens' byte vocabulary). --model gpt2 also changes the defaults to dropout 0, lr 6e-4,
+// min-lr 6e-5 and AdamW's beta2 0.95 (llm.c's); the character model keeps beta2 0.99.
 //
 // The corpus: the regular files of DIR (symbolic links and the strfile indexes *.dat and *.u8 skipped), in
 // byte order of their names, concatenated; the vocabulary is its sorted set of distinct bytes. The first 90%
@@ -53,6 +62,7 @@
 
 #include "../cli/command_line.h"
 #include "byte_tokens.h"
+#include "text_files.h"
 #include "dyngrad/dyngrad.h"
 #if DYNGRAD_WITH_DIST
 #include <memory>
@@ -69,14 +79,19 @@ namespace {
 constexpr const char* kDefaultData = "/usr/share/games/fortunes";
 
 const char* const kUsage =
-    "usage: char_gpt [--data DIR] [--layers N] [--heads N] [--width E] [--context T] [--batch B] [--steps N]\n"
+    "usage: char_gpt [--model char|gpt2] [--data DIR | --train-tokens FILE --val-tokens FILE [--vocab V]]\n"
+    "                [--layers N] [--heads N] [--width E] [--context T] [--seq-len T] [--batch B] [--steps N]\n"
     "                [--lr X] [--warmup N] [--min-lr X] [--weight-decay X] [--clip X] [--dropout P]\n"
     "                [--eval-every N] [--eval-batches N] [--seed N] [--device cpu|cuda|cuda:N] [--csv FILE]\n"
     "                [--checkpoint FILE] [--resume FILE] [--init-weights FILE] [--batch-order FILE]\n"
     "                [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]\n"
     "                [--profile-step N] [--distributed [--zero 1|2|3]]\n"
+    "  --model NAME        char (default) | gpt2: GPT-2 small as llm.c (12, 12, 768, 1024; tied, padded vocabulary)\n"
     "  --data DIR          text files to train on (default /usr/share/games/fortunes; *.dat, *.u8 skipped)\n"
-    "  --layers/--heads/--width/--context   the model (default 6, 6, 384, 256)\n"
+    "  --train-tokens FILE --val-tokens FILE   token files in llm.c's format instead (dyngrad-tokens)\n"
+    "  --vocab V           the token files' vocabulary (default 50257 with gpt2, else 256)\n"
+    "  --layers/--heads/--width/--context   the model (default 6, 6, 384, 256; gpt2: 12, 12, 768, 1024)\n"
+    "  --seq-len T         the windows' length, at most --context (default --context)\n"
     "  --batch B --steps N  windows per step (default 64), optimizer steps (default 5000)\n"
     "  --lr --warmup --min-lr   peak lr (1e-3), linear warm-up steps (100), cosine floor (1e-4)\n"
     "  --weight-decay --clip --dropout   AdamW decay (0.1), gradient norm clip (1; 0: none), dropout (0.2)\n"
@@ -97,7 +112,10 @@ const char* const kUsage =
 
 struct Options {
     std::string data = kDefaultData;
+    std::string train_tokens, val_tokens;  // token files instead of the corpus
     GPTConfig model{.vocab_size = 0, .context = 256, .layers = 6, .heads = 6, .width = 384, .dropout = 0.2};
+    std::int64_t seq_len = 0;  // the windows' T (0: model.context)
+    double beta2 = 0.99;
     std::int64_t batch = 64, steps = 5000, warmup = 100, eval_every = 250, eval_batches = 20, sample = 200;
     double lr = 1e-3, min_lr = 1e-4, weight_decay = 0.1, clip = 1.0;
     std::uint64_t seed = 0;
@@ -115,7 +133,8 @@ Options parse_options(int argc, char** argv) {
     const cli::Arguments args(
         argc, argv,
         {.flags = {"--distributed"},
-         .options = {"--data", "--layers", "--heads", "--width", "--context", "--batch", "--steps", "--lr", "--warmup",
+         .options = {"--model", "--train-tokens", "--val-tokens", "--vocab", "--seq-len", "--data", "--layers",
+                     "--heads", "--width", "--context", "--batch", "--steps", "--lr", "--warmup",
                      "--min-lr", "--weight-decay", "--clip", "--dropout", "--eval-every", "--eval-batches", "--seed",
                      "--device", "--csv", "--checkpoint", "--resume", "--init-weights", "--batch-order", "--sample",
                      "--stop-at", "--require-drop", "--precision", "--profile-step", "--zero"}});
@@ -126,12 +145,38 @@ Options parse_options(int argc, char** argv) {
     constexpr double kMax = std::numeric_limits<double>::max();
     Options o;
     const auto given = [&](const char* name) { return args.value(name); };
+    const bool gpt2 = cli::parse_choice("--model", given("--model").value_or("char"), {"char", "gpt2"}) == "gpt2";
+    if (gpt2) {
+        o.model = gpt2_small();
+        o.lr = 6e-4;
+        o.min_lr = 6e-5;
+        o.beta2 = 0.95;
+    }
+    if (auto v = given("--train-tokens")) o.train_tokens = cli::existing_file("--train-tokens", *v);
+    if (auto v = given("--val-tokens")) o.val_tokens = cli::existing_file("--val-tokens", *v);
+    if (o.train_tokens.empty() != o.val_tokens.empty())
+        throw cli::UsageError("--train-tokens and --val-tokens go together");
+    const bool tokens = !o.train_tokens.empty();
+    if (tokens && given("--data")) throw cli::UsageError("--data and --train-tokens exclude each other");
+    if (!tokens && given("--vocab")) throw cli::UsageError("--vocab is for token files (the corpus makes its own)");
+    if (tokens && given("--sample"))
+        throw cli::UsageError("--sample needs the text corpus (--data): token files carry no vocabulary");
+    if (tokens) {
+        o.sample = 0;
+        o.model.vocab_size = gpt2 ? o.model.vocab_size : 256;
+        if (auto v = given("--vocab")) o.model.vocab_size = cli::parse_int("--vocab", *v, 1, kTokenFileMaxVocabulary);
+    }
     if (auto v = given("--layers")) o.model.layers = cli::parse_int("--layers", *v, 1, 1024);
     if (auto v = given("--heads")) o.model.heads = cli::parse_int("--heads", *v, 1, 1024);
     if (auto v = given("--width")) o.model.width = cli::parse_int("--width", *v, 1, 1 << 16);
     if (auto v = given("--context")) o.model.context = cli::parse_int("--context", *v, 1, 1 << 20);
     if (o.model.width % o.model.heads != 0)
         throw cli::UsageError(str("--width ", o.model.width, " is not divisible by --heads ", o.model.heads));
+    o.seq_len = o.model.context;
+    if (auto v = given("--seq-len")) o.seq_len = cli::parse_int("--seq-len", *v, 1, 1 << 20);
+    if (o.seq_len > o.model.context)
+        throw cli::UsageError(str("--seq-len ", o.seq_len, " exceeds --context ", o.model.context,
+                                  " (the position table)"));
     if (auto v = given("--batch")) o.batch = cli::parse_int("--batch", *v, 1, 1 << 20);
     if (auto v = given("--steps")) o.steps = cli::parse_int("--steps", *v, 1, 100'000'000);
     if (auto v = given("--lr")) o.lr = cli::parse_real("--lr", *v, 0, kMax, /*min_exclusive=*/true);
@@ -173,50 +218,69 @@ Options parse_options(int argc, char** argv) {
             throw cli::UsageError(str("--zero 3: needs --dropout 0 (each unit's forward runs again in the backward; "
                                       "fresh dropout masks would differentiate another function), got ",
                                       o.model.dropout));
+        if (o.zero == 3 && o.model.tie_embeddings)
+            throw cli::UsageError("--zero 3: not with --model gpt2 (its LM head is the token embedding, which two "
+                                  "ZeRO-3 units would hold); --zero 1 or 2 shard it");
     }
     o.model.seed = o.seed;
-    o.data = cli::existing_directory("--data", given("--data").value_or(o.data));
+    if (!tokens) o.data = cli::existing_directory("--data", given("--data").value_or(o.data));
     return o;
 }
 
-// ---- the corpus ----
+// ---- the data ----
 
-struct Corpus {
-    std::vector<char> vocabulary;  // sorted distinct bytes
-    std::vector<std::int64_t> train, validation;
-    std::int64_t files = 0;
-
-    explicit Corpus(const std::string& directory) {
-        namespace fs = std::filesystem;
-        std::vector<fs::path> paths;
-        for (const fs::directory_entry& entry : fs::directory_iterator(directory)) {
-            const std::string name = entry.path().filename().string();
-            if (entry.is_symlink() || !entry.is_regular_file() || name.ends_with(".dat") || name.ends_with(".u8"))
-                continue;
-            paths.push_back(entry.path());
-        }
-        std::sort(paths.begin(), paths.end(),
-                  [](const fs::path& a, const fs::path& b) { return a.filename().string() < b.filename().string(); });
-        std::string text;
-        for (const fs::path& path : paths) {
-            std::ifstream in(path, std::ios::binary);
-            if (!in) throw IoError(str("char_gpt: cannot read '", path.string(), "'"));
-            text.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-        }
-        files = static_cast<std::int64_t>(paths.size());
-        ByteTokens bytes(text);
-        vocabulary = std::move(bytes.vocabulary);
-        // The PyTorch twin splits at int(0.9 · n) too.
-        const auto split = bytes.tokens.begin() + static_cast<std::ptrdiff_t>(bytes.tokens.size() * 9 / 10);
-        train.assign(bytes.tokens.begin(), split);
-        validation.assign(split, bytes.tokens.end());
-    }
+// The training and validation windows: from the corpus (its distinct bytes as the vocabulary, the first 90% for
+// training) or from two token files.
+struct Data {
+    std::vector<char> vocabulary;  // the corpus' sorted distinct bytes; empty for token files
+    std::int64_t vocab_size;
+    std::string description;
+    TokenWindows train, validation;
 };
+
+std::vector<std::uint16_t> narrow_tokens(std::vector<std::int64_t>::const_iterator from,
+                                         std::vector<std::int64_t>::const_iterator to) {
+    std::vector<std::uint16_t> out;
+    out.reserve(static_cast<std::size_t>(to - from));
+    for (; from != to; ++from) out.push_back(static_cast<std::uint16_t>(*from));  // < 256: distinct bytes
+    return out;
+}
+
+Data load_data(const Options& o) {
+    const std::int64_t T = o.seq_len;
+    if (!o.train_tokens.empty()) {
+        TokenWindows train(o.train_tokens, o.model.vocab_size, o.batch, T);
+        TokenWindows validation(o.val_tokens, o.model.vocab_size, o.batch, T);
+        const std::string description = str("token files ", o.train_tokens, " (", train.size(), " tokens) and ",
+                                            o.val_tokens, " (", validation.size(), " tokens), vocabulary ",
+                                            o.model.vocab_size);
+        return {{}, o.model.vocab_size, description, std::move(train), std::move(validation)};
+    }
+    const TextFiles corpus(o.data);
+    ByteTokens bytes(corpus.text);
+    // The PyTorch twin splits at int(0.9 · n) too.
+    const auto split = bytes.tokens.cbegin() + static_cast<std::ptrdiff_t>(bytes.tokens.size() * 9 / 10);
+    const auto length = static_cast<std::int64_t>(bytes.tokens.size());
+    const auto train_length = split - bytes.tokens.cbegin();
+    if (std::min<std::int64_t>(train_length, length - train_length) < T + 2)
+        throw ValueError(str("char_gpt: '", o.data, "' holds ", length, " bytes in ", corpus.files,
+                             " files; each split needs at least --seq-len + 2 = ", T + 2,
+                             " (the validation split is the last 10%)"));
+    const auto vocab_size = static_cast<std::int64_t>(bytes.vocabulary.size());
+    const std::string description = str(length, " bytes from ", corpus.files, " files in ", o.data, ", ", vocab_size,
+                                        " distinct; train ", train_length, ", validation ", length - train_length);
+    return {std::move(bytes.vocabulary), vocab_size, description,
+            TokenWindows(narrow_tokens(bytes.tokens.cbegin(), split), str("the training split of '", o.data, "'"),
+                         o.batch, T),
+            TokenWindows(narrow_tokens(split, bytes.tokens.cend()), str("the validation split of '", o.data, "'"),
+                         o.batch, T)};
+}
 
 // Offsets of windows of context + 1 tokens: step k's batch (B offsets into the training split).
 class BatchOrder {
 public:
-    BatchOrder(const Options& o, std::int64_t train_length) : o_(o), last_(train_length - o.model.context - 1) {
+    BatchOrder(const Options& o, const TokenWindows& train)
+        : o_(o), train_(train), last_(train.size() - o.seq_len - 1) {
         if (o.batch_order.empty()) return;
         std::ifstream in(o.batch_order);
         std::string line;
@@ -233,8 +297,8 @@ public:
                                          "' is not an integer"));
                 if (value < 0 || value > last_)
                     throw IndexError(str("--batch-order '", o.batch_order, "' line ", number, ": offset ", value,
-                                         " is outside [0, ", last_, "] (training split of ", train_length,
-                                         " tokens, windows of ", o.model.context + 1, ")"));
+                                         " is outside [0, ", last_, "] (", train.name(), ": ", train.size(),
+                                         " tokens, windows of ", o.seq_len + 1, ")"));
                 offsets.push_back(value);
             }
             if (static_cast<std::int64_t>(offsets.size()) != o.batch)
@@ -249,18 +313,12 @@ public:
 
     std::vector<std::int64_t> offsets(std::int64_t step) const {
         if (!lines_.empty()) return lines_[static_cast<std::size_t>(step)];
-        // A generator per step, so a resumed run draws the batches the uninterrupted one would.
-        const auto s = static_cast<std::uint64_t>(step);
-        std::seed_seq seeds{o_.seed & 0xffffffffu, o_.seed >> 32, s & 0xffffffffu, s >> 32};
-        std::mt19937_64 engine(seeds);
-        std::uniform_int_distribution<std::int64_t> start(0, last_);
-        std::vector<std::int64_t> out(static_cast<std::size_t>(o_.batch));
-        for (std::int64_t& offset : out) offset = start(engine);
-        return out;
+        return train_.random_offsets(o_.seed, step);  // a resumed run draws what the uninterrupted one would
     }
 
 private:
     const Options& o_;
+    const TokenWindows& train_;
     std::int64_t last_;
     std::vector<std::vector<std::int64_t>> lines_;
 };
@@ -269,17 +327,9 @@ struct Batch {
     Tensor inputs, targets;  // (B,T), (B·T)
 };
 
-Batch make_batch(const std::vector<std::int64_t>& tokens, const std::vector<std::int64_t>& offsets,
-                 std::int64_t context, Device device) {
-    const auto B = static_cast<std::int64_t>(offsets.size());
-    std::vector<std::int64_t> inputs(static_cast<std::size_t>(B * context)), targets(inputs.size());
-    for (std::int64_t b = 0; b < B; ++b)
-        for (std::int64_t t = 0; t < context; ++t) {
-            const auto at = static_cast<std::size_t>(offsets[static_cast<std::size_t>(b)] + t);
-            inputs[static_cast<std::size_t>(b * context + t)] = tokens[at];
-            targets[static_cast<std::size_t>(b * context + t)] = tokens[at + 1];
-        }
-    return {Tensor::from_vector(inputs, {B, context}, device), Tensor::from_vector(targets, {B * context}, device)};
+Batch make_batch(const TokenWindows& windows, const std::vector<std::int64_t>& offsets, Device device) {
+    TokenBatch batch = windows.at(offsets, device);
+    return {batch.inputs, batch.targets.reshaped({batch.targets.numel()})};
 }
 
 // Mean cross-entropy of the model's next-token predictions: logits (B,T,V) against targets (B·T).
@@ -295,10 +345,9 @@ Var next_token_loss(const Forward& forward, ComputeGraph& graph, const Batch& ba
 
 // The validation loss over `batches` batches of windows spread evenly over the split (window k of n starts at
 // k·(length − T − 1) / (n − 1)): the same windows every evaluation, and in bench/torch_gpt.py.
-double validation_loss(GPT& model, const Forward& forward, const std::vector<std::int64_t>& tokens,
-                       const Options& o) {
-    const std::int64_t T = o.model.context, windows = o.eval_batches * o.batch;
-    const auto last = static_cast<std::int64_t>(tokens.size()) - T - 1;
+double validation_loss(GPT& model, const Forward& forward, const TokenWindows& split, const Options& o) {
+    const std::int64_t windows = o.eval_batches * o.batch;
+    const std::int64_t last = split.size() - o.seq_len - 1;
     model.eval();
     const NoGradGuard no_grad;
     double total = 0;
@@ -307,16 +356,16 @@ double validation_loss(GPT& model, const Forward& forward, const std::vector<std
         for (std::int64_t k = b * o.batch; k < (b + 1) * o.batch; ++k)
             offsets.push_back(windows == 1 ? 0 : k * last / (windows - 1));
         ComputeGraph graph;
-        total += next_token_loss(forward, graph, make_batch(tokens, offsets, T, o.device), o.precision).item();
+        total += next_token_loss(forward, graph, make_batch(split, offsets, o.device), o.precision).item();
     }
     model.train();
     return total / static_cast<double>(o.eval_batches);
 }
 
 // `count` bytes sampled from the model (temperature 1), starting after a newline.
-std::string sample_text(GPT& model, const Forward& forward, const Corpus& corpus, const Options& o) {
-    const auto newline = std::find(corpus.vocabulary.begin(), corpus.vocabulary.end(), '\n');
-    std::vector<std::int64_t> context{newline == corpus.vocabulary.end() ? 0 : newline - corpus.vocabulary.begin()};
+std::string sample_text(GPT& model, const Forward& forward, const std::vector<char>& vocabulary, const Options& o) {
+    const auto newline = std::find(vocabulary.begin(), vocabulary.end(), '\n');
+    std::vector<std::int64_t> context{newline == vocabulary.end() ? 0 : newline - vocabulary.begin()};
     std::mt19937_64 engine(o.seed);
     std::uniform_real_distribution<double> uniform(0.0, 1.0);
     std::string text;
@@ -338,7 +387,7 @@ std::string sample_text(GPT& model, const Forward& forward, const Corpus& corpus
             }
         }
         context.push_back(token);
-        text += corpus.vocabulary[static_cast<std::size_t>(token)];
+        text += vocabulary[static_cast<std::size_t>(token)];
     }
     model.train();
     return text;
@@ -415,15 +464,11 @@ std::vector<dist::ZeroUnit> gpt_units(const GPT& model) {
 #endif
 
 int run(Options o) {
-    const Corpus corpus(o.data);
-    const std::int64_t T = o.model.context;
-    for (const auto* split : {&corpus.train, &corpus.validation})
-        if (static_cast<std::int64_t>(split->size()) < T + 2)
-            throw ValueError(str("char_gpt: '", o.data, "' holds ", corpus.train.size() + corpus.validation.size(),
-                                 " bytes in ", corpus.files, " files; each split needs at least --context + 2 = ",
-                                 T + 2, " (the validation split is the last 10%)"));
+    const Data data = load_data(o);
+    const std::int64_t T = o.seq_len;
     GPTConfig config = o.model;
-    config.vocab_size = static_cast<std::int64_t>(corpus.vocabulary.size());
+    config.vocab_size = data.vocab_size;
+    if (config.padded_vocab_size > 0) config.padded_vocab_size = padded_vocabulary(config.vocab_size);
     Generator gen(o.seed);
     GPT model(config, gen);
     if (!o.init_weights.empty()) load_parameters(model, o.init_weights);
@@ -459,7 +504,7 @@ int run(Options o) {
 #if DYNGRAD_WITH_DIST
     std::unique_ptr<dist::DistributedDataParallel> ddp;
     std::unique_ptr<dist::ZeroOptimizer> zero;
-    const AdamOptions zero_adam{.lr = o.lr, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = o.weight_decay};
+    const AdamOptions zero_adam{.lr = o.lr, .beta1 = 0.9, .beta2 = o.beta2, .eps = 1e-8, .weight_decay = o.weight_decay};
     if (group && o.zero == 3) {
         zero = std::make_unique<dist::ZeroOptimizer>(gpt_units(model), *group, zero_adam, dist::ZeroOptions{.stage = 3});
         forward = [z = zero.get()](const Var& x) { return z->forward(x); };
@@ -475,7 +520,7 @@ int run(Options o) {
         own = std::make_unique<AdamW>(
             std::vector<ParamGroup>{{.parameters = decayed, .weight_decay = o.weight_decay},
                                     {.parameters = not_decayed, .weight_decay = 0.0}},
-            AdamOptions{.lr = o.lr, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8});
+            AdamOptions{.lr = o.lr, .beta1 = 0.9, .beta2 = o.beta2, .eps = 1e-8});
     Optimizer& optimizer = sharded ? *sharded : *own;
     WarmupCosineLR schedule(optimizer, o.warmup, o.steps, o.min_lr);
     // f16 only: a dynamic loss scale (its state is not in the checkpoint: a resumed run starts from the initial scale).
@@ -486,15 +531,13 @@ int run(Options o) {
     if (first >= last)
         throw ValueError(str("--resume '", o.resume, "' is at step ", first, ", the run ends at step ", last,
                              ": nothing to do"));
-    const BatchOrder order(o, static_cast<std::int64_t>(corpus.train.size()));
+    const BatchOrder order(o, data.train);
 
-    std::printf("char_gpt: %lld bytes from %lld files in %s, %lld distinct; train %lld, validation %lld\n",
-                static_cast<long long>(corpus.train.size() + corpus.validation.size()),
-                static_cast<long long>(corpus.files), o.data.c_str(), static_cast<long long>(config.vocab_size),
-                static_cast<long long>(corpus.train.size()), static_cast<long long>(corpus.validation.size()));
-    std::printf("model: %lld layers, %lld heads, width %lld, context %lld, %.2fM parameters on %s (%s); batch %lld, steps %lld%s\n",
+    std::printf("char_gpt: %s\n", data.description.c_str());
+    std::printf("model: %lld layers, %lld heads, width %lld, context %lld (windows of %lld), %.2fM parameters on %s (%s); batch %lld, steps %lld%s\n",
                 static_cast<long long>(config.layers), static_cast<long long>(config.heads),
-                static_cast<long long>(config.width), static_cast<long long>(T), static_cast<double>(parameter_count) / 1e6,
+                static_cast<long long>(config.width), static_cast<long long>(config.context),
+                static_cast<long long>(T), static_cast<double>(parameter_count) / 1e6,
                 o.device.to_string().c_str(),
                 o.precision == DType::f32 ? "f32" : o.precision == DType::bf16 ? "bf16 autocast" : "f16 autocast + loss scaling",
                 static_cast<long long>(o.batch), static_cast<long long>(o.steps),
@@ -524,7 +567,7 @@ int run(Options o) {
             const auto per = static_cast<std::ptrdiff_t>(o.batch / world);
             offsets = std::vector<std::int64_t>(offsets.begin() + rank * per, offsets.begin() + (rank + 1) * per);
         }
-        const Batch batch = make_batch(corpus.train, offsets, T, o.device);
+        const Batch batch = make_batch(data.train, offsets, o.device);
         ComputeGraph graph;
         const Var loss = next_token_loss(forward, graph, batch, o.precision);
         bool stepped = false, backpropagated = false;
@@ -573,7 +616,7 @@ int run(Options o) {
         progress.update(done, value, lr, tokens_per_second);
         std::string val_cell;
         if (done % o.eval_every == 0 || done == o.steps || done == last) {
-            const double val = validation_loss(model, forward, corpus.validation, o);
+            const double val = validation_loss(model, forward, data.validation, o);
             char cell[32];
             std::snprintf(cell, sizeof cell, "%.6f", val);
             val_cell = cell;
@@ -589,7 +632,8 @@ int run(Options o) {
         }
     }
 
-    if (o.sample > 0) std::printf("--- sample ---\n%s\n--- end of sample ---\n", sample_text(model, forward, corpus, o).c_str());
+    if (o.sample > 0)
+        std::printf("--- sample ---\n%s\n--- end of sample ---\n", sample_text(model, forward, data.vocabulary, o).c_str());
     const auto window = std::min<std::size_t>(5, losses.size());
     const double head = std::accumulate(losses.begin(), losses.begin() + static_cast<std::ptrdiff_t>(window), 0.0) /
                         static_cast<double>(window);
@@ -607,17 +651,5 @@ int run(Options o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    Options options;
-    try {
-        options = parse_options(argc, argv);
-    } catch (const cli::UsageError& e) {
-        std::fprintf(stderr, "char_gpt: %s\n%s", e.what(), kUsage);
-        return 2;
-    }
-    try {
-        return run(options);
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "\nchar_gpt: %s\n", e.what());
-        return 1;
-    }
+    return cli::run_program("char_gpt", kUsage, [&] { return parse_options(argc, argv); }, run);
 }

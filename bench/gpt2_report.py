@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""The report of scripts/run-gpt2-bench.sh: GPT-2 small trained by llm.c, PyTorch (eager, torch.compile) and dyngrad.
+
+Reads what the script's phases left in OUT_DIR: llmc.txt (train_gpt2cu's log), torch.csv, torch_compile.csv and
+dyngrad.csv (char_gpt's CSV columns), NAME.memory (the peak of nvidia-smi's used memory, MiB), torch*.txt
+(`peak_memory_bytes=`), llmc_build.txt (`cudnn=0|1`), compare_dyngrad.csv and compare_torch.csv (the curves from
+identical weights and batches). Writes OUT_DIR/report.json and OUT_DIR/gpt2_loss_curves.png (with matplotlib), and
+prints the Markdown report.
+
+Throughput: tokens/s over the steps after --warmup-steps (every step holds B·T tokens, so the rate is their count over
+the summed step times). MFU: tokens/s × (6N + 12·L·E·T) FLOPs per token (N: every parameter, embeddings included,
+with the padded vocabulary, as llm.c counts them; 12·L·E·T: attention's score and value matmuls, forward and backward,
+as nanoGPT's estimate) over the GPU's dense bf16 peak (GPU_PEAK_TFLOPS, default 989: H100/H200 SXM).
+
+Nothing here needs a GPU or torch: the functions are importable and tested on the CPU (tests/check_gpt2_bench.py).
+"""
+import argparse
+import csv
+import datetime
+import json
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_gpt import padded_vocabulary  # noqa: E402  (importable without torch)
+
+ENGINES = (("llmc", "llm.c train_gpt2cu"), ("torch", "PyTorch eager"), ("torch_compile", "PyTorch torch.compile"),
+           ("dyngrad", "dyngrad (char_gpt --model gpt2)"))
+LLMC_STEP = re.compile(r"^step\s+(\d+)/(\d+) \|.*\| ([0-9.]+) ms \|")
+
+
+def gpt2_parameters(layers, width, context, vocab):
+    """Parameters of the tied GPT-2 (nn/transformer.h's gpt2_small() shape; llm.c's count, the padding included)."""
+    return (padded_vocabulary(vocab) + context) * width + layers * (12 * width * width + 13 * width) + 2 * width
+
+
+def flops_per_token(layers, width, context, vocab):
+    return 6 * gpt2_parameters(layers, width, context, vocab) + 12 * layers * width * context
+
+
+def rate_after_warmup(step_seconds, tokens_per_step, warmup_steps):
+    """Tokens/s over the steps after the first warmup_steps; None when none is left."""
+    timed = step_seconds[warmup_steps:]
+    if not timed:
+        return None
+    return len(timed) * tokens_per_step / sum(timed)
+
+
+def llmc_step_seconds(log_text):
+    """Each training step's time from train_gpt2cu's `step k/n | ... | X ms | ...` lines, in step order."""
+    return [float(m.group(3)) / 1000 for line in log_text.splitlines() if (m := LLMC_STEP.match(line.strip()))]
+
+
+def csv_rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def csv_step_seconds(rows, tokens_per_step):
+    """char_gpt's and torch_gpt.py's CSVs give tokens_per_second per step: the step times."""
+    return [tokens_per_step / float(r["tokens_per_second"]) for r in rows]
+
+
+def peak_memory_mib(out, name):
+    """(nvidia-smi's peak used MiB, the framework's own peak allocation in MiB), None where not recorded."""
+    sampled = own = None
+    path = os.path.join(out, f"{name}.memory")
+    if os.path.exists(path) and open(path).read().strip():
+        sampled = float(open(path).read().split()[0])
+    log = os.path.join(out, f"{name}.txt")
+    if os.path.exists(log):
+        found = re.findall(r"^peak_memory_bytes=(\d+)", open(log).read(), re.M)
+        if found:
+            own = int(found[-1]) / 2**20
+    return sampled, own
+
+
+def curve_agreement(ours, theirs):
+    """The largest relative difference of the training losses step by step, and of the final validation losses."""
+    steps = min(len(ours), len(theirs))
+    if steps == 0:
+        return None
+    train = max(abs(float(a["train_loss"]) - float(b["train_loss"])) / abs(float(b["train_loss"]))
+                for a, b in zip(ours[:steps], theirs[:steps]))
+    vals = [(float(a["val_loss"]), float(b["val_loss"])) for a, b in zip(ours, theirs) if a["val_loss"] and b["val_loss"]]
+    final = abs(vals[-1][0] - vals[-1][1]) / vals[-1][1] if vals else None
+    return {"steps": steps, "max_train_relative": train, "final_val_relative": final,
+            "final_val": {"dyngrad": vals[-1][0], "torch": vals[-1][1]} if vals else None}
+
+
+def summarise(out, batch, context, layers, width, vocab, warmup_steps, peak_tflops):
+    tokens_per_step = batch * context
+    per_token = flops_per_token(layers, width, context, vocab)
+    engines = {}
+    for name, label in ENGINES:
+        seconds = None
+        if name == "llmc" and os.path.exists(os.path.join(out, "llmc.txt")):
+            seconds = llmc_step_seconds(open(os.path.join(out, "llmc.txt")).read())
+        elif os.path.exists(os.path.join(out, f"{name}.csv")):
+            seconds = csv_step_seconds(csv_rows(os.path.join(out, f"{name}.csv")), tokens_per_step)
+        if not seconds:
+            continue
+        rate = rate_after_warmup(seconds, tokens_per_step, warmup_steps)
+        sampled, own = peak_memory_mib(out, name)
+        engines[name] = {"label": label, "steps": len(seconds), "timed_steps": max(0, len(seconds) - warmup_steps),
+                         "tokens_per_second": rate,
+                         "mfu": rate * per_token / (peak_tflops * 1e12) if rate else None,
+                         "peak_gpu_memory_mib": sampled, "peak_allocated_mib": own}
+    build = os.path.join(out, "llmc_build.txt")
+    llmc_cudnn = open(build).read().strip() == "cudnn=1" if os.path.exists(build) else None
+    comparison = None
+    paths = [os.path.join(out, f"compare_{side}.csv") for side in ("dyngrad", "torch")]
+    if all(os.path.exists(p) for p in paths):
+        comparison = curve_agreement(csv_rows(paths[0]), csv_rows(paths[1]))
+    return {"date": str(datetime.date.today()), "batch": batch, "context": context, "layers": layers, "width": width,
+            "vocab": vocab, "parameters": gpt2_parameters(layers, width, context, vocab),
+            "flops_per_token": per_token, "peak_tflops": peak_tflops, "warmup_steps": warmup_steps,
+            "llmc_cudnn_attention": llmc_cudnn, "engines": engines, "comparison": comparison}
+
+
+def markdown(summary):
+    lines = [f"# GPT-2 ({summary['layers']} layers, width {summary['width']}, {summary['parameters']:,} parameters): "
+             f"llm.c, PyTorch and dyngrad ({summary['date']})", "",
+             f"Micro-batch {summary['batch']} x {summary['context']}, bf16; tokens/s over the steps after the first "
+             f"{summary['warmup_steps']}; MFU by {summary['flops_per_token']:,} FLOPs per token against "
+             f"{summary['peak_tflops']:g} TFLOP/s. llm.c's attention: "
+             + {True: "cuDNN", False: "its own kernels (no cuDNN)", None: "not built"}[summary["llmc_cudnn_attention"]]
+             + ".", "",
+             "| engine | timed steps | tokens/s | MFU | peak GPU memory (nvidia-smi, MiB) | peak allocated (MiB) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    fmt = lambda v, spec: "—" if v is None else format(v, spec)  # noqa: E731
+    for e in summary["engines"].values():
+        lines.append(f"| {e['label']} | {e['timed_steps']} | {fmt(e['tokens_per_second'], ',.0f')} | "
+                     f"{fmt(e['mfu'], '.1%')} | {fmt(e['peak_gpu_memory_mib'], '.0f')} | "
+                     f"{fmt(e['peak_allocated_mib'], '.0f')} |")
+    engines = summary["engines"]
+    if "dyngrad" in engines:
+        for other in ("llmc", "torch_compile", "torch"):
+            if other in engines and engines[other]["tokens_per_second"]:
+                ratio = engines["dyngrad"]["tokens_per_second"] / engines[other]["tokens_per_second"]
+                lines.append(f"\ndyngrad / {engines[other]['label']}: {ratio:.2f}x")
+    c = summary["comparison"]
+    if c:
+        lines.append(f"\nFrom identical weights and batches over {c['steps']} steps: training losses within "
+                     f"{100 * c['max_train_relative']:.3f}% of PyTorch eager at every step"
+                     + (f"; final validation loss {c['final_val']['dyngrad']:.4f} vs {c['final_val']['torch']:.4f} "
+                        f"({100 * c['final_val_relative']:.3f}%)" if c["final_val"] else "") + ".")
+    return "\n".join(lines)
+
+
+def plot(out):
+    """gpt2_loss_curves.png from the comparison's CSVs; False without matplotlib or the CSVs."""
+    paths = {side: os.path.join(out, f"compare_{side}.csv") for side in ("dyngrad", "torch")}
+    if not all(os.path.exists(p) for p in paths.values()):
+        return False
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    figure, axes = plt.subplots(figsize=(8, 5))
+    for (side, path), style, label in zip(paths.items(), ("-", "--"), ("dyngrad", "PyTorch eager")):
+        rows = csv_rows(path)
+        axes.plot([int(r["step"]) for r in rows], [float(r["train_loss"]) for r in rows], style, linewidth=1,
+                  label=f"{label} train")
+        vals = [(int(r["step"]), float(r["val_loss"])) for r in rows if r["val_loss"]]
+        if vals:
+            axes.plot(*zip(*vals), style, marker="o", label=f"{label} validation")
+    axes.set_xlabel("step")
+    axes.set_ylabel("cross-entropy (nats per token)")
+    axes.set_title("GPT-2 from identical weights and batches: dyngrad vs PyTorch (bf16)")
+    axes.legend()
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(os.path.join(out, "gpt2_loss_curves.png"), dpi=120)
+    return True
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out")
+    parser.add_argument("--batch", type=int, required=True)
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--width", type=int, default=768)
+    parser.add_argument("--vocab", type=int, default=50257)
+    parser.add_argument("--warmup-steps", type=int, default=10)
+    args = parser.parse_args(argv)
+    peak = float(os.environ.get("GPU_PEAK_TFLOPS", "989"))
+    summary = summarise(args.out, args.batch, args.context, args.layers, args.width, args.vocab, args.warmup_steps, peak)
+    if not summary["engines"]:
+        sys.exit(f"gpt2_report.py: no runs found in {args.out}")
+    with open(os.path.join(args.out, "report.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    print(markdown(summary))
+    print(f"\nLoss curves: {os.path.join(args.out, 'gpt2_loss_curves.png')}" if plot(args.out)
+          else "\n(no gpt2_loss_curves.png: matplotlib or the comparison's CSVs missing)")
+
+
+if __name__ == "__main__":
+    main()
