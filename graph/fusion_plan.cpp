@@ -86,6 +86,62 @@ struct Builder {
         groups.push_back(std::move(members));
     }
 
+    void dissolve(std::size_t g) {
+        for (NodeId m : groups[g]) group_of[m] = -1;
+        groups[g].clear();
+    }
+
+    // Each group checked alone can run between its inputs and its readers; together they must not wait on each
+    // other in a circle (a group reading a member of another that reads one of its own). Over units (a group, or a
+    // node outside any group) the dependencies must form a DAG: while they do not, the newest group in a cycle is
+    // dissolved into its nodes. Groups of one are dissolved first (they save nothing).
+    void keep_schedulable() {
+        for (std::size_t g = 0; g < groups.size(); ++g)
+            if (groups[g].size() < 2) dissolve(g);
+        const std::size_t n = graph.size();
+        for (;;) {
+            const auto unit = [&](NodeId id) { return group_of[id] >= 0 ? n + group_of[id] : std::size_t{id}; };
+            std::vector<std::vector<std::size_t>> next(n + groups.size());
+            std::vector<std::size_t> waiting(n + groups.size(), 0);
+            for (NodeId id = 0; id < n; ++id)
+                for (const NodeInput& input : graph.node(id).inputs)
+                    if (unit(input.id) != unit(id)) {
+                        next[unit(input.id)].push_back(unit(id));
+                        ++waiting[unit(id)];
+                    }
+            std::vector<std::size_t> ready;
+            for (std::size_t u = 0; u < next.size(); ++u)
+                if (waiting[u] == 0) ready.push_back(u);
+            while (!ready.empty()) {
+                const std::size_t u = ready.back();
+                ready.pop_back();
+                for (std::size_t v : next[u])
+                    if (--waiting[v] == 0) ready.push_back(v);
+            }
+            // Units still waiting lie on a cycle or after one; only a group on one is dissolved.
+            const auto on_cycle = [&](std::size_t start) {
+                std::vector<char> seen(next.size(), 0);
+                std::vector<std::size_t> stack(next[start].begin(), next[start].end());
+                while (!stack.empty()) {
+                    const std::size_t u = stack.back();
+                    stack.pop_back();
+                    if (u == start) return true;
+                    if (seen[u] || waiting[u] == 0) continue;
+                    seen[u] = 1;
+                    stack.insert(stack.end(), next[u].begin(), next[u].end());
+                }
+                return false;
+            };
+            std::optional<std::size_t> newest;  // of the groups on a cycle, the one whose first member is newest
+            for (std::size_t g = 0; g < groups.size(); ++g)
+                if (!groups[g].empty() && waiting[n + g] > 0 && on_cycle(n + g) &&
+                    (!newest || groups[g].front() > groups[*newest].front()))
+                    newest = g;
+            if (!newest) return;
+            dissolve(*newest);
+        }
+    }
+
     void add(NodeId id) {
         std::vector<int> candidates;
         for (const NodeInput& input : graph.node(id).inputs) {
@@ -231,10 +287,11 @@ FusionPlan plan_fusion(const ComputeGraph& graph) {
     Builder builder(graph);
     for (NodeId id = 0; id < graph.size(); ++id)
         if (fusible(graph, graph.node(id))) builder.add(id);
+    builder.keep_schedulable();
     FusionPlan plan;
     plan.signature = graph_signature(graph);
     for (const std::vector<NodeId>& members : builder.groups) {
-        if (members.size() < 2) continue;  // one launch either way
+        if (members.empty()) continue;  // dissolved
         plan.groups.push_back(describe_group(builder, members));
         if (auto chain = describe_backward(builder, plan.groups.back(), plan.groups.size() - 1))
             plan.backward.push_back(std::move(*chain));

@@ -320,3 +320,87 @@ TEST_CASE("generated source: scalars are arguments, broadcasting over inner and 
     CHECK(k.vector_width == 2);
     CHECK(k.outputs == ids({c}));
 }
+
+TEST_CASE("random graphs: every plan is legal, schedulable and writes what is read", "[fusion]") {
+    std::mt19937_64 rng(std::random_device{}());
+    Generator gen(rng());
+    const auto pick = [&](std::size_t n) { return static_cast<std::size_t>(rng() % n); };
+    for (int trial = 0; trial < 300; ++trial) {
+        ComputeGraph graph;
+        std::vector<Var> vars = {graph.input(random({4, 5}, gen), "a", trial % 2 == 0),
+                                 graph.input(random({4, 5}, gen), "b"), graph.input(random({5}, gen), "c", true),
+                                 graph.input(random({4, 1}, gen), "d")};
+        for (int step = 0; step < 24; ++step) {
+            const Var& x = vars[pick(vars.size())];
+            const Var& y = vars[pick(vars.size())];
+            switch (pick(7)) {
+                case 0: vars.push_back(tanh(x)); break;
+                case 1: vars.push_back(mul_scalar(x, 0.5)); break;
+                case 2: vars.push_back(add(x, y)); break;
+                case 3: vars.push_back(mul(x, y)); break;
+                case 4: vars.push_back(relu(x)); break;
+                // Not pointwise: reductions that feed back into pointwise chains.
+                case 5: vars.push_back(x.shape().size() == 2 ? sum(x, {1}, true) : sum(x, {}, true)); break;
+                default: vars.push_back(x.shape().size() == 2 ? sum(x, {0}) : neg(x)); break;
+            }
+        }
+        const FusionPlan plan = plan_fusion(graph);
+        INFO("trial " << trial << "\n" << plan.describe(graph));
+        const std::size_t n = graph.size();
+        std::vector<int> group_of(n, -1);
+        for (std::size_t g = 0; g < plan.groups.size(); ++g) {
+            const FusionGroup& group = plan.groups[g];
+            REQUIRE(group.members.size() >= 2);
+            CHECK(std::is_sorted(group.members.begin(), group.members.end()));
+            for (NodeId m : group.members) {
+                REQUIRE(group_of[m] == -1);  // one group per node
+                group_of[m] = static_cast<int>(g);
+                CHECK(graph.node(m).value.shape() == group.shape);
+                CHECK(op_def(graph.node(m).op).pointwise != nullptr);
+            }
+        }
+        std::vector<std::vector<NodeId>> readers(n);
+        for (NodeId id = 0; id < n; ++id)
+            for (const NodeInput& input : graph.node(id).inputs) readers[input.id].push_back(id);
+        for (std::size_t g = 0; g < plan.groups.size(); ++g) {
+            const FusionGroup& group = plan.groups[g];
+            std::set<NodeId> external;
+            for (NodeId m : group.members)
+                for (const NodeInput& input : graph.node(m).inputs)
+                    if (group_of[input.id] != static_cast<int>(g)) external.insert(input.id);
+            CHECK(std::set<NodeId>(group.inputs.begin(), group.inputs.end()) == external);
+            CHECK(group.inputs.size() == external.size());
+            const std::vector<NodeId> written = output_nodes(group);
+            for (NodeId m : group.members) {
+                const bool read_outside = std::any_of(readers[m].begin(), readers[m].end(), [&](NodeId r) {
+                    return group_of[r] != static_cast<int>(g);
+                });
+                if (read_outside || readers[m].empty())
+                    CHECK(std::find(written.begin(), written.end(), m) != written.end());
+            }
+        }
+        // Schedulable: running any unit (a group, or a node outside every group) whose inputs are all computed
+        // computes every node.
+        std::vector<char> done(n, 0);
+        for (NodeId id = 0; id < n; ++id) done[id] = graph.node(id).op == OpType::Leaf;
+        bool progress = true;
+        while (progress) {
+            progress = false;
+            for (NodeId id = 0; id < n; ++id) {
+                if (done[id]) continue;
+                std::vector<NodeId> unit = group_of[id] >= 0 ? plan.groups[group_of[id]].members
+                                                             : std::vector<NodeId>{id};
+                const bool ready = std::all_of(unit.begin(), unit.end(), [&](NodeId m) {
+                    return std::all_of(graph.node(m).inputs.begin(), graph.node(m).inputs.end(),
+                                       [&](const NodeInput& in) {
+                                           return done[in.id] || (group_of[id] >= 0 && group_of[in.id] == group_of[id]);
+                                       });
+                });
+                if (!ready) continue;
+                for (NodeId m : unit) done[m] = 1;
+                progress = true;
+            }
+        }
+        CHECK(std::all_of(done.begin(), done.end(), [](char d) { return d != 0; }));
+    }
+}
