@@ -94,7 +94,8 @@ struct Builder {
     // Each group checked alone can run between its inputs and its readers; together they must not wait on each
     // other in a circle (a group reading a member of another that reads one of its own). Over units (a group, or a
     // node outside any group) the dependencies must form a DAG: while they do not, the newest group in a cycle is
-    // dissolved into its nodes. Groups of one are dissolved first (they save nothing).
+    // dissolved into its nodes. A safety net (no test graph needs it, docs/fusion.md). Groups of one are dissolved
+    // first (they save nothing).
     void keep_schedulable() {
         for (std::size_t g = 0; g < groups.size(); ++g)
             if (groups[g].size() < 2) dissolve(g);
