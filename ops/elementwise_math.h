@@ -38,7 +38,7 @@ using std::tanh;
 
 // fusion-source-begin: from here to fusion-source-end, the text is also compiled by NVRTC into the fusion compiler's
 // generated kernels (embedded at build time: cmake/embed_source.cmake, ops/fusion_source.cpp). Only DG_HOST_DEVICE
-// functors and the math functions named above in this part: no std::, no dyngrad types.
+// functors calling the math functions of the using-declarations above: no std::, no dyngrad types.
 
 // The scalar attributes a unary formula may read, in the kernel's type: OpAttrs::scalar, and clamp's bounds
 // (±infinity where absent, so one comparison each needs no flag).
@@ -48,7 +48,6 @@ struct UnaryScalars {
     T lo;
     T hi;
 };
-
 
 // The kernels call a unary formula through these: a functor declares forward(x, s) with the one scalar
 // most ops read, or forward(x, UnaryScalars) when it needs more.

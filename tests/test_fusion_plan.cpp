@@ -3,6 +3,7 @@
 // plan for new shapes, and the structure of the generated source. Compiling that source with NVRTC:
 // tests/test_fusion_nvrtc.cpp.
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <regex>
 #include <set>
@@ -13,6 +14,7 @@
 #include "dyngrad/cuda/nvrtc_compiler.h"
 #include "dyngrad/dyngrad.h"
 #include "dyngrad/graph/fusion_plan.h"
+#include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/fusion_source.h"
 
 using namespace dyngrad;
@@ -94,6 +96,50 @@ TEST_CASE("every pointwise row names a functor of the embedded formulas", "[fusi
     CHECK(code.find("struct ReluOp {") != std::string::npos);
     CHECK(code.find("std::") == std::string::npos);
     CHECK(code.find("OpAttrs") == std::string::npos);
+}
+
+TEST_CASE("each row's derivative-reads flags cover what its derivative formula reads", "[fusion]") {
+    // The plan writes only the values a derivative reads: a flag that is missing would drop a value the backward
+    // needs. Evaluated on points of both signs; a formula that changes with x (or y) must have the flag.
+    const std::vector<double> points = {-1.7, -0.6, 0.3, 0.7, 1.3, 2.1};
+    const auto same = [](double a, double b) { return a == b || (std::isnan(a) && std::isnan(b)); };
+    for (const OpDef& def : op_table()) {
+        if (def.pointwise == nullptr || def.pointwise->form == PointwiseFormula::Form::Cast) continue;
+        INFO(def.name);
+        for (GeluApproximation form : {GeluApproximation::None, GeluApproximation::Tanh}) {
+            OpAttrs attrs;
+            attrs.scalar = 0.5;
+            attrs.clamp_min = -1.0;
+            attrs.clamp_max = 1.0;
+            attrs.gelu_approximation = form;
+            bool reads_x = false, reads_y = false;
+            if (def.pointwise->form == PointwiseFormula::Form::Unary) {
+                math::visit_unary(def.op, attrs, [&](auto op) {
+                    using Op = decltype(op);
+                    const math::UnaryScalars<double> p = math::unary_scalars<double>(attrs);
+                    for (double a : points)
+                        for (double b : points) {
+                            reads_x |= !same(math::apply_derivative<Op>(a, 0.9, p), math::apply_derivative<Op>(b, 0.9, p));
+                            reads_y |= !same(math::apply_derivative<Op>(0.8, a, p), math::apply_derivative<Op>(0.8, b, p));
+                        }
+                });
+            } else {
+                math::visit_binary(def.op, [&](auto op) {
+                    using Op = decltype(op);
+                    for (double a : points)
+                        for (double b : points)
+                            reads_x |= !same(Op::d_a(a, 0.9), Op::d_a(b, 0.9)) || !same(Op::d_a(0.8, a), Op::d_a(0.8, b)) ||
+                                       !same(Op::d_b(a, 0.9), Op::d_b(b, 0.9)) || !same(Op::d_b(0.8, a), Op::d_b(0.8, b));
+                });
+            }
+            if (reads_x) CHECK(def.pointwise->derivative_reads_inputs);
+            if (reads_y) CHECK(def.pointwise->derivative_reads_output);
+        }
+    }
+    // The flags are not vacuous: some rows read nothing, some their inputs, some their output.
+    CHECK_FALSE(op_def(OpType::Add).pointwise->derivative_reads_inputs);
+    CHECK(op_def(OpType::Relu).pointwise->derivative_reads_inputs);
+    CHECK(op_def(OpType::Exp).pointwise->derivative_reads_output);
 }
 
 TEST_CASE("MLP: bias add and ReLU form one group; dropout and matmul end it", "[fusion]") {
