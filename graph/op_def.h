@@ -193,6 +193,23 @@ enum class AutocastPolicy : std::uint8_t { Reduced, Float32, Follow };
 
 struct UnfusedComposition;  // graph/fusion_check.h
 
+// The scalar formula of a pointwise op: which functor of ops/elementwise_math.h its kernels apply to each element.
+// The fusion compiler (graph/fusion_plan.h, ops/fusion_source.h) groups the ops that have one and generates kernels
+// that call the same functors, so a fused kernel computes what the op's own kernels compute (docs/fusion.md).
+struct PointwiseFormula {
+    enum class Form : std::uint8_t {
+        Unary,   // Functor::forward(x, scalars) through math::apply_forward
+        Binary,  // Functor::forward(a, b), the inputs broadcast to the output's shape
+        Cast,    // a conversion to OpAttrs::dtype (no functor): the value rounded once to that dtype
+    };
+    Form form;
+    const char* functor;                 // the functor's name in namespace dyngrad::math; nullptr for Cast
+    const char* tanh_functor = nullptr;  // gelu: the functor when OpAttrs::gelu_approximation is Tanh
+    // What the derivative formula reads, so the plan knows which values a backward needs in memory.
+    bool derivative_reads_inputs = false;
+    bool derivative_reads_output = false;
+};
+
 struct OutputSpec {
     Shape shape;
     DType dtype;
@@ -290,8 +307,11 @@ struct OpDef {
     const UnfusedComposition* unfused = nullptr;
     // The backward written with recorded, differentiable ops (graph/higher_order.h), used by backward and grad
     // with create_graph so that gradients can be differentiated again. nullptr: first-order only (create_graph
-    // through such a node throws HigherOrderError naming it). Last on purpose: rows set it as a trailing element.
+    // through such a node throws HigherOrderError naming it). Rows set it as a trailing element.
     DiffBackwardFn differentiable_backward = nullptr;
+    // A pointwise op: its scalar formula (ops/elementwise_math.h, math::formula), which the fusion compiler
+    // generates kernels from. nullptr: not pointwise, the op ends a fused group. Last: only pointwise rows set it.
+    const PointwiseFormula* pointwise = nullptr;
 };
 
 // The attributes `def` reads, in field-table order: "axis=1, keepdim=true" ("" when it reads none); for error

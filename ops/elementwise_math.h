@@ -36,6 +36,10 @@ using std::sin;
 using std::sqrt;
 using std::tanh;
 
+// fusion-source-begin: from here to fusion-source-end, the text is also compiled by NVRTC into the fusion compiler's
+// generated kernels (embedded at build time: cmake/embed_source.cmake, ops/fusion_source.cpp). Only DG_HOST_DEVICE
+// functors calling the math functions of the using-declarations above: no std::, no dyngrad types.
+
 // The scalar attributes a unary formula may read, in the kernel's type: OpAttrs::scalar, and clamp's bounds
 // (±infinity where absent, so one comparison each needs no flag).
 template <typename T>
@@ -44,13 +48,6 @@ struct UnaryScalars {
     T lo;
     T hi;
 };
-
-template <typename T>
-UnaryScalars<T> unary_scalars(const OpAttrs& attrs) {
-    constexpr double inf = std::numeric_limits<double>::infinity();
-    return {static_cast<T>(attrs.scalar), static_cast<T>(attrs.clamp_min.value_or(-inf)),
-            static_cast<T>(attrs.clamp_max.value_or(inf))};
-}
 
 // The kernels call a unary formula through these: a functor declares forward(x, s) with the one scalar
 // most ops read, or forward(x, UnaryScalars) when it needs more.
@@ -284,6 +281,59 @@ struct GeOp {
     template <typename T> DG_HOST_DEVICE static T d_a(T, T) { return T(0); }
     template <typename T> DG_HOST_DEVICE static T d_b(T, T) { return T(0); }
 };
+
+// fusion-source-end
+
+template <typename T>
+UnaryScalars<T> unary_scalars(const OpAttrs& attrs) {
+    constexpr double inf = std::numeric_limits<double>::infinity();
+    return {static_cast<T>(attrs.scalar), static_cast<T>(attrs.clamp_min.value_or(-inf)),
+            static_cast<T>(attrs.clamp_max.value_or(inf))};
+}
+
+// The rows' PointwiseFormula (graph/op_def.h, OpDef::pointwise): the functor each op's kernels call, by name, for
+// the fusion compiler's generated source, and what its derivative reads (tests/test_fusion_plan.cpp checks that
+// every name is a functor above).
+namespace formula {
+using Form = PointwiseFormula::Form;
+constexpr bool kReadsX = true;
+inline constexpr PointwiseFormula neg{Form::Unary, "NegOp"};
+inline constexpr PointwiseFormula add_scalar{Form::Unary, "AddScalarOp"};
+inline constexpr PointwiseFormula mul_scalar{Form::Unary, "MulScalarOp"};
+inline constexpr PointwiseFormula exp{Form::Unary, "ExpOp", nullptr, false, /*reads output=*/true};
+inline constexpr PointwiseFormula log{Form::Unary, "LogOp", nullptr, kReadsX};
+inline constexpr PointwiseFormula sqrt{Form::Unary, "SqrtOp", nullptr, false, /*reads output=*/true};
+inline constexpr PointwiseFormula pow_scalar{Form::Unary, "PowScalarOp", nullptr, kReadsX};
+inline constexpr PointwiseFormula abs{Form::Unary, "AbsOp", nullptr, kReadsX};
+inline constexpr PointwiseFormula sin{Form::Unary, "SinOp", nullptr, kReadsX};
+inline constexpr PointwiseFormula cos{Form::Unary, "CosOp", nullptr, kReadsX};
+inline constexpr PointwiseFormula clamp{Form::Unary, "ClampOp", nullptr, kReadsX};
+inline constexpr PointwiseFormula cast{Form::Cast, nullptr};
+inline constexpr PointwiseFormula relu{Form::Unary, "ReluOp", nullptr, kReadsX};
+inline constexpr PointwiseFormula leaky_relu{Form::Unary, "LeakyReluOp", nullptr, kReadsX};
+inline constexpr PointwiseFormula elu{Form::Unary, "EluOp", nullptr, kReadsX};
+inline constexpr PointwiseFormula clipped_relu{Form::Unary, "ClippedReluOp", nullptr, kReadsX};
+inline constexpr PointwiseFormula sigmoid{Form::Unary, "SigmoidOp", nullptr, kReadsX};
+inline constexpr PointwiseFormula tanh{Form::Unary, "TanhOp", nullptr, kReadsX};
+inline constexpr PointwiseFormula softplus{Form::Unary, "SoftplusOp", nullptr, kReadsX};
+inline constexpr PointwiseFormula gelu{Form::Unary, "GeluOp", "GeluTanhOp", kReadsX};
+inline constexpr PointwiseFormula silu{Form::Unary, "SiluOp", nullptr, kReadsX};
+inline constexpr PointwiseFormula log_sigmoid{Form::Unary, "LogSigmoidOp", nullptr, kReadsX};
+inline constexpr PointwiseFormula softsign{Form::Unary, "SoftsignOp", nullptr, kReadsX};
+inline constexpr PointwiseFormula add{Form::Binary, "AddOp"};
+inline constexpr PointwiseFormula sub{Form::Binary, "SubOp"};
+inline constexpr PointwiseFormula mul{Form::Binary, "MulOp", nullptr, kReadsX};
+inline constexpr PointwiseFormula div{Form::Binary, "DivOp", nullptr, kReadsX};
+inline constexpr PointwiseFormula minimum{Form::Binary, "MinimumOp", nullptr, kReadsX};
+inline constexpr PointwiseFormula maximum{Form::Binary, "MaximumOp", nullptr, kReadsX};
+// Comparisons are not differentiable: no backward reads anything.
+inline constexpr PointwiseFormula eq{Form::Binary, "EqOp"};
+inline constexpr PointwiseFormula ne{Form::Binary, "NeOp"};
+inline constexpr PointwiseFormula lt{Form::Binary, "LtOp"};
+inline constexpr PointwiseFormula le{Form::Binary, "LeOp"};
+inline constexpr PointwiseFormula gt{Form::Binary, "GtOp"};
+inline constexpr PointwiseFormula ge{Form::Binary, "GeOp"};
+}  // namespace formula
 
 // Calls fn(Functor{}) for a unary elementwise node; its attributes pick the form where an op has several
 // (gelu's approximation). Host code only.

@@ -1,0 +1,350 @@
+// The grouping pass of the fusion compiler (graph/fusion_plan.h, docs/fusion.md).
+#include "dyngrad/graph/fusion_plan.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <set>
+#include <sstream>
+
+namespace dyngrad::fusion {
+
+namespace {
+
+bool env_on(const char* name) {
+    const char* value = std::getenv(name);
+    return value != nullptr && std::strcmp(value, "") != 0 && std::strcmp(value, "0") != 0;
+}
+
+// -1: from the environment; 0 or 1: set_fusion_enabled.
+std::atomic<int> enabled_override{-1};
+
+const PointwiseFormula* formula_of(const ComputeNode& node) {
+    if (node.op == OpType::Leaf || node.op == OpType::Custom) return nullptr;
+    return op_def(node.op).pointwise;
+}
+
+// The class of arithmetic a generated kernel computes a node in: f64 alone, or f32 for f32/bf16/f16 (loads
+// widen to f32 and every result is rounded to its node's dtype, as the unfused kernels do).
+bool computes_in_double(DType dtype) { return dtype == DType::f64; }
+
+// Whether the node can be a member of a generated kernel at all.
+bool fusible(const ComputeGraph& graph, const ComputeNode& node) {
+    const PointwiseFormula* formula = formula_of(node);
+    if (formula == nullptr || !node.value.defined() || node.value.numel() == 0) return false;
+    const DType out = node.value.dtype();
+    if (!is_floating(out)) return false;
+    for (const NodeInput& input : node.inputs) {
+        const Tensor& value = graph.node(input.id).value;
+        if (!value.defined() || !is_floating(value.dtype())) return false;
+        // A cast across the f64 boundary changes the precision class: it ends the group.
+        if (computes_in_double(value.dtype()) != computes_in_double(out)) return false;
+    }
+    return true;
+}
+
+struct Builder {
+    const ComputeGraph& graph;
+    std::vector<std::vector<NodeId>> consumers;
+    std::vector<int> group_of;                // -1: none
+    std::vector<std::vector<NodeId>> groups;  // members, creation order
+
+    explicit Builder(const ComputeGraph& g) : graph(g), consumers(g.size()), group_of(g.size(), -1) {
+        for (NodeId id = 0; id < g.size(); ++id)
+            for (const NodeInput& input : g.node(id).inputs) consumers[input.id].push_back(id);
+    }
+
+    bool compatible(NodeId member, NodeId id) const {
+        const Tensor& a = graph.node(member).value;
+        const Tensor& b = graph.node(id).value;
+        return a.shape() == b.shape() && a.device() == b.device() &&
+               computes_in_double(a.dtype()) == computes_in_double(b.dtype());
+    }
+
+    // A set of members is one legal kernel when it can run after its last external input and before the
+    // first node outside it that reads a member. That also rules out cycles: a path from a member through
+    // outside nodes into the group passes an outside reader no later than the external input it reaches.
+    bool legal(const std::vector<NodeId>& members) const {
+        const std::set<NodeId> in(members.begin(), members.end());
+        std::optional<NodeId> last_input;
+        std::optional<NodeId> first_reader;
+        for (NodeId m : members) {
+            for (const NodeInput& input : graph.node(m).inputs)
+                if (!in.contains(input.id)) last_input = std::max(last_input.value_or(0), input.id);
+            for (NodeId reader : consumers[m])
+                if (!in.contains(reader)) first_reader = std::min(first_reader.value_or(reader), reader);
+        }
+        return !last_input || !first_reader || *last_input < *first_reader;
+    }
+
+    void assign(std::vector<NodeId> members) {
+        std::sort(members.begin(), members.end());
+        const int index = static_cast<int>(groups.size());
+        for (NodeId m : members) group_of[m] = index;
+        groups.push_back(std::move(members));
+    }
+
+    void dissolve(std::size_t g) {
+        for (NodeId m : groups[g]) group_of[m] = -1;
+        groups[g].clear();
+    }
+
+    // Each group checked alone can run between its inputs and its readers; together they must not wait on each
+    // other in a circle (a group reading a member of another that reads one of its own). Over units (a group, or a
+    // node outside any group) the dependencies must form a DAG: while they do not, the newest group in a cycle is
+    // dissolved into its nodes. A safety net (no test graph needs it, docs/fusion.md). Groups of one are dissolved
+    // first (they save nothing).
+    void keep_schedulable() {
+        for (std::size_t g = 0; g < groups.size(); ++g)
+            if (groups[g].size() < 2) dissolve(g);
+        const std::size_t n = graph.size();
+        for (;;) {
+            const auto unit = [&](NodeId id) { return group_of[id] >= 0 ? n + group_of[id] : std::size_t{id}; };
+            std::vector<std::vector<std::size_t>> next(n + groups.size());
+            std::vector<std::size_t> waiting(n + groups.size(), 0);
+            for (NodeId id = 0; id < n; ++id)
+                for (const NodeInput& input : graph.node(id).inputs)
+                    if (unit(input.id) != unit(id)) {
+                        next[unit(input.id)].push_back(unit(id));
+                        ++waiting[unit(id)];
+                    }
+            std::vector<std::size_t> ready;
+            for (std::size_t u = 0; u < next.size(); ++u)
+                if (waiting[u] == 0) ready.push_back(u);
+            while (!ready.empty()) {
+                const std::size_t u = ready.back();
+                ready.pop_back();
+                for (std::size_t v : next[u])
+                    if (--waiting[v] == 0) ready.push_back(v);
+            }
+            // Units still waiting lie on a cycle or after one; only a group on one is dissolved.
+            const auto on_cycle = [&](std::size_t start) {
+                std::vector<char> seen(next.size(), 0);
+                std::vector<std::size_t> stack(next[start].begin(), next[start].end());
+                while (!stack.empty()) {
+                    const std::size_t u = stack.back();
+                    stack.pop_back();
+                    if (u == start) return true;
+                    if (seen[u] || waiting[u] == 0) continue;
+                    seen[u] = 1;
+                    stack.insert(stack.end(), next[u].begin(), next[u].end());
+                }
+                return false;
+            };
+            std::optional<std::size_t> newest;  // of the groups on a cycle, the one whose first member is newest
+            for (std::size_t g = 0; g < groups.size(); ++g)
+                if (!groups[g].empty() && waiting[n + g] > 0 && on_cycle(n + g) &&
+                    (!newest || groups[g].front() > groups[*newest].front()))
+                    newest = g;
+            if (!newest) return;
+            dissolve(*newest);
+        }
+    }
+
+    void add(NodeId id) {
+        std::vector<int> candidates;
+        for (const NodeInput& input : graph.node(id).inputs) {
+            const int g = group_of[input.id];
+            if (g >= 0 && compatible(input.id, id) &&
+                std::find(candidates.begin(), candidates.end(), g) == candidates.end())
+                candidates.push_back(g);
+        }
+        // First every producer group with the node, then the largest that alone is legal, else a new group.
+        std::vector<NodeId> merged{id};
+        for (int g : candidates) merged.insert(merged.end(), groups[g].begin(), groups[g].end());
+        if (candidates.size() > 1 && legal(merged)) {
+            for (int g : candidates) groups[g].clear();
+            assign(std::move(merged));
+            return;
+        }
+        std::sort(candidates.begin(), candidates.end(),
+                  [&](int a, int b) { return groups[a].size() > groups[b].size(); });
+        for (int g : candidates) {
+            std::vector<NodeId> joined = groups[g];
+            joined.push_back(id);
+            if (legal(joined)) {
+                groups[g].push_back(id);
+                group_of[id] = g;
+                return;
+            }
+        }
+        assign({id});
+    }
+};
+
+bool derivative_reads_inputs(const ComputeNode& node) {
+    const PointwiseFormula* formula = formula_of(node);
+    return formula != nullptr && formula->derivative_reads_inputs;
+}
+
+void push_unique(std::vector<NodeId>& list, NodeId id) {
+    if (std::find(list.begin(), list.end(), id) == list.end()) list.push_back(id);
+}
+
+FusionGroup describe_group(const Builder& b, const std::vector<NodeId>& members) {
+    const ComputeGraph& graph = b.graph;
+    const std::set<NodeId> in(members.begin(), members.end());
+    FusionGroup group;
+    group.members = members;
+    group.shape = graph.node(members.front()).value.shape();
+    group.double_precision = computes_in_double(graph.node(members.front()).value.dtype());
+    for (NodeId m : members) {
+        const ComputeNode& node = graph.node(m);
+        for (const NodeInput& input : node.inputs)
+            if (!in.contains(input.id)) push_unique(group.inputs, input.id);
+        bool read_outside = false, read_by_backward = false;
+        for (NodeId reader : b.consumers[m]) {
+            if (!in.contains(reader)) read_outside = true;
+            else if (graph.node(reader).requires_grad && derivative_reads_inputs(graph.node(reader)))
+                read_by_backward = true;
+        }
+        if (node.requires_grad && formula_of(node)->derivative_reads_output) read_by_backward = true;
+        if (read_outside) group.outputs.push_back({m, Materialise::ConsumedOutside});
+        else if (b.consumers[m].empty()) group.outputs.push_back({m, Materialise::StepResult});
+        else if (read_by_backward) group.outputs.push_back({m, Materialise::NeededByBackward});
+    }
+    return group;
+}
+
+std::optional<BackwardChain> describe_backward(const Builder& b, const FusionGroup& group, std::size_t index) {
+    const ComputeGraph& graph = b.graph;
+    const std::set<NodeId> in(group.members.begin(), group.members.end());
+    BackwardChain chain;
+    chain.group = index;
+    for (auto it = group.members.rbegin(); it != group.members.rend(); ++it) {
+        const ComputeNode& node = graph.node(*it);
+        if (!node.requires_grad) continue;
+        chain.members.push_back(*it);
+        const bool reader_outside = std::any_of(b.consumers[*it].begin(), b.consumers[*it].end(),
+                                                [&](NodeId r) { return !in.contains(r); });
+        if (reader_outside || b.consumers[*it].empty()) chain.gradients_in.push_back(*it);
+        const PointwiseFormula* formula = formula_of(node);
+        if (formula->derivative_reads_inputs)
+            for (const NodeInput& input : node.inputs) push_unique(chain.saved_reads, input.id);
+        if (formula->derivative_reads_output) push_unique(chain.saved_reads, *it);
+    }
+    if (chain.members.empty()) return std::nullopt;
+    std::sort(chain.saved_reads.begin(), chain.saved_reads.end());
+    for (NodeId input : group.inputs) {
+        if (!graph.node(input).requires_grad) continue;
+        chain.gradients_out.push_back(input);
+        if (graph.node(input).value.shape() != group.shape) chain.reduced.push_back(input);
+    }
+    return chain;
+}
+
+}  // namespace
+
+FusionSettings fusion_settings() {
+    static const FusionSettings from_environment{env_on("DYNGRAD_FUSION"), env_on("DYNGRAD_PRINT_FUSIONS"),
+                                                 env_on("DYNGRAD_CHECK_FUSIONS")};
+    FusionSettings settings = from_environment;
+    const int override_value = enabled_override.load(std::memory_order_relaxed);
+    if (override_value >= 0) settings.enabled = override_value == 1;
+    return settings;
+}
+
+void set_fusion_enabled(bool enabled) { enabled_override.store(enabled ? 1 : 0, std::memory_order_relaxed); }
+
+const char* materialise_name(Materialise why) {
+    switch (why) {
+        case Materialise::ConsumedOutside: return "consumed outside";
+        case Materialise::NeededByBackward: return "needed by backward";
+        case Materialise::StepResult: return "step result";
+    }
+    return "unknown";
+}
+
+std::size_t FusionPlan::launches_saved() const {
+    std::size_t saved = 0;
+    for (const FusionGroup& group : groups) saved += group.members.size() - 1;
+    return saved;
+}
+
+std::string FusionPlan::describe(const ComputeGraph& graph) const {
+    std::ostringstream out;
+    const auto node_text = [&](NodeId id) {
+        const ComputeNode& node = graph.node(id);
+        return str(node.op == OpType::Leaf ? "leaf" : op_def(node.op, node.attrs).name, " #", id);
+    };
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+        const FusionGroup& group = groups[g];
+        out << "group " << g << " " << to_string(group.shape) << (group.double_precision ? " f64" : " f32") << ":";
+        for (std::size_t i = 0; i < group.members.size(); ++i) out << (i ? ", " : " ") << node_text(group.members[i]);
+        out << " | inputs";
+        for (std::size_t i = 0; i < group.inputs.size(); ++i) out << (i ? ", " : " ") << node_text(group.inputs[i]);
+        out << " | outputs";
+        for (std::size_t i = 0; i < group.outputs.size(); ++i)
+            out << (i ? ", " : " ") << node_text(group.outputs[i].node) << " ("
+                << materialise_name(group.outputs[i].why) << ")";
+        out << "\n";
+    }
+    return out.str();
+}
+
+FusionPlan plan_fusion(const ComputeGraph& graph) {
+    Builder builder(graph);
+    for (NodeId id = 0; id < graph.size(); ++id)
+        if (fusible(graph, graph.node(id))) builder.add(id);
+    builder.keep_schedulable();
+    FusionPlan plan;
+    plan.signature = graph_signature(graph);
+    for (const std::vector<NodeId>& members : builder.groups) {
+        if (members.empty()) continue;  // dissolved
+        plan.groups.push_back(describe_group(builder, members));
+        if (auto chain = describe_backward(builder, plan.groups.back(), plan.groups.size() - 1))
+            plan.backward.push_back(std::move(*chain));
+    }
+    // Creation order of the first member: the order a replay meets them.
+    std::vector<std::size_t> order(plan.groups.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    if (!std::is_sorted(plan.groups.begin(), plan.groups.end(), [](const FusionGroup& a, const FusionGroup& b) {
+            return a.members.front() < b.members.front();
+        })) {
+        std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+            return plan.groups[a].members.front() < plan.groups[b].members.front();
+        });
+        std::vector<FusionGroup> sorted;
+        std::vector<std::size_t> new_index(order.size());
+        for (std::size_t i = 0; i < order.size(); ++i) {
+            new_index[order[i]] = i;
+            sorted.push_back(std::move(plan.groups[order[i]]));
+        }
+        plan.groups = std::move(sorted);
+        for (BackwardChain& chain : plan.backward) chain.group = new_index[chain.group];
+        std::sort(plan.backward.begin(), plan.backward.end(),
+                  [](const BackwardChain& a, const BackwardChain& b) { return a.group < b.group; });
+    }
+    return plan;
+}
+
+std::string graph_signature(const ComputeGraph& graph) {
+    std::ostringstream out;
+    for (NodeId id = 0; id < graph.size(); ++id) {
+        const ComputeNode& node = graph.node(id);
+        out << static_cast<int>(node.op);
+        if (node.op != OpType::Leaf) {
+            const OpDef& def = op_def(node.op, node.attrs);
+            out << ' ' << def.name << '(' << attrs_text(def, node.attrs) << ')';
+        }
+        for (const NodeInput& input : node.inputs) out << ' ' << input.id;
+        if (node.value.defined())
+            out << ' ' << to_string(node.value.shape()) << ' ' << dtype_name(node.value.dtype()) << ' '
+                << node.value.device().to_string();
+        else
+            out << " released";
+        out << (node.requires_grad ? " g" : "") << ";";
+    }
+    return out.str();
+}
+
+const FusionPlan& FusionPlanCache::plan_for(const ComputeGraph& graph) {
+    std::string signature = graph_signature(graph);
+    auto found = plans_.find(signature);
+    if (found != plans_.end()) return found->second;
+    return plans_.emplace(std::move(signature), plan_fusion(graph)).first->second;
+}
+
+}  // namespace dyngrad::fusion

@@ -1,0 +1,94 @@
+// The fusion compiler's grouping pass (issue 33, docs/fusion.md): over a recorded graph, the maximal groups of
+// pointwise nodes (rows with OpDef::pointwise: elementwise unary and binary ops, activations, casts, scalar ops) that
+// one generated kernel can compute, what each group must write to memory, and which backward chains can be grouped
+// likewise. A plan describes; it runs nothing (ops/fusion_source.h generates a group's kernel source,
+// cuda/nvrtc_compiler.h compiles it). Fusion is off by default until it has been measured on a GPU.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dyngrad/graph/graph.h"
+
+namespace dyngrad::fusion {
+
+// The switches, read once from the environment (set_* override them, e.g. in tests):
+//   DYNGRAD_FUSION=1         fuse (default off: nothing measured yet)
+//   DYNGRAD_PRINT_FUSIONS=1  print each generated kernel's source and each fallback to stderr
+//   DYNGRAD_CHECK_FUSIONS=1  compare each generated kernel with its unfused composition on first use
+struct FusionSettings {
+    bool enabled = false;
+    bool print = false;
+    bool check = false;
+};
+FusionSettings fusion_settings();
+void set_fusion_enabled(bool enabled);
+
+// Why a member's value is written to memory by its group's kernel.
+enum class Materialise : std::uint8_t {
+    ConsumedOutside,   // a node outside the group reads it
+    NeededByBackward,  // a derivative formula reads it (OpDef::pointwise's derivative_reads_*)
+    StepResult,        // nothing in the graph reads it: the caller does
+};
+const char* materialise_name(Materialise why);
+
+struct GroupOutput {
+    NodeId node;
+    Materialise why;
+};
+
+// One generated kernel: members computed elementwise over one index space, external inputs broadcast into it.
+struct FusionGroup {
+    std::vector<NodeId> members;       // creation order; the kernel runs where the last member ran
+    std::vector<NodeId> inputs;        // the distinct producers outside the group, in first-use order
+    std::vector<GroupOutput> outputs;  // the members written to memory, creation order
+    Shape shape;                       // every member's output shape: the kernel's index space
+    bool double_precision = false;     // computes in f64 (every member f64), else in f32 (f32, bf16, f16)
+};
+
+// The backward of a group's members that require grad, as one kernel: the incoming gradients of the outputs
+// consumed outside, the derivative formulas applied in reverse creation order with fan-out summed in registers,
+// one gradient per external input that requires grad. A gradient broadcast into the shape still needs its sum
+// to the input's shape (a reduction): the chain writes it in the group's shape and `reduced` names it.
+struct BackwardChain {
+    std::size_t group = 0;              // index into FusionPlan::groups
+    std::vector<NodeId> members;        // reverse creation order
+    std::vector<NodeId> gradients_in;   // members whose gradient comes from outside the group
+    std::vector<NodeId> saved_reads;    // the values the derivative formulas read (materialised by the forward)
+    std::vector<NodeId> gradients_out;  // external inputs that require grad
+    std::vector<NodeId> reduced;        // those of gradients_out whose shape differs from the group's
+};
+
+struct FusionPlan {
+    std::string signature;  // graph_signature() of the graph it was made for
+    std::vector<FusionGroup> groups;
+    std::vector<BackwardChain> backward;
+    // Kernel launches a forward saves: each group replaces its members' launches by one.
+    std::size_t launches_saved() const;
+    // One line per group: "group 0: add #5, relu #6 | inputs #3, #4 | outputs relu #6 (consumed outside)".
+    std::string describe(const ComputeGraph& graph) const;
+};
+
+// Groups of at least two nodes (a group of one saves nothing). Legal by construction: every member has the
+// group's shape and precision class, and no path leads from a member through a node outside the group back into
+// the group (the kernel would need a value computed after it).
+FusionPlan plan_fusion(const ComputeGraph& graph);
+
+// What a plan depends on, exactly: each node's op, inputs, attributes, shape, dtype, device and requires_grad.
+// Two graphs with the same signature get the same plan; a change in any of these (a new batch size) is another
+// signature, so no plan or kernel made for other shapes is ever reused.
+std::string graph_signature(const ComputeGraph& graph);
+
+// Plans by signature: the captured step asks once per replay key (a changed shape plans anew).
+class FusionPlanCache {
+public:
+    const FusionPlan& plan_for(const ComputeGraph& graph);
+    std::size_t size() const { return plans_.size(); }
+
+private:
+    std::map<std::string, FusionPlan> plans_;
+};
+
+}  // namespace dyngrad::fusion

@@ -1,0 +1,47 @@
+// Source generation of the fusion compiler (issue 33, docs/fusion.md): one CUDA C++ kernel for a group of the
+// grouping pass (graph/fusion_plan.h), written over the same scalar formulas as the ops' own kernels: the part of
+// ops/elementwise_math.h between its fusion-source markers is embedded in the library at build time
+// (cmake/embed_source.cmake) and pasted into every generated source, so NVRTC needs no header file at run time.
+//
+// The kernel: a grid-stride loop over 64-bit indices; 16-byte vector loads and stores of the tensors that have
+// the group's full shape when every such pointer is aligned (checked in the kernel), elementwise otherwise and
+// for the tail; bf16/f16 loaded to f32, f32 arithmetic, every member's result rounded to its own dtype (as its
+// unfused kernel stores it) and kept apart from the next formula (no contraction across ops), so a fused kernel
+// computes what the unfused kernels compute. Shapes are constants of the source: another shape is another source,
+// another hash, another kernel.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dyngrad/graph/fusion_plan.h"
+
+namespace dyngrad::fusion {
+
+// A unary member's scalars, as the kernel takes them (math::UnaryScalars of the compute type): the launch passes
+// attributes as arguments, so a changed scalar (a loss scale, a slope) reuses the compiled kernel.
+struct ScalarArgument {
+    NodeId node;
+};
+
+struct FusedKernelSource {
+    std::string name;    // "dg_fused_<16 hex digits of the source's hash>": extern "C", so NVRTC keeps it
+    std::string source;  // the whole translation unit
+    // The kernel's parameters in order: one pointer per input, one per output, one UnaryScalars per scalar
+    // argument (members that read OpAttrs::scalar or clamp's bounds).
+    std::vector<NodeId> inputs;
+    std::vector<NodeId> outputs;
+    std::vector<ScalarArgument> scalars;
+    int vector_width = 1;     // elements per vector access (16 bytes of the widest full-shape tensor)
+    std::int64_t numel = 0;   // the index space
+    std::uint64_t hash = 0;   // of `source` (cuda::fnv1a64)
+};
+
+// The kernel of `group` of a plan made for `graph` (its signature: the values' shapes and dtypes are read from it).
+FusedKernelSource generate_fused_source(const ComputeGraph& graph, const FusionGroup& group);
+
+// The embedded text of ops/elementwise_math.h between its markers (what every generated source contains).
+std::string_view elementwise_math_source();
+
+}  // namespace dyngrad::fusion

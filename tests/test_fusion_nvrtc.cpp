@@ -1,0 +1,171 @@
+// The fusion compiler's NVRTC back end (cuda/nvrtc_compiler.h, docs/fusion.md) without a GPU: generated sources
+// compile to PTX and to an sm_90 cubin, the disk cache hits on the second compile and writes atomically, an
+// unwritable or corrupt cache still compiles (logged once), and a source NVRTC rejects is a typed error or, through
+// try_compile_fused_kernel, a logged fallback. Built wherever the CUDA toolkit is found (tests/CMakeLists.txt).
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include "catch.h"
+#include "dyngrad/cuda/nvrtc_compiler.h"
+#include "dyngrad/dyngrad.h"
+#include "dyngrad/graph/fusion_plan.h"
+#include "dyngrad/ops/fusion_source.h"
+
+using namespace dyngrad;
+using namespace dyngrad::fusion;
+using dyngrad::cuda::FusedKernelCompileOptions;
+using dyngrad::cuda::ImageKind;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+Generator fresh_generator() { return Generator(std::random_device{}()); }
+Tensor random(const Shape& shape, Generator& gen) { return Tensor::uniform(shape, -1.0, 1.0, gen); }
+
+// A fresh directory under the system's temporary one, removed at the end of the test.
+struct TemporaryDirectory {
+    fs::path path;
+    TemporaryDirectory() {
+        path = fs::temp_directory_path() / str("dyngrad-fusion-test-", std::random_device{}(), "-", std::random_device{}());
+        fs::create_directories(path);
+    }
+    ~TemporaryDirectory() {
+        std::error_code ignored;
+        fs::remove_all(path, ignored);
+    }
+};
+
+// The kernel of the first group of a small graph: bias add, GELU (tanh form), a scalar multiply, in `dtype`.
+FusedKernelSource sample_kernel(DType dtype, std::int64_t batch = 64) {
+    Generator gen = fresh_generator();
+    ComputeGraph graph;
+    const Var x = graph.input(random({batch, 48}, gen).to(dtype), "x", true);
+    const Var b = graph.input(random({48}, gen).to(dtype), "b", true);
+    const Var y = mul_scalar(gelu(add(x, b), GeluApproximation::Tanh), 0.5);
+    const Var z = clamp(leaky_relu(y, 0.1), -2.0, std::nullopt);
+    const Var loss = sum(to_dtype(z, DType::f64 == dtype ? DType::f64 : DType::f32));
+    const FusionPlan plan = plan_fusion(graph);
+    REQUIRE(plan.groups.size() == 1);
+    REQUIRE(loss.defined());
+    return generate_fused_source(graph, plan.groups[0]);
+}
+
+std::size_t count_entries(const fs::path& dir, const std::string& suffix) {
+    std::size_t count = 0;
+    for (const auto& entry : fs::directory_iterator(dir)) count += entry.path().string().ends_with(suffix);
+    return count;
+}
+
+bool logged(cuda::FusionLogEntry::Kind kind) {
+    for (const auto& entry : cuda::fusion_log())
+        if (entry.kind == kind) return true;
+    return false;
+}
+
+}  // namespace
+
+TEST_CASE("generated kernels compile with NVRTC for f32, bf16, f16 and f64", "[fusion][nvrtc]") {
+    for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+        const FusedKernelSource k = sample_kernel(dtype);
+        INFO(dtype_name(dtype) << "\n" << k.source);
+        const cuda::CompiledKernel ptx =
+            cuda::compile_fused_kernel(k.source, k.name, {.arch = 90, .kind = ImageKind::Ptx, .cache_dir = {}, .use_cache = false});
+        CHECK_FALSE(ptx.from_cache);
+        CHECK(ptx.image.find(str(".entry ", k.name)) != std::string::npos);
+        CHECK(ptx.compile_ms > 0.0);
+    }
+    // A cubin for the H200's architecture: what the CUDA build loads (no JIT at load time).
+    const FusedKernelSource k = sample_kernel(DType::f32);
+    const cuda::CompiledKernel cubin = cuda::compile_fused_kernel(k.source, k.name, {.arch = 90, .kind = ImageKind::Cubin, .cache_dir = {}, .use_cache = false});
+    REQUIRE(cubin.image.size() > 4);
+    CHECK(cubin.image.compare(0, 4, "\x7f" "ELF") == 0);
+}
+
+TEST_CASE("the disk cache: a miss compiles and writes atomically, a hit reads the same image", "[fusion][nvrtc]") {
+    cuda::clear_fusion_log();
+    TemporaryDirectory dir;
+    const FusedKernelSource k = sample_kernel(DType::bf16);
+    const FusedKernelCompileOptions options{.arch = 90, .kind = ImageKind::Ptx, .cache_dir = dir.path.string()};
+    const cuda::CompiledKernel cold = cuda::compile_fused_kernel(k.source, k.name, options);
+    CHECK_FALSE(cold.from_cache);
+    CHECK(count_entries(dir.path, ".ptx") == 1);
+    CHECK(count_entries(dir.path, ".tmp") == 0);  // no temporary left behind
+    const cuda::CompiledKernel warm = cuda::compile_fused_kernel(k.source, k.name, options);
+    CHECK(warm.from_cache);
+    CHECK(warm.image == cold.image);
+    // Another shape is another source: another entry, never the cached kernel of the first.
+    const FusedKernelSource other = sample_kernel(DType::bf16, 32);
+    CHECK(other.name != k.name);
+    const cuda::CompiledKernel other_kernel = cuda::compile_fused_kernel(other.source, other.name, options);
+    CHECK_FALSE(other_kernel.from_cache);
+    CHECK(other_kernel.image.find(str(".entry ", other.name)) != std::string::npos);
+    CHECK(count_entries(dir.path, ".ptx") == 2);
+
+    // A truncated entry reads as a miss (logged), is compiled again and rewritten.
+    for (const auto& entry : fs::directory_iterator(dir.path)) fs::resize_file(entry.path(), 20);
+    const cuda::CompiledKernel again = cuda::compile_fused_kernel(k.source, k.name, options);
+    CHECK_FALSE(again.from_cache);
+    CHECK(again.image == cold.image);
+    CHECK(logged(cuda::FusionLogEntry::Kind::CacheReadFailed));
+    CHECK(cuda::compile_fused_kernel(k.source, k.name, options).from_cache);
+}
+
+TEST_CASE("an unwritable cache directory compiles in memory and logs once", "[fusion][nvrtc]") {
+    cuda::clear_fusion_log();
+    TemporaryDirectory dir;
+    // A directory below a regular file can never be created, whoever runs the test (root included).
+    const fs::path blocker = dir.path / "not-a-directory";
+    std::ofstream(blocker) << "x";
+    const FusedKernelSource k = sample_kernel(DType::f32);
+    const FusedKernelCompileOptions options{.arch = 90, .kind = ImageKind::Ptx,
+                                            .cache_dir = (blocker / "cache").string()};
+    for (int i = 0; i < 2; ++i) {
+        const cuda::CompiledKernel compiled = cuda::compile_fused_kernel(k.source, k.name, options);
+        CHECK_FALSE(compiled.from_cache);
+        CHECK(compiled.image.find(str(".entry ", k.name)) != std::string::npos);
+    }
+    int unwritable = 0;
+    for (const auto& entry : cuda::fusion_log()) unwritable += entry.kind == cuda::FusionLogEntry::Kind::CacheUnwritable;
+    CHECK(unwritable == 1);
+}
+
+TEST_CASE("a source NVRTC rejects: a typed error, or a logged fallback to the unfused kernels", "[fusion][nvrtc]") {
+    cuda::clear_fusion_log();
+    const FusedKernelSource k = sample_kernel(DType::f32);
+    // The test hook: a deliberately broken generated source (an undeclared name in the kernel body).
+    std::string broken = k.source;
+    const std::string marker = "constexpr long long n = ";
+    broken.insert(broken.find(marker), "    undeclared_in_generated_source += 1;\n");
+    const FusedKernelCompileOptions options{.arch = 90, .kind = ImageKind::Ptx, .cache_dir = {}, .use_cache = false};
+    try {
+        cuda::compile_fused_kernel(broken, k.name, options);
+        FAIL("NVRTC accepted a broken source");
+    } catch (const cuda::FusionCompileError& error) {
+        CHECK(error.kernel() == k.name);
+        CHECK(error.log().find("undeclared_in_generated_source") != std::string::npos);
+    }
+    CHECK_THROWS_AS(cuda::compile_fused_kernel(broken, k.name, options), CudaError);
+    CHECK_FALSE(cuda::try_compile_fused_kernel(broken, k.name, options).has_value());
+    const auto log = cuda::fusion_log();
+    REQUIRE(log.size() == 1);
+    CHECK(log[0].kind == cuda::FusionLogEntry::Kind::CompileFallback);
+    CHECK(log[0].kernel == k.name);
+    CHECK(log[0].reason.find("unfused") != std::string::npos);
+    CHECK(log[0].reason.find("undeclared_in_generated_source") != std::string::npos);
+    // The intact source still compiles.
+    CHECK(cuda::try_compile_fused_kernel(k.source, k.name, options).has_value());
+}
+
+TEST_CASE("the default cache directory follows the environment", "[fusion][nvrtc]") {
+    const std::string dir = cuda::default_fusion_cache_dir();
+    if (const char* explicit_dir = std::getenv("DYNGRAD_FUSION_CACHE_DIR"); explicit_dir && *explicit_dir)
+        CHECK(dir == explicit_dir);
+    else if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
+        CHECK(dir == str(xdg, "/dyngrad/fusion"));
+    else if (const char* home = std::getenv("HOME"); home && *home)
+        CHECK(dir == str(home, "/.cache/dyngrad/fusion"));
+    CHECK_FALSE(cuda::nvrtc_version().empty());
+}
