@@ -192,6 +192,9 @@ inline constexpr AttrSet kNoAttrs{};
 enum class AutocastPolicy : std::uint8_t { Reduced, Float32, Follow };
 
 struct UnfusedComposition;  // graph/fusion_check.h
+// A row's argument rule (graph/front_door.h): fills in, from the inputs, what the caller left to the op's defaults.
+class OpCall;
+using PrepareFn = void (*)(OpCall& call);
 
 struct OutputSpec {
     Shape shape;
@@ -292,6 +295,10 @@ struct OpDef {
     // with create_graph so that gradients can be differentiated again. nullptr: first-order only (create_graph
     // through such a node throws HigherOrderError naming it). Last on purpose: rows set it as a trailing element.
     DiffBackwardFn differentiable_backward = nullptr;
+    // The argument rule every caller runs before the op (graph/front_door.h: the C++ front doors and Python's
+    // dg.ops): defaults that depend on the inputs (rms_norm's eps, pooling's stride, a bias without a weight).
+    // nullptr: the attributes' initialisers are the defaults.
+    PrepareFn prepare = nullptr;
 };
 
 // The attributes `def` reads, in field-table order: "axis=1, keepdim=true" ("" when it reads none); for error
