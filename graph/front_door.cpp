@@ -6,11 +6,20 @@
 
 namespace dyngrad {
 
+namespace {
+// How many of a call's first inputs the row requires (all of them for a variadic row).
+std::size_t required_inputs(const OpDef& def, std::size_t given) {
+    return def.arity == kVariadic ? given : static_cast<std::size_t>(def.arity - def.optional_inputs);
+}
+}  // namespace
+
 void prepare_call(const OpDef& def, OpCall& call) {
     if (def.prepare != nullptr) def.prepare(call);
+    const std::size_t required = required_inputs(def, call.size());
     std::size_t present = call.size();
-    while (present > 0 && call.value(present - 1) == nullptr) --present;
-    for (std::size_t i = 0; i < present; ++i)
+    while (present > required && call.value(present - 1) == nullptr) --present;
+    // An undefined required input goes on to the engine, which names it as for any op.
+    for (std::size_t i = required; i < present; ++i)
         if (call.value(i) == nullptr)
             throw ValueError(str(def.name, ": input ", i, " is left out but input ", present - 1,
                                  " is given; only trailing optional inputs may be left out"));
@@ -22,8 +31,9 @@ namespace {
 template <typename T>
 class FrontDoorCall final : public OpCall {
 public:
-    FrontDoorCall(std::initializer_list<T> inputs, OpAttrs& attrs, AttrSet given, std::source_location where)
-        : OpCall(attrs, given), operands_(inputs), where_(where) {}
+    FrontDoorCall(std::initializer_list<T> inputs, std::size_t required, OpAttrs& attrs, AttrSet given,
+                  std::source_location where)
+        : OpCall(attrs, given), operands_(inputs), required_(required), where_(where) {}
     std::size_t size() const override { return operands_.size(); }
     const Tensor* value(std::size_t i) const override {
         if (!operands_[i].defined()) return nullptr;
@@ -34,10 +44,10 @@ public:
         if constexpr (std::same_as<T, Var>) operands_[i] = graph().constant(constant, where_);
         else operands_[i] = constant;
     }
-    // The operands up to the last one present.
+    // The operands up to the last one present (the required ones in any case).
     std::vector<T> operands() {
         std::size_t present = operands_.size();
-        while (present > 0 && !operands_[present - 1].defined()) --present;
+        while (present > required_ && !operands_[present - 1].defined()) --present;
         operands_.resize(present);
         return std::move(operands_);
     }
@@ -49,6 +59,7 @@ private:
         return operands_.front().graph();  // throws: an undefined Var has no graph
     }
     std::vector<T> operands_;
+    std::size_t required_;
     std::source_location where_;
 };
 
@@ -70,7 +81,7 @@ Var apply_op(OpType op, std::initializer_list<Var> inputs, const OpAttrs& attrs,
     const OpDef& def = op_def(op);
     if (direct(def, inputs)) return inputs.begin()->graph().record(op, inputs, attrs, where);
     OpAttrs prepared = attrs;
-    FrontDoorCall<Var> call(inputs, prepared, given, where);
+    FrontDoorCall<Var> call(inputs, required_inputs(def, inputs.size()), prepared, given, where);
     prepare_call(def, call);
     const std::vector<Var> operands = call.operands();
     return operands.front().graph().record(op, operands, prepared, where);
@@ -81,7 +92,7 @@ Tensor apply_op(OpType op, std::initializer_list<Tensor> inputs, const OpAttrs& 
     const OpDef& def = op_def(op);
     if (direct(def, inputs)) return eager(op, inputs, attrs, where);
     OpAttrs prepared = attrs;
-    FrontDoorCall<Tensor> call(inputs, prepared, given, where);
+    FrontDoorCall<Tensor> call(inputs, required_inputs(def, inputs.size()), prepared, given, where);
     prepare_call(def, call);
     const std::vector<Tensor> operands = call.operands();
     return eager(op, operands, prepared, where);
