@@ -192,6 +192,9 @@ inline constexpr AttrSet kNoAttrs{};
 enum class AutocastPolicy : std::uint8_t { Reduced, Float32, Follow };
 
 struct UnfusedComposition;  // graph/fusion_check.h
+// A row's argument rule (graph/front_door.h): fills in, from the inputs, what the caller left to the op's defaults.
+class OpCall;
+using PrepareFn = void (*)(OpCall& call);
 
 // The scalar formula of a pointwise op: which functor of ops/elementwise_math.h its kernels apply to each element.
 // The fusion compiler (graph/fusion_plan.h, ops/fusion_source.h) groups the ops that have one and generates kernels
@@ -310,8 +313,12 @@ struct OpDef {
     // through such a node throws HigherOrderError naming it). Rows set it as a trailing element.
     DiffBackwardFn differentiable_backward = nullptr;
     // A pointwise op: its scalar formula (ops/elementwise_math.h, math::formula), which the fusion compiler
-    // generates kernels from. nullptr: not pointwise, the op ends a fused group. Last: only pointwise rows set it.
+    // generates kernels from. nullptr: not pointwise, the op ends a fused group. Rows that set it are pointwise.
     const PointwiseFormula* pointwise = nullptr;
+    // The argument rule every caller runs before the op (graph/front_door.h: the C++ front doors and Python's
+    // dg.ops): defaults that depend on the inputs (rms_norm's eps, pooling's stride, a bias without a weight).
+    // nullptr: the attributes' initialisers are the defaults. Last: rows that set it give `pointwise` (nullptr) first.
+    PrepareFn prepare = nullptr;
 };
 
 // The attributes `def` reads, in field-table order: "axis=1, keepdim=true" ("" when it reads none); for error

@@ -26,38 +26,7 @@
 
 namespace dyngrad {
 
-// ---- user functions ----
-namespace {
-OpAttrs conv_attrs(const Conv2dOptions& options) {
-    OpAttrs attrs;
-    attrs.stride = options.stride;
-    attrs.padding = options.padding;
-    attrs.dilation = options.dilation;
-    attrs.groups = options.groups;
-    attrs.activation = options.activation;
-    return attrs;
-}
-}  // namespace
-
-Var conv2d(const Var& x, const Var& weight, const Var& bias, Conv2dOptions options, std::source_location where) {
-    const OpAttrs attrs = conv_attrs(options);
-    if (!bias.defined()) return x.graph().record(OpType::Conv2d, {x, weight}, attrs, where);
-    return x.graph().record(OpType::Conv2d, {x, weight, bias}, attrs, where);
-}
-
-Var conv2d(const Var& x, const Var& weight, Conv2dOptions options, std::source_location where) {
-    return conv2d(x, weight, Var(), options, where);
-}
-
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dOptions options,
-              std::source_location where) {
-    if (!bias.defined()) return eager(OpType::Conv2d, {x, weight}, conv_attrs(options), where);
-    return eager(OpType::Conv2d, {x, weight, bias}, conv_attrs(options), where);
-}
-
-Tensor conv2d(const Tensor& x, const Tensor& weight, Conv2dOptions options, std::source_location where) {
-    return conv2d(x, weight, Tensor(), options, where);
-}
+// (the user functions are front doors in ops/conv.h)
 
 namespace {
 

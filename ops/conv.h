@@ -4,8 +4,7 @@
 #include <cstdint>
 #include <source_location>
 
-#include "dyngrad/graph/eager.h"
-#include "dyngrad/graph/graph.h"
+#include "dyngrad/graph/front_door.h"
 
 namespace dyngrad {
 
@@ -24,13 +23,22 @@ struct Conv2dOptions {
 // x (N,C,H,W), weight (K,C/groups,R,S), bias (K) -> y (N,K,P,Q) with
 // P = (H + 2·padding - dilation·(R-1) - 1) / stride + 1 (floor), and Q likewise.
 // bias may be an undefined Var (no bias). options.activation, if any, is applied last.
-Var conv2d(const Var& x, const Var& weight, const Var& bias, Conv2dOptions options = {},
-           std::source_location where = std::source_location::current());
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dOptions options = {},
-              std::source_location where = std::source_location::current());
-Var conv2d(const Var& x, const Var& weight, Conv2dOptions options = {},
-           std::source_location where = std::source_location::current());
-Tensor conv2d(const Tensor& x, const Tensor& weight, Conv2dOptions options = {},
-              std::source_location where = std::source_location::current());
+// One front door over Var (recorded) and Tensor (eager); graph/front_door.h.
+template <Operand T>
+T conv2d(const T& x, const T& weight, const T& bias, Conv2dOptions options = {},
+         std::source_location where = std::source_location::current()) {
+    OpAttrs attrs;
+    attrs.stride = options.stride;
+    attrs.padding = options.padding;
+    attrs.dilation = options.dilation;
+    attrs.groups = options.groups;
+    attrs.activation = options.activation;
+    return apply_op(OpType::Conv2d, {x, weight, bias}, attrs, where);  // an undefined bias is left out
+}
+template <Operand T>
+T conv2d(const T& x, const T& weight, Conv2dOptions options = {},
+         std::source_location where = std::source_location::current()) {
+    return conv2d(x, weight, T(), options, where);
+}
 
 }  // namespace dyngrad

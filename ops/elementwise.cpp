@@ -45,31 +45,6 @@ Eigen::Map<Array1<T>> out(const Tensor& t, std::int64_t begin, std::int64_t end)
     return {t.data<T>() + begin, end - begin};
 }
 
-Var record_unary(OpType op, const Var& x, double s, Loc where) {
-    OpAttrs attrs;
-    attrs.scalar = s;
-    return x.graph().record(op, {x}, attrs, where);
-}
-
-OpAttrs clamp_attrs(std::optional<double> min, std::optional<double> max) {
-    OpAttrs attrs;
-    attrs.clamp_min = min;
-    attrs.clamp_max = max;
-    return attrs;
-}
-
-OpAttrs cast_attrs(DType dtype) {
-    OpAttrs attrs;
-    attrs.dtype = dtype;
-    return attrs;
-}
-
-OpAttrs gelu_attrs(GeluApproximation approximation) {
-    OpAttrs attrs;
-    attrs.gelu_approximation = approximation;
-    return attrs;
-}
-
 // The output dims of a broadcasting binary op, with each input's element stride along them (0 where
 // that input is broadcast). Size-1 dims are dropped and neighbours merged wherever both inputs stay
 // contiguous across them: (N,C)+(C) walks N runs of C, equal shapes one run of N*C. The innermost dim
@@ -165,76 +140,31 @@ std::string_view file_name(const Loc& where) {
 
 }  // namespace
 
-// ---- user functions ----
-Var add(const Var& a, const Var& b, Loc where) { return a.graph().record(OpType::Add, {a, b}, {}, where); }
-Var sub(const Var& a, const Var& b, Loc where) { return a.graph().record(OpType::Sub, {a, b}, {}, where); }
-Var mul(const Var& a, const Var& b, Loc where) { return a.graph().record(OpType::Mul, {a, b}, {}, where); }
-Var div(const Var& a, const Var& b, Loc where) { return a.graph().record(OpType::Div, {a, b}, {}, where); }
-Var maximum(const Var& a, const Var& b, Loc where) { return a.graph().record(OpType::Maximum, {a, b}, {}, where); }
-Tensor maximum(const Tensor& a, const Tensor& b, Loc where) { return eager(OpType::Maximum, {a, b}, {}, where); }
-Var minimum(const Var& a, const Var& b, Loc where) { return a.graph().record(OpType::Minimum, {a, b}, {}, where); }
-Tensor minimum(const Tensor& a, const Tensor& b, Loc where) { return eager(OpType::Minimum, {a, b}, {}, where); }
-
-Var neg(const Var& x, Loc where) { return record_unary(OpType::Neg, x, 0.0, where); }
-Var add_scalar(const Var& x, double s, Loc where) { return record_unary(OpType::AddScalar, x, s, where); }
-Var mul_scalar(const Var& x, double s, Loc where) { return record_unary(OpType::MulScalar, x, s, where); }
-Var div_scalar(const Var& x, double s, Loc where) {
+// ---- user functions: the front doors with more than a row behind them (the others are in the header) ----
+template <Operand T>
+T div_scalar(const T& x, double s, Loc where) {
     if (s == 0) throw ValueError(str("div_scalar at ", file_name(where), ":", where.line(), ": division by zero"));
     return mul_scalar(x, 1.0 / s, where);
 }
-Var exp(const Var& x, Loc where) { return record_unary(OpType::Exp, x, 0.0, where); }
-Var log(const Var& x, Loc where) { return record_unary(OpType::Log, x, 0.0, where); }
-Var sqrt(const Var& x, Loc where) { return record_unary(OpType::Sqrt, x, 0.0, where); }
-Var pow(const Var& x, double exponent, Loc where) { return record_unary(OpType::PowScalar, x, exponent, where); }
-Var abs(const Var& x, Loc where) { return record_unary(OpType::Abs, x, 0.0, where); }
-Var sin(const Var& x, Loc where) { return record_unary(OpType::Sin, x, 0.0, where); }
-Tensor sin(const Tensor& x, Loc where) { return eager(OpType::Sin, {x}, {}, where); }
-Var cos(const Var& x, Loc where) { return record_unary(OpType::Cos, x, 0.0, where); }
-Tensor cos(const Tensor& x, Loc where) { return eager(OpType::Cos, {x}, {}, where); }
-Var clamp(const Var& x, std::optional<double> min, std::optional<double> max, Loc where) {
-    return x.graph().record(OpType::Clamp, {x}, clamp_attrs(min, max), where);
-}
-Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max, Loc where) {
-    return eager(OpType::Clamp, {x}, clamp_attrs(min, max), where);
-}
-Var to_dtype(const Var& x, DType dtype, Loc where) { return x.graph().record(OpType::Cast, {x}, cast_attrs(dtype), where); }
-Tensor to_dtype(const Tensor& x, DType dtype, Loc where) { return eager(OpType::Cast, {x}, cast_attrs(dtype), where); }
+template Var div_scalar(const Var&, double, Loc);
+template Tensor div_scalar(const Tensor&, double, Loc);
 
-Var relu(const Var& x, Loc where) { return record_unary(OpType::Relu, x, 0.0, where); }
-Var leaky_relu(const Var& x, double negative_slope, Loc where) {
-    return record_unary(OpType::LeakyRelu, x, negative_slope, where);
-}
-Var elu(const Var& x, double alpha, Loc where) { return record_unary(OpType::Elu, x, alpha, where); }
-Var clipped_relu(const Var& x, double ceiling, Loc where) {
-    return record_unary(OpType::ClippedRelu, x, ceiling, where);
-}
-Var sigmoid(const Var& x, Loc where) { return record_unary(OpType::Sigmoid, x, 0.0, where); }
-Var tanh(const Var& x, Loc where) { return record_unary(OpType::Tanh, x, 0.0, where); }
-Var softplus(const Var& x, Loc where) { return record_unary(OpType::Softplus, x, 0.0, where); }
-Var gelu(const Var& x, GeluApproximation approximation, Loc where) {
-    return x.graph().record(OpType::Gelu, {x}, gelu_attrs(approximation), where);
-}
-Tensor gelu(const Tensor& x, GeluApproximation approximation, Loc where) {
-    return eager(OpType::Gelu, {x}, gelu_attrs(approximation), where);
-}
-Var silu(const Var& x, Loc where) { return record_unary(OpType::Silu, x, 0.0, where); }
-Tensor silu(const Tensor& x, Loc where) { return eager(OpType::Silu, {x}, {}, where); }
-Var log_sigmoid(const Var& x, Loc where) { return record_unary(OpType::LogSigmoid, x, 0.0, where); }
-Tensor log_sigmoid(const Tensor& x, Loc where) { return eager(OpType::LogSigmoid, {x}, {}, where); }
-Var softsign(const Var& x, Loc where) { return record_unary(OpType::Softsign, x, 0.0, where); }
-Tensor softsign(const Tensor& x, Loc where) { return eager(OpType::Softsign, {x}, {}, where); }
-
-Var operator+(VarAt a, const Var& b) { return add(a.var, b, a.where); }
-Var operator-(VarAt a, const Var& b) { return sub(a.var, b, a.where); }
-Var operator*(VarAt a, const Var& b) { return mul(a.var, b, a.where); }
-Var operator/(VarAt a, const Var& b) { return div(a.var, b, a.where); }
-Var operator-(VarAt x) { return neg(x.var, x.where); }
-Var operator+(VarAt x, double s) { return add_scalar(x.var, s, x.where); }
-Var operator+(double s, VarAt x) { return add_scalar(x.var, s, x.where); }
-Var operator-(VarAt x, double s) { return add_scalar(x.var, -s, x.where); }
-Var operator*(VarAt x, double s) { return mul_scalar(x.var, s, x.where); }
-Var operator*(double s, VarAt x) { return mul_scalar(x.var, s, x.where); }
-Var operator/(VarAt x, double s) { return div_scalar(x.var, s, x.where); }
+// The operators both operand types share: the front doors, at the call site the At operand captured.
+#define DG_SHARED_OPERATORS(T, At, operand)                                                  \
+    T operator+(At a, const T& b) { return add(a.operand, b, a.where); }                     \
+    T operator-(At a, const T& b) { return sub(a.operand, b, a.where); }                     \
+    T operator*(At a, const T& b) { return mul(a.operand, b, a.where); }                     \
+    T operator/(At a, const T& b) { return div(a.operand, b, a.where); }                     \
+    T operator-(At x) { return neg(x.operand, x.where); }                                    \
+    T operator+(At x, double s) { return add_scalar(x.operand, s, x.where); }                \
+    T operator+(double s, At x) { return add_scalar(x.operand, s, x.where); }                \
+    T operator-(At x, double s) { return add_scalar(x.operand, -s, x.where); }               \
+    T operator*(At x, double s) { return mul_scalar(x.operand, s, x.where); }                \
+    T operator*(double s, At x) { return mul_scalar(x.operand, s, x.where); }                \
+    T operator/(At x, double s) { return div_scalar(x.operand, s, x.where); }
+DG_SHARED_OPERATORS(Var, VarAt, var)
+DG_SHARED_OPERATORS(Tensor, TensorAt, tensor)
+#undef DG_SHARED_OPERATORS
 
 // Comparisons take int64 operands too (argmax against labels is an accuracy): such an operand is compared in
 // the other's float dtype, float64 when both are int64 (exact below 2^53), as PyTorch promotes. An int64 value
@@ -244,33 +174,31 @@ DType comparison_dtype(DType a, DType b) { return a != DType::i64 ? a : b != DTy
 Var comparable(const Var& x, DType dtype, Loc where) {
     return x.defined() && x.dtype() == DType::i64 ? x.graph().constant(x.value().to(dtype), where) : x;
 }
-Tensor comparable(const Tensor& x, DType dtype) { return x.defined() && x.dtype() == DType::i64 ? x.to(dtype) : x; }
-Var compare(OpType op, const Var& a, const Var& b, Loc where) {
-    if (!a.defined() || !b.defined()) return a.graph().record(op, {a, b}, {}, where);  // the engine's error
+Tensor comparable(const Tensor& x, DType dtype, Loc) { return x.defined() && x.dtype() == DType::i64 ? x.to(dtype) : x; }
+template <Operand T>
+T compare(OpType op, const T& a, const T& b, Loc where) {
+    if (!a.defined() || !b.defined()) return apply_op(op, {a, b}, {}, where);  // the engine's error
     const DType dtype = comparison_dtype(a.dtype(), b.dtype());
-    return a.graph().record(op, {comparable(a, dtype, where), comparable(b, dtype, where)}, {}, where);
-}
-Tensor compare(OpType op, const Tensor& a, const Tensor& b, Loc where) {
-    if (!a.defined() || !b.defined()) return eager(op, {a, b}, {}, where);
-    const DType dtype = comparison_dtype(a.dtype(), b.dtype());
-    return eager(op, {comparable(a, dtype), comparable(b, dtype)}, {}, where);
+    return apply_op(op, {comparable(a, dtype, where), comparable(b, dtype, where)}, {}, where);
 }
 }  // namespace
 
-Var eq(const Var& a, const Var& b, Loc where) { return compare(OpType::Eq, a, b, where); }
-Var ne(const Var& a, const Var& b, Loc where) { return compare(OpType::Ne, a, b, where); }
-Var lt(const Var& a, const Var& b, Loc where) { return compare(OpType::Lt, a, b, where); }
-Var le(const Var& a, const Var& b, Loc where) { return compare(OpType::Le, a, b, where); }
-Var gt(const Var& a, const Var& b, Loc where) { return compare(OpType::Gt, a, b, where); }
-Var ge(const Var& a, const Var& b, Loc where) { return compare(OpType::Ge, a, b, where); }
+#define DG_COMPARISON_FRONT_DOOR(name, tag)                                                   \
+    template <Operand T>                                                                      \
+    T name(const T& a, const T& b, Loc where) {                                               \
+        return compare(OpType::tag, a, b, where);                                             \
+    }                                                                                         \
+    template Var name(const Var&, const Var&, Loc);                                           \
+    template Tensor name(const Tensor&, const Tensor&, Loc);
+DG_COMPARISON_FRONT_DOOR(eq, Eq)
+DG_COMPARISON_FRONT_DOOR(ne, Ne)
+DG_COMPARISON_FRONT_DOOR(lt, Lt)
+DG_COMPARISON_FRONT_DOOR(le, Le)
+DG_COMPARISON_FRONT_DOOR(gt, Gt)
+DG_COMPARISON_FRONT_DOOR(ge, Ge)
+#undef DG_COMPARISON_FRONT_DOOR
 
-// ---- eager calls (graph/eager.h): the same ops on Tensors ----
 namespace {
-Tensor eager_unary(OpType op, const Tensor& x, double s, Loc where) {
-    OpAttrs attrs;
-    attrs.scalar = s;
-    return eager(op, {x}, attrs, where);
-}
 // `s` as a one-element tensor of x's dtype and device, for a binary op with a scalar operand; float64 beside
 // int64, so `labels >= 1.5` compares with 1.5, not with a truncated 1.
 Tensor scalar_like(const Tensor& x, double s, Loc where) {
@@ -279,40 +207,6 @@ Tensor scalar_like(const Tensor& x, double s, Loc where) {
     return Tensor::full({}, s, x.dtype() == DType::i64 ? DType::f64 : x.dtype(), x.device());
 }
 }  // namespace
-
-Tensor add(const Tensor& a, const Tensor& b, Loc where) { return eager(OpType::Add, {a, b}, {}, where); }
-Tensor sub(const Tensor& a, const Tensor& b, Loc where) { return eager(OpType::Sub, {a, b}, {}, where); }
-Tensor mul(const Tensor& a, const Tensor& b, Loc where) { return eager(OpType::Mul, {a, b}, {}, where); }
-Tensor div(const Tensor& a, const Tensor& b, Loc where) { return eager(OpType::Div, {a, b}, {}, where); }
-Tensor neg(const Tensor& x, Loc where) { return eager_unary(OpType::Neg, x, 0.0, where); }
-Tensor add_scalar(const Tensor& x, double s, Loc where) { return eager_unary(OpType::AddScalar, x, s, where); }
-Tensor mul_scalar(const Tensor& x, double s, Loc where) { return eager_unary(OpType::MulScalar, x, s, where); }
-Tensor div_scalar(const Tensor& x, double s, Loc where) {
-    if (s == 0) throw ValueError(str("div_scalar at ", file_name(where), ":", where.line(), ": division by zero"));
-    return mul_scalar(x, 1.0 / s, where);
-}
-Tensor exp(const Tensor& x, Loc where) { return eager_unary(OpType::Exp, x, 0.0, where); }
-Tensor log(const Tensor& x, Loc where) { return eager_unary(OpType::Log, x, 0.0, where); }
-Tensor sqrt(const Tensor& x, Loc where) { return eager_unary(OpType::Sqrt, x, 0.0, where); }
-Tensor pow(const Tensor& x, double exponent, Loc where) { return eager_unary(OpType::PowScalar, x, exponent, where); }
-Tensor abs(const Tensor& x, Loc where) { return eager_unary(OpType::Abs, x, 0.0, where); }
-Tensor relu(const Tensor& x, Loc where) { return eager_unary(OpType::Relu, x, 0.0, where); }
-Tensor leaky_relu(const Tensor& x, double negative_slope, Loc where) {
-    return eager_unary(OpType::LeakyRelu, x, negative_slope, where);
-}
-Tensor elu(const Tensor& x, double alpha, Loc where) { return eager_unary(OpType::Elu, x, alpha, where); }
-Tensor clipped_relu(const Tensor& x, double ceiling, Loc where) {
-    return eager_unary(OpType::ClippedRelu, x, ceiling, where);
-}
-Tensor sigmoid(const Tensor& x, Loc where) { return eager_unary(OpType::Sigmoid, x, 0.0, where); }
-Tensor tanh(const Tensor& x, Loc where) { return eager_unary(OpType::Tanh, x, 0.0, where); }
-Tensor softplus(const Tensor& x, Loc where) { return eager_unary(OpType::Softplus, x, 0.0, where); }
-Tensor eq(const Tensor& a, const Tensor& b, Loc where) { return compare(OpType::Eq, a, b, where); }
-Tensor ne(const Tensor& a, const Tensor& b, Loc where) { return compare(OpType::Ne, a, b, where); }
-Tensor lt(const Tensor& a, const Tensor& b, Loc where) { return compare(OpType::Lt, a, b, where); }
-Tensor le(const Tensor& a, const Tensor& b, Loc where) { return compare(OpType::Le, a, b, where); }
-Tensor gt(const Tensor& a, const Tensor& b, Loc where) { return compare(OpType::Gt, a, b, where); }
-Tensor ge(const Tensor& a, const Tensor& b, Loc where) { return compare(OpType::Ge, a, b, where); }
 
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol, Loc where) {
     if (!(rtol >= 0) || !(atol >= 0))
@@ -336,18 +230,7 @@ bool equal(const Tensor& a, const Tensor& b, Loc where) {
     return sum(eq(a, b, where), {}, false, where).item() == static_cast<double>(a.numel());
 }
 
-Tensor operator+(TensorAt a, const Tensor& b) { return add(a.tensor, b, a.where); }
-Tensor operator-(TensorAt a, const Tensor& b) { return sub(a.tensor, b, a.where); }
-Tensor operator*(TensorAt a, const Tensor& b) { return mul(a.tensor, b, a.where); }
-Tensor operator/(TensorAt a, const Tensor& b) { return div(a.tensor, b, a.where); }
-Tensor operator-(TensorAt x) { return neg(x.tensor, x.where); }
-Tensor operator+(TensorAt x, double s) { return add_scalar(x.tensor, s, x.where); }
-Tensor operator+(double s, TensorAt x) { return add_scalar(x.tensor, s, x.where); }
-Tensor operator-(TensorAt x, double s) { return add_scalar(x.tensor, -s, x.where); }
 Tensor operator-(double s, TensorAt x) { return sub(scalar_like(x.tensor, s, x.where), x.tensor, x.where); }
-Tensor operator*(TensorAt x, double s) { return mul_scalar(x.tensor, s, x.where); }
-Tensor operator*(double s, TensorAt x) { return mul_scalar(x.tensor, s, x.where); }
-Tensor operator/(TensorAt x, double s) { return div_scalar(x.tensor, s, x.where); }
 Tensor operator/(double s, TensorAt x) { return div(scalar_like(x.tensor, s, x.where), x.tensor, x.where); }
 Tensor operator==(TensorAt a, const Tensor& b) { return eq(a.tensor, b, a.where); }
 Tensor operator!=(TensorAt a, const Tensor& b) { return ne(a.tensor, b, a.where); }
@@ -641,28 +524,7 @@ void accumulate_into(Tensor& dst, const Tensor& src) {
 // ---- softmax, log_softmax: the activations along an axis ----
 // (one block: user functions, shape rule, CPU kernels; GPU: the end of ops/elementwise.cu)
 
-namespace {
-
-OpAttrs axis_attrs(std::int64_t axis) {
-    OpAttrs attrs;
-    attrs.axis = axis;
-    return attrs;
-}
-
-}  // namespace
-
-Var softmax(const Var& x, std::int64_t axis, Loc where) {
-    return x.graph().record(OpType::Softmax, {x}, axis_attrs(axis), where);
-}
-Var log_softmax(const Var& x, std::int64_t axis, Loc where) {
-    return x.graph().record(OpType::LogSoftmax, {x}, axis_attrs(axis), where);
-}
-Tensor softmax(const Tensor& x, std::int64_t axis, Loc where) {
-    return eager(OpType::Softmax, {x}, axis_attrs(axis), where);
-}
-Tensor log_softmax(const Tensor& x, std::int64_t axis, Loc where) {
-    return eager(OpType::LogSoftmax, {x}, axis_attrs(axis), where);
-}
+// (softmax and log_softmax themselves are front doors in ops/elementwise.h)
 
 namespace infer {
 

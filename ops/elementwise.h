@@ -5,96 +5,125 @@
 #include <optional>
 #include <source_location>
 
-#include "dyngrad/graph/eager.h"
-#include "dyngrad/graph/graph.h"
+#include "dyngrad/graph/front_door.h"
 
 namespace dyngrad {
 
 using Loc = std::source_location;
 
-// Every function has a Var form (recorded in the Var's graph, differentiable) and a Tensor form (eager: run at
-// once through the same kernels, no graph, no gradient; graph/eager.h).
-// a, b broadcast NumPy-style (e.g. a per-channel bias (1,C,1,1) over (N,C,H,W)).
-Var add(const Var& a, const Var& b, Loc where = Loc::current());
-Tensor add(const Tensor& a, const Tensor& b, Loc where = Loc::current());
-Var sub(const Var& a, const Var& b, Loc where = Loc::current());
-Tensor sub(const Tensor& a, const Tensor& b, Loc where = Loc::current());
-Var mul(const Var& a, const Var& b, Loc where = Loc::current());
-Tensor mul(const Tensor& a, const Tensor& b, Loc where = Loc::current());
-Var div(const Var& a, const Var& b, Loc where = Loc::current());
-// Elementwise max / min, broadcast like add. NaN in either operand propagates. Gradient: to the larger
-// (smaller) operand; at a tie half to each, as PyTorch.
-Var maximum(const Var& a, const Var& b, Loc where = Loc::current());
-Tensor maximum(const Tensor& a, const Tensor& b, Loc where = Loc::current());
-Var minimum(const Var& a, const Var& b, Loc where = Loc::current());
-Tensor minimum(const Tensor& a, const Tensor& b, Loc where = Loc::current());
-Tensor div(const Tensor& a, const Tensor& b, Loc where = Loc::current());
+// Every function is one front door over its operand type (graph/front_door.h): Var (recorded in the Var's graph,
+// differentiable) or Tensor (eager: run at once through the same kernels, no graph, no gradient).
+namespace detail {
+inline OpAttrs scalar_attrs(double s) {
+    OpAttrs attrs;
+    attrs.scalar = s;
+    return attrs;
+}
+inline OpAttrs axis_attrs(std::int64_t axis) {
+    OpAttrs attrs;
+    attrs.axis = axis;
+    return attrs;
+}
+}  // namespace detail
 
-Var neg(const Var& x, Loc where = Loc::current());
-Tensor neg(const Tensor& x, Loc where = Loc::current());
-Var add_scalar(const Var& x, double s, Loc where = Loc::current());
-Tensor add_scalar(const Tensor& x, double s, Loc where = Loc::current());
-Var mul_scalar(const Var& x, double s, Loc where = Loc::current());
-Tensor mul_scalar(const Tensor& x, double s, Loc where = Loc::current());
-Var div_scalar(const Var& x, double s, Loc where = Loc::current());  // composite: mul_scalar(x, 1/s)
-Tensor div_scalar(const Tensor& x, double s, Loc where = Loc::current());
-Var exp(const Var& x, Loc where = Loc::current());
-Tensor exp(const Tensor& x, Loc where = Loc::current());
-Var log(const Var& x, Loc where = Loc::current());
-Tensor log(const Tensor& x, Loc where = Loc::current());
-Var sqrt(const Var& x, Loc where = Loc::current());
-Tensor sqrt(const Tensor& x, Loc where = Loc::current());
-Var pow(const Var& x, double exponent, Loc where = Loc::current());
-Tensor pow(const Tensor& x, double exponent, Loc where = Loc::current());
-Var abs(const Var& x, Loc where = Loc::current());
-Var sin(const Var& x, Loc where = Loc::current());
-Tensor sin(const Tensor& x, Loc where = Loc::current());
-Var cos(const Var& x, Loc where = Loc::current());
-Tensor cos(const Tensor& x, Loc where = Loc::current());
+// The binary ops: a, b broadcast NumPy-style (e.g. a per-channel bias (1,C,1,1) over (N,C,H,W)). maximum and
+// minimum: NaN in either operand propagates; the gradient goes to the larger (smaller) operand, at a tie half to
+// each, as PyTorch.
+#define DG_BINARY_FRONT_DOOR(name, tag) \
+    template <Operand T>                \
+    T name(const T& a, const T& b, Loc where = Loc::current()) { return apply_op(OpType::tag, {a, b}, {}, where); }
+DG_BINARY_FRONT_DOOR(add, Add)
+DG_BINARY_FRONT_DOOR(sub, Sub)
+DG_BINARY_FRONT_DOOR(mul, Mul)
+DG_BINARY_FRONT_DOOR(div, Div)
+DG_BINARY_FRONT_DOOR(maximum, Maximum)
+DG_BINARY_FRONT_DOOR(minimum, Minimum)
+#undef DG_BINARY_FRONT_DOOR
+
+// The unary ops without an attribute: x ↦ f(x), one formula per op in ops/elementwise_math.h.
+#define DG_UNARY_FRONT_DOOR(name, tag) \
+    template <Operand T>               \
+    T name(const T& x, Loc where = Loc::current()) { return apply_op(OpType::tag, {x}, {}, where); }
+DG_UNARY_FRONT_DOOR(neg, Neg)
+DG_UNARY_FRONT_DOOR(exp, Exp)
+DG_UNARY_FRONT_DOOR(log, Log)
+DG_UNARY_FRONT_DOOR(sqrt, Sqrt)
+DG_UNARY_FRONT_DOOR(abs, Abs)
+DG_UNARY_FRONT_DOOR(sin, Sin)
+DG_UNARY_FRONT_DOOR(cos, Cos)
+DG_UNARY_FRONT_DOOR(relu, Relu)
+DG_UNARY_FRONT_DOOR(sigmoid, Sigmoid)
+DG_UNARY_FRONT_DOOR(tanh, Tanh)
+DG_UNARY_FRONT_DOOR(softplus, Softplus)
+DG_UNARY_FRONT_DOOR(silu, Silu)         // x·σ(x) (swish)
+DG_UNARY_FRONT_DOOR(log_sigmoid, LogSigmoid)  // log σ(x), without overflow or cancellation for any |x|
+DG_UNARY_FRONT_DOOR(softsign, Softsign)  // x / (1 + |x|)
+#undef DG_UNARY_FRONT_DOOR
+
+// The unary ops with a scalar (OpAttrs::scalar).
+template <Operand T>
+T add_scalar(const T& x, double s, Loc where = Loc::current()) {
+    return apply_op(OpType::AddScalar, {x}, detail::scalar_attrs(s), where);
+}
+template <Operand T>
+T mul_scalar(const T& x, double s, Loc where = Loc::current()) {
+    return apply_op(OpType::MulScalar, {x}, detail::scalar_attrs(s), where);
+}
+template <Operand T>
+T div_scalar(const T& x, double s, Loc where = Loc::current());  // composite: mul_scalar(x, 1/s)
+template <Operand T>
+T pow(const T& x, double exponent, Loc where = Loc::current()) {
+    return apply_op(OpType::PowScalar, {x}, detail::scalar_attrs(exponent), where);
+}
+template <Operand T>
+T leaky_relu(const T& x, double negative_slope = 0.01, Loc where = Loc::current()) {
+    return apply_op(OpType::LeakyRelu, {x}, detail::scalar_attrs(negative_slope), where);
+}
+template <Operand T>
+T elu(const T& x, double alpha = 1.0, Loc where = Loc::current()) {
+    return apply_op(OpType::Elu, {x}, detail::scalar_attrs(alpha), where);
+}
+template <Operand T>
+T clipped_relu(const T& x, double ceiling = 6.0, Loc where = Loc::current()) {
+    return apply_op(OpType::ClippedRelu, {x}, detail::scalar_attrs(ceiling), where);
+}
+
 // min(max(x, min), max); either bound may be absent (std::nullopt), not both, and min <= max (ValueError
 // otherwise, also for a NaN bound). NaN propagates. Gradient 1 strictly between the bounds, 0 at and beyond
 // them, as PyTorch.
-Var clamp(const Var& x, std::optional<double> min, std::optional<double> max, Loc where = Loc::current());
-Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max, Loc where = Loc::current());
-Tensor abs(const Tensor& x, Loc where = Loc::current());
+template <Operand T>
+T clamp(const T& x, std::optional<double> min, std::optional<double> max, Loc where = Loc::current()) {
+    OpAttrs attrs;
+    attrs.clamp_min = min;
+    attrs.clamp_max = max;
+    return apply_op(OpType::Clamp, {x}, attrs, where);
+}
 // x converted to floating `dtype` (float32, float64, bfloat16, float16), rounding to nearest even (op cast). The
 // gradient is converted back to x's dtype. Converting to x's own dtype returns x's value (no copy).
-Var to_dtype(const Var& x, DType dtype, Loc where = Loc::current());
-Tensor to_dtype(const Tensor& x, DType dtype, Loc where = Loc::current());
-
-Var relu(const Var& x, Loc where = Loc::current());
-Tensor relu(const Tensor& x, Loc where = Loc::current());
-Var leaky_relu(const Var& x, double negative_slope = 0.01, Loc where = Loc::current());
-Tensor leaky_relu(const Tensor& x, double negative_slope = 0.01, Loc where = Loc::current());
-Var elu(const Var& x, double alpha = 1.0, Loc where = Loc::current());
-Tensor elu(const Tensor& x, double alpha = 1.0, Loc where = Loc::current());
-Var clipped_relu(const Var& x, double ceiling = 6.0, Loc where = Loc::current());
-Tensor clipped_relu(const Tensor& x, double ceiling = 6.0, Loc where = Loc::current());
-Var sigmoid(const Var& x, Loc where = Loc::current());
-Tensor sigmoid(const Tensor& x, Loc where = Loc::current());
-Var tanh(const Var& x, Loc where = Loc::current());
-Tensor tanh(const Tensor& x, Loc where = Loc::current());
-Var softplus(const Var& x, Loc where = Loc::current());
+template <Operand T>
+T to_dtype(const T& x, DType dtype, Loc where = Loc::current()) {
+    OpAttrs attrs;
+    attrs.dtype = dtype;
+    return apply_op(OpType::Cast, {x}, attrs, where);
+}
 // x·Φ(x) (Φ: the standard normal CDF), or with GeluApproximation::Tanh x·(1 + tanh(√(2/π)(x + 0.044715x³)))/2.
-Var gelu(const Var& x, GeluApproximation approximation = GeluApproximation::None, Loc where = Loc::current());
-Tensor gelu(const Tensor& x, GeluApproximation approximation = GeluApproximation::None, Loc where = Loc::current());
-// x·σ(x) (swish).
-Var silu(const Var& x, Loc where = Loc::current());
-Tensor silu(const Tensor& x, Loc where = Loc::current());
-// log σ(x), computed without overflow or cancellation for any |x|.
-Var log_sigmoid(const Var& x, Loc where = Loc::current());
-Tensor log_sigmoid(const Tensor& x, Loc where = Loc::current());
-// x / (1 + |x|).
-Var softsign(const Var& x, Loc where = Loc::current());
-Tensor softsign(const Tensor& x, Loc where = Loc::current());
-Tensor softplus(const Tensor& x, Loc where = Loc::current());
+template <Operand T>
+T gelu(const T& x, GeluApproximation approximation = GeluApproximation::None, Loc where = Loc::current()) {
+    OpAttrs attrs;
+    attrs.gelu_approximation = approximation;
+    return apply_op(OpType::Gelu, {x}, attrs, where);
+}
 
 // The activations along an axis: softmax y = exp(x − max) / Σ exp(x − max) and log_softmax
 // y = x − max − log Σ exp(x − max) over `axis` (negative counts from the end).
-Var softmax(const Var& x, std::int64_t axis = -1, Loc where = Loc::current());
-Tensor softmax(const Tensor& x, std::int64_t axis = -1, Loc where = Loc::current());
-Var log_softmax(const Var& x, std::int64_t axis = -1, Loc where = Loc::current());
-Tensor log_softmax(const Tensor& x, std::int64_t axis = -1, Loc where = Loc::current());
+template <Operand T>
+T softmax(const T& x, std::int64_t axis = -1, Loc where = Loc::current()) {
+    return apply_op(OpType::Softmax, {x}, detail::axis_attrs(axis), where);
+}
+template <Operand T>
+T log_softmax(const T& x, std::int64_t axis = -1, Loc where = Loc::current()) {
+    return apply_op(OpType::LogSoftmax, {x}, detail::axis_attrs(axis), where);
+}
 
 // An operand of an operator that also captures where the operator was called: the defaulted
 // source_location of the converting constructor is filled in at the user's expression, so operator
@@ -122,18 +151,18 @@ Var operator/(VarAt x, double s);
 // mask multiplies straight into float math (mean(eq(argmax...)) is an accuracy). NaN compares unequal to
 // everything, itself included (only ne holds). Not differentiable: a Var result never requires grad. An int64
 // operand (labels, argmax) is compared in the other's float dtype, float64 when both are int64 (the mask's dtype).
-Var eq(const Var& a, const Var& b, Loc where = Loc::current());
-Tensor eq(const Tensor& a, const Tensor& b, Loc where = Loc::current());
-Var ne(const Var& a, const Var& b, Loc where = Loc::current());
-Tensor ne(const Tensor& a, const Tensor& b, Loc where = Loc::current());
-Var lt(const Var& a, const Var& b, Loc where = Loc::current());
-Tensor lt(const Tensor& a, const Tensor& b, Loc where = Loc::current());
-Var le(const Var& a, const Var& b, Loc where = Loc::current());
-Tensor le(const Tensor& a, const Tensor& b, Loc where = Loc::current());
-Var gt(const Var& a, const Var& b, Loc where = Loc::current());
-Tensor gt(const Tensor& a, const Tensor& b, Loc where = Loc::current());
-Var ge(const Var& a, const Var& b, Loc where = Loc::current());
-Tensor ge(const Tensor& a, const Tensor& b, Loc where = Loc::current());
+template <Operand T>
+T eq(const T& a, const T& b, Loc where = Loc::current());
+template <Operand T>
+T ne(const T& a, const T& b, Loc where = Loc::current());
+template <Operand T>
+T lt(const T& a, const T& b, Loc where = Loc::current());
+template <Operand T>
+T le(const T& a, const T& b, Loc where = Loc::current());
+template <Operand T>
+T gt(const T& a, const T& b, Loc where = Loc::current());
+template <Operand T>
+T ge(const T& a, const T& b, Loc where = Loc::current());
 
 // |a - b| <= atol + rtol·|b| everywhere (b broadcast to a; PyTorch's and NumPy's defaults); NaN is close to
 // nothing. equal: same shape and dtype and every element equal (any dtype; NaN unequal). Eager, any device.

@@ -40,55 +40,22 @@ V over_rows(const V& x, const V& weight, Rows&& linear_2d, std::source_location 
 
 }  // namespace
 
-Var matmul(const Var& a, const Var& b, std::source_location where) {
-    return a.graph().record(OpType::Matmul, {a, b}, {}, where);
-}
-
-Var linear(const Var& x, const Var& weight, const Var& bias, std::source_location where) {
-    return linear(x, weight, bias, Activation::None, where);
-}
-
-Var linear(const Var& x, const Var& weight, const Var& bias, Activation activation, std::source_location where) {
+// No Linear node without a bias: the composite records existing ops and needs no kernel of its own.
+template <Operand T>
+T linear(const T& x, const T& weight, const T& bias, Activation activation, std::source_location where) {
     if (!bias.defined()) {
-        const Var y = linear(x, weight, where);
+        const T y = over_rows(x, weight, [&](const T& rows) {
+            return matmul(rows, transpose(weight, -2, -1, where), where);
+        }, where);
         return activation == Activation::Relu ? relu(y, where) : y;
     }
     OpAttrs attrs;
     attrs.activation = activation;
-    return over_rows(x, weight, [&](const Var& rows) {
-        return x.graph().record(OpType::Linear, {rows, weight, bias}, attrs, where);
-    }, where);
-}
-
-// No Linear node without a bias: the composite records existing ops and needs no kernel of its own.
-Var linear(const Var& x, const Var& weight, std::source_location where) {
-    return over_rows(x, weight, [&](const Var& rows) { return matmul(rows, transpose(weight, -2, -1, where), where); },
+    return over_rows(x, weight, [&](const T& rows) { return apply_op(OpType::Linear, {rows, weight, bias}, attrs, where); },
                      where);
 }
-
-// ---- eager calls (graph/eager.h): the same ops and composites on Tensors ----
-Tensor matmul(const Tensor& a, const Tensor& b, std::source_location where) {
-    return eager(OpType::Matmul, {a, b}, {}, where);
-}
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, std::source_location where) {
-    return linear(x, weight, bias, Activation::None, where);
-}
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation activation,
-              std::source_location where) {
-    if (!bias.defined()) {
-        const Tensor y = linear(x, weight, where);
-        return activation == Activation::Relu ? relu(y, where) : y;
-    }
-    OpAttrs attrs;
-    attrs.activation = activation;
-    return over_rows(x, weight, [&](const Tensor& rows) {
-        return eager(OpType::Linear, {rows, weight, bias}, attrs, where);
-    }, where);
-}
-Tensor linear(const Tensor& x, const Tensor& weight, std::source_location where) {
-    return over_rows(x, weight,
-                     [&](const Tensor& rows) { return matmul(rows, transpose(weight, -2, -1, where), where); }, where);
-}
+template Var linear(const Var&, const Var&, const Var&, Activation, std::source_location);
+template Tensor linear(const Tensor&, const Tensor&, const Tensor&, Activation, std::source_location);
 
 // ---- Differentiable backwards (graph/higher_order.h) ----
 

@@ -10,6 +10,7 @@
 #include <Eigen/Core>
 
 #include "dyngrad/graph/eager.h"
+#include "dyngrad/ops/argument_rules.h"
 #include "dyngrad/ops/differentiable_backward.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/indexing.h"
@@ -29,13 +30,6 @@ OpAttrs class_loss_attrs(Reduction reduction, std::int64_t ignore_index, double 
     attrs.reduction = reduction;
     attrs.ignore_index = ignore_index;
     attrs.label_smoothing = label_smoothing;
-    return attrs;
-}
-
-OpAttrs reduction_attrs(Reduction reduction, double beta = 0.0) {
-    OpAttrs attrs;
-    attrs.reduction = reduction;
-    attrs.scalar = beta;
     return attrs;
 }
 
@@ -70,122 +64,34 @@ V over_class_rows(const char* op, const V& input, const V& labels, Reduction red
 
 }  // namespace
 
-Var cross_entropy(const Var& logits, const Var& labels, const CrossEntropyOptions& options,
-                  std::source_location where) {
-    return over_class_rows("cross_entropy", logits, labels, options.reduction, [&](const Var& x, const Var& y) {
-        return logits.graph().record(OpType::CrossEntropy, {x, y},
-                                     class_loss_attrs(options.reduction, options.ignore_index, options.label_smoothing),
-                                     where);
-    }, where);
-}
-
-Var cross_entropy(const Var& logits, const Var& labels, const Var& class_weight, const CrossEntropyOptions& options,
-                  std::source_location where) {
-    return over_class_rows("cross_entropy", logits, labels, options.reduction, [&](const Var& x, const Var& y) {
-        return logits.graph().record(OpType::CrossEntropy, {x, y, class_weight},
-                                     class_loss_attrs(options.reduction, options.ignore_index, options.label_smoothing),
-                                     where);
-    }, where);
-}
-
-Var nll_loss(const Var& log_probs, const Var& labels, const NllLossOptions& options, std::source_location where) {
-    return over_class_rows("nll_loss", log_probs, labels, options.reduction, [&](const Var& x, const Var& y) {
-        return log_probs.graph().record(OpType::NllLoss, {x, y},
-                                        class_loss_attrs(options.reduction, options.ignore_index, 0.0), where);
-    }, where);
-}
-
-Var nll_loss(const Var& log_probs, const Var& labels, const Var& class_weight, const NllLossOptions& options,
-             std::source_location where) {
-    return over_class_rows("nll_loss", log_probs, labels, options.reduction, [&](const Var& x, const Var& y) {
-        return log_probs.graph().record(OpType::NllLoss, {x, y, class_weight},
-                                        class_loss_attrs(options.reduction, options.ignore_index, 0.0), where);
-    }, where);
-}
-
-Var binary_cross_entropy_with_logits(const Var& logits, const Var& target, Reduction reduction,
-                                     std::source_location where) {
-    return logits.graph().record(OpType::BceWithLogits, {logits, target}, reduction_attrs(reduction), where);
-}
-
-Var binary_cross_entropy_with_logits(const Var& logits, const Var& target, const Var& weight, const Var& pos_weight,
-                                     Reduction reduction, std::source_location where) {
-    ComputeGraph& graph = logits.graph();
-    if (!pos_weight.defined()) {
-        if (!weight.defined()) return binary_cross_entropy_with_logits(logits, target, reduction, where);
-        return graph.record(OpType::BceWithLogits, {logits, target, weight}, reduction_attrs(reduction), where);
-    }
-    // pos_weight is the fourth input, so a missing weight is a constant 1 (a scalar: it broadcasts).
-    const Var unit_weight =
-        weight.defined() ? weight : graph.constant(Tensor::ones({}, logits.dtype(), logits.device()), where);
-    return graph.record(OpType::BceWithLogits, {logits, target, unit_weight, pos_weight}, reduction_attrs(reduction),
-                        where);
-}
-
-Var mse_loss(const Var& prediction, const Var& target, std::source_location where) {
-    return prediction.graph().record(OpType::MseLoss, {prediction, target}, {}, where);
-}
-
-Var l1_loss(const Var& prediction, const Var& target, Reduction reduction, std::source_location where) {
-    return prediction.graph().record(OpType::L1Loss, {prediction, target}, reduction_attrs(reduction), where);
-}
-
-Var smooth_l1_loss(const Var& prediction, const Var& target, Reduction reduction, double beta,
-                   std::source_location where) {
-    return prediction.graph().record(OpType::SmoothL1Loss, {prediction, target}, reduction_attrs(reduction, beta),
-                                     where);
-}
-
-// ---- eager overloads: the same ops on Tensors (graph/eager.h) ----
-Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntropyOptions& options,
-                     std::source_location where) {
-    return over_class_rows("cross_entropy", logits, labels, options.reduction, [&](const Tensor& x, const Tensor& y) {
-        return eager(OpType::CrossEntropy, {x, y},
-                     class_loss_attrs(options.reduction, options.ignore_index, options.label_smoothing), where);
-    }, where);
-}
-Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& class_weight,
-                     const CrossEntropyOptions& options, std::source_location where) {
-    return over_class_rows("cross_entropy", logits, labels, options.reduction, [&](const Tensor& x, const Tensor& y) {
-        return eager(OpType::CrossEntropy, {x, y, class_weight},
-                     class_loss_attrs(options.reduction, options.ignore_index, options.label_smoothing), where);
-    }, where);
-}
-Tensor nll_loss(const Tensor& log_probs, const Tensor& labels, const NllLossOptions& options,
+template <Operand T>
+T cross_entropy(const T& logits, const T& labels, const T& class_weight, const CrossEntropyOptions& options,
                 std::source_location where) {
-    return over_class_rows("nll_loss", log_probs, labels, options.reduction, [&](const Tensor& x, const Tensor& y) {
-        return eager(OpType::NllLoss, {x, y}, class_loss_attrs(options.reduction, options.ignore_index, 0.0), where);
+    const OpAttrs attrs = class_loss_attrs(options.reduction, options.ignore_index, options.label_smoothing);
+    return over_class_rows("cross_entropy", logits, labels, options.reduction, [&](const T& x, const T& y) {
+        return apply_op(OpType::CrossEntropy, {x, y, class_weight}, attrs, where);  // an undefined weight: none
     }, where);
 }
-Tensor nll_loss(const Tensor& log_probs, const Tensor& labels, const Tensor& class_weight,
-                const NllLossOptions& options, std::source_location where) {
-    return over_class_rows("nll_loss", log_probs, labels, options.reduction, [&](const Tensor& x, const Tensor& y) {
-        return eager(OpType::NllLoss, {x, y, class_weight},
-                     class_loss_attrs(options.reduction, options.ignore_index, 0.0), where);
+template Var cross_entropy(const Var&, const Var&, const Var&, const CrossEntropyOptions&, std::source_location);
+template Tensor cross_entropy(const Tensor&, const Tensor&, const Tensor&, const CrossEntropyOptions&,
+                              std::source_location);
+
+template <Operand T>
+T nll_loss(const T& log_probs, const T& labels, const T& class_weight, const NllLossOptions& options,
+           std::source_location where) {
+    const OpAttrs attrs = class_loss_attrs(options.reduction, options.ignore_index, 0.0);
+    return over_class_rows("nll_loss", log_probs, labels, options.reduction, [&](const T& x, const T& y) {
+        return apply_op(OpType::NllLoss, {x, y, class_weight}, attrs, where);
     }, where);
 }
-Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target, Reduction reduction,
-                                        std::source_location where) {
-    return eager(OpType::BceWithLogits, {logits, target}, reduction_attrs(reduction), where);
-}
-Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target, const Tensor& weight,
-                                        const Tensor& pos_weight, Reduction reduction, std::source_location where) {
-    if (!pos_weight.defined()) {
-        if (!weight.defined()) return eager(OpType::BceWithLogits, {logits, target}, reduction_attrs(reduction), where);
-        return eager(OpType::BceWithLogits, {logits, target, weight}, reduction_attrs(reduction), where);
-    }
-    const Tensor unit_weight = weight.defined() ? weight : Tensor::ones({}, logits.dtype(), logits.device());
-    return eager(OpType::BceWithLogits, {logits, target, unit_weight, pos_weight}, reduction_attrs(reduction), where);
-}
-Tensor mse_loss(const Tensor& prediction, const Tensor& target, std::source_location where) {
-    return eager(OpType::MseLoss, {prediction, target}, {}, where);
-}
-Tensor l1_loss(const Tensor& prediction, const Tensor& target, Reduction reduction, std::source_location where) {
-    return eager(OpType::L1Loss, {prediction, target}, reduction_attrs(reduction), where);
-}
-Tensor smooth_l1_loss(const Tensor& prediction, const Tensor& target, Reduction reduction, double beta,
-                      std::source_location where) {
-    return eager(OpType::SmoothL1Loss, {prediction, target}, reduction_attrs(reduction, beta), where);
+template Var nll_loss(const Var&, const Var&, const Var&, const NllLossOptions&, std::source_location);
+template Tensor nll_loss(const Tensor&, const Tensor&, const Tensor&, const NllLossOptions&, std::source_location);
+
+// pos_weight is the fourth input, so a missing weight is a constant 1 (a scalar: it broadcasts).
+void bce_with_logits_arguments(OpCall& call) {
+    if (call.size() < 4 || call.value(3) == nullptr || call.value(2) != nullptr) return;
+    const Tensor* logits = call.value(0);
+    if (logits != nullptr) call.fill(2, Tensor::ones({}, logits->dtype(), logits->device()));
 }
 
 // ---- Differentiable backward (graph/higher_order.h): each loss rebuilt from its formula in primitive ops ----

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "dyngrad/ops/argument_rules.h"
 #include "dyngrad/ops/differentiable_backward.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/kernels.h"
@@ -16,83 +17,24 @@
 
 namespace dyngrad {
 
-// ---- user functions ----
-Var batch_norm(const Var& x, const Var& gamma, const Var& beta, const Tensor& running_mean,
-               const Tensor& running_var, bool training, double momentum, double eps, std::source_location where) {
-    ComputeGraph& graph = x.graph();
-    OpAttrs attrs;
-    attrs.training = training;
-    attrs.momentum = momentum;
-    attrs.eps = eps;
-    // Constants share the caller's storage: the forward's in-place update reaches the layer's tensors.
-    return graph.record(OpType::BatchNorm,
-                        {x, gamma, beta, graph.constant(running_mean, where), graph.constant(running_var, where)},
-                        attrs, where);
-}
-
+// ---- argument rules (ops/argument_rules.h; the user functions are front doors in ops/norm.h) ----
 namespace {
-
-OpAttrs row_norm_attrs(const Shape& normalized_shape, double eps) {
-    OpAttrs attrs;
-    attrs.shape = normalized_shape;
-    attrs.eps = eps;
-    return attrs;
-}
-
 // PyTorch's rms_norm default: the machine epsilon of x's dtype.
 double default_rms_eps(DType dtype) {
     return dtype == DType::f64 ? std::numeric_limits<double>::epsilon() : std::numeric_limits<float>::epsilon();
 }
-
 }  // namespace
 
-Var layer_norm(const Var& x, const Shape& normalized_shape, const Var& weight, const Var& bias, double eps,
-               std::source_location where) {
-    const OpAttrs attrs = row_norm_attrs(normalized_shape, eps);
-    ComputeGraph& graph = x.graph();
-    if (!weight.defined() && !bias.defined()) return graph.record(OpType::LayerNorm, {x}, attrs, where);
-    if (!bias.defined()) return graph.record(OpType::LayerNorm, {x, weight}, attrs, where);
-    // Weight and bias are positional inputs: a bias alone comes with a weight of ones, which changes nothing.
-    const Var scale = weight.defined()
-                          ? weight
-                          : graph.constant(Tensor::ones(bias.value().shape(), bias.value().dtype(),
-                                                        bias.value().device()),
-                                           where);
-    return graph.record(OpType::LayerNorm, {x, scale, bias}, attrs, where);
+// Weight and bias are positional inputs: a bias alone comes with a weight of ones, which changes nothing.
+void layer_norm_arguments(OpCall& call) {
+    if (call.size() < 3 || call.value(1) != nullptr) return;
+    if (const Tensor* bias = call.value(2)) call.fill(1, Tensor::ones(bias->shape(), bias->dtype(), bias->device()));
 }
 
-Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
-                  double eps, std::source_location where) {
-    const OpAttrs attrs = row_norm_attrs(normalized_shape, eps);
-    if (!weight.defined() && !bias.defined()) return eager(OpType::LayerNorm, {x}, attrs, where);
-    if (!bias.defined()) return eager(OpType::LayerNorm, {x, weight}, attrs, where);
-    const Tensor scale = weight.defined() ? weight : Tensor::ones(bias.shape(), bias.dtype(), bias.device());
-    return eager(OpType::LayerNorm, {x, scale, bias}, attrs, where);
-}
-
-Var rms_norm(const Var& x, const Shape& normalized_shape, const Var& weight, std::optional<double> eps,
-             std::source_location where) {
-    const OpAttrs attrs = row_norm_attrs(normalized_shape, eps.value_or(default_rms_eps(x.value().dtype())));
-    if (!weight.defined()) return x.graph().record(OpType::RmsNorm, {x}, attrs, where);
-    return x.graph().record(OpType::RmsNorm, {x, weight}, attrs, where);
-}
-
-Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, std::optional<double> eps,
-                std::source_location where) {
-    const OpAttrs attrs =
-        row_norm_attrs(normalized_shape, eps.value_or(default_rms_eps(x.defined() ? x.dtype() : DType::f32)));
-    if (!weight.defined()) return eager(OpType::RmsNorm, {x}, attrs, where);
-    return eager(OpType::RmsNorm, {x, weight}, attrs, where);
-}
-
-// ---- eager calls (graph/eager.h): the same ops on Tensors ----
-Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                  const Tensor& running_var, bool training, double momentum, double eps, std::source_location where) {
-    OpAttrs attrs;
-    attrs.training = training;
-    attrs.momentum = momentum;
-    attrs.eps = eps;
-    return eager(OpType::BatchNorm, {x, gamma, beta, running_mean, running_var}, attrs, where);
+void rms_norm_arguments(OpCall& call) {
+    if (call.gave(attr_field_index("eps"))) return;
+    const Tensor* x = call.value(0);
+    call.attrs.eps = default_rms_eps(x != nullptr && x->defined() ? x->dtype() : DType::f32);
 }
 
 // ---- Differentiable backward (graph/higher_order.h): each normalisation rebuilt from its formula ----

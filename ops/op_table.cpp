@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "dyngrad/graph/custom_op.h"
+#include "dyngrad/ops/argument_rules.h"
 #include "dyngrad/ops/differentiable_backward.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
@@ -218,7 +219,7 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      kCudaPointLoss, bce_with_logits_cases, reads("reduction"), kFloat32,
      "torch.nn.functional.binary_cross_entropy_with_logits(x, target, weight, pos_weight=pos_weight, "
      "reduction=reduction)",
-     /*optional_inputs=*/2, true, 0, nullptr, loss_differentiable_backward},
+     /*optional_inputs=*/2, true, 0, nullptr, loss_differentiable_backward, nullptr, bce_with_logits_arguments},
     {OpType::L1Loss, "l1_loss", 2, infer::pointwise_loss, kCpuPointLoss, kCudaPointLoss, l1_loss_cases,
      reads("reduction"), kFloat32, "torch.nn.functional.l1_loss(prediction, target, reduction=reduction)", 0, true, 0, nullptr, loss_differentiable_backward},
     {OpType::SmoothL1Loss, "smooth_l1_loss", 2, infer::pointwise_loss, kCpuPointLoss, kCudaPointLoss,
@@ -230,10 +231,12 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      "activation(torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups))",
      /*optional_inputs=*/1, true, 0, &unfused::conv2d, conv2d_differentiable_backward},
     {OpType::MaxPool2d, "max_pool2d", 1, infer::pool2d, kCpuPool, kCudaPool, pool2d_cases,
-     reads("kernel", "stride", "padding"), kFollow, "torch.nn.functional.max_pool2d(x, kernel, stride, padding)", 0, true, 0, nullptr, pool_differentiable_backward},
+     reads("kernel", "stride", "padding"), kFollow, "torch.nn.functional.max_pool2d(x, kernel, stride, padding)", 0, true, 0, nullptr, pool_differentiable_backward,
+     nullptr, pool_arguments},
     {OpType::AvgPool2d, "avg_pool2d", 1, infer::pool2d, kCpuPool, kCudaPool, pool2d_cases,
      reads("kernel", "stride", "padding"), kFollow,
-     "torch.nn.functional.avg_pool2d(x, kernel, stride, padding, count_include_pad=True)", 0, true, 0, nullptr, pool_differentiable_backward},
+     "torch.nn.functional.avg_pool2d(x, kernel, stride, padding, count_include_pad=True)", 0, true, 0, nullptr, pool_differentiable_backward,
+     nullptr, pool_arguments},
     {OpType::BatchNorm, "batch_norm", 5, infer::batch_norm, {cpu::batch_norm_forward, cpu::batch_norm_backward},
      DG_CUDA_KERNELS(batch_norm_forward, batch_norm_backward), batch_norm_cases,
      reads("training", "eps", "momentum"), kFloat32,
@@ -241,10 +244,10 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      /*updates_inputs=*/(1u << 3) | (1u << 4), nullptr, norm_differentiable_backward},  // running_mean, running_var
     {OpType::LayerNorm, "layer_norm", 3, infer::row_norm, kCpuRowNorm, kCudaRowNorm, layer_norm_cases,
      reads("shape", "eps"), kFloat32, "torch.nn.functional.layer_norm(x, shape, weight, bias, eps)",
-     /*optional_inputs=*/2, true, 0, nullptr, norm_differentiable_backward},
+     /*optional_inputs=*/2, true, 0, nullptr, norm_differentiable_backward, nullptr, layer_norm_arguments},
     {OpType::RmsNorm, "rms_norm", 2, infer::row_norm, kCpuRowNorm, kCudaRowNorm, rms_norm_cases,
      reads("shape", "eps"), kFloat32, "torch.nn.functional.rms_norm(x, shape, weight, eps)",
-     /*optional_inputs=*/1, true, 0, nullptr, norm_differentiable_backward},
+     /*optional_inputs=*/1, true, 0, nullptr, norm_differentiable_backward, nullptr, rms_norm_arguments},
     // The seed input is optional; the CUDA forward takes bf16/f16 natively (the backward is that forward on dy).
     {OpType::Dropout, "dropout", 2, infer::dropout, {cpu::dropout_forward, dropout_backward},
      DG_CUDA_KERNELS_FORWARD_NATIVE(dropout_forward, dropout_backward), dropout_cases,
@@ -297,7 +300,7 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      DG_CUDA_KERNELS(rnn_forward, rnn_backward), rnn_cases,
      reads("rnn_mode", "hidden_size", "num_layers", "bidirectional", "save_for_backward"), kFollow,
      "torch.nn.LSTM / GRU / RNN(rnn_mode, hidden_size, num_layers, bidirectional) on the flat cuDNN-ordered weight",
-     /*optional_inputs=*/2},
+     /*optional_inputs=*/2, true, 0, nullptr, nullptr, nullptr, rnn_arguments},
     // sorting and sampling (ops/sampling.h): the indices ops are not differentiable (sort's and topk's values are
     // gather(x, axis, indices)); cumsum runs in f32 under autocast, as PyTorch's
     {OpType::Cumsum, "cumsum", 1, infer::cumsum, {cpu::cumsum_forward, cpu::cumsum_backward},

@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "dyngrad/core/checked.h"
+#include "dyngrad/ops/argument_rules.h"
 #include "dyngrad/ops/differentiable_backward.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/indexing.h"
@@ -19,44 +20,41 @@
 
 namespace dyngrad {
 
-// ---- user functions ----
-namespace {
+// ---- user functions: one front door per op (ops/pool.h), the stride rule in the row ----
+// A stride of 0, or none given (Python), is the kernel size: non-overlapping windows, as PyTorch's default.
+void pool_arguments(OpCall& call) {
+    const bool given = call.gave(attr_field_index("stride"));
+    for (int i = 0; i < 2; ++i)
+        if (!given || call.attrs.stride[i] == 0) call.attrs.stride[i] = call.attrs.kernel[i];
+}
 
-OpAttrs pool_attrs(std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
-                   std::array<std::int64_t, 2> padding) {
+namespace {
+template <Operand T>
+T pool(OpType op, const T& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
+       std::array<std::int64_t, 2> padding, std::source_location where) {
     OpAttrs attrs;
     attrs.kernel = kernel;
-    for (int i = 0; i < 2; ++i) attrs.stride[i] = stride[i] == 0 ? kernel[i] : stride[i];
+    attrs.stride = stride;
     attrs.padding = padding;
-    return attrs;
+    return apply_op(op, {x}, attrs, where, AttrSet{}.with(attr_field_index("stride")));
 }
-
-Var record_pool(OpType op, const Var& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
-                std::array<std::int64_t, 2> padding, std::source_location where) {
-    return x.graph().record(op, {x}, pool_attrs(kernel, stride, padding), where);
-}
-
 }  // namespace
 
-Var max_pool2d(const Var& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
-               std::array<std::int64_t, 2> padding, std::source_location where) {
-    return record_pool(OpType::MaxPool2d, x, kernel, stride, padding, where);
+template <Operand T>
+T max_pool2d(const T& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
+             std::array<std::int64_t, 2> padding, std::source_location where) {
+    return pool(OpType::MaxPool2d, x, kernel, stride, padding, where);
 }
-
-Var avg_pool2d(const Var& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
-               std::array<std::int64_t, 2> padding, std::source_location where) {
-    return record_pool(OpType::AvgPool2d, x, kernel, stride, padding, where);
+template <Operand T>
+T avg_pool2d(const T& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
+             std::array<std::int64_t, 2> padding, std::source_location where) {
+    return pool(OpType::AvgPool2d, x, kernel, stride, padding, where);
 }
-
-Tensor max_pool2d(const Tensor& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
-                  std::array<std::int64_t, 2> padding, std::source_location where) {
-    return eager(OpType::MaxPool2d, {x}, pool_attrs(kernel, stride, padding), where);
-}
-
-Tensor avg_pool2d(const Tensor& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
-                  std::array<std::int64_t, 2> padding, std::source_location where) {
-    return eager(OpType::AvgPool2d, {x}, pool_attrs(kernel, stride, padding), where);
-}
+using WindowPair = std::array<std::int64_t, 2>;
+template Var max_pool2d(const Var&, WindowPair, WindowPair, WindowPair, std::source_location);
+template Tensor max_pool2d(const Tensor&, WindowPair, WindowPair, WindowPair, std::source_location);
+template Var avg_pool2d(const Var&, WindowPair, WindowPair, WindowPair, std::source_location);
+template Tensor avg_pool2d(const Tensor&, WindowPair, WindowPair, WindowPair, std::source_location);
 
 // ---- Differentiable backward (graph/higher_order.h): pooling as a composition ----
 

@@ -33,10 +33,6 @@ Eigen::Map<Array1<T>> out(T* data, std::int64_t n) {
     return {data, n};
 }
 
-Var record_reduction(OpType op, const Var& x, OpAttrs attrs, std::source_location where) {
-    return x.graph().record(op, {x}, attrs, where);
-}
-
 void check_floating(const Tensor& x) {
     if (!is_floating(x.dtype())) throw DTypeError(str("expects float32 or float64, got ", dtype_name(x.dtype())));
 }
@@ -126,107 +122,7 @@ void expand_runs(const T* dy, T* dx, const std::vector<Run>& runs, T scale) {
 
 }  // namespace
 
-// ---- user functions ----
-Var sum(const Var& x, const std::vector<std::int64_t>& axes, bool keepdim, std::source_location where) {
-    OpAttrs attrs;
-    attrs.axes = axes;
-    attrs.keepdim = keepdim;
-    return record_reduction(OpType::Sum, x, attrs, where);
-}
-
-Var mean(const Var& x, const std::vector<std::int64_t>& axes, bool keepdim, std::source_location where) {
-    OpAttrs attrs;
-    attrs.axes = axes;
-    attrs.keepdim = keepdim;
-    return record_reduction(OpType::Mean, x, attrs, where);
-}
-
-Var logsumexp(const Var& x, const std::vector<std::int64_t>& axes, bool keepdim, std::source_location where) {
-    OpAttrs attrs;
-    attrs.axes = axes;
-    attrs.keepdim = keepdim;
-    return record_reduction(OpType::LogSumExp, x, attrs, where);
-}
-
-Var max(const Var& x, std::int64_t axis, bool keepdim, std::source_location where) {
-    OpAttrs attrs;
-    attrs.axis = axis;
-    attrs.keepdim = keepdim;
-    return record_reduction(OpType::Max, x, attrs, where);
-}
-
-Var min(const Var& x, std::int64_t axis, bool keepdim, std::source_location where) {
-    return neg(max(neg(x, where), axis, keepdim, where), where);
-}
-
-Var argmax(const Var& x, std::int64_t axis, bool keepdim, std::source_location where) {
-    OpAttrs attrs;
-    attrs.axis = axis;
-    attrs.keepdim = keepdim;
-    return record_reduction(OpType::ArgMax, x, attrs, where);
-}
-
-Var argmin(const Var& x, std::int64_t axis, bool keepdim, std::source_location where) {
-    OpAttrs attrs;
-    attrs.axis = axis;
-    attrs.keepdim = keepdim;
-    return record_reduction(OpType::ArgMin, x, attrs, where);
-}
-
-// ---- eager calls (graph/eager.h): the same ops on Tensors ----
-namespace {
-OpAttrs axes_attrs(const std::vector<std::int64_t>& axes, bool keepdim) {
-    OpAttrs attrs;
-    attrs.axes = axes;
-    attrs.keepdim = keepdim;
-    return attrs;
-}
-OpAttrs axis_attrs(std::int64_t axis, bool keepdim) {
-    OpAttrs attrs;
-    attrs.axis = axis;
-    attrs.keepdim = keepdim;
-    return attrs;
-}
-}  // namespace
-
-Tensor sum(const Tensor& x, const std::vector<std::int64_t>& axes, bool keepdim, std::source_location where) {
-    return eager(OpType::Sum, {x}, axes_attrs(axes, keepdim), where);
-}
-Tensor mean(const Tensor& x, const std::vector<std::int64_t>& axes, bool keepdim, std::source_location where) {
-    return eager(OpType::Mean, {x}, axes_attrs(axes, keepdim), where);
-}
-Tensor logsumexp(const Tensor& x, const std::vector<std::int64_t>& axes, bool keepdim, std::source_location where) {
-    return eager(OpType::LogSumExp, {x}, axes_attrs(axes, keepdim), where);
-}
-Tensor max(const Tensor& x, std::int64_t axis, bool keepdim, std::source_location where) {
-    return eager(OpType::Max, {x}, axis_attrs(axis, keepdim), where);
-}
-Tensor min(const Tensor& x, std::int64_t axis, bool keepdim, std::source_location where) {
-    return neg(max(neg(x, where), axis, keepdim, where), where);
-}
-Tensor argmax(const Tensor& x, std::int64_t axis, bool keepdim, std::source_location where) {
-    return eager(OpType::ArgMax, {x}, axis_attrs(axis, keepdim), where);
-}
-Tensor argmin(const Tensor& x, std::int64_t axis, bool keepdim, std::source_location where) {
-    return eager(OpType::ArgMin, {x}, axis_attrs(axis, keepdim), where);
-}
-
-// Two nodes: argmax runs through the max op's kernels (ops/kernels.h), so the index is the element the
-// gradient of max goes to (the first extreme).
-ValuesAndIndices<Var> max_with_indices(const Var& x, std::int64_t axis, bool keepdim, std::source_location where) {
-    return {max(x, axis, keepdim, where), argmax(x, axis, keepdim, where)};
-}
-ValuesAndIndices<Tensor> max_with_indices(const Tensor& x, std::int64_t axis, bool keepdim,
-                                          std::source_location where) {
-    return {max(x, axis, keepdim, where), argmax(x, axis, keepdim, where)};
-}
-ValuesAndIndices<Var> min_with_indices(const Var& x, std::int64_t axis, bool keepdim, std::source_location where) {
-    return {min(x, axis, keepdim, where), argmin(x, axis, keepdim, where)};
-}
-ValuesAndIndices<Tensor> min_with_indices(const Tensor& x, std::int64_t axis, bool keepdim,
-                                          std::source_location where) {
-    return {min(x, axis, keepdim, where), argmin(x, axis, keepdim, where)};
-}
+// (the user functions are front doors in ops/reduce.h)
 
 // ---- shape rules ----
 namespace infer {
@@ -337,12 +233,12 @@ Tensor logsumexp_forward(const ForwardArgs& args) {
     const std::vector<bool> reduced = reduced_axes(x.shape(), args.attrs.axes);
     Tensor m = x;
     for (std::size_t axis = 0; axis < reduced.size(); ++axis)
-        if (reduced[axis]) m = run_kernel(OpType::Max, {m}, axis_attrs(static_cast<std::int64_t>(axis), true));
+        if (reduced[axis]) m = run_kernel(OpType::Max, {m}, detail::axis_keepdim_attrs(static_cast<std::int64_t>(axis), true));
     const Tensor zero = Tensor::zeros({}, x.dtype(), x.device());
     const Tensor finite = run_kernel(OpType::Eq, {run_kernel(OpType::Sub, {m, m}), zero});  // m − m = 0: finite
     m = run_kernel(OpType::Where, {finite, m, zero});
     const Tensor e = run_kernel(OpType::Exp, {run_kernel(OpType::Sub, {x, m})});
-    const Tensor s = run_kernel(OpType::Sum, {e}, axes_attrs(args.attrs.axes, true));
+    const Tensor s = run_kernel(OpType::Sum, {e}, detail::axes_attrs(args.attrs.axes, true));
     return run_kernel(OpType::Add, {run_kernel(OpType::Log, {s}), m}).reshaped(args.out.shape);
 }
 

@@ -10,6 +10,7 @@
 #include <Eigen/Core>
 
 #include "dyngrad/core/checked.h"
+#include "dyngrad/ops/argument_rules.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/layout.h"
 #include "dyngrad/ops/linalg.h"
@@ -141,6 +142,12 @@ std::int64_t rnn_weight_size(RnnMode mode, const RnnOptions& options, std::int64
 
 // ---- user functions ----
 
+// The kernels receive what to save instead of reading engine state: the row's rule sets it from grad_enabled()
+// for every caller (C++ and Python) unless the caller gave it.
+void rnn_arguments(OpCall& call) {
+    if (!call.gave(attr_field_index("save_for_backward"))) call.attrs.save_for_backward = grad_enabled();
+}
+
 RnnResult rnn(RnnMode mode, const Var& x, const Var& w, const RnnOptions& options, std::optional<Var> h0,
               std::optional<Var> c0, std::source_location where) {
     const std::string at = str(rnn_mode_name(mode), " at ", describe_site(where));
@@ -151,11 +158,7 @@ RnnResult rnn(RnnMode mode, const Var& x, const Var& w, const RnnOptions& option
     attrs.hidden_size = options.hidden_size;
     attrs.num_layers = options.num_layers;
     attrs.bidirectional = options.bidirectional;
-    attrs.save_for_backward = grad_enabled();
-    std::vector<Var> inputs{x, w};
-    if (h0) inputs.push_back(*h0);
-    if (c0) inputs.push_back(*c0);
-    const Var packed = x.graph().record(OpType::Rnn, inputs, attrs, where);
+    const Var packed = apply_op(OpType::Rnn, {x, w, h0.value_or(Var()), c0.value_or(Var())}, attrs, where);
 
     // The shape rule accepted x as (T,N,I): slice the packed value into its parts.
     const Shape& xs = x.shape();

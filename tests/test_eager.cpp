@@ -198,6 +198,39 @@ TEST_CASE("eager batch_norm in training updates the running statistics like the 
     CHECK_FALSE(bitwise_equal(eager_mean, mean0));
 }
 
+// The rows' argument rules (OpDef::prepare, graph/front_door.h) run for both front doors: a default that depends on
+// the inputs gives what spelling it out gives; a required operand left undefined is still the engine's error.
+TEST_CASE("argument rules: input-dependent defaults, the same for Var and Tensor", "[eager][front_door]") {
+    for (const DType dtype : float_dtypes()) {
+        DYNAMIC_SECTION(dtype_name(dtype)) {
+            Generator gen(kSeedBase + 7 + (dtype == DType::f64 ? 1 : 0));
+            const Tensor x = Tensor::normal({3, 4}, 0, 1e-4, gen, dtype);  // small: eps matters in rms_norm
+            const Tensor bias = Tensor::normal({4}, 0, 1, gen, dtype);
+            const Tensor ones = Tensor::ones({4}, dtype);
+            const double machine_eps = dtype == DType::f64 ? std::numeric_limits<double>::epsilon()
+                                                            : std::numeric_limits<float>::epsilon();
+            CHECK(bitwise_equal(rms_norm(x, {4}), rms_norm(x, {4}, Tensor(), machine_eps)));
+            CHECK_FALSE(bitwise_equal(rms_norm(x, {4}), rms_norm(x, {4}, Tensor(), 1e-5)));
+            CHECK(bitwise_equal(layer_norm(x, {4}, Tensor(), bias), layer_norm(x, {4}, ones, bias)));
+            const Tensor images = Tensor::normal({2, 3, 6, 4}, 0, 1, gen, dtype);
+            CHECK(bitwise_equal(max_pool2d(images, {2, 2}), max_pool2d(images, {2, 2}, {2, 2})));
+            CHECK(max_pool2d(images, {3, 2}).shape() == Shape{2, 3, 2, 2});
+            const Tensor target = Tensor::uniform({3, 4}, 0, 1, gen, dtype);
+            const Tensor pos_weight = Tensor::uniform({4}, 0.5, 2, gen, dtype);
+            CHECK(bitwise_equal(binary_cross_entropy_with_logits(x, target, Tensor(), pos_weight),
+                                binary_cross_entropy_with_logits(x, target, Tensor::ones({}, dtype), pos_weight)));
+            ComputeGraph g;
+            const Var vx = g.input(x, "x", true), vbias = g.input(bias);
+            CHECK(bitwise_equal(rms_norm(vx, {4}).value(), rms_norm(x, {4})));
+            CHECK(bitwise_equal(layer_norm(vx, {4}, Var(), vbias).value(), layer_norm(x, {4}, Tensor(), bias)));
+            CHECK(bitwise_equal(max_pool2d(g.input(images), {2, 2}).value(), max_pool2d(images, {2, 2})));
+            const Tensor w = Tensor::normal({5, 3, 3, 3}, 0, 1, gen, dtype), b = Tensor::normal({5}, 0, 1, gen, dtype);
+            CHECK_THROWS_MATCHES(conv2d(images, Tensor(), b), ValueError, MessageHas({"conv2d", "input 1 is an undefined tensor"}));
+            CHECK(bitwise_equal(conv2d(images, w, Tensor()), conv2d(images, w)));
+        }
+    }
+}
+
 TEST_CASE("Tensor operators broadcast and take scalars on either side", "[eager][operators]") {
     for (const DType dtype : float_dtypes()) {
         DYNAMIC_SECTION(dtype_name(dtype)) {

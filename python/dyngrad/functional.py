@@ -122,11 +122,19 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, acti
 
 
 def max_pool2d(x, kernel_size, stride=None, padding=0):
-    return ops.max_pool2d(x, kernel=kernel_size, stride=kernel_size if stride is None else stride, padding=padding)
+    return ops.max_pool2d(x, **_pool_attrs(kernel_size, stride, padding))
 
 
 def avg_pool2d(x, kernel_size, stride=None, padding=0):
-    return ops.avg_pool2d(x, kernel=kernel_size, stride=kernel_size if stride is None else stride, padding=padding)
+    return ops.avg_pool2d(x, **_pool_attrs(kernel_size, stride, padding))
+
+
+def _pool_attrs(kernel_size, stride, padding):
+    # No stride: the row's rule (ops/pool.cpp) makes it the kernel size, as in C++.
+    attrs = {"kernel": kernel_size, "padding": padding}
+    if stride is not None:
+        attrs["stride"] = stride
+    return attrs
 
 
 def batch_norm(x, running_mean, running_var, weight, bias, training=False, momentum=0.1, eps=1e-5):
@@ -134,21 +142,16 @@ def batch_norm(x, running_mean, running_var, weight, bias, training=False, momen
 
 
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """A bias without a weight is the row's rule (ops/norm.cpp), as in C++: a weight of ones."""
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    inputs = [x] + ([weight] if weight is not None else []) + ([bias] if bias is not None else [])
-    if weight is None and bias is not None:
-        from . import ones
-        inputs = [x, ones(*bias.shape, dtype=bias.dtype, device=bias.device), bias]
-    return _apply(_i("layer_norm"), inputs, {"shape": shape, "eps": eps})
+    return _apply(_i("layer_norm"), [x, weight, bias], {"shape": shape, "eps": eps})
 
 
 def rms_norm(x, normalized_shape, weight=None, eps=None):
+    """eps None: the row's rule (ops/norm.cpp) takes the machine epsilon of x's dtype, as PyTorch."""
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    if eps is None:
-        import numpy as np
-        eps = float(np.finfo(np.float64 if x.dtype == _core.float64 else np.float32).eps)
-    inputs = [x] if weight is None else [x, weight]
-    return _apply(_i("rms_norm"), inputs, {"shape": shape, "eps": eps})
+    attrs = {"shape": shape} if eps is None else {"shape": shape, "eps": eps}
+    return _apply(_i("rms_norm"), [x, weight], attrs)
 
 
 def dropout(x, p=0.5, training=True, seed=None):
@@ -213,13 +216,8 @@ def smooth_l1_loss(prediction, target, reduction="mean", beta=1.0):
 
 
 def binary_cross_entropy_with_logits(logits, target, weight=None, pos_weight=None, reduction="mean"):
-    inputs = [logits, target]
-    if weight is not None or pos_weight is not None:
-        from . import ones
-        inputs.append(weight if weight is not None else ones(*logits.shape, dtype=logits.dtype, device=logits.device))
-        if pos_weight is not None:
-            inputs.append(pos_weight)
-    return ops.binary_cross_entropy_with_logits(*inputs, reduction=reduction)
+    """A pos_weight without a weight is the row's rule (ops/loss.cpp), as in C++: a weight of 1."""
+    return ops.binary_cross_entropy_with_logits(logits, target, weight, pos_weight, reduction=reduction)
 
 
 def sum(x, dim=None, keepdim=False):  # noqa: A001

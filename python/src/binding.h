@@ -104,8 +104,15 @@ Var as_var(const PyTensor& t, const std::shared_ptr<GraphBox>& box, std::source_
 using VarFunction = std::function<Var(std::span<const Var>, std::source_location)>;
 PyTensor call_with_vars(std::span<const PyTensor* const> inputs, bool trainable, const VarFunction& fn);
 
-// kwargs (axis=, keepdim=, stride=, ...) into OpAttrs; TypeError naming an unknown keyword.
-OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs);
+// kwargs (axis=, keepdim=, stride=, ...) into OpAttrs; TypeError naming an unknown keyword. `given`, when set,
+// gets the fields the keywords named (the row's argument rule fills the others, graph/front_door.h).
+OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs, AttrSet* given = nullptr);
+// Default attributes, built once: an OpAttrs is large to construct and destroy on every call.
+const OpAttrs& no_attrs();
+// The PyTensor inside a dyngrad.Tensor object; nullptr for any other object (src/tensor.cpp).
+const PyTensor* as_tensor(PyObject* o);
+// A shape from size arguments: ints, or one sequence of ints (src/op_path.cpp).
+Shape shape_from(nb::handle args, const char* who);
 
 // State dicts (optimizer, schedule, GradScaler) between C++ TensorMaps and Python dicts (src/schedules.cpp);
 // `who` names the caller when an entry is None.
@@ -144,6 +151,8 @@ Generator& default_generator();
 void set_python_error_from_current_exception() noexcept;
 
 void bind_tensor(nb::module_& m);
+void bind_op_path(nb::module_& m);   // src/op_path.cpp
+void bind_factories(nb::module_& m); // src/factories.cpp
 void bind_interop(nb::module_& m);
 void bind_nn(nb::module_& m);
 void bind_transformer(nb::module_& m);  // src/transformer.cpp

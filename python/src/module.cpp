@@ -148,6 +148,8 @@ NB_MODULE(_core, m) {
     nb::set_leak_warnings(false);
 
     bind_tensor(m);
+    bind_op_path(m);
+    bind_factories(m);
     bind_interop(m);
     bind_nn(m);
     bind_transformer(m);

@@ -79,3 +79,35 @@ def test_a_keyword_the_op_does_not_read_is_a_type_error(rng):
     np.testing.assert_allclose(dg.ops.softmax(x, dim=0).numpy(), dg.ops.softmax(x, axis=0).numpy())
     assert dg.ops.gelu(x, approximate="tanh").shape == (3,)
     assert dg.ops.clamp(x, min=None, max=0.5).shape == (3,)
+
+
+def test_rows_argument_rules_run_from_python(rng):
+    """dg.ops runs each row's argument rule (ops/argument_rules.h), as the C++ front doors do: the defaults that depend
+    on the inputs are the row's, and a None optional input is left out (or filled by the rule)."""
+    for np_dtype in (np.float32, np.float64):
+        x = dg.tensor((rng.standard_normal((3, 4)) * 1e-4).astype(np_dtype))  # small: eps matters
+        bias = dg.tensor(rng.standard_normal(4).astype(np_dtype))
+        eps = float(np.finfo(np_dtype).eps)
+        np.testing.assert_array_equal(dg.ops.rms_norm(x, shape=[4]).numpy(), dg.ops.rms_norm(x, shape=[4], eps=eps).numpy())
+        assert not np.array_equal(dg.ops.rms_norm(x, shape=[4]).numpy(), dg.ops.rms_norm(x, shape=[4], eps=1e-5).numpy())
+        ones = dg.ones(4, dtype=x.dtype)
+        np.testing.assert_array_equal(dg.ops.layer_norm(x, None, bias, shape=[4]).numpy(),
+                                      dg.ops.layer_norm(x, ones, bias, shape=[4]).numpy())
+        np.testing.assert_array_equal(dg.ops.layer_norm(x, None, None, shape=[4]).numpy(),
+                                      dg.ops.layer_norm(x, shape=[4]).numpy())
+    images = dg.tensor(rng.standard_normal((2, 3, 6, 4)).astype(np.float32))
+    assert dg.ops.max_pool2d(images, kernel=2).shape == (2, 3, 3, 2)  # stride: the kernel size
+    np.testing.assert_array_equal(dg.ops.avg_pool2d(images, kernel=2).numpy(),
+                                  dg.ops.avg_pool2d(images, kernel=2, stride=2).numpy())
+    logits = dg.tensor(rng.standard_normal((3, 4)))
+    target = dg.tensor(rng.uniform(size=(3, 4)))
+    pos_weight = dg.tensor(rng.uniform(0.5, 2.0, size=4))
+    np.testing.assert_array_equal(
+        dg.ops.binary_cross_entropy_with_logits(logits, target, None, pos_weight).numpy(),
+        dg.ops.binary_cross_entropy_with_logits(logits, target, dg.ones(4, dtype=dg.float64), pos_weight).numpy())
+    with pytest.raises(TypeError, match=r"layer_norm\(\): input 0 is None"):
+        dg.ops.layer_norm(None, shape=[4])
+    with pytest.raises(TypeError, match=r"conv2d\(\): input 1 is None"):
+        dg.ops.conv2d(images, None, dg.tensor(np.zeros(5, dtype=np.float32)))
+    with pytest.raises(ValueError, match="rnn: input 2 is left out but input 3 is given"):
+        dg.ops.rnn(images, images, None, images, hidden_size=2)
