@@ -63,6 +63,9 @@ public:
     Var operator()(const Var& x, std::source_location where = std::source_location::current()) const;
     // The MLP branch alone (without ln2 and the residual): (B,T,E) -> (B,T,E).
     Var mlp(const Var& h, std::source_location where = std::source_location::current()) const;
+    // Activation checkpointing (graph/checkpoint.h): the block keeps none of its intermediate values and replays
+    // them in the backward; gradients are bitwise those without it. Per block, off by default.
+    bool checkpoint = false;
 
     LayerNorm ln1;
     MultiheadAttention attn;
@@ -71,6 +74,7 @@ public:
     Linear proj;  // "mlp.proj"
 
 private:
+    Var body(const Var& x, std::source_location where) const;  // the block without checkpointing
     Dropout residual_dropout_;
 };
 
@@ -96,6 +100,7 @@ struct GPTConfig {
     double dropout = 0.0;        // after the embeddings, on the attention weights and on each residual branch
     std::uint64_t seed = 0;      // dropout masks
     bool bias = true;
+    bool checkpoint = false;     // every block checkpointed (TransformerBlock::checkpoint)
 };
 
 // tokens (B,T) int64 in [0, vocab_size), T <= context -> logits (B,T,vocab_size).
