@@ -7,7 +7,7 @@
 //            [--eval-every 250 --eval-batches 20] [--seed 0] [--device cpu|cuda] [--csv FILE]
 //            [--checkpoint FILE] [--resume FILE] [--init-weights FILE.safetensors] [--batch-order FILE]
 //            [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]
-//            [--profile-step N]
+//            [--profile-step N] [--checkpoint-activations]
 //
 // The corpus: the regular files of DIR (symbolic links and the strfile indexes *.dat and *.u8 skipped), in
 // byte order of their names, concatenated; the vocabulary is its sorted set of distinct bytes. The first 90%
@@ -60,7 +60,7 @@ const char* const kUsage =
     "                [--eval-every N] [--eval-batches N] [--seed N] [--device cpu|cuda|cuda:N] [--csv FILE]\n"
     "                [--checkpoint FILE] [--resume FILE] [--init-weights FILE] [--batch-order FILE]\n"
     "                [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]\n"
-    "                [--profile-step N]\n"
+    "                [--profile-step N] [--checkpoint-activations]\n"
     "  --data DIR          text files to train on (default /usr/share/games/fortunes; *.dat, *.u8 skipped)\n"
     "  --layers/--heads/--width/--context   the model (default 6, 6, 384, 256)\n"
     "  --batch B --steps N  windows per step (default 64), optimizer steps (default 5000)\n"
@@ -76,7 +76,9 @@ const char* const kUsage =
     "  --require-drop F    exit 1 unless the last 5 steps' mean loss is below (1 - F) x the first 5's\n"
     "  --profile-step N    (cuda) step N alone between cudaProfilerStart/Stop, for ncu --profile-from-start off\n"
     "  --precision NAME    f32 | bf16 | f16: the forward under autocast into that dtype (f16 with loss scaling;\n"
-    "                      f32 master weights and optimizer state either way; default f32)\n";
+    "                      f32 master weights and optimizer state either way; default f32)\n"
+    "  --checkpoint-activations  every block checkpointed (graph/checkpoint.h): its activations are replayed in\n"
+    "                      the backward instead of kept (the same gradients; --checkpoint names the training file)\n";
 
 struct Options {
     std::string data = kDefaultData;
@@ -95,7 +97,8 @@ struct Options {
 Options parse_options(int argc, char** argv) {
     const cli::Arguments args(
         argc, argv,
-        {.options = {"--data", "--layers", "--heads", "--width", "--context", "--batch", "--steps", "--lr", "--warmup",
+        {.flags = {"--checkpoint-activations"},
+         .options = {"--data", "--layers", "--heads", "--width", "--context", "--batch", "--steps", "--lr", "--warmup",
                      "--min-lr", "--weight-decay", "--clip", "--dropout", "--eval-every", "--eval-batches", "--seed",
                      "--device", "--csv", "--checkpoint", "--resume", "--init-weights", "--batch-order", "--sample",
                      "--stop-at", "--require-drop", "--precision", "--profile-step"}});
@@ -140,6 +143,7 @@ Options parse_options(int argc, char** argv) {
     }
     if (auto v = given("--profile-step")) o.profile_step = cli::parse_int("--profile-step", *v, 1, o.steps);
     o.model.seed = o.seed;
+    o.model.checkpoint = args.has("--checkpoint-activations");
     o.data = cli::existing_directory("--data", given("--data").value_or(o.data));
     return o;
 }
@@ -392,12 +396,13 @@ int run(const Options& o) {
                 static_cast<long long>(corpus.train.size() + corpus.validation.size()),
                 static_cast<long long>(corpus.files), o.data.c_str(), static_cast<long long>(config.vocab_size),
                 static_cast<long long>(corpus.train.size()), static_cast<long long>(corpus.validation.size()));
-    std::printf("model: %lld layers, %lld heads, width %lld, context %lld, %.2fM parameters on %s (%s); batch %lld, steps %lld%s\n",
+    std::printf("model: %lld layers, %lld heads, width %lld, context %lld, %.2fM parameters on %s (%s); batch %lld, steps %lld%s%s\n",
                 static_cast<long long>(config.layers), static_cast<long long>(config.heads),
                 static_cast<long long>(config.width), static_cast<long long>(T), static_cast<double>(parameter_count) / 1e6,
                 o.device.to_string().c_str(),
                 o.precision == DType::f32 ? "f32" : o.precision == DType::bf16 ? "bf16 autocast" : "f16 autocast + loss scaling",
                 static_cast<long long>(o.batch), static_cast<long long>(o.steps),
+                config.checkpoint ? ", activation checkpointing" : "",
                 first > 0 ? str(", resumed at step ", first).c_str() : "");
     std::fflush(stdout);
 
