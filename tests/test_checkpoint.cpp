@@ -1,7 +1,9 @@
-// Activation checkpointing (graph/checkpoint.h): gradients bitwise equal to the run without it (CPU, one thread
-// count, so deterministic) for plain segments, dropout, autocast and create_graph (second order through a
-// checkpointed segment), the GPT with every block checkpointed, fewer live tensors after the forward, the
+// Activation checkpointing (graph/checkpoint.h): first-order gradients bitwise equal to the run without it (CPU,
+// deterministic) for plain segments, dropout and autocast; second order through a checkpointed segment (equal up
+// to the grouping of float sums), the GPT with every block checkpointed, fewer live tensors after the forward, the
 // segment released again after its backward, and the typed errors of bad calls.
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <vector>
 
@@ -144,7 +146,20 @@ TEST_CASE("checkpoint composes with create_graph: second order through a checkpo
         return out;
     };
     const auto plain = second_order(false);
-    CHECK(plain == second_order(true));
+    const auto checkpointed = second_order(true);
+    REQUIRE(plain.size() == checkpointed.size());
+    CHECK(plain[0] == checkpointed[0]);  // the first-order gradient: bitwise
+    // Second order: the output marker sums what reaches the segment's output before it meets the segment's own
+    // contributions, so float32 sums may group differently (an ulp or so).
+    double largest = 0;
+    for (std::size_t k = 1; k < plain.size(); ++k) {
+        REQUIRE(plain[k].size() == checkpointed[k].size());
+        for (std::size_t i = 0; i < plain[k].size(); ++i) {
+            CHECK(std::abs(plain[k][i] - checkpointed[k][i]) <= 1e-5 * std::abs(plain[k][i]) + 1e-6);
+            largest = std::max(largest, std::abs(plain[k][i]));
+        }
+    }
+    CHECK(largest > 1e-3);  // the second-order gradients are not trivially zero
 }
 
 TEST_CASE("GPT with every block checkpointed: loss and gradients bitwise equal, fewer bytes kept",

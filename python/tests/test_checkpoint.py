@@ -32,7 +32,7 @@ def _gradients(use_checkpoint, x_value, w_value, autocast=False):
         h = x
         for block in blocks:
             h = checkpoint(block, h, use_reentrant=False) if use_checkpoint else block(h)
-    (h * dg.tensor(w_value, dtype=dg.float32)).sum().backward()
+    (h.float() * dg.tensor(w_value, dtype=dg.float32)).sum().backward()
     return [x.grad.numpy()] + [p.grad.numpy() for b in blocks for p in b.parameters()]
 
 
@@ -58,8 +58,12 @@ def test_second_order_through_a_checkpointed_segment(rng):
         (hx,) = dg.autograd.grad((gx * dg.tensor(v, dtype=dg.float32)).sum(), x)
         return gx.numpy(), hx.numpy()
 
-    for plain, checkpointed in zip(hvp(False), hvp(True)):
-        np.testing.assert_array_equal(plain, checkpointed)
+    (g_plain, h_plain), (g_checkpointed, h_checkpointed) = hvp(False), hvp(True)
+    np.testing.assert_array_equal(g_plain, g_checkpointed)  # first order: bitwise
+    # Second order: the output marker sums the contributions that reach the segment's output before they meet the
+    # segment's own, so float32 sums may group differently (an ulp or so).
+    np.testing.assert_allclose(h_plain, h_checkpointed, rtol=1e-5, atol=1e-6)
+    assert np.abs(h_plain).max() > 1e-3  # the second derivative is not trivially zero
 
 
 def test_gpt_with_every_block_checkpointed_matches_the_plain_gpt(rng):
