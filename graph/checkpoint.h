@@ -8,8 +8,10 @@
 // it: one on each input, one on each output. The backward of an output marker replays the segment's nodes from
 // their recorded ops and attributes (docs/architecture.md, "Activation checkpointing"), so:
 // - dropout draws the same masks (its seed is an attribute or a recorded seed input), autocast's casts are the
-//   recorded cast nodes, data-dependent control flow in `fn` is the recorded one: gradients are bitwise those
-//   of the run without checkpointing (the replay runs the same kernels on the same inputs);
+//   recorded cast nodes, data-dependent control flow in `fn` is the recorded one, and the replay runs the same
+//   kernels on the same inputs: first-order gradients are bitwise those of the run without checkpointing when the
+//   segment's inputs feed nothing outside it (a transformer block's). Otherwise, and at second order, the markers
+//   may group float sums differently (they add up the segment's contributions before these meet the others);
 // - the replay runs each op's forward kernel as the forward did: no allocation, synchronisation or host copy
 //   beyond the forward's, so a checkpointed step can be captured into a CUDA graph;
 // - the backward of the input markers drops the replayed values again, so one segment's activations are alive

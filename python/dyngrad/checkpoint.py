@@ -3,7 +3,8 @@
 ``checkpoint(function, *args, **kwargs)`` runs ``function(*args, **kwargs)`` as a segment whose intermediate values
 are not kept: the engine replays the segment's recorded ops when the backward reaches it (graph/checkpoint.h), so
 dropout draws the recorded masks, autocast's recorded casts run again, and the gradients are those of the plain
-call, bit for bit on the CPU. It composes with ``create_graph=True`` (second order through the segment) and with
+call, bit for bit on the CPU when the inputs feed nothing outside the segment (otherwise, and at second order, up to
+the grouping of float sums). It composes with ``create_graph=True`` (second order through the segment) and with
 captured steps (the replay allocates and synchronises no more than the forward did).
 
 Differences from PyTorch: the replay re-runs the recorded ops, not ``function``, so Python side effects in it
