@@ -100,7 +100,8 @@ TEST_CASE("every differentiable op-table case agrees with PyTorch's float64 doub
         REQUIRE_FALSE(checked.empty());
         const Var y = graph.record(c.def->op, vars, c.op_case.attrs, std::source_location::current());
         const Var weight = graph.constant(c.w);
-        const std::vector<Var> first = grad({y}, checked, {weight}, {.create_graph = true, .allow_unused = true});
+        const std::vector<Var> outputs{y}, weights{weight};
+        const std::vector<Var> first = grad(outputs, checked, weights, {.create_graph = true, .allow_unused = true});
         Var s;
         for (std::size_t j = 0; j < first.size(); ++j) {
             if (!first[j].defined() || !first[j].requires_grad()) continue;  // constant: contributes nothing
