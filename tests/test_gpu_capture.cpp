@@ -125,7 +125,8 @@ std::vector<std::vector<Tensor>> batches(int count, std::int64_t rows, std::uint
     return out;
 }
 
-void check_same_parameters(const Trainer& eager, const Trainer& captured) {
+template <typename AnyTrainer>  // Trainer, CheckpointTrainer: a model and its AdamW `opt`
+void check_same_parameters(const AnyTrainer& eager, const AnyTrainer& captured) {
     const std::vector<Parameter> a = eager.opt.parameters(), b = captured.opt.parameters();
     REQUIRE(a.size() == b.size());
     for (std::size_t i = 0; i < a.size(); ++i) {
@@ -137,7 +138,8 @@ void check_same_parameters(const Trainer& eager, const Trainer& captured) {
 
 // `steps` steps of `eager` and of `step` (capturing `captured`) over `data` in turn: one graph, the same last loss
 // and the same parameters and state, bit for bit.
-void check_captured_equals_eager(Trainer& eager, Trainer& captured, cuda::CapturedStep& step,
+template <typename AnyTrainer>
+void check_captured_equals_eager(AnyTrainer& eager, AnyTrainer& captured, cuda::CapturedStep& step,
                                  const std::vector<std::vector<Tensor>>& data, int steps) {
     Tensor eager_loss, captured_loss;
     for (int i = 0; i < steps; ++i) {
@@ -850,18 +852,7 @@ TEST_CASE("a captured checkpointed step equals the eager plain step bit for bit,
     constexpr int kSteps = 30;
     CheckpointTrainer eager(41, false), captured(41, true);
     cuda::CapturedStep step([&](std::span<const Tensor> in) { return captured.step(in); });
-    const std::vector<std::vector<Tensor>> data = checkpoint_batches(3, 16, 4100);
-    Tensor eager_loss, captured_loss;
-    for (int i = 0; i < kSteps; ++i) {
-        const std::vector<Tensor>& batch = data[static_cast<std::size_t>(i) % data.size()];
-        eager_loss = eager.step(batch);
-        captured_loss = step.run(batch);
-    }
-    CHECK(step.variants() == 1);
-    CHECK(captured_loss.item() == eager_loss.item());
-    const std::vector<Parameter> a = eager.opt.parameters(), b = captured.opt.parameters();
-    REQUIRE(a.size() == b.size());
-    for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i].value().to_vector() == b[i].value().to_vector());
+    check_captured_equals_eager(eager, captured, step, checkpoint_batches(3, 16, 4100), kSteps);
     CHECK(captured.model.drop.seeds().draws() == 2 * kSteps);  // the replays drew fresh masks
 }
 
