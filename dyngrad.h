@@ -20,6 +20,7 @@
 // graph: the engine, the op contract, checks and debugging
 #include "dyngrad/graph/anomaly.h"
 #include "dyngrad/graph/autocast.h"
+#include "dyngrad/graph/checkpoint.h"
 #include "dyngrad/graph/custom_op.h"
 #include "dyngrad/graph/debug.h"
 #include "dyngrad/graph/eager.h"

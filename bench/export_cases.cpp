@@ -9,7 +9,8 @@
 // gradient is checked ("grad"), and "attrs": every attribute the op reads (its row's list from the field table
 // of graph/op_def.h), by field name: numbers, booleans, int lists, choice names as strings, an absent optional as
 // null, the uint64 seed as a string; and, for readers without a JSON parser, "count" (number of cases) and
-// "<k>.label".
+// "<k>.label". Rows with a differentiable backward (graph/higher_order.h) also get "<k>.v<i>", a direction per
+// checked input for the second-order references (metadata "second_order": "true").
 // Exit status: 0 on success, 1 when a file cannot be written, 2 for a usage error.
 #include <charconv>
 #include <cstdint>
@@ -71,12 +72,19 @@ void export_op(const OpDef& def, const std::filesystem::path& dir, std::uint64_t
             grad += str(i ? ", " : "", gradient_checked(c, i, inputs[i]) ? "true" : "false");
         }
         tensors[str(k, ".w")] = Tensor::normal(output.shape(), 0.0, 1.0, gen, DType::f64);
+        // Second order (rows with a differentiable backward): a direction v_i per checked input, drawn after w so
+        // that the first-order tensors stay as they were; make_goldens.py differentiates S = Σ_i <dL/dx_i, v_i>.
+        if (def.differentiable_backward != nullptr)
+            for (std::size_t i = 0; i < inputs.size(); ++i)
+                if (gradient_checked(c, i, inputs[i]))
+                    tensors[str(k, ".v", i)] = Tensor::normal(inputs[i].shape(), 0.0, 1.0, gen, DType::f64);
         metadata[str(k, ".label")] = c.label;
         cases += str(k ? ",\n " : "", "{\"label\": ", quoted(c.label), ", \"grad\": ", grad,
                      "], \"attrs\": ", attrs_json(def, c.attrs), "}");
     }
     metadata["cases"] = cases + "]";
     metadata["count"] = std::to_string(op_cases.size());
+    metadata["second_order"] = def.differentiable_backward != nullptr ? "true" : "false";
     save_safetensors(dir / str(def.name, ".safetensors"), tensors, metadata);
 }
 

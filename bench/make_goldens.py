@@ -6,8 +6,12 @@ output weight "<k>.w", metadata "op", "cases" = JSON [{label, grad, attrs}], "co
 writes OUT/<op>.safetensors with the same tensors and metadata ("reference" added) plus, per case k,
     "<k>.y"        the op's output computed by PyTorch,
     "<k>.g<i>"     dL/d input i for every input whose "grad" is true, L = sum(w * y) (torch.autograd.grad),
-    "<k>.after<i>" batch_norm only: the running statistics (inputs 3, 4) after the forward.
-tests/test_golden.cpp runs dyngrad on the stored inputs and compares with these.
+    "<k>.after<i>" batch_norm only: the running statistics (inputs 3, 4) after the forward,
+and, for rows with a differentiable backward (metadata "second_order": "true", directions "<k>.v<i>" exported),
+    "<k>.h<i>"     dS/d input i, S = sum_j <dL/dx_j, v_j> with dL/dx_j from torch.autograd.grad(create_graph=True):
+                   PyTorch's double backward (zeros where S does not depend on input i).
+tests/test_golden.cpp runs dyngrad on the stored inputs and compares with these; tests/test_golden_second_order.cpp
+compares the "<k>.h<i>" (and skips, saying so, while no golden holds any).
 
 Reproduce (from the repository root; torch and safetensors installed):
     cmake --build build-cpu --target dyngrad-export-cases
@@ -393,11 +397,27 @@ def golden_for(path):
             raise SystemExit(f"make_goldens: {op} / {case['label']}: output {tuple(y.shape)}, w {tuple(w.shape)}")
         out[f"{k}.y"] = y.detach().clone()
         checked = [i for i, wants_grad in enumerate(grad) if wants_grad]
+        directions = {i: tensors[f"{k}.v{i}"] for i in checked if f"{k}.v{i}" in tensors}
+        second_order = metadata.get("second_order") == "true" and checked and len(directions) == len(checked)
         if checked:
             loss = (w * y).sum()
-            grads = torch.autograd.grad(loss, [xs[i] for i in checked])
+            grads = torch.autograd.grad(loss, [xs[i] for i in checked], create_graph=bool(second_order))
             for i, g in zip(checked, grads):
                 out[f"{k}.g{i}"] = g.detach().clone()
+        if second_order:
+            for i, v in directions.items():
+                out[f"{k}.v{i}"] = v
+            s = sum((g * directions[i]).sum() for i, g in zip(checked, grads))
+            try:
+                if s.requires_grad:
+                    hs = torch.autograd.grad(s, [xs[i] for i in checked], allow_unused=True)
+                else:  # no first-order gradient depends on an input: a linear op
+                    hs = [None] * len(checked)
+            except RuntimeError as e:  # PyTorch has no double backward here: the case gets no "<k>.h<i>"
+                print(f"make_goldens: {op} / {case['label']}: no PyTorch double backward ({e})", file=sys.stderr)
+                hs = []
+            for i, h in zip(checked, hs):
+                out[f"{k}.h{i}"] = (torch.zeros_like(xs[i]) if h is None else h).detach().clone()
         if op == "batch_norm":
             out[f"{k}.after3"] = xs[3].detach().clone()
             out[f"{k}.after4"] = xs[4].detach().clone()

@@ -26,6 +26,7 @@ using NodeId = std::uint32_t;
 namespace detail {
 struct GraphAnchor;  // a graph's liveness record; outlives the graph (graph.cpp)
 struct HigherOrder;  // the create_graph sweep (graph/higher_order.cpp)
+struct Checkpoint;   // drops and replays a checkpointed segment's values (graph/checkpoint.cpp)
 }
 
 // A tensor that outlives graphs (a model weight). Its gradient accumulates over backward calls
@@ -213,6 +214,7 @@ public:
 private:
     friend class Var;
     friend struct detail::HigherOrder;
+    friend struct detail::Checkpoint;
     // Held by every call that reads or changes the nodes: takes the graph for this thread (nested calls on
     // the same thread pass), throws GraphError when another thread holds it.
     class Use;

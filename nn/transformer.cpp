@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "dyngrad/graph/checkpoint.h"
 #include "dyngrad/ops/attention.h"
 #include "dyngrad/ops/dropout_mask.h"
 #include "dyngrad/ops/elementwise.h"
@@ -127,6 +128,12 @@ Var TransformerBlock::mlp(const Var& h, std::source_location where) const {
 
 Var TransformerBlock::operator()(const Var& x, std::source_location where) const {
     check_sequence("TransformerBlock", x, attn.embed_dim);
+    if (checkpoint && grad_enabled())  // fn runs within the call: `this` outlives it
+        return dyngrad::checkpoint([this, where](const Var& in) { return body(in, where); }, x, where);
+    return body(x, where);
+}
+
+Var TransformerBlock::body(const Var& x, std::source_location where) const {
     const Var after_attention = add(x, attn(ln1(x, where), where), where);
     return add(after_attention, mlp(ln2(after_attention, where), where), where);
 }
@@ -212,6 +219,7 @@ GPT::GPT(const GPTConfig& config_, Generator& gen)
     Module block_names;  // the PyTorch twin's nn.ModuleList: blocks.0.*, blocks.1.*, ...
     for (std::int64_t i = 0; i < config.layers; ++i) {
         blocks.emplace_back(config.width, config.heads, gen, block_options(config, i));
+        blocks.back().checkpoint = config.checkpoint;
         block_names.register_module(std::to_string(i), blocks.back());
     }
     register_module("blocks", block_names);

@@ -67,6 +67,9 @@ public:
     Var operator()(const Var& x, std::source_location where = std::source_location::current()) const;
     // The MLP branch alone (without ln2 and the residual): (B,T,E) -> (B,T,E).
     Var mlp(const Var& h, std::source_location where = std::source_location::current()) const;
+    // Activation checkpointing (graph/checkpoint.h): the block keeps none of its intermediate values and replays
+    // them in the backward; gradients are bitwise those without it. Per block, off by default.
+    bool checkpoint = false;
 
     LayerNorm ln1;
     MultiheadAttention attn;
@@ -76,6 +79,7 @@ public:
     GeluApproximation gelu;
 
 private:
+    Var body(const Var& x, std::source_location where) const;  // the block without checkpointing
     Dropout residual_dropout_;
 };
 
@@ -109,6 +113,7 @@ struct GPTConfig {
     GeluApproximation gelu = GeluApproximation::None;  // GPT-2: Tanh
 
     std::int64_t embedding_rows() const { return padded_vocab_size > 0 ? padded_vocab_size : vocab_size; }
+    bool checkpoint = false;     // every block checkpointed (TransformerBlock::checkpoint)
 };
 
 // GPT-2 small as llm.c's `-e d12` builds it: 12 layers, 12 heads, width 768, context 1024, vocabulary 50257

@@ -11,7 +11,7 @@
 //            [--eval-every 250 --eval-batches 20] [--seed 0] [--device cpu|cuda] [--csv FILE]
 //            [--checkpoint FILE] [--resume FILE] [--init-weights FILE.safetensors] [--batch-order FILE]
 //            [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]
-//            [--profile-step N] [--distributed [--zero 1|2|3]]
+//            [--profile-step N] [--distributed [--zero 1|2|3]] [--checkpoint-activations]
 //
 // Token files: windows of --seq-len (default --context) + 1 tokens of --train-tokens; the validation windows
 // are spread over --val-tokens by the rule below; every token id must be below --vocab (default 50257 for gpt2,
@@ -86,6 +86,7 @@ const char* const kUsage =
     "                [--checkpoint FILE] [--resume FILE] [--init-weights FILE] [--batch-order FILE]\n"
     "                [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]\n"
     "                [--profile-step N] [--distributed [--zero 1|2|3]]\n"
+    "                [--checkpoint-activations]\n"
     "  --model NAME        char (default) | gpt2: GPT-2 small as llm.c (12, 12, 768, 1024; tied, padded vocabulary)\n"
     "  --data DIR          text files to train on (default /usr/share/games/fortunes; *.dat, *.u8 skipped)\n"
     "  --train-tokens FILE --val-tokens FILE   token files in llm.c's format instead (dyngrad-tokens)\n"
@@ -108,7 +109,9 @@ const char* const kUsage =
     "                      f32 master weights and optimizer state either way; default f32)\n"
     "  --distributed       data parallel over the ranks of mpirun (each takes --batch / world windows a step)\n"
     "  --zero N            with --distributed: ZeRO stage 1, 2 or 3 (3: parameters sharded per block; needs\n"
-    "                      --dropout 0) in place of DDP; one weight decay for all parameters\n";
+    "                      --dropout 0) in place of DDP; one weight decay for all parameters\n"
+    "  --checkpoint-activations  every block checkpointed (graph/checkpoint.h): its activations are replayed in\n"
+    "                      the backward instead of kept (the same gradients; --checkpoint names the training file)\n";
 
 struct Options {
     std::string data = kDefaultData;
@@ -132,7 +135,7 @@ struct Options {
 Options parse_options(int argc, char** argv) {
     const cli::Arguments args(
         argc, argv,
-        {.flags = {"--distributed"},
+        {.flags = {"--distributed", "--checkpoint-activations"},
          .options = {"--model", "--train-tokens", "--val-tokens", "--vocab", "--seq-len", "--data", "--layers",
                      "--heads", "--width", "--context", "--batch", "--steps", "--lr", "--warmup",
                      "--min-lr", "--weight-decay", "--clip", "--dropout", "--eval-every", "--eval-batches", "--seed",
@@ -223,6 +226,7 @@ Options parse_options(int argc, char** argv) {
                                   "ZeRO-3 units would hold); --zero 1 or 2 shard it");
     }
     o.model.seed = o.seed;
+    o.model.checkpoint = args.has("--checkpoint-activations");
     if (!tokens) o.data = cli::existing_directory("--data", given("--data").value_or(o.data));
     return o;
 }
@@ -534,13 +538,14 @@ int run(Options o) {
     const BatchOrder order(o, data.train);
 
     std::printf("char_gpt: %s\n", data.description.c_str());
-    std::printf("model: %lld layers, %lld heads, width %lld, context %lld (windows of %lld), %.2fM parameters on %s (%s); batch %lld, steps %lld%s\n",
+    std::printf("model: %lld layers, %lld heads, width %lld, context %lld (windows of %lld), %.2fM parameters on %s (%s); batch %lld, steps %lld%s%s\n",
                 static_cast<long long>(config.layers), static_cast<long long>(config.heads),
                 static_cast<long long>(config.width), static_cast<long long>(config.context),
                 static_cast<long long>(T), static_cast<double>(parameter_count) / 1e6,
                 o.device.to_string().c_str(),
                 o.precision == DType::f32 ? "f32" : o.precision == DType::bf16 ? "bf16 autocast" : "f16 autocast + loss scaling",
                 static_cast<long long>(o.batch), static_cast<long long>(o.steps),
+                config.checkpoint ? ", activation checkpointing" : "",
                 first > 0 ? str(", resumed at step ", first).c_str() : "");
     std::fflush(stdout);
 

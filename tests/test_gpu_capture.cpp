@@ -1,6 +1,7 @@
 // Captured training steps with every training feature (issue 15, parts 3–4): AdamW, schedules, dropout,
 // clip_grad_norm and GradScaler inside cuda::CapturedStep give, replay after replay, exactly what the same
-// steps give eagerly; the capture guard names the first tensor of a non-capturable step that differs.
+// steps give eagerly; the capture guard names the first tensor of a non-capturable step that differs. At the end:
+// activation checkpointing (graph/checkpoint.h) in a captured step, and the GPT's per-block option on the GPU.
 //
 // Without a CUDA device (or in a CPU-only build) the executable prints why and exits 77 (CTest: skipped).
 #include <cmath>
@@ -124,7 +125,8 @@ std::vector<std::vector<Tensor>> batches(int count, std::int64_t rows, std::uint
     return out;
 }
 
-void check_same_parameters(const Trainer& eager, const Trainer& captured) {
+template <typename AnyTrainer>  // Trainer, CheckpointTrainer: a model and its AdamW `opt`
+void check_same_parameters(const AnyTrainer& eager, const AnyTrainer& captured) {
     const std::vector<Parameter> a = eager.opt.parameters(), b = captured.opt.parameters();
     REQUIRE(a.size() == b.size());
     for (std::size_t i = 0; i < a.size(); ++i) {
@@ -136,7 +138,8 @@ void check_same_parameters(const Trainer& eager, const Trainer& captured) {
 
 // `steps` steps of `eager` and of `step` (capturing `captured`) over `data` in turn: one graph, the same last loss
 // and the same parameters and state, bit for bit.
-void check_captured_equals_eager(Trainer& eager, Trainer& captured, cuda::CapturedStep& step,
+template <typename AnyTrainer>
+void check_captured_equals_eager(AnyTrainer& eager, AnyTrainer& captured, cuda::CapturedStep& step,
                                  const std::vector<std::vector<Tensor>>& data, int steps) {
     Tensor eager_loss, captured_loss;
     for (int i = 0; i < steps; ++i) {
@@ -785,6 +788,103 @@ TEST_CASE("many Dropout draws per captured step: every replay's masks equal the 
     for (int run = 0; run < 3; ++run) fixed.run(std::span<const Tensor>(&x, 1));
     CHECK(captured.last_graph_counts().kernels == fixed.last_graph_counts().kernels);
     CHECK(unused[0].seeds().draws() == 0);
+}
+
+// ---- activation checkpointing (graph/checkpoint.h): a captured checkpointed step against eager plain steps, and
+// the GPT with every block checkpointed against the plain GPT, f32 and bf16 autocast ----
+
+namespace {
+
+// Two residual blocks x + fc2(dropout(tanh(fc1(x)))), each optionally checkpointed, then a classifier.
+struct CheckpointModel {
+    Generator gen;
+    Linear a1, a2, b1, b2, head;
+    Dropout drop;
+    bool use_checkpoint;
+    CheckpointModel(std::uint64_t seed, bool use_checkpoint)
+        : gen(seed), a1(32, 64, true, gen), a2(64, 32, true, gen), b1(32, 64, true, gen), b2(64, 32, true, gen),
+          head(32, 10, true, gen), drop(0.3, seed + 1), use_checkpoint(use_checkpoint) {
+        for (Linear* l : {&a1, &a2, &b1, &b2, &head}) l->to(kGpu);
+    }
+    std::vector<Parameter> parameters() const {
+        std::vector<Parameter> out;
+        for (const Linear* l : {&a1, &a2, &b1, &b2, &head})
+            for (const Parameter& p : l->parameters()) out.push_back(p);
+        return out;
+    }
+    Var block(const Linear& fc1, const Linear& fc2, const Var& x) const {
+        const auto body = [&](const Var& h) { return add(h, fc2(drop(tanh(fc1(h))))); };
+        return use_checkpoint ? checkpoint(body, x) : body(x);
+    }
+    Var operator()(const Var& x) const { return head(block(b1, b2, block(a1, a2, x))); }
+};
+
+struct CheckpointTrainer {
+    CheckpointModel model;
+    AdamW opt;
+    CheckpointTrainer(std::uint64_t seed, bool use_checkpoint)
+        : model(seed, use_checkpoint), opt(model.parameters(), {.lr = 1e-3, .weight_decay = 0.01}) {}
+    Tensor step(std::span<const Tensor> in) {
+        ComputeGraph graph;
+        const Var loss = cross_entropy(model(graph.input(in[0])), graph.input(in[1]));
+        graph.backward(loss);
+        opt.step();
+        opt.zero_grad();
+        return loss.value();
+    }
+};
+
+std::vector<std::vector<Tensor>> checkpoint_batches(int count, std::int64_t rows, std::uint64_t seed) {
+    Generator gen(seed);
+    std::vector<std::vector<Tensor>> out;
+    for (int i = 0; i < count; ++i) {
+        Tensor x = Tensor::normal({rows, 32}, 0.0, 1.0, gen).to(kGpu);
+        out.push_back({x, labels_on_gpu(rows, 10, gen)});
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("a captured checkpointed step equals the eager plain step bit for bit, replay after replay",
+          "[gpu][capture][checkpoint][deterministic]") {
+    const Deterministic deterministic;
+    constexpr int kSteps = 30;
+    CheckpointTrainer eager(41, false), captured(41, true);
+    cuda::CapturedStep step([&](std::span<const Tensor> in) { return captured.step(in); });
+    check_captured_equals_eager(eager, captured, step, checkpoint_batches(3, 16, 4100), kSteps);
+    CHECK(captured.model.drop.seeds().draws() == 2 * kSteps);  // the replays drew fresh masks
+}
+
+TEST_CASE("the GPT with every block checkpointed matches the plain GPT on the GPU, f32 and bf16 autocast",
+          "[gpu][checkpoint][gpt]") {
+    const Deterministic deterministic;
+    for (const DType precision : {DType::f32, DType::bf16}) {
+        INFO("precision " << dtype_name(precision));
+        const auto run = [&](bool use_checkpoint) {
+            Generator gen(43);
+            GPTConfig config{.vocab_size = 13, .context = 16, .layers = 2, .heads = 2, .width = 32, .dropout = 0.1,
+                             .seed = 5};
+            config.checkpoint = use_checkpoint;
+            GPT model(config, gen);
+            model.to(kGpu);
+            model.train(true);
+            std::vector<std::int64_t> tokens;
+            for (int i = 0; i < 2 * 15; ++i) tokens.push_back((i * 7 + 2) % 13);
+            ComputeGraph g;
+            Var loss;
+            {
+                const AutocastGuard autocast(precision);
+                const Var logits = model(g.input(Tensor::from_vector(tokens, {2, 15}).to(kGpu)));
+                loss = mean(mul(logits, logits));
+            }
+            g.backward(loss);
+            std::vector<std::vector<double>> out{{loss.item()}};
+            for (const Parameter& p : model.parameters()) out.push_back(p.grad().to_vector());
+            return out;
+        };
+        CHECK(run(false) == run(true));
+    }
 }
 
 int main(int argc, char* argv[]) {

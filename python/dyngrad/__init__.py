@@ -64,9 +64,13 @@ __version__ = "0.1.0"
 # PyTorch's module paths, so that a script's imports port by renaming torch to dyngrad:
 # `import dyngrad.nn.functional as F`, `from dyngrad.utils.data import DataLoader`,
 # `from dyngrad.optim.lr_scheduler import StepLR` (docs/python.md, "Ported PyTorch scripts").
-utils = _types.ModuleType(__name__ + ".utils", "torch.utils' counterparts: utils.data is dyngrad.data")
+from . import checkpoint as _checkpoint  # noqa: E402
+utils = _types.ModuleType(__name__ + ".utils", "torch.utils' counterparts: utils.data is dyngrad.data, "
+                          "utils.checkpoint dyngrad.checkpoint")
 utils.data = data
+utils.checkpoint = _checkpoint
 for _alias, _module in (("nn.functional", functional), ("utils", utils), ("utils.data", data),
+                        ("utils.checkpoint", _checkpoint),
                         ("optim.lr_scheduler", optim.lr_scheduler)):
     _sys.modules[f"{__name__}.{_alias}"] = _module
 long = int64  # torch.long

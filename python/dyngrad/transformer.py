@@ -101,15 +101,20 @@ class TransformerBlock(_Bound):
     """The pre-LayerNorm block of GPT-2: ``x = x + attn(ln1(x)); x = x + mlp(ln2(x))``, mlp = proj(gelu(fc)) with
     width 4E; x (B,T,E) -> (B,T,E). Parameters ``ln1.*``, ``attn.qkv.*``, ``attn.proj.*``, ``ln2.*``, ``mlp.fc.*``,
     ``mlp.proj.*``. (torch.nn.TransformerEncoderLayer is post-norm by default with other names; this is nanoGPT's
-    Block.)
+    Block.) ``checkpoint=True``: activation checkpointing (dyngrad.utils.checkpoint): the block keeps none of its
+    intermediate values and replays them in the backward, with the same gradients.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 is_causal: bool = True, seed: int = 0, residual_init_std: float = 0.02, *, _cpp=None):
+                 is_causal: bool = True, seed: int = 0, residual_init_std: float = 0.02, *, checkpoint: bool = False,
+                 _cpp=None):
         _check_attention("TransformerBlock", embed_dim, num_heads, dropout, bias, is_causal, seed, residual_init_std)
+        check_bools("TransformerBlock", checkpoint=checkpoint)
         super().__init__()
         cpp = _cpp if _cpp is not None else _core._TransformerBlock(
             embed_dim, num_heads, is_causal, dropout, seed, bias, residual_init_std)
+        if _cpp is None:
+            cpp.checkpoint = checkpoint
         params = self._bind(cpp)
         self.ln1 = _layer_norm(params, "ln1.", embed_dim)
         self.attn = MultiheadAttention(embed_dim, num_heads, dropout, bias, is_causal, _cpp=cpp.attn())
@@ -135,15 +140,16 @@ class GPT(_Bound):
     """A GPT (nanoGPT's): tokens (B,T) int64 -> logits (B,T,vocab_size); token + position embeddings, ``layers``
     TransformerBlocks, final LayerNorm ``ln_f``, untied ``lm_head``. Parameter names are bench/torch_gpt.py's
     PyTorch twin's (token_embedding.weight, position_embedding.weight, blocks.<i>.*, ln_f.*, lm_head.weight).
+    ``checkpoint=True`` checkpoints every block (TransformerBlock's ``checkpoint``).
     """
 
     def __init__(self, vocab_size: int, context: int = 256, layers: int = 6, heads: int = 6, width: int = 384,
-                 dropout: float = 0.0, seed: int = 0, bias: bool = True):
+                 dropout: float = 0.0, seed: int = 0, bias: bool = True, checkpoint: bool = False):
         check_ints("GPT", vocab_size=vocab_size, context=context, layers=layers, heads=heads, width=width, seed=seed)
         check_numbers("GPT", dropout=dropout)
-        check_bools("GPT", bias=bias)
+        check_bools("GPT", bias=bias, checkpoint=checkpoint)
         super().__init__()
-        cpp = _core._GPT(vocab_size, context, layers, heads, width, dropout, seed, bias)
+        cpp = _core._GPT(vocab_size, context, layers, heads, width, dropout, seed, bias, checkpoint)
         params = self._bind(cpp)
         embedding = _nn.Embedding.__new__(_nn.Embedding)
         _nn.Module.__init__(embedding)

@@ -203,9 +203,50 @@ std::vector<std::optional<PyTensor>> autograd_grad_create_graph(
     return result;
 }
 
+// dyngrad.utils.checkpoint.checkpoint: `fn` (a Python callable over the tensors, returning a list of tensors) as a
+// checkpointed segment of the inputs' graph (graph/checkpoint.h). An input that requires no grad enters `fn` as
+// itself (a tensor without history stays one); the others enter as the segment's input markers.
+std::vector<PyTensor> checkpoint_segment(nb::callable fn, nb::list inputs) {
+    const std::source_location where = python_site();
+    std::vector<const PyTensor*> tensors;
+    for (nb::handle h : inputs) tensors.push_back(&nb::cast<const PyTensor&>(h));
+    std::shared_ptr<GraphBox> box;
+    for (const PyTensor* t : tensors)
+        if (!box && t->has_history()) box = t->graph;
+    if (!box) box = current_graph();
+    std::vector<Var> vars;
+    for (const PyTensor* t : tensors) vars.push_back(as_var(*t, box, where));
+    const SegmentFn segment = [&](std::span<const Var> entered) {
+        nb::list args;
+        for (std::size_t i = 0; i < entered.size(); ++i) {
+            if (!entered[i].requires_grad()) {
+                args.append(inputs[i]);
+                continue;
+            }
+            PyTensor t;
+            t.var = entered[i];
+            t.graph = box;
+            args.append(nb::cast(std::move(t)));
+        }
+        const nb::object result = fn(*args);
+        std::vector<Var> out;
+        for (nb::handle h : nb::cast<nb::list>(result)) out.push_back(as_var(nb::cast<const PyTensor&>(h), box, where));
+        return out;
+    };
+    std::vector<PyTensor> result;
+    for (const Var& y : checkpoint(segment, vars, where)) {
+        PyTensor t;
+        t.var = y;
+        t.graph = box;
+        result.push_back(std::move(t));
+    }
+    return result;
+}
+
 }  // namespace
 
 void bind_autograd(nb::module_& m) {
+    m.def("_checkpoint", &checkpoint_segment, nb::arg("fn"), nb::arg("inputs"));
     m.def("_autograd_grad", &autograd_grad, nb::arg("outputs"), nb::arg("inputs"), nb::arg("grad_outputs"),
           nb::arg("retain_graph"), nb::arg("allow_unused"));
     m.def("_autograd_grad_create_graph", &autograd_grad_create_graph, nb::arg("outputs"), nb::arg("inputs"),

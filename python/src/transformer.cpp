@@ -63,6 +63,7 @@ void bind_transformer(nb::module_& m) {
     common(block);
     // A handle on the block's own attention layer (copies of a C++ module share its parameters and counters).
     block.def("attn", [](const TransformerBlock& b) { return b.attn; });
+    block.def_rw("checkpoint", &TransformerBlock::checkpoint);  // activation checkpointing (graph/checkpoint.h)
 
     nb::class_<PositionalEmbedding> positions(m, "_PositionalEmbedding");
     positions.def("__init__", [](PositionalEmbedding* self, std::int64_t max_positions, std::int64_t embed_dim) {
@@ -72,7 +73,8 @@ void bind_transformer(nb::module_& m) {
 
     nb::class_<GPT> gpt(m, "_GPT");
     gpt.def("__init__", [](GPT* self, std::int64_t vocab_size, std::int64_t context, std::int64_t layers,
-                           std::int64_t heads, std::int64_t width, double dropout, std::uint64_t seed, bool bias) {
+                           std::int64_t heads, std::int64_t width, double dropout, std::uint64_t seed, bool bias,
+                           bool checkpoint) {
         GPTConfig config;
         config.vocab_size = vocab_size;
         config.context = context;
@@ -82,9 +84,10 @@ void bind_transformer(nb::module_& m) {
         config.dropout = dropout;
         config.seed = seed;
         config.bias = bias;
+        config.checkpoint = checkpoint;
         new (self) GPT(config, default_generator());
     }, nb::arg("vocab_size"), nb::arg("context"), nb::arg("layers"), nb::arg("heads"), nb::arg("width"),
-       nb::arg("dropout"), nb::arg("seed"), nb::arg("bias"));
+       nb::arg("dropout"), nb::arg("seed"), nb::arg("bias"), nb::arg("checkpoint") = false);
     common(gpt);
     gpt.def("block", [](const GPT& g, std::size_t i) {
         if (i >= g.blocks.size()) throw IndexError(str("GPT: block ", i, " does not exist (", g.blocks.size(), " blocks)"));
