@@ -65,6 +65,10 @@ Options parse_options(int argc, char** argv) {
     if (auto v = given("--decode")) o.decode = cli::existing_file("--decode", *v);
     if (!o.decode.empty() && (given("--text") || given("--val-out") || given("--val-fraction")))
         throw cli::UsageError("--decode reads a token file: --text, --val-out and --val-fraction do not apply");
+    // Combinations first: a usage mistake is named before any path is looked at.
+    o.words = cli::parse_choice("--vocab", given("--vocab").value_or("bytes"), {"bytes", "words"}) == "words";
+    if (!o.words && (given("--words") || given("--reference")))
+        throw cli::UsageError("--words and --reference are for --vocab words");
     if (auto v = given("--text")) o.text = *v;
     if (o.decode.empty()) o.text = readable("--text", o.text);
     if (auto v = given("--val-out")) o.val_out = cli::output_file("--val-out", *v);
@@ -73,9 +77,6 @@ Options parse_options(int argc, char** argv) {
         o.val_fraction = cli::parse_real("--val-fraction", *v, 0, 1, /*min_exclusive=*/true);
         if (o.val_fraction >= 1) throw cli::UsageError(str("--val-fraction: ", *v, " leaves no training tokens"));
     }
-    o.words = cli::parse_choice("--vocab", given("--vocab").value_or("bytes"), {"bytes", "words"}) == "words";
-    if (!o.words && (given("--words") || given("--reference")))
-        throw cli::UsageError("--words and --reference are for --vocab words");
     if (auto v = given("--words")) o.word_count = cli::parse_int("--words", *v, 0, kTokenFileMaxVocabulary - 256);
     if (auto v = given("--reference")) o.reference = *v;
     if (o.words) o.reference = readable("--reference", o.reference);

@@ -19,10 +19,13 @@ import numpy as np
 
 from . import _core, _workers
 from ._core import BatchLoader, load_mnist, Tensor
+# llm.c's token files (nn/token_file.h): the C++ reader itself, windows identical to char_gpt --model gpt2's.
+from ._core import TokenVocabulary, TokenWindows, read_token_file, write_token_file  # noqa: F401
 from ._workers import get_worker_info, WorkerInfo
 
 __all__ = ["Dataset", "TensorDataset", "DataLoader", "default_collate", "BatchLoader", "load_mnist",
-           "DEFAULT_MNIST_DIRECTORY", "get_worker_info", "WorkerInfo"]
+           "DEFAULT_MNIST_DIRECTORY", "get_worker_info", "WorkerInfo",
+           "TokenWindows", "TokenVocabulary", "read_token_file", "write_token_file"]
 
 DEFAULT_MNIST_DIRECTORY = "/usr/share/datasets/fashion-mnist"
 

@@ -156,6 +156,7 @@ void bind_factories(nb::module_& m); // src/factories.cpp
 void bind_interop(nb::module_& m);
 void bind_nn(nb::module_& m);
 void bind_transformer(nb::module_& m);  // src/transformer.cpp
+void bind_token_files(nb::module_& m);  // src/token_files.cpp
 void bind_amp(nb::module_& m);          // src/amp.cpp
 void bind_autograd(nb::module_& m);     // src/autograd.cpp
 void bind_schedules(nb::module_& m);    // src/schedules.cpp

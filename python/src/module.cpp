@@ -153,6 +153,7 @@ NB_MODULE(_core, m) {
     bind_interop(m);
     bind_nn(m);
     bind_transformer(m);
+    bind_token_files(m);
     bind_amp(m);
     bind_autograd(m);
     bind_schedules(m);

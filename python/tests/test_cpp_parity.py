@@ -31,6 +31,8 @@ RENAMED = {
     "SampleDataset": "data.Dataset",
     "DataLoader": "data.DataLoader",
     "TensorDataset": "data.TensorDataset",
+    "TokenWindows": "data.TokenWindows",
+    "TokenVocabulary": "data.TokenVocabulary",
     "BatchLoader": "BatchLoader",
     "CapturedStep": "cuda.CapturedStep",
     "DistributedDataParallel": "nn.parallel.DistributedDataParallel",
