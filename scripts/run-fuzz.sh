@@ -17,7 +17,7 @@ DYNGRAD_EXTRA_PACKAGES="clang-14 libclang-rt-14-dev" "$root/scripts/setup.sh" --
 build_dir=${DYNGRAD_FUZZ_BUILD_DIR:-build-fuzz}
 echo "==> $build_dir: clang 14, libFuzzer + ASan + UBSan, CPU only"
 dg_configure_and_build "$build_dir" -- -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=RelWithDebInfo $(dg_launcher_args) \
-      "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g -DNDEBUG" -DDYNGRAD_CUDA=OFF -DDYNGRAD_FUZZ=ON \
+      "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" -DDYNGRAD_CUDA=OFF -DDYNGRAD_FUZZ=ON \
       -DBUILD_SHARED_LIBS=OFF -DDYNGRAD_BUILD_TESTS=OFF -DDYNGRAD_BUILD_BENCH=OFF -DDYNGRAD_BUILD_SAMPLES=OFF
 
 export ASAN_OPTIONS=detect_leaks=1

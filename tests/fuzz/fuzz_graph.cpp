@@ -6,7 +6,8 @@
 //
 // Finite differences are only judged where they can be: never across a kink or a singularity (the
 // "region" of every kink/singular op input, and the argmax pattern of max and max_pool2d, must be the
-// same at every evaluation point), never on non-finite or huge values, and only once they converge
+// same at every evaluation point), never on non-finite or huge values, never through a value rounded to less
+// than float64 (a cast), and only once they converge
 // (two step sizes agree with each other better than with the analytic value).
 #include <algorithm>
 #include <array>
@@ -336,6 +337,9 @@ struct Evaluation {
     std::vector<double> pattern;  // kink sides and argmax routing of every op node
     double largest = 0;           // largest |value| of any node
     bool finite = true;
+    // Every floating value is float64: a cast to f32, bf16 or f16 rounds L to steps the differences cannot resolve
+    // (piecewise constant at t = 1e-5 for 16-bit), while its gradient passes straight through, as PyTorch's does.
+    bool exact = true;
 };
 
 // Builds `program` with every gradient-checked leaf moved by t·direction and evaluates it; nullopt when
@@ -367,11 +371,14 @@ std::optional<Evaluation> evaluate(const Program& program, int output, const std
         }
         append_pattern(graph, vars[k].id(), e.pattern);
     }
-    for (NodeId id = 0; id < graph.size(); ++id)
-        for (const double x : graph.node(id).value.to_vector()) {
+    for (NodeId id = 0; id < graph.size(); ++id) {
+        const Tensor& value = graph.node(id).value;
+        e.exact = e.exact && (!is_floating(value.dtype()) || value.dtype() == DType::f64);
+        for (const double x : value.to_vector()) {
             e.finite = e.finite && std::isfinite(x);
             e.largest = std::max(e.largest, std::fabs(x));
         }
+    }
     const std::vector<double> y = vars[static_cast<std::size_t>(output)].value().to_vector();
     const std::vector<double> w = weights.to_vector();
     for (std::size_t i = 0; i < y.size(); ++i) e.loss += w[i] * y[i];
@@ -399,7 +406,7 @@ void check_gradients(const Program& program, int output, const Tensor& weights, 
     std::array<Evaluation, points.size()> at;
     for (std::size_t p = 0; p < points.size(); ++p) {
         std::optional<Evaluation> e = evaluate(program, output, directions, points[p], weights);
-        if (!e || !e->finite) return;
+        if (!e || !e->finite || !e->exact) return;
         if (p > 0 && e->pattern != at[0].pattern) return;  // a kink or singularity lies in between
         at[p] = std::move(*e);
     }
