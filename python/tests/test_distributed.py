@@ -420,6 +420,38 @@ def test_zero3_in_a_group_of_one_is_adamw(group, fresh_rng):
 
 
 @needs_layer
+def test_zero3_under_bf16_autocast_is_the_same_autocast_on_one_process(group, fresh_rng):
+    """The unit's backward recomputes under the forward's autocast dtype (as C++: recomputed in float32 the unit's
+    output would not even match its gradient's dtype). One step with eps = 1e3 makes AdamW's update ~ lr·g/eps,
+    linear in the gradient, so the updates compare within bf16 rounding."""
+    rng, seed = fresh_rng
+    dg.manual_seed(int(rng.integers(1 << 30)))
+    units = [("fc0", nn.Linear(12, 32)), ("fc1", nn.Linear(32, 7))]
+    opt = dist.ZeroOptimizer(units, lr=1.0, eps=1e3, weight_decay=0.0)
+    before = {n: t.numpy().copy() for n, t in opt.full_parameters().items()}
+    reference = units_module(dist._zero_units([("fc0", nn.Linear(12, 32)), ("fc1", nn.Linear(32, 7))]))
+    reference.load_state_dict({n: dg.tensor(v) for n, v in before.items()})
+    adam = dg.optim.AdamW(reference.parameters(), lr=1.0, eps=1e3, weight_decay=0.0)
+    x = dg.tensor(rng.standard_normal((16, 12)).astype(np.float32))
+    y = dg.tensor(rng.integers(0, 7, (16,)))
+    with dg.autocast("cpu", dtype=dg.bfloat16):
+        out = opt(x)
+        assert out.dtype == dg.bfloat16
+        loss = dg.nn.functional.cross_entropy(out, y)
+    loss.backward()
+    opt.step()
+    with dg.autocast("cpu", dtype=dg.bfloat16):
+        loss = dg.nn.functional.cross_entropy(reference.fc1(reference.fc0(x)), y)
+    loss.backward()
+    adam.step()
+    for name, t in opt.full_parameters().items():
+        got = t.numpy() - before[name]
+        want = reference.state_dict()[name].numpy() - before[name]
+        assert np.abs(want).max() > 0, name
+        assert np.linalg.norm(got - want) <= 3e-2 * np.linalg.norm(want), f"{name}, seed {seed}"
+
+
+@needs_layer
 def test_zero3_bad_inputs_are_typed_errors(group):
     dg.manual_seed(3)
     layer = nn.Linear(4, 3).double()
