@@ -1,5 +1,6 @@
 """Data-parallel training across processes, as ``torch.distributed``: dyngrad's C++ process group
-(dist/process_group.h) and DistributedDataParallel (dist/ddp.h, ``dyngrad.nn.parallel``).
+(dist/process_group.h), DistributedDataParallel (dist/ddp.h, ``dyngrad.nn.parallel``) and the ZeRO optimizer,
+stages 1 to 3 (dist/zero.h: ``ZeroOptimizer``, ``ZeroUnit``).
 
     import dyngrad as dg
     import dyngrad.distributed as dist

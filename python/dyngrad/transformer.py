@@ -203,6 +203,11 @@ class GPT(_Bound):
                  dropout: float = 0.0, seed: int = 0, bias: bool = True, checkpoint: bool = False, *,
                  padded_vocab_size: int = 0, tie_embeddings: bool = False, gelu: str = "none"):
         if isinstance(vocab_size, GPTConfig):
+            given = (context, layers, heads, width, dropout, seed, bias, checkpoint, padded_vocab_size, tie_embeddings,
+                     gelu)
+            if given != (256, 6, 6, 384, 0.0, 0, True, False, 0, False, "none"):
+                raise TypeError("GPT(config): the settings come from the GPTConfig; set them there "
+                                "(dataclasses.replace(config, ...)), not as arguments beside it")
             c = vocab_size
             vocab_size, context, layers, heads, width = c.vocab_size, c.context, c.layers, c.heads, c.width
             dropout, seed, bias, checkpoint = c.dropout, c.seed, c.bias, c.checkpoint

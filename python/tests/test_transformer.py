@@ -308,6 +308,8 @@ def test_gpt_config_and_gpt2_small():
     model = nn.GPT(small)
     assert model.config == small and model.token_embedding.weight.shape == (16, 8) and model.lm_head is None
     assert all(b.gelu == "tanh" for b in model.blocks)
+    with pytest.raises(TypeError, match="GPTConfig"):
+        nn.GPT(small, layers=2)
 
 
 @pytest.mark.parametrize("make, error, argument", [
