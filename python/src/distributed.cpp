@@ -265,6 +265,12 @@ Var run_python_unit(const PythonForward& forward, const std::string& unit, const
     } else {
         input.value = x.value();
     }
+    // Tensors the Python forward kept see a released graph: reading them once the unit's graph is gone raises
+    // GraphError rather than reaching it.
+    struct ReleaseOnExit {
+        GraphBox& box;
+        ~ReleaseOnExit() { box.released = true; }
+    } release{*box};
     Var out;
     try {
         const CurrentGraphScope scope(box);
@@ -282,12 +288,8 @@ Var run_python_unit(const PythonForward& forward, const std::string& unit, const
             out = x.graph().constant(y->data());  // no history: computed without grad (the shape rule's run)
         }
     } catch (nb::python_error& e) {
-        box->released = true;
         rethrow_as_dyngrad_error(e, str(who, ": its forward raised"));
     }
-    // Tensors the Python forward kept see a released graph: reading them after the unit's graph is gone raises
-    // GraphError rather than reaching it.
-    box->released = true;
     return out;
 }
 
