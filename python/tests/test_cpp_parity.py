@@ -248,8 +248,8 @@ def zero_stages(text: str) -> list[int]:
 
 
 def test_every_zero_stage_of_cpp_is_accepted_from_python():
-    """Each stage ZeroOptions documents is one dyngrad.distributed.ZeroOptimizer takes (a group of one); a stage
-    outside them is a ValueError naming the argument."""
+    """Each stage ZeroOptions documents is one dyngrad.distributed.ZeroOptimizer takes (a group of one), whose
+    memory() has every field of ZeroMemory; a stage outside them is a ValueError naming the argument."""
     import dyngrad.distributed as dist
     files = repository_sources()
     stages = zero_stages(files["dist/zero.h"])
@@ -261,7 +261,9 @@ def test_every_zero_stage_of_cpp_is_accepted_from_python():
         for stage in stages:
             layer = dg.nn.Linear(3, 2)
             model = [dist.ZeroUnit("fc", layer)] if stage == 3 else layer
-            assert dist.ZeroOptimizer(model, stage=stage).stage == stage
+            opt = dist.ZeroOptimizer(model, stage=stage)
+            assert opt.stage == stage
+            assert set(opt.memory()) == set(struct_fields(files["dist/zero.h"], "ZeroMemory"))
         with pytest.raises(dg.ValueError, match=f"stage={max(stages) + 1}"):
             dist.ZeroOptimizer(dg.nn.Linear(3, 2), stage=max(stages) + 1)
     finally:
