@@ -1,5 +1,6 @@
 """Data-parallel training across processes, as ``torch.distributed``: dyngrad's C++ process group
-(dist/process_group.h) and DistributedDataParallel (dist/ddp.h, ``dyngrad.nn.parallel``).
+(dist/process_group.h), DistributedDataParallel (dist/ddp.h, ``dyngrad.nn.parallel``) and the ZeRO optimizer,
+stages 1 to 3 (dist/zero.h: ``ZeroOptimizer``, ``ZeroUnit``).
 
     import dyngrad as dg
     import dyngrad.distributed as dist
@@ -18,6 +19,7 @@ differences from torch.distributed.
 from __future__ import annotations
 
 import datetime as _datetime
+import os as _os
 
 from . import _core
 
@@ -25,7 +27,7 @@ __all__ = [
     "is_available", "is_initialized", "init_process_group", "destroy_process_group", "get_rank", "get_world_size",
     "get_local_rank", "get_backend", "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
     "reduce_scatter_tensor", "barrier", "ReduceOp", "ProcessGroup", "DistributedUnavailable",
-    "DistributedError", "group", "ZeroOptimizer",
+    "DistributedError", "group", "ZeroOptimizer", "ZeroUnit",
 ]
 
 _dist = _core._dist
@@ -276,35 +278,157 @@ def barrier(group=None, async_op: bool = False, device_ids=None):
     return _done(async_op)
 
 
+class ZeroUnit:
+    """One unit of a ZeRO stage-3 model (dist::ZeroUnit, dist/zero.h): its parameters are gathered, used and freed
+    together. ``forward`` (default: ``module`` itself) maps the previous unit's output (or the optimizer's input)
+    to this unit's output, one Tensor to one Tensor, and may use only ``module``'s parameters and constants. It runs
+    twice per step (in the forward, then again in the backward: the activations inside a unit are recomputed), so
+    it must compute the same both times: no dropout or other fresh randomness inside a unit. ``name`` (no dots)
+    prefixes the unit's parameter names in checkpoints and errors ("<name>.<path in module>").
+    """
+
+    __slots__ = ("name", "module", "forward")
+
+    def __init__(self, name: str, module, forward=None):
+        from .nn import Module
+        if not isinstance(name, str):
+            raise TypeError(f"dyngrad.distributed.ZeroUnit(): argument 'name' must be a str, not {type(name).__name__}")
+        if not isinstance(module, Module):
+            raise TypeError(f"dyngrad.distributed.ZeroUnit(): argument 'module' must be a dyngrad.nn.Module, not "
+                            f"{type(module).__name__}")
+        if forward is not None and not callable(forward):
+            raise TypeError(f"dyngrad.distributed.ZeroUnit(): argument 'forward' must be callable or None, not "
+                            f"{type(forward).__name__}")
+        self.name, self.module, self.forward = name, module, module if forward is None else forward
+
+    def __repr__(self):
+        return f"ZeroUnit({self.name!r}, {type(self.module).__name__})"
+
+
+def _zero_units(units) -> list:
+    out = []
+    for i, unit in enumerate(units):
+        if isinstance(unit, ZeroUnit):
+            out.append(unit)
+        elif isinstance(unit, tuple) and len(unit) in (2, 3):
+            out.append(ZeroUnit(*unit))
+        else:
+            raise TypeError(f"dyngrad.distributed.ZeroOptimizer(): module[{i}] must be a ZeroUnit or a (name, module"
+                            f"[, forward]) tuple, not {type(unit).__name__}")
+    return out
+
+
+_STAGES = "1 (optimizer state sharded), 2 (gradients too) or 3 (parameters too)"
+
+
 class ZeroOptimizer:
-    """ZeRO stage 1 or 2 AdamW over the default group (dist::ZeroOptimizer, dist/zero.h): every rank holds the whole
-    model and runs its part of the batch; AdamW's moments (stage 1) and the averaged gradients (stage 2) are split
-    across the ranks, and the updated parameters are all-gathered after each step. torch's nearest is
-    ``torch.distributed.optim.ZeroRedundancyOptimizer(params, optimizer_class=AdamW)`` (stage 1).
+    """ZeRO AdamW over the default group (dist::ZeroOptimizer, dist/zero.h), stages 1, 2 and 3.
+
+    Stages 1 and 2: every rank holds the whole model and runs its part of the batch; AdamW's moments (stage 1) and
+    the averaged gradients (stage 2) are split across the ranks, and the updated parameters are all-gathered after
+    each step. torch's nearest is ``torch.distributed.optim.ZeroRedundancyOptimizer(params,
+    optimizer_class=AdamW)`` (stage 1).
 
         opt = dist.ZeroOptimizer(model, lr=1e-3, weight_decay=0.01, stage=2)   # not wrapped in DDP
+        loss = F.cross_entropy(model(x), y)
         loss.backward(); opt.clip_grad_norm_(1.0); opt.step(); opt.zero_grad()
+
+    Stage 3 shards the parameters too (FSDP-style; torch's ``FullyShardedDataParallel`` / FSDP2's ``fully_shard``
+    applied to each block). The model is given as a list of units (``ZeroUnit(name, module[, forward])`` or
+    ``(name, module[, forward])`` tuples), run in order by ``opt(x)``; between uses a unit's parameters hold no
+    elements. Each unit is one node of the graph: its forward all-gathers the unit's shards, runs the unit and
+    frees them; its backward gathers them again, re-runs the unit's forward (recomputation), back-propagates,
+    reduce-scatters the unit's gradients into this rank's shards and frees everything.
+
+        units = [dist.ZeroUnit("embed", embed)] + [dist.ZeroUnit(f"block{i}", b) for i, b in enumerate(blocks)]
+        opt = dist.ZeroOptimizer(units, lr=1e-3, weight_decay=0.01)      # stage=3 for a list of units
+        loss = F.cross_entropy(opt(x), y)                                # every rank runs the same units
+        loss.backward(); opt.step(); opt.zero_grad()
+
+    Differs from torch's FSDP: the units are listed explicitly (not found by wrapping submodules), each maps one
+    Tensor to one Tensor and is recomputed in the backward (FSDP keeps activations unless asked to checkpoint),
+    the optimizer is built in (AdamW over the shards), and ``full_parameters()`` / ``save_checkpoint()`` stand for
+    FSDP's full state dict.
 
     ``step()`` first averages the gradients across ranks (``reduce_gradients()``, unless called since the last
     step), so the loop is an ordinary one; several backwards before a step accumulate.
     """
 
     def __init__(self, module, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
-                 stage: int = 2):
+                 stage: int | None = None):
         from .nn import Module
-        if not isinstance(module, Module):
-            raise TypeError(f"dyngrad.distributed.ZeroOptimizer(): argument 'module' must be a dyngrad.nn.Module, "
-                            f"not {type(module).__name__}")
+        who = "dyngrad.distributed.ZeroOptimizer()"
+        is_units = isinstance(module, (list, tuple))
+        if not isinstance(module, Module) and not is_units:
+            raise TypeError(f"{who}: argument 'module' must be a dyngrad.nn.Module (stages 1 and 2) or a list of "
+                            f"ZeroUnit (stage 3), not {type(module).__name__}")
+        if stage is None:
+            stage = 3 if is_units else 2
+        if isinstance(stage, bool) or not isinstance(stage, int):
+            raise TypeError(f"{who}: argument 'stage' must be an int ({_STAGES}), not {type(stage).__name__}")
+        if stage not in (1, 2, 3):
+            raise _core.ValueError(f"{who}: stage={stage}: ZeRO has stage {_STAGES}")
+        if stage == 3 and not is_units:
+            raise _core.ValueError(f"{who}: stage=3 shards the parameters unit by unit: pass a list of "
+                                   "dyngrad.distributed.ZeroUnit(name, module), not one Module")
+        if stage != 3 and is_units:
+            raise _core.ValueError(f"{who}: stage={stage} takes the whole model (a dyngrad.nn.Module); a list of "
+                                   "units is for stage=3")
+        for name, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{who}: argument '{name}' must be a number, not {type(value).__name__}")
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise TypeError(f"{who}: argument 'betas' must be a pair of numbers, not {betas!r}")
         pg = _group("ZeroOptimizer")
         beta1, beta2 = betas
-        self._zero = _dist.ZeroOptimizer(pg, list(module.named_parameters()), list(module.named_buffers()),
-                                          float(lr), float(beta1), float(beta2), float(eps), float(weight_decay),
-                                          int(stage))
+        settings = (float(lr), float(beta1), float(beta2), float(eps), float(weight_decay), stage)
+        if is_units:
+            units = _zero_units(module)
+            container = Module()  # the units' modules under their names, as dist::ZeroOptimizer::module()
+            for unit in units:
+                if unit.name and "." not in unit.name and unit.name not in container._modules:
+                    container.add_module(unit.name, unit.module)  # bad names: the C++ check names them
+            self._zero = _dist.ZeroOptimizer.from_units(
+                pg, [(u.name, list(u.module.named_parameters()), list(u.module.named_buffers()), u.forward)
+                     for u in units], *settings)
+            self._units, self._module = units, container
+        else:
+            self._zero = _dist.ZeroOptimizer(pg, list(module.named_parameters()), list(module.named_buffers()),
+                                              *settings)
+            self._units, self._module = [], module
         self._reduced = False
 
     @property
     def stage(self) -> int:
         return self._zero.stage
+
+    @property
+    def module(self):
+        """The wrapped model: the Module given, or for stage 3 a Module holding the units' modules by name (its
+        parameters have no elements between uses; ``full_parameters()`` gathers them)."""
+        return self._module
+
+    @property
+    def step_count(self) -> int:
+        """AdamW steps taken (the shards' step count; restored by load_checkpoint)."""
+        return self._zero.step_count
+
+    def forward(self, x):
+        """Stage 3: runs the units in order on ``x`` (every rank must run the same units in the same order: each
+        gather is a collective). Returns the last unit's output, recorded so that ``loss.backward()`` reaches
+        every unit."""
+        if self.stage != 3:
+            raise _core.ValueError(f"dyngrad.distributed.ZeroOptimizer.forward(): stage {self.stage} runs the model "
+                                   "itself (model(x)); forward() runs the units of stage 3")
+        _tensor(x, "ZeroOptimizer.forward", "x")
+        return self._zero.forward(x)
+
+    __call__ = forward
+
+    def full_parameters(self) -> dict:
+        """The full parameters by name (module order). Stage 3: all-gathered from the shards, a collective every
+        rank calls (the model itself stays sharded); stages 1 and 2: the model's own parameters."""
+        return dict(self._zero.full_parameters())
 
     def reduce_gradients(self) -> None:
         self._zero.reduce_gradients()
@@ -327,5 +451,18 @@ class ZeroOptimizer:
         self._reduced = False
 
     def memory(self) -> dict:
-        """Per-rank bytes of parameters, gradients and optimizer state (ZeroMemory), and DDP's for comparison."""
+        """Per-rank bytes (ZeroMemory): measured ``parameter_bytes``, ``gradient_bytes``, ``optimizer_bytes`` and
+        the ZeRO formulas' ``formula_*``; ``ddp_bytes`` for the same model under DDP; stage 3's
+        ``gathered_peak_bytes`` (the most gathered parameters held at once) and ``formula_gathered_bytes`` (the
+        largest unit's padded buffers)."""
         return self._zero.memory()
+
+    def save_checkpoint(self, folder) -> None:
+        """Writes folder/model.safetensors (rank 0, the full model) and folder/zero-rank<r>-of-<W>.safetensors (this
+        rank's moments, step counts and settings); returns once every rank's files are complete."""
+        self._zero.save_checkpoint(_os.fspath(folder))
+
+    def load_checkpoint(self, folder) -> None:
+        """Restores the model, moments, step counts and settings from save_checkpoint's folder, on any world size
+        (resharded). Checks first, changes nothing on error."""
+        self._zero.load_checkpoint(_os.fspath(folder))

@@ -19,7 +19,8 @@ __all__ = [
     "Parameter", "Module", "Linear", "Conv2d", "BatchNorm2d", "BatchNorm1d", "LayerNorm", "RMSNorm", "Embedding",
     "Dropout", "ReLU", "Sigmoid", "Tanh", "GELU", "SiLU", "LeakyReLU", "Flatten", "MaxPool2d", "AvgPool2d",
     "Identity", "Sequential", "ModuleList", "CrossEntropyLoss", "MSELoss", "RNNBase", "LSTM", "GRU", "RNN",
-    "MultiheadAttention", "TransformerBlock", "PositionalEmbedding", "GPT", "functional",
+    "MultiheadAttention", "TransformerBlock", "PositionalEmbedding", "GPT", "GPTConfig", "gpt2_small",
+    "padded_vocabulary", "functional",
 ]
 functional = F
 
@@ -629,7 +630,8 @@ class MSELoss(Module):
 
 # The transformer layers are nn/transformer.h's C++ layers (dyngrad/transformer.py); imported last, they
 # subclass Module.
-from .transformer import GPT, MultiheadAttention, PositionalEmbedding, TransformerBlock  # noqa: E402
+from .transformer import (GPT, GPTConfig, MultiheadAttention, PositionalEmbedding, TransformerBlock,  # noqa: E402
+                          gpt2_small, padded_vocabulary)
 
 
 # torch.nn.utils' gradient clipping (the same functions as dyngrad.optim's), for code that spells them

@@ -10,11 +10,14 @@ write into it (``copy_``, ``load_state_dict``) instead.
 """
 from __future__ import annotations
 
+import dataclasses as _dataclasses
+
 from . import _core
 from . import nn as _nn
 from ._args import check_bools, check_ints, check_numbers
 
-__all__ = ["MultiheadAttention", "TransformerBlock", "PositionalEmbedding", "GPT"]
+__all__ = ["MultiheadAttention", "TransformerBlock", "PositionalEmbedding", "GPT", "GPTConfig", "gpt2_small",
+           "padded_vocabulary"]
 
 
 def _linear(params: dict, prefix: str) -> "_nn.Linear":
@@ -44,6 +47,14 @@ def _check_attention(who, embed_dim, num_heads, dropout, bias, is_causal, seed, 
     check_ints(who, embed_dim=embed_dim, num_heads=num_heads, seed=seed)
     check_numbers(who, dropout=dropout, residual_init_std=residual_init_std)
     check_bools(who, bias=bias, is_causal=is_causal)
+
+
+def _check_gelu(who, gelu):
+    """gelu as F.gelu's ``approximate``: "none" (exact, erf) or "tanh" (GPT-2's)."""
+    if not isinstance(gelu, str):
+        raise TypeError(f"{who}: gelu must be a str ('none' or 'tanh'), got {type(gelu).__name__} {gelu!r}")
+    if gelu not in ("none", "tanh"):
+        raise _core.ValueError(f"{who}: gelu={gelu!r}: expected 'none' or 'tanh' (F.gelu's approximate)")
 
 
 class _Bound(_nn.Module):
@@ -89,12 +100,12 @@ class MultiheadAttention(_Bound):
 class _MLP(_nn.Module):
     """The block's MLP branch, for its parameter names (mlp.fc, mlp.proj); the block's forward runs it."""
 
-    def __init__(self, fc, proj):
+    def __init__(self, fc, proj, gelu="none"):
         super().__init__()
-        self.fc, self.proj = fc, proj
+        self.fc, self.proj, self.gelu = fc, proj, gelu
 
     def forward(self, h):
-        return self.proj(_nn.F.gelu(self.fc(h)))
+        return self.proj(_nn.F.gelu(self.fc(h), approximate=self.gelu))
 
 
 class TransformerBlock(_Bound):
@@ -102,25 +113,27 @@ class TransformerBlock(_Bound):
     width 4E; x (B,T,E) -> (B,T,E). Parameters ``ln1.*``, ``attn.qkv.*``, ``attn.proj.*``, ``ln2.*``, ``mlp.fc.*``,
     ``mlp.proj.*``. (torch.nn.TransformerEncoderLayer is post-norm by default with other names; this is nanoGPT's
     Block.) ``checkpoint=True``: activation checkpointing (dyngrad.utils.checkpoint): the block keeps none of its
-    intermediate values and replays them in the backward, with the same gradients.
+    intermediate values and replays them in the backward, with the same gradients. ``gelu``: the MLP's GELU as
+    F.gelu's ``approximate``, "none" (exact, the default) or "tanh" (GPT-2's).
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  is_causal: bool = True, seed: int = 0, residual_init_std: float = 0.02, *, checkpoint: bool = False,
-                 _cpp=None):
+                 gelu: str = "none", _cpp=None):
         _check_attention("TransformerBlock", embed_dim, num_heads, dropout, bias, is_causal, seed, residual_init_std)
         check_bools("TransformerBlock", checkpoint=checkpoint)
+        _check_gelu("TransformerBlock", gelu)
         super().__init__()
         cpp = _cpp if _cpp is not None else _core._TransformerBlock(
-            embed_dim, num_heads, is_causal, dropout, seed, bias, residual_init_std)
+            embed_dim, num_heads, is_causal, dropout, seed, bias, residual_init_std, gelu)
         if _cpp is None:
             cpp.checkpoint = checkpoint
         params = self._bind(cpp)
         self.ln1 = _layer_norm(params, "ln1.", embed_dim)
         self.attn = MultiheadAttention(embed_dim, num_heads, dropout, bias, is_causal, _cpp=cpp.attn())
         self.ln2 = _layer_norm(params, "ln2.", embed_dim)
-        self.mlp = _MLP(_linear(params, "mlp.fc."), _linear(params, "mlp.proj."))
-        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.mlp = _MLP(_linear(params, "mlp.fc."), _linear(params, "mlp.proj."), gelu)
+        self.embed_dim, self.num_heads, self.gelu = embed_dim, num_heads, gelu
 
 
 class PositionalEmbedding(_Bound):
@@ -136,20 +149,77 @@ class PositionalEmbedding(_Bound):
         self.max_positions, self.embed_dim = max_positions, embed_dim
 
 
-class GPT(_Bound):
-    """A GPT (nanoGPT's): tokens (B,T) int64 -> logits (B,T,vocab_size); token + position embeddings, ``layers``
-    TransformerBlocks, final LayerNorm ``ln_f``, untied ``lm_head``. Parameter names are bench/torch_gpt.py's
-    PyTorch twin's (token_embedding.weight, position_embedding.weight, blocks.<i>.*, ln_f.*, lm_head.weight).
-    ``checkpoint=True`` checkpoints every block (TransformerBlock's ``checkpoint``).
+@_dataclasses.dataclass
+class GPTConfig:
+    """nn/transformer.h's GPTConfig: the settings of a GPT (``GPT(config)`` or ``GPT(**dataclasses.asdict(config))``).
+
+    padded_vocab_size: rows of the token embedding (and LM head), vocab_size rounded up as llm.c does
+    (``padded_vocabulary(vocab_size)``); 0: vocab_size. The logits of the extra rows are cut off (logits keep
+    vocab_size columns) and their embedding rows get no gradient. tie_embeddings: the LM head is
+    token_embedding.weight (one parameter, one name: no lm_head.weight). gelu: the MLP's GELU, "none" or "tanh".
     """
 
-    def __init__(self, vocab_size: int, context: int = 256, layers: int = 6, heads: int = 6, width: int = 384,
-                 dropout: float = 0.0, seed: int = 0, bias: bool = True, checkpoint: bool = False):
-        check_ints("GPT", vocab_size=vocab_size, context=context, layers=layers, heads=heads, width=width, seed=seed)
+    vocab_size: int = 0
+    context: int = 256
+    layers: int = 6
+    heads: int = 6
+    width: int = 384
+    dropout: float = 0.0
+    seed: int = 0
+    bias: bool = True
+    padded_vocab_size: int = 0
+    tie_embeddings: bool = False
+    gelu: str = "none"
+    checkpoint: bool = False
+
+    def embedding_rows(self) -> int:
+        return self.padded_vocab_size if self.padded_vocab_size > 0 else self.vocab_size
+
+
+def gpt2_small() -> GPTConfig:
+    """GPT-2 small as llm.c's ``-e d12`` builds it (nn/transformer.h's gpt2_small()): 12 layers, 12 heads, width
+    768, context 1024, vocabulary 50257 padded to 50304, tied embeddings, tanh GELU, biases, no dropout."""
+    return GPTConfig(**_core._gpt2_small())
+
+
+def padded_vocabulary(vocab: int) -> int:
+    """vocab rounded up to a multiple of 64 (llm.c's padded vocabulary); ValueError unless vocab > 0."""
+    check_ints("padded_vocabulary", vocab=vocab)
+    return _core._padded_vocabulary(vocab)
+
+
+class GPT(_Bound):
+    """A GPT (nanoGPT's): tokens (B,T) int64 -> logits (B,T,vocab_size); token + position embeddings, ``layers``
+    TransformerBlocks, final LayerNorm ``ln_f``, an LM head. Parameter names are bench/torch_gpt.py's PyTorch
+    twin's (token_embedding.weight, position_embedding.weight, blocks.<i>.*, ln_f.*, lm_head.weight).
+    ``checkpoint=True`` checkpoints every block (TransformerBlock's ``checkpoint``). Built from keywords or from a
+    GPTConfig (``GPT(gpt2_small())``); the keyword-only ``padded_vocab_size``, ``tie_embeddings`` and ``gelu`` are
+    GPTConfig's: with ``tie_embeddings=True`` the logits are ``h @ token_embedding.weight.T`` and ``lm_head`` is
+    None (no lm_head.weight); with a padded vocabulary the embedding has ``padded_vocab_size`` rows and the logits
+    still have vocab_size columns.
+    """
+
+    def __init__(self, vocab_size, context: int = 256, layers: int = 6, heads: int = 6, width: int = 384,
+                 dropout: float = 0.0, seed: int = 0, bias: bool = True, checkpoint: bool = False, *,
+                 padded_vocab_size: int = 0, tie_embeddings: bool = False, gelu: str = "none"):
+        if isinstance(vocab_size, GPTConfig):
+            given = (context, layers, heads, width, dropout, seed, bias, checkpoint, padded_vocab_size, tie_embeddings,
+                     gelu)
+            if given != (256, 6, 6, 384, 0.0, 0, True, False, 0, False, "none"):
+                raise TypeError("GPT(config): the settings come from the GPTConfig; set them there "
+                                "(dataclasses.replace(config, ...)), not as arguments beside it")
+            c = vocab_size
+            vocab_size, context, layers, heads, width = c.vocab_size, c.context, c.layers, c.heads, c.width
+            dropout, seed, bias, checkpoint = c.dropout, c.seed, c.bias, c.checkpoint
+            padded_vocab_size, tie_embeddings, gelu = c.padded_vocab_size, c.tie_embeddings, c.gelu
+        check_ints("GPT", vocab_size=vocab_size, context=context, layers=layers, heads=heads, width=width, seed=seed,
+                   padded_vocab_size=padded_vocab_size)
         check_numbers("GPT", dropout=dropout)
-        check_bools("GPT", bias=bias, checkpoint=checkpoint)
+        check_bools("GPT", bias=bias, checkpoint=checkpoint, tie_embeddings=tie_embeddings)
+        _check_gelu("GPT", gelu)
         super().__init__()
-        cpp = _core._GPT(vocab_size, context, layers, heads, width, dropout, seed, bias, checkpoint)
+        cpp = _core._GPT(vocab_size, context, layers, heads, width, dropout, seed, bias, checkpoint, padded_vocab_size,
+                         tie_embeddings, gelu)
         params = self._bind(cpp)
         embedding = _nn.Embedding.__new__(_nn.Embedding)
         _nn.Module.__init__(embedding)
@@ -157,11 +227,19 @@ class GPT(_Bound):
         embedding.padding_idx = None
         self.token_embedding = embedding
         self.position_embedding = PositionalEmbedding(context, width, _cpp=cpp.position_embedding())
-        self.blocks = _nn.ModuleList(TransformerBlock(width, heads, dropout, bias, True, _cpp=cpp.block(i))
+        self.blocks = _nn.ModuleList(TransformerBlock(width, heads, dropout, bias, True, gelu=gelu, _cpp=cpp.block(i))
                                      for i in range(layers))
         self.ln_f = _layer_norm(params, "ln_f.", width)
-        self.lm_head = _linear(params, "lm_head.")
+        # Tied: the C++ GPT registers no lm_head (its logits use token_embedding.weight); a plain None attribute here.
+        self.lm_head = None if tie_embeddings else _linear(params, "lm_head.")
         self.vocab_size, self.context, self.layers, self.heads, self.width = vocab_size, context, layers, heads, width
+        object.__setattr__(self, "_config", GPTConfig(vocab_size, context, layers, heads, width, dropout, seed, bias,
+                                                      padded_vocab_size, tie_embeddings, gelu, checkpoint))
+
+    @property
+    def config(self) -> GPTConfig:
+        """The settings this model was built with (a copy: changing it changes nothing)."""
+        return _dataclasses.replace(self._config)
 
     def extra_repr(self):
         return f"vocab_size={self.vocab_size}, context={self.context}, layers={self.layers}, width={self.width}"

@@ -99,7 +99,7 @@ std::vector<std::optional<PyTensor>> autograd_grad(const std::vector<const PyTen
             throw GraphError(str("autograd.grad: inputs[", i, "] belongs to another graph than the outputs"));
     }
 
-    const std::vector<Parameter> params = graph_parameters(box->graph);
+    const std::vector<Parameter> params = graph_parameters(box->graph());
     std::vector<Tensor> set_aside;
     set_aside.reserve(params.size());
     for (Parameter p : params) set_aside.push_back(std::exchange(p.grad_slot(), Tensor()));
@@ -120,12 +120,12 @@ std::vector<std::optional<PyTensor>> autograd_grad(const std::vector<const PyTen
             options.retain_grads = true;
             box->leaf_epoch = GraphBox::next_leaf_epoch();
             const PyTensor* seed = grad_outputs.empty() || !grad_outputs[k] ? nullptr : *grad_outputs[k];
-            if (seed != nullptr) box->graph.backward(outputs[k]->var, seed->data(), options);
-            else box->graph.backward(outputs[k]->var, options);
+            if (seed != nullptr) box->graph().backward(outputs[k]->var, seed->data(), options);
+            else box->graph().backward(outputs[k]->var, options);
             for (std::size_t i = 0; i < inputs.size(); ++i) {
                 const PyTensor* t = inputs[i];
                 if (t->has_history()) {
-                    const ComputeNode& node = box->graph.node(t->var.id());
+                    const ComputeNode& node = box->graph().node(t->var.id());
                     accumulate(i, node.grad);
                 } else {
                     accumulate(i, t->parameter.grad());

@@ -27,7 +27,21 @@ namespace nb = nanobind;
 // backward without retain_graph starts the next forward in a fresh graph (as PyTorch frees its autograd
 // graph after backward).
 struct GraphBox {
-    ComputeGraph graph;
+    GraphBox() = default;
+    // A box over a graph owned elsewhere, reached through `member` (one of its Vars): a ZeRO-3 unit's forward
+    // records into the unit's own graph (src/distributed.cpp). graph() raises GraphError once that graph is gone
+    // (a tensor the unit's Python forward kept), instead of reaching freed memory.
+    explicit GraphBox(const Var& member) : borrowed_(member) {}
+    GraphBox(const GraphBox&) = delete;
+    GraphBox& operator=(const GraphBox&) = delete;
+    ComputeGraph& graph() {
+        if (!borrowed_.defined()) return owned_;
+        if (!borrowed_.is_live())
+            throw GraphError("a tensor recorded inside a ZeRO-3 unit's forward, whose graph is gone once the unit ran "
+                             "(keep only what the unit returns, or .detach() a value inside it)");
+        return borrowed_.graph();
+    }
+    bool borrowed() const { return borrowed_.defined(); }
     bool released = false;  // back-propagated without retain_graph: its saved tensors are gone
     // Names this box's current leaves for PyTensor::leaf: unique over the process, renewed by every backward
     // (a leaf that took part in a backward is not reused by a later forward of a retained graph).
@@ -41,11 +55,28 @@ struct GraphBox {
     // forward sets it (src/distributed.cpp) so that the backward averages gradients across ranks, as PyTorch's
     // DDP hooks its reducer into autograd. grad_output is null for backward() without a gradient.
     std::function<void(ComputeGraph&, const Var&, const Tensor* grad_output, const BackwardOptions&)> backward;
+
+private:
+    ComputeGraph owned_;
+    Var borrowed_;
 };
 using GraphBackward = decltype(GraphBox::backward);
 // loss.backward() on `box`'s graph: its `backward` when set, else the engine's (src/distributed.cpp).
 void run_graph_backward(GraphBox& box, const Var& output, const Tensor* grad_output, const BackwardOptions& options);
 std::shared_ptr<GraphBox> current_graph();
+// Makes `box` the thread's current graph for its lifetime, then restores the previous one (a ZeRO-3 unit's
+// Python forward records into the unit's graph, src/distributed.cpp).
+class CurrentGraphScope {
+public:
+    explicit CurrentGraphScope(std::shared_ptr<GraphBox> box);
+    ~CurrentGraphScope();
+    CurrentGraphScope(const CurrentGraphScope&) = delete;
+    CurrentGraphScope& operator=(const CurrentGraphScope&) = delete;
+
+private:
+    std::shared_ptr<GraphBox> box_;
+    std::weak_ptr<GraphBox> previous_;
+};
 // Ends the thread's current graph if it is `box` (the next op starts a new one).
 void retire_graph(const std::shared_ptr<GraphBox>& box);
 
@@ -149,6 +180,9 @@ Generator& default_generator();
 // Inside a catch block of a raw CPython slot: sets the Python error nanobind's translation would (dyngrad
 // errors as their Python classes, naming the user's line).
 void set_python_error_from_current_exception() noexcept;
+// A Python exception raised by Python code that C++ called (a ZeRO-3 unit's forward) as the dyngrad error of the
+// same class, "<context> <Python type>: <message>"; any other exception as ValueError. Needs the GIL.
+[[noreturn]] void rethrow_as_dyngrad_error(nb::python_error& e, const std::string& context);
 
 void bind_tensor(nb::module_& m);
 void bind_op_path(nb::module_& m);   // src/op_path.cpp

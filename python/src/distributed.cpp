@@ -226,11 +226,106 @@ void bind_available(nb::module_& d) {
         .def_prop_ro("stats", [](const PyDDP& self) { return stats_dict(self.ddp->stats()); });
 }
 
-// dist::ZeroOptimizer (ZeRO stages 1 and 2, AdamW) over a Python model's parameters; dyngrad/distributed.py's
-// ZeroOptimizer reduces the gradients in step() after an ordinary loss.backward().
+// dist::ZeroOptimizer over a Python model's parameters; dyngrad/distributed.py's ZeroOptimizer reduces the
+// gradients in step() after an ordinary loss.backward(). Stages 1 and 2 wrap one model; stage 3 a list of units
+// (dist::ZeroUnit), each a Python module and its Python forward.
 struct PyZero {
     std::unique_ptr<dist::ZeroOptimizer> zero;
 };
+
+// A unit's Python forward, held by the C++ unit's std::function. The optimizer may be destroyed (and a failed
+// constructor's units dropped) without the GIL: the reference is released with it taken.
+struct PythonForward {
+    nb::object fn;
+    explicit PythonForward(nb::object f) : fn(std::move(f)) {}
+    PythonForward(const PythonForward&) = delete;
+    PythonForward& operator=(const PythonForward&) = delete;
+    ~PythonForward() {
+        if (!Py_IsInitialized()) {
+            (void)fn.release();  // the interpreter is gone: nothing to decrement
+            return;
+        }
+        nb::gil_scoped_acquire gil;
+        fn.reset();
+    }
+};
+
+// unit.forward(x) for the C++ stage 3: x is a Var of the graph the unit op made for this run (its shape rule's,
+// without recording, or its backward's recomputation). The Python forward records into that graph: a box over
+// it is the thread's current graph for the call, so the ops it runs (and the C++ layers it calls) are nodes of
+// the unit's graph, and the engine's backward of that graph reaches the unit's parameters.
+Var run_python_unit(const PythonForward& forward, const std::string& unit, const Var& x) {
+    nb::gil_scoped_acquire gil;
+    const std::string who = str("dyngrad.distributed.ZeroOptimizer: unit '", unit, "'");
+    const auto box = std::make_shared<GraphBox>(x);
+    PyTensor input;
+    if (x.requires_grad()) {
+        input.var = x;
+        input.graph = box;
+    } else {
+        input.value = x.value();
+    }
+    // Tensors the Python forward kept see a released graph: reading them once the unit's graph is gone raises
+    // GraphError rather than reaching it.
+    struct ReleaseOnExit {
+        GraphBox& box;
+        ~ReleaseOnExit() { box.released = true; }
+    } release{*box};
+    Var out;
+    try {
+        const CurrentGraphScope scope(box);
+        const nb::object result = forward.fn(nb::cast(std::move(input)));
+        const PyTensor* y = as_tensor(result.ptr());
+        if (y == nullptr)
+            throw ValueError(str(who, ": its forward must return a dyngrad Tensor, got ",
+                                 Py_TYPE(result.ptr())->tp_name));
+        if (y->has_history()) {
+            if (y->graph != box)
+                throw GraphError(str(who, ": its forward returned a tensor recorded outside the unit (a unit may "
+                                          "use its input, its own parameters and constants)"));
+            out = y->var;
+        } else {
+            out = x.graph().constant(y->data());  // no history: computed without grad (the shape rule's run)
+        }
+    } catch (nb::python_error& e) {
+        rethrow_as_dyngrad_error(e, str(who, ": its forward raised"));
+    }
+    return out;
+}
+
+std::vector<dist::ZeroUnit> zero_units(const nb::list& units) {
+    std::vector<dist::ZeroUnit> out;
+    for (nb::handle h : units) {
+        const auto entry = nb::cast<nb::tuple>(h);
+        auto parameters = nb::cast<std::vector<std::pair<std::string, const PyTensor*>>>(entry[1]);
+        auto buffers = nb::cast<std::vector<std::pair<std::string, const PyTensor*>>>(entry[2]);
+        dist::ZeroUnit unit;
+        unit.name = nb::cast<std::string>(entry[0]);
+        unit.module = module_of(parameters, buffers);
+        auto forward = std::make_shared<PythonForward>(nb::object(entry[3]));
+        unit.forward = [forward, name = unit.name](const Var& x) { return run_python_unit(*forward, name, x); };
+        out.push_back(std::move(unit));
+    }
+    return out;
+}
+
+nb::dict memory_dict(const dist::ZeroMemory& m) {
+    nb::dict d;
+    d["world"] = m.world;
+    d["stage"] = m.stage;
+    d["parameters"] = m.parameters;
+    d["padded"] = m.padded;
+    d["parameter_bytes"] = m.parameter_bytes;
+    d["gradient_bytes"] = m.gradient_bytes;
+    d["optimizer_bytes"] = m.optimizer_bytes;
+    d["formula_parameter_bytes"] = m.formula_parameter_bytes;
+    d["formula_gradient_bytes"] = m.formula_gradient_bytes;
+    d["formula_optimizer_bytes"] = m.formula_optimizer_bytes;
+    d["ddp_bytes"] = m.ddp_bytes;
+    d["gathered_peak_bytes"] = m.gathered_peak_bytes;
+    d["formula_gathered_bytes"] = m.formula_gathered_bytes;
+    return d;
+}
 
 void bind_zero(nb::module_& d) {
     nb::class_<PyZero>(d, "ZeroOptimizer")
@@ -239,22 +334,47 @@ void bind_zero(nb::module_& d) {
                             const std::vector<std::pair<std::string, const PyTensor*>>& buffers, double lr, double beta1,
                             double beta2, double eps, double weight_decay, int stage) {
             const Module module = module_of(parameters, buffers);
-            AdamOptions options;
-            options.lr = lr;
-            options.beta1 = beta1;
-            options.beta2 = beta2;
-            options.eps = eps;
-            options.weight_decay = weight_decay;
-            dist::ZeroOptions zero;
-            zero.stage = stage;
+            const AdamOptions options{.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = weight_decay};
             std::unique_ptr<dist::ZeroOptimizer> made;
             {
                 nb::gil_scoped_release release;  // the model check and rank 0's broadcast wait for every rank
-                made = std::make_unique<dist::ZeroOptimizer>(module, group, options, zero);
+                made = std::make_unique<dist::ZeroOptimizer>(module, group, options, dist::ZeroOptions{.stage = stage});
             }
             new (self) PyZero{std::move(made)};
         }, nb::arg("group"), nb::arg("parameters"), nb::arg("buffers"), nb::arg("lr"), nb::arg("beta1"),
            nb::arg("beta2"), nb::arg("eps"), nb::arg("weight_decay"), nb::arg("stage"))
+        // Stage 3: units as (name, named_parameters, named_buffers, forward) tuples.
+        .def_static("from_units", [](const ProcessGroup& group, const nb::list& units, double lr, double beta1,
+                                     double beta2, double eps, double weight_decay, int stage) {
+            std::vector<dist::ZeroUnit> made_units = zero_units(units);
+            const AdamOptions options{.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = weight_decay};
+            std::unique_ptr<dist::ZeroOptimizer> made;
+            {
+                nb::gil_scoped_release release;
+                made = std::make_unique<dist::ZeroOptimizer>(std::move(made_units), group, options,
+                                                             dist::ZeroOptions{.stage = stage});
+            }
+            return new PyZero{std::move(made)};
+        }, nb::arg("group"), nb::arg("units"), nb::arg("lr"), nb::arg("beta1"), nb::arg("beta2"), nb::arg("eps"),
+           nb::arg("weight_decay"), nb::arg("stage"), nb::rv_policy::take_ownership)
+        // Stage 3: the units in order on x, one recorded node per unit (dist/zero.h).
+        .def("forward", [](PyZero& z, const PyTensor& x) {
+            const PyTensor* inputs[] = {&x};
+            return call_with_vars(inputs, true, [&z](std::span<const Var> v, std::source_location) {
+                nb::gil_scoped_release release;  // the gathers wait for every rank; each unit takes the GIL back
+                return z.zero->forward(v[0]);
+            });
+        }, nb::arg("x"))
+        .def("full_parameters", [](PyZero& z) {
+            std::vector<std::pair<std::string, Tensor>> full;
+            {
+                nb::gil_scoped_release release;  // stage 3 all-gathers every unit
+                full = z.zero->full_parameters();
+            }
+            std::vector<std::pair<std::string, PyTensor>> out;
+            for (auto& [name, t] : full) out.emplace_back(name, PyTensor(std::move(t)));
+            return out;
+        })
         .def("reduce_gradients", [](PyZero& z) {
             nb::gil_scoped_release release;
             z.zero->reduce_gradients();
@@ -273,27 +393,25 @@ void bind_zero(nb::module_& d) {
         })
         .def("zero_grad", [](PyZero& z) { z.zero->zero_grad(); })
         .def_prop_ro("stage", [](const PyZero& z) { return z.zero->stage(); })
-        .def("memory", [](const PyZero& z) {
-            const dist::ZeroMemory m = z.zero->memory();
-            nb::dict d;
-            d["world"] = m.world;
-            d["stage"] = m.stage;
-            d["parameters"] = m.parameters;
-            d["parameter_bytes"] = m.parameter_bytes;
-            d["gradient_bytes"] = m.gradient_bytes;
-            d["optimizer_bytes"] = m.optimizer_bytes;
-            d["ddp_bytes"] = m.ddp_bytes;
-            return d;
-        });
+        .def_prop_ro("step_count", [](const PyZero& z) { return z.zero->optimizer().step_count(0); })
+        .def("memory", [](const PyZero& z) { return memory_dict(z.zero->memory()); })
+        .def("save_checkpoint", [](const PyZero& z, const std::string& folder) {
+            nb::gil_scoped_release release;  // every rank writes, then a barrier
+            z.zero->save_checkpoint(folder);
+        }, nb::arg("folder"))
+        .def("load_checkpoint", [](PyZero& z, const std::string& folder) {
+            nb::gil_scoped_release release;  // stage 3 gathers and re-shards
+            z.zero->load_checkpoint(folder);
+        }, nb::arg("folder"));
 }
 
 }  // namespace
 #endif
 
 void run_graph_backward(GraphBox& box, const Var& output, const Tensor* grad_output, const BackwardOptions& options) {
-    if (box.backward) box.backward(box.graph, output, grad_output, options);
-    else if (grad_output) box.graph.backward(output, *grad_output, options);
-    else box.graph.backward(output, options);
+    if (box.backward) box.backward(box.graph(), output, grad_output, options);
+    else if (grad_output) box.graph().backward(output, *grad_output, options);
+    else box.graph().backward(output, options);
 }
 
 void bind_distributed(nb::module_& m) {

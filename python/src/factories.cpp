@@ -122,7 +122,7 @@ void bind_factories(nb::module_& m) {
     m.def("_set_package_dir", &set_package_dir);
     m.def("_graph_size", [] {
         const std::shared_ptr<GraphBox> box = current_graph();
-        return box->graph.size();
+        return box->graph().size();
     });
     m.def("_caller_site", [] { return describe_site(python_site()); });
     m.def("cuda_is_available", [] { return cuda_device_count() > 0; });

@@ -96,6 +96,27 @@ void translate(const std::exception_ptr& p, void*) {
 
 }  // namespace
 
+void rethrow_as_dyngrad_error(nb::python_error& e, const std::string& context) {
+    const std::string type = nb::cast<std::string>(e.type().attr("__name__"));
+    const std::string message = str(context, " ", type, ": ", nb::str(e.value()).c_str());
+    const auto is = [&](PyObject* cls) { return PyErr_GivenExceptionMatches(e.type().ptr(), cls) != 0; };
+    // Most derived first, as translate() reads them.
+    if (is(classes.oom)) throw OutOfMemory(message);
+    if (is(classes.cuda)) throw CudaError(message);
+    if (is(classes.shape)) throw ShapeError(message);
+    if (is(classes.dtype)) throw DTypeError(message);
+    if (is(classes.device)) throw DeviceError(message);
+    if (is(classes.higher_order)) throw HigherOrderError(message);
+    if (is(classes.graph)) throw GraphError(message);
+    if (is(classes.index)) throw IndexError(message);
+    if (is(classes.value)) throw ValueError(message);
+    if (is(classes.io)) throw IoError(message);
+    if (is(classes.numerical)) throw NumericalError(message);
+    if (is(classes.distributed)) throw DistributedError(message);
+    if (is(classes.error)) throw Error(message);
+    throw ValueError(message);
+}
+
 void set_python_error_from_current_exception() noexcept {
     if (!std::current_exception()) {  // outside a catch block the bare `throw;` would call std::terminate
         PyErr_SetString(PyExc_RuntimeError, "dyngrad: an error was reported with no exception in flight");

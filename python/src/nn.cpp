@@ -418,7 +418,7 @@ void bind_nn(nb::module_& m) {
         if (!output.has_history()) throw GraphError("verify: the tensor has no recorded history (nothing required grad)");
         VerifyOptions options;
         options.tolerance = tolerance;
-        VerifyReport report = verify(output.graph->graph, output.var, Tensor(), options);
+        VerifyReport report = verify(output.graph->graph(), output.var, Tensor(), options);
         retire_graph(output.graph);  // verify ran the backward (without retain_graph) when none had
         return report;
     }, nb::arg("output"), nb::arg("tolerance") = 0.0,
@@ -434,11 +434,11 @@ void bind_nn(nb::module_& m) {
         });
     m.def("lint", [](const PyTensor& loss) {
         if (!loss.has_history()) throw GraphError("lint: the tensor has no recorded history (nothing required grad)");
-        return lint(loss.graph->graph, loss.var);
+        return lint(loss.graph->graph(), loss.var);
     }, nb::arg("loss"));
     m.def("to_dot", [](const PyTensor& output, const VerifyReport* report) {
         if (!output.has_history()) throw GraphError("to_dot: the tensor has no recorded history (nothing required grad)");
-        return to_dot(output.graph->graph, report);
+        return to_dot(output.graph->graph(), report);
     }, nb::arg("output"), nb::arg("report").none() = nb::none());
 }
 

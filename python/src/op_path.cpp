@@ -30,6 +30,11 @@ std::shared_ptr<GraphBox> current_graph() {
     return box;
 }
 
+CurrentGraphScope::CurrentGraphScope(std::shared_ptr<GraphBox> box) : box_(std::move(box)), previous_(thread_graph) {
+    thread_graph = box_;
+}
+CurrentGraphScope::~CurrentGraphScope() { thread_graph = previous_; }
+
 std::uint64_t GraphBox::next_leaf_epoch() {
     static std::atomic<std::uint64_t> counter{0};
     return ++counter;
@@ -143,7 +148,7 @@ Var as_var(const PyTensor& t, const std::shared_ptr<GraphBox>& box, std::source_
         const void* data = t.data().defined() ? t.data().raw_data() : nullptr;
         if (t.leaf_epoch == box->leaf_epoch && t.leaf_data == data && t.leaf_requires_grad == requires_grad)
             return t.leaf;
-        t.leaf = t.parameter.defined() ? box->graph.parameter(t.parameter, where) : box->graph.constant(t.value, where);
+        t.leaf = t.parameter.defined() ? box->graph().parameter(t.parameter, where) : box->graph().constant(t.value, where);
         t.leaf_epoch = box->leaf_epoch;
         t.leaf_data = data;
         t.leaf_requires_grad = requires_grad;
@@ -156,14 +161,18 @@ Var as_var(const PyTensor& t, const std::shared_ptr<GraphBox>& box, std::source_
             const bool requires_grad = t.var.requires_grad();
             if (t.leaf_epoch == box->leaf_epoch && t.leaf_data == data && t.leaf_requires_grad == requires_grad)
                 return t.leaf;
-            t.leaf = box->graph.input(t.data(), "", requires_grad, where);
+            t.leaf = box->graph().input(t.data(), "", requires_grad, where);
             t.leaf_epoch = box->leaf_epoch;
             t.leaf_data = data;
             t.leaf_requires_grad = requires_grad;
-            if (requires_grad) box->stale_leaves.emplace_back(t.leaf.id(), t.graph->graph.describe_node(t.var.id()));
+            if (requires_grad) box->stale_leaves.emplace_back(t.leaf.id(), t.graph->graph().describe_node(t.var.id()));
             return t.leaf;
         }
-        throw GraphError(str("a tensor from ", t.graph->graph.describe_node(t.var.id()),
+        if (box->borrowed())
+            throw GraphError(str("a tensor from ", t.graph->graph().describe_node(t.var.id()),
+                                 " was recorded outside this ZeRO-3 unit; a unit may use its input, its own "
+                                 "parameters and constants (.detach() it to use it as a constant)"));
+        throw GraphError(str("a tensor from ", t.graph->graph().describe_node(t.var.id()),
                              " belongs to another thread's graph; .detach() it to use it here"));
     }
     return t.var;
@@ -194,7 +203,7 @@ PyTensor apply(OpType op, std::span<const PyTensor* const> inputs, const OpAttrs
         return PyTensor(eager(op, values, attrs, where));
     }
     std::shared_ptr<GraphBox> box = current_graph();
-    ComputeGraph& graph = box->graph;
+    ComputeGraph& graph = box->graph();
     Var out;
     if (inputs.size() <= kInlineInputs) {
         std::array<Var, kInlineInputs> v;

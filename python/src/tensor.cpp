@@ -294,7 +294,7 @@ nb::tuple shape_tuple(const Shape& shape) {
 // them would take a gradient that its released history cannot pass on, which PyTorch refuses as well
 // ("backward through the graph a second time"). Checked before the backward, so no gradient changes.
 void refuse_released_history(GraphBox& box, NodeId root) {
-    const ComputeGraph& graph = box.graph;
+    const ComputeGraph& graph = box.graph();
     std::vector<char> reached(root + 1, 0);
     reached[root] = 1;
     for (NodeId id = root + 1; id-- > 0;) {

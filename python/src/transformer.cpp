@@ -40,16 +40,24 @@ void common(nb::class_<Layer>& cls) {
         .def("train", [](Layer& l, bool training) { l.train(training); }, nb::arg("training"));
 }
 
+// F.gelu's spelling ("none", "tanh") as GeluApproximation; ValueError naming `who` otherwise.
+GeluApproximation gelu_of(const std::string& name, const char* who) {
+    const auto names = choice_names(GeluApproximation{});
+    for (std::size_t i = 0; i < names.size(); ++i)
+        if (name == names[i]) return static_cast<GeluApproximation>(i);
+    throw ValueError(str(who, "(): gelu='", name, "': expected 'none' or 'tanh'"));
+}
+
 // MultiheadAttention and TransformerBlock take the same arguments (TransformerOptions spelled out).
 template <typename Layer>
 void attention_init(nb::class_<Layer>& cls) {
     cls.def("__init__", [](Layer* self, std::int64_t embed_dim, std::int64_t num_heads, bool causal, double dropout,
-                           std::uint64_t seed, bool bias, double residual_init_std) {
+                           std::uint64_t seed, bool bias, double residual_init_std, const std::string& gelu) {
         new (self) Layer(embed_dim, num_heads, default_generator(),
                          {.causal = causal, .dropout = dropout, .seed = seed, .bias = bias,
-                          .residual_init_std = residual_init_std});
+                          .residual_init_std = residual_init_std, .gelu = gelu_of(gelu, "TransformerBlock")});
     }, nb::arg("embed_dim"), nb::arg("num_heads"), nb::arg("causal"), nb::arg("dropout"), nb::arg("seed"),
-       nb::arg("bias"), nb::arg("residual_init_std"));
+       nb::arg("bias"), nb::arg("residual_init_std"), nb::arg("gelu") = "none");
 }
 
 }  // namespace
@@ -74,7 +82,8 @@ void bind_transformer(nb::module_& m) {
     nb::class_<GPT> gpt(m, "_GPT");
     gpt.def("__init__", [](GPT* self, std::int64_t vocab_size, std::int64_t context, std::int64_t layers,
                            std::int64_t heads, std::int64_t width, double dropout, std::uint64_t seed, bool bias,
-                           bool checkpoint) {
+                           bool checkpoint, std::int64_t padded_vocab_size, bool tie_embeddings,
+                           const std::string& gelu) {
         GPTConfig config;
         config.vocab_size = vocab_size;
         config.context = context;
@@ -85,15 +94,39 @@ void bind_transformer(nb::module_& m) {
         config.seed = seed;
         config.bias = bias;
         config.checkpoint = checkpoint;
+        config.padded_vocab_size = padded_vocab_size;
+        config.tie_embeddings = tie_embeddings;
+        config.gelu = gelu_of(gelu, "GPT");
         new (self) GPT(config, default_generator());
     }, nb::arg("vocab_size"), nb::arg("context"), nb::arg("layers"), nb::arg("heads"), nb::arg("width"),
-       nb::arg("dropout"), nb::arg("seed"), nb::arg("bias"), nb::arg("checkpoint") = false);
+       nb::arg("dropout"), nb::arg("seed"), nb::arg("bias"), nb::arg("checkpoint") = false,
+       nb::arg("padded_vocab_size") = 0, nb::arg("tie_embeddings") = false, nb::arg("gelu") = "none");
     common(gpt);
     gpt.def("block", [](const GPT& g, std::size_t i) {
         if (i >= g.blocks.size()) throw IndexError(str("GPT: block ", i, " does not exist (", g.blocks.size(), " blocks)"));
         return g.blocks[i];
     }, nb::arg("index"));
     gpt.def("position_embedding", [](const GPT& g) { return g.position_embedding; });
+
+    // gpt2_small() as a dict of GPTConfig's fields (dyngrad/transformer.py builds its GPTConfig from it).
+    m.def("_gpt2_small", [] {
+        const GPTConfig c = gpt2_small();
+        nb::dict d;
+        d["vocab_size"] = c.vocab_size;
+        d["context"] = c.context;
+        d["layers"] = c.layers;
+        d["heads"] = c.heads;
+        d["width"] = c.width;
+        d["dropout"] = c.dropout;
+        d["seed"] = c.seed;
+        d["bias"] = c.bias;
+        d["padded_vocab_size"] = c.padded_vocab_size;
+        d["tie_embeddings"] = c.tie_embeddings;
+        d["gelu"] = std::string(choice_names(GeluApproximation{})[static_cast<std::size_t>(c.gelu)]);
+        d["checkpoint"] = c.checkpoint;
+        return d;
+    });
+    m.def("_padded_vocabulary", &padded_vocabulary, nb::arg("vocab"));
 }
 
 }  // namespace dyngrad::python

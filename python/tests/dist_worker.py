@@ -1,7 +1,8 @@
 """One rank of tests/test_distributed.py's launches (not a test module itself):
 
     mpirun -np 2 python dist_worker.py collectives IN.npz OUT_DIR
-    mpirun -np 2 python dist_worker.py ddp IN.npz OUT_DIR      (zero: dist.ZeroOptimizer)
+    mpirun -np 2 python dist_worker.py ddp IN.npz OUT_DIR      (zero: dist.ZeroOptimizer stages 1 and 2)
+    mpirun -np W python dist_worker.py zero3 IN.npz OUT_DIR    (ZeRO stage 3 on W ranks)
     RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=p python dist_worker.py torchrun - OUT_DIR
 
 Each rank reads its inputs from IN.npz (drawn by the test) and writes what it saw to OUT_DIR/rank<r>.npz (arrays)
@@ -150,8 +151,86 @@ def zero(inputs, rank, world):
     return out, notes
 
 
+# ---- ZeRO stage 3: the units of two models (the test builds the same units for its single-process reference) ----
+
+def zero3_mlp():
+    """Three units of 40, 72 and 27 f64 elements (3 ranks divide none: every flat is padded); one with a Python
+    forward of its own, one a Sequential run as itself, one given as a (name, module) tuple."""
+    fc0 = nn.Linear(4, 8).double()
+    body = nn.Sequential(nn.Linear(8, 8), nn.Tanh()).double()
+    head = nn.Linear(8, 3).double()
+    return [dist.ZeroUnit("fc0", fc0, lambda x: fc0(x).tanh()), dist.ZeroUnit("body", body), ("head", head)]
+
+
+def zero3_transformer():
+    """(B, T, 6) -> a Linear to E = 8, the C++-bound TransformerBlock (2 heads, causal), a Linear to 1 feature."""
+    return [("embed", nn.Linear(6, 8).double()), ("block", nn.TransformerBlock(8, 2).double()),
+            ("head", nn.Linear(8, 1).double())]
+
+
+ZERO3_MODELS = {"mlp": zero3_mlp, "transformer": zero3_transformer}
+ZERO3_ADAM = {"lr": 0.02, "betas": (0.9, 0.99), "eps": 1e-8, "weight_decay": 0.05}
+
+
+def zero3(inputs, rank, world):
+    """Per model: three ZeRO-3 steps (the third accumulating two micro-batches; the transformer clips at 0.5), each
+    from rank 0's weights; then a checkpoint saved, loaded into an optimizer of other weights, and one more step
+    of both."""
+    out, notes = {}, {}
+    for model in ZERO3_MODELS:
+        clip = model == "transformer"
+        dg.manual_seed(100 + rank)  # every rank draws other weights: the optimizer broadcasts rank 0's
+        opt = dist.ZeroOptimizer(ZERO3_MODELS[model](), **ZERO3_ADAM)
+        notes[f"{model}/stage"] = opt.stage
+        for name, t in opt.full_parameters().items():
+            out[f"{model}/init/{name}"] = t.numpy().copy()
+        notes[f"{model}/freed_at_rest"] = all(p.numel() == 0 for p in opt.module.parameters())
+
+        def backward(x, y):
+            loss = ((opt(dg.tensor(inputs[f"{model}_{x}"][rank])) - dg.tensor(inputs[f"{model}_{y}"][rank])) ** 2).mean()
+            loss.backward()
+            # Only the shards' gradients are kept: the model's parameters are freed, without gradients.
+            freed = all(p.numel() == 0 and p.grad is None for p in opt.module.parameters())
+            notes[f"{model}/freed_after_backward"] = notes.get(f"{model}/freed_after_backward", True) and freed
+
+        norms = []
+        for micro in (["x1"], ["x2"], ["xa", "xb"]):
+            for x in micro:
+                backward(x, "y" + x[1:])
+            if clip:
+                norms.append(opt.clip_grad_norm_(0.5).item())
+            opt.step()
+            notes[f"{model}/memory"] = opt.memory()  # the last step's: gradient shards still held
+            opt.zero_grad()
+        notes[f"{model}/norms"] = norms
+        notes[f"{model}/step_count"] = opt.step_count
+        full = opt.full_parameters()
+        for name, t in full.items():
+            out[f"{model}/after/{name}"] = t.numpy().copy()
+
+        folder = f"{OUT_DIR}/ckpt_{model}"
+        opt.save_checkpoint(folder)
+        dg.manual_seed(999)
+        resumed = dist.ZeroOptimizer(ZERO3_MODELS[model](), **ZERO3_ADAM)
+        resumed.load_checkpoint(folder)
+        notes[f"{model}/resumed_step_count"] = resumed.step_count
+        notes[f"{model}/resumed_equal"] = all(np.array_equal(t.numpy(), full[n].numpy())
+                                              for n, t in resumed.full_parameters().items())
+        for o in (opt, resumed):
+            ((o(dg.tensor(inputs[f"{model}_x1"][rank])) - dg.tensor(inputs[f"{model}_y1"][rank])) ** 2).mean().backward()
+            o.step()
+        a, b = opt.full_parameters(), resumed.full_parameters()
+        notes[f"{model}/resumed_step_equal"] = all(np.array_equal(a[n].numpy(), b[n].numpy()) for n in a)
+    return out, notes
+
+
+OUT_DIR = "."
+
+
 def main():
+    global OUT_DIR
     mode, in_path, out_dir = sys.argv[1:4]
+    OUT_DIR = out_dir
     notes, out = {}, {}
     if mode == "torchrun":
         rank = int(__import__("os").environ["RANK"])
@@ -168,7 +247,7 @@ def main():
         notes["world"] = world
         try:
             inputs = dict(np.load(in_path))
-            out, more = {"collectives": collectives, "ddp": ddp, "zero": zero}[mode](inputs, rank, world)
+            out, more = {"collectives": collectives, "ddp": ddp, "zero": zero, "zero3": zero3}[mode](inputs, rank, world)
             notes.update(more)
         except Exception:
             notes["failure"] = traceback.format_exc()

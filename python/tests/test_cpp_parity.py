@@ -4,7 +4,10 @@ Python, except the entries of docs/python.md's exception list (parity-exceptions
 The surface: every op of ops/op_table.cpp (dyngrad.ops.<name>); every class of nn/*.h deriving from Module,
 Optimizer or LRScheduler (layers, optimizers, schedules); GradScaler (nn/amp.h); the *Guard classes of graph/*.h
 (no_grad, autocast, detect_anomaly); the loaders of nn/dataset.h; CapturedStep (cuda/capture.h); the classes of
-dist/*.h. A class added to those headers without a Python binding (or an exception entry) fails this test.
+dist/*.h; the fields of the settings structs in SETTINGS (GPTConfig, TransformerOptions, ZeroOptions, ZeroUnit:
+"Struct::field", a field of the Python dataclass or a keyword of the Python constructor) and the ZeRO stages
+(ZeroOptions::stage's documented values, each accepted by dyngrad.distributed.ZeroOptimizer). A class or field
+added to those headers without a Python binding (or an exception entry) fails this test.
 """
 from __future__ import annotations
 
@@ -86,7 +89,56 @@ def surface_from_sources(files: dict[str, str]) -> dict[str, str]:
     return entries
 
 
+# Settings structs: {struct: (header, Python class whose fields or constructor keywords carry the fields)}.
+SETTINGS = {
+    "GPTConfig": ("nn/transformer.h", "nn.GPTConfig"),
+    "TransformerOptions": ("nn/transformer.h", "nn.TransformerBlock"),
+    "ZeroOptions": ("dist/zero.h", "distributed.ZeroOptimizer"),
+    "ZeroUnit": ("dist/zero.h", "distributed.ZeroUnit"),
+}
+# Fields whose Python keyword is spelled otherwise (PyTorch's spelling).
+RENAMED_FIELDS = {"TransformerOptions::causal": "is_causal"}
+
+
+def struct_fields(text: str, struct: str) -> list[str]:
+    """The data members of `struct Name { ... };` in a header (methods and comments skipped)."""
+    block = re.search(rf"^struct {struct} \{{\n(.*?)^\}};", text, re.S | re.M)
+    assert block, f"struct {struct} not found"
+    fields = []
+    for line in block.group(1).splitlines():
+        decl = line.split("//")[0].strip()
+        if not decl.endswith(";") or decl.startswith(("using", "static", "friend")):
+            continue
+        head = decl[:-1].split("=")[0].strip()
+        if re.search(r"\)\s*(const)?\s*$", head):
+            continue  # a method's declaration
+        fields.append(re.search(r"(\w+)$", head).group(1))
+    return fields
+
+
+def settings_surface(files: dict[str, str]) -> dict[str, str]:
+    """{"Struct::field": "<Python class path>:<field or keyword>"} for SETTINGS' structs."""
+    entries = {}
+    for struct, (header, py) in SETTINGS.items():
+        for field in struct_fields(files[header], struct):
+            entry = f"{struct}::{field}"
+            entries[entry] = f"{py}:{RENAMED_FIELDS.get(entry, field)}"
+    return entries
+
+
 def reachable(path: str) -> bool:
+    if ":" in path:  # a settings field: a dataclass field, a constructor keyword or an attribute
+        import dataclasses
+        import inspect
+        owner, field = path.split(":")
+        if not reachable(owner):
+            return False
+        obj = dg
+        for part in owner.split("."):
+            obj = getattr(obj, part)
+        if dataclasses.is_dataclass(obj):
+            return field in {f.name for f in dataclasses.fields(obj)}
+        return field in inspect.signature(obj.__init__).parameters or field in getattr(obj, "__slots__", ())
     obj = dg
     for part in path.split("."):
         if not hasattr(obj, part):
@@ -127,12 +179,18 @@ def repository_sources() -> dict[str, str]:
     return files
 
 
+def full_surface(files: dict[str, str]) -> dict[str, str]:
+    return {**surface_from_sources(files), **settings_surface(files)}
+
+
 def test_every_cpp_entry_is_reachable_from_python():
-    surface = repository_sources_surface = surface_from_sources(repository_sources())
+    surface = repository_sources_surface = full_surface(repository_sources())
     exceptions = documented_exceptions((ROOT / "docs" / "python.md").read_text())
     # The parse found what it must (a parse that finds nothing would pass vacuously).
     for must in ("op:matmul", "Linear", "MultiheadAttention", "GPT", "AdamW", "WarmupCosineLR", "GradScaler",
-                 "AutocastGuard", "NoGradGuard", "LSTM", "DataLoader", "CapturedStep", "ProcessGroup"):
+                 "AutocastGuard", "NoGradGuard", "LSTM", "DataLoader", "CapturedStep", "ProcessGroup",
+                 "GPTConfig::padded_vocab_size", "GPTConfig::tie_embeddings", "GPTConfig::gelu",
+                 "TransformerOptions::gelu", "ZeroOptions::stage", "ZeroUnit::forward"):
         assert must in repository_sources_surface, f"{must} not found in the C++ sources"
     missing = missing_in_python(surface, exceptions)
     assert not missing, ("C++ entries without a Python counterpart (bind them, or list them with a reason in "
@@ -141,7 +199,7 @@ def test_every_cpp_entry_is_reachable_from_python():
 
 def test_exception_list_is_short_and_current():
     """Every exception names an entry that exists in C++ and is really missing in Python (no stale entries)."""
-    surface = surface_from_sources(repository_sources())
+    surface = full_surface(repository_sources())
     exceptions = documented_exceptions((ROOT / "docs" / "python.md").read_text())
     assert len(exceptions) <= 8, f"the exception list is meant to stay short: {sorted(exceptions)}"
     for name in exceptions:
@@ -169,3 +227,44 @@ def test_schedules_are_under_lr_scheduler_too():
     assert "WarmupCosineLR" in schedules
     for name in schedules:
         assert getattr(dg.optim.lr_scheduler, name) is getattr(dg.optim, name)
+
+
+def test_the_check_fails_for_a_settings_field_added_without_a_binding():
+    files = repository_sources()
+    files["nn/transformer.h"] = files["nn/transformer.h"].replace(
+        "    bool tie_embeddings = false;", "    bool tie_embeddings = false;\n    double rope_theta = 1e4;  // new")
+    files["dist/zero.h"] = files["dist/zero.h"].replace("    int stage = 2;", "    int stage = 2;\n    bool offload = false;")
+    exceptions = documented_exceptions((ROOT / "docs" / "python.md").read_text())
+    missing = missing_in_python(full_surface(files), exceptions)
+    assert missing == ["GPTConfig::rope_theta (dyngrad.nn.GPTConfig:rope_theta)",
+                       "ZeroOptions::offload (dyngrad.distributed.ZeroOptimizer:offload)"]
+
+
+def zero_stages(text: str) -> list[int]:
+    """ZeroOptions::stage's documented stages ("// 1: ...; 2: ...; 3: ..." above the field)."""
+    block = re.search(r"^struct ZeroOptions \{\n(.*?)^\s*int stage", text, re.S | re.M)
+    assert block, "dist/zero.h: ZeroOptions::stage not found"
+    return [int(n) for n in re.findall(r"(\d): ", block.group(1))]
+
+
+def test_every_zero_stage_of_cpp_is_accepted_from_python():
+    """Each stage ZeroOptions documents is one dyngrad.distributed.ZeroOptimizer takes (a group of one), whose
+    memory() has every field of ZeroMemory; a stage outside them is a ValueError naming the argument."""
+    import dyngrad.distributed as dist
+    files = repository_sources()
+    stages = zero_stages(files["dist/zero.h"])
+    assert stages == [1, 2, 3]
+    if not dist.is_available():
+        pytest.skip("dyngrad was built without its distributed layer")
+    dist.init_process_group()
+    try:
+        for stage in stages:
+            layer = dg.nn.Linear(3, 2)
+            model = [dist.ZeroUnit("fc", layer)] if stage == 3 else layer
+            opt = dist.ZeroOptimizer(model, stage=stage)
+            assert opt.stage == stage
+            assert set(opt.memory()) == set(struct_fields(files["dist/zero.h"], "ZeroMemory"))
+        with pytest.raises(dg.ValueError, match=f"stage={max(stages) + 1}"):
+            dist.ZeroOptimizer(dg.nn.Linear(3, 2), stage=max(stages) + 1)
+    finally:
+        dist.destroy_process_group()

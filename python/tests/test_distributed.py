@@ -25,6 +25,9 @@ import dyngrad.distributed as dist
 from dyngrad import nn
 from dyngrad.nn.parallel import DistributedDataParallel
 
+sys.path.insert(0, str(Path(__file__).parent))
+import dist_worker  # noqa: E402  (the ZeRO-3 units the ranks train; the reference builds the same)
+
 WORKER = Path(__file__).with_name("dist_worker.py")
 needs_layer = pytest.mark.skipif(not dist.is_available(), reason="dyngrad was built without its distributed layer "
                                  "(no MPI where the library was built)")
@@ -68,6 +71,10 @@ def run_bounded(command, env, timeout):
 
 
 def mpirun_two(mode, inputs, tmp_path):
+    return mpirun_ranks(mode, inputs, tmp_path, 2)
+
+
+def mpirun_ranks(mode, inputs, tmp_path, world):
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         pytest.skip("mpirun is not installed (apt-get install openmpi-bin)")
@@ -78,13 +85,13 @@ def mpirun_two(mode, inputs, tmp_path):
                             OMPI_MCA_btl_vader_single_copy_mechanism="none", DYNGRAD_DIST_TIMEOUT="60",
                             OMPI_MCA_orte_tmpdir_base=session)
     try:
-        code, output = run_bounded([mpirun, "-np", "2", "--oversubscribe", sys.executable, str(WORKER), mode,
+        code, output = run_bounded([mpirun, "-np", str(world), "--oversubscribe", sys.executable, str(WORKER), mode,
                                     str(tmp_path / "in.npz"), str(tmp_path)], env, timeout=300)
     finally:
         shutil.rmtree(session, ignore_errors=True)
     assert code == 0, output[-4000:]
     ranks = []
-    for r in range(2):
+    for r in range(world):
         notes = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert "failure" not in notes, f"rank {r}:\n{notes['failure']}"
         arrays = {k.replace("__", "/"): v for k, v in np.load(tmp_path / f"rank{r}.npz").items()}
@@ -296,6 +303,214 @@ def test_mpirun_zero_optimizer_steps_as_adamw_on_the_whole_batch(tmp_path, fresh
                 np.testing.assert_allclose(out[f"zero{stage}/after/{n}"], p.numpy(), rtol=1e-10, atol=1e-12,
                                            err_msg=f"stage {stage}, {n}, seed {seed}")
         assert notes0[f"zero{stage}_memory"]["stage"] == stage and notes0[f"zero{stage}_memory"]["world"] == 2
+
+
+# ---- ZeRO stage 3 ----
+
+def units_module(units):
+    """The units' modules under their names: dist::ZeroOptimizer::module()'s layout (the reference model)."""
+    container = nn.Module()
+    for unit in units:
+        container.add_module(unit.name, unit.module)
+    return container
+
+
+def run_units(units, x):
+    for unit in units:
+        x = unit.forward(x)
+    return x
+
+
+def zero3_reference(model, init, inputs, clip):
+    """Single-process AdamW over the whole batch (every rank's rows) from rank 0's weights, through the same units:
+    the steps of dist_worker.zero3 (the third accumulates two micro-batches). Returns (parameters, norms)."""
+    units = dist._zero_units(dist_worker.ZERO3_MODELS[model]())
+    container = units_module(units)
+    assert list(init) == [n for n, _ in container.named_parameters()]
+    container.load_state_dict({n: dg.tensor(v) for n, v in init.items()})
+    opt = dg.optim.AdamW(container.parameters(), **dist_worker.ZERO3_ADAM)
+    norms = []
+    for micro in (["x1"], ["x2"], ["xa", "xb"]):
+        for x in micro:
+            xs, ys = inputs[f"{model}_{x}"], inputs[f"{model}_y{x[1:]}"]
+            whole_x, whole_y = xs.reshape(-1, *xs.shape[2:]), ys.reshape(-1, *ys.shape[2:])
+            ((run_units(units, dg.tensor(whole_x)) - dg.tensor(whole_y)) ** 2).mean().backward()
+        if clip:
+            norms.append(nn.utils.clip_grad_norm_(container.parameters(), 0.5).item())
+        opt.step()
+        opt.zero_grad()
+    return {n: p.numpy() for n, p in container.named_parameters()}, norms
+
+
+@needs_layer
+@pytest.mark.parametrize("world", [2, 3])
+def test_mpirun_zero3_steps_as_adamw_on_the_whole_batch(tmp_path, fresh_rng, world):
+    """dist.ZeroOptimizer stage 3 on 2 and 3 ranks (3 divides no unit's size: every flat is padded): an MLP of
+    Python units and a tiny transformer around the C++-bound TransformerBlock end, after three steps (the last
+    accumulating two micro-batches, the transformer's clipped), where single-process AdamW over the whole batch
+    ends; the parameters are freed between uses; memory() matches the ZeRO-3 formulas; a checkpoint resumes
+    exactly."""
+    rng, seed = fresh_rng
+    inputs = {}
+    for k in ("x1", "y1", "x2", "y2", "xa", "ya", "xb", "yb"):
+        inputs[f"mlp_{k}"] = rng.standard_normal((world, 4, 4 if k[0] == "x" else 3))
+        inputs[f"transformer_{k}"] = rng.standard_normal((world, 2, 5, 6 if k[0] == "x" else 1))
+    ranks = mpirun_ranks("zero3", inputs, tmp_path, world)
+    out0 = ranks[0][0]
+    for model in dist_worker.ZERO3_MODELS:
+        msg = f"{model}, world {world}, seed {seed}"
+        init = {k.split("/", 2)[2]: v for k, v in out0.items() if k.startswith(f"{model}/init/")}
+        want, norms = zero3_reference(model, init, inputs, clip=model == "transformer")
+        # The units' sizes: one flat per unit (all f64), each padded to a multiple of the world size.
+        sizes = {}
+        for name, v in init.items():
+            sizes[name.split(".")[0]] = sizes.get(name.split(".")[0], 0) + v.size
+        shards = sum(-(-n // world) for n in sizes.values())
+        for r, (out, notes) in enumerate(ranks):
+            assert notes[f"{model}/stage"] == 3, msg
+            assert notes[f"{model}/freed_at_rest"] and notes[f"{model}/freed_after_backward"], msg
+            assert notes[f"{model}/step_count"] == 3 and notes[f"{model}/resumed_step_count"] == 3, msg
+            assert notes[f"{model}/resumed_equal"] and notes[f"{model}/resumed_step_equal"], msg
+            np.testing.assert_allclose(notes[f"{model}/norms"], norms, rtol=1e-10, err_msg=msg)
+            for name in init:
+                np.testing.assert_array_equal(out[f"{model}/init/{name}"], init[name], err_msg=f"{name}, {msg}")
+                np.testing.assert_allclose(out[f"{model}/after/{name}"], want[name], rtol=1e-10, atol=1e-12,
+                                           err_msg=f"rank {r}, {name}, {msg}")
+            m = notes[f"{model}/memory"]
+            assert m["stage"] == 3 and m["world"] == world, msg
+            assert m["parameters"] == sum(sizes.values()) and m["padded"] == shards * world, msg
+            assert m["parameter_bytes"] == m["formula_parameter_bytes"] == shards * 8, msg
+            assert m["gradient_bytes"] == m["formula_gradient_bytes"] == shards * 8, msg
+            assert m["optimizer_bytes"] == m["formula_optimizer_bytes"] == 2 * shards * 8, msg
+            assert m["formula_gathered_bytes"] == max(-(-n // world) for n in sizes.values()) * world * 8, msg
+            assert m["gathered_peak_bytes"] == m["formula_gathered_bytes"], msg  # one unit gathered at a time
+            assert m["ddp_bytes"] == 4 * sum(sizes.values()) * 8, msg
+
+
+@needs_layer
+def test_zero3_in_a_group_of_one_is_adamw(group, fresh_rng):
+    rng, seed = fresh_rng
+    dg.manual_seed(int(rng.integers(1 << 30)))
+    opt = dist.ZeroOptimizer(dist_worker.zero3_mlp(), lr=0.02, weight_decay=0.05)
+    init = {n: t.numpy().copy() for n, t in opt.full_parameters().items()}
+    assert list(init) == ["fc0.weight", "fc0.bias", "body.0.weight", "body.0.bias", "head.weight", "head.bias"]
+    assert [n for n, _ in opt.module.named_parameters()] == list(init)
+    units = dist._zero_units(dist_worker.zero3_mlp())
+    reference = units_module(units)
+    reference.load_state_dict({n: dg.tensor(v) for n, v in init.items()})
+    adam = dg.optim.AdamW(reference.parameters(), lr=0.02, weight_decay=0.05)
+    for _ in range(3):
+        x, y = dg.tensor(rng.standard_normal((5, 4))), dg.tensor(rng.standard_normal((5, 3)))
+        out = opt(x)
+        assert out.shape == (5, 3) and out.requires_grad
+        ((out - y) ** 2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        ((run_units(units, x) - y) ** 2).mean().backward()
+        adam.step()
+        adam.zero_grad()
+    for name, t in opt.full_parameters().items():
+        np.testing.assert_allclose(t.numpy(), reference.state_dict()[name].numpy(), rtol=1e-12, atol=1e-14,
+                                   err_msg=f"{name}, seed {seed}")
+    # Under dg.no_grad() the units run without recording (evaluation), parameters still freed after.
+    with dg.no_grad():
+        y = opt(dg.tensor(rng.standard_normal((2, 4))))
+    assert not y.requires_grad and y.shape == (2, 3)
+    assert all(p.numel() == 0 for p in opt.module.parameters())
+
+
+@needs_layer
+def test_zero3_under_bf16_autocast_is_the_same_autocast_on_one_process(group, fresh_rng):
+    """The unit's backward recomputes under the forward's autocast dtype (as C++: recomputed in float32 the unit's
+    output would not even match its gradient's dtype). One step with eps = 1e3 makes AdamW's update ~ lr·g/eps,
+    linear in the gradient, so the updates compare within bf16 rounding."""
+    rng, seed = fresh_rng
+    dg.manual_seed(int(rng.integers(1 << 30)))
+    units = [("fc0", nn.Linear(12, 32)), ("fc1", nn.Linear(32, 7))]
+    opt = dist.ZeroOptimizer(units, lr=1.0, eps=1e3, weight_decay=0.0)
+    before = {n: t.numpy().copy() for n, t in opt.full_parameters().items()}
+    reference = units_module(dist._zero_units([("fc0", nn.Linear(12, 32)), ("fc1", nn.Linear(32, 7))]))
+    reference.load_state_dict({n: dg.tensor(v) for n, v in before.items()})
+    adam = dg.optim.AdamW(reference.parameters(), lr=1.0, eps=1e3, weight_decay=0.0)
+    x = dg.tensor(rng.standard_normal((16, 12)).astype(np.float32))
+    y = dg.tensor(rng.integers(0, 7, (16,)))
+    with dg.autocast("cpu", dtype=dg.bfloat16):
+        out = opt(x)
+        assert out.dtype == dg.bfloat16
+        loss = dg.nn.functional.cross_entropy(out, y)
+    loss.backward()
+    opt.step()
+    with dg.autocast("cpu", dtype=dg.bfloat16):
+        loss = dg.nn.functional.cross_entropy(reference.fc1(reference.fc0(x)), y)
+    loss.backward()
+    adam.step()
+    for name, t in opt.full_parameters().items():
+        got = t.numpy() - before[name]
+        want = reference.state_dict()[name].numpy() - before[name]
+        assert np.abs(want).max() > 0, name
+        assert np.linalg.norm(got - want) <= 3e-2 * np.linalg.norm(want), f"{name}, seed {seed}"
+
+
+@needs_layer
+def test_zero3_bad_inputs_are_typed_errors(group):
+    dg.manual_seed(3)
+    layer = nn.Linear(4, 3).double()
+    units = [("a", nn.Linear(4, 3).double())]
+    with pytest.raises(TypeError, match="argument 'stage'"):
+        dist.ZeroOptimizer(units, stage="3")
+    with pytest.raises(TypeError, match="argument 'stage'"):
+        dist.ZeroOptimizer(layer, stage=True)
+    with pytest.raises(dg.ValueError, match=r"stage=4: ZeRO has stage 1 .* 3"):
+        dist.ZeroOptimizer(units, stage=4)
+    with pytest.raises(dg.ValueError, match="stage=3 shards the parameters unit by unit"):
+        dist.ZeroOptimizer(layer, stage=3)
+    with pytest.raises(dg.ValueError, match="stage=2 takes the whole model"):
+        dist.ZeroOptimizer(units, stage=2)
+    with pytest.raises(TypeError, match="argument 'module'"):
+        dist.ZeroOptimizer("model")
+    with pytest.raises(TypeError, match=r"module\[1\] must be a ZeroUnit"):
+        dist.ZeroOptimizer([("a", nn.Linear(4, 3)), nn.Linear(3, 2)])
+    with pytest.raises(TypeError, match="argument 'module'"):
+        dist.ZeroUnit("a", lambda x: x)
+    with pytest.raises(dg.ValueError, match="used twice"):
+        dist.ZeroOptimizer([("a", nn.Linear(4, 3)), ("a", nn.Linear(3, 2))])
+    with pytest.raises(dg.ValueError, match="has a dot"):
+        dist.ZeroOptimizer([("a.b", nn.Linear(4, 3))])
+    with pytest.raises(dg.ValueError, match="earlier unit"):
+        dist.ZeroOptimizer([("a", layer), ("b", layer)])
+    with pytest.raises(dg.ValueError, match="no units"):
+        dist.ZeroOptimizer([])
+    with pytest.raises(dg.ValueError, match=r"forward\(\): stage 2 runs the model itself"):
+        dist.ZeroOptimizer(nn.Linear(4, 3))(dg.ones(2, 4))
+
+    x = dg.tensor(np.random.default_rng(1).standard_normal((2, 4)))
+    returns_numpy = dist.ZeroOptimizer([dist.ZeroUnit("a", nn.Linear(4, 3).double(), lambda t: t.numpy())])
+    with pytest.raises(dg.ValueError, match="unit 'a': its forward must return a dyngrad Tensor, got numpy.ndarray"):
+        returns_numpy(x)
+    wrong = nn.Linear(5, 3).double()
+    mismatch = dist.ZeroOptimizer([("a", nn.Linear(4, 3).double()), ("b", wrong)])
+    with pytest.raises(dg.ShapeError, match="unit 'b': its forward raised ShapeError"):
+        mismatch(x)
+    raises = dist.ZeroOptimizer([dist.ZeroUnit("a", nn.Linear(4, 3).double(), lambda t: int("x"))])
+    with pytest.raises(dg.ValueError, match="unit 'a': its forward raised ValueError: invalid literal"):
+        raises(x)
+    outside = dg.tensor(np.array([1.0]), requires_grad=True) * 2.0
+    leaks = dist.ZeroOptimizer([dist.ZeroUnit("a", nn.Linear(4, 3).double(), lambda t: t + outside)])
+    with pytest.raises(dg.GraphError, match="recorded outside this ZeRO-3 unit"):
+        leaks(x).sum().backward()
+    with pytest.raises(TypeError, match="argument 'x'"):
+        mismatch(np.ones((2, 4)))
+
+    # A tensor the unit's forward kept outlives the unit's graph: reading it is a typed error, not a crash.
+    kept = []
+    fc = nn.Linear(4, 3).double()
+    keeps = dist.ZeroOptimizer([dist.ZeroUnit("a", fc, lambda t: kept.append(fc(t)) or kept[-1])])
+    keeps(x).sum().backward()
+    keeps.step()
+    with pytest.raises(dg.GraphError):
+        kept[-1].numpy()
+    with pytest.raises(dg.GraphError):
+        (kept[-1] * 2.0).sum().backward()
 
 
 # ---- torchrun's variables ----

@@ -46,19 +46,28 @@ def np_layer_norm(x, p, prefix, eps=1e-5):
     return (x - mu) / np.sqrt(var + eps) * p[prefix + "weight"] + p[prefix + "bias"]
 
 
-def np_block(x, p, prefix, heads):
+def np_gelu(m, approximate="none"):
+    if approximate == "tanh":  # GPT-2's: 0.5·m·(1 + tanh(√(2/π)·(m + 0.044715·m³)))
+        return 0.5 * m * (1 + np.tanh(math.sqrt(2 / math.pi) * (m + 0.044715 * m ** 3)))
+    return 0.5 * m * (1 + _erf(m / math.sqrt(2)))
+
+
+def np_block(x, p, prefix, heads, gelu="none"):
     h = x + np_mha(np_layer_norm(x, p, prefix + "ln1."), p, prefix + "attn.", heads)
-    m = np_linear(np_layer_norm(h, p, prefix + "ln2."), p, prefix + "mlp.fc.")
-    m = 0.5 * m * (1 + _erf(m / math.sqrt(2)))
+    m = np_gelu(np_linear(np_layer_norm(h, p, prefix + "ln2."), p, prefix + "mlp.fc."), gelu)
     return h + np_linear(m, p, prefix + "mlp.proj.")
 
 
-def np_gpt(tokens, p, layers, heads):
+def np_gpt(tokens, p, layers, heads, gelu="none", vocab=None):
+    """Tied (no lm_head.weight): the head is token_embedding.weight. vocab: the logits' columns (the real
+    vocabulary) when the table has padded rows."""
     t = tokens.shape[1]
     x = p["token_embedding.weight"][tokens] + p["position_embedding.weight"][:t]
     for i in range(layers):
-        x = np_block(x, p, f"blocks.{i}.", heads)
-    return np_linear(np_layer_norm(x, p, "ln_f."), p, "lm_head.")
+        x = np_block(x, p, f"blocks.{i}.", heads, gelu)
+    head = p["lm_head.weight"] if "lm_head.weight" in p else p["token_embedding.weight"]
+    logits = np_layer_norm(x, p, "ln_f.") @ head.T
+    return logits if vocab is None else logits[..., :vocab]
 
 
 def params64(model):
@@ -209,6 +218,111 @@ def test_gpt_on_the_gpu_matches_the_cpu(rng):
     assert model.blocks[0].attn.qkv.weight.grad.device.type == "cuda"
     # The GPU's float32 attention runs 3xTF32 tensor-core products (~float32 accuracy), the rest exact float32.
     np.testing.assert_allclose(logits.detach().cpu().numpy(), on_cpu, rtol=1e-3, atol=1e-4)
+
+
+def test_tanh_gelu_block_and_gpt_match_numpy(rng):
+    dg.manual_seed(int(rng.integers(1 << 30)))
+    block = nn.TransformerBlock(8, 2, gelu="tanh").double()
+    # Unit-scale MLP weights (nanoGPT's 0.02 keeps GELU's inputs near 0, where the two forms nearly agree).
+    block.load_state_dict({**block.state_dict(), "mlp.fc.weight": dg.tensor(rng.standard_normal((32, 8)))})
+    x = dg.tensor(rng.standard_normal((2, 5, 8)))
+    got = block(x).numpy()
+    np.testing.assert_allclose(got, np_block(x.numpy(), params64(block), "", 2, "tanh"), rtol=1e-10, atol=1e-12)
+    # The approximation is what runs: the exact GELU's block differs far above the tolerance.
+    assert np.abs(got - np_block(x.numpy(), params64(block), "", 2, "none")).max() > 1e-5
+    assert block.gelu == "tanh" and block.mlp.gelu == "tanh"
+    h = dg.tensor(rng.standard_normal((2, 5, 8)))
+    np.testing.assert_allclose(block.mlp(h).numpy(), np_linear(np_gelu(np_linear(h.numpy(), params64(block), "mlp.fc."),
+                               "tanh"), params64(block), "mlp.proj."), rtol=1e-10, atol=1e-12)
+    model = nn.GPT(vocab_size=11, context=8, layers=2, heads=2, width=8, gelu="tanh").double()
+    model.load_state_dict({**model.state_dict(), **{f"blocks.{i}.mlp.fc.weight": dg.tensor(rng.standard_normal((32, 8)))
+                                                     for i in range(2)}})
+    tokens = dg.tensor(rng.integers(0, 11, (3, 6)))
+    logits = model(tokens).numpy()
+    np.testing.assert_allclose(logits, np_gpt(tokens.numpy(), params64(model), 2, 2, "tanh"), rtol=1e-10, atol=1e-12)
+    assert np.abs(logits - np_gpt(tokens.numpy(), params64(model), 2, 2, "none")).max() > 1e-6
+
+
+def test_tied_embeddings_share_one_parameter(rng):
+    """As C++: no lm_head (one tensor, one name); the logits use token_embedding.weight, whose gradient is the
+    untied model's embedding gradient plus its head gradient when both hold the same weights."""
+    seed = int(rng.integers(1 << 30))
+    dg.manual_seed(seed)
+    tied = nn.GPT(vocab_size=11, context=8, layers=1, heads=2, width=8, tie_embeddings=True).double()
+    dg.manual_seed(seed)
+    untied = nn.GPT(vocab_size=11, context=8, layers=1, heads=2, width=8).double()
+    names = [n for n, _ in tied.named_parameters()]
+    assert names == [n for n, _ in tied._cpp.named_parameters()]  # the C++ GPT's names, in its order
+    assert "lm_head.weight" not in names and "lm_head.weight" not in tied.state_dict() and tied.lm_head is None
+    assert names == [n for n, _ in untied.named_parameters() if n != "lm_head.weight"]
+    assert len(tied.parameters()) == len(untied.parameters()) - 1
+    untied.load_state_dict({**tied.state_dict(), "lm_head.weight": tied.token_embedding.weight.detach()})
+    tokens = dg.tensor(rng.integers(0, 11, (3, 6)))
+    targets = dg.tensor(rng.integers(0, 11, (18,)))
+    logits = tied(tokens)
+    np.testing.assert_allclose(logits.numpy(), np_gpt(tokens.numpy(), params64(tied), 1, 2), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(logits.numpy(), untied(tokens).numpy(), rtol=1e-12, atol=1e-14)
+    F.cross_entropy(logits.reshape(18, 11), targets).backward()
+    F.cross_entropy(untied(tokens).reshape(18, 11), targets).backward()
+    np.testing.assert_allclose(tied.token_embedding.weight.grad.numpy(),
+                               untied.token_embedding.weight.grad.numpy() + untied.lm_head.weight.grad.numpy(),
+                               rtol=1e-10, atol=1e-12)
+    # One parameter: an optimizer step moves the head with the embedding.
+    opt = dg.optim.SGD(tied.parameters(), lr=0.5)
+    opt.step()
+    np.testing.assert_allclose(tied(tokens).numpy(), np_gpt(tokens.numpy(), params64(tied), 1, 2), rtol=1e-10,
+                               atol=1e-12)
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_padded_vocabulary_keeps_the_real_vocabulary_in_the_logits(rng, tie):
+    dg.manual_seed(int(rng.integers(1 << 30)))
+    model = nn.GPT(vocab_size=11, context=8, layers=1, heads=2, width=8, padded_vocab_size=nn.padded_vocabulary(11),
+                   tie_embeddings=tie).double()
+    assert model.token_embedding.weight.shape == (64, 8)
+    if not tie:
+        assert model.lm_head.weight.shape == (64, 8)
+    tokens = dg.tensor(rng.integers(0, 11, (2, 7)))
+    logits = model(tokens)
+    assert logits.shape == (2, 7, 11)  # C++ cuts the padded columns off: the logits of the real vocabulary
+    np.testing.assert_allclose(logits.numpy(), np_gpt(tokens.numpy(), params64(model), 1, 2, vocab=11), rtol=1e-10,
+                               atol=1e-12)
+    F.cross_entropy(logits.reshape(14, 11), dg.tensor(rng.integers(0, 11, (14,)))).backward()
+    grad = model.token_embedding.weight.grad.numpy()
+    assert np.all(grad[11:] == 0) and np.abs(grad[:11]).max() > 0  # the padding rows get no gradient
+    with pytest.raises(dg.ValueError, match="padded_vocab_size 8 is below vocab_size 11"):
+        nn.GPT(vocab_size=11, context=8, layers=1, heads=2, width=8, padded_vocab_size=8)
+
+
+def test_gpt_config_and_gpt2_small():
+    config = nn.gpt2_small()
+    assert isinstance(config, nn.GPTConfig)
+    assert (config.vocab_size, config.context, config.layers, config.heads, config.width) == (50257, 1024, 12, 12, 768)
+    assert config.padded_vocab_size == nn.padded_vocabulary(50257) == 50304 and config.embedding_rows() == 50304
+    assert config.tie_embeddings and config.gelu == "tanh" and config.bias and config.dropout == 0.0
+    assert nn.padded_vocabulary(64) == 64 and nn.padded_vocabulary(65) == 128
+    with pytest.raises(dg.ValueError, match="positive"):
+        nn.padded_vocabulary(0)
+    small = nn.GPTConfig(vocab_size=11, context=8, layers=1, heads=2, width=8, padded_vocab_size=16,
+                         tie_embeddings=True, gelu="tanh")
+    model = nn.GPT(small)
+    assert model.config == small and model.token_embedding.weight.shape == (16, 8) and model.lm_head is None
+    assert all(b.gelu == "tanh" for b in model.blocks)
+    with pytest.raises(TypeError, match="GPTConfig"):
+        nn.GPT(small, layers=2)
+
+
+@pytest.mark.parametrize("make, error, argument", [
+    (lambda: nn.GPT(5, context=4, layers=1, heads=1, width=4, gelu=1), TypeError, "gelu"),
+    (lambda: nn.GPT(5, context=4, layers=1, heads=1, width=4, gelu="erf"), dg.ValueError, "gelu"),
+    (lambda: nn.TransformerBlock(8, 2, gelu="exact"), dg.ValueError, "gelu"),
+    (lambda: nn.GPT(5, tie_embeddings=1), TypeError, "tie_embeddings"),
+    (lambda: nn.GPT(5, padded_vocab_size="64"), TypeError, "padded_vocab_size"),
+    (lambda: nn.padded_vocabulary(6.0), TypeError, "vocab"),
+])
+def test_new_gpt_settings_name_a_bad_argument(make, error, argument):
+    with pytest.raises(error, match=argument):
+        make()
 
 
 @pytest.mark.parametrize("make, argument", [
