@@ -31,6 +31,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from safetensors import safe_open
 
 torch.set_default_dtype(torch.float64)
@@ -128,7 +129,8 @@ def scaled_dot_product_attention(xs, a):
     """q (B,H,T,D), k, v (B,H,S,D)[, keep mask of 0/1 broadcastable to (B,H,T,S)]. dyngrad's mask is a float keep
     mask (1 = take part), PyTorch's bool attn_mask the same with True; PyTorch refuses attn_mask with is_causal, so
     a causal case with a mask passes their conjunction. Dropout cases: the same math written out, with dyngrad's
-    counter-based keep mask over the flat (b,h,t,s) index (ops/attention.h)."""
+    counter-based keep mask over the flat (b,h,t,s) index (ops/attention.h). PyTorch's math backend: its CPU flash
+    kernel (the default) has no double backward, the math one is differentiable twice."""
     q, k, v = xs[:3]
     keep = (xs[3] != 0) if len(xs) > 3 else None
     causal = a["is_causal"]
@@ -139,7 +141,8 @@ def scaled_dot_product_attention(xs, a):
         keep = keep & torch.ones(T, S, dtype=torch.bool).tril()
         causal = False
     if p == 0:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=causal, scale=scale)
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=causal, scale=scale)
     allowed = torch.ones(T, S, dtype=torch.bool)
     if causal:
         allowed = allowed.tril()

@@ -53,6 +53,8 @@ Var sliding_windows(const Var& x, std::array<std::int64_t, 2> kernel, std::array
                     std::vector<double>& inside);
 // ops/sampling.cpp: cumsum (sort, topk and multinomial give indices, not differentiable)
 std::vector<Var> cumsum_differentiable_backward(const DiffBackwardArgs& args);
+// ops/rnn.cpp: lstm, gru, rnn_tanh, rnn_relu as compositions (the recurrence unrolled over the time steps)
+std::vector<Var> rnn_differentiable_backward(const DiffBackwardArgs& args);
 // ops/dropout.cpp: the same mask applied to the output gradient
 std::vector<Var> dropout_differentiable_backward(const DiffBackwardArgs& args);
 

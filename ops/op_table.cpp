@@ -300,7 +300,7 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      DG_CUDA_KERNELS(rnn_forward, rnn_backward), rnn_cases,
      reads("rnn_mode", "hidden_size", "num_layers", "bidirectional", "save_for_backward"), kFollow,
      "torch.nn.LSTM / GRU / RNN(rnn_mode, hidden_size, num_layers, bidirectional) on the flat cuDNN-ordered weight",
-     /*optional_inputs=*/2, true, 0, nullptr, nullptr, nullptr, rnn_arguments},
+     /*optional_inputs=*/2, true, 0, nullptr, rnn_differentiable_backward, nullptr, rnn_arguments},
     // sorting and sampling (ops/sampling.h): the indices ops are not differentiable (sort's and topk's values are
     // gather(x, axis, indices)); cumsum runs in f32 under autocast, as PyTorch's
     {OpType::Cumsum, "cumsum", 1, infer::cumsum, {cpu::cumsum_forward, cpu::cumsum_backward},

@@ -11,6 +11,8 @@
 
 #include "dyngrad/core/checked.h"
 #include "dyngrad/ops/argument_rules.h"
+#include "dyngrad/ops/differentiable_backward.h"
+#include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/layout.h"
 #include "dyngrad/ops/linalg.h"
@@ -188,6 +190,84 @@ RnnResult rnn_tanh(const Var& x, const Var& w, const RnnOptions& options, std::o
 RnnResult rnn_relu(const Var& x, const Var& w, const RnnOptions& options, std::optional<Var> h0,
                    std::source_location where) {
     return rnn(RnnMode::RnnRelu, x, w, options, std::move(h0), {}, where);
+}
+
+// ---- differentiable backward (graph/higher_order.h) ----
+
+namespace {
+
+// The packed [output | h_n | c_n] rebuilt from primitive ops on the node's inputs (x, w[, h0[, c0]]): the
+// recurrence unrolled step by step (ops/rnn.h's equations) with linear, narrow, sigmoid, tanh, relu, mul and add,
+// the weight's blocks as narrow + reshape of w. Zero initial states are constants.
+Var rnn_composition(std::span<const Var> in, const OpAttrs& attrs) {
+    const Var& x = in[0];
+    const Var& w = in[1];
+    const RnnDims d(attrs.rnn_mode, options_of(attrs), x.shape()[0], x.shape()[1], x.shape()[2]);
+    const std::int64_t H = d.hidden, N = d.batch, GH = d.gates * d.hidden;
+    const auto block = [&](std::int64_t offset, const Shape& shape) {
+        return reshape(narrow(w, 0, offset, numel(shape)), shape);
+    };
+    const auto initial = [&](std::size_t input, std::int64_t p) {
+        if (in.size() > input) return reshape(narrow(in[input], 0, p, 1), {N, H});
+        return x.graph().constant(Tensor::zeros({N, H}, x.dtype(), x.device()));
+    };
+    const auto gate = [&](const Var& pre, std::int64_t k) { return narrow(pre, 1, k * H, H); };
+    std::vector<Var> h_n, c_n;
+    Var layer_in = x;
+    for (std::int64_t l = 0; l < d.layers; ++l) {
+        const std::int64_t in_l = d.layer_input(l);
+        std::vector<Var> directions;
+        for (std::int64_t dir = 0; dir < d.dirs; ++dir) {
+            const std::int64_t p = l * d.dirs + dir;
+            const Var w_ih = block(d.matrix_offset(p), {GH, in_l});
+            const Var w_hh = block(d.matrix_offset(p) + GH * in_l, {GH, H});
+            const Var b_ih = block(d.bias_offset(p), {GH}), b_hh = block(d.bias_offset(p) + GH, {GH});
+            // Input projections of every step at once, as the kernels do.
+            const Var projected = reshape(linear(reshape(layer_in, {d.steps * N, in_l}), w_ih, b_ih), {d.steps, N, GH});
+            Var h = initial(2, p);
+            Var c = d.mode == RnnMode::Lstm ? initial(3, p) : Var();
+            std::vector<Var> steps(static_cast<std::size_t>(d.steps));
+            for (std::int64_t s = 0; s < d.steps; ++s) {
+                const std::int64_t t = dir == 0 ? s : d.steps - 1 - s;
+                const Var a = reshape(narrow(projected, 0, t, 1), {N, GH});
+                const Var rec = linear(h, w_hh, b_hh);
+                switch (d.mode) {
+                    case RnnMode::RnnTanh: h = tanh(add(a, rec)); break;
+                    case RnnMode::RnnRelu: h = relu(add(a, rec)); break;
+                    case RnnMode::Lstm: {
+                        const Var pre = add(a, rec);
+                        const Var i = sigmoid(gate(pre, 0)), f = sigmoid(gate(pre, 1));
+                        const Var g = tanh(gate(pre, 2)), o = sigmoid(gate(pre, 3));
+                        c = add(mul(f, c), mul(i, g));
+                        h = mul(o, tanh(c));
+                        break;
+                    }
+                    case RnnMode::Gru: {
+                        const Var r = sigmoid(add(gate(a, 0), gate(rec, 0)));
+                        const Var z = sigmoid(add(gate(a, 1), gate(rec, 1)));
+                        const Var n = tanh(add(gate(a, 2), mul(r, gate(rec, 2))));
+                        h = add(n, mul(z, sub(h, n)));  // (1 − z)·n + z·h
+                        break;
+                    }
+                }
+                steps[static_cast<std::size_t>(t)] = reshape(h, {1, N, H});
+            }
+            directions.push_back(concat(steps, 0));
+            h_n.push_back(reshape(h, {N * H}));
+            if (d.mode == RnnMode::Lstm) c_n.push_back(reshape(c, {N * H}));
+        }
+        layer_in = d.dirs == 1 ? directions[0] : concat(directions, 2);
+    }
+    std::vector<Var> packed{reshape(layer_in, {d.output_size()})};
+    packed.insert(packed.end(), h_n.begin(), h_n.end());
+    packed.insert(packed.end(), c_n.begin(), c_n.end());
+    return concat(packed, 0);
+}
+
+}  // namespace
+
+std::vector<Var> rnn_differentiable_backward(const DiffBackwardArgs& args) {
+    return differentiate_composition(args, [&](std::span<const Var> in) { return rnn_composition(in, args.attrs); });
 }
 
 // ---- shape rule ----
