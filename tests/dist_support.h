@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "dyngrad/dist/process_group.h"
+#include "dyngrad/distributed/process_group.h"
 #include "dyngrad/dyngrad.h"
 
 namespace dgtest {

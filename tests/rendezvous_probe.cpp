@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "dyngrad/core/error.h"
-#include "dyngrad/dist/process_group.h"
-#include "dyngrad/dist/rendezvous.h"
+#include "dyngrad/distributed/process_group.h"
+#include "dyngrad/distributed/rendezvous.h"
 
 using namespace dyngrad;
 

@@ -1,4 +1,4 @@
-// The distributed layer on the CPU through MPI (dist/process_group.h, dist/ddp.h). CTest runs this binary alone
+// The distributed layer on the CPU through MPI (distributed/process_group.h, distributed/ddp.h). CTest runs this binary alone
 // (a group of one: every collective a no-op or a copy) and under `mpirun -np 2` (dist_mpi2), where each rank
 // runs every case in the same order. Inputs come from Generators seeded by rank, so every rank can rebuild
 // every other rank's data and the single-process reference.
@@ -10,8 +10,8 @@
 
 #include "catch.h"
 #include "dist_support.h"
-#include "dyngrad/dist/ddp.h"
-#include "dyngrad/dist/process_group.h"
+#include "dyngrad/distributed/ddp.h"
+#include "dyngrad/distributed/process_group.h"
 #include "dyngrad/dyngrad.h"
 
 using namespace dyngrad;

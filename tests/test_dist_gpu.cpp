@@ -9,9 +9,9 @@
 #include "dist_support.h"
 #include "dyngrad/cuda/capture.h"
 #include "dyngrad/cuda/runtime.h"
-#include "dyngrad/dist/ddp.h"
-#include "dyngrad/dist/process_group.h"
-#include "dyngrad/dist/zero.h"
+#include "dyngrad/distributed/ddp.h"
+#include "dyngrad/distributed/process_group.h"
+#include "dyngrad/distributed/zero.h"
 #include "dyngrad/dyngrad.h"
 
 using namespace dyngrad;

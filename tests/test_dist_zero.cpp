@@ -1,4 +1,4 @@
-// ZeRO stages 1 and 2 (dist/zero.h) on the CPU through MPI. CTest runs this binary alone (a group of one) and
+// ZeRO stages 1 and 2 (distributed/zero.h) on the CPU through MPI. CTest runs this binary alone (a group of one) and
 // under `mpirun -np 2` and `-np 3` (dist_zero_mpi2, dist_zero_mpi3: 3 does not divide the parameter count, so
 // the last shard is padded). The inputs are fresh each run: rank 0 draws a seed and broadcasts it (printed on a
 // failure), and every rank rebuilds the global batch from it, so each rank can compute the single-process
@@ -14,8 +14,8 @@
 
 #include "catch.h"
 #include "dist_support.h"
-#include "dyngrad/dist/process_group.h"
-#include "dyngrad/dist/zero.h"
+#include "dyngrad/distributed/process_group.h"
+#include "dyngrad/distributed/zero.h"
 #include "dyngrad/dyngrad.h"
 
 using namespace dyngrad;

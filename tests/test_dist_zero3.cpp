@@ -1,4 +1,4 @@
-// ZeRO stage 3 (dist/zero.h, dist/zero3.cpp) on the CPU through MPI. CTest runs this binary alone (a group of one)
+// ZeRO stage 3 (distributed/zero.h, distributed/zero3.cpp) on the CPU through MPI. CTest runs this binary alone (a group of one)
 // and under `mpirun -np 2` and `-np 3` (dist_zero3_mpi2, dist_zero3_mpi3: 3 divides none of the units' sizes, so
 // every flat is padded). Inputs are fresh each run: rank 0 draws a seed and broadcasts it (printed on a failure);
 // every rank rebuilds the global batch from it and computes the single-process reference with nn/optim.h's AdamW.
@@ -10,8 +10,8 @@
 
 #include "catch.h"
 #include "dist_support.h"
-#include "dyngrad/dist/process_group.h"
-#include "dyngrad/dist/zero.h"
+#include "dyngrad/distributed/process_group.h"
+#include "dyngrad/distributed/zero.h"
 #include "dyngrad/dyngrad.h"
 
 using namespace dyngrad;

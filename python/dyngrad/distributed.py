@@ -1,5 +1,5 @@
 """Data-parallel training across processes, as ``torch.distributed``: dyngrad's C++ process group
-(dist/process_group.h) and DistributedDataParallel (dist/ddp.h, ``dyngrad.nn.parallel``).
+(distributed/process_group.h) and DistributedDataParallel (distributed/ddp.h, ``dyngrad.nn.parallel``).
 
     import dyngrad as dg
     import dyngrad.distributed as dist
@@ -277,7 +277,7 @@ def barrier(group=None, async_op: bool = False, device_ids=None):
 
 
 class ZeroOptimizer:
-    """ZeRO stage 1 or 2 AdamW over the default group (dist::ZeroOptimizer, dist/zero.h): every rank holds the whole
+    """ZeRO stage 1 or 2 AdamW over the default group (dist::ZeroOptimizer, distributed/zero.h): every rank holds the whole
     model and runs its part of the batch; AdamW's moments (stage 1) and the averaged gradients (stage 2) are split
     across the ranks, and the updated parameters are all-gathered after each step. torch's nearest is
     ``torch.distributed.optim.ZeroRedundancyOptimizer(params, optimizer_class=AdamW)`` (stage 1).

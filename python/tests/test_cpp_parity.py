@@ -4,7 +4,7 @@ Python, except the entries of docs/python.md's exception list (parity-exceptions
 The surface: every op of ops/op_table.cpp (dyngrad.ops.<name>); every class of nn/*.h deriving from Module,
 Optimizer or LRScheduler (layers, optimizers, schedules); GradScaler (nn/amp.h); the *Guard classes of graph/*.h
 (no_grad, autocast, detect_anomaly); the loaders of nn/dataset.h; CapturedStep (cuda/capture.h); the classes of
-dist/*.h. A class added to those headers without a Python binding (or an exception entry) fails this test.
+distributed/*.h. A class added to those headers without a Python binding (or an exception entry) fails this test.
 """
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def surface_from_sources(files: dict[str, str]) -> dict[str, str]:
             entries.update({n: RENAMED.get(n, n) for n in _ANY_CLASS.findall(text) if n.endswith("Guard")})
         elif path in ("nn/dataset.h", "cuda/capture.h"):
             entries.update({n: RENAMED.get(n, n) for n in _ANY_CLASS.findall(text)})
-        elif path.startswith("dist/") and path.endswith(".h"):
+        elif path.startswith("distributed/") and path.endswith(".h"):
             entries.update({n: RENAMED.get(n, "distributed." + n) for n in _ANY_CLASS.findall(text)})
     # A class of a public nn/ header that none of the rules above placed (no base the parse knows) is reported
     # rather than skipped: map it in RENAMED.
@@ -120,8 +120,8 @@ def repository_sources() -> dict[str, str]:
         pytest.skip("the repository's sources are not at hand (installed package)")
     files = {"ops/op_table.cpp": (ROOT / "ops" / "op_table.cpp").read_text()}
     headers = [h for h in public_headers() if h.split("/")[0] in ("nn", "graph") or h == "cuda/capture.h"]
-    # dist/ is its own library (the package's component dist): all of its headers count.
-    headers += [str(p.relative_to(ROOT)) for p in ROOT.glob("dist/*.h")]
+    # distributed/ is its own library (the package's component dist): all of its headers count.
+    headers += [str(p.relative_to(ROOT)) for p in ROOT.glob("distributed/*.h")]
     for h in headers:
         files[h] = (ROOT / h).read_text()
     return files

@@ -1,6 +1,6 @@
-// TCP rendezvous for the NCCL id (dist/rendezvous.h). Blocking sockets driven by poll() with deadlines, so
+// TCP rendezvous for the NCCL id (distributed/rendezvous.h). Blocking sockets driven by poll() with deadlines, so
 // no step waits past the timeout.
-#include "dyngrad/dist/rendezvous.h"
+#include "dyngrad/distributed/rendezvous.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>

@@ -1,4 +1,4 @@
-// ZeRO stage 3 (dist/zero.h): the units' flat shards, the gather and free around each use, and the one custom op
+// ZeRO stage 3 (distributed/zero.h): the units' flat shards, the gather and free around each use, and the one custom op
 // that puts a unit into the caller's graph. The op's shape rule gathers the unit and runs its forward without
 // recording (the output's shape is only known by running it), its forward kernel hands that output over, and its
 // backward gathers again, re-runs the unit in a graph of its own, back-propagates `grad_output`, reduce-scatters
@@ -11,7 +11,7 @@
 #include <set>
 
 #include "dyngrad/core/error.h"
-#include "dyngrad/dist/zero_impl.h"
+#include "dyngrad/distributed/zero_impl.h"
 #include "dyngrad/graph/autocast.h"
 #include "dyngrad/graph/custom_op.h"
 #include "dyngrad/graph/fusion_check.h"

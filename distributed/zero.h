@@ -31,7 +31,7 @@
 // (ZeRO paper's formulas, with the padding counted.) In stage 2 the full gradients still exist while the backward
 // runs; the reduce-scatter then frees them.
 //
-// Stage 3 (FSDP-style, dist/zero3.cpp): built from a list of units (ZeroUnit: a Module and its forward over one
+// Stage 3 (FSDP-style, distributed/zero3.cpp): built from a list of units (ZeroUnit: a Module and its forward over one
 // Var), each with its own flat buffers, padded and sharded as above. Between uses a unit's parameters hold no
 // elements (0-element tensors); zero.forward(x) runs the units in order, each as one node of the caller's graph:
 // its forward all-gathers the unit's shards into the parameters, runs the unit without recording it, and frees
@@ -66,7 +66,7 @@
 #include <string>
 #include <vector>
 
-#include "dyngrad/dist/process_group.h"
+#include "dyngrad/distributed/process_group.h"
 #include "dyngrad/graph/graph.h"
 #include "dyngrad/nn/amp.h"
 #include "dyngrad/nn/layers.h"
@@ -79,7 +79,7 @@ struct ZeroOptions {
     // otherwise.
     int stage = 2;
     // Stage 1 only (ValueError otherwise): backward() all-reduces the gradients during the sweep through
-    // DistributedDataParallel's buckets (dist/ddp.h) instead of one all-reduce after it, so the communication
+    // DistributedDataParallel's buckets (distributed/ddp.h) instead of one all-reduce after it, so the communication
     // overlaps the backward. Costs DDP's bucket buffers: Ψ·b more gradient memory than the formula (memory()
     // counts them). reduce_gradients() called by hand still reduces after the backward.
     bool overlap = false;
@@ -203,7 +203,7 @@ public:
     // trainable parameter names, shapes or dtypes) or of a ZeRO stage's optimizer of another kind.
     void load_checkpoint(const std::filesystem::path& folder);
 
-    struct State;  // internal (dist/zero.cpp)
+    struct State;  // internal (distributed/zero.cpp)
 
 private:
     void check_module_unchanged(const char* call) const;

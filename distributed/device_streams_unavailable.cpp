@@ -1,6 +1,6 @@
 // CPU-only builds: no CUDA tensor reaches these (the group rejects them first); they throw DeviceError.
 #include "dyngrad/core/error.h"
-#include "dyngrad/dist/device_streams.h"
+#include "dyngrad/distributed/device_streams.h"
 
 namespace dyngrad::dist {
 namespace {

@@ -1,7 +1,7 @@
 // A group of processes that train together (data parallelism), one process per GPU, on one or many hosts.
 // Collectives on dyngrad tensors: NCCL for CUDA tensors (on dyngrad's device stream, cuda/context.h), MPI for
 // CPU tensors. No transport of our own: MPI launches the processes (mpirun) and carries the NCCL id; without
-// MPI (torchrun's variables) a small TCP rendezvous (dist/rendezvous.h) exchanges only that id.
+// MPI (torchrun's variables) a small TCP rendezvous (distributed/rendezvous.h) exchanges only that id.
 //
 //   auto group = dist::ProcessGroup::init();  // mpirun -np 2 ./train   or   torchrun --nproc-per-node 2 ./train
 //   group.all_reduce(t, dist::ReduceOp::Avg);  // every rank ends with the mean of every rank's t
@@ -94,7 +94,7 @@ public:
     Tensor reduce_scatter(const Tensor& input, ReduceOp op = ReduceOp::Sum);
     void barrier();
 
-    struct Impl;  // internal (dist/process_group.cpp); DistributedDataParallel uses its asynchronous calls
+    struct Impl;  // internal (distributed/process_group.cpp); DistributedDataParallel uses its asynchronous calls
     Impl& impl() const { return *impl_; }
 
 private:

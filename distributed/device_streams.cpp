@@ -1,7 +1,7 @@
-// The CUDA side of DistributedDataParallel's overlap (dist/device_streams.h). Event records and stream waits are
+// The CUDA side of DistributedDataParallel's overlap (distributed/device_streams.h). Event records and stream waits are
 // capturable: inside a cuda::CapturedStep the communication stream joins the capture through the first wait and
 // rejoins dyngrad's stream through the last, so the graph holds the fork and the join.
-#include "dyngrad/dist/device_streams.h"
+#include "dyngrad/distributed/device_streams.h"
 
 #include <cuda_runtime.h>
 

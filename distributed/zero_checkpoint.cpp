@@ -1,4 +1,4 @@
-// ZeroOptimizer's sharded checkpoints (dist/zero.h): one file per rank with that rank's AdamW state (the inner
+// ZeroOptimizer's sharded checkpoints (distributed/zero.h): one file per rank with that rank's AdamW state (the inner
 // optimizer's own save_state, shard-sized), and the full model written last by rank 0 as the commit record (its
 // metadata names the world size whose rank files are complete). Loading reshards onto any world size.
 #include <algorithm>
@@ -9,8 +9,8 @@
 
 #include "dyngrad/core/error.h"
 #include "dyngrad/core/safetensors.h"
-#include "dyngrad/dist/device_streams.h"
-#include "dyngrad/dist/zero_impl.h"
+#include "dyngrad/distributed/device_streams.h"
+#include "dyngrad/distributed/zero_impl.h"
 
 namespace dyngrad::dist {
 

@@ -1,12 +1,12 @@
-// Internal (dist/zero.cpp, dist/zero_checkpoint.cpp): the shards behind a ZeroOptimizer (dist/zero.h).
+// Internal (distributed/zero.cpp, distributed/zero_checkpoint.cpp): the shards behind a ZeroOptimizer (distributed/zero.h).
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "dyngrad/dist/ddp.h"
-#include "dyngrad/dist/zero.h"
+#include "dyngrad/distributed/ddp.h"
+#include "dyngrad/distributed/zero.h"
 
 namespace dyngrad::dist {
 
@@ -29,7 +29,7 @@ struct ZeroOptimizer::State {
         Tensor gathered;         // stage 3: the all-gathered (W·S) buffer the members' values view while gathered
         bool accumulating = false;  // stage 3: shard_param's gradient is this step's (later reductions add to it)
     };
-    // Stage 3: one unit, its flats (indices into `flats`), its key in the unit op's registry (dist/zero3.cpp).
+    // Stage 3: one unit, its flats (indices into `flats`), its key in the unit op's registry (distributed/zero3.cpp).
     struct Unit {
         std::string name;
         Module module;
@@ -38,7 +38,7 @@ struct ZeroOptimizer::State {
         std::int64_t key = 0;
         bool gathered = false;
         Tensor pending;  // the forward's output, from the op's shape rule to its forward kernel
-        Parameter anchor;  // 0 elements: makes the unit's node require grad (dist/zero3.cpp, forward)
+        Parameter anchor;  // 0 elements: makes the unit's node require grad (distributed/zero3.cpp, forward)
     };
     Device device = Device::cpu();
     std::vector<Flat> flats;
@@ -54,7 +54,7 @@ struct ZeroOptimizer::State {
     std::int64_t gathered_peak_bytes = 0;
 };
 
-// Helpers shared by the stages (dist/zero.cpp).
+// Helpers shared by the stages (distributed/zero.cpp).
 // Appends parameter `p` to the flat of its dtype among flats[first_flat...] (a new flat when there is none).
 void add_member(ZeroOptimizer::State& state, std::size_t first_flat, const std::string& name, const Parameter& p);
 // Per flat: S = ceil(Ψ_d / W), this rank's shard of the members' values, its Parameter; then the AdamW over them.
@@ -68,7 +68,7 @@ void copy_overlap(const ZeroOptimizer::State::Member& m, const Tensor& member_te
 // A view of `length` elements at `offset` of `flat`, shaped `shape`, that keeps `flat` alive.
 Tensor view_of(const Tensor& flat, std::int64_t offset, const Shape& shape);
 
-// Stage 3 (dist/zero3.cpp): gathers / frees a unit's parameters (collective / local), gathers every unit, and
+// Stage 3 (distributed/zero3.cpp): gathers / frees a unit's parameters (collective / local), gathers every unit, and
 // takes the units out of the op's registry (the destructor).
 void gather_unit(ZeroOptimizer::State& state, ZeroOptimizer::State::Unit& unit);
 void release_unit(ZeroOptimizer::State& state, ZeroOptimizer::State::Unit& unit);

@@ -1,4 +1,4 @@
-// Data-parallel training of an nn::Module over a ProcessGroup (dist/process_group.h): every rank holds the
+// Data-parallel training of an nn::Module over a ProcessGroup (distributed/process_group.h): every rank holds the
 // whole model, runs its own part of the batch, and the gradients are averaged across ranks before the step.
 //
 //   auto group = dist::ProcessGroup::init();
@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "dyngrad/dist/process_group.h"
+#include "dyngrad/distributed/process_group.h"
 #include "dyngrad/graph/graph.h"
 #include "dyngrad/nn/layers.h"
 
@@ -124,7 +124,7 @@ public:
     std::vector<std::vector<std::string>> buckets() const;
     const DDPStats& stats() const { return stats_; }
 
-    struct State;  // internal (dist/ddp.cpp)
+    struct State;  // internal (distributed/ddp.cpp)
 
 private:
     void on_ready(const Parameter& p);

@@ -1,6 +1,6 @@
-// Internal (dist/): the CUDA pieces of DistributedDataParallel's overlap — a communication stream with an event
-// pair per bucket, and stream-ordered copies on dyngrad's stream. dist/device_streams.cpp (CUDA builds) or
-// dist/device_streams_unavailable.cpp.
+// Internal (distributed/): the CUDA pieces of DistributedDataParallel's overlap — a communication stream with an event
+// pair per bucket, and stream-ordered copies on dyngrad's stream. distributed/device_streams.cpp (CUDA builds) or
+// distributed/device_streams_unavailable.cpp.
 #pragma once
 #include <cstddef>
 #include <memory>

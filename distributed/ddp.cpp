@@ -1,6 +1,6 @@
-// DistributedDataParallel (dist/ddp.h): the model check, the buckets, the readiness hook, the launches in bucket
+// DistributedDataParallel (distributed/ddp.h): the model check, the buckets, the readiness hook, the launches in bucket
 // order, the wait and the copy back, and the opt-in gradient check.
-#include "dyngrad/dist/ddp.h"
+#include "dyngrad/distributed/ddp.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,8 +8,8 @@
 #include <unordered_map>
 
 #include "dyngrad/core/error.h"
-#include "dyngrad/dist/device_streams.h"
-#include "dyngrad/dist/group_impl.h"
+#include "dyngrad/distributed/device_streams.h"
+#include "dyngrad/distributed/group_impl.h"
 
 namespace dyngrad::dist {
 

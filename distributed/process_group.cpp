@@ -1,6 +1,6 @@
-// ProcessGroup (dist/process_group.h): launch detection, MPI for CPU tensors and for the NCCL id, NCCL for
-// CUDA tensors (dist/nccl.cpp), argument checks before anything is sent.
-#include "dyngrad/dist/process_group.h"
+// ProcessGroup (distributed/process_group.h): launch detection, MPI for CPU tensors and for the NCCL id, NCCL for
+// CUDA tensors (distributed/nccl.cpp), argument checks before anything is sent.
+#include "dyngrad/distributed/process_group.h"
 
 #include <chrono>
 #include <cmath>
@@ -11,8 +11,8 @@
 
 #include "dyngrad/core/device_memory.h"
 #include "dyngrad/core/error.h"
-#include "dyngrad/dist/group_impl.h"
-#include "dyngrad/dist/rendezvous.h"
+#include "dyngrad/distributed/group_impl.h"
+#include "dyngrad/distributed/rendezvous.h"
 
 namespace dyngrad::dist {
 

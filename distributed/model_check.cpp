@@ -1,10 +1,10 @@
-// The model check DistributedDataParallel and ZeroOptimizer run at construction (dist/group_impl.h): every rank
+// The model check DistributedDataParallel and ZeroOptimizer run at construction (distributed/group_impl.h): every rank
 // must hold the same parameters and buffers, checked with one gather of (count, hash).
 #include <algorithm>
 #include <cstring>
 
 #include "dyngrad/core/error.h"
-#include "dyngrad/dist/group_impl.h"
+#include "dyngrad/distributed/group_impl.h"
 
 namespace dyngrad::dist {
 

@@ -1,4 +1,4 @@
-// The one piece of networking dist/ does itself: when the processes were not started by MPI (torchrun's
+// The one piece of networking distributed/ does itself: when the processes were not started by MPI (torchrun's
 // variables), rank 0 hands a small blob (the ncclUniqueId) to every other rank over TCP. Nothing else goes
 // through it; NCCL carries the collectives.
 #pragma once

@@ -1,5 +1,5 @@
-// Internal (dist/ sources only): the state behind a ProcessGroup handle, and the NCCL half of it, which
-// dist/nccl.cpp implements when NCCL is compiled in and dist/nccl_unavailable.cpp stubs otherwise.
+// Internal (distributed/ sources only): the state behind a ProcessGroup handle, and the NCCL half of it, which
+// distributed/nccl.cpp implements when NCCL is compiled in and distributed/nccl_unavailable.cpp stubs otherwise.
 #pragma once
 #include <mpi.h>
 
@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "dyngrad/dist/process_group.h"
+#include "dyngrad/distributed/process_group.h"
 
 namespace dyngrad::dist {
 
@@ -43,7 +43,7 @@ void nccl_reduce_scatter(NcclComm& comm, const void* send, void* recv, std::size
 // order). Cheap when they do: one all_gather of (count, hash). On a mismatch every rank learns the first
 // differing entry and what each rank has there, and throws the same error: ShapeError (same name, another
 // shape), DTypeError (another dtype) or ValueError (other names or counts). `who` starts the message
-// ("DistributedDataParallel", "ZeroOptimizer"). dist/model_check.cpp.
+// ("DistributedDataParallel", "ZeroOptimizer"). distributed/model_check.cpp.
 void check_same_model(ProcessGroup& group, const std::vector<std::pair<std::string, Tensor>>& entries, const char* who);
 
 // ---- the group ----

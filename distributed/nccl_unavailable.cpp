@@ -1,7 +1,7 @@
 // Builds without NCCL (no CUDA backend, or nccl.h / libnccl not found): a group has no communicator, and CUDA
 // tensors get DeviceError from the group before any of these is reached.
 #include "dyngrad/core/error.h"
-#include "dyngrad/dist/group_impl.h"
+#include "dyngrad/distributed/group_impl.h"
 
 namespace dyngrad::dist {
 

@@ -1,15 +1,15 @@
-// ZeroOptimizer (dist/zero.h): the flat per-dtype layout, the gradient reduction (all_reduce for stage 1,
+// ZeroOptimizer (distributed/zero.h): the flat per-dtype layout, the gradient reduction (all_reduce for stage 1,
 // reduce_scatter for stage 2), the global norm over shards, the shard-local AdamW step and the all_gather.
-#include "dyngrad/dist/zero.h"
+#include "dyngrad/distributed/zero.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "dyngrad/core/error.h"
-#include "dyngrad/dist/device_streams.h"
-#include "dyngrad/dist/group_impl.h"
-#include "dyngrad/dist/zero_impl.h"
+#include "dyngrad/distributed/device_streams.h"
+#include "dyngrad/distributed/group_impl.h"
+#include "dyngrad/distributed/zero_impl.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/reduce.h"
 

@@ -1,4 +1,4 @@
-// NCCL for CUDA tensors (dist/group_impl.h): one non-blocking communicator per process and a watchdog.
+// NCCL for CUDA tensors (distributed/group_impl.h): one non-blocking communicator per process and a watchdog.
 //
 // Non-blocking (ncclConfig_t blocking = 0): NCCL calls return ncclInProgress instead of blocking, and we poll
 // ncclCommGetAsyncError up to the timeout. A collective whose peer died does not fail, it spins on the GPU: the
@@ -18,7 +18,7 @@
 
 #include "dyngrad/core/error.h"
 #include "dyngrad/cuda/context.h"
-#include "dyngrad/dist/group_impl.h"
+#include "dyngrad/distributed/group_impl.h"
 
 namespace dyngrad::dist {
 
