@@ -10,7 +10,7 @@ set -uo pipefail
 # library folder; cli/ (the command-line parser every program shares) sits above that; the tools sit on
 # top and may include anything below them, but not each other (python/: the Python package's extension).
 LAYERS=(core cuda graph ops nn distributed dyngrad.h cli)
-TOOLS=(tests bench samples python)
+TOOLS=(tests tools bench samples python)
 # The folders the build puts on include paths besides the library's own <dyngrad/...> (target_include_directories
 # in tests/ and samples/): a bare `#include "x.h"` not beside the including file is looked up there, so a tool
 # reaching into another tool's folder through an include path is caught too.

@@ -1,6 +1,6 @@
 // Independent references: every case of every op-table row against PyTorch in float64. The goldens
 // (tests/goldens/<op>.safetensors) hold each case's inputs, the output weight w, PyTorch's output y and
-// the gradients of L = Σ w·y (bench/make_goldens.py, whose header gives the commands that make them).
+// the gradients of L = Σ w·y (tools/make_goldens.py, whose header gives the commands that make them).
 // Finite differences and the GPU comparison only test dyngrad against itself; a formula wrong in the
 // same way on both backends, forward and derivative alike, fails here.
 //
@@ -25,7 +25,7 @@ constexpr double kTolerance = 1e-10;
 
 const std::filesystem::path kGoldenDir = DYNGRAD_GOLDEN_DIR;
 constexpr const char* kRegenerate =
-    "make it with bench/make_goldens.py (its header gives the commands: dyngrad-export-cases, then the script)";
+    "make it with tools/make_goldens.py (its header gives the commands: dyngrad-export-cases, then the script)";
 
 // Cases where dyngrad disagrees with PyTorch for a reason the lead has accepted, (op, label) -> reason.
 // A listed case that agrees fails too, so the list cannot go stale.

@@ -1,5 +1,5 @@
 // PyTorch's double backward as an independent reference for every op-table row with a differentiable backward:
-// the goldens (tests/goldens/<op>.safetensors, bench/make_goldens.py) hold, per case, directions v_i and
+// the goldens (tests/goldens/<op>.safetensors, tools/make_goldens.py) hold, per case, directions v_i and
 // h_i = dS/dx_i with S = Σ_i <dL/dx_i, v_i>, L = Σ w·y, computed by torch.autograd.grad(..., create_graph=True) and
 // a second grad in float64. dyngrad computes the same with grad(create_graph) (graph/higher_order.h) and is compared
 // by relative norm.
@@ -139,7 +139,7 @@ TEST_CASE("every differentiable op-table case agrees with PyTorch's float64 doub
 int main(int argc, char* argv[]) {
     if (cases().empty()) {
         std::cout << "test_golden_second_order: no golden in " << kGoldenDir.string() << " holds second-order "
-                  << "references (\"<k>.h<i>\"); make them with bench/make_goldens.py (its header gives the commands; "
+                  << "references (\"<k>.h<i>\"); make them with tools/make_goldens.py (its header gives the commands; "
                   << "PyTorch is on the GPU machine): skipped\n";
         return 77;
     }

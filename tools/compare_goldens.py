@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Compares two sets of golden files (bench/make_goldens.py output), e.g. the committed tests/goldens/ with a
+"""Compares two sets of golden files (tools/make_goldens.py output), e.g. the committed tests/goldens/ with a
 set made by another PyTorch version or machine: for every op, the largest relative-norm difference
 |a - b| / max(|b|, tiny) over its outputs and gradients, and whether the files are identical byte for byte.
-    python bench/compare_goldens.py DIR_A DIR_B
+    python tools/compare_goldens.py DIR_A DIR_B
 Exit status 1 when an op is missing from one side or a difference exceeds --tolerance (default 1e-12)."""
 import argparse
 import pathlib

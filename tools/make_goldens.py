@@ -15,10 +15,10 @@ compares the "<k>.h<i>" (and skips, saying so, while no golden holds any).
 
 Reproduce (from the repository root; torch and safetensors installed):
     cmake --build build-cpu --target dyngrad-export-cases
-    build-cpu/bench/dyngrad-export-cases /tmp/dyngrad-cases
-    python bench/make_goldens.py /tmp/dyngrad-cases tests/goldens
+    build-cpu/tools/dyngrad-export-cases /tmp/dyngrad-cases
+    python tools/make_goldens.py /tmp/dyngrad-cases tests/goldens
 The goldens hold their inputs, so they can also be recomputed from themselves (same result, bit for bit):
-    python bench/make_goldens.py tests/goldens tests/goldens
+    python tools/make_goldens.py tests/goldens tests/goldens
 
 Every op is mapped to PyTorch by hand below (REFERENCES), reading its attributes by their field names in
 graph/op_def.h's field table: the exported cases carry every attribute their op reads. An op this script does not
