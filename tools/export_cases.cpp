@@ -1,5 +1,5 @@
 // dyngrad-export-cases: writes every op-table case's float64 inputs and a random output weight w, so
-// that tools/make_goldens.py can compute the independent reference (PyTorch, float64) of tests/test_golden.cpp.
+// that tools/make_goldens.py can compute the independent reference (PyTorch, float64) of tests/verification/test_golden.cpp.
 //
 //   dyngrad-export-cases DIR [--seed N]
 //

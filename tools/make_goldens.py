@@ -10,7 +10,7 @@ writes OUT/<op>.safetensors with the same tensors and metadata ("reference" adde
 and, for rows with a differentiable backward (metadata "second_order": "true", directions "<k>.v<i>" exported),
     "<k>.h<i>"     dS/d input i, S = sum_j <dL/dx_j, v_j> with dL/dx_j from torch.autograd.grad(create_graph=True):
                    PyTorch's double backward (zeros where S does not depend on input i).
-tests/test_golden.cpp runs dyngrad on the stored inputs and compares with these; tests/test_golden_second_order.cpp
+tests/verification/test_golden.cpp runs dyngrad on the stored inputs and compares with these; tests/verification/test_golden_second_order.cpp
 compares the "<k>.h<i>" (and skips, saying so, while no golden holds any).
 
 Reproduce (from the repository root; torch and safetensors installed):
@@ -23,7 +23,7 @@ The goldens hold their inputs, so they can also be recomputed from themselves (s
 Every op is mapped to PyTorch by hand below (REFERENCES), reading its attributes by their field names in
 graph/op_def.h's field table: the exported cases carry every attribute their op reads. An op this script does not
 know is an error that quotes the row's PyTorch expression (metadata "torch"): a new op-table row needs its
-reference here before tests/test_golden.cpp can pass.
+reference here before tests/verification/test_golden.cpp can pass.
 """
 import json
 import pathlib
@@ -243,7 +243,7 @@ def topk_indices(xs, a):
 # uniform u of index r·num_samples + s of dropout's SplitMix64 stream above and the first category whose running
 # sum of weights, in float64 from the left, exceeds u·total; without replacement a drawn weight becomes 0 and the
 # next sample sums the rest again), written here again from that description. PyTorch's generator draws other
-# samples; tests/test_sampling.cpp checks the distribution.
+# samples; tests/ops/test_sampling.cpp checks the distribution.
 def multinomial(xs, a):
     probs, n, seed = xs[0], a["length"], int(a["seed"]) & MASK64
     rows = probs.reshape(-1, probs.shape[-1]).tolist()

@@ -1,7 +1,7 @@
 // The host logic of capturable training (issue 15, parts 3–4), on the CPU: GradScaler (skips on inf/NaN,
 // growth after the interval, backoff, collapse, checkpoints, the fused unscale), the gated optimizer step,
 // WarmupCosineLR, and dropout's device-resident seed stream (DropoutSeeds, the seed-tensor form of the op).
-// The GPU halves (captured == eager, bit for bit; the guard) are in tests/test_gpu_capture.cpp.
+// The GPU halves (captured == eager, bit for bit; the guard) are in tests/capture/test_gpu_capture.cpp.
 #include <cmath>
 #include <cstdint>
 #include <filesystem>

@@ -245,7 +245,7 @@ TEST_CASE("dtype names and sizes", "[tensor][dtype]") {
 }
 
 TEST_CASE("printing shows values, and dtype and device where not the default", "[tensor][print]") {
-    // The full format (PyTorch's nested printing) is tests/test_inplace_mask.cpp's.
+    // The full format (PyTorch's nested printing) is tests/core/test_inplace_mask.cpp's.
     const Tensor t = Tensor::from_vector(std::vector<double>{1, 2, 3, 4, 5, 6.5}, {2, 3});
     std::ostringstream out;
     out << t;

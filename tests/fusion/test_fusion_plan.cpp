@@ -1,7 +1,7 @@
 // The fusion compiler's grouping pass and source generation on the CPU (graph/fusion_plan.h, ops/fusion_source.h,
 // docs/fusion.md): which groups form for fixed graphs, what must be written to memory, the backward chains, a new
 // plan for new shapes, and the structure of the generated source. Compiling that source with NVRTC:
-// tests/test_fusion_nvrtc.cpp.
+// tests/fusion/test_fusion_nvrtc.cpp.
 #include <algorithm>
 #include <cmath>
 #include <random>

@@ -1,4 +1,4 @@
-// The torchrun-style rendezvous on its own (tests/multihost_netns.sh): reads torchrun's variables (RANK,
+// The torchrun-style rendezvous on its own (tests/distributed/multihost_netns.sh): reads torchrun's variables (RANK,
 // WORLD_SIZE, MASTER_ADDR, MASTER_PORT), has rank 0 hand a fresh random blob to every rank through
 // dist::rendezvous_exchange — what ProcessGroup::from_env carries NCCL's id with, which a CPU-only machine cannot
 // create — and prints a hash of what it received. Exit 0 and "rank R/W blob H" on success; exit 3 and the typed

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 
-root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.join(root, "bench"))
 import gpt2_report  # noqa: E402

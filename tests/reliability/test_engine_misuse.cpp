@@ -265,7 +265,7 @@ TEST_CASE("an optimizer step between a forward and its backward throws", "[trust
         Var loss = sum(y);
         optimizer.step();
         CHECK_THROWS_MATCHES(g.backward(loss), GraphError,
-                             MessageHas({"parameter 'layer.weight'", "mul #2", str("test_trust_engine.cpp:", line),
+                             MessageHas({"parameter 'layer.weight'", "mul #2", str("test_engine_misuse.cpp:", line),
                                          "modified in place", "step()"}));
     };
     SECTION("SGD") {

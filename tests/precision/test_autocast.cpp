@@ -2,7 +2,7 @@
 // the gradients that flow back through them to f32 parameters, the per-step parameter-cast cache, eager calls,
 // mixing dtypes without autocast, f16 overflow in a forward with a GradScaler, and anomaly mode naming the op.
 // bf16/f16 ops compute through f32 on the CPU (graph/through_f32.h), so every value here is the f32 result of the
-// rounded inputs, rounded once; the GPU's tensor-core kernels are checked in tests/test_gpu_amp.cpp.
+// rounded inputs, rounded once; the GPU's tensor-core kernels are checked in tests/precision/test_gpu_amp.cpp.
 #include <cmath>
 #include <cstdint>
 #include <limits>

@@ -67,7 +67,7 @@ TEST_CASE("the op table covers every op with cases and CPU kernels", "[gradcheck
         CHECK(names.insert(def.name).second);
         const std::vector<OpCase> cases = def.cases();
         if (def.op == OpType::Leaf || def.op == OpType::Custom) {
-            // Leaves have no op; custom ops carry their own definitions (tests/test_verify.cpp).
+            // Leaves have no op; custom ops carry their own definitions (tests/verification/test_verify.cpp).
             CHECK(std::string(def.name) == (def.op == OpType::Leaf ? "leaf" : "custom"));
             CHECK(cases.empty());
             continue;

@@ -550,7 +550,7 @@ TEST_CASE("attention on the GPU: the tensor-core kernels over ragged T, S and ev
 TEST_CASE("attention on the GPU in bf16 and f16 matches the float64 replay from the same rounded inputs",
           "[attention][gpu][reduced]") {
     if (!have_gpu()) DG_SKIP("no CUDA device");
-    const CudnnOff kernels_only;  // our 16-bit kernels (cuDNN has tests/test_attention_cudnn.cpp)
+    const CudnnOff kernels_only;  // our 16-bit kernels (cuDNN has tests/attention/test_attention_cudnn.cpp)
     const OpDef* def = find_op("scaled_dot_product_attention");
     REQUIRE(def != nullptr);
     using D = InputDomain;
@@ -591,7 +591,7 @@ TEST_CASE("attention on the GPU in bf16 and f16 matches the float64 replay from 
 TEST_CASE("attention on the GPU in bf16 and f16 runs natively: not the float32 result rounded, deterministic",
           "[attention][gpu][reduced]") {
     if (!have_gpu()) DG_SKIP("no CUDA device");
-    const CudnnOff kernels_only;  // our 16-bit kernels (cuDNN has tests/test_attention_cudnn.cpp)
+    const CudnnOff kernels_only;  // our 16-bit kernels (cuDNN has tests/attention/test_attention_cudnn.cpp)
     const Device gpu = Device::cuda(0);
     const DType dtype = GENERATE(DType::bf16, DType::f16);
     INFO(dtype_name(dtype));

@@ -615,7 +615,7 @@ TEST_CASE("a host synchronisation inside a captured step is a GraphError; the de
         CHECK_THROWS_MATCHES(step.run(batch), GraphError, MessageHas({"cuda::synchronize()", "captured"}));
     }
     SECTION("an Adam step whose first step would be captured") {
-        // Adam steps are capturable (issue 15: step counts and lrs live on the device, tests/test_gpu_capture.cpp),
+        // Adam steps are capturable (issue 15: step counts and lrs live on the device, tests/capture/test_gpu_capture.cpp),
         // but the first step on a device creates them with host-to-device copies.
         Adam adam(model.params);
         int calls = 0;

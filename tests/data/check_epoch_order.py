@@ -3,14 +3,14 @@
 so the time-to-accuracy runs of PyTorch and dyngrad-train see the same batches. Runs the C++ side through
 tests/epoch_order_dump and compares whole permutations.
 
-    python3 tests/check_epoch_order.py BUILD/tests/epoch_order_dump
+    python3 tests/data/check_epoch_order.py BUILD/tests/epoch_order_dump
 """
 import os
 import subprocess
 import sys
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 from torch_reference import epoch_permutation  # noqa: E402  (works without torch)
 
 # (n, seed, epoch): Fashion-MNIST's training set for seed 0, epochs 0 and 1 (dyngrad-train's defaults);

@@ -484,11 +484,11 @@ TEST_CASE("labels out of range name the node, in forward and in backward", "[err
     changing.data<std::int64_t>()[1] = 3;
     CHECK_THROWS_MATCHES(graph.backward(raw_loss), IndexError,
                          MessageHas({"backward of cross_entropy", "test_errors.cpp", "label 3 at row 1"}));
-    // The GPU kernels report the same through the device error record: tests/test_gpu.cpp.
+    // The GPU kernels report the same through the device error record: tests/gpu/test_gpu.cpp.
 }
 
 TEST_CASE("NaN and Inf inputs propagate by default", "[errors][nan]") {
-    // Without anomaly mode (tests/test_anomaly.cpp) a NaN or Inf is a value like any other: no op throws,
+    // Without anomaly mode (tests/graph/test_anomaly.cpp) a NaN or Inf is a value like any other: no op throws,
     // and it reaches the outputs and the gradients it touches.
     const double nan = std::nan(""), inf = HUGE_VAL;
     ComputeGraph graph;
@@ -553,7 +553,7 @@ TEST_CASE("a handle from a cleared graph", "[errors][graph]") {
 }
 
 TEST_CASE("a parameter used in two graphs at once", "[errors][graph]") {
-    // The rule and its releases in detail: tests/test_graph.cpp.
+    // The rule and its releases in detail: tests/graph/test_graph.cpp.
     Parameter w(randn({2}), "w");
     ComputeGraph first, second;
     Var in_first = first.parameter(w);
@@ -584,8 +584,8 @@ TEST_CASE("CPU tensors into GPU ops", "[errors][device]") {
 }
 
 // Truncated and corrupt files (wrong magic, wrong sizes, truncated payload) are IoErrors naming the file
-// and the problem: IDX in tests/test_data.cpp ("malformed IDX files throw IoError naming the file and the
-// problem"), safetensors in tests/test_training.cpp ("malformed safetensors files throw IoError and change
+// and the problem: IDX in tests/data/test_data.cpp ("malformed IDX files throw IoError naming the file and the
+// problem"), safetensors in tests/nn/test_training.cpp ("malformed safetensors files throw IoError and change
 // nothing").
 
 TEST_CASE("rethrow_with_context outside a catch block is a ValueError, not std::terminate (issue 35)", "[errors]") {

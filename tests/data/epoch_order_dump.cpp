@@ -1,5 +1,5 @@
 // Prints epoch_permutation(n, seed, epoch) (nn/dataset.h) for each triple of arguments, one line each:
-// "n seed epoch: i0 i1 ...". tests/check_epoch_order.py compares the lines with bench/torch_reference.py's
+// "n seed epoch: i0 i1 ...". tests/data/check_epoch_order.py compares the lines with bench/torch_reference.py's
 // Python reimplementation, which gives PyTorch the same data order as dyngrad-train.
 //   epoch_order_dump N SEED EPOCH [N SEED EPOCH ...]
 #include <dyngrad/dyngrad.h>
