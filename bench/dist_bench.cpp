@@ -9,7 +9,7 @@
 // cross-entropy over 10 classes, random data fixed per rank.
 //   mpirun -np 2 dyngrad-dist-bench [--steps 30] [--warmup 5] [--only mlp|lenet|allreduce]
 #include <dyngrad/cuda/runtime.h>
-#include <dyngrad/dist/ddp.h>
+#include <dyngrad/distributed/ddp.h>
 #include <dyngrad/dyngrad.h>
 
 #include <chrono>

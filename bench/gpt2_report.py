@@ -12,7 +12,7 @@ the summed step times). MFU: tokens/s × (6N + 12·L·E·T) FLOPs per token (N: 
 with the padded vocabulary, as llm.c counts them; 12·L·E·T: attention's score and value matmuls, forward and backward,
 as nanoGPT's estimate) over the GPU's dense bf16 peak (GPU_PEAK_TFLOPS, default 989: H100/H200 SXM).
 
-Nothing here needs a GPU or torch: the functions are importable and tested on the CPU (tests/check_gpt2_bench.py).
+Nothing here needs a GPU or torch: the functions are importable and tested on the CPU (tests/data/check_gpt2_bench.py).
 """
 import argparse
 import csv

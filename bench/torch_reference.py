@@ -8,7 +8,7 @@ measurement, and a time-to-accuracy run that mirrors `dyngrad-train --target-acc
 
 Needs only torch and the standard library. The epoch order of dyngrad's BatchLoader (core/dataset.cpp
 epoch_permutation: std::seed_seq, std::mt19937_64 and its bounded() draw, all fully specified by the C++
-standard) is reimplemented here in plain Python; it is importable without torch (tests/check_epoch_order.py
+standard) is reimplemented here in plain Python; it is importable without torch (tests/data/check_epoch_order.py
 compares it with the C++ one).
 
 Measurement (as in bench/perf.cpp): W warm-up steps; a probe of 3 steps sizes K, the steps of one

@@ -87,7 +87,7 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
                 add_gradient(n.parameter.grad_slot(), n.grad);
             }
             if (needed[id] == 2) {
-                ready(n.grad);  // the callback may read it on another stream (dist/: the all-reduce)
+                ready(n.grad);  // the callback may read it on another stream (distributed/: the all-reduce)
                 options.on_parameter_ready(n.parameter);
             }
             continue;

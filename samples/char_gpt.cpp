@@ -37,7 +37,7 @@
 //
 // --distributed (under mpirun, or torchrun's variables for GPUs): every rank takes its --batch / world windows
 // of each step's --batch (so the step is the single-process step on the whole batch), gradients averaged by
-// DistributedDataParallel (dist/ddp.h), or with --zero 1|2|3 by a ZeroOptimizer (dist/zero.h: AdamW's state,
+// DistributedDataParallel (distributed/ddp.h), or with --zero 1|2|3 by a ZeroOptimizer (distributed/zero.h: AdamW's state,
 // then the gradients, then the parameters sharded; stage 3 makes the embeddings, each block and the head a unit).
 // ZeroOptimizer has one parameter group, so with --zero the weight decay applies to every parameter. Rank 0
 // prints and writes the CSV. Not with --checkpoint/--resume (a ZeroOptimizer's checkpoint is a folder of shards).
@@ -67,8 +67,8 @@
 #if DYNGRAD_WITH_DIST
 #include <memory>
 
-#include "dyngrad/dist/ddp.h"
-#include "dyngrad/dist/zero.h"
+#include "dyngrad/distributed/ddp.h"
+#include "dyngrad/distributed/zero.h"
 #endif
 
 using namespace dyngrad;
@@ -216,7 +216,7 @@ Options parse_options(int argc, char** argv) {
         if (!o.distributed) throw cli::UsageError("--zero: shards across the ranks of --distributed, which is not given");
         if (!o.checkpoint.empty() || !o.resume.empty())
             throw cli::UsageError("--zero: not with --checkpoint or --resume (a ZeroOptimizer checkpoint is a folder "
-                                  "of shards, dist/zero.h)");
+                                  "of shards, distributed/zero.h)");
         if (o.zero == 3 && o.model.dropout != 0)
             throw cli::UsageError(str("--zero 3: needs --dropout 0 (each unit's forward runs again in the backward; "
                                       "fresh dropout masks would differentiate another function), got ",

@@ -28,8 +28,8 @@
 #include "../cli/command_line.h"
 #include "dyngrad/nn/models.h"
 #if DYNGRAD_WITH_DIST
-#include <dyngrad/dist/ddp.h>
-#include <dyngrad/dist/zero.h>
+#include <dyngrad/distributed/ddp.h>
+#include <dyngrad/distributed/zero.h>
 #endif
 
 using namespace dyngrad;
@@ -62,11 +62,11 @@ constexpr const char* kUsage = R"(usage: dyngrad-train [options]
                       (default 1 on the CPU, 50 on a GPU)
   --distributed       data parallel over the processes of `mpirun -np N` (or torchrun's variables): each
                       rank trains on its shard of every epoch with --batch samples per step, gradients
-                      averaged (dist/ddp.h); --device cuda picks the rank's GPU (local rank); rank 0
+                      averaged (distributed/ddp.h); --device cuda picks the rank's GPU (local rank); rank 0
                       prints, saves and writes the CSV
   --zero N            with --distributed: ZeRO stage 1 (AdamW's moments sharded across the ranks), 2
                       (the averaged gradients too) or 3 (the parameters too, the model one unit gathered
-                      for its forward and backward) in place of DDP (dist/zero.h); AdamW only
+                      for its forward and backward) in place of DDP (distributed/zero.h); AdamW only
   --target-accuracy X stop after the first epoch whose test accuracy reaches X (0 to 1) and print
                       time_to_target_s: the training seconds up to then, evaluation excluded
   --precision NAME    f32 | bf16 | f16: the forward under autocast into that dtype (graph/autocast.h;

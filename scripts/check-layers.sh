@@ -9,12 +9,12 @@ set -uo pipefail
 # The order, bottom to top. `dyngrad.h` (the umbrella header at the top of the tree) sits above every
 # library folder; cli/ (the command-line parser every program shares) sits above that; the tools sit on
 # top and may include anything below them, but not each other (python/: the Python package's extension).
-LAYERS=(core cuda graph ops nn dist dyngrad.h cli)
-TOOLS=(tests bench samples python)
+LAYERS=(core cuda graph ops nn distributed dyngrad.h cli)
+TOOLS=(tests tools bench samples python)
 # The folders the build puts on include paths besides the library's own <dyngrad/...> (target_include_directories
-# in tests/ and samples/): a bare `#include "x.h"` not beside the including file is looked up there, so a tool
+# in tests/ (tests/support) and samples/): a bare `#include "x.h"` not beside the including file is looked up there, so a tool
 # reaching into another tool's folder through an include path is caught too.
-INCLUDE_DIRS=(tests samples)
+INCLUDE_DIRS=(tests/support tests samples)
 
 root=${1:-$(cd "$(dirname "$0")/.." && pwd)}
 cd "$root" || exit 1

@@ -9,7 +9,7 @@
 set -uo pipefail
 MAX_LINES=800
 EXPLAIN_LINES=600
-LIBRARY=(core cuda graph ops nn dist)
+LIBRARY=(core cuda graph ops nn distributed)
 
 root=${1:-$(cd "$(dirname "$0")/.." && pwd)}
 cd "$root" || exit 1

@@ -27,7 +27,7 @@ grep -E "CUDA backend|Catch2" "$build.log" >> "$out/env.txt"
 status=0
 ctest --test-dir "$build" --output-on-failure -j4 > "$out/ctest.log" 2>&1 || status=1
 tail -12 "$out/ctest.log"
-"$build/bench/dyngrad-verify" --json "$out/verify.json" > "$out/verify.txt" 2>&1 || status=1
+"$build/tools/dyngrad-verify" --json "$out/verify.json" > "$out/verify.txt" 2>&1 || status=1
 tail -8 "$out/verify.txt"
 {
   echo "== matmul_relu"; "$build/samples/matmul_relu"

@@ -18,7 +18,7 @@ cd "$root"
 build_dir=${DYNGRAD_ASAN_BUILD_DIR:-build-asan}
 jobs=${DYNGRAD_JOBS:-$(nproc)}
 # allocator_may_return_null: a host allocation no machine can meet must reach the library as a null pointer,
-# which it turns into OutOfMemory (tests/test_trust_sizes.cpp); ASan would otherwise abort the test there.
+# which it turns into OutOfMemory (tests/reliability/test_size_limits.cpp); ASan would otherwise abort the test there.
 ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1
 export ASAN_OPTIONS=$ASAN_OPTIONS:strict_string_checks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

@@ -10,4 +10,4 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 
 build_dir=${DYNGRAD_BUILD_DIR:-build}
 [[ "$build_dir" == /* ]] || build_dir="$root/$build_dir"
-exec "$build_dir/bench/dyngrad-verify" "$@"
+exec "$build_dir/tools/dyngrad-verify" "$@"

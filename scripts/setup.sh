@@ -33,7 +33,7 @@ while (($# > 0)); do
 done
 
 # python3-venv and python3-dev: the Python package's stage (scripts/run-python-tests.sh);
-# libopenmpi-dev and openmpi-bin: the dist/ layer (MPI launch, NCCL-id exchange, CPU collectives);
+# libopenmpi-dev and openmpi-bin: the distributed/ layer (MPI launch, NCCL-id exchange, CPU collectives);
 # fortunes: the text samples/char_gpt trains on; ccache: rebuilds (the consumer tests' libraries, a second
 # checkout) reuse what was compiled once.
 packages=(build-essential cmake libeigen3-dev catch2 zlib1g-dev pkg-config dataset-fashion-mnist python3-venv python3-dev

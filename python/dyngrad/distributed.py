@@ -1,6 +1,6 @@
 """Data-parallel training across processes, as ``torch.distributed``: dyngrad's C++ process group
-(dist/process_group.h), DistributedDataParallel (dist/ddp.h, ``dyngrad.nn.parallel``) and the ZeRO optimizer,
-stages 1 to 3 (dist/zero.h: ``ZeroOptimizer``, ``ZeroUnit``).
+(distributed/process_group.h), DistributedDataParallel (distributed/ddp.h, ``dyngrad.nn.parallel``) and the ZeRO optimizer,
+stages 1 to 3 (distributed/zero.h: ``ZeroOptimizer``, ``ZeroUnit``).
 
     import dyngrad as dg
     import dyngrad.distributed as dist
@@ -279,7 +279,7 @@ def barrier(group=None, async_op: bool = False, device_ids=None):
 
 
 class ZeroUnit:
-    """One unit of a ZeRO stage-3 model (dist::ZeroUnit, dist/zero.h): its parameters are gathered, used and freed
+    """One unit of a ZeRO stage-3 model (dist::ZeroUnit, distributed/zero.h): its parameters are gathered, used and freed
     together. ``forward`` (default: ``module`` itself) maps the previous unit's output (or the optimizer's input)
     to this unit's output, one Tensor to one Tensor, and may use only ``module``'s parameters and constants. It runs
     twice per step (in the forward, then again in the backward: the activations inside a unit are recomputed), so
@@ -322,7 +322,7 @@ _STAGES = "1 (optimizer state sharded), 2 (gradients too) or 3 (parameters too)"
 
 
 class ZeroOptimizer:
-    """ZeRO AdamW over the default group (dist::ZeroOptimizer, dist/zero.h), stages 1, 2 and 3.
+    """ZeRO AdamW over the default group (dist::ZeroOptimizer, distributed/zero.h), stages 1, 2 and 3.
 
     Stages 1 and 2: every rank holds the whole model and runs its part of the batch; AdamW's moments (stage 1) and
     the averaged gradients (stage 2) are split across the ranks, and the updated parameters are all-gathered after

@@ -1,4 +1,4 @@
-"""dyngrad.nn.parallel: DistributedDataParallel over the C++ dist::DistributedDataParallel (dist/ddp.h).
+"""dyngrad.nn.parallel: DistributedDataParallel over the C++ dist::DistributedDataParallel (distributed/ddp.h).
 
     model = dg.nn.parallel.DistributedDataParallel(Net())    # after dg.distributed.init_process_group()
     loss = F.mse_loss(model(x), y)

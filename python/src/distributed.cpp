@@ -1,5 +1,5 @@
 // The distributed layer for Python (dyngrad.distributed, dyngrad.nn.parallel): dist::ProcessGroup and
-// dist::DistributedDataParallel (dist/process_group.h, dist/ddp.h) bound as _core._dist. Built with the
+// dist::DistributedDataParallel (distributed/process_group.h, distributed/ddp.h) bound as _core._dist. Built with the
 // library's dist component (DYNGRAD_PY_DIST, set by python/CMakeLists.txt when dyngrad::dist exists); without
 // it _core._dist.available is False and dyngrad/distributed.py raises, saying why.
 //
@@ -23,9 +23,9 @@
 #include "binding.h"
 
 #if DYNGRAD_PY_DIST
-#include "dyngrad/dist/ddp.h"
-#include "dyngrad/dist/process_group.h"
-#include "dyngrad/dist/zero.h"
+#include "dyngrad/distributed/ddp.h"
+#include "dyngrad/distributed/process_group.h"
+#include "dyngrad/distributed/zero.h"
 #endif
 
 namespace dyngrad::python {
@@ -357,7 +357,7 @@ void bind_zero(nb::module_& d) {
             return new PyZero{std::move(made)};
         }, nb::arg("group"), nb::arg("units"), nb::arg("lr"), nb::arg("beta1"), nb::arg("beta2"), nb::arg("eps"),
            nb::arg("weight_decay"), nb::arg("stage"), nb::rv_policy::take_ownership)
-        // Stage 3: the units in order on x, one recorded node per unit (dist/zero.h).
+        // Stage 3: the units in order on x, one recorded node per unit (distributed/zero.h).
         .def("forward", [](PyZero& z, const PyTensor& x) {
             const PyTensor* inputs[] = {&x};
             return call_with_vars(inputs, true, [&z](std::span<const Var> v, std::source_location) {

@@ -4,7 +4,7 @@ Python, except the entries of docs/python.md's exception list (parity-exceptions
 The surface: every op of ops/op_table.cpp (dyngrad.ops.<name>); every class of nn/*.h deriving from Module,
 Optimizer or LRScheduler (layers, optimizers, schedules); GradScaler (nn/amp.h); the *Guard classes of graph/*.h
 (no_grad, autocast, detect_anomaly); the loaders of nn/dataset.h; CapturedStep (cuda/capture.h); the classes of
-dist/*.h; the fields of the settings structs in SETTINGS (GPTConfig, TransformerOptions, ZeroOptions, ZeroUnit:
+distributed/*.h; the fields of the settings structs in SETTINGS (GPTConfig, TransformerOptions, ZeroOptions, ZeroUnit:
 "Struct::field", a field of the Python dataclass or a keyword of the Python constructor) and the ZeRO stages
 (ZeroOptions::stage's documented values, each accepted by dyngrad.distributed.ZeroOptimizer). A class or field
 added to those headers without a Python binding (or an exception entry) fails this test.
@@ -78,7 +78,7 @@ def surface_from_sources(files: dict[str, str]) -> dict[str, str]:
             entries.update({n: RENAMED.get(n, n) for n in _ANY_CLASS.findall(text) if n.endswith("Guard")})
         elif path in ("nn/dataset.h", "cuda/capture.h"):
             entries.update({n: RENAMED.get(n, n) for n in _ANY_CLASS.findall(text)})
-        elif path.startswith("dist/") and path.endswith(".h"):
+        elif path.startswith("distributed/") and path.endswith(".h"):
             entries.update({n: RENAMED.get(n, "distributed." + n) for n in _ANY_CLASS.findall(text)})
     # A class of a public nn/ header that none of the rules above placed (no base the parse knows) is reported
     # rather than skipped: map it in RENAMED.
@@ -93,8 +93,8 @@ def surface_from_sources(files: dict[str, str]) -> dict[str, str]:
 SETTINGS = {
     "GPTConfig": ("nn/transformer.h", "nn.GPTConfig"),
     "TransformerOptions": ("nn/transformer.h", "nn.TransformerBlock"),
-    "ZeroOptions": ("dist/zero.h", "distributed.ZeroOptimizer"),
-    "ZeroUnit": ("dist/zero.h", "distributed.ZeroUnit"),
+    "ZeroOptions": ("distributed/zero.h", "distributed.ZeroOptimizer"),
+    "ZeroUnit": ("distributed/zero.h", "distributed.ZeroUnit"),
 }
 # Fields whose Python keyword is spelled otherwise (PyTorch's spelling).
 RENAMED_FIELDS = {"TransformerOptions::causal": "is_causal"}
@@ -172,8 +172,8 @@ def repository_sources() -> dict[str, str]:
         pytest.skip("the repository's sources are not at hand (installed package)")
     files = {"ops/op_table.cpp": (ROOT / "ops" / "op_table.cpp").read_text()}
     headers = [h for h in public_headers() if h.split("/")[0] in ("nn", "graph") or h == "cuda/capture.h"]
-    # dist/ is its own library (the package's component dist): all of its headers count.
-    headers += [str(p.relative_to(ROOT)) for p in ROOT.glob("dist/*.h")]
+    # distributed/ is its own library (the package's component dist): all of its headers count.
+    headers += [str(p.relative_to(ROOT)) for p in ROOT.glob("distributed/*.h")]
     for h in headers:
         files[h] = (ROOT / h).read_text()
     return files
@@ -233,7 +233,7 @@ def test_the_check_fails_for_a_settings_field_added_without_a_binding():
     files = repository_sources()
     files["nn/transformer.h"] = files["nn/transformer.h"].replace(
         "    bool tie_embeddings = false;", "    bool tie_embeddings = false;\n    double rope_theta = 1e4;  // new")
-    files["dist/zero.h"] = files["dist/zero.h"].replace("    int stage = 2;", "    int stage = 2;\n    bool offload = false;")
+    files["distributed/zero.h"] = files["distributed/zero.h"].replace("    int stage = 2;", "    int stage = 2;\n    bool offload = false;")
     exceptions = documented_exceptions((ROOT / "docs" / "python.md").read_text())
     missing = missing_in_python(full_surface(files), exceptions)
     assert missing == ["GPTConfig::rope_theta (dyngrad.nn.GPTConfig:rope_theta)",
@@ -243,7 +243,7 @@ def test_the_check_fails_for_a_settings_field_added_without_a_binding():
 def zero_stages(text: str) -> list[int]:
     """ZeroOptions::stage's documented stages ("// 1: ...; 2: ...; 3: ..." above the field)."""
     block = re.search(r"^struct ZeroOptions \{\n(.*?)^\s*int stage", text, re.S | re.M)
-    assert block, "dist/zero.h: ZeroOptions::stage not found"
+    assert block, "distributed/zero.h: ZeroOptions::stage not found"
     return [int(n) for n in re.findall(r"(\d): ", block.group(1))]
 
 
@@ -252,7 +252,7 @@ def test_every_zero_stage_of_cpp_is_accepted_from_python():
     memory() has every field of ZeroMemory; a stage outside them is a ValueError naming the argument."""
     import dyngrad.distributed as dist
     files = repository_sources()
-    stages = zero_stages(files["dist/zero.h"])
+    stages = zero_stages(files["distributed/zero.h"])
     assert stages == [1, 2, 3]
     if not dist.is_available():
         pytest.skip("dyngrad was built without its distributed layer")
@@ -263,7 +263,7 @@ def test_every_zero_stage_of_cpp_is_accepted_from_python():
             model = [dist.ZeroUnit("fc", layer)] if stage == 3 else layer
             opt = dist.ZeroOptimizer(model, stage=stage)
             assert opt.stage == stage
-            assert set(opt.memory()) == set(struct_fields(files["dist/zero.h"], "ZeroMemory"))
+            assert set(opt.memory()) == set(struct_fields(files["distributed/zero.h"], "ZeroMemory"))
         with pytest.raises(dg.ValueError, match=f"stage={max(stages) + 1}"):
             dist.ZeroOptimizer(dg.nn.Linear(3, 2), stage=max(stages) + 1)
     finally:

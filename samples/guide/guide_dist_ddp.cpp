@@ -1,8 +1,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "dyngrad/dist/ddp.h"
-#include "dyngrad/dist/process_group.h"
+#include "dyngrad/distributed/ddp.h"
+#include "dyngrad/distributed/process_group.h"
 #include "dyngrad/dyngrad.h"
 
 using namespace dyngrad;

@@ -1,14 +1,14 @@
-// Hostile inputs to the distributed layer (dist/): collectives, the launch environment, the rendezvous,
+// Hostile inputs to the distributed layer (distributed/): collectives, the launch environment, the rendezvous,
 // DistributedDataParallel, ZeroOptimizer and the sharded loaders, all on a group of one process (no mpirun needed).
 #include <cstring>
 #include <limits>
 #include <map>
 #include <string>
 
-#include "dyngrad/dist/ddp.h"
-#include "dyngrad/dist/process_group.h"
-#include "dyngrad/dist/rendezvous.h"
-#include "dyngrad/dist/zero.h"
+#include "dyngrad/distributed/ddp.h"
+#include "dyngrad/distributed/process_group.h"
+#include "dyngrad/distributed/rendezvous.h"
+#include "dyngrad/distributed/zero.h"
 #include "dyngrad/dyngrad.h"
 #include "hostile.h"
 
@@ -222,7 +222,7 @@ static const bool added = hostile::add("dist", {
         options.on_parameter_ready = [](const Parameter&) { throw ValueError("user hook says no"); };
         ddp.backward(graph, sum(m(graph.input(f32({2, 3})))), options);
     }),
-    // ---- ZeroOptimizer (dist/zero.h) ----
+    // ---- ZeroOptimizer (distributed/zero.h) ----
     expect<ValueError>("ZeroOptimizer stage 0", {"ZeroOptimizer", "stage 0"}, [] {
         dist::ZeroOptimizer zero(tiny_model(), one(), {}, {.stage = 0});
     }),

@@ -90,7 +90,7 @@ const bool added = hostile::add(
                                     [] { matrix() < Tensor::zeros({3, 4}, DType::f64); }),
         hostile::expect<ShapeError>("eq of shapes that do not broadcast", {"eq (eager at", "(3,4)", "(5)"},
                                     [] { eq(matrix(), Tensor::zeros({5})); }),
-        // Comparisons of int64 are PyTorch's (an accuracy, tests/test_torch_semantics.cpp); arithmetic is not.
+        // Comparisons of int64 are PyTorch's (an accuracy, tests/ops/test_torch_semantics.cpp); arithmetic is not.
         hostile::expect<DTypeError>("add of int64 labels", {"add (eager at", "int64"}, [] { labels() + labels(); }),
         hostile::expect<DTypeError>("a scalar minus int64 labels", {"sub (eager at", "int64"}, [] { 2.0 - labels(); }),
         hostile::expect<ShapeError>("operator+ of shapes that do not broadcast", {"add (eager at", "(3,4)", "(2)"},

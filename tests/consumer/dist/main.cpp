@@ -2,8 +2,8 @@
 // an all-reduce of rank-dependent values, then one DistributedDataParallel backward of a Linear layer whose ranks
 // see different inputs; every rank must end with the same averaged gradient, (g0 + g1) / 2, computed here from
 // each rank's own single-process gradient. Prints one line per rank and exits non-zero on any mismatch.
-#include <dyngrad/dist/ddp.h>
-#include <dyngrad/dist/process_group.h>
+#include <dyngrad/distributed/ddp.h>
+#include <dyngrad/distributed/process_group.h>
 #include <dyngrad/dyngrad.h>
 
 #include <cmath>

@@ -1,0 +1,316 @@
+// Tensor: factories, shapes of rank 0..4, storage sharing, element access, dtype conversion,
+// printing, and the errors of bad arguments.
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+
+#include "catch.h"
+#include "dyngrad/dyngrad.h"
+
+using namespace dyngrad;
+using dgtest::Approx;
+using dgtest::ApproxVector;
+using dgtest::MessageHas;
+
+TEST_CASE("zeros, ones and full fill every element", "[tensor][factory]") {
+    const Tensor z = Tensor::zeros({2, 3});
+    CHECK(z.shape() == Shape{2, 3});
+    CHECK(z.dtype() == DType::f32);
+    CHECK(z.device() == Device::cpu());
+    CHECK(z.numel() == 6);
+    CHECK(z.nbytes() == 24);
+    CHECK(z.to_vector() == std::vector<double>(6, 0.0));
+
+    const Tensor o = Tensor::ones({4}, DType::f64);
+    CHECK(o.dtype() == DType::f64);
+    CHECK(o.nbytes() == 32);
+    CHECK(o.to_vector() == std::vector<double>(4, 1.0));
+
+    const Tensor f = Tensor::full({3, 1}, -2.5, DType::f64);
+    CHECK(f.to_vector() == std::vector<double>(3, -2.5));
+
+    const Tensor i = Tensor::full({2}, 7, DType::i64);
+    CHECK(i.dtype() == DType::i64);
+    CHECK(i.data<std::int64_t>()[1] == 7);
+}
+
+TEST_CASE("arange covers [start, stop) in steps", "[tensor][factory]") {
+    CHECK(Tensor::arange(0, 5).to_vector() == std::vector<double>{0, 1, 2, 3, 4});
+    CHECK(Tensor::arange(0, 5).shape() == Shape{5});
+    CHECK(Tensor::arange(1, 2, 0.25, DType::f64).to_vector() == std::vector<double>{1, 1.25, 1.5, 1.75});
+    CHECK(Tensor::arange(5, 0, -2).to_vector() == std::vector<double>{5, 3, 1});
+    CHECK(Tensor::arange(3, 3).numel() == 0);
+    CHECK(Tensor::arange(0, 4, 1, DType::i64).dtype() == DType::i64);
+    CHECK_THROWS_AS(Tensor::arange(0, 1, 0), ValueError);
+}
+
+TEST_CASE("from_vector and of take their values in row-major order", "[tensor][factory]") {
+    const Tensor d = Tensor::from_vector(std::vector<double>{1, 2, 3, 4, 5, 6}, {2, 3}, DType::f64);
+    CHECK(d.shape() == Shape{2, 3});
+    CHECK(d.at({0, 2}) == 3);
+    CHECK(d.at({1, 0}) == 4);
+
+    const Tensor f = Tensor::from_vector(std::vector<float>{0.5f, 1.5f}, {2, 1});
+    CHECK(f.dtype() == DType::f32);
+    CHECK(f.at({1, 0}) == 1.5);
+
+    const Tensor i = Tensor::from_vector(std::vector<std::int64_t>{3, -1, 4}, {3});
+    CHECK(i.dtype() == DType::i64);
+    CHECK(i.to_vector() == std::vector<double>{3, -1, 4});
+
+    const Tensor o = Tensor::of({1, 2, 3});
+    CHECK(o.shape() == Shape{3});
+    CHECK(o.dtype() == DType::f32);
+    CHECK(o.to_vector() == std::vector<double>{1, 2, 3});
+    CHECK(Tensor::of({0.25}, DType::f64).dtype() == DType::f64);
+
+    const Tensor scalar = Tensor::from_vector(std::vector<double>{42}, {});
+    CHECK(scalar.rank() == 0);
+    CHECK(scalar.item() == 42);
+}
+
+TEST_CASE("seeded random factories are reproducible and differ across seeds", "[tensor][factory]") {
+    Generator a(7), b(7), c(8);
+    const Tensor ua = Tensor::uniform({1000}, -1.0, 3.0, a, DType::f64);
+    const Tensor ub = Tensor::uniform({1000}, -1.0, 3.0, b, DType::f64);
+    const Tensor uc = Tensor::uniform({1000}, -1.0, 3.0, c, DType::f64);
+    CHECK(ua.to_vector() == ub.to_vector());
+    CHECK(ua.to_vector() != uc.to_vector());
+    for (double v : ua.to_vector()) {
+        REQUIRE(v >= -1.0);
+        REQUIRE(v < 3.0);
+    }
+
+    const Tensor na = Tensor::normal({20000}, 2.0, 0.5, a, DType::f64);
+    const Tensor nb = Tensor::normal({20000}, 2.0, 0.5, b, DType::f64);
+    const Tensor nc = Tensor::normal({20000}, 2.0, 0.5, c, DType::f64);
+    CHECK(na.to_vector() == nb.to_vector());
+    CHECK(na.to_vector() != nc.to_vector());
+    double mean = 0, square = 0;
+    for (double v : na.to_vector()) mean += v;
+    mean /= 20000;
+    for (double v : na.to_vector()) square += (v - mean) * (v - mean);
+    CHECK(mean == Approx(2.0).margin(0.02));
+    CHECK(std::sqrt(square / 20000) == Approx(0.5).margin(0.02));
+
+    // The same draws land in float32 rounded.
+    Generator d(7);
+    const Tensor u32 = Tensor::uniform({1000}, -1.0, 3.0, d);
+    CHECK(u32.dtype() == DType::f32);
+    CHECK_THAT(u32.to_vector(), ApproxVector(ua.to_vector(), 1e-6));
+
+    CHECK_THROWS_AS(Tensor::uniform({2}, 1.0, 1.0, a), ValueError);
+    CHECK_THROWS_AS(Tensor::normal({2}, 0.0, 0.0, a), ValueError);
+}
+
+TEST_CASE("shapes of rank 0 to 4", "[tensor][shape]") {
+    const std::vector<Shape> shapes = {{}, {5}, {2, 3}, {2, 3, 4}, {2, 3, 4, 5}};
+    for (const Shape& shape : shapes) {
+        INFO("shape " << to_string(shape));
+        const Tensor t = Tensor::ones(shape, DType::f64);
+        CHECK(t.rank() == shape.size());
+        CHECK(t.numel() == numel(shape));
+        CHECK(t.to_vector().size() == static_cast<std::size_t>(numel(shape)));
+        for (std::size_t axis = 0; axis < shape.size(); ++axis) {
+            CHECK(t.size(static_cast<std::int64_t>(axis)) == shape[axis]);
+            CHECK(t.size(static_cast<std::int64_t>(axis) - static_cast<std::int64_t>(shape.size())) == shape[axis]);
+        }
+        CHECK_THROWS_AS(t.size(static_cast<std::int64_t>(shape.size())), ShapeError);
+    }
+    const Tensor scalar = Tensor::full({}, 3.5, DType::f64);
+    CHECK(scalar.numel() == 1);
+    CHECK(scalar.item() == 3.5);
+    CHECK(scalar.at({}) == 3.5);
+    CHECK(to_string(Shape{}) == "()");
+    CHECK(to_string(Shape{64, 784}) == "(64,784)");
+    CHECK(contiguous_strides({2, 3, 4}) == std::vector<std::int64_t>{12, 4, 1});
+    CHECK(broadcast_shapes({4, 1}, {1, 6}) == Shape{4, 6});
+    CHECK(broadcast_shapes({2, 3, 4, 5}, {1, 3, 1, 1}) == Shape{2, 3, 4, 5});
+    CHECK(broadcast_shapes({7}, {}) == Shape{7});
+    CHECK_THROWS_MATCHES(broadcast_shapes({3, 4}, {5}), ShapeError, MessageHas({"(3,4)", "(5)"}));
+    CHECK(normalize_axis(-1, 3) == 2);
+    CHECK_THROWS_AS(normalize_axis(3, 3), ShapeError);
+    CHECK_THROWS_AS(normalize_axis(-4, 3), ShapeError);
+}
+
+TEST_CASE("empty tensors have zero elements", "[tensor][shape]") {
+    const Tensor e = Tensor::zeros({0, 3});
+    CHECK(e.numel() == 0);
+    CHECK(e.nbytes() == 0);
+    CHECK(e.to_vector().empty());
+    CHECK(e.clone().shape() == Shape{0, 3});
+    CHECK(e.reshaped({3, 0}).shape() == Shape{3, 0});
+}
+
+TEST_CASE("copies share storage, clone does not", "[tensor][storage]") {
+    Tensor a = Tensor::of({1, 2, 3}, DType::f64);
+    CHECK(a.owns_storage_exclusively());
+    Tensor b = a;
+    CHECK(b.shares_storage_with(a));
+    CHECK_FALSE(a.owns_storage_exclusively());
+    b.set({1}, 20);
+    CHECK(a.at({1}) == 20);
+    CHECK(a.raw_data() == b.raw_data());
+
+    Tensor c = a.clone();
+    CHECK_FALSE(c.shares_storage_with(a));
+    CHECK(c.to_vector() == a.to_vector());
+    c.set({0}, -5);
+    CHECK(a.at({0}) == 1);
+
+    // to() onto the same device or dtype returns a handle to the same storage.
+    CHECK(a.to(Device::cpu()).shares_storage_with(a));
+    CHECK(a.to(DType::f64).shares_storage_with(a));
+    CHECK_FALSE(a.to(DType::f32).shares_storage_with(a));
+
+    Tensor d = Tensor::zeros({3}, DType::f64);
+    d.copy_from(a);
+    CHECK(d.to_vector() == std::vector<double>{1, 20, 3});
+    CHECK_FALSE(d.shares_storage_with(a));
+    d.fill(9);
+    CHECK(d.to_vector() == std::vector<double>{9, 9, 9});
+    CHECK(a.at({0}) == 1);
+    CHECK_THROWS_AS(d.copy_from(Tensor::zeros({4}, DType::f64)), ShapeError);
+    CHECK_THROWS_AS(d.copy_from(Tensor::zeros({3}, DType::f32)), ShapeError);
+}
+
+TEST_CASE("reshaped shares storage under a new shape of the same numel", "[tensor][storage]") {
+    const Tensor a = Tensor::arange(0, 12, 1, DType::f64);
+    const Tensor r = a.reshaped({3, 4});
+    CHECK(r.shape() == Shape{3, 4});
+    CHECK(r.shares_storage_with(a));
+    CHECK(r.at({2, 1}) == 9);
+    CHECK(a.shape() == Shape{12});
+    CHECK(a.reshaped({2, 3, 2}).at({1, 2, 0}) == 10);
+    CHECK(a.reshaped({12, 1, 1, 1}).rank() == 4);
+    CHECK(Tensor::full({1}, 2.0).reshaped({}).rank() == 0);
+    CHECK_THROWS_MATCHES(a.reshaped({5, 2}), ShapeError, MessageHas({"(12)", "(5,2)"}));
+    CHECK_THROWS_AS(a.reshaped({-3, -4}), ValueError);
+}
+
+TEST_CASE("at, set and item", "[tensor][access]") {
+    Tensor t = Tensor::zeros({2, 3, 4}, DType::f64);
+    t.set({1, 2, 3}, 6.25);
+    CHECK(t.at({1, 2, 3}) == 6.25);
+    CHECK(t.data<double>()[23] == 6.25);
+    t.set({0, 0, 1}, -1);
+    CHECK(t.to_vector()[1] == -1);
+
+    Tensor f = Tensor::zeros({2}, DType::f32);
+    f.set({1}, 0.1);
+    CHECK(f.at({1}) == Approx(0.1).epsilon(1e-7));
+    CHECK(f.data<float>()[1] == 0.1f);
+
+    Tensor i = Tensor::zeros({2}, DType::i64);
+    i.set({0}, 5);
+    CHECK(i.at({0}) == 5);
+
+    CHECK(Tensor::full({1, 1}, 4.0).item() == 4);
+    CHECK_THROWS_AS(t.item(), ShapeError);
+}
+
+TEST_CASE("to(DType) converts values and round-trips", "[tensor][dtype]") {
+    const Tensor d = Tensor::of({1.5, -2.25, 1e-3, 3e5}, DType::f64);
+    const Tensor f = d.to(DType::f32);
+    CHECK(f.dtype() == DType::f32);
+    CHECK(f.shape() == d.shape());
+    CHECK(f.to(DType::f64).to_vector() == std::vector<double>{1.5, -2.25, static_cast<float>(1e-3), 3e5});
+
+    // float32 → float64 → float32 is exact.
+    const Tensor back = f.to(DType::f64).to(DType::f32);
+    CHECK(back.to_vector() == f.to_vector());
+
+    // Conversion to int64 truncates toward zero; back to float is exact for small integers.
+    const Tensor i = Tensor::of({2.7, -2.7, 0, 41}, DType::f64).to(DType::i64);
+    CHECK(i.dtype() == DType::i64);
+    CHECK(i.to_vector() == std::vector<double>{2, -2, 0, 41});
+    CHECK(i.to(DType::f32).to_vector() == std::vector<double>{2, -2, 0, 41});
+
+    const Tensor m = Tensor::arange(0, 6, 1, DType::f64).reshaped({2, 3}).to(DType::f32);
+    CHECK(m.shape() == Shape{2, 3});
+    CHECK(m.at({1, 2}) == 5);
+}
+
+TEST_CASE("dtype names and sizes", "[tensor][dtype]") {
+    CHECK(dtype_name(DType::f32) == "float32");
+    CHECK(dtype_name(DType::f64) == "float64");
+    CHECK(dtype_name(DType::i64) == "int64");
+    CHECK(dtype_size(DType::f32) == 4);
+    CHECK(dtype_size(DType::f64) == 8);
+    CHECK(dtype_size(DType::i64) == 8);
+    CHECK(is_floating(DType::f32));
+    CHECK_FALSE(is_floating(DType::i64));
+    CHECK(Device::cpu().to_string() == "cpu");
+    CHECK(Device::cuda(1).to_string() == "cuda:1");
+}
+
+TEST_CASE("printing shows values, and dtype and device where not the default", "[tensor][print]") {
+    // The full format (PyTorch's nested printing) is tests/core/test_inplace_mask.cpp's.
+    const Tensor t = Tensor::from_vector(std::vector<double>{1, 2, 3, 4, 5, 6.5}, {2, 3});
+    std::ostringstream out;
+    out << t;
+    const std::string text = out.str();
+    INFO(text);
+    CHECK_THAT(text, dgtest::Contains("6.5000"));
+    CHECK(describe(t) == "(2,3) float32 cpu");
+
+    std::ostringstream big;
+    big << Tensor::zeros({100, 100}, DType::f64);
+    CHECK_THAT(big.str(), dgtest::Contains("dtype=dyngrad.float64"));
+    CHECK_THAT(big.str(), dgtest::Contains("..."));
+
+    std::ostringstream none;
+    none << Tensor();
+    CHECK_THAT(none.str(), dgtest::Contains("undefined"));
+
+    std::ostringstream labels;
+    labels << Tensor::from_vector(std::vector<std::int64_t>{3, 1}, {2});
+    CHECK_THAT(labels.str(), dgtest::Contains("[3, 1]"));
+}
+
+TEST_CASE("bad arguments throw typed errors", "[tensor][errors]") {
+    Tensor t = Tensor::zeros({2, 3});
+    SECTION("out-of-range index") {
+        CHECK_THROWS_MATCHES(t.at({2, 0}), IndexError, MessageHas({"2", "(2,3)"}));
+        CHECK_THROWS_AS(t.at({0, -1}), IndexError);
+        CHECK_THROWS_AS(t.set({0, 3}, 1.0), IndexError);
+        CHECK_THROWS_AS(t.at({0}), IndexError);
+        CHECK_THROWS_AS(t.at({0, 0, 0}), IndexError);
+    }
+    SECTION("from_vector size mismatch") {
+        CHECK_THROWS_MATCHES(Tensor::from_vector(std::vector<double>{1, 2, 3}, {2, 2}), ValueError,
+                             MessageHas({"3", "(2,2)"}));
+        CHECK_THROWS_AS(Tensor::from_vector(std::vector<float>{1}, {2}), ValueError);
+        CHECK_THROWS_AS(Tensor::from_vector(std::vector<std::int64_t>{1, 2}, {3}), ValueError);
+    }
+    SECTION("negative dims") {
+        CHECK_THROWS_MATCHES(Tensor::zeros({2, -1}), ValueError, MessageHas({"(2,-1)", "negative"}));
+        CHECK_THROWS_AS(Tensor::empty({-5}), ValueError);
+        CHECK_THROWS_AS(Tensor::full({-1, -1}, 1.0), ValueError);
+        CHECK_THROWS_AS(Tensor::from_vector(std::vector<double>{1, 2}, {-1, -2}), ValueError);
+    }
+    SECTION("data<T>() with the wrong T") {
+        CHECK_THROWS_MATCHES(t.data<double>(), DTypeError, MessageHas({"float32", "float64"}));
+        CHECK_THROWS_AS(t.data<std::int64_t>(), DTypeError);
+        CHECK_NOTHROW(t.data<float>());
+    }
+    SECTION("undefined tensor") {
+        const Tensor u;
+        CHECK_FALSE(u.defined());
+        CHECK(u.numel() == 0);
+        CHECK_THROWS_AS(u.raw_data(), ValueError);
+        CHECK_THROWS_AS(u.to(DType::f64), ValueError);
+        CHECK_THROWS_AS(u.to(Device::cpu()), ValueError);
+    }
+}
+
+TEST_CASE("a CUDA tensor in a CPU-only build is a DeviceError", "[tensor][errors][device]") {
+    if (cuda_compiled()) DG_SKIP("only meaningful in a build without the CUDA backend");
+    CHECK(cuda_device_count() == 0);
+    CHECK_THROWS_MATCHES(Tensor::zeros({2}, DType::f32, Device::cuda(0)), DeviceError, MessageHas({"cuda:0"}));
+    CHECK_THROWS_AS(Tensor::empty({2}, DType::f32, Device::cuda(0)), DeviceError);
+    CHECK_THROWS_AS(Tensor::of({1, 2}).to(Device::cuda(0)), DeviceError);
+    CHECK_THROWS_AS(Tensor::from_vector(std::vector<double>{1}, {1}, DType::f32, Device::cuda(0)), DeviceError);
+    CHECK_THROWS_AS(cuda::memory_stats(0), DeviceError);
+    CHECK_THROWS_AS(cuda::synchronize(0), DeviceError);
+}

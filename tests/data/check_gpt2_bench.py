@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""CPU checks of scripts/run-gpt2-bench.sh's parts (issue 32): the script parses (bash -n); bench/torch_gpt.py's
+token-file reader agrees with dyngrad-tokens on fresh random text and refuses a bad header naming the file;
+bench/gpt2_report.py's throughput, MFU and report from a tiny char_gpt --model gpt2 run and a synthetic llm.c log;
+and, when torch is importable, bench/torch_gpt.py --model gpt2 trains the tiny model on the CPU from the weights and
+batches it prepared, with llm.c's parameter count.
+
+    check_gpt2_bench.py DYNGRAD_TOKENS CHAR_GPT
+"""
+import importlib.util
+import os
+import random
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+
+root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.join(root, "bench"))
+import gpt2_report  # noqa: E402
+import torch_gpt  # noqa: E402
+
+
+def run(*command):
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"FAILED: {' '.join(command)}\n{result.stdout}\n{result.stderr}")
+    return result.stdout
+
+
+def main():
+    tokens_tool, char_gpt = sys.argv[1], sys.argv[2]
+    run("bash", "-n", os.path.join(root, "scripts", "run-gpt2-bench.sh"))
+    rng = random.Random()
+    seed = rng.randrange(2**32)
+    print(f"seed {seed}")
+    rng.seed(seed)
+    with tempfile.TemporaryDirectory() as work:
+        # Fresh random text: printable words and random bytes, long enough for windows of 33 tokens.
+        text = bytearray()
+        while len(text) < 60000:
+            text += bytes(rng.randrange(256) for _ in range(rng.randrange(1, 8)))
+            text += " ".join("".join(rng.choice("etaoinsh") for _ in range(rng.randrange(2, 6)))
+                             for _ in range(rng.randrange(1, 6))).encode()
+        with open(os.path.join(work, "text"), "wb") as f:
+            f.write(text)
+        train, val = os.path.join(work, "train.bin"), os.path.join(work, "val.bin")
+        printed = run(tokens_tool, "--text", os.path.join(work, "text"), "--out", train, "--val-out", val)
+        counts = [int(n) for n in re.findall(r"(\d+) (?:tokens )?in ", printed)[-2:]]
+        assert [torch_gpt.read_token_header(train), torch_gpt.read_token_header(val)] == counts, (printed, counts)
+        assert sum(counts) == len(text), "bytes: one token per byte"
+
+        bad = os.path.join(work, "bad.bin")
+        raw = bytearray(open(train, "rb").read())
+        raw[0:4] = struct.pack("<i", 20240519)
+        open(bad, "wb").write(raw)
+        for contents, message in ((raw, "bad magic 20240519"), (open(train, "rb").read()[:-1], "make")):
+            open(bad, "wb").write(contents)
+            try:
+                torch_gpt.read_token_header(bad)
+            except ValueError as e:
+                assert "bad.bin" in str(e) and message in str(e), e
+            else:
+                sys.exit(f"FAILED: read_token_header accepted a file with {message!r} expected")
+
+        # A tiny GPT-2-shaped run, and the report over it and a synthetic llm.c log.
+        B, T, steps, warmup = 4, 32, 14, 3
+        out = os.path.join(work, "out")
+        os.mkdir(out)
+        model = ["--layers", "2", "--heads", "2", "--width", "32", "--context", str(T)]
+        run(char_gpt, "--model", "gpt2", *model, "--train-tokens", train, "--val-tokens", val, "--vocab", "256",
+            "--batch", str(B), "--steps", str(steps), "--warmup", "2", "--eval-every", str(steps), "--eval-batches", "1",
+            "--device", "cpu", "--csv", os.path.join(out, "dyngrad.csv"))
+        llmc_ms = [rng.uniform(50, 150) for _ in range(steps)]
+        with open(os.path.join(out, "llmc.txt"), "w") as f:
+            f.write("val loss 5.5\n")
+            for k, ms in enumerate(llmc_ms):
+                f.write(f"step {k + 1:4d}/{steps} | loss 5.1 (+0.00z)| norm 1.0 (+0.00z)| lr 6.00e-04 | {ms:.2f} ms | "
+                        f"40.0% bf16 MFU | 1000 tok/s\n")
+        with open(os.path.join(out, "llmc_build.txt"), "w") as f:
+            f.write("cudnn=0\n")
+        gpt2_report.main([out, "--batch", str(B), "--context", str(T), "--layers", "2", "--width", "32", "--vocab", "256",
+                          "--warmup-steps", str(warmup)])
+        import json
+        summary = json.load(open(os.path.join(out, "report.json")))
+        timed = [round(ms, 2) / 1000 for ms in llmc_ms[warmup:]]
+        expected = len(timed) * B * T / sum(timed)
+        llmc = summary["engines"]["llmc"]
+        assert abs(llmc["tokens_per_second"] - expected) <= 1e-9 * expected, (llmc, expected)
+        per_token = 6 * summary["parameters"] + 12 * 2 * 32 * T
+        assert abs(llmc["mfu"] - expected * per_token / 989e12) <= 1e-12, llmc
+        ours = summary["engines"]["dyngrad"]
+        assert ours["steps"] == steps and ours["timed_steps"] == steps - warmup and ours["tokens_per_second"] > 0, ours
+        assert summary["llmc_cudnn_attention"] is False
+
+        if importlib.util.find_spec("torch") is None:
+            print("torch is not importable here: bench/torch_gpt.py --model gpt2 not run (the GPU machine runs it)")
+        else:
+            config = ["--model", "gpt2", *model, "--train-tokens", train, "--val-tokens", val, "--vocab", "256",
+                      "--batch", str(B), "--steps", "6", "--warmup", "1", "--eval-every", "6", "--eval-batches", "1",
+                      "--lr", "3e-3", "--precision", "f32"]
+            prepared = os.path.join(work, "prepared")
+            printed = run(sys.executable, os.path.join(root, "bench", "torch_gpt.py"), *config, "--prepare", prepared)
+            parameters = int(re.search(r"\((\d+) parameters\)", printed).group(1))
+            assert parameters == gpt2_report.gpt2_parameters(2, 32, T, 256), printed
+            shared = ["--init-weights", os.path.join(prepared, "init.safetensors"),
+                      "--batch-order", os.path.join(prepared, "batch_order.txt")]
+            for program in ([sys.executable, os.path.join(root, "bench", "torch_gpt.py")], [char_gpt]):
+                run(*program, *config, *shared, "--device", "cpu",
+                    "--csv", os.path.join(work, f"curve_{len(program)}.csv"))
+            first = [gpt2_report.csv_rows(os.path.join(work, f"curve_{n}.csv")) for n in (2, 1)]
+            agreement = gpt2_report.curve_agreement(first[1], first[0])
+            assert agreement["max_train_relative"] < 1e-3, agreement
+            print(f"PyTorch and dyngrad from the same weights and batches: {agreement}")
+    print("gpt2 bench parts: OK")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,245 @@
+// The distributed layer on GPUs through NCCL: run by dist_gpu2 as `mpirun -np 2 test_dist_gpu`, one rank per GPU
+// (NCCL_NVLS_ENABLE=0). Exits 77 (skipped) unless it runs as 2 ranks on a machine with at least 2 CUDA devices.
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+
+#include "catch.h"
+#include "dist_support.h"
+#include "dyngrad/cuda/capture.h"
+#include "dyngrad/cuda/runtime.h"
+#include "dyngrad/distributed/ddp.h"
+#include "dyngrad/distributed/process_group.h"
+#include "dyngrad/distributed/zero.h"
+#include "dyngrad/dyngrad.h"
+
+using namespace dyngrad;
+using dgtest::Approx;
+using dgtest::MessageHas;
+using dgtest::relative;
+
+namespace {
+
+dist::ProcessGroup& group() {
+    static dist::ProcessGroup g = dist::ProcessGroup::init();
+    return g;
+}
+
+Sequential make_mlp(Generator& gen) {
+    Sequential m;
+    m.add(Linear(32, 64, true, gen, Activation::Relu)).skip_index();
+    m.add(Linear(64, 64, true, gen, Activation::Relu)).skip_index();
+    m.add(Linear(64, 10, true, gen));
+    return m;
+}
+
+Tensor rows(std::uint64_t seed, std::int64_t n, Device device) {
+    Generator gen(seed);
+    return Tensor::uniform({n, 32}, -1, 1, gen).to(device);
+}
+Tensor labels(std::uint64_t seed, std::int64_t n, Device device) {
+    Generator gen(seed);
+    std::vector<std::int64_t> v;
+    for (std::int64_t i = 0; i < n; ++i) v.push_back(static_cast<std::int64_t>(gen.engine()() % 10));
+    return Tensor::from_vector(v, {n}).to(device);
+}
+
+// One ZeRO step (clipped at 0.5) on this rank's 32 rows of a 64-row f64 batch drawn from `seed`, and one
+// single-GPU AdamW step (clipped alike) of the reference on all 64.
+void step_both(dist::ZeroOptimizer& zero, const std::function<Var(const Var&)>& forward,
+               const std::function<Var(const Var&)>& reference, const std::vector<Parameter>& reference_parameters,
+               AdamW& adam, std::uint64_t seed) {
+    const dist::ProcessGroup& g = zero.group();
+    const Device device = g.device();
+    const Tensor x = rows(seed, 64, device).to(DType::f64), y = labels(seed + 1, 64, device);
+    ComputeGraph graph;
+    zero.backward(graph, cross_entropy(forward(graph.input(x.narrow(0, 32 * g.rank(), 32))),
+                                       graph.input(y.narrow(0, 32 * g.rank(), 32))));
+    zero.clip_grad_norm(0.5);
+    zero.step();
+    zero.zero_grad();
+    ComputeGraph ref_graph;
+    ref_graph.backward(cross_entropy(reference(ref_graph.input(x)), ref_graph.input(y)));
+    clip_grad_norm(reference_parameters, 0.5);
+    adam.step();
+    adam.zero_grad();
+}
+
+}  // namespace
+
+TEST_CASE("NCCL collectives on each rank's GPU", "[dist][gpu]") {
+    dist::ProcessGroup& g = group();
+    REQUIRE(g.has_nccl());
+    const Device device = g.device();
+    const int world = g.world_size();
+    Tensor t = Tensor::full({1000}, g.rank() + 1.0, DType::f32, device);
+    g.all_reduce(t, dist::ReduceOp::Avg);
+    for (double v : t.to_vector()) CHECK(v == Approx((world + 1) / 2.0));
+    Tensor b = Tensor::full({7}, g.rank(), DType::f64, device);
+    g.broadcast(b, 1);
+    for (double v : b.to_vector()) CHECK(v == 1.0);
+    const Tensor gathered = g.all_gather(Tensor::full({3}, g.rank(), DType::f32, device));
+    for (int r = 0; r < world; ++r) CHECK(gathered.select(0, r).to_vector() == std::vector<double>(3, r));
+    const Tensor scattered = g.reduce_scatter(Tensor::ones({2 * world, 2}, DType::f32, device));
+    CHECK(scattered.to_vector() == std::vector<double>(4, world));
+    g.barrier();
+    // Tensors on two devices, or on another GPU than this rank's: DeviceError before anything is sent.
+    Tensor cpu_out = Tensor::empty({world, 3}, DType::f32);
+    CHECK_THROWS_MATCHES(g.all_gather(Tensor::ones({3}, DType::f32, device), cpu_out), DeviceError,
+                         MessageHas({"all_gather", "cpu", "cuda"}));
+    Tensor other = Tensor::ones({3}, DType::f32, Device::cuda(1 - device.index));
+    CHECK_THROWS_MATCHES(g.all_reduce(other), DeviceError, MessageHas({"all_reduce", "this rank's device"}));
+}
+
+TEST_CASE("DDP on GPUs: averaged gradient == one GPU's gradient of the concatenated batch", "[dist][gpu][ddp]") {
+    dist::ProcessGroup& g = group();
+    const Device device = g.device();
+    const int world = g.world_size();
+    Generator init(4);
+    Sequential model = make_mlp(init);
+    model.to(device);
+    dist::DistributedDataParallel ddp(model, g, {.bucket_cap_mb = 0.01, .first_bucket_cap_mb = 0.002});
+    REQUIRE(ddp.buckets().size() >= 3);
+    const Tensor x = rows(50, 16 * world, device), y = labels(51, 16 * world, device);
+    ComputeGraph graph;
+    ddp.backward(graph, cross_entropy(model(graph.input(x.narrow(0, 16 * g.rank(), 16))),
+                                      graph.input(y.narrow(0, 16 * g.rank(), 16))));
+    CHECK(ddp.stats().buckets_launched_during_backward == static_cast<std::int64_t>(ddp.buckets().size()));
+    Generator init0(4);
+    Sequential reference = make_mlp(init0);
+    reference.to(device);
+    ComputeGraph ref;
+    ref.backward(cross_entropy(reference(ref.input(x)), ref.input(y)));
+    const auto params = model.parameters(), ref_params = reference.parameters();
+    for (std::size_t i = 0; i < params.size(); ++i)
+        CHECK(relative(params[i].grad().to_vector(), ref_params[i].grad().to_vector()) <= 1e-5);
+}
+
+TEST_CASE("DDP inside a captured step: replays keep the ranks in step", "[dist][gpu][capture]") {
+    dist::ProcessGroup& g = group();
+    const Device device = g.device();
+    Generator init(9 + static_cast<std::uint64_t>(g.rank()));
+    Sequential model = make_mlp(init);
+    model.to(device);
+    dist::DistributedDataParallel ddp(model, g);
+    SGD sgd(model.parameters(), {.lr = 0.05});
+    cuda::CapturedStep step([&](std::span<const Tensor> in) {
+        ComputeGraph graph;
+        const Var loss = cross_entropy(model(graph.input(in[0])), graph.input(in[1]));
+        ddp.backward(graph, loss);
+        sgd.step();
+        sgd.zero_grad();
+        return loss.value();
+    });
+    for (int i = 0; i < 6; ++i) {
+        const std::uint64_t seed = 100 + 10 * static_cast<std::uint64_t>(i) + static_cast<std::uint64_t>(g.rank());
+        const Tensor x = rows(seed, 32, device), y = labels(seed + 1, 32, device);
+        step.run(std::vector<Tensor>{x, y});
+    }
+    CHECK(step.variants() == 1);
+    for (const Parameter& p : model.parameters()) {
+        const Tensor all = g.all_gather(p.value());
+        CHECK(all.select(0, 0).to_vector() == all.select(0, 1).to_vector());
+    }
+}
+
+// ZeRO-1/2 through NCCL's all_reduce / reduce_scatter and all_gather: the shard-local AdamW (the fused GPU kernel)
+// with the global norm over the shards, against one GPU running AdamW on the concatenated batch. In float64: in
+// f32, AdamW's m/√v turns rounding differences on near-zero gradient elements into full-size steps.
+TEST_CASE("ZeRO-1/2 on GPUs == one GPU's AdamW on the concatenated batch", "[dist][gpu][zero]") {
+    dist::ProcessGroup& g = group();
+    const Device device = g.device();
+    const AdamOptions options{.lr = 1e-2, .weight_decay = 0.01};
+    for (int stage : {1, 2}) {
+        Generator init(21 + static_cast<std::uint64_t>(g.rank()));
+        Sequential model = make_mlp(init);
+        model.to(DType::f64);
+        model.to(device);
+        dist::ZeroOptimizer zero(model, g, options, {.stage = stage});
+        Generator init0(21);
+        Sequential reference = make_mlp(init0);
+        reference.to(DType::f64);
+        reference.to(device);
+        AdamW adam(reference.parameters(), options);
+        for (int step = 0; step < 5; ++step)
+            step_both(zero, [&](const Var& x) { return model(x); }, [&](const Var& x) { return reference(x); },
+                      reference.parameters(), adam, 500 + static_cast<std::uint64_t>(step));
+        const auto params = model.parameters(), ref_params = reference.parameters();
+        for (std::size_t i = 0; i < params.size(); ++i) {
+            CHECK(relative(params[i].value().to_vector(), ref_params[i].value().to_vector()) <= 1e-10);
+            const Tensor all = g.all_gather(params[i].value());
+            CHECK(all.select(0, 0).to_vector() == all.select(0, 1).to_vector());
+        }
+        const dist::ZeroMemory m = zero.memory();
+        CHECK(m.optimizer_bytes == m.formula_optimizer_bytes);
+    }
+}
+
+// ZeRO-3 through NCCL's all_gather (each unit's parameters, forward and backward) and reduce_scatter (its
+// gradients), one unit per layer, against one GPU's AdamW with clipping on the concatenated batch (f64, as above).
+TEST_CASE("ZeRO-3 on GPUs == one GPU's AdamW on the concatenated batch", "[dist][gpu][zero][zero3]") {
+    dist::ProcessGroup& g = group();
+    const Device device = g.device();
+    const AdamOptions options{.lr = 1e-2, .weight_decay = 0.01};
+    // make_mlp's layers, in its order of drawing, one unit each.
+    const auto units_of = [&](Generator& gen) {
+        std::vector<dist::ZeroUnit> units;
+        const std::int64_t widths[] = {32, 64, 64, 10};
+        for (int i = 0; i < 3; ++i) {
+            Linear layer(widths[i], widths[i + 1], true, gen, i < 2 ? Activation::Relu : Activation::None);
+            layer.to(DType::f64);
+            layer.to(device);
+            units.push_back({str("fc", i), layer, [layer](const Var& x) { return layer(x); }});
+        }
+        return units;
+    };
+    Generator init(31 + static_cast<std::uint64_t>(g.rank()));
+    dist::ZeroOptimizer zero(units_of(init), g, options, {.stage = 3});
+    Generator init0(31);
+    const auto reference_units = units_of(init0);
+    std::vector<Parameter> reference_parameters;
+    for (const auto& unit : reference_units)
+        for (const Parameter& p : unit.module.parameters()) reference_parameters.push_back(p);
+    const auto reference = [&](Var x) {
+        for (const auto& unit : reference_units) x = unit.forward(x);
+        return x;
+    };
+    AdamW adam(reference_parameters, options);
+    for (int step = 0; step < 5; ++step)
+        step_both(zero, [&](const Var& x) { return zero.forward(x); }, reference, reference_parameters, adam,
+                  700 + static_cast<std::uint64_t>(step));
+    const auto full = zero.full_parameters();
+    const auto& ref_params = reference_parameters;
+    REQUIRE(full.size() == ref_params.size());
+    for (std::size_t i = 0; i < full.size(); ++i) {
+        CHECK(relative(full[i].second.to_vector(), ref_params[i].value().to_vector()) <= 1e-10);
+        const Tensor all = g.all_gather(full[i].second);
+        CHECK(all.select(0, 0).to_vector() == all.select(0, 1).to_vector());
+    }
+    const dist::ZeroMemory m = zero.memory();
+    CHECK(m.parameter_bytes == m.formula_parameter_bytes);
+    CHECK(m.gathered_peak_bytes == m.formula_gathered_bytes);
+}
+
+TEST_CASE("ZeRO: CUDA parameters on a group without NCCL are refused on every rank", "[dist][gpu][zero]") {
+    dist::ProcessGroup plain = dist::ProcessGroup::from_mpi({.use_nccl = false});
+    REQUIRE_FALSE(plain.has_nccl());
+    Generator init(3);
+    Sequential model = make_mlp(init);
+    model.to(group().device());
+    CHECK_THROWS_MATCHES(dist::ZeroOptimizer(model, plain), DeviceError, MessageHas({"ZeroOptimizer", "NCCL", "cuda"}));
+    const Module first = model;
+    std::vector<dist::ZeroUnit> units{{"mlp", first, [model](const Var& x) { return model(x); }}};
+    CHECK_THROWS_MATCHES(dist::ZeroOptimizer(units, plain, {}, {.stage = 3}), DeviceError,
+                         MessageHas({"ZeroOptimizer (stage 3)", "NCCL", "cuda"}));
+}
+
+int main(int argc, char* argv[]) {
+    const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
+    if (cuda::device_count() < 2 || !size || std::atoi(size) != 2) {
+        std::cout << "dyngrad: needs 2 CUDA devices and mpirun -np 2: distributed GPU tests skipped" << std::endl;
+        return 77;
+    }
+    return dgtest::run_session(argc, argv);
+}

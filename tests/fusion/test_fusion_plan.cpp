@@ -1,0 +1,452 @@
+// The fusion compiler's grouping pass and source generation on the CPU (graph/fusion_plan.h, ops/fusion_source.h,
+// docs/fusion.md): which groups form for fixed graphs, what must be written to memory, the backward chains, a new
+// plan for new shapes, and the structure of the generated source. Compiling that source with NVRTC:
+// tests/fusion/test_fusion_nvrtc.cpp.
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <regex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "catch.h"
+#include "dyngrad/cuda/nvrtc_compiler.h"
+#include "dyngrad/dyngrad.h"
+#include "dyngrad/graph/fusion_plan.h"
+#include "dyngrad/ops/elementwise_math.h"
+#include "dyngrad/ops/fusion_source.h"
+
+using namespace dyngrad;
+using namespace dyngrad::fusion;
+
+namespace {
+
+Generator fresh_generator() { return Generator(std::random_device{}()); }
+
+Tensor random(const Shape& shape, Generator& gen) { return Tensor::uniform(shape, -1.0, 1.0, gen); }
+
+std::vector<NodeId> ids(std::initializer_list<Var> vars) {
+    std::vector<NodeId> out;
+    for (const Var& v : vars) out.push_back(v.id());
+    return out;
+}
+
+std::vector<NodeId> output_nodes(const FusionGroup& group) {
+    std::vector<NodeId> out;
+    for (const GroupOutput& o : group.outputs) out.push_back(o.node);
+    return out;
+}
+
+Materialise why(const FusionGroup& group, NodeId id) {
+    for (const GroupOutput& o : group.outputs)
+        if (o.node == id) return o.why;
+    FAIL("node " << id << " is not an output of the group");
+    return Materialise::StepResult;
+}
+
+// The MLP layer of the brief: matmul, bias add, ReLU, dropout, then the next layer and a loss.
+struct Mlp {
+    ComputeGraph graph;
+    Var x, w1, b1, pre, biased, hidden, dropped, out, loss;
+    Mlp(std::int64_t batch, Generator& gen) {
+        x = graph.input(random({batch, 32}, gen), "x");
+        w1 = graph.input(random({32, 16}, gen), "w1", true);
+        b1 = graph.input(random({16}, gen), "b1", true);
+        const Var w2 = graph.input(random({16, 8}, gen), "w2", true);
+        pre = matmul(x, w1);
+        biased = add(pre, b1);
+        hidden = relu(biased);
+        dropped = dropout(hidden, 0.25, true, std::uint64_t{1234});
+        out = matmul(dropped, w2);
+        loss = mean(out);
+    }
+};
+
+}  // namespace
+
+TEST_CASE("fusion is off by default and the switch turns it on", "[fusion]") {
+    // CTest runs without DYNGRAD_FUSION: nothing is fused until the lead has measured it on the GPU.
+    const bool from_environment = fusion_settings().enabled;
+    set_fusion_enabled(true);
+    CHECK(fusion_settings().enabled);
+    set_fusion_enabled(false);
+    CHECK_FALSE(fusion_settings().enabled);
+    set_fusion_enabled(from_environment);
+}
+
+TEST_CASE("every pointwise row names a functor of the embedded formulas", "[fusion]") {
+    const std::string text(elementwise_math_source());
+    int pointwise = 0;
+    for (const OpDef& def : op_table()) {
+        if (def.pointwise == nullptr) continue;
+        ++pointwise;
+        INFO(def.name);
+        if (def.pointwise->form == PointwiseFormula::Form::Cast) continue;
+        REQUIRE(def.pointwise->functor != nullptr);
+        CHECK(text.find(str("struct ", def.pointwise->functor, " {")) != std::string::npos);
+        if (def.pointwise->tanh_functor != nullptr)
+            CHECK(text.find(str("struct ", def.pointwise->tanh_functor, " {")) != std::string::npos);
+    }
+    CHECK(pointwise >= 30);  // the elementwise family, the activations and cast
+    CHECK(op_def(OpType::Matmul).pointwise == nullptr);
+    // The embedded part is the formulas only: what NVRTC cannot compile (the standard library, the engine's types)
+    // stays out of its code.
+    const std::string code = std::regex_replace(text, std::regex("//[^\n]*"), "");
+    CHECK(code.find("struct ReluOp {") != std::string::npos);
+    CHECK(code.find("std::") == std::string::npos);
+    CHECK(code.find("OpAttrs") == std::string::npos);
+}
+
+TEST_CASE("each row's derivative-reads flags cover what its derivative formula reads", "[fusion]") {
+    // The plan writes only the values a derivative reads: a flag that is missing would drop a value the backward
+    // needs. Evaluated on points of both signs; a formula that changes with x (or y) must have the flag.
+    const std::vector<double> points = {-1.7, -0.6, 0.3, 0.7, 1.3, 2.1};
+    const auto same = [](double a, double b) { return a == b || (std::isnan(a) && std::isnan(b)); };
+    for (const OpDef& def : op_table()) {
+        if (def.pointwise == nullptr || def.pointwise->form == PointwiseFormula::Form::Cast) continue;
+        INFO(def.name);
+        for (GeluApproximation form : {GeluApproximation::None, GeluApproximation::Tanh}) {
+            OpAttrs attrs;
+            attrs.scalar = 0.5;
+            attrs.clamp_min = -1.0;
+            attrs.clamp_max = 1.0;
+            attrs.gelu_approximation = form;
+            bool reads_x = false, reads_y = false;
+            if (def.pointwise->form == PointwiseFormula::Form::Unary) {
+                math::visit_unary(def.op, attrs, [&](auto op) {
+                    using Op = decltype(op);
+                    const math::UnaryScalars<double> p = math::unary_scalars<double>(attrs);
+                    for (double a : points)
+                        for (double b : points) {
+                            reads_x |= !same(math::apply_derivative<Op>(a, 0.9, p), math::apply_derivative<Op>(b, 0.9, p));
+                            reads_y |= !same(math::apply_derivative<Op>(0.8, a, p), math::apply_derivative<Op>(0.8, b, p));
+                        }
+                });
+            } else {
+                math::visit_binary(def.op, [&](auto op) {
+                    using Op = decltype(op);
+                    for (double a : points)
+                        for (double b : points)
+                            reads_x |= !same(Op::d_a(a, 0.9), Op::d_a(b, 0.9)) || !same(Op::d_a(0.8, a), Op::d_a(0.8, b)) ||
+                                       !same(Op::d_b(a, 0.9), Op::d_b(b, 0.9)) || !same(Op::d_b(0.8, a), Op::d_b(0.8, b));
+                });
+            }
+            if (reads_x) CHECK(def.pointwise->derivative_reads_inputs);
+            if (reads_y) CHECK(def.pointwise->derivative_reads_output);
+        }
+    }
+    // The flags are not vacuous: some rows read nothing, some their inputs, some their output.
+    CHECK_FALSE(op_def(OpType::Add).pointwise->derivative_reads_inputs);
+    CHECK(op_def(OpType::Relu).pointwise->derivative_reads_inputs);
+    CHECK(op_def(OpType::Exp).pointwise->derivative_reads_output);
+}
+
+TEST_CASE("MLP: bias add and ReLU form one group; dropout and matmul end it", "[fusion]") {
+    Generator gen = fresh_generator();
+    Mlp mlp(64, gen);
+    const FusionPlan plan = plan_fusion(mlp.graph);
+    INFO(plan.describe(mlp.graph));
+    REQUIRE(plan.groups.size() == 1);
+    const FusionGroup& group = plan.groups[0];
+    CHECK(group.members == ids({mlp.biased, mlp.hidden}));
+    CHECK(group.inputs == ids({mlp.pre, mlp.b1}));
+    CHECK(group.shape == Shape{64, 16});
+    CHECK_FALSE(group.double_precision);
+    // ReLU's output goes to dropout; the bias add's is read by ReLU's derivative (requires grad).
+    CHECK(output_nodes(group) == ids({mlp.biased, mlp.hidden}));
+    CHECK(why(group, mlp.hidden.id()) == Materialise::ConsumedOutside);
+    CHECK(why(group, mlp.biased.id()) == Materialise::NeededByBackward);
+    CHECK(plan.launches_saved() == 1);
+
+    REQUIRE(plan.backward.size() == 1);
+    const BackwardChain& chain = plan.backward[0];
+    CHECK(chain.group == 0);
+    CHECK(chain.members == ids({mlp.hidden, mlp.biased}));
+    CHECK(chain.gradients_in == ids({mlp.hidden}));
+    CHECK(chain.saved_reads == ids({mlp.biased}));  // add's derivative reads nothing, relu's its input
+    CHECK(chain.gradients_out == ids({mlp.pre, mlp.b1}));
+    CHECK(chain.reduced == ids({mlp.b1}));  // the bias gradient is a sum over the batch: not pointwise
+}
+
+TEST_CASE("LeNet-like step: only the input normalisation groups; lone activations between convolutions do not",
+          "[fusion]") {
+    Generator gen = fresh_generator();
+    ComputeGraph graph;
+    const Var image = graph.input(random({4, 1, 28, 28}, gen), "image");
+    const Var c1w = graph.input(random({6, 1, 5, 5}, gen), "c1.w", true);
+    const Var c1b = graph.input(random({6}, gen), "c1.b", true);
+    const Var c2w = graph.input(random({16, 6, 5, 5}, gen), "c2.w", true);
+    const Var c2b = graph.input(random({16}, gen), "c2.b", true);
+    const Var fw = graph.input(random({10, 400}, gen), "fc.w", true);
+    const Var fb = graph.input(random({10}, gen), "fc.b", true);
+    const Var labels = graph.input(Tensor::from_vector(std::vector<std::int64_t>{1, 7, 3, 9}, {4}), "labels");
+    const Var shifted = add_scalar(image, -0.1307);
+    const Var normalised = mul_scalar(shifted, 1.0 / 0.3081);
+    const Var h1 = max_pool2d(relu(conv2d(normalised, c1w, c1b, Conv2dOptions{.padding = {2, 2}})), {2, 2});
+    const Var h2 = max_pool2d(relu(conv2d(h1, c2w, c2b)), {2, 2});
+    const Var loss = cross_entropy(linear(reshape(h2, {4, 400}), fw, fb), labels);
+    const Var scaled = mul_scalar(loss, 1024.0);  // loss scaling: one op, nothing to fuse it with
+    const FusionPlan plan = plan_fusion(graph);
+    INFO(plan.describe(graph));
+    REQUIRE(plan.groups.size() == 1);
+    CHECK(plan.groups[0].members == ids({shifted, normalised}));
+    CHECK(plan.groups[0].inputs == ids({image}));
+    // No gradient is wanted for the image: only what the convolution reads is written.
+    CHECK(output_nodes(plan.groups[0]) == ids({normalised}));
+    CHECK(plan.backward.empty());
+    CHECK(scaled.defined());
+}
+
+TEST_CASE("bf16 autocast chain: the casts fold into the group", "[fusion]") {
+    Generator gen = fresh_generator();
+    ComputeGraph graph;
+    const Var x = graph.input(random({8, 32}, gen), "x");
+    const Var w = graph.input(random({16, 32}, gen), "w", true);
+    const Var b = graph.input(random({16}, gen), "b", true);
+    Var h, e, scaled, back;
+    {
+        AutocastGuard autocast(DType::bf16);
+        h = linear(x, w, b);          // reduced: bf16 out
+        e = exp(h);                   // float32 policy: a cast of h to f32 is recorded first
+        scaled = mul_scalar(e, 0.5);  // follow: f32
+        back = to_dtype(scaled, DType::bf16);
+    }
+    const Var y = sigmoid(back);  // bf16, outside autocast
+    const Var loss = sum(to_dtype(y, DType::f32));
+    REQUIRE(h.dtype() == DType::bf16);
+    REQUIRE(e.dtype() == DType::f32);
+    const NodeId cast_in = graph.node(e.id()).inputs[0].id;
+    REQUIRE(graph.node(cast_in).op == OpType::Cast);
+    const FusionPlan plan = plan_fusion(graph);
+    INFO(plan.describe(graph));
+    REQUIRE(plan.groups.size() == 1);
+    const FusionGroup& group = plan.groups[0];
+    const NodeId cast_out = graph.node(loss.id()).inputs[0].id;
+    CHECK(group.members == std::vector<NodeId>{cast_in, e.id(), scaled.id(), back.id(), y.id(), cast_out});
+    CHECK(group.inputs == ids({h}));  // the linear's bf16 output: the only tensor read
+    // exp's derivative reads its output, sigmoid's its input; the casts' and mul_scalar's read nothing.
+    CHECK(output_nodes(group) == std::vector<NodeId>{e.id(), back.id(), cast_out});
+    CHECK(why(group, e.id()) == Materialise::NeededByBackward);
+    CHECK(why(group, back.id()) == Materialise::NeededByBackward);
+    CHECK(why(group, cast_out) == Materialise::ConsumedOutside);  // the sum
+    CHECK(y.dtype() == DType::bf16);
+
+    const FusedKernelSource source = generate_fused_source(graph, group);
+    INFO(source.source);
+    CHECK(source.source.find("const dg_bf16* __restrict__ in0") != std::string::npos);
+    CHECK(source.source.find("dg_as_bfloat16(") != std::string::npos);  // the cast to bf16 rounds in registers
+    CHECK(source.source.find("float* __restrict__ out") != std::string::npos);
+    CHECK(source.vector_width == 4);  // f32 outputs are the widest full-shape tensors
+}
+
+TEST_CASE("an intermediate read outside the group is written; a path back into the group ends it", "[fusion]") {
+    Generator gen = fresh_generator();
+    ComputeGraph graph;
+    const Var x = graph.input(random({16, 8}, gen), "x");
+    const Var w = graph.input(random({8, 4}, gen), "w");
+    const Var a = exp(x);
+    const Var c = mul_scalar(a, 2.0);
+    const Var p = matmul(a, w);         // reads a, outside the group
+    const Var total = sum(a, {1}, true);  // (16, 1), computed from a member
+    const Var d = add(c, total);        // would need `total` inside the kernel that computes a: not allowed
+    const FusionPlan plan = plan_fusion(graph);
+    INFO(plan.describe(graph));
+    REQUIRE(plan.groups.size() == 1);
+    CHECK(plan.groups[0].members == ids({a, c}));
+    CHECK(output_nodes(plan.groups[0]) == ids({a, c}));
+    CHECK(why(plan.groups[0], a.id()) == Materialise::ConsumedOutside);
+    CHECK(why(plan.groups[0], c.id()) == Materialise::ConsumedOutside);
+    CHECK(p.defined());
+    CHECK(d.defined());
+}
+
+TEST_CASE("two producer groups merge through a residual add", "[fusion]") {
+    Generator gen = fresh_generator();
+    ComputeGraph graph;
+    const Var x = graph.input(random({4, 6}, gen), "x", true);
+    const Var y = graph.input(random({4, 6}, gen), "y", true);
+    const Var s1 = mul_scalar(tanh(x), 3.0);
+    const Var s2 = sigmoid(neg(y));
+    const Var r = add(s1, s2);
+    const Var loss = sum(r);
+    const FusionPlan plan = plan_fusion(graph);
+    INFO(plan.describe(graph));
+    REQUIRE(plan.groups.size() == 1);
+    CHECK(plan.groups[0].members.size() == 5);
+    CHECK(plan.groups[0].inputs == ids({x, y}));
+    CHECK(loss.defined());
+}
+
+TEST_CASE("a new shape is a new plan and a new kernel, never the old one", "[fusion]") {
+    Generator gen = fresh_generator();
+    FusionPlanCache cache;
+    Mlp small(4, gen);
+    Mlp large(8, gen);
+    Mlp small_again(4, gen);
+    CHECK(graph_signature(small.graph) != graph_signature(large.graph));
+    CHECK(graph_signature(small.graph) == graph_signature(small_again.graph));
+    const FusionPlan& a = cache.plan_for(small.graph);
+    const FusionPlan& b = cache.plan_for(large.graph);
+    CHECK(cache.size() == 2);
+    const FusionPlan& c = cache.plan_for(small_again.graph);
+    CHECK(&c == &a);
+    CHECK(cache.size() == 2);
+    REQUIRE(a.groups.size() == 1);
+    REQUIRE(b.groups.size() == 1);
+    CHECK(a.groups[0].shape == Shape{4, 16});
+    CHECK(b.groups[0].shape == Shape{8, 16});
+    const FusedKernelSource ka = generate_fused_source(small.graph, a.groups[0]);
+    const FusedKernelSource kb = generate_fused_source(large.graph, b.groups[0]);
+    CHECK(ka.hash != kb.hash);
+    CHECK(ka.name != kb.name);
+    CHECK(ka.source.find("constexpr long long n = 64LL;") != std::string::npos);
+    CHECK(kb.source.find("constexpr long long n = 128LL;") != std::string::npos);
+    // Same graph, same source, same kernel: the disk cache's key is stable.
+    CHECK(generate_fused_source(small_again.graph, c.groups[0]).source == ka.source);
+}
+
+TEST_CASE("generated source of the MLP group: formulas, loads, stores, no unused input", "[fusion]") {
+    Generator gen = fresh_generator();
+    Mlp mlp(64, gen);
+    const FusionPlan plan = plan_fusion(mlp.graph);
+    REQUIRE(plan.groups.size() == 1);
+    const FusedKernelSource k = generate_fused_source(mlp.graph, plan.groups[0]);
+    const std::string& s = k.source;
+    INFO(s);
+    CHECK(k.name == "dg_fused_" + cuda::hex64(k.hash));
+    CHECK(k.hash == cuda::fnv1a64(std::regex_replace(s, std::regex(k.name), "DG_KERNEL_NAME")));
+    CHECK(s.find(str("extern \"C\" __global__ void __launch_bounds__(256) ", k.name, "(")) != std::string::npos);
+    CHECK(s.find("struct ReluOp {") != std::string::npos);  // the embedded formulas
+    CHECK(s.find("dyngrad::math::AddOp::forward(v0, v1)") != std::string::npos);
+    CHECK(s.find(str("apply_forward<dyngrad::math::ReluOp>(t", mlp.biased.id())) != std::string::npos);
+    CHECK(k.inputs == ids({mlp.pre, mlp.b1}));
+    CHECK(k.outputs == ids({mlp.biased, mlp.hidden}));
+    CHECK(k.scalars.empty());  // add and relu read no scalar
+    CHECK(k.numel == 64 * 16);
+    CHECK(k.vector_width == 4);
+    // The bias is broadcast along the batch: element i reads bias[i % 16], never a vector load.
+    CHECK(s.find("dg_load(in1[(i % 16LL)])") != std::string::npos);
+    CHECK(s.find("dg_load(l0.v[k])") != std::string::npos);
+    CHECK(s.find("*reinterpret_cast<const dg_vec<float, 4>*>(in0 + base)") != std::string::npos);
+    CHECK(s.find("l1") == std::string::npos);
+    // Every parameter is used: each input loaded, each output stored, in both loops.
+    for (std::size_t j = 0; j < k.inputs.size(); ++j) CHECK(s.find(str("in", j, "[")) != std::string::npos);
+    for (std::size_t j = 0; j < k.outputs.size(); ++j) {
+        CHECK(s.find(str("out", j, "[i] = dg_store_float32(")) != std::string::npos);
+        CHECK(s.find(str("w", j, ".v[k] = dg_store_float32(")) != std::string::npos);
+    }
+    CHECK(s.find("in2") == std::string::npos);
+    CHECK(s.find("out2") == std::string::npos);
+    // 64-bit indices and a grid-stride loop.
+    CHECK(s.find("for (long long i = tail + first; i < n; i += step)") != std::string::npos);
+}
+
+TEST_CASE("generated source: scalars are arguments, broadcasting over inner and outer axes, f64", "[fusion]") {
+    Generator gen = fresh_generator();
+    ComputeGraph graph;
+    const Var x = graph.input(random({3, 5, 7}, gen).to(DType::f64), "x");
+    const Var row = graph.input(random({3, 1, 7}, gen).to(DType::f64), "row");
+    const Var one = graph.input(random({1}, gen).to(DType::f64), "one");
+    const Var a = mul(x, row);
+    const Var b = clamp(add_scalar(a, 0.25), -0.5, 0.5);
+    const Var c = div(b, one);
+    const FusionPlan plan = plan_fusion(graph);
+    REQUIRE(plan.groups.size() == 1);
+    CHECK(plan.groups[0].double_precision);
+    const FusedKernelSource k = generate_fused_source(graph, plan.groups[0]);
+    INFO(k.source);
+    CHECK(k.scalars.size() == 2);  // add_scalar's scalar, clamp's bounds
+    CHECK(k.source.find("dyngrad::math::UnaryScalars<double> s0") != std::string::npos);
+    CHECK(k.source.find("dyngrad::math::UnaryScalars<double> s1") != std::string::npos);
+    CHECK(k.source.find("0.25") == std::string::npos);  // the value is an argument, not in the source
+    CHECK(k.source.find("dg_load(in1[((i / 35LL) % 3LL) * 7LL + (i % 7LL)])") == std::string::npos);
+    CHECK(k.source.find("dg_load(in1[(i / 35LL) * 7LL + (i % 7LL)])") != std::string::npos);
+    CHECK(k.source.find("dg_load(in2[0])") != std::string::npos);
+    CHECK(k.vector_width == 2);
+    CHECK(k.outputs == ids({c}));
+}
+
+TEST_CASE("random graphs: every plan is legal, schedulable and writes what is read", "[fusion]") {
+    std::mt19937_64 rng(std::random_device{}());
+    Generator gen(rng());
+    const auto pick = [&](std::size_t n) { return static_cast<std::size_t>(rng() % n); };
+    for (int trial = 0; trial < 300; ++trial) {
+        ComputeGraph graph;
+        std::vector<Var> vars = {graph.input(random({4, 5}, gen), "a", trial % 2 == 0),
+                                 graph.input(random({4, 5}, gen), "b"), graph.input(random({5}, gen), "c", true),
+                                 graph.input(random({4, 1}, gen), "d")};
+        for (int step = 0; step < 24; ++step) {
+            const Var& x = vars[pick(vars.size())];
+            const Var& y = vars[pick(vars.size())];
+            switch (pick(7)) {
+                case 0: vars.push_back(tanh(x)); break;
+                case 1: vars.push_back(mul_scalar(x, 0.5)); break;
+                case 2: vars.push_back(add(x, y)); break;
+                case 3: vars.push_back(mul(x, y)); break;
+                case 4: vars.push_back(relu(x)); break;
+                // Not pointwise: reductions that feed back into pointwise chains.
+                case 5: vars.push_back(x.shape().size() == 2 ? sum(x, {1}, true) : sum(x, {}, true)); break;
+                default: vars.push_back(x.shape().size() == 2 ? sum(x, {0}) : neg(x)); break;
+            }
+        }
+        const FusionPlan plan = plan_fusion(graph);
+        INFO("trial " << trial << "\n" << plan.describe(graph));
+        const std::size_t n = graph.size();
+        std::vector<int> group_of(n, -1);
+        for (std::size_t g = 0; g < plan.groups.size(); ++g) {
+            const FusionGroup& group = plan.groups[g];
+            REQUIRE(group.members.size() >= 2);
+            CHECK(std::is_sorted(group.members.begin(), group.members.end()));
+            for (NodeId m : group.members) {
+                REQUIRE(group_of[m] == -1);  // one group per node
+                group_of[m] = static_cast<int>(g);
+                CHECK(graph.node(m).value.shape() == group.shape);
+                CHECK(op_def(graph.node(m).op).pointwise != nullptr);
+            }
+        }
+        std::vector<std::vector<NodeId>> readers(n);
+        for (NodeId id = 0; id < n; ++id)
+            for (const NodeInput& input : graph.node(id).inputs) readers[input.id].push_back(id);
+        for (std::size_t g = 0; g < plan.groups.size(); ++g) {
+            const FusionGroup& group = plan.groups[g];
+            std::set<NodeId> external;
+            for (NodeId m : group.members)
+                for (const NodeInput& input : graph.node(m).inputs)
+                    if (group_of[input.id] != static_cast<int>(g)) external.insert(input.id);
+            CHECK(std::set<NodeId>(group.inputs.begin(), group.inputs.end()) == external);
+            CHECK(group.inputs.size() == external.size());
+            const std::vector<NodeId> written = output_nodes(group);
+            for (NodeId m : group.members) {
+                const bool read_outside = std::any_of(readers[m].begin(), readers[m].end(), [&](NodeId r) {
+                    return group_of[r] != static_cast<int>(g);
+                });
+                if (read_outside || readers[m].empty())
+                    CHECK(std::find(written.begin(), written.end(), m) != written.end());
+            }
+        }
+        // Schedulable: running any unit (a group, or a node outside every group) whose inputs are all computed
+        // computes every node.
+        std::vector<char> done(n, 0);
+        for (NodeId id = 0; id < n; ++id) done[id] = graph.node(id).op == OpType::Leaf;
+        bool progress = true;
+        while (progress) {
+            progress = false;
+            for (NodeId id = 0; id < n; ++id) {
+                if (done[id]) continue;
+                std::vector<NodeId> unit = group_of[id] >= 0 ? plan.groups[group_of[id]].members
+                                                             : std::vector<NodeId>{id};
+                const bool ready = std::all_of(unit.begin(), unit.end(), [&](NodeId m) {
+                    return std::all_of(graph.node(m).inputs.begin(), graph.node(m).inputs.end(),
+                                       [&](const NodeInput& in) {
+                                           return done[in.id] || (group_of[id] >= 0 && group_of[in.id] == group_of[id]);
+                                       });
+                });
+                if (!ready) continue;
+                for (NodeId m : unit) done[m] = 1;
+                progress = true;
+            }
+        }
+        CHECK(std::all_of(done.begin(), done.end(), [](char d) { return d != 0; }));
+    }
+}
