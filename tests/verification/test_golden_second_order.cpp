@@ -134,7 +134,7 @@ TEST_CASE("every differentiable op-table case agrees with PyTorch's float64 doub
 TEST_CASE("every op-table case with a differentiable backward has a second-order golden", "[golden][second_order]") {
     CHECK(!cases().empty());  // loads the goldens, filling missing_cases()
     for (const std::string& m : missing_cases())
-        FAIL_CHECK("no second-order golden for " << m << ": regenerate with bench/make_goldens.py (its header)");
+        FAIL_CHECK("no second-order golden for " << m << ": regenerate with tools/make_goldens.py (its header)");
 }
 
 int main(int argc, char* argv[]) {
