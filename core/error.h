@@ -33,7 +33,7 @@ class OutOfMemory : public CudaError { using CudaError::CudaError; };
 class IoError : public Error { using Error::Error; };
 // A NaN or Inf found by anomaly mode (graph/anomaly.h) in a node's value or gradient.
 class NumericalError : public Error { using Error::Error; };
-// A collective of the distributed layer (dist/) failed: an NCCL or MPI error, a timeout (a peer died or
+// A collective of the distributed layer (distributed/) failed: an NCCL or MPI error, a timeout (a peer died or
 // never joined), a failed rendezvous, or a communicator aborted by the watchdog. Names the collective and rank.
 class DistributedError : public Error { using Error::Error; };
 

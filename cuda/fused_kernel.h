@@ -1,7 +1,7 @@
 // A generated kernel (cuda/nvrtc_compiler.h) loaded into a device and launched on its stream (docs/fusion.md). The
 // CUDA build only: it uses the driver API (cuModuleLoadData, cuModuleGetFunction, cuLaunchKernel; every call checked
 // with DG_CU_CHECK), in the runtime's primary context of the device. Not called by the engine yet: the captured-step
-// hook is the next step of issue 33; tests/test_gpu_fusion.cpp runs it against the unfused kernels.
+// hook is the next step of issue 33; tests/fusion/test_gpu_fusion.cpp runs it against the unfused kernels.
 #pragma once
 #include <cstdint>
 #include <span>

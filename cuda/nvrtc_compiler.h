@@ -1,7 +1,7 @@
 // The fusion compiler's back end (issue 33, docs/fusion.md): NVRTC compiles a generated kernel's source
 // (ops/fusion_source.h) for one device architecture, and a disk cache keeps the result, keyed by a hash of the
 // source, the architecture, the NVRTC version and the options. Built into the library with the CUDA backend only
-// (it links CUDA::nvrtc; NVRTC needs no GPU, so tests/test_fusion_nvrtc.cpp compiles this file on CPU machines
+// (it links CUDA::nvrtc; NVRTC needs no GPU, so tests/fusion/test_fusion_nvrtc.cpp compiles this file on CPU machines
 // that have the toolkit). Knows strings and files, nothing of graphs or ops.
 //
 // Cache directory: $DYNGRAD_FUSION_CACHE_DIR, else $XDG_CACHE_HOME/dyngrad/fusion, else $HOME/.cache/dyngrad/fusion.

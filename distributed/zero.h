@@ -20,7 +20,7 @@
 // The update is AdamW's own code (nn/optim.h): an AdamW over one Parameter per dtype whose value is this rank's
 // shard and whose gradient is the averaged gradient's shard, so the per-element formula, the fused GPU kernel,
 // the step counts and the lr schedules (attach one to optimizer()) are those of the ordinary optimizer. After
-// N steps the parameters equal a single-process AdamW on the concatenated batch (tests/test_dist_zero.cpp).
+// N steps the parameters equal a single-process AdamW on the concatenated batch (tests/distributed/test_dist_zero.cpp).
 //
 // Stage 1: the gradients are all-reduced (averaged) in full; every rank keeps them in the model's parameters
 // (as DDP) and updates its shard. Stage 2: they are reduce-scattered; each rank keeps only its shard's averaged

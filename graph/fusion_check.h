@@ -7,7 +7,7 @@
 // Fused today: linear with a bias and/or ReLU (cuBLASLt epilogues: bias in the forward GEMM, the bias gradient in
 // the weight-gradient GEMM, the ReLU mask), conv2d with a bias and/or ReLU (our bias+activation epilogue and the
 // mask+bias-gradient kernel), cross_entropy (log-softmax, NLL and the seed in fused row kernels). Not covered by
-// this mode: the multi-tensor optimizer steps, which tests/test_gpu.cpp ([optim]) compares with the CPU's
+// this mode: the multi-tensor optimizer steps, which tests/gpu/test_gpu.cpp ([optim]) compares with the CPU's
 // per-parameter updates over many chunks, groups and step counts.
 #pragma once
 #include <cstddef>

@@ -26,8 +26,8 @@ std::string shapes_text(const OpCase& c) {
 double reduced_precision_conditioning(OpType op) {
     // Attention's backward reads the rounded output O and output gradient dO twice over (D = rowsum(dO·O), then
     // dS = P·(dP − D), a difference of nearly equal terms for peaked rows) and its dropout masks scale by 1/(1−p):
-    // measured on the H100 up to 7.4 u in bf16 and 11 u in f16 on the op-table cases (tests/test_gpu_reduced.cpp,
-    // 2026-11-25), against at most 2 u for every other op.
+    // measured on the H100 up to 7.4 u in bf16 and 11 u in f16 on the op-table cases
+    // (tests/precision/test_gpu_reduced.cpp, 2026-11-25), against at most 2 u for every other op.
     return op == OpType::ScaledDotProductAttention ? 4.0 : 1.0;
 }
 

@@ -164,7 +164,7 @@ struct BackwardOptions {
     // visits a parameter's last leaf after all its consumers, so the calls come in readiness order (roughly
     // the reverse of the order the forward recorded the parameters); unreached and frozen parameters get no
     // call. Data-parallel training launches gradient all-reduces from it while the sweep goes on
-    // (dist/ddp.h). Empty (the default): the sweep pays one test per parameter leaf. An exception thrown by
+    // (distributed/ddp.h). Empty (the default): the sweep pays one test per parameter leaf. An exception thrown by
     // the callback ends the backward like an op's error (leaf gradients are restored).
     std::function<void(const Parameter&)> on_parameter_ready = {};
     // Record the backward as ops of this graph (graph/higher_order.h): each node's differentiable backward runs

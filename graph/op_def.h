@@ -99,7 +99,7 @@ struct OpAttrs {
 
 // ---- The attribute field table: one entry per OpAttrs member ----
 // Every serialiser of attributes walks this table instead of naming members by hand: the Python keyword parser
-// (python/src/tensor.cpp), the golden export (bench/export_cases.cpp, read by bench/make_goldens.py), the fuzzer
+// (python/src/op_path.cpp), the golden export (tools/export_cases.cpp, read by tools/make_goldens.py), the fuzzer
 // (tests/fuzz/fuzz_graph.cpp) and error text (attrs_text). A row of the op table names the entries its op reads
 // (OpDef::attrs); the default of a field is its initialiser in OpAttrs above. A new attribute: its member above
 // and its entry here (and, for a new enum type, its choice_names overload).
@@ -295,7 +295,7 @@ struct OpDef {
     // new op never falls into a default silently.
     std::optional<AutocastPolicy> autocast;
     // The PyTorch expression it matches, in the names of its inputs and attributes ("torch.softmax(x, dim=axis)"):
-    // shown by dyngrad-verify --list, written into the golden export for bench/make_goldens.py.
+    // shown by dyngrad-verify --list, written into the golden export for tools/make_goldens.py.
     const char* torch = nullptr;
     int optional_inputs = 0;         // e.g. conv2d's bias
     // false: a step function (comparisons) or an index (argmax): its output never requires grad, whatever its

@@ -67,7 +67,7 @@ struct LoaderOptions {
     std::uint64_t seed = 0;
     Device device = Device::cpu();
     bool resident = false;       // CUDA devices: keep the split on the device (see the top of this file)
-    // Data parallelism (dist/ddp.h): this loader serves positions shard, shard + num_shards, ... of each epoch's
+    // Data parallelism (distributed/ddp.h): this loader serves positions shard, shard + num_shards, ... of each epoch's
     // order, n / num_shards samples each (the last n mod num_shards positions sit that epoch out), so every rank
     // gets a disjoint part of the same permutation and runs the same number of batches.
     std::int64_t num_shards = 1;
@@ -162,7 +162,7 @@ struct DataLoaderOptions {
     std::int64_t shard = 0;
     // Every shard takes n / num_shards samples (rounded down): the last n mod num_shards positions of each
     // epoch's order are left out of that epoch (a different few each epoch), so that every rank of a
-    // data-parallel job (dist/ddp.h: shard = rank, num_shards = world size) runs the same number of steps.
+    // data-parallel job (distributed/ddp.h: shard = rank, num_shards = world size) runs the same number of steps.
     bool even_shards = false;
     // Batches a worker thread prepares ahead of next() (get, collate and, for a GPU, the copy into pinned host
     // memory); 0: everything on the caller's thread.

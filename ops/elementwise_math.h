@@ -292,7 +292,7 @@ UnaryScalars<T> unary_scalars(const OpAttrs& attrs) {
 }
 
 // The rows' PointwiseFormula (graph/op_def.h, OpDef::pointwise): the functor each op's kernels call, by name, for
-// the fusion compiler's generated source, and what its derivative reads (tests/test_fusion_plan.cpp checks that
+// the fusion compiler's generated source, and what its derivative reads (tests/fusion/test_fusion_plan.cpp checks that
 // every name is a functor above).
 namespace formula {
 using Form = PointwiseFormula::Form;

@@ -80,8 +80,9 @@ std::vector<OpCase> pow_cases() {
 }
 std::vector<OpCase> kink_cases() { return unary_cases(D::AwayFromZero); }
 // Cases that every check can run: the checks pick the input dtype (f64 finite differences, f32 vs f64, bf16/f16
-// through tests/test_reduced_precision.cpp), the target here is float64, exact from every dtype, so the finite
-// differences see no rounding. Conversions to bf16/f16/f32 are checked by tests/test_reduced_precision.cpp.
+// through tests/precision/test_reduced_precision.cpp), the target here is float64, exact from every dtype, so the
+// finite differences see no rounding. Conversions to bf16/f16/f32 are checked by
+// tests/precision/test_reduced_precision.cpp.
 std::vector<OpCase> cast_cases() {
     OpAttrs to_f64;
     to_f64.dtype = DType::f64;
@@ -92,7 +93,7 @@ std::vector<OpCase> elu_cases() { return unary_cases(D::AwayFromZero, scalar_att
 std::vector<OpCase> clipped_relu_cases() { return unary_cases(D::AwayFromZero, scalar_attr(1.1)); }
 std::vector<OpCase> smooth_cases() { return unary_cases(D::Any); }
 
-// Random operands never tie; the tie rule (half each) is tested in tests/test_elementwise_norm.cpp.
+// Random operands never tie; the tie rule (half each) is tested in tests/ops/test_elementwise_norm.cpp.
 std::vector<OpCase> min_max_cases() {
     std::vector<OpCase> cases = binary_cases();
     for (OpCase& c : cases) c.domains = {D::Any, D::Any};
@@ -426,7 +427,7 @@ std::vector<OpCase> expand_cases() {
 // with many indices repeat some: the backward's accumulation of repeats is checked too.
 std::vector<OpCase> embedding_cases() {
     // Cases without padding_idx: a padding row's gradient is 0 by definition, not the derivative, so finite
-    // differences cannot check it (tests/test_indexing.cpp does).
+    // differences cannot check it (tests/ops/test_indexing.cpp does).
     const OpAttrs rows = axis_attr(0);
     return {
         {"(10,4) weight, (3,5) indices", {{10, 4}, {3, 5}}, rows, {D::Any, D::Indices}},
@@ -533,7 +534,7 @@ std::vector<OpCase> rnn_cases() {
 }
 
 // Sorting and sampling (ops/sampling). Random inputs never tie; ties, k = 0 and the sampling statistics are
-// tests/test_sampling.cpp's. The long rows take the GPU's multi-tile scan.
+// tests/ops/test_sampling.cpp's. The long rows take the GPU's multi-tile scan.
 OpAttrs sort_attr(std::int64_t axis, bool descending, std::int64_t k = 0) {
     OpAttrs a = axis_attr(axis);
     a.descending = descending;

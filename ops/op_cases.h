@@ -1,5 +1,6 @@
 // Internal: the cases of the op table's rows (ops/op_cases.cpp): shapes, attributes and input domains that
-// every check runs an op on (tests/test_gradcheck.cpp, tests/test_gpu.cpp, tests/test_golden.cpp, dyngrad-verify).
+// every check runs an op on (tests/verification/test_gradcheck.cpp, tests/gpu/test_gpu.cpp,
+// tests/verification/test_golden.cpp, dyngrad-verify).
 // Kept apart from the rows (ops/op_table.cpp) so the table reads as one list of ops.
 #pragma once
 #include <vector>

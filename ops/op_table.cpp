@@ -327,9 +327,9 @@ constexpr bool rows_in_tag_order() {
 static_assert(rows_in_tag_order(), "op table: list every OpType once, in tag order");
 
 // Every row states its autocast policy: a new op never falls into one by default. Every row with cases (all but
-// leaf and custom) names the PyTorch expression its goldens (bench/make_goldens.py) compute. By tag, not by
+// leaf and custom) names the PyTorch expression its goldens (tools/make_goldens.py) compute. By tag, not by
 // comparing `cases` with no_cases: GCC does not fold function-pointer comparisons in constant expressions under
-// -fsanitize (the ASan build); tests/test_op_rows.cpp checks the cases themselves.
+// -fsanitize (the ASan build); tests/ops/test_op_rows.cpp checks the cases themselves.
 constexpr bool rows_complete() {
     for (const OpDef& def : kTable) {
         const bool has_cases = def.op != OpType::Leaf && def.op != OpType::Custom;
