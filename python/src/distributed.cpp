@@ -130,15 +130,13 @@ GraphBackward ddp_backward(const std::shared_ptr<DistributedDataParallel>& ddp, 
 }
 
 nb::dict stats_dict(const dist::DDPStats& s) {
-    nb::dict d;
-    d["backward_calls"] = s.backward_calls;
-    d["synchronised_calls"] = s.synchronised_calls;
-    d["ready_order"] = s.ready_order;
-    d["launch_order"] = s.launch_order;
-    d["buckets_launched_during_backward"] = s.buckets_launched_during_backward;
-    d["buckets_launched_after_backward"] = s.buckets_launched_after_backward;
-    d["unused_parameters"] = s.unused_parameters;
-    return d;
+    using S = dist::DDPStats;
+    return fields_dict(s, field("backward_calls", &S::backward_calls),
+                       field("synchronised_calls", &S::synchronised_calls), field("ready_order", &S::ready_order),
+                       field("launch_order", &S::launch_order),
+                       field("buckets_launched_during_backward", &S::buckets_launched_during_backward),
+                       field("buckets_launched_after_backward", &S::buckets_launched_after_backward),
+                       field("unused_parameters", &S::unused_parameters));
 }
 
 void bind_available(nb::module_& d) {
@@ -239,18 +237,11 @@ void bind_zero(nb::module_& d) {
                             const std::vector<std::pair<std::string, const PyTensor*>>& buffers, double lr, double beta1,
                             double beta2, double eps, double weight_decay, int stage) {
             const Module module = module_of(parameters, buffers);
-            AdamOptions options;
-            options.lr = lr;
-            options.beta1 = beta1;
-            options.beta2 = beta2;
-            options.eps = eps;
-            options.weight_decay = weight_decay;
-            dist::ZeroOptions zero;
-            zero.stage = stage;
+            const AdamOptions options{.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = weight_decay};
             std::unique_ptr<dist::ZeroOptimizer> made;
             {
                 nb::gil_scoped_release release;  // the model check and rank 0's broadcast wait for every rank
-                made = std::make_unique<dist::ZeroOptimizer>(module, group, options, zero);
+                made = std::make_unique<dist::ZeroOptimizer>(module, group, options, dist::ZeroOptions{.stage = stage});
             }
             new (self) PyZero{std::move(made)};
         }, nb::arg("group"), nb::arg("parameters"), nb::arg("buffers"), nb::arg("lr"), nb::arg("beta1"),
@@ -274,16 +265,11 @@ void bind_zero(nb::module_& d) {
         .def("zero_grad", [](PyZero& z) { z.zero->zero_grad(); })
         .def_prop_ro("stage", [](const PyZero& z) { return z.zero->stage(); })
         .def("memory", [](const PyZero& z) {
-            const dist::ZeroMemory m = z.zero->memory();
-            nb::dict d;
-            d["world"] = m.world;
-            d["stage"] = m.stage;
-            d["parameters"] = m.parameters;
-            d["parameter_bytes"] = m.parameter_bytes;
-            d["gradient_bytes"] = m.gradient_bytes;
-            d["optimizer_bytes"] = m.optimizer_bytes;
-            d["ddp_bytes"] = m.ddp_bytes;
-            return d;
+            using M = dist::ZeroMemory;
+            return fields_dict(z.zero->memory(), field("world", &M::world), field("stage", &M::stage),
+                               field("parameters", &M::parameters), field("parameter_bytes", &M::parameter_bytes),
+                               field("gradient_bytes", &M::gradient_bytes),
+                               field("optimizer_bytes", &M::optimizer_bytes), field("ddp_bytes", &M::ddp_bytes));
         });
 }
 

@@ -75,16 +75,8 @@ void bind_transformer(nb::module_& m) {
     gpt.def("__init__", [](GPT* self, std::int64_t vocab_size, std::int64_t context, std::int64_t layers,
                            std::int64_t heads, std::int64_t width, double dropout, std::uint64_t seed, bool bias,
                            bool checkpoint) {
-        GPTConfig config;
-        config.vocab_size = vocab_size;
-        config.context = context;
-        config.layers = layers;
-        config.heads = heads;
-        config.width = width;
-        config.dropout = dropout;
-        config.seed = seed;
-        config.bias = bias;
-        config.checkpoint = checkpoint;
+        const GPTConfig config{.vocab_size = vocab_size, .context = context, .layers = layers, .heads = heads,
+                               .width = width, .dropout = dropout, .seed = seed, .bias = bias, .checkpoint = checkpoint};
         new (self) GPT(config, default_generator());
     }, nb::arg("vocab_size"), nb::arg("context"), nb::arg("layers"), nb::arg("heads"), nb::arg("width"),
        nb::arg("dropout"), nb::arg("seed"), nb::arg("bias"), nb::arg("checkpoint") = false);
