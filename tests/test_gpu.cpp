@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
-#include <iostream>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -1022,13 +1021,7 @@ TEST_CASE("every op-table case gives an input subset the all-inputs gradients on
     }
 }
 
-int main(int argc, char* argv[]) {
-    if (cuda_device_count() == 0) {
-        std::cout << "dyngrad: no CUDA device: GPU tests skipped" << std::endl;
-        return 77;
-    }
-    return dgtest::run_session(argc, argv);
-}
+int main(int argc, char* argv[]) { return dgtest::run_gpu_session(argc, argv, "GPU tests"); }
 
 // Issue 11 class 7: NaN propagates through relu, clipped_relu and the fused ReLU of linear (float32: the
 // BIAS epilogue and our ReLU kernel, never cuBLASLt's RELU_BIAS) and conv2d, as on the CPU; the gradient
