@@ -10,12 +10,14 @@
 #include <vector>
 
 #include "catch.h"
+#include "tensor_compare.h"
 #include "attention_support.h"
 #include "dyngrad/dyngrad.h"
 #include "dyngrad/ops/dropout_mask.h"
 
 using namespace dyngrad;
 using dgtest::MessageHas;
+using dgtest::max_abs_diff;
 
 namespace {
 
@@ -53,14 +55,6 @@ Tensor dropout_factors(const Shape& shape, double p, std::uint64_t seed) {
     std::vector<double> f(static_cast<std::size_t>(numel(shape)));
     for (std::size_t i = 0; i < f.size(); ++i) f[i] = math::dropout_keep(seed, i, p) ? 1.0 / (1.0 - p) : 0.0;
     return Tensor::from_vector(f, shape, DType::f64);
-}
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-    const std::vector<double> x = a.to_vector(), y = b.to_vector();
-    REQUIRE(x.size() == y.size());
-    double worst = 0;
-    for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]));
-    return worst;
 }
 
 // Causal as a 0/1 (T,S) keep mask, top-left aligned: s <= t.

@@ -18,10 +18,12 @@
 #include <vector>
 
 #include "catch.h"
+#include "tensor_compare.h"
 #include "dyngrad/dyngrad.h"
 #include "input_subsets.h"
 
 using namespace dyngrad;
+using dgtest::max_abs_diff;
 using dgtest::MessageHas;
 
 namespace {
@@ -550,14 +552,6 @@ std::vector<Tensor> model_batch(bool cnn, std::int64_t rows, std::uint64_t seed)
     return {Tensor::normal(x_shape, 0.0, 1.0, gen).to(kGpu), random_labels(rows, 10, gen, kGpu)};
 }
 
-double max_abs_difference(const Tensor& a, const Tensor& b) {
-    const std::vector<double> x = a.to_vector(), y = b.to_vector();
-    REQUIRE(x.size() == y.size());
-    double worst = 0;
-    for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]));
-    return worst;
-}
-
 }  // namespace
 
 namespace {
@@ -578,7 +572,7 @@ void check_captured_matches_eager(bool cnn) {
     CHECK(step.variants() == 2);
     for (std::size_t i = 0; i < eager.params.size(); ++i) {
         INFO(eager.params[i].name());
-        CHECK(max_abs_difference(eager.params[i].value(), captured.params[i].value()) <= 1e-6);
+        CHECK(max_abs_diff(eager.params[i].value(), captured.params[i].value()) <= 1e-6);
     }
 }
 
@@ -1198,7 +1192,7 @@ TEST_CASE("clip_grad_norm needs no host synchronisation: it runs inside a captur
         REQUIRE_NOTHROW(captured_step.run(batch));
     }
     for (std::size_t i = 0; i < eager.params.size(); ++i)
-        CHECK(max_abs_difference(eager.params[i].value(), captured.params[i].value()) <= 1e-6);
+        CHECK(max_abs_diff(eager.params[i].value(), captured.params[i].value()) <= 1e-6);
 }
 // Eager math on CUDA tensors (graph/eager.h): the same ops as on the CPU, no graph. argmax/argmin go through the
 // max kernels: ties to the first index and NaN as the maximum on both paths (rows: warp shuffles; columns),
