@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "catch.h"
-#include "tensor_compare.h"
 #include "attention_support.h"
 #include "dyngrad/dyngrad.h"
 #include "dyngrad/ops/dropout_mask.h"
+#include "test_support.h"
 
 using namespace dyngrad;
 using dgtest::MessageHas;

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "catch.h"
-#include "tensor_compare.h"
 #include "dyngrad/dyngrad.h"
+#include "test_support.h"
 
 using namespace dyngrad;
 using dgtest::max_abs_diff;

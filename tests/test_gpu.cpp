@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "catch.h"
-#include "tensor_compare.h"
 #include "dyngrad/dyngrad.h"
 #include "input_subsets.h"
+#include "test_support.h"
 
 using namespace dyngrad;
 using dgtest::max_abs_diff;

@@ -13,15 +13,16 @@
 
 #include "catch.h"
 #include "dyngrad/dyngrad.h"
+#include "test_support.h"
 
 using namespace dyngrad;
+using dgtest::f64;
+using dgtest::quadratic_step;
 using dgtest::Approx;
 using dgtest::ApproxVector;
 using dgtest::MessageHas;
 
 namespace {
-
-Tensor f64(std::initializer_list<double> values) { return Tensor::of(values, DType::f64); }
 
 // Element-wise agreement to `relative` (plus a tiny margin for values near 0), much tighter than
 // ApproxVector's float tolerance; for float64 arithmetic checked against hand-computed values.
@@ -78,20 +79,6 @@ std::string bytes_of(const std::vector<float>& values) {
 std::string read_file(const std::filesystem::path& path) {
     std::ifstream in(path, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-// loss = Σ w²/2 over the parameters, so each gradient equals its parameter; then one optimizer step.
-void quadratic_step(Optimizer& opt, const std::vector<Parameter>& used) {
-    ComputeGraph graph;
-    Var loss;
-    for (const Parameter& p : used) {
-        Var w = graph.parameter(p);
-        Var term = sum(w * w) * 0.5;
-        loss = loss.defined() ? loss + term : term;
-    }
-    opt.zero_grad();
-    graph.backward(loss);
-    opt.step();
 }
 
 // PyTorch's Adam / AdamW for one scalar, written out independently of the library's code.
