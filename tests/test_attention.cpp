@@ -22,11 +22,7 @@ using dgtest::max_abs_diff;
 namespace {
 
 AttentionOptions options_of(bool causal, double dropout_p, std::uint64_t seed) {
-    AttentionOptions options;
-    options.is_causal = causal;
-    options.dropout_p = dropout_p;
-    options.seed = seed;
-    return options;
+    return {.is_causal = causal, .dropout_p = dropout_p, .seed = seed};
 }
 
 struct Inputs {

@@ -3,6 +3,7 @@
 #pragma once
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <initializer_list>
 #include <vector>
 
@@ -13,6 +14,12 @@ namespace dgtest {
 
 inline dyngrad::Tensor f64(std::initializer_list<double> values) {
     return dyngrad::Tensor::of(values, dyngrad::DType::f64);
+}
+
+// Standard-normal values of `shape` drawn from a generator seeded with `seed`: the same for the same seed.
+inline dyngrad::Tensor randn(const dyngrad::Shape& shape, std::uint64_t seed, dyngrad::DType dtype = dyngrad::DType::f32) {
+    dyngrad::Generator gen(seed);
+    return dyngrad::Tensor::normal(shape, 0.0, 1.0, gen, dtype);
 }
 
 // max |a[i] − b[i]| over the elements of two tensors of the same size (any dtype; read as double).
