@@ -16,6 +16,12 @@ inline dyngrad::Tensor f64(std::initializer_list<double> values) {
     return dyngrad::Tensor::of(values, dyngrad::DType::f64);
 }
 
+// Class indices as a 1-D int64 tensor (the targets of the class losses).
+inline dyngrad::Tensor labels(std::vector<std::int64_t> values) {
+    const auto n = static_cast<std::int64_t>(values.size());
+    return dyngrad::Tensor::from_vector(values, {n});
+}
+
 // Standard-normal values of `shape` drawn from a generator seeded with `seed`: the same for the same seed.
 inline dyngrad::Tensor randn(const dyngrad::Shape& shape, std::uint64_t seed, dyngrad::DType dtype = dyngrad::DType::f32) {
     dyngrad::Generator gen(seed);
