@@ -283,7 +283,6 @@ TEST_CASE("attention on the GPU: the tensor-core and SIMT float32 paths both mat
           "[attention][gpu]") {
     if (!have_gpu()) DG_SKIP("no CUDA device");
     const OpDef* def = &dgtest::attention_def();
-    using D = InputDomain;
     const std::vector<InputDomain>& masked = dgtest::kMaskedDomains;
     // Every padded head dim (32, 64, 128) and a D that pads (and so takes scalar loads); T, S off the tile of 64.
     const std::vector<OpCase> cases = {
@@ -537,7 +536,6 @@ TEST_CASE("attention on the GPU in bf16 and f16 matches the float64 replay from 
     if (!have_gpu()) DG_SKIP("no CUDA device");
     const CudnnOff kernels_only;  // our 16-bit kernels (cuDNN has tests/test_attention_cudnn.cpp)
     const OpDef* def = &dgtest::attention_def();
-    using D = InputDomain;
     const std::vector<InputDomain>& masked = dgtest::kMaskedDomains;
     // T = 300 (4 full tiles and a ragged one), both big head dims, a D that pads (scalar loads), causal, a padding
     // mask, dropout.
