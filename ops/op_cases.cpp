@@ -12,16 +12,26 @@ namespace dyngrad::op_cases {
 using D = InputDomain;
 
 OpAttrs scalar_attr(double s) {
-    return {.scalar = s};
+    OpAttrs a;
+    a.scalar = s;
+    return a;
 }
 OpAttrs axes_attr(std::vector<std::int64_t> axes, bool keepdim) {
-    return {.axes = std::move(axes), .keepdim = keepdim};
+    OpAttrs a;
+    a.axes = std::move(axes);
+    a.keepdim = keepdim;
+    return a;
 }
 OpAttrs axis_attr(std::int64_t axis, bool keepdim = false) {
-    return {.axis = axis, .keepdim = keepdim};
+    OpAttrs a;
+    a.axis = axis;
+    a.keepdim = keepdim;
+    return a;
 }
 OpAttrs shape_attr(Shape shape) {
-    return {.shape = std::move(shape)};
+    OpAttrs a;
+    a.shape = std::move(shape);
+    return a;
 }
 
 std::vector<OpCase> no_cases() { return {}; }
@@ -89,8 +99,11 @@ std::vector<OpCase> min_max_cases() {
     return cases;
 }
 std::vector<OpCase> clamp_cases() {
-    const auto bounds = [](std::optional<double> min, std::optional<double> max) -> OpAttrs {
-        return {.clamp_min = min, .clamp_max = max};
+    const auto bounds = [](std::optional<double> min, std::optional<double> max) {
+        OpAttrs a;
+        a.clamp_min = min;
+        a.clamp_max = max;
+        return a;
     };
     // One-sided bounds inside (-0.2, 0.2) with |x| >= 0.2: no input near a kink. The two-sided case draws from
     // normal(0, 1): an input lies within the finite-difference step (1e-6) of a bound with probability ~1e-6.
@@ -114,7 +127,10 @@ std::vector<OpCase> gelu_cases() {
 }
 
 OpAttrs row_norm_attr(Shape normalized_shape, double eps = 1e-5) {
-    return {.shape = std::move(normalized_shape), .eps = eps};
+    OpAttrs a;
+    a.shape = std::move(normalized_shape);
+    a.eps = eps;
+    return a;
 }
 // Rows of up to 256 vector units take the one-warp-per-row GPU kernel, longer ones one block per row; rows whose
 // length is not a multiple of the vector width (4 floats, 2 doubles) take the scalar loads.
@@ -213,7 +229,11 @@ std::vector<OpCase> cross_entropy_cases() {
     return cases;
 }
 OpAttrs loss_attr(Reduction reduction, std::int64_t ignore_index = -100, double label_smoothing = 0.0) {
-    return {.reduction = reduction, .ignore_index = ignore_index, .label_smoothing = label_smoothing};
+    OpAttrs a;
+    a.reduction = reduction;
+    a.ignore_index = ignore_index;
+    a.label_smoothing = label_smoothing;
+    return a;
 }
 std::vector<OpCase> class_loss_weighted_cases() {
     constexpr Reduction mean = Reduction::Mean, sum = Reduction::Sum, none = Reduction::None;
@@ -286,7 +306,13 @@ std::vector<OpCase> mse_cases() {
 
 OpAttrs conv_attr(std::array<std::int64_t, 2> stride, std::array<std::int64_t, 2> padding,
                   std::array<std::int64_t, 2> dilation, std::int64_t groups, Activation activation = Activation::None) {
-    return {.stride = stride, .padding = padding, .dilation = dilation, .groups = groups, .activation = activation};
+    OpAttrs a;
+    a.stride = stride;
+    a.padding = padding;
+    a.dilation = dilation;
+    a.groups = groups;
+    a.activation = activation;
+    return a;
 }
 std::vector<OpCase> conv2d_cases() {
     constexpr Activation relu = Activation::Relu;
@@ -305,7 +331,11 @@ std::vector<OpCase> conv2d_cases() {
 }
 OpAttrs pool_attr(std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
                   std::array<std::int64_t, 2> padding) {
-    return {.kernel = kernel, .stride = stride, .padding = padding};
+    OpAttrs a;
+    a.kernel = kernel;
+    a.stride = stride;
+    a.padding = padding;
+    return a;
 }
 std::vector<OpCase> pool2d_cases() {
     return {
@@ -315,7 +345,11 @@ std::vector<OpCase> pool2d_cases() {
     };
 }
 OpAttrs norm_attr(bool training) {
-    return {.training = training, .eps = 1e-5, .momentum = 0.1};
+    OpAttrs a;
+    a.training = training;
+    a.eps = 1e-5;
+    a.momentum = 0.1;
+    return a;
 }
 std::vector<OpCase> batch_norm_cases() {
     const std::vector<D> domains = {D::Any, D::Any, D::Any, D::Constant, D::Constant};
@@ -326,7 +360,11 @@ std::vector<OpCase> batch_norm_cases() {
     };
 }
 OpAttrs dropout_attr(double p, bool training, std::uint64_t seed) {
-    return {.scalar = p, .training = training, .seed = seed};
+    OpAttrs a;
+    a.scalar = p;
+    a.training = training;
+    a.seed = seed;
+    return a;
 }
 std::vector<OpCase> dropout_cases() {
     return {
@@ -339,7 +377,11 @@ std::vector<OpCase> dropout_cases() {
 }
 
 OpAttrs narrow_attr(std::int64_t axis, std::int64_t start, std::int64_t length) {
-    return {.axis = axis, .start = start, .length = length};
+    OpAttrs a;
+    a.axis = axis;
+    a.start = start;
+    a.length = length;
+    return a;
 }
 std::vector<OpCase> narrow_cases() {
     return {
@@ -433,7 +475,12 @@ std::vector<OpCase> masked_fill_cases() {
 
 OpAttrs attention_attr(bool causal, double dropout_p = 0.0, std::optional<double> scale = std::nullopt,
                        std::uint64_t seed = 0) {
-    return {.scalar = dropout_p, .seed = seed, .is_causal = causal, .attention_scale = scale};
+    OpAttrs a;
+    a.is_causal = causal;
+    a.scalar = dropout_p;
+    a.attention_scale = scale;
+    a.seed = seed;
+    return a;
 }
 // q (B,H,T,D), k, v (B,H,S,D)[, mask]. T ≠ S and odd sizes throughout; masks of 0/1 (InputDomain::Mask) in
 // several broadcast shapes, where a query may lose every key (its output is 0). The dropout cases use fixed
@@ -461,7 +508,11 @@ OpCase rnn_case(const char* label, RnnMode mode, std::int64_t hidden, std::int64
                 int states) {
     constexpr std::int64_t kSteps = 3, kBatch = 2, kInput = 3;
     const RnnOptions options{hidden, layers, bidirectional};
-    const OpAttrs a{.rnn_mode = mode, .hidden_size = hidden, .num_layers = layers, .bidirectional = bidirectional};
+    OpAttrs a;
+    a.rnn_mode = mode;
+    a.hidden_size = hidden;
+    a.num_layers = layers;
+    a.bidirectional = bidirectional;
     std::vector<Shape> shapes{{kSteps, kBatch, kInput}, {rnn_weight_size(mode, options, kInput)}};
     for (int i = 0; i < states; ++i) shapes.push_back({layers * (bidirectional ? 2 : 1), kBatch, hidden});
     return {label, shapes, a, {}};
