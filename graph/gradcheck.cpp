@@ -177,19 +177,14 @@ bool gradient_checked(const OpCase& c, std::size_t input, const Tensor& value) {
            domain != InputDomain::Constant && domain != InputDomain::Indices && domain != InputDomain::Mask;
 }
 
-RecordedCase record_case(ComputeGraph& graph, const OpDef& def, const OpCase& c, const std::vector<Tensor>& inputs) {
-    RecordedCase recorded;
-    for (std::size_t i = 0; i < inputs.size(); ++i)
-        recorded.inputs.push_back(graph.input(inputs[i], str("input", i), gradient_checked(c, i, inputs[i])));
-    OpAttrs attrs = c.attrs;
-    if (def.op == OpType::Custom) attrs.custom_id = custom_op_id(def);
-    recorded.output = graph.record(def.op, recorded.inputs, attrs, std::source_location::current());
-    return recorded;
-}
-
 OpRun run_op(const OpDef& def, const OpCase& c, const std::vector<Tensor>& inputs, const Tensor& grad_output) {
     ComputeGraph graph;
-    const auto [vars, y] = record_case(graph, def, c, inputs);
+    std::vector<Var> vars;
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+        vars.push_back(graph.input(inputs[i], str("input", i), gradient_checked(c, i, inputs[i])));
+    OpAttrs attrs = c.attrs;
+    if (def.op == OpType::Custom) attrs.custom_id = custom_op_id(def);
+    Var y = graph.record(def.op, vars, attrs, std::source_location::current());
     OpRun run;
     run.output = y.value();
     if (!grad_output.defined()) return run;
@@ -264,11 +259,15 @@ DirectionalRun directional_run(const OpDef& def, const OpCase& c, const std::vec
                                const Tensor& weights, const std::vector<std::vector<Tensor>>& directions,
                                bool gradients) {
     ComputeGraph graph;
-    const auto [vars, y] = record_case(graph, def, c, inputs);
-    std::vector<Var> checked;
-    for (const Var& v : vars)
-        if (v.requires_grad()) checked.push_back(v);
+    std::vector<Var> vars, checked;
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+        vars.push_back(graph.input(inputs[i], str("input", i), gradient_checked(c, i, inputs[i])));
+        if (vars.back().requires_grad()) checked.push_back(vars.back());
+    }
+    OpAttrs attrs = c.attrs;
+    if (def.op == OpType::Custom) attrs.custom_id = custom_op_id(def);
     const auto here = std::source_location::current();
+    const Var y = graph.record(def.op, vars, attrs, here);
     const Var w = graph.input(weights, "w", true);
     // F_1 = <y, w>; F_{k+1} = Σ_i <∂F_k/∂x_i, v_k,i>, each gradient recorded (create_graph).
     Var f = graph.record(OpType::Sum, {graph.record(OpType::Mul, {y, w}, {}, here)}, {}, here);

@@ -49,14 +49,6 @@ struct OpRun {
 // Inputs whose gradient is checked: float inputs whose domain is not Labels, Constant, Indices or Mask.
 bool gradient_checked(const OpCase& op_case, std::size_t input, const Tensor& value);
 OpRun run_op(const OpDef& def, const OpCase& op_case, const std::vector<Tensor>& inputs, const Tensor& grad_output);
-// The op of `op_case` recorded in `graph` on `inputs` (input i named "input<i>", requiring grad when
-// gradient_checked): the input nodes and the output.
-struct RecordedCase {
-    std::vector<Var> inputs;
-    Var output;
-};
-RecordedCase record_case(ComputeGraph& graph, const OpDef& def, const OpCase& op_case,
-                         const std::vector<Tensor>& inputs);
 
 CheckResult finite_difference_check(const OpDef& def, const OpCase& op_case, Generator& gen,
                                     double tolerance = 1e-6);

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "dyngrad/cuda/runtime.h"
+#include "dyngrad/graph/custom_op.h"
 
 namespace dyngrad {
 
@@ -226,7 +227,12 @@ CheckResult gpu_vs_cpu_check(const OpDef& def, const OpCase& op_case, Generator&
         std::vector<Tensor> inputs;
         for (const Tensor& t : make_case_inputs(op_case, DType::f32, gen)) inputs.push_back(t.to(device));
         auto run_on_device = [&](ComputeGraph& graph, const Tensor* weights) {
-            const Var y = record_case(graph, def, op_case, inputs).output;
+            std::vector<Var> vars;
+            for (std::size_t i = 0; i < inputs.size(); ++i)
+                vars.push_back(graph.input(inputs[i], str("input", i), gradient_checked(op_case, i, inputs[i])));
+            OpAttrs attrs = op_case.attrs;
+            if (def.op == OpType::Custom) attrs.custom_id = custom_op_id(def);
+            Var y = graph.record(def.op, vars, attrs, std::source_location::current());
             if (weights && y.requires_grad()) graph.backward(y, *weights, BackwardOptions{.retain_graph = false, .retain_grads = true});
             return y;
         };
