@@ -47,53 +47,50 @@ double median(std::vector<double> values) {
 
 }  // namespace
 
-int main(int argc, char** argv) try {
-    const Options o = parse(argc, argv);
-    Generator gen(0);
-    Sequential model;
-    model.add(Linear(784, 256, true, gen)).add([](const Var& h) { return relu(h); });
-    model.add(Linear(256, 128, true, gen)).add([](const Var& h) { return relu(h); });
-    model.add(Linear(128, 10, true, gen));
-    model.to(o.device);
-    SGD optimizer(model.parameters(), {.lr = 0.01});
-    const Tensor images = Tensor::uniform({o.batch, 784}, 0.0, 1.0, gen, DType::f32, o.device);
-    std::vector<std::int64_t> label_values(static_cast<std::size_t>(o.batch));
-    for (std::size_t i = 0; i < label_values.size(); ++i) label_values[i] = static_cast<std::int64_t>(i % 10);
-    const Tensor labels = Tensor::from_vector(label_values, {o.batch}, o.device);
+int main(int argc, char** argv) {
+    return cli::guarded_main("dyngrad-anomaly-cost", [&] {
+        const Options o = parse(argc, argv);
+        Generator gen(0);
+        Sequential model;
+        model.add(Linear(784, 256, true, gen)).add([](const Var& h) { return relu(h); });
+        model.add(Linear(256, 128, true, gen)).add([](const Var& h) { return relu(h); });
+        model.add(Linear(128, 10, true, gen));
+        model.to(o.device);
+        SGD optimizer(model.parameters(), {.lr = 0.01});
+        const Tensor images = Tensor::uniform({o.batch, 784}, 0.0, 1.0, gen, DType::f32, o.device);
+        std::vector<std::int64_t> label_values(static_cast<std::size_t>(o.batch));
+        for (std::size_t i = 0; i < label_values.size(); ++i) label_values[i] = static_cast<std::int64_t>(i % 10);
+        const Tensor labels = Tensor::from_vector(label_values, {o.batch}, o.device);
 
-    const auto step = [&] {
-        ComputeGraph graph;
-        const Var loss = cross_entropy(model(graph.input(images, "images")), graph.input(labels, "labels"));
-        optimizer.zero_grad();
-        graph.backward(loss);
-        optimizer.step();
-    };
-    const auto block_ms = [&](bool anomaly) {
-        const AnomalyModeGuard guard(anomaly);
-        if (o.device.is_cuda()) cuda::synchronize(o.device.index);
-        const auto start = std::chrono::steady_clock::now();
-        for (int i = 0; i < o.steps; ++i) step();
-        if (o.device.is_cuda()) cuda::synchronize(o.device.index);
-        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / o.steps;
-    };
+        const auto step = [&] {
+            ComputeGraph graph;
+            const Var loss = cross_entropy(model(graph.input(images, "images")), graph.input(labels, "labels"));
+            optimizer.zero_grad();
+            graph.backward(loss);
+            optimizer.step();
+        };
+        const auto block_ms = [&](bool anomaly) {
+            const AnomalyModeGuard guard(anomaly);
+            if (o.device.is_cuda()) cuda::synchronize(o.device.index);
+            const auto start = std::chrono::steady_clock::now();
+            for (int i = 0; i < o.steps; ++i) step();
+            if (o.device.is_cuda()) cuda::synchronize(o.device.index);
+            const std::chrono::duration<double, std::milli> elapsed = std::chrono::steady_clock::now() - start;
+            return elapsed.count() / o.steps;
+        };
 
-    block_ms(false);  // warm-up: allocations, caches
-    block_ms(true);
-    std::vector<double> plain, checked;
-    for (int r = 0; r < o.repeats; ++r) {
-        plain.push_back(block_ms(false));
-        checked.push_back(block_ms(true));
-    }
-    const double off = median(plain), on = median(checked);
-    std::printf("MLP 784-256-128-10 float32, batch %lld, %s: %d blocks of %d steps each\n",
-                static_cast<long long>(o.batch), o.device.to_string().c_str(), o.repeats, o.steps);
-    std::printf("  anomaly mode off: %8.3f ms/step\n", off);
-    std::printf("  anomaly mode on:  %8.3f ms/step  (x%.2f, +%.0f%%)\n", on, on / off, 100.0 * (on / off - 1.0));
-    return 0;
-} catch (const cli::UsageError& e) {
-    std::fprintf(stderr, "dyngrad-anomaly-cost: %s (--help shows the usage)\n", e.what());
-    return 2;
-} catch (const std::exception& e) {
-    std::fprintf(stderr, "dyngrad-anomaly-cost: %s\n", e.what());
-    return 1;
+        block_ms(false);  // warm-up: allocations, caches
+        block_ms(true);
+        std::vector<double> plain, checked;
+        for (int r = 0; r < o.repeats; ++r) {
+            plain.push_back(block_ms(false));
+            checked.push_back(block_ms(true));
+        }
+        const double off = median(plain), on = median(checked);
+        std::printf("MLP 784-256-128-10 float32, batch %lld, %s: %d blocks of %d steps each\n",
+                    static_cast<long long>(o.batch), o.device.to_string().c_str(), o.repeats, o.steps);
+        std::printf("  anomaly mode off: %8.3f ms/step\n", off);
+        std::printf("  anomaly mode on:  %8.3f ms/step  (x%.2f, +%.0f%%)\n", on, on / off, 100.0 * (on / off - 1.0));
+        return 0;
+    }, " (--help shows the usage)");
 }

@@ -136,12 +136,9 @@ Row measure(const Options& o, std::int64_t length, bool causal) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    try {
+    return cli::guarded_main("dyngrad-attention-bench", [&] {
         const Options o = parse(argc, argv);
-        if (cuda_device_count() == 0) {
-            std::printf("dyngrad-attention-bench: no CUDA device; nothing to measure\n");
-            return 77;
-        }
+        if (cli::no_cuda_device("dyngrad-attention-bench")) return 77;
         // DYNGRAD_ATTENTION_SIMT=1 measures the SIMT kernels instead (ops/attention.h).
         // bf16/f16: cuDNN's fused attention where it applies (each row says what ran), else the 16-bit kernels.
         const char* path = is_reduced_precision(o.dtype)  ? "cuDNN fused attention or tensor cores (16-bit mma.sync)"
@@ -180,11 +177,5 @@ int main(int argc, char** argv) {
             out << "]}\n";
         }
         return 0;
-    } catch (const cli::UsageError& e) {
-        std::fprintf(stderr, "dyngrad-attention-bench: %s\n", e.what());
-        return 2;
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "dyngrad-attention-bench: %s\n", e.what());
-        return 1;
-    }
+    });
 }

@@ -234,17 +234,14 @@ Options parse(int argc, char** argv, const std::vector<Case>& cases) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    try {
+    return cli::guarded_main("dyngrad-op-bench", [&] {
         const std::vector<Case> cases = all_cases();
         const Options o = parse(argc, argv, cases);
         if (o.list) {
             for (const Case& c : cases) std::printf("%s %s\n", c.op.c_str(), c.size.c_str());
             return 0;
         }
-        if (cuda_device_count() == 0) {
-            std::printf("dyngrad-op-bench: no CUDA device; nothing to measure\n");
-            return 77;
-        }
+        if (cli::no_cuda_device("dyngrad-op-bench")) return 77;
         std::printf("device: %s; float32 (bf16 where named), forward + backward, median of %d after %d warm-up\n",
                     cuda::device_name(0).c_str(), o.repetitions, o.warmup);
         std::printf("%-22s %-20s %10s %8s\n", "op", "size", "ms", "GB/s");
@@ -279,8 +276,5 @@ int main(int argc, char** argv) {
         }
         if (json.is_open()) json << "\n]}\n";
         return 0;
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "dyngrad-op-bench: %s\n", e.what());
-        return 2;
-    }
+    }, "", 2);
 }

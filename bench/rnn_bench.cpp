@@ -185,12 +185,9 @@ Row measure(const Options& o, std::int64_t batch) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    try {
+    return cli::guarded_main("dyngrad-rnn-bench", [&] {
         const Options o = parse(argc, argv);
-        if (cuda_device_count() == 0) {
-            std::printf("dyngrad-rnn-bench: no CUDA device; nothing to measure\n");
-            return 77;
-        }
+        if (cli::no_cuda_device("dyngrad-rnn-bench")) return 77;
         cuda::set_allow_tf32(o.tf32);
         std::printf("device: %s\nLSTM: sequence %lld, %lld layers, hidden %lld, input %lld, float32%s\n",
                     cuda::device_name(0).c_str(), (long long)o.seq, (long long)o.layers, (long long)o.hidden,
@@ -225,8 +222,5 @@ int main(int argc, char** argv) {
             out << "]}\n";
         }
         return 0;
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "dyngrad-rnn-bench: %s\n", e.what());
-        return 2;
-    }
+    }, "", 2);
 }

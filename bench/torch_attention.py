@@ -11,15 +11,15 @@ the step adds to the inputs (torch.cuda.max_memory_allocated).
     python3 bench/torch_attention.py --json torch_attention.json
     python3 bench/torch_attention.py --dtype bf16 --backend flash --json torch_attention_bf16.json
 """
-import argparse
-import json
 import statistics
 import sys
 import time
 
+import torch_bench
+
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = torch_bench.parser(__doc__, repetitions=10)
     parser.add_argument("--lengths", default="256,1024,4096")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--heads", type=int, default=8)
@@ -27,17 +27,10 @@ def main():
     parser.add_argument("--dtype", choices=["f32", "bf16", "f16"], default="f32")
     parser.add_argument("--backend", choices=["auto", "flash", "efficient", "cudnn", "math"], default="auto",
                         help="pin PyTorch's SDPA backend (default: PyTorch chooses)")
-    parser.add_argument("--repetitions", type=int, default=10)
-    parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args()
 
-    import torch  # imported here so --help works without torch
+    torch, device = torch_bench.cuda_torch("torch_attention.py")
     import torch.nn.functional as F
-
-    if not torch.cuda.is_available():
-        print("torch_attention.py: no CUDA device", file=sys.stderr)
-        return 77
-    device = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = False  # strict float32, as dyngrad
     torch.manual_seed(0)
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[args.dtype]
@@ -93,9 +86,7 @@ def main():
     result = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0), "dtype": args.dtype,
               "batch": args.batch,
               "heads": args.heads, "head_dim": args.head_dim, "rows": rows}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    torch_bench.write_json(args.json, result)
     return 0
 
 

@@ -7,10 +7,10 @@ twice per batch: strict float32 (allow_tf32 off) and PyTorch's default math (TF3
 
     python3 bench/torch_lstm.py --json torch_lstm.json
 """
-import argparse
-import json
 import statistics
 import sys
+
+import torch_bench
 
 
 def lstm_flops(seq, layers, hidden, inputs, batch, directions=1):
@@ -23,23 +23,16 @@ def lstm_flops(seq, layers, hidden, inputs, batch, directions=1):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = torch_bench.parser(__doc__, repetitions=5)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--input", type=int, default=512)
     parser.add_argument("--batches", default="32,64,96,128,160,192,224,256")
-    parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--inner", type=int, default=3)
-    parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args()
 
-    import torch  # imported here so --help works without torch
-
-    if not torch.cuda.is_available():
-        print("torch_lstm.py: no CUDA device", file=sys.stderr)
-        return 77
-    device = torch.device("cuda")
+    torch, device = torch_bench.cuda_torch("torch_lstm.py")
     torch.manual_seed(0)
     torch.backends.cudnn.benchmark = False
     model = torch.nn.LSTM(args.input, args.hidden, args.layers).to(device)
@@ -78,11 +71,10 @@ def main():
         print(f"torch nn.LSTM batch {batch:4d}: float32 {strict:9.3f} ms {flops / (strict * 1e6):8.1f} GFLOP/s"
               f" | default (TF32) {tf32:9.3f} ms {flops / (tf32 * 1e6):8.1f} GFLOP/s", flush=True)
 
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump({"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
-                       "device": torch.cuda.get_device_name(0), "seq": args.seq, "layers": args.layers,
-                       "hidden": args.hidden, "input": args.input, "rows": rows}, out, indent=1)
+    torch_bench.write_json(args.json, {"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+                                       "device": torch.cuda.get_device_name(0), "seq": args.seq,
+                                       "layers": args.layers, "hidden": args.hidden, "input": args.input,
+                                       "rows": rows})
     return 0
 
 

@@ -9,10 +9,10 @@ from torch 2.4; on older versions the same formula is written with torch ops and
 
     python3 bench/torch_ops.py --json torch_ops.json [--op layer_norm,softmax]
 """
-import argparse
-import json
 import statistics
 import sys
+
+import torch_bench
 
 ROWS, HIDDEN, FFN, VOCAB, BATCH, SEQ, HEADS = 8192, 768, 3072, 50257, 8, 1024, 12
 
@@ -152,20 +152,13 @@ def median_ms(torch, step, warmup, repetitions):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = torch_bench.parser(__doc__, repetitions=50)
     parser.add_argument("--op", help="comma-separated op names (default: all)")
     parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--repetitions", type=int, default=50)
-    parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args()
 
-    import torch  # imported here so --help works without torch
+    torch, device = torch_bench.cuda_torch("torch_ops.py")
     import torch.nn.functional as F
-
-    if not torch.cuda.is_available():
-        print("torch_ops.py: no CUDA device", file=sys.stderr)
-        return 77
-    device = torch.device("cuda")
     all_cases, native_rms_norm = cases(torch, F, device)
     wanted = set(args.op.split(",")) if args.op else None
     if wanted and wanted - {op for op, _, _ in all_cases}:
@@ -184,11 +177,9 @@ def main():
         torch.cuda.empty_cache()
         rows.append({"op": op, "size": size, "ms": ms})
         print(f"{op:14s} {size:20s} {ms:10.3f}", flush=True)
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump({"framework": "torch", "torch": torch.__version__, "device": torch.cuda.get_device_name(0),
-                       "native_rms_norm": native_rms_norm, "warmup": args.warmup,
-                       "repetitions": args.repetitions, "rows": rows}, out, indent=1)
+    torch_bench.write_json(args.json, {"framework": "torch", "torch": torch.__version__,
+                                       "device": torch.cuda.get_device_name(0), "native_rms_norm": native_rms_norm,
+                                       "warmup": args.warmup, "repetitions": args.repetitions, "rows": rows})
     return 0
 
 

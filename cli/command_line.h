@@ -225,4 +225,28 @@ int run_program(const char* program, const char* usage, Parse parse, Run run) {
     }
 }
 
+// A program's main() that parses its options as it goes: run() returns the status. A UsageError: "PROGRAM: message"
+// and `usage_note` (e.g. " (--help shows the usage)") on stderr, status 2; any other exception: "PROGRAM: message",
+// status `error_status`.
+template <typename Run>
+int guarded_main(const char* program, Run run, const char* usage_note = "", int error_status = 1) {
+    try {
+        return run();
+    } catch (const UsageError& e) {
+        std::fprintf(stderr, "%s: %s%s\n", program, e.what(), usage_note);
+        return 2;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s: %s\n", program, e.what());
+        return error_status;
+    }
+}
+
+// A GPU bench's check before it measures: without a CUDA device it says so and returns true (the bench then
+// exits 77, which CTest and the scripts read as skipped).
+inline bool no_cuda_device(const char* program) {
+    if (cuda_device_count() > 0) return false;
+    std::printf("%s: no CUDA device; nothing to measure\n", program);
+    return true;
+}
+
 }  // namespace dyngrad::cli

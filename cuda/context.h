@@ -22,18 +22,16 @@ namespace dyngrad::cuda {
 [[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* expr, const char* file, int line);
 [[noreturn]] void throw_cudnn_error(cudnnStatus_t status, const char* expr, const char* file, int line);
 
-#define DG_CUBLAS_CHECK(expr)                                                                     \
+// One library call's status check; `text` is the call as written (stringified by the macros below, before
+// the library's own macros rename it, e.g. cublasCreate to cublasCreate_v2).
+#define DG_CUDA_LIBRARY_CHECK_(expr, text, Status, success, thrower)                              \
     do {                                                                                          \
-        const cublasStatus_t dg_status_ = (expr);                                                 \
-        if (dg_status_ != CUBLAS_STATUS_SUCCESS)                                                  \
-            ::dyngrad::cuda::throw_cublas_error(dg_status_, #expr, __FILE__, __LINE__);           \
+        const Status dg_status_ = (expr);                                                         \
+        if (dg_status_ != success) ::dyngrad::cuda::thrower(dg_status_, text, __FILE__, __LINE__); \
     } while (0)
-#define DG_CUDNN_CHECK(expr)                                                                      \
-    do {                                                                                          \
-        const cudnnStatus_t dg_status_ = (expr);                                                  \
-        if (dg_status_ != CUDNN_STATUS_SUCCESS)                                                   \
-            ::dyngrad::cuda::throw_cudnn_error(dg_status_, #expr, __FILE__, __LINE__);            \
-    } while (0)
+#define DG_CUBLAS_CHECK(expr) \
+    DG_CUDA_LIBRARY_CHECK_(expr, #expr, cublasStatus_t, CUBLAS_STATUS_SUCCESS, throw_cublas_error)
+#define DG_CUDNN_CHECK(expr) DG_CUDA_LIBRARY_CHECK_(expr, #expr, cudnnStatus_t, CUDNN_STATUS_SUCCESS, throw_cudnn_error)
 
 // Errors found by kernels (e.g. a label out of range) without a device sync inside the op: the first
 // kernel to fail claims the record (atomicCAS on `code` from 0); the runtime raises it as an exception

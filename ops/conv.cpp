@@ -18,6 +18,7 @@
 #include "dyngrad/core/checked.h"
 #include "dyngrad/ops/cpu_parallel.h"
 #include "dyngrad/ops/differentiable_backward.h"
+#include "dyngrad/ops/eigen_maps.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/layout.h"
 #include "dyngrad/ops/linalg.h"
@@ -138,11 +139,6 @@ namespace cpu {
 
 namespace {
 
-template <typename T> using MatrixRM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <typename T> using ConstMatrixMap = Eigen::Map<const MatrixRM<T>>;
-template <typename T> using MatrixMap = Eigen::Map<MatrixRM<T>>;
-template <typename T> using Vector = Eigen::Matrix<T, Eigen::Dynamic, 1>;
-
 // Output positions o in [0, out) whose input index o·stride + offset lies in [0, size), as [lo, hi).
 // Outside it the window reads padding.
 struct Span {
@@ -231,7 +227,7 @@ Tensor conv2d_forward(const ForwardArgs& args) {
                     MatrixMap<T> Y(y.data<T>() + (n * d.k + g * d.kg) * pq, d.kg, pq);
                     parallel_gemm(Y, W, Col);
                     if (has_bias)
-                        Y.colwise() += Eigen::Map<const Vector<T>>(args.inputs[2].data<T>() + g * d.kg, d.kg);
+                        Y.colwise() += Eigen::Map<const ColumnVector<T>>(args.inputs[2].data<T>() + g * d.kg, d.kg);
                     if (args.attrs.activation == Activation::Relu)
                         Y = Y.unaryExpr([](T v) { return math::ReluOp::forward(v, T(0)); });
                 }
@@ -307,7 +303,7 @@ std::vector<Tensor> conv2d_backward(const BackwardArgs& args) {
             const Tensor& b = args.inputs[2];
             grads[2] = Tensor::empty(b.shape(), b.dtype(), b.device());
             // dz viewed as (N·K, P·Q): per-(image, channel) sums, then summed over images.
-            const Vector<T> plane_sums = ConstMatrixMap<T>(dz.data<T>(), d.n * d.k, pq).rowwise().sum();
+            const ColumnVector<T> plane_sums = ConstMatrixMap<T>(dz.data<T>(), d.n * d.k, pq).rowwise().sum();
             Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(grads[2].data<T>(), d.k) =
                 ConstMatrixMap<T>(plane_sums.data(), d.n, d.k).colwise().sum();
         }

@@ -12,6 +12,7 @@
 
 #include "dyngrad/ops/cpu_parallel.h"
 #include "dyngrad/ops/differentiable_backward.h"
+#include "dyngrad/ops/eigen_maps.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/reduce.h"
@@ -550,19 +551,9 @@ SoftmaxBackward softmax_backward_setup(const BackwardArgs& args) {
 
 namespace cpu {
 
-namespace {
-
-// Each outer slice of x (outer, n, inner) is an (n, inner) row-major block whose columns are the vectors
-// being normalised.
-template <typename T> using AxisBlock = Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <typename T> using ConstArrayMap = Eigen::Map<const AxisBlock<T>>;
-template <typename T> using ArrayMap = Eigen::Map<AxisBlock<T>>;
-template <typename T> using RowArray = Eigen::Array<T, 1, Eigen::Dynamic>;
-
-}  // namespace
-
 // x (outer, n, inner) -> y same shape, normalised over n; the max is subtracted first so exp never
-// overflows. LogSoftmax: y = x - max - log Σ exp(x - max).
+// overflows. Each outer slice of x is an (n, inner) row-major block (ArrayRM) whose columns are the vectors
+// being normalised. LogSoftmax: y = x - max - log Σ exp(x - max).
 Tensor softmax_forward(const ForwardArgs& args) {
     const Tensor& x = args.inputs[0];
     Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());

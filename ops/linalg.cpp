@@ -12,6 +12,7 @@
 #include "dyngrad/core/checked.h"
 #include "dyngrad/ops/cpu_parallel.h"
 #include "dyngrad/ops/differentiable_backward.h"
+#include "dyngrad/ops/eigen_maps.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
@@ -134,15 +135,6 @@ OutputSpec linear(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) 
 
 // ---- CPU kernels ----
 namespace cpu {
-
-namespace {
-
-template <typename T> using MatrixRM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <typename T> using ConstMatrixMap = Eigen::Map<const MatrixRM<T>>;
-template <typename T> using MatrixMap = Eigen::Map<MatrixRM<T>>;
-template <typename T> using RowVector = Eigen::Matrix<T, 1, Eigen::Dynamic>;
-
-}  // namespace
 
 // a (M,K)  b (K,N)  y (M,N);  batched: a (B,M,K)  b (B,K,N)  y (B,M,N)
 Tensor matmul_forward(const ForwardArgs& args) {

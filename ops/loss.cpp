@@ -12,6 +12,7 @@
 #include "dyngrad/graph/eager.h"
 #include "dyngrad/ops/argument_rules.h"
 #include "dyngrad/ops/differentiable_backward.h"
+#include "dyngrad/ops/eigen_maps.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/indexing.h"
 #include "dyngrad/ops/layout.h"
@@ -297,12 +298,6 @@ OutputSpec mse_loss(OpType, std::span<const Tensor> inputs, const OpAttrs&) {
 namespace cpu {
 
 namespace {
-
-template <typename T> using ArrayRM = Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <typename T> using ConstArrayMap = Eigen::Map<const ArrayRM<T>>;
-template <typename T> using ArrayMap = Eigen::Map<ArrayRM<T>>;
-template <typename T> using RowArray = Eigen::Array<T, 1, Eigen::Dynamic>;
-template <typename T> using ColumnArray = Eigen::Array<T, Eigen::Dynamic, 1>;
 
 // Labels index rows of the logits, so they are checked before any use (in the backward too: the
 // tensor may have been changed since the forward). ignore_index may lie anywhere, in [0,C) too.

@@ -9,6 +9,7 @@
 
 #include "dyngrad/ops/argument_rules.h"
 #include "dyngrad/ops/differentiable_backward.h"
+#include "dyngrad/ops/eigen_maps.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/layout.h"
@@ -143,8 +144,6 @@ namespace cpu {
 
 namespace {
 
-template <typename T> using ArrayRM = Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <typename T> using Column = Eigen::Array<T, Eigen::Dynamic, 1>;
 using Stats = Eigen::ArrayXd;  // per-channel statistics, accumulated in double
 
 template <typename T>
@@ -156,7 +155,7 @@ Eigen::Map<ArrayRM<T>> sample_out(const Tensor& t, const ChannelLayout& l, std::
     return {t.data<T>() + n * l.c * l.hw, l.c, l.hw};
 }
 template <typename T>
-Eigen::Map<Column<T>> channels(const Tensor& t) {
+Eigen::Map<ColumnArray<T>> channels(const Tensor& t) {
     return {t.data<T>(), t.numel()};
 }
 
@@ -195,9 +194,9 @@ Tensor batch_norm_forward(const ForwardArgs& args) {
         }
         channels<T>(mean) = mu.template cast<T>();
         channels<T>(invstd) = (var + a.eps).sqrt().inverse().template cast<T>();
-        const Column<T> scale = channels<T>(args.inputs[1]) * channels<T>(invstd);
-        const Column<T> shift = channels<T>(args.inputs[2]);
-        const Column<T> center = channels<T>(mean);
+        const ColumnArray<T> scale = channels<T>(args.inputs[1]) * channels<T>(invstd);
+        const ColumnArray<T> shift = channels<T>(args.inputs[2]);
+        const ColumnArray<T> center = channels<T>(mean);
         for (std::int64_t n = 0; n < l.n; ++n)
             sample_out<T>(y, l, n) = ((sample<T>(x, l, n).colwise() - center).colwise() * scale).colwise() + shift;
     });
@@ -233,16 +232,16 @@ std::vector<Tensor> batch_norm_backward(const BackwardArgs& args) {
         }
         if (!p.need_dx) return;
         grads[0] = Tensor::empty(p.x.shape(), p.x.dtype(), p.x.device());
-        const Column<T> k = channels<T>(args.inputs[1]) * channels<T>(p.invstd);
+        const ColumnArray<T> k = channels<T>(args.inputs[1]) * channels<T>(p.invstd);
         if (!p.training) {
             for (std::int64_t n = 0; n < l.n; ++n) sample_out<T>(grads[0], l, n) = sample<T>(p.dy, l, n).colwise() * k;
             return;
         }
         const auto count = static_cast<double>(l.per_channel());
-        const Column<T> mean_dy = (sum_dy / count).template cast<T>();
-        const Column<T> mean_dy_xhat = (sum_dy_xhat / count).template cast<T>();
-        const Column<T> center = channels<T>(p.mean);
-        const Column<T> scale = channels<T>(p.invstd);
+        const ColumnArray<T> mean_dy = (sum_dy / count).template cast<T>();
+        const ColumnArray<T> mean_dy_xhat = (sum_dy_xhat / count).template cast<T>();
+        const ColumnArray<T> center = channels<T>(p.mean);
+        const ColumnArray<T> scale = channels<T>(p.invstd);
         for (std::int64_t n = 0; n < l.n; ++n) {
             const auto xhat = (sample<T>(p.x, l, n).colwise() - center).colwise() * scale;
             sample_out<T>(grads[0], l, n) =
@@ -265,7 +264,7 @@ Tensor row_norm_forward(const ForwardArgs& args) {
     Tensor rstd = Tensor::zeros({l.rows}, x.dtype(), x.device());
     if (l.n > 0) {
         dispatch_floating(x.dtype(), "row_norm", [&]<typename T>() {
-            using Row = Eigen::Map<const Column<T>>;
+            using Row = Eigen::Map<const ColumnArray<T>>;
             const T* w = args.inputs.size() > 1 ? args.inputs[1].data<T>() : nullptr;
             const T* b = args.inputs.size() > 2 ? args.inputs[2].data<T>() : nullptr;
             const double count = static_cast<double>(l.n);
@@ -276,7 +275,7 @@ Tensor row_norm_forward(const ForwardArgs& args) {
                 Eigen::ArrayXd yr = (xr - mu) * inv;
                 if (w != nullptr) yr *= Row(w, l.n).template cast<double>();
                 if (b != nullptr) yr += Row(b, l.n).template cast<double>();
-                Eigen::Map<Column<T>>(y.data<T>() + r * l.n, l.n) = yr.template cast<T>();
+                Eigen::Map<ColumnArray<T>>(y.data<T>() + r * l.n, l.n) = yr.template cast<T>();
                 mean.data<T>()[r] = static_cast<T>(mu);
                 rstd.data<T>()[r] = static_cast<T>(inv);
             }
@@ -293,7 +292,7 @@ std::vector<Tensor> row_norm_backward(const BackwardArgs& args) {
     const RowNormLayout l = p.layout;
     std::vector<Tensor> grads(args.inputs.size());
     dispatch_floating(p.x.dtype(), "row_norm backward", [&]<typename T>() {
-        using Row = Eigen::Map<const Column<T>>;
+        using Row = Eigen::Map<const ColumnArray<T>>;
         const T* mean = p.center ? args.saved[0].data<T>() : nullptr;
         const T* rstd = args.saved.back().data<T>();
         const T* w = args.inputs.size() > 1 ? args.inputs[1].data<T>() : nullptr;
@@ -311,17 +310,17 @@ std::vector<Tensor> row_norm_backward(const BackwardArgs& args) {
             const Eigen::ArrayXd g = w != nullptr ? Eigen::ArrayXd(dyr * Row(w, l.n).template cast<double>()) : dyr;
             const double mean_g = p.center ? g.sum() / count : 0.0;
             const double mean_g_xhat = (g * xhat).sum() / count;
-            Eigen::Map<Column<T>>(grads[0].data<T>() + r * l.n, l.n) =
+            Eigen::Map<ColumnArray<T>>(grads[0].data<T>() + r * l.n, l.n) =
                 (inv * (g - mean_g - xhat * mean_g_xhat)).template cast<T>();
         }
         const Shape& normalized = args.attrs.shape;
         if (p.need_dw) {
             grads[1] = Tensor::empty(normalized, p.x.dtype(), p.x.device());
-            Eigen::Map<Column<T>>(grads[1].data<T>(), l.n) = dw.template cast<T>();
+            Eigen::Map<ColumnArray<T>>(grads[1].data<T>(), l.n) = dw.template cast<T>();
         }
         if (p.need_db) {
             grads[2] = Tensor::empty(normalized, p.x.dtype(), p.x.device());
-            Eigen::Map<Column<T>>(grads[2].data<T>(), l.n) = db.template cast<T>();
+            Eigen::Map<ColumnArray<T>>(grads[2].data<T>(), l.n) = db.template cast<T>();
         }
     });
     return grads;

@@ -12,6 +12,7 @@
 #include "dyngrad/core/checked.h"
 #include "dyngrad/ops/argument_rules.h"
 #include "dyngrad/ops/differentiable_backward.h"
+#include "dyngrad/ops/eigen_maps.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/layout.h"
@@ -322,11 +323,6 @@ namespace cpu {
 
 namespace {
 
-template <typename T> using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <typename T> using ConstMatMap = Eigen::Map<const Mat<T>>;
-template <typename T> using MatMap = Eigen::Map<Mat<T>>;
-template <typename T> using RowVec = Eigen::Matrix<T, 1, Eigen::Dynamic>;
-
 // saved[l] (l < L): layer l's outputs (T,N,D·H); then per pseudo-layer p two tensors: the gate
 // activations (T,N,G·H) and, for lstm, the cell states c_t (T,N,H), for gru R_n·h_{t-1} + b_Rn (T,N,H)
 // (empty for the single-gate cells).
@@ -345,8 +341,8 @@ struct CellBlocks {
           b_ih(w + d.bias_offset(p), d.gates * d.hidden),
           b_hh(b_ih.data() + d.gates * d.hidden, d.gates * d.hidden) {}
     std::int64_t in;
-    Eigen::Map<std::conditional_t<std::is_const_v<E>, const Mat<T>, Mat<T>>> w_ih, w_hh;
-    Eigen::Map<std::conditional_t<std::is_const_v<E>, const RowVec<T>, RowVec<T>>> b_ih, b_hh;
+    Eigen::Map<std::conditional_t<std::is_const_v<E>, const MatrixRM<T>, MatrixRM<T>>> w_ih, w_hh;
+    Eigen::Map<std::conditional_t<std::is_const_v<E>, const RowVector<T>, RowVector<T>>> b_ih, b_hh;
 };
 template <typename T> using CellWeights = CellBlocks<const T>;
 template <typename T> using CellGrads = CellBlocks<T>;
@@ -355,9 +351,9 @@ template <typename T> T logistic(T v) { return T(1) / (T(1) + std::exp(-v)); }
 
 // State p of an optional (L·D,N,H) input, or zeros.
 template <typename T>
-Mat<T> initial_state(const Tensor* state, const RnnDims& d, std::int64_t p) {
-    if (!state) return Mat<T>::Zero(d.batch, d.hidden);
-    return ConstMatMap<T>(state->data<T>() + p * d.batch * d.hidden, d.batch, d.hidden);
+MatrixRM<T> initial_state(const Tensor* state, const RnnDims& d, std::int64_t p) {
+    if (!state) return MatrixRM<T>::Zero(d.batch, d.hidden);
+    return ConstMatrixMap<T>(state->data<T>() + p * d.batch * d.hidden, d.batch, d.hidden);
 }
 
 template <typename T>
@@ -373,22 +369,22 @@ void forward_impl(const RnnDims& d, std::span<const Tensor> inputs, Tensor& out,
     const bool has_extra = d.mode == RnnMode::Lstm || d.mode == RnnMode::Gru;
     for (std::int64_t l = 0; l < d.layers; ++l) {
         const Tensor& layer_in = l == 0 ? inputs[0] : saved[l - 1];
-        const ConstMatMap<T> X(layer_in.data<T>(), TN, d.layer_input(l));
+        const ConstMatrixMap<T> X(layer_in.data<T>(), TN, d.layer_input(l));
         saved[l] = Tensor::empty({d.steps, N, d.dirs * H}, dtype);
-        MatMap<T> Y(saved[l].data<T>(), TN, d.dirs * H);
+        MatrixMap<T> Y(saved[l].data<T>(), TN, d.dirs * H);
         for (std::int64_t dir = 0; dir < d.dirs; ++dir) {
             const std::int64_t p = l * d.dirs + dir;
             const CellWeights<T> cw(d, w, p);
             Tensor& gates = saved[gates_slot(d, p)] = Tensor::empty({d.steps, N, GH}, dtype);
             Tensor& extra = saved[extra_slot(d, p)] = Tensor::empty({has_extra ? d.steps : 0, N, H}, dtype);
-            MatMap<T> A(gates.data<T>(), TN, GH);
-            MatMap<T> E(extra.data<T>(), extra.size(0) * N, H);
+            MatrixMap<T> A(gates.data<T>(), TN, GH);
+            MatrixMap<T> E(extra.data<T>(), extra.size(0) * N, H);
             // Input projections of every step in one GEMM; each step turns its rows into activations.
             A.noalias() = X * cw.w_ih.transpose();
             A.rowwise() += cw.b_ih;
-            Mat<T> h = initial_state<T>(h0, d, p);
-            Mat<T> c = d.mode == RnnMode::Lstm ? initial_state<T>(c0, d, p) : Mat<T>();
-            Mat<T> rec(N, GH);
+            MatrixRM<T> h = initial_state<T>(h0, d, p);
+            MatrixRM<T> c = d.mode == RnnMode::Lstm ? initial_state<T>(c0, d, p) : MatrixRM<T>();
+            MatrixRM<T> rec(N, GH);
             for (std::int64_t s = 0; s < d.steps; ++s) {
                 const std::int64_t t = dir == 0 ? s : d.steps - 1 - s;
                 rec.noalias() = h * cw.w_hh.transpose();
@@ -433,11 +429,11 @@ void forward_impl(const RnnDims& d, std::span<const Tensor> inputs, Tensor& out,
                 }
                 Y.block(t * N, dir * H, N, H) = h;
             }
-            MatMap<T>(h_n + p * N * H, N, H) = h;
-            if (d.mode == RnnMode::Lstm) MatMap<T>(c_n + p * N * H, N, H) = c;
+            MatrixMap<T>(h_n + p * N * H, N, H) = h;
+            if (d.mode == RnnMode::Lstm) MatrixMap<T>(c_n + p * N * H, N, H) = c;
         }
     }
-    MatMap<T>(out.data<T>(), TN, d.dirs * H) = ConstMatMap<T>(saved[d.layers - 1].data<T>(), TN, d.dirs * H);
+    MatrixMap<T>(out.data<T>(), TN, d.dirs * H) = ConstMatrixMap<T>(saved[d.layers - 1].data<T>(), TN, d.dirs * H);
 }
 
 template <typename T>
@@ -456,23 +452,23 @@ std::vector<Tensor> backward_impl(const RnnDims& d, const BackwardArgs& args) {
     T* dw = grads[1].defined() ? grads[1].data<T>() : nullptr;
 
     // dY: the gradient of the current layer's outputs, from the top layer down.
-    Mat<T> dY = ConstMatMap<T>(args.grad_output.data<T>(), TN, d.dirs * H);
+    MatrixRM<T> dY = ConstMatrixMap<T>(args.grad_output.data<T>(), TN, d.dirs * H);
     for (std::int64_t l = d.layers - 1; l >= 0; --l) {
         const Tensor& layer_in = l == 0 ? inputs[0] : saved[l - 1];
-        const ConstMatMap<T> X(layer_in.data<T>(), TN, d.layer_input(l));
-        const ConstMatMap<T> Y(saved[l].data<T>(), TN, d.dirs * H);
+        const ConstMatrixMap<T> X(layer_in.data<T>(), TN, d.layer_input(l));
+        const ConstMatrixMap<T> Y(saved[l].data<T>(), TN, d.dirs * H);
         const bool need_dx = l > 0 || args.needs_grad[0];
-        Mat<T> dX = need_dx ? Mat<T>::Zero(TN, d.layer_input(l)) : Mat<T>();
+        MatrixRM<T> dX = need_dx ? MatrixRM<T>::Zero(TN, d.layer_input(l)) : MatrixRM<T>();
         for (std::int64_t dir = 0; dir < d.dirs; ++dir) {
             const std::int64_t p = l * d.dirs + dir;
             const CellWeights<T> cw(d, w, p);
-            const ConstMatMap<T> A(saved[gates_slot(d, p)].data<T>(), TN, GH);
-            const ConstMatMap<T> E(saved[extra_slot(d, p)].data<T>(), saved[extra_slot(d, p)].size(0) * N, H);
-            Mat<T> dA_in(TN, GH);  // gradients of the gates' pre-activations, input side
-            Mat<T> dA_rec(N, GH);  // the same on the recurrent side at one step (gru's n gate differs)
-            Mat<T> dh = ConstMatMap<T>(dh_n + p * N * H, N, H);
-            Mat<T> dc = d.mode == RnnMode::Lstm ? Mat<T>(ConstMatMap<T>(dc_n + p * N * H, N, H)) : Mat<T>();
-            Mat<T> h_prev(N, H), c_prev, dh_prev(N, H);
+            const ConstMatrixMap<T> A(saved[gates_slot(d, p)].data<T>(), TN, GH);
+            const ConstMatrixMap<T> E(saved[extra_slot(d, p)].data<T>(), saved[extra_slot(d, p)].size(0) * N, H);
+            MatrixRM<T> dA_in(TN, GH);  // gradients of the gates' pre-activations, input side
+            MatrixRM<T> dA_rec(N, GH);  // the same on the recurrent side at one step (gru's n gate differs)
+            MatrixRM<T> dh = ConstMatrixMap<T>(dh_n + p * N * H, N, H);
+            MatrixRM<T> dc = d.mode == RnnMode::Lstm ? MatrixRM<T>(ConstMatrixMap<T>(dc_n + p * N * H, N, H)) : MatrixRM<T>();
+            MatrixRM<T> h_prev(N, H), c_prev, dh_prev(N, H);
             for (std::int64_t s = d.steps - 1; s >= 0; --s) {
                 const std::int64_t t = dir == 0 ? s : d.steps - 1 - s;
                 const std::int64_t t_prev = dir == 0 ? t - 1 : t + 1;
@@ -533,8 +529,8 @@ std::vector<Tensor> backward_impl(const RnnDims& d, const BackwardArgs& args) {
                 if (d.mode == RnnMode::Gru) dh_prev.array() += dh.array() * a.middleCols(H, H).array();
                 dh.swap(dh_prev);
             }
-            if (grads.size() > 2 && grads[2].defined()) MatMap<T>(grads[2].data<T>() + p * N * H, N, H) = dh;
-            if (grads.size() > 3 && grads[3].defined()) MatMap<T>(grads[3].data<T>() + p * N * H, N, H) = dc;
+            if (grads.size() > 2 && grads[2].defined()) MatrixMap<T>(grads[2].data<T>() + p * N * H, N, H) = dh;
+            if (grads.size() > 3 && grads[3].defined()) MatrixMap<T>(grads[3].data<T>() + p * N * H, N, H) = dc;
             if (dw) {
                 CellGrads<T> cg(d, dw, p);
                 cg.w_ih.noalias() = dA_in.transpose() * X;
@@ -546,7 +542,7 @@ std::vector<Tensor> backward_impl(const RnnDims& d, const BackwardArgs& args) {
             dY = std::move(dX);
         } else if (args.needs_grad[0]) {
             grads[0] = Tensor::empty(inputs[0].shape(), inputs[0].dtype());
-            MatMap<T>(grads[0].data<T>(), TN, d.input) = dX;
+            MatrixMap<T>(grads[0].data<T>(), TN, d.input) = dX;
         }
     }
     return grads;

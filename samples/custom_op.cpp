@@ -74,7 +74,7 @@ const CustomOp& sum_of_squares() {
 }  // namespace
 
 int main(int argc, char** argv) {
-    try {
+    return cli::guarded_main("custom_op", [&] {
         const cli::Arguments args(argc, argv, {.options = {"--device"}});
         if (args.help()) {
             std::puts("usage: custom_op [--device cpu|cuda]");
@@ -117,11 +117,5 @@ int main(int argc, char** argv) {
         }
         std::printf("final loss %.3g on %s\n", loss_value, device.to_string().c_str());
         return loss_value < 1e-3 ? 0 : 1;
-    } catch (const cli::UsageError& e) {
-        std::fprintf(stderr, "custom_op: %s (--help shows the usage)\n", e.what());
-        return 2;
-    } catch (const dyngrad::Error& e) {
-        std::fprintf(stderr, "custom_op: %s\n", e.what());
-        return 1;
-    }
+    }, " (--help shows the usage)");
 }

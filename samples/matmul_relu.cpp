@@ -73,7 +73,7 @@ void print_result(const char* title, const Result& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    try {
+    return cli::guarded_main("matmul_relu", [&] {
         const cli::Arguments args(argc, argv, {.flags = {"--cpu"}});
         if (args.help()) {
             std::puts("usage: matmul_relu [--cpu]");
@@ -104,11 +104,5 @@ int main(int argc, char** argv) {
         std::printf("CPU computation time: %.3f ms (best of 3)\n", cpu.ms);
         std::printf("Speedup: %.1fx\n", cpu.ms / gpu.ms);
         return 0;
-    } catch (const cli::UsageError& e) {
-        std::fprintf(stderr, "matmul_relu: %s (--help shows the usage)\n", e.what());
-        return 2;
-    } catch (const dyngrad::Error& e) {
-        std::fprintf(stderr, "matmul_relu: %s\n", e.what());
-        return 1;
-    }
+    }, " (--help shows the usage)");
 }

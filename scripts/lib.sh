@@ -134,6 +134,39 @@ dg_configure_and_build() {
     fi
 }
 
+# The output folder of a script that measures: DIR, created, as an absolute path in `out`; and `python` (PYTHON,
+# default python3), which runs the PyTorch side.
+#   dg_out_dir DIR
+dg_out_dir() {
+    mkdir -p "$1" && out=$(cd "$1" && pwd) || return 1
+    python=${PYTHON:-python3}
+}
+
+# The start of a run-*-bench.sh script, given the script's own arguments (OUT_DIR first): sets dg_command (for
+# dg_record), `out` and `python` (dg_out_dir: OUT_DIR, default the repository's DEFAULT_DIR), `status` to 0 (the
+# script's exit status, which dg_bench_side sets to 1), and builds TARGET (dg_build_bench, which sets `build`).
+# The caller then shifts OUT_DIR off its arguments. Exit status 1 when the folder or the build failed.
+#   dg_bench_setup DEFAULT_DIR TARGET "$@"
+dg_bench_setup() {
+    local default_dir=$1 target=$2 repository
+    shift 2
+    repository=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+    dg_command="scripts/$(basename "$0") $*"
+    status=0
+    dg_out_dir "${1:-$repository/$default_dir}" && dg_build_bench "$target"
+}
+
+# One side of a benchmark: "==> TITLE", then the command, its output (stdout and stderr, Python unbuffered so
+# that progress shows as it comes) also written to TXT. Sets `status` to 1 when the command failed.
+#   dg_bench_side TITLE TXT COMMAND...
+dg_bench_side() {
+    local title=$1 txt=$2
+    shift 2
+    echo "==> $title"
+    PYTHONUNBUFFERED=1 "$@" 2>&1 | tee "$txt"
+    ((PIPESTATUS[0] == 0)) || status=1
+}
+
 # The build step of the run-*-bench.sh scripts: configures and builds the bench targets given (Release, CUDA,
 # no tests) into DYNGRAD_BUILD_DIR (default build-perf/ under the repository root), logging to BUILD.log.
 # Sets `build` to that directory. Exit status 1 (with a message naming the log) when the build failed.

@@ -16,21 +16,13 @@
 # (attention.json), and performance/torch-attention-DTYPE-GPU.json, DTYPE f32, bf16 or f16.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-dg_command="scripts/run-attention-bench.sh $*"
-out=${1:-$root/attention-results}
-shift || true
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-python=${PYTHON:-python3}
 . "$root/scripts/lib.sh"
-dg_build_bench dyngrad-attention-bench || exit 1
-status=0
-echo "==> dyngrad-attention-bench"
-"$build/bench/dyngrad-attention-bench" --json "$out/attention.json" "$@" 2>&1 | tee "$out/attention.txt" || status=1
-echo "==> bench/torch_attention.py"
-PYTHONUNBUFFERED=1 "$python" "$root/bench/torch_attention.py" --json "$out/torch_attention.json" \
-    --backend "${TORCH_BACKEND:-auto}" "$@" 2>&1 |
-    tee "$out/torch_attention.txt" || status=1
+dg_bench_setup attention-results dyngrad-attention-bench "$@" || exit 1
+shift || true
+dg_bench_side dyngrad-attention-bench "$out/attention.txt" \
+    "$build/bench/dyngrad-attention-bench" --json "$out/attention.json" "$@"
+dg_bench_side bench/torch_attention.py "$out/torch_attention.txt" "$python" "$root/bench/torch_attention.py" \
+    --json "$out/torch_attention.json" --backend "${TORCH_BACKEND:-auto}" "$@"
 
 "$python" - "$out" <<'PY' | tee "$out/report.md" || status=1
 import json, sys

@@ -12,20 +12,12 @@
 # (report.md), performance/op-bench-GPU.json (ops.json) and performance/torch-ops-GPU.json (torch_ops.json).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-dg_command="scripts/run-op-bench.sh $*"
-out=${1:-$root/op-results}
-shift || true
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-python=${PYTHON:-python3}
 . "$root/scripts/lib.sh"
-dg_build_bench dyngrad-op-bench || exit 1
-status=0
-echo "==> dyngrad-op-bench"
-"$build/bench/dyngrad-op-bench" --json "$out/ops.json" "$@" 2>&1 | tee "$out/ops.txt" || status=1
-echo "==> bench/torch_ops.py"
-PYTHONUNBUFFERED=1 "$python" "$root/bench/torch_ops.py" --json "$out/torch_ops.json" "$@" 2>&1 |
-    tee "$out/torch_ops.txt" || status=1
+dg_bench_setup op-results dyngrad-op-bench "$@" || exit 1
+shift || true
+dg_bench_side dyngrad-op-bench "$out/ops.txt" "$build/bench/dyngrad-op-bench" --json "$out/ops.json" "$@"
+dg_bench_side bench/torch_ops.py "$out/torch_ops.txt" \
+    "$python" "$root/bench/torch_ops.py" --json "$out/torch_ops.json" "$@"
 "$python" "$root/bench/compare_ops.py" "$out/ops.json" "$out/torch_ops.json" | tee "$out/report.md" || status=1
 kind=$(dg_gpu_kind)
 dg_records "$( (($# == 0)) || echo "options $* (records are of the default run)")" \

@@ -82,11 +82,10 @@ fi
 
 # ---- 2. the workloads, both sides ----
 status=0
-echo "==> dyngrad-perf"
-"$build/bench/dyngrad-perf" --json "$out/dyngrad.json" "${perf_args[@]}" 2>&1 | tee "$out/dyngrad.txt" || status=1
-echo "==> torch_reference.py"
-PYTHONUNBUFFERED=1 "$python" "$root/bench/torch_reference.py" --json "$out/torch.json" "${perf_args[@]}" 2>&1 |
-    tee "$out/torch.txt" || status=1
+dg_bench_side dyngrad-perf "$out/dyngrad.txt" \
+    "$build/bench/dyngrad-perf" --json "$out/dyngrad.json" "${perf_args[@]}"
+dg_bench_side torch_reference.py "$out/torch.txt" \
+    "$python" "$root/bench/torch_reference.py" --json "$out/torch.json" "${perf_args[@]}"
 
 # ---- 3. time to accuracy ----
 # One pair of runs per seed in TTA_SEEDS: per seed both sides start from the same weights — lenet as

@@ -13,24 +13,16 @@
 # performance/rnn-GPU.json, performance/rnn-tf32-GPU.json and performance/torch-lstm-GPU.json.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-dg_command="scripts/run-rnn-bench.sh $*"
-out=${1:-$root/rnn-results}
-shift || true
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-python=${PYTHON:-python3}
 . "$root/scripts/lib.sh"
-dg_build_bench dyngrad-rnn-bench || exit 1
-status=0
-echo "==> dyngrad-rnn-bench (float32)"
-"$build/bench/dyngrad-rnn-bench" --json "$out/rnn.json" "$@" 2>&1 | tee "$out/rnn.txt" || status=1
-echo "==> dyngrad-rnn-bench (TF32 allowed, cuDNN lstm only)"
-"$build/bench/dyngrad-rnn-bench" --tf32 --skip-composed --json "$out/rnn_tf32.json" "$@" 2>&1 |
-    tee "$out/rnn_tf32.txt" || status=1
-echo "==> bench/torch_lstm.py"
+dg_bench_setup rnn-results dyngrad-rnn-bench "$@" || exit 1
+shift || true
+dg_bench_side "dyngrad-rnn-bench (float32)" "$out/rnn.txt" \
+    "$build/bench/dyngrad-rnn-bench" --json "$out/rnn.json" "$@"
+dg_bench_side "dyngrad-rnn-bench (TF32 allowed, cuDNN lstm only)" "$out/rnn_tf32.txt" \
+    "$build/bench/dyngrad-rnn-bench" --tf32 --skip-composed --json "$out/rnn_tf32.json" "$@"
 batches=$(grep -oE -- "--batches [0-9,]+" <<<"$*" | cut -d' ' -f2)
-PYTHONUNBUFFERED=1 "$python" "$root/bench/torch_lstm.py" --json "$out/torch_lstm.json" \
-    ${batches:+--batches "$batches"} 2>&1 | tee "$out/torch_lstm.txt" || status=1
+dg_bench_side bench/torch_lstm.py "$out/torch_lstm.txt" \
+    "$python" "$root/bench/torch_lstm.py" --json "$out/torch_lstm.json" ${batches:+--batches "$batches"}
 
 "$python" - "$out" <<'PY' | tee "$out/report.md" || status=1
 import json, sys

@@ -9,10 +9,9 @@ docs/mixed_precision.md has the per-op policy.
 """
 from __future__ import annotations
 
-import contextlib as _contextlib
-
 from . import _core
 from ._args import check_bools, check_ints, check_numbers
+from ._scoped import ScopedSwitch
 
 __all__ = ["autocast", "GradScaler", "get_autocast_dtype", "is_autocast_enabled"]
 
@@ -26,7 +25,7 @@ def is_autocast_enabled() -> bool:
     return _core.get_autocast_dtype() is not None
 
 
-class autocast(_contextlib.ContextDecorator):
+class autocast(ScopedSwitch):
     """``with dg.autocast("cuda", dtype=dg.float16):`` / ``@dg.autocast("cpu")``.
 
     device_type is "cuda" or "cpu" and only checked: dyngrad's autocast is per thread, not per device, and
@@ -45,16 +44,11 @@ class autocast(_contextlib.ContextDecorator):
         self.device_type, self.fast_dtype, self.enabled = device_type, dtype, bool(enabled)
         self._scopes = []
 
-    def __enter__(self):
+    def _open_scope(self):
         scope = _core._AutocastScope()
         # AutocastGuard(float32) is the engine's "autocast off in this scope".
         scope.enter(self.fast_dtype if self.enabled else _core.float32)
-        self._scopes.append(scope)
-        return self
-
-    def __exit__(self, *exc):
-        self._scopes.pop().exit()
-        return False
+        return scope
 
 
 class GradScaler(_core.GradScaler):

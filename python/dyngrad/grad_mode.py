@@ -7,26 +7,22 @@ from __future__ import annotations
 import contextlib as _contextlib
 
 from . import _core
+from ._scoped import ScopedSwitch
 
 __all__ = ["set_grad_enabled", "enable_grad", "inference_mode"]
 
 
-class _GradMode(_contextlib.ContextDecorator):
+class _GradMode(ScopedSwitch):
     def __init__(self, mode: bool):
         if not isinstance(mode, bool):
             raise TypeError(f"{type(self).__name__}: mode must be a bool, got {type(mode).__name__}")
         self._mode = mode
-        self._scopes = []  # a stack: one object may be entered again while active (a decorated recursive function)
+        self._scopes = []
 
-    def __enter__(self):
+    def _open_scope(self):
         scope = _core._GradModeScope()
         scope.enter(self._mode)
-        self._scopes.append(scope)
-        return self
-
-    def __exit__(self, *exc):
-        self._scopes.pop().exit()
-        return False
+        return scope
 
 
 class set_grad_enabled(_contextlib.ContextDecorator):

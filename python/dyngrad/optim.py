@@ -214,9 +214,13 @@ def _schedule(cls):
     return cls
 
 
-def _no_last_epoch(who, last_epoch):
+def _check_schedule(who, ints, numbers, last_epoch=-1):
+    """A schedule constructor's arguments: `ints` must be ints and `numbers` real numbers (TypeError naming them),
+    and last_epoch is torch's default -1 (resuming is load_state_dict's job)."""
     if last_epoch != -1:
         raise _core.ValueError(f"{who}: last_epoch={last_epoch} is not supported (resume with load_state_dict)")
+    check_ints(who, **ints)
+    check_numbers(who, **numbers)
 
 
 @_schedule
@@ -224,9 +228,7 @@ class StepLR(_core.StepLR):
     """lr = base · gamma^floor(epoch / step_size)."""
 
     def __init__(self, optimizer, step_size, gamma=0.1, last_epoch=-1):
-        _no_last_epoch("StepLR", last_epoch)
-        check_ints("StepLR", step_size=step_size)
-        check_numbers("StepLR", gamma=gamma)
+        _check_schedule("StepLR", {"step_size": step_size}, {"gamma": gamma}, last_epoch)
         super().__init__(optimizer, step_size, gamma)
 
 
@@ -235,9 +237,7 @@ class CosineAnnealingLR(_core.CosineAnnealingLR):
     """lr = eta_min + (base − eta_min) · (1 + cos(π · epoch / T_max)) / 2 (torch's closed form)."""
 
     def __init__(self, optimizer, T_max, eta_min=0.0, last_epoch=-1):  # noqa: N803  (torch's name)
-        _no_last_epoch("CosineAnnealingLR", last_epoch)
-        check_ints("CosineAnnealingLR", T_max=T_max)
-        check_numbers("CosineAnnealingLR", eta_min=eta_min)
+        _check_schedule("CosineAnnealingLR", {"T_max": T_max}, {"eta_min": eta_min}, last_epoch)
         super().__init__(optimizer, T_max, eta_min)
 
 
@@ -249,8 +249,8 @@ class WarmupCosineLR(_core.WarmupCosineLR):
     SequentialLR(LinearLR, CosineAnnealingLR), whose warm-up starts at another factor.)"""
 
     def __init__(self, optimizer, warmup_steps, total_steps, min_lr=0.0):
-        check_ints("WarmupCosineLR", warmup_steps=warmup_steps, total_steps=total_steps)
-        check_numbers("WarmupCosineLR", min_lr=min_lr)
+        _check_schedule("WarmupCosineLR", {"warmup_steps": warmup_steps, "total_steps": total_steps},
+                        {"min_lr": min_lr})
         super().__init__(optimizer, warmup_steps, total_steps, min_lr)
 
 

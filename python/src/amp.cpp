@@ -29,15 +29,10 @@ void bind_amp(nb::module_& m) {
         .def("__init__", [](GradScaler* self, double init_scale, double growth_factor, double backoff_factor,
                             std::int64_t growth_interval, bool enabled, double min_scale,
                             std::int64_t max_consecutive_skips) {
-            GradScalerOptions options;
-            options.init_scale = init_scale;
-            options.growth_factor = growth_factor;
-            options.backoff_factor = backoff_factor;
-            options.growth_interval = growth_interval;
-            options.enabled = enabled;
-            options.min_scale = min_scale;
-            options.max_consecutive_skips = max_consecutive_skips;
-            new (self) GradScaler(options);
+            new (self) GradScaler(GradScalerOptions{.init_scale = init_scale, .growth_factor = growth_factor,
+                                                    .backoff_factor = backoff_factor, .growth_interval = growth_interval,
+                                                    .enabled = enabled, .min_scale = min_scale,
+                                                    .max_consecutive_skips = max_consecutive_skips});
         }, nb::arg("init_scale") = 65536.0, nb::arg("growth_factor") = 2.0, nb::arg("backoff_factor") = 0.5,
            nb::arg("growth_interval") = 2000, nb::arg("enabled") = true, nb::kw_only(), nb::arg("min_scale") = 1.0,
            nb::arg("max_consecutive_skips") = 16)

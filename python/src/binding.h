@@ -157,6 +157,23 @@ std::pair<std::map<std::string, PyTensor>, SafetensorsMetadata> saved_state(cons
     x.save_state(tensors, metadata);
     return {py_tensor_map(tensors), metadata};
 }
+// A C++ struct's fields as a Python dict of the same names (counters and reports read from Python):
+// fields_dict(counts, field("nodes", &Counts::nodes), field("kernels", &Counts::kernels)).
+template <typename Struct, typename Member>
+struct Field {
+    const char* name;
+    Member Struct::*member;
+};
+template <typename Struct, typename Member>
+constexpr Field<Struct, Member> field(const char* name, Member Struct::*member) {
+    return {name, member};
+}
+template <typename Struct, typename... Members>
+nb::dict fields_dict(const Struct& value, Field<Struct, Members>... fields) {
+    nb::dict d;
+    ((d[fields.name] = value.*fields.member), ...);
+    return d;
+}
 // Python arguments of the wrong type: TypeError "who(): argument 'arg' must be <expected>, not <type>", in
 // PyTorch's words (nb::cast's own failure names neither the function nor the argument).
 [[noreturn]] void throw_argument_type(std::string_view who, std::string_view arg, const char* expected, nb::handle given);

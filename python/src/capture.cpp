@@ -86,15 +86,11 @@ void bind_capture(nb::module_& m) {
         .def("__call__", [](PyCapturedStep& s, nb::args inputs) { return PyTensor(run_step(s, inputs)); })
         .def_prop_ro("variants", [](const PyCapturedStep& s) { return s.step->variants(); })
         .def("last_graph_counts", [](const PyCapturedStep& s) {
-            const cuda::CapturedStep::GraphCounts c = s.step->last_graph_counts();
-            nb::dict d;
-            d["nodes"] = c.nodes;
-            d["kernels"] = c.kernels;
-            d["memsets"] = c.memsets;
-            d["memcpys"] = c.memcpys;
-            d["other"] = c.other;
-            d["longest_chain"] = c.longest_chain;
-            return d;
+            using Counts = cuda::CapturedStep::GraphCounts;
+            return fields_dict(s.step->last_graph_counts(), field("nodes", &Counts::nodes),
+                               field("kernels", &Counts::kernels), field("memsets", &Counts::memsets),
+                               field("memcpys", &Counts::memcpys), field("other", &Counts::other),
+                               field("longest_chain", &Counts::longest_chain));
         });
 }
 

@@ -130,15 +130,13 @@ GraphBackward ddp_backward(const std::shared_ptr<DistributedDataParallel>& ddp, 
 }
 
 nb::dict stats_dict(const dist::DDPStats& s) {
-    nb::dict d;
-    d["backward_calls"] = s.backward_calls;
-    d["synchronised_calls"] = s.synchronised_calls;
-    d["ready_order"] = s.ready_order;
-    d["launch_order"] = s.launch_order;
-    d["buckets_launched_during_backward"] = s.buckets_launched_during_backward;
-    d["buckets_launched_after_backward"] = s.buckets_launched_after_backward;
-    d["unused_parameters"] = s.unused_parameters;
-    return d;
+    using S = dist::DDPStats;
+    return fields_dict(s, field("backward_calls", &S::backward_calls),
+                       field("synchronised_calls", &S::synchronised_calls), field("ready_order", &S::ready_order),
+                       field("launch_order", &S::launch_order),
+                       field("buckets_launched_during_backward", &S::buckets_launched_during_backward),
+                       field("buckets_launched_after_backward", &S::buckets_launched_after_backward),
+                       field("unused_parameters", &S::unused_parameters));
 }
 
 void bind_available(nb::module_& d) {
@@ -310,21 +308,21 @@ std::vector<dist::ZeroUnit> zero_units(const nb::list& units) {
 }
 
 nb::dict memory_dict(const dist::ZeroMemory& m) {
-    nb::dict d;
-    d["world"] = m.world;
-    d["stage"] = m.stage;
-    d["parameters"] = m.parameters;
-    d["padded"] = m.padded;
-    d["parameter_bytes"] = m.parameter_bytes;
-    d["gradient_bytes"] = m.gradient_bytes;
-    d["optimizer_bytes"] = m.optimizer_bytes;
-    d["formula_parameter_bytes"] = m.formula_parameter_bytes;
-    d["formula_gradient_bytes"] = m.formula_gradient_bytes;
-    d["formula_optimizer_bytes"] = m.formula_optimizer_bytes;
-    d["ddp_bytes"] = m.ddp_bytes;
-    d["gathered_peak_bytes"] = m.gathered_peak_bytes;
-    d["formula_gathered_bytes"] = m.formula_gathered_bytes;
-    return d;
+    using M = dist::ZeroMemory;
+    return fields_dict(m,
+                       field("world", &M::world),
+                       field("stage", &M::stage),
+                       field("parameters", &M::parameters),
+                       field("padded", &M::padded),
+                       field("parameter_bytes", &M::parameter_bytes),
+                       field("gradient_bytes", &M::gradient_bytes),
+                       field("optimizer_bytes", &M::optimizer_bytes),
+                       field("formula_parameter_bytes", &M::formula_parameter_bytes),
+                       field("formula_gradient_bytes", &M::formula_gradient_bytes),
+                       field("formula_optimizer_bytes", &M::formula_optimizer_bytes),
+                       field("ddp_bytes", &M::ddp_bytes),
+                       field("gathered_peak_bytes", &M::gathered_peak_bytes),
+                       field("formula_gathered_bytes", &M::formula_gathered_bytes));
 }
 
 void bind_zero(nb::module_& d) {

@@ -91,18 +91,21 @@ struct PyDataLoader {
     std::int64_t epoch = 0;
 };
 
+// Adam's and AdamW's Python constructor: the same arguments, with torch's default weight decay of each.
+template <typename AdamKind, typename Class>
+void def_adam_init(Class& c, const char* who, double default_weight_decay) {
+    c.def("__init__", [who](AdamKind* self, nb::handle params, double lr, std::pair<double, double> betas, double eps,
+                            double weight_decay) {
+        new (self) AdamKind(parse_groups(params, who), AdamOptions{lr, betas.first, betas.second, eps, weight_decay});
+    }, nb::arg("params"), nb::arg("lr") = 1e-3, nb::arg("betas") = std::pair<double, double>(0.9, 0.999),
+      nb::arg("eps") = 1e-8, nb::arg("weight_decay") = default_weight_decay);
+}
+
 DataLoaderOptions loader_options(std::int64_t batch_size, bool shuffle, std::uint64_t seed, bool drop_last,
                                  std::int64_t num_shards, std::int64_t shard, std::int64_t prefetch, nb::handle device) {
-    DataLoaderOptions options;
-    options.batch_size = batch_size;
-    options.shuffle = shuffle;
-    options.seed = seed;
-    options.drop_last = drop_last;
-    options.num_shards = num_shards;
-    options.shard = shard;
-    options.prefetch = prefetch;
-    options.device = device.is_none() ? Device::cpu() : parse_device(device);
-    return options;
+    return {.batch_size = batch_size, .shuffle = shuffle, .seed = seed, .drop_last = drop_last,
+            .num_shards = num_shards, .shard = shard, .prefetch = prefetch,
+            .device = device.is_none() ? Device::cpu() : parse_device(device)};
 }
 
 // The loader's next batch as a tuple or list of tensors, None after the epoch's last.
@@ -242,18 +245,10 @@ void bind_nn(nb::module_& m) {
             new (self) SGD(parse_groups(params, "SGD"), SgdOptions{lr, momentum, nesterov, weight_decay});
         }, nb::arg("params"), nb::arg("lr") = 0.01, nb::arg("momentum") = 0.0, nb::arg("nesterov") = false,
            nb::arg("weight_decay") = 0.0);
-    nb::class_<Adam, Optimizer>(m, "Adam")
-        .def("__init__", [](Adam* self, nb::handle params, double lr, std::pair<double, double> betas, double eps,
-                            double weight_decay) {
-            new (self) Adam(parse_groups(params, "Adam"), AdamOptions{lr, betas.first, betas.second, eps, weight_decay});
-        }, nb::arg("params"), nb::arg("lr") = 1e-3, nb::arg("betas") = std::pair<double, double>(0.9, 0.999),
-           nb::arg("eps") = 1e-8, nb::arg("weight_decay") = 0.0);
-    nb::class_<AdamW, Adam>(m, "AdamW")
-        .def("__init__", [](AdamW* self, nb::handle params, double lr, std::pair<double, double> betas, double eps,
-                            double weight_decay) {
-            new (self) AdamW(parse_groups(params, "AdamW"), AdamOptions{lr, betas.first, betas.second, eps, weight_decay});
-        }, nb::arg("params"), nb::arg("lr") = 1e-3, nb::arg("betas") = std::pair<double, double>(0.9, 0.999),
-           nb::arg("eps") = 1e-8, nb::arg("weight_decay") = 0.01);
+    nb::class_<Adam, Optimizer> adam(m, "Adam");
+    def_adam_init<Adam>(adam, "Adam", 0.0);
+    nb::class_<AdamW, Adam> adamw(m, "AdamW");
+    def_adam_init<AdamW>(adamw, "AdamW", 0.01);
     nb::class_<LRScheduler>(m, "LRScheduler")
         .def("step", &LRScheduler::step)
         .def_prop_ro("epoch", &LRScheduler::epoch)
@@ -401,17 +396,11 @@ void bind_nn(nb::module_& m) {
         .def("__repr__", &VerifyReport::summary)
         .def_prop_ro("nodes", [](const VerifyReport& r) {
             nb::list out;
-            for (const NodeCheck& n : r.nodes) {
-                nb::dict d;
-                d["id"] = n.id;
-                d["op"] = n.op;
-                d["name"] = n.name;
-                d["shape"] = n.shape;
-                d["value_rel_err"] = n.value_rel_err;
-                d["grad_rel_err"] = n.grad_rel_err;
-                d["pass"] = n.pass;
-                out.append(d);
-            }
+            for (const NodeCheck& n : r.nodes)
+                out.append(fields_dict(n, field("id", &NodeCheck::id), field("op", &NodeCheck::op),
+                                       field("name", &NodeCheck::name), field("shape", &NodeCheck::shape),
+                                       field("value_rel_err", &NodeCheck::value_rel_err),
+                                       field("grad_rel_err", &NodeCheck::grad_rel_err), field("pass", &NodeCheck::pass)));
             return out;
         });
     m.def("verify", [](const PyTensor& output, double tolerance) {

@@ -84,19 +84,10 @@ void bind_transformer(nb::module_& m) {
                            std::int64_t heads, std::int64_t width, double dropout, std::uint64_t seed, bool bias,
                            bool checkpoint, std::int64_t padded_vocab_size, bool tie_embeddings,
                            const std::string& gelu) {
-        GPTConfig config;
-        config.vocab_size = vocab_size;
-        config.context = context;
-        config.layers = layers;
-        config.heads = heads;
-        config.width = width;
-        config.dropout = dropout;
-        config.seed = seed;
-        config.bias = bias;
-        config.checkpoint = checkpoint;
-        config.padded_vocab_size = padded_vocab_size;
-        config.tie_embeddings = tie_embeddings;
-        config.gelu = gelu_of(gelu, "GPT");
+        const GPTConfig config{.vocab_size = vocab_size, .context = context, .layers = layers, .heads = heads,
+                               .width = width, .dropout = dropout, .seed = seed, .bias = bias,
+                               .padded_vocab_size = padded_vocab_size, .tie_embeddings = tie_embeddings,
+                               .gelu = gelu_of(gelu, "GPT"), .checkpoint = checkpoint};
         new (self) GPT(config, default_generator());
     }, nb::arg("vocab_size"), nb::arg("context"), nb::arg("layers"), nb::arg("heads"), nb::arg("width"),
        nb::arg("dropout"), nb::arg("seed"), nb::arg("bias"), nb::arg("checkpoint") = false,

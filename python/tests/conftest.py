@@ -34,6 +34,21 @@ def rng():
     return np.random.default_rng(1234)
 
 
+def numeric_grad(f, a, h=1e-6):
+    """The central-difference gradient of the scalar function f at the array a (a itself is left unchanged)."""
+    a = a.copy()
+    g = np.zeros_like(a)
+    for i in np.ndindex(a.shape):
+        saved = a[i]
+        a[i] = saved + h
+        up = f(a)
+        a[i] = saved - h
+        down = f(a)
+        a[i] = saved
+        g[i] = (up - down) / (2 * h)
+    return g
+
+
 def line_of(marker):
     """The line number of the line of the calling test file that holds `marker` (a comment on that line)."""
     caller = inspect.getmodule(inspect.currentframe().f_back)

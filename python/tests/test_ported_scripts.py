@@ -1,12 +1,13 @@
 """Three PyTorch training programs ported to dyngrad by changing only their import lines (issue 29, item 3).
 
-python/examples/ported/<name>_torch.py is the program as a PyTorch user writes it; <name>.py is the dyngrad port.
-test_ports_differ_only_in_documented_lines checks the "only the imports changed" claim mechanically: the two files
-have the same lines except pairs listed in docs/python.md's "Ported PyTorch scripts" table (and every row of that
-table is used, so it cannot go stale). test_guide_torch_tables_hold does the same for the PyTorch → dyngrad tables
-of the guide's chapters: each row's PyTorch spelling and dyngrad spelling must sit on the same line of a torch
-script and its port, which the other tests run. Each port then runs here on the CPU in its --quick form, with a
-fresh seed per run, and must learn: checks are relative to what the same run measured before training.
+python/examples/ported/<name>_torch.py is the program as a PyTorch user writes it, and the only copy: its dyngrad
+port is derived by python/examples/ported/port.py, which rewrites the lines that import from torch and no other.
+test_ports_differ_only_in_documented_lines checks that rewrite against docs/python.md's "Ported PyTorch scripts"
+table: every changed line is an import line and a row of the table (and every row is used, so the table cannot go
+stale). test_guide_torch_tables_hold does the same for the PyTorch → dyngrad tables of the guide's chapters: each
+row's PyTorch spelling and dyngrad spelling must sit on the same line of a torch script and its port, which the
+other tests run. Each port then runs here on the CPU in its --quick form, with a fresh seed per run, and must
+learn: checks are relative to what the same run measured before training.
 """
 import importlib.util
 import math
@@ -26,8 +27,19 @@ FASHION_MNIST = pathlib.Path("/usr/share/datasets/fashion-mnist")
 FORTUNES = pathlib.Path("/usr/share/games/fortunes")
 
 
+def _import_port():
+    spec = importlib.util.spec_from_file_location("ported_port", PORTED / "port.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+port = _import_port()
+
+
 def _lines(name):
-    return (PORTED / f"{name}_torch.py").read_text().splitlines(), (PORTED / f"{name}.py").read_text().splitlines()
+    original = port.source(name)[1].splitlines()
+    return original, port.port_lines(original)
 
 
 def _code_spans(row):
@@ -51,15 +63,27 @@ def test_ports_differ_only_in_documented_lines():
     for name in SCRIPTS:
         torch_lines, port_lines = _lines(name)
         # Line for line: a port changes lines, it never adds or removes one.
-        assert len(torch_lines) == len(port_lines), f"{name}.py has {len(port_lines)} lines, its torch original " \
-                                                    f"{len(torch_lines)}"
-        for number, (original, port) in enumerate(zip(torch_lines, port_lines), 1):
-            if original != port:
-                pair = (original.strip(), port.strip())
-                assert pair in documented, (f"{name}.py:{number} differs from {name}_torch.py by a change that "
-                                            f"docs/python.md does not list: {original!r} -> {port!r}")
+        assert len(torch_lines) == len(port_lines), f"{name}'s port has {len(port_lines)} lines, its torch " \
+                                                    f"original {len(torch_lines)}"
+        for number, (original, ported) in enumerate(zip(torch_lines, port_lines), 1):
+            if original != ported:
+                pair = (original.strip(), ported.strip())
+                assert re.match(r"(import|from) ", pair[0]), f"{name}_torch.py:{number}: port.py changed a line " \
+                                                             f"that is no import: {original!r} -> {ported!r}"
+                assert pair in documented, (f"{name}_torch.py:{number}: the port changes it in a way that "
+                                            f"docs/python.md does not list: {original!r} -> {ported!r}")
                 used.add(pair)
     assert documented - used == set(), f"rows of docs/python.md's table that no port uses: {documented - used}"
+
+
+def test_port_rewrites_only_torch_imports():
+    original = ["import torch", "    import torch.nn.functional as F", "from torch.utils.data import DataLoader",
+                "x = torch.zeros(3)  # import torch", "import torchvision", "from torchaudio import load"]
+    assert port.port_lines(original) == ["import dyngrad as torch", "    import dyngrad.nn.functional as F",
+                                         "from dyngrad.utils.data import DataLoader"] + original[3:]
+    # `import torch.nn` binds `torch` to the top package; no rewrite of that one line keeps it so.
+    with pytest.raises(ValueError, match="line 2"):
+        port.port_lines(["import os", "import torch.nn"])
 
 
 def test_guide_torch_tables_hold():
@@ -70,19 +94,16 @@ def test_guide_torch_tables_hold():
     # The distributed chapter has no such table: Python has no distributed layer yet (its page says so).
     assert {chapter for chapter, _ in rows} >= {"10-transformers.md", "11-mixed-precision.md"}, rows
     for chapter, (torch_spelling, dyngrad_spelling) in rows:
-        assert any(torch_spelling in original and dyngrad_spelling in port
-                   for lines in pairs.values() for original, port in lines), \
+        assert any(torch_spelling in original and dyngrad_spelling in ported
+                   for lines in pairs.values() for original, ported in lines), \
             f"{chapter}: no ported script has `{torch_spelling}` in PyTorch as `{dyngrad_spelling}` in dyngrad"
 
 
 def _load(name, engine="dyngrad"):
     """The port (engine "dyngrad") or, where PyTorch is installed (the GPU machine), its PyTorch original: the same
     checks then hold for the program as a PyTorch user runs it, so the original is real, working PyTorch code."""
-    suffix = "" if engine == "dyngrad" else "_torch"
     expected = dg if engine == "dyngrad" else pytest.importorskip("torch")
-    spec = importlib.util.spec_from_file_location(f"ported_{name}{suffix}", PORTED / f"{name}{suffix}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = port.load(name, engine)
     # The port's `torch` is dyngrad (the original's is PyTorch): the test would mean nothing otherwise.
     assert module.torch is expected and module.nn is expected.nn
     return module

@@ -7,24 +7,11 @@ import pytest
 
 import dyngrad as dg
 import dyngrad.functional as F
+from conftest import numeric_grad
 
 
 def t64(a, requires_grad=False):
     return dg.tensor(np.asarray(a, dtype=np.float64), requires_grad=requires_grad)
-
-
-def numeric_grad(f, a, h=1e-6):
-    a = a.copy()
-    g = np.zeros_like(a)
-    for i in np.ndindex(a.shape):
-        saved = a[i]
-        a[i] = saved + h
-        up = f(a)
-        a[i] = saved - h
-        down = f(a)
-        a[i] = saved
-        g[i] = (up - down) / (2 * h)
-    return g
 
 
 def test_linear_over_leading_dims_and_1d(rng):

@@ -1,6 +1,7 @@
 // Helpers shared by the attention tests (test_attention, test_attention_cudnn).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "dyngrad/dyngrad.h"
 
@@ -16,6 +17,16 @@ inline dyngrad::OpAttrs attention_attrs(bool causal, double dropout_p = 0.0, std
     a.seed = seed;
     return a;
 }
+
+// scaled_dot_product_attention's row of the op table.
+inline const dyngrad::OpDef& attention_def() {
+    const dyngrad::OpDef* def = dyngrad::find_op("scaled_dot_product_attention");
+    if (def == nullptr) throw dyngrad::GraphError("scaled_dot_product_attention is not in the op table");
+    return *def;
+}
+// The input domains of a case with a mask: q, k, v any values, the mask 0/1.
+inline const std::vector<dyngrad::InputDomain> kMaskedDomains = {
+    dyngrad::InputDomain::Any, dyngrad::InputDomain::Any, dyngrad::InputDomain::Any, dyngrad::InputDomain::Mask};
 
 // Sets the process-wide cuDNN attention switch while in scope, then restores it.
 class CudnnSwitch {

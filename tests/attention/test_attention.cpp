@@ -13,18 +13,16 @@
 #include "attention_support.h"
 #include "dyngrad/dyngrad.h"
 #include "dyngrad/ops/dropout_mask.h"
+#include "test_support.h"
 
 using namespace dyngrad;
 using dgtest::MessageHas;
+using dgtest::max_abs_diff;
 
 namespace {
 
 AttentionOptions options_of(bool causal, double dropout_p, std::uint64_t seed) {
-    AttentionOptions options;
-    options.is_causal = causal;
-    options.dropout_p = dropout_p;
-    options.seed = seed;
-    return options;
+    return {.is_causal = causal, .dropout_p = dropout_p, .seed = seed};
 }
 
 struct Inputs {
@@ -53,14 +51,6 @@ Tensor dropout_factors(const Shape& shape, double p, std::uint64_t seed) {
     std::vector<double> f(static_cast<std::size_t>(numel(shape)));
     for (std::size_t i = 0; i < f.size(); ++i) f[i] = math::dropout_keep(seed, i, p) ? 1.0 / (1.0 - p) : 0.0;
     return Tensor::from_vector(f, shape, DType::f64);
-}
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-    const std::vector<double> x = a.to_vector(), y = b.to_vector();
-    REQUIRE(x.size() == y.size());
-    double worst = 0;
-    for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]));
-    return worst;
 }
 
 // Causal as a 0/1 (T,S) keep mask, top-left aligned: s <= t.
@@ -182,10 +172,8 @@ using dgtest::have_gpu;
 
 TEST_CASE("attention on the GPU matches the float64 CPU replay on large ragged cases", "[attention][gpu]") {
     if (!have_gpu()) DG_SKIP("no CUDA device");
-    const OpDef* def = find_op("scaled_dot_product_attention");
-    REQUIRE(def != nullptr);
-    using D = InputDomain;
-    const std::vector<D> masked = {D::Any, D::Any, D::Any, D::Mask};
+    const OpDef* def = &dgtest::attention_def();
+    const std::vector<InputDomain>& masked = dgtest::kMaskedDomains;
     const std::vector<OpCase> cases = {
         {"B2 H3 T77 S130 D64 causal", {{2, 3, 77, 64}, {2, 3, 130, 64}, {2, 3, 130, 64}}, attention_attrs(true), {}},
         {"B2 H3 T77 S130 D64 mask (B,1,T,S)", {{2, 3, 77, 64}, {2, 3, 130, 64}, {2, 3, 130, 64}, {2, 1, 77, 130}},
@@ -294,10 +282,8 @@ double relative_norm_diff(const Tensor& a, const Tensor& b) {
 TEST_CASE("attention on the GPU: the tensor-core and SIMT float32 paths both match the float64 CPU replay",
           "[attention][gpu]") {
     if (!have_gpu()) DG_SKIP("no CUDA device");
-    const OpDef* def = find_op("scaled_dot_product_attention");
-    REQUIRE(def != nullptr);
-    using D = InputDomain;
-    const std::vector<D> masked = {D::Any, D::Any, D::Any, D::Mask};
+    const OpDef* def = &dgtest::attention_def();
+    const std::vector<InputDomain>& masked = dgtest::kMaskedDomains;
     // Every padded head dim (32, 64, 128) and a D that pads (and so takes scalar loads); T, S off the tile of 64.
     const std::vector<OpCase> cases = {
         {"B2 H2 T150 S150 D64 causal", {{2, 2, 150, 64}, {2, 2, 150, 64}, {2, 2, 150, 64}}, attention_attrs(true), {}},
@@ -499,8 +485,7 @@ std::vector<OpCase> fragment_sweep_cases() {
 }  // namespace
 
 TEST_CASE("the GPU sweep's cases are well-formed: float32 on the CPU agrees with float64 on each", "[attention]") {
-    const OpDef* def = find_op("scaled_dot_product_attention");
-    REQUIRE(def != nullptr);
+    const OpDef* def = &dgtest::attention_def();
     const std::vector<OpCase> cases = fragment_sweep_cases();
     for (std::size_t index = 0; index < cases.size(); ++index) {
         DYNAMIC_SECTION(cases[index].label) {
@@ -516,8 +501,7 @@ TEST_CASE("attention on the GPU: the tensor-core kernels over ragged T, S and ev
           "and gradients against the float64 replay",
           "[attention][gpu][mma]") {
     if (!have_gpu()) DG_SKIP("no CUDA device");
-    const OpDef* def = find_op("scaled_dot_product_attention");
-    REQUIRE(def != nullptr);
+    const OpDef* def = &dgtest::attention_def();
     const GpuPathScope scope(AttentionGpuPath::tensor_cores);
     const CudnnOff kernels_only;  // bf16 cases without mask or dropout would otherwise run on cuDNN
     const std::vector<OpCase> cases = fragment_sweep_cases();
@@ -551,10 +535,8 @@ TEST_CASE("attention on the GPU in bf16 and f16 matches the float64 replay from 
           "[attention][gpu][reduced]") {
     if (!have_gpu()) DG_SKIP("no CUDA device");
     const CudnnOff kernels_only;  // our 16-bit kernels (cuDNN has tests/attention/test_attention_cudnn.cpp)
-    const OpDef* def = find_op("scaled_dot_product_attention");
-    REQUIRE(def != nullptr);
-    using D = InputDomain;
-    const std::vector<D> masked = {D::Any, D::Any, D::Any, D::Mask};
+    const OpDef* def = &dgtest::attention_def();
+    const std::vector<InputDomain>& masked = dgtest::kMaskedDomains;
     // T = 300 (4 full tiles and a ragged one), both big head dims, a D that pads (scalar loads), causal, a padding
     // mask, dropout.
     const std::vector<OpCase> cases = {

@@ -74,8 +74,7 @@ TEST_CASE("cuDNN attention in bf16 and f16 matches the float64 replay, and cuDNN
           "[attention][cudnn][gpu]") {
     if (!have_gpu()) DG_SKIP("no CUDA device");
     CudnnSwitch on(true);
-    const OpDef* def = find_op("scaled_dot_product_attention");
-    REQUIRE(def != nullptr);
+    const OpDef* def = &dgtest::attention_def();
     struct Case {
         const char* label;
         std::int64_t B, H, T, S, D;
@@ -117,10 +116,8 @@ TEST_CASE("cuDNN attention in bf16 and f16 matches the float64 replay, and cuDNN
 TEST_CASE("cuDNN attention: dropout, a mask, D = 36 and the switch off run on the kernels, correctly",
           "[attention][cudnn][gpu]") {
     if (!have_gpu()) DG_SKIP("no CUDA device");
-    const OpDef* def = find_op("scaled_dot_product_attention");
-    REQUIRE(def != nullptr);
-    using D = InputDomain;
-    const std::vector<D> masked = {D::Any, D::Any, D::Any, D::Mask};
+    const OpDef* def = &dgtest::attention_def();
+    const std::vector<InputDomain>& masked = dgtest::kMaskedDomains;
     struct Case {
         OpCase op_case;
         bool enabled;

@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <algorithm>
 #include <array>
-#include <iostream>
 #include <memory>
 #include <limits>
 #include <span>
@@ -887,10 +886,4 @@ TEST_CASE("the GPT with every block checkpointed matches the plain GPT on the GP
     }
 }
 
-int main(int argc, char* argv[]) {
-    if (cuda_device_count() == 0) {
-        std::cout << "dyngrad: no CUDA device: GPU capture tests skipped" << std::endl;
-        return 77;
-    }
-    return dgtest::run_session(argc, argv);
-}
+int main(int argc, char* argv[]) { return dgtest::run_gpu_session(argc, argv, "GPU capture tests"); }

@@ -7,7 +7,6 @@
 //
 // Without a CUDA device (or in a CPU-only build) the executable prints why and exits 77 (CTest: skipped).
 #include <cstdint>
-#include <iostream>
 #include <span>
 #include <string>
 #include <vector>
@@ -106,13 +105,7 @@ std::vector<Tensor> batch(std::uint64_t seed) {
 
 }  // namespace
 
-int main(int argc, char* argv[]) {
-    if (cuda_device_count() == 0) {
-        std::cout << "dyngrad: no CUDA device: side-lane tests skipped" << std::endl;
-        return 77;
-    }
-    return dgtest::run_session(argc, argv);
-}
+int main(int argc, char* argv[]) { return dgtest::run_gpu_session(argc, argv, "side-lane tests"); }
 
 TEST_CASE("weight gradients on the side lane equal the one-stream gradients bit for bit, however the sweep reads "
           "them", "[gpu][side_lane]") {

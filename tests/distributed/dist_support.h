@@ -52,6 +52,17 @@ inline Rows shard(const Rows& b, int rank, int world) {
     return {b.x.narrow(0, rank * per, per), b.y.narrow(0, rank * per, per)};
 }
 
+// The CPU tests' MLP: 12 → 32 → 16 → `classes`, ReLU between, in `dtype`.
+inline dyngrad::Sequential make_mlp(dyngrad::Generator& gen, dyngrad::DType dtype, std::int64_t classes) {
+    using dyngrad::Activation, dyngrad::Linear;
+    dyngrad::Sequential m;
+    m.add(Linear(12, 32, true, gen, Activation::Relu)).skip_index();
+    m.add(Linear(32, 16, true, gen, Activation::Relu)).skip_index();
+    m.add(Linear(16, classes, true, gen));
+    m.to(dtype);
+    return m;
+}
+
 inline dyngrad::Var loss_of(const dyngrad::Sequential& model, dyngrad::ComputeGraph& graph, const Rows& b) {
     return dyngrad::cross_entropy(model(graph.input(b.x)), graph.input(b.y));
 }

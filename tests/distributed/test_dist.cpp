@@ -24,22 +24,12 @@ using dgtest::shard;
 
 namespace {
 
-dist::ProcessGroup& group() {
-    static dist::ProcessGroup g = dist::ProcessGroup::init();
-    return g;
-}
+dist::ProcessGroup& group() { return dgtest::launched_group(); }
 
 Var max_pool_2(const Var& x) { return max_pool2d(x, {2, 2}); }
 Var flatten_all(const Var& x) { return flatten(x); }
 
-Sequential make_mlp(Generator& gen, DType dtype) {
-    Sequential m;
-    m.add(Linear(12, 32, true, gen, Activation::Relu)).skip_index();
-    m.add(Linear(32, 16, true, gen, Activation::Relu)).skip_index();
-    m.add(Linear(16, 5, true, gen));
-    m.to(dtype);
-    return m;
-}
+Sequential make_mlp(Generator& gen, DType dtype) { return dgtest::make_mlp(gen, dtype, 5); }
 
 // lenet (nn/models.h) on 12×12 images: conv 1→4 5×5, pool, conv 4→6 3×3 (1×1 left after the pool), linear.
 Sequential make_lenet(Generator& gen, DType dtype) {

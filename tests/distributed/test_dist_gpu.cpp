@@ -21,10 +21,7 @@ using dgtest::relative;
 
 namespace {
 
-dist::ProcessGroup& group() {
-    static dist::ProcessGroup g = dist::ProcessGroup::init();
-    return g;
-}
+dist::ProcessGroup& group() { return dgtest::launched_group(); }
 
 Sequential make_mlp(Generator& gen) {
     Sequential m;

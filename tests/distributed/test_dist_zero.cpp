@@ -27,21 +27,11 @@ using dgtest::shard;
 
 namespace {
 
-dist::ProcessGroup& group() {
-    static dist::ProcessGroup g = dist::ProcessGroup::init();
-    return g;
-}
+dist::ProcessGroup& group() { return dgtest::launched_group(); }
 
 
 // 1063 trainable elements: prime, so neither 2 nor 3 ranks divide it.
-Sequential make_mlp(Generator& gen, DType dtype) {
-    Sequential m;
-    m.add(Linear(12, 32, true, gen, Activation::Relu)).skip_index();
-    m.add(Linear(32, 16, true, gen, Activation::Relu)).skip_index();
-    m.add(Linear(16, 7, true, gen));
-    m.to(dtype);
-    return m;
-}
+Sequential make_mlp(Generator& gen, DType dtype) { return dgtest::make_mlp(gen, dtype, 7); }
 
 Rows global_batch(std::uint64_t seed, std::int64_t rows, DType dtype) {
     return dgtest::global_batch(seed, {12}, rows, dtype, 7);

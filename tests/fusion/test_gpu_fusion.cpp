@@ -3,7 +3,6 @@
 // inputs and its outputs are compared with the values the unfused kernels stored. The CUDA build only (the loader
 // uses the driver API); without a device the executable exits 77 (CTest: skipped).
 #include <cmath>
-#include <iostream>
 #include <random>
 #include <vector>
 
@@ -87,13 +86,7 @@ void check_plan(const ComputeGraph& graph, double ulps) {
 
 }  // namespace
 
-int main(int argc, char* argv[]) {
-    if (cuda_device_count() == 0) {
-        std::cout << "dyngrad: no CUDA device: generated-kernel GPU tests skipped" << std::endl;
-        return 77;
-    }
-    return dgtest::run_session(argc, argv);
-}
+int main(int argc, char* argv[]) { return dgtest::run_gpu_session(argc, argv, "generated-kernel GPU tests"); }
 
 TEST_CASE("generated kernel of bias add + ReLU equals the unfused kernels", "[gpu][fusion]") {
     Generator gen(std::random_device{}());

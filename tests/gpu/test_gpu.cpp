@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
-#include <iostream>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -21,8 +20,10 @@
 #include "catch.h"
 #include "dyngrad/dyngrad.h"
 #include "input_subsets.h"
+#include "test_support.h"
 
 using namespace dyngrad;
+using dgtest::max_abs_diff;
 using dgtest::MessageHas;
 
 namespace {
@@ -551,14 +552,6 @@ std::vector<Tensor> model_batch(bool cnn, std::int64_t rows, std::uint64_t seed)
     return {Tensor::normal(x_shape, 0.0, 1.0, gen).to(kGpu), random_labels(rows, 10, gen, kGpu)};
 }
 
-double max_abs_difference(const Tensor& a, const Tensor& b) {
-    const std::vector<double> x = a.to_vector(), y = b.to_vector();
-    REQUIRE(x.size() == y.size());
-    double worst = 0;
-    for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]));
-    return worst;
-}
-
 }  // namespace
 
 namespace {
@@ -579,7 +572,7 @@ void check_captured_matches_eager(bool cnn) {
     CHECK(step.variants() == 2);
     for (std::size_t i = 0; i < eager.params.size(); ++i) {
         INFO(eager.params[i].name());
-        CHECK(max_abs_difference(eager.params[i].value(), captured.params[i].value()) <= 1e-6);
+        CHECK(max_abs_diff(eager.params[i].value(), captured.params[i].value()) <= 1e-6);
     }
 }
 
@@ -999,12 +992,9 @@ TEST_CASE("every op-table case gives an input subset the all-inputs gradients on
                     const Var y = probe.record(def.op, vars, op_case.attrs, std::source_location::current());
                     weights = Tensor::normal(y.shape(), 0.0, 1.0, gen, DType::f32).to(kGpu);
                 }
-                std::vector<std::vector<bool>> subsets = dgtest::grad_subsets(inputs.size(), differentiable);
-                const dgtest::SubsetRun reference =
-                    dgtest::run_with_grad_subset(def, op_case, inputs, subsets.back(), weights);
-                for (const std::size_t i : differentiable) REQUIRE(reference.has_grad[i]);
-                subsets.pop_back();  // the full set: the reference
-                for (const std::vector<bool>& wants : subsets) {
+                const dgtest::SubsetPlan plan = dgtest::plan_grad_subsets(def, op_case, inputs, differentiable, weights);
+                for (const std::size_t i : differentiable) REQUIRE(plan.reference.has_grad[i]);
+                for (const std::vector<bool>& wants : plan.others) {
                     const dgtest::SubsetRun run = dgtest::run_with_grad_subset(def, op_case, inputs, wants, weights);
                     for (const std::size_t i : differentiable) {
                         INFO("input " << i << (wants[i] ? " requires grad" : " does not") << "; with it: "
@@ -1013,7 +1003,7 @@ TEST_CASE("every op-table case gives an input subset the all-inputs gradients on
                         CHECK(run.has_grad[i] == wants[i]);
                         if (wants[i] && run.has_grad[i]) {
                             CHECK(run.grads[i].device() == kGpu);
-                            CHECK(relative_norm_error(run.grads[i], reference.grads[i]) <= kSubsetTolerance);
+                            CHECK(relative_norm_error(run.grads[i], plan.reference.grads[i]) <= kSubsetTolerance);
                         }
                     }
                 }
@@ -1022,13 +1012,7 @@ TEST_CASE("every op-table case gives an input subset the all-inputs gradients on
     }
 }
 
-int main(int argc, char* argv[]) {
-    if (cuda_device_count() == 0) {
-        std::cout << "dyngrad: no CUDA device: GPU tests skipped" << std::endl;
-        return 77;
-    }
-    return dgtest::run_session(argc, argv);
-}
+int main(int argc, char* argv[]) { return dgtest::run_gpu_session(argc, argv, "GPU tests"); }
 
 // Issue 11 class 7: NaN propagates through relu, clipped_relu and the fused ReLU of linear (float32: the
 // BIAS epilogue and our ReLU kernel, never cuBLASLt's RELU_BIAS) and conv2d, as on the CPU; the gradient
@@ -1205,7 +1189,7 @@ TEST_CASE("clip_grad_norm needs no host synchronisation: it runs inside a captur
         REQUIRE_NOTHROW(captured_step.run(batch));
     }
     for (std::size_t i = 0; i < eager.params.size(); ++i)
-        CHECK(max_abs_difference(eager.params[i].value(), captured.params[i].value()) <= 1e-6);
+        CHECK(max_abs_diff(eager.params[i].value(), captured.params[i].value()) <= 1e-6);
 }
 // Eager math on CUDA tensors (graph/eager.h): the same ops as on the CPU, no graph. argmax/argmin go through the
 // max kernels: ties to the first index and NaN as the maximum on both paths (rows: warp shuffles; columns),

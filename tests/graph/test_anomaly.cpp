@@ -6,12 +6,13 @@
 
 #include "catch.h"
 #include "dyngrad/dyngrad.h"
+#include "test_support.h"
 
 using namespace dyngrad;
+using dgtest::f64;
 using dgtest::MessageHas;
 
 namespace {
-Tensor f64(std::initializer_list<double> values) { return Tensor::of(values, DType::f64); }
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 }  // namespace

@@ -15,10 +15,7 @@ using namespace dyngrad;
 
 namespace {
 
-std::uint64_t seed_base() {
-    static const std::uint64_t base = dgtest::seed_base("test_checkpoint", 20261128);
-    return base;
-}
+std::uint64_t seed_base() { return dgtest::seed_base("test_checkpoint", 20261128); }
 
 Tensor random(const Shape& shape, Generator& gen, DType dtype = DType::f32) {
     return Tensor::normal(shape, 0.0, 1.0, gen, dtype);

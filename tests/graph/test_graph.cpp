@@ -5,15 +5,13 @@
 
 #include "catch.h"
 #include "dyngrad/dyngrad.h"
+#include "test_support.h"
 
 using namespace dyngrad;
+using dgtest::f64;
 using dgtest::Approx;
 using dgtest::ApproxVector;
 using dgtest::MessageHas;
-
-namespace {
-Tensor f64(std::initializer_list<double> values) { return Tensor::of(values, DType::f64); }
-}  // namespace
 
 TEST_CASE("fan-out accumulates gradients", "[graph][fanout]") {
     ComputeGraph graph;

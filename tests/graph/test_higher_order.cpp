@@ -18,10 +18,7 @@ namespace {
 constexpr double kSecondOrderTolerance = 1e-6;
 constexpr double kThirdOrderTolerance = 1e-5;
 
-std::uint64_t seed_base() {
-    static const std::uint64_t base = dgtest::seed_base("test_higher_order", 20261127);
-    return base;
-}
+std::uint64_t seed_base() { return dgtest::seed_base("test_higher_order", 20261127); }
 
 // The differentiable rows that are first-order only, each with the typed error it gives (docs/ops.md): none.
 const std::set<std::string> kFirstOrderOnly = {};

@@ -9,26 +9,20 @@
 
 #include "dyngrad/dyngrad.h"
 #include "hostile.h"
+#include "test_support.h"
 
 using namespace dyngrad;
+using dgtest::randn;
 
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-Tensor randn(const Shape& shape, std::uint64_t seed, DType dtype = DType::f32) {
-    Generator gen(seed);
-    return Tensor::normal(shape, 0.0, 1.0, gen, dtype);
-}
 Tensor ones(const Shape& shape, DType dtype = DType::f32) { return Tensor::ones(shape, dtype); }
 
 AttentionOptions options_of(bool causal = false, double dropout_p = 0.0, std::optional<double> scale = std::nullopt) {
-    AttentionOptions options;
-    options.is_causal = causal;
-    options.dropout_p = dropout_p;
-    options.scale = scale;
-    return options;
+    return {.is_causal = causal, .dropout_p = dropout_p, .scale = scale};
 }
 
 struct Operands {

@@ -7,8 +7,10 @@
 
 #include "dyngrad/dyngrad.h"
 #include "hostile.h"
+#include "test_support.h"
 
 using namespace dyngrad;
+using dgtest::randn;
 
 namespace {
 
@@ -16,10 +18,6 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr std::int64_t k2p40 = std::int64_t{1} << 40;
 
-Tensor randn(const Shape& shape, std::uint64_t seed, DType dtype = DType::f32) {
-    Generator gen(seed);
-    return Tensor::normal(shape, 0.0, 1.0, gen, dtype);
-}
 Tensor labels(const Shape& shape) { return Tensor::zeros(shape, DType::i64); }
 
 // One graph per case: op(graph, x) with x a random float32 input of `shape`.

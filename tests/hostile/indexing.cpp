@@ -8,18 +8,16 @@
 
 #include "dyngrad/dyngrad.h"
 #include "hostile.h"
+#include "test_support.h"
 
 using namespace dyngrad;
+using dgtest::randn;
 
 namespace {
 
 constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
 constexpr std::int64_t kMin = std::numeric_limits<std::int64_t>::min();
 
-Tensor randn(const Shape& shape, std::uint64_t seed, DType dtype = DType::f32) {
-    Generator gen(seed);
-    return Tensor::normal(shape, 0.0, 1.0, gen, dtype);
-}
 Tensor ints(std::vector<std::int64_t> values, const Shape& shape) { return Tensor::from_vector(values, shape); }
 Tensor ints(std::vector<std::int64_t> values) {
     const auto n = static_cast<std::int64_t>(values.size());

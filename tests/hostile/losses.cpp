@@ -5,18 +5,16 @@
 
 #include "dyngrad/dyngrad.h"
 #include "hostile.h"
+#include "test_support.h"
 
 using namespace dyngrad;
+using dgtest::labels;
 
 namespace {
 
 Tensor normal(const Shape& shape, DType dtype = DType::f32) {
     static Generator gen(1313);
     return Tensor::normal(shape, 0.0, 1.0, gen, dtype);
-}
-Tensor labels(std::vector<std::int64_t> values) {
-    const auto n = static_cast<std::int64_t>(values.size());
-    return Tensor::from_vector(values, {n});
 }
 
 // cross_entropy on fresh leaves of one graph; the logits require grad so a backward can run.

@@ -8,23 +8,14 @@
 
 #include "dyngrad/dyngrad.h"
 #include "hostile.h"
+#include "size_limits.h"
+#include "test_support.h"
 
 using namespace dyngrad;
+using dgtest::randn;
+using namespace dgtest::size_limits;
 
 namespace {
-
-constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
-constexpr std::int64_t k2p31 = std::int64_t{1} << 31;
-constexpr std::int64_t k2p32 = std::int64_t{1} << 32;
-constexpr std::int64_t k2p40 = std::int64_t{1} << 40;
-constexpr std::int64_t k2p61 = std::int64_t{1} << 61;
-constexpr std::int64_t k2p62 = std::int64_t{1} << 62;
-constexpr std::int64_t kInverseOf7 = 0x6DB6DB6DB6DB6DB7;  // 7 · this wraps to 1
-
-Tensor randn(const Shape& shape, std::uint64_t seed, DType dtype = DType::f32) {
-    Generator gen(seed);
-    return Tensor::normal(shape, 0.0, 1.0, gen, dtype);
-}
 
 // One graph per case: an input x of `shape` (random values) handed to `op`.
 template <typename Op>

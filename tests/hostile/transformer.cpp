@@ -17,6 +17,20 @@ namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// The layers built from a fixed generator: what the cases probe is their constructors' checks.
+void mha(std::int64_t embed_dim, std::int64_t num_heads, const TransformerOptions& options = {}) {
+    Generator gen(1);
+    MultiheadAttention(embed_dim, num_heads, gen, options);
+}
+void block(std::int64_t embed_dim, std::int64_t num_heads, const TransformerOptions& options = {}) {
+    Generator gen(1);
+    TransformerBlock(embed_dim, num_heads, gen, options);
+}
+void positions(std::int64_t max_positions, std::int64_t embed_dim) {
+    Generator gen(1);
+    PositionalEmbedding(max_positions, embed_dim, gen);
+}
+
 GPTConfig tiny_config() { return {.vocab_size = 7, .context = 8, .layers = 1, .heads = 2, .width = 8}; }
 
 // Runs a model or layer on an input made in a fresh graph.
@@ -82,54 +96,25 @@ const bool added = hostile::add(
     {
         // ---- construction ----
         expect<ValueError>("MultiheadAttention width 10 with 3 heads", {"MultiheadAttention", "10", "not divisible", "3"},
-                           [] {
-                               Generator gen(1);
-                               MultiheadAttention(10, 3, gen);
-                           }),
-        expect<ValueError>("MultiheadAttention width 0", {"MultiheadAttention", "embed_dim", "positive", "0"}, [] {
-            Generator gen(1);
-            MultiheadAttention(0, 1, gen);
-        }),
-        expect<ValueError>("MultiheadAttention 0 heads", {"MultiheadAttention", "num_heads", "positive"}, [] {
-            Generator gen(1);
-            MultiheadAttention(8, 0, gen);
-        }),
-        expect<ValueError>("MultiheadAttention -2 heads", {"MultiheadAttention", "num_heads", "-2"}, [] {
-            Generator gen(1);
-            MultiheadAttention(8, -2, gen);
-        }),
-        expect<ValueError>("MultiheadAttention dropout 1", {"MultiheadAttention", "dropout", "[0, 1)"}, [] {
-            Generator gen(1);
-            MultiheadAttention(8, 2, gen, {.dropout = 1.0});
-        }),
-        expect<ValueError>("MultiheadAttention dropout -0.1", {"dropout", "-0.1"}, [] {
-            Generator gen(1);
-            MultiheadAttention(8, 2, gen, {.dropout = -0.1});
-        }),
-        expect<ValueError>("MultiheadAttention dropout NaN", {"dropout", "nan"}, [] {
-            Generator gen(1);
-            MultiheadAttention(8, 2, gen, {.dropout = kNaN});
-        }),
-        expect<ValueError>("MultiheadAttention dropout inf", {"dropout", "inf"}, [] {
-            Generator gen(1);
-            MultiheadAttention(8, 2, gen, {.dropout = kInf});
-        }),
-        expect<ValueError>("TransformerBlock width 6 with 4 heads", {"6", "not divisible", "4"}, [] {
-            Generator gen(1);
-            TransformerBlock(6, 4, gen);
-        }),
-        expect<ValueError>("TransformerBlock dropout 1.5", {"dropout", "1.5"}, [] {
-            Generator gen(1);
-            TransformerBlock(8, 2, gen, {.dropout = 1.5});
-        }),
-        expect<ValueError>("PositionalEmbedding of 0 positions", {"PositionalEmbedding", "max_positions", "0"}, [] {
-            Generator gen(1);
-            PositionalEmbedding(0, 8, gen);
-        }),
-        expect<ValueError>("PositionalEmbedding width -1", {"PositionalEmbedding", "embed_dim", "-1"}, [] {
-            Generator gen(1);
-            PositionalEmbedding(4, -1, gen);
-        }),
+                           [] { mha(10, 3); }),
+        expect<ValueError>("MultiheadAttention width 0", {"MultiheadAttention", "embed_dim", "positive", "0"},
+                           [] { mha(0, 1); }),
+        expect<ValueError>("MultiheadAttention 0 heads", {"MultiheadAttention", "num_heads", "positive"},
+                           [] { mha(8, 0); }),
+        expect<ValueError>("MultiheadAttention -2 heads", {"MultiheadAttention", "num_heads", "-2"},
+                           [] { mha(8, -2); }),
+        expect<ValueError>("MultiheadAttention dropout 1", {"MultiheadAttention", "dropout", "[0, 1)"},
+                           [] { mha(8, 2, {.dropout = 1.0}); }),
+        expect<ValueError>("MultiheadAttention dropout -0.1", {"dropout", "-0.1"},
+                           [] { mha(8, 2, {.dropout = -0.1}); }),
+        expect<ValueError>("MultiheadAttention dropout NaN", {"dropout", "nan"}, [] { mha(8, 2, {.dropout = kNaN}); }),
+        expect<ValueError>("MultiheadAttention dropout inf", {"dropout", "inf"}, [] { mha(8, 2, {.dropout = kInf}); }),
+        expect<ValueError>("TransformerBlock width 6 with 4 heads", {"6", "not divisible", "4"}, [] { block(6, 4); }),
+        expect<ValueError>("TransformerBlock dropout 1.5", {"dropout", "1.5"}, [] { block(8, 2, {.dropout = 1.5}); }),
+        expect<ValueError>("PositionalEmbedding of 0 positions", {"PositionalEmbedding", "max_positions", "0"},
+                           [] { positions(0, 8); }),
+        expect<ValueError>("PositionalEmbedding width -1", {"PositionalEmbedding", "embed_dim", "-1"},
+                           [] { positions(4, -1); }),
         expect<ValueError>("GPT vocabulary 0", {"GPT", "vocab_size", "0"},
                            [] { gpt_on(tokens(1, 2), with(tiny_config(), [](GPTConfig& c) { c.vocab_size = 0; })); }),
         expect<ValueError>("GPT context 0", {"GPT", "context", "0"},

@@ -13,8 +13,11 @@
 #include "catch.h"
 #include "temp_file.h"
 #include "dyngrad/dyngrad.h"
+#include "test_support.h"
 
 using namespace dyngrad;
+using dgtest::f64;
+using dgtest::quadratic_step;
 using dgtest::MessageHas;
 
 namespace {
@@ -24,22 +27,6 @@ namespace {
 struct TempFile : dgtest::TempFile {
     explicit TempFile(const std::string& name) : dgtest::TempFile("nn_surface", name) {}
 };
-
-Tensor f64(std::initializer_list<double> values) { return Tensor::of(values, DType::f64); }
-
-// loss = Σ w²/2 over the parameters, so each gradient equals its parameter; then one optimizer step.
-void quadratic_step(Optimizer& opt, const std::vector<Parameter>& used) {
-    ComputeGraph graph;
-    Var loss;
-    for (const Parameter& p : used) {
-        Var w = graph.parameter(p);
-        Var term = sum(w * w) * 0.5;
-        loss = loss.defined() ? loss + term : term;
-    }
-    opt.zero_grad();
-    graph.backward(loss);
-    opt.step();
-}
 
 std::vector<double> values_of(const std::vector<Parameter>& params) {
     std::vector<double> out;

@@ -13,15 +13,16 @@
 
 #include "catch.h"
 #include "dyngrad/dyngrad.h"
+#include "test_support.h"
 
 using namespace dyngrad;
+using dgtest::f64;
+using dgtest::quadratic_step;
 using dgtest::Approx;
 using dgtest::ApproxVector;
 using dgtest::MessageHas;
 
 namespace {
-
-Tensor f64(std::initializer_list<double> values) { return Tensor::of(values, DType::f64); }
 
 // Element-wise agreement to `relative` (plus a tiny margin for values near 0), much tighter than
 // ApproxVector's float tolerance; for float64 arithmetic checked against hand-computed values.
@@ -78,20 +79,6 @@ std::string bytes_of(const std::vector<float>& values) {
 std::string read_file(const std::filesystem::path& path) {
     std::ifstream in(path, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-// loss = Σ w²/2 over the parameters, so each gradient equals its parameter; then one optimizer step.
-void quadratic_step(Optimizer& opt, const std::vector<Parameter>& used) {
-    ComputeGraph graph;
-    Var loss;
-    for (const Parameter& p : used) {
-        Var w = graph.parameter(p);
-        Var term = sum(w * w) * 0.5;
-        loss = loss.defined() ? loss + term : term;
-    }
-    opt.zero_grad();
-    graph.backward(loss);
-    opt.step();
 }
 
 // PyTorch's Adam / AdamW for one scalar, written out independently of the library's code.
@@ -420,29 +407,33 @@ TEST_CASE("parameters without a gradient are skipped, with their own step count"
     CHECK(a.value().to_vector() == a_before);
 }
 
+namespace {
+
+// The optimizer's lr before a schedule's first step and after each of `steps` steps.
+std::vector<double> lrs_over(LRScheduler& schedule, const Optimizer& opt, int steps) {
+    std::vector<double> seen = {opt.lr()};
+    for (int step = 0; step < steps; ++step) {
+        schedule.step();
+        seen.push_back(opt.lr());
+    }
+    return seen;
+}
+
+}  // namespace
+
 TEST_CASE("learning-rate schedules", "[training][optim]") {
     Parameter w(f64({1}), "w");
     SGD opt({w}, {.lr = 1.0});
     SECTION("StepLR") {
         StepLR schedule(opt, 2, 0.5);
-        std::vector<double> seen = {opt.lr()};
-        for (int epoch = 0; epoch < 5; ++epoch) {
-            schedule.step();
-            seen.push_back(opt.lr());
-        }
-        CHECK_THAT(seen, ApproxVector({1, 1, 0.5, 0.5, 0.25, 0.25}));
+        CHECK_THAT(lrs_over(schedule, opt, 5), ApproxVector({1, 1, 0.5, 0.5, 0.25, 0.25}));
         CHECK(schedule.epoch() == 5);
         CHECK_THROWS_AS(StepLR(opt, 0), ValueError);
     }
     SECTION("CosineAnnealingLR") {
         CosineAnnealingLR schedule(opt, 4, 0.1);
-        std::vector<double> seen = {opt.lr()};
-        for (int epoch = 0; epoch < 4; ++epoch) {
-            schedule.step();
-            seen.push_back(opt.lr());
-        }
         const double h = 0.45 * std::numbers::sqrt2 / 2;  // 0.9/2 · cos(π/4)
-        CHECK_THAT(seen, ApproxVector({1.0, 0.55 + h, 0.55, 0.55 - h, 0.1}));
+        CHECK_THAT(lrs_over(schedule, opt, 4), ApproxVector({1.0, 0.55 + h, 0.55, 0.55 - h, 0.1}));
         CHECK(schedule.lr_at(8) == Approx(1.0));  // a full period
     }
 }

@@ -8,8 +8,10 @@
 
 #include "catch.h"
 #include "dyngrad/dyngrad.h"
+#include "test_support.h"
 
 using namespace dyngrad;
+using dgtest::max_abs_diff;
 
 namespace {
 
@@ -17,14 +19,6 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 Tensor random(const Shape& shape, Generator& gen, DType dtype = DType::f64) {
     return Tensor::normal(shape, 0, 1, gen, dtype);
-}
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-    const std::vector<double> u = a.to_vector(), v = b.to_vector();
-    REQUIRE(u.size() == v.size());
-    double worst = 0;
-    for (std::size_t i = 0; i < u.size(); ++i) worst = std::max(worst, std::abs(u[i] - v[i]));
-    return worst;
 }
 
 // y = f(x) for float32 x and the float64 evaluation of the same rounded x; each value's relative error.

@@ -3,7 +3,6 @@
 // bit in every dtype. Without a CUDA device (or in a CPU-only build) it prints why and exits 77 (CTest: skipped).
 #include <cstdint>
 #include <cstring>
-#include <iostream>
 #include <vector>
 
 #include "catch.h"
@@ -32,13 +31,7 @@ struct PermuteCase {
 };
 }  // namespace
 
-int main(int argc, char* argv[]) {
-    if (cuda_device_count() == 0) {
-        std::cout << "dyngrad: no CUDA device: GPU layout tests skipped" << std::endl;
-        return 77;
-    }
-    return dgtest::run_session(argc, argv);
-}
+int main(int argc, char* argv[]) { return dgtest::run_gpu_session(argc, argv, "GPU layout tests"); }
 
 TEST_CASE("permute on the GPU matches the CPU bit for bit in every dtype and kernel path", "[gpu][layout]") {
     const std::vector<PermuteCase> cases = {

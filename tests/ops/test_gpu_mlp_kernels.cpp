@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <iostream>
 #include <vector>
 
 #include "catch.h"
@@ -186,10 +185,4 @@ TEST_CASE("dtype conversions by 16-byte groups round as core/half.h, past the gr
     }
 }
 
-int main(int argc, char* argv[]) {
-    if (cuda_device_count() == 0) {
-        std::cout << "dyngrad: no CUDA device: MLP kernel GPU tests skipped" << std::endl;
-        return 77;
-    }
-    return dgtest::run_session(argc, argv);
-}
+int main(int argc, char* argv[]) { return dgtest::run_gpu_session(argc, argv, "MLP kernel GPU tests"); }

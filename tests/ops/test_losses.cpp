@@ -7,15 +7,12 @@
 
 #include "catch.h"
 #include "dyngrad/dyngrad.h"
+#include "test_support.h"
 
 using namespace dyngrad;
+using dgtest::labels;
 
 namespace {
-
-Tensor labels(std::vector<std::int64_t> values) {
-    const auto n = static_cast<std::int64_t>(values.size());
-    return Tensor::from_vector(values, {n});
-}
 
 }  // namespace
 

@@ -10,7 +10,6 @@
 #include <cmath>
 #include <array>
 #include <cstdint>
-#include <iostream>
 #include <span>
 #include <string>
 #include <vector>
@@ -265,10 +264,4 @@ TEST_CASE("an autocast bf16 step captures and replays like the eager step; a hos
     CHECK_THROWS_MATCHES(reading.run(inputs), GraphError, MessageHas({"captured"}));
 }
 
-int main(int argc, char* argv[]) {
-    if (cuda_device_count() == 0) {
-        std::cout << "dyngrad: no CUDA device: bf16/f16 GPU tests skipped" << std::endl;
-        return 77;
-    }
-    return dgtest::run_session(argc, argv);
-}
+int main(int argc, char* argv[]) { return dgtest::run_gpu_session(argc, argv, "bf16/f16 GPU tests"); }

@@ -4,7 +4,6 @@
 // Without a CUDA device (or in a CPU-only build) the executable prints why and exits 77 (CTest: skipped).
 #include <cmath>
 #include <cstdint>
-#include <iostream>
 #include <array>
 #include <limits>
 #include <vector>
@@ -20,13 +19,7 @@ constexpr std::uint64_t kSeedBase = 20251125;
 const Device kGpu = Device::cuda(0);
 }  // namespace
 
-int main(int argc, char* argv[]) {
-    if (cuda_device_count() == 0) {
-        std::cout << "dyngrad: no CUDA device: reduced-precision GPU tests skipped" << std::endl;
-        return 77;
-    }
-    return dgtest::run_session(argc, argv);
-}
+int main(int argc, char* argv[]) { return dgtest::run_gpu_session(argc, argv, "reduced-precision GPU tests"); }
 
 TEST_CASE("every op-table case in bf16 and f16 on the GPU agrees with float64 from the same rounded inputs",
           "[gpu][reduced]") {

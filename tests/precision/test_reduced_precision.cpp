@@ -17,10 +17,7 @@ using namespace dyngrad;
 
 namespace {
 
-std::uint64_t seed_base() {
-    static const std::uint64_t base = dgtest::seed_base("test_reduced_precision", 20251125);
-    return base;
-}
+std::uint64_t seed_base() { return dgtest::seed_base("test_reduced_precision", 20251125); }
 
 using dgtest::describe_result;
 

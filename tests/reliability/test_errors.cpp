@@ -4,8 +4,10 @@
 
 #include "catch.h"
 #include "dyngrad/dyngrad.h"
+#include "test_support.h"
 
 using namespace dyngrad;
+using dgtest::labels;
 using dgtest::ApproxVector;
 using dgtest::MessageHas;
 
@@ -13,10 +15,6 @@ namespace {
 Tensor randn(const Shape& shape, DType dtype = DType::f32) {
     static Generator gen(1234);
     return Tensor::normal(shape, 0.0, 1.0, gen, dtype);
-}
-Tensor labels(std::vector<std::int64_t> values) {
-    const auto n = static_cast<std::int64_t>(values.size());
-    return Tensor::from_vector(values, {n});
 }
 }  // namespace
 

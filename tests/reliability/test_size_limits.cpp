@@ -12,26 +12,18 @@
 #include "catch.h"
 #include "dyngrad/core/checked.h"
 #include "dyngrad/dyngrad.h"
+#include "size_limits.h"
+#include "test_support.h"
 
 using namespace dyngrad;
+using dgtest::randn;
+using namespace dgtest::size_limits;
 using dgtest::MessageHas;
 
 namespace {
 
-constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
-constexpr std::int64_t k2p32 = std::int64_t{1} << 32;
-constexpr std::int64_t k2p40 = std::int64_t{1} << 40;
-constexpr std::int64_t k2p61 = std::int64_t{1} << 61;
-constexpr std::int64_t k2p62 = std::int64_t{1} << 62;
-// 7 · kInverseOf7 = 3·2^64 + 1: a product that wraps to exactly 1 in int64 arithmetic.
-constexpr std::int64_t kInverseOf7 = 0x6DB6DB6DB6DB6DB7;
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
 const double kInf = std::numeric_limits<double>::infinity();
-
-Tensor randn(const Shape& shape, std::uint64_t seed, DType dtype = DType::f32) {
-    Generator gen(seed);
-    return Tensor::normal(shape, 0.0, 1.0, gen, dtype);
-}
 
 }  // namespace
 

@@ -70,6 +70,10 @@ private:
 
 // Runs the Catch session: the main of every test executable, or the end of a custom main (test_gpu).
 int run_session(int argc, char* argv[]);
+// The main of a GPU test executable: without a CUDA device (or in a CPU-only build) it prints
+// "dyngrad: no CUDA device: WHAT skipped" and returns 77 (the executables' CTest SKIP_RETURN_CODE), else runs
+// the session.
+int run_gpu_session(int argc, char* argv[], const char* what);
 
 }  // namespace dgtest
 

@@ -10,12 +10,16 @@
 
 namespace dgtest {
 
-// `fallback`, or DYNGRAD_TEST_SEED when set; printed once per test program so a failure can be reproduced.
+// `fallback`, or DYNGRAD_TEST_SEED when set: read and printed at the first call, so that a failure can be
+// reproduced; later calls return the same value (one test program, one seed base).
 inline std::uint64_t seed_base(const char* test, std::uint64_t fallback) {
-    const char* env = std::getenv("DYNGRAD_TEST_SEED");
-    const std::uint64_t value = env ? std::strtoull(env, nullptr, 10) : fallback;
-    std::cout << test << ": seed base " << value
-              << " (each op uses seed_for_name(base, its name); set DYNGRAD_TEST_SEED to change)" << std::endl;
+    static const std::uint64_t value = [&] {
+        const char* env = std::getenv("DYNGRAD_TEST_SEED");
+        const std::uint64_t chosen = env ? std::strtoull(env, nullptr, 10) : fallback;
+        std::cout << test << ": seed base " << chosen
+                  << " (each op uses seed_for_name(base, its name); set DYNGRAD_TEST_SEED to change)" << std::endl;
+        return chosen;
+    }();
     return value;
 }
 

@@ -62,4 +62,19 @@ inline SubsetRun run_with_grad_subset(const dyngrad::OpDef& def, const dyngrad::
     return run;
 }
 
+// The run with every differentiable input requiring grad (the reference) and the other subsets to compare
+// with it (grad_subsets less the full set).
+struct SubsetPlan {
+    SubsetRun reference;
+    std::vector<std::vector<bool>> others;
+};
+inline SubsetPlan plan_grad_subsets(const dyngrad::OpDef& def, const dyngrad::OpCase& op_case,
+                                    const std::vector<dyngrad::Tensor>& inputs,
+                                    const std::vector<std::size_t>& differentiable, const dyngrad::Tensor& weights) {
+    std::vector<std::vector<bool>> subsets = grad_subsets(inputs.size(), differentiable);
+    SubsetRun reference = run_with_grad_subset(def, op_case, inputs, subsets.back(), weights);
+    subsets.pop_back();
+    return {std::move(reference), std::move(subsets)};
+}
+
 }  // namespace dgtest

@@ -23,10 +23,7 @@ namespace {
 constexpr double kFiniteDifferenceTolerance = 1e-6;
 constexpr double kFloat32Tolerance = 1e-5;
 
-std::uint64_t seed_base() {
-    static const std::uint64_t base = dgtest::seed_base("test_gradcheck", 20240611);
-    return base;
-}
+std::uint64_t seed_base() { return dgtest::seed_base("test_gradcheck", 20240611); }
 
 using dgtest::describe_result;
 
@@ -168,12 +165,9 @@ TEST_CASE("every op-table case gives an input subset the all-inputs gradients", 
                 INFO("op " << def.name << ", case '" << op_case.label << "', seed " << seed_base() + index);
                 const Tensor probe = run_op(def, op_case, inputs, Tensor()).output;
                 const Tensor weights = Tensor::normal(probe.shape(), 0.0, 1.0, gen, DType::f64);
-                std::vector<std::vector<bool>> subsets = dgtest::grad_subsets(inputs.size(), differentiable);
-                const dgtest::SubsetRun reference =
-                    dgtest::run_with_grad_subset(def, op_case, inputs, subsets.back(), weights);
-                for (const std::size_t i : differentiable) REQUIRE(reference.has_grad[i]);
-                subsets.pop_back();  // the full set: the reference
-                for (const std::vector<bool>& wants : subsets) {
+                const dgtest::SubsetPlan plan = dgtest::plan_grad_subsets(def, op_case, inputs, differentiable, weights);
+                for (const std::size_t i : differentiable) REQUIRE(plan.reference.has_grad[i]);
+                for (const std::vector<bool>& wants : plan.others) {
                     std::string which;
                     for (const std::size_t i : differentiable)
                         if (wants[i]) which += str(which.empty() ? "" : ",", "input", i);
@@ -184,7 +178,7 @@ TEST_CASE("every op-table case gives an input subset the all-inputs gradients", 
                         CHECK(run.requires_grad[i] == wants[i]);
                         CHECK(run.has_grad[i] == wants[i]);
                         if (wants[i] && run.has_grad[i])
-                            CHECK(relative_norm_error(run.grads[i], reference.grads[i]) <= kSubsetTolerance);
+                            CHECK(relative_norm_error(run.grads[i], plan.reference.grads[i]) <= kSubsetTolerance);
                     }
                 }
             }

@@ -21,6 +21,18 @@ Var mlp_loss(ComputeGraph& graph, const Parameter& w1, const Parameter& b1, cons
     return cross_entropy(linear(h, graph.parameter(w2)), graph.input(labels, "labels"));
 }
 
+// That MLP's parameters (8 → 16 → 5) and a batch of 4 rows with fixed labels, drawn from `gen` in `dtype`.
+struct Mlp {
+    Parameter w1, b1, w2;
+    Tensor x, labels;
+    Var loss(ComputeGraph& graph) const { return mlp_loss(graph, w1, b1, w2, x, labels); }
+};
+Mlp random_mlp(Generator& gen, DType dtype = DType::f32) {
+    return {Parameter(random({16, 8}, gen, dtype), "w1"), Parameter(random({16}, gen, dtype), "b1"),
+            Parameter(random({5, 16}, gen, dtype), "w2"), random({4, 8}, gen, dtype),
+            Tensor::from_vector(std::vector<std::int64_t>{0, 3, 4, 1}, {4})};
+}
+
 // A user op whose backward is deliberately wrong (gradient 3x instead of 2x), to see verify blame it.
 OutputSpec same_shape(OpType, std::span<const Tensor> in, const OpAttrs&) { return {in[0].shape(), in[0].dtype()}; }
 template <int kFactor>
@@ -45,11 +57,9 @@ std::vector<OpCase> square_cases() { return {{"matrix", {{3, 4}}, {}, {}}}; }
 
 TEST_CASE("verify replays a float32 CPU graph in float64 and passes", "[verify]") {
     Generator gen(11);
-    Parameter w1(random({16, 8}, gen), "w1"), b1(random({16}, gen), "b1"), w2(random({5, 16}, gen), "w2");
-    const Tensor x = random({4, 8}, gen);
-    const Tensor labels = Tensor::from_vector(std::vector<std::int64_t>{0, 3, 4, 1}, {4});
+    const Mlp mlp = random_mlp(gen);
     ComputeGraph graph;
-    Var loss = mlp_loss(graph, w1, b1, w2, x, labels);
+    Var loss = mlp.loss(graph);
     const VerifyReport report = verify(graph, loss);
     INFO(report.table());
     CHECK(report.pass);
@@ -62,24 +72,21 @@ TEST_CASE("verify replays a float32 CPU graph in float64 and passes", "[verify]"
     CHECK_THAT(report.summary(), dgtest::Contains("PASS"));
     CHECK_THAT(report.table(), dgtest::Contains("'hidden'"));
     // verify ran the backward itself: the parameters got their gradients.
-    CHECK(w1.grad().defined());
+    CHECK(mlp.w1.grad().defined());
 }
 
 TEST_CASE("verify replays a bf16 and an f16 CPU graph in float64 within their default tolerance", "[verify][reduced]") {
     for (const DType dtype : {DType::bf16, DType::f16}) {
         INFO(dtype_name(dtype));
         Generator gen(12);
-        Parameter w1(random({16, 8}, gen, dtype), "w1"), b1(random({16}, gen, dtype), "b1"),
-            w2(random({5, 16}, gen, dtype), "w2");
-        const Tensor x = random({4, 8}, gen, dtype);
-        const Tensor labels = Tensor::from_vector(std::vector<std::int64_t>{0, 3, 4, 1}, {4});
+        const Mlp mlp = random_mlp(gen, dtype);
         ComputeGraph graph;
-        Var loss = mlp_loss(graph, w1, b1, w2, x, labels);
+        Var loss = mlp.loss(graph);
         const VerifyReport report = verify(graph, loss);
         INFO(report.table());
         CHECK(report.pass);
         CHECK(report.tolerance == 16 * unit_roundoff(dtype));
-        CHECK(w1.grad().dtype() == dtype);
+        CHECK(mlp.w1.grad().dtype() == dtype);
     }
 }
 

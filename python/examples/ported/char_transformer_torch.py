@@ -1,14 +1,15 @@
 """A character-level transformer language model written as a PyTorch user writes it (issue 29, item 3).
 
-char_transformer_torch.py is the PyTorch program; char_transformer.py is its dyngrad port, the same file with only
-the lines of docs/python.md's "Ported PyTorch scripts" table changed (python/tests/test_ported_scripts.py diffs
-the two). A nanoGPT-style model: token and position embeddings, pre-LayerNorm blocks with a hand-written causal
+This is the PyTorch program; `python port.py char_transformer` runs it on dyngrad with only its import lines
+rewritten (docs/python.md, "Ported PyTorch scripts"; python/tests/test_ported_scripts.py checks the rewrite and
+runs both). A nanoGPT-style model: token and position embeddings, pre-LayerNorm blocks with a hand-written causal
 self-attention over F.scaled_dot_product_attention(is_causal=True), AdamW with weight decay on the matrices only,
 a linear warm-up then cosine learning rate set per step, gradient clipping, bf16 autocast on the CPU, and sampling
 with temperature and top-k. Text: the fortunes corpus (/usr/share/games/fortunes), else the repository's README.md.
 
     python char_transformer_torch.py --quick       # a few dozen steps of a small model (CPU)
     python char_transformer_torch.py --steps 2000 --n-layer 4 --n-embd 128
+    python port.py char_transformer --quick        # the same on dyngrad
 """
 import argparse
 import math

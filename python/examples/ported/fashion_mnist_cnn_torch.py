@@ -1,11 +1,12 @@
 """A Fashion-MNIST CNN written as a PyTorch user writes it (issue 29, item 3).
 
-fashion_mnist_cnn_torch.py is the PyTorch program; fashion_mnist_cnn.py is its dyngrad port, the same file with
-only the lines of docs/python.md's "Ported PyTorch scripts" table changed (python/tests/test_ported_scripts.py
-diffs the two). Data: the IDX files of /usr/share/datasets/fashion-mnist, read with NumPy.
+This is the PyTorch program; `python port.py fashion_mnist_cnn` runs it on dyngrad with only its import lines
+rewritten (docs/python.md, "Ported PyTorch scripts"; python/tests/test_ported_scripts.py checks the rewrite and
+runs both). Data: the IDX files of /usr/share/datasets/fashion-mnist, read with NumPy.
 
     python fashion_mnist_cnn_torch.py --quick      # 4,000 training and 1,000 test images, one epoch (CPU)
     python fashion_mnist_cnn_torch.py --epochs 5   # the whole data set
+    python port.py fashion_mnist_cnn --quick       # the same on dyngrad
 """
 import argparse
 import gzip

@@ -1,11 +1,12 @@
 """A regression with a custom Dataset, written as a PyTorch user writes it (issue 29, item 3).
 
-regression_torch.py is the PyTorch program; regression.py is its dyngrad port, the same file with only the lines
-of docs/python.md's "Ported PyTorch scripts" table changed (python/tests/test_ported_scripts.py diffs the two).
+This is the PyTorch program; `python port.py regression` runs it on dyngrad with only its import lines rewritten
+(docs/python.md, "Ported PyTorch scripts"; python/tests/test_ported_scripts.py checks the rewrite and runs both).
 A Dataset subclass (__len__/__getitem__) over NumPy data drawn from --seed, a DataLoader, an MLP, MSELoss, Adam
 with StepLR, and a checkpoint: the state_dict saved, loaded into a fresh model, which must predict the same.
 
     python regression_torch.py --quick             # a few epochs on 2,000 samples (CPU)
+    python port.py regression --quick              # the same on dyngrad
 """
 import argparse
 import os
