@@ -400,7 +400,7 @@ namespace {
 class PyOpCall final : public OpCall {
 public:
     PyOpCall(std::span<const PyTensor*> operands, OpAttrs& attrs, AttrSet given)
-        : OpCall(attrs, given), operands_(operands) {}
+        : OpCall(attrs, given, python_site()), operands_(operands) {}
     std::size_t size() const override { return operands_.size(); }
     const Tensor* value(std::size_t i) const override { return operands_[i] ? &operands_[i]->data() : nullptr; }
     void fill(std::size_t i, const Tensor& constant) override {
