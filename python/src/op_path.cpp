@@ -334,7 +334,8 @@ OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs, AttrSet* given) {
                                      " takes: ", attr_keywords_text(def), ")")
                                      .c_str());
         parse_field(a, kAttrFields[field], value, def.name, key);
-        if (given != nullptr) *given = given->with(field);
+        // None is the default, not a value given: the row's argument rule still fills what depends on the inputs.
+        if (given != nullptr && !value.is_none()) *given = given->with(field);
     }
     return a;
 }
