@@ -1,7 +1,7 @@
 // The front door of every op function (graph/front_door.h): the row's argument rule, then record or eager.
 #include "dyngrad/graph/front_door.h"
 
-#include <array>
+#include <iterator>
 #include <vector>
 
 namespace dyngrad {
@@ -31,9 +31,9 @@ namespace {
 template <typename T>
 class FrontDoorCall final : public OpCall {
 public:
-    FrontDoorCall(std::initializer_list<T> inputs, std::size_t required, OpAttrs& attrs, AttrSet given,
+    FrontDoorCall(std::span<const T> inputs, std::size_t required, OpAttrs& attrs, AttrSet given,
                   std::source_location where)
-        : OpCall(attrs, given), operands_(inputs), required_(required), where_(where) {}
+        : OpCall(attrs, given, where), operands_(inputs.begin(), inputs.end()), required_(required) {}
     std::size_t size() const override { return operands_.size(); }
     const Tensor* value(std::size_t i) const override {
         if (!operands_[i].defined()) return nullptr;
@@ -41,7 +41,7 @@ public:
         else return &operands_[i];
     }
     void fill(std::size_t i, const Tensor& constant) override {
-        if constexpr (std::same_as<T, Var>) operands_[i] = graph().constant(constant, where_);
+        if constexpr (std::same_as<T, Var>) operands_[i] = graph().constant(constant, where);
         else operands_[i] = constant;
     }
     // The operands up to the last one present (the required ones in any case).
@@ -60,13 +60,12 @@ private:
     }
     std::vector<T> operands_;
     std::size_t required_;
-    std::source_location where_;
 };
 
 // Whether the call can go straight to the engine: no rule to run, nothing left out (the engine then names an
 // undefined input itself).
 template <typename T>
-bool direct(const OpDef& def, std::initializer_list<T> inputs) {
+bool direct(const OpDef& def, std::span<const T> inputs) {
     if (def.prepare != nullptr) return false;
     if (def.optional_inputs == 0) return true;
     for (const T& v : inputs)
@@ -74,28 +73,55 @@ bool direct(const OpDef& def, std::initializer_list<T> inputs) {
     return true;
 }
 
+// Records over Var operands in their graph, or runs over Tensor operands at once.
+Var run(OpType op, std::initializer_list<Var> inputs, const OpAttrs& attrs, std::source_location where) {
+    return inputs.begin()->graph().record(op, inputs, attrs, where);
+}
+Var run(OpType op, const std::vector<Var>& inputs, const OpAttrs& attrs, std::source_location where) {
+    if (inputs.empty()) throw ValueError(str(op_def(op).name, ": needs at least one input"));
+    return inputs.front().graph().record(op, inputs, attrs, where);
+}
+Tensor run(OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs, std::source_location where) {
+    return eager(op, inputs, attrs, where);
+}
+
+// The front door: straight to run() when there is nothing to prepare, else the row's rule first.
+template <typename T, typename Inputs>
+T apply_inputs(OpType op, const Inputs& inputs, const OpAttrs& attrs, std::source_location where, AttrSet given) {
+    const OpDef& def = op_def(op);
+    const std::span<const T> operands(std::data(inputs), inputs.size());
+    if (direct(def, operands)) return run(op, inputs, attrs, where);
+    OpAttrs prepared = attrs;
+    FrontDoorCall<T> call(operands, required_inputs(def, operands.size()), prepared, given, where);
+    prepare_call(def, call);
+    return run(op, call.operands(), prepared, where);
+}
+
 }  // namespace
 
 Var apply_op(OpType op, std::initializer_list<Var> inputs, const OpAttrs& attrs, std::source_location where,
              AttrSet given) {
-    const OpDef& def = op_def(op);
-    if (direct(def, inputs)) return inputs.begin()->graph().record(op, inputs, attrs, where);
-    OpAttrs prepared = attrs;
-    FrontDoorCall<Var> call(inputs, required_inputs(def, inputs.size()), prepared, given, where);
-    prepare_call(def, call);
-    const std::vector<Var> operands = call.operands();
-    return operands.front().graph().record(op, operands, prepared, where);
+    return apply_inputs<Var>(op, inputs, attrs, where, given);
 }
-
 Tensor apply_op(OpType op, std::initializer_list<Tensor> inputs, const OpAttrs& attrs, std::source_location where,
                 AttrSet given) {
-    const OpDef& def = op_def(op);
-    if (direct(def, inputs)) return eager(op, inputs, attrs, where);
-    OpAttrs prepared = attrs;
-    FrontDoorCall<Tensor> call(inputs, required_inputs(def, inputs.size()), prepared, given, where);
-    prepare_call(def, call);
-    const std::vector<Tensor> operands = call.operands();
-    return eager(op, operands, prepared, where);
+    return apply_inputs<Tensor>(op, inputs, attrs, where, given);
+}
+Var apply_op(OpType op, const std::vector<Var>& inputs, const OpAttrs& attrs, std::source_location where,
+             AttrSet given) {
+    return apply_inputs<Var>(op, inputs, attrs, where, given);
+}
+Tensor apply_op(OpType op, const std::vector<Tensor>& inputs, const OpAttrs& attrs, std::source_location where,
+                AttrSet given) {
+    return apply_inputs<Tensor>(op, inputs, attrs, where, given);
+}
+
+
+Var apply_exact(OpType op, std::initializer_list<Var> inputs, const OpAttrs& attrs, std::source_location where) {
+    return run(op, inputs, attrs, where);
+}
+Tensor apply_exact(OpType op, std::initializer_list<Tensor> inputs, const OpAttrs& attrs, std::source_location where) {
+    return run(op, inputs, attrs, where);
 }
 
 }  // namespace dyngrad

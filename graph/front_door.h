@@ -9,12 +9,16 @@
 #include <initializer_list>
 #include <source_location>
 #include <span>
+#include <utility>
+#include <vector>
 
 #include "dyngrad/graph/eager.h"
 #include "dyngrad/graph/graph.h"
 #include "dyngrad/graph/op_def.h"
 
 namespace dyngrad {
+
+using Loc = std::source_location;
 
 // The operand types of an op function.
 template <typename T>
@@ -27,6 +31,35 @@ Var apply_op(OpType op, std::initializer_list<Var> inputs, const OpAttrs& attrs,
              AttrSet given = {});
 Tensor apply_op(OpType op, std::initializer_list<Tensor> inputs, const OpAttrs& attrs, std::source_location where,
                 AttrSet given = {});
+// The same over a list built at run time (concat's operands).
+Var apply_op(OpType op, const std::vector<Var>& inputs, const OpAttrs& attrs, std::source_location where,
+             AttrSet given = {});
+Tensor apply_op(OpType op, const std::vector<Tensor>& inputs, const OpAttrs& attrs, std::source_location where,
+                AttrSet given = {});
+
+// Records or runs `op` over exactly these operands, with no argument rule and nothing left out: for a form whose
+// caller names every operand, so that an undefined one is the engine's error (ValueError/GraphError naming it).
+Var apply_exact(OpType op, std::initializer_list<Var> inputs, const OpAttrs& attrs, std::source_location where);
+Tensor apply_exact(OpType op, std::initializer_list<Tensor> inputs, const OpAttrs& attrs, std::source_location where);
+
+// Attributes with the named fields set and the others at their defaults:
+// op_attrs(&OpAttrs::axis, axis, &OpAttrs::keepdim, keepdim).
+inline void set_attrs(OpAttrs&) {}
+template <typename Member, typename Value, typename... Rest>
+void set_attrs(OpAttrs& attrs, Member OpAttrs::*field, Value&& value, Rest&&... rest) {
+    attrs.*field = std::forward<Value>(value);
+    set_attrs(attrs, std::forward<Rest>(rest)...);
+}
+template <typename... FieldsAndValues>
+OpAttrs op_attrs(FieldsAndValues&&... fields_and_values) {
+    OpAttrs attrs;
+    set_attrs(attrs, std::forward<FieldsAndValues>(fields_and_values)...);
+    return attrs;
+}
+
+// An operand's value: the Var's, or the Tensor itself (a composite's shape checks read it).
+inline const Tensor& value_of(const Tensor& value) { return value; }
+inline const Tensor& value_of(const Var& var) { return var.value(); }
 
 // A tensor that takes part in a call as an operand of type T: itself eagerly, a constant of x's graph when
 // recording (batch_norm's running statistics, which the forward updates in place).
@@ -40,7 +73,7 @@ inline Var as_operand(const Tensor& value, const Var& like, std::source_location
 // One call as a row's argument rule sees it, whatever holds its operands (Var, Tensor, Python's tensors).
 class OpCall {
 public:
-    OpCall(OpAttrs& attrs, AttrSet given) : attrs(attrs), given(given) {}
+    OpCall(OpAttrs& attrs, AttrSet given, std::source_location where) : attrs(attrs), given(given), where(where) {}
     OpCall(const OpCall&) = delete;
     OpCall& operator=(const OpCall&) = delete;
     virtual std::size_t size() const = 0;
@@ -52,6 +85,7 @@ public:
 
     OpAttrs& attrs;
     const AttrSet given;
+    const std::source_location where;  // the caller's site, for a rule's errors
 
 protected:
     ~OpCall() = default;

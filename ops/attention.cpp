@@ -22,39 +22,6 @@
 
 namespace dyngrad {
 
-// ---- user functions ----
-namespace {
-
-OpAttrs attention_attrs(const AttentionOptions& options) {
-    OpAttrs attrs;
-    attrs.is_causal = options.is_causal;
-    attrs.scalar = options.dropout_p;
-    attrs.attention_scale = options.scale;
-    attrs.seed = options.seed;
-    return attrs;
-}
-
-}  // namespace
-
-Var scaled_dot_product_attention(const Var& q, const Var& k, const Var& v, const AttentionOptions& options,
-                                 std::source_location where) {
-    return q.graph().record(OpType::ScaledDotProductAttention, {q, k, v}, attention_attrs(options), where);
-}
-Var scaled_dot_product_attention(const Var& q, const Var& k, const Var& v, const Var& mask,
-                                 const AttentionOptions& options, std::source_location where) {
-    return q.graph().record(OpType::ScaledDotProductAttention, {q, k, v, mask}, attention_attrs(options), where);
-}
-
-// ---- eager calls (graph/eager.h): the same op on Tensors ----
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
-                                    std::source_location where) {
-    return eager(OpType::ScaledDotProductAttention, {q, k, v}, attention_attrs(options), where);
-}
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                                    const AttentionOptions& options, std::source_location where) {
-    return eager(OpType::ScaledDotProductAttention, {q, k, v, mask}, attention_attrs(options), where);
-}
-
 namespace {
 
 AttentionGpuPath initial_gpu_path() {

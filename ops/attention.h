@@ -8,8 +8,7 @@
 #include <source_location>
 #include <string>
 
-#include "dyngrad/graph/eager.h"
-#include "dyngrad/graph/graph.h"
+#include "dyngrad/graph/front_door.h"
 
 namespace dyngrad {
 
@@ -66,21 +65,29 @@ std::string attention_cudnn_status();
 // Dropout (dropout_p > 0; the caller passes 0 outside training, as with PyTorch) zeroes probability (b,h,t,s)
 // when math::dropout_keep(seed, ((b·H + h)·T + t)·S + s, p) says so (ops/dropout_mask.h) and scales the rest by
 // 1/(1 − p): every backend drops the same elements, and the backward recomputes the mask.
-Var scaled_dot_product_attention(const Var& q, const Var& k, const Var& v, const AttentionOptions& options = {},
-                                 std::source_location where = std::source_location::current());
 // mask: a keep mask, broadcastable to (B,H,T,S), in q's dtype, every value 0 or 1 (ValueError otherwise; on the
 // GPU raised at the next synchronisation): 1 = key s takes part in query t (PyTorch's bool attn_mask, True),
 // 0 = it does not. A PyTorch additive float mask (0 / −inf) must be converted: keep = (additive == 0).
 // The output is flat in the mask: it gets a zero gradient.
-Var scaled_dot_product_attention(const Var& q, const Var& k, const Var& v, const Var& mask,
-                                 const AttentionOptions& options = {},
-                                 std::source_location where = std::source_location::current());
-// Eager (no gradient).
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const AttentionOptions& options = {},
-                                    std::source_location where = std::source_location::current());
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                                    const AttentionOptions& options = {},
-                                    std::source_location where = std::source_location::current());
+// One front door over Var (recorded) and Tensor (eager: no gradient); graph/front_door.h. A mask given undefined is
+// the engine's error, as any undefined input (the form without a mask is the one for none).
+namespace detail {
+inline OpAttrs attention_attrs(const AttentionOptions& options) {
+    return op_attrs(&OpAttrs::scalar, options.dropout_p, &OpAttrs::seed, options.seed, &OpAttrs::is_causal,
+                    options.is_causal, &OpAttrs::attention_scale, options.scale);
+}
+}  // namespace detail
+template <Operand T>
+T scaled_dot_product_attention(const T& q, const T& k, const T& v, const T& mask, const AttentionOptions& options = {},
+                               Loc where = Loc::current()) {
+    const OpAttrs attrs = detail::attention_attrs(options);
+    if (!mask.defined()) return apply_exact(OpType::ScaledDotProductAttention, {q, k, v, mask}, attrs, where);
+    return apply_op(OpType::ScaledDotProductAttention, {q, k, v, mask}, attrs, where);
+}
+template <Operand T>
+T scaled_dot_product_attention(const T& q, const T& k, const T& v, const AttentionOptions& options = {},
+                               Loc where = Loc::current()) {
+    return apply_op(OpType::ScaledDotProductAttention, {q, k, v}, detail::attention_attrs(options), where);
+}
 
 }  // namespace dyngrad

@@ -13,32 +13,7 @@
 
 namespace dyngrad {
 
-namespace {
-
-OpAttrs dropout_attrs(double p, bool training) {
-    OpAttrs attrs;
-    attrs.scalar = p;
-    attrs.training = training;
-    return attrs;
-}
-
-OpAttrs dropout_attrs(double p, bool training, std::uint64_t seed) {
-    OpAttrs attrs = dropout_attrs(p, training);
-    attrs.seed = seed;
-    return attrs;
-}
-
-}  // namespace
-
-// ---- user functions ----
-Var dropout(const Var& x, double p, bool training, std::uint64_t seed, std::source_location where) {
-    return x.graph().record(OpType::Dropout, {x}, dropout_attrs(p, training, seed), where);
-}
-
-Var dropout(const Var& x, double p, bool training, const Var& seed, std::source_location where) {
-    return x.graph().record(OpType::Dropout, {x, seed}, dropout_attrs(p, training), where);
-}
-
+// ---- user functions: the DropoutSeeds form (the front doors are in ops/dropout.h) ----
 // A refused call (the op's checks) draws nothing: the counter advances only once the node is recorded.
 Var dropout(const Var& x, double p, bool training, DropoutSeeds& seeds, std::source_location where) {
     const Device device = x.device();
@@ -65,15 +40,6 @@ Var dropout(const Var& x, double p, bool training, DropoutSeeds& seeds, std::sou
                     where);
     ++draws;
     return y;
-}
-
-// ---- eager calls (graph/eager.h): the same op on Tensors ----
-Tensor dropout(const Tensor& x, double p, bool training, std::uint64_t seed, std::source_location where) {
-    return eager(OpType::Dropout, {x}, dropout_attrs(p, training, seed), where);
-}
-
-Tensor dropout(const Tensor& x, double p, bool training, const Tensor& seed, std::source_location where) {
-    return eager(OpType::Dropout, {x, seed}, dropout_attrs(p, training), where);
 }
 
 // ---- the seed stream ----

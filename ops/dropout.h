@@ -4,27 +4,29 @@
 #include <cstdint>
 #include <source_location>
 
-#include "dyngrad/graph/eager.h"
-#include "dyngrad/graph/graph.h"
+#include "dyngrad/graph/front_door.h"
 
 namespace dyngrad {
 
-
 // training: zeroes each element with probability p in [0, 1) and scales the survivors by 1/(1 − p);
 // the mask is a function of (seed, element index) alone, the same on every backend (ops/dropout_mask.h).
-// eval (or p = 0): the identity.
-Var dropout(const Var& x, double p, bool training, std::uint64_t seed,
-            std::source_location where = std::source_location::current());
-Tensor dropout(const Tensor& x, double p, bool training, std::uint64_t seed,
-               std::source_location where = std::source_location::current());
+// eval (or p = 0): the identity. One front door over Var (recorded) and Tensor (eager); graph/front_door.h.
+template <Operand T>
+T dropout(const T& x, double p, bool training, std::uint64_t seed, Loc where = Loc::current()) {
+    return apply_op(OpType::Dropout, {x},
+                    op_attrs(&OpAttrs::scalar, p, &OpAttrs::training, training, &OpAttrs::seed, seed), where);
+}
 // The same with the mask seed read from `seed`, a one-element int64 tensor on x's device (its bits are the
 // seed), where the kernels read it: a captured step whose seed tensor is rewritten on the device draws fresh
 // masks on every replay, and the node (its seed input) records the seed each replay used, so the CPU replay
 // (verify) and the backward reproduce the mask. DTypeError/ShapeError for another seed tensor.
-Var dropout(const Var& x, double p, bool training, const Var& seed,
-            std::source_location where = std::source_location::current());
-Tensor dropout(const Tensor& x, double p, bool training, const Tensor& seed,
-               std::source_location where = std::source_location::current());
+// A seed given undefined is the engine's error, as any undefined input.
+template <Operand T>
+T dropout(const T& x, double p, bool training, const T& seed, Loc where = Loc::current()) {
+    const OpAttrs attrs = op_attrs(&OpAttrs::scalar, p, &OpAttrs::training, training);
+    if (!seed.defined()) return apply_exact(OpType::Dropout, {x, seed}, attrs, where);
+    return apply_op(OpType::Dropout, {x, seed}, attrs, where);
+}
 
 // A stream of dropout mask seeds whose draw counter lives on the device that draws the masks: next(device)
 // returns a fresh one-element int64 tensor on `device` holding the seed of draw n = ++counter,

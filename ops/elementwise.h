@@ -9,8 +9,6 @@
 
 namespace dyngrad {
 
-using Loc = std::source_location;
-
 // Every function is one front door over its operand type (graph/front_door.h): Var (recorded in the Var's graph,
 // differentiable) or Tensor (eager: run at once through the same kernels, no graph, no gradient).
 namespace detail {

@@ -6,6 +6,7 @@
 
 #include "dyngrad/core/checked.h"
 #include "dyngrad/graph/eager.h"
+#include "dyngrad/ops/argument_rules.h"
 #include "dyngrad/ops/differentiable_backward.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/layout.h"
@@ -14,84 +15,19 @@
 
 namespace dyngrad {
 
-// ---- user functions ----
-namespace {
-
-// padding_idx in [-V, V) -> attrs.padding_idx in [0, V); none -> -1.
-std::int64_t padding_row(std::optional<std::int64_t> padding_idx, const Shape& weight, std::source_location where) {
-    if (!padding_idx) return -1;
-    const std::int64_t rows = weight.empty() ? 0 : weight[0];
-    const std::int64_t p = *padding_idx;
+// ---- argument rules (ops/argument_rules.h; the user functions are front doors in ops/indexing.h) ----
+// The indices pick the weight's rows (axis 0, which the Indices input domain reads); a padding_idx given in
+// [-V, V) counts from V when negative, -1 (not given) is none.
+void embedding_arguments(OpCall& call) {
+    call.attrs.axis = 0;
+    const Tensor* weight = call.value(0);
+    if (!call.gave(attr_field_index("padding_idx")) || weight == nullptr || !weight->defined()) return;
+    const std::int64_t rows = weight->rank() == 0 ? 0 : weight->shape()[0];
+    const std::int64_t p = call.attrs.padding_idx;
     if (p < -rows || p >= rows)
-        throw IndexError(str("embedding at ", describe_site(where), ": padding_idx ", p, " is outside [", -rows, ", ",
-                             rows, ") for a weight of ", rows, " rows"));
-    return p < 0 ? p + rows : p;
-}
-
-OpAttrs embedding_attrs(std::int64_t padding_idx) {
-    OpAttrs attrs;
-    attrs.axis = 0;  // the weight's rows: what the indices pick (the Indices input domain reads it)
-    attrs.padding_idx = padding_idx;
-    return attrs;
-}
-OpAttrs axis_attrs(std::int64_t axis) {
-    OpAttrs attrs;
-    attrs.axis = axis;
-    return attrs;
-}
-OpAttrs scalar_attrs(double value) {
-    OpAttrs attrs;
-    attrs.scalar = value;
-    return attrs;
-}
-
-}  // namespace
-
-Var embedding(const Var& indices, const Var& weight, std::optional<std::int64_t> padding_idx,
-              std::source_location where) {
-    const OpAttrs attrs = embedding_attrs(padding_row(padding_idx, weight.shape(), where));
-    return weight.graph().record(OpType::Embedding, {weight, indices}, attrs, where);
-}
-Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<std::int64_t> padding_idx,
-                 std::source_location where) {
-    return eager(OpType::Embedding, {weight, indices}, embedding_attrs(padding_row(padding_idx, weight.shape(), where)),
-                 where);
-}
-
-Var gather(const Var& x, std::int64_t axis, const Var& index, std::source_location where) {
-    return x.graph().record(OpType::Gather, {x, index}, axis_attrs(axis), where);
-}
-Tensor gather(const Tensor& x, std::int64_t axis, const Tensor& index, std::source_location where) {
-    return eager(OpType::Gather, {x, index}, axis_attrs(axis), where);
-}
-
-Var index_select(const Var& x, std::int64_t axis, const Var& index, std::source_location where) {
-    return x.graph().record(OpType::IndexSelect, {x, index}, axis_attrs(axis), where);
-}
-Tensor index_select(const Tensor& x, std::int64_t axis, const Tensor& index, std::source_location where) {
-    return eager(OpType::IndexSelect, {x, index}, axis_attrs(axis), where);
-}
-
-Var scatter_add(const Var& base, std::int64_t axis, const Var& index, const Var& src, std::source_location where) {
-    return base.graph().record(OpType::ScatterAdd, {base, index, src}, axis_attrs(axis), where);
-}
-Tensor scatter_add(const Tensor& base, std::int64_t axis, const Tensor& index, const Tensor& src,
-                   std::source_location where) {
-    return eager(OpType::ScatterAdd, {base, index, src}, axis_attrs(axis), where);
-}
-
-Var where(const Var& condition, const Var& a, const Var& b, std::source_location where) {
-    return condition.graph().record(OpType::Where, {condition, a, b}, {}, where);
-}
-Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b, std::source_location where) {
-    return eager(OpType::Where, {condition, a, b}, {}, where);
-}
-
-Var masked_fill(const Var& x, const Var& mask, double value, std::source_location where) {
-    return x.graph().record(OpType::MaskedFill, {x, mask}, scalar_attrs(value), where);
-}
-Tensor masked_fill(const Tensor& x, const Tensor& mask, double value, std::source_location where) {
-    return eager(OpType::MaskedFill, {x, mask}, scalar_attrs(value), where);
+        throw IndexError(str("embedding at ", describe_site(call.where), ": padding_idx ", p, " is outside [", -rows,
+                             ", ", rows, ") for a weight of ", rows, " rows"));
+    call.attrs.padding_idx = p < 0 ? p + rows : p;
 }
 
 // ---- shape rules ----

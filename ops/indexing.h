@@ -21,49 +21,56 @@
 #include <source_location>
 
 #include "dyngrad/core/tensor.h"
-#include "dyngrad/graph/graph.h"
+#include "dyngrad/graph/front_door.h"
 
 namespace dyngrad {
 
+// Each function is one front door over Var (recorded) and Tensor (eager: no graph, no gradient);
+// graph/front_door.h.
+
 // indices (any shape, int64 in [0, V)), weight (V, D) -> (indices..., D): y[..., :] = weight[indices[...], :].
 // padding_idx (in [-V, V); negative counts from V) names a row that gets no gradient; its value still
-// appears in the output (PyTorch's rule).
-Var embedding(const Var& indices, const Var& weight, std::optional<std::int64_t> padding_idx = std::nullopt,
-              std::source_location where = std::source_location::current());
-Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<std::int64_t> padding_idx = std::nullopt,
-                 std::source_location where = std::source_location::current());
+// appears in the output (PyTorch's rule). Checking and counting it from V is the row's argument rule
+// (ops/argument_rules.h), which Python's dg.ops.embedding runs too.
+template <Operand T>
+T embedding(const T& indices, const T& weight, std::optional<std::int64_t> padding_idx = std::nullopt,
+            Loc where = Loc::current()) {
+    const AttrSet given = padding_idx ? AttrSet{}.with(attr_field_index("padding_idx")) : AttrSet{};
+    return apply_op(OpType::Embedding, {weight, indices}, op_attrs(&OpAttrs::padding_idx, padding_idx.value_or(-1)),
+                    where, given);
+}
 
 // PyTorch's gather: y has index's shape and, along axis 1 of rank 3, y[i][j][k] = x[i][index[i][j][k]][k].
 // index: int64 of x's rank with index.size(d) <= x.size(d) for d != axis. Any dtype of x.
-Var gather(const Var& x, std::int64_t axis, const Var& index,
-           std::source_location where = std::source_location::current());
-Tensor gather(const Tensor& x, std::int64_t axis, const Tensor& index,
-              std::source_location where = std::source_location::current());
+template <Operand T>
+T gather(const T& x, std::int64_t axis, const T& index, Loc where = Loc::current()) {
+    return apply_op(OpType::Gather, {x, index}, op_attrs(&OpAttrs::axis, axis), where);
+}
 
 // x with `axis` replaced by the entries the 1-D int64 index names, in its order (repeats allowed).
-Var index_select(const Var& x, std::int64_t axis, const Var& index,
-                 std::source_location where = std::source_location::current());
-Tensor index_select(const Tensor& x, std::int64_t axis, const Tensor& index,
-                    std::source_location where = std::source_location::current());
+template <Operand T>
+T index_select(const T& x, std::int64_t axis, const T& index, Loc where = Loc::current()) {
+    return apply_op(OpType::IndexSelect, {x, index}, op_attrs(&OpAttrs::axis, axis), where);
+}
 
 // PyTorch's scatter_add: y = base, then along axis 1 of rank 3, y[i][index[i][j][k]][k] += src[i][j][k].
 // src has index's shape (PyTorch also takes a larger src and ignores the rest; dyngrad asks for the
 // exact shape); index.size(d) <= base.size(d) for d != axis. Differentiable in base and src.
-Var scatter_add(const Var& base, std::int64_t axis, const Var& index, const Var& src,
-                std::source_location where = std::source_location::current());
-Tensor scatter_add(const Tensor& base, std::int64_t axis, const Tensor& index, const Tensor& src,
-                   std::source_location where = std::source_location::current());
+template <Operand T>
+T scatter_add(const T& base, std::int64_t axis, const T& index, const T& src, Loc where = Loc::current()) {
+    return apply_op(OpType::ScatterAdd, {base, index, src}, op_attrs(&OpAttrs::axis, axis), where);
+}
 
 // y = condition != 0 ? a : b, the three broadcast together (NumPy rules); all three of one float dtype.
-Var where(const Var& condition, const Var& a, const Var& b,
-          std::source_location where = std::source_location::current());
-Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b,
-             std::source_location where = std::source_location::current());
+template <Operand T>
+T where(const T& condition, const T& a, const T& b, Loc at = Loc::current()) {
+    return apply_op(OpType::Where, {condition, a, b}, {}, at);
+}
 
 // y = mask != 0 ? value : x, with the mask (x's dtype) broadcast to x's shape.
-Var masked_fill(const Var& x, const Var& mask, double value,
-                std::source_location where = std::source_location::current());
-Tensor masked_fill(const Tensor& x, const Tensor& mask, double value,
-                   std::source_location where = std::source_location::current());
+template <Operand T>
+T masked_fill(const T& x, const T& mask, double value, Loc where = Loc::current()) {
+    return apply_op(OpType::MaskedFill, {x, mask}, op_attrs(&OpAttrs::scalar, value), where);
+}
 
 }  // namespace dyngrad

@@ -18,69 +18,11 @@
 
 namespace dyngrad {
 
-// ---- user functions ----
-Var transpose(const Var& x, std::int64_t axis0, std::int64_t axis1, std::source_location where) {
-    OpAttrs attrs;
-    attrs.axes = {axis0, axis1};
-    return x.graph().record(OpType::Transpose, {x}, attrs, where);
-}
-
-Var reshape(const Var& x, const Shape& shape, std::source_location where) {
-    OpAttrs attrs;
-    attrs.shape = shape;
-    return x.graph().record(OpType::Reshape, {x}, attrs, where);
-}
-
-Var flatten(const Var& x, std::source_location where) {
-    const Shape& shape = x.shape();
-    if (shape.size() < 2)
-        throw ShapeError(str("flatten at ", describe_site(where), ": needs a tensor of rank >= 2 (N, ...), got shape ",
-                             to_string(shape)));
-    // The rest is computed, not inferred with -1, so N = 0 still works.
-    return reshape(x, {shape[0], numel(Shape(shape.begin() + 1, shape.end()))}, where);
-}
-
-namespace {
-OpAttrs narrow_attrs(std::int64_t axis, std::int64_t start, std::int64_t length) {
-    OpAttrs attrs;
-    attrs.axis = axis;
-    attrs.start = start;
-    attrs.length = length;
-    return attrs;
-}
-}  // namespace
-
-Var narrow(const Var& x, std::int64_t axis, std::int64_t start, std::int64_t length, std::source_location where) {
-    return x.graph().record(OpType::Narrow, {x}, narrow_attrs(axis, start, length), where);
-}
-
-Var concat(const std::vector<Var>& xs, std::int64_t axis, std::source_location where) {
+// ---- user functions: the composites over either operand type (the single-op front doors are in ops/layout.h) ----
+template <Operand T>
+T concat(const std::vector<T>& xs, std::int64_t axis, Loc where) {
     if (xs.empty()) throw ValueError(str("concat at ", describe_site(where), ": needs at least one tensor"));
-    OpAttrs attrs;
-    attrs.axis = axis;
-    return xs.front().graph().record(OpType::Concat, xs, attrs, where);
-}
-
-Var permute(const Var& x, const std::vector<std::int64_t>& dims, std::source_location where) {
-    OpAttrs attrs;
-    attrs.axes = dims;
-    return x.graph().record(OpType::Permute, {x}, attrs, where);
-}
-Tensor permute(const Tensor& x, const std::vector<std::int64_t>& dims, std::source_location where) {
-    OpAttrs attrs;
-    attrs.axes = dims;
-    return eager(OpType::Permute, {x}, attrs, where);
-}
-
-Var expand(const Var& x, const Shape& shape, std::source_location where) {
-    OpAttrs attrs;
-    attrs.shape = shape;
-    return x.graph().record(OpType::Expand, {x}, attrs, where);
-}
-Tensor expand(const Tensor& x, const Shape& shape, std::source_location where) {
-    OpAttrs attrs;
-    attrs.shape = shape;
-    return eager(OpType::Expand, {x}, attrs, where);
+    return apply_op(OpType::Concat, xs, op_attrs(&OpAttrs::axis, axis), where);
 }
 
 namespace {
@@ -95,14 +37,14 @@ int composite_axis(const char* op, std::int64_t axis, std::size_t rank, std::sou
 }
 
 // stack's checks: at least one input, all of input 0's shape. Returns each input's shape with a 1 at `axis`.
-template <typename Item, typename ShapeOf>
-Shape stack_piece_shape(const std::vector<Item>& xs, std::int64_t axis, std::source_location where, ShapeOf shape_of) {
+template <Operand T>
+Shape stack_piece_shape(const std::vector<T>& xs, std::int64_t axis, std::source_location where) {
     if (xs.empty()) throw ValueError(str("stack at ", describe_site(where), ": needs at least one tensor"));
-    const Shape& first = shape_of(xs.front());
+    const Shape& first = xs.front().shape();
     for (std::size_t i = 1; i < xs.size(); ++i)
-        if (shape_of(xs[i]) != first)
+        if (xs[i].shape() != first)
             throw ShapeError(str("stack at ", describe_site(where), ": input ", i, " has shape ",
-                                 to_string(shape_of(xs[i])), " but input 0 has ", to_string(first),
+                                 to_string(xs[i].shape()), " but input 0 has ", to_string(first),
                                  " (stacked tensors share one shape)"));
     Shape piece = first;
     piece.insert(piece.begin() + composite_axis("stack", axis, first.size() + 1, where), 1);
@@ -139,10 +81,14 @@ std::vector<std::pair<std::int64_t, std::int64_t>> sized_pieces(std::int64_t axi
     return pieces;
 }
 
-}  // namespace
-
-// ---- indexing: select, squeeze, unsqueeze, flatten(start, end); shapes shared by the Var and Tensor forms ----
-namespace {
+// x narrowed to each (start, length) piece along axis `axis` (already in [0, rank)).
+template <Operand T>
+std::vector<T> narrowed(const T& x, int axis, const std::vector<std::pair<std::int64_t, std::int64_t>>& pieces,
+                        std::source_location where) {
+    std::vector<T> out;
+    for (const auto& [start, length] : pieces) out.push_back(narrow(x, axis, start, length, where));
+    return out;
+}
 
 // `axis` of a rank-`rank` shape, negative from the end; ShapeError naming the call and the operand otherwise.
 int axis_of(const char* op, const Tensor& x, std::int64_t axis, std::size_t rank, std::source_location where) {
@@ -200,110 +146,66 @@ Shape flattened_shape(const Tensor& x, std::int64_t start_axis, std::int64_t end
 
 }  // namespace
 
-Var stack(const std::vector<Var>& xs, std::int64_t axis, std::source_location where) {
-    const Shape piece = stack_piece_shape(xs, axis, where, [](const Var& v) -> const Shape& { return v.shape(); });
-    std::vector<Var> pieces;
-    for (const Var& x : xs) pieces.push_back(reshape(x, piece, where));
+template <Operand T>
+T stack(const std::vector<T>& xs, std::int64_t axis, Loc where) {
+    const Shape piece = stack_piece_shape(xs, axis, where);
+    std::vector<T> pieces;
+    for (const T& x : xs) pieces.push_back(reshape(x, piece, where));
     return concat(pieces, normalize_axis(axis, piece.size()), where);
 }
-Tensor stack(const std::vector<Tensor>& xs, std::int64_t axis, std::source_location where) {
-    const Shape piece = stack_piece_shape(xs, axis, where, [](const Tensor& t) -> const Shape& { return t.shape(); });
-    std::vector<Tensor> pieces;
-    for (const Tensor& x : xs) pieces.push_back(x.reshaped(piece));
-    OpAttrs attrs;
-    attrs.axis = normalize_axis(axis, piece.size());
-    return eager(OpType::Concat, pieces, attrs, where);
-}
 
-std::vector<Var> split(const Var& x, std::int64_t size, std::int64_t axis, std::source_location where) {
+template <Operand T>
+std::vector<T> split(const T& x, std::int64_t size, std::int64_t axis, Loc where) {
     const int a = composite_axis("split", axis, x.shape().size(), where);
-    std::vector<Var> out;
-    for (const auto& [start, length] : split_pieces(x.shape()[a], size, where)) out.push_back(narrow(x, a, start, length, where));
-    return out;
-}
-std::vector<Tensor> split(const Tensor& x, std::int64_t size, std::int64_t axis, std::source_location where) {
-    const int a = composite_axis("split", axis, x.rank(), where);
-    std::vector<Tensor> out;
-    for (const auto& [start, length] : split_pieces(x.shape()[a], size, where))
-        out.push_back(eager(OpType::Narrow, {x}, narrow_attrs(a, start, length), where));
-    return out;
+    return narrowed(x, a, split_pieces(x.shape()[a], size, where), where);
 }
 
-std::vector<Var> split_with_sizes(const Var& x, const std::vector<std::int64_t>& sizes, std::int64_t axis,
-                                  std::source_location where) {
+template <Operand T>
+std::vector<T> split_with_sizes(const T& x, const std::vector<std::int64_t>& sizes, std::int64_t axis, Loc where) {
     const int a = composite_axis("split_with_sizes", axis, x.shape().size(), where);
-    std::vector<Var> out;
-    for (const auto& [start, length] : sized_pieces(x.shape()[a], sizes, where)) out.push_back(narrow(x, a, start, length, where));
-    return out;
-}
-std::vector<Tensor> split_with_sizes(const Tensor& x, const std::vector<std::int64_t>& sizes, std::int64_t axis,
-                                     std::source_location where) {
-    const int a = composite_axis("split_with_sizes", axis, x.rank(), where);
-    std::vector<Tensor> out;
-    for (const auto& [start, length] : sized_pieces(x.shape()[a], sizes, where))
-        out.push_back(eager(OpType::Narrow, {x}, narrow_attrs(a, start, length), where));
-    return out;
+    return narrowed(x, a, sized_pieces(x.shape()[a], sizes, where), where);
 }
 
-Var select(const Var& x, std::int64_t axis, std::int64_t index, std::source_location where) {
-    const auto [a, i] = select_at(x.value(), axis, index, where);
+// An undefined operand goes to the op itself, which names it as for any op.
+template <Operand T>
+T select(const T& x, std::int64_t axis, std::int64_t index, Loc where) {
+    if (!x.defined()) return narrow(x, axis, index, 1, where);
+    const auto [a, i] = select_at(value_of(x), axis, index, where);
     return reshape(narrow(x, a, i, 1, where), without_axis(x.shape(), a), where);
 }
-Var squeeze(const Var& x, std::int64_t axis, std::source_location where) {
-    return reshape(x, squeezed_shape(x.value(), axis, where), where);
+template <Operand T>
+T squeeze(const T& x, std::int64_t axis, Loc where) {
+    return reshape(x, x.defined() ? squeezed_shape(value_of(x), axis, where) : Shape{}, where);
 }
-Var unsqueeze(const Var& x, std::int64_t axis, std::source_location where) {
-    return reshape(x, unsqueezed_shape(x.value(), axis, where), where);
+template <Operand T>
+T unsqueeze(const T& x, std::int64_t axis, Loc where) {
+    return reshape(x, x.defined() ? unsqueezed_shape(value_of(x), axis, where) : Shape{}, where);
 }
-Var flatten(const Var& x, std::int64_t start_axis, std::int64_t end_axis, std::source_location where) {
-    return reshape(x, flattened_shape(x.value(), start_axis, end_axis, where), where);
+template <Operand T>
+T flatten(const T& x, std::int64_t start_axis, std::int64_t end_axis, Loc where) {
+    return reshape(x, x.defined() ? flattened_shape(value_of(x), start_axis, end_axis, where) : Shape{}, where);
 }
-
-// ---- eager calls (graph/eager.h): the same ops and composites on Tensors ----
-Tensor transpose(const Tensor& x, std::int64_t axis0, std::int64_t axis1, std::source_location where) {
-    OpAttrs attrs;
-    attrs.axes = {axis0, axis1};
-    return eager(OpType::Transpose, {x}, attrs, where);
-}
-Tensor reshape(const Tensor& x, const Shape& shape, std::source_location where) {
-    OpAttrs attrs;
-    attrs.shape = shape;
-    return eager(OpType::Reshape, {x}, attrs, where);
-}
-Tensor flatten(const Tensor& x, std::source_location where) {
-    if (x.defined() && x.rank() < 2)
+template <Operand T>
+T flatten(const T& x, Loc where) {
+    if (x.defined() && x.shape().size() < 2)
         throw ShapeError(str("flatten at ", describe_site(where), ": needs a tensor of rank >= 2 (N, ...), got shape ",
                              to_string(x.shape())));
     return flatten(x, 1, -1, where);
 }
-Tensor flatten(const Tensor& x, std::int64_t start_axis, std::int64_t end_axis, std::source_location where) {
-    return reshape(x, x.defined() ? flattened_shape(x, start_axis, end_axis, where) : Shape{}, where);
-}
-Tensor narrow(const Tensor& x, std::int64_t axis, std::int64_t start, std::int64_t length,
-              std::source_location where) {
-    OpAttrs attrs;
-    attrs.axis = axis;
-    attrs.start = start;
-    attrs.length = length;
-    return eager(OpType::Narrow, {x}, attrs, where);
-}
-Tensor select(const Tensor& x, std::int64_t axis, std::int64_t index, std::source_location where) {
-    if (!x.defined()) return narrow(x, axis, index, 1, where);  // eager's error for an undefined input
-    const auto [a, i] = select_at(x, axis, index, where);
-    return reshape(narrow(x, a, i, 1, where), without_axis(x.shape(), a), where);
-}
-Tensor squeeze(const Tensor& x, std::int64_t axis, std::source_location where) {
-    return reshape(x, x.defined() ? squeezed_shape(x, axis, where) : Shape{}, where);
-}
-Tensor unsqueeze(const Tensor& x, std::int64_t axis, std::source_location where) {
-    return reshape(x, x.defined() ? unsqueezed_shape(x, axis, where) : Shape{}, where);
-}
-Tensor concat(const std::vector<Tensor>& xs, std::int64_t axis, std::source_location where) {
-    if (xs.empty()) throw ValueError(str("concat at ", describe_site(where), ": needs at least one tensor"));
-    OpAttrs attrs;
-    attrs.axis = axis;
-    return eager(OpType::Concat, xs, attrs, where);
-}
+
+#define DG_LAYOUT_INSTANCES(T)                                                                                   \
+    template T concat(const std::vector<T>&, std::int64_t, Loc);                                                 \
+    template T stack(const std::vector<T>&, std::int64_t, Loc);                                                  \
+    template std::vector<T> split(const T&, std::int64_t, std::int64_t, Loc);                                    \
+    template std::vector<T> split_with_sizes(const T&, const std::vector<std::int64_t>&, std::int64_t, Loc);     \
+    template T select(const T&, std::int64_t, std::int64_t, Loc);                                                \
+    template T squeeze(const T&, std::int64_t, Loc);                                                             \
+    template T unsqueeze(const T&, std::int64_t, Loc);                                                           \
+    template T flatten(const T&, std::int64_t, std::int64_t, Loc);                                               \
+    template T flatten(const T&, Loc);
+DG_LAYOUT_INSTANCES(Var)
+DG_LAYOUT_INSTANCES(Tensor)
+#undef DG_LAYOUT_INSTANCES
 
 // Tensor's indexing methods (core/tensor.h declares them; they need the ops above, so they live here).
 Tensor Tensor::select(std::int64_t axis, std::int64_t index, std::source_location where) const {

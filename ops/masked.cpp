@@ -44,17 +44,15 @@ Shape rows_shape(const Shape& x_shape, std::size_t k) {
 }
 }  // namespace
 
-Var masked_select(const Var& x, const Tensor& mask, std::source_location where) {
-    const Shape& shape = x.value().shape();
-    const Tensor positions = mask_positions(shape, mask, "masked_select");
-    const Var rows = reshape(x, rows_shape(shape, mask.rank()), where);
-    return index_select(rows, 0, x.graph().constant(positions.to(x.value().device()), where), where);
+template <Operand T>
+T masked_select(const T& x, const Tensor& mask, Loc where) {
+    const Tensor& value = value_of(x);
+    const Tensor positions = mask_positions(value.shape(), mask, "masked_select");
+    const T rows = reshape(x, rows_shape(value.shape(), mask.rank()), where);
+    return index_select(rows, 0, as_operand(positions.to(value.device()), x, where), where);
 }
-
-Tensor masked_select(const Tensor& x, const Tensor& mask, std::source_location where) {
-    const Tensor positions = mask_positions(x.shape(), mask, "masked_select");
-    return index_select(x.reshaped(rows_shape(x.shape(), mask.rank())), 0, positions.to(x.device()), where);
-}
+template Var masked_select(const Var&, const Tensor&, Loc);
+template Tensor masked_select(const Tensor&, const Tensor&, Loc);
 
 // ---- Tensor's in-place arithmetic: the eager op, then its result written into this storage (copy_from,
 // which bumps the version: a recorded backward that still needs the old values throws GraphError). ----

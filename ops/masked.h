@@ -4,7 +4,7 @@
 #include <source_location>
 
 #include "dyngrad/core/tensor.h"
-#include "dyngrad/graph/graph.h"
+#include "dyngrad/graph/front_door.h"
 
 namespace dyngrad {
 
@@ -14,8 +14,9 @@ namespace dyngrad {
 // row-major order. Differentiable in x: the gradient goes back to the selected places, zeros elsewhere
 // (index_select's backward). The count depends on the mask's values, so a device mask is read on the host
 // (a synchronisation, as PyTorch's x[mask]); inside a captured CUDA step that is a GraphError.
-Var masked_select(const Var& x, const Tensor& mask, std::source_location where = std::source_location::current());
-Tensor masked_select(const Tensor& x, const Tensor& mask, std::source_location where = std::source_location::current());
+// One front door over Var (recorded) and Tensor (eager); graph/front_door.h.
+template <Operand T>
+T masked_select(const T& x, const Tensor& mask, Loc where = Loc::current());
 
 // The flat row indices x[mask] selects (int64, 1-D, on the mask's device) after the checks above; `who`
 // names the caller in errors.

@@ -29,11 +29,10 @@ inline OpAttrs axis_keepdim_attrs(std::int64_t axis, bool keepdim) {
 // Sum / mean over `axes` (empty: every axis); keepdim keeps reduced axes with size 1. logsumexp: log Σ exp(x) over
 // `axes`, computed as m + log Σ exp(x − m) with m the maximum, so nothing overflows; the gradient is the softmax
 // over those axes, as PyTorch's logsumexp.
-#define DG_AXES_REDUCTION_FRONT_DOOR(name, tag)                                                   \
-    template <Operand T>                                                                          \
-    T name(const T& x, const std::vector<std::int64_t>& axes = {}, bool keepdim = false,          \
-           std::source_location where = std::source_location::current()) {                        \
-        return apply_op(OpType::tag, {x}, detail::axes_attrs(axes, keepdim), where);              \
+#define DG_AXES_REDUCTION_FRONT_DOOR(name, tag)                                                                        \
+    template <Operand T>                                                                                               \
+    T name(const T& x, const std::vector<std::int64_t>& axes = {}, bool keepdim = false, Loc where = Loc::current()) { \
+        return apply_op(OpType::tag, {x}, detail::axes_attrs(axes, keepdim), where);                                   \
     }
 DG_AXES_REDUCTION_FRONT_DOOR(sum, Sum)
 DG_AXES_REDUCTION_FRONT_DOOR(mean, Mean)
@@ -43,11 +42,10 @@ DG_AXES_REDUCTION_FRONT_DOOR(logsumexp, LogSumExp)
 // Over one axis: max (the gradient goes to the first maximal element); argmax, argmin: the int64 index of the
 // maximum / minimum, ties to the first index and NaN counting as the extreme (PyTorch's and NumPy's rules), not
 // differentiable (a Var result never requires grad).
-#define DG_AXIS_REDUCTION_FRONT_DOOR(name, tag)                                                   \
-    template <Operand T>                                                                          \
-    T name(const T& x, std::int64_t axis, bool keepdim = false,                                   \
-           std::source_location where = std::source_location::current()) {                        \
-        return apply_op(OpType::tag, {x}, detail::axis_keepdim_attrs(axis, keepdim), where);      \
+#define DG_AXIS_REDUCTION_FRONT_DOOR(name, tag)                                                      \
+    template <Operand T>                                                                             \
+    T name(const T& x, std::int64_t axis, bool keepdim = false, Loc where = Loc::current()) {        \
+        return apply_op(OpType::tag, {x}, detail::axis_keepdim_attrs(axis, keepdim), where);         \
     }
 DG_AXIS_REDUCTION_FRONT_DOOR(max, Max)
 DG_AXIS_REDUCTION_FRONT_DOOR(argmax, ArgMax)

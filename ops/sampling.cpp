@@ -20,22 +20,6 @@ namespace dyngrad {
 
 namespace {
 
-OpAttrs sort_attrs(std::int64_t axis, bool descending, std::int64_t k = 0) {
-    OpAttrs a;
-    a.axis = axis;
-    a.descending = descending;
-    a.length = k;
-    return a;
-}
-
-OpAttrs multinomial_attrs(std::int64_t num_samples, bool replacement, std::uint64_t seed) {
-    OpAttrs a;
-    a.length = num_samples;
-    a.replacement = replacement;
-    a.seed = seed;
-    return a;
-}
-
 // The axis a rank-0 tensor is seen along (PyTorch takes dim 0 or -1 there): its one element.
 int line_axis(const Tensor& x, std::int64_t axis) {
     if (x.rank() == 0) {
@@ -63,14 +47,7 @@ WeightRows weight_rows(const Tensor& probs) {
     return {probs.rank() == 2 ? probs.shape()[0] : 1, probs.shape().back()};
 }
 
-// ---- user functions ----
-
-Var cumsum(const Var& x, std::int64_t axis, std::source_location where) {
-    return x.graph().record(OpType::Cumsum, {x}, sort_attrs(axis, false), where);
-}
-Tensor cumsum(const Tensor& x, std::int64_t axis, std::source_location where) {
-    return eager(OpType::Cumsum, {x}, sort_attrs(axis, false), where);
-}
+// ---- user functions: sort and topk (the single-op front doors are in ops/sampling.h) ----
 
 // Second order (graph/higher_order.h): dx_i = Σ_{j≥i} dy_j = Σ_j dy_j − cumsum(dy)_i + dy_i, in differentiable ops
 // (no flip op is needed); a 0-d input's cumsum is the identity.
@@ -82,51 +59,22 @@ std::vector<Var> cumsum_differentiable_backward(const DiffBackwardArgs& args) {
     return {sum(dy, {axis}, /*keepdim=*/true) - cumsum(dy, axis) + dy};
 }
 
-Var argsort(const Var& x, std::int64_t axis, bool descending, std::source_location where) {
-    return x.graph().record(OpType::ArgSort, {x}, sort_attrs(axis, descending), where);
-}
-Tensor argsort(const Tensor& x, std::int64_t axis, bool descending, std::source_location where) {
-    return eager(OpType::ArgSort, {x}, sort_attrs(axis, descending), where);
-}
-
 // The values are a gather at the indices: one sort, and gather's backward scatters dy back.
-ValuesAndIndices<Var> sort(const Var& x, std::int64_t axis, bool descending, std::source_location where) {
-    Var indices = argsort(x, axis, descending, where);
+template <Operand T>
+ValuesAndIndices<T> sort(const T& x, std::int64_t axis, bool descending, Loc where) {
+    T indices = argsort(x, axis, descending, where);
     return {gather_at(x, axis, indices, where), indices};
 }
-ValuesAndIndices<Tensor> sort(const Tensor& x, std::int64_t axis, bool descending, std::source_location where) {
-    Tensor indices = argsort(x, axis, descending, where);
+template <Operand T>
+ValuesAndIndices<T> topk(const T& x, std::int64_t k, std::int64_t axis, bool largest, Loc where) {
+    T indices = apply_op(OpType::TopKIndices, {x},
+                         op_attrs(&OpAttrs::axis, axis, &OpAttrs::length, k, &OpAttrs::descending, largest), where);
     return {gather_at(x, axis, indices, where), indices};
 }
-
-ValuesAndIndices<Var> topk(const Var& x, std::int64_t k, std::int64_t axis, bool largest, std::source_location where) {
-    Var indices = x.graph().record(OpType::TopKIndices, {x}, sort_attrs(axis, largest, k), where);
-    return {gather_at(x, axis, indices, where), indices};
-}
-ValuesAndIndices<Tensor> topk(const Tensor& x, std::int64_t k, std::int64_t axis, bool largest,
-                              std::source_location where) {
-    Tensor indices = eager(OpType::TopKIndices, {x}, sort_attrs(axis, largest, k), where);
-    return {gather_at(x, axis, indices, where), indices};
-}
-
-Var multinomial(const Var& probs, std::int64_t num_samples, bool replacement, std::uint64_t seed,
-                std::source_location where) {
-    return probs.graph().record(OpType::Multinomial, {probs}, multinomial_attrs(num_samples, replacement, seed), where);
-}
-Tensor multinomial(const Tensor& probs, std::int64_t num_samples, bool replacement, std::uint64_t seed,
-                   std::source_location where) {
-    return eager(OpType::Multinomial, {probs}, multinomial_attrs(num_samples, replacement, seed), where);
-}
-// One 64-bit draw per call: the seed of this call's counter-based samples (recorded in the node, so a replay and
-// the other backend reproduce them).
-Var multinomial(const Var& probs, std::int64_t num_samples, bool replacement, Generator& gen,
-                std::source_location where) {
-    return multinomial(probs, num_samples, replacement, static_cast<std::uint64_t>(gen.engine()()), where);
-}
-Tensor multinomial(const Tensor& probs, std::int64_t num_samples, bool replacement, Generator& gen,
-                   std::source_location where) {
-    return multinomial(probs, num_samples, replacement, static_cast<std::uint64_t>(gen.engine()()), where);
-}
+template ValuesAndIndices<Var> sort(const Var&, std::int64_t, bool, Loc);
+template ValuesAndIndices<Tensor> sort(const Tensor&, std::int64_t, bool, Loc);
+template ValuesAndIndices<Var> topk(const Var&, std::int64_t, std::int64_t, bool, Loc);
+template ValuesAndIndices<Tensor> topk(const Tensor&, std::int64_t, std::int64_t, bool, Loc);
 
 // ---- shape rules ----
 namespace infer {

@@ -14,50 +14,57 @@
 #include <source_location>
 
 #include "dyngrad/core/tensor.h"
-#include "dyngrad/graph/eager.h"
-#include "dyngrad/graph/graph.h"
+#include "dyngrad/graph/front_door.h"
 #include "dyngrad/ops/values_indices.h"
 
 namespace dyngrad {
 
+// Each function is one front door over Var (recorded) and Tensor (eager: no graph, no gradient);
+// graph/front_door.h.
+
 // The running sum along `axis`: y[..., i, ...] = x[..., 0, ...] + ... + x[..., i, ...]. Floating dtypes, summed in
 // double on every backend (bf16/f16 through float32). Gradient: the reversed running sum of dy.
-Var cumsum(const Var& x, std::int64_t axis, std::source_location where = std::source_location::current());
-Tensor cumsum(const Tensor& x, std::int64_t axis, std::source_location where = std::source_location::current());
+template <Operand T>
+T cumsum(const T& x, std::int64_t axis, Loc where = Loc::current()) {
+    return apply_op(OpType::Cumsum, {x}, op_attrs(&OpAttrs::axis, axis), where);
+}
 
 // x sorted along `axis` (stable; order above) and the int64 indices of the sorted entries:
 // values = gather(x, axis, indices).
-ValuesAndIndices<Var> sort(const Var& x, std::int64_t axis = -1, bool descending = false,
-                           std::source_location where = std::source_location::current());
-ValuesAndIndices<Tensor> sort(const Tensor& x, std::int64_t axis = -1, bool descending = false,
-                              std::source_location where = std::source_location::current());
-Var argsort(const Var& x, std::int64_t axis = -1, bool descending = false,
-            std::source_location where = std::source_location::current());
-Tensor argsort(const Tensor& x, std::int64_t axis = -1, bool descending = false,
-               std::source_location where = std::source_location::current());
+template <Operand T>
+ValuesAndIndices<T> sort(const T& x, std::int64_t axis = -1, bool descending = false, Loc where = Loc::current());
+template <Operand T>
+T argsort(const T& x, std::int64_t axis = -1, bool descending = false, Loc where = Loc::current()) {
+    return apply_op(OpType::ArgSort, {x}, op_attrs(&OpAttrs::axis, axis, &OpAttrs::descending, descending),
+                    where);
+}
 
 // The k largest (largest = true) or smallest entries along `axis`, always in sorted order (largest first, or
 // smallest first), with their int64 indices; `axis` keeps its place with size k. 0 <= k <= size (ValueError).
 // The first k of sort(x, axis, largest): ties go to the lower index.
-ValuesAndIndices<Var> topk(const Var& x, std::int64_t k, std::int64_t axis = -1, bool largest = true,
-                           std::source_location where = std::source_location::current());
-ValuesAndIndices<Tensor> topk(const Tensor& x, std::int64_t k, std::int64_t axis = -1, bool largest = true,
-                              std::source_location where = std::source_location::current());
+template <Operand T>
+ValuesAndIndices<T> topk(const T& x, std::int64_t k, std::int64_t axis = -1, bool largest = true,
+                         Loc where = Loc::current());
 
 // num_samples int64 category indices from each row of `probs`, (C) or (N, C): non-negative finite weights, not
 // necessarily summing to 1. Output (num_samples) or (N, num_samples). Without replacement a category is drawn at
 // most once (num_samples <= C, and each row needs that many non-zero weights). Not differentiable.
 // The draws are a function of (seed, row, sample) alone (ops/sampling_math.h): the CPU and the GPU give the same
-// indices for the same seed. The Generator form draws the seed from `gen` (one 64-bit draw per call).
+// indices for the same seed. The Generator form draws the seed from `gen` (one 64-bit draw per call: the seed of
+// this call's counter-based samples, recorded in the node, so a replay and the other backend reproduce them).
 // Bad rows (a negative, NaN or infinite weight, a zero sum, too few non-zero weights) are a ValueError naming
 // the row: on the CPU at once, on the GPU through the device error record at the next host wait (as labels).
-Var multinomial(const Var& probs, std::int64_t num_samples, bool replacement, Generator& gen,
-                std::source_location where = std::source_location::current());
-Tensor multinomial(const Tensor& probs, std::int64_t num_samples, bool replacement, Generator& gen,
-                   std::source_location where = std::source_location::current());
-Var multinomial(const Var& probs, std::int64_t num_samples, bool replacement, std::uint64_t seed,
-                std::source_location where = std::source_location::current());
-Tensor multinomial(const Tensor& probs, std::int64_t num_samples, bool replacement, std::uint64_t seed,
-                   std::source_location where = std::source_location::current());
+template <Operand T>
+T multinomial(const T& probs, std::int64_t num_samples, bool replacement, std::uint64_t seed,
+              Loc where = Loc::current()) {
+    return apply_op(OpType::Multinomial, {probs},
+                    op_attrs(&OpAttrs::length, num_samples, &OpAttrs::seed, seed, &OpAttrs::replacement, replacement),
+                    where);
+}
+template <Operand T>
+T multinomial(const T& probs, std::int64_t num_samples, bool replacement, Generator& gen,
+              Loc where = Loc::current()) {
+    return multinomial(probs, num_samples, replacement, static_cast<std::uint64_t>(gen.engine()()), where);
+}
 
 }  // namespace dyngrad

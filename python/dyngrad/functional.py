@@ -122,19 +122,13 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, acti
 
 
 def max_pool2d(x, kernel_size, stride=None, padding=0):
-    return ops.max_pool2d(x, **_pool_attrs(kernel_size, stride, padding))
+    """stride None: the row's rule (ops/pool.cpp) makes it the kernel size, as in C++."""
+    return ops.max_pool2d(x, kernel=kernel_size, stride=stride, padding=padding)
 
 
 def avg_pool2d(x, kernel_size, stride=None, padding=0):
-    return ops.avg_pool2d(x, **_pool_attrs(kernel_size, stride, padding))
-
-
-def _pool_attrs(kernel_size, stride, padding):
-    # No stride: the row's rule (ops/pool.cpp) makes it the kernel size, as in C++.
-    attrs = {"kernel": kernel_size, "padding": padding}
-    if stride is not None:
-        attrs["stride"] = stride
-    return attrs
+    """stride None: the kernel size (the row's rule), as max_pool2d."""
+    return ops.avg_pool2d(x, kernel=kernel_size, stride=stride, padding=padding)
 
 
 def batch_norm(x, running_mean, running_var, weight, bias, training=False, momentum=0.1, eps=1e-5):
@@ -150,8 +144,7 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
 def rms_norm(x, normalized_shape, weight=None, eps=None):
     """eps None: the row's rule (ops/norm.cpp) takes the machine epsilon of x's dtype, as PyTorch."""
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    attrs = {"shape": shape} if eps is None else {"shape": shape, "eps": eps}
-    return _apply(_i("rms_norm"), [x, weight], attrs)
+    return _apply(_i("rms_norm"), [x, weight], {"shape": shape, "eps": eps})
 
 
 def dropout(x, p=0.5, training=True, seed=None):
@@ -375,9 +368,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
         if attn_mask is not None and len(attn_mask.shape) == 3:
             attn_mask = attn_mask.unsqueeze(1)
-    attrs = {"is_causal": is_causal}
-    if scale is not None:
-        attrs["scale"] = scale
+    attrs = {"is_causal": is_causal, "scale": scale}  # None: 1/sqrt(D), the op's default
     if dropout_p:
         attrs["dropout_p"] = dropout_p
         attrs["seed"] = _core._draw_seed() if seed is None else seed

@@ -9,7 +9,8 @@ op-table row reads as keywords (the field table of graph/op_def.h: ``axis``/``di
 topk_indices, multinomial), and for attention ``is_causal``, ``scale`` and ``dropout_p`` (with ``seed``)).
 An optional input may be None (left out); the row's argument rule (ops/argument_rules.h), the one the C++ front doors
 run, fills in what depends on the inputs: rms_norm's eps when not given, layer_norm's weight for a bias alone, the
-bce weight for a pos_weight alone, pooling's stride when not given (the kernel size).
+bce weight for a pos_weight alone, pooling's stride when not given (the kernel size), embedding's padding_idx counted
+from the weight's rows when negative. A keyword given as None is its default, as if not given.
 A keyword the op does not read is a TypeError naming the op, the keyword and the keywords it takes;
 ``dyngrad-verify --list`` shows each op's keywords.
 The friendlier, PyTorch-shaped functions are in dyngrad.functional.

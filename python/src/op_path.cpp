@@ -343,7 +343,8 @@ OpAttrs parse_attrs(const OpDef& def, const nb::dict& kwargs, AttrSet* given) {
                                      " takes: ", attr_keywords_text(def), ")")
                                      .c_str());
         parse_field(a, kAttrFields[field], value, def.name, key);
-        if (given != nullptr) *given = given->with(field);
+        // None is the default, not a value given: the row's argument rule still fills what depends on the inputs.
+        if (given != nullptr && !value.is_none()) *given = given->with(field);
     }
     return a;
 }
@@ -409,7 +410,7 @@ namespace {
 class PyOpCall final : public OpCall {
 public:
     PyOpCall(std::span<const PyTensor*> operands, OpAttrs& attrs, AttrSet given)
-        : OpCall(attrs, given), operands_(operands) {}
+        : OpCall(attrs, given, python_site()), operands_(operands) {}
     std::size_t size() const override { return operands_.size(); }
     const Tensor* value(std::size_t i) const override { return operands_[i] ? &operands_[i]->data() : nullptr; }
     void fill(std::size_t i, const Tensor& constant) override {

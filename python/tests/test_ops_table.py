@@ -111,3 +111,27 @@ def test_rows_argument_rules_run_from_python(rng):
         dg.ops.conv2d(images, None, dg.tensor(np.zeros(5, dtype=np.float32)))
     with pytest.raises(ValueError, match="rnn: input 2 is left out but input 3 is given"):
         dg.ops.rnn(images, images, None, images, hidden_size=2)
+
+
+def test_embedding_padding_idx_rule_and_none_keywords(rng):
+    """embedding's rule (ops/indexing.cpp) runs from Python too: a negative padding_idx counts from the weight's rows
+    (as in PyTorch and C++), and that row gets no gradient; a keyword given as None is its default, so the rules that
+    fill a default (embedding's padding_idx, rms_norm's eps, pooling's stride) treat it as not given."""
+    weight = dg.tensor(rng.standard_normal((5, 3)), requires_grad=True)
+    indices = dg.tensor(np.array([4, 0, 4, 2], dtype=np.int64))
+    np.testing.assert_array_equal(dg.ops.embedding(weight, indices, padding_idx=-1).numpy(),
+                                  dg.ops.embedding(weight, indices, padding_idx=4).numpy())
+    dg.functional.embedding(indices, weight, padding_idx=-1).sum().backward()
+    expected = np.zeros((5, 3))
+    expected[[0, 2]] = 1.0
+    np.testing.assert_array_equal(weight.grad.numpy(), expected)
+    weight.grad = None
+    dg.ops.embedding(weight, indices, padding_idx=None).sum().backward()
+    expected[4] = 2.0
+    np.testing.assert_array_equal(weight.grad.numpy(), expected)
+    with pytest.raises(dg.IndexError, match=r"embedding.*padding_idx -6 is outside \[-5, 5\)"):
+        dg.ops.embedding(weight, indices, padding_idx=-6)
+    x = dg.tensor((rng.standard_normal((3, 4)) * 1e-4).astype(np.float32))
+    np.testing.assert_array_equal(dg.ops.rms_norm(x, shape=[4], eps=None).numpy(), dg.ops.rms_norm(x, shape=[4]).numpy())
+    images = dg.tensor(rng.standard_normal((2, 3, 6, 4)).astype(np.float32))
+    assert dg.ops.max_pool2d(images, kernel=2, stride=None).shape == (2, 3, 3, 2)

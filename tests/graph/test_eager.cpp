@@ -231,6 +231,24 @@ TEST_CASE("argument rules: input-dependent defaults, the same for Var and Tensor
     }
 }
 
+// embedding's rule (ops/indexing.cpp): a negative padding_idx counts from the weight's rows, for both front doors;
+// the padding row gets no gradient; one outside [-V, V) is an IndexError naming the op and the row count.
+TEST_CASE("argument rules: embedding's padding_idx, the same for Var and Tensor", "[eager][front_door]") {
+    Generator gen(kSeedBase + 11);
+    const Tensor weight = Tensor::normal({5, 3}, 0, 1, gen, DType::f64);
+    const Tensor indices = Tensor::from_vector(std::vector<std::int64_t>{4, 0, 4, 2}, {4});
+    CHECK(bitwise_equal(embedding(indices, weight, -1), embedding(indices, weight, 4)));
+    ComputeGraph g;
+    const Var w = g.input(weight, "w", true);
+    const Var rows = embedding(g.input(indices), w, -1);
+    CHECK(bitwise_equal(rows.value(), embedding(indices, weight, -1)));
+    g.backward(sum(rows));
+    const std::vector<double> grad = w.grad().to_vector();
+    for (std::size_t i = 0; i < grad.size(); ++i) CHECK(grad[i] == (i / 3 == 0 || i / 3 == 2 ? 1.0 : 0.0));
+    CHECK_THROWS_MATCHES(embedding(indices, weight, -6), IndexError, MessageHas({"embedding", "padding_idx -6", "5 rows"}));
+    CHECK_THROWS_MATCHES(embedding(g.input(indices), w, 5), IndexError, MessageHas({"embedding", "padding_idx 5"}));
+}
+
 TEST_CASE("Tensor operators broadcast and take scalars on either side", "[eager][operators]") {
     for (const DType dtype : float_dtypes()) {
         DYNAMIC_SECTION(dtype_name(dtype)) {
