@@ -10,5 +10,7 @@ void rms_norm_arguments(OpCall& call);    // ops/norm.cpp: eps not given is the 
 void pool_arguments(OpCall& call);        // ops/pool.cpp: a stride of 0, or none given, is the kernel size
 void rnn_arguments(OpCall& call);         // ops/rnn.cpp: save_for_backward not given follows grad_enabled()
 void bce_with_logits_arguments(OpCall& call);  // ops/loss.cpp: a pos_weight without a weight gets a weight of 1
+// ops/linear_cross_entropy.cpp: classes (length) not given: the weight's rows; save_for_backward: grad_enabled()
+void linear_cross_entropy_arguments(OpCall& call);
 
 }  // namespace dyngrad
