@@ -444,7 +444,7 @@ void chunked_pass(DeviceContext& ctx, const Tensor& x, const Tensor& weight, con
                   const OpAttrs& attrs, double* row_loss, double* row_weight, T* out_rows, Reduction grad_reduction,
                   const T* dy, const double* sums, T* dx, T* dw) {
     const std::int64_t n = x.size(0), width = x.size(1), classes = attrs.length, padded = weight.size(0);
-    const std::int64_t chunk = detail::linear_cross_entropy_chunk_rows(n, classes, kGpuChunkElements);
+    const std::int64_t chunk = dyngrad::detail::linear_cross_entropy_chunk_rows(n, classes, kGpuChunkElements);
     const bool grads = dx != nullptr || dw != nullptr;
     const std::size_t chunk_elements = static_cast<std::size_t>(chunk) * static_cast<std::size_t>(classes);
     Workspace logits(ctx, chunk_elements * sizeof(T));

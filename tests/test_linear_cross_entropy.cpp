@@ -3,6 +3,7 @@
 // smoothing, every reduction, and chunk sizes that split N unevenly; the backward that recomputes the chunks;
 // second order through it; typed errors; and GPT::loss against cross_entropy of GPT's logits.
 #include <cmath>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -225,4 +226,26 @@ TEST_CASE("GPT::loss equals cross_entropy of GPT's logits, padded vocabulary, ti
         for (std::size_t k = 0; k < grads[0].size(); ++k) require_close(grads[0][k], grads[1][k], 1e-5, "parameter gradient");
         for (std::size_t i = 11 * 8; i < grads[0].back().size() && !tied; ++i) CHECK(grads[0].back()[i] == 0.0);
     }
+}
+
+TEST_CASE("linear_cross_entropy: the fused-kernel check compares it with linear + narrow + cross_entropy",
+          "[linear_cross_entropy][fusion]") {
+    set_fusion_check(true);
+    clear_fusion_check_results();
+    Generator gen(13);
+    const Problem p = problem(9, 4, 6, 2, -100, DType::f32, gen);
+    ComputeGraph graph;
+    const Var x = graph.input(p.x, "x", true);
+    const Var w = graph.input(p.weight, "weight", true);
+    graph.backward(linear_cross_entropy(x, w, graph.input(p.labels), {.label_smoothing = 0.05, .classes = 6}));
+    set_fusion_check(false);
+    std::set<std::string> seen;
+    for (const FusionCheckResult& r : fusion_check_results()) {
+        INFO(r.op << " " << r.pass << ": " << r.max_abs_error << " of " << r.scale);
+        CHECK(r.passed);
+        seen.insert(r.op + " " + (r.pass.starts_with("backward") ? "backward" : r.pass));
+    }
+    clear_fusion_check_results();
+    CHECK(seen.contains("linear_cross_entropy forward"));
+    CHECK(seen.contains("linear_cross_entropy backward"));
 }
