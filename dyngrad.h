@@ -42,6 +42,7 @@
 #include "dyngrad/ops/masked.h"
 #include "dyngrad/ops/layout.h"
 #include "dyngrad/ops/linalg.h"
+#include "dyngrad/ops/linear_cross_entropy.h"
 #include "dyngrad/ops/loss.h"
 #include "dyngrad/ops/norm.h"
 #include "dyngrad/ops/pool.h"

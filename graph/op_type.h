@@ -33,6 +33,8 @@ enum class OpType : std::uint16_t {
     ArgMax, ArgMin,
     // losses (ops/loss)
     CrossEntropy, MseLoss, NllLoss, BceWithLogits, L1Loss, SmoothL1Loss,
+    // the LM head and cross_entropy fused in row chunks, no (N,V) logits (ops/linear_cross_entropy)
+    LinearCrossEntropy,
     // convolution and pooling, NCHW (ops/conv, ops/pool)
     Conv2d, MaxPool2d, AvgPool2d,
     // normalisation (ops/norm)

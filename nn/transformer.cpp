@@ -228,7 +228,7 @@ GPT::GPT(const GPTConfig& config_, Generator& gen)
     register_module("embedding_dropout", embedding_dropout_);
 }
 
-Var GPT::operator()(const Var& tokens, std::source_location where) const {
+Var GPT::hidden(const Var& tokens, std::source_location where) const {
     const Shape& s = tokens.shape();
     if (s.size() != 2) throw ShapeError(str("GPT: expects tokens of shape (B,T), got ", to_string(s)));
     if (s[1] > config.context)
@@ -236,16 +236,34 @@ Var GPT::operator()(const Var& tokens, std::source_location where) const {
                              " positions (the positional table's size)"));
     Var x = embedding_dropout_(position_embedding(token_embedding(tokens, where), where), where);
     for (const TransformerBlock& block : blocks) x = block(x, where);
-    const Var h = ln_f(x, where);
-    Var logits;
-    if (config.tie_embeddings) {
-        const Var table = h.graph().parameter(token_embedding.weight, where);  // (rows, E): the head's weight
-        logits = reshape(linear(reshape(h, {s[0] * s[1], config.width}, where), table, where),
-                         {s[0], s[1], config.embedding_rows()}, where);
-    } else {
-        logits = linear_over_rows(lm_head, h, where);
-    }
+    return ln_f(x, where);
+}
+
+Var GPT::head_weight(const Var& like, std::source_location where) const {
+    // Tied: the token table (rows, E) is the head's weight; otherwise lm_head's (bias-less) weight.
+    return like.graph().parameter(config.tie_embeddings ? token_embedding.weight : lm_head.weight, where);
+}
+
+Var GPT::operator()(const Var& tokens, std::source_location where) const {
+    const Shape& s = tokens.shape();
+    const Var h = hidden(tokens, where);
+    const Var logits = reshape(linear(reshape(h, {s[0] * s[1], config.width}, where), head_weight(h, where), where),
+                               {s[0], s[1], config.embedding_rows()}, where);
     return config.embedding_rows() == config.vocab_size ? logits : narrow(logits, 2, 0, config.vocab_size, where);
+}
+
+Var GPT::loss(const Var& tokens, const Var& targets, const LinearCrossEntropyOptions& options,
+              std::source_location where) const {
+    const Shape& s = tokens.shape();
+    const Var h = hidden(tokens, where);
+    const std::int64_t rows = s[0] * s[1];
+    if (targets.value().numel() != rows || (targets.shape() != s && targets.shape() != Shape{rows}))
+        throw ShapeError(str("GPT::loss: targets ", to_string(targets.shape()), " do not match tokens ", to_string(s),
+                             ": expected (B,T) or (B·T)"));
+    LinearCrossEntropyOptions head = options;
+    head.classes = config.vocab_size;  // the padded rows are no classes
+    return linear_cross_entropy(reshape(h, {rows, config.width}, where), head_weight(h, where),
+                                targets.shape().size() == 1 ? targets : reshape(targets, {rows}, where), head, where);
 }
 
 }  // namespace dyngrad

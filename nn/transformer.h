@@ -22,6 +22,7 @@
 #include "dyngrad/graph/graph.h"
 #include "dyngrad/graph/op_def.h"
 #include "dyngrad/nn/layers.h"
+#include "dyngrad/ops/linear_cross_entropy.h"
 
 namespace dyngrad {
 
@@ -127,6 +128,13 @@ class GPT : public Module {
 public:
     GPT(const GPTConfig& config, Generator& gen);
     Var operator()(const Var& tokens, std::source_location where = std::source_location::current()) const;
+    // tokens (B,T), targets (B,T) or (B·T) int64 in [0, vocab_size) (or ignore_index) -> the loss, equal to
+    // cross_entropy of the logits above (as (B·T, vocab_size)) against the targets, through linear_cross_entropy
+    // (ops/linear_cross_entropy.h): the LM head and the loss in chunks of rows, so the (B·T, V) logits are never
+    // materialised and the padded vocabulary rows never enter the softmax. For training: when only the loss is
+    // needed, this is what to call; operator() still gives the logits (sampling, evaluation of the distribution).
+    Var loss(const Var& tokens, const Var& targets, const LinearCrossEntropyOptions& options = {},
+             std::source_location where = std::source_location::current()) const;
 
     GPTConfig config;
     Embedding token_embedding;
@@ -136,6 +144,10 @@ public:
     Linear lm_head;  // undefined weight when config.tie_embeddings
 
 private:
+    // tokens (B,T) -> the final hidden states ln_f(x) (B,T,E); the LM head's weight (embedding_rows(), E).
+    Var hidden(const Var& tokens, std::source_location where) const;
+    Var head_weight(const Var& like, std::source_location where) const;
+
     Dropout embedding_dropout_;
 };
 

@@ -11,5 +11,7 @@ void pool_arguments(OpCall& call);        // ops/pool.cpp: a stride of 0, or non
 void rnn_arguments(OpCall& call);         // ops/rnn.cpp: save_for_backward not given follows grad_enabled()
 void bce_with_logits_arguments(OpCall& call);  // ops/loss.cpp: a pos_weight without a weight gets a weight of 1
 void embedding_arguments(OpCall& call);  // ops/indexing.cpp: padding_idx in [-V, V) counted from V; the rows' axis
+// ops/linear_cross_entropy.cpp: classes (length) not given: the weight's rows; save_for_backward: grad_enabled()
+void linear_cross_entropy_arguments(OpCall& call);
 
 }  // namespace dyngrad

@@ -38,6 +38,8 @@ std::vector<Var> scatter_add_differentiable_backward(const DiffBackwardArgs& arg
 std::vector<Var> select_differentiable_backward(const DiffBackwardArgs& args);
 // ops/loss.cpp: every loss, as the composition of its formula
 std::vector<Var> loss_differentiable_backward(const DiffBackwardArgs& args);
+// ops/linear_cross_entropy.cpp: linear + narrow + cross_entropy
+std::vector<Var> linear_cross_entropy_differentiable_backward(const DiffBackwardArgs& args);
 // ops/norm.cpp: layer_norm, rms_norm, batch_norm (training and eval), as compositions
 std::vector<Var> norm_differentiable_backward(const DiffBackwardArgs& args);
 // ops/attention.cpp: scaled_dot_product_attention through its math composition (masks and dropout as constants)

@@ -34,6 +34,7 @@ OutputSpec reduce_axis(OpType, std::span<const Tensor>, const OpAttrs&);  // max
 OutputSpec arg_reduce(OpType, std::span<const Tensor>, const OpAttrs&);   // argmax, argmin (int64)
 OutputSpec along_axis(OpType, std::span<const Tensor>, const OpAttrs&);   // softmax, log_softmax
 OutputSpec cross_entropy(OpType, std::span<const Tensor>, const OpAttrs&);    // cross_entropy, nll_loss
+OutputSpec linear_cross_entropy(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec bce_with_logits(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec pointwise_loss(OpType, std::span<const Tensor>, const OpAttrs&);   // l1_loss, smooth_l1_loss
 OutputSpec mse_loss(OpType, std::span<const Tensor>, const OpAttrs&);
@@ -128,7 +129,7 @@ std::vector<int> broadcast_reduction_axes(const Shape& from, const Shape& to);
 
 // The unfused compositions of the fused ops (ops/unfused.cpp), named by their rows (OpDef::unfused).
 namespace unfused {
-extern const UnfusedComposition linear, conv2d, cross_entropy;
+extern const UnfusedComposition linear, conv2d, cross_entropy, linear_cross_entropy;
 }  // namespace unfused
 
 // The same entry points per backend, written once (ops/kernel_entry_points.inc).

@@ -26,6 +26,7 @@
 #include "dyngrad/cuda/runtime.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/linalg_gemm.h"
 #include "dyngrad/ops/linalg_geometry.h"
 #include "dyngrad/ops/reduced_precision.cuh"
 #include "dyngrad/ops/vector_pack.cuh"
@@ -43,13 +44,7 @@ int cublas_dim(std::int64_t value, const char* what) {
     return static_cast<int>(value);
 }
 
-// One row-major GEMM operand: `transposed` when the buffer holds op(X)ᵀ rather than op(X);
-// `stride` is the distance in elements between consecutive matrices of a batch.
-struct Operand {
-    const void* data;
-    bool transposed;
-    std::int64_t stride;
-};
+using Operand = GemmOperand;  // ops/linalg_gemm.h
 
 // The CUDA element type of a floating dtype (DTypeError otherwise).
 cudaDataType_t gemm_data_type(DType dtype, const char* what) {
@@ -96,6 +91,15 @@ void gemm(DeviceContext& ctx, DType dtype, const char* what, std::int64_t batch,
                                                    cublas_dim(batch, what), compute, CUBLAS_GEMM_DEFAULT));
     }
 }
+
+}  // namespace
+
+void row_major_gemm(DeviceContext& ctx, DType dtype, const char* what, std::int64_t batch, std::int64_t m,
+                    std::int64_t n, std::int64_t k, GemmOperand a, GemmOperand b, void* c, bool accumulate) {
+    gemm(ctx, dtype, what, batch, m, n, k, a, b, c, accumulate);
+}
+
+namespace {
 
 // ---- linear ----
 

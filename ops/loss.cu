@@ -2,6 +2,9 @@
 // device; the upstream gradient is read on the device; a bad label is reported through the device error
 // record). CPU reference: ops/loss.cpp. Row reductions: ops/row_reduction.cuh (shared with softmax,
 // ops/elementwise.cu).
+// Over 600 lines: linear_cross_entropy's GPU kernels (the LM head fused with the loss, ops/linear_cross_entropy.h)
+// are here because they run cross_entropy's own row kernels on each chunk of logits.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -9,6 +12,8 @@
 
 #include "dyngrad/cuda/context.h"
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/linalg_gemm.h"
+#include "dyngrad/ops/linear_cross_entropy.h"
 #include "dyngrad/ops/loss_math.h"
 #include "dyngrad/ops/row_reduction.cuh"
 #include "dyngrad/ops/vector_pack.cuh"
@@ -191,6 +196,25 @@ __device__ __forceinline__ T reduction_scale(Reduction reduction, const T* dy, d
     if (reduction == Reduction::None) return dy[i];
     if (reduction == Reduction::Sum) return *dy;
     return static_cast<T>(static_cast<double>(*dy) / denominator);
+}
+
+// The batch sums over all rows of a chunked loss (linear_cross_entropy): one block, class_loss_batch_sums.
+template <typename T>
+__global__ void class_loss_batch_sums_kernel(const double* row_loss, const double* row_weight, std::int64_t rows,
+                                             std::int64_t classes, Reduction reduction, T* __restrict__ out,
+                                             double* __restrict__ sums) {
+    class_loss_batch_sums<T>(row_loss, row_weight, rows, nullptr, classes, reduction, out, sums);
+}
+
+// out = unit · reduction_scale(dy): the backward of a Mean or Sum linear_cross_entropy from the forward's gradients.
+template <typename T>
+__global__ void scale_by_upstream_kernel(const T* __restrict__ unit, T* __restrict__ out, std::int64_t n,
+                                         Reduction reduction, const T* __restrict__ dy,
+                                         const double* __restrict__ sums) {
+    const T s = reduction_scale(reduction, dy, sums[0], 0);
+    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+        out[i] = unit[i] * s;
 }
 
 // dloss () or (N)  ->  dlogits (N,C); s = reduction_scale, p = exp(logits - lse), W = sums[1]:
@@ -398,6 +422,130 @@ std::vector<Tensor> cross_entropy_backward(const BackwardArgs& args) {
         });
     });
     return grads;
+}
+
+// ---- linear_cross_entropy (ops/linear_cross_entropy.h): the LM head and cross_entropy in chunks of rows ----
+
+namespace {
+
+// Logits elements per chunk: 32M (128 MB in f32), ~667 rows of GPT-2's 50257 classes: GEMMs large enough for the
+// tensor cores, and a workspace a small fraction of the (8192, 50257) logits.
+constexpr std::int64_t kGpuChunkElements = std::int64_t{1} << 25;
+
+// One pass over the rows of x (N,E) in chunks, everything on ctx's stream (no host synchronisation). Per chunk of r
+// rows from `start`, with C = attrs.length (W[:C] is the first C rows of the weight's buffer, no copy):
+//   logits (r,C) = x_c·W[:C]ᵀ (cuBLAS, into a workspace);
+//   cross_entropy_rows_kernel: lse, the row losses and weights (row_loss, row_weight at `start`), out_rows for None;
+//   where dx or dW is wanted, class_loss_backward_kernel writes dlogits (r,C) (a second workspace) with the
+//   reduction and upstream gradient given (`dy`, `sums`), then dx_c = dlogits·W[:C] and dW[:C] += dlogitsᵀ·x_c.
+// dW's padded rows [C, V_padded) are zeroed once. A bad label is reported with its row index within its chunk.
+template <typename T>
+void chunked_pass(DeviceContext& ctx, const Tensor& x, const Tensor& weight, const Tensor& labels,
+                  const OpAttrs& attrs, double* row_loss, double* row_weight, T* out_rows, Reduction grad_reduction,
+                  const T* dy, const double* sums, T* dx, T* dw) {
+    const std::int64_t n = x.size(0), width = x.size(1), classes = attrs.length, padded = weight.size(0);
+    const std::int64_t chunk = dyngrad::detail::linear_cross_entropy_chunk_rows(n, classes, kGpuChunkElements);
+    const bool grads = dx != nullptr || dw != nullptr;
+    const std::size_t chunk_elements = static_cast<std::size_t>(chunk) * static_cast<std::size_t>(classes);
+    Workspace logits(ctx, chunk_elements * sizeof(T));
+    Workspace dlogits(ctx, grads ? chunk_elements * sizeof(T) : sizeof(T));
+    Workspace lse(ctx, static_cast<std::size_t>(chunk) * sizeof(T));
+    Workspace chunk_sums(ctx, 2 * sizeof(double));  // the rows kernel's chunk sums: [D_chunk, C]
+    if (dw != nullptr && padded > classes)
+        DG_CUDA_CHECK(cudaMemsetAsync(dw + classes * width, 0,
+                                      static_cast<std::size_t>((padded - classes) * width) * sizeof(T), ctx.stream));
+    const T* px = x.data<T>();
+    const T* pw = weight.data<T>();
+    auto* plogits = static_cast<T*>(logits.data());
+    auto* pdlogits = static_cast<T*>(dlogits.data());
+    auto* plse = static_cast<T*>(lse.data());
+    const T smoothing = static_cast<T>(attrs.label_smoothing);
+    for (std::int64_t start = 0; start < n; start += chunk) {
+        const std::int64_t rows = std::min(chunk, n - start);
+        const std::int64_t* plabels = labels.data<std::int64_t>() + start;
+        row_major_gemm(ctx, x.dtype(), "linear_cross_entropy logits", 1, rows, classes, width,
+                       {px + start * width, false, 0}, {pw, true, 0}, plogits, false);
+        const BatchSums<T> batch{Reduction::None, nullptr, static_cast<double*>(chunk_sums.data()), ctx.block_counter};
+        launch_rows(ctx, rows, classes, [&]<bool kBlockPerRow>(unsigned blocks) {
+            cross_entropy_rows_kernel<T, kBlockPerRow><<<blocks, kThreads, 0, ctx.stream>>>(
+                plogits, plabels, nullptr, rows, classes, attrs.ignore_index, smoothing, plse, row_loss + start,
+                row_weight + start, out_rows ? out_rows + start : nullptr, batch, ctx.error_record_device);
+        });
+        if (!grads) continue;
+        // sums[1] = C in both: the unweighted loss's Σ_c w[c]; sums[0] is D where the reduction is Mean.
+        const double* grad_sums = sums ? sums : static_cast<const double*>(chunk_sums.data());
+        const T* row_dy = grad_reduction == Reduction::None ? dy + start : dy;
+        launch_rows(ctx, rows, classes, [&]<bool kBlockPerRow>(unsigned blocks) {
+            class_loss_backward_kernel<T, kBlockPerRow><<<blocks, kThreads, 0, ctx.stream>>>(
+                plogits, plabels, nullptr, plse, grad_sums, rows, classes, /*row_packs=*/0, attrs.ignore_index,
+                smoothing, grad_reduction, row_dy, pdlogits, ctx.error_record_device);
+        });
+        if (dx != nullptr)
+            row_major_gemm(ctx, x.dtype(), "linear_cross_entropy dx", 1, rows, width, classes, {pdlogits, false, 0},
+                           {pw, false, 0}, dx + start * width, false);
+        if (dw != nullptr)
+            row_major_gemm(ctx, x.dtype(), "linear_cross_entropy dW", 1, classes, width, rows, {pdlogits, true, 0},
+                           {px + start * width, false, 0}, dw, start > 0);
+    }
+}
+
+}  // namespace
+
+// x (N,E), weight (V_padded,E), labels (N) -> loss () or (N); saves what math::linear_cross_entropy_outputs says
+// (ops/loss_math.h): [D, C] (the batch sums kernel's) and, when the forward computes them, dx and dW of the summed
+// loss (unit upstream gradient).
+Tensor linear_cross_entropy_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Reduction reduction = args.attrs.reduction;
+    const std::int64_t n = x.size(0);
+    math::LinearCrossEntropyForward f = math::linear_cross_entropy_outputs(args);
+    DeviceContext& ctx = context_for(x);
+    Workspace row_loss(ctx, static_cast<std::size_t>(n) * sizeof(double));
+    Workspace row_weight(ctx, static_cast<std::size_t>(n) * sizeof(double));
+    auto* row_loss_data = static_cast<double*>(row_loss.data());
+    auto* row_weight_data = static_cast<double*>(row_weight.data());
+    dispatch_floating(x.dtype(), "linear_cross_entropy", [&]<typename T>() {
+        const Tensor one = Tensor::ones({}, x.dtype(), x.device());  // the unit upstream gradient of the sum
+        chunked_pass<T>(ctx, x, args.inputs[1], args.inputs[2], args.attrs, row_loss_data, row_weight_data,
+                        reduction == Reduction::None ? f.loss.data<T>() : nullptr, Reduction::Sum, one.data<T>(),
+                        nullptr, f.grads ? f.dx.data<T>() : nullptr, f.grads ? f.dw.data<T>() : nullptr);
+        class_loss_batch_sums_kernel<T><<<1, kThreads, 0, ctx.stream>>>(
+            row_loss_data, row_weight_data, n, args.attrs.length, reduction,
+            reduction == Reduction::None ? nullptr : f.loss.data<T>(), f.sums.data<double>());
+        DG_CUDA_CHECK_LAUNCH();
+    });
+    return f.loss;
+}
+
+// dloss () or (N) -> dx, dW. Mean/Sum with the forward's gradients: those times dy (or dy / D), one elementwise
+// pass each; otherwise the chunks are recomputed with the reduction's per-row factor (None: dy_i).
+std::vector<Tensor> linear_cross_entropy_backward(const BackwardArgs& args) {
+    math::LinearCrossEntropyBackward b = math::linear_cross_entropy_gradients(args);
+    if (!b.any()) return std::move(b.grads);
+    const Tensor& x = args.inputs[0];
+    const double* sums = args.saved[0].data<double>();
+    DeviceContext& ctx = context_for(x);
+    dispatch_floating(x.dtype(), "linear_cross_entropy backward", [&]<typename T>() {
+        const T* dy = args.grad_output.data<T>();
+        if (b.from_saved) {
+            for (std::size_t i = 0; i < 2; ++i) {
+                if (!b.grads[i].defined()) continue;
+                const Tensor& unit = args.saved[1 + i];
+                scale_by_upstream_kernel<T><<<grid_size(ctx, unit.numel(), kThreads), kThreads, 0, ctx.stream>>>(
+                    unit.data<T>(), b.grads[i].data<T>(), unit.numel(), args.attrs.reduction, dy, sums);
+                DG_CUDA_CHECK_LAUNCH();
+            }
+            return;
+        }
+        const std::int64_t n = x.size(0);
+        Workspace row_loss(ctx, static_cast<std::size_t>(n) * sizeof(double));  // recomputed, unused
+        Workspace row_weight(ctx, static_cast<std::size_t>(n) * sizeof(double));
+        chunked_pass<T>(ctx, x, args.inputs[1], args.inputs[2], args.attrs, static_cast<double*>(row_loss.data()),
+                        static_cast<double*>(row_weight.data()), nullptr, args.attrs.reduction, dy, sums,
+                        b.grads[0].defined() ? b.grads[0].data<T>() : nullptr,
+                        b.grads[1].defined() ? b.grads[1].data<T>() : nullptr);
+    });
+    return std::move(b.grads);
 }
 
 // prediction, target (any shape, the same)  loss () = mean((prediction - target)²)

@@ -119,6 +119,50 @@ inline ClassLossForward class_loss_forward_outputs(const ForwardArgs& args) {
     return f;
 }
 
+// linear_cross_entropy forward (ops/linear_cross_entropy.h), on both backends: the loss, the sums [D, C] (f64: the
+// rows not ignored, the classes) and, where the forward computes the gradients (save_for_backward under Mean or
+// Sum), dx and dW of the summed loss; saved in that order. `grads` says whether dx and dW are there to fill.
+struct LinearCrossEntropyForward {
+    Tensor loss, sums, dx, dw;
+    bool grads = false;
+};
+
+inline LinearCrossEntropyForward linear_cross_entropy_outputs(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& weight = args.inputs[1];
+    LinearCrossEntropyForward f;
+    f.loss = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    f.sums = Tensor::empty({2}, DType::f64, x.device());
+    args.saved.push_back(f.sums);
+    f.grads = args.attrs.save_for_backward && args.attrs.reduction != Reduction::None;
+    if (f.grads) {
+        f.dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+        f.dw = Tensor::empty(weight.shape(), weight.dtype(), weight.device());
+        args.saved.push_back(f.dx);
+        args.saved.push_back(f.dw);
+    }
+    return f;
+}
+
+// linear_cross_entropy backward: dx and dW allocated where needed (labels get none), and whether the forward's
+// gradients serve (Mean or Sum with them saved: the backend scales them by dy, or dy / D; otherwise it recomputes).
+struct LinearCrossEntropyBackward {
+    std::vector<Tensor> grads;
+    bool from_saved = false;
+    bool any() const { return grads[0].defined() || grads[1].defined(); }
+};
+
+inline LinearCrossEntropyBackward linear_cross_entropy_gradients(const BackwardArgs& args) {
+    LinearCrossEntropyBackward b;
+    b.grads.resize(args.inputs.size());
+    b.from_saved = args.saved.size() == 3 && args.attrs.reduction != Reduction::None;
+    for (std::size_t i = 0; i < 2; ++i) {
+        const Tensor& like = args.inputs[i];
+        if (args.needs_grad[i]) b.grads[i] = Tensor::empty(like.shape(), like.dtype(), like.device());
+    }
+    return b;
+}
+
 // cross_entropy / nll_loss backward: whether dlogits is wanted. The labels and class weights get no gradient
 // (as in PyTorch): ValueError when the weights ask for one. The forward's saved sums (and cross_entropy's
 // log-sum-exp) must be there.

@@ -257,6 +257,26 @@ std::vector<OpCase> cross_entropy_options_cases() {
                      {D::Any, D::Labels, D::Constant}});
     return cases;
 }
+// x (N,E), weight (V_padded,E), labels (N): `length` classes of the weight's rows, the rest padding that must not
+// count (their gradient is checked to be 0). Labels are drawn in [0, E) (InputDomain::Labels reads input 0's
+// second axis), so every case keeps E <= classes.
+std::vector<OpCase> linear_cross_entropy_cases() {
+    constexpr Reduction mean = Reduction::Mean, sum = Reduction::Sum, none = Reduction::None;
+    const auto attrs = [](Reduction reduction, std::int64_t classes, std::int64_t ignore_index = -100,
+                          double smoothing = 0.0) {
+        OpAttrs a = loss_attr(reduction, ignore_index, smoothing);
+        a.length = classes;
+        return a;
+    };
+    return {
+        {"mean, 5 of 7 rows", {{6, 4}, {7, 4}, {6}}, attrs(mean, 5), {D::Any, D::Any, D::Labels}},
+        {"sum, ignored rows, no padding", {{9, 3}, {4, 3}, {9}}, attrs(sum, 4), {D::Any, D::Any, D::LabelsIgnored}},
+        {"none, smoothing 0.2, padded", {{5, 3}, {6, 3}, {5}}, attrs(none, 3, -100, 0.2),
+         {D::Any, D::Any, D::Labels}},
+        {"ignore_index 2, smoothing 0.1, mean", {{7, 4}, {8, 4}, {7}}, attrs(mean, 6, 2, 0.1),
+         {D::Any, D::Any, D::LabelsIgnored}},
+    };
+}
 std::vector<OpCase> nll_loss_cases() {
     auto cases = class_loss_weighted_cases();
     cases.insert(cases.begin(), {"batch 8, 10 classes", {{8, 10}, {8}}, {}, {D::Any, D::Labels}});

@@ -12,6 +12,7 @@ namespace dyngrad::op_cases {
 std::vector<OpCase> add_scalar_cases(), arg_reduce_cases(), attention_cases(), batch_norm_cases();
 std::vector<OpCase> bce_with_logits_cases(), binary_cases(), cast_cases(), clamp_cases(), clipped_relu_cases();
 std::vector<OpCase> compare_cases(), concat_cases(), conv2d_cases(), cross_entropy_cases(), dropout_cases();
+std::vector<OpCase> linear_cross_entropy_cases();
 std::vector<OpCase> elu_cases(), embedding_cases(), exp_cases(), expand_cases(), gather_cases(), gelu_cases();
 std::vector<OpCase> index_select_cases(), kink_cases(), l1_loss_cases(), layer_norm_cases(), leaky_relu_cases();
 std::vector<OpCase> linear_cases(), masked_fill_cases(), matmul_cases(), max_cases(), min_max_cases();

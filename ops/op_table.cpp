@@ -225,6 +225,18 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::SmoothL1Loss, "smooth_l1_loss", 2, infer::pointwise_loss, kCpuPointLoss, kCudaPointLoss,
      smooth_l1_loss_cases, reads("scalar", "reduction"), kFloat32,
      "torch.nn.functional.smooth_l1_loss(prediction, target, reduction=reduction, beta=scalar)", 0, true, 0, nullptr, loss_differentiable_backward},
+    // The LM head fused with its loss, in chunks of rows (ops/linear_cross_entropy.h): the forward also computes dx
+    // and dW, which the backward scales. Float32 under autocast, as cross_entropy: the softmax over ~50k classes and
+    // the loss need f32, and f32 logits are what the fusion keeps out of memory; a reduced-dtype GEMM would hand
+    // back a bf16 loss. bf16/f16 inputs outside autocast run through f32 (graph/through_f32.h).
+    {OpType::LinearCrossEntropy, "linear_cross_entropy", 3, infer::linear_cross_entropy,
+     {cpu::linear_cross_entropy_forward, cpu::linear_cross_entropy_backward},
+     DG_CUDA_KERNELS(linear_cross_entropy_forward, linear_cross_entropy_backward), linear_cross_entropy_cases,
+     reads("reduction", "ignore_index", "label_smoothing", "length", "save_for_backward"), kFloat32,
+     "torch.nn.functional.cross_entropy(torch.nn.functional.linear(x, weight[:length]), labels, "
+     "ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing)",
+     0, true, 0, &unfused::linear_cross_entropy, linear_cross_entropy_differentiable_backward, nullptr,
+     linear_cross_entropy_arguments},
     {OpType::Conv2d, "conv2d", 3, infer::conv2d, {cpu::conv2d_forward, cpu::conv2d_backward},
      DG_CUDA_KERNELS_NATIVE(conv2d_forward, conv2d_backward), conv2d_cases,
      reads("stride", "padding", "dilation", "groups", "activation"), kReduced,

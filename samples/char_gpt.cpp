@@ -336,20 +336,31 @@ Batch make_batch(const TokenWindows& windows, const std::vector<std::int64_t>& o
     return {batch.inputs, batch.targets.reshaped({batch.targets.numel()})};
 }
 
-// Mean cross-entropy of the model's next-token predictions: logits (B,T,V) against targets (B·T).
-// Under autocast into `precision` (f32: off): the GEMMs and attention in the reduced dtype, the loss in f32.
-// `forward`: the model, or ZeRO-3's sharded forward over it.
+// `forward`: the model's logits (B,T,V), or ZeRO-3's sharded forward over it.
 using Forward = std::function<Var(const Var&)>;
-Var next_token_loss(const Forward& forward, ComputeGraph& graph, const Batch& batch, DType precision) {
+// The mean cross-entropy of the next-token predictions from tokens (B,T) and targets (B·T).
+using LossPath = std::function<Var(const Var& tokens, const Var& targets)>;
+// The model's own loss path: GPT::loss, the LM head fused with the loss (ops/linear_cross_entropy.h), no logits.
+LossPath fused_head_loss(const GPT& model) {
+    return [&model](const Var& tokens, const Var& targets) { return model.loss(tokens, targets); };
+}
+// cross_entropy on the logits of `forward` (ZeRO-3: its sharded forward owns the head's weight).
+LossPath logits_loss(Forward forward) {
+    return [forward = std::move(forward)](const Var& tokens, const Var& targets) {
+        const Var logits = forward(tokens);
+        const Shape& s = logits.shape();
+        return cross_entropy(reshape(logits, {s[0] * s[1], s[2]}), targets);
+    };
+}
+// Under autocast into `precision` (f32: off): the GEMMs and attention in the reduced dtype, the loss in f32.
+Var next_token_loss(const LossPath& loss, ComputeGraph& graph, const Batch& batch, DType precision) {
     const AutocastGuard autocast(precision);
-    const Var logits = forward(graph.input(batch.inputs));
-    const Shape& s = logits.shape();
-    return cross_entropy(reshape(logits, {s[0] * s[1], s[2]}), graph.input(batch.targets));
+    return loss(graph.input(batch.inputs), graph.input(batch.targets));
 }
 
 // The validation loss over `batches` batches of windows spread evenly over the split (window k of n starts at
 // k·(length − T − 1) / (n − 1)): the same windows every evaluation, and in bench/torch_gpt.py.
-double validation_loss(GPT& model, const Forward& forward, const TokenWindows& split, const Options& o) {
+double validation_loss(GPT& model, const LossPath& loss, const TokenWindows& split, const Options& o) {
     const std::int64_t windows = o.eval_batches * o.batch;
     const std::int64_t last = split.size() - o.seq_len - 1;
     model.eval();
@@ -360,7 +371,7 @@ double validation_loss(GPT& model, const Forward& forward, const TokenWindows& s
         for (std::int64_t k = b * o.batch; k < (b + 1) * o.batch; ++k)
             offsets.push_back(windows == 1 ? 0 : k * last / (windows - 1));
         ComputeGraph graph;
-        total += next_token_loss(forward, graph, make_batch(split, offsets, o.device), o.precision).item();
+        total += next_token_loss(loss, graph, make_batch(split, offsets, o.device), o.precision).item();
     }
     model.train();
     return total / static_cast<double>(o.eval_batches);
@@ -503,7 +514,8 @@ int run(Options o) {
         (p.value().rank() >= 2 ? decayed : not_decayed).push_back(p);
         parameter_count += p.value().numel();
     }
-    Forward forward = [&model](const Var& x) { return model(x); };
+    Forward forward = [&model](const Var& x) { return model(x); };  // logits: sampling
+    LossPath loss_path = fused_head_loss(model);                     // training and validation losses
     Optimizer* sharded = nullptr;  // --zero: the AdamW over this rank's shards
 #if DYNGRAD_WITH_DIST
     std::unique_ptr<dist::DistributedDataParallel> ddp;
@@ -512,6 +524,7 @@ int run(Options o) {
     if (group && o.zero == 3) {
         zero = std::make_unique<dist::ZeroOptimizer>(gpt_units(model), *group, zero_adam, dist::ZeroOptions{.stage = 3});
         forward = [z = zero.get()](const Var& x) { return z->forward(x); };
+        loss_path = logits_loss(forward);
     } else if (group && o.zero > 0) {
         zero = std::make_unique<dist::ZeroOptimizer>(model, *group, zero_adam, dist::ZeroOptions{.stage = o.zero});
     } else if (group) {
@@ -574,7 +587,7 @@ int run(Options o) {
         }
         const Batch batch = make_batch(data.train, offsets, o.device);
         ComputeGraph graph;
-        const Var loss = next_token_loss(forward, graph, batch, o.precision);
+        const Var loss = next_token_loss(loss_path, graph, batch, o.precision);
         bool stepped = false, backpropagated = false;
 #if DYNGRAD_WITH_DIST
         if (zero) {
@@ -621,7 +634,7 @@ int run(Options o) {
         progress.update(done, value, lr, tokens_per_second);
         std::string val_cell;
         if (done % o.eval_every == 0 || done == o.steps || done == last) {
-            const double val = validation_loss(model, forward, data.validation, o);
+            const double val = validation_loss(model, loss_path, data.validation, o);
             char cell[32];
             std::snprintf(cell, sizeof cell, "%.6f", val);
             val_cell = cell;

@@ -323,6 +323,10 @@ REFERENCES = {
     "softmax": unary(lambda x, a: torch.softmax(x, dim=a["axis"])),
     "log_softmax": unary(lambda x, a: torch.log_softmax(x, dim=a["axis"])),
     "cross_entropy": class_loss(F.cross_entropy, label_smoothing="label_smoothing"),
+    # x (N,E), weight (V_padded,E), labels (N): the rows from `length` on are padding, outside the softmax
+    "linear_cross_entropy": lambda xs, a: F.cross_entropy(
+        F.linear(xs[0], xs[1][:a["length"]]), xs[2], ignore_index=a["ignore_index"], reduction=reduction(a),
+        label_smoothing=a["label_smoothing"]),
     "mse_loss": binary(lambda prediction, target: F.mse_loss(prediction, target, reduction="mean")),
     "nll_loss": class_loss(F.nll_loss),
     "binary_cross_entropy_with_logits": bce_with_logits,

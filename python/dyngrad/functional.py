@@ -196,6 +196,25 @@ def nll_loss(log_probs, target, weight=None, ignore_index=-100, reduction="mean"
                             {"ignore_index": ignore_index, "reduction": reduction})
 
 
+def linear_cross_entropy(x, weight, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, classes=None):
+    """cross_entropy(linear(x, weight[:classes]), target, ...) without the logits (ops/linear_cross_entropy.h): x (*,E)
+    with target (*); the weight's rows from ``classes`` on (a padded vocabulary) are no classes. None: every row."""
+    shape = list(x.shape)
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    if list(target.shape) != shape[:-1]:
+        raise _core.ShapeError(f"linear_cross_entropy: labels {tuple(target.shape)} do not match x {tuple(shape)}: "
+                               f"expected {tuple(shape[:-1])} (x's shape without its last axis)")
+    attrs = {"ignore_index": ignore_index, "reduction": reduction, "label_smoothing": label_smoothing}
+    if classes is not None:
+        attrs["length"] = classes
+    flat = len(shape) == 2
+    out = ops.linear_cross_entropy(x if flat else x.reshape(rows, shape[-1]), weight,
+                                   target if flat else target.reshape(rows), **attrs)
+    return out.reshape(shape[:-1]) if reduction == "none" and not flat else out
+
+
 def mse_loss(prediction, target):
     return ops.mse_loss(prediction, target)
 

@@ -1,0 +1,251 @@
+// linear_cross_entropy (ops/linear_cross_entropy.h, issue 32) against linear + narrow + cross_entropy: values and
+// gradients in f64 (1e-12) and f32 (1e-5) with padded weight rows full of large garbage, ignored rows, label
+// smoothing, every reduction, and chunk sizes that split N unevenly; the backward that recomputes the chunks;
+// second order through it; typed errors; and GPT::loss against cross_entropy of GPT's logits.
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "catch.h"
+#include "dyngrad/dyngrad.h"
+
+using namespace dyngrad;
+using dgtest::MessageHas;
+
+namespace {
+
+// Restores the default chunk size on scope exit.
+struct ChunkElements {
+    explicit ChunkElements(std::int64_t elements) : previous(detail::set_linear_cross_entropy_chunk_elements(elements)) {}
+    ~ChunkElements() { detail::set_linear_cross_entropy_chunk_elements(previous); }
+    std::int64_t previous;
+};
+
+struct Problem {
+    Tensor x, weight, labels;
+    std::int64_t classes;
+};
+
+// x (n,e) normal; weight (classes + padding, e) with the padded rows ±50: were they in the softmax, they would
+// take all the probability mass. Labels in [0, classes), every third row set to ignore_index.
+Problem problem(std::int64_t n, std::int64_t e, std::int64_t classes, std::int64_t padding, std::int64_t ignore_index,
+                DType dtype, Generator& gen) {
+    std::vector<double> rows = Tensor::normal({classes, e}, 0.0, 1.0, gen, dtype).to_vector();
+    const std::vector<double> garbage = Tensor::normal({padding, e}, 0.0, 50.0, gen, dtype).to_vector();
+    rows.insert(rows.end(), garbage.begin(), garbage.end());
+    const Tensor weight = Tensor::from_vector(rows, {classes + padding, e}, dtype);
+    std::vector<std::int64_t> labels(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i)
+        labels[static_cast<std::size_t>(i)] = i % 3 == 1 ? ignore_index : (i * 7 + 3) % classes;
+    return {Tensor::normal({n, e}, 0.0, 1.0, gen, dtype), weight, Tensor::from_vector(labels, {n}), classes};
+}
+
+struct Result {
+    std::vector<double> loss, dx, dw;
+};
+
+// The loss and, through a random upstream gradient, dx and dW: fused, or the reference composition.
+Result run(const Problem& p, const LinearCrossEntropyOptions& options, bool fused, const Tensor& upstream) {
+    ComputeGraph graph;
+    const Var x = graph.input(p.x, "x", true);
+    const Var w = graph.input(p.weight, "weight", true);
+    const Var y = graph.input(p.labels);
+    Var loss;
+    if (fused) {
+        loss = linear_cross_entropy(x, w, y, options);
+    } else {
+        CrossEntropyOptions ce{.reduction = options.reduction, .ignore_index = options.ignore_index,
+                               .label_smoothing = options.label_smoothing};
+        loss = cross_entropy(linear(x, narrow(w, 0, 0, p.classes)), y, ce);
+    }
+    graph.backward(sum(mul(loss, graph.input(upstream.reshaped(loss.shape())))));
+    return {loss.value().to_vector(), x.grad().to_vector(), w.grad().to_vector()};
+}
+
+void require_close(const std::vector<double>& a, const std::vector<double>& b, double tolerance, const char* what) {
+    INFO(what);
+    REQUIRE(a.size() == b.size());
+    double scale = 1.0;
+    for (const double v : b) scale = std::max(scale, std::abs(v));
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        INFO("element " << i << ": " << a[i] << " vs " << b[i]);
+        REQUIRE(std::abs(a[i] - b[i]) <= tolerance * scale);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("linear_cross_entropy equals cross_entropy(linear(x, W[:C])), padded rows ignored, any chunking",
+          "[linear_cross_entropy]") {
+    for (const DType dtype : {DType::f64, DType::f32}) {
+        const double tolerance = dtype == DType::f64 ? 1e-12 : 1e-5;
+        for (const std::int64_t rows_per_chunk : {0, 1, 3, 4}) {  // 0: the default (one chunk here)
+            const std::int64_t n = 10, e = 6, classes = 7;        // 10 rows: chunks of 3 and 4 leave a remainder
+            const ChunkElements chunking(rows_per_chunk * classes);
+            for (const Reduction reduction : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
+                for (const double smoothing : {0.0, 0.15}) {
+                    Generator gen(41 + static_cast<std::uint64_t>(rows_per_chunk));
+                    const std::int64_t ignore_index = smoothing == 0.0 ? -100 : 2;  // also one inside [0, C)
+                    const Problem p = problem(n, e, classes, 5, ignore_index, dtype, gen);
+                    const Tensor upstream =
+                        Tensor::normal(reduction == Reduction::None ? Shape{n} : Shape{}, 0.0, 1.0, gen, dtype);
+                    const LinearCrossEntropyOptions options{.reduction = reduction, .ignore_index = ignore_index,
+                                                            .label_smoothing = smoothing, .classes = classes};
+                    INFO(dtype_name(dtype) << ", rows per chunk " << rows_per_chunk << ", reduction "
+                                           << static_cast<int>(reduction) << ", smoothing " << smoothing);
+                    const Result fused = run(p, options, true, upstream);
+                    const Result reference = run(p, options, false, upstream);
+                    require_close(fused.loss, reference.loss, tolerance, "loss");
+                    require_close(fused.dx, reference.dx, tolerance, "dx");
+                    require_close(fused.dw, reference.dw, tolerance, "dW");
+                    for (std::size_t i = static_cast<std::size_t>(classes * e); i < fused.dw.size(); ++i)
+                        REQUIRE(fused.dw[i] == 0.0);  // the padded rows get exactly no gradient
+                    // The eager overload runs the same forward (no gradients kept).
+                    const Tensor eager = linear_cross_entropy(p.x, p.weight, p.labels, options);
+                    require_close(eager.to_vector(), reference.loss, tolerance, "eager loss");
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("linear_cross_entropy: the backward that recomputes the chunks when the forward kept no gradients",
+          "[linear_cross_entropy]") {
+    const ChunkElements chunking(3 * 9);
+    for (const Reduction reduction : {Reduction::Mean, Reduction::Sum}) {
+        Generator gen(5);
+        const Problem p = problem(11, 4, 9, 3, -100, DType::f64, gen);
+        const Tensor upstream = Tensor::normal({}, 0.0, 1.0, gen, DType::f64);
+        const LinearCrossEntropyOptions options{.reduction = reduction, .classes = 9};
+        ComputeGraph graph;
+        const Var x = graph.input(p.x, "x", true);
+        const Var w = graph.input(p.weight, "weight", true);
+        OpAttrs attrs;
+        attrs.reduction = reduction;
+        attrs.length = 9;
+        attrs.save_for_backward = false;  // as Python's dg.ops under no_grad-free eager use, or an explicit keyword
+        const Var loss = apply_op(OpType::LinearCrossEntropy, {x, w, graph.input(p.labels)}, attrs,
+                                  std::source_location::current(), reads("length", "save_for_backward"));
+        graph.backward(mul(loss, graph.input(upstream)));
+        const Result reference = run(p, options, false, upstream);
+        require_close(loss.value().to_vector(), reference.loss, 1e-12, "loss");
+        require_close(x.grad().to_vector(), reference.dx, 1e-12, "dx");
+        require_close(w.grad().to_vector(), reference.dw, 1e-12, "dW");
+    }
+}
+
+TEST_CASE("linear_cross_entropy takes x (*, E) with labels (*) and gives None its shape", "[linear_cross_entropy]") {
+    Generator gen(9);
+    const Tensor x = Tensor::normal({2, 3, 4}, 0.0, 1.0, gen, DType::f64);
+    const Tensor w = Tensor::normal({6, 4}, 0.0, 1.0, gen, DType::f64);
+    const Tensor y = Tensor::from_vector(std::vector<std::int64_t>{0, 5, 2, -100, 1, 3}, {2, 3});
+    const Tensor per_row = linear_cross_entropy(x, w, y, {.reduction = Reduction::None});
+    CHECK(per_row.shape() == Shape{2, 3});
+    const Tensor reference = cross_entropy(linear(x.reshaped({6, 4}), w), y.reshaped({6}), {.reduction = Reduction::None});
+    require_close(per_row.to_vector(), reference.to_vector(), 1e-12, "per-row loss");
+    CHECK(per_row.to_vector()[3] == 0.0);  // the ignored row
+}
+
+TEST_CASE("linear_cross_entropy: create_graph differentiates the composition", "[linear_cross_entropy]") {
+    Generator gen(21);
+    const Problem p = problem(5, 3, 4, 2, -100, DType::f64, gen);
+    std::vector<double> second[2];
+    for (const bool fused : {true, false}) {
+        ComputeGraph graph;
+        const Var x = graph.input(p.x, "x", true);
+        const Var w = graph.input(p.weight, "weight", true);
+        const Var y = graph.input(p.labels);
+        const Var loss = fused ? linear_cross_entropy(x, w, y, {.label_smoothing = 0.1, .classes = 4})
+                               : cross_entropy(linear(x, narrow(w, 0, 0, 4)), y, {.label_smoothing = 0.1});
+        const Var dx = grad({loss}, {x}, {}, {.create_graph = true})[0];
+        second[fused ? 0 : 1] = grad({sum(mul(dx, dx))}, {w})[0].value().to_vector();
+    }
+    require_close(second[0], second[1], 1e-12, "d|dx|²/dW");
+}
+
+TEST_CASE("linear_cross_entropy: typed errors name the op, shapes and dtypes", "[linear_cross_entropy]") {
+    Generator gen(3);
+    const Tensor x = Tensor::normal({4, 3}, 0.0, 1.0, gen);
+    const Tensor w = Tensor::normal({6, 3}, 0.0, 1.0, gen);
+    const Tensor y = Tensor::from_vector(std::vector<std::int64_t>{0, 1, 4, 2}, {4});
+    CHECK_THROWS_AS(linear_cross_entropy(x, w, y, {.classes = 4}), IndexError);  // label 4 of 4 classes
+    CHECK_THROWS_MATCHES(linear_cross_entropy(x, w, y, {.classes = 4}), IndexError,
+                         MessageHas({"linear_cross_entropy", "label 4", "4 classes"}));
+    CHECK(std::isfinite(linear_cross_entropy(x, w, y, {.ignore_index = 4, .classes = 4}).item()));
+    CHECK_THROWS_MATCHES(linear_cross_entropy(x, Tensor::normal({6, 5}, 0.0, 1.0, gen), y), ShapeError,
+                         MessageHas({"linear_cross_entropy", "(6,5)", "(4,3)"}));
+    CHECK_THROWS_MATCHES(linear_cross_entropy(x, w, y, {.classes = 7}), ValueError,
+                         MessageHas({"linear_cross_entropy", "classes", "7"}));
+    CHECK_THROWS_MATCHES(linear_cross_entropy(x, w.to(DType::f64), y), DTypeError,
+                         MessageHas({"linear_cross_entropy", "float64", "float32"}));
+    CHECK_THROWS_MATCHES(linear_cross_entropy(x, w, y.to(DType::f32)), DTypeError,
+                         MessageHas({"linear_cross_entropy", "int64"}));
+    CHECK_THROWS_MATCHES(linear_cross_entropy(x, w, Tensor::from_vector(std::vector<std::int64_t>{0, 1}, {2})),
+                         ShapeError, MessageHas({"linear_cross_entropy", "labels", "(2)"}));
+}
+
+TEST_CASE("GPT::loss equals cross_entropy of GPT's logits, padded vocabulary, tied and untied",
+          "[linear_cross_entropy][gpt]") {
+    for (const bool tied : {true, false}) {
+        Generator gen(7);
+        const GPTConfig config{.vocab_size = 11, .context = 8, .layers = 1, .heads = 2, .width = 8,
+                               .padded_vocab_size = 16, .tie_embeddings = tied};
+        GPT model(config, gen);
+        std::vector<std::int64_t> tokens, targets;
+        for (int i = 0; i < 2 * 7; ++i) {
+            tokens.push_back((i * 5 + 3) % 11);
+            targets.push_back((i * 3 + 1) % 11);
+        }
+        // Garbage in the padded rows of the head: the fused loss must not see them.
+        Parameter head = tied ? model.token_embedding.weight : model.lm_head.weight;
+        std::vector<double> values = head.value().to_vector();
+        for (std::size_t i = 11 * 8; i < values.size(); ++i) values[i] = 30.0 * std::sin(static_cast<double>(i));
+        head.value().copy_from(Tensor::from_vector(values, {16, 8}, DType::f32));
+        double losses[2];
+        std::vector<std::vector<double>> grads[2];
+        for (const bool fused : {true, false}) {
+            model.zero_grad();
+            ComputeGraph g;
+            const Var input = g.input(Tensor::from_vector(tokens, {2, 7}));
+            const Var target = g.input(Tensor::from_vector(targets, {14}));
+            Var loss;
+            if (fused) {
+                loss = model.loss(input, target);
+            } else {
+                const Var logits = model(input);
+                loss = cross_entropy(reshape(logits, {14, 11}), target);
+            }
+            g.backward(loss);
+            losses[fused ? 0 : 1] = loss.item();
+            for (const Parameter& p : model.parameters()) grads[fused ? 0 : 1].push_back(p.grad().to_vector());
+        }
+        INFO((tied ? "tied" : "untied"));
+        CHECK(std::abs(losses[0] - losses[1]) <= 1e-6);
+        REQUIRE(grads[0].size() == grads[1].size());
+        for (std::size_t k = 0; k < grads[0].size(); ++k) require_close(grads[0][k], grads[1][k], 1e-5, "parameter gradient");
+        for (std::size_t i = 11 * 8; i < grads[0].back().size() && !tied; ++i) CHECK(grads[0].back()[i] == 0.0);
+    }
+}
+
+TEST_CASE("linear_cross_entropy: the fused-kernel check compares it with linear + narrow + cross_entropy",
+          "[linear_cross_entropy][fusion]") {
+    set_fusion_check(true);
+    clear_fusion_check_results();
+    Generator gen(13);
+    const Problem p = problem(9, 4, 6, 2, -100, DType::f32, gen);
+    ComputeGraph graph;
+    const Var x = graph.input(p.x, "x", true);
+    const Var w = graph.input(p.weight, "weight", true);
+    graph.backward(linear_cross_entropy(x, w, graph.input(p.labels), {.label_smoothing = 0.05, .classes = 6}));
+    set_fusion_check(false);
+    std::set<std::string> seen;
+    for (const FusionCheckResult& r : fusion_check_results()) {
+        INFO(r.op << " " << r.pass << ": " << r.max_abs_error << " of " << r.scale);
+        CHECK(r.passed);
+        seen.insert(r.op + " " + (r.pass.starts_with("backward") ? "backward" : r.pass));
+    }
+    clear_fusion_check_results();
+    CHECK(seen.contains("linear_cross_entropy forward"));
+    CHECK(seen.contains("linear_cross_entropy backward"));
+}
