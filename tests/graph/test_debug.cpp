@@ -6,6 +6,7 @@
 
 #include "catch.h"
 #include "dyngrad/dyngrad.h"
+#include "test_support.h"
 
 using namespace dyngrad;
 using dgtest::Contains;
@@ -13,10 +14,7 @@ using dgtest::MessageHas;
 
 namespace {
 
-Tensor randn(const Shape& shape, DType dtype = DType::f64) {
-    static Generator gen(77);
-    return Tensor::normal(shape, 0.0, 1.0, gen, dtype);
-}
+dgtest::NormalDraws randn(77, DType::f64);
 
 std::size_t count_matches(const std::string& text, const std::regex& pattern) {
     return static_cast<std::size_t>(
