@@ -5,12 +5,16 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <vector>
 
 #include "catch.h"
 #include "dyngrad/dyngrad.h"
 
 namespace dgtest {
+
+inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+inline constexpr double kInf = std::numeric_limits<double>::infinity();
 
 inline dyngrad::Tensor f64(std::initializer_list<double> values) {
     return dyngrad::Tensor::of(values, dyngrad::DType::f64);
