@@ -29,6 +29,14 @@ void backward(const std::vector<Parameter>& params, GradScaler* scaler = nullptr
     graph.backward(scaler != nullptr ? scaler->scale(loss) : loss);
 }
 
+// One parameter, its SGD and a scaler, after one scaled backward.
+struct AfterScaledBackward {
+    std::vector<Parameter> params = one_parameter();
+    SGD sgd{params};
+    GradScaler scaler;
+    AfterScaledBackward() { backward(params, &scaler); }
+};
+
 // A scaler's checkpoint state, then `edit` applied to it, loaded into a fresh scaler.
 template <typename Edit>
 void load_edited_scaler(Edit edit) {
@@ -86,21 +94,15 @@ const bool added = hostile::add(
         hostile::expect<ValueError>("GradScaler::update before any step", {"update", "step()"},
                                     [] { GradScaler().update(); }),
         hostile::expect<ValueError>("GradScaler::update twice after one step", {"update", "no step()"}, [] {
-            const std::vector<Parameter> params = one_parameter();
-            SGD sgd(params);
-            GradScaler scaler;
-            backward(params, &scaler);
-            scaler.step(sgd);
-            scaler.update();
-            scaler.update();
+            AfterScaledBackward run;
+            run.scaler.step(run.sgd);
+            run.scaler.update();
+            run.scaler.update();
         }),
         hostile::expect<ValueError>("GradScaler::unscale twice in one step", {"unscale", "once per step"}, [] {
-            const std::vector<Parameter> params = one_parameter();
-            SGD sgd(params);
-            GradScaler scaler;
-            backward(params, &scaler);
-            scaler.unscale(sgd);
-            scaler.unscale(sgd);
+            AfterScaledBackward run;
+            run.scaler.unscale(run.sgd);
+            run.scaler.unscale(run.sgd);
         }),
         hostile::expect<NumericalError>("a loss scale that collapses (inf gradients at every scale)",
                                         {"GradScaler", "collapsed", "consecutive skipped steps"}, [] {
