@@ -1,20 +1,19 @@
 // Hostile inputs to capturable training (issue 15): GradScaler's options, call order, collapse and checkpoint
 // state; WarmupCosineLR's settings; dropout's seed tensor; the gated optimizer step; CapturedStep's guard options.
 #include <cstdint>
-#include <limits>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "dyngrad/dyngrad.h"
 #include "hostile.h"
+#include "test_support.h"
 
 using namespace dyngrad;
+using dgtest::kInf;
+using dgtest::kNaN;
 
 namespace {
-
-constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 std::vector<Parameter> one_parameter() {
     Generator gen(41);
