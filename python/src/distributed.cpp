@@ -309,18 +309,12 @@ std::vector<dist::ZeroUnit> zero_units(const nb::list& units) {
 
 nb::dict memory_dict(const dist::ZeroMemory& m) {
     using M = dist::ZeroMemory;
-    return fields_dict(m,
-                       field("world", &M::world),
-                       field("stage", &M::stage),
-                       field("parameters", &M::parameters),
-                       field("padded", &M::padded),
-                       field("parameter_bytes", &M::parameter_bytes),
-                       field("gradient_bytes", &M::gradient_bytes),
-                       field("optimizer_bytes", &M::optimizer_bytes),
+    return fields_dict(m, field("world", &M::world), field("stage", &M::stage), field("parameters", &M::parameters),
+                       field("padded", &M::padded), field("parameter_bytes", &M::parameter_bytes),
+                       field("gradient_bytes", &M::gradient_bytes), field("optimizer_bytes", &M::optimizer_bytes),
                        field("formula_parameter_bytes", &M::formula_parameter_bytes),
                        field("formula_gradient_bytes", &M::formula_gradient_bytes),
-                       field("formula_optimizer_bytes", &M::formula_optimizer_bytes),
-                       field("ddp_bytes", &M::ddp_bytes),
+                       field("formula_optimizer_bytes", &M::formula_optimizer_bytes), field("ddp_bytes", &M::ddp_bytes),
                        field("gathered_peak_bytes", &M::gathered_peak_bytes),
                        field("formula_gathered_bytes", &M::formula_gathered_bytes));
 }

@@ -94,26 +94,28 @@ void translate(const std::exception_ptr& p, void*) {
     }
 }
 
+template <typename E>
+[[noreturn]] void throw_as(const std::string& message) {
+    throw E(message);
+}
+
 }  // namespace
 
 void rethrow_as_dyngrad_error(nb::python_error& e, const std::string& context) {
     const std::string type = nb::cast<std::string>(e.type().attr("__name__"));
     const std::string message = str(context, " ", type, ": ", nb::str(e.value()).c_str());
-    const auto is = [&](PyObject* cls) { return PyErr_GivenExceptionMatches(e.type().ptr(), cls) != 0; };
     // Most derived first, as translate() reads them.
-    if (is(classes.oom)) throw OutOfMemory(message);
-    if (is(classes.cuda)) throw CudaError(message);
-    if (is(classes.shape)) throw ShapeError(message);
-    if (is(classes.dtype)) throw DTypeError(message);
-    if (is(classes.device)) throw DeviceError(message);
-    if (is(classes.higher_order)) throw HigherOrderError(message);
-    if (is(classes.graph)) throw GraphError(message);
-    if (is(classes.index)) throw IndexError(message);
-    if (is(classes.value)) throw ValueError(message);
-    if (is(classes.io)) throw IoError(message);
-    if (is(classes.numerical)) throw NumericalError(message);
-    if (is(classes.distributed)) throw DistributedError(message);
-    if (is(classes.error)) throw Error(message);
+    const std::pair<PyObject*, void (*)(const std::string&)> by_class[] = {
+        {classes.oom, throw_as<OutOfMemory>}, {classes.cuda, throw_as<CudaError>},
+        {classes.shape, throw_as<ShapeError>}, {classes.dtype, throw_as<DTypeError>},
+        {classes.device, throw_as<DeviceError>}, {classes.higher_order, throw_as<HigherOrderError>},
+        {classes.graph, throw_as<GraphError>}, {classes.index, throw_as<IndexError>},
+        {classes.value, throw_as<ValueError>}, {classes.io, throw_as<IoError>},
+        {classes.numerical, throw_as<NumericalError>}, {classes.distributed, throw_as<DistributedError>},
+        {classes.error, throw_as<Error>},
+    };
+    for (const auto& [cls, raise] : by_class)
+        if (PyErr_GivenExceptionMatches(e.type().ptr(), cls) != 0) raise(message);
     throw ValueError(message);
 }
 

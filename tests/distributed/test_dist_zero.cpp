@@ -33,6 +33,12 @@ dist::ProcessGroup& group() { return dgtest::launched_group(); }
 // 1063 trainable elements: prime, so neither 2 nor 3 ranks divide it.
 Sequential make_mlp(Generator& gen, DType dtype) { return dgtest::make_mlp(gen, dtype, 7); }
 
+// The float64 MLP drawn from a generator seeded `seed`: the same weights for the same seed on every rank.
+Sequential f64_mlp(std::uint64_t seed) {
+    Generator gen(seed);
+    return make_mlp(gen, DType::f64);
+}
+
 Rows global_batch(std::uint64_t seed, std::int64_t rows, DType dtype) {
     return dgtest::global_batch(seed, {12}, rows, dtype, 7);
 }
@@ -44,11 +50,10 @@ void check_against_single_process(int stage, bool clip, int steps, bool overlap 
     const int world = g.world_size();
     const std::uint64_t seed = dgtest::shared_seed(group());
     INFO("seed " << seed << ", stage " << stage << ", world " << world << ", overlap " << overlap);
-    Generator init(seed + 1 + static_cast<std::uint64_t>(g.rank()));  // differs per rank: the broadcast fixes it
-    Sequential model = make_mlp(init, DType::f64);
+    // Differs per rank: the broadcast fixes it.
+    Sequential model = f64_mlp(seed + 1 + static_cast<std::uint64_t>(g.rank()));
     dist::ZeroOptimizer zero(model, g, kAdam, {.stage = stage, .overlap = overlap});
-    Generator init0(seed + 1);
-    Sequential reference = make_mlp(init0, DType::f64);
+    Sequential reference = f64_mlp(seed + 1);
     AdamW adam(reference.parameters(), kAdam);
     for (int step = 0; step < steps; ++step) {
         const Rows all = global_batch(seed + 100 + static_cast<std::uint64_t>(step), 4 * world, DType::f64);
@@ -79,6 +84,16 @@ void check_against_single_process(int stage, bool clip, int steps, bool overlap 
         CHECK(relative(params[i].value().to_vector(), ref_params[i].value().to_vector()) <= 1e-12);
     }
     CHECK(zero.optimizer().step_count(0) == steps);
+}
+
+// Every parameter of `model` equals its counterpart in `reference` to 1e-12 relative.
+void check_same_parameters(const Sequential& model, const Sequential& reference) {
+    const auto params = model.parameters(), ref_params = reference.parameters();
+    REQUIRE(params.size() == ref_params.size());
+    for (std::size_t i = 0; i < params.size(); ++i) {
+        INFO(params[i].name());
+        CHECK(relative(params[i].value().to_vector(), ref_params[i].value().to_vector()) <= 1e-12);
+    }
 }
 
 // This rank's shard of every flat gathered into the full (padded) vector.
@@ -134,11 +149,9 @@ TEST_CASE("ZeRO-1/2: gradient accumulation over two micro-batches == accumulated
     const std::uint64_t seed = dgtest::shared_seed(group());
     for (int stage : {1, 2}) {
         INFO("seed " << seed << ", stage " << stage << ", world " << world);
-        Generator init(seed + 1);
-        Sequential model = make_mlp(init, DType::f64);
+        Sequential model = f64_mlp(seed + 1);
         dist::ZeroOptimizer zero(model, g, kAdam, {.stage = stage});
-        Generator init0(seed + 1);
-        Sequential reference = make_mlp(init0, DType::f64);
+        Sequential reference = f64_mlp(seed + 1);
         AdamW adam(reference.parameters(), kAdam);
         for (int step = 0; step < 3; ++step) {
             for (int micro = 0; micro < 2; ++micro) {
@@ -154,9 +167,7 @@ TEST_CASE("ZeRO-1/2: gradient accumulation over two micro-batches == accumulated
             adam.step();
             adam.zero_grad();
         }
-        const auto a = model.parameters(), b = reference.parameters();
-        for (std::size_t i = 0; i < a.size(); ++i)
-            CHECK(relative(a[i].value().to_vector(), b[i].value().to_vector()) <= 1e-12);
+        check_same_parameters(model, reference);
     }
 }
 
@@ -166,12 +177,10 @@ TEST_CASE("ZeRO-2 with a GradScaler == GradScaler + AdamW on one process; an inf
     const int world = g.world_size();
     const std::uint64_t seed = dgtest::shared_seed(group());
     INFO("seed " << seed << ", world " << world);
-    Generator init(seed + 1);
-    Sequential model = make_mlp(init, DType::f64);
+    Sequential model = f64_mlp(seed + 1);
     dist::ZeroOptimizer zero(model, g, kAdam, {.stage = 2});
     GradScaler scaler({.init_scale = 1024});
-    Generator init0(seed + 1);
-    Sequential reference = make_mlp(init0, DType::f64);
+    Sequential reference = f64_mlp(seed + 1);
     AdamW adam(reference.parameters(), kAdam);
     GradScaler ref_scaler({.init_scale = 1024});
     for (int step = 0; step < 4; ++step) {
@@ -196,10 +205,7 @@ TEST_CASE("ZeRO-2 with a GradScaler == GradScaler + AdamW on one process; an inf
         ref_scaler.update();
         adam.zero_grad();
     }
-    const auto params = model.parameters();
-    const auto ref_params = reference.parameters();
-    for (std::size_t i = 0; i < params.size(); ++i)
-        CHECK(relative(params[i].value().to_vector(), ref_params[i].value().to_vector()) <= 1e-12);
+    check_same_parameters(model, reference);
 }
 
 TEST_CASE("ZeRO: sharded checkpoint resumes exactly, and reloads on another world size (a group of one)",
@@ -210,8 +216,7 @@ TEST_CASE("ZeRO: sharded checkpoint resumes exactly, and reloads on another worl
     INFO("seed " << seed << ", world " << world);
     const auto folder = std::filesystem::temp_directory_path() / str("dyngrad_zero_ckpt_", seed);
     for (int stage : {1, 2}) {
-        Generator init(seed + 1);
-        Sequential model = make_mlp(init, DType::f64);
+        Sequential model = f64_mlp(seed + 1);
         dist::ZeroOptimizer zero(model, g, kAdam, {.stage = stage});
         const auto train = [&](dist::ZeroOptimizer& z, Sequential& m, int from, int to) {
             for (int step = from; step < to; ++step) {
@@ -227,8 +232,7 @@ TEST_CASE("ZeRO: sharded checkpoint resumes exactly, and reloads on another worl
         zero.save_checkpoint(folder);
 
         // The same world size: a fresh model and optimizer resume bit for bit.
-        Generator other(seed + 77);
-        Sequential resumed = make_mlp(other, DType::f64);
+        Sequential resumed = f64_mlp(seed + 77);
         dist::ZeroOptimizer zero_resumed(resumed, g, kAdam, {.stage = stage});
         zero_resumed.load_checkpoint(folder);
         for (const char* name : {"float64.param", "float64.exp_avg", "float64.exp_avg_sq"})
@@ -236,8 +240,7 @@ TEST_CASE("ZeRO: sharded checkpoint resumes exactly, and reloads on another worl
         CHECK(zero_resumed.optimizer().step_count(0) == 3);
 
         // Another world size: on every rank a group of one reshards the world-W checkpoint.
-        Generator third(seed + 99);
-        Sequential alone = make_mlp(third, DType::f64);
+        Sequential alone = f64_mlp(seed + 99);
         dist::ZeroOptimizer zero_alone(alone, dist::ProcessGroup::single(), kAdam, {.stage = stage});
         zero_alone.load_checkpoint(folder);
         const std::int64_t numel = zero.flats().front().numel;
@@ -357,8 +360,7 @@ TEST_CASE("ZeRO: per-rank memory against the ZeRO formulas", "[dist][zero][memor
 
 TEST_CASE("ZeRO: bad inputs are typed errors", "[dist][zero][errors]") {
     dist::ProcessGroup& g = group();
-    Generator init(5);
-    Sequential model = make_mlp(init, DType::f64);
+    Sequential model = f64_mlp(5);
     CHECK_THROWS_MATCHES(dist::ZeroOptimizer(model, g, kAdam, {.stage = 3}), ValueError, MessageHas({"stage 3"}));
     dist::ZeroOptimizer zero(model, g, kAdam, {.stage = 2});
     CHECK_THROWS_MATCHES(zero.step(), ValueError, MessageHas({"no reduce_gradients"}));
@@ -379,8 +381,7 @@ TEST_CASE("ZeRO: bad inputs are typed errors", "[dist][zero][errors]") {
     // A checkpoint of another model; a checkpoint with a missing rank file (a group of one needs every file).
     const std::uint64_t seed = dgtest::shared_seed(group());
     const auto folder = std::filesystem::temp_directory_path() / str("dyngrad_zero_bad_", seed);
-    Generator init2(5);
-    Sequential small = make_mlp(init2, DType::f64);
+    Sequential small = f64_mlp(5);
     dist::ZeroOptimizer saved(small, g, kAdam);
     saved.save_checkpoint(folder);
     Generator init3(5);
@@ -392,8 +393,7 @@ TEST_CASE("ZeRO: bad inputs are typed errors", "[dist][zero][errors]") {
     g.barrier();
     if (g.rank() == 0) std::filesystem::remove(folder / str("zero-rank", g.world_size() - 1, "-of-", g.world_size(), ".safetensors"));
     g.barrier();
-    Generator init4(5);
-    Sequential same = make_mlp(init4, DType::f64);
+    Sequential same = f64_mlp(5);
     dist::ZeroOptimizer alone(same, dist::ProcessGroup::single(), kAdam);
     const auto before = same.parameters().front().value().to_vector();
     CHECK_THROWS_MATCHES(alone.load_checkpoint(folder), IoError, MessageHas({"is missing", "-of-"}));
@@ -417,8 +417,7 @@ TEST_CASE("ZeRO: ranks with different models fail typed on every rank", "[dist][
 TEST_CASE("ZeRO: a peer that leaves before the reduce-scatter: a typed timeout, no hang", "[.dead_peer]") {
     dist::ProcessGroup& g = group();
     if (g.world_size() < 2) DG_SKIP("needs 2 ranks (mpirun -np 2)");
-    Generator init(5);
-    Sequential model = make_mlp(init, DType::f64);
+    Sequential model = f64_mlp(5);
     dist::ZeroOptimizer zero(model, g, kAdam, {.stage = 2});
     if (g.rank() == 1) return;  // exits (finalizes MPI) without joining the reduce-scatter
     ComputeGraph graph;
@@ -503,8 +502,7 @@ TEST_CASE("ZeRO: a rank killed mid-training; the survivor fails typed; checkpoin
         std::ofstream(crash_dir() / "seed") << seed << "\n";
     }
     g.barrier();
-    Generator init(seed + 1);
-    Sequential model = make_mlp(init, DType::f64);
+    Sequential model = f64_mlp(seed + 1);
     dist::ZeroOptimizer zero(model, g, kAdam, {.stage = 2});
     for (int step = 0; step < 3; ++step) {
         crash_step(zero, model, seed, step);
@@ -545,15 +543,13 @@ TEST_CASE("ZeRO: resume from the newest checkpoint on another world size == the 
     for (int s = 1; s <= kCrashSteps; ++s)
         if (std::filesystem::exists(crash_dir() / str("step-", s) / "model.safetensors")) newest = s;
     REQUIRE(newest == 3);  // the crash came in step 3: steps 1-3 were committed, nothing after
-    Generator other(seed + 55);
-    Sequential model = make_mlp(other, DType::f64);
+    Sequential model = f64_mlp(seed + 55);
     dist::ZeroOptimizer zero(model, g, kAdam, {.stage = 2});
     zero.load_checkpoint(crash_dir() / str("step-", newest));
     CHECK(zero.optimizer().step_count(0) == newest);
     for (int step = newest; step < kCrashSteps; ++step) crash_step(zero, model, seed, step);
 
-    Generator init0(seed + 1);
-    Sequential reference = make_mlp(init0, DType::f64);
+    Sequential reference = f64_mlp(seed + 1);
     AdamW adam(reference.parameters(), kAdam);
     for (int step = 0; step < kCrashSteps; ++step) {
         const Rows all = global_batch(seed + 700 + static_cast<std::uint64_t>(step), kCrashRows, DType::f64);
@@ -563,9 +559,7 @@ TEST_CASE("ZeRO: resume from the newest checkpoint on another world size == the 
         adam.step();
         adam.zero_grad();
     }
-    const auto a = model.parameters(), b = reference.parameters();
-    for (std::size_t i = 0; i < a.size(); ++i)
-        CHECK(relative(a[i].value().to_vector(), b[i].value().to_vector()) <= 1e-12);
+    check_same_parameters(model, reference);
     g.barrier();
     if (g.rank() == 0) std::filesystem::remove_all(crash_dir());
 }

@@ -10,12 +10,9 @@
 
 using namespace dyngrad;
 using dgtest::f64;
+using dgtest::kInf;
+using dgtest::kNaN;
 using dgtest::MessageHas;
-
-namespace {
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr double kInf = std::numeric_limits<double>::infinity();
-}  // namespace
 
 TEST_CASE("tensor statistics count NaN and Inf and bound the finite values", "[anomaly][stats]") {
     const TensorStats mixed = tensor_stats(f64({-1, kNaN, kInf, 2, -kInf, 0.5}));

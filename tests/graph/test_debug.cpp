@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <regex>
 #include <string>
+#include <vector>
 
 #include "catch.h"
 #include "dyngrad/dyngrad.h"
+#include "test_support.h"
 
 using namespace dyngrad;
 using dgtest::Contains;
@@ -13,9 +15,16 @@ using dgtest::MessageHas;
 
 namespace {
 
-Tensor randn(const Shape& shape, DType dtype = DType::f64) {
-    static Generator gen(77);
-    return Tensor::normal(shape, 0.0, 1.0, gen, dtype);
+dgtest::NormalDraws randn(77, DType::f64);
+
+// A lint report of `count` issues, the first of `kind`, naming `node`, its message holding each of `message_parts`.
+void check_first_issue(const LintReport& report, std::size_t count, LintIssue::Kind kind, const Var& node,
+                       const std::vector<std::string>& message_parts) {
+    REQUIRE(report.issues.size() == count);
+    const LintIssue& issue = report.issues[0];
+    CHECK(issue.kind == kind);
+    CHECK(issue.node == node.id());
+    for (const std::string& part : message_parts) CHECK_THAT(issue.message, Contains(part));
 }
 
 std::size_t count_matches(const std::string& text, const std::regex& pattern) {
@@ -93,13 +102,10 @@ TEST_CASE("lint lists computations that do not reach the loss", "[debug][lint]")
     Var metric = softmax(h);  // computed after the loss, for a report: it does not feed the loss either
     const LintReport report = lint(graph, loss);
     INFO(report.to_string());
-    REQUIRE(report.issues.size() == 2);
-    CHECK(report.issues[0].kind == LintIssue::Kind::UnusedNode);
-    CHECK(report.issues[0].node == forgotten.id());
-    CHECK_THAT(report.issues[0].message,
-               Contains(str("relu #", forgotten.id(), " 'forgotten' (test_debug.cpp:", forgotten_line,
-                            ") (2,3) float64 cpu")));
-    CHECK_THAT(report.issues[0].message, Contains("does not contribute to mean"));
+    check_first_issue(report, 2, LintIssue::Kind::UnusedNode, forgotten,
+                      {str("relu #", forgotten.id(), " 'forgotten' (test_debug.cpp:", forgotten_line,
+                           ") (2,3) float64 cpu"),
+                       "does not contribute to mean"});
     CHECK(report.issues[1].node == metric.id());
     CHECK(report.count(LintIssue::Kind::UnusedParameter) == 0);
 }
@@ -121,12 +127,9 @@ TEST_CASE("lint lists ops that have no backward kernel on their device", "[debug
     Var loss = sum(y * constant_path);
     const LintReport report = lint(graph, loss);
     INFO(report.to_string());
-    REQUIRE(report.issues.size() == 1);
-    CHECK(report.issues[0].kind == LintIssue::Kind::MissingBackward);
-    CHECK(report.issues[0].node == y.id());
-    CHECK_THAT(report.issues[0].message,
-               Contains(str("forward_only #", y.id(), " (test_debug.cpp:", line, ") has no backward kernel on cpu")));
-    CHECK_THAT(report.issues[0].message, Contains("input 0 (leaf #0 'x'"));
+    check_first_issue(report, 1, LintIssue::Kind::MissingBackward, y,
+                      {str("forward_only #", y.id(), " (test_debug.cpp:", line, ") has no backward kernel on cpu"),
+                       "input 0 (leaf #0 'x'"});
     // What lint predicted is what backward hits.
     CHECK_THROWS_MATCHES(graph.backward(loss), DeviceError, MessageHas({"forward_only", "no backward kernel on cpu"}));
 }

@@ -32,6 +32,16 @@ bool elementwise_or_linalg(const OpDef& def) {
 
 Tensor random_tensor(const Shape& shape, Generator& gen) { return Tensor::normal(shape, 0.0, 1.0, gen, DType::f64); }
 
+// A random float64 input of `graph` that requires grad, and its value (for the expected derivatives).
+struct RandomInput {
+    Tensor value;
+    Var var;
+};
+RandomInput random_input(ComputeGraph& graph, const Shape& shape, const char* name, Generator& gen) {
+    Tensor value = random_tensor(shape, gen);
+    return {value, graph.input(value, name, true)};
+}
+
 double value_at(const Tensor& t, std::int64_t i) { return t.to_vector()[static_cast<std::size_t>(i)]; }
 
 }  // namespace
@@ -75,8 +85,7 @@ TEST_CASE("the first-order-only rows are exactly the documented ones", "[higher_
 TEST_CASE("derivatives of any order match the analytic ones", "[higher_order]") {
     Generator gen(seed_base());
     ComputeGraph graph;
-    const Tensor xv = random_tensor({7}, gen);
-    const Var x = graph.input(xv, "x", true);
+    const auto [xv, x] = random_input(graph, {7}, "x", gen);
     SECTION("x³: 3x², 6x, 6") {
         const Var y = sum(pow(x, 3.0));
         const Var d1 = grad({y}, {x}, {}, {.create_graph = true})[0];
@@ -120,10 +129,8 @@ TEST_CASE("derivatives of any order match the analytic ones", "[higher_order]") 
 TEST_CASE("the Hessian of a quadratic form and a mixed partial through matmul", "[higher_order]") {
     Generator gen(seed_base() + 1);
     ComputeGraph graph;
-    const Tensor av = random_tensor({4, 4}, gen);
-    const Tensor xv = random_tensor({4, 1}, gen);
-    const Var a = graph.input(av, "A", true);
-    const Var x = graph.input(xv, "x", true);
+    const auto [av, a] = random_input(graph, {4, 4}, "A", gen);
+    const auto [xv, x] = random_input(graph, {4, 1}, "x", gen);
     // f = xᵀ A x: ∇x f = (A + Aᵀ) x; the Hessian in x is A + Aᵀ; ∂²f/∂x∂A_ij contracted with v gives v_i x_j + x_i v_j
     const Var f = sum(matmul(transpose(x), matmul(a, x)));
     const Var gx = grad({f}, {x}, {}, {.create_graph = true})[0];
@@ -143,10 +150,8 @@ TEST_CASE("the Hessian of a quadratic form and a mixed partial through matmul", 
 TEST_CASE("create_graph gradients accumulate at fan-out and reduce broadcasts as recorded ops", "[higher_order]") {
     Generator gen(seed_base() + 2);
     ComputeGraph graph;
-    const Tensor xv = random_tensor({3, 1}, gen);
-    const Tensor bv = random_tensor({1, 5}, gen);
-    const Var x = graph.input(xv, "x", true);
-    const Var b = graph.input(bv, "b", true);
+    const auto [xv, x] = random_input(graph, {3, 1}, "x", gen);
+    const auto [bv, b] = random_input(graph, {1, 5}, "b", gen);
     // f = Σ_ij exp(x_i · b_j) · x_i: x is used twice (fan-out) and broadcast along j
     const Var f = sum(mul(exp(mul(x, b)), x));
     const Var gx = grad({f}, {x}, {}, {.create_graph = true})[0];
@@ -263,8 +268,7 @@ TEST_CASE("a custom op with a differentiable backward differentiates twice", "[h
     });
     Generator gen(seed_base() + 9);
     ComputeGraph graph;
-    const Tensor xv = random_tensor({5}, gen);
-    const Var x = graph.input(xv, "x", true);
+    const auto [xv, x] = random_input(graph, {5}, "x", gen);
     const Var d1 = grad({sum(cube({x}))}, {x}, {}, {.create_graph = true})[0];
     const Tensor d2 = grad({sum(d1)}, {x})[0].value();
     for (std::int64_t i = 0; i < 5; ++i) CHECK(value_at(d2, i) == Approx(6 * value_at(xv, i)).epsilon(1e-12));
@@ -337,8 +341,7 @@ TEST_CASE("a deep chain differentiates twice without recursion", "[higher_order]
     const double a = 1.0 + 1e-5;
     Generator gen(seed_base() + 11);
     ComputeGraph graph;
-    const Tensor xv = random_tensor({3}, gen);
-    const Var x = graph.input(xv, "x", true);
+    const auto [xv, x] = random_input(graph, {3}, "x", gen);
     Var y = x;
     for (int i = 0; i < kDepth; ++i) y = mul_scalar(y, a);
     const Var f = sum(mul(y, y));  // f = c·Σx², c = a^(2n): ∇f = 2c·x, ∇²f = 2c·I

@@ -27,6 +27,17 @@ void backward(const std::vector<Parameter>& params, GradScaler* scaler = nullptr
     graph.backward(scaler != nullptr ? scaler->scale(loss) : loss);
 }
 
+// `use` (GradScaler::step or unscale) of a fresh scaler on an Opt over fresh parameters after a backward of the
+// unscaled loss: the scaler must refuse, as it never scaled the loss.
+template <typename Opt>
+void use_after_unscaled_backward(void (GradScaler::*use)(Optimizer&), const GradScalerOptions& scaler_options = {}) {
+    const std::vector<Parameter> params = two_parameters();
+    Opt optimizer(params);
+    GradScaler scaler(scaler_options);
+    backward(params);
+    (scaler.*use)(optimizer);
+}
+
 // A scaler, an optimizer over fresh parameters and one scaled step (scale, backward, step, update) done.
 struct AfterOneStep {
     std::vector<Parameter> params = two_parameters();
@@ -44,29 +55,14 @@ const bool added = hostile::add(
     "call order",
     {
         hostile::expect<ValueError>("GradScaler::step after a backward of the unscaled loss (SGD)",
-                                    {"GradScaler::step", "scale(loss)"}, [] {
-            const std::vector<Parameter> params = two_parameters();
-            SGD sgd(params, {.lr = 0.1});
-            GradScaler scaler;
-            backward(params);
-            scaler.step(sgd);
-        }),
+                                    {"GradScaler::step", "scale(loss)"},
+                                    [] { use_after_unscaled_backward<SGD>(&GradScaler::step); }),
         hostile::expect<ValueError>("GradScaler::step after a backward of the unscaled loss (AdamW)",
-                                    {"GradScaler::step", "no loss was scaled"}, [] {
-            const std::vector<Parameter> params = two_parameters();
-            AdamW adamw(params);
-            GradScaler scaler({.init_scale = 1024});
-            backward(params);
-            scaler.step(adamw);
-        }),
+                                    {"GradScaler::step", "no loss was scaled"},
+                                    [] { use_after_unscaled_backward<AdamW>(&GradScaler::step, {.init_scale = 1024}); }),
         hostile::expect<ValueError>("GradScaler::unscale after a backward of the unscaled loss",
-                                    {"GradScaler::unscale", "scale(loss)"}, [] {
-            const std::vector<Parameter> params = two_parameters();
-            Adam adam(params);
-            GradScaler scaler;
-            backward(params);
-            scaler.unscale(adam);
-        }),
+                                    {"GradScaler::unscale", "scale(loss)"},
+                                    [] { use_after_unscaled_backward<Adam>(&GradScaler::unscale); }),
         hostile::expect<ValueError>("GradScaler::step in a second iteration that forgot scale()",
                                     {"GradScaler::step", "since the last step()"}, [] {
             AfterOneStep run;

@@ -1,20 +1,19 @@
 // Hostile inputs to capturable training (issue 15): GradScaler's options, call order, collapse and checkpoint
 // state; WarmupCosineLR's settings; dropout's seed tensor; the gated optimizer step; CapturedStep's guard options.
 #include <cstdint>
-#include <limits>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "dyngrad/dyngrad.h"
 #include "hostile.h"
+#include "test_support.h"
 
 using namespace dyngrad;
+using dgtest::kInf;
+using dgtest::kNaN;
 
 namespace {
-
-constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 std::vector<Parameter> one_parameter() {
     Generator gen(41);
@@ -28,6 +27,14 @@ void backward(const std::vector<Parameter>& params, GradScaler* scaler = nullptr
     Var loss = sum(w * w);
     graph.backward(scaler != nullptr ? scaler->scale(loss) : loss);
 }
+
+// One parameter, its SGD and a scaler, after one scaled backward.
+struct AfterScaledBackward {
+    std::vector<Parameter> params = one_parameter();
+    SGD sgd{params};
+    GradScaler scaler;
+    AfterScaledBackward() { backward(params, &scaler); }
+};
 
 // A scaler's checkpoint state, then `edit` applied to it, loaded into a fresh scaler.
 template <typename Edit>
@@ -46,59 +53,55 @@ Tensor count_of(std::int64_t value) { return Tensor::from_vector(std::vector<std
 
 void dropout_with_seed(const Tensor& seed) { dropout(Tensor::ones({4, 4}), 0.5, true, seed); }
 
+// GradScaler options out of their ranges: each constructor call must name the option and its value.
+struct BadScalerOption {
+    std::string label;
+    std::vector<std::string> keys;
+    GradScalerOptions options;
+};
+const BadScalerOption bad_scaler_options[] = {
+    {"GradScaler init_scale 0", {"GradScaler", "init_scale", "0"}, {.init_scale = 0}},
+    {"GradScaler init_scale negative", {"init_scale", "-8"}, {.init_scale = -8}},
+    {"GradScaler init_scale inf", {"init_scale", "inf"}, {.init_scale = kInf}},
+    {"GradScaler init_scale NaN", {"init_scale", "nan"}, {.init_scale = kNaN}},
+    {"GradScaler growth_factor 1 (never grows)", {"growth_factor", "above 1"}, {.growth_factor = 1}},
+    {"GradScaler growth_factor 0.5 (shrinks)", {"growth_factor", "0.5"}, {.growth_factor = 0.5}},
+    {"GradScaler growth_factor inf", {"growth_factor", "inf"}, {.growth_factor = kInf}},
+    {"GradScaler backoff_factor 0", {"backoff_factor", "(0, 1)"}, {.backoff_factor = 0}},
+    {"GradScaler backoff_factor 1 (never backs off)", {"backoff_factor", "1"}, {.backoff_factor = 1}},
+    {"GradScaler backoff_factor 2", {"backoff_factor", "2"}, {.backoff_factor = 2}},
+    {"GradScaler backoff_factor NaN", {"backoff_factor", "nan"}, {.backoff_factor = kNaN}},
+    {"GradScaler growth_interval 0", {"growth_interval", "0"}, {.growth_interval = 0}},
+    {"GradScaler growth_interval negative", {"growth_interval", "-5"}, {.growth_interval = -5}},
+    {"GradScaler max_consecutive_skips 0", {"max_consecutive_skips"}, {.max_consecutive_skips = 0}},
+    {"GradScaler min_scale negative", {"min_scale", "-1"}, {.min_scale = -1}},
+    {"GradScaler min_scale NaN", {"min_scale", "nan"}, {.min_scale = kNaN}},
+};
+
+std::vector<hostile::Case> scaler_option_cases() {
+    std::vector<hostile::Case> cases;
+    for (const BadScalerOption& bad : bad_scaler_options)
+        cases.push_back(
+            hostile::expect<ValueError>(bad.label, bad.keys, [options = bad.options] { GradScaler{options}; }));
+    return cases;
+}
+
+const bool added_options = hostile::add("capturable training", scaler_option_cases());
 const bool added = hostile::add(
     "capturable training",
     {
-        hostile::expect<ValueError>("GradScaler init_scale 0", {"GradScaler", "init_scale", "0"},
-                                    [] { GradScaler({.init_scale = 0}); }),
-        hostile::expect<ValueError>("GradScaler init_scale negative", {"init_scale", "-8"},
-                                    [] { GradScaler({.init_scale = -8}); }),
-        hostile::expect<ValueError>("GradScaler init_scale inf", {"init_scale", "inf"},
-                                    [] { GradScaler({.init_scale = kInf}); }),
-        hostile::expect<ValueError>("GradScaler init_scale NaN", {"init_scale", "nan"},
-                                    [] { GradScaler({.init_scale = kNaN}); }),
-        hostile::expect<ValueError>("GradScaler growth_factor 1 (never grows)", {"growth_factor", "above 1"},
-                                    [] { GradScaler({.growth_factor = 1}); }),
-        hostile::expect<ValueError>("GradScaler growth_factor 0.5 (shrinks)", {"growth_factor", "0.5"},
-                                    [] { GradScaler({.growth_factor = 0.5}); }),
-        hostile::expect<ValueError>("GradScaler growth_factor inf", {"growth_factor", "inf"},
-                                    [] { GradScaler({.growth_factor = kInf}); }),
-        hostile::expect<ValueError>("GradScaler backoff_factor 0", {"backoff_factor", "(0, 1)"},
-                                    [] { GradScaler({.backoff_factor = 0}); }),
-        hostile::expect<ValueError>("GradScaler backoff_factor 1 (never backs off)", {"backoff_factor", "1"},
-                                    [] { GradScaler({.backoff_factor = 1}); }),
-        hostile::expect<ValueError>("GradScaler backoff_factor 2", {"backoff_factor", "2"},
-                                    [] { GradScaler({.backoff_factor = 2}); }),
-        hostile::expect<ValueError>("GradScaler backoff_factor NaN", {"backoff_factor", "nan"},
-                                    [] { GradScaler({.backoff_factor = kNaN}); }),
-        hostile::expect<ValueError>("GradScaler growth_interval 0", {"growth_interval", "0"},
-                                    [] { GradScaler({.growth_interval = 0}); }),
-        hostile::expect<ValueError>("GradScaler growth_interval negative", {"growth_interval", "-5"},
-                                    [] { GradScaler({.growth_interval = -5}); }),
-        hostile::expect<ValueError>("GradScaler max_consecutive_skips 0", {"max_consecutive_skips"},
-                                    [] { GradScaler({.max_consecutive_skips = 0}); }),
-        hostile::expect<ValueError>("GradScaler min_scale negative", {"min_scale", "-1"},
-                                    [] { GradScaler({.min_scale = -1}); }),
-        hostile::expect<ValueError>("GradScaler min_scale NaN", {"min_scale", "nan"},
-                                    [] { GradScaler({.min_scale = kNaN}); }),
         hostile::expect<ValueError>("GradScaler::update before any step", {"update", "step()"},
                                     [] { GradScaler().update(); }),
         hostile::expect<ValueError>("GradScaler::update twice after one step", {"update", "no step()"}, [] {
-            const std::vector<Parameter> params = one_parameter();
-            SGD sgd(params);
-            GradScaler scaler;
-            backward(params, &scaler);
-            scaler.step(sgd);
-            scaler.update();
-            scaler.update();
+            AfterScaledBackward run;
+            run.scaler.step(run.sgd);
+            run.scaler.update();
+            run.scaler.update();
         }),
         hostile::expect<ValueError>("GradScaler::unscale twice in one step", {"unscale", "once per step"}, [] {
-            const std::vector<Parameter> params = one_parameter();
-            SGD sgd(params);
-            GradScaler scaler;
-            backward(params, &scaler);
-            scaler.unscale(sgd);
-            scaler.unscale(sgd);
+            AfterScaledBackward run;
+            run.scaler.unscale(run.sgd);
+            run.scaler.unscale(run.sgd);
         }),
         hostile::expect<NumericalError>("a loss scale that collapses (inf gradients at every scale)",
                                         {"GradScaler", "collapsed", "consecutive skipped steps"}, [] {

@@ -2,6 +2,7 @@
 // The programs themselves are run with bad arguments by CTest (dyngrad_bad_arguments_test in
 // tests/CMakeLists.txt, cases in bench/ and samples/CMakeLists.txt).
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "../../cli/command_line.h"
@@ -29,6 +30,23 @@ hostile::Case bad_real(std::string text, std::vector<std::string> keys, double m
 hostile::Case bad_int(std::string text, std::vector<std::string> keys, std::int64_t min = 1, std::int64_t max = 1000) {
     return hostile::expect<UsageError>(str("--epochs '", text, "'"), std::move(keys),
                                        [=] { cli::parse_int("--epochs", text, min, max); });
+}
+hostile::Case bad_device(std::string text, std::vector<std::string> keys, std::string note = "") {
+    keys.insert(keys.begin(), "--device");
+    return hostile::expect<UsageError>(str("--device ", text, note), std::move(keys),
+                                       [=] { cli::parse_device("--device", text); });
+}
+// A path option and the check its program makes of it.
+struct PathOption {
+    const char* name;
+    std::string (*check)(std::string_view option, std::string_view text);
+};
+constexpr PathOption kData{"--data", cli::existing_directory}, kLoad{"--load", cli::existing_file},
+    kCsv{"--csv", cli::output_file};
+hostile::Case bad_path(PathOption option, std::string what, std::string path, std::vector<std::string> keys) {
+    keys.insert(keys.begin(), option.name);
+    return hostile::expect<UsageError>(str(option.name, " ", what), std::move(keys),
+                                       [=] { option.check(option.name, path); });
 }
 hostile::Case bad_words(std::string label, std::vector<std::string> words, std::vector<std::string> keys) {
     return hostile::expect<UsageError>(std::move(label), std::move(keys), [=] { parse(words); });
@@ -65,37 +83,25 @@ const bool added = hostile::add(
                                     [] { cli::parse_choice("--model", "LeNet", {"lenet", "mlp"}); }),
         hostile::expect<UsageError>("--model empty", {"--model", "'' is not one of"},
                                     [] { cli::parse_choice("--model", "", {"lenet", "mlp"}); }),
-        hostile::expect<UsageError>("--device gpu", {"--device", "'gpu' is not cpu, cuda or cuda:N"},
-                                    [] { cli::parse_device("--device", "gpu"); }),
-        hostile::expect<UsageError>("--device cuda:-1", {"--device", "-1 is out of range"},
-                                    [] { cli::parse_device("--device", "cuda:-1"); }),
-        hostile::expect<UsageError>("--device cuda:x", {"--device", "'x' is not an integer"},
-                                    [] { cli::parse_device("--device", "cuda:x"); }),
-        hostile::expect<UsageError>("--device cuda:4096", {"--device", "4096 is out of range"},
-                                    [] { cli::parse_device("--device", "cuda:4096"); }),
-        hostile::expect<UsageError>("--device cuda:1000 (no such device)", {"--device", "cuda:1000 is not available"},
-                                    [] { cli::parse_device("--device", "cuda:1000"); }),
+        bad_device("gpu", {"'gpu' is not cpu, cuda or cuda:N"}),
+        bad_device("cuda:-1", {"-1 is out of range"}),
+        bad_device("cuda:x", {"'x' is not an integer"}),
+        bad_device("cuda:4096", {"4096 is out of range"}),
+        bad_device("cuda:1000", {"cuda:1000 is not available"}, " (no such device)"),
         hostile::expect<UsageError>("--device cuda:0 where only cpu is allowed", {"--device", "'cuda:0' is not one of"},
                                     [] { cli::parse_device("--device", "cuda:0", {"cpu", "cuda"}); }),
         // paths
-        hostile::expect<UsageError>("--data naming a regular file", {"--data", "is a regular file, not a directory"},
-                                    [] { cli::existing_directory("--data", "/proc/self/exe"); }),
-        hostile::expect<UsageError>("--data naming nothing", {"--data", "'/nonexistent-dyngrad' does not exist"},
-                                    [] { cli::existing_directory("--data", "/nonexistent-dyngrad"); }),
-        hostile::expect<UsageError>("--data empty", {"--data", "empty path"},
-                                    [] { cli::existing_directory("--data", ""); }),
-        hostile::expect<UsageError>("--data naming a device file", {"--data", "'/dev/null' is not a directory"},
-                                    [] { cli::existing_directory("--data", "/dev/null"); }),
-        hostile::expect<UsageError>("--load naming a directory", {"--load", "'/tmp' is not a regular file"},
-                                    [] { cli::existing_file("--load", "/tmp"); }),
-        hostile::expect<UsageError>("--load naming nothing", {"--load", "does not exist"},
-                                    [] { cli::existing_file("--load", "/nonexistent-dyngrad.safetensors"); }),
-        hostile::expect<UsageError>("--load empty", {"--load", "empty path"}, [] { cli::existing_file("--load", ""); }),
-        hostile::expect<UsageError>("--csv naming a directory", {"--csv", "'/tmp' is a directory, not a file"},
-                                    [] { cli::output_file("--csv", "/tmp"); }),
-        hostile::expect<UsageError>("--csv in a missing directory", {"--csv", "the directory of", "does not exist"},
-                                    [] { cli::output_file("--csv", "/nonexistent-dyngrad/curve.csv"); }),
-        hostile::expect<UsageError>("--csv empty", {"--csv", "empty path"}, [] { cli::output_file("--csv", ""); }),
+        bad_path(kData, "naming a regular file", "/proc/self/exe", {"is a regular file, not a directory"}),
+        bad_path(kData, "naming nothing", "/nonexistent-dyngrad", {"'/nonexistent-dyngrad' does not exist"}),
+        bad_path(kData, "empty", "", {"empty path"}),
+        bad_path(kData, "naming a device file", "/dev/null", {"'/dev/null' is not a directory"}),
+        bad_path(kLoad, "naming a directory", "/tmp", {"'/tmp' is not a regular file"}),
+        bad_path(kLoad, "naming nothing", "/nonexistent-dyngrad.safetensors", {"does not exist"}),
+        bad_path(kLoad, "empty", "", {"empty path"}),
+        bad_path(kCsv, "naming a directory", "/tmp", {"'/tmp' is a directory, not a file"}),
+        bad_path(kCsv, "in a missing directory", "/nonexistent-dyngrad/curve.csv",
+                 {"the directory of", "does not exist"}),
+        bad_path(kCsv, "empty", "", {"empty path"}),
         // the shape of the command line
         bad_words("unknown option", {"--learning-rate", "0.1"}, {"unknown option '--learning-rate'"}),
         bad_words("single-dash option", {"-lr", "0.1"}, {"unexpected argument '-lr'"}),

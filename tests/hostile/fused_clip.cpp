@@ -1,18 +1,17 @@
 // Hostile inputs to Optimizer::clip_grad_norm_and_step (clip_grad_norm fused into the optimizer's step): the
 // arguments clip_grad_norm refuses, and gradients it cannot clip; each is refused before anything changes.
 #include <cmath>
-#include <limits>
 #include <vector>
 
 #include "dyngrad/dyngrad.h"
 #include "hostile.h"
+#include "test_support.h"
 
 using namespace dyngrad;
+using dgtest::kInf;
+using dgtest::kNaN;
 
 namespace {
-
-constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 std::vector<Parameter> parameters_with_grads() {
     Generator gen(77);

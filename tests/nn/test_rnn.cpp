@@ -3,6 +3,7 @@
 // named weight layout, the layers, narrow/concat values, and the errors for bad inputs. With a CUDA
 // device, also the cuDNN path: float64, inference vs training forwards, and a second backward.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -189,22 +190,29 @@ void check_runs(const Run& actual, const Run& reference, double tolerance) {
     check_close("dc0", actual.dc0, reference.dc0, tolerance);
 }
 
+// One section per configuration of the table, each given inputs of `sizes` (sequence, batch, input features)
+// drawn from a generator seeded `seed + k` for the k-th configuration.
+template <typename Body>
+void for_each_config(std::uint64_t seed, const std::array<std::int64_t, 3>& sizes, Body body) {
+    const std::vector<Config> all = configs();
+    for (std::size_t k = 0; k < all.size(); ++k) {
+        DYNAMIC_SECTION(describe(all[k])) {
+            Generator gen(seed + k);
+            body(all[k], make_inputs(all[k], sizes[0], sizes[1], sizes[2], gen));
+        }
+    }
+}
+
 }  // namespace
 
 TEST_CASE("the rnn op equals the same network composed from our ops", "[rnn][composite]") {
-    const std::vector<Config> all = configs();
-    for (std::size_t k = 0; k < all.size(); ++k) {
-        const Config& c = all[k];
-        DYNAMIC_SECTION(describe(c)) {
-            Generator gen(500 + k);
-            const Inputs in = make_inputs(c, 4, 3, 5, gen);
-            const Run op = run(c, in, true);
-            const Run composed = run(c, in, false);
-            check_runs(op, composed, 1e-12);
-            // Not a vacuous comparison: the loss reaches every input.
-            CHECK(relative_norm_error(op.dw, Tensor::zeros(op.dw.shape(), DType::f64)) > 0);
-        }
-    }
+    for_each_config(500, {4, 3, 5}, [](const Config& c, const Inputs& in) {
+        const Run op = run(c, in, true);
+        const Run composed = run(c, in, false);
+        check_runs(op, composed, 1e-12);
+        // Not a vacuous comparison: the loss reaches every input.
+        CHECK(relative_norm_error(op.dw, Tensor::zeros(op.dw.shape(), DType::f64)) > 0);
+    });
 }
 
 TEST_CASE("a second backward over a retained rnn graph doubles the gradients", "[rnn][retain]") {
@@ -378,28 +386,22 @@ TEST_CASE("rnn on the GPU matches the CPU in float64, in both forward modes and 
     // On a CPU-only machine the table's gpu_vs_cpu checks cover the rest.
     if (cuda_device_count() == 0) DG_SKIP("needs a CUDA device");
     const Device gpu = Device::cuda(0);
-    const std::vector<Config> all = configs();
-    for (std::size_t k = 0; k < all.size(); ++k) {
-        const Config& c = all[k];
-        DYNAMIC_SECTION(describe(c)) {
-            Generator gen(900 + k);
-            const Inputs cpu_in = make_inputs(c, 5, 3, 4, gen);
-            Inputs gpu_in = cpu_in;
-            for (Tensor* t : {&gpu_in.x, &gpu_in.w, &gpu_in.h0, &gpu_in.c0, &gpu_in.wy, &gpu_in.wh, &gpu_in.wc})
-                *t = t->to(gpu);
-            const Run reference = run(c, cpu_in, true);
-            check_runs(run(c, gpu_in, true), reference, 1e-10);
-            // retain_graph: the second backward adds the same gradients again.
-            const Run twice = run(c, gpu_in, true, 2);
-            CHECK(relative_norm_error(twice.dw.to(Device::cpu()), reference.dw) == dgtest::Approx(1.0).epsilon(1e-9));
-            // Inference mode (no reserve space) gives the training-mode values.
-            NoGradGuard no_grad;
-            ComputeGraph graph;
-            const RnnResult r = rnn(c.mode, graph.input(gpu_in.x), graph.input(gpu_in.w), c.options,
-                                    c.with_h0 ? std::optional<Var>(graph.input(gpu_in.h0)) : std::nullopt,
-                                    c.with_c0 ? std::optional<Var>(graph.input(gpu_in.c0)) : std::nullopt);
-            check_close("inference output", r.output.value(), reference.output, 1e-10);
-            check_close("inference h_n", r.h_n.value(), reference.h_n, 1e-10);
-        }
-    }
+    for_each_config(900, {5, 3, 4}, [&](const Config& c, const Inputs& cpu_in) {
+        Inputs gpu_in = cpu_in;
+        for (Tensor* t : {&gpu_in.x, &gpu_in.w, &gpu_in.h0, &gpu_in.c0, &gpu_in.wy, &gpu_in.wh, &gpu_in.wc})
+            *t = t->to(gpu);
+        const Run reference = run(c, cpu_in, true);
+        check_runs(run(c, gpu_in, true), reference, 1e-10);
+        // retain_graph: the second backward adds the same gradients again.
+        const Run twice = run(c, gpu_in, true, 2);
+        CHECK(relative_norm_error(twice.dw.to(Device::cpu()), reference.dw) == dgtest::Approx(1.0).epsilon(1e-9));
+        // Inference mode (no reserve space) gives the training-mode values.
+        NoGradGuard no_grad;
+        ComputeGraph graph;
+        const RnnResult r = rnn(c.mode, graph.input(gpu_in.x), graph.input(gpu_in.w), c.options,
+                                c.with_h0 ? std::optional<Var>(graph.input(gpu_in.h0)) : std::nullopt,
+                                c.with_c0 ? std::optional<Var>(graph.input(gpu_in.c0)) : std::nullopt);
+        check_close("inference output", r.output.value(), reference.output, 1e-10);
+        check_close("inference h_n", r.h_n.value(), reference.h_n, 1e-10);
+    });
 }

@@ -53,6 +53,19 @@ struct ExpProduct {
     }
 };
 
+// The leaves of Σ c·exp(x·p) on a fresh graph: random x (an input that requires grad), p (a parameter) and c,
+// with the exact gradients f.
+struct ExpProductLeaves {
+    explicit ExpProductLeaves(std::int64_t n)
+        : x0(randn({n})), p0(randn({n})), c0(randn({n})), f{x0.to_vector(), p0.to_vector(), c0.to_vector()},
+          p(p0.clone(), "p"), x(g.input(x0, "x", true)) {}
+    Tensor x0, p0, c0;
+    ExpProduct f;
+    Parameter p;
+    ComputeGraph g;
+    Var x;
+};
+
 // Waits (up to 20 s, so a broken build fails instead of hanging) until `flag` is set.
 void wait_for(const std::atomic<bool>& flag) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -129,11 +142,8 @@ TEST_CASE("issue 11 repro: a retained graph run twice gives a parameter twice th
 }
 
 TEST_CASE("retained passes add one pass each into inputs, parameters and their Vars", "[trust][retain]") {
-    const Tensor x0 = randn({5}), p0 = randn({5}), c0 = randn({5});
-    const ExpProduct f{x0.to_vector(), p0.to_vector(), c0.to_vector()};
-    Parameter p(p0.clone(), "p");
-    ComputeGraph g;
-    Var x = g.input(x0, "x", true);
+    ExpProductLeaves leaves(5);
+    auto& [x0, p0, c0, f, p, g, x] = leaves;
     Var pv = g.parameter(p);
     Var loss = sum(mul(exp(mul(x, pv)), g.constant(c0)));
 
@@ -146,11 +156,8 @@ TEST_CASE("retained passes add one pass each into inputs, parameters and their V
 }
 
 TEST_CASE("zero_grad between two retained passes leaves one pass's gradient", "[trust][retain]") {
-    const Tensor x0 = randn({4}), p0 = randn({4}), c0 = randn({4});
-    const ExpProduct f{x0.to_vector(), p0.to_vector(), c0.to_vector()};
-    Parameter p(p0.clone(), "p");
-    ComputeGraph g;
-    Var x = g.input(x0, "x", true);
+    ExpProductLeaves leaves(4);
+    auto& [x0, p0, c0, f, p, g, x] = leaves;
     Var loss = sum(mul(exp(mul(x, g.parameter(p))), g.constant(c0)));
     g.backward(loss, {.retain_graph = true});
     p.zero_grad();
@@ -211,11 +218,8 @@ TEST_CASE("two heads of one retained graph add their own gradients", "[trust][re
 }
 
 TEST_CASE("a retained pass followed by one with free_values", "[trust][retain][free_values]") {
-    const Tensor x0 = randn({5}), p0 = randn({5}), c0 = randn({5});
-    const ExpProduct f{x0.to_vector(), p0.to_vector(), c0.to_vector()};
-    Parameter p(p0.clone(), "p");
-    ComputeGraph g;
-    Var x = g.input(x0, "x", true);
+    ExpProductLeaves leaves(5);
+    auto& [x0, p0, c0, f, p, g, x] = leaves;
     Var e = exp(mul(x, g.parameter(p))).name("e");
     Var loss = sum(mul(e, g.constant(c0)));
     g.backward(loss, {.retain_graph = true, .free_values = true});  // free_values is ignored with retain_graph

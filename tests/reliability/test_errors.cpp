@@ -12,10 +12,7 @@ using dgtest::ApproxVector;
 using dgtest::MessageHas;
 
 namespace {
-Tensor randn(const Shape& shape, DType dtype = DType::f32) {
-    static Generator gen(1234);
-    return Tensor::normal(shape, 0.0, 1.0, gen, dtype);
-}
+dgtest::NormalDraws randn(1234, DType::f32);
 }  // namespace
 
 TEST_CASE("shapes that do not broadcast", "[errors][shape]") {

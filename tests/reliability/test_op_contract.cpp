@@ -64,15 +64,10 @@ TEST_CASE("a custom forward whose output disagrees with its shape rule is refuse
     CHECK_THROWS_MATCHES(wrong_dtype({x}), GraphError,
                          MessageHas({"custom op 'f32_output'", "returned (3,4) float32", "gave (3,4) float64"}));
     // Class 10: an undefined output used to be recorded and blamed later on free_values.
-    try {
-        undefined({x});
-        FAIL("an undefined forward output was recorded");
-    } catch (const GraphError& e) {
-        const std::string message = e.what();
-        CHECK_THAT(message, dgtest::Contains("custom op 'undefined_output': its forward returned an undefined tensor"));
-        CHECK_THAT(message, dgtest::Contains("(3,4) float64 cpu"));
-        CHECK(message.find("free_values") == std::string::npos);
-    }
+    CHECK_THROWS_MATCHES(undefined({x}), GraphError,
+                         MessageHas({"custom op 'undefined_output': its forward returned an undefined tensor",
+                                     "(3,4) float64 cpu"}) &&
+                             !MessageHas({"free_values"}));
     // Nothing was recorded: the graph still works.
     CHECK(g.size() == 1);
     CHECK_NOTHROW(g.backward(sum(mul(x, x))));
@@ -250,15 +245,10 @@ TEST_CASE("verify with a wrong-shaped output gradient names that gradient, not r
     ComputeGraph g;
     Var x = g.input(random({3, 4}, gen), "x", true);
     Var y = tanh(x);
-    try {
-        verify(g, y, Tensor::ones({4, 3}, DType::f64));
-        FAIL("verify accepted a (4,3) gradient for a (3,4) output");
-    } catch (const GraphError& e) {
-        const std::string message = e.what();
-        CHECK_THAT(message, dgtest::Contains("output gradient grad_output (4,3) float64 cpu does not match the output"));
-        CHECK_THAT(message, dgtest::Contains("(3,4)"));
-        CHECK(message.find("retain_grads") == std::string::npos);
-    }
+    CHECK_THROWS_MATCHES(verify(g, y, Tensor::ones({4, 3}, DType::f64)), GraphError,
+                         MessageHas({"output gradient grad_output (4,3) float64 cpu does not match the output",
+                                     "(3,4)"}) &&
+                             !MessageHas({"retain_grads"}));
 }
 
 TEST_CASE("an LSTM fed the wrong number of features says so instead of blaming the weight", "[trust][messages]") {
@@ -271,15 +261,9 @@ TEST_CASE("an LSTM fed the wrong number of features says so instead of blaming t
                          MessageHas({"lstm layer", "x (2,3,5) has 5 features", "built for input size 4"}));
     // The functional form has no layer to ask: the shape rule recognises a weight made for another input size.
     Var w = g.parameter(layer.weight);
-    try {
-        lstm(x, w, options);
-        FAIL("lstm accepted x with 5 features and a weight for 4");
-    } catch (const ShapeError& e) {
-        const std::string message = e.what();
-        CHECK_THAT(message, dgtest::Contains("has 5 features"));
-        CHECK_THAT(message, dgtest::Contains("flat weight of lstm with input 4, hidden 3"));
-        CHECK(message.find("needs a flat weight") == std::string::npos);
-    }
+    CHECK_THROWS_MATCHES(lstm(x, w, options), ShapeError,
+                         MessageHas({"has 5 features", "flat weight of lstm with input 4, hidden 3"}) &&
+                             !MessageHas({"needs a flat weight"}));
 }
 
 TEST_CASE("anomaly mode with a NaN in a weight names the parameter, not linear's internal transpose",

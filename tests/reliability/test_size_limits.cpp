@@ -16,16 +16,11 @@
 #include "test_support.h"
 
 using namespace dyngrad;
+using dgtest::kInf;
+using dgtest::kNaN;
 using dgtest::randn;
 using namespace dgtest::size_limits;
 using dgtest::MessageHas;
-
-namespace {
-
-const double kNaN = std::numeric_limits<double>::quiet_NaN();
-const double kInf = std::numeric_limits<double>::infinity();
-
-}  // namespace
 
 // ---- class 3: the helper itself ----
 

@@ -5,12 +5,16 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <vector>
 
 #include "catch.h"
 #include "dyngrad/dyngrad.h"
 
 namespace dgtest {
+
+inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+inline constexpr double kInf = std::numeric_limits<double>::infinity();
 
 inline dyngrad::Tensor f64(std::initializer_list<double> values) {
     return dyngrad::Tensor::of(values, dyngrad::DType::f64);
@@ -27,6 +31,21 @@ inline dyngrad::Tensor randn(const dyngrad::Shape& shape, std::uint64_t seed, dy
     dyngrad::Generator gen(seed);
     return dyngrad::Tensor::normal(shape, 0.0, 1.0, gen, dtype);
 }
+
+// Standard-normal tensors drawn one after another from one generator seeded once, so a file's draws repeat
+// in order from run to run: `dgtest::NormalDraws randn(77, DType::f64);` then `randn({3, 4})`.
+class NormalDraws {
+public:
+    NormalDraws(std::uint64_t seed, dyngrad::DType dtype) : gen_(seed), dtype_(dtype) {}
+    dyngrad::Tensor operator()(const dyngrad::Shape& shape) { return (*this)(shape, dtype_); }
+    dyngrad::Tensor operator()(const dyngrad::Shape& shape, dyngrad::DType dtype) {
+        return dyngrad::Tensor::normal(shape, 0.0, 1.0, gen_, dtype);
+    }
+
+private:
+    dyngrad::Generator gen_;
+    dyngrad::DType dtype_;
+};
 
 // max |a[i] − b[i]| over the elements of two tensors of the same size (any dtype; read as double).
 inline double max_abs_diff(const dyngrad::Tensor& a, const dyngrad::Tensor& b) {
