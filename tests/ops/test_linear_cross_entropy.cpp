@@ -135,6 +135,107 @@ TEST_CASE("linear_cross_entropy: the backward that recomputes the chunks when th
     }
 }
 
+TEST_CASE("linear_cross_entropy: bf16/f16 inputs give a float32 loss and gradients in the inputs' dtype",
+          "[linear_cross_entropy][reduced]") {
+    // Outside autocast. The CPU computes 16-bit inputs through f32 (graph/through_f32.h): the loss is exactly the
+    // f32 loss of the rounded inputs, and each gradient the f32 gradient rounded once to the input's dtype.
+    const ChunkElements chunking(3 * 7);  // 10 rows in chunks of 3: a remainder
+    for (const DType dtype : {DType::bf16, DType::f16}) {
+        for (const Reduction reduction : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
+            INFO(dtype_name(dtype) << ", reduction " << static_cast<int>(reduction));
+            Generator gen(61);
+            Problem p = problem(10, 6, 7, 2, -100, DType::f32, gen);
+            const Tensor x16 = p.x.to(dtype), w16 = p.weight.to(dtype);
+            const Tensor upstream =
+                Tensor::normal(reduction == Reduction::None ? Shape{10} : Shape{}, 0.0, 1.0, gen, DType::f32);
+            const LinearCrossEntropyOptions options{.reduction = reduction, .label_smoothing = 0.1, .classes = 7};
+            ComputeGraph graph;
+            const Var x = graph.input(x16, "x", true);
+            const Var w = graph.input(w16, "weight", true);
+            const Var loss = linear_cross_entropy(x, w, graph.input(p.labels), options);
+            REQUIRE(loss.dtype() == DType::f32);
+            graph.backward(sum(mul(loss, graph.input(upstream.reshaped(loss.shape())))));
+            REQUIRE(x.grad().dtype() == dtype);
+            REQUIRE(w.grad().dtype() == dtype);
+            p.x = x16.to(DType::f32);
+            p.weight = w16.to(DType::f32);
+            const Result f32 = run(p, options, true, upstream);
+            CHECK(loss.value().to_vector() == f32.loss);
+            CHECK(x.grad().to_vector() == Tensor::from_vector(f32.dx, {10, 6}, DType::f32).to(dtype).to_vector());
+            CHECK(w.grad().to_vector() == Tensor::from_vector(f32.dw, {9, 6}, DType::f32).to(dtype).to_vector());
+            // The eager overload: the same float32 loss.
+            CHECK(linear_cross_entropy(x16, w16, p.labels, options).dtype() == DType::f32);
+        }
+    }
+}
+
+TEST_CASE("linear_cross_entropy and GPT::loss under autocast: 16-bit GEMMs, a float32 loss, f32 gradients",
+          "[linear_cross_entropy][reduced][autocast]") {
+    for (const DType reduced : {DType::bf16, DType::f16}) {
+        INFO(dtype_name(reduced));
+        // bf16 keeps 8 significant bits, f16 11: the loss and gradients of rounded inputs, against the f32 run.
+        const double tolerance = reduced == DType::bf16 ? 3e-2 : 4e-3;
+        Generator gen(67);
+        const Problem p = problem(12, 8, 9, 3, -100, DType::f32, gen);
+        const LinearCrossEntropyOptions options{.label_smoothing = 0.05, .classes = 9};
+        const Result f32 = run(p, options, true, Tensor::ones({}, DType::f32));
+        ComputeGraph graph;
+        const Var x = graph.input(p.x, "x", true);
+        const Var w = graph.input(p.weight, "weight", true);
+        Var loss;
+        {
+            const AutocastGuard autocast(reduced);
+            loss = linear_cross_entropy(x, w, graph.input(p.labels), options);
+        }
+        int casts = 0;
+        for (NodeId id = 0; id < graph.size(); ++id) casts += graph.node(id).op == OpType::Cast;
+        CHECK(casts == 2);  // x and the weight down to `reduced`; the loss is float32 already
+        REQUIRE(loss.dtype() == DType::f32);
+        graph.backward(loss);
+        REQUIRE(x.grad().dtype() == DType::f32);  // the casts' backward: back to the f32 inputs' dtype
+        REQUIRE(w.grad().dtype() == DType::f32);
+        require_close(loss.value().to_vector(), f32.loss, tolerance, "loss");
+        require_close(x.grad().to_vector(), f32.dx, tolerance, "dx");
+        require_close(w.grad().to_vector(), f32.dw, tolerance, "dW");
+
+        // GPT-2's path: GPT::loss under autocast against the same model in f32.
+        Generator model_gen(71);
+        const GPTConfig config{.vocab_size = 13, .context = 8, .layers = 1, .heads = 2, .width = 16,
+                               .padded_vocab_size = 16, .tie_embeddings = true};
+        GPT model(config, model_gen);
+        std::vector<std::int64_t> tokens, targets;
+        for (int i = 0; i < 2 * 8; ++i) {
+            tokens.push_back((i * 5 + 3) % 13);
+            targets.push_back((i * 3 + 1) % 13);
+        }
+        double losses[2];
+        std::vector<std::vector<double>> grads[2];
+        for (const bool autocast_on : {true, false}) {
+            model.zero_grad();
+            ComputeGraph g;
+            const Var input = g.input(Tensor::from_vector(tokens, {2, 8}));
+            const Var target = g.input(Tensor::from_vector(targets, {16}));
+            Var gpt_loss;
+            {
+                const AutocastGuard autocast(autocast_on ? reduced : DType::f32);
+                gpt_loss = model.loss(input, target);
+            }
+            REQUIRE(gpt_loss.dtype() == DType::f32);
+            g.backward(gpt_loss);
+            losses[autocast_on ? 0 : 1] = gpt_loss.item();
+            for (const Parameter& param : model.parameters()) {
+                REQUIRE(param.grad().dtype() == DType::f32);
+                grads[autocast_on ? 0 : 1].push_back(param.grad().to_vector());
+            }
+        }
+        CHECK(std::abs(losses[0] - losses[1]) <= tolerance * std::abs(losses[1]));
+        // Every parameter's gradient, the tied head's (the token embedding's) through the fused op.
+        REQUIRE(grads[0].size() == grads[1].size());
+        for (std::size_t k = 0; k < grads[0].size(); ++k)
+            require_close(grads[0][k], grads[1][k], 2 * tolerance, "parameter gradient");
+    }
+}
+
 TEST_CASE("linear_cross_entropy takes x (*, E) with labels (*) and gives None its shape", "[linear_cross_entropy]") {
     Generator gen(9);
     const Tensor x = Tensor::normal({2, 3, 4}, 0.0, 1.0, gen, DType::f64);
