@@ -74,6 +74,40 @@ void require_close(const std::vector<double>& a, const std::vector<double>& b, d
     }
 }
 
+// One step of `model` on a (2, t) batch of tokens and targets in [0, vocab): the loss `loss_of` records from the
+// tokens (2, t) and the flat targets (2t), and every parameter's gradient after its backward (copied out: the
+// next step zeroes the gradients).
+struct GptStep {
+    Tensor loss;
+    std::vector<std::vector<double>> grads;
+    std::vector<DType> grad_dtypes;
+};
+template <typename LossOf>
+GptStep gpt_step(GPT& model, std::int64_t t, std::int64_t vocab, LossOf&& loss_of) {
+    std::vector<std::int64_t> tokens, targets;
+    for (std::int64_t i = 0; i < 2 * t; ++i) {
+        tokens.push_back((i * 5 + 3) % vocab);
+        targets.push_back((i * 3 + 1) % vocab);
+    }
+    model.zero_grad();
+    ComputeGraph graph;
+    const Var loss =
+        loss_of(graph.input(Tensor::from_vector(tokens, {2, t})), graph.input(Tensor::from_vector(targets, {2 * t})));
+    graph.backward(loss);
+    GptStep step{loss.value(), {}, {}};
+    for (const Parameter& p : model.parameters()) {
+        step.grads.push_back(p.grad().to_vector());
+        step.grad_dtypes.push_back(p.grad().dtype());
+    }
+    return step;
+}
+
+void require_close_grads(const GptStep& a, const GptStep& b, double tolerance) {
+    REQUIRE(a.grads.size() == b.grads.size());
+    for (std::size_t k = 0; k < a.grads.size(); ++k)
+        require_close(a.grads[k], b.grads[k], tolerance, "parameter gradient");
+}
+
 }  // namespace
 
 TEST_CASE("linear_cross_entropy equals cross_entropy(linear(x, W[:C])), padded rows ignored, any chunking",
@@ -203,36 +237,18 @@ TEST_CASE("linear_cross_entropy and GPT::loss under autocast: 16-bit GEMMs, a fl
         const GPTConfig config{.vocab_size = 13, .context = 8, .layers = 1, .heads = 2, .width = 16,
                                .padded_vocab_size = 16, .tie_embeddings = true};
         GPT model(config, model_gen);
-        std::vector<std::int64_t> tokens, targets;
-        for (int i = 0; i < 2 * 8; ++i) {
-            tokens.push_back((i * 5 + 3) % 13);
-            targets.push_back((i * 3 + 1) % 13);
-        }
-        double losses[2];
-        std::vector<std::vector<double>> grads[2];
-        for (const bool autocast_on : {true, false}) {
-            model.zero_grad();
-            ComputeGraph g;
-            const Var input = g.input(Tensor::from_vector(tokens, {2, 8}));
-            const Var target = g.input(Tensor::from_vector(targets, {16}));
-            Var gpt_loss;
-            {
-                const AutocastGuard autocast(autocast_on ? reduced : DType::f32);
-                gpt_loss = model.loss(input, target);
-            }
-            REQUIRE(gpt_loss.dtype() == DType::f32);
-            g.backward(gpt_loss);
-            losses[autocast_on ? 0 : 1] = gpt_loss.item();
-            for (const Parameter& param : model.parameters()) {
-                REQUIRE(param.grad().dtype() == DType::f32);
-                grads[autocast_on ? 0 : 1].push_back(param.grad().to_vector());
-            }
-        }
-        CHECK(std::abs(losses[0] - losses[1]) <= tolerance * std::abs(losses[1]));
+        const auto step_under = [&](DType autocast_dtype) {
+            return gpt_step(model, 8, 13, [&](const Var& input, const Var& target) {
+                const AutocastGuard autocast(autocast_dtype);  // DType::f32: off
+                return model.loss(input, target);
+            });
+        };
+        const GptStep low = step_under(reduced), f32_step = step_under(DType::f32);
+        REQUIRE(low.loss.dtype() == DType::f32);
+        for (const DType dtype : low.grad_dtypes) REQUIRE(dtype == DType::f32);
+        CHECK(std::abs(low.loss.item() - f32_step.loss.item()) <= tolerance * std::abs(f32_step.loss.item()));
         // Every parameter's gradient, the tied head's (the token embedding's) through the fused op.
-        REQUIRE(grads[0].size() == grads[1].size());
-        for (std::size_t k = 0; k < grads[0].size(); ++k)
-            require_close(grads[0][k], grads[1][k], 2 * tolerance, "parameter gradient");
+        require_close_grads(low, f32_step, 2 * tolerance);
     }
 }
 
@@ -293,39 +309,22 @@ TEST_CASE("GPT::loss equals cross_entropy of GPT's logits, padded vocabulary, ti
         const GPTConfig config{.vocab_size = 11, .context = 8, .layers = 1, .heads = 2, .width = 8,
                                .padded_vocab_size = 16, .tie_embeddings = tied};
         GPT model(config, gen);
-        std::vector<std::int64_t> tokens, targets;
-        for (int i = 0; i < 2 * 7; ++i) {
-            tokens.push_back((i * 5 + 3) % 11);
-            targets.push_back((i * 3 + 1) % 11);
-        }
         // Garbage in the padded rows of the head: the fused loss must not see them.
         Parameter head = tied ? model.token_embedding.weight : model.lm_head.weight;
         std::vector<double> values = head.value().to_vector();
         for (std::size_t i = 11 * 8; i < values.size(); ++i) values[i] = 30.0 * std::sin(static_cast<double>(i));
         head.value().copy_from(Tensor::from_vector(values, {16, 8}, DType::f32));
-        double losses[2];
-        std::vector<std::vector<double>> grads[2];
-        for (const bool fused : {true, false}) {
-            model.zero_grad();
-            ComputeGraph g;
-            const Var input = g.input(Tensor::from_vector(tokens, {2, 7}));
-            const Var target = g.input(Tensor::from_vector(targets, {14}));
-            Var loss;
-            if (fused) {
-                loss = model.loss(input, target);
-            } else {
-                const Var logits = model(input);
-                loss = cross_entropy(reshape(logits, {14, 11}), target);
-            }
-            g.backward(loss);
-            losses[fused ? 0 : 1] = loss.item();
-            for (const Parameter& p : model.parameters()) grads[fused ? 0 : 1].push_back(p.grad().to_vector());
-        }
+        const GptStep fused = gpt_step(model, 7, 11, [&](const Var& input, const Var& target) {
+            return model.loss(input, target);
+        });
+        const GptStep reference = gpt_step(model, 7, 11, [&](const Var& input, const Var& target) {
+            return cross_entropy(reshape(model(input), {14, 11}), target);
+        });
         INFO((tied ? "tied" : "untied"));
-        CHECK(std::abs(losses[0] - losses[1]) <= 1e-6);
-        REQUIRE(grads[0].size() == grads[1].size());
-        for (std::size_t k = 0; k < grads[0].size(); ++k) require_close(grads[0][k], grads[1][k], 1e-5, "parameter gradient");
-        for (std::size_t i = 11 * 8; i < grads[0].back().size() && !tied; ++i) CHECK(grads[0].back()[i] == 0.0);
+        CHECK(std::abs(fused.loss.item() - reference.loss.item()) <= 1e-6);
+        require_close_grads(fused, reference, 1e-5);
+        const std::vector<double>& head_grad = fused.grads.back();
+        for (std::size_t i = 11 * 8; i < head_grad.size() && !tied; ++i) CHECK(head_grad[i] == 0.0);
     }
 }
 
