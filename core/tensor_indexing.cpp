@@ -34,16 +34,17 @@ void require_operand(const Tensor& x, const char* op, std::source_location where
     if (!x.defined()) throw ValueError(str(eager_call(op, where), ": input 0 is an undefined tensor"));
 }
 
-// For each of `rows` blocks of `block` bytes: src + r·src_pitch -> dst + r·dst_pitch, on the tensors' device.
-void copy_blocks(const Tensor& src, std::size_t src_pitch, Tensor& dst, std::size_t dst_pitch, std::size_t block,
-                 std::size_t rows, const unsigned char* from) {
+// `rows` blocks of `block` bytes on `device`: block r from `from` + r·src_pitch to `to` + r·dst_pitch.
+void copy_blocks(Device device, void* to, std::size_t dst_pitch, const void* from, std::size_t src_pitch,
+                 std::size_t block, std::size_t rows) {
     if (block == 0 || rows == 0) return;
-    auto* to = static_cast<unsigned char*>(dst.raw_data());
-    if (src.device().is_cpu()) {
-        for (std::size_t r = 0; r < rows; ++r) std::memcpy(to + r * dst_pitch, from + r * src_pitch, block);
+    if (device.is_cpu()) {
+        for (std::size_t r = 0; r < rows; ++r)
+            std::memcpy(static_cast<unsigned char*>(to) + r * dst_pitch,
+                        static_cast<const unsigned char*>(from) + r * src_pitch, block);
         return;
     }
-    device_memory::copy_blocks(to, dst_pitch, from, src_pitch, block, rows, src.device().index);
+    device_memory::copy_blocks(to, dst_pitch, from, src_pitch, block, rows, device.index);
 }
 
 }  // namespace
@@ -124,10 +125,11 @@ Tensor Tensor::narrow(std::int64_t axis, std::int64_t start, std::int64_t length
     const std::int64_t outer = dyngrad::numel(Shape(shape_.begin(), shape_.begin() + a));
     const std::int64_t inner = dyngrad::numel(Shape(shape_.begin() + a + 1, shape_.end()));
     const std::size_t element = dtype_size(dtype_), row = static_cast<std::size_t>(inner) * element;
+    const std::size_t window = static_cast<std::size_t>(length) * row;
     Tensor y = Tensor::empty(shape, dtype_, device());
     const auto* from = static_cast<const unsigned char*>(raw_data()) + static_cast<std::size_t>(start) * row;
-    copy_blocks(*this, static_cast<std::size_t>(shape_[a]) * row, y, static_cast<std::size_t>(length) * row,
-                static_cast<std::size_t>(length) * row, static_cast<std::size_t>(outer), from);
+    copy_blocks(device(), y.raw_data(), window, from, static_cast<std::size_t>(shape_[a]) * row, window,
+                static_cast<std::size_t>(outer));
     return y;
 }
 
