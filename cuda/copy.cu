@@ -161,8 +161,8 @@ void copy_blocks(void* dst, std::size_t dst_pitch, const void* src, std::size_t 
         DG_CUDA_CHECK(cudaMemcpyAsync(dst, src, block * rows, cudaMemcpyDeviceToDevice, ctx.stream));
         return;
     }
-    // A 2D copy takes pitches up to the device's limit (2^31 - 1 bytes on current GPUs); rows further apart than
-    // that (a narrow of rows over 2 GiB) go one copy each: few rows, since each is that large.
+    // A 2D copy takes pitches up to the device's limit (cudaDevAttrMaxPitch); rows further apart than that go one
+    // copy each: few rows, since each is that large.
     int max_pitch = 0;
     DG_CUDA_CHECK(cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, device));
     const auto limit = static_cast<std::size_t>(max_pitch);
