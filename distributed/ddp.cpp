@@ -7,8 +7,8 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "dyngrad/core/device_memory.h"
 #include "dyngrad/core/error.h"
-#include "dyngrad/distributed/device_streams.h"
 #include "dyngrad/distributed/group_impl.h"
 
 namespace dyngrad::dist {
@@ -48,7 +48,7 @@ void divide(Tensor& t, double by) {
 }
 
 void copy_bytes(void* dst, const void* src, std::size_t bytes, Device device) {
-    if (device.is_cuda()) device_copy(dst, src, bytes, device.index);
+    if (device.is_cuda()) device_memory::copy(dst, device, src, device, bytes);
     else if (bytes) std::memcpy(dst, src, bytes);
 }
 
@@ -219,9 +219,10 @@ void DistributedDataParallel::launch(std::size_t index) {
     const std::string what = g.what(str("DistributedDataParallel bucket ", index, " all_reduce(avg)"), b.flat);
     const auto count = static_cast<std::size_t>(b.flat.numel());
     if (b.flat.device().is_cuda()) {
+        NcclComm& comm = g.nccl_for(b.flat, what);  // DeviceError without NCCL, before the stream is touched
         hand_bucket_to_comm(*st.streams, index);
-        nccl_all_reduce(g.nccl_for(b.flat, what), b.flat.raw_data(), b.flat.raw_data(), count, b.flat.dtype(),
-                        ReduceOp::Avg, comm_stream(*st.streams), what);
+        nccl_all_reduce(comm, b.flat.raw_data(), b.flat.raw_data(), count, b.flat.dtype(), ReduceOp::Avg,
+                        comm_stream(*st.streams), what);
     } else {
         b.request = g.start_mpi_all_reduce(b.flat.raw_data(), count, b.flat.dtype(), what);
     }
@@ -236,9 +237,11 @@ void DistributedDataParallel::finish() {
         const std::size_t element = dtype_size(bucket.flat.dtype());
         char* dst = static_cast<char*>(bucket.flat.raw_data()) + slot.offset * element;
         const Tensor& grad = slot.parameter.grad();
-        const std::size_t bytes = static_cast<std::size_t>(slot.parameter.value().numel()) * element;
+        const std::int64_t numel = slot.parameter.value().numel();
+        const std::size_t bytes = static_cast<std::size_t>(numel) * element;
         if (grad.defined()) copy_bytes(dst, grad.raw_data(), bytes, bucket.flat.device());
-        else if (bucket.flat.device().is_cuda()) device_zero(dst, bytes, bucket.flat.device().index);
+        else if (bucket.flat.device().is_cuda())
+            device_memory::fill(dst, numel, 0.0, bucket.flat.dtype(), bucket.flat.device().index);
         else std::memset(dst, 0, bytes);
         slot.ready = true;
         --bucket.pending;

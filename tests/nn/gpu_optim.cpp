@@ -64,7 +64,7 @@ double scaled_difference(const Tensor& gpu, const Tensor& cpu) {
 }
 
 // Both backends apply the same formulas in the same order and precision, with the per-step scalars computed
-// in double on the host and cast identically (nn/optim_math.h); they differ only where nvcc contracts
+// in double on the host and cast identically (nn/optim_internal.h); they differ only where nvcc contracts
 // a·b + c into one FMA (one rounding instead of two): about one ulp of the largest term per operation, five
 // operations per update, over seven steps ~40 ulps of the tensor's largest magnitude (momentum buffers reach
 // ~10× the gradient; Adam's m/√v is bounded by 1/√(1−β2)). The bounds leave a few times that; a wrong
