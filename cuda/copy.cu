@@ -135,17 +135,6 @@ void launch_fill(const DeviceContext& ctx, void* dst, std::int64_t n, double val
     launch_fill_element<T>(ctx, dst, n, static_cast<T>(value));
 }
 
-// Row r's `block` units from src + r·src_pitch to dst + r·dst_pitch (all in units), grid-stride over rows·block.
-template <typename Unit>
-__global__ void copy_blocks_kernel(Unit* __restrict__ dst, std::size_t dst_pitch, const Unit* __restrict__ src,
-                                   std::size_t src_pitch, std::int64_t block, std::int64_t total) {
-    const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
-        const auto row = static_cast<std::size_t>(i / block), column = static_cast<std::size_t>(i % block);
-        dst[row * dst_pitch + column] = src[row * src_pitch + column];
-    }
-}
-
 }  // namespace
 
 void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) {
@@ -172,23 +161,21 @@ void copy_blocks(void* dst, std::size_t dst_pitch, const void* src, std::size_t 
         DG_CUDA_CHECK(cudaMemcpyAsync(dst, src, block * rows, cudaMemcpyDeviceToDevice, ctx.stream));
         return;
     }
-    // A kernel, not cudaMemcpy2DAsync: on the H200 (CUDA 13.0) 2D device-to-device copies whose widths and pitches
-    // were odd multiples of 2 bytes gave wrong windows (tests/core/gpu_tensor_indexing.cpp, bf16 and f16).
-    const std::size_t alignment = reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src) |
-                                  dst_pitch | src_pitch | block;
-    const auto launch = [&]<typename Unit>() {
-        const std::size_t unit = sizeof(Unit);
-        const auto total = static_cast<std::int64_t>(rows * (block / unit));
-        copy_blocks_kernel<Unit><<<grid_size(ctx, total, kFillThreads), kFillThreads, 0, ctx.stream>>>(
-            static_cast<Unit*>(dst), dst_pitch / unit, static_cast<const Unit*>(src), src_pitch / unit,
-            static_cast<std::int64_t>(block / unit), total);
-        DG_CUDA_CHECK_LAUNCH();
-    };
-    if (alignment % 16 == 0) launch.template operator()<uint4>();
-    else if (alignment % 8 == 0) launch.template operator()<std::uint64_t>();
-    else if (alignment % 4 == 0) launch.template operator()<std::uint32_t>();
-    else if (alignment % 2 == 0) launch.template operator()<std::uint16_t>();
-    else launch.template operator()<std::uint8_t>();
+    // A 2D copy takes pitches up to the device's limit (cudaDevAttrMaxPitch); rows further apart than that go one
+    // copy each: few rows, since each is that large.
+    int max_pitch = 0;
+    DG_CUDA_CHECK(cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, device));
+    const auto limit = static_cast<std::size_t>(max_pitch);
+    if (dst_pitch <= limit && src_pitch <= limit) {
+        DG_CUDA_CHECK(
+            cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, block, rows, cudaMemcpyDeviceToDevice, ctx.stream));
+        return;
+    }
+    auto* to = static_cast<char*>(dst);
+    const auto* from = static_cast<const char*>(src);
+    for (std::size_t r = 0; r < rows; ++r)
+        DG_CUDA_CHECK(cudaMemcpyAsync(to + r * dst_pitch, from + r * src_pitch, block, cudaMemcpyDeviceToDevice,
+                                      ctx.stream));
 }
 
 void fill(void* dst, std::int64_t n, double value, DType dtype, int device) {

@@ -218,7 +218,9 @@ bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol, Loc wh
     if (close.shape() != a.shape())  // b may broadcast to a, not a to b
         throw ShapeError(str("allclose at ", describe_site(where), ": ", describe(b), " does not broadcast to ",
                              describe(a)));
-    return sum(close, {}, false, where).item() == static_cast<double>(close.numel());
+    // Counted in float64: a sum of ones in bf16 (or f16) is exact only to 256 (2048), so a 16-bit count of 511
+    // close elements would round to 512 and pass a tensor with one element far off.
+    return sum(close.to(DType::f64), {}, false, where).item() == static_cast<double>(close.numel());
 }
 
 bool equal(const Tensor& a, const Tensor& b, Loc where) {
@@ -228,7 +230,7 @@ bool equal(const Tensor& a, const Tensor& b, Loc where) {
     if (a.device() != b.device())
         throw DeviceError(str("equal at ", describe_site(where), ": ", describe(a), " vs ", describe(b)));
     if (!is_floating(a.dtype())) return a.to_vector() == b.to_vector();  // int64: compared on the host
-    return sum(eq(a, b, where), {}, false, where).item() == static_cast<double>(a.numel());
+    return sum(eq(a, b, where).to(DType::f64), {}, false, where).item() == static_cast<double>(a.numel());  // as allclose
 }
 
 Tensor operator-(double s, TensorAt x) { return sub(scalar_like(x.tensor, s, x.where), x.tensor, x.where); }

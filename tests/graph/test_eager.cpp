@@ -509,6 +509,28 @@ TEST_CASE("allclose and equal", "[eager][compare]") {
     CHECK_FALSE(equal(Tensor::zeros({2}, DType::f32), Tensor::zeros({2}, DType::f64)));
 }
 
+// The verdict counts elements in float64: a count of 511 ones summed in bf16 rounds to 512 (bf16 holds integers
+// exactly only to 256, f16 to 2048), which passed a tensor with one element off; and 455 equal elements rounded
+// to 456 failed two equal tensors (seen on the H200 in test_gpu's indexing case).
+TEST_CASE("allclose and equal count exactly past 16-bit integers", "[eager][compare]") {
+    Generator gen(kSeedBase + 51);
+    for (const DType dtype : {DType::bf16, DType::f16, DType::f32}) {
+        for (const std::int64_t n : {455, 512, 2049, 4097}) {
+            INFO(dtype_name(dtype) << " n " << n);
+            std::vector<double> values = Tensor::normal({n}, 0, 30, gen, DType::f64).to_vector();
+            for (double& v : values) v = std::round(v);  // exact in every dtype here
+            const Tensor a = Tensor::from_vector(values, {n}, dtype);
+            CHECK(equal(a, a.clone()));
+            CHECK(allclose(a, a.clone()));
+            std::vector<double> off = values;
+            off[static_cast<std::size_t>(gen.engine()() % static_cast<std::uint64_t>(n))] += 64;
+            const Tensor b = Tensor::from_vector(off, {n}, dtype);
+            CHECK_FALSE(equal(a, b));
+            CHECK_FALSE(allclose(a, b));
+        }
+    }
+}
+
 TEST_CASE("bad eager inputs give typed errors naming the op and the call", "[eager][errors]") {
     Generator gen(kSeedBase + 60);
     const Tensor x = Tensor::normal({3, 4}, 0, 1, gen);
