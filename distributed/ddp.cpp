@@ -47,11 +47,6 @@ void divide(Tensor& t, double by) {
     }
 }
 
-void copy_bytes(void* dst, const void* src, std::size_t bytes, Device device) {
-    if (device.is_cuda()) device_copy(dst, src, bytes, device.index);
-    else if (bytes) std::memcpy(dst, src, bytes);
-}
-
 double squared_norm(const std::vector<double>& v) {
     double s = 0;
     for (double x : v) s += x * x;

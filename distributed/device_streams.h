@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <memory>
 
+#include "dyngrad/core/device.h"
+
 namespace dyngrad::dist {
 
 struct CommStreams;
@@ -24,5 +26,8 @@ void hand_bucket_back(CommStreams& s, std::size_t bucket);
 // Asynchronous on dyngrad's stream of `device`.
 void device_copy(void* dst, const void* src, std::size_t bytes, int device);
 void device_zero(void* dst, std::size_t bytes, int device);
+// `bytes` from src to dst on `device`: a host memcpy, or device_copy on a CUDA device; nothing when bytes is 0 or
+// dst is src. Defined in distributed/zero.cpp (built with either backend); DDP's buckets and ZeRO's flats use it.
+void copy_bytes(void* dst, const void* src, std::size_t bytes, Device device);
 
 }  // namespace dyngrad::dist
