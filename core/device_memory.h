@@ -21,6 +21,11 @@ void* allocate(std::size_t bytes, int device);
 void deallocate(void* ptr, std::size_t bytes, int device) noexcept;
 // Any copy that involves a device (host-to-host copies never reach here).
 void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes);
+// `rows` blocks of `block` bytes on `device`: block r from src + r·src_pitch to dst + r·dst_pitch (pitches >=
+// block; the areas do not overlap). Stream-ordered, capturable: no allocation, no host synchronisation. Tensor's
+// narrow and select (core/tensor_indexing.cpp) copy their window of a device tensor with it.
+void copy_blocks(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch, std::size_t block,
+                 std::size_t rows, int device);
 // Fills n elements of `dtype` on `device` with `value`.
 void fill(void* dst, std::int64_t n, double value, DType dtype, int device);
 // n elements of floating `src_dtype` on `device` converted to floating `dst_dtype` (round to nearest even).

@@ -1,6 +1,7 @@
 #include "dyngrad/core/source_site.h"
 
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -52,6 +53,12 @@ const SiteRecord* intern(std::string_view file, std::string_view function, unsig
 }
 
 }  // namespace
+
+// Declared for users in graph/graph.h and for core in core/tensor_indexing.h; defined here, in the lowest layer that
+// prints sites, so core's messages print them as the engine's do.
+std::string describe_site(const std::source_location& where) {
+    return std::filesystem::path(where.file_name()).filename().string() + ":" + std::to_string(where.line());
+}
 
 std::source_location foreign_site(std::string_view file, std::string_view function, unsigned line) {
     if constexpr (kPointerLayout) {

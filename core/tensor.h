@@ -122,8 +122,8 @@ public:
     // Same storage, new shape of the same numel (ShapeError otherwise); one dim may be -1, inferred as reshape
     // infers it (ValueError for two).
     Tensor reshaped(const Shape& shape) const;
-    // Indexing, eager (no graph): the functions of ops/layout.h, which implements these. squeeze, unsqueeze
-    // and flatten return views (same storage); select and narrow return copies. select(0, -1): the last row.
+    // Indexing, eager (no graph; core/tensor_indexing.cpp: ops/layout.h's rules and errors, no anomaly check). squeeze,
+    // unsqueeze and flatten return views (same storage); select and narrow return copies. select(0, -1): the last row.
     Tensor select(std::int64_t axis, std::int64_t index,
                   std::source_location where = std::source_location::current()) const;
     Tensor narrow(std::int64_t axis, std::int64_t start, std::int64_t length,

@@ -1,5 +1,6 @@
 // The device runtime's copies and fills: host<->device through pinned staging buffers, between devices, on a
-// device; pinned host memory and stream events for asynchronous input pipelines (cuda/runtime.h).
+// device (whole or as strided blocks); pinned host memory and stream events for asynchronous input pipelines
+// (cuda/runtime.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -7,6 +8,7 @@
 #include <mutex>
 #include <utility>
 
+#include "dyngrad/cuda/block_copy.h"
 #include "dyngrad/cuda/context_owner.h"
 #include "dyngrad/cuda/element_convert.cuh"
 #include "dyngrad/cuda/runtime.h"
@@ -149,6 +151,31 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, std:
     } else {
         copy_between_devices(dst, dst_device.index, src, src_device.index, bytes);
     }
+}
+
+void copy_blocks(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch, std::size_t block,
+                 std::size_t rows, int device) {
+    if (block == 0 || rows == 0) return;
+    const DeviceContext& ctx = context(device);
+    if (rows == 1 || (dst_pitch == block && src_pitch == block)) {  // one contiguous run
+        DG_CUDA_CHECK(cudaMemcpyAsync(dst, src, block * rows, cudaMemcpyDeviceToDevice, ctx.stream));
+        return;
+    }
+    // A 2D copy takes pitches up to the device's limit (cudaDevAttrMaxPitch); rows further apart than that go one
+    // copy each: few rows, since each is that large.
+    int max_pitch = 0;
+    DG_CUDA_CHECK(cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, device));
+    const auto limit = static_cast<std::size_t>(max_pitch);
+    if (dst_pitch <= limit && src_pitch <= limit) {
+        DG_CUDA_CHECK(
+            cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, block, rows, cudaMemcpyDeviceToDevice, ctx.stream));
+        return;
+    }
+    auto* to = static_cast<char*>(dst);
+    const auto* from = static_cast<const char*>(src);
+    for (std::size_t r = 0; r < rows; ++r)
+        DG_CUDA_CHECK(cudaMemcpyAsync(to + r * dst_pitch, from + r * src_pitch, block, cudaMemcpyDeviceToDevice,
+                                      ctx.stream));
 }
 
 void fill(void* dst, std::int64_t n, double value, DType dtype, int device) {

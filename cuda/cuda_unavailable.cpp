@@ -2,6 +2,7 @@
 // device throws DeviceError, queries report no device, so user code links and fails clearly.
 #if !DYNGRAD_WITH_CUDA
 #include "dyngrad/core/error.h"
+#include "dyngrad/cuda/block_copy.h"
 #include "dyngrad/cuda/capture.h"
 #include "dyngrad/cuda/runtime.h"
 
@@ -17,6 +18,9 @@ void* allocate(std::size_t, int device) { unavailable(str("a tensor on ", Device
 void deallocate(void*, std::size_t, int) noexcept {}
 void copy(void*, Device dst, const void*, Device src, std::size_t) {
     unavailable(str("copy from ", src.to_string(), " to ", dst.to_string()).c_str());
+}
+void copy_blocks(void*, std::size_t, const void*, std::size_t, std::size_t, std::size_t, int device) {
+    unavailable(str("copy within ", Device::cuda(device).to_string()).c_str());
 }
 void fill(void*, std::int64_t, double, DType, int device) {
     unavailable(str("fill on ", Device::cuda(device).to_string()).c_str());

@@ -2,6 +2,7 @@
 // Plain C++: built with and without the CUDA backend (without it the runtime is cuda/cuda_unavailable.cpp).
 #include "dyngrad/core/device_memory.h"
 
+#include "dyngrad/cuda/block_copy.h"
 #include "dyngrad/cuda/runtime.h"
 
 namespace dyngrad::device_memory {
@@ -10,6 +11,10 @@ void* allocate(std::size_t bytes, int device) { return cuda::allocate(bytes, dev
 void deallocate(void* ptr, std::size_t bytes, int device) noexcept { cuda::deallocate(ptr, bytes, device); }
 void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) {
     cuda::copy(dst, dst_device, src, src_device, bytes);
+}
+void copy_blocks(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch, std::size_t block,
+                 std::size_t rows, int device) {
+    cuda::copy_blocks(dst, dst_pitch, src, src_pitch, block, rows, device);
 }
 void fill(void* dst, std::int64_t n, double value, DType dtype, int device) {
     cuda::fill(dst, n, value, dtype, device);

@@ -7,9 +7,10 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "dyngrad/core/device_memory.h"
 #include "dyngrad/core/error.h"
-#include "dyngrad/distributed/device_streams.h"
 #include "dyngrad/distributed/group_impl.h"
+#include "dyngrad/distributed/zero_impl.h"  // copy_bytes
 
 namespace dyngrad::dist {
 
@@ -214,9 +215,10 @@ void DistributedDataParallel::launch(std::size_t index) {
     const std::string what = g.what(str("DistributedDataParallel bucket ", index, " all_reduce(avg)"), b.flat);
     const auto count = static_cast<std::size_t>(b.flat.numel());
     if (b.flat.device().is_cuda()) {
+        NcclComm& comm = g.nccl_for(b.flat, what);  // DeviceError without NCCL, before the stream is touched
         hand_bucket_to_comm(*st.streams, index);
-        nccl_all_reduce(g.nccl_for(b.flat, what), b.flat.raw_data(), b.flat.raw_data(), count, b.flat.dtype(),
-                        ReduceOp::Avg, comm_stream(*st.streams), what);
+        nccl_all_reduce(comm, b.flat.raw_data(), b.flat.raw_data(), count, b.flat.dtype(), ReduceOp::Avg,
+                        comm_stream(*st.streams), what);
     } else {
         b.request = g.start_mpi_all_reduce(b.flat.raw_data(), count, b.flat.dtype(), what);
     }
@@ -231,9 +233,11 @@ void DistributedDataParallel::finish() {
         const std::size_t element = dtype_size(bucket.flat.dtype());
         char* dst = static_cast<char*>(bucket.flat.raw_data()) + slot.offset * element;
         const Tensor& grad = slot.parameter.grad();
-        const std::size_t bytes = static_cast<std::size_t>(slot.parameter.value().numel()) * element;
+        const std::int64_t numel = slot.parameter.value().numel();
+        const std::size_t bytes = static_cast<std::size_t>(numel) * element;
         if (grad.defined()) copy_bytes(dst, grad.raw_data(), bytes, bucket.flat.device());
-        else if (bucket.flat.device().is_cuda()) device_zero(dst, bytes, bucket.flat.device().index);
+        else if (bucket.flat.device().is_cuda())
+            device_memory::fill(dst, numel, 0.0, bucket.flat.dtype(), bucket.flat.device().index);
         else std::memset(dst, 0, bytes);
         slot.ready = true;
         --bucket.pending;

@@ -1,5 +1,6 @@
-// Internal (distributed/ sources only): the state behind a ProcessGroup handle, and the NCCL half of it, which
-// distributed/nccl.cpp implements when NCCL is compiled in and distributed/nccl_unavailable.cpp stubs otherwise.
+// Internal (distributed/ sources only): the state behind a ProcessGroup handle, and the CUDA half of it (the NCCL
+// communicator, and DistributedDataParallel's communication stream), which distributed/nccl.cpp implements when
+// NCCL is compiled in and distributed/nccl_unavailable.cpp stubs otherwise.
 #pragma once
 #include <mpi.h>
 
@@ -38,6 +39,24 @@ void nccl_all_gather(NcclComm& comm, const void* send, void* recv, std::size_t c
                      void* stream, const std::string& what);
 void nccl_reduce_scatter(NcclComm& comm, const void* send, void* recv, std::size_t count_per_rank, DType dtype,
                          ReduceOp op, void* stream, const std::string& what);
+
+// ---- DistributedDataParallel's overlap: a communication stream with an event pair per bucket ----
+// Only a bucket all-reduced through NCCL uses the stream, so without NCCL make_comm_streams gives an empty
+// CommStreams and the others throw DeviceError (never reached: nccl_for refuses the collective first).
+struct CommStreams;
+void destroy_comm_streams(CommStreams* streams) noexcept;
+struct CommStreamsDeleter {
+    void operator()(CommStreams* s) const noexcept { destroy_comm_streams(s); }
+};
+using CommStreamsHandle = std::unique_ptr<CommStreams, CommStreamsDeleter>;
+
+// A non-blocking stream on `device` and `buckets` (ready, done) event pairs.
+CommStreamsHandle make_comm_streams(int device, std::size_t buckets);
+void* comm_stream(CommStreams& s);  // the cudaStream_t
+// dyngrad's stream records bucket b's ready event; the communication stream waits for it.
+void hand_bucket_to_comm(CommStreams& s, std::size_t bucket);
+// The communication stream records bucket b's done event; dyngrad's stream waits for it (the host does not).
+void hand_bucket_back(CommStreams& s, std::size_t bucket);
 
 // Every rank must hold the same parameters and buffers (names, shapes, dtypes; `entries` in registration
 // order). Cheap when they do: one all_gather of (count, hash). On a mismatch every rank learns the first

@@ -6,6 +6,8 @@
 // communicator (ncclCommAbort, which also ends the spinning kernels) when one has not completed after the
 // timeout or NCCL reports an asynchronous error. Every later call on the group then throws DistributedError
 // with the reason. Inside a capture nothing is tracked (the graph's replays are the user's to bound).
+//
+// Also DistributedDataParallel's communication stream, which only its NCCL all-reduces use (the end of the file).
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -15,6 +17,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "dyngrad/core/error.h"
 #include "dyngrad/cuda/context.h"
@@ -243,6 +246,56 @@ void nccl_reduce_scatter(NcclComm& c, const void* send, void* recv, std::size_t 
     run_collective(c, stream, what, [&](cudaStream_t s) {
         return ncclReduceScatter(send, recv, count_per_rank, type, nccl_op(op), c.comm, s);
     });
+}
+
+// ---- DistributedDataParallel's overlap (distributed/group_impl.h) ----
+// Event records and stream waits are capturable: inside a cuda::CapturedStep the communication stream joins the
+// capture through the first wait and rejoins dyngrad's stream through the last, so the graph holds the fork and the
+// join.
+
+struct CommStreams {
+    int device = 0;
+    cudaStream_t stream = nullptr;
+    std::vector<cudaEvent_t> ready;
+    std::vector<cudaEvent_t> done;
+};
+
+void destroy_comm_streams(CommStreams* s) noexcept {
+    if (!s) return;
+    for (cudaEvent_t e : s->ready) cudaEventDestroy(e);
+    for (cudaEvent_t e : s->done) cudaEventDestroy(e);
+    if (s->stream) cudaStreamDestroy(s->stream);
+    delete s;
+}
+
+CommStreamsHandle make_comm_streams(int device, std::size_t buckets) {
+    cuda::context(device);  // current device on this thread
+    CommStreamsHandle handle(new CommStreams);
+    handle->device = device;
+    // Higher priority than dyngrad's stream: a ready bucket's all-reduce should not queue behind backward kernels.
+    int least = 0, greatest = 0;
+    DG_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    DG_CUDA_CHECK(cudaStreamCreateWithPriority(&handle->stream, cudaStreamNonBlocking, greatest));
+    for (std::size_t b = 0; b < buckets; ++b) {
+        cudaEvent_t e = nullptr;
+        DG_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        handle->ready.push_back(e);
+        DG_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        handle->done.push_back(e);
+    }
+    return handle;
+}
+
+void* comm_stream(CommStreams& s) { return s.stream; }
+
+void hand_bucket_to_comm(CommStreams& s, std::size_t bucket) {
+    DG_CUDA_CHECK(cudaEventRecord(s.ready[bucket], cuda::context(s.device).stream));
+    DG_CUDA_CHECK(cudaStreamWaitEvent(s.stream, s.ready[bucket], 0));
+}
+
+void hand_bucket_back(CommStreams& s, std::size_t bucket) {
+    DG_CUDA_CHECK(cudaEventRecord(s.done[bucket], s.stream));
+    DG_CUDA_CHECK(cudaStreamWaitEvent(cuda::context(s.device).stream, s.done[bucket], 0));
 }
 
 }  // namespace dyngrad::dist

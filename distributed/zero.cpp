@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "dyngrad/core/device_memory.h"
 #include "dyngrad/core/error.h"
-#include "dyngrad/distributed/device_streams.h"
 #include "dyngrad/distributed/group_impl.h"
 #include "dyngrad/distributed/zero_impl.h"
 #include "dyngrad/ops/elementwise.h"
@@ -17,7 +17,7 @@ namespace dyngrad::dist {
 
 void copy_bytes(void* dst, const void* src, std::size_t bytes, Device device) {
     if (bytes == 0 || dst == src) return;
-    if (device.is_cuda()) device_copy(dst, src, bytes, device.index);
+    if (device.is_cuda()) device_memory::copy(dst, device, src, device, bytes);
     else std::memcpy(dst, src, bytes);
 }
 

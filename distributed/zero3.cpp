@@ -11,7 +11,6 @@
 #include <set>
 
 #include "dyngrad/core/error.h"
-#include "dyngrad/distributed/device_streams.h"
 #include "dyngrad/distributed/zero_impl.h"
 #include "dyngrad/graph/autocast.h"
 #include "dyngrad/graph/custom_op.h"

@@ -7,9 +7,9 @@
 #include <functional>
 #include <map>
 
+#include "dyngrad/core/device_memory.h"
 #include "dyngrad/core/error.h"
 #include "dyngrad/core/safetensors.h"
-#include "dyngrad/distributed/device_streams.h"
 #include "dyngrad/distributed/zero_impl.h"
 
 namespace dyngrad::dist {
@@ -150,7 +150,7 @@ void ZeroOptimizer::load_checkpoint(const std::filesystem::path& folder) {
         }
         Tensor& target = flat.shard_param.value();
         const Tensor there = host.to(st.device);
-        if (st.device.is_cuda()) device_copy(const_cast<void*>(target.raw_data()), there.raw_data(), there.nbytes(), st.device.index);
+        if (st.device.is_cuda()) device_memory::copy(const_cast<void*>(target.raw_data()), st.device, there.raw_data(), st.device, there.nbytes());
         else std::memcpy(const_cast<void*>(target.raw_data()), there.raw_data(), there.nbytes());
         target.bump_version();
     }

@@ -5,7 +5,6 @@
 
 #include <array>
 #include <atomic>
-#include <filesystem>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -260,10 +259,6 @@ bool grad_enabled() { return tls_grad_enabled; }
 NoGradGuard::NoGradGuard() : previous_(tls_grad_enabled) { tls_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { tls_grad_enabled = previous_; }
 bool detail::exchange_grad_enabled(bool enabled) { return std::exchange(tls_grad_enabled, enabled); }
-
-std::string describe_site(const std::source_location& where) {
-    return str(std::filesystem::path(where.file_name()).filename().string(), ":", where.line());
-}
 
 // ---- Parameter ----
 Parameter::Parameter(Tensor value, std::string name) : state_(std::make_shared<State>()) {

@@ -1,12 +1,11 @@
 // GradScaler (nn/amp.h): the host logic, the CPU rules, and the calls into the GPU passes
-// (nn/amp.cu: scaler_check, scaler_update; the optimizer's fused step reads the flags).
+// (nn/optim.cu: scaler_check, scaler_update; the optimizer's fused step reads the flags).
 #include "dyngrad/nn/amp.h"
 
 #include <cmath>
 
-#include "dyngrad/nn/grad_passes.h"
 #include "dyngrad/nn/optim.h"
-#include "dyngrad/nn/optim_kernels.h"
+#include "dyngrad/nn/optim_internal.h"
 #include "dyngrad/ops/elementwise.h"
 
 namespace dyngrad {
@@ -151,7 +150,7 @@ void GradScaler::update() {
                             reinterpret_cast<long long*>(skips_.data<std::int64_t>()), found_inf_.data<float>());
         return;
     }
-    // The rule of scaler_update_kernel (nn/amp.cu), in the same float arithmetic.
+    // The rule of scaler_update_kernel (nn/optim.cu), in the same float arithmetic.
     float& scale = scale_.data<float>()[0];
     std::int64_t& tracker = tracker_.data<std::int64_t>()[0];
     std::int64_t& skips = skips_.data<std::int64_t>()[0];

@@ -1,15 +1,15 @@
 // Checkpoints (nn/optim.h): the model, optimizer, schedule and loss scaler in one safetensors file, and the
-// entry readers and checks the optimizers' and schedules' stage_state share (nn/optim_shared.h).
+// entry readers and checks the optimizers' and schedules' stage_state share (nn/optim_internal.h).
 #include <cmath>
 #include <functional>
 
 #include "dyngrad/nn/amp.h"
 #include "dyngrad/nn/optim.h"
-#include "dyngrad/nn/optim_shared.h"
+#include "dyngrad/nn/optim_internal.h"
 
 namespace dyngrad {
 
-// ---- shared by the optimizers and schedules (nn/optim_shared.h) ----
+// ---- shared by the optimizers and schedules (nn/optim_internal.h) ----
 
 namespace optim_detail {
 

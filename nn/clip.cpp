@@ -1,12 +1,12 @@
 // Gradient clipping (nn/optim.h): clip_grad_norm, clip_grad_value and the optimizers' fused
 // clip_grad_norm_and_step. CPU gradients are scaled here with Eigen; GPU ones by the batched passes of
-// nn/clip.cu, with no host synchronisation. gradient_targets is shared with GradScaler (nn/amp.cpp).
+// nn/clip.cu, with no host synchronisation. The gradients they act on: gradient_targets (nn/optim.cpp).
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 
-#include "dyngrad/nn/grad_passes.h"
 #include "dyngrad/nn/optim.h"
+#include "dyngrad/nn/optim_internal.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/reduce.h"
 
@@ -18,36 +18,6 @@ template <typename T>
 Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> map(Tensor& t) {
     return {t.data<T>(), t.numel()};
 }
-
-}  // namespace
-
-// The gradients clipping and loss scaling act on: trainable parameters that have one. For scale_in_place they
-// are made exclusive (a gradient may share storage with a graph's values or another gradient) so that scaling
-// one in place touches nothing else. A reader copies nothing: a parameter's gradient is shared with its leaf in
-// the graph until the graph goes, so the copies cost every gradient's size again (256 MiB at the f16 MLP 4096
-// step's peak, GradScaler::step) and a device copy of each.
-std::vector<Tensor*> gradient_targets(const std::vector<Parameter>& parameters, const char* what, GradientUse use) {
-    std::vector<Tensor*> grads;
-    for (std::size_t i = 0; i < parameters.size(); ++i) {
-        const Parameter& p = parameters[i];
-        if (!p.defined()) throw ValueError(str(what, ": parameter ", i, " is undefined"));
-        if (!p.requires_grad() || !p.grad().defined()) continue;
-        const Tensor& grad = p.grad();
-        if (grad.shape() != p.value().shape() || grad.dtype() != p.value().dtype())
-            throw ValueError(str(what, ": parameter '", p.name(), "' ", describe(p.value()), " has a gradient ",
-                                 describe(grad), "; call zero_grad() after changing a parameter"));
-        if (!grads.empty() && grad.device() != grads.front()->device())
-            throw DeviceError(str(what, ": gradients on several devices (", describe(*grads.front()), " and '",
-                                  p.name(), "' ", describe(grad), "); clip each device's parameters separately"));
-        grads.push_back(&const_cast<Parameter&>(p).grad_slot());
-    }
-    if (use == GradientUse::scale_in_place)
-        for (Tensor* grad : grads)
-            if (!grad->owns_storage_exclusively()) *grad = grad->clone();
-    return grads;
-}
-
-namespace {
 
 void check_clip_arguments(const char* who, double max_norm, double norm_type, double eps) {
     if (!(max_norm >= 0)) throw ValueError(str(who, ": max_norm must be non-negative, got ", max_norm));

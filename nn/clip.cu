@@ -1,4 +1,4 @@
-// Gradient clipping on the GPU (nn/grad_passes.h): the norm of all gradients in one pass per batch whose last
+// Gradient clipping on the GPU (nn/optim_internal.h): the norm of all gradients in one pass per batch whose last
 // block reduces the partial sums to the norm and clip coefficient, the scaling pass, and clip_value's clamp.
 // The host side and the CPU rules: nn/clip.cpp.
 #include <algorithm>
@@ -7,7 +7,7 @@
 #include <span>
 
 #include "dyngrad/cuda/context.h"
-#include "dyngrad/nn/grad_batch.cuh"
+#include "dyngrad/nn/optim_internal.h"
 
 namespace dyngrad::cuda {
 

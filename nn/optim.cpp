@@ -1,7 +1,7 @@
-// Optimizers and checkpoints (nn/optim.h); the schedules: nn/schedules.cpp; clipping: nn/clip.cpp; loss
-// scaling: nn/amp.cpp. CPU parameters are updated here one tensor at a time; CUDA parameters are gathered per
-// device and updated by the fused multi-tensor kernels of nn/optim.cu. Both backends call the same per-element
-// rules (nn/optim_math.h).
+// Optimizers and checkpoints (nn/optim.h), and the gradients clipping and loss scaling act on (gradient_targets);
+// the schedules: nn/schedules.cpp; clipping: nn/clip.cpp; loss scaling: nn/amp.cpp. CPU parameters are updated
+// here one tensor at a time; CUDA parameters are gathered per device and updated by the fused multi-tensor kernels
+// of nn/optim.cu. Both backends call the same per-element rules (nn/optim_internal.h).
 #include "dyngrad/nn/optim.h"
 
 #include <algorithm>
@@ -11,8 +11,7 @@
 #include <set>
 
 #include "dyngrad/core/device_memory.h"
-#include "dyngrad/nn/optim_kernels.h"
-#include "dyngrad/nn/optim_shared.h"
+#include "dyngrad/nn/optim_internal.h"
 
 namespace dyngrad {
 
@@ -49,7 +48,7 @@ Tensor& state_for(Tensor& state, const Parameter& p) {
     return state;
 }
 
-// param, grad, buffer (n), one element at a time through the rule the fused kernels apply (nn/optim_math.h).
+// param, grad, buffer (n), one element at a time through the rule the fused kernels apply (nn/optim_internal.h).
 // `buffer` is undefined without momentum.
 template <typename T>
 void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& buffer, const SgdRule<T>& rule) {
@@ -186,6 +185,32 @@ bool Optimizer::gate_skips(const Gate* gate, const Device& device) {
 double Optimizer::gate_inv_scale(const Gate* gate) {
     if (gate == nullptr || !gate->inv_scale.device().is_cpu()) return 1.0;
     return static_cast<double>(gate->inv_scale.data<float>()[0]);
+}
+
+// The gradients clipping (nn/clip.cpp) and loss scaling (nn/amp.cpp) act on, beside the step that reads them:
+// trainable parameters that have one. For scale_in_place they are made exclusive (a gradient may share storage
+// with a graph's values or another gradient) so that scaling one in place touches nothing else. A reader copies
+// nothing: a parameter's gradient is shared with its leaf in the graph until the graph goes, so the copies cost
+// every gradient's size again (256 MiB at the f16 MLP 4096 step's peak, GradScaler::step) and a device copy of each.
+std::vector<Tensor*> gradient_targets(const std::vector<Parameter>& parameters, const char* what, GradientUse use) {
+    std::vector<Tensor*> grads;
+    for (std::size_t i = 0; i < parameters.size(); ++i) {
+        const Parameter& p = parameters[i];
+        if (!p.defined()) throw ValueError(str(what, ": parameter ", i, " is undefined"));
+        if (!p.requires_grad() || !p.grad().defined()) continue;
+        const Tensor& grad = p.grad();
+        if (grad.shape() != p.value().shape() || grad.dtype() != p.value().dtype())
+            throw ValueError(str(what, ": parameter '", p.name(), "' ", describe(p.value()), " has a gradient ",
+                                 describe(grad), "; call zero_grad() after changing a parameter"));
+        if (!grads.empty() && grad.device() != grads.front()->device())
+            throw DeviceError(str(what, ": gradients on several devices (", describe(*grads.front()), " and '",
+                                  p.name(), "' ", describe(grad), "); clip each device's parameters separately"));
+        grads.push_back(&const_cast<Parameter&>(p).grad_slot());
+    }
+    if (use == GradientUse::scale_in_place)
+        for (Tensor* grad : grads)
+            if (!grad->owns_storage_exclusively()) *grad = grad->clone();
+    return grads;
 }
 
 std::vector<std::pair<std::string, Tensor>> Optimizer::device_scalars() const {

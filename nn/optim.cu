@@ -1,12 +1,12 @@
 // Fused multi-tensor optimizer steps: SGD (momentum, Nesterov, L2) and Adam / AdamW. The optimizers
 // (nn/optim.cpp) hand over every CUDA parameter of one device at once; the tensors are cut into chunks
-// of at most kStepChunk elements, the chunk table lives on the device (StepTable, nn/optim_kernels.h),
+// of at most kStepChunk elements, the chunk table lives on the device (StepTable, nn/optim_internal.h),
 // and one kernel launch updates every chunk of one dtype, kStepSlices blocks per chunk. Each chunk carries its
 // parameter's scalars (its group's lr and weight decay, its own Adam step's bias corrections).
 // In a captured step the table, and with it the hyper-parameters (lr, ...), is frozen into the graph.
-// Each element is updated by the rule the CPU loop applies (SgdRule, AdamRule: nn/optim_math.h); here are the
+// Each element is updated by the rule the CPU loop applies (SgdRule, AdamRule: nn/optim_internal.h); here are the
 // chunking, the device-side scalars (lr, step counts, a deferred schedule advance) and the fused clip factor.
-// Clipping: nn/clip.cu; GradScaler's passes: nn/amp.cu.
+// Clipping: nn/clip.cu. GradScaler's passes are at the end.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "dyngrad/cuda/context.h"
-#include "dyngrad/nn/optim_kernels.h"
+#include "dyngrad/nn/optim_internal.h"
 #include "dyngrad/ops/vector_pack.cuh"
 
 namespace dyngrad::cuda {
@@ -428,6 +428,88 @@ void apply_schedule(int device, const StepState& state) {
 void next_lrs(int device, const StepState& state, double* out) {
     DeviceContext& ctx = context(device);
     schedule_kernel<<<1, 1, 0, ctx.stream>>>(state, out);
+    DG_CUDA_CHECK_LAUNCH();
+}
+
+// ---- GradScaler (nn/amp.h; the host side and the CPU rules: nn/amp.cpp): the inf check with optional unscaling
+// over batches of gradients, and the scale update, queued with no host synchronisation (capturable). The fused
+// steps above read the flags (StepState::inv_scale, found_inf). ----
+
+namespace {
+
+// One thread: inv_scale = 1/scale (in double, rounded to float, as PyTorch) and found_inf = 0.
+__global__ void scaler_prepare_kernel(const float* __restrict__ scale, float* __restrict__ inv_scale,
+                                      float* __restrict__ found_inf) {
+    *inv_scale = static_cast<float>(1.0 / static_cast<double>(*scale));
+    *found_inf = 0.0f;
+}
+
+// Block b: its slice of the batch; found_inf = 1 where grad·inv_scale is not finite (every writer writes 1,
+// so the race is benign); with `unscale`, the products are written back.
+template <typename T>
+__global__ void scaler_check_kernel(GradBatch batch, const float* __restrict__ inv_scale, float* __restrict__ found_inf,
+                                    bool unscale) {
+    const BlockSlice slice = block_slice(batch);
+    T* __restrict__ g = static_cast<T*>(batch.data[slice.tensor]);
+    const T inv = static_cast<T>(*inv_scale);
+    bool bad = false;
+    for (std::int64_t i = slice.begin; i < slice.end; i += blockDim.x) {
+        const T v = g[i] * inv;
+        bad = bad || !isfinite(v);
+        if (unscale) g[i] = v;
+    }
+    if (__syncthreads_or(bad) && threadIdx.x == 0) *found_inf = 1.0f;
+}
+
+__global__ void scaler_update_kernel(ScalerRule rule, float* __restrict__ scale, long long* __restrict__ tracker,
+                                     long long* __restrict__ skips, const float* __restrict__ found_inf,
+                                     DeviceErrorRecord* record) {
+    if (*found_inf != 0.0f) {
+        const float backed_off = static_cast<float>(static_cast<double>(*scale) * rule.backoff);
+        *scale = backed_off;
+        *tracker = 0;
+        const long long skipped = *skips + 1;
+        *skips = skipped;
+        if (skipped >= rule.max_skips && static_cast<double>(backed_off) < rule.min_scale &&
+            atomicCAS(&record->code, static_cast<int>(DeviceErrorCode::none),
+                      static_cast<int>(DeviceErrorCode::loss_scale_collapsed)) == static_cast<int>(DeviceErrorCode::none)) {
+            record->index = skipped;
+            record->value = __float_as_int(backed_off);
+            record->bound = 0;
+        }
+        return;
+    }
+    *skips = 0;
+    const long long successful = *tracker + 1;
+    if (successful == rule.interval) {
+        const float grown = static_cast<float>(static_cast<double>(*scale) * rule.growth);
+        if (isfinite(grown)) *scale = grown;
+        *tracker = 0;
+    } else {
+        *tracker = successful;
+    }
+}
+
+}  // namespace
+
+void scaler_check(int device, std::span<const GradOperand> grads, const float* scale, float* inv_scale,
+                  float* found_inf, bool unscale) {
+    DeviceContext& ctx = context(device);
+    require_batch_dtypes(grads, "GradScaler");  // before the prepare kernel resets found_inf
+    scaler_prepare_kernel<<<1, 1, 0, ctx.stream>>>(scale, inv_scale, found_inf);
+    DG_CUDA_CHECK_LAUNCH();
+    for_each_batch(grads, "GradScaler", [&](DType dtype, const GradBatch& batch, unsigned grid) {
+        dispatch_floating(dtype, "GradScaler", [&]<typename T>() {
+            scaler_check_kernel<T><<<grid, kBatchThreads, 0, ctx.stream>>>(batch, inv_scale, found_inf, unscale);
+            DG_CUDA_CHECK_LAUNCH();
+        });
+    });
+}
+
+void scaler_update(int device, const ScalerRule& rule, float* scale, long long* tracker, long long* skips,
+                   const float* found_inf) {
+    DeviceContext& ctx = context(device);
+    scaler_update_kernel<<<1, 1, 0, ctx.stream>>>(rule, scale, tracker, skips, found_inf, ctx.error_record_device);
     DG_CUDA_CHECK_LAUNCH();
 }
 

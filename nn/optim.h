@@ -1,6 +1,6 @@
 // Optimizers over groups of Parameters, learning-rate schedules, gradient clipping and checkpoints.
-// CPU: nn/optim.cpp. GPU: nn/optim.cu (fused multi-tensor kernels, nn/optim_kernels.h); both apply the update
-// rules of nn/optim_math.h. Schedules: nn/schedules.cpp; clipping: nn/clip.{cpp,cu}; checkpoints: nn/checkpoint.cpp.
+// CPU: nn/optim.cpp. GPU: nn/optim.cu (fused multi-tensor kernels); both apply the update rules of
+// nn/optim_internal.h. Schedules: nn/schedules.cpp; clipping: nn/clip.{cpp,cu}; checkpoints: nn/checkpoint.cpp.
 //
 //   SGD opt(model.parameters(), {.lr = 0.1, .momentum = 0.9});
 //   for each batch: opt.zero_grad(); graph.backward(loss); clip_grad_norm(params, 1.0); opt.step(); graph.clear();
@@ -158,9 +158,9 @@ protected:
     // Checks every group's settings (derived constructors call it: it calls check_settings).
     void check_groups() const;
     std::string group_name(std::size_t group) const;
-    // Internal: the per-device tables and device-resident scalars of the fused GPU steps (nn/optim_shared.h).
+    // Internal: the per-device tables and device-resident scalars of the fused GPU steps (nn/optim_internal.h).
     struct DeviceTables;
-    // Internal (nn/optim_shared.h): one update rule's CPU half, its GPU operands and its fused launch.
+    // Internal (nn/optim_internal.h): one update rule's CPU half, its GPU operands and its fused launch.
     struct StepRule;
     // The frame every update shares (after the checks and state creation that may throw): a step GradScaler's
     // flags skip on the CPU does nothing; each ready parameter's step count advances; CPU parameters are updated
@@ -288,7 +288,7 @@ public:
 protected:
     explicit LRScheduler(Optimizer& optimizer);
     virtual double lr_for(double base_lr, std::int64_t epoch) const = 0;
-    // The closed form as the device computes it (nn/optim_math.h); empty: host-only (not capturable).
+    // The closed form as the device computes it (nn/optim_internal.h); empty: host-only (not capturable).
     virtual std::optional<ScheduleRule> device_rule() const { return std::nullopt; }
     // Sets every group's lr to lr_at(epoch()) on the host (constructors of schedules whose epoch 0 is not
     // the base lr).

@@ -1,10 +1,9 @@
-// The GPU halves of the optimizers, schedules, clipping and loss scaling (nn/optim_kernels.h,
-// nn/grad_passes.h) in a build without CUDA, so that their callers need no #if: no tensor can live on a
-// GPU there, so none of these is reached; each throws DeviceError if one were. Replaced by nn/optim.cu,
-// nn/clip.cu and nn/amp.cu in a CUDA build (CMakeLists.txt).
+// The GPU halves of the optimizers, schedules, clipping and loss scaling (nn/optim_internal.h)
+// in a build without CUDA, so that their callers need no #if: no tensor can live on a
+// GPU there, so none of these is reached; each throws DeviceError if one were. Replaced by nn/optim.cu
+// and nn/clip.cu in a CUDA build (CMakeLists.txt).
 #include "dyngrad/core/error.h"
-#include "dyngrad/nn/grad_passes.h"
-#include "dyngrad/nn/optim_kernels.h"
+#include "dyngrad/nn/optim_internal.h"
 
 namespace dyngrad::cuda {
 

@@ -1,5 +1,6 @@
 // The closed form of a built-in learning-rate schedule as data, so that the host (LRScheduler::lr_for) and
-// the kernel that advances a schedule on the device (nn/optim.cu) evaluate one formula (schedule_lr, nn/optim_math.h).
+// the kernel that advances a schedule on the device (nn/optim.cu) evaluate one formula (schedule_lr,
+// nn/optim_internal.h).
 #pragma once
 #include <cstdint>
 

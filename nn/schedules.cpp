@@ -7,8 +7,7 @@
 
 #include "dyngrad/core/device_memory.h"
 #include "dyngrad/nn/optim.h"
-#include "dyngrad/nn/optim_kernels.h"
-#include "dyngrad/nn/optim_shared.h"
+#include "dyngrad/nn/optim_internal.h"
 #include "dyngrad/nn/schedule_rule.h"
 
 namespace dyngrad {

@@ -1,17 +1,16 @@
 // Layout ops (ops/layout.h): user functions, shape rules, reshape (every backend) and the CPU kernels
 // (axis swaps and strided row copies). GPU: ops/layout.cu.
-// Over 600 lines: nine layout ops plus the indexing composites built on them (select, squeeze, stack, split).
 #include "dyngrad/ops/layout.h"
 
 #include <algorithm>
 #include <cstring>
-#include <limits>
 #include <string>
 #include <utility>
 
 #include <Eigen/Core>
 
 #include "dyngrad/core/checked.h"
+#include "dyngrad/core/tensor_indexing.h"
 #include "dyngrad/graph/eager.h"
 #include "dyngrad/ops/eigen_maps.h"
 #include "dyngrad/ops/kernels.h"
@@ -91,60 +90,6 @@ std::vector<T> narrowed(const T& x, int axis, const std::vector<std::pair<std::i
     return out;
 }
 
-// `axis` of a rank-`rank` shape, negative from the end; ShapeError naming the call and the operand otherwise.
-int axis_of(const char* op, const Tensor& x, std::int64_t axis, std::size_t rank, std::source_location where) {
-    const auto r = static_cast<std::int64_t>(rank);
-    if (axis < -r || axis >= r)
-        throw ShapeError(str(op, " at ", describe_site(where), ": axis ", axis, " is out of range for ", describe(x),
-                             " (valid: ", -r, " to ", r - 1, ")"));
-    return static_cast<int>(axis < 0 ? axis + r : axis);
-}
-
-// (axis, index) of a select, both made non-negative.
-std::pair<int, std::int64_t> select_at(const Tensor& x, std::int64_t axis, std::int64_t index,
-                                       std::source_location where) {
-    const int a = axis_of("select", x, axis, x.rank(), where);
-    const std::int64_t n = x.shape()[a];
-    if (index < -n || index >= n)
-        throw IndexError(str("select at ", describe_site(where), ": index ", index, " is out of range for axis ", axis,
-                             " of size ", n, " of ", describe(x), " (valid: ", -n, " to ", n - 1, ")"));
-    return {a, index < 0 ? index + n : index};
-}
-
-Shape without_axis(const Shape& shape, int axis) {
-    Shape out = shape;
-    out.erase(out.begin() + axis);
-    return out;
-}
-
-Shape squeezed_shape(const Tensor& x, std::int64_t axis, std::source_location where) {
-    const int a = axis_of("squeeze", x, axis, x.rank(), where);
-    if (x.shape()[a] != 1)
-        throw ShapeError(str("squeeze at ", describe_site(where), ": axis ", axis, " of ", describe(x), " has size ",
-                             x.shape()[a], ", not 1"));
-    return without_axis(x.shape(), a);
-}
-
-Shape unsqueezed_shape(const Tensor& x, std::int64_t axis, std::source_location where) {
-    const int a = axis_of("unsqueeze", x, axis, x.rank() + 1, where);
-    Shape out = x.shape();
-    out.insert(out.begin() + a, 1);
-    return out;
-}
-
-Shape flattened_shape(const Tensor& x, std::int64_t start_axis, std::int64_t end_axis, std::source_location where) {
-    const Shape shape = x.rank() == 0 ? Shape{1} : x.shape();
-    const int start = axis_of("flatten", x, start_axis, shape.size(), where);
-    const int end = axis_of("flatten", x, end_axis, shape.size(), where);
-    if (start > end)
-        throw ShapeError(str("flatten at ", describe_site(where), ": start axis ", start_axis, " comes after end axis ",
-                             end_axis, " of ", describe(x)));
-    Shape out(shape.begin(), shape.begin() + start);
-    out.push_back(numel(Shape(shape.begin() + start, shape.begin() + end + 1)));
-    out.insert(out.end(), shape.begin() + end + 1, shape.end());
-    return out;
-}
-
 }  // namespace
 
 template <Operand T>
@@ -171,20 +116,21 @@ std::vector<T> split_with_sizes(const T& x, const std::vector<std::int64_t>& siz
 template <Operand T>
 T select(const T& x, std::int64_t axis, std::int64_t index, Loc where) {
     if (!x.defined()) return narrow(x, axis, index, 1, where);
-    const auto [a, i] = select_at(value_of(x), axis, index, where);
-    return reshape(narrow(x, a, i, 1, where), without_axis(x.shape(), a), where);
+    const auto [a, i] = indexing::select_at(value_of(x), axis, index, where);
+    return reshape(narrow(x, a, i, 1, where), indexing::without_axis(x.shape(), a), where);
 }
 template <Operand T>
 T squeeze(const T& x, std::int64_t axis, Loc where) {
-    return reshape(x, x.defined() ? squeezed_shape(value_of(x), axis, where) : Shape{}, where);
+    return reshape(x, x.defined() ? indexing::squeezed_shape(value_of(x), axis, where) : Shape{}, where);
 }
 template <Operand T>
 T unsqueeze(const T& x, std::int64_t axis, Loc where) {
-    return reshape(x, x.defined() ? unsqueezed_shape(value_of(x), axis, where) : Shape{}, where);
+    return reshape(x, x.defined() ? indexing::unsqueezed_shape(value_of(x), axis, where) : Shape{}, where);
 }
 template <Operand T>
 T flatten(const T& x, std::int64_t start_axis, std::int64_t end_axis, Loc where) {
-    return reshape(x, x.defined() ? flattened_shape(value_of(x), start_axis, end_axis, where) : Shape{}, where);
+    const Shape shape = x.defined() ? indexing::flattened_shape(value_of(x), start_axis, end_axis, where) : Shape{};
+    return reshape(x, shape, where);
 }
 template <Operand T>
 T flatten(const T& x, Loc where) {
@@ -208,23 +154,6 @@ DG_LAYOUT_INSTANCES(Var)
 DG_LAYOUT_INSTANCES(Tensor)
 #undef DG_LAYOUT_INSTANCES
 
-// Tensor's indexing methods (core/tensor.h declares them; they need the ops above, so they live here).
-Tensor Tensor::select(std::int64_t axis, std::int64_t index, std::source_location where) const {
-    return dyngrad::select(*this, axis, index, where);
-}
-Tensor Tensor::narrow(std::int64_t axis, std::int64_t start, std::int64_t length, std::source_location where) const {
-    return dyngrad::narrow(*this, axis, start, length, where);
-}
-Tensor Tensor::squeeze(std::int64_t axis, std::source_location where) const {
-    return dyngrad::squeeze(*this, axis, where);
-}
-Tensor Tensor::unsqueeze(std::int64_t axis, std::source_location where) const {
-    return dyngrad::unsqueeze(*this, axis, where);
-}
-Tensor Tensor::flatten(std::int64_t start_axis, std::int64_t end_axis, std::source_location where) const {
-    return dyngrad::flatten(*this, start_axis, end_axis, where);
-}
-
 // ---- shape rules ----
 namespace infer {
 
@@ -244,18 +173,7 @@ OutputSpec reshape(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs)
 
 OutputSpec narrow(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
     const Tensor& x = inputs[0];
-    const int axis = normalize_axis(attrs.axis, x.rank());
-    if (attrs.length < 0) throw ValueError(str("length ", attrs.length, " is negative"));
-    const std::int64_t size = x.shape()[axis];
-    // start > size - length rather than start + length > size, which wraps for a start near INT64_MAX.
-    if (attrs.start < 0 || attrs.start > size - attrs.length) {
-        const bool end_fits = attrs.start <= std::numeric_limits<std::int64_t>::max() - attrs.length;
-        const std::string end = end_fits ? str(attrs.start + attrs.length) : str(attrs.start, " + ", attrs.length);
-        throw IndexError(str("indices [", attrs.start, ", ", end, ") are outside axis ", axis, " of size ", size));
-    }
-    Shape shape = x.shape();
-    shape[axis] = attrs.length;
-    return {shape, x.dtype()};
+    return {indexing::narrowed_shape(x.shape(), attrs.axis, attrs.start, attrs.length), x.dtype()};
 }
 
 OutputSpec concat(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {

@@ -5,8 +5,8 @@
 // no graph, no gradient).
 // On Tensors, reshape, flatten, squeeze and unsqueeze return views (the same storage: a write through one is
 // seen by the other); transpose, narrow, select, concat, permute, expand and stack return copies (storage is
-// contiguous, with no offset or strides, so a slice cannot be a view). Tensor has the same as methods:
-// t.select(0, 3).
+// contiguous, with no offset or strides, so a slice cannot be a view). Tensor has the same as methods (core's,
+// core/tensor_indexing.cpp: the same rules and errors, outside the op dispatch): t.select(0, 3).
 #pragma once
 #include <cstdint>
 #include <initializer_list>

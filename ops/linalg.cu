@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -52,14 +53,22 @@ cudaDataType_t gemm_data_type(DType dtype, const char* what) {
 }
 
 // Row-major c (m,n) = op(a) (m,k) · op(b) (k,n), plus c itself when `accumulate` (c is written with
-// '=' otherwise), for `batch` matrices; c's matrices are m·n apart.
+// '=' otherwise), for `batch` matrices; c's matrices are m·n apart. a and b in `dtype`, c in `c_dtype`: `dtype`
+// (not given), or f32 for bf16/f16 operands (cuBLAS's mixed GEMM: the f32 accumulator written out unrounded).
 void gemm(DeviceContext& ctx, DType dtype, const char* what, std::int64_t batch, std::int64_t m, std::int64_t n,
-          std::int64_t k, Operand a, Operand b, void* c, bool accumulate) {
+          std::int64_t k, Operand a, Operand b, void* c, bool accumulate,
+          std::optional<DType> c_dtype_given = std::nullopt) {
     const cudaDataType_t type = gemm_data_type(dtype, what);
+    const DType c_dtype = c_dtype_given.value_or(dtype);
+    if (c_dtype != dtype && !(c_dtype == DType::f32 && is_reduced_precision(dtype)))
+        throw DTypeError(str(what, ": a GEMM of ", dtype_name(dtype), " operands writes ", dtype_name(dtype),
+                             is_reduced_precision(dtype) ? " or float32" : "", ", not ", dtype_name(c_dtype)));
+    const cudaDataType_t c_type = gemm_data_type(c_dtype, what);
     if (batch == 0 || m == 0 || n == 0) return;
     if (k == 0) {  // an empty sum: c = 0 (+ c)
         if (!accumulate)
-            DG_CUDA_CHECK(cudaMemsetAsync(c, 0, static_cast<std::size_t>(batch * m * n) * dtype_size(dtype), ctx.stream));
+            DG_CUDA_CHECK(
+                cudaMemsetAsync(c, 0, static_cast<std::size_t>(batch * m * n) * dtype_size(c_dtype), ctx.stream));
         return;
     }
     // Column-major view: cᵀ (n,m) = op(b)ᵀ (n,k) · op(a)ᵀ (k,m). A row-major buffer's leading
@@ -84,10 +93,10 @@ void gemm(DeviceContext& ctx, DType dtype, const char* what, std::int64_t batch,
 
     if (batch == 1) {
         DG_CUBLAS_CHECK(cublasGemmEx(ctx.cublas, op_b, op_a, cm, cn, ck, alpha, b.data, type, ldb, a.data, type, lda,
-                                     beta, c, type, cm, compute, CUBLAS_GEMM_DEFAULT));
+                                     beta, c, c_type, cm, compute, CUBLAS_GEMM_DEFAULT));
     } else {
         DG_CUBLAS_CHECK(cublasGemmStridedBatchedEx(ctx.cublas, op_b, op_a, cm, cn, ck, alpha, b.data, type, ldb,
-                                                   b.stride, a.data, type, lda, a.stride, beta, c, type, cm, m * n,
+                                                   b.stride, a.data, type, lda, a.stride, beta, c, c_type, cm, m * n,
                                                    cublas_dim(batch, what), compute, CUBLAS_GEMM_DEFAULT));
     }
 }
@@ -95,8 +104,9 @@ void gemm(DeviceContext& ctx, DType dtype, const char* what, std::int64_t batch,
 }  // namespace
 
 void row_major_gemm(DeviceContext& ctx, DType dtype, const char* what, std::int64_t batch, std::int64_t m,
-                    std::int64_t n, std::int64_t k, GemmOperand a, GemmOperand b, void* c, bool accumulate) {
-    gemm(ctx, dtype, what, batch, m, n, k, a, b, c, accumulate);
+                    std::int64_t n, std::int64_t k, GemmOperand a, GemmOperand b, void* c, bool accumulate,
+                    std::optional<DType> c_dtype) {
+    gemm(ctx, dtype, what, batch, m, n, k, a, b, c, accumulate, c_dtype);
 }
 
 namespace {

@@ -2,6 +2,7 @@
 // of their own on raw buffers (the fused LM-head loss, ops/loss.cu).
 #pragma once
 #include <cstdint>
+#include <optional>
 
 #include "dyngrad/core/dtype.h"
 
@@ -19,7 +20,10 @@ struct GemmOperand {
 
 // Row-major c (m,n) = op(a) (m,k) · op(b) (k,n), plus c itself when `accumulate` ('=' otherwise), for `batch`
 // matrices m·n apart in c; f32 (TF32 where allowed), f64, bf16/f16 with f32 accumulation; on ctx's stream.
+// a and b are in `dtype`; c is too unless `c_dtype` says float32 for bf16/f16 operands: the f32 accumulator
+// written (or, with `accumulate`, added to an f32 c) without rounding to 16 bits (DTypeError for other pairs).
 void row_major_gemm(DeviceContext& ctx, DType dtype, const char* what, std::int64_t batch, std::int64_t m,
-                    std::int64_t n, std::int64_t k, GemmOperand a, GemmOperand b, void* c, bool accumulate);
+                    std::int64_t n, std::int64_t k, GemmOperand a, GemmOperand b, void* c, bool accumulate,
+                    std::optional<DType> c_dtype = std::nullopt);
 
 }  // namespace dyngrad::cuda

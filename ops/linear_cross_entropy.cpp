@@ -17,6 +17,7 @@
 #include "dyngrad/ops/cpu_parallel.h"
 #include "dyngrad/ops/differentiable_backward.h"
 #include "dyngrad/ops/eigen_maps.h"
+#include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/layout.h"
 #include "dyngrad/ops/linalg.h"
@@ -99,7 +100,9 @@ Var linear_cross_entropy_composition(std::span<const Var> in, const OpAttrs& att
     options.reduction = attrs.reduction;
     options.ignore_index = attrs.ignore_index;
     options.label_smoothing = attrs.label_smoothing;
-    return cross_entropy(linear(in[0], head), in[2], options);
+    const Var logits = linear(in[0], head);
+    // 16-bit inputs: the loss of float32 logits (the fused kernels' float32 loss, infer::linear_cross_entropy).
+    return cross_entropy(is_reduced_precision(logits.dtype()) ? to_dtype(logits, DType::f32) : logits, in[2], options);
 }
 
 bool linear_cross_entropy_applies(std::span<const Tensor>, const OpAttrs&) { return true; }
@@ -119,7 +122,9 @@ const UnfusedComposition linear_cross_entropy{linear_cross_entropy_applies, line
 namespace infer {
 
 // x (N,E) (the user function flattens (*,E)), weight (V_padded,E) of x's dtype, labels (N) int64; classes (the
-// `length` attribute) in [1, V_padded].
+// `length` attribute) in [1, V_padded]. The loss is float32 for bf16/f16 inputs (autocast or not), as
+// F.cross_entropy's of the bf16 logits under PyTorch's autocast: a loss summed over ~50k-class softmaxes kept in
+// the inputs' 8 or 11 bits would lose what the f32 logits computed. x's dtype otherwise.
 OutputSpec linear_cross_entropy(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
     const Tensor& x = inputs[0];
     const Tensor& weight = inputs[1];
@@ -144,7 +149,8 @@ OutputSpec linear_cross_entropy(OpType, std::span<const Tensor> inputs, const Op
         throw ValueError(str("label_smoothing must be in [0, 1], got ", attrs.label_smoothing));
     if (attrs.reduction != Reduction::Mean && attrs.reduction != Reduction::Sum && attrs.reduction != Reduction::None)
         throw ValueError(str("reduction must be Mean, Sum or None, got ", static_cast<int>(attrs.reduction)));
-    return {attrs.reduction == Reduction::None ? Shape{x.size(0)} : Shape{}, x.dtype()};
+    return {attrs.reduction == Reduction::None ? Shape{x.size(0)} : Shape{},
+            is_reduced_precision(x.dtype()) ? DType::f32 : x.dtype()};
 }
 
 }  // namespace infer

@@ -8,13 +8,16 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "dyngrad/cuda/context.h"
+#include "dyngrad/cuda/runtime.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/linalg_gemm.h"
 #include "dyngrad/ops/linear_cross_entropy.h"
 #include "dyngrad/ops/loss_math.h"
+#include "dyngrad/ops/reduced_precision.cuh"
 #include "dyngrad/ops/row_reduction.cuh"
 #include "dyngrad/ops/vector_pack.cuh"
 
@@ -207,14 +210,16 @@ __global__ void class_loss_batch_sums_kernel(const double* row_loss, const doubl
 }
 
 // out = unit · reduction_scale(dy): the backward of a Mean or Sum linear_cross_entropy from the forward's gradients.
+// unit and dy in acc_t<T> (float32 for bf16/f16 inputs: the f32 sums of the forward, and the loss's dtype); the
+// product in it, rounded once to T.
 template <typename T>
-__global__ void scale_by_upstream_kernel(const T* __restrict__ unit, T* __restrict__ out, std::int64_t n,
-                                         Reduction reduction, const T* __restrict__ dy,
+__global__ void scale_by_upstream_kernel(const acc_t<T>* __restrict__ unit, T* __restrict__ out, std::int64_t n,
+                                         Reduction reduction, const acc_t<T>* __restrict__ dy,
                                          const double* __restrict__ sums) {
-    const T s = reduction_scale(reduction, dy, sums[0], 0);
+    const acc_t<T> s = reduction_scale(reduction, dy, sums[0], 0);
     for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-        out[i] = unit[i] * s;
+        out[i] = from_acc<T>(unit[i] * s);
 }
 
 // dloss () or (N)  ->  dlogits (N,C); s = reduction_scale, p = exp(logits - lse), W = sums[1]:
@@ -241,20 +246,23 @@ __device__ __forceinline__ T class_loss_gradient(bool nll, T logit, T lse, std::
     return g * s;
 }
 
-template <typename T, bool kBlockPerRow>
+// dlogits in Out: T, or bf16/f16 from float32 logits (linear_cross_entropy's 16-bit chunks), rounded once per
+// element; the 16-byte packs need Out = T (row_packs must be 0 otherwise).
+template <typename T, bool kBlockPerRow, typename Out = T>
 __global__ void class_loss_backward_kernel(const T* __restrict__ logits, const std::int64_t* __restrict__ labels,
                                            const T* __restrict__ weight, const T* __restrict__ lse,
                                            const double* __restrict__ sums, std::int64_t rows, std::int64_t classes,
                                            std::int64_t row_packs, std::int64_t ignore_index, T smoothing,
-                                           Reduction reduction, const T* __restrict__ dy, T* __restrict__ dlogits,
+                                           Reduction reduction, const T* __restrict__ dy, Out* __restrict__ dlogits,
                                            DeviceErrorRecord* record) {
+    static_assert(std::is_same_v<Out, T> || std::is_same_v<acc_t<Out>, T>, "dlogits: T or a 16-bit type of T");
     using Rows = RowTiling<kBlockPerRow>;
     constexpr int W = Pack<T>::width;
     const T smooth_per_class = smoothing / static_cast<T>(classes);
     const T weight_sum = static_cast<T>(sums[1]);
     for (std::int64_t row = Rows::first_row(); row < rows; row += Rows::row_step()) {
         const T* xr = logits + row * classes;
-        T* out = dlogits + row * classes;
+        Out* out = dlogits + row * classes;
         const std::int64_t label = labels[row];
         const bool counted = !(label == ignore_index || label < 0 || label >= classes);
         if (!counted && label != ignore_index && Rows::lane() == 0)
@@ -270,15 +278,18 @@ __global__ void class_loss_backward_kernel(const T* __restrict__ logits, const s
                            : T(0);
         };
         const bool read_logits = counted && !nll;
-        for (std::int64_t p = Rows::lane(); p < row_packs; p += Rows::width()) {
-            Pack<T> v{};
-            if (read_logits) v = vector_pack::load_pack(xr, p);
+        if constexpr (std::is_same_v<Out, T>) {
+            for (std::int64_t p = Rows::lane(); p < row_packs; p += Rows::width()) {
+                Pack<T> v{};
+                if (read_logits) v = vector_pack::load_pack(xr, p);
 #pragma unroll
-            for (int k = 0; k < W; ++k) v.v[k] = gradient(v.v[k], p * W + k);
-            vector_pack::store_pack(out, p, v);
+                for (int k = 0; k < W; ++k) v.v[k] = gradient(v.v[k], p * W + k);
+                vector_pack::store_pack(out, p, v);
+            }
         }
-        for (std::int64_t c = row_packs * W + Rows::lane(); c < classes; c += Rows::width())
-            out[c] = gradient(read_logits ? xr[c] : T(0), c);
+        const std::int64_t first_element = std::is_same_v<Out, T> ? row_packs * W : 0;
+        for (std::int64_t c = first_element + Rows::lane(); c < classes; c += Rows::width())
+            out[c] = from_acc<Out>(gradient(read_logits ? xr[c] : T(0), c));
     }
 }
 
@@ -439,54 +450,69 @@ constexpr std::int64_t kGpuChunkElements = std::int64_t{1} << 25;
 //   where dx or dW is wanted, class_loss_backward_kernel writes dlogits (r,C) (a second workspace) with the
 //   reduction and upstream gradient given (`dy`, `sums`), then dx_c = dlogits·W[:C] and dW[:C] += dlogitsᵀ·x_c.
 // dW's padded rows [C, V_padded) are zeroed once. A bad label is reported with its row index within its chunk.
-template <typename T>
+// bf16/f16 x and W (autocast's; as PyTorch's autocast runs F.linear in bf16 and F.cross_entropy in f32): the
+// GEMMs take T with f32 accumulation, but the logits GEMM writes f32 logits, so the row kernels, lse, the losses
+// (out_rows) and dy are float32 (S = acc_t<T>); dlogits is rounded to T (as the gradient of PyTorch's bf16
+// logits), and dx and dW come out in G: T (the backward's recomputation: dx_c written in T, dW summed over the
+// chunks in an f32 workspace and rounded to T once at the end, never a running sum rounded to 8 bits per chunk)
+// or S (the forward's unit gradients: dW summed in place in f32, rounded once when the backward scales them).
+// f32 and f64: S = G = T, everything in T as before.
+template <typename T, typename G>
 void chunked_pass(DeviceContext& ctx, const Tensor& x, const Tensor& weight, const Tensor& labels,
-                  const OpAttrs& attrs, double* row_loss, double* row_weight, T* out_rows, Reduction grad_reduction,
-                  const T* dy, const double* sums, T* dx, T* dw) {
+                  const OpAttrs& attrs, double* row_loss, double* row_weight, acc_t<T>* out_rows,
+                  Reduction grad_reduction, const acc_t<T>* dy, const double* sums, G* dx, G* dw) {
+    using S = acc_t<T>;
+    static_assert(std::is_same_v<G, T> || std::is_same_v<G, S>, "dx, dW: in x's dtype or its sum type");
+    constexpr bool kSumDwApart = !std::is_same_v<G, S>;  // 16-bit dW out: an f32 sum, rounded at the end
     const std::int64_t n = x.size(0), width = x.size(1), classes = attrs.length, padded = weight.size(0);
     const std::int64_t chunk = dyngrad::detail::linear_cross_entropy_chunk_rows(n, classes, kGpuChunkElements);
     const bool grads = dx != nullptr || dw != nullptr;
     const std::size_t chunk_elements = static_cast<std::size_t>(chunk) * static_cast<std::size_t>(classes);
-    Workspace logits(ctx, chunk_elements * sizeof(T));
+    const std::size_t head_elements = static_cast<std::size_t>(classes) * static_cast<std::size_t>(width);
+    Workspace logits(ctx, chunk_elements * sizeof(S));
     Workspace dlogits(ctx, grads ? chunk_elements * sizeof(T) : sizeof(T));
-    Workspace lse(ctx, static_cast<std::size_t>(chunk) * sizeof(T));
+    Workspace lse(ctx, static_cast<std::size_t>(chunk) * sizeof(S));
     Workspace chunk_sums(ctx, 2 * sizeof(double));  // the rows kernel's chunk sums: [D_chunk, C]
+    Workspace dw_apart(ctx, kSumDwApart && dw != nullptr ? head_elements * sizeof(S) : sizeof(S));
     if (dw != nullptr && padded > classes)
         DG_CUDA_CHECK(cudaMemsetAsync(dw + classes * width, 0,
-                                      static_cast<std::size_t>((padded - classes) * width) * sizeof(T), ctx.stream));
+                                      static_cast<std::size_t>((padded - classes) * width) * sizeof(G), ctx.stream));
     const T* px = x.data<T>();
     const T* pw = weight.data<T>();
-    auto* plogits = static_cast<T*>(logits.data());
+    auto* plogits = static_cast<S*>(logits.data());
     auto* pdlogits = static_cast<T*>(dlogits.data());
-    auto* plse = static_cast<T*>(lse.data());
-    const T smoothing = static_cast<T>(attrs.label_smoothing);
+    auto* plse = static_cast<S*>(lse.data());
+    void* dw_sum = kSumDwApart ? dw_apart.data() : static_cast<void*>(dw);
+    const S smoothing = static_cast<S>(attrs.label_smoothing);
     for (std::int64_t start = 0; start < n; start += chunk) {
         const std::int64_t rows = std::min(chunk, n - start);
         const std::int64_t* plabels = labels.data<std::int64_t>() + start;
         row_major_gemm(ctx, x.dtype(), "linear_cross_entropy logits", 1, rows, classes, width,
-                       {px + start * width, false, 0}, {pw, true, 0}, plogits, false);
-        const BatchSums<T> batch{Reduction::None, nullptr, static_cast<double*>(chunk_sums.data()), ctx.block_counter};
+                       {px + start * width, false, 0}, {pw, true, 0}, plogits, false, dtype_of<S>());
+        const BatchSums<S> batch{Reduction::None, nullptr, static_cast<double*>(chunk_sums.data()), ctx.block_counter};
         launch_rows(ctx, rows, classes, [&]<bool kBlockPerRow>(unsigned blocks) {
-            cross_entropy_rows_kernel<T, kBlockPerRow><<<blocks, kThreads, 0, ctx.stream>>>(
+            cross_entropy_rows_kernel<S, kBlockPerRow><<<blocks, kThreads, 0, ctx.stream>>>(
                 plogits, plabels, nullptr, rows, classes, attrs.ignore_index, smoothing, plse, row_loss + start,
                 row_weight + start, out_rows ? out_rows + start : nullptr, batch, ctx.error_record_device);
         });
         if (!grads) continue;
         // sums[1] = C in both: the unweighted loss's Σ_c w[c]; sums[0] is D where the reduction is Mean.
         const double* grad_sums = sums ? sums : static_cast<const double*>(chunk_sums.data());
-        const T* row_dy = grad_reduction == Reduction::None ? dy + start : dy;
+        const S* row_dy = grad_reduction == Reduction::None ? dy + start : dy;
         launch_rows(ctx, rows, classes, [&]<bool kBlockPerRow>(unsigned blocks) {
-            class_loss_backward_kernel<T, kBlockPerRow><<<blocks, kThreads, 0, ctx.stream>>>(
+            class_loss_backward_kernel<S, kBlockPerRow, T><<<blocks, kThreads, 0, ctx.stream>>>(
                 plogits, plabels, nullptr, plse, grad_sums, rows, classes, /*row_packs=*/0, attrs.ignore_index,
                 smoothing, grad_reduction, row_dy, pdlogits, ctx.error_record_device);
         });
         if (dx != nullptr)
             row_major_gemm(ctx, x.dtype(), "linear_cross_entropy dx", 1, rows, width, classes, {pdlogits, false, 0},
-                           {pw, false, 0}, dx + start * width, false);
+                           {pw, false, 0}, dx + start * width, false, dtype_of<G>());
         if (dw != nullptr)
             row_major_gemm(ctx, x.dtype(), "linear_cross_entropy dW", 1, classes, width, rows, {pdlogits, true, 0},
-                           {px + start * width, false, 0}, dw, start > 0);
+                           {px + start * width, false, 0}, dw_sum, start > 0, dtype_of<S>());
     }
+    if (kSumDwApart && dw != nullptr)
+        convert(dw, x.dtype(), dw_sum, dtype_of<S>(), static_cast<std::int64_t>(head_elements), ctx.device);
 }
 
 }  // namespace
@@ -504,14 +530,16 @@ Tensor linear_cross_entropy_forward(const ForwardArgs& args) {
     Workspace row_weight(ctx, static_cast<std::size_t>(n) * sizeof(double));
     auto* row_loss_data = static_cast<double*>(row_loss.data());
     auto* row_weight_data = static_cast<double*>(row_weight.data());
-    dispatch_floating(x.dtype(), "linear_cross_entropy", [&]<typename T>() {
-        const Tensor one = Tensor::ones({}, x.dtype(), x.device());  // the unit upstream gradient of the sum
-        chunked_pass<T>(ctx, x, args.inputs[1], args.inputs[2], args.attrs, row_loss_data, row_weight_data,
-                        reduction == Reduction::None ? f.loss.data<T>() : nullptr, Reduction::Sum, one.data<T>(),
-                        nullptr, f.grads ? f.dx.data<T>() : nullptr, f.grads ? f.dw.data<T>() : nullptr);
-        class_loss_batch_sums_kernel<T><<<1, kThreads, 0, ctx.stream>>>(
+    dispatch_gpu_floating(x.dtype(), "linear_cross_entropy", [&]<typename T>() {
+        // The loss's type, and the unit gradients' (math::linear_cross_entropy_outputs): float32 for bf16/f16 x.
+        using L = acc_t<T>;
+        const Tensor one = Tensor::ones({}, f.loss.dtype(), x.device());  // the unit upstream gradient of the sum
+        chunked_pass<T, L>(ctx, x, args.inputs[1], args.inputs[2], args.attrs, row_loss_data, row_weight_data,
+                           reduction == Reduction::None ? f.loss.data<L>() : nullptr, Reduction::Sum, one.data<L>(),
+                           nullptr, f.grads ? f.dx.data<L>() : nullptr, f.grads ? f.dw.data<L>() : nullptr);
+        class_loss_batch_sums_kernel<L><<<1, kThreads, 0, ctx.stream>>>(
             row_loss_data, row_weight_data, n, args.attrs.length, reduction,
-            reduction == Reduction::None ? nullptr : f.loss.data<T>(), f.sums.data<double>());
+            reduction == Reduction::None ? nullptr : f.loss.data<L>(), f.sums.data<double>());
         DG_CUDA_CHECK_LAUNCH();
     });
     return f.loss;
@@ -525,14 +553,14 @@ std::vector<Tensor> linear_cross_entropy_backward(const BackwardArgs& args) {
     const Tensor& x = args.inputs[0];
     const double* sums = args.saved[0].data<double>();
     DeviceContext& ctx = context_for(x);
-    dispatch_floating(x.dtype(), "linear_cross_entropy backward", [&]<typename T>() {
-        const T* dy = args.grad_output.data<T>();
+    dispatch_gpu_floating(x.dtype(), "linear_cross_entropy backward", [&]<typename T>() {
+        const acc_t<T>* dy = args.grad_output.data<acc_t<T>>();  // the loss's dtype: float32 for bf16/f16 x
         if (b.from_saved) {
             for (std::size_t i = 0; i < 2; ++i) {
                 if (!b.grads[i].defined()) continue;
                 const Tensor& unit = args.saved[1 + i];
                 scale_by_upstream_kernel<T><<<grid_size(ctx, unit.numel(), kThreads), kThreads, 0, ctx.stream>>>(
-                    unit.data<T>(), b.grads[i].data<T>(), unit.numel(), args.attrs.reduction, dy, sums);
+                    unit.data<acc_t<T>>(), b.grads[i].data<T>(), unit.numel(), args.attrs.reduction, dy, sums);
                 DG_CUDA_CHECK_LAUNCH();
             }
             return;
@@ -540,7 +568,7 @@ std::vector<Tensor> linear_cross_entropy_backward(const BackwardArgs& args) {
         const std::int64_t n = x.size(0);
         Workspace row_loss(ctx, static_cast<std::size_t>(n) * sizeof(double));  // recomputed, unused
         Workspace row_weight(ctx, static_cast<std::size_t>(n) * sizeof(double));
-        chunked_pass<T>(ctx, x, args.inputs[1], args.inputs[2], args.attrs, static_cast<double*>(row_loss.data()),
+        chunked_pass<T, T>(ctx, x, args.inputs[1], args.inputs[2], args.attrs, static_cast<double*>(row_loss.data()),
                         static_cast<double*>(row_weight.data()), nullptr, args.attrs.reduction, dy, sums,
                         b.grads[0].defined() ? b.grads[0].data<T>() : nullptr,
                         b.grads[1].defined() ? b.grads[1].data<T>() : nullptr);

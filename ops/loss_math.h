@@ -122,6 +122,7 @@ inline ClassLossForward class_loss_forward_outputs(const ForwardArgs& args) {
 // linear_cross_entropy forward (ops/linear_cross_entropy.h), on both backends: the loss, the sums [D, C] (f64: the
 // rows not ignored, the classes) and, where the forward computes the gradients (save_for_backward under Mean or
 // Sum), dx and dW of the summed loss; saved in that order. `grads` says whether dx and dW are there to fill.
+// The loss (args.out) is float32 for bf16/f16 inputs (infer::linear_cross_entropy), and so are dx and dW here.
 struct LinearCrossEntropyForward {
     Tensor loss, sums, dx, dw;
     bool grads = false;
@@ -136,8 +137,10 @@ inline LinearCrossEntropyForward linear_cross_entropy_outputs(const ForwardArgs&
     args.saved.push_back(f.sums);
     f.grads = args.attrs.save_for_backward && args.attrs.reduction != Reduction::None;
     if (f.grads) {
-        f.dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-        f.dw = Tensor::empty(weight.shape(), weight.dtype(), weight.device());
+        // Float32 for bf16/f16 inputs (the GPU's native path): the f32 sums, rounded once when the backward scales.
+        const DType unit_dtype = is_reduced_precision(x.dtype()) ? DType::f32 : x.dtype();
+        f.dx = Tensor::empty(x.shape(), unit_dtype, x.device());
+        f.dw = Tensor::empty(weight.shape(), unit_dtype, weight.device());
         args.saved.push_back(f.dx);
         args.saved.push_back(f.dw);
     }

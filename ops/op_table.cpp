@@ -226,13 +226,16 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      smooth_l1_loss_cases, reads("scalar", "reduction"), kFloat32,
      "torch.nn.functional.smooth_l1_loss(prediction, target, reduction=reduction, beta=scalar)", 0, true, 0, nullptr, loss_differentiable_backward},
     // The LM head fused with its loss, in chunks of rows (ops/linear_cross_entropy.h): the forward also computes dx
-    // and dW, which the backward scales. Float32 under autocast, as cross_entropy: the softmax over ~50k classes and
-    // the loss need f32, and f32 logits are what the fusion keeps out of memory; a reduced-dtype GEMM would hand
-    // back a bf16 loss. bf16/f16 inputs outside autocast run through f32 (graph/through_f32.h).
+    // and dW, which the backward scales. Reduced under autocast, as linear: x and the weight arrive in bf16/f16 and
+    // the GEMMs run on tensor cores, as PyTorch's autocast runs the head GEMM of F.cross_entropy(F.linear(..)). The
+    // loss is float32 for 16-bit inputs, autocast or not (infer::linear_cross_entropy; docs/mixed_precision.md): on
+    // the GPU the logits GEMM writes f32 logits, the softmax and loss are f32 as cross_entropy's, dlogits is in the
+    // inputs' dtype and dW is summed over the chunks in f32 (ops/loss.cu). dx and dW come back in the inputs'
+    // dtype. The CPU runs 16-bit inputs through f32 (graph/through_f32.h), with the same dtypes out.
     {OpType::LinearCrossEntropy, "linear_cross_entropy", 3, infer::linear_cross_entropy,
      {cpu::linear_cross_entropy_forward, cpu::linear_cross_entropy_backward},
-     DG_CUDA_KERNELS(linear_cross_entropy_forward, linear_cross_entropy_backward), linear_cross_entropy_cases,
-     reads("reduction", "ignore_index", "label_smoothing", "length", "save_for_backward"), kFloat32,
+     DG_CUDA_KERNELS_NATIVE(linear_cross_entropy_forward, linear_cross_entropy_backward), linear_cross_entropy_cases,
+     reads("reduction", "ignore_index", "label_smoothing", "length", "save_for_backward"), kReduced,
      "torch.nn.functional.cross_entropy(torch.nn.functional.linear(x, weight[:length]), labels, "
      "ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing)",
      0, true, 0, &unfused::linear_cross_entropy, linear_cross_entropy_differentiable_backward, nullptr,

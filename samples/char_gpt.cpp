@@ -34,6 +34,8 @@
 // pieces shorter than a job's time limit); --resume continues from a checkpoint (the same options and data: with
 // dropout 0 the resumed run is the uninterrupted one, step for step; dropout masks restart). --require-drop F: exit 1 unless the mean training loss of the last 5 steps is below (1 − F) times
 // that of the first 5 (CTest's quick run: the model must learn).
+// On CUDA it ends with peak_memory_bytes= (the run's peak allocation) and step_memory_bytes= (the largest step's
+// peak over what was in use when the step began: its activations, gradients and temporaries).
 //
 // --distributed (under mpirun, or torchrun's variables for GPUs): every rank takes its --batch / world windows
 // of each step's --batch (so the step is the single-process step on the whole batch), gradients averaged by
@@ -570,6 +572,7 @@ int run(Options o) {
     }
     std::vector<double> losses;
     std::int64_t skipped_steps = 0;  // f16: steps the scaler skipped (an inf/NaN gradient)
+    std::size_t peak_bytes = 0, step_bytes = 0;  // on CUDA: the run's peak allocation; a step's own peak (the largest)
     Progress progress(first, last);
     model.train();
     for (std::int64_t step = first; step < last; ++step) {
@@ -577,6 +580,12 @@ int run(Options o) {
         if (profiled) {
             cuda::synchronize(o.device.index);
             cuda::profiler_start();
+        }
+        // The step's own memory (activations, gradients, temporaries): its peak over what was in use when it began.
+        std::size_t step_start_bytes = 0;
+        if (o.device.is_cuda()) {
+            cuda::reset_peak_memory(o.device.index);
+            step_start_bytes = cuda::memory_stats(o.device.index).bytes_in_use;
         }
         const auto started = Clock::now();
         const double lr = optimizer.lr();
@@ -624,6 +633,11 @@ int run(Options o) {
         }
 #endif
         if (profiled) cuda::profiler_stop();
+        if (o.device.is_cuda()) {
+            const std::size_t peak = cuda::memory_stats(o.device.index).peak_bytes_in_use;
+            peak_bytes = std::max(peak_bytes, peak);
+            step_bytes = std::max(step_bytes, peak - std::min(peak, step_start_bytes));
+        }
         if (scaler.enabled() && scaler.last_step_skipped()) ++skipped_steps;
         const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
         if (!std::isfinite(value))
@@ -658,6 +672,8 @@ int run(Options o) {
     const double tail = std::accumulate(losses.end() - static_cast<std::ptrdiff_t>(window), losses.end(), 0.0) /
                         static_cast<double>(window);
     std::printf("train loss: first %zu steps %.4f, last %zu steps %.4f\n", window, head, window, tail);
+    if (o.device.is_cuda())  // key=value lines, read by bench/gpt2_report.py and scripts/run-second-order-bench.sh
+        std::printf("peak_memory_bytes=%zu\nstep_memory_bytes=%zu\n", peak_bytes, step_bytes);
     if (o.require_drop && !(tail < (1 - *o.require_drop) * head)) {
         std::printf("FAILED: the training loss fell from %.4f to %.4f, less than %.0f%%\n", head, tail,
                     100 * *o.require_drop);

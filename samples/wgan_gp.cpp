@@ -8,8 +8,13 @@
 // initialisation and batches with λ = 0 and exits 1 unless the penalty kept the norm closer to 1 (CTest's check
 // that the penalty's gradient reaches the critic).
 //
-//   wgan_gp [--data DIR] [--steps N] [--critic-iters K] [--batch B] [--lambda L] [--lr LR] [--seed S]
-//           [--check-penalty]
+// --device cuda trains the same float32 models on the GPU: the weights and the training images live there; the
+// batches' positions, the noise and the interpolation weights are drawn on the CPU (the same draws as a CPU run)
+// and copied over. Without a usable CUDA device it fails with the library's DeviceError (exit 1);
+// --skip-without-cuda makes that exit 77 instead, CTest's "skipped".
+//
+//   wgan_gp [--device cpu|cuda] [--data DIR] [--steps N] [--critic-iters K] [--batch B] [--lambda L] [--lr LR]
+//           [--seed S] [--check-penalty] [--skip-without-cuda]
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -44,11 +49,13 @@ struct GeneratorNet : Module {
 };
 
 struct Options {
+    Device device = Device::cpu();
     std::string data = kDefaultMnistDirectory;
     std::int64_t steps = 200, critic_iters = 5, batch = 64;
     double lambda = 10.0, lr = 1e-4;
     std::uint64_t seed = 0;
     bool check_penalty = false;
+    bool skip_without_cuda = false;
 };
 
 // The gradient penalty's statistics of one critic step.
@@ -57,17 +64,21 @@ struct CriticStep {
     double deviation = 0;    // mean over the batch of |‖∇x̂ D(x̂)‖ − 1|
 };
 
-// Trains with `lambda`; returns the mean deviation over the first and the last `window` critic steps.
+// Trains with `lambda` on o.device, where `real_images` are; returns the mean deviation over the first and the
+// last `window` critic steps.
 std::pair<double, double> train(const Options& o, double lambda, const Tensor& real_images, bool verbose) {
     Generator init(o.seed);
     Critic critic(init);
     GeneratorNet generator(init);
+    critic.to(o.device);  // before the optimizers, which hold the parameters' tensors
+    generator.to(o.device);
     Adam critic_optimizer(critic.parameters(), {.lr = o.lr, .beta1 = 0.5, .beta2 = 0.9});
     Adam generator_optimizer(generator.parameters(), {.lr = o.lr, .beta1 = 0.5, .beta2 = 0.9});
     Generator draws(o.seed + 1);  // batches, noise and interpolation weights: the same for every lambda
     const std::int64_t n = real_images.size(0);
     const std::int64_t window = std::max<std::int64_t>(1, o.steps * o.critic_iters / 5);
     std::vector<double> deviations;
+    const auto noise = [&] { return Tensor::normal({o.batch, kNoise}, 0, 1, draws).to(o.device); };
 
     for (std::int64_t step = 0; step < o.steps; ++step) {
         CriticStep last;
@@ -79,9 +90,9 @@ std::pair<double, double> train(const Options& o, double lambda, const Tensor& r
             Var fake;
             {
                 const NoGradGuard no_grad;  // the critic's step does not train the generator
-                fake = graph.constant(generator(graph.constant(Tensor::normal({o.batch, kNoise}, 0, 1, draws))).value());
+                fake = graph.constant(generator(graph.constant(noise())).value());
             }
-            const Var eps = graph.constant(Tensor::uniform({o.batch, 1}, 0, 1, draws));
+            const Var eps = graph.constant(Tensor::uniform({o.batch, 1}, 0, 1, draws).to(o.device));
             const Var mixed = graph.input((eps * real + ((-eps) + 1.0) * fake).value(), "x_hat", true);
             const Var gradient = grad({sum(critic(mixed))}, {mixed}, {}, {.create_graph = true})[0];
             const Var norm = sqrt(sum(gradient * gradient, {1}) + 1e-12);
@@ -97,7 +108,7 @@ std::pair<double, double> train(const Options& o, double lambda, const Tensor& r
             deviations.push_back(last.deviation);
         }
         ComputeGraph graph;
-        const Var fake = generator(graph.constant(Tensor::normal({o.batch, kNoise}, 0, 1, draws)));
+        const Var fake = generator(graph.constant(noise()));
         const Var generator_loss = -mean(critic(fake));
         generator_optimizer.zero_grad();
         critic_optimizer.zero_grad();
@@ -121,9 +132,12 @@ int main(int argc, char** argv) {
     Options o;
     try {
         const cli::Arguments args(argc, argv,
-                                  {.flags = {"--check-penalty"},
-                                   .options = {"--data", "--steps", "--critic-iters", "--batch", "--lambda", "--lr",
-                                               "--seed"}});
+                                  {.flags = {"--check-penalty", "--skip-without-cuda"},
+                                   .options = {"--device", "--data", "--steps", "--critic-iters", "--batch", "--lambda",
+                                               "--lr", "--seed"}});
+        // Not cli::parse_device: a missing device is the library's DeviceError when the data moves (exit 1).
+        if (auto v = args.value("--device"))
+            o.device = cli::parse_choice("--device", *v, {"cpu", "cuda"}) == "cuda" ? Device::cuda(0) : Device::cpu();
         if (auto v = args.value("--steps")) o.steps = cli::parse_int("--steps", *v, 1, 1'000'000);
         if (auto v = args.value("--critic-iters")) o.critic_iters = cli::parse_int("--critic-iters", *v, 1, 100);
         if (auto v = args.value("--batch")) o.batch = cli::parse_int("--batch", *v, 2, 4096);
@@ -131,21 +145,26 @@ int main(int argc, char** argv) {
         if (auto v = args.value("--lr")) o.lr = cli::parse_real("--lr", *v, 0, 1, /*min_exclusive=*/true);
         if (auto v = args.value("--seed")) o.seed = static_cast<std::uint64_t>(cli::parse_int("--seed", *v, 0));
         o.check_penalty = args.has("--check-penalty");
+        o.skip_without_cuda = args.has("--skip-without-cuda");
         o.data = cli::existing_directory("--data", args.value("--data").value_or(o.data));
     } catch (const cli::UsageError& e) {
         std::fprintf(stderr, "wgan_gp: %s\n", e.what());
         return 2;
     }
+    if (o.skip_without_cuda && o.device.is_cuda() && cuda_device_count() == 0) {
+        std::printf("wgan_gp: no CUDA device: the GPU run is skipped\n");
+        return 77;  // CTest reports the test as skipped
+    }
     try {
-
         // Pixels in [-1, 1], the generator's tanh range.
         const MnistData data = load_mnist(o.data);
         const Normalization& norm = data.normalization;
         const Tensor pixels = data.train.images.reshaped({data.train.size(), kPixels});
-        const Tensor real_images = pixels * (2.0 * norm.stddev) + (2.0 * norm.mean - 1.0);
-        std::printf("wgan_gp: %lld images, lambda %g, %lld generator steps x %lld critic steps, batch %lld\n",
-                    static_cast<long long>(real_images.size(0)), o.lambda, static_cast<long long>(o.steps),
-                    static_cast<long long>(o.critic_iters), static_cast<long long>(o.batch));
+        const Tensor real_images = (pixels * (2.0 * norm.stddev) + (2.0 * norm.mean - 1.0)).to(o.device);
+        std::printf("wgan_gp: %lld images on %s, lambda %g, %lld generator steps x %lld critic steps, batch %lld\n",
+                    static_cast<long long>(real_images.size(0)), o.device.to_string().c_str(), o.lambda,
+                    static_cast<long long>(o.steps), static_cast<long long>(o.critic_iters),
+                    static_cast<long long>(o.batch));
         const auto [first, last] = train(o, o.lambda, real_images, true);
         std::printf("mean |grad norm - 1|: first fifth of critic steps %.4f, last fifth %.4f\n", first, last);
         if (!o.check_penalty) return 0;

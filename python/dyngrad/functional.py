@@ -198,7 +198,8 @@ def nll_loss(log_probs, target, weight=None, ignore_index=-100, reduction="mean"
 
 def linear_cross_entropy(x, weight, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, classes=None):
     """cross_entropy(linear(x, weight[:classes]), target, ...) without the logits (ops/linear_cross_entropy.h): x (*,E)
-    with target (*); the weight's rows from ``classes`` on (a padded vocabulary) are no classes. None: every row."""
+    with target (*); the weight's rows from ``classes`` on (a padded vocabulary) are no classes. None: every row.
+    The loss is float32 for bfloat16/float16 x (as F.cross_entropy's under PyTorch's autocast), x's dtype otherwise."""
     shape = list(x.shape)
     rows = 1
     for d in shape[:-1]:

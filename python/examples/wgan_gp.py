@@ -9,8 +9,12 @@ Prints, per generator step, the critic's Wasserstein estimate and the mean devia
 input-gradient norm. --check-penalty also trains the same models from the same initialisation and batches with
 lambda = 0 and exits 1 unless the penalty kept the norm closer to 1.
 
-    python wgan_gp.py [--data DIR] [--steps N] [--critic-iters K] [--batch B] [--lambda L] [--lr LR] [--seed S]
-                      [--check-penalty]
+--device cuda trains the same float32 models on the GPU: the weights and the training images live there; the batches'
+positions, the noise and the interpolation weights are drawn by NumPy (the same draws as a CPU run) and copied over.
+Without a usable CUDA device it prints dyngrad's DeviceError and exits 1.
+
+    python wgan_gp.py [--device cpu|cuda] [--data DIR] [--steps N] [--critic-iters K] [--batch B] [--lambda L]
+                      [--lr LR] [--seed S] [--check-penalty]
 """
 import argparse
 import sys
@@ -41,10 +45,10 @@ class Generator(dg.nn.Module):
 
 
 def train(args, lam, real_images, verbose):
-    """Trains with penalty weight `lam`; returns the mean |norm - 1| over the first and the last fifth of the
-    critic steps."""
+    """Trains with penalty weight `lam` on args.device, where `real_images` (a dyngrad tensor) are; returns the mean
+    |norm - 1| over the first and the last fifth of the critic steps."""
     dg.manual_seed(args.seed)
-    critic, generator = Critic(), Generator()
+    critic, generator = Critic().to(args.device), Generator().to(args.device)  # before the optimizers
     critic_optimizer = dg.optim.Adam(critic.parameters(), lr=args.lr, betas=(0.5, 0.9))
     generator_optimizer = dg.optim.Adam(generator.parameters(), lr=args.lr, betas=(0.5, 0.9))
     draws = np.random.default_rng(args.seed + 1)  # batches, noise, interpolation weights: the same for every lambda
@@ -52,15 +56,15 @@ def train(args, lam, real_images, verbose):
     deviations = []
 
     def noise():
-        return dg.tensor(draws.standard_normal((batch, NOISE)), dtype=dg.float32)
+        return dg.tensor(draws.standard_normal((batch, NOISE)), dtype=dg.float32, device=args.device)
 
     for step in range(args.steps):
         for _ in range(args.critic_iters):
             start = int(draws.integers(0, n - batch))
-            real = dg.tensor(real_images[start:start + batch])
+            real = real_images[start:start + batch]
             with dg.no_grad():  # the critic's step does not train the generator
                 fake = generator(noise())
-            eps = dg.tensor(draws.uniform(size=(batch, 1)), dtype=dg.float32)
+            eps = dg.tensor(draws.uniform(size=(batch, 1)), dtype=dg.float32, device=args.device)
             mixed = (eps * real + (1 - eps) * fake).detach().requires_grad_()
             (gradient,) = dg.autograd.grad(critic(mixed).sum(), mixed, create_graph=True)
             norm = ((gradient * gradient).sum(1) + 1e-12).sqrt()
@@ -70,7 +74,7 @@ def train(args, lam, real_images, verbose):
             critic_optimizer.zero_grad()
             loss.backward()
             critic_optimizer.step()
-            deviations.append(float(np.abs(norm.numpy() - 1).mean()))
+            deviations.append(float(np.abs(norm.cpu().numpy() - 1).mean()))
         generator_loss = -critic(generator(noise())).mean()
         generator_optimizer.zero_grad()
         critic_optimizer.zero_grad()
@@ -84,6 +88,7 @@ def train(args, lam, real_images, verbose):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--data", default=dg.data.DEFAULT_MNIST_DIRECTORY)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--critic-iters", type=int, default=5)
@@ -96,9 +101,14 @@ def main(argv=None):
 
     data = dg.load_mnist(args.data)
     images = data["train_images"].numpy().reshape(-1, PIXELS)
-    real_images = (images * (2 * data["std"]) + (2 * data["mean"] - 1)).astype(np.float32)  # pixels in [-1, 1]
-    print(f"wgan_gp: {real_images.shape[0]} images, lambda {args.lam:g}, {args.steps} generator steps x "
-          f"{args.critic_iters} critic steps, batch {args.batch}")
+    pixels = (images * (2 * data["std"]) + (2 * data["mean"] - 1)).astype(np.float32)  # pixels in [-1, 1]
+    try:
+        real_images = dg.tensor(pixels, device=args.device)
+    except dg.DeviceError as e:  # --device cuda without a CUDA device, or a build without the CUDA backend
+        print(f"wgan_gp: {e}", file=sys.stderr)
+        return 1
+    print(f"wgan_gp: {real_images.shape[0]} images on {args.device}, lambda {args.lam:g}, {args.steps} generator "
+          f"steps x {args.critic_iters} critic steps, batch {args.batch}")
     first, last = train(args, args.lam, real_images, True)
     print(f"mean |grad norm - 1|: first fifth of critic steps {first:.4f}, last fifth {last:.4f}")
     if not args.check_penalty:

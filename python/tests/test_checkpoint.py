@@ -1,6 +1,7 @@
 """dyngrad.utils.checkpoint.checkpoint (graph/checkpoint.h): gradients equal to the plain call, bit for bit on the
 CPU (dropout and autocast included), second order through a segment, the GPT's per-block option, typed errors; and
-the Python PINN example (python/examples/pinn_poisson.py) run small."""
+the Python PINN and WGAN-GP examples (python/examples/pinn_poisson.py, wgan_gp.py) run small, on the CPU and, where
+dyngrad has a CUDA device, with --device cuda."""
 import re
 import subprocess
 import sys
@@ -110,9 +111,9 @@ def test_bad_calls_raise_typed_errors(rng):
         assert not checkpoint(lambda t: t * 2, x).requires_grad
 
 
-def _pinn_error(steps):
+def _pinn_error(steps, device="cpu"):
     result = subprocess.run([sys.executable, str(EXAMPLES / "pinn_poisson.py"), "--steps", str(steps),
-                             "--tolerance", "1e9"], capture_output=True, text=True, timeout=300)
+                             "--tolerance", "1e9", "--device", device], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     return float(re.search(r"max \|u - sin\(pi x\)\| on 101 points: (\S+)", result.stdout).group(1))
 
@@ -122,10 +123,36 @@ def test_pinn_example_learns_the_exact_solution_on_the_cpu():
     assert trained < 0.1 * untrained, (untrained, trained)
 
 
-def test_wgan_gp_example_penalty_pulls_the_critic_norm_toward_one():
+def test_pinn_example_learns_the_exact_solution_on_the_gpu(cuda):
+    untrained, trained = _pinn_error(1, "cuda"), _pinn_error(400, "cuda")
+    assert trained < 0.1 * untrained, (untrained, trained)
+
+
+def test_pinn_example_without_a_cuda_device_is_a_device_error():
+    """--device cuda where dyngrad has no CUDA device (no device, or a build without the backend): dyngrad's
+    DeviceError printed by the example, exit 1, no traceback."""
+    if dg.cuda.is_available():
+        pytest.skip("this machine has a CUDA device: --device cuda runs")
+    result = subprocess.run([sys.executable, str(EXAMPLES / "pinn_poisson.py"), "--steps", "1", "--device", "cuda"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.startswith("pinn_poisson: ") and "cuda" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+def _check_wgan_gp_penalty(device):
     if not Path(dg.data.DEFAULT_MNIST_DIRECTORY, "train-labels-idx1-ubyte.gz").exists():
         pytest.skip("Fashion-MNIST is not installed (apt install dataset-fashion-mnist)")
-    result = subprocess.run([sys.executable, str(EXAMPLES / "wgan_gp.py"), "--steps", "40", "--check-penalty"],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run([sys.executable, str(EXAMPLES / "wgan_gp.py"), "--steps", "40", "--check-penalty",
+                             "--device", device], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert f"images on {device}," in result.stdout
     assert "the penalty kept the critic's gradient norm closer to 1" in result.stdout
+
+
+def test_wgan_gp_example_penalty_pulls_the_critic_norm_toward_one():
+    _check_wgan_gp_penalty("cpu")
+
+
+def test_wgan_gp_example_penalty_pulls_the_critic_norm_toward_one_on_the_gpu(cuda):
+    _check_wgan_gp_penalty("cuda")

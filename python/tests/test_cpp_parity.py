@@ -161,7 +161,7 @@ def documented_exceptions(doc_text: str) -> set[str]:
 
 def public_headers() -> list[str]:
     """The installed headers: CMakeLists.txt's DYNGRAD_PUBLIC_HEADERS (internal ones such as
-    nn/optim_kernels.h are not the user's surface)."""
+    nn/optim_internal.h are not the user's surface)."""
     block = re.search(r"set\(DYNGRAD_PUBLIC_HEADERS(.*?)\)", (ROOT / "CMakeLists.txt").read_text(), re.S)
     assert block, "CMakeLists.txt has no DYNGRAD_PUBLIC_HEADERS list"
     return block.group(1).split()

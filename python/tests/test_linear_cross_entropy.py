@@ -46,3 +46,29 @@ def test_ops_row_and_leading_axes(rng):
         dg.ops.linear_cross_entropy(x, w, dg.tensor(np.full(6, 7)), length=6)
     with pytest.raises(dg.ShapeError, match="linear_cross_entropy"):
         F.linear_cross_entropy(x, w, dg.tensor(y_np[:4]))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16_bit_inputs_give_a_float32_loss(rng, dtype):
+    """bf16/f16 x and weight: a float32 loss (as F.cross_entropy's under PyTorch's autocast) and gradients in the
+    inputs' dtype, outside autocast and, from float32 leaves, under dg.autocast (whose casts take them back to f32)."""
+    low = getattr(dg, dtype)
+    x_np, w_np, y_np = _problem(rng)
+    x32 = dg.tensor(x_np.astype(np.float32), requires_grad=True)
+    w32 = dg.tensor(w_np.astype(np.float32), requires_grad=True)
+    y = dg.tensor(y_np)
+    x = x32.detach().to(low).requires_grad_()
+    w = w32.detach().to(low).requires_grad_()
+    loss = F.linear_cross_entropy(x, w, y, label_smoothing=0.1, classes=6)
+    assert loss.dtype == dg.float32
+    loss.backward()
+    assert x.grad.dtype == low and w.grad.dtype == low
+    reference = F.linear_cross_entropy(x32, w32, y, label_smoothing=0.1, classes=6)
+    reference.backward()
+    tolerance = 3e-2 if dtype == "bfloat16" else 4e-3
+    np.testing.assert_allclose(loss.item(), reference.item(), rtol=tolerance)
+    np.testing.assert_allclose(w.grad.float().numpy(), w32.grad.numpy(), atol=tolerance)
+    with dg.autocast("cpu", dtype=low):
+        under_autocast = F.linear_cross_entropy(x32, w32, y, label_smoothing=0.1, classes=6)
+    assert under_autocast.dtype == dg.float32
+    assert under_autocast.item() == loss.item()  # the same rounded inputs, the same f32 computation

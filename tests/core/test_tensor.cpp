@@ -1,8 +1,17 @@
 // Tensor: factories, shapes of rank 0..4, storage sharing, element access, dtype conversion,
-// printing, and the errors of bad arguments.
+// printing, the indexing methods, and the errors of bad arguments.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <exception>
+#include <limits>
+#include <random>
+#include <source_location>
 #include <sstream>
+#include <string>
+#include <typeinfo>
+#include <utility>
+#include <vector>
 
 #include "catch.h"
 #include "dyngrad/dyngrad.h"
@@ -313,4 +322,176 @@ TEST_CASE("a CUDA tensor in a CPU-only build is a DeviceError", "[tensor][errors
     CHECK_THROWS_AS(Tensor::from_vector(std::vector<double>{1}, {1}, DType::f32, Device::cuda(0)), DeviceError);
     CHECK_THROWS_AS(cuda::memory_stats(0), DeviceError);
     CHECK_THROWS_AS(cuda::synchronize(0), DeviceError);
+}
+
+namespace {
+
+// Random values of `dtype` (integers in [-50, 50] for int64), so that every element of a window is told apart.
+Tensor random_tensor(const Shape& shape, DType dtype, Generator& gen) {
+    std::vector<double> values = Tensor::normal(shape, 0.0, 20.0, gen, DType::f64).to_vector();
+    if (dtype == DType::i64)
+        for (double& v : values) v = std::clamp(std::round(v), -50.0, 50.0);
+    return Tensor::from_vector(values, shape, dtype);
+}
+
+// The multi-index of flat (row-major) element `flat` of `shape`.
+std::vector<std::int64_t> index_of(std::int64_t flat, const Shape& shape) {
+    std::vector<std::int64_t> index(shape.size());
+    for (std::size_t i = shape.size(); i-- > 0;) {
+        index[i] = flat % shape[i];
+        flat /= shape[i];
+    }
+    return index;
+}
+
+// The dynamic type and text of what `call` throws ("no error" when it returns).
+template <typename Call>
+std::string error_of(Call call) {
+    try {
+        call();
+    } catch (const std::exception& e) {
+        return std::string(typeid(e).name()) + ": " + e.what();
+    }
+    return "no error";
+}
+
+}  // namespace
+
+// Tensor's indexing methods (core/tensor_indexing.cpp) on random shapes, axes and windows in every dtype: each
+// element against its source element read with at(), and against the layout functions (the eager ops).
+TEST_CASE("select and narrow copy their window; squeeze, unsqueeze and flatten are views", "[tensor][indexing]") {
+    Generator gen(20261129);
+    const auto draw = [&](std::int64_t low, std::int64_t high) {
+        return std::uniform_int_distribution<std::int64_t>(low, high)(gen.engine());
+    };
+    for (const DType dtype : {DType::f32, DType::f64, DType::i64, DType::bf16, DType::f16}) {
+        for (int trial = 0; trial < 24; ++trial) {
+            Shape shape;
+            const std::int64_t rank = 1 + trial % 4;
+            for (std::int64_t i = 0; i < rank; ++i) shape.push_back(draw(trial % 5 == 4 ? 0 : 1, 5));
+            const Tensor x = random_tensor(shape, dtype, gen);
+            const std::int64_t axis = draw(-rank, rank - 1);
+            const auto a = static_cast<std::size_t>(axis < 0 ? axis + rank : axis);
+            const std::int64_t n = shape[a];
+            INFO(dtype_name(dtype) << " " << to_string(shape) << " axis " << axis);
+
+            const std::int64_t start = draw(0, n), length = draw(0, n - start);
+            INFO("narrow start " << start << " length " << length);
+            const Tensor window = x.narrow(axis, start, length);
+            Shape window_shape = shape;
+            window_shape[a] = length;
+            REQUIRE(window.shape() == window_shape);
+            CHECK(window.dtype() == dtype);
+            CHECK_FALSE(window.shares_storage_with(x));
+            for (std::int64_t k = 0; k < window.numel(); ++k) {
+                std::vector<std::int64_t> at = index_of(k, window_shape);
+                const double value = window.at(at);
+                at[a] += start;
+                CHECK(value == x.at(at));
+            }
+            CHECK(equal(window, narrow(x, axis, start, length)));
+
+            if (n > 0) {
+                const std::int64_t index = draw(-n, n - 1);
+                INFO("select index " << index);
+                const Tensor row = x.select(axis, index);
+                Shape row_shape = shape;
+                row_shape.erase(row_shape.begin() + static_cast<std::ptrdiff_t>(a));
+                REQUIRE(row.shape() == row_shape);
+                CHECK_FALSE(row.shares_storage_with(x));
+                for (std::int64_t k = 0; k < row.numel(); ++k) {
+                    std::vector<std::int64_t> at = index_of(k, row_shape);
+                    const double value = row.at(at);
+                    at.insert(at.begin() + static_cast<std::ptrdiff_t>(a), index < 0 ? index + n : index);
+                    CHECK(value == x.at(at));
+                }
+                CHECK(equal(row, select(x, axis, index)));
+            }
+
+            const std::int64_t new_axis = draw(-rank - 1, rank);
+            const Tensor unsqueezed = x.unsqueeze(new_axis);
+            CHECK(unsqueezed.shares_storage_with(x));
+            CHECK(unsqueezed.shape() == unsqueeze(x, new_axis).shape());
+            CHECK(unsqueezed.size(new_axis) == 1);
+            const Tensor squeezed = unsqueezed.squeeze(new_axis);
+            CHECK(squeezed.shares_storage_with(x));
+            CHECK(squeezed.shape() == shape);
+            const std::int64_t first = draw(0, rank - 1), last = draw(first, rank - 1);
+            const Tensor flat = x.flatten(first, last - rank);  // the end axis counted from the end
+            CHECK(flat.shares_storage_with(x));
+            CHECK(flat.shape() == flatten(x, first, last).shape());
+            CHECK(flat.rank() == static_cast<std::size_t>(rank - (last - first)));
+        }
+    }
+}
+
+TEST_CASE("the indexing methods' errors are the layout functions', word for word", "[tensor][indexing][errors]") {
+    Generator gen(20261130);
+    const Tensor x = Tensor::normal({3, 4}, 0.0, 1.0, gen);
+    const Tensor labels = random_tensor({3, 4}, DType::i64, gen);
+    const std::source_location here = std::source_location::current();
+    constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+    const std::pair<std::int64_t, std::int64_t> narrow_windows[] = {{3, 2}, {-1, 2}, {0, -2}, {kMax, 1}, {5, 0}};
+    for (const auto& [start, length] : narrow_windows) {
+        INFO("narrow start " << start << " length " << length);
+        const std::string method = error_of([&] { x.narrow(1, start, length, here); });
+        CHECK(method == error_of([&] { narrow(x, 1, start, length, here); }));
+        CHECK(method != "no error");
+    }
+    CHECK(error_of([&] { x.narrow(2, 0, 1, here); }) == error_of([&] { narrow(x, 2, 0, 1, here); }));
+    const std::pair<std::int64_t, std::int64_t> select_calls[] = {{0, 3}, {1, -5}, {2, 0}, {-3, 0},
+                                                                   {0, std::numeric_limits<std::int64_t>::min()}};
+    for (const auto& [axis, index] : select_calls) {
+        INFO("select axis " << axis << " index " << index);
+        CHECK(error_of([&] { x.select(axis, index, here); }) == error_of([&] { select(x, axis, index, here); }));
+        CHECK(error_of([&] { labels.select(axis, index, here); }) ==
+              error_of([&] { select(labels, axis, index, here); }));
+    }
+    CHECK(error_of([&] { Tensor::full({}, 1.0).select(0, 0, here); }) ==
+          error_of([&] { select(Tensor::full({}, 1.0), 0, 0, here); }));
+    for (const std::int64_t axis : {0, 1, 2, -3}) {
+        INFO("axis " << axis);
+        CHECK(error_of([&] { x.squeeze(axis, here); }) == error_of([&] { squeeze(x, axis, here); }));
+    }
+    for (const std::int64_t axis : {3, -4}) {
+        INFO("axis " << axis);
+        CHECK(error_of([&] { x.unsqueeze(axis, here); }) == error_of([&] { unsqueeze(x, axis, here); }));
+    }
+    for (const auto& [first, last] : {std::pair<std::int64_t, std::int64_t>{1, 0}, {0, 2}, {-3, 1}}) {
+        INFO("flatten " << first << ".." << last);
+        CHECK(error_of([&] { x.flatten(first, last, here); }) == error_of([&] { flatten(x, first, last, here); }));
+    }
+    // The types and the parts of the texts users rely on.
+    CHECK_THROWS_MATCHES(x.narrow(1, 3, 2), IndexError, MessageHas({"narrow (eager at", "[3, 5)", "axis 1", "size 4"}));
+    CHECK_THROWS_MATCHES(x.narrow(1, kMax, 1), IndexError, MessageHas({"narrow (eager at", "+ 1)"}));
+    CHECK_THROWS_MATCHES(x.narrow(0, 1, -2), ValueError, MessageHas({"narrow (eager at", "length -2"}));
+    CHECK_THROWS_MATCHES(x.narrow(-3, 0, 1), ShapeError, MessageHas({"narrow (eager at", "(3,4) float32 cpu"}));
+    CHECK_THROWS_MATCHES(labels.select(0, 3), IndexError, MessageHas({"select at", "index 3", "size 3", "int64"}));
+    CHECK_THROWS_MATCHES(x.select(1, -5), IndexError, MessageHas({"select at", "index -5", "(valid: -4 to 3)"}));
+    CHECK_THROWS_MATCHES(x.select(2, 0), ShapeError, MessageHas({"select at", "axis 2", "(3,4)"}));
+    CHECK_THROWS_MATCHES(x.squeeze(1), ShapeError, MessageHas({"squeeze at", "axis 1", "size 4, not 1"}));
+    CHECK_THROWS_MATCHES(x.unsqueeze(-4), ShapeError, MessageHas({"unsqueeze at", "axis -4", "(valid: -3 to 2)"}));
+    CHECK_THROWS_MATCHES(x.flatten(1, 0), ShapeError, MessageHas({"flatten at", "start axis 1", "end axis 0"}));
+    // An undefined tensor: the method named.
+    const Tensor undefined;
+    CHECK_THROWS_MATCHES(undefined.select(0, 0), ValueError, MessageHas({"select (eager at", "undefined"}));
+    CHECK_THROWS_MATCHES(undefined.narrow(0, 0, 1), ValueError, MessageHas({"narrow (eager at", "undefined"}));
+    CHECK_THROWS_MATCHES(undefined.squeeze(0), ValueError, MessageHas({"squeeze (eager at", "undefined"}));
+    CHECK_THROWS_MATCHES(undefined.unsqueeze(0), ValueError, MessageHas({"unsqueeze (eager at", "undefined"}));
+    CHECK_THROWS_MATCHES(undefined.flatten(), ValueError, MessageHas({"flatten (eager at", "undefined"}));
+}
+
+// The methods are core's copies and views, outside the op dispatch (docs/ops.md, Indexing): anomaly mode checks
+// the layout functions' results, as every eager op's, and not the methods', as not clone()'s or reshaped()'s.
+TEST_CASE("anomaly mode checks the layout functions' results, not the indexing methods'", "[tensor][indexing]") {
+    Generator gen(20261131);
+    Tensor x = Tensor::normal({4, 5}, 0.0, 1.0, gen);
+    x.set({2, 3}, std::numeric_limits<double>::quiet_NaN());
+    const AnomalyModeGuard anomaly;
+    CHECK(std::isnan(x.select(0, 2).at({3})));
+    CHECK(std::isnan(x.narrow(1, 3, 1).at({2, 0})));
+    CHECK_NOTHROW(x.unsqueeze(0));
+    CHECK_NOTHROW(x.flatten());
+    CHECK_THROWS_MATCHES(select(x, 0, 2), NumericalError, MessageHas({"anomaly mode", "NaN"}));
+    CHECK_THROWS_MATCHES(narrow(x, 1, 3, 1), NumericalError, MessageHas({"anomaly mode", "NaN"}));
 }

@@ -3,7 +3,7 @@
 // against the fixed order of the one-block finish kernel the forward folded in (emulated on the host from the
 // per-row losses), the fused ReLU and its gradient against the unfused linear on the same GPU, the dtype
 // conversions against core/half.h, each past the grid-stride wrap and with a scalar tail. Their values against
-// the CPU: the op-table cases of tests/gpu/test_gpu.cpp and tests/precision/test_gpu_reduced.cpp.
+// the CPU: the op-table cases of tests/verification/gpu_op_table.cpp and tests/precision/test_gpu_reduced.cpp.
 // Without a CUDA device (or in a CPU-only build) it prints why and exits 77 (CTest: skipped).
 #include <array>
 #include <cmath>

@@ -74,6 +74,40 @@ void require_close(const std::vector<double>& a, const std::vector<double>& b, d
     }
 }
 
+// One step of `model` on a (2, t) batch of tokens and targets in [0, vocab): the loss `loss_of` records from the
+// tokens (2, t) and the flat targets (2t), and every parameter's gradient after its backward (copied out: the
+// next step zeroes the gradients).
+struct GptStep {
+    Tensor loss;
+    std::vector<std::vector<double>> grads;
+    std::vector<DType> grad_dtypes;
+};
+template <typename LossOf>
+GptStep gpt_step(GPT& model, std::int64_t t, std::int64_t vocab, LossOf&& loss_of) {
+    std::vector<std::int64_t> tokens, targets;
+    for (std::int64_t i = 0; i < 2 * t; ++i) {
+        tokens.push_back((i * 5 + 3) % vocab);
+        targets.push_back((i * 3 + 1) % vocab);
+    }
+    model.zero_grad();
+    ComputeGraph graph;
+    const Var loss =
+        loss_of(graph.input(Tensor::from_vector(tokens, {2, t})), graph.input(Tensor::from_vector(targets, {2 * t})));
+    graph.backward(loss);
+    GptStep step{loss.value(), {}, {}};
+    for (const Parameter& p : model.parameters()) {
+        step.grads.push_back(p.grad().to_vector());
+        step.grad_dtypes.push_back(p.grad().dtype());
+    }
+    return step;
+}
+
+void require_close_grads(const GptStep& a, const GptStep& b, double tolerance) {
+    REQUIRE(a.grads.size() == b.grads.size());
+    for (std::size_t k = 0; k < a.grads.size(); ++k)
+        require_close(a.grads[k], b.grads[k], tolerance, "parameter gradient");
+}
+
 }  // namespace
 
 TEST_CASE("linear_cross_entropy equals cross_entropy(linear(x, W[:C])), padded rows ignored, any chunking",
@@ -135,6 +169,89 @@ TEST_CASE("linear_cross_entropy: the backward that recomputes the chunks when th
     }
 }
 
+TEST_CASE("linear_cross_entropy: bf16/f16 inputs give a float32 loss and gradients in the inputs' dtype",
+          "[linear_cross_entropy][reduced]") {
+    // Outside autocast. The CPU computes 16-bit inputs through f32 (graph/through_f32.h): the loss is exactly the
+    // f32 loss of the rounded inputs, and each gradient the f32 gradient rounded once to the input's dtype.
+    const ChunkElements chunking(3 * 7);  // 10 rows in chunks of 3: a remainder
+    for (const DType dtype : {DType::bf16, DType::f16}) {
+        for (const Reduction reduction : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
+            INFO(dtype_name(dtype) << ", reduction " << static_cast<int>(reduction));
+            Generator gen(61);
+            Problem p = problem(10, 6, 7, 2, -100, DType::f32, gen);
+            const Tensor x16 = p.x.to(dtype), w16 = p.weight.to(dtype);
+            const Tensor upstream =
+                Tensor::normal(reduction == Reduction::None ? Shape{10} : Shape{}, 0.0, 1.0, gen, DType::f32);
+            const LinearCrossEntropyOptions options{.reduction = reduction, .label_smoothing = 0.1, .classes = 7};
+            ComputeGraph graph;
+            const Var x = graph.input(x16, "x", true);
+            const Var w = graph.input(w16, "weight", true);
+            const Var loss = linear_cross_entropy(x, w, graph.input(p.labels), options);
+            REQUIRE(loss.dtype() == DType::f32);
+            graph.backward(sum(mul(loss, graph.input(upstream.reshaped(loss.shape())))));
+            REQUIRE(x.grad().dtype() == dtype);
+            REQUIRE(w.grad().dtype() == dtype);
+            p.x = x16.to(DType::f32);
+            p.weight = w16.to(DType::f32);
+            const Result f32 = run(p, options, true, upstream);
+            CHECK(loss.value().to_vector() == f32.loss);
+            CHECK(x.grad().to_vector() == Tensor::from_vector(f32.dx, {10, 6}, DType::f32).to(dtype).to_vector());
+            CHECK(w.grad().to_vector() == Tensor::from_vector(f32.dw, {9, 6}, DType::f32).to(dtype).to_vector());
+            // The eager overload: the same float32 loss.
+            CHECK(linear_cross_entropy(x16, w16, p.labels, options).dtype() == DType::f32);
+        }
+    }
+}
+
+TEST_CASE("linear_cross_entropy and GPT::loss under autocast: 16-bit GEMMs, a float32 loss, f32 gradients",
+          "[linear_cross_entropy][reduced][autocast]") {
+    for (const DType reduced : {DType::bf16, DType::f16}) {
+        INFO(dtype_name(reduced));
+        // bf16 keeps 8 significant bits, f16 11: the loss and gradients of rounded inputs, against the f32 run.
+        const double tolerance = reduced == DType::bf16 ? 3e-2 : 4e-3;
+        Generator gen(67);
+        const Problem p = problem(12, 8, 9, 3, -100, DType::f32, gen);
+        const LinearCrossEntropyOptions options{.label_smoothing = 0.05, .classes = 9};
+        const Result f32 = run(p, options, true, Tensor::ones({}, DType::f32));
+        ComputeGraph graph;
+        const Var x = graph.input(p.x, "x", true);
+        const Var w = graph.input(p.weight, "weight", true);
+        Var loss;
+        {
+            const AutocastGuard autocast(reduced);
+            loss = linear_cross_entropy(x, w, graph.input(p.labels), options);
+        }
+        int casts = 0;
+        for (NodeId id = 0; id < graph.size(); ++id) casts += graph.node(id).op == OpType::Cast;
+        CHECK(casts == 2);  // x and the weight down to `reduced`; the loss is float32 already
+        REQUIRE(loss.dtype() == DType::f32);
+        graph.backward(loss);
+        REQUIRE(x.grad().dtype() == DType::f32);  // the casts' backward: back to the f32 inputs' dtype
+        REQUIRE(w.grad().dtype() == DType::f32);
+        require_close(loss.value().to_vector(), f32.loss, tolerance, "loss");
+        require_close(x.grad().to_vector(), f32.dx, tolerance, "dx");
+        require_close(w.grad().to_vector(), f32.dw, tolerance, "dW");
+
+        // GPT-2's path: GPT::loss under autocast against the same model in f32.
+        Generator model_gen(71);
+        const GPTConfig config{.vocab_size = 13, .context = 8, .layers = 1, .heads = 2, .width = 16,
+                               .padded_vocab_size = 16, .tie_embeddings = true};
+        GPT model(config, model_gen);
+        const auto step_under = [&](DType autocast_dtype) {
+            return gpt_step(model, 8, 13, [&](const Var& input, const Var& target) {
+                const AutocastGuard autocast(autocast_dtype);  // DType::f32: off
+                return model.loss(input, target);
+            });
+        };
+        const GptStep low = step_under(reduced), f32_step = step_under(DType::f32);
+        REQUIRE(low.loss.dtype() == DType::f32);
+        for (const DType dtype : low.grad_dtypes) REQUIRE(dtype == DType::f32);
+        CHECK(std::abs(low.loss.item() - f32_step.loss.item()) <= tolerance * std::abs(f32_step.loss.item()));
+        // Every parameter's gradient, the tied head's (the token embedding's) through the fused op.
+        require_close_grads(low, f32_step, 2 * tolerance);
+    }
+}
+
 TEST_CASE("linear_cross_entropy takes x (*, E) with labels (*) and gives None its shape", "[linear_cross_entropy]") {
     Generator gen(9);
     const Tensor x = Tensor::normal({2, 3, 4}, 0.0, 1.0, gen, DType::f64);
@@ -192,39 +309,22 @@ TEST_CASE("GPT::loss equals cross_entropy of GPT's logits, padded vocabulary, ti
         const GPTConfig config{.vocab_size = 11, .context = 8, .layers = 1, .heads = 2, .width = 8,
                                .padded_vocab_size = 16, .tie_embeddings = tied};
         GPT model(config, gen);
-        std::vector<std::int64_t> tokens, targets;
-        for (int i = 0; i < 2 * 7; ++i) {
-            tokens.push_back((i * 5 + 3) % 11);
-            targets.push_back((i * 3 + 1) % 11);
-        }
         // Garbage in the padded rows of the head: the fused loss must not see them.
         Parameter head = tied ? model.token_embedding.weight : model.lm_head.weight;
         std::vector<double> values = head.value().to_vector();
         for (std::size_t i = 11 * 8; i < values.size(); ++i) values[i] = 30.0 * std::sin(static_cast<double>(i));
         head.value().copy_from(Tensor::from_vector(values, {16, 8}, DType::f32));
-        double losses[2];
-        std::vector<std::vector<double>> grads[2];
-        for (const bool fused : {true, false}) {
-            model.zero_grad();
-            ComputeGraph g;
-            const Var input = g.input(Tensor::from_vector(tokens, {2, 7}));
-            const Var target = g.input(Tensor::from_vector(targets, {14}));
-            Var loss;
-            if (fused) {
-                loss = model.loss(input, target);
-            } else {
-                const Var logits = model(input);
-                loss = cross_entropy(reshape(logits, {14, 11}), target);
-            }
-            g.backward(loss);
-            losses[fused ? 0 : 1] = loss.item();
-            for (const Parameter& p : model.parameters()) grads[fused ? 0 : 1].push_back(p.grad().to_vector());
-        }
+        const GptStep fused = gpt_step(model, 7, 11, [&](const Var& input, const Var& target) {
+            return model.loss(input, target);
+        });
+        const GptStep reference = gpt_step(model, 7, 11, [&](const Var& input, const Var& target) {
+            return cross_entropy(reshape(model(input), {14, 11}), target);
+        });
         INFO((tied ? "tied" : "untied"));
-        CHECK(std::abs(losses[0] - losses[1]) <= 1e-6);
-        REQUIRE(grads[0].size() == grads[1].size());
-        for (std::size_t k = 0; k < grads[0].size(); ++k) require_close(grads[0][k], grads[1][k], 1e-5, "parameter gradient");
-        for (std::size_t i = 11 * 8; i < grads[0].back().size() && !tied; ++i) CHECK(grads[0].back()[i] == 0.0);
+        CHECK(std::abs(fused.loss.item() - reference.loss.item()) <= 1e-6);
+        require_close_grads(fused, reference, 1e-5);
+        const std::vector<double>& head_grad = fused.grads.back();
+        for (std::size_t i = 11 * 8; i < head_grad.size() && !tied; ++i) CHECK(head_grad[i] == 0.0);
     }
 }
 

@@ -81,12 +81,14 @@ TEST_CASE("every row states its autocast policy and, with cases, its PyTorch exp
         if (!def.cases().empty()) CHECK((def.torch != nullptr && std::string(def.torch).size() > 3));
     }
     // The policies the switch in graph/autocast.cpp gave before they moved into the rows (docs/mixed_precision.md),
-    // and cumsum's, which PyTorch's autocast also runs in float32; linear_cross_entropy, a loss (its GEMM included).
-    const std::set<std::string> reduced = {"matmul", "linear", "conv2d", "scaled_dot_product_attention"};
+    // and cumsum's, which PyTorch's autocast also runs in float32; linear_cross_entropy, the LM head's GEMM with
+    // its loss: its GEMMs in the reduced dtype as linear's, its loss float32 (infer::linear_cross_entropy).
+    const std::set<std::string> reduced = {"matmul", "linear", "conv2d", "scaled_dot_product_attention",
+                                           "linear_cross_entropy"};
     const std::set<std::string> float32 = {"softmax", "log_softmax", "cross_entropy", "mse_loss", "nll_loss",
                                            "binary_cross_entropy_with_logits", "l1_loss", "smooth_l1_loss",
                                            "batch_norm", "layer_norm", "rms_norm", "sum", "mean", "exp", "log", "pow",
-                                           "softplus", "logsumexp", "cumsum", "linear_cross_entropy"};
+                                           "softplus", "logsumexp", "cumsum"};
     for (const OpDef& def : op_table()) {
         INFO(def.name);
         const AutocastPolicy expected = reduced.contains(def.name)   ? AutocastPolicy::Reduced
