@@ -83,7 +83,7 @@ std::size_t checked_bytes(std::int64_t numel, std::size_t width, std::string_vie
 }
 
 namespace {
-std::string to_string(__int128 value) {
+std::string int128_to_string(__int128 value) {
     // Digits in reverse, then the sign; only values far from the 128-bit limits reach here.
     std::string text;
     for (__int128 rest = value < 0 ? -value : value; text.empty() || rest != 0; rest /= 10)
@@ -99,16 +99,16 @@ std::int64_t sliding_window_output(std::int64_t size, std::int64_t kernel, std::
     const __int128 window = static_cast<__int128>(dilation) * (kernel - 1) + 1;
     const __int128 padded = static_cast<__int128>(size) + 2 * static_cast<__int128>(padding);
     if (window > padded)
-        throw ShapeError(str(axis, ": window ", to_string(window),
+        throw ShapeError(str(axis, ": window ", int128_to_string(window),
                              dilation != 1 ? str(" (kernel ", kernel, ", dilation ", dilation, ")") : std::string(),
-                             " is larger than the padded input ", to_string(padded)));
+                             " is larger than the padded input ", int128_to_string(padded)));
     std::int64_t unused;
     if (__builtin_add_overflow(size, padding, &unused))
         throw ShapeError(str(axis, ": size ", size, " + padding ", padding, " overflows int64"));
     const __int128 out = (padded - window) / stride + 1;
     if (out > std::numeric_limits<std::int64_t>::max())
-        throw ShapeError(str(axis, ": ", to_string(out), " outputs (size ", size, ", padding ", padding, ", window ",
-                             to_string(window), ", stride ", stride, ") overflow int64"));
+        throw ShapeError(str(axis, ": ", int128_to_string(out), " outputs (size ", size, ", padding ", padding, ", window ",
+                             int128_to_string(window), ", stride ", stride, ") overflow int64"));
     return static_cast<std::int64_t>(out);
 }
 

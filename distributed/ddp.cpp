@@ -10,6 +10,7 @@
 #include "dyngrad/core/device_memory.h"
 #include "dyngrad/core/error.h"
 #include "dyngrad/distributed/group_impl.h"
+#include "dyngrad/distributed/zero_impl.h"  // copy_bytes
 
 namespace dyngrad::dist {
 
@@ -45,11 +46,6 @@ void divide(Tensor& t, double by) {
         double* p = t.data<double>();
         for (std::int64_t i = 0; i < t.numel(); ++i) p[i] /= by;
     }
-}
-
-void copy_bytes(void* dst, const void* src, std::size_t bytes, Device device) {
-    if (device.is_cuda()) device_memory::copy(dst, device, src, device, bytes);
-    else if (bytes) std::memcpy(dst, src, bytes);
 }
 
 double squared_norm(const std::vector<double>& v) {

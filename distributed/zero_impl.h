@@ -59,6 +59,7 @@ struct ZeroOptimizer::State {
 void add_member(ZeroOptimizer::State& state, std::size_t first_flat, const std::string& name, const Parameter& p);
 // Per flat: S = ceil(Ψ_d / W), this rank's shard of the members' values, its Parameter; then the AdamW over them.
 void make_shards(ZeroOptimizer::State& state, int rank, int world, const AdamOptions& options);
+// Host memcpy or device copy of `bytes` (nothing for 0 bytes or dst == src); DDP's buckets use it too.
 void copy_bytes(void* dst, const void* src, std::size_t bytes, Device device);
 char* bytes_of(const Tensor& t);
 // Copies the part of member `m` (elements [m.offset, m.offset + numel) of the flat buffer) that falls into

@@ -40,19 +40,19 @@ using detail::Segment;
 
 // Segments by key. Entries whose graph was cleared or destroyed are pruned as new ones arrive (a Var's liveness
 // check never reads the graph), so the map holds about the live segments.
-struct Registry {
+struct SegmentRegistry {
     std::mutex mutex;
     std::unordered_map<std::uint64_t, std::shared_ptr<Segment>> segments;
     std::size_t prune_at = 64;
     std::uint64_t next_key = 1;
 };
-Registry& registry() {
-    static Registry r;
+SegmentRegistry& segment_registry() {
+    static SegmentRegistry r;
     return r;
 }
 
 std::uint64_t register_segment(std::shared_ptr<Segment> segment) {
-    Registry& r = registry();
+    SegmentRegistry& r = segment_registry();
     const std::lock_guard lock(r.mutex);
     if (r.segments.size() >= r.prune_at) {
         std::erase_if(r.segments, [](const auto& entry) { return !entry.second->anchor.is_live(); });
@@ -64,7 +64,7 @@ std::uint64_t register_segment(std::shared_ptr<Segment> segment) {
 }
 
 std::shared_ptr<Segment> find_segment(std::uint64_t key) {
-    Registry& r = registry();
+    SegmentRegistry& r = segment_registry();
     const std::lock_guard lock(r.mutex);
     const auto it = r.segments.find(key);
     if (it == r.segments.end() || !it->second->anchor.is_live())

@@ -13,11 +13,11 @@ struct Registered {
 };
 
 // A deque keeps addresses stable as ops are added, so OpDef references stay valid.
-std::deque<Registered>& registry() {
+std::deque<Registered>& custom_op_registry() {
     static std::deque<Registered> ops;
     return ops;
 }
-std::mutex& registry_mutex() {
+std::mutex& custom_op_registry_mutex() {
     static std::mutex m;
     return m;
 }
@@ -31,8 +31,8 @@ CustomOp CustomOp::define(const CustomOpSpec& spec) {
         throw ValueError(str("CustomOp '", spec.name, "': needs a shape rule and a CPU forward and backward"));
     if (static_cast<bool>(spec.cuda.forward) != static_cast<bool>(spec.cuda.backward))
         throw ValueError(str("CustomOp '", spec.name, "': give both CUDA forward and backward, or neither"));
-    std::lock_guard lock(registry_mutex());
-    auto& ops = registry();
+    std::lock_guard lock(custom_op_registry_mutex());
+    auto& ops = custom_op_registry();
     ops.push_back(Registered{spec.name, OpDef{}});
     Registered& r = ops.back();
     // Reads no attribute but its id (custom_id, set by operator()); autocast treats it as the trampoline row does.
@@ -53,15 +53,15 @@ Var CustomOp::operator()(const std::vector<Var>& inputs, OpAttrs attrs, std::sou
 const OpDef& CustomOp::def() const { return custom_op_def(id_); }
 
 const OpDef& custom_op_def(std::uint32_t custom_id) {
-    std::lock_guard lock(registry_mutex());
-    const auto& ops = registry();
+    std::lock_guard lock(custom_op_registry_mutex());
+    const auto& ops = custom_op_registry();
     if (custom_id >= ops.size()) throw GraphError(str("no custom op with id ", custom_id));
     return ops[custom_id].def;
 }
 
 std::uint32_t custom_op_id(const OpDef& def) {
-    std::lock_guard lock(registry_mutex());
-    const auto& ops = registry();
+    std::lock_guard lock(custom_op_registry_mutex());
+    const auto& ops = custom_op_registry();
     for (std::size_t i = 0; i < ops.size(); ++i)
         if (&ops[i].def == &def) return static_cast<std::uint32_t>(i);
     throw GraphError(str("op '", def.name, "' is not a registered custom op"));

@@ -20,13 +20,13 @@ bool enabled_from_environment() {
 
 std::atomic<bool> g_enabled{enabled_from_environment()};
 
-struct Registry {
+struct FusionCheckRegistry {
     std::mutex mutex;
     std::set<std::string> checked;  // "forward|key", "backward|key"
     std::vector<FusionCheckResult> results;
 };
-Registry& registry() {
-    static Registry r;
+FusionCheckRegistry& fusion_check_registry() {
+    static FusionCheckRegistry r;
     return r;
 }
 
@@ -52,7 +52,7 @@ std::string key_of(const OpDef& def, std::span<const Tensor> inputs, const OpAtt
 
 // True the first time `pass|key` is seen (the caller then checks it).
 bool first_use(const std::string& pass, const std::string& key) {
-    Registry& r = registry();
+    FusionCheckRegistry& r = fusion_check_registry();
     const std::lock_guard lock(r.mutex);
     return r.checked.insert(pass + "|" + key).second;
 }
@@ -73,7 +73,7 @@ void compare(const OpDef& def, const std::string& key, const std::string& pass, 
     }
     result.passed = finite && result.max_abs_error <= result.tolerance * std::max(result.scale, 1e-30);
     {
-        Registry& r = registry();
+        FusionCheckRegistry& r = fusion_check_registry();
         const std::lock_guard lock(r.mutex);
         r.results.push_back(result);
     }
@@ -91,13 +91,13 @@ bool fusion_check_enabled() { return g_enabled.load(std::memory_order_relaxed); 
 const UnfusedComposition* unfused_composition(OpType op) { return op_def(op).unfused; }
 
 std::vector<FusionCheckResult> fusion_check_results() {
-    Registry& r = registry();
+    FusionCheckRegistry& r = fusion_check_registry();
     const std::lock_guard lock(r.mutex);
     return r.results;
 }
 
 void clear_fusion_check_results() {
-    Registry& r = registry();
+    FusionCheckRegistry& r = fusion_check_registry();
     const std::lock_guard lock(r.mutex);
     r.results.clear();
     r.checked.clear();

@@ -13,6 +13,7 @@
 #include "dyngrad/ops/attention_geometry.h"
 #include "dyngrad/ops/cpu_parallel.h"
 #include "dyngrad/ops/differentiable_backward.h"
+#include "dyngrad/ops/eigen_maps.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/indexing.h"
 #include "dyngrad/ops/layout.h"
@@ -159,7 +160,6 @@ namespace cpu {
 
 namespace {
 
-template <typename Real> using MatrixRM = Eigen::Matrix<Real, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 template <typename Real> using Rows = Eigen::Map<const MatrixRM<Real>>;
 
 // One (b, h) slice's operands: q (T,D), k and v (S,D), the mask's first element for this slice (or null).

@@ -12,6 +12,7 @@
 #include "dyngrad/core/checked.h"
 #include "dyngrad/core/tensor_indexing.h"
 #include "dyngrad/graph/eager.h"
+#include "dyngrad/ops/eigen_maps.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/strided.h"
 
@@ -274,8 +275,6 @@ std::vector<Tensor> reshape_backward(const BackwardArgs& args) {
 namespace cpu {
 
 namespace {
-
-template <typename T> using MatrixRM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 // Copies x into y with axes `axis0` and `axis1` swapped. x is viewed as (outer, d0, mid, d1, inner)
 // around the two axes and y as (outer, d1, mid, d0, inner).

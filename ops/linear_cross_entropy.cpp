@@ -16,6 +16,7 @@
 #include "dyngrad/ops/argument_rules.h"
 #include "dyngrad/ops/cpu_parallel.h"
 #include "dyngrad/ops/differentiable_backward.h"
+#include "dyngrad/ops/eigen_maps.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/layout.h"
@@ -164,8 +165,6 @@ namespace {
 
 // Logits elements per chunk: 4M (16 MB in f32), a few dozen rows of GPT-2's vocabulary per GEMM.
 constexpr std::int64_t kCpuChunkElements = std::int64_t{1} << 22;
-
-template <typename T> using MatrixRM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 void check_lce_labels(const Tensor& labels, std::int64_t classes, std::int64_t ignore_index) {
     const std::int64_t* label = labels.data<std::int64_t>();

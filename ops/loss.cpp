@@ -189,7 +189,7 @@ namespace infer {
 namespace {
 
 // Also rejects a reduction that is none of the three (a cast integer), which no kernel would write.
-Shape reduced_shape(Reduction reduction, const Shape& unreduced) {
+Shape loss_output_shape(Reduction reduction, const Shape& unreduced) {
     if (reduction != Reduction::Mean && reduction != Reduction::Sum && reduction != Reduction::None)
         throw ValueError(str("reduction must be Mean, Sum or None, got ", static_cast<int>(reduction)));
     return reduction == Reduction::None ? unreduced : Shape{};
@@ -230,7 +230,7 @@ OutputSpec cross_entropy(OpType op, std::span<const Tensor> inputs, const OpAttr
     if (op == OpType::NllLoss && attrs.label_smoothing != 0.0)
         throw ValueError(str("nll_loss takes no label_smoothing (got ", attrs.label_smoothing,
                              "); cross_entropy does"));
-    return {reduced_shape(attrs.reduction, {logits.shape()[0]}), logits.dtype()};
+    return {loss_output_shape(attrs.reduction, {logits.shape()[0]}), logits.dtype()};
 }
 
 // logits, target (the same shape); weight, pos_weight optional, each shaped as a suffix of the logits'.
@@ -259,7 +259,7 @@ OutputSpec bce_with_logits(OpType, std::span<const Tensor> inputs, const OpAttrs
     }
     if (logits.numel() == 0 && attrs.reduction == Reduction::Mean)
         throw ShapeError(str("logits ", to_string(logits.shape()), " are empty: the mean needs at least one element"));
-    return {reduced_shape(attrs.reduction, logits.shape()), logits.dtype()};
+    return {loss_output_shape(attrs.reduction, logits.shape()), logits.dtype()};
 }
 
 // l1_loss, smooth_l1_loss: prediction, target (the same shape and dtype); smooth_l1's beta in OpAttrs::scalar.
@@ -275,7 +275,7 @@ OutputSpec pointwise_loss(OpType op, std::span<const Tensor> inputs, const OpAtt
         throw ValueError(str("beta must be finite and >= 0, got ", attrs.scalar));
     if (prediction.numel() == 0 && attrs.reduction == Reduction::Mean)
         throw ShapeError("inputs are empty: the mean needs at least one element");
-    return {reduced_shape(attrs.reduction, prediction.shape()), prediction.dtype()};
+    return {loss_output_shape(attrs.reduction, prediction.shape()), prediction.dtype()};
 }
 
 OutputSpec mse_loss(OpType, std::span<const Tensor> inputs, const OpAttrs&) {

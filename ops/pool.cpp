@@ -12,6 +12,7 @@
 #include "dyngrad/core/checked.h"
 #include "dyngrad/ops/argument_rules.h"
 #include "dyngrad/ops/differentiable_backward.h"
+#include "dyngrad/ops/eigen_maps.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/indexing.h"
 #include "dyngrad/ops/kernels.h"
@@ -147,8 +148,6 @@ OutputSpec pool2d(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) 
 namespace cpu {
 
 namespace {
-
-template <typename T> using MatrixRM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 struct PoolDims {
     std::int64_t planes, h, w, p, q;  // planes = N·C

@@ -64,12 +64,15 @@ class _Bound(_nn.Module):
         object.__setattr__(self, "_cpp", cpp)
         return dict(cpp.named_parameters())
 
-    def forward(self, x):
+    def _sync_modes(self):
         # Each bound submodule's own train/eval mode, parents first (C++ train() reaches every child, so a child
         # set apart, e.g. one block in eval, is set again after its parent), as torch's per-module modes.
         for module in self.modules():
             if isinstance(module, _Bound):
                 module._cpp.train(module.training)
+
+    def forward(self, x):
+        self._sync_modes()
         return self._cpp.forward(x, self.training)
 
 
@@ -235,6 +238,32 @@ class GPT(_Bound):
         self.vocab_size, self.context, self.layers, self.heads, self.width = vocab_size, context, layers, heads, width
         object.__setattr__(self, "_config", GPTConfig(vocab_size, context, layers, heads, width, dropout, seed, bias,
                                                       padded_vocab_size, tie_embeddings, gelu, checkpoint))
+
+    def loss(self, tokens, targets, *, ignore_index: int = -100, reduction: str = "mean",
+             label_smoothing: float = 0.0):
+        """The language-model loss of ``tokens`` (B,T) int64 against ``targets`` (B,T) or (B*T) int64 (C++
+        ``GPT::loss``): equal to ``F.cross_entropy(model(tokens).reshape(-1, vocab_size), targets.reshape(-1),
+        ignore_index=..., reduction=..., label_smoothing=...)``, computed by ``F.linear_cross_entropy`` on the final
+        hidden states, so the (B*T, vocab_size) logits are never materialised and the rows of a padded vocabulary
+        take no probability mass. For training, when only the loss is needed; ``model(tokens)`` still gives the
+        logits. reduction="none" returns one loss per token, shaped (B*T). Targets equal to ``ignore_index`` add
+        nothing (the mean is over the others); any other target outside [0, vocab_size) raises IndexError.
+        """
+        for name, value in (("tokens", tokens), ("targets", targets)):
+            if not isinstance(value, _core.Tensor):
+                raise TypeError(f"GPT.loss: {name} must be a dyngrad.Tensor, got {type(value).__name__}")
+            if value.dtype != _core.int64:
+                raise _core.DTypeError(f"GPT.loss: {name} must be int64 (token ids), got {value.dtype}")
+        check_ints("GPT.loss", ignore_index=ignore_index)
+        check_numbers("GPT.loss", label_smoothing=label_smoothing)
+        shape = tuple(tokens.shape)
+        if len(shape) != 2:
+            raise _core.ShapeError(f"GPT.loss: tokens {shape} must be (B,T)")
+        if tuple(targets.shape) not in (shape, (shape[0] * shape[1],)):
+            raise _core.ShapeError(f"GPT.loss: targets {tuple(targets.shape)} do not match tokens {shape}: expected "
+                                   f"{shape} or {(shape[0] * shape[1],)}")
+        self._sync_modes()
+        return self._cpp.loss(tokens, targets, self.training, reduction, ignore_index, label_smoothing)
 
     @property
     def config(self) -> GPTConfig:

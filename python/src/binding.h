@@ -185,6 +185,19 @@ T arg_as(nb::handle value, std::string_view who, std::string_view arg, const cha
 }
 // An int argument: an int or an object with __index__; not a bool, a str or a float (TypeError as above).
 std::int64_t int_of(nb::handle value, std::string_view who, std::string_view arg);
+// An enum argument given by name, one of choice_names(E) (reduction="mean", ...): TypeError for a non-str,
+// ValueError listing the names for an unknown one.
+template <typename E>
+E parse_choice(nb::handle value, std::string_view who, std::string_view key) {
+    if (!nb::isinstance<nb::str>(value)) throw_argument_type(who, key, "a str", value);
+    const std::string text = nb::cast<std::string>(value);
+    const auto names = choice_names(E{});
+    for (std::size_t i = 0; i < names.size(); ++i)
+        if (text == names[i]) return static_cast<E>(i);
+    std::string known;
+    for (const std::string_view name : names) known += str(known.empty() ? "" : ", ", name);
+    throw ValueError(str(who, "(): ", key, "='", text, "': expected one of ", known));
+}
 
 // A parameter list from Python tensors (ValueError for one that is not a leaf requiring grad).
 std::vector<Parameter> parameters_of(const std::vector<PyTensor*>& tensors, const char* who);

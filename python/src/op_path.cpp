@@ -243,18 +243,6 @@ const OpAttrs& no_attrs() {
 
 namespace {
 
-template <typename E>
-E parse_choice(nb::handle value, std::string_view who, std::string_view key) {
-    if (!nb::isinstance<nb::str>(value)) throw_argument_type(who, key, "a str", value);
-    const std::string text = nb::cast<std::string>(value);
-    const auto names = choice_names(E{});
-    for (std::size_t i = 0; i < names.size(); ++i)
-        if (text == names[i]) return static_cast<E>(i);
-    std::string known;
-    for (const std::string_view name : names) known += str(known.empty() ? "" : ", ", name);
-    throw ValueError(str(who, "(): ", key, "='", text, "': expected one of ", known));
-}
-
 // One int (an int or a NumPy integer), not a sequence: a NumPy array has __index__ too, but is a sequence.
 bool is_one_int(nb::handle value) { return PyIndex_Check(value.ptr()) && !PySequence_Check(value.ptr()); }
 

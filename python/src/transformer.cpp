@@ -22,15 +22,22 @@ nb::list named_parameters_of(const Module& layer) {
     return out;
 }
 
-// layer(x) from Python: the module's train/eval mode first (Python's Module.training is the one users set).
+// fn(inputs) as a call of `layer` from Python: the module's train/eval mode first (Python's Module.training is the
+// one users set); recorded into the graph when a parameter requires grad.
 template <typename Layer>
-PyTensor forward(Layer& layer, const PyTensor& x, bool training) {
+PyTensor call_layer(Layer& layer, std::span<const PyTensor* const> inputs, bool training, const VarFunction& fn) {
     if (layer.is_training() != training) layer.train(training);
     bool trainable = false;
     for (const Parameter& p : layer.parameters()) trainable = trainable || p.requires_grad();
+    return call_with_vars(inputs, trainable, fn);
+}
+
+// layer(x) from Python.
+template <typename Layer>
+PyTensor forward(Layer& layer, const PyTensor& x, bool training) {
     const PyTensor* inputs[] = {&x};
-    return call_with_vars(inputs, trainable,
-                          [&layer](std::span<const Var> v, std::source_location where) { return layer(v[0], where); });
+    return call_layer(layer, inputs, training,
+                      [&layer](std::span<const Var> v, std::source_location where) { return layer(v[0], where); });
 }
 
 template <typename Layer>
@@ -98,6 +105,18 @@ void bind_transformer(nb::module_& m) {
         return g.blocks[i];
     }, nb::arg("index"));
     gpt.def("position_embedding", [](const GPT& g) { return g.position_embedding; });
+    // GPT::loss: the LM head and cross_entropy in one (ops/linear_cross_entropy.h), the logits never materialised.
+    // dyngrad/transformer.py checks the tensors' shapes and dtypes first, naming GPT.loss.
+    gpt.def("loss", [](GPT& g, const PyTensor& tokens, const PyTensor& targets, bool training, nb::handle reduction,
+                       std::int64_t ignore_index, double label_smoothing) {
+        const LinearCrossEntropyOptions options{.reduction = parse_choice<Reduction>(reduction, "GPT.loss", "reduction"),
+                                                .ignore_index = ignore_index, .label_smoothing = label_smoothing};
+        const PyTensor* inputs[] = {&tokens, &targets};
+        return call_layer(g, inputs, training, [&g, &options](std::span<const Var> v, std::source_location where) {
+            return g.loss(v[0], v[1], options, where);
+        });
+    }, nb::arg("tokens"), nb::arg("targets"), nb::arg("training"), nb::arg("reduction"), nb::arg("ignore_index"),
+       nb::arg("label_smoothing"));
 
     // gpt2_small() as a dict of GPTConfig's fields (dyngrad/transformer.py builds its GPTConfig from it).
     m.def("_gpt2_small", [] {

@@ -334,3 +334,90 @@ def test_new_gpt_settings_name_a_bad_argument(make, error, argument):
 def test_constructors_name_a_wrong_argument_type(make, argument):
     with pytest.raises(TypeError, match=argument):
         make()
+
+
+def _grads(model):
+    return {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("tie, padded", [(False, False), (True, True), (False, True)])
+@pytest.mark.parametrize("reduction, label_smoothing, ignore_index", [
+    ("mean", 0.0, -100), ("sum", 0.1, -100), ("none", 0.0, 3), ("mean", 0.2, 5)])
+@pytest.mark.parametrize("flat_targets", [False, True])
+def test_gpt_loss_equals_cross_entropy_of_the_logits(rng, tie, padded, reduction, label_smoothing, ignore_index,
+                                                     flat_targets):
+    """GPT.loss (C++ GPT::loss, the fused linear_cross_entropy head) against F.cross_entropy of model(tokens)
+    reshaped to (B*T, V): the same loss and the same gradient of every parameter, with ignored targets."""
+    dg.manual_seed(int(rng.integers(1 << 30)))
+    vocab, batch, steps = 13, 3, 5
+    model = nn.GPT(vocab_size=vocab, context=8, layers=1, heads=2, width=8, tie_embeddings=tie,
+                   padded_vocab_size=nn.padded_vocabulary(vocab) if padded else 0).double()
+    tokens = dg.tensor(rng.integers(0, vocab, (batch, steps)))
+    labels = rng.integers(0, vocab, (batch, steps))
+    labels[rng.random((batch, steps)) < 0.25] = ignore_index  # some targets ignored, the others random
+    labels[0, 0] = (ignore_index + 1) % vocab  # at least one counted target
+    targets = dg.tensor(labels.reshape(-1) if flat_targets else labels)
+    options = dict(ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing)
+    # Per-token losses get a random upstream gradient; a mean or sum loss is the root itself. Each loss is
+    # back-propagated before the other is computed (a backward releases the implicit graph it ran on).
+    upstream = dg.tensor(rng.standard_normal(batch * steps)).double() if reduction == "none" else None
+    fused = model.loss(tokens, targets, **options)
+    (fused if upstream is None else (fused * upstream).sum()).backward()
+    got = _grads(model)
+    model.zero_grad()
+    reference = F.cross_entropy(model(tokens).reshape(-1, vocab), targets.reshape(-1), **options)
+    (reference if upstream is None else (reference * upstream).sum()).backward()
+    want = _grads(model)
+    assert fused.shape == reference.shape == (() if reduction != "none" else (batch * steps,))
+    np.testing.assert_allclose(fused.numpy(), reference.numpy(), rtol=1e-10, atol=1e-12)
+    assert got.keys() == want.keys() and len(got) == len(model.parameters())
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-9, atol=1e-12, err_msg=name)
+    assert max(np.abs(g).max() for g in want.values()) > 0
+
+
+def test_gpt_loss_defaults_and_modes(rng):
+    """ignore_index=-100, reduction="mean", no smoothing by default (PyTorch's); under no_grad the loss records
+    nothing; float32 models agree with the logits path to float32 rounding; the loss trains the model."""
+    dg.manual_seed(int(rng.integers(1 << 30)))
+    model = nn.GPT(vocab_size=9, context=6, layers=1, heads=2, width=8)
+    tokens = dg.tensor(rng.integers(0, 9, (2, 6)))
+    labels = rng.integers(0, 9, (2, 6))
+    labels[1, 2:4] = -100
+    targets = dg.tensor(labels)
+    reference = F.cross_entropy(model(tokens).reshape(-1, 9), targets.reshape(-1))
+    np.testing.assert_allclose(model.loss(tokens, targets).item(), reference.item(), rtol=1e-5)
+    with dg.no_grad():
+        assert not model.loss(tokens, targets).requires_grad
+    opt = dg.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(5):
+        opt.zero_grad()
+        loss = model.loss(tokens, targets)
+        loss.backward()
+        losses.append(loss.item())
+        opt.step()
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda m, t, y: m.loss(t, y.double()), dg.DTypeError, r"GPT.loss: targets must be int64"),
+    (lambda m, t, y: m.loss(t.double(), y), dg.DTypeError, r"GPT.loss: tokens must be int64"),
+    (lambda m, t, y: m.loss(t.reshape(2, 3, 2), y), dg.ShapeError, r"GPT.loss: tokens \(2, 3, 2\) must be \(B,T\)"),
+    (lambda m, t, y: m.loss(t, y.reshape(3, 4)), dg.ShapeError,
+     r"GPT.loss: targets \(3, 4\) do not match tokens \(2, 6\)"),
+    (lambda m, t, y: m.loss(t, y.reshape(12)[:10]), dg.ShapeError, r"GPT.loss: targets \(10,\)"),
+    (lambda m, t, y: m.loss(t, y.numpy()), TypeError, r"GPT.loss: targets must be a dyngrad.Tensor"),
+    (lambda m, t, y: m.loss(t, y, reduction="avg"), dg.ValueError, r"GPT.loss\(\): reduction='avg'"),
+    (lambda m, t, y: m.loss(t, y, reduction=1), TypeError, r"reduction"),
+    (lambda m, t, y: m.loss(t, y, ignore_index=1.5), TypeError, r"GPT.loss: ignore_index must be an int"),
+    (lambda m, t, y: m.loss(t, y, label_smoothing="0.1"), TypeError, r"GPT.loss: label_smoothing must be a number"),
+    (lambda m, t, y: m.loss(t, dg.tensor(np.full((2, 6), 9))), dg.IndexError, r"9"),
+])
+def test_gpt_loss_names_bad_arguments(rng, call, error, match):
+    dg.manual_seed(int(rng.integers(1 << 30)))
+    model = nn.GPT(vocab_size=9, context=6, layers=1, heads=2, width=8)
+    tokens = dg.tensor(rng.integers(0, 9, (2, 6)))
+    targets = dg.tensor(rng.integers(0, 9, (2, 6)))
+    with pytest.raises(error, match=match):
+        call(model, tokens, targets)

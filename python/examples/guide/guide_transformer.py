@@ -31,8 +31,8 @@ model.train()
 for step in range(steps):
     x, y = get_batch()
     with dg.autocast("cpu", dtype=dg.bfloat16):  # products and attention in bf16, the loss in f32
-        logits = model(x)                           # (B, T, V)
-        loss = F.cross_entropy(logits.view(-1, len(vocab)), y.view(-1))
+        # F.cross_entropy(model(x).view(-1, V), y.view(-1)) without the (B*T, V) logits (C++ GPT::loss)
+        loss = model.loss(x, y)
     optimizer.zero_grad()
     loss.backward()
     dg.optim.clip_grad_norm_(model.parameters(), 1.0)  # also torch's spelling: nn.utils.clip_grad_norm_
