@@ -124,8 +124,17 @@ phase_build_llmc() {
             "$LLMC_DIR/llmc/cuda_utils.cuh"
     fi
     (cd "$LLMC_DIR" && rm -f train_gpt2cu)
-    if [[ -n "${CUDNN_FRONTEND_PATH:-}" ]] &&
-        (cd "$LLMC_DIR" && make train_gpt2cu USE_CUDNN=1 NO_MULTI_GPU=1 CUDNN_FRONTEND_PATH="$CUDNN_FRONTEND_PATH" "${flags[@]}") \
+    # llm.c's Makefile enables cuDNN only when $HOME/cudnn-frontend/include or ./cudnn-frontend/include exists, whatever
+    # CUDNN_FRONTEND_PATH says: give it a HOME whose cudnn-frontend/include is the carried one.
+    local frontend_home=""
+    if [[ -n "${CUDNN_FRONTEND_PATH:-}" && -f "$CUDNN_FRONTEND_PATH/cudnn_frontend.h" ]]; then
+        frontend_home=$(mktemp -d)
+        mkdir -p "$frontend_home/cudnn-frontend"
+        ln -s "$(cd "$CUDNN_FRONTEND_PATH" && pwd)" "$frontend_home/cudnn-frontend/include"
+    fi
+    if [[ -n "$frontend_home" ]] &&
+        (cd "$LLMC_DIR" && HOME="$frontend_home" make train_gpt2cu USE_CUDNN=1 NO_MULTI_GPU=1 \
+            CUDNN_FRONTEND_PATH="$frontend_home/cudnn-frontend/include" "${flags[@]}") \
             >"$out/llmc_build.log" 2>&1; then
         echo "cudnn=1" >"$out/llmc_build.txt"
     elif (cd "$LLMC_DIR" && make train_gpt2cu NO_MULTI_GPU=1 NVCC_LDFLAGS="-lcublas -lcublasLt -lnvidia-ml") \
