@@ -57,7 +57,7 @@ cudaDataType_t gemm_data_type(DType dtype, const char* what) {
 // (not given), or f32 for bf16/f16 operands (cuBLAS's mixed GEMM: the f32 accumulator written out unrounded).
 void gemm(DeviceContext& ctx, DType dtype, const char* what, std::int64_t batch, std::int64_t m, std::int64_t n,
           std::int64_t k, Operand a, Operand b, void* c, bool accumulate,
-          std::optional<DType> c_dtype_given = std::nullopt) {
+          std::optional<DType> c_dtype_given = std::nullopt, std::int64_t c_row_stride = 0) {
     const cudaDataType_t type = gemm_data_type(dtype, what);
     const DType c_dtype = c_dtype_given.value_or(dtype);
     if (c_dtype != dtype && !(c_dtype == DType::f32 && is_reduced_precision(dtype)))
@@ -67,8 +67,10 @@ void gemm(DeviceContext& ctx, DType dtype, const char* what, std::int64_t batch,
     if (batch == 0 || m == 0 || n == 0) return;
     if (k == 0) {  // an empty sum: c = 0 (+ c)
         if (!accumulate)
-            DG_CUDA_CHECK(
-                cudaMemsetAsync(c, 0, static_cast<std::size_t>(batch * m * n) * dtype_size(c_dtype), ctx.stream));
+            DG_CUDA_CHECK(cudaMemset2DAsync(c, static_cast<std::size_t>(c_row_stride > 0 ? c_row_stride : n) *
+                                                   dtype_size(c_dtype),
+                                            0, static_cast<std::size_t>(n) * dtype_size(c_dtype),
+                                            static_cast<std::size_t>(batch * m), ctx.stream));
         return;
     }
     // Column-major view: cᵀ (n,m) = op(b)ᵀ (n,k) · op(a)ᵀ (k,m). A row-major buffer's leading
@@ -76,8 +78,9 @@ void gemm(DeviceContext& ctx, DType dtype, const char* what, std::int64_t batch,
     const int cm = cublas_dim(n, what);
     const int cn = cublas_dim(m, what);
     const int ck = cublas_dim(k, what);
-    const int ldb = b.transposed ? ck : cm;
-    const int lda = a.transposed ? cn : ck;
+    const int ldb = b.row_stride > 0 ? cublas_dim(b.row_stride, what) : b.transposed ? ck : cm;
+    const int lda = a.row_stride > 0 ? cublas_dim(a.row_stride, what) : a.transposed ? cn : ck;
+    const int ldc = c_row_stride > 0 ? cublas_dim(c_row_stride, what) : cm;
     const cublasOperation_t op_b = b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_a = a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
 
@@ -93,10 +96,11 @@ void gemm(DeviceContext& ctx, DType dtype, const char* what, std::int64_t batch,
 
     if (batch == 1) {
         DG_CUBLAS_CHECK(cublasGemmEx(ctx.cublas, op_b, op_a, cm, cn, ck, alpha, b.data, type, ldb, a.data, type, lda,
-                                     beta, c, c_type, cm, compute, CUBLAS_GEMM_DEFAULT));
+                                     beta, c, c_type, ldc, compute, CUBLAS_GEMM_DEFAULT));
     } else {
         DG_CUBLAS_CHECK(cublasGemmStridedBatchedEx(ctx.cublas, op_b, op_a, cm, cn, ck, alpha, b.data, type, ldb,
-                                                   b.stride, a.data, type, lda, a.stride, beta, c, c_type, cm, m * n,
+                                                   b.stride, a.data, type, lda, a.stride, beta, c, c_type, ldc,
+                                                   static_cast<std::int64_t>(ldc) * m,
                                                    cublas_dim(batch, what), compute, CUBLAS_GEMM_DEFAULT));
     }
 }
@@ -105,8 +109,8 @@ void gemm(DeviceContext& ctx, DType dtype, const char* what, std::int64_t batch,
 
 void row_major_gemm(DeviceContext& ctx, DType dtype, const char* what, std::int64_t batch, std::int64_t m,
                     std::int64_t n, std::int64_t k, GemmOperand a, GemmOperand b, void* c, bool accumulate,
-                    std::optional<DType> c_dtype) {
-    gemm(ctx, dtype, what, batch, m, n, k, a, b, c, accumulate, c_dtype);
+                    std::optional<DType> c_dtype, std::int64_t c_row_stride) {
+    gemm(ctx, dtype, what, batch, m, n, k, a, b, c, accumulate, c_dtype, c_row_stride);
 }
 
 namespace {

@@ -116,7 +116,8 @@ __device__ void finish_class_loss_in_last_block(const BatchSums<T>& batch, const
     if (threadIdx.x == 0) *batch.counter = 0;
 }
 
-// cross_entropy rows. logits (N,C)  labels (N)  class_weight (C) or null  ->  per row i:
+// cross_entropy rows. logits (N,C) with rows `row_stride` elements apart (C, or more: linear_cross_entropy's aligned
+// chunks)  labels (N)  class_weight (C) or null  ->  per row i:
 //   lse (N) = log Σ_c exp(logits_ic),
 //   row_loss (N) = (1 - ε)·w[y]·(lse - logits_i,y) + (ε/C)·Σ_c w[c]·(lse - logits_ic)   (0 when ignored),
 //   row_weight (N) = w[y] (0 when ignored): the mean's denominator is their sum,
@@ -129,16 +130,24 @@ __global__ void cross_entropy_rows_kernel(const T* __restrict__ logits, const st
                                           const T* __restrict__ weight, std::int64_t rows, std::int64_t classes,
                                           std::int64_t ignore_index, T smoothing, T* __restrict__ lse,
                                           double* row_loss, double* row_weight, T* __restrict__ out_rows,
-                                          BatchSums<T> batch, DeviceErrorRecord* record) {
+                                          BatchSums<T> batch, DeviceErrorRecord* record, std::int64_t row_stride) {
     using Rows = RowTiling<kBlockPerRow>;
     for (std::int64_t row = Rows::first_row(); row < rows; row += Rows::row_step()) {
-        const T* xr = logits + row * classes;
-        T max = lowest<T>();
-        for (std::int64_t i = Rows::lane(); i < classes; i += Rows::width()) max = MaxOp{}(max, xr[i]);
-        max = Rows::reduce(max, MaxOp{}, lowest<T>());
-        T sum = 0;
-        for (std::int64_t i = Rows::lane(); i < classes; i += Rows::width()) sum += device_exp(xr[i] - max);
-        sum = Rows::reduce(sum, SumOp{}, T(0));
+        const T* xr = logits + row * row_stride;
+        // One read of the row (GPT-2's rows are 50257 long): each lane keeps its running max and its sum of
+        // exp(x - that max), rescaled when the max grows; the lanes' sums are then rescaled to the row's max.
+        T lane_max = lowest<T>(), lane_sum = 0;
+        for (std::int64_t i = Rows::lane(); i < classes; i += Rows::width()) {
+            const T v = xr[i];
+            if (v > lane_max) {
+                lane_sum = lane_sum * device_exp(lane_max - v) + T(1);
+                lane_max = v;
+            } else if (v != lowest<T>()) {  // -inf adds nothing (and exp(-inf - -inf) would be NaN)
+                lane_sum += device_exp(v - lane_max);
+            }
+        }
+        const T max = Rows::reduce(lane_max, MaxOp{}, lowest<T>());
+        const T sum = Rows::reduce(lane_max == max ? lane_sum : lane_sum * device_exp(lane_max - max), SumOp{}, T(0));
         const T log_sum = device_log(sum);
         T smooth = 0;
         if (smoothing != T(0)) {  // uniform over the launch, so the whole group reduces together
@@ -247,22 +256,24 @@ __device__ __forceinline__ T class_loss_gradient(bool nll, T logit, T lse, std::
 }
 
 // dlogits in Out: T, or bf16/f16 from float32 logits (linear_cross_entropy's 16-bit chunks), rounded once per
-// element; the 16-byte packs need Out = T (row_packs must be 0 otherwise).
+// element; the 16-byte packs need Out = T (row_packs must be 0 otherwise). Rows are `row_stride` elements apart in
+// logits and dlogits (C, or more: linear_cross_entropy's aligned chunks); columns from C on are neither read nor
+// written.
 template <typename T, bool kBlockPerRow, typename Out = T>
 __global__ void class_loss_backward_kernel(const T* __restrict__ logits, const std::int64_t* __restrict__ labels,
                                            const T* __restrict__ weight, const T* __restrict__ lse,
                                            const double* __restrict__ sums, std::int64_t rows, std::int64_t classes,
                                            std::int64_t row_packs, std::int64_t ignore_index, T smoothing,
                                            Reduction reduction, const T* __restrict__ dy, Out* __restrict__ dlogits,
-                                           DeviceErrorRecord* record) {
+                                           DeviceErrorRecord* record, std::int64_t row_stride) {
     static_assert(std::is_same_v<Out, T> || std::is_same_v<acc_t<Out>, T>, "dlogits: T or a 16-bit type of T");
     using Rows = RowTiling<kBlockPerRow>;
     constexpr int W = Pack<T>::width;
     const T smooth_per_class = smoothing / static_cast<T>(classes);
     const T weight_sum = static_cast<T>(sums[1]);
     for (std::int64_t row = Rows::first_row(); row < rows; row += Rows::row_step()) {
-        const T* xr = logits + row * classes;
-        Out* out = dlogits + row * classes;
+        const T* xr = logits + row * row_stride;
+        Out* out = dlogits + row * row_stride;
         const std::int64_t label = labels[row];
         const bool counted = !(label == ignore_index || label < 0 || label >= classes);
         if (!counted && label != ignore_index && Rows::lane() == 0)
@@ -398,7 +409,7 @@ Tensor cross_entropy_forward(const ForwardArgs& args) {
             launch_rows(ctx, rows, classes, [&]<bool kBlockPerRow>(unsigned blocks) {
                 cross_entropy_rows_kernel<T, kBlockPerRow><<<blocks, kThreads, 0, ctx.stream>>>(
                     px, plabels, pweight, rows, classes, args.attrs.ignore_index, smoothing, plse, row_loss_data,
-                    row_weight_data, out_rows, batch, ctx.error_record_device);
+                    row_weight_data, out_rows, batch, ctx.error_record_device, classes);
             });
         }
     });
@@ -429,7 +440,7 @@ std::vector<Tensor> cross_entropy_backward(const BackwardArgs& args) {
                 logits.data<T>(), labels.data<std::int64_t>(), weight ? weight->data<T>() : nullptr,
                 nll ? nullptr : args.saved[1].data<T>(), args.saved[0].data<double>(), rows, classes, row_packs,
                 args.attrs.ignore_index, static_cast<T>(args.attrs.label_smoothing), args.attrs.reduction,
-                args.grad_output.data<T>(), grads[0].data<T>(), ctx.error_record_device);
+                args.grad_output.data<T>(), grads[0].data<T>(), ctx.error_record_device, classes);
         });
     });
     return grads;
@@ -445,7 +456,7 @@ constexpr std::int64_t kGpuChunkElements = std::int64_t{1} << 25;
 
 // One pass over the rows of x (N,E) in chunks, everything on ctx's stream (no host synchronisation). Per chunk of r
 // rows from `start`, with C = attrs.length (W[:C] is the first C rows of the weight's buffer, no copy):
-//   logits (r,C) = x_c·W[:C]ᵀ (cuBLAS, into a workspace);
+//   logits (r,C) = x_c·W[:C]ᵀ (cuBLAS, into a workspace with rows C rounded up to 64 elements apart);
 //   cross_entropy_rows_kernel: lse, the row losses and weights (row_loss, row_weight at `start`), out_rows for None;
 //   where dx or dW is wanted, class_loss_backward_kernel writes dlogits (r,C) (a second workspace) with the
 //   reduction and upstream gradient given (`dy`, `sums`), then dx_c = dlogits·W[:C] and dW[:C] += dlogitsᵀ·x_c.
@@ -467,7 +478,10 @@ void chunked_pass(DeviceContext& ctx, const Tensor& x, const Tensor& weight, con
     const std::int64_t n = x.size(0), width = x.size(1), classes = attrs.length, padded = weight.size(0);
     const std::int64_t chunk = dyngrad::detail::linear_cross_entropy_chunk_rows(n, classes, kGpuChunkElements);
     const bool grads = dx != nullptr || dw != nullptr;
-    const std::size_t chunk_elements = static_cast<std::size_t>(chunk) * static_cast<std::size_t>(classes);
+    // The workspaces' rows are C rounded up to 64 elements apart (50304 for GPT-2's 50257), so that cuBLAS can run
+    // its 16-byte-aligned kernels on them; columns from C on are never read.
+    const std::int64_t row_stride = (classes + 63) / 64 * 64;
+    const std::size_t chunk_elements = static_cast<std::size_t>(chunk) * static_cast<std::size_t>(row_stride);
     const std::size_t head_elements = static_cast<std::size_t>(classes) * static_cast<std::size_t>(width);
     Workspace logits(ctx, chunk_elements * sizeof(S));
     Workspace dlogits(ctx, grads ? chunk_elements * sizeof(T) : sizeof(T));
@@ -488,12 +502,12 @@ void chunked_pass(DeviceContext& ctx, const Tensor& x, const Tensor& weight, con
         const std::int64_t rows = std::min(chunk, n - start);
         const std::int64_t* plabels = labels.data<std::int64_t>() + start;
         row_major_gemm(ctx, x.dtype(), "linear_cross_entropy logits", 1, rows, classes, width,
-                       {px + start * width, false, 0}, {pw, true, 0}, plogits, false, dtype_of<S>());
+                       {px + start * width, false, 0}, {pw, true, 0}, plogits, false, dtype_of<S>(), row_stride);
         const BatchSums<S> batch{Reduction::None, nullptr, static_cast<double*>(chunk_sums.data()), ctx.block_counter};
         launch_rows(ctx, rows, classes, [&]<bool kBlockPerRow>(unsigned blocks) {
             cross_entropy_rows_kernel<S, kBlockPerRow><<<blocks, kThreads, 0, ctx.stream>>>(
                 plogits, plabels, nullptr, rows, classes, attrs.ignore_index, smoothing, plse, row_loss + start,
-                row_weight + start, out_rows ? out_rows + start : nullptr, batch, ctx.error_record_device);
+                row_weight + start, out_rows ? out_rows + start : nullptr, batch, ctx.error_record_device, row_stride);
         });
         if (!grads) continue;
         // sums[1] = C in both: the unweighted loss's Σ_c w[c]; sums[0] is D where the reduction is Mean.
@@ -502,14 +516,15 @@ void chunked_pass(DeviceContext& ctx, const Tensor& x, const Tensor& weight, con
         launch_rows(ctx, rows, classes, [&]<bool kBlockPerRow>(unsigned blocks) {
             class_loss_backward_kernel<S, kBlockPerRow, T><<<blocks, kThreads, 0, ctx.stream>>>(
                 plogits, plabels, nullptr, plse, grad_sums, rows, classes, /*row_packs=*/0, attrs.ignore_index,
-                smoothing, grad_reduction, row_dy, pdlogits, ctx.error_record_device);
+                smoothing, grad_reduction, row_dy, pdlogits, ctx.error_record_device, row_stride);
         });
         if (dx != nullptr)
-            row_major_gemm(ctx, x.dtype(), "linear_cross_entropy dx", 1, rows, width, classes, {pdlogits, false, 0},
-                           {pw, false, 0}, dx + start * width, false, dtype_of<G>());
+            row_major_gemm(ctx, x.dtype(), "linear_cross_entropy dx", 1, rows, width, classes,
+                           {pdlogits, false, 0, row_stride}, {pw, false, 0}, dx + start * width, false, dtype_of<G>());
         if (dw != nullptr)
-            row_major_gemm(ctx, x.dtype(), "linear_cross_entropy dW", 1, classes, width, rows, {pdlogits, true, 0},
-                           {px + start * width, false, 0}, dw_sum, start > 0, dtype_of<S>());
+            row_major_gemm(ctx, x.dtype(), "linear_cross_entropy dW", 1, classes, width, rows,
+                           {pdlogits, true, 0, row_stride}, {px + start * width, false, 0}, dw_sum, start > 0,
+                           dtype_of<S>());
     }
     if (kSumDwApart && dw != nullptr)
         convert(dw, x.dtype(), dw_sum, dtype_of<S>(), static_cast<std::int64_t>(head_elements), ctx.device);

@@ -164,7 +164,7 @@ Options parse_options(int argc, char** argv) {
     const bool tokens = !o.train_tokens.empty();
     if (tokens && given("--data")) throw cli::UsageError("--data and --train-tokens exclude each other");
     if (!tokens && given("--vocab")) throw cli::UsageError("--vocab is for token files (the corpus makes its own)");
-    if (tokens && given("--sample"))
+    if (tokens && given("--sample") && *given("--sample") != "0")  // --sample 0 (none) is what token files get anyway
         throw cli::UsageError("--sample needs the text corpus (--data): token files carry no vocabulary");
     if (tokens) {
         o.sample = 0;

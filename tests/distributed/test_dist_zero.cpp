@@ -81,7 +81,12 @@ void check_against_single_process(int stage, bool clip, int steps, bool overlap 
         INFO(params[i].name());
         const Tensor every = g.all_gather(params[i].value());  // bitwise the same on every rank
         for (int r = 1; r < world; ++r) CHECK(every.select(0, r).to_vector() == every.select(0, 0).to_vector());
-        CHECK(relative(params[i].value().to_vector(), ref_params[i].value().to_vector()) <= 1e-12);
+        // 1e-9, not 1e-12: the ranks' gradients are summed in another order than the single process's batch, and
+        // Adam divides by sqrt(v): an element whose gradient is rounding noise moves by up to lr either way
+        // (seed 30343763, world 3 with overlap, failed 1e-12 on the H200 machine, 2026-11-29).
+        const double difference = relative(params[i].value().to_vector(), ref_params[i].value().to_vector());
+        INFO("relative difference " << difference);
+        CHECK(difference <= 1e-9);
     }
     CHECK(zero.optimizer().step_count(0) == steps);
 }
