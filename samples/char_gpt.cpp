@@ -11,7 +11,7 @@
 //            [--eval-every 250 --eval-batches 20] [--seed 0] [--device cpu|cuda] [--csv FILE]
 //            [--checkpoint FILE] [--resume FILE] [--init-weights FILE.safetensors] [--batch-order FILE]
 //            [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]
-//            [--profile-step N] [--distributed [--zero 1|2|3]] [--checkpoint-activations]
+//            [--profile-step N] [--distributed [--zero 1|2|3]] [--checkpoint-activations] [--deterministic]
 //
 // Token files: windows of --seq-len (default --context) + 1 tokens of --train-tokens; the validation windows
 // are spread over --val-tokens by the rule below; every token id must be below --vocab (default 50257 for gpt2,
@@ -43,6 +43,13 @@
 // then the gradients, then the parameters sharded; stage 3 makes the embeddings, each block and the head a unit).
 // ZeroOptimizer has one parameter group, so with --zero the weight decay applies to every parameter. Rank 0
 // prints and writes the CSV. Not with --checkpoint/--resume (a ZeroOptimizer's checkpoint is a folder of shards).
+//
+// --deterministic: cuda::set_deterministic (cuda/runtime.h), so that two runs with the same options give the same
+// losses bit for bit on one GPU: the embedding's backward sums in index order instead of with float atomics, and
+// attention's backward neither adds dq with float atomics (the f32 kernel) nor takes a cuDNN engine marked
+// nondeterministic (bf16/f16). Those are the step's only scheduling-dependent sums: every other kernel reduces in a
+// fixed order (its atomics count finished blocks), and cuBLAS gives each stream its own workspace. The CPU is
+// deterministic either way: there the flag changes nothing. --distributed's all-reduce is NCCL's or MPI's, not covered.
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -88,7 +95,7 @@ const char* const kUsage =
     "                [--checkpoint FILE] [--resume FILE] [--init-weights FILE] [--batch-order FILE]\n"
     "                [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]\n"
     "                [--profile-step N] [--distributed [--zero 1|2|3]]\n"
-    "                [--checkpoint-activations]\n"
+    "                [--checkpoint-activations] [--deterministic]\n"
     "  --model NAME        char (default) | gpt2: GPT-2 small as llm.c (12, 12, 768, 1024; tied, padded vocabulary)\n"
     "  --data DIR          text files to train on (default /usr/share/games/fortunes; *.dat, *.u8 skipped)\n"
     "  --train-tokens FILE --val-tokens FILE   token files in llm.c's format instead (dyngrad-tokens)\n"
@@ -113,7 +120,9 @@ const char* const kUsage =
     "  --zero N            with --distributed: ZeRO stage 1, 2 or 3 (3: parameters sharded per block; needs\n"
     "                      --dropout 0) in place of DDP; one weight decay for all parameters\n"
     "  --checkpoint-activations  every block checkpointed (graph/checkpoint.h): its activations are replayed in\n"
-    "                      the backward instead of kept (the same gradients; --checkpoint names the training file)\n";
+    "                      the backward instead of kept (the same gradients; --checkpoint names the training file)\n"
+    "  --deterministic     (cuda) bitwise-reproducible runs: the embedding and attention backwards without float\n"
+    "                      atomics or nondeterministic cuDNN engines (slower); on the CPU (deterministic anyway) a no-op\n";
 
 struct Options {
     std::string data = kDefaultData;
@@ -130,6 +139,7 @@ struct Options {
     std::optional<std::int64_t> stop_at, profile_step;
     DType precision = DType::f32;
     bool distributed = false;
+    bool deterministic = false;  // cuda::set_deterministic for the run
     int zero = 0;  // ZeRO stage; 0: DistributedDataParallel
 };
 
@@ -137,7 +147,7 @@ struct Options {
 Options parse_options(int argc, char** argv) {
     const cli::Arguments args(
         argc, argv,
-        {.flags = {"--distributed", "--checkpoint-activations"},
+        {.flags = {"--distributed", "--checkpoint-activations", "--deterministic"},
          .options = {"--model", "--train-tokens", "--val-tokens", "--vocab", "--seq-len", "--data", "--layers",
                      "--heads", "--width", "--context", "--batch", "--steps", "--lr", "--warmup",
                      "--min-lr", "--weight-decay", "--clip", "--dropout", "--eval-every", "--eval-batches", "--seed",
@@ -210,6 +220,7 @@ Options parse_options(int argc, char** argv) {
     }
     if (auto v = given("--profile-step")) o.profile_step = cli::parse_int("--profile-step", *v, 1, o.steps);
     o.distributed = args.has("--distributed");
+    o.deterministic = args.has("--deterministic");
 #if !DYNGRAD_WITH_DIST
     if (o.distributed) throw cli::UsageError("--distributed: this build has no dist layer (MPI was not found)");
 #endif
@@ -481,6 +492,7 @@ std::vector<dist::ZeroUnit> gpt_units(const GPT& model) {
 #endif
 
 int run(Options o) {
+    if (o.deterministic) cuda::set_deterministic(true);  // before any kernel: the whole run, initialisation included
     const Data data = load_data(o);
     const std::int64_t T = o.seq_len;
     GPTConfig config = o.model;
@@ -553,14 +565,14 @@ int run(Options o) {
     const BatchOrder order(o, data.train);
 
     std::printf("char_gpt: %s\n", data.description.c_str());
-    std::printf("model: %lld layers, %lld heads, width %lld, context %lld (windows of %lld), %.2fM parameters on %s (%s); batch %lld, steps %lld%s%s\n",
+    std::printf("model: %lld layers, %lld heads, width %lld, context %lld (windows of %lld), %.2fM parameters on %s (%s); batch %lld, steps %lld%s%s%s\n",
                 static_cast<long long>(config.layers), static_cast<long long>(config.heads),
                 static_cast<long long>(config.width), static_cast<long long>(config.context),
                 static_cast<long long>(T), static_cast<double>(parameter_count) / 1e6,
                 o.device.to_string().c_str(),
                 o.precision == DType::f32 ? "f32" : o.precision == DType::bf16 ? "bf16 autocast" : "f16 autocast + loss scaling",
                 static_cast<long long>(o.batch), static_cast<long long>(o.steps),
-                config.checkpoint ? ", activation checkpointing" : "",
+                config.checkpoint ? ", activation checkpointing" : "", o.deterministic ? ", deterministic" : "",
                 first > 0 ? str(", resumed at step ", first).c_str() : "");
     std::fflush(stdout);
 
