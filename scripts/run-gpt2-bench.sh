@@ -159,6 +159,7 @@ build_llmc() {
             "$LLMC_DIR/llmc/cuda_utils.cuh"
     fi
     (cd "$LLMC_DIR" && rm -f "$binary")
+    : >"$out/$name.log"
     # llm.c's Makefile enables cuDNN only when $HOME/cudnn-frontend/include or ./cudnn-frontend/include exists, whatever
     # CUDNN_FRONTEND_PATH says: give it a HOME whose cudnn-frontend/include is the carried one.
     local frontend_home=""
@@ -171,7 +172,7 @@ build_llmc() {
         (cd "$LLMC_DIR" && HOME="$frontend_home" make train_gpt2cu USE_CUDNN=1 \
             CUDNN_FRONTEND_PATH="$frontend_home/cudnn-frontend/include" \
             NVCC_LDFLAGS="-lcublas -lcublasLt -lnvidia-ml -lcudnn -lnvrtc -lcuda $ldflags" "${make_vars[@]}") \
-            >"$out/$name.log" 2>&1; then
+            >>"$out/$name.log" 2>&1; then
         echo "cudnn=1" >"$out/$name.txt"
     elif (cd "$LLMC_DIR" && make train_gpt2cu NVCC_LDFLAGS="-lcublas -lcublasLt -lnvidia-ml $ldflags" "${make_vars[@]}") \
             >>"$out/$name.log" 2>&1; then
