@@ -23,9 +23,9 @@
 #   tokens         OUT_DIR/tokens/{train,val}.bin: the fortunes text (--text, default /usr/share/games/fortunes)
 #                  as the 256 bytes + the 50001 most frequent words of the same text (vocabulary <= 50257, GPT-2's)
 #   llmc           train_gpt2cu -e d12 -b B -t 1024, --steps steps (its bf16, master weights, AdamW 0.9/0.95)
-#   torch          bench/torch_gpt.py --model gpt2, eager then --compile, --steps steps each
 #   llmc-multi     train_gpt2cu_multi under `mpirun --allow-run-as-root -np G` (G: --gpus), each rank micro-batch B
 #                  (llm.c's total batch B x 1024 x G): its throughput is summed over the ranks
+#   torch          bench/torch_gpt.py --model gpt2, eager then --compile, --steps steps each
 #   dyngrad        char_gpt --model gpt2 --device cuda, --steps steps
 #   dyngrad-multi  char_gpt --model gpt2 --distributed (DDP over NCCL) under `mpirun --allow-run-as-root -np G`,
 #                  --batch B x G (each rank takes B windows a step, as in the one-GPU run)
@@ -46,7 +46,7 @@
 # Environment: PYTHON (default python3, with torch; matplotlib for the PNG), LLMC_DIR, CUDNN_FRONTEND_PATH,
 # CHAR_GPT / DYNGRAD_TOKENS (binaries to use instead of building), GPU_PEAK_TFLOPS (default 989: H100/H200 dense bf16),
 # MPIRUN (default mpirun), OPENMPI_DIR, NCCL_INCLUDE_DIR, NCCL_LIB_DIR (build-llmc-multi). NCCL_NVLS_ENABLE=0 is
-# exported (NVLink SHARP multicast: off on the lent machines).
+# exported (NVLink SHARP multicast stays off on the lent machines).
 # shellcheck disable=SC2317  # the phase functions are called by name ("phase_${phase//-/_}")
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
