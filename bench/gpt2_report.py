@@ -119,7 +119,8 @@ def reproducible(out):
     deterministic = [r for run, r in rates.items() if run != "normal" and r]
     relative = (sum(deterministic) / len(deterministic) / rates["normal"]
                 if deterministic and rates["normal"] else None)
-    return {"identical": fields.get("identical") == "yes", "steps": int(fields.get("steps") or 0),
+    return {"identical": fields.get("identical") == "yes", "parameters_identical": fields.get("parameters_identical") == "yes",
+            "steps": int(fields.get("steps") or 0),
             "first_differing_step": int(fields["first_differing_step"]) if fields.get("first_differing_step") else None,
             "tokens_per_second": rates, "relative_to_normal": relative}
 
@@ -208,6 +209,7 @@ def markdown(summary):
         lines += ["", "## Reproducible mode (char_gpt --deterministic)", "",
                   f"Two --deterministic runs from the same seed, {r['steps']} steps: losses identical (the CSVs' loss "
                   f"fields as text): " + ("yes" if r["identical"] else f"no (first at step {r['first_differing_step']})")
+                  + "; final parameters bit for bit identical: " + ("yes" if r["parameters_identical"] else "no")
                   + f". tokens/s: {fmt(rates['deterministic_1'], ',.0f')} and {fmt(rates['deterministic_2'], ',.0f')} "
                   f"deterministic, {fmt(rates['normal'], ',.0f')} without the flag: "
                   f"{fmt(r['relative_to_normal'], '.3f')} of the normal run."]

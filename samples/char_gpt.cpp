@@ -50,6 +50,7 @@
 // nondeterministic (bf16/f16). Those are the step's only scheduling-dependent sums: every other kernel reduces in a
 // fixed order (its atomics count finished blocks), and cuBLAS gives each stream its own workspace. The CPU is
 // deterministic either way: there the flag changes nothing. --distributed's all-reduce is NCCL's or MPI's, not covered.
+// It also ends the output with parameters_fnv1a= (a hash of the final parameters' bytes) to compare runs by.
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -122,7 +123,8 @@ const char* const kUsage =
     "  --checkpoint-activations  every block checkpointed (graph/checkpoint.h): its activations are replayed in\n"
     "                      the backward instead of kept (the same gradients; --checkpoint names the training file)\n"
     "  --deterministic     (cuda) bitwise-reproducible runs: the embedding and attention backwards without float\n"
-    "                      atomics or nondeterministic cuDNN engines (slower); on the CPU (deterministic anyway) a no-op\n";
+    "                      atomics or nondeterministic cuDNN engines (slower); on the CPU (deterministic anyway) a no-op;\n"
+    "                      ends with parameters_fnv1a=HASH of the final parameters' bytes\n";
 
 struct Options {
     std::string data = kDefaultData;
@@ -468,6 +470,18 @@ private:
     double drawn_at_ = -1;
 };
 
+// The parameters' bytes, in named order, hashed (64-bit FNV-1a): --deterministic prints it at the end, so two runs
+// can be checked bit for bit beyond the printed losses.
+std::uint64_t parameter_hash(const GPT& model) {
+    std::uint64_t hash = 14695981039346656037ull;
+    for (const auto& [name, parameter] : model.named_parameters()) {
+        const Tensor host = parameter.value().to(Device::cpu());
+        const auto* bytes = static_cast<const unsigned char*>(host.raw_data());
+        for (std::size_t i = 0; i < host.nbytes(); ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+    }
+    return hash;
+}
+
 #if DYNGRAD_WITH_DIST
 // ZeRO-3's units: the embeddings, each block, the final LayerNorm with the head (GPT::operator() in pieces; dropout
 // is 0, checked with --zero 3).
@@ -686,6 +700,8 @@ int run(Options o) {
     std::printf("train loss: first %zu steps %.4f, last %zu steps %.4f\n", window, head, window, tail);
     if (o.device.is_cuda())  // key=value lines, read by bench/gpt2_report.py and scripts/run-second-order-bench.sh
         std::printf("peak_memory_bytes=%zu\nstep_memory_bytes=%zu\n", peak_bytes, step_bytes);
+    if (o.deterministic && o.zero != 3)  // (ZeRO-3: each rank holds only its shards)
+        std::printf("parameters_fnv1a=%016llx\n", static_cast<unsigned long long>(parameter_hash(model)));
     if (o.require_drop && !(tail < (1 - *o.require_drop) * head)) {
         std::printf("FAILED: the training loss fell from %.4f to %.4f, less than %.0f%%\n", head, tail,
                     100 * *o.require_drop);

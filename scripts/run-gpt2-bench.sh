@@ -31,7 +31,8 @@
 #                  --batch B x G (each rank takes B windows a step, as in the one-GPU run)
 #   reproducible   char_gpt as the dyngrad phase, three times: --deterministic, without, --deterministic again
 #                  (the same seed); OUT_DIR/reproducible.txt says whether the two --deterministic runs' loss fields
-#                  (train_loss, val_loss of their CSVs, compared as text) are identical, and each run's tokens/s
+#                  (train_loss, val_loss of their CSVs, compared as text) are identical, whether their final
+#                  parameters are (char_gpt's parameters_fnv1a= hash of their bytes), and each run's tokens/s
 #   compare        torch_gpt.py --prepare (weights + batch order), then dyngrad and PyTorch eager from them for
 #                  --compare-steps steps (bf16 both): the curves
 #   report         bench/gpt2_report.py: report.json, report.md, gpt2_loss_curves.png; a G-GPU table
@@ -273,14 +274,18 @@ phase_reproducible() {
         measured "reproducible_$run" "$char_gpt" "${dyngrad_run[@]}" --batch "$batch" "${mode[@]}" \
             --csv "$out/reproducible_$run.csv" || return 1
     done
-    local identical=no
+    local identical=no parameters_identical=no hashes
     cut -d, -f2,3 "$out/reproducible_deterministic_1.csv" >"$out/reproducible_1.losses"
     cut -d, -f2,3 "$out/reproducible_deterministic_2.csv" >"$out/reproducible_2.losses"
     cmp -s "$out/reproducible_1.losses" "$out/reproducible_2.losses" && identical=yes
+    hashes=$(grep -h "^parameters_fnv1a=" "$out/reproducible_deterministic_1.txt" "$out/reproducible_deterministic_2.txt")
+    [[ $(wc -l <<<"$hashes") == 2 && $(sort -u <<<"$hashes" | wc -l) == 1 ]] && parameters_identical=yes
     {
         echo "# char_gpt --deterministic twice (the same seed): identical compares their CSVs' train_loss and"
-        echo "# val_loss fields as text; tokens/s after the $warmup warm-up steps, of each run"
+        echo "# val_loss fields as text, parameters_identical their final parameters' hashes (parameters_fnv1a=);"
+        echo "# tokens/s after the $warmup warm-up steps, of each run"
         echo "identical=$identical"
+        echo "parameters_identical=$parameters_identical"
         echo "steps=$(($(wc -l <"$out/reproducible_1.losses") - 1))"
         # diff's first hunk starts at the first differing line; line 1 is the header
         echo "first_differing_step=$(diff "$out/reproducible_1.losses" "$out/reproducible_2.losses" |

@@ -113,7 +113,7 @@ def main():
         rates = {"deterministic_1": rng.uniform(1e5, 2e5), "normal": rng.uniform(2e5, 3e5),
                  "deterministic_2": rng.uniform(1e5, 2e5)}
         with open(os.path.join(out, "reproducible.txt"), "w") as f:
-            f.write(f"# a comment\nidentical=no\nsteps={steps}\nfirst_differing_step=7\n")
+            f.write(f"# a comment\nidentical=no\nparameters_identical=yes\nsteps={steps}\nfirst_differing_step=7\n")
             f.write("".join(f"tokens_per_second_{run}={r:.1f}\n" for run, r in rates.items()))
         gpt2_report.main([out, "--batch", str(B), "--context", str(T), "--layers", "2", "--width", "32", "--vocab", "256",
                           "--warmup-steps", str(warmup), "--gpus", str(G)])
@@ -132,9 +132,11 @@ def main():
         repro = summary["reproducible"]
         relative = (round(rates["deterministic_1"], 1) + round(rates["deterministic_2"], 1)) / 2 / round(rates["normal"], 1)
         assert repro["identical"] is False and repro["first_differing_step"] == 7 and repro["steps"] == steps, repro
+        assert repro["parameters_identical"] is True, repro
         assert close(repro["relative_to_normal"], relative), (repro, relative)
         text = gpt2_report.markdown(summary)
         assert f"## {G} GPUs" in text and "no (first at step 7)" in text and f"{relative:.3f} of the normal" in text, text
+        assert "final parameters bit for bit identical: yes" in text, text
 
         if importlib.util.find_spec("torch") is None:
             print("torch is not importable here: bench/torch_gpt.py --model gpt2 not run (the GPU machine runs it)")
