@@ -4,13 +4,16 @@
 Reads what the script's phases left in OUT_DIR: llmc.txt (train_gpt2cu's log), torch.csv, torch_compile.csv and
 dyngrad.csv (char_gpt's CSV columns), NAME.memory (the peak of nvidia-smi's used memory, MiB), torch*.txt
 (`peak_memory_bytes=`), llmc_build.txt (`cudnn=0|1`), compare_dyngrad.csv and compare_torch.csv (the curves from
-identical weights and batches). Writes OUT_DIR/report.json and OUT_DIR/gpt2_loss_curves.png (with matplotlib), and
-prints the Markdown report.
+identical weights and batches); for G GPUs (--gpus), llmc_multi.txt and dyngrad_multi.csv (each rank the one-GPU
+micro-batch B: B·T·G tokens a step, tokens/s summed over the ranks); reproducible.txt (the reproducible phase's
+key=value lines). Writes OUT_DIR/report.json and OUT_DIR/gpt2_loss_curves.png (with matplotlib), and prints the
+Markdown report.
 
 Throughput: tokens/s over the steps after --warmup-steps (every step holds B·T tokens, so the rate is their count over
 the summed step times). MFU: tokens/s × (6N + 12·L·E·T) FLOPs per token (N: every parameter, embeddings included,
 with the padded vocabulary, as llm.c counts them; 12·L·E·T: attention's score and value matmuls, forward and backward,
-as nanoGPT's estimate) over the GPU's dense bf16 peak (GPU_PEAK_TFLOPS, default 989: H100/H200 SXM).
+as nanoGPT's estimate) over the GPU's dense bf16 peak (GPU_PEAK_TFLOPS, default 989: H100/H200 SXM). G GPUs:
+efficiency = multi-GPU tokens/s / (G × the same engine's one-GPU tokens/s).
 
 Nothing here needs a GPU or torch: the functions are importable and tested on the CPU (tests/data/check_gpt2_bench.py).
 """
@@ -27,6 +30,8 @@ from torch_gpt import padded_vocabulary  # noqa: E402  (importable without torch
 
 ENGINES = (("llmc", "llm.c train_gpt2cu"), ("torch", "PyTorch eager"), ("torch_compile", "PyTorch torch.compile"),
            ("dyngrad", "dyngrad (char_gpt --model gpt2)"))
+MULTI_ENGINES = (("llmc_multi", "llmc", "llm.c train_gpt2cu (mpirun)"),
+                 ("dyngrad_multi", "dyngrad", "dyngrad (char_gpt --distributed, mpirun)"))
 LLMC_STEP = re.compile(r"^step\s+(\d+)/(\d+) \|.*\| ([0-9.]+) ms \|")
 
 
@@ -76,6 +81,50 @@ def peak_memory_mib(out, name):
     return sampled, own
 
 
+def step_seconds(out, name, tokens_per_step):
+    """A run's step times: from llm.c's log (NAME.txt) for llm.c's runs, else from char_gpt's or torch_gpt.py's CSV;
+    None when the run left neither."""
+    log, table = os.path.join(out, f"{name}.txt"), os.path.join(out, f"{name}.csv")
+    if name.startswith("llmc"):
+        return llmc_step_seconds(open(log).read()) if os.path.exists(log) else None
+    return csv_step_seconds(csv_rows(table), tokens_per_step) if os.path.exists(table) else None
+
+
+def multi_gpu(out, engines, tokens_per_step, gpus, warmup_steps):
+    """The G-GPU runs: tokens/s (over all ranks), efficiency against G × the one-GPU run, dyngrad / llm.c."""
+    runs = {}
+    for name, single, label in MULTI_ENGINES:
+        seconds = step_seconds(out, name, tokens_per_step * gpus)
+        rate = rate_after_warmup(seconds, tokens_per_step * gpus, warmup_steps) if seconds else None
+        if rate is None:
+            continue
+        one = engines.get(single, {}).get("tokens_per_second")
+        runs[name] = {"label": label, "timed_steps": len(seconds) - warmup_steps, "tokens_per_second": rate,
+                      "efficiency": rate / (gpus * one) if one else None}
+    if "dyngrad_multi" in runs and "llmc_multi" in runs:
+        runs["dyngrad_multi"]["ratio_to_llmc_multi"] = (runs["dyngrad_multi"]["tokens_per_second"]
+                                                        / runs["llmc_multi"]["tokens_per_second"])
+    return runs or None
+
+
+def reproducible(out):
+    """reproducible.txt's key=value lines (the reproducible phase), with the deterministic runs' tokens/s relative to
+    the normal run's; None without the file."""
+    path = os.path.join(out, "reproducible.txt")
+    if not os.path.exists(path):
+        return None
+    fields = dict(line.strip().split("=", 1) for line in open(path) if "=" in line and not line.startswith("#"))
+    rates = {run: float(fields[f"tokens_per_second_{run}"]) if fields.get(f"tokens_per_second_{run}") else None
+             for run in ("deterministic_1", "deterministic_2", "normal")}
+    deterministic = [r for run, r in rates.items() if run != "normal" and r]
+    relative = (sum(deterministic) / len(deterministic) / rates["normal"]
+                if deterministic and rates["normal"] else None)
+    return {"identical": fields.get("identical") == "yes", "parameters_identical": fields.get("parameters_identical") == "yes",
+            "steps": int(fields.get("steps") or 0),
+            "first_differing_step": int(fields["first_differing_step"]) if fields.get("first_differing_step") else None,
+            "tokens_per_second": rates, "relative_to_normal": relative}
+
+
 def curve_agreement(ours, theirs):
     """The largest relative difference of the training losses step by step, and of the final validation losses."""
     steps = min(len(ours), len(theirs))
@@ -89,16 +138,12 @@ def curve_agreement(ours, theirs):
             "final_val": {"dyngrad": vals[-1][0], "torch": vals[-1][1]} if vals else None}
 
 
-def summarise(out, batch, context, layers, width, vocab, warmup_steps, peak_tflops):
+def summarise(out, batch, context, layers, width, vocab, warmup_steps, peak_tflops, gpus=4):
     tokens_per_step = batch * context
     per_token = flops_per_token(layers, width, context, vocab)
     engines = {}
     for name, label in ENGINES:
-        seconds = None
-        if name == "llmc" and os.path.exists(os.path.join(out, "llmc.txt")):
-            seconds = llmc_step_seconds(open(os.path.join(out, "llmc.txt")).read())
-        elif os.path.exists(os.path.join(out, f"{name}.csv")):
-            seconds = csv_step_seconds(csv_rows(os.path.join(out, f"{name}.csv")), tokens_per_step)
+        seconds = step_seconds(out, name, tokens_per_step)
         if not seconds:
             continue
         rate = rate_after_warmup(seconds, tokens_per_step, warmup_steps)
@@ -116,7 +161,8 @@ def summarise(out, batch, context, layers, width, vocab, warmup_steps, peak_tflo
     return {"date": str(datetime.date.today()), "batch": batch, "context": context, "layers": layers, "width": width,
             "vocab": vocab, "parameters": gpt2_parameters(layers, width, context, vocab),
             "flops_per_token": per_token, "peak_tflops": peak_tflops, "warmup_steps": warmup_steps,
-            "llmc_cudnn_attention": llmc_cudnn, "engines": engines, "comparison": comparison}
+            "llmc_cudnn_attention": llmc_cudnn, "engines": engines, "comparison": comparison, "gpus": gpus,
+            "multi_gpu": multi_gpu(out, engines, tokens_per_step, gpus, warmup_steps), "reproducible": reproducible(out)}
 
 
 def markdown(summary):
@@ -146,6 +192,27 @@ def markdown(summary):
                      f"{100 * c['max_train_relative']:.3f}% of PyTorch eager at every step"
                      + (f"; final validation loss {c['final_val']['dyngrad']:.4f} vs {c['final_val']['torch']:.4f} "
                         f"({100 * c['final_val_relative']:.3f}%)" if c["final_val"] else "") + ".")
+    multi = summary.get("multi_gpu")
+    if multi:
+        gpus = summary["gpus"]
+        lines += ["", f"## {gpus} GPUs (mpirun -np {gpus}, data parallel)", "",
+                  f"Each rank trains the one-GPU micro-batch {summary['batch']} x {summary['context']}: "
+                  f"{gpus * summary['batch']} x {summary['context']} tokens a step, tokens/s summed over the ranks. "
+                  f"Efficiency: tokens/s / ({gpus} x the same engine's one-GPU tokens/s).", "",
+                  "| engine | timed steps | tokens/s | efficiency | / llm.c's multi-GPU run |", "|---|---:|---:|---:|---:|"]
+        for run in multi.values():
+            lines.append(f"| {run['label']} | {run['timed_steps']} | {fmt(run['tokens_per_second'], ',.0f')} | "
+                         f"{fmt(run['efficiency'], '.3f')} | {fmt(run.get('ratio_to_llmc_multi'), '.2f')} |")
+    r = summary.get("reproducible")
+    if r:
+        rates = r["tokens_per_second"]
+        lines += ["", "## Reproducible mode (char_gpt --deterministic)", "",
+                  f"Two --deterministic runs from the same seed, {r['steps']} steps: losses identical (the CSVs' loss "
+                  f"fields as text): " + ("yes" if r["identical"] else f"no (first at step {r['first_differing_step']})")
+                  + "; final parameters bit for bit identical: " + ("yes" if r["parameters_identical"] else "no")
+                  + f". tokens/s: {fmt(rates['deterministic_1'], ',.0f')} and {fmt(rates['deterministic_2'], ',.0f')} "
+                  f"deterministic, {fmt(rates['normal'], ',.0f')} without the flag: "
+                  f"{fmt(r['relative_to_normal'], '.3f')} of the normal run."]
     return "\n".join(lines)
 
 
@@ -187,9 +254,11 @@ def main(argv=None):
     parser.add_argument("--width", type=int, default=768)
     parser.add_argument("--vocab", type=int, default=50257)
     parser.add_argument("--warmup-steps", type=int, default=10)
+    parser.add_argument("--gpus", type=int, default=4, help="the ranks of llmc_multi and dyngrad_multi")
     args = parser.parse_args(argv)
     peak = float(os.environ.get("GPU_PEAK_TFLOPS", "989"))
-    summary = summarise(args.out, args.batch, args.context, args.layers, args.width, args.vocab, args.warmup_steps, peak)
+    summary = summarise(args.out, args.batch, args.context, args.layers, args.width, args.vocab, args.warmup_steps, peak,
+                        args.gpus)
     if not summary["engines"]:
         sys.exit(f"gpt2_report.py: no runs found in {args.out}")
     with open(os.path.join(args.out, "report.json"), "w") as f:

@@ -11,7 +11,7 @@
 //            [--eval-every 250 --eval-batches 20] [--seed 0] [--device cpu|cuda] [--csv FILE]
 //            [--checkpoint FILE] [--resume FILE] [--init-weights FILE.safetensors] [--batch-order FILE]
 //            [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]
-//            [--profile-step N] [--distributed [--zero 1|2|3]] [--checkpoint-activations]
+//            [--profile-step N] [--distributed [--zero 1|2|3]] [--checkpoint-activations] [--deterministic]
 //
 // Token files: windows of --seq-len (default --context) + 1 tokens of --train-tokens; the validation windows
 // are spread over --val-tokens by the rule below; every token id must be below --vocab (default 50257 for gpt2,
@@ -43,6 +43,14 @@
 // then the gradients, then the parameters sharded; stage 3 makes the embeddings, each block and the head a unit).
 // ZeroOptimizer has one parameter group, so with --zero the weight decay applies to every parameter. Rank 0
 // prints and writes the CSV. Not with --checkpoint/--resume (a ZeroOptimizer's checkpoint is a folder of shards).
+//
+// --deterministic: cuda::set_deterministic (cuda/runtime.h), so that two runs with the same options give the same
+// losses bit for bit on one GPU: the embedding's backward sums in index order instead of with float atomics, and
+// attention's backward neither adds dq with float atomics (the f32 kernel) nor takes a cuDNN engine marked
+// nondeterministic (bf16/f16). Those are the step's only scheduling-dependent sums: every other kernel reduces in a
+// fixed order (its atomics count finished blocks), and cuBLAS gives each stream its own workspace. The CPU is
+// deterministic either way: there the flag changes nothing. --distributed's all-reduce is NCCL's or MPI's, not covered.
+// It also ends the output with parameters_fnv1a= (a hash of the final parameters' bytes) to compare runs by.
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -88,7 +96,7 @@ const char* const kUsage =
     "                [--checkpoint FILE] [--resume FILE] [--init-weights FILE] [--batch-order FILE]\n"
     "                [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]\n"
     "                [--profile-step N] [--distributed [--zero 1|2|3]]\n"
-    "                [--checkpoint-activations]\n"
+    "                [--checkpoint-activations] [--deterministic]\n"
     "  --model NAME        char (default) | gpt2: GPT-2 small as llm.c (12, 12, 768, 1024; tied, padded vocabulary)\n"
     "  --data DIR          text files to train on (default /usr/share/games/fortunes; *.dat, *.u8 skipped)\n"
     "  --train-tokens FILE --val-tokens FILE   token files in llm.c's format instead (dyngrad-tokens)\n"
@@ -113,7 +121,10 @@ const char* const kUsage =
     "  --zero N            with --distributed: ZeRO stage 1, 2 or 3 (3: parameters sharded per block; needs\n"
     "                      --dropout 0) in place of DDP; one weight decay for all parameters\n"
     "  --checkpoint-activations  every block checkpointed (graph/checkpoint.h): its activations are replayed in\n"
-    "                      the backward instead of kept (the same gradients; --checkpoint names the training file)\n";
+    "                      the backward instead of kept (the same gradients; --checkpoint names the training file)\n"
+    "  --deterministic     (cuda) bitwise-reproducible runs: the embedding and attention backwards without float\n"
+    "                      atomics or nondeterministic cuDNN engines (slower); on the CPU (deterministic anyway) a no-op;\n"
+    "                      ends with parameters_fnv1a=HASH of the final parameters' bytes\n";
 
 struct Options {
     std::string data = kDefaultData;
@@ -130,6 +141,7 @@ struct Options {
     std::optional<std::int64_t> stop_at, profile_step;
     DType precision = DType::f32;
     bool distributed = false;
+    bool deterministic = false;  // cuda::set_deterministic for the run
     int zero = 0;  // ZeRO stage; 0: DistributedDataParallel
 };
 
@@ -137,7 +149,7 @@ struct Options {
 Options parse_options(int argc, char** argv) {
     const cli::Arguments args(
         argc, argv,
-        {.flags = {"--distributed", "--checkpoint-activations"},
+        {.flags = {"--distributed", "--checkpoint-activations", "--deterministic"},
          .options = {"--model", "--train-tokens", "--val-tokens", "--vocab", "--seq-len", "--data", "--layers",
                      "--heads", "--width", "--context", "--batch", "--steps", "--lr", "--warmup",
                      "--min-lr", "--weight-decay", "--clip", "--dropout", "--eval-every", "--eval-batches", "--seed",
@@ -210,6 +222,7 @@ Options parse_options(int argc, char** argv) {
     }
     if (auto v = given("--profile-step")) o.profile_step = cli::parse_int("--profile-step", *v, 1, o.steps);
     o.distributed = args.has("--distributed");
+    o.deterministic = args.has("--deterministic");
 #if !DYNGRAD_WITH_DIST
     if (o.distributed) throw cli::UsageError("--distributed: this build has no dist layer (MPI was not found)");
 #endif
@@ -457,6 +470,18 @@ private:
     double drawn_at_ = -1;
 };
 
+// The parameters' bytes, in named order, hashed (64-bit FNV-1a): --deterministic prints it at the end, so two runs
+// can be checked bit for bit beyond the printed losses.
+std::uint64_t parameter_hash(const GPT& model) {
+    std::uint64_t hash = 14695981039346656037ull;
+    for (const auto& [name, parameter] : model.named_parameters()) {
+        const Tensor host = parameter.value().to(Device::cpu());
+        const auto* bytes = static_cast<const unsigned char*>(host.raw_data());
+        for (std::size_t i = 0; i < host.nbytes(); ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+    }
+    return hash;
+}
+
 #if DYNGRAD_WITH_DIST
 // ZeRO-3's units: the embeddings, each block, the final LayerNorm with the head (GPT::operator() in pieces; dropout
 // is 0, checked with --zero 3).
@@ -481,6 +506,7 @@ std::vector<dist::ZeroUnit> gpt_units(const GPT& model) {
 #endif
 
 int run(Options o) {
+    if (o.deterministic) cuda::set_deterministic(true);  // before any kernel: the whole run, initialisation included
     const Data data = load_data(o);
     const std::int64_t T = o.seq_len;
     GPTConfig config = o.model;
@@ -553,14 +579,14 @@ int run(Options o) {
     const BatchOrder order(o, data.train);
 
     std::printf("char_gpt: %s\n", data.description.c_str());
-    std::printf("model: %lld layers, %lld heads, width %lld, context %lld (windows of %lld), %.2fM parameters on %s (%s); batch %lld, steps %lld%s%s\n",
+    std::printf("model: %lld layers, %lld heads, width %lld, context %lld (windows of %lld), %.2fM parameters on %s (%s); batch %lld, steps %lld%s%s%s\n",
                 static_cast<long long>(config.layers), static_cast<long long>(config.heads),
                 static_cast<long long>(config.width), static_cast<long long>(config.context),
                 static_cast<long long>(T), static_cast<double>(parameter_count) / 1e6,
                 o.device.to_string().c_str(),
                 o.precision == DType::f32 ? "f32" : o.precision == DType::bf16 ? "bf16 autocast" : "f16 autocast + loss scaling",
                 static_cast<long long>(o.batch), static_cast<long long>(o.steps),
-                config.checkpoint ? ", activation checkpointing" : "",
+                config.checkpoint ? ", activation checkpointing" : "", o.deterministic ? ", deterministic" : "",
                 first > 0 ? str(", resumed at step ", first).c_str() : "");
     std::fflush(stdout);
 
@@ -674,6 +700,8 @@ int run(Options o) {
     std::printf("train loss: first %zu steps %.4f, last %zu steps %.4f\n", window, head, window, tail);
     if (o.device.is_cuda())  // key=value lines, read by bench/gpt2_report.py and scripts/run-second-order-bench.sh
         std::printf("peak_memory_bytes=%zu\nstep_memory_bytes=%zu\n", peak_bytes, step_bytes);
+    if (o.deterministic && o.zero != 3)  // (ZeRO-3: each rank holds only its shards)
+        std::printf("parameters_fnv1a=%016llx\n", static_cast<unsigned long long>(parameter_hash(model)));
     if (o.require_drop && !(tail < (1 - *o.require_drop) * head)) {
         std::printf("FAILED: the training loss fell from %.4f to %.4f, less than %.0f%%\n", head, tail,
                     100 * *o.require_drop);

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """CPU checks of scripts/run-gpt2-bench.sh's parts (issue 32): the script parses (bash -n); bench/torch_gpt.py's
 token-file reader agrees with dyngrad-tokens on fresh random text and refuses a bad header naming the file;
-bench/gpt2_report.py's throughput, MFU and report from a tiny char_gpt --model gpt2 run and a synthetic llm.c log;
+bench/gpt2_report.py's throughput, MFU and report from a tiny char_gpt --model gpt2 run and a synthetic llm.c log,
+its four-GPU table (efficiency, ratio to llm.c) from synthetic multi-GPU runs and its reproducible-mode section;
 and, when torch is importable, bench/torch_gpt.py --model gpt2 trains the tiny model on the CPU from the weights and
 batches it prepared, with llm.c's parameter count.
 
@@ -94,6 +95,48 @@ def main():
         ours = summary["engines"]["dyngrad"]
         assert ours["steps"] == steps and ours["timed_steps"] == steps - warmup and ours["tokens_per_second"] > 0, ours
         assert summary["llmc_cudnn_attention"] is False
+
+        # G GPUs: a synthetic llm.c log (B·T·G tokens a step) and a char_gpt CSV of random per-step rates; the
+        # reproducible phase's file, the two deterministic runs differing from step 7.
+        G = 4
+        multi_ms = [rng.uniform(60, 200) for _ in range(steps)]
+        with open(os.path.join(out, "llmc_multi.txt"), "w") as f:
+            f.write(f"batch_size B={B} * seq_len T={T} * num_processes={G} and total_batch_size={B * T * G}\n")
+            for k, ms in enumerate(multi_ms):
+                f.write(f"step {k + 1:4d}/{steps} | loss 5.1 (+0.00z)| norm 1.0 (+0.00z)| lr 6.00e-04 | {ms:.2f} ms | "
+                        f"40.0% bf16 MFU | 1000 tok/s\n")
+        multi_rates = [rng.uniform(1e5, 4e5) for _ in range(steps)]
+        with open(os.path.join(out, "dyngrad_multi.csv"), "w") as f:
+            f.write("step,train_loss,val_loss,lr,tokens_per_second,loss_scale,skipped_steps\n")
+            for k, r in enumerate(multi_rates):
+                f.write(f"{k + 1},5.0,,0.0006,{r:.1f},1,0\n")
+        rates = {"deterministic_1": rng.uniform(1e5, 2e5), "normal": rng.uniform(2e5, 3e5),
+                 "deterministic_2": rng.uniform(1e5, 2e5)}
+        with open(os.path.join(out, "reproducible.txt"), "w") as f:
+            f.write(f"# a comment\nidentical=no\nparameters_identical=yes\nsteps={steps}\nfirst_differing_step=7\n")
+            f.write("".join(f"tokens_per_second_{run}={r:.1f}\n" for run, r in rates.items()))
+        gpt2_report.main([out, "--batch", str(B), "--context", str(T), "--layers", "2", "--width", "32", "--vocab", "256",
+                          "--warmup-steps", str(warmup), "--gpus", str(G)])
+        summary = json.load(open(os.path.join(out, "report.json")))
+        multi = summary["multi_gpu"]
+        timed = [round(ms, 2) / 1000 for ms in multi_ms[warmup:]]
+        llmc_multi = len(timed) * B * T * G / sum(timed)
+        close = lambda a, b: abs(a - b) <= 1e-9 * abs(b)  # noqa: E731
+        assert close(multi["llmc_multi"]["tokens_per_second"], llmc_multi), (multi, llmc_multi)
+        assert close(multi["llmc_multi"]["efficiency"], llmc_multi / (G * expected)), multi
+        dyngrad_multi = (steps - warmup) / sum(1 / round(r, 1) for r in multi_rates[warmup:])
+        assert close(multi["dyngrad_multi"]["tokens_per_second"], dyngrad_multi), (multi, dyngrad_multi)
+        assert close(multi["dyngrad_multi"]["efficiency"], dyngrad_multi / (G * ours["tokens_per_second"])), multi
+        assert close(multi["dyngrad_multi"]["ratio_to_llmc_multi"], dyngrad_multi / llmc_multi), multi
+        assert multi["dyngrad_multi"]["timed_steps"] == steps - warmup, multi
+        repro = summary["reproducible"]
+        relative = (round(rates["deterministic_1"], 1) + round(rates["deterministic_2"], 1)) / 2 / round(rates["normal"], 1)
+        assert repro["identical"] is False and repro["first_differing_step"] == 7 and repro["steps"] == steps, repro
+        assert repro["parameters_identical"] is True, repro
+        assert close(repro["relative_to_normal"], relative), (repro, relative)
+        text = gpt2_report.markdown(summary)
+        assert f"## {G} GPUs" in text and "no (first at step 7)" in text and f"{relative:.3f} of the normal" in text, text
+        assert "final parameters bit for bit identical: yes" in text, text
 
         if importlib.util.find_spec("torch") is None:
             print("torch is not importable here: bench/torch_gpt.py --model gpt2 not run (the GPU machine runs it)")
