@@ -598,6 +598,14 @@ bool cudnn_attention_forward(std::span<const Tensor> inputs, const AttentionGeom
 bool cudnn_attention_backward(std::span<const Tensor> inputs, const Tensor& y, const Tensor& dy,
                               const AttentionGeometry& g, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
                               DeviceContext& ctx) {
+    // Deterministic mode runs the tensor-core pair of kernels (no atomics): cuDNN 9.14 offered a flash backward
+    // config without the nondeterministic note, yet two GPT-2 runs in deterministic mode (char_gpt --deterministic,
+    // bf16, H200, 2026-11-29) parted at the second step's loss, and cuDNN's backward was the only reduction of the
+    // step outside dyngrad's kernels and cuBLAS.
+    if (deterministic()) {
+        record_attention_run(false, false, "deterministic mode (cuDNN's backward is not taken as reproducible)");
+        return false;
+    }
     const std::shared_ptr<AttentionPlan> plan = plan_for(inputs, g, ctx, true);
     if (!plan) return false;
     if (!aligned(y) || !aligned(dy) || !aligned(lse)) {

@@ -257,8 +257,8 @@ __device__ __forceinline__ T class_loss_gradient(bool nll, T logit, T lse, std::
 
 // dlogits in Out: T, or bf16/f16 from float32 logits (linear_cross_entropy's 16-bit chunks), rounded once per
 // element; the 16-byte packs need Out = T (row_packs must be 0 otherwise). Rows are `row_stride` elements apart in
-// logits and dlogits (C, or more: linear_cross_entropy's aligned chunks); columns from C on are neither read nor
-// written.
+// logits and dlogits (C, or more: linear_cross_entropy's aligned chunks); logits' columns from C on are not read,
+// dlogits' are written 0 (no class: linear_cross_entropy's GEMMs may run over them).
 template <typename T, bool kBlockPerRow, typename Out = T>
 __global__ void class_loss_backward_kernel(const T* __restrict__ logits, const std::int64_t* __restrict__ labels,
                                            const T* __restrict__ weight, const T* __restrict__ lse,
@@ -301,6 +301,7 @@ __global__ void class_loss_backward_kernel(const T* __restrict__ logits, const s
         const std::int64_t first_element = std::is_same_v<Out, T> ? row_packs * W : 0;
         for (std::int64_t c = first_element + Rows::lane(); c < classes; c += Rows::width())
             out[c] = from_acc<Out>(gradient(read_logits ? xr[c] : T(0), c));
+        for (std::int64_t c = classes + Rows::lane(); c < row_stride; c += Rows::width()) out[c] = Out(0);
     }
 }
 
@@ -456,11 +457,11 @@ constexpr std::int64_t kGpuChunkElements = std::int64_t{1} << 25;
 
 // One pass over the rows of x (N,E) in chunks, everything on ctx's stream (no host synchronisation). Per chunk of r
 // rows from `start`, with C = attrs.length (W[:C] is the first C rows of the weight's buffer, no copy):
-//   logits (r,C) = x_c·W[:C]ᵀ (cuBLAS, into a workspace with rows C rounded up to 64 elements apart);
+//   logits (r,C) = x_c·W[:C]ᵀ (cuBLAS, into a workspace; over all of W's rows where they are a multiple of 8);
 //   cross_entropy_rows_kernel: lse, the row losses and weights (row_loss, row_weight at `start`), out_rows for None;
 //   where dx or dW is wanted, class_loss_backward_kernel writes dlogits (r,C) (a second workspace) with the
 //   reduction and upstream gradient given (`dy`, `sums`), then dx_c = dlogits·W[:C] and dW[:C] += dlogitsᵀ·x_c.
-// dW's padded rows [C, V_padded) are zeroed once. A bad label is reported with its row index within its chunk.
+// dW's padded rows beyond the GEMMs' are zeroed once. A bad label is reported with its row index within its chunk.
 // bf16/f16 x and W (autocast's; as PyTorch's autocast runs F.linear in bf16 and F.cross_entropy in f32): the
 // GEMMs take T with f32 accumulation, but the logits GEMM writes f32 logits, so the row kernels, lse, the losses
 // (out_rows) and dy are float32 (S = acc_t<T>); dlogits is rounded to T (as the gradient of PyTorch's bf16
@@ -478,19 +479,24 @@ void chunked_pass(DeviceContext& ctx, const Tensor& x, const Tensor& weight, con
     const std::int64_t n = x.size(0), width = x.size(1), classes = attrs.length, padded = weight.size(0);
     const std::int64_t chunk = dyngrad::detail::linear_cross_entropy_chunk_rows(n, classes, kGpuChunkElements);
     const bool grads = dx != nullptr || dw != nullptr;
-    // The workspaces' rows are C rounded up to 64 elements apart (50304 for GPT-2's 50257), so that cuBLAS can run
-    // its 16-byte-aligned kernels on them; columns from C on are never read.
-    const std::int64_t row_stride = (classes + 63) / 64 * 64;
+    // cuBLAS runs its 16-byte-vector kernels only when the extent along which a matrix is contiguous is a multiple
+    // of 8 elements: GPT-2's 50257 classes (the logits' columns, dx's inner dimension, dW's rows) gave sm75 "align1"
+    // kernels, half of the step (ncu, H200, 2026-11-29). A weight padded to a multiple of 8 rows (GPT's 50304) lets
+    // the GEMMs run over all of its rows: the logits' extra columns are never read, dlogits' are 0, so dx gets 0 times
+    // the padded rows (finite: GPT's stay 0, their gradient is 0) and dW's padded rows get 0. Otherwise the GEMMs
+    // take C, in workspaces whose rows are C rounded up to 8 elements apart.
+    const std::int64_t gemm_classes = padded % 8 == 0 ? padded : classes;
+    const std::int64_t row_stride = padded % 8 == 0 ? padded : (classes + 7) / 8 * 8;
     const std::size_t chunk_elements = static_cast<std::size_t>(chunk) * static_cast<std::size_t>(row_stride);
-    const std::size_t head_elements = static_cast<std::size_t>(classes) * static_cast<std::size_t>(width);
+    const std::size_t head_elements = static_cast<std::size_t>(gemm_classes) * static_cast<std::size_t>(width);
     Workspace logits(ctx, chunk_elements * sizeof(S));
     Workspace dlogits(ctx, grads ? chunk_elements * sizeof(T) : sizeof(T));
     Workspace lse(ctx, static_cast<std::size_t>(chunk) * sizeof(S));
     Workspace chunk_sums(ctx, 2 * sizeof(double));  // the rows kernel's chunk sums: [D_chunk, C]
     Workspace dw_apart(ctx, kSumDwApart && dw != nullptr ? head_elements * sizeof(S) : sizeof(S));
-    if (dw != nullptr && padded > classes)
-        DG_CUDA_CHECK(cudaMemsetAsync(dw + classes * width, 0,
-                                      static_cast<std::size_t>((padded - classes) * width) * sizeof(G), ctx.stream));
+    if (dw != nullptr && padded > gemm_classes)
+        DG_CUDA_CHECK(cudaMemsetAsync(dw + gemm_classes * width, 0,
+                                      static_cast<std::size_t>((padded - gemm_classes) * width) * sizeof(G), ctx.stream));
     const T* px = x.data<T>();
     const T* pw = weight.data<T>();
     auto* plogits = static_cast<S*>(logits.data());
@@ -501,7 +507,7 @@ void chunked_pass(DeviceContext& ctx, const Tensor& x, const Tensor& weight, con
     for (std::int64_t start = 0; start < n; start += chunk) {
         const std::int64_t rows = std::min(chunk, n - start);
         const std::int64_t* plabels = labels.data<std::int64_t>() + start;
-        row_major_gemm(ctx, x.dtype(), "linear_cross_entropy logits", 1, rows, classes, width,
+        row_major_gemm(ctx, x.dtype(), "linear_cross_entropy logits", 1, rows, gemm_classes, width,
                        {px + start * width, false, 0}, {pw, true, 0}, plogits, false, dtype_of<S>(), row_stride);
         const BatchSums<S> batch{Reduction::None, nullptr, static_cast<double*>(chunk_sums.data()), ctx.block_counter};
         launch_rows(ctx, rows, classes, [&]<bool kBlockPerRow>(unsigned blocks) {
@@ -519,10 +525,10 @@ void chunked_pass(DeviceContext& ctx, const Tensor& x, const Tensor& weight, con
                 smoothing, grad_reduction, row_dy, pdlogits, ctx.error_record_device, row_stride);
         });
         if (dx != nullptr)
-            row_major_gemm(ctx, x.dtype(), "linear_cross_entropy dx", 1, rows, width, classes,
+            row_major_gemm(ctx, x.dtype(), "linear_cross_entropy dx", 1, rows, width, gemm_classes,
                            {pdlogits, false, 0, row_stride}, {pw, false, 0}, dx + start * width, false, dtype_of<G>());
         if (dw != nullptr)
-            row_major_gemm(ctx, x.dtype(), "linear_cross_entropy dW", 1, classes, width, rows,
+            row_major_gemm(ctx, x.dtype(), "linear_cross_entropy dW", 1, gemm_classes, width, rows,
                            {pdlogits, true, 0, row_stride}, {px + start * width, false, 0}, dw_sum, start > 0,
                            dtype_of<S>());
     }

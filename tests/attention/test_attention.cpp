@@ -234,6 +234,27 @@ TEST_CASE("attention on the GPU: memory linear in T in both backward designs, de
         if (deterministic || i > 0) CHECK(max_abs_diff(first[i], second[i]) == 0.0);  // dk, dv: no atomics
 }
 
+TEST_CASE("attention on the GPU, bf16 at GPT-2's shape: deterministic mode repeats its gradients bit for bit",
+          "[attention][gpu][deterministic]") {
+    if (!have_gpu()) DG_SKIP("no CUDA device");
+    const dgtest::DeterministicMode mode(true);
+    const Device gpu = Device::cuda(0);
+    Generator gen(47);
+    const auto draw = [&] { return Tensor::normal({4, 12, 1024, 64}, 0.0, 1.0, gen, DType::bf16, gpu); };
+    const Tensor q = draw(), k = draw(), v = draw(), dy = draw();
+    const auto run = [&] {
+        ComputeGraph g;
+        Var qv = g.input(q, "q", true), kv = g.input(k, "k", true), vv = g.input(v, "v", true);
+        g.backward(scaled_dot_product_attention(qv, kv, vv, options_of(true, 0.0, 0)), dy);
+        return std::vector<Tensor>{qv.grad().clone(), kv.grad().clone(), vv.grad().clone()};
+    };
+    const std::vector<Tensor> first = run(), second = run();
+    for (std::size_t i = 0; i < first.size(); ++i) {
+        INFO("gradient " << i << " (q, k, v)");
+        CHECK(max_abs_diff(first[i], second[i]) == 0.0);
+    }
+}
+
 TEST_CASE("attention on the GPU: a mask value other than 0 or 1 is a ValueError at the next synchronisation",
           "[attention][gpu]") {
     if (!have_gpu()) DG_SKIP("no CUDA device");
