@@ -101,8 +101,10 @@ bool allow_tf32();
 // Deterministic mode: off by default. When on, cuDNN convolution passes use only deterministic algorithms, the
 // indexing ops that add many values into one (embedding, index_select and gather backward, scatter_add;
 // ops/indexing.h) sort the destinations (CUB) and sum in index order, and the float32 tensor-core attention backward
-// runs two kernels (dk/dv, dq) instead of one adding dq with float atomics (ops/attention.cu): two runs give
-// bitwise-identical gradients. Other kernels never depend on scheduling (no float atomics), in either mode.
+// runs two kernels (dk/dv, dq) instead of one adding dq with float atomics (ops/attention.cu), and attention's
+// backward runs on dyngrad's tensor-core kernels, never cuDNN's (ops/attention_cudnn.cu says why): two runs give
+// bitwise-identical gradients (GPT-2 in bf16: docs/performance.md). Other kernels never depend on scheduling (no
+// float atomics), in either mode.
 void set_deterministic(bool deterministic);
 bool deterministic();
 // Where small weight gradients (linear, conv2d) run during backward: on a second stream of the calling thread
