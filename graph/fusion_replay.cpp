@@ -336,6 +336,7 @@ void at_backward(const ComputeGraph& graph, std::uint64_t generation, NodeId roo
 }
 
 void graph_ended(const ComputeGraph& graph, std::uint64_t generation) noexcept {
+    if (!tls_armed) return;  // nothing applied: every graph's destructor passes here
     State& s = state();
     if (!is(s.applying, graph, generation)) return;
     s.applying.reset();  // a graph of the capture that ran no backward: its plan is spent

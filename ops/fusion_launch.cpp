@@ -118,16 +118,14 @@ bool matches_unfused(const ComputeGraph& graph, const FusionGroup& group, const 
 }  // namespace
 
 std::optional<CompiledGroup> compile_group(const ComputeGraph& graph, const FusionGroup& group, bool check) {
-    // Every member written: the unfused backward kernels may read any member's value.
-    FusionGroup all = group;
-    all.outputs.clear();
-    for (NodeId m : group.members) all.outputs.push_back({m, Materialise::ConsumedOutside});
-    const FusedKernelSource source = generate_fused_source(graph, all);
+    const FusedKernelSource source = generate_fused_source(graph, with_every_member_written(group));
     const int device = graph.node(group.members.front()).value.device().index;
     CompiledGroup out;
     try {
+        cuda::FusedKernelCompileOptions options;
+        options.arch = cuda::device_arch(device);
         const std::optional<cuda::CompiledKernel> compiled =
-            cuda::try_compile_fused_kernel(source.source, source.name, {.arch = cuda::device_arch(device)});
+            cuda::try_compile_fused_kernel(source.source, source.name, options);
         if (!compiled) return std::nullopt;  // logged by the compiler
         out.kernel = &loaded_kernel(*compiled, device);
     } catch (const CudaError& e) {  // the driver refused the image: the unfused kernels run
