@@ -118,19 +118,20 @@ bool matches_unfused(const ComputeGraph& graph, const FusionGroup& group, const 
 }  // namespace
 
 std::optional<CompiledGroup> compile_group(const ComputeGraph& graph, const FusionGroup& group, bool check) {
-    const FusedKernelSource source = generate_fused_source(graph, with_every_member_written(group));
     const int device = graph.node(group.members.front()).value.device().index;
+    FusedKernelSource source;
     CompiledGroup out;
     try {
+        source = generate_fused_source(graph, with_every_member_written(group));
         cuda::FusedKernelCompileOptions options;
         options.arch = cuda::device_arch(device);
         const std::optional<cuda::CompiledKernel> compiled =
             cuda::try_compile_fused_kernel(source.source, source.name, options);
         if (!compiled) return std::nullopt;  // logged by the compiler
         out.kernel = &loaded_kernel(*compiled, device);
-    } catch (const CudaError& e) {  // the driver refused the image: the unfused kernels run
+    } catch (const Error& e) {  // a group the generator cannot write, or an image the driver refuses: unfused
         cuda::log_fusion({cuda::FusionLogEntry::Kind::CompileFallback, source.name,
-                          str("loading the compiled kernel failed: ", e.what())});
+                          str("group ", members_text(graph, group), ": ", e.what(), "; the group runs its unfused kernels")});
         return std::nullopt;
     }
     out.inputs = source.inputs;
