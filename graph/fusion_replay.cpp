@@ -149,8 +149,8 @@ std::shared_ptr<const Prepared> prepare(const ComputeGraph& graph, std::string s
     const bool check = fusion_settings().check;
     ReplayStats& stats = state().stats;
     for (FusionGroup& group : plan.groups) {
-        // Only CUDA groups; a member whose forward saves extras for its backward is never skipped (no pointwise row
-        // saves any today; the test keeps that rule honest if one starts to).
+        // Only CUDA groups; a member whose forward saved extras for its backward is never skipped (its skipped
+        // forward would not save them; no pointwise row saves any today).
         const bool usable = std::all_of(group.members.begin(), group.members.end(), [&](NodeId m) {
             const ComputeNode& node = graph.node(m);
             return node.value.device().is_cuda() && node.saved.empty();

@@ -192,7 +192,11 @@ TEST_CASE("a captured MLP step runs its generated kernels: the same values, fewe
         const StepResult unfused = mlp_step(false, autocast, seed);
         const std::size_t captures = replay_stats().captures;
         const StepResult fused = mlp_step(true, autocast, seed);
-        CHECK(cuda::fusion_log().empty());  // no compile fell back
+        for (const cuda::FusionLogEntry& entry : cuda::fusion_log()) {  // no group fell back
+            INFO(entry.kernel << ": " << entry.reason);
+            CHECK(entry.kind != cuda::FusionLogEntry::Kind::CompileFallback);
+            CHECK(entry.kind != cuda::FusionLogEntry::Kind::CheckMismatch);
+        }
         REQUIRE(fused.stats.captures == captures + 1);
         CHECK(fused.stats.last_groups >= 2);
         CHECK(fused.stats.last_launches_saved >= 3);
