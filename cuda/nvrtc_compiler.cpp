@@ -161,6 +161,8 @@ std::vector<FusionLogEntry> fusion_log() {
     return log_entries;
 }
 
+void log_fusion(FusionLogEntry entry) { log_entry(std::move(entry)); }
+
 void clear_fusion_log() {
     const std::lock_guard<std::mutex> lock(log_mutex);
     log_entries.clear();

@@ -70,12 +70,16 @@ struct CompiledKernel {
 // One thing the compiler decided not to do as asked, for the caller and for tests (library code logs here instead
 // of printing; DYNGRAD_PRINT_FUSIONS=1 also prints each entry to stderr).
 struct FusionLogEntry {
-    enum class Kind : unsigned char { CompileFallback, CacheUnwritable, CacheReadFailed } kind;
+    // CheckMismatch: DYNGRAD_CHECK_FUSIONS=1 found a generated kernel that disagrees with its unfused kernels (the
+    // captured step runs the unfused ones for that group; graph/fusion_replay.h).
+    enum class Kind : unsigned char { CompileFallback, CacheUnwritable, CacheReadFailed, CheckMismatch } kind;
     std::string kernel;  // empty when not about one kernel
     std::string reason;
 };
 std::vector<FusionLogEntry> fusion_log();
 void clear_fusion_log();
+// Adds an entry (printed too with DYNGRAD_PRINT_FUSIONS=1): for the layers above that decide against a kernel.
+void log_fusion(FusionLogEntry entry);
 
 // The cache directory the environment names ("" when neither DYNGRAD_FUSION_CACHE_DIR, XDG_CACHE_HOME nor HOME
 // is set: compile in memory).

@@ -320,24 +320,28 @@ FusionPlan plan_fusion(const ComputeGraph& graph) {
     return plan;
 }
 
-std::string graph_signature(const ComputeGraph& graph) {
+std::string node_signature(const ComputeGraph& graph, NodeId id) {
     std::ostringstream out;
-    for (NodeId id = 0; id < graph.size(); ++id) {
-        const ComputeNode& node = graph.node(id);
-        out << static_cast<int>(node.op);
-        if (node.op != OpType::Leaf) {
-            const OpDef& def = op_def(node.op, node.attrs);
-            out << ' ' << def.name << '(' << attrs_text(def, node.attrs) << ')';
-        }
-        for (const NodeInput& input : node.inputs) out << ' ' << input.id;
-        if (node.value.defined())
-            out << ' ' << to_string(node.value.shape()) << ' ' << dtype_name(node.value.dtype()) << ' '
-                << node.value.device().to_string();
-        else
-            out << " released";
-        out << (node.requires_grad ? " g" : "") << ";";
+    const ComputeNode& node = graph.node(id);
+    out << static_cast<int>(node.op);
+    if (node.op != OpType::Leaf) {
+        const OpDef& def = op_def(node.op, node.attrs);
+        out << ' ' << def.name << '(' << attrs_text(def, node.attrs) << ')';
     }
+    for (const NodeInput& input : node.inputs) out << ' ' << input.id;
+    if (node.value.defined())
+        out << ' ' << to_string(node.value.shape()) << ' ' << dtype_name(node.value.dtype()) << ' '
+            << node.value.device().to_string();
+    else
+        out << " released";
+    out << (node.requires_grad ? " g" : "");
     return out.str();
+}
+
+std::string graph_signature(const ComputeGraph& graph) {
+    std::string out;
+    for (NodeId id = 0; id < graph.size(); ++id) out += node_signature(graph, id) + ";";
+    return out;
 }
 
 const FusionPlan& FusionPlanCache::plan_for(const ComputeGraph& graph) {

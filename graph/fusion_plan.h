@@ -80,6 +80,9 @@ FusionPlan plan_fusion(const ComputeGraph& graph);
 // Two graphs with the same signature get the same plan; a change in any of these (a new batch size) is another
 // signature, so no plan or kernel made for other shapes is ever reused.
 std::string graph_signature(const ComputeGraph& graph);
+// One node's part of graph_signature (the signature is each node's, followed by ';'): "12 relu() 11 (64, 96)
+// float32 cuda:0 g". The captured step names the first node that differs from its warm-up's with it.
+std::string node_signature(const ComputeGraph& graph, NodeId id);
 
 // Plans by signature: the captured step asks once per replay key (a changed shape plans anew).
 class FusionPlanCache {

@@ -17,6 +17,7 @@
 #include "dyngrad/graph/autocast.h"
 #include "dyngrad/graph/eager.h"
 #include "dyngrad/graph/fusion_check.h"
+#include "dyngrad/graph/fusion_replay.h"
 #include "dyngrad/graph/backend.h"
 #include "dyngrad/graph/engine_helpers.h"
 #include "dyngrad/graph/higher_order.h"
@@ -349,6 +350,7 @@ ComputeGraph::ComputeGraph() : anchor_(acquire_anchor()), generation_(next_gener
     anchor_->generation.store(generation_, std::memory_order_release);
 }
 ComputeGraph::~ComputeGraph() {
+    fusion::detail::graph_ended(*this, generation_);
     release_anchor(anchor_);  // first: from here on every handle into this graph throws
     release_parameters();
 }
@@ -473,7 +475,15 @@ Var ComputeGraph::record_inputs(OpType op, std::span<const Var> inputs, const Op
             throw DeviceError(str(at(), ": inputs on different devices: ", describe_inputs(input_values)));
 
     std::vector<Tensor> saved;
-    Tensor out = detail::run_forward(def, op, input_values, attrs, saved, nodes_.size(), [&] {
+    Tensor out;  // a member of a fused group in a captured step: its group's kernel writes it (graph/fusion_replay.h)
+    if (fusion::detail::replay_armed()) [[unlikely]]
+        out = fusion::detail::before_record(*this, generation_, def, op, inputs, input_values, attrs);
+    const auto recorded = [&](Var var) {
+        if (fusion::detail::replay_armed()) [[unlikely]]
+            fusion::detail::after_record(*this, generation_, var.id_);
+        return var;
+    };
+    if (!out.defined()) out = detail::run_forward(def, op, input_values, attrs, saved, nodes_.size(), [&] {
         return str(at(), " with inputs ", describe_inputs(input_values));
     }, [&](std::size_t i) {
         const ComputeNode& n = *nodes_[inputs[i].id_];
@@ -481,7 +491,7 @@ Var ComputeGraph::record_inputs(OpType op, std::span<const Var> inputs, const Op
         return str("parameter '", n.parameter.name(), "' (", describe_node(inputs[i].id_), ")");
     });
 
-    if (!grad_enabled()) return add_leaf(out, false, Parameter(), "", where);
+    if (!grad_enabled()) return recorded(add_leaf(out, false, Parameter(), "", where));
     if (nodes_.size() >= std::numeric_limits<NodeId>::max()) throw GraphError("graph is full");
     auto n = std::make_unique<ComputeNode>();
     n->op = op;
@@ -500,7 +510,7 @@ Var ComputeGraph::record_inputs(OpType op, std::span<const Var> inputs, const Op
     n->requires_grad = any_requires_grad && def.differentiable;
     n->where = where;
     nodes_.push_back(std::move(n));
-    return Var(anchor_, static_cast<NodeId>(nodes_.size() - 1), generation_);
+    return recorded(Var(anchor_, static_cast<NodeId>(nodes_.size() - 1), generation_));
 }
 
 namespace {
@@ -553,6 +563,8 @@ void ComputeGraph::backward(const Var& output, const Tensor& grad_output, const 
 }
 
 void ComputeGraph::run_backward(NodeId root, Tensor seed, const BackwardOptions& options) {
+    if (fusion::detail::replay_armed() || fusion::fusion_settings().enabled)  // plans in a warm-up, checks in a capture
+        fusion::detail::at_backward(*this, generation_, root);
     if (options.create_graph) return detail::HigherOrder::backward(*this, root, seed, options);  // higher_order.cpp
     if (saved_released_)
         throw GraphError(str("backward from ", describe_node(root), ": this graph was already back-propagated and ",
@@ -620,6 +632,7 @@ void ComputeGraph::restore_leaf_grads(std::vector<std::pair<NodeId, Tensor>>& ea
 
 void ComputeGraph::clear() {
     const Use use(*this, "clear()");
+    fusion::detail::graph_ended(*this, generation_);
     generation_ = next_generation();  // first: the old handles are stale before their nodes go
     anchor_->generation.store(generation_, std::memory_order_release);
     // Destroy back to front: no recursion is involved, nodes only hold ids.

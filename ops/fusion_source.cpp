@@ -191,6 +191,13 @@ std::string_view elementwise_math_source() {
     return {text, sizeof(text) - 1};
 }
 
+FusionGroup with_every_member_written(const FusionGroup& group) {
+    FusionGroup all = group;
+    all.outputs.clear();
+    for (NodeId m : group.members) all.outputs.push_back({m, Materialise::ConsumedOutside});
+    return all;
+}
+
 FusedKernelSource generate_fused_source(const ComputeGraph& graph, const FusionGroup& group) {
     if (group.members.empty()) throw Error("fusion: a group without members has no kernel");
     FusedKernelSource out;

@@ -41,6 +41,10 @@ struct FusedKernelSource {
 // The kernel of `group` of a plan made for `graph` (its signature: the values' shapes and dtypes are read from it).
 FusedKernelSource generate_fused_source(const ComputeGraph& graph, const FusionGroup& group);
 
+// `group` with every member as an output (ConsumedOutside): the captured-step hook's kernels write every member,
+// since the unfused backward kernels may read any member's value (graph/fusion_replay.h).
+FusionGroup with_every_member_written(const FusionGroup& group);
+
 // The embedded text of ops/elementwise_math.h between its markers (what every generated source contains).
 std::string_view elementwise_math_source();
 

@@ -39,7 +39,7 @@ struct TemporaryDirectory {
 };
 
 // The kernel of the first group of a small graph: bias add, GELU (tanh form), a scalar multiply, in `dtype`.
-FusedKernelSource sample_kernel(DType dtype, std::int64_t batch = 64) {
+FusedKernelSource sample_kernel(DType dtype, std::int64_t batch = 64, bool every_member = false) {
     Generator gen = fresh_generator();
     ComputeGraph graph;
     const Var x = graph.input(random({batch, 48}, gen).to(dtype), "x", true);
@@ -50,7 +50,7 @@ FusedKernelSource sample_kernel(DType dtype, std::int64_t batch = 64) {
     const FusionPlan plan = plan_fusion(graph);
     REQUIRE(plan.groups.size() == 1);
     REQUIRE(loss.defined());
-    return generate_fused_source(graph, plan.groups[0]);
+    return generate_fused_source(graph, every_member ? with_every_member_written(plan.groups[0]) : plan.groups[0]);
 }
 
 std::size_t count_entries(const fs::path& dir, const std::string& suffix) {
@@ -168,4 +168,19 @@ TEST_CASE("the default cache directory follows the environment", "[fusion][nvrtc
     else if (const char* home = std::getenv("HOME"); home && *home)
         CHECK(dir == str(home, "/.cache/dyngrad/fusion"));
     CHECK_FALSE(cuda::nvrtc_version().empty());
+}
+
+TEST_CASE("the captured-step hook's kernels, every member written, compile for every dtype", "[fusion][nvrtc]") {
+    for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+        const FusedKernelSource planned = sample_kernel(dtype);
+        const FusedKernelSource all = sample_kernel(dtype, 64, true);
+        INFO(dtype_name(dtype) << "\n" << all.source);
+        CHECK(all.outputs.size() == 6);  // add, gelu, mul_scalar, leaky_relu, clamp, the cast
+        CHECK(all.outputs.size() > planned.outputs.size());
+        CHECK(all.name != planned.name);
+        CHECK(all.source.find("out5") != std::string::npos);
+        const cuda::CompiledKernel ptx = cuda::compile_fused_kernel(
+            all.source, all.name, {.arch = 90, .kind = ImageKind::Ptx, .cache_dir = {}, .use_cache = false});
+        CHECK(ptx.image.find(all.name) != std::string::npos);
+    }
 }

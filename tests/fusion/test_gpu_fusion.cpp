@@ -3,13 +3,18 @@
 // inputs and its outputs are compared with the values the unfused kernels stored. The CUDA build only (the loader
 // uses the driver API); without a device the executable exits 77 (CTest: skipped).
 #include <cmath>
+#include <cstring>
+#include <optional>
+#include <string>
 #include <random>
 #include <vector>
 
 #include "catch.h"
+#include "dyngrad/cuda/capture.h"
 #include "dyngrad/cuda/fused_kernel.h"
 #include "dyngrad/dyngrad.h"
 #include "dyngrad/graph/fusion_plan.h"
+#include "dyngrad/graph/fusion_replay.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/fusion_source.h"
 
@@ -117,4 +122,122 @@ TEST_CASE("generated kernels of reduced-precision chains with casts and scalar a
     const Var z = softplus(leaky_relu(mul(exp(x), x), 0.2));
     REQUIRE(z.defined());
     check_plan(graph, 4.0);
+}
+
+// ---- the captured-step hook (graph/fusion_replay.h): generated kernels inside a CUDA graph ----
+namespace {
+
+struct StepResult {
+    std::vector<Tensor> values;  // the output of the last run, then every parameter, on the CPU
+    std::size_t kernels = 0;     // CapturedStep::last_graph_counts().kernels
+    ReplayStats stats;
+};
+
+// Two layers with their bias adds, activations and a scalar multiply written out as pointwise ops, so that each
+// forms a group ({add, relu, mul_scalar} and {add, sigmoid, mul}; under autocast the casts join them), trained by SGD
+// in a captured step: warm-up, capture, then three replays.
+StepResult mlp_step(bool fusion, std::optional<DType> autocast, std::uint64_t seed) {
+    set_fusion_enabled(fusion);
+    Generator gen(seed);
+    const auto parameter = [&](const Shape& shape, const char* name) {
+        return Parameter(Tensor::uniform(shape, -0.3, 0.3, gen).to(kGpu), name);
+    };
+    const std::vector<Parameter> params = {parameter({48, 96}, "w1"), parameter({96}, "b1"), parameter({96, 24}, "w2"),
+                                           parameter({24}, "b2")};
+    SGD sgd(params, {.lr = 0.05});
+    cuda::CapturedStep step([&](std::span<const Tensor> in) {
+        ComputeGraph graph;
+        Var loss;
+        {
+            std::optional<AutocastGuard> guard;
+            if (autocast) guard.emplace(*autocast);
+            const Var x = graph.input(in[0], "x");
+            const Var h = mul_scalar(relu(add(matmul(x, graph.parameter(params[0])), graph.parameter(params[1]))), 0.5);
+            const Var o = sigmoid(add(matmul(h, graph.parameter(params[2])), graph.parameter(params[3])));
+            loss = mean(mul(o, o));
+        }
+        graph.backward(loss);
+        sgd.step();
+        sgd.zero_grad();
+        return loss.value();
+    });
+    const Tensor x = Tensor::uniform({33, 48}, -1.0, 1.0, gen).to(kGpu);
+    Tensor output;
+    for (int run = 0; run < 5; ++run) output = step.run(std::span<const Tensor>(&x, 1));
+    cuda::synchronize(0);
+    StepResult result;
+    result.values.push_back(output.to(Device::cpu()));
+    for (const Parameter& p : params) result.values.push_back(p.value().to(Device::cpu()));
+    result.kernels = step.last_graph_counts().kernels;
+    result.stats = replay_stats();
+    set_fusion_enabled(false);
+    return result;
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+    return a.shape() == b.shape() && a.dtype() == b.dtype() &&
+           std::memcmp(a.raw_data(), b.raw_data(), a.numel() * dtype_size(a.dtype())) == 0;
+}
+
+}  // namespace
+
+// f32: each member's result is rounded and kept apart as its unfused kernel stores it, so bitwise. bf16 under
+// autocast: the same kernels' roundings (the casts are members, rounded to bf16 as the unfused cast kernel does),
+// so bitwise is expected too and asserted.
+TEST_CASE("a captured MLP step runs its generated kernels: the same values, fewer launches", "[gpu][fusion][capture]") {
+    const std::uint64_t seed = std::random_device{}();
+    for (const std::optional<DType> autocast : {std::optional<DType>{}, std::optional<DType>{DType::bf16}}) {
+        INFO((autocast ? "autocast bf16" : "f32") << ", seed " << seed);
+        cuda::clear_fusion_log();
+        const StepResult unfused = mlp_step(false, autocast, seed);
+        const std::size_t captures = replay_stats().captures;
+        const StepResult fused = mlp_step(true, autocast, seed);
+        for (const cuda::FusionLogEntry& entry : cuda::fusion_log()) {  // no group fell back
+            INFO(entry.kernel << ": " << entry.reason);
+            CHECK(entry.kind != cuda::FusionLogEntry::Kind::CompileFallback);
+            CHECK(entry.kind != cuda::FusionLogEntry::Kind::CheckMismatch);
+        }
+        REQUIRE(fused.stats.captures == captures + 1);
+        CHECK(fused.stats.last_groups >= 2);
+        CHECK(fused.stats.last_launches_saved >= 3);
+        CHECK(unfused.kernels - fused.kernels == fused.stats.last_launches_saved);
+        REQUIRE(fused.values.size() == unfused.values.size());
+        for (std::size_t i = 0; i < fused.values.size(); ++i) {
+            INFO((i == 0 ? "the step's output" : "parameter " + std::to_string(i - 1)));
+            CHECK(bitwise_equal(fused.values[i], unfused.values[i]));
+        }
+    }
+}
+
+TEST_CASE("a capture that records another graph than its warm-up is a GraphError, never a stale kernel",
+          "[gpu][fusion][capture]") {
+    set_fusion_enabled(true);
+    Generator gen(std::random_device{}());
+    const Parameter w(Tensor::uniform({16, 32}, -0.5, 0.5, gen).to(kGpu), "w");
+    const Parameter b(Tensor::uniform({32}, -0.5, 0.5, gen).to(kGpu), "b");
+    int calls = 0;
+    cuda::CapturedStep step([&](std::span<const Tensor> in) {
+        ComputeGraph graph;
+        Var h = mul_scalar(relu(add(matmul(graph.input(in[0]), graph.parameter(w)), graph.parameter(b))), 2.0);
+        if (++calls == 2) h = neg(h);  // a host counter: the capture differs from the warm-up
+        const Var loss = mean(h);
+        graph.backward(loss);
+        return loss.value();
+    });
+    const Tensor x = Tensor::uniform({8, 16}, -1.0, 1.0, gen).to(kGpu);
+    step.run(std::span<const Tensor>(&x, 1));  // warm-up: planned and compiled
+    std::string message;
+    try {
+        step.run(std::span<const Tensor>(&x, 1));
+    } catch (const GraphError& e) {
+        message = e.what();
+    }
+    set_fusion_enabled(false);
+    INFO(message);
+    CHECK(message.find("the captured step recorded another graph than its warm-up") != std::string::npos);
+    CHECK(message.find("nodes in the capture") != std::string::npos);
+    CHECK(message.find("neg") != std::string::npos);
+    CHECK(step.variants() == 0);  // the capture was discarded
+    const Tensor eager = step.run(std::span<const Tensor>(&x, 1));  // warms up afresh: the device is usable
+    CHECK(std::isfinite(eager.item()));
 }

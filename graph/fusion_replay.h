@@ -1,0 +1,113 @@
+// The fusion compiler inside captured steps (issue 33, docs/fusion.md "The captured-step hook"): with fusion on
+// (DYNGRAD_FUSION=1 or fusion::set_fusion_enabled(true)), a cuda::CapturedStep's capture runs each fusion group's
+// generated kernel instead of its members' kernels, in the forward.
+//
+//   warm-up (eager, not capturing): at the graph's first backward, plan the graph as recorded so far
+//     (plan_fusion, cached by signature), compile every group's kernel (compilation is not capturable); a group
+//     whose compile fails, or that DYNGRAD_CHECK_FUSIONS=1 finds differing from its unfused kernels, is dropped.
+//     The plan waits, thread-local, for the capture.
+//   capture: recording a member allocates its output and launches nothing; its group's kernel is launched just
+//     before the first node outside the group that reads a member, or right after its last member, whichever
+//     comes first (LaunchTracker). At backward the graph's signature must equal the warm-up's, else GraphError and
+//     CapturedStep discards the capture: never a kernel made for another graph.
+//
+// Off, or on a CPU, the engine's hooks cost one thread-local test per recorded node.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dyngrad/cuda/fused_kernel.h"
+#include "dyngrad/graph/fusion_plan.h"
+
+namespace dyngrad::fusion {
+
+// ---- the launch schedule (pure: tests/fusion/test_fusion_replay.cpp) ----
+
+// Which group's kernel a captured step launches where: just before recording `node` (a node outside the group
+// reads one of its members) or right after recording it (the group's last member).
+struct LaunchEvent {
+    std::size_t group = 0;
+    NodeId node = 0;
+    bool before = false;
+    bool operator==(const LaunchEvent&) const = default;
+};
+
+// The lazy launch rule, fed node by node in recording order; each group launches once.
+class LaunchTracker {
+public:
+    explicit LaunchTracker(const FusionPlan& plan);
+    // The group `node` is a member of, or -1.
+    int group_of(NodeId node) const;
+    // The groups to launch before recording `node`, which reads `inputs`: those not launched yet that have a member
+    // among `inputs` and do not hold `node`. Marks them launched.
+    std::vector<std::size_t> before(NodeId node, std::span<const NodeId> inputs);
+    // The group to launch right after recording `node`: its own when it is that group's last member and the group
+    // has not launched yet. Marks it launched.
+    std::optional<std::size_t> after(NodeId node);
+    bool launched(std::size_t group) const { return launched_.at(group) != 0; }
+
+private:
+    const FusionPlan* plan_;
+    std::vector<int> group_of_;  // by node id, -1 outside every group
+    std::vector<char> launched_;
+};
+
+// Every launch of a step that records nodes 0 .. node_inputs.size()-1 in order, node i reading node_inputs[i].
+std::vector<LaunchEvent> schedule_launches(const FusionPlan& plan, std::span<const std::vector<NodeId>> node_inputs);
+
+// The GraphError message when a capture recorded another graph than the warm-up the plan was made from: both node
+// counts and the first node that differs (each as node_signature() gives it), or "" when the signatures are equal.
+std::string graph_mismatch_message(std::span<const std::string> warm_up_nodes, std::span<const std::string> capture_nodes);
+
+// ---- what happened (tests, debugging) ----
+struct ReplayStats {
+    std::size_t plans = 0;           // plans made in warm-ups (a repeated signature reuses its plan)
+    std::size_t groups_compiled = 0; // groups whose kernel is ready
+    std::size_t groups_dropped = 0;  // a failed compile or a failed DYNGRAD_CHECK_FUSIONS comparison
+    std::size_t captures = 0;        // captured graphs that ran generated kernels
+    std::size_t last_groups = 0;          // groups of the plan the last of those applied
+    std::size_t last_launches_saved = 0;  // its launches_saved()
+};
+ReplayStats replay_stats();  // this thread's
+
+// ---- one group made runnable (implemented in ops/fusion_launch.cpp: it generates the source) ----
+struct CompiledGroup {
+    const cuda::FusedKernel* kernel = nullptr;  // loaded for the group's device; lives for the process
+    std::vector<NodeId> inputs;       // the kernel's pointer parameters, in order: inputs, then outputs
+    std::vector<NodeId> outputs;      // every member (the unfused backward may read any of them)
+    std::vector<NodeId> scalar_nodes; // members passing a math::UnaryScalars, in parameter order
+    std::vector<std::vector<std::byte>> scalars;  // their bytes, from the warm-up's attributes
+    bool double_precision = false;
+    std::int64_t numel = 0;
+    int device = 0;                   // the CUDA device it was loaded for
+};
+// The group's kernel, compiled and loaded for its device (a cache by kernel name makes a repeated group cheap);
+// with `check`, also run once on the warm-up's values and compared with the members' (bitwise for f32/f64, one
+// unit in the last place for bf16/f16). nullopt, after a cuda::fusion_log() entry, when either fails. CUDA only.
+std::optional<CompiledGroup> compile_group(const ComputeGraph& graph, const FusionGroup& group, bool check);
+// The bytes of math::UnaryScalars<float or double> for `attrs` (the capture checks each member's against the plan's).
+std::vector<std::byte> unary_scalar_bytes(const OpAttrs& attrs, bool double_precision);
+// Launches a compiled group on its device's stream (capturable): `inputs` and `outputs` in its parameter order.
+void launch_compiled_group(const CompiledGroup& group, std::span<const Tensor> inputs, std::span<const Tensor> outputs);
+
+namespace detail {
+// Engine hooks (graph/graph.cpp). `generation` tells a cleared graph from its earlier self.
+// Before recording node graph.size() from `inputs`: launches the groups it must follow; returns the output to
+// record without running a kernel when the node is a member of the group being applied, else an undefined tensor.
+Tensor before_record(const ComputeGraph& graph, std::uint64_t generation, const OpDef& def, OpType op,
+                     std::span<const Var> input_vars, std::span<const Tensor> inputs, const OpAttrs& attrs);
+// After node `id` was added (an op node, or the leaf a no-grad recording makes).
+void after_record(const ComputeGraph& graph, std::uint64_t generation, NodeId id);
+// At the start of backward from `root`: plans in a warm-up; checks and finishes the plan in a capture.
+void at_backward(const ComputeGraph& graph, std::uint64_t generation, NodeId root);
+// The graph is cleared or destroyed.
+void graph_ended(const ComputeGraph& graph, std::uint64_t generation) noexcept;
+// Whether any hook has work: fusion is on and a plan waits or is being applied on this thread.
+bool replay_armed() noexcept;
+}  // namespace detail
+
+}  // namespace dyngrad::fusion

@@ -1,0 +1,153 @@
+// A fusion group made runnable for the captured-step hook (graph/fusion_replay.h declares it; ops/ implements it
+// because it generates the source, ops/fusion_source.h): the source with every member as an output, compiled
+// through NVRTC's disk cache, loaded once per device and kernel name, and with DYNGRAD_CHECK_FUSIONS=1 compared
+// once with the members' unfused values.
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "dyngrad/cuda/fused_kernel.h"
+#include "dyngrad/cuda/nvrtc_compiler.h"
+#include "dyngrad/graph/fusion_replay.h"
+#include "dyngrad/ops/elementwise_math.h"
+#include "dyngrad/ops/fusion_source.h"
+
+namespace dyngrad::fusion {
+
+std::vector<std::byte> unary_scalar_bytes(const OpAttrs& attrs, bool double_precision) {
+    const auto bytes = [](const auto& value) {
+        std::vector<std::byte> out(sizeof value);
+        std::memcpy(out.data(), &value, sizeof value);
+        return out;
+    };
+    return double_precision ? bytes(math::unary_scalars<double>(attrs)) : bytes(math::unary_scalars<float>(attrs));
+}
+
+#if DYNGRAD_WITH_CUDA
+namespace {
+
+// "add #5, relu #6": a group in log entries.
+std::string members_text(const ComputeGraph& graph, const FusionGroup& group) {
+    std::string out;
+    for (NodeId m : group.members) out += str(out.empty() ? "" : ", ", op_def(graph.node(m).op).name, " #", m);
+    return out;
+}
+
+// Loaded modules live for the process: a captured graph's kernel nodes point into them on every replay.
+const cuda::FusedKernel& loaded_kernel(const cuda::CompiledKernel& compiled, int device) {
+    static std::mutex mutex;
+    static auto* kernels = new std::map<std::pair<int, std::string>, std::unique_ptr<cuda::FusedKernel>>;
+    const std::lock_guard lock(mutex);
+    auto& slot = (*kernels)[{device, compiled.kernel}];
+    if (!slot) slot = std::make_unique<cuda::FusedKernel>(compiled, device);
+    return *slot;
+}
+
+// Distance in units in the last place between two values of a 16-bit floating format (sign-magnitude bits).
+int ulps16(std::uint16_t a, std::uint16_t b) {
+    const auto ordered = [](std::uint16_t bits) {
+        return (bits & 0x8000u) ? -static_cast<int>(bits & 0x7fffu) : static_cast<int>(bits);
+    };
+    return std::abs(ordered(a) - ordered(b));
+}
+
+// The first element where the generated kernel's `got` and the unfused `expected` differ beyond the rule (bitwise
+// for f32/f64, one ulp for bf16/f16; two NaNs agree), or -1.
+std::int64_t first_mismatch(const Tensor& got, const Tensor& expected) {
+    const Tensor a = got.to(Device::cpu()), b = expected.to(Device::cpu());
+    const std::size_t width = dtype_size(a.dtype());
+    const auto* x = static_cast<const unsigned char*>(a.raw_data());
+    const auto* y = static_cast<const unsigned char*>(b.raw_data());
+    for (std::int64_t i = 0; i < a.numel(); ++i) {
+        const unsigned char* p = x + i * width;
+        const unsigned char* q = y + i * width;
+        if (std::memcmp(p, q, width) == 0) continue;
+        if (width == 2) {
+            std::uint16_t u = 0, v = 0;
+            std::memcpy(&u, p, 2);
+            std::memcpy(&v, q, 2);
+            const bool nan_u = (u & 0x7fffu) > (a.dtype() == DType::bf16 ? 0x7f80u : 0x7c00u);
+            const bool nan_v = (v & 0x7fffu) > (a.dtype() == DType::bf16 ? 0x7f80u : 0x7c00u);
+            if ((nan_u && nan_v) || (!nan_u && !nan_v && ulps16(u, v) <= 1)) continue;
+        } else if (width == 4) {
+            float s = 0, t = 0;
+            std::memcpy(&s, p, 4);
+            std::memcpy(&t, q, 4);
+            if (std::isnan(s) && std::isnan(t)) continue;
+        } else if (width == 8) {
+            double s = 0, t = 0;
+            std::memcpy(&s, p, 8);
+            std::memcpy(&t, q, 8);
+            if (std::isnan(s) && std::isnan(t)) continue;
+        }
+        return i;
+    }
+    return -1;
+}
+
+// DYNGRAD_CHECK_FUSIONS=1: the kernel on the warm-up's own inputs, into scratch tensors, against the values the
+// unfused kernels stored. false after logging the first differing element.
+bool matches_unfused(const ComputeGraph& graph, const FusionGroup& group, const CompiledGroup& kernel,
+                     const std::string& name) {
+    std::vector<Tensor> inputs, scratch;
+    for (NodeId id : kernel.inputs) inputs.push_back(graph.node(id).value);
+    for (NodeId id : kernel.outputs) {
+        const Tensor& value = graph.node(id).value;
+        scratch.push_back(Tensor::empty(value.shape(), value.dtype(), value.device()));
+    }
+    launch_compiled_group(kernel, inputs, scratch);
+    for (std::size_t j = 0; j < scratch.size(); ++j) {
+        const Tensor& expected = graph.node(kernel.outputs[j]).value;
+        const std::int64_t at = first_mismatch(scratch[j], expected);
+        if (at < 0) continue;
+        const auto element = [&](const Tensor& t) {
+            return t.to(Device::cpu()).to(DType::f64).reshaped({t.numel()}).to_vector()[static_cast<std::size_t>(at)];
+        };
+        cuda::log_fusion({cuda::FusionLogEntry::Kind::CheckMismatch, name,
+                          str("group ", members_text(graph, group), ": output #", kernel.outputs[j], " (",
+                              dtype_name(expected.dtype()), ") element ", at, " is ", element(scratch[j]),
+                              " generated and ", element(expected), " unfused; the group runs its unfused kernels")});
+        return false;
+    }
+    return true;
+}
+
+}  // namespace
+
+std::optional<CompiledGroup> compile_group(const ComputeGraph& graph, const FusionGroup& group, bool check) {
+    const int device = graph.node(group.members.front()).value.device().index;
+    FusedKernelSource source;
+    CompiledGroup out;
+    try {
+        source = generate_fused_source(graph, with_every_member_written(group));
+        cuda::FusedKernelCompileOptions options;
+        options.arch = cuda::device_arch(device);
+        const std::optional<cuda::CompiledKernel> compiled =
+            cuda::try_compile_fused_kernel(source.source, source.name, options);
+        if (!compiled) return std::nullopt;  // logged by the compiler
+        out.kernel = &loaded_kernel(*compiled, device);
+    } catch (const Error& e) {  // a group the generator cannot write, or an image the driver refuses: unfused
+        cuda::log_fusion({cuda::FusionLogEntry::Kind::CompileFallback, source.name,
+                          str("group ", members_text(graph, group), ": ", e.what(), "; the group runs its unfused kernels")});
+        return std::nullopt;
+    }
+    out.inputs = source.inputs;
+    out.outputs = source.outputs;
+    out.double_precision = group.double_precision;
+    out.numel = source.numel;
+    out.device = device;
+    for (const ScalarArgument& scalar : source.scalars) {
+        out.scalar_nodes.push_back(scalar.node);
+        out.scalars.push_back(unary_scalar_bytes(graph.node(scalar.node).attrs, group.double_precision));
+    }
+    if (check && !matches_unfused(graph, group, out, source.name)) return std::nullopt;
+    return out;
+}
+#else
+std::optional<CompiledGroup> compile_group(const ComputeGraph&, const FusionGroup&, bool) { return std::nullopt; }
+#endif
+
+}  // namespace dyngrad::fusion
