@@ -1,15 +1,24 @@
-// dyngrad-dist-bench: data-parallel training steps on 1 or N GPUs (mpirun -np N, one process per GPU) and the
-// all-reduce bandwidth, for scripts/run-dist-bench.sh, which runs bench/torch_ddp.py on the same workloads under
-// torchrun and compares. Rank 0 prints one line per result:
-//   step model=mlp4096x4_f32 world=2 overlap=1 batch_per_gpu=4096 step_ms=12.3 samples_per_s=665000
+// dyngrad-dist-bench: data-parallel training steps on 1 or N GPUs (mpirun -np N, one process per GPU), sharded
+// (ZeRO-1/2/3) steps against DDP, and the all-reduce bandwidth, for scripts/run-dist-bench.sh, which runs
+// bench/torch_ddp.py on the same workloads under torchrun and compares (bench/dist_report.py). Rank 0 prints one
+// line per result:
+//   step model=mlp4096x4_f32 world=2 mode=ddp optim=sgd overlap=1 batch_per_gpu=4096 step_ms=12.3 samples_per_s=665000 peak_mib=900.1
 //   allreduce bytes=67108864 world=2 ms=0.41 algbw_GBps=163 busbw_GBps=163
 // Workloads (per GPU): mlp4096x4 (4 linear layers 4096→4096, ReLU between, batch 4096) in f32 and TF32; lenet
-// (nn/models.h) on (256,1,28,28). World 1 trains without DDP (the baseline); world N with DDP, with
-// overlap (buckets all-reduced during the backward) and without (every bucket after it). SGD with momentum,
-// cross-entropy over 10 classes, random data fixed per rank.
-//   mpirun -np 2 dyngrad-dist-bench [--steps 30] [--warmup 5] [--only mlp|lenet|allreduce]
+// (nn/models.h) on (256,1,28,28), cross-entropy over 10 classes, SGD with momentum; gpt_char_bf16: the character
+// GPT as samples/char_gpt.cpp builds it (nn/transformer.h: 6 layers, 6 heads, width 384, context 256, vocabulary
+// 96, no dropout) on random tokens, batch 32, the forward under bf16 autocast, the fused-head loss, AdamW.
+// Random data, fixed per rank. World 1 trains without DDP (the baseline); world N with DDP, with overlap
+// (buckets all-reduced during the backward) and without (every bucket after it).
+// --zero 1,2,3 (any of the stages) runs, instead, per workload: DDP with AdamW (mode=ddp optim=adamw) and each
+// stage's distributed/zero.h ZeroOptimizer (mode=zero1|2|3, AdamW as char_gpt --zero uses it). ZeRO-3's units:
+// the GPT's embeddings, blocks and head (samples/gpt_units.h); the MLP's and lenet's whole model as one unit.
+// peak_mib: rank 0's cuda::memory_stats peak of bytes in use over the row (model, data, optimizer, steps), reset
+// before it.
+//   mpirun -np 2 dyngrad-dist-bench [--steps 30] [--warmup 5] [--only mlp|lenet|gpt|allreduce] [--zero 1,2,3]
 #include <dyngrad/cuda/runtime.h>
 #include <dyngrad/distributed/ddp.h>
+#include <dyngrad/distributed/zero.h>
 #include <dyngrad/dyngrad.h>
 
 #include <chrono>
@@ -17,10 +26,13 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "../cli/command_line.h"
+#include "../samples/gpt_units.h"
+#include "dyngrad/graph/autocast.h"
 #include "dyngrad/nn/models.h"
 
 using namespace dyngrad;
@@ -28,37 +40,112 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// One built model: its parameters, its loss on (x, y), and for ZeRO-3 its units and the loss on the last
+// unit's output.
+struct Built {
+    Module module;
+    std::function<Var(const Var& x, const Var& y)> loss;
+    std::function<std::vector<dist::ZeroUnit>()> units;
+    std::function<Var(const Var& out, const Var& y)> head_loss;
+};
+
 struct Workload {
     std::string name;
     bool tf32;
+    DType autocast;  // f32: off
+    bool adamw;      // the optimizer of the DDP efficiency rows (else SGD with momentum)
     std::int64_t batch;
-    std::function<Sequential(Generator&)> make;
-    Shape sample;
+    std::function<Built(Generator&)> make;
+    std::function<std::pair<Tensor, Tensor>(Generator&, std::int64_t batch)> data;
 };
 
-void step_bench(dist::ProcessGroup& group, const Workload& w, bool overlap, int steps, int warmup) {
+constexpr std::int64_t kGptVocabulary = 96, kGptContext = 256;
+
+Built classifier(Sequential model) {
+    return {model, [model](const Var& x, const Var& y) { return cross_entropy(model(x), y); },
+            [model] { return std::vector<dist::ZeroUnit>{{"model", model, [model](const Var& x) { return model(x); }}}; },
+            [](const Var& out, const Var& y) { return cross_entropy(out, y); }};
+}
+
+Built char_gpt(Generator& gen) {
+    const GPT model(GPTConfig{.vocab_size = kGptVocabulary, .context = kGptContext, .layers = 6, .heads = 6,
+                              .width = 384, .dropout = 0.0},
+                    gen);
+    return {model, [model](const Var& x, const Var& y) { return model.loss(x, y); },
+            [model] { return gpt_units(model); },
+            [](const Var& logits, const Var& y) {
+                const Shape& s = logits.shape();
+                return cross_entropy(reshape(logits, {s[0] * s[1], s[2]}), y);
+            }};
+}
+
+std::pair<Tensor, Tensor> images(Generator& gen, std::int64_t batch, const Shape& sample) {
+    Shape shape{batch};
+    shape.insert(shape.end(), sample.begin(), sample.end());
+    const Tensor x = Tensor::uniform(shape, -1, 1, gen);
+    std::vector<std::int64_t> labels;
+    for (std::int64_t i = 0; i < batch; ++i) labels.push_back(static_cast<std::int64_t>(gen.engine()() % 10));
+    return {x, Tensor::from_vector(labels, {batch})};
+}
+
+std::pair<Tensor, Tensor> tokens(Generator& gen, std::int64_t batch) {
+    std::vector<std::int64_t> inputs, targets;  // a window of context + 1 tokens: the inputs and the next tokens
+    for (std::int64_t b = 0; b < batch; ++b) {
+        std::vector<std::int64_t> window;
+        for (std::int64_t i = 0; i <= kGptContext; ++i)
+            window.push_back(static_cast<std::int64_t>(gen.engine()() % kGptVocabulary));
+        inputs.insert(inputs.end(), window.begin(), window.end() - 1);
+        targets.insert(targets.end(), window.begin() + 1, window.end());
+    }
+    return {Tensor::from_vector(inputs, {batch, kGptContext}), Tensor::from_vector(targets, {batch * kGptContext})};
+}
+
+// mode: "ddp" (DDP at world > 1, the plain model at world 1) or "zero1|2|3"; adamw: the optimizer of a DDP row.
+void step_bench(dist::ProcessGroup& group, const Workload& w, const std::string& mode, bool adamw, bool overlap,
+                int steps, int warmup) {
     const Device device = group.device();
     cuda::set_allow_tf32(w.tf32);
+    cuda::synchronize(device.index);
+    cuda::reset_peak_memory(device.index);
     Generator init(1);
-    Sequential model = w.make(init);
-    model.to(device);
+    Built built = w.make(init);
+    built.module.to(device);
+    const int stage = mode == "ddp" ? 0 : mode.back() - '0';
+    const AdamOptions adam{.lr = 1e-4, .weight_decay = 0.01};
     std::unique_ptr<dist::DistributedDataParallel> ddp;
-    if (group.world_size() > 1) ddp = std::make_unique<dist::DistributedDataParallel>(model, group, dist::DDPOptions{.overlap = overlap});
-    SGD sgd(model.parameters(), {.lr = 1e-3, .momentum = 0.9});
+    std::unique_ptr<dist::ZeroOptimizer> zero;
+    std::unique_ptr<Optimizer> optimizer;
+    if (stage == 3) {
+        zero = std::make_unique<dist::ZeroOptimizer>(built.units(), group, adam, dist::ZeroOptions{.stage = 3});
+    } else if (stage > 0) {
+        zero = std::make_unique<dist::ZeroOptimizer>(built.module, group, adam, dist::ZeroOptions{.stage = stage});
+    } else {
+        if (group.world_size() > 1)
+            ddp = std::make_unique<dist::DistributedDataParallel>(built.module, group, dist::DDPOptions{.overlap = overlap});
+        if (adamw) optimizer = std::make_unique<AdamW>(built.module.parameters(), adam);
+        else optimizer = std::make_unique<SGD>(built.module.parameters(), SgdOptions{.lr = 1e-3, .momentum = 0.9});
+    }
     Generator data(100 + static_cast<std::uint64_t>(group.rank()));
-    Shape shape{w.batch};
-    shape.insert(shape.end(), w.sample.begin(), w.sample.end());
-    const Tensor x = Tensor::uniform(shape, -1, 1, data).to(device);
-    std::vector<std::int64_t> labels;
-    for (std::int64_t i = 0; i < w.batch; ++i) labels.push_back(static_cast<std::int64_t>(data.engine()() % 10));
-    const Tensor y = Tensor::from_vector(labels, {w.batch}).to(device);
+    auto [host_x, host_y] = w.data(data, w.batch);
+    const Tensor x = host_x.to(device), y = host_y.to(device);
     const auto one_step = [&] {
         ComputeGraph graph;
-        const Var loss = cross_entropy(model(graph.input(x)), graph.input(y));
+        Var loss;
+        {
+            const AutocastGuard autocast(w.autocast);
+            loss = stage == 3 ? built.head_loss(zero->forward(graph.input(x)), graph.input(y))
+                              : built.loss(graph.input(x), graph.input(y));
+        }
+        if (zero) {
+            zero->backward(graph, loss);
+            zero->step();
+            zero->zero_grad();
+            return;
+        }
         if (ddp) ddp->backward(graph, loss, {.free_values = true});
         else graph.backward(loss, {.free_values = true});
-        sgd.step();
-        sgd.zero_grad();
+        optimizer->step();
+        optimizer->zero_grad();
     };
     for (int i = 0; i < warmup; ++i) one_step();
     cuda::synchronize(device.index);
@@ -70,11 +157,15 @@ void step_bench(dist::ProcessGroup& group, const Workload& w, bool overlap, int 
     Tensor mean_ms = Tensor::full({1}, ms, DType::f64, device);  // the ranks run in lockstep: their mean
     group.all_reduce(mean_ms, dist::ReduceOp::Avg);
     const double step_ms = mean_ms.item();
+    // Rank 0's peak: the ranks hold the same but for ZeRO's padding (at most W - 1 elements, on the last ranks).
+    const double peak_bytes = static_cast<double>(cuda::memory_stats(device.index).peak_bytes_in_use);
     if (group.rank() == 0)
-        std::printf("step model=%s world=%d overlap=%d batch_per_gpu=%lld step_ms=%.4f samples_per_s=%.1f\n",
-                    w.name.c_str(), group.world_size(), group.world_size() > 1 ? int(overlap) : 0,
-                    static_cast<long long>(w.batch), step_ms,
-                    1000.0 * static_cast<double>(w.batch * group.world_size()) / step_ms);
+        std::printf("step model=%s world=%d mode=%s optim=%s overlap=%d batch_per_gpu=%lld step_ms=%.4f "
+                    "samples_per_s=%.1f peak_mib=%.1f\n",
+                    w.name.c_str(), group.world_size(), mode.c_str(), zero || adamw ? "adamw" : "sgd",
+                    group.world_size() > 1 && !zero ? int(overlap) : 0, static_cast<long long>(w.batch), step_ms,
+                    1000.0 * static_cast<double>(w.batch * group.world_size()) / step_ms,
+                    peak_bytes / (1024.0 * 1024.0));
     std::fflush(stdout);
 }
 
@@ -98,19 +189,31 @@ void allreduce_bench(dist::ProcessGroup& group, int steps) {
     }
 }
 
+// "1,2,3" -> {1, 2, 3}; UsageError for anything but stages 1 to 3.
+std::vector<int> parse_stages(const std::string& text) {
+    std::vector<int> stages;
+    std::stringstream list(text);
+    for (std::string item; std::getline(list, item, ',');)
+        stages.push_back(static_cast<int>(cli::parse_int("--zero", item, 1, 3)));
+    if (stages.empty()) throw cli::UsageError("--zero: expected stages such as 1,2,3");
+    return stages;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     int steps = 30, warmup = 5;
     std::string only;
+    std::vector<int> stages;
     try {
-        const cli::Arguments args(argc, argv, {.options = {"--steps", "--warmup", "--only"}});
+        const cli::Arguments args(argc, argv, {.options = {"--steps", "--warmup", "--only", "--zero"}});
         if (auto v = args.value("--steps")) steps = static_cast<int>(cli::parse_int("--steps", *v, 1, 100000));
         if (auto v = args.value("--warmup")) warmup = static_cast<int>(cli::parse_int("--warmup", *v, 0, 100000));
-        if (auto v = args.value("--only")) only = cli::parse_choice("--only", *v, {"mlp", "lenet", "allreduce"});
+        if (auto v = args.value("--only")) only = cli::parse_choice("--only", *v, {"mlp", "lenet", "gpt", "allreduce"});
+        if (auto v = args.value("--zero")) stages = parse_stages(*v);
     } catch (const cli::UsageError& e) {
         std::fprintf(stderr, "dyngrad-dist-bench: %s\nusage: mpirun -np N dyngrad-dist-bench [--steps N] [--warmup N] "
-                             "[--only mlp|lenet|allreduce]\n", e.what());
+                             "[--only mlp|lenet|gpt|allreduce] [--zero 1,2,3]\n", e.what());
         return 2;
     }
     try {
@@ -120,17 +223,26 @@ int main(int argc, char** argv) {
             std::printf("# %s, %s, NCCL_NVLS_ENABLE=%s\n", group.describe().c_str(),
                         cuda::device_name(group.device().index).c_str(),
                         std::getenv("NCCL_NVLS_ENABLE") ? std::getenv("NCCL_NVLS_ENABLE") : "(unset)");
-        const auto mlp = [](Generator& gen) { return models::make_mlp({4096, 4096, 4096, 4096, 4096}, gen); };
-        const auto lenet = [](Generator& gen) { return models::make_model("lenet", 28, 28, gen); };
-        const std::vector<Workload> workloads = {{"mlp4096x4_f32", false, 4096, mlp, {4096}},
-                                                 {"mlp4096x4_tf32", true, 4096, mlp, {4096}},
-                                                 {"lenet_b256", false, 256, lenet, {1, 28, 28}}};
+        const auto mlp = [](Generator& gen) { return classifier(models::make_mlp({4096, 4096, 4096, 4096, 4096}, gen)); };
+        const auto lenet = [](Generator& gen) { return classifier(models::make_model("lenet", 28, 28, gen)); };
+        const auto vectors = [](Generator& gen, std::int64_t batch) { return images(gen, batch, {4096}); };
+        const auto digits = [](Generator& gen, std::int64_t batch) { return images(gen, batch, {1, 28, 28}); };
+        const std::vector<Workload> workloads = {
+            {"mlp4096x4_f32", false, DType::f32, false, 4096, mlp, vectors},
+            {"mlp4096x4_tf32", true, DType::f32, false, 4096, mlp, vectors},
+            {"lenet_b256", false, DType::f32, false, 256, lenet, digits},
+            {"gpt_char_bf16", false, DType::bf16, true, 32, char_gpt, tokens}};
         for (const Workload& w : workloads) {
             if (!only.empty() && w.name.rfind(only, 0) != 0) continue;
-            step_bench(group, w, true, steps, warmup);
-            if (group.world_size() > 1) step_bench(group, w, false, steps, warmup);
+            if (!stages.empty()) {  // the sharded rows: DDP with AdamW, then each stage
+                step_bench(group, w, "ddp", true, true, steps, warmup);
+                for (int stage : stages) step_bench(group, w, str("zero", stage), true, false, steps, warmup);
+                continue;
+            }
+            step_bench(group, w, "ddp", w.adamw, true, steps, warmup);
+            if (group.world_size() > 1) step_bench(group, w, "ddp", w.adamw, false, steps, warmup);
         }
-        if (only.empty() || only == "allreduce") allreduce_bench(group, 20);
+        if (stages.empty() && (only.empty() || only == "allreduce")) allreduce_bench(group, 20);
         return 0;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "dyngrad-dist-bench: error: %s\n", e.what());
