@@ -1,17 +1,42 @@
 #!/usr/bin/env bash
-# Data-parallel scaling on one host's GPUs (issue 18): builds dyngrad-dist-bench, runs it on 1 and 2 GPUs
-# (mpirun), runs bench/torch_ddp.py on the same workloads (torchrun, PyTorch DDP over NCCL), and writes
-# OUT/report.md: per row the step time and throughput on 1 and 2 GPUs, the scaling efficiency
-# throughput(2) / (2 × throughput(1)), dyngrad's step time against PyTorch's, the time with and without
-# overlapping the all-reduce, and the all-reduce bus bandwidth of both by message size.
-#   scripts/run-dist-bench.sh OUT        (environment: DYNGRAD_BUILD_DIR (default build-dist), PYTHON, STEPS)
-# DYNGRAD_RECORD=docs (scripts/lib.sh, dg_record) also writes performance/dist-bench-GPUx2.md (report.md).
+# Data-parallel scaling on one host's GPUs (issues 18, 30): builds dyngrad-dist-bench and, for every GPU count,
+# runs it (mpirun) and bench/torch_ddp.py (torchrun, PyTorch over NCCL) on the same workloads: the MLP 4096x4 in
+# f32 and TF32, lenet b256 and the character GPT in bf16 under DDP, then the sharded rows (dyngrad: DDP with AdamW
+# and ZeRO-1/2/3, --zero 1,2,3; PyTorch: DDP with AdamW and FSDP2, --fsdp). bench/dist_report.py writes
+# OUT/report.md: per row and GPU count the step time, throughput, scaling efficiency samples/s(N) / (N x
+# samples/s(1)), dyngrad's step time against PyTorch's, the time without overlapping the all-reduce; the all-reduce
+# bus bandwidth of both by message size per count; step time and peak memory of DDP, ZeRO-1/2/3 and FSDP2; and
+# OUT/scaling.png (efficiency against N) when matplotlib imports.
+#   scripts/run-dist-bench.sh OUT [--gpus "1 2 4"]
+#       (default counts: 1, 2 and the machine's GPU count from nvidia-smi when larger; environment:
+#        DYNGRAD_BUILD_DIR (default build-dist), PYTHON, STEPS)
+# A failed run (one engine, one count) is reported and the others go on; the script then exits 1 and records nothing.
+# DYNGRAD_RECORD=docs (scripts/lib.sh, dg_record) writes performance/dist-bench-<GPU>x<largest count>.md (report.md)
+# and the PNG beside it.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 dg_command="scripts/run-dist-bench.sh $*"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
-out=${1:?usage: scripts/run-dist-bench.sh OUT}
+usage="usage: scripts/run-dist-bench.sh OUT [--gpus \"1 2 4\"]"
+out=${1:?$usage}
+shift
+counts=""
+while (($#)); do
+    case $1 in
+        --gpus) counts=${2:?$usage}; shift 2 ;;
+        *) echo "$usage" >&2; exit 2 ;;
+    esac
+done
+if [[ -z "$counts" ]]; then
+    counts="1 2"
+    available=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+    ((available > 2)) && counts+=" $available"
+fi
+for n in $counts; do
+    [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "--gpus: '$n' is not a GPU count; $usage" >&2; exit 2; }
+done
+largest=$(tr ' ' '\n' <<<"$counts" | sort -n | tail -1)
 mkdir -p "$out"
 build=${DYNGRAD_BUILD_DIR:-build-dist}
 python=${PYTHON:-python3}
@@ -24,41 +49,33 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release ${cuda_architectures:+"$cuda_a
 cmake --build "$build" -j"$(nproc)" --target dyngrad-dist-bench >"$out/build.log"
 bench=$build/bench/dyngrad-dist-bench
 
-for n in 1 2; do
-    echo "==> dyngrad, $n GPU(s)"
-    mpirun -np "$n" "${mpi_flags[@]}" -x NCCL_NVLS_ENABLE "$bench" --steps "$steps" | tee "$out/dyngrad_$n.txt"
-    echo "==> PyTorch DDP, $n GPU(s)"
-    "$python" -m torch.distributed.run --standalone --nproc-per-node "$n" bench/torch_ddp.py --steps "$steps" |
-        tee "$out/torch_$n.txt"
+failed=()
+# One run into OUT/NAME.txt; a failure is noted and the others go on.
+run() {
+    local name=$1
+    shift
+    echo "==> $name"
+    if ! "$@" 2>&1 | tee "$out/$name.txt"; then
+        failed+=("$name")
+        mv "$out/$name.txt" "$out/$name.failed.txt"
+    fi
+}
+for n in $counts; do
+    dyngrad=(mpirun -np "$n" "${mpi_flags[@]}" -x NCCL_NVLS_ENABLE "$bench" --steps "$steps")
+    torch=("$python" -m torch.distributed.run --standalone --nproc-per-node "$n" bench/torch_ddp.py --steps "$steps")
+    run "dyngrad_$n" "${dyngrad[@]}"
+    run "torch_$n" "${torch[@]}"
+    run "dyngrad_zero_$n" "${dyngrad[@]}" --zero 1,2,3
+    run "torch_fsdp_$n" "${torch[@]}" --fsdp
 done
 
-"$python" - "$out" <<'PY'
-import re, sys
-out = sys.argv[1]
-def read(path):
-    steps, bw = {}, {}
-    for line in open(path):
-        f = dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
-        if line.startswith("step "):
-            steps[(f["model"], int(f["world"]), int(f["overlap"]))] = float(f["step_ms"]), float(f["samples_per_s"])
-        elif line.startswith("allreduce "):
-            bw[int(f["bytes"])] = float(f["busbw_GBps"])
-    return steps, bw
-d1, _ = read(f"{out}/dyngrad_1.txt"); d2, dbw = read(f"{out}/dyngrad_2.txt")
-t1, _ = read(f"{out}/torch_1.txt"); t2, tbw = read(f"{out}/torch_2.txt")
-rows = ["| row | dyngrad 1 GPU ms | dyngrad 2 GPU ms | dyngrad eff. | torch 1 GPU ms | torch 2 GPU ms | torch eff. | "
-        "step dyngrad/torch (2 GPU) | dyngrad no-overlap ms | torch no-overlap ms |", "|" + " --- |" * 10]
-for model in sorted({k[0] for k in d2}):
-    a1, a2, b1, b2 = d1[(model, 1, 0)], d2[(model, 2, 1)], t1[(model, 1, 0)], t2[(model, 2, 1)]
-    eff_d, eff_t = a2[1] / (2 * a1[1]), b2[1] / (2 * b1[1])
-    rows.append(f"| {model} | {a1[0]:.3f} | {a2[0]:.3f} | {eff_d:.3f} | {b1[0]:.3f} | {b2[0]:.3f} | {eff_t:.3f} | "
-                f"{a2[0] / b2[0]:.3f} | {d2[(model, 2, 0)][0]:.3f} | {t2[(model, 2, 0)][0]:.3f} |")
-rows += ["", "| all-reduce bytes | dyngrad busbw GB/s | torch (NCCL) busbw GB/s | ratio |", "| --- | --- | --- | --- |"]
-for size in sorted(dbw):
-    rows.append(f"| {size} | {dbw[size]:.1f} | {tbw.get(size, float('nan')):.1f} | {dbw[size] / tbw[size]:.3f} |"
-                if size in tbw else f"| {size} | {dbw[size]:.1f} | - | - |")
-text = "\n".join(rows) + "\n"
-open(f"{out}/report.md", "w").write(text)
-print(text)
-PY
-dg_record "$out/report.md" "performance/dist-bench-$(dg_gpu_kind)x2.md"
+# shellcheck disable=SC2086  # the counts are separate arguments
+"$python" bench/dist_report.py "$out" $counts
+if ((${#failed[@]})); then
+    echo "run-dist-bench: failed: ${failed[*]} (their output: $out/NAME.failed.txt); nothing recorded" >&2
+    exit 1
+fi
+record="performance/dist-bench-$(dg_gpu_kind)x$largest"
+dg_record "$out/report.md" "$record.md"
+[[ -f "$out/scaling.png" ]] && dg_record "$out/scaling.png" "$record.png"
+exit 0

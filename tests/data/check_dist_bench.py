@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""CPU checks of scripts/run-dist-bench.sh's parts (issue 30): the script parses (bash -n) and refuses a bad --gpus
+before building; bench/torch_ddp.py compiles; bench/dist_report.py, from synthetic dyngrad_N.txt / torch_N.txt /
+dyngrad_zero_N.txt / torch_fsdp_N.txt files with random step times (N = 1, 2, 4), gives in report.md each row's
+efficiency samples/s(N) / (N x samples/s(1)), dyngrad/torch step ratio, no-overlap times, all-reduce ratios,
+ZeRO/DDP step ratios and peak MiB as computed here from the same numbers, names a missing file, and writes
+scaling.png when matplotlib imports.
+
+    check_dist_bench.py
+"""
+import os
+import py_compile
+import random
+import subprocess
+import sys
+import tempfile
+
+root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.join(root, "bench"))
+import dist_report  # noqa: E402
+
+MODELS = {"mlp4096x4_tf32": 4096, "lenet_b256": 256, "gpt_char_bf16": 32}
+COUNTS = (1, 2, 4)
+
+
+def step_line(model, n, mode, optim, overlap, ms, peak):
+    batch = MODELS[model]
+    return (f"step model={model} world={n} mode={mode} optim={optim} overlap={overlap} batch_per_gpu={batch} "
+            f"step_ms={ms:.4f} samples_per_s={1000.0 * batch * n / ms:.1f} peak_mib={peak:.1f}\n")
+
+
+def synthetic(work, rng):
+    """Writes the four files per count with random times; returns {(engine, model, n, mode, overlap): (ms, peak)}
+    and {(engine, n, bytes): busbw}."""
+    truth, bandwidth = {}, {}
+    for n in COUNTS:
+        for engine in ("dyngrad", "torch"):
+            lines = [f"# {engine} header line, ignored\n"]
+            for model in MODELS:
+                optim = "adamw" if model.startswith("gpt") else "sgd"
+                for overlap in ((1, 0) if n > 1 else (0,)):
+                    ms, peak = round(rng.uniform(0.3, 40.0), 4), round(rng.uniform(100, 9000), 1)
+                    truth[(engine, model, n, "ddp", overlap)] = (ms, peak)
+                    lines.append(step_line(model, n, "ddp", optim, overlap, ms, peak))
+            if n > 1:
+                for size in (1 << 16, 1 << 18, 1 << 20):
+                    bw = round(rng.uniform(1, 400), 2)
+                    bandwidth[(engine, n, size)] = bw
+                    lines.append(f"allreduce bytes={size} world={n} ms=0.1 algbw_GBps=1 busbw_GBps={bw:.2f}\n")
+            with open(os.path.join(work, f"{engine}_{n}.txt"), "w") as f:
+                f.writelines(lines)
+            sharded = []
+            for model in MODELS:
+                modes = ("ddp", "zero1", "zero2", "zero3") if engine == "dyngrad" else ("ddp", "fsdp2")
+                for mode in modes:
+                    ms, peak = round(rng.uniform(0.3, 40.0), 4), round(rng.uniform(100, 9000), 1)
+                    truth[(engine, model, n, "sharded-" + mode, 0)] = (ms, peak)
+                    sharded.append(step_line(model, n, mode, "adamw", int(mode == "ddp" and n > 1), ms, peak))
+            name = f"dyngrad_zero_{n}.txt" if engine == "dyngrad" else f"torch_fsdp_{n}.txt"
+            with open(os.path.join(work, name), "w") as f:
+                f.writelines(sharded)
+    return truth, bandwidth
+
+
+def table_rows(text, first_header):
+    """The rows (lists of cells) of the table whose header starts with first_header."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(first_header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def close(cell, value, digits=3):
+    assert abs(float(cell.split()[0]) - value) <= 0.6 * 10 ** -digits + 1e-4 * abs(value), (cell, value)
+
+
+def main():
+    seed = random.randrange(2**32)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    subprocess.run(["bash", "-n", os.path.join(root, "scripts", "run-dist-bench.sh")], check=True)
+    bad = subprocess.run([os.path.join(root, "scripts", "run-dist-bench.sh"), "/nonexistent-out", "--gpus", "1 x"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "--gpus: 'x' is not a GPU count" in bad.stderr, bad
+    with tempfile.TemporaryDirectory() as work:
+        py_compile.compile(os.path.join(root, "bench", "torch_ddp.py"), cfile=os.path.join(work, "t.pyc"),
+                           doraise=True)
+        truth, bandwidth = synthetic(work, rng)
+        text = dist_report.report(work, list(COUNTS))
+        assert open(os.path.join(work, "report.md")).read() == text
+
+        rows = table_rows(text, "| row | GPUs | dyngrad ms")
+        assert len(rows) == len(MODELS) * len(COUNTS), rows
+        for row in rows:
+            model, n = row[0], int(row[1])
+            ov = 1 if n > 1 else 0
+            d, t = truth[("dyngrad", model, n, "ddp", ov)], truth[("torch", model, n, "ddp", ov)]
+            close(row[2], d[0])
+            close(row[5], t[0])
+            for engine, cell in (("dyngrad", row[4]), ("torch", row[7])):
+                one = truth[(engine, model, 1, "ddp", 0)][0]
+                # Same per-GPU batch: efficiency = (batch·n / ms_n) / (n · batch / ms_1) = ms_1 / ms_n.
+                close(cell, one / truth[(engine, model, n, "ddp", ov)][0])
+            close(row[8], d[0] / t[0])
+            if n > 1:
+                close(row[9], truth[("dyngrad", model, n, "ddp", 0)][0])
+                close(row[10], truth[("torch", model, n, "ddp", 0)][0])
+            else:
+                assert row[9] == row[10] == "-", row
+
+        for n in COUNTS[1:]:
+            rows = table_rows(text, f"| all-reduce bytes ({n} GPUs)")
+            assert len(rows) == 3, rows
+            for row in rows:
+                d, t = bandwidth[("dyngrad", n, int(row[0]))], bandwidth[("torch", n, int(row[0]))]
+                close(row[3], d / t)
+
+        rows = table_rows(text, "| row | GPUs | DDP ms")
+        assert len(rows) == len(MODELS) * len(COUNTS), rows
+        modes = [("dyngrad", "ddp"), ("dyngrad", "zero1"), ("dyngrad", "zero2"), ("dyngrad", "zero3"),
+                 ("torch", "ddp"), ("torch", "fsdp2")]
+        for row in rows:
+            model, n = row[0], int(row[1])
+            values = [truth[(engine, model, n, "sharded-" + mode, 0)] for engine, mode in modes]
+            for i, (ms, peak) in enumerate(values):
+                close(row[2 + i], ms)
+                close(row[2 + len(modes) + i], peak, 1)
+            for i in (1, 2, 3):  # ZeRO-k: its step time over dyngrad's DDP (AdamW)
+                ratio = float(row[2 + i].split("(")[1].rstrip("x)"))
+                assert abs(ratio - values[i][0] / values[0][0]) <= 0.006, (row, values)
+
+        try:
+            import matplotlib  # noqa: F401
+            assert os.path.getsize(os.path.join(work, "scaling.png")) > 1000
+        except ImportError:
+            assert "matplotlib is not installed" in text
+
+        # A failed run's file is missing: its cells read "-" and the report names it.
+        os.remove(os.path.join(work, "torch_4.txt"))
+        text = dist_report.report(work, list(COUNTS))
+        assert "missing (those runs failed or were not run): torch_4.txt" in text, text
+        for row in table_rows(text, "| row | GPUs | dyngrad ms"):
+            if row[1] == "4":
+                assert row[5] == row[7] == row[8] == "-" and row[2] != "-", row
+    print("dist bench parts: ok")
+
+
+if __name__ == "__main__":
+    main()
