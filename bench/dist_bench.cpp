@@ -14,8 +14,10 @@
 // stage's distributed/zero.h ZeroOptimizer (mode=zero1|2|3, AdamW as char_gpt --zero uses it). ZeRO-3's units:
 // the GPT's embeddings, blocks and head (samples/gpt_units.h); the MLP's and lenet's whole model as one unit.
 // peak_mib: rank 0's cuda::memory_stats peak of bytes in use over the row (model, data, optimizer, steps), reset
-// before it.
-//   mpirun -np 2 dyngrad-dist-bench [--steps 30] [--warmup 5] [--only mlp|lenet|gpt|allreduce] [--zero 1,2,3]
+// before it. --tiny: the same workloads shrunk (MLP 64x4 batch 32, lenet batch 8, GPT 2 layers, 2 heads, width 32,
+// context 16, batch 4; all-reduce to 1 MiB) so that ranks on the CPU (MPI) run the whole program in seconds (CTest
+// dist_bench_tiny); on the CPU there is no peak_mib.
+//   mpirun -np 2 dyngrad-dist-bench [--steps 30] [--warmup 5] [--only mlp|lenet|gpt|allreduce] [--zero 1,2,3] [--tiny]
 #include <dyngrad/cuda/runtime.h>
 #include <dyngrad/distributed/ddp.h>
 #include <dyngrad/distributed/zero.h>
@@ -59,7 +61,12 @@ struct Workload {
     std::function<std::pair<Tensor, Tensor>(Generator&, std::int64_t batch)> data;
 };
 
-constexpr std::int64_t kGptVocabulary = 96, kGptContext = 256;
+constexpr std::int64_t kGptVocabulary = 96;
+
+// Waits for the device's queued work (nothing to wait for on the CPU).
+void synchronize(Device device) {
+    if (device.is_cuda()) cuda::synchronize(device.index);
+}
 
 Built classifier(Sequential model) {
     return {model, [model](const Var& x, const Var& y) { return cross_entropy(model(x), y); },
@@ -67,10 +74,8 @@ Built classifier(Sequential model) {
             [](const Var& out, const Var& y) { return cross_entropy(out, y); }};
 }
 
-Built char_gpt(Generator& gen) {
-    const GPT model(GPTConfig{.vocab_size = kGptVocabulary, .context = kGptContext, .layers = 6, .heads = 6,
-                              .width = 384, .dropout = 0.0},
-                    gen);
+Built char_gpt(Generator& gen, const GPTConfig& config) {
+    const GPT model(config, gen);
     return {model, [model](const Var& x, const Var& y) { return model.loss(x, y); },
             [model] { return gpt_units(model); },
             [](const Var& logits, const Var& y) {
@@ -88,25 +93,27 @@ std::pair<Tensor, Tensor> images(Generator& gen, std::int64_t batch, const Shape
     return {x, Tensor::from_vector(labels, {batch})};
 }
 
-std::pair<Tensor, Tensor> tokens(Generator& gen, std::int64_t batch) {
+std::pair<Tensor, Tensor> tokens(Generator& gen, std::int64_t batch, std::int64_t context) {
     std::vector<std::int64_t> inputs, targets;  // a window of context + 1 tokens: the inputs and the next tokens
     for (std::int64_t b = 0; b < batch; ++b) {
         std::vector<std::int64_t> window;
-        for (std::int64_t i = 0; i <= kGptContext; ++i)
+        for (std::int64_t i = 0; i <= context; ++i)
             window.push_back(static_cast<std::int64_t>(gen.engine()() % kGptVocabulary));
         inputs.insert(inputs.end(), window.begin(), window.end() - 1);
         targets.insert(targets.end(), window.begin() + 1, window.end());
     }
-    return {Tensor::from_vector(inputs, {batch, kGptContext}), Tensor::from_vector(targets, {batch * kGptContext})};
+    return {Tensor::from_vector(inputs, {batch, context}), Tensor::from_vector(targets, {batch * context})};
 }
 
 // mode: "ddp" (DDP at world > 1, the plain model at world 1) or "zero1|2|3"; adamw: the optimizer of a DDP row.
 void step_bench(dist::ProcessGroup& group, const Workload& w, const std::string& mode, bool adamw, bool overlap,
                 int steps, int warmup) {
     const Device device = group.device();
-    cuda::set_allow_tf32(w.tf32);
-    cuda::synchronize(device.index);
-    cuda::reset_peak_memory(device.index);
+    if (device.is_cuda()) {
+        cuda::set_allow_tf32(w.tf32);
+        cuda::synchronize(device.index);
+        cuda::reset_peak_memory(device.index);
+    }
     Generator init(1);
     Built built = w.make(init);
     built.module.to(device);
@@ -148,37 +155,40 @@ void step_bench(dist::ProcessGroup& group, const Workload& w, const std::string&
         optimizer->zero_grad();
     };
     for (int i = 0; i < warmup; ++i) one_step();
-    cuda::synchronize(device.index);
+    synchronize(device);
     group.barrier();
     const auto start = Clock::now();
     for (int i = 0; i < steps; ++i) one_step();
-    cuda::synchronize(device.index);
+    synchronize(device);
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count() / steps;
     Tensor mean_ms = Tensor::full({1}, ms, DType::f64, device);  // the ranks run in lockstep: their mean
     group.all_reduce(mean_ms, dist::ReduceOp::Avg);
     const double step_ms = mean_ms.item();
     // Rank 0's peak: the ranks hold the same but for ZeRO's padding (at most W - 1 elements, on the last ranks).
-    const double peak_bytes = static_cast<double>(cuda::memory_stats(device.index).peak_bytes_in_use);
+    const std::string peak =
+        device.is_cuda()
+            ? str(" peak_mib=", static_cast<double>(cuda::memory_stats(device.index).peak_bytes_in_use) / (1024.0 * 1024.0))
+            : "";
     if (group.rank() == 0)
         std::printf("step model=%s world=%d mode=%s optim=%s overlap=%d batch_per_gpu=%lld step_ms=%.4f "
-                    "samples_per_s=%.1f peak_mib=%.1f\n",
+                    "samples_per_s=%.1f%s\n",
                     w.name.c_str(), group.world_size(), mode.c_str(), zero || adamw ? "adamw" : "sgd",
                     group.world_size() > 1 && !zero ? int(overlap) : 0, static_cast<long long>(w.batch), step_ms,
                     1000.0 * static_cast<double>(w.batch * group.world_size()) / step_ms,
-                    peak_bytes / (1024.0 * 1024.0));
+                    peak.c_str());
     std::fflush(stdout);
 }
 
-void allreduce_bench(dist::ProcessGroup& group, int steps) {
+void allreduce_bench(dist::ProcessGroup& group, int steps, std::int64_t largest) {
     if (group.world_size() < 2) return;
-    for (std::int64_t bytes = 1 << 16; bytes <= (std::int64_t{1} << 30); bytes *= 4) {
+    for (std::int64_t bytes = 1 << 16; bytes <= largest; bytes *= 4) {
         Tensor t = Tensor::ones({bytes / 4}, DType::f32, group.device());
         for (int i = 0; i < 3; ++i) group.all_reduce(t);
-        cuda::synchronize(group.device().index);
+        synchronize(group.device());
         group.barrier();
         const auto start = Clock::now();
         for (int i = 0; i < steps; ++i) group.all_reduce(t);
-        cuda::synchronize(group.device().index);
+        synchronize(group.device());
         const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count() / steps;
         const double algbw = static_cast<double>(bytes) / (ms * 1e6);
         const int n = group.world_size();
@@ -205,33 +215,45 @@ int main(int argc, char** argv) {
     int steps = 30, warmup = 5;
     std::string only;
     std::vector<int> stages;
+    bool tiny = false;
     try {
-        const cli::Arguments args(argc, argv, {.options = {"--steps", "--warmup", "--only", "--zero"}});
+        const cli::Arguments args(argc, argv, {.flags = {"--tiny"}, .options = {"--steps", "--warmup", "--only", "--zero"}});
+        tiny = args.has("--tiny");
         if (auto v = args.value("--steps")) steps = static_cast<int>(cli::parse_int("--steps", *v, 1, 100000));
         if (auto v = args.value("--warmup")) warmup = static_cast<int>(cli::parse_int("--warmup", *v, 0, 100000));
         if (auto v = args.value("--only")) only = cli::parse_choice("--only", *v, {"mlp", "lenet", "gpt", "allreduce"});
         if (auto v = args.value("--zero")) stages = parse_stages(*v);
     } catch (const cli::UsageError& e) {
         std::fprintf(stderr, "dyngrad-dist-bench: %s\nusage: mpirun -np N dyngrad-dist-bench [--steps N] [--warmup N] "
-                             "[--only mlp|lenet|gpt|allreduce] [--zero 1,2,3]\n", e.what());
+                             "[--only mlp|lenet|gpt|allreduce] [--zero 1,2,3] [--tiny]\n", e.what());
         return 2;
     }
     try {
         dist::ProcessGroup group = dist::ProcessGroup::init();
-        if (group.device().is_cpu()) throw DeviceError("dyngrad-dist-bench needs a CUDA device per rank");
+        if (group.device().is_cpu() && !tiny)
+            throw DeviceError("dyngrad-dist-bench needs a CUDA device per rank (the CPU: only with --tiny)");
         if (group.rank() == 0)
             std::printf("# %s, %s, NCCL_NVLS_ENABLE=%s\n", group.describe().c_str(),
-                        cuda::device_name(group.device().index).c_str(),
+                        group.device().is_cuda() ? cuda::device_name(group.device().index).c_str() : "CPU",
                         std::getenv("NCCL_NVLS_ENABLE") ? std::getenv("NCCL_NVLS_ENABLE") : "(unset)");
-        const auto mlp = [](Generator& gen) { return classifier(models::make_mlp({4096, 4096, 4096, 4096, 4096}, gen)); };
+        const std::int64_t width = tiny ? 64 : 4096;
+        const GPTConfig gpt = tiny ? GPTConfig{.vocab_size = kGptVocabulary, .context = 16, .layers = 2, .heads = 2,
+                                               .width = 32, .dropout = 0.0}
+                                   : GPTConfig{.vocab_size = kGptVocabulary, .context = 256, .layers = 6, .heads = 6,
+                                               .width = 384, .dropout = 0.0};
+        const auto mlp = [width](Generator& gen) {
+            return classifier(models::make_mlp({width, width, width, width, width}, gen));
+        };
         const auto lenet = [](Generator& gen) { return classifier(models::make_model("lenet", 28, 28, gen)); };
-        const auto vectors = [](Generator& gen, std::int64_t batch) { return images(gen, batch, {4096}); };
+        const auto gpt_model = [gpt](Generator& gen) { return char_gpt(gen, gpt); };
+        const auto vectors = [width](Generator& gen, std::int64_t batch) { return images(gen, batch, {width}); };
         const auto digits = [](Generator& gen, std::int64_t batch) { return images(gen, batch, {1, 28, 28}); };
+        const auto windows = [gpt](Generator& gen, std::int64_t batch) { return tokens(gen, batch, gpt.context); };
         const std::vector<Workload> workloads = {
-            {"mlp4096x4_f32", false, DType::f32, false, 4096, mlp, vectors},
-            {"mlp4096x4_tf32", true, DType::f32, false, 4096, mlp, vectors},
-            {"lenet_b256", false, DType::f32, false, 256, lenet, digits},
-            {"gpt_char_bf16", false, DType::bf16, true, 32, char_gpt, tokens}};
+            {"mlp4096x4_f32", false, DType::f32, false, tiny ? 32 : 4096, mlp, vectors},
+            {"mlp4096x4_tf32", true, DType::f32, false, tiny ? 32 : 4096, mlp, vectors},
+            {"lenet_b256", false, DType::f32, false, tiny ? 8 : 256, lenet, digits},
+            {"gpt_char_bf16", false, DType::bf16, true, tiny ? 4 : 32, gpt_model, windows}};
         for (const Workload& w : workloads) {
             if (!only.empty() && w.name.rfind(only, 0) != 0) continue;
             if (!stages.empty()) {  // the sharded rows: DDP with AdamW, then each stage
@@ -242,7 +264,7 @@ int main(int argc, char** argv) {
             step_bench(group, w, "ddp", w.adamw, true, steps, warmup);
             if (group.world_size() > 1) step_bench(group, w, "ddp", w.adamw, false, steps, warmup);
         }
-        if (stages.empty() && (only.empty() || only == "allreduce")) allreduce_bench(group, 20);
+        if (stages.empty() && (only.empty() || only == "allreduce")) allreduce_bench(group, tiny ? 3 : 20, tiny ? std::int64_t{1} << 20 : std::int64_t{1} << 30);
         return 0;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "dyngrad-dist-bench: error: %s\n", e.what());
