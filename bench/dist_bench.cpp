@@ -12,7 +12,7 @@
 // (buckets all-reduced during the backward) and without (every bucket after it).
 // --zero 1,2,3 (any of the stages) runs, instead, per workload: DDP with AdamW (mode=ddp optim=adamw) and each
 // stage's distributed/zero.h ZeroOptimizer (mode=zero1|2|3, AdamW as char_gpt --zero uses it). ZeRO-3's units:
-// the GPT's embeddings, blocks and head (samples/gpt_units.h); the MLP's and lenet's whole model as one unit.
+// the GPT's embeddings, blocks and head (dist::gpt_units); the MLP's and lenet's whole model as one unit.
 // peak_mib: rank 0's cuda::memory_stats peak of bytes in use over the row (model, data, optimizer, steps), reset
 // before it. --tiny: the same workloads shrunk (MLP 64x4 batch 32, lenet batch 8, GPT 2 layers, 2 heads, width 32,
 // context 16, batch 4; all-reduce to 1 MiB) so that ranks on the CPU (MPI) run the whole program in seconds (CTest
@@ -33,7 +33,6 @@
 #include <vector>
 
 #include "../cli/command_line.h"
-#include "../samples/gpt_units.h"
 #include "dyngrad/graph/autocast.h"
 #include "dyngrad/nn/models.h"
 
@@ -77,7 +76,7 @@ Built classifier(Sequential model) {
 Built char_gpt(Generator& gen, const GPTConfig& config) {
     const GPT model(config, gen);
     return {model, [model](const Var& x, const Var& y) { return model.loss(x, y); },
-            [model] { return gpt_units(model); },
+            [model] { return dist::gpt_units(model); },
             [](const Var& logits, const Var& y) {
                 const Shape& s = logits.shape();
                 return cross_entropy(reshape(logits, {s[0] * s[1], s[2]}), y);

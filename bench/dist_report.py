@@ -151,14 +151,15 @@ def plot(eff, counts, path):
     except ImportError:
         return "matplotlib is not installed: no scaling.png"
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    colours = {model: f"C{i}" for i, model in enumerate(sorted({m for _e, m in eff}))}  # one per workload
     for (engine, model), by_n in sorted(eff.items()):
         ns = sorted(by_n)
-        ax.plot(ns, [by_n[n] for n in ns], marker="o", linestyle="-" if engine == "dyngrad" else "--",
-                label=f"{model} ({engine})")
+        ax.plot(ns, [by_n[n] for n in ns], marker="o", color=colours[model],
+                linestyle="-" if engine == "dyngrad" else "--", label=f"{model} ({engine})")
     ax.set_xticks(counts)
     ax.set_xlabel("GPUs")
     ax.set_ylabel("efficiency: samples/s(N) / (N x samples/s(1))")
-    ax.set_ylim(0, 1.1)
+    ax.set_ylim(0, max([1.1] + [e + 0.05 for by_n in eff.values() for e in by_n.values()]))
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -16,6 +16,7 @@ MLP and lenet as one root unit, as dyngrad's ZeRO-3 units). peak_mib: torch.cuda
 row, reset before it. Prints the same lines as dyngrad-dist-bench (rank 0).
 """
 import argparse
+import gc
 import os
 import sys
 import time
@@ -80,6 +81,7 @@ def fsdp2(model):
 def step_bench(w, mode, adamw, overlap, world, rank, device, steps, warmup):
     """mode: ddp (the plain model at world 1) or fsdp2."""
     name, make, data, batch, tf32, autocast = w[:6]
+    gc.collect()  # the previous row's model and optimizer (DDP holds reference cycles) leave before the peak resets
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
     torch.cuda.synchronize()
@@ -169,7 +171,8 @@ def main():
     local = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local)
     torch.cuda.set_device(device)
-    if world > 1:
+    grouped = world > 1 or a.fsdp  # FSDP2 needs a process group even on one GPU
+    if grouped:
         dist.init_process_group("nccl", device_id=device)
     if rank == 0:
         print(f"# torch {torch.__version__}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}, "
@@ -191,7 +194,7 @@ def main():
             step_bench(w, "ddp", w[6], False, world, rank, device, a.steps, a.warmup)
     if not a.fsdp and a.only in (None, "allreduce"):
         allreduce_bench(world, rank, device)
-    if world > 1:
+    if grouped:
         dist.destroy_process_group()
 
 

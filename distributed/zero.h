@@ -71,6 +71,7 @@
 #include "dyngrad/nn/amp.h"
 #include "dyngrad/nn/layers.h"
 #include "dyngrad/nn/optim.h"
+#include "dyngrad/nn/transformer.h"
 
 namespace dyngrad::dist {
 
@@ -94,6 +95,12 @@ struct ZeroUnit {
     Module module;
     std::function<Var(const Var&)> forward;
 };
+
+// Stage 3's units of a GPT (nn/transformer.h), as char_gpt --zero 3 and dyngrad-dist-bench shard it: "embed" (the
+// token and position embeddings), "block<i>" per block, "head" (the final LayerNorm and the LM head, giving the
+// logits (B, T, embedding rows)): GPT::operator() in pieces. The model's dropout must be 0 and its embeddings
+// untied (ValueError otherwise: a unit runs twice per step, and the tied head's weight would be in two units).
+std::vector<ZeroUnit> gpt_units(const GPT& model);
 
 // Per-rank bytes held by the ZeRO optimizer and the model (from tensor sizes), with the ZeRO formulas.
 struct ZeroMemory {

@@ -16,6 +16,7 @@
 #include "dyngrad/graph/custom_op.h"
 #include "dyngrad/graph/fusion_check.h"
 #include "dyngrad/ops/elementwise.h"
+#include "dyngrad/ops/layout.h"
 
 namespace dyngrad::dist {
 
@@ -273,6 +274,30 @@ std::vector<std::pair<std::string, Tensor>> ZeroOptimizer::full_parameters() {
             for (const auto& m : st.flats[f].members) out.emplace_back(m.name, m.parameter.value());
     }
     return out;  // the views keep their gathered buffers alive after the release
+}
+
+std::vector<ZeroUnit> gpt_units(const GPT& model) {
+    if (model.config.dropout != 0)
+        throw ValueError(str("gpt_units: the GPT's dropout is ", model.config.dropout, "; ZeRO-3 runs each unit's forward "
+                             "again in the backward, so it needs dropout 0"));
+    if (model.config.tie_embeddings)
+        throw ValueError("gpt_units: the GPT's LM head is its token embedding, which two units would hold");
+    std::vector<ZeroUnit> units;
+    Module embed;
+    embed.register_module("token_embedding", model.token_embedding);
+    embed.register_module("position_embedding", model.position_embedding);
+    units.push_back({"embed", embed, [tokens = model.token_embedding, positions = model.position_embedding](
+                                         const Var& x) { return positions(tokens(x)); }});
+    for (std::size_t i = 0; i < model.blocks.size(); ++i)
+        units.push_back({str("block", i), model.blocks[i], [block = model.blocks[i]](const Var& x) { return block(x); }});
+    Module head;
+    head.register_module("ln_f", model.ln_f);
+    head.register_module("lm_head", model.lm_head);
+    units.push_back({"head", head, [ln = model.ln_f, lm = model.lm_head](const Var& x) {
+                         const Shape s = x.shape();
+                         return reshape(lm(reshape(ln(x), {s[0] * s[1], s[2]})), {s[0], s[1], lm.weight.value().size(0)});
+                     }});
+    return units;
 }
 
 }  // namespace dyngrad::dist

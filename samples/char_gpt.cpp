@@ -79,7 +79,6 @@
 
 #include "dyngrad/distributed/ddp.h"
 #include "dyngrad/distributed/zero.h"
-#include "gpt_units.h"
 #endif
 
 using namespace dyngrad;
@@ -528,7 +527,7 @@ int run(Options o) {
     std::unique_ptr<dist::ZeroOptimizer> zero;
     const AdamOptions zero_adam{.lr = o.lr, .beta1 = 0.9, .beta2 = o.beta2, .eps = 1e-8, .weight_decay = o.weight_decay};
     if (group && o.zero == 3) {
-        zero = std::make_unique<dist::ZeroOptimizer>(gpt_units(model), *group, zero_adam, dist::ZeroOptions{.stage = 3});
+        zero = std::make_unique<dist::ZeroOptimizer>(dist::gpt_units(model), *group, zero_adam, dist::ZeroOptions{.stage = 3});
         forward = [z = zero.get()](const Var& x) { return z->forward(x); };
         loss_path = logits_loss(forward);
     } else if (group && o.zero > 0) {

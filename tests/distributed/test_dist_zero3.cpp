@@ -10,6 +10,7 @@
 
 #include "catch.h"
 #include "dist_support.h"
+#include "test_support.h"
 #include "dyngrad/distributed/process_group.h"
 #include "dyngrad/distributed/zero.h"
 #include "dyngrad/dyngrad.h"
@@ -344,6 +345,33 @@ TEST_CASE("ZeRO-3: bad inputs are typed errors", "[dist][zero3][errors]") {
     CHECK_THROWS_MATCHES(zero.forward(graph.input(Tensor::ones({2, 12}, DType::f64))), ValueError,
                          MessageHas({"after wrapping", "body.1.weight"}));
     CHECK_THROWS_MATCHES(zero.step(), ValueError, MessageHas({"after wrapping"}));
+}
+
+TEST_CASE("ZeRO-3: gpt_units composes to GPT::operator(); dropout or tied embeddings refused", "[dist][zero3][gpt]") {
+    Generator gen(std::random_device{}());
+    const GPTConfig config{.vocab_size = 11, .context = 8, .layers = 2, .heads = 2, .width = 8};
+    const GPT model(config, gen);
+    const std::vector<dist::ZeroUnit> units = dist::gpt_units(model);
+    REQUIRE(units.size() == 4);
+    CHECK(units.front().name == "embed");
+    CHECK(units[1].name == "block0");
+    CHECK(units.back().name == "head");
+    std::vector<std::int64_t> tokens;
+    for (int i = 0; i < 3 * 5; ++i) tokens.push_back(static_cast<std::int64_t>(gen.engine()() % 11));
+    ComputeGraph graph;
+    const Var x = graph.input(Tensor::from_vector(tokens, {3, 5}));
+    Var piecewise = x;
+    for (const dist::ZeroUnit& unit : units) piecewise = unit.forward(piecewise);
+    const Tensor expected = model(x).value();
+    REQUIRE(piecewise.shape() == expected.shape());
+    CHECK(dgtest::max_abs_diff(piecewise.value(), expected) == 0.0);
+
+    GPTConfig dropout = config;
+    dropout.dropout = 0.1;
+    CHECK_THROWS_MATCHES(dist::gpt_units(GPT(dropout, gen)), ValueError, MessageHas({"gpt_units", "dropout"}));
+    GPTConfig tied = config;
+    tied.tie_embeddings = true;
+    CHECK_THROWS_MATCHES(dist::gpt_units(GPT(tied, gen)), ValueError, MessageHas({"gpt_units", "token embedding"}));
 }
 
 TEST_CASE("ZeRO-3: ranks with different models fail typed on every rank", "[dist][zero3][mismatch]") {
