@@ -7,9 +7,9 @@
 # samples/s(1)), dyngrad's step time against PyTorch's, the time without overlapping the all-reduce; the all-reduce
 # bus bandwidth of both by message size per count; step time and peak memory of DDP, ZeRO-1/2/3 and FSDP2; and
 # OUT/scaling.png (efficiency against N) when matplotlib imports.
-#   scripts/run-dist-bench.sh OUT [--gpus "1 2 4"]
-#       (default counts: 1, 2 and the machine's GPU count from nvidia-smi when larger; environment:
-#        DYNGRAD_BUILD_DIR (default build-dist), PYTHON, STEPS)
+#   scripts/run-dist-bench.sh OUT [--gpus "1 2 4"] [--plan]
+#       (default counts: 1, 2 and the machine's GPU count from nvidia-smi when larger; --plan prints the counts
+#        and the runs, and stops; environment: DYNGRAD_BUILD_DIR (default build-dist), PYTHON, STEPS)
 # A failed run (one engine, one count) is reported and the others go on; the script then exits 1 and records nothing.
 # DYNGRAD_RECORD=docs (scripts/lib.sh, dg_record) writes performance/dist-bench-<GPU>x<largest count>.md (report.md)
 # and the PNG beside it.
@@ -18,36 +18,47 @@ dg_command="scripts/run-dist-bench.sh $*"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
-usage="usage: scripts/run-dist-bench.sh OUT [--gpus \"1 2 4\"]"
+usage="usage: scripts/run-dist-bench.sh OUT [--gpus \"1 2 4\"] [--plan]"
 out=${1:?$usage}
 shift
 counts=""
+plan=0
 while (($#)); do
     case $1 in
         --gpus) counts=${2:?$usage}; shift 2 ;;
+        --plan) plan=1; shift ;;
         *) echo "$usage" >&2; exit 2 ;;
     esac
 done
 if [[ -z "$counts" ]]; then
     counts="1 2"
-    available=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+    available=$( (nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || true) | wc -l)
     ((available > 2)) && counts+=" $available"
 fi
 for n in $counts; do
     [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "--gpus: '$n' is not a GPU count; $usage" >&2; exit 2; }
 done
 largest=$(tr ' ' '\n' <<<"$counts" | sort -n | tail -1)
-mkdir -p "$out"
 build=${DYNGRAD_BUILD_DIR:-build-dist}
 python=${PYTHON:-python3}
 steps=${STEPS:-30}
 mpi_flags=(--oversubscribe)
 [[ $(id -u) -eq 0 ]] && mpi_flags+=(--allow-run-as-root)
+bench=$build/bench/dyngrad-dist-bench
+if ((plan)); then
+    echo "counts: $counts"
+    for n in $counts; do
+        echo "dyngrad_$n, dyngrad_zero_$n (--zero 1,2,3): mpirun -np $n ${mpi_flags[*]} -x NCCL_NVLS_ENABLE $bench --steps $steps"
+        echo "torch_$n, torch_fsdp_$n (--fsdp): $python -m torch.distributed.run --standalone --nproc-per-node $n bench/torch_ddp.py --steps $steps"
+    done
+    echo "record: performance/dist-bench-$(dg_gpu_kind)x$largest.md"
+    exit 0
+fi
+mkdir -p "$out"
 
 cuda_architectures=$(dg_cuda_architectures_arg)
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release ${cuda_architectures:+"$cuda_architectures"} >"$out/configure.log"
 cmake --build "$build" -j"$(nproc)" --target dyngrad-dist-bench >"$out/build.log"
-bench=$build/bench/dyngrad-dist-bench
 
 failed=()
 # One run into OUT/NAME.txt; a failure is noted and the others go on.

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""CPU checks of scripts/run-dist-bench.sh's parts (issue 30): the script parses (bash -n) and refuses a bad --gpus
-before building; bench/torch_ddp.py compiles; bench/dist_report.py, from synthetic dyngrad_N.txt / torch_N.txt /
+"""CPU checks of scripts/run-dist-bench.sh's parts (issue 30): the script parses (bash -n), refuses a bad --gpus
+before building, and plans (--plan) 1, 2 and nvidia-smi's GPU count when larger (a stand-in nvidia-smi); bench/torch_ddp.py compiles; bench/dist_report.py, from synthetic dyngrad_N.txt / torch_N.txt /
 dyngrad_zero_N.txt / torch_fsdp_N.txt files with random step times (N = 1, 2, 4), gives in report.md each row's
 efficiency samples/s(N) / (N x samples/s(1)), dyngrad/torch step ratio, no-overlap times, all-reduce ratios,
 ZeRO/DDP step ratios and peak MiB as computed here from the same numbers, names a missing file, and writes
@@ -87,6 +87,25 @@ def main():
     bad = subprocess.run([os.path.join(root, "scripts", "run-dist-bench.sh"), "/nonexistent-out", "--gpus", "1 x"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "--gpus: 'x' is not a GPU count" in bad.stderr, bad
+    # The default counts: 1, 2 and nvidia-smi's GPU count when larger (a stand-in nvidia-smi lists `gpus` GPUs).
+    with tempfile.TemporaryDirectory() as bin_dir:
+        for gpus, expected in ((0, "1 2"), (2, "1 2"), (rng.randrange(3, 9), None)):
+            env = dict(os.environ, DYNGRAD_GPU_KIND="h200", PATH=bin_dir + os.pathsep + os.environ["PATH"])
+            smi = os.path.join(bin_dir, "nvidia-smi")
+            if gpus:
+                with open(smi, "w") as f:
+                    f.write("#!/bin/sh\n" + "echo 'NVIDIA H200'\n" * gpus)
+                os.chmod(smi, 0o755)
+            plan = subprocess.run([os.path.join(root, "scripts", "run-dist-bench.sh"), "/nonexistent-out", "--plan"],
+                                  capture_output=True, text=True, env=env, check=True).stdout
+            expected = expected or f"1 2 {gpus}"
+            assert f"counts: {expected}\n" in plan, (gpus, plan)
+            assert f"record: performance/dist-bench-h200x{expected.split()[-1]}.md" in plan, plan
+            assert plan.count("-x NCCL_NVLS_ENABLE") == len(expected.split()), plan
+    plan = subprocess.run([os.path.join(root, "scripts", "run-dist-bench.sh"), "/nonexistent-out", "--gpus", "4 1 2",
+                           "--plan"], capture_output=True, text=True, check=True,
+                          env=dict(os.environ, DYNGRAD_GPU_KIND="h100")).stdout
+    assert "counts: 4 1 2\n" in plan and "dist-bench-h100x4.md" in plan, plan
     with tempfile.TemporaryDirectory() as work:
         py_compile.compile(os.path.join(root, "bench", "torch_ddp.py"), cfile=os.path.join(work, "t.pyc"),
                            doraise=True)
