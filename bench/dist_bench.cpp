@@ -10,14 +10,15 @@
 // 96, no dropout) on random tokens, batch 32, the forward under bf16 autocast, the fused-head loss, AdamW.
 // Random data, fixed per rank. World 1 trains without DDP (the baseline); world N with DDP, with overlap
 // (buckets all-reduced during the backward) and without (every bucket after it).
-// --zero 1,2,3 (any of the stages) runs, instead, per workload: DDP with AdamW (mode=ddp optim=adamw) and each
-// stage's distributed/zero.h ZeroOptimizer (mode=zero1|2|3, AdamW as char_gpt --zero uses it). ZeRO-3's units:
+// --zero 0,1,2,3 (any of them, in that order) runs, instead, per workload: 0: DDP with AdamW (mode=ddp
+// optim=adamw), 1-3: that stage's distributed/zero.h ZeroOptimizer (mode=zero1|2|3, AdamW as char_gpt --zero uses
+// it). run-dist-bench.sh runs stage 3 in a process of its own, so that a failure there costs only its rows. ZeRO-3's units:
 // the GPT's embeddings, blocks and head (dist::gpt_units); the MLP's and lenet's whole model as one unit.
 // peak_mib: rank 0's cuda::memory_stats peak of bytes in use over the row (model, data, optimizer, steps), reset
 // before it. --tiny: the same workloads shrunk (MLP 64x4 batch 32, lenet batch 8, GPT 2 layers, 2 heads, width 32,
 // context 16, batch 4; all-reduce to 1 MiB) so that ranks on the CPU (MPI) run the whole program in seconds (CTest
 // dist_bench_tiny); on the CPU there is no peak_mib.
-//   mpirun -np 2 dyngrad-dist-bench [--steps 30] [--warmup 5] [--only mlp|lenet|gpt|allreduce] [--zero 1,2,3] [--tiny]
+//   mpirun -np 2 dyngrad-dist-bench [--steps 30] [--warmup 5] [--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3] [--tiny]
 #include <dyngrad/cuda/runtime.h>
 #include <dyngrad/distributed/ddp.h>
 #include <dyngrad/distributed/zero.h>
@@ -198,13 +199,13 @@ void allreduce_bench(dist::ProcessGroup& group, int steps, std::int64_t largest)
     }
 }
 
-// "1,2,3" -> {1, 2, 3}; UsageError for anything but stages 1 to 3.
+// "0,1,2,3" -> {0, 1, 2, 3}; UsageError for anything but 0 (DDP with AdamW) and stages 1 to 3.
 std::vector<int> parse_stages(const std::string& text) {
     std::vector<int> stages;
     std::stringstream list(text);
     for (std::string item; std::getline(list, item, ',');)
-        stages.push_back(static_cast<int>(cli::parse_int("--zero", item, 1, 3)));
-    if (stages.empty()) throw cli::UsageError("--zero: expected stages such as 1,2,3");
+        stages.push_back(static_cast<int>(cli::parse_int("--zero", item, 0, 3)));
+    if (stages.empty()) throw cli::UsageError("--zero: expected stages such as 0,1,2,3");
     return stages;
 }
 
@@ -224,7 +225,7 @@ int main(int argc, char** argv) {
         if (auto v = args.value("--zero")) stages = parse_stages(*v);
     } catch (const cli::UsageError& e) {
         std::fprintf(stderr, "dyngrad-dist-bench: %s\nusage: mpirun -np N dyngrad-dist-bench [--steps N] [--warmup N] "
-                             "[--only mlp|lenet|gpt|allreduce] [--zero 1,2,3] [--tiny]\n", e.what());
+                             "[--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3] [--tiny]\n", e.what());
         return 2;
     }
     try {
@@ -255,11 +256,9 @@ int main(int argc, char** argv) {
             {"gpt_char_bf16", false, DType::bf16, true, tiny ? 4 : 32, gpt_model, windows}};
         for (const Workload& w : workloads) {
             if (!only.empty() && w.name.rfind(only, 0) != 0) continue;
-            if (!stages.empty()) {  // the sharded rows: DDP with AdamW, then each stage
-                step_bench(group, w, "ddp", true, true, steps, warmup);
-                for (int stage : stages) step_bench(group, w, str("zero", stage), true, false, steps, warmup);
-                continue;
-            }
+            for (int stage : stages)  // the sharded rows: DDP with AdamW (0), the ZeRO stages
+                step_bench(group, w, stage == 0 ? "ddp" : str("zero", stage), true, stage == 0, steps, warmup);
+            if (!stages.empty()) continue;
             step_bench(group, w, "ddp", w.adamw, true, steps, warmup);
             if (group.world_size() > 1) step_bench(group, w, "ddp", w.adamw, false, steps, warmup);
         }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The report of scripts/run-dist-bench.sh: reads OUT/dyngrad_N.txt and OUT/torch_N.txt (the data-parallel rows and
-the all-reduce sizes, dyngrad-dist-bench and bench/torch_ddp.py), OUT/dyngrad_zero_N.txt and OUT/torch_fsdp_N.txt
-(the sharded rows: DDP with AdamW, ZeRO-1/2/3, FSDP2) for every N given, and writes OUT/report.md:
+the all-reduce sizes, dyngrad-dist-bench and bench/torch_ddp.py), OUT/dyngrad_zero_N.txt, OUT/dyngrad_zero3_N.txt
+and OUT/torch_fsdp_N.txt (the sharded rows: DDP with AdamW, ZeRO-1/2, ZeRO-3, FSDP2) for every N given, and writes OUT/report.md:
 
 - per workload and N: step ms and samples/s of both engines, the scaling efficiency samples/s(N) / (N x samples/s(1))
   (same per-GPU batch), dyngrad's step time over PyTorch's, and the step time with the all-reduce after the backward
@@ -44,10 +44,14 @@ def read_all(out, counts):
     for n in counts:
         for engine, kind, name in (("dyngrad", "ddp", f"dyngrad_{n}.txt"), ("torch", "ddp", f"torch_{n}.txt"),
                                    ("dyngrad", "sharded", f"dyngrad_zero_{n}.txt"),
+                                   ("dyngrad", "sharded", f"dyngrad_zero3_{n}.txt"),
                                    ("torch", "sharded", f"torch_fsdp_{n}.txt")):
             path = os.path.join(out, name)
             if os.path.exists(path):
-                runs[(engine, kind, n)] = read(path)
+                steps, bandwidth = read(path)
+                merged = runs.setdefault((engine, kind, n), ({}, {}))  # ZeRO-3 joins ZeRO-1/2's rows
+                merged[0].update(steps)
+                merged[1].update(bandwidth)
             else:
                 missing.append(name)
     return runs, missing

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """CPU checks of scripts/run-dist-bench.sh's parts (issue 30): the script parses (bash -n), refuses a bad --gpus
 before building, and plans (--plan) 1, 2 and nvidia-smi's GPU count when larger (a stand-in nvidia-smi); bench/torch_ddp.py compiles; bench/dist_report.py, from synthetic dyngrad_N.txt / torch_N.txt /
-dyngrad_zero_N.txt / torch_fsdp_N.txt files with random step times (N = 1, 2, 4), gives in report.md each row's
+dyngrad_zero_N.txt / dyngrad_zero3_N.txt /
+torch_fsdp_N.txt files with random step times (N = 1, 2, 4), gives in report.md each row's
 efficiency samples/s(N) / (N x samples/s(1)), dyngrad/torch step ratio, no-overlap times, all-reduce ratios,
 ZeRO/DDP step ratios and peak MiB as computed here from the same numbers, names a missing file, and writes
 scaling.png when matplotlib imports.
@@ -57,9 +58,14 @@ def synthetic(work, rng):
                     ms, peak = round(rng.uniform(0.3, 40.0), 4), round(rng.uniform(100, 9000), 1)
                     truth[(engine, model, n, "sharded-" + mode, 0)] = (ms, peak)
                     sharded.append(step_line(model, n, mode, "adamw", int(mode == "ddp" and n > 1), ms, peak))
-            name = f"dyngrad_zero_{n}.txt" if engine == "dyngrad" else f"torch_fsdp_{n}.txt"
-            with open(os.path.join(work, name), "w") as f:
-                f.writelines(sharded)
+            if engine == "dyngrad":  # ZeRO-3 from a run of its own
+                with open(os.path.join(work, f"dyngrad_zero_{n}.txt"), "w") as f:
+                    f.writelines(line for line in sharded if "mode=zero3" not in line)
+                with open(os.path.join(work, f"dyngrad_zero3_{n}.txt"), "w") as f:
+                    f.writelines(line for line in sharded if "mode=zero3" in line)
+            else:
+                with open(os.path.join(work, f"torch_fsdp_{n}.txt"), "w") as f:
+                    f.writelines(sharded)
     return truth, bandwidth
 
 
@@ -102,6 +108,7 @@ def main():
             assert f"counts: {expected}\n" in plan, (gpus, plan)
             assert f"record: performance/dist-bench-h200x{expected.split()[-1]}.md" in plan, plan
             assert plan.count("-x NCCL_NVLS_ENABLE") == len(expected.split()), plan
+            assert plan.count("dyngrad_zero3_") == len(expected.split()), plan
     plan = subprocess.run([os.path.join(root, "scripts", "run-dist-bench.sh"), "/nonexistent-out", "--gpus", "4 1 2",
                            "--plan"], capture_output=True, text=True, check=True,
                           env=dict(os.environ, DYNGRAD_GPU_KIND="h100")).stdout
