@@ -107,6 +107,8 @@ def allreduce_tables(runs, counts):
             continue
         dbw = runs.get(("dyngrad", "ddp", n), ({}, {}))[1]
         tbw = runs.get(("torch", "ddp", n), ({}, {}))[1]
+        if not dbw and not tbw:  # both runs failed, or an --only without the all-reduce
+            continue
         rows += ["", f"| all-reduce bytes ({n} GPUs) | dyngrad busbw GB/s | torch (NCCL) busbw GB/s | ratio |",
                  "| --- | --- | --- | --- |"]
         for size in sorted(set(dbw) | set(tbw)):

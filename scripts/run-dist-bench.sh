@@ -9,8 +9,10 @@
 # OUT/scaling.png (efficiency against N) when matplotlib imports.
 #   scripts/run-dist-bench.sh OUT [--gpus "1 2 4"] [--plan]
 #       (default counts: 1, 2 and the machine's GPU count from nvidia-smi when larger; --plan prints the counts
-#        and the runs, and stops; environment: DYNGRAD_BUILD_DIR (default build-dist), PYTHON, STEPS)
-# A failed run (one engine, one count) is reported and the others go on; the script then exits 1 and records nothing.
+#        and the runs, and stops; environment: DYNGRAD_BUILD_DIR (default build-dist), PYTHON, STEPS, RUN_TIMEOUT,
+#        DYNGRAD_DIST_BENCH: a dyngrad-dist-bench already built, used as it is: nothing configured or built)
+# A failed run (one engine, one count; or one still running after RUN_TIMEOUT seconds, default 300: a hung
+# collective) is reported and the others go on; the script then exits 1 and records nothing.
 # DYNGRAD_RECORD=docs (scripts/lib.sh, dg_record) writes performance/dist-bench-<GPU>x<largest count>.md (report.md)
 # and the PNG beside it.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -42,9 +44,10 @@ largest=$(tr ' ' '\n' <<<"$counts" | sort -n | tail -1)
 build=${DYNGRAD_BUILD_DIR:-build-dist}
 python=${PYTHON:-python3}
 steps=${STEPS:-30}
+run_timeout=${RUN_TIMEOUT:-300}
 mpi_flags=(--oversubscribe)
 [[ $(id -u) -eq 0 ]] && mpi_flags+=(--allow-run-as-root)
-bench=$build/bench/dyngrad-dist-bench
+bench=${DYNGRAD_DIST_BENCH:-$build/bench/dyngrad-dist-bench}
 if ((plan)); then
     echo "counts: $counts"
     for n in $counts; do
@@ -56,17 +59,19 @@ if ((plan)); then
 fi
 mkdir -p "$out"
 
-cuda_architectures=$(dg_cuda_architectures_arg)
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release ${cuda_architectures:+"$cuda_architectures"} >"$out/configure.log"
-cmake --build "$build" -j"$(nproc)" --target dyngrad-dist-bench >"$out/build.log"
+if [[ -z "${DYNGRAD_DIST_BENCH:-}" ]]; then
+    cuda_architectures=$(dg_cuda_architectures_arg)
+    cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release ${cuda_architectures:+"$cuda_architectures"} >"$out/configure.log"
+    cmake --build "$build" -j"$(nproc)" --target dyngrad-dist-bench >"$out/build.log"
+fi
 
 failed=()
-# One run into OUT/NAME.txt; a failure is noted and the others go on.
+# One run into OUT/NAME.txt; a failure or a time-out is noted and the others go on.
 run() {
     local name=$1
     shift
     echo "==> $name"
-    if ! "$@" 2>&1 | tee "$out/$name.txt"; then
+    if ! timeout --kill-after=10 "$run_timeout" "$@" 2>&1 | tee "$out/$name.txt"; then
         failed+=("$name")
         mv "$out/$name.txt" "$out/$name.failed.txt"
     fi

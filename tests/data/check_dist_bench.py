@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """CPU checks of scripts/run-dist-bench.sh's parts (issue 30): the script parses (bash -n), refuses a bad --gpus
-before building, and plans (--plan) 1, 2 and nvidia-smi's GPU count when larger (a stand-in nvidia-smi); bench/torch_ddp.py compiles; bench/dist_report.py, from synthetic dyngrad_N.txt / torch_N.txt /
+before building, plans (--plan) 1, 2 and nvidia-smi's GPU count when larger (a stand-in nvidia-smi), and with
+stand-in engines runs every count, names a failed and a timed-out run and still reports the others; bench/torch_ddp.py compiles; bench/dist_report.py, from synthetic dyngrad_N.txt / torch_N.txt /
 dyngrad_zero_N.txt / dyngrad_zero3_N.txt /
 torch_fsdp_N.txt files with random step times (N = 1, 2, 4), gives in report.md each row's
 efficiency samples/s(N) / (N x samples/s(1)), dyngrad/torch step ratio, no-overlap times, all-reduce ratios,
@@ -69,6 +70,63 @@ def synthetic(work, rng):
     return truth, bandwidth
 
 
+FAKE_MPIRUN = """#!/bin/sh
+# mpirun -np N [options] BENCH ARGS...: runs BENCH ARGS with FAKE_WORLD=N
+while [ "$1" != "-np" ]; do shift; done
+FAKE_WORLD=$2; export FAKE_WORLD; shift 2
+while [ "${1#-}" != "$1" ]; do [ "$1" = -x ] && shift; shift; done
+exec "$@"
+"""
+# The stand-in engines print a step line per workload and mode; stage 3 fails, FSDP2 hangs past RUN_TIMEOUT.
+FAKE_BENCH = """#!/bin/sh
+case "$*" in *"--zero 3"*) echo "zero3 fails here" >&2; exit 1 ;; esac
+modes="ddp"; case "$*" in *"--zero 0,1,2"*) modes="ddp zero1 zero2" ;; esac
+for mode in $modes; do
+  echo "step model=gpt_char_bf16 world=$FAKE_WORLD mode=$mode optim=adamw overlap=$((FAKE_WORLD > 1)) batch_per_gpu=32 step_ms=$((2 * FAKE_WORLD)).0 samples_per_s=$((16000)).0 peak_mib=10.0"
+done
+"""
+FAKE_PYTHON = """#!/bin/sh
+case "$*" in
+  *torch.distributed.run*)
+    while [ "$1" != "--nproc-per-node" ]; do shift; done; n=$2
+    case "$*" in *--fsdp*) exec sleep 30 ;; esac
+    echo "step model=gpt_char_bf16 world=$n mode=ddp optim=adamw overlap=$((n > 1)) batch_per_gpu=32 step_ms=4.0 samples_per_s=$((8000 * n)).0 peak_mib=12.0" ;;
+  *) exec "$REAL_PYTHON" "$@" ;;
+esac
+"""
+
+
+def script_run(rng):
+    """The script's control flow with stand-in mpirun, bench and python (DYNGRAD_DIST_BENCH: nothing built): every
+    run for every count, a failed run and a timed-out one named (their output kept as NAME.failed.txt), the report
+    over the others, exit 1."""
+    with tempfile.TemporaryDirectory() as work:
+        bin_dir = os.path.join(work, "bin")
+        os.mkdir(bin_dir)
+        for name, text in (("mpirun", FAKE_MPIRUN), ("dyngrad-dist-bench", FAKE_BENCH), ("python", FAKE_PYTHON)):
+            with open(os.path.join(bin_dir, name), "w") as f:
+                f.write(text)
+            os.chmod(os.path.join(bin_dir, name), 0o755)
+        out = os.path.join(work, "out")
+        env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], PYTHON=os.path.join(bin_dir, "python"),
+                   REAL_PYTHON=sys.executable, DYNGRAD_DIST_BENCH=os.path.join(bin_dir, "dyngrad-dist-bench"),
+                   RUN_TIMEOUT="1", DYNGRAD_RECORD="")
+        result = subprocess.run([os.path.join(root, "scripts", "run-dist-bench.sh"), out, "--gpus", "1 2"],
+                                capture_output=True, text=True, env=env)
+        assert result.returncode == 1, result
+        assert "failed: dyngrad_zero3_1 torch_fsdp_1 dyngrad_zero3_2 torch_fsdp_2" in result.stderr, result.stderr
+        assert "zero3 fails here" in open(os.path.join(out, "dyngrad_zero3_2.failed.txt")).read()
+        report = open(os.path.join(out, "report.md")).read()
+        assert "missing (those runs failed or were not run): dyngrad_zero3_1.txt, torch_fsdp_1.txt" in report, report
+        rows = {tuple(r[:2]): r for r in table_rows(report, "| row | GPUs | dyngrad ms")}
+        # dyngrad: 2 ms on 1 GPU, 4 ms on 2 (16000 samples/s both): efficiency 0.5; torch: 8000·n samples/s: 1.0.
+        assert rows[("gpt_char_bf16", "2")][4] == "0.500" and rows[("gpt_char_bf16", "2")][7] == "1.000", rows
+        assert rows[("gpt_char_bf16", "2")][8] == "1.000", rows
+        sharded = table_rows(report, "| row | GPUs | DDP ms")
+        assert sharded[1][:6] == ["gpt_char_bf16", "2", "4.000", "4.000 (1.00x)", "4.000 (1.00x)", "-"], sharded
+        assert "all-reduce bytes" not in report, report  # no sizes measured: no empty table
+
+
 def table_rows(text, first_header):
     """The rows (lists of cells) of the table whose header starts with first_header."""
     lines = text.splitlines()
@@ -113,6 +171,7 @@ def main():
                            "--plan"], capture_output=True, text=True, check=True,
                           env=dict(os.environ, DYNGRAD_GPU_KIND="h100")).stdout
     assert "counts: 4 1 2\n" in plan and "dist-bench-h100x4.md" in plan, plan
+    script_run(rng)
     with tempfile.TemporaryDirectory() as work:
         py_compile.compile(os.path.join(root, "bench", "torch_ddp.py"), cfile=os.path.join(work, "t.pyc"),
                            doraise=True)
