@@ -27,7 +27,7 @@ __all__ = [
     "is_available", "is_initialized", "init_process_group", "destroy_process_group", "get_rank", "get_world_size",
     "get_local_rank", "get_backend", "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
     "reduce_scatter_tensor", "barrier", "ReduceOp", "ProcessGroup", "DistributedUnavailable",
-    "DistributedError", "group", "ZeroOptimizer", "ZeroUnit",
+    "DistributedError", "group", "ZeroOptimizer", "ZeroUnit", "gpt_units",
 ]
 
 _dist = _core._dist
@@ -303,6 +303,33 @@ class ZeroUnit:
 
     def __repr__(self):
         return f"ZeroUnit({self.name!r}, {type(self.module).__name__})"
+
+
+def gpt_units(model) -> list:
+    """Stage 3's units of a ``dyngrad.nn.GPT`` (C++ ``dist::gpt_units``, distributed/zero.h): "embed" (the token and
+    position embeddings), "block<i>" per block, "head" (``ln_f`` and ``lm_head``, giving the logits (B, T, embedding
+    rows)): ``model(tokens)`` in pieces, for ``ZeroOptimizer(gpt_units(model), stage=3)``. ValueError when the model's
+    dropout is not 0 (a unit runs twice per step) or its embeddings are tied (the head's weight would be in two units).
+    """
+    from .nn import Module
+    from .transformer import GPT
+    if not isinstance(model, GPT):
+        raise TypeError(f"dyngrad.distributed.gpt_units(): argument 'model' must be a dyngrad.nn.GPT, not "
+                        f"{type(model).__name__}")
+    config = model._config
+    if config.dropout != 0:
+        raise _core.ValueError(f"dyngrad.distributed.gpt_units(): the GPT's dropout is {config.dropout}; ZeRO-3 runs "
+                               "each unit's forward again in the backward, so it needs dropout 0")
+    if config.tie_embeddings:
+        raise _core.ValueError("dyngrad.distributed.gpt_units(): the GPT's LM head is its token embedding, which two "
+                               "units would hold")
+    embed, head = Module(), Module()
+    embed.token_embedding, embed.position_embedding = model.token_embedding, model.position_embedding
+    head.ln_f, head.lm_head = model.ln_f, model.lm_head
+    units = [ZeroUnit("embed", embed, lambda x: model.position_embedding(model.token_embedding(x)))]
+    units += [ZeroUnit(f"block{i}", block) for i, block in enumerate(model.blocks)]
+    units.append(ZeroUnit("head", head, lambda x: model.lm_head(model.ln_f(x))))
+    return units
 
 
 def _zero_units(units) -> list:

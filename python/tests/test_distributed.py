@@ -307,6 +307,27 @@ def test_mpirun_zero_optimizer_steps_as_adamw_on_the_whole_batch(tmp_path, fresh
 
 # ---- ZeRO stage 3 ----
 
+def test_gpt_units_compose_to_the_gpt_and_refuse_dropout_and_tied_embeddings():
+    """dist.gpt_units (C++ dist::gpt_units): the units applied in turn give model(tokens) exactly, every parameter is in
+    exactly one unit; dropout and tied embeddings are ValueErrors naming the reason."""
+    model = nn.GPT(61, context=8, layers=2, heads=2, width=16, seed=int(np.random.default_rng().integers(1 << 30)))
+    units = dist.gpt_units(model)
+    assert [u.name for u in units] == ["embed", "block0", "block1", "head"]
+    tokens = dg.tensor(np.random.default_rng().integers(0, 61, size=(3, 8)), dtype=dg.int64)
+    x = tokens
+    for unit in units:
+        x = unit.forward(x)
+    np.testing.assert_array_equal(x.numpy(), model(tokens).numpy())
+    held = sorted(id(p) for u in units for p in u.module.parameters())
+    assert held == sorted(id(p) for p in model.parameters())
+    with pytest.raises(dg.ValueError, match="dropout"):
+        dist.gpt_units(nn.GPT(61, context=8, layers=1, heads=2, width=16, dropout=0.1))
+    with pytest.raises(dg.ValueError, match="token embedding"):
+        dist.gpt_units(nn.GPT(61, context=8, layers=1, heads=2, width=16, tie_embeddings=True))
+    with pytest.raises(TypeError, match="model"):
+        dist.gpt_units(model.blocks[0])
+
+
 def units_module(units):
     """The units' modules under their names: dist::ZeroOptimizer::module()'s layout (the reference model)."""
     container = nn.Module()
