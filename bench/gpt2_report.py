@@ -29,7 +29,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_gpt import padded_vocabulary  # noqa: E402  (importable without torch)
 
 ENGINES = (("llmc", "llm.c train_gpt2cu"), ("torch", "PyTorch eager"), ("torch_compile", "PyTorch torch.compile"),
-           ("dyngrad", "dyngrad (char_gpt --model gpt2)"))
+           ("dyngrad", "dyngrad (char_gpt --model gpt2)"),
+           # --reduced-residual: the residual stream and LayerNorms in bf16 (llm.c's recipe) instead of autocast's f32
+           ("torch_compile_reduced", "PyTorch torch.compile, reduced residual"),
+           ("dyngrad_reduced", "dyngrad, reduced residual"))
+# dyngrad's rows and the rows each is divided by in the report.
+RATIOS = (("dyngrad", ("llmc", "torch_compile", "torch")),
+          ("dyngrad_reduced", ("llmc", "torch_compile_reduced", "torch_compile", "torch")))
 MULTI_ENGINES = (("llmc_multi", "llmc", "llm.c train_gpt2cu (mpirun)"),
                  ("dyngrad_multi", "dyngrad", "dyngrad (char_gpt --distributed, mpirun)"))
 LLMC_STEP = re.compile(r"^step\s+(\d+)/(\d+) \|.*\| ([0-9.]+) ms \|")
@@ -154,14 +160,17 @@ def summarise(out, batch, context, layers, width, vocab, warmup_steps, peak_tflo
                          "peak_gpu_memory_mib": sampled, "peak_allocated_mib": own}
     build = os.path.join(out, "llmc_build.txt")
     llmc_cudnn = open(build).read().strip() == "cudnn=1" if os.path.exists(build) else None
-    comparison = None
-    paths = [os.path.join(out, f"compare_{side}.csv") for side in ("dyngrad", "torch")]
-    if all(os.path.exists(p) for p in paths):
-        comparison = curve_agreement(csv_rows(paths[0]), csv_rows(paths[1]))
+    comparisons = {}
+    for ours in ("dyngrad", "dyngrad_reduced"):
+        paths = [os.path.join(out, f"compare_{side}.csv") for side in (ours, "torch")]
+        if all(os.path.exists(p) for p in paths):
+            comparisons[ours] = curve_agreement(csv_rows(paths[0]), csv_rows(paths[1]))
+    comparison = comparisons.get("dyngrad")
     return {"date": str(datetime.date.today()), "batch": batch, "context": context, "layers": layers, "width": width,
             "vocab": vocab, "parameters": gpt2_parameters(layers, width, context, vocab),
             "flops_per_token": per_token, "peak_tflops": peak_tflops, "warmup_steps": warmup_steps,
-            "llmc_cudnn_attention": llmc_cudnn, "engines": engines, "comparison": comparison, "gpus": gpus,
+            "llmc_cudnn_attention": llmc_cudnn, "engines": engines, "comparison": comparison,
+            "comparison_reduced": comparisons.get("dyngrad_reduced"), "gpus": gpus,
             "multi_gpu": multi_gpu(out, engines, tokens_per_step, gpus, warmup_steps), "reproducible": reproducible(out)}
 
 
@@ -181,17 +190,20 @@ def markdown(summary):
                      f"{fmt(e['mfu'], '.1%')} | {fmt(e['peak_gpu_memory_mib'], '.0f')} | "
                      f"{fmt(e['peak_allocated_mib'], '.0f')} |")
     engines = summary["engines"]
-    if "dyngrad" in engines:
-        for other in ("llmc", "torch_compile", "torch"):
+    for ours, others in RATIOS:
+        if ours not in engines or not engines[ours]["tokens_per_second"]:
+            continue
+        for other in others:
             if other in engines and engines[other]["tokens_per_second"]:
-                ratio = engines["dyngrad"]["tokens_per_second"] / engines[other]["tokens_per_second"]
-                lines.append(f"\ndyngrad / {engines[other]['label']}: {ratio:.2f}x")
-    c = summary["comparison"]
-    if c:
-        lines.append(f"\nFrom identical weights and batches over {c['steps']} steps: training losses within "
-                     f"{100 * c['max_train_relative']:.3f}% of PyTorch eager at every step"
-                     + (f"; final validation loss {c['final_val']['dyngrad']:.4f} vs {c['final_val']['torch']:.4f} "
-                        f"({100 * c['final_val_relative']:.3f}%)" if c["final_val"] else "") + ".")
+                ratio = engines[ours]["tokens_per_second"] / engines[other]["tokens_per_second"]
+                lines.append(f"\n{engines[ours]['label']} / {engines[other]['label']}: {ratio:.2f}x")
+    for key, who in (("comparison", "dyngrad"), ("comparison_reduced", "dyngrad with a reduced residual stream")):
+        c = summary.get(key)
+        if c:
+            lines.append(f"\nFrom identical weights and batches over {c['steps']} steps, {who}: training losses within "
+                         f"{100 * c['max_train_relative']:.3f}% of PyTorch eager (autocast's recipe) at every step"
+                         + (f"; final validation loss {c['final_val']['dyngrad']:.4f} vs {c['final_val']['torch']:.4f} "
+                            f"({100 * c['final_val_relative']:.3f}%)" if c["final_val"] else "") + ".")
     multi = summary.get("multi_gpu")
     if multi:
         gpus = summary["gpus"]

@@ -105,6 +105,16 @@ def build_model(vocab_size, args):
     gpt2 = getattr(args, "model", "char") == "gpt2"
     gelu = "tanh" if gpt2 else "none"
     rows = padded_vocabulary(vocab_size) if gpt2 else vocab_size  # the embedding table (and LM head)
+    reduced_residual = getattr(args, "reduced_residual", False)
+
+    def norm(ln, x):
+        # char_gpt --reduced-residual (nn/transformer.h's TransformerOptions::reduced_residual): an x already in the
+        # autocast dtype stays in it, through a LayerNorm with autocast off and its weight and bias rounded to it.
+        kind = x.device.type
+        if not (reduced_residual and torch.is_autocast_enabled(kind) and x.dtype == torch.get_autocast_dtype(kind)):
+            return ln(x)
+        with torch.autocast(kind, enabled=False):
+            return F.layer_norm(x, ln.normalized_shape, ln.weight.to(x.dtype), ln.bias.to(x.dtype), ln.eps)
 
     class MultiheadAttention(nn.Module):
         def __init__(self):
@@ -140,8 +150,8 @@ def build_model(vocab_size, args):
             self.mlp = MLP()
 
         def forward(self, x):
-            x = x + self.attn(self.ln1(x))
-            return x + self.mlp(self.ln2(x))
+            x = x + self.attn(norm(self.ln1, x))
+            return x + self.mlp(norm(self.ln2, x))
 
     class GPT(nn.Module):
         def __init__(self):
@@ -167,9 +177,11 @@ def build_model(vocab_size, args):
             T = tokens.shape[1]
             x = self.token_embedding(tokens) + self.position_embedding.weight[:T]
             x = self.embedding_dropout(x)
+            if reduced_residual and torch.is_autocast_enabled(x.device.type):
+                x = x.to(torch.get_autocast_dtype(x.device.type))
             for block in self.blocks:
                 x = block(x)
-            h = self.ln_f(x)
+            h = norm(self.ln_f, x)
             logits = h @ self.token_embedding.weight.t() if self.lm_head is None else self.lm_head(h)
             return logits[..., :vocab_size] if rows != vocab_size else logits
 
@@ -353,6 +365,8 @@ def parse_args(argv=None):
     parser.add_argument("--compile", action="store_true", help="train through torch.compile")
     parser.add_argument("--precision", choices=["f32", "bf16", "f16"], default="f32",
                         help="the forward under torch.autocast into that dtype (f16 with a GradScaler), as char_gpt")
+    parser.add_argument("--reduced-residual", action="store_true",
+                        help="with --precision bf16|f16: the residual stream and LayerNorms in that dtype, as char_gpt")
     parser.add_argument("--profile-step", type=int, metavar="N",
                         help="(cuda) step N alone between cudaProfilerStart/Stop, for ncu --profile-from-start off")
     parser.add_argument("--prepare", metavar="DIR", help="write DIR/init.safetensors and DIR/batch_order.txt, then stop")

@@ -282,6 +282,9 @@ std::vector<ZeroUnit> gpt_units(const GPT& model) {
                              "again in the backward, so it needs dropout 0"));
     if (model.config.tie_embeddings)
         throw ValueError("gpt_units: the GPT's LM head is its token embedding, which two units would hold");
+    if (model.config.reduced_residual)
+        throw ValueError("gpt_units: the GPT's reduced_residual is set; the units run the float32 residual stream "
+                         "(PyTorch's autocast recipe)");
     std::vector<ZeroUnit> units;
     Module embed;
     embed.register_module("token_embedding", model.token_embedding);

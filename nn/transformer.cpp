@@ -4,12 +4,14 @@
 #include <cmath>
 #include <string>
 
+#include "dyngrad/graph/autocast.h"
 #include "dyngrad/graph/checkpoint.h"
 #include "dyngrad/ops/attention.h"
 #include "dyngrad/ops/dropout_mask.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/layout.h"
 #include "dyngrad/ops/linalg.h"
+#include "dyngrad/ops/norm.h"
 
 namespace dyngrad {
 
@@ -61,6 +63,20 @@ Var linear_over_rows(const Linear& layer, const Var& x, std::source_location whe
     const Shape& s = x.shape();
     const Var y = layer(reshape(x, {s[0] * s[1], s[2]}, where), where);
     return reshape(y, {s[0], s[1], y.shape()[1]}, where);
+}
+
+// ln(x), where TransformerOptions::reduced_residual keeps an x already in the autocast dtype in it: the LayerNorm
+// runs with autocast off on x and its weight and bias rounded to x's dtype (its kernels sum in float32), so neither x
+// nor the output pays a cast (autocast's Float32 policy would cast x up and the next Linear the output down).
+Var layer_norm_of(const LayerNorm& ln, const Var& x, bool reduced_residual, std::source_location where) {
+    const std::optional<DType> autocast = autocast_dtype();
+    if (!reduced_residual || !autocast || x.dtype() != *autocast) return ln(x, where);
+    const AutocastGuard off(DType::f32);
+    ComputeGraph& graph = x.graph();
+    const auto rounded = [&](const Parameter& p) {
+        return p.defined() ? to_dtype(graph.parameter(p, where), *autocast, where) : Var();
+    };
+    return layer_norm(x, ln.normalized_shape, rounded(ln.weight), rounded(ln.bias), ln.eps, where);
 }
 
 }  // namespace
@@ -134,8 +150,9 @@ Var TransformerBlock::operator()(const Var& x, std::source_location where) const
 }
 
 Var TransformerBlock::body(const Var& x, std::source_location where) const {
-    const Var after_attention = add(x, attn(ln1(x, where), where), where);
-    return add(after_attention, mlp(ln2(after_attention, where), where), where);
+    const bool reduced = attn.options.reduced_residual;
+    const Var after_attention = add(x, attn(layer_norm_of(ln1, x, reduced, where), where), where);
+    return add(after_attention, mlp(layer_norm_of(ln2, after_attention, reduced, where), where), where);
 }
 
 // ---- PositionalEmbedding ----
@@ -169,7 +186,8 @@ TransformerOptions block_options(const GPTConfig& config, std::int64_t layer) {
             .seed = derive_seed(config.seed, static_cast<std::uint64_t>(layer) + 1),
             .bias = config.bias,
             .residual_init_std = kInitStd / std::sqrt(2.0 * static_cast<double>(config.layers)),
-            .gelu = config.gelu};
+            .gelu = config.gelu,
+            .reduced_residual = config.reduced_residual};
 }
 
 const GPTConfig& checked(const GPTConfig& config) {
@@ -235,8 +253,11 @@ Var GPT::hidden(const Var& tokens, std::source_location where) const {
         throw ShapeError(str("GPT: sequence length T=", s[1], " exceeds the context of ", config.context,
                              " positions (the positional table's size)"));
     Var x = embedding_dropout_(position_embedding(token_embedding(tokens, where), where), where);
+    // reduced_residual: the stream enters the autocast dtype once, here, and stays in it.
+    if (const std::optional<DType> autocast = autocast_dtype(); config.reduced_residual && autocast)
+        x = to_dtype(x, *autocast, where);
     for (const TransformerBlock& block : blocks) x = block(x, where);
-    return ln_f(x, where);
+    return layer_norm_of(ln_f, x, config.reduced_residual, where);
 }
 
 Var GPT::head_weight(const Var& like, std::source_location where) const {

@@ -36,6 +36,11 @@ struct TransformerOptions {
     // (GPT: 0.02 / √(2·layers)); the other Linear weights use 0.02.
     double residual_init_std = 0.02;
     GeluApproximation gelu = GeluApproximation::None;  // of the MLP; GPT-2 uses Tanh
+    // Under autocast: the residual stream and the LayerNorms in the autocast dtype (LayerNorm's statistics still in
+    // float32, its weight and bias rounded to the dtype), as llm.c trains GPT-2: no cast of an activation is left in
+    // the step. Off (the default): PyTorch's autocast recipe, the residual stream and LayerNorm in float32, with a
+    // cast into and out of every Linear (docs/mixed_precision.md "Reduced residual stream").
+    bool reduced_residual = false;
 };
 
 // x (B,T,E) -> (B,T,E): qkv = x·Wqkvᵀ + b (one Linear of width 3E, split into heads by reshape + permute),
@@ -115,6 +120,7 @@ struct GPTConfig {
 
     std::int64_t embedding_rows() const { return padded_vocab_size > 0 ? padded_vocab_size : vocab_size; }
     bool checkpoint = false;     // every block checkpointed (TransformerBlock::checkpoint)
+    bool reduced_residual = false;  // TransformerOptions::reduced_residual for every block, and ln_f
 };
 
 // GPT-2 small as llm.c's `-e d12` builds it: 12 layers, 12 heads, width 768, context 1024, vocabulary 50257

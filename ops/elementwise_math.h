@@ -185,11 +185,16 @@ struct GeluTanhOp {
         return T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);
     }
     template <typename T> DG_HOST_DEVICE static T forward(T x, T) { return x * SigmoidOp::forward(T(2) * inner(x), T(0)); }
-    // σ(2u) + x·2σ(2u)σ(-2u)·du/dx, σ(2u)σ(-2u) without the cancellation of σ(1 - σ)
+    // σ(2u) + x·2σ(2u)σ(-2u)·du/dx, σ(2u)σ(-2u) = e/(1 + e)² without the cancellation of σ(1 - σ). Both from one
+    // e = exp(-|2u|) and one division (σ and σ' apart took two of each: GPT-2's GELU backward was bound by them,
+    // 319 µs per (32768, 3072) bf16 call on an H200, ncu 2026-11-29).
     template <typename T> DG_HOST_DEVICE static T derivative(T x, T, T) {
         const T two_u = T(2) * inner(x);
         const T du_dx = T(0.79788456080286535588) * (T(1) + T(3 * 0.044715) * x * x);
-        return SigmoidOp::forward(two_u, T(0)) + x * (T(2) * SigmoidOp::derivative(two_u, T(0), T(0)) * du_dx);
+        const T e = exp(two_u < T(0) ? two_u : -two_u);
+        const T r = T(1) / (T(1) + e);
+        const T sigmoid = two_u >= T(0) ? r : e * r;
+        return sigmoid + x * (T(2) * (e * r * r) * du_dx);
     }
 };
 struct SiluOp {  // x·σ(x); derivative σ(x) + x·σ(x)σ(-x)

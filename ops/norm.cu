@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "dyngrad/cuda/context.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/norm_geometry.h"
+#include "dyngrad/ops/reduced_precision.cuh"
 
 namespace dyngrad::cuda {
 
@@ -300,44 +302,47 @@ __device__ __forceinline__ T row_sum(T v, T* shared) {
 
 // x (rows, n), w, b (n) or null -> y (rows, n), mean (rows; kCenter only), rstd (rows).
 // Block (kThreadsPerRow, 256 / kThreadsPerRow): threadIdx.y picks the row within the block.
-template <typename T, bool kCenter, int kThreadsPerRow, int W>
+// bf16/f16 (T) natively: values load as T and compute in A = acc_t<T> (float), the statistics are kept in A, y is
+// rounded to T once; the GPT's reduced residual stream (nn/transformer.h) runs its LayerNorms so, with no pass
+// through f32 copies (four conversion kernels a LayerNorm and its backward, ncu, H200, 2026-11-29).
+template <typename T, bool kCenter, int kThreadsPerRow, int W, typename A = acc_t<T>>
 __global__ void __launch_bounds__(kNormBlockThreads)
     row_norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
-                            std::int64_t rows, std::int64_t n, T eps, T* __restrict__ y, T* __restrict__ mean_out,
-                            T* __restrict__ rstd_out) {
+                            std::int64_t rows, std::int64_t n, A eps, T* __restrict__ y, A* __restrict__ mean_out,
+                            A* __restrict__ rstd_out) {
     constexpr int kRowsPerBlock = kNormBlockThreads / kThreadsPerRow;
     using V = Vec<T, W>;
-    __shared__ T shared[kThreadsPerRow / 32];
+    __shared__ A shared[kThreadsPerRow / 32];
     const std::int64_t units = n / W;
     const std::int64_t lane = threadIdx.x;
-    const T inv_n = T(1) / static_cast<T>(n);
+    const A inv_n = A(1) / static_cast<A>(n);
     for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.y; row < rows;
          row += static_cast<std::int64_t>(gridDim.x) * kRowsPerBlock) {
         const T* xr = x + row * n;
         V cache[kCacheUnits];
-        T sum = 0;
+        A sum = 0;
 #pragma unroll
         for (int k = 0; k < kCacheUnits; ++k) {
             const std::int64_t u = lane + k * kThreadsPerRow;
             if (u < units) {
                 cache[k] = load_vec<T, W>(xr, u);
 #pragma unroll
-                for (int j = 0; j < W; ++j) sum += cache[k].v[j];
+                for (int j = 0; j < W; ++j) sum += to_acc(cache[k].v[j]);
             }
         }
         for (std::int64_t u = lane + kCacheUnits * kThreadsPerRow; u < units; u += kThreadsPerRow) {
             const V v = load_vec<T, W>(xr, u);
 #pragma unroll
-            for (int j = 0; j < W; ++j) sum += v.v[j];
+            for (int j = 0; j < W; ++j) sum += to_acc(v.v[j]);
         }
-        T mean = 0;
+        A mean = 0;
         if constexpr (kCenter) mean = row_sum<kThreadsPerRow>(sum, shared) * inv_n;
 
-        T squares = 0;
+        A squares = 0;
         const auto add_squares = [&](const V& v) {
 #pragma unroll
             for (int j = 0; j < W; ++j) {
-                const T d = v.v[j] - mean;
+                const A d = to_acc(v.v[j]) - mean;
                 squares += d * d;
             }
         };
@@ -346,7 +351,7 @@ __global__ void __launch_bounds__(kNormBlockThreads)
             if (lane + k * kThreadsPerRow < units) add_squares(cache[k]);
         for (std::int64_t u = lane + kCacheUnits * kThreadsPerRow; u < units; u += kThreadsPerRow)
             add_squares(load_vec<T, W>(xr, u));
-        const T rstd = T(1) / device_sqrt(row_sum<kThreadsPerRow>(squares, shared) * inv_n + eps);
+        const A rstd = A(1) / device_sqrt(row_sum<kThreadsPerRow>(squares, shared) * inv_n + eps);
         if (lane == 0) {
             if constexpr (kCenter) mean_out[row] = mean;
             rstd_out[row] = rstd;
@@ -354,11 +359,12 @@ __global__ void __launch_bounds__(kNormBlockThreads)
 
         T* yr = y + row * n;
         const auto normalize = [&](const V& v, std::int64_t u) {
-            const V wv = load_vec_or<T, W>(w, u, T(1));
-            const V bv = load_vec_or<T, W>(b, u, T(0));
+            const V wv = load_vec_or<T, W>(w, u, from_acc<T>(A(1)));
+            const V bv = load_vec_or<T, W>(b, u, from_acc<T>(A(0)));
             V out;
 #pragma unroll
-            for (int j = 0; j < W; ++j) out.v[j] = (v.v[j] - mean) * rstd * wv.v[j] + bv.v[j];
+            for (int j = 0; j < W; ++j)
+                out.v[j] = from_acc<T>((to_acc(v.v[j]) - mean) * rstd * to_acc(wv.v[j]) + to_acc(bv.v[j]));
             store_vec<T, W>(yr, u, out);
         };
 #pragma unroll
@@ -373,32 +379,32 @@ __global__ void __launch_bounds__(kNormBlockThreads)
 
 // x, dy (rows, n), w (n) or null, mean (rows; kCenter only), rstd (rows) -> dx (rows, n):
 //   x̂ = (x − mean)·rstd, g = dy·w:  dx = rstd·(g − Σg/n − x̂·Σ(g·x̂)/n)   (no Σg/n term without kCenter)
-template <typename T, bool kCenter, int kThreadsPerRow, int W>
+template <typename T, bool kCenter, int kThreadsPerRow, int W, typename A = acc_t<T>>
 __global__ void __launch_bounds__(kNormBlockThreads)
     row_norm_dx_kernel(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ w,
-                       const T* __restrict__ mean, const T* __restrict__ rstd, std::int64_t rows, std::int64_t n,
+                       const A* __restrict__ mean, const A* __restrict__ rstd, std::int64_t rows, std::int64_t n,
                        T* __restrict__ dx) {
     constexpr int kRowsPerBlock = kNormBlockThreads / kThreadsPerRow;
     using V = Vec<T, W>;
-    __shared__ T shared[kThreadsPerRow / 32];
+    __shared__ A shared[kThreadsPerRow / 32];
     const std::int64_t units = n / W;
     const std::int64_t lane = threadIdx.x;
-    const T inv_n = T(1) / static_cast<T>(n);
+    const A inv_n = A(1) / static_cast<A>(n);
     for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.y; row < rows;
          row += static_cast<std::int64_t>(gridDim.x) * kRowsPerBlock) {
         const T* xr = x + row * n;
         const T* dyr = dy + row * n;
-        const T mu = kCenter ? mean[row] : T(0);
-        const T r = rstd[row];
+        const A mu = kCenter ? mean[row] : A(0);
+        const A r = rstd[row];
         V x_cache[kCacheUnits], dy_cache[kCacheUnits];
-        T sum_g = 0, sum_g_xhat = 0;
+        A sum_g = 0, sum_g_xhat = 0;
         const auto accumulate = [&](const V& xv, const V& dyv, std::int64_t u) {
-            const V wv = load_vec_or<T, W>(w, u, T(1));
+            const V wv = load_vec_or<T, W>(w, u, from_acc<T>(A(1)));
 #pragma unroll
             for (int j = 0; j < W; ++j) {
-                const T g = dyv.v[j] * wv.v[j];
+                const A g = to_acc(dyv.v[j]) * to_acc(wv.v[j]);
                 sum_g += g;
-                sum_g_xhat += g * ((xv.v[j] - mu) * r);
+                sum_g_xhat += g * ((to_acc(xv.v[j]) - mu) * r);
             }
         };
 #pragma unroll
@@ -412,17 +418,17 @@ __global__ void __launch_bounds__(kNormBlockThreads)
         }
         for (std::int64_t u = lane + kCacheUnits * kThreadsPerRow; u < units; u += kThreadsPerRow)
             accumulate(load_vec<T, W>(xr, u), load_vec<T, W>(dyr, u), u);
-        const T mean_g = kCenter ? row_sum<kThreadsPerRow>(sum_g, shared) * inv_n : T(0);
-        const T mean_g_xhat = row_sum<kThreadsPerRow>(sum_g_xhat, shared) * inv_n;
+        const A mean_g = kCenter ? row_sum<kThreadsPerRow>(sum_g, shared) * inv_n : A(0);
+        const A mean_g_xhat = row_sum<kThreadsPerRow>(sum_g_xhat, shared) * inv_n;
 
         T* dxr = dx + row * n;
         const auto write = [&](const V& xv, const V& dyv, std::int64_t u) {
-            const V wv = load_vec_or<T, W>(w, u, T(1));
+            const V wv = load_vec_or<T, W>(w, u, from_acc<T>(A(1)));
             V out;
 #pragma unroll
             for (int j = 0; j < W; ++j) {
-                const T xhat = (xv.v[j] - mu) * r;
-                out.v[j] = r * (dyv.v[j] * wv.v[j] - mean_g - xhat * mean_g_xhat);
+                const A xhat = (to_acc(xv.v[j]) - mu) * r;
+                out.v[j] = from_acc<T>(r * (to_acc(dyv.v[j]) * to_acc(wv.v[j]) - mean_g - xhat * mean_g_xhat));
             }
             store_vec<T, W>(dxr, u, out);
         };
@@ -438,22 +444,23 @@ __global__ void __launch_bounds__(kNormBlockThreads)
 
 // x, dy (rows, n) -> partial_dw, partial_db (chunks, n): Σ dy·x̂ and Σ dy over chunk blockIdx.y's rows for the
 // 32 columns of blockIdx.x. Block (32, 8): a warp reads 32 consecutive columns of a row. A null output is skipped.
-template <typename T, bool kCenter>
+// In A = acc_t<T>: bf16/f16 sums are float32 partials, rounded once when sum_chunks_kernel writes dw and db.
+template <typename T, bool kCenter, typename A = acc_t<T>>
 __global__ void row_norm_param_partials_kernel(const T* __restrict__ x, const T* __restrict__ dy,
-                                               const T* __restrict__ mean, const T* __restrict__ rstd,
+                                               const A* __restrict__ mean, const A* __restrict__ rstd,
                                                std::int64_t rows, std::int64_t n, std::int64_t rows_per_chunk,
-                                               T* __restrict__ partial_dw, T* __restrict__ partial_db) {
-    __shared__ T dw_part[kColumnRows][kColumnTile + 1];
-    __shared__ T db_part[kColumnRows][kColumnTile + 1];
+                                               A* __restrict__ partial_dw, A* __restrict__ partial_db) {
+    __shared__ A dw_part[kColumnRows][kColumnTile + 1];
+    __shared__ A db_part[kColumnRows][kColumnTile + 1];
     const std::int64_t column = static_cast<std::int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
     const std::int64_t begin = static_cast<std::int64_t>(blockIdx.y) * rows_per_chunk;
     const std::int64_t end = begin + rows_per_chunk < rows ? begin + rows_per_chunk : rows;
-    T sum_dw = 0, sum_db = 0;
+    A sum_dw = 0, sum_db = 0;
     if (column < n) {
         for (std::int64_t r = begin + threadIdx.y; r < end; r += kColumnRows) {
             const std::int64_t i = r * n + column;
-            const T g = dy[i];
-            sum_dw += g * ((x[i] - (kCenter ? mean[r] : T(0))) * rstd[r]);
+            const A g = to_acc(dy[i]);
+            sum_dw += g * ((to_acc(x[i]) - (kCenter ? mean[r] : A(0))) * rstd[r]);
             sum_db += g;
         }
     }
@@ -461,7 +468,7 @@ __global__ void row_norm_param_partials_kernel(const T* __restrict__ x, const T*
     db_part[threadIdx.y][threadIdx.x] = sum_db;
     __syncthreads();
     if (threadIdx.y != 0 || column >= n) return;
-    T total_dw = 0, total_db = 0;
+    A total_dw = 0, total_db = 0;
 #pragma unroll
     for (int k = 0; k < kColumnRows; ++k) {
         total_dw += dw_part[k][threadIdx.x];
@@ -472,14 +479,14 @@ __global__ void row_norm_param_partials_kernel(const T* __restrict__ x, const T*
     if (partial_db != nullptr) partial_db[out] = total_db;
 }
 
-// partials (chunks, n) -> out (n): the chunks added in order
-template <typename T>
-__global__ void sum_chunks_kernel(const T* __restrict__ partials, std::int64_t chunks, std::int64_t n,
+// partials (chunks, n) in A -> out (n) in T: the chunks added in order, rounded to T once
+template <typename T, typename A = acc_t<T>>
+__global__ void sum_chunks_kernel(const A* __restrict__ partials, std::int64_t chunks, std::int64_t n,
                                   T* __restrict__ out) {
     for (std::int64_t j = thread_index(); j < n; j += thread_count()) {
-        T total = 0;
+        A total = 0;
         for (std::int64_t c = 0; c < chunks; ++c) total += partials[c * n + j];
-        out[j] = total;
+        out[j] = from_acc<T>(total);
     }
 }
 
@@ -605,8 +612,10 @@ Tensor row_norm_forward(const ForwardArgs& args) {
     const bool center = args.op == OpType::LayerNorm;
     const RowNormLayout l = row_norm_layout(x.shape(), args.attrs.shape);
     Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    Tensor mean = center ? Tensor::empty({l.rows}, x.dtype(), x.device()) : Tensor();
-    Tensor rstd = Tensor::empty({l.rows}, x.dtype(), x.device());
+    // The statistics in the kernels' compute type: float32 for bf16/f16 x (as the CPU's run through f32 saves them).
+    const DType stats = is_reduced_precision(x.dtype()) ? DType::f32 : x.dtype();
+    Tensor mean = center ? Tensor::empty({l.rows}, stats, x.device()) : Tensor();
+    Tensor rstd = Tensor::empty({l.rows}, stats, x.device());
     if (center) args.saved.push_back(mean);
     args.saved.push_back(rstd);
     if (l.rows == 0) return y;
@@ -616,14 +625,15 @@ Tensor row_norm_forward(const ForwardArgs& args) {
         return y;
     }
     DeviceContext& ctx = context_for(x);
-    dispatch_floating(x.dtype(), "row_norm", [&]<typename T>() {
+    dispatch_gpu_floating(x.dtype(), "row_norm", [&]<typename T>() {
+        using A = acc_t<T>;
         const T* xp = x.data<T>();
         const T* wp = args.inputs.size() > 1 ? args.inputs[1].data<T>() : nullptr;
         const T* bp = args.inputs.size() > 2 ? args.inputs[2].data<T>() : nullptr;
         T* yp = y.data<T>();
-        T* mp = center ? mean.data<T>() : nullptr;
-        T* rp = rstd.data<T>();
-        const T eps = static_cast<T>(args.attrs.eps);
+        A* mp = center ? mean.data<A>() : nullptr;
+        A* rp = rstd.data<A>();
+        const A eps = static_cast<A>(args.attrs.eps);
         with_row_config<T>(l.n, {xp, wp, bp, yp}, [&]<int kThreadsPerRow, int W>() {
             const dim3 block(kThreadsPerRow, kNormBlockThreads / kThreadsPerRow);
             const unsigned blocks = grid_size(ctx, l.rows * kThreadsPerRow, kNormBlockThreads);
@@ -654,12 +664,13 @@ std::vector<Tensor> row_norm_backward(const BackwardArgs& args) {
         return grads;
     }
     DeviceContext& ctx = context_for(p.x);
-    dispatch_floating(p.x.dtype(), "row_norm backward", [&]<typename T>() {
+    dispatch_gpu_floating(p.x.dtype(), "row_norm backward", [&]<typename T>() {
+        using A = acc_t<T>;
         const T* xp = p.x.data<T>();
         const T* dyp = p.dy.data<T>();
         const T* wp = args.inputs.size() > 1 ? args.inputs[1].data<T>() : nullptr;
-        const T* mp = p.center ? args.saved[0].data<T>() : nullptr;
-        const T* rp = args.saved.back().data<T>();
+        const A* mp = p.center ? args.saved[0].data<A>() : nullptr;
+        const A* rp = args.saved.back().data<A>();
         if (p.need_dx) {
             T* dxp = grads[0].data<T>();
             with_row_config<T>(l.n, {xp, dyp, wp, dxp}, [&]<int kThreadsPerRow, int W>() {
@@ -683,14 +694,16 @@ std::vector<Tensor> row_norm_backward(const BackwardArgs& args) {
         chunks = std::min(chunks, kMaxChunks);
         const std::int64_t rows_per_chunk = (l.rows + chunks - 1) / chunks;
         chunks = (l.rows + rows_per_chunk - 1) / rows_per_chunk;
-        // One chunk writes the gradients directly; more write partials that sum_chunks_kernel adds in order.
+        // One chunk of f32/f64 writes the gradients directly; otherwise partials in A, which sum_chunks_kernel adds in
+        // order and rounds to T.
+        constexpr bool kSameType = std::is_same_v<A, T>;
         std::optional<Workspace> partials;
-        if (chunks > 1) partials.emplace(ctx, 2 * static_cast<std::size_t>(chunks * l.n) * sizeof(T));
+        if (chunks > 1 || !kSameType) partials.emplace(ctx, 2 * static_cast<std::size_t>(chunks * l.n) * sizeof(A));
         T* dwp = p.need_dw ? grads[1].data<T>() : nullptr;
         T* dbp = p.need_db ? grads[2].data<T>() : nullptr;
-        T* partial_base = partials ? static_cast<T*>(partials->data()) : nullptr;
-        T* partial_dw = p.need_dw ? (partials ? partial_base : dwp) : nullptr;
-        T* partial_db = p.need_db ? (partials ? partial_base + chunks * l.n : dbp) : nullptr;
+        A* partial_base = partials ? static_cast<A*>(partials->data()) : nullptr;
+        A* partial_dw = p.need_dw ? (partials ? partial_base : reinterpret_cast<A*>(dwp)) : nullptr;
+        A* partial_db = p.need_db ? (partials ? partial_base + chunks * l.n : reinterpret_cast<A*>(dbp)) : nullptr;
         const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
         const dim3 block(kColumnTile, kColumnRows);
         if (p.center)
@@ -700,7 +713,7 @@ std::vector<Tensor> row_norm_backward(const BackwardArgs& args) {
             row_norm_param_partials_kernel<T, false>
                 <<<grid, block, 0, ctx.stream>>>(xp, dyp, mp, rp, l.rows, l.n, rows_per_chunk, partial_dw, partial_db);
         DG_CUDA_CHECK_LAUNCH();
-        if (chunks == 1) return;
+        if (!partials) return;
         const unsigned blocks = grid_size(ctx, l.n, kThreads);
         for (const auto& [partial, out] : {std::pair{partial_dw, dwp}, std::pair{partial_db, dbp}}) {
             if (out == nullptr) continue;

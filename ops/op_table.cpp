@@ -54,8 +54,9 @@ constexpr BackendKernels kCpuUnary{cpu::unary_forward, cpu::unary_backward};
 constexpr BackendKernels kCpuBinary{cpu::binary_forward, cpu::binary_backward};
 constexpr BackendKernels kCpuReduce{cpu::reduce_forward, cpu::reduce_backward};
 constexpr BackendKernels kCpuSoftmax{cpu::softmax_forward, cpu::softmax_backward};
-// Native bf16/f16 on the GPU (BackendKernels::native_reduced): elementwise, comparisons, selection, reductions
-// and layout. Everything else (and every CPU kernel but the byte copies) runs through f32 (graph/through_f32.h).
+// Native bf16/f16 on the GPU (BackendKernels::native_reduced): elementwise, comparisons, selection, reductions,
+// layout and the row norms. Everything else (and every CPU kernel but the byte copies) runs through f32
+// (graph/through_f32.h).
 constexpr BackendKernels kCudaUnary = DG_CUDA_KERNELS_NATIVE(unary_forward, unary_backward);
 constexpr BackendKernels kCudaBinary = DG_CUDA_KERNELS_NATIVE(binary_forward, binary_backward);
 constexpr BackendKernels kCudaReduce = DG_CUDA_KERNELS_NATIVE(reduce_forward, reduce_backward);
@@ -72,7 +73,8 @@ constexpr BackendKernels kCpuSelect{cpu::select_forward, cpu::select_backward};
 constexpr BackendKernels kCudaSelect = DG_CUDA_KERNELS_NATIVE(select_forward, select_backward);
 constexpr BackendKernels kCudaPool = DG_CUDA_KERNELS(pool2d_forward, pool2d_backward);
 constexpr BackendKernels kCpuRowNorm{cpu::row_norm_forward, cpu::row_norm_backward};
-constexpr BackendKernels kCudaRowNorm = DG_CUDA_KERNELS(row_norm_forward, row_norm_backward);
+// layer_norm/rms_norm: bf16/f16 values computed in f32, statistics saved in f32 (ops/norm.cu).
+constexpr BackendKernels kCudaRowNorm = DG_CUDA_KERNELS_NATIVE(row_norm_forward, row_norm_backward);
 // Not differentiable (OpDef::differentiable = false): forward kernels only.
 constexpr BackendKernels kCpuCompare{cpu::binary_forward, nullptr};
 constexpr BackendKernels kArgReduce{arg_reduce_forward, nullptr};  // every backend, through max's kernels

@@ -12,6 +12,7 @@
 //            [--checkpoint FILE] [--resume FILE] [--init-weights FILE.safetensors] [--batch-order FILE]
 //            [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]
 //            [--profile-step N] [--distributed [--zero 1|2|3]] [--checkpoint-activations] [--deterministic]
+//            [--reduced-residual]
 //
 // Token files: windows of --seq-len (default --context) + 1 tokens of --train-tokens; the validation windows
 // are spread over --val-tokens by the rule below; every token id must be below --vocab (default 50257 for gpt2,
@@ -96,7 +97,7 @@ const char* const kUsage =
     "                [--checkpoint FILE] [--resume FILE] [--init-weights FILE] [--batch-order FILE]\n"
     "                [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]\n"
     "                [--profile-step N] [--distributed [--zero 1|2|3]]\n"
-    "                [--checkpoint-activations] [--deterministic]\n"
+    "                [--checkpoint-activations] [--deterministic] [--reduced-residual]\n"
     "  --model NAME        char (default) | gpt2: GPT-2 small as llm.c (12, 12, 768, 1024; tied, padded vocabulary)\n"
     "  --data DIR          text files to train on (default /usr/share/games/fortunes; *.dat, *.u8 skipped)\n"
     "  --train-tokens FILE --val-tokens FILE   token files in llm.c's format instead (dyngrad-tokens)\n"
@@ -124,7 +125,9 @@ const char* const kUsage =
     "                      the backward instead of kept (the same gradients; --checkpoint names the training file)\n"
     "  --deterministic     (cuda) bitwise-reproducible runs: the embedding and attention backwards without float\n"
     "                      atomics or nondeterministic cuDNN engines (slower); on the CPU (deterministic anyway) a no-op;\n"
-    "                      ends with parameters_fnv1a=HASH of the final parameters' bytes\n";
+    "                      ends with parameters_fnv1a=HASH of the final parameters' bytes\n"
+    "  --reduced-residual  with --precision bf16|f16: the residual stream and the LayerNorms in that dtype (statistics\n"
+    "                      in f32), as llm.c: no activation casts (nn/transformer.h, TransformerOptions)\n";
 
 struct Options {
     std::string data = kDefaultData;
@@ -149,7 +152,7 @@ struct Options {
 Options parse_options(int argc, char** argv) {
     const cli::Arguments args(
         argc, argv,
-        {.flags = {"--distributed", "--checkpoint-activations", "--deterministic"},
+        {.flags = {"--distributed", "--checkpoint-activations", "--deterministic", "--reduced-residual"},
          .options = {"--model", "--train-tokens", "--val-tokens", "--vocab", "--seq-len", "--data", "--layers",
                      "--heads", "--width", "--context", "--batch", "--steps", "--lr", "--warmup",
                      "--min-lr", "--weight-decay", "--clip", "--dropout", "--eval-every", "--eval-batches", "--seed",
@@ -242,6 +245,10 @@ Options parse_options(int argc, char** argv) {
     }
     o.model.seed = o.seed;
     o.model.checkpoint = args.has("--checkpoint-activations");
+    o.model.reduced_residual = args.has("--reduced-residual");
+    if (o.model.reduced_residual && o.precision == DType::f32)
+        throw cli::UsageError("--reduced-residual: keeps the residual stream in --precision's reduced dtype; give "
+                              "--precision bf16 or f16");
     if (!tokens) o.data = cli::existing_directory("--data", given("--data").value_or(o.data));
     return o;
 }
@@ -563,7 +570,10 @@ int run(Options o) {
                 o.device.to_string().c_str(),
                 o.precision == DType::f32 ? "f32" : o.precision == DType::bf16 ? "bf16 autocast" : "f16 autocast + loss scaling",
                 static_cast<long long>(o.batch), static_cast<long long>(o.steps),
-                config.checkpoint ? ", activation checkpointing" : "", o.deterministic ? ", deterministic" : "",
+                (std::string(config.checkpoint ? ", activation checkpointing" : "") +
+                 (config.reduced_residual ? ", reduced residual stream" : ""))
+                    .c_str(),
+                o.deterministic ? ", deterministic" : "",
                 first > 0 ? str(", resumed at step ", first).c_str() : "");
     std::fflush(stdout);
 

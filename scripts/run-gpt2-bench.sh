@@ -35,6 +35,10 @@
 #                  parameters are (char_gpt's parameters_fnv1a= hash of their bytes), and each run's tokens/s
 #   compare        torch_gpt.py --prepare (weights + batch order), then dyngrad and PyTorch eager from them for
 #                  --compare-steps steps (bf16 both): the curves
+#   torch-reduced  torch.compile with --reduced-residual (the residual stream and LayerNorms in bf16, as llm.c; the
+#                  phases above run PyTorch's autocast recipe: both in f32, a cast into and out of every Linear)
+#   dyngrad-reduced  char_gpt --reduced-residual, as the dyngrad phase
+#   compare-reduced  char_gpt --reduced-residual from compare's weights and batches: its curve against PyTorch eager's
 #   report         bench/gpt2_report.py: report.json, report.md, gpt2_loss_curves.png; a G-GPU table
 #                  (efficiency: multi / (G x one GPU)) and the reproducible mode's section when their files exist
 #
@@ -74,7 +78,7 @@ while (($# > 0)); do
     esac
 done
 all_phases=(build-dyngrad build-llmc build-llmc-multi tokens llmc llmc-multi torch dyngrad dyngrad-multi reproducible
-            compare report)
+            compare torch-reduced dyngrad-reduced compare-reduced report)
 ((${#phases[@]})) || phases=("${all_phases[@]}")
 for phase in "${phases[@]}"; do
     [[ " ${all_phases[*]} " == *" $phase "* ]] || { echo "run-gpt2-bench.sh: unknown phase '$phase' (${all_phases[*]})" >&2; exit 2; }
@@ -248,6 +252,19 @@ phase_dyngrad() {
     measured dyngrad "$char_gpt" "${dyngrad_run[@]}" --batch "$batch" --csv "$out/dyngrad.csv"
 }
 
+# llm.c's mixed precision (--reduced-residual: the residual stream and LayerNorms in bf16, no activation casts) against
+# PyTorch's autocast recipe (the residual stream and LayerNorm in f32) above: torch.compile and dyngrad both ways.
+phase_torch_reduced() {
+    measured torch_compile_reduced "$python" "$root/bench/torch_gpt.py" --model gpt2 "${model[@]}" "${data[@]}" \
+        "${schedule[@]}" --batch "$batch" --steps "$steps" --warmup "$warmup" --eval-every "$steps" --eval-batches 1 \
+        --device "$device" --csv "$out/torch_compile_reduced.csv" --compile --reduced-residual
+}
+
+phase_dyngrad_reduced() {
+    measured dyngrad_reduced "$char_gpt" "${dyngrad_run[@]}" --batch "$batch" --csv "$out/dyngrad_reduced.csv" \
+        --reduced-residual
+}
+
 phase_dyngrad_multi() {
     if ((tiny)) && ! command -v "$mpirun" >/dev/null; then
         echo "(--tiny: no $mpirun here, dyngrad-multi skipped)"
@@ -306,6 +323,15 @@ phase_compare() {
         --csv "$out/compare_dyngrad.csv" || return 1
     measured compare_torch "$python" "$root/bench/torch_gpt.py" "${config[@]}" "${shared[@]}" --device "$device" \
         --csv "$out/compare_torch.csv"
+}
+
+# dyngrad --reduced-residual from compare's weights and batches: its curve against PyTorch eager's (the f32 recipe).
+phase_compare_reduced() {
+    [[ -f "$out/prepared/init.safetensors" ]] || { echo "run-gpt2-bench.sh: compare-reduced needs the compare phase" >&2; return 1; }
+    measured compare_dyngrad_reduced "$char_gpt" --model gpt2 "${model[@]}" "${data[@]}" "${schedule[@]}" \
+        --batch "$batch" --steps "$compare_steps" --warmup 30 --eval-every 50 --eval-batches 4 \
+        --init-weights "$out/prepared/init.safetensors" --batch-order "$out/prepared/batch_order.txt" \
+        --device "$device" --csv "$out/compare_dyngrad_reduced.csv" --reduced-residual
 }
 
 phase_report() {

@@ -74,6 +74,10 @@ def main():
         run(char_gpt, "--model", "gpt2", *model, "--train-tokens", train, "--val-tokens", val, "--vocab", "256",
             "--batch", str(B), "--steps", str(steps), "--warmup", "2", "--eval-every", str(steps), "--eval-batches", "1",
             "--device", "cpu", "--csv", os.path.join(out, "dyngrad.csv"))
+        run(char_gpt, "--model", "gpt2", *model, "--train-tokens", train, "--val-tokens", val, "--vocab", "256",
+            "--batch", str(B), "--steps", str(steps), "--warmup", "2", "--eval-every", str(steps), "--eval-batches", "1",
+            "--device", "cpu", "--precision", "bf16", "--reduced-residual", "--csv",
+            os.path.join(out, "dyngrad_reduced.csv"))
         llmc_ms = [rng.uniform(50, 150) for _ in range(steps)]
         with open(os.path.join(out, "llmc.txt"), "w") as f:
             f.write("val loss 5.5\n")
@@ -95,6 +99,11 @@ def main():
         ours = summary["engines"]["dyngrad"]
         assert ours["steps"] == steps and ours["timed_steps"] == steps - warmup and ours["tokens_per_second"] > 0, ours
         assert summary["llmc_cudnn_attention"] is False
+        reduced = summary["engines"]["dyngrad_reduced"]
+        assert reduced["timed_steps"] == steps - warmup and reduced["tokens_per_second"] > 0, reduced
+        text = gpt2_report.markdown(summary)
+        ratio = reduced["tokens_per_second"] / llmc["tokens_per_second"]
+        assert f"dyngrad, reduced residual / llm.c train_gpt2cu: {ratio:.2f}x" in text, text
 
         # G GPUs: a synthetic llm.c log (B·T·G tokens a step) and a char_gpt CSV of random per-step rates; the
         # reproducible phase's file, the two deterministic runs differing from step 7.

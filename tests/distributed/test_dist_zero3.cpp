@@ -372,6 +372,9 @@ TEST_CASE("ZeRO-3: gpt_units composes to GPT::operator(); dropout or tied embedd
     GPTConfig tied = config;
     tied.tie_embeddings = true;
     CHECK_THROWS_MATCHES(dist::gpt_units(GPT(tied, gen)), ValueError, MessageHas({"gpt_units", "token embedding"}));
+    GPTConfig reduced = config;
+    reduced.reduced_residual = true;
+    CHECK_THROWS_MATCHES(dist::gpt_units(GPT(reduced, gen)), ValueError, MessageHas({"gpt_units", "reduced_residual"}));
 }
 
 TEST_CASE("ZeRO-3: ranks with different models fail typed on every rank", "[dist][zero3][mismatch]") {

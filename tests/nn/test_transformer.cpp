@@ -317,3 +317,111 @@ TEST_CASE("GPT on the GPU: the same loss and gradients as on the CPU", "[transfo
         CHECK(relative_norm_error(gpu_grads[i], cpu_grads[i]) < 1e-4);
     }
 }
+
+namespace {
+
+// Casts in `g` of a value that is not a parameter leaf: the activation casts a step pays.
+int activation_casts(const ComputeGraph& g) {
+    int casts = 0;
+    for (NodeId id = 0; id < g.size(); ++id) {
+        const ComputeNode& node = g.node(id);
+        if (node.op != OpType::Cast) continue;
+        const ComputeNode& input = g.node(node.inputs.at(0));
+        if (input.op != OpType::Leaf || !input.parameter.defined()) ++casts;
+    }
+    return casts;
+}
+
+struct GptRun {
+    double loss = 0;
+    std::vector<Tensor> grads;  // on the CPU, float32
+    int activation_casts = 0;
+};
+
+// One next-token loss of `model` on fixed random tokens, under autocast into `autocast` (f32: off).
+GptRun gpt_loss_and_gradients(GPT& model, Device device, DType autocast, std::uint64_t seed) {
+    Generator tokens_gen(seed);
+    std::vector<std::int64_t> inputs, targets;
+    const std::int64_t V = model.config.vocab_size;
+    for (int i = 0; i < 2 * 9; ++i) {
+        inputs.push_back(static_cast<std::int64_t>(tokens_gen.engine()() % static_cast<std::uint64_t>(V)));
+        targets.push_back(static_cast<std::int64_t>(tokens_gen.engine()() % static_cast<std::uint64_t>(V)));
+    }
+    ComputeGraph g;
+    GptRun run;
+    {
+        const AutocastGuard guard(autocast);
+        const Var logits = model(g.input(Tensor::from_vector(inputs, {2, 9}, device)));
+        const Var loss = cross_entropy(reshape(logits, {2 * 9, V}), g.input(Tensor::from_vector(targets, {2 * 9}, device)));
+        run.activation_casts = activation_casts(g);
+        model.zero_grad();
+        g.backward(loss);
+        run.loss = loss.item();
+    }
+    for (const Parameter& p : model.parameters()) run.grads.push_back(p.grad().to(Device::cpu()).to(DType::f32));
+    return run;
+}
+
+GPT gpt_with_weights_of(const GPT& source, GPTConfig config) {
+    Generator unused(1);
+    GPT copy(config, unused);
+    for (std::size_t i = 0; i < source.parameters().size(); ++i)
+        copy.parameters()[i].value().copy_from(source.parameters()[i].value());
+    return copy;
+}
+
+}  // namespace
+
+TEST_CASE("GPT reduced_residual: under autocast one activation cast, the float32 recipe's loss and gradients "
+          "to bf16's precision; without autocast nothing changes",
+          "[transformer][gpt][autocast]") {
+    const GPTConfig config{.vocab_size = 17, .context = 12, .layers = 2, .heads = 2, .width = 32};
+    Generator gen(91);
+    GPT standard(config, gen);
+    randomise(standard, gen, 0.2);
+    GPTConfig reduced_config = config;
+    reduced_config.reduced_residual = true;
+    GPT reduced = gpt_with_weights_of(standard, reduced_config);
+    const std::uint64_t seed = 92 + static_cast<std::uint64_t>(gen.engine()() % 1000);
+
+    const GptRun f32_standard = gpt_loss_and_gradients(standard, Device::cpu(), DType::f32, seed);
+    const GptRun f32_reduced = gpt_loss_and_gradients(reduced, Device::cpu(), DType::f32, seed);
+    CHECK(f32_reduced.loss == f32_standard.loss);  // off without autocast: the same graph
+    CHECK(f32_reduced.activation_casts == 0);
+    for (std::size_t i = 0; i < f32_standard.grads.size(); ++i)
+        CHECK(relative_norm_error(f32_reduced.grads[i], f32_standard.grads[i]) == 0.0);
+
+    const GptRun bf16_standard = gpt_loss_and_gradients(standard, Device::cpu(), DType::bf16, seed);
+    const GptRun bf16_reduced = gpt_loss_and_gradients(reduced, Device::cpu(), DType::bf16, seed);
+    // The float32 recipe casts into every Linear and out of each branch into the residual stream; the reduced one
+    // casts the embeddings once, and as the standard one the LM head's weight (through its transpose: the bias-less
+    // linear is matmul(x, wᵀ)) and the logits up for the float32 loss.
+    CHECK(bf16_standard.activation_casts >= 4 * config.layers + 3);
+    CHECK(bf16_reduced.activation_casts == 3);
+    CHECK(bf16_reduced.loss == Approx(f32_standard.loss).epsilon(2e-2));
+    for (std::size_t i = 0; i < f32_standard.grads.size(); ++i) {
+        INFO(standard.named_parameters()[i].first);
+        CHECK(relative_norm_error(bf16_reduced.grads[i], f32_standard.grads[i]) < 0.1);
+        CHECK(relative_norm_error(bf16_reduced.grads[i], bf16_standard.grads[i]) < 0.1);
+    }
+}
+
+TEST_CASE("GPT reduced_residual on the GPU: the CPU's loss and gradients under bf16 autocast",
+          "[transformer][gpt][autocast][gpu]") {
+    if (cuda_device_count() == 0) DG_SKIP("needs a CUDA device");
+    GPTConfig config{.vocab_size = 17, .context = 12, .layers = 2, .heads = 2, .width = 64};
+    config.reduced_residual = true;
+    Generator gen(93);
+    GPT on_cpu(config, gen);
+    randomise(on_cpu, gen, 0.2);
+    GPT on_gpu = gpt_with_weights_of(on_cpu, config);
+    on_gpu.to(Device::cuda(0));
+    const GptRun cpu = gpt_loss_and_gradients(on_cpu, Device::cpu(), DType::bf16, 94);
+    const GptRun gpu = gpt_loss_and_gradients(on_gpu, Device::cuda(0), DType::bf16, 94);
+    CHECK(gpu.activation_casts == cpu.activation_casts);
+    CHECK(gpu.loss == Approx(cpu.loss).epsilon(1e-2));
+    for (std::size_t i = 0; i < cpu.grads.size(); ++i) {
+        INFO(on_cpu.named_parameters()[i].first);
+        CHECK(relative_norm_error(gpu.grads[i], cpu.grads[i]) < 5e-2);
+    }
+}
