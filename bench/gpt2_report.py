@@ -230,8 +230,8 @@ def markdown(summary):
 
 def plot(out):
     """gpt2_loss_curves.png from the comparison's CSVs; False without matplotlib or the CSVs."""
-    paths = {side: os.path.join(out, f"compare_{side}.csv") for side in ("dyngrad", "torch")}
-    if not all(os.path.exists(p) for p in paths.values()):
+    paths = {side: os.path.join(out, f"compare_{side}.csv") for side in ("dyngrad", "torch", "dyngrad_reduced")}
+    if not os.path.exists(paths["torch"]) or not any(os.path.exists(paths[s]) for s in ("dyngrad", "dyngrad_reduced")):
         return False
     try:
         import matplotlib
@@ -240,7 +240,10 @@ def plot(out):
     except ImportError:
         return False
     figure, axes = plt.subplots(figsize=(8, 5))
-    for (side, path), style, label in zip(paths.items(), ("-", "--"), ("dyngrad", "PyTorch eager")):
+    for (side, path), style, label in zip(paths.items(), ("-", "--", ":"),
+                                          ("dyngrad", "PyTorch eager", "dyngrad, reduced residual")):
+        if not os.path.exists(path):
+            continue
         rows = csv_rows(path)
         axes.plot([int(r["step"]) for r in rows], [float(r["train_loss"]) for r in rows], style, linewidth=1,
                   label=f"{label} train")

@@ -309,7 +309,8 @@ def gpt_units(model) -> list:
     """Stage 3's units of a ``dyngrad.nn.GPT`` (C++ ``dist::gpt_units``, distributed/zero.h): "embed" (the token and
     position embeddings), "block<i>" per block, "head" (``ln_f`` and ``lm_head``, giving the logits (B, T, embedding
     rows)): ``model(tokens)`` in pieces, for ``ZeroOptimizer(gpt_units(model), stage=3)``. ValueError when the model's
-    dropout is not 0 (a unit runs twice per step) or its embeddings are tied (the head's weight would be in two units).
+    dropout is not 0 (a unit runs twice per step), its embeddings are tied (the head's weight would be in two units)
+    or it keeps a reduced residual stream (the units run the float32 one).
     """
     from .nn import Module
     from .transformer import GPT
@@ -323,6 +324,9 @@ def gpt_units(model) -> list:
     if config.tie_embeddings:
         raise _core.ValueError("dyngrad.distributed.gpt_units(): the GPT's LM head is its token embedding, which two "
                                "units would hold")
+    if config.reduced_residual:
+        raise _core.ValueError("dyngrad.distributed.gpt_units(): the GPT's reduced_residual is set; the units run the "
+                               "float32 residual stream (PyTorch's autocast recipe)")
     embed, head = Module(), Module()
     embed.token_embedding, embed.position_embedding = model.token_embedding, model.position_embedding
     head.ln_f, head.lm_head = model.ln_f, model.lm_head

@@ -117,18 +117,21 @@ class TransformerBlock(_Bound):
     ``mlp.proj.*``. (torch.nn.TransformerEncoderLayer is post-norm by default with other names; this is nanoGPT's
     Block.) ``checkpoint=True``: activation checkpointing (dyngrad.utils.checkpoint): the block keeps none of its
     intermediate values and replays them in the backward, with the same gradients. ``gelu``: the MLP's GELU as
-    F.gelu's ``approximate``, "none" (exact, the default) or "tanh" (GPT-2's).
+    F.gelu's ``approximate``, "none" (exact, the default) or "tanh" (GPT-2's). ``reduced_residual``: under
+    autocast, an x already in the autocast dtype stays in it through the residual adds and the LayerNorms (their
+    statistics in float32), as llm.c trains GPT-2 (C++ TransformerOptions::reduced_residual); off: PyTorch's
+    autocast recipe (LayerNorm in float32, a cast into every Linear). Without autocast it changes nothing.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  is_causal: bool = True, seed: int = 0, residual_init_std: float = 0.02, *, checkpoint: bool = False,
-                 gelu: str = "none", _cpp=None):
+                 gelu: str = "none", reduced_residual: bool = False, _cpp=None):
         _check_attention("TransformerBlock", embed_dim, num_heads, dropout, bias, is_causal, seed, residual_init_std)
-        check_bools("TransformerBlock", checkpoint=checkpoint)
+        check_bools("TransformerBlock", checkpoint=checkpoint, reduced_residual=reduced_residual)
         _check_gelu("TransformerBlock", gelu)
         super().__init__()
         cpp = _cpp if _cpp is not None else _core._TransformerBlock(
-            embed_dim, num_heads, is_causal, dropout, seed, bias, residual_init_std, gelu)
+            embed_dim, num_heads, is_causal, dropout, seed, bias, residual_init_std, gelu, reduced_residual)
         if _cpp is None:
             cpp.checkpoint = checkpoint
         params = self._bind(cpp)
@@ -137,6 +140,7 @@ class TransformerBlock(_Bound):
         self.ln2 = _layer_norm(params, "ln2.", embed_dim)
         self.mlp = _MLP(_linear(params, "mlp.fc."), _linear(params, "mlp.proj."), gelu)
         self.embed_dim, self.num_heads, self.gelu = embed_dim, num_heads, gelu
+        self.reduced_residual = reduced_residual
 
 
 class PositionalEmbedding(_Bound):
@@ -160,6 +164,8 @@ class GPTConfig:
     (``padded_vocabulary(vocab_size)``); 0: vocab_size. The logits of the extra rows are cut off (logits keep
     vocab_size columns) and their embedding rows get no gradient. tie_embeddings: the LM head is
     token_embedding.weight (one parameter, one name: no lm_head.weight). gelu: the MLP's GELU, "none" or "tanh".
+    reduced_residual: under autocast the residual stream and the LayerNorms in the autocast dtype, as llm.c
+    (``char_gpt --reduced-residual``; TransformerBlock's ``reduced_residual``).
     """
 
     vocab_size: int = 0
@@ -174,6 +180,7 @@ class GPTConfig:
     tie_embeddings: bool = False
     gelu: str = "none"
     checkpoint: bool = False
+    reduced_residual: bool = False
 
     def embedding_rows(self) -> int:
         return self.padded_vocab_size if self.padded_vocab_size > 0 else self.vocab_size
@@ -196,33 +203,36 @@ class GPT(_Bound):
     TransformerBlocks, final LayerNorm ``ln_f``, an LM head. Parameter names are bench/torch_gpt.py's PyTorch
     twin's (token_embedding.weight, position_embedding.weight, blocks.<i>.*, ln_f.*, lm_head.weight).
     ``checkpoint=True`` checkpoints every block (TransformerBlock's ``checkpoint``). Built from keywords or from a
-    GPTConfig (``GPT(gpt2_small())``); the keyword-only ``padded_vocab_size``, ``tie_embeddings`` and ``gelu`` are
-    GPTConfig's: with ``tie_embeddings=True`` the logits are ``h @ token_embedding.weight.T`` and ``lm_head`` is
+    GPTConfig (``GPT(gpt2_small())``); the keyword-only ``padded_vocab_size``, ``tie_embeddings``, ``gelu`` and
+    ``reduced_residual`` are GPTConfig's: with ``tie_embeddings=True`` the logits are ``h @ token_embedding.weight.T`` and ``lm_head`` is
     None (no lm_head.weight); with a padded vocabulary the embedding has ``padded_vocab_size`` rows and the logits
     still have vocab_size columns.
     """
 
     def __init__(self, vocab_size, context: int = 256, layers: int = 6, heads: int = 6, width: int = 384,
                  dropout: float = 0.0, seed: int = 0, bias: bool = True, checkpoint: bool = False, *,
-                 padded_vocab_size: int = 0, tie_embeddings: bool = False, gelu: str = "none"):
+                 padded_vocab_size: int = 0, tie_embeddings: bool = False, gelu: str = "none",
+                 reduced_residual: bool = False):
         if isinstance(vocab_size, GPTConfig):
             given = (context, layers, heads, width, dropout, seed, bias, checkpoint, padded_vocab_size, tie_embeddings,
-                     gelu)
-            if given != (256, 6, 6, 384, 0.0, 0, True, False, 0, False, "none"):
+                     gelu, reduced_residual)
+            if given != (256, 6, 6, 384, 0.0, 0, True, False, 0, False, "none", False):
                 raise TypeError("GPT(config): the settings come from the GPTConfig; set them there "
                                 "(dataclasses.replace(config, ...)), not as arguments beside it")
             c = vocab_size
             vocab_size, context, layers, heads, width = c.vocab_size, c.context, c.layers, c.heads, c.width
             dropout, seed, bias, checkpoint = c.dropout, c.seed, c.bias, c.checkpoint
             padded_vocab_size, tie_embeddings, gelu = c.padded_vocab_size, c.tie_embeddings, c.gelu
+            reduced_residual = c.reduced_residual
         check_ints("GPT", vocab_size=vocab_size, context=context, layers=layers, heads=heads, width=width, seed=seed,
                    padded_vocab_size=padded_vocab_size)
         check_numbers("GPT", dropout=dropout)
-        check_bools("GPT", bias=bias, checkpoint=checkpoint, tie_embeddings=tie_embeddings)
+        check_bools("GPT", bias=bias, checkpoint=checkpoint, tie_embeddings=tie_embeddings,
+                    reduced_residual=reduced_residual)
         _check_gelu("GPT", gelu)
         super().__init__()
         cpp = _core._GPT(vocab_size, context, layers, heads, width, dropout, seed, bias, checkpoint, padded_vocab_size,
-                         tie_embeddings, gelu)
+                         tie_embeddings, gelu, reduced_residual)
         params = self._bind(cpp)
         embedding = _nn.Embedding.__new__(_nn.Embedding)
         _nn.Module.__init__(embedding)
@@ -230,14 +240,16 @@ class GPT(_Bound):
         embedding.padding_idx = None
         self.token_embedding = embedding
         self.position_embedding = PositionalEmbedding(context, width, _cpp=cpp.position_embedding())
-        self.blocks = _nn.ModuleList(TransformerBlock(width, heads, dropout, bias, True, gelu=gelu, _cpp=cpp.block(i))
+        self.blocks = _nn.ModuleList(TransformerBlock(width, heads, dropout, bias, True, gelu=gelu,
+                                                      reduced_residual=reduced_residual, _cpp=cpp.block(i))
                                      for i in range(layers))
         self.ln_f = _layer_norm(params, "ln_f.", width)
         # Tied: the C++ GPT registers no lm_head (its logits use token_embedding.weight); a plain None attribute here.
         self.lm_head = None if tie_embeddings else _linear(params, "lm_head.")
         self.vocab_size, self.context, self.layers, self.heads, self.width = vocab_size, context, layers, heads, width
         object.__setattr__(self, "_config", GPTConfig(vocab_size, context, layers, heads, width, dropout, seed, bias,
-                                                      padded_vocab_size, tie_embeddings, gelu, checkpoint))
+                                                      padded_vocab_size, tie_embeddings, gelu, checkpoint,
+                                                      reduced_residual))
 
     def loss(self, tokens, targets, *, ignore_index: int = -100, reduction: str = "mean",
              label_smoothing: float = 0.0):

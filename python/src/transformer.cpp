@@ -59,12 +59,14 @@ GeluApproximation gelu_of(const std::string& name, const char* who) {
 template <typename Layer>
 void attention_init(nb::class_<Layer>& cls) {
     cls.def("__init__", [](Layer* self, std::int64_t embed_dim, std::int64_t num_heads, bool causal, double dropout,
-                           std::uint64_t seed, bool bias, double residual_init_std, const std::string& gelu) {
+                           std::uint64_t seed, bool bias, double residual_init_std, const std::string& gelu,
+                           bool reduced_residual) {
         new (self) Layer(embed_dim, num_heads, default_generator(),
                          {.causal = causal, .dropout = dropout, .seed = seed, .bias = bias,
-                          .residual_init_std = residual_init_std, .gelu = gelu_of(gelu, "TransformerBlock")});
+                          .residual_init_std = residual_init_std, .gelu = gelu_of(gelu, "TransformerBlock"),
+                          .reduced_residual = reduced_residual});
     }, nb::arg("embed_dim"), nb::arg("num_heads"), nb::arg("causal"), nb::arg("dropout"), nb::arg("seed"),
-       nb::arg("bias"), nb::arg("residual_init_std"), nb::arg("gelu") = "none");
+       nb::arg("bias"), nb::arg("residual_init_std"), nb::arg("gelu") = "none", nb::arg("reduced_residual") = false);
 }
 
 }  // namespace
@@ -90,15 +92,17 @@ void bind_transformer(nb::module_& m) {
     gpt.def("__init__", [](GPT* self, std::int64_t vocab_size, std::int64_t context, std::int64_t layers,
                            std::int64_t heads, std::int64_t width, double dropout, std::uint64_t seed, bool bias,
                            bool checkpoint, std::int64_t padded_vocab_size, bool tie_embeddings,
-                           const std::string& gelu) {
+                           const std::string& gelu, bool reduced_residual) {
         const GPTConfig config{.vocab_size = vocab_size, .context = context, .layers = layers, .heads = heads,
                                .width = width, .dropout = dropout, .seed = seed, .bias = bias,
                                .padded_vocab_size = padded_vocab_size, .tie_embeddings = tie_embeddings,
-                               .gelu = gelu_of(gelu, "GPT"), .checkpoint = checkpoint};
+                               .gelu = gelu_of(gelu, "GPT"), .checkpoint = checkpoint,
+                               .reduced_residual = reduced_residual};
         new (self) GPT(config, default_generator());
     }, nb::arg("vocab_size"), nb::arg("context"), nb::arg("layers"), nb::arg("heads"), nb::arg("width"),
        nb::arg("dropout"), nb::arg("seed"), nb::arg("bias"), nb::arg("checkpoint") = false,
-       nb::arg("padded_vocab_size") = 0, nb::arg("tie_embeddings") = false, nb::arg("gelu") = "none");
+       nb::arg("padded_vocab_size") = 0, nb::arg("tie_embeddings") = false, nb::arg("gelu") = "none",
+       nb::arg("reduced_residual") = false);
     common(gpt);
     gpt.def("block", [](const GPT& g, std::size_t i) {
         if (i >= g.blocks.size()) throw IndexError(str("GPT: block ", i, " does not exist (", g.blocks.size(), " blocks)"));
@@ -134,6 +138,7 @@ void bind_transformer(nb::module_& m) {
         d["tie_embeddings"] = c.tie_embeddings;
         d["gelu"] = std::string(choice_names(GeluApproximation{})[static_cast<std::size_t>(c.gelu)]);
         d["checkpoint"] = c.checkpoint;
+        d["reduced_residual"] = c.reduced_residual;
         return d;
     });
     m.def("_padded_vocabulary", &padded_vocabulary, nb::arg("vocab"));

@@ -324,6 +324,8 @@ def test_gpt_units_compose_to_the_gpt_and_refuse_dropout_and_tied_embeddings():
         dist.gpt_units(nn.GPT(61, context=8, layers=1, heads=2, width=16, dropout=0.1))
     with pytest.raises(dg.ValueError, match="token embedding"):
         dist.gpt_units(nn.GPT(61, context=8, layers=1, heads=2, width=16, tie_embeddings=True))
+    with pytest.raises(dg.ValueError, match="reduced_residual"):
+        dist.gpt_units(nn.GPT(61, context=8, layers=1, heads=2, width=16, reduced_residual=True))
     with pytest.raises(TypeError, match="model"):
         dist.gpt_units(model.blocks[0])
 

@@ -1,5 +1,6 @@
 """The transformer layers (nn/transformer.h through dyngrad.nn) and F.scaled_dot_product_attention, against a
 NumPy float64 reference written from the layers' documented formulas."""
+import dataclasses
 import math
 
 import numpy as np
@@ -307,7 +308,29 @@ def test_gpt_config_and_gpt2_small():
         nn.GPT(small, layers=2)
 
 
+def test_reduced_residual_gpt_keeps_the_loss_and_changes_nothing_without_autocast(rng):
+    """GPTConfig.reduced_residual (C++ GPTConfig::reduced_residual): the same weights give the same logits without
+    autocast, and under bf16 autocast a loss within bf16's precision of the float32 one; the setting is kept."""
+    config = nn.GPTConfig(vocab_size=13, context=8, layers=2, heads=2, width=16)
+    standard = nn.GPT(config)
+    reduced = nn.GPT(dataclasses.replace(config, reduced_residual=True))
+    assert reduced.config.reduced_residual and all(b.reduced_residual for b in reduced.blocks)
+    with dg.no_grad():
+        for p in standard.parameters():
+            p.copy_(dg.tensor(rng.normal(0, 0.2, p.shape).astype(np.float32)))
+        for mine, theirs in zip(reduced.parameters(), standard.parameters()):
+            mine.copy_(theirs)
+    tokens = dg.tensor(rng.integers(0, 13, (2, 7)).astype(np.int64))
+    targets = dg.tensor(rng.integers(0, 13, (2, 7)).astype(np.int64))
+    np.testing.assert_array_equal(reduced(tokens).numpy(), standard(tokens).numpy())
+    f32 = standard.loss(tokens, targets).item()
+    with dg.autocast("cpu", dtype=dg.bfloat16):
+        bf16 = reduced.loss(tokens, targets).item()
+    assert bf16 == pytest.approx(f32, rel=2e-2)
+
+
 @pytest.mark.parametrize("make, error, argument", [
+    (lambda: nn.GPT(5, reduced_residual=1), TypeError, "reduced_residual"),
     (lambda: nn.GPT(5, context=4, layers=1, heads=1, width=4, gelu=1), TypeError, "gelu"),
     (lambda: nn.GPT(5, context=4, layers=1, heads=1, width=4, gelu="erf"), dg.ValueError, "gelu"),
     (lambda: nn.TransformerBlock(8, 2, gelu="exact"), dg.ValueError, "gelu"),
