@@ -404,6 +404,16 @@ TEST_CASE("GPT reduced_residual: under autocast one activation cast, the float32
         CHECK(relative_norm_error(bf16_reduced.grads[i], f32_standard.grads[i]) < 0.1);
         CHECK(relative_norm_error(bf16_reduced.grads[i], bf16_standard.grads[i]) < 0.1);
     }
+
+    // Checkpointed blocks replay what was recorded (the casts and the LayerNorms with autocast off included): the
+    // same loss and gradients, bit for bit.
+    GPTConfig checkpointed_config = reduced_config;
+    checkpointed_config.checkpoint = true;
+    GPT checkpointed = gpt_with_weights_of(standard, checkpointed_config);
+    const GptRun bf16_checkpointed = gpt_loss_and_gradients(checkpointed, Device::cpu(), DType::bf16, seed);
+    CHECK(bf16_checkpointed.loss == bf16_reduced.loss);
+    for (std::size_t i = 0; i < bf16_reduced.grads.size(); ++i)
+        CHECK(relative_norm_error(bf16_checkpointed.grads[i], bf16_reduced.grads[i]) == 0.0);
 }
 
 TEST_CASE("GPT reduced_residual on the GPU: the CPU's loss and gradients under bf16 autocast",
