@@ -177,7 +177,7 @@ def build_model(vocab_size, args):
             T = tokens.shape[1]
             x = self.token_embedding(tokens) + self.position_embedding.weight[:T]
             x = self.embedding_dropout(x)
-            if reduced_residual and torch.is_autocast_enabled(x.device.type):
+            if reduced_residual and torch.is_autocast_enabled(x.device.type) and x.dtype == torch.float32:
                 x = x.to(torch.get_autocast_dtype(x.device.type))
             for block in self.blocks:
                 x = block(x)

@@ -253,8 +253,10 @@ Var GPT::hidden(const Var& tokens, std::source_location where) const {
         throw ShapeError(str("GPT: sequence length T=", s[1], " exceeds the context of ", config.context,
                              " positions (the positional table's size)"));
     Var x = embedding_dropout_(position_embedding(token_embedding(tokens, where), where), where);
-    // reduced_residual: the stream enters the autocast dtype once, here, and stays in it.
-    if (const std::optional<DType> autocast = autocast_dtype(); config.reduced_residual && autocast)
+    // reduced_residual: a float32 stream enters the autocast dtype once, here, and stays in it (float64 is never
+    // cast, as autocast leaves it).
+    if (const std::optional<DType> autocast = autocast_dtype();
+        config.reduced_residual && autocast && x.dtype() == DType::f32)
         x = to_dtype(x, *autocast, where);
     for (const TransformerBlock& block : blocks) x = block(x, where);
     return layer_norm_of(ln_f, x, config.reduced_residual, where);

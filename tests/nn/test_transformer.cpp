@@ -405,6 +405,16 @@ TEST_CASE("GPT reduced_residual: under autocast one activation cast, the float32
         CHECK(relative_norm_error(bf16_reduced.grads[i], bf16_standard.grads[i]) < 0.1);
     }
 
+    // float64 is never cast: an f64 model under autocast runs as without it, reduced_residual or not.
+    GPT standard64 = gpt_with_weights_of(standard, config);
+    GPT reduced64 = gpt_with_weights_of(standard, reduced_config);
+    standard64.to(DType::f64);
+    reduced64.to(DType::f64);
+    const GptRun f64_standard = gpt_loss_and_gradients(standard64, Device::cpu(), DType::bf16, seed);
+    const GptRun f64_reduced = gpt_loss_and_gradients(reduced64, Device::cpu(), DType::bf16, seed);
+    CHECK(f64_reduced.activation_casts == 0);
+    CHECK(f64_reduced.loss == f64_standard.loss);
+
     // Checkpointed blocks replay what was recorded (the casts and the LayerNorms with autocast off included): the
     // same loss and gradients, bit for bit.
     GPTConfig checkpointed_config = reduced_config;
