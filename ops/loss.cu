@@ -57,11 +57,7 @@ __device__ __forceinline__ bool label_counts(std::int64_t label, std::int64_t ro
 // whole number of packs), else 0 (scalar loads only).
 template <typename T>
 std::int64_t row_packs_of(std::int64_t classes, std::int64_t row_stride, std::initializer_list<const void*> buffers) {
-    constexpr int W = Pack<T>::width;
-    if (row_stride % W != 0) return 0;
-    for (const void* p : buffers)
-        if (p != nullptr && reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return 0;
-    return classes / W;
+    return row_stride % Pack<T>::width == 0 ? vector_pack::pack_count<T>(classes, buffers) : 0;
 }
 
 // Where a class loss's rows kernel leaves the batch sums (finish_class_loss_in_last_block): the reduced loss

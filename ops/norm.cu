@@ -702,8 +702,13 @@ std::vector<Tensor> row_norm_backward(const BackwardArgs& args) {
         T* dwp = p.need_dw ? grads[1].data<T>() : nullptr;
         T* dbp = p.need_db ? grads[2].data<T>() : nullptr;
         A* partial_base = partials ? static_cast<A*>(partials->data()) : nullptr;
-        A* partial_dw = p.need_dw ? (partials ? partial_base : reinterpret_cast<A*>(dwp)) : nullptr;
-        A* partial_db = p.need_db ? (partials ? partial_base + chunks * l.n : reinterpret_cast<A*>(dbp)) : nullptr;
+        // Without partials (f32/f64, one chunk) the kernel writes the gradients themselves.
+        const auto direct = [](T* out) -> A* {
+            if constexpr (kSameType) return out;
+            else return nullptr;
+        };
+        A* partial_dw = p.need_dw ? (partials ? partial_base : direct(dwp)) : nullptr;
+        A* partial_db = p.need_db ? (partials ? partial_base + chunks * l.n : direct(dbp)) : nullptr;
         const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
         const dim3 block(kColumnTile, kColumnRows);
         if (p.center)
