@@ -135,17 +135,19 @@ __device__ void finish_class_loss_in_last_block(const BatchSums<T>& batch, const
 // A label outside [0,C) that is not ignore_index is reported and counts as ignored. Row losses are kept
 // in double so that the sum over the batch loses nothing to its order. With ε = 0 and no weights this is
 // the plain fused log-sum-exp of two reductions per row; smoothing adds a third.
-template <typename T, bool kBlockPerRow>
-__global__ void cross_entropy_rows_kernel(const T* __restrict__ logits, const std::int64_t* __restrict__ labels,
+template <typename T, bool kBlockPerRow, typename X = T>
+__global__ void cross_entropy_rows_kernel(const X* __restrict__ logits, const std::int64_t* __restrict__ labels,
                                           const T* __restrict__ weight, std::int64_t rows, std::int64_t classes,
                                           std::int64_t ignore_index, T smoothing, T* __restrict__ lse,
                                           double* row_loss, double* row_weight, T* __restrict__ out_rows,
                                           BatchSums<T> batch, DeviceErrorRecord* record, std::int64_t row_stride,
                                           std::int64_t row_packs) {
     using Rows = RowTiling<kBlockPerRow>;
-    constexpr int W = Pack<T>::width;
+    constexpr int W = Pack<X>::width;
+    // A logit in T (X: T, or linear_cross_entropy's bf16/f16 logits of a 16-bit GEMM, computed in float32).
+    const auto logit = [](X v) { return static_cast<T>(to_acc(v)); };
     for (std::int64_t row = Rows::first_row(); row < rows; row += Rows::row_step()) {
-        const T* xr = logits + row * row_stride;
+        const X* xr = logits + row * row_stride;
         // One read of the row (GPT-2's rows are 50257 long): each lane keeps its running max and its sum of
         // exp(x - that max), rescaled when the max grows; the lanes' sums are then rescaled to the row's max.
         T lane_max = lowest<T>(), lane_sum = 0;
@@ -162,11 +164,11 @@ __global__ void cross_entropy_rows_kernel(const T* __restrict__ logits, const st
         // (104 µs per 669-row chunk, ncu, H200, 2026-11-29).
 #pragma unroll 4
         for (std::int64_t p = Rows::lane(); p < row_packs; p += Rows::width()) {
-            const Pack<T> v = vector_pack::load_pack(xr, p);
+            const Pack<X> v = vector_pack::load_pack(xr, p);
 #pragma unroll
-            for (int k = 0; k < W; ++k) visit(v.v[k]);
+            for (int k = 0; k < W; ++k) visit(logit(v.v[k]));
         }
-        for (std::int64_t i = row_packs * W + Rows::lane(); i < classes; i += Rows::width()) visit(xr[i]);
+        for (std::int64_t i = row_packs * W + Rows::lane(); i < classes; i += Rows::width()) visit(logit(xr[i]));
         const T max = Rows::reduce(lane_max, MaxOp{}, lowest<T>());
         const T sum = Rows::reduce(lane_max == max ? lane_sum : lane_sum * device_exp(lane_max - max), SumOp{}, T(0));
         const T log_sum = device_log(sum);
@@ -174,7 +176,7 @@ __global__ void cross_entropy_rows_kernel(const T* __restrict__ logits, const st
         if (smoothing != T(0)) {  // uniform over the launch, so the whole group reduces together
             const T row_lse = max + log_sum;
             for (std::int64_t i = Rows::lane(); i < classes; i += Rows::width())
-                smooth += (weight ? weight[i] : T(1)) * (row_lse - xr[i]);
+                smooth += (weight ? weight[i] : T(1)) * (row_lse - logit(xr[i]));
             smooth = Rows::reduce(smooth, SumOp{}, T(0));
         }
         if (Rows::lane() == 0) {
@@ -183,7 +185,7 @@ __global__ void cross_entropy_rows_kernel(const T* __restrict__ logits, const st
             T loss = 0, label_weight = 0;
             if (label_counts(label, row, classes, ignore_index, record)) {
                 label_weight = weight ? weight[label] : T(1);
-                loss = (T(1) - smoothing) * label_weight * ((max - xr[label]) + log_sum);
+                loss = (T(1) - smoothing) * label_weight * ((max - logit(xr[label])) + log_sum);
                 if (smoothing != T(0)) loss += smoothing / static_cast<T>(classes) * smooth;
             }
             store_row_loss(row, loss, label_weight, row_loss, row_weight, out_rows);
@@ -281,23 +283,24 @@ __device__ __forceinline__ T class_loss_gradient(bool nll, T logit, T lse, std::
 // chunks); the first row_packs·width columns go by packs (16 bytes of logits in, width elements of Out out:
 // row_packs_of), the rest one element per thread; logits' columns from C on are not read, dlogits' are written 0
 // (no class: linear_cross_entropy's GEMMs may run over them).
-template <typename T, bool kBlockPerRow, typename Out = T>
-__global__ void class_loss_backward_kernel(const T* __restrict__ logits, const std::int64_t* __restrict__ labels,
+template <typename T, bool kBlockPerRow, typename Out = T, typename X = T>
+__global__ void class_loss_backward_kernel(const X* __restrict__ logits, const std::int64_t* __restrict__ labels,
                                            const T* __restrict__ weight, const T* __restrict__ lse,
                                            const double* __restrict__ sums, std::int64_t rows, std::int64_t classes,
                                            std::int64_t row_packs, std::int64_t ignore_index, T smoothing,
                                            Reduction reduction, const T* __restrict__ dy, Out* __restrict__ dlogits,
                                            DeviceErrorRecord* record, std::int64_t row_stride) {
     static_assert(std::is_same_v<Out, T> || std::is_same_v<acc_t<Out>, T>, "dlogits: T or a 16-bit type of T");
+    static_assert(std::is_same_v<X, T> || std::is_same_v<acc_t<X>, T>, "logits: T or a 16-bit type of T");
     using Rows = RowTiling<kBlockPerRow>;
-    constexpr int W = Pack<T>::width;
+    constexpr int W = Pack<X>::width;
     struct alignas(sizeof(Out) * W) OutPack {
         Out v[W];
     };
     const T smooth_per_class = smoothing / static_cast<T>(classes);
     const T weight_sum = static_cast<T>(sums[1]);
     for (std::int64_t row = Rows::first_row(); row < rows; row += Rows::row_step()) {
-        const T* xr = logits + row * row_stride;
+        const X* xr = logits + row * row_stride;
         Out* out = dlogits + row * row_stride;
         const std::int64_t label = labels[row];
         const bool counted = !(label == ignore_index || label < 0 || label >= classes);
@@ -316,15 +319,15 @@ __global__ void class_loss_backward_kernel(const T* __restrict__ logits, const s
         const bool read_logits = counted && !nll;
 #pragma unroll 4
         for (std::int64_t p = Rows::lane(); p < row_packs; p += Rows::width()) {
-            Pack<T> v{};
+            Pack<X> v{};
             if (read_logits) v = vector_pack::load_pack(xr, p);
             OutPack g;
 #pragma unroll
-            for (int k = 0; k < W; ++k) g.v[k] = from_acc<Out>(gradient(v.v[k], p * W + k));
+            for (int k = 0; k < W; ++k) g.v[k] = from_acc<Out>(gradient(static_cast<T>(to_acc(v.v[k])), p * W + k));
             reinterpret_cast<OutPack*>(out)[p] = g;
         }
         for (std::int64_t c = row_packs * W + Rows::lane(); c < classes; c += Rows::width())
-            out[c] = from_acc<Out>(gradient(read_logits ? xr[c] : T(0), c));
+            out[c] = from_acc<Out>(gradient(read_logits ? static_cast<T>(to_acc(xr[c])) : T(0), c));
         for (std::int64_t c = classes + Rows::lane(); c < row_stride; c += Rows::width()) out[c] = Out(0);
     }
 }
@@ -485,7 +488,8 @@ constexpr std::int64_t kGpuChunkElements = std::int64_t{1} << 25;
 //   reduction and upstream gradient given (`dy`, `sums`), then dx_c = dlogits·W[:C] and dW[:C] += dlogitsᵀ·x_c.
 // dW's padded rows beyond the GEMMs' are zeroed once. A bad label is reported with its row index within its chunk.
 // bf16/f16 x and W (autocast's; as PyTorch's autocast runs F.linear in bf16 and F.cross_entropy in f32): the
-// GEMMs take T with f32 accumulation, but the logits GEMM writes f32 logits, so the row kernels, lse, the losses
+// GEMMs take T with f32 accumulation and the logits GEMM writes T (PyTorch's bf16 logits: half the bytes of f32 ones
+// to write and to read twice, GPT-2's 50304 columns), the row kernels read them into float32: lse, the losses
 // (out_rows) and dy are float32 (S = acc_t<T>); dlogits is rounded to T (as the gradient of PyTorch's bf16
 // logits), and dx and dW come out in G: T (the backward's recomputation: dx_c written in T, dW summed over the
 // chunks in an f32 workspace and rounded to T once at the end, never a running sum rounded to 8 bits per chunk)
@@ -511,7 +515,7 @@ void chunked_pass(DeviceContext& ctx, const Tensor& x, const Tensor& weight, con
     const std::int64_t row_stride = padded % 8 == 0 ? padded : (classes + 7) / 8 * 8;
     const std::size_t chunk_elements = static_cast<std::size_t>(chunk) * static_cast<std::size_t>(row_stride);
     const std::size_t head_elements = static_cast<std::size_t>(gemm_classes) * static_cast<std::size_t>(width);
-    Workspace logits(ctx, chunk_elements * sizeof(S));
+    Workspace logits(ctx, chunk_elements * sizeof(T));
     Workspace dlogits(ctx, grads ? chunk_elements * sizeof(T) : sizeof(T));
     Workspace lse(ctx, static_cast<std::size_t>(chunk) * sizeof(S));
     Workspace chunk_sums(ctx, 2 * sizeof(double));  // the rows kernel's chunk sums: [D_chunk, C]
@@ -521,7 +525,7 @@ void chunked_pass(DeviceContext& ctx, const Tensor& x, const Tensor& weight, con
                                       static_cast<std::size_t>((padded - gemm_classes) * width) * sizeof(G), ctx.stream));
     const T* px = x.data<T>();
     const T* pw = weight.data<T>();
-    auto* plogits = static_cast<S*>(logits.data());
+    auto* plogits = static_cast<T*>(logits.data());
     auto* pdlogits = static_cast<T*>(dlogits.data());
     auto* plse = static_cast<S*>(lse.data());
     void* dw_sum = kSumDwApart ? dw_apart.data() : static_cast<void*>(dw);
@@ -530,22 +534,22 @@ void chunked_pass(DeviceContext& ctx, const Tensor& x, const Tensor& weight, con
         const std::int64_t rows = std::min(chunk, n - start);
         const std::int64_t* plabels = labels.data<std::int64_t>() + start;
         row_major_gemm(ctx, x.dtype(), "linear_cross_entropy logits", 1, rows, gemm_classes, width,
-                       {px + start * width, false, 0}, {pw, true, 0}, plogits, false, dtype_of<S>(), row_stride);
+                       {px + start * width, false, 0}, {pw, true, 0}, plogits, false, dtype_of<T>(), row_stride);
         const BatchSums<S> batch{Reduction::None, nullptr, static_cast<double*>(chunk_sums.data()), ctx.block_counter};
         launch_rows(ctx, rows, classes, [&]<bool kBlockPerRow>(unsigned blocks) {
-            cross_entropy_rows_kernel<S, kBlockPerRow><<<blocks, kThreads, 0, ctx.stream>>>(
+            cross_entropy_rows_kernel<S, kBlockPerRow, T><<<blocks, kThreads, 0, ctx.stream>>>(
                 plogits, plabels, nullptr, rows, classes, attrs.ignore_index, smoothing, plse, row_loss + start,
                 row_weight + start, out_rows ? out_rows + start : nullptr, batch, ctx.error_record_device, row_stride,
-                row_packs_of<S>(classes, row_stride, {plogits}));
+                row_packs_of<T>(classes, row_stride, {plogits}));
         });
         if (!grads) continue;
         // sums[1] = C in both: the unweighted loss's Σ_c w[c]; sums[0] is D where the reduction is Mean.
         const double* grad_sums = sums ? sums : static_cast<const double*>(chunk_sums.data());
         const S* row_dy = grad_reduction == Reduction::None ? dy + start : dy;
         launch_rows(ctx, rows, classes, [&]<bool kBlockPerRow>(unsigned blocks) {
-            class_loss_backward_kernel<S, kBlockPerRow, T><<<blocks, kThreads, 0, ctx.stream>>>(
+            class_loss_backward_kernel<S, kBlockPerRow, T, T><<<blocks, kThreads, 0, ctx.stream>>>(
                 plogits, plabels, nullptr, plse, grad_sums, rows, classes,
-                row_packs_of<S>(classes, row_stride, {plogits, pdlogits}), attrs.ignore_index,
+                row_packs_of<T>(classes, row_stride, {plogits, pdlogits}), attrs.ignore_index,
                 smoothing, grad_reduction, row_dy, pdlogits, ctx.error_record_device, row_stride);
         });
         if (dx != nullptr)
