@@ -71,7 +71,8 @@ constexpr BackendKernels kCast{cast_forward, cast_backward, true};
 constexpr BackendKernels kCpuPool{cpu::pool2d_forward, cpu::pool2d_backward};
 constexpr BackendKernels kCpuSelect{cpu::select_forward, cpu::select_backward};
 constexpr BackendKernels kCudaSelect = DG_CUDA_KERNELS_NATIVE(select_forward, select_backward);
-constexpr BackendKernels kCudaPool = DG_CUDA_KERNELS(pool2d_forward, pool2d_backward);
+// max/avg pooling: cuDNN's descriptors take bf16/f16 with float scaling (ops/pool.cu): no conversions through f32.
+constexpr BackendKernels kCudaPool = DG_CUDA_KERNELS_NATIVE(pool2d_forward, pool2d_backward);
 constexpr BackendKernels kCpuRowNorm{cpu::row_norm_forward, cpu::row_norm_backward};
 // layer_norm/rms_norm: bf16/f16 values computed in f32, statistics saved in f32 (ops/norm.cu).
 constexpr BackendKernels kCudaRowNorm = DG_CUDA_KERNELS_NATIVE(row_norm_forward, row_norm_backward);
