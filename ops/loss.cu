@@ -278,8 +278,8 @@ __device__ __forceinline__ T class_loss_gradient(bool nll, T logit, T lse, std::
     return g * s;
 }
 
-// dlogits in Out: T, or bf16/f16 from float32 logits (linear_cross_entropy's 16-bit chunks), rounded once per
-// element. Rows are `row_stride` elements apart in logits and dlogits (C, or more: linear_cross_entropy's aligned
+// dlogits in Out: T, or bf16/f16 (linear_cross_entropy's 16-bit chunks, whose logits X are 16-bit too), rounded
+// once per element. Rows are `row_stride` elements apart in logits and dlogits (C, or more: linear_cross_entropy's aligned
 // chunks); the first row_packs·width columns go by packs (16 bytes of logits in, width elements of Out out:
 // row_packs_of), the rest one element per thread; logits' columns from C on are not read, dlogits' are written 0
 // (no class: linear_cross_entropy's GEMMs may run over them).

@@ -232,7 +232,7 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     // and dW, which the backward scales. Reduced under autocast, as linear: x and the weight arrive in bf16/f16 and
     // the GEMMs run on tensor cores, as PyTorch's autocast runs the head GEMM of F.cross_entropy(F.linear(..)). The
     // loss is float32 for 16-bit inputs, autocast or not (infer::linear_cross_entropy; docs/mixed_precision.md): on
-    // the GPU the logits GEMM writes f32 logits, the softmax and loss are f32 as cross_entropy's, dlogits is in the
+    // the GPU the logits GEMM writes 16-bit logits read into f32, the softmax and loss are f32 as cross_entropy's, dlogits is in the
     // inputs' dtype and dW is summed over the chunks in f32 (ops/loss.cu). dx and dW come back in the inputs'
     // dtype. The CPU runs 16-bit inputs through f32 (graph/through_f32.h), with the same dtypes out.
     {OpType::LinearCrossEntropy, "linear_cross_entropy", 3, infer::linear_cross_entropy,

@@ -330,22 +330,32 @@ TEST_CASE("GPT::loss equals cross_entropy of GPT's logits, padded vocabulary, ti
 
 TEST_CASE("linear_cross_entropy: the fused-kernel check compares it with linear + narrow + cross_entropy",
           "[linear_cross_entropy][fusion]") {
-    set_fusion_check(true);
-    clear_fusion_check_results();
-    Generator gen(13);
-    const Problem p = problem(9, 4, 6, 2, -100, DType::f32, gen);
-    ComputeGraph graph;
-    const Var x = graph.input(p.x, "x", true);
-    const Var w = graph.input(p.weight, "weight", true);
-    graph.backward(linear_cross_entropy(x, w, graph.input(p.labels), {.label_smoothing = 0.05, .classes = 6}));
-    set_fusion_check(false);
-    std::set<std::string> seen;
-    for (const FusionCheckResult& r : fusion_check_results()) {
-        INFO(r.op << " " << r.pass << ": " << r.max_abs_error << " of " << r.scale);
-        CHECK(r.passed);
-        seen.insert(r.op + " " + (r.pass.starts_with("backward") ? "backward" : r.pass));
+    // Every dtype on every device there is: 16-bit logits are rounded on the GPU (PyTorch's bf16 logits) and not on
+    // the CPU (through f32), and the composition must round where its device does, within the f32 loss's tolerance.
+    std::vector<Device> devices{Device::cpu()};
+    if (cuda_device_count() > 0) devices.push_back(Device::cuda(0));
+    for (const Device device : devices) {
+        for (const DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+            INFO(device.to_string() << " " << dtype_name(dtype));
+            set_fusion_check(true);
+            clear_fusion_check_results();
+            Generator gen(13);
+            const Problem p = problem(9, 4, 6, 2, -100, DType::f32, gen);
+            ComputeGraph graph;
+            const Var x = graph.input(p.x.to(device, dtype), "x", true);
+            const Var w = graph.input(p.weight.to(device, dtype), "weight", true);
+            graph.backward(linear_cross_entropy(x, w, graph.input(p.labels.to(device)),
+                                                {.label_smoothing = 0.05, .classes = 6}));
+            set_fusion_check(false);
+            std::set<std::string> seen;
+            for (const FusionCheckResult& r : fusion_check_results()) {
+                INFO(r.op << " " << r.pass << ": " << r.max_abs_error << " of " << r.scale);
+                CHECK(r.passed);
+                seen.insert(r.op + " " + (r.pass.starts_with("backward") ? "backward" : r.pass));
+            }
+            clear_fusion_check_results();
+            CHECK(seen.contains("linear_cross_entropy forward"));
+            CHECK(seen.contains("linear_cross_entropy backward"));
+        }
     }
-    clear_fusion_check_results();
-    CHECK(seen.contains("linear_cross_entropy forward"));
-    CHECK(seen.contains("linear_cross_entropy backward"));
 }
