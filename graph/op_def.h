@@ -76,6 +76,7 @@ struct OpAttrs {
     // scaled_dot_product_attention (ops/attention.h); its dropout p is `scalar`, its dropout seed `seed`
     bool is_causal = false;                      // key s takes part in query t only when s <= t
     std::optional<double> attention_scale;       // absent: 1/sqrt(head dim)
+    std::int64_t num_heads = 1;                  // qkv_attention: H, the packed projection's heads
     std::uint32_t custom_id = 0;                 // Custom: which registered op
     std::int64_t padding_idx = -1;               // embedding: the row that gets no gradient; -1: none
     Activation activation = Activation::None;    // linear, conv2d: applied to the output
@@ -141,6 +142,7 @@ inline constexpr AttrField kAttrFields[] = {
     {"seed", {"seed"}, &OpAttrs::seed},
     {"is_causal", {"is_causal"}, &OpAttrs::is_causal},
     {"attention_scale", {"scale"}, &OpAttrs::attention_scale},
+    {"num_heads", {"num_heads"}, &OpAttrs::num_heads},
     {"custom_id", {}, &OpAttrs::custom_id},
     {"padding_idx", {"padding_idx"}, &OpAttrs::padding_idx},
     {"activation", {"activation"}, &OpAttrs::activation},

@@ -52,8 +52,9 @@ enum class OpType : std::uint16_t {
     // indexing (ops/indexing): rows by index (embedding, index_select), elements by index along an axis
     // (gather, scatter_add), selection by a 0/1 condition (where, masked_fill)
     Embedding, Gather, IndexSelect, ScatterAdd, Where, MaskedFill,
-    // attention (ops/attention): softmax(q·kᵀ·scale, masked) · v with optional dropout, fused on the GPU
-    ScaledDotProductAttention,
+    // attention (ops/attention): softmax(q·kᵀ·scale, masked) · v with optional dropout, fused on the GPU; the same
+    // self-attention over a packed (B,T,3·E) projection, heads merged into (B,T,E) (no layout copies on cuDNN)
+    ScaledDotProductAttention, QkvAttention,
     // recurrent networks, cuDNN's four cell modes (ops/rnn)
     Rnn,
     // sorting and sampling (ops/sampling): the running sum along an axis (differentiable); the int64 indices that

@@ -101,18 +101,15 @@ MultiheadAttention::MultiheadAttention(std::int64_t embed_dim, std::int64_t num_
 
 Var MultiheadAttention::operator()(const Var& x, std::source_location where) const {
     check_sequence("MultiheadAttention", x, embed_dim);
-    const std::int64_t B = x.shape()[0], T = x.shape()[1], H = num_heads, D = embed_dim / num_heads;
-    // (B,T,3E) -> (B,T,3,H,D) -> (3,B,H,T,D): one copy for all three, then q, k, v are slices of it.
-    const Var heads = permute(reshape(linear_over_rows(qkv, x, where), {B, T, 3, H, D}, where), {2, 0, 3, 1, 4}, where);
     AttentionOptions attention;
     attention.is_causal = options.causal;
     if (is_training() && options.dropout > 0) {
         attention.dropout_p = options.dropout;
         attention.seed = derive_seed(derive_seed(options.seed, 1), ++*attention_calls_);
     }
-    const Var y = scaled_dot_product_attention(select(heads, 0, 0, where), select(heads, 0, 1, where),
-                                               select(heads, 0, 2, where), attention, where);  // (B,H,T,D)
-    const Var merged = reshape(permute(y, {0, 2, 1, 3}, where), {B, T, embed_dim}, where);
+    // (B,T,3E) -> (B,T,E): the heads' q, k, v read from the projection where it wrote them, their outputs merged
+    // (on cuDNN without a layout copy either way; ops/attention.h).
+    const Var merged = qkv_attention(linear_over_rows(qkv, x, where), num_heads, attention, where);
     return residual_dropout_(linear_over_rows(proj, merged, where), where);
 }
 

@@ -4,12 +4,14 @@
 #include "dyngrad/ops/attention.h"
 
 #include <Eigen/Core>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <string_view>
 
+#include "dyngrad/graph/fusion_check.h"
 #include "dyngrad/ops/attention_geometry.h"
 #include "dyngrad/ops/cpu_parallel.h"
 #include "dyngrad/ops/differentiable_backward.h"
@@ -105,7 +107,38 @@ AttentionGeometry attention_geometry(std::span<const Tensor> inputs, const OpAtt
     return g;
 }
 
-// ---- shape rule ----
+AttentionGeometry qkv_attention_geometry(const Tensor& qkv, const OpAttrs& attrs) {
+    AttentionGeometry g;
+    g.batch = qkv.size(0);
+    g.heads = attrs.num_heads;
+    g.queries = g.keys = qkv.size(1);
+    g.head_dim = qkv.size(2) / (3 * attrs.num_heads);
+    g.scale = attrs.attention_scale.value_or(1.0 / std::sqrt(static_cast<double>(g.head_dim)));
+    g.causal = attrs.is_causal;
+    g.dropout_p = attrs.scalar;
+    g.seed = attrs.seed;
+    return g;
+}
+
+namespace qkv_layout {
+std::array<Tensor, 3> unpack(const Tensor& qkv, std::int64_t heads) {
+    const std::int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (3 * heads);
+    const Tensor parts = permute(reshape(qkv, {B, T, 3, heads, D}), {2, 0, 3, 1, 4});  // (3,B,H,T,D)
+    return {select(parts, 0, 0), select(parts, 0, 1), select(parts, 0, 2)};
+}
+Tensor merge_heads(const Tensor& y) {
+    return reshape(permute(y, {0, 2, 1, 3}), {y.size(0), y.size(2), y.size(1) * y.size(3)});
+}
+Tensor split_heads(const Tensor& y, std::int64_t heads) {
+    return permute(reshape(y, {y.size(0), y.size(1), heads, y.size(2) / heads}), {0, 2, 1, 3});
+}
+Tensor pack(const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+    const std::int64_t B = dq.size(0), H = dq.size(1), T = dq.size(2), D = dq.size(3);
+    return reshape(permute(stack({dq, dk, dv}, 0), {1, 3, 0, 2, 4}), {B, T, 3 * H * D});  // (B,T,3,H,D)
+}
+}  // namespace qkv_layout
+
+// ---- shape rules ----
 namespace infer {
 
 // q (B,H,T,D), k (B,H,S,D), v (B,H,S,D)[, mask broadcastable to (B,H,T,S)] -> (B,H,T,D)
@@ -151,6 +184,27 @@ OutputSpec scaled_dot_product_attention(OpType, std::span<const Tensor> inputs, 
     if (attrs.attention_scale && !std::isfinite(*attrs.attention_scale))
         throw ValueError(str("scale must be finite, got ", *attrs.attention_scale));
     return {q.shape(), q.dtype()};
+}
+
+// qkv (B,T,3·H·D) -> (B,T,H·D), H = num_heads
+OutputSpec qkv_attention(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
+    const Tensor& qkv = inputs[0];
+    require_float(qkv, "qkv");
+    const std::int64_t heads = attrs.num_heads;
+    if (heads < 1) throw ValueError(str("num_heads must be >= 1, got ", heads));
+    if (qkv.rank() != 3) throw ShapeError(str("qkv must be (B, T, 3·E), got ", to_string(qkv.shape())));
+    if (qkv.size(2) == 0 || qkv.size(2) % (3 * heads) != 0)
+        throw ShapeError(str("qkv ", to_string(qkv.shape()), ": its last axis must be 3·num_heads·D with D >= 1 (num_heads ",
+                             heads, ")"));
+    const std::int64_t head_dim = qkv.size(2) / (3 * heads);
+    if (qkv.device().is_cuda() && head_dim > kAttentionMaxGpuHeadDim)
+        throw ShapeError(str("the GPU kernel takes head dims up to ", kAttentionMaxGpuHeadDim, ", got D = ", head_dim,
+                             " (qkv ", to_string(qkv.shape()), ", num_heads ", heads, "); the CPU takes any D"));
+    if (!(attrs.scalar >= 0 && attrs.scalar < 1))
+        throw ValueError(str("dropout_p must be in [0, 1), got ", attrs.scalar));
+    if (attrs.attention_scale && !std::isfinite(*attrs.attention_scale))
+        throw ValueError(str("scale must be finite, got ", *attrs.attention_scale));
+    return {{qkv.size(0), qkv.size(1), heads * head_dim}, qkv.dtype()};
 }
 
 }  // namespace infer
@@ -305,6 +359,27 @@ std::vector<Tensor> scaled_dot_product_attention_backward(const BackwardArgs& ar
     return grads;
 }
 
+// qkv_attention: scaled_dot_product_attention's kernels on the unpacked operands (the CPU is the reference, not
+// the fast path). Saves what that forward saves (the lse, (B,H,T)).
+Tensor qkv_attention_forward(const ForwardArgs& args) {
+    const std::array<Tensor, 3> operands = qkv_layout::unpack(args.inputs[0], args.attrs.num_heads);
+    const OutputSpec spec{operands[0].shape(), args.out.dtype};
+    return qkv_layout::merge_heads(scaled_dot_product_attention_forward(
+        ForwardArgs{OpType::ScaledDotProductAttention, operands, args.attrs, spec, args.saved}));
+}
+
+std::vector<Tensor> qkv_attention_backward(const BackwardArgs& args) {
+    if (!args.needs_grad[0]) return {Tensor()};
+    const std::int64_t heads = args.attrs.num_heads;
+    const std::array<Tensor, 3> operands = qkv_layout::unpack(args.inputs[0], heads);
+    const Tensor y = qkv_layout::split_heads(args.output, heads);
+    const Tensor dy = qkv_layout::split_heads(args.grad_output, heads);
+    const std::array<bool, 3> all{true, true, true};
+    const std::vector<Tensor> grads = scaled_dot_product_attention_backward(
+        BackwardArgs{OpType::ScaledDotProductAttention, operands, y, dy, args.attrs, args.saved, all});
+    return {qkv_layout::pack(grads[0], grads[1], grads[2])};
+}
+
 }  // namespace cpu
 
 // ---- Differentiable backward (graph/higher_order.h): attention through its math composition ----
@@ -360,5 +435,33 @@ Var attention_composition(std::span<const Var> in, const OpAttrs& attrs) {
 std::vector<Var> attention_differentiable_backward(const DiffBackwardArgs& args) {
     return differentiate_composition(args, [&](std::span<const Var> in) { return attention_composition(in, args.attrs); });
 }
+
+// ---- qkv_attention's composition: the fused-kernel check (graph/fusion_check.h) and create_graph ----
+
+namespace {
+
+// The layout ops around scaled_dot_product_attention that qkv_attention replaces (ops/attention.h).
+Var qkv_attention_composition(std::span<const Var> in, const OpAttrs& attrs) {
+    const Var& qkv = in[0];
+    const std::int64_t B = qkv.shape()[0], T = qkv.shape()[1], H = attrs.num_heads, D = qkv.shape()[2] / (3 * H);
+    const Var parts = permute(reshape(qkv, {B, T, 3, H, D}), {2, 0, 3, 1, 4});
+    const AttentionOptions options{.is_causal = attrs.is_causal, .dropout_p = attrs.scalar,
+                                   .scale = attrs.attention_scale, .seed = attrs.seed};
+    const Var y = scaled_dot_product_attention(select(parts, 0, 0), select(parts, 0, 1), select(parts, 0, 2), options);
+    return reshape(permute(y, {0, 2, 1, 3}), {B, T, H * D});
+}
+
+bool qkv_attention_applies(std::span<const Tensor>, const OpAttrs&) { return true; }
+
+}  // namespace
+
+std::vector<Var> qkv_attention_differentiable_backward(const DiffBackwardArgs& args) {
+    return differentiate_composition(args,
+                                     [&](std::span<const Var> in) { return qkv_attention_composition(in, args.attrs); });
+}
+
+namespace unfused {
+const UnfusedComposition qkv_attention{qkv_attention_applies, qkv_attention_composition};
+}  // namespace unfused
 
 }  // namespace dyngrad

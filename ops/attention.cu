@@ -26,6 +26,7 @@
 // set_attention_cudnn(false) keeps bf16/f16 on the mma.sync kernels; the environment variables
 // DYNGRAD_ATTENTION_SIMT=1 and DYNGRAD_ATTENTION_CUDNN=0 set the same at start. attention_last_run() reports which
 // implementation ran this thread's last bf16/f16 call and why not cuDNN; it selects nothing.
+#include <array>
 #include <cstdint>
 #include <type_traits>
 
@@ -178,6 +179,46 @@ std::vector<Tensor> scaled_dot_product_attention_backward(const BackwardArgs& ar
     if (args.needs_grad[1]) grads[1] = dk;
     if (args.needs_grad[2]) grads[2] = dv;
     return grads;
+}
+
+// qkv_attention: cuDNN reads q, k, v in place and writes y (B,T,E) where it takes the case (bf16/f16: the
+// policy above); otherwise the layout copies (qkv_layout, eager) around scaled_dot_product_attention's path.
+// Either way the saved lse is (B,H,T) f32 for 16-bit, so a forward on one and a backward on the other agree.
+Tensor qkv_attention_forward(const ForwardArgs& args) {
+    const Tensor& qkv = args.inputs[0];
+    // (dropout: cuDNN refuses it, so nothing is allocated for it to refuse)
+    if (is_reduced_precision(qkv.dtype()) && qkv.numel() > 0 && args.attrs.scalar == 0) {
+        const AttentionGeometry g = qkv_attention_geometry(qkv, args.attrs);
+        Tensor y = Tensor::empty(args.out.shape, args.out.dtype, qkv.device());
+        Tensor lse = Tensor::empty({g.batch, g.heads, g.queries}, DType::f32, qkv.device());
+        if (cudnn_qkv_attention_forward(qkv, g, y, lse, context_for(qkv))) {
+            args.saved.push_back(lse);
+            return y;
+        }
+    }
+    const std::array<Tensor, 3> operands = qkv_layout::unpack(qkv, args.attrs.num_heads);
+    const OutputSpec spec{operands[0].shape(), args.out.dtype};
+    return qkv_layout::merge_heads(scaled_dot_product_attention_forward(
+        ForwardArgs{OpType::ScaledDotProductAttention, operands, args.attrs, spec, args.saved}));
+}
+
+std::vector<Tensor> qkv_attention_backward(const BackwardArgs& args) {
+    if (!args.needs_grad[0]) return {Tensor()};
+    const Tensor& qkv = args.inputs[0];
+    const Tensor& dy = args.grad_output;
+    if (is_reduced_precision(qkv.dtype()) && qkv.numel() > 0) {
+        const AttentionGeometry g = qkv_attention_geometry(qkv, args.attrs);
+        Tensor dqkv;  // allocated once cuDNN takes the case
+        if (cudnn_qkv_attention_backward(qkv, args.output, dy, g, args.saved[0], dqkv, context_for(dy))) return {dqkv};
+    }
+    const std::int64_t heads = args.attrs.num_heads;
+    const std::array<Tensor, 3> operands = qkv_layout::unpack(qkv, heads);
+    const Tensor y = qkv_layout::split_heads(args.output, heads);
+    const Tensor dy_heads = qkv_layout::split_heads(dy, heads);
+    const std::array<bool, 3> all{true, true, true};
+    const std::vector<Tensor> grads = scaled_dot_product_attention_backward(
+        BackwardArgs{OpType::ScaledDotProductAttention, operands, y, dy_heads, args.attrs, args.saved, all});
+    return {qkv_layout::pack(grads[0], grads[1], grads[2])};
 }
 
 }  // namespace dyngrad::cuda

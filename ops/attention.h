@@ -90,4 +90,20 @@ T scaled_dot_product_attention(const T& q, const T& k, const T& v, const Attenti
     return apply_op(OpType::ScaledDotProductAttention, {q, k, v}, detail::attention_attrs(options), where);
 }
 
+// Self-attention over a packed projection, as a transformer block computes it: qkv (B,T,3·E) holds, per position,
+// q, k and v of every head ((3, H, D) in its last axis, E = H·D; nn.MultiheadAttention's in_proj order), and the
+// heads' outputs come back merged, (B,T,E):
+//   q, k, v = qkv.view(B,T,3,H,D).permute(2,0,3,1,4);  y = sdpa(q, k, v).transpose(1,2).reshape(B,T,E)
+// with scaled_dot_product_attention's options and semantics (no mask; dropout masks over the (B,H,T,T) index).
+// Why an op of its own: on cuDNN (bf16/f16, the cases scaled_dot_product_attention runs there) the kernels read
+// q, k, v in place and write y and dqkv in their packed layouts, where the composition copies q, k, v into
+// (B,H,T,D) and back, y out of it, and their gradients the same way (llm.c's layout). Elsewhere it runs that
+// composition's kernels.
+template <Operand T>
+T qkv_attention(const T& qkv, std::int64_t num_heads, const AttentionOptions& options = {}, Loc where = Loc::current()) {
+    OpAttrs attrs = detail::attention_attrs(options);
+    attrs.num_heads = num_heads;
+    return apply_op(OpType::QkvAttention, {qkv}, attrs, where);
+}
+
 }  // namespace dyngrad

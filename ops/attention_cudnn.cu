@@ -21,10 +21,10 @@
 //   dK = matmul(reshape(dS) as (B,H,S,T), Q)
 //   dQ_accum = matmul(dS, reshape(Kᵀ) as (B,H,S,D));  dQ = IDENTITY(dQ_accum)
 // Learnt from cuDNN's documentation (graph API, supported SDPA patterns) and NVIDIA/cudnn-frontend's SDPA nodes.
-// Over 600 lines: the forward and backward graphs are spelled out node for node, as cuDNN matches them.
 //
-// Plans: one per (device, dtype, B, H, T, S, D, causal, scale, direction, deterministic) in the plan cache (the
-// operands are contiguous, so the strides follow from the shape); a case cuDNN refuses is remembered there too,
+// Plans: one per (device, dtype, B, H, T, S, D, causal, scale, direction, deterministic, layout) in the plan cache
+// (contiguous operands, or qkv_attention's packed ones: the strides follow from the shape and the layout,
+// strides_of); a case cuDNN refuses is remembered there too,
 // with the reason. Heuristics: mode A, then the fallback list; the first engine config whose execution plan
 // finalizes wins (in deterministic mode only configs without the nondeterministic note). Scratch memory comes
 // from the allocator (a Workspace) per call, as every cuDNN op here: a training step stays capturable.
@@ -68,6 +68,7 @@ struct AttentionPlanKey {
     std::uint32_t scale_bits = 0;  // the f32 scale the graph multiplies by
     bool backward = false;
     bool deterministic = false;
+    bool packed = false;  // qkv_attention's layouts (Strides below); otherwise contiguous (B,H,T,D) operands
     auto operator<=>(const AttentionPlanKey&) const = default;
 };
 
@@ -220,6 +221,24 @@ constexpr std::size_t align_up(std::size_t bytes) { return (bytes + 255) / 256 *
 
 Dims contiguous(Dims dims) { return {dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1}; }
 
+// Element strides of the operands, as (B,H,T,D) tensors (K and V also read transposed, (B,H,D,S)). Contiguous
+// operands, or qkv_attention's packed ones: q, k, v (and dq, dk, dv) interleaved in (B,T,3,H,D) (S = T), y and dy
+// in (B,T,H,D): the graph reads and writes them where they are, as llm.c's cuDNN attention does.
+struct Strides {
+    Dims q, k, v, k_t, v_t, o;
+};
+Strides strides_of(const AttentionPlanKey& key) {
+    const std::int64_t B = key.batch, H = key.heads, T = key.queries, S = key.keys, D = key.head_dim;
+    if (!key.packed) {
+        const Dims keys_t{H * S * D, S * D, 1, D};
+        return {contiguous({B, H, T, D}), contiguous({B, H, S, D}), contiguous({B, H, S, D}), keys_t, keys_t,
+                contiguous({B, H, T, D})};
+    }
+    const std::int64_t row = 3 * H * D;  // one position's q, k and v
+    const Dims qkv{T * row, D, row, 1}, qkv_t{S * row, D, 1, row};
+    return {qkv, qkv, qkv, qkv_t, qkv_t, {T * H * D, D, H * D, 1}};
+}
+
 // The scores x (B,H,T,S) with −inf where key s comes after query t (row < column): is_causal's mask, built
 // from generated indices as cuDNN's fused-attention patterns expect.
 const BackendDescriptor& causal_masked(GraphBuilder& b, const BackendDescriptor& x, const Dims& scores,
@@ -242,10 +261,11 @@ void build_forward(GraphBuilder& b, const AttentionPlanKey& key) {
     const cudnnDataType_t io = b.io(), f32 = CUDNN_DATA_FLOAT;
     const Dims scores{B, H, T, S}, scores_strides = contiguous(scores);
     const Dims row{B, H, T, 1}, row_strides{H * T, T, 1, 1};
-    const auto& q = b.tensor("Q", kQ, io, {B, H, T, D}, contiguous({B, H, T, D}));
-    const auto& kt = b.tensor("K^T", kK, io, {B, H, D, S}, {H * S * D, S * D, 1, D});
-    const auto& v = b.tensor("V", kV, io, {B, H, S, D}, contiguous({B, H, S, D}));
-    const auto& o = b.tensor("O", kO, io, {B, H, T, D}, contiguous({B, H, T, D}));
+    const Strides strides = strides_of(key);
+    const auto& q = b.tensor("Q", kQ, io, {B, H, T, D}, strides.q);
+    const auto& kt = b.tensor("K^T", kK, io, {B, H, D, S}, strides.k_t);
+    const auto& v = b.tensor("V", kV, io, {B, H, S, D}, strides.v);
+    const auto& o = b.tensor("O", kO, io, {B, H, T, D}, strides.o);
     const auto& stats = b.tensor("Stats", kStats, f32, row, row_strides);
     const auto& scale = b.scalar("scale", kScale);
 
@@ -277,16 +297,17 @@ void build_backward(GraphBuilder& b, const AttentionPlanKey& key) {
     const Dims scores{B, H, T, S}, scores_strides = contiguous(scores);
     const Dims scores_t{B, H, S, T}, scores_t_strides{H * T * S, T * S, 1, S};  // (B,H,T,S) memory read transposed
     const Dims row{B, H, T, 1}, row_strides{H * T, T, 1, 1};
-    const Dims queries{B, H, T, D}, keys{B, H, S, D}, keys_t{B, H, D, S}, keys_t_strides{H * S * D, S * D, 1, D};
-    const auto& q = b.tensor("Q", kQ, io, queries, contiguous(queries));
-    const auto& kt = b.tensor("K^T", kK, io, keys_t, keys_t_strides);
-    const auto& vt = b.tensor("V^T", kV, io, keys_t, keys_t_strides);
-    const auto& o = b.tensor("O", kO, io, queries, contiguous(queries));
-    const auto& d_o = b.tensor("dO", kDO, io, queries, contiguous(queries));
+    const Dims queries{B, H, T, D}, keys{B, H, S, D}, keys_t{B, H, D, S};
+    const Strides strides = strides_of(key);  // the gradients share their operands' layout
+    const auto& q = b.tensor("Q", kQ, io, queries, strides.q);
+    const auto& kt = b.tensor("K^T", kK, io, keys_t, strides.k_t);
+    const auto& vt = b.tensor("V^T", kV, io, keys_t, strides.v_t);
+    const auto& o = b.tensor("O", kO, io, queries, strides.o);
+    const auto& d_o = b.tensor("dO", kDO, io, queries, strides.o);
     const auto& stats = b.tensor("Stats", kStats, f32, row, row_strides);
-    const auto& dq = b.tensor("dQ", kDQ, io, queries, contiguous(queries));
-    const auto& dk = b.tensor("dK", kDK, io, keys, contiguous(keys));
-    const auto& dv = b.tensor("dV", kDV, io, keys, contiguous(keys));
+    const auto& dq = b.tensor("dQ", kDQ, io, queries, strides.q);
+    const auto& dk = b.tensor("dK", kDK, io, keys, strides.k);
+    const auto& dv = b.tensor("dV", kDV, io, keys, strides.v);
     const auto& softmax_sum = b.tensor("softmax_sum", kSoftmaxSum, f32, row, row_strides);
     const auto& dq_accum = b.tensor("dQ_accum", kDQAccum, f32, queries, contiguous(queries));
     const auto& scale = b.scalar("scale", kScale);
@@ -331,7 +352,7 @@ void build_backward(GraphBuilder& b, const AttentionPlanKey& key) {
     b.matmul("matmul_dST_Q", ds_t, q, dk);
 
     // dQ = dS·K, accumulated in f32
-    const auto& k = b.virtual_tensor("K", io, keys, contiguous(keys));
+    const auto& k = b.virtual_tensor("K", io, keys, strides.k);  // K^T's memory read as (B,H,S,D)
     b.reshape("reshape_k", kt, k);
     b.matmul("matmul_dS_K", ds, k, dq_accum);
     b.pointwise("identity_dQ", CUDNN_POINTWISE_IDENTITY, dq_accum, dq);
@@ -483,12 +504,35 @@ bool ampere_or_newer(int device) {
     return major >= 8;
 }
 
-bool aligned(const Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.raw_data()) % 16 == 0; }
+bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+bool aligned(const Tensor& t) { return aligned(t.raw_data()); }
+
+// What a call hands cuDNN: q, k, v where they lie, in which layout (AttentionPlanKey::packed), and their shapes
+// for messages.
+struct Operands {
+    DType dtype;
+    std::array<const void*, 3> qkv;  // q, k, v
+    bool packed;
+    std::string shapes;  // "q (…), k (…), v (…)" or "qkv (…)"
+};
+
+Operands separate_operands(std::span<const Tensor> inputs) {
+    return {inputs[0].dtype(), {inputs[0].raw_data(), inputs[1].raw_data(), inputs[2].raw_data()}, false,
+            str("q ", to_string(inputs[0].shape()), ", k ", to_string(inputs[1].shape()), ", v ",
+                to_string(inputs[2].shape()))};
+}
+
+// qkv (B,T,3·H·D): q, k, v start at element 0, E and 2·E of it (E = H·D).
+Operands packed_operands(const Tensor& qkv, const AttentionGeometry& g) {
+    const auto* base = static_cast<const char*>(qkv.raw_data());
+    const std::size_t third = static_cast<std::size_t>(g.heads * g.head_dim) * dtype_size(qkv.dtype());
+    return {qkv.dtype(), {base, base + third, base + 2 * third}, true, str("qkv ", to_string(qkv.shape()))};
+}
 
 // Why cuDNN does not run this case, before any plan is built; empty when it may.
-std::string precondition_refusal(std::span<const Tensor> inputs, const AttentionGeometry& g, DeviceContext& ctx) {
+std::string precondition_refusal(const Operands& operands, const AttentionGeometry& g, DeviceContext& ctx) {
     if (!attention_cudnn_enabled()) return "disabled (set_attention_cudnn(false) or DYNGRAD_ATTENTION_CUDNN=0)";
-    const DType dtype = inputs[0].dtype();
+    const DType dtype = operands.dtype;
     if (dtype != DType::bf16 && dtype != DType::f16) return str(dtype_name(dtype), ": cuDNN runs bf16/f16 only");
     if (g.dropout_p > 0) return "dropout_p > 0: cuDNN's dropout masks are not dyngrad's (the CPU replays its own)";
     if (g.has_mask) return "a keep mask: not expressed as a cuDNN graph here";
@@ -499,15 +543,16 @@ std::string precondition_refusal(std::span<const Tensor> inputs, const Attention
         return "a tensor over 2^31 elements";
     if (cudnnGetVersion() < 90000) return str("cuDNN ", cudnnGetVersion(), " is older than 9.0");
     if (!ampere_or_newer(ctx.device)) return "compute capability below 8.0";
-    for (std::size_t i = 0; i < 3; ++i)
-        if (!aligned(inputs[i])) return "an operand not 16-byte aligned";
+    for (const void* operand : operands.qkv)
+        if (!aligned(operand)) return "an operand not 16-byte aligned";
     return {};
 }
 
-AttentionPlanKey key_of(std::span<const Tensor> inputs, const AttentionGeometry& g, DeviceContext& ctx, bool backward) {
+AttentionPlanKey key_of(const Operands& operands, const AttentionGeometry& g, DeviceContext& ctx, bool backward) {
     AttentionPlanKey key;
     key.device = ctx.device;
-    key.dtype = inputs[0].dtype();
+    key.dtype = operands.dtype;
+    key.packed = operands.packed;
     key.batch = g.batch;
     key.heads = g.heads;
     key.queries = g.queries;
@@ -521,33 +566,32 @@ AttentionPlanKey key_of(std::span<const Tensor> inputs, const AttentionGeometry&
 }
 
 // "scaled_dot_product_attention (cuDNN) forward, bf16, q (…), k (…), causal, scale …": what a CudaError names.
-std::string describe(std::span<const Tensor> inputs, const AttentionGeometry& g, bool backward) {
-    return str(kOp, backward ? " backward, " : " forward, ", dtype_name(inputs[0].dtype()), ", q ",
-               to_string(inputs[0].shape()), ", k ", to_string(inputs[1].shape()), ", v ", to_string(inputs[2].shape()),
-               g.causal ? ", causal" : "", ", scale ", g.scale);
+std::string describe(const Operands& operands, const AttentionGeometry& g, bool backward) {
+    return str(kOp, backward ? " backward, " : " forward, ", dtype_name(operands.dtype), ", ", operands.shapes,
+               operands.packed ? " (packed)" : "", g.causal ? ", causal" : "", ", scale ", g.scale);
 }
 
 // Runs `fn`; a CudaError (OutOfMemory kept as such) it throws gets the call's description in front.
 template <typename Fn>
-auto with_context(std::span<const Tensor> inputs, const AttentionGeometry& g, bool backward, Fn&& fn) {
+auto with_context(const Operands& operands, const AttentionGeometry& g, bool backward, Fn&& fn) {
     try {
         return fn();
     } catch (const OutOfMemory& e) {
-        throw OutOfMemory(str(describe(inputs, g, backward), ": ", e.what()));
+        throw OutOfMemory(str(describe(operands, g, backward), ": ", e.what()));
     } catch (const CudaError& e) {
-        throw CudaError(str(describe(inputs, g, backward), ": ", e.what()));
+        throw CudaError(str(describe(operands, g, backward), ": ", e.what()));
     }
 }
 
 // The plan for this case, or the reason cuDNN does not run it (recorded for attention_last_run()).
-std::shared_ptr<AttentionPlan> plan_for(std::span<const Tensor> inputs, const AttentionGeometry& g, DeviceContext& ctx,
+std::shared_ptr<AttentionPlan> plan_for(const Operands& operands, const AttentionGeometry& g, DeviceContext& ctx,
                                         bool backward) {
-    if (std::string why = precondition_refusal(inputs, g, ctx); !why.empty()) {
+    if (std::string why = precondition_refusal(operands, g, ctx); !why.empty()) {
         record_attention_run(!backward, false, std::move(why));
         return nullptr;
     }
-    const AttentionPlanKey key = key_of(inputs, g, ctx, backward);
-    std::shared_ptr<AttentionPlan> plan = with_context(inputs, g, backward, [&] {
+    const AttentionPlanKey key = key_of(operands, g, ctx, backward);
+    std::shared_ptr<AttentionPlan> plan = with_context(operands, g, backward, [&] {
         return plan_cache<AttentionPlanKey, AttentionPlan>().get(key, [&] { return make_plan(key, ctx.cudnn); });
     });
     release_contexts_before_new_libraries();  // building the plan may have loaded cuDNN's engine libraries
@@ -578,26 +622,30 @@ std::string attention_cudnn_status_line() {
                " for bf16/f16 attention without dropout or mask, D a multiple of 8 up to 128, compute capability 8.0+");
 }
 
-bool cudnn_attention_forward(std::span<const Tensor> inputs, const AttentionGeometry& g, Tensor& y, Tensor& lse,
-                             DeviceContext& ctx) {
-    const std::shared_ptr<AttentionPlan> plan = plan_for(inputs, g, ctx, false);
+namespace {
+
+// y, lse from q, k, v as `operands` lays them out; false, nothing written, where cuDNN does not run the case.
+bool run_forward(const Operands& operands, const AttentionGeometry& g, Tensor& y, Tensor& lse, DeviceContext& ctx) {
+    const std::shared_ptr<AttentionPlan> plan = plan_for(operands, g, ctx, false);
     if (!plan) return false;
     if (!aligned(y) || !aligned(lse)) {
         record_attention_run(true, false, "an output not 16-byte aligned");
         return false;
     }
     // uids: Q, K, V, O, Stats, scale[, -inf]; the scalars are filled by execute().
-    std::vector<void*> pointers{inputs[0].raw_data(), inputs[1].raw_data(), inputs[2].raw_data(), y.raw_data(),
-                                lse.raw_data(), nullptr};
+    std::vector<void*> pointers{const_cast<void*>(operands.qkv[0]), const_cast<void*>(operands.qkv[1]),
+                                const_cast<void*>(operands.qkv[2]), y.raw_data(), lse.raw_data(), nullptr};
     if (g.causal) pointers.push_back(nullptr);
-    with_context(inputs, g, false, [&] { execute(*plan, std::move(pointers), ctx, false); });
+    with_context(operands, g, false, [&] { execute(*plan, std::move(pointers), ctx, false); });
     record_attention_run(true, true, {});
     return true;
 }
 
-bool cudnn_attention_backward(std::span<const Tensor> inputs, const Tensor& y, const Tensor& dy,
-                              const AttentionGeometry& g, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
-                              DeviceContext& ctx) {
+// dq, dk, dv (where gradients() points, in the operands' layout; called once cuDNN takes the case) from q, k, v,
+// y, dy and lse; false, nothing written, where cuDNN does not run the case.
+template <typename Gradients>
+bool run_backward(const Operands& operands, const Tensor& y, const Tensor& dy, const AttentionGeometry& g,
+                  const Tensor& lse, Gradients&& gradients_of, DeviceContext& ctx) {
     // Deterministic mode runs the tensor-core pair of kernels (no atomics): cuDNN 9.14 offered a flash backward
     // config without the nondeterministic note, yet two GPT-2 runs in deterministic mode (char_gpt --deterministic,
     // bf16, H200, 2026-11-29) parted at the second step's loss, and cuDNN's backward was the only reduction of the
@@ -606,25 +654,60 @@ bool cudnn_attention_backward(std::span<const Tensor> inputs, const Tensor& y, c
         record_attention_run(false, false, "deterministic mode (cuDNN's backward is not taken as reproducible)");
         return false;
     }
-    const std::shared_ptr<AttentionPlan> plan = plan_for(inputs, g, ctx, true);
+    const std::shared_ptr<AttentionPlan> plan = plan_for(operands, g, ctx, true);
     if (!plan) return false;
     if (!aligned(y) || !aligned(dy) || !aligned(lse)) {
         record_attention_run(false, false, "the output, its gradient or the saved lse not 16-byte aligned");
         return false;
     }
-    // cuDNN writes all three gradients.
-    if (!dq.defined()) dq = Tensor::empty(inputs[0].shape(), dy.dtype(), dy.device());
-    if (!dk.defined()) dk = Tensor::empty(inputs[1].shape(), dy.dtype(), dy.device());
-    if (!dv.defined()) dv = Tensor::empty(inputs[2].shape(), dy.dtype(), dy.device());
+    const std::array<void*, 3> gradients = gradients_of();
+    for (const void* gradient : gradients)
+        if (!aligned(gradient)) {
+            record_attention_run(false, false, "a gradient not 16-byte aligned");
+            return false;
+        }
     // uids: Q, K, V, O, dO, Stats, dQ, dK, dV, scale, 1, softmax_sum, dQ_accum[, -inf].
-    std::vector<void*> pointers{inputs[0].raw_data(), inputs[1].raw_data(), inputs[2].raw_data(), y.raw_data(),
-                                dy.raw_data(),        lse.raw_data(),       dq.raw_data(),        dk.raw_data(),
-                                dv.raw_data(),        nullptr,              nullptr,              nullptr,
-                                nullptr};
+    std::vector<void*> pointers{const_cast<void*>(operands.qkv[0]), const_cast<void*>(operands.qkv[1]),
+                                const_cast<void*>(operands.qkv[2]), y.raw_data(), dy.raw_data(), lse.raw_data(),
+                                gradients[0], gradients[1], gradients[2], nullptr, nullptr, nullptr, nullptr};
     if (g.causal) pointers.push_back(nullptr);
-    with_context(inputs, g, true, [&] { execute(*plan, std::move(pointers), ctx, true); });
+    with_context(operands, g, true, [&] { execute(*plan, std::move(pointers), ctx, true); });
     record_attention_run(false, true, {});
     return true;
+}
+
+}  // namespace
+
+bool cudnn_attention_forward(std::span<const Tensor> inputs, const AttentionGeometry& g, Tensor& y, Tensor& lse,
+                             DeviceContext& ctx) {
+    return run_forward(separate_operands(inputs), g, y, lse, ctx);
+}
+
+bool cudnn_attention_backward(std::span<const Tensor> inputs, const Tensor& y, const Tensor& dy,
+                              const AttentionGeometry& g, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                              DeviceContext& ctx) {
+    // cuDNN writes all three gradients: the undefined ones are allocated once it takes the case.
+    return run_backward(separate_operands(inputs), y, dy, g, lse, [&] {
+        if (!dq.defined()) dq = Tensor::empty(inputs[0].shape(), dy.dtype(), dy.device());
+        if (!dk.defined()) dk = Tensor::empty(inputs[1].shape(), dy.dtype(), dy.device());
+        if (!dv.defined()) dv = Tensor::empty(inputs[2].shape(), dy.dtype(), dy.device());
+        return std::array<void*, 3>{dq.raw_data(), dk.raw_data(), dv.raw_data()};
+    }, ctx);
+}
+
+bool cudnn_qkv_attention_forward(const Tensor& qkv, const AttentionGeometry& g, Tensor& y, Tensor& lse,
+                                 DeviceContext& ctx) {
+    return run_forward(packed_operands(qkv, g), g, y, lse, ctx);
+}
+
+bool cudnn_qkv_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy, const AttentionGeometry& g,
+                                  const Tensor& lse, Tensor& dqkv, DeviceContext& ctx) {
+    return run_backward(packed_operands(qkv, g), y, dy, g, lse, [&] {
+        if (!dqkv.defined()) dqkv = Tensor::empty(qkv.shape(), dy.dtype(), dy.device());
+        const Operands gradients = packed_operands(dqkv, g);
+        return std::array<void*, 3>{const_cast<void*>(gradients.qkv[0]), const_cast<void*>(gradients.qkv[1]),
+                                    const_cast<void*>(gradients.qkv[2])};
+    }, ctx);
 }
 
 }  // namespace dyngrad::cuda

@@ -21,6 +21,14 @@ bool cudnn_attention_backward(std::span<const Tensor> inputs, const Tensor& y, c
                               const AttentionGeometry& g, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
                               DeviceContext& ctx);
 
+// qkv_attention's layouts: q, k, v read in place from qkv (B,T,3·H·D), y (B,T,H·D) written with its heads
+// merged, and dqkv (B,T,3·H·D; allocated here when undefined) written packed; g describes the (B,H,T,D) operands.
+// The same cases and contract as above.
+bool cudnn_qkv_attention_forward(const Tensor& qkv, const AttentionGeometry& g, Tensor& y, Tensor& lse,
+                                 DeviceContext& ctx);
+bool cudnn_qkv_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy, const AttentionGeometry& g,
+                                  const Tensor& lse, Tensor& dqkv, DeviceContext& ctx);
+
 // Records which implementation ran a bf16/f16 attention call of this thread (attention_last_run()).
 void record_attention_run(bool forward, bool on_cudnn, std::string reason);
 

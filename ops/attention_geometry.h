@@ -30,6 +30,16 @@ struct AttentionGeometry {
 
 // inputs: q, k, v[, mask]
 AttentionGeometry attention_geometry(std::span<const Tensor> inputs, const OpAttrs& attrs);
+// qkv_attention's qkv (B,T,3·H·D): the geometry of its (B,H,T,D) operands (S = T, no mask).
+AttentionGeometry qkv_attention_geometry(const Tensor& qkv, const OpAttrs& attrs);
+
+// qkv_attention's layouts, moved by eager layout ops (a copy each) where a backend does not read them in place.
+namespace qkv_layout {
+std::array<Tensor, 3> unpack(const Tensor& qkv, std::int64_t heads);  // (B,T,3·H·D) -> q, k, v (B,H,T,D)
+Tensor merge_heads(const Tensor& y);                                   // (B,H,T,D) -> (B,T,H·D)
+Tensor split_heads(const Tensor& y, std::int64_t heads);               // (B,T,H·D) -> (B,H,T,D)
+Tensor pack(const Tensor& dq, const Tensor& dk, const Tensor& dv);     // q, k, v (B,H,T,D) -> (B,T,3·H·D)
+}  // namespace qkv_layout
 
 namespace cuda {
 // Whether the tensor-core kernels (ops/attention_mma.cu) were compiled for the current device's architecture.

@@ -44,6 +44,8 @@ std::vector<Var> linear_cross_entropy_differentiable_backward(const DiffBackward
 std::vector<Var> norm_differentiable_backward(const DiffBackwardArgs& args);
 // ops/attention.cpp: scaled_dot_product_attention through its math composition (masks and dropout as constants)
 std::vector<Var> attention_differentiable_backward(const DiffBackwardArgs& args);
+// ops/attention.cpp: qkv_attention through its composition (the layout ops around scaled_dot_product_attention)
+std::vector<Var> qkv_attention_differentiable_backward(const DiffBackwardArgs& args);
 // ops/pool.cpp: max_pool2d, avg_pool2d as compositions (index_select of the windows, then max / a masked mean)
 std::vector<Var> pool_differentiable_backward(const DiffBackwardArgs& args);
 // ops/conv.cpp: conv2d as a composition (the windows, then one batched matmul per group, bias, ReLU)

@@ -44,6 +44,7 @@ OutputSpec batch_norm(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec dropout(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec row_norm(OpType, std::span<const Tensor>, const OpAttrs&);  // layer_norm, rms_norm
 OutputSpec scaled_dot_product_attention(OpType, std::span<const Tensor>, const OpAttrs&);  // ops/attention.cpp
+OutputSpec qkv_attention(OpType, std::span<const Tensor>, const OpAttrs&);                 // ops/attention.cpp
 OutputSpec narrow(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec concat(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec permute(OpType, std::span<const Tensor>, const OpAttrs&);
@@ -129,7 +130,7 @@ std::vector<int> broadcast_reduction_axes(const Shape& from, const Shape& to);
 
 // The unfused compositions of the fused ops (ops/unfused.cpp), named by their rows (OpDef::unfused).
 namespace unfused {
-extern const UnfusedComposition linear, conv2d, cross_entropy, linear_cross_entropy;
+extern const UnfusedComposition linear, conv2d, cross_entropy, linear_cross_entropy, qkv_attention;
 }  // namespace unfused
 
 // The same entry points per backend, written once (ops/kernel_entry_points.inc).

@@ -524,6 +524,20 @@ std::vector<OpCase> attention_cases() {
     };
 }
 
+// qkv (B,T,3·H·D): odd T and D, one and several heads, causal, a scale, dropout with a fixed seed.
+std::vector<OpCase> qkv_attention_cases() {
+    const auto heads = [](std::int64_t h, OpAttrs a) {
+        a.num_heads = h;
+        return a;
+    };
+    return {
+        {"H 2, T 3, D 4", {{1, 3, 24}}, heads(2, attention_attr(false)), {}},
+        {"causal H 1, T 5, D 3", {{2, 5, 9}}, heads(1, attention_attr(true)), {}},
+        {"causal H 3, T 4, D 2, scale 0.4", {{2, 4, 18}}, heads(3, attention_attr(true, 0.0, 0.4)), {}},
+        {"dropout 0.3, causal", {{2, 4, 12}}, heads(2, attention_attr(true, 0.3, std::nullopt, 29)), {}},
+    };
+}
+
 // x (T,N,I) = (3,2,3); w flat; h0, c0 (L·D,N,H) where the label says so.
 OpCase rnn_case(const char* label, RnnMode mode, std::int64_t hidden, std::int64_t layers, bool bidirectional,
                 int states) {

@@ -315,6 +315,16 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      "torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask != 0, dropout_p=scalar, "
      "is_causal=is_causal, scale=attention_scale), with dyngrad's keep mask from seed",
      /*optional_inputs=*/1, true, 0, nullptr, attention_differentiable_backward},
+    // scaled_dot_product_attention over a packed projection (ops/attention.h): on cuDNN in place, elsewhere the
+    // layout copies around the same kernels; its composition is the fused-kernel check's reference.
+    {OpType::QkvAttention, "qkv_attention", 1, infer::qkv_attention,
+     {cpu::qkv_attention_forward, cpu::qkv_attention_backward},
+     DG_CUDA_KERNELS_NATIVE(qkv_attention_forward, qkv_attention_backward), qkv_attention_cases,
+     reads("num_heads", "scalar", "seed", "is_causal", "attention_scale"), kReduced,
+     "F.scaled_dot_product_attention(*qkv.view(B, T, 3, num_heads, D).permute(2, 0, 3, 1, 4), "
+     "dropout_p=scalar, is_causal=is_causal, scale=attention_scale).transpose(1, 2).reshape(B, T, E), with "
+     "dyngrad's keep mask from seed",
+     0, true, 0, &unfused::qkv_attention, qkv_attention_differentiable_backward},
     {OpType::Rnn, "rnn", 4, infer::rnn, {cpu::rnn_forward, cpu::rnn_backward},
      DG_CUDA_KERNELS(rnn_forward, rnn_backward), rnn_cases,
      reads("rnn_mode", "hidden_size", "num_layers", "bidirectional", "save_for_backward"), kFollow,

@@ -157,6 +157,17 @@ def scaled_dot_product_attention(xs, a):
     return (probs * kept.to(probs.dtype) / (1 - p)) @ v
 
 
+def qkv_attention(xs, a):
+    """qkv (B,T,3·H·D): q, k, v of every head in its last axis ((3, H, D)), the heads' outputs merged (B,T,H·D)."""
+    qkv = xs[0]
+    B, T, width = qkv.shape
+    H = a["num_heads"]
+    D = width // (3 * H)
+    q, k, v = qkv.view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)
+    y = scaled_dot_product_attention([q, k, v], a)
+    return y.transpose(1, 2).reshape(B, T, H * D)
+
+
 def reduction(a):
     return a["reduction"]
 
@@ -343,6 +354,7 @@ REFERENCES = {
     "concat": lambda xs, a: torch.cat(xs, dim=a["axis"]),
     "rnn": rnn,
     "scaled_dot_product_attention": scaled_dot_product_attention,
+    "qkv_attention": qkv_attention,
     "permute": unary(lambda x, a: x.permute(a["axes"])),
     "expand": unary(lambda x, a: x.expand(a["shape"])),
     "embedding": embedding,

@@ -2,7 +2,10 @@
 // against the float64 CPU replay with cuDNN asserted to have run them; the cases it leaves to dyngrad's kernels
 // (dropout, a mask, D not a multiple of 8, the switch off) asserted not to; a forward on one path with the
 // backward on the other; a captured training step replaying to the eager result. GPU cases skip visibly without
-// a device; the switch and the status line are checked everywhere.
+// a device; the switch and the status line are checked everywhere. qkv_attention (the packed layouts): against the
+// float64 replay and the unpacked composition, on cuDNN, and on the kernels where cuDNN does not run it.
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -234,4 +237,121 @@ TEST_CASE("cuDNN attention in a captured training step replays to the eager resu
         CHECK(relative_norm_error(stepped, eager) < 2 * unit_roundoff(dtype));
     }
     CHECK(step.variants() == 1);
+}
+
+namespace {
+
+// qkv_attention's output and dqkv, and the same through the layout ops around scaled_dot_product_attention
+// (the composition it replaces), from one qkv and upstream gradient.
+struct PackedRun {
+    std::vector<double> y, dqkv;
+};
+PackedRun packed_run(const Tensor& qkv, const Tensor& dy, std::int64_t heads, const AttentionOptions& options,
+                     bool composed) {
+    ComputeGraph g;
+    const Var x = g.input(qkv, "qkv", true);
+    Var y;
+    if (composed) {
+        const std::int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (3 * heads);
+        const Var parts = permute(reshape(x, {B, T, 3, heads, D}), {2, 0, 3, 1, 4});
+        y = reshape(permute(scaled_dot_product_attention(select(parts, 0, 0), select(parts, 0, 1), select(parts, 0, 2),
+                                                         options),
+                            {0, 2, 1, 3}),
+                    {B, T, heads * D});
+    } else {
+        y = qkv_attention(x, heads, options);
+    }
+    g.backward(y, dy);
+    return {y.value().to_vector(), x.grad().to_vector()};
+}
+
+}  // namespace
+
+TEST_CASE("qkv_attention on cuDNN reads q, k, v in place and writes y and dqkv packed: the float64 replay and "
+          "the unpacked composition agree",
+          "[attention][cudnn][gpu]") {
+    if (!have_gpu()) DG_SKIP("no CUDA device");
+    CudnnSwitch on(true);
+    const OpDef* def = find_op("qkv_attention");
+    REQUIRE(def != nullptr);
+    struct Case {
+        const char* label;
+        std::int64_t B, T, H, D;
+    };
+    // GPT-2's layer (T 1024, 12 heads of 64) and smaller ones with other head dims and an odd length.
+    const std::vector<Case> cases = {
+        {"B2 T64 H2 D32", 2, 64, 2, 32}, {"B1 T200 H3 D64", 1, 200, 3, 64}, {"B1 T1024 H12 D64", 1, 1024, 12, 64},
+        {"B2 T77 H1 D128", 2, 77, 1, 128}};
+    for (const DType dtype : {DType::bf16, DType::f16}) {
+        for (const bool causal : {false, true}) {
+            for (std::size_t index = 0; index < cases.size(); ++index) {
+                const Case& c = cases[index];
+                DYNAMIC_SECTION(dtype_name(dtype) << (causal ? " causal " : " ") << c.label) {
+                    OpAttrs attrs = attention_attrs(causal);
+                    attrs.num_heads = c.H;
+                    const OpCase op_case{c.label, {{c.B, c.T, 3 * c.H * c.D}}, attrs, {}};
+                    Generator gen(40'000'000 + index + (causal ? 100 : 0));
+                    const CheckResult r = reduced_precision_check(*def, op_case, gen, dtype,
+                                                                  reduced_precision_tolerance(*def, dtype),
+                                                                  Device::cuda(0));
+                    const AttentionRunInfo ran = attention_last_run();
+                    INFO(r.check << ": max rel err " << r.max_rel_err << " (tolerance " << r.tolerance << "), "
+                                 << r.detail << "; forward on " << impl_name(ran.forward) << " (" << ran.forward_reason
+                                 << "), backward on " << impl_name(ran.backward) << " (" << ran.backward_reason << ")");
+                    CHECK(r.pass);
+                    CHECK(ran.forward == AttentionImpl::cudnn);
+                    CHECK(ran.backward == AttentionImpl::cudnn);
+                    // The composition runs cuDNN on (B,H,T,D) copies: the same math, its own engine choice, so
+                    // equal to a couple of units of the dtype's rounding of the largest value.
+                    Generator inputs(50'000'000 + index);
+                    const Tensor qkv = Tensor::normal({c.B, c.T, 3 * c.H * c.D}, 0.0, 1.0, inputs, DType::f32)
+                                           .to(Device::cuda(0), dtype);
+                    const Tensor dy =
+                        Tensor::normal({c.B, c.T, c.H * c.D}, 0.0, 1.0, inputs, DType::f32).to(Device::cuda(0), dtype);
+                    const AttentionOptions options{.is_causal = causal};
+                    const PackedRun packed = packed_run(qkv, dy, c.H, options, false);
+                    const PackedRun composed = packed_run(qkv, dy, c.H, options, true);
+                    const auto close = [&](const std::vector<double>& a, const std::vector<double>& b) {
+                        double scale = 0, worst = 0;
+                        for (std::size_t i = 0; i < a.size(); ++i) {
+                            scale = std::max(scale, std::fabs(b[i]));
+                            worst = std::max(worst, std::fabs(a[i] - b[i]));
+                        }
+                        INFO("max |packed - composed| " << worst << " of max " << scale);
+                        CHECK(worst <= 4 * unit_roundoff(dtype) * scale);
+                    };
+                    close(packed.y, composed.y);
+                    close(packed.dqkv, composed.dqkv);
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("qkv_attention with dropout, in deterministic mode or with cuDNN off runs the kernels on copies, correctly",
+          "[attention][cudnn][gpu]") {
+    if (!have_gpu()) DG_SKIP("no CUDA device");
+    const OpDef* def = find_op("qkv_attention");
+    REQUIRE(def != nullptr);
+    enum class Setting { dropout, deterministic, off };
+    for (const DType dtype : {DType::bf16, DType::f16}) {
+        for (const Setting setting : {Setting::dropout, Setting::deterministic, Setting::off}) {
+            DYNAMIC_SECTION(dtype_name(dtype) << " setting " << static_cast<int>(setting)) {
+                CudnnSwitch set(setting != Setting::off);
+                dgtest::DeterministicMode mode(setting == Setting::deterministic);
+                OpAttrs attrs = attention_attrs(true, setting == Setting::dropout ? 0.1 : 0.0, 5);
+                attrs.num_heads = 2;
+                const OpCase op_case{"B2 T100 H2 D64", {{2, 100, 3 * 2 * 64}}, attrs, {}};
+                Generator gen(60'000'000);
+                const CheckResult r = reduced_precision_check(*def, op_case, gen, dtype,
+                                                              reduced_precision_tolerance(*def, dtype), Device::cuda(0));
+                const AttentionRunInfo ran = attention_last_run();
+                INFO(r.check << ": max rel err " << r.max_rel_err << " (tolerance " << r.tolerance << "), " << r.detail
+                             << "; backward reason: " << ran.backward_reason);
+                CHECK(r.pass);
+                CHECK(ran.backward == AttentionImpl::kernels);
+                if (setting != Setting::deterministic) CHECK(ran.forward == AttentionImpl::kernels);
+            }
+        }
+    }
 }
