@@ -32,10 +32,15 @@ ENGINES = (("llmc", "llm.c train_gpt2cu"), ("torch", "PyTorch eager"), ("torch_c
            ("dyngrad", "dyngrad (char_gpt --model gpt2)"),
            # --reduced-residual: the residual stream and LayerNorms in bf16 (llm.c's recipe) instead of autocast's f32
            ("torch_compile_reduced", "PyTorch torch.compile, reduced residual"),
-           ("dyngrad_reduced", "dyngrad, reduced residual"))
+           ("dyngrad_reduced", "dyngrad, reduced residual"),
+           # the whole step as CUDA graphs: dyngrad's captured step, Inductor's reduce-overhead mode
+           ("torch_compile_reduced_graphs", "PyTorch torch.compile reduce-overhead (CUDA graphs), reduced residual"),
+           ("dyngrad_captured", "dyngrad, reduced residual, captured step (--capture)"))
 # dyngrad's rows and the rows each is divided by in the report.
 RATIOS = (("dyngrad", ("llmc", "torch_compile", "torch")),
-          ("dyngrad_reduced", ("llmc", "torch_compile_reduced", "torch_compile", "torch")))
+          ("dyngrad_reduced", ("llmc", "torch_compile_reduced", "torch_compile", "torch")),
+          ("dyngrad_captured", ("llmc", "torch_compile_reduced_graphs", "torch_compile_reduced", "torch_compile",
+                                "torch")))
 MULTI_ENGINES = (("llmc_multi", "llmc", "llm.c train_gpt2cu (mpirun)"),
                  ("dyngrad_multi", "dyngrad", "dyngrad (char_gpt --distributed, mpirun)"))
 LLMC_STEP = re.compile(r"^step\s+(\d+)/(\d+) \|.*\| ([0-9.]+) ms \|")

@@ -263,7 +263,7 @@ def train(args, vocab_size, train_tokens, validation_tokens):
     optimizer = torch.optim.AdamW([{"params": decayed, "weight_decay": args.weight_decay},
                                    {"params": not_decayed, "weight_decay": 0.0}],
                                   lr=args.lr, betas=(0.9, args.beta2), eps=1e-8)
-    forward = torch.compile(model) if args.compile else model
+    forward = torch.compile(model, mode=args.compile_mode) if args.compile else model
     autocast_dtype = {"f32": None, "bf16": torch.bfloat16, "f16": torch.float16}[args.precision]
     # char_gpt's GradScaler has PyTorch's defaults (2^16, growth 2 every 2000 clean steps, backoff 0.5).
     scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "f16")
@@ -281,7 +281,8 @@ def train(args, vocab_size, train_tokens, validation_tokens):
         csv.write("step,train_loss,val_loss,lr,tokens_per_second,loss_scale,skipped_steps\n")
     skipped_steps = 0
     last_scale = scaler.get_scale() if scaler.is_enabled() else 1.0
-    mode = "torch.compile" if args.compile else "eager"
+    mode = (f"torch.compile, mode {args.compile_mode}" if args.compile_mode != "default" else "torch.compile") \
+        if args.compile else "eager"
     print(f"torch_gpt.py ({mode}, torch {torch.__version__}, {device}): vocabulary {vocab_size}, "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters", flush=True)
     model.train()
@@ -296,6 +297,8 @@ def train(args, vocab_size, train_tokens, validation_tokens):
             group["lr"] = lr
         offsets = order[step] if order else [rng.randint(0, last) for _ in range(args.batch)]
         x, y = batch(train_tokens, offsets, args.context, device)
+        if args.compile and args.compile_mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()  # a new iteration: the last step's graph outputs may be reused
         with autocast():
             logits = forward(x)
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y)
@@ -363,6 +366,8 @@ def parse_args(argv=None):
     parser.add_argument("--init-weights", help="initial parameters (safetensors)")
     parser.add_argument("--batch-order", help="line k: step k's window offsets")
     parser.add_argument("--compile", action="store_true", help="train through torch.compile")
+    parser.add_argument("--compile-mode", choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
+                        default="default", help="torch.compile's mode (reduce-overhead: CUDA graphs)")
     parser.add_argument("--precision", choices=["f32", "bf16", "f16"], default="f32",
                         help="the forward under torch.autocast into that dtype (f16 with a GradScaler), as char_gpt")
     parser.add_argument("--reduced-residual", action="store_true",

@@ -12,7 +12,7 @@
 //            [--checkpoint FILE] [--resume FILE] [--init-weights FILE.safetensors] [--batch-order FILE]
 //            [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]
 //            [--profile-step N] [--distributed [--zero 1|2|3]] [--checkpoint-activations] [--deterministic]
-//            [--reduced-residual]
+//            [--reduced-residual] [--capture]
 //
 // Token files: windows of --seq-len (default --context) + 1 tokens of --train-tokens; the validation windows
 // are spread over --val-tokens by the rule below; every token id must be below --vocab (default 50257 for gpt2,
@@ -52,6 +52,11 @@
 // fixed order (its atomics count finished blocks), and cuBLAS gives each stream its own workspace. The CPU is
 // deterministic either way: there the flag changes nothing. --distributed's all-reduce is NCCL's or MPI's, not covered.
 // It also ends the output with parameters_fnv1a= (a hash of the final parameters' bytes) to compare runs by.
+//
+// --capture (cuda, one process): the training step (forward, loss, backward, unscale, clip, AdamW, schedule) is a
+// cuda::CapturedStep (cuda/capture.h): the first step runs eagerly, the second is captured into a CUDA graph, later
+// steps replay it, one launch each, so the GPU does not wait between kernels for the host to queue them. The
+// same step: the gradients are zeroed at its end rather than its start (the capture's rule), which is the same state.
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -97,7 +102,7 @@ const char* const kUsage =
     "                [--checkpoint FILE] [--resume FILE] [--init-weights FILE] [--batch-order FILE]\n"
     "                [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]\n"
     "                [--profile-step N] [--distributed [--zero 1|2|3]]\n"
-    "                [--checkpoint-activations] [--deterministic] [--reduced-residual]\n"
+    "                [--checkpoint-activations] [--deterministic] [--reduced-residual] [--capture]\n"
     "  --model NAME        char (default) | gpt2: GPT-2 small as llm.c (12, 12, 768, 1024; tied, padded vocabulary)\n"
     "  --data DIR          text files to train on (default /usr/share/games/fortunes; *.dat, *.u8 skipped)\n"
     "  --train-tokens FILE --val-tokens FILE   token files in llm.c's format instead (dyngrad-tokens)\n"
@@ -127,7 +132,8 @@ const char* const kUsage =
     "                      atomics or nondeterministic cuDNN engines (slower); on the CPU (deterministic anyway) a no-op;\n"
     "                      ends with parameters_fnv1a=HASH of the final parameters' bytes\n"
     "  --reduced-residual  with --precision bf16|f16: the residual stream and the LayerNorms in that dtype (statistics\n"
-    "                      in f32), as llm.c: no activation casts (nn/transformer.h, TransformerOptions)\n";
+    "                      in f32), as llm.c: no activation casts (nn/transformer.h, TransformerOptions)\n"
+    "  --capture           (cuda, one process) the training step captured into a CUDA graph once, then replayed\n";
 
 struct Options {
     std::string data = kDefaultData;
@@ -145,6 +151,7 @@ struct Options {
     DType precision = DType::f32;
     bool distributed = false;
     bool deterministic = false;  // cuda::set_deterministic for the run
+    bool capture = false;        // the training step as a cuda::CapturedStep
     int zero = 0;  // ZeRO stage; 0: DistributedDataParallel
 };
 
@@ -152,7 +159,7 @@ struct Options {
 Options parse_options(int argc, char** argv) {
     const cli::Arguments args(
         argc, argv,
-        {.flags = {"--distributed", "--checkpoint-activations", "--deterministic", "--reduced-residual"},
+        {.flags = {"--distributed", "--checkpoint-activations", "--deterministic", "--reduced-residual", "--capture"},
          .options = {"--model", "--train-tokens", "--val-tokens", "--vocab", "--seq-len", "--data", "--layers",
                      "--heads", "--width", "--context", "--batch", "--steps", "--lr", "--warmup",
                      "--min-lr", "--weight-decay", "--clip", "--dropout", "--eval-every", "--eval-batches", "--seed",
@@ -249,6 +256,10 @@ Options parse_options(int argc, char** argv) {
     if (o.model.reduced_residual && o.precision == DType::f32)
         throw cli::UsageError("--reduced-residual: keeps the residual stream in --precision's reduced dtype; give "
                               "--precision bf16 or f16");
+    o.capture = args.has("--capture");
+    if (o.capture && !o.device.is_cuda()) throw cli::UsageError("--capture: captures CUDA graphs; give --device cuda");
+    if (o.capture && o.distributed)
+        throw cli::UsageError("--capture: one process only (not with --distributed)");
     if (!tokens) o.data = cli::existing_directory("--data", given("--data").value_or(o.data));
     return o;
 }
@@ -588,6 +599,55 @@ int run(Options o) {
     std::size_t peak_bytes = 0, step_bytes = 0;  // on CUDA: the run's peak allocation; a step's own peak (the largest)
     Progress progress(first, last);
     model.train();
+    // The end of a step, captured or not: its time, memory, loss, progress, evaluation and CSV row.
+    const auto finish_step = [&](std::int64_t step, double value, Clock::time_point started, bool profiled,
+                                 std::size_t step_start_bytes, double lr) {
+        if (profiled) cuda::profiler_stop();
+        if (o.device.is_cuda()) {
+            const std::size_t peak = cuda::memory_stats(o.device.index).peak_bytes_in_use;
+            peak_bytes = std::max(peak_bytes, peak);
+            step_bytes = std::max(step_bytes, peak - std::min(peak, step_start_bytes));
+        }
+        if (scaler.enabled() && scaler.last_step_skipped()) ++skipped_steps;
+        const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+        if (!std::isfinite(value))
+            throw NumericalError(str("char_gpt: the training loss is ", value, " at step ", step + 1));
+        losses.push_back(value);
+        const double tokens_per_second = static_cast<double>(o.batch * T) / seconds;
+        const std::int64_t done = step + 1;
+        progress.update(done, value, lr, tokens_per_second);
+        std::string val_cell;
+        if (done % o.eval_every == 0 || done == o.steps || done == last) {
+            const double val = validation_loss(model, loss_path, data.validation, o);
+            char cell[32];
+            std::snprintf(cell, sizeof cell, "%.6f", val);
+            val_cell = cell;
+            progress.message(str("step ", done, ": validation loss ", val_cell));
+            if (!o.checkpoint.empty()) save_checkpoint(o.checkpoint, model, optimizer, &schedule);
+        }
+        if (csv.is_open()) {
+            char row[200];
+            std::snprintf(row, sizeof row, "%lld,%.6f,%s,%.8g,%.1f,%.8g,%lld\n", static_cast<long long>(done), value,
+                          val_cell.c_str(), lr, tokens_per_second, scaler.enabled() ? scaler.scale_value() : 1.0,
+                          static_cast<long long>(skipped_steps));
+            csv << row << std::flush;
+        }
+    };
+    // --capture: the step as one CUDA graph (its first run eager, its second captured); zero_grad ends it.
+    std::unique_ptr<cuda::CapturedStep> captured;
+    if (o.capture)
+        captured = std::make_unique<cuda::CapturedStep>([&](std::span<const Tensor> in) {
+            ComputeGraph graph;
+            const Var loss = next_token_loss(loss_path, graph, Batch{in[0], in[1]}, o.precision);
+            graph.backward(scaler.scale(loss));
+            scaler.unscale(optimizer);
+            if (o.clip > 0) clip_grad_norm(model.parameters(), o.clip);
+            scaler.step(optimizer);
+            scaler.update();
+            schedule.step();
+            optimizer.zero_grad();
+            return loss.value();
+        });
     for (std::int64_t step = first; step < last; ++step) {
         const bool profiled = o.profile_step && *o.profile_step == step + 1 && o.device.is_cuda();
         if (profiled) {
@@ -608,6 +668,12 @@ int run(Options o) {
             offsets = std::vector<std::int64_t>(offsets.begin() + rank * per, offsets.begin() + (rank + 1) * per);
         }
         const Batch batch = make_batch(data.train, offsets, o.device);
+        if (captured) {
+            const Tensor inputs[] = {batch.inputs, batch.targets};
+            const double value = captured->run(inputs).item();  // waits for the step: the time below is the step's
+            finish_step(step, value, started, profiled, step_start_bytes, lr);
+            continue;
+        }
         ComputeGraph graph;
         const Var loss = next_token_loss(loss_path, graph, batch, o.precision);
         bool stepped = false, backpropagated = false;
@@ -645,36 +711,7 @@ int run(Options o) {
             value = mean.item();
         }
 #endif
-        if (profiled) cuda::profiler_stop();
-        if (o.device.is_cuda()) {
-            const std::size_t peak = cuda::memory_stats(o.device.index).peak_bytes_in_use;
-            peak_bytes = std::max(peak_bytes, peak);
-            step_bytes = std::max(step_bytes, peak - std::min(peak, step_start_bytes));
-        }
-        if (scaler.enabled() && scaler.last_step_skipped()) ++skipped_steps;
-        const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
-        if (!std::isfinite(value))
-            throw NumericalError(str("char_gpt: the training loss is ", value, " at step ", step + 1));
-        losses.push_back(value);
-        const double tokens_per_second = static_cast<double>(o.batch * T) / seconds;
-        const std::int64_t done = step + 1;
-        progress.update(done, value, lr, tokens_per_second);
-        std::string val_cell;
-        if (done % o.eval_every == 0 || done == o.steps || done == last) {
-            const double val = validation_loss(model, loss_path, data.validation, o);
-            char cell[32];
-            std::snprintf(cell, sizeof cell, "%.6f", val);
-            val_cell = cell;
-            progress.message(str("step ", done, ": validation loss ", val_cell));
-            if (!o.checkpoint.empty()) save_checkpoint(o.checkpoint, model, optimizer, &schedule);
-        }
-        if (csv.is_open()) {
-            char row[200];
-            std::snprintf(row, sizeof row, "%lld,%.6f,%s,%.8g,%.1f,%.8g,%lld\n", static_cast<long long>(done), value,
-                          val_cell.c_str(), lr, tokens_per_second, scaler.enabled() ? scaler.scale_value() : 1.0,
-                          static_cast<long long>(skipped_steps));
-            csv << row << std::flush;
-        }
+        finish_step(step, value, started, profiled, step_start_bytes, lr);
     }
 
     if (o.sample > 0)

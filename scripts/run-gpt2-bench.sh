@@ -38,6 +38,9 @@
 #   torch-reduced  torch.compile with --reduced-residual (the residual stream and LayerNorms in bf16, as llm.c; the
 #                  phases above run PyTorch's autocast recipe: both in f32, a cast into and out of every Linear)
 #   dyngrad-reduced  char_gpt --reduced-residual, as the dyngrad phase
+#   dyngrad-captured  char_gpt --reduced-residual --capture: the whole step one CUDA graph, replayed (not --tiny)
+#   torch-reduced-graphs  torch.compile(mode="reduce-overhead") with --reduced-residual: Inductor's CUDA graphs, the
+#                  twin of dyngrad-captured (PyTorch's optimizer step stays outside them; not --tiny)
 #   compare-reduced  char_gpt --reduced-residual from compare's weights and batches: its curve against PyTorch eager's
 #   report         bench/gpt2_report.py: report.json, report.md, gpt2_loss_curves.png; a G-GPU table
 #                  (efficiency: multi / (G x one GPU)) and the reproducible mode's section when their files exist
@@ -78,7 +81,7 @@ while (($# > 0)); do
     esac
 done
 all_phases=(build-dyngrad build-llmc build-llmc-multi tokens llmc llmc-multi torch dyngrad dyngrad-multi reproducible
-            compare torch-reduced dyngrad-reduced compare-reduced report)
+            compare torch-reduced dyngrad-reduced dyngrad-captured torch-reduced-graphs compare-reduced report)
 ((${#phases[@]})) || phases=("${all_phases[@]}")
 for phase in "${phases[@]}"; do
     [[ " ${all_phases[*]} " == *" $phase "* ]] || { echo "run-gpt2-bench.sh: unknown phase '$phase' (${all_phases[*]})" >&2; exit 2; }
@@ -262,6 +265,26 @@ phase_torch_reduced() {
 
 phase_dyngrad_reduced() {
     measured dyngrad_reduced "$char_gpt" "${dyngrad_run[@]}" --batch "$batch" --csv "$out/dyngrad_reduced.csv" \
+        --reduced-residual
+}
+
+phase_dyngrad_captured() {
+    if ((tiny)); then
+        echo "(--tiny: the CPU captures no CUDA graph, dyngrad-captured skipped)"
+        return 0
+    fi
+    measured dyngrad_captured "$char_gpt" "${dyngrad_run[@]}" --batch "$batch" --csv "$out/dyngrad_captured.csv" \
+        --reduced-residual --capture
+}
+
+phase_torch_reduced_graphs() {
+    if ((tiny)); then
+        echo "(--tiny: no CUDA graphs on the CPU, torch-reduced-graphs skipped)"
+        return 0
+    fi
+    measured torch_compile_reduced_graphs "$python" "$root/bench/torch_gpt.py" --model gpt2 "${model[@]}" "${data[@]}" \
+        "${schedule[@]}" --batch "$batch" --steps "$steps" --warmup "$warmup" --eval-every "$steps" --eval-batches 1 \
+        --device "$device" --csv "$out/torch_compile_reduced_graphs.csv" --compile --compile-mode reduce-overhead \
         --reduced-residual
 }
 
