@@ -102,7 +102,11 @@ CapturedStep::GraphCounts count_nodes(cudaGraph_t graph) {
     std::size_t edge_count = 0;
     DG_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edge_count));
     std::vector<cudaGraphNode_t> from(edge_count), to(edge_count);
-    if (edge_count > 0) DG_CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), nullptr, &edge_count));
+    // With the edges' data: without it a graph holding programmatic (PDL) edges, as cuDNN's and cuBLASLt's
+    // kernels add, answers cudaErrorLossyQuery (seen with GPT-2's captured step, cuDNN 9.14). Any type counts.
+    std::vector<cudaGraphEdgeData> edge_data(edge_count);
+    if (edge_count > 0)
+        DG_CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), edge_data.data(), &edge_count));
     std::unordered_map<cudaGraphNode_t, std::size_t> index;
     for (std::size_t i = 0; i < nodes.size(); ++i) index.emplace(nodes[i], i);
     std::vector<std::vector<std::size_t>> successors(nodes.size());

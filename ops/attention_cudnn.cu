@@ -21,14 +21,14 @@
 //   dK = matmul(reshape(dS) as (B,H,S,T), Q)
 //   dQ_accum = matmul(dS, reshape(Kᵀ) as (B,H,S,D));  dQ = IDENTITY(dQ_accum)
 // Learnt from cuDNN's documentation (graph API, supported SDPA patterns) and NVIDIA/cudnn-frontend's SDPA nodes.
+// Over 600 lines: the forward and backward graphs node for node, their plans and the run record, one path in one file.
 //
 // Plans: one per (device, dtype, B, H, T, S, D, causal, scale, direction, deterministic, layout) in the plan cache
 // (contiguous operands, or qkv_attention's packed ones: the strides follow from the shape and the layout,
-// strides_of); a case cuDNN refuses is remembered there too,
-// with the reason. Heuristics: mode A, then the fallback list; the first engine config whose execution plan
-// finalizes wins (in deterministic mode only configs without the nondeterministic note). Scratch memory comes
-// from the allocator (a Workspace) per call, as every cuDNN op here: a training step stays capturable.
-// Over 600 lines: the forward and backward graphs node for node, their plans and the run record, one path in one file.
+// strides_of); a case cuDNN refuses is remembered there too, with the reason. Heuristics: mode A, then the fallback
+// list; the first engine config whose execution plan finalizes wins (in deterministic mode only configs without the
+// nondeterministic note). Scratch memory comes from the allocator (a Workspace) per call, as every cuDNN op here:
+// a training step stays capturable.
 #include <algorithm>
 #include <array>
 #include <atomic>

@@ -1,5 +1,6 @@
 // The cases of the op table's rows (declared in ops/op_cases.h): per op, the shapes, attributes and input
 // domains every check runs it on. A case's comment says why its values are where they are (kinks, ties, domains).
+// Over 600 lines: every row's cases in one file, found by the op's name, as the table's rows are in one.
 #include "dyngrad/ops/op_cases.h"
 
 #include <array>
