@@ -228,7 +228,12 @@ std::vector<Tensor> linear_backward(const BackwardArgs& args) {
         }
         if (args.needs_grad[2]) {
             grads[2] = Tensor::empty(b.shape(), b.dtype(), b.device());
-            Eigen::Map<RowVector<T>>(grads[2].data<T>(), b.size(0)) = dZ.colwise().sum();
+            // No rows: dy has no storage, and Eigen's column blocks of a null map would offset a null pointer (UBSan,
+            // the fuzzer's input in tests/fuzz/corpus/fuzz_graph/): the sums are zeros.
+            if (dy.size(0) == 0)
+                Eigen::Map<RowVector<T>>(grads[2].data<T>(), b.size(0)).setZero();
+            else
+                Eigen::Map<RowVector<T>>(grads[2].data<T>(), b.size(0)) = dZ.colwise().sum();
         }
     });
     return grads;

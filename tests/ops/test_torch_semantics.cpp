@@ -91,6 +91,15 @@ TEST_CASE("linear takes (*, in) as libtorch: rows of the 2-D op, gradients by fi
         CHECK(linear(random({2, 1, 3, 4}, gen), w).shape() == Shape{2, 1, 3, 5});
         CHECK(linear(random({0, 3, 4}, gen), w, b).shape() == Shape{0, 3, 5});
     }
+    SECTION("no rows: the backward gives zero weight and bias gradients (PyTorch's sums over an empty batch)") {
+        ComputeGraph g;
+        const Var vx = g.input(Tensor::zeros({0, 4}, DType::f64), "x", true);
+        const Var vw = g.input(w, "w", true), vb = g.input(b, "b", true);
+        g.backward(sum(linear(vx, vw, vb)));
+        CHECK(vx.grad().shape() == Shape{0, 4});
+        CHECK(vw.grad().to_vector() == std::vector<double>(20, 0.0));
+        CHECK(vb.grad().to_vector() == std::vector<double>(5, 0.0));
+    }
     SECTION("the nn layer over (B, T, E); wrong in-features stay a ShapeError") {
         Linear layer(4, 5, true, gen);
         ComputeGraph g;
