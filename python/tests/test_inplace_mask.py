@@ -150,7 +150,10 @@ def test_inplace_operators_and_methods_match_numpy(rng):
     f = dg.tensor(x.astype(np.float32))
     f += f64(y)  # a float64 operand into float32: stays float32
     assert f.dtype == dg.float32
-    np.testing.assert_allclose(f.numpy(), (x.astype(np.float32) + y).astype(np.float32), rtol=1e-6)
+    # The operand is cast to float32 first, then added in float32 (docs/ops.md, Tensor's in-place arithmetic; PyTorch
+    # adds in float64 and rounds once): with cancellation the two differ by many float32 ulps (seen: 25, CI
+    # 2026-11-29), so the reference is the documented float32 sum, which IEEE addition makes exact.
+    np.testing.assert_array_equal(f.numpy(), x.astype(np.float32) + y.astype(np.float32))
 
 
 def test_int64_inplace_and_bad_shapes(rng):
