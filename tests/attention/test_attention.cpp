@@ -627,3 +627,30 @@ TEST_CASE("attention on the GPU in bf16 and f16 runs natively: not the float32 r
         CHECK(relative_norm_diff(native[i], wide[i]) < 16 * unit_roundoff(dtype));
     }
 }
+
+TEST_CASE("qkv_attention: bad shapes, heads, dropout and scale are typed errors naming the op; nothing recorded",
+          "[attention][qkv_attention]") {
+    Generator gen(7);
+    const Tensor qkv = Tensor::normal({2, 5, 12}, 0.0, 1.0, gen, DType::f64);
+    ComputeGraph g;
+    const Var x = g.input(qkv, "qkv", true);
+    const Var flat = g.input(Tensor::normal({10, 12}, 0.0, 1.0, gen, DType::f64));
+    const Var integers = g.input(Tensor::zeros({2, 5, 12}, DType::i64));
+    const std::size_t nodes = g.size();
+    CHECK_THROWS_MATCHES(qkv_attention(x, 5), ShapeError, MessageHas({"qkv_attention", "(2,5,12)", "num_heads 5"}));
+    CHECK_THROWS_MATCHES(qkv_attention(x, 0), ValueError, MessageHas({"qkv_attention", "num_heads must be >= 1"}));
+    CHECK_THROWS_MATCHES(qkv_attention(flat, 2), ShapeError, MessageHas({"qkv_attention", "(B, T, 3·E)"}));
+    CHECK_THROWS_MATCHES(qkv_attention(x, 2, {.dropout_p = 1.0}), ValueError, MessageHas({"dropout_p", "[0, 1)"}));
+    CHECK_THROWS_MATCHES(qkv_attention(x, 2, {.scale = std::numeric_limits<double>::infinity()}), ValueError,
+                         MessageHas({"scale must be finite"}));
+    CHECK_THROWS_AS(qkv_attention(integers, 2), DTypeError);
+    CHECK(g.size() == nodes);  // no failed call left a node
+    // The valid call still works after the refusals, and equals the composition it stands for.
+    const Var y = qkv_attention(x, 2, {.is_causal = true});
+    const Var parts = permute(reshape(x, {2, 5, 3, 2, 2}), {2, 0, 3, 1, 4});
+    const Var composed = reshape(permute(scaled_dot_product_attention(select(parts, 0, 0), select(parts, 0, 1),
+                                                                      select(parts, 0, 2), {.is_causal = true}),
+                                         {0, 2, 1, 3}),
+                                 {2, 5, 4});
+    CHECK(max_abs_diff(y.value(), composed.value()) == 0.0);
+}
