@@ -2,6 +2,9 @@
 // function, shape rule, CPU kernels (linear's and gelu's in turn: the reference) and its composition (the fused-kernel
 // check's and create_graph's). GPU: ops/linalg.cu, where cuBLASLt's GELU epilogues take the GELU kernels' place.
 #include <array>
+#include <atomic>
+#include <cstdlib>
+#include <string_view>
 #include <vector>
 
 #include "dyngrad/graph/fusion_check.h"
@@ -12,6 +15,27 @@
 #include "dyngrad/ops/linalg.h"
 
 namespace dyngrad {
+
+namespace {
+
+GeluMlpEpilogues initial_epilogues() {
+    const char* value = std::getenv("DYNGRAD_GELU_MLP_EPILOGUES");
+    const std::string_view text = value ? value : "";
+    if (text == "none") return GeluMlpEpilogues::none;
+    if (text == "forward") return GeluMlpEpilogues::forward;
+    return GeluMlpEpilogues::all;
+}
+
+// Read by every GPU launch, set from any thread: atomic.
+std::atomic<GeluMlpEpilogues>& epilogues() {
+    static std::atomic<GeluMlpEpilogues> which{initial_epilogues()};
+    return which;
+}
+
+}  // namespace
+
+void set_gelu_mlp_epilogues(GeluMlpEpilogues which) { epilogues().store(which); }
+GeluMlpEpilogues gelu_mlp_epilogues() { return epilogues().load(); }
 
 // x (*, in) as linear takes it: the leading dims become the 2-D op's rows and come back afterwards.
 template <Operand T>

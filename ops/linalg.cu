@@ -27,6 +27,7 @@
 #include "dyngrad/cuda/runtime.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/linalg.h"
 #include "dyngrad/ops/linalg_gemm.h"
 #include "dyngrad/ops/linalg_geometry.h"
 #include "dyngrad/ops/reduced_precision.cuh"
@@ -185,7 +186,7 @@ struct LtGemmKey {
 };
 
 // The GELU epilogues' second matrix: the pre-activation (m,n) column-major with leading dimension m, written by
-// GELU_AUX_BIAS and read by DGELU / DGELU_BGRAD.
+// GELU_AUX_BIAS and read by DGELU.
 bool uses_aux(std::uint32_t epilogue) {
     return epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epilogue == CUBLASLT_EPILOGUE_GELU_AUX ||
            epilogue == CUBLASLT_EPILOGUE_DGELU || epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
@@ -278,9 +279,8 @@ std::shared_ptr<LtGemmPlan> make_lt_plan(DeviceContext& ctx, const LtGemmKey& ke
 // Enqueues the column-major GEMM d (m,n) = op(a) (m,k) · op(b) (k,n) (float32, bfloat16 or float16 operands,
 // float scale and accumulation) with `epilogue` (d written with '='): BIAS reads `bias` (m), BGRADB writes
 // `bias` (n) = Σ over k of op(b); GELU_AUX_BIAS adds `bias` (m), writes the sum into `aux` (m,n) and GELU's tanh
-// form of it into d; DGELU_BGRAD multiplies the product by GELU's derivative at `aux` into d and writes d's sums
-// over n into `bias` (m). Plans are cached per key (dtype included); no allocation, no sync (the workspace is the
-// context's fixed one). Returns false, having enqueued nothing, when cuBLASLt offers no algorithm for the key.
+// form of it into d; DGELU multiplies the product by GELU's derivative at `aux` into d. Plans are cached per key
+// (dtype included); no allocation, no sync (the workspace is the context's fixed one). Returns false, having enqueued nothing, when cuBLASLt offers no algorithm for the key.
 bool lt_gemm(DeviceContext& ctx, DType dtype, const char* what, std::int64_t m, std::int64_t n, std::int64_t k,
              const void* a, bool transpose_a, const void* b, bool transpose_b, void* d, cublasLtEpilogue_t epilogue,
              void* bias, void* aux = nullptr) {
@@ -484,7 +484,7 @@ Tensor gelu_mlp_forward(const ForwardArgs& args) {
     const DType dtype = o.x.dtype();
     Tensor pre = Tensor::empty({o.rows, o.hidden}, dtype, o.x.device());
     Tensor h = Tensor::empty({o.rows, o.hidden}, dtype, o.x.device());
-    const bool fused = mlp_epilogues_apply(o, args.attrs) &&
+    const bool fused = mlp_epilogues_apply(o, args.attrs) && gelu_mlp_epilogues() != GeluMlpEpilogues::none &&
                        lt_gemm(ctx, dtype, "gelu_mlp", o.hidden, o.rows, o.in, o.w1.raw_data(), true, o.x.raw_data(),
                                false, h.raw_data(), CUBLASLT_EPILOGUE_GELU_AUX_BIAS, o.b1.raw_data(), pre.raw_data());
     if (!fused && o.rows * o.hidden > 0) {
@@ -499,9 +499,10 @@ Tensor gelu_mlp_forward(const ForwardArgs& args) {
     return linear_of(h, o.w2, o.b2, dtype);
 }
 
-// dy (rows, out) -> dx, dw1, db1, dw2, db2. With the epilogues: dw2 = dyᵀ·h with db2 (BGRADB), then
-// dpre = (dy·w2) ∘ gelu'(pre) with db1 (DGELU_BGRAD) in one GEMM, dw1 = dpreᵀ·x, dx = dpre·w1. Otherwise
-// linear's and gelu's backward kernels in turn.
+// dy (rows, out) -> dx, dw1, db1, dw2, db2. With the backward epilogue: dw2 = dyᵀ·h with db2 (BGRADB), then
+// dpre = (dy·w2) ∘ gelu'(pre) in one GEMM (DGELU), dw1 = dpreᵀ·x with db1 (BGRADB), dx = dpre·w1. Not DGELU_BGRAD:
+// on the H200 cuBLASLt runs its bias sums as a separate kernel slower than gelu's own backward (7.4 ms of a
+// 71.6 ms GPT-2 step, ncu, 2026-11-29). Otherwise linear's and gelu's backward kernels in turn.
 std::vector<Tensor> gelu_mlp_backward(const BackwardArgs& args) {
     const MlpOperands o = mlp_operands(args.inputs);
     DeviceContext& ctx = context_for(o.x);
@@ -510,29 +511,28 @@ std::vector<Tensor> gelu_mlp_backward(const BackwardArgs& args) {
     const Tensor& h = args.saved[1];
     const Tensor& dy = args.grad_output;
     std::vector<Tensor> grads(5);
-    if (mlp_epilogues_apply(o, args.attrs)) {
+    if (mlp_epilogues_apply(o, args.attrs) && gelu_mlp_epilogues() == GeluMlpEpilogues::all) {
         Tensor dw2 = Tensor::empty(o.w2.shape(), dtype, o.x.device());
         Tensor db2 = Tensor::empty(o.b2.shape(), dtype, o.x.device());
         Tensor dpre = Tensor::empty(pre.shape(), dtype, o.x.device());
-        Tensor db1 = Tensor::empty(o.b1.shape(), dtype, o.x.device());
         // dw2ᵀ (hidden,out) = hᵀ (hidden,rows) · dy (rows,out), column-major; BGRADB sums dy over rows: db2.
-        // dpreᵀ (hidden,rows) = w2ᵀ (hidden,out) · dyᵀ (out,rows); DGELU_BGRAD: ∘ gelu'(pre), db1 = Σ over rows.
+        // dpreᵀ (hidden,rows) = w2ᵀ (hidden,out) · dyᵀ (out,rows); DGELU: ∘ gelu'(pre).
         const bool weights = lt_gemm(ctx, dtype, "gelu_mlp backward", o.hidden, o.out, o.rows, h.raw_data(), false,
                                      dy.raw_data(), true, dw2.raw_data(), CUBLASLT_EPILOGUE_BGRADB, db2.raw_data());
         const bool fused = weights && lt_gemm(ctx, dtype, "gelu_mlp backward", o.hidden, o.rows, o.out,
                                               o.w2.raw_data(), false, dy.raw_data(), false, dpre.raw_data(),
-                                              CUBLASLT_EPILOGUE_DGELU_BGRAD, db1.raw_data(), pre.raw_data());
-        if (fused) {
-            if (args.needs_grad[1]) {
-                grads[1] = Tensor::empty(o.w1.shape(), dtype, o.x.device());
-                gemm(ctx, dtype, "gelu_mlp backward", 1, o.hidden, o.in, o.rows, {dpre.raw_data(), true, 0},
-                     {o.x.raw_data(), false, 0}, grads[1].raw_data(), false);
-            }
+                                              CUBLASLT_EPILOGUE_DGELU, nullptr, pre.raw_data());
+        // dw1ᵀ (in,hidden) = xᵀ (in,rows) · dpre (rows,hidden); BGRADB sums dpre over rows: db1.
+        Tensor dw1 = Tensor::empty(o.w1.shape(), dtype, o.x.device());
+        Tensor db1 = Tensor::empty(o.b1.shape(), dtype, o.x.device());
+        if (fused && lt_gemm(ctx, dtype, "gelu_mlp backward", o.in, o.hidden, o.rows, o.x.raw_data(), false,
+                             dpre.raw_data(), true, dw1.raw_data(), CUBLASLT_EPILOGUE_BGRADB, db1.raw_data())) {
             if (args.needs_grad[0]) {
                 grads[0] = Tensor::empty(o.x.shape(), dtype, o.x.device());
                 gemm(ctx, dtype, "gelu_mlp backward", 1, o.rows, o.in, o.hidden, {dpre.raw_data(), false, 0},
                      {o.w1.raw_data(), false, 0}, grads[0].raw_data(), false);
             }
+            if (args.needs_grad[1]) grads[1] = dw1;
             if (args.needs_grad[2]) grads[2] = db1;
             if (args.needs_grad[3]) grads[3] = dw2;
             if (args.needs_grad[4]) grads[4] = db2;

@@ -191,7 +191,17 @@ int main(int argc, char* argv[]) { return dgtest::run_gpu_session(argc, argv, "M
 // gelu_mlp (ops/linalg.h) on sizes cuBLASLt's GELU epilogues take (the op table's cases are too small and odd for
 // them, so they run the composition's kernels): forward and the five gradients against the same op on the CPU in
 // float64 from the same rounded inputs, within the dtype's rounding of the largest value, and against the composition
-// (linear, gelu, linear) on the same GPU, where the epilogues differ only by rounding pre once less.
+// (linear, gelu, linear) on the same GPU, where the epilogues differ only by rounding pre once less; with the
+// epilogues off (set_gelu_mlp_epilogues) or the exact GELU, the op runs the composition's kernels: equal to it.
+struct MlpVariant {
+    GeluApproximation form;
+    GeluMlpEpilogues which;
+};
+constexpr MlpVariant kMlpVariants[] = {{GeluApproximation::Tanh, GeluMlpEpilogues::all},
+                                       {GeluApproximation::Tanh, GeluMlpEpilogues::forward},
+                                       {GeluApproximation::Tanh, GeluMlpEpilogues::none},
+                                       {GeluApproximation::None, GeluMlpEpilogues::all}};
+
 TEST_CASE("gelu_mlp's GELU epilogues on the GPU agree with the float64 CPU run and with the composition",
           "[gpu][gelu_mlp]") {
     struct Size {
@@ -199,9 +209,11 @@ TEST_CASE("gelu_mlp's GELU epilogues on the GPU agree with the float64 CPU run a
     };
     for (const Size size : {Size{256, 64, 256, 64}, Size{1024, 96, 384, 96}}) {
         for (const DType dtype : {DType::f32, DType::bf16, DType::f16}) {
-            for (const GeluApproximation form : {GeluApproximation::Tanh, GeluApproximation::None}) {
+            for (const auto [form, which] : kMlpVariants) {
+                set_gelu_mlp_epilogues(which);
                 INFO(dtype_name(dtype) << " rows " << size.rows << " hidden " << size.hidden
-                                       << (form == GeluApproximation::Tanh ? " tanh" : " exact"));
+                                       << (form == GeluApproximation::Tanh ? " tanh" : " exact") << " epilogues "
+                                       << static_cast<int>(which) << " (0 none, 1 forward, 2 all)");
                 Generator gen(91);
                 const auto random = [&](Shape shape, double stddev) {
                     return Tensor::normal(shape, 0.0, stddev, gen, DType::f32).to(dtype);  // rounded to dtype once
@@ -240,8 +252,11 @@ TEST_CASE("gelu_mlp's GELU epilogues on the GPU agree with the float64 CPU run a
                                    << ", max |fused - composed| " << to_composed << " of max " << scale);
                     CHECK(to_reference <= 16 * u * scale);
                     CHECK(to_composed <= 16 * u * scale);
+                    // Without epilogues the op runs the composition's kernels in its order.
+                    if (which == GeluMlpEpilogues::none || form == GeluApproximation::None) CHECK(to_composed == 0);
                 }
             }
         }
     }
+    set_gelu_mlp_epilogues(GeluMlpEpilogues::all);
 }
