@@ -55,6 +55,8 @@ enum class OpType : std::uint16_t {
     // attention (ops/attention): softmax(q·kᵀ·scale, masked) · v with optional dropout, fused on the GPU; the same
     // self-attention over a packed (B,T,3·E) projection, heads merged into (B,T,E) (no layout copies on cuDNN)
     ScaledDotProductAttention, QkvAttention,
+    // the transformer's MLP in one op, linear(gelu(linear(x))) (ops/linalg.h): GELU in cuBLASLt's GEMM epilogues
+    GeluMlp,
     // recurrent networks, cuDNN's four cell modes (ops/rnn)
     Rnn,
     // sorting and sampling (ops/sampling): the running sum along an axis (differentiable); the int64 indices that

@@ -135,6 +135,13 @@ TransformerBlock::TransformerBlock(std::int64_t embed_dim, std::int64_t num_head
 }
 
 Var TransformerBlock::mlp(const Var& h, std::source_location where) const {
+    if (fc.bias.defined() && proj.bias.defined()) {  // one op: GELU in the GEMMs' epilogues on the GPU (ops/linalg.h)
+        ComputeGraph& graph = h.graph();
+        return residual_dropout_(gelu_mlp(h, graph.parameter(fc.weight, where), graph.parameter(fc.bias, where),
+                                          graph.parameter(proj.weight, where), graph.parameter(proj.bias, where), gelu,
+                                          where),
+                                 where);
+    }
     const Var hidden = dyngrad::gelu(linear_over_rows(fc, h, where), gelu, where);
     return residual_dropout_(linear_over_rows(proj, hidden, where), where);
 }

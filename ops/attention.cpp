@@ -136,6 +136,22 @@ Tensor pack(const Tensor& dq, const Tensor& dk, const Tensor& dv) {
     const std::int64_t B = dq.size(0), H = dq.size(1), T = dq.size(2), D = dq.size(3);
     return reshape(permute(stack({dq, dk, dv}, 0), {1, 3, 0, 2, 4}), {B, T, 3 * H * D});  // (B,T,3,H,D)
 }
+Tensor forward_through(const ForwardArgs& args, ForwardFn sdpa_forward) {
+    const std::array<Tensor, 3> operands = unpack(args.inputs[0], args.attrs.num_heads);
+    const OutputSpec spec{operands[0].shape(), args.out.dtype};
+    return merge_heads(
+        sdpa_forward(ForwardArgs{OpType::ScaledDotProductAttention, operands, args.attrs, spec, args.saved}));
+}
+std::vector<Tensor> backward_through(const BackwardArgs& args, BackwardFn sdpa_backward) {
+    const std::int64_t heads = args.attrs.num_heads;
+    const std::array<Tensor, 3> operands = unpack(args.inputs[0], heads);
+    const Tensor y = split_heads(args.output, heads);
+    const Tensor dy = split_heads(args.grad_output, heads);
+    const std::array<bool, 3> all{true, true, true};
+    const std::vector<Tensor> grads = sdpa_backward(
+        BackwardArgs{OpType::ScaledDotProductAttention, operands, y, dy, args.attrs, args.saved, all});
+    return {pack(grads[0], grads[1], grads[2])};
+}
 }  // namespace qkv_layout
 
 // ---- shape rules ----
@@ -362,22 +378,12 @@ std::vector<Tensor> scaled_dot_product_attention_backward(const BackwardArgs& ar
 // qkv_attention: scaled_dot_product_attention's kernels on the unpacked operands (the CPU is the reference, not
 // the fast path). Saves what that forward saves (the lse, (B,H,T)).
 Tensor qkv_attention_forward(const ForwardArgs& args) {
-    const std::array<Tensor, 3> operands = qkv_layout::unpack(args.inputs[0], args.attrs.num_heads);
-    const OutputSpec spec{operands[0].shape(), args.out.dtype};
-    return qkv_layout::merge_heads(scaled_dot_product_attention_forward(
-        ForwardArgs{OpType::ScaledDotProductAttention, operands, args.attrs, spec, args.saved}));
+    return qkv_layout::forward_through(args, scaled_dot_product_attention_forward);
 }
 
 std::vector<Tensor> qkv_attention_backward(const BackwardArgs& args) {
     if (!args.needs_grad[0]) return {Tensor()};
-    const std::int64_t heads = args.attrs.num_heads;
-    const std::array<Tensor, 3> operands = qkv_layout::unpack(args.inputs[0], heads);
-    const Tensor y = qkv_layout::split_heads(args.output, heads);
-    const Tensor dy = qkv_layout::split_heads(args.grad_output, heads);
-    const std::array<bool, 3> all{true, true, true};
-    const std::vector<Tensor> grads = scaled_dot_product_attention_backward(
-        BackwardArgs{OpType::ScaledDotProductAttention, operands, y, dy, args.attrs, args.saved, all});
-    return {qkv_layout::pack(grads[0], grads[1], grads[2])};
+    return qkv_layout::backward_through(args, scaled_dot_product_attention_backward);
 }
 
 }  // namespace cpu

@@ -196,10 +196,7 @@ Tensor qkv_attention_forward(const ForwardArgs& args) {
             return y;
         }
     }
-    const std::array<Tensor, 3> operands = qkv_layout::unpack(qkv, args.attrs.num_heads);
-    const OutputSpec spec{operands[0].shape(), args.out.dtype};
-    return qkv_layout::merge_heads(scaled_dot_product_attention_forward(
-        ForwardArgs{OpType::ScaledDotProductAttention, operands, args.attrs, spec, args.saved}));
+    return qkv_layout::forward_through(args, scaled_dot_product_attention_forward);
 }
 
 std::vector<Tensor> qkv_attention_backward(const BackwardArgs& args) {
@@ -211,14 +208,7 @@ std::vector<Tensor> qkv_attention_backward(const BackwardArgs& args) {
         Tensor dqkv;  // allocated once cuDNN takes the case
         if (cudnn_qkv_attention_backward(qkv, args.output, dy, g, args.saved[0], dqkv, context_for(dy))) return {dqkv};
     }
-    const std::int64_t heads = args.attrs.num_heads;
-    const std::array<Tensor, 3> operands = qkv_layout::unpack(qkv, heads);
-    const Tensor y = qkv_layout::split_heads(args.output, heads);
-    const Tensor dy_heads = qkv_layout::split_heads(dy, heads);
-    const std::array<bool, 3> all{true, true, true};
-    const std::vector<Tensor> grads = scaled_dot_product_attention_backward(
-        BackwardArgs{OpType::ScaledDotProductAttention, operands, y, dy_heads, args.attrs, args.saved, all});
-    return {qkv_layout::pack(grads[0], grads[1], grads[2])};
+    return qkv_layout::backward_through(args, scaled_dot_product_attention_backward);
 }
 
 }  // namespace dyngrad::cuda

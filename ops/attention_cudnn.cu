@@ -507,26 +507,25 @@ bool ampere_or_newer(int device) {
 bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 bool aligned(const Tensor& t) { return aligned(t.raw_data()); }
 
-// What a call hands cuDNN: q, k, v where they lie, in which layout (AttentionPlanKey::packed), and their shapes
-// for messages.
+// What a call hands cuDNN: q, k, v where they lie, in which layout (AttentionPlanKey::packed), and the tensors they
+// come from (their shapes are written only into a message: no string on the hot path).
 struct Operands {
     DType dtype;
     std::array<const void*, 3> qkv;  // q, k, v
     bool packed;
-    std::string shapes;  // "q (…), k (…), v (…)" or "qkv (…)"
+    std::span<const Tensor> tensors;  // q, k, v; or qkv alone when packed
 };
 
 Operands separate_operands(std::span<const Tensor> inputs) {
     return {inputs[0].dtype(), {inputs[0].raw_data(), inputs[1].raw_data(), inputs[2].raw_data()}, false,
-            str("q ", to_string(inputs[0].shape()), ", k ", to_string(inputs[1].shape()), ", v ",
-                to_string(inputs[2].shape()))};
+            inputs.first(3)};
 }
 
 // qkv (B,T,3·H·D): q, k, v start at element 0, E and 2·E of it (E = H·D).
 Operands packed_operands(const Tensor& qkv, const AttentionGeometry& g) {
     const auto* base = static_cast<const char*>(qkv.raw_data());
     const std::size_t third = static_cast<std::size_t>(g.heads * g.head_dim) * dtype_size(qkv.dtype());
-    return {qkv.dtype(), {base, base + third, base + 2 * third}, true, str("qkv ", to_string(qkv.shape()))};
+    return {qkv.dtype(), {base, base + third, base + 2 * third}, true, std::span<const Tensor>(&qkv, 1)};
 }
 
 // Why cuDNN does not run this case, before any plan is built; empty when it may.
@@ -567,8 +566,12 @@ AttentionPlanKey key_of(const Operands& operands, const AttentionGeometry& g, De
 
 // "scaled_dot_product_attention (cuDNN) forward, bf16, q (…), k (…), causal, scale …": what a CudaError names.
 std::string describe(const Operands& operands, const AttentionGeometry& g, bool backward) {
-    return str(kOp, backward ? " backward, " : " forward, ", dtype_name(operands.dtype), ", ", operands.shapes,
-               operands.packed ? " (packed)" : "", g.causal ? ", causal" : "", ", scale ", g.scale);
+    const std::span<const Tensor> t = operands.tensors;
+    const std::string shapes = operands.packed ? str("qkv ", to_string(t[0].shape()), " (packed)")
+                                               : str("q ", to_string(t[0].shape()), ", k ", to_string(t[1].shape()),
+                                                     ", v ", to_string(t[2].shape()));
+    return str(kOp, backward ? " backward, " : " forward, ", dtype_name(operands.dtype), ", ", shapes,
+               g.causal ? ", causal" : "", ", scale ", g.scale);
 }
 
 // Runs `fn`; a CudaError (OutOfMemory kept as such) it throws gets the call's description in front.

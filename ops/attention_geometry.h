@@ -39,6 +39,10 @@ std::array<Tensor, 3> unpack(const Tensor& qkv, std::int64_t heads);  // (B,T,3�
 Tensor merge_heads(const Tensor& y);                                   // (B,H,T,D) -> (B,T,H·D)
 Tensor split_heads(const Tensor& y, std::int64_t heads);               // (B,T,H·D) -> (B,H,T,D)
 Tensor pack(const Tensor& dq, const Tensor& dk, const Tensor& dv);     // q, k, v (B,H,T,D) -> (B,T,3·H·D)
+// qkv_attention by a backend's scaled_dot_product_attention kernels on the unpacked operands (its lse saved as
+// that forward saves it): the CPU's path, and the GPU's where cuDNN does not read the packed layouts.
+Tensor forward_through(const ForwardArgs& args, ForwardFn sdpa_forward);
+std::vector<Tensor> backward_through(const BackwardArgs& args, BackwardFn sdpa_backward);
 }  // namespace qkv_layout
 
 namespace cuda {

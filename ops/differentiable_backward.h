@@ -46,6 +46,8 @@ std::vector<Var> norm_differentiable_backward(const DiffBackwardArgs& args);
 std::vector<Var> attention_differentiable_backward(const DiffBackwardArgs& args);
 // ops/attention.cpp: qkv_attention through its composition (the layout ops around scaled_dot_product_attention)
 std::vector<Var> qkv_attention_differentiable_backward(const DiffBackwardArgs& args);
+// ops/gelu_mlp.cpp: gelu_mlp through its composition (linear, gelu, linear)
+std::vector<Var> gelu_mlp_differentiable_backward(const DiffBackwardArgs& args);
 // ops/pool.cpp: max_pool2d, avg_pool2d as compositions (index_select of the windows, then max / a masked mean)
 std::vector<Var> pool_differentiable_backward(const DiffBackwardArgs& args);
 // ops/conv.cpp: conv2d as a composition (the windows, then one batched matmul per group, bias, ReLU)

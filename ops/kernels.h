@@ -45,6 +45,7 @@ OutputSpec dropout(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec row_norm(OpType, std::span<const Tensor>, const OpAttrs&);  // layer_norm, rms_norm
 OutputSpec scaled_dot_product_attention(OpType, std::span<const Tensor>, const OpAttrs&);  // ops/attention.cpp
 OutputSpec qkv_attention(OpType, std::span<const Tensor>, const OpAttrs&);                 // ops/attention.cpp
+OutputSpec gelu_mlp(OpType, std::span<const Tensor>, const OpAttrs&);                      // ops/gelu_mlp.cpp
 OutputSpec narrow(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec concat(OpType, std::span<const Tensor>, const OpAttrs&);
 OutputSpec permute(OpType, std::span<const Tensor>, const OpAttrs&);
@@ -130,7 +131,7 @@ std::vector<int> broadcast_reduction_axes(const Shape& from, const Shape& to);
 
 // The unfused compositions of the fused ops (ops/unfused.cpp), named by their rows (OpDef::unfused).
 namespace unfused {
-extern const UnfusedComposition linear, conv2d, cross_entropy, linear_cross_entropy, qkv_attention;
+extern const UnfusedComposition linear, conv2d, cross_entropy, linear_cross_entropy, qkv_attention, gelu_mlp;
 }  // namespace unfused
 
 // The same entry points per backend, written once (ops/kernel_entry_points.inc).

@@ -539,6 +539,20 @@ std::vector<OpCase> qkv_attention_cases() {
     };
 }
 
+// x (N,in), w1 (hidden,in), b1, w2 (out,hidden), b2: odd sizes, both GELU forms, a single row.
+std::vector<OpCase> gelu_mlp_cases() {
+    const auto form = [](GeluApproximation approximation) {
+        OpAttrs a;
+        a.gelu_approximation = approximation;
+        return a;
+    };
+    return {
+        {"tanh 5x3 -> 7 -> 4", {{5, 3}, {7, 3}, {7}, {4, 7}, {4}}, form(GeluApproximation::Tanh), {}},
+        {"exact 4x6 -> 5 -> 3", {{4, 6}, {5, 6}, {5}, {3, 5}, {3}}, form(GeluApproximation::None), {}},
+        {"tanh one row", {{1, 4}, {6, 4}, {6}, {2, 6}, {2}}, form(GeluApproximation::Tanh), {}},
+    };
+}
+
 // x (T,N,I) = (3,2,3); w flat; h0, c0 (L·D,N,H) where the label says so.
 OpCase rnn_case(const char* label, RnnMode mode, std::int64_t hidden, std::int64_t layers, bool bidirectional,
                 int states) {

@@ -11,6 +11,7 @@ namespace dyngrad::op_cases {
 
 std::vector<OpCase> add_scalar_cases(), arg_reduce_cases(), attention_cases(), batch_norm_cases();
 std::vector<OpCase> qkv_attention_cases();
+std::vector<OpCase> gelu_mlp_cases();
 std::vector<OpCase> bce_with_logits_cases(), binary_cases(), cast_cases(), clamp_cases(), clipped_relu_cases();
 std::vector<OpCase> compare_cases(), concat_cases(), conv2d_cases(), cross_entropy_cases(), dropout_cases();
 std::vector<OpCase> linear_cross_entropy_cases();

@@ -325,6 +325,12 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      "dropout_p=scalar, is_causal=is_causal, scale=attention_scale).transpose(1, 2).reshape(B, T, E), with "
      "dyngrad's keep mask from seed",
      0, true, 0, &unfused::qkv_attention, qkv_attention_differentiable_backward},
+    // linear(gelu(linear(x, w1, b1)), w2, b2) (ops/linalg.h): GELU in cuBLASLt's epilogues on the GPU; reduced under
+    // autocast, as linear.
+    {OpType::GeluMlp, "gelu_mlp", 5, infer::gelu_mlp, {cpu::gelu_mlp_forward, cpu::gelu_mlp_backward},
+     DG_CUDA_KERNELS_NATIVE(gelu_mlp_forward, gelu_mlp_backward), gelu_mlp_cases, reads("gelu_approximation"), kReduced,
+     "F.linear(F.gelu(F.linear(x, w1, b1), approximate=gelu_approximation), w2, b2)", 0, true, 0, &unfused::gelu_mlp,
+     gelu_mlp_differentiable_backward},
     {OpType::Rnn, "rnn", 4, infer::rnn, {cpu::rnn_forward, cpu::rnn_backward},
      DG_CUDA_KERNELS(rnn_forward, rnn_backward), rnn_cases,
      reads("rnn_mode", "hidden_size", "num_layers", "bidirectional", "save_for_backward"), kFollow,

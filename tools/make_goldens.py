@@ -355,6 +355,8 @@ REFERENCES = {
     "rnn": rnn,
     "scaled_dot_product_attention": scaled_dot_product_attention,
     "qkv_attention": qkv_attention,
+    "gelu_mlp": lambda xs, a: F.linear(F.gelu(F.linear(xs[0], xs[1], xs[2]), approximate=a["gelu_approximation"]),
+                                       xs[3], xs[4]),
     "permute": unary(lambda x, a: x.permute(a["axes"])),
     "expand": unary(lambda x, a: x.expand(a["shape"])),
     "embedding": embedding,

@@ -4,6 +4,7 @@
 // per-row losses), the fused ReLU and its gradient against the unfused linear on the same GPU, the dtype
 // conversions against core/half.h, each past the grid-stride wrap and with a scalar tail. Their values against
 // the CPU: the op-table cases of tests/verification/gpu_op_table.cpp and tests/precision/test_gpu_reduced.cpp.
+// gelu_mlp's cuBLASLt GELU epilogues against the float64 CPU run and the composition.
 // Without a CUDA device (or in a CPU-only build) it prints why and exits 77 (CTest: skipped).
 #include <array>
 #include <cmath>
@@ -186,3 +187,76 @@ TEST_CASE("dtype conversions by 16-byte groups round as core/half.h, past the gr
 }
 
 int main(int argc, char* argv[]) { return dgtest::run_gpu_session(argc, argv, "MLP kernel GPU tests"); }
+
+// gelu_mlp (ops/linalg.h) on sizes cuBLASLt's GELU epilogues take (the op table's cases are too small and odd for
+// them, so they run the composition's kernels): forward and the five gradients against the same op on the CPU in
+// float64 from the same rounded inputs, within the dtype's rounding of the largest value, and against the composition
+// (linear, gelu, linear) on the same GPU, where the epilogues differ only by rounding pre once less; with the
+// epilogues off (set_gelu_mlp_epilogues) or the exact GELU, the op runs the composition's kernels: equal to it.
+struct MlpVariant {
+    GeluApproximation form;
+    GeluMlpEpilogues which;
+};
+constexpr MlpVariant kMlpVariants[] = {{GeluApproximation::Tanh, GeluMlpEpilogues::all},
+                                       {GeluApproximation::Tanh, GeluMlpEpilogues::forward},
+                                       {GeluApproximation::Tanh, GeluMlpEpilogues::none},
+                                       {GeluApproximation::None, GeluMlpEpilogues::all}};
+
+TEST_CASE("gelu_mlp's GELU epilogues on the GPU agree with the float64 CPU run and with the composition",
+          "[gpu][gelu_mlp]") {
+    struct Size {
+        std::int64_t rows, in, hidden, out;
+    };
+    for (const Size size : {Size{256, 64, 256, 64}, Size{1024, 96, 384, 96}}) {
+        for (const DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+            for (const auto [form, which] : kMlpVariants) {
+                set_gelu_mlp_epilogues(which);
+                INFO(dtype_name(dtype) << " rows " << size.rows << " hidden " << size.hidden
+                                       << (form == GeluApproximation::Tanh ? " tanh" : " exact") << " epilogues "
+                                       << static_cast<int>(which) << " (0 none, 1 forward, 2 all)");
+                Generator gen(91);
+                const auto random = [&](Shape shape, double stddev) {
+                    return Tensor::normal(shape, 0.0, stddev, gen, DType::f32).to(dtype);  // rounded to dtype once
+                };
+                const std::vector<Tensor> inputs = {random({size.rows, size.in}, 1.0),
+                                                    random({size.hidden, size.in}, 0.1),
+                                                    random({size.hidden}, 0.1),
+                                                    random({size.out, size.hidden}, 0.1),
+                                                    random({size.out}, 0.1)};
+                const Tensor upstream = random({size.rows, size.out}, 1.0);
+                // y and the gradients of sum(y ∘ upstream); `composed`: linear, gelu, linear as three ops.
+                const auto run = [&](Device device, DType as, bool composed) {
+                    ComputeGraph g;
+                    std::vector<Var> v;
+                    for (const Tensor& t : inputs) v.push_back(g.input(t.to(device, as), "", true));
+                    const Var y = composed ? linear(gelu(linear(v[0], v[1], v[2]), form), v[3], v[4])
+                                           : gelu_mlp(v[0], v[1], v[2], v[3], v[4], form);
+                    g.backward(y, upstream.to(device, as));
+                    std::vector<std::vector<double>> out{y.value().to_vector()};
+                    for (const Var& x : v) out.push_back(x.grad().to_vector());
+                    return out;
+                };
+                const auto reference = run(Device::cpu(), DType::f64, false);
+                const auto fused = run(kGpu, dtype, false);
+                const auto composed = run(kGpu, dtype, true);
+                // f32: summation error over up to 1024 terms; bf16/f16: their unit roundoff.
+                const double u = dtype == DType::f32 ? 1e-5 : dtype == DType::bf16 ? 1.0 / 256 : 1.0 / 2048;
+                for (std::size_t i = 0; i < reference.size(); ++i) {
+                    double scale = 0, to_reference = 0, to_composed = 0;
+                    for (std::size_t j = 0; j < reference[i].size(); ++j) {
+                        scale = std::max(scale, std::fabs(reference[i][j]));
+                        to_reference = std::max(to_reference, std::fabs(fused[i][j] - reference[i][j]));
+                        to_composed = std::max(to_composed, std::fabs(fused[i][j] - composed[i][j]));
+                    }
+                    INFO("output " << i << " (0: y, then dx, dw1, db1, dw2, db2): max |fused - f64| " << to_reference
+                                   << ", max |fused - composed| " << to_composed << " of max " << scale);
+                    CHECK(to_reference <= 16 * u * scale);
+                    CHECK(to_composed <= 16 * u * scale);
+                    // Without epilogues the op runs the composition's kernels in its order.
+                    if (which == GeluMlpEpilogues::none || form == GeluApproximation::None) CHECK(to_composed == 0);
+                }
+            }
+        }
+    }
+    set_gelu_mlp_epilogues(GeluMlpEpilogues::all);
+}

@@ -83,9 +83,9 @@ TEST_CASE("every row states its autocast policy and, with cases, its PyTorch exp
     // The policies the switch in graph/autocast.cpp gave before they moved into the rows (docs/mixed_precision.md),
     // and cumsum's, which PyTorch's autocast also runs in float32; linear_cross_entropy, the LM head's GEMM with
     // its loss: its GEMMs in the reduced dtype as linear's, its loss float32 (infer::linear_cross_entropy);
-    // qkv_attention, scaled_dot_product_attention over a packed projection, as that op.
+    // qkv_attention, scaled_dot_product_attention over a packed projection, as that op; gelu_mlp, two linears.
     const std::set<std::string> reduced = {"matmul", "linear", "conv2d", "scaled_dot_product_attention",
-                                           "linear_cross_entropy", "qkv_attention"};
+                                           "linear_cross_entropy", "qkv_attention", "gelu_mlp"};
     const std::set<std::string> float32 = {"softmax", "log_softmax", "cross_entropy", "mse_loss", "nll_loss",
                                            "binary_cross_entropy_with_logits", "l1_loss", "smooth_l1_loss",
                                            "batch_norm", "layer_norm", "rms_norm", "sum", "mean", "exp", "log", "pow",
