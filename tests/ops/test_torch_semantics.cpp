@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "catch.h"
+#include "test_support.h"
 #include "dyngrad/dyngrad.h"
 
 using namespace dyngrad;
@@ -107,6 +108,41 @@ TEST_CASE("linear takes (*, in) as libtorch: rows of the 2-D op, gradients by fi
         CHECK_THROWS_AS(linear(random({2, 3, 6}, gen), w, b), ShapeError);
         CHECK_THROWS_AS(linear(Tensor::full({}, 1.0, DType::f64), w, b), ShapeError);
     }
+}
+
+TEST_CASE("gelu_mlp takes (*, in) as linear; bad shapes, dtypes and GELU forms are typed errors naming the op",
+          "[semantics][gelu_mlp]") {
+    using dgtest::max_abs_diff;
+    using dgtest::MessageHas;
+    Generator gen(17);
+    const auto normal = [&](Shape shape) { return Tensor::normal(shape, 0.0, 1.0, gen, DType::f64); };
+    ComputeGraph g;
+    const Var x = g.input(normal({2, 5, 3}), "x", true), rows = g.input(normal({10, 3}), "rows", true);
+    const Var w1 = g.input(normal({7, 3}), "w1", true), b1 = g.input(normal({7}), "b1", true);
+    const Var w2 = g.input(normal({4, 7}), "w2", true), b2 = g.input(normal({4}), "b2", true);
+    const Var w1_wide = g.input(normal({7, 4})), b1_short = g.input(normal({6})), w2_flat = g.input(normal({28}));
+    const Var b2_f32 = g.input(normal({4}).to(DType::f32)), rows_int = g.input(Tensor::zeros({10, 3}, DType::i64));
+    const std::size_t nodes = g.size();
+    CHECK_THROWS_MATCHES(gelu_mlp(rows, w1_wide, b1, w2, b2), ShapeError,
+                         MessageHas({"gelu_mlp", "do not chain", "(7,4)"}));
+    CHECK_THROWS_MATCHES(gelu_mlp(rows, w1, b1_short, w2, b2), ShapeError, MessageHas({"gelu_mlp", "b1 (6)"}));
+    CHECK_THROWS_MATCHES(gelu_mlp(rows, w1, b1, w2_flat, b2), ShapeError,
+                         MessageHas({"gelu_mlp", "w2 (out,hidden)"}));
+    CHECK_THROWS_MATCHES(gelu_mlp(rows, w1, b1, w2, b2_f32), DTypeError, MessageHas({"gelu_mlp", "b2 is float32"}));
+    CHECK_THROWS_AS(gelu_mlp(rows_int, w1, b1, w2, b2), DTypeError);
+    CHECK_THROWS_AS(gelu_mlp(rows, w1, b1, w2, b2, static_cast<GeluApproximation>(7)), ValueError);
+    CHECK(g.size() == nodes);  // no refused 2-D call left a node
+    // With leading dims the refusal is the same op's (the rows' reshape is recorded first, as linear's).
+    CHECK_THROWS_MATCHES(gelu_mlp(x, w1_wide, b1, w2, b2), ShapeError, MessageHas({"gelu_mlp", "do not chain"}));
+    // (2,5,3) -> (2,5,4), equal to the composition it stands for, values and gradients.
+    const Var y = gelu_mlp(x, w1, b1, w2, b2, GeluApproximation::Tanh);
+    REQUIRE(y.shape() == Shape{2, 5, 4});
+    const Var composed = linear(gelu(linear(x, w1, b1), GeluApproximation::Tanh), w2, b2);
+    CHECK(max_abs_diff(y.value(), composed.value()) <= 1e-12);
+    const Var upstream = g.constant(normal({2, 5, 4}));
+    const std::vector<Var> fused = grad({y}, {x, w1, b1, w2, b2}, {upstream}, {.retain_graph = true});
+    const std::vector<Var> reference = grad({composed}, {x, w1, b1, w2, b2}, {upstream});
+    for (std::size_t i = 0; i < fused.size(); ++i) CHECK(max_abs_diff(fused[i].value(), reference[i].value()) <= 1e-12);
 }
 
 TEST_CASE("cross_entropy and nll_loss over (N,C,d1,d2) are the 2-D ops over the positions, as PyTorch",
