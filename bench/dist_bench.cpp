@@ -18,7 +18,11 @@
 // before it. --tiny: the same workloads shrunk (MLP 64x4 batch 32, lenet batch 8, GPT 2 layers, 2 heads, width 32,
 // context 16, batch 4; all-reduce to 1 MiB) so that ranks on the CPU (MPI) run the whole program in seconds (CTest
 // dist_bench_tiny); on the CPU there is no peak_mib.
-//   mpirun -np 2 dyngrad-dist-bench [--steps 30] [--warmup 5] [--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3] [--tiny]
+// --phases: after each step row, a phases row: forward, backward (with DDP's or ZeRO's communication) and the
+// optimizer's update, each timed alone over --steps steps: the host's time to queue it and the time until the
+// device finished it.
+//   mpirun -np 2 dyngrad-dist-bench [--steps 30] [--warmup 5] [--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3] [--tiny] [--phases]
+//       [--bucket-cap-mb 25] [--first-bucket-cap-mb 1] [--gradient-as-bucket-view]   (DDPOptions)
 #include <dyngrad/cuda/runtime.h>
 #include <dyngrad/distributed/ddp.h>
 #include <dyngrad/distributed/zero.h>
@@ -107,7 +111,7 @@ std::pair<Tensor, Tensor> tokens(Generator& gen, std::int64_t batch, std::int64_
 
 // mode: "ddp" (DDP at world > 1, the plain model at world 1) or "zero1|2|3"; adamw: the optimizer of a DDP row.
 void step_bench(dist::ProcessGroup& group, const Workload& w, const std::string& mode, bool adamw, bool overlap,
-                int steps, int warmup) {
+                int steps, int warmup, bool phases, const dist::DDPOptions& ddp_options) {
     const Device device = group.device();
     if (device.is_cuda()) {
         cuda::set_allow_tf32(w.tf32);
@@ -128,31 +132,46 @@ void step_bench(dist::ProcessGroup& group, const Workload& w, const std::string&
         zero = std::make_unique<dist::ZeroOptimizer>(built.module, group, adam, dist::ZeroOptions{.stage = stage});
     } else {
         if (group.world_size() > 1)
-            ddp = std::make_unique<dist::DistributedDataParallel>(built.module, group, dist::DDPOptions{.overlap = overlap});
+            ddp = std::make_unique<dist::DistributedDataParallel>(built.module, group, [&] {
+                dist::DDPOptions o = ddp_options;
+                o.overlap = overlap;
+                return o;
+            }());
         if (adamw) optimizer = std::make_unique<AdamW>(built.module.parameters(), adam);
         else optimizer = std::make_unique<SGD>(built.module.parameters(), SgdOptions{.lr = 1e-3, .momentum = 0.9});
     }
     Generator data(100 + static_cast<std::uint64_t>(group.rank()));
     auto [host_x, host_y] = w.data(data, w.batch);
     const Tensor x = host_x.to(device), y = host_y.to(device);
-    const auto one_step = [&] {
-        ComputeGraph graph;
-        Var loss;
-        {
-            const AutocastGuard autocast(w.autocast);
-            loss = stage == 3 ? built.head_loss(zero->forward(graph.input(x)), graph.input(y))
-                              : built.loss(graph.input(x), graph.input(y));
-        }
+    // The step's three phases; one_step runs them back to back, --phases times each (below).
+    std::unique_ptr<ComputeGraph> graph;
+    Var loss;
+    const auto forward = [&] {
+        graph = std::make_unique<ComputeGraph>();
+        const AutocastGuard autocast(w.autocast);
+        loss = stage == 3 ? built.head_loss(zero->forward(graph->input(x)), graph->input(y))
+                          : built.loss(graph->input(x), graph->input(y));
+    };
+    const auto backward = [&] {
+        if (zero) zero->backward(*graph, loss);
+        else if (ddp) ddp->backward(*graph, loss, {.free_values = true});
+        else graph->backward(loss, {.free_values = true});
+    };
+    const auto update = [&] {
         if (zero) {
-            zero->backward(graph, loss);
             zero->step();
             zero->zero_grad();
-            return;
+        } else {
+            optimizer->step();
+            optimizer->zero_grad();
         }
-        if (ddp) ddp->backward(graph, loss, {.free_values = true});
-        else graph.backward(loss, {.free_values = true});
-        optimizer->step();
-        optimizer->zero_grad();
+        loss = Var();
+        graph.reset();
+    };
+    const auto one_step = [&] {
+        forward();
+        backward();
+        update();
     };
     for (int i = 0; i < warmup; ++i) one_step();
     synchronize(device);
@@ -169,6 +188,26 @@ void step_bench(dist::ProcessGroup& group, const Workload& w, const std::string&
         device.is_cuda()
             ? str(" peak_mib=", static_cast<double>(cuda::memory_stats(device.index).peak_bytes_in_use) / (1024.0 * 1024.0))
             : "";
+    if (phases) {
+        // Each phase alone: the host's time to queue it, then the time until the device finished it (a
+        // host-bound phase shows both nearly equal; a device-bound one a small host part).
+        double host[3] = {}, done[3] = {};
+        const std::function<void()> parts[3] = {forward, backward, update};
+        for (int i = 0; i < steps; ++i)
+            for (int p = 0; p < 3; ++p) {
+                const auto begin = Clock::now();
+                parts[p]();
+                host[p] += std::chrono::duration<double, std::milli>(Clock::now() - begin).count();
+                synchronize(device);
+                done[p] += std::chrono::duration<double, std::milli>(Clock::now() - begin).count();
+            }
+        if (group.rank() == 0)
+            std::printf("phases model=%s world=%d mode=%s overlap=%d forward_host_ms=%.4f forward_ms=%.4f "
+                        "backward_host_ms=%.4f backward_ms=%.4f update_host_ms=%.4f update_ms=%.4f\n",
+                        w.name.c_str(), group.world_size(), mode.c_str(), group.world_size() > 1 && !zero ? int(overlap) : 0,
+                        host[0] / steps, done[0] / steps, host[1] / steps, done[1] / steps, host[2] / steps,
+                        done[2] / steps);
+    }
     if (group.rank() == 0)
         std::printf("step model=%s world=%d mode=%s optim=%s overlap=%d batch_per_gpu=%lld step_ms=%.4f "
                     "samples_per_s=%.1f%s\n",
@@ -215,17 +254,24 @@ int main(int argc, char** argv) {
     int steps = 30, warmup = 5;
     std::string only;
     std::vector<int> stages;
-    bool tiny = false;
+    bool tiny = false, phases = false;
+    dist::DDPOptions ddp_options;
     try {
-        const cli::Arguments args(argc, argv, {.flags = {"--tiny"}, .options = {"--steps", "--warmup", "--only", "--zero"}});
+        const cli::Arguments args(argc, argv, {.flags = {"--tiny", "--phases", "--gradient-as-bucket-view"}, .options = {"--steps", "--warmup", "--only", "--zero", "--bucket-cap-mb", "--first-bucket-cap-mb"}});
         tiny = args.has("--tiny");
+        phases = args.has("--phases");
+        ddp_options.gradient_as_bucket_view = args.has("--gradient-as-bucket-view");
         if (auto v = args.value("--steps")) steps = static_cast<int>(cli::parse_int("--steps", *v, 1, 100000));
         if (auto v = args.value("--warmup")) warmup = static_cast<int>(cli::parse_int("--warmup", *v, 0, 100000));
         if (auto v = args.value("--only")) only = cli::parse_choice("--only", *v, {"mlp", "lenet", "gpt", "allreduce"});
         if (auto v = args.value("--zero")) stages = parse_stages(*v);
+        if (auto v = args.value("--bucket-cap-mb")) ddp_options.bucket_cap_mb = cli::parse_real("--bucket-cap-mb", *v, 1e-3, 1e6);
+        if (auto v = args.value("--first-bucket-cap-mb"))
+            ddp_options.first_bucket_cap_mb = cli::parse_real("--first-bucket-cap-mb", *v, 1e-3, 1e6);
     } catch (const cli::UsageError& e) {
         std::fprintf(stderr, "dyngrad-dist-bench: %s\nusage: mpirun -np N dyngrad-dist-bench [--steps N] [--warmup N] "
-                             "[--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3] [--tiny]\n", e.what());
+                             "[--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3] [--tiny] [--phases] [--bucket-cap-mb MB] "
+                             "[--first-bucket-cap-mb MB] [--gradient-as-bucket-view]\n", e.what());
         return 2;
     }
     try {
@@ -257,10 +303,10 @@ int main(int argc, char** argv) {
         for (const Workload& w : workloads) {
             if (!only.empty() && w.name.rfind(only, 0) != 0) continue;
             for (int stage : stages)  // the sharded rows: DDP with AdamW (0), the ZeRO stages
-                step_bench(group, w, stage == 0 ? "ddp" : str("zero", stage), true, stage == 0, steps, warmup);
+                step_bench(group, w, stage == 0 ? "ddp" : str("zero", stage), true, stage == 0, steps, warmup, phases, ddp_options);
             if (!stages.empty()) continue;
-            step_bench(group, w, "ddp", w.adamw, true, steps, warmup);
-            if (group.world_size() > 1) step_bench(group, w, "ddp", w.adamw, false, steps, warmup);
+            step_bench(group, w, "ddp", w.adamw, true, steps, warmup, phases, ddp_options);
+            if (group.world_size() > 1) step_bench(group, w, "ddp", w.adamw, false, steps, warmup, phases, ddp_options);
         }
         if (stages.empty() && (only.empty() || only == "allreduce")) allreduce_bench(group, tiny ? 3 : 20, tiny ? std::int64_t{1} << 20 : std::int64_t{1} << 30);
         return 0;

@@ -2,7 +2,7 @@
 """PyTorch DDP and FSDP2 (NCCL) on dyngrad-dist-bench's workloads, for scripts/run-dist-bench.sh.
 
     torchrun --standalone --nproc-per-node N bench/torch_ddp.py [--steps 30] [--warmup 5]
-        [--only mlp|lenet|gpt|allreduce] [--fsdp]
+        [--only mlp|lenet|gpt|allreduce] [--fsdp] [--gradient-as-bucket-view]
 
 Per GPU: mlp4096x4 (4 linear layers 4096->4096, ReLU between, batch 4096) in f32 and TF32, lenet (conv 1->20,
 pool, conv 20->50, pool, linear 800->500, ReLU, linear 500->10) on (256,1,28,28); SGD momentum 0.9,
@@ -13,7 +13,8 @@ all-reduce per parameter-sized bucket through torch.distributed, the same schedu
 Also all_reduce bandwidth by message size. --fsdp runs instead, per workload, DDP with AdamW (mode=ddp
 optim=adamw) and FSDP2 (mode=fsdp2: torch.distributed.fsdp.fully_shard on each GPT block, then on the root; the
 MLP and lenet as one root unit, as dyngrad's ZeRO-3 units). peak_mib: torch.cuda.max_memory_allocated over the
-row, reset before it. Prints the same lines as dyngrad-dist-bench (rank 0).
+row, reset before it. --gradient-as-bucket-view: DDP's option of that name (dyngrad-dist-bench has the same flag).
+Prints the same lines as dyngrad-dist-bench (rank 0).
 """
 import argparse
 import gc
@@ -78,6 +79,9 @@ def fsdp2(model):
     return fully_shard(model)
 
 
+DDP_OPTIONS = {}  # from the command line (main)
+
+
 def step_bench(w, mode, adamw, overlap, world, rank, device, steps, warmup):
     """mode: ddp (the plain model at world 1) or fsdp2."""
     name, make, data, batch, tf32, autocast = w[:6]
@@ -92,7 +96,7 @@ def step_bench(w, mode, adamw, overlap, world, rank, device, steps, warmup):
     if mode == "fsdp2":
         wrapped = model = fsdp2(model)
     elif world > 1:
-        wrapped = nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
+        wrapped = nn.parallel.DistributedDataParallel(model, device_ids=[device.index], **DDP_OPTIONS)
     if adamw:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
     else:
@@ -165,7 +169,9 @@ def main():
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--only", choices=["mlp", "lenet", "gpt", "allreduce"])
     parser.add_argument("--fsdp", action="store_true", help="DDP with AdamW and FSDP2 rows instead of the DDP rows")
+    parser.add_argument("--gradient-as-bucket-view", action="store_true", help="DDP(gradient_as_bucket_view=True)")
     a = parser.parse_args()
+    DDP_OPTIONS["gradient_as_bucket_view"] = a.gradient_as_bucket_view
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))

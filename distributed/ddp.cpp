@@ -263,6 +263,12 @@ void DistributedDataParallel::finish() {
             const Tensor& value = slot.parameter.value();
             // In place when the gradient is this parameter's alone; a gradient shared with a graph's leaf (its
             // Var::grad()) gets a tensor of its own instead of changing that one.
+            if (options_.gradient_as_bucket_view) {
+                if (!grad.defined() || grad.raw_data() != static_cast<const char*>(b.flat.raw_data()) + slot.offset * element)
+                    grad = view_of(b.flat, slot.offset, value.shape());
+                grad.bump_version();
+                continue;
+            }
             if (!grad.defined() || !grad.owns_storage_exclusively() || grad.shape() != value.shape())
                 grad = Tensor::empty(value.shape(), value.dtype(), value.device());
             copy_bytes(grad.raw_data(), static_cast<const char*>(b.flat.raw_data()) + slot.offset * element,

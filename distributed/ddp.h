@@ -44,6 +44,10 @@ struct DDPOptions {
     double first_bucket_cap_mb = 1;   // the first bucket (the last layers' gradients) is smaller
     // false: launch every bucket after the backward (what overlap buys is the difference, dyngrad-dist-bench).
     bool overlap = true;
+    // As PyTorch's gradient_as_bucket_view: after a synchronised backward each gradient is a view into its bucket
+    // (no copy back, no second buffer). The bucket is rewritten by the next synchronised backward, so a gradient
+    // kept from an earlier step changes under its holder: off by default, as in PyTorch.
+    bool gradient_as_bucket_view = false;
     // Opt-in check: step() recomputes the global batch (every rank's inputs, gathered) on this device alone and
     // compares its gradients with the averaged ones; NumericalError names the first parameter off by more than
     // `check_tolerance` (relative L2; 0: 1e-5 for f32, 1e-10 for f64). Needs a loss that is a mean over the

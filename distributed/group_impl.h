@@ -14,7 +14,7 @@
 
 namespace dyngrad::dist {
 
-// ---- NCCL (one communicator per process, non-blocking, watched) ----
+// ---- NCCL (one communicator per process, blocking unless DYNGRAD_NCCL_BLOCKING=0, watched) ----
 struct NcclComm;
 void destroy_nccl(NcclComm* comm) noexcept;
 struct NcclDeleter {
@@ -25,8 +25,8 @@ using NcclHandle = std::unique_ptr<NcclComm, NcclDeleter>;
 bool nccl_compiled();
 // A fresh ncclUniqueId's bytes (rank 0 makes it, the launch channel carries it to the others).
 std::vector<char> nccl_unique_id();
-// ncclCommInitRankConfig with blocking = 0 on `device`, polled up to `timeout` seconds (then aborted:
-// DistributedError). Starts the communicator's watchdog.
+// ncclCommInitRankConfig on `device` and a first all-reduce connecting the peers, bounded by `timeout`
+// seconds (then DistributedError; distributed/nccl.cpp says how). Starts the communicator's watchdog.
 NcclHandle nccl_create(const std::vector<char>& id, int rank, int world, int device, double timeout);
 // Queue one collective on `stream` (a cudaStream_t; nullptr: dyngrad's stream of the device). `what` names
 // the call for errors ("all_reduce of f32 (4,3) on cuda:0, rank 1/2"). Throws DistributedError, also when

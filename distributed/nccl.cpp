@@ -1,11 +1,16 @@
-// NCCL for CUDA tensors (distributed/group_impl.h): one non-blocking communicator per process and a watchdog.
+// NCCL for CUDA tensors (distributed/group_impl.h): one communicator per process and a watchdog.
 //
-// Non-blocking (ncclConfig_t blocking = 0): NCCL calls return ncclInProgress instead of blocking, and we poll
-// ncclCommGetAsyncError up to the timeout. A collective whose peer died does not fail, it spins on the GPU: the
-// watchdog thread records an event after every collective queued outside a CUDA graph capture and aborts the
-// communicator (ncclCommAbort, which also ends the spinning kernels) when one has not completed after the
-// timeout or NCCL reports an asynchronous error. Every later call on the group then throws DistributedError
-// with the reason. Inside a capture nothing is tracked (the graph's replays are the user's to bound).
+// Blocking by default (ncclConfig_t blocking = 1, as PyTorch): a collective's call only queues it. The
+// non-blocking mode (DYNGRAD_NCCL_BLOCKING=0) starts a thread inside NCCL for every call, which made each
+// all-reduce up to 4 MiB take ~0.05 ms of host time instead of ~0.02 (H200 x2, docs/performance.md), so it is
+// kept for diagnosis only. Nothing waits past the timeout either way: the creation (and a first collective of
+// each size class, which makes NCCL connect its peers) runs on a helper thread the caller waits for up to the
+// timeout, non-blocking calls are polled (ncclCommGetAsyncError) up to it, and a collective whose peer died
+// does not fail but spins on the GPU: the watchdog thread records an event after every collective queued
+// outside a CUDA graph capture and aborts the communicator (ncclCommAbort, which also ends the spinning
+// kernels) when one has not completed after the timeout or NCCL reports an asynchronous error. Every later
+// call on the group then throws DistributedError with the reason. Inside a capture nothing is tracked (the
+// graph's replays are the user's to bound).
 //
 // Also DistributedDataParallel's communication stream, which only its NCCL all-reduces use (the end of the file).
 #include <cuda_runtime.h>
@@ -13,8 +18,11 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -33,6 +41,7 @@ struct NcclComm {
     int world = 1;
     int device = 0;
     double timeout = 600;
+    bool blocking = true;             // ncclConfig_t blocking (DYNGRAD_NCCL_BLOCKING)
 
     std::mutex mutex;                 // guards everything below
     std::condition_variable wake;
@@ -118,6 +127,47 @@ void run_collective(NcclComm& c, void* stream_arg, const std::string& what, Call
     c.wake.notify_one();
 }
 
+// Runs `work` on a thread of its own and waits up to `seconds` for it; false when it has not finished by then.
+// The thread is then left behind (detached) with what it holds: a blocking NCCL call waiting for a peer that
+// never comes cannot be interrupted, and the caller must not wait for it.
+bool finishes_within(double seconds, std::function<void()> work) {
+    struct Shared {
+        std::mutex mutex;
+        std::condition_variable finished;
+        bool done = false;
+    };
+    auto shared = std::make_shared<Shared>();
+    std::thread([shared, work = std::move(work)] {
+        work();
+        const std::lock_guard lock(shared->mutex);
+        shared->done = true;
+        shared->finished.notify_all();
+    }).detach();
+    std::unique_lock lock(shared->mutex);
+    return shared->finished.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return shared->done; });
+}
+
+// A first all-reduce of one element and of 4 Mi elements makes a blocking communicator connect the peers
+// (NCCL connects at a collective's first use of an algorithm and protocol, NCCL_RUNTIME_CONNECT), inside the
+// bounded creation instead of inside a training step's collective, which the watchdog could not bound.
+ncclResult_t connect_peers(ncclComm_t comm) {
+    constexpr std::size_t kLargest = std::size_t{1} << 22;
+    float* buffer = nullptr;
+    cudaStream_t stream = nullptr;
+    ncclResult_t r = ncclSuccess;
+    if (cudaMalloc(&buffer, kLargest * sizeof(float)) != cudaSuccess ||
+        cudaMemset(buffer, 0, kLargest * sizeof(float)) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+        r = ncclUnhandledCudaError;
+    }
+    for (const std::size_t count : {std::size_t{1}, kLargest})
+        if (r == ncclSuccess) r = ncclAllReduce(buffer, buffer, count, ncclFloat32, ncclSum, comm, stream);
+    if (r == ncclSuccess && cudaStreamSynchronize(stream) != cudaSuccess) r = ncclUnhandledCudaError;
+    if (stream) cudaStreamDestroy(stream);
+    if (buffer) cudaFree(buffer);
+    return r;
+}
+
 }  // namespace
 
 void NcclComm::abort_locked(const std::string& why) {
@@ -168,7 +218,7 @@ void destroy_nccl(NcclComm* c) noexcept {
     }
     c->wake.notify_one();
     if (c->watchdog.joinable()) c->watchdog.join();
-    if (c->comm) {
+    if (c->comm && !c->blocking) {
         // Finalize flushes queued work; in non-blocking mode it may report progress, which we poll (bounded).
         ncclResult_t r = ncclCommFinalize(c->comm);
         const auto deadline = Clock::now() + std::chrono::seconds(10);
@@ -178,6 +228,14 @@ void destroy_nccl(NcclComm* c) noexcept {
         }
         if (r == ncclSuccess) ncclCommDestroy(c->comm);
         else ncclCommAbort(c->comm);
+    } else if (c->comm) {
+        // Blocking: finalize waits for the queued work, bounded as the creation is; a communicator whose
+        // finalize does not end (a peer gone) is left to its thread rather than waited for.
+        const ncclComm_t comm = c->comm;
+        (void)finishes_within(10, [comm] {
+            if (ncclCommFinalize(comm) == ncclSuccess) ncclCommDestroy(comm);
+            else ncclCommAbort(comm);
+        });
     }
     for (auto& p : c->pending) cudaEventDestroy(p.done);
     for (cudaEvent_t e : c->spare_events) cudaEventDestroy(e);
@@ -207,15 +265,46 @@ NcclHandle nccl_create(const std::vector<char>& id_bytes, int rank, int world, i
     c.device = device;
     c.timeout = timeout;
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    ncclResult_t r = ncclCommInitRankConfig(&c.comm, world, id, rank, &config);
-    if (r != ncclSuccess && r != ncclInProgress) {
-        const std::string text = nccl_text(r, c.comm);
-        if (c.comm) ncclCommAbort(c.comm);
-        c.comm = nullptr;
-        throw DistributedError(str(what, ": ncclCommInitRankConfig failed: ", text));
+    const char* mode = std::getenv("DYNGRAD_NCCL_BLOCKING");
+    if (mode && std::string(mode) != "0" && std::string(mode) != "1")
+        throw ValueError(str(what, ": DYNGRAD_NCCL_BLOCKING='", mode, "' (expected 1, the default, or 0: non-blocking)"));
+    c.blocking = !(mode && std::string(mode) == "0");
+    config.blocking = c.blocking ? 1 : 0;
+    const std::string creation = str(what, ": creation (every rank must join within the timeout)");
+    if (c.blocking) {
+        // The creation and the first connections on a helper thread, bounded by the timeout (see the top).
+        struct Result {
+            ncclComm_t comm = nullptr;
+            ncclResult_t init = ncclSuccess, connect = ncclSuccess;
+        };
+        auto result = std::make_shared<Result>();
+        if (!finishes_within(timeout, [result, id, world, rank, device, config]() mutable {
+                cudaSetDevice(device);
+                result->init = ncclCommInitRankConfig(&result->comm, world, id, rank, &config);
+                if (result->init == ncclSuccess) result->connect = connect_peers(result->comm);
+            }))
+            throw DistributedError(str(creation, ": NCCL did not finish creating and connecting within ", timeout,
+                                       " s (DYNGRAD_DIST_TIMEOUT)"));
+        c.comm = result->comm;
+        const ncclResult_t r = result->init != ncclSuccess ? result->init : result->connect;
+        if (r != ncclSuccess) {
+            const std::string text = nccl_text(r, c.comm);
+            if (c.comm) ncclCommAbort(c.comm);
+            c.comm = nullptr;
+            throw DistributedError(str(what, result->init != ncclSuccess ? ": ncclCommInitRankConfig failed: "
+                                                                         : ": the first all-reduce (connecting the peers) failed: ",
+                                       text));
+        }
+    } else {
+        ncclResult_t r = ncclCommInitRankConfig(&c.comm, world, id, rank, &config);
+        if (r != ncclSuccess && r != ncclInProgress) {
+            const std::string text = nccl_text(r, c.comm);
+            if (c.comm) ncclCommAbort(c.comm);
+            c.comm = nullptr;
+            throw DistributedError(str(what, ": ncclCommInitRankConfig failed: ", text));
+        }
+        settle(c, r, creation);
     }
-    settle(c, r, str(what, ": creation (every rank must join within the timeout)"));
     c.watchdog = std::thread([&c] { c.watch(); });
     return handle;
 }

@@ -405,10 +405,15 @@ void ProcessGroup::all_gather(const Tensor& input, Tensor& output) {
     check_pair(input, output, what, expected);
     mpi_type(input.dtype(), what);  // the dtypes every backend takes
     const std::size_t count = static_cast<std::size_t>(input.numel());
+    // In place: the input is this rank's block of the output (NCCL's in-place form; MPI_IN_PLACE for MPI).
+    const bool in_place = input.device() == output.device() &&
+                          input.raw_data() == static_cast<const char*>(output.raw_data()) +
+                                                  static_cast<std::size_t>(impl_->rank) * input.nbytes();
     if (input.device().is_cuda()) {
         impl_->check_device(input, what);
         if (impl_->world == 1) {
-            output.copy_from(input.reshaped(expected));
+            if (!in_place) output.copy_from(input.reshaped(expected));
+            output.bump_version();
             return;
         }
         nccl_all_gather(impl_->nccl_for(input, what), input.raw_data(), output.raw_data(), count, input.dtype(), nullptr, what);
@@ -416,13 +421,14 @@ void ProcessGroup::all_gather(const Tensor& input, Tensor& output) {
         return;
     }
     if (impl_->world == 1) {
-        output.copy_from(input.reshaped(expected));
+        if (!in_place) output.copy_from(input.reshaped(expected));
+        output.bump_version();
         return;
     }
     MPI_Request request = MPI_REQUEST_NULL;
     const int bytes = mpi_count(input.nbytes(), what, "bytes");
-    impl_->check_mpi(MPI_Iallgather(input.raw_data(), bytes, MPI_BYTE, output.raw_data(), bytes, MPI_BYTE, impl_->comm,
-                                    &request),
+    impl_->check_mpi(MPI_Iallgather(in_place ? MPI_IN_PLACE : input.raw_data(), bytes, MPI_BYTE, output.raw_data(), bytes,
+                                    MPI_BYTE, impl_->comm, &request),
                      what);
     impl_->wait_mpi(request, what);
     output.bump_version();

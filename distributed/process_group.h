@@ -8,8 +8,8 @@
 //
 // Nothing waits forever (docs/distributed.md, "Failures"): every MPI call is non-blocking and polled up to the
 // group's timeout (DYNGRAD_DIST_TIMEOUT seconds, default 600), MPI errors are returned (MPI_ERRORS_RETURN),
-// and NCCL communicators are non-blocking (ncclConfig_t blocking = 0) with a watchdog thread that aborts the
-// communicator when a collective has not finished within the timeout or NCCL reports an asynchronous error;
+// NCCL communicators are created (and their peers connected) within the timeout, and a watchdog thread aborts
+// the communicator when a collective has not finished within the timeout or NCCL reports an asynchronous error;
 // every later call then throws. All failures are DistributedError naming the collective, the rank, and the
 // tensors' shapes, dtypes and devices; bad arguments are ShapeError / DTypeError / DeviceError / ValueError
 // (IndexError for a root outside the group, as for any rank or index out of range) and are detected before
@@ -86,7 +86,8 @@ public:
     void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum);
     // t becomes root's t on every rank. IndexError: root not in [0, world_size()).
     void broadcast(Tensor& t, int root = 0);
-    // output (world, input's shape...) holds every rank's input, by rank. The returning form allocates it.
+    // output (world, input's shape...) holds every rank's input, by rank. The returning form allocates it. In
+    // place when input is output's block at this rank (the same memory): nothing copied there.
     void all_gather(const Tensor& input, Tensor& output);
     Tensor all_gather(const Tensor& input);
     // input (world·k, ...): output (k, ...) is rank r's block of the sum (or mean) of every rank's input.

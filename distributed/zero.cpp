@@ -55,12 +55,26 @@ void add_member(ZeroOptimizer::State& st, std::size_t first_flat, const std::str
     flat->numel += p.value().numel();
 }
 
-void make_shards(ZeroOptimizer::State& st, int rank, int world, const AdamOptions& options) {
+void make_shards(ZeroOptimizer::State& st, int rank, int world, const AdamOptions& options, bool members_view_values) {
     std::vector<Parameter> shard_params;
     for (auto& flat : st.flats) {
         flat.shard = (flat.numel + world - 1) / world;  // the padding (W·S − Ψ_d elements) stays zero
-        Tensor value = Tensor::zeros({flat.shard}, flat.dtype, st.device);
-        for (const auto& m : flat.members) copy_overlap(m, m.parameter.value(), value, flat.shard, rank, true, st.device);
+        Tensor value;
+        if (members_view_values) {
+            // Every rank holds the same (broadcast) weights: lay them all out, then let the parameters view them.
+            flat.values = Tensor::zeros({world * flat.shard}, flat.dtype, st.device);
+            const std::size_t size = dtype_size(flat.dtype);
+            for (auto& m : flat.members) {
+                Tensor& member = m.parameter.value();
+                copy_bytes(bytes_of(flat.values) + m.offset * static_cast<std::int64_t>(size), member.raw_data(),
+                           member.nbytes(), st.device);
+                member = view_of(flat.values, m.offset, m.shape);
+            }
+            value = view_of(flat.values, rank * flat.shard, {flat.shard});
+        } else {
+            value = Tensor::zeros({flat.shard}, flat.dtype, st.device);
+            for (const auto& m : flat.members) copy_overlap(m, m.parameter.value(), value, flat.shard, rank, true, st.device);
+        }
         flat.shard_param = Parameter(value, str("zero.", dtype_name(flat.dtype), ".rank", rank));
         shard_params.push_back(flat.shard_param);
     }
@@ -96,7 +110,7 @@ ZeroOptimizer::ZeroOptimizer(const Module& module, ProcessGroup group, const Ada
         st.identities.push_back(p.identity());
         add_member(st, 0, name, p);
     }
-    make_shards(st, group_.rank(), group_.world_size(), options);
+    make_shards(st, group_.rank(), group_.world_size(), options, true);
     // Its own model check and broadcast repeat ours (construction only); its buckets then average the gradients.
     if (zero_.overlap) st.ddp = std::make_unique<DistributedDataParallel>(module_, group_);
 }
@@ -311,11 +325,15 @@ void ZeroOptimizer::gather_parameters() {
     for (auto& flat : st.flats) flat.accumulating = false;
     if (zero_.stage == 3) return;  // the parameters stay sharded; the next forward gathers them
     for (auto& flat : st.flats) {
-        const Tensor full = group_.all_gather(flat.shard_param.value());  // (W, S): every rank's updated shard
+        // In place: this rank's shard is its block of `values`, which the parameters view (make_shards).
+        Tensor blocks = flat.values.reshaped({group_.world_size(), flat.shard});
+        group_.all_gather(flat.shard_param.value(), blocks);
         const std::size_t size = dtype_size(flat.dtype);
         for (auto& m : flat.members) {
             Tensor& value = m.parameter.value();
-            copy_bytes(bytes_of(value), bytes_of(full) + m.offset * size, value.nbytes(), st.device);
+            const char* at = bytes_of(flat.values) + m.offset * static_cast<std::int64_t>(size);
+            // A value replaced since (load_parameters into a new tensor, to()) no longer views the buffer: copied.
+            if (value.raw_data() != at) copy_bytes(bytes_of(value), at, value.nbytes(), st.device);
             value.bump_version();
         }
     }

@@ -15,7 +15,10 @@
 // Layout. The trainable parameters, in registration order, are laid end to end in one flat buffer per dtype
 // (Ψ_d elements), padded with zeros to a multiple of the world size W; rank r owns elements [r·S, (r+1)·S) of
 // it, S = ceil(Ψ_d / W). The padding (at most W − 1 elements, all on the last ranks) has zero gradient, zero
-// value and zero moments, so AdamW leaves it at zero and it never reaches a parameter.
+// value and zero moments, so AdamW leaves it at zero and it never reaches a parameter. In stages 1 and 2 the
+// parameters' values are views of one such flat buffer of values per dtype, and this rank's shard is its block
+// of it: the all-gather after the step writes every parameter in place (no copies; a parameter whose value was
+// replaced since is copied into instead).
 //
 // The update is AdamW's own code (nn/optim.h): an AdamW over one Parameter per dtype whose value is this rank's
 // shard and whose gradient is the averaged gradient's shard, so the per-element formula, the fused GPU kernel,

@@ -226,7 +226,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<ZeroUnit> units, ProcessGroup group, co
         for (std::size_t f = first; f < st.flats.size(); ++f) unit.flats.push_back(f);
         st.units.push_back(std::move(unit));
     }
-    make_shards(st, group_.rank(), group_.world_size(), options);
+    make_shards(st, group_.rank(), group_.world_size(), options, false);
     unit_op();  // registered once per process, before any graph records it
     {
         const std::lock_guard lock(registry_mutex());

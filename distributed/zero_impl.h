@@ -26,6 +26,7 @@ struct ZeroOptimizer::State {
         Parameter shard_param;   // this rank's S elements; its gradient is the averaged gradient's shard
         Tensor full_grad;        // stage 1: the averaged flat gradient (the model's gradients are views of it);
                                  // undefined with overlap (DDP's buckets averaged the model's gradients)
+        Tensor values;           // stages 1/2: the (W·S) parameters end to end; members' values and the shard view it
         Tensor gathered;         // stage 3: the all-gathered (W·S) buffer the members' values view while gathered
         bool accumulating = false;  // stage 3: shard_param's gradient is this step's (later reductions add to it)
     };
@@ -58,7 +59,9 @@ struct ZeroOptimizer::State {
 // Appends parameter `p` to the flat of its dtype among flats[first_flat...] (a new flat when there is none).
 void add_member(ZeroOptimizer::State& state, std::size_t first_flat, const std::string& name, const Parameter& p);
 // Per flat: S = ceil(Ψ_d / W), this rank's shard of the members' values, its Parameter; then the AdamW over them.
-void make_shards(ZeroOptimizer::State& state, int rank, int world, const AdamOptions& options);
+// Stage 1/2 (members_view_values): the members' values and this rank's shard become views of one persistent
+// (W·S) buffer per flat (Flat::values), so the all-gather after the step writes the parameters in place.
+void make_shards(ZeroOptimizer::State& state, int rank, int world, const AdamOptions& options, bool members_view_values);
 // Host memcpy or device copy of `bytes` (nothing for 0 bytes or dst == src); DDP's buckets use it too.
 void copy_bytes(void* dst, const void* src, std::size_t bytes, Device device);
 char* bytes_of(const Tensor& t);

@@ -6,7 +6,8 @@
 # OUT/report.md: per row and GPU count the step time, throughput, scaling efficiency samples/s(N) / (N x
 # samples/s(1)), dyngrad's step time against PyTorch's, the time without overlapping the all-reduce; the all-reduce
 # bus bandwidth of both by message size per count; step time and peak memory of DDP, ZeRO-1/2/3 and FSDP2; and
-# OUT/scaling.png (efficiency against N) when matplotlib imports.
+# OUT/scaling.png (efficiency against N) when matplotlib imports. DDP runs with gradient_as_bucket_view on both
+# sides (each gradient a view into its all-reduced bucket: no copy back).
 #   scripts/run-dist-bench.sh OUT [--gpus "1 2 4"] [--plan]
 #       (default counts: 1, 2 and the machine's GPU count from nvidia-smi when larger; --plan prints the counts
 #        and the runs, and stops; environment: DYNGRAD_BUILD_DIR (default build-dist), PYTHON, STEPS, RUN_TIMEOUT,
@@ -51,8 +52,8 @@ bench=${DYNGRAD_DIST_BENCH:-$build/bench/dyngrad-dist-bench}
 if ((plan)); then
     echo "counts: $counts"
     for n in $counts; do
-        echo "dyngrad_$n, dyngrad_zero_$n (--zero 0,1,2), dyngrad_zero3_$n (--zero 3): mpirun -np $n ${mpi_flags[*]} -x NCCL_NVLS_ENABLE $bench --steps $steps"
-        echo "torch_$n, torch_fsdp_$n (--fsdp): $python -m torch.distributed.run --standalone --nproc-per-node $n bench/torch_ddp.py --steps $steps"
+        echo "dyngrad_$n, dyngrad_zero_$n (--zero 0,1,2), dyngrad_zero3_$n (--zero 3): mpirun -np $n ${mpi_flags[*]} -x NCCL_NVLS_ENABLE $bench --steps $steps --gradient-as-bucket-view"
+        echo "torch_$n, torch_fsdp_$n (--fsdp): $python -m torch.distributed.run --standalone --nproc-per-node $n bench/torch_ddp.py --steps $steps --gradient-as-bucket-view"
     done
     echo "record: performance/dist-bench-$(dg_gpu_kind)x$largest.md"
     exit 0
@@ -77,8 +78,9 @@ run() {
     fi
 }
 for n in $counts; do
-    dyngrad=(mpirun -np "$n" "${mpi_flags[@]}" -x NCCL_NVLS_ENABLE "$bench" --steps "$steps")
-    torch=("$python" -m torch.distributed.run --standalone --nproc-per-node "$n" bench/torch_ddp.py --steps "$steps")
+    dyngrad=(mpirun -np "$n" "${mpi_flags[@]}" -x NCCL_NVLS_ENABLE "$bench" --steps "$steps" --gradient-as-bucket-view)
+    torch=("$python" -m torch.distributed.run --standalone --nproc-per-node "$n" bench/torch_ddp.py --steps "$steps"
+           --gradient-as-bucket-view)
     run "dyngrad_$n" "${dyngrad[@]}"
     run "torch_$n" "${torch[@]}"
     run "dyngrad_zero_$n" "${dyngrad[@]}" --zero 0,1,2

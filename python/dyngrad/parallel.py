@@ -41,8 +41,9 @@ class DistributedDataParallel(Module):
 
     Keywords as torch's: ``device_ids``/``output_device`` (None or this rank's one device, checked),
     ``broadcast_buffers`` (rank 0's buffers to every rank before each training-mode forward), ``bucket_cap_mb``,
-    ``find_unused_parameters``/``static_graph``/``gradient_as_bucket_view`` (accepted: unused parameters are
-    always handled, see docs), and dyngrad's ``first_bucket_cap_mb`` and ``overlap``.
+    ``gradient_as_bucket_view`` (each gradient a view into its all-reduced bucket: no copy back; the next
+    synchronised backward rewrites it), ``find_unused_parameters``/``static_graph`` (accepted: unused parameters
+    are always handled, see docs), and dyngrad's ``first_bucket_cap_mb`` and ``overlap``.
     """
 
     def __init__(self, module, device_ids=None, output_device=None, dim: int = 0, broadcast_buffers: bool = True,
@@ -75,7 +76,7 @@ class DistributedDataParallel(Module):
         object.__setattr__(self, "_group", pg)
         object.__setattr__(self, "_ddp", _core._dist.DistributedDataParallel(
             pg, list(module.named_parameters()), list(module.named_buffers()), cap, float(first_bucket_cap_mb),
-            bool(overlap)))
+            bool(overlap), bool(gradient_as_bucket_view)))
 
     def forward(self, *inputs, **kwargs):
         if self.broadcast_buffers and self.training and self._group.world_size > 1:

@@ -201,12 +201,13 @@ void bind_available(nb::module_& d) {
         .def("__init__", [](PyDDP* self, const ProcessGroup& group,
                             const std::vector<std::pair<std::string, const PyTensor*>>& parameters,
                             const std::vector<std::pair<std::string, const PyTensor*>>& buffers, double bucket_cap_mb,
-                            double first_bucket_cap_mb, bool overlap) {
+                            double first_bucket_cap_mb, bool overlap, bool gradient_as_bucket_view) {
             const Module module = module_of(parameters, buffers);
             dist::DDPOptions options;
             options.bucket_cap_mb = bucket_cap_mb;
             options.first_bucket_cap_mb = first_bucket_cap_mb;
             options.overlap = overlap;
+            options.gradient_as_bucket_view = gradient_as_bucket_view;
             std::shared_ptr<DistributedDataParallel> ddp;
             {
                 nb::gil_scoped_release release;  // the model check and rank 0's broadcast wait for every rank
@@ -214,7 +215,7 @@ void bind_available(nb::module_& d) {
             }
             new (self) PyDDP{std::move(ddp)};
         }, nb::arg("group"), nb::arg("parameters"), nb::arg("buffers"), nb::arg("bucket_cap_mb"),
-           nb::arg("first_bucket_cap_mb"), nb::arg("overlap"))
+           nb::arg("first_bucket_cap_mb"), nb::arg("overlap"), nb::arg("gradient_as_bucket_view") = false)
         // Marks the graphs of the forward's outputs: their loss.backward() goes through this DDP.
         .def("prepare_backward", [](PyDDP& self, const std::vector<const PyTensor*>& outputs, bool sync) {
             for (const PyTensor* t : outputs)

@@ -122,6 +122,14 @@ TEST_CASE("collectives: all_reduce, broadcast, all_gather, reduce_scatter, barri
         const Tensor gathered = g.all_gather(each[static_cast<std::size_t>(rank)]);
         REQUIRE(gathered.shape() == Shape{world, 2 * world, 3});
         for (int r = 0; r < world; ++r) CHECK(gathered.select(0, r).to_vector() == each[static_cast<std::size_t>(r)].to_vector());
+        // In place: the input is this rank's block of the output (ZeroOptimizer gathers its parameters so).
+        Tensor blocks = Tensor::full({world, 2 * world, 3}, -7.0, dtype);
+        const Tensor& own = each[static_cast<std::size_t>(rank)];
+        Tensor mine = Tensor::from_external(static_cast<char*>(blocks.raw_data()) + static_cast<std::size_t>(rank) * own.nbytes(),
+                                            own.shape(), dtype, Device::cpu(), [keep = blocks] {});
+        mine.copy_from(own);
+        g.all_gather(mine, blocks);
+        for (int r = 0; r < world; ++r) CHECK(blocks.select(0, r).to_vector() == each[static_cast<std::size_t>(r)].to_vector());
 
         const Tensor scattered = g.reduce_scatter(each[static_cast<std::size_t>(rank)], dist::ReduceOp::Sum);
         REQUIRE(scattered.shape() == Shape{2, 3});
@@ -147,31 +155,42 @@ TEST_CASE("DDP: averaged gradient == single-process gradient of the concatenated
 TEST_CASE("DDP: parameters after 20 steps agree across ranks and with single-process training", "[dist][ddp]") {
     dist::ProcessGroup& g = group();
     const int world = g.world_size();
-    Generator init(3 + static_cast<std::uint64_t>(g.rank()));  // different on every rank: the broadcast fixes it
-    Sequential model = make_mlp(init, DType::f32);
-    dist::DistributedDataParallel ddp(model, g);
-    SGD sgd(model.parameters(), {.lr = 0.1, .momentum = 0.9});
-    Generator init0(3);
-    Sequential reference = make_mlp(init0, DType::f32);
-    SGD sgd_ref(reference.parameters(), {.lr = 0.1, .momentum = 0.9});
-    for (int step = 0; step < 20; ++step) {
-        const Rows all = global_batch(1000 + step, {12}, 4 * world, DType::f32);
-        ComputeGraph graph;
-        ddp.backward(graph, loss_of(model, graph, shard(all, g.rank(), world)));
-        sgd.step();
-        sgd.zero_grad();
-        ComputeGraph ref_graph;
-        ref_graph.backward(loss_of(reference, ref_graph, all));
-        sgd_ref.step();
-        sgd_ref.zero_grad();
-    }
-    const auto params = model.parameters();
-    const auto ref_params = reference.parameters();
-    for (std::size_t i = 0; i < params.size(); ++i) {
-        // Bitwise the same on every rank: every rank applied the same averaged gradients.
-        const Tensor all = g.all_gather(params[i].value());
-        for (int r = 1; r < world; ++r) CHECK(all.select(0, r).to_vector() == all.select(0, 0).to_vector());
-        CHECK(relative(params[i].value().to_vector(), ref_params[i].value().to_vector()) <= 1e-5);
+    for (const bool views : {false, true}) {
+        INFO("gradient_as_bucket_view " << views);
+        Generator init(3 + static_cast<std::uint64_t>(g.rank()));  // different on every rank: the broadcast fixes it
+        Sequential model = make_mlp(init, DType::f32);
+        dist::DistributedDataParallel ddp(model, g, {.gradient_as_bucket_view = views});
+        SGD sgd(model.parameters(), {.lr = 0.1, .momentum = 0.9});
+        Generator init0(3);
+        Sequential reference = make_mlp(init0, DType::f32);
+        SGD sgd_ref(reference.parameters(), {.lr = 0.1, .momentum = 0.9});
+        const auto params = model.parameters();
+        Tensor held;  // step 0's first gradient, kept past the next synchronised backward
+        std::vector<double> held_then;
+        for (int step = 0; step < 20; ++step) {
+            const Rows all = global_batch(1000 + step, {12}, 4 * world, DType::f32);
+            ComputeGraph graph;
+            ddp.backward(graph, loss_of(model, graph, shard(all, g.rank(), world)));
+            if (step == 0) {
+                held = params[0].grad();
+                held_then = held.to_vector();
+            }
+            if (step == 1)  // a view is rewritten by the next backward (as PyTorch's); a copy is the holder's
+                CHECK((held.to_vector() == held_then) == !views);
+            sgd.step();
+            sgd.zero_grad();
+            ComputeGraph ref_graph;
+            ref_graph.backward(loss_of(reference, ref_graph, all));
+            sgd_ref.step();
+            sgd_ref.zero_grad();
+        }
+        const auto ref_params = reference.parameters();
+        for (std::size_t i = 0; i < params.size(); ++i) {
+            // Bitwise the same on every rank: every rank applied the same averaged gradients.
+            const Tensor all = g.all_gather(params[i].value());
+            for (int r = 1; r < world; ++r) CHECK(all.select(0, r).to_vector() == all.select(0, 0).to_vector());
+            CHECK(relative(params[i].value().to_vector(), ref_params[i].value().to_vector()) <= 1e-5);
+        }
     }
 }
 

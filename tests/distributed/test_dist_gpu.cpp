@@ -1,9 +1,11 @@
 // The distributed layer on GPUs through NCCL: run by dist_gpu2 as `mpirun -np 2 test_dist_gpu`, one rank per GPU
 // (NCCL_NVLS_ENABLE=0). Exits 77 (skipped) unless it runs as 2 ranks on a machine with at least 2 CUDA devices.
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <thread>
 
 #include "catch.h"
 #include "dist_support.h"
@@ -230,6 +232,30 @@ TEST_CASE("ZeRO: CUDA parameters on a group without NCCL are refused on every ra
     std::vector<dist::ZeroUnit> units{{"mlp", first, [model](const Var& x) { return model(x); }}};
     CHECK_THROWS_MATCHES(dist::ZeroOptimizer(units, plain, {}, {.stage = 3}), DeviceError,
                          MessageHas({"ZeroOptimizer (stage 3)", "NCCL", "cuda"}));
+}
+
+// Run alone by dist_gpu2_dead_peer (DYNGRAD_DIST_TIMEOUT=3): rank 1 stays alive but skips an all-reduce. Rank
+// 0's collective spins on its GPU until the watchdog aborts the communicator; the stream then drains and the
+// next call throws, well before the test's own limit.
+TEST_CASE("NCCL: a peer that skips an all-reduce: the watchdog aborts, the next call throws", "[.dead_peer]") {
+    dist::ProcessGroup& g = group();
+    const double timeout = g.timeout_seconds();
+    REQUIRE(timeout <= 10);
+    if (g.rank() == 1) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(timeout + 3));
+        return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    Tensor t = Tensor::ones({1 << 20}, DType::f32, g.device());
+    g.all_reduce(t);  // queued: it waits on the GPU for rank 1
+    try {
+        cuda::synchronize(g.device().index);  // returns once the abort ended the kernel
+    } catch (const Error&) {
+    }
+    CHECK_THROWS_MATCHES(g.all_reduce(t), DistributedError, MessageHas({"aborted earlier", "not finished after"}));
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    CHECK(waited >= timeout);
+    CHECK(waited < timeout + 20);
 }
 
 int main(int argc, char* argv[]) {
