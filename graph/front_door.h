@@ -42,6 +42,12 @@ Tensor apply_op(OpType op, const std::vector<Tensor>& inputs, const OpAttrs& att
 Var apply_exact(OpType op, std::initializer_list<Var> inputs, const OpAttrs& attrs, std::source_location where);
 Tensor apply_exact(OpType op, std::initializer_list<Tensor> inputs, const OpAttrs& attrs, std::source_location where);
 
+// `op`'s checks up to its shape rule (input count, devices, dtypes, OpDef::infer) on these values, recording and
+// running nothing; throws what recording would. A composite that records a helper node (a reshape) before the op
+// calls it first, so that a refused call leaves the graph as it was. Under autocast it checks nothing (the op
+// would see autocast's casts, which only recording makes).
+void check_op_call(OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs, std::source_location where);
+
 // Attributes with the named fields set and the others at their defaults:
 // op_attrs(&OpAttrs::axis, axis, &OpAttrs::keepdim, keepdim).
 inline void set_attrs(OpAttrs&) {}

@@ -208,10 +208,10 @@ Tensor run_forward(const OpDef& def, OpType op, std::span<const Tensor> inputs, 
 
 }  // namespace detail
 
-Tensor eager(OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs, std::source_location where) {
-    const OpDef& def = op_def(op, attrs);
-    // "relu (eager at model.cpp:42)": the prefix of every error of this call.
-    const auto at = [&] { return str(def.name, " (eager at ", describe_site(where), ")"); };
+namespace {
+// An unrecorded call's operands (eager, check_op_call): their count, presence and device, errors prefixed `at`.
+template <class At>
+void check_operands(const OpDef& def, std::span<const Tensor> inputs, const At& at) {
     if (!takes_input_count(def, static_cast<int>(inputs.size())))
         throw GraphError(str(at(), ": takes ", input_count_text(def), " inputs, got ", inputs.size()));
     for (std::size_t i = 0; i < inputs.size(); ++i)
@@ -220,6 +220,27 @@ Tensor eager(OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs, st
     for (const Tensor& v : inputs)
         if (v.device() != device)
             throw DeviceError(str(at(), ": inputs on different devices: ", describe_inputs(inputs)));
+}
+}  // namespace
+
+void check_op_call(OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs, std::source_location where) {
+    if (autocast_dtype()) return;  // the op would see autocast's casts, which only recording makes
+    const OpDef& def = op_def(op, attrs);
+    const auto at = [&] { return str(def.name, " (at ", describe_site(where), ")"); };
+    check_operands(def, inputs, at);
+    try {
+        detail::reduced_input_dtype(inputs);
+        check_output_spec(def, def.infer(op, inputs, attrs));
+    } catch (...) {
+        detail::rethrow_op_failure(str(at(), " with inputs ", describe_inputs(inputs)), def, "shape rule");
+    }
+}
+
+Tensor eager(OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs, std::source_location where) {
+    const OpDef& def = op_def(op, attrs);
+    // "relu (eager at model.cpp:42)": the prefix of every error of this call.
+    const auto at = [&] { return str(def.name, " (eager at ", describe_site(where), ")"); };
+    check_operands(def, inputs, at);
     if (autocast_dtype()) [[unlikely]]
         if (const auto cast = detail::autocast_tensors(op, inputs)) return eager(op, *cast, attrs, where);
     std::vector<Tensor> saved;  // no backward will read them

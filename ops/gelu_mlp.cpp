@@ -47,8 +47,15 @@ T gelu_mlp(const T& x, const T& w1, const T& b1, const T& w2, const T& b2, GeluA
     if (shape.size() == 2 || shape.empty() || w2.shape().size() != 2)
         return apply_op(OpType::GeluMlp, {x, w1, b1, w2, b2}, attrs, where);
     Shape lead(shape.begin(), shape.end() - 1);
-    const T y = apply_op(OpType::GeluMlp, {reshape(x, {numel(lead), shape.back()}, where), w1, b1, w2, b2}, attrs,
-                         where);
+    const Shape rows{numel(lead), shape.back()};
+    // The op's checks before the reshape is recorded: a refused call records none (an undefined operand: the op's error).
+    if constexpr (std::same_as<T, Var>) {
+        if (w1.defined() && b1.defined() && w2.defined() && b2.defined()) {
+            const Tensor operands[] = {value_of(x).reshaped(rows), value_of(w1), value_of(b1), value_of(w2), value_of(b2)};
+            check_op_call(OpType::GeluMlp, operands, attrs, where);
+        }
+    }
+    const T y = apply_op(OpType::GeluMlp, {reshape(x, rows, where), w1, b1, w2, b2}, attrs, where);
     lead.push_back(w2.shape()[0]);
     return reshape(y, lead, where);
 }

@@ -28,13 +28,16 @@ namespace {
 // Linear takes x (*, in) as libtorch does: the leading dims become the rows of the 2-D op and come back
 // afterwards (x (in) is one row, y (out)). Reshapes share storage and are differentiable, so the kernels, the
 // op table's cases and the goldens stay 2-D. A rank-0 x or a weight that is not 2-D reaches the op unchanged
-// and gets its shape error.
-template <class V, class Rows>
-V over_rows(const V& x, const V& weight, Rows&& linear_2d, std::source_location where) {
+// and gets its shape error. When recording, `check_rows` runs the 2-D op's checks on the rows' shape first
+// (check_op_call), so a refused call records no reshape.
+template <class V, class Rows, class CheckRows>
+V over_rows(const V& x, const V& weight, Rows&& linear_2d, CheckRows&& check_rows, std::source_location where) {
     const Shape& shape = x.shape();
     if (shape.size() == 2 || shape.empty() || weight.shape().size() != 2) return linear_2d(x);
     Shape lead(shape.begin(), shape.end() - 1);
-    const V y = linear_2d(reshape(x, {numel(lead), shape.back()}, where));
+    const Shape rows{numel(lead), shape.back()};
+    if constexpr (std::same_as<V, Var>) check_rows(value_of(x).reshaped(rows));
+    const V y = linear_2d(reshape(x, rows, where));
     lead.push_back(weight.shape()[0]);
     return reshape(y, lead, where);
 }
@@ -47,13 +50,21 @@ T linear(const T& x, const T& weight, const T& bias, Activation activation, std:
     if (!bias.defined()) {
         const T y = over_rows(x, weight, [&](const T& rows) {
             return matmul(rows, transpose(weight, -2, -1, where), where);
+        }, [&](const Tensor& rows) {
+            // matmul(rows, weightᵀ)'s rule reads only shapes and dtypes: a (in, out) handle of the weight stands in.
+            const Tensor& w = value_of(weight);
+            const Tensor operands[] = {rows, w.reshaped({w.size(1), w.size(0)})};
+            check_op_call(OpType::Matmul, operands, {}, where);
         }, where);
         return activation == Activation::Relu ? relu(y, where) : y;
     }
     OpAttrs attrs;
     attrs.activation = activation;
     return over_rows(x, weight, [&](const T& rows) { return apply_op(OpType::Linear, {rows, weight, bias}, attrs, where); },
-                     where);
+                     [&](const Tensor& rows) {
+                         const Tensor operands[] = {rows, value_of(weight), value_of(bias)};
+                         check_op_call(OpType::Linear, operands, attrs, where);
+                     }, where);
 }
 template Var linear(const Var&, const Var&, const Var&, Activation, std::source_location);
 template Tensor linear(const Tensor&, const Tensor&, const Tensor&, Activation, std::source_location);

@@ -108,6 +108,17 @@ TEST_CASE("linear takes (*, in) as libtorch: rows of the 2-D op, gradients by fi
         CHECK_THROWS_AS(linear(random({2, 3, 6}, gen), w, b), ShapeError);
         CHECK_THROWS_AS(linear(Tensor::full({}, 1.0, DType::f64), w, b), ShapeError);
     }
+    SECTION("a refused (*, in) call records nothing: the 2-D op's checks run before the rows' reshape") {
+        ComputeGraph g;
+        const Var vx = g.input(random({2, 3, 6}, gen), "x", true);
+        const Var vw = g.input(w, "w", true), vb = g.input(b, "b", true), vb_f32 = g.input(b.to(DType::f32));
+        const std::size_t nodes = g.size();
+        CHECK_THROWS_MATCHES(linear(vx, vw, vb), ShapeError, dgtest::MessageHas({"linear"}));
+        CHECK_THROWS_MATCHES(linear(vx, vw, Var()), ShapeError, dgtest::MessageHas({"matmul"}));
+        CHECK_THROWS_AS(linear(g.input(random({2, 3, 4}, gen)), vw, vb_f32), DTypeError);
+        CHECK(g.size() == nodes + 1);  // the last call's x only
+        CHECK(linear(g.input(random({2, 3, 4}, gen)), vw, vb).shape() == Shape{2, 3, 5});
+    }
 }
 
 TEST_CASE("gelu_mlp takes (*, in) as linear; bad shapes, dtypes and GELU forms are typed errors naming the op",
@@ -131,9 +142,10 @@ TEST_CASE("gelu_mlp takes (*, in) as linear; bad shapes, dtypes and GELU forms a
     CHECK_THROWS_MATCHES(gelu_mlp(rows, w1, b1, w2, b2_f32), DTypeError, MessageHas({"gelu_mlp", "b2 is float32"}));
     CHECK_THROWS_AS(gelu_mlp(rows_int, w1, b1, w2, b2), DTypeError);
     CHECK_THROWS_AS(gelu_mlp(rows, w1, b1, w2, b2, static_cast<GeluApproximation>(7)), ValueError);
-    CHECK(g.size() == nodes);  // no refused 2-D call left a node
-    // With leading dims the refusal is the same op's (the rows' reshape is recorded first, as linear's).
+    // With leading dims the refusal is the same op's, checked before the rows' reshape is recorded.
     CHECK_THROWS_MATCHES(gelu_mlp(x, w1_wide, b1, w2, b2), ShapeError, MessageHas({"gelu_mlp", "do not chain"}));
+    CHECK_THROWS_MATCHES(gelu_mlp(x, w1, b1, w2, b2_f32), DTypeError, MessageHas({"gelu_mlp", "b2 is float32"}));
+    CHECK(g.size() == nodes);  // no refused call left a node
     // (2,5,3) -> (2,5,4), equal to the composition it stands for, values and gradients.
     const Var y = gelu_mlp(x, w1, b1, w2, b2, GeluApproximation::Tanh);
     REQUIRE(y.shape() == Shape{2, 5, 4});
