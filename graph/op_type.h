@@ -5,6 +5,17 @@
 
 namespace dyngrad {
 
+// The plain unary elementwise ops (one operand, no attribute), X(name, Tag): each is its tag here (in this
+// order, at the end of the unary group), its front door `name(x)` (ops/elementwise.h) and its functor TagOp's case
+// in math::visit_unary (ops/elementwise_math.h). A new one is a line here, its row (ops/op_table.cpp, in the same
+// order), its functor and formula (ops/elementwise_math.h) and its derivative (ops/elementwise.cpp).
+#define DG_PLAIN_UNARY_OPS(X)                                                                        \
+    X(neg, Neg) X(exp, Exp) X(log, Log) X(sqrt, Sqrt) X(abs, Abs) X(sin, Sin) X(cos, Cos)              \
+    X(relu, Relu) X(sigmoid, Sigmoid) X(tanh, Tanh) X(softplus, Softplus)                              \
+    X(silu, Silu)                /* x·σ(x) (swish) */                                                 \
+    X(log_sigmoid, LogSigmoid)   /* log σ(x), without overflow or cancellation for any |x| */          \
+    X(softsign, Softsign)        /* x / (1 + |x|) */
+
 enum class OpType : std::uint16_t {
     Leaf,  // inputs, parameters and constants: no forward, no backward
     // binary elementwise with NumPy broadcasting (ops/elementwise)
@@ -13,14 +24,16 @@ enum class OpType : std::uint16_t {
     // comparisons with NumPy broadcasting (ops/elementwise): 1 where true, 0 where false, in the inputs' dtype;
     // not differentiable (OpDef::differentiable)
     Eq, Ne, Lt, Le, Gt, Ge,
-    // unary elementwise (ops/elementwise); scalar operand in OpAttrs::scalar where there is one
-    Neg, AddScalar, MulScalar, Exp, Log, Sqrt, PowScalar, Abs,
-    Sin, Cos, Clamp,
+    // unary elementwise with an attribute (ops/elementwise): the scalar operand in OpAttrs::scalar, clamp's bounds
+    AddScalar, MulScalar, PowScalar, Clamp,
     // conversion to another floating dtype (OpAttrs::dtype), elementwise; the gradient goes back to x's dtype
     Cast,
-    // activations (ops/elementwise)
-    Relu, LeakyRelu, Elu, ClippedRelu, Sigmoid, Tanh, Softplus,
-    Gelu, Silu, LogSigmoid, Softsign,
+    // activations with an attribute (ops/elementwise)
+    LeakyRelu, Elu, ClippedRelu, Gelu,
+    // the plain unary ops, math functions and activations (DG_PLAIN_UNARY_OPS above)
+#define DG_PLAIN_UNARY_TAG(name, tag) tag,
+    DG_PLAIN_UNARY_OPS(DG_PLAIN_UNARY_TAG)
+#undef DG_PLAIN_UNARY_TAG
     // the activations along an axis, normalised exponentials (ops/elementwise)
     Softmax, LogSoftmax,
     // linear algebra and layout (ops/linalg)

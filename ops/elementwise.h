@@ -38,24 +38,11 @@ DG_BINARY_FRONT_DOOR(maximum, Maximum)
 DG_BINARY_FRONT_DOOR(minimum, Minimum)
 #undef DG_BINARY_FRONT_DOOR
 
-// The unary ops without an attribute: x ↦ f(x), one formula per op in ops/elementwise_math.h.
+// The unary ops without an attribute (DG_PLAIN_UNARY_OPS): x ↦ f(x), one formula per op in ops/elementwise_math.h.
 #define DG_UNARY_FRONT_DOOR(name, tag) \
     template <Operand T>               \
     T name(const T& x, Loc where = Loc::current()) { return apply_op(OpType::tag, {x}, {}, where); }
-DG_UNARY_FRONT_DOOR(neg, Neg)
-DG_UNARY_FRONT_DOOR(exp, Exp)
-DG_UNARY_FRONT_DOOR(log, Log)
-DG_UNARY_FRONT_DOOR(sqrt, Sqrt)
-DG_UNARY_FRONT_DOOR(abs, Abs)
-DG_UNARY_FRONT_DOOR(sin, Sin)
-DG_UNARY_FRONT_DOOR(cos, Cos)
-DG_UNARY_FRONT_DOOR(relu, Relu)
-DG_UNARY_FRONT_DOOR(sigmoid, Sigmoid)
-DG_UNARY_FRONT_DOOR(tanh, Tanh)
-DG_UNARY_FRONT_DOOR(softplus, Softplus)
-DG_UNARY_FRONT_DOOR(silu, Silu)         // x·σ(x) (swish)
-DG_UNARY_FRONT_DOOR(log_sigmoid, LogSigmoid)  // log σ(x), without overflow or cancellation for any |x|
-DG_UNARY_FRONT_DOOR(softsign, Softsign)  // x / (1 + |x|)
+DG_PLAIN_UNARY_OPS(DG_UNARY_FRONT_DOOR)  // graph/op_type.h lists them
 #undef DG_UNARY_FRONT_DOOR
 
 // The unary ops with a scalar (OpAttrs::scalar).

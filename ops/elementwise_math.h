@@ -345,30 +345,20 @@ inline constexpr PointwiseFormula ge{Form::Binary, "GeOp"};
 template <typename Fn>
 decltype(auto) visit_unary(OpType op, const OpAttrs& attrs, Fn&& fn) {
     switch (op) {
-        case OpType::Neg: return fn(NegOp{});
+#define DG_VISIT_PLAIN_UNARY(name, tag) \
+    case OpType::tag: return fn(tag##Op{});
+        DG_PLAIN_UNARY_OPS(DG_VISIT_PLAIN_UNARY)
+#undef DG_VISIT_PLAIN_UNARY
         case OpType::AddScalar: return fn(AddScalarOp{});
         case OpType::MulScalar: return fn(MulScalarOp{});
-        case OpType::Exp: return fn(ExpOp{});
-        case OpType::Log: return fn(LogOp{});
-        case OpType::Sqrt: return fn(SqrtOp{});
         case OpType::PowScalar: return fn(PowScalarOp{});
-        case OpType::Abs: return fn(AbsOp{});
-        case OpType::Sin: return fn(SinOp{});
-        case OpType::Cos: return fn(CosOp{});
         case OpType::Clamp: return fn(ClampOp{});
-        case OpType::Relu: return fn(ReluOp{});
         case OpType::LeakyRelu: return fn(LeakyReluOp{});
         case OpType::Elu: return fn(EluOp{});
         case OpType::ClippedRelu: return fn(ClippedReluOp{});
-        case OpType::Sigmoid: return fn(SigmoidOp{});
-        case OpType::Tanh: return fn(TanhOp{});
-        case OpType::Softplus: return fn(SoftplusOp{});
         case OpType::Gelu:
             if (attrs.gelu_approximation == GeluApproximation::Tanh) return fn(GeluTanhOp{});
             return fn(GeluOp{});
-        case OpType::Silu: return fn(SiluOp{});
-        case OpType::LogSigmoid: return fn(LogSigmoidOp{});
-        case OpType::Softsign: return fn(SoftsignOp{});
         default: break;
     }
     throw Error(str("internal: op tag ", static_cast<int>(op), " is not a unary elementwise op"));
