@@ -54,6 +54,12 @@ std::size_t pool_reserved_bytes(cudaMemPool_t pool) {
 
 void* allocate(std::size_t bytes, int device) {
     ContextOwner& o = owner(device);
+    if (const std::size_t limit = o.memory_limit.load(std::memory_order_relaxed); limit > 0) {
+        const std::size_t in_use = o.bytes_in_use.load(std::memory_order_relaxed);
+        if (bytes > limit || in_use > limit - bytes)
+            throw OutOfMemory(str("cuda:", device, ": allocating ", bytes, " bytes would exceed the memory limit of ",
+                                  limit, " bytes (cuda::set_memory_limit; ", in_use, " bytes in use by dyngrad)"));
+    }
     if (CapturePool* pool = capture_pool_of_this_thread(device)) return allocate_in_capture(*pool, o, bytes);
     // Zero-byte requests still get a real block, so every Storage holds a valid, unique pointer.
     const std::size_t size_class = cache_size_class(bytes);
@@ -130,6 +136,10 @@ MemoryStats memory_stats(int device) {
     stats.capture_reserved_bytes = capture_reserved_bytes(device);
     return stats;
 }
+
+void set_memory_limit(int device, std::size_t bytes) { owner(device).memory_limit.store(bytes, std::memory_order_relaxed); }
+
+std::size_t memory_limit(int device) { return owner(device).memory_limit.load(std::memory_order_relaxed); }
 
 void reset_peak_memory(int device) {
     ContextOwner& o = owner(device);

@@ -84,6 +84,7 @@ struct ContextOwner {
     DeviceBuffer block_counter;
     std::atomic<std::size_t> bytes_in_use{0};
     std::atomic<std::size_t> peak_bytes_in_use{0};
+    std::atomic<std::size_t> memory_limit{0};  // set_memory_limit: bytes_in_use may not exceed it (0: none)
     // Freed small blocks by size class, handed out again without a CUDA call (see allocate()).
     std::mutex cache_mutex;
     std::unordered_map<std::size_t, std::vector<void*>> cached_blocks;

@@ -32,6 +32,8 @@ int device_count() { return 0; }
 std::string device_name(int) { unavailable("cuda::device_name"); }
 MemoryStats memory_stats(int) { unavailable("cuda::memory_stats"); }
 void reset_peak_memory(int) { unavailable("cuda::reset_peak_memory"); }
+void set_memory_limit(int, std::size_t) { unavailable("cuda::set_memory_limit"); }
+std::size_t memory_limit(int) { unavailable("cuda::memory_limit"); }
 void synchronize(int) { unavailable("cuda::synchronize"); }
 void profiler_start() { unavailable("cuda::profiler_start"); }
 void profiler_stop() { unavailable("cuda::profiler_stop"); }

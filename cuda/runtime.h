@@ -44,6 +44,11 @@ struct MemoryStats {
 };
 MemoryStats memory_stats(int device = 0);
 void reset_peak_memory(int device = 0);
+// A cap on what dyngrad holds on the device (bytes_in_use), as PyTorch's per-process memory fraction: an
+// allocation that would take bytes_in_use past `bytes` throws OutOfMemory naming the limit, whatever the device
+// has free. 0 removes it. For running a model as if on a smaller GPU (char_gpt --memory-limit-mib).
+void set_memory_limit(int device, std::size_t bytes);
+std::size_t memory_limit(int device = 0);
 // Waits for all work queued on the device's stream, then raises any error a kernel reported.
 void synchronize(int device = 0);
 // Brackets the work to profile for `ncu --profile-from-start off` (cudaProfilerStart / Stop), e.g. one training

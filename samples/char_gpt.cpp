@@ -103,6 +103,7 @@ const char* const kUsage =
     "                [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]\n"
     "                [--profile-step N] [--distributed [--zero 1|2|3]]\n"
     "                [--checkpoint-activations] [--deterministic] [--reduced-residual] [--capture]\n"
+    "                [--memory-limit-mib N]\n"
     "  --model NAME        char (default) | gpt2: GPT-2 small as llm.c (12, 12, 768, 1024; tied, padded vocabulary)\n"
     "  --data DIR          text files to train on (default /usr/share/games/fortunes; *.dat, *.u8 skipped)\n"
     "  --train-tokens FILE --val-tokens FILE   token files in llm.c's format instead (dyngrad-tokens)\n"
@@ -133,7 +134,9 @@ const char* const kUsage =
     "                      ends with parameters_fnv1a=HASH of the final parameters' bytes\n"
     "  --reduced-residual  with --precision bf16|f16: the residual stream and the LayerNorms in that dtype (statistics\n"
     "                      in f32), as llm.c: no activation casts (nn/transformer.h, TransformerOptions)\n"
-    "  --capture           (cuda, one process) the training step captured into a CUDA graph once, then replayed\n";
+    "  --capture           (cuda, one process) the training step captured into a CUDA graph once, then replayed\n"
+    "  --memory-limit-mib N  (cuda) this process holds at most N MiB on its GPU (cuda::set_memory_limit): more is an\n"
+    "                      OutOfMemory error, as on a GPU that small (scripts/run-zero3-memory-demo.sh)\n";
 
 struct Options {
     std::string data = kDefaultData;
@@ -153,6 +156,7 @@ struct Options {
     bool deterministic = false;  // cuda::set_deterministic for the run
     bool capture = false;        // the training step as a cuda::CapturedStep
     int zero = 0;  // ZeRO stage; 0: DistributedDataParallel
+    std::int64_t memory_limit_mib = 0;  // cuda::set_memory_limit on the run's GPU (0: none)
 };
 
 // Every argument is checked before the corpus is read (cli/command_line.h).
@@ -164,7 +168,7 @@ Options parse_options(int argc, char** argv) {
                      "--heads", "--width", "--context", "--batch", "--steps", "--lr", "--warmup",
                      "--min-lr", "--weight-decay", "--clip", "--dropout", "--eval-every", "--eval-batches", "--seed",
                      "--device", "--csv", "--checkpoint", "--resume", "--init-weights", "--batch-order", "--sample",
-                     "--stop-at", "--require-drop", "--precision", "--profile-step", "--zero"}});
+                     "--stop-at", "--require-drop", "--precision", "--profile-step", "--zero", "--memory-limit-mib"}});
     if (args.help()) {
         std::fputs(kUsage, stdout);
         std::exit(0);
@@ -257,6 +261,10 @@ Options parse_options(int argc, char** argv) {
         throw cli::UsageError("--reduced-residual: keeps the residual stream in --precision's reduced dtype; give "
                               "--precision bf16 or f16");
     o.capture = args.has("--capture");
+    if (auto v = given("--memory-limit-mib")) {
+        o.memory_limit_mib = cli::parse_int("--memory-limit-mib", *v, 1, std::int64_t{1} << 30);
+        if (!o.device.is_cuda()) throw cli::UsageError("--memory-limit-mib: limits a GPU's memory; give --device cuda");
+    }
     if (o.capture && !o.device.is_cuda()) throw cli::UsageError("--capture: captures CUDA graphs; give --device cuda");
     if (o.capture && o.distributed)
         throw cli::UsageError("--capture: one process only (not with --distributed)");
@@ -528,6 +536,8 @@ int run(Options o) {
                     o.zero > 0 ? str("ZeRO-", o.zero).c_str() : "DDP");
     }
 #endif
+    // --memory-limit-mib: this process may hold no more than that on its GPU (as if it were that small).
+    if (o.memory_limit_mib > 0) cuda::set_memory_limit(o.device.index, static_cast<std::size_t>(o.memory_limit_mib) << 20);
     model.to(o.device);
 
     // Weight decay on matrices (weights, embeddings) only, as nanoGPT and bench/torch_gpt.py.

@@ -2,6 +2,7 @@
 // agrees on, a global batch every rank can rebuild from it, one rank's rows of it, the loss, and the relative L2
 // distance the comparisons use.
 #pragma once
+#include <cstdlib>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -19,10 +20,12 @@ inline dyngrad::dist::ProcessGroup& launched_group() {
     return group;
 }
 
-// A seed every rank of `group` agrees on (rank 0's, broadcast), new each run.
+// A seed every rank of `group` agrees on (rank 0's, broadcast), new each run; DYNGRAD_TEST_SEED fixes it (to
+// repeat a failure: the tests print theirs).
 inline std::uint64_t shared_seed(dyngrad::dist::ProcessGroup& group) {
+    const char* fixed = std::getenv("DYNGRAD_TEST_SEED");
     dyngrad::Tensor seed = dyngrad::Tensor::from_vector(
-        std::vector<std::int64_t>{static_cast<std::int64_t>(std::random_device{}() >> 1)}, {1});
+        std::vector<std::int64_t>{fixed ? std::atoll(fixed) : static_cast<std::int64_t>(std::random_device{}() >> 1)}, {1});
     group.broadcast(seed, 0);
     return static_cast<std::uint64_t>(seed.data<std::int64_t>()[0]);
 }

@@ -136,7 +136,9 @@ void check_against_single_process(UnitsFactory factory, Pair (*batch)(std::uint6
         INFO(full[i].first);
         const Tensor every = g.all_gather(full[i].second);  // bitwise the same on every rank
         for (int r = 1; r < world; ++r) CHECK(every.select(0, r).to_vector() == every.select(0, 0).to_vector());
-        CHECK(relative(full[i].second.to_vector(), ref[i].value().to_vector()) <= tolerance);
+        const double error = relative(full[i].second.to_vector(), ref[i].value().to_vector());
+        INFO("relative error " << std::scientific << error);
+        CHECK(error <= tolerance);
     }
     CHECK(zero.optimizer().step_count(0) == steps);
 }
@@ -144,7 +146,10 @@ void check_against_single_process(UnitsFactory factory, Pair (*batch)(std::uint6
 }  // namespace
 
 TEST_CASE("ZeRO-3: an MLP's AdamW steps == single-process AdamW on the concatenated batch (f64)", "[dist][zero3]") {
-    check_against_single_process(mlp_units, mlp_batch, classify, 5, false, 1e-12);
+    // 1e-11: AdamW divides each gradient element by its own running magnitude, so the rounding difference of the
+    // two summation orders on elements near zero becomes a step of full size (1.3e-12 relative seen with
+    // DYNGRAD_TEST_SEED=108289169 on 2 ranks, well under 1e-12 on most seeds).
+    check_against_single_process(mlp_units, mlp_batch, classify, 5, false, 1e-11);
 }
 
 TEST_CASE("ZeRO-3: a tiny transformer's AdamW steps with clipping == single-process AdamW (f64)", "[dist][zero3]") {

@@ -62,6 +62,24 @@ TEST_CASE("memory in use returns to its earlier value", "[gpu][runtime][memory]"
     CHECK(cuda::memory_stats(0).peak_bytes_in_use == cuda::memory_stats(0).bytes_in_use);
 }
 
+TEST_CASE("a memory limit refuses what would pass it, typed, and lifting it restores the device", "[gpu][runtime][memory]") {
+    cuda::synchronize(0);
+    const std::size_t in_use = cuda::memory_stats(0).bytes_in_use;
+    const std::size_t limit = in_use + (std::size_t{64} << 20);
+    cuda::set_memory_limit(0, limit);
+    CHECK(cuda::memory_limit(0) == limit);
+    {
+        const Tensor fits = Tensor::zeros({std::int64_t{8} << 20}, DType::f32, kGpu);  // 32 MiB under 64
+        CHECK_THROWS_MATCHES(Tensor::zeros({std::int64_t{16} << 20}, DType::f32, kGpu), OutOfMemory,
+                             MessageHas({"memory limit", "cuda:0"}));
+        CHECK(cuda::memory_stats(0).bytes_in_use <= limit);  // the refused block was never taken
+        CHECK(sum(fits).item() == 0);  // the device still works under the limit
+    }
+    cuda::set_memory_limit(0, 0);
+    CHECK(cuda::memory_limit(0) == 0);
+    CHECK(Tensor::zeros({std::int64_t{32} << 20}, DType::f32, kGpu).numel() == std::int64_t{32} << 20);
+}
+
 TEST_CASE("inputs on different devices are a DeviceError", "[gpu][runtime][device]") {
     ComputeGraph graph;
     Var on_cpu = graph.input(Tensor::of({1, 2}), "on_cpu");
