@@ -262,7 +262,8 @@ def main():
     args = parser.parse_args()
     ours, theirs = load(args.dyngrad_json), load(args.torch_json)
     summary = []
-    lines = [f"dyngrad: {ours.get('device', '?')}", "",
+    fusion = {True: ", fusion compiler on (DYNGRAD_FUSION=1)", False: ", fusion compiler off"}.get(ours.get("fusion"), "")
+    lines = [f"dyngrad: {ours.get('device', '?')}{fusion}", "",
              f"torch: {theirs.get('device', '?')}, torch {theirs.get('torch', '?')}, CUDA {theirs.get('cuda', '?')}, "
              f"cuDNN {theirs.get('cudnn', '?')}, cudnn.benchmark {theirs.get('cudnn_benchmark', '?')}", "",
              "ms per training step: median of repetitions of K steps, each timed from a synchronised device to the "

@@ -46,6 +46,7 @@
 // 77 no CUDA device.
 #include <dyngrad/dyngrad.h>
 #include <dyngrad/cuda/capture.h>
+#include <dyngrad/graph/fusion_plan.h>
 
 #include <cublas_v2.h>
 #include <cuda_profiler_api.h>
@@ -624,6 +625,7 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Set
     out.precision(9);
     out << "{\n  \"tool\": \"dyngrad-perf\",\n  \"device\": " << json_string(cuda::device_name(0)) << ",\n"
         << "  \"weight_gradient_overlap\": " << json_string(overlap_name(cuda::weight_gradient_overlap())) << ",\n"
+        << "  \"fusion\": " << (fusion::fusion_settings().enabled ? "true" : "false") << ",\n"
         << "  \"timing\": \"median over repetitions of the mean ms per step; each repetition timed on the host clock "
            "from a synchronised device to the end of cudaDeviceSynchronize after K steps\",\n"
         << "  \"memory\": \"peak bytes in use during one step after reset_peak_memory, absolute (parameters, "
@@ -738,8 +740,9 @@ int main(int argc, char** argv) {
                 if (wanted(w.name)) profile_one_replay(w);
             return 0;
         }
-        std::printf("dyngrad-perf on %s, weight-gradient overlap: %s\n", cuda::device_name(0).c_str(),
-                    overlap_name(cuda::weight_gradient_overlap()));
+        std::printf("dyngrad-perf on %s, weight-gradient overlap: %s, fusion %s (DYNGRAD_FUSION)\n",
+                    cuda::device_name(0).c_str(), overlap_name(cuda::weight_gradient_overlap()),
+                    fusion::fusion_settings().enabled ? "on" : "off");
         std::printf("ms per step: median of %d repetitions of K steps (>= %.0f ms each), after %d warm-up steps; "
                     "peak = absolute peak bytes in use during one step\n\n",
                     settings.repetitions, settings.min_repetition_ms, settings.warmup);

@@ -471,6 +471,39 @@ def profile_one_replay(args):
     return 0
 
 
+def kernel_counts(args):
+    """--kernel-counts: per --only workload and --modes mode (eager, compiled), the CUDA kernels one step launches and
+    the sum of their device times, by torch.profiler (CUPTI) over one step after warm-up. A compiled step's kernels
+    are the ones its CUDA-graph replay runs (compiled_captured); dyngrad-perf reports its own as kernels/step."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.backends.cudnn.benchmark = not args.no_cudnn_benchmark
+    table = {w[0]: w for w in workloads()}
+    for name in [n for n in (args.only or "").split(",") if n]:
+        if name not in table:
+            sys.exit(f"torch_reference.py: --kernel-counts: unknown workload {name!r}")
+        _, _, prepare, tf32, _ = table[name]
+        for mode in [m for m in args.modes if m in ("eager", "compiled")]:
+            set_tf32(tf32)
+            inputs, step = prepare(compiled=mode == "compiled")
+            for _ in range(5):
+                step(inputs)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                step(inputs)
+                torch.cuda.synchronize()
+            kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                       and not e.name.lower().startswith(("memcpy", "memset"))]
+            busy_us = sum(e.time_range.elapsed_us() for e in kernels)  # a device event's interval is its run
+            print(f"kernels {name} {mode}: {len(kernels)} per step, {busy_us:.1f} us of kernel time", flush=True)
+            for e in kernels if args.verbose_kernels else []:
+                print(f"    {e.name[:100]}")
+            set_tf32(False)
+            if mode == "compiled":
+                torch._dynamo.reset()
+            release_memory()
+    return 0
+
+
 def chain_us(device, s):
     """bench/perf.cpp chain_us(): host us per op of x = x + c on 1-element tensors, and per backward node."""
     one = torch.ones(1, device=device)
@@ -760,6 +793,9 @@ def main():
     parser.add_argument("--log-every", type=int, default=50, help="as dyngrad-train --log-every (GPU default 50)")
     parser.add_argument("--profile", action="store_true",
                         help="one step of each --only workload in the first --modes mode between cudaProfilerStart/Stop")
+    parser.add_argument("--kernel-counts", action="store_true",
+                        help="kernels per step and their device time of each --only workload, eager and compiled")
+    parser.add_argument("--verbose-kernels", action="store_true", help="with --kernel-counts: each kernel's name")
     args = parser.parse_args()
     args.modes = [m for m in args.modes.split(",") if m]
     for mode in args.modes:
@@ -779,6 +815,8 @@ def main():
         return save_default_init(args)
     if args.profile:
         return profile_one_replay(args)
+    if args.kernel_counts:
+        return kernel_counts(args)
     return time_to_accuracy(args) if args.time_to_accuracy else run_workloads(args)
 
 

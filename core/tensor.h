@@ -135,6 +135,12 @@ public:
                    std::source_location where = std::source_location::current()) const;
     // True when both handles point at the same storage.
     bool shares_storage_with(const Tensor& other) const { return storage_ == other.storage_; }
+    // A reference to this storage that does not keep it alive, and whether a tensor uses the storage it names:
+    // never true of a new storage that took a freed one's address (the reference keeps its control block).
+    std::weak_ptr<const Storage> storage_reference() const { return storage_; }
+    bool uses_storage(const std::weak_ptr<const Storage>& reference) const {
+        return storage_ && !reference.owner_before(storage_) && !storage_.owner_before(reference);
+    }
     // True when no other handle holds this storage, so it may be updated in place safely.
     bool owns_storage_exclusively() const { return storage_.use_count() == 1; }
     // True when the storage is external memory (from_external).

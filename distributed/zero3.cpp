@@ -171,7 +171,11 @@ void release_unit(State& st, State::Unit& unit) {
     for (std::size_t f : unit.flats) {
         State::Flat& flat = st.flats[f];
         // 0 elements, its dtype and device kept: a unit called outside zero.forward fails on the shape.
-        for (auto& m : flat.members) m.parameter.value() = Tensor::empty({0}, flat.dtype, st.device);
+        // Autocast's kept 16-bit copy (graph/autocast.h) would hold a full-size copy of a sharded parameter.
+        for (auto& m : flat.members) {
+            m.parameter.value() = Tensor::empty({0}, flat.dtype, st.device);
+            m.parameter.drop_reduced_copy();
+        }
         st.gathered_bytes -= flat.gathered.nbytes();
         flat.gathered = Tensor();
     }
@@ -237,7 +241,11 @@ ZeroOptimizer::ZeroOptimizer(std::vector<ZeroUnit> units, ProcessGroup group, co
     }
     // The full values are in the shards now: free them.
     for (auto& flat : st.flats)
-        for (auto& m : flat.members) m.parameter.value() = Tensor::empty({0}, flat.dtype, st.device);
+        // Autocast's kept 16-bit copy (graph/autocast.h) would hold a full-size copy of a sharded parameter.
+        for (auto& m : flat.members) {
+            m.parameter.value() = Tensor::empty({0}, flat.dtype, st.device);
+            m.parameter.drop_reduced_copy();
+        }
 }
 
 Var ZeroOptimizer::forward(const Var& input) {

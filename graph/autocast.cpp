@@ -2,7 +2,10 @@
 // hooks the engine calls before it records (or eagerly runs) an op while autocast is on.
 #include "dyngrad/graph/autocast.h"
 
+#include <atomic>
+#include <cstdlib>
 #include <map>
+#include <string_view>
 #include <tuple>
 
 #include "dyngrad/graph/eager.h"
@@ -55,7 +58,20 @@ Var record_cast(const Var& x, DType dtype) {
     return x.graph().record(OpType::Cast, {x}, cast_attrs(dtype), std::source_location::current());
 }
 
-// x cast to `dtype`: a parameter leaf through the cache, anything else by a new cast node.
+// DYNGRAD_AUTOCAST_PARAMETER_COPIES=0 turns the kept copies off (set_autocast_parameter_copies overrides it).
+std::atomic<int> parameter_copies_override{-1};  // -1: the environment's
+bool keeps_parameter_copies() {
+    if (const int set = parameter_copies_override.load(std::memory_order_relaxed); set >= 0) return set != 0;
+    static const bool from_environment = [] {
+        const char* v = std::getenv("DYNGRAD_AUTOCAST_PARAMETER_COPIES");
+        return v == nullptr || std::string_view(v) != "0";
+    }();
+    return from_environment;
+}
+
+// x cast to `dtype`: a parameter leaf through the cache, anything else by a new cast node. A parameter that an
+// optimizer updates keeps its cast across steps (Parameter::keep_reduced_copy); the optimizer's step rewrites
+// it, and a later graph takes it as the cast's value when it is current: no cast kernel.
 Var cast_input(const Var& x, const Tensor& value, DType dtype) {
     const ComputeNode& node = x.node();
     if (node.op != OpType::Leaf || !node.parameter.defined()) return record_cast(x, dtype);
@@ -70,7 +86,18 @@ Var cast_input(const Var& x, const Tensor& value, DType dtype) {
         }
     }
     if (tls.cache.size() >= kCachePurgeSize) purge_stale();
-    Var cast = record_cast(x, dtype);
+    Var cast;
+    Parameter parameter = node.parameter;  // shares the parameter's state
+    const bool kept = keeps_parameter_copies() && value.dtype() == DType::f32 && parameter.has_updater();
+    if (const Tensor copy = kept ? parameter.current_reduced_copy(dtype) : Tensor(); copy.defined()) {
+        const Var inputs[] = {x};
+        cast = x.graph().record_precomputed(OpType::Cast, inputs, cast_attrs(dtype), copy,
+                                            std::source_location::current());
+        ++tls.stats.copies_used;
+    } else {
+        cast = record_cast(x, dtype);
+        if (kept) parameter.keep_reduced_copy(cast.value());
+    }
     ++tls.stats.casts;
     tls.cache.insert_or_assign(key, CacheEntry{cast, storage, version});
     return cast;
@@ -140,6 +167,8 @@ AutocastGuard::~AutocastGuard() {
 }
 
 std::optional<DType> autocast_dtype() { return tls.dtype; }
+void set_autocast_parameter_copies(bool keep) { parameter_copies_override.store(keep ? 1 : 0); }
+bool autocast_parameter_copies() { return keeps_parameter_copies(); }
 AutocastCacheStats autocast_cache_stats() { return tls.stats; }
 
 namespace detail {

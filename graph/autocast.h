@@ -22,6 +22,7 @@
 // cast to a dtype is cast once per graph and reused by its later uses (the cast node is shared, so its gradient
 // is the sum over the uses); the cached cast is dropped when the parameter's value is written in place (its
 // storage version changes) or replaced, and the cache is emptied when the thread's outermost guard ends.
+// Across graphs, a parameter an optimizer updates keeps its cast (set_autocast_parameter_copies below).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -61,11 +62,25 @@ private:
 // The autocast dtype of this thread: bf16/f16 inside an AutocastGuard of that type, none otherwise.
 std::optional<DType> autocast_dtype();
 
+// Kept parameter copies (on by default; DYNGRAD_AUTOCAST_PARAMETER_COPIES=0 or set_autocast_parameter_copies(false)
+// turns them off, for every thread): the cast of a float32 parameter that an optimizer updates outlives its graph
+// as the parameter's 16-bit copy (Parameter::keep_reduced_copy), as llm.c keeps bf16 weights beside its f32
+// masters. The optimizer's step rewrites the copy from the new value in the same kernel (no launch of its own),
+// and the next graph records the parameter's cast with the copy as its value: no cast kernel, the same bits (the
+// step rounds as the cast op does). A copy is used only while it is current (made from the parameter's storage at
+// its present version); any other in-place write or a replaced value makes autocast cast again. The cost: the
+// 16-bit copies stay allocated between steps (2 bytes per parameter for bf16/f16), where PyTorch frees its
+// casts with the step. ZeRO-3 drops a unit's copies with its gathered parameters.
+void set_autocast_parameter_copies(bool keep);
+bool autocast_parameter_copies();
+
 // Parameter casts served from the cache and casts recorded for it, on this thread since the outermost guard
-// began (for tests and the docs' claim that a weight is cast once per step).
+// began (for tests and the docs' claim that a weight is cast once per step); of those casts, the ones that took a
+// kept copy (below) and launched no kernel.
 struct AutocastCacheStats {
     std::int64_t hits = 0;
     std::int64_t casts = 0;
+    std::int64_t copies_used = 0;
 };
 AutocastCacheStats autocast_cache_stats();
 

@@ -2,6 +2,7 @@
 #include "dyngrad/graph/fusion_replay.h"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <utility>
@@ -141,6 +142,7 @@ void update_armed(const State& s) { tls_armed = s.applying.has_value() || s.next
 constexpr std::size_t kMaxPendingGraphs = 16;  // a step of more graphs than this is not fused
 
 std::shared_ptr<const Prepared> prepare(const ComputeGraph& graph, std::string signature) {
+    const auto started = std::chrono::steady_clock::now();
     auto out = std::make_shared<Prepared>();
     out->signature = std::move(signature);
     for (NodeId id = 0; id < graph.size(); ++id) out->node_signatures.push_back(node_signature(graph, id));
@@ -162,11 +164,14 @@ std::shared_ptr<const Prepared> prepare(const ComputeGraph& graph, std::string s
             continue;
         }
         ++stats.groups_compiled;
+        stats.nvrtc_ms += compiled->compile_ms;
+        stats.groups_from_cache += compiled->from_cache ? 1 : 0;
         for (NodeId m : group.members) out->member_dtype[m] = graph.node(m).value.dtype();
         out->plan.groups.push_back(std::move(group));
         out->kernels.push_back(std::move(*compiled));
     }
     ++stats.plans;
+    stats.prepare_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
     return out;
 }
 

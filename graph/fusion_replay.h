@@ -71,6 +71,11 @@ struct ReplayStats {
     std::size_t captures = 0;        // captured graphs that ran generated kernels
     std::size_t last_groups = 0;          // groups of the plan the last of those applied
     std::size_t last_launches_saved = 0;  // its launches_saved()
+    // What fusion cost the host (issue 33's compile-time target): the warm-ups' planning, source generation,
+    // NVRTC and module loading, in ms; of it, NVRTC alone; and the groups whose image came from the disk cache.
+    double prepare_ms = 0.0;
+    double nvrtc_ms = 0.0;
+    std::size_t groups_from_cache = 0;
 };
 ReplayStats replay_stats();  // this thread's
 
@@ -84,6 +89,8 @@ struct CompiledGroup {
     bool double_precision = false;
     std::int64_t numel = 0;
     int device = 0;                   // the CUDA device it was loaded for
+    double compile_ms = 0.0;          // NVRTC time (0 when the image came from the disk cache)
+    bool from_cache = false;
 };
 // The group's kernel, compiled and loaded for its device (a cache by kernel name makes a repeated group cheap);
 // with `check`, also run once on the warm-up's values and compared with the members' (bitwise for f32/f64, one

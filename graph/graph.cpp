@@ -315,6 +315,42 @@ void Parameter::set_name(std::string name) {
     if (!state_) throw ValueError("Parameter is undefined");
     state_->name = std::move(name);
 }
+Tensor Parameter::current_reduced_copy(DType dtype) const {
+    if (!state_ || !state_->reduced) return Tensor();
+    const ReducedCopy& r = *state_->reduced;
+    const Tensor& value = state_->value;
+    const bool current = r.copy.dtype() == dtype && value.uses_storage(r.storage) && r.data == value.raw_data() &&
+                         r.shape == value.shape() && r.version == value.version() &&
+                         r.copy.device() == value.device();
+    return current ? r.copy : Tensor();
+}
+void Parameter::keep_reduced_copy(Tensor copy) {
+    if (!state_) throw ValueError("Parameter is undefined");
+    if (!is_reduced_precision(copy.dtype()) || copy.shape() != state_->value.shape() ||
+        copy.device() != state_->value.device())
+        throw ValueError(str("Parameter '", state_->name, "': a reduced copy must be bfloat16 or float16 of the ",
+                             "value's shape and device; got ", describe(copy), " for ", describe(state_->value)));
+    const Tensor& value = state_->value;
+    state_->reduced = ReducedCopy{std::move(copy), value.storage_reference(), value.raw_data(), value.shape(),
+                                  value.version()};
+}
+Tensor Parameter::reduced_copy() const { return state_ && state_->reduced ? state_->reduced->copy : Tensor(); }
+void Parameter::mark_reduced_copy_current() {
+    if (!state_ || !state_->reduced) return;
+    const Tensor& value = state_->value;
+    ReducedCopy& r = *state_->reduced;
+    r.storage = value.storage_reference();
+    r.data = value.raw_data();
+    r.shape = value.shape();
+    r.version = value.version();
+}
+void Parameter::drop_reduced_copy() {
+    if (state_) state_->reduced.reset();
+}
+void Parameter::count_updater(int delta) {
+    if (state_) state_->updaters.fetch_add(delta, std::memory_order_relaxed);
+}
+bool Parameter::has_updater() const { return state_ && state_->updaters.load(std::memory_order_relaxed) > 0; }
 bool Parameter::requires_grad() const { return state_ && state_->requires_grad; }
 void Parameter::set_requires_grad(bool requires_grad) {
     if (!state_) throw ValueError("Parameter is undefined");
@@ -462,10 +498,15 @@ Var ComputeGraph::record(OpType op, const std::vector<Var>& inputs, const OpAttr
     return record_inputs(op, inputs, attrs, where);
 }
 
+Var ComputeGraph::record_precomputed(OpType op, std::span<const Var> inputs, const OpAttrs& attrs, Tensor value,
+                                     std::source_location where) {
+    return record_inputs(op, inputs, attrs, where, &value);
+}
+
 // The hot path of every op: no string is built and nothing is allocated beyond the output, the node and
 // its input list unless something fails (error messages are composed on the throwing paths only).
 Var ComputeGraph::record_inputs(OpType op, std::span<const Var> inputs, const OpAttrs& attrs,
-                                std::source_location where) {
+                                std::source_location where, const Tensor* precomputed) {
     const OpDef& def = op_def(op, attrs);
     const Use use(*this, def.name);
     // "relu (new node #12 at model.cpp:42)": the prefix of every error of this call.
@@ -487,7 +528,7 @@ Var ComputeGraph::record_inputs(OpType op, std::span<const Var> inputs, const Op
         any_requires_grad = any_requires_grad || n.requires_grad;
     }
     const std::span<const Tensor> input_values = values.span();
-    if (autocast_dtype()) [[unlikely]]  // record the casts autocast wants, then this op on their outputs
+    if (autocast_dtype() && precomputed == nullptr) [[unlikely]]  // record the casts autocast wants, then this op
         if (const auto cast = detail::autocast_inputs(op, inputs, input_values))
             return record_inputs(op, *cast, attrs, where);
     const Device device = input_values.front().device();
@@ -504,6 +545,14 @@ Var ComputeGraph::record_inputs(OpType op, std::span<const Var> inputs, const Op
             fusion::detail::after_record(*this, generation_, var.id_);
         return var;
     };
+    if (!out.defined() && precomputed != nullptr) [[unlikely]] {
+        try {
+            check_forward_output(def, def.infer(op, input_values, attrs), device, *precomputed);
+        } catch (const Error& e) {
+            throw GraphError(str(at(), ": the value given for it does not fit: ", e.what()));
+        }
+        out = *precomputed;
+    }
     if (!out.defined()) out = detail::run_forward(def, op, input_values, attrs, saved, nodes_.size(), [&] {
         return str(at(), " with inputs ", describe_inputs(input_values));
     }, [&](std::size_t i) {

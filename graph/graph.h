@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <source_location>
 #include <span>
 #include <string>
@@ -63,11 +64,42 @@ public:
     // The same for every copy of this parameter, distinct between parameters (a key for maps).
     const void* identity() const { return state_.get(); }
 
+    // Internal (graph/autocast.cpp, nn/optim.cpp): a 16-bit copy of the value kept across steps, as llm.c keeps
+    // its bf16 weights. Autocast keeps the cast it made of a trainable parameter; an optimizer step rewrites
+    // that copy from the new value in the same kernel (nn/optim.cu) and marks it current; autocast then takes
+    // a current copy as the cast's value and launches no cast kernel. "Current" means made from this very
+    // storage at its present version: any other in-place write (they bump the version) or a replaced value
+    // makes it stale, and a stale copy is never read (autocast casts again and keeps that).
+    // The copy of `dtype` when it is current, else an undefined tensor.
+    Tensor current_reduced_copy(DType dtype) const;
+    // Keeps `copy` (the value cast to a 16-bit dtype, just made) as current for the value as it is now.
+    void keep_reduced_copy(Tensor copy);
+    // The kept copy, current or stale (undefined when none): what an optimizer step rewrites.
+    Tensor reduced_copy() const;
+    // After an in-place update that also rewrote reduced_copy() from the new value: current again.
+    void mark_reduced_copy_current();
+    // Forgets the copy (its memory is freed when no graph holds it).
+    void drop_reduced_copy();
+    // How many optimizers update this parameter (each counts itself in and out, nn/optim.cpp): autocast keeps
+    // a copy only of a parameter that one of them will keep current.
+    void count_updater(int delta);
+    bool has_updater() const;
+
 private:
     friend class ComputeGraph;
+    struct ReducedCopy {
+        Tensor copy;
+        // The value it was made from, without keeping that alive (a replaced value's memory is freed as before).
+        std::weak_ptr<const Storage> storage;
+        const void* data = nullptr;
+        Shape shape;
+        std::uint32_t version = 0;  // the storage version it matches
+    };
     struct State {
         Tensor value;
         Tensor grad;
+        std::optional<ReducedCopy> reduced;
+        std::atomic<int> updaters{0};
         std::string name;
         bool requires_grad = true;
         std::mutex binding;                    // guards graph and bound_at: graphs on other threads bind too
@@ -194,6 +226,11 @@ public:
     // forward on the inputs' backend. Called by the op functions in ops/.
     Var record(OpType op, std::initializer_list<Var> inputs, const OpAttrs& attrs, std::source_location where);
     Var record(OpType op, const std::vector<Var>& inputs, const OpAttrs& attrs, std::source_location where);
+    // Internal (graph/autocast.cpp): records `op` as record() does, but with `value` as its output instead of
+    // running its forward: a value already computed for exactly these inputs and attributes (a parameter's kept
+    // 16-bit copy, Parameter::current_reduced_copy). GraphError unless `value` is what the shape rule describes.
+    Var record_precomputed(OpType op, std::span<const Var> inputs, const OpAttrs& attrs, Tensor value,
+                           std::source_location where);
 
     // Seeds a one-element `loss` with 1 and back-propagates.
     void backward(const Var& loss, const BackwardOptions& options = {});
@@ -222,7 +259,8 @@ private:
     const char* foreign_reason(const Var& var) const;
     Var add_leaf(const Tensor& value, bool requires_grad, Parameter parameter, const std::string& name,
                  std::source_location where);
-    Var record_inputs(OpType op, std::span<const Var> inputs, const OpAttrs& attrs, std::source_location where);
+    Var record_inputs(OpType op, std::span<const Var> inputs, const OpAttrs& attrs, std::source_location where,
+                      const Tensor* precomputed = nullptr);
     void run_backward(NodeId root, Tensor seed, const BackwardOptions& options);
     void sweep(NodeId root, Tensor seed, std::span<const char> needed, const BackwardOptions& options);
     void restore_leaf_grads(std::vector<std::pair<NodeId, Tensor>>& earlier);

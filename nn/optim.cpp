@@ -138,9 +138,12 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, const GroupSettings& defaul
     }
     steps_.assign(parameters_.size(), 0);
     state_.resize(parameters_.size());
+    for (Parameter& p : parameters_) p.count_updater(1);  // its steps keep autocast's copy current (run_update)
 }
 
-Optimizer::~Optimizer() = default;
+Optimizer::~Optimizer() {
+    for (Parameter& p : parameters_) p.count_updater(-1);
+}
 
 std::string Optimizer::group_name(std::size_t group) const {
     return groups_.size() == 1 ? std::string(name()) : str(name(), " group ", group);
@@ -386,19 +389,43 @@ void Optimizer::run_update(const std::vector<std::size_t>& ready, const Gate* ga
     for (const std::size_t i : ready)
         if (const Device d = parameters_[i].value().device(); d.is_cuda()) tables_->on(d.index, groups_, steps_, name());
     std::map<int, std::vector<cuda::StepOperands>> on_gpu;
+    std::vector<std::size_t> rewrote_copy;  // parameters whose kept 16-bit copy this step rewrites
     for (const std::size_t i : ready) {
-        const Tensor& value = parameters_[i].value();
+        Parameter& parameter = parameters_[i];
+        const Tensor& value = parameter.value();
         ++steps_[i];
         // An in-place write (here on the CPU, in the fused launch below on a GPU): a recorded graph whose
         // backward still needs the old value now refuses to run (Tensor::bump_version).
         value.bump_version();
-        if (value.device().is_cpu()) rule.cpu(i, inv_scale);
-        else on_gpu[value.device().index].push_back(rule.gpu(i));
+        // Autocast's kept copy (Parameter::reduced_copy) follows the new value: rewritten by the same kernel on a
+        // GPU, cast after the update on the CPU. A copy that no longer fits the value (replaced by another shape,
+        // moved) is dropped: autocast casts afresh.
+        Tensor copy = parameter.reduced_copy();
+        if (copy.defined() && (value.dtype() != DType::f32 || copy.numel() != value.numel() ||
+                               copy.device() != value.device())) {
+            parameter.drop_reduced_copy();
+            copy = Tensor();
+        }
+        if (value.device().is_cpu()) {
+            rule.cpu(i, inv_scale);
+            if (copy.defined()) copy.copy_from(value.to(copy.dtype()));
+        } else {
+            cuda::StepOperands operands = rule.gpu(i);
+            if (copy.defined()) {
+                operands.copy = copy.raw_data();
+                operands.copy_dtype = copy.dtype();
+                copy.bump_version();  // its readers of earlier graphs see the write, as the value's do
+            }
+            on_gpu[value.device().index].push_back(operands);
+        }
+        if (copy.defined()) rewrote_copy.push_back(i);
     }
     for (const auto& [device, tensors] : on_gpu) {
         auto& on = tables_->on(device, groups_, steps_, name());
         if (rule.fused(on.table, tensors, on.state(gate, clip))) on.launched();
     }
+    // After every bump: parameters may share a storage (views of one flat buffer), whose version each bump moves.
+    for (const std::size_t i : rewrote_copy) parameters_[i].mark_reduced_copy_current();
 }
 
 // ---- SGD ----

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "dyngrad/cuda/context.h"
+#include "dyngrad/cuda/element_convert.cuh"
 #include "dyngrad/nn/optim_internal.h"
 #include "dyngrad/ops/vector_pack.cuh"
 
@@ -128,6 +129,15 @@ __device__ inline bool block_updates(const StepChunk& c, const StepState& s) {
     return true;
 }
 
+// The parameter's kept 16-bit copy (StepChunk::copy), element i, from its new value w: the cast op's rounding.
+template <typename T>
+__device__ inline void store_copy(const StepChunk& c, std::int64_t i, T w) {
+    if constexpr (std::is_same_v<T, float>) {
+        if (c.copy_kind == kCopyF16) static_cast<__half*>(c.copy)[i] = convert_element<__half>(w);
+        else static_cast<__nv_bfloat16*>(c.copy)[i] = convert_element<__nv_bfloat16>(w);
+    }
+}
+
 // The rules' unscaling in a step gated by GradScaler: by its inverse scale (read on the device).
 template <typename T>
 __device__ inline Unscale<T> step_unscale(const StepState& s) {
@@ -174,6 +184,9 @@ __global__ void sgd_kernel(const StepChunk* __restrict__ chunks, StepState s) {
 #pragma unroll
         for (int e = 0; e < W; ++e) update(w.v[e], gi.v[e], b.v[e]);
         vector_pack::store_pack(slice_p, k, w);
+        if (c.copy != nullptr)
+#pragma unroll
+            for (int e = 0; e < W; ++e) store_copy(c, begin + k * W + e, w.v[e]);
         if (clip != 1.0) vector_pack::store_pack(slice_g, k, gi);
         if (slice_buffer != nullptr) vector_pack::store_pack(slice_buffer, k, b);
     }
@@ -181,6 +194,7 @@ __global__ void sgd_kernel(const StepChunk* __restrict__ chunks, StepState s) {
         T w = p[i], gi = g[i], b = buffer != nullptr ? buffer[i] : T(0);
         update(w, gi, b);
         p[i] = w;
+        if (c.copy != nullptr) store_copy(c, i, w);
         if (clip != 1.0) g[i] = gi;
         if (buffer != nullptr) buffer[i] = b;
     }
@@ -254,6 +268,7 @@ __global__ void adam_kernel(const StepChunk* __restrict__ chunks, StepState s) {
         m[i] = mi;
         v[i] = vi;
         p[i] = wj;
+        if (c.copy != nullptr) store_copy(c, i, wj);
     }
     finish_block(c, s, true);
 }
@@ -303,7 +318,9 @@ bool for_each_group(StepTable& table, std::span<const StepOperands> tensors, Lau
             const std::int64_t bytes = offset * width;
             StepChunk chunk{advance(t.param, bytes), advance(t.grad, bytes), advance(t.state1, bytes),
                             advance(t.state2, bytes), std::min(kStepChunk, t.numel - offset), {}, t.group,
-                            t.parameter, parameter_blocks};
+                            t.parameter, parameter_blocks,
+                            t.dtype == DType::f32 ? advance(t.copy, offset * dtype_size(t.copy_dtype)) : nullptr,
+                            t.copy_dtype == DType::f16 ? kCopyF16 : kCopyBf16};
             std::copy(t.scalars.begin(), t.scalars.end(), chunk.scalars);
             chunks.push_back(chunk);
             groups.back().blocks += static_cast<unsigned>((chunk.n + kStepSlice - 1) / kStepSlice);

@@ -10,6 +10,7 @@
 //   5. nvcc only (__CUDACC__): the batched passes over many gradients that clipping and loss scaling share.
 // The GPU entry points are declared in every build; without CUDA the tables stay empty (no parameter lives on a
 // GPU) and the entry points are nn/optim_unavailable.cpp's, which throw DeviceError and are never reached.
+// Over 600 lines: the five parts above are read together when following one step; split, each would repeat the others.
 #pragma once
 #include <algorithm>
 #include <array>
@@ -194,8 +195,11 @@ struct StepOperands {
     std::array<double, kStepScalars> scalars;
     std::int32_t group;      // index into StepState::lrs
     std::int32_t parameter;  // index into StepState::steps
+    void* copy = nullptr;  // Parameter::reduced_copy (f32 parameters), rewritten by the step's kernel; null: none
+    DType copy_dtype = DType::bf16;
 };
 
+constexpr std::int32_t kCopyBf16 = 0, kCopyF16 = 1;  // StepChunk::copy_kind
 // A slice of at most kStepChunk elements of one tensor, as the kernels read it from the device table.
 struct StepChunk {
     void* param;
@@ -208,6 +212,8 @@ struct StepChunk {
     std::int32_t parameter;
     std::int64_t blocks;  // how many blocks update its parameter (non-empty slices of all its chunks): the last
                           // to finish advances the step count
+    void* copy;  // StepOperands::copy at this chunk's offset (null: none)
+    std::int32_t copy_kind;
     friend bool operator==(const StepChunk&, const StepChunk&) = default;
 };
 

@@ -129,6 +129,8 @@ std::optional<CompiledGroup> compile_group(const ComputeGraph& graph, const Fusi
             cuda::try_compile_fused_kernel(source.source, source.name, options);
         if (!compiled) return std::nullopt;  // logged by the compiler
         out.kernel = &loaded_kernel(*compiled, device);
+        out.compile_ms = compiled->compile_ms;
+        out.from_cache = compiled->from_cache;
     } catch (const Error& e) {  // a group the generator cannot write, or an image the driver refuses: unfused
         cuda::log_fusion({cuda::FusionLogEntry::Kind::CompileFallback, source.name,
                           str("group ", members_text(graph, group), ": ", e.what(), "; the group runs its unfused kernels")});

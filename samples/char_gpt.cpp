@@ -80,6 +80,7 @@
 #include "byte_tokens.h"
 #include "text_files.h"
 #include "dyngrad/dyngrad.h"
+#include "dyngrad/graph/fusion_replay.h"
 #if DYNGRAD_WITH_DIST
 #include <memory>
 
@@ -724,6 +725,13 @@ int run(Options o) {
         finish_step(step, value, started, profiled, step_start_bytes, lr);
     }
 
+    if (captured && fusion::fusion_settings().enabled) {  // read by scripts/run-gpt-compare.sh's report
+        const fusion::ReplayStats fused = fusion::replay_stats();
+        std::printf("fusion: plans=%zu groups_compiled=%zu groups_from_cache=%zu groups_dropped=%zu captures=%zu "
+                    "launches_saved=%zu prepare_ms=%.1f nvrtc_ms=%.1f\n",
+                    fused.plans, fused.groups_compiled, fused.groups_from_cache, fused.groups_dropped, fused.captures,
+                    fused.last_launches_saved, fused.prepare_ms, fused.nvrtc_ms);
+    }
     if (o.sample > 0)
         std::printf("--- sample ---\n%s\n--- end of sample ---\n", sample_text(model, forward, data.vocabulary, o).c_str());
     const auto window = std::min<std::size_t>(5, losses.size());

@@ -6,13 +6,16 @@
 # the ratios (targets: >= 1.5x eager, >= 1.0x torch.compile), and a PNG of the loss curves (with matplotlib).
 #
 #   scripts/run-gpt-compare.sh OUT_DIR [--data DIR] [--steps N] [--device cuda|cpu] [--tiny] [--no-compile]
-#                              [--precision f32|bf16|f16] [-- extra options for both trainers, e.g. --batch 32]
+#                              [--precision f32|bf16|f16] [--capture] [-- extra options for both trainers, e.g. --batch 32]
 #
 #   --data DIR   the text (default /usr/share/games/fortunes; e.g. .data/fortunes, a copy of it)
 #   --steps N    optimizer steps (default 300; --tiny: 30)
 #   --tiny       a 2-layer, width-32, context-32 model with batch 8 (a CPU check of the script itself)
 #   --no-compile skip the torch.compile run
 #   --precision P f32 (default, TF32 off), or bf16 / f16: both trainers under autocast (f16 with loss scaling)
+#   --capture    dyngrad's step as a CUDA graph (char_gpt --capture; DYNGRAD_FUSION=1 in the environment adds the
+#                fusion compiler, whose planning and NVRTC time char_gpt prints and the report sets against
+#                torch.compile's one-time cost)
 # OUT_DIR receives prepared/ (init.safetensors, batch_order.txt), dyngrad.csv, torch_eager.csv,
 # torch_compile.csv, the programs' logs, report.md, report.json and gpt_loss_curves.png.
 # Environment: PYTHON (default python3; needs torch, and matplotlib for the PNG); CHAR_GPT (a
@@ -30,6 +33,7 @@ steps=""
 device=cuda
 tiny=0
 compile=1
+capture=0
 precision=f32
 extra=()
 while (($# > 0)); do
@@ -39,6 +43,7 @@ while (($# > 0)); do
         --device) device=$2; shift 2 ;;
         --tiny) tiny=1; shift ;;
         --no-compile) compile=0; shift ;;
+        --capture) capture=1; shift ;;
         --precision) precision=$2; shift 2 ;;
         --) shift; extra=("$@"); break ;;
         *) echo "run-gpt-compare.sh: unknown option $1" >&2; exit 2 ;;
@@ -75,7 +80,9 @@ echo "==> initial weights and batch order (bench/torch_gpt.py --prepare)"
 shared=(--init-weights "$out/prepared/init.safetensors" --batch-order "$out/prepared/batch_order.txt")
 
 echo "==> dyngrad (char_gpt, $device)"
-"$char_gpt" "${config[@]}" "${shared[@]}" --device "$device" --csv "$out/dyngrad.csv" --sample 300 \
+dyngrad_only=()
+((capture)) && dyngrad_only=(--capture)
+"$char_gpt" "${config[@]}" "${shared[@]}" "${dyngrad_only[@]}" --device "$device" --csv "$out/dyngrad.csv" --sample 300 \
     2>&1 | tee "$out/dyngrad.txt" || status=1
 echo "==> PyTorch eager"
 PYTHONUNBUFFERED=1 "$python" "$root/bench/torch_gpt.py" "${config[@]}" "${shared[@]}" --device "$device" \
@@ -87,10 +94,11 @@ if ((compile)); then
 fi
 
 echo "==> report"
-"$python" - "$out" "$device" "${config[*]}" "$precision" <<'PY' | tee "$out/report.md" || status=1
-import csv, datetime, json, os, platform, sys
+"$python" - "$out" "$device" "${config[*]}" "$precision" "$capture" "${DYNGRAD_FUSION:-0}" <<'PY' | tee "$out/report.md" || status=1
+import csv, datetime, json, os, platform, re, statistics, sys
 
 out, device, config, precision = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+captured, fused = sys.argv[5] == "1", sys.argv[6] == "1"
 runs = {}
 for name, label in (("dyngrad", "dyngrad"), ("torch_eager", "PyTorch eager"), ("torch_compile", "torch.compile")):
     path = f"{out}/{name}.csv"
@@ -109,8 +117,13 @@ def summary(rows):
     timed = rows[skip:]
     rate = len(timed) / sum(1.0 / float(r["tokens_per_second"]) for r in timed)
     vals = [(int(r["step"]), float(r["val_loss"])) for r in rows if r["val_loss"]]
+    # One-time cost: the first two steps (dyngrad --capture: the eager warm-up with the fusion pass and NVRTC,
+    # then the capture; torch.compile: tracing and compiling, then its first compiled step) less two typical steps.
+    tokens = int(re.search(r"--batch (\d+)", config).group(1)) * int(re.search(r"--context (\d+)", config).group(1))
+    seconds = [tokens / float(r["tokens_per_second"]) for r in rows]
+    one_time = sum(seconds[:2]) - 2 * statistics.median(seconds[skip:] or seconds) if len(seconds) > 2 else None
     return {"steps": len(rows), "final_val_loss": vals[-1][1], "final_train_loss": float(rows[-1]["train_loss"]),
-            "tokens_per_second": rate, "timed_steps": len(timed), "val_curve": vals}
+            "tokens_per_second": rate, "timed_steps": len(timed), "val_curve": vals, "one_time_seconds": one_time}
 
 results = {name: summary(rows) for name, (label, rows) in runs.items()}
 ours, eager = results["dyngrad"], results["torch_eager"]
@@ -124,7 +137,9 @@ except Exception:
 arithmetic = {"f32": "float32 (TF32 off)", "bf16": "bf16 autocast", "f16": "f16 autocast with loss scaling"}[precision]
 print(f"# char GPT: dyngrad vs PyTorch, {arithmetic} ({datetime.date.today()}, {gpu}, torch {torch_version})\n")
 print(f"Configuration (both trainers): `{config}`; same initial weights and batch order (bench/torch_gpt.py "
-      f"--prepare), {arithmetic} on both sides.\n")
+      f"--prepare), {arithmetic} on both sides. dyngrad's step: "
+      + ("captured (`--capture`), fusion " + ("on (DYNGRAD_FUSION=1)" if fused else "off") if captured else "eager")
+      + ".\n")
 print("| run | steps | final train loss | final val loss | tokens/s (after warm-up) | dyngrad / this |")
 print("|---|---:|---:|---:|---:|---:|")
 for name, (label, _) in runs.items():
@@ -142,7 +157,29 @@ if "torch_compile" in results:
 print(f"Throughput targets: >= 1.5x PyTorch eager (measured {ours['tokens_per_second'] / eager['tokens_per_second']:.2f}x)"
       + (f", >= 1.0x torch.compile (measured {ours['tokens_per_second'] / results['torch_compile']['tokens_per_second']:.2f}x)"
          if "torch_compile" in results else "") + ".")
+print("\nOne-time cost, the first two steps less two median steps (cuBLAS/cuDNN set-up on both sides; dyngrad "
+      "--capture: the warm-up and the capture; torch.compile: tracing and compilation):\n")
+print("| run | one-time cost s |")
+print("|---|---:|")
+for name, (label, _) in runs.items():
+    cost = results[name]["one_time_seconds"]
+    print(f"| {label} | {'-' if cost is None else f'{cost:.3f}'} |")
+fusion = None
+if os.path.exists(f"{out}/dyngrad.txt"):
+    for line in open(f"{out}/dyngrad.txt", errors="replace"):  # the sample may hold any bytes
+        if line.startswith("fusion: "):
+            fusion = {k: float(v) for k, v in (item.split("=") for item in line.split()[1:])}
+if fusion is not None:
+    print(f"\nFusion (dyngrad): {fusion['groups_compiled']:.0f} groups compiled ({fusion['groups_from_cache']:.0f} from "
+          f"the disk cache, {fusion['groups_dropped']:.0f} dropped), {fusion['launches_saved']:.0f} launches saved per "
+          f"captured step; planning, generation, NVRTC and loading {fusion['prepare_ms']:.1f} ms, of it NVRTC "
+          f"{fusion['nvrtc_ms']:.1f} ms.")
+    compile_cost = results.get("torch_compile", {}).get("one_time_seconds")
+    if compile_cost:
+        share = fusion["prepare_ms"] / 1000 / compile_cost
+        print(f"Against torch.compile's one-time cost ({compile_cost:.1f} s): {100 * share:.2f}% (target <= 10%).")
 json.dump({"date": str(datetime.date.today()), "device": gpu, "precision": precision, "torch": torch_version, "config": config,
+           "captured": captured, "fusion": fusion,
            "val_relative_difference": relative, "runs": results}, open(f"{out}/report.json", "w"), indent=1)
 try:
     import matplotlib

@@ -8,7 +8,7 @@
 # names one): 1. one GPU, uncapped (its peak allocation and losses: OUT/single.csv); 2. one GPU under the cap: must
 # fail with OutOfMemory naming the limit; 3. `mpirun -np N char_gpt --distributed --zero 3` under the cap
 # (OUT/zero3.csv). The cap defaults to 60% of run 1's peak. The model (12 layers, 16 heads, width 1024, context 128:
-# about 151 M parameters by 12·12·1024², not yet measured; 16 bytes each of f32 weights, gradients and AdamW moments) is large against its activations
+# 151.58 M parameters as char_gpt reported them on 2×H200; 16 bytes each of f32 weights, gradients and AdamW moments) is large against its activations
 # (8 windows a step), so ZeRO-3's shards fit where one GPU's state does not. Data: DATA (default the fortunes
 # corpus; without it, the repository's docs/ as text). OUT/report.md says what held; exit 1 unless all three did.
 # DYNGRAD_RECORD=docs (scripts/lib.sh) writes it to performance/zero3-memory-<GPU>x<N>.md.

@@ -13,7 +13,8 @@ from . import _core
 from ._args import check_bools, check_ints, check_numbers
 from ._scoped import ScopedSwitch
 
-__all__ = ["autocast", "GradScaler", "get_autocast_dtype", "is_autocast_enabled"]
+__all__ = ["autocast", "GradScaler", "get_autocast_dtype", "is_autocast_enabled", "set_autocast_parameter_copies",
+           "autocast_parameter_copies"]
 
 
 def get_autocast_dtype():
@@ -23,6 +24,20 @@ def get_autocast_dtype():
 
 def is_autocast_enabled() -> bool:
     return _core.get_autocast_dtype() is not None
+
+
+def set_autocast_parameter_copies(keep: bool) -> None:
+    """Whether autocast keeps the 16-bit cast of a parameter an optimizer updates across steps (on by default;
+    a deliberate difference from PyTorch, docs/mixed_precision.md "Kept parameter copies"): the optimizer's step
+    rewrites the copy and the next forward launches no cast for it, at 2 bytes per parameter kept between steps.
+    For every thread; DYNGRAD_AUTOCAST_PARAMETER_COPIES=0 sets the default off."""
+    check_bools("set_autocast_parameter_copies", keep=keep)
+    _core.set_autocast_parameter_copies(keep)
+
+
+def autocast_parameter_copies() -> bool:
+    """Whether autocast keeps parameter copies (set_autocast_parameter_copies)."""
+    return _core.autocast_parameter_copies()
 
 
 class autocast(ScopedSwitch):

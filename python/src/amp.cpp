@@ -24,6 +24,8 @@ void bind_amp(nb::module_& m) {
         .def("exit", [](AutocastScope& s) { s.guard.reset(); });
     m.def("get_autocast_dtype", [] { return autocast_dtype(); },
           "The autocast dtype of this thread (bfloat16/float16 inside dyngrad.autocast), None outside.");
+    m.def("set_autocast_parameter_copies", &set_autocast_parameter_copies, nb::arg("keep"));
+    m.def("autocast_parameter_copies", &autocast_parameter_copies);
 
     nb::class_<GradScaler>(m, "GradScaler")
         .def("__init__", [](GradScaler* self, double init_scale, double growth_factor, double backoff_factor,

@@ -83,6 +83,43 @@ def test_autocast_runs_products_in_bf16_and_the_loss_in_f32(rng):
     assert layer(x).dtype == dg.float32
 
 
+def _train_under_autocast(seed, keep, steps=3):
+    """AdamW steps of a two-layer model under bf16 autocast, with or without kept parameter copies."""
+    dg.amp.set_autocast_parameter_copies(keep)
+    try:
+        dg.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+        opt = dg.optim.AdamW(model.parameters(), lr=0.01)
+        gen = np.random.default_rng(seed)
+        x = dg.tensor(gen.standard_normal((5, 6)).astype(np.float32))
+        y = dg.tensor(gen.standard_normal((5, 3)).astype(np.float32))
+        losses = []
+        for _ in range(steps):
+            opt.zero_grad()
+            with dg.autocast("cpu", dtype=dg.bfloat16):
+                loss = F.mse_loss(model(x).float(), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses, [p.detach().numpy().copy() for p in model.parameters()]
+    finally:
+        dg.amp.set_autocast_parameter_copies(True)
+
+
+def test_kept_parameter_copies_train_the_same_bits(rng):
+    # A deliberate difference from PyTorch (docs/mixed_precision.md): the optimizer rewrites each parameter's bf16
+    # cast and the next forward reuses it; the results are those of casting afresh, bit for bit.
+    seed = int(rng.integers(1 << 30))
+    assert dg.amp.autocast_parameter_copies()
+    fresh_losses, fresh = _train_under_autocast(seed, False)
+    kept_losses, kept = _train_under_autocast(seed, True)
+    assert kept_losses == fresh_losses
+    for a, b in zip(kept, fresh):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(TypeError):
+        dg.amp.set_autocast_parameter_copies(1)
+
+
 def test_autocast_arguments_and_decorator():
     with dg.autocast("cuda"):  # PyTorch's default for cuda: float16
         assert dg.amp.get_autocast_dtype() == dg.float16

@@ -450,3 +450,52 @@ TEST_CASE("random graphs: every plan is legal, schedulable and writes what is re
         CHECK(std::all_of(done.begin(), done.end(), [](char d) { return d != 0; }));
     }
 }
+
+TEST_CASE("GPT step: f32 forms no group; under bf16 autocast each residual add takes its branch's cast", "[fusion]") {
+    // The char GPT's step as char_gpt records it (GPT::loss: the LM head fused with the loss). Every pointwise op of
+    // the f32 step sits alone between fused ops (the residual adds between attention or gelu_mlp and layer_norm);
+    // PyTorch's autocast recipe casts each branch's bf16 output back to f32 before its residual add: that pair groups.
+    Generator gen = fresh_generator();
+    GPTConfig config;
+    config.vocab_size = 50;
+    config.context = 16;
+    config.layers = 2;
+    config.heads = 2;
+    config.width = 32;
+    std::uniform_int_distribution<std::int64_t> token(0, config.vocab_size - 1);
+    std::mt19937_64 pick(std::random_device{}());
+    std::vector<std::int64_t> tokens(16), targets(16);
+    for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = token(pick), targets[i] = token(pick);
+    for (const DType precision : {DType::f32, DType::bf16}) {
+        GPT model(config, gen);
+        ComputeGraph graph;
+        Var loss;
+        {
+            AutocastGuard autocast(precision);
+            loss = model.loss(graph.input(Tensor::from_vector(tokens, {2, 8})),
+                              graph.input(Tensor::from_vector(targets, {16})));
+        }
+        const FusionPlan plan = plan_fusion(graph);
+        INFO(dtype_name(precision) << ": " << plan.describe(graph));
+        if (precision == DType::f32) {
+            CHECK(plan.groups.empty());
+            continue;
+        }
+        REQUIRE(plan.groups.size() == static_cast<std::size_t>(2 * config.layers));
+        for (const FusionGroup& group : plan.groups) {
+            REQUIRE(group.members.size() == 2);
+            const ComputeNode& cast = graph.node(group.members[0]);
+            const ComputeNode& add = graph.node(group.members[1]);
+            CHECK(cast.op == OpType::Cast);
+            CHECK(cast.value.dtype() == DType::f32);
+            CHECK(add.op == OpType::Add);
+            CHECK(group.shape == Shape{2, 8, config.width});
+            // The branch's bf16 output and the f32 residual stream in; only the new residual stream out.
+            REQUIRE(group.inputs.size() == 2);
+            CHECK(graph.node(group.inputs[0]).value.dtype() == DType::bf16);
+            CHECK(output_nodes(group) == std::vector<NodeId>{group.members[1]});
+            CHECK(why(group, group.members[1]) == Materialise::ConsumedOutside);
+        }
+        CHECK(plan.launches_saved() == static_cast<std::size_t>(2 * config.layers));
+    }
+}

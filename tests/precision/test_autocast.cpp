@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -174,6 +176,134 @@ TEST_CASE("autocast casts a parameter once per graph; an in-place write or a new
     Var c = matmul(second.input(x), second.parameter(w));
     CHECK(autocast_cache_stats().casts == 3);
     CHECK(c.value().to_vector()[0] != a.value().to_vector()[0]);  // it read the new value, not the stale cast
+}
+
+namespace {
+
+// Three AdamW steps of a two-layer model under autocast, from weights of `seed`: the losses and the final weights.
+struct KeptCopyRun {
+    std::vector<double> losses;
+    std::vector<Tensor> weights;
+    std::int64_t copies_used = 0;
+    std::int64_t casts = 0;
+};
+KeptCopyRun train_with_copies(bool keep, DType dtype, std::uint64_t seed) {
+    set_autocast_parameter_copies(keep);
+    Generator gen(seed);
+    Linear fc1(12, 16, true, gen), fc2(16, 4, true, gen);
+    std::vector<Parameter> params = fc1.parameters();
+    for (const Parameter& p : fc2.parameters()) params.push_back(p);
+    AdamW opt(params, {.lr = 0.01});
+    const Tensor x = Tensor::normal({8, 12}, 0.0, 1.0, gen);
+    const Tensor y = Tensor::normal({8, 4}, 0.0, 1.0, gen);
+    KeptCopyRun run;
+    const AutocastGuard autocast(dtype);
+    for (int step = 0; step < 3; ++step) {
+        ComputeGraph graph;
+        const Var loss = mse_loss(fc2(relu(fc1(graph.input(x)))), graph.input(y));
+        graph.backward(loss);
+        opt.step();
+        opt.zero_grad();
+        run.losses.push_back(loss.item());
+        if (keep)  // each copy is the new value rounded as the cast op rounds
+            for (const Parameter& p : params) {
+                const Tensor copy = p.current_reduced_copy(dtype);
+                REQUIRE(copy.defined());
+                CHECK(copy.to(DType::f64).to_vector() == p.value().to(dtype).to(DType::f64).to_vector());
+            }
+    }
+    for (const Parameter& p : params) run.weights.push_back(p.value().clone());
+    run.copies_used = autocast_cache_stats().copies_used;
+    run.casts = autocast_cache_stats().casts;
+    set_autocast_parameter_copies(true);
+    return run;
+}
+
+}  // namespace
+
+TEST_CASE("a parameter an optimizer updates keeps its cast: the step rewrites it, the next graph takes it, the same "
+          "bits as casting afresh", "[autocast][copies]") {
+    const std::uint64_t seed = std::random_device{}();
+    for (const DType dtype : {DType::bf16, DType::f16}) {
+        INFO(dtype_name(dtype) << ", seed " << seed);
+        const KeptCopyRun fresh = train_with_copies(false, dtype, seed);
+        const KeptCopyRun kept = train_with_copies(true, dtype, seed);
+        CHECK(fresh.copies_used == 0);
+        CHECK(kept.casts == fresh.casts);  // 4 parameters a step (and the inputs, which are no parameters)
+        CHECK(kept.copies_used == 2 * 4);  // steps 2 and 3 take the four copies the steps before rewrote
+        CHECK(kept.losses == fresh.losses);
+        for (std::size_t i = 0; i < kept.weights.size(); ++i)
+            CHECK(kept.weights[i].to_vector() == fresh.weights[i].to_vector());
+    }
+}
+
+TEST_CASE("a kept copy is read only while current: an in-place write, a replaced value or no optimizer casts afresh",
+          "[autocast][copies]") {
+    Generator gen(31);
+    Parameter w(Tensor::normal({6, 6}, 0.0, 0.5, gen), "w");
+    const Tensor x = Tensor::normal({2, 6}, 0.0, 1.0, gen);
+    const AutocastGuard autocast(DType::bf16);
+    {  // no optimizer updates w: nothing is kept
+        ComputeGraph graph;
+        static_cast<void>(matmul(graph.input(x), graph.parameter(w)));
+        CHECK_FALSE(w.reduced_copy().defined());
+    }
+    auto sgd = std::make_unique<SGD>(std::vector<Parameter>{w}, SgdOptions{.lr = 0.1});
+    const auto step = [&] {
+        ComputeGraph graph;
+        const Var y = matmul(graph.input(x), graph.parameter(w));
+        graph.backward(sum(y));
+        sgd->step();
+        sgd->zero_grad();
+        return y.value();
+    };
+    const auto used = [] { return autocast_cache_stats().copies_used; };
+    step();
+    REQUIRE(w.current_reduced_copy(DType::bf16).defined());
+    CHECK_FALSE(w.current_reduced_copy(DType::f16).defined());  // another dtype: not this copy
+    std::int64_t before = used();
+    step();
+    CHECK(used() == before + 1);
+
+    // An in-place write outside the optimizer: the copy is stale, the next graph casts the new value.
+    w.value().fill(0.5);
+    CHECK_FALSE(w.current_reduced_copy(DType::bf16).defined());
+    before = used();
+    {
+        ComputeGraph graph;
+        const Var y = matmul(graph.input(x), graph.parameter(w));
+        CHECK(used() == before);
+        const Tensor expected = matmul(x.to(DType::bf16), Tensor::full({6, 6}, 0.5, DType::bf16));
+        CHECK(y.value().to(DType::f64).to_vector() == expected.to(DType::f64).to_vector());
+    }
+    // A replaced value (same shape, new storage): stale too.
+    step();
+    REQUIRE(w.current_reduced_copy(DType::bf16).defined());
+    w.value() = Tensor::normal({6, 6}, 0.0, 0.5, gen);
+    CHECK_FALSE(w.current_reduced_copy(DType::bf16).defined());
+    // The optimizer gone: the copy is no longer kept current, so no new one is kept.
+    sgd.reset();
+    CHECK_FALSE(w.has_updater());
+    w.drop_reduced_copy();
+    {
+        ComputeGraph graph;
+        static_cast<void>(matmul(graph.input(x), graph.parameter(w)));
+    }
+    CHECK_FALSE(w.reduced_copy().defined());
+}
+
+TEST_CASE("a retained graph whose backward reads a kept copy refuses to run after a step rewrote it",
+          "[autocast][copies]") {
+    Generator gen(32);
+    Parameter w(Tensor::normal({4, 4}, 0.0, 0.5, gen), "w");
+    SGD sgd({w}, {.lr = 0.1});
+    const Tensor x = Tensor::normal({3, 4}, 0.0, 1.0, gen);
+    const AutocastGuard autocast(DType::bf16);
+    ComputeGraph graph;
+    const Var y = sum(matmul(graph.input(x, "x", true), graph.parameter(w)));  // x's gradient reads the bf16 weight
+    graph.backward(y, {.retain_graph = true});
+    sgd.step();
+    CHECK_THROWS_AS(graph.backward(y), GraphError);
 }
 
 TEST_CASE("autocast stays on under no_grad and for eager calls; the cache keeps grad and no-grad casts apart",

@@ -10,6 +10,8 @@
 #include <cmath>
 #include <array>
 #include <cstdint>
+#include <cstring>
+#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -262,6 +264,69 @@ TEST_CASE("an autocast bf16 step captures and replays like the eager step; a hos
     });
     reading.run(inputs);
     CHECK_THROWS_MATCHES(reading.run(inputs), GraphError, MessageHas({"captured"}));
+}
+
+namespace {
+
+// A two-layer bf16 step (linear: input, weight and bias cast) trained by AdamW in a captured step: warm-up,
+// capture, then three replays; with or without autocast's kept parameter copies.
+struct CopiesRun {
+    std::vector<Tensor> values;  // the last loss, then every parameter, on the CPU
+    std::size_t kernels = 0;     // of the captured graph
+    std::int64_t copies_used = 0;
+};
+CopiesRun captured_with_copies(bool keep, std::uint64_t seed) {
+    set_autocast_parameter_copies(keep);
+    Generator gen(seed);
+    Linear fc1(48, 96, true, gen), fc2(96, 24, true, gen);
+    fc1.to(kGpu);
+    fc2.to(kGpu);
+    std::vector<Parameter> params = fc1.parameters();
+    for (const Parameter& p : fc2.parameters()) params.push_back(p);
+    AdamW opt(params, {.lr = 0.01});
+    const AutocastGuard autocast(DType::bf16);  // alive across the runs: the copies_used count spans them
+    cuda::CapturedStep step([&](std::span<const Tensor> in) {
+        ComputeGraph graph;
+        const Var loss = mse_loss(fc2(relu(fc1(graph.input(in[0])))), graph.input(in[1]));
+        graph.backward(loss);
+        opt.step();
+        opt.zero_grad();
+        return loss.value();
+    });
+    const Tensor inputs[] = {Tensor::normal({33, 48}, 0.0, 1.0, gen).to(kGpu), Tensor::normal({33, 24}, 0.0, 1.0, gen).to(kGpu)};
+    Tensor loss;
+    for (int run = 0; run < 5; ++run) loss = step.run(inputs);
+    cuda::synchronize(0);
+    CopiesRun out;
+    out.values.push_back(loss.to(Device::cpu()));
+    for (const Parameter& p : params) out.values.push_back(p.value().to(Device::cpu()));
+    out.kernels = step.last_graph_counts().kernels;
+    out.copies_used = autocast_cache_stats().copies_used;
+    set_autocast_parameter_copies(true);
+    return out;
+}
+
+}  // namespace
+
+// The optimizer's kernel writes each parameter's bf16 copy as the cast kernel would (one rounding to nearest even),
+// so the step with kept copies is bitwise the step without, with the four parameter casts gone from the graph.
+TEST_CASE("kept parameter copies: a captured bf16 step launches no parameter cast, the same bits as without",
+          "[gpu][amp][capture][copies]") {
+    const std::uint64_t seed = std::random_device{}();
+    INFO("seed " << seed);
+    const CopiesRun fresh = captured_with_copies(false, seed);
+    const CopiesRun kept = captured_with_copies(true, seed);
+    CHECK(fresh.copies_used == 0);
+    CHECK(kept.copies_used == 4);  // the capture's four parameter casts (the warm-up made the copies)
+    CHECK(fresh.kernels - kept.kernels == 4);
+    REQUIRE(kept.values.size() == fresh.values.size());
+    for (std::size_t i = 0; i < kept.values.size(); ++i) {
+        INFO((i == 0 ? std::string("the loss") : "parameter " + std::to_string(i - 1)));
+        const Tensor& a = kept.values[i];
+        const Tensor& b = fresh.values[i];
+        REQUIRE(a.numel() == b.numel());
+        CHECK(std::memcmp(a.raw_data(), b.raw_data(), a.numel() * dtype_size(a.dtype())) == 0);
+    }
 }
 
 int main(int argc, char* argv[]) { return dgtest::run_gpu_session(argc, argv, "bf16/f16 GPU tests"); }
