@@ -101,10 +101,16 @@ def linear(x, weight, bias=None, activation=None):
     """y = x·weightᵀ + bias over x (*, in) (activation='relu' fuses a ReLU into the same node)."""
     shape = list(x.shape)
     if len(shape) != 2 and shape and len(weight.shape) == 2:
-        # As ops/linalg's linear(): the leading dims become the rows of the 2-D op and come back afterwards.
+        # As ops/linalg's linear(): the leading dims become the rows of the 2-D op and come back afterwards. The
+        # 2-D op's checks run first, so a refused call records no reshape.
         rows = 1
         for d in shape[:-1]:
             rows *= d
+        if bias is None:  # matmul(rows, weightᵀ): a (in, out) view of the weight stands in for its transpose
+            _core.check_call(_i("matmul"), [x, weight], [[rows, shape[-1]], [weight.shape[1], weight.shape[0]]], {})
+        else:
+            _core.check_call(_i("linear"), [x, weight, bias], [[rows, shape[-1]], None, None],
+                             {} if activation is None else {"activation": activation})
         y = linear(x.reshape(rows, shape[-1]), weight, bias, activation)
         return y.reshape(shape[:-1] + [weight.shape[0]])
     if bias is None:  # as ops/linalg's linear(): the composite matmul(x, weightᵀ), no Linear node

@@ -465,6 +465,27 @@ void bind_op_path(nb::module_& m) {
         prepare_call(def, call);
         return apply(op, call.operands(), attrs);
     });  // positional only: nanobind's vectorcall then skips keyword matching
+    // The op's checks without recording or running it (graph/front_door.h's check_op_call), each input viewed with
+    // the shape given for it (None: its own): a composite in dyngrad/functional.py checks the op it will end in
+    // before it records the reshapes that lead there, so a refused call records nothing (as the C++ front doors).
+    m.def("check_call", [](int op_index, const nb::list& input_list, const nb::list& shapes, const nb::dict& kwargs) {
+        if (op_index <= 0 || op_index >= static_cast<int>(kOpTypeCount) ||
+            static_cast<OpType>(op_index) == OpType::Custom)
+            throw ValueError(str("check_call: no op with index ", op_index));
+        const OpType op = static_cast<OpType>(op_index);
+        const OpDef& def = op_def(op);
+        if (shapes.size() != input_list.size())
+            throw ValueError(str(def.name, ": check_call: ", shapes.size(), " shapes for ", input_list.size(), " inputs"));
+        std::vector<Tensor> values;
+        for (std::size_t i = 0; i < input_list.size(); ++i) {
+            const PyTensor* t = as_tensor(input_list[i].ptr());
+            if (t == nullptr)
+                throw nb::type_error(str(def.name, "(): input ", i, " must be a dyngrad.Tensor").c_str());
+            values.push_back(shapes[i].is_none() ? t->data() : t->data().reshaped(nb::cast<Shape>(shapes[i])));
+        }
+        AttrSet given;
+        check_op_call(op, values, parse_attrs(def, kwargs, &given), python_site());
+    });
     m.def("op_table", [] {
         nb::list rows;
         for (const OpDef& def : op_table()) {
