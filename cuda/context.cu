@@ -648,6 +648,12 @@ std::string device_name(int device) {
                cudnnGetVersion(), ")");
 }
 
+std::size_t device_total_memory(int device) {
+    cudaDeviceProp prop{};
+    DG_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    return prop.totalGlobalMem;
+}
+
 void synchronize(int device) {
     throw_if_capturing(device, "cuda::synchronize()", kWaitsForGraph);
     ContextOwner& o = owner(device);

@@ -31,6 +31,7 @@ void convert(void*, DType, const void*, DType, std::int64_t, int device) {
 int device_count() { return 0; }
 std::string device_name(int) { unavailable("cuda::device_name"); }
 MemoryStats memory_stats(int) { unavailable("cuda::memory_stats"); }
+std::size_t device_total_memory(int) { unavailable("cuda::device_total_memory"); }
 void reset_peak_memory(int) { unavailable("cuda::reset_peak_memory"); }
 void set_memory_limit(int, std::size_t) { unavailable("cuda::set_memory_limit"); }
 std::size_t memory_limit(int) { unavailable("cuda::memory_limit"); }

@@ -43,6 +43,8 @@ struct MemoryStats {
     std::size_t capture_reserved_bytes = 0;
 };
 MemoryStats memory_stats(int device = 0);
+// The device's memory in bytes (cudaDeviceProp::totalGlobalMem): what a per-process memory fraction is of.
+std::size_t device_total_memory(int device = 0);
 void reset_peak_memory(int device = 0);
 // A cap on what dyngrad holds on the device (bytes_in_use), as PyTorch's per-process memory fraction: an
 // allocation that would take bytes_in_use past `bytes` throws OutOfMemory naming the limit, whatever the device

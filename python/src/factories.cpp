@@ -130,6 +130,18 @@ void bind_factories(nb::module_& m) {
     m.def("cuda_compiled", &cuda_compiled);
     m.def("_capturing", [](int device) { return cuda::capturing(device); }, nb::arg("device"));
     m.def("cuda_synchronize", [](int device) { cuda::synchronize(device); }, nb::arg("device") = 0);
+    m.def("cuda_memory_stats", [](int device) {
+        const cuda::MemoryStats s = cuda::memory_stats(device);
+        nb::dict out;
+        out["allocated"] = s.bytes_in_use;
+        out["peak_allocated"] = s.peak_bytes_in_use;
+        out["reserved"] = s.pool_reserved_bytes + s.capture_reserved_bytes;
+        return out;
+    });
+    m.def("cuda_reset_peak_memory", [](int device) { cuda::reset_peak_memory(device); });
+    m.def("cuda_set_memory_limit", [](int device, std::size_t bytes) { cuda::set_memory_limit(device, bytes); });
+    m.def("cuda_memory_limit", [](int device) { return cuda::memory_limit(device); });
+    m.def("cuda_total_memory", [](int device) { return cuda::device_total_memory(device); });
     m.def("set_cpu_threads", &set_cpu_threads, nb::arg("threads"));
 }
 

@@ -90,3 +90,41 @@ def test_captured_training_equals_eager(cuda):
         graph_step(x8, y8)
     assert graph_step.variants == 2
     dg.cuda.synchronize(cuda)
+
+
+def test_memory_functions_check_their_arguments_and_need_cuda():
+    # The argument checks come first in every build; without CUDA the queries are DeviceErrors.
+    for bad in (1.5, -0.1, "half", True):
+        with pytest.raises(dg.ValueError, match="fraction must be a number from 0 to 1"):
+            dg.cuda.set_per_process_memory_fraction(bad)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(dg.ValueError, match="limit_bytes must be an int"):
+            dg.cuda.set_memory_limit(bad)
+    if dg.cuda.is_compiled():
+        pytest.skip("a CUDA build: test_memory_functions_on_the_gpu covers the queries")
+    for query in (dg.cuda.memory_allocated, dg.cuda.max_memory_allocated, dg.cuda.memory_reserved,
+                  dg.cuda.reset_peak_memory_stats, dg.cuda.memory_limit):
+        with pytest.raises(dg.DeviceError):
+            query()
+    with pytest.raises(dg.DeviceError):
+        dg.cuda.set_memory_limit(1 << 20)
+
+
+def test_memory_functions_on_the_gpu(cuda):
+    before = dg.cuda.memory_allocated()
+    dg.cuda.reset_peak_memory_stats()
+    x = dg.ones((1 << 20,), device="cuda")  # 4 MiB of float32
+    assert dg.cuda.memory_allocated() - before >= 4 << 20
+    assert dg.cuda.max_memory_allocated() >= dg.cuda.memory_allocated()
+    assert dg.cuda.memory_reserved() >= dg.cuda.memory_allocated()
+    try:
+        dg.cuda.set_memory_limit(dg.cuda.memory_allocated() + (1 << 20))
+        with pytest.raises(dg.OutOfMemory, match="limit"):
+            dg.ones((1 << 20,), device="cuda")
+        dg.cuda.set_per_process_memory_fraction(1.0)
+        assert dg.cuda.memory_limit() > 100 << 20
+        y = dg.ones((1 << 20,), device="cuda")  # fits now
+        assert y.shape == x.shape or tuple(y.shape) == tuple(x.shape)
+    finally:
+        dg.cuda.set_memory_limit(0)
+    assert dg.cuda.memory_limit() == 0
