@@ -26,6 +26,14 @@ void bind_amp(nb::module_& m) {
           "The autocast dtype of this thread (bfloat16/float16 inside dyngrad.autocast), None outside.");
     m.def("set_autocast_parameter_copies", &set_autocast_parameter_copies, nb::arg("keep"));
     m.def("autocast_parameter_copies", &autocast_parameter_copies);
+    m.def("_autocast_cache_stats", [] {  // this thread's, since its outermost autocast block began (for tests)
+        const AutocastCacheStats s = autocast_cache_stats();
+        nb::dict out;
+        out["hits"] = s.hits;
+        out["casts"] = s.casts;
+        out["copies_used"] = s.copies_used;
+        return out;
+    });
 
     nb::class_<GradScaler>(m, "GradScaler")
         .def("__init__", [](GradScaler* self, double init_scale, double growth_factor, double backoff_factor,

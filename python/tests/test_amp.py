@@ -93,15 +93,16 @@ def _train_under_autocast(seed, keep, steps=3):
         gen = np.random.default_rng(seed)
         x = dg.tensor(gen.standard_normal((5, 6)).astype(np.float32))
         y = dg.tensor(gen.standard_normal((5, 3)).astype(np.float32))
-        losses = []
+        losses, copies_used = [], 0
         for _ in range(steps):
             opt.zero_grad()
             with dg.autocast("cpu", dtype=dg.bfloat16):
                 loss = F.mse_loss(model(x).float(), y)
+                copies_used += dg._core._autocast_cache_stats()["copies_used"]
             loss.backward()
             opt.step()
             losses.append(loss.item())
-        return losses, [p.detach().numpy().copy() for p in model.parameters()]
+        return losses, [p.detach().numpy().copy() for p in model.parameters()], copies_used
     finally:
         dg.amp.set_autocast_parameter_copies(True)
 
@@ -111,8 +112,9 @@ def test_kept_parameter_copies_train_the_same_bits(rng):
     # cast and the next forward reuses it; the results are those of casting afresh, bit for bit.
     seed = int(rng.integers(1 << 30))
     assert dg.amp.autocast_parameter_copies()
-    fresh_losses, fresh = _train_under_autocast(seed, False)
-    kept_losses, kept = _train_under_autocast(seed, True)
+    fresh_losses, fresh, fresh_used = _train_under_autocast(seed, False)
+    kept_losses, kept, kept_used = _train_under_autocast(seed, True)
+    assert fresh_used == 0 and kept_used == 2 * 4  # steps 2 and 3 take the four parameters' copies
     assert kept_losses == fresh_losses
     for a, b in zip(kept, fresh):
         np.testing.assert_array_equal(a, b)
