@@ -401,7 +401,7 @@ void Optimizer::run_update(const std::vector<std::size_t>& ready, const Gate* ga
         // GPU, cast after the update on the CPU. A copy that no longer fits the value (replaced by another shape,
         // moved) is dropped: autocast casts afresh.
         Tensor copy = parameter.reduced_copy();
-        if (copy.defined() && (value.dtype() != DType::f32 || copy.numel() != value.numel() ||
+        if (copy.defined() && (value.dtype() != DType::f32 || copy.shape() != value.shape() ||
                                copy.device() != value.device())) {
             parameter.drop_reduced_copy();
             copy = Tensor();

@@ -281,6 +281,17 @@ TEST_CASE("a kept copy is read only while current: an in-place write, a replaced
     REQUIRE(w.current_reduced_copy(DType::bf16).defined());
     w.value() = Tensor::normal({6, 6}, 0.0, 0.5, gen);
     CHECK_FALSE(w.current_reduced_copy(DType::bf16).defined());
+    // A value of another shape (same size) under an existing copy: the step drops the copy and updates the value.
+    step();
+    REQUIRE(w.reduced_copy().defined());
+    w.value() = Tensor::normal({4, 9}, 0.0, 0.5, gen);
+    w.grad_slot() = Tensor::ones({4, 9});
+    const std::vector<double> old_value = w.value().to_vector();
+    sgd->step();
+    CHECK_FALSE(w.reduced_copy().defined());
+    CHECK(w.value().to_vector()[0] == Catch::Detail::Approx(old_value[0] - 0.1));
+    sgd->zero_grad();
+    w.value() = Tensor::normal({6, 6}, 0.0, 0.5, gen);
     // The optimizer gone: the copy is no longer kept current, so no new one is kept.
     sgd.reset();
     CHECK_FALSE(w.has_updater());
