@@ -68,6 +68,7 @@
 
 #include "../cli/command_line.h"
 #include "dyngrad/nn/models.h"
+#include "kernel_trace.h"
 
 cudaError_t launch_empty_kernels(int count, cudaStream_t stream);  // bench/perf_launch.cu
 cudaError_t graph_kernel_node_us(int count, int repetitions, cudaStream_t stream, double* us_per_node);
@@ -441,6 +442,31 @@ void profile_one_replay(const Workload& w) {
     std::printf("%s: profiled one replay of %zu kernels\n", w.name.c_str(), capture.last_graph_counts().kernels);
 }
 
+// --kernel-times: the device's kernels of `steps` steps (eager: recorded anew each time; captured: replays after the
+// warm-up and the capture), each step alone (synchronised before and after), from CUPTI's trace (bench/kernel_trace.h).
+void kernel_times(const Workload& w, bool captured, int steps, bool verbose) {
+    cuda::set_allow_tf32(w.tf32);
+    Prepared p = w.prepare();
+    std::unique_ptr<cuda::CapturedStep> capture;
+    if (captured) capture = std::make_unique<cuda::CapturedStep>(p.step);
+    const auto body = [&] {
+        if (capture) capture->run(p.inputs);
+        else p.step(p.inputs);
+    };
+    for (int i = 0; i < 5; ++i) body();  // warm-up (captured: warm-up, capture, replays)
+    device_sync();
+    bench::KernelTrace trace;
+    for (int i = 0; i < steps; ++i) {
+        body();
+        device_sync();
+        trace.mark();
+    }
+    const auto per_step = trace.stop();
+    cuda::synchronize(0);
+    cuda::set_allow_tf32(false);
+    bench::print_kernel_times(w.name, captured ? "captured" : "eager", bench::summarize(per_step), verbose);
+}
+
 // ---- host overhead ----
 
 struct HostOverhead {
@@ -683,10 +709,14 @@ std::vector<std::string> split(const std::string& text) {
 
 constexpr const char* kUsage =
     "usage: dyngrad-perf [--json FILE] [--only NAME[,NAME...]] [--quick] [--list] [--profile]\n"
+    "                    [--kernel-times [--verbose-kernels] [--kernel-steps N]]\n"
     "  --only   workloads to run (see --list); 'host' is the host-overhead figure\n"
     "  --quick  fewer, shorter repetitions (smoke runs; not for reported numbers)\n"
     "  --profile  only one captured replay per workload between cudaProfilerStart/Stop (for ncu\n"
-    "           --profile-from-start off)\n";
+    "           --profile-from-start off)\n"
+    "  --kernel-times  instead of timing: per workload and mode (eager, captured) the kernels of N steps\n"
+    "           (--kernel-steps, default 20) from CUPTI's trace: count, kernel time, busy, span, idle\n"
+    "           (medians over the steps); --verbose-kernels adds each kernel's median time\n";
 
 }  // namespace
 
@@ -696,8 +726,11 @@ int main(int argc, char** argv) {
     Settings settings;
     bool list = false;
     bool profile = false;
+    bool kernel_times_mode = false, verbose_kernels = false;
+    int kernel_steps = 20;
     try {  // every argument is checked before anything runs (cli/command_line.h)
-        const cli::Arguments args(argc, argv, {.flags = {"--quick", "--list", "--profile"}, .options = {"--json", "--only"}});
+        const cli::Arguments args(argc, argv, {.flags = {"--quick", "--list", "--profile", "--kernel-times", "--verbose-kernels"},
+                                              .options = {"--json", "--only", "--kernel-steps"}});
         if (args.help()) {
             std::fputs(kUsage, stdout);
             return 0;
@@ -711,6 +744,11 @@ int main(int argc, char** argv) {
         if (args.has("--quick")) settings = quick_settings();
         list = args.has("--list");
         profile = args.has("--profile");
+        kernel_times_mode = args.has("--kernel-times");
+        verbose_kernels = args.has("--verbose-kernels");
+        if (auto v = args.value("--kernel-steps")) kernel_steps = static_cast<int>(cli::parse_int("--kernel-steps", *v, 1, 10000));
+        if ((verbose_kernels || args.value("--kernel-steps")) && !kernel_times_mode)
+            throw cli::UsageError("--verbose-kernels and --kernel-steps go with --kernel-times");
     } catch (const cli::UsageError& e) {
         std::fprintf(stderr, "dyngrad-perf: %s\n%s", e.what(), kUsage);
         return 2;
@@ -739,6 +777,28 @@ int main(int argc, char** argv) {
             for (const Workload& w : all)
                 if (wanted(w.name)) profile_one_replay(w);
             return 0;
+        }
+        if (kernel_times_mode) {
+            if (!bench::kernel_trace_available()) {
+                std::fprintf(stderr, "dyngrad-perf: --kernel-times: built without CUPTI (CMake found no CUDA::cupti)\n");
+                return 2;
+            }
+            bool failed_any = false;
+            std::printf("dyngrad-perf --kernel-times on %s, fusion %s (DYNGRAD_FUSION)\n", cuda::device_name(0).c_str(),
+                        fusion::fusion_settings().enabled ? "on" : "off");
+            for (const Workload& w : all) {
+                if (!wanted(w.name) || (only.empty() && w.opt_in)) continue;
+                for (const bool captured : {false, true}) {
+                    try {
+                        kernel_times(w, captured, kernel_steps, verbose_kernels);
+                    } catch (const std::exception& e) {
+                        failed_any = true;
+                        std::printf("kernels %s %s: FAILED: %s\n", w.name.c_str(), captured ? "captured" : "eager",
+                                    e.what());
+                    }
+                }
+            }
+            return failed_any ? 1 : 0;
         }
         std::printf("dyngrad-perf on %s, weight-gradient overlap: %s, fusion %s (DYNGRAD_FUSION)\n",
                     cuda::device_name(0).c_str(), overlap_name(cuda::weight_gradient_overlap()),

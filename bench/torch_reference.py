@@ -472,9 +472,12 @@ def profile_one_replay(args):
 
 
 def kernel_counts(args):
-    """--kernel-counts: per --only workload and --modes mode (eager, compiled), the CUDA kernels one step launches and
-    the sum of their device times, by torch.profiler (CUPTI) over one step after warm-up. A compiled step's kernels
-    are the ones its CUDA-graph replay runs (compiled_captured); dyngrad-perf reports its own as kernels/step."""
+    """--kernel-counts: per --only workload and --modes mode (eager, compiled), the CUDA kernels of --kernel-steps
+    steps after warm-up, each step profiled alone (torch.profiler, CUPTI, synchronised before and after): count,
+    kernel time, busy (the union of the kernels' and memsets' intervals), span (first start to last end) and idle
+    (span - busy), each the median over the steps; --verbose-kernels adds each kernel's median duration and name.
+    The same figures and words as dyngrad-perf --kernel-times (bench/kernel_trace.h). A compiled step's kernels
+    are the ones its CUDA-graph replay runs (compiled_captured)."""
     from torch.profiler import ProfilerActivity, profile
     torch.backends.cudnn.benchmark = not args.no_cudnn_benchmark
     table = {w[0]: w for w in workloads()}
@@ -488,20 +491,59 @@ def kernel_counts(args):
             for _ in range(5):
                 step(inputs)
             torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                step(inputs)
-                torch.cuda.synchronize()
-            kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-                       and not e.name.lower().startswith(("memcpy", "memset"))]
-            busy_us = sum(e.time_range.elapsed_us() for e in kernels)  # a device event's interval is its run
-            print(f"kernels {name} {mode}: {len(kernels)} per step, {busy_us:.1f} us of kernel time", flush=True)
-            for e in kernels if args.verbose_kernels else []:
-                print(f"    {e.name[:100]}")
+            steps = []
+            for _ in range(args.kernel_steps):
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    step(inputs)
+                    torch.cuda.synchronize()
+                device = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                                key=lambda e: e.time_range.start)
+                steps.append(device)
+            print(kernel_times_line(name, mode, steps), flush=True)
+            if args.verbose_kernels:
+                for us, kernel in per_kernel_us(steps):
+                    print(f"    {us:8.2f} us  {kernel[:110]}")
             set_tf32(False)
             if mode == "compiled":
                 torch._dynamo.reset()
             release_memory()
     return 0
+
+
+def is_copy(event):
+    return event.name.lower().startswith(("memcpy", "memset"))
+
+
+def kernel_times_line(name, mode, steps):
+    """One step's figures as bench/kernel_trace.cpp print_kernel_times() gives them (medians over `steps`)."""
+    counts, memsets, copies, kernel_us, busy_us, span_us = [], [], [], [], [], []
+    for events in steps:
+        kernels = [e for e in events if not is_copy(e)]
+        counts.append(len(kernels))
+        memsets.append(sum(e.name.lower().startswith("memset") for e in events))
+        copies.append(sum(e.name.lower().startswith("memcpy") for e in events))
+        kernel_us.append(sum(e.time_range.elapsed_us() for e in kernels))  # a device event's interval is its run
+        busy, covered_to = 0.0, None
+        for e in events:  # sorted by start: the union of the intervals in one sweep
+            start = e.time_range.start if covered_to is None else max(e.time_range.start, covered_to)
+            busy += max(0.0, e.time_range.end - start)
+            covered_to = e.time_range.end if covered_to is None else max(covered_to, e.time_range.end)
+        busy_us.append(busy)
+        span_us.append(max(e.time_range.end for e in events) - events[0].time_range.start if events else 0.0)
+    med = lambda v: sorted(v)[len(v) // 2] if v else 0  # noqa: E731 (the upper median, as kernel_trace.cpp)
+    return (f"kernels {name} {mode}: {med(counts)} per step, {med(kernel_us):.1f} us of kernel time, "
+            f"busy {med(busy_us):.1f} us, span {med(span_us):.1f} us, idle {med(span_us) - med(busy_us):.1f} us "
+            f"({med(memsets)} memsets, {med(copies)} copies; median of {len(steps)} steps)")
+
+
+def per_kernel_us(steps):
+    """(median duration, name) per position of the step's kernels, when every step ran the same sequence."""
+    sequences = [[e for e in events if not is_copy(e)] for events in steps]
+    names = [[e.name for e in kernels] for kernels in sequences]
+    if not sequences or any(n != names[0] for n in names):
+        return []
+    return [(statistics.median_high([kernels[i].time_range.elapsed_us() for kernels in sequences]), names[0][i])
+            for i in range(len(names[0]))]
 
 
 def chain_us(device, s):
@@ -795,7 +837,9 @@ def main():
                         help="one step of each --only workload in the first --modes mode between cudaProfilerStart/Stop")
     parser.add_argument("--kernel-counts", action="store_true",
                         help="kernels per step and their device time of each --only workload, eager and compiled")
-    parser.add_argument("--verbose-kernels", action="store_true", help="with --kernel-counts: each kernel's name")
+    parser.add_argument("--verbose-kernels", action="store_true",
+                        help="with --kernel-counts: each kernel's median duration and name")
+    parser.add_argument("--kernel-steps", type=int, default=20, help="with --kernel-counts: steps profiled (default 20)")
     args = parser.parse_args()
     args.modes = [m for m in args.modes.split(",") if m]
     for mode in args.modes:

@@ -1,0 +1,95 @@
+// kernel_trace_check: the arithmetic of dyngrad-perf --kernel-times (bench/kernel_trace.cpp, built here without
+// CUPTI) on hand-made steps; the trace itself needs CUPTI and a GPU, the figures it reports do not. A bench
+// program's own check, not a tests/ case: the tests include only the library (scripts/check-layers.sh), and this
+// file is the benchmark's. Prints each failed check; exit status 1 when one failed.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "kernel_trace.h"
+
+using dyngrad::bench::DeviceActivity;
+using dyngrad::bench::readable_kernel_name;
+using dyngrad::bench::summarize;
+
+namespace {
+
+int failures = 0;
+
+void check(bool ok, const char* what, int line) {
+    if (!ok) {
+        std::printf("kernel_trace_check.cpp:%d: FAILED: %s\n", line, what);
+        ++failures;
+    }
+}
+#define CHECK(expr) check((expr), #expr, __LINE__)
+bool near(double a, double b) { return std::abs(a - b) <= 1e-9; }
+
+DeviceActivity kernel(std::string name, std::uint64_t start_ns, std::uint64_t end_ns, std::uint32_t stream = 7) {
+    return {DeviceActivity::Kind::kernel, std::move(name), start_ns, end_ns, stream};
+}
+
+void busy_is_the_union() {
+    // a [0, 10) µs, a memset [5, 12) overlapping it, b [20, 30) on a side lane overlapping c [25, 40).
+    const std::vector<DeviceActivity> step = {
+        kernel("a", 0, 10'000),
+        {DeviceActivity::Kind::memset, "memset", 5'000, 12'000, 7},
+        kernel("b", 20'000, 30'000, 9),
+        kernel("c", 25'000, 40'000),
+    };
+    const auto t = summarize({step});
+    CHECK(t.steps == 1);
+    CHECK(t.kernels == 3 && t.memsets == 1 && t.memcpys == 0);
+    CHECK(near(t.kernel_us, 10 + 10 + 15));
+    CHECK(near(t.busy_us, 12 + 20));  // [0, 12) and [20, 40)
+    CHECK(near(t.span_us, 40));
+    CHECK(near(t.idle_us(), 8));
+    CHECK(t.per_kernel_us.size() == 3 && t.per_kernel_us[1].first == "b");
+}
+
+void medians_over_steps() {
+    std::mt19937_64 rng(std::random_device{}());
+    std::uniform_int_distribution<std::uint64_t> jitter(0, 999);
+    std::vector<std::vector<DeviceActivity>> steps;
+    std::vector<double> first_us;
+    for (int s = 0; s < 5; ++s) {
+        const std::uint64_t base = 1'000'000ull * static_cast<std::uint64_t>(s + 1), d = 3'000 + jitter(rng);
+        steps.push_back({kernel("gemm", base, base + d), kernel("relu", base + d + 500, base + d + 1'500)});
+        first_us.push_back(static_cast<double>(d) * 1e-3);
+    }
+    auto t = summarize(steps);
+    std::sort(first_us.begin(), first_us.end());
+    CHECK(t.per_kernel_us.size() == 2);
+    CHECK(t.per_kernel_us.size() == 2 && near(t.per_kernel_us[0].second, first_us[2]));  // the median of five
+    CHECK(t.per_kernel_us.size() == 2 && near(t.per_kernel_us[1].second, 1.0));
+    CHECK(near(t.idle_us(), 0.5));
+    steps.back().pop_back();  // one step launched another sequence: no per-position medians
+    t = summarize(steps);
+    CHECK(t.per_kernel_us.empty());
+    CHECK(t.kernels == 2);  // the median count
+}
+
+void empty_steps() {
+    CHECK(summarize({}).steps == 0);
+    const auto t = summarize({{}});
+    CHECK(t.kernels == 0 && t.span_us == 0 && t.idle_us() == 0);
+}
+
+void names() {
+    CHECK(readable_kernel_name("_Z6kernelIfLi4EEvPfi") == "kernel<float, 4>");
+    CHECK(readable_kernel_name("_ZN2dg4gemmEPKfS1_Pfi") == "dg::gemm");
+    CHECK(readable_kernel_name("triton_poi_fused_relu_11") == "triton_poi_fused_relu_11");
+    CHECK(readable_kernel_name(nullptr) == "?");
+}
+
+}  // namespace
+
+int main() {
+    busy_is_the_union();
+    medians_over_steps();
+    empty_steps();
+    names();
+    std::printf("kernel_trace_check: %s\n", failures == 0 ? "all checks passed" : "FAILED");
+    return failures == 0 ? 0 : 1;
+}
