@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
+#include <string_view>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -24,10 +26,12 @@ std::string readable_kernel_name(const char* mangled) {
     std::unique_ptr<char, decltype(&std::free)> demangled(abi::__cxa_demangle(mangled, nullptr, nullptr, &status),
                                                            &std::free);
     std::string name = status == 0 && demangled ? demangled.get() : mangled;
-    // Cut at the '(' that opens the parameter list: the first one at template depth 0.
+    // Cut at the '(' that opens the parameter list: the first one at template depth 0 that is not a namespace's.
+    static constexpr std::string_view kAnonymous = "(anonymous namespace)";
     int depth = 0;
     for (std::size_t i = 0; i < name.size(); ++i) {
-        if (name[i] == '<') ++depth;
+        if (name.compare(i, kAnonymous.size(), kAnonymous) == 0) i += kAnonymous.size() - 1;
+        else if (name[i] == '<') ++depth;
         else if (name[i] == '>') --depth;
         else if (name[i] == '(' && depth == 0 && i > 0) {
             name.resize(i);
@@ -79,29 +83,33 @@ StepKernelTimes summarize(const std::vector<std::vector<DeviceActivity>>& steps)
     out.kernel_us = median(kernel_us);
     out.busy_us = median(busy_us);
     out.span_us = median(span_us);
-    // Per position only when every step ran the same sequence of names (a captured replay does).
+    // Per kernel only when every step ran the same kernels. Kernels on side lanes may start in another order from
+    // one step to the next, so a kernel is matched by its name and how many of that name came before it.
     if (steps.empty()) return out;
-    const auto names = [](const std::vector<DeviceActivity>& step) {
+    const auto sorted_names = [](const std::vector<DeviceActivity>& step) {
         std::vector<std::string> n;
         for (const auto& a : step)
             if (a.kind == DeviceActivity::Kind::kernel) n.push_back(a.name);
+        std::sort(n.begin(), n.end());
         return n;
     };
-    const std::vector<std::string> reference = names(steps.front());
-    if (!std::all_of(steps.begin(), steps.end(), [&](const auto& s) { return names(s) == reference; })) return out;
-    for (std::size_t i = 0; i < reference.size(); ++i) {
+    const std::vector<std::string> reference = sorted_names(steps.front());
+    if (!std::all_of(steps.begin(), steps.end(), [&](const auto& s) { return sorted_names(s) == reference; }))
+        return out;
+    // The k-th kernel named `name` of a step (in start order): its duration.
+    const auto duration_of = [](const std::vector<DeviceActivity>& step, const std::string& name, std::size_t k) {
+        for (const auto& a : step)
+            if (a.kind == DeviceActivity::Kind::kernel && a.name == name && k-- == 0)
+                return static_cast<double>(a.end_ns - a.start_ns) * 1e-3;
+        return 0.0;  // unreachable: the steps hold the same kernels
+    };
+    std::map<std::string, std::size_t> seen;
+    for (const auto& a : steps.front()) {
+        if (a.kind != DeviceActivity::Kind::kernel) continue;
+        const std::size_t k = seen[a.name]++;
         std::vector<double> us;
-        for (const auto& step : steps) {
-            std::size_t seen = 0;
-            for (const auto& a : step) {
-                if (a.kind != DeviceActivity::Kind::kernel) continue;
-                if (seen++ == i) {
-                    us.push_back(static_cast<double>(a.end_ns - a.start_ns) * 1e-3);
-                    break;
-                }
-            }
-        }
-        out.per_kernel_us.emplace_back(reference[i], median(us));
+        for (const auto& step : steps) us.push_back(duration_of(step, a.name, k));
+        out.per_kernel_us.emplace_back(a.name, median(us));
     }
     return out;
 }

@@ -64,7 +64,11 @@ void medians_over_steps() {
     CHECK(t.per_kernel_us.size() == 2 && near(t.per_kernel_us[0].second, first_us[2]));  // the median of five
     CHECK(t.per_kernel_us.size() == 2 && near(t.per_kernel_us[1].second, 1.0));
     CHECK(near(t.idle_us(), 0.5));
-    steps.back().pop_back();  // one step launched another sequence: no per-position medians
+    std::swap(steps[1][0], steps[1][1]);  // side lanes: another start order, the same kernels
+    t = summarize(steps);
+    CHECK(t.per_kernel_us.size() == 2 && t.per_kernel_us[0].first == "gemm" &&
+          near(t.per_kernel_us[0].second, first_us[2]));
+    steps.back().pop_back();  // one step launched other kernels: no per-kernel medians
     t = summarize(steps);
     CHECK(t.per_kernel_us.empty());
     CHECK(t.kernels == 2);  // the median count
@@ -80,6 +84,9 @@ void names() {
     CHECK(readable_kernel_name("_Z6kernelIfLi4EEvPfi") == "kernel<float, 4>");
     CHECK(readable_kernel_name("_ZN2dg4gemmEPKfS1_Pfi") == "dg::gemm");
     CHECK(readable_kernel_name("triton_poi_fused_relu_11") == "triton_poi_fused_relu_11");
+    // dyngrad::cuda::(anonymous namespace)::max_pool_forward_kernel<float>(float const*, float*, long)
+    CHECK(readable_kernel_name("_ZN7dyngrad4cuda12_GLOBAL__N_123max_pool_forward_kernelIfEEvPKfPfl") ==
+          "dyngrad::cuda::(anonymous namespace)::max_pool_forward_kernel<float>");
     CHECK(readable_kernel_name(nullptr) == "?");
 }
 

@@ -1,4 +1,4 @@
-// 2-D max and average pooling, NCHW. CPU: ops/pool.cpp. GPU: ops/pool.cu (cuDNN).
+// 2-D max and average pooling, NCHW. CPU: ops/pool.cpp. GPU: ops/pool.cu (max: kernels of ours; average: cuDNN).
 #pragma once
 #include <array>
 #include <cstdint>
