@@ -1,9 +1,10 @@
 // 2-D max and average pooling on the GPU. CPU reference: ops/pool.cpp (same names in namespace cpu).
 //
 // Max: kernels of ours, the CPU's rule exactly — each window's first maximal element in row-major order, a NaN
-// counting as maximal — forward (one thread per output) and backward (one thread per input element, which
-// gathers dy from every window whose maximum it is, in the windows' order, and writes dx with '=': no memset,
-// no atomics, deterministic, ties resolved as on the CPU). cuDNN's CUDNN_POOLING_MAX_DETERMINISTIC, used
+// counting as maximal — forward (one thread per output) and backward (windows that tile the plane, the usual
+// 2x2 stride 2: one thread per window writes its block of dx; any other windows: one thread per input element
+// gathers dy from every window whose maximum it is, in the windows' order); dx written with '=': no memset,
+// no atomics, deterministic, ties resolved as on the CPU. cuDNN's CUDNN_POOLING_MAX_DETERMINISTIC, used
 // before, chose among tied maxima its own way and its backward took 31.5 µs on lenet b256's first pooling on
 // an H200 where PyTorch's generated kernel took 2.6 µs (docs/performance/kernel-times-h200.md).
 //
@@ -13,6 +14,7 @@
 // but is supported.
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -77,32 +79,37 @@ std::shared_ptr<PoolPlan> plan_for(OpType op, const Tensor& x, const OpAttrs& at
 }
 
 // ---- max pooling ----
+// Indices are 32-bit when every index and its grid-stride successor fit (int64 division is emulated and made
+// the first version of these kernels 5x slower than cuDNN's), 64-bit otherwise.
 
 constexpr unsigned kThreads = 256;
 
+template <typename I>
 struct PoolDims {
-    std::int64_t h, w, p, q;  // input and output planes
-    std::int64_t kh, kw, sh, sw, ph, pw;
+    I h, w, p, q;  // input and output planes
+    I kh, kw, sh, sw, ph, pw;
 };
 
-PoolDims pool_dims(const Shape& x, const Shape& y, const OpAttrs& a) {
-    return {.h = x[2], .w = x[3], .p = y[2], .q = y[3], .kh = a.kernel[0], .kw = a.kernel[1], .sh = a.stride[0],
-            .sw = a.stride[1], .ph = a.padding[0], .pw = a.padding[1]};
+template <typename I>
+PoolDims<I> pool_dims(const Shape& x, const Shape& y, const OpAttrs& a) {
+    return {.h = static_cast<I>(x[2]), .w = static_cast<I>(x[3]), .p = static_cast<I>(y[2]),
+            .q = static_cast<I>(y[3]), .kh = static_cast<I>(a.kernel[0]), .kw = static_cast<I>(a.kernel[1]),
+            .sh = static_cast<I>(a.stride[0]), .sw = static_cast<I>(a.stride[1]), .ph = static_cast<I>(a.padding[0]),
+            .pw = static_cast<I>(a.padding[1])};
 }
 
 // Index within the (H,W) plane of output (p,q)'s first maximal element, row-major, over the part of the window
 // inside the input (ops/pool.cpp window_argmax: the same scan, the same comparison; bf16/f16 compare as float,
 // exactly). The shape rule keeps padding ≤ kernel/2, so every window holds an input element.
-template <typename T>
-__device__ __forceinline__ std::int64_t window_argmax(const T* plane, const PoolDims& d, std::int64_t p,
-                                                      std::int64_t q) {
-    const std::int64_t top = p * d.sh - d.ph, left = q * d.sw - d.pw;
-    const std::int64_t h0 = top > 0 ? top : 0, h1 = top + d.kh < d.h ? top + d.kh : d.h;
-    const std::int64_t w0 = left > 0 ? left : 0, w1 = left + d.kw < d.w ? left + d.kw : d.w;
-    std::int64_t best = h0 * d.w + w0;
+template <typename T, typename I>
+__device__ __forceinline__ I window_argmax(const T* plane, const PoolDims<I>& d, I p, I q) {
+    const I top = p * d.sh - d.ph, left = q * d.sw - d.pw;
+    const I h0 = top > 0 ? top : 0, h1 = top + d.kh < d.h ? top + d.kh : d.h;
+    const I w0 = left > 0 ? left : 0, w1 = left + d.kw < d.w ? left + d.kw : d.w;
+    I best = h0 * d.w + w0;
     acc_t<T> best_value = to_acc(plane[best]);
-    for (std::int64_t h = h0; h < h1; ++h)
-        for (std::int64_t w = w0; w < w1; ++w) {
+    for (I h = h0; h < h1; ++h)
+        for (I w = w0; w < w1; ++w) {
             const acc_t<T> v = to_acc(plane[h * d.w + w]);
             if (v > best_value || (v != v && best_value == best_value)) {  // v != v: NaN
                 best = h * d.w + w;
@@ -113,48 +120,79 @@ __device__ __forceinline__ std::int64_t window_argmax(const T* plane, const Pool
 }
 
 // y (planes, P, Q) = x's element at each window's argmax.
-template <typename T>
-__global__ void max_pool_forward_kernel(const T* __restrict__ x, T* __restrict__ y, PoolDims d, std::int64_t n) {
-    const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
-        const std::int64_t plane = i / (d.p * d.q), pq = i % (d.p * d.q);
-        const T* x_plane = x + plane * d.h * d.w;
-        y[i] = x_plane[window_argmax(x_plane, d, pq / d.q, pq % d.q)];
+template <typename T, typename I>
+__global__ void max_pool_forward_kernel(const T* __restrict__ x, T* __restrict__ y, PoolDims<I> d, I n) {
+    const I step = static_cast<I>(gridDim.x) * blockDim.x, per_plane = d.p * d.q;
+    for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+        const I plane = i / per_plane, pq = i - plane * per_plane;
+        const I p = pq / d.q;
+        const T* x_plane = x + static_cast<std::int64_t>(plane) * d.h * d.w;
+        y[i] = x_plane[window_argmax(x_plane, d, p, pq - p * d.q)];
     }
 }
 
-// dx (planes, H, W): for input element (h, w) the sum of dy over the windows containing it whose argmax it is,
-// in the windows' row-major order (the CPU's order of '+='), accumulated in acc_t<T>.
-template <typename T>
+// Windows that tile the plane (stride = kernel, no padding): one thread per window writes its whole dx block, dy
+// at the argmax and 0 elsewhere; the last row and column of windows also take the rows and columns no window
+// covers (0). Every dx element is written once.
+template <typename T, typename I>
+__global__ void max_pool_backward_tiled_kernel(const T* __restrict__ x, const T* __restrict__ dy,
+                                               T* __restrict__ dx, PoolDims<I> d, I windows) {
+    const I step = static_cast<I>(gridDim.x) * blockDim.x, per_plane = d.p * d.q;
+    const T zero = from_acc<T>(acc_t<T>(0));
+    for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < windows; i += step) {
+        const I plane = i / per_plane, pq = i - plane * per_plane;
+        const I p = pq / d.q, q = pq - p * d.q;
+        const std::int64_t offset = static_cast<std::int64_t>(plane) * d.h * d.w;
+        const I best = window_argmax(x + offset, d, p, q);
+        const T g = dy[i];
+        const I h_end = p == d.p - 1 ? d.h : (p + 1) * d.kh, w_end = q == d.q - 1 ? d.w : (q + 1) * d.kw;
+        for (I h = p * d.kh; h < h_end; ++h)
+            for (I w = q * d.kw; w < w_end; ++w) dx[offset + h * d.w + w] = h * d.w + w == best ? g : zero;
+    }
+}
+
+// Any windows: for input element (h, w) the sum of dy over the windows containing it whose argmax it is, in the
+// windows' row-major order (the CPU's order of '+='), accumulated in acc_t<T>.
+template <typename T, typename I>
 __global__ void max_pool_backward_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
-                                         PoolDims d, std::int64_t n) {
-    const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
-        const std::int64_t plane = i / (d.h * d.w), hw = i % (d.h * d.w);
-        const std::int64_t h = hw / d.w, w = hw % d.w;
+                                         PoolDims<I> d, I n) {
+    const I step = static_cast<I>(gridDim.x) * blockDim.x, per_plane = d.h * d.w;
+    for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+        const I plane = i / per_plane, hw = i - plane * per_plane;
+        const I h = hw / d.w, w = hw - h * d.w;
         // Windows p with p·sh − ph ≤ h < p·sh − ph + kh, clipped to [0, P): the first is ⌈(h + ph − kh + 1)/sh⌉.
-        const std::int64_t p_num = h + d.ph - d.kh + 1, q_num = w + d.pw - d.kw + 1;
-        const std::int64_t p0 = p_num > 0 ? (p_num + d.sh - 1) / d.sh : 0;
-        const std::int64_t q0 = q_num > 0 ? (q_num + d.sw - 1) / d.sw : 0;
-        const std::int64_t p1 = (h + d.ph) / d.sh < d.p - 1 ? (h + d.ph) / d.sh : d.p - 1;
-        const std::int64_t q1 = (w + d.pw) / d.sw < d.q - 1 ? (w + d.pw) / d.sw : d.q - 1;
-        const T* x_plane = x + plane * d.h * d.w;
-        const T* dy_plane = dy + plane * d.p * d.q;
+        const I p_num = h + d.ph - d.kh + 1, q_num = w + d.pw - d.kw + 1;
+        const I p0 = p_num > 0 ? (p_num + d.sh - 1) / d.sh : 0;
+        const I q0 = q_num > 0 ? (q_num + d.sw - 1) / d.sw : 0;
+        const I p1 = (h + d.ph) / d.sh < d.p - 1 ? (h + d.ph) / d.sh : d.p - 1;
+        const I q1 = (w + d.pw) / d.sw < d.q - 1 ? (w + d.pw) / d.sw : d.q - 1;
+        const T* x_plane = x + static_cast<std::int64_t>(plane) * per_plane;
+        const T* dy_plane = dy + static_cast<std::int64_t>(plane) * d.p * d.q;
         acc_t<T> sum = 0;
-        for (std::int64_t p = p0; p <= p1; ++p)
-            for (std::int64_t q = q0; q <= q1; ++q)
+        for (I p = p0; p <= p1; ++p)
+            for (I q = q0; q <= q1; ++q)
                 if (window_argmax(x_plane, d, p, q) == hw) sum += to_acc(dy_plane[p * d.q + q]);
         dx[i] = from_acc<T>(sum);
     }
 }
 
+// 32-bit indices when the largest count, plus a grid's worth of threads past it, fits in int.
+bool fits_int32(std::int64_t largest, unsigned blocks) {
+    return largest + static_cast<std::int64_t>(blocks) * kThreads < std::numeric_limits<std::int32_t>::max();
+}
+
 Tensor max_pool_forward(const Tensor& x, const OpAttrs& attrs, Tensor y) {
     DeviceContext& ctx = context_for(x);
-    const PoolDims d = pool_dims(x.shape(), y.shape(), attrs);
     const std::int64_t n = y.numel();
+    const unsigned blocks = grid_size(ctx, n, kThreads);
     dispatch_gpu_floating(x.dtype(), "max_pool2d", [&]<typename T>() {
-        max_pool_forward_kernel<T><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(x.data<T>(), y.data<T>(),
-                                                                                           d, n);
+        if (fits_int32(x.numel(), blocks))
+            max_pool_forward_kernel<T, std::int32_t><<<blocks, kThreads, 0, ctx.stream>>>(
+                x.data<T>(), y.data<T>(), pool_dims<std::int32_t>(x.shape(), y.shape(), attrs),
+                static_cast<std::int32_t>(n));
+        else
+            max_pool_forward_kernel<T, std::int64_t><<<blocks, kThreads, 0, ctx.stream>>>(
+                x.data<T>(), y.data<T>(), pool_dims<std::int64_t>(x.shape(), y.shape(), attrs), n);
         DG_CUDA_CHECK_LAUNCH();
     });
     return y;
@@ -163,12 +201,22 @@ Tensor max_pool_forward(const Tensor& x, const OpAttrs& attrs, Tensor y) {
 Tensor max_pool_backward(const Tensor& x, const Tensor& dy, const OpAttrs& attrs) {
     DeviceContext& ctx = context_for(x);
     Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-    const PoolDims d = pool_dims(x.shape(), dy.shape(), attrs);
-    const std::int64_t n = dx.numel();
-    dispatch_gpu_floating(x.dtype(), "max_pool2d backward", [&]<typename T>() {
-        max_pool_backward_kernel<T><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(
-            x.data<T>(), dy.data<T>(), dx.data<T>(), d, n);
+    const bool tiled = attrs.stride == attrs.kernel && attrs.padding[0] == 0 && attrs.padding[1] == 0;
+    const std::int64_t n = tiled ? dy.numel() : dx.numel();  // threads: one per window, or one per element
+    const unsigned blocks = grid_size(ctx, n, kThreads);
+    const auto launch = [&]<typename T, typename I>() {
+        const PoolDims<I> d = pool_dims<I>(x.shape(), dy.shape(), attrs);
+        if (tiled)
+            max_pool_backward_tiled_kernel<T, I><<<blocks, kThreads, 0, ctx.stream>>>(
+                x.data<T>(), dy.data<T>(), dx.data<T>(), d, static_cast<I>(n));
+        else
+            max_pool_backward_kernel<T, I><<<blocks, kThreads, 0, ctx.stream>>>(x.data<T>(), dy.data<T>(),
+                                                                                dx.data<T>(), d, static_cast<I>(n));
         DG_CUDA_CHECK_LAUNCH();
+    };
+    dispatch_gpu_floating(x.dtype(), "max_pool2d backward", [&]<typename T>() {
+        if (fits_int32(x.numel(), blocks)) launch.template operator()<T, std::int32_t>();
+        else launch.template operator()<T, std::int64_t>();
     });
     return dx;
 }

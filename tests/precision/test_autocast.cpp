@@ -289,7 +289,7 @@ TEST_CASE("a kept copy is read only while current: an in-place write, a replaced
     const std::vector<double> old_value = w.value().to_vector();
     sgd->step();
     CHECK_FALSE(w.reduced_copy().defined());
-    CHECK(w.value().to_vector()[0] == Catch::Detail::Approx(old_value[0] - 0.1));
+    CHECK(w.value().to_vector()[0] == dgtest::Approx(old_value[0] - 0.1));
     sgd->zero_grad();
     w.value() = Tensor::normal({6, 6}, 0.0, 0.5, gen);
     // The optimizer gone: the copy is no longer kept current, so no new one is kept.
