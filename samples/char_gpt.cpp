@@ -608,7 +608,7 @@ int run(Options o) {
     std::fflush(stdout);
 
     std::ofstream csv;
-    if (!o.csv.empty()) {
+    if (!o.csv.empty() && rank == 0) {  // one writer: rows of two ranks at their own offsets would interleave
         csv.open(o.csv, first > 0 ? std::ios::app : std::ios::trunc);
         if (!csv) throw IoError(str("--csv: cannot write '", o.csv, "'"));
         if (first == 0) csv << "step,train_loss,val_loss,lr,tokens_per_second,loss_scale,skipped_steps\n";
