@@ -162,7 +162,7 @@ public:
     // names, in one Module (module()); the same checks and broadcast as above, then each unit's trainable
     // parameters become one flat buffer per dtype, sharded, and the parameters are freed (0 elements) until
     // forward() gathers them. ValueError also for no unit, a unit without forward or name, a name with a dot or
-    // used twice, a parameter in two units.
+    // used twice, a parameter in two units, a stochastic unit with recompute.
     ZeroOptimizer(std::vector<ZeroUnit> units, ProcessGroup group, const AdamOptions& options = {.weight_decay = 0.01},
                   ZeroOptions zero = {.stage = 3});
     ~ZeroOptimizer();

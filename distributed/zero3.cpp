@@ -242,6 +242,7 @@ struct RestoredScope {
     RestoredScope(State& s, State::Unit& u, UnitInstance& i) : st(s), unit(u), inst(i), owner(!u.gathered) {
         if (!inst.released) return;
         try {
+            if (owner) unit.gathered = true;  // first: a failed gather below is undone by release_unit
             for (std::size_t k = 0; k < unit.flats.size(); ++k) {
                 State::Flat& flat = st.flats[unit.flats[k]];
                 Tensor& buffer = inst.flats[k];
@@ -252,7 +253,6 @@ struct RestoredScope {
                 for (auto& m : flat.members) m.parameter.value() = buffer.window(m.offset, m.shape);
                 st.gathered_bytes += static_cast<std::int64_t>(buffer.nbytes());
             }
-            if (owner) unit.gathered = true;
             st.gathered_peak_bytes = std::max(st.gathered_peak_bytes, st.gathered_bytes);
             for (const auto& cast : inst.casts) {
                 cast.value.restore_memory();
