@@ -496,8 +496,10 @@ class ZeroOptimizer:
     def memory(self) -> dict:
         """Per-rank bytes (ZeroMemory): measured ``parameter_bytes``, ``gradient_bytes``, ``optimizer_bytes`` and
         the ZeRO formulas' ``formula_*``; ``ddp_bytes`` for the same model under DDP; stage 3's
-        ``gathered_peak_bytes`` (the most gathered parameters held at once) and ``formula_gathered_bytes`` (the
-        largest unit's padded buffers)."""
+        ``gathered_peak_bytes`` (the most gathered parameters held at once), ``formula_gathered_bytes`` (the
+        largest unit's padded buffers), ``gathered_bytes`` (held now) and, over the kept unit forwards awaiting their
+        backward, ``kept_parameter_bytes`` (resident gathered buffers and casts: 0 between uses), ``released_bytes``
+        (those freed until the backward) and ``kept_activation_bytes``."""
         return self._zero.memory()
 
     def save_checkpoint(self, folder) -> None:
