@@ -21,6 +21,9 @@ class DTypeError : public Error { using Error::Error; };
 class DeviceError : public Error { using Error::Error; };
 // Misuse of the graph: stale handles, backward on a non-scalar without a gradient, backward twice.
 class GraphError : public Error { using Error::Error; };
+// Memory read or written after Storage::release_memory (core/tensor.h) and before restore_memory: e.g. a ZeRO-3
+// unit's gathered parameters outside their unit's forward and backward.
+class ReleasedMemoryError : public GraphError { using GraphError::GraphError; };
 // Out-of-range element access or label values.
 class IndexError : public Error { using Error::Error; };
 // Invalid argument values (negative sizes, bad attributes, mismatched factory sizes).

@@ -8,6 +8,7 @@
 #include <ostream>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include "dyngrad/core/checked.h"
 #include "dyngrad/core/error.h"
@@ -126,7 +127,44 @@ void run_release(const std::function<void()>& release) noexcept {
 }
 }  // namespace
 
+Storage::Storage(std::shared_ptr<Storage> base, std::size_t offset, std::size_t bytes)
+    : bytes_(bytes), device_(base ? base->device() : Device::cpu()), offset_(offset) {
+    if (!base) throw ValueError("Storage: a window needs a base storage");
+    if (offset > base->bytes() || bytes > base->bytes() - offset)
+        throw ValueError(str("Storage: a window of ", bytes, " bytes at byte ", offset, " of a storage of ",
+                             base->bytes(), " bytes"));
+    if (base->base_) {  // a window of a window: one level, so data() asks the owner directly
+        offset_ += base->offset_;
+        base = base->base_;
+    }
+    base_ = std::move(base);
+}
+
+void Storage::release_memory() {
+    if (base_ || release_) throw ValueError("Storage::release_memory: only owned memory (not external memory, not a window)");
+    if (released_) return;
+    void* data = std::exchange(data_, nullptr);
+    released_ = true;
+    if (device_.is_cpu())
+        ::operator delete(data, std::align_val_t{kCpuAlignment});
+    else
+        device_memory::deallocate(data, bytes_, device_.index);
+}
+
+void Storage::restore_memory() {
+    if (base_ || release_) throw ValueError("Storage::restore_memory: only owned memory (not external memory, not a window)");
+    if (!released_) return;
+    if (device_.is_cpu()) {
+        data_ = ::operator new(bytes_ == 0 ? 1 : bytes_, std::align_val_t{kCpuAlignment}, std::nothrow);
+        if (data_ == nullptr) throw OutOfMemory(str("cannot allocate ", bytes_, " bytes on cpu"));
+    } else {
+        data_ = device_memory::allocate(bytes_, device_.index);
+    }
+    released_ = false;
+}
+
 Storage::~Storage() {
+    if (base_ || released_) return;  // a window owns no memory; released memory went back already
     if (release_) {
         run_release(release_);
         return;
@@ -263,7 +301,35 @@ Device Tensor::device() const { return storage_ ? storage_->device() : Device::c
 
 void* Tensor::raw_data() const {
     if (!storage_) throw ValueError("tensor is undefined (default-constructed)");
-    return storage_->data();
+    void* data = storage_->data();
+    // One test on the hot path: only a released storage (or a device's 0-byte allocation) gives nullptr.
+    if (data == nullptr && !storage_->resident()) [[unlikely]]
+        throw ReleasedMemoryError(str("tensor ", describe(*this), ": its memory was released (Storage::release_memory) "
+                                      "and not restored; e.g. a ZeRO-3 unit's parameters outside its forward and "
+                                      "backward"));
+    return data;
+}
+
+Tensor Tensor::window(std::int64_t offset, const Shape& shape) const {
+    require_defined("Tensor::window");
+    Tensor t;
+    t.numel_ = checked_numel(shape, "Tensor::window");
+    const std::size_t bytes = checked_bytes(t.numel_, dtype_size(dtype_), "Tensor::window");
+    if (offset < 0) throw ValueError(str("Tensor::window: negative offset ", offset));
+    t.shape_ = shape;
+    t.dtype_ = dtype_;
+    t.storage_ = std::make_shared<Storage>(storage_, static_cast<std::size_t>(offset) * dtype_size(dtype_), bytes);
+    return t;
+}
+
+void Tensor::release_memory() const {
+    require_defined("Tensor::release_memory");
+    storage_->release_memory();
+}
+
+void Tensor::restore_memory() const {
+    require_defined("Tensor::restore_memory");
+    storage_->restore_memory();
 }
 
 void Tensor::check_dtype(DType expected) const {

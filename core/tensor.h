@@ -26,14 +26,30 @@ public:
     // Memory owned by someone else (a NumPy array, a PyTorch tensor through DLPack): dyngrad reads and writes
     // it in place and calls `release` once when the last handle goes, instead of freeing it.
     Storage(void* data, std::size_t bytes, Device device, std::function<void()> release);
+    // A window: `bytes` bytes at byte `offset` of `base`'s memory (a window of a window refers to the first base).
+    // It keeps `base` alive, reads and writes base's memory wherever that is now, and follows its release and
+    // restore (below); its version counter is its own. ValueError when the range exceeds `base`.
+    Storage(std::shared_ptr<Storage> base, std::size_t offset, std::size_t bytes);
     ~Storage();
     Storage(const Storage&) = delete;
     Storage& operator=(const Storage&) = delete;
 
-    void* data() const { return data_; }
+    // nullptr while released (below). A window asks its base each time: its memory may have moved.
+    void* data() const { return base_ ? base_->at(offset_) : data_; }
     std::size_t bytes() const { return bytes_; }
     Device device() const { return device_; }
-    bool external() const { return static_cast<bool>(release_); }
+    bool external() const { return base_ ? base_->external() : static_cast<bool>(release_); }
+
+    // Freeing the memory while handles remain (ZeRO-3 frees a unit's gathered parameters between its forward and
+    // its backward while its recorded graph still holds them: PyTorch FSDP's storage resize to 0). Owned memory only
+    // (ValueError for external memory and windows). release_memory() hands the bytes back to the device's allocator
+    // (no synchronisation: the device allocator is stream-ordered) and data() becomes nullptr; restore_memory()
+    // allocates as many bytes on the same device again, contents undefined (the caller refills them). Reading or
+    // writing through Tensor::raw_data() / data<T>() in between throws ReleasedMemoryError, for the storage and
+    // its windows. Neither bumps the version; each does nothing when the storage is already in that state.
+    void release_memory();
+    void restore_memory();
+    bool resident() const { return base_ ? base_->resident() : !released_; }
 
     // How many in-place writes this storage has had (Tensor::bump_version). The graph remembers it for the
     // values a backward will read and refuses to run on a value changed since (docs/architecture.md,
@@ -42,11 +58,16 @@ public:
     void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
 
 private:
+    void* at(std::size_t offset) const { return data_ ? static_cast<char*>(data_) + offset : nullptr; }
+
     void* data_ = nullptr;
     std::size_t bytes_ = 0;
     Device device_;
     std::atomic<std::uint32_t> version_{0};
     std::function<void()> release_;  // set for external memory
+    std::shared_ptr<Storage> base_;  // set for a window
+    std::size_t offset_ = 0;         // a window's first byte in base_
+    bool released_ = false;          // release_memory() ran, restore_memory() not yet
 };
 
 // Explicit, seeded source of randomness for the random factories.
@@ -145,6 +166,14 @@ public:
     bool owns_storage_exclusively() const { return storage_.use_count() == 1; }
     // True when the storage is external memory (from_external).
     bool external() const { return storage_ && storage_->external(); }
+    // Elements [offset, offset + numel(shape)) of this tensor's storage as a tensor of `shape` and this dtype over
+    // the same memory: a window of the storage (Storage above), which keeps it alive and follows its
+    // release_memory / restore_memory. ValueError when the range is outside the storage.
+    Tensor window(std::int64_t offset, const Shape& shape) const;
+    // Storage::release_memory / restore_memory / resident of this tensor's storage (ValueError when undefined).
+    void release_memory() const;
+    void restore_memory() const;
+    bool resident() const { return storage_ && storage_->resident(); }
 
     // In-place writes. Each bumps the storage's version, so a recorded graph whose backward still needs the
     // old contents throws GraphError instead of using the new ones.

@@ -100,6 +100,8 @@ ZeroOptimizer::ZeroOptimizer(const Module& module, ProcessGroup group, const Ada
     if (zero_.overlap && zero_.stage != 1)
         throw ValueError(str("ZeroOptimizer: overlap (DDP's bucketed all-reduce during the backward) is for stage 1; "
                              "stage ", zero_.stage, " reduce-scatters after the backward"));
+    if (zero_.recompute)
+        throw ValueError("ZeroOptimizer: recompute (a unit's forward run again in its backward) is for stage 3");
     check_and_broadcast("ZeroOptimizer");
     State& st = *state_;
     const auto named = module_.named_parameters();
@@ -397,6 +399,8 @@ ZeroMemory ZeroOptimizer::memory() const {
         m.ddp_bytes += 4 * flat.numel * b;
     }
     m.gathered_peak_bytes = st.gathered_peak_bytes;
+    m.gathered_bytes = st.gathered_bytes;
+    kept_bytes(st, m);
     for (const auto& unit : st.units) {
         std::int64_t bytes = 0;
         for (std::size_t f : unit.flats)

@@ -37,11 +37,12 @@
 // Stage 3 (FSDP-style, distributed/zero3.cpp): built from a list of units (ZeroUnit: a Module and its forward over one
 // Var), each with its own flat buffers, padded and sharded as above. Between uses a unit's parameters hold no
 // elements (0-element tensors); zero.forward(x) runs the units in order, each as one node of the caller's graph:
-// its forward all-gathers the unit's shards into the parameters, runs the unit without recording it, and frees
-// them; that node's backward gathers them again, re-runs the unit's forward (recomputation: the activations inside
-// a unit are not kept), back-propagates through it, reduce-scatters (avg) the unit's gradients into this rank's
-// shards and frees everything. Per-rank bytes: parameters Ψ·b/W + one unit's gathered copy, gradients Ψ·b/W,
-// optimizer state K·Ψ·b/W.
+// its forward all-gathers the unit's shards into the parameters, records the unit's forward into a graph of its
+// own (kept by the node: the unit's activations stay) and frees the gathered memory; that node's backward gathers
+// the parameters again into the same memory, back-propagates through the kept graph, reduce-scatters (avg) the
+// unit's gradients into this rank's shards and frees everything. With ZeroOptions::recompute the forward records
+// nothing and the backward re-runs it (activation checkpointing per unit). Per-rank bytes: parameters Ψ·b/W + one
+// unit's gathered copy, gradients Ψ·b/W, optimizer state K·Ψ·b/W.
 //
 //   std::vector<dist::ZeroUnit> units;
 //   for (std::size_t i = 0; i < blocks.size(); ++i)
@@ -87,22 +88,33 @@ struct ZeroOptions {
     // overlaps the backward. Costs DDP's bucket buffers: Ψ·b more gradient memory than the formula (memory()
     // counts them). reduce_gradients() called by hand still reduces after the backward.
     bool overlap = false;
+    // Stage 3 only. false (the default, PyTorch FSDP's way): a unit's forward is recorded once, into a graph of its
+    // own that the caller's node keeps until its backward; the unit's activations are kept, and only its gathered
+    // parameters (and their autocast casts) are freed after the forward and gathered again into the same memory
+    // before the backward: one forward per step, the units may draw randomness (dropout). true: the unit's forward
+    // runs without recording and again in the backward (activation checkpointing per unit): less activation memory,
+    // one more forward per step, and the unit must be deterministic (a unit marked `stochastic` is refused).
+    bool recompute = false;
 };
 
 // Stage 3: one unit of the model. Its parameters are gathered, used and freed together; `forward` maps the
 // previous unit's output (or zero.forward's input) to this unit's output and may record only the parameters of
-// `module` (and constants). It runs twice per step (forward, then again in the backward), so it must give the same
-// result both times: no dropout or other fresh randomness inside a unit.
+// `module` (and constants). With ZeroOptions::recompute it runs twice per step (forward, then again in the
+// backward), so it must give the same result both times: no dropout or other fresh randomness.
 struct ZeroUnit {
     std::string name;  // no dots; its parameters are "<name>.<path in module>" in checkpoints and errors
     Module module;
     std::function<Var(const Var&)> forward;
+    // The forward draws fresh randomness (dropout): refused with ZeroOptions::recompute (ValueError naming the
+    // unit). A recomputed unit that records a dropout anyway is refused in its backward.
+    bool stochastic = false;
 };
 
 // Stage 3's units of a GPT (nn/transformer.h), as char_gpt --zero 3 and dyngrad-dist-bench shard it: "embed" (the
-// token and position embeddings), "block<i>" per block, "head" (the final LayerNorm and the LM head, giving the
-// logits (B, T, embedding rows)): GPT::operator() in pieces. The model's dropout must be 0 and its embeddings
-// untied (ValueError otherwise: a unit runs twice per step, and the tied head's weight would be in two units).
+// token and position embeddings, then the embedding dropout), "block<i>" per block, "head" (the final LayerNorm and
+// the LM head, giving the logits (B, T, embedding rows)): GPT::operator() in pieces. With dropout the embed unit and
+// the blocks are `stochastic` (ZeroOptimizer refuses them with recompute). The embeddings must be untied
+// (ValueError: the tied head's weight would be in two units).
 std::vector<ZeroUnit> gpt_units(const GPT& model);
 
 // Per-rank bytes held by the ZeRO optimizer and the model (from tensor sizes), with the ZeRO formulas.
@@ -124,6 +136,17 @@ struct ZeroMemory {
     // largest unit's padded flat buffers (Σ_d W·S_d·b, the formula: one unit gathered at a time).
     std::int64_t gathered_peak_bytes = 0;
     std::int64_t formula_gathered_bytes = 0;
+    std::int64_t gathered_bytes = 0;  // stage 3: gathered parameters held now (0 between the units' uses)
+    // Stage 3 without recompute, measured now over the units' recorded forwards that await their backward (0 with
+    // recompute, and once every backward ran): `kept_parameter_bytes`, the gathered parameter buffers and their
+    // autocast casts those forwards refer to that are resident (0 between a unit's forward and its backward: the
+    // formula); `released_bytes`, those freed until their backward (the padded gathered buffers, W·S_u·b per unit
+    // and forward, plus 2 bytes per parameter element cast to bf16/f16); `kept_activation_bytes`, the rest of what
+    // their graphs hold (the activations inside the units: each distinct storage once, the units' inputs and
+    // outputs excluded, as the caller's graph holds those).
+    std::int64_t kept_parameter_bytes = 0;
+    std::int64_t released_bytes = 0;
+    std::int64_t kept_activation_bytes = 0;
 };
 
 class ZeroOptimizer {
@@ -139,7 +162,7 @@ public:
     // names, in one Module (module()); the same checks and broadcast as above, then each unit's trainable
     // parameters become one flat buffer per dtype, sharded, and the parameters are freed (0 elements) until
     // forward() gathers them. ValueError also for no unit, a unit without forward or name, a name with a dot or
-    // used twice, a parameter in two units.
+    // used twice, a parameter in two units, a stochastic unit with recompute.
     ZeroOptimizer(std::vector<ZeroUnit> units, ProcessGroup group, const AdamOptions& options = {.weight_decay = 0.01},
                   ZeroOptions zero = {.stage = 3});
     ~ZeroOptimizer();

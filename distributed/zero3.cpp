@@ -1,12 +1,19 @@
 // ZeRO stage 3 (distributed/zero.h): the units' flat shards, the gather and free around each use, and the one custom op
-// that puts a unit into the caller's graph. The op's shape rule gathers the unit and runs its forward without
-// recording (the output's shape is only known by running it), its forward kernel hands that output over, and its
-// backward gathers again, re-runs the unit in a graph of its own, back-propagates `grad_output`, reduce-scatters
-// the unit's gradients into this rank's shards and frees the parameters. Custom ops are plain function pointers,
-// so the op finds its unit through a registry keyed by OpAttrs::start (and the forward's autocast dtype in
-// OpAttrs::axis, for the recomputation).
+// that puts a unit into the caller's graph. The op's shape rule gathers the unit and runs its forward (the output's
+// shape is only known by running it), its forward kernel hands that output over, and its backward back-propagates
+// `grad_output` through the unit, reduce-scatters the unit's gradients into this rank's shards and frees the
+// parameters. Two ways (ZeroOptions::recompute):
+// - kept (the default, FSDP's): the shape rule records the unit's forward into a nested graph (UnitSession) and
+//   frees the gathered memory (Storage::release_memory) while that graph's saved tensors still refer to it; the
+//   node keeps the recorded forward (UnitInstance) through a token among its saved tensors, so it lives exactly as
+//   long as the node needs it (until its backward without retain_graph, or the caller's graph's clear/destruction);
+//   the backward restores the memory, all-gathers into it in place and back-propagates through the nested graph.
+// - recomputed: the shape rule runs the forward without recording; the backward gathers again and re-runs it.
+// Custom ops are plain function pointers, so the op finds its unit through a registry keyed by OpAttrs::start (and
+// the forward's autocast dtype in OpAttrs::axis, whether its input requires grad in OpAttrs::scalar).
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 
@@ -71,6 +78,69 @@ struct GradModeScope {
     ~GradModeScope() { detail::exchange_grad_enabled(previous); }
 };
 
+}  // namespace
+
+// The nested graph a unit's recorded forwards share: a Parameter is recorded by one pending graph at a time
+// (graph/graph.h), so two forwards of a unit before their backwards (micro-batches summed into one loss) record
+// into the same graph. It lives while any of them does.
+struct UnitSession {
+    ComputeGraph graph;
+    int awaiting = 0;     // forwards recorded whose backward has not run (nor will: the instance died)
+    bool closed = false;  // a backward without retain_graph ran: its saved tensors are gone, record no more
+};
+
+// One recorded forward of a unit, owned by the token its node saves. Destroyed from the token's release (a
+// destructor): it touches only its own tensors and the session, never the optimizer's State (it may be gone).
+struct UnitInstance {
+    std::shared_ptr<UnitSession> session;
+    Var input, output;
+    NodeId first = 0, end = 0;  // its nodes in the session's graph
+    std::vector<Tensor> flats;  // the gathered buffers its parameters' values are windows of, per unit flat
+    struct Cast {
+        Tensor value;   // a cast node's output (shares that node's storage)
+        Tensor source;  // the cast's input: a parameter's window into `flats`
+    };
+    std::vector<Cast> casts;  // autocast's casts of the gathered parameters, freed and recomputed with them
+    bool released = false;    // flats and casts freed between the forward and the backward
+    bool done = false;        // its backward ran
+    ~UnitInstance() {
+        if (!done && session) --session->awaiting;
+    }
+};
+
+namespace {
+
+// The token saved by the unit's node: 0 elements, its data pointer the instance it owns.
+Tensor instance_token(std::shared_ptr<UnitInstance> instance, Device device) {
+    void* at = instance.get();
+    return Tensor::from_external(at, {0}, DType::i64, device, [owned = std::move(instance)]() mutable { owned.reset(); });
+}
+
+void release_instance(UnitInstance& inst) noexcept {
+    // Owned storages (find_casts, all_gather's output): the ValueError of external memory cannot come.
+    try {
+        for (const auto& cast : inst.casts) cast.value.release_memory();
+        for (const Tensor& flat : inst.flats) flat.release_memory();
+    } catch (...) {
+    }
+    inst.released = true;
+}
+
+// The autocast casts (recorded in the instance's node range) whose input is one of the unit's gathered parameters:
+// full-size 16-bit copies that matmuls save, freed with the parameters.
+void find_casts(UnitInstance& inst, const std::set<const void*>& members) {
+    const ComputeGraph& graph = inst.session->graph;
+    for (NodeId id = inst.first; id < inst.end; ++id) {
+        const ComputeNode& node = graph.node(id);
+        if (node.op != OpType::Cast || node.inputs.size() != 1 || id == inst.output.id()) continue;
+        const ComputeNode& source = graph.node(node.inputs[0]);
+        if (source.op != OpType::Leaf || !source.parameter.defined() || !members.contains(source.parameter.identity()))
+            continue;
+        if (node.value.external() || node.value.shares_storage_with(source.value) || node.value.numel() == 0) continue;
+        inst.casts.push_back({node.value, source.value});
+    }
+}
+
 // The unit's averaged gradients into this rank's shards (added when this step already has some), the
 // parameters' own gradients dropped.
 void reduce_unit(State& st, State::Unit& unit) {
@@ -97,9 +167,49 @@ void reduce_unit(State& st, State::Unit& unit) {
     }
 }
 
+// Records the unit's forward into its session's graph (kept), the gathered memory freed after it.
+std::shared_ptr<UnitInstance> record_unit(State& st, State::Unit& unit, const Tensor& x, bool wants) {
+    std::shared_ptr<UnitSession> session = unit.session.lock();
+    if (!session || session->closed) {
+        session = std::make_shared<UnitSession>();
+        unit.session = session;
+    }
+    auto inst = std::make_shared<UnitInstance>();
+    inst->session = session;
+    ++session->awaiting;
+    bool owner = false;
+    {
+        const GatheredScope gathered(st, unit);
+        owner = gathered.owner;  // else an enclosing scope uses the buffers: they stay resident
+        for (std::size_t f : unit.flats) inst->flats.push_back(st.flats[f].gathered);
+        const GradModeScope with_grad(true);
+        inst->first = static_cast<NodeId>(session->graph.size());
+        inst->input = session->graph.input(x, "", wants);
+        inst->output = unit.forward(inst->input);
+        if (!inst->output.defined() || &inst->output.graph() != &session->graph)
+            throw GraphError(str("ZeRO-3 unit '", unit.name, "': its forward must return a Var of the graph it was given"));
+        inst->end = static_cast<NodeId>(session->graph.size());
+        std::set<const void*> members;
+        for (std::size_t f : unit.flats)
+            for (const auto& m : st.flats[f].members) members.insert(m.parameter.identity());
+        find_casts(*inst, members);
+    }
+    if (owner) release_instance(*inst);
+    st.instances.erase(std::remove_if(st.instances.begin(), st.instances.end(), [](const auto& w) { return w.expired(); }),
+                       st.instances.end());
+    st.instances.push_back(inst);
+    return inst;
+}
+
 OutputSpec unit_infer(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
     const UnitRef ref = find_unit(attrs);
     State::Unit& unit = ref.state->units[ref.unit];
+    if (!ref.state->recompute && grad_enabled()) {  // under NoGradGuard nothing is kept: no backward will come
+        const bool wants = attrs.scalar != 0 && is_floating(inputs[0].dtype());
+        unit.pending_instance = record_unit(*ref.state, unit, inputs[0], wants);
+        unit.pending = unit.pending_instance->output.value();
+        return {unit.pending.shape(), unit.pending.dtype()};
+    }
     const GatheredScope gathered(*ref.state, unit);
     const GradModeScope no_grad(false);
     ComputeGraph graph;
@@ -116,7 +226,74 @@ Tensor unit_forward(const ForwardArgs& args) {
     Tensor out = std::move(unit.pending);
     unit.pending = Tensor();
     if (!out.defined()) throw GraphError(str("ZeRO-3 unit '", unit.name, "': forward without its shape rule"));
+    if (std::shared_ptr<UnitInstance> inst = std::move(unit.pending_instance))
+        args.saved.push_back(instance_token(std::move(inst), out.device()));
     return out;
+}
+
+// The instance's memory back for its backward: the gathered buffers restored and all-gathered into in place (the
+// nested graph's saved windows read them), the unit's parameters their windows again, the casts recomputed (the
+// cast op's own kernel, Tensor::to). Freed again when the scope ends, also on an exception.
+struct RestoredScope {
+    State& st;
+    State::Unit& unit;
+    UnitInstance& inst;
+    bool owner;  // the unit's gathered state is ours (no enclosing scope)
+    RestoredScope(State& s, State::Unit& u, UnitInstance& i) : st(s), unit(u), inst(i), owner(!u.gathered) {
+        if (!inst.released) return;
+        try {
+            if (owner) unit.gathered = true;  // first: a failed gather below is undone by release_unit
+            for (std::size_t k = 0; k < unit.flats.size(); ++k) {
+                State::Flat& flat = st.flats[unit.flats[k]];
+                Tensor& buffer = inst.flats[k];
+                buffer.restore_memory();
+                st.group.all_gather(flat.shard_param.value(), buffer);
+                if (!owner) continue;
+                flat.gathered = buffer;
+                for (auto& m : flat.members) m.parameter.value() = buffer.window(m.offset, m.shape);
+                st.gathered_bytes += static_cast<std::int64_t>(buffer.nbytes());
+            }
+            st.gathered_peak_bytes = std::max(st.gathered_peak_bytes, st.gathered_bytes);
+            for (const auto& cast : inst.casts) {
+                cast.value.restore_memory();
+                const Tensor fresh = cast.source.to(cast.value.dtype());
+                copy_bytes(bytes_of(cast.value), fresh.raw_data(), fresh.nbytes(), st.device);
+            }
+        } catch (...) {
+            free();
+            throw;
+        }
+    }
+    ~RestoredScope() {
+        if (inst.released) free();
+    }
+    void free() noexcept {
+        if (owner) release_unit(st, unit);
+        release_instance(inst);
+    }
+    RestoredScope(const RestoredScope&) = delete;
+    RestoredScope& operator=(const RestoredScope&) = delete;
+};
+
+Tensor backward_kept(State& st, State::Unit& unit, const BackwardArgs& args) {
+    if (args.saved.size() != 1) throw GraphError(str("ZeRO-3 unit '", unit.name, "': its node lost its recorded forward"));
+    UnitInstance& inst = *static_cast<UnitInstance*>(args.saved[0].raw_data());
+    if (inst.done)
+        throw GraphError(str("ZeRO-3 unit '", unit.name, "': a second backward through the unit's recorded forward "
+                             "(retain_graph) needs ZeroOptions::recompute (its graph is back-propagated once)"));
+    inst.done = true;
+    UnitSession& session = *inst.session;
+    // Another forward of this unit awaiting its backward shares the graph: keep its saved tensors for it.
+    const bool retain = --session.awaiting > 0;
+    if (!retain) session.closed = true;
+    Tensor grad_input;
+    {
+        const RestoredScope restored(st, unit, inst);
+        session.graph.backward(inst.output, args.grad_output, {.retain_graph = retain});
+        if (args.needs_grad[0] && inst.input.requires_grad()) grad_input = inst.input.grad();
+        reduce_unit(st, unit);
+    }
+    return grad_input;
 }
 
 std::vector<Tensor> unit_backward(const BackwardArgs& args) {
@@ -124,7 +301,9 @@ std::vector<Tensor> unit_backward(const BackwardArgs& args) {
     State& st = *ref.state;
     State::Unit& unit = st.units[ref.unit];
     Tensor grad_input;
-    {
+    if (!args.saved.empty()) {
+        grad_input = backward_kept(st, unit, args);
+    } else {
         const GatheredScope gathered(st, unit);
         const GradModeScope with_grad(true);
         // The forward's autocast setting (OpAttrs::axis, see forward()): the recomputation must be the same function.
@@ -133,6 +312,10 @@ std::vector<Tensor> unit_backward(const BackwardArgs& args) {
         const bool wants = args.needs_grad[0];
         const Var input = graph.input(args.inputs[0], "", wants);
         const Var out = unit.forward(input);  // recomputed: the activations inside the unit were not kept
+        for (NodeId id = 0; id < graph.size(); ++id)  // a second draw would differ from the forward's
+            if (graph.node(id).op == OpType::Dropout && graph.node(id).attrs.training && graph.node(id).attrs.scalar > 0)
+                throw ValueError(str("ZeRO-3 unit '", unit.name, "' records a dropout: with ZeroOptions::recompute its "
+                                     "forward runs twice and must be deterministic (recompute = false keeps it)"));
         graph.backward(out, args.grad_output);
         if (wants) grad_input = input.grad();
         reduce_unit(st, unit);
@@ -159,7 +342,8 @@ void gather_unit(State& st, State::Unit& unit) {
     for (std::size_t f : unit.flats) {
         State::Flat& flat = st.flats[f];
         flat.gathered = st.group.all_gather(flat.shard_param.value());  // (W, S): the padded flat buffer
-        for (auto& m : flat.members) m.parameter.value() = view_of(flat.gathered, m.offset, m.shape);
+        // Windows of the buffer (core/tensor.h): a recorded forward's saved values follow its release and restore.
+        for (auto& m : flat.members) m.parameter.value() = flat.gathered.window(m.offset, m.shape);
         st.gathered_bytes += flat.gathered.nbytes();
     }
     unit.gathered = true;
@@ -189,6 +373,30 @@ AllUnitsGathered::~AllUnitsGathered() {
     for (auto& unit : state.units) release_unit(state, unit);
 }
 
+void kept_bytes(const State& st, ZeroMemory& m) {
+    std::set<std::weak_ptr<const Storage>, std::owner_less<>> seen;  // each storage counted once
+    const auto count = [&](const Tensor& t, bool parameters) {
+        if (!t.defined() || !seen.insert(t.storage_reference()).second) return;
+        const auto bytes = static_cast<std::int64_t>(t.nbytes());
+        if (parameters) (t.resident() ? m.kept_parameter_bytes : m.released_bytes) += bytes;
+        else if (t.resident()) m.kept_activation_bytes += bytes;
+    };
+    for (const auto& weak : st.instances) {
+        const std::shared_ptr<UnitInstance> inst = weak.lock();
+        if (!inst || inst->done) continue;
+        for (const Tensor& flat : inst->flats) count(flat, true);
+        for (const auto& cast : inst->casts) count(cast.value, true);
+        // The parameters' windows, the unit's input and output: counted above, or the caller's graph holds them.
+        const ComputeGraph& graph = inst->session->graph;
+        for (NodeId id = inst->first; id < inst->end; ++id)
+            if (graph.node(id).op == OpType::Leaf || id == inst->output.id()) seen.insert(graph.node(id).value.storage_reference());
+        for (NodeId id = inst->first; id < inst->end; ++id) {
+            count(graph.node(id).value, false);
+            for (const Tensor& saved : graph.node(id).saved) count(saved, false);
+        }
+    }
+}
+
 void unregister_units(State& st) noexcept {
     const std::lock_guard lock(registry_mutex());
     for (const auto& unit : st.units) registry().erase(unit.key);
@@ -208,16 +416,24 @@ ZeroOptimizer::ZeroOptimizer(std::vector<ZeroUnit> units, ProcessGroup group, co
             throw ValueError(str("ZeroOptimizer (stage 3): unit name '", unit.name,
                                  "' is empty, has a dot or is used twice"));
         if (!unit.forward) throw ValueError(str("ZeroOptimizer (stage 3): unit '", unit.name, "' has no forward"));
+        if (unit.stochastic && zero_.recompute)
+            throw ValueError(str("ZeroOptimizer (stage 3): unit '", unit.name, "' is stochastic (dropout): with "
+                                 "recompute its forward runs twice and must give the same result; use recompute = false"));
         module_.register_module(unit.name, unit.module);
     }
     check_and_broadcast("ZeroOptimizer (stage 3)");
     State& st = *state_;
     st.group = group_;
+    st.recompute = zero_.recompute;
     for (const auto& [name, p] : module_.named_parameters())
         if (p.requires_grad()) st.identities.push_back(p.identity());
     std::set<const void*> seen;
     for (auto& given : units) {
-        State::Unit unit{given.name, given.module, std::move(given.forward), {}, 0, false, {}, {}};
+        State::Unit unit;
+        unit.name = given.name;
+        unit.module = given.module;
+        unit.forward = std::move(given.forward);
+        unit.stochastic = given.stochastic;
         const std::size_t first = st.flats.size();
         for (const auto& [name, p] : unit.module.named_parameters()) {
             if (!p.requires_grad()) continue;
@@ -259,6 +475,7 @@ Var ZeroOptimizer::forward(const Var& input) {
     attrs.axis = autocast ? static_cast<std::int64_t>(*autocast) : -1;
     for (auto& unit : state_->units) {
         attrs.start = unit.key;
+        attrs.scalar = x.requires_grad() ? 1.0 : 0.0;  // the kept forward records its input as needing grad or not
         // The node must require grad for the sweep to reach it, though the model's parameters are not its inputs:
         // a 0-element parameter per unit is. Its dtype follows x's (bf16 beside f32 is refused by the engine).
         const DType dtype = is_floating(x.dtype()) ? x.dtype() : DType::f32;
@@ -285,9 +502,6 @@ std::vector<std::pair<std::string, Tensor>> ZeroOptimizer::full_parameters() {
 }
 
 std::vector<ZeroUnit> gpt_units(const GPT& model) {
-    if (model.config.dropout != 0)
-        throw ValueError(str("gpt_units: the GPT's dropout is ", model.config.dropout, "; ZeRO-3 runs each unit's forward "
-                             "again in the backward, so it needs dropout 0"));
     if (model.config.tie_embeddings)
         throw ValueError("gpt_units: the GPT's LM head is its token embedding, which two units would hold");
     if (model.config.reduced_residual)
@@ -297,10 +511,14 @@ std::vector<ZeroUnit> gpt_units(const GPT& model) {
     Module embed;
     embed.register_module("token_embedding", model.token_embedding);
     embed.register_module("position_embedding", model.position_embedding);
-    units.push_back({"embed", embed, [tokens = model.token_embedding, positions = model.position_embedding](
-                                         const Var& x) { return positions(tokens(x)); }});
+    const bool stochastic = model.config.dropout != 0;
+    units.push_back({"embed", embed,
+                     [tokens = model.token_embedding, positions = model.position_embedding,
+                      dropout = model.embedding_dropout()](const Var& x) { return dropout(positions(tokens(x))); },
+                     stochastic});
     for (std::size_t i = 0; i < model.blocks.size(); ++i)
-        units.push_back({str("block", i), model.blocks[i], [block = model.blocks[i]](const Var& x) { return block(x); }});
+        units.push_back({str("block", i), model.blocks[i], [block = model.blocks[i]](const Var& x) { return block(x); },
+                         stochastic});
     Module head;
     head.register_module("ln_f", model.ln_f);
     head.register_module("lm_head", model.lm_head);

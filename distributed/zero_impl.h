@@ -10,6 +10,11 @@
 
 namespace dyngrad::dist {
 
+// Stage 3 without recomputation (distributed/zero3.cpp): the graph a unit's recorded forwards share, and one
+// recorded forward (owned by its node in the caller's graph).
+struct UnitSession;
+struct UnitInstance;
+
 struct ZeroOptimizer::State {
     struct Member {
         std::string name;
@@ -39,7 +44,10 @@ struct ZeroOptimizer::State {
         std::int64_t key = 0;
         bool gathered = false;
         Tensor pending;  // the forward's output, from the op's shape rule to its forward kernel
+        std::shared_ptr<UnitInstance> pending_instance;  // its recorded forward (without recompute), likewise
         Parameter anchor;  // 0 elements: makes the unit's node require grad (distributed/zero3.cpp, forward)
+        bool stochastic = false;               // ZeroUnit::stochastic
+        std::weak_ptr<UnitSession> session;   // the graph this unit's next forward records into, while it lives
     };
     Device device = Device::cpu();
     std::vector<Flat> flats;
@@ -53,6 +61,8 @@ struct ZeroOptimizer::State {
     ProcessGroup group = ProcessGroup::single();  // the units' collectives (the op's kernels reach the state, not the optimizer)
     std::int64_t gathered_bytes = 0;      // gathered parameters held now
     std::int64_t gathered_peak_bytes = 0;
+    bool recompute = false;               // ZeroOptions::recompute
+    std::vector<std::weak_ptr<UnitInstance>> instances;  // the recorded forwards alive (memory() walks them)
 };
 
 // Helpers shared by the stages (distributed/zero.cpp).
@@ -77,6 +87,8 @@ Tensor view_of(const Tensor& flat, std::int64_t offset, const Shape& shape);
 void gather_unit(ZeroOptimizer::State& state, ZeroOptimizer::State::Unit& unit);
 void release_unit(ZeroOptimizer::State& state, ZeroOptimizer::State::Unit& unit);
 void unregister_units(ZeroOptimizer::State& state) noexcept;
+// Stage 3: what the recorded forwards alive hold (ZeroMemory's kept_* fields).
+void kept_bytes(const ZeroOptimizer::State& state, ZeroMemory& memory);
 // Stage 3: every unit gathered for the scope (a collective; checkpoints read and write the full model). Nothing
 // without units.
 struct AllUnitsGathered {

@@ -32,6 +32,9 @@ struct CacheEntry {
     Var cast;                   // the cast node (stale once its graph is cleared or destroyed)
     const void* storage;        // the parameter value's data when cast
     std::uint32_t version = 0;  // and its storage version
+    // And the storage itself: another storage at the same address (memory freed and reused, e.g. by ZeRO-3's
+    // forwards of one unit recorded into one graph, distributed/zero3.cpp) is not the value that was cast.
+    std::weak_ptr<const Storage> reference;
 };
 struct ThreadState {
     std::optional<DType> dtype;
@@ -80,7 +83,8 @@ Var cast_input(const Var& x, const Tensor& value, DType dtype) {
     const std::uint32_t version = value.version();
     if (const auto found = tls.cache.find(key); found != tls.cache.end()) {
         const CacheEntry& entry = found->second;
-        if (entry.cast.is_live() && entry.storage == storage && entry.version == version) {
+        if (entry.cast.is_live() && entry.storage == storage && entry.version == version &&
+            value.uses_storage(entry.reference)) {
             ++tls.stats.hits;
             return entry.cast;
         }
@@ -99,7 +103,7 @@ Var cast_input(const Var& x, const Tensor& value, DType dtype) {
         if (kept) parameter.keep_reduced_copy(cast.value());
     }
     ++tls.stats.casts;
-    tls.cache.insert_or_assign(key, CacheEntry{cast, storage, version});
+    tls.cache.insert_or_assign(key, CacheEntry{cast, storage, version, value.storage_reference()});
     return cast;
 }
 

@@ -149,6 +149,9 @@ public:
     LayerNorm ln_f;
     Linear lm_head;  // undefined weight when config.tie_embeddings
 
+    // The dropout after the embeddings (config.dropout; ZeRO-3's "embed" unit applies it, distributed/zero.h).
+    const Dropout& embedding_dropout() const { return embedding_dropout_; }
+
 private:
     // tokens (B,T) -> the final hidden states ln_f(x) (B,T,E); the LM head's weight (embedding_rows(), E).
     Var hidden(const Var& tokens, std::source_location where) const;

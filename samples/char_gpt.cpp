@@ -11,7 +11,7 @@
 //            [--eval-every 250 --eval-batches 20] [--seed 0] [--device cpu|cuda] [--csv FILE]
 //            [--checkpoint FILE] [--resume FILE] [--init-weights FILE.safetensors] [--batch-order FILE]
 //            [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]
-//            [--profile-step N] [--distributed [--zero 1|2|3]] [--checkpoint-activations] [--deterministic]
+//            [--profile-step N] [--distributed [--zero 1|2|3 [--zero-recompute]]] [--checkpoint-activations] [--deterministic]
 //            [--reduced-residual] [--capture]
 //
 // Token files: windows of --seq-len (default --context) + 1 tokens of --train-tokens; the validation windows
@@ -102,7 +102,7 @@ const char* const kUsage =
     "                [--eval-every N] [--eval-batches N] [--seed N] [--device cpu|cuda|cuda:N] [--csv FILE]\n"
     "                [--checkpoint FILE] [--resume FILE] [--init-weights FILE] [--batch-order FILE]\n"
     "                [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]\n"
-    "                [--profile-step N] [--distributed [--zero 1|2|3]]\n"
+    "                [--profile-step N] [--distributed [--zero 1|2|3 [--zero-recompute]]]\n"
     "                [--checkpoint-activations] [--deterministic] [--reduced-residual] [--capture]\n"
     "                [--memory-limit-mib N]\n"
     "  --model NAME        char (default) | gpt2: GPT-2 small as llm.c (12, 12, 768, 1024; tied, padded vocabulary)\n"
@@ -126,8 +126,10 @@ const char* const kUsage =
     "  --precision NAME    f32 | bf16 | f16: the forward under autocast into that dtype (f16 with loss scaling;\n"
     "                      f32 master weights and optimizer state either way; default f32)\n"
     "  --distributed       data parallel over the ranks of mpirun (each takes --batch / world windows a step)\n"
-    "  --zero N            with --distributed: ZeRO stage 1, 2 or 3 (3: parameters sharded per block; needs\n"
-    "                      --dropout 0) in place of DDP; one weight decay for all parameters\n"
+    "  --zero N            with --distributed: ZeRO stage 1, 2 or 3 (3: parameters sharded per block, each block's\n"
+    "                      activations kept) in place of DDP; one weight decay for all parameters\n"
+    "  --zero-recompute    with --zero 3: each block's forward runs again in its backward instead of keeping its\n"
+    "                      activations (less memory, one more forward a step; needs --dropout 0)\n"
     "  --checkpoint-activations  every block checkpointed (graph/checkpoint.h): its activations are replayed in\n"
     "                      the backward instead of kept (the same gradients; --checkpoint names the training file)\n"
     "  --deterministic     (cuda) bitwise-reproducible runs: the embedding and attention backwards without float\n"
@@ -157,6 +159,7 @@ struct Options {
     bool deterministic = false;  // cuda::set_deterministic for the run
     bool capture = false;        // the training step as a cuda::CapturedStep
     int zero = 0;  // ZeRO stage; 0: DistributedDataParallel
+    bool zero_recompute = false;  // --zero 3: ZeroOptions::recompute
     std::int64_t memory_limit_mib = 0;  // cuda::set_memory_limit on the run's GPU (0: none)
 };
 
@@ -164,7 +167,8 @@ struct Options {
 Options parse_options(int argc, char** argv) {
     const cli::Arguments args(
         argc, argv,
-        {.flags = {"--distributed", "--checkpoint-activations", "--deterministic", "--reduced-residual", "--capture"},
+        {.flags = {"--distributed", "--checkpoint-activations", "--deterministic", "--reduced-residual", "--capture",
+                   "--zero-recompute"},
          .options = {"--model", "--train-tokens", "--val-tokens", "--vocab", "--seq-len", "--data", "--layers",
                      "--heads", "--width", "--context", "--batch", "--steps", "--lr", "--warmup",
                      "--min-lr", "--weight-decay", "--clip", "--dropout", "--eval-every", "--eval-batches", "--seed",
@@ -241,15 +245,18 @@ Options parse_options(int argc, char** argv) {
 #if !DYNGRAD_WITH_DIST
     if (o.distributed) throw cli::UsageError("--distributed: this build has no dist layer (MPI was not found)");
 #endif
+    if (args.has("--zero-recompute") && given("--zero").value_or("") != "3")
+        throw cli::UsageError("--zero-recompute: for --zero 3");
     if (auto v = given("--zero")) {
         o.zero = static_cast<int>(cli::parse_int("--zero", *v, 1, 3));
         if (!o.distributed) throw cli::UsageError("--zero: shards across the ranks of --distributed, which is not given");
         if (!o.checkpoint.empty() || !o.resume.empty())
             throw cli::UsageError("--zero: not with --checkpoint or --resume (a ZeroOptimizer checkpoint is a folder "
                                   "of shards, distributed/zero.h)");
-        if (o.zero == 3 && o.model.dropout != 0)
-            throw cli::UsageError(str("--zero 3: needs --dropout 0 (each unit's forward runs again in the backward; "
-                                      "fresh dropout masks would differentiate another function), got ",
+        o.zero_recompute = args.has("--zero-recompute");
+        if (o.zero_recompute && o.model.dropout != 0)
+            throw cli::UsageError(str("--zero-recompute: needs --dropout 0 (each unit's forward runs again in the "
+                                      "backward; fresh dropout masks would differentiate another function), got ",
                                       o.model.dropout));
         if (o.zero == 3 && o.model.tie_embeddings)
             throw cli::UsageError("--zero 3: not with --model gpt2 (its LM head is the token embedding, which two "
@@ -556,7 +563,8 @@ int run(Options o) {
     std::unique_ptr<dist::ZeroOptimizer> zero;
     const AdamOptions zero_adam{.lr = o.lr, .beta1 = 0.9, .beta2 = o.beta2, .eps = 1e-8, .weight_decay = o.weight_decay};
     if (group && o.zero == 3) {
-        zero = std::make_unique<dist::ZeroOptimizer>(dist::gpt_units(model), *group, zero_adam, dist::ZeroOptions{.stage = 3});
+        zero = std::make_unique<dist::ZeroOptimizer>(dist::gpt_units(model), *group, zero_adam,
+                                                     dist::ZeroOptions{.stage = 3, .recompute = o.zero_recompute});
         forward = [z = zero.get()](const Var& x) { return z->forward(x); };
         loss_path = logits_loss(forward);
     } else if (group && o.zero > 0) {
@@ -600,7 +608,7 @@ int run(Options o) {
     std::fflush(stdout);
 
     std::ofstream csv;
-    if (!o.csv.empty()) {
+    if (!o.csv.empty() && rank == 0) {  // one writer: rows of two ranks at their own offsets would interleave
         csv.open(o.csv, first > 0 ? std::ios::app : std::ios::trunc);
         if (!csv) throw IoError(str("--csv: cannot write '", o.csv, "'"));
         if (first == 0) csv << "step,train_loss,val_loss,lr,tokens_per_second,loss_scale,skipped_steps\n";

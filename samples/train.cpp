@@ -67,6 +67,8 @@ constexpr const char* kUsage = R"(usage: dyngrad-train [options]
   --zero N            with --distributed: ZeRO stage 1 (AdamW's moments sharded across the ranks), 2
                       (the averaged gradients too) or 3 (the parameters too, the model one unit gathered
                       for its forward and backward) in place of DDP (distributed/zero.h); AdamW only
+  --zero-recompute    with --zero 3: the model's forward runs again in its backward instead of keeping its
+                      activations (ZeroOptions::recompute: less memory, one more forward a step)
   --target-accuracy X stop after the first epoch whose test accuracy reaches X (0 to 1) and print
                       time_to_target_s: the training seconds up to then, evaluation excluded
   --precision NAME    f32 | bf16 | f16: the forward under autocast into that dtype (graph/autocast.h;
@@ -96,6 +98,7 @@ struct Options {
     std::optional<double> target_accuracy;
     bool distributed = false;
     int zero = 0;  // ZeRO stage, 0: DDP
+    bool zero_recompute = false;  // --zero 3: ZeroOptions::recompute
     DType precision = DType::f32;
 };
 
@@ -105,7 +108,7 @@ using cli::UsageError;
 Options parse_options(int argc, char** argv) {
     const cli::Arguments args(
         argc, argv,
-        {.flags = {"--resident", "--distributed"},
+        {.flags = {"--resident", "--distributed", "--zero-recompute"},
          .options = {"--model", "--epochs", "--batch", "--lr", "--optimizer", "--momentum", "--weight-decay",
                      "--schedule", "--device", "--seed", "--limit", "--data", "--save", "--load", "--csv", "--shadow",
                      "--shadow-tolerance", "--log-every", "--target-accuracy", "--precision", "--zero"}});
@@ -133,6 +136,8 @@ Options parse_options(int argc, char** argv) {
             throw UsageError("--zero: shards AdamW's state; --optimizer " + o.optimizer + " is not adamw");
         o.optimizer = "adamw";
     }
+    o.zero_recompute = args.has("--zero-recompute");
+    if (o.zero_recompute && o.zero != 3) throw UsageError("--zero-recompute: for --zero 3");
     if (auto v = given("--seed")) o.seed = static_cast<std::uint64_t>(cli::parse_int("--seed", *v, 0));
     if (auto v = given("--limit")) o.limit = cli::parse_int("--limit", *v, 1);
     if (auto v = given("--save")) o.save = cli::output_file("--save", *v);
@@ -347,7 +352,7 @@ int run(Options o) {
         zero = std::make_unique<dist::ZeroOptimizer>(
             std::vector<dist::ZeroUnit>{{"model", model, forward}}, *group,
             AdamOptions{.lr = o.lr.value_or(1e-3), .weight_decay = o.weight_decay.value_or(0.01)},
-            dist::ZeroOptions{.stage = 3});
+            dist::ZeroOptions{.stage = 3, .recompute = o.zero_recompute});
         forward = [z = zero.get()](const Var& x) { return z->forward(x); };
     } else if (group && o.zero > 0)
         zero = std::make_unique<dist::ZeroOptimizer>(

@@ -281,15 +281,16 @@ def barrier(group=None, async_op: bool = False, device_ids=None):
 class ZeroUnit:
     """One unit of a ZeRO stage-3 model (dist::ZeroUnit, distributed/zero.h): its parameters are gathered, used and freed
     together. ``forward`` (default: ``module`` itself) maps the previous unit's output (or the optimizer's input)
-    to this unit's output, one Tensor to one Tensor, and may use only ``module``'s parameters and constants. It runs
-    twice per step (in the forward, then again in the backward: the activations inside a unit are recomputed), so
-    it must compute the same both times: no dropout or other fresh randomness inside a unit. ``name`` (no dots)
-    prefixes the unit's parameter names in checkpoints and errors ("<name>.<path in module>").
+    to this unit's output, one Tensor to one Tensor, and may use only ``module``'s parameters and constants. With
+    ``ZeroOptimizer(..., recompute=True)`` it runs twice per step (in the forward, then again in the backward: the
+    activations inside a unit are recomputed), so it must compute the same both times; ``stochastic=True`` declares
+    a unit that draws fresh randomness (dropout), which recompute=True refuses. ``name`` (no dots) prefixes the
+    unit's parameter names in checkpoints and errors ("<name>.<path in module>").
     """
 
-    __slots__ = ("name", "module", "forward")
+    __slots__ = ("name", "module", "forward", "stochastic")
 
-    def __init__(self, name: str, module, forward=None):
+    def __init__(self, name: str, module, forward=None, stochastic: bool = False):
         from .nn import Module
         if not isinstance(name, str):
             raise TypeError(f"dyngrad.distributed.ZeroUnit(): argument 'name' must be a str, not {type(name).__name__}")
@@ -299,7 +300,11 @@ class ZeroUnit:
         if forward is not None and not callable(forward):
             raise TypeError(f"dyngrad.distributed.ZeroUnit(): argument 'forward' must be callable or None, not "
                             f"{type(forward).__name__}")
+        if not isinstance(stochastic, bool):
+            raise TypeError(f"dyngrad.distributed.ZeroUnit(): argument 'stochastic' must be a bool, not "
+                            f"{type(stochastic).__name__}")
         self.name, self.module, self.forward = name, module, module if forward is None else forward
+        self.stochastic = stochastic
 
     def __repr__(self):
         return f"ZeroUnit({self.name!r}, {type(self.module).__name__})"
@@ -309,7 +314,8 @@ def gpt_units(model) -> list:
     """Stage 3's units of a ``dyngrad.nn.GPT`` (C++ ``dist::gpt_units``, distributed/zero.h): "embed" (the token and
     position embeddings), "block<i>" per block, "head" (``ln_f`` and ``lm_head``, giving the logits (B, T, embedding
     rows)): ``model(tokens)`` in pieces, for ``ZeroOptimizer(gpt_units(model), stage=3)``. ValueError when the model's
-    dropout is not 0 (a unit runs twice per step), its embeddings are tied (the head's weight would be in two units)
+    dropout is not 0 (its dropout after the embeddings is inside the C++ GPT's forward, which no unit here can
+    apply; C++ ``dist::gpt_units`` takes dropout), its embeddings are tied (the head's weight would be in two units)
     or it keeps a reduced residual stream (the units run the float32 one).
     """
     from .nn import Module
@@ -319,8 +325,9 @@ def gpt_units(model) -> list:
                         f"{type(model).__name__}")
     config = model._config
     if config.dropout != 0:
-        raise _core.ValueError(f"dyngrad.distributed.gpt_units(): the GPT's dropout is {config.dropout}; ZeRO-3 runs "
-                               "each unit's forward again in the backward, so it needs dropout 0")
+        raise _core.ValueError(f"dyngrad.distributed.gpt_units(): the GPT's dropout is {config.dropout}; the dropout "
+                               "after its embeddings is inside the C++ GPT's forward, not reachable as a unit here, "
+                               "so these units need dropout 0")
     if config.tie_embeddings:
         raise _core.ValueError("dyngrad.distributed.gpt_units(): the GPT's LM head is its token embedding, which two "
                                "units would hold")
@@ -341,11 +348,11 @@ def _zero_units(units) -> list:
     for i, unit in enumerate(units):
         if isinstance(unit, ZeroUnit):
             out.append(unit)
-        elif isinstance(unit, tuple) and len(unit) in (2, 3):
+        elif isinstance(unit, tuple) and len(unit) in (2, 3, 4):
             out.append(ZeroUnit(*unit))
         else:
             raise TypeError(f"dyngrad.distributed.ZeroOptimizer(): module[{i}] must be a ZeroUnit or a (name, module"
-                            f"[, forward]) tuple, not {type(unit).__name__}")
+                            f"[, forward[, stochastic]]) tuple, not {type(unit).__name__}")
     return out
 
 
@@ -367,9 +374,11 @@ class ZeroOptimizer:
     Stage 3 shards the parameters too (FSDP-style; torch's ``FullyShardedDataParallel`` / FSDP2's ``fully_shard``
     applied to each block). The model is given as a list of units (``ZeroUnit(name, module[, forward])`` or
     ``(name, module[, forward])`` tuples), run in order by ``opt(x)``; between uses a unit's parameters hold no
-    elements. Each unit is one node of the graph: its forward all-gathers the unit's shards, runs the unit and
-    frees them; its backward gathers them again, re-runs the unit's forward (recomputation), back-propagates,
-    reduce-scatters the unit's gradients into this rank's shards and frees everything.
+    elements. Each unit is one node of the graph: its forward all-gathers the unit's shards, records the unit
+    (its activations kept, as FSDP keeps them) and frees the gathered memory; its backward gathers them again into
+    that memory, back-propagates, reduce-scatters the unit's gradients into this rank's shards and frees everything.
+    ``recompute=True`` keeps no activation inside a unit: its forward runs again in the backward (activation
+    checkpointing per unit; the units must then be deterministic).
 
         units = [dist.ZeroUnit("embed", embed)] + [dist.ZeroUnit(f"block{i}", b) for i, b in enumerate(blocks)]
         opt = dist.ZeroOptimizer(units, lr=1e-3, weight_decay=0.01)      # stage=3 for a list of units
@@ -377,16 +386,15 @@ class ZeroOptimizer:
         loss.backward(); opt.step(); opt.zero_grad()
 
     Differs from torch's FSDP: the units are listed explicitly (not found by wrapping submodules), each maps one
-    Tensor to one Tensor and is recomputed in the backward (FSDP keeps activations unless asked to checkpoint),
-    the optimizer is built in (AdamW over the shards), and ``full_parameters()`` / ``save_checkpoint()`` stand for
-    FSDP's full state dict.
+    Tensor to one Tensor, the optimizer is built in (AdamW over the shards), and ``full_parameters()`` /
+    ``save_checkpoint()`` stand for FSDP's full state dict.
 
     ``step()`` first averages the gradients across ranks (``reduce_gradients()``, unless called since the last
     step), so the loop is an ordinary one; several backwards before a step accumulate.
     """
 
     def __init__(self, module, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
-                 stage: int | None = None):
+                 stage: int | None = None, *, recompute: bool = False):
         from .nn import Module
         who = "dyngrad.distributed.ZeroOptimizer()"
         is_units = isinstance(module, (list, tuple))
@@ -402,6 +410,10 @@ class ZeroOptimizer:
         if stage == 3 and not is_units:
             raise _core.ValueError(f"{who}: stage=3 shards the parameters unit by unit: pass a list of "
                                    "dyngrad.distributed.ZeroUnit(name, module), not one Module")
+        if not isinstance(recompute, bool):
+            raise TypeError(f"{who}: argument 'recompute' must be a bool, not {type(recompute).__name__}")
+        if recompute and stage != 3:
+            raise _core.ValueError(f"{who}: recompute=True (a unit's forward run again in its backward) is for stage=3")
         if stage != 3 and is_units:
             raise _core.ValueError(f"{who}: stage={stage} takes the whole model (a dyngrad.nn.Module); a list of "
                                    "units is for stage=3")
@@ -420,8 +432,8 @@ class ZeroOptimizer:
                 if unit.name and "." not in unit.name and unit.name not in container._modules:
                     container.add_module(unit.name, unit.module)  # bad names: the C++ check names them
             self._zero = _dist.ZeroOptimizer.from_units(
-                pg, [(u.name, list(u.module.named_parameters()), list(u.module.named_buffers()), u.forward)
-                     for u in units], *settings)
+                pg, [(u.name, list(u.module.named_parameters()), list(u.module.named_buffers()), u.forward,
+                      u.stochastic) for u in units], *settings, recompute)
             self._units, self._module = units, container
         else:
             self._zero = _dist.ZeroOptimizer(pg, list(module.named_parameters()), list(module.named_buffers()),
@@ -484,8 +496,10 @@ class ZeroOptimizer:
     def memory(self) -> dict:
         """Per-rank bytes (ZeroMemory): measured ``parameter_bytes``, ``gradient_bytes``, ``optimizer_bytes`` and
         the ZeRO formulas' ``formula_*``; ``ddp_bytes`` for the same model under DDP; stage 3's
-        ``gathered_peak_bytes`` (the most gathered parameters held at once) and ``formula_gathered_bytes`` (the
-        largest unit's padded buffers)."""
+        ``gathered_peak_bytes`` (the most gathered parameters held at once), ``formula_gathered_bytes`` (the
+        largest unit's padded buffers), ``gathered_bytes`` (held now) and, over the kept unit forwards awaiting their
+        backward, ``kept_parameter_bytes`` (resident gathered buffers and casts: 0 between uses), ``released_bytes``
+        (those freed until the backward) and ``kept_activation_bytes``."""
         return self._zero.memory()
 
     def save_checkpoint(self, folder) -> None:

@@ -249,8 +249,9 @@ struct PythonForward {
     }
 };
 
-// unit.forward(x) for the C++ stage 3: x is a Var of the graph the unit op made for this run (its shape rule's,
-// without recording, or its backward's recomputation). The Python forward records into that graph: a box over
+// unit.forward(x) for the C++ stage 3: x is a Var of the graph the unit op made for this run (the kept forward's
+// nested graph, recording with grad; or, with recompute, its shape rule's, without recording, and its backward's
+// recomputation). The Python forward records into that graph: a box over
 // it is the thread's current graph for the call, so the ops it runs (and the C++ layers it calls) are nodes of
 // the unit's graph, and the engine's backward of that graph reaches the unit's parameters.
 Var run_python_unit(const PythonForward& forward, const std::string& unit, const Var& x) {
@@ -303,6 +304,7 @@ std::vector<dist::ZeroUnit> zero_units(const nb::list& units) {
         unit.module = module_of(parameters, buffers);
         auto forward = std::make_shared<PythonForward>(nb::object(entry[3]));
         unit.forward = [forward, name = unit.name](const Var& x) { return run_python_unit(*forward, name, x); };
+        if (entry.size() > 4) unit.stochastic = nb::cast<bool>(entry[4]);
         out.push_back(std::move(unit));
     }
     return out;
@@ -317,7 +319,11 @@ nb::dict memory_dict(const dist::ZeroMemory& m) {
                        field("formula_gradient_bytes", &M::formula_gradient_bytes),
                        field("formula_optimizer_bytes", &M::formula_optimizer_bytes), field("ddp_bytes", &M::ddp_bytes),
                        field("gathered_peak_bytes", &M::gathered_peak_bytes),
-                       field("formula_gathered_bytes", &M::formula_gathered_bytes));
+                       field("formula_gathered_bytes", &M::formula_gathered_bytes),
+                       field("gathered_bytes", &M::gathered_bytes),
+                       field("kept_parameter_bytes", &M::kept_parameter_bytes),
+                       field("released_bytes", &M::released_bytes),
+                       field("kept_activation_bytes", &M::kept_activation_bytes));
 }
 
 void bind_zero(nb::module_& d) {
@@ -338,18 +344,18 @@ void bind_zero(nb::module_& d) {
            nb::arg("beta2"), nb::arg("eps"), nb::arg("weight_decay"), nb::arg("stage"))
         // Stage 3: units as (name, named_parameters, named_buffers, forward) tuples.
         .def_static("from_units", [](const ProcessGroup& group, const nb::list& units, double lr, double beta1,
-                                     double beta2, double eps, double weight_decay, int stage) {
+                                     double beta2, double eps, double weight_decay, int stage, bool recompute) {
             std::vector<dist::ZeroUnit> made_units = zero_units(units);
             const AdamOptions options{.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = weight_decay};
             std::unique_ptr<dist::ZeroOptimizer> made;
             {
                 nb::gil_scoped_release release;
                 made = std::make_unique<dist::ZeroOptimizer>(std::move(made_units), group, options,
-                                                             dist::ZeroOptions{.stage = stage});
+                                                             dist::ZeroOptions{.stage = stage, .recompute = recompute});
             }
             return new PyZero{std::move(made)};
         }, nb::arg("group"), nb::arg("units"), nb::arg("lr"), nb::arg("beta1"), nb::arg("beta2"), nb::arg("eps"),
-           nb::arg("weight_decay"), nb::arg("stage"), nb::rv_policy::take_ownership)
+           nb::arg("weight_decay"), nb::arg("stage"), nb::arg("recompute") = false, nb::rv_policy::take_ownership)
         // Stage 3: the units in order on x, one recorded node per unit (distributed/zero.h).
         .def("forward", [](PyZero& z, const PyTensor& x) {
             const PyTensor* inputs[] = {&x};

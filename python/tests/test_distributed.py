@@ -466,8 +466,9 @@ def test_zero3_in_a_group_of_one_is_adamw(group, fresh_rng):
 
 @needs_layer
 def test_zero3_under_bf16_autocast_is_the_same_autocast_on_one_process(group, fresh_rng):
-    """The unit's backward recomputes under the forward's autocast dtype (as C++: recomputed in float32 the unit's
-    output would not even match its gradient's dtype). One step with eps = 1e3 makes AdamW's update ~ lr·g/eps,
+    """Kept (the default), the unit's casts of its gathered parameters are freed and recomputed for the backward; with
+    recompute the unit's backward recomputes under the forward's autocast dtype (as C++: recomputed in float32 the
+    unit's output would not even match its gradient's dtype). One step with eps = 1e3 makes AdamW's update ~ lr·g/eps,
     linear in the gradient, so the updates compare within bf16 rounding."""
     rng, seed = fresh_rng
     dg.manual_seed(int(rng.integers(1 << 30)))
@@ -494,6 +495,38 @@ def test_zero3_under_bf16_autocast_is_the_same_autocast_on_one_process(group, fr
         want = reference.state_dict()[name].numpy() - before[name]
         assert np.abs(want).max() > 0, name
         assert np.linalg.norm(got - want) <= 3e-2 * np.linalg.norm(want), f"{name}, seed {seed}"
+
+
+@needs_layer
+def test_zero3_kept_by_default_and_recompute_on_request(group, fresh_rng):
+    """recompute=False (the default) keeps each unit's recorded forward, its gathered memory released until the
+    backward; recompute=True re-runs it there. Both are the same training; a stochastic unit needs the kept way."""
+    rng, seed = fresh_rng
+    x, y = dg.tensor(rng.standard_normal((5, 4))), dg.tensor(rng.standard_normal((5, 3)))
+    results = []
+    for recompute in (False, True):
+        dg.manual_seed(int(seed % (1 << 30)))
+        opt = dist.ZeroOptimizer([("fc0", nn.Linear(4, 8).double()), ("fc1", nn.Linear(8, 3).double())],
+                                 recompute=recompute)
+        out = opt(x)
+        memory = opt.memory()
+        assert memory["gathered_bytes"] == 0 and memory["kept_parameter_bytes"] == 0
+        assert memory["released_bytes"] == (0 if recompute else memory["padded"] * 8)
+        ((out - y) ** 2).mean().backward()
+        assert opt.memory()["released_bytes"] == 0
+        opt.step()
+        results.append({n: t.numpy().copy() for n, t in opt.full_parameters().items()})
+    for name in results[0]:
+        np.testing.assert_allclose(results[0][name], results[1][name], rtol=1e-13, atol=1e-15,
+                                   err_msg=f"{name}, seed {seed}")
+    with pytest.raises(TypeError, match="argument 'recompute'"):
+        dist.ZeroOptimizer([("a", nn.Linear(4, 3))], recompute=1)
+    with pytest.raises(dg.ValueError, match="recompute=True .* is for stage=3"):
+        dist.ZeroOptimizer(nn.Linear(4, 3), stage=2, recompute=True)
+    with pytest.raises(dg.ValueError, match="unit 'a' is stochastic"):
+        dist.ZeroOptimizer([dist.ZeroUnit("a", nn.Linear(4, 3), stochastic=True)], recompute=True)
+    with pytest.raises(TypeError, match="argument 'stochastic'"):
+        dist.ZeroUnit("a", nn.Linear(4, 3), stochastic="yes")
 
 
 @needs_layer

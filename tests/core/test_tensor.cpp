@@ -495,3 +495,37 @@ TEST_CASE("anomaly mode checks the layout functions' results, not the indexing m
     CHECK_THROWS_MATCHES(select(x, 0, 2), NumericalError, MessageHas({"anomaly mode", "NaN"}));
     CHECK_THROWS_MATCHES(narrow(x, 1, 3, 1), NumericalError, MessageHas({"anomaly mode", "NaN"}));
 }
+
+// Storage::release_memory / restore_memory (core/tensor.h; ZeRO-3 frees a unit's gathered parameters this way while
+// its recorded graph still holds them): reads in between are a typed error, through windows too; restoring gives
+// memory the windows see; external memory and windows cannot be released.
+TEST_CASE("a released storage refuses reads and writes until restored; windows follow it", "[tensor][release]") {
+    std::mt19937_64 rng(std::random_device{}());
+    std::vector<double> values(12);
+    for (double& v : values) v = std::uniform_real_distribution<double>(-3, 3)(rng);
+    const Tensor base = Tensor::from_vector(values, {3, 4}, DType::f64);
+    const Tensor window = base.window(4, {2, 2});  // elements 4..7
+    CHECK(window.to_vector() == std::vector<double>(values.begin() + 4, values.begin() + 8));
+    CHECK(base.resident());
+    base.release_memory();
+    base.release_memory();  // a no-op when released
+    CHECK_FALSE(base.resident());
+    CHECK_FALSE(window.resident());
+    CHECK(base.shape() == Shape{3, 4});  // the handle keeps its shape, dtype and device
+    CHECK_THROWS_AS(base.to_vector(), ReleasedMemoryError);
+    CHECK_THROWS_AS(base.data<double>(), ReleasedMemoryError);
+    CHECK_THROWS_MATCHES(window.to_vector(), ReleasedMemoryError, dgtest::MessageHas({"released", "(2,2) float64"}));
+    CHECK_THROWS_AS(Tensor::zeros({3, 4}, DType::f64).copy_from(base), ReleasedMemoryError);
+    CHECK_THROWS_AS(Tensor(base).fill(1.0), ReleasedMemoryError);
+    CHECK_THROWS_AS(window.release_memory(), ValueError);  // a window is released through its base
+    base.restore_memory();
+    CHECK(base.resident());
+    Tensor(base).copy_from(Tensor::from_vector(values, {3, 4}, DType::f64));
+    CHECK(window.to_vector() == std::vector<double>(values.begin() + 4, values.begin() + 8));
+    CHECK(window.window(1, {2}).to_vector() == std::vector<double>(values.begin() + 5, values.begin() + 7));
+    CHECK_THROWS_AS(base.window(9, {2, 2}), ValueError);  // past the end
+    std::vector<float> host(4, 1.5f);
+    const Tensor external = Tensor::from_external(host.data(), {4}, DType::f32, Device::cpu(), [] {});
+    CHECK_THROWS_AS(external.release_memory(), ValueError);
+    CHECK(external.to_vector() == std::vector<double>(4, 1.5));
+}

@@ -2,6 +2,8 @@
 // and under `mpirun -np 2` and `-np 3` (dist_zero3_mpi2, dist_zero3_mpi3: 3 divides none of the units' sizes, so
 // every flat is padded). Inputs are fresh each run: rank 0 draws a seed and broadcasts it (printed on a failure);
 // every rank rebuilds the global batch from it and computes the single-process reference with nn/optim.h's AdamW.
+// The equivalence cases run both ways of ZeroOptions::recompute (the kept forward, the default, and the recomputed
+// one); test_dist_zero3_keep.cpp (the same binary) has the kept forward's own cases.
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -14,6 +16,7 @@
 #include "dyngrad/distributed/process_group.h"
 #include "dyngrad/distributed/zero.h"
 #include "dyngrad/dyngrad.h"
+#include "zero3_support.h"
 
 using namespace dyngrad;
 using dgtest::MessageHas;
@@ -21,87 +24,19 @@ using dgtest::Rows;
 using dgtest::relative;
 using dgtest::shard;
 
+using namespace zero3test;
+
 namespace {
-
-dist::ProcessGroup& group() { return dgtest::launched_group(); }
-
-
-constexpr AdamOptions kAdam{.lr = 3e-2, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.05};
-
-// One unit per layer. The MLP has 1063 trainable elements in units of 416, 528 and 119: 2 divides only the first
-// two, 3 none.
-std::vector<dist::ZeroUnit> mlp_units(Generator& gen, DType dtype) {
-    std::vector<dist::ZeroUnit> units;
-    const std::int64_t widths[] = {12, 32, 16, 7};
-    for (int i = 0; i < 3; ++i) {
-        Linear layer(widths[i], widths[i + 1], true, gen, i < 2 ? Activation::Relu : Activation::None);
-        layer.to(dtype);
-        units.push_back({str("fc", i), layer, [layer](const Var& x) { return layer(x); }});
-    }
-    return units;
-}
-
-// (B, T, 6) -> input projection to E = 8, two pre-LN transformer blocks (2 heads, causal), a head to 1 feature.
-std::vector<dist::ZeroUnit> transformer_units(Generator& gen, DType dtype) {
-    std::vector<dist::ZeroUnit> units;
-    Linear in(6, 8, true, gen);
-    in.to(dtype);
-    units.push_back({"embed", in, [in](const Var& x) { return in(x); }});
-    for (int i = 0; i < 2; ++i) {
-        TransformerBlock block(8, 2, gen);
-        block.to(dtype);
-        units.push_back({str("block", i), block, [block](const Var& x) { return block(x); }});
-    }
-    Linear head(8, 1, true, gen);
-    head.to(dtype);
-    units.push_back({"head", head, [head](const Var& x) { return head(x); }});
-    return units;
-}
-
-// The reference: the same units run directly (the whole model on one process).
-Var run_units(const std::vector<dist::ZeroUnit>& units, Var x) {
-    for (const auto& unit : units) x = unit.forward(x);
-    return x;
-}
-
-std::vector<Parameter> parameters_of(const std::vector<dist::ZeroUnit>& units) {
-    std::vector<Parameter> all;
-    for (const auto& unit : units)
-        for (const Parameter& p : unit.module.parameters()) all.push_back(p);
-    return all;
-}
-
-using UnitsFactory = std::vector<dist::ZeroUnit> (*)(Generator&, DType);
-using LossFn = Var (*)(const Var& out, const Var& target);
-
-Var classify(const Var& out, const Var& labels) { return cross_entropy(out, labels); }
-Var regress(const Var& out, const Var& target) { return mse_loss(out, target); }
-
-struct Pair {
-    Tensor x, y;
-};
-Pair mlp_batch(std::uint64_t seed, std::int64_t rows) {
-    const Rows r = dgtest::global_batch(seed, {12}, rows, DType::f64, 7);
-    return {r.x, r.y};
-}
-Pair sequence_batch(std::uint64_t seed, std::int64_t rows) {
-    Generator gen(seed);
-    return {Tensor::uniform({rows, 5, 6}, -1, 1, gen, DType::f64), Tensor::uniform({rows, 5, 1}, -1, 1, gen, DType::f64)};
-}
-Pair rows_of(const Pair& b, int rank, int world) {
-    const std::int64_t per = b.x.size(0) / world;
-    return {b.x.narrow(0, rank * per, per), b.y.narrow(0, rank * per, per)};
-}
 
 // `steps` ZeRO-3 steps against single-process AdamW on the concatenated batch; parameters gathered from the shards.
 void check_against_single_process(UnitsFactory factory, Pair (*batch)(std::uint64_t, std::int64_t), LossFn loss,
-                                  int steps, bool clip, double tolerance) {
+                                  int steps, bool clip, double tolerance, bool recompute) {
     dist::ProcessGroup& g = group();
     const int world = g.world_size();
     const std::uint64_t seed = dgtest::shared_seed(group());
-    INFO("seed " << seed << ", world " << world << ", clip " << clip);
+    INFO("seed " << seed << ", world " << world << ", clip " << clip << ", recompute " << recompute);
     Generator init(seed + 1 + static_cast<std::uint64_t>(g.rank()));  // differs per rank: the broadcast fixes it
-    dist::ZeroOptimizer zero(factory(init, DType::f64), g, kAdam, {.stage = 3});
+    dist::ZeroOptimizer zero(factory(init, DType::f64), g, kAdam, {.stage = 3, .recompute = recompute});
     Generator init0(seed + 1);
     const auto reference = factory(init0, DType::f64);
     AdamW adam(parameters_of(reference), kAdam);
@@ -149,40 +84,43 @@ TEST_CASE("ZeRO-3: an MLP's AdamW steps == single-process AdamW on the concatena
     // 1e-11: AdamW divides each gradient element by its own running magnitude, so the rounding difference of the
     // two summation orders on elements near zero becomes a step of full size (1.3e-12 relative seen with
     // DYNGRAD_TEST_SEED=108289169 on 2 ranks, well under 1e-12 on most seeds).
-    check_against_single_process(mlp_units, mlp_batch, classify, 5, false, 1e-11);
+    for (const bool recompute : {false, true}) check_against_single_process(mlp_units, mlp_batch, classify, 5, false, 1e-11, recompute);
 }
 
 TEST_CASE("ZeRO-3: a tiny transformer's AdamW steps with clipping == single-process AdamW (f64)", "[dist][zero3]") {
     // 1e-10: the key projection's bias has a zero gradient in exact arithmetic (softmax ignores a shift of a
     // query's scores), so its entries are rounding noise of either order of summation, moved by AdamW to ~1e-13
     // against the others' ~1e-1 (1.3e-12 relative seen).
-    check_against_single_process(transformer_units, sequence_batch, regress, 4, true, 1e-10);
+    for (const bool recompute : {false, true})
+        check_against_single_process(transformer_units, sequence_batch, regress, 4, true, 1e-10, recompute);
 }
 
 TEST_CASE("ZeRO-3: gradient accumulation over two micro-batches == one step on both", "[dist][zero3][accumulate]") {
     dist::ProcessGroup& g = group();
     const int world = g.world_size();
     const std::uint64_t seed = dgtest::shared_seed(group());
-    INFO("seed " << seed);
-    Generator init(seed + 1);
-    dist::ZeroOptimizer zero(mlp_units(init, DType::f64), g, kAdam, {.stage = 3});
-    Generator init0(seed + 1);
-    const auto reference = mlp_units(init0, DType::f64);
-    AdamW adam(parameters_of(reference), kAdam);
-    for (int micro = 0; micro < 2; ++micro) {
-        const Pair all = mlp_batch(seed + 10 + static_cast<std::uint64_t>(micro), 2 * world);
-        const Pair mine = rows_of(all, g.rank(), world);
-        ComputeGraph graph;
-        zero.backward(graph, classify(zero.forward(graph.input(mine.x)), graph.input(mine.y)));
-        ComputeGraph ref_graph;
-        ref_graph.backward(classify(run_units(reference, ref_graph.input(all.x)), ref_graph.input(all.y)));
+    for (const bool recompute : {false, true}) {
+        INFO("seed " << seed << ", recompute " << recompute);
+        Generator init(seed + 1);
+        dist::ZeroOptimizer zero(mlp_units(init, DType::f64), g, kAdam, {.stage = 3, .recompute = recompute});
+        Generator init0(seed + 1);
+        const auto reference = mlp_units(init0, DType::f64);
+        AdamW adam(parameters_of(reference), kAdam);
+        for (int micro = 0; micro < 2; ++micro) {
+            const Pair all = mlp_batch(seed + 10 + static_cast<std::uint64_t>(micro), 2 * world);
+            const Pair mine = rows_of(all, g.rank(), world);
+            ComputeGraph graph;
+            zero.backward(graph, classify(zero.forward(graph.input(mine.x)), graph.input(mine.y)));
+            ComputeGraph ref_graph;
+            ref_graph.backward(classify(run_units(reference, ref_graph.input(all.x)), ref_graph.input(all.y)));
+        }
+        zero.step();
+        adam.step();
+        const auto full = zero.full_parameters();
+        const auto ref = parameters_of(reference);
+        for (std::size_t i = 0; i < full.size(); ++i)
+            CHECK(relative(full[i].second.to_vector(), ref[i].value().to_vector()) <= 1e-12);
     }
-    zero.step();
-    adam.step();
-    const auto full = zero.full_parameters();
-    const auto ref = parameters_of(reference);
-    for (std::size_t i = 0; i < full.size(); ++i)
-        CHECK(relative(full[i].second.to_vector(), ref[i].value().to_vector()) <= 1e-12);
 }
 
 // Under bf16 autocast the backward's recomputation must run the forward's function (the node restores the
@@ -192,10 +130,11 @@ TEST_CASE("ZeRO-3 under bf16 autocast == the same autocast on one process", "[di
     dist::ProcessGroup& g = group();
     const int world = g.world_size();
     const std::uint64_t seed = dgtest::shared_seed(group());
-    INFO("seed " << seed);
+    const bool recompute = GENERATE(false, true);
+    INFO("seed " << seed << ", recompute " << recompute);
     const AdamOptions linear{.lr = 1.0, .eps = 1e3, .weight_decay = 0.0};
     Generator init(seed + 1);
-    dist::ZeroOptimizer zero(mlp_units(init, DType::f32), g, linear, {.stage = 3});
+    dist::ZeroOptimizer zero(mlp_units(init, DType::f32), g, linear, {.stage = 3, .recompute = recompute});
     Generator init0(seed + 1);
     const auto reference = mlp_units(init0, DType::f32);
     std::vector<std::vector<double>> before;
@@ -210,6 +149,12 @@ TEST_CASE("ZeRO-3 under bf16 autocast == the same autocast on one process", "[di
             const AutocastGuard autocast(DType::bf16);
             loss = classify(zero.forward(graph.input(mine.x)), graph.input(mine.y));
         }
+        // Between the forward and the backward no gathered parameter nor a 16-bit cast of one is resident: the
+        // kept forward freed the padded f32 buffers and the bf16 casts of all 1063 elements (weights and biases).
+        const dist::ZeroMemory m = zero.memory();
+        CHECK(m.gathered_bytes == 0);
+        CHECK(m.kept_parameter_bytes == 0);
+        CHECK(m.released_bytes == (recompute ? 0 : m.padded * 4 + 1063 * 2));
         zero.backward(graph, loss);
         zero.step();
     }
@@ -239,15 +184,30 @@ TEST_CASE("ZeRO-3 under bf16 autocast == the same autocast on one process", "[di
 TEST_CASE("ZeRO-3: per-rank memory against the formulas", "[dist][zero3][memory]") {
     dist::ProcessGroup& g = group();
     const int world = g.world_size();
+    const bool recompute = GENERATE(false, true);
+    INFO("recompute " << recompute);
     Generator init(5);
-    dist::ZeroOptimizer zero(mlp_units(init, DType::f32), g, kAdam, {.stage = 3});
+    dist::ZeroOptimizer zero(mlp_units(init, DType::f32), g, kAdam, {.stage = 3, .recompute = recompute});
     const Rows all = dgtest::global_batch(9, {12}, 2 * world, DType::f32, 7);
     const Rows mine = shard(all, g.rank(), world);
-    ComputeGraph graph;
-    zero.backward(graph, classify(zero.forward(graph.input(mine.x)), graph.input(mine.y)));
+    const auto padded = [&](std::int64_t n) { return (n + world - 1) / world; };
+    {
+        ComputeGraph graph;
+        const Var loss = classify(zero.forward(graph.input(mine.x)), graph.input(mine.y));
+        // Between the forward and the backward: nothing gathered; kept, the units' padded buffers freed.
+        const dist::ZeroMemory between = zero.memory();
+        CHECK(between.gathered_bytes == 0);
+        CHECK(between.kept_parameter_bytes == 0);
+        CHECK(between.released_bytes == (recompute ? 0 : (padded(416) + padded(528) + padded(119)) * world * 4));
+        // Each of the MLP's units is one node (Linear with its activation: its output is all it keeps), so the
+        // kept forward holds nothing inside them here; test_dist_zero3_keep.cpp's transformer blocks do.
+        CHECK(between.kept_activation_bytes == 0);
+        zero.backward(graph, loss);
+    }
     zero.step();
     const dist::ZeroMemory m = zero.memory();
-    const auto padded = [&](std::int64_t n) { return (n + world - 1) / world; };
+    CHECK(m.gathered_bytes == 0);  // after the backward, nothing kept either way
+    CHECK(m.kept_parameter_bytes + m.released_bytes + m.kept_activation_bytes == 0);
     const std::int64_t shards = padded(416) + padded(528) + padded(119);  // one flat per unit
     CHECK(m.parameters == 1063);
     CHECK(m.padded == shards * world);
@@ -259,7 +219,7 @@ TEST_CASE("ZeRO-3: per-rank memory against the formulas", "[dist][zero3][memory]
     CHECK(m.formula_optimizer_bytes == 2 * shards * 4);
     CHECK(m.formula_gathered_bytes == padded(528) * world * 4);  // the largest unit
     CHECK(m.gathered_peak_bytes == m.formula_gathered_bytes);    // one unit at a time, forward and backward
-    if (g.rank() == 0)
+    if (g.rank() == 0 && !recompute)
         std::cout << "| " << world << " | " << m.parameter_bytes << " + "
                   << m.gathered_peak_bytes << " | " << m.gradient_bytes << " | " << m.optimizer_bytes << " | "
                   << m.parameter_bytes + m.gradient_bytes + m.optimizer_bytes + m.gathered_peak_bytes << " | "
@@ -352,7 +312,7 @@ TEST_CASE("ZeRO-3: bad inputs are typed errors", "[dist][zero3][errors]") {
     CHECK_THROWS_MATCHES(zero.step(), ValueError, MessageHas({"after wrapping"}));
 }
 
-TEST_CASE("ZeRO-3: gpt_units composes to GPT::operator(); dropout or tied embeddings refused", "[dist][zero3][gpt]") {
+TEST_CASE("ZeRO-3: gpt_units composes to GPT::operator(); tied embeddings refused", "[dist][zero3][gpt]") {
     Generator gen(std::random_device{}());
     const GPTConfig config{.vocab_size = 11, .context = 8, .layers = 2, .heads = 2, .width = 8};
     const GPT model(config, gen);
@@ -371,9 +331,7 @@ TEST_CASE("ZeRO-3: gpt_units composes to GPT::operator(); dropout or tied embedd
     REQUIRE(piecewise.shape() == expected.shape());
     CHECK(dgtest::max_abs_diff(piecewise.value(), expected) == 0.0);
 
-    GPTConfig dropout = config;
-    dropout.dropout = 0.1;
-    CHECK_THROWS_MATCHES(dist::gpt_units(GPT(dropout, gen)), ValueError, MessageHas({"gpt_units", "dropout"}));
+    for (const dist::ZeroUnit& unit : units) CHECK_FALSE(unit.stochastic);
     GPTConfig tied = config;
     tied.tie_embeddings = true;
     CHECK_THROWS_MATCHES(dist::gpt_units(GPT(tied, gen)), ValueError, MessageHas({"gpt_units", "token embedding"}));
