@@ -12,7 +12,8 @@
 // (buckets all-reduced during the backward) and without (every bucket after it).
 // --zero 0,1,2,3 (any of them, in that order) runs, instead, per workload: 0: DDP with AdamW (mode=ddp
 // optim=adamw), 1-3: that stage's distributed/zero.h ZeroOptimizer (mode=zero1|2|3, AdamW as char_gpt --zero uses
-// it). run-dist-bench.sh runs stage 3 in a process of its own, so that a failure there costs only its rows. ZeRO-3's units:
+// it); with --zero-recompute stage 3 recomputes each unit's forward in its backward (mode=zero3r) instead of keeping
+// its activations. run-dist-bench.sh runs stage 3 in a process of its own, so that a failure there costs only its rows. ZeRO-3's units:
 // the GPT's embeddings, blocks and head (dist::gpt_units); the MLP's and lenet's whole model as one unit.
 // peak_mib: rank 0's cuda::memory_stats peak of bytes in use over the row (model, data, optimizer, steps), reset
 // before it. --tiny: the same workloads shrunk (MLP 64x4 batch 32, lenet batch 8, GPT 2 layers, 2 heads, width 32,
@@ -21,7 +22,7 @@
 // --phases: after each step row, a phases row: forward, backward (with DDP's or ZeRO's communication) and the
 // optimizer's update, each timed alone over --steps steps: the host's time to queue it and the time until the
 // device finished it.
-//   mpirun -np 2 dyngrad-dist-bench [--steps 30] [--warmup 5] [--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3] [--tiny] [--phases]
+//   mpirun -np 2 dyngrad-dist-bench [--steps 30] [--warmup 5] [--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3 [--zero-recompute]] [--tiny] [--phases]
 //       [--bucket-cap-mb 25] [--first-bucket-cap-mb 1] [--gradient-as-bucket-view]   (DDPOptions)
 #include <dyngrad/cuda/runtime.h>
 #include <dyngrad/distributed/ddp.h>
@@ -109,7 +110,8 @@ std::pair<Tensor, Tensor> tokens(Generator& gen, std::int64_t batch, std::int64_
     return {Tensor::from_vector(inputs, {batch, context}), Tensor::from_vector(targets, {batch * context})};
 }
 
-// mode: "ddp" (DDP at world > 1, the plain model at world 1) or "zero1|2|3"; adamw: the optimizer of a DDP row.
+// mode: "ddp" (DDP at world > 1, the plain model at world 1), "zero1|2|3" or "zero3r" (ZeRO-3 recomputing each
+// unit's forward in its backward: ZeroOptions::recompute); adamw: the optimizer of a DDP row.
 void step_bench(dist::ProcessGroup& group, const Workload& w, const std::string& mode, bool adamw, bool overlap,
                 int steps, int warmup, bool phases, const dist::DDPOptions& ddp_options) {
     const Device device = group.device();
@@ -121,13 +123,14 @@ void step_bench(dist::ProcessGroup& group, const Workload& w, const std::string&
     Generator init(1);
     Built built = w.make(init);
     built.module.to(device);
-    const int stage = mode == "ddp" ? 0 : mode.back() - '0';
+    const bool recompute = mode == "zero3r";
+    const int stage = mode == "ddp" ? 0 : recompute ? 3 : mode.back() - '0';
     const AdamOptions adam{.lr = 1e-4, .weight_decay = 0.01};
     std::unique_ptr<dist::DistributedDataParallel> ddp;
     std::unique_ptr<dist::ZeroOptimizer> zero;
     std::unique_ptr<Optimizer> optimizer;
     if (stage == 3) {
-        zero = std::make_unique<dist::ZeroOptimizer>(built.units(), group, adam, dist::ZeroOptions{.stage = 3});
+        zero = std::make_unique<dist::ZeroOptimizer>(built.units(), group, adam, dist::ZeroOptions{.stage = 3, .recompute = recompute});
     } else if (stage > 0) {
         zero = std::make_unique<dist::ZeroOptimizer>(built.module, group, adam, dist::ZeroOptions{.stage = stage});
     } else {
@@ -254,10 +257,10 @@ int main(int argc, char** argv) {
     int steps = 30, warmup = 5;
     std::string only;
     std::vector<int> stages;
-    bool tiny = false, phases = false;
+    bool tiny = false, phases = false, zero_recompute = false;
     dist::DDPOptions ddp_options;
     try {
-        const cli::Arguments args(argc, argv, {.flags = {"--tiny", "--phases", "--gradient-as-bucket-view"}, .options = {"--steps", "--warmup", "--only", "--zero", "--bucket-cap-mb", "--first-bucket-cap-mb"}});
+        const cli::Arguments args(argc, argv, {.flags = {"--tiny", "--phases", "--gradient-as-bucket-view", "--zero-recompute"}, .options = {"--steps", "--warmup", "--only", "--zero", "--bucket-cap-mb", "--first-bucket-cap-mb"}});
         tiny = args.has("--tiny");
         phases = args.has("--phases");
         ddp_options.gradient_as_bucket_view = args.has("--gradient-as-bucket-view");
@@ -265,12 +268,15 @@ int main(int argc, char** argv) {
         if (auto v = args.value("--warmup")) warmup = static_cast<int>(cli::parse_int("--warmup", *v, 0, 100000));
         if (auto v = args.value("--only")) only = cli::parse_choice("--only", *v, {"mlp", "lenet", "gpt", "allreduce"});
         if (auto v = args.value("--zero")) stages = parse_stages(*v);
+        zero_recompute = args.has("--zero-recompute");
+        if (zero_recompute && std::find(stages.begin(), stages.end(), 3) == stages.end())
+            throw cli::UsageError("--zero-recompute goes with --zero 3");
         if (auto v = args.value("--bucket-cap-mb")) ddp_options.bucket_cap_mb = cli::parse_real("--bucket-cap-mb", *v, 1e-3, 1e6);
         if (auto v = args.value("--first-bucket-cap-mb"))
             ddp_options.first_bucket_cap_mb = cli::parse_real("--first-bucket-cap-mb", *v, 1e-3, 1e6);
     } catch (const cli::UsageError& e) {
         std::fprintf(stderr, "dyngrad-dist-bench: %s\nusage: mpirun -np N dyngrad-dist-bench [--steps N] [--warmup N] "
-                             "[--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3] [--tiny] [--phases] [--bucket-cap-mb MB] "
+                             "[--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3 [--zero-recompute]] [--tiny] [--phases] [--bucket-cap-mb MB] "
                              "[--first-bucket-cap-mb MB] [--gradient-as-bucket-view]\n", e.what());
         return 2;
     }
@@ -303,7 +309,8 @@ int main(int argc, char** argv) {
         for (const Workload& w : workloads) {
             if (!only.empty() && w.name.rfind(only, 0) != 0) continue;
             for (int stage : stages)  // the sharded rows: DDP with AdamW (0), the ZeRO stages
-                step_bench(group, w, stage == 0 ? "ddp" : str("zero", stage), true, stage == 0, steps, warmup, phases, ddp_options);
+                step_bench(group, w, stage == 0 ? "ddp" : stage == 3 && zero_recompute ? "zero3r" : str("zero", stage), true,
+                           stage == 0, steps, warmup, phases, ddp_options);
             if (!stages.empty()) continue;
             step_bench(group, w, "ddp", w.adamw, true, steps, warmup, phases, ddp_options);
             if (group.world_size() > 1) step_bench(group, w, "ddp", w.adamw, false, steps, warmup, phases, ddp_options);
