@@ -442,9 +442,27 @@ void profile_one_replay(const Workload& w) {
     std::printf("%s: profiled one replay of %zu kernels\n", w.name.c_str(), capture.last_graph_counts().kernels);
 }
 
+// The convolution passes searched since the log was cleared (ops/conv.h): per pass, cuDNN's candidates fastest
+// first, each with its time, workspace, tensor cores (tc) and determinism (det), and ops/conv.cu's verdict.
+void print_conv_searches() {
+    std::string current;
+    for (const ConvSearchEntry& e : conv_search_log()) {
+        const std::string pass = str(e.convolution, ", ", e.pass);
+        if (pass != current) {
+            std::printf("    conv search: %s:\n", pass.c_str());
+            current = pass;
+        }
+        std::printf("        %-22s %9.4f ms %8.2f MiB%s%s  %s\n", e.algorithm.c_str(), e.ms,
+                    static_cast<double>(e.workspace_bytes) / (1 << 20), e.tensor_ops ? " tc" : "",
+                    e.deterministic ? " det" : "", e.verdict.c_str());
+    }
+    std::fflush(stdout);
+}
+
 // --kernel-times: the device's kernels of `steps` steps (eager: recorded anew each time; captured: replays after the
 // warm-up and the capture), each step alone (synchronised before and after), from CUPTI's trace (bench/kernel_trace.h).
 void kernel_times(const Workload& w, bool captured, int steps, bool verbose) {
+    clear_conv_search_log();
     cuda::set_allow_tf32(w.tf32);
     Prepared p = w.prepare();
     std::unique_ptr<cuda::CapturedStep> capture;
@@ -465,6 +483,7 @@ void kernel_times(const Workload& w, bool captured, int steps, bool verbose) {
     cuda::synchronize(0);
     cuda::set_allow_tf32(false);
     bench::print_kernel_times(w.name, captured ? "captured" : "eager", bench::summarize(per_step), verbose);
+    if (verbose) print_conv_searches();
 }
 
 // ---- host overhead ----

@@ -13,6 +13,7 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <mutex>
 #include <vector>
 
 #include "dyngrad/core/checked.h"
@@ -313,4 +314,34 @@ std::vector<Tensor> conv2d_backward(const BackwardArgs& args) {
 
 }  // namespace cpu
 
+}  // namespace dyngrad
+
+// ---- the GPU's algorithm-search log (ops/conv.h; filled by ops/conv.cu) ----
+namespace dyngrad {
+namespace {
+std::mutex& conv_search_mutex() {
+    static std::mutex m;
+    return m;
+}
+std::vector<ConvSearchEntry>& conv_search_entries() {
+    static std::vector<ConvSearchEntry> entries;
+    return entries;
+}
+}  // namespace
+
+std::vector<ConvSearchEntry> conv_search_log() {
+    const std::lock_guard lock(conv_search_mutex());
+    return conv_search_entries();
+}
+
+void clear_conv_search_log() {
+    const std::lock_guard lock(conv_search_mutex());
+    conv_search_entries().clear();
+}
+
+void detail::log_conv_search(std::vector<ConvSearchEntry> entries) {
+    const std::lock_guard lock(conv_search_mutex());
+    auto& log = conv_search_entries();
+    log.insert(log.end(), std::make_move_iterator(entries.begin()), std::make_move_iterator(entries.end()));
+}
 }  // namespace dyngrad

@@ -33,11 +33,13 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "dyngrad/cuda/context.h"
 #include "dyngrad/cuda/cudnn_plans.h"
 #include "dyngrad/cuda/runtime.h"
+#include "dyngrad/ops/conv.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/reduced_precision.cuh"
@@ -84,6 +86,7 @@ struct ConvPlan {
     // picked differently, a bf16 5x5 conv's gradients came out 4-8% off the f64 replay).
     bool no_transforms = false;
     bool deterministic = false;  // deterministic mode: only deterministic algorithms
+    std::string description;     // the key, for conv_search_log() (ops/conv.h)
     TensorDescriptor x, y;
     FilterDescriptor w;
     PassPlan<cudnnConvolutionFwdAlgo_t> forward;
@@ -132,6 +135,11 @@ std::shared_ptr<ConvPlan> make_plan(const ConvKey& key, const Shape& y_shape) {
     plan->fma_only = key.dtype == DType::f32 && !key.tf32;
     plan->no_transforms = plan->fma_only || is_reduced_precision(key.dtype);
     plan->deterministic = key.deterministic;
+    const auto pair = [](const std::array<std::int64_t, 2>& v) { return str("(", v[0], ",", v[1], ")"); };
+    plan->description = str("x (", key.x[0], ",", key.x[1], ",", key.x[2], ",", key.x[3], ") w (", key.w[0], ",",
+                            key.w[1], ",", key.w[2], ",", key.w[3], ") stride ", pair(key.stride), " padding ",
+                            pair(key.padding), " dilation ", pair(key.dilation), " groups ", key.groups, " ",
+                            dtype_name(key.dtype), key.tf32 ? " tf32" : "", key.deterministic ? " deterministic" : "");
     const auto set_4d = [&](cudnnTensorDescriptor_t desc, std::int64_t n, std::int64_t c, std::int64_t h,
                             std::int64_t w) {
         DG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(desc, CUDNN_TENSOR_NCHW, type, cudnn_dim(n, what),
@@ -179,25 +187,60 @@ bool transform_based(cudnnConvolutionBwdFilterAlgo_t a) {
            a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
 }
 
-// Stores the fastest successful result of a search (results come sorted by time) that fits the workspace
-// limit and the precision policy: never fp16 down-conversion; for float32 without TF32 neither tensor-core
-// nor transform-based algorithms, and the pass keeps its CUDNN_FMA_MATH descriptor whatever math type
-// cuDNN reports for the algorithm (the descriptor's math type is what governs the run). Otherwise the pass
-// runs with the math type the algorithm was timed with, as cuDNN requires.
+// cuDNN's names of the algorithms (the enums' names without their CUDNN_CONVOLUTION_…_ALGO_ prefix), for the log.
+const char* algorithm_name(cudnnConvolutionFwdAlgo_t a) {
+    static constexpr const char* kNames[] = {"IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT",
+                                             "FFT", "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"};
+    return a >= 0 && a < static_cast<int>(std::size(kNames)) ? kNames[a] : "?";
+}
+const char* algorithm_name(cudnnConvolutionBwdDataAlgo_t a) {
+    static constexpr const char* kNames[] = {"ALGO_0", "ALGO_1", "FFT", "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"};
+    return a >= 0 && a < static_cast<int>(std::size(kNames)) ? kNames[a] : "?";
+}
+const char* algorithm_name(cudnnConvolutionBwdFilterAlgo_t a) {
+    static constexpr const char* kNames[] = {"ALGO_0", "ALGO_1", "FFT", "ALGO_3", "WINOGRAD", "WINOGRAD_NONFUSED",
+                                             "FFT_TILING"};
+    return a >= 0 && a < static_cast<int>(std::size(kNames)) ? kNames[a] : "?";
+}
+
+// Why a search result may not be used ("" when it may): the workspace limit and the precision policy — never fp16
+// down-conversion; for float32 without TF32 neither tensor-core nor transform-based algorithms; no transform-based
+// ones for bf16/f16 either (ConvPlan::no_transforms); only deterministic ones in deterministic mode.
+template <typename Perf>
+const char* refusal(const Perf& r, const ConvPlan& plan) {
+    if (r.status != CUDNN_STATUS_SUCCESS) return "failed";
+    if (r.memory > kWorkspaceLimit) return "workspace over the limit";
+    if (r.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return "down-conversion";
+    if (plan.deterministic && r.determinism != CUDNN_DETERMINISTIC) return "not deterministic";
+    if (plan.fma_only && r.mathType == CUDNN_TENSOR_OP_MATH) return "tensor ops at float32 precision";
+    if (plan.no_transforms && transform_based(r.algo)) return "transform-based";
+    return "";
+}
+
+// Stores the fastest result of a search (results come sorted by time) that refusal() lets through. For float32
+// without TF32 the pass keeps its CUDNN_FMA_MATH descriptor whatever math type cuDNN reports for the algorithm (the
+// descriptor's math type is what governs the run); otherwise the pass runs with the math type the algorithm was
+// timed with, as cuDNN requires. Every candidate goes to conv_search_log() with its verdict.
 template <typename Algo, typename Perf>
 void choose(PassPlan<Algo>& pass, const ConvPlan& plan, const Perf* results, int count, const char* pass_name) {
+    std::vector<ConvSearchEntry> log;
+    bool chosen = false;
     for (int i = 0; i < count; ++i) {
         const Perf& r = results[i];
-        if (r.status != CUDNN_STATUS_SUCCESS || r.memory > kWorkspaceLimit) continue;
-        if (r.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) continue;
-        if (plan.deterministic && r.determinism != CUDNN_DETERMINISTIC) continue;
-        if (plan.fma_only && r.mathType == CUDNN_TENSOR_OP_MATH) continue;
-        if (plan.no_transforms && transform_based(r.algo)) continue;
+        const char* refused = refusal(r, plan);
+        const bool take = !chosen && *refused == '\0';
+        log.push_back({plan.description, pass_name, algorithm_name(r.algo),
+                       r.status == CUDNN_STATUS_SUCCESS ? static_cast<double>(r.time) : -1.0, r.memory,
+                       r.mathType != CUDNN_DEFAULT_MATH && r.mathType != CUDNN_FMA_MATH,
+                       r.determinism == CUDNN_DETERMINISTIC, take ? "chosen" : *refused ? refused : "slower"});
+        if (!take) continue;
         pass.algo = r.algo;
         pass.workspace_bytes = r.memory;
         if (!plan.fma_only) DG_CUDNN_CHECK(cudnnSetConvolutionMathType(pass.conv.get(), r.mathType));
-        return;
+        chosen = true;
     }
+    detail::log_conv_search(std::move(log));
+    if (chosen) return;
     throw CudaError(str("conv2d ", pass_name, ": cuDNN found no algorithm for this shape within a ",
                         kWorkspaceLimit >> 20, " MiB workspace", plan.fma_only ? " at full float32 precision" : "",
                         plan.deterministic ? " among deterministic algorithms" : ""));

@@ -1,8 +1,11 @@
 // 2-D convolution, NCHW. CPU: ops/conv.cpp (im2col + Eigen GEMM). GPU: ops/conv.cu (cuDNN).
 #pragma once
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <source_location>
+#include <string>
+#include <vector>
 
 #include "dyngrad/graph/front_door.h"
 
@@ -39,6 +42,28 @@ template <Operand T>
 T conv2d(const T& x, const T& weight, Conv2dOptions options = {},
          std::source_location where = std::source_location::current()) {
     return conv2d(x, weight, T(), options, where);
+}
+
+// What cuDNN's algorithm search offered for each convolution pass the GPU searched, and what ops/conv.cu made of it
+// (CUDA builds; always empty on the CPU): one entry per candidate, in cuDNN's order (fastest first). For a reader
+// asking why a pass runs the kernel it runs (dyngrad-perf --kernel-times prints it). Kept until cleared; a pass is
+// searched once per shape, dtype and setting, so the log grows with the shapes a program uses, not with its steps.
+struct ConvSearchEntry {
+    std::string convolution;  // "x (64,6,14,14) w (16,6,5,5) stride (1,1) padding (0,0) dilation (1,1) groups 1 bf16"
+    std::string pass;         // "forward", "backward data" or "backward filter"
+    std::string algorithm;    // cuDNN's name without its prefix: "IMPLICIT_PRECOMP_GEMM", "ALGO_1", "WINOGRAD_NONFUSED"
+    double ms = -1;           // cuDNN's timing; -1 when the candidate failed
+    std::size_t workspace_bytes = 0;
+    bool tensor_ops = false;  // its math type uses tensor cores
+    bool deterministic = false;
+    // "chosen", or why not: "failed", "workspace over the limit", "down-conversion", "not deterministic" (deterministic
+    // mode), "tensor ops at float32 precision", "transform-based", or "slower" (allowed, after the chosen one).
+    std::string verdict;
+};
+std::vector<ConvSearchEntry> conv_search_log();
+void clear_conv_search_log();
+namespace detail {
+void log_conv_search(std::vector<ConvSearchEntry> entries);  // ops/conv.cu, after each search
 }
 
 }  // namespace dyngrad

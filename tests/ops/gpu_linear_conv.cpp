@@ -260,3 +260,44 @@ TEST_CASE("every ReLU variant propagates NaN on the GPU as on the CPU", "[gpu][o
 }
 
 // ---- issue 13: parameter groups in the fused optimizer steps, gradient clipping on the device ----
+
+// ops/conv.h's conv_search_log(): each pass a new shape searches lists cuDNN's candidates with ops/conv.cu's verdict;
+// exactly one is chosen per pass, and at float32 precision never a tensor-core or transform-based one.
+TEST_CASE("conv2d's algorithm search is logged with a verdict per candidate", "[gpu][ops][conv_search]") {
+    clear_conv_search_log();
+    Generator gen(kSeedBase + 6100);
+    // A shape no other case uses, so that its three passes are searched here.
+    const Tensor x = Tensor::normal({3, 2, 9, 11}, 0.0, 1.0, gen).to(kGpu);
+    const Tensor w = Tensor::normal({5, 2, 3, 2}, 0.0, 1.0, gen).to(kGpu);
+    const Tensor b = Tensor::normal({5}, 0.0, 1.0, gen).to(kGpu);
+    const ConvRun run = run_conv({x, w, b}, Tensor::normal({3, 5, 7, 10}, 0.0, 1.0, gen).to(kGpu), {});
+    CHECK(run.dx.defined());
+    const std::vector<ConvSearchEntry> log = conv_search_log();
+    for (const char* pass : {"forward", "backward data", "backward filter"}) {
+        INFO(pass);
+        int chosen = 0, candidates = 0;
+        for (const ConvSearchEntry& e : log) {
+            if (e.pass != pass) continue;
+            ++candidates;
+            CHECK(e.convolution.find("x (3,2,9,11) w (5,2,3,2)") == 0);
+            CHECK(e.convolution.find("f32") != std::string::npos);
+            const bool transform = e.algorithm.find("FFT") != std::string::npos ||
+                                   e.algorithm.find("WINOGRAD") != std::string::npos;
+            if (e.verdict == "chosen") {
+                ++chosen;
+                CHECK(e.ms >= 0);
+                CHECK_FALSE(transform);
+                CHECK_FALSE(e.tensor_ops);
+            } else {
+                CHECK((e.verdict == "slower" || e.verdict == "failed" || e.verdict == "transform-based" ||
+                       e.verdict == "tensor ops at float32 precision" || e.verdict == "down-conversion" ||
+                       e.verdict == "workspace over the limit" || e.verdict == "not deterministic"));
+            }
+            if (transform) CHECK((e.verdict != "chosen" && e.verdict != "slower"));  // refused, for one reason or another
+        }
+        CHECK(candidates > 1);
+        CHECK(chosen == 1);
+    }
+    clear_conv_search_log();
+    CHECK(conv_search_log().empty());
+}
