@@ -280,7 +280,7 @@ TEST_CASE("conv2d's algorithm search is logged with a verdict per candidate", "[
             if (e.pass != pass) continue;
             ++candidates;
             CHECK(e.convolution.find("x (3,2,9,11) w (5,2,3,2)") == 0);
-            CHECK(e.convolution.find("f32") != std::string::npos);
+            CHECK(e.convolution.find("float32") != std::string::npos);
             const bool transform = e.algorithm.find("FFT") != std::string::npos ||
                                    e.algorithm.find("WINOGRAD") != std::string::npos;
             if (e.verdict == "chosen") {
