@@ -2,7 +2,7 @@
 """CPU checks of scripts/run-dist-bench.sh's parts (issue 30): the script parses (bash -n), refuses a bad --gpus
 before building, plans (--plan) 1, 2 and nvidia-smi's GPU count when larger (a stand-in nvidia-smi), and with
 stand-in engines runs every count, names a failed and a timed-out run and still reports the others; bench/torch_ddp.py compiles; bench/dist_report.py, from synthetic dyngrad_N.txt / torch_N.txt /
-dyngrad_zero_N.txt / dyngrad_zero3_N.txt /
+dyngrad_zero_N.txt / dyngrad_zero3_N.txt / dyngrad_zero3r_N.txt /
 torch_fsdp_N.txt files with random step times (N = 1, 2, 4), gives in report.md each row's
 efficiency samples/s(N) / (N x samples/s(1)), dyngrad/torch step ratio, no-overlap times, all-reduce ratios,
 ZeRO/DDP step ratios and peak MiB as computed here from the same numbers, names a missing file, and writes
@@ -54,16 +54,18 @@ def synthetic(work, rng):
                 f.writelines(lines)
             sharded = []
             for model in MODELS:
-                modes = ("ddp", "zero1", "zero2", "zero3") if engine == "dyngrad" else ("ddp", "fsdp2")
+                modes = ("ddp", "zero1", "zero2", "zero3", "zero3r") if engine == "dyngrad" else ("ddp", "fsdp2")
                 for mode in modes:
                     ms, peak = round(rng.uniform(0.3, 40.0), 4), round(rng.uniform(100, 9000), 1)
                     truth[(engine, model, n, "sharded-" + mode, 0)] = (ms, peak)
                     sharded.append(step_line(model, n, mode, "adamw", int(mode == "ddp" and n > 1), ms, peak))
-            if engine == "dyngrad":  # ZeRO-3 from a run of its own
+            if engine == "dyngrad":  # ZeRO-3, kept and recomputing, from runs of their own
                 with open(os.path.join(work, f"dyngrad_zero_{n}.txt"), "w") as f:
                     f.writelines(line for line in sharded if "mode=zero3" not in line)
                 with open(os.path.join(work, f"dyngrad_zero3_{n}.txt"), "w") as f:
-                    f.writelines(line for line in sharded if "mode=zero3" in line)
+                    f.writelines(line for line in sharded if "mode=zero3 " in line)
+                with open(os.path.join(work, f"dyngrad_zero3r_{n}.txt"), "w") as f:
+                    f.writelines(line for line in sharded if "mode=zero3r " in line)
             else:
                 with open(os.path.join(work, f"torch_fsdp_{n}.txt"), "w") as f:
                     f.writelines(sharded)
@@ -114,10 +116,12 @@ def script_run(rng):
         result = subprocess.run([os.path.join(root, "scripts", "run-dist-bench.sh"), out, "--gpus", "1 2"],
                                 capture_output=True, text=True, env=env)
         assert result.returncode == 1, result
-        assert "failed: dyngrad_zero3_1 torch_fsdp_1 dyngrad_zero3_2 torch_fsdp_2" in result.stderr, result.stderr
+        assert ("failed: dyngrad_zero3_1 dyngrad_zero3r_1 torch_fsdp_1 dyngrad_zero3_2 dyngrad_zero3r_2 torch_fsdp_2"
+                in result.stderr), result.stderr
         assert "zero3 fails here" in open(os.path.join(out, "dyngrad_zero3_2.failed.txt")).read()
         report = open(os.path.join(out, "report.md")).read()
-        assert "missing (those runs failed or were not run): dyngrad_zero3_1.txt, torch_fsdp_1.txt" in report, report
+        assert ("missing (those runs failed or were not run): dyngrad_zero3_1.txt, dyngrad_zero3r_1.txt, "
+                "torch_fsdp_1.txt") in report, report
         rows = {tuple(r[:2]): r for r in table_rows(report, "| row | GPUs | dyngrad ms")}
         # dyngrad: 2 ms on 1 GPU, 4 ms on 2 (16000 samples/s both): efficiency 0.5; torch: 8000·n samples/s: 1.0.
         assert rows[("gpt_char_bf16", "2")][4] == "0.500" and rows[("gpt_char_bf16", "2")][7] == "1.000", rows
@@ -208,14 +212,14 @@ def main():
         rows = table_rows(text, "| row | GPUs | DDP ms")
         assert len(rows) == len(MODELS) * len(COUNTS), rows
         modes = [("dyngrad", "ddp"), ("dyngrad", "zero1"), ("dyngrad", "zero2"), ("dyngrad", "zero3"),
-                 ("torch", "ddp"), ("torch", "fsdp2")]
+                 ("dyngrad", "zero3r"), ("torch", "ddp"), ("torch", "fsdp2")]
         for row in rows:
             model, n = row[0], int(row[1])
             values = [truth[(engine, model, n, "sharded-" + mode, 0)] for engine, mode in modes]
             for i, (ms, peak) in enumerate(values):
                 close(row[2 + i], ms)
                 close(row[2 + len(modes) + i], peak, 1)
-            for i in (1, 2, 3):  # ZeRO-k: its step time over dyngrad's DDP (AdamW)
+            for i in (1, 2, 3, 4):  # ZeRO-k (and ZeRO-3 recomputing): its step time over dyngrad's DDP (AdamW)
                 ratio = float(row[2 + i].split("(")[1].rstrip("x)"))
                 assert abs(ratio - values[i][0] / values[0][0]) <= 0.006, (row, values)
 
