@@ -149,6 +149,12 @@ void release_contexts_before_new_libraries() noexcept;
 
 // Number of blocks for a grid-stride loop over n elements at `threads` per block.
 unsigned grid_size(const DeviceContext& ctx, std::int64_t n, unsigned threads);
+// Whether a grid-stride loop of `blocks` x `threads` may index with int32: every index below `largest` and the step
+// past it fit (64-bit integer division is emulated on the GPU: a kernel that divides per element runs at a fraction
+// of the memory bandwidth with int64 indices).
+inline bool fits_int32_indices(std::int64_t largest, unsigned blocks, unsigned threads) {
+    return largest + static_cast<std::int64_t>(blocks) * threads < std::int64_t{2147483647};
+}
 
 // ---- CUDA graph capture (cuda::CapturedStep, cuda/capture.cu; the mechanics live in cuda/capture_pool.cu) ----
 //

@@ -29,7 +29,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -395,8 +394,7 @@ __global__ void conv2d_activation_backward_kernel(const T* __restrict__ dy, cons
 void bias_activation_forward(DeviceContext& ctx, const Tensor& y, const Tensor* b, Activation activation) {
     const std::int64_t n = y.numel(), channels = y.shape()[1], hw = y.shape()[2] * y.shape()[3];
     const unsigned blocks = grid_size(ctx, n, kThreads);
-    // 32-bit indices when the last index plus a grid's worth of threads fits.
-    const bool narrow = n + static_cast<std::int64_t>(blocks) * kThreads < std::numeric_limits<std::int32_t>::max();
+    const bool narrow = fits_int32_indices(n, blocks, kThreads);
     dispatch_gpu_floating(y.dtype(), "conv2d", [&]<typename T>() {
         const T* bias = b != nullptr ? b->data<T>() : nullptr;
         const auto launch = [&]<typename I>() {

@@ -14,7 +14,6 @@
 // but is supported.
 #include <array>
 #include <cstdint>
-#include <limits>
 #include <memory>
 #include <vector>
 
@@ -79,8 +78,8 @@ std::shared_ptr<PoolPlan> plan_for(OpType op, const Tensor& x, const OpAttrs& at
 }
 
 // ---- max pooling ----
-// Indices are 32-bit when every index and its grid-stride successor fit (int64 division is emulated and made
-// the first version of these kernels 5x slower than cuDNN's), 64-bit otherwise.
+// Indices are 32-bit where they fit (cuda::fits_int32_indices; with int64 division the first version of these kernels
+// was 5x slower than cuDNN's), 64-bit otherwise.
 
 constexpr unsigned kThreads = 256;
 
@@ -176,17 +175,12 @@ __global__ void max_pool_backward_kernel(const T* __restrict__ x, const T* __res
     }
 }
 
-// 32-bit indices when the largest count, plus a grid's worth of threads past it, fits in int.
-bool fits_int32(std::int64_t largest, unsigned blocks) {
-    return largest + static_cast<std::int64_t>(blocks) * kThreads < std::numeric_limits<std::int32_t>::max();
-}
-
 Tensor max_pool_forward(const Tensor& x, const OpAttrs& attrs, Tensor y) {
     DeviceContext& ctx = context_for(x);
     const std::int64_t n = y.numel();
     const unsigned blocks = grid_size(ctx, n, kThreads);
     dispatch_gpu_floating(x.dtype(), "max_pool2d", [&]<typename T>() {
-        if (fits_int32(x.numel(), blocks))
+        if (fits_int32_indices(x.numel(), blocks, kThreads))
             max_pool_forward_kernel<T, std::int32_t><<<blocks, kThreads, 0, ctx.stream>>>(
                 x.data<T>(), y.data<T>(), pool_dims<std::int32_t>(x.shape(), y.shape(), attrs),
                 static_cast<std::int32_t>(n));
@@ -215,7 +209,7 @@ Tensor max_pool_backward(const Tensor& x, const Tensor& dy, const OpAttrs& attrs
         DG_CUDA_CHECK_LAUNCH();
     };
     dispatch_gpu_floating(x.dtype(), "max_pool2d backward", [&]<typename T>() {
-        if (fits_int32(x.numel(), blocks)) launch.template operator()<T, std::int32_t>();
+        if (fits_int32_indices(x.numel(), blocks, kThreads)) launch.template operator()<T, std::int32_t>();
         else launch.template operator()<T, std::int64_t>();
     });
     return dx;
