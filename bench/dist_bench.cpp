@@ -22,7 +22,10 @@
 // --phases: after each step row, a phases row: forward, backward (with DDP's or ZeRO's communication) and the
 // optimizer's update, each timed alone over --steps steps: the host's time to queue it and the time until the
 // device finished it.
-//   mpirun -np 2 dyngrad-dist-bench [--steps 30] [--warmup 5] [--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3 [--zero-recompute]] [--tiny] [--phases]
+// --kernel-times (CUDA, with CUPTI): after each step row, rank 0's kernels of 10 more steps, each alone, from CUPTI's
+// trace (bench/kernel_trace.h): a "kernels" line (count, kernel time, busy, span and idle per step, as dyngrad-perf
+// --kernel-times prints) and the kernels grouped by name, most time first (where the sharded modes' time goes).
+//   mpirun -np 2 dyngrad-dist-bench [--steps 30] [--warmup 5] [--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3 [--zero-recompute]] [--tiny] [--phases] [--kernel-times]
 //       [--bucket-cap-mb 25] [--first-bucket-cap-mb 1] [--gradient-as-bucket-view]   (DDPOptions)
 #include <dyngrad/cuda/runtime.h>
 #include <dyngrad/distributed/ddp.h>
@@ -39,6 +42,7 @@
 #include <vector>
 
 #include "../cli/command_line.h"
+#include "kernel_trace.h"
 #include "dyngrad/graph/autocast.h"
 #include "dyngrad/nn/models.h"
 
@@ -112,8 +116,13 @@ std::pair<Tensor, Tensor> tokens(Generator& gen, std::int64_t batch, std::int64_
 
 // mode: "ddp" (DDP at world > 1, the plain model at world 1), "zero1|2|3" or "zero3r" (ZeRO-3 recomputing each
 // unit's forward in its backward: ZeroOptions::recompute); adamw: the optimizer of a DDP row.
+struct Reports {
+    bool phases = false;
+    bool kernel_times = false;
+};
+
 void step_bench(dist::ProcessGroup& group, const Workload& w, const std::string& mode, bool adamw, bool overlap,
-                int steps, int warmup, bool phases, const dist::DDPOptions& ddp_options) {
+                int steps, int warmup, Reports reports, const dist::DDPOptions& ddp_options) {
     const Device device = group.device();
     if (device.is_cuda()) {
         cuda::set_allow_tf32(w.tf32);
@@ -191,7 +200,7 @@ void step_bench(dist::ProcessGroup& group, const Workload& w, const std::string&
         device.is_cuda()
             ? str(" peak_mib=", static_cast<double>(cuda::memory_stats(device.index).peak_bytes_in_use) / (1024.0 * 1024.0))
             : "";
-    if (phases) {
+    if (reports.phases) {
         // Each phase alone: the host's time to queue it, then the time until the device finished it (a
         // host-bound phase shows both nearly equal; a device-bound one a small host part).
         double host[3] = {}, done[3] = {};
@@ -219,6 +228,21 @@ void step_bench(dist::ProcessGroup& group, const Workload& w, const std::string&
                     1000.0 * static_cast<double>(w.batch * group.world_size()) / step_ms,
                     peak.c_str());
     std::fflush(stdout);
+    if (reports.kernel_times && device.is_cuda()) {
+        // Every rank traces (the steps are collectives); rank 0 reports. Each step alone: synchronised before
+        // and after, so the trace's boundaries fall between steps.
+        bench::KernelTrace trace;
+        for (int i = 0; i < 10; ++i) {
+            one_step();
+            synchronize(device);
+            trace.mark();
+        }
+        const bench::StepKernelTimes times = bench::summarize(trace.stop());
+        if (group.rank() == 0) {
+            bench::print_kernel_times(str(w.name, "_world", group.world_size()), mode, times, false);
+            bench::print_kernels_by_name(times, 25);
+        }
+    }
 }
 
 void allreduce_bench(dist::ProcessGroup& group, int steps, std::int64_t largest) {
@@ -257,12 +281,16 @@ int main(int argc, char** argv) {
     int steps = 30, warmup = 5;
     std::string only;
     std::vector<int> stages;
-    bool tiny = false, phases = false, zero_recompute = false;
+    bool tiny = false, zero_recompute = false;
+    Reports reports;
     dist::DDPOptions ddp_options;
     try {
-        const cli::Arguments args(argc, argv, {.flags = {"--tiny", "--phases", "--gradient-as-bucket-view", "--zero-recompute"}, .options = {"--steps", "--warmup", "--only", "--zero", "--bucket-cap-mb", "--first-bucket-cap-mb"}});
+        const cli::Arguments args(argc, argv, {.flags = {"--tiny", "--phases", "--kernel-times", "--gradient-as-bucket-view", "--zero-recompute"}, .options = {"--steps", "--warmup", "--only", "--zero", "--bucket-cap-mb", "--first-bucket-cap-mb"}});
         tiny = args.has("--tiny");
-        phases = args.has("--phases");
+        reports.phases = args.has("--phases");
+        reports.kernel_times = args.has("--kernel-times");
+        if (reports.kernel_times && !bench::kernel_trace_available())
+            throw cli::UsageError("--kernel-times: this build has no CUPTI (CUDA::cupti was not found)");
         ddp_options.gradient_as_bucket_view = args.has("--gradient-as-bucket-view");
         if (auto v = args.value("--steps")) steps = static_cast<int>(cli::parse_int("--steps", *v, 1, 100000));
         if (auto v = args.value("--warmup")) warmup = static_cast<int>(cli::parse_int("--warmup", *v, 0, 100000));
@@ -276,7 +304,7 @@ int main(int argc, char** argv) {
             ddp_options.first_bucket_cap_mb = cli::parse_real("--first-bucket-cap-mb", *v, 1e-3, 1e6);
     } catch (const cli::UsageError& e) {
         std::fprintf(stderr, "dyngrad-dist-bench: %s\nusage: mpirun -np N dyngrad-dist-bench [--steps N] [--warmup N] "
-                             "[--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3 [--zero-recompute]] [--tiny] [--phases] [--bucket-cap-mb MB] "
+                             "[--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3 [--zero-recompute]] [--tiny] [--phases] [--kernel-times] [--bucket-cap-mb MB] "
                              "[--first-bucket-cap-mb MB] [--gradient-as-bucket-view]\n", e.what());
         return 2;
     }
@@ -310,10 +338,10 @@ int main(int argc, char** argv) {
             if (!only.empty() && w.name.rfind(only, 0) != 0) continue;
             for (int stage : stages)  // the sharded rows: DDP with AdamW (0), the ZeRO stages
                 step_bench(group, w, stage == 0 ? "ddp" : stage == 3 && zero_recompute ? "zero3r" : str("zero", stage), true,
-                           stage == 0, steps, warmup, phases, ddp_options);
+                           stage == 0, steps, warmup, reports, ddp_options);
             if (!stages.empty()) continue;
-            step_bench(group, w, "ddp", w.adamw, true, steps, warmup, phases, ddp_options);
-            if (group.world_size() > 1) step_bench(group, w, "ddp", w.adamw, false, steps, warmup, phases, ddp_options);
+            step_bench(group, w, "ddp", w.adamw, true, steps, warmup, reports, ddp_options);
+            if (group.world_size() > 1) step_bench(group, w, "ddp", w.adamw, false, steps, warmup, reports, ddp_options);
         }
         if (stages.empty() && (only.empty() || only == "allreduce")) allreduce_bench(group, tiny ? 3 : 20, tiny ? std::int64_t{1} << 20 : std::int64_t{1} << 30);
         return 0;

@@ -83,6 +83,20 @@ StepKernelTimes summarize(const std::vector<std::vector<DeviceActivity>>& steps)
     out.kernel_us = median(kernel_us);
     out.busy_us = median(busy_us);
     out.span_us = median(span_us);
+    std::map<std::string, StepKernelTimes::NameTotal> totals;
+    for (const auto& step : steps)
+        for (const DeviceActivity& a : step) {
+            StepKernelTimes::NameTotal& t = totals[a.name];
+            t.count += 1;
+            t.us += static_cast<double>(a.end_ns - a.start_ns) * 1e-3;
+        }
+    for (auto& [name, t] : totals) {
+        t.name = name;
+        t.count /= static_cast<double>(steps.size());
+        t.us /= static_cast<double>(steps.size());
+        out.by_name.push_back(t);
+    }
+    std::sort(out.by_name.begin(), out.by_name.end(), [](const auto& a, const auto& b) { return a.us > b.us; });
     // Per kernel only when every step ran the same kernels. Kernels on side lanes may start in another order from
     // one step to the next, so a kernel is matched by its name and how many of that name came before it.
     if (steps.empty()) return out;
@@ -124,6 +138,12 @@ void print_kernel_times(const std::string& workload, const std::string& mode, co
             std::printf("    (the steps launched different kernel sequences: no per-kernel medians)\n");
         for (const auto& [name, us] : t.per_kernel_us) std::printf("    %8.2f us  %.110s\n", us, name.c_str());
     }
+    std::fflush(stdout);
+}
+
+void print_kernels_by_name(const StepKernelTimes& t, std::size_t most) {
+    for (std::size_t i = 0; i < t.by_name.size() && i < most; ++i)
+        std::printf("    by name: %9.2f us %6.1fx  %.110s\n", t.by_name[i].us, t.by_name[i].count, t.by_name[i].name.c_str());
     std::fflush(stdout);
 }
 

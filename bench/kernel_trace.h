@@ -56,6 +56,14 @@ struct StepKernelTimes {
     double idle_us() const { return span_us - busy_us; }
     // Per position in the step (the steps must launch the same sequence; else empty): name and median duration.
     std::vector<std::pair<std::string, double>> per_kernel_us;
+    // Per name (kernels; memsets and copies as "memset" and "memcpy"), most time first: how many ran and their
+    // summed duration, each the mean per step (steps may differ in sequence: side lanes, collectives).
+    struct NameTotal {
+        std::string name;
+        double count = 0;
+        double us = 0;
+    };
+    std::vector<NameTotal> by_name;
 };
 
 StepKernelTimes summarize(const std::vector<std::vector<DeviceActivity>>& steps);
@@ -65,5 +73,7 @@ StepKernelTimes summarize(const std::vector<std::vector<DeviceActivity>>& steps)
 // bench/torch_reference.py --kernel-counts, so the two outputs line up.
 void print_kernel_times(const std::string& workload, const std::string& mode, const StepKernelTimes& times,
                         bool verbose);
+// The first `most` names of times.by_name, one line each: "    by name: <us per step> us  <count per step>x  <name>".
+void print_kernels_by_name(const StepKernelTimes& times, std::size_t most);
 
 }  // namespace dyngrad::bench

@@ -46,6 +46,7 @@ void busy_is_the_union() {
     CHECK(near(t.span_us, 40));
     CHECK(near(t.idle_us(), 8));
     CHECK(t.per_kernel_us.size() == 3 && t.per_kernel_us[1].first == "b");
+    CHECK(t.by_name.size() == 4 && t.by_name[0].name == "c" && near(t.by_name[0].us, 15));  // the memset is a name too
 }
 
 void medians_over_steps() {
@@ -72,6 +73,13 @@ void medians_over_steps() {
     t = summarize(steps);
     CHECK(t.per_kernel_us.empty());
     CHECK(t.kernels == 2);  // the median count
+    // By name, means per step over all five (one relu fewer): gemm first (the most time).
+    double gemm_us = 0;
+    for (double us : first_us) gemm_us += us;
+    CHECK(t.by_name.size() == 2 && t.by_name[0].name == "gemm" && near(t.by_name[0].count, 1.0) &&
+          near(t.by_name[0].us, gemm_us / 5));
+    CHECK(t.by_name.size() == 2 && t.by_name[1].name == "relu" && near(t.by_name[1].count, 0.8) &&
+          near(t.by_name[1].us, 0.8));
 }
 
 void empty_steps() {

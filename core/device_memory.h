@@ -5,6 +5,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "dyngrad/core/device.h"
 #include "dyngrad/core/dtype.h"
@@ -26,6 +27,14 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, std:
 // narrow and select (core/tensor_indexing.cpp) copy their window of a device tensor with it.
 void copy_blocks(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch, std::size_t block,
                  std::size_t rows, int device);
+// One copy of many byte ranges on `device` (distributed/: gradients into a flat buffer): a kernel launch per 64
+// ranges instead of a copy each. Stream-ordered, capturable; the ranges must not overlap one another.
+struct CopyRange {
+    void* dst = nullptr;
+    const void* src = nullptr;
+    std::size_t bytes = 0;
+};
+void copy_ranges(std::span<const CopyRange> ranges, int device);
 // Fills n elements of `dtype` on `device` with `value`.
 void fill(void* dst, std::int64_t n, double value, DType dtype, int device);
 // n elements of floating `src_dtype` on `device` converted to floating `dst_dtype` (round to nearest even).

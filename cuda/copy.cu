@@ -178,6 +178,57 @@ void copy_blocks(void* dst, std::size_t dst_pitch, const void* src, std::size_t 
                                       ctx.stream));
 }
 
+namespace {
+
+// A launch's ranges, passed by value as the kernel's parameter (1.5 KiB: no device buffer to fill, capturable).
+struct RangeBatch {
+    device_memory::CopyRange ranges[kDeviceRangesPerLaunch];
+};
+
+// Block row y copies range y in units of T (the widest of 16, 8, 4, 2, 1 bytes dividing both addresses and the
+// length), grid-stride over blockIdx.x.
+template <typename T>
+__device__ void copy_range_as(const device_memory::CopyRange& r) {
+    const std::size_t n = r.bytes / sizeof(T);
+    T* dst = static_cast<T*>(r.dst);
+    const T* src = static_cast<const T*>(r.src);
+    const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+        dst[i] = src[i];
+}
+
+__global__ void copy_ranges_kernel(RangeBatch batch) {
+    const device_memory::CopyRange& r = batch.ranges[blockIdx.y];
+    const auto bits = reinterpret_cast<std::uintptr_t>(r.dst) | reinterpret_cast<std::uintptr_t>(r.src) | r.bytes;
+    if (bits % 16 == 0) copy_range_as<uint4>(r);
+    else if (bits % 8 == 0) copy_range_as<uint2>(r);
+    else if (bits % 4 == 0) copy_range_as<std::uint32_t>(r);
+    else if (bits % 2 == 0) copy_range_as<std::uint16_t>(r);
+    else copy_range_as<std::uint8_t>(r);
+}
+
+}  // namespace
+
+void copy_ranges(std::span<const device_memory::CopyRange> ranges, int device) {
+    const DeviceContext& ctx = context(device);
+    for (std::size_t first = 0; first < ranges.size(); first += kDeviceRangesPerLaunch) {
+        RangeBatch batch{};
+        unsigned count = 0;
+        std::size_t largest = 0;
+        for (std::size_t i = first; i < ranges.size() && i < first + kDeviceRangesPerLaunch; ++i) {
+            if (ranges[i].bytes == 0) continue;
+            batch.ranges[count++] = ranges[i];
+            largest = std::max(largest, ranges[i].bytes);
+        }
+        if (count == 0) continue;
+        // Enough blocks per range for its 16-byte units at 4 per thread, at most 64 (grid-stride beyond).
+        const std::size_t per_block = std::size_t{kFillThreads} * 16 * 4;
+        const auto blocks = static_cast<unsigned>(std::min<std::size_t>(64, (largest + per_block - 1) / per_block));
+        copy_ranges_kernel<<<dim3(blocks, count), kFillThreads, 0, ctx.stream>>>(batch);
+        DG_CUDA_CHECK_LAUNCH();
+    }
+}
+
 void fill(void* dst, std::int64_t n, double value, DType dtype, int device) {
     if (n <= 0) return;
     const DeviceContext& ctx = context(device);

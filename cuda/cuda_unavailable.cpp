@@ -22,6 +22,9 @@ void copy(void*, Device dst, const void*, Device src, std::size_t) {
 void copy_blocks(void*, std::size_t, const void*, std::size_t, std::size_t, std::size_t, int device) {
     unavailable(str("copy within ", Device::cuda(device).to_string()).c_str());
 }
+void copy_ranges(std::span<const device_memory::CopyRange>, int device) {
+    unavailable(str("copy within ", Device::cuda(device).to_string()).c_str());
+}
 void fill(void*, std::int64_t, double, DType, int device) {
     unavailable(str("fill on ", Device::cuda(device).to_string()).c_str());
 }

@@ -16,6 +16,7 @@ void copy_blocks(void* dst, std::size_t dst_pitch, const void* src, std::size_t 
                  std::size_t rows, int device) {
     cuda::copy_blocks(dst, dst_pitch, src, src_pitch, block, rows, device);
 }
+void copy_ranges(std::span<const CopyRange> ranges, int device) { cuda::copy_ranges(ranges, device); }
 void fill(void* dst, std::int64_t n, double value, DType dtype, int device) {
     cuda::fill(dst, n, value, dtype, device);
 }

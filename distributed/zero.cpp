@@ -21,6 +21,22 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes, Device device) {
     else std::memcpy(dst, src, bytes);
 }
 
+void copy_ranges(std::span<const device_memory::CopyRange> ranges, Device device) {
+    if (device.is_cuda()) return device_memory::copy_ranges(ranges, device.index);
+    for (const auto& r : ranges)
+        if (r.bytes > 0 && r.dst != r.src) std::memcpy(r.dst, r.src, r.bytes);
+}
+
+void gradients_into_flat(const Tensor& full, const std::vector<GradientPlace>& grads, Device device) {
+    std::vector<device_memory::CopyRange> ranges;
+    ranges.reserve(grads.size());
+    const std::size_t size = dtype_size(full.dtype());
+    // dyngrad tensors are contiguous row-major (views are reshapes), so the bytes are the elements.
+    for (const auto& [grad, offset] : grads)
+        ranges.push_back({bytes_of(full) + offset * static_cast<std::int64_t>(size), grad.raw_data(), grad.nbytes()});
+    copy_ranges(ranges, device);
+}
+
 char* bytes_of(const Tensor& t) { return static_cast<char*>(const_cast<void*>(t.raw_data())); }
 
 void copy_overlap(const ZeroOptimizer::State::Member& m, const Tensor& member_tensor, const Tensor& shard_tensor,
@@ -151,7 +167,10 @@ void ZeroOptimizer::check_and_broadcast(const char* who) {
 }
 
 ZeroOptimizer::~ZeroOptimizer() {
-    if (state_) unregister_units(*state_);
+    if (!state_ || state_->units.empty()) return;
+    unregister_units(*state_);
+    for (auto& flat : state_->flats)
+        for (auto& m : flat.members) m.parameter.count_updater(-1);  // counted in by the stage-3 constructor
 }
 
 Optimizer& ZeroOptimizer::optimizer() { return *state_->adam; }
@@ -219,7 +238,7 @@ void ZeroOptimizer::reduce_gradients() {
     for (auto& flat : st.flats) {
         // The model's gradients end to end (zeros for a parameter the backward did not reach, and the padding).
         Tensor full = Tensor::zeros({world * flat.shard}, flat.dtype, st.device);
-        const std::size_t size = dtype_size(flat.dtype);
+        std::vector<GradientPlace> grads;
         for (const auto& m : flat.members) {
             const Tensor& grad = m.parameter.grad();
             if (!grad.defined()) continue;
@@ -229,9 +248,9 @@ void ZeroOptimizer::reduce_gradients() {
                                              to_string(m.parameter.value().shape()));
             if (grad.dtype() != flat.dtype) throw DTypeError(mismatch);
             if (grad.shape() != m.parameter.value().shape()) throw ShapeError(mismatch);
-            // dyngrad tensors are contiguous row-major (views are reshapes), so the bytes are the elements.
-            copy_bytes(bytes_of(full) + m.offset * size, grad.raw_data(), grad.nbytes(), st.device);
+            grads.push_back({grad, m.offset});
         }
+        gradients_into_flat(full, grads, st.device);
         if (zero_.stage == 1) {
             group_.all_reduce(full, ReduceOp::Avg);
             // The model's gradients and the shard's become views of the averaged buffer (Ψ·b, no second copy).

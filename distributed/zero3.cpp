@@ -9,6 +9,12 @@
 //   long as the node needs it (until its backward without retain_graph, or the caller's graph's clear/destruction);
 //   the backward restores the memory, all-gathers into it in place and back-propagates through the nested graph.
 // - recomputed: the shape rule runs the forward without recording; the backward gathers again and re-runs it.
+// Under autocast each unit's parameter casts are one conversion of a span of its flat (learned from the previous
+// forward: State::Unit::cast_spans) whose windows autocast takes as kept copies, and its gradients reach the flat
+// buffer in one batched copy: per unit, not per parameter (the GPT's ZeRO-3 step had 2 casts and 2 copies per
+// parameter, ~300 small kernels).
+// Over 600 lines: the op's shape rule, kernels and both ways share the registry and the recorded-forward types,
+// which stay private to this file.
 // Custom ops are plain function pointers, so the op finds its unit through a registry keyed by OpAttrs::start (and
 // the forward's autocast dtype in OpAttrs::axis, whether its input requires grad in OpAttrs::scalar).
 #include <algorithm>
@@ -101,6 +107,14 @@ struct UnitInstance {
         Tensor source;  // the cast's input: a parameter's window into `flats`
     };
     std::vector<Cast> casts;  // autocast's casts of the gathered parameters, freed and recomputed with them
+    struct ReducedSpan {
+        Tensor value;        // 16-bit: elements [begin, begin + value.numel()) of `source`, converted
+        Tensor source;       // the unit flat's gathered buffer (an entry of `flats`)
+        std::int64_t begin;  // elements into `source`
+    };
+    // The unit's cast spans (State::Unit::cast_spans): the casts of the members inside them are windows of these,
+    // freed and converted again as one piece.
+    std::vector<ReducedSpan> reduced;
     bool released = false;    // flats and casts freed between the forward and the backward
     bool done = false;        // its backward ran
     ~UnitInstance() {
@@ -120,25 +134,96 @@ void release_instance(UnitInstance& inst) noexcept {
     // Owned storages (find_casts, all_gather's output): the ValueError of external memory cannot come.
     try {
         for (const auto& cast : inst.casts) cast.value.release_memory();
+        for (const auto& span : inst.reduced) span.value.release_memory();
         for (const Tensor& flat : inst.flats) flat.release_memory();
     } catch (...) {
     }
     inst.released = true;
 }
 
-// The autocast casts (recorded in the instance's node range) whose input is one of the unit's gathered parameters:
-// full-size 16-bit copies that matmuls save, freed with the parameters.
-void find_casts(UnitInstance& inst, const std::set<const void*>& members) {
+// Where a member sits: its unit flat (an index into Unit::flats) and its elements in that flat.
+struct MemberPlace {
+    std::size_t flat;
+    std::int64_t begin, end;
+};
+
+// `src` (any floating dtype, elements [begin, begin + dst.numel()) of it) converted into `dst`'s memory.
+void convert_into(const Tensor& dst, const Tensor& src, std::int64_t begin, Device device) {
+    const std::size_t at = static_cast<std::size_t>(begin) * dtype_size(src.dtype());
+    if (device.is_cuda()) {
+        device_memory::convert(dst.raw_data(), dst.dtype(), bytes_of(src) + at, src.dtype(), dst.numel(), device.index);
+        return;
+    }
+    const Tensor converted = src.window(begin, {dst.numel()}).to(dst.dtype());
+    copy_bytes(bytes_of(dst), converted.raw_data(), converted.nbytes(), device);
+}
+
+// Before the unit's forward under autocast to `dtype`: each learned cast span converted into a 16-bit buffer,
+// and the members inside it given their windows of it as current kept copies, which autocast takes as the casts'
+// values without a kernel (graph/autocast.h).
+void cast_spans(State& st, State::Unit& unit, UnitInstance& inst, DType dtype) {
+    for (std::size_t k = 0; k < unit.flats.size() && k < unit.cast_spans.size(); ++k) {
+        const State::Unit::CastSpan& span = unit.cast_spans[k];
+        State::Flat& flat = st.flats[unit.flats[k]];
+        if (span.dtype != dtype || span.begin >= span.end || flat.dtype != DType::f32) continue;
+        Tensor buffer = Tensor::empty({span.end - span.begin}, dtype, st.device);
+        convert_into(buffer, flat.gathered, span.begin, st.device);
+        for (auto& m : flat.members) {
+            const std::int64_t numel = m.parameter.value().numel();
+            if (m.offset >= span.begin && m.offset + numel <= span.end)
+                m.parameter.keep_reduced_copy(buffer.window(m.offset - span.begin, m.shape));
+        }
+        inst.reduced.push_back({std::move(buffer), flat.gathered, span.begin});
+    }
+}
+
+// After the unit's recorded forward: the autocast casts (in the instance's node range) whose input is one of the
+// unit's gathered parameters. Those outside the cast spans (full-size 16-bit copies that matmuls save) are freed
+// with the parameters; the spans are learned anew for the next forward: per unit flat, the elements covering
+// every member cast to the autocast dtype, widened to 8-element (16-byte) boundaries for vector conversion.
+void find_casts(State& st, State::Unit& unit, UnitInstance& inst, const std::map<const void*, MemberPlace>& members,
+                std::optional<DType> autocast) {
     const ComputeGraph& graph = inst.session->graph;
+    std::vector<State::Unit::CastSpan> learned(unit.flats.size());
+    for (auto& span : learned) {
+        span.dtype = autocast.value_or(DType::f32);
+        span.begin = INT64_MAX;
+        span.end = 0;
+    }
+    const auto in_reduced = [&](const Tensor& value) {
+        const auto* at = static_cast<const char*>(value.raw_data());
+        for (const auto& r : inst.reduced) {
+            const auto* begin = static_cast<const char*>(r.value.raw_data());
+            if (at >= begin && at < begin + r.value.nbytes()) return true;
+        }
+        return false;
+    };
     for (NodeId id = inst.first; id < inst.end; ++id) {
         const ComputeNode& node = graph.node(id);
         if (node.op != OpType::Cast || node.inputs.size() != 1 || id == inst.output.id()) continue;
         const ComputeNode& source = graph.node(node.inputs[0]);
-        if (source.op != OpType::Leaf || !source.parameter.defined() || !members.contains(source.parameter.identity()))
-            continue;
+        if (source.op != OpType::Leaf || !source.parameter.defined()) continue;
+        const auto place = members.find(source.parameter.identity());
+        if (place == members.end()) continue;
         if (node.value.external() || node.value.shares_storage_with(source.value) || node.value.numel() == 0) continue;
-        inst.casts.push_back({node.value, source.value});
+        if (autocast && node.value.dtype() == *autocast && st.flats[unit.flats[place->second.flat]].dtype == DType::f32) {
+            auto& span = learned[place->second.flat];
+            span.begin = std::min(span.begin, place->second.begin);
+            span.end = std::max(span.end, place->second.end);
+        }
+        if (!in_reduced(node.value)) inst.casts.push_back({node.value, source.value});
     }
+    for (std::size_t k = 0; k < learned.size(); ++k) {
+        auto& span = learned[k];
+        if (span.begin >= span.end) {
+            span.begin = span.end = 0;
+            continue;
+        }
+        const std::int64_t padded = st.flats[unit.flats[k]].gathered.numel();
+        span.begin -= span.begin % 8;
+        span.end = std::min(padded, (span.end + 7) / 8 * 8);
+    }
+    unit.cast_spans = std::move(learned);
 }
 
 // The unit's averaged gradients into this rank's shards (added when this step already has some), the
@@ -148,7 +233,7 @@ void reduce_unit(State& st, State::Unit& unit) {
     for (std::size_t f : unit.flats) {
         State::Flat& flat = st.flats[f];
         Tensor full = Tensor::zeros({world * flat.shard}, flat.dtype, st.device);
-        const std::size_t size = dtype_size(flat.dtype);
+        std::vector<GradientPlace> grads;
         for (auto& m : flat.members) {
             const Tensor& grad = m.parameter.grad();
             if (!grad.defined()) continue;
@@ -156,9 +241,10 @@ void reduce_unit(State& st, State::Unit& unit) {
                 throw DTypeError(str("ZeRO-3 unit '", unit.name, "' (rank ", rank, "/", world, "): the gradient of '",
                                      m.name, "' is ", dtype_name(grad.dtype()), " ", to_string(grad.shape()),
                                      ", its parameter ", dtype_name(flat.dtype), " ", to_string(m.shape)));
-            copy_bytes(bytes_of(full) + m.offset * size, grad.raw_data(), grad.nbytes(), st.device);
+            grads.push_back({grad, m.offset});  // keeps the gradient alive until the copy is queued
             m.parameter.zero_grad();
         }
+        gradients_into_flat(full, grads, st.device);
         Tensor shard = Tensor::empty({flat.shard}, flat.dtype, st.device);
         st.group.reduce_scatter(full, shard, ReduceOp::Avg);
         const Tensor& earlier = flat.shard_param.grad();
@@ -182,6 +268,8 @@ std::shared_ptr<UnitInstance> record_unit(State& st, State::Unit& unit, const Te
         const GatheredScope gathered(st, unit);
         owner = gathered.owner;  // else an enclosing scope uses the buffers: they stay resident
         for (std::size_t f : unit.flats) inst->flats.push_back(st.flats[f].gathered);
+        const std::optional<DType> autocast = autocast_dtype();
+        if (autocast && is_reduced_precision(*autocast)) cast_spans(st, unit, *inst, *autocast);
         const GradModeScope with_grad(true);
         inst->first = static_cast<NodeId>(session->graph.size());
         inst->input = session->graph.input(x, "", wants);
@@ -189,10 +277,11 @@ std::shared_ptr<UnitInstance> record_unit(State& st, State::Unit& unit, const Te
         if (!inst->output.defined() || &inst->output.graph() != &session->graph)
             throw GraphError(str("ZeRO-3 unit '", unit.name, "': its forward must return a Var of the graph it was given"));
         inst->end = static_cast<NodeId>(session->graph.size());
-        std::set<const void*> members;
-        for (std::size_t f : unit.flats)
-            for (const auto& m : st.flats[f].members) members.insert(m.parameter.identity());
-        find_casts(*inst, members);
+        std::map<const void*, MemberPlace> members;
+        for (std::size_t k = 0; k < unit.flats.size(); ++k)
+            for (const auto& m : st.flats[unit.flats[k]].members)
+                members[m.parameter.identity()] = {k, m.offset, m.offset + m.parameter.value().numel()};
+        find_casts(st, unit, *inst, members, autocast);
     }
     if (owner) release_instance(*inst);
     st.instances.erase(std::remove_if(st.instances.begin(), st.instances.end(), [](const auto& w) { return w.expired(); }),
@@ -254,6 +343,10 @@ struct RestoredScope {
                 st.gathered_bytes += static_cast<std::int64_t>(buffer.nbytes());
             }
             st.gathered_peak_bytes = std::max(st.gathered_peak_bytes, st.gathered_bytes);
+            for (const auto& span : inst.reduced) {
+                span.value.restore_memory();
+                convert_into(span.value, span.source, span.begin, st.device);
+            }
             for (const auto& cast : inst.casts) {
                 cast.value.restore_memory();
                 const Tensor fresh = cast.source.to(cast.value.dtype());
@@ -386,6 +479,7 @@ void kept_bytes(const State& st, ZeroMemory& m) {
         if (!inst || inst->done) continue;
         for (const Tensor& flat : inst->flats) count(flat, true);
         for (const auto& cast : inst->casts) count(cast.value, true);
+        for (const auto& span : inst->reduced) count(span.value, true);
         // The parameters' windows, the unit's input and output: counted above, or the caller's graph holds them.
         const ComputeGraph& graph = inst->session->graph;
         for (NodeId id = inst->first; id < inst->end; ++id)
@@ -461,6 +555,9 @@ ZeroOptimizer::ZeroOptimizer(std::vector<ZeroUnit> units, ProcessGroup group, co
         for (auto& m : flat.members) {
             m.parameter.value() = Tensor::empty({0}, flat.dtype, st.device);
             m.parameter.drop_reduced_copy();
+            // Counted as updated (until the destructor), so that autocast takes their kept 16-bit copies
+            // (graph/autocast.h): the windows of the unit's cast spans (find_casts), made current at each forward.
+            m.parameter.count_updater(1);
         }
 }
 

@@ -2,9 +2,11 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "dyngrad/core/device_memory.h"
 #include "dyngrad/distributed/ddp.h"
 #include "dyngrad/distributed/zero.h"
 
@@ -46,6 +48,15 @@ struct ZeroOptimizer::State {
         Tensor pending;  // the forward's output, from the op's shape rule to its forward kernel
         std::shared_ptr<UnitInstance> pending_instance;  // its recorded forward (without recompute), likewise
         Parameter anchor;  // 0 elements: makes the unit's node require grad (distributed/zero3.cpp, forward)
+        // Per entry of `flats`: the elements [begin, end) of the flat that hold the members autocast cast to
+        // `dtype` in the unit's last recorded forward (begin == end: none). The next forward under that autocast
+        // dtype converts the span in one kernel into a 16-bit buffer whose windows become those members' kept
+        // copies (Parameter::keep_reduced_copy): one cast per unit instead of one per parameter.
+        struct CastSpan {
+            DType dtype = DType::f32;
+            std::int64_t begin = 0, end = 0;
+        };
+        std::vector<CastSpan> cast_spans;
         bool stochastic = false;               // ZeroUnit::stochastic
         std::weak_ptr<UnitSession> session;   // the graph this unit's next forward records into, while it lives
     };
@@ -75,6 +86,14 @@ void make_shards(ZeroOptimizer::State& state, int rank, int world, const AdamOpt
 // Host memcpy or device copy of `bytes` (nothing for 0 bytes or dst == src); DDP's buckets use it too.
 void copy_bytes(void* dst, const void* src, std::size_t bytes, Device device);
 char* bytes_of(const Tensor& t);
+// Host memcpys or one batched device copy (core/device_memory.h) of byte ranges on `device`.
+void copy_ranges(std::span<const device_memory::CopyRange> ranges, Device device);
+// Each gradient's bytes at its element offset into the flat buffer `full` (its dtype): one batched copy.
+struct GradientPlace {
+    Tensor grad;
+    std::int64_t offset = 0;
+};
+void gradients_into_flat(const Tensor& full, const std::vector<GradientPlace>& grads, Device device);
 // Copies the part of member `m` (elements [m.offset, m.offset + numel) of the flat buffer) that falls into
 // rank `rank`'s shard [rank·S, rank·S + S) between the member's tensor and the shard's tensor.
 void copy_overlap(const ZeroOptimizer::State::Member& m, const Tensor& member_tensor, const Tensor& shard_tensor,
