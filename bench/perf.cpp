@@ -443,7 +443,8 @@ void profile_one_replay(const Workload& w) {
 }
 
 // The convolution passes searched since the log was cleared (ops/conv.h): per pass, cuDNN's candidates fastest
-// first, each with its time, workspace, tensor cores (tc) and determinism (det), and ops/conv.cu's verdict.
+// first, then the graph API's engine configs, each with its time, workspace, tensor cores (tc) and determinism (det),
+// and ops/conv.cu's verdict (with cuDNN's reason where a graph candidate failed or was refused).
 void print_conv_searches() {
     std::string current;
     for (const ConvSearchEntry& e : conv_search_log()) {
@@ -452,9 +453,10 @@ void print_conv_searches() {
             std::printf("    conv search: %s:\n", pass.c_str());
             current = pass;
         }
-        std::printf("        %-22s %9.4f ms %8.2f MiB%s%s  %s\n", e.algorithm.c_str(), e.ms,
+        std::printf("        %-22s %9.4f ms %8.2f MiB%s%s  %s%s%s\n", e.algorithm.c_str(), e.ms,
                     static_cast<double>(e.workspace_bytes) / (1 << 20), e.tensor_ops ? " tc" : "",
-                    e.deterministic ? " det" : "", e.verdict.c_str());
+                    e.deterministic ? " det" : "", e.verdict.c_str(), e.detail.empty() ? "" : ": ",
+                    e.detail.c_str());
     }
     std::fflush(stdout);
 }

@@ -13,7 +13,10 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <mutex>
+#include <string_view>
 #include <vector>
 
 #include "dyngrad/core/checked.h"
@@ -316,9 +319,21 @@ std::vector<Tensor> conv2d_backward(const BackwardArgs& args) {
 
 }  // namespace dyngrad
 
-// ---- the GPU's algorithm-search log (ops/conv.h; filled by ops/conv.cu) ----
+// ---- the GPU's algorithm-search log (ops/conv.h; filled by ops/conv.cu) and its graph-API switch ----
 namespace dyngrad {
 namespace {
+ConvGraphMode initial_conv_graph_mode() {
+    const char* value = std::getenv("DYNGRAD_CONV_GRAPH");
+    const std::string_view mode = value ? value : "";
+    return mode == "0" ? ConvGraphMode::Off : mode == "force" ? ConvGraphMode::Force : ConvGraphMode::Auto;
+}
+
+// Read when a GPU plan is built, set from any thread: atomic.
+std::atomic<ConvGraphMode>& graph_mode() {
+    static std::atomic<ConvGraphMode> mode{initial_conv_graph_mode()};
+    return mode;
+}
+
 std::mutex& conv_search_mutex() {
     static std::mutex m;
     return m;
@@ -328,6 +343,9 @@ std::vector<ConvSearchEntry>& conv_search_entries() {
     return entries;
 }
 }  // namespace
+
+void set_conv_graph_mode(ConvGraphMode mode) { graph_mode().store(mode); }
+ConvGraphMode conv_graph_mode() { return graph_mode().load(); }
 
 std::vector<ConvSearchEntry> conv_search_log() {
     const std::lock_guard lock(conv_search_mutex());

@@ -1,11 +1,13 @@
 // 2-D convolution on the GPU through cuDNN. CPU reference: ops/conv.cpp (same names in namespace cpu).
 //
-// Per shape key (x and weight shapes, stride, padding, dilation, groups, dtype, device, TF32 setting)
-// one plan holds the tensor/filter descriptors and, per pass (forward, backward data, backward filter),
-// a convolution descriptor and the algorithm cudnnFind*AlgorithmEx timed fastest on the first call that
-// runs that pass, with the call's own buffers. Later calls look the plan up and run: no descriptor
-// creation, no search, no device sync; the per-call workspace comes from the device's pool. A search
-// inside a CUDA graph capture throws GraphError (cuda/capture.h).
+// Per shape key (x and weight shapes, stride, padding, dilation, groups, dtype, device, TF32, deterministic and
+// graph-API settings) one plan holds the tensor/filter descriptors and, per pass (forward, backward data, backward
+// filter), a convolution descriptor and the algorithm cudnnFind*AlgorithmEx timed fastest on the first call that
+// runs that pass, with the call's own buffers; for bf16, f16 and f32 the same search times cuDNN's graph-API engine
+// configs too (ops/conv_graph.cu: engines the legacy API cannot reach), and the pass keeps the graph API's
+// execution plan when one of those was fastest. Later calls look the plan up and run: no descriptor creation (but
+// a graph plan's variant pack for a pointer set it has not seen lately), no search, no device sync; the per-call
+// workspace comes from the device's pool. A search inside a CUDA graph capture throws GraphError (cuda/capture.h).
 //
 // Precision: float32 runs at full precision (CUDNN_FMA_MATH) unless cuda::allow_tf32(). CUDNN_DEFAULT_MATH
 // is not enough for that: on Ampere and later it lets cuDNN use TF32 tensor cores for float data. With
@@ -16,6 +18,8 @@
 // compute in acc_t<T> (float) and round once on store.
 //
 // The legacy convolution API is marked deprecated in cuDNN 9 (the graph API succeeds it) but is supported.
+// Over 600 lines: the legacy API's plans and search, the choice between its algorithms and the graph API's
+// engines (the graph API itself is ops/conv_graph.cu), and the bias/activation kernels of both directions.
 //
 // Bias and activation (OpAttrs::activation) are kernels of ours around cuDNN's: forward, one launch adds the
 // bias and applies the activation to cuDNN's output in place; backward, one launch computes dz (dy masked
@@ -39,6 +43,7 @@
 #include "dyngrad/cuda/cudnn_plans.h"
 #include "dyngrad/cuda/runtime.h"
 #include "dyngrad/ops/conv.h"
+#include "dyngrad/ops/conv_graph.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/reduced_precision.cuh"
@@ -64,18 +69,22 @@ struct ConvKey {
     int device;
     bool tf32;
     bool deterministic;  // only algorithms cuDNN reports as deterministic
+    ConvGraphMode graph_mode;
     auto operator<=>(const ConvKey&) const = default;
 };
 
-// One pass's convolution descriptor and algorithm. Searched once, on the first call that runs the pass
-// (the search needs that pass's buffers); read-only afterwards. A failed search leaves `searched` unset,
-// so the next call tries again.
+// One pass's convolution descriptor and algorithm, and the graph API's plan when that was faster. Searched once, on
+// the first call that runs the pass (the search needs that pass's buffers); read-only afterwards. A failed search
+// leaves `searched` unset, so the next call tries again.
 template <typename Algo>
 struct PassPlan {
     std::once_flag searched;
-    ConvolutionDescriptor conv;  // set to the chosen algorithm's math type (see choose())
+    ConvolutionDescriptor conv;  // set to the chosen algorithm's math type (see take_legacy())
+    bool legacy = false;         // `algo` holds the fastest legacy algorithm the policy allows
     Algo algo{};
     std::size_t workspace_bytes = 0;
+    std::shared_ptr<ConvGraphPlan> graph;  // runs the pass where set (unless a call's operands are misaligned for it)
+    std::size_t graph_workspace_bytes = 0;
 };
 
 struct ConvPlan {
@@ -85,7 +94,9 @@ struct ConvPlan {
     // picked differently, a bf16 5x5 conv's gradients came out 4-8% off the f64 replay).
     bool no_transforms = false;
     bool deterministic = false;  // deterministic mode: only deterministic algorithms
+    ConvGraphMode graph_mode = ConvGraphMode::Auto;
     std::string description;     // the key, for conv_search_log() (ops/conv.h)
+    ConvGraphProblem graph_problem;  // the same convolution and policy, for the graph API
     TensorDescriptor x, y;
     FilterDescriptor w;
     PassPlan<cudnnConvolutionFwdAlgo_t> forward;
@@ -109,6 +120,7 @@ ConvKey conv_key(const Tensor& x, const Tensor& w, const OpAttrs& attrs) {
     key.device = x.device().index;
     key.tf32 = x.dtype() == DType::f32 && allow_tf32();
     key.deterministic = cuda::deterministic();
+    key.graph_mode = conv_graph_mode();
     return key;
 }
 
@@ -138,7 +150,14 @@ std::shared_ptr<ConvPlan> make_plan(const ConvKey& key, const Shape& y_shape) {
     plan->description = str("x (", key.x[0], ",", key.x[1], ",", key.x[2], ",", key.x[3], ") w (", key.w[0], ",",
                             key.w[1], ",", key.w[2], ",", key.w[3], ") stride ", pair(key.stride), " padding ",
                             pair(key.padding), " dilation ", pair(key.dilation), " groups ", key.groups, " ",
-                            dtype_name(key.dtype), key.tf32 ? " tf32" : "", key.deterministic ? " deterministic" : "");
+                            dtype_name(key.dtype), key.tf32 ? " tf32" : "", key.deterministic ? " deterministic" : "",
+                            key.graph_mode == ConvGraphMode::Force ? " graph forced"
+                            : key.graph_mode == ConvGraphMode::Off ? " graph off"
+                                                                    : "");
+    plan->graph_mode = key.graph_mode;
+    plan->graph_problem = {key.x, key.w, {y_shape[0], y_shape[1], y_shape[2], y_shape[3]}, key.stride, key.padding,
+                           key.dilation, key.dtype, plan->fma_only, plan->no_transforms, plan->deterministic,
+                           kWorkspaceLimit, plan->description};
     const auto set_4d = [&](cudnnTensorDescriptor_t desc, std::int64_t n, std::int64_t c, std::int64_t h,
                             std::int64_t w) {
         DG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(desc, CUDNN_TENSOR_NCHW, type, cudnn_dim(n, what),
@@ -216,33 +235,73 @@ const char* refusal(const Perf& r, const ConvPlan& plan) {
     return "";
 }
 
-// Stores the fastest result of a search (results come sorted by time) that refusal() lets through. For float32
-// without TF32 the pass keeps its CUDNN_FMA_MATH descriptor whatever math type cuDNN reports for the algorithm (the
-// descriptor's math type is what governs the run); otherwise the pass runs with the math type the algorithm was
-// timed with, as cuDNN requires. Every candidate goes to conv_search_log() with its verdict.
-template <typename Algo, typename Perf>
-void choose(PassPlan<Algo>& pass, const ConvPlan& plan, const Perf* results, int count, const char* pass_name) {
-    std::vector<ConvSearchEntry> log;
-    bool chosen = false;
+// Appends every result of a legacy search to `log` ("slower", or why refusal() refuses it; the caller marks the one
+// it takes) and returns the index of the fastest allowed (results come sorted by time), -1 when none is.
+template <typename Perf>
+int legacy_candidates(const ConvPlan& plan, const Perf* results, int count, const char* pass_name,
+                      std::vector<ConvSearchEntry>& log) {
+    int fastest = -1;
     for (int i = 0; i < count; ++i) {
         const Perf& r = results[i];
         const char* refused = refusal(r, plan);
-        const bool take = !chosen && *refused == '\0';
+        if (fastest < 0 && *refused == '\0') fastest = i;
         log.push_back({plan.description, pass_name, algorithm_name(r.algo),
                        r.status == CUDNN_STATUS_SUCCESS ? static_cast<double>(r.time) : -1.0, r.memory,
                        r.mathType != CUDNN_DEFAULT_MATH && r.mathType != CUDNN_FMA_MATH,
-                       r.determinism == CUDNN_DETERMINISTIC, take ? "chosen" : *refused ? refused : "slower"});
-        if (!take) continue;
-        pass.algo = r.algo;
-        pass.workspace_bytes = r.memory;
-        if (!plan.fma_only) DG_CUDNN_CHECK(cudnnSetConvolutionMathType(pass.conv.get(), r.mathType));
-        chosen = true;
+                       r.determinism == CUDNN_DETERMINISTIC, *refused ? refused : "slower"});
+    }
+    return fastest;
+}
+
+// Stores a legacy result in the pass. For float32 without TF32 the pass keeps its CUDNN_FMA_MATH descriptor whatever
+// math type cuDNN reports for the algorithm (the descriptor's math type is what governs the run); otherwise the pass
+// runs with the math type the algorithm was timed with, as cuDNN requires.
+template <typename Algo, typename Perf>
+void take_legacy(PassPlan<Algo>& pass, const ConvPlan& plan, const Perf& r) {
+    pass.algo = r.algo;
+    pass.workspace_bytes = r.memory;
+    if (!plan.fma_only) DG_CUDNN_CHECK(cudnnSetConvolutionMathType(pass.conv.get(), r.mathType));
+    pass.legacy = true;
+}
+
+// Picks between the legacy search's results and the graph API's candidates (ops/conv_graph.cu): the faster of the two
+// fastest allowed, or the graph's under ConvGraphMode::Force. The legacy algorithm is kept either way, for calls whose
+// operands the graph plan cannot take (conv_graph_aligned). Every candidate goes to conv_search_log() with its verdict.
+template <typename Algo, typename Perf>
+void choose(PassPlan<Algo>& pass, ConvPass which, DeviceContext& ctx, const ConvPlan& plan, const Perf* results,
+            int count, const char* pass_name, const ConvGraphOperands& operands, const Workspace& search) {
+    std::vector<ConvSearchEntry> log;
+    const int legacy = legacy_candidates(plan, results, count, pass_name, log);  // log[i] is results[i]
+    if (legacy >= 0) take_legacy(pass, plan, results[legacy]);
+    ConvGraphChoice graph;
+    if (plan.graph_mode != ConvGraphMode::Off && conv_graph_dtype(plan.graph_problem.dtype))
+        graph = search_conv_graph(ctx, plan.graph_problem, which, operands, search.data(), log);
+    const bool graph_faster = graph.plan && (legacy < 0 || graph.ms < static_cast<double>(results[legacy].time));
+    if (graph.plan && (graph_faster || plan.graph_mode == ConvGraphMode::Force)) {
+        pass.graph = graph.plan;
+        pass.graph_workspace_bytes = graph.workspace_bytes;
+        log[graph.log_index].verdict = "chosen";
+        if (legacy >= 0 && !graph_faster) log[static_cast<std::size_t>(legacy)].verdict = "graph forced";
+    } else if (legacy >= 0) {
+        log[static_cast<std::size_t>(legacy)].verdict = "chosen";
     }
     detail::log_conv_search(std::move(log));
-    if (chosen) return;
-    throw CudaError(str("conv2d ", pass_name, ": cuDNN found no algorithm for this shape within a ",
+    if (legacy >= 0 || pass.graph) return;
+    throw CudaError(str("conv2d ", pass_name, " ", plan.description, ": cuDNN found no algorithm for this shape within a ",
                         kWorkspaceLimit >> 20, " MiB workspace", plan.fma_only ? " at full float32 precision" : "",
                         plan.deterministic ? " among deterministic algorithms" : ""));
+}
+
+// Whether this call runs the pass's graph plan: the search kept one and the call's operands meet its alignment; a
+// misaligned call (a view) runs the legacy algorithm, or throws where the legacy search found none.
+template <typename Algo>
+bool runs_graph(const PassPlan<Algo>& pass, const ConvGraphOperands& operands, const ConvPlan& plan,
+                const char* pass_name) {
+    if (!pass.graph) return false;
+    if (conv_graph_aligned(operands)) return true;
+    if (pass.legacy) return false;
+    throw CudaError(str("conv2d ", pass_name, " ", plan.description, ": an operand is not 16-byte aligned, which the ",
+                        "graph-API plan of this shape requires, and no legacy algorithm runs the shape"));
 }
 
 // Some algorithms cudnnFind*AlgorithmEx times read the workspace or the result buffer before they write
@@ -259,8 +318,9 @@ void initialise_search_buffers(DeviceContext& ctx, const Workspace& search, Tens
 // fits is kept (the second of two searches: see below). `max_count_of` is the pass's
 // cudnnGet...AlgorithmMaxCount, `find` its cudnnFind...Ex called with (max_count, &count, results, search workspace).
 template <typename Perf, typename Algo, typename MaxCountFn, typename FindFn>
-void search_pass(DeviceContext& ctx, ConvPlan& plan, PassPlan<Algo>& pass, Tensor& result, const char* pass_name,
-                 MaxCountFn max_count_of, FindFn find) {
+void search_pass(DeviceContext& ctx, ConvPlan& plan, PassPlan<Algo>& pass, ConvPass which,
+                 const ConvGraphOperands& operands, Tensor& result, const char* pass_name, MaxCountFn max_count_of,
+                 FindFn find) {
     throw_if_capturing(ctx.device, kSearchWhat, kSearchWhy);
     int max_count = 0;
     DG_CUDNN_CHECK(max_count_of(ctx.cudnn, &max_count));
@@ -274,12 +334,13 @@ void search_pass(DeviceContext& ctx, ConvPlan& plan, PassPlan<Algo>& pass, Tenso
     // (H200, conv_search_log()).
     DG_CUDNN_CHECK(find(max_count, &count, results.data(), search));
     DG_CUDNN_CHECK(find(max_count, &count, results.data(), search));
-    choose(pass, plan, results.data(), count, pass_name);
+    choose(pass, which, ctx, plan, results.data(), count, pass_name, operands, search);
 }
 
 void search_forward(DeviceContext& ctx, ConvPlan& plan, const Tensor& x, const Tensor& w, Tensor& y) {
     search_pass<cudnnConvolutionFwdAlgoPerf_t>(
-        ctx, plan, plan.forward, y, "forward", cudnnGetConvolutionForwardAlgorithmMaxCount,
+        ctx, plan, plan.forward, ConvPass::forward, {x.raw_data(), w.raw_data(), y.raw_data()}, y, "forward",
+        cudnnGetConvolutionForwardAlgorithmMaxCount,
         [&](int max_count, int* count, cudnnConvolutionFwdAlgoPerf_t* results, const Workspace& search) {
             return cudnnFindConvolutionForwardAlgorithmEx(ctx.cudnn, plan.x.get(), x.raw_data(), plan.w.get(),
                                                           w.raw_data(), plan.forward.conv.get(), plan.y.get(),
@@ -290,7 +351,8 @@ void search_forward(DeviceContext& ctx, ConvPlan& plan, const Tensor& x, const T
 
 void search_backward_data(DeviceContext& ctx, ConvPlan& plan, const Tensor& w, const Tensor& dy, Tensor& dx) {
     search_pass<cudnnConvolutionBwdDataAlgoPerf_t>(
-        ctx, plan, plan.backward_data, dx, "backward data", cudnnGetConvolutionBackwardDataAlgorithmMaxCount,
+        ctx, plan, plan.backward_data, ConvPass::backward_data, {dx.raw_data(), w.raw_data(), dy.raw_data()}, dx,
+        "backward data", cudnnGetConvolutionBackwardDataAlgorithmMaxCount,
         [&](int max_count, int* count, cudnnConvolutionBwdDataAlgoPerf_t* results, const Workspace& search) {
             return cudnnFindConvolutionBackwardDataAlgorithmEx(
                 ctx.cudnn, plan.w.get(), w.raw_data(), plan.y.get(), dy.raw_data(), plan.backward_data.conv.get(),
@@ -300,7 +362,8 @@ void search_backward_data(DeviceContext& ctx, ConvPlan& plan, const Tensor& w, c
 
 void search_backward_filter(DeviceContext& ctx, ConvPlan& plan, const Tensor& x, const Tensor& dy, Tensor& dw) {
     search_pass<cudnnConvolutionBwdFilterAlgoPerf_t>(
-        ctx, plan, plan.backward_filter, dw, "backward filter", cudnnGetConvolutionBackwardFilterAlgorithmMaxCount,
+        ctx, plan, plan.backward_filter, ConvPass::backward_filter, {x.raw_data(), dw.raw_data(), dy.raw_data()}, dw,
+        "backward filter", cudnnGetConvolutionBackwardFilterAlgorithmMaxCount,
         [&](int max_count, int* count, cudnnConvolutionBwdFilterAlgoPerf_t* results, const Workspace& search) {
             return cudnnFindConvolutionBackwardFilterAlgorithmEx(
                 ctx.cudnn, plan.x.get(), x.raw_data(), plan.y.get(), dy.raw_data(), plan.backward_filter.conv.get(),
@@ -460,11 +523,16 @@ Tensor conv2d_forward(const ForwardArgs& args) {
     const std::shared_ptr<ConvPlan> plan = plan_for(x, w, args.attrs, y.shape());
     std::call_once(plan->forward.searched, [&] { search_forward(ctx, *plan, x, w, y); });
     const Scaling scaling(x.dtype());
-    Workspace workspace(ctx, plan->forward.workspace_bytes);
-    DG_CUDNN_CHECK(cudnnConvolutionForward(ctx.cudnn, scaling.one(), plan->x.get(), x.raw_data(), plan->w.get(),
-                                           w.raw_data(), plan->forward.conv.get(), plan->forward.algo,
-                                           workspace.data(), workspace.bytes(), scaling.zero(), plan->y.get(),
-                                           y.raw_data()));
+    const ConvGraphOperands operands{x.raw_data(), w.raw_data(), y.raw_data()};
+    const bool graph = runs_graph(plan->forward, operands, *plan, "forward");
+    Workspace workspace(ctx, graph ? plan->forward.graph_workspace_bytes : plan->forward.workspace_bytes);
+    if (graph)
+        run_conv_graph(*plan->forward.graph, ctx, operands, workspace.data());
+    else
+        DG_CUDNN_CHECK(cudnnConvolutionForward(ctx.cudnn, scaling.one(), plan->x.get(), x.raw_data(), plan->w.get(),
+                                               w.raw_data(), plan->forward.conv.get(), plan->forward.algo,
+                                               workspace.data(), workspace.bytes(), scaling.zero(), plan->y.get(),
+                                               y.raw_data()));
     const bool has_bias = args.inputs.size() == 3;
     if (has_bias || args.attrs.activation != Activation::None)
         bias_activation_forward(ctx, y, has_bias ? &args.inputs[2] : nullptr, args.attrs.activation);
@@ -504,14 +572,19 @@ std::vector<Tensor> conv2d_backward(const BackwardArgs& args) {
         Tensor dw = Tensor::empty(w.shape(), w.dtype(), w.device());
         PassPlan<cudnnConvolutionBwdFilterAlgo_t>& pass = plan->backward_filter;
         std::call_once(pass.searched, [&] { search_backward_filter(ctx, *plan, x, dz, dw); });
-        Workspace workspace(ctx, pass.workspace_bytes);
+        const ConvGraphOperands operands{x.raw_data(), dw.raw_data(), dz.raw_data()};
+        const bool graph = runs_graph(pass, operands, *plan, "backward filter");
+        Workspace workspace(ctx, graph ? pass.graph_workspace_bytes : pass.workspace_bytes);
         const double work = static_cast<double>(w.numel()) * static_cast<double>(dy.numel() / dy.shape()[1]);
         SideWork side(ctx, side_lane_wanted(ctx, work));
         DeviceContext& weight_ctx = side.lane() ? *side.lane() : ctx;
-        DG_CUDNN_CHECK(cudnnConvolutionBackwardFilter(weight_ctx.cudnn, scaling.one(), plan->x.get(), x.raw_data(),
-                                                      plan->y.get(), dz.raw_data(), pass.conv.get(), pass.algo,
-                                                      workspace.data(), workspace.bytes(), scaling.zero(),
-                                                      plan->w.get(), dw.raw_data()));
+        if (graph)
+            run_conv_graph(*pass.graph, weight_ctx, operands, workspace.data());  // on the lane's handle and stream
+        else
+            DG_CUDNN_CHECK(cudnnConvolutionBackwardFilter(weight_ctx.cudnn, scaling.one(), plan->x.get(),
+                                                          x.raw_data(), plan->y.get(), dz.raw_data(), pass.conv.get(),
+                                                          pass.algo, workspace.data(), workspace.bytes(),
+                                                          scaling.zero(), plan->w.get(), dw.raw_data()));
         side.keep(x);
         side.keep(dz);
         side.keep(workspace);
@@ -522,11 +595,16 @@ std::vector<Tensor> conv2d_backward(const BackwardArgs& args) {
         Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
         PassPlan<cudnnConvolutionBwdDataAlgo_t>& pass = plan->backward_data;
         std::call_once(pass.searched, [&] { search_backward_data(ctx, *plan, w, dz, dx); });
-        Workspace workspace(ctx, pass.workspace_bytes);
-        DG_CUDNN_CHECK(cudnnConvolutionBackwardData(ctx.cudnn, scaling.one(), plan->w.get(), w.raw_data(),
-                                                    plan->y.get(), dz.raw_data(), pass.conv.get(), pass.algo,
-                                                    workspace.data(), workspace.bytes(), scaling.zero(),
-                                                    plan->x.get(), dx.raw_data()));
+        const ConvGraphOperands operands{dx.raw_data(), w.raw_data(), dz.raw_data()};
+        const bool graph = runs_graph(pass, operands, *plan, "backward data");
+        Workspace workspace(ctx, graph ? pass.graph_workspace_bytes : pass.workspace_bytes);
+        if (graph)
+            run_conv_graph(*pass.graph, ctx, operands, workspace.data());
+        else
+            DG_CUDNN_CHECK(cudnnConvolutionBackwardData(ctx.cudnn, scaling.one(), plan->w.get(), w.raw_data(),
+                                                        plan->y.get(), dz.raw_data(), pass.conv.get(), pass.algo,
+                                                        workspace.data(), workspace.bytes(), scaling.zero(),
+                                                        plan->x.get(), dx.raw_data()));
         grads[0] = std::move(dx);
     }
     return grads;

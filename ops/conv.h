@@ -45,25 +45,42 @@ T conv2d(const T& x, const T& weight, Conv2dOptions options = {},
 }
 
 // What cuDNN's algorithm search offered for each convolution pass the GPU searched, and what ops/conv.cu made of it
-// (CUDA builds; always empty on the CPU): one entry per candidate, in cuDNN's order (fastest first). For a reader
-// asking why a pass runs the kernel it runs (dyngrad-perf --kernel-times prints it). Kept until cleared; a pass is
-// searched once per shape, dtype and setting, so the log grows with the shapes a program uses, not with its steps.
+// (CUDA builds; always empty on the CPU): one entry per candidate, the legacy API's in cuDNN's order (fastest first),
+// then the graph API's engine configs in its heuristics' order (ops/conv_graph.cu). For a reader asking why a pass
+// runs the kernel it runs (dyngrad-perf --kernel-times prints it). Kept until cleared; a pass is searched once per
+// shape, dtype and setting, so the log grows with the shapes a program uses, not with its steps.
 struct ConvSearchEntry {
     std::string convolution;  // "x (64,6,14,14) w (16,6,5,5) stride (1,1) padding (0,0) dilation (1,1) groups 1 bf16"
     std::string pass;         // "forward", "backward data" or "backward filter"
-    std::string algorithm;    // cuDNN's name without its prefix: "IMPLICIT_PRECOMP_GEMM", "ALGO_1", "WINOGRAD_NONFUSED"
-    double ms = -1;           // cuDNN's timing; -1 when the candidate failed
+    // The legacy API's name without its prefix: "IMPLICIT_PRECOMP_GEMM", "ALGO_1", "WINOGRAD_NONFUSED"; a graph-API
+    // engine config as "graph:eng<global index>{k<knob type>=<value>,...}" ("graph" alone: the operation graph).
+    std::string algorithm;
+    double ms = -1;           // the second of two timings; -1 when the candidate was not timed
     std::size_t workspace_bytes = 0;
-    bool tensor_ops = false;  // its math type uses tensor cores
+    bool tensor_ops = false;  // its math type (legacy) or its numerical notes (graph) use tensor cores
     bool deterministic = false;
-    // "chosen", or why not: "failed", "workspace over the limit", "down-conversion", "not deterministic" (deterministic
-    // mode), "tensor ops at float32 precision", "transform-based", or "slower" (allowed, after the chosen one).
+    // "chosen", or why not: "failed", "not supported" (cuDNN's answer for a graph or engine config), "workspace over
+    // the limit", "down-conversion", "reduced-precision reduction", "not deterministic" (deterministic mode), "tensor
+    // ops at float32 precision", "transform-based", "runtime compilation" (graph engines that compile kernels when
+    // finalized), "graph forced" (the fastest legacy candidate under ConvGraphMode::Force), or "slower" (allowed,
+    // after the chosen one).
     std::string verdict;
+    std::string detail;  // graph candidates: cuDNN's status text where one failed or was refused; else empty
 };
 std::vector<ConvSearchEntry> conv_search_log();
 void clear_conv_search_log();
 namespace detail {
 void log_conv_search(std::vector<ConvSearchEntry> entries);  // ops/conv.cu, after each search
 }
+
+// Whether the GPU's per-shape search also times cuDNN's graph-API engines (ops/conv_graph.cu) beside the legacy
+// API's algorithms (bfloat16, float16 and float32; float64 stays on the legacy API). For tests and debugging:
+// Auto (the default) takes the fastest candidate of either API; Off the legacy API's alone; Force a graph engine
+// wherever one runs the pass, whatever the timings (the legacy API where none does). DYNGRAD_CONV_GRAPH=0 or =force
+// in the environment sets Off or Force at start. Read when a plan is built: the mode is part of the plan's key, so a
+// pass already searched under another mode is searched again.
+enum class ConvGraphMode { Auto, Off, Force };
+void set_conv_graph_mode(ConvGraphMode mode);
+ConvGraphMode conv_graph_mode();
 
 }  // namespace dyngrad
