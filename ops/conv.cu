@@ -274,7 +274,7 @@ void choose(PassPlan<Algo>& pass, ConvPass which, DeviceContext& ctx, const Conv
     const int legacy = legacy_candidates(plan, results, count, pass_name, log);  // log[i] is results[i]
     if (legacy >= 0) take_legacy(pass, plan, results[legacy]);
     ConvGraphChoice graph;
-    if (plan.graph_mode != ConvGraphMode::Off && conv_graph_dtype(plan.graph_problem.dtype))
+    if (plan.graph_mode != ConvGraphMode::Off && conv_graph_allowed(plan.graph_problem))
         graph = search_conv_graph(ctx, plan.graph_problem, which, operands, search.data(), log);
     const bool graph_faster = graph.plan && (legacy < 0 || graph.ms < static_cast<double>(results[legacy].time));
     if (graph.plan && (graph_faster || plan.graph_mode == ConvGraphMode::Force)) {

@@ -319,7 +319,10 @@ bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % kAlig
 
 }  // namespace
 
-bool conv_graph_dtype(DType dtype) { return dtype == DType::bf16 || dtype == DType::f16 || dtype == DType::f32; }
+bool conv_graph_allowed(const ConvGraphProblem& problem) {
+    if (problem.dtype == DType::f32) return !problem.fma_only;
+    return problem.dtype == DType::bf16 || problem.dtype == DType::f16;
+}
 
 bool conv_graph_aligned(const ConvGraphOperands& operands) {
     return aligned(operands.x) && aligned(operands.w) && aligned(operands.y);

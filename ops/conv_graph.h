@@ -49,8 +49,10 @@ struct ConvGraphChoice {
     std::size_t log_index = 0;            // its entry's index in the log search_conv_graph appended to
 };
 
-// Whether the graph API is tried for `dtype` (bfloat16, float16, float32).
-bool conv_graph_dtype(DType dtype);
+// Whether the graph API is tried for the problem: bfloat16 and float16, and float32 only where TF32 is allowed. At
+// full float32 precision an engine without the tensor-core note still computed like TF32 on the H200 (lenet5 conv1's
+// weight gradient 5.5e-4 off the float64 reference, the legacy FMA algorithms ~1e-6), so that stays on the legacy API.
+bool conv_graph_allowed(const ConvGraphProblem& problem);
 
 // Builds the pass's operation graph, asks cuDNN's heuristics (mode A, then the fallback list) for engine configs,
 // finalizes up to 8 that the precision policy allows and times each on `operands` with `scratch` (problem.
