@@ -370,7 +370,8 @@ TEST_CASE("conv2d on cuDNN's graph API matches the CPU", "[gpu][ops][conv_graph]
                 const ConvRun again = run_conv(inputs, dy.to(kGpu), c.options);
                 CHECK(relative_norm_error(again.dx, gpu.dx) <= mode.tolerance);
 
-                const std::string key = str(" ", dtype_name(mode.dtype), " graph forced");
+                // The plan's description (ops/conv.cu): "… float32 tf32 graph forced" when TF32 is allowed.
+                const std::string key = str(" ", dtype_name(mode.dtype), mode.tf32 ? " tf32" : "", " graph forced");
                 const std::vector<ConvSearchEntry> log = conv_search_log();
                 for (const char* pass : {"forward", "backward data", "backward filter"}) {
                     INFO(pass);
