@@ -26,7 +26,8 @@
 // trace (bench/kernel_trace.h): a "kernels" line (count, kernel time, busy, span and idle per step, as dyngrad-perf
 // --kernel-times prints) and the kernels grouped by name, most time first (where the sharded modes' time goes).
 //   mpirun -np 2 dyngrad-dist-bench [--steps 30] [--warmup 5] [--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3 [--zero-recompute]] [--tiny] [--phases] [--kernel-times]
-//       [--bucket-cap-mb 25] [--first-bucket-cap-mb 1] [--gradient-as-bucket-view]   (DDPOptions)
+//       [--bucket-cap-mb 25] [--first-bucket-cap-mb 1] [--gradient-as-bucket-view] [--ddp-compression bf16|f16]
+//       (DDPOptions; with compression the DDP rows' lines carry compression=bf16|f16, run them apart from the others)
 #include <dyngrad/cuda/runtime.h>
 #include <dyngrad/distributed/ddp.h>
 #include <dyngrad/distributed/zero.h>
@@ -200,6 +201,8 @@ void step_bench(dist::ProcessGroup& group, const Workload& w, const std::string&
         device.is_cuda()
             ? str(" peak_mib=", static_cast<double>(cuda::memory_stats(device.index).peak_bytes_in_use) / (1024.0 * 1024.0))
             : "";
+    const std::string compression =
+        ddp && ddp_options.compression ? str(" compression=", dtype_name(*ddp_options.compression)) : "";
     if (reports.phases) {
         // Each phase alone: the host's time to queue it, then the time until the device finished it (a
         // host-bound phase shows both nearly equal; a device-bound one a small host part).
@@ -222,11 +225,11 @@ void step_bench(dist::ProcessGroup& group, const Workload& w, const std::string&
     }
     if (group.rank() == 0)
         std::printf("step model=%s world=%d mode=%s optim=%s overlap=%d batch_per_gpu=%lld step_ms=%.4f "
-                    "samples_per_s=%.1f%s\n",
+                    "samples_per_s=%.1f%s%s\n",
                     w.name.c_str(), group.world_size(), mode.c_str(), zero || adamw ? "adamw" : "sgd",
                     group.world_size() > 1 && !zero ? int(overlap) : 0, static_cast<long long>(w.batch), step_ms,
                     1000.0 * static_cast<double>(w.batch * group.world_size()) / step_ms,
-                    peak.c_str());
+                    peak.c_str(), compression.c_str());
     std::fflush(stdout);
     if (reports.kernel_times && device.is_cuda()) {
         // Every rank traces (the steps are collectives); rank 0 reports. Each step alone: synchronised before
@@ -285,7 +288,7 @@ int main(int argc, char** argv) {
     Reports reports;
     dist::DDPOptions ddp_options;
     try {
-        const cli::Arguments args(argc, argv, {.flags = {"--tiny", "--phases", "--kernel-times", "--gradient-as-bucket-view", "--zero-recompute"}, .options = {"--steps", "--warmup", "--only", "--zero", "--bucket-cap-mb", "--first-bucket-cap-mb"}});
+        const cli::Arguments args(argc, argv, {.flags = {"--tiny", "--phases", "--kernel-times", "--gradient-as-bucket-view", "--zero-recompute"}, .options = {"--steps", "--warmup", "--only", "--zero", "--bucket-cap-mb", "--first-bucket-cap-mb", "--ddp-compression"}});
         tiny = args.has("--tiny");
         reports.phases = args.has("--phases");
         reports.kernel_times = args.has("--kernel-times");
@@ -299,13 +302,15 @@ int main(int argc, char** argv) {
         zero_recompute = args.has("--zero-recompute");
         if (zero_recompute && std::find(stages.begin(), stages.end(), 3) == stages.end())
             throw cli::UsageError("--zero-recompute goes with --zero 3");
+        if (auto v = args.value("--ddp-compression"))
+            ddp_options.compression = cli::parse_choice("--ddp-compression", *v, {"bf16", "f16"}) == "bf16" ? DType::bf16 : DType::f16;
         if (auto v = args.value("--bucket-cap-mb")) ddp_options.bucket_cap_mb = cli::parse_real("--bucket-cap-mb", *v, 1e-3, 1e6);
         if (auto v = args.value("--first-bucket-cap-mb"))
             ddp_options.first_bucket_cap_mb = cli::parse_real("--first-bucket-cap-mb", *v, 1e-3, 1e6);
     } catch (const cli::UsageError& e) {
         std::fprintf(stderr, "dyngrad-dist-bench: %s\nusage: mpirun -np N dyngrad-dist-bench [--steps N] [--warmup N] "
                              "[--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3 [--zero-recompute]] [--tiny] [--phases] [--kernel-times] [--bucket-cap-mb MB] "
-                             "[--first-bucket-cap-mb MB] [--gradient-as-bucket-view]\n", e.what());
+                             "[--first-bucket-cap-mb MB] [--gradient-as-bucket-view] [--ddp-compression bf16|f16]\n", e.what());
         return 2;
     }
     try {

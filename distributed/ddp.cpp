@@ -9,6 +9,7 @@
 
 #include "dyngrad/core/device_memory.h"
 #include "dyngrad/core/error.h"
+#include "dyngrad/core/half.h"
 #include "dyngrad/distributed/group_impl.h"
 #include "dyngrad/distributed/zero_impl.h"  // copy_bytes
 
@@ -23,6 +24,7 @@ struct DistributedDataParallel::State {
     };
     struct Bucket {
         Tensor flat;                      // persistent: fixed addresses (captured steps), no per-step allocation
+        Tensor wire;                      // DDPOptions::compression: the 16-bit buffer that is all-reduced, likewise
         std::vector<std::size_t> slots;   // indices into `slots`
         std::size_t pending = 0;          // gradients still to arrive this pass
         bool launched = false;
@@ -109,6 +111,7 @@ DistributedDataParallel::DistributedDataParallel(const Module& module, ProcessGr
     }
     for (std::size_t b = 0; b < st.buckets.size(); ++b)
         st.buckets[b].flat = Tensor::zeros({layouts[b].elements}, layouts[b].dtype, layouts[b].device);
+    set_compression(options_.compression);
     const Device device = st.buckets.front().flat.device();
     for (const auto& b : st.buckets)
         if (b.flat.device() != device)
@@ -126,6 +129,23 @@ DistributedDataParallel::DistributedDataParallel(const Module& module, ProcessGr
 }
 
 DistributedDataParallel::~DistributedDataParallel() = default;
+
+void DistributedDataParallel::set_compression(std::optional<DType> compression) {
+    if (in_backward_)
+        throw ValueError("DistributedDataParallel::set_compression: called during this DDP's backward");
+    if (compression && !is_reduced_precision(*compression))
+        throw ValueError(str("DistributedDataParallel: compression ", dtype_name(*compression),
+                             " is not a 16-bit dtype (bfloat16 or float16)"));
+    State& st = *state_;
+    for (const auto& b : st.buckets)  // every check before anything changes
+        if (compression && b.flat.dtype() != DType::f32)
+            throw DTypeError(str("DistributedDataParallel: compression to ", dtype_name(*compression),
+                                 " is for float32 gradients; parameter '", st.slots[b.slots.front()].parameter.name(),
+                                 "' is ", dtype_name(b.flat.dtype())));
+    for (auto& b : st.buckets)
+        b.wire = compression ? Tensor::zeros({b.flat.numel()}, *compression, b.flat.device()) : Tensor();
+    options_.compression = compression;
+}
 
 std::vector<std::vector<std::string>> DistributedDataParallel::buckets() const {
     std::vector<std::vector<std::string>> out;
@@ -214,13 +234,23 @@ void DistributedDataParallel::launch(std::size_t index) {
     ProcessGroup::Impl& g = group_.impl();
     const std::string what = g.what(str("DistributedDataParallel bucket ", index, " all_reduce(avg)"), b.flat);
     const auto count = static_cast<std::size_t>(b.flat.numel());
+    // With compression the 16-bit copy travels (converted on dyngrad's stream before the hand-off).
+    const Tensor& sent = b.wire.defined() ? b.wire : b.flat;
     if (b.flat.device().is_cuda()) {
         NcclComm& comm = g.nccl_for(b.flat, what);  // DeviceError without NCCL, before the stream is touched
+        if (b.wire.defined())
+            device_memory::convert(b.wire.raw_data(), b.wire.dtype(), b.flat.raw_data(), DType::f32, b.flat.numel(),
+                                   b.flat.device().index);
         hand_bucket_to_comm(*st.streams, index);
-        nccl_all_reduce(comm, b.flat.raw_data(), b.flat.raw_data(), count, b.flat.dtype(), ReduceOp::Avg,
+        nccl_all_reduce(comm, sent.raw_data(), sent.raw_data(), count, sent.dtype(), ReduceOp::Avg,
                         comm_stream(*st.streams), what);
     } else {
-        b.request = g.start_mpi_all_reduce(b.flat.raw_data(), count, b.flat.dtype(), what);
+        if (b.wire.defined()) {
+            divide(b.flat, group_.world_size());  // summed in 16 bits: the mean's magnitude, not W times it
+            floats_to_half_bits(b.flat.data<float>(), static_cast<std::uint16_t*>(b.wire.raw_data()), count,
+                                b.wire.dtype() == DType::bf16 ? kBFloat16Format : kFloat16Format);
+        }
+        b.request = g.start_mpi_all_reduce(sent.raw_data(), count, sent.dtype(), what);
     }
 }
 
@@ -251,9 +281,16 @@ void DistributedDataParallel::finish() {
         if (group_.world_size() > 1) {
             if (b.flat.device().is_cuda()) {
                 hand_bucket_back(*st.streams, index);
+                if (b.wire.defined())
+                    device_memory::convert(b.flat.raw_data(), DType::f32, b.wire.raw_data(), b.wire.dtype(),
+                                           b.flat.numel(), b.flat.device().index);
             } else {
                 g.wait_mpi(b.request, g.what(str("DistributedDataParallel bucket ", index, " all_reduce(avg)"), b.flat));
-                divide(b.flat, group_.world_size());
+                if (b.wire.defined())
+                    half_bits_to_floats(static_cast<const std::uint16_t*>(b.wire.raw_data()), b.flat.data<float>(),
+                                        static_cast<std::size_t>(b.flat.numel()),
+                                        b.wire.dtype() == DType::bf16 ? kBFloat16Format : kFloat16Format);
+                else divide(b.flat, group_.world_size());
             }
         }
         const std::size_t element = dtype_size(b.flat.dtype());

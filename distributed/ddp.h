@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -48,6 +49,14 @@ struct DDPOptions {
     // (no copy back, no second buffer). The bucket is rewritten by the next synchronised backward, so a gradient
     // kept from an earlier step changes under its holder: off by default, as in PyTorch.
     bool gradient_as_bucket_view = false;
+    // Opt-in gradient compression, as PyTorch DDP's bf16_compress_hook / fp16_compress_hook: each bucket is
+    // converted to this 16-bit dtype (bf16 or f16), averaged across ranks in it (NCCL's average; on the CPU MPI
+    // sums the values already divided by the world size, in float rounded back per pair) and converted back into
+    // the f32 gradients. Half the bytes on the wire, for one 16-bit rounding of each rank's gradient and of the
+    // result (f16 can overflow on gradients above 65504·W; bf16 keeps f32's range). float32 parameters only
+    // (DTypeError for another bucket dtype); std::nullopt (the default): full precision. What it costs the
+    // loss: docs/distributed.md.
+    std::optional<DType> compression = std::nullopt;
     // Opt-in check: step() recomputes the global batch (every rank's inputs, gathered) on this device alone and
     // compares its gradients with the averaged ones; NumericalError names the first parameter off by more than
     // `check_tolerance` (relative L2; 0: 1e-5 for f32, 1e-10 for f64). Needs a loss that is a mean over the
@@ -123,6 +132,10 @@ public:
         bool previous_;
     };
     [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+
+    // DDPOptions::compression after construction (Python's register_comm_hook): the same checks (ValueError,
+    // DTypeError), the 16-bit buffers made or dropped; ValueError during this DDP's own backward.
+    void set_compression(std::optional<DType> compression);
 
     // The buckets' parameter names, bucket by bucket, in launch order.
     std::vector<std::vector<std::string>> buckets() const;

@@ -87,7 +87,8 @@ struct ProcessGroup::Impl {
     void check_mpi(int code, const std::string& what) const;
     // Polls `request` up to the group's timeout; DistributedError on an error or on the timeout.
     void wait_mpi(MPI_Request& request, const std::string& what) const;
-    // Starts an in-place MPI sum over a CPU f32/f64/i64 buffer (the request must be waited on).
+    // Starts an in-place MPI sum over a CPU f32/f64/i64 buffer, or bf16/f16 (uint16 on the wire, summed in float
+    // and rounded back by a user op) (the request must be waited on).
     MPI_Request start_mpi_all_reduce(void* data, std::size_t count, DType dtype, const std::string& what) const;
     // DeviceError unless t is on this rank's CUDA device.
     void check_device(const Tensor& t, const std::string& what) const;

@@ -67,9 +67,10 @@ ncclDataType_t nccl_type(DType dtype, const std::string& what) {
         case DType::f32: return ncclFloat32;
         case DType::f64: return ncclFloat64;
         case DType::i64: return ncclInt64;
-        default: break;
+        case DType::bf16: return ncclBfloat16;  // DDP's compressed buckets (DDPOptions::compression)
+        case DType::f16: return ncclFloat16;
     }
-    throw DTypeError(str(what, ": dtype ", dtype_name(dtype), " is not supported by NCCL here (f32, f64, i64)"));
+    throw DTypeError(str(what, ": dtype ", dtype_name(dtype), " is not supported by NCCL here (f32, f64, i64, bf16, f16)"));
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclAvg; }

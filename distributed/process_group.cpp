@@ -11,6 +11,7 @@
 
 #include "dyngrad/core/device_memory.h"
 #include "dyngrad/core/error.h"
+#include "dyngrad/core/half.h"
 #include "dyngrad/distributed/group_impl.h"
 #include "dyngrad/distributed/rendezvous.h"
 
@@ -61,14 +62,43 @@ int mpi_count(std::size_t count, const std::string& what, const char* unit) {
 }
 
 // MPI datatype of a dtype; DTypeError for one no collective takes.
+// MPI has no 16-bit floating types: bf16/f16 travel as uint16 and are summed by these user ops, each pair of
+// elements added in float and rounded back to nearest even (as NCCL adds them), for DDP's compressed buckets.
+template <const HalfFormat& format>
+void sum_half(void* in, void* inout, int* count, MPI_Datatype*) {
+    const auto* a = static_cast<const std::uint16_t*>(in);
+    auto* b = static_cast<std::uint16_t*>(inout);
+    for (int i = 0; i < *count; ++i) {
+        const float sum = static_cast<float>(half_bits_to_double(a[i], format)) +
+                          static_cast<float>(half_bits_to_double(b[i], format));
+        b[i] = round_to_half_bits(sum, format);
+    }
+}
+
+MPI_Op half_sum_op(DType dtype) {
+    // Created once per process on first use (after MPI_Init); MPI frees user ops at MPI_Finalize.
+    static const MPI_Op bf16 = [] {
+        MPI_Op op = MPI_OP_NULL;
+        MPI_Op_create(&sum_half<kBFloat16Format>, 1, &op);
+        return op;
+    }();
+    static const MPI_Op f16 = [] {
+        MPI_Op op = MPI_OP_NULL;
+        MPI_Op_create(&sum_half<kFloat16Format>, 1, &op);
+        return op;
+    }();
+    return dtype == DType::bf16 ? bf16 : f16;
+}
+
 MPI_Datatype mpi_type(DType dtype, const std::string& what) {
     switch (dtype) {
         case DType::f32: return MPI_FLOAT;
         case DType::f64: return MPI_DOUBLE;
         case DType::i64: return MPI_INT64_T;
-        default: break;
+        case DType::bf16:
+        case DType::f16: return MPI_UINT16_T;  // summed by half_sum_op
     }
-    throw DTypeError(str(what, ": dtype ", dtype_name(dtype), " is not supported (f32, f64, i64)"));
+    throw DTypeError(str(what, ": dtype ", dtype_name(dtype), " is not supported (f32, f64, i64, bf16, f16)"));
 }
 
 void check_defined(const Tensor& t, const std::string& what, const char* role) {
@@ -171,7 +201,9 @@ void ProcessGroup::Impl::wait_mpi(MPI_Request& request, const std::string& what)
 MPI_Request ProcessGroup::Impl::start_mpi_all_reduce(void* data, std::size_t count, DType dtype,
                                                      const std::string& what) const {
     MPI_Request request = MPI_REQUEST_NULL;
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(count, what, "elements"), mpi_type(dtype, what), MPI_SUM, comm,
+    const MPI_Op op = is_reduced_precision(dtype) ? half_sum_op(dtype) : MPI_SUM;
+    if (op == MPI_OP_NULL) throw DistributedError(str(what, ": MPI could not create the 16-bit sum operation"));
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(count, what, "elements"), mpi_type(dtype, what), op, comm,
                              &request),
               what);
     return request;

@@ -11,7 +11,8 @@
 //            [--eval-every 250 --eval-batches 20] [--seed 0] [--device cpu|cuda] [--csv FILE]
 //            [--checkpoint FILE] [--resume FILE] [--init-weights FILE.safetensors] [--batch-order FILE]
 //            [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]
-//            [--profile-step N] [--distributed [--zero 1|2|3 [--zero-recompute]]] [--checkpoint-activations] [--deterministic]
+//            [--profile-step N] [--distributed [--zero 1|2|3 [--zero-recompute]] [--ddp-compression bf16|f16]]
+//            [--checkpoint-activations] [--deterministic]
 //            [--reduced-residual] [--capture]
 //
 // Token files: windows of --seq-len (default --context) + 1 tokens of --train-tokens; the validation windows
@@ -69,6 +70,7 @@
 #include <iterator>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -102,7 +104,7 @@ const char* const kUsage =
     "                [--eval-every N] [--eval-batches N] [--seed N] [--device cpu|cuda|cuda:N] [--csv FILE]\n"
     "                [--checkpoint FILE] [--resume FILE] [--init-weights FILE] [--batch-order FILE]\n"
     "                [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]\n"
-    "                [--profile-step N] [--distributed [--zero 1|2|3 [--zero-recompute]]]\n"
+    "                [--profile-step N] [--distributed [--zero 1|2|3 [--zero-recompute]] [--ddp-compression bf16|f16]]\n"
     "                [--checkpoint-activations] [--deterministic] [--reduced-residual] [--capture]\n"
     "                [--memory-limit-mib N]\n"
     "  --model NAME        char (default) | gpt2: GPT-2 small as llm.c (12, 12, 768, 1024; tied, padded vocabulary)\n"
@@ -130,6 +132,8 @@ const char* const kUsage =
     "                      activations kept) in place of DDP; one weight decay for all parameters\n"
     "  --zero-recompute    with --zero 3: each block's forward runs again in its backward instead of keeping its\n"
     "                      activations (less memory, one more forward a step; needs --dropout 0)\n"
+    "  --ddp-compression D with --distributed (DDP): the gradients averaged in bf16 or f16 (half the bytes;\n"
+    "                      DDPOptions::compression, as PyTorch's bf16/fp16 compress hooks)\n"
     "  --checkpoint-activations  every block checkpointed (graph/checkpoint.h): its activations are replayed in\n"
     "                      the backward instead of kept (the same gradients; --checkpoint names the training file)\n"
     "  --deterministic     (cuda) bitwise-reproducible runs: the embedding and attention backwards without float\n"
@@ -160,6 +164,7 @@ struct Options {
     bool capture = false;        // the training step as a cuda::CapturedStep
     int zero = 0;  // ZeRO stage; 0: DistributedDataParallel
     bool zero_recompute = false;  // --zero 3: ZeroOptions::recompute
+    std::optional<DType> ddp_compression;  // --ddp-compression: DDPOptions::compression
     std::int64_t memory_limit_mib = 0;  // cuda::set_memory_limit on the run's GPU (0: none)
 };
 
@@ -173,7 +178,8 @@ Options parse_options(int argc, char** argv) {
                      "--heads", "--width", "--context", "--batch", "--steps", "--lr", "--warmup",
                      "--min-lr", "--weight-decay", "--clip", "--dropout", "--eval-every", "--eval-batches", "--seed",
                      "--device", "--csv", "--checkpoint", "--resume", "--init-weights", "--batch-order", "--sample",
-                     "--stop-at", "--require-drop", "--precision", "--profile-step", "--zero", "--memory-limit-mib"}});
+                     "--stop-at", "--require-drop", "--precision", "--profile-step", "--zero", "--memory-limit-mib",
+                     "--ddp-compression"}});
     if (args.help()) {
         std::fputs(kUsage, stdout);
         std::exit(0);
@@ -247,6 +253,11 @@ Options parse_options(int argc, char** argv) {
 #endif
     if (args.has("--zero-recompute") && given("--zero").value_or("") != "3")
         throw cli::UsageError("--zero-recompute: for --zero 3");
+    if (auto v = given("--ddp-compression")) {
+        o.ddp_compression = cli::parse_choice("--ddp-compression", *v, {"bf16", "f16"}) == "bf16" ? DType::bf16 : DType::f16;
+        if (!o.distributed || given("--zero"))
+            throw cli::UsageError("--ddp-compression: compresses DDP's all-reduce, which needs --distributed without --zero");
+    }
     if (auto v = given("--zero")) {
         o.zero = static_cast<int>(cli::parse_int("--zero", *v, 1, 3));
         if (!o.distributed) throw cli::UsageError("--zero: shards across the ranks of --distributed, which is not given");
@@ -570,7 +581,8 @@ int run(Options o) {
     } else if (group && o.zero > 0) {
         zero = std::make_unique<dist::ZeroOptimizer>(model, *group, zero_adam, dist::ZeroOptions{.stage = o.zero});
     } else if (group) {
-        ddp = std::make_unique<dist::DistributedDataParallel>(model, *group);
+        ddp = std::make_unique<dist::DistributedDataParallel>(model, *group,
+                                                              dist::DDPOptions{.compression = o.ddp_compression});
     }
     if (zero) sharded = &zero->optimizer();
 #endif

@@ -69,6 +69,8 @@ constexpr const char* kUsage = R"(usage: dyngrad-train [options]
                       for its forward and backward) in place of DDP (distributed/zero.h); AdamW only
   --zero-recompute    with --zero 3: the model's forward runs again in its backward instead of keeping its
                       activations (ZeroOptions::recompute: less memory, one more forward a step)
+  --ddp-compression D with --distributed (DDP): bf16 | f16, the gradients averaged in that dtype (half the
+                      bytes; DDPOptions::compression, as PyTorch's bf16/fp16 compress hooks)
   --target-accuracy X stop after the first epoch whose test accuracy reaches X (0 to 1) and print
                       time_to_target_s: the training seconds up to then, evaluation excluded
   --precision NAME    f32 | bf16 | f16: the forward under autocast into that dtype (graph/autocast.h;
@@ -99,6 +101,7 @@ struct Options {
     bool distributed = false;
     int zero = 0;  // ZeRO stage, 0: DDP
     bool zero_recompute = false;  // --zero 3: ZeroOptions::recompute
+    std::optional<DType> ddp_compression;  // --ddp-compression: DDPOptions::compression
     DType precision = DType::f32;
 };
 
@@ -111,7 +114,8 @@ Options parse_options(int argc, char** argv) {
         {.flags = {"--resident", "--distributed", "--zero-recompute"},
          .options = {"--model", "--epochs", "--batch", "--lr", "--optimizer", "--momentum", "--weight-decay",
                      "--schedule", "--device", "--seed", "--limit", "--data", "--save", "--load", "--csv", "--shadow",
-                     "--shadow-tolerance", "--log-every", "--target-accuracy", "--precision", "--zero"}});
+                     "--shadow-tolerance", "--log-every", "--target-accuracy", "--precision", "--zero",
+                     "--ddp-compression"}});
     constexpr double kMax = std::numeric_limits<double>::max();
     Options o;
     const auto given = [&](const char* name) { return args.value(name); };
@@ -138,6 +142,11 @@ Options parse_options(int argc, char** argv) {
     }
     o.zero_recompute = args.has("--zero-recompute");
     if (o.zero_recompute && o.zero != 3) throw UsageError("--zero-recompute: for --zero 3");
+    if (auto v = given("--ddp-compression")) {
+        o.ddp_compression = cli::parse_choice("--ddp-compression", *v, {"bf16", "f16"}) == "bf16" ? DType::bf16 : DType::f16;
+        if (!o.distributed || o.zero > 0)
+            throw UsageError("--ddp-compression: compresses DDP's all-reduce, which needs --distributed without --zero");
+    }
     if (auto v = given("--seed")) o.seed = static_cast<std::uint64_t>(cli::parse_int("--seed", *v, 0));
     if (auto v = given("--limit")) o.limit = cli::parse_int("--limit", *v, 1);
     if (auto v = given("--save")) o.save = cli::output_file("--save", *v);
@@ -359,7 +368,8 @@ int run(Options o) {
             model, *group, AdamOptions{.lr = o.lr.value_or(1e-3), .weight_decay = o.weight_decay.value_or(0.01)},
             dist::ZeroOptions{.stage = o.zero});
     else if (group)
-        ddp = std::make_unique<dist::DistributedDataParallel>(model, *group);
+        ddp = std::make_unique<dist::DistributedDataParallel>(model, *group,
+                                                              dist::DDPOptions{.compression = o.ddp_compression});
     const int rank = group ? group->rank() : 0, world = group ? group->world_size() : 1;
 #else
     const int rank = 0, world = 1;

@@ -27,7 +27,7 @@ __all__ = [
     "is_available", "is_initialized", "init_process_group", "destroy_process_group", "get_rank", "get_world_size",
     "get_local_rank", "get_backend", "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
     "reduce_scatter_tensor", "barrier", "ReduceOp", "ProcessGroup", "DistributedUnavailable",
-    "DistributedError", "group", "ZeroOptimizer", "ZeroUnit", "gpt_units",
+    "DistributedError", "group", "ZeroOptimizer", "ZeroUnit", "gpt_units", "bf16_compress_hook", "fp16_compress_hook",
 ]
 
 _dist = _core._dist
@@ -276,6 +276,18 @@ def barrier(group=None, async_op: bool = False, device_ids=None):
     """Returns on every rank once every rank has entered it (up to the group's timeout: DistributedError)."""
     _group("barrier", group).barrier()
     return _done(async_op)
+
+
+def bf16_compress_hook(state, bucket):
+    """torch.distributed.algorithms.ddp_comm_hooks.default_hooks.bf16_compress_hook for dyngrad: pass it to
+    DistributedDataParallel.register_comm_hook, which averages every bucket in bfloat16 inside the C++ DDP
+    (DDPOptions::compression). Not meant to be called."""
+    raise TypeError("bf16_compress_hook is run by DistributedDataParallel.register_comm_hook, not called directly")
+
+
+def fp16_compress_hook(state, bucket):
+    """torch's fp16_compress_hook for dyngrad: every bucket averaged in float16 (see bf16_compress_hook)."""
+    raise TypeError("fp16_compress_hook is run by DistributedDataParallel.register_comm_hook, not called directly")
 
 
 class ZeroUnit:

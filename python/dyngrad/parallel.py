@@ -43,14 +43,16 @@ class DistributedDataParallel(Module):
     ``broadcast_buffers`` (rank 0's buffers to every rank before each training-mode forward), ``bucket_cap_mb``,
     ``gradient_as_bucket_view`` (each gradient a view into its all-reduced bucket: no copy back; the next
     synchronised backward rewrites it), ``find_unused_parameters``/``static_graph`` (accepted: unused parameters
-    are always handled, see docs), and dyngrad's ``first_bucket_cap_mb`` and ``overlap``.
+    are always handled, see docs), and dyngrad's ``first_bucket_cap_mb``, ``overlap`` and ``compression``
+    (dyngrad.bfloat16 or dyngrad.float16: the gradients averaged in that dtype, as ``register_comm_hook`` with
+    dyngrad.distributed.bf16_compress_hook / fp16_compress_hook, torch's default hooks of those names).
     """
 
     def __init__(self, module, device_ids=None, output_device=None, dim: int = 0, broadcast_buffers: bool = True,
                  init_sync: bool = True, process_group=None, bucket_cap_mb: float | None = None,
                  find_unused_parameters: bool = False, check_reduction: bool = False,
                  gradient_as_bucket_view: bool = False, static_graph: bool = False, *,
-                 first_bucket_cap_mb: float = 1.0, overlap: bool = True):
+                 first_bucket_cap_mb: float = 1.0, overlap: bool = True, compression=None):
         super().__init__()
         if not isinstance(module, Module):
             raise TypeError(f"DistributedDataParallel(): argument 'module' must be a dyngrad.nn.Module, not "
@@ -76,7 +78,7 @@ class DistributedDataParallel(Module):
         object.__setattr__(self, "_group", pg)
         object.__setattr__(self, "_ddp", _core._dist.DistributedDataParallel(
             pg, list(module.named_parameters()), list(module.named_buffers()), cap, float(first_bucket_cap_mb),
-            bool(overlap), bool(gradient_as_bucket_view)))
+            bool(overlap), bool(gradient_as_bucket_view), compression))
 
     def forward(self, *inputs, **kwargs):
         if self.broadcast_buffers and self.training and self._group.world_size > 1:
@@ -97,6 +99,21 @@ class DistributedDataParallel(Module):
             yield
         finally:
             object.__setattr__(self, "_require_backward_grad_sync", previous)
+
+    def register_comm_hook(self, state, hook):
+        """torch's DDP communication hook, for the hooks dyngrad runs inside its C++ buckets:
+        dyngrad.distributed.bf16_compress_hook and fp16_compress_hook (torch's default_hooks of those names: each
+        bucket averaged in 16 bits; ``state`` must be None or this DDP's process group). Any other callable is a
+        TypeError: dyngrad's buckets are reduced in C++, where a Python hook does not run."""
+        dtype = {_dist.bf16_compress_hook: _core.bfloat16, _dist.fp16_compress_hook: _core.float16}.get(hook)
+        if dtype is None:
+            raise TypeError(f"DistributedDataParallel.register_comm_hook(): hook {hook!r} is not one dyngrad runs; "
+                            f"dyngrad.distributed.bf16_compress_hook and fp16_compress_hook are (the buckets are "
+                            f"reduced in C++, where a Python hook does not run)")
+        if state is not None and state is not self._group:
+            raise _core.ValueError("DistributedDataParallel.register_comm_hook(): state must be None or this DDP's "
+                                   "process group")
+        self._ddp.set_compression(dtype)
 
     @property
     def process_group(self):

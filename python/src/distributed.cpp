@@ -201,9 +201,11 @@ void bind_available(nb::module_& d) {
         .def("__init__", [](PyDDP* self, const ProcessGroup& group,
                             const std::vector<std::pair<std::string, const PyTensor*>>& parameters,
                             const std::vector<std::pair<std::string, const PyTensor*>>& buffers, double bucket_cap_mb,
-                            double first_bucket_cap_mb, bool overlap, bool gradient_as_bucket_view) {
+                            double first_bucket_cap_mb, bool overlap, bool gradient_as_bucket_view,
+                            nb::handle compression) {
             const Module module = module_of(parameters, buffers);
             dist::DDPOptions options;
+            if (!compression.is_none()) options.compression = parse_dtype(compression);
             options.bucket_cap_mb = bucket_cap_mb;
             options.first_bucket_cap_mb = first_bucket_cap_mb;
             options.overlap = overlap;
@@ -215,7 +217,12 @@ void bind_available(nb::module_& d) {
             }
             new (self) PyDDP{std::move(ddp)};
         }, nb::arg("group"), nb::arg("parameters"), nb::arg("buffers"), nb::arg("bucket_cap_mb"),
-           nb::arg("first_bucket_cap_mb"), nb::arg("overlap"), nb::arg("gradient_as_bucket_view") = false)
+           nb::arg("first_bucket_cap_mb"), nb::arg("overlap"), nb::arg("gradient_as_bucket_view") = false,
+           nb::arg("compression").none() = nb::none())
+        // DDPOptions::compression after construction (register_comm_hook): a 16-bit dtype or None.
+        .def("set_compression", [](PyDDP& self, nb::handle compression) {
+            self.ddp->set_compression(compression.is_none() ? std::nullopt : std::optional<DType>(parse_dtype(compression)));
+        }, nb::arg("compression").none())
         // Marks the graphs of the forward's outputs: their loss.backward() goes through this DDP.
         .def("prepare_backward", [](PyDDP& self, const std::vector<const PyTensor*>& outputs, bool sync) {
             for (const PyTensor* t : outputs)

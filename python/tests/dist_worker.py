@@ -129,6 +129,18 @@ def ddp(inputs, rank, world):
     with dg.no_grad():
         model(dg.tensor(inputs["x1"][rank]))
     out["buffer/after_eval_forward"] = model.module.scale.numpy().copy()
+
+    # torch's bf16_compress_hook through register_comm_hook: a float32 model's buckets averaged in bfloat16.
+    dg.manual_seed(300)
+    compressed = DistributedDataParallel(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)))
+    compressed.register_comm_hook(None, dist.bf16_compress_hook)
+    for name, p in compressed.named_parameters():
+        out[f"bf16_init/{name}"] = p.numpy().copy()
+    ((compressed(dg.tensor(inputs["x1"][rank], dtype=dg.float32)) - dg.tensor(inputs["y1"][rank], dtype=dg.float32))
+     ** 2).mean().backward()
+    for name, g in grads(compressed).items():
+        out[f"bf16/{name}"] = g
+    notes["other_hook"] = expect_error(TypeError, lambda: compressed.register_comm_hook(None, lambda s, b: b))
     return out, notes
 
 

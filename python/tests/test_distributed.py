@@ -214,6 +214,29 @@ def test_ddp_gradient_as_bucket_view(group, fresh_rng):
         assert np.array_equal(held.numpy(), held_then) == (not views)
 
 
+def test_ddp_compression_in_a_group_of_one(group, fresh_rng):
+    # A group of one sends nothing, so compression rounds nothing: the plain gradient. Bad dtypes are refused.
+    rng, seed = fresh_rng
+    x = rng.standard_normal((5, 3))
+    dg.manual_seed(7)
+    plain = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    dg.manual_seed(7)
+    model = DistributedDataParallel(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)), compression=dg.float16)
+    for m in (plain, model):
+        (m(dg.tensor(x, dtype=dg.float32)) ** 2).mean().backward()
+    for p, q in zip(model.parameters(), plain.parameters()):
+        np.testing.assert_array_equal(p.grad.numpy(), q.grad.numpy(), err_msg=f"seed {seed}")
+    model.register_comm_hook(None, dist.bf16_compress_hook)
+    with pytest.raises(TypeError, match="not one dyngrad runs"):
+        model.register_comm_hook(None, lambda state, bucket: bucket)
+    with pytest.raises(TypeError, match="not called directly"):
+        dist.fp16_compress_hook(None, None)
+    with pytest.raises(dg.ValueError, match="not a 16-bit dtype"):
+        DistributedDataParallel(nn.Linear(3, 4), compression=dg.float32)
+    with pytest.raises(dg.DTypeError, match="is for float32 gradients"):
+        DistributedDataParallel(nn.Linear(3, 4).double(), compression=dg.bfloat16)
+
+
 # ---- two ranks under mpirun ----
 
 @needs_layer
@@ -299,6 +322,28 @@ def test_mpirun_ddp_averages_the_ranks_gradients(tmp_path, fresh_rng):
     for notes in (notes0, notes1):
         assert notes["calls"] == [3, 2]
         assert notes["gradient"].startswith("ValueError") and "scalar loss" in notes["gradient"]
+
+    # register_comm_hook(None, bf16_compress_hook): the float32 model's averaged gradient is a bfloat16 value, the
+    # same on both ranks, within two bfloat16 roundings (2^-8 each) of the exact mean.
+    bf16_names = [k.removeprefix("bf16/") for k in out0 if k.startswith("bf16/")]
+    assert bf16_names == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    w1, b1, w2, b2 = (out0[f"bf16_init/{n}"].astype(np.float64) for n in bf16_names)
+    exact = {n: 0.0 for n in bf16_names}
+    for r in range(2):
+        x, y = inputs["x1"][r].astype(np.float32).astype(np.float64), inputs["y1"][r].astype(np.float32).astype(np.float64)
+        h = np.tanh(x @ w1.T + b1)
+        d = 2 * (h @ w2.T + b2 - y) / y.size
+        dh = (d @ w2) * (1 - h ** 2)
+        for n, g in zip(bf16_names, (dh.T @ x, dh.sum(0), d.T @ h, d.sum(0))):
+            exact[n] = exact[n] + g / 2
+    for n in bf16_names:
+        got = out0[f"bf16/{n}"]
+        np.testing.assert_array_equal(out1[f"bf16/{n}"], got, err_msg=f"{n}, {msg}")
+        as_bf16 = dg.tensor(got.astype(np.float64), dtype=dg.bfloat16).float().numpy()
+        np.testing.assert_array_equal(as_bf16, got, err_msg=f"{n} is not a bfloat16 value, {msg}")
+        assert np.linalg.norm(got - exact[n]) <= 2e-2 * np.linalg.norm(exact[n]), f"{n}, {msg}"
+    for notes in (notes0, notes1):
+        assert notes["other_hook"].startswith("TypeError") and "not one dyngrad runs" in notes["other_hook"]
 
 
 @needs_layer

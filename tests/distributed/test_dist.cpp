@@ -12,6 +12,7 @@
 #include "dist_support.h"
 #include "dyngrad/distributed/ddp.h"
 #include "dyngrad/distributed/process_group.h"
+#include "dyngrad/core/half.h"
 #include "dyngrad/dyngrad.h"
 
 using namespace dyngrad;
@@ -192,6 +193,99 @@ TEST_CASE("DDP: parameters after 20 steps agree across ranks and with single-pro
             CHECK(relative(params[i].value().to_vector(), ref_params[i].value().to_vector()) <= 1e-5);
         }
     }
+}
+
+// DDPOptions::compression: the bucket averaged in 16 bits. On the CPU each rank's gradient is divided by W in
+// float32, rounded to the 16-bit dtype, and MPI sums the ranks' values pairwise in float rounded back; for 2 ranks
+// that is exactly round16(float(round16(g0 / 2)) + float(round16(g1 / 2))), which the test computes from each
+// shard's own gradient. Every rank ends with the same bits; every gradient is a 16-bit value; a group of one does
+// not communicate, so nothing is rounded.
+TEST_CASE("DDP: bf16 and f16 gradient compression averages in 16 bits", "[dist][ddp][compression]") {
+    dist::ProcessGroup& g = group();
+    const int world = g.world_size();
+    const std::uint64_t seed = dgtest::shared_seed(g);
+    for (const DType wire : {DType::bf16, DType::f16}) {
+        INFO(dtype_name(wire) << ", seed " << seed);
+        const HalfFormat format = wire == DType::bf16 ? kBFloat16Format : kFloat16Format;
+        const auto round16 = [&](double v) { return half_bits_to_double(round_to_half_bits(v, format), format); };
+        Generator init(seed);
+        Sequential model = make_lenet(init, DType::f32);
+        dist::DistributedDataParallel ddp(model, g, {.compression = wire});
+        const Rows all = global_batch(seed + 1, {1, 12, 12}, 4 * world, DType::f32);
+        {
+            ComputeGraph graph;
+            ddp.backward(graph, loss_of(model, graph, shard(all, g.rank(), world)));
+        }
+        const auto got = grads(model);
+        // Each rank's own gradient, from a copy of the model on this process.
+        Generator init_again(seed);
+        Sequential reference = make_lenet(init_again, DType::f32);
+        std::vector<std::vector<std::vector<double>>> per_rank;
+        for (int r = 0; r < world; ++r) {
+            reference.zero_grad();
+            ComputeGraph graph;
+            graph.backward(loss_of(reference, graph, shard(all, r, world)));
+            per_rank.push_back(grads(reference));
+        }
+        for (std::size_t i = 0; i < got.size(); ++i) {
+            INFO("parameter " << i);
+            std::vector<double> exact(got[i].size(), 0.0), emulated(got[i].size(), 0.0);
+            for (std::size_t k = 0; k < got[i].size(); ++k) {
+                for (int r = 0; r < world; ++r) exact[k] += per_rank[static_cast<std::size_t>(r)][i][k] / world;
+                if (world == 2) {
+                    const auto part = [&](int r) {
+                        return static_cast<float>(round16(static_cast<float>(per_rank[static_cast<std::size_t>(r)][i][k]) / 2.0f));
+                    };
+                    emulated[k] = round16(part(0) + part(1));
+                }
+            }
+            bool representable = true;
+            for (double v : got[i]) representable = representable && round16(v) == v;
+            if (world == 1) {
+                CHECK(got[i] == per_rank[0][i]);  // nothing sent, nothing rounded
+                continue;
+            }
+            CHECK(representable);
+            if (world == 2) CHECK(got[i] == emulated);
+            // Against the exact mean: two 16-bit roundings per element (bf16 2^-8, f16 2^-11 relative each).
+            CHECK(relative(got[i], exact) <= (wire == DType::bf16 ? 2e-2 : 3e-3));
+            const Tensor gathered = g.all_gather(model.parameters()[i].grad());
+            for (int r = 1; r < world; ++r) CHECK(gathered.select(0, r).to_vector() == gathered.select(0, 0).to_vector());
+        }
+    }
+    // Switched after construction (Python's register_comm_hook): on, the gradients are bf16 values; off again, not.
+    {
+        Generator init(seed);
+        Sequential model = make_lenet(init, DType::f32);
+        dist::DistributedDataParallel ddp(model, g);
+        const Rows all = global_batch(seed + 2, {1, 12, 12}, 4 * world, DType::f32);
+        const auto all_bf16 = [&] {
+            model.zero_grad();
+            ComputeGraph graph;
+            ddp.backward(graph, loss_of(model, graph, shard(all, g.rank(), world)));
+            bool representable = true;
+            for (const auto& v : grads(model))
+                for (double x : v)
+                    representable = representable &&
+                                    half_bits_to_double(round_to_half_bits(x, kBFloat16Format), kBFloat16Format) == x;
+            return representable;
+        };
+        ddp.set_compression(DType::bf16);
+        CHECK(all_bf16() == (world > 1));
+        ddp.set_compression(std::nullopt);
+        if (world > 1) CHECK_FALSE(all_bf16());
+    }
+    // Bad options: a compression dtype that is not 16-bit; a float64 model (compression is for float32 gradients).
+    Generator init(1);
+    Sequential f32_model = make_mlp(init, DType::f32);
+    CHECK_THROWS_MATCHES(dist::DistributedDataParallel(f32_model, g, {.compression = DType::f32}), ValueError,
+                         MessageHas({"not a 16-bit dtype"}));
+    Generator init64(1);
+    Sequential f64_model = make_mlp(init64, DType::f64);
+    CHECK_THROWS_MATCHES(dist::DistributedDataParallel(f64_model, g, {.compression = DType::bf16}), DTypeError,
+                         MessageHas({"is for float32 gradients", "float64"}));
+    dist::DistributedDataParallel f64_ddp(f64_model, g);
+    CHECK_THROWS_AS(f64_ddp.set_compression(DType::f16), DTypeError);
 }
 
 TEST_CASE("DDP: buckets, readiness order and launches during the backward", "[dist][ddp][buckets]") {
