@@ -12,7 +12,8 @@
 // (buckets all-reduced during the backward) and without (every bucket after it).
 // --zero 0,1,2,3 (any of them, in that order) runs, instead, per workload: 0: DDP with AdamW (mode=ddp
 // optim=adamw), 1-3: that stage's distributed/zero.h ZeroOptimizer (mode=zero1|2|3, AdamW as char_gpt --zero uses
-// it); with --zero-recompute stage 3 recomputes each unit's forward in its backward (mode=zero3r) instead of keeping
+// it); with --zero-prefetch stage 3 prefetches the neighbouring unit's all-gather (ZeroOptions::prefetch, mode=zero3p;
+// not in run-dist-bench.sh's report yet); with --zero-recompute stage 3 recomputes each unit's forward in its backward (mode=zero3r) instead of keeping
 // its activations. run-dist-bench.sh runs stage 3 in a process of its own, so that a failure there costs only its rows. ZeRO-3's units:
 // the GPT's embeddings, blocks and head (dist::gpt_units); the MLP's and lenet's whole model as one unit.
 // peak_mib: rank 0's cuda::memory_stats peak of bytes in use over the row (model, data, optimizer, steps), reset
@@ -25,7 +26,7 @@
 // --kernel-times (CUDA, with CUPTI): after each step row, rank 0's kernels of 10 more steps, each alone, from CUPTI's
 // trace (bench/kernel_trace.h): a "kernels" line (count, kernel time, busy, span and idle per step, as dyngrad-perf
 // --kernel-times prints) and the kernels grouped by name, most time first (where the sharded modes' time goes).
-//   mpirun -np 2 dyngrad-dist-bench [--steps 30] [--warmup 5] [--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3 [--zero-recompute]] [--tiny] [--phases] [--kernel-times]
+//   mpirun -np 2 dyngrad-dist-bench [--steps 30] [--warmup 5] [--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3 [--zero-recompute | --zero-prefetch]] [--tiny] [--phases] [--kernel-times]
 //       [--bucket-cap-mb 25] [--first-bucket-cap-mb 1] [--gradient-as-bucket-view] [--ddp-compression bf16|f16]
 //       (DDPOptions; with compression the DDP rows' lines carry compression=bf16|f16, run them apart from the others)
 #include <dyngrad/cuda/runtime.h>
@@ -115,7 +116,7 @@ std::pair<Tensor, Tensor> tokens(Generator& gen, std::int64_t batch, std::int64_
     return {Tensor::from_vector(inputs, {batch, context}), Tensor::from_vector(targets, {batch * context})};
 }
 
-// mode: "ddp" (DDP at world > 1, the plain model at world 1), "zero1|2|3" or "zero3r" (ZeRO-3 recomputing each
+// mode: "ddp" (DDP at world > 1, the plain model at world 1), "zero1|2|3", "zero3p" (ZeRO-3 with prefetch) or "zero3r" (ZeRO-3 recomputing each
 // unit's forward in its backward: ZeroOptions::recompute); adamw: the optimizer of a DDP row.
 struct Reports {
     bool phases = false;
@@ -133,14 +134,14 @@ void step_bench(dist::ProcessGroup& group, const Workload& w, const std::string&
     Generator init(1);
     Built built = w.make(init);
     built.module.to(device);
-    const bool recompute = mode == "zero3r";
-    const int stage = mode == "ddp" ? 0 : recompute ? 3 : mode.back() - '0';
+    const bool recompute = mode == "zero3r", prefetch = mode == "zero3p";
+    const int stage = mode == "ddp" ? 0 : recompute || prefetch ? 3 : mode.back() - '0';
     const AdamOptions adam{.lr = 1e-4, .weight_decay = 0.01};
     std::unique_ptr<dist::DistributedDataParallel> ddp;
     std::unique_ptr<dist::ZeroOptimizer> zero;
     std::unique_ptr<Optimizer> optimizer;
     if (stage == 3) {
-        zero = std::make_unique<dist::ZeroOptimizer>(built.units(), group, adam, dist::ZeroOptions{.stage = 3, .recompute = recompute});
+        zero = std::make_unique<dist::ZeroOptimizer>(built.units(), group, adam, dist::ZeroOptions{.stage = 3, .recompute = recompute, .prefetch = prefetch});
     } else if (stage > 0) {
         zero = std::make_unique<dist::ZeroOptimizer>(built.module, group, adam, dist::ZeroOptions{.stage = stage});
     } else {
@@ -284,11 +285,11 @@ int main(int argc, char** argv) {
     int steps = 30, warmup = 5;
     std::string only;
     std::vector<int> stages;
-    bool tiny = false, zero_recompute = false;
+    bool tiny = false, zero_recompute = false, zero_prefetch = false;
     Reports reports;
     dist::DDPOptions ddp_options;
     try {
-        const cli::Arguments args(argc, argv, {.flags = {"--tiny", "--phases", "--kernel-times", "--gradient-as-bucket-view", "--zero-recompute"}, .options = {"--steps", "--warmup", "--only", "--zero", "--bucket-cap-mb", "--first-bucket-cap-mb", "--ddp-compression"}});
+        const cli::Arguments args(argc, argv, {.flags = {"--tiny", "--phases", "--kernel-times", "--gradient-as-bucket-view", "--zero-recompute", "--zero-prefetch"}, .options = {"--steps", "--warmup", "--only", "--zero", "--bucket-cap-mb", "--first-bucket-cap-mb", "--ddp-compression"}});
         tiny = args.has("--tiny");
         reports.phases = args.has("--phases");
         reports.kernel_times = args.has("--kernel-times");
@@ -300,6 +301,9 @@ int main(int argc, char** argv) {
         if (auto v = args.value("--only")) only = cli::parse_choice("--only", *v, {"mlp", "lenet", "gpt", "allreduce"});
         if (auto v = args.value("--zero")) stages = parse_stages(*v);
         zero_recompute = args.has("--zero-recompute");
+        zero_prefetch = args.has("--zero-prefetch");
+        if (zero_prefetch && (zero_recompute || std::find(stages.begin(), stages.end(), 3) == stages.end()))
+            throw cli::UsageError("--zero-prefetch goes with --zero 3, without --zero-recompute");
         if (zero_recompute && std::find(stages.begin(), stages.end(), 3) == stages.end())
             throw cli::UsageError("--zero-recompute goes with --zero 3");
         if (auto v = args.value("--ddp-compression"))
@@ -309,7 +313,7 @@ int main(int argc, char** argv) {
             ddp_options.first_bucket_cap_mb = cli::parse_real("--first-bucket-cap-mb", *v, 1e-3, 1e6);
     } catch (const cli::UsageError& e) {
         std::fprintf(stderr, "dyngrad-dist-bench: %s\nusage: mpirun -np N dyngrad-dist-bench [--steps N] [--warmup N] "
-                             "[--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3 [--zero-recompute]] [--tiny] [--phases] [--kernel-times] [--bucket-cap-mb MB] "
+                             "[--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3 [--zero-recompute | --zero-prefetch]] [--tiny] [--phases] [--kernel-times] [--bucket-cap-mb MB] "
                              "[--first-bucket-cap-mb MB] [--gradient-as-bucket-view] [--ddp-compression bf16|f16]\n", e.what());
         return 2;
     }
@@ -342,7 +346,7 @@ int main(int argc, char** argv) {
         for (const Workload& w : workloads) {
             if (!only.empty() && w.name.rfind(only, 0) != 0) continue;
             for (int stage : stages)  // the sharded rows: DDP with AdamW (0), the ZeRO stages
-                step_bench(group, w, stage == 0 ? "ddp" : stage == 3 && zero_recompute ? "zero3r" : str("zero", stage), true,
+                step_bench(group, w, stage == 0 ? "ddp" : stage == 3 && zero_recompute ? "zero3r" : stage == 3 && zero_prefetch ? "zero3p" : str("zero", stage), true,
                            stage == 0, steps, warmup, reports, ddp_options);
             if (!stages.empty()) continue;
             step_bench(group, w, "ddp", w.adamw, true, steps, warmup, reports, ddp_options);

@@ -118,6 +118,8 @@ ZeroOptimizer::ZeroOptimizer(const Module& module, ProcessGroup group, const Ada
                              "stage ", zero_.stage, " reduce-scatters after the backward"));
     if (zero_.recompute)
         throw ValueError("ZeroOptimizer: recompute (a unit's forward run again in its backward) is for stage 3");
+    if (zero_.prefetch)
+        throw ValueError("ZeroOptimizer: prefetch (the next unit's all-gather beside a unit's compute) is for stage 3");
     check_and_broadcast("ZeroOptimizer");
     State& st = *state_;
     const auto named = module_.named_parameters();
@@ -344,6 +346,7 @@ void ZeroOptimizer::step() {
 void ZeroOptimizer::gather_parameters() {
     State& st = *state_;
     for (auto& flat : st.flats) flat.accumulating = false;
+    drop_prefetched(st);  // gathered from the shards before this step
     if (zero_.stage == 3) return;  // the parameters stay sharded; the next forward gathers them
     for (auto& flat : st.flats) {
         // In place: this rank's shard is its block of `values`, which the parameters view (make_shards).

@@ -95,6 +95,15 @@ struct ZeroOptions {
     // runs without recording and again in the backward (activation checkpointing per unit): less activation memory,
     // one more forward per step, and the unit must be deterministic (a unit marked `stochastic` is refused).
     bool recompute = false;
+    // Stage 3, kept forward only (ValueError otherwise): while a unit computes, the all-gather a neighbour needs next
+    // runs beside it, as FSDP's forward and backward prefetch: in the forward the next unit's shards, in the backward
+    // the previous unit's (into its recorded forward's released storages). On CUDA the prefetch runs on a
+    // communication stream that starts after the collective before it and is waited for before the next one (the
+    // unit's reduce-scatter, the next unit's use), so every rank's device runs the collectives in one order; on the
+    // CPU it is the same all-gather, made earlier. Two units' gathered parameters are resident at once (memory():
+    // gathered_peak_bytes). A group of one sends nothing and prefetches nothing. Off by default: its GPU cost and
+    // gain are not measured yet.
+    bool prefetch = false;
 };
 
 // Stage 3: one unit of the model. Its parameters are gathered, used and freed together; `forward` maps the
@@ -132,8 +141,9 @@ struct ZeroMemory {
     std::int64_t formula_optimizer_bytes = 0;
     // The same model under DDP with AdamW: Ψ·b each for parameters and gradients, 2·Ψ·b for the moments.
     std::int64_t ddp_bytes = 0;
-    // Stage 3: the most bytes of gathered parameters held at once since construction (measured), and the
-    // largest unit's padded flat buffers (Σ_d W·S_d·b, the formula: one unit gathered at a time).
+    // Stage 3: the most bytes of gathered parameters held at once since construction (measured; with
+    // ZeroOptions::prefetch the next unit's prefetched buffers count from their prefetch), and the largest unit's
+    // padded flat buffers (Σ_d W·S_d·b, the formula: one unit gathered at a time, without prefetch).
     std::int64_t gathered_peak_bytes = 0;
     std::int64_t formula_gathered_bytes = 0;
     std::int64_t gathered_bytes = 0;  // stage 3: gathered parameters held now (0 between the units' uses)

@@ -115,7 +115,9 @@ struct UnitInstance {
     // The unit's cast spans (State::Unit::cast_spans): the casts of the members inside them are windows of these,
     // freed and converted again as one piece.
     std::vector<ReducedSpan> reduced;
+    std::size_t unit = 0;     // its index in State::units
     bool released = false;    // flats and casts freed between the forward and the backward
+    bool prefetched = false;  // released, but its flats restored and all-gathered by the next unit's backward
     bool done = false;        // its backward ran
     ~UnitInstance() {
         if (!done && session) --session->awaiting;
@@ -253,6 +255,94 @@ void reduce_unit(State& st, State::Unit& unit) {
     }
 }
 
+// ---- ZeroOptions::prefetch ----
+// A prefetch is one or more all-gathers into buffers allocated on dyngrad's stream. On CUDA they go on the
+// communication stream, which first waits for everything queued on dyngrad's stream (the collective before them
+// included) and which dyngrad's stream waits for before its next collective (hand_back): the collectives of every
+// rank's device keep the order the host issued them in, while the unit's own kernels overlap them. Without streams
+// (the CPU) the all-gathers run at once.
+class Prefetch {
+public:
+    Prefetch(State& st, std::size_t event) : st_(st), event_(event) {}
+    ~Prefetch() {
+        try {
+            hand_back();
+        } catch (...) {  // the communicator failed: its next use says so
+        }
+    }
+    Prefetch(const Prefetch&) = delete;
+    Prefetch& operator=(const Prefetch&) = delete;
+    void all_gather(const Tensor& shard, Tensor& output, const std::string& unit_name) {
+        if (!st_.streams) {
+            st_.group.all_gather(shard, output);
+            return;
+        }
+        ProcessGroup::Impl& g = st_.group.impl();
+        const std::string what = g.what(str("ZeRO-3 prefetch of unit '", unit_name, "': all_gather"), shard);
+        NcclComm& comm = g.nccl_for(shard, what);
+        if (!on_comm_) {
+            hand_bucket_to_comm(*st_.streams, event_);
+            on_comm_ = true;
+        }
+        nccl_all_gather(comm, shard.raw_data(), output.raw_data(), static_cast<std::size_t>(shard.numel()), shard.dtype(),
+                        comm_stream(*st_.streams), what);
+    }
+    // dyngrad's stream waits for the prefetch (before the next collective, or the prefetched memory's first use).
+    void hand_back() {
+        if (!on_comm_) return;
+        on_comm_ = false;
+        hand_bucket_back(*st_.streams, event_);
+    }
+
+private:
+    State& st_;
+    std::size_t event_;
+    bool on_comm_ = false;
+};
+
+bool prefetching(const State& st) { return st.prefetch && st.group.world_size() > 1; }
+
+// Forward: the next unit's shards gathered into fresh buffers (State::prefetched), which its gather adopts.
+void prefetch_forward(State& st, std::size_t next, Prefetch& prefetch) {
+    if (!prefetching(st) || next >= st.units.size() || st.units[next].gathered || !st.prefetched[next].empty()) return;
+    State::Unit& unit = st.units[next];
+    std::vector<Tensor> buffers;
+    for (std::size_t f : unit.flats)  // allocated on dyngrad's stream before the hand-off
+        buffers.push_back(Tensor::empty({st.group.world_size(), st.flats[f].shard}, st.flats[f].dtype, st.device));
+    for (std::size_t k = 0; k < unit.flats.size(); ++k)
+        prefetch.all_gather(st.flats[unit.flats[k]].shard_param.value(), buffers[k], unit.name);
+    // Counted as gathered from now (the unit's gather adopts them without counting again; dropped: uncounted).
+    for (const Tensor& b : buffers) st.gathered_bytes += static_cast<std::int64_t>(b.nbytes());
+    st.gathered_peak_bytes = std::max(st.gathered_peak_bytes, st.gathered_bytes);
+    st.prefetched[next] = std::move(buffers);
+}
+
+// Backward: the latest recorded forward of unit `previous` that awaits its backward gets its released buffers back
+// and all-gathered into (the restore its own backward would make first).
+void prefetch_backward(State& st, std::size_t previous, Prefetch& prefetch) {
+    if (!prefetching(st)) return;
+    std::shared_ptr<UnitInstance> inst;
+    for (auto it = st.instances.rbegin(); it != st.instances.rend() && !inst; ++it)
+        if (auto alive = it->lock(); alive && alive->unit == previous && !alive->done) inst = std::move(alive);
+    if (!inst || !inst->released || inst->prefetched) return;
+    const State::Unit& unit = st.units[previous];
+    for (Tensor& buffer : inst->flats) buffer.restore_memory();  // on dyngrad's stream, before the hand-off
+    inst->prefetched = true;  // from here on its buffers hold the gather (or the communicator failed for good)
+    for (std::size_t k = 0; k < unit.flats.size(); ++k)
+        prefetch.all_gather(st.flats[unit.flats[k]].shard_param.value(), inst->flats[k], unit.name);
+}
+
+}  // namespace
+
+void drop_prefetched(State& st) noexcept {
+    for (auto& buffers : st.prefetched) {  // handed back already: dyngrad's stream waited for them
+        for (const Tensor& b : buffers) st.gathered_bytes -= static_cast<std::int64_t>(b.nbytes());
+        buffers.clear();
+    }
+}
+
+namespace {
+
 // Records the unit's forward into its session's graph (kept), the gathered memory freed after it.
 std::shared_ptr<UnitInstance> record_unit(State& st, State::Unit& unit, const Tensor& x, bool wants) {
     std::shared_ptr<UnitSession> session = unit.session.lock();
@@ -262,14 +352,20 @@ std::shared_ptr<UnitInstance> record_unit(State& st, State::Unit& unit, const Te
     }
     auto inst = std::make_shared<UnitInstance>();
     inst->session = session;
+    inst->unit = static_cast<std::size_t>(&unit - st.units.data());
     ++session->awaiting;
     bool owner = false;
     {
         const GatheredScope gathered(st, unit);
         owner = gathered.owner;  // else an enclosing scope uses the buffers: they stay resident
         for (std::size_t f : unit.flats) inst->flats.push_back(st.flats[f].gathered);
+        // The next unit's gather beside this unit's forward (handed back when the scope ends).
+        Prefetch prefetch(st, inst->unit + 1);
+        prefetch_forward(st, inst->unit + 1, prefetch);
         const std::optional<DType> autocast = autocast_dtype();
-        if (autocast && is_reduced_precision(*autocast)) cast_spans(st, unit, *inst, *autocast);
+        // Only where autocast takes kept copies (DYNGRAD_AUTOCAST_PARAMETER_COPIES=0 turns them off): else it casts anyway.
+        if (autocast && is_reduced_precision(*autocast) && autocast_parameter_copies())
+            cast_spans(st, unit, *inst, *autocast);
         const GradModeScope with_grad(true);
         inst->first = static_cast<NodeId>(session->graph.size());
         inst->input = session->graph.input(x, "", wants);
@@ -335,8 +431,10 @@ struct RestoredScope {
             for (std::size_t k = 0; k < unit.flats.size(); ++k) {
                 State::Flat& flat = st.flats[unit.flats[k]];
                 Tensor& buffer = inst.flats[k];
-                buffer.restore_memory();
-                st.group.all_gather(flat.shard_param.value(), buffer);
+                if (!inst.prefetched) {  // else the next unit's backward restored and gathered it already
+                    buffer.restore_memory();
+                    st.group.all_gather(flat.shard_param.value(), buffer);
+                }
                 if (!owner) continue;
                 flat.gathered = buffer;
                 for (auto& m : flat.members) m.parameter.value() = buffer.window(m.offset, m.shape);
@@ -382,8 +480,13 @@ Tensor backward_kept(State& st, State::Unit& unit, const BackwardArgs& args) {
     Tensor grad_input;
     {
         const RestoredScope restored(st, unit, inst);
+        inst.prefetched = false;
+        // The previous unit's gather beside this unit's backward, handed back before the reduce-scatter.
+        Prefetch prefetch(st, inst.unit);
+        if (inst.unit > 0) prefetch_backward(st, inst.unit - 1, prefetch);
         session.graph.backward(inst.output, args.grad_output, {.retain_graph = retain});
         if (args.needs_grad[0] && inst.input.requires_grad()) grad_input = inst.input.grad();
+        prefetch.hand_back();
         reduce_unit(st, unit);
     }
     return grad_input;
@@ -432,12 +535,17 @@ const CustomOp& unit_op() {
 
 void gather_unit(State& st, State::Unit& unit) {
     if (unit.gathered) return;
-    for (std::size_t f : unit.flats) {
-        State::Flat& flat = st.flats[f];
-        flat.gathered = st.group.all_gather(flat.shard_param.value());  // (W, S): the padded flat buffer
+    // A forward prefetch made during the previous unit's forward (ZeroOptions::prefetch): its buffers, handed back.
+    const auto index = static_cast<std::size_t>(&unit - st.units.data());
+    std::vector<Tensor> prefetched;
+    if (index < st.prefetched.size()) std::swap(prefetched, st.prefetched[index]);
+    for (std::size_t k = 0; k < unit.flats.size(); ++k) {
+        State::Flat& flat = st.flats[unit.flats[k]];
+        // (W, S): the padded flat buffer
+        flat.gathered = prefetched.empty() ? st.group.all_gather(flat.shard_param.value()) : prefetched[k];
         // Windows of the buffer (core/tensor.h): a recorded forward's saved values follow its release and restore.
         for (auto& m : flat.members) m.parameter.value() = flat.gathered.window(m.offset, m.shape);
-        st.gathered_bytes += flat.gathered.nbytes();
+        if (prefetched.empty()) st.gathered_bytes += flat.gathered.nbytes();  // a prefetch counted its own
     }
     unit.gathered = true;
     st.gathered_peak_bytes = std::max(st.gathered_peak_bytes, st.gathered_bytes);
@@ -503,6 +611,9 @@ ZeroOptimizer::ZeroOptimizer(std::vector<ZeroUnit> units, ProcessGroup group, co
         throw ValueError(str("ZeroOptimizer: a list of units is for stage 3, got stage ", zero_.stage,
                              " (stages 1 and 2 take the Module)"));
     if (zero_.overlap) throw ValueError("ZeroOptimizer: overlap is for stage 1; stage 3 reduces per unit");
+    if (zero_.prefetch && zero_.recompute)
+        throw ValueError("ZeroOptimizer (stage 3): prefetch is for the kept forward; with recompute each unit's forward "
+                         "runs again in its backward (not prefetched)");
     if (units.empty()) throw ValueError("ZeroOptimizer (stage 3): no units");
     std::set<std::string> names;
     for (const auto& unit : units) {
@@ -519,6 +630,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<ZeroUnit> units, ProcessGroup group, co
     State& st = *state_;
     st.group = group_;
     st.recompute = zero_.recompute;
+    st.prefetch = zero_.prefetch;
     for (const auto& [name, p] : module_.named_parameters())
         if (p.requires_grad()) st.identities.push_back(p.identity());
     std::set<const void*> seen;
@@ -541,6 +653,9 @@ ZeroOptimizer::ZeroOptimizer(std::vector<ZeroUnit> units, ProcessGroup group, co
         st.units.push_back(std::move(unit));
     }
     make_shards(st, group_.rank(), group_.world_size(), options, false);
+    st.prefetched.resize(st.units.size());
+    if (st.prefetch && st.device.is_cuda() && group_.world_size() > 1)
+        st.streams = make_comm_streams(st.device.index, st.units.size());
     unit_op();  // registered once per process, before any graph records it
     {
         const std::lock_guard lock(registry_mutex());

@@ -60,6 +60,7 @@ void ZeroOptimizer::save_checkpoint(const std::filesystem::path& folder) const {
 
 void ZeroOptimizer::load_checkpoint(const std::filesystem::path& folder) {
     State& st = *state_;
+    drop_prefetched(st);  // gathered from the shards this replaces
     const int world = group_.world_size(), rank = group_.rank();
     const std::string who = str("ZeroOptimizer::load_checkpoint (rank ", rank, "/", world, ")");
     const std::filesystem::path model_path = folder / "model.safetensors";

@@ -8,6 +8,7 @@
 
 #include "dyngrad/core/device_memory.h"
 #include "dyngrad/distributed/ddp.h"
+#include "dyngrad/distributed/group_impl.h"
 #include "dyngrad/distributed/zero.h"
 
 namespace dyngrad::dist {
@@ -74,6 +75,11 @@ struct ZeroOptimizer::State {
     std::int64_t gathered_peak_bytes = 0;
     bool recompute = false;               // ZeroOptions::recompute
     std::vector<std::weak_ptr<UnitInstance>> instances;  // the recorded forwards alive (memory() walks them)
+    // ZeroOptions::prefetch (W > 1): per unit, the buffers a forward prefetch all-gathered for its next gather; on
+    // CUDA the communication stream and one event pair per unit (group_impl.h) that order the prefetches.
+    bool prefetch = false;
+    std::vector<std::vector<Tensor>> prefetched;
+    CommStreamsHandle streams;
 };
 
 // Helpers shared by the stages (distributed/zero.cpp).
@@ -106,6 +112,8 @@ Tensor view_of(const Tensor& flat, std::int64_t offset, const Shape& shape);
 void gather_unit(ZeroOptimizer::State& state, ZeroOptimizer::State::Unit& unit);
 void release_unit(ZeroOptimizer::State& state, ZeroOptimizer::State::Unit& unit);
 void unregister_units(ZeroOptimizer::State& state) noexcept;
+// Stage 3: forgets the forward prefetches not used yet (the shards are about to change: step, load_checkpoint).
+void drop_prefetched(ZeroOptimizer::State& state) noexcept;
 // Stage 3: what the recorded forwards alive hold (ZeroMemory's kept_* fields).
 void kept_bytes(const ZeroOptimizer::State& state, ZeroMemory& memory);
 // Stage 3: every unit gathered for the scope (a collective; checkpoints read and write the full model). Nothing

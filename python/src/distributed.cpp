@@ -351,18 +351,21 @@ void bind_zero(nb::module_& d) {
            nb::arg("beta2"), nb::arg("eps"), nb::arg("weight_decay"), nb::arg("stage"))
         // Stage 3: units as (name, named_parameters, named_buffers, forward) tuples.
         .def_static("from_units", [](const ProcessGroup& group, const nb::list& units, double lr, double beta1,
-                                     double beta2, double eps, double weight_decay, int stage, bool recompute) {
+                                     double beta2, double eps, double weight_decay, int stage, bool recompute,
+                                     bool prefetch) {
             std::vector<dist::ZeroUnit> made_units = zero_units(units);
             const AdamOptions options{.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = weight_decay};
             std::unique_ptr<dist::ZeroOptimizer> made;
             {
                 nb::gil_scoped_release release;
                 made = std::make_unique<dist::ZeroOptimizer>(std::move(made_units), group, options,
-                                                             dist::ZeroOptions{.stage = stage, .recompute = recompute});
+                                                             dist::ZeroOptions{.stage = stage, .recompute = recompute,
+                                                                               .prefetch = prefetch});
             }
             return new PyZero{std::move(made)};
         }, nb::arg("group"), nb::arg("units"), nb::arg("lr"), nb::arg("beta1"), nb::arg("beta2"), nb::arg("eps"),
-           nb::arg("weight_decay"), nb::arg("stage"), nb::arg("recompute") = false, nb::rv_policy::take_ownership)
+           nb::arg("weight_decay"), nb::arg("stage"), nb::arg("recompute") = false, nb::arg("prefetch") = false,
+           nb::rv_policy::take_ownership)
         // Stage 3: the units in order on x, one recorded node per unit (distributed/zero.h).
         .def("forward", [](PyZero& z, const PyTensor& x) {
             const PyTensor* inputs[] = {&x};

@@ -326,7 +326,7 @@ def test_mpirun_ddp_averages_the_ranks_gradients(tmp_path, fresh_rng):
     # register_comm_hook(None, bf16_compress_hook): the float32 model's averaged gradient is a bfloat16 value, the
     # same on both ranks, within two bfloat16 roundings (2^-8 each) of the exact mean.
     bf16_names = [k.removeprefix("bf16/") for k in out0 if k.startswith("bf16/")]
-    assert bf16_names == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert bf16_names == ["module.0.weight", "module.0.bias", "module.2.weight", "module.2.bias"]
     w1, b1, w2, b2 = (out0[f"bf16_init/{n}"].astype(np.float64) for n in bf16_names)
     exact = {n: 0.0 for n in bf16_names}
     for r in range(2):
@@ -572,6 +572,29 @@ def test_zero3_kept_by_default_and_recompute_on_request(group, fresh_rng):
         dist.ZeroOptimizer([dist.ZeroUnit("a", nn.Linear(4, 3), stochastic=True)], recompute=True)
     with pytest.raises(TypeError, match="argument 'stochastic'"):
         dist.ZeroUnit("a", nn.Linear(4, 3), stochastic="yes")
+
+
+def test_zero3_prefetch_in_a_group_of_one(group, fresh_rng):
+    """prefetch=True in a group of one prefetches nothing (nothing is sent): the same training bit for bit. Two ranks'
+    prefetch is checked by the C++ tests (test_dist_zero3 [prefetch] under mpirun)."""
+    rng, seed = fresh_rng
+    x, y = dg.tensor(rng.standard_normal((5, 4))), dg.tensor(rng.standard_normal((5, 3)))
+    results = []
+    for prefetch in (False, True):
+        dg.manual_seed(int(seed % (1 << 30)))
+        opt = dist.ZeroOptimizer([("fc0", nn.Linear(4, 8).double()), ("fc1", nn.Linear(8, 3).double())],
+                                 prefetch=prefetch)
+        ((opt(x) - y) ** 2).mean().backward()
+        opt.step()
+        results.append({n: t.numpy().copy() for n, t in opt.full_parameters().items()})
+    for name in results[0]:
+        np.testing.assert_array_equal(results[0][name], results[1][name], err_msg=f"{name}, seed {seed}")
+    with pytest.raises(TypeError, match="argument 'prefetch'"):
+        dist.ZeroOptimizer([("a", nn.Linear(4, 3))], prefetch=1)
+    with pytest.raises(dg.ValueError, match="prefetch=True is for stage=3"):
+        dist.ZeroOptimizer([("a", nn.Linear(4, 3))], recompute=True, prefetch=True)
+    with pytest.raises(dg.ValueError, match="prefetch=True is for stage=3"):
+        dist.ZeroOptimizer(nn.Linear(4, 3), stage=2, prefetch=True)
 
 
 @needs_layer

@@ -384,3 +384,56 @@ TEST_CASE("ZeRO-3: a peer that leaves before the backward's gather: a typed time
     CHECK_THROWS_MATCHES(zero.backward(graph, loss), DistributedError, MessageHas({"all_gather", "timed out", "rank 0/2"}));
     CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
 }
+
+// ZeroOptions::prefetch makes the same collectives earlier (on the CPU at once; on CUDA on a communication stream),
+// so the parameters after several steps are the same bits as without it: per step one forward and backward, then a
+// step with two micro-batches recorded before one backward (the backward prefetches the latest pending forward of
+// the previous unit, which may be the other micro-batch's: its restored memory waits for its own backward). With
+// W > 1 two units' gathered parameters are resident at once, so the peak is at least the largest unit's.
+TEST_CASE("ZeRO-3 with prefetch == without, bit for bit", "[dist][zero3][prefetch]") {
+    dist::ProcessGroup& g = group();
+    const int world = g.world_size();
+    const std::uint64_t seed = dgtest::shared_seed(group());
+    INFO("seed " << seed << ", world " << world);
+    std::vector<std::vector<double>> results[2];
+    std::int64_t peaks[2] = {0, 0}, formula = 0;
+    for (const bool prefetch : {false, true}) {
+        Generator init(seed + 1);
+        dist::ZeroOptimizer zero(transformer_units(init, DType::f64), g, kAdam, {.stage = 3, .prefetch = prefetch});
+        for (int step = 0; step < 3; ++step) {
+            const int micro_batches = step == 2 ? 2 : 1;
+            ComputeGraph graph;
+            Var total;
+            for (int m = 0; m < micro_batches; ++m) {
+                const Pair all = sequence_batch(seed + 100 + static_cast<std::uint64_t>(10 * step + m), 2 * world);
+                const Pair mine = rows_of(all, g.rank(), world);
+                const Var loss = regress(zero.forward(graph.input(mine.x)), graph.input(mine.y));
+                total = m == 0 ? loss : total + loss;
+            }
+            zero.backward(graph, total);
+            for (const auto& [name, p] : zero.module().named_parameters()) CHECK(p.value().numel() == 0);
+            zero.step();
+            zero.zero_grad();
+        }
+        const dist::ZeroMemory memory = zero.memory();
+        peaks[prefetch] = memory.gathered_peak_bytes;
+        formula = memory.formula_gathered_bytes;
+        CHECK(memory.gathered_bytes == 0);
+        for (const auto& [name, value] : zero.full_parameters()) results[prefetch].push_back(value.to_vector());
+    }
+    REQUIRE(results[0].size() == results[1].size());
+    for (std::size_t i = 0; i < results[0].size(); ++i) CHECK(results[1][i] == results[0][i]);
+    CHECK(peaks[0] == formula);
+    if (world > 1) CHECK(peaks[1] > formula);  // the next unit's buffers beside the current one's
+    else CHECK(peaks[1] == formula);           // a group of one prefetches nothing
+    // Options: prefetch is for the kept forward of stage 3.
+    Generator init(seed + 1);
+    CHECK_THROWS_MATCHES(dist::ZeroOptimizer(transformer_units(init, DType::f64), g, kAdam,
+                                             {.stage = 3, .recompute = true, .prefetch = true}),
+                         ValueError, MessageHas({"prefetch is for the kept forward"}));
+    Generator init2(seed + 1);
+    Module model;
+    for (auto& unit : transformer_units(init2, DType::f64)) model.register_module(unit.name, unit.module);
+    CHECK_THROWS_MATCHES(dist::ZeroOptimizer(model, g, kAdam, {.stage = 2, .prefetch = true}), ValueError,
+                         MessageHas({"prefetch", "is for stage 3"}));
+}
