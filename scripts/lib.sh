@@ -202,7 +202,8 @@ dg_gpu_kind() {
         return
     fi
     local name
-    name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+    # `|| true`: without nvidia-smi the pipeline fails, which a caller's `set -eo pipefail` would turn into an exit
+    name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
     [[ -n "$name" ]] || { echo cpu; return; }
     tr 'A-Z' 'a-z' <<<"$name" | sed -E 's/^nvidia //; s/[ -].*//'
 }
@@ -226,7 +227,7 @@ dg_record() {
     mkdir -p "$(dirname "$target")"
     date=$(date -u '+%Y-%m-%d %H:%M UTC')
     commit="$(git -C "$repository" rev-parse --short HEAD 2>/dev/null)$(git -C "$repository" diff --quiet HEAD 2>/dev/null || echo ' (with local changes)')"
-    gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 | sed 's/, / (driver /; s/$/)/')
+    gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 | sed 's/, / (driver /; s/$/)/' || true)
     case "$source" in
         *.json)
             "${PYTHON:-python3}" - "$source" "$target" "$date" "$commit" "${dg_command:-$0}" "${gpu:-no GPU}" <<'PY' || return 1
