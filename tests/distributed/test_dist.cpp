@@ -275,6 +275,20 @@ TEST_CASE("DDP: bf16 and f16 gradient compression averages in 16 bits", "[dist][
         ddp.set_compression(std::nullopt);
         if (world > 1) CHECK_FALSE(all_bf16());
     }
+    // check_gradients with compression: the default tolerance is the 16-bit one (the f32 one would refuse every step).
+    {
+        Generator init(seed + 3);
+        Sequential model = make_mlp(init, DType::f32);
+        dist::DistributedDataParallel ddp(model, g, {.compression = DType::bf16, .check_gradients = true});
+        const Rows all = global_batch(seed + 4, {12}, 4 * world, DType::f32);
+        const Rows mine = shard(all, g.rank(), world);
+        const auto loss_fn = [&](ComputeGraph& graph, std::span<const Tensor> batch) {
+            return cross_entropy(model(graph.input(batch[0])), graph.input(batch[1]));
+        };
+        const std::vector<Tensor> batch{mine.x, mine.y};
+        CHECK_NOTHROW(ddp.forward_backward(batch, loss_fn));
+        CHECK(ddp.check_gradients(batch, loss_fn).worst_relative_error <= 2e-2);
+    }
     // Bad options: a compression dtype that is not 16-bit; a float64 model (compression is for float32 gradients).
     Generator init(1);
     Sequential f32_model = make_mlp(init, DType::f32);
