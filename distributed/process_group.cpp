@@ -353,13 +353,19 @@ std::string ProcessGroup::describe() const {
 namespace {
 
 void check_reduce_dtype(const Tensor& t, ReduceOp op, const std::string& what) {
-    if (t.dtype() != DType::f32 && t.dtype() != DType::f64 && !(t.dtype() == DType::i64 && op == ReduceOp::Sum))
+    if (!is_floating(t.dtype()) && !(t.dtype() == DType::i64 && op == ReduceOp::Sum))
         throw DTypeError(str(what, ": dtype ", dtype_name(t.dtype()), " cannot be reduced with ", reduce_op_name(op),
-                             " (f32, f64; i64 with sum)"));
+                             " (f32, f64, bf16, f16; i64 with sum)"));
 }
 
 void scale(Tensor& t, double factor) {
-    if (t.dtype() == DType::f32) {
+    if (is_reduced_precision(t.dtype())) {  // in float, rounded back (as NCCL's average of 16-bit values)
+        const HalfFormat format = t.dtype() == DType::bf16 ? kBFloat16Format : kFloat16Format;
+        auto* p = static_cast<std::uint16_t*>(t.raw_data());
+        for (std::int64_t i = 0; i < t.numel(); ++i)
+            p[i] = round_to_half_bits(static_cast<float>(half_bits_to_double(p[i], format)) * static_cast<float>(factor),
+                                      format);
+    } else if (t.dtype() == DType::f32) {
         float* p = t.data<float>();
         const float f = static_cast<float>(factor);
         for (std::int64_t i = 0; i < t.numel(); ++i) p[i] *= f;
@@ -507,8 +513,10 @@ void ProcessGroup::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp 
         return;
     }
     MPI_Request request = MPI_REQUEST_NULL;
+    const MPI_Op sum = is_reduced_precision(input.dtype()) ? half_sum_op(input.dtype()) : MPI_SUM;
+    if (sum == MPI_OP_NULL) throw DistributedError(str(what, ": MPI could not create the 16-bit sum operation"));
     impl_->check_mpi(MPI_Ireduce_scatter_block(input.raw_data(), output.raw_data(), mpi_count(count, what, "elements"),
-                                               mpi_type(input.dtype(), what), MPI_SUM, impl_->comm, &request),
+                                               mpi_type(input.dtype(), what), sum, impl_->comm, &request),
                      what);
     impl_->wait_mpi(request, what);
     if (op == ReduceOp::Avg) scale(output, 1.0 / impl_->world);

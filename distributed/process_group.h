@@ -82,7 +82,9 @@ public:
     // "rank 1/2 (mpi, nccl on cuda:1)"
     std::string describe() const;
 
-    // In place on every rank: t becomes the sum (or mean) of every rank's t. f32, f64 (i64: Sum only).
+    // In place on every rank: t becomes the sum (or mean) of every rank's t. f32, f64, bf16, f16 (i64: Sum only);
+    // 16-bit values are added in float and rounded back at each step of the reduction (NCCL's way; on the CPU an
+    // MPI user op), and the mean is the sum scaled by 1/W in float, rounded (NCCL scales each input first).
     void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum);
     // t becomes root's t on every rank. IndexError: root not in [0, world_size()).
     void broadcast(Tensor& t, int root = 0);

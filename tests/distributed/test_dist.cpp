@@ -137,6 +137,36 @@ TEST_CASE("collectives: all_reduce, broadcast, all_gather, reduce_scatter, barri
         const auto sv = scattered.to_vector();
         for (std::size_t i = 0; i < sv.size(); ++i) CHECK(std::abs(sv[i] - sum[static_cast<std::size_t>(rank) * 6 + i]) <= tol * 4);
     }
+    // bf16 and f16: small integers, exact in both and in their sums, so Sum, the gathers and the broadcast are exact;
+    // Avg within one 16-bit rounding of the exact mean (2^-8 relative for bf16).
+    for (DType dtype : {DType::bf16, DType::f16}) {
+        INFO(dtype_name(dtype));
+        std::vector<std::vector<double>> values;
+        for (int r = 0; r < world; ++r) {
+            std::vector<double> v;
+            for (int i = 0; i < 6 * world; ++i) v.push_back(static_cast<double>((i * 7 + r * 5) % 17 - 8));
+            values.push_back(v);
+        }
+        const auto of = [&](int r) { return Tensor::from_vector(values[static_cast<std::size_t>(r)], {2 * world, 3}, dtype); };
+        std::vector<double> sum(values[0].size(), 0.0);
+        for (const auto& v : values)
+            for (std::size_t i = 0; i < v.size(); ++i) sum[i] += v[i];
+        Tensor t = of(rank);
+        g.all_reduce(t, dist::ReduceOp::Sum);
+        CHECK(t.dtype() == dtype);
+        CHECK(t.to_vector() == sum);
+        Tensor m = of(rank);
+        g.all_reduce(m, dist::ReduceOp::Avg);
+        const auto mv = m.to_vector();
+        for (std::size_t i = 0; i < sum.size(); ++i) CHECK(std::abs(mv[i] - sum[i] / world) <= std::abs(sum[i] / world) / 256);
+        Tensor b = of(rank);
+        g.broadcast(b, world - 1);
+        CHECK(b.to_vector() == values[static_cast<std::size_t>(world - 1)]);
+        const Tensor gathered = g.all_gather(of(rank));
+        for (int r = 0; r < world; ++r) CHECK(gathered.select(0, r).to_vector() == values[static_cast<std::size_t>(r)]);
+        const auto scattered = g.reduce_scatter(of(rank), dist::ReduceOp::Sum).to_vector();
+        for (std::size_t i = 0; i < scattered.size(); ++i) CHECK(scattered[i] == sum[static_cast<std::size_t>(rank) * 6 + i]);
+    }
     Tensor counts = Tensor::full({1}, g.rank() + 1, DType::i64);
     g.all_reduce(counts);
     CHECK(counts.item() == world * (world + 1) / 2);

@@ -82,6 +82,16 @@ TEST_CASE("NCCL collectives on each rank's GPU", "[dist][gpu]") {
     for (int r = 0; r < world; ++r) CHECK(gathered.select(0, r).to_vector() == std::vector<double>(3, r));
     const Tensor scattered = g.reduce_scatter(Tensor::ones({2 * world, 2}, DType::f32, device));
     CHECK(scattered.to_vector() == std::vector<double>(4, world));
+    // 16-bit (NCCL's bf16/f16; DDP's compressed buckets): integers, exact in both and in their sums.
+    for (DType dtype : {DType::bf16, DType::f16}) {
+        Tensor h = Tensor::full({1000}, g.rank() + 1.0, dtype, device);
+        g.all_reduce(h, dist::ReduceOp::Sum);
+        CHECK(h.dtype() == dtype);
+        CHECK(h.to_vector() == std::vector<double>(1000, world * (world + 1) / 2.0));
+        const Tensor hg = g.all_gather(Tensor::full({3}, g.rank(), dtype, device));
+        for (int r = 0; r < world; ++r) CHECK(hg.select(0, r).to_vector() == std::vector<double>(3, r));
+        CHECK(g.reduce_scatter(Tensor::ones({2 * world, 2}, dtype, device)).to_vector() == std::vector<double>(4, world));
+    }
     g.barrier();
     // Tensors on two devices, or on another GPU than this rank's: DeviceError before anything is sent.
     Tensor cpu_out = Tensor::empty({world, 3}, DType::f32);
