@@ -568,3 +568,16 @@ TEST_CASE("ZeRO: resume from the newest checkpoint on another world size == the 
     g.barrier();
     if (g.rank() == 0) std::filesystem::remove_all(crash_dir());
 }
+
+// A bf16 model is refused at construction, on every rank, as AdamW refuses bf16 parameters (optimizers update f32 or
+// f64 master weights; autocast computes in bf16 from them), before any collective.
+TEST_CASE("ZeRO-1/2 on a bf16 model: refused as AdamW refuses it", "[dist][zero][bf16]") {
+    dist::ProcessGroup& g = group();
+    for (const int stage : {1, 2}) {
+        INFO("stage " << stage);
+        Generator init(5);
+        Sequential model = make_mlp(init, DType::bf16);
+        CHECK_THROWS_MATCHES(dist::ZeroOptimizer(model, g, kAdam, {.stage = stage}), DTypeError,
+                             MessageHas({"AdamW", "bfloat16", "master weights"}));
+    }
+}
