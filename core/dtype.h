@@ -38,6 +38,8 @@ constexpr bool is_reduced_precision(DType dtype) { return dtype == DType::bf16 |
 constexpr bool is_floating(DType dtype) {
     return dtype == DType::f32 || dtype == DType::f64 || is_reduced_precision(dtype);
 }
+// The bit layout of a 16-bit dtype (core/half.h): bf16's, else f16's (callers check is_reduced_precision first).
+constexpr HalfFormat half_format(DType dtype) { return dtype == DType::bf16 ? kBFloat16Format : kFloat16Format; }
 
 template <typename T> constexpr DType dtype_of();
 template <> constexpr DType dtype_of<float>() { return DType::f32; }

@@ -409,10 +409,10 @@ Tensor Tensor::to(DType target) const {
         const auto n = static_cast<std::size_t>(numel_);
         if (dtype_ == DType::f32)
             floats_to_half_bits(static_cast<const float*>(raw_data()), static_cast<std::uint16_t*>(converted.raw_data()),
-                                n, target == DType::bf16 ? kBFloat16Format : kFloat16Format);
+                                n, half_format(target));
         else
             half_bits_to_floats(static_cast<const std::uint16_t*>(raw_data()), static_cast<float*>(converted.raw_data()),
-                                n, dtype_ == DType::bf16 ? kBFloat16Format : kFloat16Format);
+                                n, half_format(dtype_));
         return converted;
     }
     const Tensor host = to(Device::cpu());

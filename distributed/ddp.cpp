@@ -248,7 +248,7 @@ void DistributedDataParallel::launch(std::size_t index) {
         if (b.wire.defined()) {
             divide(b.flat, group_.world_size());  // summed in 16 bits: the mean's magnitude, not W times it
             floats_to_half_bits(b.flat.data<float>(), static_cast<std::uint16_t*>(b.wire.raw_data()), count,
-                                b.wire.dtype() == DType::bf16 ? kBFloat16Format : kFloat16Format);
+                                half_format(b.wire.dtype()));
         }
         b.request = g.start_mpi_all_reduce(sent.raw_data(), count, sent.dtype(), what);
     }
@@ -289,7 +289,7 @@ void DistributedDataParallel::finish() {
                 if (b.wire.defined())
                     half_bits_to_floats(static_cast<const std::uint16_t*>(b.wire.raw_data()), b.flat.data<float>(),
                                         static_cast<std::size_t>(b.flat.numel()),
-                                        b.wire.dtype() == DType::bf16 ? kBFloat16Format : kFloat16Format);
+                                        half_format(b.wire.dtype()));
                 else divide(b.flat, group_.world_size());
             }
         }

@@ -360,7 +360,7 @@ void check_reduce_dtype(const Tensor& t, ReduceOp op, const std::string& what) {
 
 void scale(Tensor& t, double factor) {
     if (is_reduced_precision(t.dtype())) {  // in float, rounded back (as NCCL's average of 16-bit values)
-        const HalfFormat format = t.dtype() == DType::bf16 ? kBFloat16Format : kFloat16Format;
+        const HalfFormat format = half_format(t.dtype());
         auto* p = static_cast<std::uint16_t*>(t.raw_data());
         for (std::int64_t i = 0; i < t.numel(); ++i)
             p[i] = round_to_half_bits(static_cast<float>(half_bits_to_double(p[i], format)) * static_cast<float>(factor),

@@ -236,7 +236,7 @@ TEST_CASE("DDP: bf16 and f16 gradient compression averages in 16 bits", "[dist][
     const std::uint64_t seed = dgtest::shared_seed(g);
     for (const DType wire : {DType::bf16, DType::f16}) {
         INFO(dtype_name(wire) << ", seed " << seed);
-        const HalfFormat format = wire == DType::bf16 ? kBFloat16Format : kFloat16Format;
+        const HalfFormat format = half_format(wire);
         const auto round16 = [&](double v) { return half_bits_to_double(round_to_half_bits(v, format), format); };
         Generator init(seed);
         Sequential model = make_lenet(init, DType::f32);
