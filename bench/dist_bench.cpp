@@ -12,8 +12,8 @@
 // (buckets all-reduced during the backward) and without (every bucket after it).
 // --zero 0,1,2,3 (any of them, in that order) runs, instead, per workload: 0: DDP with AdamW (mode=ddp
 // optim=adamw), 1-3: that stage's distributed/zero.h ZeroOptimizer (mode=zero1|2|3, AdamW as char_gpt --zero uses
-// it); with --zero-prefetch stage 3 prefetches the neighbouring unit's all-gather (ZeroOptions::prefetch, mode=zero3p;
-// not in run-dist-bench.sh's report yet); with --zero-recompute stage 3 recomputes each unit's forward in its backward (mode=zero3r) instead of keeping
+// it; stage 3 prefetches the neighbouring unit's all-gather, ZeroOptions::prefetch's default); with --no-zero-prefetch
+// stage 3 without that prefetch (mode=zero3np); with --zero-recompute stage 3 recomputes each unit's forward in its backward (mode=zero3r) instead of keeping
 // its activations. run-dist-bench.sh runs stage 3 in a process of its own, so that a failure there costs only its rows. ZeRO-3's units:
 // the GPT's embeddings, blocks and head (dist::gpt_units); the MLP's and lenet's whole model as one unit.
 // peak_mib: rank 0's cuda::memory_stats peak of bytes in use over the row (model, data, optimizer, steps), reset
@@ -26,7 +26,9 @@
 // --kernel-times (CUDA, with CUPTI): after each step row, rank 0's kernels of 10 more steps, each alone, from CUPTI's
 // trace (bench/kernel_trace.h): a "kernels" line (count, kernel time, busy, span and idle per step, as dyngrad-perf
 // --kernel-times prints) and the kernels grouped by name, most time first (where the sharded modes' time goes).
-//   mpirun -np 2 dyngrad-dist-bench [--steps 30] [--warmup 5] [--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3 [--zero-recompute | --zero-prefetch]] [--tiny] [--phases] [--kernel-times]
+// --repeats R (default 5): R timed windows of --steps steps each; step_ms is the median window's time per step,
+// step_ms_min and step_ms_max the fastest and slowest (bench/torch_ddp.py times the same way).
+//   mpirun -np 2 dyngrad-dist-bench [--steps 30] [--warmup 5] [--repeats 5] [--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3 [--zero-recompute | --no-zero-prefetch]] [--tiny] [--phases] [--kernel-times]
 //       [--bucket-cap-mb 25] [--first-bucket-cap-mb 1] [--gradient-as-bucket-view] [--ddp-compression bf16|f16]
 //       (DDPOptions; with compression the DDP rows' lines carry compression=bf16|f16, run them apart from the others)
 #include <dyngrad/cuda/runtime.h>
@@ -34,11 +36,13 @@
 #include <dyngrad/distributed/zero.h>
 #include <dyngrad/dyngrad.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -116,10 +120,11 @@ std::pair<Tensor, Tensor> tokens(Generator& gen, std::int64_t batch, std::int64_
     return {Tensor::from_vector(inputs, {batch, context}), Tensor::from_vector(targets, {batch * context})};
 }
 
-// mode: "ddp" (DDP at world > 1, the plain model at world 1), "zero1|2|3", "zero3p" (ZeRO-3 with prefetch) or "zero3r" (ZeRO-3 recomputing each
+// mode: "ddp" (DDP at world > 1, the plain model at world 1), "zero1|2|3", "zero3np" (ZeRO-3 without prefetch) or "zero3r" (ZeRO-3 recomputing each
 // unit's forward in its backward: ZeroOptions::recompute); adamw: the optimizer of a DDP row.
 struct Reports {
     bool phases = false;
+    int repeats = 5;  // timed windows of `steps` steps; the row reports the median window
     bool kernel_times = false;
 };
 
@@ -134,14 +139,16 @@ void step_bench(dist::ProcessGroup& group, const Workload& w, const std::string&
     Generator init(1);
     Built built = w.make(init);
     built.module.to(device);
-    const bool recompute = mode == "zero3r", prefetch = mode == "zero3p";
-    const int stage = mode == "ddp" ? 0 : recompute || prefetch ? 3 : mode.back() - '0';
+    const bool recompute = mode == "zero3r", no_prefetch = mode == "zero3np";
+    const int stage = mode == "ddp" ? 0 : recompute || no_prefetch ? 3 : mode.back() - '0';
     const AdamOptions adam{.lr = 1e-4, .weight_decay = 0.01};
     std::unique_ptr<dist::DistributedDataParallel> ddp;
     std::unique_ptr<dist::ZeroOptimizer> zero;
     std::unique_ptr<Optimizer> optimizer;
     if (stage == 3) {
-        zero = std::make_unique<dist::ZeroOptimizer>(built.units(), group, adam, dist::ZeroOptions{.stage = 3, .recompute = recompute, .prefetch = prefetch});
+        const std::optional<bool> prefetch = no_prefetch ? std::optional<bool>(false) : std::nullopt;  // else the default
+        zero = std::make_unique<dist::ZeroOptimizer>(built.units(), group, adam,
+                                                     dist::ZeroOptions{.stage = 3, .recompute = recompute, .prefetch = prefetch});
     } else if (stage > 0) {
         zero = std::make_unique<dist::ZeroOptimizer>(built.module, group, adam, dist::ZeroOptions{.stage = stage});
     } else {
@@ -190,13 +197,20 @@ void step_bench(dist::ProcessGroup& group, const Workload& w, const std::string&
     for (int i = 0; i < warmup; ++i) one_step();
     synchronize(device);
     group.barrier();
-    const auto start = Clock::now();
-    for (int i = 0; i < steps; ++i) one_step();
-    synchronize(device);
-    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count() / steps;
-    Tensor mean_ms = Tensor::full({1}, ms, DType::f64, device);  // the ranks run in lockstep: their mean
-    group.all_reduce(mean_ms, dist::ReduceOp::Avg);
-    const double step_ms = mean_ms.item();
+    // Several windows, the median reported with the fastest and slowest: a window of a small model lasts a few
+    // milliseconds, where one stall of the host (or of a peer) moves the mean by tens of percent.
+    std::vector<double> windows;
+    for (int r = 0; r < reports.repeats; ++r) {
+        const auto start = Clock::now();
+        for (int i = 0; i < steps; ++i) one_step();
+        synchronize(device);
+        const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count() / steps;
+        Tensor mean_ms = Tensor::full({1}, ms, DType::f64, device);  // the ranks run in lockstep: their mean
+        group.all_reduce(mean_ms, dist::ReduceOp::Avg);
+        windows.push_back(mean_ms.item());
+    }
+    std::sort(windows.begin(), windows.end());
+    const double step_ms = windows[windows.size() / 2];
     // Rank 0's peak: the ranks hold the same but for ZeRO's padding (at most W - 1 elements, on the last ranks).
     const std::string peak =
         device.is_cuda()
@@ -226,9 +240,10 @@ void step_bench(dist::ProcessGroup& group, const Workload& w, const std::string&
     }
     if (group.rank() == 0)
         std::printf("step model=%s world=%d mode=%s optim=%s overlap=%d batch_per_gpu=%lld step_ms=%.4f "
-                    "samples_per_s=%.1f%s%s\n",
+                    "step_ms_min=%.4f step_ms_max=%.4f samples_per_s=%.1f%s%s\n",
                     w.name.c_str(), group.world_size(), mode.c_str(), zero || adamw ? "adamw" : "sgd",
                     group.world_size() > 1 && !zero ? int(overlap) : 0, static_cast<long long>(w.batch), step_ms,
+                    windows.front(), windows.back(),
                     1000.0 * static_cast<double>(w.batch * group.world_size()) / step_ms,
                     peak.c_str(), compression.c_str());
     std::fflush(stdout);
@@ -285,11 +300,11 @@ int main(int argc, char** argv) {
     int steps = 30, warmup = 5;
     std::string only;
     std::vector<int> stages;
-    bool tiny = false, zero_recompute = false, zero_prefetch = false;
+    bool tiny = false, zero_recompute = false, zero_no_prefetch = false;
     Reports reports;
     dist::DDPOptions ddp_options;
     try {
-        const cli::Arguments args(argc, argv, {.flags = {"--tiny", "--phases", "--kernel-times", "--gradient-as-bucket-view", "--zero-recompute", "--zero-prefetch"}, .options = {"--steps", "--warmup", "--only", "--zero", "--bucket-cap-mb", "--first-bucket-cap-mb", "--ddp-compression"}});
+        const cli::Arguments args(argc, argv, {.flags = {"--tiny", "--phases", "--kernel-times", "--gradient-as-bucket-view", "--zero-recompute", "--no-zero-prefetch"}, .options = {"--steps", "--warmup", "--only", "--zero", "--bucket-cap-mb", "--first-bucket-cap-mb", "--ddp-compression", "--repeats"}});
         tiny = args.has("--tiny");
         reports.phases = args.has("--phases");
         reports.kernel_times = args.has("--kernel-times");
@@ -297,13 +312,14 @@ int main(int argc, char** argv) {
             throw cli::UsageError("--kernel-times: this build has no CUPTI (CUDA::cupti was not found)");
         ddp_options.gradient_as_bucket_view = args.has("--gradient-as-bucket-view");
         if (auto v = args.value("--steps")) steps = static_cast<int>(cli::parse_int("--steps", *v, 1, 100000));
+        if (auto v = args.value("--repeats")) reports.repeats = static_cast<int>(cli::parse_int("--repeats", *v, 1, 1000));
         if (auto v = args.value("--warmup")) warmup = static_cast<int>(cli::parse_int("--warmup", *v, 0, 100000));
         if (auto v = args.value("--only")) only = cli::parse_choice("--only", *v, {"mlp", "lenet", "gpt", "allreduce"});
         if (auto v = args.value("--zero")) stages = parse_stages(*v);
         zero_recompute = args.has("--zero-recompute");
-        zero_prefetch = args.has("--zero-prefetch");
-        if (zero_prefetch && (zero_recompute || std::find(stages.begin(), stages.end(), 3) == stages.end()))
-            throw cli::UsageError("--zero-prefetch goes with --zero 3, without --zero-recompute");
+        zero_no_prefetch = args.has("--no-zero-prefetch");
+        if (zero_no_prefetch && (zero_recompute || std::find(stages.begin(), stages.end(), 3) == stages.end()))
+            throw cli::UsageError("--no-zero-prefetch goes with --zero 3, without --zero-recompute");
         if (zero_recompute && std::find(stages.begin(), stages.end(), 3) == stages.end())
             throw cli::UsageError("--zero-recompute goes with --zero 3");
         if (auto v = args.value("--ddp-compression"))
@@ -312,8 +328,8 @@ int main(int argc, char** argv) {
         if (auto v = args.value("--first-bucket-cap-mb"))
             ddp_options.first_bucket_cap_mb = cli::parse_real("--first-bucket-cap-mb", *v, 1e-3, 1e6);
     } catch (const cli::UsageError& e) {
-        std::fprintf(stderr, "dyngrad-dist-bench: %s\nusage: mpirun -np N dyngrad-dist-bench [--steps N] [--warmup N] "
-                             "[--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3 [--zero-recompute | --zero-prefetch]] [--tiny] [--phases] [--kernel-times] [--bucket-cap-mb MB] "
+        std::fprintf(stderr, "dyngrad-dist-bench: %s\nusage: mpirun -np N dyngrad-dist-bench [--steps N] [--warmup N] [--repeats R] "
+                             "[--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3 [--zero-recompute | --no-zero-prefetch]] [--tiny] [--phases] [--kernel-times] [--bucket-cap-mb MB] "
                              "[--first-bucket-cap-mb MB] [--gradient-as-bucket-view] [--ddp-compression bf16|f16]\n", e.what());
         return 2;
     }
@@ -346,7 +362,7 @@ int main(int argc, char** argv) {
         for (const Workload& w : workloads) {
             if (!only.empty() && w.name.rfind(only, 0) != 0) continue;
             for (int stage : stages)  // the sharded rows: DDP with AdamW (0), the ZeRO stages
-                step_bench(group, w, stage == 0 ? "ddp" : stage == 3 && zero_recompute ? "zero3r" : stage == 3 && zero_prefetch ? "zero3p" : str("zero", stage), true,
+                step_bench(group, w, stage == 0 ? "ddp" : stage == 3 && zero_recompute ? "zero3r" : stage == 3 && zero_no_prefetch ? "zero3np" : str("zero", stage), true,
                            stage == 0, steps, warmup, reports, ddp_options);
             if (!stages.empty()) continue;
             step_bench(group, w, "ddp", w.adamw, true, steps, warmup, reports, ddp_options);

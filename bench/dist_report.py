@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The report of scripts/run-dist-bench.sh: reads OUT/dyngrad_N.txt and OUT/torch_N.txt (the data-parallel rows and
 the all-reduce sizes, dyngrad-dist-bench and bench/torch_ddp.py), OUT/dyngrad_zero_N.txt, OUT/dyngrad_zero3_N.txt,
-OUT/dyngrad_zero3p_N.txt, OUT/dyngrad_zero3r_N.txt and OUT/torch_fsdp_N.txt (the sharded rows: DDP with AdamW,
-ZeRO-1/2, ZeRO-3 keeping each unit's activations, the same with prefetch, ZeRO-3 recomputing them, FSDP2) for every N given, and writes OUT/report.md:
+OUT/dyngrad_zero3np_N.txt, OUT/dyngrad_zero3r_N.txt and OUT/torch_fsdp_N.txt (the sharded rows: DDP with AdamW,
+ZeRO-1/2, ZeRO-3 keeping each unit's activations (prefetching), the same without prefetch, ZeRO-3 recomputing them, FSDP2) for every N given, and writes OUT/report.md:
 
 - per workload and N: step ms and samples/s of both engines, the scaling efficiency samples/s(N) / (N x samples/s(1))
   (same per-GPU batch), dyngrad's step time over PyTorch's, and the step time with the all-reduce after the backward
@@ -19,7 +19,7 @@ import os
 import sys
 
 SHARDED = [("ddp", "dyngrad", "DDP"), ("zero1", "dyngrad", "ZeRO-1"), ("zero2", "dyngrad", "ZeRO-2"),
-           ("zero3", "dyngrad", "ZeRO-3"), ("zero3p", "dyngrad", "ZeRO-3 prefetch"),
+           ("zero3", "dyngrad", "ZeRO-3"), ("zero3np", "dyngrad", "ZeRO-3 no prefetch"),
            ("zero3r", "dyngrad", "ZeRO-3 recompute"), ("ddp", "torch", "torch DDP"),
            ("fsdp2", "torch", "FSDP2")]
 
@@ -48,7 +48,7 @@ def read_all(out, counts):
         for engine, kind, name in (("dyngrad", "ddp", f"dyngrad_{n}.txt"), ("torch", "ddp", f"torch_{n}.txt"),
                                    ("dyngrad", "sharded", f"dyngrad_zero_{n}.txt"),
                                    ("dyngrad", "sharded", f"dyngrad_zero3_{n}.txt"),
-                                   ("dyngrad", "sharded", f"dyngrad_zero3p_{n}.txt"),
+                                   ("dyngrad", "sharded", f"dyngrad_zero3np_{n}.txt"),
                                    ("dyngrad", "sharded", f"dyngrad_zero3r_{n}.txt"),
                                    ("torch", "sharded", f"torch_fsdp_{n}.txt")):
             path = os.path.join(out, name)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch DDP and FSDP2 (NCCL) on dyngrad-dist-bench's workloads, for scripts/run-dist-bench.sh.
 
-    torchrun --standalone --nproc-per-node N bench/torch_ddp.py [--steps 30] [--warmup 5]
+    torchrun --standalone --nproc-per-node N bench/torch_ddp.py [--steps 30] [--warmup 5] [--repeats 5]
         [--only mlp|lenet|gpt|allreduce] [--fsdp] [--gradient-as-bucket-view]
 
 Per GPU: mlp4096x4 (4 linear layers 4096->4096, ReLU between, batch 4096) in f32 and TF32, lenet (conv 1->20,
@@ -82,7 +82,7 @@ def fsdp2(model):
 DDP_OPTIONS = {}  # from the command line (main)
 
 
-def step_bench(w, mode, adamw, overlap, world, rank, device, steps, warmup):
+def step_bench(w, mode, adamw, overlap, world, rank, device, steps, warmup, repeats):
     """mode: ddp (the plain model at world 1) or fsdp2."""
     name, make, data, batch, tf32, autocast = w[:6]
     gc.collect()  # the previous row's model and optimizer (DDP holds reference cycles) leave before the peak resets
@@ -125,20 +125,25 @@ def step_bench(w, mode, adamw, overlap, world, rank, device, steps, warmup):
     torch.cuda.synchronize()
     if world > 1:
         dist.barrier()
-    start = time.perf_counter()
-    for _ in range(steps):
-        one_step()
-    torch.cuda.synchronize()
-    ms = (time.perf_counter() - start) * 1000 / steps
-    if world > 1:
-        t = torch.tensor([ms], dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.AVG)
-        ms = t.item()
+    windows = []  # as dyngrad-dist-bench: `repeats` windows, the median reported with the fastest and slowest
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(steps):
+            one_step()
+        torch.cuda.synchronize()
+        ms = (time.perf_counter() - start) * 1000 / steps
+        if world > 1:
+            t = torch.tensor([ms], dtype=torch.float64, device=device)
+            dist.all_reduce(t, op=dist.ReduceOp.AVG)
+            ms = t.item()
+        windows.append(ms)
+    windows.sort()
+    ms = windows[len(windows) // 2]
     if rank == 0:
         peak_mib = torch.cuda.max_memory_allocated(device) / 2**20
         print(f"step model={name} world={world} mode={mode} optim={'adamw' if adamw else 'sgd'} "
               f"overlap={int(overlap) if world > 1 and mode == 'ddp' else 0} batch_per_gpu={batch} "
-              f"step_ms={ms:.4f} samples_per_s={1000.0 * batch * world / ms:.1f} peak_mib={peak_mib:.1f}", flush=True)
+              f"step_ms={ms:.4f} step_ms_min={windows[0]:.4f} step_ms_max={windows[-1]:.4f} samples_per_s={1000.0 * batch * world / ms:.1f} peak_mib={peak_mib:.1f}", flush=True)
 
 
 def allreduce_bench(world, rank, device, steps=20):
@@ -167,6 +172,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="timed windows of --steps steps; the median is reported")
     parser.add_argument("--only", choices=["mlp", "lenet", "gpt", "allreduce"])
     parser.add_argument("--fsdp", action="store_true", help="DDP with AdamW and FSDP2 rows instead of the DDP rows")
     parser.add_argument("--gradient-as-bucket-view", action="store_true", help="DDP(gradient_as_bucket_view=True)")
@@ -192,12 +198,12 @@ def main():
         if a.only and not w[0].startswith(a.only):
             continue
         if a.fsdp:
-            step_bench(w, "ddp", True, True, world, rank, device, a.steps, a.warmup)
-            step_bench(w, "fsdp2", True, False, world, rank, device, a.steps, a.warmup)
+            step_bench(w, "ddp", True, True, world, rank, device, a.steps, a.warmup, a.repeats)
+            step_bench(w, "fsdp2", True, False, world, rank, device, a.steps, a.warmup, a.repeats)
             continue
-        step_bench(w, "ddp", w[6], True, world, rank, device, a.steps, a.warmup)
+        step_bench(w, "ddp", w[6], True, world, rank, device, a.steps, a.warmup, a.repeats)
         if world > 1:
-            step_bench(w, "ddp", w[6], False, world, rank, device, a.steps, a.warmup)
+            step_bench(w, "ddp", w[6], False, world, rank, device, a.steps, a.warmup, a.repeats)
     if not a.fsdp and a.only in (None, "allreduce"):
         allreduce_bench(world, rank, device)
     if grouped:

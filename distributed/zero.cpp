@@ -118,7 +118,7 @@ ZeroOptimizer::ZeroOptimizer(const Module& module, ProcessGroup group, const Ada
                              "stage ", zero_.stage, " reduce-scatters after the backward"));
     if (zero_.recompute)
         throw ValueError("ZeroOptimizer: recompute (a unit's forward run again in its backward) is for stage 3");
-    if (zero_.prefetch)
+    if (zero_.prefetch.value_or(false))
         throw ValueError("ZeroOptimizer: prefetch (the next unit's all-gather beside a unit's compute) is for stage 3");
     check_and_broadcast("ZeroOptimizer");
     State& st = *state_;
@@ -423,11 +423,15 @@ ZeroMemory ZeroOptimizer::memory() const {
     m.gathered_peak_bytes = st.gathered_peak_bytes;
     m.gathered_bytes = st.gathered_bytes;
     kept_bytes(st, m);
+    // One unit gathered at a time; with prefetch a unit and the neighbour gathered beside it.
+    const bool prefetch = st.prefetch && m.world > 1;
+    std::int64_t previous = 0;
     for (const auto& unit : st.units) {
         std::int64_t bytes = 0;
         for (std::size_t f : unit.flats)
             bytes += st.flats[f].shard * m.world * static_cast<std::int64_t>(dtype_size(st.flats[f].dtype));
-        m.formula_gathered_bytes = std::max(m.formula_gathered_bytes, bytes);
+        m.formula_gathered_bytes = std::max(m.formula_gathered_bytes, bytes + (prefetch ? previous : 0));
+        previous = bytes;
     }
     return m;
 }

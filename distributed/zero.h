@@ -67,6 +67,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -101,9 +102,10 @@ struct ZeroOptions {
     // communication stream that starts after the collective before it and is waited for before the next one (the
     // unit's reduce-scatter, the next unit's use), so every rank's device runs the collectives in one order; on the
     // CPU it is the same all-gather, made earlier. Two units' gathered parameters are resident at once (memory():
-    // gathered_peak_bytes). A group of one sends nothing and prefetches nothing. Off by default: its GPU cost and
-    // gain are not measured yet.
-    bool prefetch = false;
+    // gathered_peak_bytes). A group of one sends nothing and prefetches nothing. Unset (the default): on where it
+    // applies (stage 3 with the kept forward; on 2 H200s it took the GPT's ZeRO-3 step from 1.21x DDP's to 1.05x),
+    // off elsewhere; true: required (ValueError where it does not apply); false: off.
+    std::optional<bool> prefetch = std::nullopt;
 };
 
 // Stage 3: one unit of the model. Its parameters are gathered, used and freed together; `forward` maps the
@@ -142,8 +144,9 @@ struct ZeroMemory {
     // The same model under DDP with AdamW: Ψ·b each for parameters and gradients, 2·Ψ·b for the moments.
     std::int64_t ddp_bytes = 0;
     // Stage 3: the most bytes of gathered parameters held at once since construction (measured; with
-    // ZeroOptions::prefetch the next unit's prefetched buffers count from their prefetch), and the largest unit's
-    // padded flat buffers (Σ_d W·S_d·b, the formula: one unit gathered at a time, without prefetch).
+    // ZeroOptions::prefetch the next unit's prefetched buffers count from their prefetch), and the formula: the
+    // largest unit's padded flat buffers (Σ_d W·S_d·b; one unit gathered at a time), with prefetch (W > 1) the
+    // largest sum of two neighbouring units' (a unit and the neighbour gathered beside it).
     std::int64_t gathered_peak_bytes = 0;
     std::int64_t formula_gathered_bytes = 0;
     std::int64_t gathered_bytes = 0;  // stage 3: gathered parameters held now (0 between the units' uses)

@@ -611,7 +611,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<ZeroUnit> units, ProcessGroup group, co
         throw ValueError(str("ZeroOptimizer: a list of units is for stage 3, got stage ", zero_.stage,
                              " (stages 1 and 2 take the Module)"));
     if (zero_.overlap) throw ValueError("ZeroOptimizer: overlap is for stage 1; stage 3 reduces per unit");
-    if (zero_.prefetch && zero_.recompute)
+    if (zero_.prefetch.value_or(false) && zero_.recompute)
         throw ValueError("ZeroOptimizer (stage 3): prefetch is for the kept forward; with recompute each unit's forward "
                          "runs again in its backward (not prefetched)");
     if (units.empty()) throw ValueError("ZeroOptimizer (stage 3): no units");
@@ -630,7 +630,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<ZeroUnit> units, ProcessGroup group, co
     State& st = *state_;
     st.group = group_;
     st.recompute = zero_.recompute;
-    st.prefetch = zero_.prefetch;
+    st.prefetch = zero_.prefetch.value_or(!zero_.recompute);
     for (const auto& [name, p] : module_.named_parameters())
         if (p.requires_grad()) st.identities.push_back(p.identity());
     std::set<const void*> seen;

@@ -2,7 +2,7 @@
 # Data-parallel scaling on one host's GPUs (issues 18, 30): builds dyngrad-dist-bench and, for every GPU count,
 # runs it (mpirun) and bench/torch_ddp.py (torchrun, PyTorch over NCCL) on the same workloads: the MLP 4096x4 in
 # f32 and TF32, lenet b256 and the character GPT in bf16 under DDP, then the sharded rows (dyngrad: DDP with AdamW
-# and ZeRO-1/2, --zero 0,1,2, and ZeRO-3 in runs of their own, --zero 3, --zero 3 --zero-prefetch and --zero 3 --zero-recompute; PyTorch: DDP with AdamW and FSDP2, --fsdp). bench/dist_report.py writes
+# and ZeRO-1/2, --zero 0,1,2, and ZeRO-3 in runs of their own, --zero 3, --zero 3 --no-zero-prefetch and --zero 3 --zero-recompute; PyTorch: DDP with AdamW and FSDP2, --fsdp). bench/dist_report.py writes
 # OUT/report.md: per row and GPU count the step time, throughput, scaling efficiency samples/s(N) / (N x
 # samples/s(1)), dyngrad's step time against PyTorch's, the time without overlapping the all-reduce; the all-reduce
 # bus bandwidth of both by message size per count; step time and peak memory of DDP, ZeRO-1/2/3 and FSDP2; and
@@ -52,7 +52,7 @@ bench=${DYNGRAD_DIST_BENCH:-$build/bench/dyngrad-dist-bench}
 if ((plan)); then
     echo "counts: $counts"
     for n in $counts; do
-        echo "dyngrad_$n, dyngrad_zero_$n (--zero 0,1,2), dyngrad_zero3_$n (--zero 3), dyngrad_zero3p_$n (--zero 3 --zero-prefetch), dyngrad_zero3r_$n (--zero 3 --zero-recompute): mpirun -np $n ${mpi_flags[*]} -x NCCL_NVLS_ENABLE $bench --steps $steps --gradient-as-bucket-view"
+        echo "dyngrad_$n, dyngrad_zero_$n (--zero 0,1,2), dyngrad_zero3_$n (--zero 3), dyngrad_zero3np_$n (--zero 3 --no-zero-prefetch), dyngrad_zero3r_$n (--zero 3 --zero-recompute): mpirun -np $n ${mpi_flags[*]} -x NCCL_NVLS_ENABLE $bench --steps $steps --gradient-as-bucket-view"
         echo "torch_$n, torch_fsdp_$n (--fsdp): $python -m torch.distributed.run --standalone --nproc-per-node $n bench/torch_ddp.py --steps $steps --gradient-as-bucket-view"
     done
     echo "record: performance/dist-bench-$(dg_gpu_kind)x$largest.md"
@@ -85,7 +85,7 @@ for n in $counts; do
     run "torch_$n" "${torch[@]}"
     run "dyngrad_zero_$n" "${dyngrad[@]}" --zero 0,1,2
     run "dyngrad_zero3_$n" "${dyngrad[@]}" --zero 3
-    run "dyngrad_zero3p_$n" "${dyngrad[@]}" --zero 3 --zero-prefetch
+    run "dyngrad_zero3np_$n" "${dyngrad[@]}" --zero 3 --no-zero-prefetch
     run "dyngrad_zero3r_$n" "${dyngrad[@]}" --zero 3 --zero-recompute
     run "torch_fsdp_$n" "${torch[@]}" --fsdp
 done

@@ -390,9 +390,10 @@ class ZeroOptimizer:
     (its activations kept, as FSDP keeps them) and frees the gathered memory; its backward gathers them again into
     that memory, back-propagates, reduce-scatters the unit's gradients into this rank's shards and frees everything.
     ``recompute=True`` keeps no activation inside a unit: its forward runs again in the backward (activation
-    checkpointing per unit; the units must then be deterministic). ``prefetch=True`` (kept forward only) makes the
-    all-gather a neighbouring unit needs next while a unit computes, as FSDP's forward and backward prefetch
-    (docs/distributed.md; on CUDA a communication stream; two units' parameters resident at once).
+    checkpointing per unit; the units must then be deterministic). With the kept forward, a unit's computation runs
+    beside the all-gather a neighbouring unit needs next, as FSDP's forward and backward prefetch (docs/distributed.md;
+    on CUDA a communication stream; two units' parameters resident at once): ``prefetch=None`` (the default) does so
+    where it applies, ``prefetch=False`` never, ``prefetch=True`` requires it (stage=3 without recompute).
 
         units = [dist.ZeroUnit("embed", embed)] + [dist.ZeroUnit(f"block{i}", b) for i, b in enumerate(blocks)]
         opt = dist.ZeroOptimizer(units, lr=1e-3, weight_decay=0.01)      # stage=3 for a list of units
@@ -408,7 +409,7 @@ class ZeroOptimizer:
     """
 
     def __init__(self, module, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
-                 stage: int | None = None, *, recompute: bool = False, prefetch: bool = False):
+                 stage: int | None = None, *, recompute: bool = False, prefetch: bool | None = None):
         from .nn import Module
         who = "dyngrad.distributed.ZeroOptimizer()"
         is_units = isinstance(module, (list, tuple))
@@ -426,9 +427,9 @@ class ZeroOptimizer:
                                    "dyngrad.distributed.ZeroUnit(name, module), not one Module")
         if not isinstance(recompute, bool):
             raise TypeError(f"{who}: argument 'recompute' must be a bool, not {type(recompute).__name__}")
-        if not isinstance(prefetch, bool):
-            raise TypeError(f"{who}: argument 'prefetch' must be a bool, not {type(prefetch).__name__}")
-        if prefetch and (stage != 3 or recompute):
+        if prefetch is not None and not isinstance(prefetch, bool):
+            raise TypeError(f"{who}: argument 'prefetch' must be a bool or None, not {type(prefetch).__name__}")
+        if prefetch is True and (stage != 3 or recompute):
             raise _core.ValueError(f"{who}: prefetch=True is for stage=3 with its kept forward (recompute=False)")
         if recompute and stage != 3:
             raise _core.ValueError(f"{who}: recompute=True (a unit's forward run again in its backward) is for stage=3")

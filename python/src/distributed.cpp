@@ -10,11 +10,13 @@
 // its reducer for the next backward.
 #include "strict_int.h"  // first: nanobind's integer caster is replaced before any header uses it
 
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -352,7 +354,7 @@ void bind_zero(nb::module_& d) {
         // Stage 3: units as (name, named_parameters, named_buffers, forward) tuples.
         .def_static("from_units", [](const ProcessGroup& group, const nb::list& units, double lr, double beta1,
                                      double beta2, double eps, double weight_decay, int stage, bool recompute,
-                                     bool prefetch) {
+                                     std::optional<bool> prefetch) {
             std::vector<dist::ZeroUnit> made_units = zero_units(units);
             const AdamOptions options{.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = weight_decay};
             std::unique_ptr<dist::ZeroOptimizer> made;
@@ -364,7 +366,7 @@ void bind_zero(nb::module_& d) {
             }
             return new PyZero{std::move(made)};
         }, nb::arg("group"), nb::arg("units"), nb::arg("lr"), nb::arg("beta1"), nb::arg("beta2"), nb::arg("eps"),
-           nb::arg("weight_decay"), nb::arg("stage"), nb::arg("recompute") = false, nb::arg("prefetch") = false,
+           nb::arg("weight_decay"), nb::arg("stage"), nb::arg("recompute") = false, nb::arg("prefetch") = nb::none(),
            nb::rv_policy::take_ownership)
         // Stage 3: the units in order on x, one recorded node per unit (distributed/zero.h).
         .def("forward", [](PyZero& z, const PyTensor& x) {

@@ -472,8 +472,11 @@ def test_mpirun_zero3_steps_as_adamw_on_the_whole_batch(tmp_path, fresh_rng, wor
             assert m["parameter_bytes"] == m["formula_parameter_bytes"] == shards * 8, msg
             assert m["gradient_bytes"] == m["formula_gradient_bytes"] == shards * 8, msg
             assert m["optimizer_bytes"] == m["formula_optimizer_bytes"] == 2 * shards * 8, msg
-            assert m["formula_gathered_bytes"] == max(-(-n // world) for n in sizes.values()) * world * 8, msg
-            assert m["gathered_peak_bytes"] == m["formula_gathered_bytes"], msg  # one unit gathered at a time
+            # Prefetch is on by default (world > 1): a unit and its neighbour gathered at once, at most.
+            unit_bytes = [-(-n // world) * world * 8 for n in sizes.values()]
+            pairs = [a + b for a, b in zip(unit_bytes, unit_bytes[1:])] or unit_bytes
+            assert m["formula_gathered_bytes"] == max(pairs), msg
+            assert m["gathered_peak_bytes"] == m["formula_gathered_bytes"], msg
             assert m["ddp_bytes"] == 4 * sum(sizes.values()) * 8, msg
 
 
@@ -575,12 +578,13 @@ def test_zero3_kept_by_default_and_recompute_on_request(group, fresh_rng):
 
 
 def test_zero3_prefetch_in_a_group_of_one(group, fresh_rng):
-    """prefetch=True in a group of one prefetches nothing (nothing is sent): the same training bit for bit. Two ranks'
-    prefetch is checked by the C++ tests (test_dist_zero3 [prefetch] under mpirun)."""
+    """prefetch=True (and the default, None) in a group of one prefetches nothing (nothing is sent): the same training
+    bit for bit. Two ranks' prefetch is checked by the C++ tests (test_dist_zero3 [prefetch] under mpirun) and by the
+    default in test_mpirun_zero3_steps_as_adamw_on_the_whole_batch."""
     rng, seed = fresh_rng
     x, y = dg.tensor(rng.standard_normal((5, 4))), dg.tensor(rng.standard_normal((5, 3)))
     results = []
-    for prefetch in (False, True):
+    for prefetch in (False, None, True):
         dg.manual_seed(int(seed % (1 << 30)))
         opt = dist.ZeroOptimizer([("fc0", nn.Linear(4, 8).double()), ("fc1", nn.Linear(8, 3).double())],
                                  prefetch=prefetch)
@@ -595,6 +599,9 @@ def test_zero3_prefetch_in_a_group_of_one(group, fresh_rng):
         dist.ZeroOptimizer([("a", nn.Linear(4, 3))], recompute=True, prefetch=True)
     with pytest.raises(dg.ValueError, match="prefetch=True is for stage=3"):
         dist.ZeroOptimizer(nn.Linear(4, 3), stage=2, prefetch=True)
+    # The default applies prefetch where it can: recompute and stage 2 take it without complaint.
+    dist.ZeroOptimizer([("a", nn.Linear(4, 3))], recompute=True)
+    dist.ZeroOptimizer(nn.Linear(4, 3), stage=2, prefetch=None)
 
 
 @needs_layer

@@ -54,7 +54,7 @@ def synthetic(work, rng):
                 f.writelines(lines)
             sharded = []
             for model in MODELS:
-                modes = ("ddp", "zero1", "zero2", "zero3", "zero3p", "zero3r") if engine == "dyngrad" else ("ddp", "fsdp2")
+                modes = ("ddp", "zero1", "zero2", "zero3", "zero3np", "zero3r") if engine == "dyngrad" else ("ddp", "fsdp2")
                 for mode in modes:
                     ms, peak = round(rng.uniform(0.3, 40.0), 4), round(rng.uniform(100, 9000), 1)
                     truth[(engine, model, n, "sharded-" + mode, 0)] = (ms, peak)
@@ -64,8 +64,8 @@ def synthetic(work, rng):
                     f.writelines(line for line in sharded if "mode=zero3" not in line)
                 with open(os.path.join(work, f"dyngrad_zero3_{n}.txt"), "w") as f:
                     f.writelines(line for line in sharded if "mode=zero3 " in line)
-                with open(os.path.join(work, f"dyngrad_zero3p_{n}.txt"), "w") as f:
-                    f.writelines(line for line in sharded if "mode=zero3p " in line)
+                with open(os.path.join(work, f"dyngrad_zero3np_{n}.txt"), "w") as f:
+                    f.writelines(line for line in sharded if "mode=zero3np " in line)
                 with open(os.path.join(work, f"dyngrad_zero3r_{n}.txt"), "w") as f:
                     f.writelines(line for line in sharded if "mode=zero3r " in line)
             else:
@@ -118,11 +118,11 @@ def script_run(rng):
         result = subprocess.run([os.path.join(root, "scripts", "run-dist-bench.sh"), out, "--gpus", "1 2"],
                                 capture_output=True, text=True, env=env)
         assert result.returncode == 1, result
-        assert ("failed: dyngrad_zero3_1 dyngrad_zero3p_1 dyngrad_zero3r_1 torch_fsdp_1 dyngrad_zero3_2 dyngrad_zero3p_2 "
+        assert ("failed: dyngrad_zero3_1 dyngrad_zero3np_1 dyngrad_zero3r_1 torch_fsdp_1 dyngrad_zero3_2 dyngrad_zero3np_2 "
                 "dyngrad_zero3r_2 torch_fsdp_2" in result.stderr), result.stderr
         assert "zero3 fails here" in open(os.path.join(out, "dyngrad_zero3_2.failed.txt")).read()
         report = open(os.path.join(out, "report.md")).read()
-        assert ("missing (those runs failed or were not run): dyngrad_zero3_1.txt, dyngrad_zero3p_1.txt, "
+        assert ("missing (those runs failed or were not run): dyngrad_zero3_1.txt, dyngrad_zero3np_1.txt, "
                 "dyngrad_zero3r_1.txt, torch_fsdp_1.txt") in report, report
         rows = {tuple(r[:2]): r for r in table_rows(report, "| row | GPUs | dyngrad ms")}
         # dyngrad: 2 ms on 1 GPU, 4 ms on 2 (16000 samples/s both): efficiency 0.5; torch: 8000·n samples/s: 1.0.
@@ -214,7 +214,7 @@ def main():
         rows = table_rows(text, "| row | GPUs | DDP ms")
         assert len(rows) == len(MODELS) * len(COUNTS), rows
         modes = [("dyngrad", "ddp"), ("dyngrad", "zero1"), ("dyngrad", "zero2"), ("dyngrad", "zero3"),
-                 ("dyngrad", "zero3p"), ("dyngrad", "zero3r"), ("torch", "ddp"), ("torch", "fsdp2")]
+                 ("dyngrad", "zero3np"), ("dyngrad", "zero3r"), ("torch", "ddp"), ("torch", "fsdp2")]
         for row in rows:
             model, n = row[0], int(row[1])
             values = [truth[(engine, model, n, "sharded-" + mode, 0)] for engine, mode in modes]
