@@ -103,8 +103,9 @@ struct ZeroOptions {
     // unit's reduce-scatter, the next unit's use), so every rank's device runs the collectives in one order; on the
     // CPU it is the same all-gather, made earlier. Two units' gathered parameters are resident at once (memory():
     // gathered_peak_bytes). A group of one sends nothing and prefetches nothing. Unset (the default): on where it
-    // applies (stage 3 with the kept forward; on 2 H200s it took the GPT's ZeRO-3 step from 1.21x DDP's to 1.05x),
-    // off elsewhere; true: required (ValueError where it does not apply); false: off.
+    // applies (stage 3 with the kept forward), as FSDP prefetches: it pays where an all-gather is slow against a
+    // unit's compute; over NVLink it measured within noise (docs/distributed.md). true: required (ValueError where
+    // it does not apply); false: off.
     std::optional<bool> prefetch = std::nullopt;
 };
 
