@@ -51,7 +51,6 @@
 #include "dyngrad/ops/sampling.h"
 #include "dyngrad/ops/values_indices.h"
 // nn: modules, layers, optimizers, data loading
-#include "dyngrad/nn/amp.h"
 #include "dyngrad/nn/dataset.h"
 #include "dyngrad/nn/layers.h"
 #include "dyngrad/nn/models.h"

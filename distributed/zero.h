@@ -73,7 +73,6 @@
 
 #include "dyngrad/distributed/process_group.h"
 #include "dyngrad/graph/graph.h"
-#include "dyngrad/nn/amp.h"
 #include "dyngrad/nn/layers.h"
 #include "dyngrad/nn/optim.h"
 #include "dyngrad/nn/transformer.h"

@@ -1,7 +1,9 @@
-// Optimizers and checkpoints (nn/optim.h), and the gradients clipping and loss scaling act on (gradient_targets);
-// the schedules: nn/schedules.cpp; clipping: nn/clip.cpp; loss scaling: nn/amp.cpp. CPU parameters are updated
-// here one tensor at a time; CUDA parameters are gathered per device and updated by the fused multi-tensor kernels
-// of nn/optim.cu. Both backends call the same per-element rules (nn/optim_internal.h).
+// Optimizers and the loss scaler that gates their step (nn/optim.h), and the gradients clipping and loss scaling
+// act on (gradient_targets); the schedules: nn/schedules.cpp; clipping: nn/clip.cpp; the optimizer's and scaler's
+// checkpoint state: nn/checkpoint.cpp. CPU parameters are updated here one tensor at a time; CUDA parameters are
+// gathered per device and updated by the fused multi-tensor kernels of nn/optim.cu (GradScaler's check and update
+// kernels too). Both backends call the same per-element rules (nn/optim_internal.h). Over 600 lines: the step and
+// the scaler that gates it are one protocol (Optimizer::Gate, found_inf, inv_scale), kept in one file to read.
 #include "dyngrad/nn/optim.h"
 
 #include <algorithm>
@@ -12,14 +14,11 @@
 
 #include "dyngrad/core/device_memory.h"
 #include "dyngrad/nn/optim_internal.h"
+#include "dyngrad/ops/elementwise.h"
 
 namespace dyngrad {
 
-using optim_detail::check_group_count;
-using optim_detail::check_no_extra;
 using optim_detail::check_non_negative;
-using optim_detail::entry;
-using optim_detail::check_type_entry;
 
 namespace {
 
@@ -74,22 +73,6 @@ void adam_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
 template <typename T>
 Unscale<T> cpu_unscale(double inv_scale) {
     return {static_cast<T>(inv_scale), inv_scale != 1};
-}
-
-// ---- checkpoint entries ----
-
-constexpr const char* kOptimizerPrefix = "@optimizer.";
-constexpr const char* kOptimizerType = "dyngrad.optimizer";
-// Columns of "@optimizer.settings", one row per group.
-constexpr std::int64_t kSettingColumns = 7;
-
-std::vector<double> settings_row(const GroupSettings& s) {
-    return {s.lr, s.weight_decay, s.momentum, s.nesterov ? 1.0 : 0.0, s.beta1, s.beta2, s.eps};
-}
-
-GroupSettings settings_from_row(const double* row) {
-    return {.lr = row[0], .weight_decay = row[1], .momentum = row[2], .nesterov = row[3] != 0,
-            .beta1 = row[4], .beta2 = row[5], .eps = row[6]};
 }
 
 }  // namespace
@@ -190,7 +173,7 @@ double Optimizer::gate_inv_scale(const Gate* gate) {
     return static_cast<double>(gate->inv_scale.data<float>()[0]);
 }
 
-// The gradients clipping (nn/clip.cpp) and loss scaling (nn/amp.cpp) act on, beside the step that reads them:
+// The gradients clipping (nn/clip.cpp) and loss scaling (GradScaler, below) act on, beside the step that reads them:
 // trainable parameters that have one. For scale_in_place they are made exclusive (a gradient may share storage
 // with a graph's values or another gradient) so that scaling one in place touches nothing else. A reader copies
 // nothing: a parameter's gradient is shared with its leaf in the graph until the graph goes, so the copies cost
@@ -276,105 +259,6 @@ void Optimizer::set_lr(std::size_t group, double lr) {
 void Optimizer::set_host_lr(std::size_t group, double lr) {
     check_non_negative(group_name(group), "lr", lr);
     groups_[group].settings.lr = lr;
-}
-
-void Optimizer::save_state(TensorMap& tensors, SafetensorsMetadata& metadata) const {
-    pull_device_scalars();
-    const auto groups = static_cast<std::int64_t>(groups_.size());
-    std::vector<std::int64_t> sizes;
-    std::vector<double> rows;
-    for (const Group& group : groups_) {
-        sizes.push_back(static_cast<std::int64_t>(group.end - group.begin));
-        const std::vector<double> row = settings_row(group.settings);
-        rows.insert(rows.end(), row.begin(), row.end());
-    }
-    const std::string prefix = kOptimizerPrefix;
-    metadata[kOptimizerType] = name();
-    tensors[prefix + "group_sizes"] = Tensor::from_vector(sizes, {groups});
-    tensors[prefix + "settings"] = Tensor::from_vector(rows, {groups, kSettingColumns}, DType::f64);
-    tensors[prefix + "steps"] = Tensor::from_vector(steps_, {static_cast<std::int64_t>(steps_.size())});
-    for (std::size_t i = 0; i < parameters_.size(); ++i) {
-        if (steps_[i] == 0) continue;
-        const std::vector<const char*> names = state_names(groups_[group_of_[i]].settings);
-        for (std::size_t k = 0; k < names.size(); ++k)
-            if (state_[i][k].defined()) tensors[str(prefix, "state.", i, ".", names[k])] = state_[i][k];
-    }
-}
-
-std::function<void()> Optimizer::stage_state(const TensorMap& tensors, const SafetensorsMetadata& metadata,
-                                             const std::string& source) {
-    check_type_entry(metadata, kOptimizerType, "optimizer", name(), source);
-    const std::string prefix = kOptimizerPrefix;
-    std::set<std::string> used;
-    const auto read = [&](const std::string& key, DType dtype, const Shape& shape) -> const Tensor& {
-        used.insert(key);
-        return entry(tensors, key, dtype, shape, source);
-    };
-    const auto groups = static_cast<std::int64_t>(groups_.size());
-    // Another number of groups is another group layout (ValueError, as other group sizes), not a bad tensor.
-    check_group_count(tensors, prefix + "group_sizes", groups, str(name(), " parameter groups"), source);
-    const Tensor& sizes = read(prefix + "group_sizes", DType::i64, {groups});
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
-        const std::int64_t saved = sizes.data<std::int64_t>()[g];
-        const auto here = static_cast<std::int64_t>(groups_[g].end - groups_[g].begin);
-        if (saved != here)
-            throw ValueError(str("checkpoint '", source, "': ", name(), " parameter group ", g, " holds ", saved,
-                                 " parameters there and ", here, " here"));
-    }
-    std::vector<Group> new_groups = groups_;
-    const Tensor& rows = read(prefix + "settings", DType::f64, {groups, kSettingColumns});
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
-        new_groups[g].settings = settings_from_row(rows.data<double>() + g * kSettingColumns);
-        check_non_negative(str("checkpoint '", source, "': ", group_name(g)), "lr", new_groups[g].settings.lr);
-        check_settings(new_groups[g].settings, str("checkpoint '", source, "': ", group_name(g)));
-    }
-    const Tensor& steps = read(prefix + "steps", DType::i64, {static_cast<std::int64_t>(parameters_.size())});
-    std::vector<std::int64_t> new_steps(steps.data<std::int64_t>(), steps.data<std::int64_t>() + steps.numel());
-    std::vector<std::array<Tensor, 2>> new_state(parameters_.size());
-    for (std::size_t i = 0; i < parameters_.size(); ++i) {
-        if (new_steps[i] < 0)
-            throw ValueError(str("checkpoint '", source, "': parameter ", i, " has step count ", new_steps[i]));
-        if (new_steps[i] == 0) continue;
-        const Tensor& value = parameters_[i].value();
-        const std::vector<const char*> names = state_names(new_groups[group_of_[i]].settings);
-        for (std::size_t k = 0; k < names.size(); ++k) {
-            const std::string key = str(prefix, "state.", i, ".", names[k]);
-            used.insert(key);
-            const auto found = tensors.find(key);
-            if (found == tensors.end())
-                throw IoError(str("checkpoint '", source, "' has no tensor '", key, "' (state of parameter '",
-                                  parameters_[i].name(), "', updated ", new_steps[i], " times)"));
-            if (found->second.shape() != value.shape())
-                throw ShapeError(str("checkpoint '", source, "': tensor '", key, "' has shape ",
-                                     to_string(found->second.shape()), ", parameter '", parameters_[i].name(), "' ",
-                                     to_string(value.shape())));
-            if (!is_floating(found->second.dtype()))
-                throw DTypeError(str("checkpoint '", source, "': tensor '", key, "' is ",
-                                     dtype_name(found->second.dtype()), ", optimizer state must be floating"));
-            new_state[i][k] = found->second.to(value.dtype()).to(value.device()).clone();
-        }
-    }
-    check_no_extra(tensors, prefix, used, source);
-    return [this, new_groups = std::move(new_groups), new_steps = std::move(new_steps),
-            new_state = std::move(new_state)]() mutable {
-        groups_ = std::move(new_groups);
-        steps_ = std::move(new_steps);
-        state_ = std::move(new_state);
-        // The device scalars keep their addresses (a captured step reads them) and take the loaded values.
-        std::vector<double> lrs;
-        for (const Group& group : groups_) lrs.push_back(group.settings.lr);
-        for (auto& [device, on] : tables_->by_device) {
-            // Under a deferred schedule advance the loaded lrs are overrides, as set_lr's (the schedule's own
-            // checkpoint entry puts its epoch back).
-            Tensor& target = on.deferred.count > 0 ? on.lr_overrides : on.lrs;
-            target.copy_from(Tensor::from_vector(lrs, {static_cast<std::int64_t>(lrs.size())}, DType::f64));
-            on.steps.copy_from(Tensor::from_vector(steps_, {static_cast<std::int64_t>(steps_.size())}));
-        }
-    };
-}
-
-void Optimizer::load_state(const TensorMap& tensors, const SafetensorsMetadata& metadata, const std::string& source) {
-    stage_state(tensors, metadata, source)();
 }
 
 // ---- the frame of every update ----
@@ -566,5 +450,159 @@ AdamW::AdamW(std::vector<Parameter> parameters, const AdamOptions& options)
     : Adam(one_group(std::move(parameters)), options, true) {}
 
 AdamW::AdamW(std::vector<ParamGroup> groups, const AdamOptions& defaults) : Adam(std::move(groups), defaults, true) {}
+
+// ---- GradScaler (nn/optim.h): the host logic, the CPU rules, and the calls into the GPU passes of nn/optim.cu ----
+
+GradScaler::GradScaler(const GradScalerOptions& o) : options_(o) {
+    if (!(o.init_scale > 0) || !std::isfinite(o.init_scale))
+        throw ValueError(str("GradScaler: init_scale must be positive and finite, got ", o.init_scale));
+    if (!(o.growth_factor > 1) || !std::isfinite(o.growth_factor))
+        throw ValueError(str("GradScaler: growth_factor must be finite and above 1, got ", o.growth_factor));
+    if (!(o.backoff_factor > 0 && o.backoff_factor < 1))
+        throw ValueError(str("GradScaler: backoff_factor must be in (0, 1), got ", o.backoff_factor));
+    if (o.growth_interval <= 0)
+        throw ValueError(str("GradScaler: growth_interval must be positive, got ", o.growth_interval));
+    if (o.max_consecutive_skips <= 0)
+        throw ValueError(str("GradScaler: max_consecutive_skips must be positive, got ", o.max_consecutive_skips));
+    if (!(o.min_scale >= 0) || !std::isfinite(o.min_scale))
+        throw ValueError(str("GradScaler: min_scale must be finite and non-negative, got ", o.min_scale));
+    scale_ = Tensor::full({}, o.init_scale, DType::f32);
+    inv_scale_ = Tensor::full({}, 1.0 / o.init_scale, DType::f32);
+    found_inf_ = Tensor::zeros({}, DType::f32);
+    one_ = Tensor::ones({}, DType::f32);
+    tracker_ = Tensor::zeros({}, DType::i64);
+    skips_ = Tensor::zeros({}, DType::i64);
+}
+
+void GradScaler::place(const Device& device) {
+    if (scale_.device() == device) return;
+    if (device.is_cuda())
+        cuda::refuse_in_capture(device.index, "GradScaler",
+                                "its first use on a device moves its state there (host-to-device copies); run one "
+                                "step eagerly before capturing (CapturedStep's warm-up run does)");
+    for (Tensor* t : {&scale_, &inv_scale_, &found_inf_, &one_, &tracker_, &skips_}) *t = t->to(device);
+}
+
+Var GradScaler::scale(const Var& loss) {
+    if (!options_.enabled) return loss;
+    const Tensor& value = loss.value();
+    if (!is_floating(value.dtype()))
+        throw DTypeError(str("GradScaler::scale: the loss must be floating, got ", describe(value)));
+    if (unscaled_)
+        throw ValueError("GradScaler::scale: unscale() was already called for this step; call step() first (the "
+                         "gradients of this loss would stay scaled while the others are unscaled)");
+    place(value.device());
+    scaled_ = true;
+    const Tensor factor = value.dtype() == DType::f32 ? scale_ : scale_.to(value.dtype());
+    return mul(loss, loss.graph().constant(factor));
+}
+
+void GradScaler::check(Optimizer& optimizer, bool unscale) {
+    // Without unscaling the check only reads the gradients: no exclusive copies.
+    const std::vector<Tensor*> grads = gradient_targets(optimizer.parameters(), "GradScaler",
+                                                        unscale ? GradientUse::scale_in_place : GradientUse::read);
+    const Device device = grads.empty() ? scale_.device() : grads.front()->device();
+    place(device);
+    if (device.is_cuda()) {
+        if (unscale)
+            for (Tensor* grad : grads) grad->bump_version();
+        cuda::scaler_check(device.index, cuda::grad_operands(grads), scale_.data<float>(), inv_scale_.data<float>(),
+                           found_inf_.data<float>(), unscale);
+        return;
+    }
+    const float inv = static_cast<float>(1.0 / static_cast<double>(scale_.data<float>()[0]));
+    bool found = false;
+    for (Tensor* grad : grads) {
+        if (unscale) grad->bump_version();
+        dispatch_floating(grad->dtype(), "GradScaler", [&]<typename T>() {
+            T* g = grad->data<T>();
+            for (std::int64_t i = 0; i < grad->numel(); ++i) {
+                const T v = g[i] * static_cast<T>(inv);
+                found = found || !std::isfinite(v);
+                if (unscale) g[i] = v;
+            }
+        });
+    }
+    inv_scale_.data<float>()[0] = inv;
+    found_inf_.data<float>()[0] = found ? 1.0f : 0.0f;
+}
+
+void GradScaler::require_scaled(const char* call) const {
+    if (!scaled_)
+        throw ValueError(str("GradScaler::", call, ": no loss was scaled since the last step(); call scale(loss) and "
+                             "backward on the scaled loss first (these gradients are not scaled: dividing them by the "
+                             "scale would make the step that much too small)"));
+}
+
+void GradScaler::unscale(Optimizer& optimizer) {
+    if (!options_.enabled) return;
+    if (unscaled_)
+        throw ValueError("GradScaler::unscale: already called since the last step(); call it once per step");
+    require_scaled("unscale");
+    check(optimizer, true);
+    unscaled_ = true;
+}
+
+void GradScaler::step(Optimizer& optimizer) {
+    if (!options_.enabled) {
+        optimizer.step();
+        return;
+    }
+    if (checked_)
+        throw ValueError("GradScaler::step: already called since the last update(); call update() once per step");
+    require_scaled("step");
+    if (!unscaled_) check(optimizer, false);
+    optimizer.step(Optimizer::Gate{unscaled_ ? one_ : inv_scale_, found_inf_});
+    scaled_ = false;
+    unscaled_ = false;
+    checked_ = true;
+}
+
+void GradScaler::update() {
+    if (!options_.enabled) return;
+    if (!checked_) throw ValueError("GradScaler::update: no step() since the last update(); call step() first");
+    checked_ = false;
+    ++updates_;
+    for (Tensor* t : {&scale_, &tracker_, &skips_}) t->bump_version();
+    if (scale_.device().is_cuda()) {
+        const cuda::ScalerRule rule{options_.growth_factor, options_.backoff_factor, options_.min_scale,
+                                    options_.growth_interval, options_.max_consecutive_skips};
+        cuda::scaler_update(scale_.device().index, rule, scale_.data<float>(),
+                            reinterpret_cast<long long*>(tracker_.data<std::int64_t>()),
+                            reinterpret_cast<long long*>(skips_.data<std::int64_t>()), found_inf_.data<float>());
+        return;
+    }
+    // The rule of scaler_update_kernel (nn/optim.cu), in the same float arithmetic.
+    float& scale = scale_.data<float>()[0];
+    std::int64_t& tracker = tracker_.data<std::int64_t>()[0];
+    std::int64_t& skips = skips_.data<std::int64_t>()[0];
+    if (found_inf_.data<float>()[0] != 0.0f) {
+        scale = static_cast<float>(static_cast<double>(scale) * options_.backoff_factor);
+        tracker = 0;
+        ++skips;
+        if (skips >= options_.max_consecutive_skips && static_cast<double>(scale) < options_.min_scale)
+            throw NumericalError(str("GradScaler: at step ", updates_, " (update() call ", updates_,
+                                     ") the loss scale collapsed to ", scale, " after ", skips,
+                                     " consecutive skipped steps (non-finite gradients at every scale): the training "
+                                     "diverged"));
+        return;
+    }
+    skips = 0;
+    if (++tracker == options_.growth_interval) {
+        const auto grown = static_cast<float>(static_cast<double>(scale) * options_.growth_factor);
+        if (std::isfinite(grown)) scale = grown;
+        tracker = 0;
+    }
+}
+
+double GradScaler::scale_value() const { return options_.enabled ? scale_.item() : 1.0; }
+std::int64_t GradScaler::growth_tracker() const { return static_cast<std::int64_t>(tracker_.item()); }
+std::int64_t GradScaler::consecutive_skips() const { return static_cast<std::int64_t>(skips_.item()); }
+bool GradScaler::last_step_skipped() const { return found_inf_.item() != 0; }
+
+std::vector<std::pair<std::string, Tensor>> GradScaler::state_tensors() const {
+    return {{"scale", scale_}, {"growth_tracker", tracker_}, {"skips", skips_}, {"found_inf", found_inf_},
+            {"inv_scale", inv_scale_}};
+}
 
 }  // namespace dyngrad

@@ -448,7 +448,7 @@ void next_lrs(int device, const StepState& state, double* out) {
     DG_CUDA_CHECK_LAUNCH();
 }
 
-// ---- GradScaler (nn/amp.h; the host side and the CPU rules: nn/amp.cpp): the inf check with optional unscaling
+// ---- GradScaler (nn/optim.h; the host side and the CPU rules: nn/optim.cpp): the inf check with optional unscaling
 // over batches of gradients, and the scale update, queued with no host synchronisation (capturable). The fused
 // steps above read the flags (StepState::inv_scale, found_inf). ----
 

@@ -1,6 +1,6 @@
 // Internal to the optimizer wing of nn/ (not installed): what the optimizers (nn/optim.cpp, nn/optim.cu), the
 // schedules (nn/schedules.cpp), checkpoints (nn/checkpoint.cpp), clipping (nn/clip.{cpp,cu}) and loss scaling
-// (nn/amp.cpp, its kernels in nn/optim.cu) share, in one header so that a walk through a step reads one file:
+// (GradScaler: nn/optim.cpp, its kernels in nn/optim.cu) share, in one header so that a walk through a step reads one file:
 //   1. the per-element update rules and per-step scalars both backends apply (as ops/elementwise_math.h is for
 //      the elementwise ops): the CPU loop and the fused kernels call them element by element;
 //   2. the GPU entry points of the fused steps, with the cached device table of update chunks;
@@ -337,7 +337,7 @@ void clip_norm(int device, std::span<const GradOperand> grads, double max_norm, 
                Tensor& norm, Tensor* coefficient = nullptr);
 void clip_value(int device, std::span<const GradOperand> grads, double clip_value);
 
-// GradScaler (nn/amp.h) on one device, queued with no host synchronisation (capturable):
+// GradScaler (nn/optim.h) on one device, queued with no host synchronisation (capturable):
 // scaler_check: inv_scale = 1/scale (computed in double, rounded to float), found_inf = 0, then found_inf = 1
 // when any grad·inv_scale is not finite; with `unscale`, grads = grad·inv_scale in place as well.
 void scaler_check(int device, std::span<const GradOperand> grads, const float* scale, float* inv_scale,

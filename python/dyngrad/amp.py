@@ -1,5 +1,5 @@
 """Mixed precision: ``dyngrad.autocast`` (graph/autocast.h's AutocastGuard as a context manager) and
-``dyngrad.amp.GradScaler`` (nn/amp.h), with PyTorch's names.
+``dyngrad.amp.GradScaler`` (nn/optim.h), with PyTorch's names.
 
     with dg.autocast("cuda", dtype=dg.bfloat16):
         loss = F.cross_entropy(model(x), y)          # matmul/linear/conv2d/attention in bf16, the loss in f32
@@ -67,7 +67,7 @@ class autocast(ScopedSwitch):
 
 
 class GradScaler(_core.GradScaler):
-    """Loss scaling (nn/amp.h): ``scale(loss)``, ``unscale_(opt)``, ``step(opt)``, ``update()``, ``get_scale()``,
+    """Loss scaling (nn/optim.h): ``scale(loss)``, ``unscale_(opt)``, ``step(opt)``, ``update()``, ``get_scale()``,
     ``state_dict()``/``load_state_dict()``. On a GPU the check, the skip and the scale update run on the device
     (no synchronisation). Differences from torch.amp.GradScaler: ``update(new_scale)`` is refused (the scale
     follows its growth/backoff rule); a scale that keeps collapsing raises NumericalError (``min_scale``,

@@ -1,5 +1,5 @@
 """Mixed precision from Python: bf16/f16 dtypes and casts, dg.autocast (AutocastGuard), dg.amp.GradScaler
-(nn/amp.h), against NumPy roundings and PyTorch's loss-scaling rules written out."""
+(nn/optim.h), against NumPy roundings and PyTorch's loss-scaling rules written out."""
 import numpy as np
 import pytest
 

@@ -2,7 +2,7 @@
 Python, except the entries of docs/python.md's exception list (parity-exceptions), each with its reason.
 
 The surface: every op of ops/op_table.cpp (dyngrad.ops.<name>); every class of nn/*.h deriving from Module,
-Optimizer or LRScheduler (layers, optimizers, schedules); GradScaler (nn/amp.h); the *Guard classes of graph/*.h
+Optimizer or LRScheduler (layers, optimizers, schedules); GradScaler (nn/optim.h); the *Guard classes of graph/*.h
 (no_grad, autocast, detect_anomaly); the loaders of nn/dataset.h; CapturedStep (cuda/capture.h); the classes of
 distributed/*.h; the fields of the settings structs in SETTINGS (GPTConfig, TransformerOptions, ZeroOptions, ZeroUnit:
 "Struct::field", a field of the Python dataclass or a keyword of the Python constructor) and the ZeRO stages
@@ -72,8 +72,8 @@ def surface_from_sources(files: dict[str, str]) -> dict[str, str]:
         if r in prefix:
             entries[name] = RENAMED.get(name, prefix[r] + name)
     for path, text in files.items():
-        if path == "nn/amp.h":
-            entries.update({n: RENAMED.get(n, "amp." + n) for n in _ANY_CLASS.findall(text)})
+        if path == "nn/optim.h":  # the loss scaler beside the optimizers whose step it gates
+            entries.update({n: RENAMED.get(n, "amp." + n) for n in _ANY_CLASS.findall(text) if n.startswith("GradScaler")})
         elif path.startswith("graph/") and path.endswith(".h"):
             entries.update({n: RENAMED.get(n, n) for n in _ANY_CLASS.findall(text) if n.endswith("Guard")})
         elif path in ("nn/dataset.h", "cuda/capture.h"):
