@@ -26,9 +26,11 @@
 // --kernel-times (CUDA, with CUPTI): after each step row, rank 0's kernels of 10 more steps, each alone, from CUPTI's
 // trace (bench/kernel_trace.h): a "kernels" line (count, kernel time, busy, span and idle per step, as dyngrad-perf
 // --kernel-times prints) and the kernels grouped by name, most time first (where the sharded modes' time goes).
+// --capture (GPUs): each DDP row's step (forward, backward with its all-reduces, update) is a cuda::CapturedStep,
+// captured once and replayed: the step without its host work, on 1 GPU and N alike.
 // --repeats R (default 5): R timed windows of --steps steps each; step_ms is the median window's time per step,
 // step_ms_min and step_ms_max the fastest and slowest (bench/torch_ddp.py times the same way).
-//   mpirun -np 2 dyngrad-dist-bench [--steps 30] [--warmup 5] [--repeats 5] [--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3 [--zero-recompute | --no-zero-prefetch]] [--tiny] [--phases] [--kernel-times]
+//   mpirun -np 2 dyngrad-dist-bench [--steps 30] [--warmup 5] [--repeats 5] [--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3 [--zero-recompute | --no-zero-prefetch]] [--tiny] [--phases] [--kernel-times] [--capture]
 //       [--bucket-cap-mb 25] [--first-bucket-cap-mb 1] [--gradient-as-bucket-view] [--ddp-compression bf16|f16]
 //       (DDPOptions; with compression the DDP rows' lines carry compression=bf16|f16, run them apart from the others)
 #include <dyngrad/cuda/runtime.h>
@@ -43,6 +45,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -126,11 +129,14 @@ struct Reports {
     bool phases = false;
     int repeats = 5;  // timed windows of `steps` steps; the row reports the median window
     bool kernel_times = false;
+    bool capture = false;  // DDP rows: each step one cuda::CapturedStep replay (its first run eager)
 };
 
 void step_bench(dist::ProcessGroup& group, const Workload& w, const std::string& mode, bool adamw, bool overlap,
                 int steps, int warmup, Reports reports, const dist::DDPOptions& ddp_options) {
     const Device device = group.device();
+    if (reports.capture && !device.is_cuda())
+        throw cli::UsageError("--capture: a CUDA graph per step needs the ranks on GPUs (NCCL)");
     if (device.is_cuda()) {
         cuda::set_allow_tf32(w.tf32);
         cuda::synchronize(device.index);
@@ -167,11 +173,14 @@ void step_bench(dist::ProcessGroup& group, const Workload& w, const std::string&
     // The step's three phases; one_step runs them back to back, --phases times each (below).
     std::unique_ptr<ComputeGraph> graph;
     Var loss;
+    // The inputs of the step: x and y, or a captured step's copies of them.
+    const Tensor* step_x = &x;
+    const Tensor* step_y = &y;
     const auto forward = [&] {
         graph = std::make_unique<ComputeGraph>();
         const AutocastGuard autocast(w.autocast);
-        loss = stage == 3 ? built.head_loss(zero->forward(graph->input(x)), graph->input(y))
-                          : built.loss(graph->input(x), graph->input(y));
+        loss = stage == 3 ? built.head_loss(zero->forward(graph->input(*step_x)), graph->input(*step_y))
+                          : built.loss(graph->input(*step_x), graph->input(*step_y));
     };
     const auto backward = [&] {
         if (zero) zero->backward(*graph, loss);
@@ -189,7 +198,25 @@ void step_bench(dist::ProcessGroup& group, const Workload& w, const std::string&
         loss = Var();
         graph.reset();
     };
+    std::unique_ptr<cuda::CapturedStep> captured;
+    if (reports.capture)
+        captured = std::make_unique<cuda::CapturedStep>([&](std::span<const Tensor> in) {
+            step_x = &in[0];
+            step_y = &in[1];
+            forward();
+            backward();
+            const Tensor value = loss.value();
+            update();
+            step_x = &x;
+            step_y = &y;
+            return value;
+        });
+    const std::vector<Tensor> step_inputs = {x, y};
     const auto one_step = [&] {
+        if (captured) {
+            captured->run(step_inputs);
+            return;
+        }
         forward();
         backward();
         update();
@@ -246,6 +273,7 @@ void step_bench(dist::ProcessGroup& group, const Workload& w, const std::string&
                     windows.front(), windows.back(),
                     1000.0 * static_cast<double>(w.batch * group.world_size()) / step_ms,
                     peak.c_str(), compression.c_str());
+    if (group.rank() == 0 && captured) std::printf("# captured: the step above is one CUDA-graph replay\n");
     std::fflush(stdout);
     if (reports.kernel_times && device.is_cuda()) {
         // Every rank traces (the steps are collectives); rank 0 reports. Each step alone: synchronised before
@@ -304,10 +332,11 @@ int main(int argc, char** argv) {
     Reports reports;
     dist::DDPOptions ddp_options;
     try {
-        const cli::Arguments args(argc, argv, {.flags = {"--tiny", "--phases", "--kernel-times", "--gradient-as-bucket-view", "--zero-recompute", "--no-zero-prefetch"}, .options = {"--steps", "--warmup", "--only", "--zero", "--bucket-cap-mb", "--first-bucket-cap-mb", "--ddp-compression", "--repeats"}});
+        const cli::Arguments args(argc, argv, {.flags = {"--tiny", "--phases", "--kernel-times", "--gradient-as-bucket-view", "--zero-recompute", "--no-zero-prefetch", "--capture"}, .options = {"--steps", "--warmup", "--only", "--zero", "--bucket-cap-mb", "--first-bucket-cap-mb", "--ddp-compression", "--repeats"}});
         tiny = args.has("--tiny");
         reports.phases = args.has("--phases");
         reports.kernel_times = args.has("--kernel-times");
+        reports.capture = args.has("--capture");
         if (reports.kernel_times && !bench::kernel_trace_available())
             throw cli::UsageError("--kernel-times: this build has no CUPTI (CUDA::cupti was not found)");
         ddp_options.gradient_as_bucket_view = args.has("--gradient-as-bucket-view");
@@ -322,6 +351,8 @@ int main(int argc, char** argv) {
             throw cli::UsageError("--no-zero-prefetch goes with --zero 3, without --zero-recompute");
         if (zero_recompute && std::find(stages.begin(), stages.end(), 3) == stages.end())
             throw cli::UsageError("--zero-recompute goes with --zero 3");
+        if (reports.capture && (!stages.empty() || reports.phases))
+            throw cli::UsageError("--capture: for the DDP rows (not with --zero) and the whole step (not with --phases)");
         if (auto v = args.value("--ddp-compression"))
             ddp_options.compression = cli::parse_choice("--ddp-compression", *v, {"bf16", "f16"}) == "bf16" ? DType::bf16 : DType::f16;
         if (auto v = args.value("--bucket-cap-mb")) ddp_options.bucket_cap_mb = cli::parse_real("--bucket-cap-mb", *v, 1e-3, 1e6);
@@ -329,7 +360,7 @@ int main(int argc, char** argv) {
             ddp_options.first_bucket_cap_mb = cli::parse_real("--first-bucket-cap-mb", *v, 1e-3, 1e6);
     } catch (const cli::UsageError& e) {
         std::fprintf(stderr, "dyngrad-dist-bench: %s\nusage: mpirun -np N dyngrad-dist-bench [--steps N] [--warmup N] [--repeats R] "
-                             "[--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3 [--zero-recompute | --no-zero-prefetch]] [--tiny] [--phases] [--kernel-times] [--bucket-cap-mb MB] "
+                             "[--only mlp|lenet|gpt|allreduce] [--zero 0,1,2,3 [--zero-recompute | --no-zero-prefetch]] [--tiny] [--phases] [--kernel-times] [--capture] [--bucket-cap-mb MB] "
                              "[--first-bucket-cap-mb MB] [--gradient-as-bucket-view] [--ddp-compression bf16|f16]\n", e.what());
         return 2;
     }
