@@ -236,8 +236,13 @@ Tensor CapturedStep::Impl::capture(Variant& v, std::span<const Tensor> inputs) {
                              "(a host synchronisation or allocation outside dyngrad?)"));
     last_counts = count_nodes(graph.get());
     cudaGraphExec_t exec = nullptr;
-    const cudaError_t status = cudaGraphInstantiate(&exec, graph.get(), 0);
-    if (status != cudaSuccess) throw_cuda_error(status, "cudaGraphInstantiate(&exec, graph, 0)", __FILE__, __LINE__);
+    // Each kernel node keeps the priority of the stream it was captured from (DDP's and ZeRO's communication
+    // streams run at the highest): without this flag a replay runs every node at the launch stream's priority, and
+    // a ready bucket's all-reduce queues behind the backward's GEMMs instead of overlapping them.
+    const cudaError_t status = cudaGraphInstantiateWithFlags(&exec, graph.get(), cudaGraphInstantiateFlagUseNodePriority);
+    if (status != cudaSuccess)
+        throw_cuda_error(status, "cudaGraphInstantiateWithFlags(&exec, graph, cudaGraphInstantiateFlagUseNodePriority)",
+                         __FILE__, __LINE__);
     v.graph = GraphExec(exec, ctx.stream);
     v.output = std::move(output);
     v.graph.launch();
