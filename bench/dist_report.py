@@ -10,6 +10,8 @@ ZeRO-1/2, ZeRO-3 keeping each unit's activations (prefetching), the same without
 - per N: the all-reduce bus bandwidth of both by message size;
 - per workload and N: step ms and peak MiB of DDP (AdamW), ZeRO-1/2/3 (their step time over DDP's) and PyTorch's
   DDP and FSDP2;
+- per workload and N, from OUT/dyngrad_capture_N.txt (dyngrad-dist-bench --capture): the DDP step captured into a CUDA
+  graph and replayed, its step ms, samples/s and efficiency, over the eager step, and with overlap off;
 and OUT/scaling.png (efficiency against N, one line per workload and engine) when matplotlib imports.
 
     python3 bench/dist_report.py OUT 1 2 4
@@ -50,7 +52,8 @@ def read_all(out, counts):
                                    ("dyngrad", "sharded", f"dyngrad_zero3_{n}.txt"),
                                    ("dyngrad", "sharded", f"dyngrad_zero3np_{n}.txt"),
                                    ("dyngrad", "sharded", f"dyngrad_zero3r_{n}.txt"),
-                                   ("torch", "sharded", f"torch_fsdp_{n}.txt")):
+                                   ("torch", "sharded", f"torch_fsdp_{n}.txt"),
+                                   ("dyngrad", "captured", f"dyngrad_capture_{n}.txt")):
             path = os.path.join(out, name)
             if os.path.exists(path):
                 steps, bandwidth = read(path)
@@ -70,15 +73,15 @@ def ddp_row(steps, model, n, overlap=True):
     return None
 
 
-def efficiencies(runs, counts):
-    """{(engine, model): {N: efficiency}} from the data-parallel rows."""
+def efficiencies(runs, counts, kind="ddp", engines=("dyngrad", "torch")):
+    """{(engine, model): {N: efficiency}} from the data-parallel rows (kind "ddp") or the captured ones ("captured")."""
     table = {}
-    for engine in ("dyngrad", "torch"):
-        models = sorted({k[0] for n in counts for k in runs.get((engine, "ddp", n), ({}, {}))[0]})
+    for engine in engines:
+        models = sorted({k[0] for n in counts for k in runs.get((engine, kind, n), ({}, {}))[0]})
         for model in models:
-            base = ddp_row(runs.get((engine, "ddp", 1), ({}, {}))[0], model, 1)
+            base = ddp_row(runs.get((engine, kind, 1), ({}, {}))[0], model, 1)
             for n in counts:
-                row = ddp_row(runs.get((engine, "ddp", n), ({}, {}))[0], model, n)
+                row = ddp_row(runs.get((engine, kind, n), ({}, {}))[0], model, n)
                 if base and row:
                     table.setdefault((engine, model), {})[n] = row[1] / (n * base[1])
     return table
@@ -153,6 +156,26 @@ def sharded_table(runs, counts):
     return rows
 
 
+def captured_table(runs, counts):
+    """The DDP step captured (dyngrad-dist-bench --capture): step ms, samples/s, efficiency, captured / eager step,
+    and the captured step with overlap off."""
+    if not any(runs.get(("dyngrad", "captured", n)) for n in counts):
+        return []
+    eff = efficiencies(runs, counts, "captured", ("dyngrad",))
+    rows = ["", "| row | GPUs | captured ms | captured samples/s | captured eff. | eager ms | captured / eager | "
+            "captured no-overlap ms |", "|" + " --- |" * 8]
+    models = sorted({k[0] for n in counts for k in runs.get(("dyngrad", "captured", n), ({}, {}))[0]})
+    for model in models:
+        for n in counts:
+            c = ddp_row(runs.get(("dyngrad", "captured", n), ({}, {}))[0], model, n)
+            e = ddp_row(runs.get(("dyngrad", "ddp", n), ({}, {}))[0], model, n)
+            c_off = ddp_row(runs.get(("dyngrad", "captured", n), ({}, {}))[0], model, n, False) if n > 1 else None
+            rows.append(f"| {model} | {n} | {fmt(c and c[0])} | {fmt(c and c[1], 0)} | "
+                        f"{fmt(eff.get(('dyngrad', model), {}).get(n))} | {fmt(e and e[0])} | "
+                        f"{fmt(c[0] / e[0] if c and e else None)} | {fmt(c_off and c_off[0])} |")
+    return rows
+
+
 def plot(eff, counts, path):
     """The scaling PNG; returns a note when matplotlib is missing (nothing written), else None."""
     try:
@@ -184,7 +207,8 @@ def report(out, counts):
     counts = sorted(set(counts))
     runs, missing = read_all(out, counts)
     eff = efficiencies(runs, counts)
-    rows = scaling_table(runs, counts, eff) + allreduce_tables(runs, counts) + sharded_table(runs, counts)
+    rows = (scaling_table(runs, counts, eff) + allreduce_tables(runs, counts) + sharded_table(runs, counts) +
+            captured_table(runs, counts))
     note = plot(eff, counts, os.path.join(out, "scaling.png"))
     if note:
         rows += ["", note]

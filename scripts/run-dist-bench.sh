@@ -5,8 +5,9 @@
 # and ZeRO-1/2, --zero 0,1,2, and ZeRO-3 in runs of their own, --zero 3, --zero 3 --no-zero-prefetch and --zero 3 --zero-recompute; PyTorch: DDP with AdamW and FSDP2, --fsdp). bench/dist_report.py writes
 # OUT/report.md: per row and GPU count the step time, throughput, scaling efficiency samples/s(N) / (N x
 # samples/s(1)), dyngrad's step time against PyTorch's, the time without overlapping the all-reduce; the all-reduce
-# bus bandwidth of both by message size per count; step time and peak memory of DDP, ZeRO-1/2/3 and FSDP2; and
-# OUT/scaling.png (efficiency against N) when matplotlib imports. DDP runs with gradient_as_bucket_view on both
+# bus bandwidth of both by message size per count; step time and peak memory of DDP, ZeRO-1/2/3 and FSDP2; the
+# DDP step captured into a CUDA graph (--capture, a run of its own: its time, efficiency and ratio to the eager
+# step); and OUT/scaling.png (efficiency against N) when matplotlib imports. DDP runs with gradient_as_bucket_view on both
 # sides (each gradient a view into its all-reduced bucket: no copy back).
 #   scripts/run-dist-bench.sh OUT [--gpus "1 2 4"] [--plan]
 #       (default counts: 1, 2 and the machine's GPU count from nvidia-smi when larger; --plan prints the counts
@@ -52,7 +53,7 @@ bench=${DYNGRAD_DIST_BENCH:-$build/bench/dyngrad-dist-bench}
 if ((plan)); then
     echo "counts: $counts"
     for n in $counts; do
-        echo "dyngrad_$n, dyngrad_zero_$n (--zero 0,1,2), dyngrad_zero3_$n (--zero 3), dyngrad_zero3np_$n (--zero 3 --no-zero-prefetch), dyngrad_zero3r_$n (--zero 3 --zero-recompute): mpirun -np $n ${mpi_flags[*]} -x NCCL_NVLS_ENABLE $bench --steps $steps --gradient-as-bucket-view"
+        echo "dyngrad_$n, dyngrad_zero_$n (--zero 0,1,2), dyngrad_zero3_$n (--zero 3), dyngrad_zero3np_$n (--zero 3 --no-zero-prefetch), dyngrad_zero3r_$n (--zero 3 --zero-recompute), dyngrad_capture_$n (--capture): mpirun -np $n ${mpi_flags[*]} -x NCCL_NVLS_ENABLE $bench --steps $steps --gradient-as-bucket-view"
         echo "torch_$n, torch_fsdp_$n (--fsdp): $python -m torch.distributed.run --standalone --nproc-per-node $n bench/torch_ddp.py --steps $steps --gradient-as-bucket-view"
     done
     echo "record: performance/dist-bench-$(dg_gpu_kind)x$largest.md"
@@ -88,6 +89,7 @@ for n in $counts; do
     run "dyngrad_zero3np_$n" "${dyngrad[@]}" --zero 3 --no-zero-prefetch
     run "dyngrad_zero3r_$n" "${dyngrad[@]}" --zero 3 --zero-recompute
     run "torch_fsdp_$n" "${torch[@]}" --fsdp
+    run "dyngrad_capture_$n" "${dyngrad[@]}" --capture
 done
 
 # shellcheck disable=SC2086  # the counts are separate arguments
