@@ -11,7 +11,7 @@
 //            [--eval-every 250 --eval-batches 20] [--seed 0] [--device cpu|cuda] [--csv FILE]
 //            [--checkpoint FILE] [--resume FILE] [--init-weights FILE.safetensors] [--batch-order FILE]
 //            [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]
-//            [--profile-step N] [--distributed [--zero 1|2|3 [--zero-recompute]] [--ddp-compression bf16|f16]]
+//            [--profile-step N] [--distributed [--zero 1|2|3 [--zero-recompute | --no-zero-prefetch]] [--ddp-compression bf16|f16]]
 //            [--checkpoint-activations] [--deterministic]
 //            [--reduced-residual] [--capture]
 //
@@ -104,7 +104,7 @@ const char* const kUsage =
     "                [--eval-every N] [--eval-batches N] [--seed N] [--device cpu|cuda|cuda:N] [--csv FILE]\n"
     "                [--checkpoint FILE] [--resume FILE] [--init-weights FILE] [--batch-order FILE]\n"
     "                [--sample N] [--stop-at STEP] [--require-drop FRACTION] [--precision f32|bf16|f16]\n"
-    "                [--profile-step N] [--distributed [--zero 1|2|3 [--zero-recompute]] [--ddp-compression bf16|f16]]\n"
+    "                [--profile-step N] [--distributed [--zero 1|2|3 [--zero-recompute | --no-zero-prefetch]] [--ddp-compression bf16|f16]]\n"
     "                [--checkpoint-activations] [--deterministic] [--reduced-residual] [--capture]\n"
     "                [--memory-limit-mib N]\n"
     "  --model NAME        char (default) | gpt2: GPT-2 small as llm.c (12, 12, 768, 1024; tied, padded vocabulary)\n"
@@ -132,6 +132,8 @@ const char* const kUsage =
     "                      activations kept) in place of DDP; one weight decay for all parameters\n"
     "  --zero-recompute    with --zero 3: each block's forward runs again in its backward instead of keeping its\n"
     "                      activations (less memory, one more forward a step; needs --dropout 0)\n"
+    "  --no-zero-prefetch  with --zero 3 (kept): no all-gather of the neighbouring block beside a block's compute\n"
+    "                      (ZeroOptions::prefetch = false; on by default, as FSDP's prefetch)\n"
     "  --ddp-compression D with --distributed (DDP): the gradients averaged in bf16 or f16 (half the bytes;\n"
     "                      DDPOptions::compression, as PyTorch's bf16/fp16 compress hooks)\n"
     "  --checkpoint-activations  every block checkpointed (graph/checkpoint.h): its activations are replayed in\n"
@@ -164,6 +166,7 @@ struct Options {
     bool capture = false;        // the training step as a cuda::CapturedStep
     int zero = 0;  // ZeRO stage; 0: DistributedDataParallel
     bool zero_recompute = false;  // --zero 3: ZeroOptions::recompute
+    bool zero_no_prefetch = false;  // --zero 3: ZeroOptions::prefetch = false
     std::optional<DType> ddp_compression;  // --ddp-compression: DDPOptions::compression
     std::int64_t memory_limit_mib = 0;  // cuda::set_memory_limit on the run's GPU (0: none)
 };
@@ -173,7 +176,7 @@ Options parse_options(int argc, char** argv) {
     const cli::Arguments args(
         argc, argv,
         {.flags = {"--distributed", "--checkpoint-activations", "--deterministic", "--reduced-residual", "--capture",
-                   "--zero-recompute"},
+                   "--zero-recompute", "--no-zero-prefetch"},
          .options = {"--model", "--train-tokens", "--val-tokens", "--vocab", "--seq-len", "--data", "--layers",
                      "--heads", "--width", "--context", "--batch", "--steps", "--lr", "--warmup",
                      "--min-lr", "--weight-decay", "--clip", "--dropout", "--eval-every", "--eval-batches", "--seed",
@@ -253,6 +256,8 @@ Options parse_options(int argc, char** argv) {
 #endif
     if (args.has("--zero-recompute") && given("--zero").value_or("") != "3")
         throw cli::UsageError("--zero-recompute: for --zero 3");
+    if (args.has("--no-zero-prefetch") && (given("--zero").value_or("") != "3" || args.has("--zero-recompute")))
+        throw cli::UsageError("--no-zero-prefetch: for --zero 3 without --zero-recompute (the kept forward prefetches)");
     if (auto v = given("--ddp-compression")) {
         o.ddp_compression = cli::parse_choice("--ddp-compression", *v, {"bf16", "f16"}) == "bf16" ? DType::bf16 : DType::f16;
         if (!o.distributed || given("--zero"))
@@ -265,6 +270,7 @@ Options parse_options(int argc, char** argv) {
             throw cli::UsageError("--zero: not with --checkpoint or --resume (a ZeroOptimizer checkpoint is a folder "
                                   "of shards, distributed/zero.h)");
         o.zero_recompute = args.has("--zero-recompute");
+        o.zero_no_prefetch = args.has("--no-zero-prefetch");
         if (o.zero_recompute && o.model.dropout != 0)
             throw cli::UsageError(str("--zero-recompute: needs --dropout 0 (each unit's forward runs again in the "
                                       "backward; fresh dropout masks would differentiate another function), got ",
@@ -575,7 +581,9 @@ int run(Options o) {
     const AdamOptions zero_adam{.lr = o.lr, .beta1 = 0.9, .beta2 = o.beta2, .eps = 1e-8, .weight_decay = o.weight_decay};
     if (group && o.zero == 3) {
         zero = std::make_unique<dist::ZeroOptimizer>(dist::gpt_units(model), *group, zero_adam,
-                                                     dist::ZeroOptions{.stage = 3, .recompute = o.zero_recompute});
+                                                     dist::ZeroOptions{.stage = 3, .recompute = o.zero_recompute,
+                                                                       .prefetch = o.zero_no_prefetch ? std::optional<bool>(false)
+                                                                                                      : std::nullopt});
         forward = [z = zero.get()](const Var& x) { return z->forward(x); };
         loss_path = logits_loss(forward);
     } else if (group && o.zero > 0) {
