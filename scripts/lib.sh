@@ -62,6 +62,11 @@ dg_cuda_arg() {
 # ccache as the compilers' launcher where it is installed (scripts/setup.sh installs it): a second build of the
 # same sources (the consumer tests' libraries, another checkout, a rebuild after switching branches) is a copy.
 # DYNGRAD_CCACHE=0 turns it off.
+# Paths inside the checkout hash as relative ones (CCACHE_BASEDIR), and the working directory is left out of the hash
+# of -g builds (CCACHE_NOHASHDIR; the sanitizer build's -g1): a clean clone at another path, as CI's, reuses what an
+# earlier clone compiled. The cost: debug information may name that earlier clone's directory.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
+export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 dg_launcher_args() {
     if [[ "${DYNGRAD_CCACHE:-1}" != 0 ]] && command -v ccache >/dev/null; then
         echo "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"

@@ -274,6 +274,47 @@ TEST_CASE("a custom op with a differentiable backward differentiates twice", "[h
     for (std::int64_t i = 0; i < 5; ++i) CHECK(value_at(d2, i) == Approx(6 * value_at(xv, i)).epsilon(1e-12));
 }
 
+TEST_CASE("higher_order_check catches a wrong second derivative element by element and by projections",
+          "[higher_order][errors]") {
+    // cube_wrong's differentiable backward treats 3x² as a constant: first order right, second order 0 instead of
+    // 6x·dy. 16 elements are differentiated one by one, 600 along random projections (graph/gradcheck.h).
+    const auto cube = [](const char* name, bool right) {
+        return CustomOp::define({
+            .name = name,
+            .arity = 1,
+            .infer = [](OpType, std::span<const Tensor> in, const OpAttrs&) {
+                return OutputSpec{in[0].shape(), in[0].dtype()};
+            },
+            .cpu = {[](const ForwardArgs& a) { return a.inputs[0] * a.inputs[0] * a.inputs[0]; },
+                    [](const BackwardArgs& a) {
+                        return std::vector<Tensor>{a.grad_output * a.inputs[0] * a.inputs[0] * 3.0};
+                    }},
+            .differentiable_backward =
+                right ? +[](const DiffBackwardArgs& a) {
+                    return std::vector<Var>{mul(a.grad_output, mul_scalar(mul(a.inputs[0], a.inputs[0]), 3.0))};
+                }
+                      : +[](const DiffBackwardArgs& a) {
+                    const Tensor slope = a.inputs[0].value() * a.inputs[0].value() * 3.0;
+                    return std::vector<Var>{mul(a.grad_output, a.grad_output.graph().constant(slope))};
+                },
+        });
+    };
+    static const CustomOp right = cube("cube_right_second_order", true);
+    static const CustomOp wrong = cube("cube_wrong_second_order", false);
+    Generator gen(seed_base() + 12);
+    for (const std::int64_t n : {16, 600}) {
+        INFO(n << " elements");
+        const OpCase op_case{"vector", {{n}}, {}, {}};
+        const CheckResult good = higher_order_check(right.def(), op_case, gen, 2, kSecondOrderTolerance);
+        CHECK(good.pass);
+        CHECK(good.max_rel_err < kSecondOrderTolerance);
+        const CheckResult bad = higher_order_check(wrong.def(), op_case, gen, 2, kSecondOrderTolerance);
+        CHECK_FALSE(bad.pass);
+        CHECK(bad.max_rel_err > 0.1);
+        CHECK_THAT(bad.detail, dgtest::Contains(n > 256 ? "d2 input0 (16 random projections)" : "d2 input0"));
+    }
+}
+
 TEST_CASE("vjp, jvp, hvp, jacobian and hessian match analytic derivatives", "[higher_order][functional]") {
     Generator gen(seed_base() + 10);
     const Tensor av = random_tensor({3, 3}, gen);
