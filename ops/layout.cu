@@ -381,22 +381,8 @@ void strided_copy(DeviceContext& ctx, const Tensor& x, Tensor& y, const StridedW
 
 }  // namespace
 
-// x (..., d0, ..., d1, ...) -> y (..., d1, ..., d0, ...), axes in attrs.axes
-Tensor transpose_forward(const ForwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    swap_axes(context_for(x), x, y, split_for_swap(x.shape(), args.attrs.axes));
-    return y;
-}
-
-// A swap of two axes is its own inverse: dx is dy with the same axes swapped back.
-std::vector<Tensor> transpose_backward(const BackwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    const Tensor& dy = args.grad_output;
-    if (!args.needs_grad[0]) return {Tensor()};
-    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-    swap_axes(context_for(x), dy, dx, split_for_swap(dy.shape(), args.attrs.axes));
-    return {dx};
+void swap_axes(const Tensor& x, const std::vector<std::int64_t>& axes, Tensor& y) {
+    swap_axes(context_for(x), x, y, split_for_swap(x.shape(), axes));
 }
 
 // narrow's and concat's row copies (ops/layout_geometry.h; the ops themselves: ops/layout.cpp). A copy of
