@@ -79,6 +79,9 @@ std::vector<Tensor> logsumexp_backward(const BackwardArgs& args);
 
 // expand's backward returns dy (y's shape); the engine sums it to x's shape. Every backend.
 std::vector<Tensor> expand_backward(const BackwardArgs& args);
+// transpose: one swap of two axes (swap_axes) on the inputs' backend, forward and backward. Every backend.
+Tensor transpose_forward(const ForwardArgs& args);
+std::vector<Tensor> transpose_backward(const BackwardArgs& args);
 // narrow and concat: row copies (ops/layout_geometry.h) on the inputs' backend. Every backend.
 Tensor narrow_forward(const ForwardArgs& args);
 std::vector<Tensor> narrow_backward(const BackwardArgs& args);

@@ -361,26 +361,10 @@ void copy_rows(const Tensor& src, Tensor& dst, const RowCopy& copy) {
                     from + static_cast<std::size_t>(r * copy.src_stride) * element_size, bytes);
 }
 
-// x (..., d0, ..., d1, ...) -> y (..., d1, ..., d0, ...), axes in attrs.axes
-Tensor transpose_forward(const ForwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    const int axis0 = normalize_axis(args.attrs.axes[0], x.rank());
-    const int axis1 = normalize_axis(args.attrs.axes[1], x.rank());
+void swap_axes(const Tensor& x, const std::vector<std::int64_t>& axes, Tensor& y) {
+    const int axis0 = normalize_axis(axes[0], x.rank());
+    const int axis1 = normalize_axis(axes[1], x.rank());
     dispatch_floating(x.dtype(), "transpose", [&]<typename T>() { swap_axes<T>(x, axis0, axis1, y); });
-    return y;
-}
-
-// A swap of two axes is its own inverse: dx is dy with the same axes swapped back.
-std::vector<Tensor> transpose_backward(const BackwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    const Tensor& dy = args.grad_output;
-    if (!args.needs_grad[0]) return {Tensor()};
-    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-    const int axis0 = normalize_axis(args.attrs.axes[0], x.rank());
-    const int axis1 = normalize_axis(args.attrs.axes[1], x.rank());
-    dispatch_floating(x.dtype(), "transpose backward", [&]<typename T>() { swap_axes<T>(dy, axis0, axis1, dx); });
-    return {dx};
 }
 
 namespace {
@@ -450,9 +434,16 @@ Tensor expand_forward(const ForwardArgs& args) {
 
 }  // namespace cpu
 
-// ---- narrow and concat: row copies, the same on every backend ----
+// ---- transpose, narrow and concat: swaps and row copies, the same on every backend ----
 
 namespace {
+
+void swap_axes(const Tensor& x, const std::vector<std::int64_t>& axes, Tensor& y) {
+#if DYNGRAD_WITH_CUDA
+    if (x.device().is_cuda()) return cuda::swap_axes(x, axes, y);
+#endif
+    cpu::swap_axes(x, axes, y);
+}
 
 void copy_rows(const Tensor& src, Tensor& dst, const RowCopy& copy) {
 #if DYNGRAD_WITH_CUDA
@@ -482,6 +473,23 @@ RowCopy concat_copy(const Shape& x, const AxisSplit& ys, int axis, std::int64_t 
 }
 
 }  // namespace
+
+// x (..., d0, ..., d1, ...) -> y (..., d1, ..., d0, ...), axes in attrs.axes
+Tensor transpose_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    swap_axes(x, args.attrs.axes, y);
+    return y;
+}
+
+// A swap of two axes is its own inverse: dx is dy with the same axes swapped back.
+std::vector<Tensor> transpose_backward(const BackwardArgs& args) {
+    if (!args.needs_grad[0]) return {Tensor()};
+    const Tensor& x = args.inputs[0];
+    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+    swap_axes(args.grad_output, args.attrs.axes, dx);
+    return {dx};
+}
 
 Tensor narrow_forward(const ForwardArgs& args) {
     const Tensor& x = args.inputs[0];

@@ -148,34 +148,36 @@ void swap_axes(DeviceContext& ctx, const Tensor& x, Tensor& y, const SwapSplit& 
 
 // ---- narrow and concat: strided copies of row blocks ----
 
-// For each of `rows` rows: `block` elements from src + row·src_stride to dst + row·dst_stride. One
-// thread per element; neighbouring threads move neighbouring elements of a row.
-template <typename E>
-__global__ void copy_rows_kernel(const E* __restrict__ src, std::int64_t src_stride, E* __restrict__ dst,
-                                 std::int64_t dst_stride, std::int64_t rows, std::int64_t block) {
-    const std::int64_t n = rows * block;
-    for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; idx < n;
-         idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-        const std::int64_t r = idx / block;
-        const std::int64_t j = idx - r * block;
-        dst[r * dst_stride + j] = src[r * src_stride + j];
-    }
-}
-
-// The same rows added into dst, summed in acc_t<T> and rounded once (narrow's backward into the gradient so far).
-// One contiguous run (rows == 1, the slices of a fused QKV tensor) needs no division per element.
-template <typename T>
-__global__ void add_rows_kernel(const T* __restrict__ src, std::int64_t src_stride, T* __restrict__ dst,
-                                std::int64_t dst_stride, std::int64_t rows, std::int64_t block) {
+// For each of `rows` rows: `block` elements of src + row·src_stride into dst + row·dst_stride through
+// `apply(dst element, src element)`. One thread per element; neighbouring threads take neighbouring elements of a
+// row. One contiguous run (rows == 1, the slices of a fused QKV tensor) needs no division per element.
+template <typename E, typename Apply>
+__global__ void rows_kernel(const E* __restrict__ src, std::int64_t src_stride, E* __restrict__ dst,
+                            std::int64_t dst_stride, std::int64_t rows, std::int64_t block, Apply apply) {
     const std::int64_t n = rows * block;
     for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; idx < n;
          idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
         const std::int64_t r = rows == 1 ? 0 : idx / block;
         const std::int64_t j = idx - r * block;
-        T& d = dst[r * dst_stride + j];
-        d = from_acc<T>(to_acc(d) + to_acc(src[r * src_stride + j]));
+        apply(dst[r * dst_stride + j], src[r * src_stride + j]);
     }
 }
+
+// narrow's and concat's copies.
+struct CopyElement {
+    template <typename E>
+    __device__ void operator()(E& d, const E& s) const {
+        d = s;
+    }
+};
+
+// narrow's backward into the gradient so far: summed in acc_t<T> and rounded once.
+struct AddElement {
+    template <typename T>
+    __device__ void operator()(T& d, const T& s) const {
+        d = from_acc<T>(to_acc(d) + to_acc(s));
+    }
+};
 
 unsigned char* bytes_at(const Tensor& t, std::int64_t element) {
     return static_cast<unsigned char*>(t.raw_data()) + static_cast<std::size_t>(element) * dtype_size(t.dtype());
@@ -381,22 +383,8 @@ void strided_copy(DeviceContext& ctx, const Tensor& x, Tensor& y, const StridedW
 
 }  // namespace
 
-// x (..., d0, ..., d1, ...) -> y (..., d1, ..., d0, ...), axes in attrs.axes
-Tensor transpose_forward(const ForwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    swap_axes(context_for(x), x, y, split_for_swap(x.shape(), args.attrs.axes));
-    return y;
-}
-
-// A swap of two axes is its own inverse: dx is dy with the same axes swapped back.
-std::vector<Tensor> transpose_backward(const BackwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    const Tensor& dy = args.grad_output;
-    if (!args.needs_grad[0]) return {Tensor()};
-    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-    swap_axes(context_for(x), dy, dx, split_for_swap(dy.shape(), args.attrs.axes));
-    return {dx};
+void swap_axes(const Tensor& x, const std::vector<std::int64_t>& axes, Tensor& y) {
+    swap_axes(context_for(x), x, y, split_for_swap(x.shape(), axes));
 }
 
 // narrow's and concat's row copies (ops/layout_geometry.h; the ops themselves: ops/layout.cpp). A copy of
@@ -415,9 +403,9 @@ void copy_rows(const Tensor& src, Tensor& dst, const RowCopy& copy) {
     }
     const unsigned grid = grid_size(ctx, n, kThreads);
     with_element_word(element_size, [&]<typename E>() {
-        copy_rows_kernel<E><<<grid, kThreads, 0, ctx.stream>>>(reinterpret_cast<const E*>(from), copy.src_stride,
-                                                               reinterpret_cast<E*>(to), copy.dst_stride, copy.rows,
-                                                               copy.block);
+        rows_kernel<E><<<grid, kThreads, 0, ctx.stream>>>(reinterpret_cast<const E*>(from), copy.src_stride,
+                                                          reinterpret_cast<E*>(to), copy.dst_stride, copy.rows,
+                                                          copy.block, CopyElement{});
     });
     DG_CUDA_CHECK_LAUNCH();
 }
@@ -429,9 +417,9 @@ void add_rows(const Tensor& src, Tensor& dst, const RowCopy& copy) {
     if (n == 0) return;
     const DeviceContext& ctx = context_for(dst);
     dispatch_gpu_floating(src.dtype(), "add_rows", [&]<typename T>() {
-        add_rows_kernel<T><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(
+        rows_kernel<T><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(
             src.data<T>() + copy.src_offset, copy.src_stride, dst.data<T>() + copy.dst_offset, copy.dst_stride,
-            copy.rows, copy.block);
+            copy.rows, copy.block, AddElement{});
     });
     DG_CUDA_CHECK_LAUNCH();
 }

@@ -12,28 +12,12 @@ namespace dyngrad::op_cases {
 
 using D = InputDomain;
 
-OpAttrs scalar_attr(double s) {
-    OpAttrs a;
-    a.scalar = s;
-    return a;
-}
+OpAttrs scalar_attr(double s) { return {.scalar = s}; }
 OpAttrs axes_attr(std::vector<std::int64_t> axes, bool keepdim) {
-    OpAttrs a;
-    a.axes = std::move(axes);
-    a.keepdim = keepdim;
-    return a;
+    return {.axes = std::move(axes), .keepdim = keepdim};
 }
-OpAttrs axis_attr(std::int64_t axis, bool keepdim = false) {
-    OpAttrs a;
-    a.axis = axis;
-    a.keepdim = keepdim;
-    return a;
-}
-OpAttrs shape_attr(Shape shape) {
-    OpAttrs a;
-    a.shape = std::move(shape);
-    return a;
-}
+OpAttrs axis_attr(std::int64_t axis, bool keepdim = false) { return {.axis = axis, .keepdim = keepdim}; }
+OpAttrs shape_attr(Shape shape) { return {.shape = std::move(shape)}; }
 
 std::vector<OpCase> no_cases() { return {}; }
 std::vector<OpCase> cross_entropy_options_cases();
@@ -102,10 +86,7 @@ std::vector<OpCase> min_max_cases() {
 }
 std::vector<OpCase> clamp_cases() {
     const auto bounds = [](std::optional<double> min, std::optional<double> max) {
-        OpAttrs a;
-        a.clamp_min = min;
-        a.clamp_max = max;
-        return a;
+        return OpAttrs{.clamp_min = min, .clamp_max = max};
     };
     // One-sided bounds inside (-0.2, 0.2) with |x| >= 0.2: no input near a kink. The two-sided case draws from
     // normal(0, 1): an input lies within the finite-difference step (1e-6) of a bound with probability ~1e-6.
@@ -129,10 +110,7 @@ std::vector<OpCase> gelu_cases() {
 }
 
 OpAttrs row_norm_attr(Shape normalized_shape, double eps = 1e-5) {
-    OpAttrs a;
-    a.shape = std::move(normalized_shape);
-    a.eps = eps;
-    return a;
+    return {.shape = std::move(normalized_shape), .eps = eps};
 }
 // Rows of up to 256 vector units take the one-warp-per-row GPU kernel, longer ones one block per row; rows whose
 // length is not a multiple of the vector width (4 floats, 2 doubles) take the scalar loads.
@@ -231,11 +209,7 @@ std::vector<OpCase> cross_entropy_cases() {
     return cases;
 }
 OpAttrs loss_attr(Reduction reduction, std::int64_t ignore_index = -100, double label_smoothing = 0.0) {
-    OpAttrs a;
-    a.reduction = reduction;
-    a.ignore_index = ignore_index;
-    a.label_smoothing = label_smoothing;
-    return a;
+    return {.reduction = reduction, .ignore_index = ignore_index, .label_smoothing = label_smoothing};
 }
 std::vector<OpCase> class_loss_weighted_cases() {
     constexpr Reduction mean = Reduction::Mean, sum = Reduction::Sum, none = Reduction::None;
@@ -328,13 +302,7 @@ std::vector<OpCase> mse_cases() {
 
 OpAttrs conv_attr(std::array<std::int64_t, 2> stride, std::array<std::int64_t, 2> padding,
                   std::array<std::int64_t, 2> dilation, std::int64_t groups, Activation activation = Activation::None) {
-    OpAttrs a;
-    a.stride = stride;
-    a.padding = padding;
-    a.dilation = dilation;
-    a.groups = groups;
-    a.activation = activation;
-    return a;
+    return {.stride = stride, .padding = padding, .dilation = dilation, .groups = groups, .activation = activation};
 }
 std::vector<OpCase> conv2d_cases() {
     constexpr Activation relu = Activation::Relu;
@@ -353,11 +321,7 @@ std::vector<OpCase> conv2d_cases() {
 }
 OpAttrs pool_attr(std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
                   std::array<std::int64_t, 2> padding) {
-    OpAttrs a;
-    a.kernel = kernel;
-    a.stride = stride;
-    a.padding = padding;
-    return a;
+    return {.kernel = kernel, .stride = stride, .padding = padding};
 }
 std::vector<OpCase> pool2d_cases() {
     return {
@@ -366,13 +330,7 @@ std::vector<OpCase> pool2d_cases() {
         {"3x2 stride 1", {{2, 1, 5, 6}}, pool_attr({3, 2}, {1, 1}, {0, 0}), {}},
     };
 }
-OpAttrs norm_attr(bool training) {
-    OpAttrs a;
-    a.training = training;
-    a.eps = 1e-5;
-    a.momentum = 0.1;
-    return a;
-}
+OpAttrs norm_attr(bool training) { return {.training = training, .eps = 1e-5, .momentum = 0.1}; }
 std::vector<OpCase> batch_norm_cases() {
     const std::vector<D> domains = {D::Any, D::Any, D::Any, D::Constant, D::Constant};
     return {
@@ -382,11 +340,7 @@ std::vector<OpCase> batch_norm_cases() {
     };
 }
 OpAttrs dropout_attr(double p, bool training, std::uint64_t seed) {
-    OpAttrs a;
-    a.scalar = p;
-    a.training = training;
-    a.seed = seed;
-    return a;
+    return {.scalar = p, .training = training, .seed = seed};
 }
 std::vector<OpCase> dropout_cases() {
     return {
@@ -399,11 +353,7 @@ std::vector<OpCase> dropout_cases() {
 }
 
 OpAttrs narrow_attr(std::int64_t axis, std::int64_t start, std::int64_t length) {
-    OpAttrs a;
-    a.axis = axis;
-    a.start = start;
-    a.length = length;
-    return a;
+    return {.axis = axis, .start = start, .length = length};
 }
 std::vector<OpCase> narrow_cases() {
     return {
@@ -497,12 +447,7 @@ std::vector<OpCase> masked_fill_cases() {
 
 OpAttrs attention_attr(bool causal, double dropout_p = 0.0, std::optional<double> scale = std::nullopt,
                        std::uint64_t seed = 0) {
-    OpAttrs a;
-    a.is_causal = causal;
-    a.scalar = dropout_p;
-    a.attention_scale = scale;
-    a.seed = seed;
-    return a;
+    return {.scalar = dropout_p, .seed = seed, .is_causal = causal, .attention_scale = scale};
 }
 // q (B,H,T,D), k, v (B,H,S,D)[, mask]. T ≠ S and odd sizes throughout; masks of 0/1 (InputDomain::Mask) in
 // several broadcast shapes, where a query may lose every key (its output is 0). The dropout cases use fixed
@@ -541,11 +486,7 @@ std::vector<OpCase> qkv_attention_cases() {
 
 // x (N,in), w1 (hidden,in), b1, w2 (out,hidden), b2: odd sizes, both GELU forms, a single row.
 std::vector<OpCase> gelu_mlp_cases() {
-    const auto form = [](GeluApproximation approximation) {
-        OpAttrs a;
-        a.gelu_approximation = approximation;
-        return a;
-    };
+    const auto form = [](GeluApproximation approximation) { return OpAttrs{.gelu_approximation = approximation}; };
     return {
         {"tanh 5x3 -> 7 -> 4", {{5, 3}, {7, 3}, {7}, {4, 7}, {4}}, form(GeluApproximation::Tanh), {}},
         {"exact 4x6 -> 5 -> 3", {{4, 6}, {5, 6}, {5}, {3, 5}, {3}}, form(GeluApproximation::None), {}},
@@ -558,11 +499,7 @@ OpCase rnn_case(const char* label, RnnMode mode, std::int64_t hidden, std::int64
                 int states) {
     constexpr std::int64_t kSteps = 3, kBatch = 2, kInput = 3;
     const RnnOptions options{hidden, layers, bidirectional};
-    OpAttrs a;
-    a.rnn_mode = mode;
-    a.hidden_size = hidden;
-    a.num_layers = layers;
-    a.bidirectional = bidirectional;
+    const OpAttrs a{.rnn_mode = mode, .hidden_size = hidden, .num_layers = layers, .bidirectional = bidirectional};
     std::vector<Shape> shapes{{kSteps, kBatch, kInput}, {rnn_weight_size(mode, options, kInput)}};
     for (int i = 0; i < states; ++i) shapes.push_back({layers * (bidirectional ? 2 : 1), kBatch, hidden});
     return {label, shapes, a, {}};

@@ -291,9 +291,9 @@ std::vector<Tensor> reduce_backward(const BackwardArgs& args) {
 // maximum (as in NumPy and PyTorch); ties go to the first index.
 Tensor max_forward(const ForwardArgs& args) {
     const Tensor& x = args.inputs[0];
-    const AxisSplit v = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    Tensor argmax = Tensor::empty(args.out.shape, DType::i64, x.device());
+    const MaxForward f = max_forward_outputs(args);
+    const AxisSplit v = f.split;
+    const Tensor &y = f.y, &argmax = f.argmax;
     dispatch_floating(x.dtype(), "max_forward", [&]<typename T>() {
         const T* xp = x.data<T>();
         T* yp = y.data<T>();
@@ -329,20 +329,19 @@ Tensor max_forward(const ForwardArgs& args) {
             }
         }
     });
-    args.saved.push_back(argmax);
     return y;
 }
 
 // dy (outer, inner) -> dx (outer, n, inner): dy at each slice's argmax, zero elsewhere
 std::vector<Tensor> max_backward(const BackwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    if (!args.needs_grad[0]) return {Tensor()};
-    if (args.saved.empty()) throw GraphError("max: the argmax saved by the forward is missing");
-    const AxisSplit v = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
-    const std::int64_t* argmax = args.saved[0].data<std::int64_t>();
-    Tensor dx = Tensor::zeros(x.shape(), x.dtype(), x.device());
-    dispatch_floating(x.dtype(), "max_backward", [&]<typename T>() {
-        const T* dy = args.grad_output.data<T>();
+    const std::optional<MaxBackward> plan = max_backward_plan(args);
+    if (!plan) return {Tensor()};
+    const MaxBackward& p = *plan;
+    const AxisSplit v = p.split;
+    const std::int64_t* argmax = p.argmax.data<std::int64_t>();
+    Tensor dx = Tensor::zeros(p.x.shape(), p.x.dtype(), p.x.device());
+    dispatch_floating(p.x.dtype(), "max_backward", [&]<typename T>() {
+        const T* dy = p.dy.data<T>();
         T* dxp = dx.data<T>();
         for (std::int64_t o = 0; o < v.outer; ++o)
             for (std::int64_t i = 0; i < v.inner; ++i) {

@@ -440,10 +440,9 @@ std::vector<Tensor> reduce_backward(const BackwardArgs& args) {
 Tensor max_forward(const ForwardArgs& args) {
     const Tensor& x = args.inputs[0];
     DeviceContext& ctx = context_for(x);
-    const AxisSplit v = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
-    if (v.size == 0) throw ShapeError(str("axis ", args.attrs.axis, " of ", to_string(x.shape()), " is empty"));
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    Tensor argmax = Tensor::empty(args.out.shape, DType::i64, x.device());
+    const MaxForward f = max_forward_outputs(args);
+    const AxisSplit v = f.split;
+    const Tensor &y = f.y, &argmax = f.argmax;
     const std::int64_t n_out = v.outer * v.inner;
     if (n_out > 0) {
         dispatch_gpu_floating(x.dtype(), "max_forward", [&]<typename T>() {
@@ -456,23 +455,21 @@ Tensor max_forward(const ForwardArgs& args) {
             DG_CUDA_CHECK_LAUNCH();
         });
     }
-    args.saved.push_back(argmax);
     return y;
 }
 
 // dy (outer, inner) -> dx (outer, len, inner): dy at each slice's argmax, zero elsewhere
 std::vector<Tensor> max_backward(const BackwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    if (!args.needs_grad[0]) return {Tensor()};
-    if (args.saved.empty()) throw GraphError("max: the argmax saved by the forward is missing");
-    DeviceContext& ctx = context_for(x);
-    const AxisSplit v = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
-    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-    const std::int64_t n = x.numel();
+    const std::optional<MaxBackward> plan = max_backward_plan(args);
+    if (!plan) return {Tensor()};
+    const MaxBackward& p = *plan;
+    DeviceContext& ctx = context_for(p.x);
+    Tensor dx = Tensor::empty(p.x.shape(), p.x.dtype(), p.x.device());
+    const std::int64_t n = p.x.numel();
     if (n == 0) return {dx};
-    dispatch_gpu_floating(x.dtype(), "max_backward", [&]<typename T>() {
+    dispatch_gpu_floating(p.x.dtype(), "max_backward", [&]<typename T>() {
         max_backward_kernel<T><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(
-            args.grad_output.data<T>(), args.saved[0].data<std::int64_t>(), dx.data<T>(), n, v.size, v.inner);
+            p.dy.data<T>(), p.argmax.data<std::int64_t>(), dx.data<T>(), n, p.split.size, p.split.inner);
         DG_CUDA_CHECK_LAUNCH();
     });
     return {dx};

@@ -1,11 +1,16 @@
 // The host plan of a sum/mean, shared by the Eigen kernels (ops/reduce.cpp) and the CUDA launchers
 // (ops/reduce.cu): which axes are reduced, the output shape, and x seen as runs of reduced and kept axes.
+// Likewise max's: its outputs and what its backward reads.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "dyngrad/core/error.h"
 #include "dyngrad/core/shape.h"
+#include "dyngrad/core/tensor.h"
+#include "dyngrad/graph/op_def.h"
+#include "dyngrad/ops/axis_geometry.h"
 
 namespace dyngrad {
 
@@ -63,6 +68,40 @@ inline std::int64_t runs_numel(const std::vector<Run>& runs, std::size_t begin, 
     std::int64_t n = 1;
     for (std::size_t i = begin; i < end; ++i) n *= runs[i].size;
     return n;
+}
+
+// max over attrs.axis: x seen as (outer, size, inner) around the axis -> y and argmax (int64), both (outer, inner);
+// argmax is saved for the backward here, each backend fills the two.
+struct MaxForward {
+    AxisSplit split;
+    Tensor y, argmax;
+};
+
+inline MaxForward max_forward_outputs(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const AxisSplit v = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
+    if (v.size == 0) throw ShapeError(str("axis ", args.attrs.axis, " of ", to_string(x.shape()), " is empty"));
+    MaxForward f{v, Tensor::empty(args.out.shape, args.out.dtype, x.device()),
+                 Tensor::empty(args.out.shape, DType::i64, x.device())};
+    args.saved.push_back(f.argmax);
+    return f;
+}
+
+// max's backward: dy (outer, inner) -> dx like x, dy at each slice's argmax. What both backends read from the node,
+// read and checked once; nullopt when x needs no gradient.
+struct MaxBackward {
+    const Tensor& x;
+    const Tensor& dy;
+    const Tensor& argmax;  // the forward's
+    AxisSplit split;       // x around the axis, as the forward saw it
+};
+
+inline std::optional<MaxBackward> max_backward_plan(const BackwardArgs& args) {
+    if (!args.needs_grad[0]) return std::nullopt;
+    if (args.saved.empty()) throw GraphError("max: the argmax saved by the forward is missing");
+    const Tensor& x = args.inputs[0];
+    return MaxBackward{x, args.grad_output, args.saved[0],
+                       split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()))};
 }
 
 }  // namespace dyngrad

@@ -11,6 +11,7 @@
 
 #include "catch.h"
 #include "attention_support.h"
+#include "check_reporting.h"
 #include "dyngrad/dyngrad.h"
 #include "dyngrad/ops/dropout_mask.h"
 #include "test_support.h"
@@ -168,6 +169,20 @@ namespace {
 using dgtest::attention_attrs;
 using dgtest::have_gpu;
 
+// Each of `cases` in a section of its own, named `prefix` and the case's label, its inputs drawn from `seed` + the
+// case's index: `check(op_case, gen)` passes.
+template <typename Check>
+void check_each_case(const std::vector<OpCase>& cases, const std::string& prefix, std::uint64_t seed, Check&& check) {
+    for (std::size_t index = 0; index < cases.size(); ++index) {
+        DYNAMIC_SECTION(prefix << cases[index].label) {
+            Generator gen(seed + index);
+            const CheckResult r = check(cases[index], gen);
+            INFO(dgtest::describe_result(r));
+            CHECK(r.pass);
+        }
+    }
+}
+
 }  // namespace
 
 TEST_CASE("attention on the GPU matches the float64 CPU replay on large ragged cases", "[attention][gpu]") {
@@ -187,15 +202,8 @@ TEST_CASE("attention on the GPU matches the float64 CPU replay on large ragged c
         {"B1 H1 T65 S65 D17 causal dropout 0.1", {{1, 1, 65, 17}, {1, 1, 65, 17}, {1, 1, 65, 17}},
          attention_attrs(true, 0.1, 5), {}},
     };
-    for (std::size_t index = 0; index < cases.size(); ++index) {
-        DYNAMIC_SECTION(cases[index].label) {
-            Generator gen(8'000'000 + index);
-            const CheckResult r = gpu_vs_cpu_check(*def, cases[index], gen, 1e-5);
-            INFO(r.case_label << ": max rel err " << r.max_rel_err << ", max abs err " << r.max_abs_err << ", "
-                              << r.detail);
-            CHECK(r.pass);
-        }
-    }
+    check_each_case(cases, "", 8'000'000,
+                    [&](const OpCase& c, Generator& gen) { return gpu_vs_cpu_check(*def, c, gen, 1e-5); });
 }
 
 TEST_CASE("attention on the GPU: memory linear in T in both backward designs, deterministic gradients in "
@@ -323,15 +331,8 @@ TEST_CASE("attention on the GPU: the tensor-core and SIMT float32 paths both mat
     for (const AttentionGpuPath path : {AttentionGpuPath::simt, AttentionGpuPath::tensor_cores}) {
         const GpuPathScope scope(path);
         const char* name = path == AttentionGpuPath::simt ? "simt" : "tensor cores";
-        for (std::size_t index = 0; index < cases.size(); ++index) {
-            DYNAMIC_SECTION(name << ": " << cases[index].label) {
-                Generator gen(9'000'000 + index);
-                const CheckResult r = gpu_vs_cpu_check(*def, cases[index], gen, 1e-5);
-                INFO(name << ", " << r.case_label << ": max rel err " << r.max_rel_err << ", max abs err "
-                          << r.max_abs_err << ", " << r.detail);
-                CHECK(r.pass);
-            }
-        }
+        check_each_case(cases, str(name, ": "), 9'000'000,
+                        [&](const OpCase& c, Generator& gen) { return gpu_vs_cpu_check(*def, c, gen, 1e-5); });
     }
 }
 
@@ -507,15 +508,8 @@ std::vector<OpCase> fragment_sweep_cases() {
 
 TEST_CASE("the GPU sweep's cases are well-formed: float32 on the CPU agrees with float64 on each", "[attention]") {
     const OpDef* def = &dgtest::attention_def();
-    const std::vector<OpCase> cases = fragment_sweep_cases();
-    for (std::size_t index = 0; index < cases.size(); ++index) {
-        DYNAMIC_SECTION(cases[index].label) {
-            Generator gen(12'000'000 + index);
-            const CheckResult r = float32_check(*def, cases[index], gen, 1e-5);
-            INFO(r.case_label << ": max rel err " << r.max_rel_err << ", " << r.detail);
-            CHECK(r.pass);
-        }
-    }
+    check_each_case(fragment_sweep_cases(), "", 12'000'000,
+                    [&](const OpCase& c, Generator& gen) { return float32_check(*def, c, gen, 1e-5); });
 }
 
 TEST_CASE("attention on the GPU: the tensor-core kernels over ragged T, S and every head dim, f32 and bf16, forward "
@@ -532,20 +526,12 @@ TEST_CASE("attention on the GPU: the tensor-core kernels over ragged T, S and ev
         const dgtest::DeterministicMode mode(deterministic);
         const char* mode_name = deterministic ? "deterministic" : "atomics";
         for (const DType dtype : {DType::f32, DType::bf16}) {
-            for (std::size_t index = 0; index < cases.size(); ++index) {
-                DYNAMIC_SECTION(mode_name << ", " << dtype_name(dtype) << ": " << cases[index].label) {
-                    Generator gen(11'000'000 + index);
-                    const CheckResult r =
-                        dtype == DType::f32
-                            ? gpu_vs_cpu_check(*def, cases[index], gen, 1e-5)
-                            : reduced_precision_check(*def, cases[index], gen, dtype,
-                                                      reduced_precision_tolerance(*def, dtype), Device::cuda(0));
-                    INFO(mode_name << ", " << dtype_name(dtype) << ", " << r.check << ", " << r.case_label
-                                   << ": max rel err " << r.max_rel_err << ", max abs err " << r.max_abs_err << ", "
-                                   << r.detail);
-                    CHECK(r.pass);
-                }
-            }
+            const auto check = [&](const OpCase& c, Generator& gen) {
+                if (dtype == DType::f32) return gpu_vs_cpu_check(*def, c, gen, 1e-5);
+                return reduced_precision_check(*def, c, gen, dtype, reduced_precision_tolerance(*def, dtype),
+                                               Device::cuda(0));
+            };
+            check_each_case(cases, str(mode_name, ", ", dtype_name(dtype), ": "), 11'000'000, check);
         }
     }
 }
@@ -577,17 +563,10 @@ TEST_CASE("attention on the GPU in bf16 and f16 matches the float64 replay from 
         {"B1 H1 T100 S300 D32 causal", {{1, 1, 100, 32}, {1, 1, 300, 32}, {1, 1, 300, 32}}, attention_attrs(true), {}},
     };
     for (const DType dtype : {DType::bf16, DType::f16}) {
-        for (std::size_t index = 0; index < cases.size(); ++index) {
-            DYNAMIC_SECTION(dtype_name(dtype) << ": " << cases[index].label) {
-                Generator gen(10'000'000 + index);
-                const double tolerance = reduced_precision_tolerance(*def, dtype);
-                const CheckResult r = reduced_precision_check(*def, cases[index], gen, dtype, tolerance, Device::cuda(0));
-                INFO(r.check << ", " << r.case_label << ": max rel err " << r.max_rel_err << " = "
-                             << r.max_rel_err / unit_roundoff(dtype) << " u (tolerance " << r.tolerance << "), "
-                             << r.detail);
-                CHECK(r.pass);
-            }
-        }
+        const double tolerance = reduced_precision_tolerance(*def, dtype);
+        check_each_case(cases, str(dtype_name(dtype), ": "), 10'000'000, [&](const OpCase& c, Generator& gen) {
+            return reduced_precision_check(*def, c, gen, dtype, tolerance, Device::cuda(0));
+        });
     }
 }
 

@@ -186,6 +186,23 @@ void check_same_state(const std::vector<Parameter>& a, const std::vector<Paramet
     }
 }
 
+// Six steps of model `a` with clip_grad_norm + step() beside the same model `b` with the fused
+// clip_grad_norm_and_step, over `data` in turn: the same norm and clipped gradients every step, then the same
+// parameters and state. `check_clipped`: every step's norm exceeds max_norm (it did clip).
+void check_fused_clip_equals_separate(LenetWithDropout& a, Optimizer& opt_a, LenetWithDropout& b, Optimizer& opt_b,
+                                      const std::vector<std::vector<Tensor>>& data, double max_norm,
+                                      bool check_clipped) {
+    for (int i = 0; i < 6; ++i) {
+        const auto& batch = data[static_cast<std::size_t>(i) % data.size()];
+        const ClippedStep separate = clipped_step(a, opt_a, batch, max_norm, false);
+        const ClippedStep fused = clipped_step(b, opt_b, batch, max_norm, true);
+        CHECK(fused.norm == separate.norm);
+        CHECK(fused.grads == separate.grads);
+        if (check_clipped) CHECK(separate.norm[0] > max_norm);
+    }
+    check_same_state(a.net.parameters(), b.net.parameters(), opt_a, opt_b);
+}
+
 }  // namespace
 
 TEST_CASE("clip_grad_norm_and_step on the GPU gives clip_grad_norm + step() bit for bit: parameters, state, norm "
@@ -200,15 +217,7 @@ TEST_CASE("clip_grad_norm_and_step on the GPU gives clip_grad_norm + step() bit 
             LenetWithDropout a(91, 92), b(91, 92);
             AdamW opt_a(a.net.parameters(), {.lr = 2e-3, .weight_decay = 0.01});
             AdamW opt_b(b.net.parameters(), {.lr = 2e-3, .weight_decay = 0.01});
-            for (int i = 0; i < 6; ++i) {
-                const auto& batch = data[static_cast<std::size_t>(i) % data.size()];
-                const ClippedStep separate = clipped_step(a, opt_a, batch, max_norm, false);
-                const ClippedStep fused = clipped_step(b, opt_b, batch, max_norm, true);
-                CHECK(fused.norm == separate.norm);
-                CHECK(fused.grads == separate.grads);
-                if (max_norm < 1) CHECK(separate.norm[0] > max_norm);  // it did clip
-            }
-            check_same_state(a.net.parameters(), b.net.parameters(), opt_a, opt_b);
+            check_fused_clip_equals_separate(a, opt_a, b, opt_b, data, max_norm, /*check_clipped=*/max_norm < 1);
             CHECK(opt_b.step_count(0) == 6);
         }
     }
@@ -218,14 +227,7 @@ TEST_CASE("clip_grad_norm_and_step on the GPU gives clip_grad_norm + step() bit 
             LenetWithDropout a(93, 94), b(93, 94);
             const SgdOptions options{.lr = 0.05, .momentum = 0.9, .nesterov = true, .weight_decay = 1e-3};
             SGD opt_a(a.net.parameters(), options), opt_b(b.net.parameters(), options);
-            for (int i = 0; i < 6; ++i) {
-                const auto& batch = data[static_cast<std::size_t>(i) % data.size()];
-                const ClippedStep separate = clipped_step(a, opt_a, batch, max_norm, false);
-                const ClippedStep fused = clipped_step(b, opt_b, batch, max_norm, true);
-                CHECK(fused.norm == separate.norm);
-                CHECK(fused.grads == separate.grads);
-            }
-            check_same_state(a.net.parameters(), b.net.parameters(), opt_a, opt_b);
+            check_fused_clip_equals_separate(a, opt_a, b, opt_b, data, max_norm, /*check_clipped=*/false);
         }
     }
 }

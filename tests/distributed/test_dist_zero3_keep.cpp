@@ -24,6 +24,26 @@ std::int64_t padded_mlp(int world) {
     return padded(416) + padded(528) + padded(119);
 }
 
+// A ZeRO-3 optimizer over factory's f64 units beside the single-process reference it must match: both built from
+// rank 0's seed, AdamW with kAdam on the reference. (Unpacked by the tests in member order.)
+struct AgainstReference {
+    AgainstReference(UnitsFactory factory, bool recompute)
+        : zero(units(factory), g, kAdam, {.stage = 3, .recompute = recompute}), reference(units(factory)),
+          adam(parameters_of(reference), kAdam) {}
+    dist::ProcessGroup& g = group();
+    const int world = g.world_size();
+    const std::uint64_t seed = dgtest::shared_seed(g);
+    dist::ZeroOptimizer zero;
+    const std::vector<dist::ZeroUnit> reference;
+    AdamW adam;
+
+private:
+    std::vector<dist::ZeroUnit> units(UnitsFactory factory) const {
+        Generator init(seed + 1);
+        return factory(init, DType::f64);
+    }
+};
+
 void check_equal(dist::ZeroOptimizer& zero, const std::vector<dist::ZeroUnit>& reference, double tolerance) {
     const auto full = zero.full_parameters();
     const auto ref = parameters_of(reference);
@@ -40,15 +60,10 @@ void check_equal(dist::ZeroOptimizer& zero, const std::vector<dist::ZeroUnit>& r
 // recorded forwards share the unit's nested graph). (Two graphs pending at once are refused for any model: a
 // Parameter belongs to one pending forward pass, graph/graph.h; the units' anchors are parameters.)
 TEST_CASE("ZeRO-3: two forwards before the backward == the single-process sum", "[dist][zero3][keep]") {
-    dist::ProcessGroup& g = group();
-    const int world = g.world_size();
-    const std::uint64_t seed = dgtest::shared_seed(g);
     const bool recompute = GENERATE(false, true);
+    AgainstReference setup(mlp_units, recompute);
+    auto& [g, world, seed, zero, reference, adam] = setup;
     INFO("seed " << seed << ", recompute " << recompute);
-    Generator init(seed + 1), init0(seed + 1);
-    dist::ZeroOptimizer zero(mlp_units(init, DType::f64), g, kAdam, {.stage = 3, .recompute = recompute});
-    const auto reference = mlp_units(init0, DType::f64);
-    AdamW adam(parameters_of(reference), kAdam);
     for (int step = 0; step < 2; ++step) {
         const Pair all1 = mlp_batch(seed + 10 + 2 * static_cast<std::uint64_t>(step), 2 * world);
         const Pair all2 = mlp_batch(seed + 11 + 2 * static_cast<std::uint64_t>(step), 2 * world);
@@ -75,15 +90,10 @@ TEST_CASE("ZeRO-3: two forwards before the backward == the single-process sum", 
 // A graph destroyed (or cleared) without its backward takes the units' recorded forwards with it: nothing stays
 // gathered, kept or bound, and the next step is the single-process one.
 TEST_CASE("ZeRO-3: a forward whose graph goes without a backward leaves nothing behind", "[dist][zero3][keep]") {
-    dist::ProcessGroup& g = group();
-    const int world = g.world_size();
-    const std::uint64_t seed = dgtest::shared_seed(g);
     const bool recompute = GENERATE(false, true);
+    AgainstReference setup(transformer_units, recompute);
+    auto& [g, world, seed, zero, reference, adam] = setup;
     INFO("seed " << seed << ", recompute " << recompute);
-    Generator init(seed + 1), init0(seed + 1);
-    dist::ZeroOptimizer zero(transformer_units(init, DType::f64), g, kAdam, {.stage = 3, .recompute = recompute});
-    const auto reference = transformer_units(init0, DType::f64);
-    AdamW adam(parameters_of(reference), kAdam);
     const Pair all = sequence_batch(seed + 3, 2 * world);
     const Pair mine = rows_of(all, g.rank(), world);
     {
