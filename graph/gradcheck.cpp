@@ -326,11 +326,12 @@ CheckResult higher_order_check(const OpDef& def, const OpCase& c, Generator& gen
         // finite_diff's keeps the rounding of F (relative 1e-16 / step) down.
         constexpr double kStep = 1e-5;
         // Compares `analytic` (the gradient of `evaluate` in t) with central differences. Up to kElementwise
-        // elements, every element's; a larger t (the long-row cases: 2 evaluations of a double backward per element
-        // made this check the suite's slowest, quadratic in the row) along kProjections random unit directions u
-        // instead: <analytic, u> against (F(t + h u) - F(t - h u)) / 2h, as PyTorch's fast gradcheck does. A wrong
-        // element moves almost every projection; the relative norm over the projections estimates the elementwise one.
-        constexpr std::int64_t kElementwise = 256;
+        // elements, every element's; a larger t along kProjections random unit directions u instead: <analytic, u>
+        // against (F(t + h u) - F(t - h u)) / 2h, as PyTorch's fast gradcheck does. Each evaluation runs a double
+        // backward, so 2 per element made this check the suite's slowest (the long rows, the RNNs' and convolutions'
+        // weights). A wrong element moves almost every projection; the relative norm over the projections
+        // estimates the elementwise one.
+        constexpr std::int64_t kElementwise = 32;
         constexpr std::int64_t kProjections = 16;
         const auto compare_derivative = [&](const std::string& what, const Tensor& analytic, Tensor& t,
                                             const auto& evaluate) {

@@ -58,7 +58,7 @@ CheckResult float32_check(const OpDef& def, const OpCase& op_case, Generator& ge
 // F = <∇(…<∇<y, w>, v1>…), v_{k-2}> built with create_graph (graph/higher_order.h) for random w, v, differentiated
 // once more by the engine (the k-th order gradient) and by central differences of F. Check "second_order",
 // "third_order" or "order_<k>". Every float input whose domain is checked (gradient_checked) is differentiated:
-// element by element up to 256 elements, along 16 random unit directions beyond (the projections compared).
+// element by element up to 32 elements, along 16 random unit directions beyond (the projections compared).
 CheckResult higher_order_check(const OpDef& def, const OpCase& op_case, Generator& gen, int order,
                                double tolerance = 1e-5);
 // gpu_second_order: the engine's second-order gradient (of F = <∇<y, w>, v>) of the float32 graph on `device`
