@@ -36,6 +36,21 @@ constexpr std::int64_t kStepSlice = kStepChunk / kStepSlices;
 constexpr unsigned kThreads = 256;
 static_assert(sizeof(StepChunk) % sizeof(std::int64_t) == 0, "the table is stored as int64 words");
 
+// Where a launch's blocks find their chunk (blockIdx.x). Up to kInlineChunks chunks ride in the kernel's parameters
+// (__grid_constant__: read in place, from the constant bank), so that no block waits on a read of the table before
+// it can issue its first element's loads (a captured lenet5 step's 10 parameters are 11 chunks); more come from
+// the device table (StepTable).
+constexpr std::size_t kInlineChunks = 24;
+struct InlineChunks {
+    StepChunk chunks[kInlineChunks];
+    __device__ const StepChunk& of_block() const { return chunks[blockIdx.x]; }
+};
+struct TableChunks {
+    const StepChunk* table;
+    __device__ const StepChunk& of_block() const { return table[blockIdx.x]; }
+};
+static_assert(sizeof(InlineChunks) + sizeof(StepState) <= 4000, "a kernel's parameters: at most 4 KiB");
+
 // Whether this block's slice of its chunk holds elements. A small tensor's chunk has one or a few non-empty
 // slices of the kStepSlices the grid gives every chunk; the empty blocks leave at once and take no part in
 // the step count (StepChunk::blocks counts only the non-empty ones).
@@ -144,14 +159,13 @@ __device__ inline Unscale<T> step_unscale(const StepState& s) {
     return s.inv_scale != nullptr ? Unscale<T>{static_cast<T>(*s.inv_scale), true} : Unscale<T>{};
 }
 
-// chunks[blockIdx.x]: param, grad, momentum buffer (null without momentum), all (n); scalars: momentum,
-// weight_decay, nesterov; the lr from the device (group's slot).
-template <typename T>
-__global__ void sgd_kernel(const StepChunk* __restrict__ chunks, StepState s) {
-    const StepChunk& c = chunks[blockIdx.x];
+// The block's chunk: param, grad, momentum buffer (null without momentum), all (n); scalars: momentum,
+// weight_decay, nesterov; the lr from the device (group's slot). The thread's packs are loaded before the lr is
+// waited for (a dependent read: the chunk's group), as adam_kernel does.
+template <typename T, typename Chunks>
+__global__ void sgd_kernel(const __grid_constant__ Chunks chunks, StepState s) {
+    const StepChunk& c = chunks.of_block();
     if (!block_updates(c, s)) return;
-    const SgdRule<T> rule(s.schedule.count == 0 ? s.lrs[c.group] : block_scheduled_lr(s, c.group), c.scalars[0],
-                          c.scalars[1], c.scalars[2] != 0, c.state1 != nullptr, step_unscale<T>(s));
     const double clip = s.clip != nullptr ? *s.clip : 1.0;
     const T clip_scale = static_cast<T>(clip);
     T* __restrict__ p = static_cast<T*>(c.param);
@@ -159,49 +173,62 @@ __global__ void sgd_kernel(const StepChunk* __restrict__ chunks, StepState s) {
     T* __restrict__ buffer = static_cast<T*>(c.state1);
     const std::int64_t begin = blockIdx.y * kStepSlice;
     const std::int64_t end = std::min(c.n, begin + kStepSlice);
-    // One element: w, its gradient gi (written back when clipped) and momentum buffer value b, in place.
-    const auto update = [&](T& w, T& gi, T& b) {
-        if (clip != 1.0) gi = gi * clip_scale;  // clip_grad_norm's scaling pass, fused: the same product
-        rule(w, gi, b);
-    };
     // 16-byte packs (float4: 353 µs against 300 for PyTorch's multi-tensor SGD over the 67M parameters of the
     // MLP 4096, one float per load), then the slice's scalar tail. Slices start at multiples of kStepSlice
     // elements of 256-byte aligned buffers; the check keeps anything else on the scalar loop.
     using vector_pack::Pack;
     constexpr int W = Pack<T>::width;
+    constexpr int kPacks = static_cast<int>(kStepSlice / W / kThreads);  // a thread's packs in a full slice
+    static_assert(kStepSlice % (W * kThreads) == 0, "a slice is a whole number of packs per thread");
     const bool aligned = ((reinterpret_cast<std::uintptr_t>(p) | reinterpret_cast<std::uintptr_t>(g) |
                            reinterpret_cast<std::uintptr_t>(buffer)) % 16) == 0;
     const std::int64_t packs = aligned ? (end - begin) / W : 0;
     T* __restrict__ slice_p = p + begin;
     T* __restrict__ slice_g = g + begin;
     T* __restrict__ slice_buffer = buffer != nullptr ? buffer + begin : nullptr;
-#pragma unroll 2
-    for (std::int64_t k = threadIdx.x; k < packs; k += blockDim.x) {
-        Pack<T> w = vector_pack::load_pack(static_cast<const T*>(slice_p), k);
-        Pack<T> gi = vector_pack::load_pack(static_cast<const T*>(slice_g), k);
-        Pack<T> b{};
-        if (slice_buffer != nullptr) b = vector_pack::load_pack(static_cast<const T*>(slice_buffer), k);
+    Pack<T> w[kPacks], gi[kPacks], b[kPacks];
 #pragma unroll
-        for (int e = 0; e < W; ++e) update(w.v[e], gi.v[e], b.v[e]);
-        vector_pack::store_pack(slice_p, k, w);
+    for (int j = 0; j < kPacks; ++j) {
+        const std::int64_t k = threadIdx.x + j * static_cast<std::int64_t>(kThreads);
+        b[j] = Pack<T>{};
+        if (k < packs) {
+            w[j] = vector_pack::load_pack(static_cast<const T*>(slice_p), k);
+            gi[j] = vector_pack::load_pack(static_cast<const T*>(slice_g), k);
+            if (slice_buffer != nullptr) b[j] = vector_pack::load_pack(static_cast<const T*>(slice_buffer), k);
+        }
+    }
+    const SgdRule<T> rule(s.schedule.count == 0 ? s.lrs[c.group] : block_scheduled_lr(s, c.group), c.scalars[0],
+                          c.scalars[1], c.scalars[2] != 0, c.state1 != nullptr, step_unscale<T>(s));
+    // One element: w, its gradient (written back when clipped) and momentum buffer value, in place.
+    const auto update = [&](T& wi, T& gradient, T& bi) {
+        if (clip != 1.0) gradient = gradient * clip_scale;  // clip_grad_norm's scaling pass, fused: the same product
+        rule(wi, gradient, bi);
+    };
+#pragma unroll
+    for (int j = 0; j < kPacks; ++j) {
+        const std::int64_t k = threadIdx.x + j * static_cast<std::int64_t>(kThreads);
+        if (k >= packs) break;
+#pragma unroll
+        for (int e = 0; e < W; ++e) update(w[j].v[e], gi[j].v[e], b[j].v[e]);
+        vector_pack::store_pack(slice_p, k, w[j]);
         if (c.copy != nullptr)
 #pragma unroll
-            for (int e = 0; e < W; ++e) store_copy(c, begin + k * W + e, w.v[e]);
-        if (clip != 1.0) vector_pack::store_pack(slice_g, k, gi);
-        if (slice_buffer != nullptr) vector_pack::store_pack(slice_buffer, k, b);
+            for (int e = 0; e < W; ++e) store_copy(c, begin + k * W + e, w[j].v[e]);
+        if (clip != 1.0) vector_pack::store_pack(slice_g, k, gi[j]);
+        if (slice_buffer != nullptr) vector_pack::store_pack(slice_buffer, k, b[j]);
     }
     for (std::int64_t i = begin + packs * W + threadIdx.x; i < end; i += blockDim.x) {
-        T w = p[i], gi = g[i], b = buffer != nullptr ? buffer[i] : T(0);
-        update(w, gi, b);
-        p[i] = w;
-        if (c.copy != nullptr) store_copy(c, i, w);
-        if (clip != 1.0) g[i] = gi;
-        if (buffer != nullptr) buffer[i] = b;
+        T wi = p[i], gradient = g[i], bi = buffer != nullptr ? buffer[i] : T(0);
+        update(wi, gradient, bi);
+        p[i] = wi;
+        if (c.copy != nullptr) store_copy(c, i, wi);
+        if (clip != 1.0) g[i] = gradient;
+        if (buffer != nullptr) buffer[i] = bi;
     }
     finish_block(c, s, true);
 }
 
-// chunks[blockIdx.x]: param, grad, m, v, all (n); scalars: beta1, beta2, eps, weight_decay, decoupled. The
+// The block's chunk: param, grad, m, v, all (n); scalars: beta1, beta2, eps, weight_decay, decoupled. The
 // bias corrections come from the device step count, the lr from the device (adam_scalars, as on the CPU).
 // Each thread updates at most kPerThread elements of its block's slice; it loads them all before waiting for
 // the scalars, so that their latency hides the memory reads: for lenet's 61k parameters the step is latency,
@@ -212,9 +239,9 @@ __global__ void sgd_kernel(const StepChunk* __restrict__ chunks, StepState s) {
 constexpr int kPerThread = static_cast<int>(kStepSlice / kThreads);
 static_assert(kStepSlice % kThreads == 0, "a slice is a whole number of elements per thread");
 
-template <typename T>
-__global__ void adam_kernel(const StepChunk* __restrict__ chunks, StepState s) {
-    const StepChunk& c = chunks[blockIdx.x];
+template <typename T, typename Chunks>
+__global__ void adam_kernel(const __grid_constant__ Chunks chunks, StepState s) {
+    const StepChunk& c = chunks.of_block();
     if (!block_updates(c, s)) return;
     static_assert(kThreads >= 3 * 32, "warps 0, 1 and 2 evaluate the scalars");
     __shared__ double shared_lr, shared_bias1, shared_bias2_sqrt;
@@ -297,8 +324,9 @@ struct Group {
     unsigned blocks;  // blocks whose slice holds elements (they take part in the step; the rest leave at once)
 };
 
-// Cuts the tensors into chunks grouped by dtype, uploads the table and calls launch(group, device chunks
-// of the group, whether it is the last launch) for each non-empty group. Returns whether it launched any.
+// Cuts the tensors into chunks grouped by dtype and calls launch(group, its chunks, their device copy, whether it
+// is the last launch) for each non-empty group; the table is uploaded only when a group has more chunks than a
+// launch's parameters hold (the device copy is null otherwise). Returns whether it launched any.
 template <typename Launch>
 bool for_each_group(StepTable& table, std::span<const StepOperands> tensors, Launch launch) {
     std::vector<std::size_t> order(tensors.size());
@@ -328,12 +356,16 @@ bool for_each_group(StepTable& table, std::span<const StepOperands> tensors, Lau
         groups.back().count = chunks.size() - groups.back().first;
     }
     if (chunks.empty()) return false;
-    const StepChunk* device_chunks = table.upload(chunks);
+    const bool inline_chunks =
+        std::all_of(groups.begin(), groups.end(), [](const Group& g) { return g.count <= kInlineChunks; });
+    const StepChunk* device_chunks = inline_chunks ? nullptr : table.upload(chunks);
     std::size_t last = 0;
     for (std::size_t g = 0; g < groups.size(); ++g)
         if (groups[g].count > 0) last = g;
     for (std::size_t g = 0; g < groups.size(); ++g)
-        if (groups[g].count > 0) launch(groups[g], device_chunks + groups[g].first, g == last);
+        if (groups[g].count > 0)
+            launch(groups[g], std::span<const StepChunk>(chunks).subspan(groups[g].first, groups[g].count),
+                   device_chunks != nullptr ? device_chunks + groups[g].first : nullptr, g == last);
     return true;
 }
 
@@ -409,16 +441,26 @@ const StepChunk* StepTable::upload(const std::vector<StepChunk>& chunks) {
 
 namespace {
 
-// One launch per dtype group of the kernel kernel_of(T{}) returns for element type T (sgd_kernel, adam_kernel).
+// One launch per dtype group of the kernel kernel_of(type_identity<T>, type_identity<Chunks>) returns for element
+// type T and chunk source Chunks (sgd_kernel, adam_kernel).
 template <typename KernelOf>
 bool fused_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state, const char* who,
                 KernelOf kernel_of) {
     DeviceContext& ctx = context(table.device());
-    return for_each_group(table, tensors, [&](const Group& group, const StepChunk* chunks, bool last) {
+    return for_each_group(table, tensors, [&](const Group& group, std::span<const StepChunk> chunks,
+                                              const StepChunk* device_chunks, bool last) {
         const StepState s = launch_state(state, tensors, group, last, ctx);
+        const dim3 grid(static_cast<unsigned>(group.count), kStepSlices);
         dispatch_floating(group.dtype, who, [&]<typename T>() {
-            const auto kernel = kernel_of(T{});
-            kernel<<<dim3(static_cast<unsigned>(group.count), kStepSlices), kThreads, 0, ctx.stream>>>(chunks, s);
+            if (device_chunks != nullptr) {
+                const auto kernel = kernel_of(std::type_identity<T>{}, std::type_identity<TableChunks>{});
+                kernel<<<grid, kThreads, 0, ctx.stream>>>(TableChunks{device_chunks}, s);
+            } else {
+                InlineChunks inline_chunks{};
+                std::copy(chunks.begin(), chunks.end(), inline_chunks.chunks);
+                const auto kernel = kernel_of(std::type_identity<T>{}, std::type_identity<InlineChunks>{});
+                kernel<<<grid, kThreads, 0, ctx.stream>>>(inline_chunks, s);
+            }
             DG_CUDA_CHECK_LAUNCH();
         });
     });
@@ -427,11 +469,17 @@ bool fused_step(StepTable& table, std::span<const StepOperands> tensors, const S
 }  // namespace
 
 bool sgd_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state) {
-    return fused_step(table, tensors, state, "SGD", [](auto zero) { return &sgd_kernel<decltype(zero)>; });
+    return fused_step(table, tensors, state, "SGD",
+                      []<typename T, typename Chunks>(std::type_identity<T>, std::type_identity<Chunks>) {
+                          return &sgd_kernel<T, Chunks>;
+                      });
 }
 
 bool adam_step(StepTable& table, std::span<const StepOperands> tensors, const StepState& state) {
-    return fused_step(table, tensors, state, "Adam", [](auto zero) { return &adam_kernel<decltype(zero)>; });
+    return fused_step(table, tensors, state, "Adam",
+                      []<typename T, typename Chunks>(std::type_identity<T>, std::type_identity<Chunks>) {
+                          return &adam_kernel<T, Chunks>;
+                      });
 }
 
 void refuse_in_capture(int device, const char* what, const char* why) { throw_if_capturing(device, what, why); }

@@ -378,6 +378,7 @@ constexpr std::int64_t kMaxChain = 256;           // most values one thread adds
 constexpr std::int64_t kMinChunk = 8 * kThreads;  // fewest values a block of the backward kernel takes
 constexpr std::int64_t kBlocksPerSm = 4;          // blocks the backward kernel aims for
 constexpr std::int64_t kMaxChunks = 65535;        // gridDim.y
+constexpr int kUnroll = 4;                        // values whose loads one backward thread has in flight
 
 // y (N,K,HW) in place: y = relu(y + b[k]) with Relu, y + b[k] without; no bias when b is null. I: 32-bit indices
 // where they fit (an int64 division per element made this kernel run at half the copy bandwidth on the H200).
@@ -417,19 +418,36 @@ __global__ void conv2d_activation_backward_kernel(const T* __restrict__ dy, cons
     std::int64_t image = begin / hw, position = begin % hw;
     const std::int64_t step_image = kThreads / hw, step_position = kThreads % hw;
     A sum = 0;
-    for (std::int64_t j = begin; j < end; j += kThreads) {
-        const std::int64_t offset = (image * channels + k) * hw + position;
-        A g = to_acc(dy[offset]);
-        if constexpr (Relu) {
-            g = math::ReluOp::masked_gradient(to_acc(y[offset]), g);
-            if (dz != nullptr) dz[offset] = from_acc<T>(g);
+    // kUnroll values per round: their loads are all issued before the first is used. One value per round
+    // waited a memory latency per value (8 in a row for lenet5 b64's first layer: 4.6-5.5 µs a launch
+    // against 2.9 for Inductor's reduction, CUPTI, H200). The additions keep their order: the same bits.
+    for (std::int64_t j = begin; j < end; j += kThreads * kUnroll) {
+        std::int64_t offsets[kUnroll];
+        A g[kUnroll], y_values[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            offsets[u] = (image * channels + k) * hw + position;
+            image += step_image;
+            position += step_position;
+            if (position >= hw) {
+                position -= hw;
+                ++image;
+            }
         }
-        sum += g;
-        image += step_image;
-        position += step_position;
-        if (position >= hw) {
-            position -= hw;
-            ++image;
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const bool inside = j + u * static_cast<std::int64_t>(kThreads) < end;
+            g[u] = inside ? to_acc(dy[offsets[u]]) : A(0);
+            if constexpr (Relu) y_values[u] = inside ? to_acc(y[offsets[u]]) : A(0);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            if (j + u * static_cast<std::int64_t>(kThreads) >= end) break;
+            if constexpr (Relu) {
+                g[u] = math::ReluOp::masked_gradient(y_values[u], g[u]);
+                if (dz != nullptr) dz[offsets[u]] = from_acc<T>(g[u]);
+            }
+            sum += g[u];
         }
     }
     if (db == nullptr) return;  // the same for every thread of the block

@@ -1,15 +1,17 @@
 // Losses on the GPU: fused row kernels, deterministic reductions, no host synchronisation (losses stay on the
 // device; the upstream gradient is read on the device; a bad label is reported through the device error
-// record). CPU reference: ops/loss.cpp. Row reductions: ops/row_reduction.cuh (shared with softmax,
-// ops/elementwise.cu).
+// record). CPU reference: ops/loss.cpp. The pointwise losses and mse_loss: ops/point_loss.cu. Row reductions:
+// ops/row_reduction.cuh (shared with softmax, ops/elementwise.cu).
 // Over 600 lines: linear_cross_entropy's GPU kernels (the LM head fused with the loss, ops/linear_cross_entropy.h)
 // are here because they run cross_entropy's own row kernels on each chunk of logits.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "dyngrad/cuda/context.h"
@@ -30,6 +32,8 @@ using namespace row_reduction;  // ops/row_reduction.cuh
 using vector_pack::Pack;         // ops/vector_pack.cuh
 
 // ---- losses ----
+
+using math::reduction_scale;  // ops/loss_math.h
 
 // The first failing kernel claims the record; the runtime raises it at the next host wait.
 __device__ void report_label_out_of_range(DeviceErrorRecord* record, std::int64_t row, std::int64_t label,
@@ -80,21 +84,24 @@ __device__ __forceinline__ void store_row_loss(std::int64_t row, T loss, T label
     if (out_rows) out_rows[row] = loss;
 }
 
-// The batch sums of a class loss, by one block of kThreads threads in a fixed order of additions:
-// sums = [D = Σ row_weight, W = Σ_c class_weight (C without)], out () = Σ row_loss / D (Mean) or Σ row_loss
-// (Sum); nothing written to out for None. The row values come from L2 (__ldcg): other blocks wrote them (and
-// the rows kernels' row_loss / row_weight are not __restrict__: this block reads what it wrote through them).
-template <typename T>
-__device__ void class_loss_batch_sums(const double* row_loss, const double* row_weight,
-                                      std::int64_t rows, const T* __restrict__ weight, std::int64_t classes,
-                                      Reduction reduction, T* __restrict__ out, double* __restrict__ sums) {
+// The batch sums of a class loss, by threads 0 to kThreads - 1 of one block in a fixed order of additions (any
+// more threads of the block take part in its reductions with 0s: the same bits): sums = [D = Σ row_weight,
+// W = Σ_c class_weight (C without)], out () = Σ row_loss / D (Mean) or Σ row_loss (Sum); nothing written to out for
+// None. row_value(i) gives row i's loss and weight.
+template <typename T, typename RowValue>
+__device__ void reduce_class_loss_batch(RowValue row_value, std::int64_t rows, const T* __restrict__ weight,
+                                        std::int64_t classes, Reduction reduction, T* __restrict__ out,
+                                        double* __restrict__ sums) {
     double loss = 0.0, denominator = 0.0, weight_sum = 0.0;
-    for (std::int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
-        loss += __ldcg(row_loss + i);
-        denominator += __ldcg(row_weight + i);
+    if (threadIdx.x < kThreads) {
+        for (std::int64_t i = threadIdx.x; i < rows; i += kThreads) {
+            const auto [row_loss, row_weight] = row_value(i);
+            loss += row_loss;
+            denominator += row_weight;
+        }
+        for (std::int64_t c = threadIdx.x; c < classes; c += kThreads)
+            weight_sum += weight ? static_cast<double>(weight[c]) : 1.0;
     }
-    for (std::int64_t c = threadIdx.x; c < classes; c += blockDim.x)
-        weight_sum += weight ? static_cast<double>(weight[c]) : 1.0;
     loss = block_reduce(loss, SumOp{}, 0.0);
     denominator = block_reduce(denominator, SumOp{}, 0.0);
     weight_sum = block_reduce(weight_sum, SumOp{}, 0.0);
@@ -104,6 +111,17 @@ __device__ void class_loss_batch_sums(const double* row_loss, const double* row_
         if (reduction == Reduction::Mean) *out = static_cast<T>(loss / denominator);
         if (reduction == Reduction::Sum) *out = static_cast<T>(loss);
     }
+}
+
+// reduce_class_loss_batch over row values in global memory. They come from L2 (__ldcg): other blocks wrote them
+// (and the rows kernels' row_loss / row_weight are not __restrict__: this block reads what it wrote through them).
+template <typename T>
+__device__ void class_loss_batch_sums(const double* row_loss, const double* row_weight,
+                                      std::int64_t rows, const T* __restrict__ weight, std::int64_t classes,
+                                      Reduction reduction, T* __restrict__ out, double* __restrict__ sums) {
+    reduce_class_loss_batch(
+        [&](std::int64_t i) { return std::pair{__ldcg(row_loss + i), __ldcg(row_weight + i)}; }, rows, weight,
+        classes, reduction, out, sums);
 }
 
 // Where the rows kernels end: every block counts itself finished on `counter` (DeviceContext::block_counter),
@@ -213,6 +231,67 @@ __global__ void cross_entropy_rows_kernel(const X* __restrict__ logits, const st
     finish_class_loss_in_last_block(batch, row_loss, row_weight, rows, weight, classes);
 }
 
+// cross_entropy of at most kSmallClasses classes (LeNet's and the MLPs' 10) and few rows: one block of
+// kSmallThreads threads, `group` lanes per row (C rounded up to a power of two: 16 for 10 classes), every lane one
+// class, every row in the one round (rows·group <= kSmallThreads: 64 rows of 10 classes). The row values wait in
+// shared memory for reduce_class_loss_batch: the batch sums of the rows kernels, bit for bit. Measured against the rows kernel (CUPTI, H200, 2026-11-30): lenet5 b1's one
+// row 4.0 µs (5.1), 64 rows 4.2 (4.1); with more rounds slower (256 rows in 4: 7.3 against 4.5), hence the limit;
+// a thread per row was slower still (5.6 µs for one row: ~800 dependent instructions while the other warps wait).
+constexpr std::int64_t kSmallClasses = 32;
+constexpr unsigned kSmallThreads = 1024;
+constexpr std::int64_t kSmallRows = kSmallThreads;  // rows·group <= kSmallThreads and group >= 1
+
+template <typename T>
+__global__ void __launch_bounds__(kSmallThreads)
+    cross_entropy_small_kernel(const T* __restrict__ logits, const std::int64_t* __restrict__ labels,
+                               const T* __restrict__ weight, std::int64_t rows, std::int64_t classes, int group,
+                               std::int64_t ignore_index, T smoothing, T* __restrict__ lse, T* __restrict__ out_rows,
+                               Reduction reduction, T* __restrict__ out, double* __restrict__ sums,
+                               DeviceErrorRecord* record) {
+    __shared__ double shared_loss[kSmallRows], shared_weight[kSmallRows];
+    const auto group_reduce = [group](T v, auto op) {
+        for (int offset = group / 2; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+        return v;
+    };
+    const int lane = static_cast<int>(threadIdx.x) % group;  // the class this lane holds
+    const std::int64_t groups = blockDim.x / group;
+    // Every lane runs every round (the shuffles need the whole warp); rows past the end compute on -inf.
+    for (std::int64_t first = 0; first < rows; first += groups) {
+        const std::int64_t row = first + threadIdx.x / group;
+        const bool active = row < rows;
+        const T* xr = logits + row * classes;
+        const std::int64_t label = active ? labels[row] : ignore_index;
+        const T x = active && lane < classes ? xr[lane] : lowest<T>();
+        const T max = group_reduce(x, MaxOp{});
+        // -inf adds nothing; the max adds exactly 1 (also where it is +inf: inf - inf would be NaN); a NaN
+        // logit makes the sum NaN (the max skips it, its exp does not).
+        const T e = x == lowest<T>() ? T(0) : (x == max ? T(1) : device_exp(x - max));
+        const T log_sum = device_log(group_reduce(e, SumOp{}));
+        const T row_lse = max + log_sum;
+        const bool counts = active && lane == 0 && label_counts(label, row, classes, ignore_index, record);
+        const int label_lane = label >= 0 && label < classes ? static_cast<int>(label) : 0;
+        const T label_x = __shfl_sync(0xffffffffu, x, label_lane, group);
+        T smooth = 0;
+        if (smoothing != T(0))  // uniform over the launch
+            smooth = group_reduce(lane < classes ? (weight ? weight[lane] : T(1)) * (row_lse - x) : T(0), SumOp{});
+        if (active && lane == 0) {
+            T loss = 0, label_weight = 0;
+            if (counts) {
+                label_weight = weight ? weight[label] : T(1);
+                loss = (T(1) - smoothing) * label_weight * ((max - label_x) + log_sum);
+                if (smoothing != T(0)) loss += smoothing / static_cast<T>(classes) * smooth;
+            }
+            lse[row] = row_lse;
+            if (out_rows) out_rows[row] = loss;
+            shared_loss[row] = static_cast<double>(loss);
+            shared_weight[row] = static_cast<double>(label_weight);
+        }
+    }
+    __syncthreads();
+    reduce_class_loss_batch([&](std::int64_t i) { return std::pair{shared_loss[i], shared_weight[i]}; }, rows,
+                            weight, classes, reduction, out, sums);
+}
+
 // nll_loss rows, one thread each. log_probs (N,C)  labels (N)  class_weight (C) or null  ->
 //   row_loss = -w[y]·log_probs_i,y, row_weight = w[y] (both 0 when ignored or reported), out_rows as above.
 template <typename T>
@@ -232,24 +311,6 @@ __global__ void nll_rows_kernel(const T* __restrict__ log_probs, const std::int6
         store_row_loss(row, loss, label_weight, row_loss, row_weight, out_rows);
     }
     finish_class_loss_in_last_block(batch, row_loss, row_weight, rows, weight, classes);
-}
-
-// out () = scale · Σ values; one block, a fixed order of additions: the same result on every run.
-template <typename T>
-__global__ void scaled_sum_kernel(const double* __restrict__ values, std::int64_t count, double scale,
-                                  T* __restrict__ out) {
-    double sum = 0.0;
-    for (std::int64_t i = threadIdx.x; i < count; i += blockDim.x) sum += values[i];
-    sum = block_reduce(sum, SumOp{}, 0.0);
-    if (threadIdx.x == 0) *out = static_cast<T>(sum * scale);
-}
-
-// The factor of row (or element) i's loss in the reduced loss, times dy: dy[i] (None), dy (Sum), dy / D (Mean).
-template <typename T>
-__device__ __forceinline__ T reduction_scale(Reduction reduction, const T* dy, double denominator, std::int64_t i) {
-    if (reduction == Reduction::None) return dy[i];
-    if (reduction == Reduction::Sum) return *dy;
-    return static_cast<T>(static_cast<double>(*dy) / denominator);
 }
 
 // The batch sums over all rows of a chunked loss (linear_cross_entropy): one block, class_loss_batch_sums.
@@ -321,21 +382,24 @@ __global__ void class_loss_backward_kernel(const X* __restrict__ logits, const s
     for (std::int64_t row = Rows::first_row(); row < rows; row += Rows::row_step()) {
         const X* xr = logits + row * row_stride;
         Out* out = dlogits + row * row_stride;
+        // Every load that does not need the label is issued before its test (the row's scale, lse and logits:
+        // valid addresses in every row), so that they wait on memory together rather than after the label.
         const std::int64_t label = labels[row];
+        const T row_scale = reduction_scale(reduction, dy, sums[0], row);
+        const bool nll = lse == nullptr;
+        const T row_lse = nll ? T(0) : lse[row];
         const bool counted = !(label == ignore_index || label < 0 || label >= classes);
         if (!counted && label != ignore_index && Rows::lane() == 0)
             report_label_out_of_range(record, row, label, classes);
-        const T s = counted ? reduction_scale(reduction, dy, sums[0], row) : T(0);
+        const T s = counted ? row_scale : T(0);
         const T label_weight = counted ? (weight ? weight[label] : T(1)) : T(0);
-        const bool nll = lse == nullptr;
-        const T row_lse = nll ? T(0) : lse[row];
         // The gradient of logit c of this row (0 for a row that does not count).
         auto gradient = [&](T logit, std::int64_t c) {
             return counted ? class_loss_gradient(nll, logit, row_lse, c, label, label_weight, weight, smoothing,
                                                  smooth_per_class, weight_sum, s)
                            : T(0);
         };
-        const bool read_logits = counted && !nll;
+        const bool read_logits = !nll;
 #pragma unroll 4
         for (std::int64_t p = Rows::lane(); p < row_packs; p += Rows::width()) {
             Pack<X> v{};
@@ -351,64 +415,36 @@ __global__ void class_loss_backward_kernel(const X* __restrict__ logits, const s
     }
 }
 
-// Pointwise losses (ops/loss_math.h): None writes each element's loss to out_elements; otherwise
-// partials[block] = Σ of the block's losses in double (the grid size depends only on n: a fixed order).
+// The backward of a class loss with at most kSmallClasses classes: a thread per element, `group` threads per row (C
+// rounded up to a power of two, 2^group_shift), no loop and no pack path: class_loss_backward_kernel's warp per row
+// ran ~300 instructions per warp for 10 classes (2.2 µs a launch against Inductor's 1.1; ncu, H200, 2026-11-30).
+// The same formula per element (class_loss_gradient): the same bits.
 template <typename T>
-__global__ void point_loss_kernel(OpType op, math::PointLossInputs<T> in, std::int64_t n, T* __restrict__ out_elements,
-                                  double* __restrict__ partials) {
-    double sum = 0.0;
-    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-        const T loss = math::point_loss(op, in, i);
-        if (out_elements)
-            out_elements[i] = loss;
-        else
-            sum += static_cast<double>(loss);
-    }
-    if (out_elements) return;  // uniform over the launch: no thread is left waiting in the reduction
-    sum = block_reduce(sum, SumOp{}, 0.0);
-    if (threadIdx.x == 0) partials[blockIdx.x] = sum;
-}
-
-// dloss  ->  da, db (each may be null) = d loss_i / d a_i, d b_i (ops/loss_math.h) · reduction_scale (D = n)
-template <typename T>
-__global__ void point_loss_backward_kernel(OpType op, math::PointLossInputs<T> in, std::int64_t n, Reduction reduction,
-                                           const T* __restrict__ dy, T* __restrict__ da, T* __restrict__ db) {
-    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-        T ga, gb;
-        math::point_loss_grads(op, in, i, ga, gb);
-        const T s = reduction_scale(reduction, dy, static_cast<double>(n), i);
-        if (da) da[i] = ga * s;
-        if (db) db[i] = gb * s;
-    }
-}
-
-// prediction, target (n)  ->  partials[block] = Σ (prediction - target)² over the block's elements,
-// accumulated in double; the grid size depends only on n, so the sum order is fixed.
-template <typename T>
-__global__ void squared_error_partials_kernel(const T* __restrict__ prediction, const T* __restrict__ target,
-                                              std::int64_t n, double* __restrict__ partials) {
-    double sum = 0.0;
-    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-        const double d = static_cast<double>(prediction[i]) - static_cast<double>(target[i]);
-        sum += d * d;
-    }
-    sum = block_reduce(sum, SumOp{}, 0.0);
-    if (threadIdx.x == 0) partials[blockIdx.x] = sum;
-}
-
-// dy ()  ->  dprediction = 2 (prediction - target) / n · dy,  dtarget = -dprediction (each may be null)
-template <typename T>
-__global__ void mse_backward_kernel(const T* __restrict__ prediction, const T* __restrict__ target, std::int64_t n,
-                                    const T* __restrict__ dy, T* __restrict__ dprediction, T* __restrict__ dtarget) {
-    const T scale = T(2) * *dy / static_cast<T>(n);
-    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-        const T g = scale * (prediction[i] - target[i]);
-        if (dprediction) dprediction[i] = g;
-        if (dtarget) dtarget[i] = -g;
+__global__ void class_loss_backward_small_kernel(const T* __restrict__ logits, const std::int64_t* __restrict__ labels,
+                                                 const T* __restrict__ weight, const T* __restrict__ lse,
+                                                 const double* __restrict__ sums, std::int64_t rows,
+                                                 std::int64_t classes, int group_shift, std::int64_t ignore_index,
+                                                 T smoothing, Reduction reduction, const T* __restrict__ dy,
+                                                 T* __restrict__ dlogits, DeviceErrorRecord* record) {
+    const bool nll = lse == nullptr;
+    const std::int64_t total = rows << group_shift;
+    for (std::int64_t thread = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; thread < total;
+         thread += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+        const std::int64_t row = thread >> group_shift;
+        const std::int64_t c = thread & ((std::int64_t{1} << group_shift) - 1);
+        if (c >= classes) continue;
+        // Every load that does not need the label is issued before its test.
+        const std::int64_t label = labels[row];
+        const T row_scale = reduction_scale(reduction, dy, sums[0], row);
+        const T row_lse = nll ? T(0) : lse[row];
+        const T logit = nll ? T(0) : logits[row * classes + c];
+        const bool counted = !(label == ignore_index || label < 0 || label >= classes);
+        if (!counted && label != ignore_index && c == 0) report_label_out_of_range(record, row, label, classes);
+        T g = 0;
+        if (counted)
+            g = class_loss_gradient(nll, logit, row_lse, c, label, weight ? weight[label] : T(1), weight, smoothing,
+                                    smoothing / static_cast<T>(classes), static_cast<T>(sums[1]), row_scale);
+        dlogits[row * classes + c] = g;
     }
 }
 
@@ -435,6 +471,20 @@ Tensor cross_entropy_forward(const ForwardArgs& args) {
         return loss;
     }
     DeviceContext& ctx = context_for(logits);
+    // Lanes per row of the one-block kernel (classes capped: the power of two of a huge C is of no use).
+    const auto group =
+        static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(std::min(classes, kSmallClasses))));
+    if (!nll && classes <= kSmallClasses && rows <= kSmallRows / group) {
+        dispatch_floating(logits.dtype(), "cross_entropy", [&]<typename T>() {
+            cross_entropy_small_kernel<T><<<1, kSmallThreads, 0, ctx.stream>>>(
+                logits.data<T>(), labels.data<std::int64_t>(), weight ? weight->data<T>() : nullptr, rows, classes,
+                static_cast<int>(group), args.attrs.ignore_index, static_cast<T>(args.attrs.label_smoothing),
+                lse.data<T>(), reduction == Reduction::None ? loss.data<T>() : nullptr, reduction, loss.data<T>(),
+                sums.data<double>(), ctx.error_record_device);
+            DG_CUDA_CHECK_LAUNCH();
+        });
+        return loss;
+    }
     Workspace row_loss(ctx, static_cast<std::size_t>(rows) * sizeof(double));
     Workspace row_weight(ctx, static_cast<std::size_t>(rows) * sizeof(double));
     auto* row_loss_data = static_cast<double*>(row_loss.data());
@@ -479,6 +529,17 @@ std::vector<Tensor> cross_entropy_backward(const BackwardArgs& args) {
     if (n == 0) return grads;
     DeviceContext& ctx = context_for(logits);
     dispatch_floating(logits.dtype(), nll ? "nll_loss backward" : "cross_entropy backward", [&]<typename T>() {
+        if (classes <= kSmallClasses) {
+            const int group_shift = std::countr_zero(std::bit_ceil(static_cast<std::uint64_t>(classes)));
+            class_loss_backward_small_kernel<T><<<grid_size(ctx, rows << group_shift, kThreads), kThreads, 0,
+                                                  ctx.stream>>>(
+                logits.data<T>(), labels.data<std::int64_t>(), weight ? weight->data<T>() : nullptr,
+                nll ? nullptr : args.saved[1].data<T>(), args.saved[0].data<double>(), rows, classes, group_shift,
+                args.attrs.ignore_index, static_cast<T>(args.attrs.label_smoothing), args.attrs.reduction,
+                args.grad_output.data<T>(), grads[0].data<T>(), ctx.error_record_device);
+            DG_CUDA_CHECK_LAUNCH();
+            return;
+        }
         const std::int64_t row_packs = row_packs_of<T>(classes, classes, {logits.raw_data(), grads[0].raw_data()});
         launch_rows(ctx, rows, classes, [&]<bool kBlockPerRow>(unsigned blocks) {
             class_loss_backward_kernel<T, kBlockPerRow><<<blocks, kThreads, 0, ctx.stream>>>(
@@ -642,98 +703,6 @@ std::vector<Tensor> linear_cross_entropy_backward(const BackwardArgs& args) {
                         b.grads[1].defined() ? b.grads[1].data<T>() : nullptr);
     });
     return std::move(b.grads);
-}
-
-// prediction, target (any shape, the same)  loss () = mean((prediction - target)²)
-// Per-block partial sums, then a one-block sum: deterministic, no host synchronisation.
-Tensor mse_loss_forward(const ForwardArgs& args) {
-    const Tensor& prediction = args.inputs[0];
-    const Tensor& target = args.inputs[1];
-    Tensor loss = Tensor::empty(args.out.shape, args.out.dtype, prediction.device());
-    const std::int64_t n = prediction.numel();
-    if (n == 0) {  // infer::mse_loss rejects empty inputs; the mean of nothing is NaN
-        loss.fill(std::numeric_limits<double>::quiet_NaN());
-        return loss;
-    }
-    DeviceContext& ctx = context_for(prediction);
-    const unsigned blocks = grid_size(ctx, n, kThreads);
-    Workspace partials(ctx, blocks * sizeof(double));
-    auto* partials_data = static_cast<double*>(partials.data());
-    dispatch_floating(prediction.dtype(), "mse_loss", [&]<typename T>() {
-        squared_error_partials_kernel<T><<<blocks, kThreads, 0, ctx.stream>>>(prediction.data<T>(), target.data<T>(), n,
-                                                                             partials_data);
-        DG_CUDA_CHECK_LAUNCH();
-        scaled_sum_kernel<T><<<1, kThreads, 0, ctx.stream>>>(partials_data, blocks, 1.0 / static_cast<double>(n),
-                                                             loss.data<T>());
-        DG_CUDA_CHECK_LAUNCH();
-    });
-    return loss;
-}
-
-// dloss () -> dprediction = 2 (prediction - target) / n * dloss, dtarget = -dprediction
-std::vector<Tensor> mse_loss_backward(const BackwardArgs& args) {
-    const Tensor& prediction = args.inputs[0];
-    const Tensor& target = args.inputs[1];
-    std::vector<Tensor> grads = math::point_loss_gradients(args);  // d prediction, d target where needed
-    const std::int64_t n = prediction.numel();
-    if (n == 0 || (!grads[0].defined() && !grads[1].defined())) return grads;
-    DeviceContext& ctx = context_for(prediction);
-    dispatch_floating(prediction.dtype(), "mse_loss backward", [&]<typename T>() {
-        mse_backward_kernel<T><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(
-            prediction.data<T>(), target.data<T>(), n, args.grad_output.data<T>(),
-            grads[0].defined() ? grads[0].data<T>() : nullptr, grads[1].defined() ? grads[1].data<T>() : nullptr);
-        DG_CUDA_CHECK_LAUNCH();
-    });
-    return grads;
-}
-
-// l1_loss, smooth_l1_loss: prediction, target;  bce_with_logits: logits, target, [weight], [pos_weight]
-//   -> loss () (Mean over n, Sum) or the inputs' shape (None). Per-block partial sums in double, then a
-// one-block sum: deterministic, no host synchronisation. Formulas: ops/loss_math.h.
-Tensor pointwise_loss_forward(const ForwardArgs& args) {
-    const Tensor& a = args.inputs[0];
-    const Reduction reduction = args.attrs.reduction;
-    Tensor loss = Tensor::empty(args.out.shape, args.out.dtype, a.device());
-    const std::int64_t n = a.numel();
-    if (n == 0) {  // the shape rule rejects an empty Mean; an empty Sum is 0, an empty None has nothing
-        if (reduction == Reduction::Sum) loss.fill(0.0);
-        return loss;
-    }
-    DeviceContext& ctx = context_for(a);
-    const unsigned blocks = grid_size(ctx, n, kThreads);
-    dispatch_floating(a.dtype(), "pointwise loss", [&]<typename T>() {
-        const math::PointLossInputs<T> in = math::point_loss_inputs<T>(args.inputs, args.attrs);
-        if (reduction == Reduction::None) {
-            point_loss_kernel<T><<<blocks, kThreads, 0, ctx.stream>>>(args.op, in, n, loss.data<T>(), nullptr);
-            DG_CUDA_CHECK_LAUNCH();
-            return;
-        }
-        Workspace partials(ctx, blocks * sizeof(double));
-        auto* partials_data = static_cast<double*>(partials.data());
-        point_loss_kernel<T><<<blocks, kThreads, 0, ctx.stream>>>(args.op, in, n, nullptr, partials_data);
-        DG_CUDA_CHECK_LAUNCH();
-        const double scale = reduction == Reduction::Mean ? 1.0 / static_cast<double>(n) : 1.0;
-        scaled_sum_kernel<T><<<1, kThreads, 0, ctx.stream>>>(partials_data, blocks, scale, loss.data<T>());
-        DG_CUDA_CHECK_LAUNCH();
-    });
-    return loss;
-}
-
-// dloss () or (shape) -> d input 0, d target; bce's weight and pos_weight get no gradient (as in PyTorch).
-std::vector<Tensor> pointwise_loss_backward(const BackwardArgs& args) {
-    const Tensor& a = args.inputs[0];
-    std::vector<Tensor> grads = math::point_loss_gradients(args);
-    const std::int64_t n = a.numel();
-    if (n == 0 || (!grads[0].defined() && !grads[1].defined())) return grads;
-    DeviceContext& ctx = context_for(a);
-    dispatch_floating(a.dtype(), "pointwise loss backward", [&]<typename T>() {
-        point_loss_backward_kernel<T><<<grid_size(ctx, n, kThreads), kThreads, 0, ctx.stream>>>(
-            args.op, math::point_loss_inputs<T>(args.inputs, args.attrs), n, args.attrs.reduction,
-            args.grad_output.data<T>(), grads[0].defined() ? grads[0].data<T>() : nullptr,
-            grads[1].defined() ? grads[1].data<T>() : nullptr);
-        DG_CUDA_CHECK_LAUNCH();
-    });
-    return grads;
 }
 
 }  // namespace dyngrad::cuda

@@ -27,6 +27,14 @@ template <typename T> struct PointLossInputs {
     T beta = T(1);  // smooth_l1
 };
 
+// The factor of row (or element) i's loss in the reduced loss, times dy: dy[i] (None), dy (Sum), dy / D (Mean).
+template <typename T>
+DG_HOST_DEVICE T reduction_scale(Reduction reduction, const T* dy, double denominator, std::int64_t i) {
+    if (reduction == Reduction::None) return dy[i];
+    if (reduction == Reduction::Sum) return *dy;
+    return static_cast<T>(static_cast<double>(*dy) / denominator);
+}
+
 // sign(d), 0 at 0; a NaN stays NaN (torch.sign).
 template <typename T> DG_HOST_DEVICE T sign_of(T d) { return d > T(0) ? T(1) : (d < T(0) ? T(-1) : d * T(0)); }
 

@@ -67,10 +67,13 @@ struct ClassLossCase {
 
 TEST_CASE("class losses: the one-launch forward reduces the batch in the finish kernel's fixed order",
           "[gpu][loss]") {
-    // Warp-per-row (C <= 512) and block-per-row tilings, C a multiple of the pack width and not, one row and
-    // many more rows than the 256 threads that sum them.
+    // cross_entropy's one-block kernel (C <= 32, N times C rounded up to a power of two <= 1024), warp-per-row
+    // (C <= 512) and block-per-row tilings, C a multiple of the pack width and not, one row and many more rows
+    // than the 256 threads that sum them.
     const ClassLossCase cases[] = {
         {"(37,10)", 37, 10, false, false, 0.0},
+        {"(2000,10) weighted, smoothing", 2000, 10, true, false, 0.1},
+        {"(32,32) weighted", 32, 32, true, false, 0.0},
         {"(1000,12) weighted, smoothing", 1000, 12, true, false, 0.1},
         {"(1,7)", 1, 7, false, false, 0.0},
         {"(600,1001) weighted", 600, 1001, true, false, 0.0},
