@@ -29,10 +29,10 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 echo "==> $build_dir: AddressSanitizer + UndefinedBehaviorSanitizer, CPU only"
 # -g1 (line tables only): a sanitizer report still names file and line of every frame, and the build takes about
 # a third less time than with full debug information (variables and types), which only a debugger would read.
-# Everything is built in one make call, the libraries as unity units (DYNGRAD_UNITY_LIBRARY), the programs each file
+# Everything is built in one call, the libraries as unity units (DYNGRAD_UNITY_LIBRARY), the programs each file
 # alone: a unity build of only the programs run here (one `--target` each) took 967 s instead of 638 s on a 2-core
-# machine — CMake's Makefiles (.NOTPARALLEL) build listed targets one after another, and a program of one or two
-# unity files keeps one core idle (docs/reliability.md, "CI time").
+# machine with Makefiles — they build listed targets one after another, and a program of one or two unity files
+# keeps one core idle (docs/reliability.md, "CI time"); Ninja, where installed, schedules all files together.
 # The test programs' own files at -O0 (DYNGRAD_TEST_OPTIMIZATION): instrumented, they compiled in half the time of
 # -O1; the library they exercise stays at -O1.
 dg_configure_and_build "$build_dir" -- -DCMAKE_BUILD_TYPE=RelWithDebInfo $(dg_launcher_args) -DDYNGRAD_UNITY_LIBRARY=ON \

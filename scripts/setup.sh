@@ -35,9 +35,9 @@ done
 # python3-venv and python3-dev: the Python package's stage (scripts/run-python-tests.sh);
 # libopenmpi-dev and openmpi-bin: the distributed/ layer (MPI launch, NCCL-id exchange, CPU collectives);
 # fortunes: the text samples/char_gpt trains on; ccache: rebuilds (the consumer tests' libraries, a second
-# checkout) reuse what was compiled once.
+# checkout) reuse what was compiled once; ninja-build: the generator (scripts/lib.sh, dg_configure_and_build).
 packages=(build-essential cmake libeigen3-dev catch2 zlib1g-dev pkg-config dataset-fashion-mnist python3-venv python3-dev
-          libopenmpi-dev openmpi-bin fortunes ccache)
+          libopenmpi-dev openmpi-bin fortunes ccache ninja-build)
 read -r -a extra_packages <<<"${DYNGRAD_EXTRA_PACKAGES:-}"
 packages+=("${extra_packages[@]}")
 dg_install_packages "${packages[@]}"
