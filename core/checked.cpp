@@ -1,6 +1,5 @@
 #include "dyngrad/core/checked.h"
 
-#include <cmath>
 #include <limits>
 #include <string>
 

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <cstring>
 #include <fstream>
 #include <limits>
 #include <set>

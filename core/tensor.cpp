@@ -3,9 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <iomanip>
 #include <new>
-#include <ostream>
 #include <string_view>
 #include <type_traits>
 #include <utility>

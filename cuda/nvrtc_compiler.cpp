@@ -13,7 +13,6 @@
 #include <iterator>
 #include <mutex>
 #include <set>
-#include <sstream>
 
 namespace dyngrad::cuda {
 

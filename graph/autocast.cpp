@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <map>
 #include <string_view>
-#include <tuple>
 
 #include "dyngrad/graph/eager.h"
 #include "dyngrad/graph/graph.h"

@@ -1,7 +1,6 @@
 #include "dyngrad/graph/checkpoint.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>

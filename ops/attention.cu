@@ -26,7 +26,6 @@
 // set_attention_cudnn(false) keeps bf16/f16 on the mma.sync kernels; the environment variables
 // DYNGRAD_ATTENTION_SIMT=1 and DYNGRAD_ATTENTION_CUDNN=0 set the same at start. attention_last_run() reports which
 // implementation ran this thread's last bf16/f16 call and why not cuDNN; it selects nothing.
-#include <array>
 #include <cstdint>
 #include <type_traits>
 

@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
-#include <mutex>
 #include <type_traits>
 
 #include "dyngrad/cuda/context.h"

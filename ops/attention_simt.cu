@@ -20,9 +20,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
-#include <mutex>
-#include <type_traits>
 
 #include "dyngrad/cuda/context.h"
 #include "dyngrad/cuda/runtime.h"

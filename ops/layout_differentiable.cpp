@@ -1,7 +1,6 @@
 // The differentiable backwards of the layout ops (graph/higher_order.h): each is another layout op on the output
 // gradient. In a file of their own because ops/layout.cpp, where their first-order backwards live, is at the
 // 800-line limit.
-#include <numeric>
 
 #include "dyngrad/ops/differentiable_backward.h"
 #include "dyngrad/ops/layout.h"

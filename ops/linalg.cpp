@@ -2,9 +2,6 @@
 // Layout ops: ops/layout.cpp. GPU: ops/linalg.cu.
 #include "dyngrad/ops/linalg.h"
 
-#include <algorithm>
-#include <cstring>
-#include <limits>
 #include <utility>
 
 #include <Eigen/Core>

@@ -10,7 +10,6 @@
 // cuBLAS is column-major; a row-major buffer read column-major is the transpose of the matrix. So a
 // row-major C = op(A)·op(B) is computed as the column-major Cᵀ = op(B)ᵀ·op(A)ᵀ, i.e. with the two
 // operands swapped and no copies.
-#include <algorithm>
 #include <array>
 #include <climits>
 #include <compare>
@@ -18,7 +17,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <utility>
 #include <vector>
 
 #include "dyngrad/cuda/context.h"

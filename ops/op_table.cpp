@@ -4,7 +4,6 @@
 // matches, and, for a fused op, its unfused composition (ops/unfused.cpp). The tests, dyngrad-verify, the Python
 // keyword parser, the golden export and the fuzzer all read it from here.
 #include <array>
-#include <optional>
 
 #include "dyngrad/graph/custom_op.h"
 #include "dyngrad/ops/argument_rules.h"

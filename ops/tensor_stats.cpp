@@ -1,7 +1,6 @@
 // Tensor statistics for anomaly mode (graph/anomaly.h): min/max over the finite elements and NaN/Inf
 // counts. CPU: Eigen, here. GPU: ops/tensor_stats.cu. The backend dispatch (tensor_stats) is at the end.
 #include <Eigen/Core>
-#include <cmath>
 #include <limits>
 
 #include "dyngrad/ops/kernels.h"
