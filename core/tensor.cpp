@@ -51,13 +51,7 @@ void fill_cpu(void* data, std::int64_t n, double value, std::string_view what) {
 }
 
 void fill_cpu(void* data, std::int64_t n, double value, DType dtype, std::string_view what) {
-    switch (dtype) {
-        case DType::f32: return fill_cpu<float>(data, n, value, what);
-        case DType::f64: return fill_cpu<double>(data, n, value, what);
-        case DType::i64: return fill_cpu<std::int64_t>(data, n, value, what);
-        case DType::bf16: return fill_cpu<bfloat16>(data, n, value, what);
-        case DType::f16: return fill_cpu<float16>(data, n, value, what);
-    }
+    dispatch_any(dtype, [&]<typename T>() { fill_cpu<T>(data, n, value, what); });
 }
 
 // Writes values(i) to element i of a CPU tensor, i in [0, numel), converting as fill_cpu does.
@@ -81,6 +75,23 @@ double read_cpu(const void* data, std::size_t i, DType dtype) {
     return 0;
 }
 
+// The one host allocation point of tensors: a request the system cannot meet is OutOfMemory like a device's, not
+// std::bad_alloc. The nothrow form, because AddressSanitizer aborts in a failing throwing operator new whatever
+// allocator_may_return_null says, and returns null from the nothrow one.
+void* allocate_bytes(std::size_t bytes, Device device) {
+    if (!device.is_cpu()) return device_memory::allocate(bytes, device.index);
+    void* data = ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t{kCpuAlignment}, std::nothrow);
+    if (data == nullptr) throw OutOfMemory(str("cannot allocate ", bytes, " bytes on cpu"));
+    return data;
+}
+
+void deallocate_bytes(void* data, std::size_t bytes, Device device) {
+    if (device.is_cpu())
+        ::operator delete(data, std::align_val_t{kCpuAlignment});
+    else
+        device_memory::deallocate(data, bytes, device.index);
+}
+
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) {
     if (bytes == 0) return;
     if (dst_device.is_cpu() && src_device.is_cpu()) {
@@ -97,16 +108,9 @@ bool cuda_compiled() { return DYNGRAD_WITH_CUDA != 0; }
 int cuda_device_count() { return device_memory::device_count(); }
 
 Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
-    if (device.is_cpu()) {
-        // The one host allocation point of tensors: a request the system cannot meet is OutOfMemory like a
-        // device's, not std::bad_alloc. The nothrow form, because AddressSanitizer aborts in a failing throwing
-        // operator new whatever allocator_may_return_null says, and returns null from the nothrow one.
-        data_ = ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t{kCpuAlignment}, std::nothrow);
-        if (data_ == nullptr) throw OutOfMemory(str("cannot allocate ", bytes, " bytes on cpu"));
-        return;
-    }
-    if (!device.is_cuda()) throw DeviceError(str("cannot allocate ", bytes, " bytes on ", device.to_string()));
-    data_ = device_memory::allocate(bytes, device.index);
+    if (!device.is_cpu() && !device.is_cuda())
+        throw DeviceError(str("cannot allocate ", bytes, " bytes on ", device.to_string()));
+    data_ = allocate_bytes(bytes, device);
 }
 
 Storage::Storage(void* data, std::size_t bytes, Device device, std::function<void()> release)
@@ -143,21 +147,13 @@ void Storage::release_memory() {
     if (released_) return;
     void* data = std::exchange(data_, nullptr);
     released_ = true;
-    if (device_.is_cpu())
-        ::operator delete(data, std::align_val_t{kCpuAlignment});
-    else
-        device_memory::deallocate(data, bytes_, device_.index);
+    deallocate_bytes(data, bytes_, device_);
 }
 
 void Storage::restore_memory() {
     if (base_ || release_) throw ValueError("Storage::restore_memory: only owned memory (not external memory, not a window)");
     if (!released_) return;
-    if (device_.is_cpu()) {
-        data_ = ::operator new(bytes_ == 0 ? 1 : bytes_, std::align_val_t{kCpuAlignment}, std::nothrow);
-        if (data_ == nullptr) throw OutOfMemory(str("cannot allocate ", bytes_, " bytes on cpu"));
-    } else {
-        data_ = device_memory::allocate(bytes_, device_.index);
-    }
+    data_ = allocate_bytes(bytes_, device_);
     released_ = false;
 }
 
@@ -167,11 +163,7 @@ Storage::~Storage() {
         run_release(release_);
         return;
     }
-    if (device_.is_cpu()) {
-        ::operator delete(data_, std::align_val_t{kCpuAlignment});
-        return;
-    }
-    device_memory::deallocate(data_, bytes_, device_.index);
+    deallocate_bytes(data_, bytes_, device_);
 }
 
 // Every tensor is made here (or by reshaped, with the same element count): its shape's element count and
