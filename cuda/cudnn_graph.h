@@ -4,6 +4,7 @@
 // status and its last error string. Finalize alone may report "not supported" back to the caller instead
 // (try_finalize): cuDNN's answer for a graph or an engine it does not run, which callers fall back from.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <span>
@@ -114,6 +115,39 @@ std::vector<cudnnBackendDescriptor_t> raw_descriptors(const Range& descriptors) 
     raw.reserve(descriptors.size());
     for (const BackendDescriptor& d : descriptors) raw.push_back(d.get());
     return raw;
+}
+
+// cudnnBackendGetAttribute on `owner`, throwing CudaError naming it.
+inline void get_attribute(const BackendDescriptor& owner, cudnnBackendAttributeName_t attribute,
+                          cudnnBackendAttributeType_t type, std::int64_t requested, std::int64_t* count, void* values) {
+    const cudnnStatus_t status = cudnnBackendGetAttribute(owner.get(), attribute, type, requested, count, values);
+    if (status != CUDNN_STATUS_SUCCESS)
+        owner.fail(status, str("cudnnBackendGetAttribute(attribute ", static_cast<int>(attribute), ")").c_str());
+}
+
+// The engine configs cuDNN's heuristics in `mode` offer for the graph, best first; none (with `why` set) when the
+// heuristics refuse the graph.
+inline std::vector<BackendDescriptor> engine_configs(const BackendDescriptor& graph, cudnnBackendHeurMode_t mode,
+                                                     std::string& why) {
+    const char* mode_name = mode == CUDNN_HEUR_MODE_A ? "heuristics mode A" : "heuristics fallback";
+    BackendDescriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, str(graph.name(), ", ", mode_name));
+    heuristics.set_descriptor(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph)
+        .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+    if (const cudnnStatus_t status = heuristics.try_finalize(); status != CUDNN_STATUS_SUCCESS) {
+        why = str(mode_name, ": ", cudnn_status_text(status));
+        return {};
+    }
+    std::int64_t count = 0;
+    get_attribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr);
+    std::vector<BackendDescriptor> configs;
+    for (std::int64_t i = 0; i < count; ++i)
+        configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, str(mode_name, " engine config ", i));
+    std::vector<cudnnBackendDescriptor_t> raw = raw_descriptors(configs);
+    std::int64_t returned = 0;
+    get_attribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &returned, raw.data());
+    configs.resize(static_cast<std::size_t>(std::clamp<std::int64_t>(returned, 0, count)));
+    if (configs.empty()) why = str(mode_name, ": no engine config");
+    return configs;
 }
 
 }  // namespace dyngrad::cuda

@@ -57,7 +57,6 @@ constexpr const char* kOp = "scaled_dot_product_attention (cuDNN)";
 // ---- which implementation ran the last call of this thread ----
 thread_local AttentionRunInfo t_last_run;
 
-// ---- the plans ----
 struct AttentionPlanKey {
     int device = 0;
     DType dtype = DType::bf16;
@@ -361,13 +360,10 @@ bool nondeterministic(const BackendDescriptor& config) {
     BackendDescriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR, "engine of an engine config");
     cudnnBackendDescriptor_t raw = engine.get();
     std::int64_t count = 0;
-    const cudnnStatus_t got =
-        cudnnBackendGetAttribute(config.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count, &raw);
-    if (got != CUDNN_STATUS_SUCCESS) config.fail(got, "cudnnBackendGetAttribute(CUDNN_ATTR_ENGINECFG_ENGINE)");
+    get_attribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count, &raw);
     std::array<cudnnBackendNumericalNote_t, CUDNN_NUMERICAL_NOTE_TYPE_COUNT> notes{};
-    const cudnnStatus_t listed = cudnnBackendGetAttribute(raw, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
-                                                          static_cast<std::int64_t>(notes.size()), &count, notes.data());
-    if (listed != CUDNN_STATUS_SUCCESS) engine.fail(listed, "cudnnBackendGetAttribute(CUDNN_ATTR_ENGINE_NUMERICAL_NOTE)");
+    get_attribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                  static_cast<std::int64_t>(notes.size()), &count, notes.data());
     const auto end = notes.begin() + std::min<std::int64_t>(count, static_cast<std::int64_t>(notes.size()));
     return std::find(notes.begin(), end, CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) != end;
 }
@@ -376,43 +372,20 @@ bool nondeterministic(const BackendDescriptor& config) {
 void choose_engine(AttentionPlan& plan, const AttentionPlanKey& key, cudnnHandle_t handle) {
     std::string last_refusal = "no engine config offered";
     for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-        const char* mode_name = mode == CUDNN_HEUR_MODE_A ? "heuristics mode A" : "heuristics fallback";
-        BackendDescriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, mode_name);
-        heuristics.set_descriptor(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, plan.operation_graph)
-            .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-        if (const cudnnStatus_t status = heuristics.try_finalize(); status != CUDNN_STATUS_SUCCESS) {
-            last_refusal = str(mode_name, ": ", cudnn_status_text(status));
-            continue;
-        }
-        std::int64_t count = 0;
-        const cudnnStatus_t counted = cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr);
-        if (counted != CUDNN_STATUS_SUCCESS) heuristics.fail(counted, "cudnnBackendGetAttribute(RESULTS count)");
-        std::vector<BackendDescriptor> configs;
-        for (std::int64_t i = 0; i < count; ++i)
-            configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, str(mode_name, " engine config ", i));
-        std::vector<cudnnBackendDescriptor_t> raw = raw_descriptors(configs);
-        std::int64_t returned = 0;
-        const cudnnStatus_t listed = cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &returned, raw.data());
-        if (listed != CUDNN_STATUS_SUCCESS) heuristics.fail(listed, "cudnnBackendGetAttribute(RESULTS)");
-        for (std::int64_t i = 0; i < std::min(returned, count); ++i) {
-            if (key.deterministic && nondeterministic(configs[static_cast<std::size_t>(i)])) {
+        for (const BackendDescriptor& config : engine_configs(plan.operation_graph, mode, last_refusal)) {
+            if (key.deterministic && nondeterministic(config)) {
                 last_refusal = "deterministic mode: the engine configs cuDNN offers are nondeterministic";
                 continue;
             }
-            BackendDescriptor candidate(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR,
-                                        str("execution plan of ", configs[static_cast<std::size_t>(i)].name()));
+            BackendDescriptor candidate(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, str("execution plan of ", config.name()));
             candidate.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle)
-                .set_descriptor(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs[static_cast<std::size_t>(i)]);
+                .set_descriptor(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config);
             if (const cudnnStatus_t status = candidate.try_finalize(); status != CUDNN_STATUS_SUCCESS) {
                 last_refusal = str(candidate.name(), ": ", cudnn_status_text(status));
                 continue;
             }
             std::int64_t workspace = 0, n = 0;
-            const cudnnStatus_t sized = cudnnBackendGetAttribute(
-                candidate.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &workspace);
-            if (sized != CUDNN_STATUS_SUCCESS) candidate.fail(sized, "cudnnBackendGetAttribute(WORKSPACE_SIZE)");
+            get_attribute(candidate, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &workspace);
             plan.plan = std::move(candidate);
             plan.engine_workspace = static_cast<std::size_t>(std::max<std::int64_t>(workspace, 0));
             return;

@@ -67,14 +67,6 @@ void finalize_or_refuse(BackendDescriptor& d) {
     if (status != CUDNN_STATUS_SUCCESS) throw Refused{str("node '", d.name(), "': ", cudnn_status_text(status))};
 }
 
-// cudnnBackendGetAttribute on `owner`, throwing CudaError naming it.
-void get_attribute(const BackendDescriptor& owner, cudnnBackendAttributeName_t attribute,
-                   cudnnBackendAttributeType_t type, std::int64_t requested, std::int64_t* count, void* values) {
-    const cudnnStatus_t status = cudnnBackendGetAttribute(owner.get(), attribute, type, requested, count, values);
-    if (status != CUDNN_STATUS_SUCCESS)
-        owner.fail(status, str("cudnnBackendGetAttribute(attribute ", static_cast<int>(attribute), ")").c_str());
-}
-
 }  // namespace
 
 // The operation graph of one pass and every descriptor it refers to: kept as long as a plan made from it.
@@ -262,31 +254,6 @@ const char* refusal(const EngineInfo& e, const ConvGraphProblem& p) {
     return "";
 }
 
-// The engine configs cuDNN's heuristics in `mode` offer for the graph, best first; none (with `why` set) when the
-// heuristics refuse the graph.
-std::vector<BackendDescriptor> engine_configs(const ConvOperationGraph& g, cudnnBackendHeurMode_t mode,
-                                              std::string& why) {
-    const char* mode_name = mode == CUDNN_HEUR_MODE_A ? "heuristics mode A" : "heuristics fallback";
-    BackendDescriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, str(g.graph.name(), ", ", mode_name));
-    heuristics.set_descriptor(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, g.graph)
-        .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-    if (const cudnnStatus_t status = heuristics.try_finalize(); status != CUDNN_STATUS_SUCCESS) {
-        why = str(mode_name, ": ", cudnn_status_text(status));
-        return {};
-    }
-    std::int64_t count = 0;
-    get_attribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr);
-    std::vector<BackendDescriptor> configs;
-    for (std::int64_t i = 0; i < count; ++i)
-        configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, str(mode_name, " engine config ", i));
-    std::vector<cudnnBackendDescriptor_t> raw = raw_descriptors(configs);
-    std::int64_t returned = 0;
-    get_attribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &returned, raw.data());
-    configs.resize(static_cast<std::size_t>(std::clamp<std::int64_t>(returned, 0, count)));
-    if (configs.empty()) why = str(mode_name, ": no engine config");
-    return configs;
-}
-
 EventHandle timing_event() {
     return make_owned<EventHandle>([](cudaEvent_t* event) { DG_CUDA_CHECK(cudaEventCreate(event)); });
 }
@@ -347,7 +314,7 @@ ConvGraphChoice search_conv_graph(DeviceContext& ctx, const ConvGraphProblem& pr
         int timed = 0;
         for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
             if (timed == kTimed) break;
-            for (const BackendDescriptor& config : engine_configs(*graph, mode, why)) {
+            for (const BackendDescriptor& config : engine_configs(graph->graph, mode, why)) {
                 if (timed == kTimed || static_cast<int>(seen.size()) == kExamined) break;
                 EngineInfo info = engine_info(config);
                 if (std::find(seen.begin(), seen.end(), info.name) != seen.end()) continue;  // offered by both modes
