@@ -158,8 +158,6 @@ LaunchEnvironment parse_launch_environment(const char* (*getenv)(const char*)) {
     return env;
 }
 
-// ---- Impl ----
-
 ProcessGroup::Impl::~Impl() {
     nccl.reset();
     int finalized = 0;
@@ -225,8 +223,6 @@ NcclComm& ProcessGroup::Impl::nccl_for(const Tensor& t, const std::string& what)
                               nccl_compiled() ? "use_nccl = false" : "built without NCCL", "); CUDA tensors need one"));
     return *nccl;
 }
-
-// ---- construction ----
 
 namespace {
 
@@ -381,18 +377,16 @@ void ProcessGroup::all_reduce(Tensor& t, ReduceOp op) {
     const std::string what = impl_->what(str("all_reduce(", reduce_op_name(op), ")"), t);
     check_defined(t, what, "input");
     check_reduce_dtype(t, op, what);
+    if (t.device().is_cuda()) impl_->check_device(t, what);
+    if (impl_->world == 1) return;
     if (t.device().is_cuda()) {
-        impl_->check_device(t, what);
-        if (impl_->world == 1) return;
         nccl_all_reduce(impl_->nccl_for(t, what), t.raw_data(), t.raw_data(), static_cast<std::size_t>(t.numel()), t.dtype(), op, nullptr,
                         what);
-        t.bump_version();
-        return;
+    } else {
+        MPI_Request request = impl_->start_mpi_all_reduce(t.raw_data(), static_cast<std::size_t>(t.numel()), t.dtype(), what);
+        impl_->wait_mpi(request, what);
+        if (op == ReduceOp::Avg) scale(t, 1.0 / impl_->world);
     }
-    if (impl_->world == 1) return;
-    MPI_Request request = impl_->start_mpi_all_reduce(t.raw_data(), static_cast<std::size_t>(t.numel()), t.dtype(), what);
-    impl_->wait_mpi(request, what);
-    if (op == ReduceOp::Avg) scale(t, 1.0 / impl_->world);
     t.bump_version();
 }
 
@@ -401,17 +395,15 @@ void ProcessGroup::broadcast(Tensor& t, int root) {
     check_defined(t, what, "input");
     if (root < 0 || root >= impl_->world)
         throw IndexError(str(what, ": root ", root, " is not a rank of this group of ", impl_->world));
-    if (t.device().is_cuda()) {
-        impl_->check_device(t, what);
-        if (impl_->world == 1) return;
-        nccl_broadcast(impl_->nccl_for(t, what), t.raw_data(), static_cast<std::size_t>(t.numel()), t.dtype(), root, nullptr, what);
-        t.bump_version();
-        return;
-    }
+    if (t.device().is_cuda()) impl_->check_device(t, what);
     if (impl_->world == 1) return;
-    MPI_Request request = MPI_REQUEST_NULL;
-    impl_->check_mpi(MPI_Ibcast(t.raw_data(), mpi_count(t.nbytes(), what, "bytes"), MPI_BYTE, root, impl_->comm, &request), what);
-    impl_->wait_mpi(request, what);
+    if (t.device().is_cuda()) {
+        nccl_broadcast(impl_->nccl_for(t, what), t.raw_data(), static_cast<std::size_t>(t.numel()), t.dtype(), root, nullptr, what);
+    } else {
+        MPI_Request request = MPI_REQUEST_NULL;
+        impl_->check_mpi(MPI_Ibcast(t.raw_data(), mpi_count(t.nbytes(), what, "bytes"), MPI_BYTE, root, impl_->comm, &request), what);
+        impl_->wait_mpi(request, what);
+    }
     t.bump_version();
 }
 
@@ -447,28 +439,19 @@ void ProcessGroup::all_gather(const Tensor& input, Tensor& output) {
     const bool in_place = input.device() == output.device() &&
                           input.raw_data() == static_cast<const char*>(output.raw_data()) +
                                                   static_cast<std::size_t>(impl_->rank) * input.nbytes();
-    if (input.device().is_cuda()) {
-        impl_->check_device(input, what);
-        if (impl_->world == 1) {
-            if (!in_place) output.copy_from(input.reshaped(expected));
-            output.bump_version();
-            return;
-        }
-        nccl_all_gather(impl_->nccl_for(input, what), input.raw_data(), output.raw_data(), count, input.dtype(), nullptr, what);
-        output.bump_version();
-        return;
-    }
+    if (input.device().is_cuda()) impl_->check_device(input, what);
     if (impl_->world == 1) {
         if (!in_place) output.copy_from(input.reshaped(expected));
-        output.bump_version();
-        return;
+    } else if (input.device().is_cuda()) {
+        nccl_all_gather(impl_->nccl_for(input, what), input.raw_data(), output.raw_data(), count, input.dtype(), nullptr, what);
+    } else {
+        MPI_Request request = MPI_REQUEST_NULL;
+        const int bytes = mpi_count(input.nbytes(), what, "bytes");
+        impl_->check_mpi(MPI_Iallgather(in_place ? MPI_IN_PLACE : input.raw_data(), bytes, MPI_BYTE, output.raw_data(),
+                                        bytes, MPI_BYTE, impl_->comm, &request),
+                         what);
+        impl_->wait_mpi(request, what);
     }
-    MPI_Request request = MPI_REQUEST_NULL;
-    const int bytes = mpi_count(input.nbytes(), what, "bytes");
-    impl_->check_mpi(MPI_Iallgather(in_place ? MPI_IN_PLACE : input.raw_data(), bytes, MPI_BYTE, output.raw_data(), bytes,
-                                    MPI_BYTE, impl_->comm, &request),
-                     what);
-    impl_->wait_mpi(request, what);
     output.bump_version();
 }
 
@@ -498,28 +481,23 @@ void ProcessGroup::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp 
     check_reduce_dtype(input, op, what);
     check_pair(input, output, what, scattered_shape(input, impl_->world, what));
     const std::size_t count = static_cast<std::size_t>(output.numel());
-    if (input.device().is_cuda()) {
-        impl_->check_device(input, what);
-        if (impl_->world == 1) {
-            output.copy_from(input);
-            return;
-        }
-        nccl_reduce_scatter(impl_->nccl_for(input, what), input.raw_data(), output.raw_data(), count, input.dtype(), op, nullptr, what);
-        output.bump_version();
-        return;
-    }
+    if (input.device().is_cuda()) impl_->check_device(input, what);
     if (impl_->world == 1) {
         output.copy_from(input);
         return;
     }
-    MPI_Request request = MPI_REQUEST_NULL;
-    const MPI_Op sum = is_reduced_precision(input.dtype()) ? half_sum_op(input.dtype()) : MPI_SUM;
-    if (sum == MPI_OP_NULL) throw DistributedError(str(what, ": MPI could not create the 16-bit sum operation"));
-    impl_->check_mpi(MPI_Ireduce_scatter_block(input.raw_data(), output.raw_data(), mpi_count(count, what, "elements"),
-                                               mpi_type(input.dtype(), what), sum, impl_->comm, &request),
-                     what);
-    impl_->wait_mpi(request, what);
-    if (op == ReduceOp::Avg) scale(output, 1.0 / impl_->world);
+    if (input.device().is_cuda()) {
+        nccl_reduce_scatter(impl_->nccl_for(input, what), input.raw_data(), output.raw_data(), count, input.dtype(), op, nullptr, what);
+    } else {
+        MPI_Request request = MPI_REQUEST_NULL;
+        const MPI_Op sum = is_reduced_precision(input.dtype()) ? half_sum_op(input.dtype()) : MPI_SUM;
+        if (sum == MPI_OP_NULL) throw DistributedError(str(what, ": MPI could not create the 16-bit sum operation"));
+        impl_->check_mpi(MPI_Ireduce_scatter_block(input.raw_data(), output.raw_data(), mpi_count(count, what, "elements"),
+                                                   mpi_type(input.dtype(), what), sum, impl_->comm, &request),
+                         what);
+        impl_->wait_mpi(request, what);
+        if (op == ReduceOp::Avg) scale(output, 1.0 / impl_->world);
+    }
     output.bump_version();
 }
 
