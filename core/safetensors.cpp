@@ -91,8 +91,6 @@ void append_json_string(std::string& out, std::string_view text) {
     out += '"';
 }
 
-// ---- reading ----
-
 struct Entry {
     std::string name;
     std::string dtype;

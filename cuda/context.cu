@@ -468,8 +468,6 @@ std::string call_site(const char* expr, const char* file, int line) {
 
 }  // namespace
 
-// ---- errors ----
-
 [[noreturn]] void throw_cuda_error(cudaError_t status, const char* expr, const char* file, int line) {
     // Clear a non-sticky error so the next launch check does not report it a second time.
     static_cast<void>(cudaGetLastError());
@@ -596,8 +594,6 @@ bool side_lane_pending(const Tensor& t) noexcept {
 }
 
 void join_side_lanes() { tls_contexts.join_all(); }
-
-// ---- contexts ----
 
 DeviceContext& context(int device) { return tls_contexts.get(owner(device)); }
 

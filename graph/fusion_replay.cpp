@@ -11,8 +11,6 @@
 
 namespace dyngrad::fusion {
 
-// ---- the launch schedule ----
-
 LaunchTracker::LaunchTracker(const FusionPlan& plan) : plan_(&plan), launched_(plan.groups.size(), 0) {
     for (std::size_t g = 0; g < plan.groups.size(); ++g)
         for (NodeId m : plan.groups[g].members) {

@@ -282,7 +282,6 @@ NoGradGuard::NoGradGuard() : previous_(tls_grad_enabled) { tls_grad_enabled = fa
 NoGradGuard::~NoGradGuard() { tls_grad_enabled = previous_; }
 bool detail::exchange_grad_enabled(bool enabled) { return std::exchange(tls_grad_enabled, enabled); }
 
-// ---- Parameter ----
 Parameter::Parameter(Tensor value, std::string name) : state_(std::make_shared<State>()) {
     state_->value = std::move(value);
     state_->name = std::move(name);
@@ -357,7 +356,6 @@ void Parameter::set_requires_grad(bool requires_grad) {
     state_->requires_grad = requires_grad;
 }
 
-// ---- Var ----
 // Reads only the anchor until the generation matches: a destroyed graph's memory is never touched. The
 // generation matching also means id_ exists (ids only grow until the next clear()).
 ComputeGraph& Var::live_graph() const {
@@ -401,7 +399,6 @@ Var& Var::name(const std::string& debug_name) {
     return *this;
 }
 
-// ---- ComputeGraph ----
 ComputeGraph::ComputeGraph() : anchor_(acquire_anchor()), generation_(next_generation()) {
     anchor_->graph = this;
     anchor_->generation.store(generation_, std::memory_order_release);

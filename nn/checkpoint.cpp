@@ -250,8 +250,6 @@ void GradScaler::load_state(const TensorMap& tensors, const SafetensorsMetadata&
     stage_state(tensors, metadata, source)();
 }
 
-// ---- checkpoints ----
-
 void save_checkpoint(const std::filesystem::path& path, const Module& model, const Optimizer& optimizer,
                      const LRScheduler* schedule, const GradScaler* scaler) {
     if (schedule != nullptr && &schedule->optimizer() != &optimizer)

@@ -139,8 +139,6 @@ std::uint64_t bounded(std::mt19937_64& engine, std::uint64_t n) {
 
 }  // namespace
 
-// ---- Dataset, load_mnist ----
-
 Dataset Dataset::head(std::int64_t n) const {
     const std::int64_t count = std::clamp<std::int64_t>(n, 0, size());
     return {slice_rows(images, 0, count), slice_rows(labels, 0, count)};
@@ -163,8 +161,6 @@ MnistData load_mnist(const std::string& directory) {
     data.test = to_dataset(test, data.normalization);
     return data;
 }
-
-// ---- BatchLoader ----
 
 struct BatchLoader::Staging {
     struct Slot {
@@ -275,8 +271,6 @@ bool BatchLoader::next(Batch& batch) {
     return true;
 }
 
-// ---- TensorDataset, stack_samples ----
-
 TensorDataset::TensorDataset(std::vector<Tensor> tensors) : tensors_(std::move(tensors)) {
     if (tensors_.empty()) throw ValueError("TensorDataset: no tensors");
     for (std::size_t f = 0; f < tensors_.size(); ++f) {
@@ -337,8 +331,6 @@ std::vector<Tensor> stack_samples(const std::vector<std::vector<Tensor>>& sample
     }
     return batch;
 }
-
-// ---- DataLoader ----
 
 struct DataLoader::Worker {
     // A pinned buffer a prepared GPU batch waits in; reused after the copy that read it has run.

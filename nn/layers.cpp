@@ -15,8 +15,6 @@
 
 namespace dyngrad {
 
-// ---- initialisation ----
-
 Fans compute_fans(const Shape& shape) {
     if (shape.size() < 2)
         throw ShapeError(str("fans need a weight of rank 2 or more, got shape ", to_string(shape)));
@@ -71,8 +69,6 @@ std::pair<Tensor, Tensor> layer_init(const Shape& weight_shape, bool with_bias, 
     return {weight, Tensor::uniform({weight_shape[0]}, -bound, bound, gen)};
 }
 }  // namespace
-
-// ---- Module ----
 
 struct Module::State {
     std::vector<std::pair<std::string, Parameter>> parameters;
@@ -206,8 +202,6 @@ void Module::zero_grad() {
     walk(*state_, [](const State&) {}, [](const std::string&, Parameter p) { p.zero_grad(); },
          [](const std::string&, const std::shared_ptr<Tensor>&) {});
 }
-
-// ---- layers ----
 
 namespace {
 void check_positive(const char* layer, const char* what, std::int64_t value) {
@@ -360,8 +354,6 @@ Var Sequential::operator()(const Var& x, std::source_location where) const {
     for (const LayerFn& layer : layers_->calls) y = layer(y, where);
     return y;
 }
-
-// ---- save / load ----
 
 namespace {
 // (name, destination) pairs of a module or a parameter list, in their order.

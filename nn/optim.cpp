@@ -77,8 +77,6 @@ Unscale<T> cpu_unscale(double inv_scale) {
 
 }  // namespace
 
-// ---- Optimizer ----
-
 Optimizer::Optimizer(std::vector<ParamGroup> groups, const GroupSettings& defaults, const char* who,
                      std::span<const char* const> settable)
     : tables_(std::make_unique<DeviceTables>()) {
@@ -312,8 +310,6 @@ void Optimizer::run_update(const std::vector<std::size_t>& ready, const Gate* ga
     for (const std::size_t i : rewrote_copy) parameters_[i].mark_reduced_copy_current();
 }
 
-// ---- SGD ----
-
 namespace {
 constexpr std::array<const char*, 4> kSgdSettings = {"lr", "weight_decay", "momentum", "nesterov"};
 constexpr std::array<const char*, 5> kAdamSettings = {"lr", "weight_decay", "beta1", "beta2", "eps"};
@@ -388,8 +384,6 @@ std::int64_t Optimizer::step_count(std::size_t parameter) const {
 }
 
 const Tensor& SGD::momentum_buffer(std::size_t i) const { return state_at(state_, i, "SGD")[0]; }
-
-// ---- Adam / AdamW ----
 
 Adam::Adam(std::vector<Parameter> parameters, const AdamOptions& options)
     : Adam(one_group(std::move(parameters)), options, false) {}

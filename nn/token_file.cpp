@@ -91,8 +91,6 @@ std::vector<std::uint16_t> read_token_file(const std::filesystem::path& path, st
     return tokens;
 }
 
-// ---- TokenWindows ----
-
 TokenWindows::TokenWindows(const std::filesystem::path& path, std::int64_t vocab_size, std::int64_t batch,
                            std::int64_t context)
     : TokenWindows(read_token_file(path, vocab_size), quoted(path), batch, context) {}
@@ -153,8 +151,6 @@ TokenBatch TokenWindows::windows(const std::vector<std::int64_t>& offsets, std::
         }
     return {Tensor::from_vector(inputs, {B, length}, device), Tensor::from_vector(targets, {B, length}, device)};
 }
-
-// ---- TokenVocabulary ----
 
 TokenVocabulary TokenVocabulary::bytes() {
     TokenVocabulary vocabulary;

@@ -81,8 +81,6 @@ Var layer_norm_of(const LayerNorm& ln, const Var& x, bool reduced_residual, std:
 
 }  // namespace
 
-// ---- MultiheadAttention ----
-
 MultiheadAttention::MultiheadAttention(std::int64_t embed_dim, std::int64_t num_heads, Generator& gen,
                                        const TransformerOptions& options)
     : qkv((check_heads("MultiheadAttention", embed_dim, num_heads),
@@ -112,8 +110,6 @@ Var MultiheadAttention::operator()(const Var& x, std::source_location where) con
     const Var merged = qkv_attention(linear_over_rows(qkv, x, where), num_heads, attention, where);
     return residual_dropout_(linear_over_rows(proj, merged, where), where);
 }
-
-// ---- TransformerBlock ----
 
 TransformerBlock::TransformerBlock(std::int64_t embed_dim, std::int64_t num_heads, Generator& gen,
                                    const TransformerOptions& options)
@@ -159,8 +155,6 @@ Var TransformerBlock::body(const Var& x, std::source_location where) const {
     return add(after_attention, mlp(layer_norm_of(ln2, after_attention, reduced, where), where), where);
 }
 
-// ---- PositionalEmbedding ----
-
 PositionalEmbedding::PositionalEmbedding(std::int64_t max_positions, std::int64_t embed_dim, Generator& gen)
     : max_positions(max_positions) {
     if (max_positions <= 0)
@@ -180,8 +174,6 @@ Var PositionalEmbedding::operator()(const Var& x, std::source_location where) co
                              " positions"));
     return add(x, narrow(table, 0, 0, s[1], where), where);  // (T,E) broadcast over B
 }
-
-// ---- GPT ----
 
 namespace {
 TransformerOptions block_options(const GPTConfig& config, std::int64_t layer) {

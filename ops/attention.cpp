@@ -154,7 +154,6 @@ std::vector<Tensor> backward_through(const BackwardArgs& args, BackwardFn sdpa_b
 }
 }  // namespace qkv_layout
 
-// ---- shape rules ----
 namespace infer {
 
 // q (B,H,T,D), k (B,H,S,D), v (B,H,S,D)[, mask broadcastable to (B,H,T,S)] -> (B,H,T,D)
@@ -225,7 +224,6 @@ OutputSpec qkv_attention(OpType, std::span<const Tensor> inputs, const OpAttrs& 
 
 }  // namespace infer
 
-// ---- CPU kernels ----
 namespace cpu {
 
 namespace {

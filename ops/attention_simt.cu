@@ -124,7 +124,6 @@ __device__ __forceinline__ void recompute_products(Real (&s)[4][COLS], Real (&dp
     multiply_rows_cols<Real, TILE, COLS>(dp, dp_rows, dp_cols, DP);
 }
 
-// ---- forward ----
 // q (B,H,T,D), k, v (B,H,S,D) -> y (B,H,T,D), lse (B,H,T) (−inf for a query with no key; its y is 0).
 template <typename Real, int TILE, int DP>
 __global__ void __launch_bounds__(2 * TILE) attention_forward_kernel(const Real* __restrict__ q,
@@ -211,7 +210,6 @@ __global__ void __launch_bounds__(2 * TILE) attention_forward_kernel(const Real*
     }
 }
 
-// ---- backward ----
 // delta (B·H·T) = rowsum(dy ∘ y): one warp per row.
 // bf16/f16: products and sums in f32, delta in f32 (the rounded y and dy, read exactly).
 template <typename Real>

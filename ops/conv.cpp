@@ -87,7 +87,6 @@ std::vector<Var> conv2d_differentiable_backward(const DiffBackwardArgs& args) {
     return differentiate_composition(args, [&](std::span<const Var> in) { return conv2d_composition(in, args.attrs); });
 }
 
-// ---- shape rule ----
 namespace infer {
 
 OutputSpec conv2d(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
@@ -138,7 +137,6 @@ OutputSpec conv2d(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) 
 
 }  // namespace infer
 
-// ---- CPU kernels ----
 namespace cpu {
 
 namespace {

@@ -66,7 +66,6 @@ std::uint64_t DropoutSeeds::draws() const {
     return static_cast<std::uint64_t>(counter_.to(Device::cpu()).data<std::int64_t>()[0]);
 }
 
-// ---- shape rule ----
 namespace infer {
 
 OutputSpec dropout(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
@@ -85,7 +84,6 @@ OutputSpec dropout(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs)
 
 }  // namespace infer
 
-// ---- CPU kernel ----
 namespace cpu {
 
 namespace {

@@ -254,7 +254,6 @@ Tensor operator<=(double s, TensorAt x) { return le(scalar_like(x.tensor, s, x.w
 Tensor operator>(double s, TensorAt x) { return gt(scalar_like(x.tensor, s, x.where), x.tensor, x.where); }
 Tensor operator>=(double s, TensorAt x) { return ge(scalar_like(x.tensor, s, x.where), x.tensor, x.where); }
 
-// ---- shape rules ----
 namespace infer {
 
 OutputSpec same_as_first(OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs) {
@@ -420,7 +419,6 @@ std::vector<Var> softmax_differentiable_backward(const DiffBackwardArgs& args) {
     return {g - mul(exp(y), sum(g, axis, true))};
 }
 
-// ---- CPU kernels ----
 namespace cpu {
 
 // x, y: same shape

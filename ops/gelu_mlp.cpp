@@ -64,7 +64,6 @@ template Var gelu_mlp(const Var&, const Var&, const Var&, const Var&, const Var&
 template Tensor gelu_mlp(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, GeluApproximation,
                          std::source_location);
 
-// ---- shape rule ----
 namespace infer {
 
 // x (N,in), w1 (hidden,in), b1 (hidden), w2 (out,hidden), b2 (out) -> (N,out)

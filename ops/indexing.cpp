@@ -30,7 +30,6 @@ void embedding_arguments(OpCall& call) {
     call.attrs.padding_idx = p < 0 ? p + rows : p;
 }
 
-// ---- shape rules ----
 namespace {
 
 void require_indices(const Tensor& index, const char* role) {
@@ -232,7 +231,6 @@ std::vector<Var> select_differentiable_backward(const DiffBackwardArgs& args) {
     return grads;
 }
 
-// ---- CPU kernels ----
 namespace cpu {
 
 namespace {

@@ -53,8 +53,6 @@ struct IndexCheck {
     const char* what;
 };
 
-// ---- rows: embedding, index_select ----
-
 // x (outer, n, inner), index (L) -> y (outer, L, inner); a bad index gives a zero row. E moves the bytes.
 template <typename E>
 __global__ void select_rows_kernel(const E* __restrict__ x, const std::int64_t* __restrict__ index,
@@ -96,8 +94,6 @@ __global__ void row_keys_kernel(const std::int64_t* __restrict__ index, std::int
         if (rows) rows[r] = static_cast<std::uint64_t>(r);
     }
 }
-
-// ---- elements: gather, scatter_add ----
 
 // index (index's shape) -> y[e] = x[walk(e) + index[e]·axis_stride]; a bad index gives 0.
 template <typename E>
@@ -277,8 +273,6 @@ void gather_elements(DeviceContext& ctx, const Tensor& x, const Tensor& index, c
             walk, check);
     DG_CUDA_CHECK_LAUNCH();
 }
-
-// ---- where, masked_fill ----
 
 // where: y[i] = c != 0 ? a : b, operands (c, a, b) read through the walk.
 template <typename T>

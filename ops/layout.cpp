@@ -154,7 +154,6 @@ DG_LAYOUT_INSTANCES(Var)
 DG_LAYOUT_INSTANCES(Tensor)
 #undef DG_LAYOUT_INSTANCES
 
-// ---- shape rules ----
 namespace infer {
 
 OutputSpec transpose(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
@@ -271,7 +270,6 @@ std::vector<Tensor> reshape_backward(const BackwardArgs& args) {
     return {args.grad_output.reshaped(args.inputs[0].shape())};
 }
 
-// ---- CPU kernels ----
 namespace cpu {
 
 namespace {

@@ -30,8 +30,6 @@ void with_element_word(std::size_t element_size, Fn&& fn) {
     throw DTypeError(str("layout copy: elements of ", element_size, " bytes are not supported"));
 }
 
-// ---- transpose ----
-
 // A tensor around the two swapped axes lo < hi: x (outer, d0, mid, d1, inner) -> y (outer, d1, mid, d0, inner).
 struct SwapSplit {
     std::int64_t outer = 1, d0 = 1, mid = 1, d1 = 1, inner = 1;

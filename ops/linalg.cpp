@@ -19,7 +19,6 @@
 
 namespace dyngrad {
 
-// ---- user functions ----
 namespace {
 
 // Linear takes x (*, in) as libtorch does: the leading dims become the rows of the 2-D op and come back
@@ -89,7 +88,6 @@ std::vector<Var> linear_differentiable_backward(const DiffBackwardArgs& args) {
     return grads;
 }
 
-// ---- shape rules ----
 namespace {
 
 void require_same_dtype(const Tensor& a, const Tensor& b, const char* role_a, const char* role_b) {
@@ -141,7 +139,6 @@ OutputSpec linear(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) 
 
 }  // namespace infer
 
-// ---- CPU kernels ----
 namespace cpu {
 
 // a (M,K)  b (K,N)  y (M,N);  batched: a (B,M,K)  b (B,K,N)  y (B,M,N)

@@ -114,8 +114,6 @@ void row_major_gemm(DeviceContext& ctx, DType dtype, const char* what, std::int6
 
 namespace {
 
-// ---- linear ----
-
 // y (N,out) = b broadcast over rows: the GEMM then adds x·wᵀ with beta = 1 (the cuBLAS path).
 template <typename T>
 __global__ void bias_rows_kernel(const T* __restrict__ b, T* __restrict__ y, std::int64_t n, std::int64_t out) {

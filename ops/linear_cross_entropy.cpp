@@ -30,8 +30,6 @@ constexpr AttrSet kClassesGiven = reads("length");
 std::atomic<std::int64_t> chunk_elements_setting{0};
 }  // namespace
 
-// ---- user function ----
-
 template <Operand T>
 T linear_cross_entropy(const T& x, const T& weight, const T& labels, const LinearCrossEntropyOptions& options,
                        std::source_location where) {
@@ -126,7 +124,6 @@ namespace unfused {
 const UnfusedComposition linear_cross_entropy{linear_cross_entropy_applies, linear_cross_entropy_composition};
 }  // namespace unfused
 
-// ---- shape rule ----
 namespace infer {
 
 // x (N,E) (the user function flattens (*,E)), weight (V_padded,E) of x's dtype, labels (N) int64; classes (the
@@ -163,7 +160,6 @@ OutputSpec linear_cross_entropy(OpType, std::span<const Tensor> inputs, const Op
 
 }  // namespace infer
 
-// ---- CPU kernels ----
 namespace cpu {
 
 namespace {

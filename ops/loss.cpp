@@ -23,7 +23,6 @@
 
 namespace dyngrad {
 
-// ---- user functions ----
 namespace {
 
 OpAttrs class_loss_attrs(Reduction reduction, std::int64_t ignore_index, double label_smoothing) {
@@ -183,7 +182,6 @@ std::vector<Var> loss_differentiable_backward(const DiffBackwardArgs& args) {
     return differentiate_composition(args, [&](std::span<const Var> in) { return loss_composition(args.op, in, args.attrs); });
 }
 
-// ---- shape rules ----
 namespace infer {
 
 namespace {
@@ -294,7 +292,6 @@ OutputSpec mse_loss(OpType, std::span<const Tensor> inputs, const OpAttrs&) {
 
 }  // namespace infer
 
-// ---- CPU kernels ----
 namespace cpu {
 
 namespace {

@@ -76,7 +76,6 @@ std::vector<Var> norm_differentiable_backward(const DiffBackwardArgs& args) {
     return differentiate_composition(args, [&](std::span<const Var> in) { return norm_composition(args.op, in, args.attrs); });
 }
 
-// ---- shape rules ----
 namespace infer {
 
 OutputSpec batch_norm(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
@@ -139,7 +138,6 @@ OutputSpec row_norm(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs
 
 }  // namespace infer
 
-// ---- CPU kernels ----
 namespace cpu {
 
 namespace {

@@ -144,7 +144,6 @@ OutputSpec pool2d(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) 
 
 }  // namespace infer
 
-// ---- CPU kernels ----
 namespace cpu {
 
 namespace {

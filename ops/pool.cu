@@ -77,7 +77,6 @@ std::shared_ptr<PoolPlan> plan_for(OpType op, const Tensor& x, const OpAttrs& at
     return plan_cache<PoolKey, PoolPlan>().get(key, [&] { return make_plan(key, y_shape); });
 }
 
-// ---- max pooling ----
 // Indices are 32-bit where they fit (cuda::fits_int32_indices; with int64 division the first version of these kernels
 // was 5x slower than cuDNN's), 64-bit otherwise.
 

@@ -124,7 +124,6 @@ void expand_runs(const T* dy, T* dx, const std::vector<Run>& runs, T scale) {
 
 // (the user functions are front doors in ops/reduce.h)
 
-// ---- shape rules ----
 namespace infer {
 
 OutputSpec reduce_axes(OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs) {
@@ -259,7 +258,6 @@ std::vector<Var> logsumexp_differentiable_backward(const DiffBackwardArgs& args)
     return {reshape(args.grad_output, kept) * exp(x - reshape(args.output, kept))};
 }
 
-// ---- CPU kernels ----
 namespace cpu {
 
 // x -> y: x summed (mean: averaged) over the reduced axes; y holds the kept axes in order

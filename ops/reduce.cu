@@ -98,8 +98,6 @@ StridedDims row_dims(std::int64_t dim, std::int64_t stride) {
     return sd;
 }
 
-// ---- sum kernels ----
-
 // y[o] = (sum over j < n_red of x[kept(o) + red(j)]) / divisor; one warp per output (short reductions).
 // In: x's element type; Out: y's (acc_t<In> for partial sums); the sum in A = acc_t<In>.
 template <typename In, typename Out, typename A = acc_t<In>>

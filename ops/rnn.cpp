@@ -143,8 +143,6 @@ std::int64_t rnn_weight_size(RnnMode mode, const RnnOptions& options, std::int64
     return RnnDims(mode, options, 0, 0, input_size).weight_size();
 }
 
-// ---- user functions ----
-
 // The kernels receive what to save instead of reading engine state: the row's rule sets it from grad_enabled()
 // for every caller (C++ and Python) unless the caller gave it.
 void rnn_arguments(OpCall& call) {
@@ -271,8 +269,6 @@ std::vector<Var> rnn_differentiable_backward(const DiffBackwardArgs& args) {
     return differentiate_composition(args, [&](std::span<const Var> in) { return rnn_composition(in, args.attrs); });
 }
 
-// ---- shape rule ----
-
 namespace infer {
 
 // x (T,N,I), w (weight size), h0, c0 (L·D,N,H) -> [output (T,N,D·H) | h_n (L·D,N,H) | c_n (L·D,N,H)]
@@ -316,8 +312,6 @@ OutputSpec rnn(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
 }
 
 }  // namespace infer
-
-// ---- CPU kernels ----
 
 namespace cpu {
 

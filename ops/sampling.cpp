@@ -76,7 +76,6 @@ template ValuesAndIndices<Tensor> sort(const Tensor&, std::int64_t, bool, Loc);
 template ValuesAndIndices<Var> topk(const Var&, std::int64_t, std::int64_t, bool, Loc);
 template ValuesAndIndices<Tensor> topk(const Tensor&, std::int64_t, std::int64_t, bool, Loc);
 
-// ---- shape rules ----
 namespace infer {
 
 OutputSpec cumsum(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
@@ -132,7 +131,6 @@ const char* weight_problem_text(int problem) {
     return "invalid weights";
 }
 
-// ---- CPU kernels ----
 namespace cpu {
 
 namespace {

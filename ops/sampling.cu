@@ -42,8 +42,6 @@ __device__ __forceinline__ std::int64_t grid_step() { return static_cast<std::in
 
 std::size_t align_up(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// ---- cumsum ----
-
 // One block per contiguous line of `size`; reverse: the running sum from the line's end.
 template <typename T>
 __global__ void scan_rows_kernel(const T* __restrict__ src, T* __restrict__ dst, std::int64_t lines, std::int64_t size,
@@ -99,8 +97,6 @@ void running_sums(const Tensor& src, Tensor& dst, const AxisSplit& s, bool rever
         DG_CUDA_CHECK_LAUNCH();
     });
 }
-
-// ---- argsort, topk_indices ----
 
 // Element i of the sort's layout is position j of line l = o·inner + c: (key, j) for x[o, j, c].
 template <typename T>
@@ -173,8 +169,6 @@ void sort_lines(DeviceContext& ctx, const Tensor& x, const AxisSplit& s, bool de
         sorted_positions, s, keep, out.data<std::int64_t>());
     DG_CUDA_CHECK_LAUNCH();
 }
-
-// ---- multinomial ----
 
 // The device error record's sentence for each math::WeightProblem (host string literals, read back by the host).
 struct WeightReport {
