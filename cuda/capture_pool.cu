@@ -221,7 +221,6 @@ void* allocate_in_capture(CapturePool& pool, ContextOwner& o, std::size_t bytes)
     return address;
 }
 
-// deallocate() of a block some capture pool handed out; false when `ptr` is not from a capture pool.
 bool free_to_capture_pool(void* ptr, std::size_t bytes) {
     if (g_capture_pools.load(std::memory_order_acquire) == 0) return false;  // no registry lookup without pools
     CaptureRegistry& registry = capture_registry();
@@ -245,7 +244,6 @@ bool free_to_capture_pool(void* ptr, std::size_t bytes) {
     return true;
 }
 
-// deallocate() of ordinary memory while this thread captures its device: the pool holds it (context.h).
 void hold_during_capture(void* ptr, std::size_t bytes) {
     const std::lock_guard lock(capture_registry().mutex);
     tls_capture->pool->held.emplace_back(ptr, bytes);

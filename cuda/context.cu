@@ -43,7 +43,6 @@ void make_current(int device) {
     tls_current_device = device;
 }
 
-// An event on the current device, for ordering only (no timing).
 EventHandle make_event() {
     return make_owned<EventHandle>(
         [](cudaEvent_t* event) { DG_CUDA_CHECK(cudaEventCreateWithFlags(event, cudaEventDisableTiming)); });
@@ -268,7 +267,6 @@ int query_device_count() {
 
 }  // namespace
 
-// The owner of `device`'s context, created on first use; makes `device` current on this thread.
 ContextOwner& owner(int device) {
     const int count = device_count();
     if (device < 0 || device >= count)

@@ -47,7 +47,6 @@ const BackendKernels& kernels_for(const OpDef& def, Device device) {
     return device.is_cpu() ? def.cpu : def.cuda;
 }
 
-// Anomaly mode's report of some tensors: "; input 0 (3) float64 cpu: min -1 max 2, 1 NaN, 0 Inf (of 3)".
 std::string stats_of(const std::string& role, const Tensor& t) {
     return str("; ", role, " ", describe(t), ": ", to_string(tensor_stats(t)));
 }
@@ -57,7 +56,6 @@ std::string stats_of_inputs(std::span<const Tensor> inputs) {
     return out;
 }
 
-// "custom op 'square'" or "op 'relu'": who broke the kernel contract (graph/op_def.h), for its messages.
 std::string op_label(const OpDef& def) {
     return str(def.op == OpType::Custom ? "custom op '" : "op '", def.name, "'");
 }
