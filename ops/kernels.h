@@ -77,7 +77,11 @@ Tensor arg_reduce_forward(const ForwardArgs& args);
 Tensor logsumexp_forward(const ForwardArgs& args);
 std::vector<Tensor> logsumexp_backward(const BackwardArgs& args);
 
-// expand's backward returns dy (y's shape); the engine sums it to x's shape. Every backend.
+// permute and expand: strided copies (strided_copy) on the inputs' backend. expand's backward returns dy (y's
+// shape); the engine sums it to x's shape. Every backend.
+Tensor permute_forward(const ForwardArgs& args);
+std::vector<Tensor> permute_backward(const BackwardArgs& args);
+Tensor expand_forward(const ForwardArgs& args);
 std::vector<Tensor> expand_backward(const BackwardArgs& args);
 // transpose: one swap of two axes (swap_axes) on the inputs' backend, forward and backward. Every backend.
 Tensor transpose_forward(const ForwardArgs& args);

@@ -392,6 +392,8 @@ template <typename E>
 void strided_copy_as(const Tensor& x, Tensor& y, const StridedWalk<1>& walk) {
     strided_copy(static_cast<const E*>(x.raw_data()), static_cast<E*>(y.raw_data()), y.numel(), walk);
 }
+}  // namespace
+
 void strided_copy(const Tensor& x, Tensor& y, const StridedWalk<1>& walk) {
     // bf16/f16 as 2-byte words (they were copied as 8-byte ones: past the end of both buffers).
     switch (dtype_size(x.dtype())) {
@@ -401,33 +403,6 @@ void strided_copy(const Tensor& x, Tensor& y, const StridedWalk<1>& walk) {
         default: break;
     }
     throw DTypeError(str("permute/expand: elements of ", dtype_size(x.dtype()), " bytes are not supported"));
-}
-}  // namespace
-
-// x -> y (x.shape[perm[0]], x.shape[perm[1]], ...), perm from attrs.axes
-Tensor permute_forward(const ForwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    strided_copy(x, y, permute_walk(x.shape(), permutation_of(args.attrs.axes, x.rank())));
-    return y;
-}
-
-// dx = dy permuted back by the inverse permutation
-std::vector<Tensor> permute_backward(const BackwardArgs& args) {
-    const Tensor& dy = args.grad_output;
-    if (!args.needs_grad[0]) return {Tensor()};
-    Tensor dx = Tensor::empty(args.inputs[0].shape(), dy.dtype(), dy.device());
-    strided_copy(dy, dx, permute_walk(dy.shape(), inverse_permutation(permutation_of(args.attrs.axes, dy.rank()))));
-    return {dx};
-}
-
-// x broadcast to y's shape (attrs.shape with -1 resolved)
-Tensor expand_forward(const ForwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    const Shape operands[1] = {x.shape()};
-    strided_copy(x, y, broadcast_walk(args.out.shape, operands));
-    return y;
 }
 
 }  // namespace cpu
@@ -441,6 +416,13 @@ void swap_axes(const Tensor& x, const std::vector<std::int64_t>& axes, Tensor& y
     if (x.device().is_cuda()) return cuda::swap_axes(x, axes, y);
 #endif
     cpu::swap_axes(x, axes, y);
+}
+
+void strided_copy(const Tensor& x, Tensor& y, const StridedWalk<1>& walk) {
+#if DYNGRAD_WITH_CUDA
+    if (x.device().is_cuda()) return cuda::strided_copy(x, y, walk);
+#endif
+    cpu::strided_copy(x, y, walk);
 }
 
 void copy_rows(const Tensor& src, Tensor& dst, const RowCopy& copy) {
@@ -471,6 +453,32 @@ RowCopy concat_copy(const Shape& x, const AxisSplit& ys, int axis, std::int64_t 
 }
 
 }  // namespace
+
+// x -> y (x.shape[perm[0]], x.shape[perm[1]], ...), perm from attrs.axes
+Tensor permute_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    strided_copy(x, y, permute_walk(x.shape(), permutation_of(args.attrs.axes, x.rank())));
+    return y;
+}
+
+// dx = dy permuted back by the inverse permutation
+std::vector<Tensor> permute_backward(const BackwardArgs& args) {
+    const Tensor& dy = args.grad_output;
+    if (!args.needs_grad[0]) return {Tensor()};
+    Tensor dx = Tensor::empty(args.inputs[0].shape(), dy.dtype(), dy.device());
+    strided_copy(dy, dx, permute_walk(dy.shape(), inverse_permutation(permutation_of(args.attrs.axes, dy.rank()))));
+    return {dx};
+}
+
+// x broadcast to y's shape (attrs.shape with -1 resolved)
+Tensor expand_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    const Shape operands[1] = {x.shape()};
+    strided_copy(x, y, broadcast_walk(args.out.shape, operands));
+    return y;
+}
 
 // x (..., d0, ..., d1, ...) -> y (..., d1, ..., d0, ...), axes in attrs.axes
 Tensor transpose_forward(const ForwardArgs& args) {

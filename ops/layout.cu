@@ -422,31 +422,6 @@ void add_rows(const Tensor& src, Tensor& dst, const RowCopy& copy) {
     DG_CUDA_CHECK_LAUNCH();
 }
 
-// x -> y (x.shape[perm[0]], x.shape[perm[1]], ...), perm from attrs.axes
-Tensor permute_forward(const ForwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    strided_copy(context_for(x), x, y, permute_walk(x.shape(), permutation_of(args.attrs.axes, x.rank())));
-    return y;
-}
-
-// dx = dy permuted back by the inverse permutation
-std::vector<Tensor> permute_backward(const BackwardArgs& args) {
-    const Tensor& dy = args.grad_output;
-    if (!args.needs_grad[0]) return {Tensor()};
-    Tensor dx = Tensor::empty(args.inputs[0].shape(), dy.dtype(), dy.device());
-    strided_copy(context_for(dy), dy, dx,
-                 permute_walk(dy.shape(), inverse_permutation(permutation_of(args.attrs.axes, dy.rank()))));
-    return {dx};
-}
-
-// x broadcast to y's shape (the backward, dy summed back by the engine, is shared: ops/layout.cpp)
-Tensor expand_forward(const ForwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    const Shape operands[1] = {x.shape()};
-    strided_copy(context_for(x), x, y, broadcast_walk(args.out.shape, operands));
-    return y;
-}
+void strided_copy(const Tensor& x, Tensor& y, const StridedWalk<1>& walk) { strided_copy(context_for(x), x, y, walk); }
 
 }  // namespace dyngrad::cuda
