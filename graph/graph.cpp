@@ -59,8 +59,6 @@ std::string stats_of_inputs(std::span<const Tensor> inputs) {
 std::string op_label(const OpDef& def) {
     return str(def.op == OpType::Custom ? "custom op '" : "op '", def.name, "'");
 }
-// Inside a catch block around an op's shape rule or kernels: rethrow_with_context for std exceptions;
-// anything else (`throw 42` in a user's op) becomes dyngrad::Error naming the op and what threw it.
 [[noreturn]] void rethrow_op_failure(const std::string& context, const OpDef& def, const char* stage) {
     try {
         throw;
