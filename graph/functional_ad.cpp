@@ -23,13 +23,15 @@ void record_function(Recorded& r, const AdFunction& f, const std::vector<Tensor>
 
 Tensor zeros_like(const Tensor& t) { return Tensor::zeros(t.shape(), t.dtype(), t.device()); }
 
-// Σ_i sum(g_i · v_i) over the defined gradients that depend on the inputs; undefined when none does.
-Var contract(ComputeGraph& graph, const std::vector<Var>& g, const std::vector<Var>& v) {
+// Σ_i sum(g_i · v_i), each v_i a constant of the graph, over the defined gradients that depend on the inputs;
+// undefined when none does.
+Var contract(ComputeGraph& graph, const std::vector<Var>& g, const std::vector<Tensor>& v) {
     const auto here = std::source_location::current();
     Var total;
     for (std::size_t i = 0; i < g.size(); ++i) {
         if (!g[i].defined() || !g[i].requires_grad()) continue;
-        const Var term = graph.record(OpType::Sum, {graph.record(OpType::Mul, {g[i], v[i]}, {}, here)}, {}, here);
+        const Var term =
+            graph.record(OpType::Sum, {graph.record(OpType::Mul, {g[i], graph.constant(v[i])}, {}, here)}, {}, here);
         total = total.defined() ? graph.record(OpType::Add, {total, term}, {}, here) : term;
     }
     return total;
@@ -107,9 +109,7 @@ JvpResult jvp(const AdFunction& f, const std::vector<Tensor>& inputs, const std:
     const Var u = r.graph.input(zeros_like(r.output.value()), "u", true);
     const std::vector<Var> g = grad(std::span<const Var>(&r.output, 1), r.inputs, std::span<const Var>(&u, 1),
                                     {.create_graph = true, .allow_unused = true});
-    std::vector<Var> directions;
-    for (const Tensor& t : v) directions.push_back(r.graph.constant(t));
-    const Var total = contract(r.graph, g, directions);
+    const Var total = contract(r.graph, g, v);
     if (!total.defined() || !total.requires_grad()) return result;
     const std::vector<Var> ju = grad({total}, {u}, {}, {.allow_unused = true});
     if (ju[0].defined()) result.jvp = ju[0].value();
@@ -126,9 +126,7 @@ HvpResult hvp(const AdFunction& f, const std::vector<Tensor>& inputs, const std:
     if (!r.output.requires_grad()) return result;
     const std::vector<Var> g = grad(std::span<const Var>(&r.output, 1), r.inputs, {},
                                     {.create_graph = true, .allow_unused = true});
-    std::vector<Var> directions;
-    for (const Tensor& t : v) directions.push_back(r.graph.constant(t));
-    const Var total = contract(r.graph, g, directions);
+    const Var total = contract(r.graph, g, v);
     if (!total.defined() || !total.requires_grad()) return result;
     result.hvp = values_or_zeros(grad(std::span<const Var>(&total, 1), r.inputs, {}, {.allow_unused = true}), r.inputs);
     return result;
