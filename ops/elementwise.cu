@@ -586,9 +586,6 @@ Tensor softmax_forward(const ForwardArgs& args) {
     return y;
 }
 
-// From the output y and dy (outer, n, inner):
-//   softmax:     dx = y * (dy - Σ dy·y)
-//   log_softmax: dx = dy - exp(y) * Σ dy
 std::vector<Tensor> softmax_backward(const BackwardArgs& args) {
     const SoftmaxBackward b = softmax_backward_setup(args);
     if (b.nothing_to_compute()) return {b.dx};

@@ -320,7 +320,6 @@ Tensor routed(DeviceContext& ctx, const Tensor& dy, const Tensor& condition, boo
 
 }  // namespace
 
-// weight (V, D), indices (...) -> y (..., D)
 Tensor embedding_forward(const ForwardArgs& args) {
     const Tensor& weight = args.inputs[0];
     Tensor y = Tensor::empty(args.out.shape, args.out.dtype, weight.device());
@@ -420,7 +419,6 @@ Tensor select_forward(const ForwardArgs& args) {
     return y;
 }
 
-// where: da = dy where c, db = dy where not c; masked_fill: dx = dy where not m (select_gradients).
 std::vector<Tensor> select_backward(const BackwardArgs& args) {
     DeviceContext& ctx = context_for(args.grad_output);
     return select_gradients(args, [&](const Tensor& dy, const Tensor& condition, bool when_true) {

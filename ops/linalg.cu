@@ -322,7 +322,6 @@ Tensor activation_gradient(DeviceContext& ctx, const Tensor& dy, const Tensor& y
 
 }  // namespace
 
-// a (M,K)  b (K,N)  y (M,N);  batched: a (B,M,K)  b (B,K,N)  y (B,M,N)
 Tensor matmul_forward(const ForwardArgs& args) {
     const Tensor& a = args.inputs[0];
     const Tensor& b = args.inputs[1];
@@ -333,7 +332,6 @@ Tensor matmul_forward(const ForwardArgs& args) {
     return y;
 }
 
-// dy (M,N) -> da = dy·bᵀ (M,K), db = aᵀ·dy (K,N); per batch when batched
 std::vector<Tensor> matmul_backward(const BackwardArgs& args) {
     const Tensor& a = args.inputs[0];
     const Tensor& b = args.inputs[1];
@@ -354,7 +352,6 @@ std::vector<Tensor> matmul_backward(const BackwardArgs& args) {
     return grads;
 }
 
-// x (N,in)  w (out,in)  b (out)  y (N,out) = act(x·wᵀ + b), act per attrs.activation (None or ReLU)
 // float32, bfloat16, float16: one cuBLASLt GEMM, yᵀ (out,N) = w · xᵀ in column-major terms with the BIAS epilogue.
 // float64 (cuBLASLt offers no epilogues for it), an empty inner dimension, or a key without a cuBLASLt
 // algorithm: the bias is written into y, a cuBLAS GEMM accumulates x·wᵀ onto it (beta = 1).

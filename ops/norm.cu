@@ -511,7 +511,6 @@ void with_row_config(std::int64_t n, std::initializer_list<const void*> pointers
 
 }  // namespace
 
-// x (N,C[,H,W])  gamma, beta, running_mean, running_var (C)  ->  y like x
 // Saves mean and invstd = 1/sqrt(var + eps) (C) as used: the batch's in training (the running ones
 // updated in place on the device), the running ones in eval.
 Tensor batch_norm_forward(const ForwardArgs& args) {

@@ -216,7 +216,6 @@ Tensor max_pool_backward(const Tensor& x, const Tensor& dy, const OpAttrs& attrs
 
 }  // namespace
 
-// x (N,C,H,W) -> y (N,C,P,Q): max or mean of each window
 Tensor pool2d_forward(const ForwardArgs& args) {
     const Tensor& x = args.inputs[0];
     Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());

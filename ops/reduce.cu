@@ -400,7 +400,6 @@ __global__ void max_backward_kernel(const T* __restrict__ dy, const std::int64_t
 
 }  // namespace
 
-// x -> y: x summed (mean: averaged) over the reduced axes; y holds the kept axes in order
 Tensor reduce_forward(const ForwardArgs& args) {
     const Tensor& x = args.inputs[0];
     DeviceContext& ctx = context_for(x);
@@ -414,7 +413,6 @@ Tensor reduce_forward(const ForwardArgs& args) {
     return y;
 }
 
-// dy (kept axes) -> dx (x's shape): dy repeated along the reduced axes (mean: divided by their count)
 std::vector<Tensor> reduce_backward(const BackwardArgs& args) {
     const Tensor& x = args.inputs[0];
     if (!args.needs_grad[0]) return {Tensor()};
@@ -473,7 +471,6 @@ std::vector<Tensor> max_backward(const BackwardArgs& args) {
     return {dx};
 }
 
-// x -> x summed over `axes`, which stay as size 1
 Tensor sum_over(const Tensor& x, std::span<const int> axes) {
     DeviceContext& ctx = context_for(x);
     std::vector<bool> reduced(x.rank(), false);
