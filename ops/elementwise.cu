@@ -245,34 +245,12 @@ BroadcastIndex<Index> to_index(const BroadcastLayout& layout) {
     return bi;
 }
 
-// 32-bit indexing when every index and offset (all bounded by n, as inputs are never larger than the
-// output) fits with room for the grid-stride increment.
-bool fits_32_bit(std::int64_t n) { return n <= (std::int64_t{1} << 30); }
-
-template <typename T, typename Op>
-void launch_binary_forward_broadcast(const DeviceContext& ctx, const T* a, const T* b, T* y, std::int64_t n,
-                                     const BroadcastLayout& layout) {
-    const unsigned blocks = grid_size(ctx, n, kThreads);
-    if (fits_32_bit(n))
-        binary_forward_broadcast_kernel<T, Op, std::uint32_t><<<blocks, kThreads, 0, ctx.stream>>>(
-            a, b, y, static_cast<std::uint32_t>(n), to_index<std::uint32_t>(layout));
-    else
-        binary_forward_broadcast_kernel<T, Op, std::int64_t>
-            <<<blocks, kThreads, 0, ctx.stream>>>(a, b, y, n, to_index<std::int64_t>(layout));
-    DG_CUDA_CHECK_LAUNCH();
-}
-
-template <typename T, typename Op>
-void launch_binary_backward_broadcast(const DeviceContext& ctx, const T* a, const T* b, const T* dy, T* da, T* db,
-                                      std::int64_t n, const BroadcastLayout& layout) {
-    const unsigned blocks = grid_size(ctx, n, kThreads);
-    if (fits_32_bit(n))
-        binary_backward_broadcast_kernel<T, Op, std::uint32_t><<<blocks, kThreads, 0, ctx.stream>>>(
-            a, b, dy, da, db, static_cast<std::uint32_t>(n), to_index<std::uint32_t>(layout));
-    else
-        binary_backward_broadcast_kernel<T, Op, std::int64_t>
-            <<<blocks, kThreads, 0, ctx.stream>>>(a, b, dy, da, db, n, to_index<std::int64_t>(layout));
-    DG_CUDA_CHECK_LAUNCH();
+// Calls launch.template operator()<Index>() with Index 32-bit when every index and offset (all bounded by n, as
+// inputs are never larger than the output) fits with room for the grid-stride increment, else 64-bit.
+template <typename Launch>
+void with_index_type(std::int64_t n, Launch&& launch) {
+    if (n <= (std::int64_t{1} << 30)) return launch.template operator()<std::uint32_t>();
+    launch.template operator()<std::int64_t>();
 }
 
 // ---- accumulation: dst, src (n) ----
@@ -366,8 +344,13 @@ Tensor binary_forward(const ForwardArgs& args) {
                     <<<vector_blocks(ctx, n, packs), kThreads, 0, ctx.stream>>>(ap, bp, yp, n, packs);
                 DG_CUDA_CHECK_LAUNCH();
             } else {
-                launch_binary_forward_broadcast<T, Op>(ctx, ap, bp, yp, n,
-                                                       broadcast_layout(y.shape(), a.shape(), b.shape()));
+                const BroadcastLayout layout = broadcast_layout(y.shape(), a.shape(), b.shape());
+                const unsigned blocks = grid_size(ctx, n, kThreads);
+                with_index_type(n, [&]<typename Index>() {
+                    binary_forward_broadcast_kernel<T, Op, Index><<<blocks, kThreads, 0, ctx.stream>>>(
+                        ap, bp, yp, static_cast<Index>(n), to_index<Index>(layout));
+                });
+                DG_CUDA_CHECK_LAUNCH();
             }
         });
     });
@@ -413,8 +396,13 @@ std::vector<Tensor> binary_backward(const BackwardArgs& args) {
                         <<<vector_blocks(ctx, n, packs), kThreads, 0, ctx.stream>>>(ap, bp, dyp, dap, dbp, n, packs);
                     DG_CUDA_CHECK_LAUNCH();
                 } else {
-                    launch_binary_backward_broadcast<T, Op>(ctx, ap, bp, dyp, dap, dbp, n,
-                                                            broadcast_layout(dy.shape(), a.shape(), b.shape()));
+                    const BroadcastLayout layout = broadcast_layout(dy.shape(), a.shape(), b.shape());
+                    const unsigned blocks = grid_size(ctx, n, kThreads);
+                    with_index_type(n, [&]<typename Index>() {
+                        binary_backward_broadcast_kernel<T, Op, Index><<<blocks, kThreads, 0, ctx.stream>>>(
+                            ap, bp, dyp, dap, dbp, static_cast<Index>(n), to_index<Index>(layout));
+                    });
+                    DG_CUDA_CHECK_LAUNCH();
                 }
             });
         });
