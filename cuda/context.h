@@ -17,6 +17,14 @@
 
 namespace dyngrad::cuda {
 
+#ifdef __CUDACC__
+// A grid-stride loop's first index and step: for (i = thread_index(); i < n; i += thread_count()).
+__device__ __forceinline__ std::int64_t thread_index() {
+    return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ std::int64_t thread_count() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
+#endif
+
 // Throw CudaError (OutOfMemory for allocation failures) naming the call, file:line and status (the CUDA
 // runtime's throw_cuda_error, DG_CUDA_CHECK and DG_CUDA_CHECK_LAUNCH: cuda/user_kernels.h).
 [[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* expr, const char* file, int line);

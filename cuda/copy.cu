@@ -118,8 +118,7 @@ void copy_between_devices(void* dst, int dst_device, const void* src, int src_de
 // dst[i] = value for i < n (grid-stride)
 template <typename T>
 __global__ void fill_kernel(T* __restrict__ dst, std::int64_t n, T value) {
-    const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    for (std::int64_t i = thread_index(); i < n; i += thread_count())
         dst[i] = value;
 }
 

@@ -379,8 +379,7 @@ __global__ void __launch_bounds__(2 * TILE) attention_backward_q_kernel(
 template <typename Real>
 __global__ void check_binary_mask_kernel(const Real* __restrict__ mask, std::int64_t n, DeviceErrorRecord* record,
                                          const char* what) {
-    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
         const auto value = to_acc(mask[i]);
         if (value != 0 && value != 1 &&
             atomicCAS(&record->code, static_cast<int>(DeviceErrorCode::none),

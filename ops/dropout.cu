@@ -47,14 +47,14 @@ __global__ void dropout_kernel(const T* __restrict__ in, std::int64_t n, std::in
         return from_acc<T>(to_acc(v) * (math::dropout_keep(seed, static_cast<std::uint64_t>(i), p) ? scale
                                                                                                     : acc_t<T>(0)));
     };
-    for (std::int64_t k = vector_pack::thread_index(); k < packs; k += vector_pack::thread_count()) {
+    for (std::int64_t k = thread_index(); k < packs; k += thread_count()) {
         const Pack<T> iv = vector_pack::load_pack(in, k);
         Pack<T> ov;
 #pragma unroll
         for (int j = 0; j < W; ++j) ov.v[j] = masked(iv.v[j], k * W + j);
         vector_pack::store_pack(out, k, ov);
     }
-    for (std::int64_t i = packs * W + vector_pack::thread_index(); i < n; i += vector_pack::thread_count())
+    for (std::int64_t i = packs * W + thread_index(); i < n; i += thread_count())
         out[i] = masked(in[i], i);
     if (draw.counter == nullptr) return;
     __syncthreads();  // every thread of this block has read the counter

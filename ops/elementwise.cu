@@ -28,7 +28,7 @@ namespace {
 constexpr unsigned kThreads = 256;
 constexpr int kMaxRank = 8;  // broadcast rank after merging dims (see broadcast_layout)
 
-// Pack, load_pack, store_pack, pack_count, thread_index, thread_count: ops/vector_pack.cuh.
+// Pack, load_pack, store_pack, pack_count: ops/vector_pack.cuh; thread_index, thread_count: cuda/context.h.
 using namespace vector_pack;
 
 unsigned vector_blocks(const DeviceContext& ctx, std::int64_t n, std::int64_t packs) {
@@ -483,8 +483,7 @@ template <typename T>
 __global__ void softmax_columns_forward_kernel(const T* __restrict__ x, T* __restrict__ y, AxisSplit s,
                                                bool log_softmax) {
     const std::int64_t columns = s.outer * s.inner;
-    for (std::int64_t col = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; col < columns;
-         col += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    for (std::int64_t col = thread_index(); col < columns; col += thread_count()) {
         const std::int64_t base = (col / s.inner) * s.size * s.inner + col % s.inner;
         const T* xc = x + base;
         T* yc = y + base;
@@ -528,8 +527,7 @@ template <typename T>
 __global__ void softmax_columns_backward_kernel(const T* __restrict__ y, const T* __restrict__ dy,
                                                 T* __restrict__ dx, AxisSplit s, bool log_softmax) {
     const std::int64_t columns = s.outer * s.inner;
-    for (std::int64_t col = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; col < columns;
-         col += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    for (std::int64_t col = thread_index(); col < columns; col += thread_count()) {
         const std::int64_t base = (col / s.inner) * s.size * s.inner + col % s.inner;
         const T* yc = y + base;
         const T* dyc = dy + base;

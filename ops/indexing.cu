@@ -42,11 +42,6 @@ __device__ void report_index_out_of_range(DeviceErrorRecord* record, const char*
     }
 }
 
-__device__ __forceinline__ std::int64_t grid_start() {
-    return blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-}
-__device__ __forceinline__ std::int64_t grid_step() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
-
 // Where a bad index is reported and what its op is called.
 struct IndexCheck {
     DeviceErrorRecord* record;
@@ -59,7 +54,7 @@ __global__ void select_rows_kernel(const E* __restrict__ x, const std::int64_t* 
                                    E* __restrict__ y, std::int64_t outer, std::int64_t n, std::int64_t count,
                                    std::int64_t inner, IndexCheck check) {
     const std::int64_t total = outer * count * inner;
-    for (std::int64_t i = grid_start(); i < total; i += grid_step()) {
+    for (std::int64_t i = thread_index(); i < total; i += thread_count()) {
         const std::int64_t row = i / inner;  // o·count + l
         const std::int64_t c = i - row * inner;
         const std::int64_t o = row / count;
@@ -81,7 +76,7 @@ __global__ void row_keys_kernel(const std::int64_t* __restrict__ index, std::int
                                 std::uint64_t* __restrict__ rows, IndexCheck check) {
     const std::int64_t total = outer * count;
     const auto skip = static_cast<std::uint64_t>(outer * n);
-    for (std::int64_t r = grid_start(); r < total; r += grid_step()) {
+    for (std::int64_t r = thread_index(); r < total; r += thread_count()) {
         const std::int64_t o = r / count;
         const std::int64_t l = r - o * count;
         const std::int64_t v = index[l];
@@ -99,7 +94,7 @@ __global__ void row_keys_kernel(const std::int64_t* __restrict__ index, std::int
 template <typename E>
 __global__ void gather_kernel(const E* __restrict__ x, const std::int64_t* __restrict__ index, E* __restrict__ y,
                               std::int64_t count, IndexedWalk walk, IndexCheck check) {
-    for (std::int64_t e = grid_start(); e < count; e += grid_step()) {
+    for (std::int64_t e = thread_index(); e < count; e += thread_count()) {
         const std::int64_t v = index[e];
         if (v < 0 || v >= walk.axis_size) {
             report_index_out_of_range(check.record, check.what, e, v, walk.axis_size);
@@ -116,7 +111,7 @@ __global__ void gather_kernel(const E* __restrict__ x, const std::int64_t* __res
 __global__ void element_keys_kernel(const std::int64_t* __restrict__ index, std::int64_t count, IndexedWalk walk,
                                     std::uint64_t skip, std::uint64_t* __restrict__ keys,
                                     std::uint64_t* __restrict__ rows, IndexCheck check) {
-    for (std::int64_t e = grid_start(); e < count; e += grid_step()) {
+    for (std::int64_t e = thread_index(); e < count; e += thread_count()) {
         const std::int64_t v = index[e];
         if (v < 0 || v >= walk.axis_size) {
             report_index_out_of_range(check.record, check.what, e, v, walk.axis_size);
@@ -137,7 +132,7 @@ __global__ void scatter_rows_atomic_kernel(const std::uint64_t* __restrict__ key
                                            const T* __restrict__ src, T* __restrict__ dst, std::int64_t rows,
                                            std::int64_t width) {
     const std::int64_t total = rows * width;
-    for (std::int64_t i = grid_start(); i < total; i += grid_step()) {
+    for (std::int64_t i = thread_index(); i < total; i += thread_count()) {
         const std::int64_t r = i / width;
         const std::uint64_t key = keys[r];
         if (key == skip) continue;
@@ -154,7 +149,7 @@ __global__ void scatter_rows_sorted_kernel(const std::uint64_t* __restrict__ sor
                                            const T* __restrict__ src, T* __restrict__ dst, std::int64_t rows,
                                            std::int64_t width) {
     const std::int64_t total = rows * width;
-    for (std::int64_t i = grid_start(); i < total; i += grid_step()) {
+    for (std::int64_t i = thread_index(); i < total; i += thread_count()) {
         const std::int64_t r = i / width;
         const std::int64_t c = i - r * width;
         const std::uint64_t key = sorted_keys[r];
@@ -278,7 +273,7 @@ void gather_elements(DeviceContext& ctx, const Tensor& x, const Tensor& index, c
 template <typename T>
 __global__ void where_kernel(const T* __restrict__ c, const T* __restrict__ a, const T* __restrict__ b,
                              T* __restrict__ y, std::int64_t n, StridedWalk<3> walk) {
-    for (std::int64_t i = grid_start(); i < n; i += grid_step()) {
+    for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
         std::int64_t at[3];
         walk.offsets(i, at);
         y[i] = to_acc(c[at[0]]) != acc_t<T>(0) ? a[at[1]] : b[at[2]];
@@ -289,7 +284,7 @@ __global__ void where_kernel(const T* __restrict__ c, const T* __restrict__ a, c
 template <typename T>
 __global__ void masked_fill_kernel(const T* __restrict__ x, const T* __restrict__ m, T value, T* __restrict__ y,
                                    std::int64_t n, StridedWalk<1> walk) {
-    for (std::int64_t i = grid_start(); i < n; i += grid_step()) {
+    for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
         std::int64_t at[1];
         walk.offsets(i, at);
         y[i] = to_acc(m[at[0]]) != acc_t<T>(0) ? value : x[i];
@@ -300,7 +295,7 @@ __global__ void masked_fill_kernel(const T* __restrict__ x, const T* __restrict_
 template <typename T>
 __global__ void routed_kernel(const T* __restrict__ dy, const T* __restrict__ c, bool when_true, T* __restrict__ out,
                               std::int64_t n, StridedWalk<1> walk) {
-    for (std::int64_t i = grid_start(); i < n; i += grid_step()) {
+    for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
         std::int64_t at[1];
         walk.offsets(i, at);
         out[i] = (to_acc(c[at[0]]) != acc_t<T>(0)) == when_true ? dy[i] : from_acc<T>(0);

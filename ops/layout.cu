@@ -96,8 +96,7 @@ __global__ void transpose_tiled_kernel(const E* __restrict__ x, E* __restrict__ 
 // so neighbouring threads read and write neighbouring addresses.
 template <typename E>
 __global__ void transpose_strided_kernel(const E* __restrict__ x, E* __restrict__ y, std::int64_t n, SwapSplit s) {
-    for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; idx < n;
-         idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    for (std::int64_t idx = thread_index(); idx < n; idx += thread_count()) {
         // idx = (((o·d1 + j)·mid + m)·d0 + i)·inner + c
         std::int64_t rest = idx;
         const std::int64_t c = rest % s.inner;
@@ -153,8 +152,7 @@ template <typename E, typename Apply>
 __global__ void rows_kernel(const E* __restrict__ src, std::int64_t src_stride, E* __restrict__ dst,
                             std::int64_t dst_stride, std::int64_t rows, std::int64_t block, Apply apply) {
     const std::int64_t n = rows * block;
-    for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; idx < n;
-         idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    for (std::int64_t idx = thread_index(); idx < n; idx += thread_count()) {
         const std::int64_t r = rows == 1 ? 0 : idx / block;
         const std::int64_t j = idx - r * block;
         apply(dst[r * dst_stride + j], src[r * src_stride + j]);

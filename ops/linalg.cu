@@ -117,8 +117,7 @@ namespace {
 // y (N,out) = b broadcast over rows: the GEMM then adds x·wᵀ with beta = 1 (the cuBLAS path).
 template <typename T>
 __global__ void bias_rows_kernel(const T* __restrict__ b, T* __restrict__ y, std::int64_t n, std::int64_t out) {
-    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    for (std::int64_t i = thread_index(); i < n; i += thread_count())
         y[i] = b[i % out];
 }
 

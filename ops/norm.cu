@@ -34,11 +34,6 @@ constexpr std::int64_t kMinChunk = 4096;
 constexpr std::int64_t kBlocksPerSm = 8;
 constexpr std::int64_t kMaxChunks = 65535;  // gridDim.y limit
 
-__device__ __forceinline__ std::int64_t thread_index() {
-    return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ std::int64_t thread_count() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
-
 __device__ __forceinline__ float device_sqrt(float v) { return sqrtf(v); }
 __device__ __forceinline__ double device_sqrt(double v) { return sqrt(v); }
 

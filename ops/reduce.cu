@@ -42,11 +42,6 @@ constexpr std::int64_t kMaxGridYZ = 65535;
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
-__device__ __forceinline__ std::int64_t thread_index() {
-    return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ std::int64_t thread_count() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
-
 // A strided view of some of x's dims, innermost first, passed by value to kernels.
 struct StridedDims {
     int rank;

@@ -64,8 +64,7 @@ struct RnnPlan {
 };
 
 __global__ void fill_int_kernel(std::int32_t* out, std::int64_t n, std::int32_t value) {
-    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    for (std::int64_t i = thread_index(); i < n; i += thread_count())
         out[i] = value;
 }
 

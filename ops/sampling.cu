@@ -35,11 +35,6 @@ namespace {
 
 constexpr unsigned kThreads = 256;
 
-__device__ __forceinline__ std::int64_t grid_start() {
-    return blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-}
-__device__ __forceinline__ std::int64_t grid_step() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
-
 std::size_t align_up(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 // One block per contiguous line of `size`; reverse: the running sum from the line's end.
@@ -70,7 +65,7 @@ __global__ void scan_rows_kernel(const T* __restrict__ src, T* __restrict__ dst,
 template <typename T>
 __global__ void scan_columns_kernel(const T* __restrict__ src, T* __restrict__ dst, AxisSplit s, bool reverse) {
     const std::int64_t lines = s.outer * s.inner;
-    for (std::int64_t i = grid_start(); i < lines; i += grid_step()) {
+    for (std::int64_t i = thread_index(); i < lines; i += thread_count()) {
         const std::int64_t o = i / s.inner;
         const std::int64_t base = o * s.size * s.inner + (i - o * s.inner);
         double sum = 0;
@@ -103,7 +98,7 @@ template <typename T>
 __global__ void sort_keys_kernel(const T* __restrict__ x, AxisSplit s, bool descending,
                                  math::sort_key_t<T>* __restrict__ keys, int* __restrict__ positions) {
     const std::int64_t total = s.outer * s.size * s.inner;
-    for (std::int64_t i = grid_start(); i < total; i += grid_step()) {
+    for (std::int64_t i = thread_index(); i < total; i += thread_count()) {
         const std::int64_t line = i / s.size;
         const std::int64_t j = i - line * s.size;
         const std::int64_t o = line / s.inner;
@@ -114,14 +109,14 @@ __global__ void sort_keys_kernel(const T* __restrict__ x, AxisSplit s, bool desc
 }
 
 __global__ void segment_offsets_kernel(std::int64_t* __restrict__ offsets, std::int64_t lines, std::int64_t size) {
-    for (std::int64_t i = grid_start(); i <= lines; i += grid_step()) offsets[i] = i * size;
+    for (std::int64_t i = thread_index(); i <= lines; i += thread_count()) offsets[i] = i * size;
 }
 
 // out (outer, keep, inner) = the first `keep` sorted positions of each line.
 __global__ void write_indices_kernel(const int* __restrict__ sorted, AxisSplit s, std::int64_t keep,
                                      std::int64_t* __restrict__ out) {
     const std::int64_t total = s.outer * keep * s.inner;
-    for (std::int64_t i = grid_start(); i < total; i += grid_step()) {
+    for (std::int64_t i = thread_index(); i < total; i += thread_count()) {
         const std::int64_t o = i / (keep * s.inner);
         const std::int64_t rest = i - o * keep * s.inner;
         const std::int64_t j = rest / s.inner;
@@ -195,7 +190,7 @@ template <typename T>
 __global__ void multinomial_rows_kernel(const T* __restrict__ probs, std::int64_t rows, std::int64_t categories,
                                         std::int64_t num_samples, bool replacement, std::uint64_t seed,
                                         double* __restrict__ sums, std::int64_t* __restrict__ out, WeightReport report) {
-    for (std::int64_t r = grid_start(); r < rows; r += grid_step()) {
+    for (std::int64_t r = thread_index(); r < rows; r += thread_count()) {
         const T* weights = probs + r * categories;
         double* row_sums = sums + r * categories;
         std::int64_t column = 0;
@@ -223,7 +218,7 @@ __global__ void multinomial_samples_kernel(const double* __restrict__ sums, std:
                                            std::int64_t categories, std::int64_t num_samples, std::uint64_t seed,
                                            std::int64_t* __restrict__ out) {
     const std::int64_t total = rows * num_samples;
-    for (std::int64_t i = grid_start(); i < total; i += grid_step()) {
+    for (std::int64_t i = thread_index(); i < total; i += thread_count()) {
         const std::int64_t r = i / num_samples;
         const std::int64_t s = i - r * num_samples;
         const double* row_sums = sums + r * categories;

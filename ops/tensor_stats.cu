@@ -45,8 +45,7 @@ struct Combine {
 template <typename T>
 __global__ void stats_partials_kernel(const T* x, std::int64_t n, Partial<T>* partials) {
     Partial<T> p = identity_partial<T>();
-    const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
         const T v = x[i];
         if constexpr (std::is_floating_point_v<T>) {
             if (isnan(v)) {

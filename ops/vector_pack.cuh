@@ -27,11 +27,6 @@ __device__ __forceinline__ void store_pack(T* p, std::int64_t pack, const Pack<T
     reinterpret_cast<Pack<T>*>(p)[pack] = value;
 }
 
-__device__ __forceinline__ std::int64_t thread_index() {
-    return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ std::int64_t thread_count() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
-
 // The grid-stride walk of a vectorized elementwise kernel over n elements: on_pack(p) for each of the `packs`
 // whole packs of `width` elements, then on_element(i) for each element past them.
 template <typename OnPack, typename OnElement>
