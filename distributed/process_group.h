@@ -18,6 +18,8 @@
 // Every rank must call the same collectives in the same order with tensors of the same shapes and dtypes
 // (as with MPI and NCCL). A group is a handle: copies share the communicators. Use it from one thread.
 #pragma once
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 

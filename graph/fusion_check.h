@@ -10,6 +10,7 @@
 // this mode: the multi-tensor optimizer steps, which tests/gpu/test_gpu.cpp ([optim]) compares with the CPU's
 // per-parameter updates over many chunks, groups and step counts.
 #pragma once
+#include <cstddef>
 #include <span>
 #include <string>
 #include <vector>

@@ -2,6 +2,7 @@
 // keys take part in a query (range, causal, keep mask), dropout's factor, which tile a block works on. Host: the
 // launch with its shared-memory opt-in, the padded head dim and the launch grid. Include it from .cu files only.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <mutex>

@@ -1,6 +1,7 @@
 // Matrix products. CPU: ops/linalg.cpp (Eigen). GPU: ops/linalg.cu (cuBLAS, cuBLASLt). Layout ops: ops/layout.h.
 #pragma once
 #include <source_location>
+#include <vector>
 
 #include "dyngrad/graph/front_door.h"
 

@@ -1,6 +1,7 @@
 // Normalisation: batch_norm, layer_norm, rms_norm. CPU: ops/norm.cpp. GPU: ops/norm.cu.
 // Dropout (regularisation) has its own family: ops/dropout.h.
 #pragma once
+#include <cstdint>
 #include <optional>
 #include <source_location>
 
