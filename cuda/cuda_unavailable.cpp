@@ -12,24 +12,24 @@ namespace {
 [[noreturn]] void unavailable(const char* what) {
     throw DeviceError(str(what, ": this build of dyngrad has no CUDA backend (configure with -DDYNGRAD_CUDA=ON)"));
 }
+// `what` followed by the device's name: "fill on cuda:0".
+[[noreturn]] void unavailable(const char* what, int device) {
+    unavailable(str(what, Device::cuda(device).to_string()).c_str());
+}
 }  // namespace
 
-void* allocate(std::size_t, int device) { unavailable(str("a tensor on ", Device::cuda(device).to_string()).c_str()); }
+void* allocate(std::size_t, int device) { unavailable("a tensor on ", device); }
 void deallocate(void*, std::size_t, int) noexcept {}
 void copy(void*, Device dst, const void*, Device src, std::size_t) {
     unavailable(str("copy from ", src.to_string(), " to ", dst.to_string()).c_str());
 }
 void copy_blocks(void*, std::size_t, const void*, std::size_t, std::size_t, std::size_t, int device) {
-    unavailable(str("copy within ", Device::cuda(device).to_string()).c_str());
+    unavailable("copy within ", device);
 }
-void copy_ranges(std::span<const device_memory::CopyRange>, int device) {
-    unavailable(str("copy within ", Device::cuda(device).to_string()).c_str());
-}
-void fill(void*, std::int64_t, double, DType, int device) {
-    unavailable(str("fill on ", Device::cuda(device).to_string()).c_str());
-}
+void copy_ranges(std::span<const device_memory::CopyRange>, int device) { unavailable("copy within ", device); }
+void fill(void*, std::int64_t, double, DType, int device) { unavailable("fill on ", device); }
 void convert(void*, DType, const void*, DType, std::int64_t, int device) {
-    unavailable(str("dtype conversion on ", Device::cuda(device).to_string()).c_str());
+    unavailable("dtype conversion on ", device);
 }
 int device_count() { return 0; }
 std::string device_name(int) { unavailable("cuda::device_name"); }
@@ -43,13 +43,9 @@ void profiler_start() { unavailable("cuda::profiler_start"); }
 void profiler_stop() { unavailable("cuda::profiler_stop"); }
 void* allocate_pinned(std::size_t) { unavailable("cuda::allocate_pinned"); }
 void free_pinned(void*) noexcept {}
-void copy_to_device_async(void*, int device, const void*, std::size_t) {
-    unavailable(str("copy to ", Device::cuda(device).to_string()).c_str());
-}
+void copy_to_device_async(void*, int device, const void*, std::size_t) { unavailable("copy to ", device); }
 
-StreamEvent::StreamEvent(int device) : device_(device) {
-    unavailable(str("an event on ", Device::cuda(device).to_string()).c_str());
-}
+StreamEvent::StreamEvent(int device) : device_(device) { unavailable("an event on ", device); }
 StreamEvent::~StreamEvent() = default;
 StreamEvent::StreamEvent(StreamEvent&& other) noexcept : event_(other.event_), device_(other.device_) {}
 StreamEvent& StreamEvent::operator=(StreamEvent&&) noexcept = default;
@@ -70,9 +66,7 @@ Tensor CapturedStep::run(std::span<const Tensor>) { unavailable("cuda::CapturedS
 std::size_t CapturedStep::variants() const { return 0; }
 CapturedStep::GraphCounts CapturedStep::last_graph_counts() const { return {}; }
 
-std::uintptr_t stream_handle(int device) {
-    unavailable(str("the stream of ", Device::cuda(device).to_string()).c_str());
-}
+std::uintptr_t stream_handle(int device) { unavailable("the stream of ", device); }
 void make_stream_wait(std::uintptr_t, int) { unavailable("cuda::make_stream_wait"); }
 void wait_for_stream(std::uintptr_t, int) { unavailable("cuda::wait_for_stream"); }
 
