@@ -526,8 +526,6 @@ void raise_device_error(DeviceContext& ctx) {
     throw CudaError(str("cuda:", ctx.device, ": a kernel reported unknown error code ", code));
 }
 
-// ---- the side lane ----
-
 void set_weight_gradient_overlap(WeightGradientOverlap mode) {
     g_weight_gradient_overlap.store(static_cast<int>(mode), std::memory_order_relaxed);
 }

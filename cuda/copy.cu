@@ -115,7 +115,6 @@ void copy_between_devices(void* dst, int dst_device, const void* src, int src_de
     DG_CUDA_CHECK(cudaStreamWaitEvent(from.ctx.stream, copied.get(), 0));
 }
 
-// dst[i] = value for i < n (grid-stride)
 template <typename T>
 __global__ void fill_kernel(T* __restrict__ dst, std::int64_t n, T value) {
     for (std::int64_t i = thread_index(); i < n; i += thread_count())

@@ -21,8 +21,6 @@ namespace dyngrad {
 
 namespace {
 
-// ---- loading ----
-
 // `stem` or `stem.gz` inside `directory`, whichever exists (the plain file first).
 std::string find_idx_file(const std::filesystem::path& directory, const std::string& stem) {
     for (const std::string& name : {stem, stem + ".gz"}) {
@@ -80,8 +78,6 @@ Dataset to_dataset(const RawSplit& raw, const Normalization& normalization) {
     for (std::int64_t i = 0; i < n; ++i) labels[i] = raw.labels.data[static_cast<std::size_t>(i)];
     return out;
 }
-
-// ---- batching ----
 
 std::size_t row_bytes(const Tensor& t) { return t.size(0) == 0 ? 0 : t.nbytes() / static_cast<std::size_t>(t.size(0)); }
 

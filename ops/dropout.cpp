@@ -42,7 +42,6 @@ Var dropout(const Var& x, double p, bool training, DropoutSeeds& seeds, std::sou
     return y;
 }
 
-// ---- the seed stream ----
 DropoutSeeds::DropoutSeeds(std::uint64_t seed)
     : seed_(seed), counter_(Tensor::zeros({1}, DType::i64)) {}
 

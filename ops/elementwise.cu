@@ -37,7 +37,6 @@ unsigned vector_blocks(const DeviceContext& ctx, std::int64_t n, std::int64_t pa
 
 // ---- unary: x, y, dy, dx all (n) ----
 
-// y = Op(x; s)
 template <typename T, typename Op>
 __global__ void unary_forward_kernel(const T* __restrict__ x, T* __restrict__ y, std::int64_t n, std::int64_t packs,
                                      math::UnaryScalars<acc_t<T>> s) {
@@ -78,7 +77,6 @@ __global__ void unary_backward_kernel(const T* __restrict__ x, const T* __restri
 
 // ---- binary, same shapes: a, b, y, dy, da, db all (n) ----
 
-// y = Op(a, b)
 template <typename T, typename Op>
 __global__ void binary_forward_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ y,
                                       std::int64_t n, std::int64_t packs) {

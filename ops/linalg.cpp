@@ -65,8 +65,6 @@ T linear(const T& x, const T& weight, const T& bias, Activation activation, std:
 template Var linear(const Var&, const Var&, const Var&, Activation, std::source_location);
 template Tensor linear(const Tensor&, const Tensor&, const Tensor&, Activation, std::source_location);
 
-// ---- Differentiable backwards (graph/higher_order.h) ----
-
 // a (…,M,K)  b (…,K,N):  da = dy·bᵀ,  db = aᵀ·dy
 std::vector<Var> matmul_differentiable_backward(const DiffBackwardArgs& args) {
     const Var& g = args.grad_output;

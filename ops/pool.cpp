@@ -116,7 +116,6 @@ std::vector<Var> pool_differentiable_backward(const DiffBackwardArgs& args) {
     return differentiate_composition(args, [&](std::span<const Var> in) { return pool_composition(args.op, in[0], args.attrs); });
 }
 
-// ---- shape rule (max_pool2d and avg_pool2d) ----
 namespace infer {
 
 OutputSpec pool2d(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {

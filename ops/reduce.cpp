@@ -185,8 +185,6 @@ Tensor arg_reduce_forward(const ForwardArgs& args) {
     return saved[0];
 }
 
-// ---- Differentiable backwards (graph/higher_order.h) ----
-
 // sum, mean: dy (with the reduced axes kept as 1) expanded back to x's shape; mean scales by 1/count.
 std::vector<Var> reduce_differentiable_backward(const DiffBackwardArgs& args) {
     if (!args.needs_grad[0]) return {Var()};
