@@ -452,7 +452,8 @@ __global__ void class_loss_backward_small_kernel(const T* __restrict__ logits, c
 
 // cross_entropy: logits (N,C), nll_loss: log_probs (N,C); labels (N) int64; class_weight (C) optional
 //   -> loss () (Mean, Sum) or (N) (None); formulas in ops/loss.cpp. One rows kernel (per-row log-sum-exp and
-// loss) whose last block to finish adds up the batch: one launch, no host synchronisation. Saves
+// loss) whose last block to finish adds up the batch, or for few rows of at most 32 classes one block that does
+// both (cross_entropy_small_kernel): one launch, no host synchronisation. Saves
 // sums = [D, W] (f64, on the device) and cross_entropy's lse (N), so the backward rebuilds the softmax
 // without another pass of reductions.
 Tensor cross_entropy_forward(const ForwardArgs& args) {
@@ -514,7 +515,8 @@ Tensor cross_entropy_forward(const ForwardArgs& args) {
     return loss;
 }
 
-// dloss () or (N) -> dlogits (N,C); labels and class weights get no gradient (as in PyTorch).
+// dloss () or (N) -> dlogits (N,C); labels and class weights get no gradient (as in PyTorch). At most 32 classes:
+// a thread per element (class_loss_backward_small_kernel), else the row tilings; the same formula either way.
 std::vector<Tensor> cross_entropy_backward(const BackwardArgs& args) {
     const Tensor& logits = args.inputs[0];
     const Tensor& labels = args.inputs[1];
