@@ -428,8 +428,7 @@ __global__ void class_loss_backward_small_kernel(const T* __restrict__ logits, c
                                                  T* __restrict__ dlogits, DeviceErrorRecord* record) {
     const bool nll = lse == nullptr;
     const std::int64_t total = rows << group_shift;
-    for (std::int64_t thread = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; thread < total;
-         thread += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    for (std::int64_t thread = thread_index(); thread < total; thread += thread_count()) {
         const std::int64_t row = thread >> group_shift;
         const std::int64_t c = thread & ((std::int64_t{1} << group_shift) - 1);
         if (c >= classes) continue;
