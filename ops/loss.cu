@@ -557,9 +557,12 @@ std::vector<Tensor> cross_entropy_backward(const BackwardArgs& args) {
 
 namespace {
 
-// Logits elements per chunk: 32M (128 MB in f32), ~667 rows of GPT-2's 50257 classes: GEMMs large enough for the
-// tensor cores, and a workspace a small fraction of the (8192, 50257) logits.
-constexpr std::int64_t kGpuChunkElements = std::int64_t{1} << 25;
+// Bytes of logits per chunk (and as many of dlogits): 512 MiB, 5,336 rows of GPT-2's 50304 padded bf16 classes.
+// Every chunk after the first adds its dW into an f32 sum of the whole head (GPT-2: 155 MB read and written again
+// per chunk), and few rows make a thin dx GEMM: with 32M-element chunks (667 such rows, 49 a step) GPT-2 trained at
+// 460K tokens/s, with 256 MiB 493K, 512 MiB 502K and 505K, 1 GiB 502K (char_gpt --model gpt2 --reduced-residual,
+// batch 32, H200, 2026-11-30, one process each, alternated in two calls). The cost: at most 1 GiB of workspace.
+constexpr std::int64_t kGpuChunkBytes = std::int64_t{512} << 20;
 
 // One pass over the rows of x (N,E) in chunks, everything on ctx's stream (no host synchronisation). Per chunk of r
 // rows from `start`, with C = attrs.length (W[:C] is the first C rows of the weight's buffer, no copy):
@@ -584,7 +587,8 @@ void chunked_pass(DeviceContext& ctx, const Tensor& x, const Tensor& weight, con
     static_assert(std::is_same_v<G, T> || std::is_same_v<G, S>, "dx, dW: in x's dtype or its sum type");
     constexpr bool kSumDwApart = !std::is_same_v<G, S>;  // 16-bit dW out: an f32 sum, rounded at the end
     const std::int64_t n = x.size(0), width = x.size(1), classes = attrs.length, padded = weight.size(0);
-    const std::int64_t chunk = dyngrad::detail::linear_cross_entropy_chunk_rows(n, classes, kGpuChunkElements);
+    const std::int64_t chunk = dyngrad::detail::linear_cross_entropy_chunk_rows(n, classes,
+                                                                                       kGpuChunkBytes / sizeof(T));
     const bool grads = dx != nullptr || dw != nullptr;
     // cuBLAS runs its 16-byte-vector kernels only when the extent along which a matrix is contiguous is a multiple
     // of 8 elements: GPT-2's 50257 classes (the logits' columns, dx's inner dimension, dW's rows) gave sm75 "align1"
