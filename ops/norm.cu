@@ -234,9 +234,12 @@ __global__ void batch_norm_dx_kernel(const T* __restrict__ x, const T* __restric
 // ---- layer_norm and rms_norm: x seen as (rows, n) ----
 //
 // Forward and dx: a group of kThreadsPerRow threads per row, 32 (one warp; 8 rows per block) for rows of up to
-// 32·kCacheUnits vector units, else 256 (one block per row). Each thread keeps its first kCacheUnits units of the
+// 32·kCacheUnits vector units, else 256 (one block per row). Each thread keeps its first kCache units of the
 // row in registers, so rows of up to 8192 floats (4096 doubles) are read from memory once; longer rows re-read
-// the rest from L2 in each pass, so any length works. The statistics take two passes over the registers (mean,
+// the rest from L2 in each pass, so any length works. A one-warp row takes the fewest cache slots that hold it
+// (2, 3, 4 or 8 vector units a lane) and no loop past them: the registers of unused slots kept GPT-2's bf16
+// LayerNorms (768 wide: 3 units a lane) at one block per SM (160 and 198 registers, forward and dx; 63 and 80 now,
+// with kMinBlocks). The statistics take two passes over the registers (mean,
 // then Σ(x − mean)², which does not cancel like Σx² − n·mean²). Accumulation in the tensor's dtype: float32 sums
 // each thread's few values in order and combines the threads by a fixed butterfly/tree, relative error about
 // (n/threads + log2 threads)·2⁻²⁴ — far inside what the float64 replay (verify) and GPU-vs-CPU checks allow.
@@ -247,6 +250,11 @@ __global__ void batch_norm_dx_kernel(const T* __restrict__ x, const T* __restric
 
 constexpr int kNormBlockThreads = 256;
 constexpr int kCacheUnits = 8;
+// Blocks per SM the compiler must leave room for (__launch_bounds__), by cache slots: no spills at these counts
+// (ptxas -v, sm_90, every dtype).
+template <int kCache> constexpr int kMinBlocks = kCache <= 3 ? 3 : (kCache == 4 ? 2 : 1);
+// A row of one warp is cached whole (with_row_config launches it only then): no loop over the rest.
+template <int kThreadsPerRow> constexpr bool kAllCached = kThreadsPerRow == 32;
 constexpr int kColumnTile = 32;
 constexpr int kColumnRows = 8;
 // A chunk of rows for the dweight/dbias partials is never shorter than this.
@@ -300,8 +308,8 @@ __device__ __forceinline__ T row_sum(T v, T* shared) {
 // bf16/f16 (T) natively: values load as T and compute in A = acc_t<T> (float), the statistics are kept in A, y is
 // rounded to T once; the GPT's reduced residual stream (nn/transformer.h) runs its LayerNorms so, with no pass
 // through f32 copies (four conversion kernels a LayerNorm and its backward, ncu, H200, 2026-11-29).
-template <typename T, bool kCenter, int kThreadsPerRow, int W, typename A = acc_t<T>>
-__global__ void __launch_bounds__(kNormBlockThreads)
+template <typename T, bool kCenter, int kThreadsPerRow, int W, int kCache, typename A = acc_t<T>>
+__global__ void __launch_bounds__(kNormBlockThreads, kMinBlocks<kCache>)
     row_norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                             std::int64_t rows, std::int64_t n, A eps, T* __restrict__ y, A* __restrict__ mean_out,
                             A* __restrict__ rstd_out) {
@@ -314,10 +322,10 @@ __global__ void __launch_bounds__(kNormBlockThreads)
     for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.y; row < rows;
          row += static_cast<std::int64_t>(gridDim.x) * kRowsPerBlock) {
         const T* xr = x + row * n;
-        V cache[kCacheUnits];
+        V cache[kCache];
         A sum = 0;
 #pragma unroll
-        for (int k = 0; k < kCacheUnits; ++k) {
+        for (int k = 0; k < kCache; ++k) {
             const std::int64_t u = lane + k * kThreadsPerRow;
             if (u < units) {
                 cache[k] = load_vec<T, W>(xr, u);
@@ -325,11 +333,12 @@ __global__ void __launch_bounds__(kNormBlockThreads)
                 for (int j = 0; j < W; ++j) sum += to_acc(cache[k].v[j]);
             }
         }
-        for (std::int64_t u = lane + kCacheUnits * kThreadsPerRow; u < units; u += kThreadsPerRow) {
-            const V v = load_vec<T, W>(xr, u);
+        if constexpr (!kAllCached<kThreadsPerRow>)
+            for (std::int64_t u = lane + kCache * kThreadsPerRow; u < units; u += kThreadsPerRow) {
+                const V v = load_vec<T, W>(xr, u);
 #pragma unroll
-            for (int j = 0; j < W; ++j) sum += to_acc(v.v[j]);
-        }
+                for (int j = 0; j < W; ++j) sum += to_acc(v.v[j]);
+            }
         A mean = 0;
         if constexpr (kCenter) mean = row_sum<kThreadsPerRow>(sum, shared) * inv_n;
 
@@ -342,10 +351,11 @@ __global__ void __launch_bounds__(kNormBlockThreads)
             }
         };
 #pragma unroll
-        for (int k = 0; k < kCacheUnits; ++k)
+        for (int k = 0; k < kCache; ++k)
             if (lane + k * kThreadsPerRow < units) add_squares(cache[k]);
-        for (std::int64_t u = lane + kCacheUnits * kThreadsPerRow; u < units; u += kThreadsPerRow)
-            add_squares(load_vec<T, W>(xr, u));
+        if constexpr (!kAllCached<kThreadsPerRow>)
+            for (std::int64_t u = lane + kCache * kThreadsPerRow; u < units; u += kThreadsPerRow)
+                add_squares(load_vec<T, W>(xr, u));
         const A rstd = A(1) / device_sqrt(row_sum<kThreadsPerRow>(squares, shared) * inv_n + eps);
         if (lane == 0) {
             if constexpr (kCenter) mean_out[row] = mean;
@@ -363,19 +373,20 @@ __global__ void __launch_bounds__(kNormBlockThreads)
             store_vec<T, W>(yr, u, out);
         };
 #pragma unroll
-        for (int k = 0; k < kCacheUnits; ++k) {
+        for (int k = 0; k < kCache; ++k) {
             const std::int64_t u = lane + k * kThreadsPerRow;
             if (u < units) normalize(cache[k], u);
         }
-        for (std::int64_t u = lane + kCacheUnits * kThreadsPerRow; u < units; u += kThreadsPerRow)
-            normalize(load_vec<T, W>(xr, u), u);
+        if constexpr (!kAllCached<kThreadsPerRow>)
+            for (std::int64_t u = lane + kCache * kThreadsPerRow; u < units; u += kThreadsPerRow)
+                normalize(load_vec<T, W>(xr, u), u);
     }
 }
 
 // x, dy (rows, n), w (n) or null, mean (rows; kCenter only), rstd (rows) -> dx (rows, n):
 //   x̂ = (x − mean)·rstd, g = dy·w:  dx = rstd·(g − Σg/n − x̂·Σ(g·x̂)/n)   (no Σg/n term without kCenter)
-template <typename T, bool kCenter, int kThreadsPerRow, int W, typename A = acc_t<T>>
-__global__ void __launch_bounds__(kNormBlockThreads)
+template <typename T, bool kCenter, int kThreadsPerRow, int W, int kCache, typename A = acc_t<T>>
+__global__ void __launch_bounds__(kNormBlockThreads, kMinBlocks<kCache>)
     row_norm_dx_kernel(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ w,
                        const A* __restrict__ mean, const A* __restrict__ rstd, std::int64_t rows, std::int64_t n,
                        T* __restrict__ dx) {
@@ -391,7 +402,7 @@ __global__ void __launch_bounds__(kNormBlockThreads)
         const T* dyr = dy + row * n;
         const A mu = kCenter ? mean[row] : A(0);
         const A r = rstd[row];
-        V x_cache[kCacheUnits], dy_cache[kCacheUnits];
+        V x_cache[kCache], dy_cache[kCache];
         A sum_g = 0, sum_g_xhat = 0;
         const auto accumulate = [&](const V& xv, const V& dyv, std::int64_t u) {
             const V wv = load_vec_or<T, W>(w, u, from_acc<T>(A(1)));
@@ -403,7 +414,7 @@ __global__ void __launch_bounds__(kNormBlockThreads)
             }
         };
 #pragma unroll
-        for (int k = 0; k < kCacheUnits; ++k) {
+        for (int k = 0; k < kCache; ++k) {
             const std::int64_t u = lane + k * kThreadsPerRow;
             if (u < units) {
                 x_cache[k] = load_vec<T, W>(xr, u);
@@ -411,8 +422,9 @@ __global__ void __launch_bounds__(kNormBlockThreads)
                 accumulate(x_cache[k], dy_cache[k], u);
             }
         }
-        for (std::int64_t u = lane + kCacheUnits * kThreadsPerRow; u < units; u += kThreadsPerRow)
-            accumulate(load_vec<T, W>(xr, u), load_vec<T, W>(dyr, u), u);
+        if constexpr (!kAllCached<kThreadsPerRow>)
+            for (std::int64_t u = lane + kCache * kThreadsPerRow; u < units; u += kThreadsPerRow)
+                accumulate(load_vec<T, W>(xr, u), load_vec<T, W>(dyr, u), u);
         const A mean_g = kCenter ? row_sum<kThreadsPerRow>(sum_g, shared) * inv_n : A(0);
         const A mean_g_xhat = row_sum<kThreadsPerRow>(sum_g_xhat, shared) * inv_n;
 
@@ -428,12 +440,13 @@ __global__ void __launch_bounds__(kNormBlockThreads)
             store_vec<T, W>(dxr, u, out);
         };
 #pragma unroll
-        for (int k = 0; k < kCacheUnits; ++k) {
+        for (int k = 0; k < kCache; ++k) {
             const std::int64_t u = lane + k * kThreadsPerRow;
             if (u < units) write(x_cache[k], dy_cache[k], u);
         }
-        for (std::int64_t u = lane + kCacheUnits * kThreadsPerRow; u < units; u += kThreadsPerRow)
-            write(load_vec<T, W>(xr, u), load_vec<T, W>(dyr, u), u);
+        if constexpr (!kAllCached<kThreadsPerRow>)
+            for (std::int64_t u = lane + kCache * kThreadsPerRow; u < units; u += kThreadsPerRow)
+                write(load_vec<T, W>(xr, u), load_vec<T, W>(dyr, u), u);
     }
 }
 
@@ -491,17 +504,26 @@ bool aligned_16(std::initializer_list<const void*> pointers) {
     return true;
 }
 
-// Calls launch.template operator()<kThreadsPerRow, W>() for the row kernels' configuration (see above).
+// Calls launch.template operator()<kThreadsPerRow, W, kCache>() for the row kernels' configuration (see above).
 template <typename T, typename Launch>
 void with_row_config(std::int64_t n, std::initializer_list<const void*> pointers, Launch&& launch) {
     constexpr int kWidth = 16 / static_cast<int>(sizeof(T));
     const bool vector = n % kWidth == 0 && aligned_16(pointers);
     const std::int64_t units = vector ? n / kWidth : n;
-    const bool one_warp = units <= 32 * kCacheUnits;
-    if (vector && one_warp) launch.template operator()<32, kWidth>();
-    else if (vector) launch.template operator()<kNormBlockThreads, kWidth>();
-    else if (one_warp) launch.template operator()<32, 1>();
-    else launch.template operator()<kNormBlockThreads, 1>();
+    if (units > 32 * kCacheUnits) {
+        if (vector) launch.template operator()<kNormBlockThreads, kWidth, kCacheUnits>();
+        else launch.template operator()<kNormBlockThreads, 1, kCacheUnits>();
+    } else if (!vector) {
+        launch.template operator()<32, 1, kCacheUnits>();
+    } else if (units <= 32 * 2) {
+        launch.template operator()<32, kWidth, 2>();
+    } else if (units <= 32 * 3) {
+        launch.template operator()<32, kWidth, 3>();
+    } else if (units <= 32 * 4) {
+        launch.template operator()<32, kWidth, 4>();
+    } else {
+        launch.template operator()<32, kWidth, kCacheUnits>();
+    }
 }
 
 }  // namespace
@@ -628,14 +650,14 @@ Tensor row_norm_forward(const ForwardArgs& args) {
         A* mp = center ? mean.data<A>() : nullptr;
         A* rp = rstd.data<A>();
         const A eps = static_cast<A>(args.attrs.eps);
-        with_row_config<T>(l.n, {xp, wp, bp, yp}, [&]<int kThreadsPerRow, int W>() {
+        with_row_config<T>(l.n, {xp, wp, bp, yp}, [&]<int kThreadsPerRow, int W, int kCache>() {
             const dim3 block(kThreadsPerRow, kNormBlockThreads / kThreadsPerRow);
             const unsigned blocks = grid_size(ctx, l.rows * kThreadsPerRow, kNormBlockThreads);
             if (center)
-                row_norm_forward_kernel<T, true, kThreadsPerRow, W>
+                row_norm_forward_kernel<T, true, kThreadsPerRow, W, kCache>
                     <<<blocks, block, 0, ctx.stream>>>(xp, wp, bp, l.rows, l.n, eps, yp, mp, rp);
             else
-                row_norm_forward_kernel<T, false, kThreadsPerRow, W>
+                row_norm_forward_kernel<T, false, kThreadsPerRow, W, kCache>
                     <<<blocks, block, 0, ctx.stream>>>(xp, wp, bp, l.rows, l.n, eps, yp, mp, rp);
             DG_CUDA_CHECK_LAUNCH();
         });
@@ -667,14 +689,14 @@ std::vector<Tensor> row_norm_backward(const BackwardArgs& args) {
         const A* rp = args.saved.back().data<A>();
         if (p.need_dx) {
             T* dxp = grads[0].data<T>();
-            with_row_config<T>(l.n, {xp, dyp, wp, dxp}, [&]<int kThreadsPerRow, int W>() {
+            with_row_config<T>(l.n, {xp, dyp, wp, dxp}, [&]<int kThreadsPerRow, int W, int kCache>() {
                 const dim3 block(kThreadsPerRow, kNormBlockThreads / kThreadsPerRow);
                 const unsigned blocks = grid_size(ctx, l.rows * kThreadsPerRow, kNormBlockThreads);
                 if (p.center)
-                    row_norm_dx_kernel<T, true, kThreadsPerRow, W>
+                    row_norm_dx_kernel<T, true, kThreadsPerRow, W, kCache>
                         <<<blocks, block, 0, ctx.stream>>>(xp, dyp, wp, mp, rp, l.rows, l.n, dxp);
                 else
-                    row_norm_dx_kernel<T, false, kThreadsPerRow, W>
+                    row_norm_dx_kernel<T, false, kThreadsPerRow, W, kCache>
                         <<<blocks, block, 0, ctx.stream>>>(xp, dyp, wp, mp, rp, l.rows, l.n, dxp);
                 DG_CUDA_CHECK_LAUNCH();
             });
