@@ -9,19 +9,17 @@
 namespace dyngrad::cuda {
 
 namespace {
-[[noreturn]] void unavailable(const char* what) {
-    throw DeviceError(str(what, ": this build of dyngrad has no CUDA backend (configure with -DDYNGRAD_CUDA=ON)"));
-}
+[[noreturn]] void unavailable(const std::string& what) { throw_not_built(what, kNoCudaBackend); }
 // `what` followed by the device's name: "fill on cuda:0".
 [[noreturn]] void unavailable(const char* what, int device) {
-    unavailable(str(what, Device::cuda(device).to_string()).c_str());
+    unavailable(str(what, Device::cuda(device).to_string()));
 }
 }  // namespace
 
 void* allocate(std::size_t, int device) { unavailable("a tensor on ", device); }
 void deallocate(void*, std::size_t, int) noexcept {}
 void copy(void*, Device dst, const void*, Device src, std::size_t) {
-    unavailable(str("copy from ", src.to_string(), " to ", dst.to_string()).c_str());
+    unavailable(str("copy from ", src.to_string(), " to ", dst.to_string()));
 }
 void copy_blocks(void*, std::size_t, const void*, std::size_t, std::size_t, std::size_t, int device) {
     unavailable("copy within ", device);

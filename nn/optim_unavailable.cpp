@@ -8,9 +8,7 @@
 namespace dyngrad::cuda {
 
 namespace {
-[[noreturn]] void unavailable(const char* what) {
-    throw DeviceError(str(what, ": this build of dyngrad has no CUDA backend (configure with -DDYNGRAD_CUDA=ON)"));
-}
+[[noreturn]] void unavailable(const char* what) { throw_not_built(what, kNoCudaBackend); }
 }  // namespace
 
 StepTable::StepTable(int device) : device_(device), copied_{StreamEvent(device), StreamEvent(device)} {}
