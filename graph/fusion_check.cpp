@@ -88,7 +88,6 @@ void compare(const OpDef& def, const std::string& key, const std::string& pass, 
 
 void set_fusion_check(bool on) { g_enabled.store(on, std::memory_order_relaxed); }
 bool fusion_check_enabled() { return g_enabled.load(std::memory_order_relaxed); }
-const UnfusedComposition* unfused_composition(OpType op) { return op_def(op).unfused; }
 
 std::vector<FusionCheckResult> fusion_check_results() {
     FusionCheckRegistry& r = fusion_check_registry();

@@ -47,7 +47,6 @@ struct UnfusedComposition {
     bool (*applies)(std::span<const Tensor> inputs, const OpAttrs& attrs);
     Var (*compose)(std::span<const Var> inputs, const OpAttrs& attrs);
 };
-const UnfusedComposition* unfused_composition(OpType op);  // op_def(op).unfused; nullptr: the op fuses nothing
 
 namespace detail {
 // Sets this thread's recording mode and returns the previous one (graph/graph.cpp): the check builds the unfused
