@@ -94,10 +94,14 @@ std::vector<Tensor> concat_backward(const BackwardArgs& args);
 // `op`'s forward kernel of inputs[0]'s backend, run directly (no checks, nothing saved): for a backward that is
 // another (or its own) op's forward (ops/op_table.cpp).
 Tensor backend_forward(OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs, const OutputSpec& out);
-// scatter_add's backward: gather's forward on dy (ops/indexing.cpp). Every backend.
-std::vector<Tensor> scatter_add_backward(const BackwardArgs& args);
 // dropout's backward: dropout's forward on dy with the node's seed (ops/dropout.cpp). Every backend.
 std::vector<Tensor> dropout_backward(const BackwardArgs& args);
+// embedding and index_select: row copies and additions (select_rows, add_selected_rows) on the inputs' backend.
+// Every backend (ops/indexing.cpp).
+Tensor embedding_forward(const ForwardArgs& args);
+std::vector<Tensor> embedding_backward(const BackwardArgs& args);
+Tensor index_select_forward(const ForwardArgs& args);
+std::vector<Tensor> index_select_backward(const BackwardArgs& args);
 
 // softmax / log_softmax around their axis (ops/elementwise.cpp), shared by both backends. The backward's dx is
 // allocated like x, undefined when x needs no gradient; nothing to compute when it is undefined or empty.
@@ -122,6 +126,12 @@ struct IndexedWalk {
     std::int64_t axis_size = 1;  // valid indices: [0, axis_size)
 };
 IndexedWalk indexed_walk(const Shape& indexed, const Shape& index, int axis);
+// gather and scatter_add: element copies and additions (gather_elements, add_elements) on the inputs' backend;
+// scatter_add's backward is gather's forward on dy. Every backend.
+Tensor gather_forward(const ForwardArgs& args);
+std::vector<Tensor> gather_backward(const BackwardArgs& args);
+Tensor scatter_add_forward(const ForwardArgs& args);
+std::vector<Tensor> scatter_add_backward(const BackwardArgs& args);
 
 // Sorting and sampling (ops/sampling.cpp), shared by both backends: x seen around `axis` (a rank-0 x as one line
 // of one element), and the words for a multinomial row's problem (math::WeightProblem, ops/sampling_math.h).
@@ -164,6 +174,14 @@ struct FusedSeedDraw {
 // Installs `draw` for this thread's next dropout forward (null: none); returns the previous one.
 FusedSeedDraw* set_fused_seed_draw(FusedSeedDraw* draw);
 }  // namespace cuda
+#endif
+
+// `call`, a primitive both backends declare (ops/kernel_entry_points.inc), on `tensor`'s backend: what the ops
+// written once for every backend (transpose, narrow, embedding, …) are made of.
+#if DYNGRAD_WITH_CUDA
+#define DG_ON_BACKEND_OF(tensor, call) ((tensor).device().is_cuda() ? cuda::call : cpu::call)
+#else
+#define DG_ON_BACKEND_OF(tensor, call) cpu::call
 #endif
 
 // The backend dispatch of the engine's helpers (sum_to, accumulate_into) is declared in graph/backend.h.

@@ -26,18 +26,15 @@ constexpr AutocastPolicy kFollow = AutocastPolicy::Follow;
 
 #if DYNGRAD_WITH_CUDA
 #define DG_CUDA_KERNELS(forward, backward) BackendKernels{cuda::forward, cuda::backward}
-// A CUDA forward with a backward shared by every backend (in namespace dyngrad).
-#define DG_CUDA_KERNELS_FORWARD(forward, backward) BackendKernels{cuda::forward, backward}
 // Kernels written once for every backend (in namespace dyngrad), on top of per-backend primitives.
 #define DG_CUDA_KERNELS_SHARED(forward, backward) BackendKernels{forward, backward}
 // CUDA kernels that take bf16/f16 themselves (BackendKernels::native_reduced): no conversion through f32.
 #define DG_CUDA_KERNELS_NATIVE(forward, backward) BackendKernels{cuda::forward, cuda::backward, true}
+// A native CUDA forward with a backward shared by every backend (in namespace dyngrad).
 #define DG_CUDA_KERNELS_FORWARD_NATIVE(forward, backward) BackendKernels{cuda::forward, backward, true}
 #define DG_CUDA_KERNELS_SHARED_NATIVE(forward, backward) BackendKernels{forward, backward, true}
 #else
 #define DG_CUDA_KERNELS(forward, backward) \
-    BackendKernels {}
-#define DG_CUDA_KERNELS_FORWARD(forward, backward) \
     BackendKernels {}
 #define DG_CUDA_KERNELS_SHARED(forward, backward) \
     BackendKernels {}
@@ -287,20 +284,19 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::Expand, "expand", 1, infer::expand, {expand_forward, expand_backward, true},
      DG_CUDA_KERNELS_SHARED_NATIVE(expand_forward, expand_backward), expand_cases,
      reads("shape"), kFollow, "x.expand(shape)", 0, true, 0, nullptr, expand_differentiable_backward},
-    {OpType::Embedding, "embedding", 2, infer::embedding, {cpu::embedding_forward, cpu::embedding_backward},
-     DG_CUDA_KERNELS(embedding_forward, embedding_backward), embedding_cases,
+    {OpType::Embedding, "embedding", 2, infer::embedding, {embedding_forward, embedding_backward},
+     DG_CUDA_KERNELS_SHARED(embedding_forward, embedding_backward), embedding_cases,
      reads("padding_idx"), kFollow,
      "torch.nn.functional.embedding(indices, weight, padding_idx=padding_idx)", 0, true, 0, nullptr, embedding_differentiable_backward,
      nullptr, embedding_arguments},
-    {OpType::Gather, "gather", 2, infer::gather, {cpu::gather_forward, cpu::gather_backward},
-     DG_CUDA_KERNELS(gather_forward, gather_backward), gather_cases,
+    {OpType::Gather, "gather", 2, infer::gather, {gather_forward, gather_backward},
+     DG_CUDA_KERNELS_SHARED(gather_forward, gather_backward), gather_cases,
      reads("axis"), kFollow, "torch.gather(x, axis, index)", 0, true, 0, nullptr, gather_differentiable_backward},
-    {OpType::IndexSelect, "index_select", 2, infer::index_select,
-     {cpu::index_select_forward, cpu::index_select_backward},
-     DG_CUDA_KERNELS(index_select_forward, index_select_backward), index_select_cases,
+    {OpType::IndexSelect, "index_select", 2, infer::index_select, {index_select_forward, index_select_backward},
+     DG_CUDA_KERNELS_SHARED(index_select_forward, index_select_backward), index_select_cases,
      reads("axis"), kFollow, "torch.index_select(x, axis, index)", 0, true, 0, nullptr, index_select_differentiable_backward},
-    {OpType::ScatterAdd, "scatter_add", 3, infer::scatter_add, {cpu::scatter_add_forward, scatter_add_backward},
-     DG_CUDA_KERNELS_FORWARD(scatter_add_forward, scatter_add_backward), scatter_add_cases,
+    {OpType::ScatterAdd, "scatter_add", 3, infer::scatter_add, {scatter_add_forward, scatter_add_backward},
+     DG_CUDA_KERNELS_SHARED(scatter_add_forward, scatter_add_backward), scatter_add_cases,
      reads("axis"), kFollow, "torch.scatter_add(x, axis, index, src)", 0, true, 0, nullptr, scatter_add_differentiable_backward},
     {OpType::Where, "where", 3, infer::where, kCpuSelect, kCudaSelect, where_cases,
      kNoAttrs, kFollow, "torch.where(condition != 0, a, b)", 0, true, 0, nullptr, select_differentiable_backward},
