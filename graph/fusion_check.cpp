@@ -3,22 +3,16 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <set>
 
+#include "dyngrad/core/environment.h"
 #include "dyngrad/graph/backend.h"
 
 namespace dyngrad {
 namespace {
 
-bool enabled_from_environment() {
-    const char* value = std::getenv("DYNGRAD_CHECK_FUSIONS");
-    return value != nullptr && std::strcmp(value, "1") == 0;
-}
-
-std::atomic<bool> g_enabled{enabled_from_environment()};
+std::atomic<bool> g_enabled{environment("DYNGRAD_CHECK_FUSIONS") == "1"};
 
 struct FusionCheckRegistry {
     std::mutex mutex;

@@ -7,34 +7,29 @@
 #include <array>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
-#include <string_view>
 
+#include "dyngrad/core/environment.h"
 #include "dyngrad/graph/fusion_check.h"
 #include "dyngrad/ops/attention_geometry.h"
 #include "dyngrad/ops/cpu_parallel.h"
 #include "dyngrad/ops/differentiable_backward.h"
+#include "dyngrad/ops/dropout_mask.h"
 #include "dyngrad/ops/eigen_maps.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/indexing.h"
+#include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/layout.h"
 #include "dyngrad/ops/linalg.h"
-#include "dyngrad/ops/dropout_mask.h"
-#include "dyngrad/ops/kernels.h"
 
 namespace dyngrad {
 
 namespace {
 
-AttentionGpuPath initial_gpu_path() {
-    const char* simt = std::getenv("DYNGRAD_ATTENTION_SIMT");
-    return simt && std::string_view(simt) == "1" ? AttentionGpuPath::simt : AttentionGpuPath::tensor_cores;
-}
-
 // Read by every GPU launch, set from any thread: atomic.
 std::atomic<AttentionGpuPath>& gpu_path() {
-    static std::atomic<AttentionGpuPath> path{initial_gpu_path()};
+    static std::atomic<AttentionGpuPath> path{
+        environment("DYNGRAD_ATTENTION_SIMT") == "1" ? AttentionGpuPath::simt : AttentionGpuPath::tensor_cores};
     return path;
 }
 
@@ -52,13 +47,8 @@ bool attention_uses_tensor_cores() {
 
 namespace {
 
-bool initial_cudnn_enabled() {
-    const char* value = std::getenv("DYNGRAD_ATTENTION_CUDNN");
-    return !(value && std::string_view(value) == "0");
-}
-
 std::atomic<bool>& cudnn_enabled() {
-    static std::atomic<bool> enabled{initial_cudnn_enabled()};
+    static std::atomic<bool> enabled{environment("DYNGRAD_ATTENTION_CUDNN") != "0"};
     return enabled;
 }
 

@@ -14,20 +14,20 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <mutex>
 #include <string_view>
 #include <vector>
 
 #include "dyngrad/core/checked.h"
+#include "dyngrad/core/environment.h"
 #include "dyngrad/ops/cpu_parallel.h"
 #include "dyngrad/ops/differentiable_backward.h"
 #include "dyngrad/ops/eigen_maps.h"
 #include "dyngrad/ops/elementwise.h"
-#include "dyngrad/ops/layout.h"
-#include "dyngrad/ops/linalg.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/layout.h"
+#include "dyngrad/ops/linalg.h"
 
 namespace dyngrad {
 
@@ -321,8 +321,7 @@ std::vector<Tensor> conv2d_backward(const BackwardArgs& args) {
 namespace dyngrad {
 namespace {
 ConvGraphMode initial_conv_graph_mode() {
-    const char* value = std::getenv("DYNGRAD_CONV_GRAPH");
-    const std::string_view mode = value ? value : "";
+    const std::string_view mode = environment("DYNGRAD_CONV_GRAPH");
     return mode == "0" ? ConvGraphMode::Off : mode == "force" ? ConvGraphMode::Force : ConvGraphMode::Auto;
 }
 

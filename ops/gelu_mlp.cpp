@@ -3,10 +3,10 @@
 // check's and create_graph's). GPU: ops/linalg.cu, where cuBLASLt's GELU epilogues take the GELU kernels' place.
 #include <array>
 #include <atomic>
-#include <cstdlib>
 #include <string_view>
 #include <vector>
 
+#include "dyngrad/core/environment.h"
 #include "dyngrad/graph/fusion_check.h"
 #include "dyngrad/ops/differentiable_backward.h"
 #include "dyngrad/ops/elementwise.h"
@@ -19,8 +19,7 @@ namespace dyngrad {
 namespace {
 
 GeluMlpEpilogues initial_epilogues() {
-    const char* value = std::getenv("DYNGRAD_GELU_MLP_EPILOGUES");
-    const std::string_view text = value ? value : "";
+    const std::string_view text = environment("DYNGRAD_GELU_MLP_EPILOGUES");
     if (text == "none") return GeluMlpEpilogues::none;
     if (text == "forward") return GeluMlpEpilogues::forward;
     return GeluMlpEpilogues::all;
