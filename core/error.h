@@ -58,6 +58,6 @@ namespace dyngrad {
 [[noreturn]] void rethrow_with_context(const std::string& context);
 
 // Throws DeviceError "<what>: this build of dyngrad has no <missing>": the stubs of a build without CUDA or NCCL.
-[[noreturn]] void throw_not_built(const std::string& what, const char* missing);
-inline constexpr const char* kNoCudaBackend = "CUDA backend (configure with -DDYNGRAD_CUDA=ON)";
+[[noreturn]] void throw_not_built(const std::string& what,
+                                  const char* missing = "CUDA backend (configure with -DDYNGRAD_CUDA=ON)");
 }  // namespace dyngrad
