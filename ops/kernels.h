@@ -136,6 +136,10 @@ std::vector<Tensor> scatter_add_backward(const BackwardArgs& args);
 // Sorting and sampling (ops/sampling.cpp), shared by both backends: x seen around `axis` (a rank-0 x as one line
 // of one element), and the words for a multinomial row's problem (math::WeightProblem, ops/sampling_math.h).
 AxisSplit sampling_split(const Tensor& x, std::int64_t axis);
+// cumsum and argsort/topk_indices: running_sums and sort_lines on the input's backend. Every backend.
+Tensor cumsum_forward(const ForwardArgs& args);
+std::vector<Tensor> cumsum_backward(const BackwardArgs& args);
+Tensor sort_indices_forward(const ForwardArgs& args);
 struct WeightRows {  // multinomial's probs, (C) or (N, C), as rows of categories
     std::int64_t rows = 1, categories = 1;
 };

@@ -75,16 +75,15 @@ constexpr BackendKernels kCudaRowNorm = DG_CUDA_KERNELS_NATIVE(row_norm_forward,
 // Not differentiable (OpDef::differentiable = false): forward kernels only.
 constexpr BackendKernels kCpuCompare{cpu::binary_forward, nullptr};
 constexpr BackendKernels kArgReduce{arg_reduce_forward, nullptr};  // every backend, through max's kernels
-constexpr BackendKernels kCpuSortIndices{cpu::sort_indices_forward, nullptr};
+constexpr BackendKernels kSortIndices{sort_indices_forward, nullptr};  // every backend, through sort_lines
+constexpr BackendKernels kSortIndicesCuda = DG_CUDA_KERNELS_SHARED(sort_indices_forward, nullptr);
 #if DYNGRAD_WITH_CUDA
 constexpr BackendKernels kCudaCompare{cuda::binary_forward, nullptr, true};
 constexpr BackendKernels kCudaArgReduce{arg_reduce_forward, nullptr, true};  // neg and max: native on the GPU
-constexpr BackendKernels kCudaSortIndices{cuda::sort_indices_forward, nullptr};
 constexpr BackendKernels kCudaMultinomial{cuda::multinomial_forward, nullptr};
 #else
 constexpr BackendKernels kCudaCompare{};
 constexpr BackendKernels kCudaArgReduce{};
-constexpr BackendKernels kCudaSortIndices{};
 constexpr BackendKernels kCudaMultinomial{};
 #endif
 constexpr bool kNotDifferentiable = false;
@@ -333,13 +332,13 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      /*optional_inputs=*/2, true, 0, nullptr, rnn_differentiable_backward, nullptr, rnn_arguments},
     // sorting and sampling (ops/sampling.h): the indices ops are not differentiable (sort's and topk's values are
     // gather(x, axis, indices)); cumsum runs in f32 under autocast, as PyTorch's
-    {OpType::Cumsum, "cumsum", 1, infer::cumsum, {cpu::cumsum_forward, cpu::cumsum_backward},
-     DG_CUDA_KERNELS(cumsum_forward, cumsum_backward), cumsum_cases,
+    {OpType::Cumsum, "cumsum", 1, infer::cumsum, {cumsum_forward, cumsum_backward},
+     DG_CUDA_KERNELS_SHARED(cumsum_forward, cumsum_backward), cumsum_cases,
      reads("axis"), kFloat32, "torch.cumsum(x, dim=axis)", 0, true, 0, nullptr, cumsum_differentiable_backward},
-    {OpType::ArgSort, "argsort", 1, infer::sort_indices, kCpuSortIndices, kCudaSortIndices, argsort_cases,
+    {OpType::ArgSort, "argsort", 1, infer::sort_indices, kSortIndices, kSortIndicesCuda, argsort_cases,
      reads("axis", "descending"), kFollow, "torch.argsort(x, dim=axis, descending=descending, stable=True)", 0,
      kNotDifferentiable},
-    {OpType::TopKIndices, "topk_indices", 1, infer::sort_indices, kCpuSortIndices, kCudaSortIndices,
+    {OpType::TopKIndices, "topk_indices", 1, infer::sort_indices, kSortIndices, kSortIndicesCuda,
      topk_indices_cases, reads("axis", "descending", "length"), kFollow,
      "torch.topk(x, k=length, dim=axis, largest=descending).indices", 0, kNotDifferentiable},
     {OpType::Multinomial, "multinomial", 1, infer::multinomial, {cpu::multinomial_forward, nullptr}, kCudaMultinomial,
