@@ -24,27 +24,20 @@ constexpr AutocastPolicy kReduced = AutocastPolicy::Reduced;
 constexpr AutocastPolicy kFloat32 = AutocastPolicy::Float32;
 constexpr AutocastPolicy kFollow = AutocastPolicy::Follow;
 
+// A row's CUDA kernels: `...` in a build with CUDA, none without (where its cuda:: names do not exist).
 #if DYNGRAD_WITH_CUDA
-#define DG_CUDA_KERNELS(forward, backward) BackendKernels{cuda::forward, cuda::backward}
-// Kernels written once for every backend (in namespace dyngrad), on top of per-backend primitives.
-#define DG_CUDA_KERNELS_SHARED(forward, backward) BackendKernels{forward, backward}
-// CUDA kernels that take bf16/f16 themselves (BackendKernels::native_reduced): no conversion through f32.
-#define DG_CUDA_KERNELS_NATIVE(forward, backward) BackendKernels{cuda::forward, cuda::backward, true}
-// A native CUDA forward with a backward shared by every backend (in namespace dyngrad).
-#define DG_CUDA_KERNELS_FORWARD_NATIVE(forward, backward) BackendKernels{cuda::forward, backward, true}
-#define DG_CUDA_KERNELS_SHARED_NATIVE(forward, backward) BackendKernels{forward, backward, true}
+#define DG_IF_CUDA(...) __VA_ARGS__
 #else
-#define DG_CUDA_KERNELS(forward, backward) \
-    BackendKernels {}
-#define DG_CUDA_KERNELS_SHARED(forward, backward) \
-    BackendKernels {}
-#define DG_CUDA_KERNELS_NATIVE(forward, backward) \
-    BackendKernels {}
-#define DG_CUDA_KERNELS_FORWARD_NATIVE(forward, backward) \
-    BackendKernels {}
-#define DG_CUDA_KERNELS_SHARED_NATIVE(forward, backward) \
-    BackendKernels {}
+#define DG_IF_CUDA(...) BackendKernels{}
 #endif
+#define DG_CUDA_KERNELS(forward, backward) DG_IF_CUDA(BackendKernels{cuda::forward, cuda::backward})
+// Kernels written once for every backend (in namespace dyngrad), on top of per-backend primitives.
+#define DG_CUDA_KERNELS_SHARED(forward, backward) DG_IF_CUDA(BackendKernels{forward, backward})
+// CUDA kernels that take bf16/f16 themselves (BackendKernels::native_reduced): no conversion through f32.
+#define DG_CUDA_KERNELS_NATIVE(forward, backward) DG_IF_CUDA(BackendKernels{cuda::forward, cuda::backward, true})
+// A native CUDA forward with a backward shared by every backend (in namespace dyngrad).
+#define DG_CUDA_KERNELS_FORWARD_NATIVE(forward, backward) DG_IF_CUDA(BackendKernels{cuda::forward, backward, true})
+#define DG_CUDA_KERNELS_SHARED_NATIVE(forward, backward) DG_IF_CUDA(BackendKernels{forward, backward, true})
 
 constexpr BackendKernels kCpuUnary{cpu::unary_forward, cpu::unary_backward};
 constexpr BackendKernels kCpuBinary{cpu::binary_forward, cpu::binary_backward};
@@ -77,23 +70,14 @@ constexpr BackendKernels kCpuCompare{cpu::binary_forward, nullptr};
 constexpr BackendKernels kArgReduce{arg_reduce_forward, nullptr};  // every backend, through max's kernels
 constexpr BackendKernels kSortIndices{sort_indices_forward, nullptr};  // every backend, through sort_lines
 constexpr BackendKernels kSortIndicesCuda = DG_CUDA_KERNELS_SHARED(sort_indices_forward, nullptr);
-#if DYNGRAD_WITH_CUDA
-constexpr BackendKernels kCudaCompare{cuda::binary_forward, nullptr, true};
-constexpr BackendKernels kCudaArgReduce{arg_reduce_forward, nullptr, true};  // neg and max: native on the GPU
-constexpr BackendKernels kCudaMultinomial{cuda::multinomial_forward, nullptr};
-#else
-constexpr BackendKernels kCudaCompare{};
-constexpr BackendKernels kCudaArgReduce{};
-constexpr BackendKernels kCudaMultinomial{};
-#endif
+constexpr BackendKernels kCudaCompare = DG_IF_CUDA(BackendKernels{cuda::binary_forward, nullptr, true});
+// neg and max: native on the GPU
+constexpr BackendKernels kCudaArgReduce = DG_CUDA_KERNELS_SHARED_NATIVE(arg_reduce_forward, nullptr);
+constexpr BackendKernels kCudaMultinomial = DG_IF_CUDA(BackendKernels{cuda::multinomial_forward, nullptr});
 constexpr bool kNotDifferentiable = false;
 // narrow: byte copies on every backend; its backward adds into the gradient so far in place (graph/op_def.h)
 constexpr BackendKernels kNarrow{narrow_forward, narrow_backward, true, /*accumulates_in_place=*/true};
-#if DYNGRAD_WITH_CUDA
-constexpr BackendKernels kCudaNarrow = kNarrow;
-#else
-constexpr BackendKernels kCudaNarrow{};
-#endif
+constexpr BackendKernels kCudaNarrow = DG_IF_CUDA(kNarrow);
 
 constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::Leaf, "leaf", 0, nullptr, {}, {}, no_cases,
