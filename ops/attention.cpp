@@ -151,9 +151,7 @@ OutputSpec scaled_dot_product_attention(OpType, std::span<const Tensor> inputs, 
     static constexpr const char* kRoles[] = {"q", "k", "v", "mask"};
     const Tensor& q = inputs[0];
     require_float(q, "q");
-    for (std::size_t i = 1; i < inputs.size(); ++i)
-        if (inputs[i].dtype() != q.dtype())
-            throw DTypeError(str(kRoles[i], " is ", dtype_name(inputs[i].dtype()), " but q is ", dtype_name(q.dtype())));
+    for (std::size_t i = 1; i < inputs.size(); ++i) require_same_dtype(inputs[i], kRoles[i], q, "q");
     for (std::size_t i = 0; i < 3; ++i)
         if (inputs[i].rank() != 4)
             throw ShapeError(str(kRoles[i], " must be (B, H, ", i == 0 ? "T" : "S", ", D), got ",

@@ -93,10 +93,7 @@ OutputSpec conv2d(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) 
     const Tensor& x = inputs[0];
     const Tensor& weight = inputs[1];
     require_float(x, "x");
-    for (std::size_t i = 1; i < inputs.size(); ++i)
-        if (inputs[i].dtype() != x.dtype())
-            throw DTypeError(str("x is ", dtype_name(x.dtype()), " but ", i == 1 ? "weight" : "bias", " is ",
-                                 dtype_name(inputs[i].dtype())));
+    for (std::size_t i = 1; i < inputs.size(); ++i) require_same_dtype(x, "x", inputs[i], i == 1 ? "weight" : "bias");
     if (x.rank() != 4 || weight.rank() != 4)
         throw ShapeError(str("expects x (N,C,H,W) and weight (K,C/groups,R,S), got ", to_string(x.shape()), " and ",
                              to_string(weight.shape())));

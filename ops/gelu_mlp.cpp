@@ -70,9 +70,7 @@ OutputSpec gelu_mlp(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs
     static constexpr const char* kRoles[] = {"x", "w1", "b1", "w2", "b2"};
     const Tensor& x = inputs[0];
     require_float(x, "x");
-    for (std::size_t i = 1; i < 5; ++i)
-        if (inputs[i].dtype() != x.dtype())
-            throw DTypeError(str(kRoles[i], " is ", dtype_name(inputs[i].dtype()), " but x is ", dtype_name(x.dtype())));
+    for (std::size_t i = 1; i < 5; ++i) require_same_dtype(inputs[i], kRoles[i], x, "x");
     const auto shapes = [&] {
         std::string text;
         for (std::size_t i = 0; i < 5; ++i) text += str(i ? ", " : "", kRoles[i], " ", to_string(inputs[i].shape()));

@@ -32,19 +32,9 @@ void embedding_arguments(OpCall& call) {
 
 namespace {
 
-void require_indices(const Tensor& index, const char* role) {
-    if (index.dtype() != DType::i64) throw DTypeError(str(role, " must be int64, got ", dtype_name(index.dtype())));
-}
-
-void require_same_dtype(const Tensor& t, const char* role, const Tensor& first, const char* first_role) {
-    if (t.dtype() != first.dtype())
-        throw DTypeError(str(role, " is ", dtype_name(t.dtype()), " but ", first_role, " is ",
-                             dtype_name(first.dtype()), " (one float dtype for all)"));
-}
-
 // gather / scatter_add: index of the indexed tensor's rank, no larger than it outside `axis`.
 int check_indexed(const Tensor& indexed, const char* indexed_role, const Tensor& index, std::int64_t axis_attr) {
-    require_indices(index, "index");
+    require_int64(index, "index");
     require_strided_rank(indexed.shape(), indexed_role);
     if (index.rank() != indexed.rank())
         throw ShapeError(str("index ", to_string(index.shape()), " has rank ", index.rank(), " but ", indexed_role, " ",
@@ -66,7 +56,7 @@ OutputSpec embedding(OpType, std::span<const Tensor> inputs, const OpAttrs& attr
     const Tensor& weight = inputs[0];
     const Tensor& indices = inputs[1];
     require_float(weight, "weight");
-    require_indices(indices, "indices");
+    require_int64(indices, "indices");
     if (weight.rank() != 2)
         throw ShapeError(str("weight must be 2-D (num_embeddings, embedding_dim), got ", to_string(weight.shape())));
     if (attrs.padding_idx < -1 || attrs.padding_idx >= weight.shape()[0])
@@ -88,7 +78,7 @@ OutputSpec gather(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) 
 OutputSpec index_select(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
     const Tensor& x = inputs[0];
     const Tensor& index = inputs[1];
-    require_indices(index, "index");
+    require_int64(index, "index");
     if (index.rank() != 1) throw ShapeError(str("index must be 1-D, got ", to_string(index.shape())));
     Shape shape = x.shape();
     shape[normalize_axis(attrs.axis, x.rank())] = index.numel();

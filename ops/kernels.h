@@ -18,6 +18,16 @@ inline void require_float(const Tensor& t, const char* role) {
     if (!is_floating(t.dtype()))
         throw DTypeError(str(role, " must be float32 or float64, got ", dtype_name(t.dtype())));
 }
+// An index or label operand: DTypeError "<role> must be int64, got float32".
+inline void require_int64(const Tensor& t, const char* role) {
+    if (t.dtype() != DType::i64) throw DTypeError(str(role, " must be int64, got ", dtype_name(t.dtype())));
+}
+// The operands' agreement: DTypeError "<role> is float64 but <reference_role> is float32".
+inline void require_same_dtype(const Tensor& t, const char* role, const Tensor& reference, const char* reference_role) {
+    if (t.dtype() != reference.dtype())
+        throw DTypeError(str(role, " is ", dtype_name(t.dtype()), " but ", reference_role, " is ",
+                             dtype_name(reference.dtype())));
+}
 
 // Shape/dtype rules (ops/<family>.cpp). They throw ShapeError/DTypeError with a short message; the
 // engine adds the op, node and input descriptions.

@@ -135,9 +135,8 @@ OutputSpec linear_cross_entropy(OpType, std::span<const Tensor> inputs, const Op
     const Tensor& weight = inputs[1];
     const Tensor& labels = inputs[2];
     require_float(x, "x");
-    if (weight.dtype() != x.dtype())
-        throw DTypeError(str("weight is ", dtype_name(weight.dtype()), " but x is ", dtype_name(x.dtype())));
-    if (labels.dtype() != DType::i64) throw DTypeError(str("labels must be int64, got ", dtype_name(labels.dtype())));
+    require_same_dtype(weight, "weight", x, "x");
+    require_int64(labels, "labels");
     if (x.rank() != 2) throw ShapeError(str("x must be (N,E), got ", to_string(x.shape())));
     if (weight.rank() != 2) throw ShapeError(str("weight must be (V,E), got ", to_string(weight.shape())));
     if (weight.size(1) != x.size(1))

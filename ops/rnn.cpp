@@ -283,9 +283,7 @@ OutputSpec rnn(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
         throw ShapeError(str("x (T,N,I) needs at least one step and one sequence, got shape ", to_string(x.shape())));
     const RnnDims d(attrs.rnn_mode, options, x.size(0), x.size(1), x.size(2));
     const char* roles[] = {"x", "w", "h0", "c0"};
-    for (std::size_t i = 1; i < inputs.size(); ++i)
-        if (inputs[i].dtype() != x.dtype())
-            throw DTypeError(str(roles[i], " is ", dtype_name(inputs[i].dtype()), " but x is ", dtype_name(x.dtype())));
+    for (std::size_t i = 1; i < inputs.size(); ++i) require_same_dtype(inputs[i], roles[i], x, "x");
     if (w.rank() != 1 || w.numel() != d.weight_size()) {
         // Only layer 0's W_ih depends on the input size I, so weight_size is const + per_feature·I: a weight
         // made for another I means x has the wrong number of features, not that w is wrong.
