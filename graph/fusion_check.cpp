@@ -102,7 +102,7 @@ void check_fused_forward(const OpDef& def, OpType op, std::span<const Tensor> in
                          const Tensor& output) {
     if (inputs.empty()) return;
     const UnfusedComposition* unfused = def.unfused;
-    if (unfused == nullptr || !unfused->applies(inputs, attrs)) return;
+    if (unfused == nullptr || (unfused->applies && !unfused->applies(inputs, attrs))) return;
     const std::string key = key_of(def, inputs, attrs);
     if (!first_use("forward", key)) return;
     const NoGradGuard no_history;
@@ -116,7 +116,7 @@ void check_fused_backward(const OpDef& def, OpType op, std::span<const Tensor> i
                           const Tensor& grad_output, std::span<const Tensor> grads, std::span<const bool> needs_grad) {
     if (inputs.empty()) return;
     const UnfusedComposition* unfused = def.unfused;
-    if (unfused == nullptr || !unfused->applies(inputs, attrs)) return;
+    if (unfused == nullptr || (unfused->applies && !unfused->applies(inputs, attrs))) return;
     const std::string key = key_of(def, inputs, attrs);
     if (!first_use("backward", key)) return;
     struct Recording {

@@ -443,8 +443,6 @@ Var qkv_attention_composition(std::span<const Var> in, const OpAttrs& attrs) {
     return reshape(permute(y, {0, 2, 1, 3}), {B, T, H * D});
 }
 
-bool qkv_attention_applies(std::span<const Tensor>, const OpAttrs&) { return true; }
-
 }  // namespace
 
 std::vector<Var> qkv_attention_differentiable_backward(const DiffBackwardArgs& args) {
@@ -453,7 +451,7 @@ std::vector<Var> qkv_attention_differentiable_backward(const DiffBackwardArgs& a
 }
 
 namespace unfused {
-const UnfusedComposition qkv_attention{qkv_attention_applies, qkv_attention_composition};
+const UnfusedComposition qkv_attention{qkv_attention_composition};
 }  // namespace unfused
 
 }  // namespace dyngrad

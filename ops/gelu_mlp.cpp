@@ -142,8 +142,6 @@ Var gelu_mlp_composition(std::span<const Var> in, const OpAttrs& attrs) {
     return linear(gelu(linear(in[0], in[1], in[2]), attrs.gelu_approximation), in[3], in[4]);
 }
 
-bool gelu_mlp_applies(std::span<const Tensor>, const OpAttrs&) { return true; }
-
 }  // namespace
 
 std::vector<Var> gelu_mlp_differentiable_backward(const DiffBackwardArgs& args) {
@@ -152,7 +150,7 @@ std::vector<Var> gelu_mlp_differentiable_backward(const DiffBackwardArgs& args) 
 }
 
 namespace unfused {
-const UnfusedComposition gelu_mlp{gelu_mlp_applies, gelu_mlp_composition};
+const UnfusedComposition gelu_mlp{gelu_mlp_composition};
 }  // namespace unfused
 
 }  // namespace dyngrad

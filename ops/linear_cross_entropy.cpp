@@ -111,8 +111,6 @@ Var linear_cross_entropy_composition(std::span<const Var> in, const OpAttrs& att
     return cross_entropy(logits, in[2], options);
 }
 
-bool linear_cross_entropy_applies(std::span<const Tensor>, const OpAttrs&) { return true; }
-
 }  // namespace
 
 std::vector<Var> linear_cross_entropy_differentiable_backward(const DiffBackwardArgs& args) {
@@ -121,7 +119,7 @@ std::vector<Var> linear_cross_entropy_differentiable_backward(const DiffBackward
 }
 
 namespace unfused {
-const UnfusedComposition linear_cross_entropy{linear_cross_entropy_applies, linear_cross_entropy_composition};
+const UnfusedComposition linear_cross_entropy{linear_cross_entropy_composition};
 }  // namespace unfused
 
 namespace infer {
