@@ -283,12 +283,9 @@ void add_selected_rows(const Tensor& dy, const Tensor& index, const AxisSplit& s
 }
 
 void gather_elements(const Tensor& x, const Tensor& index, const IndexedWalk& walk, const char*, Tensor& y) {
-    if (dtype_size(x.dtype()) == 4)
-        gather_words(static_cast<const std::uint32_t*>(x.raw_data()), index, walk,
-                     static_cast<std::uint32_t*>(y.raw_data()));
-    else
-        gather_words(static_cast<const std::uint64_t*>(x.raw_data()), index, walk,
-                     static_cast<std::uint64_t*>(y.raw_data()));
+    with_element_word(dtype_size(x.dtype()), [&]<typename E>() {
+        gather_words(static_cast<const E*>(x.raw_data()), index, walk, static_cast<E*>(y.raw_data()));
+    });
 }
 
 void add_elements(const Tensor& src, const Tensor& index, const IndexedWalk& walk, const char* what, Tensor& dst) {

@@ -243,14 +243,11 @@ void select_rows(const Tensor& x, const Tensor& index, const AxisSplit& s, const
     const unsigned grid = grid_size(ctx, total, kThreads);
     const IndexCheck check{ctx.error_record_device, what};
     const std::int64_t* idx = index.data<std::int64_t>();
-    if (dtype_size(x.dtype()) == 4)
-        select_rows_kernel<std::uint32_t><<<grid, kThreads, 0, ctx.stream>>>(
-            static_cast<const std::uint32_t*>(x.raw_data()), idx, static_cast<std::uint32_t*>(y.raw_data()), s.outer,
-            s.size, index.numel(), s.inner, check);
-    else
-        select_rows_kernel<std::uint64_t><<<grid, kThreads, 0, ctx.stream>>>(
-            static_cast<const std::uint64_t*>(x.raw_data()), idx, static_cast<std::uint64_t*>(y.raw_data()), s.outer,
-            s.size, index.numel(), s.inner, check);
+    with_element_word(dtype_size(x.dtype()), [&]<typename E>() {
+        select_rows_kernel<E><<<grid, kThreads, 0, ctx.stream>>>(static_cast<const E*>(x.raw_data()), idx,
+                                                                 static_cast<E*>(y.raw_data()), s.outer, s.size,
+                                                                 index.numel(), s.inner, check);
+    });
     DG_CUDA_CHECK_LAUNCH();
 }
 
@@ -261,14 +258,10 @@ void gather_elements(const Tensor& x, const Tensor& index, const IndexedWalk& wa
     const unsigned grid = grid_size(ctx, count, kThreads);
     const IndexCheck check{ctx.error_record_device, what};
     const std::int64_t* idx = index.data<std::int64_t>();
-    if (dtype_size(x.dtype()) == 4)
-        gather_kernel<std::uint32_t><<<grid, kThreads, 0, ctx.stream>>>(
-            static_cast<const std::uint32_t*>(x.raw_data()), idx, static_cast<std::uint32_t*>(y.raw_data()), count,
-            walk, check);
-    else
-        gather_kernel<std::uint64_t><<<grid, kThreads, 0, ctx.stream>>>(
-            static_cast<const std::uint64_t*>(x.raw_data()), idx, static_cast<std::uint64_t*>(y.raw_data()), count,
-            walk, check);
+    with_element_word(dtype_size(x.dtype()), [&]<typename E>() {
+        gather_kernel<E><<<grid, kThreads, 0, ctx.stream>>>(static_cast<const E*>(x.raw_data()), idx,
+                                                            static_cast<E*>(y.raw_data()), count, walk, check);
+    });
     DG_CUDA_CHECK_LAUNCH();
 }
 

@@ -29,6 +29,19 @@ inline void require_same_dtype(const Tensor& t, const char* role, const Tensor& 
                              dtype_name(reference.dtype())));
 }
 
+// Calls fn.template operator()<Word>() with the unsigned word of an element size (2, 4 or 8 bytes): the kernels that
+// move elements without computing on them take every dtype so (bf16/f16 as 2-byte words).
+template <typename Fn>
+void with_element_word(std::size_t element_size, Fn&& fn) {
+    switch (element_size) {
+        case 2: return fn.template operator()<std::uint16_t>();
+        case 4: return fn.template operator()<std::uint32_t>();
+        case 8: return fn.template operator()<std::uint64_t>();
+        default: break;
+    }
+    throw DTypeError(str("elements of ", element_size, " bytes are not supported"));
+}
+
 // Shape/dtype rules (ops/<family>.cpp). They throw ShapeError/DTypeError with a short message; the
 // engine adds the op, node and input descriptions.
 namespace infer {

@@ -388,21 +388,13 @@ void strided_copy(const E* x, E* y, std::int64_t n, const StridedWalk<1>& walk_a
         }
     }
 }
-template <typename E>
-void strided_copy_as(const Tensor& x, Tensor& y, const StridedWalk<1>& walk) {
-    strided_copy(static_cast<const E*>(x.raw_data()), static_cast<E*>(y.raw_data()), y.numel(), walk);
-}
 }  // namespace
 
 void strided_copy(const Tensor& x, Tensor& y, const StridedWalk<1>& walk) {
     // bf16/f16 as 2-byte words (they were copied as 8-byte ones: past the end of both buffers).
-    switch (dtype_size(x.dtype())) {
-        case 2: return strided_copy_as<std::uint16_t>(x, y, walk);
-        case 4: return strided_copy_as<std::uint32_t>(x, y, walk);
-        case 8: return strided_copy_as<std::uint64_t>(x, y, walk);
-        default: break;
-    }
-    throw DTypeError(str("permute/expand: elements of ", dtype_size(x.dtype()), " bytes are not supported"));
+    with_element_word(dtype_size(x.dtype()), [&]<typename E>() {
+        strided_copy(static_cast<const E*>(x.raw_data()), static_cast<E*>(y.raw_data()), y.numel(), walk);
+    });
 }
 
 }  // namespace cpu
