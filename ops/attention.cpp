@@ -445,11 +445,6 @@ Var qkv_attention_composition(std::span<const Var> in, const OpAttrs& attrs) {
 
 }  // namespace
 
-std::vector<Var> qkv_attention_differentiable_backward(const DiffBackwardArgs& args) {
-    return differentiate_composition(args,
-                                     [&](std::span<const Var> in) { return qkv_attention_composition(in, args.attrs); });
-}
-
 namespace unfused {
 const UnfusedComposition qkv_attention{qkv_attention_composition};
 }  // namespace unfused

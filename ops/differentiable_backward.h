@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "dyngrad/graph/fusion_check.h"
 #include "dyngrad/graph/graph.h"
 #include "dyngrad/graph/higher_order.h"
 
@@ -38,16 +39,17 @@ std::vector<Var> scatter_add_differentiable_backward(const DiffBackwardArgs& arg
 std::vector<Var> select_differentiable_backward(const DiffBackwardArgs& args);
 // ops/loss.cpp: every loss, as the composition of its formula
 std::vector<Var> loss_differentiable_backward(const DiffBackwardArgs& args);
-// ops/linear_cross_entropy.cpp: linear + narrow + cross_entropy
-std::vector<Var> linear_cross_entropy_differentiable_backward(const DiffBackwardArgs& args);
 // ops/norm.cpp: layer_norm, rms_norm, batch_norm (training and eval), as compositions
 std::vector<Var> norm_differentiable_backward(const DiffBackwardArgs& args);
 // ops/attention.cpp: scaled_dot_product_attention through its math composition (masks and dropout as constants)
 std::vector<Var> attention_differentiable_backward(const DiffBackwardArgs& args);
-// ops/attention.cpp: qkv_attention through its composition (the layout ops around scaled_dot_product_attention)
-std::vector<Var> qkv_attention_differentiable_backward(const DiffBackwardArgs& args);
-// ops/gelu_mlp.cpp: gelu_mlp through its composition (linear, gelu, linear)
-std::vector<Var> gelu_mlp_differentiable_backward(const DiffBackwardArgs& args);
+// The fused ops whose unfused composition is their math (OpDef::unfused): qkv_attention (the layout ops around
+// scaled_dot_product_attention), gelu_mlp (linear, gelu, linear), linear_cross_entropy (linear, narrow,
+// cross_entropy) through that composition.
+template <const UnfusedComposition& unfused>
+std::vector<Var> unfused_differentiable_backward(const DiffBackwardArgs& args) {
+    return differentiate_composition(args, [&](std::span<const Var> in) { return unfused.compose(in, args.attrs); });
+}
 // ops/pool.cpp: max_pool2d, avg_pool2d as compositions (index_select of the windows, then max / a masked mean)
 std::vector<Var> pool_differentiable_backward(const DiffBackwardArgs& args);
 // ops/conv.cpp: conv2d as a composition (the windows, then one batched matmul per group, bias, ReLU)

@@ -144,11 +144,6 @@ Var gelu_mlp_composition(std::span<const Var> in, const OpAttrs& attrs) {
 
 }  // namespace
 
-std::vector<Var> gelu_mlp_differentiable_backward(const DiffBackwardArgs& args) {
-    return differentiate_composition(args,
-                                     [&](std::span<const Var> in) { return gelu_mlp_composition(in, args.attrs); });
-}
-
 namespace unfused {
 const UnfusedComposition gelu_mlp{gelu_mlp_composition};
 }  // namespace unfused

@@ -113,11 +113,6 @@ Var linear_cross_entropy_composition(std::span<const Var> in, const OpAttrs& att
 
 }  // namespace
 
-std::vector<Var> linear_cross_entropy_differentiable_backward(const DiffBackwardArgs& args) {
-    return differentiate_composition(
-        args, [&](std::span<const Var> in) { return linear_cross_entropy_composition(in, args.attrs); });
-}
-
 namespace unfused {
 const UnfusedComposition linear_cross_entropy{linear_cross_entropy_composition};
 }  // namespace unfused

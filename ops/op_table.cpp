@@ -220,7 +220,7 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      reads("reduction", "ignore_index", "label_smoothing", "length", "save_for_backward"), kReduced,
      "torch.nn.functional.cross_entropy(torch.nn.functional.linear(x, weight[:length]), labels, "
      "ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing)",
-     0, true, 0, &unfused::linear_cross_entropy, linear_cross_entropy_differentiable_backward, nullptr,
+     0, true, 0, &unfused::linear_cross_entropy, unfused_differentiable_backward<unfused::linear_cross_entropy>, nullptr,
      linear_cross_entropy_arguments},
     {OpType::Conv2d, "conv2d", 3, infer::conv2d, {cpu::conv2d_forward, cpu::conv2d_backward},
      DG_CUDA_KERNELS_NATIVE(conv2d_forward, conv2d_backward), conv2d_cases,
@@ -302,13 +302,13 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      "F.scaled_dot_product_attention(*qkv.view(B, T, 3, num_heads, D).permute(2, 0, 3, 1, 4), "
      "dropout_p=scalar, is_causal=is_causal, scale=attention_scale).transpose(1, 2).reshape(B, T, E), with "
      "dyngrad's keep mask from seed",
-     0, true, 0, &unfused::qkv_attention, qkv_attention_differentiable_backward},
+     0, true, 0, &unfused::qkv_attention, unfused_differentiable_backward<unfused::qkv_attention>},
     // linear(gelu(linear(x, w1, b1)), w2, b2) (ops/linalg.h): GELU in cuBLASLt's epilogues on the GPU; reduced under
     // autocast, as linear.
     {OpType::GeluMlp, "gelu_mlp", 5, infer::gelu_mlp, {cpu::gelu_mlp_forward, cpu::gelu_mlp_backward},
      DG_CUDA_KERNELS_NATIVE(gelu_mlp_forward, gelu_mlp_backward), gelu_mlp_cases, reads("gelu_approximation"), kReduced,
      "F.linear(F.gelu(F.linear(x, w1, b1), approximate=gelu_approximation), w2, b2)", 0, true, 0, &unfused::gelu_mlp,
-     gelu_mlp_differentiable_backward},
+     unfused_differentiable_backward<unfused::gelu_mlp>},
     {OpType::Rnn, "rnn", 4, infer::rnn, {cpu::rnn_forward, cpu::rnn_backward},
      DG_CUDA_KERNELS(rnn_forward, rnn_backward), rnn_cases,
      reads("rnn_mode", "hidden_size", "num_layers", "bidirectional", "save_for_backward"), kFollow,
