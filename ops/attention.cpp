@@ -376,8 +376,6 @@ std::vector<Tensor> qkv_attention_backward(const BackwardArgs& args) {
 
 // ---- Differentiable backward (graph/higher_order.h): attention through its math composition ----
 
-namespace {
-
 // q (B,H,T,D), k, v (B,H,S,D)[, mask]: softmax(q·kᵀ·scale, masked) (∘ dropout factors) · v in primitive ops, on
 // (B·H, ·, ·) slices. Which keys take part (causal, mask) and the dropout factors are constants (the same
 // counter-based masks as the kernels, dropout_factors); a query with no key gets zeros, as the kernels give.
@@ -422,11 +420,6 @@ Var attention_composition(std::span<const Var> in, const OpAttrs& attrs) {
     return reshape(matmul(p, reshape(in[2], {bh, S, D})), {g.batch, g.heads, T, D});
 }
 
-}  // namespace
-
-std::vector<Var> attention_differentiable_backward(const DiffBackwardArgs& args) {
-    return differentiate_composition(args, [&](std::span<const Var> in) { return attention_composition(in, args.attrs); });
-}
 
 // ---- qkv_attention's composition: the fused-kernel check (graph/fusion_check.h) and create_graph ----
 

@@ -60,8 +60,6 @@ ConvDims conv_dims(const Tensor& x, const Tensor& weight, const OpAttrs& attrs, 
 
 // ---- Differentiable backward (graph/higher_order.h): conv2d as a composition ----
 
-namespace {
-
 // x (N,C,H,W), w (K,C/G,R,S)[, b (K)] -> y (N,K,P,Q): the windows of x (zeros in the padding) as columns
 // (G, N·P·Q, C/G·R·S), one batched matmul with w as (G, C/G·R·S, K/G), then the bias and the fused ReLU.
 Var conv2d_composition(std::span<const Var> in, const OpAttrs& a) {
@@ -79,12 +77,6 @@ Var conv2d_composition(std::span<const Var> in, const OpAttrs& a) {
     Var y = permute(reshape(permute(matmul(cols, weights), {1, 0, 2}), {n, p, q, k}), {0, 3, 1, 2});
     if (in.size() >= 3 && in[2].defined()) y = y + reshape(in[2], {1, k, 1, 1});
     return a.activation == Activation::Relu ? relu(y) : y;
-}
-
-}  // namespace
-
-std::vector<Var> conv2d_differentiable_backward(const DiffBackwardArgs& args) {
-    return differentiate_composition(args, [&](std::span<const Var> in) { return conv2d_composition(in, args.attrs); });
 }
 
 namespace infer {

@@ -41,8 +41,8 @@ std::vector<Var> select_differentiable_backward(const DiffBackwardArgs& args);
 std::vector<Var> loss_differentiable_backward(const DiffBackwardArgs& args);
 // ops/norm.cpp: layer_norm, rms_norm, batch_norm (training and eval), as compositions
 std::vector<Var> norm_differentiable_backward(const DiffBackwardArgs& args);
-// ops/attention.cpp: scaled_dot_product_attention through its math composition (masks and dropout as constants)
-std::vector<Var> attention_differentiable_backward(const DiffBackwardArgs& args);
+// ops/attention.cpp: scaled_dot_product_attention's math composition (masks and dropout as constants)
+Var attention_composition(std::span<const Var> in, const OpAttrs& attrs);
 // The fused ops whose unfused composition is their math (OpDef::unfused): qkv_attention (the layout ops around
 // scaled_dot_product_attention), gelu_mlp (linear, gelu, linear), linear_cross_entropy (linear, narrow,
 // cross_entropy) through that composition.
@@ -50,10 +50,15 @@ template <const UnfusedComposition& unfused>
 std::vector<Var> unfused_differentiable_backward(const DiffBackwardArgs& args) {
     return differentiate_composition(args, [&](std::span<const Var> in) { return unfused.compose(in, args.attrs); });
 }
+// The ops written as a composition declared here (attention, conv2d, rnn): `compose` differentiated.
+template <Var (*compose)(std::span<const Var>, const OpAttrs&)>
+std::vector<Var> composition_differentiable_backward(const DiffBackwardArgs& args) {
+    return differentiate_composition(args, [&](std::span<const Var> in) { return compose(in, args.attrs); });
+}
 // ops/pool.cpp: max_pool2d, avg_pool2d as compositions (index_select of the windows, then max / a masked mean)
 std::vector<Var> pool_differentiable_backward(const DiffBackwardArgs& args);
 // ops/conv.cpp: conv2d as a composition (the windows, then one batched matmul per group, bias, ReLU)
-std::vector<Var> conv2d_differentiable_backward(const DiffBackwardArgs& args);
+Var conv2d_composition(std::span<const Var> in, const OpAttrs& attrs);
 // ops/pool.cpp, shared by the pooling and convolution compositions: x (N,C,H,W) -> its windows (N,C,P,Q,kh·kw), as
 // recorded ops; inside (P,Q,kh·kw) is 1 where a window slot lies in the input, 0 in the padding.
 Var sliding_windows(const Var& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
@@ -62,7 +67,7 @@ Var sliding_windows(const Var& x, std::array<std::int64_t, 2> kernel, std::array
 // ops/sampling.cpp: cumsum (sort, topk and multinomial give indices, not differentiable)
 std::vector<Var> cumsum_differentiable_backward(const DiffBackwardArgs& args);
 // ops/rnn.cpp: lstm, gru, rnn_tanh, rnn_relu as compositions (the recurrence unrolled over the time steps)
-std::vector<Var> rnn_differentiable_backward(const DiffBackwardArgs& args);
+Var rnn_composition(std::span<const Var> in, const OpAttrs& attrs);
 // ops/dropout.cpp: the same mask applied to the output gradient
 std::vector<Var> dropout_differentiable_backward(const DiffBackwardArgs& args);
 

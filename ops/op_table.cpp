@@ -226,7 +226,7 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      DG_CUDA_KERNELS_NATIVE(conv2d_forward, conv2d_backward), conv2d_cases,
      reads("stride", "padding", "dilation", "groups", "activation"), kReduced,
      "activation(torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups))",
-     /*optional_inputs=*/1, true, 0, &unfused::conv2d, conv2d_differentiable_backward},
+     /*optional_inputs=*/1, true, 0, &unfused::conv2d, composition_differentiable_backward<conv2d_composition>},
     {OpType::MaxPool2d, "max_pool2d", 1, infer::pool2d, kCpuPool, kCudaPool, pool2d_cases,
      reads("kernel", "stride", "padding"), kFollow, "torch.nn.functional.max_pool2d(x, kernel, stride, padding)", 0, true, 0, nullptr, pool_differentiable_backward,
      nullptr, pool_arguments},
@@ -292,7 +292,7 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      attention_cases, reads("scalar", "seed", "is_causal", "attention_scale"), kReduced,
      "torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask != 0, dropout_p=scalar, "
      "is_causal=is_causal, scale=attention_scale), with dyngrad's keep mask from seed",
-     /*optional_inputs=*/1, true, 0, nullptr, attention_differentiable_backward},
+     /*optional_inputs=*/1, true, 0, nullptr, composition_differentiable_backward<attention_composition>},
     // scaled_dot_product_attention over a packed projection (ops/attention.h): on cuDNN in place, elsewhere the
     // layout copies around the same kernels; its composition is the fused-kernel check's reference.
     {OpType::QkvAttention, "qkv_attention", 1, infer::qkv_attention,
@@ -313,7 +313,8 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      DG_CUDA_KERNELS(rnn_forward, rnn_backward), rnn_cases,
      reads("rnn_mode", "hidden_size", "num_layers", "bidirectional", "save_for_backward"), kFollow,
      "torch.nn.LSTM / GRU / RNN(rnn_mode, hidden_size, num_layers, bidirectional) on the flat cuDNN-ordered weight",
-     /*optional_inputs=*/2, true, 0, nullptr, rnn_differentiable_backward, nullptr, rnn_arguments},
+     /*optional_inputs=*/2, true, 0, nullptr, composition_differentiable_backward<rnn_composition>, nullptr,
+     rnn_arguments},
     // sorting and sampling (ops/sampling.h): the indices ops are not differentiable (sort's and topk's values are
     // gather(x, axis, indices)); cumsum runs in f32 under autocast, as PyTorch's
     {OpType::Cumsum, "cumsum", 1, infer::cumsum, {cumsum_forward, cumsum_backward},

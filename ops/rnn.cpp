@@ -193,8 +193,6 @@ RnnResult rnn_relu(const Var& x, const Var& w, const RnnOptions& options, std::o
 
 // ---- differentiable backward (graph/higher_order.h) ----
 
-namespace {
-
 // The packed [output | h_n | c_n] rebuilt from primitive ops on the node's inputs (x, w[, h0[, c0]]): the
 // recurrence unrolled step by step (ops/rnn.h's equations) with linear, narrow, sigmoid, tanh, relu, mul and add,
 // the weight's blocks as narrow + reshape of w. Zero initial states are constants.
@@ -263,11 +261,6 @@ Var rnn_composition(std::span<const Var> in, const OpAttrs& attrs) {
     return concat(packed, 0);
 }
 
-}  // namespace
-
-std::vector<Var> rnn_differentiable_backward(const DiffBackwardArgs& args) {
-    return differentiate_composition(args, [&](std::span<const Var> in) { return rnn_composition(in, args.attrs); });
-}
 
 namespace infer {
 
