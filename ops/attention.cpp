@@ -420,7 +420,6 @@ Var attention_composition(std::span<const Var> in, const OpAttrs& attrs) {
     return reshape(matmul(p, reshape(in[2], {bh, S, D})), {g.batch, g.heads, T, D});
 }
 
-
 // ---- qkv_attention's composition: the fused-kernel check (graph/fusion_check.h) and create_graph ----
 
 namespace {

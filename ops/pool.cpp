@@ -59,10 +59,6 @@ template Tensor avg_pool2d(const Tensor&, WindowPair, WindowPair, WindowPair, st
 
 // ---- Differentiable backward (graph/higher_order.h): pooling as a composition ----
 
-namespace {
-
-}  // namespace
-
 // x (N,C,H,W) -> the windows (N,C,P,Q,kh·kw) by one index_select over the flattened planes: window element (i,j) of
 // output pixel (p,q) is input pixel (p·sh − ph + i·dh, q·sw − pw + j·dw). A padding slot reads the window's first
 // pixel inside the input instead (for max a duplicate never changes the maximum, and a tie goes to the first slot,

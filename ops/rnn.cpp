@@ -261,7 +261,6 @@ Var rnn_composition(std::span<const Var> in, const OpAttrs& attrs) {
     return concat(packed, 0);
 }
 
-
 namespace infer {
 
 // x (T,N,I), w (weight size), h0, c0 (L·D,N,H) -> [output (T,N,D·H) | h_n (L·D,N,H) | c_n (L·D,N,H)]
