@@ -5,6 +5,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "dyngrad/graph/fusion_check.h"
@@ -38,9 +39,9 @@ std::vector<Var> index_select_differentiable_backward(const DiffBackwardArgs& ar
 std::vector<Var> scatter_add_differentiable_backward(const DiffBackwardArgs& args);
 std::vector<Var> select_differentiable_backward(const DiffBackwardArgs& args);
 // ops/loss.cpp: every loss, as the composition of its formula
-std::vector<Var> loss_differentiable_backward(const DiffBackwardArgs& args);
+Var loss_composition(OpType op, std::span<const Var> in, const OpAttrs& attrs);
 // ops/norm.cpp: layer_norm, rms_norm, batch_norm (training and eval), as compositions
-std::vector<Var> norm_differentiable_backward(const DiffBackwardArgs& args);
+Var norm_composition(OpType op, std::span<const Var> in, const OpAttrs& attrs);
 // ops/attention.cpp: scaled_dot_product_attention's math composition (masks and dropout as constants)
 Var attention_composition(std::span<const Var> in, const OpAttrs& attrs);
 // The fused ops whose unfused composition is their math (OpDef::unfused): qkv_attention (the layout ops around
@@ -50,13 +51,19 @@ template <const UnfusedComposition& unfused>
 std::vector<Var> unfused_differentiable_backward(const DiffBackwardArgs& args) {
     return differentiate_composition(args, [&](std::span<const Var> in) { return unfused.compose(in, args.attrs); });
 }
-// The ops written as a composition declared here (attention, conv2d, rnn): `compose` differentiated.
-template <Var (*compose)(std::span<const Var>, const OpAttrs&)>
+// The ops written as a composition declared here (attention, conv2d, rnn; the losses, norms and pools, whose
+// compositions also take the op): `compose` differentiated.
+template <auto compose>
 std::vector<Var> composition_differentiable_backward(const DiffBackwardArgs& args) {
-    return differentiate_composition(args, [&](std::span<const Var> in) { return compose(in, args.attrs); });
+    return differentiate_composition(args, [&](std::span<const Var> in) {
+        if constexpr (std::is_invocable_v<decltype(compose), OpType, std::span<const Var>, const OpAttrs&>)
+            return compose(args.op, in, args.attrs);
+        else
+            return compose(in, args.attrs);
+    });
 }
 // ops/pool.cpp: max_pool2d, avg_pool2d as compositions (index_select of the windows, then max / a masked mean)
-std::vector<Var> pool_differentiable_backward(const DiffBackwardArgs& args);
+Var pool_composition(OpType op, std::span<const Var> in, const OpAttrs& attrs);
 // ops/conv.cpp: conv2d as a composition (the windows, then one batched matmul per group, bias, ReLU)
 Var conv2d_composition(std::span<const Var> in, const OpAttrs& attrs);
 // ops/pool.cpp, shared by the pooling and convolution compositions: x (N,C,H,W) -> its windows (N,C,P,Q,kh·kw), as

@@ -143,6 +143,8 @@ Var class_loss_composition(std::span<const Var> in, const OpAttrs& attrs, OpType
     return attrs.reduction == Reduction::Sum ? sum(loss) : loss;
 }
 
+}  // namespace
+
 Var loss_composition(OpType op, std::span<const Var> in, const OpAttrs& attrs) {
     switch (op) {
         case OpType::CrossEntropy:
@@ -174,12 +176,6 @@ Var loss_composition(OpType op, std::span<const Var> in, const OpAttrs& attrs) {
         default: break;
     }
     throw GraphError(str("differentiable backward: ", op_def(op).name, " is not a loss"));
-}
-
-}  // namespace
-
-std::vector<Var> loss_differentiable_backward(const DiffBackwardArgs& args) {
-    return differentiate_composition(args, [&](std::span<const Var> in) { return loss_composition(args.op, in, args.attrs); });
 }
 
 namespace infer {

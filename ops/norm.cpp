@@ -48,6 +48,8 @@ Var standardize(const Var& x, const std::vector<std::int64_t>& axes, double eps)
     return mul(centered, pow(add_scalar(mean(mul(centered, centered), axes, true), eps), -0.5));
 }
 
+}  // namespace
+
 Var norm_composition(OpType op, std::span<const Var> in, const OpAttrs& attrs) {
     const Var& x = in[0];
     const auto rank = static_cast<std::int64_t>(x.shape().size());
@@ -68,12 +70,6 @@ Var norm_composition(OpType op, std::span<const Var> in, const OpAttrs& attrs) {
     if (in.size() >= 2 && in[1].defined()) y = mul(y, in[1]);
     if (in.size() >= 3 && in[2].defined()) y = y + in[2];
     return y;
-}
-
-}  // namespace
-
-std::vector<Var> norm_differentiable_backward(const DiffBackwardArgs& args) {
-    return differentiate_composition(args, [&](std::span<const Var> in) { return norm_composition(args.op, in, args.attrs); });
 }
 
 namespace infer {

@@ -75,6 +75,10 @@ constexpr BackendKernels kCudaCompare = DG_IF_CUDA(BackendKernels{cuda::binary_f
 constexpr BackendKernels kCudaArgReduce = DG_CUDA_KERNELS_SHARED_NATIVE(arg_reduce_forward, nullptr);
 constexpr BackendKernels kCudaMultinomial = DG_IF_CUDA(BackendKernels{cuda::multinomial_forward, nullptr});
 constexpr bool kNotDifferentiable = false;
+// The differentiable backwards of the families whose compositions take the op (ops/differentiable_backward.h).
+constexpr DiffBackwardFn loss_differentiable_backward = composition_differentiable_backward<loss_composition>;
+constexpr DiffBackwardFn norm_differentiable_backward = composition_differentiable_backward<norm_composition>;
+constexpr DiffBackwardFn pool_differentiable_backward = composition_differentiable_backward<pool_composition>;
 // narrow: byte copies on every backend; its backward adds into the gradient so far in place (graph/op_def.h)
 constexpr BackendKernels kNarrow{narrow_forward, narrow_backward, true, /*accumulates_in_place=*/true};
 constexpr BackendKernels kCudaNarrow = DG_IF_CUDA(kNarrow);
