@@ -117,6 +117,10 @@ std::vector<Tensor> concat_backward(const BackwardArgs& args);
 // `op`'s forward kernel of inputs[0]'s backend, run directly (no checks, nothing saved): for a backward that is
 // another (or its own) op's forward (ops/op_table.cpp).
 Tensor backend_forward(OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs, const OutputSpec& out);
+// gelu_mlp as linear's and gelu's kernels of the inputs' backend in turn (ops/gelu_mlp.cpp): the CPU's, and the
+// GPU's where cuBLASLt's epilogues do not apply. Saves pre = x·w1ᵀ + b1 and h = gelu(pre).
+Tensor gelu_mlp_unfused_forward(const ForwardArgs& args);
+std::vector<Tensor> gelu_mlp_unfused_backward(const BackwardArgs& args);
 // dropout's backward: dropout's forward on dy with the node's seed (ops/dropout.cpp). Every backend.
 std::vector<Tensor> dropout_backward(const BackwardArgs& args);
 // embedding and index_select: row copies and additions (select_rows, add_selected_rows) on the inputs' backend.
@@ -186,6 +190,9 @@ namespace cpu {
 #if DYNGRAD_WITH_CUDA
 namespace cuda {
 #include "dyngrad/ops/kernel_entry_points.inc"
+// gelu_mlp with cuBLASLt's GELU epilogues where they apply, else gelu_mlp_unfused_forward/backward (ops/linalg.cu).
+Tensor gelu_mlp_forward(const ForwardArgs& args);
+std::vector<Tensor> gelu_mlp_backward(const BackwardArgs& args);
 // DropoutSeeds::next on a GPU (ops/dropout.h): ++counter and out = the draw's seed, one kernel.
 void next_dropout_seed(Tensor& counter, std::uint64_t seed, Tensor& out);
 // A DropoutSeeds draw fused into the dropout forward kernel (the Dropout layer's path, ops/dropout.cpp): while

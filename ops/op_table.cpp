@@ -309,7 +309,7 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      0, true, 0, &unfused::qkv_attention, unfused_differentiable_backward<unfused::qkv_attention>},
     // linear(gelu(linear(x, w1, b1)), w2, b2) (ops/linalg.h): GELU in cuBLASLt's epilogues on the GPU; reduced under
     // autocast, as linear.
-    {OpType::GeluMlp, "gelu_mlp", 5, infer::gelu_mlp, {cpu::gelu_mlp_forward, cpu::gelu_mlp_backward},
+    {OpType::GeluMlp, "gelu_mlp", 5, infer::gelu_mlp, {gelu_mlp_unfused_forward, gelu_mlp_unfused_backward},
      DG_CUDA_KERNELS_NATIVE(gelu_mlp_forward, gelu_mlp_backward), gelu_mlp_cases, reads("gelu_approximation"), kReduced,
      "F.linear(F.gelu(F.linear(x, w1, b1), approximate=gelu_approximation), w2, b2)", 0, true, 0, &unfused::gelu_mlp,
      unfused_differentiable_backward<unfused::gelu_mlp>},
