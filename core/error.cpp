@@ -4,6 +4,10 @@
 
 namespace dyngrad {
 
+[[noreturn]] void throw_not_built(const std::string& what, const char* missing) {
+    throw DeviceError(str(what, ": this build of dyngrad has no ", missing));
+}
+
 [[noreturn]] void rethrow_with_context(const std::string& context) {
     // Called outside a catch block, the bare `throw;` below would call std::terminate: a typed error instead.
     if (!std::current_exception())

@@ -56,4 +56,8 @@ namespace dyngrad {
 // Non-dyngrad exceptions become dyngrad::Error. Called outside a catch block (nothing to rethrow) it throws
 // ValueError instead of terminating the process.
 [[noreturn]] void rethrow_with_context(const std::string& context);
+
+// Throws DeviceError "<what>: this build of dyngrad has no <missing>": the stubs of a build without CUDA or NCCL.
+[[noreturn]] void throw_not_built(const std::string& what,
+                                  const char* missing = "CUDA backend (configure with -DDYNGRAD_CUDA=ON)");
 }  // namespace dyngrad

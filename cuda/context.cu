@@ -18,6 +18,7 @@
 #include <string_view>
 #include <utility>
 
+#include "dyngrad/core/environment.h"
 #include "dyngrad/cuda/context_owner.h"
 #include "dyngrad/cuda/runtime.h"
 
@@ -440,9 +441,8 @@ thread_local ThreadContexts tls_contexts;
 std::atomic<int> g_weight_gradient_overlap{-1};  // WeightGradientOverlap; -1: read the environment first
 
 WeightGradientOverlap overlap_from_environment() {
-    const char* value = std::getenv("DYNGRAD_WEIGHT_GRADIENT_OVERLAP");
-    if (value == nullptr || *value == '\0') return WeightGradientOverlap::captured;
-    const std::string_view v(value);
+    const std::string_view v = environment("DYNGRAD_WEIGHT_GRADIENT_OVERLAP");
+    if (v.empty()) return WeightGradientOverlap::captured;
     if (v == "never") return WeightGradientOverlap::never;
     if (v == "captured") return WeightGradientOverlap::captured;
     if (v == "always") return WeightGradientOverlap::always;

@@ -276,27 +276,13 @@ __global__ void convert_kernel(To* __restrict__ dst, const From* __restrict__ sr
     for (std::int64_t i = groups * W + first; i < n; i += stride) dst[i] = convert_element<To>(src[i]);
 }
 
-// Calls fn.template operator()<T>() with the GPU element type of a floating dtype.
-template <typename Fn>
-void dispatch_element_type(DType dtype, Fn&& fn) {
-    switch (dtype) {
-        case DType::f32: return fn.template operator()<float>();
-        case DType::f64: return fn.template operator()<double>();
-        case DType::bf16: return fn.template operator()<__nv_bfloat16>();
-        case DType::f16: return fn.template operator()<__half>();
-        case DType::i64: break;
-    }
-    throw DTypeError(str("dtype conversion on the GPU: expects float32, float64, bfloat16 or float16, got ",
-                         dtype_name(dtype)));
-}
-
 }  // namespace
 
 void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::int64_t n, int device) {
     if (n <= 0) return;
     const DeviceContext& ctx = context(device);
-    dispatch_element_type(dst_dtype, [&]<typename To>() {
-        dispatch_element_type(src_dtype, [&]<typename From>() {
+    dispatch_gpu_floating(dst_dtype, "dtype conversion on the GPU", [&]<typename To>() {
+        dispatch_gpu_floating(src_dtype, "dtype conversion on the GPU", [&]<typename From>() {
             constexpr int W = kConvertWidth<To, From>;
             const auto address = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
             const bool aligned = (address(dst) | address(src)) % 16 == 0;

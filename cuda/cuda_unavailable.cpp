@@ -9,19 +9,16 @@
 namespace dyngrad::cuda {
 
 namespace {
-[[noreturn]] void unavailable(const char* what) {
-    throw DeviceError(str(what, ": this build of dyngrad has no CUDA backend (configure with -DDYNGRAD_CUDA=ON)"));
-}
 // `what` followed by the device's name: "fill on cuda:0".
 [[noreturn]] void unavailable(const char* what, int device) {
-    unavailable(str(what, Device::cuda(device).to_string()).c_str());
+    throw_not_built(str(what, Device::cuda(device).to_string()));
 }
 }  // namespace
 
 void* allocate(std::size_t, int device) { unavailable("a tensor on ", device); }
 void deallocate(void*, std::size_t, int) noexcept {}
 void copy(void*, Device dst, const void*, Device src, std::size_t) {
-    unavailable(str("copy from ", src.to_string(), " to ", dst.to_string()).c_str());
+    throw_not_built(str("copy from ", src.to_string(), " to ", dst.to_string()));
 }
 void copy_blocks(void*, std::size_t, const void*, std::size_t, std::size_t, std::size_t, int device) {
     unavailable("copy within ", device);
@@ -32,16 +29,16 @@ void convert(void*, DType, const void*, DType, std::int64_t, int device) {
     unavailable("dtype conversion on ", device);
 }
 int device_count() { return 0; }
-std::string device_name(int) { unavailable("cuda::device_name"); }
-MemoryStats memory_stats(int) { unavailable("cuda::memory_stats"); }
-std::size_t device_total_memory(int) { unavailable("cuda::device_total_memory"); }
-void reset_peak_memory(int) { unavailable("cuda::reset_peak_memory"); }
-void set_memory_limit(int, std::size_t) { unavailable("cuda::set_memory_limit"); }
-std::size_t memory_limit(int) { unavailable("cuda::memory_limit"); }
-void synchronize(int) { unavailable("cuda::synchronize"); }
-void profiler_start() { unavailable("cuda::profiler_start"); }
-void profiler_stop() { unavailable("cuda::profiler_stop"); }
-void* allocate_pinned(std::size_t) { unavailable("cuda::allocate_pinned"); }
+std::string device_name(int) { throw_not_built("cuda::device_name"); }
+MemoryStats memory_stats(int) { throw_not_built("cuda::memory_stats"); }
+std::size_t device_total_memory(int) { throw_not_built("cuda::device_total_memory"); }
+void reset_peak_memory(int) { throw_not_built("cuda::reset_peak_memory"); }
+void set_memory_limit(int, std::size_t) { throw_not_built("cuda::set_memory_limit"); }
+std::size_t memory_limit(int) { throw_not_built("cuda::memory_limit"); }
+void synchronize(int) { throw_not_built("cuda::synchronize"); }
+void profiler_start() { throw_not_built("cuda::profiler_start"); }
+void profiler_stop() { throw_not_built("cuda::profiler_stop"); }
+void* allocate_pinned(std::size_t) { throw_not_built("cuda::allocate_pinned"); }
 void free_pinned(void*) noexcept {}
 void copy_to_device_async(void*, int device, const void*, std::size_t) { unavailable("copy to ", device); }
 
@@ -49,8 +46,8 @@ StreamEvent::StreamEvent(int device) : device_(device) { unavailable("an event o
 StreamEvent::~StreamEvent() = default;
 StreamEvent::StreamEvent(StreamEvent&& other) noexcept : event_(other.event_), device_(other.device_) {}
 StreamEvent& StreamEvent::operator=(StreamEvent&&) noexcept = default;
-void StreamEvent::record() { unavailable("cuda::StreamEvent::record"); }
-void StreamEvent::wait() { unavailable("cuda::StreamEvent::wait"); }
+void StreamEvent::record() { throw_not_built("cuda::StreamEvent::record"); }
+void StreamEvent::wait() { throw_not_built("cuda::StreamEvent::wait"); }
 struct CapturedStep::Impl {
     StepFn step;
 };
@@ -62,13 +59,13 @@ CapturedStep::CapturedStep(StepFn step, CaptureOptions options) : impl_(std::mak
                              " needs guard_state, the tensors the step changes"));
 }
 CapturedStep::~CapturedStep() = default;
-Tensor CapturedStep::run(std::span<const Tensor>) { unavailable("cuda::CapturedStep::run"); }
+Tensor CapturedStep::run(std::span<const Tensor>) { throw_not_built("cuda::CapturedStep::run"); }
 std::size_t CapturedStep::variants() const { return 0; }
 CapturedStep::GraphCounts CapturedStep::last_graph_counts() const { return {}; }
 
 std::uintptr_t stream_handle(int device) { unavailable("the stream of ", device); }
-void make_stream_wait(std::uintptr_t, int) { unavailable("cuda::make_stream_wait"); }
-void wait_for_stream(std::uintptr_t, int) { unavailable("cuda::wait_for_stream"); }
+void make_stream_wait(std::uintptr_t, int) { throw_not_built("cuda::make_stream_wait"); }
+void wait_for_stream(std::uintptr_t, int) { throw_not_built("cuda::wait_for_stream"); }
 
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }

@@ -7,12 +7,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <mutex>
 #include <set>
+
+#include "dyngrad/core/environment.h"
 
 namespace dyngrad::cuda {
 
@@ -32,13 +33,8 @@ std::mutex log_mutex;
 std::vector<FusionLogEntry> log_entries;
 std::set<std::string> directories_reported;  // cache trouble is logged once per directory
 
-bool print_fusions() {
-    const char* value = std::getenv("DYNGRAD_PRINT_FUSIONS");
-    return value != nullptr && *value != '\0' && std::string_view(value) != "0";
-}
-
 void log_entry(FusionLogEntry entry) {
-    if (print_fusions())
+    if (environment_flag("DYNGRAD_PRINT_FUSIONS"))
         std::fprintf(stderr, "dyngrad fusion: %s%s%s\n", entry.kernel.c_str(), entry.kernel.empty() ? "" : ": ",
                      entry.reason.c_str());
     const std::lock_guard<std::mutex> lock(log_mutex);
@@ -169,11 +165,9 @@ void clear_fusion_log() {
 }
 
 std::string default_fusion_cache_dir() {
-    if (const char* dir = std::getenv("DYNGRAD_FUSION_CACHE_DIR"); dir != nullptr && *dir != '\0') return dir;
-    if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0')
-        return str(xdg, "/dyngrad/fusion");
-    if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0')
-        return str(home, "/.cache/dyngrad/fusion");
+    if (const std::string_view dir = environment("DYNGRAD_FUSION_CACHE_DIR"); !dir.empty()) return std::string(dir);
+    if (const std::string_view xdg = environment("XDG_CACHE_HOME"); !xdg.empty()) return str(xdg, "/dyngrad/fusion");
+    if (const std::string_view home = environment("HOME"); !home.empty()) return str(home, "/.cache/dyngrad/fusion");
     return "";
 }
 
@@ -193,7 +187,7 @@ CompiledKernel compile_fused_kernel(std::string_view source, const std::string& 
     std::string options_text;
     for (const std::string& option : nvrtc_options) options_text += option + " ";
 
-    if (print_fusions())
+    if (environment_flag("DYNGRAD_PRINT_FUSIONS"))
         std::fprintf(stderr, "dyngrad fusion: kernel %s\n%.*s\n", kernel.c_str(), static_cast<int>(source.size()),
                      source.data());
     CompiledKernel result;

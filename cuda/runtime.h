@@ -14,20 +14,15 @@ class Tensor;
 
 namespace dyngrad::cuda {
 
-// Stream-ordered allocation from the device's memory pool; throws OutOfMemory when the pool cannot grow.
+// What core/device_memory.h's hooks run (their contracts are there), each ordered on the device's stream:
+// allocation from its memory pool; fills and conversions by one kernel (capturable: no allocation, no sync).
+// Device-to-host copies wait for the stream (the caller reads the bytes right after), then raise any error a
+// kernel reported through the device error record (cuda/context.h).
 void* allocate(std::size_t bytes, int device);
-// Returns memory to the pool, ordered on the device's stream. Never throws.
 void deallocate(void* ptr, std::size_t bytes, int device) noexcept;
-// Any direction that involves a CUDA device; ordered on the device's stream. Device-to-host copies
-// wait for the stream to finish (the caller reads the bytes right after) and then raise any error a
-// kernel reported through the device error record (see cuda/context.h).
 void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes);
-// Fills n elements of `dtype` with `value`.
 void fill(void* dst, std::int64_t n, double value, DType dtype, int device);
-// n elements of floating `src_dtype` converted to floating `dst_dtype`, rounding to nearest even; one kernel
-// on the device's stream (capturable: no allocation, no sync).
 void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::int64_t n, int device);
-// Number of CUDA devices usable by the runtime (0 when there is no driver or device).
 int device_count();
 
 // "NVIDIA H100 80GB HBM3 (sm_90, driver 13.0, runtime 13.0, cuBLAS 130100, cuDNN 91400)": the device and the

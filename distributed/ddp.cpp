@@ -66,18 +66,8 @@ DistributedDataParallel::DistributedDataParallel(const Module& module, ProcessGr
                              options_.bucket_cap_mb, " MiB must be positive"));
     if (options_.check_tolerance < 0 || !std::isfinite(options_.check_tolerance))
         throw ValueError(str("DistributedDataParallel: check_tolerance ", options_.check_tolerance, " is negative"));
+    check_and_broadcast_model(group_, module_, "DistributedDataParallel");
     const auto named = module_.named_parameters();
-    std::vector<std::pair<std::string, Tensor>> entries;
-    for (const auto& [name, p] : named) entries.emplace_back(name, p.value());
-    for (const auto& [name, t] : module_.buffers()) entries.emplace_back(name, t);
-    check_same_model(group_, entries, "DistributedDataParallel");
-
-    // Rank 0's weights everywhere (buffers too: batch-norm statistics).
-    for (const auto& [name, p] : named) {
-        Tensor value = p.value();
-        group_.broadcast(value, 0);
-    }
-    for (auto& [name, t] : module_.buffers()) group_.broadcast(t, 0);
 
     // Buckets over the trainable parameters, in reverse registration order; one dtype and device each.
     State& st = *state_;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dyngrad/distributed/process_group.h"
+#include "dyngrad/nn/layers.h"
 
 namespace dyngrad::dist {
 
@@ -58,12 +59,13 @@ void hand_bucket_to_comm(CommStreams& s, std::size_t bucket);
 // The communication stream records bucket b's done event; dyngrad's stream waits for it (the host does not).
 void hand_bucket_back(CommStreams& s, std::size_t bucket);
 
-// Every rank must hold the same parameters and buffers (names, shapes, dtypes; `entries` in registration
-// order). Cheap when they do: one all_gather of (count, hash). On a mismatch every rank learns the first
-// differing entry and what each rank has there, and throws the same error: ShapeError (same name, another
-// shape), DTypeError (another dtype) or ValueError (other names or counts). `who` starts the message
-// ("DistributedDataParallel", "ZeroOptimizer"). distributed/model_check.cpp.
-void check_same_model(ProcessGroup& group, const std::vector<std::pair<std::string, Tensor>>& entries, const char* who);
+// Every rank must hold the same parameters and buffers (names, shapes, dtypes, in registration order). Cheap when
+// they do: one all_gather of (count, hash). On a mismatch every rank learns the first differing entry and what
+// each rank has there, and throws the same error: ShapeError (same name, another shape), DTypeError (another
+// dtype) or ValueError (other names or counts). `who` starts the message ("DistributedDataParallel",
+// "ZeroOptimizer"). Then rank 0's parameters and buffers (batch-norm statistics) everywhere.
+// distributed/model_check.cpp.
+void check_and_broadcast_model(ProcessGroup& group, const Module& module, const char* who);
 
 // ---- the group ----
 struct ProcessGroup::Impl {

@@ -36,10 +36,6 @@ std::string unpack_text(const Tensor& gathered, std::int64_t rank, std::int64_t 
     return std::string(p, strnlen(p, static_cast<std::size_t>(words * 8)));
 }
 
-}  // namespace
-
-// Every rank must hold the same parameters and buffers (names, shapes, dtypes). Cheap when they do: one gather
-// of (count, hash). On a mismatch every rank learns the first differing entry and what each rank has there.
 void check_same_model(ProcessGroup& group, const std::vector<std::pair<std::string, Tensor>>& entries, const char* who) {
     std::vector<std::uint64_t> hashes;
     std::uint64_t all = 1469598103934665603ull;
@@ -98,6 +94,16 @@ void check_same_model(ProcessGroup& group, const std::vector<std::pair<std::stri
         throw ShapeError(message);
     }
     throw ValueError(message);
+}
+
+}  // namespace
+
+void check_and_broadcast_model(ProcessGroup& group, const Module& module, const char* who) {
+    std::vector<std::pair<std::string, Tensor>> entries;
+    for (const auto& [name, p] : module.named_parameters()) entries.emplace_back(name, p.value());
+    for (const auto& [name, t] : module.buffers()) entries.emplace_back(name, t);
+    check_same_model(group, entries, who);
+    for (auto& [name, t] : entries) group.broadcast(t, 0);
 }
 
 }  // namespace dyngrad::dist

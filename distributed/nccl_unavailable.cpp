@@ -7,9 +7,7 @@
 namespace dyngrad::dist {
 
 namespace {
-[[noreturn]] void unavailable(const std::string& what) {
-    throw DeviceError(str(what, ": this build of dyngrad has no NCCL"));
-}
+[[noreturn]] void unavailable(const std::string& what) { throw_not_built(what, "NCCL"); }
 }  // namespace
 
 void destroy_nccl(NcclComm*) noexcept {}

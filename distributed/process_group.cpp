@@ -75,19 +75,22 @@ void sum_half(void* in, void* inout, int* count, MPI_Datatype*) {
     }
 }
 
-MPI_Op half_sum_op(DType dtype) {
+template <const HalfFormat& format>
+MPI_Op create_half_sum() {
+    MPI_Op op = MPI_OP_NULL;
+    MPI_Op_create(&sum_half<format>, 1, &op);
+    return op;
+}
+
+// MPI_SUM, or for bf16/f16 the user op above.
+MPI_Op sum_op(DType dtype, const std::string& what) {
+    if (!is_reduced_precision(dtype)) return MPI_SUM;
     // Created once per process on first use (after MPI_Init); MPI frees user ops at MPI_Finalize.
-    static const MPI_Op bf16 = [] {
-        MPI_Op op = MPI_OP_NULL;
-        MPI_Op_create(&sum_half<kBFloat16Format>, 1, &op);
-        return op;
-    }();
-    static const MPI_Op f16 = [] {
-        MPI_Op op = MPI_OP_NULL;
-        MPI_Op_create(&sum_half<kFloat16Format>, 1, &op);
-        return op;
-    }();
-    return dtype == DType::bf16 ? bf16 : f16;
+    static const MPI_Op bf16 = create_half_sum<kBFloat16Format>();
+    static const MPI_Op f16 = create_half_sum<kFloat16Format>();
+    const MPI_Op op = dtype == DType::bf16 ? bf16 : f16;
+    if (op == MPI_OP_NULL) throw DistributedError(str(what, ": MPI could not create the 16-bit sum operation"));
+    return op;
 }
 
 MPI_Datatype mpi_type(DType dtype, const std::string& what) {
@@ -96,7 +99,7 @@ MPI_Datatype mpi_type(DType dtype, const std::string& what) {
         case DType::f64: return MPI_DOUBLE;
         case DType::i64: return MPI_INT64_T;
         case DType::bf16:
-        case DType::f16: return MPI_UINT16_T;  // summed by half_sum_op
+        case DType::f16: return MPI_UINT16_T;  // summed by sum_op's user op
     }
     throw DTypeError(str(what, ": dtype ", dtype_name(dtype), " is not supported (f32, f64, i64, bf16, f16)"));
 }
@@ -199,10 +202,8 @@ void ProcessGroup::Impl::wait_mpi(MPI_Request& request, const std::string& what)
 MPI_Request ProcessGroup::Impl::start_mpi_all_reduce(void* data, std::size_t count, DType dtype,
                                                      const std::string& what) const {
     MPI_Request request = MPI_REQUEST_NULL;
-    const MPI_Op op = is_reduced_precision(dtype) ? half_sum_op(dtype) : MPI_SUM;
-    if (op == MPI_OP_NULL) throw DistributedError(str(what, ": MPI could not create the 16-bit sum operation"));
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(count, what, "elements"), mpi_type(dtype, what), op, comm,
-                             &request),
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(count, what, "elements"), mpi_type(dtype, what),
+                             sum_op(dtype, what), comm, &request),
               what);
     return request;
 }
@@ -490,10 +491,9 @@ void ProcessGroup::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp 
         nccl_reduce_scatter(impl_->nccl_for(input, what), input.raw_data(), output.raw_data(), count, input.dtype(), op, nullptr, what);
     } else {
         MPI_Request request = MPI_REQUEST_NULL;
-        const MPI_Op sum = is_reduced_precision(input.dtype()) ? half_sum_op(input.dtype()) : MPI_SUM;
-        if (sum == MPI_OP_NULL) throw DistributedError(str(what, ": MPI could not create the 16-bit sum operation"));
         impl_->check_mpi(MPI_Ireduce_scatter_block(input.raw_data(), output.raw_data(), mpi_count(count, what, "elements"),
-                                                   mpi_type(input.dtype(), what), sum, impl_->comm, &request),
+                                                   mpi_type(input.dtype(), what), sum_op(input.dtype(), what),
+                                                   impl_->comm, &request),
                          what);
         impl_->wait_mpi(request, what);
         if (op == ReduceOp::Avg) scale(output, 1.0 / impl_->world);

@@ -137,9 +137,6 @@ ZeroOptimizer::ZeroOptimizer(const Module& module, ProcessGroup group, const Ada
 
 void ZeroOptimizer::check_and_broadcast(const char* who) {
     const auto named = module_.named_parameters();
-    std::vector<std::pair<std::string, Tensor>> entries;
-    for (const auto& [name, p] : named) entries.emplace_back(name, p.value());
-    for (const auto& [name, t] : module_.buffers()) entries.emplace_back(name, t);
     State& st = *state_;
     bool first = true;
     for (const auto& [name, p] : named) {
@@ -160,12 +157,7 @@ void ZeroOptimizer::check_and_broadcast(const char* who) {
     if (!st.device.is_cuda() && group_.world_size() > 1 && !group_.has_mpi())
         throw DeviceError(str(who, ": CPU parameters on ", group_.describe(),
                               ", which has no MPI: CPU collectives need a launch by mpirun"));
-    check_same_model(group_, entries, who);
-    for (const auto& [name, p] : named) {  // rank 0's weights everywhere, as DDP
-        Tensor value = p.value();
-        group_.broadcast(value, 0);
-    }
-    for (auto& [name, t] : module_.buffers()) group_.broadcast(t, 0);
+    check_and_broadcast_model(group_, module_, who);
 }
 
 ZeroOptimizer::~ZeroOptimizer() {

@@ -3,10 +3,10 @@
 #include "dyngrad/graph/autocast.h"
 
 #include <atomic>
-#include <cstdlib>
 #include <map>
 #include <string_view>
 
+#include "dyngrad/core/environment.h"
 #include "dyngrad/graph/eager.h"
 #include "dyngrad/graph/graph.h"
 
@@ -64,10 +64,7 @@ Var record_cast(const Var& x, DType dtype) {
 std::atomic<int> parameter_copies_override{-1};  // -1: the environment's
 bool keeps_parameter_copies() {
     if (const int set = parameter_copies_override.load(std::memory_order_relaxed); set >= 0) return set != 0;
-    static const bool from_environment = [] {
-        const char* v = std::getenv("DYNGRAD_AUTOCAST_PARAMETER_COPIES");
-        return v == nullptr || std::string_view(v) != "0";
-    }();
+    static const bool from_environment = environment("DYNGRAD_AUTOCAST_PARAMETER_COPIES") != "0";
     return from_environment;
 }
 

@@ -3,22 +3,16 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <set>
 
+#include "dyngrad/core/environment.h"
 #include "dyngrad/graph/backend.h"
 
 namespace dyngrad {
 namespace {
 
-bool enabled_from_environment() {
-    const char* value = std::getenv("DYNGRAD_CHECK_FUSIONS");
-    return value != nullptr && std::strcmp(value, "1") == 0;
-}
-
-std::atomic<bool> g_enabled{enabled_from_environment()};
+std::atomic<bool> g_enabled{environment("DYNGRAD_CHECK_FUSIONS") == "1"};
 
 struct FusionCheckRegistry {
     std::mutex mutex;
@@ -88,7 +82,6 @@ void compare(const OpDef& def, const std::string& key, const std::string& pass, 
 
 void set_fusion_check(bool on) { g_enabled.store(on, std::memory_order_relaxed); }
 bool fusion_check_enabled() { return g_enabled.load(std::memory_order_relaxed); }
-const UnfusedComposition* unfused_composition(OpType op) { return op_def(op).unfused; }
 
 std::vector<FusionCheckResult> fusion_check_results() {
     FusionCheckRegistry& r = fusion_check_registry();
@@ -109,7 +102,7 @@ void check_fused_forward(const OpDef& def, OpType op, std::span<const Tensor> in
                          const Tensor& output) {
     if (inputs.empty()) return;
     const UnfusedComposition* unfused = def.unfused;
-    if (unfused == nullptr || !unfused->applies(inputs, attrs)) return;
+    if (unfused == nullptr || (unfused->applies && !unfused->applies(inputs, attrs))) return;
     const std::string key = key_of(def, inputs, attrs);
     if (!first_use("forward", key)) return;
     const NoGradGuard no_history;
@@ -123,7 +116,7 @@ void check_fused_backward(const OpDef& def, OpType op, std::span<const Tensor> i
                           const Tensor& grad_output, std::span<const Tensor> grads, std::span<const bool> needs_grad) {
     if (inputs.empty()) return;
     const UnfusedComposition* unfused = def.unfused;
-    if (unfused == nullptr || !unfused->applies(inputs, attrs)) return;
+    if (unfused == nullptr || (unfused->applies && !unfused->applies(inputs, attrs))) return;
     const std::string key = key_of(def, inputs, attrs);
     if (!first_use("backward", key)) return;
     struct Recording {

@@ -40,14 +40,13 @@ struct FusionCheckResult {
 std::vector<FusionCheckResult> fusion_check_results();
 void clear_fusion_check_results();  // also forgets which shapes were checked
 
-// What a fused op is the fusion of (its op-table row's OpDef::unfused, written in ops/unfused.cpp): `applies` says
-// whether the kernels fuse anything for these inputs and attributes; `compose` records the unfused ops on `inputs`'
-// graph.
+// What a fused op is the fusion of (its op-table row's OpDef::unfused, written in ops/unfused.cpp): `compose` records
+// the unfused ops on `inputs`' graph; `applies` says whether the kernels fuse anything for these inputs and
+// attributes (null: always).
 struct UnfusedComposition {
-    bool (*applies)(std::span<const Tensor> inputs, const OpAttrs& attrs);
     Var (*compose)(std::span<const Var> inputs, const OpAttrs& attrs);
+    bool (*applies)(std::span<const Tensor> inputs, const OpAttrs& attrs) = nullptr;
 };
-const UnfusedComposition* unfused_composition(OpType op);  // op_def(op).unfused; nullptr: the op fuses nothing
 
 namespace detail {
 // Sets this thread's recording mode and returns the previous one (graph/graph.cpp): the check builds the unfused

@@ -3,20 +3,15 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <optional>
 #include <set>
 #include <sstream>
 
+#include "dyngrad/core/environment.h"
+
 namespace dyngrad::fusion {
 
 namespace {
-
-bool env_on(const char* name) {
-    const char* value = std::getenv(name);
-    return value != nullptr && std::strcmp(value, "") != 0 && std::strcmp(value, "0") != 0;
-}
 
 // -1: from the environment; 0 or 1: set_fusion_enabled.
 std::atomic<int> enabled_override{-1};
@@ -238,8 +233,9 @@ std::optional<BackwardChain> describe_backward(const Builder& b, const FusionGro
 }  // namespace
 
 FusionSettings fusion_settings() {
-    static const FusionSettings from_environment{env_on("DYNGRAD_FUSION"), env_on("DYNGRAD_PRINT_FUSIONS"),
-                                                 env_on("DYNGRAD_CHECK_FUSIONS")};
+    static const FusionSettings from_environment{environment_flag("DYNGRAD_FUSION"),
+                                                 environment_flag("DYNGRAD_PRINT_FUSIONS"),
+                                                 environment_flag("DYNGRAD_CHECK_FUSIONS")};
     FusionSettings settings = from_environment;
     const int override_value = enabled_override.load(std::memory_order_relaxed);
     if (override_value >= 0) settings.enabled = override_value == 1;

@@ -3,26 +3,19 @@
 #include "dyngrad/graph/profiling.h"
 
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 
 #if DYNGRAD_WITH_CUDA
 #include <nvtx3/nvToolsExt.h>
 #endif
 
+#include "dyngrad/core/environment.h"
+
 namespace dyngrad {
 
 namespace detail {
 
-namespace {
-bool environment_asks_for_ranges() {
-    const char* value = std::getenv("DYNGRAD_NVTX");
-    return value != nullptr && std::strcmp(value, "1") == 0;
-}
-}  // namespace
-
 // DYNGRAD_NVTX is read once, while the library loads.
-std::atomic<bool> g_profiling_ranges{environment_asks_for_ranges()};
+std::atomic<bool> g_profiling_ranges{environment("DYNGRAD_NVTX") == "1"};
 
 void push_profiling_range(bool backward, const char* op, std::uint64_t node) {
 #if DYNGRAD_WITH_CUDA

@@ -7,34 +7,29 @@
 #include <array>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
-#include <string_view>
 
+#include "dyngrad/core/environment.h"
 #include "dyngrad/graph/fusion_check.h"
 #include "dyngrad/ops/attention_geometry.h"
 #include "dyngrad/ops/cpu_parallel.h"
 #include "dyngrad/ops/differentiable_backward.h"
+#include "dyngrad/ops/dropout_mask.h"
 #include "dyngrad/ops/eigen_maps.h"
 #include "dyngrad/ops/elementwise.h"
 #include "dyngrad/ops/indexing.h"
+#include "dyngrad/ops/kernels.h"
 #include "dyngrad/ops/layout.h"
 #include "dyngrad/ops/linalg.h"
-#include "dyngrad/ops/dropout_mask.h"
-#include "dyngrad/ops/kernels.h"
 
 namespace dyngrad {
 
 namespace {
 
-AttentionGpuPath initial_gpu_path() {
-    const char* simt = std::getenv("DYNGRAD_ATTENTION_SIMT");
-    return simt && std::string_view(simt) == "1" ? AttentionGpuPath::simt : AttentionGpuPath::tensor_cores;
-}
-
 // Read by every GPU launch, set from any thread: atomic.
 std::atomic<AttentionGpuPath>& gpu_path() {
-    static std::atomic<AttentionGpuPath> path{initial_gpu_path()};
+    static std::atomic<AttentionGpuPath> path{
+        environment("DYNGRAD_ATTENTION_SIMT") == "1" ? AttentionGpuPath::simt : AttentionGpuPath::tensor_cores};
     return path;
 }
 
@@ -52,13 +47,8 @@ bool attention_uses_tensor_cores() {
 
 namespace {
 
-bool initial_cudnn_enabled() {
-    const char* value = std::getenv("DYNGRAD_ATTENTION_CUDNN");
-    return !(value && std::string_view(value) == "0");
-}
-
 std::atomic<bool>& cudnn_enabled() {
-    static std::atomic<bool> enabled{initial_cudnn_enabled()};
+    static std::atomic<bool> enabled{environment("DYNGRAD_ATTENTION_CUDNN") != "0"};
     return enabled;
 }
 
@@ -161,9 +151,7 @@ OutputSpec scaled_dot_product_attention(OpType, std::span<const Tensor> inputs, 
     static constexpr const char* kRoles[] = {"q", "k", "v", "mask"};
     const Tensor& q = inputs[0];
     require_float(q, "q");
-    for (std::size_t i = 1; i < inputs.size(); ++i)
-        if (inputs[i].dtype() != q.dtype())
-            throw DTypeError(str(kRoles[i], " is ", dtype_name(inputs[i].dtype()), " but q is ", dtype_name(q.dtype())));
+    for (std::size_t i = 1; i < inputs.size(); ++i) require_same_dtype(inputs[i], kRoles[i], q, "q");
     for (std::size_t i = 0; i < 3; ++i)
         if (inputs[i].rank() != 4)
             throw ShapeError(str(kRoles[i], " must be (B, H, ", i == 0 ? "T" : "S", ", D), got ",
@@ -388,8 +376,6 @@ std::vector<Tensor> qkv_attention_backward(const BackwardArgs& args) {
 
 // ---- Differentiable backward (graph/higher_order.h): attention through its math composition ----
 
-namespace {
-
 // q (B,H,T,D), k, v (B,H,S,D)[, mask]: softmax(q·kᵀ·scale, masked) (∘ dropout factors) · v in primitive ops, on
 // (B·H, ·, ·) slices. Which keys take part (causal, mask) and the dropout factors are constants (the same
 // counter-based masks as the kernels, dropout_factors); a query with no key gets zeros, as the kernels give.
@@ -434,12 +420,6 @@ Var attention_composition(std::span<const Var> in, const OpAttrs& attrs) {
     return reshape(matmul(p, reshape(in[2], {bh, S, D})), {g.batch, g.heads, T, D});
 }
 
-}  // namespace
-
-std::vector<Var> attention_differentiable_backward(const DiffBackwardArgs& args) {
-    return differentiate_composition(args, [&](std::span<const Var> in) { return attention_composition(in, args.attrs); });
-}
-
 // ---- qkv_attention's composition: the fused-kernel check (graph/fusion_check.h) and create_graph ----
 
 namespace {
@@ -455,17 +435,10 @@ Var qkv_attention_composition(std::span<const Var> in, const OpAttrs& attrs) {
     return reshape(permute(y, {0, 2, 1, 3}), {B, T, H * D});
 }
 
-bool qkv_attention_applies(std::span<const Tensor>, const OpAttrs&) { return true; }
-
 }  // namespace
 
-std::vector<Var> qkv_attention_differentiable_backward(const DiffBackwardArgs& args) {
-    return differentiate_composition(args,
-                                     [&](std::span<const Var> in) { return qkv_attention_composition(in, args.attrs); });
-}
-
 namespace unfused {
-const UnfusedComposition qkv_attention{qkv_attention_applies, qkv_attention_composition};
+const UnfusedComposition qkv_attention{qkv_attention_composition};
 }  // namespace unfused
 
 }  // namespace dyngrad

@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(2 * TILE) attention_backward_q_kernel(
             if (L::col(j) < D) dq_row[L::col(j)] = dq_acc[i][j] * scale;
     }
 }
-// A mask value other than 0 or 1 is reported (ValueError at the next synchronisation), as the CPU throws.
+// check_mask's kernel (ops/attention_launch.h).
 template <typename Real>
 __global__ void check_binary_mask_kernel(const Real* __restrict__ mask, std::int64_t n, DeviceErrorRecord* record,
                                          const char* what) {

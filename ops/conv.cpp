@@ -14,20 +14,20 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <mutex>
 #include <string_view>
 #include <vector>
 
 #include "dyngrad/core/checked.h"
+#include "dyngrad/core/environment.h"
 #include "dyngrad/ops/cpu_parallel.h"
 #include "dyngrad/ops/differentiable_backward.h"
 #include "dyngrad/ops/eigen_maps.h"
 #include "dyngrad/ops/elementwise.h"
-#include "dyngrad/ops/layout.h"
-#include "dyngrad/ops/linalg.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/kernels.h"
+#include "dyngrad/ops/layout.h"
+#include "dyngrad/ops/linalg.h"
 
 namespace dyngrad {
 
@@ -60,8 +60,6 @@ ConvDims conv_dims(const Tensor& x, const Tensor& weight, const OpAttrs& attrs, 
 
 // ---- Differentiable backward (graph/higher_order.h): conv2d as a composition ----
 
-namespace {
-
 // x (N,C,H,W), w (K,C/G,R,S)[, b (K)] -> y (N,K,P,Q): the windows of x (zeros in the padding) as columns
 // (G, N·P·Q, C/G·R·S), one batched matmul with w as (G, C/G·R·S, K/G), then the bias and the fused ReLU.
 Var conv2d_composition(std::span<const Var> in, const OpAttrs& a) {
@@ -81,22 +79,13 @@ Var conv2d_composition(std::span<const Var> in, const OpAttrs& a) {
     return a.activation == Activation::Relu ? relu(y) : y;
 }
 
-}  // namespace
-
-std::vector<Var> conv2d_differentiable_backward(const DiffBackwardArgs& args) {
-    return differentiate_composition(args, [&](std::span<const Var> in) { return conv2d_composition(in, args.attrs); });
-}
-
 namespace infer {
 
 OutputSpec conv2d(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
     const Tensor& x = inputs[0];
     const Tensor& weight = inputs[1];
     require_float(x, "x");
-    for (std::size_t i = 1; i < inputs.size(); ++i)
-        if (inputs[i].dtype() != x.dtype())
-            throw DTypeError(str("x is ", dtype_name(x.dtype()), " but ", i == 1 ? "weight" : "bias", " is ",
-                                 dtype_name(inputs[i].dtype())));
+    for (std::size_t i = 1; i < inputs.size(); ++i) require_same_dtype(x, "x", inputs[i], i == 1 ? "weight" : "bias");
     if (x.rank() != 4 || weight.rank() != 4)
         throw ShapeError(str("expects x (N,C,H,W) and weight (K,C/groups,R,S), got ", to_string(x.shape()), " and ",
                              to_string(weight.shape())));
@@ -321,8 +310,7 @@ std::vector<Tensor> conv2d_backward(const BackwardArgs& args) {
 namespace dyngrad {
 namespace {
 ConvGraphMode initial_conv_graph_mode() {
-    const char* value = std::getenv("DYNGRAD_CONV_GRAPH");
-    const std::string_view mode = value ? value : "";
+    const std::string_view mode = environment("DYNGRAD_CONV_GRAPH");
     return mode == "0" ? ConvGraphMode::Off : mode == "force" ? ConvGraphMode::Force : ConvGraphMode::Auto;
 }
 

@@ -5,8 +5,10 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
+#include "dyngrad/graph/fusion_check.h"
 #include "dyngrad/graph/graph.h"
 #include "dyngrad/graph/higher_order.h"
 
@@ -37,21 +39,33 @@ std::vector<Var> index_select_differentiable_backward(const DiffBackwardArgs& ar
 std::vector<Var> scatter_add_differentiable_backward(const DiffBackwardArgs& args);
 std::vector<Var> select_differentiable_backward(const DiffBackwardArgs& args);
 // ops/loss.cpp: every loss, as the composition of its formula
-std::vector<Var> loss_differentiable_backward(const DiffBackwardArgs& args);
-// ops/linear_cross_entropy.cpp: linear + narrow + cross_entropy
-std::vector<Var> linear_cross_entropy_differentiable_backward(const DiffBackwardArgs& args);
+Var loss_composition(OpType op, std::span<const Var> in, const OpAttrs& attrs);
 // ops/norm.cpp: layer_norm, rms_norm, batch_norm (training and eval), as compositions
-std::vector<Var> norm_differentiable_backward(const DiffBackwardArgs& args);
-// ops/attention.cpp: scaled_dot_product_attention through its math composition (masks and dropout as constants)
-std::vector<Var> attention_differentiable_backward(const DiffBackwardArgs& args);
-// ops/attention.cpp: qkv_attention through its composition (the layout ops around scaled_dot_product_attention)
-std::vector<Var> qkv_attention_differentiable_backward(const DiffBackwardArgs& args);
-// ops/gelu_mlp.cpp: gelu_mlp through its composition (linear, gelu, linear)
-std::vector<Var> gelu_mlp_differentiable_backward(const DiffBackwardArgs& args);
+Var norm_composition(OpType op, std::span<const Var> in, const OpAttrs& attrs);
+// ops/attention.cpp: scaled_dot_product_attention's math composition (masks and dropout as constants)
+Var attention_composition(std::span<const Var> in, const OpAttrs& attrs);
+// The fused ops whose unfused composition is their math (OpDef::unfused): qkv_attention (the layout ops around
+// scaled_dot_product_attention), gelu_mlp (linear, gelu, linear), linear_cross_entropy (linear, narrow,
+// cross_entropy) through that composition.
+template <const UnfusedComposition& unfused>
+std::vector<Var> unfused_differentiable_backward(const DiffBackwardArgs& args) {
+    return differentiate_composition(args, [&](std::span<const Var> in) { return unfused.compose(in, args.attrs); });
+}
+// The ops written as a composition declared here (attention, conv2d, rnn; the losses, norms and pools, whose
+// compositions also take the op): `compose` differentiated.
+template <auto compose>
+std::vector<Var> composition_differentiable_backward(const DiffBackwardArgs& args) {
+    return differentiate_composition(args, [&](std::span<const Var> in) {
+        if constexpr (std::is_invocable_v<decltype(compose), OpType, std::span<const Var>, const OpAttrs&>)
+            return compose(args.op, in, args.attrs);
+        else
+            return compose(in, args.attrs);
+    });
+}
 // ops/pool.cpp: max_pool2d, avg_pool2d as compositions (index_select of the windows, then max / a masked mean)
-std::vector<Var> pool_differentiable_backward(const DiffBackwardArgs& args);
+Var pool_composition(OpType op, std::span<const Var> in, const OpAttrs& attrs);
 // ops/conv.cpp: conv2d as a composition (the windows, then one batched matmul per group, bias, ReLU)
-std::vector<Var> conv2d_differentiable_backward(const DiffBackwardArgs& args);
+Var conv2d_composition(std::span<const Var> in, const OpAttrs& attrs);
 // ops/pool.cpp, shared by the pooling and convolution compositions: x (N,C,H,W) -> its windows (N,C,P,Q,kh·kw), as
 // recorded ops; inside (P,Q,kh·kw) is 1 where a window slot lies in the input, 0 in the padding.
 Var sliding_windows(const Var& x, std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
@@ -60,7 +74,7 @@ Var sliding_windows(const Var& x, std::array<std::int64_t, 2> kernel, std::array
 // ops/sampling.cpp: cumsum (sort, topk and multinomial give indices, not differentiable)
 std::vector<Var> cumsum_differentiable_backward(const DiffBackwardArgs& args);
 // ops/rnn.cpp: lstm, gru, rnn_tanh, rnn_relu as compositions (the recurrence unrolled over the time steps)
-std::vector<Var> rnn_differentiable_backward(const DiffBackwardArgs& args);
+Var rnn_composition(std::span<const Var> in, const OpAttrs& attrs);
 // ops/dropout.cpp: the same mask applied to the output gradient
 std::vector<Var> dropout_differentiable_backward(const DiffBackwardArgs& args);
 

@@ -6,6 +6,7 @@
 
 #include <Eigen/Core>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <string_view>
@@ -509,12 +510,19 @@ std::vector<Tensor> binary_backward(const BackwardArgs& args) {
     return grads;
 }
 
-// dst += src, in place (same shape and dtype)
+// dst += src, in place (same shape and dtype); bf16/f16 summed in f32, rounded once
 void accumulate_into(Tensor& dst, const Tensor& src) {
     if (dst.dtype() != src.dtype())
         throw DTypeError(str("accumulate ", dtype_name(src.dtype()), " into ", dtype_name(dst.dtype())));
     if (dst.shape() != src.shape())
         throw ShapeError(str("accumulate ", to_string(src.shape()), " into ", to_string(dst.shape())));
+    if (is_reduced_precision(dst.dtype())) {
+        Tensor sum = dst.to(DType::f32);
+        cpu::accumulate_into(sum, src.to(DType::f32));
+        const Tensor rounded = sum.to(dst.dtype());
+        std::memcpy(dst.raw_data(), rounded.raw_data(), dst.nbytes());  // the caller's dst, owned alone
+        return;
+    }
     dispatch_floating(dst.dtype(), "accumulate_into", [&]<typename T>() {
         parallel_elements(dst.numel(), [&](std::int64_t b, std::int64_t e) { out<T>(dst, b, e) += in<T>(src, b, e); });
     });

@@ -1,12 +1,12 @@
 // gelu_mlp (ops/linalg.h): the transformer's MLP, linear(gelu(linear(x, w1, b1)), w2, b2), as one op: its user
-// function, shape rule, CPU kernels (linear's and gelu's in turn: the reference) and its composition (the fused-kernel
+// function, shape rule, its kernels as linear's and gelu's in turn (the CPU's: the reference) and its composition (the fused-kernel
 // check's and create_graph's). GPU: ops/linalg.cu, where cuBLASLt's GELU epilogues take the GELU kernels' place.
 #include <array>
 #include <atomic>
-#include <cstdlib>
 #include <string_view>
 #include <vector>
 
+#include "dyngrad/core/environment.h"
 #include "dyngrad/graph/fusion_check.h"
 #include "dyngrad/ops/differentiable_backward.h"
 #include "dyngrad/ops/elementwise.h"
@@ -19,8 +19,7 @@ namespace dyngrad {
 namespace {
 
 GeluMlpEpilogues initial_epilogues() {
-    const char* value = std::getenv("DYNGRAD_GELU_MLP_EPILOGUES");
-    const std::string_view text = value ? value : "";
+    const std::string_view text = environment("DYNGRAD_GELU_MLP_EPILOGUES");
     if (text == "none") return GeluMlpEpilogues::none;
     if (text == "forward") return GeluMlpEpilogues::forward;
     return GeluMlpEpilogues::all;
@@ -71,9 +70,7 @@ OutputSpec gelu_mlp(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs
     static constexpr const char* kRoles[] = {"x", "w1", "b1", "w2", "b2"};
     const Tensor& x = inputs[0];
     require_float(x, "x");
-    for (std::size_t i = 1; i < 5; ++i)
-        if (inputs[i].dtype() != x.dtype())
-            throw DTypeError(str(kRoles[i], " is ", dtype_name(inputs[i].dtype()), " but x is ", dtype_name(x.dtype())));
+    for (std::size_t i = 1; i < 5; ++i) require_same_dtype(inputs[i], kRoles[i], x, "x");
     const auto shapes = [&] {
         std::string text;
         for (std::size_t i = 0; i < 5; ++i) text += str(i ? ", " : "", kRoles[i], " ", to_string(inputs[i].shape()));
@@ -92,51 +89,49 @@ OutputSpec gelu_mlp(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs
 
 }  // namespace infer
 
-// ---- CPU kernels: linear's and gelu's in turn ----
-namespace cpu {
-
+// ---- the kernels: linear's and gelu's in turn, on the inputs' backend (the CPU's, and the GPU's where cuBLASLt's
+// epilogues do not apply) ----
 namespace {
 Tensor linear_of(const Tensor& x, const Tensor& w, const Tensor& b) {
     const Tensor inputs[] = {x, w, b};
-    std::vector<Tensor> saved;
-    return linear_forward(ForwardArgs{OpType::Linear, inputs, OpAttrs{}, OutputSpec{{x.size(0), w.size(0)}, x.dtype()},
-                                      saved});
+    return backend_forward(OpType::Linear, inputs, OpAttrs{}, OutputSpec{{x.size(0), w.size(0)}, x.dtype()});
+}
+// args.op's backward kernel of `on`'s backend, run directly.
+std::vector<Tensor> backward_on(const Tensor& on, const BackwardArgs& args) {
+    const OpDef& def = op_def(args.op);
+    return (on.device().is_cuda() ? def.cuda.backward : def.cpu.backward)(args);
 }
 }  // namespace
 
 // Saves pre = x·w1ᵀ + b1 and h = gelu(pre), (N, hidden).
-Tensor gelu_mlp_forward(const ForwardArgs& args) {
+Tensor gelu_mlp_unfused_forward(const ForwardArgs& args) {
     const std::span<const Tensor> in = args.inputs;
     const Tensor pre = linear_of(in[0], in[1], in[2]);
     const Tensor gelu_in[] = {pre};
-    std::vector<Tensor> no_saved;
-    const Tensor h = op_def(OpType::Gelu).cpu.forward(
-        ForwardArgs{OpType::Gelu, gelu_in, args.attrs, OutputSpec{pre.shape(), pre.dtype()}, no_saved});
+    const Tensor h = backend_forward(OpType::Gelu, gelu_in, args.attrs, OutputSpec{pre.shape(), pre.dtype()});
     args.saved.push_back(pre);
     args.saved.push_back(h);
     return linear_of(h, in[3], in[4]);
 }
 
-std::vector<Tensor> gelu_mlp_backward(const BackwardArgs& args) {
+std::vector<Tensor> gelu_mlp_unfused_backward(const BackwardArgs& args) {
     const std::span<const Tensor> in = args.inputs;
     const Tensor& pre = args.saved[0];
     const Tensor& h = args.saved[1];
     const Tensor proj_in[] = {h, in[3], in[4]};
     const std::array<bool, 3> proj_needs{true, args.needs_grad[3], args.needs_grad[4]};
-    const std::vector<Tensor> proj = linear_backward(
-        BackwardArgs{OpType::Linear, proj_in, args.output, args.grad_output, OpAttrs{}, {}, proj_needs});
+    const std::vector<Tensor> proj = backward_on(
+        h, BackwardArgs{OpType::Linear, proj_in, args.output, args.grad_output, OpAttrs{}, {}, proj_needs});
     const Tensor gelu_in[] = {pre};
     const std::array<bool, 1> gelu_needs{true};
-    const Tensor dpre = op_def(OpType::Gelu).cpu.backward(
-        BackwardArgs{OpType::Gelu, gelu_in, h, proj[0], args.attrs, {}, gelu_needs})[0];
+    const Tensor dpre =
+        backward_on(pre, BackwardArgs{OpType::Gelu, gelu_in, h, proj[0], args.attrs, {}, gelu_needs})[0];
     const Tensor fc_in[] = {in[0], in[1], in[2]};
     const std::array<bool, 3> fc_needs{args.needs_grad[0], args.needs_grad[1], args.needs_grad[2]};
     const std::vector<Tensor> fc =
-        linear_backward(BackwardArgs{OpType::Linear, fc_in, pre, dpre, OpAttrs{}, {}, fc_needs});
+        backward_on(pre, BackwardArgs{OpType::Linear, fc_in, pre, dpre, OpAttrs{}, {}, fc_needs});
     return {fc[0], fc[1], fc[2], proj[1], proj[2]};
 }
-
-}  // namespace cpu
 
 // ---- the composition: the fused-kernel check (graph/fusion_check.h) and create_graph ----
 namespace {
@@ -145,17 +140,10 @@ Var gelu_mlp_composition(std::span<const Var> in, const OpAttrs& attrs) {
     return linear(gelu(linear(in[0], in[1], in[2]), attrs.gelu_approximation), in[3], in[4]);
 }
 
-bool gelu_mlp_applies(std::span<const Tensor>, const OpAttrs&) { return true; }
-
 }  // namespace
 
-std::vector<Var> gelu_mlp_differentiable_backward(const DiffBackwardArgs& args) {
-    return differentiate_composition(args,
-                                     [&](std::span<const Var> in) { return gelu_mlp_composition(in, args.attrs); });
-}
-
 namespace unfused {
-const UnfusedComposition gelu_mlp{gelu_mlp_applies, gelu_mlp_composition};
+const UnfusedComposition gelu_mlp{gelu_mlp_composition};
 }  // namespace unfused
 
 }  // namespace dyngrad

@@ -32,19 +32,9 @@ void embedding_arguments(OpCall& call) {
 
 namespace {
 
-void require_indices(const Tensor& index, const char* role) {
-    if (index.dtype() != DType::i64) throw DTypeError(str(role, " must be int64, got ", dtype_name(index.dtype())));
-}
-
-void require_same_dtype(const Tensor& t, const char* role, const Tensor& first, const char* first_role) {
-    if (t.dtype() != first.dtype())
-        throw DTypeError(str(role, " is ", dtype_name(t.dtype()), " but ", first_role, " is ",
-                             dtype_name(first.dtype()), " (one float dtype for all)"));
-}
-
 // gather / scatter_add: index of the indexed tensor's rank, no larger than it outside `axis`.
 int check_indexed(const Tensor& indexed, const char* indexed_role, const Tensor& index, std::int64_t axis_attr) {
-    require_indices(index, "index");
+    require_int64(index, "index");
     require_strided_rank(indexed.shape(), indexed_role);
     if (index.rank() != indexed.rank())
         throw ShapeError(str("index ", to_string(index.shape()), " has rank ", index.rank(), " but ", indexed_role, " ",
@@ -66,7 +56,7 @@ OutputSpec embedding(OpType, std::span<const Tensor> inputs, const OpAttrs& attr
     const Tensor& weight = inputs[0];
     const Tensor& indices = inputs[1];
     require_float(weight, "weight");
-    require_indices(indices, "indices");
+    require_int64(indices, "indices");
     if (weight.rank() != 2)
         throw ShapeError(str("weight must be 2-D (num_embeddings, embedding_dim), got ", to_string(weight.shape())));
     if (attrs.padding_idx < -1 || attrs.padding_idx >= weight.shape()[0])
@@ -88,7 +78,7 @@ OutputSpec gather(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) 
 OutputSpec index_select(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
     const Tensor& x = inputs[0];
     const Tensor& index = inputs[1];
-    require_indices(index, "index");
+    require_int64(index, "index");
     if (index.rank() != 1) throw ShapeError(str("index must be 1-D, got ", to_string(index.shape())));
     Shape shape = x.shape();
     shape[normalize_axis(attrs.axis, x.rank())] = index.numel();
@@ -241,37 +231,6 @@ void check_index(std::int64_t index, std::int64_t position, std::int64_t size) {
         throw IndexError(str("index ", index, " at position ", position, " is out of range [0, ", size, ")"));
 }
 
-// x (outer, n, inner) -> y (outer, L, inner), y[o, l, :] = x[o, index[l], :]; any dtype (bytes).
-void select_rows(const Tensor& x, const Tensor& index, const AxisSplit& s, Tensor& y) {
-    const std::int64_t* idx = index.data<std::int64_t>();
-    const std::int64_t count = index.numel();
-    for (std::int64_t l = 0; l < count; ++l) check_index(idx[l], l, s.size);
-    const std::size_t row_bytes = static_cast<std::size_t>(s.inner) * dtype_size(x.dtype());
-    const auto* src = static_cast<const unsigned char*>(x.raw_data());
-    auto* dst = static_cast<unsigned char*>(y.raw_data());
-    if (row_bytes == 0) return;
-    for (std::int64_t o = 0; o < s.outer; ++o)
-        for (std::int64_t l = 0; l < count; ++l)
-            std::memcpy(dst + static_cast<std::size_t>(o * count + l) * row_bytes,
-                        src + static_cast<std::size_t>(o * s.size + idx[l]) * row_bytes, row_bytes);
-}
-
-// dy (outer, L, inner) -> dx (outer, n, inner) of zeros plus dy[o, l, :] at row index[l], in index order;
-// rows index[l] == skip_row (padding) get nothing.
-template <typename T>
-void add_rows(const T* dy, const Tensor& index, const AxisSplit& s, std::int64_t skip_row, T* dx) {
-    const std::int64_t* idx = index.data<std::int64_t>();
-    const std::int64_t count = index.numel();
-    for (std::int64_t l = 0; l < count; ++l) check_index(idx[l], l, s.size);
-    for (std::int64_t o = 0; o < s.outer; ++o)
-        for (std::int64_t l = 0; l < count; ++l) {
-            if (idx[l] == skip_row) continue;
-            const T* from = dy + (o * count + l) * s.inner;
-            T* to = dx + (o * s.size + idx[l]) * s.inner;
-            for (std::int64_t c = 0; c < s.inner; ++c) to[c] += from[c];
-        }
-}
-
 // Calls f(e, offset) for every element e of the index, with `offset` the flat position in the indexed tensor.
 template <typename F>
 void for_each_indexed(const Tensor& index, const IndexedWalk& walk, F f) {
@@ -285,93 +244,56 @@ void for_each_indexed(const Tensor& index, const IndexedWalk& walk, F f) {
 }
 
 template <typename E>
-void gather_elements(const E* x, const Tensor& index, const IndexedWalk& walk, E* y) {
+void gather_words(const E* x, const Tensor& index, const IndexedWalk& walk, E* y) {
     for_each_indexed(index, walk, [&](std::int64_t e, std::int64_t offset) { y[e] = x[offset]; });
 }
 
 }  // namespace
 
-// weight (V, D), indices (...) -> y (..., D)
-Tensor embedding_forward(const ForwardArgs& args) {
-    const Tensor& weight = args.inputs[0];
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, weight.device());
-    select_rows(weight, args.inputs[1], {1, weight.shape()[0], weight.shape()[1]}, y);
-    return y;
+void select_rows(const Tensor& x, const Tensor& index, const AxisSplit& s, const char*, Tensor& y) {
+    const std::int64_t* idx = index.data<std::int64_t>();
+    const std::int64_t count = index.numel();
+    for (std::int64_t l = 0; l < count; ++l) check_index(idx[l], l, s.size);
+    const std::size_t row_bytes = static_cast<std::size_t>(s.inner) * dtype_size(x.dtype());
+    const auto* src = static_cast<const unsigned char*>(x.raw_data());
+    auto* dst = static_cast<unsigned char*>(y.raw_data());
+    if (row_bytes == 0) return;
+    for (std::int64_t o = 0; o < s.outer; ++o)
+        for (std::int64_t l = 0; l < count; ++l)
+            std::memcpy(dst + static_cast<std::size_t>(o * count + l) * row_bytes,
+                        src + static_cast<std::size_t>(o * s.size + idx[l]) * row_bytes, row_bytes);
 }
 
-// dy (..., D) -> dweight (V, D): dy's rows added into the rows the indices name, padding_idx's row left 0
-std::vector<Tensor> embedding_backward(const BackwardArgs& args) {
-    const Tensor& weight = args.inputs[0];
-    if (!args.needs_grad[0]) return {Tensor(), Tensor()};
-    Tensor dw = Tensor::zeros(weight.shape(), weight.dtype(), weight.device());
-    const AxisSplit s{1, weight.shape()[0], weight.shape()[1]};
-    dispatch_floating(weight.dtype(), "embedding backward", [&]<typename T>() {
-        add_rows<T>(args.grad_output.data<T>(), args.inputs[1], s, args.attrs.padding_idx, dw.data<T>());
+void add_selected_rows(const Tensor& dy, const Tensor& index, const AxisSplit& s, std::int64_t skip_row,
+                       const char* what, Tensor& dx) {
+    dispatch_floating(dx.dtype(), what, [&]<typename T>() {
+        const std::int64_t* idx = index.data<std::int64_t>();
+        const std::int64_t count = index.numel();
+        for (std::int64_t l = 0; l < count; ++l) check_index(idx[l], l, s.size);
+        const T* dy_rows = dy.data<T>();
+        T* dx_rows = dx.data<T>();
+        for (std::int64_t o = 0; o < s.outer; ++o)
+            for (std::int64_t l = 0; l < count; ++l) {
+                if (idx[l] == skip_row) continue;
+                const T* from = dy_rows + (o * count + l) * s.inner;
+                T* to = dx_rows + (o * s.size + idx[l]) * s.inner;
+                for (std::int64_t c = 0; c < s.inner; ++c) to[c] += from[c];
+            }
     });
-    return {dw, Tensor()};
 }
 
-// x (outer, n, inner), index (L) -> y (outer, L, inner)
-Tensor index_select_forward(const ForwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    select_rows(x, args.inputs[1], split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank())), y);
-    return y;
-}
-
-std::vector<Tensor> index_select_backward(const BackwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    if (!args.needs_grad[0]) return {Tensor(), Tensor()};
-    Tensor dx = Tensor::zeros(x.shape(), x.dtype(), x.device());
-    const AxisSplit s = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
-    dispatch_floating(x.dtype(), "index_select backward", [&]<typename T>() {
-        add_rows<T>(args.grad_output.data<T>(), args.inputs[1], s, -1, dx.data<T>());
+void gather_elements(const Tensor& x, const Tensor& index, const IndexedWalk& walk, const char*, Tensor& y) {
+    with_element_word(dtype_size(x.dtype()), [&]<typename E>() {
+        gather_words(static_cast<const E*>(x.raw_data()), index, walk, static_cast<E*>(y.raw_data()));
     });
-    return {dx, Tensor()};
 }
 
-// x, index -> y (index's shape)
-Tensor gather_forward(const ForwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    const Tensor& index = args.inputs[1];
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    const IndexedWalk walk = indexed_walk(x.shape(), index.shape(), normalize_axis(args.attrs.axis, x.rank()));
-    if (dtype_size(x.dtype()) == 4)
-        gather_elements(static_cast<const std::uint32_t*>(x.raw_data()), index, walk,
-                        static_cast<std::uint32_t*>(y.raw_data()));
-    else
-        gather_elements(static_cast<const std::uint64_t*>(x.raw_data()), index, walk,
-                        static_cast<std::uint64_t*>(y.raw_data()));
-    return y;
-}
-
-// dy (index's shape) -> dx: zeros with dy added at the gathered positions, in index order
-std::vector<Tensor> gather_backward(const BackwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    const Tensor& index = args.inputs[1];
-    if (!args.needs_grad[0]) return {Tensor(), Tensor()};
-    Tensor dx = Tensor::zeros(x.shape(), x.dtype(), x.device());
-    const IndexedWalk walk = indexed_walk(x.shape(), index.shape(), normalize_axis(args.attrs.axis, x.rank()));
-    dispatch_floating(x.dtype(), "gather backward", [&]<typename T>() {
-        const T* dy = args.grad_output.data<T>();
-        T* to = dx.data<T>();
-        for_each_indexed(index, walk, [&](std::int64_t e, std::int64_t offset) { to[offset] += dy[e]; });
+void add_elements(const Tensor& src, const Tensor& index, const IndexedWalk& walk, const char* what, Tensor& dst) {
+    dispatch_floating(dst.dtype(), what, [&]<typename T>() {
+        const T* from = src.data<T>();
+        T* to = dst.data<T>();
+        for_each_indexed(index, walk, [&](std::int64_t e, std::int64_t offset) { to[offset] += from[e]; });
     });
-    return {dx, Tensor()};
-}
-
-// base, index, src -> y = base with src added at the indexed positions, in index order
-Tensor scatter_add_forward(const ForwardArgs& args) {
-    const Tensor& base = args.inputs[0];
-    const Tensor& index = args.inputs[1];
-    Tensor y = base.clone();
-    const IndexedWalk walk = indexed_walk(base.shape(), index.shape(), normalize_axis(args.attrs.axis, base.rank()));
-    dispatch_floating(base.dtype(), "scatter_add", [&]<typename T>() {
-        const T* src = args.inputs[2].data<T>();
-        T* to = y.data<T>();
-        for_each_indexed(index, walk, [&](std::int64_t e, std::int64_t offset) { to[offset] += src[e]; });
-    });
-    return y;
 }
 
 namespace {
@@ -443,6 +365,77 @@ std::vector<Tensor> select_backward(const BackwardArgs& args) {
 }
 
 }  // namespace cpu
+
+// ---- embedding, index_select, gather, scatter_add: the same on every backend, over its indexing primitives ----
+
+// weight (V, D), indices (...) -> y (..., D)
+Tensor embedding_forward(const ForwardArgs& args) {
+    const Tensor& weight = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, weight.device());
+    DG_ON_BACKEND_OF(weight, select_rows(weight, args.inputs[1], {1, weight.shape()[0], weight.shape()[1]},
+                                         "embedding", y));
+    return y;
+}
+
+// dy (..., D) -> dweight (V, D): dy's rows added into the rows the indices name, padding_idx's row left 0
+std::vector<Tensor> embedding_backward(const BackwardArgs& args) {
+    const Tensor& weight = args.inputs[0];
+    if (!args.needs_grad[0]) return {Tensor(), Tensor()};
+    Tensor dw = Tensor::zeros(weight.shape(), weight.dtype(), weight.device());
+    const AxisSplit s{1, weight.shape()[0], weight.shape()[1]};
+    DG_ON_BACKEND_OF(dw, add_selected_rows(args.grad_output, args.inputs[1], s, args.attrs.padding_idx,
+                                           "embedding backward", dw));
+    return {dw, Tensor()};
+}
+
+// x (outer, n, inner), index (L) -> y (outer, L, inner)
+Tensor index_select_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    const AxisSplit s = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
+    DG_ON_BACKEND_OF(x, select_rows(x, args.inputs[1], s, "index_select", y));
+    return y;
+}
+
+std::vector<Tensor> index_select_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    if (!args.needs_grad[0]) return {Tensor(), Tensor()};
+    Tensor dx = Tensor::zeros(x.shape(), x.dtype(), x.device());
+    const AxisSplit s = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
+    DG_ON_BACKEND_OF(dx, add_selected_rows(args.grad_output, args.inputs[1], s, -1, "index_select backward", dx));
+    return {dx, Tensor()};
+}
+
+// x, index -> y (index's shape)
+Tensor gather_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& index = args.inputs[1];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    const IndexedWalk walk = indexed_walk(x.shape(), index.shape(), normalize_axis(args.attrs.axis, x.rank()));
+    DG_ON_BACKEND_OF(x, gather_elements(x, index, walk, "gather", y));
+    return y;
+}
+
+// dy (index's shape) -> dx: zeros with dy added at the gathered positions, in index order
+std::vector<Tensor> gather_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    const Tensor& index = args.inputs[1];
+    if (!args.needs_grad[0]) return {Tensor(), Tensor()};
+    Tensor dx = Tensor::zeros(x.shape(), x.dtype(), x.device());
+    const IndexedWalk walk = indexed_walk(x.shape(), index.shape(), normalize_axis(args.attrs.axis, x.rank()));
+    DG_ON_BACKEND_OF(dx, add_elements(args.grad_output, index, walk, "gather backward", dx));
+    return {dx, Tensor()};
+}
+
+// base, index, src -> y = base with src added at the indexed positions, in index order
+Tensor scatter_add_forward(const ForwardArgs& args) {
+    const Tensor& base = args.inputs[0];
+    const Tensor& index = args.inputs[1];
+    Tensor y = base.clone();
+    const IndexedWalk walk = indexed_walk(base.shape(), index.shape(), normalize_axis(args.attrs.axis, base.rank()));
+    DG_ON_BACKEND_OF(y, add_elements(args.inputs[2], index, walk, "scatter_add", y));
+    return y;
+}
 
 // scatter_add's backward, every backend: dbase = dy; dsrc = dy gathered at the indexed positions, which is
 // gather's forward on (dy, index), run by dy's backend.

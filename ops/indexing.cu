@@ -200,74 +200,72 @@ void scatter_rows_add(DeviceContext& ctx, std::int64_t rows, std::int64_t width,
     DG_CUDA_CHECK_LAUNCH();
 }
 
-// dy (outer, count, inner) -> dx (outer, n, inner), zeros plus dy's rows at index's rows (padding_idx skipped).
-template <typename T>
-void add_rows(DeviceContext& ctx, const Tensor& dy, const Tensor& index, const AxisSplit& s, std::int64_t padding_idx,
-              const char* what, Tensor& dx) {
+}  // namespace
+
+void add_selected_rows(const Tensor& dy, const Tensor& index, const AxisSplit& s, std::int64_t skip_row,
+                       const char* what, Tensor& dx) {
+    DeviceContext& ctx = context_for(dx);
     const std::int64_t count = index.numel();
     const std::int64_t src_rows = s.outer * count;
     const auto skip = static_cast<std::uint64_t>(s.outer * s.size);
     const IndexCheck check{ctx.error_record_device, what};
     const std::int64_t* idx = index.data<std::int64_t>();
-    scatter_rows_add<T>(ctx, src_rows, s.inner, skip, dy.data<T>(), dx.data<T>(),
-                        [&](std::uint64_t* keys, std::uint64_t* rows) {
-                            row_keys_kernel<<<grid_size(ctx, src_rows, kThreads), kThreads, 0, ctx.stream>>>(
-                                idx, s.outer, s.size, count, padding_idx, keys, rows, check);
-                            DG_CUDA_CHECK_LAUNCH();
-                        });
+    dispatch_floating(dx.dtype(), what, [&]<typename T>() {
+        scatter_rows_add<T>(ctx, src_rows, s.inner, skip, dy.data<T>(), dx.data<T>(),
+                            [&](std::uint64_t* keys, std::uint64_t* rows) {
+                                row_keys_kernel<<<grid_size(ctx, src_rows, kThreads), kThreads, 0, ctx.stream>>>(
+                                    idx, s.outer, s.size, count, skip_row, keys, rows, check);
+                                DG_CUDA_CHECK_LAUNCH();
+                            });
+    });
 }
 
-// dst (the indexed tensor's shape) += src (index's shape) at the indexed positions.
-template <typename T>
-void add_elements(DeviceContext& ctx, const Tensor& src, const Tensor& index, const IndexedWalk& walk,
-                  const char* what, Tensor& dst) {
+void add_elements(const Tensor& src, const Tensor& index, const IndexedWalk& walk, const char* what, Tensor& dst) {
+    DeviceContext& ctx = context_for(dst);
     const std::int64_t count = index.numel();
     const auto skip = static_cast<std::uint64_t>(dst.numel());
     const IndexCheck check{ctx.error_record_device, what};
     const std::int64_t* idx = index.data<std::int64_t>();
-    scatter_rows_add<T>(ctx, count, 1, skip, src.data<T>(), dst.data<T>(),
-                        [&](std::uint64_t* keys, std::uint64_t* rows) {
-                            element_keys_kernel<<<grid_size(ctx, count, kThreads), kThreads, 0, ctx.stream>>>(
-                                idx, count, walk, skip, keys, rows, check);
-                            DG_CUDA_CHECK_LAUNCH();
-                        });
+    dispatch_floating(dst.dtype(), what, [&]<typename T>() {
+        scatter_rows_add<T>(ctx, count, 1, skip, src.data<T>(), dst.data<T>(),
+                            [&](std::uint64_t* keys, std::uint64_t* rows) {
+                                element_keys_kernel<<<grid_size(ctx, count, kThreads), kThreads, 0, ctx.stream>>>(
+                                    idx, count, walk, skip, keys, rows, check);
+                                DG_CUDA_CHECK_LAUNCH();
+                            });
+    });
 }
 
-void select_rows(DeviceContext& ctx, const Tensor& x, const Tensor& index, const AxisSplit& s, const char* what,
-                 Tensor& y) {
+void select_rows(const Tensor& x, const Tensor& index, const AxisSplit& s, const char* what, Tensor& y) {
     const std::int64_t total = y.numel();
     if (total == 0) return;
+    DeviceContext& ctx = context_for(x);
     const unsigned grid = grid_size(ctx, total, kThreads);
     const IndexCheck check{ctx.error_record_device, what};
     const std::int64_t* idx = index.data<std::int64_t>();
-    if (dtype_size(x.dtype()) == 4)
-        select_rows_kernel<std::uint32_t><<<grid, kThreads, 0, ctx.stream>>>(
-            static_cast<const std::uint32_t*>(x.raw_data()), idx, static_cast<std::uint32_t*>(y.raw_data()), s.outer,
-            s.size, index.numel(), s.inner, check);
-    else
-        select_rows_kernel<std::uint64_t><<<grid, kThreads, 0, ctx.stream>>>(
-            static_cast<const std::uint64_t*>(x.raw_data()), idx, static_cast<std::uint64_t*>(y.raw_data()), s.outer,
-            s.size, index.numel(), s.inner, check);
+    with_element_word(dtype_size(x.dtype()), [&]<typename E>() {
+        select_rows_kernel<E><<<grid, kThreads, 0, ctx.stream>>>(static_cast<const E*>(x.raw_data()), idx,
+                                                                 static_cast<E*>(y.raw_data()), s.outer, s.size,
+                                                                 index.numel(), s.inner, check);
+    });
     DG_CUDA_CHECK_LAUNCH();
 }
 
-void gather_elements(DeviceContext& ctx, const Tensor& x, const Tensor& index, const IndexedWalk& walk,
-                     const char* what, Tensor& y) {
+void gather_elements(const Tensor& x, const Tensor& index, const IndexedWalk& walk, const char* what, Tensor& y) {
     const std::int64_t count = index.numel();
     if (count == 0) return;
+    DeviceContext& ctx = context_for(x);
     const unsigned grid = grid_size(ctx, count, kThreads);
     const IndexCheck check{ctx.error_record_device, what};
     const std::int64_t* idx = index.data<std::int64_t>();
-    if (dtype_size(x.dtype()) == 4)
-        gather_kernel<std::uint32_t><<<grid, kThreads, 0, ctx.stream>>>(
-            static_cast<const std::uint32_t*>(x.raw_data()), idx, static_cast<std::uint32_t*>(y.raw_data()), count,
-            walk, check);
-    else
-        gather_kernel<std::uint64_t><<<grid, kThreads, 0, ctx.stream>>>(
-            static_cast<const std::uint64_t*>(x.raw_data()), idx, static_cast<std::uint64_t*>(y.raw_data()), count,
-            walk, check);
+    with_element_word(dtype_size(x.dtype()), [&]<typename E>() {
+        gather_kernel<E><<<grid, kThreads, 0, ctx.stream>>>(static_cast<const E*>(x.raw_data()), idx,
+                                                            static_cast<E*>(y.raw_data()), count, walk, check);
+    });
     DG_CUDA_CHECK_LAUNCH();
 }
+
+namespace {
 
 // where: y[i] = c != 0 ? a : b, operands (c, a, b) read through the walk.
 template <typename T>
@@ -314,82 +312,6 @@ Tensor routed(DeviceContext& ctx, const Tensor& dy, const Tensor& condition, boo
 }
 
 }  // namespace
-
-Tensor embedding_forward(const ForwardArgs& args) {
-    const Tensor& weight = args.inputs[0];
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, weight.device());
-    select_rows(context_for(weight), weight, args.inputs[1], {1, weight.shape()[0], weight.shape()[1]}, "embedding", y);
-    return y;
-}
-
-// dy (..., D) -> dweight (V, D), padding_idx's row left 0
-std::vector<Tensor> embedding_backward(const BackwardArgs& args) {
-    const Tensor& weight = args.inputs[0];
-    if (!args.needs_grad[0]) return {Tensor(), Tensor()};
-    DeviceContext& ctx = context_for(weight);
-    Tensor dw = Tensor::zeros(weight.shape(), weight.dtype(), weight.device());
-    const AxisSplit s{1, weight.shape()[0], weight.shape()[1]};
-    dispatch_floating(weight.dtype(), "embedding backward", [&]<typename T>() {
-        add_rows<T>(ctx, args.grad_output, args.inputs[1], s, args.attrs.padding_idx, "embedding backward", dw);
-    });
-    return {dw, Tensor()};
-}
-
-Tensor index_select_forward(const ForwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    select_rows(context_for(x), x, args.inputs[1], split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank())),
-                "index_select", y);
-    return y;
-}
-
-std::vector<Tensor> index_select_backward(const BackwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    if (!args.needs_grad[0]) return {Tensor(), Tensor()};
-    DeviceContext& ctx = context_for(x);
-    Tensor dx = Tensor::zeros(x.shape(), x.dtype(), x.device());
-    const AxisSplit s = split_at_axis(x.shape(), normalize_axis(args.attrs.axis, x.rank()));
-    dispatch_floating(x.dtype(), "index_select backward", [&]<typename T>() {
-        add_rows<T>(ctx, args.grad_output, args.inputs[1], s, -1, "index_select backward", dx);
-    });
-    return {dx, Tensor()};
-}
-
-Tensor gather_forward(const ForwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    const Tensor& index = args.inputs[1];
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    gather_elements(context_for(x), x, index,
-                    indexed_walk(x.shape(), index.shape(), normalize_axis(args.attrs.axis, x.rank())), "gather", y);
-    return y;
-}
-
-std::vector<Tensor> gather_backward(const BackwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    const Tensor& index = args.inputs[1];
-    if (!args.needs_grad[0]) return {Tensor(), Tensor()};
-    DeviceContext& ctx = context_for(x);
-    Tensor dx = Tensor::zeros(x.shape(), x.dtype(), x.device());
-    const IndexedWalk walk = indexed_walk(x.shape(), index.shape(), normalize_axis(args.attrs.axis, x.rank()));
-    dispatch_floating(x.dtype(), "gather backward", [&]<typename T>() {
-        add_elements<T>(ctx, args.grad_output, index, walk, "gather backward", dx);
-    });
-    return {dx, Tensor()};
-}
-
-Tensor scatter_add_forward(const ForwardArgs& args) {
-    const Tensor& base = args.inputs[0];
-    const Tensor& index = args.inputs[1];
-    DeviceContext& ctx = context_for(base);
-    Tensor y = Tensor::empty(base.shape(), base.dtype(), base.device());
-    if (base.numel() > 0)
-        DG_CUDA_CHECK(cudaMemcpyAsync(y.raw_data(), base.raw_data(), base.nbytes(), cudaMemcpyDeviceToDevice, ctx.stream));
-    const IndexedWalk walk = indexed_walk(base.shape(), index.shape(), normalize_axis(args.attrs.axis, base.rank()));
-    dispatch_floating(base.dtype(), "scatter_add", [&]<typename T>() {
-        add_elements<T>(ctx, args.inputs[2], index, walk, "scatter_add", y);
-    });
-    return y;
-}
 
 Tensor select_forward(const ForwardArgs& args) {
     DeviceContext& ctx = context_for(args.inputs[0]);

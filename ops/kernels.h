@@ -18,6 +18,29 @@ inline void require_float(const Tensor& t, const char* role) {
     if (!is_floating(t.dtype()))
         throw DTypeError(str(role, " must be float32 or float64, got ", dtype_name(t.dtype())));
 }
+// An index or label operand: DTypeError "<role> must be int64, got float32".
+inline void require_int64(const Tensor& t, const char* role) {
+    if (t.dtype() != DType::i64) throw DTypeError(str(role, " must be int64, got ", dtype_name(t.dtype())));
+}
+// The operands' agreement: DTypeError "<role> is float64 but <reference_role> is float32".
+inline void require_same_dtype(const Tensor& t, const char* role, const Tensor& reference, const char* reference_role) {
+    if (t.dtype() != reference.dtype())
+        throw DTypeError(str(role, " is ", dtype_name(t.dtype()), " but ", reference_role, " is ",
+                             dtype_name(reference.dtype())));
+}
+
+// Calls fn.template operator()<Word>() with the unsigned word of an element size (2, 4 or 8 bytes): the kernels that
+// move elements without computing on them take every dtype so (bf16/f16 as 2-byte words).
+template <typename Fn>
+void with_element_word(std::size_t element_size, Fn&& fn) {
+    switch (element_size) {
+        case 2: return fn.template operator()<std::uint16_t>();
+        case 4: return fn.template operator()<std::uint32_t>();
+        case 8: return fn.template operator()<std::uint64_t>();
+        default: break;
+    }
+    throw DTypeError(str("elements of ", element_size, " bytes are not supported"));
+}
 
 // Shape/dtype rules (ops/<family>.cpp). They throw ShapeError/DTypeError with a short message; the
 // engine adds the op, node and input descriptions.
@@ -94,10 +117,18 @@ std::vector<Tensor> concat_backward(const BackwardArgs& args);
 // `op`'s forward kernel of inputs[0]'s backend, run directly (no checks, nothing saved): for a backward that is
 // another (or its own) op's forward (ops/op_table.cpp).
 Tensor backend_forward(OpType op, std::span<const Tensor> inputs, const OpAttrs& attrs, const OutputSpec& out);
-// scatter_add's backward: gather's forward on dy (ops/indexing.cpp). Every backend.
-std::vector<Tensor> scatter_add_backward(const BackwardArgs& args);
+// gelu_mlp as linear's and gelu's kernels of the inputs' backend in turn (ops/gelu_mlp.cpp): the CPU's, and the
+// GPU's where cuBLASLt's epilogues do not apply. Saves pre = x·w1ᵀ + b1 and h = gelu(pre).
+Tensor gelu_mlp_unfused_forward(const ForwardArgs& args);
+std::vector<Tensor> gelu_mlp_unfused_backward(const BackwardArgs& args);
 // dropout's backward: dropout's forward on dy with the node's seed (ops/dropout.cpp). Every backend.
 std::vector<Tensor> dropout_backward(const BackwardArgs& args);
+// embedding and index_select: row copies and additions (select_rows, add_selected_rows) on the inputs' backend.
+// Every backend (ops/indexing.cpp).
+Tensor embedding_forward(const ForwardArgs& args);
+std::vector<Tensor> embedding_backward(const BackwardArgs& args);
+Tensor index_select_forward(const ForwardArgs& args);
+std::vector<Tensor> index_select_backward(const BackwardArgs& args);
 
 // softmax / log_softmax around their axis (ops/elementwise.cpp), shared by both backends. The backward's dx is
 // allocated like x, undefined when x needs no gradient; nothing to compute when it is undefined or empty.
@@ -122,10 +153,20 @@ struct IndexedWalk {
     std::int64_t axis_size = 1;  // valid indices: [0, axis_size)
 };
 IndexedWalk indexed_walk(const Shape& indexed, const Shape& index, int axis);
+// gather and scatter_add: element copies and additions (gather_elements, add_elements) on the inputs' backend;
+// scatter_add's backward is gather's forward on dy. Every backend.
+Tensor gather_forward(const ForwardArgs& args);
+std::vector<Tensor> gather_backward(const BackwardArgs& args);
+Tensor scatter_add_forward(const ForwardArgs& args);
+std::vector<Tensor> scatter_add_backward(const BackwardArgs& args);
 
 // Sorting and sampling (ops/sampling.cpp), shared by both backends: x seen around `axis` (a rank-0 x as one line
 // of one element), and the words for a multinomial row's problem (math::WeightProblem, ops/sampling_math.h).
 AxisSplit sampling_split(const Tensor& x, std::int64_t axis);
+// cumsum and argsort/topk_indices: running_sums and sort_lines on the input's backend. Every backend.
+Tensor cumsum_forward(const ForwardArgs& args);
+std::vector<Tensor> cumsum_backward(const BackwardArgs& args);
+Tensor sort_indices_forward(const ForwardArgs& args);
 struct WeightRows {  // multinomial's probs, (C) or (N, C), as rows of categories
     std::int64_t rows = 1, categories = 1;
 };
@@ -149,6 +190,9 @@ namespace cpu {
 #if DYNGRAD_WITH_CUDA
 namespace cuda {
 #include "dyngrad/ops/kernel_entry_points.inc"
+// gelu_mlp with cuBLASLt's GELU epilogues where they apply, else gelu_mlp_unfused_forward/backward (ops/linalg.cu).
+Tensor gelu_mlp_forward(const ForwardArgs& args);
+std::vector<Tensor> gelu_mlp_backward(const BackwardArgs& args);
 // DropoutSeeds::next on a GPU (ops/dropout.h): ++counter and out = the draw's seed, one kernel.
 void next_dropout_seed(Tensor& counter, std::uint64_t seed, Tensor& out);
 // A DropoutSeeds draw fused into the dropout forward kernel (the Dropout layer's path, ops/dropout.cpp): while
@@ -164,6 +208,14 @@ struct FusedSeedDraw {
 // Installs `draw` for this thread's next dropout forward (null: none); returns the previous one.
 FusedSeedDraw* set_fused_seed_draw(FusedSeedDraw* draw);
 }  // namespace cuda
+#endif
+
+// `call`, a primitive both backends declare (ops/kernel_entry_points.inc), on `tensor`'s backend: what the ops
+// written once for every backend (transpose, narrow, embedding, …) are made of.
+#if DYNGRAD_WITH_CUDA
+#define DG_ON_BACKEND_OF(tensor, call) ((tensor).device().is_cuda() ? cuda::call : cpu::call)
+#else
+#define DG_ON_BACKEND_OF(tensor, call) cpu::call
 #endif
 
 // The backend dispatch of the engine's helpers (sum_to, accumulate_into) is declared in graph/backend.h.

@@ -388,21 +388,13 @@ void strided_copy(const E* x, E* y, std::int64_t n, const StridedWalk<1>& walk_a
         }
     }
 }
-template <typename E>
-void strided_copy_as(const Tensor& x, Tensor& y, const StridedWalk<1>& walk) {
-    strided_copy(static_cast<const E*>(x.raw_data()), static_cast<E*>(y.raw_data()), y.numel(), walk);
-}
 }  // namespace
 
 void strided_copy(const Tensor& x, Tensor& y, const StridedWalk<1>& walk) {
     // bf16/f16 as 2-byte words (they were copied as 8-byte ones: past the end of both buffers).
-    switch (dtype_size(x.dtype())) {
-        case 2: return strided_copy_as<std::uint16_t>(x, y, walk);
-        case 4: return strided_copy_as<std::uint32_t>(x, y, walk);
-        case 8: return strided_copy_as<std::uint64_t>(x, y, walk);
-        default: break;
-    }
-    throw DTypeError(str("permute/expand: elements of ", dtype_size(x.dtype()), " bytes are not supported"));
+    with_element_word(dtype_size(x.dtype()), [&]<typename E>() {
+        strided_copy(static_cast<const E*>(x.raw_data()), static_cast<E*>(y.raw_data()), y.numel(), walk);
+    });
 }
 
 }  // namespace cpu
@@ -412,32 +404,15 @@ void strided_copy(const Tensor& x, Tensor& y, const StridedWalk<1>& walk) {
 namespace {
 
 void swap_axes(const Tensor& x, const std::vector<std::int64_t>& axes, Tensor& y) {
-#if DYNGRAD_WITH_CUDA
-    if (x.device().is_cuda()) return cuda::swap_axes(x, axes, y);
-#endif
-    cpu::swap_axes(x, axes, y);
+    DG_ON_BACKEND_OF(x, swap_axes(x, axes, y));
 }
-
 void strided_copy(const Tensor& x, Tensor& y, const StridedWalk<1>& walk) {
-#if DYNGRAD_WITH_CUDA
-    if (x.device().is_cuda()) return cuda::strided_copy(x, y, walk);
-#endif
-    cpu::strided_copy(x, y, walk);
+    DG_ON_BACKEND_OF(x, strided_copy(x, y, walk));
 }
-
 void copy_rows(const Tensor& src, Tensor& dst, const RowCopy& copy) {
-#if DYNGRAD_WITH_CUDA
-    if (src.device().is_cuda()) return cuda::copy_rows(src, dst, copy);
-#endif
-    cpu::copy_rows(src, dst, copy);
+    DG_ON_BACKEND_OF(src, copy_rows(src, dst, copy));
 }
-
-void add_rows(const Tensor& src, Tensor& dst, const RowCopy& copy) {
-#if DYNGRAD_WITH_CUDA
-    if (src.device().is_cuda()) return cuda::add_rows(src, dst, copy);
-#endif
-    cpu::add_rows(src, dst, copy);
-}
+void add_rows(const Tensor& src, Tensor& dst, const RowCopy& copy) { DG_ON_BACKEND_OF(src, add_rows(src, dst, copy)); }
 
 // narrow's window: x (outer, size, inner)[:, start:start+length, :] -> y (outer, length, inner)
 RowCopy narrow_copy(const Shape& x, const OpAttrs& attrs) {

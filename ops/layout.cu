@@ -18,18 +18,6 @@ namespace {
 
 constexpr unsigned kThreads = 256;
 
-// Layout kernels move elements as unsigned words of the element's size: every dtype (bf16/f16 as 2 bytes) natively.
-template <typename Fn>
-void with_element_word(std::size_t element_size, Fn&& fn) {
-    switch (element_size) {
-        case 2: return fn.template operator()<std::uint16_t>();
-        case 4: return fn.template operator()<std::uint32_t>();
-        case 8: return fn.template operator()<std::uint64_t>();
-        default: break;
-    }
-    throw DTypeError(str("layout copy: elements of ", element_size, " bytes are not supported"));
-}
-
 // A tensor around the two swapped axes lo < hi: x (outer, d0, mid, d1, inner) -> y (outer, d1, mid, d0, inner).
 struct SwapSplit {
     std::int64_t outer = 1, d0 = 1, mid = 1, d1 = 1, inner = 1;

@@ -86,22 +86,13 @@ std::vector<Var> linear_differentiable_backward(const DiffBackwardArgs& args) {
     return grads;
 }
 
-namespace {
-
-void require_same_dtype(const Tensor& a, const Tensor& b, const char* role_a, const char* role_b) {
-    if (a.dtype() != b.dtype())
-        throw DTypeError(str(role_a, " is ", dtype_name(a.dtype()), " but ", role_b, " is ", dtype_name(b.dtype())));
-}
-
-}  // namespace
-
 namespace infer {
 
 OutputSpec matmul(OpType, std::span<const Tensor> inputs, const OpAttrs&) {
     const Tensor& a = inputs[0];
     const Tensor& b = inputs[1];
     require_float(a, "a");
-    require_same_dtype(a, b, "a", "b");
+    require_same_dtype(a, "a", b, "b");
     if (a.rank() != b.rank() || (a.rank() != 2 && a.rank() != 3))
         throw ShapeError(str("expects two 2-D or two 3-D operands, got ", to_string(a.shape()), " and ",
                              to_string(b.shape())));
@@ -123,8 +114,8 @@ OutputSpec linear(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) 
     const Tensor& weight = inputs[1];
     const Tensor& bias = inputs[2];
     require_float(x, "x");
-    require_same_dtype(x, weight, "x", "weight");
-    require_same_dtype(x, bias, "x", "bias");
+    require_same_dtype(x, "x", weight, "weight");
+    require_same_dtype(x, "x", bias, "bias");
     if (x.rank() != 2 || weight.rank() != 2 || bias.rank() != 1)
         throw ShapeError(str("expects x (N,in), weight (out,in), bias (out), got ", to_string(x.shape()), ", ",
                              to_string(weight.shape()), ", ", to_string(bias.shape())));

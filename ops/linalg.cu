@@ -469,7 +469,7 @@ Tensor linear_of(const Tensor& x, const Tensor& w, const Tensor& b, DType dtype)
 }  // namespace
 
 // pre = x·w1ᵀ + b1, h = gelu(pre) (rows, hidden), y = h·w2ᵀ + b2 (rows, out); saves pre and h. With the epilogues
-// one GEMM writes pre (its aux matrix) and h; otherwise linear's kernels and gelu's.
+// one GEMM writes pre (its aux matrix) and h; otherwise linear's kernels and gelu's (gelu_mlp_unfused_forward).
 Tensor gelu_mlp_forward(const ForwardArgs& args) {
     const MlpOperands o = mlp_operands(args.inputs);
     DeviceContext& ctx = context_for(o.x);
@@ -479,13 +479,7 @@ Tensor gelu_mlp_forward(const ForwardArgs& args) {
     const bool fused = mlp_epilogues_apply(o, args.attrs) && gelu_mlp_epilogues() != GeluMlpEpilogues::none &&
                        lt_gemm(ctx, dtype, "gelu_mlp", o.hidden, o.rows, o.in, o.w1.raw_data(), true, o.x.raw_data(),
                                false, h.raw_data(), CUBLASLT_EPILOGUE_GELU_AUX_BIAS, o.b1.raw_data(), pre.raw_data());
-    if (!fused && o.rows * o.hidden > 0) {
-        pre = linear_of(o.x, o.w1, o.b1, dtype);
-        const Tensor gelu_in[] = {pre};
-        std::vector<Tensor> no_saved;
-        h = op_def(OpType::Gelu).cuda.forward(
-            ForwardArgs{OpType::Gelu, gelu_in, args.attrs, OutputSpec{pre.shape(), dtype}, no_saved});
-    }
+    if (!fused) return gelu_mlp_unfused_forward(args);
     args.saved.push_back(pre);
     args.saved.push_back(h);
     return linear_of(h, o.w2, o.b2, dtype);
@@ -494,7 +488,8 @@ Tensor gelu_mlp_forward(const ForwardArgs& args) {
 // dy (rows, out) -> dx, dw1, db1, dw2, db2. With the backward epilogue: dw2 = dyᵀ·h with db2 (BGRADB), then
 // dpre = (dy·w2) ∘ gelu'(pre) in one GEMM (DGELU), dw1 = dpreᵀ·x with db1 (BGRADB), dx = dpre·w1. Not DGELU_BGRAD:
 // on the H200 cuBLASLt runs its bias sums as a separate kernel slower than gelu's own backward (7.4 ms of a
-// 71.6 ms GPT-2 step, ncu, 2026-11-29). Otherwise linear's and gelu's backward kernels in turn.
+// 71.6 ms GPT-2 step, ncu, 2026-11-29). Otherwise linear's and gelu's backward kernels in turn
+// (gelu_mlp_unfused_backward).
 std::vector<Tensor> gelu_mlp_backward(const BackwardArgs& args) {
     const MlpOperands o = mlp_operands(args.inputs);
     DeviceContext& ctx = context_for(o.x);
@@ -531,19 +526,7 @@ std::vector<Tensor> gelu_mlp_backward(const BackwardArgs& args) {
             return grads;
         }
     }
-    // The composition's kernels: proj's backward, gelu's, fc's.
-    const Tensor proj_in[] = {h, o.w2, o.b2};
-    const std::array<bool, 3> proj_needs{true, args.needs_grad[3], args.needs_grad[4]};
-    std::vector<Tensor> proj = linear_backward(BackwardArgs{OpType::Linear, proj_in, args.output, dy, OpAttrs{}, {},
-                                                            proj_needs});
-    const Tensor gelu_in[] = {pre};
-    const std::array<bool, 1> gelu_needs{true};
-    const Tensor dpre = op_def(OpType::Gelu).cuda.backward(
-        BackwardArgs{OpType::Gelu, gelu_in, h, proj[0], args.attrs, {}, gelu_needs})[0];
-    const Tensor fc_in[] = {o.x, o.w1, o.b1};
-    const std::array<bool, 3> fc_needs{args.needs_grad[0], args.needs_grad[1], args.needs_grad[2]};
-    std::vector<Tensor> fc = linear_backward(BackwardArgs{OpType::Linear, fc_in, pre, dpre, OpAttrs{}, {}, fc_needs});
-    return {fc[0], fc[1], fc[2], proj[1], proj[2]};
+    return gelu_mlp_unfused_backward(args);
 }
 
 }  // namespace dyngrad::cuda

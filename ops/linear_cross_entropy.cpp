@@ -111,17 +111,10 @@ Var linear_cross_entropy_composition(std::span<const Var> in, const OpAttrs& att
     return cross_entropy(logits, in[2], options);
 }
 
-bool linear_cross_entropy_applies(std::span<const Tensor>, const OpAttrs&) { return true; }
-
 }  // namespace
 
-std::vector<Var> linear_cross_entropy_differentiable_backward(const DiffBackwardArgs& args) {
-    return differentiate_composition(
-        args, [&](std::span<const Var> in) { return linear_cross_entropy_composition(in, args.attrs); });
-}
-
 namespace unfused {
-const UnfusedComposition linear_cross_entropy{linear_cross_entropy_applies, linear_cross_entropy_composition};
+const UnfusedComposition linear_cross_entropy{linear_cross_entropy_composition};
 }  // namespace unfused
 
 namespace infer {
@@ -135,9 +128,8 @@ OutputSpec linear_cross_entropy(OpType, std::span<const Tensor> inputs, const Op
     const Tensor& weight = inputs[1];
     const Tensor& labels = inputs[2];
     require_float(x, "x");
-    if (weight.dtype() != x.dtype())
-        throw DTypeError(str("weight is ", dtype_name(weight.dtype()), " but x is ", dtype_name(x.dtype())));
-    if (labels.dtype() != DType::i64) throw DTypeError(str("labels must be int64, got ", dtype_name(labels.dtype())));
+    require_same_dtype(weight, "weight", x, "x");
+    require_int64(labels, "labels");
     if (x.rank() != 2) throw ShapeError(str("x must be (N,E), got ", to_string(x.shape())));
     if (weight.rank() != 2) throw ShapeError(str("weight must be (V,E), got ", to_string(weight.shape())));
     if (weight.size(1) != x.size(1))

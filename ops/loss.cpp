@@ -143,6 +143,8 @@ Var class_loss_composition(std::span<const Var> in, const OpAttrs& attrs, OpType
     return attrs.reduction == Reduction::Sum ? sum(loss) : loss;
 }
 
+}  // namespace
+
 Var loss_composition(OpType op, std::span<const Var> in, const OpAttrs& attrs) {
     switch (op) {
         case OpType::CrossEntropy:
@@ -176,12 +178,6 @@ Var loss_composition(OpType op, std::span<const Var> in, const OpAttrs& attrs) {
     throw GraphError(str("differentiable backward: ", op_def(op).name, " is not a loss"));
 }
 
-}  // namespace
-
-std::vector<Var> loss_differentiable_backward(const DiffBackwardArgs& args) {
-    return differentiate_composition(args, [&](std::span<const Var> in) { return loss_composition(args.op, in, args.attrs); });
-}
-
 namespace infer {
 
 namespace {
@@ -193,12 +189,6 @@ Shape loss_output_shape(Reduction reduction, const Shape& unreduced) {
     return reduction == Reduction::None ? unreduced : Shape{};
 }
 
-void require_same_float(const Tensor& t, const char* role, const Tensor& reference, const char* reference_role) {
-    if (t.dtype() != reference.dtype())
-        throw DTypeError(str(role, " is ", dtype_name(t.dtype()), " but ", reference_role, " is ",
-                             dtype_name(reference.dtype())));
-}
-
 }  // namespace
 
 // cross_entropy: logits (N,C); nll_loss: log_probs (N,C); labels (N) int64; class weights (C) optional.
@@ -207,8 +197,7 @@ OutputSpec cross_entropy(OpType op, std::span<const Tensor> inputs, const OpAttr
     const Tensor& logits = inputs[0];
     const Tensor& labels = inputs[1];
     require_float(logits, role);
-    if (labels.dtype() != DType::i64)
-        throw DTypeError(str("labels must be int64, got ", dtype_name(labels.dtype())));
+    require_int64(labels, "labels");
     if (logits.rank() != 2) throw ShapeError(str(role, " must be (N,C), got ", to_string(logits.shape())));
     if (labels.shape() != Shape{logits.shape()[0]})
         throw ShapeError(str("labels ", to_string(labels.shape()), " do not match ", role, " ",
@@ -217,7 +206,7 @@ OutputSpec cross_entropy(OpType op, std::span<const Tensor> inputs, const OpAttr
         throw ShapeError(str(role, " ", to_string(logits.shape()), " are empty: the loss needs N, C >= 1"));
     if (inputs.size() > 2) {
         const Tensor& weight = inputs[2];
-        require_same_float(weight, "class_weight", logits, role);
+        require_same_dtype(weight, "class_weight", logits, role);
         if (weight.shape() != Shape{logits.shape()[1]})
             throw ShapeError(str("class_weight ", to_string(weight.shape()), " does not match the ",
                                  logits.shape()[1], " classes of ", role, " ", to_string(logits.shape()),
@@ -235,14 +224,14 @@ OutputSpec cross_entropy(OpType op, std::span<const Tensor> inputs, const OpAttr
 OutputSpec bce_with_logits(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
     const Tensor& logits = inputs[0];
     require_float(logits, "logits");
-    require_same_float(inputs[1], "target", logits, "logits");
+    require_same_dtype(inputs[1], "target", logits, "logits");
     if (inputs[1].shape() != logits.shape())
         throw ShapeError(str("target ", to_string(inputs[1].shape()), " and logits ", to_string(logits.shape()),
                              " differ in shape"));
     const char* roles[] = {"logits", "target", "weight", "pos_weight"};
     for (std::size_t i = 2; i < inputs.size(); ++i) {
         const Tensor& w = inputs[i];
-        require_same_float(w, roles[i], logits, "logits");
+        require_same_dtype(w, roles[i], logits, "logits");
         // Broadcast over leading axes only: the kernels read element k's weight at k mod numel.
         const Shape& s = w.shape();
         const Shape& x = logits.shape();
@@ -265,7 +254,7 @@ OutputSpec pointwise_loss(OpType op, std::span<const Tensor> inputs, const OpAtt
     const Tensor& prediction = inputs[0];
     const Tensor& target = inputs[1];
     require_float(prediction, "prediction");
-    require_same_float(target, "target", prediction, "prediction");
+    require_same_dtype(target, "target", prediction, "prediction");
     if (prediction.shape() != target.shape())
         throw ShapeError(str("prediction ", to_string(prediction.shape()), " and target ",
                              to_string(target.shape()), " differ in shape"));
@@ -276,18 +265,9 @@ OutputSpec pointwise_loss(OpType op, std::span<const Tensor> inputs, const OpAtt
     return {loss_output_shape(attrs.reduction, prediction.shape()), prediction.dtype()};
 }
 
-OutputSpec mse_loss(OpType, std::span<const Tensor> inputs, const OpAttrs&) {
-    const Tensor& prediction = inputs[0];
-    const Tensor& target = inputs[1];
-    require_float(prediction, "prediction");
-    if (target.dtype() != prediction.dtype())
-        throw DTypeError(str("prediction is ", dtype_name(prediction.dtype()), " but target is ",
-                             dtype_name(target.dtype())));
-    if (prediction.shape() != target.shape())
-        throw ShapeError(str("prediction ", to_string(prediction.shape()), " and target ",
-                             to_string(target.shape()), " differ in shape"));
-    if (prediction.numel() == 0) throw ShapeError("inputs are empty: the mean needs at least one element");
-    return {{}, prediction.dtype()};
+// mse_loss: pointwise_loss's rule for the mean (OpAttrs' default reduction), the only reduction it has.
+OutputSpec mse_loss(OpType op, std::span<const Tensor> inputs, const OpAttrs&) {
+    return pointwise_loss(op, inputs, OpAttrs{});
 }
 
 }  // namespace infer

@@ -651,9 +651,7 @@ void chunked_pass(DeviceContext& ctx, const Tensor& x, const Tensor& weight, con
 
 }  // namespace
 
-// x (N,E), weight (V_padded,E), labels (N) -> loss () or (N); saves what math::linear_cross_entropy_outputs says
-// (ops/loss_math.h): [D, C] (the batch sums kernel's) and, when the forward computes them, dx and dW of the summed
-// loss (unit upstream gradient).
+// Saves what the CPU's forward saves (ops/linear_cross_entropy.cpp), [D, C] from the batch sums kernel.
 Tensor linear_cross_entropy_forward(const ForwardArgs& args) {
     const Tensor& x = args.inputs[0];
     const Reduction reduction = args.attrs.reduction;

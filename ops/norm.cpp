@@ -48,6 +48,8 @@ Var standardize(const Var& x, const std::vector<std::int64_t>& axes, double eps)
     return mul(centered, pow(add_scalar(mean(mul(centered, centered), axes, true), eps), -0.5));
 }
 
+}  // namespace
+
 Var norm_composition(OpType op, std::span<const Var> in, const OpAttrs& attrs) {
     const Var& x = in[0];
     const auto rank = static_cast<std::int64_t>(x.shape().size());
@@ -70,22 +72,13 @@ Var norm_composition(OpType op, std::span<const Var> in, const OpAttrs& attrs) {
     return y;
 }
 
-}  // namespace
-
-std::vector<Var> norm_differentiable_backward(const DiffBackwardArgs& args) {
-    return differentiate_composition(args, [&](std::span<const Var> in) { return norm_composition(args.op, in, args.attrs); });
-}
-
 namespace infer {
 
 OutputSpec batch_norm(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
     static constexpr const char* kRoles[] = {"x", "gamma", "beta", "running_mean", "running_var"};
     const Tensor& x = inputs[0];
     require_float(x, "x");
-    for (std::size_t i = 1; i < inputs.size(); ++i)
-        if (inputs[i].dtype() != x.dtype())
-            throw DTypeError(str(kRoles[i], " is ", dtype_name(inputs[i].dtype()), " but x is ",
-                                 dtype_name(x.dtype())));
+    for (std::size_t i = 1; i < inputs.size(); ++i) require_same_dtype(inputs[i], kRoles[i], x, "x");
     if (x.rank() != 2 && x.rank() != 4)
         throw ShapeError(str("x must be (N,C) or (N,C,H,W), got ", to_string(x.shape())));
     const std::int64_t channels = x.size(1);
@@ -112,10 +105,7 @@ OutputSpec row_norm(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs
     const Tensor& x = inputs[0];
     const Shape& normalized = attrs.shape;
     require_float(x, "x");
-    for (std::size_t i = 1; i < inputs.size(); ++i)
-        if (inputs[i].dtype() != x.dtype())
-            throw DTypeError(str(kRoles[i], " is ", dtype_name(inputs[i].dtype()), " but x is ",
-                                 dtype_name(x.dtype())));
+    for (std::size_t i = 1; i < inputs.size(); ++i) require_same_dtype(inputs[i], kRoles[i], x, "x");
     if (normalized.empty())
         throw ShapeError(str("normalized_shape must name at least one trailing dim of x ", to_string(x.shape()),
                              ", got ()"));

@@ -621,8 +621,6 @@ std::vector<Tensor> batch_norm_backward(const BackwardArgs& args) {
     return grads;
 }
 
-// x (rows, n) with weight, bias (n) where given -> y (rows, n); saves mean (layer_norm only) and rstd (rows).
-//   layer_norm: y = (x − mean)·rstd·w + b, rstd = 1/sqrt(Σ(x − mean)²/n + eps);  rms_norm: y = x·rstd·w
 Tensor row_norm_forward(const ForwardArgs& args) {
     const Tensor& x = args.inputs[0];
     const bool center = args.op == OpType::LayerNorm;

@@ -24,30 +24,20 @@ constexpr AutocastPolicy kReduced = AutocastPolicy::Reduced;
 constexpr AutocastPolicy kFloat32 = AutocastPolicy::Float32;
 constexpr AutocastPolicy kFollow = AutocastPolicy::Follow;
 
+// A row's CUDA kernels: `...` in a build with CUDA, none without (where its cuda:: names do not exist).
 #if DYNGRAD_WITH_CUDA
-#define DG_CUDA_KERNELS(forward, backward) BackendKernels{cuda::forward, cuda::backward}
-// A CUDA forward with a backward shared by every backend (in namespace dyngrad).
-#define DG_CUDA_KERNELS_FORWARD(forward, backward) BackendKernels{cuda::forward, backward}
-// Kernels written once for every backend (in namespace dyngrad), on top of per-backend primitives.
-#define DG_CUDA_KERNELS_SHARED(forward, backward) BackendKernels{forward, backward}
-// CUDA kernels that take bf16/f16 themselves (BackendKernels::native_reduced): no conversion through f32.
-#define DG_CUDA_KERNELS_NATIVE(forward, backward) BackendKernels{cuda::forward, cuda::backward, true}
-#define DG_CUDA_KERNELS_FORWARD_NATIVE(forward, backward) BackendKernels{cuda::forward, backward, true}
-#define DG_CUDA_KERNELS_SHARED_NATIVE(forward, backward) BackendKernels{forward, backward, true}
+#define DG_IF_CUDA(...) __VA_ARGS__
 #else
-#define DG_CUDA_KERNELS(forward, backward) \
-    BackendKernels {}
-#define DG_CUDA_KERNELS_FORWARD(forward, backward) \
-    BackendKernels {}
-#define DG_CUDA_KERNELS_SHARED(forward, backward) \
-    BackendKernels {}
-#define DG_CUDA_KERNELS_NATIVE(forward, backward) \
-    BackendKernels {}
-#define DG_CUDA_KERNELS_FORWARD_NATIVE(forward, backward) \
-    BackendKernels {}
-#define DG_CUDA_KERNELS_SHARED_NATIVE(forward, backward) \
-    BackendKernels {}
+#define DG_IF_CUDA(...) BackendKernels{}
 #endif
+#define DG_CUDA_KERNELS(forward, backward) DG_IF_CUDA(BackendKernels{cuda::forward, cuda::backward})
+// Kernels written once for every backend (in namespace dyngrad), on top of per-backend primitives.
+#define DG_CUDA_KERNELS_SHARED(forward, backward) DG_IF_CUDA(BackendKernels{forward, backward})
+// CUDA kernels that take bf16/f16 themselves (BackendKernels::native_reduced): no conversion through f32.
+#define DG_CUDA_KERNELS_NATIVE(forward, backward) DG_IF_CUDA(BackendKernels{cuda::forward, cuda::backward, true})
+// A native CUDA forward with a backward shared by every backend (in namespace dyngrad).
+#define DG_CUDA_KERNELS_FORWARD_NATIVE(forward, backward) DG_IF_CUDA(BackendKernels{cuda::forward, backward, true})
+#define DG_CUDA_KERNELS_SHARED_NATIVE(forward, backward) DG_IF_CUDA(BackendKernels{forward, backward, true})
 
 constexpr BackendKernels kCpuUnary{cpu::unary_forward, cpu::unary_backward};
 constexpr BackendKernels kCpuBinary{cpu::binary_forward, cpu::binary_backward};
@@ -78,26 +68,20 @@ constexpr BackendKernels kCudaRowNorm = DG_CUDA_KERNELS_NATIVE(row_norm_forward,
 // Not differentiable (OpDef::differentiable = false): forward kernels only.
 constexpr BackendKernels kCpuCompare{cpu::binary_forward, nullptr};
 constexpr BackendKernels kArgReduce{arg_reduce_forward, nullptr};  // every backend, through max's kernels
-constexpr BackendKernels kCpuSortIndices{cpu::sort_indices_forward, nullptr};
-#if DYNGRAD_WITH_CUDA
-constexpr BackendKernels kCudaCompare{cuda::binary_forward, nullptr, true};
-constexpr BackendKernels kCudaArgReduce{arg_reduce_forward, nullptr, true};  // neg and max: native on the GPU
-constexpr BackendKernels kCudaSortIndices{cuda::sort_indices_forward, nullptr};
-constexpr BackendKernels kCudaMultinomial{cuda::multinomial_forward, nullptr};
-#else
-constexpr BackendKernels kCudaCompare{};
-constexpr BackendKernels kCudaArgReduce{};
-constexpr BackendKernels kCudaSortIndices{};
-constexpr BackendKernels kCudaMultinomial{};
-#endif
+constexpr BackendKernels kSortIndices{sort_indices_forward, nullptr};  // every backend, through sort_lines
+constexpr BackendKernels kSortIndicesCuda = DG_CUDA_KERNELS_SHARED(sort_indices_forward, nullptr);
+constexpr BackendKernels kCudaCompare = DG_IF_CUDA(BackendKernels{cuda::binary_forward, nullptr, true});
+// neg and max: native on the GPU
+constexpr BackendKernels kCudaArgReduce = DG_CUDA_KERNELS_SHARED_NATIVE(arg_reduce_forward, nullptr);
+constexpr BackendKernels kCudaMultinomial = DG_IF_CUDA(BackendKernels{cuda::multinomial_forward, nullptr});
 constexpr bool kNotDifferentiable = false;
+// The differentiable backwards of the families whose compositions take the op (ops/differentiable_backward.h).
+constexpr DiffBackwardFn loss_differentiable_backward = composition_differentiable_backward<loss_composition>;
+constexpr DiffBackwardFn norm_differentiable_backward = composition_differentiable_backward<norm_composition>;
+constexpr DiffBackwardFn pool_differentiable_backward = composition_differentiable_backward<pool_composition>;
 // narrow: byte copies on every backend; its backward adds into the gradient so far in place (graph/op_def.h)
 constexpr BackendKernels kNarrow{narrow_forward, narrow_backward, true, /*accumulates_in_place=*/true};
-#if DYNGRAD_WITH_CUDA
-constexpr BackendKernels kCudaNarrow = kNarrow;
-#else
-constexpr BackendKernels kCudaNarrow{};
-#endif
+constexpr BackendKernels kCudaNarrow = DG_IF_CUDA(kNarrow);
 
 constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::Leaf, "leaf", 0, nullptr, {}, {}, no_cases,
@@ -240,13 +224,13 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      reads("reduction", "ignore_index", "label_smoothing", "length", "save_for_backward"), kReduced,
      "torch.nn.functional.cross_entropy(torch.nn.functional.linear(x, weight[:length]), labels, "
      "ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing)",
-     0, true, 0, &unfused::linear_cross_entropy, linear_cross_entropy_differentiable_backward, nullptr,
+     0, true, 0, &unfused::linear_cross_entropy, unfused_differentiable_backward<unfused::linear_cross_entropy>, nullptr,
      linear_cross_entropy_arguments},
     {OpType::Conv2d, "conv2d", 3, infer::conv2d, {cpu::conv2d_forward, cpu::conv2d_backward},
      DG_CUDA_KERNELS_NATIVE(conv2d_forward, conv2d_backward), conv2d_cases,
      reads("stride", "padding", "dilation", "groups", "activation"), kReduced,
      "activation(torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups))",
-     /*optional_inputs=*/1, true, 0, &unfused::conv2d, conv2d_differentiable_backward},
+     /*optional_inputs=*/1, true, 0, &unfused::conv2d, composition_differentiable_backward<conv2d_composition>},
     {OpType::MaxPool2d, "max_pool2d", 1, infer::pool2d, kCpuPool, kCudaPool, pool2d_cases,
      reads("kernel", "stride", "padding"), kFollow, "torch.nn.functional.max_pool2d(x, kernel, stride, padding)", 0, true, 0, nullptr, pool_differentiable_backward,
      nullptr, pool_arguments},
@@ -287,20 +271,19 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
     {OpType::Expand, "expand", 1, infer::expand, {expand_forward, expand_backward, true},
      DG_CUDA_KERNELS_SHARED_NATIVE(expand_forward, expand_backward), expand_cases,
      reads("shape"), kFollow, "x.expand(shape)", 0, true, 0, nullptr, expand_differentiable_backward},
-    {OpType::Embedding, "embedding", 2, infer::embedding, {cpu::embedding_forward, cpu::embedding_backward},
-     DG_CUDA_KERNELS(embedding_forward, embedding_backward), embedding_cases,
+    {OpType::Embedding, "embedding", 2, infer::embedding, {embedding_forward, embedding_backward},
+     DG_CUDA_KERNELS_SHARED(embedding_forward, embedding_backward), embedding_cases,
      reads("padding_idx"), kFollow,
      "torch.nn.functional.embedding(indices, weight, padding_idx=padding_idx)", 0, true, 0, nullptr, embedding_differentiable_backward,
      nullptr, embedding_arguments},
-    {OpType::Gather, "gather", 2, infer::gather, {cpu::gather_forward, cpu::gather_backward},
-     DG_CUDA_KERNELS(gather_forward, gather_backward), gather_cases,
+    {OpType::Gather, "gather", 2, infer::gather, {gather_forward, gather_backward},
+     DG_CUDA_KERNELS_SHARED(gather_forward, gather_backward), gather_cases,
      reads("axis"), kFollow, "torch.gather(x, axis, index)", 0, true, 0, nullptr, gather_differentiable_backward},
-    {OpType::IndexSelect, "index_select", 2, infer::index_select,
-     {cpu::index_select_forward, cpu::index_select_backward},
-     DG_CUDA_KERNELS(index_select_forward, index_select_backward), index_select_cases,
+    {OpType::IndexSelect, "index_select", 2, infer::index_select, {index_select_forward, index_select_backward},
+     DG_CUDA_KERNELS_SHARED(index_select_forward, index_select_backward), index_select_cases,
      reads("axis"), kFollow, "torch.index_select(x, axis, index)", 0, true, 0, nullptr, index_select_differentiable_backward},
-    {OpType::ScatterAdd, "scatter_add", 3, infer::scatter_add, {cpu::scatter_add_forward, scatter_add_backward},
-     DG_CUDA_KERNELS_FORWARD(scatter_add_forward, scatter_add_backward), scatter_add_cases,
+    {OpType::ScatterAdd, "scatter_add", 3, infer::scatter_add, {scatter_add_forward, scatter_add_backward},
+     DG_CUDA_KERNELS_SHARED(scatter_add_forward, scatter_add_backward), scatter_add_cases,
      reads("axis"), kFollow, "torch.scatter_add(x, axis, index, src)", 0, true, 0, nullptr, scatter_add_differentiable_backward},
     {OpType::Where, "where", 3, infer::where, kCpuSelect, kCudaSelect, where_cases,
      kNoAttrs, kFollow, "torch.where(condition != 0, a, b)", 0, true, 0, nullptr, select_differentiable_backward},
@@ -313,7 +296,7 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      attention_cases, reads("scalar", "seed", "is_causal", "attention_scale"), kReduced,
      "torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask != 0, dropout_p=scalar, "
      "is_causal=is_causal, scale=attention_scale), with dyngrad's keep mask from seed",
-     /*optional_inputs=*/1, true, 0, nullptr, attention_differentiable_backward},
+     /*optional_inputs=*/1, true, 0, nullptr, composition_differentiable_backward<attention_composition>},
     // scaled_dot_product_attention over a packed projection (ops/attention.h): on cuDNN in place, elsewhere the
     // layout copies around the same kernels; its composition is the fused-kernel check's reference.
     {OpType::QkvAttention, "qkv_attention", 1, infer::qkv_attention,
@@ -323,27 +306,28 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      "F.scaled_dot_product_attention(*qkv.view(B, T, 3, num_heads, D).permute(2, 0, 3, 1, 4), "
      "dropout_p=scalar, is_causal=is_causal, scale=attention_scale).transpose(1, 2).reshape(B, T, E), with "
      "dyngrad's keep mask from seed",
-     0, true, 0, &unfused::qkv_attention, qkv_attention_differentiable_backward},
+     0, true, 0, &unfused::qkv_attention, unfused_differentiable_backward<unfused::qkv_attention>},
     // linear(gelu(linear(x, w1, b1)), w2, b2) (ops/linalg.h): GELU in cuBLASLt's epilogues on the GPU; reduced under
     // autocast, as linear.
-    {OpType::GeluMlp, "gelu_mlp", 5, infer::gelu_mlp, {cpu::gelu_mlp_forward, cpu::gelu_mlp_backward},
+    {OpType::GeluMlp, "gelu_mlp", 5, infer::gelu_mlp, {gelu_mlp_unfused_forward, gelu_mlp_unfused_backward},
      DG_CUDA_KERNELS_NATIVE(gelu_mlp_forward, gelu_mlp_backward), gelu_mlp_cases, reads("gelu_approximation"), kReduced,
      "F.linear(F.gelu(F.linear(x, w1, b1), approximate=gelu_approximation), w2, b2)", 0, true, 0, &unfused::gelu_mlp,
-     gelu_mlp_differentiable_backward},
+     unfused_differentiable_backward<unfused::gelu_mlp>},
     {OpType::Rnn, "rnn", 4, infer::rnn, {cpu::rnn_forward, cpu::rnn_backward},
      DG_CUDA_KERNELS(rnn_forward, rnn_backward), rnn_cases,
      reads("rnn_mode", "hidden_size", "num_layers", "bidirectional", "save_for_backward"), kFollow,
      "torch.nn.LSTM / GRU / RNN(rnn_mode, hidden_size, num_layers, bidirectional) on the flat cuDNN-ordered weight",
-     /*optional_inputs=*/2, true, 0, nullptr, rnn_differentiable_backward, nullptr, rnn_arguments},
+     /*optional_inputs=*/2, true, 0, nullptr, composition_differentiable_backward<rnn_composition>, nullptr,
+     rnn_arguments},
     // sorting and sampling (ops/sampling.h): the indices ops are not differentiable (sort's and topk's values are
     // gather(x, axis, indices)); cumsum runs in f32 under autocast, as PyTorch's
-    {OpType::Cumsum, "cumsum", 1, infer::cumsum, {cpu::cumsum_forward, cpu::cumsum_backward},
-     DG_CUDA_KERNELS(cumsum_forward, cumsum_backward), cumsum_cases,
+    {OpType::Cumsum, "cumsum", 1, infer::cumsum, {cumsum_forward, cumsum_backward},
+     DG_CUDA_KERNELS_SHARED(cumsum_forward, cumsum_backward), cumsum_cases,
      reads("axis"), kFloat32, "torch.cumsum(x, dim=axis)", 0, true, 0, nullptr, cumsum_differentiable_backward},
-    {OpType::ArgSort, "argsort", 1, infer::sort_indices, kCpuSortIndices, kCudaSortIndices, argsort_cases,
+    {OpType::ArgSort, "argsort", 1, infer::sort_indices, kSortIndices, kSortIndicesCuda, argsort_cases,
      reads("axis", "descending"), kFollow, "torch.argsort(x, dim=axis, descending=descending, stable=True)", 0,
      kNotDifferentiable},
-    {OpType::TopKIndices, "topk_indices", 1, infer::sort_indices, kCpuSortIndices, kCudaSortIndices,
+    {OpType::TopKIndices, "topk_indices", 1, infer::sort_indices, kSortIndices, kSortIndicesCuda,
      topk_indices_cases, reads("axis", "descending", "length"), kFollow,
      "torch.topk(x, k=length, dim=axis, largest=descending).indices", 0, kNotDifferentiable},
     {OpType::Multinomial, "multinomial", 1, infer::multinomial, {cpu::multinomial_forward, nullptr}, kCudaMultinomial,

@@ -90,7 +90,6 @@ __global__ void mse_backward_kernel(const T* __restrict__ prediction, const T* _
 
 }  // namespace
 
-// prediction, target (any shape, the same)  loss () = mean((prediction - target)²)
 // Per-block partial sums, then a one-block sum: deterministic, no host synchronisation.
 Tensor mse_loss_forward(const ForwardArgs& args) {
     const Tensor& prediction = args.inputs[0];
@@ -116,7 +115,6 @@ Tensor mse_loss_forward(const ForwardArgs& args) {
     return loss;
 }
 
-// dloss () -> dprediction = 2 (prediction - target) / n * dloss, dtarget = -dprediction
 std::vector<Tensor> mse_loss_backward(const BackwardArgs& args) {
     const Tensor& prediction = args.inputs[0];
     const Tensor& target = args.inputs[1];
@@ -133,9 +131,8 @@ std::vector<Tensor> mse_loss_backward(const BackwardArgs& args) {
     return grads;
 }
 
-// l1_loss, smooth_l1_loss: prediction, target;  bce_with_logits: logits, target, [weight], [pos_weight]
-//   -> loss () (Mean over n, Sum) or the inputs' shape (None). Per-block partial sums in double, then a
-// one-block sum: deterministic, no host synchronisation. Formulas: ops/loss_math.h.
+// Per-block partial sums in double, then a one-block sum: deterministic, no host synchronisation. Formulas:
+// ops/loss_math.h.
 Tensor pointwise_loss_forward(const ForwardArgs& args) {
     const Tensor& a = args.inputs[0];
     const Reduction reduction = args.attrs.reduction;

@@ -59,10 +59,6 @@ template Tensor avg_pool2d(const Tensor&, WindowPair, WindowPair, WindowPair, st
 
 // ---- Differentiable backward (graph/higher_order.h): pooling as a composition ----
 
-namespace {
-
-}  // namespace
-
 // x (N,C,H,W) -> the windows (N,C,P,Q,kh·kw) by one index_select over the flattened planes: window element (i,j) of
 // output pixel (p,q) is input pixel (p·sh − ph + i·dh, q·sw − pw + j·dw). A padding slot reads the window's first
 // pixel inside the input instead (for max a duplicate never changes the maximum, and a tie goes to the first slot,
@@ -99,21 +95,14 @@ Var sliding_windows(const Var& x, std::array<std::int64_t, 2> kernel, std::array
     return reshape(transpose(picked, 0, 1), {n, c, p, q, k});
 }
 
-namespace {
-
-Var pool_composition(OpType op, const Var& x, const OpAttrs& attrs) {
+Var pool_composition(OpType op, std::span<const Var> in, const OpAttrs& attrs) {
+    const Var& x = in[0];
     std::vector<double> inside;
     const Var windows = sliding_windows(x, attrs.kernel, attrs.stride, attrs.padding, {1, 1}, inside);
     if (op == OpType::MaxPool2d) return max(windows, 4);
     const Shape& ws = windows.shape();
     const Var mask = x.graph().constant(Tensor::from_vector(inside, {ws[2], ws[3], ws[4]}, x.dtype(), x.device()));
     return mul_scalar(sum(mul(windows, mask), {4}), 1.0 / static_cast<double>(ws[4]));
-}
-
-}  // namespace
-
-std::vector<Var> pool_differentiable_backward(const DiffBackwardArgs& args) {
-    return differentiate_composition(args, [&](std::span<const Var> in) { return pool_composition(args.op, in[0], args.attrs); });
 }
 
 namespace infer {

@@ -348,8 +348,9 @@ std::vector<Tensor> max_backward(const BackwardArgs& args) {
     return {dx};
 }
 
-// x -> x summed over `axes`, which stay as size 1
+// x -> x summed over `axes`, which stay as size 1; bf16/f16 through f32, rounded once
 Tensor sum_over(const Tensor& x, std::span<const int> axes) {
+    if (is_reduced_precision(x.dtype())) return sum_over(x.to(DType::f32), axes).to(x.dtype());
     std::vector<bool> reduced(x.rank(), false);
     for (const int axis : axes) reduced[normalize_axis(axis, x.rank())] = true;
     Tensor y = Tensor::empty(reduced_shape(x.shape(), reduced, true), x.dtype(), x.device());
@@ -380,12 +381,7 @@ std::vector<int> broadcast_reduction_axes(const Shape& from, const Shape& to) {
 Tensor sum_to(const Tensor& grad, const Shape& shape) {
     const std::vector<int> axes = broadcast_reduction_axes(grad.shape(), shape);
     if (axes.empty()) return grad.reshaped(shape);
-#if DYNGRAD_WITH_CUDA
-    if (grad.device().is_cuda()) return cuda::sum_over(grad, axes).reshaped(shape);
-#endif
-    if (is_reduced_precision(grad.dtype()))
-        return cpu::sum_over(grad.to(DType::f32), axes).to(grad.dtype()).reshaped(shape);
-    return cpu::sum_over(grad, axes).reshaped(shape);
+    return DG_ON_BACKEND_OF(grad, sum_over(grad, axes)).reshaped(shape);
 }
 
 void accumulate_into(Tensor& dst, Tensor src) {
@@ -404,20 +400,7 @@ void accumulate_into(Tensor& dst, Tensor src) {
         else
             dst = dst.clone();
     }
-#if DYNGRAD_WITH_CUDA
-    if (dst.device().is_cuda()) {
-        cuda::accumulate_into(dst, src);
-        return;
-    }
-#endif
-    if (is_reduced_precision(dst.dtype()) && dst.dtype() == src.dtype()) {
-        Tensor sum = dst.to(DType::f32);
-        cpu::accumulate_into(sum, src.to(DType::f32));
-        const Tensor rounded = sum.to(dst.dtype());
-        std::memcpy(dst.raw_data(), rounded.raw_data(), dst.nbytes());  // dst owns its storage alone (above)
-        return;
-    }
-    cpu::accumulate_into(dst, src);
+    DG_ON_BACKEND_OF(dst, accumulate_into(dst, src));
 }
 
 }  // namespace dyngrad

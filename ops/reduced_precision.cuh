@@ -16,7 +16,7 @@
 
 #include "dyngrad/core/dtype.h"
 #include "dyngrad/core/error.h"
-#include "dyngrad/cuda/element_convert.cuh"  // convert_element<To>(From): any floating type to any other
+#include "dyngrad/cuda/element_convert.cuh"  // convert_element<To>(From), dispatch_gpu_floating
 #include "dyngrad/ops/host_device.h"
 
 namespace dyngrad {
@@ -67,20 +67,6 @@ constexpr cudaDataType_t cuda_data_type() {
         static_assert(std::is_same_v<T, __half>, "cuda_data_type: not a floating GPU element type");
         return CUDA_R_16F;
     }
-}
-
-// Calls fn.template operator()<T>() with T = float, double, __nv_bfloat16 or __half (the GPU element type of a
-// floating dtype); `what` names the caller in the DTypeError for any other dtype.
-template <typename Fn>
-decltype(auto) dispatch_gpu_floating(DType dtype, std::string_view what, Fn&& fn) {
-    switch (dtype) {
-        case DType::f32: return fn.template operator()<float>();
-        case DType::f64: return fn.template operator()<double>();
-        case DType::bf16: return fn.template operator()<__nv_bfloat16>();
-        case DType::f16: return fn.template operator()<__half>();
-        default: break;
-    }
-    throw DTypeError(str(what, ": expects float32, float64, bfloat16 or float16, got ", dtype_name(dtype)));
 }
 
 }  // namespace dyngrad

@@ -193,8 +193,6 @@ RnnResult rnn_relu(const Var& x, const Var& w, const RnnOptions& options, std::o
 
 // ---- differentiable backward (graph/higher_order.h) ----
 
-namespace {
-
 // The packed [output | h_n | c_n] rebuilt from primitive ops on the node's inputs (x, w[, h0[, c0]]): the
 // recurrence unrolled step by step (ops/rnn.h's equations) with linear, narrow, sigmoid, tanh, relu, mul and add,
 // the weight's blocks as narrow + reshape of w. Zero initial states are constants.
@@ -263,12 +261,6 @@ Var rnn_composition(std::span<const Var> in, const OpAttrs& attrs) {
     return concat(packed, 0);
 }
 
-}  // namespace
-
-std::vector<Var> rnn_differentiable_backward(const DiffBackwardArgs& args) {
-    return differentiate_composition(args, [&](std::span<const Var> in) { return rnn_composition(in, args.attrs); });
-}
-
 namespace infer {
 
 // x (T,N,I), w (weight size), h0, c0 (L·D,N,H) -> [output (T,N,D·H) | h_n (L·D,N,H) | c_n (L·D,N,H)]
@@ -283,9 +275,7 @@ OutputSpec rnn(OpType, std::span<const Tensor> inputs, const OpAttrs& attrs) {
         throw ShapeError(str("x (T,N,I) needs at least one step and one sequence, got shape ", to_string(x.shape())));
     const RnnDims d(attrs.rnn_mode, options, x.size(0), x.size(1), x.size(2));
     const char* roles[] = {"x", "w", "h0", "c0"};
-    for (std::size_t i = 1; i < inputs.size(); ++i)
-        if (inputs[i].dtype() != x.dtype())
-            throw DTypeError(str(roles[i], " is ", dtype_name(inputs[i].dtype()), " but x is ", dtype_name(x.dtype())));
+    for (std::size_t i = 1; i < inputs.size(); ++i) require_same_dtype(inputs[i], roles[i], x, "x");
     if (w.rank() != 1 || w.numel() != d.weight_size()) {
         // Only layer 0's W_ih depends on the input size I, so weight_size is const + per_feature·I: a weight
         // made for another I means x has the wrong number of features, not that w is wrong.

@@ -135,7 +135,7 @@ namespace cpu {
 
 namespace {
 
-// dst = the running sum of src along the split's axis, forward or (reverse) from the end; in double.
+// In double.
 template <typename T>
 void running_sums(const T* src, T* dst, const AxisSplit& s, bool reverse) {
     for (std::int64_t o = 0; o < s.outer; ++o) {
@@ -151,7 +151,6 @@ void running_sums(const T* src, T* dst, const AxisSplit& s, bool reverse) {
     }
 }
 
-// The first `keep` of each line's indices in sort order (all of them: argsort), written along the axis of `out`.
 template <typename T>
 void sort_lines(const T* x, const AxisSplit& s, bool descending, std::int64_t keep, std::int64_t* out) {
     using Key = math::sort_key_t<T>;
@@ -198,35 +197,15 @@ void draw_rows(const T* probs, std::int64_t rows, std::int64_t categories, const
 
 }  // namespace
 
-Tensor cumsum_forward(const ForwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    dispatch_floating(x.dtype(), "cumsum_forward", [&]<typename T>() {
-        running_sums(x.data<T>(), y.data<T>(), sampling_split(x, args.attrs.axis), false);
-    });
-    return y;
+void running_sums(const Tensor& src, Tensor& dst, const AxisSplit& s, bool reverse) {
+    dispatch_floating(src.dtype(), "cumsum",
+                      [&]<typename T>() { running_sums(src.data<T>(), dst.data<T>(), s, reverse); });
 }
 
-// dx_i = Σ_{j >= i} dy_j: the running sum of dy from the end.
-std::vector<Tensor> cumsum_backward(const BackwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    if (!args.needs_grad[0]) return {Tensor()};
-    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-    dispatch_floating(x.dtype(), "cumsum_backward", [&]<typename T>() {
-        running_sums(args.grad_output.data<T>(), dx.data<T>(), sampling_split(x, args.attrs.axis), true);
-    });
-    return {dx};
-}
-
-Tensor sort_indices_forward(const ForwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    Tensor indices = Tensor::empty(args.out.shape, DType::i64, x.device());
-    const AxisSplit s = sampling_split(x, args.attrs.axis);
-    const std::int64_t keep = args.op == OpType::ArgSort ? s.size : args.attrs.length;
+void sort_lines(const Tensor& x, const AxisSplit& s, bool descending, std::int64_t keep, Tensor& out) {
     dispatch_floating(x.dtype(), "sort_indices_forward", [&]<typename T>() {
-        sort_lines(x.data<T>(), s, args.attrs.descending, keep, indices.data<std::int64_t>());
+        sort_lines(x.data<T>(), s, descending, keep, out.data<std::int64_t>());
     });
-    return indices;
 }
 
 Tensor multinomial_forward(const ForwardArgs& args) {
@@ -240,5 +219,33 @@ Tensor multinomial_forward(const ForwardArgs& args) {
 }
 
 }  // namespace cpu
+
+// ---- cumsum, argsort and topk_indices: the same on every backend, over its scans and sorts ----
+
+Tensor cumsum_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
+    DG_ON_BACKEND_OF(x, running_sums(x, y, sampling_split(x, args.attrs.axis), false));
+    return y;
+}
+
+// dx_i = Σ_{j >= i} dy_j: the running sum of dy from the end.
+std::vector<Tensor> cumsum_backward(const BackwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    if (!args.needs_grad[0]) return {Tensor()};
+    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+    DG_ON_BACKEND_OF(x, running_sums(args.grad_output, dx, sampling_split(x, args.attrs.axis), true));
+    return {dx};
+}
+
+Tensor sort_indices_forward(const ForwardArgs& args) {
+    const Tensor& x = args.inputs[0];
+    Tensor indices = Tensor::empty(args.out.shape, DType::i64, x.device());
+    if (indices.numel() == 0) return indices;
+    const AxisSplit s = sampling_split(x, args.attrs.axis);
+    const std::int64_t keep = args.op == OpType::ArgSort ? s.size : args.attrs.length;
+    DG_ON_BACKEND_OF(x, sort_lines(x, s, args.attrs.descending, keep, indices));
+    return indices;
+}
 
 }  // namespace dyngrad

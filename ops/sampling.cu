@@ -77,6 +77,8 @@ __global__ void scan_columns_kernel(const T* __restrict__ src, T* __restrict__ d
     }
 }
 
+}  // namespace
+
 void running_sums(const Tensor& src, Tensor& dst, const AxisSplit& s, bool reverse) {
     if (src.numel() == 0) return;
     DeviceContext& ctx = context_for(src);
@@ -92,6 +94,8 @@ void running_sums(const Tensor& src, Tensor& dst, const AxisSplit& s, bool rever
         DG_CUDA_CHECK_LAUNCH();
     });
 }
+
+namespace {
 
 // Element i of the sort's layout is position j of line l = o·inner + c: (key, j) for x[o, j, c].
 template <typename T>
@@ -126,8 +130,8 @@ __global__ void write_indices_kernel(const int* __restrict__ sorted, AxisSplit s
 }
 
 template <typename T>
-void sort_lines(DeviceContext& ctx, const Tensor& x, const AxisSplit& s, bool descending, std::int64_t keep,
-                Tensor& out) {
+void sort_lines_of(DeviceContext& ctx, const Tensor& x, const AxisSplit& s, bool descending, std::int64_t keep,
+                   Tensor& out) {
     using Key = math::sort_key_t<T>;
     const std::int64_t total = s.outer * s.size * s.inner;
     const std::int64_t lines = s.outer * s.inner;
@@ -231,32 +235,10 @@ __global__ void multinomial_samples_kernel(const double* __restrict__ sums, std:
 
 }  // namespace
 
-Tensor cumsum_forward(const ForwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    Tensor y = Tensor::empty(args.out.shape, args.out.dtype, x.device());
-    running_sums(x, y, sampling_split(x, args.attrs.axis), false);
-    return y;
-}
-
-std::vector<Tensor> cumsum_backward(const BackwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    if (!args.needs_grad[0]) return {Tensor()};
-    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-    running_sums(args.grad_output, dx, sampling_split(x, args.attrs.axis), true);
-    return {dx};
-}
-
-Tensor sort_indices_forward(const ForwardArgs& args) {
-    const Tensor& x = args.inputs[0];
-    Tensor indices = Tensor::empty(args.out.shape, DType::i64, x.device());
-    if (indices.numel() == 0) return indices;
-    const AxisSplit s = sampling_split(x, args.attrs.axis);
-    const std::int64_t keep = args.op == OpType::ArgSort ? s.size : args.attrs.length;
+void sort_lines(const Tensor& x, const AxisSplit& s, bool descending, std::int64_t keep, Tensor& out) {
     DeviceContext& ctx = context_for(x);
-    dispatch_floating(x.dtype(), "sort_indices_forward", [&]<typename T>() {
-        sort_lines<T>(ctx, x, s, args.attrs.descending, keep, indices);
-    });
-    return indices;
+    dispatch_floating(x.dtype(), "sort_indices_forward",
+                      [&]<typename T>() { sort_lines_of<T>(ctx, x, s, descending, keep, out); });
 }
 
 Tensor multinomial_forward(const ForwardArgs& args) {

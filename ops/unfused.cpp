@@ -67,9 +67,9 @@ Var cross_entropy_compose(std::span<const Var> in, const OpAttrs& attrs) {
 
 // The rows of linear, conv2d and cross_entropy name these (OpDef::unfused, ops/op_table.cpp).
 namespace unfused {
-const UnfusedComposition linear{linear_applies, linear_compose};
-const UnfusedComposition conv2d{conv2d_applies, conv2d_compose};
-const UnfusedComposition cross_entropy{cross_entropy_applies, cross_entropy_compose};
+const UnfusedComposition linear{linear_compose, linear_applies};
+const UnfusedComposition conv2d{conv2d_compose, conv2d_applies};
+const UnfusedComposition cross_entropy{cross_entropy_compose, cross_entropy_applies};
 }  // namespace unfused
 
 }  // namespace dyngrad
