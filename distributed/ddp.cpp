@@ -11,7 +11,7 @@
 #include "dyngrad/core/error.h"
 #include "dyngrad/core/half.h"
 #include "dyngrad/distributed/group_impl.h"
-#include "dyngrad/distributed/zero_impl.h"  // copy_bytes
+#include "dyngrad/distributed/zero_impl.h"  // copy_ranges, bytes_of
 
 namespace dyngrad::dist {
 
@@ -27,6 +27,10 @@ struct DistributedDataParallel::State {
         Tensor wire;                      // DDPOptions::compression: the 16-bit buffer that is all-reduced, likewise
         std::vector<std::size_t> slots;   // indices into `slots`
         std::size_t pending = 0;          // gradients still to arrive this pass
+        // Gradients that arrived, copied into `flat` in one batched copy when the last one has (a copy call per
+        // gradient cost an eager step's host more than its all-reduce); the sources stay alive until then.
+        std::vector<device_memory::CopyRange> staged;
+        std::vector<Tensor> staged_sources;
         bool launched = false;
         MPI_Request request = MPI_REQUEST_NULL;
     };
@@ -35,6 +39,8 @@ struct DistributedDataParallel::State {
     std::vector<Bucket> buckets;
     std::size_t next_launch = 0;
     CommStreamsHandle streams;  // CUDA buckets
+
+    static void copy_staged(Bucket& bucket);
 };
 
 namespace {
@@ -161,6 +167,8 @@ void DistributedDataParallel::backward(ComputeGraph& graph, const Var& loss, Bac
     for (auto& b : st.buckets) {
         b.pending = b.slots.size();
         b.launched = false;
+        b.staged.clear();  // left by a backward that threw
+        b.staged_sources.clear();
     }
     st.next_launch = 0;
     stats_.ready_order.clear();
@@ -195,11 +203,17 @@ void DistributedDataParallel::on_ready(const Parameter& p) {
     State::Bucket& bucket = st.buckets[slot.bucket];
     const Tensor& grad = p.grad();
     const std::size_t element = dtype_size(bucket.flat.dtype());
-    copy_bytes(static_cast<char*>(bucket.flat.raw_data()) + slot.offset * element, grad.raw_data(), grad.nbytes(),
-               bucket.flat.device());
+    char* dst = bytes_of(bucket.flat) + slot.offset * element;
+    if (dst != grad.raw_data()) {  // a gradient that is already its bucket view is in place
+        bucket.staged.push_back({dst, grad.raw_data(), grad.nbytes()});
+        bucket.staged_sources.push_back(grad);
+    }
     slot.ready = true;
     stats_.ready_order.push_back(p.name());
-    if (--bucket.pending == 0 && options_.overlap) launch_ready_buckets();
+    if (--bucket.pending == 0) {
+        State::copy_staged(bucket);
+        if (options_.overlap) launch_ready_buckets();
+    }
     // MPI progresses non-blocking collectives inside MPI calls: give the launched ones a turn.
     for (std::size_t b = 0; b < st.next_launch; ++b)
         if (st.buckets[b].request != MPI_REQUEST_NULL) {
@@ -207,6 +221,13 @@ void DistributedDataParallel::on_ready(const Parameter& p) {
             group_.impl().check_mpi(MPI_Test(&st.buckets[b].request, &done, MPI_STATUS_IGNORE),
                                     "DistributedDataParallel: progress of a bucket's all-reduce");
         }
+}
+
+// The bucket's gradients into its flat buffer, one batched copy (before its all-reduce, on the same stream).
+void DistributedDataParallel::State::copy_staged(Bucket& bucket) {
+    copy_ranges(bucket.staged, bucket.flat.device());
+    bucket.staged.clear();
+    bucket.staged_sources.clear();
 }
 
 void DistributedDataParallel::launch_ready_buckets() {
@@ -255,14 +276,18 @@ void DistributedDataParallel::finish() {
         const Tensor& grad = slot.parameter.grad();
         const std::int64_t numel = slot.parameter.value().numel();
         const std::size_t bytes = static_cast<std::size_t>(numel) * element;
-        if (grad.defined()) copy_bytes(dst, grad.raw_data(), bytes, bucket.flat.device());
-        else if (bucket.flat.device().is_cuda())
+        if (grad.defined()) {
+            bucket.staged.push_back({dst, grad.raw_data(), bytes});
+            bucket.staged_sources.push_back(grad);
+        } else if (bucket.flat.device().is_cuda())
             device_memory::fill(dst, numel, 0.0, bucket.flat.dtype(), bucket.flat.device().index);
         else std::memset(dst, 0, bytes);
         slot.ready = true;
         --bucket.pending;
         ++stats_.unused_parameters;
     }
+    for (auto& bucket : st.buckets)
+        if (!bucket.staged.empty()) State::copy_staged(bucket);
     launch_ready_buckets();
     // Wait for each bucket (the device: an event; the CPU: MPI), then hand the means back to the gradients.
     ProcessGroup::Impl& g = group_.impl();
@@ -284,6 +309,7 @@ void DistributedDataParallel::finish() {
             }
         }
         const std::size_t element = dtype_size(b.flat.dtype());
+        std::vector<device_memory::CopyRange> back;  // the means into the gradients: one batched copy
         for (std::size_t i : b.slots) {
             State::Slot& slot = st.slots[i];
             Tensor& grad = slot.parameter.grad_slot();
@@ -298,10 +324,10 @@ void DistributedDataParallel::finish() {
             }
             if (!grad.defined() || !grad.owns_storage_exclusively() || grad.shape() != value.shape())
                 grad = Tensor::empty(value.shape(), value.dtype(), value.device());
-            copy_bytes(grad.raw_data(), static_cast<const char*>(b.flat.raw_data()) + slot.offset * element,
-                       grad.nbytes(), b.flat.device());
+            back.push_back({grad.raw_data(), bytes_of(b.flat) + slot.offset * element, grad.nbytes()});
             grad.bump_version();
         }
+        copy_ranges(back, b.flat.device());
     }
 }
 

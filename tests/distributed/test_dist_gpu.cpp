@@ -125,6 +125,40 @@ TEST_CASE("DDP on GPUs: averaged gradient == one GPU's gradient of the concatena
         CHECK(relative(params[i].grad().to_vector(), ref_params[i].grad().to_vector()) <= 1e-5);
 }
 
+// Each bucket's gradients reach it in one batched copy when its last one is ready (during the backward with
+// overlap, after it without); two steps, so that the second starts from the first's bucket views.
+TEST_CASE("DDP on GPUs: overlap on and off, gradients as bucket views or copies, two steps", "[dist][gpu][ddp]") {
+    dist::ProcessGroup& g = group();
+    const Device device = g.device();
+    const int world = g.world_size();
+    for (const bool overlap : {true, false})
+        for (const bool view : {true, false}) {
+            CAPTURE(overlap, view);
+            Generator init(6);
+            Sequential model = make_mlp(init);
+            model.to(device);
+            dist::DistributedDataParallel ddp(
+                model, g, {.bucket_cap_mb = 0.01, .first_bucket_cap_mb = 0.002, .overlap = overlap,
+                           .gradient_as_bucket_view = view});
+            Generator init0(6);
+            Sequential reference = make_mlp(init0);
+            reference.to(device);
+            for (std::uint64_t step = 0; step < 2; ++step) {
+                const Tensor x = rows(60 + step, 16 * world, device), y = labels(61 + step, 16 * world, device);
+                for (Parameter& p : model.parameters()) p.zero_grad();
+                for (Parameter& p : reference.parameters()) p.zero_grad();
+                ComputeGraph graph;
+                ddp.backward(graph, cross_entropy(model(graph.input(x.narrow(0, 16 * g.rank(), 16))),
+                                                  graph.input(y.narrow(0, 16 * g.rank(), 16))));
+                ComputeGraph ref;
+                ref.backward(cross_entropy(reference(ref.input(x)), ref.input(y)));
+                const auto params = model.parameters(), ref_params = reference.parameters();
+                for (std::size_t i = 0; i < params.size(); ++i)
+                    CHECK(relative(params[i].grad().to_vector(), ref_params[i].grad().to_vector()) <= 1e-5);
+            }
+        }
+}
+
 TEST_CASE("DDP inside a captured step: replays keep the ranks in step", "[dist][gpu][capture]") {
     dist::ProcessGroup& g = group();
     const Device device = g.device();
