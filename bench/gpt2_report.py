@@ -2,9 +2,10 @@
 """The report of scripts/run-gpt2-bench.sh: GPT-2 small trained by llm.c, PyTorch (eager, torch.compile) and dyngrad.
 
 Reads what the script's phases left in OUT_DIR: llmc.txt (train_gpt2cu's log), torch.csv, torch_compile.csv and
-dyngrad.csv (char_gpt's CSV columns), NAME.memory (the peak of nvidia-smi's used memory, MiB), torch*.txt
-(`peak_memory_bytes=`), llmc_build.txt (`cudnn=0|1`), compare_dyngrad.csv and compare_torch.csv (the curves from
-identical weights and batches); for G GPUs (--gpus), llmc_multi.txt and dyngrad_multi.csv (each rank the one-GPU
+dyngrad.csv (char_gpt's CSV columns), NAME.memory (the peak of nvidia-smi's used memory, MiB), NAME.samples
+(nvidia-smi's samples: each engine's SM clock and power-cap share while busy), torch*.txt (`peak_memory_bytes=`),
+llmc_build.txt (`cudnn=0|1`), compare_dyngrad.csv and compare_torch.csv (the curves from identical weights and
+batches); for G GPUs (--gpus), llmc_multi.txt and dyngrad_multi.csv (each rank the one-GPU
 micro-batch B: B·T·G tokens a step, tokens/s summed over the ranks); reproducible.txt (the reproducible phase's
 key=value lines). Writes OUT_DIR/report.json and OUT_DIR/gpt2_loss_curves.png (with matplotlib), and prints the
 Markdown report.
@@ -92,6 +93,32 @@ def peak_memory_mib(out, name):
     return sampled, own
 
 
+def gpu_clocks(out, name):
+    """The SM clock while the run was busy, from NAME.samples (nvidia-smi every 200 ms: used MiB, SM MHz, power W,
+    clock event reasons): the samples drawing at least half the run's peak power (the idle and compiling seconds
+    around the steps excluded), their median and lowest SM clock, the share of them with the software power cap's
+    reason (bit 0x4), and the peak power. None without such samples (no GPU, an older driver)."""
+    path = os.path.join(out, f"{name}.samples")
+    if not os.path.exists(path):
+        return None
+    samples = []
+    for line in open(path):
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) < 4:
+            continue
+        try:
+            samples.append((float(fields[1]), float(fields[2]), int(fields[3], 16)))
+        except ValueError:  # "[N/A]" and the like
+            continue
+    if not samples:
+        return None
+    peak_power = max(power for _, power, _ in samples)
+    busy = sorted((clock, reasons) for clock, power, reasons in samples if power >= 0.5 * peak_power)
+    return {"busy_samples": len(busy), "sm_clock_median_mhz": busy[len(busy) // 2][0],
+            "sm_clock_lowest_mhz": busy[0][0], "power_capped_share": sum(1 for _, r in busy if r & 0x4) / len(busy),
+            "peak_power_w": peak_power}
+
+
 def step_seconds(out, name, tokens_per_step):
     """A run's step times: from llm.c's log (NAME.txt) for llm.c's runs, else from char_gpt's or torch_gpt.py's CSV;
     None when the run left neither."""
@@ -162,7 +189,7 @@ def summarise(out, batch, context, layers, width, vocab, warmup_steps, peak_tflo
         engines[name] = {"label": label, "steps": len(seconds), "timed_steps": max(0, len(seconds) - warmup_steps),
                          "tokens_per_second": rate,
                          "mfu": rate * per_token / (peak_tflops * 1e12) if rate else None,
-                         "peak_gpu_memory_mib": sampled, "peak_allocated_mib": own}
+                         "peak_gpu_memory_mib": sampled, "peak_allocated_mib": own, "clocks": gpu_clocks(out, name)}
     build = os.path.join(out, "llmc_build.txt")
     llmc_cudnn = open(build).read().strip() == "cudnn=1" if os.path.exists(build) else None
     comparisons = {}
@@ -194,6 +221,16 @@ def markdown(summary):
         lines.append(f"| {e['label']} | {e['timed_steps']} | {fmt(e['tokens_per_second'], ',.0f')} | "
                      f"{fmt(e['mfu'], '.1%')} | {fmt(e['peak_gpu_memory_mib'], '.0f')} | "
                      f"{fmt(e['peak_allocated_mib'], '.0f')} |")
+    clocked = [e for e in summary["engines"].values() if e.get("clocks")]
+    if clocked:
+        lines += ["", "GPU 0 while each engine ran (nvidia-smi every 200 ms; the samples at half the run's peak power "
+                  "or more):", "",
+                  "| engine | busy samples | SM clock median (MHz) | lowest (MHz) | at the power cap | peak power (W) |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for e in clocked:
+            c = e["clocks"]
+            lines.append(f"| {e['label']} | {c['busy_samples']} | {c['sm_clock_median_mhz']:.0f} | "
+                         f"{c['sm_clock_lowest_mhz']:.0f} | {c['power_capped_share']:.0%} | {c['peak_power_w']:.0f} |")
     engines = summary["engines"]
     for ours, others in RATIOS:
         if ours not in engines or not engines[ours]["tokens_per_second"]:

@@ -125,14 +125,18 @@ multi_rank=("$mpirun" --allow-run-as-root -np "$gpus")
 ((tiny)) && multi_rank+=(--oversubscribe)
 export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
 
-# Runs a command with nvidia-smi sampling the GPU's used memory every 200 ms (when there is one): the peak, in MiB,
-# goes to $out/NAME.memory; the command's output to $out/NAME.txt (and the terminal).
+# Runs a command with nvidia-smi sampling GPU 0 every 200 ms (when there is one): used memory, SM clock, power draw
+# and the clock event reasons (an H100/H200 at its power limit lowers the clock: bench/gpt2_report.py reports each
+# engine's clocks from these samples) into $out/NAME.samples; the peak memory, in MiB, goes to $out/NAME.memory; the
+# command's output to $out/NAME.txt (and the terminal).
 measured() {
-    local name=$1 sampler="" status
+    local name=$1 sampler="" status fields=memory.used,clocks.sm,power.draw,clocks_event_reasons.active
     shift
     rm -f "$out/$name.samples"
     if command -v nvidia-smi >/dev/null && [[ $device == cuda ]]; then
-        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 -lms 200 >"$out/$name.samples" &
+        # Drivers before clocks_event_reasons (r535) know only the memory.
+        nvidia-smi --query-gpu=$fields --format=csv,noheader,nounits -i 0 >/dev/null 2>&1 || fields=memory.used
+        nvidia-smi --query-gpu=$fields --format=csv,noheader,nounits -i 0 -lms 200 >"$out/$name.samples" &
         sampler=$!
     fi
     PYTHONUNBUFFERED=1 "$@" 2>&1 | tee "$out/$name.txt"
@@ -140,7 +144,7 @@ measured() {
     if [[ -n $sampler ]]; then
         kill "$sampler" 2>/dev/null
         wait "$sampler" 2>/dev/null
-        sort -n "$out/$name.samples" | tail -1 >"$out/$name.memory"
+        cut -d, -f1 "$out/$name.samples" | sort -n | tail -1 >"$out/$name.memory"
     fi
     return "$status"
 }

@@ -2,7 +2,8 @@
 """CPU checks of scripts/run-gpt2-bench.sh's parts (issue 32): the script parses (bash -n); bench/torch_gpt.py's
 token-file reader agrees with dyngrad-tokens on fresh random text and refuses a bad header naming the file;
 bench/gpt2_report.py's throughput, MFU and report from a tiny char_gpt --model gpt2 run and a synthetic llm.c log,
-its four-GPU table (efficiency, ratio to llm.c) from synthetic multi-GPU runs and its reproducible-mode section;
+its table of each engine's SM clock from synthetic nvidia-smi samples, its four-GPU table (efficiency, ratio to
+llm.c) from synthetic multi-GPU runs and its reproducible-mode section;
 and, when torch is importable, bench/torch_gpt.py --model gpt2 trains the tiny model on the CPU from the weights and
 batches it prepared, with llm.c's parameter count.
 
@@ -104,6 +105,30 @@ def main():
         text = gpt2_report.markdown(summary)
         ratio = reduced["tokens_per_second"] / llmc["tokens_per_second"]
         assert f"dyngrad, reduced residual / llm.c train_gpt2cu: {ratio:.2f}x" in text, text
+        assert "GPU 0 while each engine ran" not in text, "no samples, no clocks table"
+
+        # nvidia-smi's samples (MiB, SM MHz, W, reasons): idle seconds at low power around busy ones with random
+        # clocks, some at the power cap (bit 0x4); an older driver's memory-only samples give no clocks.
+        busy = [(rng.choice([1980, 1755, 1500, 1425]), round(rng.uniform(600, 700), 2), rng.choice([0, 0x4, 0x44, 0x40]))
+                for _ in range(rng.randrange(5, 30))]
+        idle = [(345, round(rng.uniform(70, 120), 2), 0x1) for _ in range(rng.randrange(1, 10))]
+        with open(os.path.join(out, "llmc.samples"), "w") as f:
+            for clock, power, reasons in idle + busy + idle:
+                f.write(f"{rng.randrange(1000, 90000)}, {clock}, {power:.2f}, 0x{reasons:016x}\n")
+        with open(os.path.join(out, "dyngrad.samples"), "w") as f:
+            f.write("1234\n5678\n")
+        clocks = gpt2_report.gpu_clocks(out, "llmc")
+        want = sorted(clock for clock, _, _ in busy)
+        assert clocks == {"busy_samples": len(busy), "sm_clock_median_mhz": want[len(want) // 2],
+                          "sm_clock_lowest_mhz": want[0],
+                          "power_capped_share": sum(1 for _, _, r in busy if r & 0x4) / len(busy),
+                          "peak_power_w": max(power for _, power, _ in busy)}, (clocks, busy)
+        assert gpt2_report.gpu_clocks(out, "dyngrad") is None and gpt2_report.gpu_clocks(out, "torch") is None
+        summary = gpt2_report.summarise(out, B, T, 2, 32, 256, warmup, 989)
+        text = gpt2_report.markdown(summary)
+        row = (f"| llm.c train_gpt2cu | {len(busy)} | {want[len(want) // 2]:.0f} | {want[0]:.0f} | "
+               f"{clocks['power_capped_share']:.0%} | {clocks['peak_power_w']:.0f} |")
+        assert row in text and "| dyngrad (char_gpt --model gpt2) | " not in text.split("GPU 0 while")[1], text
 
         # G GPUs: a synthetic llm.c log (B·T·G tokens a step) and a char_gpt CSV of random per-step rates; the
         # reproducible phase's file, the two deterministic runs differing from step 7.
