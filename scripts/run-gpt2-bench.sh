@@ -21,7 +21,9 @@
 #                  /usr/lib/x86_64-linux-gnu/openmpi; NCCL_INCLUDE_DIR, default /usr/include): -DMULTI_GPU and -lnccl
 #                  given whether or not llm.c's Makefile finds NCCL through dpkg; OUT_DIR/llmc_multi_build.txt.
 #   tokens         OUT_DIR/tokens/{train,val}.bin: the fortunes text (--text, default /usr/share/games/fortunes)
-#                  as the 256 bytes + the 50001 most frequent words of the same text (vocabulary <= 50257, GPT-2's)
+#                  as the 256 bytes + the 50001 most frequent words of the same text (vocabulary <= 50257, GPT-2's);
+#                  the later phases only read those two files, so on a GPU machine without the text (the lent
+#                  ones have none) run this phase where the text is and carry OUT_DIR/tokens over
 #   llmc           train_gpt2cu -e d12 -b B -t 1024, --steps steps (its bf16, master weights, AdamW 0.9/0.95)
 #   llmc-multi     train_gpt2cu_multi under `mpirun --allow-run-as-root -np G` (G: --gpus), each rank micro-batch B
 #                  (llm.c's total batch B x 1024 x G): its throughput is summed over the ranks
