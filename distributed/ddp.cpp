@@ -27,8 +27,8 @@ struct DistributedDataParallel::State {
         Tensor wire;                      // DDPOptions::compression: the 16-bit buffer that is all-reduced, likewise
         std::vector<std::size_t> slots;   // indices into `slots`
         std::size_t pending = 0;          // gradients still to arrive this pass
-        // Gradients that arrived, copied into `flat` in one batched copy when the last one has (a copy call per
-        // gradient cost an eager step's host more than its all-reduce); the sources stay alive until then.
+        // Gradients that arrived, copied into `flat` in one batched copy when the last one has (instead of a
+        // device copy and an API call per gradient: 76 a step for the char GPT); the sources stay alive until then.
         std::vector<device_memory::CopyRange> staged;
         std::vector<Tensor> staged_sources;
         bool launched = false;

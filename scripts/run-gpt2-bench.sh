@@ -136,7 +136,7 @@ measured() {
     shift
     rm -f "$out/$name.samples"
     if command -v nvidia-smi >/dev/null && [[ $device == cuda ]]; then
-        # Drivers before clocks_event_reasons (r535) know only the memory.
+        # A driver without clocks_event_reasons (older ones name it clocks_throttle_reasons): the memory alone.
         nvidia-smi --query-gpu=$fields --format=csv,noheader,nounits -i 0 >/dev/null 2>&1 || fields=memory.used
         nvidia-smi --query-gpu=$fields --format=csv,noheader,nounits -i 0 -lms 200 >"$out/$name.samples" &
         sampler=$!
