@@ -41,6 +41,11 @@ struct DistributedDataParallel::State {
     CommStreamsHandle streams;  // CUDA buckets
 
     static void copy_staged(Bucket& bucket);
+    // Where the slot's gradient lives in its bucket's flat buffer.
+    char* slot_bytes(const Slot& slot) const {
+        const Tensor& flat = buckets[slot.bucket].flat;
+        return bytes_of(flat) + slot.offset * static_cast<std::int64_t>(dtype_size(flat.dtype()));
+    }
 };
 
 namespace {
@@ -202,8 +207,7 @@ void DistributedDataParallel::on_ready(const Parameter& p) {
     if (slot.ready) return;
     State::Bucket& bucket = st.buckets[slot.bucket];
     const Tensor& grad = p.grad();
-    const std::size_t element = dtype_size(bucket.flat.dtype());
-    char* dst = bytes_of(bucket.flat) + slot.offset * element;
+    char* dst = st.slot_bytes(slot);
     if (dst != grad.raw_data()) {  // a gradient that is already its bucket view is in place
         bucket.staged.push_back({dst, grad.raw_data(), grad.nbytes()});
         bucket.staged_sources.push_back(grad);
@@ -272,7 +276,7 @@ void DistributedDataParallel::finish() {
         if (slot.ready) continue;
         State::Bucket& bucket = st.buckets[slot.bucket];
         const std::size_t element = dtype_size(bucket.flat.dtype());
-        char* dst = static_cast<char*>(bucket.flat.raw_data()) + slot.offset * element;
+        char* dst = st.slot_bytes(slot);
         const Tensor& grad = slot.parameter.grad();
         const std::int64_t numel = slot.parameter.value().numel();
         const std::size_t bytes = static_cast<std::size_t>(numel) * element;
@@ -308,7 +312,6 @@ void DistributedDataParallel::finish() {
                 else divide(b.flat, group_.world_size());
             }
         }
-        const std::size_t element = dtype_size(b.flat.dtype());
         std::vector<device_memory::CopyRange> back;  // the means into the gradients: one batched copy
         for (std::size_t i : b.slots) {
             State::Slot& slot = st.slots[i];
@@ -317,14 +320,14 @@ void DistributedDataParallel::finish() {
             // In place when the gradient is this parameter's alone; a gradient shared with a graph's leaf (its
             // Var::grad()) gets a tensor of its own instead of changing that one.
             if (options_.gradient_as_bucket_view) {
-                if (!grad.defined() || grad.raw_data() != static_cast<const char*>(b.flat.raw_data()) + slot.offset * element)
+                if (!grad.defined() || grad.raw_data() != st.slot_bytes(slot))
                     grad = view_of(b.flat, slot.offset, value.shape());
                 grad.bump_version();
                 continue;
             }
             if (!grad.defined() || !grad.owns_storage_exclusively() || grad.shape() != value.shape())
                 grad = Tensor::empty(value.shape(), value.dtype(), value.device());
-            back.push_back({grad.raw_data(), bytes_of(b.flat) + slot.offset * element, grad.nbytes()});
+            back.push_back({grad.raw_data(), st.slot_bytes(slot), grad.nbytes()});
             grad.bump_version();
         }
         copy_ranges(back, b.flat.device());
