@@ -3,6 +3,8 @@
 #include "dyngrad/cuda/capture.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -73,11 +75,27 @@ private:
 // One input key's state: warmed up (eager run done), then captured. Members are destroyed bottom-up: the
 // graph first (waiting for its last launch), then the tensors, then the pool.
 struct Variant {
+    std::uint64_t id = 0;                  // current_step_run().variant in its warm-up and its capture
     std::optional<CapturePoolOwner> pool;  // created for the capture
     std::vector<Tensor> inputs;            // static input buffers the graph reads
     Tensor output;                         // the step's result, rewritten by each replay
     GraphExec graph;
     std::size_t guarded = 0;               // replays checked by the guard so far
+};
+
+thread_local StepRun tls_step_run;
+std::atomic<std::uint64_t> next_variant_id{1};
+
+// Marks the step function's run (current_step_run) and restores the outer mark after it, even when it throws.
+class StepRunScope {
+public:
+    explicit StepRunScope(StepRun run) : outer_(tls_step_run) { tls_step_run = run; }
+    ~StepRunScope() { tls_step_run = outer_; }
+    StepRunScope(const StepRunScope&) = delete;
+    StepRunScope& operator=(const StepRunScope&) = delete;
+
+private:
+    StepRun outer_;
 };
 
 // Counts a captured graph's nodes by kind (once per capture, off the replay path).
@@ -214,7 +232,10 @@ Tensor CapturedStep::Impl::capture(Variant& v, std::span<const Tensor> inputs) {
     begin_capture(v.pool->get());
     Tensor output;
     try {
-        output = step(std::span<const Tensor>(v.inputs));
+        {
+            const StepRunScope marked({v.id, true});
+            output = step(std::span<const Tensor>(v.inputs));
+        }
         join_side_lanes();  // the engine joined after each backward; a capture must end with every stream joined
     } catch (...) {
         try {
@@ -260,14 +281,21 @@ CapturedStep::CapturedStep(StepFn step, CaptureOptions options) : impl_(std::mak
 
 CapturedStep::~CapturedStep() = default;
 
+StepRun current_step_run() noexcept { return tls_step_run; }
+
 Tensor CapturedStep::run(std::span<const Tensor> inputs) {
     InputKey key = input_key(inputs);
     const auto found = impl_->variants.find(key);
     if (found == impl_->variants.end()) {
         // First run of this key: eager, with the caller's tensors. Lets cuDNN search and cache its
         // algorithms and lets parameters' optimizer state come into being before a capture.
-        Tensor output = impl_->step(inputs);
-        impl_->variants.try_emplace(std::move(key));
+        const std::uint64_t id = next_variant_id.fetch_add(1, std::memory_order_relaxed);
+        Tensor output;
+        {
+            const StepRunScope marked({id, false});
+            output = impl_->step(inputs);
+        }
+        impl_->variants.try_emplace(std::move(key)).first->second.id = id;
         return output;
     }
     Variant& v = found->second;

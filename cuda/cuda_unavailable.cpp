@@ -76,6 +76,7 @@ WeightGradientOverlap weight_gradient_overlap() { return WeightGradientOverlap::
 bool side_lane_pending(const Tensor&) noexcept { return false; }
 void join_side_lanes() {}
 bool capturing(int) noexcept { return false; }
+StepRun current_step_run() noexcept { return {}; }
 
 }  // namespace dyngrad::cuda
 #endif

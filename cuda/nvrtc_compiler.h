@@ -70,9 +70,11 @@ struct CompiledKernel {
 // One thing the compiler decided not to do as asked, for the caller and for tests (library code logs here instead
 // of printing; DYNGRAD_PRINT_FUSIONS=1 also prints each entry to stderr).
 struct FusionLogEntry {
+    // GraphDiffers: a captured step recorded another graph than its warm-up outside the fused groups (their
+    // kernels still ran, each checked node by node); the backward chains planned from the warm-up were not used.
     // CheckMismatch: DYNGRAD_CHECK_FUSIONS=1 found a generated kernel that disagrees with its unfused kernels (the
     // captured step runs the unfused ones for that group; graph/fusion_replay.h).
-    enum class Kind : unsigned char { CompileFallback, CacheUnwritable, CacheReadFailed, CheckMismatch } kind;
+    enum class Kind : unsigned char { CompileFallback, CacheUnwritable, CacheReadFailed, CheckMismatch, GraphDiffers } kind;
     std::string kernel;  // empty when not about one kernel
     std::string reason;
 };

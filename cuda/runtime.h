@@ -126,4 +126,13 @@ bool side_lane_pending(const Tensor& t) noexcept;
 void join_side_lanes();
 // Whether this thread is capturing `device`'s stream into a CUDA graph (cuda::CapturedStep); false without CUDA.
 bool capturing(int device) noexcept;
+// The cuda::CapturedStep run this thread is inside, for the fusion compiler (graph/fusion_replay.h), which plans
+// in a variant's warm-up and applies the plans in that same variant's capture: `variant` is unique in the process
+// (0: not inside a run; a variant warmed up again after a failed capture gets a new number), `capture` tells the
+// capture from the warm-up. Always {0, false} without CUDA.
+struct StepRun {
+    std::uint64_t variant = 0;
+    bool capture = false;
+};
+StepRun current_step_run() noexcept;
 }  // namespace dyngrad::cuda

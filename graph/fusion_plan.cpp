@@ -2,6 +2,7 @@
 #include "dyngrad/graph/fusion_plan.h"
 
 #include <algorithm>
+#include <functional>
 #include <atomic>
 #include <optional>
 #include <set>
@@ -314,6 +315,56 @@ FusionPlan plan_fusion(const ComputeGraph& graph) {
                   [](const BackwardChain& a, const BackwardChain& b) { return a.group < b.group; });
     }
     return plan;
+}
+
+std::vector<char> reached_by_backward(const ComputeGraph& graph, NodeId root) {
+    std::vector<char> reached(std::size_t{root} + 1, 0);
+    reached[root] = 1;
+    for (NodeId id = root + 1; id-- > 0;) {
+        if (!reached[id]) continue;
+        for (const NodeInput& input : graph.node(id).inputs)
+            if (graph.node(input.id).requires_grad) reached[input.id] = 1;
+    }
+    return reached;
+}
+
+std::optional<BackwardLaunch> backward_launch(const ComputeGraph& graph, const FusionPlan& plan, std::size_t index,
+                                              std::span<const char> reached, NodeId root) {
+    const FusionGroup& group = plan.groups.at(index);
+    const std::set<NodeId> in(group.members.begin(), group.members.end());
+    const auto is_reached = [&](NodeId id) { return id < reached.size() && reached[id] != 0; };
+    BackwardLaunch launch;
+    launch.group = index;
+    std::optional<NodeId> lowest_reader;  // reached readers outside the group
+    for (NodeId reader = group.members.front() + 1; reader <= root; ++reader) {
+        if (in.contains(reader) || !is_reached(reader)) continue;
+        for (const NodeInput& input : graph.node(reader).inputs)
+            if (in.contains(input.id) && is_reached(input.id)) {
+                lowest_reader = std::min(lowest_reader.value_or(reader), reader);
+                push_unique(launch.gradients_in, input.id);
+            }
+    }
+    if (in.contains(root)) push_unique(launch.gradients_in, root);
+    for (auto it = group.members.rbegin(); it != group.members.rend(); ++it) {
+        if (!is_reached(*it)) continue;
+        const ComputeNode& node = graph.node(*it);
+        if (!op_def(node.op, node.attrs).differentiable) return std::nullopt;
+        launch.members.push_back(*it);
+        const PointwiseFormula* formula = formula_of(node);
+        const bool gives_gradient = std::any_of(node.inputs.begin(), node.inputs.end(),
+                                                [&](const NodeInput& input) { return is_reached(input.id); });
+        if (!gives_gradient) continue;
+        if (formula->derivative_reads_inputs)
+            for (const NodeInput& input : node.inputs) push_unique(launch.saved_reads, input.id);
+        if (formula->derivative_reads_output) push_unique(launch.saved_reads, *it);
+        for (const NodeInput& input : node.inputs)
+            if (!in.contains(input.id) && is_reached(input.id)) push_unique(launch.gradients_out, input.id);
+    }
+    if (launch.members.empty()) return std::nullopt;
+    std::sort(launch.saved_reads.begin(), launch.saved_reads.end());
+    std::sort(launch.gradients_in.begin(), launch.gradients_in.end(), std::greater<>());
+    launch.run_before = lowest_reader ? *lowest_reader - 1 : root;
+    return launch;
 }
 
 std::string node_signature(const ComputeGraph& graph, NodeId id) {

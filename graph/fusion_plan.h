@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -61,6 +63,19 @@ struct BackwardChain {
     std::vector<NodeId> reduced;        // those of gradients_out whose shape differs from the group's
 };
 
+// A group's backward as one backward pass from `root` runs it: only what that pass reaches (its `needed` marks,
+// reached_by_backward). The sweep (graph/sweep.cpp) skips the members and runs the chain's generated kernel once
+// every reached reader outside the group has given its gradient: at the start of its visit to node `run_before`
+// (just below the lowest such reader; legality puts every external input at or below it).
+struct BackwardLaunch {
+    std::size_t group = 0;              // index into FusionPlan::groups
+    std::vector<NodeId> members;        // the reached members, reverse creation order
+    std::vector<NodeId> gradients_in;   // of those, the root and those with a reached reader outside the group
+    std::vector<NodeId> saved_reads;    // the values their derivatives read (members and external inputs), sorted
+    std::vector<NodeId> gradients_out;  // external inputs the pass reaches that a member gives a gradient
+    NodeId run_before = 0;
+};
+
 struct FusionPlan {
     std::string signature;  // graph_signature() of the graph it was made for
     std::vector<FusionGroup> groups;
@@ -75,6 +90,14 @@ struct FusionPlan {
 // group's shape and precision class, and no path leads from a member through a node outside the group back into
 // the group (the kernel would need a value computed after it).
 FusionPlan plan_fusion(const ComputeGraph& graph);
+
+// The nodes a backward from `root` visits: 1 for the root and every node that requires grad on a path into it
+// (as ComputeGraph::backward marks them), 0 otherwise; sized root + 1.
+std::vector<char> reached_by_backward(const ComputeGraph& graph, NodeId root);
+// Group `index` of `plan` as that backward runs it; nullopt when the pass reaches none of its members or a reached
+// member's row has no backward.
+std::optional<BackwardLaunch> backward_launch(const ComputeGraph& graph, const FusionPlan& plan, std::size_t index,
+                                              std::span<const char> reached, NodeId root);
 
 // What a plan depends on, exactly: each node's op, inputs, attributes, shape, dtype, device and requires_grad.
 // Two graphs with the same signature get the same plan; a change in any of these (a new batch size) is another

@@ -53,13 +53,21 @@ std::vector<LaunchEvent> schedule_launches(const FusionPlan& plan, std::span<con
 
 namespace {
 
-std::string mismatch_text(std::size_t warm_up_count, std::size_t capture_count, std::size_t at,
-                          const std::string& warm_up_node, const std::string& capture_node) {
+// What differs: both node counts and the first differing node.
+std::string difference_text(std::size_t warm_up_count, std::size_t capture_count, std::size_t at,
+                            const std::string& warm_up_node, const std::string& capture_node) {
     const auto shown = [](const std::string& text) { return text.empty() ? std::string("(none)") : str("'", text, "'"); };
     return str("the captured step recorded another graph than its warm-up (", capture_count, " nodes in the capture, ",
                warm_up_count, " in the warm-up); the first that differs is node #", at, ": ", shown(capture_node),
-               " in the capture, ", shown(warm_up_node), " in the warm-up. The fusion plan made in the warm-up does ",
-               "not apply: the step is not capturable with fusion on (a host branch or counter?); docs/fusion.md");
+               " in the capture, ", shown(warm_up_node), " in the warm-up");
+}
+
+// The GraphError when a fused group's kernel already stands for a node of the capture that differs.
+std::string mismatch_text(std::size_t warm_up_count, std::size_t capture_count, std::size_t at,
+                          const std::string& warm_up_node, const std::string& capture_node) {
+    return str(difference_text(warm_up_count, capture_count, at, warm_up_node, capture_node),
+               ". A fused group's kernel planned in the warm-up has replaced nodes of this graph, so the step is not ",
+               "capturable with fusion on (a host branch or counter?); docs/fusion.md");
 }
 
 }  // namespace
@@ -69,77 +77,112 @@ std::string graph_mismatch_message(std::span<const std::string> warm_up_nodes, s
     std::size_t at = 0;
     while (at < common && warm_up_nodes[at] == capture_nodes[at]) ++at;
     if (at == common && warm_up_nodes.size() == capture_nodes.size()) return "";
-    return mismatch_text(warm_up_nodes.size(), capture_nodes.size(), at,
-                         at < warm_up_nodes.size() ? warm_up_nodes[at] : std::string(),
-                         at < capture_nodes.size() ? capture_nodes[at] : std::string());
+    return difference_text(warm_up_nodes.size(), capture_nodes.size(), at,
+                           at < warm_up_nodes.size() ? warm_up_nodes[at] : std::string(),
+                           at < capture_nodes.size() ? capture_nodes[at] : std::string());
 }
 
-void launch_compiled_group(const CompiledGroup& group, std::span<const Tensor> inputs, std::span<const Tensor> outputs) {
+namespace {
+
+// One launch of a generated kernel: pointer parameters (inputs, then outputs), then the scalar arguments' bytes.
+void launch_generated(const cuda::FusedKernel& kernel, std::int64_t elements, std::span<const Tensor> inputs,
+                      std::span<const Tensor> outputs, const std::vector<std::vector<std::byte>>& scalars) {
 #if DYNGRAD_WITH_CUDA
     std::vector<void*> pointers;
     pointers.reserve(inputs.size() + outputs.size());
     for (const Tensor& t : inputs) pointers.push_back(t.raw_data());
     for (const Tensor& t : outputs) pointers.push_back(t.raw_data());
     std::vector<void*> arguments;
-    arguments.reserve(pointers.size() + group.scalars.size());
+    arguments.reserve(pointers.size() + scalars.size());
     for (void*& pointer : pointers) arguments.push_back(&pointer);
-    for (const std::vector<std::byte>& scalar : group.scalars) arguments.push_back(const_cast<std::byte*>(scalar.data()));
-    group.kernel->launch(group.numel, arguments);
+    for (const std::vector<std::byte>& scalar : scalars) arguments.push_back(const_cast<std::byte*>(scalar.data()));
+    kernel.launch(elements, arguments);
 #else
-    static_cast<void>(group);
+    static_cast<void>(kernel);
+    static_cast<void>(elements);
     static_cast<void>(inputs);
     static_cast<void>(outputs);
+    static_cast<void>(scalars);
     throw DeviceError("fusion: generated kernels need the CUDA build");
 #endif
+}
+
+}  // namespace
+
+void launch_compiled_group(const CompiledGroup& group, std::span<const Tensor> inputs, std::span<const Tensor> outputs) {
+    launch_generated(*group.kernel, group.numel, inputs, outputs, group.scalars);
+}
+
+void launch_compiled_backward(const CompiledBackward& chain, std::span<const Tensor> inputs,
+                              std::span<const Tensor> outputs) {
+    if (chain.kernel == nullptr) return;  // nothing to store
+    launch_generated(*chain.kernel, numel(chain.shape), inputs, outputs, chain.scalars);
 }
 
 // ---- the hook's state, per thread ----
 namespace {
 
-// A warm-up's plan, its groups compiled (those that failed are gone from `plan`).
+// A graph's plan, its groups compiled (those that failed are gone from `plan`), made at its first backward.
 struct Prepared {
     std::vector<std::string> node_signatures;  // of the warm-up graph, node by node
     std::string signature;                     // graph_signature() of that graph
     FusionPlan plan;                           // the groups kept; no backward chains
     std::vector<CompiledGroup> kernels;        // by group
     std::map<NodeId, DType> member_dtype;
+    std::shared_ptr<BackwardFusion> backward;  // the kept groups' backward chains, for a backward from its root
 };
 
 using GraphKey = std::pair<const ComputeGraph*, std::uint64_t>;
 
-// The graph of a capture that runs a plan.
+// A plan of a CapturedStep variant's warm-up, waiting for that variant's capture.
+struct Waiting {
+    std::shared_ptr<const Prepared> prepared;
+    bool used = false;
+};
+
+// The graph of a capture that runs a plan. Until its first member is recorded (`committed`) the graph is only
+// compared with the plan's node by node, and a difference lets it go (or take another waiting plan): nothing has
+// been skipped yet. From then on the capture must record the warm-up's graph: a difference is a GraphError.
 struct Applying {
     std::shared_ptr<const Prepared> prepared;
+    std::size_t waiting = 0;  // its index in the variant's list
     GraphKey graph{nullptr, 0};
     LaunchTracker tracker;
     std::map<NodeId, Tensor> preallocated;  // outputs of members not recorded when their group launched
+    bool committed = false;
+    NodeId checked = 0;  // nodes [0, checked) equal the plan's
 };
 
 struct State {
-    std::map<std::string, std::shared_ptr<const Prepared>> prepared;  // by signature
-    // The plans of the last eager step, one per graph that ran a backward, in that order; a capture's graphs take
-    // them in turn (the step records the same graphs in the same order when it is capturable).
-    std::vector<std::shared_ptr<const Prepared>> pending;
-    std::vector<GraphKey> pending_graphs;
-    std::size_t next_pending = 0;
-    std::vector<GraphKey> bound;  // graphs of this capture that took a plan
+    std::map<std::string, std::shared_ptr<const Prepared>> prepared;  // by signature and root
+    // By variant (cuda::current_step_run()): the plans of its warm-up's graphs that ran a backward, in order.
+    std::map<std::uint64_t, std::vector<Waiting>> warm_ups;
+    std::uint64_t warm_up_variant = 0;
+    std::vector<GraphKey> warm_up_graphs;  // graphs of that warm-up that added a plan
     std::optional<Applying> applying;
+    std::uint64_t capture_variant = 0;
+    std::vector<GraphKey> declined;  // graphs of that capture that match no waiting plan: unfused
     ReplayStats stats;
 };
 
-// Set whenever a plan waits or is being applied: the engine's per-node test.
+// Set while a plan is being applied or a variant's plans wait: the engine's per-node test.
 thread_local bool tls_armed = false;
+thread_local bool tls_plans_wait = false;
 
 State& state() {
     thread_local State s;
     return s;
 }
 
-void update_armed(const State& s) { tls_armed = s.applying.has_value() || s.next_pending < s.pending.size(); }
+void update_armed(const State& s) {
+    tls_armed = s.applying.has_value();
+    tls_plans_wait = !s.warm_ups.empty();
+}
 
-constexpr std::size_t kMaxPendingGraphs = 16;  // a step of more graphs than this is not fused
+constexpr std::size_t kMaxPendingGraphs = 16;  // a warm-up of more graphs than this: the rest are not fused
+constexpr std::size_t kMaxWaitingVariants = 64;  // the oldest variants' plans go first (never captured, or re-warmed)
 
-std::shared_ptr<const Prepared> prepare(const ComputeGraph& graph, std::string signature) {
+std::shared_ptr<const Prepared> prepare(const ComputeGraph& graph, std::string signature, NodeId root) {
     const auto started = std::chrono::steady_clock::now();
     auto out = std::make_shared<Prepared>();
     out->signature = std::move(signature);
@@ -168,6 +211,24 @@ std::shared_ptr<const Prepared> prepare(const ComputeGraph& graph, std::string s
         out->plan.groups.push_back(std::move(group));
         out->kernels.push_back(std::move(*compiled));
     }
+    // The kept groups' backward chains, as a backward from `root` runs them (they read the values the forward
+    // stored, fused or not, so eager steps run them too).
+    out->backward = std::make_shared<BackwardFusion>();
+    out->backward->root = root;
+    out->backward->check = check;
+    const std::vector<char> reached = reached_by_backward(graph, root);
+    for (std::size_t g = 0; g < out->plan.groups.size(); ++g) {
+        const std::optional<BackwardLaunch> launch = backward_launch(graph, out->plan, g, reached, root);
+        if (!launch) continue;
+        std::optional<CompiledBackward> compiled = compile_backward(graph, out->plan.groups[g], *launch);
+        if (!compiled) {
+            ++stats.backward_chains_dropped;
+            continue;
+        }
+        ++stats.backward_chains_compiled;
+        stats.nvrtc_ms += compiled->compile_ms;
+        out->backward->chains.push_back(std::move(*compiled));
+    }
     ++stats.plans;
     stats.prepare_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
     return out;
@@ -177,7 +238,7 @@ bool is(const std::optional<Applying>& applying, const ComputeGraph& graph, std:
     return applying && applying->graph == GraphKey{&graph, generation};
 }
 
-// Ends the capture's use of its plan (consumed: CapturedStep discards the capture) and throws.
+// Ends the capture's use of its plan (CapturedStep discards the capture) and throws.
 [[noreturn]] void fail(State& s, std::string message) {
     s.applying.reset();
     update_armed(s);
@@ -222,17 +283,59 @@ void launch_group(State& s, const ComputeGraph& graph, std::size_t g) {
     launch_compiled_group(kernel, inputs, outputs);
 }
 
-// The capture's next graph takes the next waiting plan.
-bool bind(State& s, const ComputeGraph& graph, std::uint64_t generation, Device device) {
-    if (s.applying || s.next_pending >= s.pending.size() || !device.is_cuda() || !cuda::capturing(device.index))
-        return false;
-    const GraphKey key{&graph, generation};
-    if (std::find(s.bound.begin(), s.bound.end(), key) != s.bound.end() || !fusion_settings().enabled) return false;
-    s.bound.push_back(key);
-    const std::shared_ptr<const Prepared>& prepared = s.pending[s.next_pending++];
-    s.applying.emplace(Applying{prepared, key, LaunchTracker(prepared->plan), {}});
-    update_armed(s);
+// Whether the graph's nodes [from, size) equal `p`'s.
+bool prefix_matches(const Prepared& p, const ComputeGraph& graph, NodeId from) {
+    if (graph.size() > p.node_signatures.size()) return false;
+    for (NodeId id = from; id < graph.size(); ++id)
+        if (node_signature(graph, id) != p.node_signatures[id]) return false;
     return true;
+}
+
+// The capture's graph takes the first waiting plan of its variant whose graph it has recorded so far; none: it
+// runs unfused (declined), as a graph that ran no backward in the warm-up does.
+bool bind(State& s, const ComputeGraph& graph, std::uint64_t generation, Device device) {
+    if (s.applying || !device.is_cuda() || !cuda::capturing(device.index) || !fusion_settings().enabled) return false;
+    const cuda::StepRun run = cuda::current_step_run();
+    if (!run.capture) return false;
+    if (run.variant != s.capture_variant) {
+        s.capture_variant = run.variant;
+        s.declined.clear();
+    }
+    const GraphKey key{&graph, generation};
+    if (std::find(s.declined.begin(), s.declined.end(), key) != s.declined.end()) return false;
+    const auto list = s.warm_ups.find(run.variant);
+    if (list != s.warm_ups.end())
+        for (std::size_t i = 0; i < list->second.size(); ++i) {
+            const Waiting& w = list->second[i];
+            if (w.used || !prefix_matches(*w.prepared, graph, 0)) continue;
+            s.applying.emplace(Applying{w.prepared, i, key, LaunchTracker(w.prepared->plan), {}, false, graph.size()});
+            update_armed(s);
+            return true;
+        }
+    s.declined.push_back(key);
+    return false;
+}
+
+// Before the first member: the graph recorded since the last check must still be the plan's, else the plan lets
+// it go (and the graph tries the other waiting plans). False when the graph has no plan any more.
+bool still_bound(State& s, const ComputeGraph& graph, std::uint64_t generation, Device device) {
+    Applying& a = *s.applying;
+    if (a.committed || prefix_matches(*a.prepared, graph, a.checked)) {
+        a.checked = graph.size();
+        return true;
+    }
+    s.applying.reset();
+    update_armed(s);
+    return bind(s, graph, generation, device);
+}
+
+// "7 relu() 6 (64, 96) float32 cuda:0": what node_signature will say of a node about to be recorded, up to its
+// requires_grad flag (checked once it is recorded).
+std::string upcoming_signature(const OpDef& def, OpType op, std::span<const Var> input_vars, const OpAttrs& attrs,
+                               const OutputSpec& spec, Device device) {
+    std::string out = str(static_cast<int>(op), " ", def.name, "(", attrs_text(def, attrs), ")");
+    for (const Var& v : input_vars) out += str(" ", v.id());
+    return str(out, " ", to_string(spec.shape), " ", dtype_name(spec.dtype), " ", device.to_string());
 }
 
 }  // namespace
@@ -241,12 +344,17 @@ ReplayStats replay_stats() { return state().stats; }
 
 namespace detail {
 
-bool replay_armed() noexcept { return tls_armed; }
+bool replay_armed() noexcept { return tls_armed || (tls_plans_wait && cuda::current_step_run().capture); }
 
 Tensor before_record(const ComputeGraph& graph, std::uint64_t generation, const OpDef& def, OpType op,
                      std::span<const Var> input_vars, std::span<const Tensor> inputs, const OpAttrs& attrs) {
     State& s = state();
-    if (!is(s.applying, graph, generation) && !bind(s, graph, generation, inputs.front().device())) return {};
+    const Device device = inputs.front().device();
+    if (is(s.applying, graph, generation)) {
+        if (!still_bound(s, graph, generation, device)) return {};
+    } else if (!bind(s, graph, generation, device)) {
+        return {};
+    }
     Applying& a = *s.applying;
     const auto id = static_cast<NodeId>(graph.size());
     std::vector<NodeId> input_ids;
@@ -258,16 +366,28 @@ Tensor before_record(const ComputeGraph& graph, std::uint64_t generation, const 
     const FusionGroup& group = a.prepared->plan.groups[static_cast<std::size_t>(g)];
     const OutputSpec spec = def.infer(op, inputs, attrs);
     const auto dtype = a.prepared->member_dtype.find(id);
-    if (spec.shape != group.shape || dtype == a.prepared->member_dtype.end() || spec.dtype != dtype->second)
+    const bool as_planned = spec.shape == group.shape && dtype != a.prepared->member_dtype.end() &&
+                            spec.dtype == dtype->second &&
+                            a.prepared->node_signatures.at(id).starts_with(
+                                upcoming_signature(def, op, input_vars, attrs, spec, device));
+    if (!as_planned) {
+        if (!a.committed) {  // nothing skipped yet: this graph runs unfused
+            s.declined.push_back(a.graph);
+            s.applying.reset();
+            update_armed(s);
+            return {};
+        }
         fail(s, mismatch_text(a.prepared->node_signatures.size(), graph.size() + std::size_t{1}, id,
                               a.prepared->node_signatures.at(id),
-                              str(def.name, " ", to_string(spec.shape), " ", dtype_name(spec.dtype))));
+                              upcoming_signature(def, op, input_vars, attrs, spec, device)));
+    }
+    a.committed = true;
     if (const auto kept = a.preallocated.find(id); kept != a.preallocated.end()) {
         Tensor out = std::move(kept->second);
         a.preallocated.erase(kept);
         return out;
     }
-    return Tensor::empty(spec.shape, spec.dtype, inputs.front().device());
+    return Tensor::empty(spec.shape, spec.dtype, device);
 }
 
 void after_record(const ComputeGraph& graph, std::uint64_t generation, NodeId id) {
@@ -275,7 +395,7 @@ void after_record(const ComputeGraph& graph, std::uint64_t generation, NodeId id
     if (!is(s.applying, graph, generation)) return;
     Applying& a = *s.applying;
     const int g = a.tracker.group_of(id);
-    if (g < 0) return;
+    if (g < 0 || !a.committed) return;  // uncommitted: compared at the next recording or at backward
     check_node(s, graph, id);
     const CompiledGroup& kernel = a.prepared->kernels[static_cast<std::size_t>(g)];
     for (std::size_t j = 0; j < kernel.scalar_nodes.size(); ++j)
@@ -284,58 +404,92 @@ void after_record(const ComputeGraph& graph, std::uint64_t generation, NodeId id
     if (const auto due = a.tracker.after(id)) launch_group(s, graph, *due);
 }
 
-void at_backward(const ComputeGraph& graph, std::uint64_t generation, NodeId root) {
+std::shared_ptr<BackwardFusion> at_backward(const ComputeGraph& graph, std::uint64_t generation, NodeId root) {
     const Device device = graph.node(root).value.device();
-    if (!device.is_cuda()) return;
+    if (!device.is_cuda()) return nullptr;
     State& s = state();
     const GraphKey key{&graph, generation};
+    // The chains of a plan made for a backward from this root (another root: the members run unfused).
+    const auto chains_for = [&](const Prepared& p) -> std::shared_ptr<BackwardFusion> {
+        if (!p.backward || p.backward->root != root || p.backward->chains.empty()) return nullptr;
+        return p.backward;
+    };
     if (cuda::capturing(device.index)) {
-        if (!is(s.applying, graph, generation)) return;
-        if (graph_signature(graph) != s.applying->prepared->signature) {
+        if (!is(s.applying, graph, generation)) return nullptr;
+        Applying& a = *s.applying;
+        // Each kernel's members and inputs were checked against the warm-up as they were recorded or read, so the
+        // forward is right even where the graph differs elsewhere (a host counter adding a node after the groups):
+        // then only the backward chains, planned from the whole warm-up graph, are not used.
+        const bool as_warm_up = graph_signature(graph) == a.prepared->signature;
+        if (!a.committed) {  // it never skipped a kernel: it runs unfused, as a graph without a plan
+            s.declined.push_back(a.graph);
+            s.applying.reset();
+            update_armed(s);
+            return nullptr;
+        }
+        const std::size_t groups = a.prepared->plan.groups.size();
+        for (std::size_t g = 0; g < groups; ++g)  // none left when the graph is the warm-up's
+            if (!a.tracker.launched(g)) launch_group(s, graph, g);
+        std::shared_ptr<BackwardFusion> chains = as_warm_up ? chains_for(*a.prepared) : nullptr;
+#if DYNGRAD_WITH_CUDA
+        if (!as_warm_up) {
             std::vector<std::string> nodes;
             for (NodeId id = 0; id < graph.size(); ++id) nodes.push_back(node_signature(graph, id));
-            fail(s, graph_mismatch_message(s.applying->prepared->node_signatures, nodes));
+            cuda::log_fusion({cuda::FusionLogEntry::Kind::GraphDiffers, "",
+                              graph_mismatch_message(a.prepared->node_signatures, nodes)});
         }
-        const std::size_t groups = s.applying->prepared->plan.groups.size();
-        for (std::size_t g = 0; g < groups; ++g)  // none left when the graph is the warm-up's; cheap insurance
-            if (!s.applying->tracker.launched(g)) launch_group(s, graph, g);
+#endif
         ++s.stats.captures;
-        s.stats.last_groups = s.applying->prepared->plan.groups.size();
-        s.stats.last_launches_saved = s.applying->prepared->plan.launches_saved();
-        s.applying.reset();
-        if (s.next_pending >= s.pending.size()) {  // every plan of the warm-up used: consumed
-            s.pending.clear();
-            s.pending_graphs.clear();
-            s.next_pending = 0;
+        s.stats.last_groups = a.prepared->plan.groups.size();
+        s.stats.last_launches_saved = a.prepared->plan.launches_saved();
+        const auto list = s.warm_ups.find(s.capture_variant);
+        if (list != s.warm_ups.end()) {
+            list->second.at(a.waiting).used = true;
+            if (std::all_of(list->second.begin(), list->second.end(), [](const Waiting& w) { return w.used; }))
+                s.warm_ups.erase(list);  // the variant's capture took every plan
         }
+        s.applying.reset();
         update_armed(s);
-        return;
+        return chains;
     }
     if (!fusion_settings().enabled) {  // turned off since a plan was made: none waits any longer
-        s.pending.clear();
-        s.pending_graphs.clear();
-        s.next_pending = 0;
+        s.warm_ups.clear();
         s.applying.reset();
         update_armed(s);
-        return;
+        return nullptr;
     }
-    // A warm-up (or any eager step): plan the graph at its first backward.
-    if (std::find(s.pending_graphs.begin(), s.pending_graphs.end(), key) != s.pending_graphs.end()) return;
+    // An eager backward (a CapturedStep's warm-up or any other): plan the graph; a warm-up's plan waits for the
+    // variant's capture.
     std::string signature = graph_signature(graph);
-    auto found = s.prepared.find(signature);
-    if (found == s.prepared.end()) found = s.prepared.emplace(signature, prepare(graph, signature)).first;
-    // A step's first graph again, a capture having started, or too many graphs: this backward starts a new step.
-    if (s.next_pending > 0 || s.applying || s.pending.size() >= kMaxPendingGraphs ||
-        (!s.pending.empty() && s.pending.front()->signature == signature)) {
-        s.pending.clear();
-        s.pending_graphs.clear();
+    const std::string prepared_key = str(signature, "@", root);
+    auto found = s.prepared.find(prepared_key);
+    if (found == s.prepared.end()) found = s.prepared.emplace(prepared_key, prepare(graph, signature, root)).first;
+    const cuda::StepRun run = cuda::current_step_run();
+    if (run.variant != 0 && !run.capture && !found->second->plan.groups.empty()) {
+        if (run.variant != s.warm_up_variant) {
+            s.warm_up_variant = run.variant;
+            s.warm_up_graphs.clear();
+        }
+        std::vector<Waiting>& list = s.warm_ups[run.variant];
+        if (std::find(s.warm_up_graphs.begin(), s.warm_up_graphs.end(), key) == s.warm_up_graphs.end() &&
+            list.size() < kMaxPendingGraphs) {
+            s.warm_up_graphs.push_back(key);
+            list.push_back({found->second});
+        }
+        while (s.warm_ups.size() > kMaxWaitingVariants) s.warm_ups.erase(s.warm_ups.begin());
+        update_armed(s);
     }
-    s.applying.reset();
-    s.bound.clear();
-    s.next_pending = 0;
-    s.pending.push_back(found->second);
-    s.pending_graphs.push_back(key);
-    update_armed(s);
+    return chains_for(*found->second);
+}
+
+void count_backward_chain_run() noexcept { ++state().stats.backward_chains_run; }
+void backward_chain_dropped(const std::string& reason) {
+    ++state().stats.backward_chains_dropped;
+#if DYNGRAD_WITH_CUDA
+    cuda::log_fusion({cuda::FusionLogEntry::Kind::CheckMismatch, "backward chain", reason});
+#else
+    static_cast<void>(reason);
+#endif
 }
 
 void graph_ended(const ComputeGraph& graph, std::uint64_t generation) noexcept {

@@ -1,20 +1,25 @@
-// The fusion compiler inside captured steps (issue 33, docs/fusion.md "The captured-step hook"): with fusion on
+// The fusion compiler inside steps (issue 33, docs/fusion.md "The captured-step hook"): with fusion on
 // (DYNGRAD_FUSION=1 or fusion::set_fusion_enabled(true)), a cuda::CapturedStep's capture runs each fusion group's
-// generated kernel instead of its members' kernels, in the forward.
+// generated kernel instead of its members' kernels in the forward, and every backward on the GPU (eager or
+// captured) runs each group's backward chain as one generated kernel instead of its members' backward kernels.
 //
-//   warm-up (eager, not capturing): at the graph's first backward, plan the graph as recorded so far
-//     (plan_fusion, cached by signature), compile every group's kernel (compilation is not capturable); a group
-//     whose compile fails, or that DYNGRAD_CHECK_FUSIONS=1 finds differing from its unfused kernels, is dropped.
-//     The plan waits, thread-local, for the capture.
-//   capture: recording a member allocates its output and launches nothing; its group's kernel is launched just
-//     before the first node outside the group that reads a member, or right after its last member, whichever
-//     comes first (LaunchTracker). At backward the graph's signature must equal the warm-up's, else GraphError and
-//     CapturedStep discards the capture: never a kernel made for another graph.
+//   eager backward: at the graph's first backward, plan the graph as recorded so far (plan_fusion, cached by
+//     signature and root), compile every group's kernel and backward chain (compilation is not capturable); a
+//     group whose compile fails, or that DYNGRAD_CHECK_FUSIONS=1 finds differing from its unfused kernels, is
+//     dropped. The sweep runs the chains (graph/sweep.cpp). In a CapturedStep's warm-up (cuda::current_step_run)
+//     the plan also waits, thread-local, for that variant's capture.
+//   capture: a graph takes the first waiting plan of its variant whose graph it has recorded so far; recording a
+//     member allocates its output and launches nothing; its group's kernel is launched just before the first node
+//     outside the group that reads a member, or right after its last member, whichever comes first
+//     (LaunchTracker). Every node a kernel touches must be the warm-up's, else GraphError and CapturedStep discards
+//     the capture: never a kernel made for another graph. Before its first member the graph may still differ: it
+//     then runs unfused.
 //
 // Off, or on a CPU, the engine's hooks cost one thread-local test per recorded node.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -59,8 +64,9 @@ private:
 // Every launch of a step that records nodes 0 .. node_inputs.size()-1 in order, node i reading node_inputs[i].
 std::vector<LaunchEvent> schedule_launches(const FusionPlan& plan, std::span<const std::vector<NodeId>> node_inputs);
 
-// The GraphError message when a capture recorded another graph than the warm-up the plan was made from: both node
-// counts and the first node that differs (each as node_signature() gives it), or "" when the signatures are equal.
+// How a capture's graph differs from the warm-up graph its plan was made from: both node counts and the first node
+// that differs (each as node_signature() gives it), or "" when the signatures are equal (the GraphDiffers entry of
+// cuda::fusion_log()).
 std::string graph_mismatch_message(std::span<const std::string> warm_up_nodes, std::span<const std::string> capture_nodes);
 
 // ---- what happened (tests, debugging) ----
@@ -76,6 +82,11 @@ struct ReplayStats {
     double prepare_ms = 0.0;
     double nvrtc_ms = 0.0;
     std::size_t groups_from_cache = 0;
+    // Backward chains (graph/fusion_plan.h, BackwardLaunch): compiled, dropped (a failed compile or check), and
+    // run by a sweep (eager or captured; each run launches at most one kernel in place of its members' backward).
+    std::size_t backward_chains_compiled = 0;
+    std::size_t backward_chains_dropped = 0;
+    std::size_t backward_chains_run = 0;
 };
 ReplayStats replay_stats();  // this thread's
 
@@ -101,6 +112,53 @@ std::vector<std::byte> unary_scalar_bytes(const OpAttrs& attrs, bool double_prec
 // Launches a compiled group on its device's stream (capturable): `inputs` and `outputs` in its parameter order.
 void launch_compiled_group(const CompiledGroup& group, std::span<const Tensor> inputs, std::span<const Tensor> outputs);
 
+// ---- a group's backward chain made runnable (ops/fusion_launch.cpp) ----
+struct CompiledBackward {
+    BackwardLaunch launch;
+    const cuda::FusedKernel* kernel = nullptr;  // nullptr when it stores nothing (every result an incoming gradient)
+    // The kernel's pointer parameters in order: the saved values, the incoming gradients, one output per store.
+    std::vector<NodeId> saved;
+    std::vector<NodeId> gradients_in;
+    std::vector<DType> store_dtypes;
+    // Per external input that gets a gradient: a store of the kernel, or an incoming gradient passed unchanged;
+    // `contributions`: how many members' gradients it sums (the check's rule, below).
+    struct Result {
+        NodeId input = 0;
+        int store = -1;
+        int gradient_in = -1;
+        int contributions = 0;
+    };
+    std::vector<Result> results;
+    std::vector<NodeId> scalar_nodes;
+    std::vector<std::vector<std::byte>> scalars;
+    Shape shape;  // the group's index space
+    bool double_precision = false;
+    int device = 0;
+    double compile_ms = 0.0;
+    bool from_cache = false;
+    bool dropped = false;  // the DYNGRAD_CHECK_FUSIONS=1 comparison failed: the members run unfused
+};
+// The chain's kernel compiled and loaded; nullopt after a cuda::fusion_log() entry when it cannot be. CUDA only.
+std::optional<CompiledBackward> compile_backward(const ComputeGraph& graph, const FusionGroup& group,
+                                                 const BackwardLaunch& launch);
+// Launches it on its device's stream (capturable): `inputs` the saved values then the incoming gradients.
+void launch_compiled_backward(const CompiledBackward& chain, std::span<const Tensor> inputs,
+                              std::span<const Tensor> outputs);
+// DYNGRAD_CHECK_FUSIONS=1 for a chain: where its gradient `generated` for an input differs from the sum of the
+// members' unfused gradients `unfused` ("" when they agree): bitwise for f32/f64 and one unit in the last place
+// for bf16/f16 when `same_order` (the input took one member's gradient, or has the group's shape: the same sums
+// in the same order). Else (several members' gradients summed over broadcast axes, in another order) within a
+// relative 1e-5 (f64 1e-12, bf16/f16 1e-2) of `magnitude`, a bound on the sum of the terms' magnitudes (0: the
+// largest magnitude of `unfused`).
+std::string backward_mismatch(const Tensor& generated, const Tensor& unfused, bool same_order, double magnitude = 0.0);
+
+// The chains one backward pass runs in place of their members' unfused backward (ComputeGraph's sweep).
+struct BackwardFusion {
+    NodeId root = 0;
+    std::vector<CompiledBackward> chains;
+    bool check = false;  // DYNGRAD_CHECK_FUSIONS=1's first pass: each chain beside its members' unfused backward
+};
+
 namespace detail {
 // Engine hooks (graph/graph.cpp). `generation` tells a cleared graph from its earlier self.
 // Before recording node graph.size() from `inputs`: launches the groups it must follow; returns the output to
@@ -109,8 +167,13 @@ Tensor before_record(const ComputeGraph& graph, std::uint64_t generation, const 
                      std::span<const Var> input_vars, std::span<const Tensor> inputs, const OpAttrs& attrs);
 // After node `id` was added (an op node, or the leaf a no-grad recording makes).
 void after_record(const ComputeGraph& graph, std::uint64_t generation, NodeId id);
-// At the start of backward from `root`: plans in a warm-up; checks and finishes the plan in a capture.
-void at_backward(const ComputeGraph& graph, std::uint64_t generation, NodeId root);
+// At the start of backward from `root`: plans in a warm-up; checks and finishes the plan in a capture. Returns the
+// backward chains this pass may run (null when none): a capture's, or an eager step's once its graph was planned.
+std::shared_ptr<BackwardFusion> at_backward(const ComputeGraph& graph, std::uint64_t generation, NodeId root);
+// The sweep ran a chain's kernel (replay_stats()), or dropped a chain whose check failed (a CheckMismatch entry
+// of cuda::fusion_log() with `reason`).
+void count_backward_chain_run() noexcept;
+void backward_chain_dropped(const std::string& reason);
 // The graph is cleared or destroyed.
 void graph_ended(const ComputeGraph& graph, std::uint64_t generation) noexcept;
 // Whether any hook has work: fusion is on and a plan waits or is being applied on this thread.

@@ -626,9 +626,13 @@ void ComputeGraph::backward(const Var& output, const Tensor& grad_output, const 
 }
 
 void ComputeGraph::run_backward(NodeId root, Tensor seed, const BackwardOptions& options) {
+    std::shared_ptr<fusion::BackwardFusion> fused;  // generated backward chains (graph/fusion_replay.h)
     if (fusion::detail::replay_armed() || fusion::fusion_settings().enabled)  // plans in a warm-up, checks in a capture
-        fusion::detail::at_backward(*this, generation_, root);
+        fused = fusion::detail::at_backward(*this, generation_, root);
     if (options.create_graph) return detail::HigherOrder::backward(*this, root, seed, options);  // higher_order.cpp
+    // The chains stand in for their members' backward: not when the members' own gradients are asked for
+    // (retain_grads) or each gradient is inspected (anomaly mode).
+    if (options.retain_grads || anomaly_mode_enabled()) fused = nullptr;
     if (saved_released_)
         throw GraphError(str("backward from ", describe_node(root), ": this graph was already back-propagated and ",
                              "its saved tensors were released; pass BackwardOptions{.retain_graph = true} to the ",
@@ -666,7 +670,7 @@ void ComputeGraph::run_backward(NodeId root, Tensor seed, const BackwardOptions&
         }
     }
     try {
-        sweep(root, std::move(seed), needed, options);
+        sweep(root, std::move(seed), needed, options, fused.get());
         // Gradients the sweep left pending (a backend's side work) are final before backward() returns.
         device_memory::await_all_writes();
     } catch (...) {

@@ -24,6 +24,10 @@ namespace dyngrad {
 
 class ComputeGraph;
 using NodeId = std::uint32_t;
+namespace fusion {
+struct BackwardFusion;  // the fusion compiler's backward chains for one sweep (graph/fusion_replay.h)
+}  // namespace fusion
+
 namespace detail {
 struct GraphAnchor;  // a graph's liveness record; outlives the graph (graph.cpp)
 struct HigherOrder;  // the create_graph sweep (graph/higher_order.cpp)
@@ -262,7 +266,9 @@ private:
     Var record_inputs(OpType op, std::span<const Var> inputs, const OpAttrs& attrs, std::source_location where,
                       const Tensor* precomputed = nullptr);
     void run_backward(NodeId root, Tensor seed, const BackwardOptions& options);
-    void sweep(NodeId root, Tensor seed, std::span<const char> needed, const BackwardOptions& options);
+    // `fused`: backward chains of the fusion compiler that stand in for their members (graph/fusion_replay.h).
+    void sweep(NodeId root, Tensor seed, std::span<const char> needed, const BackwardOptions& options,
+               fusion::BackwardFusion* fused = nullptr);
     void restore_leaf_grads(std::vector<std::pair<NodeId, Tensor>>& earlier);
     void check_versions(NodeId id, std::span<const Tensor> input_values) const;
     void check_own(const Var& var, const char* role) const;

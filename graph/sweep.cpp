@@ -1,5 +1,7 @@
 // The engine's reverse sweep (ComputeGraph::sweep, graph/graph.h) and the version check it makes before each
 // node's backward. Recording and the rest of backward(): graph/graph.cpp.
+#include <algorithm>
+#include <cmath>
 #include <span>
 #include <string>
 #include <vector>
@@ -9,6 +11,7 @@
 #include "dyngrad/graph/backend.h"
 #include "dyngrad/graph/engine_helpers.h"
 #include "dyngrad/graph/fusion_check.h"
+#include "dyngrad/graph/fusion_replay.h"
 #include "dyngrad/graph/graph.h"
 #include "dyngrad/graph/profiling.h"
 #include "dyngrad/graph/through_f32.h"
@@ -64,8 +67,12 @@ void add_gradient(Tensor& slot, Tensor g) {
 
 }  // namespace
 
-// The reverse sweep over the marked nodes, from the seeded root.
-void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed, const BackwardOptions& options) {
+// The reverse sweep over the marked nodes, from the seeded root. With `fused` (graph/fusion_replay.h), each
+// backward chain's members are skipped and the chain's generated kernel gives their external inputs' gradients
+// when the sweep reaches its run_before; a chain that cannot run then (an incoming gradient missing or unlike the
+// plan's) runs its members' unfused backward there instead, which is as correct (every outside reader is done).
+void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed, const BackwardOptions& options,
+                         fusion::BackwardFusion* fused) {
     if (anomaly_mode_enabled() && !tensor_stats(seed).all_finite())
         throw NumericalError(str("anomaly mode: the gradient seeding the backward of ", describe_node(root),
                                  " holds NaN/Inf", detail::stats_of("gradient", seed)));
@@ -78,9 +85,19 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
     std::vector<Tensor> grads_so_far;
     std::vector<char> added_in_place;
     std::vector<char> needs_grad_storage;
-    for (NodeId id = root + 1; id-- > 0;) {
+    // What a visited node leaves behind: its gradient, saved tensors and value, as the options say.
+    const auto release = [&](NodeId id) {
         ComputeNode& n = *nodes_[id];
-        if (!needed[id] || !n.grad.defined()) continue;
+        if (!options.retain_grads) n.grad = Tensor();
+        if (!options.retain_graph) {
+            n.saved.clear();
+            n.saved_versions.clear();
+        }
+        if (options.free_values && !options.retain_graph && id != root) n.value = Tensor();
+    };
+    const auto visit = [&](NodeId id) {
+        ComputeNode& n = *nodes_[id];
+        if (!needed[id] || !n.grad.defined()) return;
         if (n.op == OpType::Leaf) {
             if (shared_seed != nullptr && n.grad.raw_data() == shared_seed) n.grad = n.grad.clone();
             if (n.parameter.defined()) {
@@ -90,7 +107,7 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
                 ready(n.grad);  // the callback may read it on another stream (distributed/: the all-reduce)
                 options.on_parameter_ready(n.parameter);
             }
-            continue;
+            return;
         }
         const OpDef& def = op_def(n.op, n.attrs);
         input_values.clear();
@@ -167,13 +184,108 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
                                            describe(n.grad)),
                                        def, "backward");
         }
-        if (!options.retain_grads) n.grad = Tensor();
-        if (!options.retain_graph) {
-            n.saved.clear();
-            n.saved_versions.clear();
+        release(id);
+    };
+
+    // The chains to run, by the node id they run before, and the members they stand for.
+    std::vector<int> chain_of(fused != nullptr ? std::size_t{root} + 1 : 0, -1);
+    std::vector<std::vector<std::size_t>> chains_at(chain_of.size());
+    if (fused != nullptr)
+        for (std::size_t c = 0; c < fused->chains.size(); ++c) {
+            const fusion::BackwardLaunch& launch = fused->chains[c].launch;
+            if (fused->chains[c].dropped || launch.run_before > root) continue;
+            bool usable = true;
+            for (NodeId m : launch.members) usable = usable && m <= root && chain_of[m] < 0;
+            if (!usable) continue;
+            for (NodeId m : launch.members) chain_of[m] = static_cast<int>(c);
+            chains_at[launch.run_before].push_back(c);
         }
-        if (options.free_values && !options.retain_graph && id != root) n.value = Tensor();
+    const auto run_chain = [&](fusion::CompiledBackward& chain) {
+        const fusion::BackwardLaunch& launch = chain.launch;
+        std::vector<Tensor> inputs;
+        for (NodeId id : chain.saved) inputs.push_back(nodes_[id]->value);
+        bool runnable = true;
+        for (NodeId m : chain.gradients_in) {
+            const Tensor& g = nodes_[m]->grad;
+            const Tensor& value = nodes_[m]->value;
+            runnable = runnable && g.defined() && value.defined() && g.shape() == value.shape() &&
+                       g.dtype() == value.dtype() && g.device() == value.device();
+            inputs.push_back(g.defined() ? ready(g) : g);
+        }
+        for (const Tensor& value : inputs) runnable = runnable && value.defined();
+        if (!runnable) {  // the unfused backward of the members, newest first, is what the chain stands for
+            for (NodeId m : launch.members) visit(m);
+            return;
+        }
+        for (NodeId m : launch.members) {  // an in-place write since the forward fails as it would unfused
+            std::vector<Tensor> values;
+            for (const NodeInput& input : nodes_[m]->inputs) values.push_back(nodes_[input.id]->value);
+            check_versions(m, values);
+        }
+        const Device device = nodes_[launch.members.front()]->value.device();
+        std::vector<Tensor> outputs;
+        for (DType dtype : chain.store_dtypes) outputs.push_back(Tensor::empty(chain.shape, dtype, device));
+        fusion::launch_compiled_backward(chain, inputs, outputs);
+        fusion::detail::count_backward_chain_run();
+        std::vector<Tensor> results;  // per chain.results, reduced to its input's shape
+        std::vector<double> magnitudes;  // the check's bound on a reduced sum's terms
+        for (const fusion::CompiledBackward::Result& r : chain.results) {
+            Tensor g = r.store >= 0 ? outputs[static_cast<std::size_t>(r.store)]
+                                    : inputs[chain.saved.size() + static_cast<std::size_t>(r.gradient_in)];
+            const Shape& shape = nodes_[r.input]->value.shape();
+            double magnitude = 0.0;
+            if (g.shape() != shape) {
+                if (fused->check) {
+                    const TensorStats stats = tensor_stats(ready(g));
+                    magnitude = std::max(std::abs(stats.min), std::abs(stats.max)) *
+                                static_cast<double>(g.numel()) / static_cast<double>(std::max<std::int64_t>(1, numel(shape)));
+                    if (!std::isfinite(magnitude)) magnitude = 0.0;  // the comparison's own bound then
+                }
+                g = sum_to(ready(g), shape);
+            }
+            results.push_back(std::move(g));
+            magnitudes.push_back(magnitude);
+        }
+        if (fused->check) {
+            // DYNGRAD_CHECK_FUSIONS=1: the members' unfused backward into emptied slots, compared with the chain's.
+            std::vector<Tensor> earlier;
+            for (const fusion::CompiledBackward::Result& r : chain.results)
+                earlier.push_back(std::move(nodes_[r.input]->grad));
+            for (NodeId m : launch.members) visit(m);
+            std::string mismatch;
+            for (std::size_t j = 0; j < chain.results.size(); ++j) {
+                const fusion::CompiledBackward::Result& r = chain.results[j];
+                Tensor unfused = std::move(nodes_[r.input]->grad);
+                if (mismatch.empty() && unfused.defined())
+                    mismatch = fusion::backward_mismatch(ready(results[j]), ready(unfused),
+                                                         r.contributions == 1 || results[j].shape() == chain.shape,
+                                                         magnitudes[j]);
+                if (mismatch.empty() && !unfused.defined()) mismatch = "the unfused backward gave no gradient";
+                if (!mismatch.empty()) mismatch = str("the gradient of ", describe_node(r.input), ": ", mismatch);
+                nodes_[r.input]->grad = std::move(earlier[j]);
+                if (unfused.defined()) add_gradient(nodes_[r.input]->grad, std::move(unfused));
+            }
+            if (!mismatch.empty()) {
+                chain.dropped = true;
+                fusion::detail::backward_chain_dropped(str("the backward of ", describe_node(launch.members.back()),
+                                                           " .. ", describe_node(launch.members.front()), ": ",
+                                                           mismatch, "; its members run their unfused backward"));
+            }
+            return;
+        }
+        for (std::size_t j = 0; j < chain.results.size(); ++j)
+            add_gradient(nodes_[chain.results[j].input]->grad, std::move(results[j]));
+        for (NodeId m : launch.members) release(m);
+    };
+
+    for (NodeId id = root + 1; id-- > 0;) {
+        if (fused != nullptr) {
+            for (std::size_t c : chains_at[id]) run_chain(fused->chains[c]);
+            if (chain_of[id] >= 0) continue;  // its chain runs (or ran) in its place
+        }
+        visit(id);
     }
+    if (fused != nullptr) fused->check = false;  // compared once
 }
 
 }  // namespace dyngrad

@@ -2,6 +2,7 @@
 // because it generates the source, ops/fusion_source.h): the source with every member as an output, compiled
 // through NVRTC's disk cache, loaded once per device and kernel name, and with DYNGRAD_CHECK_FUSIONS=1 compared
 // once with the members' unfused values.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -44,6 +45,20 @@ const cuda::FusedKernel& loaded_kernel(const cuda::CompiledKernel& compiled, int
     auto& slot = (*kernels)[{device, compiled.kernel}];
     if (!slot) slot = std::make_unique<cuda::FusedKernel>(compiled, device);
     return *slot;
+}
+
+// Compiles `source` (or reads it from the disk cache) and loads it for `device` into `out` (a CompiledGroup or
+// CompiledBackward); false after the compiler logged why not.
+template <typename Compiled>
+bool compile_and_load(const std::string& source, const std::string& name, int device, Compiled& out) {
+    cuda::FusedKernelCompileOptions options;
+    options.arch = cuda::device_arch(device);
+    const std::optional<cuda::CompiledKernel> compiled = cuda::try_compile_fused_kernel(source, name, options);
+    if (!compiled) return false;
+    out.kernel = &loaded_kernel(*compiled, device);
+    out.compile_ms = compiled->compile_ms;
+    out.from_cache = compiled->from_cache;
+    return true;
 }
 
 // Distance in units in the last place between two values of a 16-bit floating format (sign-magnitude bits).
@@ -123,14 +138,7 @@ std::optional<CompiledGroup> compile_group(const ComputeGraph& graph, const Fusi
     CompiledGroup out;
     try {
         source = generate_fused_source(graph, with_every_member_written(group));
-        cuda::FusedKernelCompileOptions options;
-        options.arch = cuda::device_arch(device);
-        const std::optional<cuda::CompiledKernel> compiled =
-            cuda::try_compile_fused_kernel(source.source, source.name, options);
-        if (!compiled) return std::nullopt;  // logged by the compiler
-        out.kernel = &loaded_kernel(*compiled, device);
-        out.compile_ms = compiled->compile_ms;
-        out.from_cache = compiled->from_cache;
+        if (!compile_and_load(source.source, source.name, device, out)) return std::nullopt;  // logged by the compiler
     } catch (const Error& e) {  // a group the generator cannot write, or an image the driver refuses: unfused
         cuda::log_fusion({cuda::FusionLogEntry::Kind::CompileFallback, source.name,
                           str("group ", members_text(graph, group), ": ", e.what(), "; the group runs its unfused kernels")});
@@ -148,8 +156,66 @@ std::optional<CompiledGroup> compile_group(const ComputeGraph& graph, const Fusi
     if (check && !matches_unfused(graph, group, out, source.name)) return std::nullopt;
     return out;
 }
+std::optional<CompiledBackward> compile_backward(const ComputeGraph& graph, const FusionGroup& group,
+                                                 const BackwardLaunch& launch) {
+    const int device = graph.node(group.members.front()).value.device().index;
+    FusedBackwardSource source;
+    CompiledBackward out;
+    try {
+        source = generate_backward_source(graph, group, launch);
+        if (!source.name.empty() && !compile_and_load(source.source, source.name, device, out))
+            return std::nullopt;  // logged by the compiler
+    } catch (const Error& e) {
+        cuda::log_fusion({cuda::FusionLogEntry::Kind::CompileFallback, source.name,
+                          str("backward of group ", members_text(graph, group), ": ", e.what(),
+                              "; its members run their unfused backward")});
+        return std::nullopt;
+    }
+    out.launch = launch;
+    out.saved = source.saved;
+    out.gradients_in = source.gradients_in;
+    for (NodeId e : source.stores) out.store_dtypes.push_back(graph.node(e).value.dtype());
+    for (const FusedBackwardSource::Result& r : source.results)
+        out.results.push_back({r.input, r.store, r.gradient_in, r.contributions});
+    for (const ScalarArgument& scalar : source.scalars) {
+        out.scalar_nodes.push_back(scalar.node);
+        out.scalars.push_back(unary_scalar_bytes(graph.node(scalar.node).attrs, group.double_precision));
+    }
+    out.shape = group.shape;
+    out.double_precision = group.double_precision;
+    out.device = device;
+    return out;
+}
+
+std::string backward_mismatch(const Tensor& generated, const Tensor& unfused, bool same_order, double magnitude) {
+    if (generated.shape() != unfused.shape() || generated.dtype() != unfused.dtype())
+        return str("generated ", describe(generated), ", unfused ", describe(unfused));
+    if (same_order) {
+        const std::int64_t at = first_mismatch(generated, unfused);
+        if (at < 0) return "";
+        const auto element = [&](const Tensor& t) {
+            return t.to(Device::cpu()).to(DType::f64).reshaped({t.numel()}).to_vector()[static_cast<std::size_t>(at)];
+        };
+        return str("element ", at, " is ", element(generated), " generated and ", element(unfused), " unfused");
+    }
+    const std::vector<double> a = generated.to(Device::cpu()).to(DType::f64).reshaped({generated.numel()}).to_vector();
+    const std::vector<double> b = unfused.to(Device::cpu()).to(DType::f64).reshaped({unfused.numel()}).to_vector();
+    double largest = magnitude;
+    if (largest <= 0.0)
+        for (double v : b) largest = std::max(largest, std::abs(v));
+    const double relative = unfused.dtype() == DType::f64 ? 1e-12 : unfused.dtype() == DType::f32 ? 1e-5 : 1e-2;
+    for (std::size_t i = 0; i < a.size(); ++i)
+        if (!(std::abs(a[i] - b[i]) <= relative * largest) && !(std::isnan(a[i]) && std::isnan(b[i])))
+            return str("element ", i, " is ", a[i], " generated and ", b[i], " unfused (beyond ", relative,
+                       " of the largest magnitude ", largest, ")");
+    return "";
+}
 #else
 std::optional<CompiledGroup> compile_group(const ComputeGraph&, const FusionGroup&, bool) { return std::nullopt; }
+std::optional<CompiledBackward> compile_backward(const ComputeGraph&, const FusionGroup&, const BackwardLaunch&) {
+    return std::nullopt;
+}
+std::string backward_mismatch(const Tensor&, const Tensor&, bool, double) { return "the CUDA build only"; }
 #endif
 
 }  // namespace dyngrad::fusion

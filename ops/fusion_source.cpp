@@ -2,6 +2,8 @@
 #include "dyngrad/ops/fusion_source.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "dyngrad/cuda/nvrtc_compiler.h"
@@ -123,64 +125,127 @@ bool reads_scalars(const OpDef& def) {
            def.attrs.contains(kClampMaxField);
 }
 
-struct Writer {
-    const ComputeGraph& graph;
-    const FusionGroup& group;
-    FusedKernelSource& out;
-    std::string compute;                  // "float" or "double"
-    std::vector<std::string> input_index; // per input: its index expression ("i": the whole index space)
+// One elementwise kernel's text: its loads, the formulas between them and its stores. The scaffolding (parameters,
+// the grid-stride loop, the 16-byte vector path and the tail) is the same for a group's forward and its backward.
+struct KernelText {
+    struct Load {
+        DType dtype;
+        std::string index;  // the element it reads for output element i ("i": the whole index space)
+        std::string name;   // the compute-type value the formulas read it as
+    };
+    struct Store {
+        DType dtype;
+        std::string value;  // a compute-type expression of the formulas' values
+    };
+    std::string comment;  // the first line: what the kernel computes
+    std::string compute;  // "float" or "double"
+    std::int64_t numel = 0;
+    std::vector<Load> loads;
+    std::vector<Store> stores;
+    std::size_t scalars = 0;  // UnaryScalars parameters s0 ...
+    std::vector<std::string> formulas;  // statements after the loads, in order
 
-    std::string value_name(NodeId id) const {
-        const auto input = std::find(out.inputs.begin(), out.inputs.end(), id);
-        if (input != out.inputs.end()) return str("v", input - out.inputs.begin());
-        return str("t", id);
+    int vector_width() const {
+        std::size_t widest = 0;  // bytes of the widest element accessed over the whole index space
+        for (const Load& load : loads)
+            if (load.index == "i") widest = std::max(widest, dtype_size(load.dtype));
+        for (const Store& store : stores) widest = std::max(widest, dtype_size(store.dtype));
+        return widest == 0 ? 1 : static_cast<int>(16 / widest);
     }
 
-    // The element body: loads (`vector`: full-shape inputs from the loaded vectors l<j>, lane k), the members'
-    // formulas, the stores (`vector`: into the vectors w<j>).
     void element(std::ostringstream& src, bool vector, const char* indent) const {
-        for (std::size_t j = 0; j < out.inputs.size(); ++j) {
-            const bool whole = input_index[j] == "i";
-            src << indent << "const " << compute << " v" << j << " = dg_load("
-                << (vector && whole ? str("l", j, ".v[k]") : str("in", j, "[", input_index[j], "]")) << ");\n";
-        }
-        std::size_t scalar = 0;
-        for (NodeId m : group.members) {
-            const ComputeNode& node = graph.node(m);
-            const OpDef& def = op_def(node.op);
-            const PointwiseFormula& formula = *def.pointwise;
-            const std::string round = str("dg_as_", dtype_name(node.value.dtype()));
-            src << indent << "const " << compute << " t" << m << " = " << round << "(";
-            switch (formula.form) {
-                case PointwiseFormula::Form::Unary: {
-                    const bool tanh = formula.tanh_functor != nullptr &&
-                                      node.attrs.gelu_approximation == GeluApproximation::Tanh;
-                    src << "dyngrad::math::apply_forward<dyngrad::math::"
-                        << (tanh ? formula.tanh_functor : formula.functor) << ">(" << value_name(node.inputs[0].id)
-                        << ", ";
-                    if (reads_scalars(def)) src << "s" << scalar++;
-                    else src << "dyngrad::math::UnaryScalars<" << compute << ">{}";
-                    src << ")";
-                    break;
-                }
-                case PointwiseFormula::Form::Binary:
-                    src << "dyngrad::math::" << formula.functor << "::forward(" << value_name(node.inputs[0].id)
-                        << ", " << value_name(node.inputs[1].id) << ")";
-                    break;
-                case PointwiseFormula::Form::Cast:  // the rounding to the node's dtype is the cast
-                    src << value_name(node.inputs[0].id);
-                    break;
-            }
-            src << ");  // " << def.name << " #" << m << "\n";
-        }
-        for (std::size_t j = 0; j < out.outputs.size(); ++j) {
-            const NodeId m = out.outputs[j];
-            const std::string value = str("dg_store_", dtype_name(graph.node(m).value.dtype()), "(t", m, ")");
+        for (std::size_t j = 0; j < loads.size(); ++j)
+            src << indent << "const " << compute << " " << loads[j].name << " = dg_load("
+                << (vector && loads[j].index == "i" ? str("l", j, ".v[k]") : str("in", j, "[", loads[j].index, "]"))
+                << ");\n";
+        for (const std::string& formula : formulas) src << indent << formula << "\n";
+        for (std::size_t j = 0; j < stores.size(); ++j) {
+            const std::string value = str("dg_store_", dtype_name(stores[j].dtype), "(", stores[j].value, ")");
             if (vector) src << indent << "w" << j << ".v[k] = " << value << ";\n";
             else src << indent << "out" << j << "[i] = " << value << ";\n";
         }
     }
+
+    // The translation unit, the kernel named `DG_KERNEL_NAME` (named by the hash of the text afterwards).
+    std::string write() const {
+        std::ostringstream src;
+        src << "// Generated by dyngrad's fusion compiler (ops/fusion_source.cpp): " << comment << ".\n"
+            << kPreludeHead << elementwise_math_source() << kPreludeTail;
+        src << "\nextern \"C\" __global__ void __launch_bounds__(256) DG_KERNEL_NAME(";
+        auto param = [&, first = true](const std::string& text) mutable {
+            src << (first ? "\n    " : ",\n    ") << text;
+            first = false;
+        };
+        for (std::size_t j = 0; j < loads.size(); ++j)
+            param(str("const ", element_type(loads[j].dtype), "* __restrict__ in", j));
+        for (std::size_t j = 0; j < stores.size(); ++j)
+            param(str(element_type(stores[j].dtype), "* __restrict__ out", j));
+        for (std::size_t k = 0; k < scalars; ++k) param(str("dyngrad::math::UnaryScalars<", compute, "> s", k));
+        src << ") {\n";
+        src << "    constexpr long long n = " << numel << "LL;\n";
+        src << "    const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;\n";
+        src << "    const long long step = static_cast<long long>(gridDim.x) * blockDim.x;\n";
+        src << "    long long tail = 0;\n";
+        const int width = vector_width();
+        if (width > 1) {
+            std::string aligned;
+            const auto add_alignment = [&](const std::string& pointer, DType dtype) {
+                aligned += str(aligned.empty() ? "" : " | ", "(reinterpret_cast<unsigned long long>(", pointer, ") % ",
+                               width * dtype_size(dtype), "ULL)");
+            };
+            for (std::size_t j = 0; j < loads.size(); ++j)
+                if (loads[j].index == "i") add_alignment(str("in", j), loads[j].dtype);
+            for (std::size_t j = 0; j < stores.size(); ++j) add_alignment(str("out", j), stores[j].dtype);
+            src << "    if ((" << aligned << ") == 0) {  // " << width << " elements per access\n";
+            src << "        constexpr long long vectors = n / " << width << ";\n";
+            src << "        for (long long vi = first; vi < vectors; vi += step) {\n";
+            src << "            const long long base = vi * " << width << ";\n";
+            for (std::size_t j = 0; j < loads.size(); ++j) {
+                if (loads[j].index != "i") continue;
+                const char* type = element_type(loads[j].dtype);
+                src << "            const dg_vec<" << type << ", " << width << "> l" << j
+                    << " = *reinterpret_cast<const dg_vec<" << type << ", " << width << ">*>(in" << j << " + base);\n";
+            }
+            for (std::size_t j = 0; j < stores.size(); ++j)
+                src << "            dg_vec<" << element_type(stores[j].dtype) << ", " << width << "> w" << j << ";\n";
+            src << "#pragma unroll\n";
+            src << "            for (int k = 0; k < " << width << "; ++k) {\n";
+            src << "                const long long i = base + k;\n";
+            src << "                (void)i;\n";
+            element(src, true, "                ");
+            src << "            }\n";
+            for (std::size_t j = 0; j < stores.size(); ++j) {
+                const char* type = element_type(stores[j].dtype);
+                src << "            *reinterpret_cast<dg_vec<" << type << ", " << width << ">*>(out" << j
+                    << " + base) = w" << j << ";\n";
+            }
+            src << "        }\n";
+            src << "        tail = vectors * " << width << ";\n";
+            src << "    }\n";
+        }
+        src << "    for (long long i = tail + first; i < n; i += step) {\n";
+        element(src, false, "        ");
+        src << "    }\n}\n";
+        return src.str();
+    }
 };
+
+// Names the kernel by the hash of its text.
+template <typename Source>
+void finish(Source& out, std::string text) {
+    out.hash = cuda::fnv1a64(text);
+    out.name = "dg_fused_" + cuda::hex64(out.hash);
+    const std::string placeholder = "DG_KERNEL_NAME";
+    text.replace(text.find(placeholder), placeholder.size(), out.name);
+    out.source = std::move(text);
+}
+
+std::string rounding(DType dtype) { return str("dg_as_", dtype_name(dtype)); }
+
+std::string unary_functor(const PointwiseFormula& formula, const OpAttrs& attrs) {
+    const bool tanh = formula.tanh_functor != nullptr && attrs.gelu_approximation == GeluApproximation::Tanh;
+    return str("dyngrad::math::", tanh ? formula.tanh_functor : formula.functor);
+}
 
 }  // namespace
 
@@ -204,87 +269,163 @@ FusedKernelSource generate_fused_source(const ComputeGraph& graph, const FusionG
     out.inputs = group.inputs;
     for (const GroupOutput& output : group.outputs) out.outputs.push_back(output.node);
     out.numel = numel(group.shape);
-    Writer writer{graph, group, out, group.double_precision ? "double" : "float", {}};
-    std::size_t widest = 0;  // bytes of the widest element accessed over the whole index space
-    for (NodeId id : out.inputs) {
-        const Tensor& value = graph.node(id).value;
-        writer.input_index.push_back(index_expression(value.shape(), group.shape));
-        if (writer.input_index.back() == "i") widest = std::max(widest, dtype_size(value.dtype()));
-    }
-    for (NodeId id : out.outputs) widest = std::max(widest, dtype_size(graph.node(id).value.dtype()));
-    for (NodeId m : group.members)
-        if (reads_scalars(op_def(graph.node(m).op))) out.scalars.push_back({m});
-    out.vector_width = widest == 0 ? 1 : static_cast<int>(16 / widest);
-
-    std::ostringstream src;
-    src << "// Generated by dyngrad's fusion compiler (ops/fusion_source.cpp): one kernel for";
-    for (NodeId m : group.members) src << " " << op_def(graph.node(m).op).name << "#" << m;
-    src << ", over " << to_string(group.shape) << ".\n" << kPreludeHead << elementwise_math_source() << kPreludeTail;
-    src << "\nextern \"C\" __global__ void __launch_bounds__(256) DG_KERNEL_NAME(";
-    auto param = [&, first = true](const std::string& text) mutable {
-        src << (first ? "\n    " : ",\n    ") << text;
-        first = false;
+    KernelText text;
+    text.compute = group.double_precision ? "double" : "float";
+    text.numel = out.numel;
+    text.comment = "one kernel for";
+    for (NodeId m : group.members) text.comment += str(" ", op_def(graph.node(m).op).name, "#", m);
+    text.comment += str(", over ", to_string(group.shape));
+    const auto value_name = [&](NodeId id) {
+        const auto input = std::find(out.inputs.begin(), out.inputs.end(), id);
+        if (input != out.inputs.end()) return str("v", input - out.inputs.begin());
+        return str("t", id);
     };
-    for (std::size_t j = 0; j < out.inputs.size(); ++j)
-        param(str("const ", element_type(graph.node(out.inputs[j]).value.dtype()), "* __restrict__ in", j));
-    for (std::size_t j = 0; j < out.outputs.size(); ++j)
-        param(str(element_type(graph.node(out.outputs[j]).value.dtype()), "* __restrict__ out", j));
-    for (std::size_t k = 0; k < out.scalars.size(); ++k)
-        param(str("dyngrad::math::UnaryScalars<", writer.compute, "> s", k));
-    src << ") {\n";
-    src << "    constexpr long long n = " << out.numel << "LL;\n";
-    src << "    const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;\n";
-    src << "    const long long step = static_cast<long long>(gridDim.x) * blockDim.x;\n";
-    src << "    long long tail = 0;\n";
-    if (out.vector_width > 1) {
-        const int width = out.vector_width;
-        std::string aligned;
-        const auto add_alignment = [&](const std::string& pointer, DType dtype) {
-            aligned += str(aligned.empty() ? "" : " | ", "(reinterpret_cast<unsigned long long>(", pointer, ") % ",
-                           width * dtype_size(dtype), "ULL)");
-        };
-        for (std::size_t j = 0; j < out.inputs.size(); ++j)
-            if (writer.input_index[j] == "i") add_alignment(str("in", j), graph.node(out.inputs[j]).value.dtype());
-        for (std::size_t j = 0; j < out.outputs.size(); ++j)
-            add_alignment(str("out", j), graph.node(out.outputs[j]).value.dtype());
-        src << "    if ((" << aligned << ") == 0) {  // " << width << " elements per access\n";
-        src << "        constexpr long long vectors = n / " << width << ";\n";
-        src << "        for (long long vi = first; vi < vectors; vi += step) {\n";
-        src << "            const long long base = vi * " << width << ";\n";
-        for (std::size_t j = 0; j < out.inputs.size(); ++j) {
-            if (writer.input_index[j] != "i") continue;
-            const char* type = element_type(graph.node(out.inputs[j]).value.dtype());
-            src << "            const dg_vec<" << type << ", " << width << "> l" << j << " = *reinterpret_cast<const dg_vec<"
-                << type << ", " << width << ">*>(in" << j << " + base);\n";
-        }
-        for (std::size_t j = 0; j < out.outputs.size(); ++j)
-            src << "            dg_vec<" << element_type(graph.node(out.outputs[j]).value.dtype()) << ", " << width
-                << "> w" << j << ";\n";
-        src << "#pragma unroll\n";
-        src << "            for (int k = 0; k < " << width << "; ++k) {\n";
-        src << "                const long long i = base + k;\n";
-        src << "                (void)i;\n";
-        writer.element(src, true, "                ");
-        src << "            }\n";
-        for (std::size_t j = 0; j < out.outputs.size(); ++j) {
-            const char* type = element_type(graph.node(out.outputs[j]).value.dtype());
-            src << "            *reinterpret_cast<dg_vec<" << type << ", " << width << ">*>(out" << j
-                << " + base) = w" << j << ";\n";
-        }
-        src << "        }\n";
-        src << "        tail = vectors * " << width << ";\n";
-        src << "    }\n";
+    for (std::size_t j = 0; j < out.inputs.size(); ++j) {
+        const Tensor& value = graph.node(out.inputs[j]).value;
+        text.loads.push_back({value.dtype(), index_expression(value.shape(), group.shape), str("v", j)});
     }
-    src << "    for (long long i = tail + first; i < n; i += step) {\n";
-    writer.element(src, false, "        ");
-    src << "    }\n}\n";
+    for (NodeId m : group.members) {
+        const ComputeNode& node = graph.node(m);
+        const OpDef& def = op_def(node.op);
+        const PointwiseFormula& formula = *def.pointwise;
+        std::string value;
+        switch (formula.form) {
+            case PointwiseFormula::Form::Unary:
+                value = str("dyngrad::math::apply_forward<", unary_functor(formula, node.attrs), ">(",
+                            value_name(node.inputs[0].id), ", ",
+                            reads_scalars(def) ? str("s", out.scalars.size())
+                                               : str("dyngrad::math::UnaryScalars<", text.compute, ">{}"),
+                            ")");
+                if (reads_scalars(def)) out.scalars.push_back({m});
+                break;
+            case PointwiseFormula::Form::Binary:
+                value = str("dyngrad::math::", formula.functor, "::forward(", value_name(node.inputs[0].id), ", ",
+                            value_name(node.inputs[1].id), ")");
+                break;
+            case PointwiseFormula::Form::Cast:  // the rounding to the node's dtype is the cast
+                value = value_name(node.inputs[0].id);
+                break;
+        }
+        text.formulas.push_back(str("const ", text.compute, " t", m, " = ", rounding(node.value.dtype()), "(", value,
+                                    ");  // ", def.name, " #", m));
+    }
+    for (NodeId m : out.outputs) text.stores.push_back({graph.node(m).value.dtype(), str("t", m)});
+    text.scalars = out.scalars.size();
+    out.vector_width = text.vector_width();
+    finish(out, text.write());
+    return out;
+}
 
-    std::string text = src.str();
-    out.hash = cuda::fnv1a64(text);
-    out.name = "dg_fused_" + cuda::hex64(out.hash);
-    const std::string placeholder = "DG_KERNEL_NAME";
-    text.replace(text.find(placeholder), placeholder.size(), out.name);
-    out.source = std::move(text);
+FusedBackwardSource generate_backward_source(const ComputeGraph& graph, const FusionGroup& group,
+                                             const BackwardLaunch& launch) {
+    if (launch.members.empty()) throw Error("fusion: a backward chain without members has no kernel");
+    FusedBackwardSource out;
+    out.saved = launch.saved_reads;
+    out.gradients_in = launch.gradients_in;
+    out.numel = numel(group.shape);
+    KernelText text;
+    text.compute = group.double_precision ? "double" : "float";
+    text.numel = out.numel;
+    text.comment = "the backward of";
+    for (auto it = launch.members.rbegin(); it != launch.members.rend(); ++it)
+        text.comment += str(" ", op_def(graph.node(*it).op).name, "#", *it);
+    text.comment += str(", over ", to_string(group.shape));
+    const std::set<NodeId> members(launch.members.begin(), launch.members.end());
+    const std::set<NodeId> externals(launch.gradients_out.begin(), launch.gradients_out.end());
+    const std::set<NodeId> saved(launch.saved_reads.begin(), launch.saved_reads.end());
+    for (NodeId id : launch.saved_reads) {
+        const Tensor& value = graph.node(id).value;
+        text.loads.push_back({value.dtype(), index_expression(value.shape(), group.shape), str("x", id)});
+    }
+    std::map<NodeId, std::string> gradient;  // the variable holding a node's gradient so far
+    std::map<NodeId, int> contributions;
+    for (NodeId m : launch.gradients_in) {
+        text.loads.push_back({graph.node(m).value.dtype(), "i", str("d", m)});
+        gradient[m] = str("d", m);
+    }
+    const std::string zero = str(text.compute, "(0)");
+    const auto value_of = [&](NodeId id) {
+        if (!saved.contains(id)) throw Error(str("fusion: the backward chain reads node #", id, ", not saved"));
+        return str("x", id);
+    };
+    std::size_t fresh = 0;
+    const auto declare = [&](const std::string& value, const std::string& why) {
+        const std::string name = str("g", fresh++);
+        text.formulas.push_back(str("const ", text.compute, " ", name, " = ", value, ";  // ", why));
+        return name;
+    };
+    for (NodeId m : launch.members) {
+        const ComputeNode& node = graph.node(m);
+        const OpDef& def = op_def(node.op);
+        const PointwiseFormula& formula = *def.pointwise;
+        const auto found = gradient.find(m);
+        if (found == gradient.end())
+            throw Error(str("fusion: no gradient reaches ", def.name, " #", m, " in its backward chain"));
+        const std::string dy = found->second;
+        const bool gives = std::any_of(node.inputs.begin(), node.inputs.end(), [&](const NodeInput& input) {
+            return members.contains(input.id) || externals.contains(input.id);
+        });
+        std::string scalars = str("dyngrad::math::UnaryScalars<", text.compute, ">{}");
+        if (gives && reads_scalars(def)) {
+            scalars = str("s", out.scalars.size());
+            out.scalars.push_back({m});
+        }
+        for (std::size_t j = 0; j < node.inputs.size(); ++j) {
+            const NodeId target = node.inputs[j].id;
+            if (!members.contains(target) && !externals.contains(target)) continue;
+            const DType dtype = graph.node(target).value.dtype();
+            const std::string why = str(def.name, " #", m, " -> #", target);
+            std::string contribution;
+            const bool identity = (node.op == OpType::Add) || (node.op == OpType::Sub && j == 0) ||
+                                  (formula.form == PointwiseFormula::Form::Cast && dtype == node.value.dtype());
+            if (identity) {
+                contribution = dy;  // the unfused backward passes dy itself (an alias)
+            } else if (formula.form == PointwiseFormula::Form::Cast) {
+                contribution = declare(str(rounding(dtype), "(", dy, ")"), why);
+            } else if (formula.form == PointwiseFormula::Form::Unary) {
+                const std::string x = formula.derivative_reads_inputs ? value_of(target) : zero;
+                const std::string y = formula.derivative_reads_output ? value_of(m) : x;
+                contribution = declare(str(rounding(dtype), "(", dy, " * dyngrad::math::apply_derivative<",
+                                           unary_functor(formula, node.attrs), ">(", x, ", ", y, ", ", scalars, "))"),
+                                       why);
+            } else {
+                const std::string a = formula.derivative_reads_inputs ? value_of(node.inputs[0].id) : zero;
+                const std::string b = formula.derivative_reads_inputs ? value_of(node.inputs[1].id) : zero;
+                contribution = declare(str(rounding(dtype), "(", dy, " * dyngrad::math::", formula.functor,
+                                           j == 0 ? "::d_a(" : "::d_b(", a, ", ", b, "))"),
+                                       why);
+            }
+            // Gradients from several readers add up in the sweep's order (readers newest first, inputs in order),
+            // each sum rounded as the unfused accumulation stores it.
+            ++contributions[target];
+            auto [slot, first] = gradient.try_emplace(target, contribution);
+            if (!first)
+                slot->second = declare(str(rounding(dtype), "(", slot->second, " + ", contribution, ")"),
+                                       str("sum into #", target));
+        }
+    }
+    for (NodeId e : launch.gradients_out) {
+        const std::string& value = gradient.at(e);
+        const DType dtype = graph.node(e).value.dtype();
+        FusedBackwardSource::Result result{e};
+        result.contributions = contributions[e];
+        for (std::size_t k = 0; k < out.gradients_in.size(); ++k)
+            if (value == str("d", out.gradients_in[k]) && graph.node(out.gradients_in[k]).value.dtype() == dtype)
+                result.gradient_in = static_cast<int>(k);
+        if (result.gradient_in < 0) {
+            for (std::size_t k = 0; k < text.stores.size(); ++k)
+                if (text.stores[k].value == value && text.stores[k].dtype == dtype) result.store = static_cast<int>(k);
+            if (result.store < 0) {
+                result.store = static_cast<int>(text.stores.size());
+                text.stores.push_back({dtype, value});
+                out.stores.push_back(e);
+            }
+        }
+        out.results.push_back(result);
+    }
+    text.scalars = out.scalars.size();
+    out.vector_width = text.vector_width();
+    if (!text.stores.empty()) finish(out, text.write());
     return out;
 }
 

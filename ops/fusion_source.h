@@ -41,6 +41,36 @@ struct FusedKernelSource {
 // The kernel of `group` of a plan made for `graph` (its signature: the values' shapes and dtypes are read from it).
 FusedKernelSource generate_fused_source(const ComputeGraph& graph, const FusionGroup& group);
 
+// The kernel of a group's backward chain as one backward pass runs it (graph/fusion_plan.h, BackwardLaunch): per
+// element, the incoming gradients, then the members in reverse creation order, each input's part dy * f'(...)
+// rounded to that input's dtype and summed where several members read one value, as the unfused backward
+// kernels and the sweep's accumulation store them; one gradient per external input, in the group's shape (the
+// sweep sums a broadcast one to its input's shape).
+struct FusedBackwardSource {
+    std::string name;    // empty when the kernel would store nothing (every result an incoming gradient)
+    std::string source;
+    // The kernel's parameters in order: the saved values, the incoming gradients, the stores, the scalars.
+    std::vector<NodeId> saved;
+    std::vector<NodeId> gradients_in;  // members whose gradient is loaded
+    std::vector<NodeId> stores;        // the first external input each store is for
+    std::vector<ScalarArgument> scalars;
+    // Per external input of the launch (its gradients_out order): its gradient is store `store`, or, unchanged
+    // (a chain of adds), the incoming gradient `gradient_in`; the other is -1. `contributions`: how many members'
+    // gradients it sums.
+    struct Result {
+        NodeId input;
+        int store = -1;
+        int gradient_in = -1;
+        int contributions = 0;
+    };
+    std::vector<Result> results;
+    int vector_width = 1;
+    std::int64_t numel = 0;
+    std::uint64_t hash = 0;
+};
+FusedBackwardSource generate_backward_source(const ComputeGraph& graph, const FusionGroup& group,
+                                             const BackwardLaunch& launch);
+
 // `group` with every member as an output (ConsumedOutside): the captured-step hook's kernels write every member,
 // since the unfused backward kernels may read any member's value (graph/fusion_replay.h).
 FusionGroup with_every_member_written(const FusionGroup& group);

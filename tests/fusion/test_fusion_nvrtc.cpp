@@ -184,3 +184,49 @@ TEST_CASE("the captured-step hook's kernels, every member written, compile for e
         CHECK(ptx.image.find(all.name) != std::string::npos);
     }
 }
+
+TEST_CASE("backward chains through every differentiable pointwise row compile for every dtype", "[fusion][nvrtc]") {
+    for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+        Generator gen = fresh_generator();
+        ComputeGraph graph;
+        const Var x = graph.input(random({16, 40}, gen).to(dtype), "x", true);
+        const Var b = graph.input(random({40}, gen).to(dtype), "b", true);
+        Var t = add(x, b);
+        for (Var (*unary)(const Var&, Loc) : {&neg<Var>, &exp<Var>, &log<Var>, &sqrt<Var>, &abs<Var>, &sin<Var>,
+                                              &cos<Var>, &relu<Var>, &sigmoid<Var>, &tanh<Var>, &softplus<Var>,
+                                              &silu<Var>, &log_sigmoid<Var>, &softsign<Var>})
+            t = unary(t, Loc::current());
+        t = clamp(gelu(gelu(clipped_relu(elu(leaky_relu(pow(mul_scalar(add_scalar(t, 0.5), 1.5), 2.0), 0.1), 0.9), 4.0)),
+                       GeluApproximation::Tanh),
+                  -1.0, 3.0);
+        t = minimum(maximum(div(mul(sub(t, x), x), x), x), b);
+        if (dtype != DType::f64) t = to_dtype(to_dtype(t, dtype == DType::f32 ? DType::bf16 : DType::f32), dtype);
+        const Var loss = sum(to_dtype(t, dtype == DType::f64 ? DType::f64 : DType::f32));
+        const FusionPlan plan = plan_fusion(graph);
+        INFO(dtype_name(dtype) << "\n" << plan.describe(graph));
+        REQUIRE(plan.groups.size() == 1);
+        const std::vector<char> reached = reached_by_backward(graph, loss.id());
+        const std::optional<BackwardLaunch> launch = backward_launch(graph, plan, 0, reached, loss.id());
+        REQUIRE(launch.has_value());
+        CHECK(launch->members.size() == plan.groups[0].members.size());
+        const FusedBackwardSource source = generate_backward_source(graph, plan.groups[0], *launch);
+        INFO(source.source);
+        for (const char* functor : {"NegOp", "ExpOp", "LogOp", "SqrtOp", "AbsOp", "SinOp", "CosOp", "ReluOp", "SigmoidOp",
+                                    "TanhOp", "SoftplusOp", "SiluOp", "LogSigmoidOp", "SoftsignOp", "MulScalarOp",
+                                    "PowScalarOp", "LeakyReluOp", "EluOp", "ClippedReluOp", "GeluOp", "GeluTanhOp",
+                                    "ClampOp"})
+            CHECK(source.source.find(str("apply_derivative<dyngrad::math::", functor, ">")) != std::string::npos);
+        for (const char* functor : {"SubOp::d_b", "MulOp::d_a", "MulOp::d_b", "DivOp::d_a", "DivOp::d_b",
+                                    "MaximumOp::d_a", "MaximumOp::d_b", "MinimumOp::d_a", "MinimumOp::d_b"})
+            CHECK(source.source.find(functor) != std::string::npos);
+        // x gets its gradient from add, sub, mul, div and maximum; b from minimum, then add (broadcast).
+        REQUIRE(source.results.size() == 2);
+        CHECK(source.results[0].input == b.id());
+        CHECK(source.results[0].contributions == 2);
+        CHECK(source.results[1].input == x.id());
+        CHECK(source.results[1].contributions == 5);
+        const cuda::CompiledKernel ptx = cuda::compile_fused_kernel(
+            source.source, source.name, {.arch = 90, .kind = ImageKind::Ptx, .cache_dir = {}, .use_cache = false});
+        CHECK(ptx.image.find(str(".entry ", source.name)) != std::string::npos);
+    }
+}
