@@ -16,6 +16,7 @@ namespace {
 
 // -1: from the environment; 0 or 1: set_fusion_enabled.
 std::atomic<int> enabled_override{-1};
+std::atomic<std::uint64_t> switches{0};
 
 const PointwiseFormula* formula_of(const ComputeNode& node) {
     if (node.op == OpType::Leaf || node.op == OpType::Custom) return nullptr;
@@ -243,7 +244,12 @@ FusionSettings fusion_settings() {
     return settings;
 }
 
-void set_fusion_enabled(bool enabled) { enabled_override.store(enabled ? 1 : 0, std::memory_order_relaxed); }
+void set_fusion_enabled(bool enabled) {
+    enabled_override.store(enabled ? 1 : 0, std::memory_order_relaxed);
+    switches.fetch_add(1, std::memory_order_relaxed);
+}
+
+std::uint64_t fusion_switches() { return switches.load(std::memory_order_relaxed); }
 
 const char* materialise_name(Materialise why) {
     switch (why) {

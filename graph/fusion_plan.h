@@ -26,7 +26,11 @@ struct FusionSettings {
     bool check = false;
 };
 FusionSettings fusion_settings();
+// Also starts afresh what the hook learnt of repeating graphs (graph/fusion_replay.h): a process that turns fusion
+// off and on again fuses an eager graph once its signature has come to a backward twice more.
 void set_fusion_enabled(bool enabled);
+// How many times set_fusion_enabled has been called (the hook compares it with what it last saw).
+std::uint64_t fusion_switches();
 
 // Why a member's value is written to memory by its group's kernel.
 enum class Materialise : std::uint8_t {

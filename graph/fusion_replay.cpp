@@ -1,4 +1,6 @@
-// The captured-step hook of the fusion compiler (graph/fusion_replay.h, docs/fusion.md).
+// The fusion compiler's hook in captured and eager steps (graph/fusion_replay.h, docs/fusion.md): what each thread
+// planned, which plan a graph applies, and letting a plan go. The launch schedule and the kernel launches:
+// graph/fusion_launch_schedule.cpp.
 #include "dyngrad/graph/fusion_replay.h"
 
 #include <algorithm>
@@ -8,66 +10,19 @@
 #include <utility>
 
 #include "dyngrad/cuda/runtime.h"
+#include "dyngrad/graph/eager.h"
 
 namespace dyngrad::fusion {
-
-LaunchTracker::LaunchTracker(const FusionPlan& plan) : plan_(&plan), launched_(plan.groups.size(), 0) {
-    for (std::size_t g = 0; g < plan.groups.size(); ++g)
-        for (NodeId m : plan.groups[g].members) {
-            if (m >= group_of_.size()) group_of_.resize(m + std::size_t{1}, -1);
-            group_of_[m] = static_cast<int>(g);
-        }
-}
-
-int LaunchTracker::group_of(NodeId node) const { return node < group_of_.size() ? group_of_[node] : -1; }
-
-std::vector<std::size_t> LaunchTracker::before(NodeId node, std::span<const NodeId> inputs) {
-    std::vector<std::size_t> due;
-    const int own = group_of(node);
-    for (NodeId input : inputs) {
-        const int g = group_of(input);
-        if (g < 0 || g == own || launched_[g]) continue;
-        launched_[g] = 1;
-        due.push_back(static_cast<std::size_t>(g));
-    }
-    return due;
-}
-
-std::optional<std::size_t> LaunchTracker::after(NodeId node) {
-    const int g = group_of(node);
-    if (g < 0 || launched_[g] || plan_->groups[g].members.back() != node) return std::nullopt;
-    launched_[g] = 1;
-    return static_cast<std::size_t>(g);
-}
-
-std::vector<LaunchEvent> schedule_launches(const FusionPlan& plan, std::span<const std::vector<NodeId>> node_inputs) {
-    LaunchTracker tracker(plan);
-    std::vector<LaunchEvent> events;
-    for (std::size_t i = 0; i < node_inputs.size(); ++i) {
-        const auto node = static_cast<NodeId>(i);
-        for (std::size_t g : tracker.before(node, node_inputs[i])) events.push_back({g, node, true});
-        if (const auto g = tracker.after(node)) events.push_back({*g, node, false});
-    }
-    return events;
-}
 
 namespace {
 
 // What differs: both node counts and the first differing node.
-std::string difference_text(std::size_t warm_up_count, std::size_t capture_count, std::size_t at,
-                            const std::string& warm_up_node, const std::string& capture_node) {
+std::string difference_text(std::size_t planned_count, std::size_t recorded_count, std::size_t at,
+                            const std::string& planned_node, const std::string& recorded_node) {
     const auto shown = [](const std::string& text) { return text.empty() ? std::string("(none)") : str("'", text, "'"); };
-    return str("the captured step recorded another graph than its warm-up (", capture_count, " nodes in the capture, ",
-               warm_up_count, " in the warm-up); the first that differs is node #", at, ": ", shown(capture_node),
-               " in the capture, ", shown(warm_up_node), " in the warm-up");
-}
-
-// The GraphError when a fused group's kernel already stands for a node of the capture that differs.
-std::string mismatch_text(std::size_t warm_up_count, std::size_t capture_count, std::size_t at,
-                          const std::string& warm_up_node, const std::string& capture_node) {
-    return str(difference_text(warm_up_count, capture_count, at, warm_up_node, capture_node),
-               ". A fused group's kernel planned in the warm-up has replaced nodes of this graph, so the step is not ",
-               "capturable with fusion on (a host branch or counter?); docs/fusion.md");
+    return str("the graph recorded differs from the one its fusion plan was made from (", recorded_count,
+               " nodes recorded, ", planned_count, " in the plan's graph); the first that differs is node #", at, ": ",
+               shown(recorded_node), " recorded, ", shown(planned_node), " in the plan's graph");
 }
 
 }  // namespace
@@ -80,43 +35,6 @@ std::string graph_mismatch_message(std::span<const std::string> warm_up_nodes, s
     return difference_text(warm_up_nodes.size(), capture_nodes.size(), at,
                            at < warm_up_nodes.size() ? warm_up_nodes[at] : std::string(),
                            at < capture_nodes.size() ? capture_nodes[at] : std::string());
-}
-
-namespace {
-
-// One launch of a generated kernel: pointer parameters (inputs, then outputs), then the scalar arguments' bytes.
-void launch_generated(const cuda::FusedKernel& kernel, std::int64_t elements, std::span<const Tensor> inputs,
-                      std::span<const Tensor> outputs, const std::vector<std::vector<std::byte>>& scalars) {
-#if DYNGRAD_WITH_CUDA
-    std::vector<void*> pointers;
-    pointers.reserve(inputs.size() + outputs.size());
-    for (const Tensor& t : inputs) pointers.push_back(t.raw_data());
-    for (const Tensor& t : outputs) pointers.push_back(t.raw_data());
-    std::vector<void*> arguments;
-    arguments.reserve(pointers.size() + scalars.size());
-    for (void*& pointer : pointers) arguments.push_back(&pointer);
-    for (const std::vector<std::byte>& scalar : scalars) arguments.push_back(const_cast<std::byte*>(scalar.data()));
-    kernel.launch(elements, arguments);
-#else
-    static_cast<void>(kernel);
-    static_cast<void>(elements);
-    static_cast<void>(inputs);
-    static_cast<void>(outputs);
-    static_cast<void>(scalars);
-    throw DeviceError("fusion: generated kernels need the CUDA build");
-#endif
-}
-
-}  // namespace
-
-void launch_compiled_group(const CompiledGroup& group, std::span<const Tensor> inputs, std::span<const Tensor> outputs) {
-    launch_generated(*group.kernel, group.numel, inputs, outputs, group.scalars);
-}
-
-void launch_compiled_backward(const CompiledBackward& chain, std::span<const Tensor> inputs,
-                              std::span<const Tensor> outputs) {
-    if (chain.kernel == nullptr) return;  // nothing to store
-    launch_generated(*chain.kernel, numel(chain.shape), inputs, outputs, chain.scalars);
 }
 
 // ---- the hook's state, per thread ----
@@ -151,6 +69,7 @@ struct Applying {
     std::map<NodeId, Tensor> preallocated;  // outputs of members not recorded when their group launched
     bool committed = false;
     NodeId checked = 0;  // nodes [0, checked) equal the plan's
+    std::vector<char> ran;  // by group: its kernel has run
 };
 
 struct State {
@@ -159,15 +78,20 @@ struct State {
     std::map<std::uint64_t, std::vector<Waiting>> warm_ups;
     std::uint64_t warm_up_variant = 0;
     std::vector<GraphKey> warm_up_graphs;  // graphs of that warm-up that added a plan
+    // Eager steps: plans whose signature has come to a backward at least twice, most recent first (at most 8).
+    std::vector<std::shared_ptr<const Prepared>> repeated;
+    std::map<std::string, std::size_t> backward_count;  // by signature and root
+    std::uint64_t switches = 0;  // fusion_switches() when these were counted
     std::optional<Applying> applying;
-    std::uint64_t capture_variant = 0;
-    std::vector<GraphKey> declined;  // graphs of that capture that match no waiting plan: unfused
+    std::uint64_t bind_scope = 0;    // the variant a capture's graphs bind in; 0 for eager graphs
+    std::vector<GraphKey> declined;  // graphs of that scope that match no plan, or let theirs go: unfused
     ReplayStats stats;
 };
 
-// Set while a plan is being applied or a variant's plans wait: the engine's per-node test.
+// Set while a plan is being applied, a variant's plans wait, or eager plans repeat: the engine's per-node test.
 thread_local bool tls_armed = false;
 thread_local bool tls_plans_wait = false;
+thread_local bool tls_eager_plans = false;
 
 State& state() {
     thread_local State s;
@@ -177,10 +101,13 @@ State& state() {
 void update_armed(const State& s) {
     tls_armed = s.applying.has_value();
     tls_plans_wait = !s.warm_ups.empty();
+    tls_eager_plans = !s.repeated.empty();
 }
 
 constexpr std::size_t kMaxPendingGraphs = 16;  // a warm-up of more graphs than this: the rest are not fused
 constexpr std::size_t kMaxWaitingVariants = 64;  // the oldest variants' plans go first (never captured, or re-warmed)
+constexpr std::size_t kMaxRepeatedPlans = 8;      // eager plans tried for a new graph
+constexpr std::size_t kMaxDeclined = 64;          // graphs remembered as unfused (each a different generation)
 
 std::shared_ptr<const Prepared> prepare(const ComputeGraph& graph, std::string signature, NodeId root) {
     const auto started = std::chrono::steady_clock::now();
@@ -238,37 +165,42 @@ bool is(const std::optional<Applying>& applying, const ComputeGraph& graph, std:
     return applying && applying->graph == GraphKey{&graph, generation};
 }
 
-// Ends the capture's use of its plan (CapturedStep discards the capture) and throws.
-[[noreturn]] void fail(State& s, std::string message) {
-    s.applying.reset();
-    update_armed(s);
-    throw GraphError(std::move(message));
+void decline(State& s, GraphKey key) {
+    if (s.declined.size() >= kMaxDeclined) s.declined.erase(s.declined.begin());
+    s.declined.push_back(key);
 }
 
-[[noreturn]] void throw_mismatch(State& s, const ComputeGraph& graph, NodeId at) {
-    const Prepared& p = *s.applying->prepared;
-    const std::string capture_node = at < graph.size() ? node_signature(graph, at) : std::string();
-    const std::string warm_up_node = at < p.node_signatures.size() ? p.node_signatures[at] : std::string();
-    fail(s, mismatch_text(p.node_signatures.size(), graph.size(), at, warm_up_node, capture_node));
+bool node_as_planned(const Prepared& p, const ComputeGraph& graph, NodeId id) {
+    return id < graph.size() && id < p.node_signatures.size() && node_signature(graph, id) == p.node_signatures[id];
 }
 
-// Every node a kernel reads or writes must be the warm-up's: checked when it is recorded (members) or launched
-// (external inputs), so no kernel runs on another graph's values even before backward compares the whole graph.
-void check_node(State& s, const ComputeGraph& graph, NodeId id) {
-    const Prepared& p = *s.applying->prepared;
-    if (id >= graph.size() || id >= p.node_signatures.size() || node_signature(graph, id) != p.node_signatures[id])
-        throw_mismatch(s, graph, id);
+// A recorded member as the plan has it, its scalar arguments to the bit (a changed one would run with the plan's).
+bool member_as_planned(const Applying& a, const ComputeGraph& graph, std::size_t g, NodeId id) {
+    if (!node_as_planned(*a.prepared, graph, id)) return false;
+    const CompiledGroup& kernel = a.prepared->kernels[g];
+    for (std::size_t j = 0; j < kernel.scalar_nodes.size(); ++j)
+        if (kernel.scalar_nodes[j] == id &&
+            unary_scalar_bytes(graph.node(id).attrs, kernel.double_precision) != kernel.scalars[j])
+            return false;
+    return true;
 }
 
-void launch_group(State& s, const ComputeGraph& graph, std::size_t g) {
-    Applying& a = *s.applying;
+// Whether group g's kernel can run now: every external input, and every member recorded so far, as in the plan.
+bool can_launch(const Applying& a, const ComputeGraph& graph, std::size_t g) {
+    const CompiledGroup& kernel = a.prepared->kernels[g];
+    const std::vector<NodeId>& members = a.prepared->plan.groups[g].members;
+    return std::all_of(kernel.inputs.begin(), kernel.inputs.end(),
+                       [&](NodeId id) { return node_as_planned(*a.prepared, graph, id); }) &&
+           std::all_of(members.begin(), members.end(),
+                       [&](NodeId id) { return id >= graph.size() || member_as_planned(a, graph, g, id); });
+}
+
+// Runs group g's kernel: the recorded members' outputs, and outputs kept for members not recorded yet.
+void run_group(Applying& a, const ComputeGraph& graph, std::size_t g) {
     const CompiledGroup& kernel = a.prepared->kernels[g];
     const FusionGroup& group = a.prepared->plan.groups[g];
     std::vector<Tensor> inputs, outputs;
-    for (NodeId id : kernel.inputs) {
-        check_node(s, graph, id);  // recorded (the plan is legal) and as in the warm-up
-        inputs.push_back(graph.node(id).value);
-    }
+    for (NodeId id : kernel.inputs) inputs.push_back(graph.node(id).value);
     const Device device = Device::cuda(kernel.device);
     for (NodeId id : kernel.outputs) {
         if (id < graph.size()) {
@@ -281,6 +213,64 @@ void launch_group(State& s, const ComputeGraph& graph, std::size_t g) {
         outputs.push_back(std::move(out));
     }
     launch_compiled_group(kernel, inputs, outputs);
+    a.ran.at(g) = 1;
+}
+
+// A recorded member whose kernel was skipped, computed by its op's own forward (the plan was let go).
+void recompute(const ComputeGraph& graph, NodeId id) {
+    const ComputeNode& node = graph.node(id);
+    const OpDef& def = op_def(node.op, node.attrs);
+    std::vector<Tensor> inputs;
+    for (const NodeInput& input : node.inputs) inputs.push_back(graph.node(input.id).value);
+    std::vector<Tensor> saved;
+    Tensor value = dyngrad::detail::run_forward(
+        def, node.op, inputs, node.attrs, saved, id,
+        [&] { return str(graph.describe_node(id), ", recomputed unfused when its fusion plan was let go"); },
+        [&](std::size_t i) { return graph.describe_node(node.inputs[i].id); });
+    detail::GraphAccess::set_value(graph, id, std::move(value));
+}
+
+// The graph turned out to differ from its plan (or a member's value was read before its group could run): every
+// member recorded so far whose kernel was skipped gets its value (its group's kernel where its inputs are the
+// plan's, else each member's own forward), and the rest of the graph runs unfused. A plan never changes a result.
+void let_go(State& s, const ComputeGraph& graph, const std::string& why) {
+    Applying& a = *s.applying;
+    for (std::size_t g = 0; g < a.prepared->plan.groups.size(); ++g) {
+        if (a.ran[g]) continue;
+        std::vector<NodeId> skipped;
+        for (NodeId m : a.prepared->plan.groups[g].members)
+            if (m < graph.size()) skipped.push_back(m);
+        if (skipped.empty()) continue;
+        if (can_launch(a, graph, g)) {
+            run_group(a, graph, g);
+            continue;
+        }
+        for (NodeId m : skipped) recompute(graph, m);
+    }
+    ++s.stats.plans_let_go;
+#if DYNGRAD_WITH_CUDA
+    cuda::log_fusion({cuda::FusionLogEntry::Kind::GraphDiffers, "", str(why, "; the rest of the graph runs unfused")});
+#else
+    static_cast<void>(why);
+#endif
+    decline(s, a.graph);
+    s.applying.reset();
+    update_armed(s);
+}
+
+// Launches group g when its inputs are the plan's, else lets the plan go. False when the plan was let go.
+bool launch_group(State& s, const ComputeGraph& graph, std::size_t g) {
+    Applying& a = *s.applying;
+    for (NodeId id : a.prepared->kernels[g].inputs)
+        if (!node_as_planned(*a.prepared, graph, id)) {
+            const Prepared& p = *a.prepared;
+            let_go(s, graph, difference_text(p.node_signatures.size(), graph.size(), id,
+                                           id < p.node_signatures.size() ? p.node_signatures[id] : std::string(),
+                                           id < graph.size() ? node_signature(graph, id) : std::string()));
+            return false;
+        }
+    run_group(a, graph, g);
+    return true;
 }
 
 // Whether the graph's nodes [from, size) equal `p`'s.
@@ -291,28 +281,50 @@ bool prefix_matches(const Prepared& p, const ComputeGraph& graph, NodeId from) {
     return true;
 }
 
-// The capture's graph takes the first waiting plan of its variant whose graph it has recorded so far; none: it
-// runs unfused (declined), as a graph that ran no backward in the warm-up does.
+// Fusion switched off and on since the repeats were counted: count them afresh.
+void forget_repeats_if_switched(State& s) {
+    if (s.switches == fusion_switches()) return;
+    s.switches = fusion_switches();
+    s.backward_count.clear();
+    s.repeated.clear();
+    update_armed(s);
+}
+
+constexpr std::size_t kNotWaiting = static_cast<std::size_t>(-1);  // an eager plan: in no variant's list
+
+// A graph takes, at its first recorded op, the first plan whose graph it has recorded so far: in a capture, of its
+// variant's waiting plans; eagerly, of the plans whose signature repeated. None: it runs unfused (declined).
 bool bind(State& s, const ComputeGraph& graph, std::uint64_t generation, Device device) {
-    if (s.applying || !device.is_cuda() || !cuda::capturing(device.index) || !fusion_settings().enabled) return false;
+    if (s.applying || !device.is_cuda() || !fusion_settings().enabled) return false;
+    const bool capturing = cuda::capturing(device.index);
     const cuda::StepRun run = cuda::current_step_run();
-    if (!run.capture) return false;
-    if (run.variant != s.capture_variant) {
-        s.capture_variant = run.variant;
+    if (capturing && !run.capture) return false;  // a capture of the caller's own, outside a CapturedStep
+    const std::uint64_t scope = capturing ? run.variant : 0;
+    if (scope != s.bind_scope) {
+        s.bind_scope = scope;
         s.declined.clear();
     }
     const GraphKey key{&graph, generation};
     if (std::find(s.declined.begin(), s.declined.end(), key) != s.declined.end()) return false;
-    const auto list = s.warm_ups.find(run.variant);
-    if (list != s.warm_ups.end())
-        for (std::size_t i = 0; i < list->second.size(); ++i) {
-            const Waiting& w = list->second[i];
-            if (w.used || !prefix_matches(*w.prepared, graph, 0)) continue;
-            s.applying.emplace(Applying{w.prepared, i, key, LaunchTracker(w.prepared->plan), {}, false, graph.size()});
-            update_armed(s);
-            return true;
-        }
-    s.declined.push_back(key);
+    const auto take = [&](const std::shared_ptr<const Prepared>& prepared, std::size_t waiting) {
+        s.applying.emplace(Applying{prepared, waiting, key, LaunchTracker(prepared->plan), {}, false,
+                                    static_cast<NodeId>(graph.size()),
+                                    std::vector<char>(prepared->plan.groups.size(), 0)});
+        update_armed(s);
+        return true;
+    };
+    if (capturing) {
+        const auto list = s.warm_ups.find(run.variant);
+        if (list != s.warm_ups.end())
+            for (std::size_t i = 0; i < list->second.size(); ++i)
+                if (!list->second[i].used && prefix_matches(*list->second[i].prepared, graph, 0))
+                    return take(list->second[i].prepared, i);
+    } else {
+        forget_repeats_if_switched(s);
+        for (const std::shared_ptr<const Prepared>& prepared : s.repeated)
+            if (prefix_matches(*prepared, graph, 0)) return take(prepared, kNotWaiting);
+    }
+    decline(s, key);
     return false;
 }
 
@@ -321,7 +333,7 @@ bool bind(State& s, const ComputeGraph& graph, std::uint64_t generation, Device 
 bool still_bound(State& s, const ComputeGraph& graph, std::uint64_t generation, Device device) {
     Applying& a = *s.applying;
     if (a.committed || prefix_matches(*a.prepared, graph, a.checked)) {
-        a.checked = graph.size();
+        a.checked = static_cast<NodeId>(graph.size());
         return true;
     }
     s.applying.reset();
@@ -344,7 +356,9 @@ ReplayStats replay_stats() { return state().stats; }
 
 namespace detail {
 
-bool replay_armed() noexcept { return tls_armed || (tls_plans_wait && cuda::current_step_run().capture); }
+bool replay_armed() noexcept {
+    return tls_armed || tls_eager_plans || (tls_plans_wait && cuda::current_step_run().capture);
+}
 
 Tensor before_record(const ComputeGraph& graph, std::uint64_t generation, const OpDef& def, OpType op,
                      std::span<const Var> input_vars, std::span<const Tensor> inputs, const OpAttrs& attrs) {
@@ -355,31 +369,31 @@ Tensor before_record(const ComputeGraph& graph, std::uint64_t generation, const 
     } else if (!bind(s, graph, generation, device)) {
         return {};
     }
-    Applying& a = *s.applying;
     const auto id = static_cast<NodeId>(graph.size());
     std::vector<NodeId> input_ids;
     for (const Var& v : input_vars) input_ids.push_back(v.id());
-    for (std::size_t g : a.tracker.before(id, input_ids)) launch_group(s, graph, g);
+    for (std::size_t g : s.applying->tracker.before(id, input_ids))
+        if (!launch_group(s, graph, g)) return {};  // let go: the node records unfused
+    Applying& a = *s.applying;
     const int g = a.tracker.group_of(id);
     if (g < 0) return {};
-    // A member: its output, no kernel. What it records is checked against the warm-up in after_record.
+    // A member: its output, no kernel. What it records is checked against the plan in after_record.
     const FusionGroup& group = a.prepared->plan.groups[static_cast<std::size_t>(g)];
     const OutputSpec spec = def.infer(op, inputs, attrs);
     const auto dtype = a.prepared->member_dtype.find(id);
+    const std::string upcoming = upcoming_signature(def, op, input_vars, attrs, spec, device);
     const bool as_planned = spec.shape == group.shape && dtype != a.prepared->member_dtype.end() &&
-                            spec.dtype == dtype->second &&
-                            a.prepared->node_signatures.at(id).starts_with(
-                                upcoming_signature(def, op, input_vars, attrs, spec, device));
+                            spec.dtype == dtype->second && a.prepared->node_signatures.at(id).starts_with(upcoming);
     if (!as_planned) {
         if (!a.committed) {  // nothing skipped yet: this graph runs unfused
-            s.declined.push_back(a.graph);
+            decline(s, a.graph);
             s.applying.reset();
             update_armed(s);
-            return {};
+        } else {
+            let_go(s, graph, difference_text(a.prepared->node_signatures.size(), graph.size() + std::size_t{1}, id,
+                                             a.prepared->node_signatures.at(id), upcoming));
         }
-        fail(s, mismatch_text(a.prepared->node_signatures.size(), graph.size() + std::size_t{1}, id,
-                              a.prepared->node_signatures.at(id),
-                              upcoming_signature(def, op, input_vars, attrs, spec, device)));
+        return {};
     }
     a.committed = true;
     if (const auto kept = a.preallocated.find(id); kept != a.preallocated.end()) {
@@ -396,12 +410,29 @@ void after_record(const ComputeGraph& graph, std::uint64_t generation, NodeId id
     Applying& a = *s.applying;
     const int g = a.tracker.group_of(id);
     if (g < 0 || !a.committed) return;  // uncommitted: compared at the next recording or at backward
-    check_node(s, graph, id);
-    const CompiledGroup& kernel = a.prepared->kernels[static_cast<std::size_t>(g)];
-    for (std::size_t j = 0; j < kernel.scalar_nodes.size(); ++j)
-        if (kernel.scalar_nodes[j] == id && unary_scalar_bytes(graph.node(id).attrs, kernel.double_precision) != kernel.scalars[j])
-            throw_mismatch(s, graph, id);
+    // Its requires_grad too, now that it is recorded, and its scalars.
+    if (!member_as_planned(a, graph, static_cast<std::size_t>(g), id)) {
+        const Prepared& p = *a.prepared;
+        let_go(s, graph, difference_text(p.node_signatures.size(), graph.size(), id, p.node_signatures.at(id),
+                                         str(node_signature(graph, id), " (", attrs_text(op_def(graph.node(id).op),
+                                                                                        graph.node(id).attrs), ")")));
+        return;
+    }
     if (const auto due = a.tracker.after(id)) launch_group(s, graph, *due);
+}
+
+void before_value_read(const ComputeGraph& graph, std::uint64_t generation, NodeId id) {
+    State& s = state();
+    if (!is(s.applying, graph, generation) || !s.applying->committed) return;
+    Applying& a = *s.applying;
+    const int g = a.tracker.group_of(id);
+    if (g < 0 || id >= graph.size() || a.ran[static_cast<std::size_t>(g)]) return;
+    if (can_launch(a, graph, static_cast<std::size_t>(g))) {  // early: later members take the kept outputs
+        a.tracker.claim(static_cast<std::size_t>(g));
+        run_group(a, graph, static_cast<std::size_t>(g));
+        return;
+    }
+    let_go(s, graph, str("the value of ", graph.describe_node(id), " was read before its fused group could run"));
 }
 
 std::shared_ptr<BackwardFusion> at_backward(const ComputeGraph& graph, std::uint64_t generation, NodeId root) {
@@ -414,58 +445,75 @@ std::shared_ptr<BackwardFusion> at_backward(const ComputeGraph& graph, std::uint
         if (!p.backward || p.backward->root != root || p.backward->chains.empty()) return nullptr;
         return p.backward;
     };
-    if (cuda::capturing(device.index)) {
-        if (!is(s.applying, graph, generation)) return nullptr;
+    const bool capturing = cuda::capturing(device.index);
+    std::shared_ptr<BackwardFusion> applied_chains;
+    if (is(s.applying, graph, generation)) {
         Applying& a = *s.applying;
-        // Each kernel's members and inputs were checked against the warm-up as they were recorded or read, so the
-        // forward is right even where the graph differs elsewhere (a host counter adding a node after the groups):
-        // then only the backward chains, planned from the whole warm-up graph, are not used.
-        const bool as_warm_up = graph_signature(graph) == a.prepared->signature;
         if (!a.committed) {  // it never skipped a kernel: it runs unfused, as a graph without a plan
-            s.declined.push_back(a.graph);
+            decline(s, a.graph);
             s.applying.reset();
             update_armed(s);
-            return nullptr;
-        }
-        const std::size_t groups = a.prepared->plan.groups.size();
-        for (std::size_t g = 0; g < groups; ++g)  // none left when the graph is the warm-up's
-            if (!a.tracker.launched(g)) launch_group(s, graph, g);
-        std::shared_ptr<BackwardFusion> chains = as_warm_up ? chains_for(*a.prepared) : nullptr;
+        } else {
+            // Each kernel's members and inputs were checked against the plan as they were recorded or read, so the
+            // forward is right even where the graph differs elsewhere (a host counter adding a node after the
+            // groups): then only the backward chains, planned from the whole plan's graph, are not used.
+            const bool as_planned = graph_signature(graph) == a.prepared->signature;
+            const std::size_t groups = a.prepared->plan.groups.size();
+            for (std::size_t g = 0; s.applying && g < groups; ++g)  // none left when the graph is the plan's
+                if (s.applying->tracker.claim(g)) launch_group(s, graph, g);
+            if (s.applying) {
+                if (as_planned) {
+                    applied_chains = chains_for(*a.prepared);
+                } else {
 #if DYNGRAD_WITH_CUDA
-        if (!as_warm_up) {
-            std::vector<std::string> nodes;
-            for (NodeId id = 0; id < graph.size(); ++id) nodes.push_back(node_signature(graph, id));
-            cuda::log_fusion({cuda::FusionLogEntry::Kind::GraphDiffers, "",
-                              graph_mismatch_message(a.prepared->node_signatures, nodes)});
-        }
+                    std::vector<std::string> nodes;
+                    for (NodeId id = 0; id < graph.size(); ++id) nodes.push_back(node_signature(graph, id));
+                    cuda::log_fusion({cuda::FusionLogEntry::Kind::GraphDiffers, "",
+                                      str(graph_mismatch_message(a.prepared->node_signatures, nodes),
+                                          "; its fused groups ran, its backward runs unfused")});
 #endif
-        ++s.stats.captures;
-        s.stats.last_groups = a.prepared->plan.groups.size();
-        s.stats.last_launches_saved = a.prepared->plan.launches_saved();
-        const auto list = s.warm_ups.find(s.capture_variant);
-        if (list != s.warm_ups.end()) {
-            list->second.at(a.waiting).used = true;
-            if (std::all_of(list->second.begin(), list->second.end(), [](const Waiting& w) { return w.used; }))
-                s.warm_ups.erase(list);  // the variant's capture took every plan
+                }
+                if (capturing) {
+                    ++s.stats.captures;
+                    s.stats.last_groups = a.prepared->plan.groups.size();
+                    s.stats.last_launches_saved = a.prepared->plan.launches_saved();
+                } else {
+                    ++s.stats.eager_graphs_fused;
+                }
+                const auto list = s.warm_ups.find(s.bind_scope);
+                if (a.waiting != kNotWaiting && list != s.warm_ups.end()) {
+                    list->second.at(a.waiting).used = true;
+                    if (std::all_of(list->second.begin(), list->second.end(), [](const Waiting& w) { return w.used; }))
+                        s.warm_ups.erase(list);  // the variant's capture took every plan
+                }
+                s.applying.reset();
+                update_armed(s);
+            }
         }
-        s.applying.reset();
-        update_armed(s);
-        return chains;
     }
+    if (capturing) return applied_chains;
     if (!fusion_settings().enabled) {  // turned off since a plan was made: none waits any longer
         s.warm_ups.clear();
+        s.repeated.clear();
         s.applying.reset();
         update_armed(s);
         return nullptr;
     }
+    forget_repeats_if_switched(s);
     // An eager backward (a CapturedStep's warm-up or any other): plan the graph; a warm-up's plan waits for the
-    // variant's capture.
+    // variant's capture; a signature that comes back is fused in the next eager graphs that record it.
     std::string signature = graph_signature(graph);
     const std::string prepared_key = str(signature, "@", root);
     auto found = s.prepared.find(prepared_key);
     if (found == s.prepared.end()) found = s.prepared.emplace(prepared_key, prepare(graph, signature, root)).first;
+    const std::shared_ptr<const Prepared>& prepared = found->second;
+    if (!prepared->plan.groups.empty() && ++s.backward_count[prepared_key] >= 2) {
+        std::erase(s.repeated, prepared);
+        s.repeated.insert(s.repeated.begin(), prepared);
+        if (s.repeated.size() > kMaxRepeatedPlans) s.repeated.pop_back();
+    }
     const cuda::StepRun run = cuda::current_step_run();
-    if (run.variant != 0 && !run.capture && !found->second->plan.groups.empty()) {
+    if (run.variant != 0 && !run.capture && !prepared->plan.groups.empty()) {
         if (run.variant != s.warm_up_variant) {
             s.warm_up_variant = run.variant;
             s.warm_up_graphs.clear();
@@ -474,12 +522,13 @@ std::shared_ptr<BackwardFusion> at_backward(const ComputeGraph& graph, std::uint
         if (std::find(s.warm_up_graphs.begin(), s.warm_up_graphs.end(), key) == s.warm_up_graphs.end() &&
             list.size() < kMaxPendingGraphs) {
             s.warm_up_graphs.push_back(key);
-            list.push_back({found->second});
+            list.push_back({prepared});
         }
         while (s.warm_ups.size() > kMaxWaitingVariants) s.warm_ups.erase(s.warm_ups.begin());
-        update_armed(s);
     }
-    return chains_for(*found->second);
+    update_armed(s);
+    // The chains of the plan the graph applied, else of its own (the same when the graph was the plan's).
+    return applied_chains ? applied_chains : chains_for(*prepared);
 }
 
 void count_backward_chain_run() noexcept { ++state().stats.backward_chains_run; }
@@ -490,6 +539,12 @@ void backward_chain_dropped(const std::string& reason) {
 #else
     static_cast<void>(reason);
 #endif
+}
+
+void GraphAccess::set_value(const ComputeGraph& graph, NodeId id, Tensor value) {
+    ComputeNode& node = *const_cast<ComputeGraph&>(graph).nodes_.at(id);
+    node.value_version = value.version();
+    node.value = std::move(value);
 }
 
 void graph_ended(const ComputeGraph& graph, std::uint64_t generation) noexcept {

@@ -1,19 +1,21 @@
-// The fusion compiler inside steps (issue 33, docs/fusion.md "The captured-step hook"): with fusion on
-// (DYNGRAD_FUSION=1 or fusion::set_fusion_enabled(true)), a cuda::CapturedStep's capture runs each fusion group's
-// generated kernel instead of its members' kernels in the forward, and every backward on the GPU (eager or
-// captured) runs each group's backward chain as one generated kernel instead of its members' backward kernels.
+// The fusion compiler inside steps (issue 33, docs/fusion.md "The hook"): with fusion on (DYNGRAD_FUSION=1 or
+// fusion::set_fusion_enabled(true)), each fusion group's generated kernel runs instead of its members' kernels in
+// the forward of a cuda::CapturedStep's capture and of eager graphs whose signature has repeated, and every
+// backward on the GPU (eager or captured) runs each group's backward chain as one generated kernel.
 //
 //   eager backward: at the graph's first backward, plan the graph as recorded so far (plan_fusion, cached by
 //     signature and root), compile every group's kernel and backward chain (compilation is not capturable); a
 //     group whose compile fails, or that DYNGRAD_CHECK_FUSIONS=1 finds differing from its unfused kernels, is
 //     dropped. The sweep runs the chains (graph/sweep.cpp). In a CapturedStep's warm-up (cuda::current_step_run)
-//     the plan also waits, thread-local, for that variant's capture.
-//   capture: a graph takes the first waiting plan of its variant whose graph it has recorded so far; recording a
-//     member allocates its output and launches nothing; its group's kernel is launched just before the first node
-//     outside the group that reads a member, or right after its last member, whichever comes first
-//     (LaunchTracker). Every node a kernel touches must be the warm-up's, else GraphError and CapturedStep discards
-//     the capture: never a kernel made for another graph. Before its first member the graph may still differ: it
-//     then runs unfused.
+//     the plan also waits, thread-local, for that variant's capture; a plan whose signature comes to a backward a
+//     second time is offered to the next eager graphs.
+//   forward: a graph takes the first plan whose graph it has recorded so far (a capture: its variant's waiting
+//     plans; eager: the repeated ones); recording a member allocates its output and launches nothing; its group's
+//     kernel is launched just before the first node outside the group that reads a member, right after its last
+//     member, or when Var::value() asks for a member, whichever comes first (LaunchTracker). Every node a kernel
+//     touches must be the plan's: a graph that turns out to differ lets its plan go there (the members recorded so
+//     far get their values, by the group's kernel or their own forward, and the rest runs unfused; a
+//     GraphDiffers entry in cuda::fusion_log()). Never a kernel made for another graph, never another result.
 //
 // Off, or on a CPU, the engine's hooks cost one thread-local test per recorded node.
 #pragma once
@@ -54,6 +56,8 @@ public:
     // has not launched yet. Marks it launched.
     std::optional<std::size_t> after(NodeId node);
     bool launched(std::size_t group) const { return launched_.at(group) != 0; }
+    // Marks `group` launched (its kernel runs now, ahead of the rule: a read of a member's value); false when it was.
+    bool claim(std::size_t group);
 
 private:
     const FusionPlan* plan_;
@@ -87,6 +91,10 @@ struct ReplayStats {
     std::size_t backward_chains_compiled = 0;
     std::size_t backward_chains_dropped = 0;
     std::size_t backward_chains_run = 0;
+    // Eager graphs (outside a capture) that ran generated forward kernels, once their signature had repeated; and
+    // graphs (eager or captured) whose plan was let go part way (a different node, an early read of a member).
+    std::size_t eager_graphs_fused = 0;
+    std::size_t plans_let_go = 0;
 };
 ReplayStats replay_stats();  // this thread's
 
@@ -176,8 +184,15 @@ void count_backward_chain_run() noexcept;
 void backward_chain_dropped(const std::string& reason);
 // The graph is cleared or destroyed.
 void graph_ended(const ComputeGraph& graph, std::uint64_t generation) noexcept;
+// Before a Var's value is handed out (Var::value()): a member whose group's kernel has not run gets it run now, or,
+// when the group cannot run yet, the plan is let go and the members recorded so far run their unfused forward.
+void before_value_read(const ComputeGraph& graph, std::uint64_t generation, NodeId id);
 // Whether any hook has work: fusion is on and a plan waits or is being applied on this thread.
 bool replay_armed() noexcept;
+// Replaces a recorded node's value (a member recomputed by its unfused forward when a plan is let go).
+struct GraphAccess {
+    static void set_value(const ComputeGraph& graph, NodeId id, Tensor value);
+};
 }  // namespace detail
 
 }  // namespace dyngrad::fusion

@@ -370,6 +370,14 @@ const ComputeNode& Var::node() const {
     return *g.nodes_[id_];
 }
 const Tensor& Var::value() const {
+    if (fusion::detail::replay_armed()) [[unlikely]] {
+        const ComputeGraph& g = live_graph();
+        fusion::detail::before_value_read(g, g.generation_, id_);
+    }
+    return stored_value();
+}
+
+const Tensor& Var::stored_value() const {
     const ComputeGraph& g = live_graph();
     const ComputeGraph::Use use(g, "reading a Var's value");
     const ComputeNode& n = *g.nodes_[id_];
@@ -531,8 +539,11 @@ Var ComputeGraph::record_inputs(OpType op, std::span<const Var> inputs, const Op
 
     std::vector<Tensor> saved;
     Tensor out;  // a member of a fused group in a captured step: its group's kernel writes it (graph/fusion_replay.h)
-    if (fusion::detail::replay_armed()) [[unlikely]]
+    if (fusion::detail::replay_armed()) [[unlikely]] {
         out = fusion::detail::before_record(*this, generation_, def, op, inputs, input_values, attrs);
+        // A plan let go there may have given an input a recomputed value: read them again.
+        for (std::size_t i = 0; i < inputs.size(); ++i) values[i] = nodes_[inputs[i].id_]->value;
+    }
     const auto recorded = [&](Var var) {
         if (fusion::detail::replay_armed()) [[unlikely]]
             fusion::detail::after_record(*this, generation_, var.id_);

@@ -26,6 +26,9 @@ class ComputeGraph;
 using NodeId = std::uint32_t;
 namespace fusion {
 struct BackwardFusion;  // the fusion compiler's backward chains for one sweep (graph/fusion_replay.h)
+namespace detail {
+struct GraphAccess;  // replaces a fused member's value when its plan is let go (graph/fusion_replay.h)
+}  // namespace detail
 }  // namespace fusion
 
 namespace detail {
@@ -164,9 +167,9 @@ public:
     // After backward(..., {.create_graph = true}): the gradient as a recorded Var of this graph, differentiable
     // again (graph/higher_order.h); GraphError when no create_graph backward reached this leaf.
     Var grad_var() const;
-    const Shape& shape() const { return value().shape(); }
-    DType dtype() const { return value().dtype(); }
-    Device device() const { return value().device(); }
+    const Shape& shape() const { return stored_value().shape(); }
+    DType dtype() const { return stored_value().dtype(); }
+    Device device() const { return stored_value().device(); }
     bool requires_grad() const;
     double item() const { return value().item(); }
     // Sets the debug name used in error messages and reports; returns *this for chaining.
@@ -178,6 +181,9 @@ private:
         : anchor_(anchor), id_(id), generation_(generation) {}
     // The live graph this handle belongs to; GraphError for an undefined or stale handle.
     ComputeGraph& live_graph() const;
+    // The node's value tensor for its shape, dtype and device: value() without the fusion compiler's hook, which
+    // makes a fused member's data ready (graph/fusion_replay.h).
+    const Tensor& stored_value() const;
 
     detail::GraphAnchor* anchor_ = nullptr;
     NodeId id_ = 0;
@@ -256,6 +262,7 @@ private:
     friend class Var;
     friend struct detail::HigherOrder;
     friend struct detail::Checkpoint;
+    friend struct fusion::detail::GraphAccess;
     // Held by every call that reads or changes the nodes: takes the graph for this thread (nested calls on
     // the same thread pass), throws GraphError when another thread holds it.
     class Use;

@@ -118,20 +118,20 @@ TEST_CASE("the message of a capture that recorded another graph than its warm-up
 
     const std::string shape = graph_mismatch_message(node_signatures(warm_up), node_signatures(wider));
     INFO(shape);
-    CHECK(shape.find("the captured step recorded another graph than its warm-up") != std::string::npos);
-    CHECK(shape.find("(4 nodes in the capture, 4 in the warm-up)") != std::string::npos);
-    CHECK(shape.find("node #0: '0 (4,7) float32 cpu g' in the capture, '0 (4,6) float32 cpu g' in the warm-up") !=
+    CHECK(shape.find("the graph recorded differs from the one its fusion plan was made from") != std::string::npos);
+    CHECK(shape.find("(4 nodes recorded, 4 in the plan's graph)") != std::string::npos);
+    CHECK(shape.find("node #0: '0 (4,7) float32 cpu g' recorded, '0 (4,6) float32 cpu g' in the plan's graph") !=
           std::string::npos);
 
     const std::string count = graph_mismatch_message(node_signatures(warm_up), node_signatures(longer));
     INFO(count);
-    CHECK(count.find("(5 nodes in the capture, 4 in the warm-up)") != std::string::npos);
+    CHECK(count.find("(5 nodes recorded, 4 in the plan's graph)") != std::string::npos);
     CHECK(count.find("node #3: '") != std::string::npos);
     CHECK(count.find("neg") != std::string::npos);
-    // A capture that stops early: the warm-up's node is named, the capture has none.
+    // A graph that stops early: the plan's node is named, the graph has none.
     std::vector<std::string> shorter = node_signatures(warm_up);
     shorter.pop_back();
-    CHECK(graph_mismatch_message(node_signatures(warm_up), shorter).find("node #3: (none) in the capture") !=
+    CHECK(graph_mismatch_message(node_signatures(warm_up), shorter).find("node #3: (none) recorded") !=
           std::string::npos);
 }
 

@@ -134,6 +134,14 @@ struct StepResult {
     std::size_t chains_run = 0;  // backward chains the step's sweeps ran
 };
 
+// The two-layer MLP's parameters (48 -> 96 -> 24), fresh from `gen`.
+std::vector<Parameter> mlp_parameters(Generator& gen) {
+    const auto parameter = [&](const Shape& shape, const char* name) {
+        return Parameter(Tensor::uniform(shape, -0.3, 0.3, gen).to(kGpu), name);
+    };
+    return {parameter({48, 96}, "w1"), parameter({96}, "b1"), parameter({96, 24}, "w2"), parameter({24}, "b2")};
+}
+
 // Two layers with their bias adds, activations and a scalar multiply written out as pointwise ops, so that each
 // forms a group ({add, relu, mul_scalar} and {add, sigmoid, mul}; under autocast the casts join them), trained by SGD
 // in a captured step: warm-up, capture, then three replays.
@@ -141,11 +149,7 @@ StepResult mlp_step(bool fusion, std::optional<DType> autocast, std::uint64_t se
     set_fusion_enabled(fusion);
     const std::size_t chains_before = replay_stats().backward_chains_run;
     Generator gen(seed);
-    const auto parameter = [&](const Shape& shape, const char* name) {
-        return Parameter(Tensor::uniform(shape, -0.3, 0.3, gen).to(kGpu), name);
-    };
-    const std::vector<Parameter> params = {parameter({48, 96}, "w1"), parameter({96}, "b1"), parameter({96, 24}, "w2"),
-                                           parameter({24}, "b2")};
+    const std::vector<Parameter> params = mlp_parameters(gen);
     SGD sgd(params, {.lr = 0.05});
     cuda::CapturedStep step([&](std::span<const Tensor> in) {
         ComputeGraph graph;
@@ -234,68 +238,114 @@ Tensor counted_step(ComputeGraph& graph, const Tensor& input, const Parameter& w
 
 }  // namespace
 
-TEST_CASE("a capture that changes a fused group's node is a GraphError, never a stale kernel", "[gpu][fusion][capture]") {
-    set_fusion_enabled(true);
-    Generator gen(std::random_device{}());
-    const Parameter w(Tensor::uniform({16, 32}, -0.5, 0.5, gen).to(kGpu), "w");
-    const Parameter b(Tensor::uniform({32}, -0.5, 0.5, gen).to(kGpu), "b");
-    int calls = 0;
-    cuda::CapturedStep step([&](std::span<const Tensor> in) {
-        ComputeGraph graph;
-        return counted_step(graph, in[0], w, b, ++calls, true);  // relu in the warm-up, sigmoid in the capture
-    });
-    const Tensor x = Tensor::uniform({8, 16}, -1.0, 1.0, gen).to(kGpu);
-    step.run(std::span<const Tensor>(&x, 1));  // warm-up: planned and compiled
-    std::string message;
-    try {
-        step.run(std::span<const Tensor>(&x, 1));
-    } catch (const GraphError& e) {
-        message = e.what();
+// A capture that records another graph than its warm-up: a node after the groups (neg), or a member itself
+// (sigmoid for relu, after the group's first member was recorded and its kernel skipped). Either way the plan's
+// kernels run only where the capture matches, the skipped members get their values, and the step equals the same
+// step captured without fusion, bit for bit; the difference is logged.
+TEST_CASE("a capture that differs from its warm-up lets its plan go where it differs: the unfused values",
+          "[gpu][fusion][capture]") {
+    for (const bool change_member : {false, true}) {
+        const std::uint64_t seed = std::random_device{}();
+        INFO((change_member ? "a member differs" : "a node after the groups differs") << ", seed " << seed);
+        const auto run = [&](bool fusion) {
+            set_fusion_enabled(fusion);
+            Generator gen(seed);
+            const Parameter w(Tensor::uniform({16, 32}, -0.5, 0.5, gen).to(kGpu), "w");
+            const Parameter b(Tensor::uniform({32}, -0.5, 0.5, gen).to(kGpu), "b");
+            int calls = 0;
+            cuda::CapturedStep step([&](std::span<const Tensor> in) {
+                ComputeGraph graph;
+                return counted_step(graph, in[0], w, b, ++calls, change_member);
+            });
+            const Tensor x = Tensor::uniform({8, 16}, -1.0, 1.0, gen).to(kGpu);
+            step.run(std::span<const Tensor>(&x, 1));
+            step.run(std::span<const Tensor>(&x, 1));  // the capture records the other graph
+            const Tensor out = step.run(std::span<const Tensor>(&x, 1)).to(Device::cpu());
+            std::vector<Tensor> values{out, w.grad().to(Device::cpu()), b.grad().to(Device::cpu())};
+            set_fusion_enabled(false);
+            return values;
+        };
+        cuda::clear_fusion_log();
+        const std::vector<Tensor> unfused = run(false);
+        const std::vector<Tensor> fused = run(true);
+        bool differs_logged = false;
+        for (const cuda::FusionLogEntry& entry : cuda::fusion_log())
+            differs_logged = differs_logged || (entry.kind == cuda::FusionLogEntry::Kind::GraphDiffers &&
+                                                entry.reason.find(change_member ? "sigmoid" : "neg") != std::string::npos);
+        CHECK(differs_logged);
+        for (std::size_t i = 0; i < fused.size(); ++i) {
+            INFO("value " << i);
+            CHECK(bitwise_equal(fused[i], unfused[i]));
+        }
     }
-    set_fusion_enabled(false);
-    INFO(message);
-    CHECK(message.find("the captured step recorded another graph than its warm-up") != std::string::npos);
-    CHECK(message.find("sigmoid") != std::string::npos);
-    CHECK(message.find("not capturable with fusion on") != std::string::npos);
-    CHECK(step.variants() == 0);  // the capture was discarded
-    const Tensor eager = step.run(std::span<const Tensor>(&x, 1));  // warms up afresh: the device is usable
-    CHECK(std::isfinite(eager.item()));
 }
 
-TEST_CASE("a capture that differs from its warm-up only outside the groups runs them, without backward chains",
-          "[gpu][fusion][capture]") {
+// ---- eager steps: the forward's generated kernels once a graph's signature repeats ----
+namespace {
+
+struct EagerRun {
+    std::vector<Tensor> values;  // each step's loss and early-read member, then the parameters, on the CPU
+    ReplayStats stats;
+};
+
+// Six eager SGD steps of the two-layer MLP of mlp_step. `read_member`: from step 3 on, the ReLU's output (a member
+// whose group has one more member, the scalar multiply) is read before that member is recorded. `diverge_at`: that
+// step records sigmoid in place of the ReLU (the plan made from the earlier steps no longer applies).
+EagerRun eager_mlp(bool fusion, std::uint64_t seed, bool read_member, int diverge_at) {
+    set_fusion_enabled(fusion);
+    const ReplayStats before = replay_stats();
+    Generator gen(seed);
+    const std::vector<Parameter> params = mlp_parameters(gen);
+    SGD sgd(params, {.lr = 0.05});
+    const Tensor x = Tensor::uniform({33, 48}, -1.0, 1.0, gen).to(kGpu);
+    EagerRun out;
+    for (int step = 1; step <= 6; ++step) {
+        ComputeGraph graph;
+        const Var pre = add(matmul(graph.input(x, "x"), graph.parameter(params[0])), graph.parameter(params[1]));
+        const Var act = step == diverge_at ? sigmoid(pre) : relu(pre);
+        if (read_member && step >= 3) out.values.push_back(act.value().to(Device::cpu()));
+        const Var h = mul_scalar(act, 0.5);
+        const Var o = sigmoid(add(matmul(h, graph.parameter(params[2])), graph.parameter(params[3])));
+        const Var loss = mean(mul(o, o));
+        graph.backward(loss);
+        sgd.step();
+        sgd.zero_grad();
+        out.values.push_back(loss.value().to(Device::cpu()));
+    }
+    for (const Parameter& p : params) out.values.push_back(p.value().to(Device::cpu()));
+    cuda::synchronize(0);
+    const ReplayStats after = replay_stats();
+    out.stats.eager_graphs_fused = after.eager_graphs_fused - before.eager_graphs_fused;
+    out.stats.plans_let_go = after.plans_let_go - before.plans_let_go;
+    set_fusion_enabled(false);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("eager steps run the generated forward once their graph repeats: the unfused values bit for bit",
+          "[gpu][fusion][eager]") {
     const std::uint64_t seed = std::random_device{}();
-    const auto run = [&](bool fusion) {
-        set_fusion_enabled(fusion);
-        Generator gen(seed);
-        const Parameter w(Tensor::uniform({16, 32}, -0.5, 0.5, gen).to(kGpu), "w");
-        const Parameter b(Tensor::uniform({32}, -0.5, 0.5, gen).to(kGpu), "b");
-        int calls = 0;
-        cuda::CapturedStep step([&](std::span<const Tensor> in) {
-            ComputeGraph graph;
-            return counted_step(graph, in[0], w, b, ++calls, false);  // a neg after the group in the capture
-        });
-        const Tensor x = Tensor::uniform({8, 16}, -1.0, 1.0, gen).to(kGpu);
-        step.run(std::span<const Tensor>(&x, 1));
-        step.run(std::span<const Tensor>(&x, 1));  // the capture: neg(h)
-        const Tensor out = step.run(std::span<const Tensor>(&x, 1)).to(Device::cpu());
-        std::vector<Tensor> values{out, w.grad().to(Device::cpu()), b.grad().to(Device::cpu())};
-        set_fusion_enabled(false);
-        return values;
+    struct Case {
+        const char* what;
+        bool read_member;
+        int diverge_at;
+        std::size_t fused_graphs;  // of the six steps: the third on (the second backward makes the signature repeat)
+        std::size_t let_go;
     };
-    cuda::clear_fusion_log();
-    const std::size_t captures = replay_stats().captures;
-    const std::vector<Tensor> unfused = run(false);
-    const std::vector<Tensor> fused = run(true);
-    CHECK(replay_stats().captures == captures + 1);
-    bool differs_logged = false;
-    for (const cuda::FusionLogEntry& entry : cuda::fusion_log())
-        differs_logged = differs_logged || (entry.kind == cuda::FusionLogEntry::Kind::GraphDiffers &&
-                                            entry.reason.find("neg") != std::string::npos);
-    CHECK(differs_logged);
-    for (std::size_t i = 0; i < fused.size(); ++i) {
-        INFO("value " << i << ", seed " << seed);
-        CHECK(bitwise_equal(fused[i], unfused[i]));
+    for (const Case& c : {Case{"plain", false, 0, 4, 0}, Case{"a member read early", true, 0, 4, 0},
+                          Case{"step 4 records sigmoid for the ReLU", false, 4, 3, 1}}) {
+        INFO(c.what << ", seed " << seed);
+        const EagerRun unfused = eager_mlp(false, seed, c.read_member, c.diverge_at);
+        const EagerRun fused = eager_mlp(true, seed, c.read_member, c.diverge_at);
+        CHECK(unfused.stats.eager_graphs_fused == 0);
+        CHECK(fused.stats.eager_graphs_fused == c.fused_graphs);
+        CHECK(fused.stats.plans_let_go == c.let_go);
+        REQUIRE(fused.values.size() == unfused.values.size());
+        for (std::size_t i = 0; i < fused.values.size(); ++i) {
+            INFO("value " << i);
+            CHECK(bitwise_equal(fused.values[i], unfused.values[i]));
+        }
     }
 }
 
