@@ -756,9 +756,10 @@ int run(Options o) {
     if (captured && fusion::fusion_settings().enabled) {  // read by scripts/run-gpt-compare.sh's report
         const fusion::ReplayStats fused = fusion::replay_stats();
         std::printf("fusion: plans=%zu groups_compiled=%zu groups_from_cache=%zu groups_dropped=%zu captures=%zu "
-                    "launches_saved=%zu prepare_ms=%.1f nvrtc_ms=%.1f\n",
+                    "launches_saved=%zu chains_compiled=%zu chains_run=%zu prepare_ms=%.1f nvrtc_ms=%.1f\n",
                     fused.plans, fused.groups_compiled, fused.groups_from_cache, fused.groups_dropped, fused.captures,
-                    fused.last_launches_saved, fused.prepare_ms, fused.nvrtc_ms);
+                    fused.last_launches_saved, fused.backward_chains_compiled, fused.backward_chains_run,
+                    fused.prepare_ms, fused.nvrtc_ms);
     }
     if (o.sample > 0)
         std::printf("--- sample ---\n%s\n--- end of sample ---\n", sample_text(model, forward, data.vocabulary, o).c_str());

@@ -172,7 +172,8 @@ if os.path.exists(f"{out}/dyngrad.txt"):
 if fusion is not None:
     print(f"\nFusion (dyngrad): {fusion['groups_compiled']:.0f} groups compiled ({fusion['groups_from_cache']:.0f} from "
           f"the disk cache, {fusion['groups_dropped']:.0f} dropped), {fusion['launches_saved']:.0f} launches saved per "
-          f"captured step; planning, generation, NVRTC and loading {fusion['prepare_ms']:.1f} ms, of it NVRTC "
+          f"captured step; {fusion.get('chains_compiled', 0):.0f} backward chains compiled; planning, generation, "
+          f"NVRTC and loading {fusion['prepare_ms']:.1f} ms, of it NVRTC "
           f"{fusion['nvrtc_ms']:.1f} ms.")
     compile_cost = results.get("torch_compile", {}).get("one_time_seconds")
     if compile_cost:
