@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dyngrad/core/device_memory.h"
+#include "dyngrad/cuda/runtime.h"
 #include "dyngrad/graph/anomaly.h"
 #include "dyngrad/graph/backend.h"
 #include "dyngrad/graph/engine_helpers.h"
@@ -223,6 +224,9 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
             check_versions(m, values);
         }
         const Device device = nodes_[launch.members.front()]->value.device();
+        // The comparison reads the gradients on the host: never inside a capture (a warm-up whose sweep took no
+        // chains, under retain_grads, leaves it to the next eager pass).
+        const bool check = fused->check && !cuda::capturing(device.index);
         std::vector<Tensor> outputs;
         for (DType dtype : chain.store_dtypes) outputs.push_back(Tensor::empty(chain.shape, dtype, device));
         fusion::launch_compiled_backward(chain, inputs, outputs);
@@ -235,7 +239,7 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
             const Shape& shape = nodes_[r.input]->value.shape();
             double magnitude = 0.0;
             if (g.shape() != shape) {
-                if (fused->check) {
+                if (check) {
                     const TensorStats stats = tensor_stats(ready(g));
                     magnitude = std::max(std::abs(stats.min), std::abs(stats.max)) *
                                 static_cast<double>(g.numel()) / static_cast<double>(std::max<std::int64_t>(1, numel(shape)));
@@ -246,7 +250,7 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
             results.push_back(std::move(g));
             magnitudes.push_back(magnitude);
         }
-        if (fused->check) {
+        if (check) {
             // DYNGRAD_CHECK_FUSIONS=1: the members' unfused backward into emptied slots, compared with the chain's.
             std::vector<Tensor> earlier;
             for (const fusion::CompiledBackward::Result& r : chain.results)
@@ -285,7 +289,8 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
         }
         visit(id);
     }
-    if (fused != nullptr) fused->check = false;  // compared once
+    if (fused != nullptr && !(nodes_[root]->value.device().is_cuda() && cuda::capturing(nodes_[root]->value.device().index)))
+        fused->check = false;  // compared once, in an eager pass
 }
 
 }  // namespace dyngrad
