@@ -118,14 +118,30 @@ std::shared_ptr<const Prepared> prepare(const ComputeGraph& graph, std::string s
     out->plan.signature = plan.signature;
     const bool check = fusion_settings().check;
     ReplayStats& stats = state().stats;
-    for (FusionGroup& group : plan.groups) {
-        // Only CUDA groups; a member whose forward saved extras for its backward is never skipped (its skipped
-        // forward would not save them; no pointwise row saves any today).
-        const bool usable = std::all_of(group.members.begin(), group.members.end(), [&](NodeId m) {
+    // Only CUDA groups; a member whose forward saved extras for its backward is never skipped (its skipped forward
+    // would not save them; no pointwise row saves any today).
+    std::vector<char> usable(plan.groups.size(), 0);
+    std::vector<std::size_t> usable_groups;
+    for (std::size_t g = 0; g < plan.groups.size(); ++g) {
+        const std::vector<NodeId>& members = plan.groups[g].members;
+        usable[g] = std::all_of(members.begin(), members.end(), [&](NodeId m) {
             const ComputeNode& node = graph.node(m);
             return node.value.device().is_cuda() && node.saved.empty();
         });
-        if (!usable) continue;
+        if (usable[g]) usable_groups.push_back(g);
+    }
+    const std::vector<char> reached = reached_by_backward(graph, root);
+    {  // every kernel of the plan, forward and backward, in one NVRTC translation unit
+        std::vector<BackwardLaunch> launches;
+        for (std::size_t g : usable_groups)
+            if (std::optional<BackwardLaunch> launch = backward_launch(graph, plan, g, reached, root))
+                launches.push_back(std::move(*launch));
+        const PlanCompile together = compile_plan_together(graph, plan, usable_groups, launches);
+        stats.nvrtc_ms += together.nvrtc_ms;
+    }
+    for (std::size_t index = 0; index < plan.groups.size(); ++index) {
+        if (!usable[index]) continue;
+        FusionGroup& group = plan.groups[index];
         std::optional<CompiledGroup> compiled = compile_group(graph, group, check);
         if (!compiled) {
             ++stats.groups_dropped;
@@ -143,7 +159,6 @@ std::shared_ptr<const Prepared> prepare(const ComputeGraph& graph, std::string s
     out->backward = std::make_shared<BackwardFusion>();
     out->backward->root = root;
     out->backward->check = check;
-    const std::vector<char> reached = reached_by_backward(graph, root);
     for (std::size_t g = 0; g < out->plan.groups.size(); ++g) {
         const std::optional<BackwardLaunch> launch = backward_launch(graph, out->plan, g, reached, root);
         if (!launch) continue;

@@ -111,6 +111,17 @@ struct CompiledGroup {
     double compile_ms = 0.0;          // NVRTC time (0 when the image came from the disk cache)
     bool from_cache = false;
 };
+// Compiles the kernels of a plan's groups (indices into plan.groups) and of their backward chains in one NVRTC
+// translation unit and loads them, so that compile_group and compile_backward find them ready: one compile for a
+// plan instead of one per kernel. A unit NVRTC or the driver refuses is logged, and each kernel is then compiled
+// alone. CUDA only (nothing without).
+struct PlanCompile {
+    double nvrtc_ms = 0.0;   // 0 when the unit came from the disk cache or nothing was left to compile
+    bool from_cache = false;
+    std::size_t kernels = 0; // kernels the unit held (0: none compiled together)
+};
+PlanCompile compile_plan_together(const ComputeGraph& graph, const FusionPlan& plan, std::span<const std::size_t> groups,
+                                  std::span<const BackwardLaunch> launches);
 // The group's kernel, compiled and loaded for its device (a cache by kernel name makes a repeated group cheap);
 // with `check`, also run once on the warm-up's values and compared with the members' (bitwise for f32/f64, one
 // unit in the last place for bf16/f16). nullopt, after a cuda::fusion_log() entry, when either fails. CUDA only.

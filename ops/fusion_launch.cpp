@@ -37,25 +37,49 @@ std::string members_text(const ComputeGraph& graph, const FusionGroup& group) {
     return out;
 }
 
-// Loaded modules live for the process: a captured graph's kernel nodes point into them on every replay.
-const cuda::FusedKernel& loaded_kernel(const cuda::CompiledKernel& compiled, int device) {
-    static std::mutex mutex;
-    static auto* kernels = new std::map<std::pair<int, std::string>, std::unique_ptr<cuda::FusedKernel>>;
-    const std::lock_guard lock(mutex);
-    auto& slot = (*kernels)[{device, compiled.kernel}];
-    if (!slot) slot = std::make_unique<cuda::FusedKernel>(compiled, device);
-    return *slot;
+// Loaded modules live for the process: a captured graph's kernel nodes point into them on every replay. By device and
+// kernel name, with whether the image came from the disk cache.
+struct Loaded {
+    std::unique_ptr<cuda::FusedKernel> kernel;
+    bool from_cache = false;
+};
+std::mutex loaded_mutex;
+std::map<std::pair<int, std::string>, Loaded>& loaded_kernels() {
+    static auto* kernels = new std::map<std::pair<int, std::string>, Loaded>;
+    return *kernels;
 }
 
-// Compiles `source` (or reads it from the disk cache) and loads it for `device` into `out` (a CompiledGroup or
-// CompiledBackward); false after the compiler logged why not.
+const Loaded& loaded_kernel(const cuda::CompiledKernel& compiled, int device) {
+    const std::lock_guard lock(loaded_mutex);
+    auto& kernels = loaded_kernels();
+    const std::pair<int, std::string> key{device, compiled.kernel};
+    if (const auto found = kernels.find(key); found != kernels.end()) return found->second;
+    auto kernel = std::make_unique<cuda::FusedKernel>(compiled, device);  // throws before anything is kept
+    return kernels.emplace(key, Loaded{std::move(kernel), compiled.from_cache}).first->second;
+}
+
+const Loaded* find_loaded(const std::string& name, int device) {
+    const std::lock_guard lock(loaded_mutex);
+    const auto found = loaded_kernels().find({device, name});
+    return found == loaded_kernels().end() ? nullptr : &found->second;
+}
+
+// Loads kernel `name` for `device` into `out` (a CompiledGroup or CompiledBackward): already loaded (a plan's
+// translation unit, or an earlier plan), else compiled alone (or read from the disk cache); false after the
+// compiler logged why not.
 template <typename Compiled>
 bool compile_and_load(const std::string& source, const std::string& name, int device, Compiled& out) {
+    if (const Loaded* loaded = find_loaded(name, device)) {
+        out.kernel = loaded->kernel.get();
+        out.compile_ms = 0.0;
+        out.from_cache = loaded->from_cache;
+        return true;
+    }
     cuda::FusedKernelCompileOptions options;
     options.arch = cuda::device_arch(device);
     const std::optional<cuda::CompiledKernel> compiled = cuda::try_compile_fused_kernel(source, name, options);
     if (!compiled) return false;
-    out.kernel = &loaded_kernel(*compiled, device);
+    out.kernel = loaded_kernel(*compiled, device).kernel.get();
     out.compile_ms = compiled->compile_ms;
     out.from_cache = compiled->from_cache;
     return true;
@@ -131,6 +155,54 @@ bool matches_unfused(const ComputeGraph& graph, const FusionGroup& group, const 
 }
 
 }  // namespace
+
+PlanCompile compile_plan_together(const ComputeGraph& graph, const FusionPlan& plan, std::span<const std::size_t> groups,
+                                  std::span<const BackwardLaunch> launches) {
+    PlanCompile out;
+    if (groups.empty()) return out;
+    const int device = graph.node(plan.groups[groups.front()].members.front()).value.device().index;
+    std::vector<std::string> sources, names;
+    const auto add = [&](std::string source, std::string name) {
+        if (name.empty() || find_loaded(name, device) != nullptr ||
+            std::find(names.begin(), names.end(), name) != names.end())
+            return;
+        sources.push_back(std::move(source));
+        names.push_back(std::move(name));
+    };
+    try {
+        for (std::size_t g : groups) {
+            FusedKernelSource source = generate_fused_source(graph, with_every_member_written(plan.groups.at(g)));
+            add(std::move(source.source), std::move(source.name));
+        }
+        for (const BackwardLaunch& launch : launches) {
+            FusedBackwardSource source = generate_backward_source(graph, plan.groups.at(launch.group), launch);
+            add(std::move(source.source), std::move(source.name));
+        }
+    } catch (const Error&) {
+        return out;  // each kernel alone then, where the same error is logged against its group
+    }
+    if (sources.size() < 2) return out;  // nothing to share
+    const std::string unit = combined_source(sources);
+    cuda::FusedKernelCompileOptions options;
+    options.arch = cuda::device_arch(device);
+    const std::optional<cuda::CompiledKernel> compiled =
+        cuda::try_compile_fused_kernel(unit, "dg_plan_" + cuda::hex64(cuda::fnv1a64(unit)), options);
+    if (!compiled) return out;  // logged; each kernel alone then
+    try {
+        for (const std::string& name : names) {
+            cuda::CompiledKernel one = *compiled;
+            one.kernel = name;
+            loaded_kernel(one, device);
+        }
+    } catch (const Error& e) {  // an image the driver refuses: each kernel alone then
+        cuda::log_fusion({cuda::FusionLogEntry::Kind::CompileFallback, "", str("a plan's translation unit: ", e.what())});
+        return out;
+    }
+    out.nvrtc_ms = compiled->compile_ms;
+    out.from_cache = compiled->from_cache;
+    out.kernels = names.size();
+    return out;
+}
 
 std::optional<CompiledGroup> compile_group(const ComputeGraph& graph, const FusionGroup& group, bool check) {
     const int device = graph.node(group.members.front()).value.device().index;
@@ -211,6 +283,10 @@ std::string backward_mismatch(const Tensor& generated, const Tensor& unfused, bo
     return "";
 }
 #else
+PlanCompile compile_plan_together(const ComputeGraph&, const FusionPlan&, std::span<const std::size_t>,
+                                  std::span<const BackwardLaunch>) {
+    return {};
+}
 std::optional<CompiledGroup> compile_group(const ComputeGraph&, const FusionGroup&, bool) { return std::nullopt; }
 std::optional<CompiledBackward> compile_backward(const ComputeGraph&, const FusionGroup&, const BackwardLaunch&) {
     return std::nullopt;

@@ -256,6 +256,25 @@ std::string_view elementwise_math_source() {
     return {text, sizeof(text) - 1};
 }
 
+std::string combined_source(std::span<const std::string> sources) {
+    static constexpr std::string_view kKernelStart = "\nextern \"C\" __global__";
+    if (sources.empty()) throw ValueError("fusion: no kernel to put into a translation unit");
+    std::string out;
+    for (const std::string& source : sources) {
+        const std::size_t start = source.find(kKernelStart);
+        if (start == std::string::npos) throw ValueError("fusion: a source without a generated kernel");
+        // Every generated source is its first line (what the kernel computes), the shared prelude, then the kernel.
+        const std::size_t prelude = source.find('\n') + 1;
+        if (prelude == 0 || source.compare(prelude, kPreludeHead.size(), kPreludeHead) != 0)
+            throw ValueError("fusion: a source without the generated prelude");
+        if (out.empty()) out = str("// One translation unit for a plan's kernels (ops/fusion_source.cpp).\n",
+                                   source.substr(prelude, start - prelude));
+        out.append(source, 0, prelude);  // the kernel's own first line, as a comment before it
+        out.append(source, start, std::string::npos);
+    }
+    return out;
+}
+
 FusionGroup with_every_member_written(const FusionGroup& group) {
     FusionGroup all = group;
     all.outputs.clear();

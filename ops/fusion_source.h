@@ -11,6 +11,7 @@
 // another hash, another kernel.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -74,6 +75,12 @@ FusedBackwardSource generate_backward_source(const ComputeGraph& graph, const Fu
 // `group` with every member as an output (ConsumedOutside): the captured-step hook's kernels write every member,
 // since the unfused backward kernels may read any member's value (graph/fusion_replay.h).
 FusionGroup with_every_member_written(const FusionGroup& group);
+
+// One translation unit holding every kernel of `sources` (generated sources, each with the same prelude and
+// formulas): the prelude once, then each kernel, so NVRTC parses the shared part once for a whole plan. Each kernel
+// keeps its own name (the hash of its own source). ValueError for an empty list or a text that is not a generated
+// source.
+std::string combined_source(std::span<const std::string> sources);
 
 // The embedded text of ops/elementwise_math.h between its markers (what every generated source contains).
 std::string_view elementwise_math_source();

@@ -230,3 +230,37 @@ TEST_CASE("backward chains through every differentiable pointwise row compile fo
         CHECK(ptx.image.find(str(".entry ", source.name)) != std::string::npos);
     }
 }
+
+TEST_CASE("a plan's kernels compile as one translation unit, each under its own name", "[fusion][nvrtc]") {
+    std::vector<std::string> sources, names;
+    for (const auto& [dtype, batch] : {std::pair{DType::f32, 64}, std::pair{DType::bf16, 64}, std::pair{DType::f16, 33},
+                                       std::pair{DType::f32, 7}}) {
+        const FusedKernelSource k = sample_kernel(dtype, batch, batch == 7);
+        sources.push_back(k.source);
+        names.push_back(k.name);
+    }
+    {  // and a backward chain
+        Generator gen = fresh_generator();
+        ComputeGraph graph;
+        const Var x = graph.input(random({9, 12}, gen), "x", true);
+        const Var loss = sum(mul_scalar(sigmoid(x), 3.0));
+        const FusionPlan plan = plan_fusion(graph);
+        REQUIRE(plan.groups.size() == 1);
+        const std::vector<char> reached = reached_by_backward(graph, loss.id());
+        const FusedBackwardSource chain =
+            generate_backward_source(graph, plan.groups[0], *backward_launch(graph, plan, 0, reached, loss.id()));
+        sources.push_back(chain.source);
+        names.push_back(chain.name);
+    }
+    const std::string unit = combined_source(sources);
+    INFO(unit);
+    // The prelude and formulas once, every kernel after them.
+    const std::string formulas(elementwise_math_source());
+    CHECK(unit.find(formulas) != std::string::npos);
+    CHECK(unit.find(formulas, unit.find(formulas) + 1) == std::string::npos);
+    const cuda::CompiledKernel ptx = cuda::compile_fused_kernel(
+        unit, "dg_plan_test", {.arch = 90, .kind = ImageKind::Ptx, .cache_dir = {}, .use_cache = false});
+    for (const std::string& name : names) CHECK(ptx.image.find(str(".entry ", name)) != std::string::npos);
+    CHECK_THROWS_AS(combined_source(std::vector<std::string>{}), ValueError);
+    CHECK_THROWS_AS(combined_source(std::vector<std::string>{"int x;"}), ValueError);
+}
