@@ -70,8 +70,9 @@ struct CompiledKernel {
 // One thing the compiler decided not to do as asked, for the caller and for tests (library code logs here instead
 // of printing; DYNGRAD_PRINT_FUSIONS=1 also prints each entry to stderr).
 struct FusionLogEntry {
-    // GraphDiffers: a captured step recorded another graph than its warm-up outside the fused groups (their
-    // kernels still ran, each checked node by node); the backward chains planned from the warm-up were not used.
+    // GraphDiffers: a graph (captured or eager) turned out to differ from the one its fusion plan was made from; the
+    // plan was let go there (the members recorded so far got their values, the rest ran unfused), or, when it
+    // differed only outside the groups, the backward chains were not used (graph/fusion_replay.h).
     // CheckMismatch: DYNGRAD_CHECK_FUSIONS=1 found a generated kernel that disagrees with its unfused kernels (the
     // captured step runs the unfused ones for that group; graph/fusion_replay.h).
     enum class Kind : unsigned char { CompileFallback, CacheUnwritable, CacheReadFailed, CheckMismatch, GraphDiffers } kind;

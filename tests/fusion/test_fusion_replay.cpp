@@ -100,7 +100,7 @@ TEST_CASE("the schedule of a recorded graph's plan", "[fusion][replay]") {
     CHECK(out.defined());
 }
 
-TEST_CASE("the message of a capture that recorded another graph than its warm-up", "[fusion][replay]") {
+TEST_CASE("the message of a graph that differs from the one its plan was made from", "[fusion][replay]") {
     Generator gen(std::random_device{}());
     const auto step = [&](ComputeGraph& graph, std::int64_t width, bool extra) {
         const Var x = graph.input(random({4, width}, gen), "x", true);
