@@ -267,10 +267,14 @@ class WorkerPool:
         return result
 
     def _check_alive(self, k, worker, start):
+        # Any dead worker ends the wait, not only the one owing batch k: a worker that died while its queue feeder
+        # held the shared result queue's lock leaves the others blocked on that lock for good (seen in CI: batch
+        # 1's worker waiting on it after worker 0's os._exit), so batch k would never come either.
+        for i, dead in enumerate(self._workers):
+            if not dead.is_alive():
+                raise RuntimeError(f"DataLoader worker process {i} (pid {dead.pid}) exited unexpectedly with exit "
+                                   f"code {dead.exitcode} while batch {k} was pending")
         p = self._workers[worker]
-        if not p.is_alive():
-            raise RuntimeError(f"DataLoader worker process {worker} (pid {p.pid}) exited unexpectedly with exit code "
-                               f"{p.exitcode} while batch {k} was pending")
         if self.timeout > 0 and time.monotonic() - start > self.timeout:
             raise RuntimeError(f"DataLoader timed out after {self.timeout} s waiting for batch {k} from worker "
                                f"process {worker} (pid {p.pid})")
