@@ -267,9 +267,9 @@ class WorkerPool:
         return result
 
     def _check_alive(self, k, worker, start):
-        # Any dead worker ends the wait, not only the one owing batch k: a worker that died while its queue feeder
-        # held the shared result queue's lock leaves the others blocked on that lock for good (seen in CI: batch
-        # 1's worker waiting on it after worker 0's os._exit), so batch k would never come either.
+        # Any dead worker ends the wait, not only the one owing batch k: a worker that dies while its queue feeder
+        # holds the shared result queue's lock leaves the others blocked on that lock for good, so batch k would
+        # never come either (a CI run hung so: after worker 0's os._exit the live worker sat in SemLock.acquire).
         for i, dead in enumerate(self._workers):
             if not dead.is_alive():
                 raise RuntimeError(f"DataLoader worker process {i} (pid {dead.pid}) exited unexpectedly with exit "
