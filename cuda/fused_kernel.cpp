@@ -35,28 +35,34 @@ int device_arch(int device) {
     return major * 10 + minor;
 }
 
-FusedKernel::FusedKernel(const CompiledKernel& compiled, int device) : device_(device) {
+FusedModule::FusedModule(const std::string& image, int device) : device_(device) {
     DeviceContext& ctx = context(device);  // makes the device's primary context current (the runtime's)
     (void)ctx;
     CUmodule module = nullptr;
-    DG_CU_CHECK(cuModuleLoadData(&module, compiled.image.c_str()));
-    CUfunction function = nullptr;
-    const CUresult found = cuModuleGetFunction(&function, module, compiled.kernel.c_str());
-    if (found != CUDA_SUCCESS) {
-        cuModuleUnload(module);
-        DG_CU_CHECK(found);
-    }
+    DG_CU_CHECK(cuModuleLoadData(&module, image.c_str()));
     module_ = module;
-    function_ = function;
 }
 
-FusedKernel::~FusedKernel() {
+FusedModule::~FusedModule() {
     if (module_ != nullptr) cuModuleUnload(static_cast<CUmodule>(module_));  // a destructor does not throw
 }
 
+FusedKernel::FusedKernel(const CompiledKernel& compiled, int device)
+    : FusedKernel(std::make_shared<const FusedModule>(compiled.image, device), compiled.kernel) {}
+
+FusedKernel::FusedKernel(std::shared_ptr<const FusedModule> module, const std::string& name) : module_(std::move(module)) {
+    DeviceContext& ctx = context(module_->device());
+    (void)ctx;
+    CUfunction function = nullptr;
+    DG_CU_CHECK(cuModuleGetFunction(&function, static_cast<CUmodule>(module_->module()), name.c_str()));
+    function_ = function;
+}
+
+FusedKernel::~FusedKernel() = default;
+
 void FusedKernel::launch(std::int64_t numel, std::span<void*> arguments) const {
     if (numel <= 0) return;
-    DeviceContext& ctx = context(device_);
+    DeviceContext& ctx = context(module_->device());
     const unsigned blocks = grid_size(ctx, numel, kThreads);
     DG_CU_CHECK(cuLaunchKernel(static_cast<CUfunction>(function_), blocks, 1, 1, kThreads, 1, 1, 0,
                                reinterpret_cast<CUstream>(ctx.stream), arguments.data(), nullptr));

@@ -171,13 +171,23 @@ struct Builder {
     }
 };
 
-bool derivative_reads_inputs(const ComputeNode& node) {
-    const PointwiseFormula* formula = formula_of(node);
-    return formula != nullptr && formula->derivative_reads_inputs;
-}
-
 void push_unique(std::vector<NodeId>& list, NodeId id) {
     if (std::find(list.begin(), list.end(), id) == list.end()) list.push_back(id);
+}
+
+// Whether `reader`'s derivative formula reads the value of node `id` (one of its inputs).
+bool derivative_reads(const ComputeNode& reader, NodeId id) {
+    const PointwiseFormula* formula = formula_of(reader);
+    if (formula == nullptr) return false;
+    for (std::size_t j = 0; j < reader.inputs.size(); ++j)
+        if (reader.inputs[j].id == id && derivative_reads_input(*formula, j)) return true;
+    return false;
+}
+
+// The inputs of `node` its derivative formula reads, onto `reads`.
+void push_derivative_reads(const ComputeNode& node, const PointwiseFormula& formula, std::vector<NodeId>& reads) {
+    for (std::size_t j = 0; j < node.inputs.size(); ++j)
+        if (derivative_reads_input(formula, j)) push_unique(reads, node.inputs[j].id);
 }
 
 FusionGroup describe_group(const Builder& b, const std::vector<NodeId>& members) {
@@ -194,7 +204,7 @@ FusionGroup describe_group(const Builder& b, const std::vector<NodeId>& members)
         bool read_outside = false, read_by_backward = false;
         for (NodeId reader : b.consumers[m]) {
             if (!in.contains(reader)) read_outside = true;
-            else if (graph.node(reader).requires_grad && derivative_reads_inputs(graph.node(reader)))
+            else if (graph.node(reader).requires_grad && derivative_reads(graph.node(reader), m))
                 read_by_backward = true;
         }
         if (node.requires_grad && formula_of(node)->derivative_reads_output) read_by_backward = true;
@@ -218,8 +228,7 @@ std::optional<BackwardChain> describe_backward(const Builder& b, const FusionGro
                                                 [&](NodeId r) { return !in.contains(r); });
         if (reader_outside || b.consumers[*it].empty()) chain.gradients_in.push_back(*it);
         const PointwiseFormula* formula = formula_of(node);
-        if (formula->derivative_reads_inputs)
-            for (const NodeInput& input : node.inputs) push_unique(chain.saved_reads, input.id);
+        push_derivative_reads(node, *formula, chain.saved_reads);
         if (formula->derivative_reads_output) push_unique(chain.saved_reads, *it);
     }
     if (chain.members.empty()) return std::nullopt;
@@ -360,8 +369,7 @@ std::optional<BackwardLaunch> backward_launch(const ComputeGraph& graph, const F
         const bool gives_gradient = std::any_of(node.inputs.begin(), node.inputs.end(),
                                                 [&](const NodeInput& input) { return is_reached(input.id); });
         if (!gives_gradient) continue;
-        if (formula->derivative_reads_inputs)
-            for (const NodeInput& input : node.inputs) push_unique(launch.saved_reads, input.id);
+        push_derivative_reads(node, *formula, launch.saved_reads);
         if (formula->derivative_reads_output) push_unique(launch.saved_reads, *it);
         for (const NodeInput& input : node.inputs)
             if (!in.contains(input.id) && is_reached(input.id)) push_unique(launch.gradients_out, input.id);

@@ -130,46 +130,43 @@ std::shared_ptr<const Prepared> prepare(const ComputeGraph& graph, std::string s
         });
         if (usable[g]) usable_groups.push_back(g);
     }
+    // Every kernel of the plan, forward and backward, compiled together. The chains are the usable groups' as a
+    // backward from `root` runs them (they read the values the forward stored, fused or not, so eager steps run
+    // them too); a chain whose group is dropped goes with it.
     const std::vector<char> reached = reached_by_backward(graph, root);
-    {  // every kernel of the plan, forward and backward, in one NVRTC translation unit
-        std::vector<BackwardLaunch> launches;
-        for (std::size_t g : usable_groups)
-            if (std::optional<BackwardLaunch> launch = backward_launch(graph, plan, g, reached, root))
-                launches.push_back(std::move(*launch));
-        const PlanCompile together = compile_plan_together(graph, plan, usable_groups, launches);
-        stats.nvrtc_ms += together.nvrtc_ms;
-    }
-    for (std::size_t index = 0; index < plan.groups.size(); ++index) {
-        if (!usable[index]) continue;
-        FusionGroup& group = plan.groups[index];
-        std::optional<CompiledGroup> compiled = compile_group(graph, group, check);
-        if (!compiled) {
+    std::vector<BackwardLaunch> launches;
+    for (std::size_t g : usable_groups)
+        if (std::optional<BackwardLaunch> launch = backward_launch(graph, plan, g, reached, root))
+            launches.push_back(std::move(*launch));
+    CompiledPlan compiled = compile_plan(graph, plan, usable_groups, launches, check);
+    stats.nvrtc_ms += compiled.nvrtc_ms;
+    std::map<std::size_t, std::size_t> kept_index;  // plan.groups index -> out->plan.groups index
+    for (std::size_t i = 0; i < usable_groups.size(); ++i) {
+        if (!compiled.groups[i]) {
             ++stats.groups_dropped;
             continue;
         }
+        FusionGroup& group = plan.groups[usable_groups[i]];
         ++stats.groups_compiled;
-        stats.nvrtc_ms += compiled->compile_ms;
-        stats.groups_from_cache += compiled->from_cache ? 1 : 0;
+        stats.groups_from_cache += compiled.groups[i]->from_cache ? 1 : 0;
         for (NodeId m : group.members) out->member_dtype[m] = graph.node(m).value.dtype();
+        kept_index[usable_groups[i]] = out->plan.groups.size();
         out->plan.groups.push_back(std::move(group));
-        out->kernels.push_back(std::move(*compiled));
+        out->kernels.push_back(std::move(*compiled.groups[i]));
     }
-    // The kept groups' backward chains, as a backward from `root` runs them (they read the values the forward
-    // stored, fused or not, so eager steps run them too).
     out->backward = std::make_shared<BackwardFusion>();
     out->backward->root = root;
     out->backward->check = check;
-    for (std::size_t g = 0; g < out->plan.groups.size(); ++g) {
-        const std::optional<BackwardLaunch> launch = backward_launch(graph, out->plan, g, reached, root);
-        if (!launch) continue;
-        std::optional<CompiledBackward> compiled = compile_backward(graph, out->plan.groups[g], *launch);
-        if (!compiled) {
+    for (std::size_t i = 0; i < launches.size(); ++i) {
+        const auto kept = kept_index.find(launches[i].group);
+        if (kept == kept_index.end()) continue;  // its group runs unfused: so do its members' backward
+        if (!compiled.chains[i]) {
             ++stats.backward_chains_dropped;
             continue;
         }
+        compiled.chains[i]->launch.group = kept->second;
         ++stats.backward_chains_compiled;
-        stats.nvrtc_ms += compiled->compile_ms;
-        out->backward->chains.push_back(std::move(*compiled));
+        out->backward->chains.push_back(std::move(*compiled.chains[i]));
     }
     ++stats.plans;
     stats.prepare_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
@@ -195,7 +192,7 @@ bool member_as_planned(const Applying& a, const ComputeGraph& graph, std::size_t
     const CompiledGroup& kernel = a.prepared->kernels[g];
     for (std::size_t j = 0; j < kernel.scalar_nodes.size(); ++j)
         if (kernel.scalar_nodes[j] == id &&
-            unary_scalar_bytes(graph.node(id).attrs, kernel.double_precision) != kernel.scalars[j])
+            member_scalar_bytes(graph.node(id), kernel.double_precision) != kernel.scalars[j])
             return false;
     return true;
 }

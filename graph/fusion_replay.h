@@ -108,26 +108,11 @@ struct CompiledGroup {
     bool double_precision = false;
     std::int64_t numel = 0;
     int device = 0;                   // the CUDA device it was loaded for
-    double compile_ms = 0.0;          // NVRTC time (0 when the image came from the disk cache)
-    bool from_cache = false;
+    bool from_cache = false;          // its image came from the disk cache
 };
-// Compiles the kernels of a plan's groups (indices into plan.groups) and of their backward chains in one NVRTC
-// translation unit and loads them, so that compile_group and compile_backward find them ready: one compile for a
-// plan instead of one per kernel. A unit NVRTC or the driver refuses is logged, and each kernel is then compiled
-// alone. CUDA only (nothing without).
-struct PlanCompile {
-    double nvrtc_ms = 0.0;   // 0 when the unit came from the disk cache or nothing was left to compile
-    bool from_cache = false;
-    std::size_t kernels = 0; // kernels the unit held (0: none compiled together)
-};
-PlanCompile compile_plan_together(const ComputeGraph& graph, const FusionPlan& plan, std::span<const std::size_t> groups,
-                                  std::span<const BackwardLaunch> launches);
-// The group's kernel, compiled and loaded for its device (a cache by kernel name makes a repeated group cheap);
-// with `check`, also run once on the warm-up's values and compared with the members' (bitwise for f32/f64, one
-// unit in the last place for bf16/f16). nullopt, after a cuda::fusion_log() entry, when either fails. CUDA only.
-std::optional<CompiledGroup> compile_group(const ComputeGraph& graph, const FusionGroup& group, bool check);
-// The bytes of math::UnaryScalars<float or double> for `attrs` (the capture checks each member's against the plan's).
-std::vector<std::byte> unary_scalar_bytes(const OpAttrs& attrs, bool double_precision);
+// The bytes of the math::UnaryScalars<float or double> a member passes its kernel (the capture checks each member's
+// against the plan's).
+std::vector<std::byte> member_scalar_bytes(const ComputeNode& node, bool double_precision);
 // Launches a compiled group on its device's stream (capturable): `inputs` and `outputs` in its parameter order.
 void launch_compiled_group(const CompiledGroup& group, std::span<const Tensor> inputs, std::span<const Tensor> outputs);
 
@@ -153,13 +138,23 @@ struct CompiledBackward {
     Shape shape;  // the group's index space
     bool double_precision = false;
     int device = 0;
-    double compile_ms = 0.0;
     bool from_cache = false;
     bool dropped = false;  // the DYNGRAD_CHECK_FUSIONS=1 comparison failed: the members run unfused
 };
-// The chain's kernel compiled and loaded; nullopt after a cuda::fusion_log() entry when it cannot be. CUDA only.
-std::optional<CompiledBackward> compile_backward(const ComputeGraph& graph, const FusionGroup& group,
-                                                 const BackwardLaunch& launch);
+// Every kernel of a plan: the groups `groups` (indices into plan.groups) and the backward chains `launches` (each
+// of one of those groups). Each source is generated once; the kernels not loaded yet are compiled in one NVRTC
+// translation unit and loaded as one module (a unit NVRTC or the driver refuses is logged, and each kernel is then
+// compiled alone); with `check`, each group also runs once on the warm-up's values against its members' (bitwise
+// for f32/f64, one unit in the last place for bf16/f16). What cannot be generated, compiled, loaded or checked is
+// nullopt after a cuda::fusion_log() entry: that group or chain runs unfused. CUDA only (all nullopt without).
+struct CompiledPlan {
+    std::vector<std::optional<CompiledGroup>> groups;     // parallel to `groups`
+    std::vector<std::optional<CompiledBackward>> chains;  // parallel to `launches`
+    double nvrtc_ms = 0.0;             // NVRTC's time (0 when every image came from the disk cache or was loaded)
+    std::size_t kernels_together = 0;  // kernels the shared unit held (0: none compiled together)
+};
+CompiledPlan compile_plan(const ComputeGraph& graph, const FusionPlan& plan, std::span<const std::size_t> groups,
+                          std::span<const BackwardLaunch> launches, bool check);
 // Launches it on its device's stream (capturable): `inputs` the saved values then the incoming gradients.
 void launch_compiled_backward(const CompiledBackward& chain, std::span<const Tensor> inputs,
                               std::span<const Tensor> outputs);

@@ -206,6 +206,8 @@ struct PointwiseFormula {
         Unary,   // Functor::forward(x, scalars) through math::apply_forward
         Binary,  // Functor::forward(a, b), the inputs broadcast to the output's shape
         Cast,    // a conversion to OpAttrs::dtype (no functor): the value rounded once to that dtype
+        Where,       // inputs (condition, a, b): condition != 0 ? a : b (no functor); da, db routed by the condition
+        MaskedFill,  // inputs (x, mask): mask != 0 ? OpAttrs::scalar : x, the scalar rounded once to x's dtype
     };
     Form form;
     const char* functor;                 // the functor's name in namespace dyngrad::math; nullptr for Cast
@@ -214,6 +216,16 @@ struct PointwiseFormula {
     bool derivative_reads_inputs = false;
     bool derivative_reads_output = false;
 };
+
+// Whether the derivative formula reads input `input`'s value: every input or none, except where and masked_fill,
+// whose gradients read only the condition (the values they select among are not needed).
+constexpr bool derivative_reads_input(const PointwiseFormula& formula, std::size_t input) {
+    switch (formula.form) {
+        case PointwiseFormula::Form::Where: return input == 0;
+        case PointwiseFormula::Form::MaskedFill: return input == 1;
+        default: return formula.derivative_reads_inputs;
+    }
+}
 
 struct OutputSpec {
     Shape shape;

@@ -314,6 +314,8 @@ inline constexpr PointwiseFormula sin{Form::Unary, "SinOp", nullptr, kReadsX};
 inline constexpr PointwiseFormula cos{Form::Unary, "CosOp", nullptr, kReadsX};
 inline constexpr PointwiseFormula clamp{Form::Unary, "ClampOp", nullptr, kReadsX};
 inline constexpr PointwiseFormula cast{Form::Cast, nullptr};
+inline constexpr PointwiseFormula where{Form::Where, nullptr};
+inline constexpr PointwiseFormula masked_fill{Form::MaskedFill, nullptr};
 inline constexpr PointwiseFormula relu{Form::Unary, "ReluOp", nullptr, kReadsX};
 inline constexpr PointwiseFormula leaky_relu{Form::Unary, "LeakyReluOp", nullptr, kReadsX};
 inline constexpr PointwiseFormula elu{Form::Unary, "EluOp", nullptr, kReadsX};

@@ -1,7 +1,7 @@
-// A fusion group made runnable for the captured-step hook (graph/fusion_replay.h declares it; ops/ implements it
-// because it generates the source, ops/fusion_source.h): the source with every member as an output, compiled
-// through NVRTC's disk cache, loaded once per device and kernel name, and with DYNGRAD_CHECK_FUSIONS=1 compared
-// once with the members' unfused values.
+// A fusion plan's kernels made runnable for the hook (graph/fusion_replay.h declares it; ops/ implements it because
+// it generates the sources, ops/fusion_source.h): each group's source (every member an output) and each backward
+// chain's generated once, compiled together through NVRTC's disk cache, loaded as one module per device, and with
+// DYNGRAD_CHECK_FUSIONS=1 each group compared once with its members' unfused values.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 
+#include "dyngrad/core/half.h"
 #include "dyngrad/cuda/fused_kernel.h"
 #include "dyngrad/cuda/nvrtc_compiler.h"
 #include "dyngrad/graph/fusion_replay.h"
@@ -18,12 +19,17 @@
 
 namespace dyngrad::fusion {
 
-std::vector<std::byte> unary_scalar_bytes(const OpAttrs& attrs, bool double_precision) {
+std::vector<std::byte> member_scalar_bytes(const ComputeNode& node, bool double_precision) {
     const auto bytes = [](const auto& value) {
         std::vector<std::byte> out(sizeof value);
         std::memcpy(out.data(), &value, sizeof value);
         return out;
     };
+    OpAttrs attrs = node.attrs;
+    // masked_fill stores its scalar converted to the output's dtype once (double -> bf16/f16 directly, as its CUDA
+    // kernel converts it): passed already rounded, the kernel's f32 holds it exactly.
+    if (node.op == OpType::MaskedFill && node.value.dtype() == DType::bf16) attrs.scalar = to_double(to_bfloat16(attrs.scalar));
+    if (node.op == OpType::MaskedFill && node.value.dtype() == DType::f16) attrs.scalar = to_double(to_float16(attrs.scalar));
     return double_precision ? bytes(math::unary_scalars<double>(attrs)) : bytes(math::unary_scalars<float>(attrs));
 }
 
@@ -37,8 +43,8 @@ std::string members_text(const ComputeGraph& graph, const FusionGroup& group) {
     return out;
 }
 
-// Loaded modules live for the process: a captured graph's kernel nodes point into them on every replay. By device and
-// kernel name, with whether the image came from the disk cache.
+// Loaded kernels live for the process: a captured graph's kernel nodes point into them on every replay. By device
+// and kernel name (a name is a hash of the kernel's source), with whether the image came from the disk cache.
 struct Loaded {
     std::unique_ptr<cuda::FusedKernel> kernel;
     bool from_cache = false;
@@ -49,40 +55,20 @@ std::map<std::pair<int, std::string>, Loaded>& loaded_kernels() {
     return *kernels;
 }
 
-const Loaded& loaded_kernel(const cuda::CompiledKernel& compiled, int device) {
-    const std::lock_guard lock(loaded_mutex);
-    auto& kernels = loaded_kernels();
-    const std::pair<int, std::string> key{device, compiled.kernel};
-    if (const auto found = kernels.find(key); found != kernels.end()) return found->second;
-    auto kernel = std::make_unique<cuda::FusedKernel>(compiled, device);  // throws before anything is kept
-    return kernels.emplace(key, Loaded{std::move(kernel), compiled.from_cache}).first->second;
-}
-
 const Loaded* find_loaded(const std::string& name, int device) {
     const std::lock_guard lock(loaded_mutex);
     const auto found = loaded_kernels().find({device, name});
     return found == loaded_kernels().end() ? nullptr : &found->second;
 }
 
-// Loads kernel `name` for `device` into `out` (a CompiledGroup or CompiledBackward): already loaded (a plan's
-// translation unit, or an earlier plan), else compiled alone (or read from the disk cache); false after the
-// compiler logged why not.
-template <typename Compiled>
-bool compile_and_load(const std::string& source, const std::string& name, int device, Compiled& out) {
-    if (const Loaded* loaded = find_loaded(name, device)) {
-        out.kernel = loaded->kernel.get();
-        out.compile_ms = 0.0;
-        out.from_cache = loaded->from_cache;
-        return true;
-    }
-    cuda::FusedKernelCompileOptions options;
-    options.arch = cuda::device_arch(device);
-    const std::optional<cuda::CompiledKernel> compiled = cuda::try_compile_fused_kernel(source, name, options);
-    if (!compiled) return false;
-    out.kernel = loaded_kernel(*compiled, device).kernel.get();
-    out.compile_ms = compiled->compile_ms;
-    out.from_cache = compiled->from_cache;
-    return true;
+// Kernels `names` of one compiled image, loaded as one module; nothing is kept when any of them fails (throws).
+void load_kernels(const cuda::CompiledKernel& compiled, std::span<const std::string> names, int device) {
+    const auto module = std::make_shared<const cuda::FusedModule>(compiled.image, device);
+    std::vector<std::unique_ptr<cuda::FusedKernel>> kernels;
+    for (const std::string& name : names) kernels.push_back(std::make_unique<cuda::FusedKernel>(module, name));
+    const std::lock_guard lock(loaded_mutex);
+    for (std::size_t i = 0; i < names.size(); ++i)
+        loaded_kernels().try_emplace({device, names[i]}, Loaded{std::move(kernels[i]), compiled.from_cache});
 }
 
 // Distance in units in the last place between two values of a 16-bit floating format (sign-magnitude bits).
@@ -154,68 +140,19 @@ bool matches_unfused(const ComputeGraph& graph, const FusionGroup& group, const 
     return true;
 }
 
-}  // namespace
-
-PlanCompile compile_plan_together(const ComputeGraph& graph, const FusionPlan& plan, std::span<const std::size_t> groups,
-                                  std::span<const BackwardLaunch> launches) {
-    PlanCompile out;
-    if (groups.empty()) return out;
-    const int device = graph.node(plan.groups[groups.front()].members.front()).value.device().index;
-    std::vector<std::string> sources, names;
-    const auto add = [&](std::string source, std::string name) {
-        if (name.empty() || find_loaded(name, device) != nullptr ||
-            std::find(names.begin(), names.end(), name) != names.end())
-            return;
-        sources.push_back(std::move(source));
-        names.push_back(std::move(name));
-    };
-    try {
-        for (std::size_t g : groups) {
-            FusedKernelSource source = generate_fused_source(graph, with_every_member_written(plan.groups.at(g)));
-            add(std::move(source.source), std::move(source.name));
-        }
-        for (const BackwardLaunch& launch : launches) {
-            FusedBackwardSource source = generate_backward_source(graph, plan.groups.at(launch.group), launch);
-            add(std::move(source.source), std::move(source.name));
-        }
-    } catch (const Error&) {
-        return out;  // each kernel alone then, where the same error is logged against its group
-    }
-    if (sources.size() < 2) return out;  // nothing to share
-    const std::string unit = combined_source(sources);
-    cuda::FusedKernelCompileOptions options;
-    options.arch = cuda::device_arch(device);
-    const std::optional<cuda::CompiledKernel> compiled =
-        cuda::try_compile_fused_kernel(unit, "dg_plan_" + cuda::hex64(cuda::fnv1a64(unit)), options);
-    if (!compiled) return out;  // logged; each kernel alone then
-    try {
-        for (const std::string& name : names) {
-            cuda::CompiledKernel one = *compiled;
-            one.kernel = name;
-            loaded_kernel(one, device);
-        }
-    } catch (const Error& e) {  // an image the driver refuses: each kernel alone then
-        cuda::log_fusion({cuda::FusionLogEntry::Kind::CompileFallback, "", str("a plan's translation unit: ", e.what())});
-        return out;
-    }
-    out.nvrtc_ms = compiled->compile_ms;
-    out.from_cache = compiled->from_cache;
-    out.kernels = names.size();
-    return out;
+// A CompiledGroup or CompiledBackward pointed at its loaded kernel; false when it is not loaded.
+template <typename Compiled>
+bool take_loaded(const std::string& name, int device, Compiled& out) {
+    const Loaded* loaded = find_loaded(name, device);
+    if (loaded == nullptr) return false;
+    out.kernel = loaded->kernel.get();
+    out.from_cache = loaded->from_cache;
+    return true;
 }
 
-std::optional<CompiledGroup> compile_group(const ComputeGraph& graph, const FusionGroup& group, bool check) {
-    const int device = graph.node(group.members.front()).value.device().index;
-    FusedKernelSource source;
+CompiledGroup group_arguments(const ComputeGraph& graph, const FusionGroup& group, const FusedKernelSource& source,
+                              int device) {
     CompiledGroup out;
-    try {
-        source = generate_fused_source(graph, with_every_member_written(group));
-        if (!compile_and_load(source.source, source.name, device, out)) return std::nullopt;  // logged by the compiler
-    } catch (const Error& e) {  // a group the generator cannot write, or an image the driver refuses: unfused
-        cuda::log_fusion({cuda::FusionLogEntry::Kind::CompileFallback, source.name,
-                          str("group ", members_text(graph, group), ": ", e.what(), "; the group runs its unfused kernels")});
-        return std::nullopt;
-    }
     out.inputs = source.inputs;
     out.outputs = source.outputs;
     out.double_precision = group.double_precision;
@@ -223,26 +160,14 @@ std::optional<CompiledGroup> compile_group(const ComputeGraph& graph, const Fusi
     out.device = device;
     for (const ScalarArgument& scalar : source.scalars) {
         out.scalar_nodes.push_back(scalar.node);
-        out.scalars.push_back(unary_scalar_bytes(graph.node(scalar.node).attrs, group.double_precision));
+        out.scalars.push_back(member_scalar_bytes(graph.node(scalar.node), group.double_precision));
     }
-    if (check && !matches_unfused(graph, group, out, source.name)) return std::nullopt;
     return out;
 }
-std::optional<CompiledBackward> compile_backward(const ComputeGraph& graph, const FusionGroup& group,
-                                                 const BackwardLaunch& launch) {
-    const int device = graph.node(group.members.front()).value.device().index;
-    FusedBackwardSource source;
+
+CompiledBackward backward_arguments(const ComputeGraph& graph, const FusionGroup& group, const BackwardLaunch& launch,
+                                    const FusedBackwardSource& source, int device) {
     CompiledBackward out;
-    try {
-        source = generate_backward_source(graph, group, launch);
-        if (!source.name.empty() && !compile_and_load(source.source, source.name, device, out))
-            return std::nullopt;  // logged by the compiler
-    } catch (const Error& e) {
-        cuda::log_fusion({cuda::FusionLogEntry::Kind::CompileFallback, source.name,
-                          str("backward of group ", members_text(graph, group), ": ", e.what(),
-                              "; its members run their unfused backward")});
-        return std::nullopt;
-    }
     out.launch = launch;
     out.saved = source.saved;
     out.gradients_in = source.gradients_in;
@@ -251,11 +176,104 @@ std::optional<CompiledBackward> compile_backward(const ComputeGraph& graph, cons
         out.results.push_back({r.input, r.store, r.gradient_in, r.contributions});
     for (const ScalarArgument& scalar : source.scalars) {
         out.scalar_nodes.push_back(scalar.node);
-        out.scalars.push_back(unary_scalar_bytes(graph.node(scalar.node).attrs, group.double_precision));
+        out.scalars.push_back(member_scalar_bytes(graph.node(scalar.node), group.double_precision));
     }
     out.shape = group.shape;
     out.double_precision = group.double_precision;
     out.device = device;
+    return out;
+}
+
+}  // namespace
+
+CompiledPlan compile_plan(const ComputeGraph& graph, const FusionPlan& plan, std::span<const std::size_t> groups,
+                          std::span<const BackwardLaunch> launches, bool check) {
+    CompiledPlan out;
+    out.groups.resize(groups.size());
+    out.chains.resize(launches.size());
+    if (groups.empty()) return out;
+    const int device = graph.node(plan.groups.at(groups.front()).members.front()).value.device().index;
+    // Each kernel's source, generated once; a group or chain the generator cannot write is logged and left unfused.
+    std::vector<std::optional<FusedKernelSource>> group_sources(groups.size());
+    std::vector<std::optional<FusedBackwardSource>> chain_sources(launches.size());
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+        const FusionGroup& group = plan.groups.at(groups[i]);
+        try {
+            group_sources[i] = generate_fused_source(graph, with_every_member_written(group));
+        } catch (const Error& e) {
+            cuda::log_fusion({cuda::FusionLogEntry::Kind::CompileFallback, "",
+                              str("group ", members_text(graph, group), ": ", e.what(),
+                                  "; the group runs its unfused kernels")});
+        }
+    }
+    for (std::size_t i = 0; i < launches.size(); ++i) {
+        const FusionGroup& group = plan.groups.at(launches[i].group);
+        try {
+            chain_sources[i] = generate_backward_source(graph, group, launches[i]);
+        } catch (const Error& e) {
+            cuda::log_fusion({cuda::FusionLogEntry::Kind::CompileFallback, "",
+                              str("backward of group ", members_text(graph, group), ": ", e.what(),
+                                  "; its members run their unfused backward")});
+        }
+    }
+    // The kernels not loaded yet (a chain that stores nothing has no kernel), in one translation unit.
+    std::vector<std::string> sources, names;
+    const auto add = [&](const std::string& source, const std::string& name) {
+        if (name.empty() || find_loaded(name, device) != nullptr ||
+            std::find(names.begin(), names.end(), name) != names.end())
+            return;
+        sources.push_back(source);
+        names.push_back(name);
+    };
+    for (const auto& source : group_sources)
+        if (source) add(source->source, source->name);
+    for (const auto& source : chain_sources)
+        if (source) add(source->source, source->name);
+    cuda::FusedKernelCompileOptions options;
+    options.arch = cuda::device_arch(device);
+    bool together = false;
+    if (sources.size() >= 2) {
+        const std::string unit = combined_source(sources);
+        if (const std::optional<cuda::CompiledKernel> compiled =
+                cuda::try_compile_fused_kernel(unit, "dg_plan_" + cuda::hex64(cuda::fnv1a64(unit)), options)) {
+            out.nvrtc_ms += compiled->compile_ms;
+            try {
+                load_kernels(*compiled, names, device);
+                together = true;
+                out.kernels_together = names.size();
+            } catch (const Error& e) {  // an image the driver refuses: each kernel alone then
+                cuda::log_fusion({cuda::FusionLogEntry::Kind::CompileFallback, "",
+                                  str("a plan's translation unit: ", e.what(), "; its kernels are compiled one by one")});
+            }
+        }  // else logged by the compiler; each kernel alone then
+    }
+    if (!together)
+        for (std::size_t i = 0; i < names.size(); ++i) {
+            const std::optional<cuda::CompiledKernel> compiled = cuda::try_compile_fused_kernel(sources[i], names[i], options);
+            if (!compiled) continue;  // logged by the compiler: that kernel's group or chain runs unfused
+            out.nvrtc_ms += compiled->compile_ms;
+            try {
+                load_kernels(*compiled, std::span(&names[i], 1), device);
+            } catch (const Error& e) {
+                cuda::log_fusion({cuda::FusionLogEntry::Kind::CompileFallback, names[i],
+                                  str(e.what(), "; its group or chain runs unfused")});
+            }
+        }
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+        if (!group_sources[i]) continue;
+        const FusionGroup& group = plan.groups.at(groups[i]);
+        CompiledGroup compiled = group_arguments(graph, group, *group_sources[i], device);
+        if (!take_loaded(group_sources[i]->name, device, compiled)) continue;
+        if (check && !matches_unfused(graph, group, compiled, group_sources[i]->name)) continue;
+        out.groups[i] = std::move(compiled);
+    }
+    for (std::size_t i = 0; i < launches.size(); ++i) {
+        if (!chain_sources[i]) continue;
+        const FusionGroup& group = plan.groups.at(launches[i].group);
+        CompiledBackward compiled = backward_arguments(graph, group, launches[i], *chain_sources[i], device);
+        if (!chain_sources[i]->name.empty() && !take_loaded(chain_sources[i]->name, device, compiled)) continue;
+        out.chains[i] = std::move(compiled);
+    }
     return out;
 }
 
@@ -283,13 +301,12 @@ std::string backward_mismatch(const Tensor& generated, const Tensor& unfused, bo
     return "";
 }
 #else
-PlanCompile compile_plan_together(const ComputeGraph&, const FusionPlan&, std::span<const std::size_t>,
-                                  std::span<const BackwardLaunch>) {
-    return {};
-}
-std::optional<CompiledGroup> compile_group(const ComputeGraph&, const FusionGroup&, bool) { return std::nullopt; }
-std::optional<CompiledBackward> compile_backward(const ComputeGraph&, const FusionGroup&, const BackwardLaunch&) {
-    return std::nullopt;
+CompiledPlan compile_plan(const ComputeGraph&, const FusionPlan&, std::span<const std::size_t> groups,
+                          std::span<const BackwardLaunch> launches, bool) {
+    CompiledPlan out;
+    out.groups.resize(groups.size());
+    out.chains.resize(launches.size());
+    return out;
 }
 std::string backward_mismatch(const Tensor&, const Tensor&, bool, double) { return "the CUDA build only"; }
 #endif

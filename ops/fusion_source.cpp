@@ -324,6 +324,15 @@ FusedKernelSource generate_fused_source(const ComputeGraph& graph, const FusionG
             case PointwiseFormula::Form::Cast:  // the rounding to the node's dtype is the cast
                 value = value_name(node.inputs[0].id);
                 break;
+            case PointwiseFormula::Form::Where:
+                value = str("(", value_name(node.inputs[0].id), " != ", text.compute, "(0) ? ",
+                            value_name(node.inputs[1].id), " : ", value_name(node.inputs[2].id), ")");
+                break;
+            case PointwiseFormula::Form::MaskedFill:  // the scalar comes rounded to the node's dtype (member_scalar_bytes)
+                value = str("(", value_name(node.inputs[1].id), " != ", text.compute, "(0) ? s", out.scalars.size(),
+                            ".s : ", value_name(node.inputs[0].id), ")");
+                out.scalars.push_back({m});
+                break;
         }
         text.formulas.push_back(str("const ", text.compute, " t", m, " = ", rounding(node.value.dtype()), "(", value,
                                     ");  // ", def.name, " #", m));
@@ -385,7 +394,7 @@ FusedBackwardSource generate_backward_source(const ComputeGraph& graph, const Fu
             return members.contains(input.id) || externals.contains(input.id);
         });
         std::string scalars = str("dyngrad::math::UnaryScalars<", text.compute, ">{}");
-        if (gives && reads_scalars(def)) {
+        if (gives && formula.form == PointwiseFormula::Form::Unary && reads_scalars(def)) {
             scalars = str("s", out.scalars.size());
             out.scalars.push_back({m});
         }
@@ -397,8 +406,17 @@ FusedBackwardSource generate_backward_source(const ComputeGraph& graph, const Fu
             std::string contribution;
             const bool identity = (node.op == OpType::Add) || (node.op == OpType::Sub && j == 0) ||
                                   (formula.form == PointwiseFormula::Form::Cast && dtype == node.value.dtype());
+            const auto routed = [&](std::size_t condition, bool when_true) {  // where's and masked_fill's
+                return declare(str(rounding(dtype), "(", value_of(node.inputs[condition].id), " != ", zero, " ? ",
+                                   when_true ? dy : zero, " : ", when_true ? zero : dy, ")"),
+                               why);
+            };
             if (identity) {
                 contribution = dy;  // the unfused backward passes dy itself (an alias)
+            } else if (formula.form == PointwiseFormula::Form::Where) {
+                contribution = j == 0 ? declare(zero, why + " (the condition's gradient is zero)") : routed(0, j == 1);
+            } else if (formula.form == PointwiseFormula::Form::MaskedFill) {
+                contribution = j == 1 ? declare(zero, why + " (the mask's gradient is zero)") : routed(1, false);
             } else if (formula.form == PointwiseFormula::Form::Cast) {
                 contribution = declare(str(rounding(dtype), "(", dy, ")"), why);
             } else if (formula.form == PointwiseFormula::Form::Unary) {

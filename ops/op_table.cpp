@@ -286,9 +286,11 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      DG_CUDA_KERNELS_SHARED(scatter_add_forward, scatter_add_backward), scatter_add_cases,
      reads("axis"), kFollow, "torch.scatter_add(x, axis, index, src)", 0, true, 0, nullptr, scatter_add_differentiable_backward},
     {OpType::Where, "where", 3, infer::where, kCpuSelect, kCudaSelect, where_cases,
-     kNoAttrs, kFollow, "torch.where(condition != 0, a, b)", 0, true, 0, nullptr, select_differentiable_backward},
+     kNoAttrs, kFollow, "torch.where(condition != 0, a, b)", 0, true, 0, nullptr, select_differentiable_backward,
+     &math::formula::where},
     {OpType::MaskedFill, "masked_fill", 2, infer::masked_fill, kCpuSelect, kCudaSelect, masked_fill_cases,
-     reads("scalar"), kFollow, "x.masked_fill(mask != 0, scalar)", 0, true, 0, nullptr, select_differentiable_backward},
+     reads("scalar"), kFollow, "x.masked_fill(mask != 0, scalar)", 0, true, 0, nullptr, select_differentiable_backward,
+     &math::formula::masked_fill},
     {OpType::ScaledDotProductAttention, "scaled_dot_product_attention", 4, infer::scaled_dot_product_attention,
      {cpu::scaled_dot_product_attention_forward, cpu::scaled_dot_product_attention_backward},
      // Native bf16/f16: 16-bit mma.sync with f32 softmax and accumulators (ops/attention.cu, namespace mma).

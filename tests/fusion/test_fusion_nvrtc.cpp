@@ -199,6 +199,8 @@ TEST_CASE("backward chains through every differentiable pointwise row compile fo
         t = clamp(gelu(gelu(clipped_relu(elu(leaky_relu(pow(mul_scalar(add_scalar(t, 0.5), 1.5), 2.0), 0.1), 0.9), 4.0)),
                        GeluApproximation::Tanh),
                   -1.0, 3.0);
+        // where with a condition that requires grad (its gradient is zero), masked_fill with a comparison's mask
+        t = masked_fill(where(add_scalar(t, -0.25), t, mul_scalar(t, 0.25)), gt(t, x), -2.0);
         t = minimum(maximum(div(mul(sub(t, x), x), x), x), b);
         if (dtype != DType::f64) t = to_dtype(to_dtype(t, dtype == DType::f32 ? DType::bf16 : DType::f32), dtype);
         const Var loss = sum(to_dtype(t, dtype == DType::f64 ? DType::f64 : DType::f32));
@@ -208,7 +210,7 @@ TEST_CASE("backward chains through every differentiable pointwise row compile fo
         const std::vector<char> reached = reached_by_backward(graph, loss.id());
         const std::optional<BackwardLaunch> launch = backward_launch(graph, plan, 0, reached, loss.id());
         REQUIRE(launch.has_value());
-        CHECK(launch->members.size() == plan.groups[0].members.size());
+        CHECK(launch->members.size() == plan.groups[0].members.size() - 1);  // all but the comparison (no grad)
         const FusedBackwardSource source = generate_backward_source(graph, plan.groups[0], *launch);
         INFO(source.source);
         for (const char* functor : {"NegOp", "ExpOp", "LogOp", "SqrtOp", "AbsOp", "SinOp", "CosOp", "ReluOp", "SigmoidOp",
@@ -216,6 +218,8 @@ TEST_CASE("backward chains through every differentiable pointwise row compile fo
                                     "PowScalarOp", "LeakyReluOp", "EluOp", "ClippedReluOp", "GeluOp", "GeluTanhOp",
                                     "ClampOp"})
             CHECK(source.source.find(str("apply_derivative<dyngrad::math::", functor, ">")) != std::string::npos);
+        CHECK(source.source.find("(the condition's gradient is zero)") != std::string::npos);
+        CHECK(source.source.find("masked_fill #") != std::string::npos);
         for (const char* functor : {"SubOp::d_b", "MulOp::d_a", "MulOp::d_b", "DivOp::d_a", "DivOp::d_b",
                                     "MaximumOp::d_a", "MaximumOp::d_b", "MinimumOp::d_a", "MinimumOp::d_b"})
             CHECK(source.source.find(functor) != std::string::npos);
@@ -228,6 +232,11 @@ TEST_CASE("backward chains through every differentiable pointwise row compile fo
         const cuda::CompiledKernel ptx = cuda::compile_fused_kernel(
             source.source, source.name, {.arch = 90, .kind = ImageKind::Ptx, .cache_dir = {}, .use_cache = false});
         CHECK(ptx.image.find(str(".entry ", source.name)) != std::string::npos);
+        // And the same group's forward, every member written (the hook's kernel).
+        const FusedKernelSource forward = generate_fused_source(graph, with_every_member_written(plan.groups[0]));
+        const cuda::CompiledKernel forward_ptx = cuda::compile_fused_kernel(
+            forward.source, forward.name, {.arch = 90, .kind = ImageKind::Ptx, .cache_dir = {}, .use_cache = false});
+        CHECK(forward_ptx.image.find(str(".entry ", forward.name)) != std::string::npos);
     }
 }
 

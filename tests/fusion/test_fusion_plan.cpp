@@ -82,7 +82,10 @@ TEST_CASE("every pointwise row names a functor of the embedded formulas", "[fusi
         if (def.pointwise == nullptr) continue;
         ++pointwise;
         INFO(def.name);
-        if (def.pointwise->form == PointwiseFormula::Form::Cast) continue;
+        const PointwiseFormula::Form form = def.pointwise->form;
+        if (form == PointwiseFormula::Form::Cast || form == PointwiseFormula::Form::Where ||
+            form == PointwiseFormula::Form::MaskedFill)
+            continue;  // written by the generator itself (a rounding, a selection)
         REQUIRE(def.pointwise->functor != nullptr);
         CHECK(text.find(str("struct ", def.pointwise->functor, " {")) != std::string::npos);
         if (def.pointwise->tanh_functor != nullptr)
@@ -106,6 +109,8 @@ TEST_CASE("each row's derivative-reads flags cover what its derivative formula r
     for (const OpDef& def : op_table()) {
         if (def.pointwise == nullptr || def.pointwise->form == PointwiseFormula::Form::Cast) continue;
         INFO(def.name);
+        if (def.pointwise->form == PointwiseFormula::Form::Where || def.pointwise->form == PointwiseFormula::Form::MaskedFill)
+            continue;  // their gradients route dy by the condition alone: the next case
         for (GeluApproximation form : {GeluApproximation::None, GeluApproximation::Tanh}) {
             OpAttrs attrs;
             attrs.scalar = 0.5;
@@ -140,6 +145,74 @@ TEST_CASE("each row's derivative-reads flags cover what its derivative formula r
     CHECK_FALSE(op_def(OpType::Add).pointwise->derivative_reads_inputs);
     CHECK(op_def(OpType::Relu).pointwise->derivative_reads_inputs);
     CHECK(op_def(OpType::Exp).pointwise->derivative_reads_output);
+}
+
+TEST_CASE("where and masked_fill group with the comparisons that make their masks; their backward reads the masks only",
+          "[fusion]") {
+    // The flags say so: each routes dy by its condition and reads nothing else.
+    const PointwiseFormula& where_formula = *op_def(OpType::Where).pointwise;
+    const PointwiseFormula& fill_formula = *op_def(OpType::MaskedFill).pointwise;
+    CHECK(derivative_reads_input(where_formula, 0));
+    CHECK_FALSE(derivative_reads_input(where_formula, 1));
+    CHECK_FALSE(derivative_reads_input(where_formula, 2));
+    CHECK_FALSE(derivative_reads_input(fill_formula, 0));
+    CHECK(derivative_reads_input(fill_formula, 1));
+    CHECK(derivative_reads_input(*op_def(OpType::Relu).pointwise, 0));
+    CHECK_FALSE(derivative_reads_input(*op_def(OpType::Add).pointwise, 1));
+
+    Generator gen = fresh_generator();
+    ComputeGraph graph;
+    const Var x = graph.input(random({24, 40}, gen), "x", true);
+    const Var y = graph.input(random({40}, gen), "y", true);
+    const Var mask = graph.input(gt(random({24, 1}, gen), Tensor::zeros({1})), "mask");
+    const Var positive = gt(x, y);                       // not differentiable: no gradient, but where reads it
+    const Var leaky = mul_scalar(x, 0.1);
+    const Var selected = where(positive, x, leaky);      // leaky ReLU against a per-column threshold
+    const Var filled = masked_fill(selected, mask, -2.5);  // whole rows masked
+    const Var out = tanh(filled);
+    const Var loss = sum(out);
+    const FusionPlan plan = plan_fusion(graph);
+    INFO(plan.describe(graph));
+    REQUIRE(plan.groups.size() == 1);
+    const FusionGroup& group = plan.groups[0];
+    CHECK(group.members == ids({positive, leaky, selected, filled, out}));
+    CHECK(group.inputs == ids({x, y, mask}));
+    // Written: tanh's output (the sum reads it), the condition where's gradient routes by, and tanh's input (its
+    // derivative reads it). Neither value where selects among is: its gradient does not read them.
+    CHECK(output_nodes(group) == ids({positive, filled, out}));
+    CHECK(why(group, positive.id()) == Materialise::NeededByBackward);
+    CHECK(why(group, filled.id()) == Materialise::NeededByBackward);
+
+    REQUIRE(plan.backward.size() == 1);
+    const BackwardChain& chain = plan.backward[0];
+    CHECK(chain.members == ids({out, filled, selected, leaky}));  // the comparison requires no grad
+    CHECK(chain.saved_reads == ids({mask, positive, filled}));
+
+    const FusedKernelSource forward = generate_fused_source(graph, group);
+    INFO(forward.source);
+    CHECK(forward.source.find(str("const float t", selected.id(), " = dg_as_float32((t", positive.id(),
+                                  " != float(0) ? v0 : t", leaky.id(), "));")) != std::string::npos);
+    CHECK(forward.source.find(str("const float t", filled.id(), " = dg_as_float32((v2 != float(0) ? s1.s : t",
+                                  selected.id(), "));")) != std::string::npos);
+    REQUIRE(forward.scalars.size() == 2);  // mul_scalar's 0.1, masked_fill's -2.5
+    CHECK(forward.scalars[1].node == filled.id());
+
+    const std::vector<char> reached = reached_by_backward(graph, loss.id());
+    const std::optional<BackwardLaunch> launch = backward_launch(graph, plan, 0, reached, loss.id());
+    REQUIRE(launch.has_value());
+    CHECK(launch->gradients_out == ids({x}));  // y reaches the loss only through the comparison
+    CHECK(launch->saved_reads == ids({mask, positive, filled}));
+    const FusedBackwardSource backward = generate_backward_source(graph, group, *launch);
+    INFO(backward.source);
+    // masked_fill passes dy where the mask is 0; where routes it to x where the comparison holds, to leaky elsewhere,
+    // and x sums both (where's and mul_scalar's part), in the sweep's order.
+    CHECK(backward.source.find(str("(x", mask.id(), " != float(0) ? float(0) : ")) != std::string::npos);
+    CHECK(backward.source.find(str("(x", positive.id(), " != float(0) ? g")) != std::string::npos);
+    CHECK(backward.source.find(str("(x", positive.id(), " != float(0) ? float(0) : g")) != std::string::npos);
+    CHECK(backward.scalars.size() == 1);  // mul_scalar's: masked_fill's value has no part in a gradient
+    REQUIRE(backward.results.size() == 1);
+    CHECK(backward.results[0].input == x.id());
+    CHECK(backward.results[0].contributions == 2);
 }
 
 TEST_CASE("MLP: bias add and ReLU form one group; dropout and matmul end it", "[fusion]") {

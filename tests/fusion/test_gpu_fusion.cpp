@@ -354,16 +354,19 @@ namespace {
 
 struct EagerGradients {
     std::vector<Tensor> grads;  // x, b, c, d on the CPU
+    Tensor value;               // the chain's last value (before the loss's cast), on the CPU
     std::size_t chains_run = 0;
+    std::size_t graphs_fused = 0;
 };
 
-// A chain through every differentiable pointwise row, its values kept in each formula's domain, run eagerly twice
-// (the first backward plans and compiles, both run the chains when fusion is on).
+// A chain through every differentiable pointwise row, its values kept in each formula's domain, run eagerly three
+// times (the first backward plans and compiles, every backward runs the chain when fusion is on, the third step's
+// forward runs the generated kernel: its signature has repeated).
 EagerGradients every_formula_step(bool fusion, DType dtype, const std::vector<Tensor>& data) {
     set_fusion_enabled(fusion);
-    const std::size_t before = replay_stats().backward_chains_run;
+    const ReplayStats before = replay_stats();
     EagerGradients out;
-    for (int step = 0; step < 2; ++step) {
+    for (int step = 0; step < 3; ++step) {
         ComputeGraph graph;
         const Var x = graph.input(data[0], "x", true);
         const Var b = graph.input(data[1], "b", true);
@@ -376,15 +379,22 @@ EagerGradients every_formula_step(bool fusion, DType dtype, const std::vector<Te
         t = clamp(gelu(gelu(clipped_relu(elu(leaky_relu(pow(mul_scalar(add_scalar(t, 0.5), 1.5), 2.0), 0.1), 0.9), 4.0)),
                        GeluApproximation::Tanh),
                   -1.0, 3.0);
+        // Routed gradients: where by a comparison and by a condition that requires grad (a zero gradient for d),
+        // masked_fill by a comparison's mask.
+        t = masked_fill(where(gt(t, x), t, mul_scalar(t, 0.25)), lt(t, b), -0.75);
+        t = where(add_scalar(d, -1.5), t, neg(t));
         t = minimum(maximum(div(mul(sub(t, x), x), d), x), b);
         if (dtype != DType::f64) t = to_dtype(to_dtype(t, dtype == DType::f32 ? DType::bf16 : DType::f32), dtype);
         const Var loss = sum(to_dtype(t, dtype == DType::f64 ? DType::f64 : DType::f32));
         graph.backward(loss);
-        if (step == 1)
+        if (step == 2) {
+            out.value = t.value().to(Device::cpu());
             for (const Var& v : {x, b, c, d}) out.grads.push_back(v.grad().to(Device::cpu()));
+        }
     }
     cuda::synchronize(0);
-    out.chains_run = replay_stats().backward_chains_run - before;
+    out.chains_run = replay_stats().backward_chains_run - before.backward_chains_run;
+    out.graphs_fused = replay_stats().eager_graphs_fused - before.eager_graphs_fused;
     set_fusion_enabled(false);
     return out;
 }
@@ -393,7 +403,8 @@ EagerGradients every_formula_step(bool fusion, DType dtype, const std::vector<Te
 
 // Each member's gradient is rounded as its unfused kernel stores it and the sums run in the sweep's order, so the
 // gradients are expected bit for bit (c's is the add's gradient summed over the rows by the same sum_to).
-TEST_CASE("eager backward chains through every formula give the unfused gradients", "[gpu][fusion][backward]") {
+TEST_CASE("eager steps through every formula: the generated forward and chains give the unfused values and gradients",
+          "[gpu][fusion][backward]") {
     const std::uint64_t seed = std::random_device{}();
     Generator gen(seed);
     for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
@@ -405,14 +416,17 @@ TEST_CASE("eager backward chains through every formula give the unfused gradient
         const EagerGradients unfused = every_formula_step(false, dtype, data);
         const EagerGradients fused = every_formula_step(true, dtype, data);
         CHECK(unfused.chains_run == 0);
-        // One chain in each of the two backward passes (DYNGRAD_CHECK_FUSIONS=1 compares it in the first and
-        // would drop it on a difference).
+        // One chain in each of the three backward passes (DYNGRAD_CHECK_FUSIONS=1 compares it in the first and
+        // would drop it on a difference), the generated forward in the third step.
         for (const cuda::FusionLogEntry& entry : cuda::fusion_log()) {
             INFO(entry.kernel << ": " << entry.reason);
             CHECK(entry.kind != cuda::FusionLogEntry::Kind::CheckMismatch);
             CHECK(entry.kind != cuda::FusionLogEntry::Kind::CompileFallback);
         }
-        CHECK(fused.chains_run == 2);
+        CHECK(fused.chains_run == 3);
+        CHECK(fused.graphs_fused == 1);
+        CHECK(unfused.graphs_fused == 0);
+        CHECK(backward_mismatch(fused.value.to(kGpu), unfused.value.to(kGpu), /*same_order=*/true).empty());
         for (std::size_t i = 0; i < 4; ++i) {
             const std::string mismatch =
                 backward_mismatch(fused.grads[i].to(kGpu), unfused.grads[i].to(kGpu), /*same_order=*/true);
