@@ -55,6 +55,7 @@ from .functional import cumsum, sort, argsort, topk, multinomial  # noqa: E402,F
 from ._core import DistributedError  # noqa: E402,F401
 from . import distributed  # noqa: E402
 from . import cuda  # noqa: E402
+from . import fusion  # noqa: E402  (the fusion compiler's switch, counters and log)
 from . import parallel as _parallel  # noqa: E402
 nn.parallel = _parallel  # dg.nn.parallel.DistributedDataParallel, and `from dyngrad.nn.parallel import ...`
 _sys.modules[__name__ + ".nn.parallel"] = _parallel

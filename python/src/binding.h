@@ -226,5 +226,6 @@ void bind_autograd(nb::module_& m);     // src/autograd.cpp
 void bind_schedules(nb::module_& m);    // src/schedules.cpp
 void bind_distributed(nb::module_& m);  // src/distributed.cpp
 void bind_capture(nb::module_& m);      // src/capture.cpp
+void bind_fusion(nb::module_& m);       // src/fusion.cpp
 
 }  // namespace dyngrad::python

@@ -182,4 +182,5 @@ NB_MODULE(_core, m) {
     bind_schedules(m);
     bind_distributed(m);
     bind_capture(m);
+    bind_fusion(m);
 }

@@ -7,7 +7,8 @@ Optimizer or LRScheduler (layers, optimizers, schedules); GradScaler (nn/optim.h
 distributed/*.h; the fields of the settings structs in SETTINGS (GPTConfig, TransformerOptions, ZeroOptions, ZeroUnit:
 "Struct::field", a field of the Python dataclass or a keyword of the Python constructor) and the ZeRO stages
 (ZeroOptions::stage's documented values, each accepted by dyngrad.distributed.ZeroOptimizer). A class or field
-added to those headers without a Python binding (or an exception entry) fails this test.
+added to those headers without a Python binding (or an exception entry) fails this test. The fusion compiler's
+switch, counters and log (internal headers, bound as dyngrad.fusion) are checked apart: FUSION_FUNCTIONS.
 """
 from __future__ import annotations
 
@@ -268,3 +269,76 @@ def test_every_zero_stage_of_cpp_is_accepted_from_python():
             dist.ZeroOptimizer(dg.nn.Linear(3, 2), stage=max(stages) + 1)
     finally:
         dist.destroy_process_group()
+
+
+# The fusion compiler's switch, counters and log (docs/fusion.md), declared in headers the library does not install:
+# {C++ function: its dyngrad.fusion counterpart}. Every function of those headers that reads or sets a switch, reads
+# the counters or reads or clears the log must be here (a setter or a reset added in C++ fails the check until it is
+# bound); FusionSettings' and ReplayStats' fields must be the keys of settings() and stats(), in order, and the log's
+# kinds the enumerators of FusionLogEntry::Kind in snake case.
+FUSION_HEADERS = ("graph/fusion_plan.h", "graph/fusion_replay.h", "cuda/nvrtc_compiler.h")
+FUSION_FUNCTIONS = {
+    "fusion_settings": "fusion.settings",
+    "set_fusion_enabled": "fusion.set_enabled",
+    "replay_stats": "fusion.stats",
+    "fusion_log": "fusion.log",
+    "clear_fusion_log": "fusion.clear_log",
+}
+_FUSION_FUNCTION = re.compile(r"^[\w:<>, ]+?[ &*](\w*(?:fusion_settings|set_fusion_\w+|replay_stats|fusion_log)\w*)\(",
+                              re.M)
+
+
+def fusion_sources() -> dict[str, str]:
+    if not all((ROOT / h).exists() for h in FUSION_HEADERS):
+        pytest.skip("the repository's sources are not at hand (installed package)")
+    return {h: (ROOT / h).read_text() for h in FUSION_HEADERS}
+
+
+def snake_case(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def missing_fusion_bindings(files: dict[str, str]) -> list[str]:
+    """What of the fusion headers' switch, counters and log dyngrad.fusion lacks, one line each."""
+    problems = []
+    declared = {name for text in files.values() for name in _FUSION_FUNCTION.findall(text)}
+    for name in sorted(declared - set(FUSION_FUNCTIONS)):
+        problems.append(f"{name}(): no entry in FUSION_FUNCTIONS")
+    for name in sorted(set(FUSION_FUNCTIONS) - declared):
+        problems.append(f"{name}(): in FUSION_FUNCTIONS but not declared in {', '.join(FUSION_HEADERS)}")
+    for name, py in FUSION_FUNCTIONS.items():
+        if not reachable(py):
+            problems.append(f"{name}(): dyngrad.{py} missing")
+    for header, struct, keys in (("graph/fusion_plan.h", "FusionSettings", list(dg.fusion.settings())),
+                                 ("graph/fusion_replay.h", "ReplayStats", list(dg.fusion.stats()))):
+        fields = struct_fields(files[header], struct)
+        if keys != fields:
+            problems.append(f"{struct}: fields {fields}, dyngrad.fusion keys {keys}")
+    kind = re.search(r"enum class Kind\s*:\s*[\w ]+\{([^}]*)\}", files["cuda/nvrtc_compiler.h"])
+    assert kind, "cuda/nvrtc_compiler.h: FusionLogEntry::Kind not found"
+    kinds = tuple(snake_case(k.strip()) for k in kind.group(1).split(",") if k.strip())
+    if kinds != dg.fusion.LOG_KINDS:
+        problems.append(f"FusionLogEntry::Kind: {kinds}, dyngrad.fusion.LOG_KINDS {dg.fusion.LOG_KINDS}")
+    return problems
+
+
+def test_the_fusion_switch_counters_and_log_are_reachable_from_python():
+    problems = missing_fusion_bindings(fusion_sources())
+    assert not problems, "bind them in python/src/fusion.cpp and python/dyngrad/fusion.py: " + "; ".join(problems)
+
+
+def test_the_fusion_check_fails_for_what_is_added_without_a_binding():
+    files = fusion_sources()
+    plan, replay, log = (files[h] for h in FUSION_HEADERS)
+    plan = plan.replace("    bool check = false;\n", "    bool check = false;\n    bool trace = false;  // new\n")
+    plan = plan.replace("void set_fusion_enabled(bool enabled);",
+                        "void set_fusion_enabled(bool);\nvoid set_fusion_print(bool);")
+    replay = replay.replace("ReplayStats replay_stats();", "ReplayStats replay_stats();\nvoid reset_replay_stats();")
+    log = log.replace("GraphDiffers }", "GraphDiffers, LoadFailed }")
+    files = dict(zip(FUSION_HEADERS, (plan, replay, log)))
+    problems = missing_fusion_bindings(files)
+    assert problems[:2] == ["reset_replay_stats(): no entry in FUSION_FUNCTIONS",
+                            "set_fusion_print(): no entry in FUSION_FUNCTIONS"], problems
+    assert any(p.startswith("FusionSettings: fields") and "'trace'" in p for p in problems), problems
+    assert any(p.startswith("FusionLogEntry::Kind:") and "'load_failed'" in p for p in problems), problems
+    assert len(problems) == 4, problems
