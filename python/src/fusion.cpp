@@ -1,8 +1,7 @@
 // The fusion compiler's switch, counters and log for Python (dyngrad.fusion, python/dyngrad/fusion.py; docs/fusion.md):
 // fusion::fusion_settings / set_fusion_enabled (graph/fusion_plan.h), fusion::replay_stats (graph/fusion_replay.h)
-// and cuda::fusion_log / clear_fusion_log (cuda/nvrtc_compiler.h). Those headers are not installed with the library:
-// python/CMakeLists.txt copies them from the checkout. The log lives in cuda/nvrtc_compiler.cpp, which only a CUDA
-// build compiles; without CUDA nothing could have logged, so the log reads empty there.
+// and cuda::fusion_log / clear_fusion_log (cuda/nvrtc_compiler.h). The log lives in cuda/nvrtc_compiler.cpp, which
+// only a CUDA build compiles; without CUDA nothing could have logged, so the log reads empty there.
 #include "strict_int.h"  // first: nanobind's integer caster is replaced before any header uses it
 
 #include <nanobind/stl/string.h>

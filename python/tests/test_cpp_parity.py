@@ -271,7 +271,7 @@ def test_every_zero_stage_of_cpp_is_accepted_from_python():
         dist.destroy_process_group()
 
 
-# The fusion compiler's switch, counters and log (docs/fusion.md), declared in headers the library does not install:
+# The fusion compiler's switch, counters and log (docs/fusion.md), declared in these installed headers:
 # {C++ function: its dyngrad.fusion counterpart}. Every function of those headers that reads or sets a switch, reads
 # the counters or reads or clears the log must be here (a setter or a reset added in C++ fails the check until it is
 # bound); FusionSettings' and ReplayStats' fields must be the keys of settings() and stats(), in order, and the log's
