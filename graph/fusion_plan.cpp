@@ -23,6 +23,16 @@ const PointwiseFormula* formula_of(const ComputeNode& node) {
     return op_def(node.op).pointwise;
 }
 
+// A reader whose backward a group's chain can take over: a sum or mean of member `member` alone, of its dtype,
+// requiring grad. Its backward broadcasts dy back over the reduced axes (times 1/count for the mean), a pointwise
+// formula of an input of another shape, which the chain loads broadcast instead of launching reduce_backward's
+// expand kernel.
+bool absorbable_reduction(const ComputeGraph& graph, const ComputeNode& reader, NodeId member) {
+    return (reader.op == OpType::Sum || reader.op == OpType::Mean) && reader.inputs.size() == 1 &&
+           reader.inputs[0].id == member && reader.requires_grad && reader.value.defined() &&
+           reader.value.dtype() == graph.node(member).value.dtype();
+}
+
 // The class of arithmetic a generated kernel computes a node in: f64 alone, or f32 for f32/bf16/f16 (loads
 // widen to f32 and every result is rounded to its node's dtype, as the unfused kernels do).
 bool computes_in_double(DType dtype) { return dtype == DType::f64; }
@@ -83,6 +93,13 @@ struct Builder {
         groups.push_back(std::move(members));
     }
 
+    // A lone node whose only reader is a sum or mean it feeds alone: its forward kernel saves nothing, but its
+    // backward chain runs the reduction's broadcast and its own derivative as one kernel instead of two.
+    bool worth_alone(NodeId id) const {
+        return graph.node(id).requires_grad && consumers[id].size() == 1 &&
+               absorbable_reduction(graph, graph.node(consumers[id][0]), id);
+    }
+
     void dissolve(std::size_t g) {
         for (NodeId m : groups[g]) group_of[m] = -1;
         groups[g].clear();
@@ -92,10 +109,10 @@ struct Builder {
     // other in a circle (a group reading a member of another that reads one of its own). Over units (a group, or a
     // node outside any group) the dependencies must form a DAG: while they do not, the newest group in a cycle is
     // dissolved into its nodes. A safety net (no test graph needs it, docs/fusion.md). Groups of one are dissolved
-    // first (they save nothing).
+    // first (they save nothing), unless their backward chain takes over a sum's or mean's (worth_alone).
     void keep_schedulable() {
         for (std::size_t g = 0; g < groups.size(); ++g)
-            if (groups[g].size() < 2) dissolve(g);
+            if (groups[g].size() < 2 && !(groups[g].size() == 1 && worth_alone(groups[g][0]))) dissolve(g);
         const std::size_t n = graph.size();
         for (;;) {
             const auto unit = [&](NodeId id) { return group_of[id] >= 0 ? n + group_of[id] : std::size_t{id}; };
@@ -346,11 +363,21 @@ std::vector<char> reached_by_backward(const ComputeGraph& graph, NodeId root) {
 std::optional<BackwardLaunch> backward_launch(const ComputeGraph& graph, const FusionPlan& plan, std::size_t index,
                                               std::span<const char> reached, NodeId root) {
     const FusionGroup& group = plan.groups.at(index);
-    const std::set<NodeId> in(group.members.begin(), group.members.end());
+    std::set<NodeId> in(group.members.begin(), group.members.end());
     const auto is_reached = [&](NodeId id) { return id < reached.size() && reached[id] != 0; };
     BackwardLaunch launch;
     launch.group = index;
-    std::optional<NodeId> lowest_reader;  // reached readers outside the group
+    // A member whose one reached reader outside the group is a sum or mean of it alone: that reduction's backward
+    // joins the chain (its gradient loaded broadcast); its readers become the chain's outside readers.
+    std::map<NodeId, std::vector<NodeId>> outside_readers;
+    for (NodeId reader = group.members.front() + 1; reader <= root; ++reader) {
+        if (in.contains(reader) || !is_reached(reader)) continue;
+        for (const NodeInput& input : graph.node(reader).inputs)
+            if (in.contains(input.id) && is_reached(input.id)) push_unique(outside_readers[input.id], reader);
+    }
+    for (const auto& [member, readers] : outside_readers)
+        if (readers.size() == 1 && absorbable_reduction(graph, graph.node(readers[0]), member)) in.insert(readers[0]);
+    std::optional<NodeId> lowest_reader;  // reached readers outside the chain
     for (NodeId reader = group.members.front() + 1; reader <= root; ++reader) {
         if (in.contains(reader) || !is_reached(reader)) continue;
         for (const NodeInput& input : graph.node(reader).inputs)
@@ -360,12 +387,13 @@ std::optional<BackwardLaunch> backward_launch(const ComputeGraph& graph, const F
             }
     }
     if (in.contains(root)) push_unique(launch.gradients_in, root);
-    for (auto it = group.members.rbegin(); it != group.members.rend(); ++it) {
+    for (auto it = in.rbegin(); it != in.rend(); ++it) {
         if (!is_reached(*it)) continue;
         const ComputeNode& node = graph.node(*it);
         if (!op_def(node.op, node.attrs).differentiable) return std::nullopt;
         launch.members.push_back(*it);
         const PointwiseFormula* formula = formula_of(node);
+        if (formula == nullptr) continue;  // an absorbed sum or mean: it reads no value, its input is a member
         const bool gives_gradient = std::any_of(node.inputs.begin(), node.inputs.end(),
                                                 [&](const NodeInput& input) { return is_reached(input.id); });
         if (!gives_gradient) continue;

@@ -71,10 +71,13 @@ struct BackwardChain {
 // reached_by_backward). The sweep (graph/sweep.cpp) skips the members and runs the chain's generated kernel once
 // every reached reader outside the group has given its gradient: at the start of its visit to node `run_before`
 // (just below the lowest such reader; legality puts every external input at or below it).
+// A sum or mean that is a member's only reached reader outside the group is taken over too: its backward (dy
+// broadcast back, times 1/count for the mean) becomes part of the chain, which loads its gradient broadcast, so the
+// reduction's expand kernel and the member's derivative run as one kernel.
 struct BackwardLaunch {
     std::size_t group = 0;              // index into FusionPlan::groups
-    std::vector<NodeId> members;        // the reached members, reverse creation order
-    std::vector<NodeId> gradients_in;   // of those, the root and those with a reached reader outside the group
+    std::vector<NodeId> members;        // the reached members and the sums/means taken over, reverse creation order
+    std::vector<NodeId> gradients_in;   // of those, the root and those with a reached reader outside the chain
     std::vector<NodeId> saved_reads;    // the values their derivatives read (members and external inputs), sorted
     std::vector<NodeId> gradients_out;  // external inputs the pass reaches that a member gives a gradient
     NodeId run_before = 0;
@@ -90,7 +93,8 @@ struct FusionPlan {
     std::string describe(const ComputeGraph& graph) const;
 };
 
-// Groups of at least two nodes (a group of one saves nothing). Legal by construction: every member has the
+// Groups of at least two nodes (a group of one saves nothing; except a node whose only reader is a sum or mean of it
+// alone that requires grad: its backward chain saves the reduction's expand kernel). Legal by construction: every member has the
 // group's shape and precision class, and no path leads from a member through a node outside the group back into
 // the group (the kernel would need a value computed after it).
 FusionPlan plan_fusion(const ComputeGraph& graph);

@@ -8,6 +8,7 @@
 
 #include "dyngrad/cuda/nvrtc_compiler.h"
 #include "dyngrad/ops/elementwise_math.h"
+#include "dyngrad/ops/reduce_geometry.h"
 
 namespace dyngrad::fusion {
 
@@ -242,6 +243,17 @@ void finish(Source& out, std::string text) {
 
 std::string rounding(DType dtype) { return str("dg_as_", dtype_name(dtype)); }
 
+// A sum's or mean's output shape with its reduced axes kept as 1 (keepdim's shape), for the broadcast index of its
+// gradient over its input's shape.
+Shape kept_dims_shape(const ComputeGraph& graph, const ComputeNode& reduction) {
+    const Shape& in = graph.node(reduction.inputs[0].id).value.shape();
+    const std::vector<bool> reduced = reduced_axes(in, reduction.attrs.axes);
+    Shape out = in;
+    for (std::size_t k = 0; k < out.size(); ++k)
+        if (reduced[k]) out[k] = 1;
+    return out;
+}
+
 std::string unary_functor(const PointwiseFormula& formula, const OpAttrs& attrs) {
     const bool tanh = formula.tanh_functor != nullptr && attrs.gelu_approximation == GeluApproximation::Tanh;
     return str("dyngrad::math::", tanh ? formula.tanh_functor : formula.functor);
@@ -367,8 +379,11 @@ FusedBackwardSource generate_backward_source(const ComputeGraph& graph, const Fu
     }
     std::map<NodeId, std::string> gradient;  // the variable holding a node's gradient so far
     std::map<NodeId, int> contributions;
-    for (NodeId m : launch.gradients_in) {
-        text.loads.push_back({graph.node(m).value.dtype(), "i", str("d", m)});
+    for (NodeId m : launch.gradients_in) {  // a taken-over sum's or mean's broadcast back over its reduced axes
+        const ComputeNode& node = graph.node(m);
+        text.loads.push_back({node.value.dtype(),
+                              node.value.shape() == group.shape ? "i" : index_expression(kept_dims_shape(graph, node), group.shape),
+                              str("d", m)});
         gradient[m] = str("d", m);
     }
     const std::string zero = str(text.compute, "(0)");
@@ -382,14 +397,39 @@ FusedBackwardSource generate_backward_source(const ComputeGraph& graph, const Fu
         text.formulas.push_back(str("const ", text.compute, " ", name, " = ", value, ";  // ", why));
         return name;
     };
+    // Gradients from several readers add up in the sweep's order (readers newest first, inputs in order), each sum
+    // rounded as the unfused accumulation stores it.
+    const auto accumulate = [&](NodeId target, const std::string& contribution, DType dtype) {
+        ++contributions[target];
+        auto [slot, first] = gradient.try_emplace(target, contribution);
+        if (!first)
+            slot->second = declare(str(rounding(dtype), "(", slot->second, " + ", contribution, ")"),
+                                   str("sum into #", target));
+    };
     for (NodeId m : launch.members) {
         const ComputeNode& node = graph.node(m);
         const OpDef& def = op_def(node.op);
-        const PointwiseFormula& formula = *def.pointwise;
         const auto found = gradient.find(m);
         if (found == gradient.end())
             throw Error(str("fusion: no gradient reaches ", def.name, " #", m, " in its backward chain"));
         const std::string dy = found->second;
+        if (def.pointwise == nullptr) {  // a sum or mean taken over: reduce_backward's expand, dy * 1 or dy * (1/count)
+            if (node.op != OpType::Sum && node.op != OpType::Mean)
+                throw Error(str("fusion: ", def.name, " #", m, " is neither pointwise nor a sum or mean"));
+            const NodeId target = node.inputs[0].id;
+            const DType dtype = graph.node(target).value.dtype();
+            std::string contribution = dy;  // sum: the expand's dy * 1 is dy
+            if (node.op == OpType::Mean) {
+                const Shape& in = graph.node(target).value.shape();
+                const std::int64_t count = reduced_count(in, reduced_axes(in, node.attrs.axes));
+                contribution = declare(str(rounding(dtype), "(", dy, " * (", text.compute, "(1) / ", text.compute, "(",
+                                           count, "LL)))"),
+                                       str(def.name, " #", m, " -> #", target));
+            }
+            accumulate(target, contribution, dtype);
+            continue;
+        }
+        const PointwiseFormula& formula = *def.pointwise;
         const bool gives = std::any_of(node.inputs.begin(), node.inputs.end(), [&](const NodeInput& input) {
             return members.contains(input.id) || externals.contains(input.id);
         });
@@ -432,13 +472,7 @@ FusedBackwardSource generate_backward_source(const ComputeGraph& graph, const Fu
                                            j == 0 ? "::d_a(" : "::d_b(", a, ", ", b, "))"),
                                        why);
             }
-            // Gradients from several readers add up in the sweep's order (readers newest first, inputs in order),
-            // each sum rounded as the unfused accumulation stores it.
-            ++contributions[target];
-            auto [slot, first] = gradient.try_emplace(target, contribution);
-            if (!first)
-                slot->second = declare(str(rounding(dtype), "(", slot->second, " + ", contribution, ")"),
-                                       str("sum into #", target));
+            accumulate(target, contribution, dtype);
         }
     }
     for (NodeId e : launch.gradients_out) {
@@ -446,9 +480,12 @@ FusedBackwardSource generate_backward_source(const ComputeGraph& graph, const Fu
         const DType dtype = graph.node(e).value.dtype();
         FusedBackwardSource::Result result{e};
         result.contributions = contributions[e];
-        for (std::size_t k = 0; k < out.gradients_in.size(); ++k)
-            if (value == str("d", out.gradients_in[k]) && graph.node(out.gradients_in[k]).value.dtype() == dtype)
+        // Passed through unchanged only in the group's shape: a taken-over reduction's gradient is stored broadcast.
+        for (std::size_t k = 0; k < out.gradients_in.size(); ++k) {
+            const Tensor& incoming = graph.node(out.gradients_in[k]).value;
+            if (value == str("d", out.gradients_in[k]) && incoming.dtype() == dtype && incoming.shape() == group.shape)
                 result.gradient_in = static_cast<int>(k);
+        }
         if (result.gradient_in < 0) {
             for (std::size_t k = 0; k < text.stores.size(); ++k)
                 if (text.stores[k].value == value && text.stores[k].dtype == dtype) result.store = static_cast<int>(k);

@@ -99,8 +99,8 @@ TEST_CASE("backward chain: fan-out inside the group is summed in the sweep's ord
     INFO(plan.describe(graph));
     REQUIRE(plan.groups.size() == 1);
     const BackwardLaunch launch = launch_for(graph, plan, 0, loss);
-    CHECK(launch.members == ids({scaled, m, s}));
-    CHECK(launch.gradients_in == ids({scaled}));
+    CHECK(launch.members == ids({loss, scaled, m, s}));  // the loss's sum taken over
+    CHECK(launch.gradients_in == ids({loss}));
     CHECK(launch.saved_reads == ids({h, s}));  // mul reads both operands (s), sigmoid its input
     CHECK(launch.gradients_out == ids({h}));
     const FusedBackwardSource source = generate_backward_source(graph, plan.groups[0], launch);
@@ -135,14 +135,14 @@ TEST_CASE("backward chain from another root: only what that pass reaches, the ro
     CHECK(plan.groups[0].members == ids({a, r, d}));
     SECTION("a backward from the first loss does not reach the second output") {
         const BackwardLaunch launch = launch_for(graph, plan, 0, loss1);
-        CHECK(launch.members == ids({r, a}));
-        CHECK(launch.gradients_in == ids({r}));
-        CHECK(launch.run_before == loss1.id() - 1);
+        CHECK(launch.members == ids({loss1, r, a}));  // r's one reader, a sum, is taken over
+        CHECK(launch.gradients_in == ids({loss1}));
+        CHECK(launch.run_before == loss1.id());
     }
     SECTION("a backward from the second loss reaches both outputs' chains through its reader") {
         const BackwardLaunch launch = launch_for(graph, plan, 0, loss2);
-        CHECK(launch.members == ids({d, a}));
-        CHECK(launch.gradients_in == ids({d}));
+        CHECK(launch.members == ids({loss2, d, a}));
+        CHECK(launch.gradients_in == ids({loss2}));
         CHECK(launch.gradients_out == ids({x, c}));
     }
     SECTION("a backward from a member: the root's seed is its incoming gradient, the chain runs first") {
@@ -163,7 +163,7 @@ TEST_CASE("backward chain from another root: only what that pass reaches, the ro
         REQUIRE(p.groups.size() == 1);
         CHECK(p.groups[0].members.size() == 3);
         const BackwardLaunch launch = launch_for(other, p, 0, total);
-        CHECK(launch.members == ids({product}));
+        CHECK(launch.members == ids({total, product}));
         CHECK(launch.gradients_out == ids({w}));
         CHECK(launch.saved_reads == ids({v, w}));
         // A backward from a node the group does not feed reaches none of it.
@@ -181,7 +181,7 @@ TEST_CASE("backward chain of adds only: every gradient is an incoming one passed
     const Var b = graph.input(random({5, 7}, gen), "b", true);
     const Var c = graph.input(random({7}, gen), "c", true);
     const Var total = add(add(a, b), c);
-    const Var loss = sum(total);
+    const Var loss = sum(max(total, 1));  // max is not taken over: total's gradient comes in as it is
     const FusionPlan plan = plan_fusion(graph);
     REQUIRE(plan.groups.size() == 1);
     const BackwardLaunch launch = launch_for(graph, plan, 0, loss);
@@ -192,6 +192,23 @@ TEST_CASE("backward chain of adds only: every gradient is an incoming one passed
     for (const FusedBackwardSource::Result& r : source.results) {
         CHECK(r.store < 0);
         CHECK(r.gradient_in == 0);
+    }
+    SECTION("under a sum the incoming gradient has one element: the chain stores it broadcast, once") {
+        ComputeGraph other;
+        const Var p = other.input(random({5, 7}, gen), "p", true);
+        const Var q = other.input(random({5, 7}, gen), "q", true);
+        const Var summed = sum(add(p, q));
+        const FusionPlan plan2 = plan_fusion(other);
+        REQUIRE(plan2.groups.size() == 1);
+        const FusedBackwardSource stored =
+            generate_backward_source(other, plan2.groups[0], launch_for(other, plan2, 0, summed));
+        INFO(stored.source);
+        CHECK_FALSE(stored.name.empty());
+        REQUIRE(stored.results.size() == 2);
+        for (const FusedBackwardSource::Result& r : stored.results) {
+            CHECK(r.gradient_in < 0);
+            CHECK(r.store == 0);
+        }
     }
 }
 

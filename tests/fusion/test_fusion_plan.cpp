@@ -215,6 +215,86 @@ TEST_CASE("where and masked_fill group with the comparisons that make their mask
     CHECK(backward.results[0].contributions == 2);
 }
 
+TEST_CASE("a sum's or mean's backward joins the chain of the member it reduces", "[fusion][backward]") {
+    Generator gen = fresh_generator();
+    SECTION("matmul, ReLU, sum: the lone ReLU groups for its backward, one kernel for the sum's expand and ReLU's") {
+        ComputeGraph graph;
+        const Var x = graph.input(random({12, 10}, gen), "x", true);
+        const Var w = graph.input(random({10, 6}, gen), "w", true);
+        const Var product = matmul(x, w);
+        const Var activated = relu(product);
+        const Var loss = sum(activated);
+        const FusionPlan plan = plan_fusion(graph);
+        INFO(plan.describe(graph));
+        REQUIRE(plan.groups.size() == 1);
+        CHECK(plan.groups[0].members == ids({activated}));
+        CHECK(plan.launches_saved() == 0);  // its forward launches one kernel either way
+        const std::vector<char> reached = reached_by_backward(graph, loss.id());
+        const std::optional<BackwardLaunch> launch = backward_launch(graph, plan, 0, reached, loss.id());
+        REQUIRE(launch.has_value());
+        CHECK(launch->members == ids({loss, activated}));
+        CHECK(launch->gradients_in == ids({loss}));  // the root's seed
+        CHECK(launch->saved_reads == ids({product}));
+        CHECK(launch->gradients_out == ids({product}));
+        CHECK(launch->run_before == loss.id());
+        const FusedBackwardSource source = generate_backward_source(graph, plan.groups[0], *launch);
+        INFO(source.source);
+        // The seed (one element) is loaded for every element: the expand kernel's broadcast.
+        CHECK(source.source.find("const float d" + std::to_string(loss.id()) + " = dg_load(in1[0]);") != std::string::npos);
+        CHECK(source.source.find(str("apply_derivative<dyngrad::math::ReluOp>(x", product.id())) != std::string::npos);
+        REQUIRE(source.results.size() == 1);
+        CHECK(source.results[0].input == product.id());
+        CHECK(source.results[0].store == 0);
+    }
+    SECTION("a mean over the last axis: its gradient broadcast along the rows, times 1/count as reduce_backward") {
+        ComputeGraph graph;
+        const Var x = graph.input(random({8, 24}, gen), "x", true);
+        const Var scaled = mul_scalar(x, 2.0);
+        const Var squashed = tanh(scaled);
+        const Var row_means = mean(squashed, {-1});  // (8): the axis is not kept
+        const Var product = mul(row_means, row_means);
+        const Var loss = sum(product);
+        const FusionPlan plan = plan_fusion(graph);
+        INFO(plan.describe(graph));
+        REQUIRE(plan.groups.size() == 2);  // the product alone too: the loss's sum reads it
+        CHECK(plan.groups[0].members == ids({scaled, squashed}));
+        CHECK(plan.groups[1].members == ids({product}));
+        const std::vector<char> reached = reached_by_backward(graph, loss.id());
+        const std::optional<BackwardLaunch> launch = backward_launch(graph, plan, 0, reached, loss.id());
+        REQUIRE(launch.has_value());
+        CHECK(launch->members == ids({row_means, squashed, scaled}));
+        CHECK(launch->gradients_in == ids({row_means}));
+        CHECK(launch->gradients_out == ids({x}));
+        // The chain runs once the product, the mean's one reader, has given the mean its gradient.
+        CHECK(launch->run_before == product.id() - 1);
+        const FusedBackwardSource source = generate_backward_source(graph, plan.groups[0], *launch);
+        INFO(source.source);
+        CHECK(source.source.find(str("const float d", row_means.id(), " = dg_load(in1[(i / 24LL)]);")) != std::string::npos);
+        CHECK(source.source.find(str("dg_as_float32(d", row_means.id(), " * (float(1) / float(24LL)))")) != std::string::npos);
+    }
+    SECTION("a member read by the sum and by another node outside: the sum's backward stays its own") {
+        ComputeGraph graph;
+        const Var x = graph.input(random({6, 5}, gen), "x", true);
+        const Var squashed = tanh(mul_scalar(x, 0.5));
+        const Var total = sum(squashed);
+        const Var loss = add(total, sum(matmul(squashed, graph.input(random({5, 2}, gen), "w"))));
+        const FusionPlan plan = plan_fusion(graph);
+        INFO(plan.describe(graph));
+        REQUIRE(plan.groups.size() == 1);
+        const std::vector<char> reached = reached_by_backward(graph, loss.id());
+        const std::optional<BackwardLaunch> launch = backward_launch(graph, plan, 0, reached, loss.id());
+        REQUIRE(launch.has_value());
+        CHECK(std::find(launch->members.begin(), launch->members.end(), total.id()) == launch->members.end());
+        CHECK(launch->gradients_in == ids({squashed}));
+    }
+    SECTION("a lone node whose reader is not a sum or mean still forms no group") {
+        ComputeGraph graph;
+        const Var x = graph.input(random({6, 5}, gen), "x", true);
+        const Var loss = sum(matmul(relu(x), graph.input(random({5, 2}, gen), "w")));
+        CHECK(plan_fusion(graph).groups.empty());
+    }
+}
+
 TEST_CASE("MLP: bias add and ReLU form one group; dropout and matmul end it", "[fusion]") {
     Generator gen = fresh_generator();
     Mlp mlp(64, gen);
@@ -466,10 +546,22 @@ TEST_CASE("random graphs: every plan is legal, schedulable and writes what is re
         const FusionPlan plan = plan_fusion(graph);
         INFO("trial " << trial << "\n" << plan.describe(graph));
         const std::size_t n = graph.size();
+        std::vector<std::vector<NodeId>> readers(n);
+        for (NodeId id = 0; id < n; ++id)
+            for (const NodeInput& input : graph.node(id).inputs) readers[input.id].push_back(id);
         std::vector<int> group_of(n, -1);
         for (std::size_t g = 0; g < plan.groups.size(); ++g) {
             const FusionGroup& group = plan.groups[g];
-            REQUIRE(group.members.size() >= 2);
+            REQUIRE(!group.members.empty());
+            if (group.members.size() == 1) {  // kept alone only for a sum's backward its chain takes over
+                const NodeId m = group.members[0];
+                REQUIRE(graph.node(m).requires_grad);
+                REQUIRE(readers[m].size() == 1);
+                const ComputeNode& reader = graph.node(readers[m][0]);
+                CHECK(reader.op == OpType::Sum);
+                CHECK(reader.requires_grad);
+                CHECK(reader.inputs.size() == 1);
+            }
             CHECK(std::is_sorted(group.members.begin(), group.members.end()));
             for (NodeId m : group.members) {
                 REQUIRE(group_of[m] == -1);  // one group per node
@@ -478,9 +570,6 @@ TEST_CASE("random graphs: every plan is legal, schedulable and writes what is re
                 CHECK(op_def(graph.node(m).op).pointwise != nullptr);
             }
         }
-        std::vector<std::vector<NodeId>> readers(n);
-        for (NodeId id = 0; id < n; ++id)
-            for (const NodeInput& input : graph.node(id).inputs) readers[input.id].push_back(id);
         for (std::size_t g = 0; g < plan.groups.size(); ++g) {
             const FusionGroup& group = plan.groups[g];
             std::set<NodeId> external;

@@ -352,6 +352,16 @@ TEST_CASE("eager steps run the generated forward once their graph repeats: the u
 // ---- backward chains in eager steps (graph/fusion_replay.h, BackwardFusion): every differentiable formula ----
 namespace {
 
+// No generated kernel failed to compile or disagreed with its unfused kernels (DYNGRAD_CHECK_FUSIONS=1) since the
+// log was cleared.
+void check_nothing_fell_back() {
+    for (const cuda::FusionLogEntry& entry : cuda::fusion_log()) {
+        INFO(entry.kernel << ": " << entry.reason);
+        CHECK(entry.kind != cuda::FusionLogEntry::Kind::CheckMismatch);
+        CHECK(entry.kind != cuda::FusionLogEntry::Kind::CompileFallback);
+    }
+}
+
 struct EagerGradients {
     std::vector<Tensor> grads;  // x, b, c, d on the CPU
     Tensor value;               // the chain's last value (before the loss's cast), on the CPU
@@ -418,11 +428,7 @@ TEST_CASE("eager steps through every formula: the generated forward and chains g
         CHECK(unfused.chains_run == 0);
         // One chain in each of the three backward passes (DYNGRAD_CHECK_FUSIONS=1 compares it in the first and
         // would drop it on a difference), the generated forward in the third step.
-        for (const cuda::FusionLogEntry& entry : cuda::fusion_log()) {
-            INFO(entry.kernel << ": " << entry.reason);
-            CHECK(entry.kind != cuda::FusionLogEntry::Kind::CheckMismatch);
-            CHECK(entry.kind != cuda::FusionLogEntry::Kind::CompileFallback);
-        }
+        check_nothing_fell_back();
         CHECK(fused.chains_run == 3);
         CHECK(fused.graphs_fused == 1);
         CHECK(unfused.graphs_fused == 0);
@@ -431,6 +437,66 @@ TEST_CASE("eager steps through every formula: the generated forward and chains g
             const std::string mismatch =
                 backward_mismatch(fused.grads[i].to(kGpu), unfused.grads[i].to(kGpu), /*same_order=*/true);
             INFO("the gradient of " << "xbcd"[i] << ": " << mismatch);
+            CHECK(mismatch.empty());
+        }
+    }
+}
+
+namespace {
+
+struct ReductionRun {
+    std::vector<Tensor> grads;  // x, w on the CPU
+    Tensor loss;
+    std::size_t chains_run = 0;
+};
+
+// matmul → ReLU → sum (the lone ReLU grouped for its backward) and a mean over the last axis of tanh(0.5·product),
+// squared and summed: three eager steps, the last one's gradients.
+ReductionRun reduction_steps(bool fusion, const Tensor& x_data, const Tensor& w_data) {
+    set_fusion_enabled(fusion);
+    const std::size_t before = replay_stats().backward_chains_run;
+    ReductionRun out;
+    for (int step = 0; step < 3; ++step) {
+        ComputeGraph graph;
+        const Var x = graph.input(x_data, "x", true);
+        const Var w = graph.input(w_data, "w", true);
+        const Var product = matmul(x, w);
+        const Var row_means = mean(tanh(mul_scalar(product, 0.5)), {-1});
+        const Var loss = add(sum(relu(product)), sum(mul(row_means, row_means)));
+        graph.backward(loss);
+        if (step == 2) {
+            out.loss = loss.value().to(Device::cpu());
+            for (const Var& v : {x, w}) out.grads.push_back(v.grad().to(Device::cpu()));
+        }
+    }
+    cuda::synchronize(0);
+    out.chains_run = replay_stats().backward_chains_run - before;
+    set_fusion_enabled(false);
+    return out;
+}
+
+}  // namespace
+
+// The reductions' expand runs inside the chains (ops/reduce.cu's expand_kernel is dy · scale rounded once, as the
+// chain computes it), so the gradients are expected bit for bit.
+TEST_CASE("a sum's or mean's backward taken over by the chain: the unfused gradients bit for bit",
+          "[gpu][fusion][backward]") {
+    const std::uint64_t seed = std::random_device{}();
+    Generator gen(seed);
+    for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+        INFO(dtype_name(dtype) << ", seed " << seed);
+        const Tensor x = random({33, 70}, dtype, gen), w = random({70, 20}, dtype, gen);
+        cuda::clear_fusion_log();
+        const ReductionRun unfused = reduction_steps(false, x, w);
+        const ReductionRun fused = reduction_steps(true, x, w);
+        check_nothing_fell_back();
+        CHECK(unfused.chains_run == 0);
+        CHECK(fused.chains_run == 9);  // three chains a step: ReLU + sum, mul_scalar + tanh + mean, mul + sum
+        CHECK(backward_mismatch(fused.loss.to(kGpu), unfused.loss.to(kGpu), /*same_order=*/true).empty());
+        for (std::size_t i = 0; i < 2; ++i) {
+            const std::string mismatch =
+                backward_mismatch(fused.grads[i].to(kGpu), unfused.grads[i].to(kGpu), /*same_order=*/true);
+            INFO("the gradient of " << "xw"[i] << ": " << mismatch);
             CHECK(mismatch.empty());
         }
     }
