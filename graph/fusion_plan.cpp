@@ -33,6 +33,43 @@ bool absorbable_reduction(const ComputeGraph& graph, const ComputeNode& reader, 
            reader.value.dtype() == graph.node(member).value.dtype();
 }
 
+// A sum or mean of one node over trailing axes of it, as (rows, row_length); nullopt for other reductions (a
+// column sum, no axis) and for the shapes one block per row would serve worse than the unfused reduction (a few
+// long rows).
+std::optional<RowReduction> row_reduction(const ComputeGraph& graph, NodeId id) {
+    const ComputeNode& node = graph.node(id);
+    if ((node.op != OpType::Sum && node.op != OpType::Mean) || node.inputs.size() != 1 || !node.value.defined())
+        return std::nullopt;
+    const Tensor& in = graph.node(node.inputs[0].id).value;
+    if (!in.defined() || in.numel() == 0 || node.value.dtype() != in.dtype()) return std::nullopt;
+    const Shape& shape = in.shape();
+    std::vector<bool> reduced(shape.size(), node.attrs.axes.empty());
+    for (std::int64_t axis : node.attrs.axes) {
+        const std::int64_t a = axis < 0 ? axis + static_cast<std::int64_t>(shape.size()) : axis;
+        if (a < 0 || a >= static_cast<std::int64_t>(shape.size())) return std::nullopt;
+        reduced[static_cast<std::size_t>(a)] = true;
+    }
+    RowReduction r;
+    r.node = id;
+    r.input = node.inputs[0].id;
+    r.rows = 1;
+    r.row_length = 1;
+    bool trailing = false;  // the reduced axes seen so far form a suffix
+    for (std::size_t k = 0; k < shape.size(); ++k) {
+        if (reduced[k]) {
+            trailing = true;
+            r.row_length *= shape[k];
+        } else {
+            if (trailing) return std::nullopt;  // a kept axis after a reduced one: not rows
+            r.rows *= shape[k];
+        }
+    }
+    if (r.rows < 64 && r.row_length > 16384) return std::nullopt;  // a block per row would leave the device idle
+    r.shape = node.value.shape();
+    r.mean = node.op == OpType::Mean;
+    return r;
+}
+
 // The class of arithmetic a generated kernel computes a node in: f64 alone, or f32 for f32/bf16/f16 (loads
 // widen to f32 and every result is rounded to its node's dtype, as the unfused kernels do).
 bool computes_in_double(DType dtype) { return dtype == DType::f64; }
@@ -57,6 +94,7 @@ struct Builder {
     std::vector<std::vector<NodeId>> consumers;
     std::vector<int> group_of;                // -1: none
     std::vector<std::vector<NodeId>> groups;  // members, creation order
+    std::map<std::size_t, RowReduction> reductions;  // by group: the sum or mean its kernel ends in
 
     explicit Builder(const ComputeGraph& g) : graph(g), consumers(g.size()), group_of(g.size(), -1) {
         for (NodeId id = 0; id < g.size(); ++id)
@@ -103,6 +141,29 @@ struct Builder {
     void dissolve(std::size_t g) {
         for (NodeId m : groups[g]) group_of[m] = -1;
         groups[g].clear();
+        reductions.erase(g);
+    }
+
+    // A sum or mean over trailing axes of a member joins its group (the kernel ends in it): when it comes after
+    // every member, no member reads it (a member reading it would need the whole row first: softmax's two passes,
+    // not generated yet), the group has no reduction yet and stays legal with it.
+    void attach_reductions() {
+        for (NodeId id = 0; id < graph.size(); ++id) {
+            if (group_of[id] >= 0) continue;
+            const std::optional<RowReduction> r = row_reduction(graph, id);
+            if (!r) continue;
+            const int g = group_of[r->input];
+            // Recorded after every member (the kernel's last node, as its launch point expects), one per group.
+            if (g < 0 || reductions.contains(static_cast<std::size_t>(g)) || groups[g].back() > id) continue;
+            const bool read_by_member = std::any_of(consumers[id].begin(), consumers[id].end(),
+                                                    [&](NodeId reader) { return group_of[reader] == g; });
+            std::vector<NodeId> joined = groups[g];
+            joined.push_back(id);
+            if (read_by_member || !legal(joined)) continue;
+            groups[g] = std::move(joined);
+            group_of[id] = g;
+            reductions.emplace(static_cast<std::size_t>(g), *r);
+        }
     }
 
     // Each group checked alone can run between its inputs and its readers; together they must not wait on each
@@ -224,7 +285,8 @@ FusionGroup describe_group(const Builder& b, const std::vector<NodeId>& members)
             else if (graph.node(reader).requires_grad && derivative_reads(graph.node(reader), m))
                 read_by_backward = true;
         }
-        if (node.requires_grad && formula_of(node)->derivative_reads_output) read_by_backward = true;
+        const PointwiseFormula* formula = formula_of(node);  // none for the row reduction
+        if (node.requires_grad && formula != nullptr && formula->derivative_reads_output) read_by_backward = true;
         if (read_outside) group.outputs.push_back({m, Materialise::ConsumedOutside});
         else if (b.consumers[m].empty()) group.outputs.push_back({m, Materialise::StepResult});
         else if (read_by_backward) group.outputs.push_back({m, Materialise::NeededByBackward});
@@ -245,6 +307,7 @@ std::optional<BackwardChain> describe_backward(const Builder& b, const FusionGro
                                                 [&](NodeId r) { return !in.contains(r); });
         if (reader_outside || b.consumers[*it].empty()) chain.gradients_in.push_back(*it);
         const PointwiseFormula* formula = formula_of(node);
+        if (formula == nullptr) continue;  // the row reduction: its backward (a broadcast) reads no value
         push_derivative_reads(node, *formula, chain.saved_reads);
         if (formula->derivative_reads_output) push_unique(chain.saved_reads, *it);
     }
@@ -317,12 +380,15 @@ FusionPlan plan_fusion(const ComputeGraph& graph) {
     Builder builder(graph);
     for (NodeId id = 0; id < graph.size(); ++id)
         if (fusible(graph, graph.node(id))) builder.add(id);
+    builder.attach_reductions();
     builder.keep_schedulable();
     FusionPlan plan;
     plan.signature = graph_signature(graph);
-    for (const std::vector<NodeId>& members : builder.groups) {
+    for (std::size_t g = 0; g < builder.groups.size(); ++g) {
+        const std::vector<NodeId>& members = builder.groups[g];
         if (members.empty()) continue;  // dissolved
         plan.groups.push_back(describe_group(builder, members));
+        if (const auto r = builder.reductions.find(g); r != builder.reductions.end()) plan.groups.back().reduction = r->second;
         if (auto chain = describe_backward(builder, plan.groups.back(), plan.groups.size() - 1))
             plan.backward.push_back(std::move(*chain));
     }

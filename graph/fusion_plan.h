@@ -45,13 +45,29 @@ struct GroupOutput {
     Materialise why;
 };
 
+// A sum or mean over the trailing axes of one member that the group's kernel computes too (issue 33's pointwise +
+// row-reduction pattern): the member's values seen as (rows, row_length), each row summed by one block in a fixed
+// order as the elements are computed. Its result is the reduction's value (not the unfused kernel's order of
+// additions: close, not bitwise).
+struct RowReduction {
+    NodeId node = 0;   // the sum or mean, a member of the group
+    NodeId input = 0;  // the member it reduces
+    std::int64_t rows = 0;
+    std::int64_t row_length = 0;
+    Shape shape;       // its output shape
+    bool mean = false;
+};
+
 // One generated kernel: members computed elementwise over one index space, external inputs broadcast into it.
 struct FusionGroup {
     std::vector<NodeId> members;       // creation order; the kernel runs where the last member ran
     std::vector<NodeId> inputs;        // the distinct producers outside the group, in first-use order
     std::vector<GroupOutput> outputs;  // the members written to memory, creation order
-    Shape shape;                       // every member's output shape: the kernel's index space
+    Shape shape;                       // every pointwise member's output shape: the kernel's index space
     bool double_precision = false;     // computes in f64 (every member f64), else in f32 (f32, bf16, f16)
+    std::optional<RowReduction> reduction;  // a member, of its own shape, when the kernel ends in one
+    // The shape member `id` has: the group's, or the reduction's.
+    const Shape& member_shape(NodeId id) const { return reduction && reduction->node == id ? reduction->shape : shape; }
 };
 
 // The backward of a group's members that require grad, as one kernel: the incoming gradients of the outputs

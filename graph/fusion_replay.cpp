@@ -220,7 +220,7 @@ void run_group(Applying& a, const ComputeGraph& graph, std::size_t g) {
             continue;
         }
         // Recorded later (an outside reader came between two members): its node takes this tensor.
-        Tensor out = Tensor::empty(group.shape, a.prepared->member_dtype.at(id), device);
+        Tensor out = Tensor::empty(group.member_shape(id), a.prepared->member_dtype.at(id), device);
         a.preallocated.emplace(id, out);
         outputs.push_back(std::move(out));
     }
@@ -394,7 +394,7 @@ Tensor before_record(const ComputeGraph& graph, std::uint64_t generation, const 
     const OutputSpec spec = def.infer(op, inputs, attrs);
     const auto dtype = a.prepared->member_dtype.find(id);
     const std::string upcoming = upcoming_signature(def, op, input_vars, attrs, spec, device);
-    const bool as_planned = spec.shape == group.shape && dtype != a.prepared->member_dtype.end() &&
+    const bool as_planned = spec.shape == group.member_shape(id) && dtype != a.prepared->member_dtype.end() &&
                             spec.dtype == dtype->second && a.prepared->node_signatures.at(id).starts_with(upcoming);
     if (!as_planned) {
         if (!a.committed) {  // nothing skipped yet: this graph runs unfused

@@ -13,6 +13,7 @@
 #include "dyngrad/core/half.h"
 #include "dyngrad/cuda/fused_kernel.h"
 #include "dyngrad/cuda/nvrtc_compiler.h"
+#include "dyngrad/graph/anomaly.h"
 #include "dyngrad/graph/fusion_replay.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/fusion_source.h"
@@ -126,6 +127,20 @@ bool matches_unfused(const ComputeGraph& graph, const FusionGroup& group, const 
     launch_compiled_group(kernel, inputs, scratch);
     for (std::size_t j = 0; j < scratch.size(); ++j) {
         const Tensor& expected = graph.node(kernel.outputs[j]).value;
+        if (group.reduction && kernel.outputs[j] == group.reduction->node) {
+            // The row sums add in another order than the unfused reduction: within the sum's rounding, bounded by
+            // the row's largest term times its length.
+            const TensorStats stats = tensor_stats(graph.node(group.reduction->input).value);
+            double magnitude = std::max(std::abs(stats.min), std::abs(stats.max)) * static_cast<double>(group.reduction->row_length);
+            if (group.reduction->mean) magnitude /= static_cast<double>(group.reduction->row_length);
+            if (!std::isfinite(magnitude)) magnitude = 0.0;
+            const std::string mismatch = backward_mismatch(scratch[j], expected, /*same_order=*/false, magnitude);
+            if (mismatch.empty()) continue;
+            cuda::log_fusion({cuda::FusionLogEntry::Kind::CheckMismatch, name,
+                              str("group ", members_text(graph, group), ": the row reduction #", kernel.outputs[j], " (",
+                                  dtype_name(expected.dtype()), "): ", mismatch, "; the group runs its unfused kernels")});
+            return false;
+        }
         const std::int64_t at = first_mismatch(scratch[j], expected);
         if (at < 0) continue;
         const auto element = [&](const Tensor& t) {

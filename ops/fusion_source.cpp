@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -136,8 +137,18 @@ struct KernelText {
     };
     struct Store {
         DType dtype;
-        std::string value;  // a compute-type expression of the formulas' values
+        std::string value;     // a compute-type expression of the formulas' values
+        bool per_row = false;  // the row reduction's output: one element per row, stored after the row's sum
     };
+    // A kernel that ends in a row reduction (RowReduction): one block per row, the elements' formulas in a loop
+    // over the row, `value` (a formula's name) summed in a fixed order.
+    struct Rows {
+        std::int64_t rows = 0;
+        std::int64_t row_length = 0;
+        std::string value;
+        bool mean = false;
+    };
+    std::optional<Rows> rows;
     std::string comment;  // the first line: what the kernel computes
     std::string compute;  // "float" or "double"
     std::int64_t numel = 0;
@@ -147,6 +158,7 @@ struct KernelText {
     std::vector<std::string> formulas;  // statements after the loads, in order
 
     int vector_width() const {
+        if (rows) return 1;  // the row loop reads element by element
         std::size_t widest = 0;  // bytes of the widest element accessed over the whole index space
         for (const Load& load : loads)
             if (load.index == "i") widest = std::max(widest, dtype_size(load.dtype));
@@ -161,11 +173,14 @@ struct KernelText {
                 << ");\n";
         for (const std::string& formula : formulas) src << indent << formula << "\n";
         for (std::size_t j = 0; j < stores.size(); ++j) {
+            if (stores[j].per_row) continue;
             const std::string value = str("dg_store_", dtype_name(stores[j].dtype), "(", stores[j].value, ")");
             if (vector) src << indent << "w" << j << ".v[k] = " << value << ";\n";
             else src << indent << "out" << j << "[i] = " << value << ";\n";
         }
     }
+
+    void write_rows(std::ostringstream& src) const;
 
     // The translation unit, the kernel named `DG_KERNEL_NAME` (named by the hash of the text afterwards).
     std::string write() const {
@@ -183,6 +198,10 @@ struct KernelText {
             param(str(element_type(stores[j].dtype), "* __restrict__ out", j));
         for (std::size_t k = 0; k < scalars; ++k) param(str("dyngrad::math::UnaryScalars<", compute, "> s", k));
         src << ") {\n";
+        if (rows) {
+            write_rows(src);
+            return src.str();
+        }
         src << "    constexpr long long n = " << numel << "LL;\n";
         src << "    const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;\n";
         src << "    const long long step = static_cast<long long>(gridDim.x) * blockDim.x;\n";
@@ -230,6 +249,37 @@ struct KernelText {
         return src.str();
     }
 };
+
+// The body of a row-reduction kernel (KernelText::rows): a block per row (grid-stride over rows), each thread
+// summing its elements of the row in order, then a tree over the block's 256 partial sums in shared memory: a fixed
+// order, so every run gives the same bits.
+void KernelText::write_rows(std::ostringstream& src) const {
+    std::size_t row_store = stores.size();
+    for (std::size_t j = 0; j < stores.size(); ++j)
+        if (stores[j].per_row) row_store = j;
+    if (row_store == stores.size()) throw Error("fusion: a row-reduction kernel without its row output");
+    src << "    constexpr long long rows = " << rows->rows << "LL;\n";
+    src << "    constexpr long long row_length = " << rows->row_length << "LL;\n";
+    src << "    __shared__ " << compute << " partial[256];\n";
+    src << "    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {\n";
+    src << "        " << compute << " sum = " << compute << "(0);\n";
+    src << "        for (long long c = threadIdx.x; c < row_length; c += 256) {\n";
+    src << "            const long long i = row * row_length + c;\n";
+    element(src, false, "            ");
+    src << "            sum = sum + " << rows->value << ";\n";
+    src << "        }\n";
+    src << "        partial[threadIdx.x] = sum;\n";
+    src << "        __syncthreads();\n";
+    src << "        for (int half = 128; half > 0; half >>= 1) {\n";
+    src << "            if (threadIdx.x < half) partial[threadIdx.x] = partial[threadIdx.x] + partial[threadIdx.x + half];\n";
+    src << "            __syncthreads();\n";
+    src << "        }\n";
+    const std::string total = rows->mean ? str("partial[0] / ", compute, "(", rows->row_length, "LL)") : "partial[0]";
+    src << "        if (threadIdx.x == 0) out" << row_store << "[row] = dg_store_" << dtype_name(stores[row_store].dtype)
+        << "(" << total << ");\n";
+    src << "        __syncthreads();  // partial[] is reused by the next row\n";
+    src << "    }\n}\n";
+}
 
 // Names the kernel by the hash of its text.
 template <typename Source>
@@ -303,6 +353,11 @@ FusedKernelSource generate_fused_source(const ComputeGraph& graph, const FusionG
     KernelText text;
     text.compute = group.double_precision ? "double" : "float";
     text.numel = out.numel;
+    if (group.reduction) {
+        const RowReduction& r = *group.reduction;
+        text.rows = KernelText::Rows{r.rows, r.row_length, str("t", r.input), r.mean};
+        out.numel = r.rows * 256;  // what the launch sizes its grid by: a block of 256 threads per row
+    }
     text.comment = "one kernel for";
     for (NodeId m : group.members) text.comment += str(" ", op_def(graph.node(m).op).name, "#", m);
     text.comment += str(", over ", to_string(group.shape));
@@ -316,6 +371,7 @@ FusedKernelSource generate_fused_source(const ComputeGraph& graph, const FusionG
         text.loads.push_back({value.dtype(), index_expression(value.shape(), group.shape), str("v", j)});
     }
     for (NodeId m : group.members) {
+        if (group.reduction && m == group.reduction->node) continue;  // summed by the row loop
         const ComputeNode& node = graph.node(m);
         const OpDef& def = op_def(node.op);
         const PointwiseFormula& formula = *def.pointwise;
@@ -349,7 +405,8 @@ FusedKernelSource generate_fused_source(const ComputeGraph& graph, const FusionG
         text.formulas.push_back(str("const ", text.compute, " t", m, " = ", rounding(node.value.dtype()), "(", value,
                                     ");  // ", def.name, " #", m));
     }
-    for (NodeId m : out.outputs) text.stores.push_back({graph.node(m).value.dtype(), str("t", m)});
+    for (NodeId m : out.outputs)
+        text.stores.push_back({graph.node(m).value.dtype(), str("t", m), group.reduction && m == group.reduction->node});
     text.scalars = out.scalars.size();
     out.vector_width = text.vector_width();
     finish(out, text.write());

@@ -35,7 +35,7 @@ struct FusedKernelSource {
     std::vector<NodeId> outputs;
     std::vector<ScalarArgument> scalars;
     int vector_width = 1;     // elements per vector access (16 bytes of the widest full-shape tensor)
-    std::int64_t numel = 0;   // the index space
+    std::int64_t numel = 0;   // the index space (a row-reduction kernel: its rows x 256, the threads it launches)
     std::uint64_t hash = 0;   // of `source` (cuda::fnv1a64)
 };
 

@@ -143,10 +143,15 @@ def _mlp_steps(device, fused, scales=(2.0, 2.0, 2.0, 2.0), batch=64):
     return losses, grads, [w.detach().cpu().numpy(), b.detach().cpu().numpy()]
 
 
-def _assert_same_steps(a, b):
+def _assert_same_steps(a, b, exact_losses=True):
+    """Gradients and parameters bit for bit. The losses too, except where a fused kernel computed the mean (a GPU
+    group ends in it): its row sum adds in its own order, so they agree to rounding (the gradients do not read it)."""
     losses_a, grads_a, params_a = a
     losses_b, grads_b, params_b = b
-    assert losses_a == losses_b
+    if exact_losses:
+        assert losses_a == losses_b
+    else:
+        assert np.allclose(losses_a, losses_b, rtol=1e-6, atol=0), (losses_a, losses_b)
     for step, (ga, gb) in enumerate(zip(grads_a, grads_b)):
         for name, x, y in zip(("w", "b"), ga, gb):
             assert np.array_equal(x, y), f"step {step}: d{name} differs by {np.abs(x - y).max()}"
@@ -180,7 +185,7 @@ def test_gpu_eager_steps_fuse_and_equal_unfused_steps(cuda):
     # tests/fusion/test_gpu_fusion.cpp counts its eager steps).
     assert d["eager_graphs_fused"] == 2 and d["plans_let_go"] == 0, d
     assert d["prepare_ms"] > 0.0, d
-    _assert_same_steps(on, off)
+    _assert_same_steps(on, off, exact_losses=False)
     # The counters are this thread's: a new thread has seen none of it.
     assert _fresh_thread_stats()["plans"] == 0
 
@@ -200,6 +205,6 @@ def test_gpu_graph_that_differs_from_its_plan_is_logged(cuda):
     assert d["plans_let_go"] == 1 and len(differs) == 1, (d, entries)
     assert differs[0]["kernel"] == "" and "differs from the one its fusion plan was made from" in differs[0]["reason"]
     assert d["eager_graphs_fused"] == 2, d  # steps 3 and 5
-    _assert_same_steps(on, off)
+    _assert_same_steps(on, off, exact_losses=False)
     dg.fusion.clear_log()
     assert dg.fusion.log() == []

@@ -46,9 +46,11 @@ FusedKernelSource sample_kernel(DType dtype, std::int64_t batch = 64, bool every
     const Var b = graph.input(random({48}, gen).to(dtype), "b", true);
     const Var y = mul_scalar(gelu(add(x, b), GeluApproximation::Tanh), 0.5);
     const Var z = clamp(leaky_relu(y, 0.1), -2.0, std::nullopt);
-    const Var loss = sum(to_dtype(z, DType::f64 == dtype ? DType::f64 : DType::f32));
+    // Over the batch: a column sum, which the group's kernel does not end in (an elementwise kernel).
+    const Var loss = sum(to_dtype(z, DType::f64 == dtype ? DType::f64 : DType::f32), {0});
     const FusionPlan plan = plan_fusion(graph);
     REQUIRE(plan.groups.size() == 1);
+    REQUIRE_FALSE(plan.groups[0].reduction.has_value());
     REQUIRE(loss.defined());
     return generate_fused_source(graph, every_member ? with_every_member_written(plan.groups[0]) : plan.groups[0]);
 }
@@ -210,8 +212,8 @@ TEST_CASE("backward chains through every differentiable pointwise row compile fo
         const std::vector<char> reached = reached_by_backward(graph, loss.id());
         const std::optional<BackwardLaunch> launch = backward_launch(graph, plan, 0, reached, loss.id());
         REQUIRE(launch.has_value());
-        // all but the comparison (no grad), and the loss's sum taken over
-        CHECK(launch->members.size() == plan.groups[0].members.size());
+        // all but the comparison (no grad); the loss's sum is a member (the kernel ends in it)
+        CHECK(launch->members.size() == plan.groups[0].members.size() - 1);
         const FusedBackwardSource source = generate_backward_source(graph, plan.groups[0], *launch);
         INFO(source.source);
         for (const char* functor : {"NegOp", "ExpOp", "LogOp", "SqrtOp", "AbsOp", "SinOp", "CosOp", "ReluOp", "SigmoidOp",
@@ -273,4 +275,25 @@ TEST_CASE("a plan's kernels compile as one translation unit, each under its own 
     for (const std::string& name : names) CHECK(ptx.image.find(str(".entry ", name)) != std::string::npos);
     CHECK_THROWS_AS(combined_source(std::vector<std::string>{}), ValueError);
     CHECK_THROWS_AS(combined_source(std::vector<std::string>{"int x;"}), ValueError);
+}
+
+TEST_CASE("kernels that end in a row sum or mean compile for every dtype", "[fusion][nvrtc]") {
+    for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+        Generator gen = fresh_generator();
+        ComputeGraph graph;
+        const Var x = graph.input(random({33, 70}, gen).to(dtype), "x", true);
+        const Var row_means = mean(tanh(mul_scalar(x, 0.5)), {-1}, true);
+        const FusionPlan plan = plan_fusion(graph);
+        INFO(dtype_name(dtype) << "\n" << plan.describe(graph));
+        REQUIRE(plan.groups.size() == 1);
+        REQUIRE(plan.groups[0].reduction.has_value());
+        CHECK(plan.groups[0].member_shape(row_means.id()) == Shape{33, 1});
+        const FusedKernelSource k = generate_fused_source(graph, with_every_member_written(plan.groups[0]));
+        INFO(k.source);
+        CHECK(k.numel == 33 * 256);  // a block per row
+        CHECK(k.source.find("__shared__") != std::string::npos);
+        const cuda::CompiledKernel ptx = cuda::compile_fused_kernel(
+            k.source, k.name, {.arch = 90, .kind = ImageKind::Ptx, .cache_dir = {}, .use_cache = false});
+        CHECK(ptx.image.find(str(".entry ", k.name)) != std::string::npos);
+    }
 }

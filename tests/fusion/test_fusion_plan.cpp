@@ -175,17 +175,17 @@ TEST_CASE("where and masked_fill group with the comparisons that make their mask
     INFO(plan.describe(graph));
     REQUIRE(plan.groups.size() == 1);
     const FusionGroup& group = plan.groups[0];
-    CHECK(group.members == ids({positive, leaky, selected, filled, out}));
+    CHECK(group.members == ids({positive, leaky, selected, filled, out, loss}));  // it ends in the loss's sum
     CHECK(group.inputs == ids({x, y, mask}));
-    // Written: tanh's output (the sum reads it), the condition where's gradient routes by, and tanh's input (its
-    // derivative reads it). Neither value where selects among is: its gradient does not read them.
-    CHECK(output_nodes(group) == ids({positive, filled, out}));
+    // Written: the sum, the condition where's gradient routes by, and tanh's input (its derivative reads it).
+    // Neither value where selects among is: its gradient does not read them.
+    CHECK(output_nodes(group) == ids({positive, filled, loss}));
     CHECK(why(group, positive.id()) == Materialise::NeededByBackward);
     CHECK(why(group, filled.id()) == Materialise::NeededByBackward);
 
     REQUIRE(plan.backward.size() == 1);
     const BackwardChain& chain = plan.backward[0];
-    CHECK(chain.members == ids({out, filled, selected, leaky}));  // the comparison requires no grad
+    CHECK(chain.members == ids({loss, out, filled, selected, leaky}));  // the comparison requires no grad
     CHECK(chain.saved_reads == ids({mask, positive, filled}));
 
     const FusedKernelSource forward = generate_fused_source(graph, group);
@@ -217,7 +217,7 @@ TEST_CASE("where and masked_fill group with the comparisons that make their mask
 
 TEST_CASE("a sum's or mean's backward joins the chain of the member it reduces", "[fusion][backward]") {
     Generator gen = fresh_generator();
-    SECTION("matmul, ReLU, sum: the lone ReLU groups for its backward, one kernel for the sum's expand and ReLU's") {
+    SECTION("matmul, ReLU, sum: one kernel computes the ReLU and the sum; one the sum's expand and ReLU's derivative") {
         ComputeGraph graph;
         const Var x = graph.input(random({12, 10}, gen), "x", true);
         const Var w = graph.input(random({10, 6}, gen), "w", true);
@@ -227,8 +227,24 @@ TEST_CASE("a sum's or mean's backward joins the chain of the member it reduces",
         const FusionPlan plan = plan_fusion(graph);
         INFO(plan.describe(graph));
         REQUIRE(plan.groups.size() == 1);
-        CHECK(plan.groups[0].members == ids({activated}));
-        CHECK(plan.launches_saved() == 0);  // its forward launches one kernel either way
+        CHECK(plan.groups[0].members == ids({activated, loss}));
+        REQUIRE(plan.groups[0].reduction.has_value());
+        CHECK(plan.groups[0].reduction->node == loss.id());
+        CHECK(plan.groups[0].reduction->input == activated.id());
+        CHECK(plan.groups[0].reduction->rows == 1);  // every axis: one row
+        CHECK(plan.groups[0].reduction->row_length == 72);
+        CHECK(plan.groups[0].member_shape(loss.id()) == Shape{});
+        CHECK(plan.launches_saved() == 1);
+        // Only the sum is written: the ReLU's derivative reads the product, nothing outside reads the ReLU.
+        CHECK(output_nodes(plan.groups[0]) == ids({loss}));
+        const FusedKernelSource forward = generate_fused_source(graph, plan.groups[0]);
+        INFO(forward.source);
+        CHECK(forward.numel == 256);  // one block: one row
+        CHECK(forward.outputs == ids({loss}));
+        CHECK(forward.source.find("constexpr long long row_length = 72LL;") != std::string::npos);
+        CHECK(forward.source.find(str("sum = sum + t", activated.id(), ";")) != std::string::npos);
+        CHECK(forward.source.find("out0[row] = dg_store_float32(partial[0]);") != std::string::npos);
+        CHECK(forward.source.find("out0[i]") == std::string::npos);  // the ReLU is not stored
         const std::vector<char> reached = reached_by_backward(graph, loss.id());
         const std::optional<BackwardLaunch> launch = backward_launch(graph, plan, 0, reached, loss.id());
         REQUIRE(launch.has_value());
@@ -256,9 +272,12 @@ TEST_CASE("a sum's or mean's backward joins the chain of the member it reduces",
         const Var loss = sum(product);
         const FusionPlan plan = plan_fusion(graph);
         INFO(plan.describe(graph));
-        REQUIRE(plan.groups.size() == 2);  // the product alone too: the loss's sum reads it
-        CHECK(plan.groups[0].members == ids({scaled, squashed}));
-        CHECK(plan.groups[1].members == ids({product}));
+        REQUIRE(plan.groups.size() == 2);  // the product too, with the loss's sum
+        CHECK(plan.groups[0].members == ids({scaled, squashed, row_means}));
+        CHECK(plan.groups[0].reduction->rows == 8);
+        CHECK(plan.groups[0].reduction->row_length == 24);
+        CHECK(plan.groups[0].reduction->mean);
+        CHECK(plan.groups[1].members == ids({product, loss}));
         const std::vector<char> reached = reached_by_backward(graph, loss.id());
         const std::optional<BackwardLaunch> launch = backward_launch(graph, plan, 0, reached, loss.id());
         REQUIRE(launch.has_value());
@@ -272,20 +291,45 @@ TEST_CASE("a sum's or mean's backward joins the chain of the member it reduces",
         CHECK(source.source.find(str("const float d", row_means.id(), " = dg_load(in1[(i / 24LL)]);")) != std::string::npos);
         CHECK(source.source.find(str("dg_as_float32(d", row_means.id(), " * (float(1) / float(24LL)))")) != std::string::npos);
     }
-    SECTION("a member read by the sum and by another node outside: the sum's backward stays its own") {
+    SECTION("a member read by the sum and by another node outside: both gradients come into the chain") {
         ComputeGraph graph;
         const Var x = graph.input(random({6, 5}, gen), "x", true);
-        const Var squashed = tanh(mul_scalar(x, 0.5));
+        const Var halved = mul_scalar(x, 0.5);
+        const Var squashed = tanh(halved);
         const Var total = sum(squashed);
         const Var loss = add(total, sum(matmul(squashed, graph.input(random({5, 2}, gen), "w"))));
         const FusionPlan plan = plan_fusion(graph);
         INFO(plan.describe(graph));
         REQUIRE(plan.groups.size() == 1);
+        CHECK(plan.groups[0].reduction->node == total.id());
+        // tanh's input for its derivative, the tanh for the matmul, the sum for the add.
+        CHECK(output_nodes(plan.groups[0]) == ids({halved, squashed, total}));
         const std::vector<char> reached = reached_by_backward(graph, loss.id());
         const std::optional<BackwardLaunch> launch = backward_launch(graph, plan, 0, reached, loss.id());
         REQUIRE(launch.has_value());
-        CHECK(std::find(launch->members.begin(), launch->members.end(), total.id()) == launch->members.end());
-        CHECK(launch->gradients_in == ids({squashed}));
+        CHECK(launch->gradients_in == ids({total, squashed}));
+    }
+    SECTION("reductions a kernel does not end in: a column sum, a few long rows; one read back is a kernel apart") {
+        ComputeGraph graph;
+        const Var x = graph.input(random({6, 5}, gen), "x", true);
+        const Var squashed = tanh(x);
+        const Var columns = sum(squashed, {0});
+        const Var row_means = mean(squashed, {-1}, true);
+        const Var centred = sub(squashed, row_means);  // softmax's shape: the mean read back over its rows
+        const Var long_rows = sum(exp(graph.input(random({2, 20000}, gen), "y")), {-1});
+        static_cast<void>(sum(add(columns, sum(centred))) + sum(long_rows));
+        const FusionPlan plan = plan_fusion(graph);
+        INFO(plan.describe(graph));
+        for (const FusionGroup& group : plan.groups)
+            if (group.reduction) CHECK((group.reduction->node != columns.id() && group.reduction->node != long_rows.id()));
+        // The tanh's kernel ends in the row mean; the subtraction, which reads it back, is in a kernel after it.
+        REQUIRE_FALSE(plan.groups.empty());
+        CHECK(plan.groups[0].members == ids({squashed, row_means}));
+        const auto has = [](const std::vector<NodeId>& list, NodeId id) {
+            return std::find(list.begin(), list.end(), id) != list.end();
+        };
+        for (const FusionGroup& group : plan.groups)
+            if (has(group.members, centred.id())) CHECK(has(group.inputs, row_means.id()));
     }
     SECTION("a lone node whose reader is not a sum or mean still forms no group") {
         ComputeGraph graph;
@@ -366,7 +410,7 @@ TEST_CASE("bf16 autocast chain: the casts fold into the group", "[fusion]") {
         back = to_dtype(scaled, DType::bf16);
     }
     const Var y = sigmoid(back);  // bf16, outside autocast
-    const Var loss = sum(to_dtype(y, DType::f32));
+    const Var loss = sum(to_dtype(y, DType::f32), {0});  // over the batch: not a reduction the kernel ends in
     REQUIRE(h.dtype() == DType::bf16);
     REQUIRE(e.dtype() == DType::f32);
     const NodeId cast_in = graph.node(e.id()).inputs[0].id;
@@ -401,13 +445,14 @@ TEST_CASE("an intermediate read outside the group is written; a path back into t
     const Var a = exp(x);
     const Var c = mul_scalar(a, 2.0);
     const Var p = matmul(a, w);         // reads a, outside the group
-    const Var total = sum(a, {1}, true);  // (16, 1), computed from a member
-    const Var d = add(c, total);        // would need `total` inside the kernel that computes a: not allowed
+    const Var total = sum(a, {1}, true);  // (16, 1), computed from a member: the kernel ends in it
+    const Var d = add(c, total);        // would need `total` inside the kernel before its rows are summed: not a member
     const FusionPlan plan = plan_fusion(graph);
     INFO(plan.describe(graph));
     REQUIRE(plan.groups.size() == 1);
-    CHECK(plan.groups[0].members == ids({a, c}));
-    CHECK(output_nodes(plan.groups[0]) == ids({a, c}));
+    CHECK(plan.groups[0].members == ids({a, c, total}));
+    CHECK(plan.groups[0].reduction->node == total.id());
+    CHECK(output_nodes(plan.groups[0]) == ids({a, c, total}));
     CHECK(why(plan.groups[0], a.id()) == Materialise::ConsumedOutside);
     CHECK(why(plan.groups[0], c.id()) == Materialise::ConsumedOutside);
     CHECK(p.defined());
@@ -426,7 +471,7 @@ TEST_CASE("two producer groups merge through a residual add", "[fusion]") {
     const FusionPlan plan = plan_fusion(graph);
     INFO(plan.describe(graph));
     REQUIRE(plan.groups.size() == 1);
-    CHECK(plan.groups[0].members.size() == 5);
+    CHECK(plan.groups[0].members.size() == 6);  // and the loss's sum, which the kernel ends in
     CHECK(plan.groups[0].inputs == ids({x, y}));
     CHECK(loss.defined());
 }
@@ -553,6 +598,11 @@ TEST_CASE("random graphs: every plan is legal, schedulable and writes what is re
         for (std::size_t g = 0; g < plan.groups.size(); ++g) {
             const FusionGroup& group = plan.groups[g];
             REQUIRE(!group.members.empty());
+            if (group.reduction) {  // the sum it ends in: of its own shape, over one member
+                CHECK(std::find(group.members.begin(), group.members.end(), group.reduction->node) != group.members.end());
+                CHECK(graph.node(group.reduction->node).inputs[0].id == group.reduction->input);
+                CHECK(group.reduction->rows * group.reduction->row_length == numel(group.shape));
+            }
             if (group.members.size() == 1) {  // kept alone only for a sum's backward its chain takes over
                 const NodeId m = group.members[0];
                 REQUIRE(graph.node(m).requires_grad);
@@ -566,8 +616,8 @@ TEST_CASE("random graphs: every plan is legal, schedulable and writes what is re
             for (NodeId m : group.members) {
                 REQUIRE(group_of[m] == -1);  // one group per node
                 group_of[m] = static_cast<int>(g);
-                CHECK(graph.node(m).value.shape() == group.shape);
-                CHECK(op_def(graph.node(m).op).pointwise != nullptr);
+                CHECK(graph.node(m).value.shape() == group.member_shape(m));
+                if (!group.reduction || m != group.reduction->node) CHECK(op_def(graph.node(m).op).pointwise != nullptr);
             }
         }
         for (std::size_t g = 0; g < plan.groups.size(); ++g) {
