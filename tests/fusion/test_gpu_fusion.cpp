@@ -377,8 +377,8 @@ void check_nothing_fell_back() {
 }
 
 struct EagerGradients {
-    std::vector<Tensor> grads;  // x, b, c, d on the CPU
-    Tensor value;               // the chain's last value (before the loss's cast), on the CPU
+    std::vector<Tensor> grads;  // the inputs', on the CPU
+    Tensor value;               // the value compared (the chain's last, or the loss), on the CPU
     std::size_t chains_run = 0;
     std::size_t graphs_fused = 0;
 };
@@ -458,20 +458,12 @@ TEST_CASE("eager steps through every formula: the generated forward and chains g
 
 namespace {
 
-struct ReductionRun {
-    std::vector<Tensor> grads;  // x, w on the CPU
-    Tensor loss;
-    std::size_t chains_run = 0;
-    std::size_t graphs_fused = 0;
-};
-
 // matmul → ReLU → sum (the lone ReLU grouped for its backward) and a mean over the last axis of tanh(0.5·product),
 // squared and summed: three eager steps, the last one's gradients.
-ReductionRun reduction_steps(bool fusion, const Tensor& x_data, const Tensor& w_data) {
+EagerGradients reduction_steps(bool fusion, const Tensor& x_data, const Tensor& w_data) {
     set_fusion_enabled(fusion);
-    const std::size_t before = replay_stats().backward_chains_run;
-    const std::size_t graphs_before = replay_stats().eager_graphs_fused;
-    ReductionRun out;
+    const ReplayStats before = replay_stats();
+    EagerGradients out;
     for (int step = 0; step < 3; ++step) {
         ComputeGraph graph;
         const Var x = graph.input(x_data, "x", true);
@@ -481,13 +473,13 @@ ReductionRun reduction_steps(bool fusion, const Tensor& x_data, const Tensor& w_
         const Var loss = add(sum(relu(product)), sum(mul(row_means, row_means)));
         graph.backward(loss);
         if (step == 2) {
-            out.loss = loss.value().to(Device::cpu());
+            out.value = loss.value().to(Device::cpu());
             for (const Var& v : {x, w}) out.grads.push_back(v.grad().to(Device::cpu()));
         }
     }
     cuda::synchronize(0);
-    out.chains_run = replay_stats().backward_chains_run - before;
-    out.graphs_fused = replay_stats().eager_graphs_fused - graphs_before;
+    out.chains_run = replay_stats().backward_chains_run - before.backward_chains_run;
+    out.graphs_fused = replay_stats().eager_graphs_fused - before.eager_graphs_fused;
     set_fusion_enabled(false);
     return out;
 }
@@ -504,15 +496,15 @@ TEST_CASE("groups that end in a sum or mean, forward and backward: the unfused v
         INFO(dtype_name(dtype) << ", seed " << seed);
         const Tensor x = random({33, 70}, dtype, gen), w = random({70, 20}, dtype, gen);
         cuda::clear_fusion_log();
-        const ReductionRun unfused = reduction_steps(false, x, w);
-        const ReductionRun fused = reduction_steps(true, x, w);
+        const EagerGradients unfused = reduction_steps(false, x, w);
+        const EagerGradients fused = reduction_steps(true, x, w);
         check_nothing_fell_back();
         CHECK(unfused.chains_run == 0);
         CHECK(fused.chains_run == 9);  // three chains a step: ReLU + sum, mul_scalar + tanh + mean, mul + sum
         CHECK(fused.graphs_fused == 1);  // the third step's forward: each group's kernel ends in its sum or mean
         // The sums and the means in the generated kernels add in their own order: the loss and, through the row
         // means, the gradients agree to rounding.
-        CHECK(equal_to_rounding(fused.loss, unfused.loss));
+        CHECK(equal_to_rounding(fused.value, unfused.value));
         for (std::size_t i = 0; i < 2; ++i) {
             const std::string mismatch =
                 backward_mismatch(fused.grads[i].to(kGpu), unfused.grads[i].to(kGpu), /*same_order=*/false);
