@@ -35,6 +35,15 @@ struct CopyRange {
     std::size_t bytes = 0;
 };
 void copy_ranges(std::span<const CopyRange> ranges, int device);
+// Many conversions of one dtype pair on `device` (the sweep's parameter-gradient casts, graph/sweep.cpp): a kernel
+// launch per 64 ranges instead of a conversion each, each element converted as `convert` converts it (the same
+// bits). Stream-ordered, capturable; no range may overlap another's destination.
+struct ConvertRange {
+    void* dst = nullptr;
+    const void* src = nullptr;
+    std::int64_t n = 0;
+};
+void convert_ranges(std::span<const ConvertRange> ranges, DType dst_dtype, DType src_dtype, int device);
 // Fills n elements of `dtype` on `device` with `value`.
 void fill(void* dst, std::int64_t n, double value, DType dtype, int device);
 // n elements of floating `src_dtype` on `device` converted to floating `dst_dtype` (round to nearest even).

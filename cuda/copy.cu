@@ -261,8 +261,8 @@ struct alignas(16) ConvertGroup {
 // (313 µs for ten float -> bf16 conversions of the MLP 4096 step against PyTorch's 229, ncu session 5).
 // The same convert_element per element: the same bits.
 template <typename To, typename From>
-__global__ void convert_kernel(To* __restrict__ dst, const From* __restrict__ src, std::int64_t n,
-                               std::int64_t groups) {
+__device__ void convert_grid_stride(To* __restrict__ dst, const From* __restrict__ src, std::int64_t n,
+                                    std::int64_t groups) {
     constexpr int W = kConvertWidth<To, From>;
     const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
     const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -274,6 +274,12 @@ __global__ void convert_kernel(To* __restrict__ dst, const From* __restrict__ sr
         reinterpret_cast<ConvertGroup<To, W>*>(dst)[g] = out;
     }
     for (std::int64_t i = groups * W + first; i < n; i += stride) dst[i] = convert_element<To>(src[i]);
+}
+
+template <typename To, typename From>
+__global__ void convert_kernel(To* __restrict__ dst, const From* __restrict__ src, std::int64_t n,
+                               std::int64_t groups) {
+    convert_grid_stride(dst, src, n, groups);
 }
 
 }  // namespace
@@ -291,6 +297,62 @@ void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::
             convert_kernel<To, From><<<blocks, kFillThreads, 0, ctx.stream>>>(
                 static_cast<To*>(dst), static_cast<const From*>(src), n, groups);
             DG_CUDA_CHECK_LAUNCH();
+        });
+    });
+}
+
+namespace {
+
+// A launch's conversions, passed by value as the kernel's parameter (1.5 KiB: capturable, no table to fill).
+struct ConvertBatch {
+    device_memory::ConvertRange ranges[kDeviceRangesPerLaunch];
+};
+
+// Block row y converts range y as convert_kernel does (16-byte groups when both ends are aligned, then the scalar
+// tail), grid-stride over blockIdx.x: the same loop, the same bits.
+template <typename To, typename From>
+__global__ void convert_ranges_kernel(const __grid_constant__ ConvertBatch batch) {
+    const device_memory::ConvertRange& r = batch.ranges[blockIdx.y];
+    const bool aligned = ((reinterpret_cast<std::uintptr_t>(r.dst) | reinterpret_cast<std::uintptr_t>(r.src)) % 16) == 0;
+    convert_grid_stride(static_cast<To*>(r.dst), static_cast<const From*>(r.src), r.n,
+                        aligned ? r.n / kConvertWidth<To, From> : 0);
+}
+
+}  // namespace
+
+void convert_ranges(std::span<const device_memory::ConvertRange> ranges, DType dst_dtype, DType src_dtype,
+                    int device) {
+    const DeviceContext& ctx = context(device);
+    dispatch_gpu_floating(dst_dtype, "dtype conversion on the GPU", [&]<typename To>() {
+        dispatch_gpu_floating(src_dtype, "dtype conversion on the GPU", [&]<typename From>() {
+            constexpr int W = kConvertWidth<To, From>;
+            // Blocks for the largest range's groups, two per thread, at most 64 per range (grid-stride beyond):
+            // parameter gradients of a few thousand elements take one block row each. A range past that cap
+            // gets a launch of its own (convert), so that a large one does not give every row its grid.
+            const std::int64_t per_block = std::int64_t{kFillThreads} * W * 2;
+            constexpr std::int64_t kMaxBlocks = 64;
+            ConvertBatch batch{};
+            unsigned count = 0;
+            std::int64_t largest = 0;
+            const auto launch = [&] {
+                if (count == 0) return;
+                const auto blocks = static_cast<unsigned>((largest + per_block - 1) / per_block);
+                convert_ranges_kernel<To, From><<<dim3(blocks, count), kFillThreads, 0, ctx.stream>>>(batch);
+                DG_CUDA_CHECK_LAUNCH();
+                count = 0;
+                largest = 0;
+            };
+            for (const device_memory::ConvertRange& r : ranges) {
+                if (r.n <= 0) continue;
+                if (r.n > kMaxBlocks * per_block) {
+                    convert(r.dst, dst_dtype, r.src, src_dtype, r.n, device);
+                    continue;
+                }
+                batch.ranges[count++] = r;
+                largest = std::max(largest, r.n);
+                if (count == kDeviceRangesPerLaunch) launch();
+            }
+            launch();
         });
     });
 }

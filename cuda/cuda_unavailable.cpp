@@ -24,6 +24,9 @@ void copy_blocks(void*, std::size_t, const void*, std::size_t, std::size_t, std:
     unavailable("copy within ", device);
 }
 void copy_ranges(std::span<const device_memory::CopyRange>, int device) { unavailable("copy within ", device); }
+void convert_ranges(std::span<const device_memory::ConvertRange>, DType, DType, int device) {
+    unavailable("dtype conversion on ", device);
+}
 void fill(void*, std::int64_t, double, DType, int device) { unavailable("fill on ", device); }
 void convert(void*, DType, const void*, DType, std::int64_t, int device) {
     unavailable("dtype conversion on ", device);

@@ -17,6 +17,9 @@ void copy_blocks(void* dst, std::size_t dst_pitch, const void* src, std::size_t 
     cuda::copy_blocks(dst, dst_pitch, src, src_pitch, block, rows, device);
 }
 void copy_ranges(std::span<const CopyRange> ranges, int device) { cuda::copy_ranges(ranges, device); }
+void convert_ranges(std::span<const ConvertRange> ranges, DType dst_dtype, DType src_dtype, int device) {
+    cuda::convert_ranges(ranges, dst_dtype, src_dtype, device);
+}
 void fill(void* dst, std::int64_t n, double value, DType dtype, int device) {
     cuda::fill(dst, n, value, dtype, device);
 }

@@ -166,6 +166,28 @@ AutocastGuard::~AutocastGuard() {
     }
 }
 
+namespace {
+std::atomic<int> batched_casts_override{-1};  // -1: the environment's
+std::atomic<std::int64_t> batched_casts_done{0};
+std::atomic<std::int64_t> batched_cast_batches{0};
+}  // namespace
+
+void set_batched_gradient_casts(bool batch) { batched_casts_override.store(batch ? 1 : 0); }
+bool batched_gradient_casts() {
+    if (const int set = batched_casts_override.load(std::memory_order_relaxed); set >= 0) return set != 0;
+    static const bool from_environment = environment("DYNGRAD_BATCH_GRADIENT_CASTS") != "0";
+    return from_environment;
+}
+BatchedGradientCastStats batched_gradient_cast_stats() {
+    return {batched_casts_done.load(std::memory_order_relaxed), batched_cast_batches.load(std::memory_order_relaxed)};
+}
+namespace detail {
+void count_batched_gradient_casts(std::int64_t casts) {
+    batched_casts_done.fetch_add(casts, std::memory_order_relaxed);
+    batched_cast_batches.fetch_add(1, std::memory_order_relaxed);
+}
+}  // namespace detail
+
 std::optional<DType> autocast_dtype() { return tls.dtype; }
 void set_autocast_parameter_copies(bool keep) { parameter_copies_override.store(keep ? 1 : 0); }
 bool autocast_parameter_copies() { return keeps_parameter_copies(); }

@@ -74,6 +74,24 @@ std::optional<DType> autocast_dtype();
 void set_autocast_parameter_copies(bool keep);
 bool autocast_parameter_copies();
 
+// Batched parameter-gradient casts (on by default; DYNGRAD_BATCH_GRADIENT_CASTS=0 or
+// set_batched_gradient_casts(false) turns them off, for every thread): in a backward pass, the backward of a
+// parameter's cast (its 16-bit gradient back to the parameter's float32) waits for the end of the sweep, where
+// the casts of all such parameters are converted together, a kernel launch per 64 on a GPU
+// (device_memory::convert_ranges) where each was a launch of its own: the bf16 LeNet's eight gradient casts one
+// kernel. The same bits; the parameters' gradients are complete when backward returns, as before. Not for a
+// parameter whose readiness a backward reports (BackwardOptions::on_parameter_ready: data parallel's all-reduce
+// starts as each gradient is done), nor under anomaly mode or DYNGRAD_CHECK_FUSIONS. A cast's 16-bit gradient is
+// held until the end (2 bytes per parameter at most; ranges past 64 MiB are converted at once).
+void set_batched_gradient_casts(bool batch);
+bool batched_gradient_casts();
+// Casts converted that way and the batches they took, in this process (for tests and benchmarks).
+struct BatchedGradientCastStats {
+    std::int64_t casts = 0;
+    std::int64_t batches = 0;
+};
+BatchedGradientCastStats batched_gradient_cast_stats();
+
 // Parameter casts served from the cache and casts recorded for it, on this thread since the outermost guard
 // began (for tests and the docs' claim that a weight is cast once per step); of those casts, the ones that took a
 // kept copy (below) and launched no kernel.
@@ -90,6 +108,8 @@ namespace detail {
 std::optional<std::vector<Var>> autocast_inputs(OpType op, std::span<const Var> inputs,
                                                 std::span<const Tensor> values);
 std::optional<std::vector<Tensor>> autocast_tensors(OpType op, std::span<const Tensor> inputs);
+// The sweep's count of one batch of `casts` parameter-gradient casts (batched_gradient_cast_stats).
+void count_batched_gradient_casts(std::int64_t casts);
 }  // namespace detail
 
 }  // namespace dyngrad

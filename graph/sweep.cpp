@@ -9,6 +9,7 @@
 #include "dyngrad/core/device_memory.h"
 #include "dyngrad/cuda/runtime.h"
 #include "dyngrad/graph/anomaly.h"
+#include "dyngrad/graph/autocast.h"
 #include "dyngrad/graph/backend.h"
 #include "dyngrad/graph/engine_helpers.h"
 #include "dyngrad/graph/fusion_check.h"
@@ -96,9 +97,85 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
         }
         if (options.free_values && !options.retain_graph && id != root) n.value = Tensor();
     };
+    // Batched parameter-gradient casts (graph/autocast.h): a parameter cast's backward waits in `pending_casts`
+    // and its leaf's visit for the end of the sweep, when every gradient of that leaf has arrived.
+    const bool batch_casts = batched_gradient_casts() && !options.on_parameter_ready && !anomaly_mode_enabled() &&
+                             !fusion_check_enabled();
+    std::vector<NodeId> pending_casts;
+    std::size_t pending_bytes = 0;
+    std::vector<char> leaf_waits(batch_casts ? std::size_t{root} + 1 : 0, 0);
+    const auto waits_for_batch = [&](NodeId id) {
+        const ComputeNode& n = *nodes_[id];
+        if (n.op != OpType::Cast || n.inputs.size() != 1) return false;
+        const ComputeNode& leaf = *nodes_[n.inputs[0].id];
+        const Tensor& g = n.grad;
+        return leaf.op == OpType::Leaf && leaf.parameter.defined() && leaf.value.defined() &&
+               g.shape() == leaf.value.shape() && g.device() == leaf.value.device() && g.dtype() == n.value.dtype() &&
+               is_floating(g.dtype()) && is_floating(leaf.value.dtype());
+    };
+    const auto convert_pending = [&] {
+        if (pending_casts.empty()) return;
+        try {
+            std::vector<Tensor> converted;
+            std::vector<device_memory::ConvertRange> ranges;
+            for (NodeId id : pending_casts) {
+                const ComputeNode& n = *nodes_[id];
+                const Tensor& leaf_value = nodes_[n.inputs[0].id]->value;
+                const Tensor& g = ready(n.grad);
+                if (!g.device().is_cuda()) {
+                    converted.push_back(g.to(leaf_value.dtype()));
+                    continue;
+                }
+                converted.push_back(Tensor::empty(g.shape(), leaf_value.dtype(), g.device()));
+            }
+            // One launch per run of casts with the same device and dtypes (in a model, all of them).
+            for (std::size_t first = 0; first < pending_casts.size();) {
+                const Tensor& head = nodes_[pending_casts[first]]->grad;
+                std::size_t last = first;
+                ranges.clear();
+                for (; last < pending_casts.size(); ++last) {
+                    const Tensor& g = nodes_[pending_casts[last]]->grad;
+                    if (!g.device().is_cuda() || g.device() != head.device() || g.dtype() != head.dtype() ||
+                        converted[last].dtype() != converted[first].dtype())
+                        break;
+                    ranges.push_back({converted[last].raw_data(), g.raw_data(), g.numel()});
+                }
+                if (ranges.empty()) {
+                    ++first;
+                    continue;
+                }
+                device_memory::convert_ranges(ranges, converted[first].dtype(), head.dtype(), head.device().index);
+                first = last;
+            }
+            detail::count_batched_gradient_casts(static_cast<std::int64_t>(pending_casts.size()));
+            for (std::size_t i = 0; i < pending_casts.size(); ++i) {
+                add_gradient(nodes_[nodes_[pending_casts[i]]->inputs[0].id]->grad, std::move(converted[i]));
+                release(pending_casts[i]);
+            }
+        } catch (...) {
+            detail::rethrow_op_failure(str("the batched backward of ", pending_casts.size(), " parameter casts, ",
+                                           describe_node(pending_casts.front()), " first"),
+                                       op_def(OpType::Cast), "backward");
+        }
+        pending_casts.clear();
+        pending_bytes = 0;
+    };
+    // Past this much held 16-bit gradient, the pending casts are converted at once (their leaves still wait).
+    constexpr std::size_t kPendingCastBytes = std::size_t{64} << 20;
+
     const auto visit = [&](NodeId id) {
         ComputeNode& n = *nodes_[id];
         if (!needed[id] || !n.grad.defined()) return;
+        if (batch_casts && leaf_waits[id]) return;  // visited after the batched casts
+        if (batch_casts && waits_for_batch(id)) {
+            const NodeId leaf = n.inputs[0].id;
+            check_versions(id, std::span<const Tensor>(&nodes_[leaf]->value, 1));
+            pending_casts.push_back(id);
+            leaf_waits[leaf] = 1;
+            pending_bytes += n.grad.nbytes();
+            if (pending_bytes > kPendingCastBytes) convert_pending();
+            return;
+        }
         if (n.op == OpType::Leaf) {
             if (shared_seed != nullptr && n.grad.raw_data() == shared_seed) n.grad = n.grad.clone();
             if (n.parameter.defined()) {
@@ -288,6 +365,14 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
             if (chain_of[id] >= 0) continue;  // its chain runs (or ran) in its place
         }
         visit(id);
+    }
+    if (batch_casts) {
+        convert_pending();
+        for (NodeId id = root + 1; id-- > 0;) {
+            if (!leaf_waits[id]) continue;
+            leaf_waits[id] = 0;
+            visit(id);
+        }
     }
     if (fused != nullptr && !(nodes_[root]->value.device().is_cuda() && cuda::capturing(nodes_[root]->value.device().index)))
         fused->check = false;  // compared once, in an eager pass

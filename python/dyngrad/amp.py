@@ -14,7 +14,7 @@ from ._args import check_bools, check_ints, check_numbers
 from ._scoped import ScopedSwitch
 
 __all__ = ["autocast", "GradScaler", "get_autocast_dtype", "is_autocast_enabled", "set_autocast_parameter_copies",
-           "autocast_parameter_copies"]
+           "autocast_parameter_copies", "set_batched_gradient_casts", "batched_gradient_casts"]
 
 
 def get_autocast_dtype():
@@ -38,6 +38,21 @@ def set_autocast_parameter_copies(keep: bool) -> None:
 def autocast_parameter_copies() -> bool:
     """Whether autocast keeps parameter copies (set_autocast_parameter_copies)."""
     return _core.autocast_parameter_copies()
+
+
+def set_batched_gradient_casts(batch: bool) -> None:
+    """Whether a backward converts the gradients of parameters read through a cast (autocast's, or an explicit
+    ``p.to(dtype)``) back to the parameters' dtype together at its end, one kernel launch per 64 on a GPU, rather
+    than each as its cast's backward is reached (on by default; the same bits either way; docs/mixed_precision.md
+    "Batched gradient casts"). Not when a backward reports each parameter's readiness (data parallel), nor under
+    anomaly mode. For every thread; DYNGRAD_BATCH_GRADIENT_CASTS=0 sets the default off."""
+    check_bools("set_batched_gradient_casts", batch=batch)
+    _core.set_batched_gradient_casts(batch)
+
+
+def batched_gradient_casts() -> bool:
+    """Whether parameter-gradient casts are batched (set_batched_gradient_casts)."""
+    return _core.batched_gradient_casts()
 
 
 class autocast(ScopedSwitch):

@@ -26,6 +26,15 @@ void bind_amp(nb::module_& m) {
           "The autocast dtype of this thread (bfloat16/float16 inside dyngrad.autocast), None outside.");
     m.def("set_autocast_parameter_copies", &set_autocast_parameter_copies, nb::arg("keep"));
     m.def("autocast_parameter_copies", &autocast_parameter_copies);
+    m.def("set_batched_gradient_casts", &set_batched_gradient_casts, nb::arg("batch"));
+    m.def("batched_gradient_casts", &batched_gradient_casts);
+    m.def("_batched_gradient_cast_stats", [] {  // this process's (for tests)
+        const BatchedGradientCastStats s = batched_gradient_cast_stats();
+        nb::dict out;
+        out["casts"] = s.casts;
+        out["batches"] = s.batches;
+        return out;
+    });
     m.def("_autocast_cache_stats", [] {  // this thread's, since its outermost autocast block began (for tests)
         const AutocastCacheStats s = autocast_cache_stats();
         nb::dict out;

@@ -122,6 +122,41 @@ def test_kept_parameter_copies_train_the_same_bits(rng):
         dg.amp.set_autocast_parameter_copies(1)
 
 
+def test_batched_gradient_casts_give_the_same_gradients(rng):
+    # The parameters' bf16 gradients converted back to float32 together at the end of backward: the same bits as
+    # each cast's own backward, and every .grad complete when backward returns.
+    seed = int(rng.integers(1 << 30))
+    assert dg.amp.batched_gradient_casts()
+
+    def grads(batch):
+        dg.amp.set_batched_gradient_casts(batch)
+        try:
+            dg.manual_seed(seed)
+            model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+            x = dg.tensor(rng_of(seed).standard_normal((5, 6)).astype(np.float32))
+            before = dg._core._batched_gradient_cast_stats()["casts"]
+            with dg.autocast("cpu", dtype=dg.bfloat16):
+                out = model(x).float()
+                loss = (out * out).sum()
+            loss.backward()
+            batched = dg._core._batched_gradient_cast_stats()["casts"] - before
+            return [p.grad.numpy().copy() for p in model.parameters()], batched
+        finally:
+            dg.amp.set_batched_gradient_casts(True)
+
+    single, none_batched = grads(False)
+    batched, four = grads(True)
+    assert none_batched == 0 and four == 4
+    for a, b in zip(batched, single):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(TypeError):
+        dg.amp.set_batched_gradient_casts("yes")
+
+
+def rng_of(seed):
+    return np.random.default_rng(seed)
+
+
 def test_autocast_arguments_and_decorator():
     with dg.autocast("cuda"):  # PyTorch's default for cuda: float16
         assert dg.amp.get_autocast_dtype() == dg.float16

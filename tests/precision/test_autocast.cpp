@@ -228,6 +228,12 @@ TEST_CASE("a parameter an optimizer updates keeps its cast: the step rewrites it
         INFO(dtype_name(dtype) << ", seed " << seed);
         const KeptCopyRun fresh = train_with_copies(false, dtype, seed);
         const KeptCopyRun kept = train_with_copies(true, dtype, seed);
+        set_batched_gradient_casts(false);  // the kept copies with each gradient cast on its own
+        const KeptCopyRun unbatched = train_with_copies(true, dtype, seed);
+        set_batched_gradient_casts(true);
+        CHECK(unbatched.losses == kept.losses);
+        for (std::size_t i = 0; i < kept.weights.size(); ++i)
+            CHECK(unbatched.weights[i].to_vector() == kept.weights[i].to_vector());
         CHECK(fresh.copies_used == 0);
         CHECK(kept.casts == fresh.casts);  // 4 parameters a step (and the inputs, which are no parameters)
         CHECK(kept.copies_used == 2 * 4);  // steps 2 and 3 take the four copies the steps before rewrote
@@ -315,6 +321,69 @@ TEST_CASE("a retained graph whose backward reads a kept copy refuses to run afte
     graph.backward(y, {.retain_graph = true});
     sgd.step();
     CHECK_THROWS_AS(graph.backward(y), GraphError);
+}
+
+namespace {
+
+// The parameters' gradients of one backward under autocast with the gradient casts batched or not: a linear whose
+// weight is read through its cast (bf16) and, when `twice`, also directly in f32 (a second contribution to the
+// same leaf), and a bias cast to bf16 and f16 (two casts of one leaf).
+struct CastGradients {
+    std::vector<std::vector<double>> grads;
+    std::int64_t batched = 0;  // casts the sweep batched
+};
+CastGradients gradients_with_batching(bool batch, bool twice, std::uint64_t seed,
+                                      const BackwardOptions& options = {}) {
+    set_batched_gradient_casts(batch);
+    Generator gen(seed);
+    Parameter w(Tensor::normal({7, 5}, 0.0, 0.5, gen), "w");
+    Parameter b(Tensor::normal({5}, 0.0, 0.5, gen), "b");
+    const Tensor x = Tensor::normal({3, 7}, 0.0, 1.0, gen);
+    const std::int64_t before = batched_gradient_cast_stats().casts;
+    ComputeGraph graph;
+    Var loss;
+    {
+        const AutocastGuard autocast(DType::bf16);
+        const Var wv = graph.parameter(w);
+        const Var bv = graph.parameter(b);
+        Var y = to_dtype(matmul(graph.input(x), wv), DType::f32);  // x and w cast to bf16
+        y = add(y, to_dtype(to_dtype(bv, DType::bf16), DType::f32));
+        y = add(y, to_dtype(to_dtype(bv, DType::f16), DType::f32));
+        if (twice) y = add(y, sum(mul(wv, wv)));  // f32: w's own leaf, no cast
+        loss = sum(mul(y, y));
+    }
+    graph.backward(loss, options);
+    CastGradients out;
+    out.grads = {w.grad().to_vector(), b.grad().to_vector()};
+    out.batched = batched_gradient_cast_stats().casts - before;
+    set_batched_gradient_casts(true);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("batched parameter-gradient casts: the same gradients as one cast at a time, every leaf complete",
+          "[autocast][copies]") {
+    const std::uint64_t seed = std::random_device{}();
+    INFO("seed " << seed);
+    for (const bool twice : {false, true}) {
+        INFO("weight read in f32 too: " << twice);
+        const CastGradients single = gradients_with_batching(false, twice, seed);
+        const CastGradients batched = gradients_with_batching(true, twice, seed);
+        CHECK(single.batched == 0);
+        CHECK(batched.batched == 3);  // w's bf16 cast, b's bf16 and f16 casts
+        CHECK(batched.grads == single.grads);
+    }
+    // A readiness callback (data parallel's) reports each gradient as it is done: nothing waits then.
+    int ready = 0;
+    const CastGradients reported =
+        gradients_with_batching(true, false, seed, {.on_parameter_ready = [&](const Parameter&) { ++ready; }});
+    CHECK(reported.batched == 0);
+    CHECK(ready == 2);
+    CHECK(reported.grads == gradients_with_batching(false, false, seed).grads);
+    // Kept gradients of the cast nodes (retain_grads) stay their 16-bit gradients.
+    CHECK(gradients_with_batching(true, true, seed, {.retain_grads = true}).grads ==
+          gradients_with_batching(false, true, seed).grads);
 }
 
 TEST_CASE("autocast stays on under no_grad and for eager calls; the cache keeps grad and no-grad casts apart",
