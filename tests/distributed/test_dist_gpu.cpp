@@ -1,5 +1,6 @@
-// The distributed layer on GPUs through NCCL: run by dist_gpu2 as `mpirun -np 2 test_dist_gpu`, one rank per GPU
-// (NCCL_NVLS_ENABLE=0). Exits 77 (skipped) unless it runs as 2 ranks on a machine with at least 2 CUDA devices.
+// The distributed layer on GPUs through NCCL: run by dist_gpu2 as `mpirun -np 2 test_dist_gpu` and by dist_gpu4 as
+// `mpirun -np 4 test_dist_gpu`, one rank per GPU (NCCL_NVLS_ENABLE=0). Exits 77 (skipped) unless it runs as N >= 2
+// ranks on a machine with at least N CUDA devices.
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -44,14 +45,21 @@ Tensor labels(std::uint64_t seed, std::int64_t n, Device device) {
     return Tensor::from_vector(v, {n}).to(device);
 }
 
-// One ZeRO step (clipped at 0.5) on this rank's 32 rows of a 64-row f64 batch drawn from `seed`, and one
-// single-GPU AdamW step (clipped alike) of the reference on all 64.
+// Every rank's copy of `t` equal to rank 0's.
+void check_same_on_every_rank(dist::ProcessGroup& g, const Tensor& t) {
+    const Tensor all = g.all_gather(t);
+    for (int r = 1; r < g.world_size(); ++r) CHECK(all.select(0, r).to_vector() == all.select(0, 0).to_vector());
+}
+
+// One ZeRO step (clipped at 0.5) on this rank's 32 rows of a (32 x ranks)-row f64 batch drawn from `seed`, and one
+// single-GPU AdamW step (clipped alike) of the reference on all of them.
 void step_both(dist::ZeroOptimizer& zero, const std::function<Var(const Var&)>& forward,
                const std::function<Var(const Var&)>& reference, const std::vector<Parameter>& reference_parameters,
                AdamW& adam, std::uint64_t seed) {
     const dist::ProcessGroup& g = zero.group();
     const Device device = g.device();
-    const Tensor x = rows(seed, 64, device).to(DType::f64), y = labels(seed + 1, 64, device);
+    const std::int64_t n = 32 * static_cast<std::int64_t>(g.world_size());
+    const Tensor x = rows(seed, n, device).to(DType::f64), y = labels(seed + 1, n, device);
     ComputeGraph graph;
     zero.backward(graph, cross_entropy(forward(graph.input(x.narrow(0, 32 * g.rank(), 32))),
                                        graph.input(y.narrow(0, 32 * g.rank(), 32))));
@@ -97,7 +105,7 @@ TEST_CASE("NCCL collectives on each rank's GPU", "[dist][gpu]") {
     Tensor cpu_out = Tensor::empty({world, 3}, DType::f32);
     CHECK_THROWS_MATCHES(g.all_gather(Tensor::ones({3}, DType::f32, device), cpu_out), DeviceError,
                          MessageHas({"all_gather", "cpu", "cuda"}));
-    Tensor other = Tensor::ones({3}, DType::f32, Device::cuda(1 - device.index));
+    Tensor other = Tensor::ones({3}, DType::f32, Device::cuda((device.index + 1) % cuda::device_count()));
     CHECK_THROWS_MATCHES(g.all_reduce(other), DeviceError, MessageHas({"all_reduce", "this rank's device"}));
 }
 
@@ -181,10 +189,7 @@ TEST_CASE("DDP inside a captured step: replays keep the ranks in step", "[dist][
         step.run(std::vector<Tensor>{x, y});
     }
     CHECK(step.variants() == 1);
-    for (const Parameter& p : model.parameters()) {
-        const Tensor all = g.all_gather(p.value());
-        CHECK(all.select(0, 0).to_vector() == all.select(0, 1).to_vector());
-    }
+    for (const Parameter& p : model.parameters()) check_same_on_every_rank(g, p.value());
 }
 
 // ZeRO-1/2 through NCCL's all_reduce / reduce_scatter and all_gather: the shard-local AdamW (the fused GPU kernel)
@@ -211,8 +216,7 @@ TEST_CASE("ZeRO-1/2 on GPUs == one GPU's AdamW on the concatenated batch", "[dis
         const auto params = model.parameters(), ref_params = reference.parameters();
         for (std::size_t i = 0; i < params.size(); ++i) {
             CHECK(relative(params[i].value().to_vector(), ref_params[i].value().to_vector()) <= 1e-10);
-            const Tensor all = g.all_gather(params[i].value());
-            CHECK(all.select(0, 0).to_vector() == all.select(0, 1).to_vector());
+            check_same_on_every_rank(g, params[i].value());
         }
         const dist::ZeroMemory m = zero.memory();
         CHECK(m.optimizer_bytes == m.formula_optimizer_bytes);
@@ -260,8 +264,7 @@ TEST_CASE("ZeRO-3 on GPUs == one GPU's AdamW on the concatenated batch", "[dist]
     REQUIRE(full.size() == ref_params.size());
     for (std::size_t i = 0; i < full.size(); ++i) {
         CHECK(relative(full[i].second.to_vector(), ref_params[i].value().to_vector()) <= 1e-10);
-        const Tensor all = g.all_gather(full[i].second);
-        CHECK(all.select(0, 0).to_vector() == all.select(0, 1).to_vector());
+        check_same_on_every_rank(g, full[i].second);
     }
     const dist::ZeroMemory m = zero.memory();
     CHECK(m.parameter_bytes == m.formula_parameter_bytes);
@@ -282,9 +285,9 @@ TEST_CASE("ZeRO: CUDA parameters on a group without NCCL are refused on every ra
                          MessageHas({"ZeroOptimizer (stage 3)", "NCCL", "cuda"}));
 }
 
-// Run alone by dist_gpu2_dead_peer (DYNGRAD_DIST_TIMEOUT=3): rank 1 stays alive but skips an all-reduce. Rank
-// 0's collective spins on its GPU until the watchdog aborts the communicator; the stream then drains and the
-// next call throws, well before the test's own limit.
+// Run alone by dist_gpu2_dead_peer and dist_gpu4_dead_peer (DYNGRAD_DIST_TIMEOUT=3): rank 1 stays alive but skips
+// an all-reduce. The other ranks' collective spins on their GPUs until the watchdog aborts the communicator; the
+// stream then drains and the next call throws, well before the test's own limit.
 TEST_CASE("NCCL: a peer that skips an all-reduce: the watchdog aborts, the next call throws", "[.dead_peer]") {
     dist::ProcessGroup& g = group();
     const double timeout = g.timeout_seconds();
@@ -308,8 +311,10 @@ TEST_CASE("NCCL: a peer that skips an all-reduce: the watchdog aborts, the next 
 
 int main(int argc, char* argv[]) {
     const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
-    if (cuda::device_count() < 2 || !size || std::atoi(size) != 2) {
-        std::cout << "dyngrad: needs 2 CUDA devices and mpirun -np 2: distributed GPU tests skipped" << std::endl;
+    const int ranks = size != nullptr ? std::atoi(size) : 0;
+    if (ranks < 2 || cuda::device_count() < ranks) {
+        std::cout << "dyngrad: needs mpirun -np N (N >= 2) and N CUDA devices (has " << cuda::device_count()
+                  << " for " << ranks << " ranks): distributed GPU tests skipped" << std::endl;
         return 77;
     }
     return dgtest::run_session(argc, argv);
