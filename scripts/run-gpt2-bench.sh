@@ -242,7 +242,16 @@ phase_llmc() {
 
 phase_llmc_multi() {
     ((tiny)) && { echo "(--tiny: llm.c skipped)"; return 0; }
-    measured llmc_multi "${multi_rank[@]}" "$LLMC_DIR/train_gpt2cu_multi" "${llmc_run[@]}" || return 1
+    # llm.c's loader needs every file to hold at least ranks x B x T + 1 tokens (it asserts and aborts otherwise);
+    # the fortunes validation split (72,670 tokens) is shorter than 4 x 32 x 1024: then llm.c validates on the
+    # training file (its one validation batch is not part of the throughput compared).
+    local multi_run=("${llmc_run[@]}") val_tokens=$(( ($(stat -c %s "$out/tokens/val.bin") - 1024) / 2 ))
+    if ((val_tokens < gpus * batch * context + 1)); then
+        multi_run[3]="$out/tokens/train.bin"
+        echo "llm.c multi-GPU: val.bin holds $val_tokens tokens, fewer than $gpus x $batch x $context + 1: validating on train.bin" |
+            tee "$out/llmc_multi_val_note.txt"
+    fi
+    measured llmc_multi "${multi_rank[@]}" "$LLMC_DIR/train_gpt2cu_multi" "${multi_run[@]}" || return 1
     # llm.c prints its process count; a build without MULTI_GPU would have run G one-GPU trainings instead.
     grep -q "num_processes=$gpus " "$out/llmc_multi.txt" ||
         { echo "run-gpt2-bench.sh: train_gpt2cu_multi did not run $gpus processes (see $out/llmc_multi.txt)" >&2; return 1; }
