@@ -4,6 +4,7 @@
 #include <cmath>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dyngrad/core/device_memory.h"
@@ -48,6 +49,11 @@ void ComputeGraph::check_versions(NodeId id, std::span<const Tensor> input_value
 }
 
 namespace {
+
+// Batched parameter-gradient casts (graph/autocast.h): the held 16-bit gradients converted once they pass this many
+// bytes (their leaves waiting until then), or sooner when a backward reports each parameter's readiness.
+constexpr std::size_t kCastBatchBytes = std::size_t{64} << 20;
+constexpr std::size_t kReportedCastBatchBytes = std::size_t{4} << 20;
 
 // A gradient the engine reads (adds into, reduces, inspects) or hands to a callback, with its pending writes made
 // visible first (device_memory::await_writes): a backward may leave a weight gradient to a backend's side work,
@@ -97,13 +103,17 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
         }
         if (options.free_values && !options.retain_graph && id != root) n.value = Tensor();
     };
-    // Batched parameter-gradient casts (graph/autocast.h): a parameter cast's backward waits in `pending_casts`
-    // and its leaf's visit for the end of the sweep, when every gradient of that leaf has arrived.
-    const bool batch_casts = batched_gradient_casts() && !options.on_parameter_ready && !anomaly_mode_enabled() &&
-                             !fusion_check_enabled();
+    // Batched parameter-gradient casts (graph/autocast.h): a parameter cast's backward waits in `pending_casts`, and
+    // a leaf reached while a cast of it (or a leaf of its parameter before it) waits, in `waiting_leaves`; both until
+    // the held gradients pass `flush_bytes` or the sweep ends, so each leaf still takes every gradient before its
+    // visit, and leaves are visited in the order the sweep reached them.
+    const bool batch_casts = batched_gradient_casts() && !anomaly_mode_enabled() && !fusion_check_enabled();
+    // With a readiness callback (data parallel's all-reduce starts as gradients are done) the batches stay small.
+    const std::size_t flush_bytes = options.on_parameter_ready ? kReportedCastBatchBytes : kCastBatchBytes;
     std::vector<NodeId> pending_casts;
     std::size_t pending_bytes = 0;
-    std::vector<char> leaf_waits(batch_casts ? std::size_t{root} + 1 : 0, 0);
+    std::vector<int> pending_of(batch_casts ? std::size_t{root} + 1 : 0, 0);  // per leaf: its casts waiting
+    std::vector<NodeId> waiting_leaves;
     const auto waits_for_batch = [&](NodeId id) {
         const ComputeNode& n = *nodes_[id];
         if (n.op != OpType::Cast || n.inputs.size() != 1) return false;
@@ -112,6 +122,14 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
         return leaf.op == OpType::Leaf && leaf.parameter.defined() && leaf.value.defined() &&
                g.shape() == leaf.value.shape() && g.device() == leaf.value.device() && g.dtype() == n.value.dtype() &&
                is_floating(g.dtype()) && is_floating(leaf.value.dtype());
+    };
+    const auto leaf_must_wait = [&](NodeId id) {
+        if (pending_of[id] > 0) return true;
+        const ComputeNode& leaf = *nodes_[id];
+        if (!leaf.parameter.defined()) return false;
+        for (NodeId w : waiting_leaves)
+            if (nodes_[w]->parameter.identity() == leaf.parameter.identity()) return true;
+        return false;
     };
     const auto convert_pending = [&] {
         if (pending_casts.empty()) return;
@@ -149,7 +167,9 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
             }
             detail::count_batched_gradient_casts(static_cast<std::int64_t>(pending_casts.size()));
             for (std::size_t i = 0; i < pending_casts.size(); ++i) {
-                add_gradient(nodes_[nodes_[pending_casts[i]]->inputs[0].id]->grad, std::move(converted[i]));
+                const NodeId leaf = nodes_[pending_casts[i]]->inputs[0].id;
+                add_gradient(nodes_[leaf]->grad, std::move(converted[i]));
+                pending_of[leaf] = 0;
                 release(pending_casts[i]);
             }
         } catch (...) {
@@ -160,20 +180,21 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
         pending_casts.clear();
         pending_bytes = 0;
     };
-    // Past this much held 16-bit gradient, the pending casts are converted at once (their leaves still wait).
-    constexpr std::size_t kPendingCastBytes = std::size_t{64} << 20;
 
     const auto visit = [&](NodeId id) {
         ComputeNode& n = *nodes_[id];
-        if (!needed[id] || !n.grad.defined()) return;
-        if (batch_casts && leaf_waits[id]) return;  // visited after the batched casts
+        if (!needed[id]) return;
+        if (batch_casts && n.op == OpType::Leaf && leaf_must_wait(id)) {
+            waiting_leaves.push_back(id);
+            return;
+        }
+        if (!n.grad.defined()) return;
         if (batch_casts && waits_for_batch(id)) {
             const NodeId leaf = n.inputs[0].id;
             check_versions(id, std::span<const Tensor>(&nodes_[leaf]->value, 1));
             pending_casts.push_back(id);
-            leaf_waits[leaf] = 1;
+            ++pending_of[leaf];
             pending_bytes += n.grad.nbytes();
-            if (pending_bytes > kPendingCastBytes) convert_pending();
             return;
         }
         if (n.op == OpType::Leaf) {
@@ -263,6 +284,13 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
                                        def, "backward");
         }
         release(id);
+    };
+
+    // The held casts converted, then the leaves that waited for them, in the order the sweep reached them.
+    const auto visit_after_conversion = [&] {
+        convert_pending();
+        const std::vector<NodeId> leaves = std::exchange(waiting_leaves, {});
+        for (NodeId leaf : leaves) visit(leaf);
     };
 
     // The chains to run, by the node id they run before, and the members they stand for.
@@ -365,15 +393,9 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
             if (chain_of[id] >= 0) continue;  // its chain runs (or ran) in its place
         }
         visit(id);
+        if (batch_casts && pending_bytes > flush_bytes) visit_after_conversion();
     }
-    if (batch_casts) {
-        convert_pending();
-        for (NodeId id = root + 1; id-- > 0;) {
-            if (!leaf_waits[id]) continue;
-            leaf_waits[id] = 0;
-            visit(id);
-        }
-    }
+    if (batch_casts) visit_after_conversion();
     if (fused != nullptr && !(nodes_[root]->value.device().is_cuda() && cuda::capturing(nodes_[root]->value.device().index)))
         fused->check = false;  // compared once, in an eager pass
 }

@@ -44,8 +44,8 @@ def set_batched_gradient_casts(batch: bool) -> None:
     """Whether a backward converts the gradients of parameters read through a cast (autocast's, or an explicit
     ``p.to(dtype)``) back to the parameters' dtype together at its end, one kernel launch per 64 on a GPU, rather
     than each as its cast's backward is reached (on by default; the same bits either way; docs/mixed_precision.md
-    "Batched gradient casts"). Not when a backward reports each parameter's readiness (data parallel), nor under
-    anomaly mode. For every thread; DYNGRAD_BATCH_GRADIENT_CASTS=0 sets the default off."""
+    "Batched gradient casts"; under data parallel in batches of 4 MiB, each parameter reported once complete).
+    Not under anomaly mode. For every thread; DYNGRAD_BATCH_GRADIENT_CASTS=0 sets the default off."""
     check_bools("set_batched_gradient_casts", batch=batch)
     _core.set_batched_gradient_casts(batch)
 

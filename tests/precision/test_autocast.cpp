@@ -374,16 +374,65 @@ TEST_CASE("batched parameter-gradient casts: the same gradients as one cast at a
         CHECK(batched.batched == 3);  // w's bf16 cast, b's bf16 and f16 casts
         CHECK(batched.grads == single.grads);
     }
-    // A readiness callback (data parallel's) reports each gradient as it is done: nothing waits then.
-    int ready = 0;
-    const CastGradients reported =
-        gradients_with_batching(true, false, seed, {.on_parameter_ready = [&](const Parameter&) { ++ready; }});
-    CHECK(reported.batched == 0);
-    CHECK(ready == 2);
-    CHECK(reported.grads == gradients_with_batching(false, false, seed).grads);
+    // A readiness callback (data parallel's) is called once per parameter, after its gradient is complete.
+    for (const bool twice : {false, true}) {
+        std::vector<std::vector<double>> reported_grads;
+        const CastGradients reported = gradients_with_batching(
+            true, twice, seed,
+            {.on_parameter_ready = [&](const Parameter& p) { reported_grads.push_back(p.grad().to_vector()); }});
+        CHECK(reported.batched == 3);
+        REQUIRE(reported_grads.size() == 2);
+        const CastGradients single = gradients_with_batching(false, twice, seed);
+        CHECK(reported.grads == single.grads);
+        // b (recorded after w) is reported first: the sweep runs back to front.
+        CHECK(reported_grads[0] == single.grads[1]);
+        CHECK(reported_grads[1] == single.grads[0]);
+    }
     // Kept gradients of the cast nodes (retain_grads) stay their 16-bit gradients.
     CHECK(gradients_with_batching(true, true, seed, {.retain_grads = true}).grads ==
           gradients_with_batching(false, true, seed).grads);
+}
+
+// More held 16-bit gradient than a batch takes with a readiness callback (4 MiB): the casts are converted in
+// several batches during the sweep, each parameter reported once its gradient is complete.
+TEST_CASE("batched parameter-gradient casts convert in several batches when the held gradients grow",
+          "[autocast][copies]") {
+    const std::uint64_t seed = std::random_device{}();
+    INFO("seed " << seed);
+    const auto run = [&](bool batch, std::vector<std::vector<double>>* reported) {
+        set_batched_gradient_casts(batch);
+        Generator gen(seed);
+        Linear fc1(64, 1100, true, gen), fc2(1100, 1100, true, gen), fc3(1100, 1100, true, gen), fc4(1100, 8, true, gen);
+        std::vector<Parameter> params;
+        for (const Linear* layer : {&fc1, &fc2, &fc3, &fc4})
+            for (const Parameter& p : layer->parameters()) params.push_back(p);
+        const Tensor x = Tensor::normal({2, 64}, 0.0, 1.0, gen);
+        const BatchedGradientCastStats before = batched_gradient_cast_stats();
+        ComputeGraph graph;
+        Var loss;
+        {
+            const AutocastGuard autocast(DType::bf16);
+            loss = sum(fc4(relu(fc3(relu(fc2(relu(fc1(graph.input(x)))))))));
+        }
+        BackwardOptions options;
+        if (reported != nullptr)
+            options.on_parameter_ready = [&](const Parameter& p) { reported->push_back(p.grad().to_vector()); };
+        graph.backward(loss, options);
+        const BatchedGradientCastStats after = batched_gradient_cast_stats();
+        set_batched_gradient_casts(true);
+        std::vector<std::vector<double>> grads;
+        for (const Parameter& p : params) grads.push_back(p.grad().to_vector());
+        return std::pair{grads, std::pair{after.casts - before.casts, after.batches - before.batches}};
+    };
+    std::vector<std::vector<double>> reported;
+    const auto [batched, counts] = run(true, &reported);
+    const auto [single, none] = run(false, nullptr);
+    CHECK(none.first == 0);
+    CHECK(counts.first == 8);
+    CHECK(counts.second >= 2);  // fc3's and fc2's weights are 2.4 MB each in bf16
+    CHECK(batched == single);
+    REQUIRE(reported.size() == 8);
+    for (std::size_t i = 0; i < reported.size(); ++i) CHECK(reported[i] == single[single.size() - 1 - i]);
 }
 
 TEST_CASE("autocast stays on under no_grad and for eager calls; the cache keeps grad and no-grad casts apart",
