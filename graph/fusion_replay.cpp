@@ -7,6 +7,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "dyngrad/cuda/runtime.h"
@@ -197,12 +198,17 @@ bool member_as_planned(const Applying& a, const ComputeGraph& graph, std::size_t
     return true;
 }
 
+// The first external input of group g's kernel that is not as in the plan, if any.
+std::optional<NodeId> input_not_as_planned(const Applying& a, const ComputeGraph& graph, std::size_t g) {
+    for (NodeId id : a.prepared->kernels[g].inputs)
+        if (!node_as_planned(*a.prepared, graph, id)) return id;
+    return std::nullopt;
+}
+
 // Whether group g's kernel can run now: every external input, and every member recorded so far, as in the plan.
 bool can_launch(const Applying& a, const ComputeGraph& graph, std::size_t g) {
-    const CompiledGroup& kernel = a.prepared->kernels[g];
     const std::vector<NodeId>& members = a.prepared->plan.groups[g].members;
-    return std::all_of(kernel.inputs.begin(), kernel.inputs.end(),
-                       [&](NodeId id) { return node_as_planned(*a.prepared, graph, id); }) &&
+    return !input_not_as_planned(a, graph, g) &&
            std::all_of(members.begin(), members.end(),
                        [&](NodeId id) { return id >= graph.size() || member_as_planned(a, graph, g, id); });
 }
@@ -273,14 +279,14 @@ void let_go(State& s, const ComputeGraph& graph, const std::string& why) {
 // Launches group g when its inputs are the plan's, else lets the plan go. False when the plan was let go.
 bool launch_group(State& s, const ComputeGraph& graph, std::size_t g) {
     Applying& a = *s.applying;
-    for (NodeId id : a.prepared->kernels[g].inputs)
-        if (!node_as_planned(*a.prepared, graph, id)) {
-            const Prepared& p = *a.prepared;
-            let_go(s, graph, difference_text(p.node_signatures.size(), graph.size(), id,
-                                           id < p.node_signatures.size() ? p.node_signatures[id] : std::string(),
-                                           id < graph.size() ? node_signature(graph, id) : std::string()));
-            return false;
-        }
+    if (const std::optional<NodeId> differs = input_not_as_planned(a, graph, g)) {
+        const Prepared& p = *a.prepared;
+        const NodeId id = *differs;
+        let_go(s, graph, difference_text(p.node_signatures.size(), graph.size(), id,
+                                       id < p.node_signatures.size() ? p.node_signatures[id] : std::string(),
+                                       id < graph.size() ? node_signature(graph, id) : std::string()));
+        return false;
+    }
     run_group(a, graph, g);
     return true;
 }

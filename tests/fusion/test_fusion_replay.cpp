@@ -18,7 +18,11 @@ Tensor random(const Shape& shape, Generator& gen) { return Tensor::uniform(shape
 
 FusionPlan plan_of(std::vector<std::vector<NodeId>> groups) {
     FusionPlan plan;
-    for (auto& members : groups) plan.groups.push_back(FusionGroup{std::move(members), {}, {}, {}, false});
+    for (auto& members : groups) {
+        FusionGroup group;
+        group.members = std::move(members);
+        plan.groups.push_back(std::move(group));
+    }
     return plan;
 }
 
