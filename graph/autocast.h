@@ -79,7 +79,8 @@ bool autocast_parameter_copies();
 // parameter's cast (its 16-bit gradient back to the parameter's float32) waits for the end of the sweep, where
 // the casts of all such parameters are converted together, a kernel launch per 64 on a GPU
 // (device_memory::convert_ranges) where each was a launch of its own: the bf16 LeNet's eight gradient casts one
-// kernel. The same bits; the parameters' gradients are complete when backward returns, as before. The held 16-bit
+// kernel. The same bits (a gradient of three or more terms may sum them in another order); the parameters'
+// gradients are complete when backward returns, as before. The held 16-bit
 // gradients are converted once they pass 64 MiB, or 4 MiB when the backward reports each parameter's readiness
 // (BackwardOptions::on_parameter_ready: data parallel's all-reduce starts as gradients are done), which then comes
 // after its batch's conversion, still once per parameter with its complete gradient. Not under anomaly mode or
