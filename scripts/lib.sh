@@ -243,6 +243,8 @@ dg_gpu_kind() {
 # The date, the commit, the command (the caller's `dg_command`, set before it shifts its arguments) and the
 # GPU go inside the record: a .json record gains a "recorded" object first, a .md record a first line. Other
 # files (csv, txt, png) and directories are copied as they are; the doc that cites them gives their date.
+# DYNGRAD_RECORD_COMMIT names the commit instead of git: for a copy of the tree whose git metadata is not that
+# tree's (the lent GPU machines receive the working tree with an older .git).
 dg_record() {
     [[ -n "${DYNGRAD_RECORD:-}" ]] || return 0
     local source=$1 path=$2 repository docs target date commit gpu
@@ -257,6 +259,7 @@ dg_record() {
     mkdir -p "$(dirname "$target")"
     date=$(date -u '+%Y-%m-%d %H:%M UTC')
     commit="$(git -C "$repository" rev-parse --short HEAD 2>/dev/null)$(git -C "$repository" diff --quiet HEAD 2>/dev/null || echo ' (with local changes)')"
+    [[ -n "${DYNGRAD_RECORD_COMMIT:-}" ]] && commit="$DYNGRAD_RECORD_COMMIT (as given by DYNGRAD_RECORD_COMMIT)"
     gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 | sed 's/, / (driver /; s/$/)/' || true)
     case "$source" in
         *.json)
