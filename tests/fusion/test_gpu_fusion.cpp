@@ -4,6 +4,7 @@
 // uses the driver API); without a device the executable exits 77 (CTest: skipped).
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <string>
 #include <random>
@@ -383,15 +384,40 @@ struct EagerGradients {
     std::size_t graphs_fused = 0;
 };
 
-// A chain through every differentiable pointwise row, its values kept in each formula's domain, run eagerly three
-// times (the first backward plans and compiles, every backward runs the chain when fusion is on, the third step's
-// forward runs the generated kernel: its signature has repeated).
-EagerGradients every_formula_step(bool fusion, DType dtype, const std::vector<Tensor>& data) {
+// What one step records: the loss it back-propagates, the value compared, the inputs whose gradients are kept.
+struct EagerStep {
+    Var loss;
+    Var value;
+    std::vector<Var> inputs;
+};
+
+// Three eager steps of `record` with fusion on or off (the first backward plans and compiles, every backward runs
+// the chains when fusion is on, the third step's forward runs the generated kernels: its signature has repeated):
+// the third step's value and gradients and the replay counters' deltas.
+EagerGradients three_eager_steps(bool fusion, const std::function<EagerStep(ComputeGraph&)>& record) {
     set_fusion_enabled(fusion);
     const ReplayStats before = replay_stats();
     EagerGradients out;
     for (int step = 0; step < 3; ++step) {
         ComputeGraph graph;
+        const EagerStep recorded = record(graph);
+        graph.backward(recorded.loss);
+        if (step == 2) {
+            out.value = recorded.value.value().to(Device::cpu());
+            for (const Var& v : recorded.inputs) out.grads.push_back(v.grad().to(Device::cpu()));
+        }
+    }
+    cuda::synchronize(0);
+    out.chains_run = replay_stats().backward_chains_run - before.backward_chains_run;
+    out.graphs_fused = replay_stats().eager_graphs_fused - before.eager_graphs_fused;
+    set_fusion_enabled(false);
+    return out;
+}
+
+// A chain through every differentiable pointwise row, its values kept in each formula's domain: the value compared
+// is the chain's last.
+EagerGradients every_formula_step(bool fusion, DType dtype, const std::vector<Tensor>& data) {
+    return three_eager_steps(fusion, [&](ComputeGraph& graph) {
         const Var x = graph.input(data[0], "x", true);
         const Var b = graph.input(data[1], "b", true);
         const Var c = graph.input(data[2], "c", true);  // broadcast over the rows
@@ -410,17 +436,8 @@ EagerGradients every_formula_step(bool fusion, DType dtype, const std::vector<Te
         t = minimum(maximum(div(mul(sub(t, x), x), d), x), b);
         if (dtype != DType::f64) t = to_dtype(to_dtype(t, dtype == DType::f32 ? DType::bf16 : DType::f32), dtype);
         const Var loss = sum(to_dtype(t, dtype == DType::f64 ? DType::f64 : DType::f32));
-        graph.backward(loss);
-        if (step == 2) {
-            out.value = t.value().to(Device::cpu());
-            for (const Var& v : {x, b, c, d}) out.grads.push_back(v.grad().to(Device::cpu()));
-        }
-    }
-    cuda::synchronize(0);
-    out.chains_run = replay_stats().backward_chains_run - before.backward_chains_run;
-    out.graphs_fused = replay_stats().eager_graphs_fused - before.eager_graphs_fused;
-    set_fusion_enabled(false);
-    return out;
+        return EagerStep{loss, t, {x, b, c, d}};
+    });
 }
 
 }  // namespace
@@ -461,27 +478,14 @@ namespace {
 // matmul → ReLU → sum (the lone ReLU grouped for its backward) and a mean over the last axis of tanh(0.5·product),
 // squared and summed: three eager steps, the last one's gradients.
 EagerGradients reduction_steps(bool fusion, const Tensor& x_data, const Tensor& w_data) {
-    set_fusion_enabled(fusion);
-    const ReplayStats before = replay_stats();
-    EagerGradients out;
-    for (int step = 0; step < 3; ++step) {
-        ComputeGraph graph;
+    return three_eager_steps(fusion, [&](ComputeGraph& graph) {
         const Var x = graph.input(x_data, "x", true);
         const Var w = graph.input(w_data, "w", true);
         const Var product = matmul(x, w);
         const Var row_means = mean(tanh(mul_scalar(product, 0.5)), {-1});
         const Var loss = add(sum(relu(product)), sum(mul(row_means, row_means)));
-        graph.backward(loss);
-        if (step == 2) {
-            out.value = loss.value().to(Device::cpu());
-            for (const Var& v : {x, w}) out.grads.push_back(v.grad().to(Device::cpu()));
-        }
-    }
-    cuda::synchronize(0);
-    out.chains_run = replay_stats().backward_chains_run - before.backward_chains_run;
-    out.graphs_fused = replay_stats().eager_graphs_fused - before.eager_graphs_fused;
-    set_fusion_enabled(false);
-    return out;
+        return EagerStep{loss, loss, {x, w}};
+    });
 }
 
 }  // namespace
