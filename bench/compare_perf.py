@@ -262,7 +262,10 @@ def main():
     args = parser.parse_args()
     ours, theirs = load(args.dyngrad_json), load(args.torch_json)
     summary = []
-    fusion = {True: ", fusion compiler on (DYNGRAD_FUSION=1)", False: ", fusion compiler off"}.get(ours.get("fusion"), "")
+    # "fusion": the mode ("off", "captured", "all"; older records: true/false for all/off)
+    fusion = {True: ", fusion compiler on (DYNGRAD_FUSION=1)", False: ", fusion compiler off",
+              "off": ", fusion compiler off", "captured": ", fusion compiler on in captured steps (the default)",
+              "all": ", fusion compiler on in captured and eager steps (DYNGRAD_FUSION=1)"}.get(ours.get("fusion"), "")
     lines = [f"dyngrad: {ours.get('device', '?')}{fusion}", "",
              f"torch: {theirs.get('device', '?')}, torch {theirs.get('torch', '?')}, CUDA {theirs.get('cuda', '?')}, "
              f"cuDNN {theirs.get('cudnn', '?')}, cudnn.benchmark {theirs.get('cudnn_benchmark', '?')}", "",

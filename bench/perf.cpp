@@ -672,7 +672,7 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Set
     out.precision(9);
     out << "{\n  \"tool\": \"dyngrad-perf\",\n  \"device\": " << json_string(cuda::device_name(0)) << ",\n"
         << "  \"weight_gradient_overlap\": " << json_string(overlap_name(cuda::weight_gradient_overlap())) << ",\n"
-        << "  \"fusion\": " << (fusion::fusion_settings().enabled ? "true" : "false") << ",\n"
+        << "  \"fusion\": " << json_string(fusion::fusion_mode_name(fusion::fusion_settings().mode)) << ",\n"
         << "  \"timing\": \"median over repetitions of the mean ms per step; each repetition timed on the host clock "
            "from a synchronised device to the end of cudaDeviceSynchronize after K steps\",\n"
         << "  \"memory\": \"peak bytes in use during one step after reset_peak_memory, absolute (parameters, "
@@ -806,7 +806,7 @@ int main(int argc, char** argv) {
             }
             bool failed_any = false;
             std::printf("dyngrad-perf --kernel-times on %s, fusion %s (DYNGRAD_FUSION)\n", cuda::device_name(0).c_str(),
-                        fusion::fusion_settings().enabled ? "on" : "off");
+                        fusion::fusion_mode_name(fusion::fusion_settings().mode));
             for (const Workload& w : all) {
                 if (!wanted(w.name) || (only.empty() && w.opt_in)) continue;
                 for (const bool captured : {false, true}) {
@@ -823,7 +823,7 @@ int main(int argc, char** argv) {
         }
         std::printf("dyngrad-perf on %s, weight-gradient overlap: %s, fusion %s (DYNGRAD_FUSION)\n",
                     cuda::device_name(0).c_str(), overlap_name(cuda::weight_gradient_overlap()),
-                    fusion::fusion_settings().enabled ? "on" : "off");
+                    fusion::fusion_mode_name(fusion::fusion_settings().mode));
         std::printf("ms per step: median of %d repetitions of K steps (>= %.0f ms each), after %d warm-up steps; "
                     "peak = absolute peak bytes in use during one step\n\n",
                     settings.repetitions, settings.min_repetition_ms, settings.warmup);

@@ -14,8 +14,8 @@ namespace dyngrad::fusion {
 
 namespace {
 
-// -1: from the environment; 0 or 1: set_fusion_enabled.
-std::atomic<int> enabled_override{-1};
+// -1: from the environment; else a FusionMode set by set_fusion_mode.
+std::atomic<int> mode_override{-1};
 std::atomic<std::uint64_t> switches{0};
 
 const PointwiseFormula* formula_of(const ComputeNode& node) {
@@ -323,20 +323,36 @@ std::optional<BackwardChain> describe_backward(const Builder& b, const FusionGro
 
 }  // namespace
 
-FusionSettings fusion_settings() {
-    static const FusionSettings from_environment{environment_flag("DYNGRAD_FUSION"),
-                                                 environment_flag("DYNGRAD_PRINT_FUSIONS"),
-                                                 environment_flag("DYNGRAD_CHECK_FUSIONS")};
-    FusionSettings settings = from_environment;
-    const int override_value = enabled_override.load(std::memory_order_relaxed);
-    if (override_value >= 0) settings.enabled = override_value == 1;
-    return settings;
+FusionMode parse_fusion_mode(std::string_view text) {
+    if (text.empty() || text == "captured") return FusionMode::Captured;
+    if (text == "0" || text == "off") return FusionMode::Off;
+    return FusionMode::All;
 }
 
-void set_fusion_enabled(bool enabled) {
-    enabled_override.store(enabled ? 1 : 0, std::memory_order_relaxed);
+const char* fusion_mode_name(FusionMode mode) {
+    switch (mode) {
+        case FusionMode::Off: return "off";
+        case FusionMode::Captured: return "captured";
+        case FusionMode::All: return "all";
+    }
+    return "unknown";
+}
+
+FusionSettings fusion_settings() {
+    static const FusionMode environment_mode = parse_fusion_mode(environment("DYNGRAD_FUSION"));
+    static const bool print = environment_flag("DYNGRAD_PRINT_FUSIONS");
+    static const bool check = environment_flag("DYNGRAD_CHECK_FUSIONS");
+    const int override_value = mode_override.load(std::memory_order_relaxed);
+    const FusionMode mode = override_value >= 0 ? static_cast<FusionMode>(override_value) : environment_mode;
+    return {mode, mode != FusionMode::Off, mode == FusionMode::All, print, check};
+}
+
+void set_fusion_mode(FusionMode mode) {
+    mode_override.store(static_cast<int>(mode), std::memory_order_relaxed);
     switches.fetch_add(1, std::memory_order_relaxed);
 }
+
+void set_fusion_enabled(bool enabled) { set_fusion_mode(enabled ? FusionMode::All : FusionMode::Off); }
 
 std::uint64_t fusion_switches() { return switches.load(std::memory_order_relaxed); }
 

@@ -2,7 +2,7 @@
 // pointwise nodes (rows with OpDef::pointwise: elementwise unary and binary ops, activations, casts, scalar ops) that
 // one generated kernel can compute, what each group must write to memory, and which backward chains can be grouped
 // likewise. A plan describes; it runs nothing (ops/fusion_source.h generates a group's kernel source,
-// cuda/nvrtc_compiler.h compiles it). Fusion is off by default until it has been measured on a GPU.
+// cuda/nvrtc_compiler.h compiles it). By default it fuses inside captured steps (cuda::CapturedStep) only.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -10,6 +10,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dyngrad/graph/graph.h"
@@ -17,19 +18,32 @@
 namespace dyngrad::fusion {
 
 // The switches, read once from the environment (set_* override them, e.g. in tests):
-//   DYNGRAD_FUSION=1         fuse (default off: nothing measured yet)
+//   DYNGRAD_FUSION           unset or "captured": fuse inside captured steps (cuda::CapturedStep: its warm-up
+//                            plans, its capture launches the generated kernels), never an eager graph;
+//                            "0" or "off": never fuse; "1" or "all": also eager graphs whose signature repeats
 //   DYNGRAD_PRINT_FUSIONS=1  print each generated kernel's source and each fallback to stderr
 //   DYNGRAD_CHECK_FUSIONS=1  compare each generated kernel with its unfused composition on first use
+// Captured steps by default: a capture already asks for a warm-up and a fixed graph, as torch.compile does, and
+// there the generated kernels were measured (docs/fusion.md); an eager graph's fused forward leaves a member's
+// value unwritten until its group runs, which a caller reading Var::node().value would see, so eager is opt-in.
+enum class FusionMode : std::uint8_t { Off, Captured, All };
 struct FusionSettings {
-    bool enabled = false;
+    FusionMode mode = FusionMode::Captured;
+    bool enabled = true;  // mode != Off: captured steps fuse
+    bool eager = false;   // mode == All: eager graphs fuse too
     bool print = false;
     bool check = false;
 };
 FusionSettings fusion_settings();
+// DYNGRAD_FUSION's text as a mode: "" and "captured" Captured, "0" and "off" Off, anything else All (as "1").
+FusionMode parse_fusion_mode(std::string_view text);
+const char* fusion_mode_name(FusionMode mode);  // "off", "captured", "all"
 // Also starts afresh what the hook learnt of repeating graphs (graph/fusion_replay.h): a process that turns fusion
 // off and on again fuses an eager graph once its signature has come to a backward twice more.
+void set_fusion_mode(FusionMode mode);
+// true: FusionMode::All (eager graphs too), false: Off.
 void set_fusion_enabled(bool enabled);
-// How many times set_fusion_enabled has been called (the hook compares it with what it last saw).
+// How many times set_fusion_mode/set_fusion_enabled has been called (the hook compares it with what it last saw).
 std::uint64_t fusion_switches();
 
 // Why a member's value is written to memory by its group's kernel.

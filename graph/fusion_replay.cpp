@@ -313,10 +313,17 @@ constexpr std::size_t kNotWaiting = static_cast<std::size_t>(-1);  // an eager p
 // A graph takes, at its first recorded op, the first plan whose graph it has recorded so far: in a capture, of its
 // variant's waiting plans; eagerly, of the plans whose signature repeated. None: it runs unfused (declined).
 bool bind(State& s, const ComputeGraph& graph, std::uint64_t generation, Device device) {
-    if (s.applying || !device.is_cuda() || !fusion_settings().enabled) return false;
+    if (s.applying || !device.is_cuda()) return false;
+    const FusionSettings settings = fusion_settings();
+    if (!settings.enabled) return false;
     const bool capturing = cuda::capturing(device.index);
     const cuda::StepRun run = cuda::current_step_run();
     if (capturing && !run.capture) return false;  // a capture of the caller's own, outside a CapturedStep
+    if (!capturing && !settings.eager) {  // FusionMode::Captured (perhaps since the plans repeated): eager runs unfused
+        s.repeated.clear();
+        update_armed(s);
+        return false;
+    }
     const std::uint64_t scope = capturing ? run.variant : 0;
     if (scope != s.bind_scope) {
         s.bind_scope = scope;
@@ -518,19 +525,22 @@ std::shared_ptr<BackwardFusion> at_backward(const ComputeGraph& graph, std::uint
         return nullptr;
     }
     forget_repeats_if_switched(s);
-    // An eager backward (a CapturedStep's warm-up or any other): plan the graph; a warm-up's plan waits for the
-    // variant's capture; a signature that comes back is fused in the next eager graphs that record it.
+    const cuda::StepRun run = cuda::current_step_run();
+    const bool eager = fusion_settings().eager;
+    if (!eager && run.variant == 0) return nullptr;  // FusionMode::Captured: an eager graph outside a CapturedStep
+    // An eager backward (a CapturedStep's warm-up or, in FusionMode::All, any other): plan the graph; a warm-up's
+    // plan waits for the variant's capture; a signature that comes back is fused in the next eager graphs that
+    // record it (FusionMode::All).
     std::string signature = graph_signature(graph);
     const std::string prepared_key = str(signature, "@", root);
     auto found = s.prepared.find(prepared_key);
     if (found == s.prepared.end()) found = s.prepared.emplace(prepared_key, prepare(graph, signature, root)).first;
     const std::shared_ptr<const Prepared>& prepared = found->second;
-    if (!prepared->plan.groups.empty() && ++s.backward_count[prepared_key] >= 2) {
+    if (eager && !prepared->plan.groups.empty() && ++s.backward_count[prepared_key] >= 2) {
         std::erase(s.repeated, prepared);
         s.repeated.insert(s.repeated.begin(), prepared);
         if (s.repeated.size() > kMaxRepeatedPlans) s.repeated.pop_back();
     }
-    const cuda::StepRun run = cuda::current_step_run();
     if (run.variant != 0 && !run.capture && !prepared->plan.groups.empty()) {
         if (run.variant != s.warm_up_variant) {
             s.warm_up_variant = run.variant;

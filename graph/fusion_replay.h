@@ -1,14 +1,16 @@
-// The fusion compiler inside steps (issue 33, docs/fusion.md "The hook"): with fusion on (DYNGRAD_FUSION=1 or
-// fusion::set_fusion_enabled(true)), each fusion group's generated kernel runs instead of its members' kernels in
-// the forward of a cuda::CapturedStep's capture and of eager graphs whose signature has repeated, and every
-// backward on the GPU (eager or captured) runs each group's backward chain as one generated kernel.
+// The fusion compiler inside steps (issue 33, docs/fusion.md "The hook"): with fusion on (the default,
+// FusionMode::Captured), each fusion group's generated kernel runs instead of its members' kernels in the forward
+// of a cuda::CapturedStep's capture, and the backward of its warm-up and capture runs each group's backward chain
+// as one generated kernel; with FusionMode::All (DYNGRAD_FUSION=1, fusion::set_fusion_enabled(true)) also in the
+// forward of eager graphs whose signature has repeated and in every eager backward on the GPU.
 //
 //   eager backward: at the graph's first backward, plan the graph as recorded so far (plan_fusion, cached by
 //     signature and root), compile every group's kernel and backward chain (compilation is not capturable); a
 //     group whose compile fails, or that DYNGRAD_CHECK_FUSIONS=1 finds differing from its unfused kernels, is
 //     dropped. The sweep runs the chains (graph/sweep.cpp). In a CapturedStep's warm-up (cuda::current_step_run)
 //     the plan also waits, thread-local, for that variant's capture; a plan whose signature comes to a backward a
-//     second time is offered to the next eager graphs.
+//     second time is offered to the next eager graphs (FusionMode::All; FusionMode::Captured plans no other eager
+//     graph).
 //   forward: a graph takes the first plan whose graph it has recorded so far (a capture: its variant's waiting
 //     plans; eager: the repeated ones); recording a member allocates its output and launches nothing; its group's
 //     kernel is launched just before the first node outside the group that reads a member, right after its last

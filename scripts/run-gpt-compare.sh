@@ -13,9 +13,9 @@
 #   --tiny       a 2-layer, width-32, context-32 model with batch 8 (a CPU check of the script itself)
 #   --no-compile skip the torch.compile run
 #   --precision P f32 (default, TF32 off), or bf16 / f16: both trainers under autocast (f16 with loss scaling)
-#   --capture    dyngrad's step as a CUDA graph (char_gpt --capture; DYNGRAD_FUSION=1 in the environment adds the
-#                fusion compiler, whose planning and NVRTC time char_gpt prints and the report sets against
-#                torch.compile's one-time cost)
+#   --capture    dyngrad's step as a CUDA graph (char_gpt --capture), with the fusion compiler (on in captured
+#                steps unless DYNGRAD_FUSION=0), whose planning and NVRTC time char_gpt prints and the report sets
+#                against torch.compile's one-time cost
 # OUT_DIR receives prepared/ (init.safetensors, batch_order.txt), dyngrad.csv, torch_eager.csv,
 # torch_compile.csv, the programs' logs, report.md, report.json and gpt_loss_curves.png.
 # Environment: PYTHON (default python3; needs torch, and matplotlib for the PNG); CHAR_GPT (a
@@ -94,11 +94,11 @@ if ((compile)); then
 fi
 
 echo "==> report"
-"$python" - "$out" "$device" "${config[*]}" "$precision" "$capture" "${DYNGRAD_FUSION:-0}" <<'PY' | tee "$out/report.md" || status=1
+"$python" - "$out" "$device" "${config[*]}" "$precision" "$capture" "${DYNGRAD_FUSION:-captured}" <<'PY' | tee "$out/report.md" || status=1
 import csv, datetime, json, os, platform, re, statistics, sys
 
 out, device, config, precision = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-captured, fused = sys.argv[5] == "1", sys.argv[6] == "1"
+captured, fused = sys.argv[5] == "1", sys.argv[6] not in ("0", "off")  # DYNGRAD_FUSION (unset: captured)
 runs = {}
 for name, label in (("dyngrad", "dyngrad"), ("torch_eager", "PyTorch eager"), ("torch_compile", "torch.compile")):
     path = f"{out}/{name}.csv"
@@ -138,7 +138,7 @@ arithmetic = {"f32": "float32 (TF32 off)", "bf16": "bf16 autocast", "f16": "f16 
 print(f"# char GPT: dyngrad vs PyTorch, {arithmetic} ({datetime.date.today()}, {gpu}, torch {torch_version})\n")
 print(f"Configuration (both trainers): `{config}`; same initial weights and batch order (bench/torch_gpt.py "
       f"--prepare), {arithmetic} on both sides. dyngrad's step: "
-      + ("captured (`--capture`), fusion " + ("on (DYNGRAD_FUSION=1)" if fused else "off") if captured else "eager")
+      + ("captured (`--capture`), fusion " + ("on" if fused else "off (DYNGRAD_FUSION=0)") if captured else "eager")
       + ".\n")
 print("| run | steps | final train loss | final val loss | tokens/s (after warm-up) | dyngrad / this |")
 print("|---|---:|---:|---:|---:|---:|")

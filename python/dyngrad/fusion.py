@@ -1,15 +1,20 @@
 """dyngrad.fusion: the fusion compiler's switch, counters and log (docs/fusion.md), as C++ reaches them.
 
-    with dg.fusion.enabled():                # or dg.fusion.set_enabled(True); DYNGRAD_FUSION=1 sets the default
-        for x, y in loader:                  # CUDA tensors: from the third step with the same graph, each group
-            train_step(x, y)                 # of pointwise ops runs as one generated kernel, forward and backward
+    step = dg.cuda.CapturedStep(train_step)  # fused by default: its warm-up plans, its capture runs each group
+    for x, y in loader:                      # of pointwise ops as one generated kernel, forward and backward
+        step.run(x, y)
+    with dg.fusion.enabled():                # or set_mode("all"); DYNGRAD_FUSION=1: eager graphs fuse too
+        for x, y in loader:                  # CUDA tensors: from the third step with the same graph
+            train_step(x, y)
     dg.fusion.stats()["eager_graphs_fused"], dg.fusion.log()
 
-With fusion on, a graph on the GPU is planned at its first backward (``fusion::plan_fusion``): maximal groups of
-pointwise ops, each compiled with NVRTC into one kernel; every backward runs each group's backward chain as one
-kernel, and an eager graph whose signature has come to a backward twice runs the generated forward too (so does a
-``dg.cuda.CapturedStep``'s capture). A plan never changes a result. Only CUDA graphs are planned: on the CPU, and
-on a build without CUDA, the switch and the counters exist but the counters do not move and nothing is logged.
+The mode (``fusion::FusionMode``; DYNGRAD_FUSION sets the process's default): "captured" (the default) plans a
+``dg.cuda.CapturedStep``'s graph at its warm-up's backward (``fusion::plan_fusion``): maximal groups of pointwise
+ops, each compiled with NVRTC into one kernel that its capture launches, and each group's backward chain as one
+kernel; "all" does the same for eager graphs (every backward runs the chains, and an eager graph whose signature
+has come to a backward twice runs the generated forward); "off" never fuses. A plan never changes a result. Only
+CUDA graphs are planned: on the CPU, and on a build without CUDA, the switch and the counters exist but the
+counters do not move and nothing is logged.
 """
 from __future__ import annotations
 
@@ -18,54 +23,71 @@ import contextlib as _contextlib
 from . import _core
 from ._args import check_bools
 
-__all__ = ["is_enabled", "set_enabled", "enabled", "settings", "stats", "log", "clear_log", "LOG_KINDS"]
+__all__ = ["is_enabled", "set_enabled", "mode", "set_mode", "MODES", "enabled", "settings", "stats", "log", "clear_log",
+           "LOG_KINDS"]
+
+MODES = ("off", "captured", "all")
 
 # The values of a log entry's "kind" (cuda::FusionLogEntry::Kind, in snake case).
 LOG_KINDS = tuple(_core.fusion_log_kinds())
 
 
 def is_enabled() -> bool:
-    """Whether fusion is on (``fusion::fusion_settings().enabled``): DYNGRAD_FUSION=1, or set_enabled's last
-    value. Off by default."""
+    """Whether fusion is on (``fusion::fusion_settings().enabled``): mode() is "captured" (the default) or "all"."""
     return _core.fusion_settings()["enabled"]
 
 
+def mode() -> str:
+    """The mode, one of MODES: DYNGRAD_FUSION's ("captured" when unset; "0"/"off"; "1"/"all"), or what set_mode or
+    set_enabled last set."""
+    return _core.fusion_settings()["mode"]
+
+
+def set_mode(mode: str) -> None:
+    """Sets the mode for the whole process, every thread (``fusion::set_fusion_mode``; overrides DYNGRAD_FUSION):
+    "off", "captured" (captured steps only, the default) or "all" (eager graphs too). Each call also forgets which
+    eager graphs have repeated. TypeError for a non-str, ValueError for another string."""
+    if not isinstance(mode, str):
+        raise TypeError(f"fusion.set_mode: mode must be a str, got {type(mode).__name__}")
+    _core.set_fusion_mode(mode)
+
+
 def set_enabled(enabled: bool) -> None:
-    """Turns fusion on or off for the whole process, every thread (``fusion::set_fusion_enabled``; overrides
-    DYNGRAD_FUSION). Each call also forgets which eager graphs have repeated: an eager graph fuses again once its
-    signature has come to a backward twice after the call. A bool only (TypeError otherwise)."""
+    """True: mode "all" (captured steps and eager graphs fuse); False: "off" (``fusion::set_fusion_enabled``;
+    overrides DYNGRAD_FUSION). Each call also forgets which eager graphs have repeated: an eager graph fuses again
+    once its signature has come to a backward twice after the call. A bool only (TypeError otherwise)."""
     check_bools("fusion.set_enabled", enabled=enabled)
     _core.set_fusion_enabled(enabled)
 
 
 class enabled(_contextlib.ContextDecorator):
-    """``with dg.fusion.enabled():`` (or ``enabled(False)``, or as a decorator): fusion on (off) inside, the
-    previous state back at the end, also when the block raises. The switch is the process's, as set_enabled's:
-    other threads see it change. Entering or leaving with the state already equal changes nothing (no
-    set_enabled call, so what the eager hook learnt of repeating graphs is kept)."""
+    """``with dg.fusion.enabled():`` (or ``enabled(False)``, or as a decorator): mode "all" ("off") inside, the
+    previous mode back at the end, also when the block raises. The mode is the process's, as set_mode's: other
+    threads see it change. Entering or leaving with the mode already that one changes nothing (no set_mode call,
+    so what the eager hook learnt of repeating graphs is kept)."""
 
     def __init__(self, flag: bool = True):
         check_bools("fusion.enabled", flag=flag)
-        self._flag = flag
+        self._mode = "all" if flag else "off"
         self._before = []  # a stack: one object may be entered again while active (a decorated recursive function)
 
     def __enter__(self):
-        before = is_enabled()
+        before = mode()
         self._before.append(before)
-        if before != self._flag:
-            _core.set_fusion_enabled(self._flag)
+        if before != self._mode:
+            _core.set_fusion_mode(self._mode)
         return self
 
     def __exit__(self, *exc):
         before = self._before.pop()
-        if is_enabled() != before:
-            _core.set_fusion_enabled(before)
+        if mode() != before:
+            _core.set_fusion_mode(before)
         return False
 
 
 def settings() -> dict:
-    """The switches as ``fusion::fusion_settings()`` reads them: ``{"enabled", "print", "check"}`` (bools).
-    "enabled": DYNGRAD_FUSION=1 or set_enabled; "print": DYNGRAD_PRINT_FUSIONS=1 (generated sources and fallbacks
+    """The switches as ``fusion::fusion_settings()`` reads them: ``{"mode", "enabled", "eager", "print", "check"}``
+    (mode a str of MODES, the others bools). "enabled": the mode is not "off"; "eager": it is "all"; "print": DYNGRAD_PRINT_FUSIONS=1 (generated sources and fallbacks
     to stderr); "check": DYNGRAD_CHECK_FUSIONS=1 (each new kernel compared with its unfused ops on first use).
     "print" and "check" are read once from the environment: C++ has no setter for them either."""
     return _core.fusion_settings()

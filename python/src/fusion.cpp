@@ -39,13 +39,23 @@ constexpr std::pair<LogKind, const char*> kLogKinds[] = {
 
 void bind_fusion(nb::module_& m) {
     m.def("fusion_settings", [] {
-        using S = fusion::FusionSettings;
-        return fields_dict(fusion::fusion_settings(), field("enabled", &S::enabled), field("print", &S::print),
-                           field("check", &S::check));
-    }, "{'enabled', 'print', 'check'}: the fusion switches (DYNGRAD_FUSION, DYNGRAD_PRINT_FUSIONS, "
-       "DYNGRAD_CHECK_FUSIONS; 'enabled' as set_fusion_enabled last set it).");
+        const fusion::FusionSettings s = fusion::fusion_settings();
+        nb::dict d;  // FusionSettings' fields in order (test_cpp_parity.py), the mode by its name
+        d["mode"] = fusion::fusion_mode_name(s.mode);
+        d["enabled"] = s.enabled;
+        d["eager"] = s.eager;
+        d["print"] = s.print;
+        d["check"] = s.check;
+        return d;
+    }, "{'mode', 'enabled', 'eager', 'print', 'check'}: the fusion switches (DYNGRAD_FUSION, DYNGRAD_PRINT_FUSIONS, "
+       "DYNGRAD_CHECK_FUSIONS; 'mode' as set_fusion_mode or set_fusion_enabled last set it).");
     m.def("set_fusion_enabled", &fusion::set_fusion_enabled, nb::arg("enabled"),
-          "Turns fusion on or off for the process (overrides DYNGRAD_FUSION).");
+          "True: fuse captured steps and eager graphs ('all'); False: never ('off'). Overrides DYNGRAD_FUSION.");
+    m.def("set_fusion_mode", [](const std::string& mode) {
+        if (mode != "off" && mode != "captured" && mode != "all")
+            throw ValueError(str("fusion.set_mode: mode must be 'off', 'captured' or 'all', got '", mode, "'"));
+        fusion::set_fusion_mode(fusion::parse_fusion_mode(mode));
+    }, nb::arg("mode"), "'off', 'captured' (the default) or 'all'. Overrides DYNGRAD_FUSION.");
     m.def("fusion_stats", [] {
         using R = fusion::ReplayStats;
         return fields_dict(fusion::replay_stats(), field("plans", &R::plans),

@@ -280,6 +280,7 @@ FUSION_HEADERS = ("graph/fusion_plan.h", "graph/fusion_replay.h", "cuda/nvrtc_co
 FUSION_FUNCTIONS = {
     "fusion_settings": "fusion.settings",
     "set_fusion_enabled": "fusion.set_enabled",
+    "set_fusion_mode": "fusion.set_mode",
     "replay_stats": "fusion.stats",
     "fusion_log": "fusion.log",
     "clear_fusion_log": "fusion.clear_log",

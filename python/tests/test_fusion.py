@@ -23,10 +23,31 @@ TIMES = ["prepare_ms", "nvrtc_ms"]
 
 @pytest.fixture(autouse=True)
 def restore_switch():
-    before = dg.fusion.is_enabled()
+    before = dg.fusion.mode()
     yield
-    if dg.fusion.is_enabled() != before:
-        dg.fusion.set_enabled(before)
+    if dg.fusion.mode() != before:
+        dg.fusion.set_mode(before)
+
+
+def test_captured_steps_fuse_by_default():
+    code = "import dyngrad as dg; print(dg.fusion.mode(), dg.fusion.is_enabled(), dg.fusion.settings()['eager'])"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("DYNGRAD_")}
+    out = subprocess.run([sys.executable, "-c", code], env=clean, capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "captured True False", out
+
+
+def test_set_mode_round_trip_and_its_errors():
+    for name in ("off", "all", "captured", "off"):
+        dg.fusion.set_mode(name)
+        assert dg.fusion.mode() == name
+        assert dg.fusion.is_enabled() is (name != "off")
+        assert dg.fusion.settings()["eager"] is (name == "all")
+    with pytest.raises(ValueError, match=r"fusion\.set_mode: mode must be 'off', 'captured' or 'all', got 'on'"):
+        dg.fusion.set_mode("on")
+    with pytest.raises(TypeError, match=r"fusion\.set_mode: mode must be a str, got bool"):
+        dg.fusion.set_mode(True)
+    assert dg.fusion.mode() == "off"  # a refused call changes nothing
+    assert dg.fusion.MODES == ("off", "captured", "all")
 
 
 def test_set_enabled_round_trip():
@@ -34,6 +55,7 @@ def test_set_enabled_round_trip():
         dg.fusion.set_enabled(flag)
         assert dg.fusion.is_enabled() is flag
         assert dg.fusion.settings()["enabled"] is flag
+        assert dg.fusion.mode() == ("all" if flag else "off")
 
 
 def test_enabled_restores_the_switch():
@@ -44,6 +66,11 @@ def test_enabled_restores_the_switch():
             assert not dg.fusion.is_enabled()
         assert dg.fusion.is_enabled()
     assert not dg.fusion.is_enabled()
+    dg.fusion.set_mode("captured")
+    with dg.fusion.enabled(False):
+        assert dg.fusion.mode() == "off"
+    assert dg.fusion.mode() == "captured"  # the mode it found, not set_enabled(True)'s "all"
+    dg.fusion.set_enabled(False)
     with pytest.raises(KeyError):
         with dg.fusion.enabled(True):
             raise KeyError("inside")
@@ -78,15 +105,18 @@ def test_wrong_argument_types_raise_type_error(value):
 
 def test_settings_keys_and_types():
     settings = dg.fusion.settings()
-    assert list(settings) == ["enabled", "print", "check"]
-    assert all(type(v) is bool for v in settings.values())
+    assert list(settings) == ["mode", "enabled", "eager", "print", "check"]
+    assert settings["mode"] in dg.fusion.MODES
+    assert all(type(v) is bool for k, v in settings.items() if k != "mode")
 
 
 def test_settings_read_the_environment():
     """DYNGRAD_PRINT_FUSIONS and DYNGRAD_CHECK_FUSIONS have no setter: a process started with them sees them."""
-    code = "import dyngrad as dg; s = dg.fusion.settings(); print(s['enabled'], s['print'], s['check'])"
-    for env, expected in (({"DYNGRAD_FUSION": "1", "DYNGRAD_PRINT_FUSIONS": "1"}, "True True False"),
-                          ({"DYNGRAD_CHECK_FUSIONS": "1"}, "False False True")):
+    code = "import dyngrad as dg; s = dg.fusion.settings(); print(s['mode'], s['enabled'], s['print'], s['check'])"
+    for env, expected in (({"DYNGRAD_FUSION": "1", "DYNGRAD_PRINT_FUSIONS": "1"}, "all True True False"),
+                          ({"DYNGRAD_FUSION": "0", "DYNGRAD_CHECK_FUSIONS": "1"}, "off False False True"),
+                          ({"DYNGRAD_FUSION": "captured"}, "captured True False False"),
+                          ({"DYNGRAD_CHECK_FUSIONS": "1"}, "captured True False True")):
         clean = {k: v for k, v in os.environ.items() if not k.startswith("DYNGRAD_")}
         out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
                              check=True).stdout

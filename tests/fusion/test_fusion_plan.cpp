@@ -4,6 +4,7 @@
 // tests/fusion/test_fusion_nvrtc.cpp.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <regex>
 #include <set>
@@ -65,14 +66,25 @@ struct Mlp {
 
 }  // namespace
 
-TEST_CASE("fusion is off by default and the switch turns it on", "[fusion]") {
-    // CTest runs without DYNGRAD_FUSION: nothing is fused until the lead has measured it on the GPU.
-    const bool from_environment = fusion_settings().enabled;
+TEST_CASE("fusion fuses captured steps by default; the switch and DYNGRAD_FUSION's values", "[fusion]") {
+    const FusionMode from_environment = fusion_settings().mode;
+    if (const char* set = std::getenv("DYNGRAD_FUSION"); set == nullptr || *set == 0) CHECK(from_environment == FusionMode::Captured);
+    CHECK(parse_fusion_mode("") == FusionMode::Captured);
+    CHECK(parse_fusion_mode("captured") == FusionMode::Captured);
+    CHECK(parse_fusion_mode("0") == FusionMode::Off);
+    CHECK(parse_fusion_mode("off") == FusionMode::Off);
+    CHECK(parse_fusion_mode("1") == FusionMode::All);
+    CHECK(parse_fusion_mode("all") == FusionMode::All);
+    CHECK(std::string(fusion_mode_name(FusionMode::Captured)) == "captured");
     set_fusion_enabled(true);
-    CHECK(fusion_settings().enabled);
+    CHECK(fusion_settings().mode == FusionMode::All);
+    CHECK((fusion_settings().enabled && fusion_settings().eager));
+    set_fusion_mode(FusionMode::Captured);
+    CHECK((fusion_settings().enabled && !fusion_settings().eager));
     set_fusion_enabled(false);
     CHECK_FALSE(fusion_settings().enabled);
-    set_fusion_enabled(from_environment);
+    CHECK_FALSE(fusion_settings().eager);
+    set_fusion_mode(from_environment);
 }
 
 TEST_CASE("every pointwise row names a functor of the embedded formulas", "[fusion]") {

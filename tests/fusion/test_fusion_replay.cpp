@@ -161,11 +161,11 @@ TEST_CASE("fusion on a CPU graph plans nothing and changes no result", "[fusion]
         graph.backward(sum(mul_scalar(relu(add(x, b)), 3.0)));
         return x.grad().to_vector();
     };
-    const bool from_environment = fusion_settings().enabled;
+    const FusionMode from_environment = fusion_settings().mode;
     const ReplayStats before = replay_stats();
     const std::vector<double> fused = gradient(true);
     const std::vector<double> unfused = gradient(false);
-    set_fusion_enabled(from_environment);
+    set_fusion_mode(from_environment);
     CHECK(fused == unfused);
     CHECK(replay_stats().plans == before.plans);  // only graphs on CUDA devices are planned
     CHECK_FALSE(fusion::detail::replay_armed());
