@@ -1,6 +1,6 @@
-# Writes the part of a header between its "// fusion-source-begin" and "// fusion-source-end" lines as one C++ raw
-# string literal, for the fusion compiler's generated kernels (ops/fusion_source.cpp): NVRTC then compiles the same
-# formulas as the op kernels without reading any file at run time.
+# Writes the part of a header (ops/elementwise_math.h, ops/dropout_mask.h) between its "// fusion-source-begin" and
+# "// fusion-source-end" lines as one C++ raw string literal, for the fusion compiler's generated kernels
+# (ops/fusion_source.cpp): NVRTC then compiles the same formulas as the op kernels without reading any file at run time.
 # Usage: cmake -DINPUT=ops/elementwise_math.h -DOUTPUT=<build>/generated/elementwise_math_source.inc -P embed_source.cmake
 file(READ "${INPUT}" text)
 string(FIND "${text}" "// fusion-source-begin" begin)

@@ -74,14 +74,25 @@ std::optional<RowReduction> row_reduction(const ComputeGraph& graph, NodeId id) 
 // widen to f32 and every result is rounded to its node's dtype, as the unfused kernels do).
 bool computes_in_double(DType dtype) { return dtype == DType::f64; }
 
+// A dropout that drops: its forward is a kernel of math::dropout_apply (eval and p = 0 copy x instead, no member).
+// Its seed input, when it has one, is an int64 element the kernel reads as bits.
+bool dropping(const ComputeNode& node) {
+    return node.op == OpType::Dropout && node.attrs.training && node.attrs.scalar != 0.0;
+}
+bool seed_input(const ComputeNode& node, std::size_t j, const Tensor& value) {
+    return node.op == OpType::Dropout && j == 1 && value.dtype() == DType::i64 && value.numel() == 1;
+}
+
 // Whether the node can be a member of a generated kernel at all.
 bool fusible(const ComputeGraph& graph, const ComputeNode& node) {
     const PointwiseFormula* formula = formula_of(node);
     if (formula == nullptr || !node.value.defined() || node.value.numel() == 0) return false;
+    if (node.op == OpType::Dropout && !dropping(node)) return false;
     const DType out = node.value.dtype();
     if (!is_floating(out)) return false;
-    for (const NodeInput& input : node.inputs) {
-        const Tensor& value = graph.node(input.id).value;
+    for (std::size_t j = 0; j < node.inputs.size(); ++j) {
+        const Tensor& value = graph.node(node.inputs[j].id).value;
+        if (value.defined() && seed_input(node, j, value)) continue;
         if (!value.defined() || !is_floating(value.dtype())) return false;
         // A cast across the f64 boundary changes the precision class: it ends the group.
         if (computes_in_double(value.dtype()) != computes_in_double(out)) return false;

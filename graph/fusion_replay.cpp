@@ -421,6 +421,7 @@ Tensor before_record(const ComputeGraph& graph, std::uint64_t generation, const 
         return {};
     }
     a.committed = true;
+    if (op == OpType::Dropout) draw_skipped_dropout_seed(inputs);  // its seed before its group's kernel reads it
     if (const auto kept = a.preallocated.find(id); kept != a.preallocated.end()) {
         Tensor out = std::move(kept->second);
         a.preallocated.erase(kept);

@@ -195,6 +195,9 @@ void graph_ended(const ComputeGraph& graph, std::uint64_t generation) noexcept;
 // Before a Var's value is handed out (Var::value()): a member whose group's kernel has not run gets it run now, or,
 // when the group cannot run yet, the plan is let go and the members recorded so far run their unfused forward.
 void before_value_read(const ComputeGraph& graph, std::uint64_t generation, NodeId id);
+// A dropout member whose kernel is skipped (ops/fusion_launch.cpp): the Dropout layer's pending seed draw for its
+// seed input `inputs[1]` (ops/kernels.h, cuda::FusedSeedDraw) runs now, before any group kernel reads the seed.
+void draw_skipped_dropout_seed(std::span<const Tensor> inputs);
 // Whether any hook has work: fusion is on and a plan waits or is being applied on this thread.
 bool replay_armed() noexcept;
 // Replaces a recorded node's value (a member recomputed by its unfused forward when a plan is let go).

@@ -208,6 +208,7 @@ struct PointwiseFormula {
         Cast,    // a conversion to OpAttrs::dtype (no functor): the value rounded once to that dtype
         Where,       // inputs (condition, a, b): condition != 0 ? a : b (no functor); da, db routed by the condition
         MaskedFill,  // inputs (x, mask): mask != 0 ? OpAttrs::scalar : x, the scalar rounded once to x's dtype
+        Dropout,     // inputs (x[, seed]): math::dropout_apply with element i's mask (training, p > 0 only)
     };
     Form form;
     const char* functor;                 // the functor's name in namespace dyngrad::math; nullptr for Cast
@@ -218,11 +219,13 @@ struct PointwiseFormula {
 };
 
 // Whether the derivative formula reads input `input`'s value: every input or none, except where and masked_fill,
-// whose gradients read only the condition (the values they select among are not needed).
+// whose gradients read only the condition (the values they select among are not needed), and dropout, whose
+// gradient reads only its seed input (the mask is recomputed from it).
 constexpr bool derivative_reads_input(const PointwiseFormula& formula, std::size_t input) {
     switch (formula.form) {
         case PointwiseFormula::Form::Where: return input == 0;
         case PointwiseFormula::Form::MaskedFill: return input == 1;
+        case PointwiseFormula::Form::Dropout: return input == 1;
         default: return formula.derivative_reads_inputs;
     }
 }

@@ -19,7 +19,7 @@ namespace {
 constexpr unsigned kThreads = 256;
 
 // out = in · mask, mask = 1/(1 − p) or 0 per element (dropout forward: x -> y, backward: dy -> dx), computed in
-// acc_t<T> and rounded once on store: bf16/f16 give the f32 kernel's result rounded, and every dtype keeps
+// acc_t<T> by math::dropout_apply (the fusion compiler's generated kernels call the same) and rounded once on store: bf16/f16 give the f32 kernel's result rounded, and every dtype keeps
 // exactly the elements the CPU keeps (the keep decision depends on (seed, index) alone, never on T).
 // The seed is read from `seed_input` (device memory) when given, so a captured step draws the seed its replay
 // wrote there. With `draw` (cuda::FusedSeedDraw) the kernel draws that seed itself from the stream's counter:
@@ -34,8 +34,8 @@ struct KernelDraw {
 
 template <typename T>
 __global__ void dropout_kernel(const T* __restrict__ in, std::int64_t n, std::int64_t packs, std::uint64_t attr_seed,
-                               const std::int64_t* __restrict__ seed_input, double p, acc_t<T> scale,
-                               T* __restrict__ out, KernelDraw draw) {
+                               const std::int64_t* __restrict__ seed_input, double p, T* __restrict__ out,
+                               KernelDraw draw) {
     using vector_pack::Pack;
     constexpr int W = Pack<T>::width;
     const std::int64_t draw_number = draw.counter != nullptr ? *draw.counter + 1 : 0;
@@ -44,8 +44,7 @@ __global__ void dropout_kernel(const T* __restrict__ in, std::int64_t n, std::in
         : seed_input != nullptr ? static_cast<std::uint64_t>(*seed_input)
                                 : attr_seed;
     const auto masked = [&](T v, std::int64_t i) {
-        return from_acc<T>(to_acc(v) * (math::dropout_keep(seed, static_cast<std::uint64_t>(i), p) ? scale
-                                                                                                    : acc_t<T>(0)));
+        return from_acc<T>(math::dropout_apply(to_acc(v), seed, static_cast<std::uint64_t>(i), p));
     };
     for (std::int64_t k = thread_index(); k < packs; k += thread_count()) {
         const Pack<T> iv = vector_pack::load_pack(in, k);
@@ -74,7 +73,6 @@ void launch_dropout(const Tensor& in, std::span<const Tensor> inputs, const OpAt
     const std::int64_t n = in.numel();
     if (n == 0) return;
     DeviceContext& ctx = context_for(in);
-    const auto scale = static_cast<acc_t<T>>(1.0 / (1.0 - attrs.scalar));
     const std::int64_t* seed_input = inputs.size() > 1 ? inputs[1].data<std::int64_t>() : nullptr;
     KernelDraw draw;
     if (FusedSeedDraw* fused = tls_fused_draw; fused != nullptr && !fused->consumed && seed_input == fused->slot) {
@@ -86,7 +84,7 @@ void launch_dropout(const Tensor& in, std::span<const Tensor> inputs, const OpAt
     T* y = out.data<T>();
     const std::int64_t packs = vector_pack::pack_count<T>(n, {x, y});
     dropout_kernel<T><<<vector_pack::vector_blocks(ctx, n, packs, kThreads), kThreads, 0, ctx.stream>>>(
-        x, n, packs, attrs.seed, seed_input, attrs.scalar, scale, y, draw);
+        x, n, packs, attrs.seed, seed_input, attrs.scalar, y, draw);
     DG_CUDA_CHECK_LAUNCH();
 }
 
@@ -114,6 +112,18 @@ Tensor dropout_forward(const ForwardArgs& args) {
 }
 
 FusedSeedDraw* set_fused_seed_draw(FusedSeedDraw* draw) { return std::exchange(tls_fused_draw, draw); }
+
+bool draw_pending_seed(const Tensor& slot) {
+    FusedSeedDraw* fused = tls_fused_draw;
+    if (fused == nullptr || fused->consumed || !slot.defined() || slot.dtype() != DType::i64 ||
+        fused->slot != slot.data<std::int64_t>())
+        return false;
+    DeviceContext& ctx = context_for(slot);
+    next_dropout_seed_kernel<<<1, 1, 0, ctx.stream>>>(fused->counter, fused->stream_seed, fused->slot);
+    DG_CUDA_CHECK_LAUNCH();
+    fused->consumed = true;
+    return true;
+}
 
 void next_dropout_seed(Tensor& counter, std::uint64_t seed, Tensor& out) {
     DeviceContext& ctx = context_for(counter);

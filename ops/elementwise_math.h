@@ -316,6 +316,7 @@ inline constexpr PointwiseFormula clamp{Form::Unary, "ClampOp", nullptr, kReadsX
 inline constexpr PointwiseFormula cast{Form::Cast, nullptr};
 inline constexpr PointwiseFormula where{Form::Where, nullptr};
 inline constexpr PointwiseFormula masked_fill{Form::MaskedFill, nullptr};
+inline constexpr PointwiseFormula dropout{Form::Dropout, nullptr};  // math::dropout_apply (ops/dropout_mask.h)
 inline constexpr PointwiseFormula relu{Form::Unary, "ReluOp", nullptr, kReadsX};
 inline constexpr PointwiseFormula leaky_relu{Form::Unary, "LeakyReluOp", nullptr, kReadsX};
 inline constexpr PointwiseFormula elu{Form::Unary, "EluOp", nullptr, kReadsX};

@@ -15,8 +15,10 @@
 #include "dyngrad/cuda/nvrtc_compiler.h"
 #include "dyngrad/graph/anomaly.h"
 #include "dyngrad/graph/fusion_replay.h"
+#include "dyngrad/ops/dropout_mask.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/fusion_source.h"
+#include "dyngrad/ops/kernels.h"
 
 namespace dyngrad::fusion {
 
@@ -26,6 +28,8 @@ std::vector<std::byte> member_scalar_bytes(const ComputeNode& node, bool double_
         std::memcpy(out.data(), &value, sizeof value);
         return out;
     };
+    // dropout: its p and attribute seed (the seed input, when it has one, is a kernel input instead).
+    if (node.op == OpType::Dropout) return bytes(math::DropoutScalars{node.attrs.scalar, node.attrs.seed});
     OpAttrs attrs = node.attrs;
     // masked_fill stores its scalar converted to the output's dtype once (double -> bf16/f16 directly, as its CUDA
     // kernel converts it): passed already rounded, the kernel's f32 holds it exactly.
@@ -33,6 +37,16 @@ std::vector<std::byte> member_scalar_bytes(const ComputeNode& node, bool double_
     if (node.op == OpType::MaskedFill && node.value.dtype() == DType::f16) attrs.scalar = to_double(to_float16(attrs.scalar));
     return double_precision ? bytes(math::unary_scalars<double>(attrs)) : bytes(math::unary_scalars<float>(attrs));
 }
+
+namespace detail {
+void draw_skipped_dropout_seed(std::span<const Tensor> inputs) {
+#if DYNGRAD_WITH_CUDA
+    if (inputs.size() > 1 && inputs[1].device().is_cuda()) cuda::draw_pending_seed(inputs[1]);
+#else
+    static_cast<void>(inputs);
+#endif
+}
+}  // namespace detail
 
 #if DYNGRAD_WITH_CUDA
 namespace {

@@ -29,8 +29,8 @@ struct ScalarArgument {
 struct FusedKernelSource {
     std::string name;    // "dg_fused_<16 hex digits of the source's hash>": extern "C", so NVRTC keeps it
     std::string source;  // the whole translation unit
-    // The kernel's parameters in order: one pointer per input, one per output, one UnaryScalars per scalar
-    // argument (members that read OpAttrs::scalar or clamp's bounds).
+    // The kernel's parameters in order: one pointer per input, one per output, one per scalar argument (members
+    // that read OpAttrs::scalar or clamp's bounds: UnaryScalars; dropout: DropoutScalars, its p and attribute seed).
     std::vector<NodeId> inputs;
     std::vector<NodeId> outputs;
     std::vector<ScalarArgument> scalars;
@@ -84,5 +84,7 @@ std::string combined_source(std::span<const std::string> sources);
 
 // The embedded text of ops/elementwise_math.h between its markers (what every generated source contains).
 std::string_view elementwise_math_source();
+// The same of ops/dropout_mask.h (dropout's keep mask), after it in every generated source.
+std::string_view dropout_mask_source();
 
 }  // namespace dyngrad::fusion

@@ -207,6 +207,11 @@ struct FusedSeedDraw {
 };
 // Installs `draw` for this thread's next dropout forward (null: none); returns the previous one.
 FusedSeedDraw* set_fused_seed_draw(FusedSeedDraw* draw);
+// A dropout node whose kernel does not run (a member of a fused group, graph/fusion_replay.h) with `slot` as its
+// seed input: when this thread's pending draw writes `slot`, draws it now with the one-thread kernel (consumed),
+// so the seed is in `slot` before the group's kernel reads it, in the order the unfused kernels draw. Returns
+// whether it drew.
+bool draw_pending_seed(const Tensor& slot);
 }  // namespace cuda
 #endif
 

@@ -254,7 +254,7 @@ constexpr std::array<OpDef, kOpTypeCount> kTable = {{
      DG_CUDA_KERNELS_FORWARD_NATIVE(dropout_forward, dropout_backward), dropout_cases,
      reads("scalar", "training", "seed"), kFollow,
      "torch.nn.functional.dropout(x, p=scalar, training=training), with dyngrad's keep mask from seed",
-     /*optional_inputs=*/1, true, 0, nullptr, dropout_differentiable_backward},
+     /*optional_inputs=*/1, true, 0, nullptr, dropout_differentiable_backward, &math::formula::dropout},
     // Custom ops carry their own definitions (graph/custom_op.h); op_def(op, attrs) finds them.
     {OpType::Custom, "custom", 0, nullptr, {}, {}, no_cases,
      kNoAttrs, kFollow, nullptr},

@@ -98,6 +98,10 @@ TEST_CASE("every pointwise row names a functor of the embedded formulas", "[fusi
         if (form == PointwiseFormula::Form::Cast || form == PointwiseFormula::Form::Where ||
             form == PointwiseFormula::Form::MaskedFill)
             continue;  // written by the generator itself (a rounding, a selection)
+        if (form == PointwiseFormula::Form::Dropout) {  // math::dropout_apply, of the embedded ops/dropout_mask.h
+            CHECK(std::string(dropout_mask_source()).find("DG_HOST_DEVICE T dropout_apply(") != std::string::npos);
+            continue;
+        }
         REQUIRE(def.pointwise->functor != nullptr);
         CHECK(text.find(str("struct ", def.pointwise->functor, " {")) != std::string::npos);
         if (def.pointwise->tanh_functor != nullptr)
@@ -121,8 +125,9 @@ TEST_CASE("each row's derivative-reads flags cover what its derivative formula r
     for (const OpDef& def : op_table()) {
         if (def.pointwise == nullptr || def.pointwise->form == PointwiseFormula::Form::Cast) continue;
         INFO(def.name);
-        if (def.pointwise->form == PointwiseFormula::Form::Where || def.pointwise->form == PointwiseFormula::Form::MaskedFill)
-            continue;  // their gradients route dy by the condition alone: the next case
+        if (def.pointwise->form == PointwiseFormula::Form::Where || def.pointwise->form == PointwiseFormula::Form::MaskedFill ||
+            def.pointwise->form == PointwiseFormula::Form::Dropout)
+            continue;  // their gradients route dy by the condition (dropout: by its mask) alone: the next case
         for (GeluApproximation form : {GeluApproximation::None, GeluApproximation::Tanh}) {
             OpAttrs attrs;
             attrs.scalar = 0.5;
@@ -351,31 +356,87 @@ TEST_CASE("a sum's or mean's backward joins the chain of the member it reduces",
     }
 }
 
-TEST_CASE("MLP: bias add and ReLU form one group; dropout and matmul end it", "[fusion]") {
+TEST_CASE("MLP: bias add, ReLU and dropout form one group; matmul ends it", "[fusion]") {
     Generator gen = fresh_generator();
     Mlp mlp(64, gen);
     const FusionPlan plan = plan_fusion(mlp.graph);
     INFO(plan.describe(mlp.graph));
     REQUIRE(plan.groups.size() == 1);
     const FusionGroup& group = plan.groups[0];
-    CHECK(group.members == ids({mlp.biased, mlp.hidden}));
-    CHECK(group.inputs == ids({mlp.pre, mlp.b1}));
+    CHECK(group.members == ids({mlp.biased, mlp.hidden, mlp.dropped}));
+    CHECK(group.inputs == ids({mlp.pre, mlp.b1}));  // the mask seed is an attribute here: no seed input
     CHECK(group.shape == Shape{64, 16});
     CHECK_FALSE(group.double_precision);
-    // ReLU's output goes to dropout; the bias add's is read by ReLU's derivative (requires grad).
-    CHECK(output_nodes(group) == ids({mlp.biased, mlp.hidden}));
-    CHECK(why(group, mlp.hidden.id()) == Materialise::ConsumedOutside);
+    // dropout's output goes to the matmul; the bias add's is read by ReLU's derivative (requires grad); ReLU's is
+    // read by dropout alone, whose derivative reads only its seed: not written.
+    CHECK(output_nodes(group) == ids({mlp.biased, mlp.dropped}));
+    CHECK(why(group, mlp.dropped.id()) == Materialise::ConsumedOutside);
     CHECK(why(group, mlp.biased.id()) == Materialise::NeededByBackward);
-    CHECK(plan.launches_saved() == 1);
+    CHECK(plan.launches_saved() == 2);
 
     REQUIRE(plan.backward.size() == 1);
     const BackwardChain& chain = plan.backward[0];
     CHECK(chain.group == 0);
-    CHECK(chain.members == ids({mlp.hidden, mlp.biased}));
-    CHECK(chain.gradients_in == ids({mlp.hidden}));
+    CHECK(chain.members == ids({mlp.dropped, mlp.hidden, mlp.biased}));
+    CHECK(chain.gradients_in == ids({mlp.dropped}));
     CHECK(chain.saved_reads == ids({mlp.biased}));  // add's derivative reads nothing, relu's its input
     CHECK(chain.gradients_out == ids({mlp.pre, mlp.b1}));
     CHECK(chain.reduced == ids({mlp.b1}));  // the bias gradient is a sum over the batch: not pointwise
+}
+
+TEST_CASE("dropout with a seed input joins a group; the seed is an input of its kernels; eval ends it", "[fusion]") {
+    Generator gen = fresh_generator();
+    ComputeGraph graph;
+    const Var x = graph.input(random({8, 24}, gen), "x", true);
+    const Var r = graph.input(random({8, 24}, gen), "r", true);
+    const Var seed = graph.constant(Tensor::from_vector(std::vector<std::int64_t>{0x5eed1234}, {1}));
+    const Var scaled = mul_scalar(x, 1.5);
+    const Var dropped = dropout(scaled, 0.3, true, seed);
+    const Var out = add(dropped, r);
+    const Var kept = dropout(out, 0.3, false, seed);  // eval: a copy, not a member
+    const Var loss = mean(matmul(kept, graph.input(random({24, 4}, gen), "w")));
+    graph.backward(loss, {.retain_graph = true});
+    const FusionPlan plan = plan_fusion(graph);
+    INFO(plan.describe(graph));
+    REQUIRE(plan.groups.size() == 1);
+    const FusionGroup& group = plan.groups[0];
+    CHECK(group.members == ids({scaled, dropped, out}));
+    CHECK(group.inputs == ids({x, seed, r}));
+    REQUIRE(plan.backward.size() == 1);
+    CHECK(plan.backward[0].saved_reads == ids({seed}));  // the mask is recomputed from the seed
+    CHECK(plan.backward[0].gradients_out == ids({x, r}));
+
+    const FusedKernelSource k = generate_fused_source(graph, with_every_member_written(group));
+    INFO(k.source);
+    // The seed's bits, read as an int64 element; the mask and scale by the same function the dropout kernels call.
+    CHECK(k.source.find("const long long* __restrict__ in1") != std::string::npos);
+    CHECK(k.source.find("const unsigned long long v1 = static_cast<unsigned long long>(in1[0]);") != std::string::npos);
+    CHECK(k.source.find(str("dyngrad::math::dropout_apply(t", scaled.id(), ", v1, static_cast<unsigned long long>(i), s1.p)")) !=
+          std::string::npos);
+    CHECK(k.source.find("DG_HOST_DEVICE bool dropout_keep(") != std::string::npos);  // the embedded mask
+    CHECK(k.source.find("dyngrad::math::DropoutScalars s1") != std::string::npos);
+    REQUIRE(k.scalars.size() == 2);  // mul_scalar's, dropout's
+    CHECK(k.scalars[1].node == dropped.id());
+    CHECK(std::regex_replace(std::string(dropout_mask_source()), std::regex("//[^\n]*"), "").find("std::") ==
+          std::string::npos);  // what NVRTC compiles: no standard library
+
+    const std::vector<char> reached = reached_by_backward(graph, loss.id());
+    const std::optional<BackwardLaunch> launch = backward_launch(graph, plan, 0, reached, loss.id());
+    REQUIRE(launch.has_value());
+    const FusedBackwardSource b = generate_backward_source(graph, group, *launch);
+    INFO(b.source);
+    CHECK(b.saved == ids({seed}));
+    CHECK(b.source.find(str("const unsigned long long x", seed.id(), " = static_cast<unsigned long long>(in0[0]);")) !=
+          std::string::npos);
+    CHECK(b.source.find(str(", x", seed.id(), ", static_cast<unsigned long long>(i), s")) != std::string::npos);
+
+    // A dropout that does not drop (p = 0) is a copy too: it ends the group as eval does.
+    ComputeGraph other;
+    const Var y = other.input(random({8, 24}, gen), "y", true);
+    const Var z = dropout(relu(y), 0.0, true, std::uint64_t{3});
+    other.backward(sum(exp(z)));
+    for (const FusionGroup& g : plan_fusion(other).groups)
+        CHECK(std::find(g.members.begin(), g.members.end(), z.id()) == g.members.end());
 }
 
 TEST_CASE("LeNet-like step: only the input normalisation groups; lone activations between convolutions do not",
@@ -531,8 +592,11 @@ TEST_CASE("generated source of the MLP group: formulas, loads, stores, no unused
     CHECK(s.find("dyngrad::math::AddOp::forward(v0, v1)") != std::string::npos);
     CHECK(s.find(str("apply_forward<dyngrad::math::ReluOp>(t", mlp.biased.id())) != std::string::npos);
     CHECK(k.inputs == ids({mlp.pre, mlp.b1}));
-    CHECK(k.outputs == ids({mlp.biased, mlp.hidden}));
-    CHECK(k.scalars.empty());  // add and relu read no scalar
+    CHECK(k.outputs == ids({mlp.biased, mlp.dropped}));
+    REQUIRE(k.scalars.size() == 1);  // add and relu read no scalar; dropout its p and (attribute) seed
+    CHECK(k.scalars[0].node == mlp.dropped.id());
+    CHECK(s.find(str("dyngrad::math::dropout_apply(t", mlp.hidden.id(), ", s0.seed, static_cast<unsigned long long>(i), s0.p)")) !=
+          std::string::npos);
     CHECK(k.numel == 64 * 16);
     CHECK(k.vector_width == 4);
     // The bias is broadcast along the batch: element i reads bias[i % 16], never a vector load.

@@ -46,17 +46,12 @@ std::vector<Tensor> run_generated(const ComputeGraph& graph, const FusionGroup& 
         outputs.push_back(Tensor::empty(value.shape(), value.dtype(), kGpu));
         pointers.push_back(outputs.back().raw_data());
     }
-    std::vector<math::UnaryScalars<float>> float_scalars;
-    std::vector<math::UnaryScalars<double>> double_scalars;
-    float_scalars.reserve(source.scalars.size());
-    double_scalars.reserve(source.scalars.size());
+    std::vector<std::vector<std::byte>> scalars;  // as the hook passes them (UnaryScalars, DropoutScalars)
+    for (const ScalarArgument& scalar : source.scalars)
+        scalars.push_back(member_scalar_bytes(graph.node(scalar.node), group.double_precision));
     std::vector<void*> arguments;
     for (void*& pointer : pointers) arguments.push_back(&pointer);
-    for (const ScalarArgument& scalar : source.scalars) {
-        const OpAttrs& attrs = graph.node(scalar.node).attrs;
-        if (group.double_precision) arguments.push_back(&double_scalars.emplace_back(math::unary_scalars<double>(attrs)));
-        else arguments.push_back(&float_scalars.emplace_back(math::unary_scalars<float>(attrs)));
-    }
+    for (std::vector<std::byte>& scalar : scalars) arguments.push_back(scalar.data());
     kernel.launch(source.numel, arguments);
     return outputs;
 }
@@ -123,6 +118,25 @@ TEST_CASE("generated kernels of reduced-precision chains with casts and scalar a
     const Var z = softplus(leaky_relu(mul(exp(x), x), 0.2));
     REQUIRE(z.defined());
     check_plan(graph, 4.0);
+}
+
+TEST_CASE("generated kernels with dropout: the dropout kernels' masks and values, seed input or attribute",
+          "[gpu][fusion][dropout]") {
+    Generator gen(std::random_device{}());
+    DropoutSeeds seeds(std::random_device{}());
+    for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+        INFO(dtype_name(dtype));
+        for (std::int64_t rows : {1, 7, 64}) {  // tails and the vector path
+            ComputeGraph graph;
+            const Var x = graph.input(random({rows, 130}, dtype, gen), "x", true);
+            const Var r = graph.input(random({rows, 130}, dtype, gen), "r", true);
+            const Var seed = graph.constant(seeds.next(kGpu));  // drawn on the device, as the Dropout layer's
+            const Var a = dropout(relu(x), 0.35, true, seed);
+            const Var b = dropout(add(a, r), 0.1, true, std::uint64_t{0x5eed} + static_cast<std::uint64_t>(rows));
+            REQUIRE(mul_scalar(b, 2.0).defined());
+            check_plan(graph, 0.0);  // the same dropout_apply and roundings: bitwise
+        }
+    }
 }
 
 // ---- the captured-step hook (graph/fusion_replay.h): generated kernels inside a CUDA graph ----
@@ -229,6 +243,79 @@ TEST_CASE("a captured MLP step runs its generated kernels: the same values, fewe
             INFO("parameter " << i - 1);
             CHECK(bitwise_equal(fused.values[i], unfused.values[i]));
         }
+    }
+}
+
+namespace {
+
+// The two-layer MLP with a Dropout layer after each activation (the layer draws its seed on the device; a fused
+// dropout's draw runs as its own one-thread kernel, ahead of its group's kernel), trained by SGD in a captured step:
+// warm-up, capture, three replays, each replay with fresh masks.
+StepResult dropout_mlp_step(bool fusion, std::optional<DType> autocast, std::uint64_t seed) {
+    set_fusion_enabled(fusion);
+    Generator gen(seed);
+    const std::vector<Parameter> params = mlp_parameters(gen);
+    SGD sgd(params, {.lr = 0.05});
+    const Dropout first(0.3, seed ^ 0x1111), second(0.2, seed ^ 0x2222);
+    cuda::CapturedStep step([&](std::span<const Tensor> in) {
+        ComputeGraph graph;
+        Var loss;
+        {
+            std::optional<AutocastGuard> guard;
+            if (autocast) guard.emplace(*autocast);
+            const Var x = graph.input(in[0], "x");
+            const Var h = first(relu(add(matmul(x, graph.parameter(params[0])), graph.parameter(params[1]))));
+            const Var o = second(sigmoid(add(matmul(h, graph.parameter(params[2])), graph.parameter(params[3]))));
+            loss = mean(mul(o, o));
+        }
+        graph.backward(loss);
+        sgd.step();
+        sgd.zero_grad();
+        return loss.value();
+    });
+    const Tensor x = Tensor::uniform({33, 48}, -1.0, 1.0, gen).to(kGpu);
+    std::vector<Tensor> outputs;
+    for (int run = 0; run < 5; ++run) outputs.push_back(step.run(std::span<const Tensor>(&x, 1)).to(Device::cpu()));
+    cuda::synchronize(0);
+    StepResult result;
+    result.values = outputs;  // every run's loss: the masks change from run to run
+    for (const Parameter& p : params) result.values.push_back(p.value().to(Device::cpu()));
+    result.kernels = step.last_graph_counts().kernels;
+    result.stats = replay_stats();
+    CHECK(first.seeds().draws() == 5);
+    CHECK(second.seeds().draws() == 5);
+    set_fusion_enabled(false);
+    return result;
+}
+
+}  // namespace
+
+TEST_CASE("a captured MLP step with Dropout layers: the unfused masks and values, fresh masks every replay",
+          "[gpu][fusion][capture][dropout]") {
+    const std::uint64_t seed = std::random_device{}();
+    for (const std::optional<DType> autocast : {std::optional<DType>{}, std::optional<DType>{DType::bf16}}) {
+        INFO((autocast ? "autocast bf16" : "f32") << ", seed " << seed);
+        cuda::clear_fusion_log();
+        const StepResult unfused = dropout_mlp_step(false, autocast, seed);
+        const std::size_t captures = replay_stats().captures;
+        const StepResult fused = dropout_mlp_step(true, autocast, seed);
+        for (const cuda::FusionLogEntry& entry : cuda::fusion_log()) {
+            INFO(entry.kernel << ": " << entry.reason);
+            CHECK(entry.kind != cuda::FusionLogEntry::Kind::CompileFallback);
+            CHECK(entry.kind != cuda::FusionLogEntry::Kind::CheckMismatch);
+            CHECK(entry.kind != cuda::FusionLogEntry::Kind::GraphDiffers);
+        }
+        REQUIRE(fused.stats.captures == captures + 1);
+        WARN((autocast ? "autocast bf16" : "f32") << " with dropout, kernels per captured step: " << unfused.kernels
+                                                   << " unfused, " << fused.kernels << " fused");
+        CHECK(fused.kernels < unfused.kernels);
+        REQUIRE(fused.values.size() == unfused.values.size());
+        for (std::size_t i = 0; i < fused.values.size(); ++i) {
+            INFO("value " << i << (i < 5 ? " (a run's loss)" : " (a parameter)"));
+            if (i < 5) CHECK(equal_to_rounding(fused.values[i], unfused.values[i]));
+            else CHECK(bitwise_equal(fused.values[i], unfused.values[i]));
+        }
+        for (std::size_t i = 1; i < 5; ++i) CHECK_FALSE(bitwise_equal(unfused.values[i], unfused.values[i - 1]));
     }
 }
 
