@@ -306,6 +306,13 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
             for (NodeId m : launch.members) chain_of[m] = static_cast<int>(c);
             chains_at[launch.run_before].push_back(c);
         }
+    // Chains that run at one node give their gradients in the order their members' unfused backward would (newest
+    // member first: members are in reverse creation order), so that a sum over several of them, into an input
+    // they share, adds its terms as the unfused sweep does.
+    for (std::vector<std::size_t>& at : chains_at)
+        std::stable_sort(at.begin(), at.end(), [&](std::size_t a, std::size_t b) {
+            return fused->chains[a].launch.members.front() > fused->chains[b].launch.members.front();
+        });
     const auto run_chain = [&](fusion::CompiledBackward& chain) {
         const fusion::BackwardLaunch& launch = chain.launch;
         std::vector<Tensor> inputs;
