@@ -61,10 +61,16 @@ __device__ __forceinline__ dg_f16 dg_to_f16(float f) {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
     return h;
 }
-// A member's result as its unfused kernel stores it: rounded to its dtype, and opaque to the compiler so that no
-// multiply of one formula contracts with an add of the next (the unfused kernels cannot do that either).
-__device__ __forceinline__ float dg_as_float32(float x) { asm volatile("" : "+f"(x)); return x; }
-__device__ __forceinline__ double dg_as_float64(double x) { asm volatile("" : "+d"(x)); return x; }
+// A member's result as its unfused kernel stores it: rounded to its dtype, and never contracted with the next
+// formula (the unfused kernels cannot do that either). An empty asm stops NVVM but not ptxas, which fused a
+// dropout's multiply with the next add into an FMA when the product was not stored (H200, 2026-12-01); an add of
+// -0 with an explicit rounding mode (x + -0 is x, signed zeros and NaN included) is an instruction ptxas may not
+// contract, so the product is rounded before anything reads it.
+__device__ __forceinline__ float dg_as_float32(float x) { asm volatile("add.rn.f32 %0, %0, 0f80000000;" : "+f"(x)); return x; }
+__device__ __forceinline__ double dg_as_float64(double x) {
+    asm volatile("add.rn.f64 %0, %0, 0d8000000000000000;" : "+d"(x));
+    return x;
+}
 __device__ __forceinline__ float dg_as_bfloat16(float x) { return dg_load(dg_to_bf16(x)); }
 __device__ __forceinline__ float dg_as_float16(float x) { return dg_load(dg_to_f16(x)); }
 __device__ __forceinline__ float dg_store_float32(float x) { return x; }
