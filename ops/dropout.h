@@ -38,9 +38,10 @@ class DropoutSeeds;
 
 // The Dropout layer's form: draws the next seed of `seeds` on x's device and applies its mask, recording the
 // seed-tensor form above (the node's seed input holds the drawn seed). On a GPU the draw is fused into the
-// dropout kernel: no launch of its own (the one-thread kernel of DropoutSeeds::next is left for empty x and
-// the identity). The draw and the masks are exactly those of next() followed by the seed-tensor form. A call
-// the op refuses (ValueError for p outside [0, 1), DTypeError for a non-float x) draws nothing.
+// dropout kernel: no launch of its own (the one-thread kernel of DropoutSeeds::next is left for empty x, the
+// identity, and a dropout that a fused group computes: graph/fusion_replay.h). The draw and the masks are exactly
+// those of next() followed by the seed-tensor form. A call the op refuses (ValueError for p outside [0, 1),
+// DTypeError for a non-float x) draws nothing.
 Var dropout(const Var& x, double p, bool training, DropoutSeeds& seeds,
             std::source_location where = std::source_location::current());
 

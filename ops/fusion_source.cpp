@@ -1,4 +1,5 @@
-// Source generation of the fusion compiler (ops/fusion_source.h, docs/fusion.md).
+// Source generation of the fusion compiler (ops/fusion_source.h, docs/fusion.md). Over 600 lines: the forward, row-
+// reduction and backward kernels are written by one text model (KernelText) around one prelude, kept in one file.
 #include "dyngrad/ops/fusion_source.h"
 
 #include <algorithm>
