@@ -19,8 +19,9 @@ namespace {
 constexpr unsigned kThreads = 256;
 
 // out = in · mask, mask = 1/(1 − p) or 0 per element (dropout forward: x -> y, backward: dy -> dx), computed in
-// acc_t<T> by math::dropout_apply (the fusion compiler's generated kernels call the same) and rounded once on store: bf16/f16 give the f32 kernel's result rounded, and every dtype keeps
-// exactly the elements the CPU keeps (the keep decision depends on (seed, index) alone, never on T).
+// acc_t<T> by math::dropout_apply (the fusion compiler's generated kernels call the same) and rounded once on
+// store: bf16/f16 give the f32 kernel's result rounded, and every dtype keeps exactly the elements the CPU keeps
+// (the keep decision depends on (seed, index) alone, never on T).
 // The seed is read from `seed_input` (device memory) when given, so a captured step draws the seed its replay
 // wrote there. With `draw` (cuda::FusedSeedDraw) the kernel draws that seed itself from the stream's counter:
 // every block reads *draw.counter (before its arrival), the last block to finish stores counter + 1 and the
