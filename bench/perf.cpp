@@ -9,6 +9,9 @@
 //                                       float32, then TF32 GEMMs (cuda::set_allow_tf32)
 //   matmul_relu                         x (100,100) @ w (100,50), ReLU, sum, backward: dx, dw (no optimizer)
 //   mul64m                              y = a·b of two 64M-element float32 vectors, backward from a given dy
+//   written_norm_softmax                x (256,1024): a layer norm (weight, no bias) and a softmax written out of
+//                                       pointwise ops, means, a max and a sum over the last axis, @ w (1024,16),
+//                                       sum, backward: dx, dweight, dw (no optimizer; the fusion's row programs)
 //   lenet5_b64_bf16, mlp4096_bf16,     lenet5_b64 / mlp4096 under AutocastGuard (graph/autocast.h): GEMMs and
 //   mlp4096_f16                         convolutions in bf16/f16 on tensor cores, f32 master weights and loss;
 //                                       f16 scales the loss with a GradScaler (torch.autocast + GradScaler)
@@ -302,6 +305,39 @@ Prepared matmul_relu() {
     return {{x, w}, step, work};
 }
 
+// A layer norm and a softmax written out of pointwise ops and row reductions (no fused norm or softmax op), as a
+// user's own normalisation is: issue 33's pointwise + row-reduction patterns, the fusion compiler's row programs.
+Var written_norm_softmax_loss(ComputeGraph& graph, std::span<const Tensor> in) {
+    const Var x = graph.input(in[0], "x", true);
+    const Var weight = graph.input(in[1], "weight", true);
+    const Var w = graph.input(in[2], "w", true);
+    const Var centred = sub(x, mean(x, {-1}, true));
+    const Var inverse = pow(add_scalar(mean(mul(centred, centred), {-1}, true), 1e-5), -0.5);
+    const Var normed = mul(mul(centred, inverse), weight);
+    const Var exps = exp(sub(normed, max(normed, -1, true)));
+    const Var probs = div(exps, sum(exps, {-1}, true));
+    return sum(matmul(probs, w));
+}
+
+Prepared written_norm_softmax() {
+    Generator gen(7);
+    const std::vector<Tensor> inputs = {Tensor::uniform({256, 1024}, -1, 1, gen).to(kGpu),
+                                        Tensor::uniform({1024}, 0.5, 1.5, gen).to(kGpu),
+                                        Tensor::uniform({1024, 16}, -1, 1, gen).to(kGpu)};
+    StepFn step = [](std::span<const Tensor> in) {
+        ComputeGraph graph;
+        const Var loss = written_norm_softmax_loss(graph, in);
+        graph.backward(loss);  // dx, dweight, dw
+        return loss.value();
+    };
+    std::function<Work()> work = [inputs] {
+        ComputeGraph graph;
+        static_cast<void>(written_norm_softmax_loss(graph, inputs));
+        return forward_work(graph);
+    };
+    return {inputs, step, work};
+}
+
 constexpr std::int64_t kMulElements = 64LL << 20;
 
 Prepared mul64m() {
@@ -369,6 +405,8 @@ std::vector<Workload> workloads() {
          mlp(wide, 4096, DType::f16)},
         {"matmul_relu", "x 100x100 @ w 100x50, ReLU, sum, backward (dx, dw)", matmul_relu},
         {"mul64m", "a*b of 64M floats, forward + backward", mul64m, false, mul_bytes},
+        {"written_norm_softmax", "x 256x1024: layer norm and softmax written out, @ w 1024x16, sum, backward",
+         written_norm_softmax},
         {"lenet5_b64_full", "lenet5, batch 64, dropout + clip + AdamW + warm-up/cosine", full("lenet5", 64), false, 0,
          true},
         {"mlp784_b64_full", "MLP 784-256-256-10, batch 64, dropout + clip + AdamW + warm-up/cosine",

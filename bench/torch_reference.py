@@ -349,6 +349,33 @@ def matmul_relu(compiled=False):
     return [x, w], step
 
 
+def written_norm_softmax(compiled=False):
+    """A layer norm and a softmax written out of pointwise ops and row reductions (bench/perf.cpp's)."""
+    gen = torch.Generator(device="cpu").manual_seed(7)
+    x = (torch.rand(256, 1024, generator=gen) * 2 - 1).to(GPU).requires_grad_()
+    weight = (torch.rand(1024, generator=gen) + 0.5).to(GPU).requires_grad_()
+    w = (torch.rand(1024, 16, generator=gen) * 2 - 1).to(GPU).requires_grad_()
+
+    def loss_of(x, weight, w):
+        centred = x - x.mean(-1, keepdim=True)
+        inverse = ((centred * centred).mean(-1, keepdim=True) + 1e-5).pow(-0.5)
+        normed = centred * inverse * weight
+        exps = (normed - normed.amax(-1, keepdim=True)).exp()
+        probs = exps / exps.sum(-1, keepdim=True)
+        return (probs @ w).sum()
+
+    forward = maybe_compile(loss_of, compiled)
+
+    def step(inputs):
+        for t in inputs:
+            t.grad = None
+        loss = forward(inputs[0], inputs[1], inputs[2])
+        loss.backward()  # dx, dweight, dw
+        return loss
+
+    return [x, weight, w], step
+
+
 def mul64m(compiled=False):
     gen = torch.Generator(device="cpu").manual_seed(1)
     a = (torch.rand(MUL_ELEMENTS, generator=gen) * 2 - 1).to(GPU).requires_grad_()
@@ -397,6 +424,8 @@ def workloads():
          mlp(WIDE, 4096, torch.float16), False, 0),
         ("matmul_relu", "x 100x100 @ w 100x50, ReLU, sum, backward (dx, dw)", matmul_relu, False, 0),
         ("mul64m", "a*b of 64M floats, forward + backward", mul64m, False, MUL_BYTES),
+        ("written_norm_softmax", "x 256x1024: layer norm and softmax written out, @ w 1024x16, sum, backward",
+         written_norm_softmax, False, 0),
     ]
 
 

@@ -1,4 +1,6 @@
-// The grouping pass of the fusion compiler (graph/fusion_plan.h, docs/fusion.md).
+// The grouping pass of the fusion compiler (graph/fusion_plan.h, docs/fusion.md). Over 600 lines: the groups, the
+// reductions they end in, the row programs that join them and the schedulability net all walk one Builder (the
+// graph's readers, the legality rule), kept in one file with the plan they describe.
 #include "dyngrad/graph/fusion_plan.h"
 
 #include <algorithm>
@@ -54,11 +56,13 @@ std::optional<RowReduction> row_reduction(const ComputeGraph& graph, NodeId id) 
     r.input = node.inputs[0].id;
     r.rows = 1;
     r.row_length = 1;
+    r.kept_shape = shape;
     bool trailing = false;  // the reduced axes seen so far form a suffix
     for (std::size_t k = 0; k < shape.size(); ++k) {
         if (reduced[k]) {
             trailing = true;
             r.row_length *= shape[k];
+            r.kept_shape[k] = 1;
         } else {
             if (trailing) return std::nullopt;  // a kept axis after a reduced one: not rows
             r.rows *= shape[k];
@@ -98,6 +102,51 @@ bool fusible(const ComputeGraph& graph, const ComputeNode& node) {
         if (computes_in_double(value.dtype()) != computes_in_double(out)) return false;
     }
     return true;
+}
+
+// The groups (non-empty entries of `groups`, disjoint node sets) that lie on a cycle of the dependencies between
+// units (a group, or a node outside every group): kernels that would wait on each other.
+std::vector<std::size_t> groups_on_cycles(const ComputeGraph& graph, const std::vector<std::vector<NodeId>>& groups) {
+    const std::size_t n = graph.size();
+    std::vector<std::size_t> unit_of(n);
+    for (NodeId id = 0; id < n; ++id) unit_of[id] = id;
+    for (std::size_t g = 0; g < groups.size(); ++g)
+        for (NodeId m : groups[g]) unit_of[m] = n + g;
+    std::vector<std::vector<std::size_t>> next(n + groups.size());
+    std::vector<std::size_t> waiting(n + groups.size(), 0);
+    for (NodeId id = 0; id < n; ++id)
+        for (const NodeInput& input : graph.node(id).inputs)
+            if (unit_of[input.id] != unit_of[id]) {
+                next[unit_of[input.id]].push_back(unit_of[id]);
+                ++waiting[unit_of[id]];
+            }
+    std::vector<std::size_t> ready;
+    for (std::size_t u = 0; u < next.size(); ++u)
+        if (waiting[u] == 0) ready.push_back(u);
+    while (!ready.empty()) {
+        const std::size_t u = ready.back();
+        ready.pop_back();
+        for (std::size_t v : next[u])
+            if (--waiting[v] == 0) ready.push_back(v);
+    }
+    // Units still waiting lie on a cycle or after one.
+    const auto on_cycle = [&](std::size_t start) {
+        std::vector<char> seen(next.size(), 0);
+        std::vector<std::size_t> stack(next[start].begin(), next[start].end());
+        while (!stack.empty()) {
+            const std::size_t u = stack.back();
+            stack.pop_back();
+            if (u == start) return true;
+            if (seen[u] || waiting[u] == 0) continue;
+            seen[u] = 1;
+            stack.insert(stack.end(), next[u].begin(), next[u].end());
+        }
+        return false;
+    };
+    std::vector<std::size_t> out;
+    for (std::size_t g = 0; g < groups.size(); ++g)
+        if (!groups[g].empty() && waiting[n + g] > 0 && on_cycle(n + g)) out.push_back(g);
+    return out;
 }
 
 struct Builder {
@@ -185,47 +234,123 @@ struct Builder {
     void keep_schedulable() {
         for (std::size_t g = 0; g < groups.size(); ++g)
             if (groups[g].size() < 2 && !(groups[g].size() == 1 && worth_alone(groups[g][0]))) dissolve(g);
-        const std::size_t n = graph.size();
         for (;;) {
-            const auto unit = [&](NodeId id) { return group_of[id] >= 0 ? n + group_of[id] : std::size_t{id}; };
-            std::vector<std::vector<std::size_t>> next(n + groups.size());
-            std::vector<std::size_t> waiting(n + groups.size(), 0);
-            for (NodeId id = 0; id < n; ++id)
-                for (const NodeInput& input : graph.node(id).inputs)
-                    if (unit(input.id) != unit(id)) {
-                        next[unit(input.id)].push_back(unit(id));
-                        ++waiting[unit(id)];
-                    }
-            std::vector<std::size_t> ready;
-            for (std::size_t u = 0; u < next.size(); ++u)
-                if (waiting[u] == 0) ready.push_back(u);
-            while (!ready.empty()) {
-                const std::size_t u = ready.back();
-                ready.pop_back();
-                for (std::size_t v : next[u])
-                    if (--waiting[v] == 0) ready.push_back(v);
-            }
-            // Units still waiting lie on a cycle or after one; only a group on one is dissolved.
-            const auto on_cycle = [&](std::size_t start) {
-                std::vector<char> seen(next.size(), 0);
-                std::vector<std::size_t> stack(next[start].begin(), next[start].end());
-                while (!stack.empty()) {
-                    const std::size_t u = stack.back();
-                    stack.pop_back();
-                    if (u == start) return true;
-                    if (seen[u] || waiting[u] == 0) continue;
-                    seen[u] = 1;
-                    stack.insert(stack.end(), next[u].begin(), next[u].end());
-                }
-                return false;
-            };
             std::optional<std::size_t> newest;  // of the groups on a cycle, the one whose first member is newest
-            for (std::size_t g = 0; g < groups.size(); ++g)
-                if (!groups[g].empty() && waiting[n + g] > 0 && on_cycle(n + g) &&
-                    (!newest || groups[g].front() > groups[*newest].front()))
-                    newest = g;
+            for (std::size_t g : groups_on_cycles(graph, groups))
+                if (!newest || groups[g].front() > groups[*newest].front()) newest = g;
             if (!newest) return;
             dissolve(*newest);
+        }
+    }
+
+    // ---- row programs (docs/fusion.md, "Row programs") ----
+    // Units (a group, or a lone pointwise node or row reduction) join into one kernel when a member of one reads a
+    // reduction of the other's rows, or a value with one element per row computed from one: softmax's e / sum(e),
+    // a norm's (x - mean) * rsqrt(var + eps). A block per row then runs the passes; the groups stay the backward's.
+    struct Program {
+        std::vector<NodeId> members;      // sorted
+        std::vector<std::size_t> groups;  // the groups it holds (indices into `groups`)
+        bool crosses = false;             // joined across a reduction read back: a row program
+    };
+
+    enum class RowRole : std::uint8_t { None, Full, Row, Reduction };
+    // What node `id` would be in a row program over the rows of reduction `space`.
+    RowRole role(NodeId id, const RowReduction& space) const {
+        const Shape& full = graph.node(space.input).value.shape();
+        if (const std::optional<RowReduction> r = row_reduction(graph, id))
+            return graph.node(r->input).value.shape() == full && r->kept_shape == space.kept_shape ? RowRole::Reduction
+                                                                                                 : RowRole::None;
+        const ComputeNode& node = graph.node(id);
+        if (!fusible(graph, node)) return RowRole::None;
+        if (node.value.shape() == full) return RowRole::Full;
+        // A dropout's mask is drawn by element index: one of a row value's shape is not a row member (whose
+        // formulas see the row's first element's index).
+        return node.value.shape() == space.kept_shape && node.op != OpType::Dropout ? RowRole::Row : RowRole::None;
+    }
+
+    // The first reduction of `members` (sorted), whose rows a program over them has.
+    std::optional<RowReduction> program_rows(const std::vector<NodeId>& members) const {
+        for (NodeId m : members)
+            if (std::optional<RowReduction> r = row_reduction(graph, m)) return r;
+        return std::nullopt;
+    }
+
+    // Whether `members` can be one row program: each a pointwise node of the rows' full or kept shape or a reduction
+    // of the same rows, one precision class and device, a reduction or row value read by a pointwise member only in
+    // the kept shape (so it broadcasts along its own row), and the kernel legal.
+    bool valid_program(const std::vector<NodeId>& members) const {
+        const std::optional<RowReduction> space = program_rows(members);
+        if (!space || space->row_length < 2) return false;  // a row of one: full and kept shapes would coincide
+        const std::set<NodeId> in(members.begin(), members.end());
+        const Tensor& first = graph.node(members.front()).value;
+        for (NodeId m : members) {
+            const RowRole r = role(m, *space);
+            if (r == RowRole::None) return false;
+            const Tensor& value = graph.node(m).value;
+            if (value.device() != first.device() ||
+                computes_in_double(value.dtype()) != computes_in_double(first.dtype()))
+                return false;
+            if (r == RowRole::Reduction) continue;  // its input has the full shape (role)
+            for (const NodeInput& input : graph.node(m).inputs) {
+                if (!in.contains(input.id)) continue;
+                const RowRole from = role(input.id, *space);
+                if ((from == RowRole::Reduction || from == RowRole::Row) &&
+                    graph.node(input.id).value.shape() != space->kept_shape)
+                    return false;
+            }
+        }
+        return legal(members);
+    }
+
+    std::vector<Program> row_programs() const {
+        std::vector<Program> programs;
+        std::vector<int> program_of(graph.size(), -1);
+        for (std::size_t g = 0; g < groups.size(); ++g) {
+            if (groups[g].empty()) continue;
+            for (NodeId m : groups[g]) program_of[m] = static_cast<int>(programs.size());
+            programs.push_back({groups[g], {g}, false});
+        }
+        for (NodeId id = 0; id < graph.size(); ++id) {
+            if (program_of[id] >= 0 || (!fusible(graph, graph.node(id)) && !row_reduction(graph, id))) continue;
+            program_of[id] = static_cast<int>(programs.size());
+            programs.push_back({{id}, {}, false});
+        }
+        for (NodeId id = 0; id < graph.size(); ++id)
+            for (const NodeInput& input : graph.node(id).inputs) {
+                const int u = program_of[id], v = program_of[input.id];
+                if (u < 0 || v < 0 || u == v) continue;
+                std::vector<NodeId> merged = programs[u].members;
+                merged.insert(merged.end(), programs[v].members.begin(), programs[v].members.end());
+                std::sort(merged.begin(), merged.end());
+                const std::optional<RowReduction> space = program_rows(merged);
+                if (!space) continue;
+                const RowRole from = role(input.id, *space);  // only across a row's value
+                if ((from != RowRole::Reduction && from != RowRole::Row) || !valid_program(merged)) continue;
+                for (NodeId m : programs[v].members) program_of[m] = u;
+                programs[u].members = std::move(merged);
+                programs[u].groups.insert(programs[u].groups.end(), programs[v].groups.begin(), programs[v].groups.end());
+                programs[u].crosses = true;
+                programs[v] = {};
+            }
+        std::vector<Program> out;
+        for (Program& p : programs)
+            if (p.crosses) out.push_back(std::move(p));
+        // Together with the groups they leave alone the kernels must stay schedulable (keep_schedulable): a program on
+        // a cycle goes back to its groups, newest first (without programs the groups are schedulable).
+        for (;;) {
+            std::vector<std::vector<NodeId>> units;
+            std::vector<char> held(groups.size(), 0);
+            for (const Program& p : out) {
+                units.push_back(p.members);
+                for (std::size_t g : p.groups) held[g] = 1;
+            }
+            for (std::size_t g = 0; g < groups.size(); ++g)
+                if (!held[g]) units.push_back(groups[g]);
+            std::optional<std::size_t> newest;
+            for (std::size_t u : groups_on_cycles(graph, units))
+                if (u < out.size() && (!newest || out[u].members.front() > out[*newest].members.front())) newest = u;
+            if (!newest) return out;
+            out.erase(out.begin() + static_cast<std::ptrdiff_t>(*newest));
         }
     }
 
@@ -305,6 +430,24 @@ FusionGroup describe_group(const Builder& b, const std::vector<NodeId>& members)
     return group;
 }
 
+// A group's reductions (creation order), and for a row program its row members, its index space (the rows' full
+// shape: its first member may be a reduction) and its passes.
+void describe_rows(const ComputeGraph& graph, FusionGroup& group, bool program) {
+    for (NodeId m : group.members)
+        if (std::optional<RowReduction> r = row_reduction(graph, m)) group.reductions.push_back(*r);
+    if (group.reductions.empty()) return;
+    group.row_shape = group.reductions.front().kept_shape;
+    group.row_program = program;
+    if (!program) return;
+    group.shape = graph.node(group.reductions.front().input).value.shape();
+    for (NodeId m : group.members)
+        if (group.reduction_of(m) == nullptr && graph.node(m).value.shape() != group.shape) group.row_members.push_back(m);
+    const std::vector<int> passes = member_passes(graph, group);
+    for (std::size_t k = 0; k < group.members.size(); ++k)
+        if (std::find(group.row_members.begin(), group.row_members.end(), group.members[k]) == group.row_members.end())
+            group.passes = std::max(group.passes, passes[k] + 1);
+}
+
 std::optional<BackwardChain> describe_backward(const Builder& b, const FusionGroup& group, std::size_t index) {
     const ComputeGraph& graph = b.graph;
     const std::set<NodeId> in(group.members.begin(), group.members.end());
@@ -376,6 +519,12 @@ const char* materialise_name(Materialise why) {
     return "unknown";
 }
 
+const Shape& FusionGroup::member_shape(NodeId id) const {
+    if (const RowReduction* r = reduction_of(id)) return r->shape;
+    if (std::find(row_members.begin(), row_members.end(), id) != row_members.end()) return row_shape;
+    return shape;
+}
+
 std::size_t FusionPlan::launches_saved() const {
     std::size_t saved = 0;
     for (const FusionGroup& group : groups) saved += group.members.size() - 1;
@@ -390,7 +539,9 @@ std::string FusionPlan::describe(const ComputeGraph& graph) const {
     };
     for (std::size_t g = 0; g < groups.size(); ++g) {
         const FusionGroup& group = groups[g];
-        out << "group " << g << " " << to_string(group.shape) << (group.double_precision ? " f64" : " f32") << ":";
+        out << "group " << g << " " << to_string(group.shape) << (group.double_precision ? " f64" : " f32");
+        if (group.row_program) out << " row program, " << group.passes << " passes over " << to_string(group.row_shape);
+        out << ":";
         for (std::size_t i = 0; i < group.members.size(); ++i) out << (i ? ", " : " ") << node_text(group.members[i]);
         out << " | inputs";
         for (std::size_t i = 0; i < group.inputs.size(); ++i) out << (i ? ", " : " ") << node_text(group.inputs[i]);
@@ -409,37 +560,59 @@ FusionPlan plan_fusion(const ComputeGraph& graph) {
         if (fusible(graph, graph.node(id))) builder.add(id);
     builder.attach_reductions();
     builder.keep_schedulable();
+    const std::vector<Builder::Program> programs = builder.row_programs();
     FusionPlan plan;
     plan.signature = graph_signature(graph);
-    for (std::size_t g = 0; g < builder.groups.size(); ++g) {
-        const std::vector<NodeId>& members = builder.groups[g];
-        if (members.empty()) continue;  // dissolved
-        plan.groups.push_back(describe_group(builder, members));
-        if (const auto r = builder.reductions.find(g); r != builder.reductions.end()) plan.groups.back().reduction = r->second;
-        if (auto chain = describe_backward(builder, plan.groups.back(), plan.groups.size() - 1))
-            plan.backward.push_back(std::move(*chain));
+    // The segments (every group, by its first member: the order a replay meets them) and their backward chains.
+    std::vector<std::size_t> order;
+    for (std::size_t g = 0; g < builder.groups.size(); ++g)
+        if (!builder.groups[g].empty()) order.push_back(g);  // else dissolved
+    std::sort(order.begin(), order.end(),
+              [&](std::size_t a, std::size_t b) { return builder.groups[a].front() < builder.groups[b].front(); });
+    std::vector<std::size_t> segment_of(builder.groups.size(), 0);
+    for (std::size_t i = 0; i < order.size(); ++i) {
+        segment_of[order[i]] = i;
+        FusionGroup segment = describe_group(builder, builder.groups[order[i]]);
+        describe_rows(graph, segment, false);
+        segment.segments = {i};
+        if (auto chain = describe_backward(builder, segment, i)) plan.backward.push_back(std::move(*chain));
+        plan.segments.push_back(std::move(segment));
     }
-    // Creation order of the first member: the order a replay meets them.
-    std::vector<std::size_t> order(plan.groups.size());
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    if (!std::is_sorted(plan.groups.begin(), plan.groups.end(), [](const FusionGroup& a, const FusionGroup& b) {
-            return a.members.front() < b.members.front();
-        })) {
-        std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-            return plan.groups[a].members.front() < plan.groups[b].members.front();
-        });
-        std::vector<FusionGroup> sorted;
-        std::vector<std::size_t> new_index(order.size());
-        for (std::size_t i = 0; i < order.size(); ++i) {
-            new_index[order[i]] = i;
-            sorted.push_back(std::move(plan.groups[order[i]]));
+    // The forward kernels: the row programs, and the segments no program holds.
+    std::vector<char> held(builder.groups.size(), 0);
+    for (const Builder::Program& program : programs) {
+        FusionGroup kernel = describe_group(builder, program.members);
+        describe_rows(graph, kernel, true);
+        for (std::size_t g : program.groups) {
+            held[g] = 1;
+            kernel.segments.push_back(segment_of[g]);
         }
-        plan.groups = std::move(sorted);
-        for (BackwardChain& chain : plan.backward) chain.group = new_index[chain.group];
-        std::sort(plan.backward.begin(), plan.backward.end(),
-                  [](const BackwardChain& a, const BackwardChain& b) { return a.group < b.group; });
+        std::sort(kernel.segments.begin(), kernel.segments.end());
+        plan.groups.push_back(std::move(kernel));
     }
+    for (std::size_t g : order)
+        if (!held[g]) plan.groups.push_back(plan.segments[segment_of[g]]);
+    std::sort(plan.groups.begin(), plan.groups.end(),
+              [](const FusionGroup& a, const FusionGroup& b) { return a.members.front() < b.members.front(); });
     return plan;
+}
+
+std::vector<int> member_passes(const ComputeGraph& graph, const FusionGroup& group) {
+    std::map<NodeId, int> pass;  // of the members so far
+    std::vector<int> out;
+    for (NodeId m : group.members) {
+        int p = 0;
+        const RowReduction* reduction = group.reduction_of(m);
+        for (const NodeInput& input : graph.node(m).inputs) {
+            const auto found = pass.find(input.id);
+            if (found == pass.end()) continue;  // an external input: there from the start
+            // A reduction's value exists after its loop: the next pass reads it (a reduction reads no reduction).
+            p = std::max(p, found->second + (group.reduction_of(input.id) != nullptr && reduction == nullptr ? 1 : 0));
+        }
+        pass[m] = p;
+        out.push_back(p);
+    }
+    return out;
 }
 
 std::vector<char> reached_by_backward(const ComputeGraph& graph, NodeId root) {
@@ -455,7 +628,7 @@ std::vector<char> reached_by_backward(const ComputeGraph& graph, NodeId root) {
 
 std::optional<BackwardLaunch> backward_launch(const ComputeGraph& graph, const FusionPlan& plan, std::size_t index,
                                               std::span<const char> reached, NodeId root) {
-    const FusionGroup& group = plan.groups.at(index);
+    const FusionGroup& group = plan.segments.at(index);
     std::set<NodeId> in(group.members.begin(), group.members.end());
     const auto is_reached = [&](NodeId id) { return id < reached.size() && reached[id] != 0; };
     BackwardLaunch launch;

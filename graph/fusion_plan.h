@@ -59,37 +59,61 @@ struct GroupOutput {
     Materialise why;
 };
 
-// A sum or mean over the trailing axes of one member that the group's kernel computes too (issue 33's pointwise +
-// row-reduction pattern): the member's values seen as (rows, row_length), each row summed by one block in a fixed
-// order as the elements are computed. Its result is the reduction's value (not the unfused kernel's order of
-// additions: close, not bitwise).
+// A sum or mean over the trailing axes of one value that a group's kernel computes too (issue 33's pointwise +
+// row-reduction pattern): the value seen as (rows, row_length), each row summed by one block in a fixed order as the
+// elements are computed. Its result is the reduction's value (not the unfused kernel's order of additions: close,
+// not bitwise).
 struct RowReduction {
     NodeId node = 0;   // the sum or mean, a member of the group
-    NodeId input = 0;  // the member it reduces
+    NodeId input = 0;  // the value it reduces: a member, or (in a row program) an external input
     std::int64_t rows = 0;
     std::int64_t row_length = 0;
     Shape shape;       // its output shape
+    Shape kept_shape;  // its input's shape with the reduced axes as 1 (keepdim's): one element per row
     bool mean = false;
 };
 
 // One generated kernel: members computed elementwise over one index space, external inputs broadcast into it.
+// With reductions, a block per row: a group that ends in a sum or mean (one reduction, read by no member), or a
+// row program (docs/fusion.md, "Row programs"): members that read a reduction of the same rows back (softmax's
+// e / sum(e), a norm's x - mean(x)), in passes over each row, each pass ending in the reductions the next reads.
 struct FusionGroup {
     std::vector<NodeId> members;       // creation order; the kernel runs where the last member ran
     std::vector<NodeId> inputs;        // the distinct producers outside the group, in first-use order
     std::vector<GroupOutput> outputs;  // the members written to memory, creation order
-    Shape shape;                       // every pointwise member's output shape: the kernel's index space
+    Shape shape;                       // every pointwise member's output shape but row members': the index space
     bool double_precision = false;     // computes in f64 (every member f64), else in f32 (f32, bf16, f16)
-    std::optional<RowReduction> reduction;  // a member, of its own shape, when the kernel ends in one
-    // The shape member `id` has: the group's, or the reduction's.
-    const Shape& member_shape(NodeId id) const { return reduction && reduction->node == id ? reduction->shape : shape; }
+    std::vector<RowReduction> reductions;  // members, creation order; all over the same rows of `shape`
+    // Pointwise members with one value per row (shape `row_shape`, the reductions' kept_shape): formulas of the
+    // reductions, as a norm's 1 / sqrt(var + eps), computed once per row between two passes.
+    std::vector<NodeId> row_members;
+    Shape row_shape;
+    int passes = 1;  // loops over each row: more than one when members read reductions back
+    // The groups of the grouping pass this kernel joins (indices into FusionPlan::segments): one, or a row
+    // program's several. Their backward chains are the segments'.
+    std::vector<std::size_t> segments;
+    const RowReduction* reduction_of(NodeId id) const {
+        for (const RowReduction& r : reductions)
+            if (r.node == id) return &r;
+        return nullptr;
+    }
+    // The shape member `id` has: a reduction's, a row member's, or the group's.
+    const Shape& member_shape(NodeId id) const;
+    bool row_program = false;  // joined across a reduction read back (or a row member): see above
 };
+
+// The pass over each row in which each member of `group` (parallel to group.members) is computed: a pointwise
+// member of the group's shape in that loop (and again in later loops that read it); a reduction summed in that
+// loop; a row member after the reductions of the loops before it (pass k: between loop k - 1 and loop k; equal to
+// group.passes: after the last loop). 0 for every member of a group without reductions.
+std::vector<int> member_passes(const ComputeGraph& graph, const FusionGroup& group);
 
 // The backward of a group's members that require grad, as one kernel: the incoming gradients of the outputs
 // consumed outside, the derivative formulas applied in reverse creation order with fan-out summed in registers,
 // one gradient per external input that requires grad. A gradient broadcast into the shape still needs its sum
 // to the input's shape (a reduction): the chain writes it in the group's shape and `reduced` names it.
 struct BackwardChain {
-    std::size_t group = 0;              // index into FusionPlan::groups
+    std::size_t group = 0;              // index into FusionPlan::segments
     std::vector<NodeId> members;        // reverse creation order
     std::vector<NodeId> gradients_in;   // members whose gradient comes from outside the group
     std::vector<NodeId> saved_reads;    // the values the derivative formulas read (materialised by the forward)
@@ -105,7 +129,7 @@ struct BackwardChain {
 // broadcast back, times 1/count for the mean) becomes part of the chain, which loads its gradient broadcast, so the
 // reduction's expand kernel and the member's derivative run as one kernel.
 struct BackwardLaunch {
-    std::size_t group = 0;              // index into FusionPlan::groups
+    std::size_t group = 0;              // index into FusionPlan::segments
     std::vector<NodeId> members;        // the reached members and the sums/means taken over, reverse creation order
     std::vector<NodeId> gradients_in;   // of those, the root and those with a reached reader outside the chain
     std::vector<NodeId> saved_reads;    // the values their derivatives read (members and external inputs), sorted
@@ -115,7 +139,12 @@ struct BackwardLaunch {
 
 struct FusionPlan {
     std::string signature;  // graph_signature() of the graph it was made for
-    std::vector<FusionGroup> groups;
+    std::vector<FusionGroup> groups;  // the forward kernels, by their first member
+    // The groups of the grouping pass, by their first member: each a forward kernel of its own, or part of a row
+    // program's (FusionGroup::segments). Backward chains are made of these (BackwardChain::group, backward_launch):
+    // a row program's backward runs as its segments' chains and its other members' unfused backward. Without row
+    // programs, equal to `groups`.
+    std::vector<FusionGroup> segments;
     std::vector<BackwardChain> backward;
     // Kernel launches a forward saves: each group replaces its members' launches by one.
     std::size_t launches_saved() const;
@@ -132,7 +161,7 @@ FusionPlan plan_fusion(const ComputeGraph& graph);
 // The nodes a backward from `root` visits: 1 for the root and every node that requires grad on a path into it
 // (as ComputeGraph::backward marks them), 0 otherwise; sized root + 1.
 std::vector<char> reached_by_backward(const ComputeGraph& graph, NodeId root);
-// Group `index` of `plan` as that backward runs it; nullopt when the pass reaches none of its members or a reached
+// Segment `index` of `plan` (FusionPlan::segments) as that backward runs it; nullopt when the pass reaches none of its members or a reached
 // member's row has no backward.
 std::optional<BackwardLaunch> backward_launch(const ComputeGraph& graph, const FusionPlan& plan, std::size_t index,
                                               std::span<const char> reached, NodeId root);

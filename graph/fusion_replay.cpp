@@ -131,17 +131,21 @@ std::shared_ptr<const Prepared> prepare(const ComputeGraph& graph, std::string s
         });
         if (usable[g]) usable_groups.push_back(g);
     }
-    // Every kernel of the plan, forward and backward, compiled together. The chains are the usable groups' as a
-    // backward from `root` runs them (they read the values the forward stored, fused or not, so eager steps run
-    // them too); a chain whose group is dropped goes with it.
+    // Every kernel of the plan, forward and backward, compiled together. The chains are the segments' of the usable
+    // groups as a backward from `root` runs them (they read the values the forward stored, fused or not, so eager
+    // steps run them too); a chain whose group is dropped goes with it.
+    std::vector<std::size_t> kernel_of_segment(plan.segments.size(), 0);
+    for (std::size_t g = 0; g < plan.groups.size(); ++g)
+        for (std::size_t segment : plan.groups[g].segments) kernel_of_segment.at(segment) = g;
     const std::vector<char> reached = reached_by_backward(graph, root);
     std::vector<BackwardLaunch> launches;
-    for (std::size_t g : usable_groups)
-        if (std::optional<BackwardLaunch> launch = backward_launch(graph, plan, g, reached, root))
-            launches.push_back(std::move(*launch));
+    for (std::size_t segment = 0; segment < plan.segments.size(); ++segment)
+        if (usable[kernel_of_segment[segment]])
+            if (std::optional<BackwardLaunch> launch = backward_launch(graph, plan, segment, reached, root))
+                launches.push_back(std::move(*launch));
     CompiledPlan compiled = compile_plan(graph, plan, usable_groups, launches, check);
     stats.nvrtc_ms += compiled.nvrtc_ms;
-    std::map<std::size_t, std::size_t> kept_index;  // plan.groups index -> out->plan.groups index
+    std::vector<char> kept(plan.groups.size(), 0);
     for (std::size_t i = 0; i < usable_groups.size(); ++i) {
         if (!compiled.groups[i]) {
             ++stats.groups_dropped;
@@ -151,7 +155,7 @@ std::shared_ptr<const Prepared> prepare(const ComputeGraph& graph, std::string s
         ++stats.groups_compiled;
         stats.groups_from_cache += compiled.groups[i]->from_cache ? 1 : 0;
         for (NodeId m : group.members) out->member_dtype[m] = graph.node(m).value.dtype();
-        kept_index[usable_groups[i]] = out->plan.groups.size();
+        kept[usable_groups[i]] = 1;
         out->plan.groups.push_back(std::move(group));
         out->kernels.push_back(std::move(*compiled.groups[i]));
     }
@@ -159,13 +163,12 @@ std::shared_ptr<const Prepared> prepare(const ComputeGraph& graph, std::string s
     out->backward->root = root;
     out->backward->check = check;
     for (std::size_t i = 0; i < launches.size(); ++i) {
-        const auto kept = kept_index.find(launches[i].group);
-        if (kept == kept_index.end()) continue;  // its group runs unfused: so do its members' backward
+        if (!kept[kernel_of_segment[launches[i].group]]) continue;  // its group runs unfused: so do its members' backward
         if (!compiled.chains[i]) {
             ++stats.backward_chains_dropped;
             continue;
         }
-        compiled.chains[i]->launch.group = kept->second;
+        // The prepared plan keeps the kernels only: a compiled chain carries what its launch needs.
         ++stats.backward_chains_compiled;
         out->backward->chains.push_back(std::move(*compiled.chains[i]));
     }

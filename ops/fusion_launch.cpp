@@ -139,20 +139,30 @@ bool matches_unfused(const ComputeGraph& graph, const FusionGroup& group, const 
         scratch.push_back(Tensor::empty(value.shape(), value.dtype(), value.device()));
     }
     launch_compiled_group(kernel, inputs, scratch);
+    const std::vector<int> passes = member_passes(graph, group);
+    const auto pass_of = [&](NodeId id) {
+        return passes[static_cast<std::size_t>(std::find(group.members.begin(), group.members.end(), id) - group.members.begin())];
+    };
     for (std::size_t j = 0; j < scratch.size(); ++j) {
         const Tensor& expected = graph.node(kernel.outputs[j]).value;
-        if (group.reduction && kernel.outputs[j] == group.reduction->node) {
-            // The row sums add in another order than the unfused reduction: within the sum's rounding, bounded by
-            // the row's largest term times its length.
-            const TensorStats stats = tensor_stats(graph.node(group.reduction->input).value);
-            double magnitude = std::max(std::abs(stats.min), std::abs(stats.max)) * static_cast<double>(group.reduction->row_length);
-            if (group.reduction->mean) magnitude /= static_cast<double>(group.reduction->row_length);
-            if (!std::isfinite(magnitude)) magnitude = 0.0;
+        const RowReduction* reduction = group.reduction_of(kernel.outputs[j]);
+        // A row's sums add in another order than the unfused reduction, and what a later pass computes from them
+        // inherits that: within the sum's rounding, bounded by the row's largest term times its length (a value
+        // computed from sums: by its own largest magnitude).
+        if (reduction != nullptr || pass_of(kernel.outputs[j]) > 0) {
+            double magnitude = 0.0;
+            if (reduction != nullptr) {
+                const TensorStats stats = tensor_stats(graph.node(reduction->input).value);
+                magnitude = std::max(std::abs(stats.min), std::abs(stats.max)) * static_cast<double>(reduction->row_length);
+                if (reduction->mean) magnitude /= static_cast<double>(reduction->row_length);
+                if (!std::isfinite(magnitude)) magnitude = 0.0;
+            }
             const std::string mismatch = backward_mismatch(scratch[j], expected, /*same_order=*/false, magnitude);
             if (mismatch.empty()) continue;
             cuda::log_fusion({cuda::FusionLogEntry::Kind::CheckMismatch, name,
-                              str("group ", members_text(graph, group), ": the row reduction #", kernel.outputs[j], " (",
-                                  dtype_name(expected.dtype()), "): ", mismatch, "; the group runs its unfused kernels")});
+                              str("group ", members_text(graph, group), ": #", kernel.outputs[j], " (",
+                                  dtype_name(expected.dtype()), ", after a row reduction): ", mismatch,
+                                  "; the group runs its unfused kernels")});
             return false;
         }
         const std::int64_t at = first_mismatch(scratch[j], expected);
@@ -236,7 +246,7 @@ CompiledPlan compile_plan(const ComputeGraph& graph, const FusionPlan& plan, std
         }
     }
     for (std::size_t i = 0; i < launches.size(); ++i) {
-        const FusionGroup& group = plan.groups.at(launches[i].group);
+        const FusionGroup& group = plan.segments.at(launches[i].group);
         try {
             chain_sources[i] = generate_backward_source(graph, group, launches[i]);
         } catch (const Error& e) {
@@ -298,7 +308,7 @@ CompiledPlan compile_plan(const ComputeGraph& graph, const FusionPlan& plan, std
     }
     for (std::size_t i = 0; i < launches.size(); ++i) {
         if (!chain_sources[i]) continue;
-        const FusionGroup& group = plan.groups.at(launches[i].group);
+        const FusionGroup& group = plan.segments.at(launches[i].group);
         CompiledBackward compiled = backward_arguments(graph, group, launches[i], *chain_sources[i], device);
         if (!chain_sources[i]->name.empty() && !take_loaded(chain_sources[i]->name, device, compiled)) continue;
         out.chains[i] = std::move(compiled);

@@ -3,6 +3,7 @@
 #include "dyngrad/ops/fusion_source.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -145,18 +146,11 @@ struct KernelText {
     };
     struct Store {
         DType dtype;
-        std::string value;     // a compute-type expression of the formulas' values
-        bool per_row = false;  // the row reduction's output: one element per row, stored after the row's sum
+        std::string value;  // a compute-type expression of the formulas' values
     };
-    // A kernel that ends in a row reduction (RowReduction): one block per row, the elements' formulas in a loop
-    // over the row, `value` (a formula's name) summed in a fixed order.
-    struct Rows {
-        std::int64_t rows = 0;
-        std::int64_t row_length = 0;
-        std::string value;
-        bool mean = false;
-    };
-    std::optional<Rows> rows;
+    // A kernel with reductions (a block per row, RowPrograms below) writes its own body; `loads`, `stores` and
+    // `scalars` are then only its parameters.
+    std::optional<std::string> row_body;
     std::string comment;  // the first line: what the kernel computes
     std::string compute;  // "float" or "double"
     std::int64_t numel = 0;
@@ -166,7 +160,7 @@ struct KernelText {
     std::vector<std::string> formulas;  // statements after the loads, in order
 
     int vector_width() const {
-        if (rows) return 1;  // the row loop reads element by element
+        if (row_body) return 1;  // the row loops read element by element
         std::size_t widest = 0;  // bytes of the widest element accessed over the whole index space
         for (const Load& load : loads)
             if (load.index == "i") widest = std::max(widest, dtype_size(load.dtype));
@@ -175,6 +169,17 @@ struct KernelText {
     }
 
     void element(std::ostringstream& src, bool vector, const char* indent) const {
+        load_lines(src, vector, indent);
+        for (const std::string& formula : formulas) src << indent << formula << "\n";
+        for (std::size_t j = 0; j < stores.size(); ++j) {
+            const std::string value = str("dg_store_", dtype_name(stores[j].dtype), "(", stores[j].value, ")");
+            if (vector) src << indent << "w" << j << ".v[k] = " << value << ";\n";
+            else src << indent << "out" << j << "[i] = " << value << ";\n";
+        }
+    }
+
+    // Each input's element for output element i, as the compute-type value the formulas read.
+    void load_lines(std::ostringstream& src, bool vector, const char* indent) const {
         for (std::size_t j = 0; j < loads.size(); ++j) {
             if (loads[j].dtype == DType::i64) {  // a dropout's seed: its bits (one element, never vectorised)
                 src << indent << "const unsigned long long " << loads[j].name << " = static_cast<unsigned long long>(in"
@@ -185,16 +190,7 @@ struct KernelText {
                 << (vector && loads[j].index == "i" ? str("l", j, ".v[k]") : str("in", j, "[", loads[j].index, "]"))
                 << ");\n";
         }
-        for (const std::string& formula : formulas) src << indent << formula << "\n";
-        for (std::size_t j = 0; j < stores.size(); ++j) {
-            if (stores[j].per_row) continue;
-            const std::string value = str("dg_store_", dtype_name(stores[j].dtype), "(", stores[j].value, ")");
-            if (vector) src << indent << "w" << j << ".v[k] = " << value << ";\n";
-            else src << indent << "out" << j << "[i] = " << value << ";\n";
-        }
     }
-
-    void write_rows(std::ostringstream& src) const;
 
     // The translation unit, the kernel named `DG_KERNEL_NAME` (named by the hash of the text afterwards).
     std::string write() const {
@@ -212,8 +208,8 @@ struct KernelText {
             param(str(element_type(stores[j].dtype), "* __restrict__ out", j));
         for (std::size_t k = 0; k < scalars.size(); ++k) param(str(scalars[k], " s", k));
         src << ") {\n";
-        if (rows) {
-            write_rows(src);
+        if (row_body) {
+            src << *row_body;
             return src.str();
         }
         src << "    constexpr long long n = " << numel << "LL;\n";
@@ -264,37 +260,6 @@ struct KernelText {
     }
 };
 
-// The body of a row-reduction kernel (KernelText::rows): a block per row (grid-stride over rows), each thread
-// summing its elements of the row in order, then a tree over the block's 256 partial sums in shared memory: a fixed
-// order, so every run gives the same bits.
-void KernelText::write_rows(std::ostringstream& src) const {
-    std::size_t row_store = stores.size();
-    for (std::size_t j = 0; j < stores.size(); ++j)
-        if (stores[j].per_row) row_store = j;
-    if (row_store == stores.size()) throw Error("fusion: a row-reduction kernel without its row output");
-    src << "    constexpr long long rows = " << rows->rows << "LL;\n";
-    src << "    constexpr long long row_length = " << rows->row_length << "LL;\n";
-    src << "    __shared__ " << compute << " partial[256];\n";
-    src << "    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {\n";
-    src << "        " << compute << " sum = " << compute << "(0);\n";
-    src << "        for (long long c = threadIdx.x; c < row_length; c += 256) {\n";
-    src << "            const long long i = row * row_length + c;\n";
-    element(src, false, "            ");
-    src << "            sum = sum + " << rows->value << ";\n";
-    src << "        }\n";
-    src << "        partial[threadIdx.x] = sum;\n";
-    src << "        __syncthreads();\n";
-    src << "        for (int half = 128; half > 0; half >>= 1) {\n";
-    src << "            if (threadIdx.x < half) partial[threadIdx.x] = partial[threadIdx.x] + partial[threadIdx.x + half];\n";
-    src << "            __syncthreads();\n";
-    src << "        }\n";
-    const std::string total = rows->mean ? str("partial[0] / ", compute, "(", rows->row_length, "LL)") : "partial[0]";
-    src << "        if (threadIdx.x == 0) out" << row_store << "[row] = dg_store_" << dtype_name(stores[row_store].dtype)
-        << "(" << total << ");\n";
-    src << "        __syncthreads();  // partial[] is reused by the next row\n";
-    src << "    }\n}\n";
-}
-
 // Names the kernel by the hash of its text.
 template <typename Source>
 void finish(Source& out, std::string text) {
@@ -332,6 +297,99 @@ std::string dropout_formula(const std::string& x, const std::string& seed, std::
 std::string unary_functor(const PointwiseFormula& formula, const OpAttrs& attrs) {
     const bool tanh = formula.tanh_functor != nullptr && attrs.gelu_approximation == GeluApproximation::Tanh;
     return str("dyngrad::math::", tanh ? formula.tanh_functor : formula.functor);
+}
+
+// The body of a kernel with reductions (FusionGroup::reductions): a block of 256 threads per row (grid-stride over
+// rows) makes group.passes loops over its row. Loop k computes the pointwise members of passes up to k for each
+// element (recomputing earlier passes' members from the inputs rather than reading them back), stores those of
+// pass k, and adds the values its reductions sum into one partial sum per thread; a fixed tree over the block's 256
+// partial sums in shared memory then gives each row's sum (a fixed order: every run gives the same bits), which
+// every thread holds for the next loop, with the row members computed from it. One loop and one reduction read by
+// no member is a group that ends in a sum or mean.
+std::string row_program_body(const ComputeGraph& graph, const FusionGroup& group, const KernelText& text,
+                             const std::map<NodeId, std::string>& formula_of, const std::vector<NodeId>& outputs,
+                             const std::function<std::string(NodeId)>& value_name) {
+    const std::vector<int> passes = member_passes(graph, group);
+    const RowReduction& rows = group.reductions.front();
+    const std::string& compute = text.compute;
+    const auto is_row_member = [&](NodeId id) {
+        return std::find(group.row_members.begin(), group.row_members.end(), id) != group.row_members.end();
+    };
+    const auto output_index = [&](NodeId id) -> int {
+        const auto found = std::find(outputs.begin(), outputs.end(), id);
+        return found == outputs.end() ? -1 : static_cast<int>(found - outputs.begin());
+    };
+    std::ostringstream src;
+    src << "    constexpr long long rows = " << rows.rows << "LL;\n";
+    src << "    constexpr long long row_length = " << rows.row_length << "LL;\n";
+    src << "    __shared__ " << compute << " partial[256];\n";
+    src << "    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {\n";
+    for (NodeId m : group.members)  // one value per row, for the loops after the one that computes it
+        if (group.reduction_of(m) != nullptr || is_row_member(m)) src << "        " << compute << " t" << m << " = " << compute << "(0);\n";
+    // The row members of pass k (after loop k - 1's reductions), and thread 0's stores of the row values made then.
+    const auto row_values = [&](int pass) {
+        std::vector<NodeId> made;
+        for (const RowReduction& r : group.reductions)
+            if (passes[static_cast<std::size_t>(std::find(group.members.begin(), group.members.end(), r.node) - group.members.begin())] + 1 == pass)
+                made.push_back(r.node);
+        bool any = false;
+        for (std::size_t k = 0; k < group.members.size(); ++k) {
+            if (!is_row_member(group.members[k]) || passes[k] != pass) continue;
+            if (!any) {
+                src << "        {\n            const long long i = row * row_length;  // a row value's inputs: the row's first element\n";
+                std::ostringstream loads;
+                text.load_lines(loads, false, "            ");
+                src << loads.str();
+                any = true;
+            }
+            src << "            t" << group.members[k] << " = " << formula_of.at(group.members[k]) << "\n";
+            made.push_back(group.members[k]);
+        }
+        if (any) src << "        }\n";
+        std::string stores;
+        for (NodeId id : made)
+            if (const int j = output_index(id); j >= 0)
+                stores += str("            out", j, "[row] = dg_store_", dtype_name(graph.node(id).value.dtype()), "(t", id, ");\n");
+        if (!stores.empty()) src << "        if (threadIdx.x == 0) {\n" << stores << "        }\n";
+    };
+    row_values(0);
+    for (int pass = 0; pass < group.passes; ++pass) {
+        std::vector<const RowReduction*> summed;
+        for (std::size_t k = 0; k < group.members.size(); ++k)
+            if (const RowReduction* r = group.reduction_of(group.members[k]); r != nullptr && passes[k] == pass) summed.push_back(r);
+        src << "        {  // pass " << pass << "\n";
+        for (const RowReduction* r : summed) src << "            " << compute << " acc" << r->node << " = " << compute << "(0);\n";
+        src << "            for (long long c = threadIdx.x; c < row_length; c += 256) {\n";
+        src << "                const long long i = row * row_length + c;\n";
+        std::ostringstream loads;
+        text.load_lines(loads, false, "                ");
+        src << loads.str();
+        for (std::size_t k = 0; k < group.members.size(); ++k) {
+            const NodeId m = group.members[k];
+            if (group.reduction_of(m) != nullptr || is_row_member(m) || passes[k] > pass) continue;
+            src << "                const " << compute << " t" << m << " = " << formula_of.at(m) << "\n";
+            if (const int j = output_index(m); j >= 0 && passes[k] == pass)
+                src << "                out" << j << "[i] = dg_store_" << dtype_name(graph.node(m).value.dtype()) << "(t" << m << ");\n";
+        }
+        for (const RowReduction* r : summed) src << "                acc" << r->node << " = acc" << r->node << " + " << value_name(r->input) << ";\n";
+        src << "            }\n";
+        for (const RowReduction* r : summed) {
+            src << "            partial[threadIdx.x] = acc" << r->node << ";\n";
+            src << "            __syncthreads();\n";
+            src << "            for (int half = 128; half > 0; half >>= 1) {\n";
+            src << "                if (threadIdx.x < half) partial[threadIdx.x] = partial[threadIdx.x] + partial[threadIdx.x + half];\n";
+            src << "                __syncthreads();\n";
+            src << "            }\n";
+            const std::string total = r->mean ? str("partial[0] / ", compute, "(", r->row_length, "LL)") : "partial[0]";
+            src << "            t" << r->node << " = " << rounding(graph.node(r->node).value.dtype()) << "(" << total
+                << ");  // " << (r->mean ? "mean" : "sum") << " #" << r->node << "\n";
+            src << "            __syncthreads();  // partial[] is reused\n";
+        }
+        src << "        }\n";
+        row_values(pass + 1);
+    }
+    src << "    }\n}\n";
+    return src.str();
 }
 
 }  // namespace
@@ -385,11 +443,6 @@ FusedKernelSource generate_fused_source(const ComputeGraph& graph, const FusionG
     KernelText text;
     text.compute = group.double_precision ? "double" : "float";
     text.numel = out.numel;
-    if (group.reduction) {
-        const RowReduction& r = *group.reduction;
-        text.rows = KernelText::Rows{r.rows, r.row_length, str("t", r.input), r.mean};
-        out.numel = r.rows * 256;  // what the launch sizes its grid by: a block of 256 threads per row
-    }
     text.comment = "one kernel for";
     for (NodeId m : group.members) text.comment += str(" ", op_def(graph.node(m).op).name, "#", m);
     text.comment += str(", over ", to_string(group.shape));
@@ -402,8 +455,9 @@ FusedKernelSource generate_fused_source(const ComputeGraph& graph, const FusionG
         const Tensor& value = graph.node(out.inputs[j]).value;
         text.loads.push_back({value.dtype(), index_expression(value.shape(), group.shape), str("v", j)});
     }
+    std::map<NodeId, std::string> formula_of;  // each pointwise member's statement (its scalars taken once)
     for (NodeId m : group.members) {
-        if (group.reduction && m == group.reduction->node) continue;  // summed by the row loop
+        if (group.reduction_of(m) != nullptr) continue;  // summed by a row loop
         const ComputeNode& node = graph.node(m);
         const OpDef& def = op_def(node.op);
         const PointwiseFormula& formula = *def.pointwise;
@@ -443,11 +497,15 @@ FusedKernelSource generate_fused_source(const ComputeGraph& graph, const FusionG
                 text.scalars.push_back(kDropoutScalarsType);
                 break;
         }
-        text.formulas.push_back(str("const ", text.compute, " t", m, " = ", rounding(node.value.dtype()), "(", value,
-                                    ");  // ", def.name, " #", m));
+        formula_of[m] = str(rounding(node.value.dtype()), "(", value, ");  // ", def.name, " #", m);
     }
-    for (NodeId m : out.outputs)
-        text.stores.push_back({graph.node(m).value.dtype(), str("t", m), group.reduction && m == group.reduction->node});
+    for (NodeId m : out.outputs) text.stores.push_back({graph.node(m).value.dtype(), str("t", m)});
+    if (!group.reductions.empty()) {
+        text.row_body = row_program_body(graph, group, text, formula_of, out.outputs, value_name);
+        out.numel = group.reductions.front().rows * 256;  // what the launch sizes its grid by: a block per row
+    } else {
+        for (NodeId m : group.members) text.formulas.push_back(str("const ", text.compute, " t", m, " = ", formula_of.at(m)));
+    }
     out.vector_width = text.vector_width();
     finish(out, text.write());
     return out;

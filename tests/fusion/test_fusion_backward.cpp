@@ -13,19 +13,13 @@
 #include "dyngrad/dyngrad.h"
 #include "dyngrad/graph/fusion_plan.h"
 #include "dyngrad/ops/fusion_source.h"
+#include "fusion_test_support.h"
 
 using namespace dyngrad;
 using namespace dyngrad::fusion;
+using namespace fusion_test;
 
 namespace {
-
-Tensor random(const Shape& shape, Generator& gen) { return Tensor::uniform(shape, -1.0, 1.0, gen); }
-
-std::vector<NodeId> ids(std::initializer_list<Var> vars) {
-    std::vector<NodeId> out;
-    for (const Var& v : vars) out.push_back(v.id());
-    return out;
-}
 
 BackwardLaunch launch_for(const ComputeGraph& graph, const FusionPlan& plan, std::size_t group, const Var& root) {
     const std::vector<char> reached = reached_by_backward(graph, root.id());

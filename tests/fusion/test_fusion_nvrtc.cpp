@@ -50,7 +50,7 @@ FusedKernelSource sample_kernel(DType dtype, std::int64_t batch = 64, bool every
     const Var loss = sum(to_dtype(z, DType::f64 == dtype ? DType::f64 : DType::f32), {0});
     const FusionPlan plan = plan_fusion(graph);
     REQUIRE(plan.groups.size() == 1);
-    REQUIRE_FALSE(plan.groups[0].reduction.has_value());
+    REQUIRE(plan.groups[0].reductions.empty());
     REQUIRE(loss.defined());
     return generate_fused_source(graph, every_member ? with_every_member_written(plan.groups[0]) : plan.groups[0]);
 }
@@ -286,7 +286,7 @@ TEST_CASE("kernels that end in a row sum or mean compile for every dtype", "[fus
         const FusionPlan plan = plan_fusion(graph);
         INFO(dtype_name(dtype) << "\n" << plan.describe(graph));
         REQUIRE(plan.groups.size() == 1);
-        REQUIRE(plan.groups[0].reduction.has_value());
+        REQUIRE(plan.groups[0].reductions.size() == 1);
         CHECK(plan.groups[0].member_shape(row_means.id()) == Shape{33, 1});
         const FusedKernelSource k = generate_fused_source(graph, with_every_member_written(plan.groups[0]));
         INFO(k.source);
@@ -295,5 +295,38 @@ TEST_CASE("kernels that end in a row sum or mean compile for every dtype", "[fus
         const cuda::CompiledKernel ptx = cuda::compile_fused_kernel(
             k.source, k.name, {.arch = 90, .kind = ImageKind::Ptx, .cache_dir = {}, .use_cache = false});
         CHECK(ptx.image.find(str(".entry ", k.name)) != std::string::npos);
+    }
+}
+
+TEST_CASE("row programs (a layer norm and a softmax written out) compile for every dtype", "[fusion][nvrtc]") {
+    for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+        Generator gen = fresh_generator();
+        ComputeGraph graph;
+        const Var x = graph.input(random({33, 70}, gen).to(dtype), "x", true);
+        const Var weight = graph.input(random({70}, gen).to(dtype), "weight", true);
+        const Var centred = sub(x, mean(x, {-1}, true));
+        const Var inverse = pow(add_scalar(mean(mul(centred, centred), {-1}, true), 1e-5), -0.5);
+        const Var normed = mul(mul(centred, inverse), weight);
+        const Var shifted = sub(normed, max(normed, -1, true));
+        const Var exps = exp(shifted);
+        const Var probs = div(exps, sum(exps, {-1}, true));
+        const FusionPlan plan = plan_fusion(graph);
+        INFO(dtype_name(dtype) << "\n" << plan.describe(graph));
+        REQUIRE(plan.groups.size() == 2);  // the max between them is its own kernel
+        CHECK(plan.groups[0].passes == 3);
+        CHECK(plan.groups[1].passes == 2);
+        CHECK(plan.groups[1].members.back() == probs.id());
+        std::vector<std::string> sources, names;
+        for (const FusionGroup& group : plan.groups) {
+            REQUIRE(group.row_program);
+            const FusedKernelSource k = generate_fused_source(graph, with_every_member_written(group));
+            sources.push_back(k.source);
+            names.push_back(k.name);
+        }
+        const std::string unit = combined_source(sources);
+        INFO(unit);
+        const cuda::CompiledKernel ptx = cuda::compile_fused_kernel(
+            unit, "dg_rows_test", {.arch = 90, .kind = ImageKind::Ptx, .cache_dir = {}, .use_cache = false});
+        for (const std::string& name : names) CHECK(ptx.image.find(str(".entry ", name)) != std::string::npos);
     }
 }

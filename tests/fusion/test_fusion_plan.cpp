@@ -17,27 +17,15 @@
 #include "dyngrad/graph/fusion_plan.h"
 #include "dyngrad/ops/elementwise_math.h"
 #include "dyngrad/ops/fusion_source.h"
+#include "fusion_test_support.h"
 
 using namespace dyngrad;
 using namespace dyngrad::fusion;
+using namespace fusion_test;
 
 namespace {
 
 Generator fresh_generator() { return Generator(std::random_device{}()); }
-
-Tensor random(const Shape& shape, Generator& gen) { return Tensor::uniform(shape, -1.0, 1.0, gen); }
-
-std::vector<NodeId> ids(std::initializer_list<Var> vars) {
-    std::vector<NodeId> out;
-    for (const Var& v : vars) out.push_back(v.id());
-    return out;
-}
-
-std::vector<NodeId> output_nodes(const FusionGroup& group) {
-    std::vector<NodeId> out;
-    for (const GroupOutput& o : group.outputs) out.push_back(o.node);
-    return out;
-}
 
 Materialise why(const FusionGroup& group, NodeId id) {
     for (const GroupOutput& o : group.outputs)
@@ -245,11 +233,12 @@ TEST_CASE("a sum's or mean's backward joins the chain of the member it reduces",
         INFO(plan.describe(graph));
         REQUIRE(plan.groups.size() == 1);
         CHECK(plan.groups[0].members == ids({activated, loss}));
-        REQUIRE(plan.groups[0].reduction.has_value());
-        CHECK(plan.groups[0].reduction->node == loss.id());
-        CHECK(plan.groups[0].reduction->input == activated.id());
-        CHECK(plan.groups[0].reduction->rows == 1);  // every axis: one row
-        CHECK(plan.groups[0].reduction->row_length == 72);
+        REQUIRE(plan.groups[0].reductions.size() == 1);
+        CHECK_FALSE(plan.groups[0].row_program);
+        CHECK(plan.groups[0].reductions[0].node == loss.id());
+        CHECK(plan.groups[0].reductions[0].input == activated.id());
+        CHECK(plan.groups[0].reductions[0].rows == 1);  // every axis: one row
+        CHECK(plan.groups[0].reductions[0].row_length == 72);
         CHECK(plan.groups[0].member_shape(loss.id()) == Shape{});
         CHECK(plan.launches_saved() == 1);
         // Only the sum is written: the ReLU's derivative reads the product, nothing outside reads the ReLU.
@@ -259,8 +248,9 @@ TEST_CASE("a sum's or mean's backward joins the chain of the member it reduces",
         CHECK(forward.numel == 256);  // one block: one row
         CHECK(forward.outputs == ids({loss}));
         CHECK(forward.source.find("constexpr long long row_length = 72LL;") != std::string::npos);
-        CHECK(forward.source.find(str("sum = sum + t", activated.id(), ";")) != std::string::npos);
-        CHECK(forward.source.find("out0[row] = dg_store_float32(partial[0]);") != std::string::npos);
+        CHECK(forward.source.find(str("acc", loss.id(), " = acc", loss.id(), " + t", activated.id(), ";")) != std::string::npos);
+        CHECK(forward.source.find(str("out0[row] = dg_store_float32(t", loss.id(), ");")) != std::string::npos);
+        CHECK(forward.source.find("// pass 1") == std::string::npos);  // one loop over the row
         CHECK(forward.source.find("out0[i]") == std::string::npos);  // the ReLU is not stored
         const std::vector<char> reached = reached_by_backward(graph, loss.id());
         const std::optional<BackwardLaunch> launch = backward_launch(graph, plan, 0, reached, loss.id());
@@ -291,9 +281,10 @@ TEST_CASE("a sum's or mean's backward joins the chain of the member it reduces",
         INFO(plan.describe(graph));
         REQUIRE(plan.groups.size() == 2);  // the product too, with the loss's sum
         CHECK(plan.groups[0].members == ids({scaled, squashed, row_means}));
-        CHECK(plan.groups[0].reduction->rows == 8);
-        CHECK(plan.groups[0].reduction->row_length == 24);
-        CHECK(plan.groups[0].reduction->mean);
+        REQUIRE(plan.groups[0].reductions.size() == 1);
+        CHECK(plan.groups[0].reductions[0].rows == 8);
+        CHECK(plan.groups[0].reductions[0].row_length == 24);
+        CHECK(plan.groups[0].reductions[0].mean);
         CHECK(plan.groups[1].members == ids({product, loss}));
         const std::vector<char> reached = reached_by_backward(graph, loss.id());
         const std::optional<BackwardLaunch> launch = backward_launch(graph, plan, 0, reached, loss.id());
@@ -318,7 +309,8 @@ TEST_CASE("a sum's or mean's backward joins the chain of the member it reduces",
         const FusionPlan plan = plan_fusion(graph);
         INFO(plan.describe(graph));
         REQUIRE(plan.groups.size() == 1);
-        CHECK(plan.groups[0].reduction->node == total.id());
+        REQUIRE(plan.groups[0].reductions.size() == 1);
+        CHECK(plan.groups[0].reductions[0].node == total.id());
         // tanh's input for its derivative, the tanh for the matmul, the sum for the add.
         CHECK(output_nodes(plan.groups[0]) == ids({halved, squashed, total}));
         const std::vector<char> reached = reached_by_backward(graph, loss.id());
@@ -338,7 +330,7 @@ TEST_CASE("a sum's or mean's backward joins the chain of the member it reduces",
         const FusionPlan plan = plan_fusion(graph);
         INFO(plan.describe(graph));
         for (const FusionGroup& group : plan.groups)
-            if (group.reduction) CHECK((group.reduction->node != columns.id() && group.reduction->node != long_rows.id()));
+            for (const RowReduction& r : group.reductions) CHECK((r.node != columns.id() && r.node != long_rows.id()));
         // The tanh's kernel ends in the row mean; the subtraction, which reads it back, is in a kernel after it.
         REQUIRE_FALSE(plan.groups.empty());
         CHECK(plan.groups[0].members == ids({squashed, row_means}));
@@ -518,18 +510,27 @@ TEST_CASE("an intermediate read outside the group is written; a path back into t
     const Var a = exp(x);
     const Var c = mul_scalar(a, 2.0);
     const Var p = matmul(a, w);         // reads a, outside the group
-    const Var total = sum(a, {1}, true);  // (16, 1), computed from a member: the kernel ends in it
-    const Var d = add(c, total);        // would need `total` inside the kernel before its rows are summed: not a member
+    const Var total = sum(a, {1}, true);  // (16, 1), computed from a member: the grouping pass's group ends in it
+    const Var d = add(c, total);        // needs `total` before its rows are summed: a second pass over each row
     const FusionPlan plan = plan_fusion(graph);
     INFO(plan.describe(graph));
+    // The group ends in the sum; the add, which reads the sum back, joins it as a row program's second pass.
+    REQUIRE(plan.segments.size() == 1);
+    CHECK(plan.segments[0].members == ids({a, c, total}));
+    REQUIRE(plan.segments[0].reductions.size() == 1);
+    CHECK(plan.segments[0].reductions[0].node == total.id());
+    CHECK(output_nodes(plan.segments[0]) == ids({a, c, total}));
+    CHECK(why(plan.segments[0], a.id()) == Materialise::ConsumedOutside);
+    CHECK(why(plan.segments[0], c.id()) == Materialise::ConsumedOutside);
     REQUIRE(plan.groups.size() == 1);
-    CHECK(plan.groups[0].members == ids({a, c, total}));
-    CHECK(plan.groups[0].reduction->node == total.id());
-    CHECK(output_nodes(plan.groups[0]) == ids({a, c, total}));
+    CHECK(plan.groups[0].members == ids({a, c, total, d}));
+    CHECK(plan.groups[0].row_program);
+    CHECK(plan.groups[0].passes == 2);
+    CHECK(plan.groups[0].segments == std::vector<std::size_t>{0});
+    CHECK(output_nodes(plan.groups[0]) == ids({a, d}));  // the matmul's input and the step's result
     CHECK(why(plan.groups[0], a.id()) == Materialise::ConsumedOutside);
-    CHECK(why(plan.groups[0], c.id()) == Materialise::ConsumedOutside);
+    CHECK(why(plan.groups[0], d.id()) == Materialise::StepResult);
     CHECK(p.defined());
-    CHECK(d.defined());
 }
 
 TEST_CASE("two producer groups merge through a residual add", "[fusion]") {
@@ -674,11 +675,22 @@ TEST_CASE("random graphs: every plan is legal, schedulable and writes what is re
         for (std::size_t g = 0; g < plan.groups.size(); ++g) {
             const FusionGroup& group = plan.groups[g];
             REQUIRE(!group.members.empty());
-            if (group.reduction) {  // the sum it ends in: of its own shape, over one member
-                CHECK(std::find(group.members.begin(), group.members.end(), group.reduction->node) != group.members.end());
-                CHECK(graph.node(group.reduction->node).inputs[0].id == group.reduction->input);
-                CHECK(group.reduction->rows * group.reduction->row_length == numel(group.shape));
+            for (const RowReduction& r : group.reductions) {  // over rows of the group's shape: of a member or an input
+                CHECK(std::find(group.members.begin(), group.members.end(), r.node) != group.members.end());
+                CHECK(graph.node(r.node).inputs[0].id == r.input);
+                CHECK(r.rows * r.row_length == numel(group.shape));
+                CHECK(r.kept_shape == group.reductions[0].kept_shape);
             }
+            if (group.reductions.size() > 1 || !group.row_members.empty()) CHECK(group.row_program);
+            // A row program reads its row values back only in their kept shape (broadcast along their own rows).
+            if (group.row_program)
+                for (NodeId m : group.members) {
+                    if (group.reduction_of(m) != nullptr) continue;
+                    for (const NodeInput& input : graph.node(m).inputs)
+                        if (group.reduction_of(input.id) != nullptr ||
+                            std::find(group.row_members.begin(), group.row_members.end(), input.id) != group.row_members.end())
+                            CHECK(graph.node(input.id).value.shape() == group.row_shape);
+                }
             if (group.members.size() == 1) {  // kept alone only for a sum's backward its chain takes over
                 const NodeId m = group.members[0];
                 REQUIRE(graph.node(m).requires_grad);
@@ -693,7 +705,7 @@ TEST_CASE("random graphs: every plan is legal, schedulable and writes what is re
                 REQUIRE(group_of[m] == -1);  // one group per node
                 group_of[m] = static_cast<int>(g);
                 CHECK(graph.node(m).value.shape() == group.member_shape(m));
-                if (!group.reduction || m != group.reduction->node) CHECK(op_def(graph.node(m).op).pointwise != nullptr);
+                if (group.reduction_of(m) == nullptr) CHECK(op_def(graph.node(m).op).pointwise != nullptr);
             }
         }
         for (std::size_t g = 0; g < plan.groups.size(); ++g) {
@@ -713,6 +725,10 @@ TEST_CASE("random graphs: every plan is legal, schedulable and writes what is re
                     CHECK(std::find(written.begin(), written.end(), m) != written.end());
             }
         }
+        // Every segment lies in the one kernel that names it.
+        for (std::size_t g = 0; g < plan.groups.size(); ++g)
+            for (std::size_t segment : plan.groups[g].segments)
+                for (NodeId m : plan.segments.at(segment).members) CHECK(group_of[m] == static_cast<int>(g));
         // Schedulable: running any unit (a group, or a node outside every group) whose inputs are all computed
         // computes every node.
         std::vector<char> done(n, 0);

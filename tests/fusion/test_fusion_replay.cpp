@@ -94,14 +94,16 @@ TEST_CASE("the schedule of a recorded graph's plan", "[fusion][replay]") {
     const Var total = sum(a, {1}, true);     // reads a, outside the group
     const Var r = relu(a);                   // member, after the outside reader
     const Var scaled = mul_scalar(r, 0.5);   // member, the last
-    const Var out = mul(scaled, total);      // broadcasts (16, 1): outside
+    const Var out = mul(scaled, total);      // broadcasts (16, 1) along its rows: with the sum, a row program
     const FusionPlan plan = plan_fusion(graph);
     INFO(plan.describe(graph));
-    REQUIRE(plan.groups.size() == 1);
+    REQUIRE(plan.groups.size() == 2);
     CHECK(plan.groups[0].members == std::vector<NodeId>{a.id(), r.id(), scaled.id()});
+    CHECK(plan.groups[1].members == std::vector<NodeId>{total.id(), out.id()});
+    CHECK(plan.groups[1].row_program);
     const auto inputs = node_inputs(graph);
-    CHECK(schedule_launches(plan, inputs) == std::vector<LaunchEvent>{{0, total.id(), true}});
-    CHECK(out.defined());
+    // The first kernel before the sum reads its member; the row program after its last member.
+    CHECK(schedule_launches(plan, inputs) == std::vector<LaunchEvent>{{0, total.id(), true}, {1, out.id(), false}});
 }
 
 TEST_CASE("the message of a graph that differs from the one its plan was made from", "[fusion][replay]") {

@@ -610,3 +610,66 @@ TEST_CASE("groups that end in a sum or mean, forward and backward: the unfused v
         }
     }
 }
+
+// ---- row programs: reductions read back over their rows (docs/fusion.md, "Row programs") ----
+namespace {
+
+// A layer norm written out, then a softmax written out against its own max, then a matmul and a sum: two row
+// programs (three passes and two) with the max's kernel between them.
+EagerGradients written_norm_softmax_steps(bool fusion, const Tensor& x_data, const Tensor& weight_data,
+                                          const Tensor& w_data) {
+    return three_eager_steps(fusion, [&](ComputeGraph& graph) {
+        const Var x = graph.input(x_data, "x", true);
+        const Var weight = graph.input(weight_data, "weight", true);
+        const Var w = graph.input(w_data, "w", true);
+        const Var centred = sub(x, mean(x, {-1}, true));
+        const Var inverse = pow(add_scalar(mean(mul(centred, centred), {-1}, true), 1e-5), -0.5);
+        const Var normed = mul(mul(centred, inverse), weight);
+        const Var exps = exp(sub(normed, max(normed, -1, true)));
+        const Var probs = div(exps, sum(exps, {-1}, true));
+        const Var loss = sum(matmul(probs, w));
+        return EagerStep{loss, probs, {x, weight, w}};
+    });
+}
+
+}  // namespace
+
+TEST_CASE("row programs (a norm and a softmax written out), forward and backward: the unfused values to rounding",
+          "[gpu][fusion][rows]") {
+    const std::uint64_t seed = std::random_device{}();
+    Generator gen(seed);
+    for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+        INFO(dtype_name(dtype) << ", seed " << seed);
+        const Tensor x = random({37, 300}, dtype, gen), weight = random({300}, dtype, gen), w = random({300, 5}, dtype, gen);
+        // The generated kernels alone on the unfused values: each pass-0 value bitwise, what follows a row's sums to
+        // rounding (relative to the element or 1; the sums of 300 terms in another order).
+        {
+            set_fusion_enabled(false);
+            ComputeGraph graph;
+            const Var xv = graph.input(x, "x", true);
+            const Var centred = sub(xv, mean(xv, {-1}, true));
+            const Var inverse = pow(add_scalar(mean(mul(centred, centred), {-1}, true), 1e-5), -0.5);
+            const Var normed = mul(mul(centred, inverse), graph.input(weight, "weight"));
+            const Var exps = exp(sub(normed, max(normed, -1, true)));
+            static_cast<void>(div(exps, sum(exps, {-1}, true)));
+            const FusionPlan plan = plan_fusion(graph);
+            REQUIRE(plan.groups.size() == 2);
+            for (const FusionGroup& group : plan.groups) CHECK(group.row_program);
+            check_plan(graph, dtype == DType::f32 || dtype == DType::f64 ? 512.0 : 4.0, /*every_member=*/true);
+        }
+        cuda::clear_fusion_log();
+        const EagerGradients unfused = written_norm_softmax_steps(false, x, weight, w);
+        const EagerGradients fused = written_norm_softmax_steps(true, x, weight, w);
+        check_nothing_fell_back();
+        CHECK(unfused.graphs_fused == 0);
+        CHECK(fused.graphs_fused == 1);  // the third step's forward: two kernels for the two programs
+        CHECK(fused.chains_run > 0);     // the programs' segments keep their backward chains
+        CHECK(equal_to_rounding(fused.value, unfused.value));
+        for (std::size_t i = 0; i < 3; ++i) {
+            const std::string mismatch =
+                backward_mismatch(fused.grads[i].to(kGpu), unfused.grads[i].to(kGpu), /*same_order=*/false);
+            INFO("the gradient of " << (i == 0 ? "x" : i == 1 ? "weight" : "w") << ": " << mismatch);
+            CHECK(mismatch.empty());
+        }
+    }
+}
