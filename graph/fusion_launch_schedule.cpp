@@ -87,7 +87,7 @@ void launch_compiled_group(const CompiledGroup& group, std::span<const Tensor> i
 void launch_compiled_backward(const CompiledBackward& chain, std::span<const Tensor> inputs,
                               std::span<const Tensor> outputs) {
     if (chain.kernel == nullptr) return;  // nothing to store
-    launch_generated(*chain.kernel, numel(chain.shape), inputs, outputs, chain.scalars);
+    launch_generated(*chain.kernel, chain.numel, inputs, outputs, chain.scalars);
 }
 
 }  // namespace dyngrad::fusion

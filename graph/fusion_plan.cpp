@@ -404,6 +404,24 @@ void push_derivative_reads(const ComputeNode& node, const PointwiseFormula& form
         if (derivative_reads_input(formula, j)) push_unique(reads, node.inputs[j].id);
 }
 
+// The members of `in` whose gradients come into a backward launch from `root` (read by a reached node outside
+// `in`, or the root itself) onto `gradients_in`; the lowest such outside reader, below which the launch runs.
+std::optional<NodeId> incoming_gradients(const ComputeGraph& graph, const std::set<NodeId>& in, NodeId first,
+                                         std::span<const char> reached, NodeId root, std::vector<NodeId>& gradients_in) {
+    const auto is_reached = [&](NodeId id) { return id < reached.size() && reached[id] != 0; };
+    std::optional<NodeId> lowest_reader;
+    for (NodeId reader = first + 1; reader <= root; ++reader) {
+        if (in.contains(reader) || !is_reached(reader)) continue;
+        for (const NodeInput& input : graph.node(reader).inputs)
+            if (in.contains(input.id) && is_reached(input.id)) {
+                lowest_reader = std::min(lowest_reader.value_or(reader), reader);
+                push_unique(gradients_in, input.id);
+            }
+    }
+    if (in.contains(root)) push_unique(gradients_in, root);
+    return lowest_reader;
+}
+
 FusionGroup describe_group(const Builder& b, const std::vector<NodeId>& members) {
     const ComputeGraph& graph = b.graph;
     const std::set<NodeId> in(members.begin(), members.end());
@@ -643,16 +661,9 @@ std::optional<BackwardLaunch> backward_launch(const ComputeGraph& graph, const F
     }
     for (const auto& [member, readers] : outside_readers)
         if (readers.size() == 1 && absorbable_reduction(graph, graph.node(readers[0]), member)) in.insert(readers[0]);
-    std::optional<NodeId> lowest_reader;  // reached readers outside the chain
-    for (NodeId reader = group.members.front() + 1; reader <= root; ++reader) {
-        if (in.contains(reader) || !is_reached(reader)) continue;
-        for (const NodeInput& input : graph.node(reader).inputs)
-            if (in.contains(input.id) && is_reached(input.id)) {
-                lowest_reader = std::min(lowest_reader.value_or(reader), reader);
-                push_unique(launch.gradients_in, input.id);
-            }
-    }
-    if (in.contains(root)) push_unique(launch.gradients_in, root);
+    // reached readers outside the chain
+    const std::optional<NodeId> lowest_reader =
+        incoming_gradients(graph, in, group.members.front(), reached, root, launch.gradients_in);
     for (auto it = in.rbegin(); it != in.rend(); ++it) {
         if (!is_reached(*it)) continue;
         const ComputeNode& node = graph.node(*it);
@@ -673,6 +684,50 @@ std::optional<BackwardLaunch> backward_launch(const ComputeGraph& graph, const F
     std::sort(launch.gradients_in.begin(), launch.gradients_in.end(), std::greater<>());
     launch.run_before = lowest_reader ? *lowest_reader - 1 : root;
     return launch;
+}
+
+std::optional<BackwardLaunch> program_backward_launch(const ComputeGraph& graph, const FusionPlan& plan,
+                                                      std::size_t index, std::span<const char> reached, NodeId root) {
+    const FusionGroup& group = plan.groups.at(index);
+    if (!group.row_program) return std::nullopt;
+    const std::set<NodeId> in(group.members.begin(), group.members.end());
+    const auto is_reached = [&](NodeId id) { return id < reached.size() && reached[id] != 0; };
+    const auto is_row_member = [&](NodeId id) {
+        return std::find(group.row_members.begin(), group.row_members.end(), id) != group.row_members.end();
+    };
+    BackwardLaunch launch;
+    launch.group = index;
+    launch.program = true;
+    const std::optional<NodeId> lowest_reader =
+        incoming_gradients(graph, in, group.members.front(), reached, root, launch.gradients_in);
+    for (auto it = group.members.rbegin(); it != group.members.rend(); ++it) {
+        if (!is_reached(*it)) continue;
+        const ComputeNode& node = graph.node(*it);
+        if (!op_def(node.op, node.attrs).differentiable) return std::nullopt;
+        launch.members.push_back(*it);
+        const bool gives_gradient = std::any_of(node.inputs.begin(), node.inputs.end(),
+                                                [&](const NodeInput& input) { return is_reached(input.id); });
+        if (!gives_gradient) continue;
+        if (const PointwiseFormula* formula = formula_of(node)) {
+            push_derivative_reads(node, *formula, launch.saved_reads);
+            if (formula->derivative_reads_output) push_unique(launch.saved_reads, *it);
+        }
+        for (const NodeInput& input : node.inputs) {
+            if (in.contains(input.id) || !is_reached(input.id)) continue;
+            // A row member's gradient to an input is one value per row: only an input of the rows' kept shape takes it.
+            if (is_row_member(*it) && graph.node(input.id).value.shape() != group.row_shape) return std::nullopt;
+            push_unique(launch.gradients_out, input.id);
+        }
+    }
+    if (launch.members.empty()) return std::nullopt;
+    std::sort(launch.saved_reads.begin(), launch.saved_reads.end());
+    std::sort(launch.gradients_in.begin(), launch.gradients_in.end(), std::greater<>());
+    launch.run_before = lowest_reader ? *lowest_reader - 1 : root;
+    return launch;
+}
+
+const FusionGroup& launch_group(const FusionPlan& plan, const BackwardLaunch& launch) {
+    return launch.program ? plan.groups.at(launch.group) : plan.segments.at(launch.group);
 }
 
 std::string node_signature(const ComputeGraph& graph, NodeId id) {

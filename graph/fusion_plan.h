@@ -129,7 +129,9 @@ struct BackwardChain {
 // broadcast back, times 1/count for the mean) becomes part of the chain, which loads its gradient broadcast, so the
 // reduction's expand kernel and the member's derivative run as one kernel.
 struct BackwardLaunch {
-    std::size_t group = 0;              // index into FusionPlan::segments
+    std::size_t group = 0;              // index into FusionPlan::segments (into FusionPlan::groups when `program`)
+    // A row program's whole backward as one kernel (program_backward_launch), in place of its segments' chains.
+    bool program = false;
     std::vector<NodeId> members;        // the reached members and the sums/means taken over, reverse creation order
     std::vector<NodeId> gradients_in;   // of those, the root and those with a reached reader outside the chain
     std::vector<NodeId> saved_reads;    // the values their derivatives read (members and external inputs), sorted
@@ -165,6 +167,16 @@ std::vector<char> reached_by_backward(const ComputeGraph& graph, NodeId root);
 // member's row has no backward.
 std::optional<BackwardLaunch> backward_launch(const ComputeGraph& graph, const FusionPlan& plan, std::size_t index,
                                               std::span<const char> reached, NodeId root);
+
+// The backward of row program `index` of plan.groups as one kernel of its passes in reverse (docs/fusion.md,
+// "Backward row programs"): every reached member (its groups' and the lone nodes it took in), the gradients of its
+// row values summed over their rows in the kernel. nullopt when the group is no row program, the pass reaches none
+// of it, a reached member has no backward, or an input that takes a gradient from a row member is not of the rows'
+// kept shape (its segments' chains run then).
+std::optional<BackwardLaunch> program_backward_launch(const ComputeGraph& graph, const FusionPlan& plan,
+                                                      std::size_t index, std::span<const char> reached, NodeId root);
+// The group a launch is of: a segment, or a row program.
+const FusionGroup& launch_group(const FusionPlan& plan, const BackwardLaunch& launch);
 
 // What a plan depends on, exactly: each node's op, inputs, attributes, shape, dtype, device and requires_grad.
 // Two graphs with the same signature get the same plan; a change in any of these (a new batch size) is another

@@ -131,16 +131,23 @@ std::shared_ptr<const Prepared> prepare(const ComputeGraph& graph, std::string s
         });
         if (usable[g]) usable_groups.push_back(g);
     }
-    // Every kernel of the plan, forward and backward, compiled together. The chains are the segments' of the usable
-    // groups as a backward from `root` runs them (they read the values the forward stored, fused or not, so eager
-    // steps run them too); a chain whose group is dropped goes with it.
+    // Every kernel of the plan, forward and backward, compiled together. The backward: each usable row program's
+    // as one kernel where it can be (program_backward_launch), else the chains of the usable groups' segments, as a
+    // backward from `root` runs them (they read the values the forward stored, fused or not, so eager steps run
+    // them too); a chain whose group is dropped goes with it.
     std::vector<std::size_t> kernel_of_segment(plan.segments.size(), 0);
     for (std::size_t g = 0; g < plan.groups.size(); ++g)
         for (std::size_t segment : plan.groups[g].segments) kernel_of_segment.at(segment) = g;
     const std::vector<char> reached = reached_by_backward(graph, root);
     std::vector<BackwardLaunch> launches;
+    std::vector<char> program_launched(plan.groups.size(), 0);
+    for (std::size_t g = 0; g < plan.groups.size(); ++g)
+        if (auto launch = usable[g] ? program_backward_launch(graph, plan, g, reached, root) : std::nullopt) {
+            launches.push_back(std::move(*launch));
+            program_launched[g] = 1;
+        }
     for (std::size_t segment = 0; segment < plan.segments.size(); ++segment)
-        if (usable[kernel_of_segment[segment]])
+        if (usable[kernel_of_segment[segment]] && !program_launched[kernel_of_segment[segment]])
             if (std::optional<BackwardLaunch> launch = backward_launch(graph, plan, segment, reached, root))
                 launches.push_back(std::move(*launch));
     CompiledPlan compiled = compile_plan(graph, plan, usable_groups, launches, check);
@@ -163,7 +170,8 @@ std::shared_ptr<const Prepared> prepare(const ComputeGraph& graph, std::string s
     out->backward->root = root;
     out->backward->check = check;
     for (std::size_t i = 0; i < launches.size(); ++i) {
-        if (!kept[kernel_of_segment[launches[i].group]]) continue;  // its group runs unfused: so do its members' backward
+        const std::size_t kernel = launches[i].program ? launches[i].group : kernel_of_segment[launches[i].group];
+        if (!kept[kernel]) continue;  // its group runs unfused: so do its members' backward
         if (!compiled.chains[i]) {
             ++stats.backward_chains_dropped;
             continue;

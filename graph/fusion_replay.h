@@ -126,13 +126,19 @@ struct CompiledBackward {
     std::vector<NodeId> saved;
     std::vector<NodeId> gradients_in;
     std::vector<DType> store_dtypes;
+    std::vector<Shape> store_shapes;  // the group's shape; a row program's kept shape for its row sums
+    std::int64_t numel = 0;           // the threads it launches
     // Per external input that gets a gradient: a store of the kernel, or an incoming gradient passed unchanged;
-    // `contributions`: how many members' gradients it sums (the check's rule, below).
+    // `contributions`: how many members' gradients it sums (the check's rule, below); `row_summed`: summed over
+    // its rows in the kernel (a row program's), with `magnitude_store` (DYNGRAD_CHECK_FUSIONS=1's kernels) the
+    // rows' sums of the terms' magnitudes.
     struct Result {
         NodeId input = 0;
         int store = -1;
         int gradient_in = -1;
         int contributions = 0;
+        bool row_summed = false;
+        int magnitude_store = -1;
     };
     std::vector<Result> results;
     std::vector<NodeId> scalar_nodes;

@@ -340,7 +340,8 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
         // chains, under retain_grads, leaves it to the next eager pass).
         const bool check = fused->check && !cuda::capturing(device.index);
         std::vector<Tensor> outputs;
-        for (DType dtype : chain.store_dtypes) outputs.push_back(Tensor::empty(chain.shape, dtype, device));
+        for (std::size_t k = 0; k < chain.store_dtypes.size(); ++k)
+            outputs.push_back(Tensor::empty(chain.store_shapes[k], chain.store_dtypes[k], device));
         fusion::launch_compiled_backward(chain, inputs, outputs);
         fusion::detail::count_backward_chain_run();
         std::vector<Tensor> results;  // per chain.results, reduced to its input's shape
@@ -350,6 +351,10 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
                                     : inputs[chain.saved.size() + static_cast<std::size_t>(r.gradient_in)];
             const Shape& shape = nodes_[r.input]->value.shape();
             double magnitude = 0.0;
+            if (check && r.magnitude_store >= 0) {  // a row sum made in the kernel: its terms' magnitudes, summed
+                const TensorStats stats = tensor_stats(ready(outputs[static_cast<std::size_t>(r.magnitude_store)]));
+                magnitude = std::isfinite(stats.max) ? stats.max : 0.0;
+            }
             if (g.shape() != shape) {
                 if (check) {
                     const TensorStats stats = tensor_stats(ready(g));
@@ -373,9 +378,10 @@ void ComputeGraph::sweep(NodeId root, Tensor seed, std::span<const char> needed,
                 const fusion::CompiledBackward::Result& r = chain.results[j];
                 Tensor unfused = std::move(nodes_[r.input]->grad);
                 if (mismatch.empty() && unfused.defined())
-                    mismatch = fusion::backward_mismatch(ready(results[j]), ready(unfused),
-                                                         r.contributions == 1 || results[j].shape() == chain.shape,
-                                                         magnitudes[j]);
+                    // A row program's gradients come through its rows' sums, added in the kernel's own order.
+                    mismatch = fusion::backward_mismatch(
+                        ready(results[j]), ready(unfused),
+                        !launch.program && (r.contributions == 1 || results[j].shape() == chain.shape), magnitudes[j]);
                 if (mismatch.empty() && !unfused.defined()) mismatch = "the unfused backward gave no gradient";
                 if (!mismatch.empty()) mismatch = str("the gradient of ", describe_node(r.input), ": ", mismatch);
                 nodes_[r.input]->grad = std::move(earlier[j]);

@@ -210,9 +210,11 @@ CompiledBackward backward_arguments(const ComputeGraph& graph, const FusionGroup
     out.launch = launch;
     out.saved = source.saved;
     out.gradients_in = source.gradients_in;
-    for (NodeId e : source.stores) out.store_dtypes.push_back(graph.node(e).value.dtype());
+    out.store_dtypes = source.store_dtypes;
+    out.store_shapes = source.store_shapes;
+    out.numel = source.numel;
     for (const FusedBackwardSource::Result& r : source.results)
-        out.results.push_back({r.input, r.store, r.gradient_in, r.contributions});
+        out.results.push_back({r.input, r.store, r.gradient_in, r.contributions, r.row_summed, r.magnitude_store});
     for (const ScalarArgument& scalar : source.scalars) {
         out.scalar_nodes.push_back(scalar.node);
         out.scalars.push_back(member_scalar_bytes(graph.node(scalar.node), group.double_precision));
@@ -246,9 +248,9 @@ CompiledPlan compile_plan(const ComputeGraph& graph, const FusionPlan& plan, std
         }
     }
     for (std::size_t i = 0; i < launches.size(); ++i) {
-        const FusionGroup& group = plan.segments.at(launches[i].group);
+        const FusionGroup& group = launch_group(plan, launches[i]);
         try {
-            chain_sources[i] = generate_backward_source(graph, group, launches[i]);
+            chain_sources[i] = generate_backward_source(graph, group, launches[i], /*magnitudes=*/check);
         } catch (const Error& e) {
             cuda::log_fusion({cuda::FusionLogEntry::Kind::CompileFallback, "",
                               str("backward of group ", members_text(graph, group), ": ", e.what(),
@@ -308,7 +310,7 @@ CompiledPlan compile_plan(const ComputeGraph& graph, const FusionPlan& plan, std
     }
     for (std::size_t i = 0; i < launches.size(); ++i) {
         if (!chain_sources[i]) continue;
-        const FusionGroup& group = plan.segments.at(launches[i].group);
+        const FusionGroup& group = launch_group(plan, launches[i]);
         CompiledBackward compiled = backward_arguments(graph, group, launches[i], *chain_sources[i], device);
         if (!chain_sources[i]->name.empty() && !take_loaded(chain_sources[i]->name, device, compiled)) continue;
         out.chains[i] = std::move(compiled);

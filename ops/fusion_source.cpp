@@ -11,15 +11,15 @@
 
 #include "dyngrad/cuda/nvrtc_compiler.h"
 #include "dyngrad/ops/elementwise_math.h"
+#include "dyngrad/ops/fusion_text.h"
 #include "dyngrad/ops/reduce_geometry.h"
 
 namespace dyngrad::fusion {
 
+using namespace text;
+
 namespace {
 
-constexpr std::size_t kScalarField = attr_field_index("scalar");
-constexpr std::size_t kClampMinField = attr_field_index("clamp_min");
-constexpr std::size_t kClampMaxField = attr_field_index("clamp_max");
 
 // What every generated source starts with: DG_HOST_DEVICE for the device, the math functions the formulas call
 // unqualified (float and double overloads, as <cmath>'s std:: ones that the unfused kernels call), the embedded
@@ -80,224 +80,6 @@ __device__ __forceinline__ double dg_store_float64(double x) { return x; }
 __device__ __forceinline__ dg_bf16 dg_store_bfloat16(float x) { return dg_to_bf16(x); }
 __device__ __forceinline__ dg_f16 dg_store_float16(float x) { return dg_to_f16(x); }
 )dgsrc";
-
-const char* element_type(DType dtype) {
-    switch (dtype) {
-        case DType::f32: return "float";
-        case DType::f64: return "double";
-        case DType::bf16: return "dg_bf16";
-        case DType::f16: return "dg_f16";
-        case DType::i64: return "long long";  // a dropout's seed input
-        default: break;
-    }
-    throw DTypeError(str("fusion: no generated-kernel element type for ", dtype_name(dtype)));
-}
-
-// The element of an input of shape `in` that output element i reads under NumPy broadcasting, as an expression
-// of i: "i" when the input has the whole index space, "0" for a single element, else quotients and remainders
-// over the dimensions left after merging neighbours that are contiguous in the input.
-std::string index_expression(const Shape& in, const Shape& out) {
-    const std::size_t rank = out.size();
-    std::vector<std::int64_t> sizes, strides;  // the output's dimensions (size > 1) and the input's strides in them
-    std::int64_t in_stride = 1;
-    std::vector<std::int64_t> stride_of(rank, 0);
-    for (std::size_t k = rank; k-- > 0;) {
-        const std::size_t offset = rank - k;  // from the right
-        const std::int64_t in_size = offset <= in.size() ? in[in.size() - offset] : 1;
-        stride_of[k] = in_size == 1 ? 0 : in_stride;
-        in_stride *= in_size;
-    }
-    for (std::size_t k = 0; k < rank; ++k) {
-        if (out[k] == 1) continue;
-        if (!sizes.empty() && strides.back() == stride_of[k] * out[k]) {  // contiguous with the previous dimension
-            sizes.back() *= out[k];
-            strides.back() = stride_of[k];
-        } else {
-            sizes.push_back(out[k]);
-            strides.push_back(stride_of[k]);
-        }
-    }
-    std::string expression;
-    std::int64_t inner = 1;  // product of the sizes right of dimension d
-    for (std::size_t d = sizes.size(); d-- > 0;) {
-        if (strides[d] != 0) {
-            std::string term = inner == 1 ? "i" : str("(i / ", inner, "LL)");
-            if (d != 0) term = str("(", term, " % ", sizes[d], "LL)");
-            if (strides[d] != 1) term = str(term, " * ", strides[d], "LL");
-            expression = expression.empty() ? term : str(term, " + ", expression);
-        }
-        inner *= sizes[d];
-    }
-    return expression.empty() ? "0" : expression;
-}
-
-bool reads_scalars(const OpDef& def) {
-    return def.attrs.contains(kScalarField) || def.attrs.contains(kClampMinField) ||
-           def.attrs.contains(kClampMaxField);
-}
-
-// One elementwise kernel's text: its loads, the formulas between them and its stores. The scaffolding (parameters,
-// the grid-stride loop, the 16-byte vector path and the tail) is the same for a group's forward and its backward.
-struct KernelText {
-    struct Load {
-        DType dtype;
-        std::string index;  // the element it reads for output element i ("i": the whole index space)
-        std::string name;   // the compute-type value the formulas read it as
-    };
-    struct Store {
-        DType dtype;
-        std::string value;  // a compute-type expression of the formulas' values
-    };
-    // A kernel with reductions (a block per row, RowPrograms below) writes its own body; `loads`, `stores` and
-    // `scalars` are then only its parameters.
-    std::optional<std::string> row_body;
-    std::string comment;  // the first line: what the kernel computes
-    std::string compute;  // "float" or "double"
-    std::int64_t numel = 0;
-    std::vector<Load> loads;
-    std::vector<Store> stores;
-    std::vector<std::string> scalars;  // the types of the scalar parameters s0 ... (UnaryScalars, DropoutScalars)
-    std::vector<std::string> formulas;  // statements after the loads, in order
-
-    int vector_width() const {
-        if (row_body) return 1;  // the row loops read element by element
-        std::size_t widest = 0;  // bytes of the widest element accessed over the whole index space
-        for (const Load& load : loads)
-            if (load.index == "i") widest = std::max(widest, dtype_size(load.dtype));
-        for (const Store& store : stores) widest = std::max(widest, dtype_size(store.dtype));
-        return widest == 0 ? 1 : static_cast<int>(16 / widest);
-    }
-
-    void element(std::ostringstream& src, bool vector, const char* indent) const {
-        load_lines(src, vector, indent);
-        for (const std::string& formula : formulas) src << indent << formula << "\n";
-        for (std::size_t j = 0; j < stores.size(); ++j) {
-            const std::string value = str("dg_store_", dtype_name(stores[j].dtype), "(", stores[j].value, ")");
-            if (vector) src << indent << "w" << j << ".v[k] = " << value << ";\n";
-            else src << indent << "out" << j << "[i] = " << value << ";\n";
-        }
-    }
-
-    // Each input's element for output element i, as the compute-type value the formulas read.
-    void load_lines(std::ostringstream& src, bool vector, const char* indent) const {
-        for (std::size_t j = 0; j < loads.size(); ++j) {
-            if (loads[j].dtype == DType::i64) {  // a dropout's seed: its bits (one element, never vectorised)
-                src << indent << "const unsigned long long " << loads[j].name << " = static_cast<unsigned long long>(in"
-                    << j << "[" << loads[j].index << "]);\n";
-                continue;
-            }
-            src << indent << "const " << compute << " " << loads[j].name << " = dg_load("
-                << (vector && loads[j].index == "i" ? str("l", j, ".v[k]") : str("in", j, "[", loads[j].index, "]"))
-                << ");\n";
-        }
-    }
-
-    // The translation unit, the kernel named `DG_KERNEL_NAME` (named by the hash of the text afterwards).
-    std::string write() const {
-        std::ostringstream src;
-        src << "// Generated by dyngrad's fusion compiler (ops/fusion_source.cpp): " << comment << ".\n"
-            << kPreludeHead << elementwise_math_source() << dropout_mask_source() << kPreludeTail;
-        src << "\nextern \"C\" __global__ void __launch_bounds__(256) DG_KERNEL_NAME(";
-        auto param = [&, first = true](const std::string& text) mutable {
-            src << (first ? "\n    " : ",\n    ") << text;
-            first = false;
-        };
-        for (std::size_t j = 0; j < loads.size(); ++j)
-            param(str("const ", element_type(loads[j].dtype), "* __restrict__ in", j));
-        for (std::size_t j = 0; j < stores.size(); ++j)
-            param(str(element_type(stores[j].dtype), "* __restrict__ out", j));
-        for (std::size_t k = 0; k < scalars.size(); ++k) param(str(scalars[k], " s", k));
-        src << ") {\n";
-        if (row_body) {
-            src << *row_body;
-            return src.str();
-        }
-        src << "    constexpr long long n = " << numel << "LL;\n";
-        src << "    const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;\n";
-        src << "    const long long step = static_cast<long long>(gridDim.x) * blockDim.x;\n";
-        src << "    long long tail = 0;\n";
-        const int width = vector_width();
-        if (width > 1) {
-            std::string aligned;
-            const auto add_alignment = [&](const std::string& pointer, DType dtype) {
-                aligned += str(aligned.empty() ? "" : " | ", "(reinterpret_cast<unsigned long long>(", pointer, ") % ",
-                               width * dtype_size(dtype), "ULL)");
-            };
-            for (std::size_t j = 0; j < loads.size(); ++j)
-                if (loads[j].index == "i") add_alignment(str("in", j), loads[j].dtype);
-            for (std::size_t j = 0; j < stores.size(); ++j) add_alignment(str("out", j), stores[j].dtype);
-            src << "    if ((" << aligned << ") == 0) {  // " << width << " elements per access\n";
-            src << "        constexpr long long vectors = n / " << width << ";\n";
-            src << "        for (long long vi = first; vi < vectors; vi += step) {\n";
-            src << "            const long long base = vi * " << width << ";\n";
-            for (std::size_t j = 0; j < loads.size(); ++j) {
-                if (loads[j].index != "i") continue;
-                const char* type = element_type(loads[j].dtype);
-                src << "            const dg_vec<" << type << ", " << width << "> l" << j
-                    << " = *reinterpret_cast<const dg_vec<" << type << ", " << width << ">*>(in" << j << " + base);\n";
-            }
-            for (std::size_t j = 0; j < stores.size(); ++j)
-                src << "            dg_vec<" << element_type(stores[j].dtype) << ", " << width << "> w" << j << ";\n";
-            src << "#pragma unroll\n";
-            src << "            for (int k = 0; k < " << width << "; ++k) {\n";
-            src << "                const long long i = base + k;\n";
-            src << "                (void)i;\n";
-            element(src, true, "                ");
-            src << "            }\n";
-            for (std::size_t j = 0; j < stores.size(); ++j) {
-                const char* type = element_type(stores[j].dtype);
-                src << "            *reinterpret_cast<dg_vec<" << type << ", " << width << ">*>(out" << j
-                    << " + base) = w" << j << ";\n";
-            }
-            src << "        }\n";
-            src << "        tail = vectors * " << width << ";\n";
-            src << "    }\n";
-        }
-        src << "    for (long long i = tail + first; i < n; i += step) {\n";
-        element(src, false, "        ");
-        src << "    }\n}\n";
-        return src.str();
-    }
-};
-
-// Names the kernel by the hash of its text.
-template <typename Source>
-void finish(Source& out, std::string text) {
-    out.hash = cuda::fnv1a64(text);
-    out.name = "dg_fused_" + cuda::hex64(out.hash);
-    const std::string placeholder = "DG_KERNEL_NAME";
-    text.replace(text.find(placeholder), placeholder.size(), out.name);
-    out.source = std::move(text);
-}
-
-std::string rounding(DType dtype) { return str("dg_as_", dtype_name(dtype)); }
-
-// A sum's or mean's output shape with its reduced axes kept as 1 (keepdim's shape), for the broadcast index of its
-// gradient over its input's shape.
-Shape kept_dims_shape(const ComputeGraph& graph, const ComputeNode& reduction) {
-    const Shape& in = graph.node(reduction.inputs[0].id).value.shape();
-    const std::vector<bool> reduced = reduced_axes(in, reduction.attrs.axes);
-    Shape out = in;
-    for (std::size_t k = 0; k < out.size(); ++k)
-        if (reduced[k]) out[k] = 1;
-    return out;
-}
-
-std::string unary_scalars_type(const std::string& compute) { return str("dyngrad::math::UnaryScalars<", compute, ">"); }
-
-constexpr const char* kDropoutScalarsType = "dyngrad::math::DropoutScalars";
-
-// dropout's y = x · mask in the compute type (math::dropout_apply, as ops/dropout.cu computes it) for element i,
-// the mask seed read from the seed input's value `seed` or, without one, from the scalars s<k>.
-std::string dropout_formula(const std::string& x, const std::string& seed, std::size_t k) {
-    return str("dyngrad::math::dropout_apply(", x, ", ", seed.empty() ? str("s", k, ".seed") : seed,
-               ", static_cast<unsigned long long>(i), s", k, ".p)");
-}
-
-std::string unary_functor(const PointwiseFormula& formula, const OpAttrs& attrs) {
-    const bool tanh = formula.tanh_functor != nullptr && attrs.gelu_approximation == GeluApproximation::Tanh;
-    return str("dyngrad::math::", tanh ? formula.tanh_functor : formula.functor);
-}
 
 // The body of a kernel with reductions (FusionGroup::reductions): a block of 256 threads per row (grid-stride over
 // rows) makes group.passes loops over its row. Loop k computes the pointwise members of passes up to k for each
@@ -393,6 +175,118 @@ std::string row_program_body(const ComputeGraph& graph, const FusionGroup& group
 }
 
 }  // namespace
+
+std::string text::KernelText::write() const {
+    std::ostringstream src;
+    src << "// Generated by dyngrad's fusion compiler (ops/fusion_source.cpp): " << comment << ".\n"
+        << kPreludeHead << elementwise_math_source() << dropout_mask_source() << kPreludeTail;
+    src << "\nextern \"C\" __global__ void __launch_bounds__(256) DG_KERNEL_NAME(";
+    auto param = [&, first = true](const std::string& text) mutable {
+        src << (first ? "\n    " : ",\n    ") << text;
+        first = false;
+    };
+    for (std::size_t j = 0; j < loads.size(); ++j)
+        param(str("const ", element_type(loads[j].dtype), "* __restrict__ in", j));
+    for (std::size_t j = 0; j < stores.size(); ++j)
+        param(str(element_type(stores[j].dtype), "* __restrict__ out", j));
+    for (std::size_t k = 0; k < scalars.size(); ++k) param(str(scalars[k], " s", k));
+    src << ") {\n";
+    if (row_body) {
+        src << *row_body;
+        return src.str();
+    }
+    src << "    constexpr long long n = " << numel << "LL;\n";
+    src << "    const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;\n";
+    src << "    const long long step = static_cast<long long>(gridDim.x) * blockDim.x;\n";
+    src << "    long long tail = 0;\n";
+    const int width = vector_width();
+    if (width > 1) {
+        std::string aligned;
+        const auto add_alignment = [&](const std::string& pointer, DType dtype) {
+            aligned += str(aligned.empty() ? "" : " | ", "(reinterpret_cast<unsigned long long>(", pointer, ") % ",
+                           width * dtype_size(dtype), "ULL)");
+        };
+        for (std::size_t j = 0; j < loads.size(); ++j)
+            if (loads[j].index == "i") add_alignment(str("in", j), loads[j].dtype);
+        for (std::size_t j = 0; j < stores.size(); ++j) add_alignment(str("out", j), stores[j].dtype);
+        src << "    if ((" << aligned << ") == 0) {  // " << width << " elements per access\n";
+        src << "        constexpr long long vectors = n / " << width << ";\n";
+        src << "        for (long long vi = first; vi < vectors; vi += step) {\n";
+        src << "            const long long base = vi * " << width << ";\n";
+        for (std::size_t j = 0; j < loads.size(); ++j) {
+            if (loads[j].index != "i") continue;
+            const char* type = element_type(loads[j].dtype);
+            src << "            const dg_vec<" << type << ", " << width << "> l" << j
+                << " = *reinterpret_cast<const dg_vec<" << type << ", " << width << ">*>(in" << j << " + base);\n";
+        }
+        for (std::size_t j = 0; j < stores.size(); ++j)
+            src << "            dg_vec<" << element_type(stores[j].dtype) << ", " << width << "> w" << j << ";\n";
+        src << "#pragma unroll\n";
+        src << "            for (int k = 0; k < " << width << "; ++k) {\n";
+        src << "                const long long i = base + k;\n";
+        src << "                (void)i;\n";
+        element(src, true, "                ");
+        src << "            }\n";
+        for (std::size_t j = 0; j < stores.size(); ++j) {
+            const char* type = element_type(stores[j].dtype);
+            src << "            *reinterpret_cast<dg_vec<" << type << ", " << width << ">*>(out" << j
+                << " + base) = w" << j << ";\n";
+        }
+        src << "        }\n";
+        src << "        tail = vectors * " << width << ";\n";
+        src << "    }\n";
+    }
+    src << "    for (long long i = tail + first; i < n; i += step) {\n";
+    element(src, false, "        ");
+    src << "    }\n}\n";
+    return src.str();
+}
+
+std::string text::derivative_part(const ComputeGraph& graph, NodeId m, std::size_t j, const std::string& dy,
+                                  const std::string& compute, const std::string& scalars, std::size_t dropout_scalars,
+                                  const std::function<std::string(NodeId)>& value_of,
+                                  const std::function<std::string(const std::string&, const std::string&)>& declare) {
+    const ComputeNode& node = graph.node(m);
+    const OpDef& def = op_def(node.op);
+    const PointwiseFormula& formula = *def.pointwise;
+    const NodeId target = node.inputs[j].id;
+    const DType dtype = graph.node(target).value.dtype();
+    const std::string zero = str(compute, "(0)");
+    const std::string why = str(def.name, " #", m, " -> #", target);
+    std::string contribution;
+    const bool identity = (node.op == OpType::Add) || (node.op == OpType::Sub && j == 0) ||
+                          (formula.form == PointwiseFormula::Form::Cast && dtype == node.value.dtype());
+    const auto routed = [&](std::size_t condition, bool when_true) {  // where's and masked_fill's
+        return declare(str(rounding(dtype), "(", value_of(node.inputs[condition].id), " != ", zero, " ? ",
+                           when_true ? dy : zero, " : ", when_true ? zero : dy, ")"),
+                       why);
+    };
+    if (identity) {
+        contribution = dy;  // the unfused backward passes dy itself (an alias)
+    } else if (formula.form == PointwiseFormula::Form::Where) {
+        contribution = j == 0 ? declare(zero, why + " (the condition's gradient is zero)") : routed(0, j == 1);
+    } else if (formula.form == PointwiseFormula::Form::MaskedFill) {
+        contribution = j == 1 ? declare(zero, why + " (the mask's gradient is zero)") : routed(1, false);
+    } else if (formula.form == PointwiseFormula::Form::Cast) {
+        contribution = declare(str(rounding(dtype), "(", dy, ")"), why);
+    } else if (formula.form == PointwiseFormula::Form::Dropout) {  // the same mask on dy (dropout_backward)
+        const std::string seed = node.inputs.size() > 1 ? value_of(node.inputs[1].id) : "";
+        contribution = declare(str(rounding(dtype), "(", dropout_formula(dy, seed, dropout_scalars), ")"), why);
+    } else if (formula.form == PointwiseFormula::Form::Unary) {
+        const std::string x = formula.derivative_reads_inputs ? value_of(target) : zero;
+        const std::string y = formula.derivative_reads_output ? value_of(m) : x;
+        contribution = declare(str(rounding(dtype), "(", dy, " * dyngrad::math::apply_derivative<",
+                                   unary_functor(formula, node.attrs), ">(", x, ", ", y, ", ", scalars, "))"),
+                               why);
+    } else {
+        const std::string a = formula.derivative_reads_inputs ? value_of(node.inputs[0].id) : zero;
+        const std::string b = formula.derivative_reads_inputs ? value_of(node.inputs[1].id) : zero;
+        contribution = declare(str(rounding(dtype), "(", dy, " * dyngrad::math::", formula.functor,
+                                   j == 0 ? "::d_a(" : "::d_b(", a, ", ", b, "))"),
+                               why);
+    }
+    return contribution;
+}
 
 std::string_view elementwise_math_source() {
     static constexpr char text[] =
@@ -512,7 +406,8 @@ FusedKernelSource generate_fused_source(const ComputeGraph& graph, const FusionG
 }
 
 FusedBackwardSource generate_backward_source(const ComputeGraph& graph, const FusionGroup& group,
-                                             const BackwardLaunch& launch) {
+                                             const BackwardLaunch& launch, bool magnitudes) {
+    if (launch.program) return generate_row_backward_source(graph, group, launch, magnitudes);
     if (launch.members.empty()) throw Error("fusion: a backward chain without members has no kernel");
     FusedBackwardSource out;
     out.saved = launch.saved_reads;
@@ -604,39 +499,8 @@ FusedBackwardSource generate_backward_source(const ComputeGraph& graph, const Fu
             const NodeId target = node.inputs[j].id;
             if (!members.contains(target) && !externals.contains(target)) continue;
             const DType dtype = graph.node(target).value.dtype();
-            const std::string why = str(def.name, " #", m, " -> #", target);
-            std::string contribution;
-            const bool identity = (node.op == OpType::Add) || (node.op == OpType::Sub && j == 0) ||
-                                  (formula.form == PointwiseFormula::Form::Cast && dtype == node.value.dtype());
-            const auto routed = [&](std::size_t condition, bool when_true) {  // where's and masked_fill's
-                return declare(str(rounding(dtype), "(", value_of(node.inputs[condition].id), " != ", zero, " ? ",
-                                   when_true ? dy : zero, " : ", when_true ? zero : dy, ")"),
-                               why);
-            };
-            if (identity) {
-                contribution = dy;  // the unfused backward passes dy itself (an alias)
-            } else if (formula.form == PointwiseFormula::Form::Where) {
-                contribution = j == 0 ? declare(zero, why + " (the condition's gradient is zero)") : routed(0, j == 1);
-            } else if (formula.form == PointwiseFormula::Form::MaskedFill) {
-                contribution = j == 1 ? declare(zero, why + " (the mask's gradient is zero)") : routed(1, false);
-            } else if (formula.form == PointwiseFormula::Form::Cast) {
-                contribution = declare(str(rounding(dtype), "(", dy, ")"), why);
-            } else if (formula.form == PointwiseFormula::Form::Dropout) {  // the same mask on dy (dropout_backward)
-                const std::string seed = node.inputs.size() > 1 ? value_of(node.inputs[1].id) : "";
-                contribution = declare(str(rounding(dtype), "(", dropout_formula(dy, seed, dropout_scalars), ")"), why);
-            } else if (formula.form == PointwiseFormula::Form::Unary) {
-                const std::string x = formula.derivative_reads_inputs ? value_of(target) : zero;
-                const std::string y = formula.derivative_reads_output ? value_of(m) : x;
-                contribution = declare(str(rounding(dtype), "(", dy, " * dyngrad::math::apply_derivative<",
-                                           unary_functor(formula, node.attrs), ">(", x, ", ", y, ", ", scalars, "))"),
-                                       why);
-            } else {
-                const std::string a = formula.derivative_reads_inputs ? value_of(node.inputs[0].id) : zero;
-                const std::string b = formula.derivative_reads_inputs ? value_of(node.inputs[1].id) : zero;
-                contribution = declare(str(rounding(dtype), "(", dy, " * dyngrad::math::", formula.functor,
-                                           j == 0 ? "::d_a(" : "::d_b(", a, ", ", b, "))"),
-                                       why);
-            }
+            const std::string contribution =
+                derivative_part(graph, m, j, dy, text.compute, scalars, dropout_scalars, value_of, declare);
             accumulate(target, contribution, dtype);
         }
     }
@@ -658,6 +522,8 @@ FusedBackwardSource generate_backward_source(const ComputeGraph& graph, const Fu
                 result.store = static_cast<int>(text.stores.size());
                 text.stores.push_back({dtype, value});
                 out.stores.push_back(e);
+                out.store_shapes.push_back(group.shape);
+                out.store_dtypes.push_back(dtype);
             }
         }
         out.results.push_back(result);

@@ -58,19 +58,35 @@ struct FusedBackwardSource {
     // Per external input of the launch (its gradients_out order): its gradient is store `store`, or, unchanged
     // (a chain of adds), the incoming gradient `gradient_in`; the other is -1. `contributions`: how many members'
     // gradients it sums.
+    // A row program's backward (BackwardLaunch::program): `row_summed` results were summed over their rows in the
+    // kernel (their order of additions is the kernel's), and with `magnitudes` each also has a store of its rows'
+    // sums of the terms' magnitudes (`magnitude_store`: DYNGRAD_CHECK_FUSIONS=1's bound on the sum).
     struct Result {
         NodeId input;
         int store = -1;
         int gradient_in = -1;
         int contributions = 0;
+        bool row_summed = false;
+        int magnitude_store = -1;
     };
     std::vector<Result> results;
+    std::vector<Shape> store_shapes;  // per store: the group's shape, or a row program's kept shape (one per row)
+    std::vector<DType> store_dtypes;  // per store: its input's dtype; a magnitude store's the compute type
     int vector_width = 1;
-    std::int64_t numel = 0;
+    std::int64_t numel = 0;  // the threads it launches (a row program: its rows x 256)
     std::uint64_t hash = 0;
 };
+// A launch with `program` set (program_backward_launch) is a row program's backward: generate_row_backward_source.
 FusedBackwardSource generate_backward_source(const ComputeGraph& graph, const FusionGroup& group,
-                                             const BackwardLaunch& launch);
+                                             const BackwardLaunch& launch, bool magnitudes = false);
+// The backward of a row program (docs/fusion.md, "Backward row programs"): a block of 256 threads per row runs the
+// forward's passes in reverse. Loop k (from the last pass down) recomputes, per element, the gradients of every
+// pointwise member of passes k and later from the incoming gradients, the saved values and the row values'
+// gradients already complete, and sums over the row the parts that go to the row values that pass k reads (the
+// reductions of pass k - 1 and the row members of pass k); the row members' own backward then runs once per row.
+// Loop 0 stores the gradients of the inputs; an input of the rows' kept shape gets its row sums.
+FusedBackwardSource generate_row_backward_source(const ComputeGraph& graph, const FusionGroup& group,
+                                                 const BackwardLaunch& launch, bool magnitudes);
 
 // `group` with every member as an output (ConsumedOutside): the captured-step hook's kernels write every member,
 // since the unfused backward kernels may read any member's value (graph/fusion_replay.h).

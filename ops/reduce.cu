@@ -333,20 +333,29 @@ __device__ __forceinline__ ArgMax<T> better_of(const ArgMax<T>& a, const ArgMax<
     return (b.value > a.value || (b.value == a.value && b.index < a.index)) ? b : a;
 }
 
-// inner == 1: y[o], argmax[o] over the row x[o, :]; one warp per row
+// inner == 1: y[o], argmax[o] over the row x[o, :]; one warp per row, in blocks of two warps (a few hundred rows
+// still spread over the SMs: with 256-thread blocks 256 rows of 1024 ran on 32 SMs, 11.4 µs on an H200), each
+// lane with four loads in flight (better_of picks by value, then index: the order of the candidates is free).
+constexpr unsigned kMaxRowThreads = 64;
 template <typename T>
-__global__ void max_rows_kernel(const T* __restrict__ x, T* __restrict__ y, std::int64_t* __restrict__ argmax,
-                                std::int64_t outer, std::int64_t len) {
-    constexpr unsigned kWarps = kThreads / kWarp;
+__global__ void __launch_bounds__(kMaxRowThreads) max_rows_kernel(const T* __restrict__ x, T* __restrict__ y,
+                                                                  std::int64_t* __restrict__ argmax,
+                                                                  std::int64_t outer, std::int64_t len) {
+    constexpr unsigned kWarps = kMaxRowThreads / kWarp;
     const unsigned lane = threadIdx.x % kWarp;
     for (std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarp; o < outer;
          o += static_cast<std::int64_t>(gridDim.x) * kWarps) {
         using A = acc_t<T>;  // exact for every T: compares as T would, shuffles as float
         const T* row = x + o * len;
         ArgMax<A> best{A(0), -1};
-        for (std::int64_t r = lane; r < len; r += kWarp) {
-            best = better_of(best, ArgMax<A>{to_acc(row[r]), r});
+        std::int64_t r = lane;
+        for (; r + 3 * kWarp < len; r += 4 * kWarp) {
+            const T a = row[r], b = row[r + kWarp], c = row[r + 2 * kWarp], d = row[r + 3 * kWarp];
+            best = better_of(best, better_of(better_of(ArgMax<A>{to_acc(a), r}, ArgMax<A>{to_acc(b), r + kWarp}),
+                                             better_of(ArgMax<A>{to_acc(c), r + 2 * kWarp},
+                                                       ArgMax<A>{to_acc(d), r + 3 * kWarp})));
         }
+        for (; r < len; r += kWarp) best = better_of(best, ArgMax<A>{to_acc(row[r]), r});
 #pragma unroll
         for (unsigned offset = kWarp / 2; offset > 0; offset /= 2) {
             const ArgMax<A> other{__shfl_down_sync(0xffffffffu, best.value, offset),
@@ -438,7 +447,7 @@ Tensor max_forward(const ForwardArgs& args) {
     if (n_out > 0) {
         dispatch_gpu_floating(x.dtype(), "max_forward", [&]<typename T>() {
             if (v.inner == 1)
-                max_rows_kernel<T><<<grid_size(ctx, n_out * kWarp, kThreads), kThreads, 0, ctx.stream>>>(
+                max_rows_kernel<T><<<grid_size(ctx, n_out * kWarp, kMaxRowThreads), kMaxRowThreads, 0, ctx.stream>>>(
                     x.data<T>(), y.data<T>(), argmax.data<std::int64_t>(), v.outer, v.size);
             else
                 max_columns_kernel<T><<<grid_size(ctx, n_out, kThreads), kThreads, 0, ctx.stream>>>(

@@ -25,6 +25,18 @@ namespace fs = std::filesystem;
 Generator fresh_generator() { return Generator(std::random_device{}()); }
 Tensor random(const Shape& shape, Generator& gen) { return Tensor::uniform(shape, -1.0, 1.0, gen); }
 
+// A layer norm and a softmax written out of pointwise ops and row reductions over x (33, 70): two row programs with
+// the max between them.
+Var written_norm_softmax(ComputeGraph& graph, DType dtype, Generator& gen) {
+    const Var x = graph.input(random({33, 70}, gen).to(dtype), "x", true);
+    const Var weight = graph.input(random({70}, gen).to(dtype), "weight", true);
+    const Var centred = sub(x, mean(x, {-1}, true));
+    const Var inverse = pow(add_scalar(mean(mul(centred, centred), {-1}, true), 1e-5), -0.5);
+    const Var normed = mul(mul(centred, inverse), weight);
+    const Var exps = exp(sub(normed, max(normed, -1, true)));
+    return div(exps, sum(exps, {-1}, true));
+}
+
 // A fresh directory under the system's temporary one, removed at the end of the test.
 struct TemporaryDirectory {
     fs::path path;
@@ -302,14 +314,7 @@ TEST_CASE("row programs (a layer norm and a softmax written out) compile for eve
     for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
         Generator gen = fresh_generator();
         ComputeGraph graph;
-        const Var x = graph.input(random({33, 70}, gen).to(dtype), "x", true);
-        const Var weight = graph.input(random({70}, gen).to(dtype), "weight", true);
-        const Var centred = sub(x, mean(x, {-1}, true));
-        const Var inverse = pow(add_scalar(mean(mul(centred, centred), {-1}, true), 1e-5), -0.5);
-        const Var normed = mul(mul(centred, inverse), weight);
-        const Var shifted = sub(normed, max(normed, -1, true));
-        const Var exps = exp(shifted);
-        const Var probs = div(exps, sum(exps, {-1}, true));
+        const Var probs = written_norm_softmax(graph, dtype, gen);
         const FusionPlan plan = plan_fusion(graph);
         INFO(dtype_name(dtype) << "\n" << plan.describe(graph));
         REQUIRE(plan.groups.size() == 2);  // the max between them is its own kernel
@@ -327,6 +332,37 @@ TEST_CASE("row programs (a layer norm and a softmax written out) compile for eve
         INFO(unit);
         const cuda::CompiledKernel ptx = cuda::compile_fused_kernel(
             unit, "dg_rows_test", {.arch = 90, .kind = ImageKind::Ptx, .cache_dir = {}, .use_cache = false});
+        for (const std::string& name : names) CHECK(ptx.image.find(str(".entry ", name)) != std::string::npos);
+    }
+}
+
+TEST_CASE("a row program's backward (a layer norm and a softmax written out) compiles for every dtype",
+          "[fusion][nvrtc][backward]") {
+    for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+        Generator gen = fresh_generator();
+        ComputeGraph graph;
+        const Var probs = written_norm_softmax(graph, dtype, gen);
+        const Var loss = sum(matmul(probs, graph.input(random({70, 3}, gen).to(dtype), "w")));
+        const FusionPlan plan = plan_fusion(graph);
+        INFO(dtype_name(dtype) << "\n" << plan.describe(graph));
+        REQUIRE(plan.groups.size() == 2);
+        const std::vector<char> reached = reached_by_backward(graph, loss.id());
+        std::vector<std::string> sources, names;
+        for (std::size_t g = 0; g < plan.groups.size(); ++g) {
+            const std::optional<BackwardLaunch> launch = program_backward_launch(graph, plan, g, reached, loss.id());
+            REQUIRE(launch.has_value());
+            for (bool magnitudes : {false, true}) {  // the norm sums no input per row: one kernel either way
+                const FusedBackwardSource k = generate_backward_source(graph, plan.groups[g], *launch, magnitudes);
+                if (std::find(names.begin(), names.end(), k.name) != names.end()) continue;
+                sources.push_back(k.source);
+                names.push_back(k.name);
+            }
+        }
+        CHECK(names.size() == 3);
+        const std::string unit = combined_source(sources);
+        INFO(unit);
+        const cuda::CompiledKernel ptx = cuda::compile_fused_kernel(
+            unit, "dg_rows_backward_test", {.arch = 90, .kind = ImageKind::Ptx, .cache_dir = {}, .use_cache = false});
         for (const std::string& name : names) CHECK(ptx.image.find(str(".entry ", name)) != std::string::npos);
     }
 }

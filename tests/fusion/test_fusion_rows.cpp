@@ -218,3 +218,97 @@ TEST_CASE("a norm whose output is summed over the same rows: a reduction in the 
     CHECK_FALSE(contains(source.source, "// pass 3"));
     CHECK(contains(source.source, str("out", source.outputs.size() - 1, "[row] = dg_store_float32(t", row_energy.id(), ");")));
 }
+
+TEST_CASE("a row program's backward is one kernel: the passes in reverse, the row values' gradients summed per row",
+          "[fusion][rows][backward]") {
+    Generator gen(std::random_device{}());
+    SECTION("the layer norm: three passes back, the input's gradient stored in the last, the weight's summed later") {
+        ComputeGraph graph;
+        const WrittenNorm norm(graph, {24, 40}, gen);
+        const Var product = matmul(norm.y, graph.input(random({40, 3}, gen), "w"));
+        const Var loss = sum(product);
+        const FusionPlan plan = plan_fusion(graph);
+        INFO(plan.describe(graph));
+        REQUIRE(plan.groups.size() == 1);
+        const std::vector<char> reached = reached_by_backward(graph, loss.id());
+        const std::optional<BackwardLaunch> launch = program_backward_launch(graph, plan, 0, reached, loss.id());
+        REQUIRE(launch.has_value());
+        CHECK(launch->program);
+        CHECK(&launch_group(plan, *launch) == &plan.groups[0]);
+        std::vector<NodeId> reversed = plan.groups[0].members;
+        std::reverse(reversed.begin(), reversed.end());
+        CHECK(launch->members == reversed);
+        CHECK(launch->gradients_in == ids({norm.y}));
+        CHECK(launch->gradients_out == ids({norm.bias, norm.weight, norm.x}));
+        CHECK(launch->run_before == product.id() - 1);
+        const FusedBackwardSource source = generate_backward_source(graph, plan.groups[0], *launch);
+        INFO(source.source);
+        CHECK(source.numel == 24 * 256);
+        CHECK(contains(source.source, "// backward pass 2"));
+        CHECK(contains(source.source, "// backward pass 0"));
+        CHECK_FALSE(contains(source.source, "// backward pass 3"));
+        // The variance's gradient is a row sum of its readers' parts (pass 2 reads it), then the row members'
+        // backward once per row; the mean's comes back through the centring in pass 1.
+        CHECK(contains(source.source, str("gr", norm.inverse.id(), " = dg_as_float32(gr", norm.inverse.id(), " + partial[0]);")));
+        CHECK(contains(source.source, str("gr", norm.mu.id(), " = dg_as_float32(gr", norm.mu.id(), " + partial[0]);")));
+        CHECK(contains(source.source, str("gr", norm.variance.id(), " = dg_as_float32(gr", norm.variance.id())));
+        REQUIRE(source.results.size() == 3);
+        for (const FusedBackwardSource::Result& r : source.results) {
+            CHECK_FALSE(r.row_summed);  // x in the group's shape; the weight and bias summed over rows by the sweep
+            CHECK(r.store >= 0);
+            CHECK(source.store_shapes.at(static_cast<std::size_t>(r.store)) == Shape{24, 40});
+        }
+        // Nothing is summed per row for an input: no magnitude stores even when asked.
+        CHECK(generate_backward_source(graph, plan.groups[0], *launch, true).stores.size() == 3);
+    }
+    SECTION("the softmax: its max's gradient is a row sum stored per row, with its terms' magnitudes when checked") {
+        ComputeGraph graph;
+        const Var x = graph.input(random({8, 50}, gen), "x", true);
+        const Var peak = max(x, -1, true);
+        const Var exps = exp(sub(x, peak));
+        const Var probs = div(exps, sum(exps, {-1}, true));
+        const Var loss = sum(matmul(probs, graph.input(random({50, 4}, gen), "w")));
+        const FusionPlan plan = plan_fusion(graph);
+        INFO(plan.describe(graph));
+        REQUIRE(plan.groups.size() == 1);
+        const std::vector<char> reached = reached_by_backward(graph, loss.id());
+        const std::optional<BackwardLaunch> launch = program_backward_launch(graph, plan, 0, reached, loss.id());
+        REQUIRE(launch.has_value());
+        CHECK(launch->gradients_out == ids({x, peak}));  // the subtraction's operands, in order
+        const FusedBackwardSource plain = generate_backward_source(graph, plan.groups[0], *launch);
+        const FusedBackwardSource checked = generate_backward_source(graph, plan.groups[0], *launch, true);
+        INFO(checked.source);
+        REQUIRE(plain.results.size() == 2);
+        CHECK_FALSE(plain.results[0].row_summed);
+        CHECK(plain.results[1].row_summed);
+        CHECK(plain.results[1].magnitude_store == -1);
+        CHECK(plain.store_shapes.at(static_cast<std::size_t>(plain.results[1].store)) == Shape{8, 1});
+        CHECK(plain.stores.size() == 2);
+        REQUIRE(checked.results.size() == 2);
+        const int magnitude = checked.results[1].magnitude_store;
+        REQUIRE(magnitude >= 0);
+        CHECK(checked.store_shapes.at(static_cast<std::size_t>(magnitude)) == Shape{8, 1});
+        CHECK(checked.store_dtypes.at(static_cast<std::size_t>(magnitude)) == DType::f32);
+        CHECK(contains(checked.source, "fabsf("));
+        CHECK(plain.name != checked.name);
+        CHECK(contains(plain.source, str("out", plain.results[1].store, "[row] = dg_store_float32(ge", peak.id(), ");")));
+    }
+    SECTION("no row program, or a row member's gradient to an input of another shape: no program launch") {
+        ComputeGraph graph;
+        const Var x = graph.input(random({6, 5}, gen), "x", true);
+        const Var scale = graph.input(random({1}, gen), "scale", true);
+        const Var total = sum(tanh(x), {-1}, true);
+        const Var scaled = mul(total, scale);  // a row member reading a (1) input that requires grad
+        const Var loss = sum(matmul(div(tanh(x), scaled), graph.input(random({5, 2}, gen), "w")));
+        const FusionPlan plan = plan_fusion(graph);
+        INFO(plan.describe(graph));
+        const std::vector<char> reached = reached_by_backward(graph, loss.id());
+        for (std::size_t g = 0; g < plan.groups.size(); ++g) {
+            const std::optional<BackwardLaunch> launch = program_backward_launch(graph, plan, g, reached, loss.id());
+            if (!plan.groups[g].row_program) CHECK_FALSE(launch.has_value());
+            else if (std::find(plan.groups[g].members.begin(), plan.groups[g].members.end(), scaled.id()) !=
+                     plan.groups[g].members.end())
+                CHECK_FALSE(launch.has_value());
+        }
+    }
+}

@@ -155,6 +155,23 @@ struct StepResult {
     std::size_t chains_run = 0;  // backward chains the step's sweeps ran
 };
 
+// Five runs of a captured step on `x` (warm-up, capture, three replays): the last output, then every parameter, the
+// kernels of a replay, the replay counters and the chains run since `chains_before`. Turns fusion off afterwards.
+StepResult five_runs(cuda::CapturedStep& step, const Tensor& x, const std::vector<Parameter>& params,
+                     std::size_t chains_before) {
+    Tensor output;
+    for (int run = 0; run < 5; ++run) output = step.run(std::span<const Tensor>(&x, 1));
+    cuda::synchronize(0);
+    StepResult result;
+    result.values.push_back(output.to(Device::cpu()));
+    for (const Parameter& p : params) result.values.push_back(p.value().to(Device::cpu()));
+    result.kernels = step.last_graph_counts().kernels;
+    result.stats = replay_stats();
+    result.chains_run = result.stats.backward_chains_run - chains_before;
+    set_fusion_enabled(false);
+    return result;
+}
+
 // The two-layer MLP's parameters (48 -> 96 -> 24), fresh from `gen`.
 std::vector<Parameter> mlp_parameters(Generator& gen) {
     const auto parameter = [&](const Shape& shape, const char* name) {
@@ -188,18 +205,7 @@ StepResult mlp_step(bool fusion, std::optional<DType> autocast, std::uint64_t se
         sgd.zero_grad();
         return loss.value();
     });
-    const Tensor x = Tensor::uniform({33, 48}, -1.0, 1.0, gen).to(kGpu);
-    Tensor output;
-    for (int run = 0; run < 5; ++run) output = step.run(std::span<const Tensor>(&x, 1));
-    cuda::synchronize(0);
-    StepResult result;
-    result.values.push_back(output.to(Device::cpu()));
-    for (const Parameter& p : params) result.values.push_back(p.value().to(Device::cpu()));
-    result.kernels = step.last_graph_counts().kernels;
-    result.stats = replay_stats();
-    result.chains_run = result.stats.backward_chains_run - chains_before;
-    set_fusion_enabled(false);
-    return result;
+    return five_runs(step, Tensor::uniform({33, 48}, -1.0, 1.0, gen).to(kGpu), params, chains_before);
 }
 
 bool bitwise_equal(const Tensor& a, const Tensor& b) {
@@ -671,5 +677,55 @@ TEST_CASE("row programs (a norm and a softmax written out), forward and backward
             INFO("the gradient of " << (i == 0 ? "x" : i == 1 ? "weight" : "w") << ": " << mismatch);
             CHECK(mismatch.empty());
         }
+    }
+}
+
+namespace {
+
+// The written-out layer norm and softmax of written_norm_softmax_steps with a weight and a projection trained by SGD
+// in a captured step: warm-up, capture, three replays.
+StepResult written_norm_step(bool fusion, std::uint64_t seed) {
+    set_fusion_mode(fusion ? FusionMode::Captured : FusionMode::Off);
+    Generator gen(seed);
+    const std::vector<Parameter> params = {Parameter(Tensor::uniform({300}, 0.5, 1.5, gen).to(kGpu), "weight"),
+                                           Parameter(Tensor::uniform({300, 5}, -1.0, 1.0, gen).to(kGpu), "w")};
+    SGD sgd(params, {.lr = 0.05});
+    const std::size_t chains_before = replay_stats().backward_chains_run;
+    cuda::CapturedStep step([&](std::span<const Tensor> in) {
+        ComputeGraph graph;
+        const Var x = graph.input(in[0], "x", true);
+        const Var centred = sub(x, mean(x, {-1}, true));
+        const Var inverse = pow(add_scalar(mean(mul(centred, centred), {-1}, true), 1e-5), -0.5);
+        const Var normed = mul(mul(centred, inverse), graph.parameter(params[0]));
+        const Var exps = exp(sub(normed, max(normed, -1, true)));
+        const Var probs = div(exps, sum(exps, {-1}, true));
+        const Var loss = sum(matmul(probs, graph.parameter(params[1])));
+        graph.backward(loss);
+        sgd.step();
+        sgd.zero_grad();
+        return loss.value();
+    });
+    return five_runs(step, Tensor::uniform({37, 300}, -2.0, 2.0, gen).to(kGpu), params, chains_before);
+}
+
+}  // namespace
+
+TEST_CASE("a captured step of row programs: their forward and backward kernels, the unfused values to rounding",
+          "[gpu][fusion][rows][capture]") {
+    const std::uint64_t seed = std::random_device{}();
+    INFO("seed " << seed);
+    cuda::clear_fusion_log();
+    const StepResult unfused = written_norm_step(false, seed);
+    const StepResult fused = written_norm_step(true, seed);
+    check_nothing_fell_back();
+    CHECK(fused.stats.last_groups == 2);
+    // Each program's backward is one kernel in the warm-up's sweep and the capture's.
+    CHECK(fused.chains_run == 4);
+    WARN("row programs, kernels per captured step: " << unfused.kernels << " unfused, " << fused.kernels << " fused");
+    CHECK(fused.kernels + 10 <= unfused.kernels);
+    REQUIRE(fused.values.size() == unfused.values.size());
+    for (std::size_t i = 0; i < fused.values.size(); ++i) {
+        INFO("value " << i << " (the loss, then the weight and w after five SGD steps)");
+        CHECK(equal_to_rounding(fused.values[i], unfused.values[i]));
     }
 }
