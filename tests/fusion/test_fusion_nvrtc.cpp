@@ -26,15 +26,18 @@ Generator fresh_generator() { return Generator(std::random_device{}()); }
 Tensor random(const Shape& shape, Generator& gen) { return Tensor::uniform(shape, -1.0, 1.0, gen); }
 
 // A layer norm and a softmax written out of pointwise ops and row reductions over x (33, 70): two row programs with
-// the max between them.
-Var written_norm_softmax(ComputeGraph& graph, DType dtype, Generator& gen) {
+// the max between them. The norm's 1 / sqrt(var + eps) (a row member) and the probabilities.
+struct WrittenNormSoftmax {
+    Var inverse, probs;
+};
+WrittenNormSoftmax written_norm_softmax(ComputeGraph& graph, DType dtype, Generator& gen) {
     const Var x = graph.input(random({33, 70}, gen).to(dtype), "x", true);
     const Var weight = graph.input(random({70}, gen).to(dtype), "weight", true);
     const Var centred = sub(x, mean(x, {-1}, true));
     const Var inverse = pow(add_scalar(mean(mul(centred, centred), {-1}, true), 1e-5), -0.5);
     const Var normed = mul(mul(centred, inverse), weight);
     const Var exps = exp(sub(normed, max(normed, -1, true)));
-    return div(exps, sum(exps, {-1}, true));
+    return {inverse, div(exps, sum(exps, {-1}, true))};
 }
 
 // A fresh directory under the system's temporary one, removed at the end of the test.
@@ -314,7 +317,7 @@ TEST_CASE("row programs (a layer norm and a softmax written out) compile for eve
     for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
         Generator gen = fresh_generator();
         ComputeGraph graph;
-        const Var probs = written_norm_softmax(graph, dtype, gen);
+        const Var probs = written_norm_softmax(graph, dtype, gen).probs;
         const FusionPlan plan = plan_fusion(graph);
         INFO(dtype_name(dtype) << "\n" << plan.describe(graph));
         REQUIRE(plan.groups.size() == 2);  // the max between them is its own kernel
@@ -341,8 +344,10 @@ TEST_CASE("a row program's backward (a layer norm and a softmax written out) com
     for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
         Generator gen = fresh_generator();
         ComputeGraph graph;
-        const Var probs = written_norm_softmax(graph, dtype, gen);
-        const Var loss = sum(matmul(probs, graph.input(random({70, 3}, gen).to(dtype), "w")));
+        const WrittenNormSoftmax written = written_norm_softmax(graph, dtype, gen);
+        // A row member read outside too (through a matmul): its gradient comes in, one per row.
+        const Var loss = add(sum(matmul(written.probs, graph.input(random({70, 3}, gen).to(dtype), "w"))),
+                             sum(matmul(written.inverse, graph.input(random({1, 2}, gen).to(dtype), "v"))));
         const FusionPlan plan = plan_fusion(graph);
         INFO(dtype_name(dtype) << "\n" << plan.describe(graph));
         REQUIRE(plan.groups.size() == 2);
@@ -351,6 +356,9 @@ TEST_CASE("a row program's backward (a layer norm and a softmax written out) com
         for (std::size_t g = 0; g < plan.groups.size(); ++g) {
             const std::optional<BackwardLaunch> launch = program_backward_launch(graph, plan, g, reached, loss.id());
             REQUIRE(launch.has_value());
+            if (g == 0)
+                CHECK(std::find(launch->gradients_in.begin(), launch->gradients_in.end(), written.inverse.id()) !=
+                      launch->gradients_in.end());
             for (bool magnitudes : {false, true}) {  // the norm sums no input per row: one kernel either way
                 const FusedBackwardSource k = generate_backward_source(graph, plan.groups[g], *launch, magnitudes);
                 if (std::find(names.begin(), names.end(), k.name) != names.end()) continue;

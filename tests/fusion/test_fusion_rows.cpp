@@ -203,7 +203,7 @@ TEST_CASE("a norm whose output is summed over the same rows: a reduction in the 
     ComputeGraph graph;
     const WrittenNorm norm(graph, {3, 64}, gen);
     const Var row_energy = mean(mul(norm.y, norm.y), {-1}, true);
-    static_cast<void>(sum(matmul(row_energy, graph.input(random({1, 2}, gen), "w"))));
+    const Var loss = sum(matmul(row_energy, graph.input(random({1, 2}, gen), "w")));
     const FusionPlan plan = plan_fusion(graph);
     INFO(plan.describe(graph));
     REQUIRE(plan.groups.size() == 1);
@@ -217,6 +217,16 @@ TEST_CASE("a norm whose output is summed over the same rows: a reduction in the 
     INFO(source.source);
     CHECK_FALSE(contains(source.source, "// pass 3"));
     CHECK(contains(source.source, str("out", source.outputs.size() - 1, "[row] = dg_store_float32(t", row_energy.id(), ");")));
+    // Its backward: the row value read outside brings its gradient in, one per row, loaded by the row index.
+    const std::vector<char> reached = reached_by_backward(graph, loss.id());
+    const std::optional<BackwardLaunch> launch = program_backward_launch(graph, plan, 0, reached, loss.id());
+    REQUIRE(launch.has_value());
+    CHECK(launch->gradients_in == ids({row_energy}));
+    const FusedBackwardSource backward = generate_backward_source(graph, kernel, *launch);
+    INFO(backward.source);
+    CHECK(contains(backward.source, str("const float d", row_energy.id(), " = dg_load(in")));
+    CHECK(contains(backward.source, str("gr", row_energy.id(), " = d", row_energy.id(), ";")));
+    CHECK(contains(backward.source, "// backward pass 2"));
 }
 
 TEST_CASE("a row program's backward is one kernel: the passes in reverse, the row values' gradients summed per row",

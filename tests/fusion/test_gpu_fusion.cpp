@@ -621,9 +621,10 @@ TEST_CASE("groups that end in a sum or mean, forward and backward: the unfused v
 namespace {
 
 // A layer norm written out, then a softmax written out against its own max, then a matmul and a sum: two row
-// programs (three passes and two) with the max's kernel between them.
+// programs (three passes and two) with the max's kernel between them. The norm's 1 / sqrt(var + eps), a row member,
+// is read outside too (through a matmul with v): its gradient comes into the norm's backward.
 EagerGradients written_norm_softmax_steps(bool fusion, const Tensor& x_data, const Tensor& weight_data,
-                                          const Tensor& w_data) {
+                                          const Tensor& w_data, const Tensor& v_data) {
     return three_eager_steps(fusion, [&](ComputeGraph& graph) {
         const Var x = graph.input(x_data, "x", true);
         const Var weight = graph.input(weight_data, "weight", true);
@@ -633,7 +634,7 @@ EagerGradients written_norm_softmax_steps(bool fusion, const Tensor& x_data, con
         const Var normed = mul(mul(centred, inverse), weight);
         const Var exps = exp(sub(normed, max(normed, -1, true)));
         const Var probs = div(exps, sum(exps, {-1}, true));
-        const Var loss = sum(matmul(probs, w));
+        const Var loss = add(sum(matmul(probs, w)), sum(matmul(inverse, graph.input(v_data, "v"))));
         return EagerStep{loss, probs, {x, weight, w}};
     });
 }
@@ -646,7 +647,8 @@ TEST_CASE("row programs (a norm and a softmax written out), forward and backward
     Generator gen(seed);
     for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
         INFO(dtype_name(dtype) << ", seed " << seed);
-        const Tensor x = random({37, 300}, dtype, gen), weight = random({300}, dtype, gen), w = random({300, 5}, dtype, gen);
+        const Tensor x = random({37, 300}, dtype, gen), weight = random({300}, dtype, gen), w = random({300, 5}, dtype, gen),
+                     v = random({1, 2}, dtype, gen);
         // The generated kernels alone on the unfused values: each pass-0 value bitwise, what follows a row's sums to
         // rounding (relative to the element or 1; the sums of 300 terms in another order).
         {
@@ -664,8 +666,8 @@ TEST_CASE("row programs (a norm and a softmax written out), forward and backward
             check_plan(graph, dtype == DType::f32 || dtype == DType::f64 ? 512.0 : 4.0, /*every_member=*/true);
         }
         cuda::clear_fusion_log();
-        const EagerGradients unfused = written_norm_softmax_steps(false, x, weight, w);
-        const EagerGradients fused = written_norm_softmax_steps(true, x, weight, w);
+        const EagerGradients unfused = written_norm_softmax_steps(false, x, weight, w, v);
+        const EagerGradients fused = written_norm_softmax_steps(true, x, weight, w, v);
         check_nothing_fell_back();
         CHECK(unfused.graphs_fused == 0);
         CHECK(fused.graphs_fused == 1);  // the third step's forward: two kernels for the two programs
