@@ -43,7 +43,8 @@ std::optional<RowReduction> row_reduction(const ComputeGraph& graph, NodeId id) 
     if ((node.op != OpType::Sum && node.op != OpType::Mean) || node.inputs.size() != 1 || !node.value.defined())
         return std::nullopt;
     const Tensor& in = graph.node(node.inputs[0].id).value;
-    if (!in.defined() || in.numel() == 0 || node.value.dtype() != in.dtype()) return std::nullopt;
+    if (!in.defined() || in.numel() == 0 || node.value.dtype() != in.dtype() || !is_floating(in.dtype()))
+        return std::nullopt;  // a generated kernel sums floating values only
     const Shape& shape = in.shape();
     std::vector<bool> reduced(shape.size(), node.attrs.axes.empty());
     for (std::int64_t axis : node.attrs.axes) {
