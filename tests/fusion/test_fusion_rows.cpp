@@ -41,6 +41,12 @@ struct WrittenNorm {
     }
 };
 
+// The backward launch of a plan's one kernel, a row program, from `loss`; nullopt (after a failed check) otherwise.
+std::optional<BackwardLaunch> only_program_launch(const ComputeGraph& graph, const FusionPlan& plan, const Var& loss) {
+    REQUIRE(plan.groups.size() == 1);
+    return program_backward_launch(graph, plan, 0, reached_by_backward(graph, loss.id()), loss.id());
+}
+
 }  // namespace
 
 TEST_CASE("a layer norm written out: one row program of three passes; its groups stay the backward's", "[fusion][rows]") {
@@ -239,9 +245,7 @@ TEST_CASE("a row program's backward is one kernel: the passes in reverse, the ro
         const Var loss = sum(product);
         const FusionPlan plan = plan_fusion(graph);
         INFO(plan.describe(graph));
-        REQUIRE(plan.groups.size() == 1);
-        const std::vector<char> reached = reached_by_backward(graph, loss.id());
-        const std::optional<BackwardLaunch> launch = program_backward_launch(graph, plan, 0, reached, loss.id());
+        const std::optional<BackwardLaunch> launch = only_program_launch(graph, plan, loss);
         REQUIRE(launch.has_value());
         CHECK(launch->program);
         CHECK(&launch_group(plan, *launch) == &plan.groups[0]);
@@ -280,9 +284,7 @@ TEST_CASE("a row program's backward is one kernel: the passes in reverse, the ro
         const Var loss = sum(matmul(probs, graph.input(random({50, 4}, gen), "w")));
         const FusionPlan plan = plan_fusion(graph);
         INFO(plan.describe(graph));
-        REQUIRE(plan.groups.size() == 1);
-        const std::vector<char> reached = reached_by_backward(graph, loss.id());
-        const std::optional<BackwardLaunch> launch = program_backward_launch(graph, plan, 0, reached, loss.id());
+        const std::optional<BackwardLaunch> launch = only_program_launch(graph, plan, loss);
         REQUIRE(launch.has_value());
         CHECK(launch->gradients_out == ids({x, peak}));  // the subtraction's operands, in order
         const FusedBackwardSource plain = generate_backward_source(graph, plan.groups[0], *launch);
